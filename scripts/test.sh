@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: install, lint, type-check, test. Any failure (pytest's exit 5 too) fails it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh dev
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+echo "==> ruff"
+.venv/bin/ruff check src tests bench
+.venv/bin/ruff format --check src tests bench
+echo "==> mypy"
+.venv/bin/mypy
+echo "==> pytest"
+.venv/bin/pytest "$@"

@@ -1,0 +1,105 @@
+"""The FastAPI application: routers, error handlers, middleware, lifespan."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from starlette.types import Scope
+
+import modelhost
+from modelhost.api.errors import error_responses, install_error_handlers
+from modelhost.api.middleware import BodySizeLimit, RequestMetrics
+from modelhost.api.routes import admin, deployments, health, keys, models
+from modelhost.config import Settings, get_settings
+from modelhost.protocol.errors import ErrorBody
+from modelhost.services.container import Services
+
+log = logging.getLogger("modelhost")
+
+DESCRIPTION = """
+Serve your own Hugging Face models over HTTP: task endpoints, OpenAI-compatible endpoints,
+model artifact uploads and deployments.
+
+**Auth**: every `/v1` route takes `Authorization: Bearer mh-...`. `/v1/admin/*` needs the operator's
+admin key; management routes need an account key; inference routes and `/v1/models` take an account
+key or a deployment key. Any other key → 401 `InvalidAPIKeyError`.
+
+**Errors**: every failure answers `{"error": {"message", "type", "code", "param"}}`.
+"""
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+    """Build the gateway. Services are built at startup unless given (tests may share one)."""
+    settings = settings or (services.settings if services else get_settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = services is None
+        app.state.services = services or Services.build(settings)
+        try:
+            yield
+        finally:
+            if owned:
+                app.state.services.close()
+
+    app = FastAPI(
+        title="modelhost",
+        version=modelhost.__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    if services is not None:
+        app.state.services = services
+    install_error_handlers(app)
+    for router in (health.router, admin.router, keys.router, deployments.router, models.router):
+        app.include_router(router)
+
+    def body_limit(_scope: Scope) -> int:
+        return settings.max_body_bytes
+
+    app.add_middleware(BodySizeLimit, limit_for=body_limit)
+    app.add_middleware(RequestMetrics)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, with its 422 validation answers replaced by our 400 error body."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    error_ref = {"$ref": "#/components/schemas/ErrorBody"}
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.setdefault("ErrorBody", ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}"))
+    for defn in ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}").get("$defs", {}).items():
+        components.setdefault(*defn)
+    components.get("ErrorBody", {}).pop("$defs", None)
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    for path_item in schema.get("paths", {}).values():
+        for operation in path_item.values():
+            responses = operation.get("responses", {})
+            responses.pop("422", None)
+            if operation.get("requestBody") or operation.get("parameters"):
+                responses.setdefault(
+                    "400",
+                    {"description": error_responses(400)[400]["description"],
+                     "content": {"application/json": {"schema": error_ref}}},
+                )
+            for status in ("404", "405", "413"):
+                responses.setdefault(status, {"description": _GENERIC[status],
+                                              "content": {"application/json": {"schema": error_ref}}})
+    app.openapi_schema = schema
+    return schema
+
+
+_GENERIC = {
+    "404": "Not found (unknown route or resource).",
+    "405": "Method not allowed on this route.",
+    "413": "Request body too large (`payload_too_large`).",
+}

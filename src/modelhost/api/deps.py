@@ -1,0 +1,85 @@
+"""Dependencies declared once and injected: services, the caller's principal by kind."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPBearer
+from starlette.concurrency import run_in_threadpool
+
+from modelhost.auth.authenticator import bearer_token
+from modelhost.auth.principal import Principal, PrincipalKind
+from modelhost.errors import InvalidAPIKey
+from modelhost.routing import DeploymentRef, resolve_deployment
+from modelhost.services.container import Services
+
+# Declared so that /docs shows the bearer scheme on every protected route; the header itself is
+# read by `_authenticate`, which also handles malformed headers with our error body.
+_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer mh-...`")
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+async def _authenticate(request: Request) -> Principal:
+    """Cache first (no I/O on the hot path); the database only on a miss, off the event loop."""
+    authenticator = get_services(request).authenticator
+    token = bearer_token(request.headers.get("authorization"))
+    known, principal = authenticator.cached(token)
+    if not known:
+        principal = await run_in_threadpool(authenticator.load, token)
+    if principal is None:
+        raise InvalidAPIKey("Invalid API key.")
+    return principal
+
+
+async def require_admin(request: Request, _doc: object = Depends(_bearer)) -> Principal:
+    if get_services(request).settings.admin_key_value is None:
+        raise InvalidAPIKey("Admin routes are disabled: the operator has not set MODELHOST_ADMIN_KEY.")
+    principal = await _authenticate(request)
+    if principal.kind is not PrincipalKind.ADMIN:
+        raise InvalidAPIKey("This route needs the admin key.")
+    return principal
+
+
+async def require_account(request: Request, _doc: object = Depends(_bearer)) -> Principal:
+    principal = await _authenticate(request)
+    if principal.kind is not PrincipalKind.ACCOUNT:
+        raise InvalidAPIKey("This route needs an account key.")
+    return principal
+
+
+async def require_caller(request: Request, _doc: object = Depends(_bearer)) -> Principal:
+    """Inference and `/v1/models`: an account key or a deployment key."""
+    principal = await _authenticate(request)
+    if principal.kind is PrincipalKind.ADMIN:
+        raise InvalidAPIKey("The admin key cannot call this route; use an account or deployment key.")
+    return principal
+
+
+AdminPrincipal = Annotated[Principal, Depends(require_admin)]
+AccountPrincipal = Annotated[Principal, Depends(require_account)]
+CallerPrincipal = Annotated[Principal, Depends(require_caller)]
+
+
+def account_id_of(principal: Principal) -> str:
+    assert principal.account_id is not None
+    return principal.account_id
+
+
+async def deployment_for(request: Request, principal: Principal, model: str | None) -> DeploymentRef:
+    """The deployment an inference request runs on, decided by `modelhost.routing` for this route.
+
+    The endpoint is the matched route's path template, so the endpoint → task table is the only
+    thing that decides support; no model is touched before this answers.
+    """
+    services = get_services(request)
+    endpoint = getattr(request.scope.get("route"), "path", request.url.path)
+    refs = await run_in_threadpool(services.deployments.refs, account_id_of(principal))
+    return resolve_deployment(principal, endpoint, model, refs)

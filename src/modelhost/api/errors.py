@@ -1,0 +1,107 @@
+"""One handler turns every failure into `{"error": {message, type, code, param}}`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from modelhost.errors import (
+    InvalidRequest,
+    MethodNotAllowed,
+    ModelhostError,
+    NotFound,
+    PayloadTooLarge,
+)
+from modelhost.protocol.errors import ErrorBody
+
+log = logging.getLogger("modelhost.api")
+
+
+def error_response(exc: ModelhostError) -> JSONResponse:
+    body = {"error": {"message": exc.message, "type": exc.error_type, "code": exc.code, "param": exc.param}}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers or None)
+
+
+def _param_of(loc: tuple[Any, ...] | list[Any]) -> str | None:
+    """`("body", "messages", 0, "role")` → `messages[0].role`; the location kind is dropped."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        parts = parts[1:]
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or None
+
+
+def validation_error(exc: RequestValidationError) -> InvalidRequest:
+    errors = exc.errors()
+    if not errors:
+        return InvalidRequest("Invalid request.")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return InvalidRequest("Request body is not valid JSON.", code="invalid_json")
+    param = _param_of(first.get("loc", ()))
+    message = str(first.get("msg", "Invalid value"))
+    text = f"{param}: {message}" if param else message
+    if len(errors) > 1:
+        text += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return InvalidRequest(text, param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_modelhost_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ModelhostError)
+        return error_response(exc)
+
+    async def on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return error_response(validation_error(exc))
+
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        mapped: ModelhostError
+        if exc.status_code == 404:
+            mapped = NotFound(f"Route not found: {request.method} {request.url.path}", code="route_not_found")
+        elif exc.status_code == 405:
+            mapped = MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}.")
+        elif exc.status_code == 413:
+            mapped = PayloadTooLarge(str(exc.detail))
+        else:
+            mapped = ModelhostError(str(exc.detail))
+            mapped.status_code = exc.status_code
+            mapped.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+            mapped.code = f"http_{exc.status_code}"
+        mapped.headers = dict(exc.headers or {})
+        return error_response(mapped)
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(ModelhostError("Internal server error."))
+
+    app.add_exception_handler(ModelhostError, on_modelhost_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+_DESCRIPTIONS = {
+    400: "Invalid request (validation error, bad JSON, unsupported endpoint for the deployment).",
+    401: "Missing, malformed, wrong, revoked or out-of-scope API key (`InvalidAPIKeyError`).",
+    402: "Out of credits (`insufficient_credits`).",
+    404: "Not found (or not visible to this key).",
+    409: "Conflict with the resource's current state.",
+    413: "Request body too large (`payload_too_large`).",
+    429: "Deployment queue full (`overloaded`); see `Retry-After`.",
+    503: "Service or deployment unavailable.",
+    504: "Request timed out.",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for the given statuses, all with the one error body."""
+    return {status: {"model": ErrorBody, "description": _DESCRIPTIONS[status]} for status in statuses}

@@ -1,0 +1,52 @@
+"""Operator routes: accounts and credits (admin key)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Path
+
+from modelhost.api.deps import AdminPrincipal, ServicesDep
+from modelhost.api.errors import error_responses
+from modelhost.protocol.common import ListOf
+from modelhost.protocol.management import Account, AccountCreate, AccountCreated, CreditsTopUp
+from modelhost.services.accounts import to_credits
+from modelhost.store import models as rows
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=error_responses(400, 401))
+
+
+def present(account: rows.Account) -> Account:
+    return Account(
+        id=account.id,
+        name=account.name,
+        credits=to_credits(account.credits_granted_micro),
+        created_at=account.created_at,
+    )
+
+
+@router.post("/accounts", summary="Create an account and its first account key", status_code=201)
+def create_account(body: AccountCreate, _admin: AdminPrincipal, services: ServicesDep) -> AccountCreated:
+    account, secret = services.accounts.create(body.name, body.credits)
+    return AccountCreated(**present(account).model_dump(), api_key=secret)
+
+
+@router.get("/accounts", summary="List accounts")
+def list_accounts(_admin: AdminPrincipal, services: ServicesDep) -> ListOf[Account]:
+    return ListOf[Account](data=[present(a) for a in services.accounts.list()])
+
+
+@router.get("/accounts/{account_id}", summary="Get an account", responses=error_responses(404))
+def get_account(
+    _admin: AdminPrincipal, services: ServicesDep, account_id: str = Path(max_length=64)
+) -> Account:
+    return present(services.accounts.get(account_id))
+
+
+@router.post(
+    "/accounts/{account_id}/credits",
+    summary="Add credits to an account (negative for corrections)",
+    responses=error_responses(404),
+)
+def add_credits(
+    body: CreditsTopUp, _admin: AdminPrincipal, services: ServicesDep, account_id: str = Path(max_length=64)
+) -> Account:
+    return present(services.accounts.add_credits(account_id, body.credits))

@@ -1,0 +1,89 @@
+"""Deployments (account key): a model ID bound to a ready artifact, with live runtime state."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Path
+
+from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
+from modelhost.api.errors import error_responses
+from modelhost.protocol.common import Deleted, ListOf
+from modelhost.protocol.management import Deployment, DeploymentCreate, DeploymentPatch
+from modelhost.services.container import Services
+from modelhost.store import models as rows
+
+router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=error_responses(400, 401))
+
+DeploymentId = Path(max_length=64, description="Deployment ID (`dep_...`).")
+
+
+def present(deployment: rows.Deployment, services: Services) -> Deployment:
+    live = services.runtime.status(deployment.id)
+    return Deployment(
+        id=deployment.id,
+        model=deployment.model,
+        artifact_id=deployment.artifact_id,
+        pipeline=deployment.pipeline,
+        readiness=deployment.readiness,  # type: ignore[arg-type]
+        state=live.state,  # type: ignore[arg-type]
+        state_reason=live.reason,
+        replicas=live.replicas,
+        min_replicas=deployment.min_replicas,
+        max_replicas=deployment.max_replicas,
+        memory_gb=live.memory_gb,
+        last_cold_start_seconds=live.last_cold_start_seconds,
+        created_at=deployment.created_at,
+        updated_at=deployment.updated_at,
+    )
+
+
+@router.post(
+    "",
+    summary="Deploy a ready model artifact under a model ID",
+    status_code=201,
+    responses=error_responses(404, 409),
+)
+def create_deployment(body: DeploymentCreate, principal: AccountPrincipal, services: ServicesDep) -> Deployment:
+    deployment = services.deployments.create(
+        account_id_of(principal),
+        body.model,
+        body.artifact_id,
+        body.readiness,
+        body.min_replicas,
+        body.max_replicas,
+    )
+    return present(deployment, services)
+
+
+@router.get("", summary="List deployments with their live state")
+def list_deployments(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Deployment]:
+    rows_ = services.deployments.list(account_id_of(principal))
+    return ListOf[Deployment](data=[present(d, services) for d in rows_])
+
+
+@router.get("/{deployment_id}", summary="Get a deployment with its live state", responses=error_responses(404))
+def get_deployment(
+    principal: AccountPrincipal, services: ServicesDep, deployment_id: str = DeploymentId
+) -> Deployment:
+    return present(services.deployments.get(account_id_of(principal), deployment_id), services)
+
+
+@router.patch(
+    "/{deployment_id}", summary="Change readiness or replica bounds", responses=error_responses(404)
+)
+def update_deployment(
+    body: DeploymentPatch, principal: AccountPrincipal, services: ServicesDep, deployment_id: str = DeploymentId
+) -> Deployment:
+    deployment = services.deployments.update(
+        account_id_of(principal), deployment_id, body.readiness, body.min_replicas, body.max_replicas
+    )
+    return present(deployment, services)
+
+
+@router.delete(
+    "/{deployment_id}", summary="Delete a deployment (unloads it, frees its artifact)", responses=error_responses(404)
+)
+def delete_deployment(
+    principal: AccountPrincipal, services: ServicesDep, deployment_id: str = DeploymentId
+) -> Deleted:
+    services.deployments.delete(account_id_of(principal), deployment_id)
+    return Deleted(id=deployment_id, object="deployment.deleted")

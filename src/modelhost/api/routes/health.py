@@ -1,0 +1,48 @@
+"""Liveness, readiness and Prometheus metrics (no auth: for load balancers and scrapers)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from modelhost.api.deps import ServicesDep
+from modelhost.api.errors import error_responses
+from modelhost.errors import ServiceUnavailable
+from modelhost.store import migrate
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/health", summary="Liveness: the gateway's event loop answers")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get(
+    "/ready",
+    summary="Readiness: database reachable and migrations current",
+    responses=error_responses(503),
+)
+async def ready(services: ServicesDep) -> dict[str, str]:
+    def check() -> str | None:
+        if not services.database.ping():
+            return "database unreachable"
+        if not migrate.is_current(services.database):
+            return "database migrations are not current; run `modelhost db upgrade`"
+        return None
+
+    problem = await run_in_threadpool(check)
+    if problem:
+        raise ServiceUnavailable(f"Not ready: {problem}.")
+    return {"status": "ready"}
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (text exposition format)",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."}},
+)
+async def metrics() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

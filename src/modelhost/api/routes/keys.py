@@ -1,0 +1,46 @@
+"""Account and deployment keys (account key)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Path
+
+from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
+from modelhost.api.errors import error_responses
+from modelhost.protocol.common import Deleted, ListOf
+from modelhost.protocol.management import Key, KeyCreate, KeyCreated
+from modelhost.store import models as rows
+
+router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=error_responses(400, 401))
+
+
+def present(key: rows.ApiKey) -> Key:
+    return Key(
+        id=key.id,
+        name=key.name,
+        kind="account" if key.deployment_ids is None else "deployment",
+        deployments=key.deployment_ids,
+        prefix=key.secret_prefix,
+        created_at=key.created_at,
+        revoked_at=key.revoked_at,
+    )
+
+
+@router.post("", summary="Create a key (account key, or deployment key with `deployments`)", status_code=201)
+def create_key(body: KeyCreate, principal: AccountPrincipal, services: ServicesDep) -> KeyCreated:
+    key, secret = services.keys.create(account_id_of(principal), body.name, body.deployments)
+    return KeyCreated(**present(key).model_dump(), api_key=secret)
+
+
+@router.get("", summary="List keys (secrets are never shown again)")
+def list_keys(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Key]:
+    return ListOf[Key](data=[present(k) for k in services.keys.list(account_id_of(principal))])
+
+
+@router.delete(
+    "/{key_id}",
+    summary="Revoke a key, effective at once",
+    responses=error_responses(404, 409),
+)
+def revoke_key(principal: AccountPrincipal, services: ServicesDep, key_id: str = Path(max_length=64)) -> Deleted:
+    key = services.keys.revoke(account_id_of(principal), key_id)
+    return Deleted(id=key.id, object="api_key.deleted")

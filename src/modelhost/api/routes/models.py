@@ -1,0 +1,36 @@
+"""`GET /v1/models` in OpenAI's shape: only the deployments the key may call."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Path
+
+from modelhost.api.deps import CallerPrincipal, ServicesDep, account_id_of
+from modelhost.api.errors import error_responses
+from modelhost.auth.principal import Principal
+from modelhost.errors import ModelNotFound
+from modelhost.protocol.models import Model, ModelList
+from modelhost.services.container import Services
+
+router = APIRouter(prefix="/v1/models", tags=["openai"], responses=error_responses(401))
+
+
+def _visible(principal: Principal, services: Services) -> list[Model]:
+    account_id = account_id_of(principal)
+    return [
+        Model(id=d.model, created=int(d.created_at.timestamp()), owned_by=account_id)
+        for d in services.deployments.list(account_id)
+        if principal.covers(d.id)
+    ]
+
+
+@router.get("", summary="List the models this key may call")
+def list_models(principal: CallerPrincipal, services: ServicesDep) -> ModelList:
+    return ModelList(data=_visible(principal, services))
+
+
+@router.get("/{model:path}", summary="Get one model", responses=error_responses(404))
+def get_model(principal: CallerPrincipal, services: ServicesDep, model: str = Path(max_length=128)) -> Model:
+    found = next((m for m in _visible(principal, services) if m.id == model), None)
+    if found is None:
+        raise ModelNotFound(model)
+    return found

@@ -1,0 +1,74 @@
+"""Bearer header → Principal. The one auth path of the service."""
+
+from __future__ import annotations
+
+import hmac
+
+from sqlalchemy import select
+
+from modelhost.auth.cache import TTLCache
+from modelhost.auth.principal import ADMIN, Principal, PrincipalKind
+from modelhost.auth.secrets import hash_secret, looks_like_secret
+from modelhost.errors import InvalidAPIKey
+from modelhost.store.db import Database
+from modelhost.store.models import ApiKey
+
+
+def bearer_token(authorization: str | None) -> str:
+    """Extract the token of an `Authorization: Bearer <token>` header, or refuse."""
+    if not authorization:
+        raise InvalidAPIKey("Missing API key: send 'Authorization: Bearer <key>'.")
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise InvalidAPIKey("Malformed Authorization header: expected 'Bearer <key>'.")
+    return token
+
+
+class Authenticator:
+    """Resolves secrets to principals, with a short-lived cache that revocation clears."""
+
+    def __init__(self, database: Database, admin_key: str | None, cache: TTLCache[Principal]) -> None:
+        self._database = database
+        self._admin_key = admin_key
+        self.cache = cache
+
+    def cached(self, token: str) -> tuple[bool, Principal | None]:
+        """A lookup that never touches the database: (known, principal)."""
+        if self._admin_key is not None and hmac.compare_digest(
+            token.encode("utf-8"), self._admin_key.encode("utf-8")
+        ):
+            return True, ADMIN
+        if not looks_like_secret(token):
+            raise InvalidAPIKey("Malformed API key.")
+        return self.cache.get(hash_secret(token))
+
+    def load(self, token: str) -> Principal | None:
+        """Database lookup by hash; result cached (misses too)."""
+        digest = hash_secret(token)
+        with self._database.transaction() as session:
+            row = session.scalars(select(ApiKey).where(ApiKey.secret_hash == digest)).one_or_none()
+            principal: Principal | None = None
+            if (
+                row is not None
+                and row.revoked_at is None
+                and hmac.compare_digest(row.secret_hash.encode(), digest.encode())
+            ):
+                principal = _principal_of(row)
+        self.cache.put(digest, principal)
+        return principal
+
+    def forget_all(self) -> None:
+        """Called on revocation: the next request of any key re-reads the database."""
+        self.cache.clear()
+
+
+def _principal_of(row: ApiKey) -> Principal:
+    if row.deployment_ids is None:
+        return Principal(kind=PrincipalKind.ACCOUNT, account_id=row.account_id, key_id=row.id)
+    return Principal(
+        kind=PrincipalKind.DEPLOYMENT,
+        account_id=row.account_id,
+        key_id=row.id,
+        deployment_ids=frozenset(row.deployment_ids),
+    )

@@ -1,0 +1,1 @@
+"""The `modelhost` command line."""

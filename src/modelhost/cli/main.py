@@ -1,0 +1,173 @@
+"""`modelhost`: run the server, manage the database, and drive the API from a terminal."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from modelhost.cli.client import ApiClient
+from modelhost.cli.output import out, show
+
+app = typer.Typer(
+    help="modelhost: serve your own Hugging Face models over HTTP.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
+db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_help=True)
+accounts_app = typer.Typer(help="Accounts (needs the admin key).", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys of your account.", no_args_is_help=True)
+deployments_app = typer.Typer(help="Deployments of your account.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(accounts_app, name="accounts")
+app.add_typer(keys_app, name="keys")
+app.add_typer(deployments_app, name="deployments")
+
+Url = Annotated[str, typer.Option("--url", envvar="MODELHOST_URL", help="Base URL of the server.")]
+AccountKey = Annotated[
+    str | None, typer.Option("--key", envvar="MODELHOST_API_KEY", help="Account key (mh-...).", show_default=False)
+]
+AdminKey = Annotated[
+    str | None, typer.Option("--admin-key", envvar="MODELHOST_ADMIN_KEY", help="Admin key.", show_default=False)
+]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+ACCOUNT_COLUMNS = ("id", "name", "credits", "created_at")
+KEY_COLUMNS = ("id", "name", "kind", "deployments", "prefix", "created_at", "revoked_at")
+DEPLOYMENT_COLUMNS = ("id", "model", "pipeline", "readiness", "state", "replicas", "memory_gb", "artifact_id")
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default: MODELHOST_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: MODELHOST_PORT).")] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run the gateway (applies database migrations first). Ctrl-C / SIGTERM shut it down cleanly."""
+    import uvicorn
+
+    from modelhost.api.app import create_app
+    from modelhost.config import get_settings
+
+    settings = get_settings()
+    if settings.admin_key_value is None:
+        out.print("[yellow]MODELHOST_ADMIN_KEY is not set: admin routes (account creation) are disabled.[/yellow]")
+    uvicorn.run(
+        create_app(settings),
+        host=host or settings.host,
+        port=port or settings.port,
+        log_level=log_level,
+        timeout_graceful_shutdown=30,
+    )
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
+    """Apply migrations to the configured database (MODELHOST_DATABASE_URL)."""
+    from modelhost.config import get_settings
+    from modelhost.store import migrate
+    from modelhost.store.db import Database
+
+    database = Database(get_settings().database_url)
+    migrate.upgrade(database, revision)
+    out.print(f"database at revision {migrate.current_revision(database)}")
+    database.dispose()
+
+
+@accounts_app.command("create")
+def accounts_create(
+    name: Annotated[str, typer.Argument(help="Account name.")],
+    credits: Annotated[float, typer.Option(help="Initial credits.")] = 0.0,
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: Json = False,
+) -> None:
+    """Create an account; prints its first account key (shown once)."""
+    data = ApiClient(url, admin_key).call("POST", "/v1/admin/accounts", json={"name": name, "credits": credits})
+    show(data, (*ACCOUNT_COLUMNS, "api_key"), as_json)
+
+
+@accounts_app.command("list")
+def accounts_list(url: Url = DEFAULT_URL, admin_key: AdminKey = None, as_json: Json = False) -> None:
+    """List accounts."""
+    show(ApiClient(url, admin_key).call("GET", "/v1/admin/accounts"), ACCOUNT_COLUMNS, as_json)
+
+
+@keys_app.command("create")
+def keys_create(
+    name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
+    deployment: Annotated[
+        list[str] | None,
+        typer.Option("--deployment", "-d", help="Scope to this deployment ID (repeatable). None: account key."),
+    ] = None,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Create a key; prints its secret (shown once)."""
+    body: dict[str, object] = {"name": name}
+    if deployment:
+        body["deployments"] = deployment
+    show(ApiClient(url, key).call("POST", "/v1/keys", json=body), (*KEY_COLUMNS, "api_key"), as_json)
+
+
+@keys_app.command("list")
+def keys_list(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:
+    """List keys (never their secrets)."""
+    show(ApiClient(url, key).call("GET", "/v1/keys"), KEY_COLUMNS, as_json)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="Key ID (key_...).")],
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Revoke a key; it is refused at once."""
+    show(ApiClient(url, key).call("DELETE", f"/v1/keys/{key_id}"), ("id", "object", "deleted"), as_json)
+
+
+@deployments_app.command("create")
+def deployments_create(
+    model: Annotated[str, typer.Argument(help="Your model ID for this deployment.")],
+    artifact_id: Annotated[str, typer.Option("--artifact", help="A ready model artifact (art_...).")],
+    readiness: Annotated[str, typer.Option(help="cold, warm or hot.")] = "cold",
+    min_replicas: Annotated[int, typer.Option(help="Replicas kept when loaded.")] = 1,
+    max_replicas: Annotated[int, typer.Option(help="Upper bound of replicas.")] = 1,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Deploy a ready artifact under a model ID."""
+    body = {
+        "model": model,
+        "artifact_id": artifact_id,
+        "readiness": readiness,
+        "min_replicas": min_replicas,
+        "max_replicas": max_replicas,
+    }
+    show(ApiClient(url, key).call("POST", "/v1/deployments", json=body), DEPLOYMENT_COLUMNS, as_json)
+
+
+@deployments_app.command("list")
+def deployments_list(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:
+    """List deployments with their live state."""
+    show(ApiClient(url, key).call("GET", "/v1/deployments"), DEPLOYMENT_COLUMNS, as_json)
+
+
+@deployments_app.command("delete")
+def deployments_delete(
+    deployment_id: Annotated[str, typer.Argument(help="Deployment ID (dep_...).")],
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Delete a deployment (unloads it and frees its artifact)."""
+    data = ApiClient(url, key).call("DELETE", f"/v1/deployments/{deployment_id}")
+    show(data, ("id", "object", "deleted"), as_json)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,36 @@
+"""Readable tables for people, `--json` for scripts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+out = Console()
+
+
+def show(data: Any, columns: Sequence[str], as_json: bool, title: str | None = None) -> None:
+    """Print one object or a list of objects (or an OpenAI-style `{"data": [...]}` list)."""
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    items = data.get("data", data) if isinstance(data, dict) and "data" in data else data
+    if isinstance(items, dict):
+        items = [items]
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for item in items:
+        table.add_row(*(_cell(item.get(column)) for column in columns))
+    out.print(table)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return str(value)

@@ -1,0 +1,59 @@
+"""The one place settings come from: environment variables prefixed `MODELHOST_` (or a `.env` file).
+
+Embedded defaults need nothing installed: a SQLite file and a data directory under the working
+directory. Setting `MODELHOST_DATABASE_URL=postgresql+psycopg://...` switches to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Operator settings. Every field maps to `MODELHOST_<NAME>`."""
+
+    model_config = SettingsConfigDict(env_prefix="MODELHOST_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Field(default=Path("modelhost-data"), description="Artifacts, blobs and the SQLite file.")
+    database_url: str = Field(
+        default="",
+        description="SQLAlchemy URL; empty means a SQLite file inside data_dir.",
+    )
+    admin_key: SecretStr | None = Field(
+        default=None,
+        description="Bearer key for /v1/admin/*. Unset disables the admin routes.",
+    )
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        description="Largest JSON/multipart request body accepted (413 above). File uploads have their own limit.",
+    )
+    key_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long a key lookup is trusted before the database is asked again. "
+        "Revocation on this gateway is immediate; other gateways see it within this time.",
+    )
+    key_cache_entries: int = Field(default=10_000, ge=1)
+    apply_migrations_on_start: bool = True
+
+    @model_validator(mode="after")
+    def _default_database_url(self) -> Settings:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{(self.data_dir / 'modelhost.db').as_posix()}"
+        return self
+
+    @property
+    def admin_key_value(self) -> str | None:
+        return self.admin_key.get_secret_value() if self.admin_key else None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Settings read once per process; tests build their own `Settings` instead."""
+    return Settings()

@@ -1,0 +1,116 @@
+"""The exception hierarchy behind the one error body `{"error": {message, type, code, param}}`.
+
+Services raise these; one handler in `api.errors` turns any of them into a response. Nothing else
+in the code builds error bodies.
+"""
+
+from __future__ import annotations
+
+
+class ModelhostError(Exception):
+    """Base of every error a client may see. Subclasses fix the status, type and code."""
+
+    status_code: int = 500
+    error_type: str = "server_error"
+    code: str = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        self.headers = headers or {}
+
+
+class InvalidRequest(ModelhostError):
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class EndpointNotSupported(ModelhostError):
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "endpoint_not_supported"
+
+
+class InvalidAPIKey(ModelhostError):
+    """Missing, malformed, wrong, revoked or out-of-scope key (api.md §5)."""
+
+    status_code = 401
+    error_type = "InvalidAPIKeyError"
+    code = "invalid_api_key"
+
+
+class InsufficientCredits(ModelhostError):
+    status_code = 402
+    error_type = "insufficient_credits_error"
+    code = "insufficient_credits"
+
+
+class NotFound(ModelhostError):
+    status_code = 404
+    error_type = "not_found_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+    def __init__(self, model: str | None = None) -> None:
+        super().__init__("Model not found", param="model")
+        self.model = model
+
+
+class MethodNotAllowed(ModelhostError):
+    status_code = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class Conflict(ModelhostError):
+    status_code = 409
+    error_type = "conflict_error"
+    code = "conflict"
+
+
+class PayloadTooLarge(ModelhostError):
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class Overloaded(ModelhostError):
+    status_code = 429
+    error_type = "overloaded_error"
+    code = "overloaded"
+
+
+class DeploymentUnavailable(ModelhostError):
+    status_code = 503
+    error_type = "service_unavailable_error"
+    code = "deployment_unavailable"
+
+
+class ServiceUnavailable(ModelhostError):
+    status_code = 503
+    error_type = "service_unavailable_error"
+    code = "service_unavailable"
+
+
+class GatewayTimeout(ModelhostError):
+    status_code = 504
+    error_type = "timeout_error"
+    code = "timeout"
+
+
+class InternalError(ModelhostError):
+    """Raised for nothing; the handler maps unexpected exceptions to this shape without details."""

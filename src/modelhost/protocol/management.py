@@ -1,0 +1,103 @@
+"""Accounts, keys and deployments (shared/spec/management.md)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from modelhost.protocol.common import StrictModel
+
+Readiness = Literal["cold", "warm", "hot"]
+DeploymentState = Literal["unloaded", "loading", "ready", "failed"]
+ModelId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+        description="The customer's own model ID, unique within the account.",
+        examples=["my-embedder"],
+    ),
+]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+Credits = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
+
+
+class AccountCreate(StrictModel):
+    name: Name
+    credits: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] = 0.0
+
+
+class CreditsTopUp(StrictModel):
+    credits: Credits = Field(description="Credits to add; negative for corrections.")
+
+
+class Account(BaseModel):
+    id: str
+    name: str
+    credits: float = Field(description="Credits granted so far (balance once billing runs).")
+    created_at: datetime
+
+
+class AccountCreated(Account):
+    api_key: str = Field(description="The account key's secret. Shown once.")
+
+
+class KeyCreate(StrictModel):
+    name: Name | None = None
+    deployments: Annotated[list[str], Field(min_length=1, max_length=100)] | None = Field(
+        default=None, description="Deployment IDs this key may call; omitted for an account key."
+    )
+
+
+class Key(BaseModel):
+    id: str
+    name: str | None
+    kind: Literal["account", "deployment"]
+    deployments: list[str] | None
+    prefix: str = Field(description="First characters of the secret, to tell keys apart.")
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class KeyCreated(Key):
+    api_key: str = Field(description="The secret. Shown once.")
+
+
+class DeploymentCreate(StrictModel):
+    model: ModelId
+    artifact_id: str = Field(min_length=1, max_length=64)
+    readiness: Readiness = "cold"
+    min_replicas: Annotated[int, Field(ge=0, le=64)] = 1
+    max_replicas: Annotated[int, Field(ge=1, le=64)] = 1
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> DeploymentCreate:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        return self
+
+
+class DeploymentPatch(StrictModel):
+    readiness: Readiness | None = None
+    min_replicas: Annotated[int, Field(ge=0, le=64)] | None = None
+    max_replicas: Annotated[int, Field(ge=1, le=64)] | None = None
+
+
+class Deployment(BaseModel):
+    id: str
+    model: str
+    artifact_id: str
+    pipeline: str
+    readiness: Readiness
+    state: DeploymentState = Field(description="Live state of the deployment's replicas.")
+    state_reason: str | None = Field(default=None, description="Why the deployment is `failed`.")
+    replicas: int = Field(description="Replicas loaded now.")
+    min_replicas: int
+    max_replicas: int
+    memory_gb: float = Field(description="Measured resident memory of the loaded replicas.")
+    last_cold_start_seconds: float | None = None
+    created_at: datetime
+    updated_at: datetime

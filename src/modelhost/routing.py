@@ -1,0 +1,81 @@
+"""Endpoint → pipeline task, and the choice of a request's deployment (DESIGN.md).
+
+This module is the one place that decides whether a deployment supports an endpoint. It is pure:
+callers hand it the caller's principal and deployments; it raises the documented errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from modelhost.auth.principal import Principal, PrincipalKind
+from modelhost.errors import EndpointNotSupported, InvalidAPIKey, InvalidRequest, ModelNotFound
+
+ENDPOINT_TASKS: dict[str, tuple[str, ...]] = {
+    "/v1/classifications/token": ("token-classification",),
+    "/v1/fill-mask": ("fill-mask",),
+    "/v1/feature-extraction": ("feature-extraction",),
+    "/v1/embeddings": ("feature-extraction",),
+    "/v1/classifications/zero-shot/image": ("zero-shot-image-classification",),
+    "/v1/classifications/video": ("video-classification",),
+    "/v1/classifications/audio": ("audio-classification",),
+    "/v1/images/segmentation": ("image-segmentation",),
+    "/v1/question-answering/visual": ("visual-question-answering",),
+    "/v1/images/to-text": ("image-to-text",),
+    "/v1/images/feature-extraction": ("image-feature-extraction",),
+    "/v1/chat/completions": ("text-generation",),
+    "/v1/completions": ("text-generation",),
+    "/v1/images/generations": ("text-to-image",),
+    "/v1/images/edits": ("image-to-image", "inpainting"),
+    "/v1/audio/speech": ("text-to-speech",),
+    "/v1/audio/transcriptions": ("automatic-speech-recognition",),
+    "/v1/videos": ("text-to-video",),
+}
+
+PIPELINE_TASKS: tuple[str, ...] = tuple(sorted({task for tasks in ENDPOINT_TASKS.values() for task in tasks}))
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentRef:
+    """What routing needs to know of a deployment."""
+
+    id: str
+    model: str
+    pipeline: str
+
+
+def resolve_deployment(
+    principal: Principal,
+    endpoint: str,
+    requested_model: str | None,
+    account_deployments: Iterable[DeploymentRef],
+) -> DeploymentRef:
+    """Pick the deployment a request runs on, or raise the error api.md prescribes.
+
+    1. `model` given: it must name one of the account's deployments (else 404 Model not found,
+       vendor names included) that the key covers (else 401).
+    2. No `model`: a deployment key scoped to exactly one deployment uses it; anyone else must say.
+    Then the deployment's pipeline must serve the endpoint (else 400 Endpoint not supported).
+    """
+    if principal.kind is PrincipalKind.ADMIN or principal.account_id is None:
+        raise InvalidAPIKey("The admin key cannot call inference endpoints; use an account or deployment key.")
+    deployments = list(account_deployments)
+    if requested_model is not None:
+        chosen = next((d for d in deployments if d.model == requested_model), None)
+        if chosen is None:
+            raise ModelNotFound(requested_model)
+        if not principal.covers(chosen.id):
+            raise InvalidAPIKey("This API key is not scoped to the requested model.")
+    else:
+        covered = [d for d in deployments if principal.kind is PrincipalKind.DEPLOYMENT and principal.covers(d.id)]
+        if len(covered) != 1:
+            raise InvalidRequest("'model' is required unless the key is scoped to a single deployment.", param="model")
+        chosen = covered[0]
+    if chosen.pipeline not in ENDPOINT_TASKS[endpoint]:
+        raise EndpointNotSupported(
+            f"Endpoint not supported: {endpoint} needs a {' or '.join(ENDPOINT_TASKS[endpoint])} deployment, "
+            f"and '{chosen.model}' is {chosen.pipeline}.",
+            param="model",
+        )
+    return chosen

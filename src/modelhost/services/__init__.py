@@ -1,0 +1,1 @@
+"""Business logic behind the routes: plain Python over the store, testable without a server."""

@@ -1,0 +1,127 @@
+"""Deployments: a customer's model ID bound to a `ready` artifact, with a readiness level."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from modelhost.errors import Conflict, InvalidRequest, NotFound
+from modelhost.routing import DeploymentRef
+from modelhost.store.db import Database
+from modelhost.store.models import Deployment, ModelArtifact
+from modelhost.store.types import new_id
+
+
+@dataclass(frozen=True, slots=True)
+class LiveStatus:
+    """What the runtime reports of a deployment right now."""
+
+    state: str = "unloaded"
+    reason: str | None = None
+    replicas: int = 0
+    memory_gb: float = 0.0
+    last_cold_start_seconds: float | None = None
+
+
+class RuntimeStatus(Protocol):
+    def status(self, deployment_id: str) -> LiveStatus: ...
+
+
+class NothingLoaded:
+    """The status source while no replica backend is attached: every deployment is unloaded."""
+
+    def status(self, deployment_id: str) -> LiveStatus:
+        return LiveStatus()
+
+
+def _not_found() -> NotFound:
+    return NotFound("Deployment not found", param="deployment_id", code="deployment_not_found")
+
+
+class DeploymentService:
+    def __init__(self, database: Database) -> None:
+        self._database = database
+
+    def create(
+        self, account_id: str, model: str, artifact_id: str, readiness: str, min_replicas: int, max_replicas: int
+    ) -> Deployment:
+        try:
+            with self._database.transaction() as session:
+                artifact = session.get(ModelArtifact, artifact_id)
+                if artifact is None or artifact.account_id != account_id:
+                    raise NotFound("Model artifact not found", param="artifact_id", code="artifact_not_found")
+                if artifact.status != "ready":
+                    raise Conflict(
+                        f"Model artifact is {artifact.status}; only a ready artifact can be deployed.",
+                        param="artifact_id",
+                        code="artifact_not_ready",
+                    )
+                deployment = Deployment(
+                    id=new_id("dep"),
+                    account_id=account_id,
+                    model=model,
+                    artifact_id=artifact_id,
+                    pipeline=artifact.pipeline,
+                    readiness=readiness,
+                    min_replicas=min_replicas,
+                    max_replicas=max_replicas,
+                )
+                session.add(deployment)
+                session.flush()
+                return deployment
+        except IntegrityError as exc:
+            raise Conflict(f"Model ID '{model}' is already deployed in this account.", param="model",
+                           code="model_exists") from exc
+
+    def list(self, account_id: str) -> list[Deployment]:
+        with self._database.transaction() as session:
+            query = select(Deployment).where(Deployment.account_id == account_id)
+            return list(session.scalars(query.order_by(Deployment.created_at, Deployment.id)))
+
+    def refs(self, account_id: str) -> list[DeploymentRef]:
+        """The lightweight view routing needs, for every deployment of the account."""
+        with self._database.transaction() as session:
+            rows = session.execute(
+                select(Deployment.id, Deployment.model, Deployment.pipeline).where(
+                    Deployment.account_id == account_id
+                )
+            )
+            return [DeploymentRef(id=r.id, model=r.model, pipeline=r.pipeline) for r in rows]
+
+    def get(self, account_id: str, deployment_id: str) -> Deployment:
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id)
+            if deployment is None or deployment.account_id != account_id:
+                raise _not_found()
+            return deployment
+
+    def update(
+        self,
+        account_id: str,
+        deployment_id: str,
+        readiness: str | None,
+        min_replicas: int | None,
+        max_replicas: int | None,
+    ) -> Deployment:
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id, with_for_update=True)
+            if deployment is None or deployment.account_id != account_id:
+                raise _not_found()
+            new_min = deployment.min_replicas if min_replicas is None else min_replicas
+            new_max = deployment.max_replicas if max_replicas is None else max_replicas
+            if new_min > new_max:
+                raise InvalidRequest("min_replicas must not exceed max_replicas", param="min_replicas")
+            if readiness is not None:
+                deployment.readiness = readiness
+            deployment.min_replicas, deployment.max_replicas = new_min, new_max
+            return deployment
+
+    def delete(self, account_id: str, deployment_id: str) -> None:
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id, with_for_update=True)
+            if deployment is None or deployment.account_id != account_id:
+                raise _not_found()
+            session.delete(deployment)

@@ -1,0 +1,82 @@
+"""Account and deployment keys: creation (secret shown once), listing, revocation."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from modelhost.auth.authenticator import Authenticator
+from modelhost.auth.secrets import display_prefix, hash_secret, new_secret
+from modelhost.errors import Conflict, InvalidRequest, NotFound
+from modelhost.store.db import Database
+from modelhost.store.models import ApiKey, Deployment
+from modelhost.store.types import new_id, utcnow
+
+
+class KeyService:
+    def __init__(self, database: Database, authenticator: Authenticator) -> None:
+        self._database = database
+        self._authenticator = authenticator
+
+    @staticmethod
+    def create_in(
+        session: Session, account_id: str, name: str | None, deployment_ids: list[str] | None
+    ) -> tuple[ApiKey, str]:
+        """Insert a key inside the caller's transaction; returns the row and its secret."""
+        secret = new_secret()
+        key = ApiKey(
+            id=new_id("key"),
+            account_id=account_id,
+            name=name,
+            secret_hash=hash_secret(secret),
+            secret_prefix=display_prefix(secret),
+            deployment_ids=deployment_ids,
+        )
+        session.add(key)
+        session.flush()
+        return key, secret
+
+    def create(self, account_id: str, name: str | None, deployment_ids: list[str] | None) -> tuple[ApiKey, str]:
+        with self._database.transaction() as session:
+            if deployment_ids is not None:
+                deployment_ids = list(dict.fromkeys(deployment_ids))
+                owned = set(
+                    session.scalars(
+                        select(Deployment.id).where(
+                            Deployment.account_id == account_id, Deployment.id.in_(deployment_ids)
+                        )
+                    )
+                )
+                unknown = [d for d in deployment_ids if d not in owned]
+                if unknown:
+                    raise InvalidRequest(f"Unknown deployment: {unknown[0]}", param="deployments")
+            return self.create_in(session, account_id, name, deployment_ids)
+
+    def list(self, account_id: str) -> list[ApiKey]:
+        with self._database.transaction() as session:
+            query = select(ApiKey).where(ApiKey.account_id == account_id).order_by(ApiKey.created_at, ApiKey.id)
+            return list(session.scalars(query))
+
+    def revoke(self, account_id: str, key_id: str) -> ApiKey:
+        """Revoke at once. The last live account key cannot be revoked: the account would be locked out."""
+        with self._database.transaction() as session:
+            key = session.get(ApiKey, key_id, with_for_update=True)
+            if key is None or key.account_id != account_id or key.revoked_at is not None:
+                raise NotFound("Key not found", param="key_id", code="key_not_found")
+            if key.deployment_ids is None:
+                live_account_keys = session.scalars(
+                    select(ApiKey.id).where(
+                        ApiKey.account_id == account_id,
+                        ApiKey.deployment_ids.is_(None),
+                        ApiKey.revoked_at.is_(None),
+                    )
+                ).all()
+                if len(live_account_keys) <= 1:
+                    raise Conflict(
+                        "Cannot revoke the account's last account key; create another first.",
+                        code="last_account_key",
+                        param="key_id",
+                    )
+            key.revoked_at = utcnow()
+        self._authenticator.forget_all()
+        return key

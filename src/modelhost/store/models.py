@@ -1,0 +1,109 @@
+"""ORM tables. Every change to them goes with an Alembic migration in `migrations/versions`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from modelhost.store.types import UTCDateTime, utcnow
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    # Integer micro-credits (1 credit = 1_000_000): money is never a float.
+    credits_granted_micro: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # SHA-256 hex of the secret; the secret itself is never stored.
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # First characters of the secret, so a person can tell keys apart in listings.
+    secret_prefix: Mapped[str] = mapped_column(String(16))
+    # None: an account key. A list: a deployment key covering exactly these deployment IDs.
+    deployment_ids: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class ModelArtifact(Base):
+    __tablename__ = "model_artifacts"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    display_name: Mapped[str] = mapped_column(String(200))
+    pipeline: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), default="created")
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Which published file set is served; replaced atomically when a re-upload becomes ready.
+    published_version: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class UploadSession(Base):
+    __tablename__ = "upload_sessions"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    artifact_id: Mapped[str] = mapped_column(ForeignKey("model_artifacts.id", ondelete="CASCADE"), index=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    # The artifact status to return to when the session is aborted or expires.
+    previous_status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class UploadFile(Base):
+    __tablename__ = "upload_files"
+
+    session_id: Mapped[str] = mapped_column(
+        ForeignKey("upload_sessions.id", ondelete="CASCADE"), primary_key=True
+    )
+    path: Mapped[str] = mapped_column(String(512), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+
+
+class Deployment(Base):
+    __tablename__ = "deployments"
+    __table_args__ = (UniqueConstraint("account_id", "model", name="uq_deployments_account_model"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
+    model: Mapped[str] = mapped_column(String(200))
+    artifact_id: Mapped[str] = mapped_column(ForeignKey("model_artifacts.id"), index=True)
+    pipeline: Mapped[str] = mapped_column(String(64))
+    readiness: Mapped[str] = mapped_column(String(8), default="cold")
+    min_replicas: Mapped[int] = mapped_column(Integer, default=1)
+    max_replicas: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+Index("ix_deployments_account", Deployment.account_id)
+

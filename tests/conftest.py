@@ -1,0 +1,69 @@
+"""Fixtures: databases (SQLite and a real PostgreSQL), services, the app through httpx."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from modelhost.api.app import create_app  # noqa: E402
+from modelhost.config import Settings  # noqa: E402
+from modelhost.services.container import Services  # noqa: E402
+from tests.helpers import ADMIN_KEY  # noqa: E402
+from tests.postgres import create_database, postgres_server  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def postgres_base_url() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database of each kind."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'test.db'}"
+    base: str = request.getfixturevalue("postgres_base_url")
+    return create_database(base, f"t_{secrets.token_hex(6)}")
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'test.db'}"
+
+
+def make_settings(tmp_path: Path, database_url: str, **overrides: object) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        admin_key=ADMIN_KEY,  # type: ignore[arg-type]
+        **overrides,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    return make_settings(tmp_path, database_url)
+
+
+@pytest.fixture
+def services(settings: Settings) -> Iterator[Services]:
+    built = Services.build(settings)
+    yield built
+    built.close()
+
+
+@pytest.fixture
+async def client(services: Services) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(services=services)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as http:
+        yield http
