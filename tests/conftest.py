@@ -13,11 +13,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from modelhost.api.app import create_app  # noqa: E402
-from modelhost.config import Settings  # noqa: E402
-from modelhost.services.container import Services  # noqa: E402
-from tests.helpers import ADMIN_KEY  # noqa: E402
-from tests.postgres import create_database, postgres_server  # noqa: E402
+from modelhost.api.app import create_app
+from modelhost.config import Settings
+from modelhost.services.container import Services
+from tests.helpers import ADMIN_KEY
+from tests.postgres import create_database, postgres_server
 
 
 @pytest.fixture(scope="session")

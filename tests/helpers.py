@@ -17,7 +17,9 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-async def new_account(client: httpx.AsyncClient, name: str = "acme", credits: float = 100.0) -> dict[str, Any]:
+async def new_account(
+    client: httpx.AsyncClient, name: str = "acme", credits: float = 100.0
+) -> dict[str, Any]:
     response = await client.post(
         "/v1/admin/accounts", json={"name": name, "credits": credits}, headers=bearer(ADMIN_KEY)
     )
@@ -55,7 +57,9 @@ async def new_deployment(
     return body
 
 
-def assert_error(response: httpx.Response, status: int, code: str | None = None, type_: str | None = None) -> dict[str, Any]:
+def assert_error(
+    response: httpx.Response, status: int, code: str | None = None, type_: str | None = None
+) -> dict[str, Any]:
     """The one error body, with the expected status (and code / type when given)."""
     assert response.status_code == status, (response.status_code, response.text)
     body = response.json()

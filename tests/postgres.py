@@ -44,13 +44,17 @@ def postgres_server() -> Iterator[str]:
         shutil.chown(sockets, "postgres")
     port = _free_port()
     subprocess.run(
-        _as_postgres([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"]),
+        _as_postgres(
+            [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"]
+        ),
         check=True,
         capture_output=True,
     )
     options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
     subprocess.run(
-        _as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]),
+        _as_postgres(
+            [str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]
+        ),
         check=True,
         capture_output=True,
     )
@@ -59,7 +63,8 @@ def postgres_server() -> Iterator[str]:
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
     finally:
         subprocess.run(
-            _as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]), capture_output=True
+            _as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+            capture_output=True,
         )
         shutil.rmtree(root, ignore_errors=True)
 
@@ -77,6 +82,8 @@ def _wait_ready(port: int, timeout: float = 30.0) -> None:
 def create_database(base_url: str, name: str) -> str:
     import psycopg
 
-    with psycopg.connect(base_url.replace("postgresql+psycopg", "postgresql") + "/postgres", autocommit=True) as conn:
+    with psycopg.connect(
+        base_url.replace("postgresql+psycopg", "postgresql") + "/postgres", autocommit=True
+    ) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return f"{base_url}/{name}"

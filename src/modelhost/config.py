@@ -18,7 +18,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MODELHOST_", env_file=".env", extra="ignore")
 
-    data_dir: Path = Field(default=Path("modelhost-data"), description="Artifacts, blobs and the SQLite file.")
+    data_dir: Path = Field(
+        default=Path("modelhost-data"), description="Artifacts, blobs and the SQLite file."
+    )
     database_url: str = Field(
         default="",
         description="SQLAlchemy URL; empty means a SQLite file inside data_dir.",
@@ -31,7 +33,7 @@ class Settings(BaseSettings):
     port: int = 8000
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024,
-        description="Largest JSON/multipart request body accepted (413 above). File uploads have their own limit.",
+        description="Largest JSON/multipart request body accepted (413 above).",
     )
     key_cache_seconds: float = Field(
         default=5.0,

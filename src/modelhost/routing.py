@@ -59,7 +59,9 @@ def resolve_deployment(
     Then the deployment's pipeline must serve the endpoint (else 400 Endpoint not supported).
     """
     if principal.kind is PrincipalKind.ADMIN or principal.account_id is None:
-        raise InvalidAPIKey("The admin key cannot call inference endpoints; use an account or deployment key.")
+        raise InvalidAPIKey(
+            "The admin key cannot call inference endpoints; use an account or deployment key."
+        )
     deployments = list(account_deployments)
     if requested_model is not None:
         chosen = next((d for d in deployments if d.model == requested_model), None)
@@ -68,9 +70,13 @@ def resolve_deployment(
         if not principal.covers(chosen.id):
             raise InvalidAPIKey("This API key is not scoped to the requested model.")
     else:
-        covered = [d for d in deployments if principal.kind is PrincipalKind.DEPLOYMENT and principal.covers(d.id)]
+        covered = [
+            d for d in deployments if principal.kind is PrincipalKind.DEPLOYMENT and principal.covers(d.id)
+        ]
         if len(covered) != 1:
-            raise InvalidRequest("'model' is required unless the key is scoped to a single deployment.", param="model")
+            raise InvalidRequest(
+                "'model' is required unless the key is scoped to a single deployment.", param="model"
+            )
         chosen = covered[0]
     if chosen.pipeline not in ENDPOINT_TASKS[endpoint]:
         raise EndpointNotSupported(

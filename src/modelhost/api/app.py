@@ -75,8 +75,12 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     error_ref = {"$ref": "#/components/schemas/ErrorBody"}
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    components.setdefault("ErrorBody", ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}"))
-    for defn in ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}").get("$defs", {}).items():
+    components.setdefault(
+        "ErrorBody", ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    )
+    for defn in (
+        ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}").get("$defs", {}).items()
+    ):
         components.setdefault(*defn)
     components.get("ErrorBody", {}).pop("$defs", None)
     for name in ("HTTPValidationError", "ValidationError"):
@@ -88,12 +92,16 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             if operation.get("requestBody") or operation.get("parameters"):
                 responses.setdefault(
                     "400",
-                    {"description": error_responses(400)[400]["description"],
-                     "content": {"application/json": {"schema": error_ref}}},
+                    {
+                        "description": error_responses(400)[400]["description"],
+                        "content": {"application/json": {"schema": error_ref}},
+                    },
                 )
             for status in ("404", "405", "413"):
-                responses.setdefault(status, {"description": _GENERIC[status],
-                                              "content": {"application/json": {"schema": error_ref}}})
+                responses.setdefault(
+                    status,
+                    {"description": _GENERIC[status], "content": {"application/json": {"schema": error_ref}}},
+                )
     app.openapi_schema = schema
     return schema
 

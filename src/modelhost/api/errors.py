@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 from modelhost.errors import (
     InvalidRequest,
@@ -53,6 +54,15 @@ def validation_error(exc: RequestValidationError) -> InvalidRequest:
     return InvalidRequest(text, param=param)
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the API documents for this path (Starlette's own header names only one route's)."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        if compile_path(template)[0].match(request.url.path):
+            methods.update(method.upper() for method in operations)
+    return sorted(methods)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_modelhost_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ModelhostError)
@@ -68,7 +78,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             mapped = NotFound(f"Route not found: {request.method} {request.url.path}", code="route_not_found")
         elif exc.status_code == 405:
-            mapped = MethodNotAllowed(f"Method {request.method} is not allowed on {request.url.path}.")
+            allowed = _allowed_methods(request)
+            mapped = MethodNotAllowed(
+                f"Method {request.method} is not allowed on {request.url.path}; use {', '.join(allowed)}."
+            )
+            mapped.headers = {"Allow": ", ".join(allowed)}
         elif exc.status_code == 413:
             mapped = PayloadTooLarge(str(exc.detail))
         else:
@@ -76,7 +90,7 @@ def install_error_handlers(app: FastAPI) -> None:
             mapped.status_code = exc.status_code
             mapped.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
             mapped.code = f"http_{exc.status_code}"
-        mapped.headers = dict(exc.headers or {})
+        mapped.headers = {**(exc.headers or {}), **mapped.headers}
         return error_response(mapped)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -12,7 +12,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from modelhost.api.errors import error_response
 from modelhost.errors import InvalidRequest, PayloadTooLarge
 
-REQUESTS = Counter("modelhost_http_requests_total", "HTTP requests by route and status.", ["method", "route", "status"])
+REQUESTS = Counter(
+    "modelhost_http_requests_total", "HTTP requests by route and status.", ["method", "route", "status"]
+)
 LATENCY = Histogram(
     "modelhost_http_request_duration_seconds",
     "HTTP request latency by route.",

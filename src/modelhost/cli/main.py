@@ -25,10 +25,12 @@ app.add_typer(deployments_app, name="deployments")
 
 Url = Annotated[str, typer.Option("--url", envvar="MODELHOST_URL", help="Base URL of the server.")]
 AccountKey = Annotated[
-    str | None, typer.Option("--key", envvar="MODELHOST_API_KEY", help="Account key (mh-...).", show_default=False)
+    str | None,
+    typer.Option("--key", envvar="MODELHOST_API_KEY", help="Account key (mh-...).", show_default=False),
 ]
 AdminKey = Annotated[
-    str | None, typer.Option("--admin-key", envvar="MODELHOST_ADMIN_KEY", help="Admin key.", show_default=False)
+    str | None,
+    typer.Option("--admin-key", envvar="MODELHOST_ADMIN_KEY", help="Admin key.", show_default=False),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -52,7 +54,9 @@ def serve(
 
     settings = get_settings()
     if settings.admin_key_value is None:
-        out.print("[yellow]MODELHOST_ADMIN_KEY is not set: admin routes (account creation) are disabled.[/yellow]")
+        out.print(
+            "[yellow]MODELHOST_ADMIN_KEY is not set: admin routes (account creation) are disabled.[/yellow]"
+        )
     uvicorn.run(
         create_app(settings),
         host=host or settings.host,
@@ -84,7 +88,9 @@ def accounts_create(
     as_json: Json = False,
 ) -> None:
     """Create an account; prints its first account key (shown once)."""
-    data = ApiClient(url, admin_key).call("POST", "/v1/admin/accounts", json={"name": name, "credits": credits})
+    data = ApiClient(url, admin_key).call(
+        "POST", "/v1/admin/accounts", json={"name": name, "credits": credits}
+    )
     show(data, (*ACCOUNT_COLUMNS, "api_key"), as_json)
 
 
@@ -99,7 +105,9 @@ def keys_create(
     name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
     deployment: Annotated[
         list[str] | None,
-        typer.Option("--deployment", "-d", help="Scope to this deployment ID (repeatable). None: account key."),
+        typer.Option(
+            "--deployment", "-d", help="Scope to this deployment ID (repeatable). None: account key."
+        ),
     ] = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,

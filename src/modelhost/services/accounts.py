@@ -36,7 +36,7 @@ class AccountService:
             _, secret = self._keys.create_in(session, account.id, name="default", deployment_ids=None)
         return account, secret
 
-    def list(self) -> list[Account]:
+    def list_accounts(self) -> list[Account]:
         with self._database.transaction() as session:
             return list(session.scalars(select(Account).order_by(Account.created_at, Account.id)))
 

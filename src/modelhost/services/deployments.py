@@ -46,7 +46,13 @@ class DeploymentService:
         self._database = database
 
     def create(
-        self, account_id: str, model: str, artifact_id: str, readiness: str, min_replicas: int, max_replicas: int
+        self,
+        account_id: str,
+        model: str,
+        artifact_id: str,
+        readiness: str,
+        min_replicas: int,
+        max_replicas: int,
     ) -> Deployment:
         try:
             with self._database.transaction() as session:
@@ -73,10 +79,11 @@ class DeploymentService:
                 session.flush()
                 return deployment
         except IntegrityError as exc:
-            raise Conflict(f"Model ID '{model}' is already deployed in this account.", param="model",
-                           code="model_exists") from exc
+            raise Conflict(
+                f"Model ID '{model}' is already deployed in this account.", param="model", code="model_exists"
+            ) from exc
 
-    def list(self, account_id: str) -> list[Deployment]:
+    def list_deployments(self, account_id: str) -> list[Deployment]:
         with self._database.transaction() as session:
             query = select(Deployment).where(Deployment.account_id == account_id)
             return list(session.scalars(query.order_by(Deployment.created_at, Deployment.id)))

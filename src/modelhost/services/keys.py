@@ -36,7 +36,9 @@ class KeyService:
         session.flush()
         return key, secret
 
-    def create(self, account_id: str, name: str | None, deployment_ids: list[str] | None) -> tuple[ApiKey, str]:
+    def create(
+        self, account_id: str, name: str | None, deployment_ids: list[str] | None
+    ) -> tuple[ApiKey, str]:
         with self._database.transaction() as session:
             if deployment_ids is not None:
                 deployment_ids = list(dict.fromkeys(deployment_ids))
@@ -52,9 +54,11 @@ class KeyService:
                     raise InvalidRequest(f"Unknown deployment: {unknown[0]}", param="deployments")
             return self.create_in(session, account_id, name, deployment_ids)
 
-    def list(self, account_id: str) -> list[ApiKey]:
+    def list_keys(self, account_id: str) -> list[ApiKey]:
         with self._database.transaction() as session:
-            query = select(ApiKey).where(ApiKey.account_id == account_id).order_by(ApiKey.created_at, ApiKey.id)
+            query = (
+                select(ApiKey).where(ApiKey.account_id == account_id).order_by(ApiKey.created_at, ApiKey.id)
+            )
             return list(session.scalars(query))
 
     def revoke(self, account_id: str, key_id: str) -> ApiKey:

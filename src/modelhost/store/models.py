@@ -106,4 +106,3 @@ class Deployment(Base):
 
 
 Index("ix_deployments_account", Deployment.account_id)
-

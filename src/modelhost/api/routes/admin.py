@@ -31,7 +31,7 @@ def create_account(body: AccountCreate, _admin: AdminPrincipal, services: Servic
 
 @router.get("/accounts", summary="List accounts")
 def list_accounts(_admin: AdminPrincipal, services: ServicesDep) -> ListOf[Account]:
-    return ListOf[Account](data=[present(a) for a in services.accounts.list()])
+    return ListOf[Account](data=[present(a) for a in services.accounts.list_accounts()])
 
 
 @router.get("/accounts/{account_id}", summary="Get an account", responses=error_responses(404))

@@ -23,8 +23,8 @@ def present(deployment: rows.Deployment, services: Services) -> Deployment:
         model=deployment.model,
         artifact_id=deployment.artifact_id,
         pipeline=deployment.pipeline,
-        readiness=deployment.readiness,  # type: ignore[arg-type]
-        state=live.state,  # type: ignore[arg-type]
+        readiness=deployment.readiness,
+        state=live.state,
         state_reason=live.reason,
         replicas=live.replicas,
         min_replicas=deployment.min_replicas,
@@ -42,7 +42,9 @@ def present(deployment: rows.Deployment, services: Services) -> Deployment:
     status_code=201,
     responses=error_responses(404, 409),
 )
-def create_deployment(body: DeploymentCreate, principal: AccountPrincipal, services: ServicesDep) -> Deployment:
+def create_deployment(
+    body: DeploymentCreate, principal: AccountPrincipal, services: ServicesDep
+) -> Deployment:
     deployment = services.deployments.create(
         account_id_of(principal),
         body.model,
@@ -56,11 +58,13 @@ def create_deployment(body: DeploymentCreate, principal: AccountPrincipal, servi
 
 @router.get("", summary="List deployments with their live state")
 def list_deployments(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Deployment]:
-    rows_ = services.deployments.list(account_id_of(principal))
+    rows_ = services.deployments.list_deployments(account_id_of(principal))
     return ListOf[Deployment](data=[present(d, services) for d in rows_])
 
 
-@router.get("/{deployment_id}", summary="Get a deployment with its live state", responses=error_responses(404))
+@router.get(
+    "/{deployment_id}", summary="Get a deployment with its live state", responses=error_responses(404)
+)
 def get_deployment(
     principal: AccountPrincipal, services: ServicesDep, deployment_id: str = DeploymentId
 ) -> Deployment:
@@ -71,7 +75,10 @@ def get_deployment(
     "/{deployment_id}", summary="Change readiness or replica bounds", responses=error_responses(404)
 )
 def update_deployment(
-    body: DeploymentPatch, principal: AccountPrincipal, services: ServicesDep, deployment_id: str = DeploymentId
+    body: DeploymentPatch,
+    principal: AccountPrincipal,
+    services: ServicesDep,
+    deployment_id: str = DeploymentId,
 ) -> Deployment:
     deployment = services.deployments.update(
         account_id_of(principal), deployment_id, body.readiness, body.min_replicas, body.max_replicas
@@ -80,7 +87,9 @@ def update_deployment(
 
 
 @router.delete(
-    "/{deployment_id}", summary="Delete a deployment (unloads it, frees its artifact)", responses=error_responses(404)
+    "/{deployment_id}",
+    summary="Delete a deployment (unloads it, frees its artifact)",
+    responses=error_responses(404),
 )
 def delete_deployment(
     principal: AccountPrincipal, services: ServicesDep, deployment_id: str = DeploymentId

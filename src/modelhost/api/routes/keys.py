@@ -33,7 +33,7 @@ def create_key(body: KeyCreate, principal: AccountPrincipal, services: ServicesD
 
 @router.get("", summary="List keys (secrets are never shown again)")
 def list_keys(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Key]:
-    return ListOf[Key](data=[present(k) for k in services.keys.list(account_id_of(principal))])
+    return ListOf[Key](data=[present(k) for k in services.keys.list_keys(account_id_of(principal))])
 
 
 @router.delete(
@@ -41,6 +41,8 @@ def list_keys(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Key]
     summary="Revoke a key, effective at once",
     responses=error_responses(404, 409),
 )
-def revoke_key(principal: AccountPrincipal, services: ServicesDep, key_id: str = Path(max_length=64)) -> Deleted:
+def revoke_key(
+    principal: AccountPrincipal, services: ServicesDep, key_id: str = Path(max_length=64)
+) -> Deleted:
     key = services.keys.revoke(account_id_of(principal), key_id)
     return Deleted(id=key.id, object="api_key.deleted")

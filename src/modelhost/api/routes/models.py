@@ -18,7 +18,7 @@ def _visible(principal: Principal, services: Services) -> list[Model]:
     account_id = account_id_of(principal)
     return [
         Model(id=d.model, created=int(d.created_at.timestamp()), owned_by=account_id)
-        for d in services.deployments.list(account_id)
+        for d in services.deployments.list_deployments(account_id)
         if principal.covers(d.id)
     ]
 

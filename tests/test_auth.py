@@ -1,0 +1,261 @@
+"""The auth matrix: each key kind × each route family × missing/malformed/wrong/revoked/out-of-scope."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from sqlalchemy import event
+
+from modelhost.api.app import create_app
+from modelhost.api.deps import CallerPrincipal, deployment_for
+from modelhost.services.container import Services
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment
+
+# One representative route per family: (method, path, body).
+ADMIN_ROUTE = ("GET", "/v1/admin/accounts", None)
+MANAGEMENT_ROUTES = [("GET", "/v1/keys", None), ("GET", "/v1/deployments", None)]
+CALLER_ROUTE = ("GET", "/v1/models", None)
+
+
+def with_inference_probe(app: FastAPI) -> FastAPI:
+    """Adds `/v1/embeddings` answering which deployment the request was routed to.
+
+    Inference handlers arrive with the runtime; this exercises the real dependency they will use,
+    so auth and routing are tested through HTTP now.
+    """
+
+    @app.post("/v1/embeddings")
+    async def probe(request: Request, principal: CallerPrincipal) -> dict[str, Any]:
+        body = await request.json()
+        chosen = await deployment_for(request, principal, body.get("model"))
+        return {"deployment": chosen.id}
+
+    return app
+
+
+@pytest.fixture
+async def world(services: Services) -> dict[str, Any]:
+    """Two accounts; account A has two embedding deployments and a chat one, and keys of each kind."""
+    app = with_inference_probe(create_app(services=services))
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    http = httpx.AsyncClient(transport=transport, base_url="http://t")
+    a = await new_account(http, "a")
+    b = await new_account(http, "b")
+    emb1 = await new_deployment(http, services, a, "emb-one")
+    emb2 = await new_deployment(http, services, a, "emb-two")
+    chat = await new_deployment(http, services, a, "chatty", pipeline="text-generation")
+    b_dep = await new_deployment(http, services, b, "emb-b")
+    scoped = (
+        await http.post("/v1/keys", json={"deployments": [emb1["id"]]}, headers=bearer(a["api_key"]))
+    ).json()
+    revoked = (await http.post("/v1/keys", json={"name": "old"}, headers=bearer(a["api_key"]))).json()
+    assert (await http.delete(f"/v1/keys/{revoked['id']}", headers=bearer(a["api_key"]))).status_code == 200
+    return {
+        "http": http,
+        "a": a,
+        "b": b,
+        "emb1": emb1,
+        "emb2": emb2,
+        "chat": chat,
+        "b_dep": b_dep,
+        "scoped": scoped["api_key"],
+        "revoked": revoked["api_key"],
+    }
+
+
+async def call(
+    http: httpx.AsyncClient, route: tuple[str, str, Any], headers: dict[str, str]
+) -> httpx.Response:
+    method, path, body = route
+    return await http.request(method, path, json=body, headers=headers)
+
+
+BAD_HEADERS = {
+    "missing": {},
+    "not bearer": {"Authorization": "Basic dXNlcjpwYXNz"},
+    "empty bearer": {"Authorization": "Bearer "},
+    "malformed key": {"Authorization": "Bearer not-a-modelhost-key"},
+    "wrong key": {"Authorization": "Bearer mh-" + "x" * 43},
+}
+ALL_ROUTES = [ADMIN_ROUTE, *MANAGEMENT_ROUTES, CALLER_ROUTE, ("POST", "/v1/embeddings", {"model": "emb-one"})]
+
+
+@pytest.mark.parametrize("route", ALL_ROUTES, ids=lambda r: f"{r[0]} {r[1]}")
+@pytest.mark.parametrize("case", list(BAD_HEADERS), ids=str)
+async def test_every_route_refuses_missing_malformed_or_wrong_keys(
+    world: dict[str, Any], route, case
+) -> None:
+    response = await call(world["http"], route, BAD_HEADERS[case])
+    assert_error(response, 401, "invalid_api_key", "InvalidAPIKeyError")
+
+
+@pytest.mark.parametrize("route", ALL_ROUTES, ids=lambda r: f"{r[0]} {r[1]}")
+async def test_every_route_refuses_a_revoked_key(world: dict[str, Any], route) -> None:
+    assert_error(await call(world["http"], route, bearer(world["revoked"])), 401, type_="InvalidAPIKeyError")
+
+
+async def test_admin_routes_take_only_the_admin_key(world: dict[str, Any]) -> None:
+    http = world["http"]
+    assert (await call(http, ADMIN_ROUTE, bearer(ADMIN_KEY))).status_code == 200
+    for key in (world["a"]["api_key"], world["scoped"]):
+        assert_error(await call(http, ADMIN_ROUTE, bearer(key)), 401, type_="InvalidAPIKeyError")
+
+
+@pytest.mark.parametrize("route", MANAGEMENT_ROUTES, ids=lambda r: r[1])
+async def test_management_routes_take_only_account_keys(world: dict[str, Any], route) -> None:
+    http = world["http"]
+    assert (await call(http, route, bearer(world["a"]["api_key"]))).status_code == 200
+    for key in (ADMIN_KEY, world["scoped"]):
+        assert_error(await call(http, route, bearer(key)), 401, type_="InvalidAPIKeyError")
+
+
+async def test_models_lists_everything_for_an_account_key_and_only_the_scope_for_a_deployment_key(
+    world: dict[str, Any],
+) -> None:
+    http = world["http"]
+    listed = (await call(http, CALLER_ROUTE, bearer(world["a"]["api_key"]))).json()
+    assert sorted(m["id"] for m in listed["data"]) == ["chatty", "emb-one", "emb-two"]
+    scoped = (await call(http, CALLER_ROUTE, bearer(world["scoped"]))).json()
+    assert [m["id"] for m in scoped["data"]] == ["emb-one"]
+    assert_error(await call(http, CALLER_ROUTE, bearer(ADMIN_KEY)), 401, type_="InvalidAPIKeyError")
+
+
+async def test_inference_with_an_account_key_runs_on_the_named_deployment(world: dict[str, Any]) -> None:
+    response = await world["http"].post(
+        "/v1/embeddings", json={"model": "emb-two"}, headers=bearer(world["a"]["api_key"])
+    )
+    assert response.json() == {"deployment": world["emb2"]["id"]}
+
+
+async def test_inference_with_a_deployment_key_and_no_model_uses_its_single_deployment(
+    world: dict[str, Any],
+) -> None:
+    response = await world["http"].post("/v1/embeddings", json={}, headers=bearer(world["scoped"]))
+    assert response.json() == {"deployment": world["emb1"]["id"]}
+
+
+async def test_inference_with_an_account_key_and_no_model_asks_for_the_model(world: dict[str, Any]) -> None:
+    response = await world["http"].post("/v1/embeddings", json={}, headers=bearer(world["a"]["api_key"]))
+    assert assert_error(response, 400, "invalid_request")["param"] == "model"
+
+
+async def test_inference_on_a_deployment_outside_the_keys_scope_is_401(world: dict[str, Any]) -> None:
+    response = await world["http"].post(
+        "/v1/embeddings", json={"model": "emb-two"}, headers=bearer(world["scoped"])
+    )
+    assert_error(response, 401, "invalid_api_key", "InvalidAPIKeyError")
+
+
+@pytest.mark.parametrize("model", ["gpt-4o", "text-embedding-3-small", "emb-b", "nope"])
+async def test_vendor_names_and_other_accounts_models_are_model_not_found(
+    world: dict[str, Any], model: str
+) -> None:
+    for key in (world["a"]["api_key"], world["scoped"]):
+        response = await world["http"].post("/v1/embeddings", json={"model": model}, headers=bearer(key))
+        error = assert_error(response, 404, "model_not_found")
+        assert error["message"] == "Model not found"
+        assert error["param"] == "model"
+
+
+async def test_endpoint_of_another_pipeline_is_endpoint_not_supported(world: dict[str, Any]) -> None:
+    response = await world["http"].post(
+        "/v1/embeddings", json={"model": "chatty"}, headers=bearer(world["a"]["api_key"])
+    )
+    error = assert_error(response, 400, "endpoint_not_supported")
+    assert error["message"].startswith("Endpoint not supported")
+
+
+async def test_admin_key_cannot_call_inference(world: dict[str, Any]) -> None:
+    response = await world["http"].post(
+        "/v1/embeddings", json={"model": "emb-one"}, headers=bearer(ADMIN_KEY)
+    )
+    assert_error(response, 401, type_="InvalidAPIKeyError")
+
+
+async def test_revocation_takes_effect_at_once_even_with_a_warm_cache(world: dict[str, Any]) -> None:
+    http, owner = world["http"], bearer(world["a"]["api_key"])
+    created = (await http.post("/v1/keys", json={"name": "temp"}, headers=owner)).json()
+    assert (await http.get("/v1/models", headers=bearer(created["api_key"]))).status_code == 200  # now cached
+    assert (await http.delete(f"/v1/keys/{created['id']}", headers=owner)).status_code == 200
+    assert_error(
+        await http.get("/v1/models", headers=bearer(created["api_key"])), 401, type_="InvalidAPIKeyError"
+    )
+
+
+async def test_the_last_account_key_cannot_be_revoked(world: dict[str, Any]) -> None:
+    http = world["http"]
+    b_keys = (await http.get("/v1/keys", headers=bearer(world["b"]["api_key"]))).json()["data"]
+    response = await http.delete(f"/v1/keys/{b_keys[0]['id']}", headers=bearer(world["b"]["api_key"]))
+    assert_error(response, 409, "last_account_key")
+
+
+async def test_keys_of_another_account_are_not_found(world: dict[str, Any]) -> None:
+    http = world["http"]
+    a_keys = (await http.get("/v1/keys", headers=bearer(world["a"]["api_key"]))).json()["data"]
+    response = await http.delete(f"/v1/keys/{a_keys[0]['id']}", headers=bearer(world["b"]["api_key"]))
+    assert_error(response, 404, "key_not_found")
+
+
+async def test_secrets_are_stored_hashed_and_never_listed(world: dict[str, Any], services: Services) -> None:
+    from sqlalchemy import select
+
+    from modelhost.store.models import ApiKey
+
+    secret = world["a"]["api_key"]
+    assert secret.startswith("mh-")
+    listed = (await world["http"].get("/v1/keys", headers=bearer(secret))).text
+    assert secret not in listed
+    with services.database.transaction() as session:
+        stored = [(k.secret_hash, k.secret_prefix) for k in session.scalars(select(ApiKey))]
+    assert all(secret != h and len(h) == 64 for h, _ in stored)
+
+
+async def test_cached_keys_do_not_query_the_database(world: dict[str, Any], services: Services) -> None:
+    http, key = world["http"], bearer(world["scoped"])
+    await http.post("/v1/embeddings", json={}, headers=key)
+    statements: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(services.database.engine, "before_cursor_execute", record)
+    try:
+        for _ in range(20):
+            assert (await http.get("/v1/models", headers=key)).status_code == 200
+    finally:
+        event.remove(services.database.engine, "before_cursor_execute", record)
+    assert statements, "the route itself reads deployments"
+    assert not any("api_keys" in s for s in statements)
+
+
+async def test_wrong_keys_are_cached_as_misses_so_floods_cost_no_queries(
+    world: dict[str, Any], services: Services
+) -> None:
+    wrong = "mh-" + "w" * 43
+    assert_error(await world["http"].get("/v1/models", headers=bearer(wrong)), 401)
+    assert services.authenticator.cached(wrong) == (True, None)
+
+
+async def test_another_gateway_refuses_a_revoked_key_within_the_cache_lifetime(
+    world: dict[str, Any], settings, tmp_path
+) -> None:
+    """Two gateways on one database: revocation on one reaches the other once its cache entry expires."""
+    other_services = Services.build(
+        make_settings(tmp_path / "g2", settings.database_url, key_cache_seconds=0.2)
+    )
+    other = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app(services=other_services)), base_url="http://g2"
+    )
+    http, owner = world["http"], bearer(world["a"]["api_key"])
+    created = (await http.post("/v1/keys", json={}, headers=owner)).json()
+    assert (await other.get("/v1/models", headers=bearer(created["api_key"]))).status_code == 200
+    await http.delete(f"/v1/keys/{created['id']}", headers=owner)
+    import asyncio
+
+    await asyncio.sleep(0.3)
+    assert_error(await other.get("/v1/models", headers=bearer(created["api_key"])), 401)
+    other_services.close()

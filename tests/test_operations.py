@@ -1,0 +1,100 @@
+"""Operations surface: /health, /ready, /metrics, /docs and the OpenAPI document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from sqlalchemy import text
+
+from modelhost.api.app import create_app
+from modelhost.config import Settings
+from modelhost.services.container import Services
+from modelhost.store import migrate
+from modelhost.store.db import Database
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, assert_error, bearer
+
+
+async def test_health_answers_without_auth(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/health")).json() == {"status": "ok"}
+
+
+async def test_ready_when_database_is_migrated(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/ready")).json() == {"status": "ready"}
+
+
+async def test_not_ready_when_migrations_are_behind(tmp_path: Path, database_url: str) -> None:
+    settings = make_settings(tmp_path, database_url, apply_migrations_on_start=False)
+    services = Services.build(settings)
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(services=services)), base_url="http://t"
+        ) as http:
+            response = await http.get("/ready")
+        assert_error(response, 503, "service_unavailable")
+        assert "migrations" in response.json()["error"]["message"]
+    finally:
+        services.close()
+
+
+def test_migrations_go_up_from_empty(database_url: str) -> None:
+    database = Database(database_url)
+    assert migrate.current_revision(database) is None
+    migrate.upgrade(database)
+    assert migrate.is_current(database)
+    with database.engine.connect() as conn:
+        for table in (
+            "accounts",
+            "api_keys",
+            "deployments",
+            "model_artifacts",
+            "upload_sessions",
+            "upload_files",
+        ):
+            conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+    migrate.upgrade(database)  # idempotent
+    database.dispose()
+
+
+def test_postgres_url_needs_no_code_change(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, database_url="postgresql+psycopg://u@localhost:1/db")
+    assert Database(settings.database_url).is_sqlite is False
+    default = Settings(data_dir=tmp_path / "d")
+    assert default.database_url == f"sqlite:///{(tmp_path / 'd' / 'modelhost.db').as_posix()}"
+
+
+async def test_metrics_count_requests_by_route_and_status(client: httpx.AsyncClient) -> None:
+    await client.get("/v1/keys")  # 401
+    await client.get("/health")
+    body = (await client.get("/metrics")).text
+    assert 'modelhost_http_requests_total{method="GET",route="/v1/keys",status="401"}' in body
+    assert 'modelhost_http_request_duration_seconds_bucket{le="0.005",method="GET",route="/health"}' in body
+
+
+async def test_docs_page_and_openapi_describe_routes_auth_and_errors(client: httpx.AsyncClient) -> None:
+    assert "swagger" in (await client.get("/docs")).text.lower()
+    schema = (await client.get("/openapi.json")).json()
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    keys_post = schema["paths"]["/v1/keys"]["post"]
+    assert keys_post["security"] == [{"HTTPBearer": []}]
+    assert "422" not in keys_post["responses"]
+    for status in ("400", "401", "413"):
+        assert keys_post["responses"][status]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorBody"
+        }
+    assert "ErrorBody" in schema["components"]["schemas"]
+    for path in ("/v1/admin/accounts", "/v1/deployments/{deployment_id}", "/v1/models", "/health", "/ready"):
+        assert path in schema["paths"]
+
+
+async def test_admin_routes_are_off_without_an_admin_key(tmp_path: Path, sqlite_url: str) -> None:
+    services = Services.build(Settings(data_dir=tmp_path, database_url=sqlite_url))
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(services=services)), base_url="http://t"
+        ) as http:
+            response = await http.get("/v1/admin/accounts", headers=bearer(ADMIN_KEY))
+        assert "MODELHOST_ADMIN_KEY" in assert_error(response, 401, type_="InvalidAPIKeyError")["message"]
+    finally:
+        services.close()
