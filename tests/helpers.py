@@ -72,3 +72,30 @@ def assert_error(
     if type_ is not None:
         assert error["type"] == type_, error
     return error
+
+
+async def push_folder(
+    client: httpx.AsyncClient, key: str, folder: Any, pipeline: str, name: str = "model"
+) -> dict[str, Any]:
+    """The whole upload protocol over HTTP: create, start, PUT every file, complete. Returns §4.14's body."""
+    from pathlib import Path
+
+    headers = bearer(key)
+    artifact = (
+        await client.post(
+            "/v1/model-artifacts", json={"display_name": name, "pipeline": pipeline}, headers=headers
+        )
+    ).json()
+    started = await client.post(f"/v1/model-artifacts/{artifact['id']}/uploads", headers=headers)
+    assert started.status_code == 201, started.text
+    base = f"/v1/model-artifacts/{artifact['id']}/uploads/{started.json()['upload_id']}"
+    root = Path(folder)
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        put = await client.put(
+            f"{base}/files/{file.relative_to(root).as_posix()}", content=file.read_bytes(), headers=headers
+        )
+        assert put.status_code == 200, put.text
+    completed = await client.post(f"{base}/complete", headers=headers)
+    assert completed.status_code == 200, completed.text
+    body: dict[str, Any] = completed.json()
+    return body

@@ -43,6 +43,20 @@ class Settings(BaseSettings):
     )
     key_cache_entries: int = Field(default=10_000, ge=1)
     apply_migrations_on_start: bool = True
+    allow_pickle_weights: bool = Field(
+        default=False,
+        description="Accept pickle-based weights (.bin, .pt, ...); off because loading them can run code.",
+    )
+    max_upload_file_bytes: int = Field(
+        default=50 * 1024**3, ge=1, description="Largest single uploaded file."
+    )
+    max_upload_files: int = Field(default=10_000, ge=1, description="Most files in one upload session.")
+    upload_session_ttl_seconds: int = Field(
+        default=24 * 3600, ge=1, description="Open sessions expire after this."
+    )
+    sweep_interval_seconds: float = Field(
+        default=60.0, gt=0, description="How often expired work is cleaned up."
+    )
 
     @model_validator(mode="after")
     def _default_database_url(self) -> Settings:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import get_args
 
 from modelhost.auth.principal import Principal, PrincipalKind
 from modelhost.errors import EndpointNotSupported, InvalidAPIKey, InvalidRequest, ModelNotFound
+from modelhost.protocol.artifacts import Pipeline
 
-ENDPOINT_TASKS: dict[str, tuple[str, ...]] = {
+ENDPOINT_TASKS: dict[str, tuple[Pipeline, ...]] = {
     "/v1/classifications/token": ("token-classification",),
     "/v1/fill-mask": ("fill-mask",),
     "/v1/feature-extraction": ("feature-extraction",),
@@ -33,7 +35,7 @@ ENDPOINT_TASKS: dict[str, tuple[str, ...]] = {
     "/v1/videos": ("text-to-video",),
 }
 
-PIPELINE_TASKS: tuple[str, ...] = tuple(sorted({task for tasks in ENDPOINT_TASKS.values() for task in tasks}))
+PIPELINE_TASKS: tuple[str, ...] = get_args(Pipeline)
 
 
 @dataclass(frozen=True, slots=True)

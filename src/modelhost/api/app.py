@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,12 +16,13 @@ from starlette.types import Scope
 import modelhost
 from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.middleware import BodySizeLimit, RequestMetrics
-from modelhost.api.routes import admin, deployments, health, keys, models
+from modelhost.api.routes import admin, artifacts, deployments, health, keys, models
 from modelhost.config import Settings, get_settings
 from modelhost.protocol.errors import ErrorBody
 from modelhost.services.container import Services
 
 log = logging.getLogger("modelhost")
+UPLOAD_PATH = re.compile(r"^/v1/model-artifacts/[^/]+/uploads/[^/]+/files/")
 
 DESCRIPTION = """
 Serve your own Hugging Face models over HTTP: task endpoints, OpenAI-compatible endpoints,
@@ -41,9 +44,11 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = services is None
         app.state.services = services or Services.build(settings)
+        sweeper = asyncio.create_task(_sweep_forever(app.state.services))
         try:
             yield
         finally:
+            sweeper.cancel()
             if owned:
                 app.state.services.close()
 
@@ -56,10 +61,20 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     if services is not None:
         app.state.services = services
     install_error_handlers(app)
-    for router in (health.router, admin.router, keys.router, deployments.router, models.router):
+    for router in (
+        health.router,
+        admin.router,
+        keys.router,
+        artifacts.router,
+        deployments.router,
+        models.router,
+    ):
         app.include_router(router)
 
-    def body_limit(_scope: Scope) -> int:
+    def body_limit(scope: Scope) -> int:
+        """File uploads stream to disk under their own (much larger) limit."""
+        if scope.get("method") == "PUT" and UPLOAD_PATH.match(scope.get("path", "")):
+            return settings.max_upload_file_bytes
         return settings.max_body_bytes
 
     app.add_middleware(BodySizeLimit, limit_for=body_limit)
@@ -111,3 +126,14 @@ _GENERIC = {
     "405": "Method not allowed on this route.",
     "413": "Request body too large (`payload_too_large`).",
 }
+
+
+async def _sweep_forever(services: Services) -> None:
+    """Background housekeeping: expire upload sessions, recover stale completions."""
+    await asyncio.to_thread(services.artifacts.recover)
+    while True:
+        await asyncio.sleep(services.settings.sweep_interval_seconds)
+        try:
+            await asyncio.to_thread(services.artifacts.sweep)
+        except Exception:
+            log.exception("sweep failed")

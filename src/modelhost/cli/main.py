@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,10 +20,12 @@ db_app = typer.Typer(help="Database schema (Alembic migrations).", no_args_is_he
 accounts_app = typer.Typer(help="Accounts (needs the admin key).", no_args_is_help=True)
 keys_app = typer.Typer(help="API keys of your account.", no_args_is_help=True)
 deployments_app = typer.Typer(help="Deployments of your account.", no_args_is_help=True)
+artifacts_app = typer.Typer(help="Model artifacts of your account.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(accounts_app, name="accounts")
 app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
+app.add_typer(artifacts_app, name="artifacts")
 
 Url = Annotated[str, typer.Option("--url", envvar="MODELHOST_URL", help="Base URL of the server.")]
 AccountKey = Annotated[
@@ -37,6 +41,7 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 ACCOUNT_COLUMNS = ("id", "name", "credits", "created_at")
 KEY_COLUMNS = ("id", "name", "kind", "deployments", "prefix", "created_at", "revoked_at")
+ARTIFACT_COLUMNS = ("id", "display_name", "pipeline", "status", "size_gb", "updated_at")
 DEPLOYMENT_COLUMNS = ("id", "model", "pipeline", "readiness", "state", "replicas", "memory_gb", "artifact_id")
 
 
@@ -174,6 +179,57 @@ def deployments_delete(
 ) -> None:
     """Delete a deployment (unloads it and frees its artifact)."""
     data = ApiClient(url, key).call("DELETE", f"/v1/deployments/{deployment_id}")
+    show(data, ("id", "object", "deleted"), as_json)
+
+
+@artifacts_app.command("push")
+def artifacts_push(
+    directory: Annotated[
+        Path, typer.Argument(help="Folder with the model files.", exists=True, file_okay=False)
+    ],
+    name: Annotated[str, typer.Option(help="Artifact display name (reused to resume or re-upload).")],
+    pipeline: Annotated[str, typer.Option(help="Pipeline task, e.g. feature-extraction.")],
+    deploy: Annotated[
+        str | None, typer.Option(help="Also deploy it under this model ID once ready.", show_default=False)
+    ] = None,
+    readiness: Annotated[str, typer.Option(help="Readiness of the deployment made by --deploy.")] = "cold",
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Upload a model folder as an artifact (resumable), inspect it, and optionally deploy it."""
+    from modelhost.cli.push import push
+
+    api = ApiClient(url, key, timeout=600)
+    finished = push(api, directory, name, pipeline)
+    artifact = finished["artifact"]
+    if as_json:
+        print(json.dumps(finished, indent=2))
+    else:
+        show(artifact, ARTIFACT_COLUMNS, False)
+        out.print(finished["message"])
+    if artifact["status"] != "ready" or artifact.get("error"):
+        raise typer.Exit(1)  # inspection failed (for a re-upload, the previous version stays ready)
+    if deploy:
+        body = {"model": deploy, "artifact_id": artifact["id"], "readiness": readiness}
+        show(api.call("POST", "/v1/deployments", json=body), DEPLOYMENT_COLUMNS, as_json)
+
+
+@artifacts_app.command("list")
+def artifacts_list(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:
+    """List model artifacts."""
+    show(ApiClient(url, key).call("GET", "/v1/model-artifacts"), ARTIFACT_COLUMNS, as_json)
+
+
+@artifacts_app.command("delete")
+def artifacts_delete(
+    artifact_id: Annotated[str, typer.Argument(help="Artifact ID (art_...).")],
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Delete a model artifact no deployment uses."""
+    data = ApiClient(url, key).call("DELETE", f"/v1/model-artifacts/{artifact_id}")
     show(data, ("id", "object", "deleted"), as_json)
 
 

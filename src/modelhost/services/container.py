@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from modelhost.artifacts.blobstore import BlobStore, LocalBlobStore
+from modelhost.artifacts.service import ArtifactService
 from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.cache import TTLCache
 from modelhost.auth.principal import Principal
@@ -23,6 +25,8 @@ class Services:
     keys: KeyService
     accounts: AccountService
     deployments: DeploymentService
+    blobs: BlobStore
+    artifacts: ArtifactService
     runtime: RuntimeStatus = field(default_factory=NothingLoaded)
 
     @classmethod
@@ -33,6 +37,7 @@ class Services:
         cache: TTLCache[Principal] = TTLCache(settings.key_cache_seconds, settings.key_cache_entries)
         authenticator = Authenticator(database, settings.admin_key_value, cache)
         keys = KeyService(database, authenticator)
+        blobs = LocalBlobStore(settings.data_dir / "blobs")
         return cls(
             settings=settings,
             database=database,
@@ -40,6 +45,8 @@ class Services:
             keys=keys,
             accounts=AccountService(database, keys),
             deployments=DeploymentService(database),
+            blobs=blobs,
+            artifacts=ArtifactService(database, blobs, settings),
         )
 
     def close(self) -> None:

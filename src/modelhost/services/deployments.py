@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from modelhost.errors import Conflict, InvalidRequest, NotFound
@@ -59,7 +59,16 @@ class DeploymentService:
                 artifact = session.get(ModelArtifact, artifact_id)
                 if artifact is None or artifact.account_id != account_id:
                     raise NotFound("Model artifact not found", param="artifact_id", code="artifact_not_found")
-                if artifact.status != "ready":
+                # Guarded: counts the new user only while the artifact is ready, so a concurrent
+                # start-upload (which needs deployment_count = 0) and this cannot both succeed.
+                claimed = session.execute(
+                    update(ModelArtifact)
+                    .where(ModelArtifact.id == artifact_id, ModelArtifact.status == "ready")
+                    .values(deployment_count=ModelArtifact.deployment_count + 1)
+                    .execution_options(synchronize_session=False)
+                )
+                if claimed.rowcount != 1:  # type: ignore[attr-defined]
+                    session.refresh(artifact)
                     raise Conflict(
                         f"Model artifact is {artifact.status}; only a ready artifact can be deployed.",
                         param="artifact_id",
@@ -131,4 +140,10 @@ class DeploymentService:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None or deployment.account_id != account_id:
                 raise _not_found()
+            session.execute(
+                update(ModelArtifact)
+                .where(ModelArtifact.id == deployment.artifact_id)
+                .values(deployment_count=ModelArtifact.deployment_count - 1)
+                .execution_options(synchronize_session=False)
+            )
             session.delete(deployment)

@@ -61,6 +61,9 @@ class ModelArtifact(Base):
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Which published file set is served; replaced atomically when a re-upload becomes ready.
     published_version: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # Deployments using this artifact, kept in the same transactions that create and delete them, so
+    # "start upload only when not in use" is one guarded single-row UPDATE.
+    deployment_count: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
@@ -74,7 +77,10 @@ class UploadSession(Base):
     status: Mapped[str] = mapped_column(String(16), default="open")
     # The artifact status to return to when the session is aborted or expires.
     previous_status: Mapped[str] = mapped_column(String(16))
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 

@@ -58,6 +58,7 @@ def upgrade() -> None:
         sa.Column("error_code", sa.String(length=64), nullable=True),
         sa.Column("error_message", sa.Text(), nullable=True),
         sa.Column("published_version", sa.String(length=40), nullable=True),
+        sa.Column("deployment_count", sa.Integer(), nullable=False),
         sa.Column("created_at", modelhost.store.types.UTCDateTime(), nullable=False),
         sa.Column("updated_at", modelhost.store.types.UTCDateTime(), nullable=False),
         sa.ForeignKeyConstraint(
@@ -106,7 +107,10 @@ def upgrade() -> None:
         sa.Column("account_id", sa.String(length=40), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
         sa.Column("previous_status", sa.String(length=16), nullable=False),
+        sa.Column("error_code", sa.String(length=64), nullable=True),
+        sa.Column("error_message", sa.Text(), nullable=True),
         sa.Column("created_at", modelhost.store.types.UTCDateTime(), nullable=False),
+        sa.Column("updated_at", modelhost.store.types.UTCDateTime(), nullable=False),
         sa.Column("expires_at", modelhost.store.types.UTCDateTime(), nullable=False),
         sa.ForeignKeyConstraint(
             ["account_id"],

@@ -1,0 +1,1 @@
+"""Model artifacts: upload sessions, blob storage, inspection, atomic publishing."""

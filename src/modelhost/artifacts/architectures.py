@@ -1,0 +1,124 @@
+"""Which model classes can serve which pipeline task, read from the libraries' own auto mappings.
+
+Imported lazily (these modules pull in torch): the first inspection pays for it, once per process.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+# transformers auto-mapping tables whose architectures serve each task.
+TRANSFORMERS_TASK_MAPPINGS: dict[str, tuple[str, ...]] = {
+    "token-classification": ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",),
+    "fill-mask": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES",),
+    # Any encoder gives features; sentence-transformers pools whatever its Transformer module holds.
+    "feature-extraction": ("MODEL_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES"),
+    "zero-shot-image-classification": ("MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",),
+    "video-classification": ("MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES",),
+    "audio-classification": ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",),
+    "image-segmentation": (
+        "MODEL_FOR_IMAGE_SEGMENTATION_MAPPING_NAMES",
+        "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+        "MODEL_FOR_INSTANCE_SEGMENTATION_MAPPING_NAMES",
+        "MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES",
+    ),
+    "visual-question-answering": (
+        "MODEL_FOR_VISUAL_QUESTION_ANSWERING_MAPPING_NAMES",
+        "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    ),
+    "image-to-text": ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
+    "image-feature-extraction": (
+        "MODEL_FOR_IMAGE_MAPPING_NAMES",
+        "MODEL_MAPPING_NAMES",
+        "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    ),
+    "text-generation": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
+    "text-to-speech": (
+        "MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES",
+        "MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES",
+    ),
+    "automatic-speech-recognition": (
+        "MODEL_FOR_CTC_MAPPING_NAMES",
+        "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    ),
+}
+
+# diffusers AutoPipeline tables per task; a pipeline family present in the table can be loaded for it
+# (e.g. a StableDiffusionPipeline folder loads as img2img and inpainting too).
+DIFFUSERS_TASK_MAPPINGS: dict[str, str] = {
+    "text-to-image": "AUTO_TEXT2IMAGE_PIPELINES_MAPPING",
+    "image-to-image": "AUTO_IMAGE2IMAGE_PIPELINES_MAPPING",
+    "inpainting": "AUTO_INPAINT_PIPELINES_MAPPING",
+    "text-to-video": "AUTO_TEXT2VIDEO_PIPELINES_MAPPING",
+}
+# Text-to-video pipelines diffusers has no AutoPipeline entry for, loaded by their own class.
+EXTRA_TEXT_TO_VIDEO = frozenset(
+    {
+        "TextToVideoSDPipeline",
+        "CogVideoXPipeline",
+        "HunyuanVideoPipeline",
+        "MochiPipeline",
+        "AnimateDiffPipeline",
+    }
+)
+
+DIFFUSERS_TASKS = frozenset(DIFFUSERS_TASK_MAPPINGS)
+
+
+def _names(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if isinstance(v, str)]
+    return []
+
+
+@cache
+def transformers_architectures(task: str) -> frozenset[str]:
+    from transformers.models.auto import modeling_auto
+
+    found: set[str] = set()
+    for table in TRANSFORMERS_TASK_MAPPINGS[task]:
+        for value in getattr(modeling_auto, table, {}).values():
+            found.update(_names(value))
+    return frozenset(found)
+
+
+@cache
+def known_model_types() -> frozenset[str]:
+    from transformers.models.auto import configuration_auto
+
+    names: dict[str, str] = getattr(configuration_auto, "CONFIG_MAPPING_NAMES")  # noqa: B009 - not re-exported
+    return frozenset(names)
+
+
+@cache
+def diffusers_pipelines(task: str) -> frozenset[str]:
+    """Pipeline class names that load for `task`: the AutoPipeline table of the task, plus every
+    class of a family that table covers (so a text-to-image folder qualifies for img2img)."""
+    from diffusers.pipelines import auto_pipeline
+
+    table = getattr(auto_pipeline, DIFFUSERS_TASK_MAPPINGS[task])
+    families = set(table)
+    names = {cls.__name__ for cls in table.values()}
+    for other_name in DIFFUSERS_TASK_MAPPINGS.values():
+        for family, cls in getattr(auto_pipeline, other_name).items():
+            if family in families:
+                names.add(cls.__name__)
+    if task == "text-to-video":
+        names |= EXTRA_TEXT_TO_VIDEO
+    return frozenset(names)
+
+
+@cache
+def library_has(library: str, class_name: str) -> bool:
+    """Whether `library` (diffusers or transformers) defines `class_name` (no custom code)."""
+    if library == "diffusers":
+        import diffusers
+
+        return hasattr(diffusers, class_name)
+    if library == "transformers":
+        import transformers
+
+        return hasattr(transformers, class_name)
+    return False

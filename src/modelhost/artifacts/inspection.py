@@ -1,0 +1,226 @@
+"""Decide whether uploaded files make a servable artifact for its pipeline, and say why not.
+
+Pure file inspection: nothing is loaded or executed. Custom code (`auto_map`, unknown model types,
+non-library classes) fails inspection, because `trust_remote_code` is never used.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from modelhost.artifacts import architectures as arch
+from modelhost.artifacts.safetensors_check import InvalidSafetensors, check_safetensors
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.tiktoken")  # fmt: skip
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
+NEEDS_TOKENIZER = frozenset({
+    "token-classification", "fill-mask", "feature-extraction", "zero-shot-image-classification",
+    "visual-question-answering", "image-to-text", "text-generation", "text-to-speech",
+    "automatic-speech-recognition",
+})  # fmt: skip
+NEEDS_PROCESSOR = frozenset({
+    "zero-shot-image-classification", "video-classification", "audio-classification", "image-segmentation",
+    "visual-question-answering", "image-to-text", "image-feature-extraction", "automatic-speech-recognition",
+})  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    ok: bool
+    size_bytes: int
+    code: str | None = None
+    message: str | None = None
+
+
+class Refused(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def inspect_artifact(root: Path, pipeline: str, allow_pickle: bool = False) -> Inspection:
+    """Inspect the files under `root` for `pipeline`."""
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    size = sum((root / f).stat().st_size for f in files)
+    try:
+        if not files:
+            raise Refused("missing_config", "No files were uploaded.")
+        _refuse_pickles(files, allow_pickle)
+        if pipeline in arch.DIFFUSERS_TASKS:
+            _inspect_diffusers(root, pipeline, allow_pickle)
+        else:
+            _inspect_transformers(root, pipeline, allow_pickle)
+        for name in files:
+            if name.endswith(".safetensors"):
+                try:
+                    check_safetensors(root / name)
+                except InvalidSafetensors as exc:
+                    raise Refused("invalid_weights", f"{name} is not valid safetensors: {exc}.") from exc
+    except Refused as refused:
+        return Inspection(ok=False, size_bytes=size, code=refused.code, message=refused.message)
+    return Inspection(ok=True, size_bytes=size)
+
+
+def _refuse_pickles(files: list[str], allow_pickle: bool) -> None:
+    pickles = [f for f in files if f.lower().endswith(PICKLE_SUFFIXES)]
+    if pickles and not allow_pickle:
+        raise Refused(
+            "pickle_weights",
+            f"Pickle-based files are refused ({', '.join(pickles[:3])}): loading them can run arbitrary "
+            "code. Convert the weights to safetensors (or ask the operator to set "
+            "MODELHOST_ALLOW_PICKLE_WEIGHTS).",
+        )
+
+
+def _read_json(path: Path, missing_code: str, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise Refused(missing_code, f"{what} is missing.")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise Refused("invalid_config", f"{what} is not valid JSON: {exc}.") from exc
+    if not isinstance(data, dict):
+        raise Refused("invalid_config", f"{what} is not a JSON object.")
+    return data
+
+
+def _refuse_custom_code(config: dict[str, Any], where: str) -> None:
+    if "auto_map" in config:
+        raise Refused(
+            "custom_code",
+            f"{where} declares auto_map: the model needs its own Python code, and modelhost never runs "
+            "remote code (trust_remote_code is off).",
+        )
+
+
+def _inspect_transformers(root: Path, pipeline: str, allow_pickle: bool) -> None:
+    model_dir = root
+    if pipeline == "feature-extraction" and (root / "modules.json").is_file():
+        model_dir = root / _sentence_transformer_model_path(root)
+    config = _read_json(model_dir / "config.json", "missing_config", "config.json")
+    _refuse_custom_code(config, "config.json")
+    for extra in ("tokenizer_config.json", *PROCESSOR_FILES):
+        if (model_dir / extra).is_file():
+            _refuse_custom_code(_read_json(model_dir / extra, "invalid_config", extra), extra)
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in arch.known_model_types():
+        raise Refused(
+            "unsupported_architecture",
+            f"config.json model_type {model_type!r} is unknown to transformers; custom code is never run.",
+        )
+    _check_architectures(config, pipeline)
+    _require_weights(model_dir, allow_pickle, ("model.safetensors",))
+    if pipeline in NEEDS_TOKENIZER and not any((model_dir / f).is_file() for f in TOKENIZER_FILES):
+        raise Refused(
+            "missing_tokenizer", f"{pipeline} needs tokenizer files (one of {', '.join(TOKENIZER_FILES)})."
+        )
+    if pipeline in NEEDS_PROCESSOR and not any((model_dir / f).is_file() for f in PROCESSOR_FILES):
+        raise Refused("missing_processor", f"{pipeline} needs a processor ({' or '.join(PROCESSOR_FILES)}).")
+
+
+def _check_architectures(config: dict[str, Any], pipeline: str) -> None:
+    names = config.get("architectures")
+    if pipeline == "feature-extraction":
+        return  # any known model type yields features (AutoModel / sentence-transformers)
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise Refused("unsupported_architecture", "config.json names no architectures.")
+    allowed = arch.transformers_architectures(pipeline)
+    wrong = [n for n in names if n not in allowed]
+    if wrong:
+        raise Refused(
+            "unsupported_architecture", f"Architecture {wrong[0]} cannot serve the {pipeline} pipeline."
+        )
+
+
+def _sentence_transformer_model_path(root: Path) -> str:
+    modules = json.loads((root / "modules.json").read_text(encoding="utf-8") or "null")
+    if not isinstance(modules, list):
+        raise Refused("invalid_config", "modules.json is not a list of modules.")
+    path = ""
+    for module in modules:
+        kind = module.get("type", "") if isinstance(module, dict) else ""
+        if not isinstance(kind, str) or not kind.startswith("sentence_transformers."):
+            raise Refused(
+                "custom_code", f"modules.json names a module outside sentence-transformers: {kind!r}."
+            )
+        if kind.rsplit(".", 1)[-1] == "Transformer":
+            path = str(module.get("path", ""))
+    if ".." in path.split("/") or path.startswith("/"):
+        raise Refused("invalid_config", "modules.json points outside the artifact.")
+    return path
+
+
+def _require_weights(folder: Path, allow_pickle: bool, names: tuple[str, ...]) -> None:
+    if any((folder / n).is_file() for n in names) or any(folder.glob("*.safetensors")):
+        return
+    for index in folder.glob("*.safetensors.index.json"):
+        data = _read_json(index, "invalid_config", index.name)
+        shards = set((data.get("weight_map") or {}).values())
+        missing = [s for s in shards if not (folder / str(s)).is_file()]
+        if missing:
+            raise Refused(
+                "missing_weights", f"{index.name} lists shards that were not uploaded: {missing[0]}."
+            )
+        if shards:
+            return
+    if allow_pickle and any(f.suffix in PICKLE_SUFFIXES for f in folder.iterdir() if f.is_file()):
+        return
+    where = folder.name or "the artifact root"
+    raise Refused("missing_weights", f"No safetensors weights found in {where}.")
+
+
+def _inspect_diffusers(root: Path, pipeline: str, allow_pickle: bool) -> None:
+    index = _read_json(
+        root / "model_index.json",
+        "missing_model_index",
+        f"model_index.json (a diffusers pipeline for {pipeline})",
+    )
+    class_name = index.get("_class_name")
+    if not isinstance(class_name, str) or not arch.library_has("diffusers", class_name):
+        raise Refused(
+            "custom_code", f"model_index.json names a pipeline diffusers does not define: {class_name!r}."
+        )
+    if class_name not in arch.diffusers_pipelines(pipeline):
+        raise Refused("unsupported_architecture", f"{class_name} cannot serve the {pipeline} pipeline.")
+    for component, spec in index.items():
+        if component.startswith("_") or not isinstance(spec, list):
+            continue
+        if len(spec) != 2:
+            raise Refused("invalid_config", f"model_index.json component {component!r} is malformed.")
+        library, cls = spec
+        if library is None and cls is None:
+            continue
+        if (
+            library not in ("diffusers", "transformers")
+            or not isinstance(cls, str)
+            or not arch.library_has(library, cls)
+        ):
+            raise Refused(
+                "custom_code", f"Component {component!r} needs code outside diffusers/transformers: {spec}."
+            )
+        _inspect_component(root / component, component, cls, allow_pickle)
+
+
+def _inspect_component(folder: Path, component: str, cls: str, allow_pickle: bool) -> None:
+    if not folder.is_dir():
+        raise Refused("missing_component", f"Component folder {component}/ is missing.")
+    if "Scheduler" in cls:
+        _read_json(
+            folder / "scheduler_config.json", "missing_component", f"{component}/scheduler_config.json"
+        )
+    elif "Tokenizer" in cls:
+        if not any((folder / f).is_file() for f in TOKENIZER_FILES):
+            raise Refused("missing_tokenizer", f"{component}/ has no tokenizer files.")
+    elif "Processor" in cls or "FeatureExtractor" in cls:
+        if not any((folder / f).is_file() for f in PROCESSOR_FILES):
+            raise Refused("missing_processor", f"{component}/ has no processor config.")
+    else:
+        config = _read_json(folder / "config.json", "missing_config", f"{component}/config.json")
+        _refuse_custom_code(config, f"{component}/config.json")
+        _require_weights(folder, allow_pickle, ("diffusion_pytorch_model.safetensors", "model.safetensors"))

@@ -1,0 +1,484 @@
+"""The `modelhost` CLI, driven with typer's `CliRunner` against a live gateway on SQLite."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+from modelhost.cli.main import app
+from modelhost.config import Settings, get_settings
+from modelhost.services.container import Services
+from modelhost.store import migrate
+from modelhost.store.db import Database
+from modelhost.store.models import ModelArtifact
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, assert_error, bearer, ready_artifact
+from tests.live import live_server
+
+CLI_ENV = ("MODELHOST_URL", "MODELHOST_API_KEY", "MODELHOST_ADMIN_KEY", "MODELHOST_DATABASE_URL")
+KEY_PATTERN = re.compile(r"mh-[A-Za-z0-9_-]+")
+
+
+# --------------------------------------------------------------------------- fixtures and helpers
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    tmp_path = tmp_path_factory.mktemp("cli")
+    return make_settings(tmp_path, f"sqlite:///{tmp_path / 't.db'}")
+
+
+@pytest.fixture(scope="module")
+def url(settings: Settings) -> Iterator[str]:
+    """One live gateway for the whole module."""
+    with live_server(settings) as base_url:
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def store(settings: Settings, url: str) -> Iterator[Services]:
+    """Services on the live server's database, only to insert rows the API cannot make yet."""
+    built = Services.build(settings)
+    yield built
+    built.close()
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No stray MODELHOST_* from the caller's shell; a wide terminal so tables are not truncated."""
+    for name in CLI_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+@pytest.fixture
+def account(url: str) -> dict[str, Any]:
+    """A fresh account (made over HTTP, not through the CLI under test)."""
+    response = httpx.post(
+        f"{url}/v1/admin/accounts",
+        json={"name": f"acct-{secrets.token_hex(4)}", "credits": 10},
+        headers=bearer(ADMIN_KEY),
+    )
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(app, list(args), env=env, prog_name="modelhost")
+
+
+def ok(*args: str, env: dict[str, str] | None = None) -> Result:
+    """Run the CLI and require success, showing its output otherwise."""
+    result = cli(*args, env=env)
+    assert result.exit_code == 0, (result.exit_code, result.stdout, result.stderr, result.exception)
+    assert result.stderr == ""
+    return result
+
+
+def ok_json(*args: str, env: dict[str, str] | None = None) -> Any:
+    return json.loads(ok(*args, "--json", env=env).stdout)
+
+
+def table_rows(stdout: str) -> list[dict[str, str]]:
+    """Parse a rich table (heavy-edged header, light-edged body) into one dict per row."""
+    lines = stdout.splitlines()
+    headers = [lines_ for lines_ in lines if lines_.startswith("┃")]
+    assert len(headers) == 1, stdout
+    columns = [cell.strip() for cell in headers[0].strip("┃").split("┃")]
+    rows = []
+    for line in lines:
+        if line.startswith("│"):
+            cells = [cell.strip() for cell in line.strip("│").split("│")]
+            assert len(cells) == len(columns), line
+            rows.append(dict(zip(columns, cells, strict=True)))
+    return rows
+
+
+def new_deployment(url: str, store: Services, account: dict[str, Any], model: str) -> dict[str, Any]:
+    artifact_id = ready_artifact(store, account["id"])
+    body: dict[str, Any] = ok_json(
+        "deployments", "create", model, "--artifact", artifact_id, "--url", url, "--key", account["api_key"]
+    )
+    return body
+
+
+def artifact_deployment_count(store: Services, artifact_id: str) -> int:
+    with store.database.transaction() as session:
+        artifact = session.get(ModelArtifact, artifact_id)
+        assert artifact is not None
+        return artifact.deployment_count
+
+
+# --------------------------------------------------------------------------------------------- help
+
+
+@pytest.mark.parametrize(
+    ("command", "summary"),
+    [
+        ((), "serve your own Hugging Face models over HTTP"),
+        (("serve",), "Run the gateway (applies database migrations first)."),
+        (("db",), "Database schema (Alembic migrations)."),
+        (("db", "upgrade"), "Apply migrations to the configured database (MODELHOST_DATABASE_URL)."),
+        (("accounts",), "Accounts (needs the admin key)."),
+        (("accounts", "create"), "Create an account; prints its first account key (shown once)."),
+        (("accounts", "list"), "List accounts."),
+        (("keys",), "API keys of your account."),
+        (("keys", "create"), "Create a key; prints its secret (shown once)."),
+        (("keys", "list"), "List keys (never their secrets)."),
+        (("keys", "revoke"), "Revoke a key; it is refused at once."),
+        (("deployments",), "Deployments of your account."),
+        (("deployments", "create"), "Deploy a ready artifact under a model ID."),
+        (("deployments", "list"), "List deployments with their live state."),
+        (("deployments", "delete"), "Delete a deployment (unloads it and frees its artifact)."),
+    ],
+    ids=lambda value: "-".join(value) or "modelhost" if isinstance(value, tuple) else "",
+)
+def test_every_command_answers_help(command: tuple[str, ...], summary: str) -> None:
+    result = ok(*command, "--help")
+    assert re.search(rf"Usage: modelhost {re.escape(' '.join(command))}\s*\[OPTIONS\]", result.stdout)
+    assert summary in result.stdout
+
+
+def test_a_group_without_a_command_shows_its_help_and_fails() -> None:
+    result = cli("keys")
+    assert result.exit_code == 2
+    assert "Usage: modelhost keys [OPTIONS] COMMAND" in result.stdout + result.stderr
+
+
+# ----------------------------------------------------------------------------------------- accounts
+
+
+def test_accounts_create_prints_the_key_once_in_a_table(url: str) -> None:
+    result = ok(
+        "accounts", "create", "cli-table", "--credits", "12.5", "--url", url, "--admin-key", ADMIN_KEY
+    )
+    [row] = table_rows(result.stdout)
+    assert row["name"] == "cli-table"
+    assert float(row["credits"]) == 12.5
+    assert row["id"].startswith("acct_")
+    assert KEY_PATTERN.fullmatch(row["api_key"]), row
+    assert KEY_PATTERN.findall(result.stdout) == [row["api_key"]]
+    # The printed key is the whole secret: it authenticates as the new account.
+    response = httpx.get(f"{url}/v1/keys", headers=bearer(row["api_key"]))
+    assert response.status_code == 200, response.text
+    assert [key["kind"] for key in response.json()["data"]] == ["account"]
+
+
+def test_accounts_create_json_takes_the_admin_key_from_the_environment(url: str) -> None:
+    created = ok_json(
+        "accounts",
+        "create",
+        "cli-json",
+        "--credits",
+        "3",
+        "--url",
+        url,
+        env={"MODELHOST_ADMIN_KEY": ADMIN_KEY},
+    )
+    assert set(created) == {"id", "name", "credits", "created_at", "api_key"}
+    assert created["name"] == "cli-json"
+    assert created["credits"] == 3.0
+    assert KEY_PATTERN.fullmatch(created["api_key"])
+    assert httpx.get(f"{url}/v1/keys", headers=bearer(created["api_key"])).status_code == 200
+
+
+def test_accounts_list_json_includes_new_accounts_without_secrets(url: str, account: dict[str, Any]) -> None:
+    listed = ok_json("accounts", "list", "--url", url, "--admin-key", ADMIN_KEY)
+    assert set(listed) == {"object", "data"}
+    mine = [item for item in listed["data"] if item["id"] == account["id"]]
+    assert mine == [
+        {
+            "id": account["id"],
+            "name": account["name"],
+            "credits": account["credits"],
+            "created_at": account["created_at"],
+        }
+    ]
+    assert all("api_key" not in item for item in listed["data"])
+
+
+def test_accounts_list_prints_a_table_row_per_account(url: str, account: dict[str, Any]) -> None:
+    result = ok("accounts", "list", "--url", url, env={"MODELHOST_ADMIN_KEY": ADMIN_KEY})
+    rows = {row["id"]: row for row in table_rows(result.stdout)}
+    assert rows[account["id"]]["name"] == account["name"]
+    assert "mh-" not in result.stdout
+
+
+def test_accounts_need_the_admin_key_not_an_account_key(url: str, account: dict[str, Any]) -> None:
+    result = cli("accounts", "list", "--url", url, "--admin-key", account["api_key"])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "This route needs the admin key." in result.stderr
+    assert "401" in result.stderr
+
+
+# --------------------------------------------------------------------------------------------- keys
+
+
+def test_keys_create_makes_a_working_account_key(url: str, account: dict[str, Any]) -> None:
+    created = ok_json("keys", "create", "--name", "ci", "--url", url, "--key", account["api_key"])
+    assert created["name"] == "ci"
+    assert created["kind"] == "account"
+    assert created["deployments"] is None
+    assert created["revoked_at"] is None
+    assert created["api_key"].startswith(created["prefix"])
+    assert created["api_key"] != account["api_key"]
+    assert httpx.get(f"{url}/v1/keys", headers=bearer(created["api_key"])).status_code == 200
+
+
+def test_keys_create_prints_the_secret_in_a_table(url: str, account: dict[str, Any]) -> None:
+    result = ok("keys", "create", "--url", url, "--key", account["api_key"])
+    [row] = table_rows(result.stdout)
+    assert row["kind"] == "account"
+    assert row["deployments"] == "-"
+    assert row["api_key"].startswith(row["prefix"])
+    assert httpx.get(f"{url}/v1/keys", headers=bearer(row["api_key"])).status_code == 200
+
+
+def test_keys_create_with_a_deployment_makes_a_deployment_key(
+    url: str, store: Services, account: dict[str, Any]
+) -> None:
+    deployment = new_deployment(url, store, account, "scoped-model")
+    new_deployment(url, store, account, "other-model")
+    created = ok_json("keys", "create", "-d", deployment["id"], "--url", url, "--key", account["api_key"])
+    assert created["kind"] == "deployment"
+    assert created["deployments"] == [deployment["id"]]
+    # It sees only its deployment, and cannot manage the account.
+    models = httpx.get(f"{url}/v1/models", headers=bearer(created["api_key"]))
+    assert models.status_code == 200, models.text
+    assert [model["id"] for model in models.json()["data"]] == ["scoped-model"]
+    refused = cli("keys", "list", "--url", url, "--key", created["api_key"])
+    assert refused.exit_code == 1
+    assert "This route needs an account key." in refused.stderr
+
+
+def test_keys_list_json_shows_no_secrets(url: str, account: dict[str, Any]) -> None:
+    created = ok_json("keys", "create", "--name", "listed", "--url", url, "--key", account["api_key"])
+    result = ok("keys", "list", "--json", "--url", url, env={"MODELHOST_API_KEY": account["api_key"]})
+    listed = json.loads(result.stdout)
+    assert [key["name"] for key in listed["data"]] == ["default", "listed"]
+    assert listed["data"][1]["id"] == created["id"]
+    assert all(
+        set(key) == {"id", "name", "kind", "deployments", "prefix", "created_at", "revoked_at"}
+        for key in listed["data"]
+    )
+    assert created["api_key"] not in result.stdout
+    assert account["api_key"] not in result.stdout
+
+
+def test_keys_revoke_makes_the_server_refuse_the_key(url: str, account: dict[str, Any]) -> None:
+    created = ok_json("keys", "create", "--url", url, "--key", account["api_key"])
+    assert httpx.get(f"{url}/v1/keys", headers=bearer(created["api_key"])).status_code == 200
+
+    result = ok("keys", "revoke", created["id"], "--url", url, "--key", account["api_key"])
+    assert table_rows(result.stdout) == [
+        {"id": created["id"], "object": "api_key.deleted", "deleted": "True"}
+    ]
+
+    assert_error(httpx.get(f"{url}/v1/keys", headers=bearer(created["api_key"])), 401, "invalid_api_key")
+    listed = ok_json("keys", "list", "--url", url, "--key", account["api_key"])
+    revoked = {key["id"]: key["revoked_at"] for key in listed["data"]}
+    assert revoked[created["id"]] is not None
+    assert revoked[listed["data"][0]["id"]] is None
+
+
+def test_keys_revoke_of_an_unknown_key_prints_not_found(url: str, account: dict[str, Any]) -> None:
+    result = cli("keys", "revoke", "key_does_not_exist", "--url", url, "--key", account["api_key"])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.strip() == "error: Key not found (404 key_not_found)"
+
+
+# -------------------------------------------------------------------------------------- deployments
+
+
+def test_deployments_create_json_deploys_a_ready_artifact(
+    url: str, store: Services, account: dict[str, Any]
+) -> None:
+    artifact_id = ready_artifact(store, account["id"])
+    created = ok_json(
+        "deployments",
+        "create",
+        "my-embedder",
+        "--artifact",
+        artifact_id,
+        "--readiness",
+        "warm",
+        "--min-replicas",
+        "0",
+        "--max-replicas",
+        "2",
+        "--url",
+        url,
+        "--key",
+        account["api_key"],
+    )
+    assert created["id"].startswith("dep_")
+    assert created["model"] == "my-embedder"
+    assert created["artifact_id"] == artifact_id
+    assert created["pipeline"] == "feature-extraction"
+    assert created["readiness"] == "warm"
+    assert (created["min_replicas"], created["max_replicas"]) == (0, 2)
+    assert created["state"] == "unloaded"
+    assert artifact_deployment_count(store, artifact_id) == 1
+
+
+def test_deployments_list_shows_each_deployment_in_a_table(
+    url: str, store: Services, account: dict[str, Any]
+) -> None:
+    first = new_deployment(url, store, account, "alpha")
+    second = new_deployment(url, store, account, "beta")
+    result = ok("deployments", "list", "--url", url, "--key", account["api_key"])
+    rows = table_rows(result.stdout)
+    assert [(row["id"], row["model"], row["artifact_id"]) for row in rows] == [
+        (first["id"], "alpha", first["artifact_id"]),
+        (second["id"], "beta", second["artifact_id"]),
+    ]
+    assert all(row["readiness"] == "cold" and row["state"] == "unloaded" for row in rows)
+
+
+def test_deployments_delete_removes_it_and_frees_its_artifact(
+    url: str, store: Services, account: dict[str, Any]
+) -> None:
+    deployment = new_deployment(url, store, account, "doomed")
+    kept = new_deployment(url, store, account, "kept")
+    deleted = ok_json("deployments", "delete", deployment["id"], "--url", url, "--key", account["api_key"])
+    assert deleted == {"id": deployment["id"], "object": "deployment.deleted", "deleted": True}
+    listed = ok_json("deployments", "list", "--url", url, "--key", account["api_key"])
+    assert [item["id"] for item in listed["data"]] == [kept["id"]]
+    assert artifact_deployment_count(store, deployment["artifact_id"]) == 0
+
+    again = cli("deployments", "delete", deployment["id"], "--url", url, "--key", account["api_key"])
+    assert again.exit_code == 1
+    assert again.stderr.strip() == "error: Deployment not found (404 deployment_not_found)"
+
+
+def test_deployments_create_with_an_unknown_artifact_prints_not_found(
+    url: str, account: dict[str, Any]
+) -> None:
+    result = cli(
+        "deployments", "create", "m", "--artifact", "art_nope", "--url", url, "--key", account["api_key"]
+    )
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.strip() == "error: Model artifact not found (404 artifact_not_found)"
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def test_a_wrong_key_prints_the_servers_error_message_and_exits_1(url: str) -> None:
+    wrong = "mh-" + secrets.token_urlsafe(32)
+    expected = assert_error(httpx.get(f"{url}/v1/keys", headers=bearer(wrong)), 401, "invalid_api_key")
+    result = cli("keys", "list", "--url", url, "--key", wrong)
+    assert result.exit_code == 1
+    assert isinstance(result.exception, SystemExit)
+    assert result.stdout == ""
+    assert result.stderr.strip() == f"error: {expected['message']} (401 invalid_api_key)"
+
+
+def test_a_missing_key_is_refused_with_the_servers_message(url: str) -> None:
+    result = cli("accounts", "create", "nobody", "--url", url)
+    assert result.exit_code == 1
+    assert "Missing API key" in result.stderr
+    assert "(401 invalid_api_key)" in result.stderr
+
+
+def test_an_invalid_request_prints_the_validation_message(url: str) -> None:
+    result = cli("accounts", "create", "neg", "--credits", "-1", "--url", url, "--admin-key", ADMIN_KEY)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == (
+        "error: credits: Input should be greater than or equal to 0 (400 invalid_request)"
+    )
+
+
+def test_an_unreachable_url_exits_1_with_a_readable_message() -> None:
+    # A bound socket that never listens: connections to its port are refused, and no one else gets it.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        result = cli("accounts", "list", "--url", f"http://127.0.0.1:{port}", "--admin-key", ADMIN_KEY)
+    assert result.exit_code == 1
+    assert isinstance(result.exception, SystemExit)
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"error: cannot reach http://127.0.0.1:{port}")
+    assert "Traceback" not in result.output
+
+
+# ------------------------------------------------------------------------------------------ database
+
+
+def test_db_upgrade_migrates_a_fresh_database_and_prints_the_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'fresh' / 'fresh.db'}"
+    monkeypatch.setenv("MODELHOST_DATABASE_URL", database_url)
+    get_settings.cache_clear()
+    try:
+        result = ok("db", "upgrade")
+        again = ok("db", "upgrade")  # idempotent
+    finally:
+        get_settings.cache_clear()
+    head = migrate.head_revision()
+    assert head is not None
+    assert result.stdout == f"database at revision {head}\n"
+    assert again.stdout == result.stdout
+    database = Database(database_url)
+    try:
+        assert migrate.current_revision(database) == head
+    finally:
+        database.dispose()
+
+
+# ------------------------------------------------------------------------------------ the test server
+
+
+def test_the_live_server_stops_cleanly_and_frees_its_port(tmp_path: Path) -> None:
+    before = set(threading.enumerate())
+    with live_server(make_settings(tmp_path, f"sqlite:///{tmp_path / 'x.db'}")) as base_url:
+        assert httpx.get(f"{base_url}/ready").json() == {"status": "ready"}
+        assert len(set(threading.enumerate()) - before) >= 1
+    assert set(threading.enumerate()) - before == set()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{base_url}/health")
+
+
+# ------------------------------------------------------------------------------- known CLI bugs (xfail)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: show() lets rich truncate cells with '…' on an 80-column (or piped) terminal, "
+    "so the once-shown api_key and the IDs are cut short",
+)
+def test_a_narrow_terminal_still_shows_the_whole_key(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    result = ok("accounts", "create", "narrow", "--url", url, "--admin-key", ADMIN_KEY)
+    [api_key] = KEY_PATTERN.findall(result.stdout)
+    assert httpx.get(f"{url}/v1/keys", headers=bearer(api_key)).status_code == 200
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: show() and ApiClient render server data as rich markup: '[/x]' in a name raises "
+    "MarkupError (after the account was created, so its key is lost)",
+)
+def test_an_account_name_with_brackets_is_printed_verbatim(tmp_path: Path) -> None:
+    # Its own server: such an account would also break `accounts list` for the module's other tests.
+    with live_server(make_settings(tmp_path, f"sqlite:///{tmp_path / 'm.db'}")) as url:
+        result = cli("accounts", "create", "[/team]", "--url", url, "--admin-key", ADMIN_KEY)
+    assert result.exit_code == 0, result.exception
+    [row] = table_rows(result.stdout)
+    assert row["name"] == "[/team]"
