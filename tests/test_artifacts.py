@@ -18,6 +18,7 @@ from tests.helpers import assert_error, bearer, new_account, push_folder
 from tests.recipes import RECIPE_MODELS
 
 Json = dict[str, Any]
+sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
 async def start(client: httpx.AsyncClient, key: str, artifact_id: str) -> httpx.Response:
@@ -51,7 +52,7 @@ async def owner(client: httpx.AsyncClient) -> str:
     return key
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@sqlite_only
 async def test_artifact_record_has_the_spec_fields(client: httpx.AsyncClient, owner: str) -> None:
     artifact = await new_artifact(client, owner)
     assert {"id", "display_name", "pipeline", "status", "size_gb", "created_at", "updated_at"} <= set(
@@ -65,7 +66,7 @@ async def test_artifact_record_has_the_spec_fields(client: httpx.AsyncClient, ow
     assert got == artifact
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@sqlite_only
 async def test_unknown_pipeline_is_400(client: httpx.AsyncClient, owner: str) -> None:
     response = await client.post(
         "/v1/model-artifacts", json={"display_name": "x", "pipeline": "text-to-3d"}, headers=bearer(owner)
@@ -73,7 +74,7 @@ async def test_unknown_pipeline_is_400(client: httpx.AsyncClient, owner: str) ->
     assert assert_error(response, 400, "invalid_request")["param"] == "pipeline"
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@sqlite_only
 @pytest.mark.parametrize(
     ("module", "sub", "pipeline"), RECIPE_MODELS, ids=[f"{m}/{s}:{p}" for m, s, p in RECIPE_MODELS]
 )
@@ -89,7 +90,7 @@ async def test_every_recipe_pushes_to_ready(
     assert artifact["size_gb"] == pytest.approx(expected / 1e9, abs=1e-9)
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@sqlite_only
 async def test_real_minilm_pushes_to_ready(client: httpx.AsyncClient, owner: str, minilm_dir: Path) -> None:
     finished = await push_folder(client, owner, minilm_dir, "feature-extraction", name="all-MiniLM-L6-v2")
     assert finished["artifact"]["status"] == "ready"
@@ -144,7 +145,7 @@ def break_folder(name: str, folder: Path) -> None:
         (folder / "config.json").write_text("{not json")
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@sqlite_only
 @pytest.mark.parametrize("damage", list(BROKEN))
 async def test_broken_artifacts_fail_inspection_with_the_reason(
     client: httpx.AsyncClient, owner: str, recipes: Path, tmp_path: Path, damage: str

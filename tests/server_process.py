@@ -1,0 +1,75 @@
+"""The real `modelhost serve` in its own process, for tests that kill it (SIGKILL, SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.helpers import ADMIN_KEY
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class ServerProcess:
+    """Start, kill and restart a gateway process on fixed data (same data dir and database)."""
+
+    def __init__(self, data_dir: Path, database_url: str, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "MODELHOST_DATA_DIR": str(data_dir),
+            "MODELHOST_DATABASE_URL": database_url,
+            "MODELHOST_ADMIN_KEY": ADMIN_KEY,
+            "MODELHOST_PORT": str(self.port),
+            **env,
+        }
+        self.log = data_dir.parent / f"server-{self.port}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "modelhost.cli.main", "serve", "--log-level", "warning"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise TimeoutError("server did not start")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup of any kind runs."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.kill()
