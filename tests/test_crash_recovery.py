@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -63,15 +64,13 @@ def test_sigkill_during_a_file_upload_leaves_the_session_resumable(
             time.sleep(0.01)
 
     def upload() -> None:
-        try:
+        with contextlib.suppress(httpx.HTTPError):  # the server dies under us: expected
             httpx.put(
                 f"{server.url}{base}/files/model.safetensors",
                 content=slow_body(),
                 headers=bearer(key),
                 timeout=30,
             )
-        except httpx.HTTPError:
-            pass  # the server died under us: expected
 
     worker = threading.Thread(target=upload)
     worker.start()
@@ -96,10 +95,8 @@ def test_sigkill_during_complete_never_leaves_the_artifact_stuck(
     put_folder(server.url, key, base, minilm_dir)
 
     def complete() -> None:
-        try:
+        with contextlib.suppress(httpx.HTTPError):
             httpx.post(f"{server.url}{base}/complete", headers=bearer(key), timeout=60)
-        except httpx.HTTPError:
-            pass
 
     worker = threading.Thread(target=complete)
     worker.start()

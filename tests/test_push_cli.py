@@ -44,10 +44,8 @@ def push(server: str, key: str, folder: Path, *extra: str) -> tuple[int, str]:
 
 
 def test_push_uploads_inspects_and_deploys(server: str, key: str, recipes: Path) -> None:
-    code, output = push(
-        server, key, recipes / "t01_token_classification", "--name", "ner", "--pipeline", "token-classification",
-        "--deploy", "ner-model", "--json",
-    )  # fmt: skip
+    options = ["--name", "ner", "--pipeline", "token-classification", "--deploy", "ner-model", "--json"]
+    code, output = push(server, key, recipes / "t01_token_classification", *options)
     assert code == 0, output
     assert '"status": "ready"' in output
     deployments = httpx.get(f"{server}/v1/deployments", headers=bearer(key)).json()["data"]
