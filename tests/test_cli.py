@@ -94,7 +94,7 @@ def ok_json(*args: str, env: dict[str, str] | None = None) -> Any:
 def table_rows(stdout: str) -> list[dict[str, str]]:
     """Parse a rich table (heavy-edged header, light-edged body) into one dict per row."""
     lines = stdout.splitlines()
-    headers = [lines_ for lines_ in lines if lines_.startswith("┃")]
+    headers = [line for line in lines if line.startswith("┃")]
     assert len(headers) == 1, stdout
     columns = [cell.strip() for cell in headers[0].strip("┃").split("┃")]
     rows = []
@@ -162,7 +162,7 @@ def test_the_help_tests_cover_every_command() -> None:
 @pytest.mark.parametrize(
     ("command", "summary"),
     HELP_SUMMARIES,
-    ids=lambda value: "-".join(value) or "modelhost" if isinstance(value, tuple) else "",
+    ids=["-".join(command) or "modelhost" for command, _ in HELP_SUMMARIES],
 )
 def test_every_command_answers_help(command: tuple[str, ...], summary: str) -> None:
     result = ok(*command, "--help")
@@ -474,14 +474,9 @@ def test_the_live_server_stops_cleanly_and_frees_its_port(tmp_path: Path) -> Non
         httpx.get(f"{base_url}/health")
 
 
-# ------------------------------------------------------------------------------- known CLI bugs (xfail)
+# ------------------------------------------------------------------------------- output safety
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: show() lets rich truncate cells with '…' on an 80-column (or piped) terminal, "
-    "so the once-shown api_key and the IDs are cut short",
-)
 def test_a_narrow_terminal_still_shows_the_whole_key(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")
     result = ok("accounts", "create", "narrow", "--url", url, "--admin-key", ADMIN_KEY)
@@ -492,11 +487,6 @@ def test_a_narrow_terminal_still_shows_the_whole_key(url: str, monkeypatch: pyte
     assert 200 in statuses, (statuses, result.stdout)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: show() and ApiClient render server data as rich markup: '[/x]' in a name raises "
-    "MarkupError (after the account was created, so its key is lost)",
-)
 def test_an_account_name_with_brackets_is_printed_verbatim(tmp_path: Path) -> None:
     # Its own server: such an account would also break `accounts list` for the module's other tests.
     with live_server(make_settings(tmp_path, f"sqlite:///{tmp_path / 'm.db'}")) as url:
@@ -506,11 +496,6 @@ def test_an_account_name_with_brackets_is_printed_verbatim(tmp_path: Path) -> No
     assert row["name"] == "[/team]"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ApiClient prints the server's error message as rich markup: a '[/x]' in it "
-    "(here the unquoted path echoed by a 404) raises MarkupError instead of printing the error",
-)
 def test_an_error_message_with_brackets_is_printed_as_an_error(url: str, account: dict[str, Any]) -> None:
     result = cli("deployments", "delete", "[/x]", "--url", url, "--key", account["api_key"])
     assert isinstance(result.exception, SystemExit), result.exception

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 err = Console(stderr=True)
+
+
+def fail(message: str) -> NoReturn:
+    """Print one readable error line (never markup, never wrapped mid-word) and exit 1."""
+    err.print("[red]error:[/red] " + escape(message), soft_wrap=True)
+    raise typer.Exit(1)
 
 
 class ApiClient:
@@ -21,14 +28,15 @@ class ApiClient:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            err.print(f"[red]error:[/red] cannot reach {self.http.base_url}: {exc}")
-            raise typer.Exit(1) from exc
+            fail(f"cannot reach {self.http.base_url}: {exc}")
         if response.status_code >= 400:
             try:
                 error = response.json()["error"]
                 detail = f"{error['message']} ({response.status_code} {error.get('code')})"
             except (ValueError, KeyError, TypeError):
                 detail = f"HTTP {response.status_code}: {response.text[:200]}"
-            err.print(f"[red]error:[/red] {detail}")
-            raise typer.Exit(1)
-        return response.json()
+            fail(detail)
+        try:
+            return response.json()
+        except ValueError:
+            fail(f"the server answered {response.status_code} with a body that is not JSON")

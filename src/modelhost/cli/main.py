@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import quote
 from typing import Annotated
 
 import typer
@@ -79,9 +80,11 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
     from modelhost.store.db import Database
 
     database = Database(get_settings().database_url)
-    migrate.upgrade(database, revision)
-    out.print(f"database at revision {migrate.current_revision(database)}")
-    database.dispose()
+    try:
+        migrate.upgrade(database, revision)
+        out.print(f"database at revision {migrate.current_revision(database)}")
+    finally:
+        database.dispose()
 
 
 @accounts_app.command("create")
@@ -139,7 +142,11 @@ def keys_revoke(
     as_json: Json = False,
 ) -> None:
     """Revoke a key; it is refused at once."""
-    show(ApiClient(url, key).call("DELETE", f"/v1/keys/{key_id}"), ("id", "object", "deleted"), as_json)
+    show(
+        ApiClient(url, key).call("DELETE", f"/v1/keys/{quote(key_id, safe='')}"),
+        ("id", "object", "deleted"),
+        as_json,
+    )
 
 
 @deployments_app.command("create")
@@ -178,7 +185,7 @@ def deployments_delete(
     as_json: Json = False,
 ) -> None:
     """Delete a deployment (unloads it and frees its artifact)."""
-    data = ApiClient(url, key).call("DELETE", f"/v1/deployments/{deployment_id}")
+    data = ApiClient(url, key).call("DELETE", f"/v1/deployments/{quote(deployment_id, safe='')}")
     show(data, ("id", "object", "deleted"), as_json)
 
 
@@ -229,7 +236,7 @@ def artifacts_delete(
     as_json: Json = False,
 ) -> None:
     """Delete a model artifact no deployment uses."""
-    data = ApiClient(url, key).call("DELETE", f"/v1/model-artifacts/{artifact_id}")
+    data = ApiClient(url, key).call("DELETE", f"/v1/model-artifacts/{quote(artifact_id, safe='')}")
     show(data, ("id", "object", "deleted"), as_json)
 
 

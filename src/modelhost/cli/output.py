@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 out = Console()
 
@@ -22,10 +23,15 @@ def show(data: Any, columns: Sequence[str], as_json: bool, title: str | None = N
         items = [items]
     table = Table(title=title)
     for column in columns:
-        table.add_column(column)
+        # Fold instead of truncating with "…": IDs and one-time secrets must print whole.
+        table.add_column(column, overflow="fold")
     for item in items:
-        table.add_row(*(_cell(item.get(column)) for column in columns))
+        # Text(...): server data is never interpreted as rich markup.
+        table.add_row(*(Text(_cell(item.get(column))) for column in columns))
     out.print(table)
+    for item in items:
+        if item.get("api_key"):
+            out.print(f"api_key: {item['api_key']}", soft_wrap=True, markup=False, highlight=False)
 
 
 def _cell(value: Any) -> str:
