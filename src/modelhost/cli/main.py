@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from urllib.parse import quote
 from typing import Annotated
+from urllib.parse import quote
 
 import typer
 
