@@ -22,16 +22,13 @@ CALLER_ROUTE = ("GET", "/v1/models", None)
 
 
 def with_inference_probe(app: FastAPI) -> FastAPI:
-    """Adds `/v1/embeddings` answering which deployment the request was routed to.
+    """Adds `/probe/embeddings`: the real auth and routing dependencies of `/v1/embeddings`, answering
+    which deployment was chosen instead of running a model (so routing is checked without workers)."""
 
-    Inference handlers arrive with the runtime; this exercises the real dependency they will use,
-    so auth and routing are tested through HTTP now.
-    """
-
-    @app.post("/v1/embeddings")
+    @app.post("/probe/embeddings")
     async def probe(request: Request, principal: CallerPrincipal) -> dict[str, Any]:
         body = await request.json()
-        chosen = await deployment_for(request, principal, body.get("model"))
+        chosen = await deployment_for(request, principal, body.get("model"), endpoint="/v1/embeddings")
         return {"deployment": chosen.id}
 
     return app
@@ -81,7 +78,14 @@ BAD_HEADERS = {
     "malformed key": {"Authorization": "Bearer not-a-modelhost-key"},
     "wrong key": {"Authorization": "Bearer mh-" + "x" * 43},
 }
-ALL_ROUTES = [ADMIN_ROUTE, *MANAGEMENT_ROUTES, CALLER_ROUTE, ("POST", "/v1/embeddings", {"model": "emb-one"})]
+ALL_ROUTES = [
+    ADMIN_ROUTE,
+    *MANAGEMENT_ROUTES,
+    CALLER_ROUTE,
+    ("POST", "/v1/embeddings", {"model": "emb-one", "input": "x"}),
+    ("POST", "/v1/feature-extraction", {"inputs": "x"}),
+    ("POST", "/probe/embeddings", {"model": "emb-one"}),
+]
 
 
 @pytest.mark.parametrize("route", ALL_ROUTES, ids=lambda r: f"{r[0]} {r[1]}")
@@ -126,7 +130,7 @@ async def test_models_lists_everything_for_an_account_key_and_only_the_scope_for
 
 async def test_inference_with_an_account_key_runs_on_the_named_deployment(world: dict[str, Any]) -> None:
     response = await world["http"].post(
-        "/v1/embeddings", json={"model": "emb-two"}, headers=bearer(world["a"]["api_key"])
+        "/probe/embeddings", json={"model": "emb-two"}, headers=bearer(world["a"]["api_key"])
     )
     assert response.json() == {"deployment": world["emb2"]["id"]}
 
@@ -134,18 +138,18 @@ async def test_inference_with_an_account_key_runs_on_the_named_deployment(world:
 async def test_inference_with_a_deployment_key_and_no_model_uses_its_single_deployment(
     world: dict[str, Any],
 ) -> None:
-    response = await world["http"].post("/v1/embeddings", json={}, headers=bearer(world["scoped"]))
+    response = await world["http"].post("/probe/embeddings", json={}, headers=bearer(world["scoped"]))
     assert response.json() == {"deployment": world["emb1"]["id"]}
 
 
 async def test_inference_with_an_account_key_and_no_model_asks_for_the_model(world: dict[str, Any]) -> None:
-    response = await world["http"].post("/v1/embeddings", json={}, headers=bearer(world["a"]["api_key"]))
+    response = await world["http"].post("/probe/embeddings", json={}, headers=bearer(world["a"]["api_key"]))
     assert assert_error(response, 400, "invalid_request")["param"] == "model"
 
 
 async def test_inference_on_a_deployment_outside_the_keys_scope_is_401(world: dict[str, Any]) -> None:
     response = await world["http"].post(
-        "/v1/embeddings", json={"model": "emb-two"}, headers=bearer(world["scoped"])
+        "/v1/embeddings", json={"model": "emb-two", "input": "x"}, headers=bearer(world["scoped"])
     )
     assert_error(response, 401, "invalid_api_key", "InvalidAPIKeyError")
 
@@ -154,8 +158,8 @@ async def test_inference_on_a_deployment_outside_the_keys_scope_is_401(world: di
 async def test_vendor_names_and_other_accounts_models_are_model_not_found(
     world: dict[str, Any], model: str
 ) -> None:
-    for key in (world["a"]["api_key"], world["scoped"]):
-        response = await world["http"].post("/v1/embeddings", json={"model": model}, headers=bearer(key))
+    for key, path in ((world["a"]["api_key"], "/probe/embeddings"), (world["scoped"], "/v1/embeddings")):
+        response = await world["http"].post(path, json={"model": model, "input": "x"}, headers=bearer(key))
         error = assert_error(response, 404, "model_not_found")
         assert error["message"] == "Model not found"
         assert error["param"] == "model"
@@ -163,7 +167,7 @@ async def test_vendor_names_and_other_accounts_models_are_model_not_found(
 
 async def test_endpoint_of_another_pipeline_is_endpoint_not_supported(world: dict[str, Any]) -> None:
     response = await world["http"].post(
-        "/v1/embeddings", json={"model": "chatty"}, headers=bearer(world["a"]["api_key"])
+        "/v1/embeddings", json={"model": "chatty", "input": "x"}, headers=bearer(world["a"]["api_key"])
     )
     error = assert_error(response, 400, "endpoint_not_supported")
     assert error["message"].startswith("Endpoint not supported")
@@ -171,7 +175,7 @@ async def test_endpoint_of_another_pipeline_is_endpoint_not_supported(world: dic
 
 async def test_admin_key_cannot_call_inference(world: dict[str, Any]) -> None:
     response = await world["http"].post(
-        "/v1/embeddings", json={"model": "emb-one"}, headers=bearer(ADMIN_KEY)
+        "/v1/embeddings", json={"model": "emb-one", "input": "x"}, headers=bearer(ADMIN_KEY)
     )
     assert_error(response, 401, type_="InvalidAPIKeyError")
 
@@ -216,7 +220,7 @@ async def test_secrets_are_stored_hashed_and_never_listed(world: dict[str, Any],
 
 async def test_cached_keys_do_not_query_the_database(world: dict[str, Any], services: Services) -> None:
     http, key = world["http"], bearer(world["scoped"])
-    await http.post("/v1/embeddings", json={}, headers=key)
+    await http.post("/probe/embeddings", json={}, headers=key)
     statements: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:

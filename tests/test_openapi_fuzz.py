@@ -1,13 +1,15 @@
 """Property-based fuzz of the whole OpenAPI document with schemathesis, in-process over ASGI (SQLite).
 
-Every operation the app documents is called with generated data (valid and invalid), with the right
-bearer key for its route group, against an app seeded with real rows. Every response must be below
-500, and every error must be the one error body `{"error": {message, type, code, param}}`.
+Every operation the app documents is called with generated data, valid and invalid, carrying the
+right bearer key for its route family, against an app seeded with real rows whose IDs are mixed into
+the generated path parameters. Every response must be below 500, every error must be the one error
+body `{"error": {message, type, code, param}}`, and schemathesis's own checks must pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,29 +30,88 @@ from tests.helpers import ADMIN_KEY, bearer, new_account, ready_artifact
 
 MODEL = "fuzz-model"
 
-# Path parameter name -> IDs of real rows, mixed into generated path parameters (filled by `account_key`).
-KNOWN: dict[str, list[str]] = {}
-# Operation label -> path parameter name -> real IDs that operation is never given.
-SPARED: dict[str, dict[str, list[str]]] = {}
 
-
-class SeededApp:
-    """The ASGI app schemathesis calls: a stand-in, at import, for the app `account_key` seeds later."""
+@dataclass
+class Seed:
+    """What the `seeded` fixture made; schemathesis needs its app, hooks and auth at import time."""
 
     app: FastAPI | None = None
+    account_key: str = ""
+    # Parameter name -> IDs of real rows, drawn instead of the generated value now and then.
+    known: dict[str, list[Any]] = field(default_factory=dict)
+    # Operation label -> parameter name -> the real IDs that operation gets instead of `known`'s.
+    only: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        assert self.app is not None, "the app is set by the `account_key` fixture"
-        await self.app(scope, receive, send)
+    def real(self, label: str, name: str) -> list[Any]:
+        return self.only.get(label, {}).get(name, self.known.get(name, []))
 
 
-APP = SeededApp()
+SEED = Seed()
+
+
+async def seeded_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """The ASGI app schemathesis calls (and probes): the one the `seeded` fixture built."""
+    assert SEED.app is not None, "the app is built by the `seeded` fixture"
+    await SEED.app(scope, receive, send)
+
+
+def _document() -> dict[str, Any]:
+    """The OpenAPI document, read at import so that pytest collects one test per operation.
+
+    Building it starts nothing (no services, no database); `seeded` checks that its app serves the
+    very same document.
+    """
+    return create_app(make_settings(Path("unused"), "sqlite://")).openapi()
+
+
+schema = schemathesis.openapi.from_dict(_document())
+schema.app = seeded_app
+
+
+@schema.auth(refresh_interval=None)  # no caching: the key depends on the operation
+class BearerKey:
+    """The admin key for `/v1/admin/*`, the account key elsewhere. Schemathesis leaves it off the
+    cases that deliberately drop or mangle `Authorization` (those must answer 401)."""
+
+    def get(self, case: schemathesis.Case, ctx: schemathesis.AuthContext) -> str:
+        return ADMIN_KEY if ctx.operation.path.startswith("/v1/admin/") else SEED.account_key
+
+    def set(self, case: schemathesis.Case, data: str, ctx: schemathesis.AuthContext) -> None:
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
+
+
+@schema.hook
+def flatmap_case(context: schemathesis.HookContext, case: schemathesis.Case) -> st.SearchStrategy[Any]:
+    """Now and then the ID of a real row instead of a generated one: in path parameters, and in the
+    body fields that name other rows. Only in cases meant to be valid, so that an invalid case stays
+    invalid (what schemathesis's negative checks expect of it)."""
+    if case.meta is not None and case.meta.generation.mode.is_negative:
+        return st.just(case)
+    label = case.operation.label
+    draws: dict[tuple[str, str], st.SearchStrategy[Any]] = {
+        ("path", name): st.sampled_from([value, *SEED.real(label, name)])
+        for name, value in (case.path_parameters or {}).items()
+    }
+    if isinstance(case.body, dict):
+        draws.update(
+            (("body", name), st.sampled_from([value, *SEED.real(label, name)]))
+            for name, value in case.body.items()
+            if name in ("artifact_id", "deployments")
+        )
+
+    def apply(choice: dict[tuple[str, str], Any]) -> schemathesis.Case:
+        for (where, name), value in choice.items():
+            (case.path_parameters if where == "path" else case.body)[name] = value
+        return case
+
+    return st.fixed_dictionaries(draws).map(apply)
 
 
 @pytest.fixture(scope="module")
-async def account_key(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
-    """One app on a SQLite file, with an account, a ready artifact and a deployment (plus a spare
-    deployment key and an artifact with an open upload session, for the key and upload routes)."""
+async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed]:
+    """One app on a SQLite file with an account (made by the admin route), a ready artifact and a
+    deployment of it; plus rows for the destructive routes to destroy (a second deployment, a
+    deployment key, a fresh artifact) and upload sessions, so the fuzzer meets real data everywhere."""
     tmp_path = tmp_path_factory.mktemp("openapi-fuzz")
     services = Services.build(make_settings(tmp_path, f"sqlite:///{tmp_path / 'fuzz.db'}"))
     app = create_app(services=services)
@@ -59,75 +120,54 @@ async def account_key(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
     async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as http:
         account = await new_account(http, name="fuzz")
         key = bearer(account["api_key"])
+
+        async def create(path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+            response = await http.post(path, json=body, headers=key)
+            assert response.status_code == 201, response.text
+            created: dict[str, Any] = response.json()
+            return created
+
         artifact_id = ready_artifact(services, account["id"])
-        response = await http.post(
-            "/v1/deployments", json={"model": MODEL, "artifact_id": artifact_id}, headers=key
-        )
-        assert response.status_code == 201, response.text
-        deployment_id = response.json()["id"]
-        # A key the fuzzer may revoke (never the account key it calls with).
-        response = await http.post(
-            "/v1/keys", json={"name": "spare", "deployments": [deployment_id]}, headers=key
-        )
-        assert response.status_code == 201, response.text
-        key_id = response.json()["id"]
-        response = await http.post(
-            "/v1/model-artifacts", json={"display_name": "up", "pipeline": "feature-extraction"}, headers=key
-        )
-        assert response.status_code == 201, response.text
-        upload_artifact_id = response.json()["id"]
-        response = await http.post(f"/v1/model-artifacts/{upload_artifact_id}/uploads", headers=key)
-        assert response.status_code == 201, response.text
-        upload_id = response.json()["upload_id"]
-    KNOWN.update(
-        account_id=[account["id"]],
-        key_id=[key_id],
-        artifact_id=[artifact_id, upload_artifact_id],
-        upload_id=[upload_id],
-        deployment_id=[deployment_id],
-        model=[MODEL],
-    )
-    # Deleting the artifact under upload would leave the upload routes (fuzzed after it) nothing real.
-    SPARED["DELETE /v1/model-artifacts/{artifact_id}"] = {"artifact_id": [upload_artifact_id]}
-    APP.app = app
-    yield account["api_key"]
-    # The ASGI client of schemathesis started the app's lifespan (and its sweeper task): stop it.
-    schemathesis_asgi.shutdown_lifespans()
-    APP.app = None
-    KNOWN.clear()
-    SPARED.clear()
-    services.close()
-
-
-def _document() -> dict[str, Any]:
-    """The OpenAPI document, read at import so that pytest collects one test per operation.
-
-    Building the document starts nothing (no services, no database); the requests go to the
-    seeded app of the `account_key` fixture, which serves this very document.
-    """
-    return create_app(make_settings(Path("unused"), "sqlite://")).openapi()
-
-
-schema = schemathesis.openapi.from_dict(_document())
-schema.app = APP
-
-
-@schema.hook
-def flatmap_path_parameters(
-    context: schemathesis.HookContext, path_parameters: dict[str, Any] | None
-) -> st.SearchStrategy[dict[str, Any] | None]:
-    """Each path parameter: the generated value, or the ID of a real row (see `account_key`)."""
-    if not path_parameters:
-        return st.just(path_parameters)
-    label = context.operation.label if context.operation is not None else ""
-    spared = SPARED.get(label, {})
-    choices = {
-        name: st.sampled_from(
-            [value, *(known for known in KNOWN.get(name, []) if known not in spared.get(name, []))]
-        )
-        for name, value in path_parameters.items()
+        deployment = await create("/v1/deployments", {"model": MODEL, "artifact_id": artifact_id})
+        doomed = await create("/v1/deployments", {"model": "fuzz-doomed", "artifact_id": artifact_id})
+        spare_key = await create("/v1/keys", {"name": "spare", "deployments": [deployment["id"]]})
+        artifacts = "/v1/model-artifacts"
+        empty, uploading, aborting = [
+            await create(artifacts, {"display_name": name, "pipeline": "feature-extraction"})
+            for name in ("empty", "uploading", "aborting")
+        ]
+        upload = await create(f"{artifacts}/{uploading['id']}/uploads")
+        to_abort = await create(f"{artifacts}/{aborting['id']}/uploads")
+    SEED.app = app
+    SEED.account_key = account["api_key"]
+    SEED.known = {
+        "account_id": [account["id"]],
+        "key_id": [spare_key["id"]],  # never the account key the fuzzer calls with
+        "artifact_id": [artifact_id, uploading["id"]],
+        "upload_id": [upload["upload_id"]],
+        "deployment_id": [deployment["id"]],
+        "deployments": [[deployment["id"]]],
+        "model": [MODEL],
+        "path": ["config.json"],  # a file path inside an artifact, for the upload route
     }
-    return st.fixed_dictionaries(choices)
+    # Operations are fuzzed in the document's order; the destructive ones get rows of their own, so
+    # that the routes after them still meet the real ones.
+    session = f"{artifacts}/{{artifact_id}}/uploads/{{upload_id}}"
+    SEED.only = {
+        # An upload session is only found under its own artifact.
+        f"PUT {session}/files/{{path}}": {"artifact_id": [uploading["id"]]},
+        f"GET {session}": {"artifact_id": [uploading["id"]]},
+        f"POST {session}/complete": {"artifact_id": [uploading["id"]]},
+        f"DELETE {session}": {"artifact_id": [aborting["id"]], "upload_id": [to_abort["upload_id"]]},
+        "DELETE /v1/deployments/{deployment_id}": {"deployment_id": [doomed["id"]]},
+        # The deployed artifact (409 `artifact_busy`), or one nothing uses.
+        "DELETE /v1/model-artifacts/{artifact_id}": {"artifact_id": [artifact_id, empty["id"]]},
+    }
+    yield SEED
+    # Schemathesis's ASGI client started the app's lifespan (its sweeper task): stop it first.
+    schemathesis_asgi.shutdown_lifespans()
+    SEED.app, SEED.account_key, SEED.known, SEED.only = None, "", {}, {}
+    services.close()
 
 
 @schema.parametrize()
@@ -137,11 +177,7 @@ def flatmap_path_parameters(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
-def test_every_operation(case: schemathesis.Case, account_key: str) -> None:
-    key = ADMIN_KEY if case.operation.path.startswith("/v1/admin/") else account_key
-    # Set on the case itself (not as call-time headers), so that schemathesis's checks judge the
-    # request that was actually sent, valid key included.
-    case.headers = {**(case.headers or {}), "Authorization": f"Bearer {key}"}
+def test_every_operation(case: schemathesis.Case, seeded: Seed) -> None:
     response = case.call()
     assert response.status_code < 500, (response.status_code, response.text)
     if response.status_code >= 400:
@@ -154,10 +190,9 @@ def test_every_operation(case: schemathesis.Case, account_key: str) -> None:
         assert error["code"] is None or isinstance(error["code"], str), body
         assert error["param"] is None or isinstance(error["param"], str), body
     # All of schemathesis's default checks (status codes, content types, response headers, response
-    # schemas — ErrorBody for every error — negative data rejected, auth not ignored, ...) but one:
-    # `positive_data_acceptance` expects every schema-valid request to succeed, while the API
-    # deliberately answers 400 to valid-looking data that fails a rule JSON Schema cannot carry
-    # (docs/api-decisions.md, each enforced by its own tests): `min_replicas <= max_replicas`,
-    # `deployments` naming the account's own deployments, `X-Content-SHA256` being 64 hex digits,
-    # upload paths being clean relative paths.
+    # schemas — ErrorBody for every error —, invalid data rejected, auth enforced, ...) but one:
+    # `positive_data_acceptance` wants every schema-valid request to succeed, while the API answers
+    # 400 on purpose to data that breaks a rule JSON Schema does not carry (docs/api-decisions.md,
+    # each enforced by its own tests): `min_replicas <= max_replicas`, `deployments` naming the
+    # account's own deployments, `X-Content-SHA256` being 64 hex digits, upload paths being clean.
     case.validate_response(response, excluded_checks=[positive_data_acceptance])

@@ -54,6 +54,32 @@ class Settings(BaseSettings):
     upload_session_ttl_seconds: int = Field(
         default=24 * 3600, ge=1, description="Open sessions expire after this."
     )
+    runtime: str = Field(default="local", description="Replica backend: `local` worker processes.")
+    device: str = Field(
+        default="auto", description="`auto` (CUDA when present, else CPU), `cpu`, `cuda`, `cuda:1`..."
+    )
+    worker_threads: int | None = Field(
+        default=None, ge=1, description="torch threads per replica (default: all cores)."
+    )
+    max_batch_size: int = Field(default=64, ge=1, description="Most requests grouped into one model call.")
+    max_batch_wait_ms: float = Field(
+        default=2.0, ge=0, description="How long a batch waits to fill once started."
+    )
+    max_queue_size: int = Field(default=1024, ge=1, description="Requests waiting per deployment before 429.")
+    batches_in_flight_per_replica: int = Field(default=2, ge=1, description="Pipelined batches per replica.")
+    request_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="Queue + inference time before 504."
+    )
+    cold_idle_seconds: float = Field(
+        default=300.0, gt=0, description="Idle time after which cold replicas unload."
+    )
+    load_timeout_seconds: float = Field(
+        default=600.0, gt=0, description="Longest a replica may take to load."
+    )
+    load_retry_seconds: float = Field(default=30.0, ge=0, description="Wait before retrying a failed load.")
+    shutdown_drain_seconds: float = Field(
+        default=30.0, ge=0, description="In-flight work allowed to finish at stop."
+    )
     sweep_interval_seconds: float = Field(
         default=60.0, gt=0, description="How often expired work is cleaned up."
     )

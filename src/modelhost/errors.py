@@ -94,6 +94,14 @@ class Overloaded(ModelhostError):
     code = "overloaded"
 
 
+class ClientClosedRequest(ModelhostError):
+    """The client went away; nobody reads this answer, but metrics and logs see status 499."""
+
+    status_code = 499
+    error_type = "client_closed_request"
+    code = "client_closed_request"
+
+
 class DeploymentUnavailable(ModelhostError):
     status_code = 503
     error_type = "service_unavailable_error"

@@ -16,7 +16,7 @@ from starlette.types import Scope
 import modelhost
 from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.middleware import BodySizeLimit, RequestMetrics
-from modelhost.api.routes import admin, artifacts, deployments, health, keys, models
+from modelhost.api.routes import admin, artifacts, deployments, embeddings, health, keys, models
 from modelhost.config import Settings, get_settings
 from modelhost.protocol.errors import ErrorBody
 from modelhost.services.container import Services
@@ -45,10 +45,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         owned = services is None
         app.state.services = services or Services.build(settings)
         sweeper = asyncio.create_task(_sweep_forever(app.state.services))
+        await app.state.services.runtime.start()
         try:
             yield
         finally:
             sweeper.cancel()
+            await app.state.services.runtime.shutdown()
             if owned:
                 app.state.services.close()
 
@@ -68,6 +70,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         artifacts.router,
         deployments.router,
         models.router,
+        embeddings.router,
     ):
         app.include_router(router)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
@@ -10,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from modelhost.auth.authenticator import bearer_token
 from modelhost.auth.principal import Principal, PrincipalKind
-from modelhost.errors import InvalidAPIKey
+from modelhost.errors import ClientClosedRequest, InvalidAPIKey
 from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.services.container import Services
 
@@ -73,13 +74,38 @@ def account_id_of(principal: Principal) -> str:
     return principal.account_id
 
 
-async def deployment_for(request: Request, principal: Principal, model: str | None) -> DeploymentRef:
+async def deployment_for(
+    request: Request, principal: Principal, model: str | None, endpoint: str | None = None
+) -> DeploymentRef:
     """The deployment an inference request runs on, decided by `modelhost.routing` for this route.
 
     The endpoint is the matched route's path template, so the endpoint → task table is the only
     thing that decides support; no model is touched before this answers.
     """
     services = get_services(request)
-    endpoint = getattr(request.scope.get("route"), "path", request.url.path)
-    refs = await run_in_threadpool(services.deployments.refs, account_id_of(principal))
+    endpoint = endpoint or getattr(request.scope.get("route"), "path", request.url.path)
+    account_id = account_id_of(principal)
+    refs = services.deployments.cached_refs(account_id)
+    if refs is None:
+        refs = await run_in_threadpool(services.deployments.refs, account_id)
     return resolve_deployment(principal, endpoint, model, refs)
+
+
+async def run_inference(request: Request, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:
+    """Run one item on a deployment; if the client disconnects first, its work is dropped."""
+    work = asyncio.ensure_future(get_services(request).runtime.infer(deployment_id, item))
+    disconnected = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({work, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        disconnected.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    raise ClientClosedRequest("The client closed the connection before the answer was ready.")
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client goes away (the body has been read, so `receive` only reports that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -6,9 +6,9 @@ import hmac
 
 from sqlalchemy import select
 
-from modelhost.auth.cache import TTLCache
 from modelhost.auth.principal import ADMIN, Principal, PrincipalKind
 from modelhost.auth.secrets import hash_secret, looks_like_secret
+from modelhost.cache import TTLCache
 from modelhost.errors import InvalidAPIKey
 from modelhost.store.db import Database
 from modelhost.store.models import ApiKey

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 from modelhost.artifacts.blobstore import BlobStore, LocalBlobStore
 from modelhost.artifacts.service import ArtifactService
 from modelhost.auth.authenticator import Authenticator
-from modelhost.auth.cache import TTLCache
 from modelhost.auth.principal import Principal
+from modelhost.cache import TTLCache
 from modelhost.config import Settings
+from modelhost.routing import DeploymentRef
+from modelhost.runtime.manager import ReplicaManager
 from modelhost.services.accounts import AccountService
-from modelhost.services.deployments import DeploymentService, NothingLoaded, RuntimeStatus
+from modelhost.services.deployments import DeploymentService
 from modelhost.services.keys import KeyService
 from modelhost.store import migrate
 from modelhost.store.db import Database
+from modelhost.store.models import ModelArtifact
 
 
 @dataclass
@@ -27,7 +31,7 @@ class Services:
     deployments: DeploymentService
     blobs: BlobStore
     artifacts: ArtifactService
-    runtime: RuntimeStatus = field(default_factory=NothingLoaded)
+    runtime: ReplicaManager
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -38,15 +42,26 @@ class Services:
         authenticator = Authenticator(database, settings.admin_key_value, cache)
         keys = KeyService(database, authenticator)
         blobs = LocalBlobStore(settings.data_dir / "blobs")
+        artifacts = ArtifactService(database, blobs, settings)
+
+        def artifact_dir(artifact: ModelArtifact) -> Path | None:
+            prefix = artifacts.files_dir(artifact)
+            return blobs.local_dir(prefix) if prefix else None
+
+        refs_cache: TTLCache[list[DeploymentRef]] = TTLCache(
+            settings.key_cache_seconds, settings.key_cache_entries
+        )
+        deployments = DeploymentService(database, artifact_dir, refs_cache)
         return cls(
             settings=settings,
             database=database,
             authenticator=authenticator,
             keys=keys,
             accounts=AccountService(database, keys),
-            deployments=DeploymentService(database),
+            deployments=deployments,
             blobs=blobs,
-            artifacts=ArtifactService(database, blobs, settings),
+            artifacts=artifacts,
+            runtime=ReplicaManager(settings, deployments.runtime_spec, deployments.hot_specs),
         )
 
     def close(self) -> None:

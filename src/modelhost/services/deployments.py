@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
+from modelhost.cache import TTLCache
 from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.routing import DeploymentRef
 from modelhost.store.db import Database
@@ -26,15 +29,16 @@ class LiveStatus:
     last_cold_start_seconds: float | None = None
 
 
-class RuntimeStatus(Protocol):
-    def status(self, deployment_id: str) -> LiveStatus: ...
+@dataclass(frozen=True, slots=True)
+class DeploymentSpec:
+    """What the runtime needs to load and serve a deployment."""
 
-
-class NothingLoaded:
-    """The status source while no replica backend is attached: every deployment is unloaded."""
-
-    def status(self, deployment_id: str) -> LiveStatus:
-        return LiveStatus()
+    id: str
+    pipeline: str
+    readiness: str
+    min_replicas: int
+    max_replicas: int
+    model_dir: Path
 
 
 def _not_found() -> NotFound:
@@ -42,8 +46,45 @@ def _not_found() -> NotFound:
 
 
 class DeploymentService:
-    def __init__(self, database: Database) -> None:
+    def __init__(
+        self,
+        database: Database,
+        artifact_dir: Callable[[ModelArtifact], Path | None],
+        refs_cache: TTLCache[list[DeploymentRef]],
+    ) -> None:
         self._database = database
+        self._artifact_dir = artifact_dir
+        # Routing reads an account's deployments on every inference request: cache them briefly,
+        # and forget them whenever this gateway changes a deployment.
+        self._refs_cache = refs_cache
+
+    def runtime_spec(self, deployment_id: str) -> DeploymentSpec | None:
+        """The runtime's view of a deployment (None once deleted)."""
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id)
+            if deployment is None:
+                return None
+            return self._spec(session, deployment)
+
+    def hot_specs(self) -> list[DeploymentSpec]:
+        with self._database.transaction() as session:
+            hot = session.scalars(
+                select(Deployment).where(Deployment.readiness == "hot").order_by(Deployment.id)
+            )
+            return [self._spec(session, d) for d in hot]
+
+    def _spec(self, session: Session, deployment: Deployment) -> DeploymentSpec:
+        artifact = session.get(ModelArtifact, deployment.artifact_id)
+        assert artifact is not None
+        model_dir = self._artifact_dir(artifact) or Path("/nonexistent")
+        return DeploymentSpec(
+            id=deployment.id,
+            pipeline=deployment.pipeline,
+            readiness=deployment.readiness,
+            min_replicas=deployment.min_replicas,
+            max_replicas=deployment.max_replicas,
+            model_dir=model_dir,
+        )
 
     def create(
         self,
@@ -86,7 +127,8 @@ class DeploymentService:
                 )
                 session.add(deployment)
                 session.flush()
-                return deployment
+            self._refs_cache.clear()
+            return deployment
         except IntegrityError as exc:
             raise Conflict(
                 f"Model ID '{model}' is already deployed in this account.", param="model", code="model_exists"
@@ -99,6 +141,18 @@ class DeploymentService:
 
     def refs(self, account_id: str) -> list[DeploymentRef]:
         """The lightweight view routing needs, for every deployment of the account."""
+        found, cached = self._refs_cache.get(account_id)
+        if found and cached is not None:
+            return cached
+        refs = self._load_refs(account_id)
+        self._refs_cache.put(account_id, refs)
+        return refs
+
+    def cached_refs(self, account_id: str) -> list[DeploymentRef] | None:
+        found, cached = self._refs_cache.get(account_id)
+        return cached if found else None
+
+    def _load_refs(self, account_id: str) -> list[DeploymentRef]:
         with self._database.transaction() as session:
             rows = session.execute(
                 select(Deployment.id, Deployment.model, Deployment.pipeline).where(
@@ -133,7 +187,8 @@ class DeploymentService:
             if readiness is not None:
                 deployment.readiness = readiness
             deployment.min_replicas, deployment.max_replicas = new_min, new_max
-            return deployment
+        self._refs_cache.clear()
+        return deployment
 
     def delete(self, account_id: str, deployment_id: str) -> None:
         with self._database.transaction() as session:
@@ -147,3 +202,4 @@ class DeploymentService:
                 .execution_options(synchronize_session=False)
             )
             session.delete(deployment)
+        self._refs_cache.clear()

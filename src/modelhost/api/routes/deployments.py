@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Path
+from starlette.concurrency import run_in_threadpool
 
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
@@ -91,8 +92,9 @@ def update_deployment(
     summary="Delete a deployment (unloads it, frees its artifact)",
     responses=error_responses(404),
 )
-def delete_deployment(
+async def delete_deployment(
     principal: AccountPrincipal, services: ServicesDep, deployment_id: str = DeploymentId
 ) -> Deleted:
-    services.deployments.delete(account_id_of(principal), deployment_id)
+    await run_in_threadpool(services.deployments.delete, account_id_of(principal), deployment_id)
+    await services.runtime.remove(deployment_id)
     return Deleted(id=deployment_id, object="deployment.deleted")

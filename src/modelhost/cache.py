@@ -1,4 +1,4 @@
-"""A small TTL + LRU cache for key lookups, so hot paths do not hit the database per request."""
+"""A small TTL + LRU cache, so hot paths (key lookups, routing) do not hit the database per request."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Replicas, worker processes, batching and readiness: the only part that runs models."""

@@ -1,0 +1,191 @@
+"""`Replica` backed by a local worker process, spoken to over a ZeroMQ PAIR socket (IPC)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from modelhost.runtime.channel import pack, unpack
+from modelhost.runtime.memory import rss_bytes
+from modelhost.runtime.replica import ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
+
+log = logging.getLogger("modelhost.runtime")
+_ids = itertools.count(1)
+# Workers log to the gateway's stderr: no progress bars, no tokenizer thread pools fighting torch's.
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+class WorkerError(Exception):
+    """The worker raised while running a batch; the message is its exception."""
+
+
+class LocalProcessReplica:
+    """One worker process owning one model. `on_exit` is called once when the process ends."""
+
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        socket_dir: Path,
+        on_exit: Callable[[LocalProcessReplica], None],
+        load_timeout: float,
+        warmup: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.name = f"{spec.deployment_id}-{next(_ids)}"
+        self._address = f"ipc://{socket_dir / self.name}.sock"
+        self._on_exit = on_exit
+        self._load_timeout = load_timeout
+        self._warmup = warmup
+        self._sock: zmq.asyncio.Socket | None = None
+        self._process: asyncio.subprocess.Process | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._request_ids = itertools.count(1)
+# Workers log to the gateway's stderr: no progress bars, no tokenizer thread pools fighting torch's.
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1"}
+        self._stopping = False
+        self._exited = asyncio.Event()
+        self.load_seconds: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.returncode is None and not self._stopping
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    async def load(self) -> None:
+        """Start the worker and wait until it reports its model loaded (or why it could not)."""
+        self._sock = zmq.asyncio.Context.instance().socket(zmq.PAIR)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.bind(self._address)
+        args = [
+            "-m", "modelhost.runtime.worker",
+            "--socket", self._address,
+            "--pipeline", self.spec.pipeline,
+            "--model-dir", str(self.spec.model_dir),
+            "--threads", str(self.spec.threads),
+            "--device", self.spec.device,
+        ]  # fmt: skip
+        if self._warmup:
+            args.append("--warmup")
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            env={**os.environ, **WORKER_ENV},
+        )
+        self._tasks.append(asyncio.create_task(self._watch()))
+        first: asyncio.Future[bytes] = asyncio.ensure_future(self._recv())
+        exited: asyncio.Future[Any] = asyncio.ensure_future(self._exited.wait())
+        done, _ = await asyncio.wait(
+            [first, exited], timeout=self._load_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        exited.cancel()
+        if first not in done:
+            first.cancel()
+            await self.unload()
+            raise ReplicaLoadFailed(
+                "the worker exited while loading"
+                if self._exited.is_set()
+                else "timed out while loading the model"
+            )
+        message = unpack(first.result())
+        if message["op"] != "ready":
+            await self.unload()
+            raise ReplicaLoadFailed(str(message.get("reason", "unknown load failure")))
+        self.load_seconds = float(message["load_seconds"])
+        self._tasks.append(asyncio.create_task(self._read_replies()))
+
+    async def submit(self, batch: list[Any]) -> list[Any]:
+        if not self.alive or self._sock is None:
+            raise ReplicaDied("the replica is not running")
+        request_id = next(self._request_ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            await self._sock.send(pack({"op": "run", "id": request_id, "batch": batch}))
+            reply = await future
+        finally:
+            self._pending.pop(request_id, None)
+        if "error" in reply:
+            raise WorkerError(str(reply["error"]))
+        outputs: list[Any] = reply["outputs"]
+        return outputs
+
+    def stream(self, request: Any) -> AsyncIterator[Any]:
+        raise NotImplementedError("streaming generation arrives with text generation")
+
+    async def cancel(self, request_id: int) -> None:
+        future = self._pending.get(request_id)
+        if future is not None and not future.done():
+            future.cancel()
+
+    async def unload(self) -> None:
+        """Ask the worker to stop; kill it if it does not within a few seconds. Idempotent."""
+        self._stopping = True
+        process = self._process
+        if process is not None and process.returncode is None:
+            try:
+                if self._sock is not None:
+                    await self._sock.send(pack({"op": "stop"}))
+                await asyncio.wait_for(process.wait(), timeout=5)
+            except (TimeoutError, zmq.ZMQError):
+                process.kill()
+                await process.wait()
+        for task in self._tasks:
+            task.cancel()
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        self._fail_pending(ReplicaDied("the replica was unloaded"))
+
+    def stats(self) -> ReplicaStats:
+        return ReplicaStats(
+            pid=self.pid,
+            rss_bytes=rss_bytes(self.pid),
+            load_seconds=self.load_seconds,
+            in_flight=len(self._pending),
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def _recv(self) -> bytes:
+        assert self._sock is not None
+        data: bytes = await self._sock.recv()
+        return data
+
+    async def _read_replies(self) -> None:
+        while True:
+            message = unpack(await self._recv())
+            future = self._pending.get(message.get("id", -1))
+            if future is not None and not future.done():
+                future.set_result(message)
+
+    async def _watch(self) -> None:
+        assert self._process is not None
+        code = await self._process.wait()
+        self._exited.set()
+        if not self._stopping:
+            log.warning("replica %s exited with code %s", self.name, code)
+        self._fail_pending(ReplicaDied(f"the replica's worker process exited (code {code})"))
+        if not self._stopping:
+            self._stopping = True
+            self._on_exit(self)
+
+    def _fail_pending(self, error: Exception) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)

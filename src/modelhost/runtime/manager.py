@@ -1,0 +1,298 @@
+"""Replica manager: readiness levels, loading and unloading, restarts, and the route to a batch.
+
+| readiness | loaded | unloaded |
+|---|---|---|
+| cold | on the first request | after `cold_idle_seconds` without requests |
+| warm | when created (or set), and on demand after a restart | only when deleted |
+| hot  | at server start (with a warm-up inference), when created or set | never (only when deleted) |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from modelhost.config import Settings
+from modelhost.errors import DeploymentUnavailable, InvalidRequest, ModelhostError, NotFound
+from modelhost.runtime import metrics
+from modelhost.runtime.batcher import Batcher
+from modelhost.runtime.local import LocalProcessReplica, WorkerError
+from modelhost.runtime.replica import ReplicaDied, ReplicaLoadFailed, ReplicaSpec
+from modelhost.services.deployments import DeploymentSpec, LiveStatus
+from modelhost.tasks.registry import served
+
+log = logging.getLogger("modelhost.runtime")
+GB = 1_000_000_000
+
+
+SpecSource = Callable[[str], DeploymentSpec | None]
+
+
+class DeploymentRuntime:
+    """The live side of one deployment: its replicas, queue and state."""
+
+    def __init__(self, spec: DeploymentSpec, manager: ReplicaManager) -> None:
+        self.spec = spec
+        self._manager = manager
+        self.state = "unloaded"
+        self.reason: str | None = None
+        self.replicas: list[LocalProcessReplica] = []
+        self.last_cold_start: float | None = None
+        self.last_used = time.monotonic()
+        self._failed_at = 0.0
+        self._load_lock = asyncio.Lock()
+        self._unloading = False
+        settings = manager.settings
+        self.batcher = Batcher(
+            self._dispatch,
+            max_batch=settings.max_batch_size,
+            max_wait=settings.max_batch_wait_ms / 1000,
+            max_queue=settings.max_queue_size,
+            slots=settings.batches_in_flight_per_replica,
+            on_batch=self._record_batch,
+        )
+
+    # ---------------------------------------------------------------- requests
+
+    async def infer(self, item: dict[str, Any]) -> dict[str, Any]:
+        self.last_used = time.monotonic()
+        await self.ensure_loaded()
+        metrics.QUEUE_DEPTH.labels(self.spec.id).set(self.batcher.depth + 1)
+        output: dict[str, Any] = await self.batcher.submit(
+            item, self._manager.settings.request_timeout_seconds
+        )
+        self.last_used = time.monotonic()
+        if "error" in output:
+            error = output["error"]
+            raise InvalidRequest(str(error.get("message")), param=error.get("param"))
+        return output
+
+    async def _dispatch(self, batch: list[Any]) -> list[Any]:
+        live = [r for r in self.replicas if r.alive]
+        if not live:
+            raise DeploymentUnavailable("The deployment has no running replica; retry shortly.")
+        replica = min(live, key=lambda r: r.in_flight)
+        try:
+            return await replica.submit(batch)
+        except ReplicaDied as exc:
+            raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
+        except WorkerError as exc:
+            raise DeploymentUnavailable(f"Inference failed: {exc}") from exc
+
+    def _record_batch(self, size: int, seconds: float) -> None:
+        metrics.BATCH_SIZE.labels(self.spec.id).observe(size)
+        metrics.INFERENCE_SECONDS.labels(self.spec.id).observe(seconds)
+        metrics.QUEUE_DEPTH.labels(self.spec.id).set(self.batcher.depth)
+
+    # ---------------------------------------------------------------- loading
+
+    @property
+    def wants_loaded(self) -> bool:
+        return self.spec.readiness in ("warm", "hot")
+
+    async def ensure_loaded(self) -> None:
+        if self.state == "ready" and any(r.alive for r in self.replicas):
+            return
+        if (
+            self.state == "failed"
+            and time.monotonic() - self._failed_at < self._manager.settings.load_retry_seconds
+        ):
+            raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
+        async with self._load_lock:
+            if self.state == "ready" and any(r.alive for r in self.replicas):
+                return
+            await self._load()
+
+    async def _load(self) -> None:
+        if not served(self.spec.pipeline):
+            self._fail(f"no endpoint serves the {self.spec.pipeline} pipeline in this version")
+            raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
+        self._manager.check_can_load(self.spec.id)
+        self.state, self.reason, self._unloading = "loading", None, False
+        started = time.perf_counter()
+        count = max(1, self.spec.min_replicas)
+        replicas = [self._manager.new_replica(self) for _ in range(count)]
+        results = await asyncio.gather(*(r.load() for r in replicas), return_exceptions=True)
+        errors = [e for e in results if isinstance(e, BaseException)]
+        if errors:
+            await asyncio.gather(*(r.unload() for r in replicas), return_exceptions=True)
+            self._fail(str(errors[0]) if isinstance(errors[0], ReplicaLoadFailed) else repr(errors[0]))
+            raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
+        self.replicas = replicas
+        self.batcher.resize(len(replicas) * self._manager.settings.batches_in_flight_per_replica)
+        self.state = "ready"
+        self.last_cold_start = time.perf_counter() - started
+        self.last_used = time.monotonic()
+        metrics.COLD_STARTS.labels(self.spec.id).inc()
+        metrics.LOAD_SECONDS.labels(self.spec.id).observe(self.last_cold_start)
+        metrics.LOADED_REPLICAS.labels(self.spec.id).set(len(replicas))
+        log.info("deployment %s loaded %d replica(s) in %.2fs", self.spec.id, count, self.last_cold_start)
+
+    def _fail(self, reason: str) -> None:
+        self.state, self.reason, self._failed_at = "failed", reason, time.monotonic()
+        log.error("deployment %s failed to load: %s", self.spec.id, reason)
+
+    def load_in_background(self) -> None:
+        if self.state in ("unloaded", "failed"):
+            self.state, self.reason = "loading", None  # visible at once in the deployment view
+        task = asyncio.create_task(self._quiet_load())
+        self._manager.background.add(task)
+        task.add_done_callback(self._manager.background.discard)
+
+    async def _quiet_load(self) -> None:
+        with contextlib.suppress(ModelhostError):  # the state records why
+            await self.ensure_loaded()
+
+    async def unload(self) -> None:
+        self._unloading = True
+        replicas, self.replicas = self.replicas, []
+        await asyncio.gather(*(r.unload() for r in replicas), return_exceptions=True)
+        if self.state != "failed":
+            self.state = "unloaded"
+        metrics.LOADED_REPLICAS.labels(self.spec.id).set(0)
+        metrics.MEMORY_BYTES.labels(self.spec.id).set(0)
+
+    def on_replica_exit(self, replica: LocalProcessReplica) -> None:
+        """A worker died (killed, OOM): drop it and start a replacement unless we are unloading."""
+        if replica not in self.replicas:
+            return
+        self.replicas.remove(replica)
+        metrics.REPLICA_RESTARTS.labels(self.spec.id).inc()
+        if self._unloading:
+            return
+        if not self.replicas:
+            self.state = "unloaded"
+        self.load_in_background()
+
+    def status(self) -> LiveStatus:
+        rss = sum(r.stats().rss_bytes for r in self.replicas)
+        metrics.MEMORY_BYTES.labels(self.spec.id).set(rss)
+        return LiveStatus(
+            state=self.state,
+            reason=self.reason,
+            replicas=sum(1 for r in self.replicas if r.alive),
+            memory_gb=round(rss / GB, 6),
+            last_cold_start_seconds=None if self.last_cold_start is None else round(self.last_cold_start, 3),
+        )
+
+
+class ReplicaManager:
+    """All deployments' runtimes in this gateway. Implements `RuntimeStatus` for the deployment views."""
+
+    def __init__(
+        self, settings: Settings, specs: SpecSource, hot_specs: Callable[[], list[DeploymentSpec]]
+    ) -> None:
+        self.settings = settings
+        self._specs = specs
+        self._hot_specs = hot_specs
+        self._runtimes: dict[str, DeploymentRuntime] = {}
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="mh-sock-"))
+        self.background: set[asyncio.Task[None]] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self.load_guard: Callable[[str], None] | None = None
+
+    def check_can_load(self, deployment_id: str) -> None:
+        """Hook for billing enforcement (402 when the account is out of credits)."""
+        if self.load_guard is not None:
+            self.load_guard(deployment_id)
+
+    def new_replica(self, runtime: DeploymentRuntime) -> LocalProcessReplica:
+        spec = ReplicaSpec(
+            deployment_id=runtime.spec.id,
+            pipeline=runtime.spec.pipeline,
+            model_dir=runtime.spec.model_dir,
+            threads=self.settings.worker_threads or max(1, (os.cpu_count() or 1)),
+            device=self.settings.device,
+        )
+        return LocalProcessReplica(
+            spec,
+            self._socket_dir,
+            on_exit=runtime.on_replica_exit,
+            load_timeout=self.settings.load_timeout_seconds,
+            warmup=runtime.spec.readiness == "hot",
+        )
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Load every hot deployment (with a warm-up inference) and start the idle reaper."""
+        specs = await asyncio.to_thread(self._hot_specs)
+        for spec in specs:
+            self._runtime_for(spec).load_in_background()
+        self._reaper = asyncio.create_task(self._reap_idle())
+
+    async def shutdown(self) -> None:
+        """Drain queued and running work, then stop every worker."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+        runtimes = list(self._runtimes.values())
+        await asyncio.gather(
+            *(rt.batcher.drain(self.settings.shutdown_drain_seconds) for rt in runtimes),
+            return_exceptions=True,
+        )
+        for task in list(self.background):
+            task.cancel()
+        await asyncio.gather(*(rt.unload() for rt in runtimes), return_exceptions=True)
+        for rt in runtimes:
+            rt.batcher.close()
+
+    # ---------------------------------------------------------------- deployments
+
+    async def apply(self, deployment_id: str) -> None:
+        """Re-read the deployment after create/patch and act on its readiness at once."""
+        spec = await asyncio.to_thread(self._specs, deployment_id)
+        if spec is None:
+            await self.remove(deployment_id)
+            return
+        runtime = self._runtime_for(spec)
+        runtime.spec = spec
+        if runtime.wants_loaded and runtime.state in ("unloaded", "failed"):
+            runtime.load_in_background()
+
+    async def remove(self, deployment_id: str) -> None:
+        runtime = self._runtimes.pop(deployment_id, None)
+        if runtime is not None:
+            await runtime.unload()
+            runtime.batcher.close()
+
+    async def infer(self, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:
+        runtime = self._runtimes.get(deployment_id)
+        if runtime is None:
+            spec = await asyncio.to_thread(self._specs, deployment_id)
+            if spec is None:
+                raise NotFound("Deployment not found", code="deployment_not_found")
+            runtime = self._runtime_for(spec)
+        return await runtime.infer(item)
+
+    def status(self, deployment_id: str) -> LiveStatus:
+        runtime = self._runtimes.get(deployment_id)
+        return runtime.status() if runtime is not None else LiveStatus()
+
+    def _runtime_for(self, spec: DeploymentSpec) -> DeploymentRuntime:
+        runtime = self._runtimes.get(spec.id)
+        if runtime is None:
+            runtime = self._runtimes[spec.id] = DeploymentRuntime(spec, self)
+        return runtime
+
+    async def _reap_idle(self) -> None:
+        """Unload cold deployments idle for longer than the window."""
+        while True:
+            await asyncio.sleep(min(5.0, self.settings.cold_idle_seconds / 2))
+            now = time.monotonic()
+            for runtime in list(self._runtimes.values()):
+                idle = now - runtime.last_used
+                if (
+                    runtime.spec.readiness == "cold"
+                    and runtime.state == "ready"
+                    and not runtime.batcher.busy
+                    and idle >= self.settings.cold_idle_seconds
+                ):
+                    log.info("unloading idle cold deployment %s after %.0fs", runtime.spec.id, idle)
+                    await runtime.unload()

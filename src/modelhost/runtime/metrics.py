@@ -1,0 +1,31 @@
+"""Prometheus metrics of the runtime, labelled by deployment."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+QUEUE_DEPTH = Gauge("modelhost_queue_depth", "Requests waiting in a deployment's queue.", ["deployment"])
+BATCH_SIZE = Histogram(
+    "modelhost_batch_size",
+    "Requests per model call.",
+    ["deployment"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+INFERENCE_SECONDS = Histogram(
+    "modelhost_inference_seconds",
+    "Time of one batched model call, in the replica.",
+    ["deployment"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+COLD_STARTS = Counter("modelhost_cold_starts_total", "Deployment loads (cold starts).", ["deployment"])
+LOAD_SECONDS = Histogram(
+    "modelhost_load_seconds", "Time to load a deployment's replicas.", ["deployment"],
+    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+)  # fmt: skip
+LOADED_REPLICAS = Gauge("modelhost_loaded_replicas", "Replicas loaded now.", ["deployment"])
+MEMORY_BYTES = Gauge(
+    "modelhost_replica_memory_bytes", "Resident memory of a deployment's replicas.", ["deployment"]
+)
+REPLICA_RESTARTS = Counter(
+    "modelhost_replica_restarts_total", "Replicas restarted after dying.", ["deployment"]
+)

@@ -1,0 +1,49 @@
+"""The replica interface. Local worker processes implement it now; a Ray Serve backend can later,
+without touching callers: `load`, `submit(batch)`, `stream(request)`, `cancel`, `unload`, `stats`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """Everything a replica needs to load one deployment's model."""
+
+    deployment_id: str
+    pipeline: str
+    model_dir: Path
+    threads: int
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    pid: int | None
+    rss_bytes: int
+    load_seconds: float | None
+    in_flight: int
+
+
+class ReplicaDied(Exception):
+    """The replica's process ended while work was in flight (killed, out of memory, crashed)."""
+
+
+class ReplicaLoadFailed(Exception):
+    """The model could not be loaded; the message is the loader's reason."""
+
+
+class Replica(Protocol):
+    spec: ReplicaSpec
+
+    async def load(self) -> None: ...
+    async def submit(self, batch: list[Any]) -> list[Any]: ...
+    def stream(self, request: Any) -> AsyncIterator[Any]: ...
+    async def cancel(self, request_id: int) -> None: ...
+    async def unload(self) -> None: ...
+    def stats(self) -> ReplicaStats: ...
+    @property
+    def alive(self) -> bool: ...

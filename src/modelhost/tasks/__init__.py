@@ -1,0 +1,1 @@
+"""One handler per pipeline family: `load` and `run(batch)` execute inside the worker process."""

@@ -1,0 +1,138 @@
+"""Text feature extraction and embeddings: one vector per input.
+
+Sentence-transformers artifacts (with `modules.json`) give their sentence embedding (pooling and
+normalisation as the model defines); plain transformers encoders give the attention-masked mean of
+the last hidden state. Inputs are strings or token-ID lists; each request reports its token count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from modelhost.runtime import loader
+from modelhost.tasks.base import item_error
+
+CHUNK = 128  # sequences per forward pass: bounds activation memory for very large requests
+
+
+@dataclass
+class Encoder:
+    model: Any
+    tokenizer: Any
+    sentence_transformer: bool
+    max_tokens: int
+    vocab_size: int
+    device: str
+    uses_token_types: bool
+
+
+class FeatureExtraction:
+    pipeline = "feature-extraction"
+
+    def load(self, model_dir: Path, device: str) -> Encoder:
+        if loader.is_sentence_transformer(model_dir):
+            model = loader.load_sentence_transformer(model_dir, device)
+            tokenizer = model.tokenizer
+            max_tokens = int(model.max_seq_length or tokenizer.model_max_length)
+            config = model[0].auto_model.config
+            st = True
+        else:
+            model = loader.load_auto(model_dir, device)
+            tokenizer = loader.load_tokenizer(model_dir)
+            config = model.config
+            max_tokens = min(
+                int(tokenizer.model_max_length), int(getattr(config, "max_position_embeddings", 512))
+            )
+            st = False
+        return Encoder(
+            model=model,
+            tokenizer=tokenizer,
+            sentence_transformer=st,
+            max_tokens=max_tokens,
+            vocab_size=int(config.vocab_size),
+            device=device,
+            uses_token_types="token_type_ids" in tokenizer.model_input_names,
+        )
+
+    def warmup_item(self) -> dict[str, Any]:
+        return {"inputs": ["modelhost warm-up"]}
+
+    def run(self, model: Encoder, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        ids_per_item: list[list[list[int]] | dict[str, Any]] = [
+            self._token_ids(model, item) for item in batch
+        ]
+        sequences = [seq for ids in ids_per_item if isinstance(ids, list) for seq in ids]
+        vectors = self._embed(model, sequences) if sequences else np.zeros((0, 0), dtype=np.float32)
+        outputs: list[dict[str, Any]] = []
+        start = 0
+        for ids in ids_per_item:
+            if isinstance(ids, dict):
+                outputs.append(ids)
+                continue
+            block = np.ascontiguousarray(vectors[start : start + len(ids)], dtype="<f4")
+            start += len(ids)
+            outputs.append(
+                {"vectors": block.tobytes(), "count": len(ids), "dim": int(block.shape[1]),
+                 "tokens": sum(len(s) for s in ids)}
+            )  # fmt: skip
+        return outputs
+
+    def _token_ids(self, model: Encoder, item: dict[str, Any]) -> list[list[int]] | dict[str, Any]:
+        """Token IDs of each input of one request, or that request's error."""
+        inputs: list[str | list[int]] = item["inputs"]
+        texts = [(i, x) for i, x in enumerate(inputs) if isinstance(x, str)]
+        ids: list[list[int]] = [x if isinstance(x, list) else [] for x in inputs]
+        if texts:
+            encoded = model.tokenizer([t for _, t in texts], add_special_tokens=True, truncation=False)[
+                "input_ids"
+            ]
+            for (index, _), token_ids in zip(texts, encoded, strict=True):
+                ids[index] = list(token_ids)
+        for index, seq in enumerate(ids):
+            param = "input" if len(inputs) == 1 else f"input[{index}]"
+            if len(seq) > model.max_tokens:
+                return item_error(
+                    f"Input is {len(seq)} tokens long; this model accepts at most {model.max_tokens}.", param
+                )
+            if any(not 0 <= t < model.vocab_size for t in seq):
+                return item_error(f"Token IDs must be between 0 and {model.vocab_size - 1}.", param)
+        return ids
+
+    @torch.inference_mode()
+    def _embed(self, model: Encoder, sequences: list[list[int]]) -> np.ndarray:
+        """Embed in length-sorted chunks (little padding), then restore the original order."""
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+        result: np.ndarray | None = None
+        for begin in range(0, len(order), CHUNK):
+            chosen = order[begin : begin + CHUNK]
+            features = self._pad(model, [sequences[i] for i in chosen])
+            if model.sentence_transformer:
+                embedded = model.model.forward(features)["sentence_embedding"]
+            else:
+                hidden = model.model(**features).last_hidden_state
+                mask = features["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                embedded = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            block = embedded.float().cpu().numpy()
+            if result is None:
+                result = np.empty((len(sequences), block.shape[1]), dtype=np.float32)
+            result[chosen] = block
+        assert result is not None
+        return result
+
+    def _pad(self, model: Encoder, sequences: list[list[int]]) -> dict[str, torch.Tensor]:
+        width = max(len(s) for s in sequences)
+        pad_id = model.tokenizer.pad_token_id or 0
+        input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            attention[row, : len(seq)] = 1
+        features = {"input_ids": input_ids, "attention_mask": attention}
+        if model.uses_token_types:
+            features["token_type_ids"] = torch.zeros_like(input_ids)
+        return {k: v.to(model.device) for k, v in features.items()}

@@ -1,0 +1,25 @@
+"""Pipeline task → handler. Adding a task means adding a handler here, nothing else.
+
+Handlers are named, not imported: they pull in torch and the model libraries, which only worker
+processes should load.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from modelhost.tasks.base import TaskHandler
+
+HANDLERS: dict[str, str] = {
+    "feature-extraction": "modelhost.tasks.feature_extraction:FeatureExtraction",
+}
+
+
+def served(pipeline: str) -> bool:
+    return pipeline in HANDLERS
+
+
+def handler_for(pipeline: str) -> TaskHandler:
+    module_name, _, class_name = HANDLERS[pipeline].partition(":")
+    handler: TaskHandler = getattr(importlib.import_module(module_name), class_name)()
+    return handler
