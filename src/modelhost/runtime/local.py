@@ -50,8 +50,6 @@ class LocalProcessReplica:
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._request_ids = itertools.count(1)
-# Workers log to the gateway's stderr: no progress bars, no tokenizer thread pools fighting torch's.
-WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1"}
         self._stopping = False
         self._exited = asyncio.Event()
         self.load_seconds: float | None = None
