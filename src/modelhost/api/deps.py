@@ -83,7 +83,7 @@ async def deployment_for(
     thing that decides support; no model is touched before this answers.
     """
     services = get_services(request)
-    endpoint = endpoint or getattr(request.scope.get("route"), "path", request.url.path)
+    endpoint = endpoint or str(getattr(request.scope.get("route"), "path", request.url.path))
     account_id = account_id_of(principal)
     refs = services.deployments.cached_refs(account_id)
     if refs is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
@@ -70,6 +71,24 @@ def serve(
         log_level=log_level,
         timeout_graceful_shutdown=30,
     )
+
+
+@app.command()
+def quickstart(
+    host: Annotated[str | None, typer.Option(help="Bind address (default: MODELHOST_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: MODELHOST_PORT).")] = None,
+) -> None:
+    """Serve with a ready demo: an account, all-MiniLM-L6-v2 pushed and deployed as `minilm` (hot)."""
+    import secrets
+
+    from modelhost.cli.quickstart import run_quickstart
+    from modelhost.config import get_settings
+
+    if not os.environ.get("MODELHOST_ADMIN_KEY") and get_settings().admin_key_value is None:
+        os.environ["MODELHOST_ADMIN_KEY"] = "mh-admin-" + secrets.token_urlsafe(24)
+        get_settings.cache_clear()
+    settings = get_settings()
+    run_quickstart(settings, host or settings.host, port or settings.port)
 
 
 @db_app.command("upgrade")

@@ -69,7 +69,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
 
     from modelhost.runtime.loader import pick_device
 
-    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     from modelhost.tasks.registry import handler_for
 
     torch.set_num_threads(max(1, args.threads))

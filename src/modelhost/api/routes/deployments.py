@@ -43,10 +43,11 @@ def present(deployment: rows.Deployment, services: Services) -> Deployment:
     status_code=201,
     responses=error_responses(404, 409),
 )
-def create_deployment(
+async def create_deployment(
     body: DeploymentCreate, principal: AccountPrincipal, services: ServicesDep
 ) -> Deployment:
-    deployment = services.deployments.create(
+    deployment = await run_in_threadpool(
+        services.deployments.create,
         account_id_of(principal),
         body.model,
         body.artifact_id,
@@ -54,6 +55,7 @@ def create_deployment(
         body.min_replicas,
         body.max_replicas,
     )
+    await services.runtime.apply(deployment.id)  # warm and hot start loading now
     return present(deployment, services)
 
 
@@ -75,15 +77,21 @@ def get_deployment(
 @router.patch(
     "/{deployment_id}", summary="Change readiness or replica bounds", responses=error_responses(404)
 )
-def update_deployment(
+async def update_deployment(
     body: DeploymentPatch,
     principal: AccountPrincipal,
     services: ServicesDep,
     deployment_id: str = DeploymentId,
 ) -> Deployment:
-    deployment = services.deployments.update(
-        account_id_of(principal), deployment_id, body.readiness, body.min_replicas, body.max_replicas
+    deployment = await run_in_threadpool(
+        services.deployments.update,
+        account_id_of(principal),
+        deployment_id,
+        body.readiness,
+        body.min_replicas,
+        body.max_replicas,
     )
+    await services.runtime.apply(deployment.id)  # takes effect without a restart
     return present(deployment, services)
 
 
