@@ -11,7 +11,6 @@ from typing import Any
 from rich.progress import (
     BarColumn,
     DownloadColumn,
-    MofNCompleteColumn,
     Progress,
     TextColumn,
     TimeRemainingColumn,
@@ -80,22 +79,21 @@ def push(api: ApiClient, directory: Path, name: str, pipeline: str) -> dict[str,
     already = {f["path"]: f["sha256"] for f in api.call("GET", base)["files"]}
     total = sum(f.size for f in files)
     with _progress() as progress:
-        bytes_task = progress.add_task("uploading", total=total)
-        files_task = progress.add_task("files", total=len(files))
+        task = progress.add_task(f"uploading 0/{len(files)} files", total=total)
         skipped = 0
-        for item in files:
+        for done, item in enumerate(files, start=1):
             digest = sha256_of(item.full)
             if already.get(item.path) == digest:
                 skipped += 1
-                progress.advance(bytes_task, item.size)
+                progress.advance(task, item.size)
             else:
                 api.call(
                     "PUT",
                     f"{base}/files/{item.path}",
-                    content=_read_chunks(item.full, lambda n: progress.advance(bytes_task, n)),
+                    content=_read_chunks(item.full, lambda n: progress.advance(task, n)),
                     headers={"X-Content-SHA256": digest, "Content-Length": str(item.size)},
                 )
-            progress.advance(files_task)
+            progress.update(task, description=f"uploading {done}/{len(files)} files")
     if skipped:
         out.print(f"skipped {skipped} file(s) already uploaded with the same SHA-256")
     out.print("inspecting...")
@@ -114,7 +112,6 @@ def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
