@@ -10,3 +10,9 @@ test:
 
 lint:
 	.venv/bin/ruff check src tests bench && .venv/bin/ruff format --check src tests bench && .venv/bin/mypy
+
+## Benchmarks (writes docs/benchmarks.md). Installs wrk from Debian's packages if missing.
+bench:
+	bash scripts/setup.sh dev
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.embeddings

@@ -33,7 +33,10 @@ def run_quickstart(settings: Settings, host: str, port: int) -> None:
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     admin_key = settings.admin_key_value
     assert admin_key is not None
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=host, port=port, log_level="warning"))
+    config = uvicorn.Config(
+        create_app(settings), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
+    )
+    server = uvicorn.Server(config)
     helper = threading.Thread(target=_prepare_demo, args=(settings, url, admin_key, server), daemon=True)
     helper.start()
     server.run()

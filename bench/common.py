@@ -1,0 +1,142 @@
+"""Helpers shared by the benchmarks: a served modelhost, a wrk runner, markdown tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ADMIN_KEY = "mh-admin-bench-" + secrets.token_hex(8)
+
+
+@dataclass
+class Served:
+    url: str
+    key: str
+    process: subprocess.Popen[bytes]
+    root: Path
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def serve(port: int, **env: str) -> Served:
+    """Start `modelhost serve` on a fresh SQLite data dir and create an account."""
+    root = Path(tempfile.mkdtemp(prefix="mh-bench-"))
+    environment = {
+        **os.environ,
+        "MODELHOST_DATA_DIR": str(root),
+        "MODELHOST_ADMIN_KEY": ADMIN_KEY,
+        "MODELHOST_PORT": str(port),
+        **env,
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "modelhost.cli.main", "serve", "--log-level", "warning"], env=environment
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    key = httpx.post(f"{url}/v1/admin/accounts", json={"name": "bench"}, headers=headers).json()["api_key"]
+    return Served(url, key, process, root)
+
+
+def deploy(served: Served, folder: Path, pipeline: str, model: str, readiness: str = "hot") -> None:
+    """Push a folder through the artifact protocol and deploy it; wait until it is ready."""
+    from modelhost.cli.client import ApiClient
+    from modelhost.cli.push import push
+
+    api = ApiClient(served.url, served.key, timeout=600)
+    artifact = push(api, folder, model, pipeline)["artifact"]
+    assert artifact["status"] == "ready", artifact
+    dep = api.call(
+        "POST",
+        "/v1/deployments",
+        json={"model": model, "artifact_id": artifact["id"], "readiness": readiness},
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        state = api.call("GET", f"/v1/deployments/{dep['id']}")
+        if state["state"] == "ready":
+            return
+        if state["state"] == "failed":
+            raise RuntimeError(state["state_reason"])
+        time.sleep(0.5)
+    raise TimeoutError("deployment did not load")
+
+
+@dataclass
+class WrkResult:
+    requests_per_second: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    cpu_share: float  # wrk's CPU seconds / wall seconds (1.0 = one core)
+
+
+def wrk(url: str, path: str, body: dict[str, Any], key: str, connections: int, seconds: int) -> WrkResult:
+    """Drive a POST with wrk (a C load generator: little CPU on a 2-core machine)."""
+    script = Path(tempfile.mkstemp(suffix=".lua")[1])
+    script.write_text(
+        'wrk.method = "POST"\n'
+        f"wrk.body = {json.dumps(json.dumps(body))}\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {key}"\n'
+    )
+    threads = 1 if connections < 8 else 2
+    command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--latency", "-s", str(script),
+               f"{url}{path}"]  # fmt: skip
+    before = os.times()
+    started = time.monotonic()
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    wall = time.monotonic() - started
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    script.unlink()
+    return WrkResult(
+        requests_per_second=float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),  # type: ignore[union-attr]
+        p50_ms=_latency(output, "50%"),
+        p99_ms=_latency(output, "99%"),
+        errors=_errors(output),
+        cpu_share=cpu / wall,
+    )
+
+
+def _latency(output: str, percentile: str) -> float:
+    match = re.search(rf"^\s+{re.escape(percentile)}\s+([\d.]+)(us|ms|s)\s*$", output, re.MULTILINE)
+    assert match, output
+    value, unit = float(match.group(1)), match.group(2)
+    return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+
+def _errors(output: str) -> int:
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    socket = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
+    return (int(non2xx.group(1)) if non2xx else 0) + (sum(int(g) for g in socket.groups()) if socket else 0)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
