@@ -105,8 +105,8 @@ def wrk(url: str, path: str, body: dict[str, Any], key: str, connections: int, s
         f'wrk.headers["Authorization"] = "Bearer {key}"\n'
     )
     threads = 1 if connections < 8 else 2
-    command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--latency", "-s", str(script),
-               f"{url}{path}"]  # fmt: skip
+    command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--latency"]
+    command += ["-s", str(script), f"{url}{path}"]
     before = os.times()
     started = time.monotonic()
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
