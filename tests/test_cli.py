@@ -127,6 +127,7 @@ def artifact_deployment_count(store: Services, artifact_id: str) -> int:
 HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     ((), "serve your own Hugging Face models over HTTP"),
     (("serve",), "Run the gateway (applies database migrations first)."),
+    (("quickstart",), "Serve with a ready demo"),
     (("db",), "Database schema (Alembic migrations)."),
     (("db", "upgrade"), "Apply migrations to the configured database (MODELHOST_DATABASE_URL)."),
     (("accounts",), "Accounts (needs the admin key)."),
@@ -350,7 +351,7 @@ def test_deployments_create_json_deploys_a_ready_artifact(
     assert created["pipeline"] == "feature-extraction"
     assert created["readiness"] == "warm"
     assert (created["min_replicas"], created["max_replicas"]) == (0, 2)
-    assert created["state"] == "unloaded"
+    assert created["state"] == "loading"  # warm: loading starts at creation
     assert artifact_deployment_count(store, artifact_id) == 1
 
 

@@ -10,9 +10,10 @@ T = TypeVar("T")
 
 
 class StrictModel(BaseModel):
-    """Request bodies: unknown fields are refused, so typos do not pass silently."""
+    """Request bodies: unknown fields and wrong types are refused (no `true` → 1, no `"5"` → 5), so
+    mistakes do not pass silently. Whole numbers are still accepted where a number is expected."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class ListOf(BaseModel, Generic[T]):

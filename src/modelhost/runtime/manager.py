@@ -114,6 +114,9 @@ class DeploymentRuntime:
         if not served(self.spec.pipeline):
             self._fail(f"no endpoint serves the {self.spec.pipeline} pipeline in this version")
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
+        if not self.spec.model_dir.is_dir():
+            self._fail("the artifact's published files are missing")
+            raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
         self._manager.check_can_load(self.spec.id)
         self.state, self.reason, self._unloading = "loading", None, False
         started = time.perf_counter()

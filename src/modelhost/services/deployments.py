@@ -76,7 +76,9 @@ class DeploymentService:
     def _spec(self, session: Session, deployment: Deployment) -> DeploymentSpec:
         artifact = session.get(ModelArtifact, deployment.artifact_id)
         assert artifact is not None
-        model_dir = self._artifact_dir(artifact) or Path("/nonexistent")
+        # No published files (never the case for a ready artifact made by an upload): the runtime
+        # sees a missing folder and fails the load with that reason instead of starting a worker.
+        model_dir = self._artifact_dir(artifact) or Path(f"/missing-artifact-files/{artifact.id}")
         return DeploymentSpec(
             id=deployment.id,
             pipeline=deployment.pipeline,
