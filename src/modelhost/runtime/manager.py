@@ -49,6 +49,7 @@ class DeploymentRuntime:
         self._failed_at = 0.0
         self._load_lock = asyncio.Lock()
         self._unloading = False
+        self._loading: list[LocalProcessReplica] = []
         settings = manager.settings
         self.batcher = Batcher(
             self._dispatch,
@@ -122,7 +123,15 @@ class DeploymentRuntime:
         started = time.perf_counter()
         count = max(1, self.spec.min_replicas)
         replicas = [self._manager.new_replica(self) for _ in range(count)]
-        results = await asyncio.gather(*(r.load() for r in replicas), return_exceptions=True)
+        self._loading = replicas  # visible to unload(): a delete during the load stops these too
+        try:
+            results = await asyncio.gather(*(r.load() for r in replicas), return_exceptions=True)
+        finally:
+            self._loading = []
+        if self._unloading:  # deleted or unloaded while loading
+            await asyncio.gather(*(r.unload() for r in replicas), return_exceptions=True)
+            self.state = "unloaded"
+            raise DeploymentUnavailable("The deployment was unloaded while it was loading.")
         errors = [e for e in results if isinstance(e, BaseException)]
         if errors:
             await asyncio.gather(*(r.unload() for r in replicas), return_exceptions=True)
@@ -155,7 +164,7 @@ class DeploymentRuntime:
 
     async def unload(self) -> None:
         self._unloading = True
-        replicas, self.replicas = self.replicas, []
+        replicas, self.replicas = [*self.replicas, *self._loading], []
         await asyncio.gather(*(r.unload() for r in replicas), return_exceptions=True)
         if self.state != "failed":
             self.state = "unloaded"
@@ -211,7 +220,9 @@ class ReplicaManager:
             deployment_id=runtime.spec.id,
             pipeline=runtime.spec.pipeline,
             model_dir=runtime.spec.model_dir,
-            threads=self.settings.worker_threads or max(1, (os.cpu_count() or 1)),
+            # Replicas of one deployment share the cores rather than oversubscribing them.
+            threads=self.settings.worker_threads
+            or max(1, (os.cpu_count() or 1) // max(1, runtime.spec.min_replicas)),
             device=self.settings.device,
         )
         return LocalProcessReplica(
