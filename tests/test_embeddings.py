@@ -194,6 +194,13 @@ def test_metrics_expose_per_deployment_runtime_series(served: Json) -> None:
     embed(served, input="count me")
     text = served["http"].get("/metrics").text
     dep = served["deployment"]["id"]
-    for name in ("modelhost_batch_size_count", "modelhost_inference_seconds_count", "modelhost_cold_starts_total",
-                 "modelhost_loaded_replicas", "modelhost_replica_memory_bytes", "modelhost_queue_depth"):  # fmt: skip
+    names = (
+        "modelhost_batch_size_count",
+        "modelhost_inference_seconds_count",
+        "modelhost_cold_starts_total",
+        "modelhost_loaded_replicas",
+        "modelhost_replica_memory_bytes",
+        "modelhost_queue_depth",
+    )
+    for name in names:
         assert f'{name}{{deployment="{dep}"}}' in text, name

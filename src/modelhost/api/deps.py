@@ -99,9 +99,10 @@ async def run_inference(request: Request, deployment_id: str, item: dict[str, An
         await asyncio.wait({work, disconnected}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         disconnected.cancel()
-    if work.done():
+        if not work.done():
+            work.cancel()
+    if not work.cancelled():
         return work.result()
-    work.cancel()
     raise ClientClosedRequest("The client closed the connection before the answer was ready.")
 
 

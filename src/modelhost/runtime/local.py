@@ -136,7 +136,7 @@ class LocalProcessReplica:
         if process is not None and process.returncode is None:
             try:
                 if self._sock is not None:
-                    await self._sock.send(pack({"op": "stop"}))
+                    await self._sock.send(pack({"op": "stop"}), flags=zmq.NOBLOCK)
                 await asyncio.wait_for(process.wait(), timeout=5)
             except (TimeoutError, zmq.ZMQError):
                 process.kill()
