@@ -62,7 +62,9 @@ def serve(port: int, **env: str) -> Served:
     return Served(url, key, process, root)
 
 
-def deploy(served: Served, folder: Path, pipeline: str, model: str, readiness: str = "hot") -> None:
+def deploy(
+    served: Served, folder: Path, pipeline: str, model: str, readiness: str = "hot", **extra: Any
+) -> None:
     """Push a folder through the artifact protocol and deploy it; wait until it is ready."""
     from modelhost.cli.client import ApiClient
     from modelhost.cli.push import push
@@ -73,7 +75,7 @@ def deploy(served: Served, folder: Path, pipeline: str, model: str, readiness: s
     dep = api.call(
         "POST",
         "/v1/deployments",
-        json={"model": model, "artifact_id": artifact["id"], "readiness": readiness},
+        json={"model": model, "artifact_id": artifact["id"], "readiness": readiness, **extra},
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from modelhost.api.app import create_app
+from modelhost.cache import SingleFlight
 from modelhost.config import Settings
 from modelhost.errors import GatewayTimeout, Overloaded
 from modelhost.runtime.batcher import Batcher
@@ -78,7 +80,7 @@ def alive(pid: int) -> bool:
 
 
 def workers(marker: str) -> list[int]:
-    """Live replica workers whose command line mentions `marker` (a deployment ID, a socket dir)."""
+    """Live replica workers whose command line mentions `marker` (a deployment ID)."""
     found = []
     for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):
@@ -529,3 +531,33 @@ async def test_batcher_never_dispatches_an_item_whose_caller_gave_up(gives_up: s
                 await gone
         assert batcher.depth == 0
     assert seen == [["a"], ["b"]]
+
+
+async def test_batcher_sends_to_an_idle_replica_at_once_without_waiting_to_fill() -> None:
+    async def model(batch: list[Any]) -> list[Any]:
+        return batch
+
+    batcher = Batcher(model, max_batch=64, max_wait=600, max_queue=10, slots=1)
+    try:  # a gather window of ten minutes would time this out if an idle replica waited
+        assert await batcher.submit("alone", timeout=5) == "alone"
+    finally:
+        batcher.close()
+
+
+async def test_concurrent_cache_misses_of_one_key_share_one_load() -> None:
+    calls: list[str] = []
+    release = threading.Event()
+
+    def load() -> str:
+        calls.append("load")
+        release.wait(5)
+        return "principal"
+
+    flight: SingleFlight[str] = SingleFlight()
+    waiting = [asyncio.create_task(flight.load("key", load)) for _ in range(20)]
+    await until(lambda: calls == ["load"])
+    waiting[0].cancel()  # one caller giving up does not cancel the others' load
+    release.set()
+    results = await asyncio.gather(*waiting[1:])
+    assert results == ["principal"] * 19 and calls == ["load"]
+    assert await flight.load("key", lambda: "reloaded") == "reloaded"  # nothing cached by it

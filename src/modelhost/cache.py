@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
@@ -54,3 +55,23 @@ class TTLCache(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class SingleFlight(Generic[V]):
+    """Concurrent cache misses of one key share one load, run off the event loop.
+
+    Without it, the moment a hot entry expires every request in flight misses together and each
+    runs the same database query (a stampede that also exhausts the connection pool).
+    """
+
+    def __init__(self) -> None:
+        self._loading: dict[str, asyncio.Future[V]] = {}
+
+    async def load(self, key: str, loader: Callable[[], V]) -> V:
+        future = self._loading.get(key)
+        if future is None:
+            future = asyncio.ensure_future(asyncio.to_thread(loader))
+            self._loading[key] = future
+            future.add_done_callback(lambda _: self._loading.pop(key, None))
+        # Shielded: one caller giving up (disconnect, timeout) must not cancel the others' load.
+        return await asyncio.shield(future)

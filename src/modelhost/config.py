@@ -63,10 +63,16 @@ class Settings(BaseSettings):
     )
     max_batch_size: int = Field(default=64, ge=1, description="Most requests grouped into one model call.")
     max_batch_wait_ms: float = Field(
-        default=2.0, ge=0, description="How long a batch waits to fill once started."
+        default=5.0,
+        ge=0,
+        description="How long a batch waits to fill while the replica is busy (an idle one starts at once).",
     )
     max_queue_size: int = Field(default=1024, ge=1, description="Requests waiting per deployment before 429.")
-    batches_in_flight_per_replica: int = Field(default=2, ge=1, description="Pipelined batches per replica.")
+    batches_in_flight_per_replica: int = Field(
+        default=1,
+        ge=1,
+        description="Batches sent to a replica before it answers (2+ pipelines; helps GPUs, not 2-core CPUs).",
+    )
     request_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Queue + inference time before 504."
     )

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import Scope
@@ -140,3 +142,19 @@ async def _sweep_forever(services: Services) -> None:
             await asyncio.to_thread(services.artifacts.sweep)
         except Exception:
             log.exception("sweep failed")
+
+
+def make_server(settings: Settings, host: str, port: int, log_level: str) -> uvicorn.Server:
+    """The uvicorn server of `modelhost serve` and `modelhost quickstart`.
+
+    Everything imported and built by now lives as long as the process: `gc.freeze` takes it out of
+    the collector's view, and a larger first-generation threshold collects less often. Together they
+    cut the gateway's CPU per request by about a tenth under load (bench/).
+    """
+    config = uvicorn.Config(
+        create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30
+    )
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
+    return uvicorn.Server(config)

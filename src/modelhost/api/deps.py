@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
-from starlette.concurrency import run_in_threadpool
 
 from modelhost.auth.authenticator import bearer_token
 from modelhost.auth.principal import Principal, PrincipalKind
@@ -34,7 +33,7 @@ async def _authenticate(request: Request) -> Principal:
     token = bearer_token(request.headers.get("authorization"))
     known, principal = authenticator.cached(token)
     if not known:
-        principal = await run_in_threadpool(authenticator.load, token)
+        principal = await authenticator.loads.load(token, lambda: authenticator.load(token))
     if principal is None:
         raise InvalidAPIKey("Invalid API key.")
     return principal
@@ -87,7 +86,9 @@ async def deployment_for(
     account_id = account_id_of(principal)
     refs = services.deployments.cached_refs(account_id)
     if refs is None:
-        refs = await run_in_threadpool(services.deployments.refs, account_id)
+        refs = await services.deployments.ref_loads.load(
+            account_id, lambda: services.deployments.refs(account_id)
+        )
     return resolve_deployment(principal, endpoint, model, refs)
 
 
@@ -96,12 +97,12 @@ async def run_inference(request: Request, deployment_id: str, item: dict[str, An
     work = asyncio.ensure_future(get_services(request).runtime.infer(deployment_id, item))
     disconnected = asyncio.ensure_future(_disconnect(request))
     try:
-        await asyncio.wait({work, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({work, disconnected}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         disconnected.cancel()
         if not work.done():
             work.cancel()
-    if not work.cancelled():
+    if work in done:
         return work.result()
     raise ClientClosedRequest("The client closed the connection before the answer was ready.")
 

@@ -8,7 +8,7 @@ from sqlalchemy import select
 
 from modelhost.auth.principal import ADMIN, Principal, PrincipalKind
 from modelhost.auth.secrets import hash_secret, looks_like_secret
-from modelhost.cache import TTLCache
+from modelhost.cache import SingleFlight, TTLCache
 from modelhost.errors import InvalidAPIKey
 from modelhost.store.db import Database
 from modelhost.store.models import ApiKey
@@ -32,6 +32,7 @@ class Authenticator:
         self._database = database
         self._admin_key = admin_key
         self.cache = cache
+        self.loads: SingleFlight[Principal | None] = SingleFlight()
 
     def cached(self, token: str) -> tuple[bool, Principal | None]:
         """A lookup that never touches the database: (known, principal)."""

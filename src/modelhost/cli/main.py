@@ -54,9 +54,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Run the gateway (applies database migrations first). Ctrl-C / SIGTERM shut it down cleanly."""
-    import uvicorn
-
-    from modelhost.api.app import create_app
+    from modelhost.api.app import make_server
     from modelhost.config import get_settings
 
     settings = get_settings()
@@ -64,13 +62,7 @@ def serve(
         out.print(
             "[yellow]MODELHOST_ADMIN_KEY is not set: admin routes (account creation) are disabled.[/yellow]"
         )
-    uvicorn.run(
-        create_app(settings),
-        host=host or settings.host,
-        port=port or settings.port,
-        log_level=log_level,
-        timeout_graceful_shutdown=30,
-    )
+    make_server(settings, host or settings.host, port or settings.port, log_level).run()
 
 
 @app.command()

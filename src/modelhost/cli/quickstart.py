@@ -26,17 +26,12 @@ STATE_FILE = "quickstart.json"
 
 
 def run_quickstart(settings: Settings, host: str, port: int) -> None:
-    import uvicorn
-
-    from modelhost.api.app import create_app
+    from modelhost.api.app import make_server
 
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     admin_key = settings.admin_key_value
     assert admin_key is not None
-    config = uvicorn.Config(
-        create_app(settings), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30
-    )
-    server = uvicorn.Server(config)
+    server = make_server(settings, host, port, "warning")
     helper = threading.Thread(target=_prepare_demo, args=(settings, url, admin_key, server), daemon=True)
     helper.start()
     server.run()

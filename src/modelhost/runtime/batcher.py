@@ -1,9 +1,10 @@
 """Dynamic batching: one bounded queue per deployment, drained into model calls.
 
 Requests wait in a queue; whenever a replica slot is free, the loop takes up to `max_batch`
-waiting items (waiting at most `max_wait` for more once the first arrives) and dispatches them as
-one batch. Results come back in order to each caller's future. A full queue refuses at once (429),
-a caller that gives up (timeout, disconnect) has its queued item dropped before it reaches a model.
+waiting items and dispatches them as one batch. When nothing is running it sends at once (waiting
+would only add latency); while other batches run it waits at most `max_wait` for more. Results
+come back in order to each caller's future. A full queue refuses at once (429), a caller that gives
+up (timeout, disconnect) has its queued item dropped before it reaches a model.
 """
 
 from __future__ import annotations
@@ -111,7 +112,9 @@ class Batcher:
         while not self._queue:
             self._arrived.clear()
             await self._arrived.wait()
-        if len(self._queue) < self.max_batch and self.max_wait > 0:
+        # An idle replica gains nothing from waiting: send at once. While batches are running,
+        # gather up to `max_wait` more so the next model call is a full one.
+        if self._running and len(self._queue) < self.max_batch and self.max_wait > 0:
             deadline = time.perf_counter() + self.max_wait
             while len(self._queue) < self.max_batch:
                 remaining = deadline - time.perf_counter()

@@ -1,4 +1,4 @@
-"""`Replica` backed by a local worker process, spoken to over a ZeroMQ PAIR socket (IPC)."""
+"""`Replica` backed by a local worker process, spoken to over a Unix socketpair."""
 
 from __future__ import annotations
 
@@ -6,15 +6,12 @@ import asyncio
 import itertools
 import logging
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
-import zmq
-import zmq.asyncio
-
-from modelhost.runtime.channel import pack, unpack
+from modelhost.runtime.channel import frame, read_message
 from modelhost.runtime.memory import rss_bytes
 from modelhost.runtime.replica import ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
 
@@ -34,18 +31,17 @@ class LocalProcessReplica:
     def __init__(
         self,
         spec: ReplicaSpec,
-        socket_dir: Path,
         on_exit: Callable[[LocalProcessReplica], None],
         load_timeout: float,
         warmup: bool = False,
     ) -> None:
         self.spec = spec
         self.name = f"{spec.deployment_id}-{next(_ids)}"
-        self._address = f"ipc://{socket_dir / self.name}.sock"
         self._on_exit = on_exit
         self._load_timeout = load_timeout
         self._warmup = warmup
-        self._sock: zmq.asyncio.Socket | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
         self._process: asyncio.subprocess.Process | None = None
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -64,12 +60,11 @@ class LocalProcessReplica:
 
     async def load(self) -> None:
         """Start the worker and wait until it reports its model loaded (or why it could not)."""
-        self._sock = zmq.asyncio.Context.instance().socket(zmq.PAIR)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.bind(self._address)
+        ours, theirs = socket.socketpair()
         args = [
             "-m", "modelhost.runtime.worker",
-            "--socket", self._address,
+            "--replica", self.name,  # so that `ps` shows which deployment a worker serves
+            "--fd", str(theirs.fileno()),
             "--pipeline", self.spec.pipeline,
             "--model-dir", str(self.spec.model_dir),
             "--threads", str(self.spec.threads),
@@ -77,28 +72,32 @@ class LocalProcessReplica:
         ]  # fmt: skip
         if self._warmup:
             args.append("--warmup")
-        self._process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            env={**os.environ, **WORKER_ENV},
-        )
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, **WORKER_ENV},
+                pass_fds=(theirs.fileno(),),
+            )
+        finally:
+            theirs.close()  # the worker holds its end now; ours alone tells it we are alive
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=ours)
         self._tasks.append(asyncio.create_task(self._watch()))
-        first: asyncio.Future[bytes] = asyncio.ensure_future(self._recv())
+        first: asyncio.Future[dict[str, Any]] = asyncio.ensure_future(read_message(self._reader))
         exited: asyncio.Future[Any] = asyncio.ensure_future(self._exited.wait())
         done, _ = await asyncio.wait(
             [first, exited], timeout=self._load_timeout, return_when=asyncio.FIRST_COMPLETED
         )
         exited.cancel()
-        if first not in done:
+        if first not in done or first.exception() is not None:
+            gone = self._exited.is_set() or first in done  # end-of-file: the worker died
             first.cancel()
             await self.unload()
             raise ReplicaLoadFailed(
-                "the worker exited while loading"
-                if self._exited.is_set()
-                else "timed out while loading the model"
+                "the worker exited while loading" if gone else "timed out while loading the model"
             )
-        message = unpack(first.result())
+        message = first.result()
         if message["op"] != "ready":
             await self.unload()
             raise ReplicaLoadFailed(str(message.get("reason", "unknown load failure")))
@@ -106,13 +105,14 @@ class LocalProcessReplica:
         self._tasks.append(asyncio.create_task(self._read_replies()))
 
     async def submit(self, batch: list[Any]) -> list[Any]:
-        if not self.alive or self._sock is None:
+        if not self.alive or self._writer is None:
             raise ReplicaDied("the replica is not running")
         request_id = next(self._request_ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
-            await self._sock.send(pack({"op": "run", "id": request_id, "batch": batch}))
+            self._writer.write(frame({"op": "run", "id": request_id, "batch": batch}))
+            await self._writer.drain()
             reply = await future
         finally:
             self._pending.pop(request_id, None)
@@ -135,17 +135,17 @@ class LocalProcessReplica:
         process = self._process
         if process is not None and process.returncode is None:
             try:
-                if self._sock is not None:
-                    await self._sock.send(pack({"op": "stop"}), flags=zmq.NOBLOCK)
+                if self._writer is not None:
+                    self._writer.write(frame({"op": "stop"}))  # buffered: never blocks here
                 await asyncio.wait_for(process.wait(), timeout=5)
-            except (TimeoutError, zmq.ZMQError):
+            except (TimeoutError, ConnectionError):
                 process.kill()
                 await process.wait()
         for task in self._tasks:
             task.cancel()
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = self._reader = None
         self._fail_pending(ReplicaDied("the replica was unloaded"))
 
     def stats(self) -> ReplicaStats:
@@ -160,14 +160,13 @@ class LocalProcessReplica:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    async def _recv(self) -> bytes:
-        assert self._sock is not None
-        data: bytes = await self._sock.recv()
-        return data
-
     async def _read_replies(self) -> None:
+        assert self._reader is not None
         while True:
-            message = unpack(await self._recv())
+            try:
+                message = await read_message(self._reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return  # the worker is gone: `_watch` fails what is pending
             future = self._pending.get(message.get("id", -1))
             if future is not None and not future.done():
                 future.set_result(message)

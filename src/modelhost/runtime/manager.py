@@ -13,10 +13,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from modelhost.config import Settings
@@ -205,7 +203,6 @@ class ReplicaManager:
         self._specs = specs
         self._hot_specs = hot_specs
         self._runtimes: dict[str, DeploymentRuntime] = {}
-        self._socket_dir = Path(tempfile.mkdtemp(prefix="mh-sock-"))
         self.background: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self.load_guard: Callable[[str], None] | None = None
@@ -227,7 +224,6 @@ class ReplicaManager:
         )
         return LocalProcessReplica(
             spec,
-            self._socket_dir,
             on_exit=runtime.on_replica_exit,
             load_timeout=self.settings.load_timeout_seconds,
             warmup=runtime.spec.readiness == "hot",

@@ -1,27 +1,23 @@
-"""A replica worker process: owns one model, answers batches from its gateway over ZeroMQ.
+"""A replica worker process: owns one model, answers batches from its gateway over a socketpair.
 
-Started by `LocalProcessReplica` as `python -m modelhost.runtime.worker`. It exits when asked to,
-when its socket peer is gone, or when the gateway process dies (PR_SET_PDEATHSIG), so no worker
-outlives its gateway.
+Started by `LocalProcessReplica` as `python -m modelhost.runtime.worker --fd N`. It exits when
+asked to, when its end of the socketpair reads end-of-file, or when the gateway process dies
+(PR_SET_PDEATHSIG), so no worker outlives its gateway.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import signal
+import socket
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-import zmq
-
-from modelhost.runtime.channel import pack, unpack
-
-POLL_MS = 1000
+from modelhost.runtime.channel import recv_message, send_message
 
 
 def _die_with_parent() -> None:
@@ -35,32 +31,29 @@ def _die_with_parent() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="modelhost replica worker (started by the gateway)")
-    parser.add_argument("--socket", required=True)
+    parser.add_argument("--replica", default="", help="replica name (<deployment id>-<n>), for `ps`")
+    parser.add_argument("--fd", required=True, type=int, help="this worker's end of the socketpair")
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--model-dir", required=True, type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--warmup", action="store_true")
     args = parser.parse_args(argv)
-    parent = os.getppid()
     _die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
-    context = zmq.Context()
-    sock = context.socket(zmq.PAIR)
-    sock.setsockopt(zmq.LINGER, 1000)
-    sock.connect(args.socket)
+    sock = socket.socket(fileno=args.fd)
     started = time.perf_counter()
     try:
         handler, model = _load(args)
         if args.warmup:
             handler.run(model, [handler.warmup_item()])
     except Exception as exc:  # the loader's reason goes back to the gateway
-        sock.send(pack({"op": "failed", "reason": f"{type(exc).__name__}: {exc}"}))
+        send_message(sock, {"op": "failed", "reason": f"{type(exc).__name__}: {exc}"})
         traceback.print_exc()
         return 1
-    sock.send(pack({"op": "ready", "load_seconds": time.perf_counter() - started}))
-    return _serve(sock, handler, model, parent)
+    send_message(sock, {"op": "ready", "load_seconds": time.perf_counter() - started})
+    return _serve(sock, handler, model)
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -77,24 +70,21 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     return handler, handler.load(args.model_dir, pick_device(args.device))
 
 
-def _serve(sock: zmq.Socket[bytes], handler: Any, model: Any, parent: int) -> int:
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
+def _serve(sock: socket.socket, handler: Any, model: Any) -> int:
     while True:
-        if not poller.poll(POLL_MS):
-            if os.getppid() != parent:
-                return 0
-            continue
-        message = unpack(sock.recv())
-        if message["op"] == "stop":
+        message = recv_message(sock)
+        if message is None or message["op"] == "stop":
             return 0
         if message["op"] == "run":
             try:
-                outputs = handler.run(model, message["batch"])
-                sock.send(pack({"id": message["id"], "outputs": outputs}))
+                reply = {"id": message["id"], "outputs": handler.run(model, message["batch"])}
             except Exception as exc:
                 traceback.print_exc()
-                sock.send(pack({"id": message["id"], "error": f"{type(exc).__name__}: {exc}"}))
+                reply = {"id": message["id"], "error": f"{type(exc).__name__}: {exc}"}
+            try:
+                send_message(sock, reply)
+            except OSError:  # the gateway is gone
+                return 0
 
 
 if __name__ == "__main__":

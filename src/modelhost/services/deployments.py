@@ -10,7 +10,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from modelhost.cache import TTLCache
+from modelhost.cache import SingleFlight, TTLCache
 from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.routing import DeploymentRef
 from modelhost.store.db import Database
@@ -57,6 +57,7 @@ class DeploymentService:
         # Routing reads an account's deployments on every inference request: cache them briefly,
         # and forget them whenever this gateway changes a deployment.
         self._refs_cache = refs_cache
+        self.ref_loads: SingleFlight[list[DeploymentRef]] = SingleFlight()
 
     def runtime_spec(self, deployment_id: str) -> DeploymentSpec | None:
         """The runtime's view of a deployment (None once deleted)."""
