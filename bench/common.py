@@ -35,6 +35,21 @@ class Served:
             self.process.kill()
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def cpu_seconds(self) -> tuple[float, float]:
+        """(gateway, its worker processes) CPU seconds so far, from /proc."""
+        children = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True
+        ).stdout.split()
+        return _cpu_seconds(self.process.pid), sum(_cpu_seconds(int(pid)) for pid in children)
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 
 def serve(port: int, **env: str) -> Served:
     """Start `modelhost serve` on a fresh SQLite data dir and create an account."""

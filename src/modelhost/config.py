@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     batches_in_flight_per_replica: int = Field(
         default=1,
         ge=1,
-        description="Batches sent to a replica before it answers (2+ pipelines; helps GPUs, not 2-core CPUs).",
+        description="Batches sent to a replica before it answers (2+ pipeline them: good on GPUs).",
     )
     request_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Queue + inference time before 504."
@@ -89,6 +89,28 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(
         default=60.0, gt=0, description="How often expired work is cleaned up."
     )
+    # ---------------------------------------------------------------- media inputs (docs/media.md)
+    media_root: Path | None = Field(
+        default=None,
+        description="Local media paths (video `inputs`) are read only below this directory; unset: refused.",
+    )
+    media_allow_networks: list[str] = Field(
+        default_factory=list,
+        description="CIDRs that remote media URLs may reach although private/loopback (e.g. 10.0.0.0/8).",
+    )
+    media_max_bytes: int = Field(
+        default=50 * 1024 * 1024, ge=1, description="Largest media file fetched, decoded or read."
+    )
+    media_fetch_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest wait for a remote media file (a request's `timeout` is capped by it).",
+    )
+    media_max_redirects: int = Field(default=5, ge=0, description="Redirects followed when fetching media.")
+    media_max_pixels: int = Field(
+        default=40_000_000, ge=1, description="Largest image (width × height) decoded: refuses pixel bombs."
+    )
+    media_max_seconds: float = Field(default=600.0, gt=0, description="Longest audio or video decoded.")
 
     @model_validator(mode="after")
     def _default_database_url(self) -> Settings:

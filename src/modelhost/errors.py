@@ -36,6 +36,13 @@ class InvalidRequest(ModelhostError):
     code = "invalid_request"
 
 
+class InvalidMedia(InvalidRequest):
+    """An image, audio or video input that cannot be read: bad base64, not decodable, too large,
+    a URL to a private address, a path outside the media root..."""
+
+    code = "invalid_media"
+
+
 class EndpointNotSupported(ModelhostError):
     status_code = 400
     error_type = "invalid_request_error"
