@@ -1,0 +1,172 @@
+"""Turning a media reference from a request into bytes: base64, data URI, http(s) URL or local path.
+
+This is the only place the gateway reads media, so the rules are the same for every endpoint: the
+size limit applies before decoding base64 or reading a file, URLs go through the SSRF checks of
+`fetch`, and local paths (video inputs only) are confined to the operator's media root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelhost.config import Settings
+from modelhost.errors import InvalidMedia
+from modelhost.media.fetch import FetchPolicy, fetch_url
+
+# Suffixes that make a scheme-less value a path rather than base64 (base64 never contains ".").
+MEDIA_SUFFIXES = frozenset(
+    {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ogv", ".gif", ".flv", ".wmv"}
+    | {".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".m4a", ".aac"}
+    | {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"}
+)
+PATH_MAX = 4096  # longer values are payloads, not paths
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_DATA_URI = re.compile(r"^data:(?P<mime>[^,]*?)(?P<base64>;base64)?,", re.IGNORECASE)
+_WHITESPACE = str.maketrans("", "", " \t\r\n\f\v")
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """Limits for reading media references; built per request from the settings."""
+
+    fetch: FetchPolicy
+    media_root: Path | None
+    max_bytes: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MediaPolicy:
+        return cls(
+            fetch=FetchPolicy.from_settings(settings),
+            media_root=settings.media_root,
+            max_bytes=settings.media_max_bytes,
+        )
+
+
+async def load_media(
+    value: str, policy: MediaPolicy, *, param: str, timeout: float | None, allow_paths: bool = False
+) -> bytes:
+    """The bytes `value` refers to, or InvalidMedia naming `param` (the request field).
+
+    `allow_paths` is for video inputs, which follow the transformers pipeline in accepting file paths;
+    such paths are read only below MODELHOST_MEDIA_ROOT.
+    """
+    text = value.strip()
+    if not text:
+        raise InvalidMedia(f"`{param}` is empty", param=param)
+    scheme = _SCHEME.match(text)
+    if scheme is None:
+        if allow_paths and _looks_like_path(text):
+            return await asyncio.to_thread(read_local, text, policy, param=param)
+        return decode_base64(text, param=param, max_bytes=policy.max_bytes)
+    name = scheme.group(1).lower()
+    if name == "data":
+        return _decode_data_uri(text, param=param, max_bytes=policy.max_bytes)
+    if name in ("http", "https"):
+        return await fetch_url(text, policy.fetch, timeout=timeout, param=param)
+    raise InvalidMedia(
+        f"Unsupported scheme {name!r} in `{param}`: send base64, a data URI or an http(s) URL", param=param
+    )
+
+
+def _looks_like_path(text: str) -> bool:
+    # JPEG base64 starts with "/9j/", so a leading "/" alone would misread payloads: paths are short.
+    if len(text) > PATH_MAX or "\n" in text:
+        return False
+    return text.startswith(("/", "./", "../")) or Path(text).suffix.lower() in MEDIA_SUFFIXES
+
+
+def _decode_data_uri(text: str, *, param: str, max_bytes: int) -> bytes:
+    match = _DATA_URI.match(text)
+    if match is None or match.group("base64") is None:
+        raise InvalidMedia(
+            f"`{param}` is not a base64 data URI (expected data:<mime type>;base64,<payload>)", param=param
+        )
+    return decode_base64(text[match.end() :], param=param, max_bytes=max_bytes)
+
+
+def decode_base64(value: str, *, param: str, max_bytes: int) -> bytes:
+    """Strict standard base64 (padding required, whitespace ignored), refused before decoding if
+    the result would pass `max_bytes`, so an oversized payload costs no decoding work."""
+    # Whitespace cannot more than double a payload (one newline per 76 characters is usual).
+    if len(value) > 2 * _encoded_length(max_bytes):
+        raise _too_large(param, max_bytes)
+    compact = value.translate(_WHITESPACE)
+    if not compact:
+        raise InvalidMedia(f"`{param}` is empty", param=param)
+    if len(compact) // 4 * 3 - compact[-2:].count("=") > max_bytes:
+        raise _too_large(param, max_bytes)
+    try:
+        return base64.b64decode(compact.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        raise InvalidMedia(
+            f"`{param}` is not valid base64 (nor a data URI or an http(s) URL)", param=param
+        ) from None
+
+
+def _encoded_length(size: int) -> int:
+    return (size + 2) // 3 * 4
+
+
+def _too_large(param: str, max_bytes: int) -> InvalidMedia:
+    return InvalidMedia(f"Media in `{param}` is too large (limit {max_bytes} bytes)", param=param)
+
+
+def read_local(path: str, policy: MediaPolicy, *, param: str) -> bytes:
+    """A regular file below the media root; relative paths are relative to the root.
+
+    The resolved path (symlinks followed) must stay inside the resolved root, so neither `..` nor a
+    symlink can lead out of it. Opening with O_NOFOLLOW and checking the open file closes the gap
+    of the last component being swapped for a symlink after the check.
+    """
+    if policy.media_root is None:
+        raise InvalidMedia(
+            f"`{param}`: local paths are disabled: the operator has not set MODELHOST_MEDIA_ROOT", param=param
+        )
+    try:
+        root = os.path.realpath(policy.media_root)
+        resolved = os.path.realpath(os.path.join(root, path))
+        inside = os.path.commonpath([root, resolved]) == root
+    except ValueError:  # NUL bytes and the like
+        raise InvalidMedia(f"`{param}` is not a valid path", param=param) from None
+    if not inside:
+        raise InvalidMedia(f"`{param}`: the path is outside the media root", param=param)
+    return _read_regular_file(resolved, policy.max_bytes, param=param)
+
+
+def _read_regular_file(path: str, max_bytes: int, *, param: str) -> bytes:
+    try:
+        # O_NONBLOCK: opening a FIFO must not hang the thread; regular files ignore the flag.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InvalidMedia(f"`{param}`: no such file under the media root", param=param) from None
+    except OSError as exc:
+        raise InvalidMedia(f"`{param}`: the file cannot be read ({exc.strerror})", param=param) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidMedia(f"`{param}` is not a regular file", param=param)
+        if info.st_size > max_bytes:
+            raise _too_large(param, max_bytes)
+        data = _read_fd(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # the file grew since fstat
+        raise _too_large(param, max_bytes)
+    return data
+
+
+def _read_fd(fd: int, limit: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < limit:
+        chunk = os.read(fd, min(limit - len(chunks), 1 << 20))
+        if not chunk:
+            break
+        chunks += chunk
+    return bytes(chunks)
