@@ -58,9 +58,13 @@ async def new_deployment(
 
 
 def assert_error(
-    response: httpx.Response, status: int, code: str | None = None, type_: str | None = None
+    response: httpx.Response,
+    status: int,
+    code: str | None = None,
+    type_: str | None = None,
+    param: str | None = None,
 ) -> dict[str, Any]:
-    """The one error body, with the expected status (and code / type when given)."""
+    """The one error body, with the expected status (and code / type / param when given)."""
     assert response.status_code == status, (response.status_code, response.text)
     body = response.json()
     assert set(body) == {"error"}, body
@@ -71,6 +75,8 @@ def assert_error(
         assert error["code"] == code, error
     if type_ is not None:
         assert error["type"] == type_, error
+    if param is not None:
+        assert error["param"] == param, error
     return error
 
 
@@ -99,3 +105,30 @@ async def push_folder(
     assert completed.status_code == 200, completed.text
     body: dict[str, Any] = completed.json()
     return body
+
+
+def push_folder_sync(http: Any, key: str, folder: Any, pipeline: str) -> str:
+    """Upload a folder through the real protocol with a sync client; returns the ready artifact's id."""
+    from pathlib import Path
+
+    headers = bearer(key)
+    art = http.post(
+        "/v1/model-artifacts", json={"display_name": Path(folder).name, "pipeline": pipeline}, headers=headers
+    )
+    upload_id = http.post(f"/v1/model-artifacts/{art.json()['id']}/uploads", headers=headers).json()[
+        "upload_id"
+    ]
+    base = f"/v1/model-artifacts/{art.json()['id']}/uploads/{upload_id}"
+    for file in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        assert (
+            http.put(
+                f"{base}/files/{file.relative_to(Path(folder)).as_posix()}",
+                content=file.read_bytes(),
+                headers=headers,
+            ).status_code
+            == 200
+        )
+    done = http.post(f"{base}/complete", headers=headers, timeout=120).json()
+    assert done["artifact"]["status"] == "ready", done
+    artifact_id: str = done["artifact"]["id"]
+    return artifact_id

@@ -13,36 +13,11 @@ import pytest
 from openai import OpenAI
 
 from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, assert_error, bearer
+from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.live import live_server
 
 Json = dict[str, Any]
 SENTENCES = ["A man is playing a guitar.", "The weather is lovely today.", "Paris is the capital of France."]
-
-
-def push_sync(http: httpx.Client, key: str, folder: Path, pipeline: str) -> str:
-    """Upload a folder through the real protocol; returns the ready artifact's id."""
-    headers = bearer(key)
-    art = http.post(
-        "/v1/model-artifacts", json={"display_name": folder.name, "pipeline": pipeline}, headers=headers
-    )
-    upload_id = http.post(f"/v1/model-artifacts/{art.json()['id']}/uploads", headers=headers).json()[
-        "upload_id"
-    ]
-    base = f"/v1/model-artifacts/{art.json()['id']}/uploads/{upload_id}"
-    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
-        assert (
-            http.put(
-                f"{base}/files/{file.relative_to(folder).as_posix()}",
-                content=file.read_bytes(),
-                headers=headers,
-            ).status_code
-            == 200
-        )
-    done = http.post(f"{base}/complete", headers=headers, timeout=120).json()
-    assert done["artifact"]["status"] == "ready", done
-    artifact_id: str = done["artifact"]["id"]
-    return artifact_id
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +28,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, minilm_dir: Path) -> Iterat
         key = http.post("/v1/admin/accounts", json={"name": "emb"}, headers=bearer(ADMIN_KEY)).json()[
             "api_key"
         ]
-        artifact_id = push_sync(http, key, minilm_dir, "feature-extraction")
+        artifact_id = push_folder_sync(http, key, minilm_dir, "feature-extraction")
         created = http.post(
             "/v1/deployments",
             json={"model": "minilm", "artifact_id": artifact_id, "readiness": "warm"},

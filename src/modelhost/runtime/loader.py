@@ -43,3 +43,38 @@ def load_tokenizer(model_dir: Path) -> Any:
 
 def is_sentence_transformer(model_dir: Path) -> bool:
     return (model_dir / "modules.json").is_file()
+
+
+def load_pipeline(task: str, model_dir: Path, device: str) -> Any:
+    """A transformers pipeline over local files (its own pre- and post-processing, our loading rules).
+
+    A local folder never reaches the hub, and workers run with `HF_HUB_OFFLINE=1` besides (the
+    pipeline passes its own `local_files_only`, so we cannot)."""
+    import transformers
+
+    build: Any = transformers.pipeline  # typed per task literal; ours is a runtime string
+    return build(task, model=str(model_dir), device=device, trust_remote_code=False)
+
+
+def load_architecture(model_dir: Path, device: str) -> Any:
+    """The class named by `config.json`'s `architectures` (inspection checked it serves the pipeline)."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(str(model_dir), **SAFE_LOAD)
+    name = (config.architectures or [""])[0]
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        raise ValueError(f"transformers has no class {name!r}")
+    return cls.from_pretrained(str(model_dir), **SAFE_LOAD).to(device).eval()
+
+
+def load_image_processor(model_dir: Path) -> Any:
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(str(model_dir), **SAFE_LOAD)  # type: ignore[no-untyped-call]
+
+
+def load_processor(model_dir: Path) -> Any:
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(model_dir), **SAFE_LOAD)  # type: ignore[no-untyped-call]

@@ -70,7 +70,7 @@ class DeploymentRuntime:
         self.last_used = time.monotonic()
         if "error" in output:
             error = output["error"]
-            raise InvalidRequest(str(error.get("message")), param=error.get("param"))
+            raise InvalidRequest(str(error.get("message")), param=error.get("param"), code=error.get("code"))
         return output
 
     async def _dispatch(self, batch: list[Any]) -> list[Any]:

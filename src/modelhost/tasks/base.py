@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from modelhost.errors import ModelhostError
+
 
 class TaskHandler(Protocol):
     """Runs inside a replica worker. Items and outputs are msgpack-able dicts.
@@ -18,5 +20,28 @@ class TaskHandler(Protocol):
     def warmup_item(self) -> dict[str, Any]: ...
 
 
-def item_error(message: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "param": param}}
+def item_error(message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "param": param, "code": code}}
+
+
+def error_of(exc: ModelhostError) -> dict[str, Any]:
+    """A client error raised while preparing one item (bad media, bad parameter) as its output."""
+    return item_error(exc.message, exc.param, exc.code)
+
+
+def param_name(field: str, index: int, count: int) -> str:
+    """`image` for a single input, `image[2]` for the third of a list: what error bodies name."""
+    return field if count == 1 else f"{field}[{index}]"
+
+
+def options_key(item: dict[str, Any], fields: tuple[str, ...]) -> tuple[Any, ...]:
+    """Items whose options are equal can share one model call."""
+    return tuple(repr(item.get(f)) for f in fields)
+
+
+def grouped(batch: list[dict[str, Any]], fields: tuple[str, ...]) -> dict[tuple[Any, ...], list[int]]:
+    """Indices of the batch's items grouped by the options in `fields`, in order of first appearance."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, item in enumerate(batch):
+        groups.setdefault(options_key(item, fields), []).append(index)
+    return groups

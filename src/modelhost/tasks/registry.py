@@ -12,6 +12,15 @@ from modelhost.tasks.base import TaskHandler
 
 HANDLERS: dict[str, str] = {
     "feature-extraction": "modelhost.tasks.feature_extraction:FeatureExtraction",
+    "token-classification": "modelhost.tasks.text:TokenClassification",
+    "fill-mask": "modelhost.tasks.text:FillMask",
+    "zero-shot-image-classification": "modelhost.tasks.vision:ZeroShotImageClassification",
+    "image-feature-extraction": "modelhost.tasks.vision:ImageFeatureExtraction",
+    "image-segmentation": "modelhost.tasks.vision:ImageSegmentation",
+    "image-to-text": "modelhost.tasks.vision:ImageToText",
+    "visual-question-answering": "modelhost.tasks.vision:VisualQuestionAnswering",
+    "audio-classification": "modelhost.tasks.signals:AudioClassification",
+    "video-classification": "modelhost.tasks.signals:VideoClassification",
 }
 
 

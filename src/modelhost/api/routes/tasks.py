@@ -1,0 +1,314 @@
+"""Hugging Face-style task endpoints (api.md §4.1, §4.4–§4.11): parse → fetch media → worker → shape.
+
+Every route: pick the deployment (routing decides "Endpoint not supported" before any work), read
+media references into bytes (base64, data URIs, URLs, local paths: `modelhost.media`), send one item
+to the deployment's batcher, and answer a single result for a single input or a list for a list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Request, Response
+
+from modelhost.api.deps import CallerPrincipal, deployment_for, get_services, run_inference
+from modelhost.api.errors import error_responses
+from modelhost.media.sources import MediaPolicy, load_media
+from modelhost.protocol import tasks as p
+from modelhost.tasks.base import param_name
+
+router = APIRouter(tags=["tasks"], responses=error_responses(400, 401, 404, 413, 429, 503, 504))
+
+IMAGE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+
+
+def _examples(request: dict[str, Any], response: Any) -> dict[str, Any]:
+    """OpenAPI extras: an example request body and an example 200 answer for /docs."""
+    return {
+        "openapi_extra": {"requestBody": {"content": {"application/json": {"example": request}}}},
+        "responses": {200: {"content": {"application/json": {"example": response}}}},
+    }
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _answer(given: Any, results: list[Any]) -> Response:
+    """One result for one input, the list of results for a list of inputs."""
+    return Response(
+        orjson.dumps(results if isinstance(given, list) else results[0]), media_type="application/json"
+    )
+
+
+def _limits(request: Request) -> dict[str, float]:
+    settings = get_services(request).settings
+    return {"max_pixels": settings.media_max_pixels, "max_seconds": settings.media_max_seconds}
+
+
+async def _media(
+    request: Request, values: list[str], field: str, timeout: float | None, allow_paths: bool = False
+) -> list[bytes]:
+    """Read every media reference of a request concurrently; the first bad one answers 400."""
+    policy = MediaPolicy.from_settings(get_services(request).settings)
+    return list(
+        await asyncio.gather(
+            *(
+                load_media(
+                    v,
+                    policy,
+                    param=param_name(field, i, len(values)),
+                    timeout=timeout,
+                    allow_paths=allow_paths,
+                )
+                for i, v in enumerate(values)
+            )
+        )
+    )
+
+
+async def _run(
+    request: Request, principal: CallerPrincipal, model: str | None, item: dict[str, Any]
+) -> list[Any]:
+    deployment = await deployment_for(request, principal, model)
+    output = await run_inference(request, deployment.id, item)
+    results: list[Any] = output["results"]
+    return results
+
+
+@router.post(
+    "/v1/classifications/token",
+    summary="Token classification (named entities): a list of entities per input",
+    response_model=list[p.Entity] | list[list[p.Entity]],
+    **_examples(
+        {"model": "ner", "inputs": "my name is sarah", "aggregation_strategy": "simple"},
+        [{"entity": "PER", "entity_group": "PER", "score": 0.98, "word": "sarah", "start": 11, "end": 16}],
+    ),
+)
+async def token_classification(
+    body: p.TokenClassificationRequest, request: Request, principal: CallerPrincipal
+) -> Response:
+    item = {"inputs": _as_list(body.inputs), "aggregation_strategy": body.aggregation_strategy}
+    return _answer(body.inputs, await _run(request, principal, body.model, item))
+
+
+@router.post(
+    "/v1/fill-mask",
+    summary="Fill the mask token: candidate words with scores",
+    response_model=list[p.MaskFill] | list[list[p.MaskFill]],
+    **_examples(
+        {"model": "bert", "inputs": "paris is the [MASK] of france", "top_k": 1},
+        [
+            {
+                "sequence": "paris is the capital of france",
+                "score": 0.91,
+                "token": 3007,
+                "token_str": "capital",
+            }
+        ],
+    ),
+)
+async def fill_mask(body: p.FillMaskRequest, request: Request, principal: CallerPrincipal) -> Response:
+    item = {"inputs": _as_list(body.inputs), "targets": body.targets, "top_k": body.top_k}
+    return _answer(body.inputs, await _run(request, principal, body.model, item))
+
+
+@router.post(
+    "/v1/classifications/zero-shot/image",
+    summary="Zero-shot image classification against candidate labels",
+    response_model=list[p.LabelScore] | list[list[p.LabelScore]],
+    **_examples(
+        {"model": "clip", "image": IMAGE, "candidate_labels": ["cat", "dog"]},
+        [{"label": "cat", "score": 0.93}, {"label": "dog", "score": 0.07}],
+    ),
+)
+async def zero_shot_image(
+    body: p.ZeroShotImageRequest, request: Request, principal: CallerPrincipal
+) -> Response:
+    deployment = await deployment_for(request, principal, body.model)
+    item = {
+        "images": await _media(request, _as_list(body.image), "image", body.timeout),
+        "limits": _limits(request),
+        "candidate_labels": body.candidate_labels,
+        "hypothesis_template": body.hypothesis_template,
+    }
+    output = await run_inference(request, deployment.id, item)
+    return _answer(body.image, output["results"])
+
+
+@router.post(
+    "/v1/classifications/video",
+    summary="Video classification: top labels per video",
+    response_model=list[p.LabelScore] | list[list[p.LabelScore]],
+    **_examples(
+        {"model": "videomae", "inputs": "https://example.com/clip.mp4", "top_k": 2},
+        [{"label": "running", "score": 0.71}, {"label": "walking", "score": 0.2}],
+    ),
+)
+async def video_classification(
+    body: p.VideoClassificationRequest, request: Request, principal: CallerPrincipal
+) -> Response:
+    deployment = await deployment_for(request, principal, body.model)
+    item = {
+        "videos": await _media(request, _as_list(body.inputs), "inputs", body.timeout, allow_paths=True),
+        "limits": _limits(request),
+        "top_k": body.top_k,
+        "num_frames": body.num_frames,
+        "frame_sampling_rate": body.frame_sampling_rate,
+        "function_to_apply": body.function_to_apply,
+    }
+    output = await run_inference(request, deployment.id, item)
+    return _answer(body.inputs, output["results"])
+
+
+@router.post(
+    "/v1/classifications/audio",
+    summary="Audio classification: top labels per clip",
+    response_model=list[p.LabelScore] | list[list[p.LabelScore]],
+    **_examples(
+        {"model": "keywords", "inputs": {"array": [0.0, 0.1, -0.1], "sampling_rate": 16000}, "top_k": 2},
+        [{"label": "yes", "score": 0.8}, {"label": "no", "score": 0.1}],
+    ),
+)
+async def audio_classification(
+    body: p.AudioClassificationRequest, request: Request, principal: CallerPrincipal
+) -> Response:
+    deployment = await deployment_for(request, principal, body.model)
+    several = isinstance(body.inputs, list) and not (body.inputs and isinstance(body.inputs[0], float | int))
+    clips: list[Any] = list(body.inputs) if several else [body.inputs]
+    item = {
+        "audios": await _audios(request, clips, body.timeout),
+        "limits": _limits(request),
+        "top_k": body.top_k,
+        "function_to_apply": body.function_to_apply,
+    }
+    output = await run_inference(request, deployment.id, item)
+    results: list[Any] = output["results"]
+    return Response(orjson.dumps(results if several else results[0]), media_type="application/json")
+
+
+async def _audios(request: Request, clips: list[Any], timeout: float | None) -> list[dict[str, Any]]:
+    """Sample arrays as raw float32 (with their rate: arrays without one are at the model's rate)."""
+    audios: list[dict[str, Any]] = []
+    for index, clip in enumerate(clips):
+        if isinstance(clip, str):
+            [data] = await _media(request, [clip], param_name("inputs", index, len(clips)), timeout)
+            audios.append({"bytes": data})
+        elif isinstance(clip, p.AudioDescriptor):
+            samples = clip.array if clip.array is not None else clip.raw
+            audios.append({"samples": _float32(samples), "sampling_rate": clip.sampling_rate})
+        else:
+            audios.append({"samples": _float32(clip), "sampling_rate": None})
+    return audios
+
+
+def _float32(samples: Any) -> bytes:
+    return np.asarray(samples, dtype="<f4").tobytes()
+
+
+@router.post(
+    "/v1/images/segmentation",
+    summary="Image segmentation: base64 PNG masks with scores (a list of these for a list of images)",
+    response_model=p.Segmentation | list[p.Segmentation],
+    **_examples(
+        {"model": "segformer", "inputs": IMAGE, "subtask": "semantic"},
+        {"masks": ["iVBORw0KGgo..."], "scores": [None], "labels": ["cat"]},
+    ),
+)
+async def image_segmentation(
+    body: p.ImageSegmentationRequest, request: Request, principal: CallerPrincipal
+) -> Response:
+    deployment = await deployment_for(request, principal, body.model)
+    item = {
+        "images": await _media(request, _as_list(body.inputs), "inputs", body.timeout),
+        "limits": _limits(request),
+        "subtask": body.subtask,
+        "threshold": body.threshold,
+        "mask_threshold": body.mask_threshold,
+        "overlap_mask_area_threshold": body.overlap_mask_area_threshold,
+    }
+    output = await run_inference(request, deployment.id, item)
+    return _answer(body.inputs, output["results"])
+
+
+@router.post(
+    "/v1/question-answering/visual",
+    summary="Visual question answering: answers with scores",
+    response_model=list[p.LabelScore] | list[list[p.LabelScore]],
+    **_examples(
+        {"model": "vilt", "image": IMAGE, "question": "what is in the picture?", "top_k": 2},
+        [{"label": "cat", "score": 0.82}, {"label": "dog", "score": 0.11}],
+    ),
+)
+async def visual_question_answering(
+    body: p.VisualQuestionAnsweringRequest, request: Request, principal: CallerPrincipal
+) -> Response:
+    deployment = await deployment_for(request, principal, body.model)
+    images, questions = _as_list(body.image), _as_list(body.question)
+    item = {
+        "images": await _media(request, images, "image", body.timeout),
+        "limits": _limits(request),
+        "questions": questions,
+        "pairs": _pairs(len(images), len(questions)),
+        "top_k": body.top_k,
+    }
+    output = await run_inference(request, deployment.id, item)
+    several = isinstance(body.image, list) or isinstance(body.question, list)
+    results: list[Any] = output["results"]
+    return Response(orjson.dumps(results if several else results[0]), media_type="application/json")
+
+
+def _pairs(images: int, questions: int) -> list[list[int]]:
+    """One image with many questions, many images with one question, or equal lists pairwise."""
+    from modelhost.errors import InvalidRequest
+
+    if images == 1:
+        return [[0, q] for q in range(questions)]
+    if questions == 1:
+        return [[i, 0] for i in range(images)]
+    if images == questions:
+        return [[i, i] for i in range(images)]
+    raise InvalidRequest("Give one image, one question, or as many questions as images.", param="question")
+
+
+@router.post(
+    "/v1/images/to-text",
+    summary="Image captioning",
+    response_model=list[p.GeneratedText] | list[list[p.GeneratedText]],
+    **_examples(
+        {"model": "blip", "inputs": IMAGE, "max_new_tokens": 20}, [{"generated_text": "a cat on a sofa"}]
+    ),
+)
+async def image_to_text(body: p.ImageToTextRequest, request: Request, principal: CallerPrincipal) -> Response:
+    deployment = await deployment_for(request, principal, body.model)
+    item = {
+        "images": await _media(request, _as_list(body.inputs), "inputs", body.timeout),
+        "limits": _limits(request),
+        "max_new_tokens": body.max_new_tokens,
+        "generate_kwargs": body.generate_kwargs.model_dump(exclude_none=True)
+        if body.generate_kwargs
+        else None,
+    }
+    output = await run_inference(request, deployment.id, item)
+    return _answer(body.inputs, output["results"])
+
+
+@router.post(
+    "/v1/images/feature-extraction",
+    summary="Image feature extraction: one vector per image",
+    response_model=list[float] | list[list[float]],
+    **_examples({"model": "vit", "inputs": IMAGE}, [0.0123, -0.0456, 0.0789]),
+)
+async def image_feature_extraction(
+    body: p.ImageFeatureExtractionRequest, request: Request, principal: CallerPrincipal
+) -> Response:
+    deployment = await deployment_for(request, principal, body.model)
+    item = {
+        "images": await _media(request, _as_list(body.inputs), "inputs", body.timeout),
+        "limits": _limits(request),
+    }
+    output = await run_inference(request, deployment.id, item)
+    return _answer(body.inputs, output["results"])

@@ -1,0 +1,30 @@
+"""Logits → the top `k` `{label, score}` pairs, with `function_to_apply` as transformers defines it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def scores_of(logits: torch.Tensor, function: str | None, config: Any) -> torch.Tensor:
+    """`softmax`, `sigmoid` or `none` (raw logits). Default: sigmoid for multi-label or single-output
+    models, softmax otherwise (the pipelines' rule)."""
+    if function is None:
+        multi = getattr(config, "problem_type", None) == "multi_label_classification"
+        function = "sigmoid" if multi or logits.shape[-1] == 1 else "softmax"
+    if function == "softmax":
+        return logits.float().softmax(-1)
+    if function == "sigmoid":
+        return logits.float().sigmoid()
+    return logits.float()
+
+
+def top_labels(scores: torch.Tensor, id2label: dict[int, str], top_k: int | None) -> list[dict[str, Any]]:
+    """One row of scores → `[{label, score}]`, best first, at most `top_k` (default 5, as the pipelines)."""
+    k = min(top_k or 5, scores.shape[-1])
+    values, indices = scores.topk(k)
+    return [
+        {"label": id2label[int(i)], "score": float(v)}
+        for v, i in zip(values.tolist(), indices.tolist(), strict=True)
+    ]

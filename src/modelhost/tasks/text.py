@@ -1,0 +1,89 @@
+"""Text task handlers on transformers pipelines: token classification (§4.1) and fill-mask (§4.8).
+
+Items with equal options share one pipeline call over all their inputs (the pipeline batches them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from modelhost.runtime import loader
+from modelhost.tasks.base import grouped, item_error, param_name
+from modelhost.tasks.outputs import plain
+
+
+class TokenClassification:
+    def load(self, model_dir: Path, device: str) -> Any:
+        return loader.load_pipeline("token-classification", model_dir, device)
+
+    def warmup_item(self) -> dict[str, Any]:
+        return {"inputs": ["modelhost warm-up"], "aggregation_strategy": None}
+
+    def run(self, model: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        outputs: list[dict[str, Any]] = [{} for _ in batch]
+        for indices in grouped(batch, ("aggregation_strategy",)).values():
+            strategy = batch[indices[0]].get("aggregation_strategy") or "none"
+            texts = [text for i in indices for text in batch[i]["inputs"]]
+            results = model(texts, aggregation_strategy=strategy, batch_size=len(texts))
+            start = 0
+            for i in indices:
+                count = len(batch[i]["inputs"])
+                chunk = results[start : start + count]
+                start += count
+                outputs[i] = {"results": [[_entity(e) for e in entities] for entities in chunk]}
+        return outputs
+
+
+def _entity(entity: dict[str, Any]) -> dict[str, Any]:
+    """The spec's field set; grouped entities (aggregation) name their group `entity` too."""
+    shaped: dict[str, Any] = plain(entity)
+    if "entity_group" in shaped:
+        shaped["entity"] = shaped["entity_group"]
+    return shaped
+
+
+class FillMask:
+    def load(self, model_dir: Path, device: str) -> Any:
+        return loader.load_pipeline("fill-mask", model_dir, device)
+
+    def warmup_item(self) -> dict[str, Any]:
+        return {"inputs": [], "warmup": True, "targets": None, "top_k": None}
+
+    def run(self, model: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        mask = model.tokenizer.mask_token
+        outputs: list[dict[str, Any]] = [{} for _ in batch]
+        for indices in grouped(batch, ("targets", "top_k")).values():
+            ready: list[int] = []
+            for i in indices:
+                if batch[i].get("warmup"):  # the warm-up item cannot know the model's mask token
+                    batch[i]["inputs"] = [f"hello {mask}"]
+                texts = batch[i]["inputs"]
+                missing = next((n for n, t in enumerate(texts) if mask not in t), None)
+                if missing is not None:
+                    where = param_name("inputs", missing, len(texts))
+                    outputs[i] = item_error(f"The input must contain the mask token {mask}.", where)
+                else:
+                    ready.append(i)
+            if ready:
+                self._run_group(model, batch, ready, outputs)
+        return outputs
+
+    def _run_group(
+        self, model: Any, batch: list[dict[str, Any]], indices: list[int], outputs: list[dict[str, Any]]
+    ) -> None:
+        options = {k: batch[indices[0]][k] for k in ("targets", "top_k") if batch[indices[0]].get(k)}
+        texts = [text for i in indices for text in batch[i]["inputs"]]
+        try:
+            results = model(texts, batch_size=len(texts), **options)
+        except ValueError as exc:  # a target the vocabulary cannot express
+            for i in indices:
+                outputs[i] = item_error(f"Invalid targets: {exc}", "targets")
+            return
+        if results and isinstance(results[0], dict):  # one text with one mask: not nested
+            results = [results]
+        start = 0
+        for i in indices:
+            count = len(batch[i]["inputs"])
+            outputs[i] = {"results": plain(results[start : start + count])}
+            start += count

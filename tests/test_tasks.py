@@ -1,0 +1,431 @@
+"""Task endpoints (api.md §4.1, §4.4–§4.11) through HTTP on the tiny recipe models, each pushed through
+the real artifact path and served by real worker processes. Media inputs come as base64, data URIs,
+URLs of a local HTTP server (allowed by `media_allow_networks`) and paths below the media root."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.live import live_server
+
+
+@dataclass
+class Gateway:
+    http: httpx.Client
+    key: str
+    recipes: Path
+    media_root: Path
+    files_url: str
+    deployed: dict[str, str] = field(default_factory=dict)
+
+    def deploy(self, recipe: str, sub: str, pipeline: str) -> str:
+        """Push a recipe model and deploy it (cold: it loads on the first request). Returns the model ID."""
+        model = f"{recipe[:3]}-{sub or 'main'}".replace("_", "-")
+        if model not in self.deployed:
+            artifact_id = push_folder_sync(self.http, self.key, self.recipes / recipe / sub, pipeline)
+            created = self.http.post(
+                "/v1/deployments",
+                json={"model": model, "artifact_id": artifact_id, "readiness": "cold"},
+                headers=bearer(self.key),
+            )
+            assert created.status_code == 201, created.text
+            self.deployed[model] = created.json()["id"]
+        return model
+
+    def call(self, path: str, **body: Any) -> httpx.Response:
+        return self.http.post(path, json=body, headers=bearer(self.key), timeout=120)
+
+    def ok(self, path: str, **body: Any) -> Any:
+        response = self.call(path, **body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+
+def same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Equal labels in equal order with scores equal up to float noise (batch size changes the sums)."""
+    return [r["label"] for r in a] == [r["label"] for r in b] and np.allclose(
+        [r["score"] for r in a], [r["score"] for r in b], atol=1e-4
+    )
+
+
+def png(width: int = 64, height: int = 48, seed: int = 0) -> bytes:
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def wav(seconds: float = 1.0, rate: int = 16000) -> bytes:
+    import soundfile
+
+    t = np.arange(int(seconds * rate)) / rate
+    buffer = io.BytesIO()
+    soundfile.write(buffer, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), rate, format="WAV")
+    return buffer.getvalue()
+
+
+def mp4(path: Path, frames: int = 16) -> Path:
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=8)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(frames):
+            image = np.full((48, 64, 3), (i * 15) % 255, dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[Gateway]:
+    root = tmp_path_factory.mktemp("tasks")
+    media_root, files = root / "media", root / "files"
+    media_root.mkdir()
+    files.mkdir()
+    (files / "image.png").write_bytes(png())
+    mp4(media_root / "clip.mp4")
+    mp4(files / "clip.mp4")
+
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(files))  # noqa: E731
+    fileserver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=fileserver.serve_forever, daemon=True).start()
+    settings = make_settings(
+        root,
+        f"sqlite:///{root / 'db.sqlite'}",
+        media_root=media_root,
+        media_allow_networks=["127.0.0.0/8"],
+        worker_threads=1,
+    )
+    with live_server(settings) as url:
+        client = httpx.Client(base_url=url, timeout=120)
+        created = client.post("/v1/admin/accounts", json={"name": "tasks"}, headers=bearer(ADMIN_KEY))
+        files_url = f"http://127.0.0.1:{fileserver.server_address[1]}"
+        yield Gateway(client, created.json()["api_key"], recipes, media_root, files_url)
+        client.close()
+    fileserver.shutdown()
+
+
+# ---------------------------------------------------------------- token classification (§4.1)
+
+
+def test_token_classification_answers_entities_per_token_and_a_list_per_input(gw: Gateway) -> None:
+    model = gw.deploy("t01_token_classification", "", "token-classification")
+    text = "my name is sarah and i live in london"
+    single = gw.ok("/v1/classifications/token", model=model, inputs=text)
+    assert single and set(single[0]) >= {"word", "score", "entity", "index", "start", "end"}
+    assert all(text[e["start"] : e["end"]] == e["word"] for e in single if not e["word"].startswith("##"))
+    several = gw.ok("/v1/classifications/token", model=model, inputs=[text, "hello world"])
+    assert len(several) == 2 and several[0] == single
+
+
+def test_token_classification_aggregation_groups_tokens_into_entities(gw: Gateway) -> None:
+    model = gw.deploy("t01_token_classification", "", "token-classification")
+    text = "my name is sarah and i live in london"
+    raw = gw.ok("/v1/classifications/token", model=model, inputs=text)
+    grouped = gw.ok("/v1/classifications/token", model=model, inputs=text, aggregation_strategy="simple")
+    assert grouped and all(g["entity"] == g["entity_group"] and "index" not in g for g in grouped)
+    assert len(grouped) <= len(raw)
+    bad = gw.call("/v1/classifications/token", model=model, inputs=text, aggregation_strategy="best")
+    assert_error(bad, 400, param="aggregation_strategy")
+
+
+# ---------------------------------------------------------------- fill-mask (§4.8)
+
+
+def test_fill_mask_top_k_and_targets(gw: Gateway) -> None:
+    model = gw.deploy("t02_fill_mask", "", "fill-mask")
+    text = "paris is the [MASK] of france"
+    three = gw.ok("/v1/fill-mask", model=model, inputs=text, top_k=3)
+    assert len(three) == 3 and set(three[0]) == {"sequence", "score", "token", "token_str"}
+    assert three[0]["sequence"] == text.replace("[MASK]", three[0]["token_str"])
+    assert [len(r) for r in gw.ok("/v1/fill-mask", model=model, inputs=[text, text], top_k=2)] == [2, 2]
+    targeted = gw.ok("/v1/fill-mask", model=model, inputs=text, targets=["cat", "dog"])
+    assert sorted(r["token_str"] for r in targeted) == ["cat", "dog"]
+
+
+def test_fill_mask_without_the_mask_token_is_refused(gw: Gateway) -> None:
+    model = gw.deploy("t02_fill_mask", "", "fill-mask")
+    assert_error(gw.call("/v1/fill-mask", model=model, inputs="no mask here"), 400, param="inputs")
+    both = gw.call("/v1/fill-mask", model=model, inputs=["a [MASK]", "none"])
+    assert_error(both, 400, param="inputs[1]")
+
+
+# ---------------------------------------------------------------- zero-shot image (§4.5)
+
+
+def test_zero_shot_image_scores_every_candidate_label(gw: Gateway) -> None:
+    model = gw.deploy("t04_zero_shot_image_classification", "", "zero-shot-image-classification")
+    labels = ["cat", "dog", "car"]
+    result = gw.ok(
+        "/v1/classifications/zero-shot/image", model=model, image=b64(png()), candidate_labels=labels
+    )
+    assert sorted(r["label"] for r in result) == sorted(labels)
+    assert abs(sum(r["score"] for r in result) - 1) < 1e-4
+    assert result == sorted(result, key=lambda r: -r["score"])
+    url = f"{gw.files_url}/image.png"
+    several = gw.ok(
+        "/v1/classifications/zero-shot/image", model=model, image=[url, b64(png())], candidate_labels=labels
+    )
+    assert len(several) == 2 and same(several[1], result)  # the URL image and the inline one
+    templated = gw.ok(
+        "/v1/classifications/zero-shot/image",
+        model=model,
+        image=f"data:image/png;base64,{b64(png())}",
+        candidate_labels=labels,
+        hypothesis_template="a blurry photo of {}",
+    )
+    assert [r["score"] for r in templated] != [r["score"] for r in result]
+
+
+def test_zero_shot_image_refuses_bad_templates_labels_and_images(gw: Gateway) -> None:
+    model = gw.deploy("t04_zero_shot_image_classification", "", "zero-shot-image-classification")
+    path = "/v1/classifications/zero-shot/image"
+    image = b64(png())
+    assert_error(gw.call(path, model=model, image=image, candidate_labels=[]), 400, param="candidate_labels")
+    no_slot = gw.call(path, model=model, image=image, candidate_labels=["a"], hypothesis_template="no slot")
+    assert_error(no_slot, 400, param="hypothesis_template")
+    assert_error(gw.call(path, model=model, image="not base64!", candidate_labels=["a"]), 400, param="image")
+    assert_error(gw.call(path, model=model, image=b64(b"text"), candidate_labels=["a"]), 400, param="image")
+    private = gw.call(path, model=model, image="http://10.0.0.1/cat.png", candidate_labels=["a"])
+    assert_error(private, 400, param="image")
+    assert_error(gw.call(path, model=model, image=["x", "file:///etc/passwd"], candidate_labels=["a"]), 400)
+
+
+# ---------------------------------------------------------------- image feature extraction (§4.11)
+
+
+def test_image_feature_extraction_gives_one_vector_per_image(gw: Gateway) -> None:
+    model = gw.deploy("t05_image_feature_extraction", "", "image-feature-extraction")
+    vector = gw.ok("/v1/images/feature-extraction", model=model, inputs=b64(png()))
+    assert len(vector) == 32 and all(isinstance(x, float) for x in vector)
+    pair = gw.ok("/v1/images/feature-extraction", model=model, inputs=[b64(png()), b64(png(seed=1))])
+    assert np.allclose(pair[0], vector, atol=1e-5) and not np.allclose(pair[1], vector)
+
+
+# ---------------------------------------------------------------- segmentation (§4.4)
+
+
+@pytest.mark.parametrize(
+    ("sub", "subtask"),
+    [
+        ("segformer", "semantic"),
+        ("mask2former", "panoptic"),
+        ("mask2former", "instance"),
+        ("detr", "panoptic"),
+    ],
+)
+def test_segmentation_answers_png_masks_with_scores(gw: Gateway, sub: str, subtask: str) -> None:
+    model = gw.deploy("t06_image_segmentation", sub, "image-segmentation")
+    body = {
+        "model": model,
+        "inputs": b64(png()),
+        "subtask": subtask,
+        "threshold": 0.0,
+        "mask_threshold": 0.0,
+        "overlap_mask_area_threshold": 0.0,
+    }
+    result = gw.ok("/v1/images/segmentation", **body)
+    assert result["masks"] and len(result["masks"]) == len(result["scores"]) == len(result["labels"])
+    from PIL import Image
+
+    mask = Image.open(io.BytesIO(base64.b64decode(result["masks"][0])))
+    assert mask.size == (64, 48) and mask.mode == "L"
+    several = gw.ok("/v1/images/segmentation", **{**body, "inputs": [b64(png()), b64(png())]})
+    assert isinstance(several, list) and len(several) == 2
+
+
+def test_segmentation_threshold_filters_segments_and_unknown_subtasks_are_refused(gw: Gateway) -> None:
+    model = gw.deploy("t06_image_segmentation", "mask2former", "image-segmentation")
+    base = {
+        "model": model,
+        "inputs": b64(png()),
+        "subtask": "instance",
+        "mask_threshold": 0.0,
+        "overlap_mask_area_threshold": 0.0,
+    }
+    everything = gw.ok("/v1/images/segmentation", **base, threshold=0.0)
+    nothing = gw.ok("/v1/images/segmentation", **base, threshold=1.0)
+    assert len(everything["masks"]) > len(nothing["masks"]) == 0
+    assert_error(gw.call("/v1/images/segmentation", **{**base, "subtask": "amodal"}), 400, param="subtask")
+
+
+# ---------------------------------------------------------------- visual question answering (§4.7)
+
+
+def test_visual_question_answering_classifier_gives_top_k_answers(gw: Gateway) -> None:
+    model = gw.deploy("t07_visual_question_answering", "vilt", "visual-question-answering")
+    image = b64(png())
+    two = gw.ok(
+        "/v1/question-answering/visual", model=model, image=image, question="what is in the picture?", top_k=2
+    )
+    assert len(two) == 2 and set(two[0]) == {"label", "score"} and two[0]["score"] >= two[1]["score"]
+    per_question = gw.ok(
+        "/v1/question-answering/visual", model=model, image=image, question=["what?", "how many?"], top_k=1
+    )
+    assert len(per_question) == 2 and all(len(r) == 1 for r in per_question)
+    mismatch = gw.call("/v1/question-answering/visual", model=model, image=[image] * 3, question=["a", "b"])
+    assert_error(mismatch, 400, param="question")
+
+
+def test_visual_question_answering_generative_model_answers_with_its_probability(gw: Gateway) -> None:
+    model = gw.deploy("t07_visual_question_answering", "llava", "visual-question-answering")
+    [answer] = gw.ok(
+        "/v1/question-answering/visual",
+        model=model,
+        image=b64(png(32, 32)),
+        question="what is in the picture?",
+    )
+    # random weights: the answer is noise and its probability may underflow to 0
+    assert (
+        set(answer) == {"label", "score"} and isinstance(answer["label"], str) and 0 <= answer["score"] <= 1
+    )
+
+
+# ---------------------------------------------------------------- image to text (§4.9)
+
+
+@pytest.mark.parametrize("sub", ["blip", "vit_gpt2"])
+def test_image_to_text_captions_with_max_new_tokens_and_generate_kwargs(gw: Gateway, sub: str) -> None:
+    model = gw.deploy("t08_image_to_text", sub, "image-to-text")
+    [caption] = gw.ok(
+        "/v1/images/to-text",
+        model=model,
+        inputs=b64(png(32, 32)),
+        max_new_tokens=4,
+        generate_kwargs={"min_new_tokens": 4},
+    )
+    assert set(caption) == {"generated_text"} and caption["generated_text"]
+    longer = gw.ok(
+        "/v1/images/to-text",
+        model=model,
+        inputs=[b64(png(32, 32))],
+        max_new_tokens=8,
+        generate_kwargs={"min_new_tokens": 8},
+    )
+    assert len(longer) == 1 and len(longer[0][0]["generated_text"]) > len(caption["generated_text"])
+    refused = gw.call("/v1/images/to-text", model=model, inputs=b64(png()), generate_kwargs={"streamer": "x"})
+    assert_error(refused, 400, param="generate_kwargs.streamer")
+
+
+# ---------------------------------------------------------------- audio classification (§4.10)
+
+
+def test_audio_classification_accepts_arrays_files_and_descriptors(gw: Gateway) -> None:
+    model = gw.deploy("t09_audio_classification", "", "audio-classification")
+    path = "/v1/classifications/audio"
+    file = gw.ok(path, model=model, inputs=b64(wav()), top_k=2)
+    assert len(file) == 2 and set(file[0]) == {"label", "score"}
+    samples = (0.3 * np.sin(2 * np.pi * 440 * np.arange(16000) / 16000)).astype(np.float32)
+    array = gw.ok(path, model=model, inputs=samples.tolist(), top_k=2)
+    described = gw.ok(path, model=model, inputs={"array": samples.tolist(), "sampling_rate": 16000}, top_k=2)
+    assert same(array, described) and [r["label"] for r in array] == [r["label"] for r in file]
+    resampled = gw.ok(path, model=model, inputs=b64(wav(rate=8000)), top_k=2)
+    assert [r["label"] for r in resampled] == [r["label"] for r in file]
+    several = gw.ok(path, model=model, inputs=[b64(wav()), {"raw": samples.tolist(), "sampling_rate": 16000}])
+    assert len(several) == 2
+
+
+def test_audio_classification_function_to_apply_and_top_k(gw: Gateway) -> None:
+    model = gw.deploy("t09_audio_classification", "", "audio-classification")
+    path = "/v1/classifications/audio"
+    softmax = gw.ok(path, model=model, inputs=b64(wav()), top_k=4)
+    assert abs(sum(r["score"] for r in softmax) - 1) < 1e-4
+    raw = gw.ok(path, model=model, inputs=b64(wav()), top_k=4, function_to_apply="none")
+    assert [r["label"] for r in raw] == [r["label"] for r in softmax] and raw != softmax
+    assert len(gw.ok(path, model=model, inputs=b64(wav()), top_k=1)) == 1
+    assert_error(gw.call(path, model=model, inputs=b64(b"RIFF garbage")), 400, param="inputs")
+    assert_error(
+        gw.call(path, model=model, inputs={"array": [0.1], "raw": [0.1], "sampling_rate": 8000}), 400
+    )
+
+
+# ---------------------------------------------------------------- video classification (§4.6)
+
+
+def test_video_classification_from_a_url_and_a_local_path(gw: Gateway) -> None:
+    model = gw.deploy("t10_video_classification", "", "video-classification")
+    path = "/v1/classifications/video"
+    by_url = gw.ok(path, model=model, inputs=f"{gw.files_url}/clip.mp4", top_k=2)
+    assert len(by_url) == 2 and set(by_url[0]) == {"label", "score"}
+    by_path = gw.ok(path, model=model, inputs="clip.mp4", top_k=2)
+    assert same(by_path, by_url)  # the same file
+    several = gw.ok(path, model=model, inputs=["clip.mp4", f"{gw.files_url}/clip.mp4"], top_k=1)
+    assert len(several) == 2
+    sigmoid = gw.ok(path, model=model, inputs="clip.mp4", top_k=3, function_to_apply="sigmoid")
+    assert sum(r["score"] for r in sigmoid) > 1 - 1e-6 or all(0 < r["score"] < 1 for r in sigmoid)
+    strided = gw.ok(path, model=model, inputs="clip.mp4", top_k=3, frame_sampling_rate=4)
+    assert strided != gw.ok(path, model=model, inputs="clip.mp4", top_k=3)
+
+
+def test_video_paths_outside_the_media_root_are_refused(gw: Gateway) -> None:
+    model = gw.deploy("t10_video_classification", "", "video-classification")
+    for outside in ("/etc/passwd", "../files/clip.mp4"):
+        assert_error(gw.call("/v1/classifications/video", model=model, inputs=outside), 400, param="inputs")
+
+
+# ---------------------------------------------------------------- across endpoints
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/fill-mask", {"inputs": "a [MASK]"}),
+        ("/v1/images/feature-extraction", {"inputs": "aGVsbG8="}),
+        ("/v1/classifications/zero-shot/image", {"image": "aGVsbG8=", "candidate_labels": ["a"]}),
+    ],
+)
+def test_an_endpoint_of_another_pipeline_is_not_supported(
+    gw: Gateway, path: str, body: dict[str, Any]
+) -> None:
+    model = gw.deploy("t01_token_classification", "", "token-classification")
+    assert_error(gw.call(path, model=model, **body), 400, code="endpoint_not_supported")
+
+
+def test_concurrent_task_requests_share_model_calls(gw: Gateway) -> None:
+    model = gw.deploy("t02_fill_mask", "", "fill-mask")
+    gw.ok("/v1/fill-mask", model=model, inputs="a [MASK]")  # loaded
+    before = _batches(gw, gw.deployed[model])
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(
+            pool.map(lambda i: gw.call("/v1/fill-mask", model=model, inputs=f"the [MASK] {i}"), range(32))
+        )
+    assert all(a.status_code == 200 for a in answers)
+    calls, requests = (
+        after - first for after, first in zip(_batches(gw, gw.deployed[model]), before, strict=True)
+    )
+    assert requests == 32 and calls < 32
+
+
+def _batches(gw: Gateway, deployment_id: str) -> tuple[float, float]:
+    text = gw.http.get("/metrics").text
+    count = sum_ = 0.0
+    for line in text.splitlines():
+        if f'deployment="{deployment_id}"' in line:
+            if line.startswith("modelhost_batch_size_count"):
+                count = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("modelhost_batch_size_sum"):
+                sum_ = float(line.rsplit(" ", 1)[1])
+    return count, sum_
