@@ -8,6 +8,7 @@ to the deployment's batcher, and answer a single result for a single input or a 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -70,10 +71,33 @@ async def _media(
     )
 
 
+@dataclass(frozen=True)
+class Media:
+    """The media references of a request: read into `item[key]` once routing has accepted it."""
+
+    key: str  # "images" or "videos"
+    values: Any  # one reference or a list
+    param: str
+    timeout: float | None
+    allow_paths: bool = False
+
+
 async def _run(
-    request: Request, principal: CallerPrincipal, model: str | None, item: dict[str, Any]
+    request: Request,
+    principal: CallerPrincipal,
+    model: str | None,
+    item: dict[str, Any],
+    media: Media | None = None,
 ) -> list[Any]:
+    """Route (400 "Endpoint not supported" before anything is fetched), read media, infer."""
     deployment = await deployment_for(request, principal, model)
+    if media is not None:
+        values = _as_list(media.values)
+        item = {
+            **item,
+            media.key: await _media(request, values, media.param, media.timeout, media.allow_paths),
+            "limits": _limits(request),
+        }
     output = await run_inference(request, deployment.id, item)
     results: list[Any] = output["results"]
     return results
@@ -128,15 +152,9 @@ async def fill_mask(body: p.FillMaskRequest, request: Request, principal: Caller
 async def zero_shot_image(
     body: p.ZeroShotImageRequest, request: Request, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
-    item = {
-        "images": await _media(request, _as_list(body.image), "image", body.timeout),
-        "limits": _limits(request),
-        "candidate_labels": body.candidate_labels,
-        "hypothesis_template": body.hypothesis_template,
-    }
-    output = await run_inference(request, deployment.id, item)
-    return _answer(body.image, output["results"])
+    item = {"candidate_labels": body.candidate_labels, "hypothesis_template": body.hypothesis_template}
+    media = Media("images", body.image, "image", body.timeout)
+    return _answer(body.image, await _run(request, principal, body.model, item, media))
 
 
 @router.post(
@@ -151,17 +169,14 @@ async def zero_shot_image(
 async def video_classification(
     body: p.VideoClassificationRequest, request: Request, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
     item = {
-        "videos": await _media(request, _as_list(body.inputs), "inputs", body.timeout, allow_paths=True),
-        "limits": _limits(request),
         "top_k": body.top_k,
         "num_frames": body.num_frames,
         "frame_sampling_rate": body.frame_sampling_rate,
         "function_to_apply": body.function_to_apply,
     }
-    output = await run_inference(request, deployment.id, item)
-    return _answer(body.inputs, output["results"])
+    media = Media("videos", body.inputs, "inputs", body.timeout, allow_paths=True)
+    return _answer(body.inputs, await _run(request, principal, body.model, item, media))
 
 
 @router.post(
@@ -221,17 +236,14 @@ def _float32(samples: Any) -> bytes:
 async def image_segmentation(
     body: p.ImageSegmentationRequest, request: Request, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
     item = {
-        "images": await _media(request, _as_list(body.inputs), "inputs", body.timeout),
-        "limits": _limits(request),
         "subtask": body.subtask,
         "threshold": body.threshold,
         "mask_threshold": body.mask_threshold,
         "overlap_mask_area_threshold": body.overlap_mask_area_threshold,
     }
-    output = await run_inference(request, deployment.id, item)
-    return _answer(body.inputs, output["results"])
+    media = Media("images", body.inputs, "inputs", body.timeout)
+    return _answer(body.inputs, await _run(request, principal, body.model, item, media))
 
 
 @router.post(
@@ -246,18 +258,16 @@ async def image_segmentation(
 async def visual_question_answering(
     body: p.VisualQuestionAnsweringRequest, request: Request, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
-    images, questions = _as_list(body.image), _as_list(body.question)
+    questions = _as_list(body.question)
     item = {
-        "images": await _media(request, images, "image", body.timeout),
-        "limits": _limits(request),
         "questions": questions,
-        "pairs": _pairs(len(images), len(questions)),
+        "pairs": _pairs(len(_as_list(body.image)), len(questions)),
         "top_k": body.top_k,
     }
-    output = await run_inference(request, deployment.id, item)
+    results = await _run(
+        request, principal, body.model, item, Media("images", body.image, "image", body.timeout)
+    )
     several = isinstance(body.image, list) or isinstance(body.question, list)
-    results: list[Any] = output["results"]
     return Response(orjson.dumps(results if several else results[0]), media_type="application/json")
 
 
@@ -283,17 +293,10 @@ def _pairs(images: int, questions: int) -> list[list[int]]:
     ),
 )
 async def image_to_text(body: p.ImageToTextRequest, request: Request, principal: CallerPrincipal) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
-    item = {
-        "images": await _media(request, _as_list(body.inputs), "inputs", body.timeout),
-        "limits": _limits(request),
-        "max_new_tokens": body.max_new_tokens,
-        "generate_kwargs": body.generate_kwargs.model_dump(exclude_none=True)
-        if body.generate_kwargs
-        else None,
-    }
-    output = await run_inference(request, deployment.id, item)
-    return _answer(body.inputs, output["results"])
+    options = body.generate_kwargs.model_dump(exclude_none=True) if body.generate_kwargs else None
+    item = {"max_new_tokens": body.max_new_tokens, "generate_kwargs": options}
+    media = Media("images", body.inputs, "inputs", body.timeout)
+    return _answer(body.inputs, await _run(request, principal, body.model, item, media))
 
 
 @router.post(
@@ -305,10 +308,5 @@ async def image_to_text(body: p.ImageToTextRequest, request: Request, principal:
 async def image_feature_extraction(
     body: p.ImageFeatureExtractionRequest, request: Request, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
-    item = {
-        "images": await _media(request, _as_list(body.inputs), "inputs", body.timeout),
-        "limits": _limits(request),
-    }
-    output = await run_inference(request, deployment.id, item)
-    return _answer(body.inputs, output["results"])
+    media = Media("images", body.inputs, "inputs", body.timeout)
+    return _answer(body.inputs, await _run(request, principal, body.model, {}, media))
