@@ -380,6 +380,13 @@ def test_video_classification_from_a_url_and_a_local_path(gw: Gateway) -> None:
     assert strided != gw.ok(path, model=model, inputs="clip.mp4", top_k=3)
 
 
+def test_video_frame_count_the_model_cannot_take_is_a_400_not_a_failed_batch(gw: Gateway) -> None:
+    model = gw.deploy("t10_video_classification", "", "video-classification")
+    wrong = gw.call("/v1/classifications/video", model=model, inputs="clip.mp4", num_frames=3)
+    assert_error(wrong, 400, param="num_frames")
+    assert len(gw.ok("/v1/classifications/video", model=model, inputs="clip.mp4", top_k=1)) == 1
+
+
 def test_video_paths_outside_the_media_root_are_refused(gw: Gateway) -> None:
     model = gw.deploy("t10_video_classification", "", "video-classification")
     for outside in ("/etc/passwd", "../files/clip.mp4"):

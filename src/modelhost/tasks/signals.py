@@ -15,7 +15,7 @@ import torch
 
 from modelhost.runtime import loader
 from modelhost.tasks import media_items
-from modelhost.tasks.base import grouped
+from modelhost.tasks.base import grouped, item_error
 from modelhost.tasks.classify import scores_of, top_labels
 from modelhost.tasks.media_items import ItemError
 
@@ -57,7 +57,12 @@ class AudioClassification:
             features = model.processor(
                 clips, sampling_rate=rate, return_tensors="pt", padding=True, return_attention_mask=True
             ).to(model.device)
-            outputs[i] = {"results": _classify(model, model.model(**features).logits, item)}
+            try:
+                logits = model.model(**features).logits
+            except (RuntimeError, ValueError) as exc:  # e.g. a clip too short for the model's filters
+                outputs[i] = item_error(f"The model cannot classify this audio: {exc}", "inputs")
+                continue
+            outputs[i] = {"results": _classify(model, logits, item)}
         return outputs
 
 
@@ -87,5 +92,10 @@ class VideoClassification:
                     outputs[i] = exc.output
                     continue
                 pixels = model.processor(clips, return_tensors="pt")["pixel_values"].to(model.device)
-                outputs[i] = {"results": _classify(model, model.model(pixel_values=pixels).logits, batch[i])}
+                try:
+                    logits = model.model(pixel_values=pixels).logits
+                except (RuntimeError, ValueError) as exc:  # models with a fixed frame count
+                    outputs[i] = item_error(f"This model cannot take {frames} frames: {exc}", "num_frames")
+                    continue
+                outputs[i] = {"results": _classify(model, logits, batch[i])}
         return outputs
