@@ -760,3 +760,14 @@ async def test_concurrent_fetches_time_out_together_rather_than_one_after_anothe
     )
     assert all(isinstance(result, InvalidMedia) for result in results)
     assert time.monotonic() - started < 5
+
+
+def test_a_malformed_allowed_network_stops_the_server_at_start_not_each_request(tmp_path: Path) -> None:
+    from modelhost.services.container import Services
+    from tests.conftest import make_settings
+
+    settings = make_settings(
+        tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", media_allow_networks=["10.0.0/8x"]
+    )
+    with pytest.raises(ValueError, match=r"10\.0\.0/8x"):
+        Services.build(settings)

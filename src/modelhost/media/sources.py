@@ -34,7 +34,7 @@ _WHITESPACE = str.maketrans("", "", " \t\r\n\f\v")
 
 @dataclass(frozen=True)
 class MediaPolicy:
-    """Limits for reading media references; built per request from the settings."""
+    """Limits for reading media references; built once from the settings (`Services.media`)."""
 
     fetch: FetchPolicy
     media_root: Path | None

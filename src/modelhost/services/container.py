@@ -11,6 +11,7 @@ from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.principal import Principal
 from modelhost.cache import TTLCache
 from modelhost.config import Settings
+from modelhost.media.sources import MediaPolicy
 from modelhost.routing import DeploymentRef
 from modelhost.runtime.manager import ReplicaManager
 from modelhost.services.accounts import AccountService
@@ -32,6 +33,7 @@ class Services:
     blobs: BlobStore
     artifacts: ArtifactService
     runtime: ReplicaManager
+    media: MediaPolicy  # parsed once: a bad MODELHOST_MEDIA_ALLOW_NETWORKS stops the start
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -62,6 +64,7 @@ class Services:
             blobs=blobs,
             artifacts=artifacts,
             runtime=ReplicaManager(settings, deployments.runtime_spec, deployments.hot_specs),
+            media=MediaPolicy.from_settings(settings),
         )
 
     def close(self) -> None:

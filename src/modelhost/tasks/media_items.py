@@ -24,9 +24,9 @@ class ItemError(Exception):
         self.output = output
 
 
-def images(item: dict[str, Any], field: str = "images", name: str = "inputs") -> list[Any]:
-    """The item's images as RGB PIL images."""
-    data: list[bytes] = item[field]
+def images(item: dict[str, Any], name: str = "inputs") -> list[Any]:
+    """The item's images as RGB PIL images; errors name the request field `name`."""
+    data: list[bytes] = item["images"]
     limits = item["limits"]
     try:
         return [

@@ -85,17 +85,25 @@ class VideoClassification:
             if "videos" not in first:  # warm-up: nothing to decode
                 continue
             frames, rate = first.get("num_frames") or default_frames, first.get("frame_sampling_rate") or 1
+            decoded: dict[int, list[Any]] = {}
             for i in indices:
                 try:
-                    clips = media_items.videos(batch[i], frames, rate)
+                    decoded[i] = media_items.videos(batch[i], frames, rate)
                 except ItemError as exc:
                     outputs[i] = exc.output
-                    continue
-                pixels = model.processor(clips, return_tensors="pt")["pixel_values"].to(model.device)
-                try:
-                    logits = model.model(pixel_values=pixels).logits
-                except (RuntimeError, ValueError) as exc:  # models with a fixed frame count
+            if not decoded:
+                continue
+            # Equal frame counts give equal tensor shapes: one model call for the whole group.
+            clips = [clip for i in decoded for clip in decoded[i]]
+            pixels = model.processor(clips, return_tensors="pt")["pixel_values"].to(model.device)
+            try:
+                logits = model.model(pixel_values=pixels).logits
+            except (RuntimeError, ValueError) as exc:  # models with a fixed frame count
+                for i in decoded:
                     outputs[i] = item_error(f"This model cannot take {frames} frames: {exc}", "num_frames")
-                    continue
-                outputs[i] = {"results": _classify(model, logits, batch[i])}
+                continue
+            start = 0
+            for i, videos in decoded.items():
+                outputs[i] = {"results": _classify(model, logits[start : start + len(videos)], batch[i])}
+                start += len(videos)
         return outputs

@@ -8,6 +8,7 @@ to the deployment's batcher, and answer a single result for a single input or a 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,8 @@ from fastapi import APIRouter, Request, Response
 
 from modelhost.api.deps import CallerPrincipal, deployment_for, get_services, run_inference
 from modelhost.api.errors import error_responses
-from modelhost.media.sources import MediaPolicy, load_media
+from modelhost.errors import InvalidRequest
+from modelhost.media.sources import load_media
 from modelhost.protocol import tasks as p
 from modelhost.tasks.base import param_name
 
@@ -54,7 +56,7 @@ async def _media(
     request: Request, values: list[str], field: str, timeout: float | None, allow_paths: bool = False
 ) -> list[bytes]:
     """Read every media reference of a request concurrently; the first bad one answers 400."""
-    policy = MediaPolicy.from_settings(get_services(request).settings)
+    policy = get_services(request).media
     return list(
         await asyncio.gather(
             *(
@@ -73,7 +75,7 @@ async def _media(
 
 @dataclass(frozen=True)
 class Media:
-    """The media references of a request: read into `item[key]` once routing has accepted it."""
+    """The media references of a request, read into `item[key]` once routing has accepted it."""
 
     key: str  # "images" or "videos"
     values: Any  # one reference or a list
@@ -81,23 +83,22 @@ class Media:
     timeout: float | None
     allow_paths: bool = False
 
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        data = await _media(request, _as_list(self.values), self.param, self.timeout, self.allow_paths)
+        return {self.key: data, "limits": _limits(request)}
+
 
 async def _run(
     request: Request,
     principal: CallerPrincipal,
     model: str | None,
     item: dict[str, Any],
-    media: Media | None = None,
+    read: Callable[[Request], Awaitable[dict[str, Any]]] | None = None,
 ) -> list[Any]:
     """Route (400 "Endpoint not supported" before anything is fetched), read media, infer."""
     deployment = await deployment_for(request, principal, model)
-    if media is not None:
-        values = _as_list(media.values)
-        item = {
-            **item,
-            media.key: await _media(request, values, media.param, media.timeout, media.allow_paths),
-            "limits": _limits(request),
-        }
+    if read is not None:
+        item = {**item, **await read(request)}
     output = await run_inference(request, deployment.id, item)
     results: list[Any] = output["results"]
     return results
@@ -191,33 +192,34 @@ async def video_classification(
 async def audio_classification(
     body: p.AudioClassificationRequest, request: Request, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
     several = isinstance(body.inputs, list) and not (body.inputs and isinstance(body.inputs[0], float | int))
-    clips: list[Any] = list(body.inputs) if several else [body.inputs]
-    item = {
-        "audios": await _audios(request, clips, body.timeout),
-        "limits": _limits(request),
-        "top_k": body.top_k,
-        "function_to_apply": body.function_to_apply,
-    }
-    output = await run_inference(request, deployment.id, item)
-    results: list[Any] = output["results"]
+    item = {"top_k": body.top_k, "function_to_apply": body.function_to_apply}
+    audio = Audio(list(body.inputs) if several else [body.inputs], body.timeout)
+    results = await _run(request, principal, body.model, item, audio)
     return Response(orjson.dumps(results if several else results[0]), media_type="application/json")
 
 
-async def _audios(request: Request, clips: list[Any], timeout: float | None) -> list[dict[str, Any]]:
-    """Sample arrays as raw float32 (with their rate: arrays without one are at the model's rate)."""
-    audios: list[dict[str, Any]] = []
-    for index, clip in enumerate(clips):
+@dataclass(frozen=True)
+class Audio:
+    """Audio clips: files are fetched (concurrently), sample arrays travel as raw float32 with their
+    rate (bare arrays are at the model's rate)."""
+
+    clips: list[Any]
+    timeout: float | None
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        audios = await asyncio.gather(*(self._one(request, i, clip) for i, clip in enumerate(self.clips)))
+        return {"audios": list(audios), "limits": _limits(request)}
+
+    async def _one(self, request: Request, index: int, clip: Any) -> dict[str, Any]:
         if isinstance(clip, str):
-            [data] = await _media(request, [clip], param_name("inputs", index, len(clips)), timeout)
-            audios.append({"bytes": data})
-        elif isinstance(clip, p.AudioDescriptor):
+            param = param_name("inputs", index, len(self.clips))
+            policy = get_services(request).media
+            return {"bytes": await load_media(clip, policy, param=param, timeout=self.timeout)}
+        if isinstance(clip, p.AudioDescriptor):
             samples = clip.array if clip.array is not None else clip.raw
-            audios.append({"samples": _float32(samples), "sampling_rate": clip.sampling_rate})
-        else:
-            audios.append({"samples": _float32(clip), "sampling_rate": None})
-    return audios
+            return {"samples": _float32(samples), "sampling_rate": clip.sampling_rate}
+        return {"samples": _float32(clip), "sampling_rate": None}
 
 
 def _float32(samples: Any) -> bytes:
@@ -273,8 +275,6 @@ async def visual_question_answering(
 
 def _pairs(images: int, questions: int) -> list[list[int]]:
     """One image with many questions, many images with one question, or equal lists pairwise."""
-    from modelhost.errors import InvalidRequest
-
     if images == 1:
         return [[0, q] for q in range(questions)]
     if questions == 1:
