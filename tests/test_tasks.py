@@ -214,6 +214,56 @@ def test_zero_shot_image_refuses_bad_templates_labels_and_images(gw: Gateway) ->
     assert_error(gw.call(path, model=model, image=["x", "file:///etc/passwd"], candidate_labels=["a"]), 400)
 
 
+def raw(gw: Gateway, path: str, data: bytes, content_type: str, **params: Any) -> httpx.Response:
+    """The file itself as the body; the other parameters in the query string."""
+    headers = {**bearer(gw.key), "Content-Type": content_type}
+    return gw.http.post(path, content=data, params=params, headers=headers, timeout=120)
+
+
+def test_zero_shot_image_takes_the_raw_image_body_with_parameters_in_the_query(gw: Gateway) -> None:
+    model = gw.deploy("t04_zero_shot_image_classification", "", "zero-shot-image-classification")
+    path = "/v1/classifications/zero-shot/image"
+    labels = ["cat", "dog", "car"]
+    as_json = gw.ok(path, model=model, image=b64(png()), candidate_labels=labels)
+    response = raw(gw, path, png(), "image/png", model=model, candidate_labels=labels)
+    assert response.status_code == 200, response.text
+    assert same(response.json(), as_json)
+    one_label = raw(gw, path, png(), "image/png", model=model, candidate_labels="cat")
+    assert [r["label"] for r in one_label.json()] == ["cat"]  # a list field given once: a list of one
+
+
+def test_raw_image_body_errors_name_the_query_parameter_or_the_image(gw: Gateway) -> None:
+    model = gw.deploy("t04_zero_shot_image_classification", "", "zero-shot-image-classification")
+    path = "/v1/classifications/zero-shot/image"
+    assert_error(raw(gw, path, png(), "image/png", model=model), 400, param="candidate_labels")
+    unknown = raw(gw, path, png(), "image/png", model=model, candidate_labels="a", colour="red")
+    assert_error(unknown, 400, param="colour")
+    twice = raw(gw, path, png(), "image/png", model=model, candidate_labels="a", image="x")
+    assert_error(twice, 400, param="image")
+    not_an_image = raw(gw, path, b"plain text", "image/png", model=model, candidate_labels="a")
+    assert_error(not_an_image, 400, code="invalid_media", param="image")
+    feature = raw(gw, "/v1/images/segmentation", png(), "image/png", model=model, threshold="high")
+    assert_error(feature, 400, param="threshold")
+
+
+def test_raw_image_body_converts_numbers_and_json_objects_from_the_query(gw: Gateway) -> None:
+    model = gw.deploy("t08_image_to_text", "vit_gpt2", "image-to-text")
+    path = "/v1/images/to-text"
+    as_json = gw.ok(path, model=model, inputs=b64(png()), generate_kwargs={"max_new_tokens": 3})
+    response = raw(gw, path, png(), "image/png", model=model, generate_kwargs='{"max_new_tokens": 3}')
+    assert response.status_code == 200, response.text
+    assert response.json() == as_json
+    bad = raw(gw, path, png(), "image/png", model=model, generate_kwargs='{"eval": 1}')
+    assert_error(bad, 400, param="generate_kwargs.eval")
+
+
+def test_the_docs_offer_the_raw_file_as_an_alternative_body(gw: Gateway) -> None:
+    paths = gw.http.get("/openapi.json").json()["paths"]
+    content = paths["/v1/classifications/zero-shot/image"]["post"]["requestBody"]["content"]
+    assert set(content) == {"application/json", "image/*"}
+    assert "audio/*" in paths["/v1/classifications/audio"]["post"]["requestBody"]["content"]
+
+
 # ---------------------------------------------------------------- image feature extraction (§4.11)
 
 
@@ -346,6 +396,14 @@ def test_audio_classification_accepts_arrays_files_and_descriptors(gw: Gateway) 
     assert [r["label"] for r in resampled] == [r["label"] for r in file]
     several = gw.ok(path, model=model, inputs=[b64(wav()), {"raw": samples.tolist(), "sampling_rate": 16000}])
     assert len(several) == 2
+
+
+def test_audio_classification_takes_the_raw_audio_body(gw: Gateway) -> None:
+    model = gw.deploy("t09_audio_classification", "", "audio-classification")
+    as_json = gw.ok("/v1/classifications/audio", model=model, inputs=b64(wav()), top_k=2)
+    response = raw(gw, "/v1/classifications/audio", wav(), "audio/wav", model=model, top_k=2)
+    assert response.status_code == 200, response.text
+    assert len(response.json()) == 2 and same(response.json(), as_json)
 
 
 def test_audio_classification_function_to_apply_and_top_k(gw: Gateway) -> None:

@@ -18,20 +18,27 @@ from fastapi import APIRouter, Request, Response
 
 from modelhost.api.deps import CallerPrincipal, deployment_for, get_services, run_inference
 from modelhost.api.errors import error_responses
+from modelhost.api.raw_media import MediaBodyRoute, raw_body_openapi
 from modelhost.errors import InvalidRequest
 from modelhost.media.sources import load_media
 from modelhost.protocol import tasks as p
 from modelhost.tasks.base import param_name
 
-router = APIRouter(tags=["tasks"], responses=error_responses(400, 401, 404, 413, 429, 503, 504))
+router = APIRouter(
+    tags=["tasks"], responses=error_responses(400, 401, 404, 413, 429, 503, 504), route_class=MediaBodyRoute
+)
 
 IMAGE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 
 
-def _examples(request: dict[str, Any], response: Any) -> dict[str, Any]:
-    """OpenAPI extras: an example request body and an example 200 answer for /docs."""
+def _examples(request: dict[str, Any], response: Any, raw_media: str | None = None) -> dict[str, Any]:
+    """OpenAPI extras: an example request body and an example 200 answer for /docs, and for routes
+    that take it (`raw_media`: the route's path), the raw file as an alternative body."""
+    content: dict[str, Any] = {"application/json": {"example": request}}
+    if raw_media is not None:
+        content.update(raw_body_openapi(raw_media))
     return {
-        "openapi_extra": {"requestBody": {"content": {"application/json": {"example": request}}}},
+        "openapi_extra": {"requestBody": {"content": content}},
         "responses": {200: {"content": {"application/json": {"example": response}}}},
     }
 
@@ -148,6 +155,7 @@ async def fill_mask(body: p.FillMaskRequest, request: Request, principal: Caller
     **_examples(
         {"model": "clip", "image": IMAGE, "candidate_labels": ["cat", "dog"]},
         [{"label": "cat", "score": 0.93}, {"label": "dog", "score": 0.07}],
+        raw_media="/v1/classifications/zero-shot/image",
     ),
 )
 async def zero_shot_image(
@@ -187,6 +195,7 @@ async def video_classification(
     **_examples(
         {"model": "keywords", "inputs": {"array": [0.0, 0.1, -0.1], "sampling_rate": 16000}, "top_k": 2},
         [{"label": "yes", "score": 0.8}, {"label": "no", "score": 0.1}],
+        raw_media="/v1/classifications/audio",
     ),
 )
 async def audio_classification(
@@ -233,6 +242,7 @@ def _float32(samples: Any) -> bytes:
     **_examples(
         {"model": "segformer", "inputs": IMAGE, "subtask": "semantic"},
         {"masks": ["iVBORw0KGgo..."], "scores": [None], "labels": ["cat"]},
+        raw_media="/v1/images/segmentation",
     ),
 )
 async def image_segmentation(
@@ -255,6 +265,7 @@ async def image_segmentation(
     **_examples(
         {"model": "vilt", "image": IMAGE, "question": "what is in the picture?", "top_k": 2},
         [{"label": "cat", "score": 0.82}, {"label": "dog", "score": 0.11}],
+        raw_media="/v1/question-answering/visual",
     ),
 )
 async def visual_question_answering(
@@ -289,7 +300,9 @@ def _pairs(images: int, questions: int) -> list[list[int]]:
     summary="Image captioning",
     response_model=list[p.GeneratedText] | list[list[p.GeneratedText]],
     **_examples(
-        {"model": "blip", "inputs": IMAGE, "max_new_tokens": 20}, [{"generated_text": "a cat on a sofa"}]
+        {"model": "blip", "inputs": IMAGE, "max_new_tokens": 20},
+        [{"generated_text": "a cat on a sofa"}],
+        raw_media="/v1/images/to-text",
     ),
 )
 async def image_to_text(body: p.ImageToTextRequest, request: Request, principal: CallerPrincipal) -> Response:
@@ -303,7 +316,11 @@ async def image_to_text(body: p.ImageToTextRequest, request: Request, principal:
     "/v1/images/feature-extraction",
     summary="Image feature extraction: one vector per image",
     response_model=list[float] | list[list[float]],
-    **_examples({"model": "vit", "inputs": IMAGE}, [0.0123, -0.0456, 0.0789]),
+    **_examples(
+        {"model": "vit", "inputs": IMAGE},
+        [0.0123, -0.0456, 0.0789],
+        raw_media="/v1/images/feature-extraction",
+    ),
 )
 async def image_feature_extraction(
     body: p.ImageFeatureExtractionRequest, request: Request, principal: CallerPrincipal
