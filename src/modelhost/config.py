@@ -111,6 +111,12 @@ class Settings(BaseSettings):
         default=40_000_000, ge=1, description="Largest image (width × height) decoded: refuses pixel bombs."
     )
     media_max_seconds: float = Field(default=600.0, gt=0, description="Longest audio or video decoded.")
+    # ---------------------------------------------------------------- text generation (docs/generation.md)
+    constrained_max_string_length: int = Field(
+        default=512,
+        ge=1,
+        description="Longest string value constrained decoding allows where the schema sets no maxLength.",
+    )
 
     @model_validator(mode="after")
     def _default_database_url(self) -> Settings:

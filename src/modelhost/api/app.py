@@ -18,7 +18,17 @@ from starlette.types import Scope
 import modelhost
 from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.middleware import BodySizeLimit, RequestMetrics
-from modelhost.api.routes import admin, artifacts, deployments, embeddings, health, keys, models, tasks
+from modelhost.api.routes import (
+    admin,
+    artifacts,
+    chat,
+    deployments,
+    embeddings,
+    health,
+    keys,
+    models,
+    tasks,
+)
 from modelhost.config import Settings, get_settings
 from modelhost.protocol.errors import ErrorBody
 from modelhost.services.container import Services
@@ -73,6 +83,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         deployments.router,
         models.router,
         embeddings.router,
+        chat.router,
         tasks.router,
     ):
         app.include_router(router)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from collections.abc import Awaitable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPBearer
@@ -13,6 +14,8 @@ from modelhost.auth.principal import Principal, PrincipalKind
 from modelhost.errors import ClientClosedRequest, InvalidAPIKey
 from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.services.container import Services
+
+T = TypeVar("T")
 
 # Declared so that /docs shows the bearer scheme on every protected route; the header itself is
 # read by `_authenticate`, which also handles malformed headers with our error body.
@@ -94,16 +97,21 @@ async def deployment_for(
 
 async def run_inference(request: Request, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:
     """Run one item on a deployment; if the client disconnects first, its work is dropped."""
-    work = asyncio.ensure_future(get_services(request).runtime.infer(deployment_id, item))
+    return await await_or_disconnect(request, get_services(request).runtime.infer(deployment_id, item))
+
+
+async def await_or_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or cancel it when the client goes away first (499, nobody reads it)."""
+    task = asyncio.ensure_future(work)
     disconnected = asyncio.ensure_future(_disconnect(request))
     try:
-        done, _ = await asyncio.wait({work, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, disconnected}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         disconnected.cancel()
-        if not work.done():
-            work.cancel()
-    if work in done:
-        return work.result()
+        if not task.done():
+            task.cancel()
+    if task in done:
+        return task.result()
     raise ClientClosedRequest("The client closed the connection before the answer was ready.")
 
 

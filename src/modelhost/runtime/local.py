@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from modelhost.runtime.channel import frame, read_message
@@ -44,6 +44,8 @@ class LocalProcessReplica:
         self._writer: asyncio.StreamWriter | None = None
         self._process: asyncio.subprocess.Process | None = None
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._streams: dict[int, asyncio.Queue[dict[str, Any] | BaseException]] = {}
+        self.generating = 0  # sequences the worker's engine holds, as it last reported
         self._tasks: list[asyncio.Task[None]] = []
         self._request_ids = itertools.count(1)
         self._stopping = False
@@ -121,13 +123,35 @@ class LocalProcessReplica:
         outputs: list[Any] = reply["outputs"]
         return outputs
 
-    def stream(self, request: Any) -> AsyncIterator[Any]:
-        raise NotImplementedError("streaming generation arrives with text generation")
+    async def stream(self, request: Any) -> AsyncGenerator[dict[str, Any], None]:
+        """Start a generation in the worker and yield its events until it finishes; closing the
+        iterator early (client gone) cancels the generation in the worker at its next step."""
+        if not self.alive or self._writer is None:
+            raise ReplicaDied("the replica is not running")
+        request_id = next(self._request_ids)
+        queue: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue()
+        self._streams[request_id] = queue
+        finished = False
+        try:
+            self._writer.write(frame({"op": "generate", "id": request_id, "request": request}))
+            await self._writer.drain()
+            while not finished:
+                event = await queue.get()
+                if isinstance(event, BaseException):
+                    raise event
+                finished = "finish" in event or "error" in event
+                yield event
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                await self.cancel(request_id)
 
     async def cancel(self, request_id: int) -> None:
         future = self._pending.get(request_id)
         if future is not None and not future.done():
             future.cancel()
+        if self.alive and self._writer is not None:
+            self._writer.write(frame({"op": "cancel", "id": request_id}))  # buffered: never blocks
 
     async def unload(self) -> None:
         """Ask the worker to stop; kill it if it does not within a few seconds. Idempotent."""
@@ -153,12 +177,12 @@ class LocalProcessReplica:
             pid=self.pid,
             rss_bytes=rss_bytes(self.pid),
             load_seconds=self.load_seconds,
-            in_flight=len(self._pending),
+            in_flight=self.in_flight,
         )
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._streams)
 
     async def _read_replies(self) -> None:
         assert self._reader is not None
@@ -167,6 +191,13 @@ class LocalProcessReplica:
                 message = await read_message(self._reader)
             except (asyncio.IncompleteReadError, ConnectionError):
                 return  # the worker is gone: `_watch` fails what is pending
+            if message.get("op") == "events":
+                self.generating = message.get("running", self.generating)
+                for request_id, event in message["events"]:
+                    queue = self._streams.get(request_id)
+                    if queue is not None:
+                        queue.put_nowait(event)
+                continue
             future = self._pending.get(message.get("id", -1))
             if future is not None and not future.done():
                 future.set_result(message)
@@ -186,3 +217,6 @@ class LocalProcessReplica:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
+        for queue in self._streams.values():
+            queue.put_nowait(error)
+        self.generating = 0

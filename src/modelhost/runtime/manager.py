@@ -14,11 +14,11 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from modelhost.config import Settings
-from modelhost.errors import DeploymentUnavailable, InvalidRequest, ModelhostError, NotFound
+from modelhost.errors import DeploymentUnavailable, InvalidRequest, ModelhostError, NotFound, Overloaded
 from modelhost.runtime import metrics
 from modelhost.runtime.batcher import Batcher
 from modelhost.runtime.local import LocalProcessReplica, WorkerError
@@ -31,6 +31,13 @@ GB = 1_000_000_000
 
 
 SpecSource = Callable[[str], DeploymentSpec | None]
+
+
+def _event_error(error: dict[str, Any]) -> ModelhostError:
+    """A worker's error event: the request's own fault (400) unless the engine itself failed."""
+    if error.get("internal"):
+        return DeploymentUnavailable(f"Inference failed: {error.get('message')}")
+    return InvalidRequest(str(error.get("message")), param=error.get("param"), code=error.get("code"))
 
 
 class DeploymentRuntime:
@@ -48,6 +55,7 @@ class DeploymentRuntime:
         self._load_lock = asyncio.Lock()
         self._unloading = False
         self._loading: list[LocalProcessReplica] = []
+        self.streams = 0  # generations in flight (they bypass the batcher)
         settings = manager.settings
         self.batcher = Batcher(
             self._dispatch,
@@ -73,6 +81,33 @@ class DeploymentRuntime:
             raise InvalidRequest(str(error.get("message")), param=error.get("param"), code=error.get("code"))
         return output
 
+    async def stream(self, item: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        """A generation's events from the least busy replica (text generation: the engine in the worker
+        batches continuously, so requests go straight to it rather than through the batcher)."""
+        self.last_used = time.monotonic()
+        await self.ensure_loaded()
+        if self.streams >= self._manager.settings.max_queue_size:
+            raise Overloaded(
+                "The deployment has too many generations in flight; retry shortly.",
+                headers={"Retry-After": "1"},
+            )
+        live = [r for r in self.replicas if r.alive]
+        if not live:
+            raise DeploymentUnavailable("The deployment has no running replica; retry shortly.")
+        replica = min(live, key=lambda r: r.in_flight)
+        self.streams += 1
+        try:
+            async with contextlib.aclosing(replica.stream(item)) as events:
+                async for event in events:
+                    if "error" in event:
+                        raise _event_error(event["error"])
+                    yield event
+        except ReplicaDied as exc:
+            raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
+        finally:
+            self.streams -= 1
+            self.last_used = time.monotonic()
+
     async def _dispatch(self, batch: list[Any]) -> list[Any]:
         live = [r for r in self.replicas if r.alive]
         if not live:
@@ -91,6 +126,10 @@ class DeploymentRuntime:
         metrics.QUEUE_DEPTH.labels(self.spec.id).set(self.batcher.depth)
 
     # ---------------------------------------------------------------- loading
+
+    @property
+    def busy(self) -> bool:
+        return self.batcher.busy or self.streams > 0
 
     @property
     def wants_loaded(self) -> bool:
@@ -143,6 +182,7 @@ class DeploymentRuntime:
         metrics.COLD_STARTS.labels(self.spec.id).inc()
         metrics.LOAD_SECONDS.labels(self.spec.id).observe(self.last_cold_start)
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(len(replicas))
+        metrics.GENERATING.labels(self.spec.id).set_function(lambda: sum(r.generating for r in self.replicas))
         log.info("deployment %s loaded %d replica(s) in %.2fs", self.spec.id, count, self.last_cold_start)
 
     def _fail(self, reason: str) -> None:
@@ -168,6 +208,13 @@ class DeploymentRuntime:
             self.state = "unloaded"
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(0)
         metrics.MEMORY_BYTES.labels(self.spec.id).set(0)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait until queued work, running batches and generations are done (used at shutdown)."""
+        deadline = time.monotonic() + timeout
+        await self.batcher.drain(timeout)
+        while self.streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     def on_replica_exit(self, replica: LocalProcessReplica) -> None:
         """A worker died (killed, OOM): drop it and start a replacement unless we are unloading."""
@@ -244,8 +291,7 @@ class ReplicaManager:
             self._reaper.cancel()
         runtimes = list(self._runtimes.values())
         await asyncio.gather(
-            *(rt.batcher.drain(self.settings.shutdown_drain_seconds) for rt in runtimes),
-            return_exceptions=True,
+            *(rt.drain(self.settings.shutdown_drain_seconds) for rt in runtimes), return_exceptions=True
         )
         for task in list(self.background):
             task.cancel()
@@ -273,13 +319,22 @@ class ReplicaManager:
             runtime.batcher.close()
 
     async def infer(self, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:
+        return await (await self._runtime_of(deployment_id)).infer(item)
+
+    async def _runtime_of(self, deployment_id: str) -> DeploymentRuntime:
         runtime = self._runtimes.get(deployment_id)
         if runtime is None:
             spec = await asyncio.to_thread(self._specs, deployment_id)
             if spec is None:
                 raise NotFound("Deployment not found", code="deployment_not_found")
             runtime = self._runtime_for(spec)
-        return await runtime.infer(item)
+        return runtime
+
+    async def stream(self, deployment_id: str, item: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        runtime = await self._runtime_of(deployment_id)
+        async with contextlib.aclosing(runtime.stream(item)) as events:
+            async for event in events:
+                yield event
 
     def status(self, deployment_id: str) -> LiveStatus:
         runtime = self._runtimes.get(deployment_id)
@@ -301,7 +356,7 @@ class ReplicaManager:
                 if (
                     runtime.spec.readiness == "cold"
                     and runtime.state == "ready"
-                    and not runtime.batcher.busy
+                    and not runtime.busy
                     and idle >= self.settings.cold_idle_seconds
                 ):
                     log.info("unloading idle cold deployment %s after %.0fs", runtime.spec.id, idle)

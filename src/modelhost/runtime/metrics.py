@@ -29,3 +29,8 @@ MEMORY_BYTES = Gauge(
 REPLICA_RESTARTS = Counter(
     "modelhost_replica_restarts_total", "Replicas restarted after dying.", ["deployment"]
 )
+GENERATING = Gauge(
+    "modelhost_generation_sequences",
+    "Sequences held by a deployment's generation engines (running or waiting), as its workers report.",
+    ["deployment"],
+)

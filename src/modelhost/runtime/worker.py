@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import select
 import signal
 import socket
 import sys
@@ -17,7 +18,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from modelhost.errors import ModelhostError
 from modelhost.runtime.channel import recv_message, send_message
+from modelhost.tasks.base import error_of
 
 
 def _die_with_parent() -> None:
@@ -46,14 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         handler, model = _load(args)
+        streaming = getattr(handler, "streaming", False)
         if args.warmup:
-            handler.run(model, [handler.warmup_item()])
+            handler.warmup(model) if streaming else handler.run(model, [handler.warmup_item()])
     except Exception as exc:  # the loader's reason goes back to the gateway
         send_message(sock, {"op": "failed", "reason": f"{type(exc).__name__}: {exc}"})
         traceback.print_exc()
         return 1
     send_message(sock, {"op": "ready", "load_seconds": time.perf_counter() - started})
-    return _serve(sock, handler, model)
+    return _serve_stream(sock, handler, model) if streaming else _serve(sock, handler, model)
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -85,6 +89,46 @@ def _serve(sock: socket.socket, handler: Any, model: Any) -> int:
                 send_message(sock, reply)
             except OSError:  # the gateway is gone
                 return 0
+
+
+def _serve_stream(sock: socket.socket, handler: Any, state: Any) -> int:
+    """Streaming handlers (text generation): between two decoding steps, take every message that has
+    arrived (new requests, cancellations), then step and send that step's events in one message.
+    With nothing to do, block until a message comes."""
+    while True:
+        waiting = handler.idle(state)
+        while waiting or select.select([sock], [], [], 0)[0]:
+            waiting = False
+            message = recv_message(sock)
+            if message is None or message["op"] == "stop":
+                return 0
+            events: list[Any] = []
+            if message["op"] == "generate":
+                try:
+                    handler.start(state, message["id"], message["request"])
+                except ModelhostError as exc:
+                    events.append([message["id"], error_of(exc)])
+            elif message["op"] == "cancel":
+                handler.cancel(state, message["id"])
+            # Always answer: the gateway learns at once how many sequences remain (a freed slot).
+            if not _send(sock, {"op": "events", "events": events, "running": handler.running(state)}):
+                return 0
+        try:
+            events = [list(e) for e in handler.step(state)]
+        except Exception as exc:  # a failed step fails the requests in it, not the replica
+            traceback.print_exc()
+            failure = {"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}}
+            events = [[i, failure] for i in handler.abort(state)]
+        if events and not _send(sock, {"op": "events", "events": events, "running": handler.running(state)}):
+            return 0
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> bool:
+    try:
+        send_message(sock, message)
+    except OSError:  # the gateway is gone
+        return False
+    return True
 
 
 if __name__ == "__main__":

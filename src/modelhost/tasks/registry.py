@@ -21,6 +21,7 @@ HANDLERS: dict[str, str] = {
     "visual-question-answering": "modelhost.tasks.vision:VisualQuestionAnswering",
     "audio-classification": "modelhost.tasks.signals:AudioClassification",
     "video-classification": "modelhost.tasks.signals:VideoClassification",
+    "text-generation": "modelhost.tasks.generation:TextGeneration",
 }
 
 

@@ -1,0 +1,316 @@
+"""OpenAI chat completions and completions on the generation engine: requests in, choices out.
+
+Plain Python between the wire types (`protocol.chat`) and the runtime: it turns a request into one
+engine request per choice (n), and assembles each choice from the engine's events, for a whole answer
+or as streamed deltas. Tool calls come either from constrained decoding (`required`, a named tool:
+the output is a call by construction) or from parsing the model's own markup (`auto`).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelhost.errors import InvalidRequest
+from modelhost.generation.grammar import json_schema_grammar, split_tool_call, tool_call_grammar
+from modelhost.generation.tool_parsers import PARSERS, streamable_length
+from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest, Message, NamedToolChoice
+
+Event = dict[str, Any]
+
+
+# ---------------------------------------------------------------- requests
+
+
+def chat_requests(body: ChatCompletionRequest, max_string_length: int) -> tuple[list[Event], str]:
+    """The engine requests of a chat completion (one per choice) and its tool mode:
+    `none` (plain text), `auto` (parse markup), `forced` (constrained call) or `json`."""
+    _check_tools_and_logprobs(body)
+    tools = body.tools or []
+    choice = body.tool_choice or ("auto" if tools else "none")
+    request: Event = {"messages": _template_messages(body.messages)}
+    mode = "none"
+    if tools and choice != "none":
+        request["tools"] = [t.model_dump(exclude_none=True) for t in tools]
+        mode = "auto"
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            wanted = choice.function.name if isinstance(choice, NamedToolChoice) else None
+            allowed = [(t.function.name, t.function.parameters or {}) for t in tools]
+            allowed = [a for a in allowed if wanted is None or a[0] == wanted]
+            request["grammar"] = tool_call_grammar(allowed, max_string_length)
+            request["grammar_param"] = "tools"
+            mode = "forced"
+    if mode != "forced" and body.response_format is not None and body.response_format.type != "text":
+        spec = body.response_format.json_schema
+        schema = (spec.schema_ if spec else None) or {"type": "object"}
+        request["grammar"] = json_schema_grammar(schema, max_string_length, bool(spec and spec.strict))
+        request["grammar_param"] = "response_format"
+        mode = "json" if mode == "none" else mode
+    params = _sampling(body, body.max_completion_tokens or body.max_tokens)
+    params.update(logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
+    return _per_choice(request, params, body.n or 1, body.seed), mode
+
+
+def _check_tools_and_logprobs(body: ChatCompletionRequest) -> None:
+    """Rules across fields, each a 400 naming the field to fix."""
+    if body.tool_choice is not None and body.tools is None:
+        raise InvalidRequest("tool_choice needs tools.", param="tool_choice")
+    if isinstance(body.tool_choice, NamedToolChoice) and body.tools is not None:
+        name = body.tool_choice.function.name
+        if name not in {t.function.name for t in body.tools}:
+            raise InvalidRequest(f"tool_choice names {name!r}, which is not in tools.", param="tool_choice")
+    if body.top_logprobs and not body.logprobs:
+        raise InvalidRequest("top_logprobs needs logprobs: true.", param="top_logprobs")
+
+
+def completion_requests(body: CompletionRequest) -> list[Event]:
+    """One engine request per prompt and choice, in OpenAI's order (prompt-major)."""
+    prompts: list[str | list[int]]
+    if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int)):
+        prompts = [body.prompt]
+    else:
+        prompts = list(body.prompt)  # type: ignore[arg-type]
+    params = _sampling(body, body.max_tokens)
+    wants = body.logprobs is not None
+    params.update(logprobs=wants, top_logprobs=body.logprobs or 0, prompt_logprobs=bool(body.echo and wants))
+    requests: list[Event] = []
+    for prompt in prompts:
+        base: Event = {"prompt": prompt, "echo": bool(body.echo)}
+        requests += _per_choice(base, params, body.n or 1, body.seed)
+    return requests
+
+
+def _sampling(body: Any, max_tokens: int | None) -> Event:
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    return {
+        "max_tokens": max_tokens,
+        "min_tokens": body.min_tokens,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "stop": stop,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+    }
+
+
+def _per_choice(request: Event, params: Event, n: int, seed: int | None) -> list[Event]:
+    """n copies; a seed makes choice i use seed + i, so choices differ yet each is reproducible."""
+    return [{**request, "params": {**params, "seed": None if seed is None else seed + i}} for i in range(n)]
+
+
+def _template_messages(messages: list[Message]) -> list[Event]:
+    """OpenAI messages → what chat templates expect: text content, `developer` as `system`, tool call
+    arguments as objects, and tool results named after the call they answer."""
+    names: dict[str, str] = {}
+    rendered: list[Event] = []
+    for message in messages:
+        content = message.content
+        if isinstance(content, list):
+            content = "\n".join(part.text for part in content)
+        out: Event = {
+            "role": "system" if message.role == "developer" else message.role,
+            "content": content or "",
+        }
+        if message.name:
+            out["name"] = message.name
+        if message.tool_calls:
+            out["tool_calls"] = []
+            for call in message.tool_calls:
+                names[call.id] = call.function.name
+                arguments = _json_or_text(call.function.arguments)
+                out["tool_calls"].append(
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.function.name, "arguments": arguments},
+                    }
+                )
+        if message.role == "tool":
+            out["tool_call_id"] = message.tool_call_id
+            out.setdefault("name", names.get(message.tool_call_id or "", ""))
+        rendered.append(out)
+    return rendered
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+# ---------------------------------------------------------------- assembling a chat choice
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+@dataclass
+class ChatChoice:
+    """One choice of a chat completion, fed the engine's events; answers OpenAI deltas as it goes."""
+
+    index: int
+    mode: str
+    tool_names: list[str]
+    tool_format: str = "hermes"
+    text: str = ""
+    sent: int = 0  # characters of `text` already released as content
+    calls: list[Event] = field(default_factory=list)
+    call_started: bool = False
+    arguments_sent: int = 0
+    logprobs: list[Event] = field(default_factory=list)
+    finish: str | None = None
+    completion_tokens: int = 0
+
+    def feed(self, event: Event) -> Event:
+        """Apply one event; the delta (possibly empty) it produces for a stream."""
+        if event.get("started"):
+            self.tool_format = event.get("tool_format", self.tool_format)
+            return {}
+        if "logprob" in event:
+            entry = _chat_logprob(event["logprob"])
+            self.logprobs.append(entry)
+            return {"logprobs": [entry]}
+        self.text += event.get("text", "")
+        self.completion_tokens = event.get("completion_tokens", self.completion_tokens)
+        if "finish" in event:
+            self.finish = event["finish"]
+        if self.mode == "forced":
+            return self._forced_delta()
+        if self.mode == "auto":
+            return self._auto_delta()
+        return self._content(len(self.text))
+
+    @property
+    def finish_reason(self) -> str:
+        if self.calls and self.finish == "stop":
+            return "tool_calls"
+        return self.finish or "stop"
+
+    def message(self) -> Event:
+        content = self.text if self.mode in ("none", "json") else self._final_content
+        message: Event = {"role": "assistant", "content": content, "refusal": None}
+        if self.calls:
+            message["tool_calls"] = self.calls
+        return message
+
+    def _content(self, upto: int) -> Event:
+        piece = self.text[self.sent : upto]
+        self.sent = max(self.sent, upto)
+        return {"content": piece} if piece else {}
+
+    def _auto_delta(self) -> Event:
+        parser = PARSERS.get(self.tool_format, PARSERS["hermes"])
+        if self.finish is None:
+            return self._content(self.sent + streamable_length(self.text[self.sent :], parser.start_markers))
+        parsed = parser.parse(self.text, self.tool_names)
+        if not parsed.tool_calls:
+            self._final_content = self.text or None
+            return self._content(len(self.text))
+        self.calls = [_call(c.name, c.arguments) for c in parsed.tool_calls]
+        shown = self.text[: self.sent]
+        rest = parsed.content or ""
+        rest = rest[len(shown) :] if rest.startswith(shown) else ""
+        self._final_content = (shown + rest) or None
+        delta: Event = {"tool_calls": [{"index": i, **c} for i, c in enumerate(self.calls)]}
+        if rest:
+            delta["content"] = rest
+        return delta
+
+    def _forced_delta(self) -> Event:
+        self._final_content = None
+        split = split_tool_call(self.text, self.tool_names)
+        if split is None:
+            return {}
+        name, arguments = split
+        if self.finish == "stop" and arguments.endswith("}"):
+            arguments = arguments[:-1]  # the closing brace of the wrapping {"name", "arguments"} object
+        elif self.finish is None:
+            arguments = arguments[:-1]  # it may be that brace: wait for the next event
+        delta_call: Event = {"index": 0}
+        if not self.call_started:
+            self.call_started = True
+            self.calls = [_call(name, "")]
+            delta_call.update(id=self.calls[0]["id"], type="function")
+            delta_call["function"] = {"name": name, "arguments": ""}
+        piece = arguments[self.arguments_sent :]
+        self.arguments_sent = len(arguments)
+        self.calls[0]["function"]["arguments"] = arguments
+        if piece:
+            delta_call.setdefault("function", {})["arguments"] = piece
+        return {"tool_calls": [delta_call]} if len(delta_call) > 1 else {}
+
+    _final_content: str | None = None
+
+
+def _call(name: str, arguments: str) -> Event:
+    return {"id": new_id("call"), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _chat_logprob(entry: Event) -> Event:
+    return {
+        "token": entry["token"],
+        "logprob": entry["logprob"],
+        "bytes": list(entry["token"].encode()),
+        "top_logprobs": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in entry.get("top", [])
+        ],
+    }
+
+
+# ---------------------------------------------------------------- assembling a completion choice
+
+
+@dataclass
+class CompletionChoice:
+    index: int
+    want_logprobs: bool
+    echo: bool
+    text: str = ""
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    finish: str | None = None
+    completion_tokens: int = 0
+
+    def feed(self, event: Event) -> tuple[str, int]:
+        """Apply one event; the text it adds and how many logprob entries it added."""
+        before_text, before = len(self.text), len(self.tokens)
+        if event.get("started"):
+            if self.echo:
+                self.text += event.get("prompt_text", "")
+            for entry in event.get("prompt_logprobs") or []:
+                self._add(entry)
+        elif "logprob" in event:
+            self._add(event["logprob"])
+        else:
+            self.text += event.get("text", "")
+            self.completion_tokens = event.get("completion_tokens", self.completion_tokens)
+            self.finish = event.get("finish", self.finish)
+        return self.text[before_text:], len(self.tokens) - before
+
+    def _add(self, entry: Event | None) -> None:
+        if entry is None:
+            return
+        self.tokens.append(entry["token"])
+        self.token_logprobs.append(entry.get("logprob"))
+        top = entry.get("top")
+        self.top_logprobs.append(None if top is None else {t: lp for t, lp in top})
+
+    def logprobs(self, start: int = 0, text_start: int = 0) -> Event | None:
+        """OpenAI's legacy logprobs object for entries from `start`, offsets counted from `text_start`."""
+        if not self.want_logprobs:
+            return None
+        offsets, offset = [], text_start
+        for token in self.tokens[start:]:
+            offsets.append(offset)
+            offset += len(token)
+        return {
+            "tokens": self.tokens[start:],
+            "token_logprobs": self.token_logprobs[start:],
+            "top_logprobs": self.top_logprobs[start:],
+            "text_offset": offsets,
+        }

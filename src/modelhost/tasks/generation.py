@@ -1,0 +1,149 @@
+"""Text generation (chat and completions) inside a replica worker: prompts in, token events out.
+
+Unlike the batch handlers, this one streams: the worker feeds requests into the continuous-batching
+engine between decoding steps and sends every step's events back (see `runtime.worker`). A request
+arrives with the gateway's already validated fields; here it becomes a prompt (the artifact's own chat
+template for chat), a token budget checked against the model's context, and an optional grammar.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from modelhost.errors import InvalidRequest
+from modelhost.generation.engine import Event, GenerationEngine, SamplingParams, Sequence
+from modelhost.generation.text import IncrementalDecoder
+from modelhost.generation.tool_parsers import parser_for_template
+from modelhost.runtime import loader
+
+MAX_RUNNING_SEQUENCES = 64
+
+
+@dataclass
+class ChatModel:
+    engine: GenerationEngine
+    tokenizer: Any
+    tool_format: str
+    _guidance: Any = None  # llguidance's tokenizer, built on the first constrained request (~1 s)
+    echo: dict[int, list[int]] = field(default_factory=dict)  # prompts to send back (completions' echo)
+
+    def guidance_tokenizer(self) -> Any:
+        if self._guidance is None:
+            import llguidance.hf
+
+            self._guidance = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.engine.vocab_size)
+        return self._guidance
+
+
+class TextGeneration:
+    streaming = True
+
+    def load(self, model_dir: Path, device: str) -> ChatModel:
+        tokenizer = loader.load_tokenizer(model_dir)
+        model = loader.load_auto(model_dir, device, "AutoModelForCausalLM")
+        text = functools.lru_cache(maxsize=65536)(lambda token: tokenizer.decode([token]))
+        engine = GenerationEngine(
+            model, tokenizer, device, MAX_RUNNING_SEQUENCES, _context_length(model, tokenizer), text
+        )
+        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+        return ChatModel(engine, tokenizer, parser_for_template(template).name)
+
+    def warmup(self, state: ChatModel) -> None:
+        self.start(state, 0, {"prompt": "modelhost warm-up", "params": {"max_tokens": 2, "temperature": 0}})
+        while not state.engine.idle:
+            state.engine.step()
+
+    def start(self, state: ChatModel, request_id: int, request: dict[str, Any]) -> None:
+        """Queue a request in the engine; InvalidRequest (a 400 for its caller) if it cannot run."""
+        prompt, prompt_param = _prompt(state, request)
+        params = _params(state, request.get("params", {}), len(prompt), prompt_param)
+        constraint = None
+        if request.get("grammar"):
+            from modelhost.generation.guidance import GrammarConstraint
+
+            constraint = GrammarConstraint(
+                state.guidance_tokenizer(), request["grammar"], param=request.get("grammar_param")
+            )
+        decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)
+        state.engine.add(Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint))
+        if request.get("echo"):
+            state.echo[request_id] = prompt
+
+    def cancel(self, state: ChatModel, request_id: int) -> None:
+        state.echo.pop(request_id, None)
+        state.engine.cancel(request_id)
+
+    def step(self, state: ChatModel) -> list[tuple[int, Event]]:
+        events = state.engine.step()
+        for request_id, event in events:
+            if event.get("started"):
+                event["tool_format"] = state.tool_format
+                prompt = state.echo.pop(request_id, None)
+                if prompt is not None:
+                    event["prompt_text"] = state.tokenizer.decode(prompt)
+        return events
+
+    def abort(self, state: ChatModel) -> list[int]:
+        state.echo.clear()
+        return state.engine.abort()
+
+    def idle(self, state: ChatModel) -> bool:
+        return state.engine.idle
+
+    def running(self, state: ChatModel) -> int:
+        return len(state.engine.running) + len(state.engine.waiting)
+
+
+def _prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int], str]:
+    tokenizer = state.tokenizer
+    if "messages" in request:
+        if not tokenizer.chat_template:
+            raise InvalidRequest(
+                "This model has no chat template; use /v1/completions with a prompt.", param="messages"
+            )
+        try:
+            text = tokenizer.apply_chat_template(
+                request["messages"], tools=request.get("tools"), add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # the template's own checks (roles, alternation) raise here
+            message = f"The model's chat template refused the messages: {exc}"
+            raise InvalidRequest(message, param="messages") from None
+        ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids, "messages"
+    prompt = request["prompt"]
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt)["input_ids"]), "prompt"
+    if any(token >= state.engine.vocab_size for token in prompt):
+        raise InvalidRequest(f"Token IDs must be below {state.engine.vocab_size}.", param="prompt")
+    return list(prompt), "prompt"
+
+
+def _params(state: ChatModel, given: dict[str, Any], prompt_tokens: int, prompt_param: str) -> SamplingParams:
+    context = state.engine.context_length
+    if prompt_tokens == 0:
+        raise InvalidRequest("The prompt is empty.", param=prompt_param)
+    room = context - prompt_tokens
+    max_tokens = given.get("max_tokens")
+    if room <= 0 or (max_tokens is not None and max_tokens > room):
+        wanted = f" + max_tokens {max_tokens}" if max_tokens is not None else ""
+        raise InvalidRequest(
+            f"The prompt ({prompt_tokens} tokens){wanted} does not fit the model's context "
+            f"of {context} tokens.",
+            param="max_tokens" if max_tokens is not None and room > 0 else prompt_param,
+            code="context_length_exceeded",
+        )
+    fields = {k: v for k, v in given.items() if k != "max_tokens" and v is not None}
+    if "stop" in fields:
+        fields["stop"] = tuple(fields["stop"])
+    return SamplingParams(max_tokens=max_tokens or room, **fields)
+
+
+def _context_length(model: Any, tokenizer: Any) -> int:
+    """The model's context: its position embeddings, or the tokenizer's limit when that is sane."""
+    for value in (getattr(model.config, "max_position_embeddings", None), tokenizer.model_max_length):
+        if isinstance(value, int) and 0 < value < 10_000_000:
+            return value
+    return 2048

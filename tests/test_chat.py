@@ -1,0 +1,566 @@
+"""Chat completions and completions through the official `openai` SDK against a live server, on the tiny
+recipe chat model (Qwen2 with a ChatML template that renders tools) pushed through the artifact path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.live import live_server
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "integer"}}, "required": ["zone"]},
+    },
+}
+MESSAGES: list[Any] = [
+    {"role": "system", "content": "You are a helpful assistant"},
+    {"role": "user", "content": "what is the weather in berlin?"},
+]
+
+
+@dataclass
+class Chat:
+    url: str
+    key: str
+    http: httpx.Client
+    deployment_id: str
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0)
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0)
+
+    def post(self, path: str, **body: Any) -> httpx.Response:
+        return self.http.post(path, json=body, headers=bearer(self.key), timeout=120)
+
+
+def long_context_copy(recipes: Path, root: Path) -> Path:
+    """The recipe chat model with a 2048-token context (its tiny vocabulary makes a prompt with two tool
+    schemas about 500 tokens, the recipe's whole context). Rotary positions need no more weights."""
+    folder = root / "chat-model"
+    shutil.copytree(recipes / "t11_text_generation_chat", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[Chat]:
+    root = tmp_path_factory.mktemp("chat")
+    settings = make_settings(
+        root, f"sqlite:///{root / 'db.sqlite'}", worker_threads=1, constrained_max_string_length=16
+    )
+    with live_server(settings) as url:
+        http = httpx.Client(base_url=url, timeout=120)
+        key = http.post("/v1/admin/accounts", json={"name": "chat"}, headers=bearer(ADMIN_KEY)).json()[
+            "api_key"
+        ]
+        artifact = push_folder_sync(http, key, long_context_copy(recipes, root), "text-generation")
+        created = http.post(
+            "/v1/deployments",
+            json={"model": "chat", "artifact_id": artifact, "readiness": "warm"},
+            headers=bearer(key),
+        )
+        assert created.status_code == 201, created.text
+        yield Chat(url, key, http, created.json()["id"])
+        http.close()
+
+
+# ---------------------------------------------------------------- chat completions
+
+
+def test_chat_completion_answers_openai_shape_with_exact_usage(chat: Chat) -> None:
+    answer = chat.client().chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=6, temperature=0, extra_body={"min_tokens": 6}
+    )
+    assert answer.object == "chat.completion" and answer.model == "chat" and answer.id.startswith("chatcmpl-")
+    choice = answer.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason == "length"
+    assert answer.usage is not None and answer.usage.completion_tokens == 6
+    prompt = chat.post("/v1/completions", model="chat", prompt="x", max_tokens=1).json()  # 1 prompt token
+    assert prompt["usage"]["prompt_tokens"] == 1
+    assert answer.usage.prompt_tokens > 10 and answer.usage.total_tokens == answer.usage.prompt_tokens + 6
+
+
+def test_chat_takes_content_parts_developer_messages_and_max_completion_tokens(chat: Chat) -> None:
+    messages: list[Any] = [
+        {"role": "developer", "content": "You are a helpful assistant"},
+        {"role": "user", "content": [{"type": "text", "text": "what is the weather in berlin?"}]},
+    ]
+    parts = chat.client().chat.completions.create(
+        model="chat", messages=messages, max_completion_tokens=5, temperature=0
+    )
+    plain = chat.client().chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=5, temperature=0
+    )
+    assert parts.choices[0].message.content == plain.choices[0].message.content  # developer renders as system
+    assert parts.usage is not None and parts.usage.completion_tokens <= 5
+
+
+def test_greedy_output_equals_the_model_generating_in_process(chat: Chat, recipes: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = recipes / "t11_text_generation_chat"  # the same weights and tokenizer as the deployment
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    out = model.generate(**ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    expected = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    answer = chat.client().chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=12, temperature=0, extra_body={"min_tokens": 12}
+    )
+    assert answer.choices[0].message.content == expected
+
+
+def test_seed_reproduces_sampled_output_and_n_gives_that_many_choices(chat: Chat) -> None:
+    client = chat.client()
+    create = lambda seed: client.chat.completions.create(  # noqa: E731
+        model="chat",
+        messages=MESSAGES,
+        max_tokens=10,
+        temperature=1.5,
+        seed=seed,
+        n=2,
+        extra_body={"min_tokens": 10},
+    )
+    first, again, other = create(7), create(7), create(8)
+    texts = lambda a: [c.message.content for c in a.choices]  # noqa: E731
+    assert len(first.choices) == 2 and [c.index for c in first.choices] == [0, 1]
+    assert texts(first) == texts(again)
+    assert texts(first) != texts(other)
+    assert first.choices[0].message.content != first.choices[1].message.content
+    assert first.usage is not None and first.usage.completion_tokens == 20
+
+
+def test_stop_strings_end_generation_and_are_not_in_the_output(chat: Chat) -> None:
+    client = chat.client()
+    full = (
+        client.chat.completions.create(
+            model="chat", messages=MESSAGES, max_tokens=20, temperature=0, extra_body={"min_tokens": 20}
+        )
+        .choices[0]
+        .message.content
+    )
+    assert full and len(full) > 6
+    stop = full[4:7]
+    cut = client.chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=20, temperature=0, stop=[stop, "zzz"]
+    )
+    text = cut.choices[0].message.content or ""
+    assert cut.choices[0].finish_reason == "stop"
+    assert stop not in text and full.startswith(text) and len(text) <= full.index(stop)
+
+
+def test_penalties_and_top_p_change_the_output(chat: Chat) -> None:
+    client = chat.client()
+    base = dict(model="chat", messages=MESSAGES, max_tokens=12, extra_body={"min_tokens": 12})
+    greedy = client.chat.completions.create(**base, temperature=0).choices[0].message.content
+    penalised = (
+        client.chat.completions.create(**base, temperature=0, frequency_penalty=2.0)
+        .choices[0]
+        .message.content
+    )
+    assert greedy != penalised
+    narrow = [
+        client.chat.completions.create(**base, temperature=1, top_p=0.0, seed=s).choices[0].message.content
+        for s in (1, 2)
+    ]
+    assert narrow[0] == narrow[1] == greedy  # top_p 0 keeps only the most likely token
+
+
+def test_logprobs_and_top_logprobs(chat: Chat) -> None:
+    answer = chat.client().chat.completions.create(
+        model="chat",
+        messages=MESSAGES,
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"min_tokens": 4},
+    )
+    content = answer.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 4
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)  # greedy picks the best
+    assert "".join(e.token for e in content) == answer.choices[0].message.content
+
+
+def test_streaming_sends_role_then_content_then_finish_then_usage_and_done(chat: Chat) -> None:
+    stream = chat.client().chat.completions.create(
+        model="chat",
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"min_tokens": 8},
+    )
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert (
+        chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    )
+    whole = chat.client().chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=8, temperature=0, extra_body={"min_tokens": 8}
+    )
+    assert text == whole.choices[0].message.content
+    raw = chat.http.post(
+        "/v1/chat/completions",
+        json={"model": "chat", "messages": MESSAGES, "max_tokens": 2, "stream": True},
+        headers=bearer(chat.key),
+    )
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    assert raw.text.rstrip().endswith("data: [DONE]")
+
+
+def test_a_client_leaving_mid_stream_frees_its_slot_within_a_step(chat: Chat) -> None:
+    client = chat.client()
+    stream = client.chat.completions.create(
+        model="chat",
+        messages=MESSAGES,
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+        extra_body={"min_tokens": 400},
+    )
+    for _, _chunk in zip(range(3), stream, strict=False):
+        pass
+    assert _generating(chat) == 1
+    stream.close()
+    deadline = time.monotonic() + 5
+    while _generating(chat) != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _generating(chat) == 0  # 400 tokens would take far longer than this
+
+
+def _generating(chat: Chat) -> float:
+    metrics = chat.http.get("/metrics").text
+    for line in metrics.splitlines():
+        if line.startswith("modelhost_generation_sequences") and chat.deployment_id in line:
+            return float(line.rsplit(" ", 1)[1])
+    return -1.0
+
+
+def test_concurrent_requests_share_decoding_steps_and_each_gets_its_own_answer(chat: Chat) -> None:
+    async def run() -> list[str]:
+        client = chat.async_client()
+        prompts = [f"hello world {i}" for i in range(6)]
+        answers = await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    model="chat",
+                    messages=[{"role": "user", "content": p}],
+                    max_tokens=10,
+                    temperature=0,
+                    extra_body={"min_tokens": 10},
+                )
+                for p in prompts
+            )
+        )
+        alone = [
+            (
+                await client.chat.completions.create(
+                    model="chat",
+                    messages=[{"role": "user", "content": p}],
+                    max_tokens=10,
+                    temperature=0,
+                    extra_body={"min_tokens": 10},
+                )
+            )
+            .choices[0]
+            .message.content
+            or ""
+            for p in prompts[:2]
+        ]
+        await client.close()
+        return [a.choices[0].message.content or "" for a in answers][:2] + alone
+
+    together_0, together_1, alone_0, alone_1 = asyncio.run(run())
+    assert (together_0, together_1) == (alone_0, alone_1)
+
+
+# ---------------------------------------------------------------- tools and structured output
+
+
+def test_tool_choice_required_returns_a_call_whose_arguments_validate(chat: Chat) -> None:
+    answer = chat.client().chat.completions.create(
+        model="chat",
+        messages=MESSAGES,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=80,
+        temperature=0,
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    call = choice.message.tool_calls[0]
+    tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])  # type: ignore[union-attr]
+    assert call.id.startswith("call-") and call.type == "function"
+
+
+def test_a_named_tool_choice_calls_that_tool(chat: Chat) -> None:
+    for name, tool in (("get_time", TIME), ("get_weather", WEATHER)):
+        answer = chat.client().chat.completions.create(
+            model="chat",
+            messages=MESSAGES,
+            tools=[WEATHER, TIME],
+            tool_choice={"type": "function", "function": {"name": name}},
+            max_tokens=80,
+            temperature=0.8,
+            seed=3,
+        )
+        call = answer.choices[0].message.tool_calls[0]  # type: ignore[index]
+        assert call.function.name == name  # type: ignore[union-attr]
+        jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])  # type: ignore[index, union-attr]
+
+
+def test_streamed_tool_call_deltas_reassemble_to_the_same_call(chat: Chat) -> None:
+    body = dict(
+        model="chat",
+        messages=MESSAGES,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        max_tokens=80,
+        temperature=0,
+    )
+    whole = chat.client().chat.completions.create(**body).choices[0].message.tool_calls[0]  # type: ignore[index]
+    name, arguments, ids, finishes = "", "", set(), []
+    pieces = 0
+    for chunk in chat.client().chat.completions.create(**body, stream=True):
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            assert delta.index == 0
+            if delta.id:
+                ids.add(delta.id)
+            if delta.function and delta.function.name:
+                name += delta.function.name
+            if delta.function and delta.function.arguments:
+                arguments += delta.function.arguments
+                pieces += 1
+        if chunk.choices[0].finish_reason:
+            finishes.append(chunk.choices[0].finish_reason)
+    assert (name, arguments) == (whole.function.name, whole.function.arguments)  # type: ignore[union-attr]
+    assert len(ids) == 1 and pieces > 1 and finishes == ["tool_calls"]
+
+
+def test_tool_choice_auto_and_none_render_tools_or_not(chat: Chat) -> None:
+    client = chat.client()
+    base = dict(model="chat", messages=MESSAGES, max_tokens=3, temperature=0)
+    with_tools = client.chat.completions.create(**base, tools=[WEATHER], tool_choice="auto")
+    without = client.chat.completions.create(**base, tools=[WEATHER], tool_choice="none")
+    assert with_tools.usage.prompt_tokens > without.usage.prompt_tokens  # type: ignore[union-attr]
+    assert with_tools.choices[0].message.tool_calls is None  # a random model writes no <tool_call> markup
+
+
+def test_tool_results_render_back_into_the_template(chat: Chat) -> None:
+    messages = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call-1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "berlin"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call-1", "content": "sunny"},
+    ]
+    answer = chat.client().chat.completions.create(
+        model="chat", messages=messages, tools=[WEATHER], max_tokens=2
+    )
+    short = chat.client().chat.completions.create(
+        model="chat", messages=MESSAGES, tools=[WEATHER], max_tokens=2
+    )
+    assert answer.usage.prompt_tokens > short.usage.prompt_tokens + 10  # type: ignore[union-attr]
+
+
+def test_json_schema_response_format_validates(chat: Chat) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "ok": {"type": "boolean"}},
+        "required": ["name", "age", "ok"],
+        "additionalProperties": False,
+    }
+    answer = chat.client().chat.completions.create(
+        model="chat",
+        messages=MESSAGES,
+        max_tokens=80,
+        temperature=0.7,
+        seed=1,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": schema, "strict": True},
+        },
+    )
+    jsonschema.validate(json.loads(answer.choices[0].message.content or ""), schema)
+    anything = chat.client().chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=80, temperature=0, response_format={"type": "json_object"}
+    )
+    assert isinstance(json.loads(anything.choices[0].message.content or ""), dict)
+
+
+# ---------------------------------------------------------------- validation and routing
+
+
+def test_tool_choice_validation_names_the_parameter(chat: Chat) -> None:
+    assert_error(
+        chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, tool_choice="auto"),
+        400,
+        param="tool_choice",
+    )
+    named = {"type": "function", "function": {"name": "nope"}}
+    assert_error(
+        chat.post(
+            "/v1/chat/completions", model="chat", messages=MESSAGES, tools=[WEATHER], tool_choice=named
+        ),
+        400,
+        param="tool_choice",
+    )
+    assert_error(
+        chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, tools=[]), 400, param="tools"
+    )
+
+
+def test_a_prompt_over_the_context_is_a_400_naming_max_tokens(chat: Chat) -> None:
+    error = assert_error(
+        chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, max_tokens=100_000),
+        400,
+        param="max_tokens",
+    )
+    assert "context" in error["message"]
+    long = [{"role": "user", "content": "hello world " * 1500}]
+    assert_error(chat.post("/v1/chat/completions", model="chat", messages=long), 400, param="messages")
+    streamed = chat.post(
+        "/v1/chat/completions", model="chat", messages=MESSAGES, max_tokens=100_000, stream=True
+    )
+    assert_error(streamed, 400, param="max_tokens")
+
+
+def test_vendor_model_names_are_not_found_and_other_pipelines_are_not_supported(
+    chat: Chat, recipes: Path
+) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        chat.client().chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert missing.value.body["message"] == "Model not found"  # type: ignore[index]
+    artifact = push_folder_sync(
+        chat.http, chat.key, recipes / "t03_feature_extraction" / "st", "feature-extraction"
+    )
+    created = chat.http.post(
+        "/v1/deployments", json={"model": "embedder", "artifact_id": artifact}, headers=bearer(chat.key)
+    )
+    assert created.status_code == 201
+    error = assert_error(
+        chat.post("/v1/chat/completions", model="embedder", messages=MESSAGES),
+        400,
+        code="endpoint_not_supported",
+    )
+    assert "Endpoint not supported" in error["message"]
+
+
+# ---------------------------------------------------------------- completions
+
+
+def test_completions_take_strings_lists_and_token_ids(chat: Chat) -> None:
+    client = chat.client()
+    one = client.completions.create(model="chat", prompt="hello world", max_tokens=5, temperature=0)
+    assert one.object == "text_completion" and len(one.choices) == 1
+    several = client.completions.create(
+        model="chat", prompt=["hello world", "a photo"], max_tokens=5, temperature=0, n=2
+    )
+    assert [c.index for c in several.choices] == [0, 1, 2, 3]
+    assert several.choices[0].text == one.choices[0].text
+    ids = chat.post("/v1/completions", model="chat", prompt=[1, 2, 3], max_tokens=3).json()
+    assert ids["usage"]["prompt_tokens"] == 3
+    assert_error(chat.post("/v1/completions", model="chat", prompt=[10**6]), 400, param="prompt")
+
+
+def test_completions_echo_and_logprobs(chat: Chat) -> None:
+    answer = chat.client().completions.create(
+        model="chat",
+        prompt="hello world",
+        max_tokens=4,
+        temperature=0,
+        echo=True,
+        logprobs=2,
+        extra_body={"min_tokens": 4},
+    )
+    choice = answer.choices[0]
+    assert choice.text.startswith("hello world")
+    logprobs = choice.logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.token_logprobs and logprobs.text_offset
+    assert "".join(logprobs.tokens) == choice.text
+    assert logprobs.token_logprobs[0] is None and all(lp is not None for lp in logprobs.token_logprobs[1:])
+    assert (
+        logprobs.text_offset[0] == 0 and logprobs.top_logprobs and len(logprobs.top_logprobs[-1] or {}) == 2
+    )
+    assert answer.usage is not None and answer.usage.completion_tokens == 4
+
+
+def test_completions_stream_text_completion_chunks(chat: Chat) -> None:
+    chunks = list(
+        chat.client().completions.create(
+            model="chat",
+            prompt="hello world",
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"min_tokens": 6},
+        )
+    )
+    whole = chat.client().completions.create(
+        model="chat", prompt="hello world", max_tokens=6, temperature=0, extra_body={"min_tokens": 6}
+    )
+    assert all(c.object == "text_completion" for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+
+async def test_async_client_streams_too(chat: Chat) -> None:
+    client = chat.async_client()
+    stream = await client.chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=5, stream=True, temperature=0
+    )
+    pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+    await client.close()
+    assert "".join(pieces)
