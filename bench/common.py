@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: a served modelhost, a wrk runner, markdown tables."""
+"""Helpers shared by the benchmarks: a served modelhost, a wrk runner, markdown tables, the report."""
 
 from __future__ import annotations
 
@@ -157,3 +157,16 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _write_section(path: Path, marker: str, section: str) -> None:
+    """Replace this benchmark's section of the report, keeping the others."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `make bench`.\n"
+    if marker in text:
+        start = text.index(marker)
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + section + (text[end + 1 :] if end != -1 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import deploy, serve, table, wrk
+from bench.common import _write_section, deploy, serve, table, wrk
 
 SENTENCE = "A quick brown fox jumps over the lazy dog."
 
@@ -114,18 +114,6 @@ Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}
 """
     print(report)
     _write_section(args.out, "## Embeddings:", report)
-
-
-def _write_section(path: Path, marker: str, section: str) -> None:
-    """Replace this benchmark's section of the report, keeping the others."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `make bench`.\n"
-    if marker in text:
-        start = text.index(marker)
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[end + 1 :] if end != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
 
 
 if __name__ == "__main__":
