@@ -15,6 +15,7 @@ from modelhost.generation.grammar import json_schema_grammar
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
 torch = pytest.importorskip("torch")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the engine's CUDA path where a GPU is present
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +24,13 @@ def loaded(recipes: Path) -> Iterator[tuple[Any, Any]]:
 
     torch.set_num_threads(1)
     folder = recipes / "t11_text_generation_chat"
-    yield AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).to(DEVICE).eval()
+    yield model, AutoTokenizer.from_pretrained(folder)
 
 
 def engine_of(loaded: tuple[Any, Any], max_running: int = 8) -> GenerationEngine:
     model, tokenizer = loaded
-    return GenerationEngine(model, tokenizer, "cpu", max_running, 512, lambda t: tokenizer.decode([t]))
+    return GenerationEngine(model, tokenizer, DEVICE, max_running, 512, lambda t: tokenizer.decode([t]))
 
 
 def sequence(loaded: tuple[Any, Any], sid: int, text: str, **params: Any) -> Sequence:
@@ -62,7 +64,7 @@ def test_sequences_joining_between_steps_generate_what_each_would_alone(loaded: 
         joins[[0, 0, 2, 4][i]].append(sequence(loaded, i, prompt, max_tokens=n, min_tokens=n))
     texts = run(engine_of(loaded), joins)
     for i, (prompt, n) in enumerate(zip(PROMPTS, lengths, strict=True)):
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(DEVICE)
         out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
         assert texts[i] == tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True), i
 
