@@ -111,6 +111,18 @@ class Settings(BaseSettings):
         default=40_000_000, ge=1, description="Largest image (width × height) decoded: refuses pixel bombs."
     )
     media_max_seconds: float = Field(default=600.0, gt=0, description="Longest audio or video decoded.")
+    # ---------------------------------------------------------------- generated media
+    public_url: str | None = Field(
+        default=None,
+        description="Base URL clients reach this service at (behind a proxy); default: the request's own.",
+    )
+    file_url_secret: SecretStr | None = Field(
+        default=None,
+        description="Key signing generated-file links; default: one made once and kept in data_dir.",
+    )
+    generated_file_ttl_seconds: float = Field(
+        default=3600.0, gt=0, description="How long generated files (image `url` answers) stay reachable."
+    )
     # ---------------------------------------------------------------- text generation (docs/generation.md)
     constrained_max_string_length: int = Field(
         default=512,

@@ -24,6 +24,7 @@ from modelhost.api.routes import (
     chat,
     deployments,
     embeddings,
+    files,
     health,
     keys,
     models,
@@ -84,6 +85,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         models.router,
         embeddings.router,
         chat.router,
+        files.router,
         tasks.router,
     ):
         app.include_router(router)
@@ -146,14 +148,15 @@ _GENERIC = {
 
 
 async def _sweep_forever(services: Services) -> None:
-    """Background housekeeping: expire upload sessions, recover stale completions."""
+    """Background housekeeping: expire upload sessions and generated files, recover stale completions."""
     await asyncio.to_thread(services.artifacts.recover)
     while True:
         await asyncio.sleep(services.settings.sweep_interval_seconds)
-        try:
-            await asyncio.to_thread(services.artifacts.sweep)
-        except Exception:
-            log.exception("sweep failed")
+        for sweep in (services.artifacts.sweep, services.files.sweep):
+            try:
+                await asyncio.to_thread(sweep)
+            except Exception:
+                log.exception("sweep failed")
 
 
 def make_server(settings: Settings, host: str, port: int, log_level: str) -> uvicorn.Server:

@@ -16,6 +16,7 @@ from modelhost.routing import DeploymentRef
 from modelhost.runtime.manager import ReplicaManager
 from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
+from modelhost.services.files import FileService, file_secret
 from modelhost.services.keys import KeyService
 from modelhost.store import migrate
 from modelhost.store.db import Database
@@ -34,6 +35,7 @@ class Services:
     artifacts: ArtifactService
     runtime: ReplicaManager
     media: MediaPolicy  # parsed once: a bad MODELHOST_MEDIA_ALLOW_NETWORKS stops the start
+    files: FileService
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -65,6 +67,15 @@ class Services:
             artifacts=artifacts,
             runtime=ReplicaManager(settings, deployments.runtime_spec, deployments.hot_specs),
             media=MediaPolicy.from_settings(settings),
+            files=FileService(
+                database,
+                blobs,
+                file_secret(
+                    settings.data_dir,
+                    settings.file_url_secret.get_secret_value() if settings.file_url_secret else None,
+                ),
+                settings.generated_file_ttl_seconds,
+            ),
         )
 
     def close(self) -> None:

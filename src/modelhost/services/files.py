@@ -1,0 +1,102 @@
+"""Generated files behind unguessable, expiring links (`response_format: "url"` of image generation).
+
+A link is `/v1/files/{id}/content?expires=<unix>&signature=<hmac>`: the HMAC-SHA256 of the file ID and
+expiry under a server secret. It works without an API key (so a browser or `<img>` can fetch it) and
+only until it expires; a wrong signature, an expired link and a missing file all answer the same 404.
+The bytes live in the blob store; `sweep` deletes expired files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import select
+
+from modelhost.artifacts.blobstore import BlobStore
+from modelhost.errors import NotFound
+from modelhost.store.db import Database
+from modelhost.store.models import GeneratedFile
+from modelhost.store.types import new_id, utcnow
+
+PREFIX = "generated"
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    id: str
+    expires_at: datetime
+
+
+def file_secret(data_dir: Path, configured: str | None) -> bytes:
+    """The signing secret: the operator's, else one made once and kept in the data directory (so links
+    survive restarts and are shared by gateways on the same data)."""
+    if configured:
+        return configured.encode()
+    path = data_dir / "file-url-secret"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o600)
+    return path.read_text().strip().encode()
+
+
+class FileService:
+    def __init__(self, database: Database, blobs: BlobStore, secret: bytes, ttl_seconds: float) -> None:
+        self._database = database
+        self._blobs = blobs
+        self._secret = secret
+        self._ttl = timedelta(seconds=ttl_seconds)
+
+    def store(self, account_id: str, data: bytes, content_type: str, suffix: str) -> StoredFile:
+        file_id = new_id("file")
+        key = f"{PREFIX}/{file_id}.{suffix}"
+        writer = self._blobs.writer(key)
+        writer.write(data)
+        writer.commit()
+        expires = utcnow() + self._ttl
+        with self._database.transaction() as session:
+            session.add(
+                GeneratedFile(
+                    id=file_id,
+                    account_id=account_id,
+                    blob_key=key,
+                    content_type=content_type,
+                    size=len(data),
+                    expires_at=expires,
+                )
+            )
+        return StoredFile(file_id, expires)
+
+    def url(self, base_url: str, stored: StoredFile) -> str:
+        expires = int(stored.expires_at.timestamp())
+        signature = self._sign(stored.id, expires)
+        return f"{base_url.rstrip('/')}/v1/files/{stored.id}/content?expires={expires}&signature={signature}"
+
+    def read(self, file_id: str, expires: int, signature: str) -> tuple[bytes, str]:
+        """The file's bytes and content type, if the link is genuine and unexpired."""
+        genuine = hmac.compare_digest(self._sign(file_id, expires), signature)
+        with self._database.transaction() as session:
+            row = session.get(GeneratedFile, file_id)
+            if not genuine or row is None or utcnow().timestamp() > expires or utcnow() > row.expires_at:
+                raise NotFound("File not found (or the link has expired).", code="file_not_found")
+            key, content_type = row.blob_key, row.content_type
+        with self._blobs.open(key) as handle:
+            return handle.read(), content_type
+
+    def sweep(self) -> int:
+        """Delete expired files; how many."""
+        with self._database.transaction() as session:
+            rows = session.scalars(select(GeneratedFile).where(GeneratedFile.expires_at < utcnow())).all()
+            for row in rows:
+                self._blobs.delete_prefix(row.blob_key)
+                session.delete(row)
+            return len(rows)
+
+    def _sign(self, file_id: str, expires: int) -> str:
+        message = f"{file_id}:{expires}".encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
