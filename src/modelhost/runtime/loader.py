@@ -78,3 +78,27 @@ def load_processor(model_dir: Path) -> Any:
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(str(model_dir), **SAFE_LOAD)  # type: ignore[no-untyped-call]
+
+
+def load_diffusers(model_dir: Path, device: str, auto_class: str) -> Any:
+    """A diffusers pipeline through one of its AutoPipeline classes (`AutoPipelineForText2Image`, ...):
+    local safetensors only (no pickles, no remote code), on `device`, without progress bars."""
+    import diffusers
+
+    diffusers.utils.logging.disable_progress_bar()
+    cls = getattr(diffusers, auto_class)
+    pipeline = cls.from_pretrained(str(model_dir), local_files_only=True, use_safetensors=True)
+    pipeline = pipeline.to(device)
+    pipeline.set_progress_bar_config(disable=True)
+    return pipeline
+
+
+def derive_diffusers(pipeline: Any, auto_class: str) -> Any:
+    """Another task's pipeline over the components of a loaded one (an image-to-image deployment
+    inpainting when a mask comes): `from_pipe` shares the weights, so no memory or disk is used.
+    Raises ValueError when the family has no pipeline for that task."""
+    import diffusers
+
+    derived = getattr(diffusers, auto_class).from_pipe(pipeline)
+    derived.set_progress_bar_config(disable=True)
+    return derived

@@ -1,0 +1,138 @@
+"""Wire types of image generation and editing (api.md §4.3, OpenAI's `/v1/images/*`; docs/images.md).
+
+Generations take a JSON body; edits take the same options as multipart form fields (the files apart),
+validated by the same model so that both answer the same 400s.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field, PlainValidator, WithJsonSchema
+
+from modelhost.protocol.common import StrictModel
+
+# The sizes §4.3 lists, plus OpenAI's newer landscape and portrait ones.
+SIZES = ("256x256", "512x512", "1024x1024", "1792x1024", "1024x1792", "1536x1024", "1024x1536")
+# `[width, height]` pairs: multiples of 16 (what every diffusers family divides by) in this range.
+SIDE_MIN, SIDE_MAX, SIDE_STEP = 64, 2048, 16
+MAX_N = 10
+MAX_PROMPT_CHARS = 32_000  # OpenAI's own limit; CLIP-style encoders read far fewer tokens anyway
+MAX_SEED = 2**63 - 1
+
+SIZE_CHOICES = (
+    f"one of {', '.join(f'`{s}`' for s in SIZES)}, or a [width, height] pair of multiples of "
+    f"{SIDE_STEP} between {SIDE_MIN} and {SIDE_MAX}"
+)
+SIZE_RULE = f"size must be `auto`, {SIZE_CHOICES}"
+
+
+def _side(value: Any) -> bool:
+    return type(value) is int and SIDE_MIN <= value <= SIDE_MAX and value % SIDE_STEP == 0
+
+
+def parse_size(value: Any) -> tuple[int, int] | None:
+    """`(width, height)`, or None for `auto` (the model's default size; an edit's: its image's size).
+
+    One validator rather than a union, so that every refusal names `size` itself."""
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, str) and value in SIZES:
+        width, height = value.split("x")
+        return int(width), int(height)
+    if isinstance(value, list) and len(value) == 2 and all(_side(v) for v in value):
+        return value[0], value[1]
+    raise ValueError(SIZE_RULE)
+
+
+SIZE_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "enum": ["auto", *SIZES]},
+        {
+            "type": "array",
+            "items": {"type": "integer", "minimum": SIDE_MIN, "maximum": SIDE_MAX, "multipleOf": SIDE_STEP},
+            "minItems": 2,
+            "maxItems": 2,
+        },
+        {"type": "null"},
+    ]
+}
+Size = Annotated[tuple[int, int] | None, PlainValidator(parse_size), WithJsonSchema(SIZE_SCHEMA)]
+
+
+class ImageOptions(StrictModel):
+    """What generations and edits share."""
+
+    model: str | None = Field(
+        default=None,
+        description="Your deployment's model ID (not needed with a key scoped to one deployment).",
+        examples=["painter"],
+    )
+    negative_prompt: str | None = Field(
+        default=None, max_length=MAX_PROMPT_CHARS, description="Elements to avoid."
+    )
+    n: int = Field(default=1, ge=1, le=MAX_N, description="Number of images (per input image for edits).")
+    size: Size = Field(
+        default=None,
+        description="`auto` (default): the model's default size (edits: the first image's size); "
+        f"else {SIZE_CHOICES}.",
+    )
+    response_format: Literal["url", "b64_json"] = Field(
+        default="url",
+        description="`url`: an unguessable link that expires (no API key needed); `b64_json`: the file.",
+    )
+    output_format: Literal["png", "jpeg", "webp"] = Field(default="png", description="The files' format.")
+    num_inference_steps: int | None = Field(
+        default=None, ge=1, le=500, description="Denoising steps; default: the pipeline's (50 for SD)."
+    )
+    guidance_scale: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Higher values follow the prompt more closely; default: the pipeline's (7.5 for SD).",
+    )
+    seed: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_SEED,
+        description="Same seed and parameters → the same bytes; the i-th image uses `seed + i`.",
+    )
+    user: str | None = Field(default=None, description="Accepted for OpenAI compatibility; ignored.")
+
+
+class ImageGenerationRequest(ImageOptions):
+    prompt: str | None = Field(
+        default=None,
+        max_length=MAX_PROMPT_CHARS,
+        description="Text guiding generation; omitted: unconditional generation.",
+        examples=["a watercolor fox in the snow"],
+    )
+
+
+class ImageEditRequest(ImageOptions):
+    """The text fields of an edit's form (`image`, `image[]` and `mask` are its files)."""
+
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, description="How to edit the images.")
+    strength: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="How much of each image is repainted (1: all); default: the pipeline's "
+        "(0.8 image-to-image, 1.0 inpainting for SD).",
+    )
+
+
+class GeneratedImage(BaseModel):
+    """Both keys are always present; the one `response_format` did not ask for is null."""
+
+    url: str | None
+    b64_json: str | None
+
+
+class ImagesResponse(BaseModel):
+    model: str
+    created: int
+    id: str
+    data: list[GeneratedImage]
+    size: str = Field(description="`WIDTHxHEIGHT` of the images.")
+    output_format: Literal["png", "jpeg", "webp"]
