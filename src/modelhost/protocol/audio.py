@@ -1,0 +1,145 @@
+"""OpenAI-compatible audio: `POST /v1/audio/speech` (JSON in, audio bytes out) and
+`POST /v1/audio/transcriptions` (a multipart form in, JSON or text out). See docs/audio.md."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from modelhost.protocol.common import StrictModel
+
+SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
+TranscriptionFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
+Granularity = Literal["word", "segment"]
+
+# What /docs shows for each speech format; the worker's encoder (media.encode.AUDIO_FORMATS) sets the
+# real header, and tests check that the two agree.
+SPEECH_CONTENT_TYPES: dict[str, str] = {
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+}
+SAMPLE_RATE_HEADER = "X-Sample-Rate"
+
+
+class VoiceRef(StrictModel):
+    """OpenAI's custom-voice object; its `id` is read like a voice name."""
+
+    id: str = Field(min_length=1, max_length=64)
+
+
+class SpeechRequest(StrictModel):
+    model: str = Field(description="Your text-to-speech deployment's model ID.", examples=["vits"])
+    input: str = Field(
+        min_length=1, max_length=4096, description="The text to speak.", examples=["Hello world."]
+    )
+    voice: Annotated[str, Field(max_length=64)] | VoiceRef | None = Field(
+        default=None,
+        description=(
+            "A speaker of a multi-speaker model: its number (`0`, `1`, ...) or an OpenAI voice name "
+            "(`alloy`, `ash`, ... mapped in order onto the model's speakers). Single-speaker models "
+            "accept any voice and ignore it."
+        ),
+        examples=["alloy"],
+    )
+    instructions: str | None = Field(
+        default=None, max_length=4096, description="Accepted for compatibility; no served model uses it."
+    )
+    response_format: SpeechFormat = Field(
+        default="mp3",
+        description=f"`pcm`: raw 16-bit little-endian mono at the rate in the `{SAMPLE_RATE_HEADER}` header.",
+    )
+    speed: float = Field(
+        default=1.0,
+        ge=0.25,
+        le=4.0,
+        description="VITS speaks faster or slower; other models' audio is resampled (pitch changes too).",
+    )
+    stream_format: Literal["audio"] = Field(
+        default="audio", description="Only `audio`: the answer is the audio file itself."
+    )
+
+    @field_validator("input")
+    @classmethod
+    def _has_text(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must contain text, not only whitespace")
+        return value
+
+
+def _segment_only() -> list[Granularity]:
+    return ["segment"]
+
+
+class TranscriptionOptions(BaseModel):
+    """The form fields of a transcription request besides the file (the route adds `file`).
+
+    Form values arrive as text, so this model converts (`"0.2"` → 0.2) where request bodies are
+    strict; unknown fields are still refused. Errors name the field without the `[]` the OpenAI SDK
+    puts after list fields (`timestamp_granularities`).
+    """
+
+    model_config = ConfigDict(extra="forbid", loc_by_alias=False, populate_by_name=True)
+
+    model: str = Field(description="Your automatic-speech-recognition deployment's model ID.")
+    language: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description="ISO-639-1 code (`en`). Whisper transcribes in it; other models ignore it.",
+    )
+    prompt: str | None = Field(
+        default=None, max_length=4096, description="Text preceding the audio (Whisper only)."
+    )
+    response_format: TranscriptionFormat = Field(default="json")
+    temperature: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="0 = greedy decoding; above 0 Whisper samples."
+    )
+    timestamp_granularities: list[Granularity] = Field(
+        default_factory=_segment_only,
+        alias="timestamp_granularities[]",
+        max_length=2,
+        description="With `verbose_json` only. `word` needs a model that can align words (docs/audio.md).",
+    )
+    stream: bool = Field(default=False, description="Only false: the transcript comes as one answer.")
+
+
+class TranscriptionWord(BaseModel):
+    word: str
+    start: float
+    end: float
+
+
+class TranscriptionSegment(BaseModel):
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float | None = Field(description="Not computed: null.")
+    compression_ratio: float
+    no_speech_prob: float | None = Field(description="Not computed: null.")
+
+
+class DurationUsage(BaseModel):
+    type: Literal["duration"] = "duration"
+    seconds: int
+
+
+class Transcription(BaseModel):
+    text: str
+    usage: DurationUsage
+
+
+class VerboseTranscription(Transcription):
+    task: Literal["transcribe"] = "transcribe"
+    language: str | None
+    duration: float
+    segments: list[TranscriptionSegment] | None = None
+    words: list[TranscriptionWord] | None = None

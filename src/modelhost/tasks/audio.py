@@ -1,0 +1,276 @@
+"""Text to speech and speech recognition (OpenAI's `/v1/audio/speech` and `/v1/audio/transcriptions`).
+
+Both run transformers' own pipelines (`text-to-audio`, `automatic-speech-recognition`): they hold each
+model family's pre- and post-processing (VITS tokenizers, Whisper's timestamp tokens and windows, CTC
+word offsets). Audio in is decoded by `modelhost.media.decode` (our limits, no `ffmpeg` program) and
+handed to the pipeline as samples at the model's rate; audio out is encoded by `modelhost.media.encode`.
+Requests run one at a time inside a batch: texts and clips differ in length, and a speech request is
+seeded on its own so that the same request always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from modelhost.errors import InvalidRequest, ModelhostError
+from modelhost.media.decode import decode_audio, resample
+from modelhost.media.encode import AUDIO_FORMATS, OPUS_RATES, encode_audio
+from modelhost.runtime import loader
+from modelhost.tasks.base import error_of, item_error
+from modelhost.tasks.media_items import WARMUP_LIMITS
+
+# OpenAI's voice names, in the order its SDK lists them; on a model with N speakers the i-th name is
+# speaker i mod N, so every name works and the first N are distinct speakers.
+OPENAI_VOICES = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "onyx",
+    "nova", "sage", "shimmer", "verse", "marin", "cedar",
+)  # fmt: skip
+SPEECH_SEED = 0
+CTC_WINDOW_SECONDS = 30.0  # CTC models have no window of their own; longer audio is cut into these
+PAUSE_SECONDS = 0.5  # a pause this long between two words starts a new segment
+SEGMENT_SECONDS = 30.0  # and no segment built from words grows longer than this
+
+
+# ---------------------------------------------------------------- text to speech
+
+
+@dataclass
+class Speaker:
+    pipe: Any
+    speakers: int  # above 1, `voice` picks one
+    vits: bool  # VITS speaks at any `speaking_rate`; other models' audio is resampled for `speed`
+
+
+def speaker_id(voice: str | None, speakers: int) -> int | None:
+    """The speaker a voice names: a number below `speakers`, or an OpenAI voice name; None: unknown."""
+    if voice is None:
+        return 0
+    if voice.isdigit():
+        return int(voice) if int(voice) < speakers else None
+    if voice in OPENAI_VOICES:
+        return OPENAI_VOICES.index(voice) % speakers
+    return None
+
+
+class TextToSpeech:
+    def load(self, model_dir: Path, device: str) -> Speaker:
+        pipe = loader.load_pipeline("text-to-audio", model_dir, device)
+        vits = pipe.model.config.model_type == "vits"
+        speakers = int(getattr(pipe.model.config, "num_speakers", 1) or 1) if vits else 1
+        return Speaker(pipe, speakers, vits)
+
+    def warmup_item(self) -> dict[str, Any]:
+        return {"input": "hello", "voice": None, "speed": 1.0, "response_format": "wav"}
+
+    @torch.inference_mode()
+    def run(self, model: Speaker, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [self._speak(model, item) for item in batch]
+
+    def _speak(self, model: Speaker, item: dict[str, Any]) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        if model.speakers > 1:
+            speaker = speaker_id(item["voice"], model.speakers)
+            if speaker is None:
+                return item_error(
+                    f"Unknown voice {item['voice']!r}: this model has {model.speakers} speakers; use 0 to "
+                    f"{model.speakers - 1} or one of {', '.join(OPENAI_VOICES)}.",
+                    "voice",
+                )
+            params["speaker_id"] = speaker
+        if model.vits:
+            params["speaking_rate"] = item["speed"]
+        torch.manual_seed(SPEECH_SEED)  # VITS samples durations and noise: seeded, a request is repeatable
+        try:
+            out = model.pipe(item["input"], forward_params=params)
+        except (RuntimeError, ValueError, IndexError) as exc:  # e.g. no character the tokenizer knows
+            return item_error(f"The model cannot speak this input: {exc}", "input")
+        samples, rate = _mono(out["audio"]), int(out["sampling_rate"])
+        if not model.vits and item["speed"] != 1.0:  # played faster or slower, like a tape
+            samples = resample(samples, round(rate * item["speed"]), rate)
+        fmt = item["response_format"]
+        return {
+            "audio": encode_audio(samples, rate, fmt),
+            "content_type": AUDIO_FORMATS[fmt][2],
+            "sampling_rate": 48000 if fmt == "opus" and rate not in OPUS_RATES else rate,
+        }
+
+
+def _mono(audio: Any) -> np.ndarray:
+    """Float32 mono samples; channels (the shorter axis) are averaged, NaN from a broken model is 0."""
+    samples = np.asarray(audio, dtype=np.float32)
+    if samples.ndim > 1:
+        samples = samples.mean(axis=int(np.argmin(samples.shape)), dtype=np.float32).reshape(-1)
+    return np.nan_to_num(samples, nan=0.0, posinf=1.0, neginf=-1.0)
+
+
+# ---------------------------------------------------------------- speech recognition
+
+Kind = Literal["whisper", "ctc", "seq2seq"]
+
+
+@dataclass
+class Recognizer:
+    pipe: Any
+    kind: Kind
+    rate: int
+    window: float | None  # seconds the model hears at once; longer audio is chunked
+    timestamps: bool  # the model gives segment times (Whisper with timestamp tokens, CTC)
+    words: bool  # ... and word times (CTC; Whisper with `alignment_heads`)
+    languages: frozenset[str]  # Whisper's language codes; empty: `language` is ignored
+
+
+class SpeechRecognition:
+    def load(self, model_dir: Path, device: str) -> Recognizer:
+        pipe = loader.load_pipeline("automatic-speech-recognition", model_dir, device)
+        rate = int(pipe.feature_extractor.sampling_rate)
+        if pipe.type == "seq2seq_whisper":
+            config = pipe.model.generation_config
+            timestamps = _has_timestamp_tokens(pipe.tokenizer, config)
+            codes = {key[2:-2] for key in getattr(config, "lang_to_id", None) or {}}  # "<|en|>" → "en"
+            if not getattr(config, "is_multilingual", False):
+                codes = {"en"}
+            aligned = timestamps and getattr(config, "alignment_heads", None) is not None
+            window = float(pipe.feature_extractor.chunk_length)
+            return Recognizer(pipe, "whisper", rate, window, timestamps, aligned, frozenset(codes))
+        if pipe.type in ("ctc", "ctc_with_lm"):
+            return Recognizer(pipe, "ctc", rate, CTC_WINDOW_SECONDS, True, True, frozenset())
+        return Recognizer(pipe, "seq2seq", rate, None, False, False, frozenset())
+
+    def warmup_item(self) -> dict[str, Any]:
+        silence = encode_audio(np.zeros(16000, dtype=np.float32), 16000, "wav")
+        return {"file": silence, "limits": WARMUP_LIMITS, "temperature": 0.0, "words": False}
+
+    @torch.inference_mode()
+    def run(self, model: Recognizer, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [self._transcribe(model, item) for item in batch]
+
+    def _transcribe(self, model: Recognizer, item: dict[str, Any]) -> dict[str, Any]:
+        if item["words"] and not model.words:
+            return item_error(
+                "This model cannot give word timestamps (a Whisper model needs `alignment_heads` in its "
+                "generation_config.json); ask for `segment` only.",
+                "timestamp_granularities",
+            )
+        try:
+            samples = decode_audio(
+                item["file"], target_rate=model.rate, max_seconds=item["limits"]["max_seconds"], param="file"
+            )
+            options = _options(model, item)
+        except ModelhostError as exc:
+            return error_of(exc)
+        duration = samples.size / model.rate
+        if model.window is not None and duration > model.window:
+            options["chunk_length_s"] = model.window
+        try:
+            result = model.pipe({"raw": samples, "sampling_rate": model.rate}, **options)
+        except (RuntimeError, ValueError, IndexError) as exc:  # e.g. a clip shorter than the model's filters
+            return item_error(f"The model cannot transcribe this audio: {exc}", "file")
+        return _transcript(model, item, result, duration)
+
+
+def _has_timestamp_tokens(tokenizer: Any, config: Any) -> bool:
+    """Whisper predicts times only with `<|0.00|>`... right after `<|notimestamps|>` in its vocabulary."""
+    no_timestamps = getattr(config, "no_timestamps_token_id", None)
+    return no_timestamps is not None and tokenizer.convert_tokens_to_ids("<|0.00|>") == no_timestamps + 1
+
+
+def _options(model: Recognizer, item: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline's arguments for one request; bad `language` or `prompt` raise InvalidRequest."""
+    if model.kind == "ctc":
+        return {"return_timestamps": "word"}
+    if model.kind == "seq2seq":
+        return {}
+    language, prompt = item.get("language"), item.get("prompt")
+    if language is not None and language not in model.languages:
+        raise InvalidRequest(
+            f"This model does not transcribe {language!r}; it knows {', '.join(sorted(model.languages))}.",
+            param="language",
+        )
+    config, limit = model.pipe.model.generation_config, int(model.pipe.model.config.max_target_positions)
+    prompt_ids = _prompt_ids(model.pipe.tokenizer, config, prompt, limit) if prompt else None
+    # OpenAI's Whisper decodes at most half its context; with a prompt, what the context has left.
+    generate: dict[str, Any] = {"max_new_tokens": min(limit // 2, limit - 4 - len(prompt_ids or []))}
+    if len(model.languages) > 1:  # multilingual: transcribe (never translate), in `language` if given
+        generate["task"] = "transcribe"
+        if language is not None:
+            generate["language"] = language
+    if prompt_ids is not None:
+        generate["prompt_ids"] = torch.tensor(prompt_ids)
+    if item["temperature"] > 0:
+        generate.update(do_sample=True, temperature=item["temperature"])
+    mode: bool | str = "word" if item["words"] else model.timestamps
+    return {"generate_kwargs": generate, "return_timestamps": mode, "return_language": model.timestamps}
+
+
+def _prompt_ids(tokenizer: Any, config: Any, prompt: str, limit: int) -> list[int]:
+    """`<|startofprev|>` and the prompt's last tokens, as OpenAI's Whisper does. Text that reads as a
+    special or timestamp token is refused: it would steer the decoder, not prompt it."""
+    ids: list[int] = tokenizer(" " + prompt.strip(), add_special_tokens=False)["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    if any(i in special or i > config.no_timestamps_token_id for i in ids):
+        raise InvalidRequest("`prompt` must not contain the model's special tokens.", param="prompt")
+    return [tokenizer.convert_tokens_to_ids("<|startofprev|>"), *ids[-(limit // 2 - 1) :]]
+
+
+Span = tuple[float, float, str]
+
+
+def _transcript(
+    model: Recognizer, item: dict[str, Any], result: dict[str, Any], duration: float
+) -> dict[str, Any]:
+    """Text, duration, language, segments (and words when asked) with times inside the audio.
+
+    Segments are Whisper's own when it predicts times; built from words (pauses split them) for CTC
+    and for Whisper asked for words; one segment of the whole clip for models without times.
+    """
+    text = str(result["text"])
+    chunks = result.get("chunks") or []
+    spans = [_span(chunk, duration) for chunk in chunks]
+    words = model.kind == "ctc" or item["words"]
+    if not chunks:
+        segments = [(0.0, round(duration, 3), text)] if text.strip() else []
+    else:
+        segments = _group(spans) if words else spans
+    tokenizer = model.pipe.tokenizer
+    language = next((c["language"] for c in chunks if c.get("language")), None) or item.get("language")
+    return {
+        "text": text.strip(),
+        "duration": round(duration, 3),
+        "language": language,
+        "segments": [
+            {"start": s, "end": e, "text": t, "tokens": tokenizer(t, add_special_tokens=False)["input_ids"]}
+            for s, e, t in segments
+            if t.strip()
+        ],
+        "words": [{"word": t.strip(), "start": s, "end": e} for s, e, t in spans if t.strip()]
+        if item["words"]
+        else None,
+    }
+
+
+def _span(chunk: dict[str, Any], duration: float) -> Span:
+    """A pipeline chunk's (start, end, text), clamped into the audio: a model may predict times past
+    its end, and Whisper leaves the last end open (None) when it stops mid-window."""
+    start, end = chunk["timestamp"]
+    begin = min(max(float(start or 0.0), 0.0), duration)
+    finish = duration if end is None else min(max(float(end), begin), duration)
+    return round(begin, 3), round(finish, 3), str(chunk["text"])
+
+
+def _group(words: list[Span]) -> list[Span]:
+    """Words into segments: a new one after a pause of PAUSE_SECONDS or at SEGMENT_SECONDS long.
+    Whisper's words carry their leading space; CTC's get one."""
+    segments: list[Span] = []
+    for start, end, word in words:
+        piece = word if word.startswith(" ") else " " + word
+        if segments and start - segments[-1][1] < PAUSE_SECONDS and end - segments[-1][0] <= SEGMENT_SECONDS:
+            first, _, text = segments[-1]
+            segments[-1] = (first, end, text + piece)
+        else:
+            segments.append((start, end, piece))
+    return segments
