@@ -123,6 +123,22 @@ class Settings(BaseSettings):
     generated_file_ttl_seconds: float = Field(
         default=3600.0, gt=0, description="How long generated files (image `url` answers) stay reachable."
     )
+    # ---------------------------------------------------------------- video jobs (docs/videos.md)
+    video_concurrency: int = Field(default=1, ge=1, description="Video jobs one gateway runs at a time.")
+    video_poll_seconds: float = Field(
+        default=0.5, gt=0, description="How often an idle gateway looks for jobs."
+    )
+    video_job_stale_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="A running job silent this long (its gateway died) is re-queued once, then failed.",
+    )
+    video_retention_seconds: float = Field(
+        default=24 * 3600.0, gt=0, description="How long a finished video's content is kept (`expires_at`)."
+    )
+    video_poll_after_ms: int = Field(
+        default=1000, ge=0, description="`openai-poll-after-ms` on a job that is still queued or running."
+    )
     # ---------------------------------------------------------------- text generation (docs/generation.md)
     constrained_max_string_length: int = Field(
         default=512,

@@ -21,14 +21,17 @@ from modelhost.api.middleware import BodySizeLimit, RequestMetrics
 from modelhost.api.routes import (
     admin,
     artifacts,
+    audio,
     chat,
     deployments,
     embeddings,
     files,
     health,
+    images,
     keys,
     models,
     tasks,
+    videos,
 )
 from modelhost.config import Settings, get_settings
 from modelhost.protocol.errors import ErrorBody
@@ -59,10 +62,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         app.state.services = services or Services.build(settings)
         sweeper = asyncio.create_task(_sweep_forever(app.state.services))
         await app.state.services.runtime.start()
+        app.state.services.video_runner.start()
         try:
             yield
         finally:
             sweeper.cancel()
+            await app.state.services.video_runner.stop()
             await app.state.services.runtime.shutdown()
             if owned:
                 app.state.services.close()
@@ -86,7 +91,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         embeddings.router,
         chat.router,
         files.router,
+        images.router,
         tasks.router,
+        audio.router,
+        videos.router,
     ):
         app.include_router(router)
 

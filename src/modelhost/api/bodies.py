@@ -1,12 +1,15 @@
-"""Media as the raw request body: `Content-Type: image/png` with the other parameters in the query string.
+"""Request bodies other than JSON, turned into the JSON body the route already takes, so the route, its
+validation and the media rules stay one code path.
 
-`curl --data-binary @cat.jpg -H 'Content-Type: image/jpeg' '.../v1/images/to-text?model=blip'` is how
-many clients send one image. Such a request is turned into the JSON body the route already takes (the
-file as base64 in the media field, each query parameter converted to its field's type), so the route,
-its validation and the media rules stay one code path.
+- Media as the raw body: `curl --data-binary @cat.jpg -H 'Content-Type: image/jpeg'
+  '.../v1/images/to-text?model=blip'` is how many clients send one image. The file becomes base64 in the
+  route's media field; the query parameters are the other fields.
+- Multipart forms (the `openai` SDK sends `videos.create` so): each form field is a field of the body,
+  and an uploaded file becomes a `data:` URI.
 
-Query parameters: a parameter given several times is a list (`candidate_labels=cat&candidate_labels=dog`);
-a list field given once is a list of one; object fields (`generate_kwargs`) are JSON text.
+Values arrive as text and are converted to their field's type: a parameter given several times is a
+list (`candidate_labels=cat&candidate_labels=dog`), a list field given once is a list of one, numbers
+and booleans are parsed, object fields (`generate_kwargs`) are JSON text.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import orjson
-from fastapi import Request, Response
+from fastapi import Request, Response, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import ImmutableMultiDict
 from starlette.types import Message
 
 # route path → (the body field that takes the media, the content types accepted as the raw body)
@@ -32,6 +36,11 @@ RAW_MEDIA_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "/v1/images/feature-extraction": ("inputs", ("image/",)),
     "/v1/classifications/audio": ("inputs", ("audio/",)),
 }
+
+
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+# route path → the fields whose value may be an uploaded file in a multipart form
+FORM_ROUTES: dict[str, tuple[str, ...]] = {"/v1/videos": ("input_reference",)}
 
 
 def raw_body_openapi(path: str) -> dict[str, Any]:
@@ -46,39 +55,72 @@ def raw_body_openapi(path: str) -> dict[str, Any]:
     }
 
 
+def form_openapi(path: str, model: type[BaseModel]) -> dict[str, Any]:
+    """The multipart request body /docs shows beside JSON for a route in FORM_ROUTES."""
+    properties: dict[str, Any] = {name: {"type": "string"} for name in model.model_fields}
+    for name in FORM_ROUTES[path]:
+        properties[name] = {"type": "string", "format": "binary"}
+    return {"multipart/form-data": {"schema": {"type": "object", "properties": properties}}}
+
+
 class MediaBodyRoute(APIRoute):
-    """An APIRoute that also accepts its media as the raw body (see the module docstring)."""
+    """An APIRoute that also accepts its media as the raw body, or a multipart form (module docstring)."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        accepted = RAW_MEDIA_FIELDS.get(self.path)
-        if accepted is None or self.body_field is None:
+        if self.body_field is None or (self.path not in RAW_MEDIA_FIELDS and self.path not in FORM_ROUTES):
             return handler
-        field, prefixes = accepted
         model = self.body_field.field_info.annotation
         assert isinstance(model, type) and issubclass(model, BaseModel)
+        field, prefixes = RAW_MEDIA_FIELDS.get(self.path, ("", ()))
+        file_fields = FORM_ROUTES.get(self.path, ())
 
         async def route(request: Request) -> Response:
             content_type = request.headers.get("content-type", "").lower()
-            if content_type.startswith(prefixes):
-                request = await _as_json_request(request, model, field)
+            if prefixes and content_type.startswith(prefixes):
+                raw = base64.b64encode(await request.body()).decode("ascii")
+                body = _typed(
+                    model, _values(request.query_params, model, skip=(field,)), "query", {field: raw}
+                )
+                request = _json_request(request, body)
+            elif file_fields and content_type.startswith(FORM_TYPES):
+                async with request.form() as form:
+                    files = {n: await _data_uri(form[n]) for n in file_fields if _is_file(form.get(n))}
+                    rest = ImmutableMultiDict([(k, v) for k, v in form.multi_items() if k not in files])
+                    values = _values(rest, model)
+                request = _json_request(request, _typed(model, values, "body", files))
             return await handler(request)
 
         return route
 
 
-async def _as_json_request(request: Request, model: type[BaseModel], field: str) -> Request:
-    """The same request with the JSON body it stands for: query parameters + the file in `field`."""
-    raw = await request.body()
-    params = _query_values(request, model, exclude=field)
+def _is_file(value: Any) -> bool:
+    return isinstance(value, UploadFile)
+
+
+async def _data_uri(upload: Any) -> str:
+    data = await upload.read()
+    return (
+        f"data:{upload.content_type or 'application/octet-stream'};base64,{base64.b64encode(data).decode()}"
+    )
+
+
+def _typed(
+    model: type[BaseModel], values: dict[str, Any], where: str, media: dict[str, str]
+) -> dict[str, Any]:
+    """Text values converted to the model's field types (errors name the parameter), plus the media."""
+    placeholders = {name: "media" for name in media}
     try:
-        parsed = model.model_validate({**params, field: "media"}, strict=False)
+        parsed = model.model_validate({**values, **placeholders}, strict=False)
     except ValidationError as exc:
         raise RequestValidationError(
-            [{**e, "loc": ("query", *e["loc"])} for e in exc.errors(include_url=False)]
+            [{**e, "loc": (where, *e["loc"])} for e in exc.errors(include_url=False)]
         ) from None
-    body = parsed.model_dump(mode="json", exclude_unset=True)
-    body[field] = base64.b64encode(raw).decode("ascii")
+    return {**parsed.model_dump(mode="json", exclude_unset=True), **media}
+
+
+def _json_request(request: Request, body: dict[str, Any]) -> Request:
+    """The same request, carrying `body` as JSON (the original body has been read)."""
     payload = orjson.dumps(body)
     headers = [(k, v) for k, v in request.scope["headers"] if k not in (b"content-type", b"content-length")]
     headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
@@ -94,20 +136,17 @@ async def _as_json_request(request: Request, model: type[BaseModel], field: str)
     return Request({**request.scope, "headers": headers}, receive)
 
 
-def _query_values(request: Request, model: type[BaseModel], exclude: str) -> dict[str, Any]:
+def _values(source: Any, model: type[BaseModel], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Query parameters or form fields (text) keyed by field, lists where the field takes one. A field
+    in `skip` (the one the body itself fills) may not be given this way too."""
     values: dict[str, Any] = {}
-    for name in request.query_params:
-        if name == exclude:
-            raise RequestValidationError(
-                [
-                    {
-                        "loc": ("query", name),
-                        "msg": f"the body holds `{name}`; do not repeat it",
-                        "type": "extra",
-                    }
-                ]
-            )
-        given = request.query_params.getlist(name)
+    for name in source:
+        given = [v for v in source.getlist(name) if isinstance(v, str)]
+        if name in skip:
+            message = f"`{name}` is given by the body; do not repeat it"
+            raise RequestValidationError([{"loc": ("query", name), "msg": message, "type": "extra"}])
+        if not given:
+            continue
         info = model.model_fields.get(name)
         if info is not None and _takes_object(info.annotation):
             values[name] = _json_or_text(given[-1])

@@ -128,49 +128,87 @@ class GenerationEngine:
 
     @torch.inference_mode()
     def step(self) -> list[tuple[int, Event]]:
-        """Admit waiting sequences (prefill), then one decoding step for all; the events of this step."""
-        while self.waiting and len(self.running) < self.max_running:
-            self._prefill(self.waiting.popleft())
+        """Admit waiting sequences (one batched prefill), then one decoding step for all running ones;
+        the events of this step."""
+        admitted: list[Sequence] = []
+        while self.waiting and len(self.running) + len(admitted) < self.max_running:
+            admitted.append(self.waiting.popleft())
+        if admitted:
+            self._prefill(admitted)
         if self.running:
             self._decode()
         self._drop_finished()
         events, self._pending = self._pending, []
         return events
 
-    def _prefill(self, sequence: Sequence) -> None:
-        ids = torch.tensor([sequence.prompt], dtype=torch.long, device=self.device)
+    def _prefill(self, sequences: list[Sequence]) -> None:
+        """All new prompts in one forward pass (left-padded), each then sampling its first token;
+        those that go on join the running batch."""
+        width = max(len(s.prompt) for s in sequences)
+        ids = torch.zeros((len(sequences), width), dtype=torch.long, device=self.device)
+        mask = torch.zeros_like(ids)
+        for row, sequence in enumerate(sequences):
+            length = len(sequence.prompt)
+            ids[row, width - length :] = torch.tensor(sequence.prompt, device=self.device)
+            mask[row, width - length :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()
-        keep = 0 if sequence.params.prompt_logprobs else 1
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-        logits = out.logits[0].float()
-        started: Event = {"started": True, "prompt_tokens": len(sequence.prompt)}
-        if sequence.params.prompt_logprobs:
-            started["prompt_logprobs"] = self._prompt_logprobs(sequence, logits)
-        sequence.started = True
-        self._pending.append((sequence.id, started))
-        token = self._sample([sequence], logits[-1:])[0]
-        self._emit(sequence, token)
-        if sequence.finish is None:
-            self._join(sequence, cache, token)
+        keep = 0 if any(s.params.prompt_logprobs for s in sequences) else 1
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        logits = out.logits.float()
+        for row, sequence in enumerate(sequences):
+            started: Event = {"started": True, "prompt_tokens": len(sequence.prompt)}
+            if sequence.params.prompt_logprobs:
+                own = logits[row, width - len(sequence.prompt) :]
+                started["prompt_logprobs"] = self._prompt_logprobs(sequence, own)
+            sequence.started = True
+            self._pending.append((sequence.id, started))
+        tokens = self._sample(sequences, logits[:, -1, :])
+        for sequence, token in zip(sequences, tokens, strict=True):
+            self._emit(sequence, token)
+        going = [row for row, s in enumerate(sequences) if s.finish is None]
+        if going:
+            index = torch.tensor(going, device=self.device)
+            for layer in _layers(cache):
+                layer.keys, layer.values = layer.keys[index], layer.values[index]
+            self._join(
+                [sequences[r] for r in going],
+                cache,
+                mask[index],
+                positions[index, -1] + 1,
+                [tokens[r] for r in going],
+            )
 
-    def _join(self, sequence: Sequence, cache: DynamicCache, token: int) -> None:
-        """Merge a prefilled sequence's cache into the batch, left-padding the shorter side."""
-        length = len(sequence.prompt)
+    def _join(
+        self,
+        sequences: list[Sequence],
+        cache: DynamicCache,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        tokens: list[int],
+    ) -> None:
+        """Merge prefilled sequences (their cache, mask, next positions and tokens) into the running
+        batch, left-padding whichever side is shorter."""
+        next_tokens = torch.tensor(tokens, device=self.device)
         if self._cache is None or not self.running:
-            self._cache, self._mask = cache, torch.ones((1, length), dtype=torch.long, device=self.device)
-            self._positions = torch.tensor([length], device=self.device)
-            self._next = torch.tensor([token], device=self.device)
-            self.running = [sequence]
+            self._cache, self._mask, self._positions, self._next = cache, mask, positions, next_tokens
+            self.running = list(sequences)
             return
-        width = max(self._mask.shape[1], length)
+        width = max(self._mask.shape[1], mask.shape[1])
         for ours, theirs in zip(_layers(self._cache), _layers(cache), strict=True):
             ours.keys = torch.cat([_left_pad(ours.keys, width), _left_pad(theirs.keys, width)])
             ours.values = torch.cat([_left_pad(ours.values, width), _left_pad(theirs.values, width)])
-        new_mask = torch.ones((1, length), dtype=torch.long, device=self.device)
-        self._mask = torch.cat([_left_pad_mask(self._mask, width), _left_pad_mask(new_mask, width)])
-        self._positions = torch.cat([self._positions, torch.tensor([length], device=self.device)])
-        self._next = torch.cat([self._next, torch.tensor([token], device=self.device)])
-        self.running.append(sequence)
+        self._mask = torch.cat([_left_pad_mask(self._mask, width), _left_pad_mask(mask, width)])
+        self._positions = torch.cat([self._positions, positions])
+        self._next = torch.cat([self._next, next_tokens])
+        self.running += sequences
 
     def _decode(self) -> None:
         ones = torch.ones((len(self.running), 1), dtype=torch.long, device=self.device)

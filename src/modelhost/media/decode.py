@@ -259,3 +259,26 @@ def _check_seconds(seconds: float | None, max_seconds: float, kind: str, param: 
         raise InvalidMedia(
             f"{kind} in `{param}` is too long: {seconds:.1f} s (limit {max_seconds:g} s)", param=param
         )
+
+
+def reference_frames(
+    data: bytes, *, count: int, width: int, height: int, max_pixels: int, max_seconds: float, param: str
+) -> list[np.ndarray]:
+    """`count` RGB frames of `width`×`height` from a reference: an image (as a still video) or a video's
+    first `count` frames (its last frame repeated when it has fewer)."""
+
+    def sized(image: Image.Image) -> np.ndarray:
+        return np.asarray(image.resize((width, height), Image.Resampling.BICUBIC))
+
+    try:
+        return [sized(decode_image(data, max_pixels=max_pixels, param=param))] * count
+    except InvalidMedia:
+        frames = decode_video(
+            data,
+            num_frames=count,
+            frame_sampling_rate=1,
+            max_pixels=max_pixels,
+            max_seconds=max_seconds,
+            param=param,
+        )
+    return [sized(Image.fromarray(frame)) for frame in frames]

@@ -92,9 +92,11 @@ def _serve(sock: socket.socket, handler: Any, model: Any) -> int:
 
 
 def _serve_stream(sock: socket.socket, handler: Any, state: Any) -> int:
-    """Streaming handlers (text generation): between two decoding steps, take every message that has
-    arrived (new requests, cancellations), then step and send that step's events in one message.
+    """Streaming handlers (text generation, video jobs): between two steps, take every message that has
+    arrived (new requests, cancellations), then step and send that step's events in one message, with
+    how many requests the handler still holds whenever that changed (the gateway's view of free slots).
     With nothing to do, block until a message comes."""
+    reported = 0
     while True:
         waiting = handler.idle(state)
         while waiting or select.select([sock], [], [], 0)[0]:
@@ -110,8 +112,8 @@ def _serve_stream(sock: socket.socket, handler: Any, state: Any) -> int:
                     events.append([message["id"], error_of(exc)])
             elif message["op"] == "cancel":
                 handler.cancel(state, message["id"])
-            # Always answer: the gateway learns at once how many sequences remain (a freed slot).
-            if not _send(sock, {"op": "events", "events": events, "running": handler.running(state)}):
+            reported = handler.running(state)
+            if not _send(sock, {"op": "events", "events": events, "running": reported}):
                 return 0
         try:
             events = [list(e) for e in handler.step(state)]
@@ -119,8 +121,11 @@ def _serve_stream(sock: socket.socket, handler: Any, state: Any) -> int:
             traceback.print_exc()
             failure = {"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}}
             events = [[i, failure] for i in handler.abort(state)]
-        if events and not _send(sock, {"op": "events", "events": events, "running": handler.running(state)}):
-            return 0
+        running = handler.running(state)
+        if events or running != reported:
+            reported = running
+            if not _send(sock, {"op": "events", "events": events, "running": running}):
+                return 0
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> bool:

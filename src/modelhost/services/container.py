@@ -11,6 +11,8 @@ from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.principal import Principal
 from modelhost.cache import TTLCache
 from modelhost.config import Settings
+from modelhost.jobs.runner import VideoRunner
+from modelhost.jobs.videos import VideoJobs
 from modelhost.media.sources import MediaPolicy
 from modelhost.routing import DeploymentRef
 from modelhost.runtime.manager import ReplicaManager
@@ -36,6 +38,8 @@ class Services:
     runtime: ReplicaManager
     media: MediaPolicy  # parsed once: a bad MODELHOST_MEDIA_ALLOW_NETWORKS stops the start
     files: FileService
+    videos: VideoJobs
+    video_runner: VideoRunner
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -56,6 +60,8 @@ class Services:
             settings.key_cache_seconds, settings.key_cache_entries
         )
         deployments = DeploymentService(database, artifact_dir, refs_cache)
+        runtime = ReplicaManager(settings, deployments.runtime_spec, deployments.hot_specs)
+        videos = VideoJobs(database, blobs, settings.video_retention_seconds)
         return cls(
             settings=settings,
             database=database,
@@ -65,7 +71,7 @@ class Services:
             deployments=deployments,
             blobs=blobs,
             artifacts=artifacts,
-            runtime=ReplicaManager(settings, deployments.runtime_spec, deployments.hot_specs),
+            runtime=runtime,
             media=MediaPolicy.from_settings(settings),
             files=FileService(
                 database,
@@ -76,6 +82,8 @@ class Services:
                 ),
                 settings.generated_file_ttl_seconds,
             ),
+            videos=videos,
+            video_runner=VideoRunner(videos, runtime, settings),
         )
 
     def close(self) -> None:

@@ -79,7 +79,7 @@ class FileService:
 
     def read(self, file_id: str, expires: int, signature: str) -> tuple[bytes, str]:
         """The file's bytes and content type, if the link is genuine and unexpired."""
-        genuine = hmac.compare_digest(self._sign(file_id, expires), signature)
+        genuine = hmac.compare_digest(self._sign(file_id, expires).encode(), signature.encode())
         with self._database.transaction() as session:
             row = session.get(GeneratedFile, file_id)
             if not genuine or row is None or utcnow().timestamp() > expires or utcnow() > row.expires_at:

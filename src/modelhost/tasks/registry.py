@@ -22,6 +22,12 @@ HANDLERS: dict[str, str] = {
     "audio-classification": "modelhost.tasks.signals:AudioClassification",
     "video-classification": "modelhost.tasks.signals:VideoClassification",
     "text-generation": "modelhost.tasks.generation:TextGeneration",
+    "text-to-speech": "modelhost.tasks.audio:TextToSpeech",
+    "automatic-speech-recognition": "modelhost.tasks.audio:SpeechRecognition",
+    "text-to-image": "modelhost.tasks.images:TextToImage",
+    "image-to-image": "modelhost.tasks.images:ImageToImage",
+    "inpainting": "modelhost.tasks.images:Inpainting",
+    "text-to-video": "modelhost.tasks.video_generation:TextToVideo",
 }
 
 

@@ -23,7 +23,9 @@ async def file_content(
     file_id: str,
     request: Request,
     expires: Annotated[int, Query(description="Unix time the link expires at.")],
-    signature: Annotated[str, Query(max_length=128, description="The link's signature.")],
+    signature: Annotated[
+        str, Query(max_length=128, pattern="^[0-9a-f]*$", description="The link's signature.")
+    ],
 ) -> Response:
     try:
         data, content_type = await asyncio.to_thread(

@@ -16,9 +16,9 @@ import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
 
+from modelhost.api.bodies import MediaBodyRoute, raw_body_openapi
 from modelhost.api.deps import CallerPrincipal, deployment_for, get_services, run_inference
 from modelhost.api.errors import error_responses
-from modelhost.api.raw_media import MediaBodyRoute, raw_body_openapi
 from modelhost.errors import InvalidRequest
 from modelhost.media.sources import load_media
 from modelhost.protocol import tasks as p

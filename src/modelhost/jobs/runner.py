@@ -1,0 +1,141 @@
+"""The gateway's video job runner: claims queued jobs from the database and runs them on their
+deployment's replicas, reporting progress and a heartbeat, until they complete or fail.
+
+Each gateway runs one (with `MODELHOST_VIDEO_CONCURRENCY` jobs at a time); any number of gateways may
+share one database, since a claim is atomic (`VideoJobs.claim`). Housekeeping runs here too: stale
+jobs (a crashed gateway's) are re-queued once or failed, and expired content is swept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from typing import Any
+
+from modelhost.config import Settings
+from modelhost.errors import ModelhostError
+from modelhost.jobs.videos import Claimed, VideoJobs
+from modelhost.runtime.manager import ReplicaManager
+
+log = logging.getLogger("modelhost.jobs")
+HEARTBEAT_SECONDS = 2.0
+
+
+class VideoRunner:
+    def __init__(self, jobs: VideoJobs, runtime: ReplicaManager, settings: Settings) -> None:
+        self.jobs = jobs
+        self.runtime = runtime
+        self.settings = settings
+        self.name = f"gw-{secrets.token_hex(6)}"  # this gateway process, in `claimed_by`
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._loop: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.create_task(self._claim_forever())
+
+    async def stop(self) -> None:
+        """Stop claiming; give running jobs back to the queue (they run again, counting no attempt)."""
+        if self._loop is not None:
+            self._loop.cancel()
+        tasks = list(self._running.items())
+        for _, task in tasks:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
+        for job_id, _ in tasks:
+            await asyncio.to_thread(self.jobs.release, job_id, self.name)
+
+    def cancel(self, job_id: str) -> None:
+        """A deleted job running here stops at once (elsewhere: at that gateway's next heartbeat)."""
+        task = self._running.get(job_id)
+        if task is not None:
+            task.cancel()
+
+    async def _claim_forever(self) -> None:
+        last_housekeeping = 0.0
+        while True:
+            try:
+                if time.monotonic() - last_housekeeping > min(
+                    10.0, self.settings.video_job_stale_seconds / 2
+                ):
+                    last_housekeeping = time.monotonic()
+                    await asyncio.to_thread(self.jobs.recover_stale, self.settings.video_job_stale_seconds)
+                    await asyncio.to_thread(self.jobs.sweep_expired)
+                claimed = None
+                if len(self._running) < self.settings.video_concurrency:
+                    claimed = await asyncio.to_thread(self.jobs.claim, self.name)
+                if claimed is None:
+                    await asyncio.sleep(self.settings.video_poll_seconds)
+                    continue
+                self._running[claimed.id] = asyncio.create_task(self._run(claimed))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("video job runner")
+                await asyncio.sleep(self.settings.video_poll_seconds)
+
+    async def _run(self, job: Claimed) -> None:
+        beating = asyncio.create_task(self._heartbeat(job.id))
+        try:
+            await self._generate(job)
+        except ModelhostError as exc:
+            # A worker's own error code (invalid_size, out_of_memory...) names the failure; a generic
+            # refusal or an unavailable replica is a generation error.
+            code = (
+                exc.code
+                if exc.code not in ("invalid_request", "deployment_unavailable")
+                else "generation_error"
+            )
+            await asyncio.to_thread(self.jobs.fail, job.id, self.name, code, exc.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never leave a job in progress because of a bug here
+            log.exception("video job %s", job.id)
+            await asyncio.to_thread(
+                self.jobs.fail, job.id, self.name, "generation_error", f"{type(exc).__name__}"
+            )
+        finally:
+            beating.cancel()
+            self._running.pop(job.id, None)
+
+    async def _generate(self, job: Claimed) -> None:
+        options = job.options
+        width, height = (int(side) for side in str(options["size"]).split("x"))
+        item: dict[str, Any] = {
+            "prompt": job.prompt,
+            "width": width,
+            "height": height,
+            "fps": options["fps"],
+            "frames": max(1, round(float(options["seconds"]) * int(options["fps"]))),
+            "num_inference_steps": options.get("num_inference_steps"),
+            "guidance_scale": options.get("guidance_scale"),
+            "seed": options.get("seed"),
+            "limits": {
+                "max_pixels": self.settings.media_max_pixels,
+                "max_seconds": self.settings.media_max_seconds,
+            },
+        }
+        reference = await asyncio.to_thread(self.jobs.reference, job)
+        if reference is not None:
+            item["reference"] = reference
+        last_progress = -1
+        async with contextlib.aclosing(self.runtime.stream(job.deployment_id, item)) as events:
+            async for event in events:
+                if "video" in event:
+                    await asyncio.to_thread(self.jobs.complete, job.id, self.name, event["video"])
+                    return
+                progress = event.get("progress")
+                if progress is not None and progress != last_progress:
+                    last_progress = progress
+                    if not await asyncio.to_thread(self.jobs.beat, job.id, self.name, progress):
+                        return  # deleted: closing the stream stops the generation in the worker
+
+    async def _heartbeat(self, job_id: str) -> None:
+        """Beat while loading the model or encoding, when no progress events come."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            if not await asyncio.to_thread(self.jobs.beat, job_id, self.name):
+                self.cancel(job_id)
+                return

@@ -1,0 +1,198 @@
+"""Text-to-video generation inside a replica worker, for the durable video jobs (api.md §4.2).
+
+A job takes many seconds to minutes, so this is a streaming handler: the diffusers pipeline runs in a
+thread of the worker, its per-step callback reports progress (and stops the run when the job is
+cancelled), and the worker's loop sends the events back as they come. The finished frames are encoded
+to MP4 here, next to the model, and the file travels back in the last event.
+
+With an `input_reference`, a TextToVideoSD model generates video-to-video from it (the reference's
+frames, an image being a still video); models that cannot take a reference fail the job with
+`input_reference_unsupported`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelhost.errors import InvalidRequest
+from modelhost.generation.engine import Event
+from modelhost.media.encode import encode_mp4
+from modelhost.runtime import loader
+
+
+class _Cancelled(Exception):
+    pass
+
+
+@dataclass
+class _Job:
+    id: int
+    request: dict[str, Any]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class VideoModel:
+    pipeline: Any
+    device: str
+    waiting: deque[_Job] = field(default_factory=deque)
+    running: _Job | None = None
+    events: queue.Queue[tuple[int, Event]] = field(default_factory=queue.Queue)
+
+
+class TextToVideo:
+    streaming = True
+
+    def load(self, model_dir: Path, device: str) -> VideoModel:
+        return VideoModel(loader.load_diffusers(model_dir, device, "DiffusionPipeline"), device)
+
+    def warmup(self, state: VideoModel) -> None:
+        """Nothing: a warm-up video would cost as much as a real one."""
+
+    def start(self, state: VideoModel, request_id: int, request: dict[str, Any]) -> None:
+        _check_size(state.pipeline, int(request["width"]), int(request["height"]), int(request["frames"]))
+        state.waiting.append(_Job(request_id, request))
+
+    def cancel(self, state: VideoModel, request_id: int) -> None:
+        state.waiting = deque(j for j in state.waiting if j.id != request_id)
+        if state.running is not None and state.running.id == request_id:
+            state.running.cancelled.set()
+
+    def step(self, state: VideoModel) -> list[tuple[int, Event]]:
+        """Start the next job when none runs; then the events that arrived (waiting briefly for one)."""
+        if state.running is None and state.waiting:
+            job = state.running = state.waiting.popleft()
+            threading.Thread(target=self._run, args=(state, job), daemon=True).start()
+        events: list[tuple[int, Event]] = []
+        try:
+            events.append(state.events.get(timeout=0.2))
+            while True:
+                events.append(state.events.get_nowait())
+        except queue.Empty:
+            pass
+        return events
+
+    def idle(self, state: VideoModel) -> bool:
+        return state.running is None and not state.waiting and state.events.empty()
+
+    def running(self, state: VideoModel) -> int:
+        return len(state.waiting) + (state.running is not None)
+
+    def abort(self, state: VideoModel) -> list[int]:
+        jobs = [*state.waiting, *([state.running] if state.running else [])]
+        for job in jobs:
+            job.cancelled.set()
+        state.waiting.clear()
+        return [job.id for job in jobs]
+
+    def _run(self, state: VideoModel, job: _Job) -> None:
+        try:
+            frames = _generate(state, job)
+            state.events.put((job.id, {"progress": 99}))
+            video = encode_mp4(frames, int(job.request["fps"]))
+            state.events.put((job.id, {"finish": "stop", "video": video, "frames": int(frames.shape[0])}))
+        except _Cancelled:
+            pass
+        except Exception as exc:
+            code = "out_of_memory" if "OutOfMemory" in type(exc).__name__ else "generation_error"
+            if isinstance(exc, InvalidRequest):
+                code = exc.code
+            message = exc.message if isinstance(exc, InvalidRequest) else f"{type(exc).__name__}: {exc}"
+            state.events.put((job.id, {"error": {"message": message, "code": code}}))
+        finally:
+            state.running = None
+
+
+def _generate(state: VideoModel, job: _Job) -> np.ndarray:
+    import torch
+
+    request = job.request
+    pipeline = state.pipeline
+    steps = int(request.get("num_inference_steps") or 25)
+    options: dict[str, Any] = {
+        "prompt": request["prompt"],
+        "num_inference_steps": steps,
+        "height": int(request["height"]),
+        "width": int(request["width"]),
+        "output_type": "np",
+    }
+    if request.get("guidance_scale") is not None:
+        options["guidance_scale"] = float(request["guidance_scale"])
+    if request.get("seed") is not None:
+        options["generator"] = torch.Generator(state.device).manual_seed(int(request["seed"]))
+    if request.get("reference") is not None:
+        pipeline, options = _with_reference(pipeline, options, request)
+    else:
+        options["num_frames"] = int(request["frames"])
+
+    def progress(step: int) -> None:
+        if job.cancelled.is_set():
+            raise _Cancelled
+        state.events.put((job.id, {"progress": min(98, int(100 * (step + 1) / steps))}))
+
+    def on_step_end(_pipeline: Any, step: int, _timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
+        progress(step)
+        return tensors
+
+    parameters = inspect.signature(pipeline.__call__).parameters
+    if "callback_on_step_end" in parameters:
+        options["callback_on_step_end"] = on_step_end
+    elif "callback" in parameters:  # older pipelines (TextToVideoSD)
+        options.update(callback=lambda step, _t, _latents: progress(step), callback_steps=1)
+    frames = np.asarray(pipeline(**options).frames[0], dtype=np.float32)
+    pixels: np.ndarray = (np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8)
+    return pixels
+
+
+def _with_reference(
+    pipeline: Any, options: dict[str, Any], request: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+    from diffusers import TextToVideoSDPipeline, VideoToVideoSDPipeline
+
+    from modelhost.media.decode import reference_frames
+
+    if not isinstance(pipeline, TextToVideoSDPipeline):
+        raise InvalidRequest(
+            f"This model ({type(pipeline).__name__}) cannot take an input_reference.",
+            code="input_reference_unsupported",
+        )
+    height, width, count = options.pop("height"), options.pop("width"), int(request["frames"])
+    limits = request["limits"]
+    frames = reference_frames(
+        request["reference"],
+        count=count,
+        width=width,
+        height=height,
+        max_pixels=limits["max_pixels"],
+        max_seconds=limits["max_seconds"],
+        param="input_reference",
+    )
+    options.update(video=[frame.astype(np.float32) / 255 for frame in frames], strength=0.7)
+    return VideoToVideoSDPipeline.from_pipe(pipeline), options
+
+
+def _check_size(pipeline: Any, width: int, height: int, frames: int) -> None:
+    """What the model's latent grid allows; a job that asks for more fails with `invalid_size`."""
+    spatial = int(
+        getattr(pipeline, "vae_scale_factor_spatial", 0) or getattr(pipeline, "vae_scale_factor", 8)
+    )
+    multiple = spatial * 2 if "Wan" in type(pipeline).__name__ else spatial
+    if width % multiple or height % multiple:
+        raise InvalidRequest(
+            f"This model needs a width and height divisible by {multiple}; {width}x{height} is not.",
+            code="invalid_size",
+        )
+    temporal = int(getattr(pipeline, "vae_scale_factor_temporal", 1) or 1)
+    if temporal > 1 and (frames - 1) % temporal:
+        raise InvalidRequest(
+            f"This model makes 1 + {temporal}·k frames; seconds × fps = {frames} is not such a count.",
+            code="invalid_size",
+        )

@@ -1,0 +1,294 @@
+"""Video generation jobs through the `openai` SDK against live servers, on the tiny recipe text-to-video
+models (TextToVideoSD and Wan) pushed through the artifact path; a restart test kills the server mid-job."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.live import live_server
+from tests.server_process import ServerProcess
+
+FAST = {"num_inference_steps": 2, "seed": 1}
+
+
+@dataclass
+class Videos:
+    url: str
+    key: str
+    http: httpx.Client
+    deployments: dict[str, str]
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0)
+
+    def post(self, **body: Any) -> httpx.Response:
+        return self.http.post("/v1/videos", json=body, headers=bearer(self.key))
+
+    def wait(
+        self, video_id: str, until: tuple[str, ...] = ("completed", "failed"), timeout: float = 120
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.http.get(f"/v1/videos/{video_id}", headers=bearer(self.key)).json()
+            if job["status"] in until:
+                return job
+            time.sleep(0.05)
+        raise TimeoutError(job)
+
+
+def deploy(http: httpx.Client, key: str, folder: Path, model: str) -> str:
+    artifact = push_folder_sync(http, key, folder, "text-to-video")
+    created = http.post(
+        "/v1/deployments", json={"model": model, "artifact_id": artifact}, headers=bearer(key)
+    )
+    assert created.status_code == 201, created.text
+    deployment_id: str = created.json()["id"]
+    return deployment_id
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[Videos]:
+    root = tmp_path_factory.mktemp("videos")
+    settings = make_settings(
+        root,
+        f"sqlite:///{root / 'db.sqlite'}",
+        worker_threads=1,
+        video_poll_seconds=0.05,
+        video_poll_after_ms=50,
+        media_allow_networks=["127.0.0.0/8"],
+    )
+    with live_server(settings) as url:
+        http = httpx.Client(base_url=url, timeout=120)
+        key = http.post("/v1/admin/accounts", json={"name": "v"}, headers=bearer(ADMIN_KEY)).json()["api_key"]
+        folder = recipes / "t14_diffusers_text_to_video"
+        deployments = {
+            "t2v": deploy(http, key, folder / "text_to_video_sd", "t2v"),
+            "wan": deploy(http, key, folder / "wan", "wan"),
+        }
+        yield Videos(url, key, http, deployments)
+        http.close()
+
+
+def frames_of(mp4: bytes) -> tuple[int, int, int, float]:
+    import av
+
+    with av.open(io.BytesIO(mp4)) as container:
+        stream = container.streams.video[0]
+        count = sum(1 for _ in container.decode(stream))
+        return count, stream.width, stream.height, float(stream.average_rate or 0)
+
+
+def png_data_uri() -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(
+        buffer, "PNG"
+    )
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_the_sdk_creates_a_queued_job_that_completes_as_an_mp4_of_the_requested_frames_and_size(
+    videos: Videos,
+) -> None:
+    client = videos.client()
+    job = client.videos.create(
+        model="t2v", prompt="a cat walking", seconds="1", size="64x48", extra_body=FAST
+    )
+    assert job.status == "queued" and job.object == "video" and job.model == "t2v" and job.progress == 0
+    done = client.videos.poll(job.id)
+    assert done.status == "completed" and done.progress == 100
+    assert (
+        done.completed_at is not None and done.expires_at is not None and done.expires_at > done.completed_at
+    )
+    content = client.videos.download_content(job.id).read()
+    assert frames_of(content) == (8, 64, 48, 8.0)  # 1 s × the default 8 fps
+
+
+def test_create_and_poll_and_a_json_body_with_numbers(videos: Videos) -> None:
+    done = videos.client().videos.create_and_poll(
+        model="t2v", prompt="a dog", seconds="1", size="32x32", extra_body={**FAST, "fps": 4}
+    )
+    assert done.status == "completed"
+    created = videos.post(model="t2v", prompt="a dog", seconds=0.5, size="32x32", fps=12, **FAST)
+    assert created.status_code == 200, created.text
+    assert created.json()["seconds"] == 0.5 and created.json()["status"] == "queued"
+    videos.wait(created.json()["id"])
+    mp4 = videos.http.get(f"/v1/videos/{created.json()['id']}/content", headers=bearer(videos.key))
+    assert mp4.headers["content-type"] == "video/mp4" and frames_of(mp4.content)[:1] == (6,)
+
+
+def test_the_same_seed_gives_the_same_video(videos: Videos) -> None:
+    client = videos.client()
+    made = [
+        client.videos.create_and_poll(model="t2v", prompt="a cat", seconds="1", size="32x32", extra_body=FAST)
+        for _ in range(2)
+    ]
+    contents = [client.videos.download_content(v.id).read() for v in made]
+    assert contents[0] == contents[1]
+
+
+def test_content_is_a_409_until_the_job_is_completed_and_the_poll_header_is_set(videos: Videos) -> None:
+    job = videos.post(model="t2v", prompt="slow", seconds=1, size="32x32", num_inference_steps=400).json()
+    retrieved = videos.http.get(f"/v1/videos/{job['id']}", headers=bearer(videos.key))
+    assert retrieved.headers["openai-poll-after-ms"] == "50"
+    early = videos.http.get(f"/v1/videos/{job['id']}/content", headers=bearer(videos.key))
+    assert_error(early, 409, code="video_not_ready")
+    running = videos.wait(job["id"], until=("in_progress",))
+    assert running["status"] == "in_progress"
+    videos.http.delete(f"/v1/videos/{job['id']}", headers=bearer(videos.key))
+
+
+def test_deleting_a_running_job_stops_its_generation(videos: Videos) -> None:
+    job = videos.post(model="t2v", prompt="long", seconds=1, size="32x32", num_inference_steps=800).json()
+    deadline = time.monotonic() + 60
+    while videos.wait(job["id"], until=("in_progress",))["progress"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    deleted = videos.client().videos.delete(job["id"])
+    assert (deleted.id, deleted.object, deleted.deleted) == (job["id"], "video.deleted", True)
+    assert_error(
+        videos.http.get(f"/v1/videos/{job['id']}", headers=bearer(videos.key)), 404, code="video_not_found"
+    )
+    assert_error(videos.http.delete(f"/v1/videos/{job['id']}", headers=bearer(videos.key)), 404)
+    deadline = time.monotonic() + 10
+    while generating(videos, videos.deployments["t2v"]) != 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert generating(videos, videos.deployments["t2v"]) == 0  # 800 steps would take far longer
+    after = videos.post(model="t2v", prompt="next", seconds=1, size="32x32", **FAST).json()
+    assert videos.wait(after["id"])["status"] == "completed"  # the replica is free again
+
+
+def generating(videos: Videos, deployment_id: str) -> float:
+    for line in videos.http.get("/metrics").text.splitlines():
+        if line.startswith("modelhost_generation_sequences") and deployment_id in line:
+            return float(line.rsplit(" ", 1)[1])
+    return -1.0
+
+
+def test_listing_pages_with_after_limit_and_order(videos: Videos) -> None:
+    client = videos.client()
+    made = [
+        videos.post(model="t2v", prompt=f"p{i}", seconds=1, size="32x32", **FAST).json()["id"]
+        for i in range(3)
+    ]
+    page = client.videos.list(limit=2)
+    assert [v.id for v in page.data] == made[::-1][:2] and page.has_more
+    rest = client.videos.list(limit=2, after=page.data[-1].id)
+    assert rest.data[0].id == made[0]
+    ascending = videos.http.get(
+        "/v1/videos", params={"order": "asc", "limit": 100}, headers=bearer(videos.key)
+    ).json()
+    ids = [v["id"] for v in ascending["data"]]
+    assert ids.index(made[0]) < ids.index(made[2]) and ascending["first_id"] == ids[0]
+    for video_id in made:
+        videos.wait(video_id)
+
+
+def test_a_size_or_frame_count_the_model_cannot_make_fails_the_job_with_a_code(videos: Videos) -> None:
+    job = videos.post(model="wan", prompt="x", seconds=1, size="32x32", **FAST).json()  # Wan: 1 + 4k frames
+    failed = videos.wait(job["id"])
+    assert failed["status"] == "failed" and failed["error"]["code"] == "invalid_size"
+    assert "1 + 4" in failed["error"]["message"] and failed["completed_at"] is not None
+    wan = videos.post(model="wan", prompt="x", seconds=1.125, size="32x32", **FAST).json()  # 9 frames
+    assert videos.wait(wan["id"])["status"] == "completed"
+
+
+def test_an_input_reference_guides_generation_where_the_model_can_take_one(videos: Videos) -> None:
+    job = videos.post(
+        model="t2v", prompt="x", seconds=1, size="32x32", input_reference=png_data_uri(), **FAST
+    )
+    assert job.status_code == 200, job.text
+    assert videos.wait(job.json()["id"])["status"] == "completed"
+    reference = io.BytesIO(base64.b64decode(png_data_uri().split(",")[1]))
+    uploaded = videos.client().videos.create(
+        model="t2v",
+        prompt="x",
+        seconds="1",
+        size="32x32",
+        input_reference=("ref.png", reference, "image/png"),
+        extra_body=FAST,
+    )
+    assert videos.wait(uploaded.id)["status"] == "completed"
+    wan = videos.post(
+        model="wan", prompt="x", seconds=1.125, size="32x32", input_reference=png_data_uri(), **FAST
+    )
+    assert videos.wait(wan.json()["id"])["error"]["code"] == "input_reference_unsupported"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"size": "big"}, "size"),
+        ({"size": "0x32"}, "size"),
+        ({"seconds": 0}, "seconds"),
+        ({"seconds": "four"}, "seconds"),
+        ({"seconds": 600, "fps": 60}, "seconds"),
+        ({"fps": 0}, "fps"),
+        ({"input_reference": "http://10.0.0.1/cat.png"}, "input_reference"),
+        ({"input_reference": "not base64!"}, "input_reference"),
+        ({"input_reference": "/etc/passwd"}, "input_reference"),
+        ({"prompt": ""}, "prompt"),
+    ],
+)
+def test_bad_inputs_are_400_naming_the_field(videos: Videos, fields: dict[str, Any], param: str) -> None:
+    body = {"model": "t2v", "prompt": "x", "seconds": 1, "size": "32x32", **fields}
+    assert_error(videos.post(**body), 400, param=param)
+
+
+def test_unknown_models_and_other_pipelines_are_refused(videos: Videos) -> None:
+    assert_error(videos.post(model="sora-2", prompt="x"), 404, code="model_not_found")
+    form = videos.http.post(
+        "/v1/videos", data={"model": "t2v", "prompt": "x", "seconds": "abc"}, headers=bearer(videos.key)
+    )
+    assert_error(form, 400, param="seconds")
+
+
+# ---------------------------------------------------------------- restarts
+
+
+def test_a_job_interrupted_by_a_crash_runs_again_then_fails_if_interrupted_twice(
+    tmp_path: Path, recipes: Path
+) -> None:
+    server = ServerProcess(
+        tmp_path / "data",
+        f"sqlite:///{tmp_path / 'db.sqlite'}",
+        MODELHOST_VIDEO_JOB_STALE_SECONDS="2",
+        MODELHOST_VIDEO_POLL_SECONDS="0.05",
+        MODELHOST_WORKER_THREADS="1",
+    )
+    server.start()
+    try:
+        http = httpx.Client(base_url=server.url, timeout=120)
+        key = http.post("/v1/admin/accounts", json={"name": "r"}, headers=bearer(ADMIN_KEY)).json()["api_key"]
+        deploy(http, key, recipes / "t14_diffusers_text_to_video" / "text_to_video_sd", "t2v")
+        view = Videos(server.url, key, http, {})
+        quick = view.post(model="t2v", prompt="x", seconds=1, size="32x32", num_inference_steps=200).json()
+        running = view.wait(quick["id"], until=("in_progress",))
+        assert running["status"] == "in_progress"
+        server.kill()
+        server.start()
+        assert view.wait(quick["id"])["status"] == "completed"  # re-queued once, then run to the end
+
+        slow = view.post(model="t2v", prompt="x", seconds=1, size="32x32", num_inference_steps=800).json()
+        for _ in range(2):
+            view.wait(slow["id"], until=("in_progress",))
+            server.kill()
+            server.start()
+        failed = view.wait(slow["id"], until=("failed",))
+        assert failed["error"]["code"] == "interrupted"
+        assert http.delete(f"/v1/videos/{slow['id']}", headers=bearer(key)).status_code == 200
+    finally:
+        server.stop()
