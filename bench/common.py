@@ -169,4 +169,3 @@ def _write_section(path: Path, marker: str, section: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     path.write_text(text)
-
