@@ -139,6 +139,12 @@ class Settings(BaseSettings):
     video_poll_after_ms: int = Field(
         default=1000, ge=0, description="`openai-poll-after-ms` on a job that is still queued or running."
     )
+    # ---------------------------------------------------------------- agents (docs/agents.md)
+    agent_run_stale_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A queued or running agent run silent this long (its gateway died) fails `interrupted`.",
+    )
     # ---------------------------------------------------------------- text generation (docs/generation.md)
     constrained_max_string_length: int = Field(
         default=512,

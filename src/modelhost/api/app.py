@@ -20,6 +20,7 @@ from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.middleware import BodySizeLimit, RequestMetrics
 from modelhost.api.routes import (
     admin,
+    agents,
     artifacts,
     audio,
     chat,
@@ -63,11 +64,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         sweeper = asyncio.create_task(_sweep_forever(app.state.services))
         await app.state.services.runtime.start()
         app.state.services.video_runner.start()
+        app.state.services.agent_runner.start()
         try:
             yield
         finally:
             sweeper.cancel()
             await app.state.services.video_runner.stop()
+            await app.state.services.agent_runner.stop()
             await app.state.services.runtime.shutdown()
             if owned:
                 app.state.services.close()
@@ -95,6 +98,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         tasks.router,
         audio.router,
         videos.router,
+        agents.router,
     ):
         app.include_router(router)
 

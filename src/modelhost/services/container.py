@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from modelhost.agents.runner import AgentRunner
+from modelhost.agents.store import AgentStore
 from modelhost.artifacts.blobstore import BlobStore, LocalBlobStore
 from modelhost.artifacts.service import ArtifactService
 from modelhost.auth.authenticator import Authenticator
@@ -40,6 +42,8 @@ class Services:
     files: FileService
     videos: VideoJobs
     video_runner: VideoRunner
+    agents: AgentStore
+    agent_runner: AgentRunner
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
@@ -62,6 +66,7 @@ class Services:
         deployments = DeploymentService(database, artifact_dir, refs_cache)
         runtime = ReplicaManager(settings, deployments.runtime_spec, deployments.hot_specs)
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
+        agents = AgentStore(database)
         return cls(
             settings=settings,
             database=database,
@@ -84,6 +89,8 @@ class Services:
             ),
             videos=videos,
             video_runner=VideoRunner(videos, runtime, settings),
+            agents=agents,
+            agent_runner=AgentRunner(agents, runtime, settings),
         )
 
     def close(self) -> None:

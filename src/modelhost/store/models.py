@@ -151,3 +151,52 @@ class VideoJob(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Agent(Base):
+    """An agent: a model of the account (routed by name when a run starts), instructions and tools."""
+
+    __tablename__ = "agents"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(200))
+    instructions: Mapped[str] = mapped_column(Text, default="")
+    tools: Mapped[list[dict[str, object]] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class AgentRun(Base):
+    """One run of an agent. Every move is a guarded UPDATE; `deleting` hides it while it is stopped."""
+
+    __tablename__ = "agent_runs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), index=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    deployment_id: Mapped[str] = mapped_column(String(40))
+    # The run request: input messages and generation options.
+    request: Mapped[dict[str, object]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Sequence number of the last event written; the next event takes last_seq + 1 under the row lock.
+    last_seq: Mapped[int] = mapped_column(Integer, default=0)
+    output: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class AgentRunEvent(Base):
+    """A stored event of a run, in order of `seq` (1, 2, ...)."""
+
+    __tablename__ = "agent_run_events"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("agent_runs.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    type: Mapped[str] = mapped_column(String(32))
+    data: Mapped[dict[str, object]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,0 +1,154 @@
+"""The gateway's agent runner: each run is an asyncio task on the gateway that accepted it, generating
+with the agent's model and writing every step as a stored event.
+
+A run is never re-run: a gateway that dies leaves its runs silent, and housekeeping (on every gateway)
+fails them with `interrupted` once they have been silent `MODELHOST_AGENT_RUN_STALE_SECONDS`.
+Stopping a run (delete, cancel) cancels its task; closing the engine stream cancels the generation in
+the worker at its next decoding step. Every event write is guarded in the database (`AgentStore`), so a
+run stopped on another gateway is noticed at its next event or heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from typing import Any
+
+from modelhost.agents.store import AgentStore, RunJob
+from modelhost.config import Settings
+from modelhost.errors import ModelhostError
+from modelhost.protocol.chat import ChatCompletionRequest
+from modelhost.runtime.manager import ReplicaManager
+from modelhost.services.generation import ChatChoice, chat_requests
+from modelhost.store.types import utcnow
+
+log = logging.getLogger("modelhost.agents")
+HEARTBEAT_SECONDS = 2.0
+
+
+class _Stopped(Exception):
+    """The run is no longer this runner's to write (deleted, cancelled, taken over)."""
+
+
+class AgentRunner:
+    def __init__(self, store: AgentStore, runtime: ReplicaManager, settings: Settings) -> None:
+        self.store = store
+        self.runtime = runtime
+        self.settings = settings
+        self.name = f"gw-{secrets.token_hex(6)}"  # this gateway process, in `claimed_by`
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._housekeeping: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._housekeeping = asyncio.create_task(self._recover_forever())
+
+    async def stop(self) -> None:
+        """Gateway shutdown: stop every run here; they fail `interrupted` (a run is not resumed)."""
+        if self._housekeeping is not None:
+            self._housekeeping.cancel()
+        run_ids = list(self._running)
+        await self.stop_runs(run_ids)
+        for run_id in run_ids:
+            await asyncio.to_thread(
+                self.store.fail, run_id, self.name, "interrupted", "The server running it shut down."
+            )
+
+    def submit(self, job: RunJob) -> None:
+        self._running[job.id] = asyncio.create_task(self._run(job))
+
+    async def stop_runs(self, run_ids: list[str]) -> None:
+        """Cancel these runs' tasks on this gateway and wait until they have stopped."""
+        tasks = [t for t in (self._running.get(r) for r in run_ids) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _recover_forever(self) -> None:
+        stale = self.settings.agent_run_stale_seconds
+        while True:
+            try:
+                await asyncio.to_thread(self.store.recover_stale, stale)
+            except Exception:
+                log.exception("agent run recovery")
+            await asyncio.sleep(min(10.0, stale / 2))
+
+    async def _run(self, job: RunJob) -> None:
+        beating = asyncio.create_task(self._heartbeat(job.id))
+        try:
+            await self._execute(job)
+        except _Stopped:
+            pass  # closing the stream (on the way out of `_execute`) stopped the generation
+        except ModelhostError as exc:
+            await asyncio.to_thread(self.store.fail, job.id, self.name, exc.code, exc.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never leave a run in progress because of a bug here
+            log.exception("agent run %s", job.id)
+            await asyncio.to_thread(
+                self.store.fail, job.id, self.name, "generation_error", type(exc).__name__
+            )
+        finally:
+            beating.cancel()
+            self._running.pop(job.id, None)
+
+    async def _append(self, job: RunJob, type_: str, data: dict[str, Any], **values: Any) -> None:
+        """Write an event; when the run is no longer ours to write (deleted, cancelled), stop here."""
+        if not await asyncio.to_thread(self.store.append, job.id, self.name, type_, data, values):
+            raise _Stopped
+
+    async def _execute(self, job: RunJob) -> None:
+        await self._append(job, "run.in_progress", {"status": "in_progress"}, status="in_progress")
+        options = job.request
+        tools = job.tools or None
+        body = ChatCompletionRequest.model_validate(
+            {
+                "model": job.model,
+                "messages": [{"role": "system", "content": job.instructions}, *options["input"]],
+                "tools": tools,
+                "tool_choice": options.get("tool_choice") if tools else None,
+                "max_tokens": options.get("max_tokens"),
+                "min_tokens": options.get("min_tokens"),
+                "temperature": options.get("temperature"),
+                "seed": options.get("seed"),
+            }
+        )
+        requests, mode = chat_requests(body, self.settings.constrained_max_string_length)
+        choice = ChatChoice(0, mode, [t["function"]["name"] for t in tools or []])
+        async with contextlib.aclosing(self.runtime.stream(job.deployment_id, requests[0])) as events:
+            prompt_tokens = 0
+            async for event in events:
+                prompt_tokens = int(event.get("prompt_tokens", prompt_tokens))
+                delta = choice.feed(event)
+                if delta.get("content"):
+                    await self._append(job, "message.delta", {"content": delta["content"]})
+                if choice.finish is not None:
+                    break
+        message = choice.message()
+        for call in choice.calls:
+            await self._append(job, "tool_call", dict(call))
+        output = {"content": message.get("content"), "tool_calls": choice.calls}
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": choice.completion_tokens}
+        await self._append(
+            job,
+            "message.completed",
+            {"role": "assistant", **output, "finish_reason": choice.finish_reason, "usage": usage},
+        )
+        final = "requires_action" if choice.calls else "completed"
+        await self._append(
+            job, f"run.{final}", {"status": final}, status=final, output=output, completed_at=utcnow()
+        )
+
+    async def _heartbeat(self, run_id: str) -> None:
+        """Beat while the model loads or between events; a run stopped elsewhere is stopped here."""
+        started = time.monotonic()
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            if not await asyncio.to_thread(self.store.beat, run_id, self.name):
+                log.debug("run %s stopped elsewhere after %.1fs", run_id, time.monotonic() - started)
+                task = self._running.get(run_id)
+                if task is not None:
+                    task.cancel()
+                return

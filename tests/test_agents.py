@@ -1,0 +1,393 @@
+"""Agents and runs through HTTP against a live server, on the tiny recipe chat model (api.md §2.1, §3.3,
+§4.15, §6.3): runs generate in the background and store their events; deleting a run stops it first."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.live import live_server
+from tests.server_process import ServerProcess
+from tests.test_chat import TIME, WEATHER, long_context_copy
+
+FINISHED = ("completed", "failed", "cancelled", "requires_action")
+LONG = {"max_tokens": 1500, "min_tokens": 1500, "temperature": 0}  # far longer than any test waits
+
+
+@dataclass
+class Agents:
+    url: str
+    key: str
+    http: httpx.Client
+    deployment_id: str
+    database_url: str
+
+    def call(self, method: str, path: str, body: Any = None, key: str | None = None) -> httpx.Response:
+        return self.http.request(method, path, json=body, headers=bearer(key or self.key))
+
+    def agent(self, tools: list[Any] | None = None) -> str:
+        body: dict[str, Any] = {"name": "helper", "model": "chat", "instructions": "Answer briefly."}
+        if tools:
+            body["tools"] = tools
+        created = self.call("POST", "/v1/agent", body)
+        assert created.status_code == 200, created.text
+        agent_id: str = created.json()["id"]
+        return agent_id
+
+    def run(self, agent_id: str, **body: Any) -> dict[str, Any]:
+        created = self.call("POST", f"/v1/agent/{agent_id}/runs", {"input": "hello", **body})
+        assert created.status_code == 200, created.text
+        run: dict[str, Any] = created.json()
+        return run
+
+    def wait(self, agent_id: str, run_id: str, until: tuple[str, ...] = FINISHED) -> dict[str, Any]:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            run: dict[str, Any] = self.call("GET", f"/v1/agent/{agent_id}/runs/{run_id}").json()
+            if run["status"] in until:
+                return run
+            time.sleep(0.02)
+        raise TimeoutError(run)
+
+    def events(self, agent_id: str, run_id: str) -> list[dict[str, Any]]:
+        answer = self.call("GET", f"/v1/agent/{agent_id}/runs/{run_id}/events")
+        assert answer.status_code == 200, answer.text
+        events: list[dict[str, Any]] = answer.json()["data"]
+        return events
+
+    def stored_events(self, run_id: str) -> int:
+        """Counted in the database itself: what the HTTP answers cannot show once the run is gone."""
+        engine = create_engine(self.database_url)
+        try:
+            with engine.connect() as connection:
+                query = text("SELECT count(*) FROM agent_run_events WHERE run_id = :run")
+                return int(connection.execute(query, {"run": run_id}).scalar_one())
+        finally:
+            engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[Agents]:
+    root = tmp_path_factory.mktemp("agents")
+    database_url = f"sqlite:///{root / 'db.sqlite'}"
+    settings = make_settings(root, database_url, worker_threads=1, constrained_max_string_length=16)
+    with live_server(settings) as url:
+        http = httpx.Client(base_url=url, timeout=120)
+        key = http.post("/v1/admin/accounts", json={"name": "agents"}, headers=bearer(ADMIN_KEY)).json()[
+            "api_key"
+        ]
+        artifact = push_folder_sync(http, key, long_context_copy(recipes, root), "text-generation")
+        created = http.post(
+            "/v1/deployments",
+            json={"model": "chat", "artifact_id": artifact, "readiness": "warm"},
+            headers=bearer(key),
+        )
+        assert created.status_code == 201, created.text
+        yield Agents(url, key, http, created.json()["id"], database_url)
+        http.close()
+
+
+def _generating(agents: Agents) -> float:
+    for line in agents.http.get("/metrics").text.splitlines():
+        if line.startswith("modelhost_generation_sequences") and agents.deployment_id in line:
+            return float(line.rsplit(" ", 1)[1])
+    return -1.0
+
+
+def _wait_for_a_delta(agents: Agents, agent_id: str, run_id: str) -> None:
+    """Until the run is generating (the worker reports its sequence)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any(e["type"] == "message.delta" for e in agents.events(agent_id, run_id)):
+            assert _generating(agents) == 1
+            return
+        time.sleep(0.02)
+    raise TimeoutError(run_id)
+
+
+def _stops_generating(agents: Agents) -> bool:
+    """The worker drops the sequence at its next decoding step (1500 tokens would take far longer)."""
+    deadline = time.monotonic() + 5
+    while _generating(agents) != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _generating(agents) == 0
+
+
+def _sse(lines: Iterator[str]) -> Iterator[Any]:
+    for line in lines:
+        if line.startswith("data: "):
+            payload = line[len("data: ") :]
+            yield payload if payload == "[DONE]" else json.loads(payload)
+
+
+# ---------------------------------------------------------------- agents
+
+
+def test_an_agent_is_created_on_a_text_generation_deployment_retrieved_and_listed(agents: Agents) -> None:
+    agent_id = agents.agent([WEATHER])
+    agent = agents.call("GET", f"/v1/agent/{agent_id}").json()
+    assert (
+        agent["object"] == "agent" and agent["model"] == "chat" and agent["instructions"] == "Answer briefly."
+    )
+    assert agent["tools"][0]["function"]["name"] == "get_weather" and isinstance(agent["created_at"], int)
+    listed = agents.call("GET", "/v1/agent", None).json()
+    assert listed["object"] == "list" and agent_id in [a["id"] for a in listed["data"]]
+    unknown = agents.call("POST", "/v1/agent", {"name": "x", "model": "gpt-4o", "instructions": "x"})
+    assert_error(unknown, 404, code="model_not_found", param="model")
+    assert_error(agents.call("POST", "/v1/agent", {"name": "x", "model": "chat"}), 400, param="instructions")
+    assert_error(agents.call("GET", "/v1/agent/agent_nope"), 404, code="agent_not_found")
+
+
+def test_deployment_keys_cannot_use_agents(agents: Agents) -> None:
+    scoped = agents.call("POST", "/v1/keys", {"deployments": [agents.deployment_id]}).json()["api_key"]
+    agent_id = agents.agent()
+    for method, path in (
+        ("GET", "/v1/agent"),
+        ("GET", f"/v1/agent/{agent_id}"),
+        ("DELETE", f"/v1/agent/{agent_id}/runs/run_x"),
+    ):
+        assert_error(agents.call(method, path, key=scoped), 401, type_="InvalidAPIKeyError")
+    assert_error(agents.http.delete(f"/v1/agent/{agent_id}/runs/run_x"), 401)  # no key at all
+
+
+# ---------------------------------------------------------------- runs
+
+
+def test_a_run_generates_in_the_background_and_stores_its_events_in_order(agents: Agents) -> None:
+    agent_id = agents.agent()
+    created = agents.run(agent_id, max_tokens=6, min_tokens=6, temperature=0)
+    assert created["object"] == "agent.run" and created["status"] in ("queued", "in_progress")
+    run = agents.wait(agent_id, created["id"])
+    assert run["status"] == "completed" and run["output"] and run["completed_at"] is not None
+    events = agents.events(agent_id, run["id"])
+    types = [e["type"] for e in events]
+    assert types[:2] == ["run.created", "run.in_progress"] and types[-2:] == [
+        "message.completed",
+        "run.completed",
+    ]
+    assert set(types[2:-2]) == {"message.delta"}
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert all(a["created_at"] <= b["created_at"] for a, b in itertools.pairwise(events))
+    text_of_deltas = "".join(e["data"]["content"] for e in events if e["type"] == "message.delta")
+    assert text_of_deltas == run["output"] == events[-2]["data"]["content"]
+    assert events[-2]["data"]["usage"]["completion_tokens"] == 6
+
+
+def test_the_instructions_are_the_system_message_before_the_input(agents: Agents) -> None:
+    """The run's prompt is exactly that of a chat completion of [system: instructions, user: input]."""
+    instructions = "You are a pirate who talks about the sea all day long."
+    body = {"name": "i", "model": "chat", "instructions": instructions}
+    agent_id = agents.call("POST", "/v1/agent", body).json()["id"]
+    run = agents.run(agent_id, input="hello there", max_tokens=1)
+    agents.wait(agent_id, run["id"])
+    completed = [e for e in agents.events(agent_id, run["id"]) if e["type"] == "message.completed"]
+    messages = [{"role": "system", "content": instructions}, {"role": "user", "content": "hello there"}]
+    chat = agents.call(
+        "POST", "/v1/chat/completions", {"model": "chat", "messages": messages, "max_tokens": 1}
+    )
+    assert completed[0]["data"]["usage"]["prompt_tokens"] == chat.json()["usage"]["prompt_tokens"] > 10
+
+
+def test_a_run_with_messages_as_input_completes(agents: Agents) -> None:
+    agent_id = agents.agent()
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "more"},
+    ]
+    run = agents.run(agent_id, input=messages, max_tokens=3, temperature=0)
+    assert agents.wait(agent_id, run["id"])["status"] == "completed"
+
+
+def test_a_forced_tool_call_is_recorded_and_the_run_requires_action(agents: Agents) -> None:
+    agent_id = agents.agent([WEATHER, TIME])
+    run = agents.run(agent_id, tool_choice="required", max_tokens=80, temperature=0)
+    finished = agents.wait(agent_id, run["id"])
+    assert finished["status"] == "requires_action" and len(finished["tool_calls"]) >= 1
+    call = finished["tool_calls"][0]
+    assert call["function"]["name"] in ("get_weather", "get_time") and json.loads(
+        call["function"]["arguments"]
+    )
+    types = [e["type"] for e in agents.events(agent_id, run["id"])]
+    assert "tool_call" in types and types[-1] == "run.requires_action"
+
+
+def test_a_run_whose_prompt_cannot_be_generated_fails_with_a_reason(agents: Agents) -> None:
+    agent_id = agents.agent()
+    run = agents.run(agent_id, input="word " * 3000, max_tokens=2)  # far past the 2048-token context
+    failed = agents.wait(agent_id, run["id"])
+    assert failed["status"] == "failed" and failed["error"]["code"] and failed["error"]["message"]
+    assert agents.events(agent_id, run["id"])[-1]["type"] == "run.failed"
+
+
+def test_runs_are_listed_in_pages_both_ways(agents: Agents) -> None:
+    agent_id = agents.agent()
+    ids = [agents.run(agent_id, max_tokens=1)["id"] for _ in range(3)]
+    first = agents.call("GET", f"/v1/agent/{agent_id}/runs?limit=2&order=asc").json()
+    assert first["has_more"] and [r["id"] for r in first["data"]] == ids[:2]
+    rest = agents.call("GET", f"/v1/agent/{agent_id}/runs?limit=2&order=asc&after={first['last_id']}").json()
+    assert [r["id"] for r in rest["data"]] == ids[2:] and not rest["has_more"]
+    newest = agents.call("GET", f"/v1/agent/{agent_id}/runs").json()
+    assert [r["id"] for r in newest["data"]] == ids[::-1]
+    for run_id in ids:
+        agents.wait(agent_id, run_id)
+
+
+def test_streamed_events_follow_the_run_live_and_end_when_it_ends(agents: Agents) -> None:
+    agent_id = agents.agent()
+    run = agents.run(agent_id, max_tokens=20, min_tokens=20, temperature=0)
+    path = f"/v1/agent/{agent_id}/runs/{run['id']}/events?stream=true"
+    with agents.http.stream("GET", path, headers=bearer(agents.key)) as answer:
+        assert answer.headers["content-type"].startswith("text/event-stream")
+        streamed = list(_sse(answer.iter_lines()))
+    assert streamed[-1] == "[DONE]"
+    assert streamed[:-1] == agents.events(agent_id, run["id"])
+    assert streamed[-2]["type"] == "run.completed"
+
+
+def test_a_cancelled_run_stops_generating_and_keeps_its_events(agents: Agents) -> None:
+    agent_id = agents.agent()
+    run = agents.run(agent_id, **LONG)
+    _wait_for_a_delta(agents, agent_id, run["id"])
+    cancelled = agents.call("POST", f"/v1/agent/{agent_id}/runs/{run['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert _stops_generating(agents)
+    count = len(agents.events(agent_id, run["id"]))
+    time.sleep(0.3)
+    events = agents.events(agent_id, run["id"])
+    assert len(events) == count and events[-1]["type"] == "run.cancelled"
+    assert_error(
+        agents.call("POST", f"/v1/agent/{agent_id}/runs/{run['id']}/cancel"), 409, code="run_not_active"
+    )
+
+
+# ---------------------------------------------------------------- deleting runs (api.md §4.15)
+
+
+def test_deleting_a_running_run_while_its_events_stream_stops_it_and_erases_its_events(
+    agents: Agents,
+) -> None:
+    agent_id = agents.agent()
+    run = agents.run(agent_id, **LONG)
+    path = f"/v1/agent/{agent_id}/runs/{run['id']}/events?stream=true"
+    streamed: list[Any] = []
+    first_delta = threading.Event()
+
+    def follow() -> None:
+        with httpx.stream("GET", agents.url + path, headers=bearer(agents.key), timeout=120) as answer:
+            for item in _sse(answer.iter_lines()):
+                streamed.append(item)
+                if isinstance(item, dict) and item.get("type") == "message.delta":
+                    first_delta.set()
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    assert first_delta.wait(60)
+    assert _generating(agents) == 1
+    deleted = agents.call("DELETE", f"/v1/agent/{agent_id}/runs/{run['id']}")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {"id": run["id"], "object": "agent.run.deleted", "deleted": True}
+    assert _stops_generating(agents)
+    assert agents.stored_events(run["id"]) == 0
+    follower.join(10)
+    assert not follower.is_alive()
+    time.sleep(0.3)  # a generation that was not stopped would keep writing deltas
+    assert agents.stored_events(run["id"]) == 0
+    assert streamed[-1]["error"]["code"] == "run_not_found"
+    seqs = [e["seq"] for e in streamed[:-1]]
+    assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 3
+    assert_error(agents.call("GET", f"/v1/agent/{agent_id}/runs/{run['id']}"), 404, code="run_not_found")
+    assert_error(agents.call("GET", path.split("?")[0]), 404, code="run_not_found")
+    again = agents.call("DELETE", f"/v1/agent/{agent_id}/runs/{run['id']}")
+    assert assert_error(again, 404, code="run_not_found")["message"] == "Run not found"
+
+
+def test_deleting_a_finished_run_erases_its_events(agents: Agents) -> None:
+    agent_id = agents.agent()
+    run = agents.run(agent_id, max_tokens=2)
+    agents.wait(agent_id, run["id"])
+    assert agents.stored_events(run["id"]) >= 4
+    deleted = agents.call("DELETE", f"/v1/agent/{agent_id}/runs/{run['id']}")
+    assert deleted.json() == {"id": run["id"], "object": "agent.run.deleted", "deleted": True}
+    assert agents.stored_events(run["id"]) == 0
+    assert run["id"] not in [r["id"] for r in agents.call("GET", f"/v1/agent/{agent_id}/runs").json()["data"]]
+
+
+def test_unknown_runs_runs_of_other_agents_and_other_accounts_are_run_not_found(agents: Agents) -> None:
+    agent_id, other_agent = agents.agent(), agents.agent()
+    run = agents.run(agent_id, max_tokens=1)
+    stranger = agents.http.post("/v1/admin/accounts", json={"name": "s"}, headers=bearer(ADMIN_KEY)).json()
+    for key, agent, run_id in (
+        (agents.key, agent_id, "run_unknown"),
+        (agents.key, other_agent, run["id"]),
+        (stranger["api_key"], agent_id, run["id"]),
+    ):
+        answer = agents.call("DELETE", f"/v1/agent/{agent}/runs/{run_id}", key=key)
+        assert assert_error(answer, 404, code="run_not_found")["message"] == "Run not found"
+    assert agents.wait(agent_id, run["id"])["status"] == "completed"  # untouched
+
+
+def test_deleting_an_agent_stops_and_deletes_its_runs(agents: Agents) -> None:
+    agent_id = agents.agent()
+    finished = agents.run(agent_id, max_tokens=1)
+    agents.wait(agent_id, finished["id"])
+    running = agents.run(agent_id, **LONG)
+    _wait_for_a_delta(agents, agent_id, running["id"])
+    deleted = agents.call("DELETE", f"/v1/agent/{agent_id}")
+    assert deleted.json() == {"id": agent_id, "object": "agent.deleted", "deleted": True}
+    assert _stops_generating(agents)
+    assert agents.stored_events(running["id"]) == 0 and agents.stored_events(finished["id"]) == 0
+    assert_error(agents.call("GET", f"/v1/agent/{agent_id}"), 404, code="agent_not_found")
+    assert_error(
+        agents.call("DELETE", f"/v1/agent/{agent_id}/runs/{running['id']}"), 404, code="run_not_found"
+    )
+
+
+# ---------------------------------------------------------------- restarts
+
+
+def test_a_run_in_progress_at_a_crash_fails_as_interrupted_and_can_still_be_deleted(
+    tmp_path: Path, recipes: Path
+) -> None:
+    server = ServerProcess(
+        tmp_path / "data",
+        f"sqlite:///{tmp_path / 'db.sqlite'}",
+        MODELHOST_AGENT_RUN_STALE_SECONDS="1",
+        MODELHOST_WORKER_THREADS="1",
+    )
+    server.start()
+    try:
+        http = httpx.Client(base_url=server.url, timeout=120)
+        key = http.post("/v1/admin/accounts", json={"name": "r"}, headers=bearer(ADMIN_KEY)).json()["api_key"]
+        artifact = push_folder_sync(http, key, long_context_copy(recipes, tmp_path), "text-generation")
+        created = http.post(
+            "/v1/deployments", json={"model": "chat", "artifact_id": artifact}, headers=bearer(key)
+        )
+        assert created.status_code == 201, created.text
+        view = Agents(server.url, key, http, created.json()["id"], f"sqlite:///{tmp_path / 'db.sqlite'}")
+        agent_id = view.agent()
+        run = view.run(agent_id, **LONG)
+        view.wait(agent_id, run["id"], until=("in_progress",))
+        server.kill()
+        server.start()
+        failed = view.wait(agent_id, run["id"])
+        assert failed["status"] == "failed" and failed["error"]["code"] == "interrupted"
+        assert view.events(agent_id, run["id"])[-1]["type"] == "run.failed"
+        deleted = view.call("DELETE", f"/v1/agent/{agent_id}/runs/{run['id']}")
+        assert deleted.status_code == 200 and deleted.json()["deleted"] is True
+        assert view.stored_events(run["id"]) == 0
+        http.close()
+    finally:
+        server.stop()
