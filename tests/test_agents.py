@@ -16,11 +16,9 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import make_settings
+from tests.chat_model import TIME, WEATHER, long_context_copy, served_chat_model
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
-from tests.live import live_server
 from tests.server_process import ServerProcess
-from tests.test_chat import TIME, WEATHER, long_context_copy
 
 FINISHED = ("completed", "failed", "cancelled", "requires_action")
 LONG = {"max_tokens": 1500, "min_tokens": 1500, "temperature": 0}  # far longer than any test waits
@@ -81,22 +79,8 @@ class Agents:
 @pytest.fixture(scope="module")
 def agents(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[Agents]:
     root = tmp_path_factory.mktemp("agents")
-    database_url = f"sqlite:///{root / 'db.sqlite'}"
-    settings = make_settings(root, database_url, worker_threads=1, constrained_max_string_length=16)
-    with live_server(settings) as url:
-        http = httpx.Client(base_url=url, timeout=120)
-        key = http.post("/v1/admin/accounts", json={"name": "agents"}, headers=bearer(ADMIN_KEY)).json()[
-            "api_key"
-        ]
-        artifact = push_folder_sync(http, key, long_context_copy(recipes, root), "text-generation")
-        created = http.post(
-            "/v1/deployments",
-            json={"model": "chat", "artifact_id": artifact, "readiness": "warm"},
-            headers=bearer(key),
-        )
-        assert created.status_code == 201, created.text
-        yield Agents(url, key, http, created.json()["id"], database_url)
-        http.close()
+    with served_chat_model(root, recipes, constrained_max_string_length=16) as server:
+        yield Agents(server.url, server.key, server.http, server.deployment_id, server.database_url)
 
 
 def _generating(agents: Agents) -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,29 +16,9 @@ import jsonschema
 import openai
 import pytest
 
-from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
-from tests.live import live_server
+from tests.chat_model import TIME, WEATHER, served_chat_model
+from tests.helpers import assert_error, bearer, push_folder_sync
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
-            "required": ["city"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {"type": "object", "properties": {"zone": {"type": "integer"}}, "required": ["zone"]},
-    },
-}
 MESSAGES: list[Any] = [
     {"role": "system", "content": "You are a helpful assistant"},
     {"role": "user", "content": "what is the weather in berlin?"},
@@ -63,36 +42,12 @@ class Chat:
         return self.http.post(path, json=body, headers=bearer(self.key), timeout=120)
 
 
-def long_context_copy(recipes: Path, root: Path) -> Path:
-    """The recipe chat model with a 2048-token context (its tiny vocabulary makes a prompt with two tool
-    schemas about 500 tokens, the recipe's whole context). Rotary positions need no more weights."""
-    folder = root / "chat-model"
-    shutil.copytree(recipes / "t11_text_generation_chat", folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
-    return folder
-
-
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[Chat]:
-    root = tmp_path_factory.mktemp("chat")
-    settings = make_settings(
-        root, f"sqlite:///{root / 'db.sqlite'}", worker_threads=1, constrained_max_string_length=16
-    )
-    with live_server(settings) as url:
-        http = httpx.Client(base_url=url, timeout=120)
-        key = http.post("/v1/admin/accounts", json={"name": "chat"}, headers=bearer(ADMIN_KEY)).json()[
-            "api_key"
-        ]
-        artifact = push_folder_sync(http, key, long_context_copy(recipes, root), "text-generation")
-        created = http.post(
-            "/v1/deployments",
-            json={"model": "chat", "artifact_id": artifact, "readiness": "warm"},
-            headers=bearer(key),
-        )
-        assert created.status_code == 201, created.text
-        yield Chat(url, key, http, created.json()["id"])
-        http.close()
+    with served_chat_model(
+        tmp_path_factory.mktemp("chat"), recipes, constrained_max_string_length=16
+    ) as server:
+        yield Chat(server.url, server.key, server.http, server.deployment_id)
 
 
 # ---------------------------------------------------------------- chat completions
