@@ -15,15 +15,16 @@ run, no runner anywhere can add an event, and the delete then erases the events 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import delete, select, update
 
 from modelhost.errors import Conflict, NotFound
 from modelhost.store.db import Database
 from modelhost.store.models import Agent, AgentRun, AgentRunEvent
-from modelhost.store.types import new_id, utcnow
+from modelhost.store.pages import keyset_page
+from modelhost.store.types import new_id, unix_seconds, utcnow
 
 ACTIVE = ("queued", "in_progress")
 FINISHED = ("completed", "failed", "cancelled", "requires_action")
@@ -74,7 +75,7 @@ class AgentStore:
         with self._database.transaction() as session:
             query = select(Agent).where(Agent.account_id == account_id)
             cursor = self._agent(session, account_id, after) if after is not None else None
-            rows, more = _page(session, query, Agent, cursor, limit, order)
+            rows, more = keyset_page(session, query, Agent, cursor, limit, order)
             return [agent_view(a) for a in rows], more
 
     def begin_delete_agent(self, account_id: str, agent_id: str) -> list[str]:
@@ -138,7 +139,7 @@ class AgentStore:
             agent = self._agent(session, account_id, agent_id)
             query = select(AgentRun).where(AgentRun.agent_id == agent_id, AgentRun.status != "deleting")
             cursor = self._run(session, account_id, agent_id, after) if after is not None else None
-            rows, more = _page(session, query, AgentRun, cursor, limit, order)
+            rows, more = keyset_page(session, query, AgentRun, cursor, limit, order)
             return [run_view(r, agent.model) for r in rows], more
 
     def events(
@@ -293,33 +294,11 @@ class AgentStore:
         return failed
 
 
-def _page(
-    session: Any, query: Any, table: Any, cursor: Any, limit: int, order: str
-) -> tuple[list[Any], bool]:
-    """A page after `cursor` by (created_at, id), newest first for `desc`; and whether more follow."""
-    newest_first = order == "desc"
-    if cursor is not None:
-        later = (table.created_at, table.id)
-        mark = (cursor.created_at, cursor.id)
-        query = query.where(_before(later, mark) if newest_first else _before(mark, later))
-    ordering = (table.created_at.desc(), table.id.desc()) if newest_first else (table.created_at, table.id)
-    rows = session.scalars(query.order_by(*ordering).limit(limit + 1)).all()
-    return list(rows[:limit]), len(rows) > limit
-
-
-def _before(a: tuple[Any, Any], b: tuple[Any, Any]) -> Any:
-    return or_(a[0] < b[0], and_(a[0] == b[0], a[1] < b[1]))
-
-
-def _unix(moment: datetime | None) -> int | None:
-    return None if moment is None else int(moment.timestamp())
-
-
 def agent_view(agent: Agent) -> dict[str, Any]:
     return {
         "id": agent.id,
         "object": "agent",
-        "created_at": _unix(agent.created_at),
+        "created_at": unix_seconds(agent.created_at),
         "name": agent.name,
         "model": agent.model,
         "instructions": agent.instructions,
@@ -336,8 +315,8 @@ def run_view(run: AgentRun, model: str) -> dict[str, Any]:
         "agent_id": run.agent_id,
         "model": model,
         "status": run.status,
-        "created_at": _unix(run.created_at),
-        "completed_at": _unix(run.completed_at),
+        "created_at": unix_seconds(run.created_at),
+        "completed_at": unix_seconds(run.completed_at),
         "output": output.get("content"),
         "tool_calls": output.get("tool_calls") or [],
         "error": error,

@@ -13,16 +13,17 @@ job removes its row; the gateway running it notices at its next update and stops
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, select, update
 
 from modelhost.artifacts.blobstore import BlobStore
 from modelhost.errors import Conflict, NotFound
 from modelhost.store.db import Database
 from modelhost.store.models import VideoJob
-from modelhost.store.types import new_id, utcnow
+from modelhost.store.pages import keyset_page
+from modelhost.store.types import new_id, unix_seconds, utcnow
 
 MAX_ATTEMPTS = 2  # the first run and one re-run after an interruption
 INTERRUPTED = "The generation was interrupted twice (its server stopped); it is not retried again."
@@ -81,23 +82,13 @@ class VideoJobs:
         self, account_id: str, after: str | None, limit: int, order: str, deployments: set[str] | None = None
     ) -> tuple[list[dict[str, Any]], bool]:
         """A page of the account's jobs, newest first for `desc`; and whether more follow."""
-        newest_first = order == "desc"
         with self._database.transaction() as session:
             query = select(VideoJob).where(VideoJob.account_id == account_id)
             if deployments is not None:
                 query = query.where(VideoJob.deployment_id.in_(deployments))
-            if after is not None:
-                cursor = self._owned(session, account_id, after, deployments)
-                later = (VideoJob.created_at, VideoJob.id)
-                mark = (cursor.created_at, cursor.id)
-                query = query.where(_before(later, mark) if newest_first else _before(mark, later))
-            ordering = (
-                (VideoJob.created_at.desc(), VideoJob.id.desc())
-                if newest_first
-                else (VideoJob.created_at, VideoJob.id)
-            )
-            rows = session.scalars(query.order_by(*ordering).limit(limit + 1)).all()
-            return [view(r) for r in rows[:limit]], len(rows) > limit
+            cursor = None if after is None else self._owned(session, account_id, after, deployments)
+            rows, more = keyset_page(session, query, VideoJob, cursor, limit, order)
+            return [view(r) for r in rows], more
 
     def delete(self, account_id: str, job_id: str, deployments: set[str] | None = None) -> None:
         """Remove the job and its files; a running generation stops when its runner next checks in."""
@@ -246,15 +237,6 @@ class VideoJobs:
         return bool(changed)
 
 
-def _before(a: tuple[Any, Any], b: tuple[Any, Any]) -> Any:
-    """(created_at, id) of `a` sorts before that of `b`."""
-    return or_(a[0] < b[0], and_(a[0] == b[0], a[1] < b[1]))
-
-
-def _unix(moment: datetime | None) -> int | None:
-    return None if moment is None else int(moment.timestamp())
-
-
 def view(job: VideoJob) -> dict[str, Any]:
     """The job as api.md §2.2 shows it (plus `progress`), timestamps in Unix seconds."""
     options = job.options
@@ -262,9 +244,9 @@ def view(job: VideoJob) -> dict[str, Any]:
     return {
         "id": job.id,
         "object": "video",
-        "created_at": _unix(job.created_at),
-        "completed_at": _unix(job.completed_at),
-        "expires_at": _unix(job.expires_at),
+        "created_at": unix_seconds(job.created_at),
+        "completed_at": unix_seconds(job.completed_at),
+        "expires_at": unix_seconds(job.expires_at),
         "model": job.model,
         "prompt": job.prompt,
         "seconds": options["seconds"],

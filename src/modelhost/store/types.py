@@ -39,6 +39,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def unix_seconds(moment: datetime | None) -> int | None:
+    """OpenAI-shaped objects give times as Unix seconds (null while unset)."""
+    return None if moment is None else int(moment.timestamp())
+
+
 def new_id(prefix: str) -> str:
     """Public identifiers: a type prefix plus 96 random bits, unguessable and URL-safe."""
     return f"{prefix}_{secrets.token_hex(12)}"

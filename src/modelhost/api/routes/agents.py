@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
@@ -20,6 +20,7 @@ from fastapi.responses import StreamingResponse
 from modelhost.agents.store import ACTIVE
 from modelhost.api.deps import AccountPrincipal, account_id_of, deployment_for, get_services
 from modelhost.api.errors import error_responses
+from modelhost.api.lists import After, Limit, Order, list_body
 from modelhost.errors import ModelhostError
 from modelhost.protocol.agents import (
     Agent,
@@ -36,18 +37,10 @@ from modelhost.protocol.agents import (
 router = APIRouter(tags=["agents"], responses=error_responses(400, 401, 404))
 CHAT_ENDPOINT = "/v1/chat/completions"  # an agent's model must serve chat: a text-generation deployment
 POLL_SECONDS = 0.1  # how often a followed event stream looks for new events
-After = Annotated[str | None, Query(description="ID of the last item of the previous page.")]
-Limit = Annotated[int, Query(ge=1, le=100)]
-Order = Annotated[Literal["asc", "desc"], Query()]
 
 
 def _json(payload: object) -> Response:
     return Response(orjson.dumps(payload), media_type="application/json")
-
-
-def _page(items: list[dict[str, Any]], more: bool) -> dict[str, Any]:
-    first, last = (items[0]["id"], items[-1]["id"]) if items else (None, None)
-    return {"object": "list", "data": items, "first_id": first, "last_id": last, "has_more": more}
 
 
 # ---------------------------------------------------------------- agents
@@ -79,7 +72,7 @@ async def list_agents(
     agents, more = await asyncio.to_thread(
         get_services(request).agents.list_agents, account_id_of(principal), after, limit, order
     )
-    return _json(_page(agents, more))
+    return _json(list_body(agents, more))
 
 
 @router.get("/v1/agent/{agent_id}", summary="Retrieve an agent", response_model=Agent)
@@ -150,7 +143,7 @@ async def list_runs(
     runs, more = await asyncio.to_thread(
         get_services(request).agents.list_runs, account_id_of(principal), agent_id, after, limit, order
     )
-    return _json(_page(runs, more))
+    return _json(list_body(runs, more))
 
 
 @router.get("/v1/agent/{agent_id}/runs/{run_id}", summary="Retrieve a run", response_model=Run)

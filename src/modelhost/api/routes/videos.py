@@ -16,6 +16,7 @@ from fastapi import APIRouter, Query, Request, Response
 from modelhost.api.bodies import MediaBodyRoute, form_openapi
 from modelhost.api.deps import CallerPrincipal, account_id_of, deployment_for, get_services
 from modelhost.api.errors import error_responses
+from modelhost.api.lists import After, Limit, Order, list_body
 from modelhost.auth.principal import Principal, PrincipalKind
 from modelhost.errors import InvalidRequest
 from modelhost.media.sources import load_media
@@ -95,15 +96,14 @@ async def create_video(body: VideoCreateRequest, request: Request, principal: Ca
 async def list_videos(
     request: Request,
     principal: CallerPrincipal,
-    after: Annotated[str | None, Query(description="ID of the last job of the previous page.")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    order: Annotated[Literal["asc", "desc"], Query()] = "desc",
+    after: After = None,
+    limit: Limit = 20,
+    order: Order = "desc",
 ) -> Response:
     jobs, more = await asyncio.to_thread(
         get_services(request).videos.list, account_id_of(principal), after, limit, order, _scope(principal)
     )
-    first, last = (jobs[0]["id"], jobs[-1]["id"]) if jobs else (None, None)
-    return _json({"object": "list", "data": jobs, "first_id": first, "last_id": last, "has_more": more})
+    return _json(list_body(jobs, more))
 
 
 @router.get(
