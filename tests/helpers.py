@@ -132,3 +132,19 @@ def push_folder_sync(http: Any, key: str, folder: Any, pipeline: str) -> str:
     assert done["artifact"]["status"] == "ready", done
     artifact_id: str = done["artifact"]["id"]
     return artifact_id
+
+
+class ManualClock:
+    """A `modelhost.clock.Clock` that moves only when told: billing and idle windows without waiting."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.ms = now_ms
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def monotonic(self) -> float:
+        return self.ms / 1000
+
+    def advance(self, seconds: float) -> None:
+        self.ms += round(seconds * 1000)

@@ -16,6 +16,7 @@ import pytest
 import typer
 from typer.testing import CliRunner, Result
 
+from modelhost.billing.ledger import ComputeReading
 from modelhost.cli.main import app
 from modelhost.config import Settings, get_settings
 from modelhost.services.container import Services
@@ -133,6 +134,8 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("accounts",), "Accounts (needs the admin key)."),
     (("accounts", "create"), "Create an account; prints its first account key (shown once)."),
     (("accounts", "list"), "List accounts."),
+    (("accounts", "credit"), "Top up an account (service resumes at once if it was out of credits)."),
+    (("usage",), "Your credits: balance, and compute and storage credits by deployment, artifact and day."),
     (("keys",), "API keys of your account."),
     (("keys", "create"), "Create a key; prints its secret (shown once)."),
     (("keys", "list"), "List keys (never their secrets)."),
@@ -207,7 +210,15 @@ def test_accounts_create_json_takes_the_admin_key_from_the_environment(url: str)
         url,
         env={"MODELHOST_ADMIN_KEY": ADMIN_KEY},
     )
-    assert set(created) == {"id", "name", "credits", "created_at", "api_key"}
+    assert set(created) == {
+        "id",
+        "name",
+        "credits",
+        "credits_granted",
+        "credits_used",
+        "created_at",
+        "api_key",
+    }
     assert created["name"] == "cli-json"
     assert created["credits"] == 3.0
     assert KEY_PATTERN.fullmatch(created["api_key"])
@@ -223,6 +234,8 @@ def test_accounts_list_json_includes_new_accounts_without_secrets(url: str, acco
             "id": account["id"],
             "name": account["name"],
             "credits": account["credits"],
+            "credits_granted": account["credits_granted"],
+            "credits_used": account["credits_used"],
             "created_at": account["created_at"],
         }
     ]
@@ -503,3 +516,39 @@ def test_an_error_message_with_brackets_is_printed_as_an_error(url: str, account
     assert result.exit_code == 1
     assert result.stderr.startswith("error: ")
     assert "(404 " in result.stderr
+
+
+# ------------------------------------------------------------------------------------------ billing
+
+
+def test_usage_prints_the_balance_and_each_breakdown_as_the_api_returns_it(
+    url: str, store: Services, account: dict[str, Any]
+) -> None:
+    artifact_id = ready_artifact(store, account["id"])
+    ledger, now = store.billing.ledger, store.billing.clock.now_ms()
+    meter = ledger.open_compute(
+        owner="gw_test",
+        account_id=account["id"],
+        deployment_id="dep_x",
+        model="m",
+        artifact_id=artifact_id,
+        now_ms=now,
+    )
+    ledger.bill_compute([ComputeReading(meter, now + 2000, 10**9)], close=True)  # 1 GB × 2 s = 0.002
+    args = ("usage", "--url", url, "--key", account["api_key"])
+    as_json = ok_json(*args)
+    assert as_json == httpx.get(f"{url}/v1/usage", headers=bearer(account["api_key"])).json()
+    assert (as_json["credits_balance"], as_json["compute_credits"]) == (9.998, 0.002)
+    text = ok(*args).stdout
+    for title in ("credits", "by deployment", "by artifact", "by day"):
+        assert title in text
+    assert "dep_x" in text and artifact_id in text and "9.998" in text
+
+
+def test_accounts_credit_tops_up_and_a_bad_range_is_explained(url: str, account: dict[str, Any]) -> None:
+    topped = ok_json("accounts", "credit", account["id"], "2.5", "--url", url, "--admin-key", ADMIN_KEY)
+    assert topped["credits"] == account["credits"] + 2.5
+    result = cli(
+        "usage", "--start", "2026-02-01", "--end", "2026-01-01", "--url", url, "--key", account["api_key"]
+    )
+    assert result.exit_code == 1 and "end" in result.stderr and "400" in result.stderr

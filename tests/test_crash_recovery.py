@@ -118,7 +118,7 @@ def test_sigkill_during_complete_never_leaves_the_artifact_stuck(
 def recovery_services(tmp_path: Path, sqlite_url: str) -> tuple[Services, str, str]:
     """An artifact with a session forced into `completing`, as a crash mid-complete leaves it."""
     services = Services.build(make_settings(tmp_path, sqlite_url))
-    account, _ = services.accounts.create("a", 0)
+    account = services.accounts.create("a", 0)[0].account
     artifact = services.artifacts.create(account.id, "m", "fill-mask").artifact
     upload, _ = services.artifacts.start_upload(account.id, artifact.id)
     with services.database.transaction() as session:

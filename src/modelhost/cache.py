@@ -49,6 +49,10 @@ class TTLCache(Generic[V]):
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
 
+    def discard(self, key: str) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()

@@ -6,6 +6,7 @@ directory. Setting `MODELHOST_DATABASE_URL=postgresql+psycopg://...` switches to
 
 from __future__ import annotations
 
+from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
@@ -150,6 +151,45 @@ class Settings(BaseSettings):
         default=512,
         ge=1,
         description="Longest string value constrained decoding allows where the schema sets no maxLength.",
+    )
+
+    # ---------------------------------------------------------------- billing (docs/billing.md)
+    billing_compute_credits_per_gb_second: Decimal = Field(
+        default=Decimal("0.001"),
+        ge=0,
+        allow_inf_nan=False,
+        description="Credits per GB-second of a loaded replica's resident memory.",
+    )
+    billing_storage: bool = Field(default=True, description="Bill artifact storage (off: compute only).")
+    billing_storage_credits_per_gb_hour: Decimal = Field(
+        default=Decimal("0.005"),
+        ge=0,
+        allow_inf_nan=False,
+        description="Credits per GB-hour of stored artifact.",
+    )
+    billing_min_memory_gb: Decimal = Field(
+        default=Decimal(0),
+        ge=0,
+        allow_inf_nan=False,
+        description="Least memory billed per loaded replica (0: bill what it measures).",
+    )
+    billing_tick_seconds: float = Field(
+        default=60.0, gt=0, description="Metering interval: what a crash can lose at most."
+    )
+    billing_enforce: bool = Field(
+        default=True,
+        description="Refuse inference and loads (402) at or below zero credits, and unload the replicas.",
+    )
+    billing_initial_credits: Decimal = Field(
+        default=Decimal(100),
+        ge=0,
+        allow_inf_nan=False,
+        description="Credits of an account created without `credits` (a trial grant; 0 for none).",
+    )
+    billing_balance_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long a gateway trusts a balance it read (other gateways' top-ups show after it).",
     )
 
     @model_validator(mode="after")

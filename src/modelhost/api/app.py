@@ -32,6 +32,7 @@ from modelhost.api.routes import (
     keys,
     models,
     tasks,
+    usage,
     videos,
 )
 from modelhost.config import Settings, get_settings
@@ -62,6 +63,9 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         owned = services is None
         app.state.services = services or Services.build(settings)
         sweeper = asyncio.create_task(_sweep_forever(app.state.services))
+        billing = app.state.services.billing
+        await asyncio.to_thread(billing.start, 3 * billing.tick_seconds)
+        metering = asyncio.create_task(billing.run_forever(app.state.services.runtime.unload_account))
         await app.state.services.runtime.start()
         app.state.services.video_runner.start()
         app.state.services.agent_runner.start()
@@ -69,9 +73,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             yield
         finally:
             sweeper.cancel()
+            metering.cancel()
             await app.state.services.video_runner.stop()
             await app.state.services.agent_runner.stop()
-            await app.state.services.runtime.shutdown()
+            await app.state.services.runtime.shutdown()  # bills every replica up to its unload
             if owned:
                 app.state.services.close()
 
@@ -99,6 +104,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         audio.router,
         videos.router,
         agents.router,
+        usage.router,
     ):
         app.include_router(router)
 

@@ -92,7 +92,9 @@ async def deployment_for(
         refs = await services.deployments.ref_loads.load(
             account_id, lambda: services.deployments.refs(account_id)
         )
-    return resolve_deployment(principal, endpoint, model, refs)
+    deployment = resolve_deployment(principal, endpoint, model, refs)
+    await services.billing.require_credits(account_id)  # 402 once the account is out of credits
+    return deployment
 
 
 async def run_inference(request: Request, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:

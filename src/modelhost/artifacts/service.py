@@ -8,7 +8,7 @@ the whole staging folder under a new version; the artifact row then points at th
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -57,10 +57,18 @@ class ArtifactView:
 
 
 class ArtifactService:
-    def __init__(self, database: Database, blobs: BlobStore, settings: Settings) -> None:
+    def __init__(
+        self,
+        database: Database,
+        blobs: BlobStore,
+        settings: Settings,
+        storage_changed: Callable[[Session, str], None] | None = None,
+    ) -> None:
         self._database = database
         self._blobs = blobs
         self._settings = settings
+        # Billing's storage meter follows the stored files, in the transaction that changes them.
+        self._storage_changed = storage_changed or (lambda _session, _artifact_id: None)
 
     # ---------------------------------------------------------------- artifacts
 
@@ -116,6 +124,7 @@ class ArtifactService:
                     param="artifact_id",
                     code="artifact_busy",
                 )
+            self._storage_changed(session, artifact_id)
         for upload_id in upload_ids:
             self._blobs.delete_prefix(staging_prefix(upload_id))
         self._blobs.delete_prefix(f"artifacts/{artifact_id}")
@@ -368,6 +377,8 @@ class ArtifactService:
             artifact.status, artifact.published_version, artifact.size_bytes = "ready", upload_id, size_bytes
             artifact.error_code = artifact.error_message = None
             self._set_session_status(session, upload_id, "completed")
+            session.flush()
+            self._storage_changed(session, artifact_id)
             view = ArtifactView(artifact, None)
         if old_version and old_version != upload_id:
             self._blobs.delete_prefix(version_prefix(artifact_id, old_version))

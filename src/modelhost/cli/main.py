@@ -41,9 +41,11 @@ AdminKey = Annotated[
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
-ACCOUNT_COLUMNS = ("id", "name", "credits", "created_at")
+ACCOUNT_COLUMNS = ("id", "name", "credits", "credits_used", "created_at")
 KEY_COLUMNS = ("id", "name", "kind", "deployments", "prefix", "created_at", "revoked_at")
 ARTIFACT_COLUMNS = ("id", "display_name", "pipeline", "status", "size_gb", "updated_at")
+USAGE_COLUMNS = ("credits_balance", "credits_used", "credits", "compute_credits", "storage_credits")
+ARTIFACT_USAGE_COLUMNS = ("artifact_id", "display_name", "compute_credits", "storage_credits")
 DEPLOYMENT_COLUMNS = ("id", "model", "pipeline", "readiness", "state", "replicas", "memory_gb", "artifact_id")
 
 
@@ -101,16 +103,31 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
 @accounts_app.command("create")
 def accounts_create(
     name: Annotated[str, typer.Argument(help="Account name.")],
-    credits: Annotated[float, typer.Option(help="Initial credits.")] = 0.0,
+    credits: Annotated[
+        float | None,
+        typer.Option(help="Initial credits (default: the server's MODELHOST_BILLING_INITIAL_CREDITS)."),
+    ] = None,
     url: Url = DEFAULT_URL,
     admin_key: AdminKey = None,
     as_json: Json = False,
 ) -> None:
     """Create an account; prints its first account key (shown once)."""
-    data = ApiClient(url, admin_key).call(
-        "POST", "/v1/admin/accounts", json={"name": name, "credits": credits}
-    )
+    body: dict[str, object] = {"name": name} if credits is None else {"name": name, "credits": credits}
+    data = ApiClient(url, admin_key).call("POST", "/v1/admin/accounts", json=body)
     show(data, (*ACCOUNT_COLUMNS, "api_key"), as_json)
+
+
+@accounts_app.command("credit")
+def accounts_credit(
+    account_id: Annotated[str, typer.Argument(help="Account ID (acct_...).")],
+    credits: Annotated[float, typer.Argument(help="Credits to add; negative for a correction.")],
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: Json = False,
+) -> None:
+    """Top up an account (service resumes at once if it was out of credits)."""
+    path = f"/v1/admin/accounts/{quote(account_id, safe='')}/credits"
+    show(ApiClient(url, admin_key).call("POST", path, json={"credits": credits}), ACCOUNT_COLUMNS, as_json)
 
 
 @accounts_app.command("list")
@@ -253,3 +270,28 @@ def artifacts_delete(
 
 if __name__ == "__main__":
     app()
+
+
+@app.command()
+def usage(
+    start: Annotated[
+        str | None, typer.Option(help="Range start: ISO date/time or Unix seconds (default: this month).")
+    ] = None,
+    end: Annotated[
+        str | None, typer.Option(help="Range end, exclusive (default: end of this month).")
+    ] = None,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Your credits: balance, and compute and storage credits by deployment, artifact and day."""
+    params = {name: value for name, value in (("start", start), ("end", end)) if value is not None}
+    data = ApiClient(url, key).call("GET", "/v1/usage", params=params)
+    if as_json:
+        show(data, (), as_json=True)
+        return
+    out.print(f"usage from {data['start']} to {data['end']}", markup=False, highlight=False)
+    show(data, USAGE_COLUMNS, False, title="credits")
+    show(data["by_deployment"], ("deployment_id", "model", "compute_credits"), False, title="by deployment")
+    show(data["by_artifact"], ARTIFACT_USAGE_COLUMNS, False, title="by artifact")
+    show(data["by_day"], ("date", "compute_credits", "storage_credits", "credits"), False, title="by day")

@@ -27,7 +27,9 @@ Credits = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
 
 class AccountCreate(StrictModel):
     name: Name
-    credits: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] = 0.0
+    credits: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] | None = Field(
+        default=None, description="Credits granted at creation; omitted: the operator's initial grant."
+    )
 
 
 class CreditsTopUp(StrictModel):
@@ -37,7 +39,11 @@ class CreditsTopUp(StrictModel):
 class Account(BaseModel):
     id: str
     name: str
-    credits: float = Field(description="Credits granted so far (balance once billing runs).")
+    credits: float = Field(description="The balance: credits granted minus credits used.")
+    credits_granted: float = Field(
+        description="All credits granted so far (top-ups and corrections included)."
+    )
+    credits_used: float = Field(description="All credits billed so far (the sum of the ledger).")
     created_at: datetime
 
 

@@ -15,8 +15,9 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import Any, Protocol
 
+from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
 from modelhost.errors import DeploymentUnavailable, InvalidRequest, ModelhostError, NotFound, Overloaded
 from modelhost.runtime import metrics
@@ -31,6 +32,13 @@ GB = 1_000_000_000
 
 
 SpecSource = Callable[[str], DeploymentSpec | None]
+
+
+class ReplicaMeter(Protocol):
+    """Billing's view of replicas: each costs from the moment it starts loading until it goes away."""
+
+    def replica_started(self, replica: LocalProcessReplica, spec: DeploymentSpec) -> None: ...
+    def replica_stopped(self, replica: LocalProcessReplica) -> object: ...
 
 
 def _event_error(error: dict[str, Any]) -> ModelhostError:
@@ -50,7 +58,8 @@ class DeploymentRuntime:
         self.reason: str | None = None
         self.replicas: list[LocalProcessReplica] = []
         self.last_cold_start: float | None = None
-        self.last_used = time.monotonic()
+        self._clock = manager.clock
+        self.last_used = self._clock.monotonic()
         self._failed_at = 0.0
         self._load_lock = asyncio.Lock()
         self._unloading = False
@@ -69,13 +78,13 @@ class DeploymentRuntime:
     # ---------------------------------------------------------------- requests
 
     async def infer(self, item: dict[str, Any]) -> dict[str, Any]:
-        self.last_used = time.monotonic()
+        self.last_used = self._clock.monotonic()
         await self.ensure_loaded()
         metrics.QUEUE_DEPTH.labels(self.spec.id).set(self.batcher.depth + 1)
         output: dict[str, Any] = await self.batcher.submit(
             item, self._manager.settings.request_timeout_seconds
         )
-        self.last_used = time.monotonic()
+        self.last_used = self._clock.monotonic()
         if "error" in output:
             error = output["error"]
             raise InvalidRequest(str(error.get("message")), param=error.get("param"), code=error.get("code"))
@@ -84,7 +93,7 @@ class DeploymentRuntime:
     async def stream(self, item: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events from the least busy replica (text generation: the engine in the worker
         batches continuously, so requests go straight to it rather than through the batcher)."""
-        self.last_used = time.monotonic()
+        self.last_used = self._clock.monotonic()
         await self.ensure_loaded()
         if self.streams >= self._manager.settings.max_queue_size:
             raise Overloaded(
@@ -106,7 +115,7 @@ class DeploymentRuntime:
             raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
         finally:
             self.streams -= 1
-            self.last_used = time.monotonic()
+            self.last_used = self._clock.monotonic()
 
     async def _dispatch(self, batch: list[Any]) -> list[Any]:
         live = [r for r in self.replicas if r.alive]
@@ -155,30 +164,35 @@ class DeploymentRuntime:
         if not self.spec.model_dir.is_dir():
             self._fail("the artifact's published files are missing")
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
-        self._manager.check_can_load(self.spec.id)
+        try:
+            await self._manager.check_can_load(self.spec)
+        except ModelhostError as exc:  # out of credits: stays unloaded, and says why
+            self.state, self.reason = "unloaded", exc.message
+            raise
         self.state, self.reason, self._unloading = "loading", None, False
         started = time.perf_counter()
         count = max(1, self.spec.min_replicas)
         replicas = [self._manager.new_replica(self) for _ in range(count)]
         self._loading = replicas  # visible to unload(): a delete during the load stops these too
         try:
+            await asyncio.gather(*(self._manager.metered(r, self.spec) for r in replicas))
             results = await asyncio.gather(*(r.load() for r in replicas), return_exceptions=True)
         finally:
             self._loading = []
         if self._unloading:  # deleted or unloaded while loading
-            await asyncio.gather(*(r.unload() for r in replicas), return_exceptions=True)
+            await self._manager.stop(replicas)
             self.state = "unloaded"
             raise DeploymentUnavailable("The deployment was unloaded while it was loading.")
         errors = [e for e in results if isinstance(e, BaseException)]
         if errors:
-            await asyncio.gather(*(r.unload() for r in replicas), return_exceptions=True)
+            await self._manager.stop(replicas)
             self._fail(str(errors[0]) if isinstance(errors[0], ReplicaLoadFailed) else repr(errors[0]))
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
         self.replicas = replicas
         self.batcher.resize(len(replicas) * self._manager.settings.batches_in_flight_per_replica)
         self.state = "ready"
         self.last_cold_start = time.perf_counter() - started
-        self.last_used = time.monotonic()
+        self.last_used = self._clock.monotonic()
         metrics.COLD_STARTS.labels(self.spec.id).inc()
         metrics.LOAD_SECONDS.labels(self.spec.id).observe(self.last_cold_start)
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(len(replicas))
@@ -192,9 +206,7 @@ class DeploymentRuntime:
     def load_in_background(self) -> None:
         if self.state in ("unloaded", "failed"):
             self.state, self.reason = "loading", None  # visible at once in the deployment view
-        task = asyncio.create_task(self._quiet_load())
-        self._manager.background.add(task)
-        task.add_done_callback(self._manager.background.discard)
+        self._manager.in_background(self._quiet_load())
 
     async def _quiet_load(self) -> None:
         with contextlib.suppress(ModelhostError):  # the state records why
@@ -203,7 +215,7 @@ class DeploymentRuntime:
     async def unload(self) -> None:
         self._unloading = True
         replicas, self.replicas = [*self.replicas, *self._loading], []
-        await asyncio.gather(*(r.unload() for r in replicas), return_exceptions=True)
+        await self._manager.stop(replicas)
         if self.state != "failed":
             self.state = "unloaded"
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(0)
@@ -221,6 +233,7 @@ class DeploymentRuntime:
         if replica not in self.replicas:
             return
         self.replicas.remove(replica)
+        self._manager.in_background(self._manager.stop([replica]))
         metrics.REPLICA_RESTARTS.labels(self.spec.id).inc()
         if self._unloading:
             return
@@ -244,20 +257,48 @@ class ReplicaManager:
     """All deployments' runtimes in this gateway. Implements `RuntimeStatus` for the deployment views."""
 
     def __init__(
-        self, settings: Settings, specs: SpecSource, hot_specs: Callable[[], list[DeploymentSpec]]
+        self,
+        settings: Settings,
+        specs: SpecSource,
+        hot_specs: Callable[[], list[DeploymentSpec]],
+        *,
+        clock: Clock | None = None,
+        meter: ReplicaMeter | None = None,
+        load_guard: Callable[[DeploymentSpec], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.clock = clock or SystemClock()
         self._specs = specs
         self._hot_specs = hot_specs
         self._runtimes: dict[str, DeploymentRuntime] = {}
         self.background: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
-        self.load_guard: Callable[[str], None] | None = None
+        self._meter = meter
+        self._load_guard = load_guard
 
-    def check_can_load(self, deployment_id: str) -> None:
-        """Hook for billing enforcement (402 when the account is out of credits)."""
-        if self.load_guard is not None:
-            self.load_guard(deployment_id)
+    async def check_can_load(self, spec: DeploymentSpec) -> None:
+        """Billing enforcement: 402 when the account is out of credits (the guard may read the database)."""
+        if self._load_guard is not None:
+            await asyncio.to_thread(self._load_guard, spec)
+
+    async def metered(self, replica: LocalProcessReplica, spec: DeploymentSpec) -> None:
+        """The replica costs from now on (before it loads: loading takes memory too)."""
+        if self._meter is not None:
+            await asyncio.to_thread(self._meter.replica_started, replica, spec)
+
+    async def stop(self, replicas: list[LocalProcessReplica]) -> None:
+        """Bill replicas up to now, then stop them; a replica's meter closes even if it will not stop."""
+        if self._meter is not None:
+            meter = self._meter
+            await asyncio.gather(
+                *(asyncio.to_thread(meter.replica_stopped, r) for r in replicas), return_exceptions=True
+            )
+        await asyncio.gather(*(r.unload() for r in replicas), return_exceptions=True)
+
+    def in_background(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     def new_replica(self, runtime: DeploymentRuntime) -> LocalProcessReplica:
         spec = ReplicaSpec(
@@ -312,6 +353,19 @@ class ReplicaManager:
         if runtime.wants_loaded and runtime.state in ("unloaded", "failed"):
             runtime.load_in_background()
 
+    async def unload_account(self, account_id: str) -> None:
+        """The account ran out of credits: unload its replicas (they stay down until a top-up)."""
+        runtimes = [rt for rt in self._runtimes.values() if rt.spec.account_id == account_id]
+        await asyncio.gather(*(rt.unload() for rt in runtimes), return_exceptions=True)
+        for runtime in runtimes:
+            runtime.reason = "the account is out of credits"
+
+    async def resume_account(self, account_id: str) -> None:
+        """After a top-up: load the account's warm and hot deployments again at once."""
+        for runtime in list(self._runtimes.values()):
+            if runtime.spec.account_id == account_id and runtime.wants_loaded and runtime.state != "ready":
+                runtime.load_in_background()
+
     async def remove(self, deployment_id: str) -> None:
         runtime = self._runtimes.pop(deployment_id, None)
         if runtime is not None:
@@ -347,17 +401,20 @@ class ReplicaManager:
         return runtime
 
     async def _reap_idle(self) -> None:
-        """Unload cold deployments idle for longer than the window."""
         while True:
             await asyncio.sleep(min(5.0, self.settings.cold_idle_seconds / 2))
-            now = time.monotonic()
-            for runtime in list(self._runtimes.values()):
-                idle = now - runtime.last_used
-                if (
-                    runtime.spec.readiness == "cold"
-                    and runtime.state == "ready"
-                    and not runtime.busy
-                    and idle >= self.settings.cold_idle_seconds
-                ):
-                    log.info("unloading idle cold deployment %s after %.0fs", runtime.spec.id, idle)
-                    await runtime.unload()
+            await self.reap_idle()
+
+    async def reap_idle(self) -> None:
+        """Unload cold deployments idle for longer than the window."""
+        now = self.clock.monotonic()
+        for runtime in list(self._runtimes.values()):
+            idle = now - runtime.last_used
+            if (
+                runtime.spec.readiness == "cold"
+                and runtime.state == "ready"
+                and not runtime.busy
+                and idle >= self.settings.cold_idle_seconds
+            ):
+                log.info("unloading idle cold deployment %s after %.0fs", runtime.spec.id, idle)
+                await runtime.unload()

@@ -1,57 +1,72 @@
-"""Accounts and their credit grants (admin only)."""
+"""Accounts and their credit grants (admin only). Balances come from the ledger (billing)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from decimal import Decimal
+
 from sqlalchemy import select
 
+from modelhost.billing.ledger import Ledger
+from modelhost.billing.rates import to_micro
 from modelhost.errors import NotFound
 from modelhost.services.keys import KeyService
 from modelhost.store.db import Database
 from modelhost.store.models import Account
 from modelhost.store.types import new_id
 
-MICRO = 1_000_000
 
-
-def to_micro(credits: float) -> int:
-    """Credits as given on the wire → integer micro-credits (rounded to the nearest micro)."""
-    return round(credits * MICRO)
-
-
-def to_credits(micro: int) -> float:
-    return micro / MICRO
+@dataclass(frozen=True, slots=True)
+class AccountView:
+    account: Account
+    granted_micro: int
+    balance_micro: int
 
 
 class AccountService:
-    def __init__(self, database: Database, keys: KeyService) -> None:
+    def __init__(
+        self, database: Database, keys: KeyService, ledger: Ledger, initial_credits: Decimal
+    ) -> None:
         self._database = database
         self._keys = keys
+        self._ledger = ledger
+        self._initial_credits = initial_credits
 
-    def create(self, name: str, credits: float) -> tuple[Account, str]:
-        """A new account and its first account key; returns the row and the key's secret."""
+    def create(self, name: str, credits: float | None) -> tuple[AccountView, str]:
+        """A new account and its first account key; returns it and the key's secret.
+        Without `credits` the account gets the operator's initial grant."""
+        granted = to_micro(self._initial_credits if credits is None else credits)
         with self._database.transaction() as session:
-            account = Account(id=new_id("acct"), name=name, credits_granted_micro=to_micro(credits))
+            account = Account(id=new_id("acct"), name=name, credits_granted_micro=granted)
             session.add(account)
             session.flush()
             _, secret = self._keys.create_in(session, account.id, name="default", deployment_ids=None)
-        return account, secret
+        return AccountView(account, granted, granted), secret
 
-    def list_accounts(self) -> list[Account]:
+    def list_accounts(self) -> list[AccountView]:
         with self._database.transaction() as session:
-            return list(session.scalars(select(Account).order_by(Account.created_at, Account.id)))
+            accounts = list(session.scalars(select(Account).order_by(Account.created_at, Account.id)))
+        return self._views(accounts)
 
-    def get(self, account_id: str) -> Account:
+    def get(self, account_id: str) -> AccountView:
         with self._database.transaction() as session:
             account = session.get(Account, account_id)
             if account is None:
                 raise NotFound("Account not found", param="account_id", code="account_not_found")
-            return account
+        return self._views([account])[0]
 
-    def add_credits(self, account_id: str, credits: float) -> Account:
-        """Top-up (or correction when negative), as one guarded increment."""
+    def add_credits(self, account_id: str, credits: float) -> AccountView:
+        """Top-up (or correction when negative), as one guarded increment of the grant."""
         with self._database.transaction() as session:
             account = session.get(Account, account_id, with_for_update=True)
             if account is None:
                 raise NotFound("Account not found", param="account_id", code="account_not_found")
             account.credits_granted_micro += to_micro(credits)
-            return account
+        return self._views([account])[0]
+
+    def _views(self, accounts: list[Account]) -> list[AccountView]:
+        balances = self._ledger.balances_micro(a.id for a in accounts)
+        return [
+            AccountView(a, a.credits_granted_micro, balances.get(a.id, a.credits_granted_micro))
+            for a in accounts
+        ]

@@ -39,6 +39,10 @@ class DeploymentSpec:
     min_replicas: int
     max_replicas: int
     model_dir: Path
+    # Who pays for its replicas, and what the bill names.
+    account_id: str = ""
+    model: str = ""
+    artifact_id: str = ""
 
 
 def _not_found() -> NotFound:
@@ -87,6 +91,9 @@ class DeploymentService:
             min_replicas=deployment.min_replicas,
             max_replicas=deployment.max_replicas,
             model_dir=model_dir,
+            account_id=deployment.account_id,
+            model=deployment.model,
+            artifact_id=deployment.artifact_id,
         )
 
     def create(

@@ -200,3 +200,48 @@ class AgentRunEvent(Base):
     type: Mapped[str] = mapped_column(String(32))
     data: Mapped[dict[str, object]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Meter(Base):
+    """Something that costs credits while it exists: a loaded replica (`compute`, owned by the gateway
+    that loaded it) or an artifact's stored files (`storage`). Ticks bill `[billed_until, now]` and
+    advance `billed_until` in the same transaction as the ledger entry, by a guarded UPDATE."""
+
+    __tablename__ = "meters"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    account_id: Mapped[str] = mapped_column(String(40), index=True)
+    deployment_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    artifact_id: Mapped[str] = mapped_column(String(40), index=True)
+    # The gateway process that bills a compute meter (None for storage: any gateway may tick it).
+    owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Bytes billed per second: replica memory (last measured) or the artifact's size.
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    started_ms: Mapped[int] = mapped_column(BigInteger)
+    billed_until_ms: Mapped[int] = mapped_column(BigInteger)
+    ended_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True, index=True)
+    # The exact fraction of a micro-credit not billed yet ("n/d"): rounding never loses or makes money.
+    carry: Mapped[str] = mapped_column(String(200), default="0")
+
+
+class LedgerEntry(Base):
+    """One metering tick. Append-only; the key `{meter}:{period start}` makes a repeated tick a no-op."""
+
+    __tablename__ = "ledger_entries"
+    __table_args__ = (Index("ix_ledger_entries_account_period", "account_id", "period_end_ms"),)
+
+    tick_key: Mapped[str] = mapped_column(String(80), primary_key=True)
+    meter_id: Mapped[str] = mapped_column(String(40))
+    account_id: Mapped[str] = mapped_column(String(40))
+    kind: Mapped[str] = mapped_column(String(16))
+    deployment_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    artifact_id: Mapped[str] = mapped_column(String(40))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    period_start_ms: Mapped[int] = mapped_column(BigInteger)
+    period_end_ms: Mapped[int] = mapped_column(BigInteger)
+    # UTC date of the period's end, for the by-day report on any database.
+    day: Mapped[str] = mapped_column(String(10))
+    amount_micro: Mapped[int] = mapped_column(BigInteger)

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Path
 
 from modelhost.api.deps import AdminPrincipal, ServicesDep
 from modelhost.api.errors import error_responses
+from modelhost.billing.rates import to_credits
 from modelhost.protocol.common import ListOf
 from modelhost.protocol.management import Account, AccountCreate, AccountCreated, CreditsTopUp
-from modelhost.services.accounts import to_credits
-from modelhost.store import models as rows
+from modelhost.services.accounts import AccountView
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=error_responses(400, 401))
 
 
-def present(account: rows.Account) -> Account:
+def present(view: AccountView) -> Account:
     return Account(
-        id=account.id,
-        name=account.name,
-        credits=to_credits(account.credits_granted_micro),
-        created_at=account.created_at,
+        id=view.account.id,
+        name=view.account.name,
+        credits=to_credits(view.balance_micro),
+        credits_granted=to_credits(view.granted_micro),
+        credits_used=to_credits(view.granted_micro - view.balance_micro),
+        created_at=view.account.created_at,
     )
 
 
@@ -46,7 +50,13 @@ def get_account(
     summary="Add credits to an account (negative for corrections)",
     responses=error_responses(404),
 )
-def add_credits(
+async def add_credits(
     body: CreditsTopUp, _admin: AdminPrincipal, services: ServicesDep, account_id: str = Path(max_length=64)
 ) -> Account:
-    return present(services.accounts.add_credits(account_id, body.credits))
+    """A top-up restores service at once on this gateway: the balance is read again and the account's
+    warm and hot deployments load again."""
+    view = await asyncio.to_thread(services.accounts.add_credits, account_id, body.credits)
+    services.billing.forget(account_id)
+    if view.balance_micro > 0:
+        await services.runtime.resume_account(account_id)
+    return present(view)

@@ -28,7 +28,7 @@ from modelhost.protocol.audio import (
     VoiceRef,
 )
 
-router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 404, 413, 429, 503, 504))
+router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504))
 
 TEXT = "text/plain; charset=utf-8"
 VTT = "text/vtt; charset=utf-8"

@@ -30,7 +30,7 @@ from modelhost.services.generation import (
     new_id,
 )
 
-router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 404, 413, 429, 503))
+router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 503))
 Event = dict[str, Any]
 Stream = AsyncGenerator[Event, None]
 SSE = {"text/event-stream": {"example": 'data: {"object": "chat.completion.chunk", ...}\n\ndata: [DONE]\n\n'}}

@@ -25,7 +25,9 @@ from modelhost.protocol import tasks as p
 from modelhost.tasks.base import param_name
 
 router = APIRouter(
-    tags=["tasks"], responses=error_responses(400, 401, 404, 413, 429, 503, 504), route_class=MediaBodyRoute
+    tags=["tasks"],
+    responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504),
+    route_class=MediaBodyRoute,
 )
 
 IMAGE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"

@@ -22,7 +22,7 @@ from modelhost.errors import InvalidRequest
 from modelhost.media.sources import load_media
 from modelhost.protocol.videos import ImageReference, Video, VideoCreateRequest, VideoDeleted, VideoList
 
-router = APIRouter(tags=["videos"], responses=error_responses(400, 401, 404), route_class=MediaBodyRoute)
+router = APIRouter(tags=["videos"], responses=error_responses(400, 401, 402, 404), route_class=MediaBodyRoute)
 MAX_FRAMES = 1024
 VIDEO_EXAMPLE = {
     "id": "video_5d1e8c0f4a2b",

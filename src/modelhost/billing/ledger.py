@@ -1,0 +1,327 @@
+"""The credit ledger and its meters, in the database.
+
+A meter is something that costs credits while it exists: a loaded replica (`compute`: its measured
+memory × the time from load start to unload) or an artifact's stored files (`storage`: size × time).
+A tick bills a meter's `[billed_until, now]`: in one transaction, a guarded UPDATE moves
+`billed_until` (only if nobody moved it first) and an entry keyed `{meter}:{period start}` is
+appended. So a crash loses at most the time since the last tick, and a repeated or concurrent tick
+bills nothing twice. The balance is the grant minus the sum of the ledger, nothing cached in rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from fractions import Fraction
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from modelhost.billing.rates import Rates, carry_text, charge
+from modelhost.store.db import Database
+from modelhost.store.models import Account, LedgerEntry, Meter, ModelArtifact
+from modelhost.store.types import new_id
+
+COMPUTE = "compute"
+STORAGE = "storage"
+
+
+@dataclass(frozen=True, slots=True)
+class Billed:
+    """What one tick of one meter appended to the ledger."""
+
+    account_id: str
+    kind: str
+    amount_micro: int
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeReading:
+    """A compute meter to bill up to `until_ms`, with the memory measured now (None: not measurable,
+    e.g. the process is gone; the last measurement is used)."""
+
+    meter_id: str
+    until_ms: int
+    measured_bytes: int | None = None
+
+
+@dataclass(slots=True)
+class UsageLine:
+    """Credits of one deployment, artifact or day, in micro-credits."""
+
+    key: str
+    name: str | None = None
+    compute_micro: int = 0
+    storage_micro: int = 0
+
+
+@dataclass(slots=True)
+class Usage:
+    granted_micro: int
+    spent_micro: int  # all time: the balance is granted − spent
+    compute_micro: int = 0  # within the range
+    storage_micro: int = 0
+    by_deployment: list[UsageLine] = field(default_factory=list)
+    by_artifact: list[UsageLine] = field(default_factory=list)
+    by_day: list[UsageLine] = field(default_factory=list)
+
+
+def day_of(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).date().isoformat()
+
+
+def storage_meter_id(artifact_id: str, version: str) -> str:
+    """One storage meter per published version, with an ID every gateway derives alike: two gateways
+    that notice the same new version at once cannot both open a meter for it."""
+    return "mst_" + hashlib.sha256(f"{artifact_id}:{version}".encode()).hexdigest()[:32]
+
+
+class Ledger:
+    def __init__(self, database: Database, rates: Rates) -> None:
+        self._database = database
+        self.rates = rates
+
+    # ---------------------------------------------------------------- compute meters
+
+    def open_compute(
+        self, *, owner: str, account_id: str, deployment_id: str, model: str, artifact_id: str, now_ms: int
+    ) -> str:
+        """A replica starts loading: it costs from now on."""
+        with self._database.transaction() as session:
+            meter = Meter(
+                id=new_id("mtr"),
+                kind=COMPUTE,
+                account_id=account_id,
+                deployment_id=deployment_id,
+                model=model,
+                artifact_id=artifact_id,
+                owner=owner,
+                bytes=0,
+                started_ms=now_ms,
+                billed_until_ms=now_ms,
+                carry="0",
+            )
+            session.add(meter)
+            return meter.id
+
+    def bill_compute(self, readings: Iterable[ComputeReading], close: bool = False) -> list[Billed]:
+        """One tick of this gateway's replicas (or the last one of a replica, with `close`)."""
+        billed: list[Billed] = []
+        with self._database.transaction() as session:
+            for reading in readings:
+                meter = session.get(Meter, reading.meter_id)
+                if meter is None or meter.ended_ms is not None:
+                    continue
+                entry = self._bill_in(session, meter, reading.until_ms, reading.measured_bytes, close)
+                if entry is not None:
+                    billed.append(entry)
+        return billed
+
+    def close_stale(self, now_ms: int, stale_ms: int, owner: str) -> int:
+        """Close compute meters that their gateway stopped ticking (it crashed): nothing more is billed
+        for them; the time since their last tick is the loss a crash may cost."""
+        with self._database.transaction() as session:
+            result = session.execute(
+                update(Meter)
+                .where(
+                    Meter.kind == COMPUTE,
+                    Meter.ended_ms.is_(None),
+                    Meter.owner != owner,
+                    Meter.billed_until_ms < now_ms - stale_ms,
+                )
+                .values(ended_ms=Meter.billed_until_ms)
+            )
+            return int(result.rowcount)  # type: ignore[attr-defined]
+
+    # ---------------------------------------------------------------- storage meters
+
+    def sync_storage_in(self, session: Session, artifact_id: str, now_ms: int) -> list[Billed]:
+        """Make the artifact's storage meter match what is stored: bill and close the meter of a version
+        that is gone (deleted, replaced), open one for the version now published."""
+        if self.rates.storage is None:
+            return []
+        artifact = session.get(ModelArtifact, artifact_id)
+        wanted = (
+            storage_meter_id(artifact_id, artifact.published_version)
+            if artifact is not None and artifact.published_version is not None
+            else None
+        )
+        billed: list[Billed] = []
+        open_meters = session.scalars(
+            select(Meter).where(
+                Meter.kind == STORAGE, Meter.artifact_id == artifact_id, Meter.ended_ms.is_(None)
+            )
+        ).all()
+        for meter in open_meters:
+            entry = self._bill_in(session, meter, now_ms, None, close=meter.id != wanted)
+            if entry is not None:
+                billed.append(entry)
+        if artifact is not None and wanted is not None and session.get(Meter, wanted) is None:
+            session.add(
+                Meter(
+                    id=wanted,
+                    kind=STORAGE,
+                    account_id=artifact.account_id,
+                    artifact_id=artifact_id,
+                    bytes=artifact.size_bytes,
+                    started_ms=now_ms,
+                    billed_until_ms=now_ms,
+                    carry="0",
+                )
+            )
+        return billed
+
+    def tick_storage(self, now_ms: int) -> list[Billed]:
+        """Bill every stored artifact up to now (and open meters for artifacts published before
+        billing existed). One transaction per artifact: one conflict does not hold up the others."""
+        if self.rates.storage is None:
+            return []
+        with self._database.transaction() as session:
+            stored = set(
+                session.scalars(select(ModelArtifact.id).where(ModelArtifact.published_version.is_not(None)))
+            )
+            metered = set(
+                session.scalars(
+                    select(Meter.artifact_id).where(Meter.kind == STORAGE, Meter.ended_ms.is_(None))
+                )
+            )
+        billed: list[Billed] = []
+        for artifact_id in sorted(stored | metered):
+            with self._database.transaction() as session:
+                billed.extend(self.sync_storage_in(session, artifact_id, now_ms))
+        return billed
+
+    # ---------------------------------------------------------------- the tick itself
+
+    def _bill_in(
+        self, session: Session, meter: Meter, until_ms: int, measured_bytes: int | None, close: bool
+    ) -> Billed | None:
+        start = meter.billed_until_ms
+        until = max(until_ms, start)
+        if meter.kind == COMPUTE:
+            measured = meter.bytes if measured_bytes is None else measured_bytes
+            billed_bytes, rate = self.rates.billed_memory(measured), self.rates.compute
+        else:
+            measured = billed_bytes = meter.bytes
+            rate = self.rates.storage or Fraction(0)
+        amount, carry = charge(billed_bytes, until - start, rate, Fraction(meter.carry))
+        moved = session.execute(
+            update(Meter)
+            .where(Meter.id == meter.id, Meter.billed_until_ms == start, Meter.ended_ms.is_(None))
+            .values(
+                billed_until_ms=until,
+                carry=carry_text(carry),
+                bytes=measured,
+                ended_ms=until if close else None,
+            )
+        )
+        if moved.rowcount != 1 or until == start:  # type: ignore[attr-defined]
+            return None  # someone else billed this period first, or there was nothing to bill
+        session.add(
+            LedgerEntry(
+                tick_key=f"{meter.id}:{start}",
+                meter_id=meter.id,
+                account_id=meter.account_id,
+                kind=meter.kind,
+                deployment_id=meter.deployment_id,
+                model=meter.model,
+                artifact_id=meter.artifact_id,
+                bytes=billed_bytes,
+                period_start_ms=start,
+                period_end_ms=until,
+                day=day_of(until),
+                amount_micro=amount,
+            )
+        )
+        return Billed(meter.account_id, meter.kind, amount)
+
+    # ---------------------------------------------------------------- reading
+
+    def balances_micro(self, account_ids: Iterable[str]) -> dict[str, int]:
+        """Granted − spent, per account (accounts that do not exist are left out)."""
+        ids = sorted(set(account_ids))
+        if not ids:
+            return {}
+        with self._database.transaction() as session:
+            granted = dict(
+                session.execute(
+                    select(Account.id, Account.credits_granted_micro).where(Account.id.in_(ids))
+                ).all()
+            )
+            spent = dict(
+                session.execute(
+                    select(LedgerEntry.account_id, func.sum(LedgerEntry.amount_micro))
+                    .where(LedgerEntry.account_id.in_(ids))
+                    .group_by(LedgerEntry.account_id)
+                ).all()
+            )
+        return {account: grant - int(spent.get(account) or 0) for account, grant in granted.items()}
+
+    def spent_micro(self, account_id: str) -> int:
+        with self._database.transaction() as session:
+            total = session.scalar(
+                select(func.sum(LedgerEntry.amount_micro)).where(LedgerEntry.account_id == account_id)
+            )
+        return int(total or 0)
+
+    def usage(self, account_id: str, granted_micro: int, start_ms: int, end_ms: int) -> Usage:
+        """Credits in `[start, end)` (by the end of each tick's period), with three breakdowns."""
+        with self._database.transaction() as session:
+            rows = session.execute(
+                select(
+                    LedgerEntry.kind,
+                    LedgerEntry.deployment_id,
+                    LedgerEntry.model,
+                    LedgerEntry.artifact_id,
+                    LedgerEntry.day,
+                    func.sum(LedgerEntry.amount_micro),
+                )
+                .where(
+                    LedgerEntry.account_id == account_id,
+                    LedgerEntry.period_end_ms >= start_ms,
+                    LedgerEntry.period_end_ms < end_ms,
+                )
+                .group_by(
+                    LedgerEntry.kind,
+                    LedgerEntry.deployment_id,
+                    LedgerEntry.model,
+                    LedgerEntry.artifact_id,
+                    LedgerEntry.day,
+                )
+            ).all()
+            artifact_ids = {row[3] for row in rows}
+            names = dict(
+                session.execute(
+                    select(ModelArtifact.id, ModelArtifact.display_name).where(
+                        ModelArtifact.id.in_(artifact_ids)
+                    )
+                ).all()
+            )
+        usage = Usage(granted_micro=granted_micro, spent_micro=self.spent_micro(account_id))
+        deployments: dict[str, UsageLine] = {}
+        artifacts: dict[str, UsageLine] = {}
+        days: dict[str, UsageLine] = {}
+        for kind, deployment_id, model, artifact_id, day, total in rows:
+            amount = int(total or 0)
+            lines = [
+                artifacts.setdefault(artifact_id, UsageLine(artifact_id, names.get(artifact_id))),
+                days.setdefault(day, UsageLine(day)),
+            ]
+            if deployment_id is not None:
+                line = deployments.setdefault(deployment_id, UsageLine(deployment_id, model))
+                line.name = model or line.name
+                lines.append(line)
+            if kind == COMPUTE:
+                usage.compute_micro += amount
+                for line in lines:
+                    line.compute_micro += amount
+            else:
+                usage.storage_micro += amount
+                for line in lines:
+                    line.storage_micro += amount
+        usage.by_deployment = sorted(deployments.values(), key=lambda line: line.key)
+        usage.by_artifact = sorted(artifacts.values(), key=lambda line: line.key)
+        usage.by_day = sorted(days.values(), key=lambda line: line.key)
+        return usage

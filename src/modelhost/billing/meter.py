@@ -1,0 +1,91 @@
+"""This gateway's compute meters: one per replica it loads, ticked with the replica's measured memory.
+
+The runtime reports `replica_started` before a replica starts loading and `replica_stopped` before
+(or, for a replica that died, after) it goes away; `tick` bills every open meter up to now. All
+writes of this gateway's meters are serialized by one lock; the ledger's guarded updates keep other
+gateways' writes from double billing.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import Counter
+
+from modelhost.billing.ledger import Billed, ComputeReading, Ledger
+from modelhost.billing.rates import MICRO
+from modelhost.clock import Clock
+from modelhost.runtime.replica import ReplicaStats
+from modelhost.services.deployments import DeploymentSpec
+
+CREDITS_BILLED = Counter(
+    "modelhost_credits_billed_total",
+    "Credits billed by this gateway, by account and kind (compute, storage).",
+    ["account", "kind"],
+)
+
+
+class Measured(Protocol):
+    """What the meter reads of a replica: its resident memory."""
+
+    def stats(self) -> ReplicaStats: ...
+
+
+@dataclass(slots=True)
+class _OpenMeter:
+    meter_id: str
+    replica: Measured
+
+
+def count(billed: list[Billed]) -> None:
+    """Add what was billed to the Prometheus counters."""
+    for entry in billed:
+        if entry.amount_micro:
+            CREDITS_BILLED.labels(entry.account_id, entry.kind).inc(entry.amount_micro / MICRO)
+
+
+class ComputeMeter:
+    def __init__(self, ledger: Ledger, clock: Clock, owner: str) -> None:
+        self._ledger = ledger
+        self._clock = clock
+        self.owner = owner  # this gateway process
+        self._open: dict[int, _OpenMeter] = {}
+        self._lock = threading.Lock()
+
+    def replica_started(self, replica: Measured, spec: DeploymentSpec) -> None:
+        with self._lock:
+            meter_id = self._ledger.open_compute(
+                owner=self.owner,
+                account_id=spec.account_id,
+                deployment_id=spec.id,
+                model=spec.model,
+                artifact_id=spec.artifact_id,
+                now_ms=self._clock.now_ms(),
+            )
+            self._open[id(replica)] = _OpenMeter(meter_id, replica)
+
+    def replica_stopped(self, replica: Measured) -> list[Billed]:
+        """Bill the replica's last period and close its meter (measured now if it still runs)."""
+        with self._lock:
+            meter = self._open.pop(id(replica), None)
+            if meter is None:
+                return []
+            billed = self._ledger.bill_compute([self._reading(meter)], close=True)
+        count(billed)
+        return billed
+
+    def tick(self) -> list[Billed]:
+        with self._lock:
+            billed = self._ledger.bill_compute([self._reading(m) for m in self._open.values()])
+        count(billed)
+        return billed
+
+    @property
+    def open_meters(self) -> int:
+        return len(self._open)
+
+    def _reading(self, meter: _OpenMeter) -> ComputeReading:
+        measured = meter.replica.stats().rss_bytes
+        return ComputeReading(meter.meter_id, self._clock.now_ms(), measured or None)

@@ -1,0 +1,150 @@
+"""Billing as the rest of the gateway sees it: balances and their enforcement, the periodic tick,
+and usage reports.
+
+Enforcement (on by default): an account at or below zero gets 402 `insufficient_credits` on
+inference and when a replica of it would load, and its loaded replicas are unloaded after the tick
+that used up its credits. Balances are cached briefly per gateway (the request path must not sum the
+ledger); a top-up on this gateway clears the entry at once, other gateways see it within the cache
+lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+from modelhost.billing.ledger import Billed, Ledger, Usage
+from modelhost.billing.meter import ComputeMeter, count
+from modelhost.billing.rates import to_credits
+from modelhost.cache import SingleFlight, TTLCache
+from modelhost.clock import Clock
+from modelhost.errors import InsufficientCredits, NotFound
+from modelhost.services.deployments import DeploymentSpec
+from modelhost.store.db import Database
+from modelhost.store.models import Account
+
+log = logging.getLogger("modelhost.billing")
+
+
+class Billing:
+    def __init__(
+        self,
+        database: Database,
+        ledger: Ledger,
+        meter: ComputeMeter,
+        clock: Clock,
+        *,
+        enforce: bool,
+        tick_seconds: float,
+        balance_cache: TTLCache[int],
+    ) -> None:
+        self._database = database
+        self.ledger = ledger
+        self.meter = meter
+        self.clock = clock
+        self.enforce = enforce
+        self.tick_seconds = tick_seconds
+        self._balances = balance_cache
+        self._balance_loads: SingleFlight[int] = SingleFlight()
+
+    # ---------------------------------------------------------------- balances
+
+    def balance_micro(self, account_id: str) -> int:
+        """Granted − spent, read now (and remembered for the request path)."""
+        balance = self.ledger.balances_micro([account_id]).get(account_id)
+        if balance is None:
+            raise NotFound("Account not found", param="account_id", code="account_not_found")
+        self._balances.put(account_id, balance)
+        return balance
+
+    async def require_credits(self, account_id: str) -> None:
+        """The request path: 402 when the account is out of credits (cached read)."""
+        if not self.enforce:
+            return
+        found, balance = self._balances.get(account_id)
+        if not found or balance is None:
+            balance = await self._balance_loads.load(account_id, lambda: self.balance_micro(account_id))
+        _refuse_if_exhausted(balance)
+
+    def check_can_load(self, spec: DeploymentSpec) -> None:
+        """The runtime asks before loading a replica (called off the event loop)."""
+        if not self.enforce:
+            return
+        found, balance = self._balances.get(spec.account_id)
+        _refuse_if_exhausted(
+            balance if found and balance is not None else self.balance_micro(spec.account_id)
+        )
+
+    def forget(self, account_id: str) -> None:
+        """After a top-up or correction: the next request reads the new balance."""
+        self._balances.discard(account_id)
+
+    # ---------------------------------------------------------------- ticks
+
+    def tick(self) -> list[Billed]:
+        """Bill this gateway's replicas and every stored artifact up to now."""
+        now = self.clock.now_ms()
+        billed = self.meter.tick()
+        storage = self.ledger.tick_storage(now)
+        count(storage)
+        return billed + storage
+
+    def start(self, stale_seconds: float) -> None:
+        """At gateway start: close the meters of a gateway that died without closing them."""
+        closed = self.ledger.close_stale(self.clock.now_ms(), int(stale_seconds * 1000), self.meter.owner)
+        if closed:
+            log.info("closed %d compute meter(s) left open by a stopped gateway", closed)
+
+    def exhausted(self, billed: list[Billed]) -> list[str]:
+        """Accounts billed just now whose balance is used up (their balances are refreshed)."""
+        balances = self.ledger.balances_micro(entry.account_id for entry in billed)
+        for account_id, balance in balances.items():
+            self._balances.put(account_id, balance)
+        return sorted(a for a, balance in balances.items() if balance <= 0) if self.enforce else []
+
+    async def run_forever(self, unload_account: Callable[[str], Awaitable[None]]) -> None:
+        """Tick every `tick_seconds`; unload the replicas of accounts that ran out."""
+        while True:
+            await asyncio.sleep(self.tick_seconds)
+            try:
+                await self.tick_and_enforce(unload_account)
+            except Exception:
+                log.exception("billing tick failed; the next one bills the time since the last")
+
+    async def tick_and_enforce(self, unload_account: Callable[[str], Awaitable[None]]) -> None:
+        billed = await asyncio.to_thread(self.tick)
+        for account_id in await asyncio.to_thread(self.exhausted, billed):
+            log.warning("account %s is out of credits: unloading its replicas", account_id)
+            await unload_account(account_id)
+
+    # ---------------------------------------------------------------- reports
+
+    def usage(
+        self, account_id: str, start: datetime | None, end: datetime | None
+    ) -> tuple[Usage, datetime, datetime]:
+        """The account's usage in `[start, end)`; by default this calendar month (UTC)."""
+        now = datetime.fromtimestamp(self.clock.now_ms() / 1000, UTC)
+        month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        start = start or month
+        end = end or (month + timedelta(days=32)).replace(day=1)
+        with self._database.transaction() as session:
+            account = session.get(Account, account_id)
+            if account is None:
+                raise NotFound("Account not found", param="account_id", code="account_not_found")
+            granted = account.credits_granted_micro
+        usage = self.ledger.usage(account_id, granted, _ms(start), _ms(end))
+        return usage, start, end
+
+
+def _refuse_if_exhausted(balance: int) -> None:
+    if balance <= 0:
+        raise InsufficientCredits(
+            f"The account is out of credits (balance {to_credits(balance):.6f}); "
+            "ask the operator for a top-up."
+        )
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)

@@ -1,0 +1,24 @@
+"""Time, injectable: billing and idle unloading read the clock through this, so tests can move it."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int:
+        """Wall-clock time in Unix milliseconds (what the ledger records)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds that only move forward (what idle windows are measured in)."""
+        ...
+
+
+class SystemClock:
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    def monotonic(self) -> float:
+        return time.monotonic()

@@ -1,0 +1,216 @@
+"""The credit ledger on SQLite and PostgreSQL: exact arithmetic, idempotent ticks, storage meters,
+usage breakdowns. The runtime side (replicas, readiness, enforcement) is in tests/test_billing.py."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+from sqlalchemy import select
+
+from modelhost.billing.ledger import COMPUTE, ComputeReading, Ledger, day_of
+from modelhost.billing.rates import GB, Rates, carry_text, charge, to_micro
+from modelhost.store import migrate
+from modelhost.store.db import Database
+from modelhost.store.models import Account, LedgerEntry, Meter, ModelArtifact
+from modelhost.store.types import new_id
+
+T0 = 1_795_305_600_000  # 2026-11-22T00:00:00Z in Unix ms
+MINUTE = 60_000
+# 0.001 credits per GB-second = 1 micro-credit per GB-ms; 0.0036 per GB-hour = 1 micro per GB-second.
+RATES = Rates.per_gb(Decimal("0.001"), Decimal("0.0036"), Decimal(0))
+
+
+def test_charge_carries_the_fraction_so_many_small_ticks_add_up_to_one_big_one() -> None:
+    rate = RATES.storage
+    assert rate is not None
+    carry, total = Fraction(0), 0
+    for _ in range(600):  # 600 ticks of 0.1 s of 1 GB: each worth a tenth of a micro-credit
+        amount, carry = charge(GB, 100, rate, carry)
+        total += amount
+    assert (total, carry) == (60, 0) == charge(GB, 60_000, rate, Fraction(0))
+    amount, carry = charge(GB, 700, rate, Fraction(0))
+    assert (amount, carry) == (0, Fraction(7, 10)) and Fraction(carry_text(carry)) == carry
+
+
+def test_rates_convert_operator_units_exactly() -> None:
+    rates = Rates.per_gb(Decimal("0.001"), None, Decimal("0.5"))
+    assert charge(GB, 1000, rates.compute, Fraction(0))[0] == 1000  # 1 GB for 1 s = 0.001 credits
+    assert rates.storage is None and rates.billed_memory(1) == GB // 2 and rates.billed_memory(GB) == GB
+    assert to_micro(0.1) == 100_000 and to_micro(Decimal("12.345678")) == 12_345_678
+
+
+@pytest.fixture
+def database(database_url: str) -> Iterator[Database]:
+    db = Database(database_url)
+    migrate.upgrade(db)
+    yield db
+    db.dispose()
+
+
+def account_with_artifact(database: Database, size: int = 2 * GB, credits: int = 1000) -> tuple[str, str]:
+    with database.transaction() as session:
+        account = Account(id=new_id("acct"), name="a", credits_granted_micro=credits * 1_000_000)
+        session.add(account)
+        session.flush()
+        artifact = ModelArtifact(
+            id=new_id("art"), account_id=account.id, display_name="weights", pipeline="feature-extraction"
+        )
+        artifact.status, artifact.published_version, artifact.size_bytes = "ready", "up_1", size
+        session.add(artifact)
+        return account.id, artifact.id
+
+
+def open_meter(
+    ledger: Ledger, account_id: str, artifact_id: str, deployment: str = "dep_1", owner: str = "gw"
+) -> str:
+    return ledger.open_compute(
+        owner=owner,
+        account_id=account_id,
+        deployment_id=deployment,
+        model="m",
+        artifact_id=artifact_id,
+        now_ms=T0,
+    )
+
+
+def entries(database: Database) -> list[LedgerEntry]:
+    with database.transaction() as session:
+        return list(session.scalars(select(LedgerEntry).order_by(LedgerEntry.period_start_ms)))
+
+
+def test_ticks_bill_memory_times_time_contiguously_and_a_repeated_tick_bills_nothing(
+    database: Database,
+) -> None:
+    ledger = Ledger(database, RATES)
+    account_id, artifact_id = account_with_artifact(database)
+    meter = open_meter(ledger, account_id, artifact_id)
+    for minute in (1, 2, 3):
+        ledger.bill_compute([ComputeReading(meter, T0 + minute * MINUTE, 3 * GB)])
+    again = ledger.bill_compute([ComputeReading(meter, T0 + 3 * MINUTE, 3 * GB)])  # a retried tick
+    stale = ledger.bill_compute([ComputeReading(meter, T0 + 2 * MINUTE, 3 * GB)])  # a late one
+    assert again == stale == []
+    rows = entries(database)
+    assert [(e.period_start_ms, e.period_end_ms) for e in rows] == [
+        (T0 + m * MINUTE, T0 + (m + 1) * MINUTE) for m in range(3)
+    ]
+    assert {e.tick_key for e in rows} == {f"{meter}:{T0 + m * MINUTE}" for m in range(3)}
+    assert [e.amount_micro for e in rows] == [3 * MINUTE] * 3  # 3 GB × 60 s × 0.001 = 0.18 credits
+    assert ledger.balances_micro([account_id]) == {account_id: 1000_000_000 - 9 * MINUTE}
+
+
+def test_concurrent_ticks_of_one_meter_never_bill_a_period_twice(database: Database) -> None:
+    """Two gateways (threads here) racing to bill the same meter: every millisecond is billed once."""
+    ledger = Ledger(database, RATES)
+    account_id, artifact_id = account_with_artifact(database)
+    meter = open_meter(ledger, account_id, artifact_id)
+    ends = [T0 + step * 1000 for step in range(1, 41)]
+
+    def biller() -> None:
+        for end in ends:
+            ledger.bill_compute([ComputeReading(meter, end, GB)])
+
+    threads = [threading.Thread(target=biller) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    rows = entries(database)
+    assert sum(e.amount_micro for e in rows) == 40_000  # 1 GB × 40 s, once
+    assert all(a.period_end_ms == b.period_start_ms for a, b in itertools.pairwise(rows))
+
+
+def test_minimum_billed_memory_applies_to_small_replicas(database: Database) -> None:
+    ledger = Ledger(database, Rates.per_gb(Decimal("0.001"), None, Decimal(4)))
+    account_id, artifact_id = account_with_artifact(database)
+    meter = open_meter(ledger, account_id, artifact_id)
+    ledger.bill_compute([ComputeReading(meter, T0 + 1000, GB // 10)], close=True)
+    assert [(e.bytes, e.amount_micro) for e in entries(database)] == [(4 * GB, 4000)]
+
+
+def test_a_crashed_gateways_meters_are_closed_at_their_last_tick_and_never_billed_again(
+    database: Database,
+) -> None:
+    ledger = Ledger(database, RATES)
+    account_id, artifact_id = account_with_artifact(database)
+    crashed = open_meter(ledger, account_id, artifact_id, owner="gw_dead")
+    live = open_meter(ledger, account_id, artifact_id, deployment="dep_2", owner="gw_live")
+    ledger.bill_compute([ComputeReading(crashed, T0 + MINUTE, GB), ComputeReading(live, T0 + MINUTE, GB)])
+    assert ledger.close_stale(T0 + 5 * MINUTE, stale_ms=3 * MINUTE, owner="gw_new") == 2
+    assert ledger.close_stale(T0 + 5 * MINUTE, stale_ms=3 * MINUTE, owner="gw_new") == 0
+    assert ledger.bill_compute([ComputeReading(crashed, T0 + 6 * MINUTE, GB)]) == []
+    with database.transaction() as session:
+        assert session.get(Meter, crashed).ended_ms == T0 + MINUTE  # type: ignore[union-attr]
+
+
+def test_storage_meter_follows_the_published_version(database: Database) -> None:
+    ledger = Ledger(database, RATES)
+    _account_id, artifact_id = account_with_artifact(database, size=2 * GB)
+    assert ledger.tick_storage(T0) == []  # opens the meter (artifact published before billing)
+    assert sum(b.amount_micro for b in ledger.tick_storage(T0 + 3_600_000)) == 2 * 3600  # 2 GB-hours
+    with database.transaction() as session:  # a re-upload replaces the files with a smaller version
+        artifact = session.get(ModelArtifact, artifact_id)
+        assert artifact is not None
+        artifact.published_version, artifact.size_bytes = "up_2", GB
+        session.flush()
+        ledger.sync_storage_in(session, artifact_id, T0 + 3_600_000 + 1000)
+    ledger.tick_storage(T0 + 2 * 3_600_000)
+    with database.transaction() as session:  # the artifact is deleted
+        session.delete(session.get(ModelArtifact, artifact_id))
+        session.flush()
+        ledger.sync_storage_in(session, artifact_id, T0 + 3 * 3_600_000)
+    assert ledger.tick_storage(T0 + 4 * 3_600_000) == []
+    amounts = [e.amount_micro for e in entries(database)]
+    assert amounts == [7200, 2, 3599, 3600]  # 2 GB × 1 h; 2 GB × 1 s; 1 GB × (1 h − 1 s); 1 GB × 1 h
+    with database.transaction() as session:
+        assert session.scalars(select(Meter).where(Meter.ended_ms.is_(None))).all() == []
+
+
+def test_storage_is_not_metered_when_switched_off(database: Database) -> None:
+    ledger = Ledger(database, Rates.per_gb(Decimal("0.001"), None, Decimal(0)))
+    account_with_artifact(database)
+    assert ledger.tick_storage(T0) == ledger.tick_storage(T0 + 3_600_000) == []
+    assert entries(database) == []
+
+
+def test_usage_breaks_credits_down_by_deployment_artifact_and_day_within_the_range(
+    database: Database,
+) -> None:
+    ledger = Ledger(database, RATES)
+    account_id, artifact_id = account_with_artifact(database, size=GB)
+    other_account, other_artifact = account_with_artifact(database)
+    day = 86_400_000
+    first = open_meter(ledger, account_id, artifact_id, deployment="dep_a")
+    second = open_meter(ledger, account_id, artifact_id, deployment="dep_b")
+    theirs = open_meter(ledger, other_account, other_artifact)
+    ledger.tick_storage(T0)
+    ledger.bill_compute([ComputeReading(m, T0 + 1000, GB) for m in (first, second, theirs)])
+    ledger.bill_compute([ComputeReading(first, T0 + day + 2000, GB)])  # ends on the next day
+    ledger.tick_storage(T0 + day + 2000)
+
+    whole = ledger.usage(account_id, 1000_000_000, T0, T0 + 2 * day)
+    compute = 1000 + 1000 + (day + 1000)
+    storage = (day + 2000) // 1000  # 1 GB × seconds × 1 micro per GB-second
+    assert (whole.compute_micro, whole.storage_micro) == (compute, storage)
+    assert whole.spent_micro == compute + storage
+    assert [(line.key, line.name, line.compute_micro) for line in whole.by_deployment] == [
+        ("dep_a", "m", 1000 + day + 1000),
+        ("dep_b", "m", 1000),
+    ]
+    assert [(line.key, line.name, line.compute_micro, line.storage_micro) for line in whole.by_artifact] == [
+        (artifact_id, "weights", compute, storage)
+    ]
+    assert [(line.key, line.compute_micro, line.storage_micro) for line in whole.by_day] == [
+        (day_of(T0), 2000, 0),
+        (day_of(T0 + day), day + 1000, storage),
+    ]
+    first_day = ledger.usage(account_id, 1000_000_000, T0, T0 + day)
+    assert (first_day.compute_micro, first_day.storage_micro, len(first_day.by_day)) == (2000, 0, 1)
+    assert first_day.spent_micro == whole.spent_micro  # the balance is all time, whatever the range
+    with database.transaction() as session:
+        kinds = set(session.scalars(select(LedgerEntry.kind).where(LedgerEntry.account_id == account_id)))
+    assert kinds == {COMPUTE, "storage"}
