@@ -77,12 +77,18 @@ def account_id_of(principal: Principal) -> str:
 
 
 async def deployment_for(
-    request: Request, principal: Principal, model: str | None, endpoint: str | None = None
+    request: Request,
+    principal: Principal,
+    model: str | None,
+    endpoint: str | None = None,
+    *,
+    billable: bool = True,
 ) -> DeploymentRef:
     """The deployment an inference request runs on, decided by `modelhost.routing` for this route.
 
     The endpoint is the matched route's path template, so the endpoint → task table is the only
-    thing that decides support; no model is touched before this answers.
+    thing that decides support; no model is touched before this answers. `billable` requests (all
+    but management ones that only name a model) are refused with 402 once the account is out of credits.
     """
     services = get_services(request)
     endpoint = endpoint or str(getattr(request.scope.get("route"), "path", request.url.path))
@@ -93,7 +99,8 @@ async def deployment_for(
             account_id, lambda: services.deployments.refs(account_id)
         )
     deployment = resolve_deployment(principal, endpoint, model, refs)
-    await services.billing.require_credits(account_id)  # 402 once the account is out of credits
+    if billable:
+        await services.billing.require_credits(account_id)
     return deployment
 
 

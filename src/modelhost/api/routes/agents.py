@@ -48,7 +48,7 @@ def _json(payload: object) -> Response:
 
 @router.post("/v1/agent", summary="Create an agent on a text-generation deployment", response_model=Agent)
 async def create_agent(body: AgentCreateRequest, request: Request, principal: AccountPrincipal) -> Response:
-    await deployment_for(request, principal, body.model, CHAT_ENDPOINT)
+    await deployment_for(request, principal, body.model, CHAT_ENDPOINT, billable=False)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     agent = await asyncio.to_thread(
         get_services(request).agents.create_agent,
