@@ -233,6 +233,14 @@ async def test_usage_range_and_errors(tmp_path: Path, model_dir: Path) -> None:
         assert_error(denied, 401, type_="InvalidAPIKeyError")
 
 
+def serve_for(http: httpx.Client, key: str, seconds: float) -> None:
+    """One request to the hot deployment `h`, then let billing tick for a while."""
+    assert (
+        http.post("/v1/embeddings", json={"model": "h", "input": "x"}, headers=bearer(key)).status_code == 200
+    )
+    time.sleep(seconds)
+
+
 def test_a_killed_gateway_loses_at_most_one_tick_and_its_restart_bills_nothing_twice(
     tmp_path: Path, model_dir: Path
 ) -> None:
@@ -257,24 +265,12 @@ def test_a_killed_gateway_loses_at_most_one_tick_and_its_restart_bills_nothing_t
             artifact_id = push_folder_sync(http, key, model_dir, "feature-extraction")
             body = {"model": "h", "artifact_id": artifact_id, "readiness": "hot"}
             deployment = http.post("/v1/deployments", json=body, headers=bearer(key)).json()["id"]
-            assert (
-                http.post(
-                    "/v1/embeddings", json={"model": "h", "input": "x"}, headers=bearer(key)
-                ).status_code
-                == 200
-            )
-            time.sleep(4 * tick)
+            serve_for(http, key, seconds=4 * tick)
         killed_ms = int(time.time() * 1000)
         server.kill()
         server.start()
         with httpx.Client(base_url=server.url, timeout=60) as http:
-            assert (
-                http.post(
-                    "/v1/embeddings", json={"model": "h", "input": "x"}, headers=bearer(key)
-                ).status_code
-                == 200
-            )
-            time.sleep(4 * tick)
+            serve_for(http, key, seconds=4 * tick)
         assert server.terminate() in (0, -signal.SIGTERM)  # uvicorn re-raises it once shut down
     finally:
         server.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -191,11 +192,36 @@ class Settings(BaseSettings):
         ge=0,
         description="How long a gateway trusts a balance it read (other gateways' top-ups show after it).",
     )
+    # ---------------------------------------------------------------- blob storage (docs/deploy.md)
+    blob_store: Literal["local", "s3"] = Field(
+        default="local",
+        description="Where artifacts, generated files and videos are kept: `local` (data_dir/blobs) or "
+        "`s3` (a bucket; model files are mirrored into data_dir/blob-cache for the workers).",
+    )
+    s3_bucket: str | None = Field(default=None, description="The bucket, required when blob_store is s3.")
+    s3_endpoint_url: str | None = Field(
+        default=None,
+        description="Endpoint of an S3-compatible server (MinIO, Ceph, moto); unset means AWS S3. "
+        "Credentials come from boto3's usual sources: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+        "AWS_PROFILE, ~/.aws, or the instance role.",
+    )
+    s3_region: str | None = Field(
+        default=None, description="Region of the bucket; unset uses boto3's (AWS_DEFAULT_REGION, ~/.aws)."
+    )
+    s3_key_prefix: str = Field(
+        default="", description="Prepended to every object key (e.g. `modelhost/`), to share a bucket."
+    )
 
     @model_validator(mode="after")
     def _default_database_url(self) -> Settings:
         if not self.database_url:
             self.database_url = f"sqlite:///{(self.data_dir / 'modelhost.db').as_posix()}"
+        return self
+
+    @model_validator(mode="after")
+    def _s3_needs_a_bucket(self) -> Settings:
+        if self.blob_store == "s3" and not self.s3_bucket:
+            raise ValueError("MODELHOST_BLOB_STORE=s3 needs MODELHOST_S3_BUCKET, the bucket to keep blobs in")
         return self
 
     @property

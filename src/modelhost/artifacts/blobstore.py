@@ -43,11 +43,11 @@ class BlobStore(Protocol):
     def local_dir(self, prefix: str) -> Path: ...
 
 
-class _LocalWriter:
-    """Writes to a hidden temp file beside the target; `commit` renames it into place."""
+class SpoolWriter:
+    """Writes to a hidden temp file while hashing; only `commit` publishes it (`_publish`), so a crash
+    mid-write never leaves a half file under a real key. Stores differ only in how they publish."""
 
-    def __init__(self, target: Path, temp: Path) -> None:
-        self._target = target
+    def __init__(self, temp: Path) -> None:
         self._temp = temp
         temp.parent.mkdir(parents=True, exist_ok=True)
         self._file: BinaryIO = open(temp, "wb")  # noqa: SIM115 - closed in commit/abort
@@ -66,12 +66,29 @@ class _LocalWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        self._target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(self._temp, self._target)
+        try:
+            self._publish(self._temp)
+        finally:
+            self._temp.unlink(missing_ok=True)
 
     def abort(self) -> None:
         self._file.close()
         self._temp.unlink(missing_ok=True)
+
+    def _publish(self, spooled: Path) -> None:
+        raise NotImplementedError
+
+
+class _LocalWriter(SpoolWriter):
+    """The temp file sits beside the target; publishing is one rename."""
+
+    def __init__(self, target: Path, temp: Path) -> None:
+        super().__init__(temp)
+        self._target = target
+
+    def _publish(self, spooled: Path) -> None:
+        self._target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(spooled, self._target)
 
 
 class LocalBlobStore:

@@ -9,7 +9,8 @@ from sqlalchemy.orm import Session
 
 from modelhost.agents.runner import AgentRunner
 from modelhost.agents.store import AgentStore
-from modelhost.artifacts.blobstore import BlobStore, LocalBlobStore
+from modelhost.artifacts.blobstore import BlobStore
+from modelhost.artifacts.s3 import blob_store_of
 from modelhost.artifacts.service import ArtifactService
 from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.principal import Principal
@@ -64,7 +65,7 @@ class Services:
         cache: TTLCache[Principal] = TTLCache(settings.key_cache_seconds, settings.key_cache_entries)
         authenticator = Authenticator(database, settings.admin_key_value, cache)
         keys = KeyService(database, authenticator)
-        blobs = LocalBlobStore(settings.data_dir / "blobs")
+        blobs = blob_store_of(settings)
         ledger = Ledger(database, rates_of(settings))
 
         def storage_changed(session: Session, artifact_id: str) -> None:

@@ -69,32 +69,42 @@ class DeploymentService:
             deployment = session.get(Deployment, deployment_id)
             if deployment is None:
                 return None
-            return self._spec(session, deployment)
+            pairs = [(deployment, self._artifact_of(session, deployment))]
+        return self._specs(pairs)[0]
 
     def hot_specs(self) -> list[DeploymentSpec]:
         with self._database.transaction() as session:
             hot = session.scalars(
                 select(Deployment).where(Deployment.readiness == "hot").order_by(Deployment.id)
-            )
-            return [self._spec(session, d) for d in hot]
+            ).all()
+            pairs = [(d, self._artifact_of(session, d)) for d in hot]
+        return self._specs(pairs)
 
-    def _spec(self, session: Session, deployment: Deployment) -> DeploymentSpec:
+    @staticmethod
+    def _artifact_of(session: Session, deployment: Deployment) -> ModelArtifact:
         artifact = session.get(ModelArtifact, deployment.artifact_id)
         assert artifact is not None
-        # No published files (never the case for a ready artifact made by an upload): the runtime
-        # sees a missing folder and fails the load with that reason instead of starting a worker.
-        model_dir = self._artifact_dir(artifact) or Path(f"/missing-artifact-files/{artifact.id}")
-        return DeploymentSpec(
-            id=deployment.id,
-            pipeline=deployment.pipeline,
-            readiness=deployment.readiness,
-            min_replicas=deployment.min_replicas,
-            max_replicas=deployment.max_replicas,
-            model_dir=model_dir,
-            account_id=deployment.account_id,
-            model=deployment.model,
-            artifact_id=deployment.artifact_id,
-        )
+        return artifact
+
+    def _specs(self, pairs: list[tuple[Deployment, ModelArtifact]]) -> list[DeploymentSpec]:
+        """Outside the transaction: with a remote blob store, finding the model's folder may mean
+        downloading it first."""
+        return [
+            DeploymentSpec(
+                id=deployment.id,
+                pipeline=deployment.pipeline,
+                readiness=deployment.readiness,
+                min_replicas=deployment.min_replicas,
+                max_replicas=deployment.max_replicas,
+                # No published files (never the case for a ready artifact made by an upload): the
+                # runtime sees a missing folder and fails the load with that reason.
+                model_dir=self._artifact_dir(artifact) or Path(f"/missing-artifact-files/{artifact.id}"),
+                account_id=deployment.account_id,
+                model=deployment.model,
+                artifact_id=deployment.artifact_id,
+            )
+            for deployment, artifact in pairs
+        ]
 
     def create(
         self,
