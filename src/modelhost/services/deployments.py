@@ -40,9 +40,9 @@ class DeploymentSpec:
     max_replicas: int
     model_dir: Path
     # Who pays for its replicas, and what the bill names.
-    account_id: str = ""
-    model: str = ""
-    artifact_id: str = ""
+    account_id: str
+    model: str
+    artifact_id: str
 
 
 def _not_found() -> NotFound:
