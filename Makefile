@@ -17,3 +17,4 @@ bench:
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.embeddings
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.generation
+	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.backends

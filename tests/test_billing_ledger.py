@@ -124,12 +124,14 @@ def test_concurrent_ticks_of_one_meter_never_bill_a_period_twice(database: Datab
     assert all(a.period_end_ms == b.period_start_ms for a, b in itertools.pairwise(rows))
 
 
-def test_minimum_billed_memory_applies_to_small_replicas(database: Database) -> None:
+def test_minimum_billed_memory_applies_per_model_process_and_none_run_for_free(database: Database) -> None:
     ledger = Ledger(database, Rates.per_gb(Decimal("0.001"), None, Decimal(4)))
     account_id, artifact_id = account_with_artifact(database)
     meter = open_meter(ledger, account_id, artifact_id)
-    ledger.bill_compute([ComputeReading(meter, T0 + 1000, GB // 10)], close=True)
-    assert [(e.bytes, e.amount_micro) for e in entries(database)] == [(4 * GB, 4000)]
+    ledger.bill_compute([ComputeReading(meter, T0 + 1000, GB // 10)])
+    ledger.bill_compute([ComputeReading(meter, T0 + 2000, GB // 10, processes=2)])  # Ray Serve: 2 replicas
+    ledger.bill_compute([ComputeReading(meter, T0 + 3000, 0, processes=0)], close=True)  # scaled to zero
+    assert [(e.bytes, e.amount_micro) for e in entries(database)] == [(4 * GB, 4000), (8 * GB, 8000), (0, 0)]
 
 
 def test_a_crashed_gateways_meters_are_closed_at_their_last_tick_and_never_billed_again(

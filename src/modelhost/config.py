@@ -56,7 +56,15 @@ class Settings(BaseSettings):
     upload_session_ttl_seconds: int = Field(
         default=24 * 3600, ge=1, description="Open sessions expire after this."
     )
-    runtime: str = Field(default="local", description="Replica backend: `local` worker processes.")
+    runtime: Literal["local", "ray"] = Field(
+        default="local",
+        description="Replica backend: `local` worker processes, or `ray` (Ray Serve deployments).",
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="Ray cluster to join with `runtime=ray` (e.g. `ray://head:10001`, `auto`); "
+        "unset starts a local Ray instance in the gateway.",
+    )
     device: str = Field(
         default="auto", description="`auto` (CUDA when present, else CPU), `cpu`, `cuda`, `cuda:1`..."
     )

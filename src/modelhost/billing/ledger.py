@@ -45,6 +45,7 @@ class ComputeReading:
     meter_id: str
     until_ms: int
     measured_bytes: int | None = None
+    processes: int = 1  # model processes behind the replica (the minimum billed memory is per process)
 
 
 @dataclass(slots=True)
@@ -114,7 +115,9 @@ class Ledger:
                 meter = session.get(Meter, reading.meter_id)
                 if meter is None or meter.ended_ms is not None:
                     continue
-                entry = self._bill_in(session, meter, reading.until_ms, reading.measured_bytes, close)
+                entry = self._bill_in(
+                    session, meter, reading.until_ms, reading.measured_bytes, close, reading.processes
+                )
                 if entry is not None:
                     billed.append(entry)
         return billed
@@ -196,13 +199,19 @@ class Ledger:
     # ---------------------------------------------------------------- the tick itself
 
     def _bill_in(
-        self, session: Session, meter: Meter, until_ms: int, measured_bytes: int | None, close: bool
+        self,
+        session: Session,
+        meter: Meter,
+        until_ms: int,
+        measured_bytes: int | None,
+        close: bool,
+        processes: int = 1,
     ) -> Billed | None:
         start = meter.billed_until_ms
         until = max(until_ms, start)
         if meter.kind == COMPUTE:
             measured = meter.bytes if measured_bytes is None else measured_bytes
-            billed_bytes, rate = self.rates.billed_memory(measured), self.rates.compute
+            billed_bytes, rate = self.rates.billed_memory(measured, processes), self.rates.compute
         else:
             measured = billed_bytes = meter.bytes
             rate = self.rates.storage or Fraction(0)

@@ -87,5 +87,8 @@ class ComputeMeter:
         return len(self._open)
 
     def _reading(self, meter: _OpenMeter) -> ComputeReading:
-        measured = meter.replica.stats().rss_bytes
-        return ComputeReading(meter.meter_id, self._clock.now_ms(), measured or None)
+        """Memory measured now; a replica with processes but no reading (its process just died, or it
+        runs on another node) is billed at its last reading; one with no process at all costs nothing."""
+        stats = meter.replica.stats()
+        measured = stats.rss_bytes or (None if stats.processes else 0)
+        return ComputeReading(meter.meter_id, self._clock.now_ms(), measured, stats.processes)

@@ -49,8 +49,10 @@ class Rates:
             min_memory_bytes=math.ceil(Fraction(min_memory_gb) * GB),
         )
 
-    def billed_memory(self, measured_bytes: int) -> int:
-        return max(measured_bytes, self.min_memory_bytes)
+    def billed_memory(self, measured_bytes: int, processes: int = 1) -> int:
+        """Memory billed for a replica: what it measures, at least the minimum per model process
+        (a Ray Serve application scaled to zero has no process and costs nothing)."""
+        return max(measured_bytes, self.min_memory_bytes * processes)
 
 
 def charge(bytes_: int, milliseconds: int, rate: Fraction, carry: Fraction) -> tuple[int, Fraction]:

@@ -23,7 +23,7 @@ from modelhost.errors import DeploymentUnavailable, InvalidRequest, ModelhostErr
 from modelhost.runtime import metrics
 from modelhost.runtime.batcher import Batcher
 from modelhost.runtime.local import LocalProcessReplica, WorkerError
-from modelhost.runtime.replica import ReplicaDied, ReplicaLoadFailed, ReplicaSpec
+from modelhost.runtime.replica import Replica, ReplicaDied, ReplicaLoadFailed, ReplicaSpec
 from modelhost.services.deployments import DeploymentSpec, LiveStatus
 from modelhost.tasks.registry import served
 
@@ -37,8 +37,8 @@ SpecSource = Callable[[str], DeploymentSpec | None]
 class ReplicaMeter(Protocol):
     """Billing's view of replicas: each costs from the moment it starts loading until it goes away."""
 
-    def replica_started(self, replica: LocalProcessReplica, spec: DeploymentSpec) -> None: ...
-    def replica_stopped(self, replica: LocalProcessReplica) -> object: ...
+    def replica_started(self, replica: Replica, spec: DeploymentSpec) -> None: ...
+    def replica_stopped(self, replica: Replica) -> object: ...
 
 
 def _event_error(error: dict[str, Any]) -> ModelhostError:
@@ -56,14 +56,14 @@ class DeploymentRuntime:
         self._manager = manager
         self.state = "unloaded"
         self.reason: str | None = None
-        self.replicas: list[LocalProcessReplica] = []
+        self.replicas: list[Replica] = []
         self.last_cold_start: float | None = None
         self._clock = manager.clock
         self.last_used = self._clock.monotonic()
         self._failed_at = 0.0
         self._load_lock = asyncio.Lock()
         self._unloading = False
-        self._loading: list[LocalProcessReplica] = []
+        self._loading: list[Replica] = []
         self.streams = 0  # generations in flight (they bypass the batcher)
         settings = manager.settings
         self.batcher = Batcher(
@@ -171,7 +171,9 @@ class DeploymentRuntime:
             raise
         self.state, self.reason, self._unloading = "loading", None, False
         started = time.perf_counter()
-        count = max(1, self.spec.min_replicas)
+        # Ray Serve scales its own replicas: one `RayServeReplica` stands for all of them.
+        ray = self._manager.settings.runtime == "ray"
+        count = 1 if ray else max(1, self.spec.min_replicas)
         replicas = [self._manager.new_replica(self) for _ in range(count)]
         self._loading = replicas  # visible to unload(): a delete during the load stops these too
         try:
@@ -189,7 +191,8 @@ class DeploymentRuntime:
             self._fail(str(errors[0]) if isinstance(errors[0], ReplicaLoadFailed) else repr(errors[0]))
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
         self.replicas = replicas
-        self.batcher.resize(len(replicas) * self._manager.settings.batches_in_flight_per_replica)
+        most = self.spec.max_replicas if ray else len(replicas)
+        self.batcher.resize(max(1, most) * self._manager.settings.batches_in_flight_per_replica)
         self.state = "ready"
         self.last_cold_start = time.perf_counter() - started
         self.last_used = self._clock.monotonic()
@@ -228,7 +231,7 @@ class DeploymentRuntime:
         while self.streams and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
-    def on_replica_exit(self, replica: LocalProcessReplica) -> None:
+    def on_replica_exit(self, replica: Replica) -> None:
         """A worker died (killed, OOM): drop it and start a replacement unless we are unloading."""
         if replica not in self.replicas:
             return
@@ -242,12 +245,13 @@ class DeploymentRuntime:
         self.load_in_background()
 
     def status(self) -> LiveStatus:
-        rss = sum(r.stats().rss_bytes for r in self.replicas)
+        stats = [r.stats() for r in self.replicas if r.alive]
+        rss = sum(s.rss_bytes for s in stats)
         metrics.MEMORY_BYTES.labels(self.spec.id).set(rss)
         return LiveStatus(
             state=self.state,
             reason=self.reason,
-            replicas=sum(1 for r in self.replicas if r.alive),
+            replicas=sum(s.processes for s in stats),
             memory_gb=round(rss / GB, 6),
             last_cold_start_seconds=None if self.last_cold_start is None else round(self.last_cold_start, 3),
         )
@@ -281,12 +285,12 @@ class ReplicaManager:
         if self._load_guard is not None:
             await asyncio.to_thread(self._load_guard, spec)
 
-    async def metered(self, replica: LocalProcessReplica, spec: DeploymentSpec) -> None:
+    async def metered(self, replica: Replica, spec: DeploymentSpec) -> None:
         """The replica costs from now on (before it loads: loading takes memory too)."""
         if self._meter is not None:
             await asyncio.to_thread(self._meter.replica_started, replica, spec)
 
-    async def stop(self, replicas: list[LocalProcessReplica]) -> None:
+    async def stop(self, replicas: list[Replica]) -> None:
         """Bill replicas up to now, then stop them; a replica's meter closes even if it will not stop."""
         if self._meter is not None:
             meter = self._meter
@@ -300,7 +304,9 @@ class ReplicaManager:
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 
-    def new_replica(self, runtime: DeploymentRuntime) -> LocalProcessReplica:
+    def new_replica(self, runtime: DeploymentRuntime) -> Replica:
+        if self.settings.runtime == "ray":
+            return self._new_ray_replica(runtime)
         spec = ReplicaSpec(
             deployment_id=runtime.spec.id,
             pipeline=runtime.spec.pipeline,
@@ -316,6 +322,19 @@ class ReplicaManager:
             load_timeout=self.settings.load_timeout_seconds,
             warmup=runtime.spec.readiness == "hot",
         )
+
+    def _new_ray_replica(self, runtime: DeploymentRuntime) -> Replica:
+        """The deployment as a Ray Serve application (imported here: the local runtime needs no Ray)."""
+        from modelhost.runtime.ray_backend import RayServeReplica
+
+        spec = ReplicaSpec(
+            deployment_id=runtime.spec.id,
+            pipeline=runtime.spec.pipeline,
+            model_dir=runtime.spec.model_dir,
+            threads=self.settings.worker_threads or 1,  # the gateway's cores say nothing of the cluster's
+            device=self.settings.device,
+        )
+        return RayServeReplica(spec, self.settings, runtime.spec)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -339,6 +358,10 @@ class ReplicaManager:
         await asyncio.gather(*(rt.unload() for rt in runtimes), return_exceptions=True)
         for rt in runtimes:
             rt.batcher.close()
+        if self.settings.runtime == "ray":  # our Serve applications are deleted: leave Ray if we joined it
+            from modelhost.runtime import ray_backend
+
+            await asyncio.to_thread(ray_backend.disconnect)
 
     # ---------------------------------------------------------------- deployments
 
@@ -352,6 +375,12 @@ class ReplicaManager:
         runtime.spec = spec
         if runtime.wants_loaded and runtime.state in ("unloaded", "failed"):
             runtime.load_in_background()
+        elif self.settings.runtime == "ray" and runtime.state == "ready":  # Serve rescales in place
+            from modelhost.runtime.ray_backend import RayServeReplica
+
+            for replica in runtime.replicas:
+                if isinstance(replica, RayServeReplica):
+                    self.in_background(replica.rescale(spec))
 
     async def unload_account(self, account_id: str) -> None:
         """The account ran out of credits: unload its replicas (they stay down until a top-up)."""
@@ -412,6 +441,7 @@ class ReplicaManager:
             idle = now - runtime.last_used
             if (
                 runtime.spec.readiness == "cold"
+                and self.settings.runtime != "ray"  # Ray Serve scales a cold application to zero itself
                 and runtime.state == "ready"
                 and not runtime.busy
                 and idle >= self.settings.cold_idle_seconds

@@ -23,9 +23,10 @@ class ReplicaSpec:
 @dataclass(frozen=True, slots=True)
 class ReplicaStats:
     pid: int | None
-    rss_bytes: int
+    rss_bytes: int  # resident memory of the model processes that could be measured
     load_seconds: float | None
     in_flight: int
+    processes: int = 1  # model processes behind this replica (Ray Serve: 0 when scaled to zero)
 
 
 class ReplicaDied(Exception):
@@ -37,6 +38,8 @@ class ReplicaLoadFailed(Exception):
 
 
 class Replica(Protocol):
+    """What the manager uses of a replica, whichever backend runs it."""
+
     spec: ReplicaSpec
 
     async def load(self) -> None: ...
@@ -47,3 +50,11 @@ class Replica(Protocol):
     def stats(self) -> ReplicaStats: ...
     @property
     def alive(self) -> bool: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def generating(self) -> int:
+        """Sequences its generation engines hold, as last reported."""
+        ...

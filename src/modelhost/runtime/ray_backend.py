@@ -1,0 +1,381 @@
+"""`Replica` backed by a Ray Serve application: one per deployment, for clusters (`MODELHOST_RUNTIME=ray`).
+
+Each modelhost deployment becomes one Serve application named after the deployment ID, holding one
+Serve deployment whose replicas are Ray actors (`ModelServer`), each owning one model loaded by the same
+task handler a local worker process uses (`worker._load` → `handler_for(pipeline).load(...)`). Ray
+Serve, not the `ReplicaManager`, decides how many of those actors run: readiness maps onto its
+autoscaling (`cold` → `min_replicas: 0`, scaling to zero after `cold_idle_seconds`; `warm`/`hot` → at
+least one replica), so the manager holds a single `RayServeReplica` per deployment whatever its
+`min_replicas`, and Serve restarts replicas that die.
+
+Batching stays where it is: the gateway's `Batcher` groups requests and each group is one `run` call on
+a replica, so a replica still computes whole batches. Generation streams through a streaming handle;
+closing the stream cancels the Ray response, and the replica drops the sequence at its next step.
+
+This module imports Ray; the manager imports it lazily and only with the `ray` runtime, so the default
+local runtime never needs Ray installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import ray
+from ray import serve
+from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.serve.exceptions import RayServeException
+from ray.serve.handle import DeploymentHandle
+
+from modelhost.config import Settings
+from modelhost.errors import ModelhostError
+from modelhost.runtime.local import WORKER_ENV, WorkerError
+from modelhost.runtime.memory import rss_bytes
+from modelhost.runtime.replica import ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
+from modelhost.services.deployments import DeploymentSpec
+from modelhost.tasks.base import error_of
+
+log = logging.getLogger("modelhost.runtime")
+T = TypeVar("T")
+DEPLOYMENT = "model"  # the Serve deployment's name inside each application
+# Requests one Serve replica takes at once: batches are one at a time anyway (the gateway's batcher
+# limits them), generations share the engine's continuous batch (64 sequences in `tasks.generation`).
+MAX_ONGOING_REQUESTS = 64
+# How often the gateway re-reads which Serve replica processes run on its node (for their memory).
+REFRESH_SECONDS = 2.0
+_connect_lock = threading.Lock()
+_started_ray = False
+
+
+class ModelServer:
+    """One Serve replica (a Ray actor): loads the model once with the task handler and serves batches
+    (`run`) or generations (`generate`). Every handler call runs on one model thread, in order, so the
+    replica's event loop stays free to take requests and cancellations while the model computes (what
+    the local worker does between steps with `select`)."""
+
+    def __init__(self, pipeline: str, model_dir: str, threads: int, device: str, warmup: bool) -> None:
+        from modelhost.runtime import worker  # in the actor: imports torch and the handlers
+
+        os.environ.update(WORKER_ENV)
+        self._handler, self._state = worker._load(
+            argparse.Namespace(pipeline=pipeline, model_dir=Path(model_dir), threads=threads, device=device)
+        )
+        self._streaming = bool(getattr(self._handler, "streaming", False))
+        if warmup:
+            if self._streaming:
+                self._handler.warmup(self._state)
+            else:
+                self._handler.run(self._state, [self._handler.warmup_item()])
+        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._ids = itertools.count(1)
+        self._streams: dict[int, asyncio.Queue[dict[str, Any]]] = {}
+        self._wake: asyncio.Event | None = None
+        self._stepper: asyncio.Task[None] | None = None
+
+    async def run(self, batch: list[Any]) -> list[Any]:
+        """One batch from the gateway's batcher, as one model call."""
+        outputs: list[Any] = await self._call(self._handler.run, self._state, batch)
+        return outputs
+
+    async def generate(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        """A generation's events until it finishes. When the caller cancels (Ray cancels this task) or
+        leaves, the sequence is dropped from the engine before its next step."""
+        request_id = next(self._ids)
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._streams[request_id] = queue
+        finished = False
+        try:
+            try:
+                await self._call(self._handler.start, self._state, request_id, request)
+            except ModelhostError as exc:
+                finished = True
+                yield error_of(exc)
+                return
+            self._ensure_stepping()
+            while not finished:
+                event = await queue.get()
+                finished = "finish" in event or "error" in event
+                yield event
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:  # queued behind any running step; never awaited, so cancellation is safe
+                self._model_thread.submit(self._handler.cancel, self._state, request_id)
+
+    async def running(self) -> int:
+        """Sequences the engine holds (0 for batch pipelines): how tests see a cancellation arrive."""
+        if not self._streaming:
+            return 0
+        count: int = await self._call(self._handler.running, self._state)
+        return count
+
+    async def _call(self, function: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread, function, *args)
+
+    def _ensure_stepping(self) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        self._wake.set()
+        if self._stepper is None or self._stepper.done():
+            self._stepper = asyncio.create_task(self._stepping(self._wake))
+
+    async def _stepping(self, wake: asyncio.Event) -> None:
+        """The decoding loop: step while the engine holds sequences, then sleep until a request comes.
+        `wake` is cleared before each step, so a request started during a step is never missed."""
+        while True:
+            wake.clear()
+            events, idle = await self._call(self._step)
+            for request_id, event in events:
+                queue = self._streams.get(request_id)
+                if queue is not None:
+                    queue.put_nowait(event)
+            if idle:
+                await wake.wait()
+
+    def _step(self) -> tuple[list[tuple[int, dict[str, Any]]], bool]:
+        """One engine step on the model thread; a failed step fails its requests, not the replica."""
+        if self._handler.idle(self._state):
+            return [], True
+        try:
+            events = [(int(i), e) for i, e in self._handler.step(self._state)]
+        except Exception as exc:
+            log.exception("a generation step failed")
+            failure = {"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}}
+            events = [(i, failure) for i in self._handler.abort(self._state)]
+        return events, bool(self._handler.idle(self._state))
+
+
+def connect(settings: Settings) -> None:
+    """Join the Ray cluster (or start a local one) and Serve, once per gateway process. Blocking.
+
+    Serve runs without its HTTP proxies: the gateway is the only ingress and calls replicas through
+    deployment handles. A Ray instance started elsewhere in this process (a test, an embedding
+    application) is reused as it is."""
+    global _started_ray
+    with _connect_lock:
+        if not ray.is_initialized():
+            address = settings.ray_address or None
+            ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
+            _started_ray = True
+        serve.start(proxy_location="Disabled")
+
+
+def disconnect() -> None:
+    """Leave Ray if this module started it. Serve itself is left running: other gateways may share the
+    cluster, and each gateway deletes only its own applications (`RayServeReplica.unload`)."""
+    global _started_ray
+    with _connect_lock:
+        if _started_ray and ray.is_initialized():
+            ray.shutdown()
+        _started_ray = False
+
+
+def autoscaling(readiness: str, min_replicas: int, max_replicas: int, idle_seconds: float) -> dict[str, Any]:
+    """Readiness as Ray Serve autoscaling. A cold deployment scales to zero after the idle window; it
+    starts with one replica because the manager loads it for a request that is waiting. Warm and hot
+    deployments keep at least one replica (hot ones also warm up in the constructor).
+
+    Serve scales down once the ongoing requests, averaged over `look_back_period_s` from metrics pushed
+    every `metrics_interval_s` (10 s by default), stayed low for the downscale delay; both windows add to
+    the idle time, so short idle windows shrink them too (the long default window is kept otherwise)."""
+    floor = 0 if readiness == "cold" else max(1, min_replicas)
+    interval = min(10.0, idle_seconds / 4)
+    return {
+        "min_replicas": floor,
+        "initial_replicas": max(1, floor),
+        "max_replicas": max(1, floor, max_replicas),
+        "upscale_delay_s": 0.0,  # a request waiting on zero replicas must not wait any longer
+        "downscale_delay_s": idle_seconds,
+        "downscale_to_zero_delay_s": idle_seconds,
+        "look_back_period_s": min(30.0, max(idle_seconds, 2 * interval)),
+        **({"metrics_interval_s": interval} if interval < 10.0 else {}),  # the field warns when it is set
+    }
+
+
+def serve_replica_pids(app: str) -> list[int | None]:
+    """The application's live Serve replica actors (from the GCS actor table, which needs no dashboard):
+    the PID of each one on this node, None for one on another node (its PID means nothing here)."""
+    from ray._private import state
+
+    here = ray.get_runtime_context().get_node_id()
+    prefix = f"SERVE_REPLICA::{app}#"
+    return [
+        int(actor["Pid"]) if actor.get("Address", {}).get("NodeID") == here else None
+        for actor in state.actors(actor_state_name="ALIVE").values()
+        if str(actor.get("Name", "")).startswith(prefix)
+    ]
+
+
+class RayServeReplica:
+    """The manager's one replica for a deployment on Ray Serve; Serve runs and scales the actors."""
+
+    def __init__(self, spec: ReplicaSpec, settings: Settings, deployment: DeploymentSpec) -> None:
+        self.spec = spec
+        self.name = spec.deployment_id
+        self._settings = settings
+        self._scaling = autoscaling(
+            deployment.readiness, deployment.min_replicas, deployment.max_replicas, settings.cold_idle_seconds
+        )
+        self._warmup = deployment.readiness == "hot"
+        self._handle: DeploymentHandle[Any] | None = None
+        self._stopping = False
+        self._request_ids = itertools.count(1)
+        self._pending: dict[int, Any] = {}  # request id → its Ray response (`cancel()` on both kinds)
+        self._streams: set[int] = set()
+        self._pids: list[int | None] = []
+        self._refresher: asyncio.Task[None] | None = None
+        self.load_seconds: float | None = None
+        self.pid: int | None = None  # no one process: Serve places the actors
+
+    @property
+    def alive(self) -> bool:
+        return self._handle is not None and not self._stopping
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    @property
+    def generating(self) -> int:
+        """Generations this gateway has in flight on the application (the engines' own count is not
+        pushed back through Serve)."""
+        return len(self._streams)
+
+    async def load(self) -> None:
+        """Deploy the application and wait until its first replica has loaded the model."""
+        started = time.perf_counter()
+        try:
+            self._handle = await asyncio.wait_for(
+                asyncio.to_thread(self._deploy), timeout=self._settings.load_timeout_seconds
+            )
+        except TimeoutError as exc:
+            await self.unload()
+            raise ReplicaLoadFailed("timed out while loading the model") from exc
+        except Exception as exc:  # Serve's reason: the constructor's exception, resources, ...
+            await self.unload()
+            raise ReplicaLoadFailed(f"{type(exc).__name__}: {exc}") from exc
+        self.load_seconds = time.perf_counter() - started
+        self._refresher = asyncio.create_task(self._refresh())
+
+    async def rescale(self, deployment: DeploymentSpec) -> None:
+        """Readiness or replica bounds changed (PATCH): deploy again with only the new autoscaling. Serve
+        applies that in place, so running replicas and their requests carry on. The constructor's
+        arguments stay as loaded (a hot deployment's warm-up matters only when a replica loads)."""
+        scaling = autoscaling(
+            deployment.readiness,
+            deployment.min_replicas,
+            deployment.max_replicas,
+            self._settings.cold_idle_seconds,
+        )
+        if scaling != self._scaling and self.alive:
+            self._scaling = scaling
+            await asyncio.to_thread(self._deploy)
+
+    def _deploy(self) -> DeploymentHandle[Any]:
+        connect(self._settings)
+        spec = self.spec
+        deployment = serve.deployment(
+            name=DEPLOYMENT,
+            autoscaling_config=self._scaling,
+            max_ongoing_requests=MAX_ONGOING_REQUESTS,
+            ray_actor_options={"num_cpus": spec.threads},
+        )(ModelServer)
+        args = (spec.pipeline, str(spec.model_dir), spec.threads, spec.device, self._warmup)
+        # `serve.run` gives each call a random code version, and a new code version restarts every
+        # replica. A version named after what the replicas load lets Serve apply an autoscaling-only
+        # change (`rescale`) in place; the public option for it is gone, hence the attribute.
+        deployment._version = hashlib.sha256(repr(args).encode()).hexdigest()[:16]
+        app = deployment.bind(*args)
+        handle: DeploymentHandle[Any] = serve.run(app, name=self.name, route_prefix=None)
+        return handle
+
+    async def submit(self, batch: list[Any]) -> list[Any]:
+        if self._handle is None or self._stopping:
+            raise ReplicaDied("the replica is not running")
+        request_id = next(self._request_ids)
+        response = self._handle.run.remote(batch)
+        self._pending[request_id] = response
+        try:
+            outputs: list[Any] = await response
+        except (RayError, RayServeException) as exc:
+            raise _failure(exc) from exc
+        finally:
+            self._pending.pop(request_id, None)
+        return outputs
+
+    async def stream(self, request: Any) -> AsyncGenerator[dict[str, Any], None]:
+        """A generation's events from a Serve replica; closing the iterator early cancels the Ray
+        response, which cancels the replica's generator and drops the sequence from its engine."""
+        if self._handle is None or self._stopping:
+            raise ReplicaDied("the replica is not running")
+        request_id = next(self._request_ids)
+        response: Any = self._handle.options(stream=True).generate.remote(request)
+        self._pending[request_id] = response
+        self._streams.add(request_id)
+        finished = False
+        try:
+            async for event in response:
+                finished = "finish" in event or "error" in event
+                yield event
+        except (RayError, RayServeException) as exc:
+            finished = True
+            raise _failure(exc) from exc
+        finally:
+            self._pending.pop(request_id, None)
+            self._streams.discard(request_id)
+            if not finished:
+                response.cancel()
+
+    async def cancel(self, request_id: int) -> None:
+        response = self._pending.get(request_id)
+        if response is not None:
+            response.cancel()
+
+    async def unload(self) -> None:
+        """Delete the Serve application (its replicas stop with it). Idempotent."""
+        self._stopping = True
+        if self._refresher is not None:
+            self._refresher.cancel()
+        for response in list(self._pending.values()):
+            response.cancel()
+        self._pids = []
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):  # already gone, or Serve shut down under us
+                await asyncio.to_thread(serve.delete, self.name)
+
+    def stats(self) -> ReplicaStats:
+        """Memory is the sum of the Serve replicas' resident memory, measured from /proc like a local
+        worker's, for replicas on this node; replicas on other nodes count as processes (billing bills
+        each at least the minimum billed memory) but cannot be measured from here."""
+        return ReplicaStats(
+            pid=None,
+            rss_bytes=sum(rss_bytes(pid) for pid in self._pids if pid is not None),
+            load_seconds=self.load_seconds,
+            in_flight=self.in_flight,
+            processes=len(self._pids),
+        )
+
+    async def _refresh(self) -> None:
+        """Re-read the replica processes now and then: Serve starts, restarts and stops them by itself."""
+        while not self._stopping:
+            with contextlib.suppress(Exception):  # a missed reading keeps the last one
+                self._pids = await asyncio.to_thread(serve_replica_pids, self.name)
+            await asyncio.sleep(REFRESH_SECONDS)
+
+
+def _failure(exc: RayError | RayServeException) -> Exception:
+    """The replica's own exception is a failed inference; anything else (its actor died, Serve could
+    not reach it) means the replica stopped under the request, which Serve repairs by itself."""
+    if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
+        return WorkerError(str(exc.cause) if exc.cause is not None else str(exc))
+    return ReplicaDied(f"the Serve replica stopped ({type(exc).__name__})")

@@ -1,0 +1,183 @@
+"""The Ray Serve replica backend (`MODELHOST_RUNTIME=ray`) through the real gateway, on a local Ray cluster.
+
+One Ray instance (2 CPUs) and one gateway serve the whole module: Ray's start-up takes seconds on a small
+machine. The gateway has a cold embeddings deployment (the sentence-transformers recipe) and a warm chat
+deployment (the tiny chat recipe), each one Ray Serve application whose replicas are Ray actors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import ray
+from ray import serve
+
+from modelhost.runtime.ray_backend import RayServeReplica, serve_replica_pids
+from tests.chat_model import long_context_copy
+from tests.helpers import assert_error, bearer, push_folder
+from tests.test_runtime import ST_RECIPE, Gateway, in_process, ok, until
+
+# Ray 2.60 warns about its own deprecated fields (pydantic ones, and `metrics_interval_s`, which is still
+# the only per-deployment way to shorten Serve's 10 s metrics period, see `ray_backend.autoscaling`).
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*")
+MESSAGES: list[dict[str, str]] = [
+    {"role": "system", "content": "You are a helpful assistant"},
+    {"role": "user", "content": "what is the weather in berlin?"},
+]
+IDLE_SECONDS = 2.0  # the cold deployment's downscale delay
+
+
+@dataclass
+class Served:
+    gw: Gateway
+    embeddings: str  # the cold embeddings deployment's ID
+    chat: str  # the warm chat deployment's ID
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield
+    with contextlib.suppress(Exception):
+        serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def served(
+    ray_cluster: None, tmp_path_factory: pytest.TempPathFactory, recipes: Path
+) -> AsyncIterator[Served]:
+    root = tmp_path_factory.mktemp("ray")
+    settings = {"runtime": "ray", "cold_idle_seconds": IDLE_SECONDS, "request_timeout_seconds": 90}
+    database, model = f"sqlite:///{root / 'db.sqlite'}", recipes.joinpath(*ST_RECIPE)
+    async with in_process(root, database, model, **settings) as gw:
+        embeddings = (await gw.deploy())["id"]
+        pushed = await push_folder(gw.client, gw.key, long_context_copy(recipes, root), "text-generation")
+        body = {"model": "chat", "artifact_id": pushed["artifact"]["id"], "readiness": "warm"}
+        chat = ok(await gw.client.post("/v1/deployments", json=body, headers=bearer(gw.key)), 201)["id"]
+        await until(lambda: gw.show(chat, "ready"), timeout=120)
+        yield Served(gw, embeddings, chat)
+
+
+def replica_of(served: Served, deployment_id: str) -> RayServeReplica:
+    replica = served.gw.runtime(deployment_id).replicas[0]
+    assert isinstance(replica, RayServeReplica)
+    return replica
+
+
+def running(app: str) -> int:
+    """Serve replicas of `app` running now (from Serve's own status)."""
+    apps = serve.status().applications
+    if app not in apps:
+        return 0
+    return sum(d.replica_states.get("RUNNING", 0) for d in apps[app].deployments.values())
+
+
+async def engine_holds(handle: Any, sequences: int) -> bool:
+    """Whether the chat replica's engine holds `sequences` sequences (asked through Serve)."""
+    return bool(await handle.running.remote() == sequences)
+
+
+async def chat(served: Served, **body: Any) -> httpx.Response:
+    request = {"model": "chat", "messages": MESSAGES, "temperature": 0, **body}
+    return await served.gw.client.post("/v1/chat/completions", json=request, headers=bearer(served.gw.key))
+
+
+async def test_embeddings_equal_sentence_transformers_and_a_cold_deployment_starts_from_zero(
+    served: Served, recipes: Path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    assert running(served.embeddings) == 0  # cold: no Serve application before the first request
+    texts = ["cats sit on mats", "dogs chase cats", "the quick brown fox"]
+    answers = await asyncio.gather(*(served.gw.embed(text) for text in texts))
+    expected = SentenceTransformer(str(recipes.joinpath(*ST_RECIPE)), device="cpu").encode(texts)
+    for answer, vector in zip(answers, expected, strict=True):
+        np.testing.assert_allclose(ok(answer)["data"][0]["embedding"], vector, atol=1e-5)
+    assert running(served.embeddings) == 1
+    view = await served.gw.show(served.embeddings)
+    assert (view["state"], view["replicas"]) == ("ready", 1), view
+    assert await until(lambda: replica_of(served, served.embeddings).stats().rss_bytes > 0, timeout=10)
+
+
+async def test_chat_greedy_output_equals_the_model_and_streaming_gives_the_same_text(
+    served: Served, recipes: Path
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = recipes / "t11_text_generation_chat"  # the weights and tokenizer the local backend serves
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    out = model.generate(**ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    expected = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    whole = ok(await chat(served, max_tokens=12, min_tokens=12))
+    assert whole["choices"][0]["message"]["content"] == expected
+    assert whole["usage"]["completion_tokens"] == 12
+    streamed = await chat(served, max_tokens=12, min_tokens=12, stream=True)
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == expected
+
+
+async def test_closing_a_generation_cancels_it_in_the_serve_replica(served: Served) -> None:
+    assert served.gw.services is not None
+    item = {"prompt": "tell me a story", "params": {"max_tokens": 400, "min_tokens": 400, "temperature": 0}}
+    handle = serve.get_app_handle(served.chat)
+    async with contextlib.aclosing(served.gw.services.runtime.stream(served.chat, item)) as events:
+        for _ in range(3):
+            await anext(events)
+        assert await engine_holds(handle, 1)
+    assert await until(lambda: engine_holds(handle, 0), timeout=10)  # 400 tokens would take far longer
+
+
+async def test_a_replica_killed_mid_request_fails_it_with_503_and_serve_restarts_it(served: Served) -> None:
+    handle = serve.get_app_handle(served.chat)
+    [pid] = serve_replica_pids(served.chat)
+    request = asyncio.create_task(chat(served, max_tokens=400, min_tokens=400))
+    await until(lambda: engine_holds(handle, 1), timeout=30)  # the replica is decoding it
+    os.kill(pid, signal.SIGKILL)
+    assert_error(await request, 503, "deployment_unavailable")
+    answer = ok(await chat(served, max_tokens=4))  # waits in Serve's router for the restarted replica
+    assert answer["usage"]["completion_tokens"] <= 4
+    assert pid not in serve_replica_pids(served.chat)
+
+
+async def test_a_cold_deployment_scales_to_zero_when_idle_and_from_zero_on_a_request(served: Served) -> None:
+    if served.embeddings not in serve.status().applications:  # run alone: no request has loaded it yet
+        ok(await served.gw.embed("load it"))
+    await until(lambda: running(served.embeddings) == 0, timeout=60)  # Serve's downscale, not the reaper
+    assert (await served.gw.show(served.embeddings))["state"] == "ready"  # the application stays
+    answer = ok(await served.gw.embed("scaled from zero"))
+    assert len(answer["data"][0]["embedding"]) == 32
+    assert running(served.embeddings) == 1
+
+
+async def test_patching_readiness_rescales_the_serve_application_in_place(served: Served) -> None:
+    gw, app = served.gw, served.chat
+    assert running(app) == 1  # warm: Serve keeps one replica however long it idles
+    seen = set(serve_replica_pids(app))
+    cold = {"readiness": "cold"}
+    ok(await gw.client.patch(f"/v1/deployments/{app}", json=cold, headers=bearer(gw.key)))
+
+    def scaled_to_zero() -> bool:  # no replica left in any state (starting, running, stopping)
+        seen.update(serve_replica_pids(app))
+        return not any(d.replica_states for d in serve.status().applications[app].deployments.values())
+
+    await until(scaled_to_zero, timeout=60)  # the new `min_replicas: 0`
+    assert len(seen) == 1  # applied in place: the replica was never restarted
+    assert (await gw.show(app))["state"] == "ready"
