@@ -73,3 +73,19 @@ def served_chat_model(root: Path, recipes: Path, **settings: Any) -> Iterator[Ch
         assert deployment.status_code == 201, deployment.text
         yield ChatServer(url, key, http, deployment.json()["id"], database_url)
         http.close()
+
+
+def greedy_reference(recipes: Path, messages: list[Any], tokens: int) -> str:
+    """What the recipe chat model answers greedily with exactly `tokens` new tokens, generated in this
+    process with transformers itself: the reference a served (any backend) greedy answer must equal."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = recipes / "t11_text_generation_chat"  # the same weights and tokenizer as the deployments
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    out = model.generate(**ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
+    text: str = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    return text

@@ -16,7 +16,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.chat_model import TIME, WEATHER, served_chat_model
+from tests.chat_model import TIME, WEATHER, greedy_reference, served_chat_model
 from tests.helpers import assert_error, bearer, push_folder_sync
 
 MESSAGES: list[Any] = [
@@ -83,16 +83,7 @@ def test_chat_takes_content_parts_developer_messages_and_max_completion_tokens(c
 
 
 def test_greedy_output_equals_the_model_generating_in_process(chat: Chat, recipes: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = recipes / "t11_text_generation_chat"  # the same weights and tokenizer as the deployment
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    ids = tokenizer.apply_chat_template(
-        MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
-    out = model.generate(**ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
-    expected = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    expected = greedy_reference(recipes, MESSAGES, 12)
     answer = chat.client().chat.completions.create(
         model="chat", messages=MESSAGES, max_tokens=12, temperature=0, extra_body={"min_tokens": 12}
     )

@@ -24,7 +24,7 @@ import ray
 from ray import serve
 
 from modelhost.runtime.ray_backend import RayServeReplica, serve_replica_pids
-from tests.chat_model import long_context_copy
+from tests.chat_model import greedy_reference, long_context_copy
 from tests.helpers import assert_error, bearer, push_folder
 from tests.test_runtime import ST_RECIPE, Gateway, in_process, ok, until
 
@@ -114,16 +114,7 @@ async def test_embeddings_equal_sentence_transformers_and_a_cold_deployment_star
 async def test_chat_greedy_output_equals_the_model_and_streaming_gives_the_same_text(
     served: Served, recipes: Path
 ) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = recipes / "t11_text_generation_chat"  # the weights and tokenizer the local backend serves
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    ids = tokenizer.apply_chat_template(
-        MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True
-    )
-    out = model.generate(**ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
-    expected = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+    expected = greedy_reference(recipes, MESSAGES, 12)  # what the local backend's test checks too
     whole = ok(await chat(served, max_tokens=12, min_tokens=12))
     assert whole["choices"][0]["message"]["content"] == expected
     assert whole["usage"]["completion_tokens"] == 12
