@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY
 from sqlalchemy import select
 
 from modelhost.api.app import create_app
+from modelhost.billing.ledger import ComputeReading
 from modelhost.services.container import Services
 from modelhost.store.db import Database
 from modelhost.store.models import LedgerEntry, Meter, ModelArtifact
@@ -207,16 +208,30 @@ async def test_an_account_out_of_credits_gets_402_and_its_replicas_unload_until_
 
 
 async def test_usage_range_and_errors(tmp_path: Path, model_dir: Path) -> None:
+    """The report's range and validation (the ledger is written directly: no replica is needed)."""
     clock = ManualClock(T0)
-    async with gateway(tmp_path, clock) as gw:
+    async with gateway(tmp_path, clock, billing_storage=False) as gw:
         account_id, artifact_id = await gw.account(model_dir, credits=5)
         deployment = await gw.deploy(artifact_id, "c", "cold")
-        assert (await gw.embed("c")).status_code == 200
-        await gw.idle(120)
+        ledger = gw.services.billing.ledger
+        meter = ledger.open_compute(
+            owner="gw_test",
+            account_id=account_id,
+            deployment_id=deployment,
+            model="c",
+            artifact_id=artifact_id,
+            now_ms=T0,
+        )
+        ledger.bill_compute([ComputeReading(meter, T0 + 120_000, 10**9)], close=True)  # the 64 GB minimum
         month = await gw.usage()
-        assert (month["start"], month["account_id"]) == ("2026-11-01T00:00:00Z", account_id)
+        assert (month["start"], month["end"], month["account_id"]) == (
+            "2026-11-01T00:00:00Z",
+            "2026-12-01T00:00:00Z",
+            account_id,
+        )
         assert micro(month["compute_credits"]) == 120 * PER_SECOND
-        assert [d["deployment_id"] for d in month["by_deployment"]] == [deployment]
+        assert micro(month["credits_balance"]) == micro(5) - 120 * PER_SECOND
+        assert [(d["deployment_id"], d["model"]) for d in month["by_deployment"]] == [(deployment, "c")]
         later = await gw.usage(start="2026-11-23", end=1_795_564_800)
         assert (later["credits"], later["by_day"], later["by_deployment"]) == (0, [], [])
         assert later["credits_balance"] == month["credits_balance"]  # the balance is all time
