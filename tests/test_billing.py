@@ -134,7 +134,7 @@ async def test_idle_hours_cost_what_the_readiness_level_says_with_bursts_and_a_r
         await gw.until_ready(ids["warm"], ids["hot"])
         burst = await asyncio.gather(*(gw.embed(level) for level in ("cold",) * 8 + ("warm", "hot") * 4))
         assert [r.status_code for r in burst] == [200] * 16
-        await gw.idle(1800)  # cold unloads after its 300 s idle window
+        await gw.idle(1800, step=300)  # cold unloads after its 300 s idle window
         assert [await gw.state(ids[level]) for level in ("cold", "warm", "hot")] == [
             "unloaded",
             "ready",
@@ -142,14 +142,14 @@ async def test_idle_hours_cost_what_the_readiness_level_says_with_bursts_and_a_r
         ]
         burst = await asyncio.gather(*(gw.embed(level) for level in ("warm", "hot") * 8))
         assert [r.status_code for r in burst] == [200] * 16
-        await gw.idle(1800)
+        await gw.idle(1800, step=300)
         clock.advance(30)  # the restart falls half-way through a tick
         key = gw.key
     async with gateway(tmp_path, clock) as gw:
         gw.key = key
         await gw.until_ready(ids["hot"])
         assert await gw.state(ids["warm"]) == "unloaded"  # warm: loaded again on demand only
-        await gw.idle(3600)
+        await gw.idle(3600, step=300)
         usage = await gw.usage()
         database = gw.services.database
         with database.transaction() as session:

@@ -128,7 +128,7 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
     app = create_app(services=services)
     assert app.openapi() == schema.raw_schema
 
-    def no_loads(deployment_id: str) -> None:
+    def no_loads(_spec: object) -> None:
         """No worker process ever starts: the seeded artifact has no files to load, and a fuzzed
         deployment may ask for 64 replicas, each a process importing torch."""
         raise DeploymentUnavailable(NO_LOADS)

@@ -278,12 +278,13 @@ class ReplicaManager:
         self.background: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._meter = meter
-        self._load_guard = load_guard
+        # Asked before every load (billing: 402 when the account is out of credits).
+        self.load_guard = load_guard
 
     async def check_can_load(self, spec: DeploymentSpec) -> None:
         """Billing enforcement: 402 when the account is out of credits (the guard may read the database)."""
-        if self._load_guard is not None:
-            await asyncio.to_thread(self._load_guard, spec)
+        if self.load_guard is not None:
+            await asyncio.to_thread(self.load_guard, spec)
 
     async def metered(self, replica: Replica, spec: DeploymentSpec) -> None:
         """The replica costs from now on (before it loads: loading takes memory too)."""
