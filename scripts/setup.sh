@@ -11,21 +11,19 @@ if [ ! -x .venv/bin/python ]; then
     echo "==> creating .venv"
     "$python" -m venv .venv
 fi
-# --no-compile: byte-compiling every installed module up front (torch and Ray have thousands) is
-# slow; Python compiles what it imports on first use anyway.
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 # torch first, pinned: a CPU build lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     echo "==> installing torch==2.13.0"
-    pip install --no-compile torch==2.13.0
+    pip install torch==2.13.0
 fi
 echo "==> installing modelhost ($mode)"
 if [ "$mode" = dev ]; then
-    pip install --no-compile -e ".[dev]"
+    pip install -e ".[dev]"
     if ! { command -v pg_config >/dev/null && [ -x "$(pg_config --bindir)/initdb" ]; }; then
         echo "==> installing PostgreSQL server binaries (Debian package postgresql)"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
     fi
 else
-    pip install --no-compile -e .
+    pip install -e .
 fi
