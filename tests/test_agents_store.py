@@ -107,8 +107,11 @@ def test_concurrent_writers_never_write_after_the_delete(store: AgentStore) -> N
 
     def writer() -> None:
         while not stop.is_set():
+            # Read the flag before appending: an append that started after the delete committed must
+            # be refused (one that read it after could have committed just before the delete).
+            started_after_delete = deleted.is_set()
             wrote = store.append(run_id, RUNNER, "message.delta", {"content": "x"})
-            if wrote and deleted.is_set():
+            if wrote and started_after_delete:
                 written_after.append(1)
             if not wrote:
                 return
