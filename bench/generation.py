@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import torch
 
-from bench.common import _cpu_seconds, _write_section, deploy, serve, table
+from bench.common import _cpu_seconds, deploy, serve, table, write_section
 
 CONCURRENCY = (1, 4, 16)
 RAW_REQUESTS = 8
@@ -498,7 +498,7 @@ def main() -> None:
         shutil.rmtree(folder, ignore_errors=True)
     section = report(parameters, args.tokens, args.seconds, raw, ours, theirs)
     print(section)
-    _write_section(args.out, "## Text generation:", section)
+    write_section(args.out, "## Text generation:", section)
 
 
 if __name__ == "__main__":
