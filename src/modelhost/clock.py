@@ -22,3 +22,9 @@ class SystemClock:
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+
+def heartbeat_seconds(stale_seconds: float) -> float:
+    """How often a worker beats so that a `stale_seconds` window never sees it silent, scheduling delays
+    included: a quarter of the window, at most every 2 s (a beat is one UPDATE)."""
+    return min(2.0, stale_seconds / 4)

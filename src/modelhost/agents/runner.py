@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from modelhost.agents.store import AgentStore, RunJob
+from modelhost.clock import heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.protocol.chat import ChatCompletionRequest
@@ -26,7 +27,6 @@ from modelhost.services.generation import ChatChoice, chat_requests
 from modelhost.store.types import utcnow
 
 log = logging.getLogger("modelhost.agents")
-HEARTBEAT_SECONDS = 2.0
 
 
 class _Stopped(Exception):
@@ -145,7 +145,7 @@ class AgentRunner:
         """Beat while the model loads or between events; a run stopped elsewhere is stopped here."""
         started = time.monotonic()
         while True:
-            await asyncio.sleep(HEARTBEAT_SECONDS)
+            await asyncio.sleep(heartbeat_seconds(self.settings.agent_run_stale_seconds))
             if not await asyncio.to_thread(self.store.beat, run_id, self.name):
                 log.debug("run %s stopped elsewhere after %.1fs", run_id, time.monotonic() - started)
                 task = self._running.get(run_id)

@@ -15,13 +15,13 @@ import secrets
 import time
 from typing import Any
 
+from modelhost.clock import heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.jobs.videos import Claimed, VideoJobs
 from modelhost.runtime.manager import ReplicaManager
 
 log = logging.getLogger("modelhost.jobs")
-HEARTBEAT_SECONDS = 2.0
 
 
 class VideoRunner:
@@ -135,7 +135,7 @@ class VideoRunner:
     async def _heartbeat(self, job_id: str) -> None:
         """Beat while loading the model or encoding, when no progress events come."""
         while True:
-            await asyncio.sleep(HEARTBEAT_SECONDS)
+            await asyncio.sleep(heartbeat_seconds(self.settings.video_job_stale_seconds))
             if not await asyncio.to_thread(self.jobs.beat, job_id, self.name):
                 self.cancel(job_id)
                 return
