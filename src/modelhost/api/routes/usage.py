@@ -12,14 +12,17 @@ from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.billing.ledger import Usage as UsageReport
 from modelhost.billing.rates import to_credits
-from modelhost.errors import InvalidRequest
 from modelhost.protocol.billing import ArtifactUsage, DayUsage, DeploymentUsage, Usage
 
 router = APIRouter(prefix="/v1/usage", tags=["billing"], responses=error_responses(400, 401))
 
 Moment = Annotated[
     datetime | None,
-    Query(description="ISO 8601 date or time (UTC unless it says), or Unix seconds."),
+    Query(
+        description="ISO 8601 date or time (UTC unless it says), or Unix seconds.",
+        # What pydantic's datetime accepts, said in the schema: Unix seconds are valid too.
+        json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]},
+    ),
 ]
 
 
@@ -27,11 +30,9 @@ Moment = Annotated[
 async def get_usage(
     principal: AccountPrincipal, services: ServicesDep, start: Moment = None, end: Moment = None
 ) -> Usage:
-    start, end = _utc(start), _utc(end)
-    if start is not None and end is not None and start >= end:
-        raise InvalidRequest("`end` must be after `start`.", param="end")
     account_id = account_id_of(principal)
-    report, first, last = await asyncio.to_thread(services.billing.usage, account_id, start, end)
+    since, until = _utc(start), _utc(end)
+    report, first, last = await asyncio.to_thread(services.billing.usage, account_id, since, until)
     return present(account_id, report, first, last)
 
 
