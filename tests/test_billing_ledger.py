@@ -10,9 +10,9 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
-from modelhost.billing.ledger import COMPUTE, ComputeReading, Ledger, day_of
+from modelhost.billing.ledger import COMPUTE, ComputeReading, Ledger, day_of, shared_meter_id
 from modelhost.billing.rates import GB, Rates, carry_text, charge, to_micro
 from modelhost.store import migrate
 from modelhost.store.db import Database
@@ -66,7 +66,14 @@ def account_with_artifact(database: Database, size: int = 2 * GB, credits: int =
 
 
 def open_meter(
-    ledger: Ledger, account_id: str, artifact_id: str, deployment: str = "dep_1", owner: str = "gw"
+    ledger: Ledger,
+    account_id: str,
+    artifact_id: str,
+    deployment: str = "dep_1",
+    owner: str = "gw",
+    *,
+    shared: str | None = None,
+    now_ms: int = T0,
 ) -> str:
     return ledger.open_compute(
         owner=owner,
@@ -74,7 +81,8 @@ def open_meter(
         deployment_id=deployment,
         model="m",
         artifact_id=artifact_id,
-        now_ms=T0,
+        now_ms=now_ms,
+        shared=shared,
     )
 
 
@@ -149,6 +157,30 @@ def test_a_crashed_gateways_meters_are_closed_at_their_last_tick_and_never_bille
         assert session.get(Meter, crashed).ended_ms == T0 + MINUTE  # type: ignore[union-attr]
 
 
+def test_a_shared_meter_is_one_for_all_gateways_billed_once_and_reopened_after_it_closed(
+    database: Database,
+) -> None:
+    """A Ray Serve application two gateways use: each opens and ticks the same meter."""
+    ledger = Ledger(database, RATES)
+    account_id, artifact_id = account_with_artifact(database)
+    first = open_meter(ledger, account_id, artifact_id, owner="gw_1", shared="serve:dep_1")
+    second = open_meter(ledger, account_id, artifact_id, owner="gw_2", shared="serve:dep_1", now_ms=T0 + 5)
+    assert first == second == shared_meter_id("serve:dep_1")
+    for minute in (1, 2):  # both gateways tick every minute, a few milliseconds apart
+        ledger.bill_compute([ComputeReading(first, T0 + minute * MINUTE, GB)])
+        ledger.bill_compute([ComputeReading(second, T0 + minute * MINUTE + 7, GB)])
+    ledger.bill_compute([ComputeReading(first, T0 + 3 * MINUTE, GB)], close=True)  # the deployment unloads
+    assert ledger.bill_compute([ComputeReading(second, T0 + 4 * MINUTE, GB)]) == []  # closed for both
+    open_meter(ledger, account_id, artifact_id, owner="gw_2", shared="serve:dep_1", now_ms=T0 + 10 * MINUTE)
+    ledger.bill_compute([ComputeReading(first, T0 + 11 * MINUTE, GB)])
+    rows = entries(database)
+    assert sum(e.amount_micro for e in rows) == 4 * MINUTE  # 1 GB × (3 + 1) minutes: nothing twice
+    assert [(e.period_start_ms, e.period_end_ms) for e in rows][-1] == (T0 + 10 * MINUTE, T0 + 11 * MINUTE)
+    assert all(a.period_end_ms == b.period_start_ms for a, b in itertools.pairwise(rows[:-1]))
+    with database.transaction() as session:
+        assert session.scalar(select(func.count()).select_from(Meter)) == 1
+
+
 def test_storage_meter_follows_the_published_version(database: Database) -> None:
     ledger = Ledger(database, RATES)
     _account_id, artifact_id = account_with_artifact(database, size=2 * GB)
@@ -194,7 +226,8 @@ def test_usage_breaks_credits_down_by_deployment_artifact_and_day_within_the_ran
     ledger.bill_compute([ComputeReading(first, T0 + day + 2000, GB)])  # ends on the next day
     ledger.tick_storage(T0 + day + 2000)
 
-    whole = ledger.usage(account_id, 1000_000_000, T0, T0 + 2 * day)
+    whole = ledger.usage(account_id, T0, T0 + 2 * day)
+    assert whole is not None and ledger.usage("acct_missing", T0, T0 + day) is None
     compute = 1000 + 1000 + (day + 1000)
     storage = (day + 2000) // 1000  # 1 GB × seconds × 1 micro per GB-second
     assert (whole.compute_micro, whole.storage_micro) == (compute, storage)
@@ -210,7 +243,8 @@ def test_usage_breaks_credits_down_by_deployment_artifact_and_day_within_the_ran
         (day_of(T0), 2000, 0),
         (day_of(T0 + day), day + 1000, storage),
     ]
-    first_day = ledger.usage(account_id, 1000_000_000, T0, T0 + day)
+    first_day = ledger.usage(account_id, T0, T0 + day)
+    assert first_day is not None
     assert (first_day.compute_micro, first_day.storage_micro, len(first_day.by_day)) == (2000, 0, 1)
     assert first_day.spent_micro == whole.spent_micro  # the balance is all time, whatever the range
     with database.transaction() as session:

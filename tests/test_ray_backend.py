@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -22,9 +23,15 @@ import numpy as np
 import pytest
 import ray
 from ray import serve
+from sqlalchemy import select
 
-from modelhost.runtime.ray_backend import RayServeReplica, serve_replica_pids
+from modelhost.api.app import create_app
+from modelhost.billing.ledger import shared_meter_id
+from modelhost.runtime.ray_backend import RayServeReplica
+from modelhost.services.container import Services
+from modelhost.store.models import LedgerEntry, Meter
 from tests.chat_model import greedy_reference, long_context_copy
+from tests.conftest import make_settings
 from tests.helpers import assert_error, bearer, push_folder
 from tests.test_runtime import ST_RECIPE, Gateway, in_process, ok, until
 
@@ -36,11 +43,14 @@ MESSAGES: list[dict[str, str]] = [
     {"role": "user", "content": "what is the weather in berlin?"},
 ]
 IDLE_SECONDS = 2.0  # the cold deployment's downscale delay
+SETTINGS = {"runtime": "ray", "cold_idle_seconds": IDLE_SECONDS, "request_timeout_seconds": 90}
 
 
 @dataclass
 class Served:
     gw: Gateway
+    root: Path  # the gateway's data directory
+    database: str
     embeddings: str  # the cold embeddings deployment's ID
     chat: str  # the warm chat deployment's ID
 
@@ -59,15 +69,36 @@ async def served(
     ray_cluster: None, tmp_path_factory: pytest.TempPathFactory, recipes: Path
 ) -> AsyncIterator[Served]:
     root = tmp_path_factory.mktemp("ray")
-    settings = {"runtime": "ray", "cold_idle_seconds": IDLE_SECONDS, "request_timeout_seconds": 90}
     database, model = f"sqlite:///{root / 'db.sqlite'}", recipes.joinpath(*ST_RECIPE)
-    async with in_process(root, database, model, **settings) as gw:
+    async with in_process(root, database, model, **SETTINGS) as gw:
         embeddings = (await gw.deploy())["id"]
         pushed = await push_folder(gw.client, gw.key, long_context_copy(recipes, root), "text-generation")
         body = {"model": "chat", "artifact_id": pushed["artifact"]["id"], "readiness": "warm"}
         chat = ok(await gw.client.post("/v1/deployments", json=body, headers=bearer(gw.key)), 201)["id"]
         await until(lambda: gw.show(chat, "ready"), timeout=120)
-        yield Served(gw, embeddings, chat)
+        yield Served(gw, root, database, embeddings, chat)
+
+
+@contextlib.asynccontextmanager
+async def second_gateway(served: Served) -> AsyncIterator[tuple[httpx.AsyncClient, Services]]:
+    """Another gateway on the same database, files and Ray cluster (what a second machine would run)."""
+    services = Services.build(make_settings(served.root, served.database, worker_threads=1, **SETTINGS))
+    transport = httpx.ASGITransport(app=create_app(services=services), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://second.test") as client:
+        try:
+            yield client, services
+        finally:
+            await services.runtime.shutdown()
+            services.close()
+
+
+def serve_replica_pids(app: str) -> list[int]:
+    """PIDs of the application's live Serve replica actors, from the GCS actor table (no dashboard)."""
+    from ray._private import state
+
+    prefix = f"SERVE_REPLICA::{app}#"
+    actors = state.actors(actor_state_name="ALIVE").values()
+    return [int(actor["Pid"]) for actor in actors if str(actor.get("Name", "")).startswith(prefix)]
 
 
 def replica_of(served: Served, deployment_id: str) -> RayServeReplica:
@@ -156,6 +187,36 @@ async def test_a_cold_deployment_scales_to_zero_when_idle_and_from_zero_on_a_req
     answer = ok(await served.gw.embed("scaled from zero"))
     assert len(answer["data"][0]["embedding"]) == 32
     assert running(served.embeddings) == 1
+
+
+async def test_two_gateways_share_one_serve_application_billed_once_and_it_outlives_either(
+    served: Served,
+) -> None:
+    gw, app = served.gw, served.chat
+    assert gw.services is not None
+    request = {"model": "chat", "messages": MESSAGES, "max_tokens": 2}
+    pids = serve_replica_pids(app)
+    async with second_gateway(served) as (client, second):
+        ok(await client.post("/v1/chat/completions", json=request, headers=bearer(gw.key)))
+        assert serve_replica_pids(app) == pids  # it deployed the same application: the replica carried on
+        replicas = [replica_of(served, app), second.runtime._runtimes[app].replicas[0]]
+        for replica in replicas:  # both read the replica's own report, whichever node it runs on
+            assert await until(lambda r=replica: r.stats().rss_bytes > 0, timeout=10)  # type: ignore[misc]
+        for _ in range(2):
+            for services in (gw.services, second):
+                services.billing.meter.tick()
+                await asyncio.sleep(0.05)
+    with gw.services.database.transaction() as session:
+        meters = session.scalars(select(Meter).where(Meter.deployment_id == app)).all()
+        entries = session.scalars(
+            select(LedgerEntry).where(LedgerEntry.deployment_id == app).order_by(LedgerEntry.period_start_ms)
+        ).all()
+    assert [(m.id, m.ended_ms) for m in meters] == [(shared_meter_id(f"serve:{app}"), None)]  # still open
+    assert len(entries) >= 4 and all(e.bytes > 0 for e in entries)
+    for before, after in itertools.pairwise(entries):  # every millisecond billed once, by either
+        assert before.period_end_ms == after.period_start_ms
+    assert serve_replica_pids(app) == pids  # the second gateway's exit left the application running
+    ok(await chat(served, max_tokens=2))
 
 
 async def test_patching_readiness_rescales_the_serve_application_in_place(served: Served) -> None:

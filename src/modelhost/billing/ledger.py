@@ -10,6 +10,7 @@ bills nothing twice. The balance is the grant minus the sum of the ledger, nothi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from modelhost.billing.rates import Rates, carry_text, charge
@@ -26,6 +28,8 @@ from modelhost.store.types import new_id
 
 COMPUTE = "compute"
 STORAGE = "storage"
+# The owner of a shared compute meter (a Ray Serve application): every gateway using it ticks it.
+SHARED = "shared"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,12 @@ def storage_meter_id(artifact_id: str, version: str) -> str:
     return "mst_" + hashlib.sha256(f"{artifact_id}:{version}".encode()).hexdigest()[:32]
 
 
+def shared_meter_id(key: str) -> str:
+    """The compute meter of something several gateways use (a Ray Serve application), with an ID each
+    derives alike: whichever gateway ticks first bills a period, the others find it billed."""
+    return "msh_" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
 class Ledger:
     def __init__(self, database: Database, rates: Rates) -> None:
         self._database = database
@@ -87,17 +97,31 @@ class Ledger:
     # ---------------------------------------------------------------- compute meters
 
     def open_compute(
-        self, *, owner: str, account_id: str, deployment_id: str, model: str, artifact_id: str, now_ms: int
+        self,
+        *,
+        owner: str,
+        account_id: str,
+        deployment_id: str,
+        model: str,
+        artifact_id: str,
+        now_ms: int,
+        shared: str | None = None,
     ) -> str:
-        """A replica starts loading: it costs from now on."""
+        """A replica starts loading: it costs from now on. A `shared` replica's meter is opened once
+        for all gateways (reopened after it was closed), and billed by whichever ticks first."""
+        fields = {
+            "account_id": account_id,
+            "deployment_id": deployment_id,
+            "model": model,
+            "artifact_id": artifact_id,
+        }
+        if shared is not None:
+            return self._open_shared(shared_meter_id(shared), fields, now_ms)
         with self._database.transaction() as session:
             meter = Meter(
                 id=new_id("mtr"),
                 kind=COMPUTE,
-                account_id=account_id,
-                deployment_id=deployment_id,
-                model=model,
-                artifact_id=artifact_id,
+                **fields,
                 owner=owner,
                 bytes=0,
                 started_ms=now_ms,
@@ -106,6 +130,31 @@ class Ledger:
             )
             session.add(meter)
             return meter.id
+
+    def _open_shared(self, meter_id: str, fields: dict[str, str], now_ms: int) -> str:
+        # IntegrityError: another gateway inserted it at the same moment.
+        with contextlib.suppress(IntegrityError), self._database.transaction() as session:
+            meter = session.get(Meter, meter_id)
+            if meter is None:
+                session.add(
+                    Meter(
+                        id=meter_id,
+                        kind=COMPUTE,
+                        **fields,
+                        owner=SHARED,
+                        bytes=0,
+                        started_ms=now_ms,
+                        billed_until_ms=now_ms,
+                        carry="0",
+                    )
+                )
+            elif meter.ended_ms is not None:  # closed since: it costs again from now
+                session.execute(
+                    update(Meter)
+                    .where(Meter.id == meter_id, Meter.ended_ms.is_not(None))
+                    .values(ended_ms=None, started_ms=now_ms, billed_until_ms=now_ms, carry="0", bytes=0)
+                )
+        return meter_id
 
     def bill_compute(self, readings: Iterable[ComputeReading], close: bool = False) -> list[Billed]:
         """One tick of this gateway's replicas (or the last one of a replica, with `close`)."""
@@ -254,30 +303,16 @@ class Ledger:
         if not ids:
             return {}
         with self._database.transaction() as session:
-            granted = dict(
-                session.execute(
-                    select(Account.id, Account.credits_granted_micro).where(Account.id.in_(ids))
-                ).all()
-            )
-            spent = dict(
-                session.execute(
-                    select(LedgerEntry.account_id, func.sum(LedgerEntry.amount_micro))
-                    .where(LedgerEntry.account_id.in_(ids))
-                    .group_by(LedgerEntry.account_id)
-                ).all()
-            )
-        return {account: grant - int(spent.get(account) or 0) for account, grant in granted.items()}
+            totals = _granted_and_spent_in(session, ids)
+        return {account: granted - spent for account, (granted, spent) in totals.items()}
 
-    def spent_micro(self, account_id: str) -> int:
+    def usage(self, account_id: str, start_ms: int, end_ms: int) -> Usage | None:
+        """Credits in `[start, end)` (by the end of each tick's period), with three breakdowns, and the
+        balance read in the same transaction; None when the account does not exist."""
         with self._database.transaction() as session:
-            total = session.scalar(
-                select(func.sum(LedgerEntry.amount_micro)).where(LedgerEntry.account_id == account_id)
-            )
-        return int(total or 0)
-
-    def usage(self, account_id: str, granted_micro: int, start_ms: int, end_ms: int) -> Usage:
-        """Credits in `[start, end)` (by the end of each tick's period), with three breakdowns."""
-        with self._database.transaction() as session:
+            totals = _granted_and_spent_in(session, [account_id]).get(account_id)
+            if totals is None:
+                return None
             rows = session.execute(
                 select(
                     LedgerEntry.kind,
@@ -308,7 +343,7 @@ class Ledger:
                     )
                 ).all()
             )
-        usage = Usage(granted_micro=granted_micro, spent_micro=self.spent_micro(account_id))
+        usage = Usage(granted_micro=totals[0], spent_micro=totals[1])
         deployments: dict[str, UsageLine] = {}
         artifacts: dict[str, UsageLine] = {}
         days: dict[str, UsageLine] = {}
@@ -334,3 +369,20 @@ class Ledger:
         usage.by_artifact = sorted(artifacts.values(), key=lambda line: line.key)
         usage.by_day = sorted(days.values(), key=lambda line: line.key)
         return usage
+
+
+def _granted_and_spent_in(session: Session, account_ids: list[str]) -> dict[str, tuple[int, int]]:
+    """`(credits granted, credits spent)` in micro-credits per existing account."""
+    granted = dict(
+        session.execute(
+            select(Account.id, Account.credits_granted_micro).where(Account.id.in_(account_ids))
+        ).all()
+    )
+    spent = dict(
+        session.execute(
+            select(LedgerEntry.account_id, func.sum(LedgerEntry.amount_micro))
+            .where(LedgerEntry.account_id.in_(account_ids))
+            .group_by(LedgerEntry.account_id)
+        ).all()
+    )
+    return {account: (grant, int(spent.get(account) or 0)) for account, grant in granted.items()}

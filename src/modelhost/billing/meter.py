@@ -1,5 +1,9 @@
 """This gateway's compute meters: one per replica it loads, ticked with the replica's measured memory.
 
+A replica this gateway alone runs (a local worker) has a meter of its own. One that gateways share (a
+Ray Serve application) has one meter for all of them: each gateway using it ticks it, the first tick
+of a period bills it, and only unloading the application (not a gateway's exit) closes it.
+
 The runtime reports `replica_started` before a replica starts loading and `replica_stopped` before
 (or, for a replica that died, after) it goes away; `tick` bills every open meter up to now. All
 writes of this gateway's meters are serialized by one lock; the ledger's guarded updates keep other
@@ -31,6 +35,8 @@ class Measured(Protocol):
     """What the meter reads of a replica: its resident memory."""
 
     def stats(self) -> ReplicaStats: ...
+    @property
+    def shared_meter(self) -> str | None: ...
 
 
 @dataclass(slots=True)
@@ -63,16 +69,18 @@ class ComputeMeter:
                 model=spec.model,
                 artifact_id=spec.artifact_id,
                 now_ms=self._clock.now_ms(),
+                shared=replica.shared_meter,
             )
             self._open[id(replica)] = _OpenMeter(meter_id, replica)
 
-    def replica_stopped(self, replica: Measured) -> list[Billed]:
-        """Bill the replica's last period and close its meter (measured now if it still runs)."""
+    def replica_stopped(self, replica: Measured, *, close: bool = True) -> list[Billed]:
+        """Bill the replica's last period and close its meter (measured now if it still runs). Without
+        `close`, this gateway only stops ticking it: other gateways bill a shared replica from here."""
         with self._lock:
             meter = self._open.pop(id(replica), None)
             if meter is None:
                 return []
-            billed = self._ledger.bill_compute([self._reading(meter)], close=True)
+            billed = self._ledger.bill_compute([self._reading(meter)], close=close)
         count(billed)
         return billed
 

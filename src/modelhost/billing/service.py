@@ -20,10 +20,8 @@ from modelhost.billing.meter import ComputeMeter, count
 from modelhost.billing.rates import to_credits
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.clock import Clock
-from modelhost.errors import InsufficientCredits, NotFound
+from modelhost.errors import InsufficientCredits, InvalidRequest, NotFound
 from modelhost.services.deployments import DeploymentSpec
-from modelhost.store.db import Database
-from modelhost.store.models import Account
 
 log = logging.getLogger("modelhost.billing")
 
@@ -31,7 +29,6 @@ log = logging.getLogger("modelhost.billing")
 class Billing:
     def __init__(
         self,
-        database: Database,
         ledger: Ledger,
         meter: ComputeMeter,
         clock: Clock,
@@ -40,7 +37,6 @@ class Billing:
         tick_seconds: float,
         balance_cache: TTLCache[int],
     ) -> None:
-        self._database = database
         self.ledger = ledger
         self.meter = meter
         self.clock = clock
@@ -59,12 +55,16 @@ class Billing:
         self._balances.put(account_id, balance)
         return balance
 
+    def _cached_balance(self, account_id: str) -> int | None:
+        found, balance = self._balances.get(account_id)
+        return balance if found else None
+
     async def require_credits(self, account_id: str) -> None:
         """The request path: 402 when the account is out of credits (cached read)."""
         if not self.enforce:
             return
-        found, balance = self._balances.get(account_id)
-        if not found or balance is None:
+        balance = self._cached_balance(account_id)
+        if balance is None:
             balance = await self._balance_loads.load(account_id, lambda: self.balance_micro(account_id))
         _refuse_if_exhausted(balance)
 
@@ -72,10 +72,8 @@ class Billing:
         """The runtime asks before loading a replica (called off the event loop)."""
         if not self.enforce:
             return
-        found, balance = self._balances.get(spec.account_id)
-        _refuse_if_exhausted(
-            balance if found and balance is not None else self.balance_micro(spec.account_id)
-        )
+        balance = self._cached_balance(spec.account_id)
+        _refuse_if_exhausted(self.balance_micro(spec.account_id) if balance is None else balance)
 
     def forget(self, account_id: str) -> None:
         """After a top-up or correction: the next request reads the new balance."""
@@ -129,12 +127,11 @@ class Billing:
         month = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         start = start or month
         end = end or (month + timedelta(days=32)).replace(day=1)
-        with self._database.transaction() as session:
-            account = session.get(Account, account_id)
-            if account is None:
-                raise NotFound("Account not found", param="account_id", code="account_not_found")
-            granted = account.credits_granted_micro
-        usage = self.ledger.usage(account_id, granted, _ms(start), _ms(end))
+        if start >= end:  # given both, or one that falls on the wrong side of the default month
+            raise InvalidRequest("`end` must be after `start`.", param="end")
+        usage = self.ledger.usage(account_id, _ms(start), _ms(end))
+        if usage is None:
+            raise NotFound("Account not found", param="account_id", code="account_not_found")
         return usage, start, end
 
 

@@ -1,4 +1,4 @@
-"""`Replica` backed by a local worker process, spoken to over a Unix socketpair."""
+"""`Replica` backed by a local worker process, spoken to over a Unix socketpair (the default backend)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,15 @@ import os
 import socket
 import sys
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from modelhost.config import Settings
 from modelhost.runtime.channel import frame, read_message
 from modelhost.runtime.memory import rss_bytes
-from modelhost.runtime.replica import ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
+from modelhost.runtime.replica import Replica, ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
+
+if TYPE_CHECKING:
+    from modelhost.services.deployments import DeploymentSpec
 
 log = logging.getLogger("modelhost.runtime")
 _ids = itertools.count(1)
@@ -51,6 +55,7 @@ class LocalProcessReplica:
         self._stopping = False
         self._exited = asyncio.Event()
         self.load_seconds: float | None = None
+        self.shared_meter: str | None = None  # this gateway's process: billed on a meter of its own
 
     @property
     def alive(self) -> bool:
@@ -172,6 +177,13 @@ class LocalProcessReplica:
             self._writer = self._reader = None
         self._fail_pending(ReplicaDied("the replica was unloaded"))
 
+    async def detach(self) -> None:
+        """The process is this gateway's alone: it stops with it."""
+        await self.unload()
+
+    async def rescale(self, deployment: DeploymentSpec) -> None:
+        """Nothing to do: the manager starts `min_replicas` processes at the next load."""
+
     def stats(self) -> ReplicaStats:
         return ReplicaStats(
             pid=self.pid,
@@ -220,3 +232,33 @@ class LocalProcessReplica:
         for queue in self._streams.values():
             queue.put_nowait(error)
         self.generating = 0
+
+
+class LocalBackend:
+    """Worker processes on this machine: `min_replicas` of them per loaded deployment."""
+
+    scales_itself = False
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def new_replica(
+        self, deployment: DeploymentSpec, on_exit: Callable[[Replica], None], replicas: int
+    ) -> Replica:
+        spec = ReplicaSpec(
+            deployment_id=deployment.id,
+            pipeline=deployment.pipeline,
+            model_dir=deployment.model_dir,
+            # Replicas of one deployment share the cores rather than oversubscribing them.
+            threads=self._settings.worker_threads or max(1, (os.cpu_count() or 1) // max(1, replicas)),
+            device=self._settings.device,
+        )
+        return LocalProcessReplica(
+            spec,
+            on_exit=on_exit,
+            load_timeout=self._settings.load_timeout_seconds,
+            warmup=deployment.readiness == "hot",
+        )
+
+    async def close(self) -> None:
+        """Nothing is left: every worker stopped with its deployment's runtime."""

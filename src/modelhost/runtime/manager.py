@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
@@ -22,8 +21,8 @@ from modelhost.config import Settings
 from modelhost.errors import DeploymentUnavailable, InvalidRequest, ModelhostError, NotFound, Overloaded
 from modelhost.runtime import metrics
 from modelhost.runtime.batcher import Batcher
-from modelhost.runtime.local import LocalProcessReplica, WorkerError
-from modelhost.runtime.replica import Replica, ReplicaDied, ReplicaLoadFailed, ReplicaSpec
+from modelhost.runtime.local import LocalBackend, WorkerError
+from modelhost.runtime.replica import Replica, ReplicaBackend, ReplicaDied, ReplicaLoadFailed
 from modelhost.services.deployments import DeploymentSpec, LiveStatus
 from modelhost.tasks.registry import served
 
@@ -38,7 +37,7 @@ class ReplicaMeter(Protocol):
     """Billing's view of replicas: each costs from the moment it starts loading until it goes away."""
 
     def replica_started(self, replica: Replica, spec: DeploymentSpec) -> None: ...
-    def replica_stopped(self, replica: Replica) -> object: ...
+    def replica_stopped(self, replica: Replica, *, close: bool = True) -> object: ...
 
 
 def _event_error(error: dict[str, Any]) -> ModelhostError:
@@ -171,10 +170,9 @@ class DeploymentRuntime:
             raise
         self.state, self.reason, self._unloading = "loading", None, False
         started = time.perf_counter()
-        # Ray Serve scales its own replicas: one `RayServeReplica` stands for all of them.
-        ray = self._manager.settings.runtime == "ray"
-        count = 1 if ray else max(1, self.spec.min_replicas)
-        replicas = [self._manager.new_replica(self) for _ in range(count)]
+        backend = self._manager.backend
+        count = 1 if backend.scales_itself else max(1, self.spec.min_replicas)
+        replicas = [backend.new_replica(self.spec, self.on_replica_exit, count) for _ in range(count)]
         self._loading = replicas  # visible to unload(): a delete during the load stops these too
         try:
             await asyncio.gather(*(self._manager.metered(r, self.spec) for r in replicas))
@@ -191,7 +189,7 @@ class DeploymentRuntime:
             self._fail(str(errors[0]) if isinstance(errors[0], ReplicaLoadFailed) else repr(errors[0]))
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
         self.replicas = replicas
-        most = self.spec.max_replicas if ray else len(replicas)
+        most = self.spec.max_replicas if backend.scales_itself else len(replicas)
         self.batcher.resize(max(1, most) * self._manager.settings.batches_in_flight_per_replica)
         self.state = "ready"
         self.last_cold_start = time.perf_counter() - started
@@ -215,10 +213,11 @@ class DeploymentRuntime:
         with contextlib.suppress(ModelhostError):  # the state records why
             await self.ensure_loaded()
 
-    async def unload(self) -> None:
+    async def unload(self, *, detach: bool = False) -> None:
+        """Stop the replicas; with `detach` (gateway shutdown), leave shared ones to other gateways."""
         self._unloading = True
         replicas, self.replicas = [*self.replicas, *self._loading], []
-        await self._manager.stop(replicas)
+        await self._manager.stop(replicas, detach=detach)
         if self.state != "failed":
             self.state = "unloaded"
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(0)
@@ -269,8 +268,10 @@ class ReplicaManager:
         clock: Clock | None = None,
         meter: ReplicaMeter | None = None,
         load_guard: Callable[[DeploymentSpec], None] | None = None,
+        backend: ReplicaBackend | None = None,
     ) -> None:
         self.settings = settings
+        self.backend = backend or backend_of(settings)
         self.clock = clock or SystemClock()
         self._specs = specs
         self._hot_specs = hot_specs
@@ -291,51 +292,26 @@ class ReplicaManager:
         if self._meter is not None:
             await asyncio.to_thread(self._meter.replica_started, replica, spec)
 
-    async def stop(self, replicas: list[Replica]) -> None:
-        """Bill replicas up to now, then stop them; a replica's meter closes even if it will not stop."""
+    async def stop(self, replicas: list[Replica], *, detach: bool = False) -> None:
+        """Bill replicas up to now, then stop them; a replica's meter closes even if it will not stop.
+
+        With `detach` (this gateway shuts down), a replica other gateways share stays up and its meter
+        open: they go on billing and serving it."""
         if self._meter is not None:
             meter = self._meter
-            await asyncio.gather(
-                *(asyncio.to_thread(meter.replica_stopped, r) for r in replicas), return_exceptions=True
-            )
-        await asyncio.gather(*(r.unload() for r in replicas), return_exceptions=True)
+
+            def bill(replica: Replica) -> object:
+                return meter.replica_stopped(replica, close=not (detach and replica.shared_meter))
+
+            await asyncio.gather(*(asyncio.to_thread(bill, r) for r in replicas), return_exceptions=True)
+        await asyncio.gather(
+            *((r.detach() if detach else r.unload()) for r in replicas), return_exceptions=True
+        )
 
     def in_background(self, work: Any) -> None:
         task = asyncio.ensure_future(work)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
-
-    def new_replica(self, runtime: DeploymentRuntime) -> Replica:
-        if self.settings.runtime == "ray":
-            return self._new_ray_replica(runtime)
-        spec = ReplicaSpec(
-            deployment_id=runtime.spec.id,
-            pipeline=runtime.spec.pipeline,
-            model_dir=runtime.spec.model_dir,
-            # Replicas of one deployment share the cores rather than oversubscribing them.
-            threads=self.settings.worker_threads
-            or max(1, (os.cpu_count() or 1) // max(1, runtime.spec.min_replicas)),
-            device=self.settings.device,
-        )
-        return LocalProcessReplica(
-            spec,
-            on_exit=runtime.on_replica_exit,
-            load_timeout=self.settings.load_timeout_seconds,
-            warmup=runtime.spec.readiness == "hot",
-        )
-
-    def _new_ray_replica(self, runtime: DeploymentRuntime) -> Replica:
-        """The deployment as a Ray Serve application (imported here: the local runtime needs no Ray)."""
-        from modelhost.runtime.ray_backend import RayServeReplica
-
-        spec = ReplicaSpec(
-            deployment_id=runtime.spec.id,
-            pipeline=runtime.spec.pipeline,
-            model_dir=runtime.spec.model_dir,
-            threads=self.settings.worker_threads or 1,  # the gateway's cores say nothing of the cluster's
-            device=self.settings.device,
-        )
-        return RayServeReplica(spec, self.settings, runtime.spec)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -356,13 +332,10 @@ class ReplicaManager:
         )
         for task in list(self.background):
             task.cancel()
-        await asyncio.gather(*(rt.unload() for rt in runtimes), return_exceptions=True)
+        await asyncio.gather(*(rt.unload(detach=True) for rt in runtimes), return_exceptions=True)
         for rt in runtimes:
             rt.batcher.close()
-        if self.settings.runtime == "ray":  # our Serve applications are deleted: leave Ray if we joined it
-            from modelhost.runtime import ray_backend
-
-            await asyncio.to_thread(ray_backend.disconnect)
+        await self.backend.close()
 
     # ---------------------------------------------------------------- deployments
 
@@ -376,12 +349,9 @@ class ReplicaManager:
         runtime.spec = spec
         if runtime.wants_loaded and runtime.state in ("unloaded", "failed"):
             runtime.load_in_background()
-        elif self.settings.runtime == "ray" and runtime.state == "ready":  # Serve rescales in place
-            from modelhost.runtime.ray_backend import RayServeReplica
-
+        elif runtime.state == "ready":  # Ray Serve applies new autoscaling in place
             for replica in runtime.replicas:
-                if isinstance(replica, RayServeReplica):
-                    self.in_background(replica.rescale(spec))
+                self.in_background(replica.rescale(spec))
 
     async def unload_account(self, account_id: str) -> None:
         """The account ran out of credits: unload its replicas (they stay down until a top-up)."""
@@ -442,10 +412,19 @@ class ReplicaManager:
             idle = now - runtime.last_used
             if (
                 runtime.spec.readiness == "cold"
-                and self.settings.runtime != "ray"  # Ray Serve scales a cold application to zero itself
+                and not self.backend.scales_itself  # Ray Serve scales a cold application to zero itself
                 and runtime.state == "ready"
                 and not runtime.busy
                 and idle >= self.settings.cold_idle_seconds
             ):
                 log.info("unloading idle cold deployment %s after %.0fs", runtime.spec.id, idle)
                 await runtime.unload()
+
+
+def backend_of(settings: Settings) -> ReplicaBackend:
+    """The backend `MODELHOST_RUNTIME` names (Ray is imported only for `ray`: the default needs none)."""
+    if settings.runtime == "ray":
+        from modelhost.runtime.ray_backend import RayBackend
+
+        return RayBackend(settings)
+    return LocalBackend(settings)

@@ -8,6 +8,12 @@ autoscaling (`cold` → `min_replicas: 0`, scaling to zero after `cold_idle_seco
 least one replica), so the manager holds a single `RayServeReplica` per deployment whatever its
 `min_replicas`, and Serve restarts replicas that die.
 
+The application belongs to the cluster, not to a gateway: every gateway on the cluster serves a
+deployment through the same application (deploying it again with the same arguments changes nothing),
+bills it on one shared meter, and leaves it running when the gateway exits. Only unloading the
+deployment (deleted, out of credits, failed to load) deletes it. Replicas report their resident memory
+to a `MemoryBoard` actor, so a replica on any node is measured.
+
 Batching stays where it is: the gateway's `Batcher` groups requests and each group is one `run` call on
 a replica, so a replica still computes whole batches. Generation streams through a streaming handle;
 closing the stream cancels the Ray response, and the replica drops the sequence at its next step.
@@ -42,7 +48,7 @@ from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.runtime.local import WORKER_ENV, WorkerError
 from modelhost.runtime.memory import rss_bytes
-from modelhost.runtime.replica import ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
+from modelhost.runtime.replica import Replica, ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
 from modelhost.services.deployments import DeploymentSpec
 from modelhost.tasks.base import error_of
 
@@ -52,10 +58,63 @@ DEPLOYMENT = "model"  # the Serve deployment's name inside each application
 # Requests one Serve replica takes at once: batches are one at a time anyway (the gateway's batcher
 # limits them), generations share the engine's continuous batch (64 sequences in `tasks.generation`).
 MAX_ONGOING_REQUESTS = 64
-# How often the gateway re-reads which Serve replica processes run on its node (for their memory).
+# How often replicas report their memory, and how often a gateway reads the reports; a replica whose
+# report is older than `REPORT_STALE_SECONDS` has stopped (killed, scaled down).
+REPORT_SECONDS = 1.0
 REFRESH_SECONDS = 2.0
+REPORT_STALE_SECONDS = 3 * REPORT_SECONDS
+BOARD_NAME, BOARD_NAMESPACE = "modelhost-memory", "modelhost"
 _connect_lock = threading.Lock()
 _started_ray = False
+
+
+@ray.remote(num_cpus=0)
+class MemoryBoard:
+    """Serve replicas' resident memory, reported by the replicas themselves (one detached actor per
+    cluster): a gateway cannot read the memory of a process on another node."""
+
+    def __init__(self) -> None:
+        self._reports: dict[str, tuple[str, int, int, float]] = {}  # replica → (app, pid, rss, when)
+
+    def report(self, replica: str, app: str, pid: int, rss: int) -> None:
+        self._reports[replica] = (app, pid, rss, time.monotonic())
+
+    def leave(self, replica: str) -> None:
+        self._reports.pop(replica, None)
+
+    def read(self, app: str) -> list[tuple[int, int]]:
+        """`(pid, rss bytes)` of each replica of `app` that reported lately."""
+        fresh = time.monotonic() - REPORT_STALE_SECONDS
+        self._reports = {k: r for k, r in self._reports.items() if r[3] >= fresh}
+        return [(pid, rss) for name, pid, rss, _ in self._reports.values() if name == app]
+
+
+def memory_board() -> Any:
+    """The cluster's `MemoryBoard`, created by whoever asks first."""
+    return MemoryBoard.options(  # type: ignore[attr-defined]
+        name=BOARD_NAME, namespace=BOARD_NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote()
+
+
+class _MemoryReporter(threading.Thread):
+    """Reports this replica's resident memory every `REPORT_SECONDS`, from before the model loads
+    (loading costs memory too) until the replica stops."""
+
+    def __init__(self) -> None:
+        super().__init__(name="memory-report", daemon=True)
+        self.app = serve.get_replica_context().app_name
+        self.key = ray.get_runtime_context().get_actor_id() or f"pid-{os.getpid()}"
+        self.board = memory_board()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            self.board.report.remote(self.key, self.app, os.getpid(), rss_bytes(os.getpid()))
+            self.stopped.wait(REPORT_SECONDS)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.board.leave.remote(self.key)
 
 
 class ModelServer:
@@ -67,6 +126,8 @@ class ModelServer:
     def __init__(self, pipeline: str, model_dir: str, threads: int, device: str, warmup: bool) -> None:
         from modelhost.runtime import worker  # in the actor: imports torch and the handlers
 
+        self._reporter = _MemoryReporter()
+        self._reporter.start()
         os.environ.update(WORKER_ENV)
         self._handler, self._state = worker._load(
             argparse.Namespace(pipeline=pipeline, model_dir=Path(model_dir), threads=threads, device=device)
@@ -82,6 +143,11 @@ class ModelServer:
         self._streams: dict[int, asyncio.Queue[dict[str, Any]]] = {}
         self._wake: asyncio.Event | None = None
         self._stepper: asyncio.Task[None] | None = None
+
+    def __del__(self) -> None:
+        """Serve stops the replica (scaled down, deleted): its memory is no longer reported."""
+        with contextlib.suppress(Exception):
+            self._reporter.stop()
 
     async def run(self, batch: list[Any]) -> list[Any]:
         """One batch from the gateway's batcher, as one model call."""
@@ -171,8 +237,8 @@ def connect(settings: Settings) -> None:
 
 
 def disconnect() -> None:
-    """Leave Ray if this module started it. Serve itself is left running: other gateways may share the
-    cluster, and each gateway deletes only its own applications (`RayServeReplica.unload`)."""
+    """Leave Ray if this module started it. Serve and its applications are left running: other
+    gateways share them, and an application is deleted only with its deployment."""
     global _started_ray
     with _connect_lock:
         if _started_ray and ray.is_initialized():
@@ -202,20 +268,6 @@ def autoscaling(readiness: str, min_replicas: int, max_replicas: int, idle_secon
     }
 
 
-def serve_replica_pids(app: str) -> list[int | None]:
-    """The application's live Serve replica actors (from the GCS actor table, which needs no dashboard):
-    the PID of each one on this node, None for one on another node (its PID means nothing here)."""
-    from ray._private import state
-
-    here = ray.get_runtime_context().get_node_id()
-    prefix = f"SERVE_REPLICA::{app}#"
-    return [
-        int(actor["Pid"]) if actor.get("Address", {}).get("NodeID") == here else None
-        for actor in state.actors(actor_state_name="ALIVE").values()
-        if str(actor.get("Name", "")).startswith(prefix)
-    ]
-
-
 class RayServeReplica:
     """The manager's one replica for a deployment on Ray Serve; Serve runs and scales the actors."""
 
@@ -232,10 +284,11 @@ class RayServeReplica:
         self._request_ids = itertools.count(1)
         self._pending: dict[int, Any] = {}  # request id → its Ray response (`cancel()` on both kinds)
         self._streams: set[int] = set()
-        self._pids: list[int | None] = []
+        self._memory: list[tuple[int, int]] = []  # (pid, rss) of each replica, as last reported
         self._refresher: asyncio.Task[None] | None = None
         self.load_seconds: float | None = None
         self.pid: int | None = None  # no one process: Serve places the actors
+        self.shared_meter: str | None = f"serve:{self.name}"  # every gateway serves the same application
 
     @property
     def alive(self) -> bool:
@@ -342,35 +395,64 @@ class RayServeReplica:
             response.cancel()
 
     async def unload(self) -> None:
-        """Delete the Serve application (its replicas stop with it). Idempotent."""
+        """Delete the Serve application (its replicas stop with it), for every gateway. Idempotent."""
+        await self.detach()
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):  # already gone, or Serve shut down under us
+                await asyncio.to_thread(serve.delete, self.name)
+
+    async def detach(self) -> None:
+        """This gateway stops using the application; it keeps running for the other gateways."""
         self._stopping = True
         if self._refresher is not None:
             self._refresher.cancel()
         for response in list(self._pending.values()):
             response.cancel()
-        self._pids = []
-        if ray.is_initialized():
-            with contextlib.suppress(Exception):  # already gone, or Serve shut down under us
-                await asyncio.to_thread(serve.delete, self.name)
+        self._memory = []
 
     def stats(self) -> ReplicaStats:
-        """Memory is the sum of the Serve replicas' resident memory, measured from /proc like a local
-        worker's, for replicas on this node; replicas on other nodes count as processes (billing bills
-        each at least the minimum billed memory) but cannot be measured from here."""
+        """The Serve replicas' resident memory, as they last reported it (on whichever node)."""
         return ReplicaStats(
             pid=None,
-            rss_bytes=sum(rss_bytes(pid) for pid in self._pids if pid is not None),
+            rss_bytes=sum(rss for _, rss in self._memory),
             load_seconds=self.load_seconds,
             in_flight=self.in_flight,
-            processes=len(self._pids),
+            processes=len(self._memory),
         )
 
     async def _refresh(self) -> None:
-        """Re-read the replica processes now and then: Serve starts, restarts and stops them by itself."""
+        """Re-read the replicas' reports now and then: Serve starts, restarts and stops them by itself."""
+        board = memory_board()
         while not self._stopping:
             with contextlib.suppress(Exception):  # a missed reading keeps the last one
-                self._pids = await asyncio.to_thread(serve_replica_pids, self.name)
+                self._memory = list(await board.read.remote(self.name))
             await asyncio.sleep(REFRESH_SECONDS)
+
+
+class RayBackend:
+    """Deployments as Ray Serve applications (`MODELHOST_RUNTIME=ray`): Serve scales their replicas."""
+
+    scales_itself = True
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def new_replica(
+        self, deployment: DeploymentSpec, on_exit: Callable[[Replica], None], replicas: int
+    ) -> Replica:
+        """The deployment's application; `on_exit` is unused: Serve restarts replicas that die."""
+        spec = ReplicaSpec(
+            deployment_id=deployment.id,
+            pipeline=deployment.pipeline,
+            model_dir=deployment.model_dir,
+            threads=self._settings.worker_threads or 1,  # the gateway's cores say nothing of the cluster's
+            device=self._settings.device,
+        )
+        return RayServeReplica(spec, self._settings, deployment)
+
+    async def close(self) -> None:
+        """Leave Ray if this gateway joined it; the applications stay for other gateways."""
+        await asyncio.to_thread(disconnect)
 
 
 def _failure(exc: RayError | RayServeException) -> Exception:

@@ -1,12 +1,16 @@
-"""The replica interface. Local worker processes implement it now; a Ray Serve backend can later,
-without touching callers: `load`, `submit(batch)`, `stream(request)`, `cancel`, `unload`, `stats`."""
+"""The replica interface, which the manager uses whichever backend runs the models: local worker
+processes (`local`, the default) or Ray Serve applications (`ray_backend`). A backend makes replicas;
+a replica loads, serves batches and generations, and unloads."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from modelhost.services.deployments import DeploymentSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +50,26 @@ class Replica(Protocol):
     async def submit(self, batch: list[Any]) -> list[Any]: ...
     def stream(self, request: Any) -> AsyncGenerator[dict[str, Any], None]: ...
     async def cancel(self, request_id: int) -> None: ...
-    async def unload(self) -> None: ...
+    async def unload(self) -> None:
+        """Stop serving the deployment for good: its processes (or Serve application) go away."""
+        ...
+
+    async def detach(self) -> None:
+        """This gateway is shutting down: stop what belongs to it alone (a local worker process), leave
+        what other gateways share (a Serve application) running."""
+        ...
+
+    async def rescale(self, deployment: DeploymentSpec) -> None:
+        """The deployment's readiness or replica bounds changed while loaded (nothing to do locally)."""
+        ...
+
     def stats(self) -> ReplicaStats: ...
+    @property
+    def shared_meter(self) -> str | None:
+        """The billing meter key every gateway uses for this replica when gateways share it (a Serve
+        application); None when this gateway alone runs it and bills it on a meter of its own."""
+        ...
+
     @property
     def alive(self) -> bool: ...
     @property
@@ -57,4 +79,24 @@ class Replica(Protocol):
     @property
     def generating(self) -> int:
         """Sequences its generation engines hold, as last reported."""
+        ...
+
+
+class ReplicaBackend(Protocol):
+    """Makes the replicas of deployments, and knows how many a deployment needs in this gateway."""
+
+    # True when one replica object stands for all of a deployment's processes and the backend scales
+    # and idles them itself (Ray Serve); False when the manager runs `min_replicas` processes and
+    # unloads a cold deployment after its idle window.
+    scales_itself: bool
+
+    def new_replica(
+        self, deployment: DeploymentSpec, on_exit: Callable[[Replica], None], replicas: int
+    ) -> Replica:
+        """One replica of `deployment` (one of `replicas` the manager starts); `on_exit` is called if it
+        dies on its own."""
+        ...
+
+    async def close(self) -> None:
+        """The gateway stops: release what the backend holds (a Ray connection)."""
         ...

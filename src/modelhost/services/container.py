@@ -82,7 +82,6 @@ class Services:
         )
         deployments = DeploymentService(database, artifact_dir, refs_cache)
         billing = Billing(
-            database,
             ledger,
             ComputeMeter(ledger, clock, owner=new_id("gw")),
             clock,
