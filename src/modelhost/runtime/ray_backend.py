@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 import ray
 from ray import serve
+from ray._private import ray_constants
 from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
@@ -230,6 +231,9 @@ def connect(settings: Settings) -> None:
     global _started_ray
     with _connect_lock:
         if not ray.is_initialized():
+            # SIGTERM is how a gateway is stopped, and it shuts down cleanly: keep Ray's C++ failure
+            # handler (installed when the driver connects) from printing a stack trace for it.
+            ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
             address = settings.ray_address or None
             ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING)
             _started_ray = True
@@ -244,6 +248,12 @@ def disconnect() -> None:
         if _started_ray and ray.is_initialized():
             ray.shutdown()
         _started_ray = False
+
+
+def runs_private_ray(settings: Settings) -> bool:
+    """Whether this gateway runs (or will start) its own Ray instance, which nothing else shares and
+    which stops with the gateway: no cluster address, and no Ray started beside it in this process."""
+    return _started_ray or (not settings.ray_address and not ray.is_initialized())
 
 
 def autoscaling(readiness: str, min_replicas: int, max_replicas: int, idle_seconds: float) -> dict[str, Any]:
@@ -288,7 +298,9 @@ class RayServeReplica:
         self._refresher: asyncio.Task[None] | None = None
         self.load_seconds: float | None = None
         self.pid: int | None = None  # no one process: Serve places the actors
-        self.shared_meter: str | None = f"serve:{self.name}"  # every gateway serves the same application
+        # Every gateway on a cluster serves the same application, so they bill it on one meter; a Ray
+        # instance this gateway starts itself dies with it, and so does the application.
+        self.shared_meter: str | None = None if runs_private_ray(settings) else f"serve:{self.name}"
 
     @property
     def alive(self) -> bool:
