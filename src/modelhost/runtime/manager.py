@@ -157,17 +157,17 @@ class DeploymentRuntime:
             await self._load()
 
     async def _load(self) -> None:
+        try:  # first: an account out of credits loads nothing, whatever else is wrong
+            await self._manager.check_can_load(self.spec)
+        except ModelhostError as exc:  # stays unloaded, and says why
+            self.state, self.reason = "unloaded", exc.message
+            raise
         if not served(self.spec.pipeline):
             self._fail(f"no endpoint serves the {self.spec.pipeline} pipeline in this version")
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
         if not self.spec.model_dir.is_dir():
             self._fail("the artifact's published files are missing")
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
-        try:
-            await self._manager.check_can_load(self.spec)
-        except ModelhostError as exc:  # out of credits: stays unloaded, and says why
-            self.state, self.reason = "unloaded", exc.message
-            raise
         self.state, self.reason, self._unloading = "loading", None, False
         started = time.perf_counter()
         backend = self._manager.backend
@@ -231,17 +231,24 @@ class DeploymentRuntime:
             await asyncio.sleep(0.05)
 
     def on_replica_exit(self, replica: Replica) -> None:
-        """A worker died (killed, OOM): drop it and start a replacement unless we are unloading."""
+        """A replica died (a worker killed or out of memory; a Serve application that cannot start a
+        replica): drop it and start a replacement unless we are unloading."""
         if replica not in self.replicas:
             return
         self.replicas.remove(replica)
-        self._manager.in_background(self._manager.stop([replica]))
         metrics.REPLICA_RESTARTS.labels(self.spec.id).inc()
         if self._unloading:
+            self._manager.in_background(self._manager.stop([replica]))
             return
         if not self.replicas:
-            self.state = "unloaded"
-        self.load_in_background()
+            self.state, self.reason = "loading", None  # a replacement is on its way
+        self._manager.in_background(self._replace(replica))
+
+    async def _replace(self, replica: Replica) -> None:
+        """Stop what is left of the replica first: a Serve application is replaced under its own name."""
+        await self._manager.stop([replica])
+        if not self._unloading:  # unloaded or deleted meanwhile
+            await self._quiet_load()
 
     def status(self) -> LiveStatus:
         stats = [r.stats() for r in self.replicas if r.alive]

@@ -31,6 +31,7 @@ import hashlib
 import itertools
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -59,6 +60,10 @@ DEPLOYMENT = "model"  # the Serve deployment's name inside each application
 # Requests one Serve replica takes at once: batches are one at a time anyway (the gateway's batcher
 # limits them), generations share the engine's continuous batch (64 sequences in `tasks.generation`).
 MAX_ONGOING_REQUESTS = 64
+# A model whose replica fails to start this many times in a row does not load: Serve gives up on a
+# first deployment then (its default, 20, takes minutes), and `startup_failure` reports one that has
+# been scaled to zero and cannot start again.
+CONSTRUCTOR_RETRIES = 3
 # How often replicas report their memory, and how often a gateway reads the reports; a replica whose
 # report is older than `REPORT_STALE_SECONDS` has stopped (killed, scaled down).
 REPORT_SECONDS = 1.0
@@ -256,6 +261,27 @@ def runs_private_ray(settings: Settings) -> bool:
     return _started_ray or (not settings.ray_address and not ray.is_initialized())
 
 
+def startup_failure(app: str) -> str | None:
+    """Serve's reason when no replica of the application runs and starting one keeps failing (its
+    model no longer loads: files gone, out of memory), else None. Serve would retry forever and hold
+    requests until they time out."""
+    status = serve.status().applications.get(app)
+    for deployment in status.deployments.values() if status is not None else []:
+        if (
+            deployment.status in ("UNHEALTHY", "DEPLOY_FAILED")
+            and deployment.status_trigger == "REPLICA_STARTUP_FAILED"
+            and not deployment.replica_states.get("RUNNING")  # type: ignore[call-overload]
+        ):
+            return reason_of(deployment.message)
+    return None
+
+
+def reason_of(message: str) -> str:
+    """The last line of a Ray error (the exception itself), without its terminal colours."""
+    lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", message).splitlines() if line.strip()]
+    return lines[-1] if lines else message
+
+
 def autoscaling(readiness: str, min_replicas: int, max_replicas: int, idle_seconds: float) -> dict[str, Any]:
     """Readiness as Ray Serve autoscaling. A cold deployment scales to zero after the idle window; it
     starts with one replica because the manager loads it for a request that is waiting. Warm and hot
@@ -281,8 +307,16 @@ def autoscaling(readiness: str, min_replicas: int, max_replicas: int, idle_secon
 class RayServeReplica:
     """The manager's one replica for a deployment on Ray Serve; Serve runs and scales the actors."""
 
-    def __init__(self, spec: ReplicaSpec, settings: Settings, deployment: DeploymentSpec) -> None:
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        settings: Settings,
+        deployment: DeploymentSpec,
+        on_exit: Callable[[Replica], None],
+    ) -> None:
         self.spec = spec
+        self._on_exit = on_exit
+        self._broken: str | None = None  # why no replica can start (`startup_failure`)
         self.name = spec.deployment_id
         self._settings = settings
         self._scaling = autoscaling(
@@ -328,7 +362,7 @@ class RayServeReplica:
             raise ReplicaLoadFailed("timed out while loading the model") from exc
         except Exception as exc:  # Serve's reason: the constructor's exception, resources, ...
             await self.unload()
-            raise ReplicaLoadFailed(f"{type(exc).__name__}: {exc}") from exc
+            raise ReplicaLoadFailed(reason_of(f"{type(exc).__name__}: {exc}")) from exc
         self.load_seconds = time.perf_counter() - started
         self._refresher = asyncio.create_task(self._refresh())
 
@@ -354,6 +388,7 @@ class RayServeReplica:
             autoscaling_config=self._scaling,
             max_ongoing_requests=MAX_ONGOING_REQUESTS,
             ray_actor_options={"num_cpus": spec.threads},
+            max_constructor_retry_count=CONSTRUCTOR_RETRIES,
         )(ModelServer)
         args = (spec.pipeline, str(spec.model_dir), spec.threads, spec.device, self._warmup)
         # `serve.run` gives each call a random code version, and a new code version restarts every
@@ -373,7 +408,7 @@ class RayServeReplica:
         try:
             outputs: list[Any] = await response
         except (RayError, RayServeException) as exc:
-            raise _failure(exc) from exc
+            raise self._failure(exc) from exc
         finally:
             self._pending.pop(request_id, None)
         return outputs
@@ -394,7 +429,7 @@ class RayServeReplica:
                 yield event
         except (RayError, RayServeException) as exc:
             finished = True
-            raise _failure(exc) from exc
+            raise self._failure(exc) from exc
         finally:
             self._pending.pop(request_id, None)
             self._streams.discard(request_id)
@@ -433,12 +468,38 @@ class RayServeReplica:
         )
 
     async def _refresh(self) -> None:
-        """Re-read the replicas' reports now and then: Serve starts, restarts and stops them by itself."""
+        """Re-read the replicas' reports now and then (Serve starts, restarts and stops them by itself),
+        and notice when none can start any more."""
         board = memory_board()
         while not self._stopping:
             with contextlib.suppress(Exception):  # a missed reading keeps the last one
                 self._memory = list(await board.read.remote(self.name))
+            broken = None
+            with contextlib.suppress(Exception):
+                broken = await asyncio.to_thread(startup_failure, self.name)
+            if broken is not None and not self._stopping:
+                self._give_up(broken)
+                return
             await asyncio.sleep(REFRESH_SECONDS)
+
+    def _give_up(self, reason: str) -> None:
+        """No replica can start: fail the requests waiting for one, and leave it to the manager, which
+        unloads the application and loads it again (that load fails with the reason, so the deployment
+        shows `failed` until the next load retry)."""
+        log.error("deployment %s: no Serve replica can start: %s", self.name, reason)
+        self._broken = reason
+        for response in list(self._pending.values()):
+            response.cancel()
+        self._on_exit(self)
+
+    def _failure(self, exc: RayError | RayServeException) -> Exception:
+        """The replica's own exception is a failed inference; anything else (its actor died, Serve
+        could not reach it, the request was failed by `_give_up`) means it stopped under the request."""
+        if self._broken is not None:
+            return ReplicaDied(f"no Serve replica can start ({self._broken})")
+        if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
+            return WorkerError(str(exc.cause) if exc.cause is not None else str(exc))
+        return ReplicaDied(f"the Serve replica stopped ({type(exc).__name__})")
 
 
 class RayBackend:
@@ -452,7 +513,8 @@ class RayBackend:
     def new_replica(
         self, deployment: DeploymentSpec, on_exit: Callable[[Replica], None], replicas: int
     ) -> Replica:
-        """The deployment's application; `on_exit` is unused: Serve restarts replicas that die."""
+        """The deployment's application. Serve restarts replicas that die; `on_exit` is called when none
+        can start any more."""
         spec = ReplicaSpec(
             deployment_id=deployment.id,
             pipeline=deployment.pipeline,
@@ -460,16 +522,8 @@ class RayBackend:
             threads=self._settings.worker_threads or 1,  # the gateway's cores say nothing of the cluster's
             device=self._settings.device,
         )
-        return RayServeReplica(spec, self._settings, deployment)
+        return RayServeReplica(spec, self._settings, deployment, on_exit)
 
     async def close(self) -> None:
         """Leave Ray if this gateway joined it; the applications stay for other gateways."""
         await asyncio.to_thread(disconnect)
-
-
-def _failure(exc: RayError | RayServeException) -> Exception:
-    """The replica's own exception is a failed inference; anything else (its actor died, Serve could
-    not reach it) means the replica stopped under the request, which Serve repairs by itself."""
-    if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
-        return WorkerError(str(exc.cause) if exc.cause is not None else str(exc))
-    return ReplicaDied(f"the Serve replica stopped ({type(exc).__name__})")

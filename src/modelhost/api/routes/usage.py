@@ -21,7 +21,7 @@ Moment = Annotated[
     Query(
         description="ISO 8601 date or time (UTC unless it says), or Unix seconds.",
         # What pydantic's datetime accepts, said in the schema: Unix seconds are valid too.
-        json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]},
+        json_schema_extra={"anyOf": [{"type": "string", "format": "date-time"}, {"type": "number"}]},
     ),
 ]
 
