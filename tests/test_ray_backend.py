@@ -189,27 +189,6 @@ async def test_a_cold_deployment_scales_to_zero_when_idle_and_from_zero_on_a_req
     assert running(served.embeddings) == 1
 
 
-async def test_a_cold_deployment_that_cannot_start_again_from_zero_answers_503_and_shows_failed(
-    served: Served, recipes: Path
-) -> None:
-    gw = served.gw
-    pushed = await push_folder(gw.client, gw.key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
-    body = {"model": "breaks", "artifact_id": pushed["artifact"]["id"]}  # its own files, broken below
-    broken = ok(await gw.client.post("/v1/deployments", json=body, headers=bearer(gw.key)), 201)["id"]
-    request = {"model": "breaks", "input": "x"}
-    ok(await gw.client.post("/v1/embeddings", json=request, headers=bearer(gw.key)))
-    await until(lambda: running(broken) == 0, timeout=60)
-    (gw.runtime(broken).spec.model_dir / "config.json").unlink()  # the model no longer loads
-    answer = await asyncio.wait_for(
-        gw.client.post("/v1/embeddings", json=request, headers=bearer(gw.key)), 80
-    )
-    assert_error(answer, 503, "deployment_unavailable")  # not held until the 90 s request timeout
-    assert "no Serve replica can start" in answer.json()["error"]["message"]
-    view = await until(lambda: gw.show(broken, "failed"), timeout=60)
-    assert view["state_reason"], view  # the constructor's exception
-    assert broken not in serve.status().applications  # nothing left retrying on the cluster
-
-
 async def test_two_gateways_share_one_serve_application_billed_once_and_it_outlives_either(
     served: Served,
 ) -> None:
@@ -254,3 +233,20 @@ async def test_patching_readiness_rescales_the_serve_application_in_place(served
     await until(scaled_to_zero, timeout=60)  # the new `min_replicas: 0`
     assert len(seen) == 1  # applied in place: the replica was never restarted
     assert (await gw.show(app))["state"] == "ready"
+
+
+async def test_a_cold_deployment_that_cannot_start_again_from_zero_answers_503_and_shows_failed(
+    served: Served,
+) -> None:
+    """Last in the module: it breaks the embeddings deployment's files."""
+    gw, app = served.gw, served.embeddings
+    if app not in serve.status().applications:  # run alone: no request has loaded it yet
+        ok(await gw.embed("load it"))
+    await until(lambda: running(app) == 0, timeout=60)
+    (gw.runtime(app).spec.model_dir / "config.json").unlink()  # the model no longer loads
+    answer = await gw.client.post("/v1/embeddings", json={"model": "m", "input": "x"}, headers=bearer(gw.key))
+    assert_error(answer, 503, "deployment_unavailable")  # not held until the 90 s request timeout
+    assert "no Serve replica can start" in answer.json()["error"]["message"]
+    view = await gw.show(app)
+    assert view["state"] == "failed" and "config.json" in view["state_reason"], view
+    await until(lambda: app not in serve.status().applications, timeout=30)  # nothing left retrying

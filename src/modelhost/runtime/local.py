@@ -56,6 +56,7 @@ class LocalProcessReplica:
         self._exited = asyncio.Event()
         self.load_seconds: float | None = None
         self.shared_meter: str | None = None  # this gateway's process: billed on a meter of its own
+        self.failure: str | None = None  # a worker that exits died: a replacement is started
 
     @property
     def alive(self) -> bool:

@@ -231,18 +231,22 @@ class DeploymentRuntime:
             await asyncio.sleep(0.05)
 
     def on_replica_exit(self, replica: Replica) -> None:
-        """A replica died (a worker killed or out of memory; a Serve application that cannot start a
-        replica): drop it and start a replacement unless we are unloading."""
+        """A replica died (a worker killed or out of memory): drop it and start a replacement unless we
+        are unloading. One whose model no longer loads (`failure`) fails the deployment instead."""
         if replica not in self.replicas:
             return
         self.replicas.remove(replica)
-        metrics.REPLICA_RESTARTS.labels(self.spec.id).inc()
         if self._unloading:
             self._manager.in_background(self._manager.stop([replica]))
-            return
-        if not self.replicas:
-            self.state, self.reason = "loading", None  # a replacement is on its way
-        self._manager.in_background(self._replace(replica))
+        elif replica.failure is not None:  # failed until the next load retry, like a first load
+            stopping, self.replicas = [replica, *self.replicas], []
+            self._fail(replica.failure)
+            self._manager.in_background(self._manager.stop(stopping))
+        else:
+            metrics.REPLICA_RESTARTS.labels(self.spec.id).inc()
+            if not self.replicas:
+                self.state, self.reason = "loading", None  # a replacement is on its way
+            self._manager.in_background(self._replace(replica))
 
     async def _replace(self, replica: Replica) -> None:
         """Stop what is left of the replica first: a Serve application is replaced under its own name."""

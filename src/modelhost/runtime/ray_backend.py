@@ -316,7 +316,7 @@ class RayServeReplica:
     ) -> None:
         self.spec = spec
         self._on_exit = on_exit
-        self._broken: str | None = None  # why no replica can start (`startup_failure`)
+        self.failure: str | None = None  # why no replica can start (`startup_failure`)
         self.name = spec.deployment_id
         self._settings = settings
         self._scaling = autoscaling(
@@ -483,11 +483,10 @@ class RayServeReplica:
             await asyncio.sleep(REFRESH_SECONDS)
 
     def _give_up(self, reason: str) -> None:
-        """No replica can start: fail the requests waiting for one, and leave it to the manager, which
-        unloads the application and loads it again (that load fails with the reason, so the deployment
-        shows `failed` until the next load retry)."""
+        """No replica can start: fail the requests waiting for one, and tell the manager, which deletes
+        the application and shows the deployment `failed` with the reason until its next load retry."""
         log.error("deployment %s: no Serve replica can start: %s", self.name, reason)
-        self._broken = reason
+        self.failure = reason
         for response in list(self._pending.values()):
             response.cancel()
         self._on_exit(self)
@@ -495,8 +494,8 @@ class RayServeReplica:
     def _failure(self, exc: RayError | RayServeException) -> Exception:
         """The replica's own exception is a failed inference; anything else (its actor died, Serve
         could not reach it, the request was failed by `_give_up`) means it stopped under the request."""
-        if self._broken is not None:
-            return ReplicaDied(f"no Serve replica can start ({self._broken})")
+        if self.failure is not None:
+            return ReplicaDied(f"no Serve replica can start ({self.failure})")
         if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
             return WorkerError(str(exc.cause) if exc.cause is not None else str(exc))
         return ReplicaDied(f"the Serve replica stopped ({type(exc).__name__})")

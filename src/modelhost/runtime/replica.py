@@ -45,6 +45,9 @@ class Replica(Protocol):
     """What the manager uses of a replica, whichever backend runs it."""
 
     spec: ReplicaSpec
+    # Why the replica cannot run any more (its model no longer loads), when it exits for that reason;
+    # None when it merely died (killed, out of memory) and a replacement may well start.
+    failure: str | None
 
     async def load(self) -> None: ...
     async def submit(self, batch: list[Any]) -> list[Any]: ...
