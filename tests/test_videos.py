@@ -69,6 +69,7 @@ def videos(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[
         video_poll_seconds=0.05,
         video_poll_after_ms=50,
         media_allow_networks=["127.0.0.0/8"],
+        shutdown_drain_seconds=0,  # at the module's end: nothing left running is worth waiting for
     )
     with live_server(settings) as url:
         http = httpx.Client(base_url=url, timeout=120)
