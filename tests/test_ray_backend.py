@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -243,10 +244,10 @@ async def test_a_cold_deployment_that_cannot_start_again_from_zero_answers_503_a
     if app not in serve.status().applications:  # run alone: no request has loaded it yet
         ok(await gw.embed("load it"))
     await until(lambda: running(app) == 0, timeout=60)
-    (gw.runtime(app).spec.model_dir / "config.json").unlink()  # the model no longer loads
+    shutil.rmtree(gw.runtime(app).spec.model_dir)  # the files are gone: no replica can load the model
     answer = await gw.client.post("/v1/embeddings", json={"model": "m", "input": "x"}, headers=bearer(gw.key))
     assert_error(answer, 503, "deployment_unavailable")  # not held until the 90 s request timeout
     assert "no Serve replica can start" in answer.json()["error"]["message"]
     view = await gw.show(app)
-    assert view["state"] == "failed" and "config.json" in view["state_reason"], view
+    assert view["state"] == "failed" and "files are not on this node" in view["state_reason"], view
     await until(lambda: app not in serve.status().applications, timeout=30)  # nothing left retrying

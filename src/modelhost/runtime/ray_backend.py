@@ -130,6 +130,8 @@ class ModelServer:
     the local worker does between steps with `select`)."""
 
     def __init__(self, pipeline: str, model_dir: str, threads: int, device: str, warmup: bool) -> None:
+        if not Path(model_dir).is_dir():  # checked before importing torch: a node without them fails fast
+            raise FileNotFoundError(f"the model's files are not on this node: {model_dir}")
         from modelhost.runtime import worker  # in the actor: imports torch and the handlers
 
         self._reporter = _MemoryReporter()
