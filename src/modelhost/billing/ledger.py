@@ -118,16 +118,7 @@ class Ledger:
         if shared is not None:
             return self._open_shared(shared_meter_id(shared), fields, now_ms)
         with self._database.transaction() as session:
-            meter = Meter(
-                id=new_id("mtr"),
-                kind=COMPUTE,
-                **fields,
-                owner=owner,
-                bytes=0,
-                started_ms=now_ms,
-                billed_until_ms=now_ms,
-                carry="0",
-            )
+            meter = _compute_meter(new_id("mtr"), owner, fields, now_ms)
             session.add(meter)
             return meter.id
 
@@ -136,18 +127,7 @@ class Ledger:
         with contextlib.suppress(IntegrityError), self._database.transaction() as session:
             meter = session.get(Meter, meter_id)
             if meter is None:
-                session.add(
-                    Meter(
-                        id=meter_id,
-                        kind=COMPUTE,
-                        **fields,
-                        owner=SHARED,
-                        bytes=0,
-                        started_ms=now_ms,
-                        billed_until_ms=now_ms,
-                        carry="0",
-                    )
-                )
+                session.add(_compute_meter(meter_id, SHARED, fields, now_ms))
             elif meter.ended_ms is not None:  # closed since: it costs again from now
                 session.execute(
                     update(Meter)
@@ -369,6 +349,21 @@ class Ledger:
         usage.by_artifact = sorted(artifacts.values(), key=lambda line: line.key)
         usage.by_day = sorted(days.values(), key=lambda line: line.key)
         return usage
+
+
+def _compute_meter(meter_id: str, owner: str, fields: dict[str, str], now_ms: int) -> Meter:
+    """A compute meter that starts costing at `now_ms`; `fields` name its account, deployment, model
+    and artifact."""
+    return Meter(
+        id=meter_id,
+        kind=COMPUTE,
+        **fields,
+        owner=owner,
+        bytes=0,
+        started_ms=now_ms,
+        billed_until_ms=now_ms,
+        carry="0",
+    )
 
 
 def _granted_and_spent_in(session: Session, account_ids: list[str]) -> dict[str, tuple[int, int]]:

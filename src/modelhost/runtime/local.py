@@ -246,14 +246,9 @@ class LocalBackend:
     def new_replica(
         self, deployment: DeploymentSpec, on_exit: Callable[[Replica], None], replicas: int
     ) -> Replica:
-        spec = ReplicaSpec(
-            deployment_id=deployment.id,
-            pipeline=deployment.pipeline,
-            model_dir=deployment.model_dir,
-            # Replicas of one deployment share the cores rather than oversubscribing them.
-            threads=self._settings.worker_threads or max(1, (os.cpu_count() or 1) // max(1, replicas)),
-            device=self._settings.device,
-        )
+        # Replicas of one deployment share the cores rather than oversubscribing them.
+        threads = self._settings.worker_threads or max(1, (os.cpu_count() or 1) // max(1, replicas))
+        spec = ReplicaSpec.of(deployment, threads, self._settings.device)
         return LocalProcessReplica(
             spec,
             on_exit=on_exit,

@@ -516,13 +516,8 @@ class RayBackend:
     ) -> Replica:
         """The deployment's application. Serve restarts replicas that die; `on_exit` is called when none
         can start any more."""
-        spec = ReplicaSpec(
-            deployment_id=deployment.id,
-            pipeline=deployment.pipeline,
-            model_dir=deployment.model_dir,
-            threads=self._settings.worker_threads or 1,  # the gateway's cores say nothing of the cluster's
-            device=self._settings.device,
-        )
+        threads = self._settings.worker_threads or 1  # the gateway's cores say nothing of the cluster's
+        spec = ReplicaSpec.of(deployment, threads, self._settings.device)
         return RayServeReplica(spec, self._settings, deployment, on_exit)
 
     async def close(self) -> None:

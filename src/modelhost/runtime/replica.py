@@ -23,6 +23,11 @@ class ReplicaSpec:
     threads: int
     device: str
 
+    @classmethod
+    def of(cls, deployment: DeploymentSpec, threads: int, device: str) -> ReplicaSpec:
+        """What a replica of `deployment` loads, with `threads` torch threads on `device`."""
+        return cls(deployment.id, deployment.pipeline, deployment.model_dir, threads, device)
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaStats:
