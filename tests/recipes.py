@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
-RECIPES_DIR = Path(__file__).resolve().parents[2] / "shared" / "recipes"
+# The workplace's shared recipes sit beside the checkout; a clone elsewhere names them in the variable.
+RECIPES_DIR = Path(
+    os.environ.get("MODELHOST_TEST_RECIPES") or Path(__file__).resolve().parents[2] / "shared" / "recipes"
+)
 
 # (recipe module, sub-folder or "", pipeline task) for every model the recipes build.
 RECIPE_MODELS: list[tuple[str, str, str]] = [
@@ -42,6 +46,11 @@ def build_recipes(out: Path) -> Path:
     import torch
 
     torch.set_num_threads(1)
+    if not RECIPES_DIR.is_dir():
+        raise FileNotFoundError(
+            f"the model recipes are not at {RECIPES_DIR}: "
+            "clone beside ../shared, or set MODELHOST_TEST_RECIPES"
+        )
     if str(RECIPES_DIR) not in sys.path:
         sys.path.insert(0, str(RECIPES_DIR))
     for module_name in sorted({m for m, _, _ in RECIPE_MODELS}):
