@@ -1,9 +1,10 @@
-"""Runtime: readiness levels, worker processes, batching, queue bounds, faults, shutdown, disconnects.
+"""Runtime: readiness levels, worker processes, batching, in-flight bounds, faults, shutdown, disconnects.
 
 The tiny sentence-transformers recipe is served through the real path (push, deploy, `/v1/embeddings`).
-A batch is held in flight deterministically by SIGSTOP-ing the worker: the request has reached the
-model's process, which cannot answer until SIGCONT. Loads take seconds, so tests that leave their
-deployment healthy share one (module fixtures `served` and `tight`).
+Requests are held deterministically by SIGSTOP-ing the worker: they wait in its socket until SIGCONT,
+when it reads everything that arrived at once. Loads take seconds, so tests that leave their
+deployment healthy share one (module fixtures `served` and `tight`). The replica's own batching logic
+is tested without processes in tests/test_replica_host.py.
 """
 
 from __future__ import annotations
@@ -25,13 +26,11 @@ import httpx
 import numpy as np
 import orjson
 import pytest
-from prometheus_client import REGISTRY
 
 from modelhost.api.app import create_app
 from modelhost.cache import SingleFlight
 from modelhost.config import Settings
-from modelhost.errors import GatewayTimeout, Overloaded
-from modelhost.runtime.batcher import Batcher
+from modelhost.metrics import sample
 from modelhost.runtime.manager import DeploymentRuntime
 from modelhost.services.container import Services
 from tests import live
@@ -93,8 +92,8 @@ def workers(marker: str) -> list[int]:
 def batches(deployment_id: str) -> tuple[float, float]:
     """(model calls, requests they carried) from the `modelhost_batch_size` histogram."""
     labels = {"deployment": deployment_id}
-    count = REGISTRY.get_sample_value("modelhost_batch_size_count", labels) or 0.0
-    return count, REGISTRY.get_sample_value("modelhost_batch_size_sum", labels) or 0.0
+    count = sample("modelhost_batch_size_count", labels) or 0.0
+    return count, sample("modelhost_batch_size_sum", labels) or 0.0
 
 
 def ok(response: httpx.Response, status: int = 200) -> Json:
@@ -188,16 +187,16 @@ async def gateway(tmp_path: Path, sqlite_url: str, model_dir: Path) -> AsyncIter
 
 @pytest.fixture(scope="module")
 async def tight(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> AsyncIterator[Loaded]:
-    """In process, loaded: one batch in flight at most, a queue of one, a 2 s request timeout."""
+    """In process, loaded: one request in flight at most, a 2 s request timeout."""
     root, model = tmp_path_factory.mktemp("tight"), recipes.joinpath(*ST_RECIPE)
-    limits = {"max_queue_size": 1, "batches_in_flight_per_replica": 1, "request_timeout_seconds": 2}
+    limits = {"max_queue_size": 1, "request_timeout_seconds": 2}
     async with in_process(root, f"sqlite:///{root / 'test.db'}", model, **limits) as gw:
         yield gw, await loaded(gw)
 
 
 @pytest.fixture(scope="module")
 async def served(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> AsyncIterator[Loaded]:
-    """A live server (real sockets), loaded, one batch in flight at most; tests leave it healthy."""
+    """A live server (real sockets), loaded; tests leave it healthy."""
     root, apps = tmp_path_factory.mktemp("live"), []
 
     def build(settings: Settings) -> Any:  # `live_server`'s app, kept to see its replicas
@@ -205,7 +204,7 @@ async def served(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Asy
         return apps[-1]
 
     database = f"sqlite:///{root / 'test.db'}"
-    settings = make_settings(root, database, worker_threads=1, batches_in_flight_per_replica=1)
+    settings = make_settings(root, database, worker_threads=1)
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(live, "create_app", build)
         with live.live_server(settings) as url:
@@ -316,32 +315,29 @@ async def test_concurrent_requests_are_batched_into_one_model_call_each_getting_
     assert min(np.linalg.norm(a - b) for i, a in enumerate(expected) for b in expected[i + 1 :]) > 1e-3
     calls, carried = batches(deployment_id)
     with stopped(gw.pid(deployment_id)):
-        blocker = asyncio.create_task(gw.embed("holds the only batch slot"))
-        await until(lambda: runtime.replicas[0].in_flight == 1)
         answers = asyncio.gather(*(gw.embed(text) for text in texts))
-        await until(lambda: runtime.batcher.depth == 16)
-    ok(await blocker)
+        await until(lambda: runtime.replicas[0].in_flight == 16)  # all sent, waiting in its socket
     for answer, vector in zip(await answers, expected, strict=True):
         assert answer.status_code == 200, answer.text
         data = answer.json()["data"]
         assert len(data) == 1 and data[0]["index"] == 0
         np.testing.assert_allclose(data[0]["embedding"], vector, atol=1e-5)
-    assert batches(deployment_id) == (calls + 2, carried + 17)  # the blocker, then all 16 at once
+    assert batches(deployment_id) == (calls + 1, carried + 16)  # all 16 in one model call
 
 
-async def test_full_queue_answers_429_overloaded_with_retry_after(tight: Loaded) -> None:
-    gw, deployment_id = tight
+async def test_a_request_beyond_the_in_flight_limit_answers_429_overloaded_with_retry_after(
+    tight: Loaded,
+) -> None:
+    gw, deployment_id = tight  # max_queue_size=1: one request in flight per gateway process
     runtime = gw.runtime(deployment_id)
     with stopped(gw.pid(deployment_id)):
-        running = asyncio.create_task(gw.embed("running"))
+        waiting = asyncio.create_task(gw.embed("waiting"))
         await until(lambda: runtime.replicas[0].in_flight == 1)
-        queued = asyncio.create_task(gw.embed("queued"))
-        await until(lambda: runtime.batcher.depth == 1)
         refused = await gw.embed("refused")
         assert_error(refused, 429, "overloaded")
         assert int(refused.headers["Retry-After"]) > 0
-    ok(await running)
-    ok(await queued)
+    ok(await waiting)
+    ok(await gw.embed("room again"))
 
 
 async def test_request_not_answered_within_the_timeout_gets_504(tight: Loaded) -> None:
@@ -357,7 +353,7 @@ async def test_worker_killed_mid_request_answers_503_and_the_replica_restarts(se
     gw, deployment_id = served
     runtime, old = gw.runtime(deployment_id), gw.pid(deployment_id)
     labels = {"deployment": deployment_id}
-    restarts = REGISTRY.get_sample_value("modelhost_replica_restarts_total", labels) or 0
+    restarts = sample("modelhost_replica_restarts_total", labels) or 0
     with stopped(old):
         in_flight = asyncio.create_task(gw.embed("in flight"))
         await until(lambda: runtime.replicas[0].in_flight == 1)
@@ -368,7 +364,7 @@ async def test_worker_killed_mid_request_answers_503_and_the_replica_restarts(se
     assert (view["state"], view["replicas"]) == ("ready", 1), view
     new = gw.pid(deployment_id)
     assert new != old and alive(new) and not alive(old)
-    assert REGISTRY.get_sample_value("modelhost_replica_restarts_total", labels) == restarts + 1
+    assert sample("modelhost_replica_restarts_total", labels) == restarts + 1
 
 
 async def test_unloadable_model_marks_the_deployment_failed_and_answers_503(gateway: OpenGateway) -> None:
@@ -426,7 +422,8 @@ def refused(port: int) -> bool:
 async def test_sigterm_drains_in_flight_work_then_exits_leaving_no_worker_behind(on_server: OnServer) -> None:
     server, key, deployment_id, pid = on_server
     assert server.process is not None
-    body, queued = {"model": "m", "input": "at SIGTERM"}, f'queue_depth{{deployment="{deployment_id}"}} 1.0'
+    body = {"model": "m", "input": "at SIGTERM"}
+    queued = f'modelhost_requests_in_flight{{deployment="{deployment_id}"}} 1.0'
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         with stopped(pid):
             in_flight = asyncio.create_task(client.post("/v1/embeddings", json=body, headers=bearer(key)))
@@ -460,88 +457,14 @@ async def test_client_disconnect_drops_its_queued_work_before_it_reaches_the_mod
         async with httpx.AsyncClient(base_url=gw.client.base_url, timeout=30) as other:
             body = {"model": "m", "input": "abandoned"}
             abandoned = asyncio.create_task(other.post("/v1/embeddings", json=body, headers=bearer(gw.key)))
-            await until(lambda: runtime.batcher.depth == 1)
+            await until(lambda: runtime.replicas[0].in_flight == 2)
             abandoned.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await abandoned
-        await until(lambda: runtime.batcher.depth == 0, timeout=5)
-        assert runtime.replicas[0].in_flight == 1  # it left the queue while the model was busy
-    ok(await running)
+        await until(lambda: runtime.replicas[0].in_flight == 1, timeout=5)  # its `Cancel` is sent
+    ok(await running)  # the replica read both and the cancel at once: "running" went alone
     ok(await gw.embed("last"))  # would have shared a batch with a leftover
     assert batches(deployment_id) == (calls + 2, carried + 2)
-
-
-@contextlib.asynccontextmanager
-async def held(max_queue: int = 10) -> AsyncIterator[tuple[Batcher, list[list[Any]], asyncio.Event]]:
-    """A one-slot batcher over a fake model (recording its batches, held until `gate` opens) whose
-    slot item "a" holds; after the block, "b" runs alone."""
-    seen: list[list[Any]] = []
-    gate = asyncio.Event()
-
-    async def model(batch: list[Any]) -> list[Any]:
-        seen.append(batch)
-        await gate.wait()
-        return [f"out-{item}" for item in batch]
-
-    batcher = Batcher(model, max_batch=4, max_wait=0, max_queue=max_queue, slots=1)
-    try:
-        running = asyncio.create_task(batcher.submit("a", timeout=5))
-        await until(lambda: seen == [["a"]])
-        yield batcher, seen, gate
-        gate.set()
-        assert await running == "out-a"
-        assert await batcher.submit("b", timeout=5) == "out-b"
-    finally:
-        batcher.close()
-
-
-async def test_batcher_groups_concurrent_items_up_to_max_batch_in_order() -> None:
-    async with held() as (batcher, seen, gate):
-        outputs = asyncio.gather(*(batcher.submit(i, timeout=5) for i in range(10)))
-        await until(lambda: batcher.depth == 10)
-        gate.set()
-        assert await outputs == [f"out-{i}" for i in range(10)]
-    assert seen == [["a"], [0, 1, 2, 3], [4, 5, 6, 7], [8, 9], ["b"]]
-
-
-async def test_batcher_refuses_with_429_when_its_queue_is_full() -> None:
-    async with held(max_queue=1) as (batcher, seen, gate):
-        queued = asyncio.create_task(batcher.submit("q", timeout=5))
-        await until(lambda: batcher.depth == 1)
-        with pytest.raises(Overloaded) as full:
-            await batcher.submit("c", timeout=5)
-        assert full.value.status_code == 429 and full.value.headers == {"Retry-After": "1"}
-        gate.set()
-        assert await queued == "out-q"
-    assert seen == [["a"], ["q"], ["b"]]
-
-
-@pytest.mark.parametrize("gives_up", ["timeout", "cancel"])
-async def test_batcher_never_dispatches_an_item_whose_caller_gave_up(gives_up: str) -> None:
-    async with held() as (batcher, seen, _):
-        if gives_up == "timeout":
-            with pytest.raises(GatewayTimeout) as late:
-                await batcher.submit("late", timeout=0.05)
-            assert late.value.status_code == 504
-        else:
-            gone = asyncio.create_task(batcher.submit("gone", timeout=5))
-            await until(lambda: batcher.depth == 1)
-            gone.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await gone
-        assert batcher.depth == 0
-    assert seen == [["a"], ["b"]]
-
-
-async def test_batcher_sends_to_an_idle_replica_at_once_without_waiting_to_fill() -> None:
-    async def model(batch: list[Any]) -> list[Any]:
-        return batch
-
-    batcher = Batcher(model, max_batch=64, max_wait=600, max_queue=10, slots=1)
-    try:  # a gather window of ten minutes would time this out if an idle replica waited
-        assert await batcher.submit("alone", timeout=5) == "alone"
-    finally:
-        batcher.close()
 
 
 async def test_concurrent_cache_misses_of_one_key_share_one_load() -> None:

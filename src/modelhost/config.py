@@ -71,17 +71,20 @@ class Settings(BaseSettings):
     worker_threads: int | None = Field(
         default=None, ge=1, description="torch threads per replica (default: all cores)."
     )
-    max_batch_size: int = Field(default=64, ge=1, description="Most requests grouped into one model call.")
+    max_batch_size: int = Field(
+        default=64, ge=1, description="Most requests grouped into one model call (inside the replica)."
+    )
     max_batch_wait_ms: float = Field(
         default=5.0,
         ge=0,
-        description="How long a batch waits to fill while the replica is busy (an idle one starts at once).",
+        description="Right after a batch, how long the next one waits to fill "
+        "(an idle replica starts at once).",
     )
-    max_queue_size: int = Field(default=1024, ge=1, description="Requests waiting per deployment before 429.")
-    batches_in_flight_per_replica: int = Field(
-        default=1,
+    max_queue_size: int = Field(
+        default=1024,
         ge=1,
-        description="Batches sent to a replica before it answers (2+ pipeline them: good on GPUs).",
+        description="Requests one gateway process may have in flight per deployment (waiting or running) "
+        "before it answers 429.",
     )
     request_timeout_seconds: float = Field(
         default=60.0, gt=0, description="Queue + inference time before 504."

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from prometheus_client import Counter, Histogram
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelhost.api.errors import error_response
 from modelhost.errors import InvalidRequest, PayloadTooLarge
+from modelhost.metrics import Counter, Histogram
 
 REQUESTS = Counter(
     "modelhost_http_requests_total", "HTTP requests by route and status.", ["method", "route", "status"]

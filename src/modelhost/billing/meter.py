@@ -16,11 +16,10 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import Counter
-
 from modelhost.billing.ledger import Billed, ComputeReading, Ledger
 from modelhost.billing.rates import MICRO
 from modelhost.clock import Clock
+from modelhost.metrics import Counter
 from modelhost.runtime.replica import ReplicaStats
 from modelhost.services.deployments import DeploymentSpec
 

@@ -1,19 +1,30 @@
-"""`Replica` backed by a local worker process, spoken to over a Unix socketpair (the default backend)."""
+"""`Replica` backed by a local worker process (the default backend).
+
+The supervisor starts the worker with two sockets: its lifeline (a socketpair; the supervisor's own
+requests go over it too) and a listening Unix socket in the backend's private run folder, which the
+server's other gateway processes connect to (`address`). Both speak the replica protocol.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelhost.config import Settings
-from modelhost.runtime.channel import frame, read_message
+from modelhost.metrics import process_gone
+from modelhost.runtime.client import ReplicaConnection, connect_pair
 from modelhost.runtime.memory import rss_bytes
+from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import Replica, ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
 
 if TYPE_CHECKING:
@@ -21,12 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("modelhost.runtime")
 _ids = itertools.count(1)
-# Workers log to the gateway's stderr: no progress bars, no tokenizer thread pools fighting torch's.
+# Workers log to the supervisor's stderr: no progress bars, no tokenizer thread pools fighting torch's.
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1"}
-
-
-class WorkerError(Exception):
-    """The worker raised while running a batch; the message is its exception."""
 
 
 class LocalProcessReplica:
@@ -36,47 +43,65 @@ class LocalProcessReplica:
         self,
         spec: ReplicaSpec,
         on_exit: Callable[[LocalProcessReplica], None],
-        load_timeout: float,
+        settings: Settings,
+        folder: Path,
         warmup: bool = False,
     ) -> None:
         self.spec = spec
         self.name = f"{spec.deployment_id}-{next(_ids)}"
         self._on_exit = on_exit
-        self._load_timeout = load_timeout
+        self._settings = settings
         self._warmup = warmup
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._path = folder / f"{self.name}.sock"
         self._process: asyncio.subprocess.Process | None = None
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._streams: dict[int, asyncio.Queue[dict[str, Any] | BaseException]] = {}
-        self.generating = 0  # sequences the worker's engine holds, as it last reported
-        self._tasks: list[asyncio.Task[None]] = []
-        self._request_ids = itertools.count(1)
+        self._connection: ReplicaConnection | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
-        self._exited = asyncio.Event()
         self.load_seconds: float | None = None
-        self.shared_meter: str | None = None  # this gateway's process: billed on a meter of its own
+        self.shared_meter: str | None = None  # this server's process: billed on a meter of its own
         self.failure: str | None = None  # a worker that exits died: a replacement is started
 
     @property
     def alive(self) -> bool:
-        return self._process is not None and self._process.returncode is None and not self._stopping
+        return (
+            self._process is not None
+            and self._process.returncode is None
+            and not self._stopping
+            and self._connection is not None
+            and self._connection.alive
+        )
 
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
+    @property
+    def address(self) -> str | None:
+        return str(self._path) if self.load_seconds is not None else None
+
+    @property
+    def in_flight(self) -> int:
+        return self._connection.in_flight if self._connection is not None else 0
+
     async def load(self) -> None:
         """Start the worker and wait until it reports its model loaded (or why it could not)."""
         ours, theirs = socket.socketpair()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(self._path))
+        listener.listen(128)
+        settings = self._settings
         args = [
             "-m", "modelhost.runtime.worker",
             "--replica", self.name,  # so that `ps` shows which deployment a worker serves
+            "--deployment", self.spec.deployment_id,
             "--fd", str(theirs.fileno()),
+            "--listen-fd", str(listener.fileno()),
             "--pipeline", self.spec.pipeline,
             "--model-dir", str(self.spec.model_dir),
             "--threads", str(self.spec.threads),
             "--device", self.spec.device,
+            "--max-batch", str(settings.max_batch_size),
+            "--max-wait-ms", str(settings.max_batch_wait_ms),
         ]  # fmt: skip
         if self._warmup:
             args.append("--warmup")
@@ -86,78 +111,49 @@ class LocalProcessReplica:
                 *args,
                 stdin=asyncio.subprocess.DEVNULL,
                 env={**os.environ, **WORKER_ENV},
-                pass_fds=(theirs.fileno(),),
+                pass_fds=(theirs.fileno(), listener.fileno()),
             )
         finally:
-            theirs.close()  # the worker holds its end now; ours alone tells it we are alive
-        self._reader, self._writer = await asyncio.open_unix_connection(sock=ours)
-        self._tasks.append(asyncio.create_task(self._watch()))
-        first: asyncio.Future[dict[str, Any]] = asyncio.ensure_future(read_message(self._reader))
-        exited: asyncio.Future[Any] = asyncio.ensure_future(self._exited.wait())
-        done, _ = await asyncio.wait(
-            [first, exited], timeout=self._load_timeout, return_when=asyncio.FIRST_COMPLETED
-        )
-        exited.cancel()
-        if first not in done or first.exception() is not None:
-            gone = self._exited.is_set() or first in done  # end-of-file: the worker died
-            first.cancel()
+            theirs.close()  # the worker holds its ends now; ours alone tells it we are alive
+            listener.close()
+        self._connection = await connect_pair(ours, lambda _: None)
+        self._watcher = asyncio.create_task(self._watch())
+        try:
+            hello = await asyncio.wait_for(
+                asyncio.shield(self._connection.hello), settings.load_timeout_seconds
+            )
+        except (TimeoutError, ReplicaDied) as exc:
             await self.unload()
             raise ReplicaLoadFailed(
-                "the worker exited while loading" if gone else "timed out while loading the model"
-            )
-        message = first.result()
-        if message["op"] != "ready":
+                "timed out while loading the model"
+                if isinstance(exc, TimeoutError)
+                else "the worker exited while loading"
+            ) from exc
+        if isinstance(hello, LoadFailed):
             await self.unload()
-            raise ReplicaLoadFailed(str(message.get("reason", "unknown load failure")))
-        self.load_seconds = float(message["load_seconds"])
-        self._tasks.append(asyncio.create_task(self._read_replies()))
+            raise ReplicaLoadFailed(hello.reason)
+        self.load_seconds = hello.load_seconds
 
-    async def submit(self, batch: list[Any]) -> list[Any]:
-        if not self.alive or self._writer is None:
+    async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
+        if not self.alive or self._connection is None:
             raise ReplicaDied("the replica is not running")
-        request_id = next(self._request_ids)
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        try:
-            self._writer.write(frame({"op": "run", "id": request_id, "batch": batch}))
-            await self._writer.drain()
-            reply = await future
-        finally:
-            self._pending.pop(request_id, None)
-        if "error" in reply:
-            raise WorkerError(str(reply["error"]))
-        outputs: list[Any] = reply["outputs"]
-        return outputs
+        return await self._connection.submit(item)
 
-    async def stream(self, request: Any) -> AsyncGenerator[dict[str, Any], None]:
-        """Start a generation in the worker and yield its events until it finishes; closing the
-        iterator early (client gone) cancels the generation in the worker at its next step."""
-        if not self.alive or self._writer is None:
+    async def stream(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        if not self.alive or self._connection is None:
             raise ReplicaDied("the replica is not running")
-        request_id = next(self._request_ids)
-        queue: asyncio.Queue[dict[str, Any] | BaseException] = asyncio.Queue()
-        self._streams[request_id] = queue
-        finished = False
-        try:
-            self._writer.write(frame({"op": "generate", "id": request_id, "request": request}))
-            await self._writer.drain()
-            while not finished:
-                event = await queue.get()
-                if isinstance(event, BaseException):
-                    raise event
-                finished = "finish" in event or "error" in event
+        async with contextlib.aclosing(self._connection.stream(request)) as events:
+            async for event in events:
                 yield event
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                await self.cancel(request_id)
 
-    async def cancel(self, request_id: int) -> None:
-        future = self._pending.get(request_id)
-        if future is not None and not future.done():
-            future.cancel()
-        if self.alive and self._writer is not None:
-            self._writer.write(frame({"op": "cancel", "id": request_id}))  # buffered: never blocks
+    async def busy(self) -> bool:
+        if not self.alive or self._connection is None:
+            return False
+        try:
+            stats = await asyncio.wait_for(self._connection.stats(), 5)
+        except (TimeoutError, ReplicaDied):
+            return True  # cannot tell: do not unload it under someone
+        return bool(stats.queued or stats.running)
 
     async def unload(self) -> None:
         """Ask the worker to stop; kill it if it does not within a few seconds. Idempotent."""
@@ -165,21 +161,21 @@ class LocalProcessReplica:
         process = self._process
         if process is not None and process.returncode is None:
             try:
-                if self._writer is not None:
-                    self._writer.write(frame({"op": "stop"}))  # buffered: never blocks here
+                if self._connection is not None and self._connection.alive:
+                    self._connection.send(Stop())
                 await asyncio.wait_for(process.wait(), timeout=5)
-            except (TimeoutError, ConnectionError):
+            except (TimeoutError, ConnectionError, ReplicaDied):
                 process.kill()
                 await process.wait()
-        for task in self._tasks:
-            task.cancel()
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = self._reader = None
-        self._fail_pending(ReplicaDied("the replica was unloaded"))
+        if self._watcher is not None and self._watcher is not asyncio.current_task():
+            self._watcher.cancel()
+        if self._connection is not None:
+            self._connection.close()
+        self._path.unlink(missing_ok=True)
+        process_gone(self.pid)
 
     async def detach(self) -> None:
-        """The process is this gateway's alone: it stops with it."""
+        """The process is this server's alone: it stops with it."""
         await self.unload()
 
     async def rescale(self, deployment: DeploymentSpec) -> None:
@@ -193,55 +189,28 @@ class LocalProcessReplica:
             in_flight=self.in_flight,
         )
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending) + len(self._streams)
-
-    async def _read_replies(self) -> None:
-        assert self._reader is not None
-        while True:
-            try:
-                message = await read_message(self._reader)
-            except (asyncio.IncompleteReadError, ConnectionError):
-                return  # the worker is gone: `_watch` fails what is pending
-            if message.get("op") == "events":
-                self.generating = message.get("running", self.generating)
-                for request_id, event in message["events"]:
-                    queue = self._streams.get(request_id)
-                    if queue is not None:
-                        queue.put_nowait(event)
-                continue
-            future = self._pending.get(message.get("id", -1))
-            if future is not None and not future.done():
-                future.set_result(message)
-
     async def _watch(self) -> None:
         assert self._process is not None
         code = await self._process.wait()
-        self._exited.set()
+        process_gone(self._process.pid)
+        if self._connection is not None:
+            self._connection.close()
         if not self._stopping:
             log.warning("replica %s exited with code %s", self.name, code)
-        self._fail_pending(ReplicaDied(f"the replica's worker process exited (code {code})"))
-        if not self._stopping:
             self._stopping = True
+            self._path.unlink(missing_ok=True)
             self._on_exit(self)
-
-    def _fail_pending(self, error: Exception) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
-        for queue in self._streams.values():
-            queue.put_nowait(error)
-        self.generating = 0
 
 
 class LocalBackend:
-    """Worker processes on this machine: `min_replicas` of them per loaded deployment."""
+    """Worker processes on this machine: `min_replicas` of them per loaded deployment. Their sockets
+    live in a private folder (mode 0700): only this user's processes can reach them."""
 
     scales_itself = False
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        self._folder: Path | None = None
 
     def new_replica(
         self, deployment: DeploymentSpec, on_exit: Callable[[Replica], None], replicas: int
@@ -249,12 +218,18 @@ class LocalBackend:
         # Replicas of one deployment share the cores rather than oversubscribing them.
         threads = self._settings.worker_threads or max(1, (os.cpu_count() or 1) // max(1, replicas))
         spec = ReplicaSpec.of(deployment, threads, self._settings.device)
+        if self._folder is None:  # short and private: a Unix socket path has at most 107 bytes
+            self._folder = Path(tempfile.mkdtemp(prefix="modelhost-replicas-"))
         return LocalProcessReplica(
             spec,
             on_exit=on_exit,
-            load_timeout=self._settings.load_timeout_seconds,
+            settings=self._settings,
+            folder=self._folder,
             warmup=deployment.readiness == "hot",
         )
 
     async def close(self) -> None:
-        """Nothing is left: every worker stopped with its deployment's runtime."""
+        """Every worker stopped with its deployment's runtime: remove their folder."""
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None

@@ -18,11 +18,11 @@ from typing import Any, Protocol
 
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
-from modelhost.errors import DeploymentUnavailable, InvalidRequest, ModelhostError, NotFound, Overloaded
+from modelhost.errors import DeploymentUnavailable, ModelhostError, NotFound
 from modelhost.runtime import metrics
-from modelhost.runtime.batcher import Batcher
-from modelhost.runtime.local import LocalBackend, WorkerError
-from modelhost.runtime.replica import Replica, ReplicaBackend, ReplicaDied, ReplicaLoadFailed
+from modelhost.runtime.dispatch import Dispatcher
+from modelhost.runtime.local import LocalBackend
+from modelhost.runtime.replica import Replica, ReplicaBackend, ReplicaLoadFailed
 from modelhost.services.deployments import DeploymentSpec, LiveStatus
 from modelhost.tasks.registry import served
 
@@ -31,6 +31,9 @@ GB = 1_000_000_000
 
 
 SpecSource = Callable[[str], DeploymentSpec | None]
+# Told whenever a deployment's set of replicas changes (loaded, unloaded, one replaced): the supervisor
+# publishes the new addresses to its other gateway processes.
+ReplicasChanged = Callable[[str, list[str]], None]
 
 
 class ReplicaMeter(Protocol):
@@ -38,13 +41,6 @@ class ReplicaMeter(Protocol):
 
     def replica_started(self, replica: Replica, spec: DeploymentSpec) -> None: ...
     def replica_stopped(self, replica: Replica, *, close: bool = True) -> object: ...
-
-
-def _event_error(error: dict[str, Any]) -> ModelhostError:
-    """A worker's error event: the request's own fault (400) unless the engine itself failed."""
-    if error.get("internal"):
-        return DeploymentUnavailable(f"Inference failed: {error.get('message')}")
-    return InvalidRequest(str(error.get("message")), param=error.get("param"), code=error.get("code"))
 
 
 class DeploymentRuntime:
@@ -63,81 +59,43 @@ class DeploymentRuntime:
         self._load_lock = asyncio.Lock()
         self._unloading = False
         self._loading: list[Replica] = []
-        self.streams = 0  # generations in flight (they bypass the batcher)
         settings = manager.settings
-        self.batcher = Batcher(
-            self._dispatch,
-            max_batch=settings.max_batch_size,
-            max_wait=settings.max_batch_wait_ms / 1000,
-            max_queue=settings.max_queue_size,
-            slots=settings.batches_in_flight_per_replica,
-            on_batch=self._record_batch,
-        )
+        self.dispatcher = Dispatcher(spec.id, settings.max_queue_size, settings.request_timeout_seconds)
 
     # ---------------------------------------------------------------- requests
 
     async def infer(self, item: dict[str, Any]) -> dict[str, Any]:
         self.last_used = self._clock.monotonic()
         await self.ensure_loaded()
-        metrics.QUEUE_DEPTH.labels(self.spec.id).set(self.batcher.depth + 1)
-        output: dict[str, Any] = await self.batcher.submit(
-            item, self._manager.settings.request_timeout_seconds
-        )
-        self.last_used = self._clock.monotonic()
-        if "error" in output:
-            error = output["error"]
-            raise InvalidRequest(str(error.get("message")), param=error.get("param"), code=error.get("code"))
-        return output
-
-    async def stream(self, item: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
-        """A generation's events from the least busy replica (text generation: the engine in the worker
-        batches continuously, so requests go straight to it rather than through the batcher)."""
-        self.last_used = self._clock.monotonic()
-        await self.ensure_loaded()
-        if self.streams >= self._manager.settings.max_queue_size:
-            raise Overloaded(
-                "The deployment has too many generations in flight; retry shortly.",
-                headers={"Retry-After": "1"},
-            )
-        live = [r for r in self.replicas if r.alive]
-        if not live:
-            raise DeploymentUnavailable("The deployment has no running replica; retry shortly.")
-        replica = min(live, key=lambda r: r.in_flight)
-        self.streams += 1
         try:
-            async with contextlib.aclosing(replica.stream(item)) as events:
-                async for event in events:
-                    if "error" in event:
-                        raise _event_error(event["error"])
-                    yield event
-        except ReplicaDied as exc:
-            raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
+            return await self.dispatcher.infer(self.replicas, item)
         finally:
-            self.streams -= 1
             self.last_used = self._clock.monotonic()
 
-    async def _dispatch(self, batch: list[Any]) -> list[Any]:
-        live = [r for r in self.replicas if r.alive]
-        if not live:
-            raise DeploymentUnavailable("The deployment has no running replica; retry shortly.")
-        replica = min(live, key=lambda r: r.in_flight)
+    async def stream(self, item: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        """A generation's events from the least busy replica (the engine in the replica batches
+        continuously)."""
+        self.last_used = self._clock.monotonic()
+        await self.ensure_loaded()
         try:
-            return await replica.submit(batch)
-        except ReplicaDied as exc:
-            raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
-        except WorkerError as exc:
-            raise DeploymentUnavailable(f"Inference failed: {exc}") from exc
+            async with contextlib.aclosing(self.dispatcher.stream(self.replicas, item)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            self.last_used = self._clock.monotonic()
 
-    def _record_batch(self, size: int, seconds: float) -> None:
-        metrics.BATCH_SIZE.labels(self.spec.id).observe(size)
-        metrics.INFERENCE_SECONDS.labels(self.spec.id).observe(seconds)
-        metrics.QUEUE_DEPTH.labels(self.spec.id).set(self.batcher.depth)
+    def touch(self) -> None:
+        """Another gateway process used the deployment (or still is): not idle."""
+        self.last_used = self._clock.monotonic()
 
     # ---------------------------------------------------------------- loading
 
-    @property
-    def busy(self) -> bool:
-        return self.batcher.busy or self.streams > 0
+    async def busy(self) -> bool:
+        """Work in flight from this process, or held by a replica for any gateway process."""
+        if self.dispatcher.outstanding:
+            return True
+        answers = await asyncio.gather(*(r.busy() for r in self.replicas), return_exceptions=True)
+        return any(a is not False for a in answers)
 
     @property
     def wants_loaded(self) -> bool:
@@ -189,15 +147,13 @@ class DeploymentRuntime:
             self._fail(str(errors[0]) if isinstance(errors[0], ReplicaLoadFailed) else repr(errors[0]))
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
         self.replicas = replicas
-        most = self.spec.max_replicas if backend.scales_itself else len(replicas)
-        self.batcher.resize(max(1, most) * self._manager.settings.batches_in_flight_per_replica)
         self.state = "ready"
         self.last_cold_start = time.perf_counter() - started
         self.last_used = self._clock.monotonic()
         metrics.COLD_STARTS.labels(self.spec.id).inc()
         metrics.LOAD_SECONDS.labels(self.spec.id).observe(self.last_cold_start)
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(len(replicas))
-        metrics.GENERATING.labels(self.spec.id).set_function(lambda: sum(r.generating for r in self.replicas))
+        self.publish()
         log.info("deployment %s loaded %d replica(s) in %.2fs", self.spec.id, count, self.last_cold_start)
 
     def _fail(self, reason: str) -> None:
@@ -217,17 +173,22 @@ class DeploymentRuntime:
         """Stop the replicas; with `detach` (gateway shutdown), leave shared ones to other gateways."""
         self._unloading = True
         replicas, self.replicas = [*self.replicas, *self._loading], []
+        self.publish()
         await self._manager.stop(replicas, detach=detach)
         if self.state != "failed":
             self.state = "unloaded"
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(0)
         metrics.MEMORY_BYTES.labels(self.spec.id).set(0)
 
+    def publish(self) -> None:
+        """Tell the supervisor's other gateway processes where the live replicas are now."""
+        addresses = [r.address for r in self.replicas if r.alive and r.address is not None]
+        self._manager.replicas_changed(self.spec.id, addresses)
+
     async def drain(self, timeout: float) -> None:
-        """Wait until queued work, running batches and generations are done (used at shutdown)."""
+        """Wait until this process's requests and generations are done (used at shutdown)."""
         deadline = time.monotonic() + timeout
-        await self.batcher.drain(timeout)
-        while self.streams and time.monotonic() < deadline:
+        while self.dispatcher.outstanding and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
     def on_replica_exit(self, replica: Replica) -> None:
@@ -236,6 +197,7 @@ class DeploymentRuntime:
         if replica not in self.replicas:
             return
         self.replicas.remove(replica)
+        self.publish()
         if self._unloading:
             self._manager.in_background(self._manager.stop([replica]))
         elif replica.failure is not None:  # failed until the next load retry, like a first load
@@ -292,6 +254,7 @@ class ReplicaManager:
         self._meter = meter
         # Asked before every load (billing: 402 when the account is out of credits).
         self.load_guard = load_guard
+        self.replicas_changed: ReplicasChanged = lambda _deployment, _addresses: None
 
     async def check_can_load(self, spec: DeploymentSpec) -> None:
         """Billing enforcement: 402 when the account is out of credits (the guard may read the database)."""
@@ -344,8 +307,6 @@ class ReplicaManager:
         for task in list(self.background):
             task.cancel()
         await asyncio.gather(*(rt.unload(detach=True) for rt in runtimes), return_exceptions=True)
-        for rt in runtimes:
-            rt.batcher.close()
         await self.backend.close()
 
     # ---------------------------------------------------------------- deployments
@@ -381,10 +342,24 @@ class ReplicaManager:
         runtime = self._runtimes.pop(deployment_id, None)
         if runtime is not None:
             await runtime.unload()
-            runtime.batcher.close()
 
     async def infer(self, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:
-        return await (await self._runtime_of(deployment_id)).infer(item)
+        runtime = self._runtimes.get(deployment_id) or await self._runtime_of(deployment_id)
+        return await runtime.infer(item)
+
+    async def acquire(self, deployment_id: str) -> list[str]:
+        """For another gateway process: load the deployment if it is not, and where its replicas are."""
+        runtime = await self._runtime_of(deployment_id)
+        runtime.touch()
+        await runtime.ensure_loaded()
+        return [r.address for r in runtime.replicas if r.alive and r.address is not None]
+
+    def touch(self, deployment_ids: list[str]) -> None:
+        """Other gateway processes used these deployments lately (the idle reaper reads it)."""
+        for deployment_id in deployment_ids:
+            runtime = self._runtimes.get(deployment_id)
+            if runtime is not None:
+                runtime.touch()
 
     async def _runtime_of(self, deployment_id: str) -> DeploymentRuntime:
         runtime = self._runtimes.get(deployment_id)
@@ -401,7 +376,7 @@ class ReplicaManager:
             async for event in events:
                 yield event
 
-    def status(self, deployment_id: str) -> LiveStatus:
+    async def status(self, deployment_id: str) -> LiveStatus:
         runtime = self._runtimes.get(deployment_id)
         return runtime.status() if runtime is not None else LiveStatus()
 
@@ -425,8 +400,8 @@ class ReplicaManager:
                 runtime.spec.readiness == "cold"
                 and not self.backend.scales_itself  # Ray Serve scales a cold application to zero itself
                 and runtime.state == "ready"
-                and not runtime.busy
                 and idle >= self.settings.cold_idle_seconds
+                and not await runtime.busy()
             ):
                 log.info("unloading idle cold deployment %s after %.0fs", runtime.spec.id, idle)
                 await runtime.unload()

@@ -1,13 +1,29 @@
-"""Prometheus metrics of the runtime, labelled by deployment."""
+"""Prometheus metrics of the runtime, labelled by deployment, from whichever process records them.
+
+Replicas record what happens inside them (queue depth, batch sizes, inference time, held sequences),
+gateway processes what they have in flight, the supervisor loads, replicas and memory. `/metrics` on
+any gateway process adds them up (`modelhost.metrics`).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from modelhost.metrics import Counter, Gauge, Histogram
 
-QUEUE_DEPTH = Gauge("modelhost_queue_depth", "Requests waiting in a deployment's queue.", ["deployment"])
+QUEUE_DEPTH = Gauge(
+    "modelhost_queue_depth",
+    "Requests waiting in a deployment's replicas for the model.",
+    ["deployment"],
+    multiprocess_mode="livesum",
+)
+IN_FLIGHT = Gauge(
+    "modelhost_requests_in_flight",
+    "Requests and generations the gateway processes have sent to a deployment and not yet answered.",
+    ["deployment"],
+    multiprocess_mode="livesum",
+)
 BATCH_SIZE = Histogram(
     "modelhost_batch_size",
-    "Requests per model call.",
+    "Requests per model call (from every gateway process: they meet in the replica).",
     ["deployment"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
@@ -22,15 +38,21 @@ LOAD_SECONDS = Histogram(
     "modelhost_load_seconds", "Time to load a deployment's replicas.", ["deployment"],
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300),
 )  # fmt: skip
-LOADED_REPLICAS = Gauge("modelhost_loaded_replicas", "Replicas loaded now.", ["deployment"])
+LOADED_REPLICAS = Gauge(
+    "modelhost_loaded_replicas", "Replicas loaded now.", ["deployment"], multiprocess_mode="livesum"
+)
 MEMORY_BYTES = Gauge(
-    "modelhost_replica_memory_bytes", "Resident memory of a deployment's replicas.", ["deployment"]
+    "modelhost_replica_memory_bytes",
+    "Resident memory of a deployment's replicas.",
+    ["deployment"],
+    multiprocess_mode="livesum",
 )
 REPLICA_RESTARTS = Counter(
     "modelhost_replica_restarts_total", "Replicas restarted after dying.", ["deployment"]
 )
 GENERATING = Gauge(
     "modelhost_generation_sequences",
-    "Sequences held by a deployment's generation engines (running or waiting), as its workers report.",
+    "Sequences held by a deployment's generation engines (running or waiting).",
     ["deployment"],
+    multiprocess_mode="livesum",
 )

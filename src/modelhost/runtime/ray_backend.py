@@ -2,7 +2,7 @@
 
 Each modelhost deployment becomes one Serve application named after the deployment ID, holding one
 Serve deployment whose replicas are Ray actors (`ModelServer`), each owning one model loaded by the same
-task handler a local worker process uses (`worker._load` → `handler_for(pipeline).load(...)`). Ray
+task handler a local worker process uses (`worker.load` → `handler_for(pipeline).load(...)`). Ray
 Serve, not the `ReplicaManager`, decides how many of those actors run: readiness maps onto its
 autoscaling (`cold` → `min_replicas: 0`, scaling to zero after `cold_idle_seconds`; `warm`/`hot` → at
 least one replica), so the manager holds a single `RayServeReplica` per deployment whatever its
@@ -14,9 +14,10 @@ bills it on one shared meter, and leaves it running when the gateway exits. Only
 deployment (deleted, out of credits, failed to load) deletes it. Replicas report their resident memory
 to a `MemoryBoard` actor, so a replica on any node is measured.
 
-Batching stays where it is: the gateway's `Batcher` groups requests and each group is one `run` call on
-a replica, so a replica still computes whole batches. Generation streams through a streaming handle;
-closing the stream cancels the Ray response, and the replica drops the sequence at its next step.
+Batching happens inside each Serve replica, as in a local worker: every request is one `run` call, and
+the replica's `ReplicaHost` groups the requests it holds into model calls. Generation streams through a
+streaming handle; closing the stream cancels the Ray response, and the replica drops the sequence at
+its next step.
 
 This module imports Ray; the manager imports it lazily and only with the `ray` runtime, so the default
 local runtime never needs Ray installed.
@@ -24,8 +25,8 @@ local runtime never needs Ray installed.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import collections
 import contextlib
 import hashlib
 import itertools
@@ -35,9 +36,8 @@ import re
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import ray
 from ray import serve
@@ -47,18 +47,34 @@ from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
 from modelhost.config import Settings
-from modelhost.errors import ModelhostError
-from modelhost.runtime.local import WORKER_ENV, WorkerError
+from modelhost.runtime.host import ReplicaHost
+from modelhost.runtime.local import WORKER_ENV
 from modelhost.runtime.memory import rss_bytes
-from modelhost.runtime.replica import Replica, ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
+from modelhost.runtime.protocol import (
+    Cancel,
+    Events,
+    Failed,
+    Generate,
+    Results,
+    Run,
+    Stats,
+    StatsRequest,
+    ToReplica,
+)
+from modelhost.runtime.replica import (
+    Replica,
+    ReplicaDied,
+    ReplicaFailed,
+    ReplicaLoadFailed,
+    ReplicaSpec,
+    ReplicaStats,
+)
 from modelhost.services.deployments import DeploymentSpec
-from modelhost.tasks.base import error_of
 
 log = logging.getLogger("modelhost.runtime")
-T = TypeVar("T")
 DEPLOYMENT = "model"  # the Serve deployment's name inside each application
-# Requests one Serve replica takes at once: batches are one at a time anyway (the gateway's batcher
-# limits them), generations share the engine's continuous batch (64 sequences in `tasks.generation`).
+# Requests one Serve replica takes at once, at least: its host batches them (so at least two batches'
+# worth), generations share the engine's continuous batch (64 sequences in `tasks.generation`).
 MAX_ONGOING_REQUESTS = 64
 # A model whose replica fails to start this many times in a row does not load: Serve gives up on a
 # first deployment then (its default, 20, takes minutes), and `startup_failure` reports one that has
@@ -70,6 +86,7 @@ REPORT_SECONDS = 1.0
 REFRESH_SECONDS = 2.0
 REPORT_STALE_SECONDS = 3 * REPORT_SECONDS
 BOARD_NAME, BOARD_NAMESPACE = "modelhost-memory", "modelhost"
+_PEER = "serve"  # the one "connection" of a Serve replica's host: its own event loop
 _connect_lock = threading.Lock()
 _started_ray = False
 
@@ -124,12 +141,22 @@ class _MemoryReporter(threading.Thread):
 
 
 class ModelServer:
-    """One Serve replica (a Ray actor): loads the model once with the task handler and serves batches
-    (`run`) or generations (`generate`). Every handler call runs on one model thread, in order, so the
-    replica's event loop stays free to take requests and cancellations while the model computes (what
-    the local worker does between steps with `select`)."""
+    """One Serve replica (a Ray actor): loads the model once with the task handler and hosts it with the
+    same `ReplicaHost` as a local worker. Requests (`run` for one request of a batch task, `generate`
+    for a stream) come in on the actor's event loop and are handed to one model thread, which runs the
+    host's batches and steps in order; the event loop stays free to take requests and cancellations
+    while the model computes, and requests that arrive meanwhile join the next batch."""
 
-    def __init__(self, pipeline: str, model_dir: str, threads: int, device: str, warmup: bool) -> None:
+    def __init__(
+        self,
+        pipeline: str,
+        model_dir: str,
+        threads: int,
+        device: str,
+        warmup: bool,
+        max_batch: int,
+        max_wait: float,
+    ) -> None:
         if not Path(model_dir).is_dir():  # checked before importing torch: a node without them fails fast
             raise FileNotFoundError(f"the model's files are not on this node: {model_dir}")
         from modelhost.runtime import worker  # in the actor: imports torch and the handlers
@@ -137,96 +164,115 @@ class ModelServer:
         self._reporter = _MemoryReporter()
         self._reporter.start()
         os.environ.update(WORKER_ENV)
-        self._handler, self._state = worker._load(
-            argparse.Namespace(pipeline=pipeline, model_dir=Path(model_dir), threads=threads, device=device)
-        )
-        self._streaming = bool(getattr(self._handler, "streaming", False))
+        handler, state = worker.load(pipeline, Path(model_dir), threads, device)
         if warmup:
-            if self._streaming:
-                self._handler.warmup(self._state)
-            else:
-                self._handler.run(self._state, [self._handler.warmup_item()])
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+            worker.warm_up(handler, state)
+        self._host = ReplicaHost(
+            handler, state, deployment=self._reporter.app, max_batch=max_batch, max_wait=max_wait
+        )
         self._ids = itertools.count(1)
+        self._calls: dict[int, asyncio.Future[Any]] = {}
         self._streams: dict[int, asyncio.Queue[dict[str, Any]]] = {}
-        self._wake: asyncio.Event | None = None
-        self._stepper: asyncio.Task[None] | None = None
+        self._inbox: collections.deque[ToReplica] = collections.deque()
+        self._wake = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        threading.Thread(target=self._model_loop, name="model", daemon=True).start()
 
     def __del__(self) -> None:
         """Serve stops the replica (scaled down, deleted): its memory is no longer reported."""
         with contextlib.suppress(Exception):
             self._reporter.stop()
 
-    async def run(self, batch: list[Any]) -> list[Any]:
-        """One batch from the gateway's batcher, as one model call."""
-        outputs: list[Any] = await self._call(self._handler.run, self._state, batch)
-        return outputs
+    async def run(self, item: dict[str, Any]) -> dict[str, Any]:
+        """One request of a batch task; the host batches it with the others waiting."""
+        request_id = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = self._event_loop().create_future()
+        self._calls[request_id] = future
+        self._post(Run(request_id, item))
+        try:
+            return await future
+        finally:  # still registered: the caller left (Ray cancelled this task); drop it if it waits
+            if self._calls.pop(request_id, None) is not None:
+                self._post(Cancel(request_id))
 
     async def generate(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events until it finishes. When the caller cancels (Ray cancels this task) or
         leaves, the sequence is dropped from the engine before its next step."""
         request_id = next(self._ids)
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._event_loop()
         self._streams[request_id] = queue
+        self._post(Generate(request_id, request))
         finished = False
         try:
-            try:
-                await self._call(self._handler.start, self._state, request_id, request)
-            except ModelhostError as exc:
-                finished = True
-                yield error_of(exc)
-                return
-            self._ensure_stepping()
             while not finished:
                 event = await queue.get()
                 finished = "finish" in event or "error" in event
                 yield event
         finally:
             self._streams.pop(request_id, None)
-            if not finished:  # queued behind any running step; never awaited, so cancellation is safe
-                self._model_thread.submit(self._handler.cancel, self._state, request_id)
+            if not finished:
+                self._post(Cancel(request_id))
 
     async def running(self) -> int:
         """Sequences the engine holds (0 for batch pipelines): how tests see a cancellation arrive."""
-        if not self._streaming:
-            return 0
-        count: int = await self._call(self._handler.running, self._state)
-        return count
+        request_id = next(self._ids)
+        future: asyncio.Future[Stats] = self._event_loop().create_future()
+        self._calls[request_id] = future
+        self._post(StatsRequest(request_id))
+        return (await future).running
 
-    async def _call(self, function: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._model_thread, function, *args)
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
 
-    def _ensure_stepping(self) -> None:
-        if self._wake is None:
-            self._wake = asyncio.Event()
+    def _post(self, message: ToReplica) -> None:
+        self._inbox.append(message)
         self._wake.set()
-        if self._stepper is None or self._stepper.done():
-            self._stepper = asyncio.create_task(self._stepping(self._wake))
 
-    async def _stepping(self, wake: asyncio.Event) -> None:
-        """The decoding loop: step while the engine holds sequences, then sleep until a request comes.
-        `wake` is cleared before each step, so a request started during a step is never missed."""
+    def _model_loop(self) -> None:
+        """The model thread: take what arrived, run the host when it is due, hand back its answers."""
+        host, inbox = self._host, self._inbox
         while True:
-            wake.clear()
-            events, idle = await self._call(self._step)
-            for request_id, event in events:
-                queue = self._streams.get(request_id)
-                if queue is not None:
-                    queue.put_nowait(event)
-            if idle:
-                await wake.wait()
+            self._wake.clear()
+            while inbox:
+                host.receive(_PEER, inbox.popleft())
+            self._deliver(host.take_outgoing())
+            delay = host.due()
+            if delay is None or delay > 0:
+                self._wake.wait(delay)
+                continue
+            host.work()
+            self._deliver(host.take_outgoing())
 
-    def _step(self) -> tuple[list[tuple[int, dict[str, Any]]], bool]:
-        """One engine step on the model thread; a failed step fails its requests, not the replica."""
-        if self._handler.idle(self._state):
-            return [], True
-        try:
-            events = [(int(i), e) for i, e in self._handler.step(self._state)]
-        except Exception as exc:
-            log.exception("a generation step failed")
-            failure = {"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}}
-            events = [(i, failure) for i in self._handler.abort(self._state)]
-        return events, bool(self._handler.idle(self._state))
+    def _deliver(self, outgoing: list[tuple[Any, Any]]) -> None:
+        if outgoing and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._answer, [message for _, message in outgoing])
+
+    def _answer(self, messages: list[Any]) -> None:
+        """On the event loop: resolve the callers of the host's answers."""
+        for message in messages:
+            if isinstance(message, Results):
+                for result in message.results:
+                    self._resolve(result.id, result.output)
+            elif isinstance(message, Events):
+                for event in message.events:
+                    queue = self._streams.get(event.id)
+                    if queue is not None:
+                        queue.put_nowait(event.event)
+            elif isinstance(message, Failed):
+                for request_id in message.ids:
+                    future = self._calls.pop(request_id, None)
+                    if future is not None and not future.done():
+                        future.set_exception(ReplicaFailed(message.message))
+            elif isinstance(message, Stats):
+                self._resolve(message.id, message)
+
+    def _resolve(self, request_id: int, value: Any) -> None:
+        future = self._calls.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(value)
 
 
 def connect(settings: Settings) -> None:
@@ -347,10 +393,9 @@ class RayServeReplica:
         return len(self._pending)
 
     @property
-    def generating(self) -> int:
-        """Generations this gateway has in flight on the application (the engines' own count is not
-        pushed back through Serve)."""
-        return len(self._streams)
+    def address(self) -> str | None:
+        """Other gateway processes join the cluster themselves; there is no socket to share."""
+        return None
 
     async def load(self) -> None:
         """Deploy the application and wait until its first replica has loaded the model."""
@@ -388,11 +433,20 @@ class RayServeReplica:
         deployment = serve.deployment(
             name=DEPLOYMENT,
             autoscaling_config=self._scaling,
-            max_ongoing_requests=MAX_ONGOING_REQUESTS,
+            max_ongoing_requests=max(MAX_ONGOING_REQUESTS, 2 * self._settings.max_batch_size),
             ray_actor_options={"num_cpus": spec.threads},
             max_constructor_retry_count=CONSTRUCTOR_RETRIES,
         )(ModelServer)
-        args = (spec.pipeline, str(spec.model_dir), spec.threads, spec.device, self._warmup)
+        settings = self._settings
+        args = (
+            spec.pipeline,
+            str(spec.model_dir),
+            spec.threads,
+            spec.device,
+            self._warmup,
+            settings.max_batch_size,
+            settings.max_batch_wait_ms / 1000,
+        )
         # `serve.run` gives each call a random code version, and a new code version restarts every
         # replica. A version named after what the replicas load lets Serve apply an autoscaling-only
         # change (`rescale`) in place; the public option for it is gone, hence the attribute.
@@ -401,19 +455,23 @@ class RayServeReplica:
         handle: DeploymentHandle[Any] = serve.run(app, name=self.name, route_prefix=None)
         return handle
 
-    async def submit(self, batch: list[Any]) -> list[Any]:
+    async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
+        """One request; the Serve replica batches it with the others it holds."""
         if self._handle is None or self._stopping:
             raise ReplicaDied("the replica is not running")
         request_id = next(self._request_ids)
-        response = self._handle.run.remote(batch)
+        response = self._handle.run.remote(item)
         self._pending[request_id] = response
         try:
-            outputs: list[Any] = await response
+            output: dict[str, Any] = await response
+        except asyncio.CancelledError:  # the caller left (timeout, disconnect): the replica drops it
+            response.cancel()  # type: ignore[no-untyped-call]
+            raise
         except (RayError, RayServeException) as exc:
             raise self._failure(exc) from exc
         finally:
             self._pending.pop(request_id, None)
-        return outputs
+        return output
 
     async def stream(self, request: Any) -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events from a Serve replica; closing the iterator early cancels the Ray
@@ -438,10 +496,9 @@ class RayServeReplica:
             if not finished:
                 response.cancel()
 
-    async def cancel(self, request_id: int) -> None:
-        response = self._pending.get(request_id)
-        if response is not None:
-            response.cancel()
+    async def busy(self) -> bool:
+        """Serve scales the application down by itself: the manager never asks."""
+        return bool(self._pending)
 
     async def unload(self) -> None:
         """Delete the Serve application (its replicas stop with it), for every gateway. Idempotent."""
@@ -499,7 +556,7 @@ class RayServeReplica:
         if self.failure is not None:
             return ReplicaDied(f"no Serve replica can start ({self.failure})")
         if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
-            return WorkerError(str(exc.cause) if exc.cause is not None else str(exc))
+            return ReplicaFailed(str(exc.cause) if exc.cause is not None else str(exc))
         return ReplicaDied(f"the Serve replica stopped ({type(exc).__name__})")
 
 

@@ -1,6 +1,6 @@
 """The replica interface, which the manager uses whichever backend runs the models: local worker
 processes (`local`, the default) or Ray Serve applications (`ray_backend`). A backend makes replicas;
-a replica loads, serves batches and generations, and unloads."""
+a replica loads, serves requests (batched inside the replica) and generations, and unloads."""
 
 from __future__ import annotations
 
@@ -46,6 +46,10 @@ class ReplicaLoadFailed(Exception):
     """The model could not be loaded; the message is the loader's reason."""
 
 
+class ReplicaFailed(Exception):
+    """The replica's handler raised on the batch that carried this request; the message is why."""
+
+
 class Replica(Protocol):
     """What the manager uses of a replica, whichever backend runs it."""
 
@@ -55,9 +59,11 @@ class Replica(Protocol):
     failure: str | None
 
     async def load(self) -> None: ...
-    async def submit(self, batch: list[Any]) -> list[Any]: ...
-    def stream(self, request: Any) -> AsyncGenerator[dict[str, Any], None]: ...
-    async def cancel(self, request_id: int) -> None: ...
+    async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
+        """One request of a batch task; the replica batches it with everyone else's."""
+        ...
+
+    def stream(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]: ...
     async def unload(self) -> None:
         """Stop serving the deployment for good: its processes (or Serve application) go away."""
         ...
@@ -85,8 +91,13 @@ class Replica(Protocol):
     @property
     def pid(self) -> int | None: ...
     @property
-    def generating(self) -> int:
-        """Sequences its generation engines hold, as last reported."""
+    def address(self) -> str | None:
+        """Where this server's other gateway processes reach the replica (a Unix socket path); None when
+        only this process can (a Serve application: every gateway joins the Ray cluster instead)."""
+        ...
+
+    async def busy(self) -> bool:
+        """Whether the replica holds any request now, whichever gateway process sent it."""
         ...
 
 

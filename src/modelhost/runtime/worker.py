@@ -1,15 +1,25 @@
-"""A replica worker process: owns one model, answers batches from its gateway over a socketpair.
+"""A replica worker process: owns one model and serves every gateway process of its server.
 
-Started by `LocalProcessReplica` as `python -m modelhost.runtime.worker --fd N`. It exits when
-asked to, when its end of the socketpair reads end-of-file, or when the gateway process dies
-(PR_SET_PDEATHSIG), so no worker outlives its gateway.
+Started by `LocalProcessReplica` as `python -m modelhost.runtime.worker --fd N --listen-fd M ...`:
+- `--fd` is its lifeline, one end of a socketpair whose other end the supervisor holds. The first
+  message on it says whether the model loaded (`Ready` / `LoadFailed`); the supervisor then sends
+  requests on it like any gateway. When it reads end-of-file the supervisor is gone, and so is the
+  worker (also on `PR_SET_PDEATHSIG`, for a supervisor killed by SIGKILL).
+- `--listen-fd` is a Unix socket the supervisor bound (in its private runtime folder) and published
+  to its gateway processes: each of them connects once and sends its requests there.
+
+One thread runs everything: it waits in `select` for messages, feeds them to the `ReplicaHost`, runs
+the host's batch or step when it is due, and sends each connection its answers. While the model
+computes, new requests wait in the sockets' buffers and join the next batch. No I/O thread competes
+with the model for the interpreter.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import select
+import errno
+import selectors
 import signal
 import socket
 import sys
@@ -18,122 +28,195 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from modelhost.errors import ModelhostError
-from modelhost.runtime.channel import recv_message, send_message
-from modelhost.tasks.base import error_of
+import msgspec
+
+from modelhost.runtime.host import ReplicaHost
+from modelhost.runtime.protocol import FrameReader, LoadFailed, Ready, Stop, decode_to_replica, encode
+from modelhost.tasks.base import AnyTaskHandler, is_streaming
+
+READ_SIZE = 1 << 18
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL us when the gateway dies, even by SIGKILL."""
+    """Ask Linux to SIGKILL us when the supervisor dies, even by SIGKILL."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
-        pass  # not Linux: the parent-pid check in the loop still ends us
+        pass  # not Linux: end-of-file on the lifeline still ends us
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="modelhost replica worker (started by the gateway)")
+    parser = argparse.ArgumentParser(description="modelhost replica worker (started by the supervisor)")
     parser.add_argument("--replica", default="", help="replica name (<deployment id>-<n>), for `ps`")
-    parser.add_argument("--fd", required=True, type=int, help="this worker's end of the socketpair")
+    parser.add_argument("--deployment", default="", help="deployment ID, for metrics")
+    parser.add_argument("--fd", required=True, type=int, help="the lifeline: this end of a socketpair")
+    parser.add_argument("--listen-fd", type=int, help="a bound Unix socket gateways connect to")
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--model-dir", required=True, type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--warmup", action="store_true")
     args = parser.parse_args(argv)
     _die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
-    sock = socket.socket(fileno=args.fd)
+    lifeline = socket.socket(fileno=args.fd)
     started = time.perf_counter()
     try:
-        handler, model = _load(args)
-        streaming = getattr(handler, "streaming", False)
+        handler, state = load(args.pipeline, args.model_dir, args.threads, args.device)
         if args.warmup:
-            handler.warmup(model) if streaming else handler.run(model, [handler.warmup_item()])
-    except Exception as exc:  # the loader's reason goes back to the gateway
-        send_message(sock, {"op": "failed", "reason": f"{type(exc).__name__}: {exc}"})
+            warm_up(handler, state)
+    except Exception as exc:  # the loader's reason goes back to the supervisor
+        lifeline.sendall(encode(LoadFailed(f"{type(exc).__name__}: {exc}")))
         traceback.print_exc()
         return 1
-    send_message(sock, {"op": "ready", "load_seconds": time.perf_counter() - started})
-    return _serve_stream(sock, handler, model) if streaming else _serve(sock, handler, model)
+    lifeline.sendall(encode(Ready(time.perf_counter() - started)))
+    host = ReplicaHost(
+        handler,
+        state,
+        deployment=args.deployment,
+        max_batch=args.max_batch,
+        max_wait=args.max_wait_ms / 1000,
+    )
+    listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else None
+    return Worker(host, lifeline, listener).serve()
 
 
-def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+def load(pipeline: str, model_dir: Path, threads: int, device: str) -> tuple[AnyTaskHandler, Any]:
+    """The task's handler and its loaded model (the one loader path of both backends)."""
     import torch
     import transformers
 
     from modelhost.runtime.loader import pick_device
-
-    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     from modelhost.tasks.registry import handler_for
 
-    torch.set_num_threads(max(1, args.threads))
-    handler = handler_for(args.pipeline)
-    return handler, handler.load(args.model_dir, pick_device(args.device))
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    torch.set_num_threads(max(1, threads))
+    handler = handler_for(pipeline)
+    return handler, handler.load(model_dir, pick_device(device))
 
 
-def _serve(sock: socket.socket, handler: Any, model: Any) -> int:
-    while True:
-        message = recv_message(sock)
-        if message is None or message["op"] == "stop":
-            return 0
-        if message["op"] == "run":
-            try:
-                reply = {"id": message["id"], "outputs": handler.run(model, message["batch"])}
-            except Exception as exc:
-                traceback.print_exc()
-                reply = {"id": message["id"], "error": f"{type(exc).__name__}: {exc}"}
-            try:
-                send_message(sock, reply)
-            except OSError:  # the gateway is gone
-                return 0
+def warm_up(handler: AnyTaskHandler, state: Any) -> None:
+    """One inference before the first request (hot deployments): kernels and caches are ready."""
+    if is_streaming(handler):
+        handler.warmup(state)
+    else:
+        handler.run(state, [handler.warmup_item()])
 
 
-def _serve_stream(sock: socket.socket, handler: Any, state: Any) -> int:
-    """Streaming handlers (text generation, video jobs): between two steps, take every message that has
-    arrived (new requests, cancellations), then step and send that step's events in one message, with
-    how many requests the handler still holds whenever that changed (the gateway's view of free slots).
-    With nothing to do, block until a message comes."""
-    reported = 0
-    while True:
-        waiting = handler.idle(state)
-        while waiting or select.select([sock], [], [], 0)[0]:
-            waiting = False
-            message = recv_message(sock)
-            if message is None or message["op"] == "stop":
-                return 0
-            events: list[Any] = []
-            if message["op"] == "generate":
-                try:
-                    handler.start(state, message["id"], message["request"])
-                except ModelhostError as exc:
-                    events.append([message["id"], error_of(exc)])
-            elif message["op"] == "cancel":
-                handler.cancel(state, message["id"])
-            reported = handler.running(state)
-            if not _send(sock, {"op": "events", "events": events, "running": reported}):
-                return 0
+class _Connection:
+    """One gateway's (or the supervisor's) connection: frames in, a write buffer out."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.reader = FrameReader()
+        self.unsent = bytearray()
+
+
+class Worker:
+    """The select loop around a `ReplicaHost` (see the module docstring)."""
+
+    def __init__(self, host: ReplicaHost, lifeline: socket.socket, listener: socket.socket | None) -> None:
+        self.host = host
+        self.selector = selectors.DefaultSelector()
+        self.lifeline = self._open(lifeline)
+        self.listener = listener
+        if listener is not None:
+            listener.setblocking(False)
+            self.selector.register(listener, selectors.EVENT_READ, None)
+
+    def serve(self) -> int:
+        """Until the supervisor says stop or goes away."""
+        while True:
+            for key, events in self.selector.select(self.host.due()):
+                connection = key.data
+                if connection is None:
+                    self._accept()
+                    continue
+                if events & selectors.EVENT_WRITE:
+                    self._flush(connection)
+                if events & selectors.EVENT_READ and not self._read(connection):
+                    if connection is self.lifeline:
+                        return 0
+                    self._close(connection)
+            if self.host.due() == 0:
+                self.host.work()
+            for peer, message in self.host.take_outgoing():
+                assert isinstance(peer, _Connection)
+                self._send(peer, encode(message))
+
+    def _open(self, sock: socket.socket) -> _Connection:
+        connection = _Connection(sock)
+        self.selector.register(sock, selectors.EVENT_READ, connection)
+        return connection
+
+    def _accept(self) -> None:
+        assert self.listener is not None
         try:
-            events = [list(e) for e in handler.step(state)]
-        except Exception as exc:  # a failed step fails the requests in it, not the replica
-            traceback.print_exc()
-            failure = {"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}}
-            events = [[i, failure] for i in handler.abort(state)]
-        running = handler.running(state)
-        if events or running != reported:
-            reported = running
-            if not _send(sock, {"op": "events", "events": events, "running": running}):
-                return 0
+            sock, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        self._open(sock)
 
+    def _read(self, connection: _Connection) -> bool:
+        """Take every message that has arrived; False at end-of-file or a `Stop`."""
+        while True:
+            try:
+                data = connection.sock.recv(READ_SIZE)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False
+            for body in connection.reader.feed(data):
+                try:
+                    message = decode_to_replica(body)
+                except msgspec.DecodeError:
+                    traceback.print_exc()
+                    return False  # a peer that speaks something else is cut off
+                if isinstance(message, Stop):
+                    return False
+                self.host.receive(connection, message)
+            if len(data) < READ_SIZE:
+                return True
 
-def _send(sock: socket.socket, message: dict[str, Any]) -> bool:
-    try:
-        send_message(sock, message)
-    except OSError:  # the gateway is gone
-        return False
-    return True
+    def _send(self, connection: _Connection, frame: bytes) -> None:
+        if connection.unsent:
+            connection.unsent += frame
+            return
+        try:
+            sent = connection.sock.send(frame)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            if exc.errno not in (errno.EPIPE, errno.ECONNRESET):
+                traceback.print_exc()
+            return  # the peer is gone: its end-of-file closes it
+        if sent < len(frame):
+            connection.unsent += frame[sent:]
+            self.selector.modify(connection.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, connection)
+
+    def _flush(self, connection: _Connection) -> None:
+        try:
+            sent = connection.sock.send(connection.unsent)
+        except BlockingIOError:
+            return
+        except OSError:
+            connection.unsent.clear()
+            return
+        del connection.unsent[:sent]
+        if not connection.unsent:
+            self.selector.modify(connection.sock, selectors.EVENT_READ, connection)
+
+    def _close(self, connection: _Connection) -> None:
+        self.host.drop(connection)
+        self.selector.unregister(connection.sock)
+        connection.sock.close()
 
 
 if __name__ == "__main__":

@@ -3,21 +3,57 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
+
+from typing_extensions import TypeIs
 
 from modelhost.errors import ModelhostError
 
 
 class TaskHandler(Protocol):
-    """Runs inside a replica worker. Items and outputs are msgpack-able dicts.
+    """A batch task, run inside a replica. Items and outputs are msgpack-able dicts.
 
     `run` answers one output per item, in order. An output `{"error": {"message", "param"}}` is a
     client error of that item alone (the gateway answers it with 400); other items are unaffected.
+    The replica batches the requests of every gateway process into one `run` call.
     """
 
     def load(self, model_dir: Path, device: str) -> Any: ...
     def run(self, model: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
     def warmup_item(self) -> dict[str, Any]: ...
+
+
+class StreamingTaskHandler(Protocol):
+    """A streaming task (text generation, video jobs), run inside a replica: requests join and leave
+    between steps, and each step yields `(request id, event)` pairs. An event with `finish` or
+    `error` is a request's last. The replica calls `start` and `cancel` only between steps, never
+    while one runs, so a handler needs no locks for them.
+    """
+
+    streaming: ClassVar[bool]  # True: what tells a streaming handler from a batch one (`is_streaming`)
+
+    def load(self, model_dir: Path, device: str) -> Any: ...
+    def warmup(self, state: Any) -> None: ...
+    def start(self, state: Any, request_id: int, request: dict[str, Any]) -> None:
+        """Queue a request; raise `ModelhostError` (its caller's 400) when it cannot run."""
+        ...
+
+    def cancel(self, state: Any, request_id: int) -> None: ...
+    def step(self, state: Any) -> list[tuple[int, dict[str, Any]]]: ...
+    def abort(self, state: Any) -> list[int]:
+        """A step raised: drop every request, returning their IDs (each gets an internal error)."""
+        ...
+
+    def idle(self, state: Any) -> bool: ...
+    def running(self, state: Any) -> int: ...
+
+
+AnyTaskHandler = TaskHandler | StreamingTaskHandler
+
+
+def is_streaming(handler: AnyTaskHandler) -> TypeIs[StreamingTaskHandler]:
+    """Batch handlers declare no `streaming`; streaming ones declare it True."""
+    return getattr(handler, "streaming", False) is True
 
 
 def item_error(message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from modelhost.tasks.base import TaskHandler
+from modelhost.tasks.base import AnyTaskHandler
 
 HANDLERS: dict[str, str] = {
     "feature-extraction": "modelhost.tasks.feature_extraction:FeatureExtraction",
@@ -35,7 +35,7 @@ def served(pipeline: str) -> bool:
     return pipeline in HANDLERS
 
 
-def handler_for(pipeline: str) -> TaskHandler:
+def handler_for(pipeline: str) -> AnyTaskHandler:
     module_name, _, class_name = HANDLERS[pipeline].partition(":")
-    handler: TaskHandler = getattr(importlib.import_module(module_name), class_name)()
+    handler: AnyTaskHandler = getattr(importlib.import_module(module_name), class_name)()
     return handler

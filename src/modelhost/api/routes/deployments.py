@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Path
 from starlette.concurrency import run_in_threadpool
 
@@ -17,8 +19,8 @@ router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=err
 DeploymentId = Path(max_length=64, description="Deployment ID (`dep_...`).")
 
 
-def present(deployment: rows.Deployment, services: Services) -> Deployment:
-    live = services.runtime.status(deployment.id)
+async def present(deployment: rows.Deployment, services: Services) -> Deployment:
+    live = await services.runtime.status(deployment.id)
     return Deployment(
         id=deployment.id,
         model=deployment.model,
@@ -56,22 +58,23 @@ async def create_deployment(
         body.max_replicas,
     )
     await services.runtime.apply(deployment.id)  # warm and hot start loading now
-    return present(deployment, services)
+    return await present(deployment, services)
 
 
 @router.get("", summary="List deployments with their live state")
-def list_deployments(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Deployment]:
-    rows_ = services.deployments.list_deployments(account_id_of(principal))
-    return ListOf[Deployment](data=[present(d, services) for d in rows_])
+async def list_deployments(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Deployment]:
+    rows_ = await run_in_threadpool(services.deployments.list_deployments, account_id_of(principal))
+    return ListOf[Deployment](data=list(await asyncio.gather(*(present(d, services) for d in rows_))))
 
 
 @router.get(
     "/{deployment_id}", summary="Get a deployment with its live state", responses=error_responses(404)
 )
-def get_deployment(
+async def get_deployment(
     principal: AccountPrincipal, services: ServicesDep, deployment_id: str = DeploymentId
 ) -> Deployment:
-    return present(services.deployments.get(account_id_of(principal), deployment_id), services)
+    deployment = await run_in_threadpool(services.deployments.get, account_id_of(principal), deployment_id)
+    return await present(deployment, services)
 
 
 @router.patch(
@@ -92,7 +95,7 @@ async def update_deployment(
         body.max_replicas,
     )
     await services.runtime.apply(deployment.id)  # takes effect without a restart
-    return present(deployment, services)
+    return await present(deployment, services)
 
 
 @router.delete(

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from modelhost.api.deps import ServicesDep
 from modelhost.api.errors import error_responses
 from modelhost.errors import ServiceUnavailable
+from modelhost.metrics import CONTENT_TYPE_LATEST, exposition
 from modelhost.store import migrate
 
 router = APIRouter(tags=["operations"])
@@ -45,4 +45,6 @@ async def ready(services: ServicesDep) -> dict[str, str]:
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."}},
 )
 async def metrics() -> Response:
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    """Every process of the server (gateways, supervisor, replicas), added up: read in a thread, as it
+    reads one file per process."""
+    return Response(await run_in_threadpool(exposition), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,194 @@
+"""A gateway's connection to one replica: send requests, get their answers and events back.
+
+Every gateway process (and the supervisor, over the replica's lifeline) holds one connection per
+replica it uses. Requests are written without waiting (frames written in one event-loop turn go out
+in one system call) and answers are matched to their callers by ID. A caller that gives up (timeout,
+client gone) sends `Cancel`, so the replica drops the request before it reaches the model. When the
+replica's process dies, every caller waiting on it gets `ReplicaDied`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, cast
+
+import msgspec
+
+from modelhost.runtime.protocol import (
+    Cancel,
+    Events,
+    Failed,
+    FrameReader,
+    FromReplica,
+    Generate,
+    LoadFailed,
+    Payload,
+    Ready,
+    Results,
+    Run,
+    Stats,
+    StatsRequest,
+    decode_from_replica,
+    encode,
+)
+from modelhost.runtime.replica import ReplicaDied, ReplicaFailed
+
+
+class ReplicaConnection(asyncio.Protocol):
+    """One connection to a replica (see the module docstring). `on_lost` is called once when it ends."""
+
+    def __init__(self, on_lost: Callable[[ReplicaConnection], None] | None = None) -> None:
+        self._on_lost = on_lost
+        self._transport: asyncio.Transport | None = None
+        self._reader = FrameReader()
+        self._ids = itertools.count(1)
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._streams: dict[int, asyncio.Queue[Payload | BaseException]] = {}
+        self._unsent: list[bytes] = []
+        self._lost: BaseException | None = None
+        # The lifeline's first message: whether the model loaded (`Ready` / `LoadFailed`).
+        self.hello: asyncio.Future[Ready | LoadFailed] = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def open(
+        cls, path: str, on_lost: Callable[[ReplicaConnection], None] | None = None
+    ) -> ReplicaConnection:
+        """Connect to a replica's published socket."""
+        _, connection = await asyncio.get_running_loop().create_unix_connection(lambda: cls(on_lost), path)
+        assert isinstance(connection, ReplicaConnection)
+        return connection
+
+    @property
+    def alive(self) -> bool:
+        return self._transport is not None and self._lost is None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._calls) + len(self._streams)
+
+    # ---------------------------------------------------------------- requests
+
+    async def submit(self, item: Payload) -> Payload:
+        """One request of a batch task: the replica batches it; its output (or an item error dict)."""
+        request_id = next(self._ids)
+        future: asyncio.Future[Payload] = asyncio.get_running_loop().create_future()
+        self._calls[request_id] = future
+        self._write(Run(request_id, item))
+        try:
+            return await future
+        finally:  # still registered: the caller gave up before the answer; the replica drops it
+            if self._calls.pop(request_id, None) is not None and self.alive:
+                self._write(Cancel(request_id))
+
+    async def stream(self, request: Payload) -> AsyncGenerator[Payload, None]:
+        """A generation's events until its last; closing the iterator early (client gone) cancels it
+        in the replica at its next step."""
+        request_id = next(self._ids)
+        queue: asyncio.Queue[Payload | BaseException] = asyncio.Queue()
+        self._streams[request_id] = queue
+        self._write(Generate(request_id, request))
+        finished = False
+        try:
+            while not finished:
+                event = await queue.get()
+                if isinstance(event, BaseException):
+                    raise event
+                finished = "finish" in event or "error" in event
+                yield event
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished and self.alive:
+                self._write(Cancel(request_id))
+
+    async def stats(self) -> Stats:
+        request_id = next(self._ids)
+        future: asyncio.Future[Stats] = asyncio.get_running_loop().create_future()
+        self._calls[request_id] = future
+        self._write(StatsRequest(request_id))
+        try:
+            return await future
+        finally:
+            self._calls.pop(request_id, None)
+
+    def send(self, message: msgspec.Struct) -> None:
+        """A message that expects no answer (`Stop`)."""
+        self._write(message)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    # ---------------------------------------------------------------- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio's subclasses
+
+    def data_received(self, data: bytes) -> None:
+        for body in self._reader.feed(data):
+            self._dispatch(decode_from_replica(body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = ReplicaDied("the replica's worker process exited")
+        self._fail_all(self._lost)
+        if not self.hello.done():
+            self.hello.set_exception(self._lost)
+        if self._on_lost is not None:
+            self._on_lost(self)
+
+    # ---------------------------------------------------------------- internals
+
+    def _dispatch(self, message: FromReplica) -> None:
+        if isinstance(message, Results):
+            for result in message.results:
+                self._resolve(result.id, result.output)
+        elif isinstance(message, Events):
+            for event in message.events:
+                queue = self._streams.get(event.id)
+                if queue is not None:
+                    queue.put_nowait(event.event)
+        elif isinstance(message, Failed):
+            for request_id in message.ids:
+                future = self._calls.pop(request_id, None)
+                if future is not None and not future.done():
+                    future.set_exception(ReplicaFailed(message.message))
+        elif isinstance(message, Stats):
+            self._resolve(message.id, message)
+        elif not self.hello.done():  # Ready / LoadFailed, on the lifeline
+            self.hello.set_result(message)
+
+    def _resolve(self, request_id: int, value: Any) -> None:
+        """Answer a waiting caller; one that is no longer waiting (it sent `Cancel`) is ignored."""
+        future = self._calls.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(value)
+
+    def _write(self, message: msgspec.Struct) -> None:
+        """Queue a frame; every frame queued in this event-loop turn goes out in one write."""
+        if self._lost is not None or self._transport is None:
+            raise self._lost or ReplicaDied("the replica is not connected")
+        if not self._unsent:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._unsent.append(encode(message))
+
+    def _flush(self) -> None:
+        frames, self._unsent = self._unsent, []
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(frames) if len(frames) > 1 else frames[0])
+
+    def _fail_all(self, error: BaseException) -> None:
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(error)
+        for queue in self._streams.values():
+            queue.put_nowait(error)
+
+
+async def connect_pair(sock: Any, on_lost: Callable[[ReplicaConnection], None]) -> ReplicaConnection:
+    """A connection over an already connected socket (the supervisor's end of a replica's lifeline)."""
+    _, connection = await asyncio.get_running_loop().create_unix_connection(
+        lambda: ReplicaConnection(on_lost), sock=sock
+    )
+    assert isinstance(connection, ReplicaConnection)
+    return connection

@@ -1,0 +1,237 @@
+"""The hosting loop of a replica, whatever carries its messages: requests in, batches and steps out.
+
+Every gateway process sends its requests straight to the replica, so this is where they meet: a batch
+task's requests from all of them wait in one queue and go to the model together, a streaming task's
+requests join one engine. Both transports use it, the local worker process (`runtime.worker`, over
+Unix sockets) and the Ray Serve replica (`runtime.ray_backend`): they feed it messages (`receive`),
+run it when it is due (`work`) and send what it has for each connection (`take_outgoing`).
+
+Batching: when the model is free the waiting requests (up to `max_batch`) go in one call. A replica
+that was idle starts at once, as waiting would only add latency; right after a batch it waits up to
+`max_wait` for as many requests as that batch carried, because under load the callers it just
+answered come back within moments and the next call is then as full as the last.
+
+A connection (`peer`) that closes takes its requests with it: its waiting requests are dropped and its
+generations stopped, so a gateway process that dies loses only its own work.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from modelhost.errors import ModelhostError
+from modelhost.runtime import metrics
+from modelhost.runtime.protocol import (
+    Cancel,
+    Event,
+    Events,
+    Failed,
+    Generate,
+    Payload,
+    Result,
+    Results,
+    Run,
+    Stats,
+    StatsRequest,
+    ToReplica,
+)
+from modelhost.tasks.base import AnyTaskHandler, error_of, is_streaming, item_error
+
+log = logging.getLogger("modelhost.replica")
+Peer = Hashable
+
+
+@dataclass(eq=False, slots=True)
+class _Waiting:
+    peer: Peer
+    id: int
+    item: Payload
+
+
+class ReplicaHost:
+    """One replica's model and the work waiting for it (see the module docstring)."""
+
+    def __init__(
+        self,
+        handler: AnyTaskHandler,
+        state: Any,
+        *,
+        deployment: str,
+        max_batch: int,
+        max_wait: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._handler = handler
+        self._state = state
+        self._deployment = deployment
+        self._max_batch = max(1, max_batch)
+        self._max_wait = max_wait
+        self._clock = clock
+        self.streaming = is_streaming(handler)
+        self._queue: deque[_Waiting] = deque()
+        self._waiting: dict[tuple[Peer, int], _Waiting] = {}
+        self._last_batch = 1
+        self._freed_at: float | None = None  # when the last batch ended (None: idle since)
+        self._keys = itertools.count(1)
+        self._streams: dict[int, tuple[Peer, int]] = {}  # handler request id → (peer, request id)
+        self._stream_keys: dict[tuple[Peer, int], int] = {}
+        self._results: dict[Peer, list[Result]] = {}
+        self._events: dict[Peer, list[Event]] = {}
+        self._other: list[tuple[Peer, msgspec.Struct]] = []
+        self._published = (-1, -1)
+        self._queue_depth = metrics.QUEUE_DEPTH.labels(deployment)
+        self._generating = metrics.GENERATING.labels(deployment)
+        self._batch_size = metrics.BATCH_SIZE.labels(deployment)
+        self._inference_seconds = metrics.INFERENCE_SECONDS.labels(deployment)
+
+    # ---------------------------------------------------------------- messages in
+
+    def receive(self, peer: Peer, message: ToReplica) -> None:
+        if isinstance(message, Run):
+            self._run(peer, message)
+        elif isinstance(message, Generate):
+            self._generate(peer, message)
+        elif isinstance(message, Cancel):
+            self._cancel(peer, message.id)
+        elif isinstance(message, StatsRequest):
+            self._other.append((peer, Stats(message.id, len(self._queue), self.running)))
+
+    def drop(self, peer: Peer) -> None:
+        """The connection closed: forget its waiting requests, stop its generations."""
+        for key in [key for key in self._waiting if key[0] == peer]:
+            self._cancel(*key)
+        for key in [key for key in self._stream_keys if key[0] == peer]:
+            self._cancel(*key)
+        self._results.pop(peer, None)
+        self._events.pop(peer, None)
+        self._other = [(p, m) for p, m in self._other if p != peer]
+
+    def _run(self, peer: Peer, message: Run) -> None:
+        if self.streaming:
+            self._other.append((peer, Failed([message.id], "this replica serves a streaming task")))
+            return
+        waiting = _Waiting(peer, message.id, message.item)
+        self._queue.append(waiting)
+        self._waiting[peer, message.id] = waiting
+
+    def _generate(self, peer: Peer, message: Generate) -> None:
+        if not is_streaming(self._handler):
+            error = item_error("this replica serves a batch task")
+            self._event(peer, message.id, {"error": {**error["error"], "internal": True}})
+            return
+        key = next(self._keys)
+        try:
+            self._handler.start(self._state, key, message.request)
+        except ModelhostError as exc:  # the request's own fault: its caller gets a 400
+            self._event(peer, message.id, error_of(exc))
+            return
+        self._streams[key] = (peer, message.id)
+        self._stream_keys[peer, message.id] = key
+
+    def _cancel(self, peer: Peer, request_id: int) -> None:
+        waiting = self._waiting.pop((peer, request_id), None)
+        if waiting is not None:
+            self._queue.remove(waiting)
+            return
+        key = self._stream_keys.pop((peer, request_id), None)
+        if key is not None and is_streaming(self._handler):
+            self._streams.pop(key, None)
+            self._handler.cancel(self._state, key)
+
+    # ---------------------------------------------------------------- work
+
+    @property
+    def running(self) -> int:
+        """Sequences the streaming handler holds (0 for a batch task)."""
+        return self._handler.running(self._state) if is_streaming(self._handler) else 0
+
+    def due(self) -> float | None:
+        """Seconds until `work` should run: 0 now, None when there is nothing to do."""
+        self._publish()
+        if is_streaming(self._handler):
+            return None if self._handler.idle(self._state) else 0.0
+        if not self._queue:
+            return None
+        if self._freed_at is not None and len(self._queue) < min(self._max_batch, self._last_batch):
+            remaining = self._freed_at + self._max_wait - self._clock()
+            if remaining > 0:
+                return remaining
+        return 0.0
+
+    def work(self) -> None:
+        """One model call: the next batch, or one step of the streaming handler."""
+        if is_streaming(self._handler):
+            self._step()
+        elif self._queue:
+            self._batch()
+
+    def _batch(self) -> None:
+        count = min(self._max_batch, len(self._queue))
+        batch = [self._queue.popleft() for _ in range(count)]
+        for waiting in batch:
+            del self._waiting[waiting.peer, waiting.id]
+        self._publish()
+        started = time.perf_counter()
+        try:
+            assert not is_streaming(self._handler)  # narrows the handler for the type checker
+            outputs = self._handler.run(self._state, [w.item for w in batch])
+        except Exception as exc:  # the batch fails, the replica carries on
+            traceback.print_exc()
+            failed: dict[Peer, list[int]] = {}
+            for waiting in batch:
+                failed.setdefault(waiting.peer, []).append(waiting.id)
+            message = f"{type(exc).__name__}: {exc}"
+            self._other.extend((peer, Failed(ids, message)) for peer, ids in failed.items())
+        else:
+            for waiting, output in zip(batch, outputs, strict=True):
+                self._results.setdefault(waiting.peer, []).append(Result(waiting.id, output))
+        self._batch_size.observe(count)
+        self._inference_seconds.observe(time.perf_counter() - started)
+        self._last_batch, self._freed_at = count, self._clock()
+
+    def _step(self) -> None:
+        assert is_streaming(self._handler)
+        try:
+            events = self._handler.step(self._state)
+        except Exception as exc:  # a failed step fails the requests in it, not the replica
+            traceback.print_exc()
+            failure = {"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}}
+            events = [(key, failure) for key in self._handler.abort(self._state)]
+        for key, event in events:
+            target = self._streams.get(key)
+            if target is None:
+                continue  # cancelled meanwhile
+            if "finish" in event or "error" in event:
+                del self._streams[key]
+                self._stream_keys.pop(target, None)
+            self._event(*target, event)
+
+    def _event(self, peer: Peer, request_id: int, event: Payload) -> None:
+        self._events.setdefault(peer, []).append(Event(request_id, event))
+
+    def _publish(self) -> None:
+        """Queue depth and held sequences as gauges, written only when they change."""
+        now = (len(self._queue), self.running)
+        if now != self._published:
+            self._published = now
+            self._queue_depth.set(now[0])
+            self._generating.set(now[1])
+
+    # ---------------------------------------------------------------- messages out
+
+    def take_outgoing(self) -> list[tuple[Peer, msgspec.Struct]]:
+        """What to send, per connection: at most one `Results` and one `Events` each, then the rest."""
+        outgoing: list[tuple[Peer, msgspec.Struct]] = [(p, Results(r)) for p, r in self._results.items()]
+        outgoing += [(p, Events(e)) for p, e in self._events.items()]
+        outgoing += self._other
+        self._results, self._events, self._other = {}, {}, []
+        return outgoing

@@ -1,0 +1,268 @@
+"""The replica's hosting loop without processes: batching, cancellation, connections that close.
+
+`ReplicaHost` is what a local worker and a Ray Serve replica both run; here a fake handler records the
+batches it is given and a fake clock stands in for time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from modelhost.errors import InvalidRequest
+from modelhost.runtime.host import ReplicaHost
+from modelhost.runtime.protocol import (
+    Cancel,
+    Event,
+    Events,
+    Failed,
+    FrameReader,
+    Generate,
+    Result,
+    Results,
+    Run,
+    Stats,
+    StatsRequest,
+    decode_from_replica,
+    decode_to_replica,
+    encode,
+)
+
+
+class Recorder:
+    """A batch task that answers each item with its text upper-cased and remembers every batch."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.batches: list[list[str]] = []
+        self.fail = fail
+
+    def load(self, model_dir: Path, device: str) -> None: ...
+    def warmup_item(self) -> dict[str, Any]:
+        return {"text": ""}
+
+    def run(self, model: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.batches.append([item["text"] for item in batch])
+        if self.fail:
+            raise RuntimeError("the model broke")
+        return [{"text": item["text"].upper()} for item in batch]
+
+
+class Counter:
+    """A streaming task: each request counts up to its `n`, one number per step, then finishes."""
+
+    streaming = True
+
+    def __init__(self) -> None:
+        self.left: dict[int, int] = {}
+
+    def load(self, model_dir: Path, device: str) -> None: ...
+    def warmup(self, state: Any) -> None: ...
+    def start(self, state: Any, request_id: int, request: dict[str, Any]) -> None:
+        if request["n"] < 1:
+            raise InvalidRequest("n must be positive", param="n")
+        self.left[request_id] = request["n"]
+
+    def cancel(self, state: Any, request_id: int) -> None:
+        self.left.pop(request_id, None)
+
+    def step(self, state: Any) -> list[tuple[int, dict[str, Any]]]:
+        events: list[tuple[int, dict[str, Any]]] = []
+        for key in list(self.left):
+            self.left[key] -= 1
+            done = self.left[key] == 0
+            events.append((key, {"finish": "stop"} if done else {"left": self.left[key]}))
+            if done:
+                del self.left[key]
+        return events
+
+    def abort(self, state: Any) -> list[int]:
+        keys, self.left = list(self.left), {}
+        return keys
+
+    def idle(self, state: Any) -> bool:
+        return not self.left
+
+    def running(self, state: Any) -> int:
+        return len(self.left)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def host_of(
+    handler: Any, clock: Clock | None = None, max_batch: int = 4, max_wait: float = 0.005
+) -> ReplicaHost:
+    clock = clock or Clock()
+    return ReplicaHost(handler, None, deployment="dep_t", max_batch=max_batch, max_wait=max_wait, clock=clock)
+
+
+def answers(host: ReplicaHost) -> dict[str, list[Any]]:
+    """What the host sends, by connection: results as (id, text), events as (id, event), the rest."""
+    sent: dict[str, list[Any]] = {}
+    for peer, message in host.take_outgoing():
+        box = sent.setdefault(str(peer), [])
+        if isinstance(message, Results):
+            box += [(r.id, r.output["text"]) for r in message.results]
+        elif isinstance(message, Events):
+            box += [(e.id, e.event) for e in message.events]
+        else:
+            box.append(message)
+    return sent
+
+
+def test_requests_of_every_connection_meet_in_one_batch_in_arrival_order() -> None:
+    recorder = Recorder()
+    host = host_of(recorder)
+    host.receive("gateway-1", Run(1, {"text": "a"}))
+    host.receive("gateway-2", Run(1, {"text": "b"}))
+    host.receive("gateway-1", Run(2, {"text": "c"}))
+    assert host.due() == 0
+    host.work()
+    assert recorder.batches == [["a", "b", "c"]]
+    assert answers(host) == {"gateway-1": [(1, "A"), (2, "C")], "gateway-2": [(1, "B")]}
+
+
+def test_a_batch_takes_at_most_max_batch_requests_and_the_rest_wait_their_turn() -> None:
+    recorder = Recorder()
+    host = host_of(recorder, max_batch=4, max_wait=0)
+    for i in range(10):
+        host.receive("g", Run(i, {"text": str(i)}))
+    while host.due() == 0:
+        host.work()
+    assert recorder.batches == [["0", "1", "2", "3"], ["4", "5", "6", "7"], ["8", "9"]]
+    assert host.due() is None  # nothing left to do
+
+
+def test_an_idle_replica_runs_a_request_at_once() -> None:
+    host = host_of(Recorder(), max_wait=600)  # a gather window of ten minutes, never waited
+    host.receive("g", Run(1, {"text": "alone"}))
+    assert host.due() == 0
+
+
+def test_right_after_a_batch_the_next_waits_briefly_for_as_many_requests_as_the_last_carried() -> None:
+    clock, recorder = Clock(), Recorder()
+    host = host_of(recorder, clock, max_batch=8, max_wait=0.005)
+    for i in range(3):
+        host.receive("g", Run(i, {"text": f"first {i}"}))
+    host.work()
+    host.receive("g", Run(10, {"text": "early"}))
+    assert host.due() == pytest.approx(0.005)  # one of three back: wait for the others
+    host.receive("g", Run(11, {"text": "second"}))
+    clock.now += 0.002
+    assert host.due() == pytest.approx(0.003)
+    host.receive("g", Run(12, {"text": "third"}))
+    assert host.due() == 0  # as many as last time: go
+    host.work()
+    host.receive("g", Run(13, {"text": "late"}))
+    clock.now += 0.006
+    assert host.due() == 0  # the window has passed: go with what is there
+    host.work()
+    assert [len(b) for b in recorder.batches] == [3, 3, 1]
+
+
+def test_a_cancelled_request_never_reaches_the_model() -> None:
+    recorder = Recorder()
+    host = host_of(recorder)
+    host.receive("g", Run(1, {"text": "kept"}))
+    host.receive("g", Run(2, {"text": "abandoned"}))
+    host.receive("g", Cancel(2))
+    host.receive("g", Cancel(99))  # unknown: ignored
+    host.work()
+    assert recorder.batches == [["kept"]]
+    assert answers(host) == {"g": [(1, "KEPT")]}
+
+
+def test_a_closed_connection_takes_its_waiting_requests_with_it() -> None:
+    recorder = Recorder()
+    host = host_of(recorder)
+    host.receive("gone", Run(1, {"text": "lost"}))
+    host.receive("here", Run(1, {"text": "kept"}))
+    host.drop("gone")
+    host.work()
+    assert recorder.batches == [["kept"]]
+    assert answers(host) == {"here": [(1, "KEPT")]}
+
+
+def test_a_batch_that_raises_fails_its_requests_and_the_replica_carries_on() -> None:
+    recorder = Recorder(fail=True)
+    host = host_of(recorder)
+    host.receive("a", Run(1, {"text": "x"}))
+    host.receive("b", Run(7, {"text": "y"}))
+    host.work()
+    failure = "RuntimeError: the model broke"
+    assert answers(host) == {"a": [Failed([1], failure)], "b": [Failed([7], failure)]}
+    recorder.fail = False
+    host.receive("a", Run(2, {"text": "z"}))
+    host.work()
+    assert answers(host) == {"a": [(2, "Z")]}
+
+
+def test_streams_step_together_and_each_ends_with_its_finish() -> None:
+    host = host_of(Counter())
+    host.receive("g1", Generate(1, {"n": 2}))
+    host.receive("g2", Generate(1, {"n": 1}))
+    assert host.running == 2 and host.due() == 0
+    host.work()
+    assert answers(host) == {"g1": [(1, {"left": 1})], "g2": [(1, {"finish": "stop"})]}
+    host.work()
+    assert answers(host) == {"g1": [(1, {"finish": "stop"})]}
+    assert host.due() is None and host.running == 0
+
+
+def test_a_stream_that_cannot_start_answers_its_caller_with_an_error_event() -> None:
+    host = host_of(Counter())
+    host.receive("g", Generate(5, {"n": 0}))
+    [(request_id, event)] = answers(host)["g"]
+    assert request_id == 5 and event["error"]["param"] == "n"
+    assert host.due() is None
+
+
+def test_cancelling_a_stream_or_closing_its_connection_stops_it_before_the_next_step() -> None:
+    counter = Counter()
+    host = host_of(counter)
+    host.receive("g1", Generate(1, {"n": 5}))
+    host.receive("g1", Generate(2, {"n": 5}))
+    host.receive("g2", Generate(1, {"n": 5}))
+    host.receive("g1", Cancel(1))
+    host.drop("g2")
+    host.work()
+    assert answers(host) == {"g1": [(2, {"left": 4})]}
+    assert host.running == 1
+
+
+def test_stats_say_what_the_replica_holds() -> None:
+    host = host_of(Recorder())
+    host.receive("g", Run(1, {"text": "a"}))
+    host.receive("g", StatsRequest(9))
+    assert answers(host) == {"g": [Stats(9, queued=1, running=0)]}
+
+
+def test_every_message_survives_the_wire() -> None:
+    for message in (Run(1, {"b": b"\x00\xff", "x": [1.5]}), Generate(2, {"p": "hi"}), Cancel(3)):
+        frame = encode(message)
+        assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+        assert decode_to_replica(frame[4:]) == message
+    results = Results([Result(1, {"v": b"\x01"})])
+    assert decode_from_replica(encode(results)[4:]) == results
+    events = Events([Event(4, {"finish": "stop"})])
+    assert decode_from_replica(encode(events)[4:]) == events
+    with pytest.raises(msgspec.ValidationError):
+        decode_to_replica(msgspec.msgpack.encode(["run", "not an id", {}]))
+
+
+def test_frames_are_cut_right_however_the_bytes_arrive() -> None:
+    frames = [encode(Run(i, {"text": "x" * i})) for i in range(1, 6)]
+    stream = b"".join(frames)
+    for chunk in (1, 3, 7, len(stream)):
+        reader = FrameReader()
+        pieces = [stream[start : start + chunk] for start in range(0, len(stream), chunk)]
+        bodies = [body for piece in pieces for body in reader.feed(piece)]
+        assert [decode_to_replica(b) for b in bodies] == [Run(i, {"text": "x" * i}) for i in range(1, 6)]
