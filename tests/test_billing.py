@@ -183,7 +183,7 @@ async def test_an_account_out_of_credits_gets_402_and_its_replicas_unload_until_
         assert micro((await gw.usage())["credits_balance"]) == micro(10) - 120 * PER_SECOND
         await gw.idle(60)  # 180 s: the balance goes below zero at this tick
         assert await gw.state(hot) == "unloaded"
-        assert gw.services.runtime.status(hot).reason == "the account is out of credits"
+        assert (await gw.services.runtime.status(hot)).reason == "the account is out of credits"
         for model in ("h", "c"):
             assert_error(await gw.embed(model), 402, "insufficient_credits", "insufficient_credits_error")
         await gw.services.runtime.apply(hot)  # what a restart or a patch asks: the load is refused too

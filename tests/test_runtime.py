@@ -423,7 +423,7 @@ async def test_sigterm_drains_in_flight_work_then_exits_leaving_no_worker_behind
     server, key, deployment_id, pid = on_server
     assert server.process is not None
     body = {"model": "m", "input": "at SIGTERM"}
-    queued = f'modelhost_requests_in_flight{{deployment="{deployment_id}"}} 1.0'
+    queued = f'modelhost_requests_in_flight{{deployment="{deployment_id}",pid="{server.process.pid}"}} 1.0'
     async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
         with stopped(pid):
             in_flight = asyncio.create_task(client.post("/v1/embeddings", json=body, headers=bearer(key)))

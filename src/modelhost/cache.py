@@ -26,6 +26,9 @@ class TTLCache(Generic[V]):
         self._clock = clock
         self._entries: OrderedDict[str, tuple[float, V | None]] = OrderedDict()
         self._lock = threading.Lock()
+        # Told when an entry (a key) or everything (None) is forgotten on purpose, so that the server's
+        # other gateway processes forget it too (`modelhost.server`); expiry is not announced.
+        self.on_forget: Callable[[str | None], None] | None = None
 
     def get(self, key: str) -> tuple[bool, V | None]:
         """(found, value). `found` is False when absent or expired."""
@@ -50,12 +53,22 @@ class TTLCache(Generic[V]):
                 self._entries.popitem(last=False)
 
     def discard(self, key: str) -> None:
-        with self._lock:
-            self._entries.pop(key, None)
+        self.forget_here(key)
+        if self.on_forget is not None:
+            self.on_forget(key)
 
     def clear(self) -> None:
+        self.forget_here(None)
+        if self.on_forget is not None:
+            self.on_forget(None)
+
+    def forget_here(self, key: str | None) -> None:
+        """Forget `key` (None: everything) in this process only: another process announced it."""
         with self._lock:
-            self._entries.clear()
+            if key is None:
+                self._entries.clear()
+            else:
+                self._entries.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -33,6 +33,12 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = 8000
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Gateway processes serving HTTP on the port (`serve --workers`); unset: one per four "
+        "cores, 1 to 8.",
+    )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024,
         description="Largest JSON/multipart request body accepted (413 above).",

@@ -129,3 +129,24 @@ class GatewayTimeout(ModelhostError):
 
 class InternalError(ModelhostError):
     """Raised for nothing; the handler maps unexpected exceptions to this shape without details."""
+
+
+def rebuild(
+    name: str, message: str, *, param: str | None, code: str | None, headers: dict[str, str]
+) -> ModelhostError:
+    """The error another process raised, as the same class here (it crossed the control socket by
+    name): the caller's client sees the same status, type and code as if it had been raised here."""
+    cls = _by_name().get(name, ModelhostError)
+    error = cls.__new__(cls)
+    ModelhostError.__init__(error, message, param=param, code=code, headers=headers)
+    return error
+
+
+def _by_name() -> dict[str, type[ModelhostError]]:
+    found: dict[str, type[ModelhostError]] = {"ModelhostError": ModelhostError}
+    pending = [ModelhostError]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            found[sub.__name__] = sub
+            pending.append(sub)
+    return found

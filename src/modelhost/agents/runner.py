@@ -1,5 +1,5 @@
-"""The gateway's agent runner: each run is an asyncio task on the gateway that accepted it, generating
-with the agent's model and writing every step as a stored event.
+"""The agent runner: each run is an asyncio task in the server's supervisor (whichever of its gateway
+processes accepted it), generating with the agent's model and writing every step as a stored event.
 
 A run is never re-run: a gateway that dies leaves its runs silent, and housekeeping (on every gateway)
 fails them with `interrupted` once they have been silent `MODELHOST_AGENT_RUN_STALE_SECONDS`.
@@ -15,14 +15,14 @@ import contextlib
 import logging
 import secrets
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from modelhost.agents.store import AgentStore, RunJob
 from modelhost.clock import heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.protocol.chat import ChatCompletionRequest
-from modelhost.runtime.manager import ReplicaManager
+from modelhost.runtime.interface import Runtime
 from modelhost.services.generation import ChatChoice, chat_requests
 from modelhost.store.types import utcnow
 
@@ -33,12 +33,25 @@ class _Stopped(Exception):
     """The run is no longer this runner's to write (deleted, cancelled, taken over)."""
 
 
+class Runs(Protocol):
+    """What the routes use of the runner: the `AgentRunner` in the supervisor, a stand-in that asks the
+    supervisor in its other gateway processes (`modelhost.server.remote`)."""
+
+    @property
+    def name(self) -> str:
+        """The runner that claims the runs (`claimed_by`)."""
+        ...
+
+    async def submit(self, job: RunJob) -> None: ...
+    async def stop_runs(self, run_ids: list[str]) -> None: ...
+
+
 class AgentRunner:
-    def __init__(self, store: AgentStore, runtime: ReplicaManager, settings: Settings) -> None:
+    def __init__(self, store: AgentStore, runtime: Runtime, settings: Settings) -> None:
         self.store = store
         self.runtime = runtime
         self.settings = settings
-        self.name = f"gw-{secrets.token_hex(6)}"  # this gateway process, in `claimed_by`
+        self.name = f"gw-{secrets.token_hex(6)}"  # this server's supervisor, in `claimed_by`
         self._running: dict[str, asyncio.Task[None]] = {}
         self._housekeeping: asyncio.Task[None] | None = None
 
@@ -56,7 +69,7 @@ class AgentRunner:
                 self.store.fail, run_id, self.name, "interrupted", "The server running it shut down."
             )
 
-    def submit(self, job: RunJob) -> None:
+    async def submit(self, job: RunJob) -> None:
         self._running[job.id] = asyncio.create_task(self._run(job))
 
     async def stop_runs(self, run_ids: list[str]) -> None:

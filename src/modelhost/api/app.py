@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import re
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import Scope
@@ -37,7 +37,7 @@ from modelhost.api.routes import (
 )
 from modelhost.config import Settings, get_settings
 from modelhost.protocol.errors import ErrorBody
-from modelhost.services.container import Services
+from modelhost.services.container import Services, Supervision
 
 log = logging.getLogger("modelhost")
 UPLOAD_PATH = re.compile(r"^/v1/model-artifacts/[^/]+/uploads/[^/]+/files/")
@@ -54,31 +54,31 @@ key or a deployment key. Any other key → 401 `InvalidAPIKeyError`.
 """
 
 
-def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
-    """Build the gateway. Services are built at startup unless given (tests may share one)."""
+Around = Callable[[Services], AbstractAsyncContextManager[None]]
+
+
+def create_app(
+    settings: Settings | None = None, services: Services | None = None, *, around: Around | None = None
+) -> FastAPI:
+    """Build the gateway. Services are built at startup unless given (tests may share one). In the
+    supervisor the lifespan also runs its duties; `around` wraps what runs while the app serves (the
+    server's other gateway processes, `modelhost.server`), inside those duties."""
     settings = settings or (services.settings if services else get_settings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = services is None
-        app.state.services = services or Services.build(settings)
-        sweeper = asyncio.create_task(_sweep_forever(app.state.services))
-        billing = app.state.services.billing
-        await asyncio.to_thread(billing.start, 3 * billing.tick_seconds)
-        metering = asyncio.create_task(billing.run_forever(app.state.services.runtime.unload_account))
-        await app.state.services.runtime.start()
-        app.state.services.video_runner.start()
-        app.state.services.agent_runner.start()
+        app.state.services = built = services or Services.build(settings)
         try:
-            yield
+            async with contextlib.AsyncExitStack() as stack:
+                if built.supervisor is not None:
+                    await stack.enter_async_context(supervising(built, built.supervisor))
+                if around is not None:
+                    await stack.enter_async_context(around(built))
+                yield
         finally:
-            sweeper.cancel()
-            metering.cancel()
-            await app.state.services.video_runner.stop()
-            await app.state.services.agent_runner.stop()
-            await app.state.services.runtime.shutdown()  # bills every replica up to its unload
             if owned:
-                app.state.services.close()
+                built.close()
 
     app = FastAPI(
         title="modelhost",
@@ -165,6 +165,27 @@ _GENERIC = {
 }
 
 
+@asynccontextmanager
+async def supervising(services: Services, supervision: Supervision) -> AsyncIterator[None]:
+    """The supervisor's duties while it serves: housekeeping, metering, hot loads and the idle reaper,
+    video jobs and agent runs. At the end it bills every replica up to its unload."""
+    sweeper = asyncio.create_task(_sweep_forever(services))
+    billing = services.billing
+    await asyncio.to_thread(billing.start, 3 * billing.tick_seconds)
+    metering = asyncio.create_task(billing.run_forever(supervision.runtime.unload_account))
+    await supervision.runtime.start()
+    supervision.videos.start()
+    supervision.agents.start()
+    try:
+        yield
+    finally:
+        sweeper.cancel()
+        metering.cancel()
+        await supervision.videos.stop()
+        await supervision.agents.stop()
+        await supervision.runtime.shutdown()
+
+
 async def _sweep_forever(services: Services) -> None:
     """Background housekeeping: expire upload sessions and generated files, recover stale completions."""
     await asyncio.to_thread(services.artifacts.recover)
@@ -177,17 +198,12 @@ async def _sweep_forever(services: Services) -> None:
                 log.exception("sweep failed")
 
 
-def make_server(settings: Settings, host: str, port: int, log_level: str) -> uvicorn.Server:
-    """The uvicorn server of `modelhost serve` and `modelhost quickstart`.
+def settle_memory() -> None:
+    """Called once a gateway process has built everything it keeps for its whole life.
 
-    Everything imported and built by now lives as long as the process: `gc.freeze` takes it out of
-    the collector's view, and a larger first-generation threshold collects less often. Together they
-    cut the gateway's CPU per request by about a tenth under load (bench/).
-    """
-    config = uvicorn.Config(
-        create_app(settings), host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30
-    )
+    `gc.freeze` takes all of that out of the collector's view, and a larger first-generation threshold
+    collects less often. Together they cut the gateway's CPU per request by about a tenth under load
+    (bench/)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    return uvicorn.Server(config)

@@ -49,28 +49,44 @@ ARTIFACT_USAGE_COLUMNS = ("artifact_id", "display_name", "compute_credits", "sto
 DEPLOYMENT_COLUMNS = ("id", "model", "pipeline", "readiness", "state", "replicas", "memory_gb", "artifact_id")
 
 
+Workers = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        min=1,
+        help="Gateway processes serving HTTP on the port (default: MODELHOST_WORKERS, else one per four "
+        "cores, 1 to 8). They share every replica: requests from all of them are batched together.",
+        show_default=False,
+    ),
+]
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default: MODELHOST_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: MODELHOST_PORT).")] = None,
+    workers: Workers = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
-    """Run the gateway (applies database migrations first). Ctrl-C / SIGTERM shut it down cleanly."""
-    from modelhost.api.app import make_server
+    """Run the server (applies database migrations first). Ctrl-C / SIGTERM drain it and shut it down."""
     from modelhost.config import get_settings
+    from modelhost.server import default_workers
+    from modelhost.server import serve as run_server
 
     settings = get_settings()
     if settings.admin_key_value is None:
         out.print(
             "[yellow]MODELHOST_ADMIN_KEY is not set: admin routes (account creation) are disabled.[/yellow]"
         )
-    make_server(settings, host or settings.host, port or settings.port, log_level).run()
+    count = workers or settings.workers or default_workers()
+    run_server(settings, host or settings.host, port or settings.port, count, log_level)
 
 
 @app.command()
 def quickstart(
     host: Annotated[str | None, typer.Option(help="Bind address (default: MODELHOST_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: MODELHOST_PORT).")] = None,
+    workers: Workers = None,
 ) -> None:
     """Serve with a ready demo: an account, all-MiniLM-L6-v2 pushed and deployed as `minilm` (hot)."""
     import secrets
@@ -81,8 +97,11 @@ def quickstart(
     if not os.environ.get("MODELHOST_ADMIN_KEY") and get_settings().admin_key_value is None:
         os.environ["MODELHOST_ADMIN_KEY"] = "mh-admin-" + secrets.token_urlsafe(24)
         get_settings.cache_clear()
+    from modelhost.server import default_workers
+
     settings = get_settings()
-    run_quickstart(settings, host or settings.host, port or settings.port)
+    count = workers or settings.workers or default_workers()
+    run_quickstart(settings, host or settings.host, port or settings.port, count)
 
 
 @db_app.command("upgrade")

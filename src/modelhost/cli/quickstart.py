@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,21 +24,18 @@ DEMO_MODEL = "minilm"
 STATE_FILE = "quickstart.json"
 
 
-def run_quickstart(settings: Settings, host: str, port: int) -> None:
-    from modelhost.api.app import make_server
+def run_quickstart(settings: Settings, host: str, port: int, workers: int) -> None:
+    from modelhost.server import serve
 
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     admin_key = settings.admin_key_value
     assert admin_key is not None
-    server = make_server(settings, host, port, "warning")
-    helper = threading.Thread(target=_prepare_demo, args=(settings, url, admin_key, server), daemon=True)
-    helper.start()
-    server.run()
+    serve(settings, host, port, workers, "warning", beside=lambda: _prepare_demo(settings, url, admin_key))
 
 
-def _prepare_demo(settings: Settings, url: str, admin_key: str, server: Any) -> None:
+def _prepare_demo(settings: Settings, url: str, admin_key: str) -> None:
     try:
-        _wait_for(url, server)
+        _wait_for(url)
         state = _ensure_demo(settings, url, admin_key)
         _wait_ready(url, state)
         _print_examples(url, state["api_key"])
@@ -47,9 +43,9 @@ def _prepare_demo(settings: Settings, url: str, admin_key: str, server: Any) -> 
         out.print(f"[red]quickstart could not prepare the demo:[/red] {exc!r}")
 
 
-def _wait_for(url: str, server: Any, timeout: float = 120) -> None:
+def _wait_for(url: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not server.should_exit:
+    while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return

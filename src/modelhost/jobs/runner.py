@@ -1,8 +1,8 @@
-"""The gateway's video job runner: claims queued jobs from the database and runs them on their
-deployment's replicas, reporting progress and a heartbeat, until they complete or fail.
+"""The video job runner: claims queued jobs from the database and runs them on their deployment's
+replicas, reporting progress and a heartbeat, until they complete or fail.
 
-Each gateway runs one (with `MODELHOST_VIDEO_CONCURRENCY` jobs at a time); any number of gateways may
-share one database, since a claim is atomic (`VideoJobs.claim`). Housekeeping runs here too: stale
+Each server's supervisor runs one (with `MODELHOST_VIDEO_CONCURRENCY` jobs at a time); any number of
+servers may share one database, since a claim is atomic (`VideoJobs.claim`). Housekeeping runs here too: stale
 jobs (a crashed gateway's) are re-queued once or failed, and expired content is swept.
 """
 
@@ -13,19 +13,26 @@ import contextlib
 import logging
 import secrets
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from modelhost.clock import heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.jobs.videos import Claimed, VideoJobs
-from modelhost.runtime.manager import ReplicaManager
+from modelhost.runtime.interface import Runtime
 
 log = logging.getLogger("modelhost.jobs")
 
 
+class VideoCancel(Protocol):
+    """What the routes use of the runner: the `VideoRunner` in the supervisor, a stand-in that asks the
+    supervisor in its other gateway processes (`modelhost.server.remote`)."""
+
+    async def cancel(self, job_id: str) -> None: ...
+
+
 class VideoRunner:
-    def __init__(self, jobs: VideoJobs, runtime: ReplicaManager, settings: Settings) -> None:
+    def __init__(self, jobs: VideoJobs, runtime: Runtime, settings: Settings) -> None:
         self.jobs = jobs
         self.runtime = runtime
         self.settings = settings
@@ -47,8 +54,11 @@ class VideoRunner:
         for job_id, _ in tasks:
             await asyncio.to_thread(self.jobs.release, job_id, self.name)
 
-    def cancel(self, job_id: str) -> None:
-        """A deleted job running here stops at once (elsewhere: at that gateway's next heartbeat)."""
+    async def cancel(self, job_id: str) -> None:
+        """A deleted job running here stops at once (on another server: at its next heartbeat)."""
+        self._stop(job_id)
+
+    def _stop(self, job_id: str) -> None:
         task = self._running.get(job_id)
         if task is not None:
             task.cancel()
@@ -137,5 +147,5 @@ class VideoRunner:
         while True:
             await asyncio.sleep(heartbeat_seconds(self.settings.video_job_stale_seconds))
             if not await asyncio.to_thread(self.jobs.beat, job_id, self.name):
-                self.cancel(job_id)
+                self._stop(job_id)
                 return

@@ -173,10 +173,10 @@ class DeploymentRuntime:
         """Stop the replicas; with `detach` (gateway shutdown), leave shared ones to other gateways."""
         self._unloading = True
         replicas, self.replicas = [*self.replicas, *self._loading], []
+        if self.state != "failed":
+            self.state = "unloaded"  # at once: a request from now on loads it again
         self.publish()
         await self._manager.stop(replicas, detach=detach)
-        if self.state != "failed":
-            self.state = "unloaded"
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(0)
         metrics.MEMORY_BYTES.labels(self.spec.id).set(0)
 
@@ -354,6 +354,14 @@ class ReplicaManager:
         await runtime.ensure_loaded()
         return [r.address for r in runtime.replicas if r.alive and r.address is not None]
 
+    def addresses(self) -> dict[str, list[str]]:
+        """Where every loaded deployment's replicas are (for a gateway process that starts)."""
+        return {
+            deployment_id: [r.address for r in rt.replicas if r.alive and r.address is not None]
+            for deployment_id, rt in self._runtimes.items()
+            if rt.replicas
+        }
+
     def touch(self, deployment_ids: list[str]) -> None:
         """Other gateway processes used these deployments lately (the idle reaper reads it)."""
         for deployment_id in deployment_ids:
@@ -392,19 +400,22 @@ class ReplicaManager:
             await self.reap_idle()
 
     async def reap_idle(self) -> None:
-        """Unload cold deployments idle for longer than the window."""
-        now = self.clock.monotonic()
+        """Unload cold deployments idle for longer than the window (asking their replicas too: other
+        gateway processes report what they used only once a second)."""
         for runtime in list(self._runtimes.values()):
-            idle = now - runtime.last_used
             if (
                 runtime.spec.readiness == "cold"
                 and not self.backend.scales_itself  # Ray Serve scales a cold application to zero itself
                 and runtime.state == "ready"
-                and idle >= self.settings.cold_idle_seconds
+                and self._idle(runtime)
                 and not await runtime.busy()
+                and self._idle(runtime)  # still: no request came while the replicas were asked
             ):
-                log.info("unloading idle cold deployment %s after %.0fs", runtime.spec.id, idle)
+                log.info("unloading idle cold deployment %s", runtime.spec.id)
                 await runtime.unload()
+
+    def _idle(self, runtime: DeploymentRuntime) -> bool:
+        return self.clock.monotonic() - runtime.last_used >= self.settings.cold_idle_seconds
 
 
 def backend_of(settings: Settings) -> ReplicaBackend:

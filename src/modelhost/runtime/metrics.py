@@ -17,9 +17,9 @@ QUEUE_DEPTH = Gauge(
 )
 IN_FLIGHT = Gauge(
     "modelhost_requests_in_flight",
-    "Requests and generations the gateway processes have sent to a deployment and not yet answered.",
+    "Requests and generations a gateway process (`pid`) has sent to a deployment and not yet answered.",
     ["deployment"],
-    multiprocess_mode="livesum",
+    multiprocess_mode="liveall",
 )
 BATCH_SIZE = Histogram(
     "modelhost_batch_size",

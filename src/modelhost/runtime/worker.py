@@ -163,7 +163,9 @@ class Worker:
         self._open(sock)
 
     def _read(self, connection: _Connection) -> bool:
-        """Take every message that has arrived; False at end-of-file or a `Stop`."""
+        """Take every message that has arrived; False at end-of-file or a `Stop`. Reads until the socket
+        is empty, so that a peer that died (end-of-file after its last requests) is known before the
+        next batch: its requests are dropped rather than run."""
         while True:
             try:
                 data = connection.sock.recv(READ_SIZE)
@@ -182,8 +184,6 @@ class Worker:
                 if isinstance(message, Stop):
                     return False
                 self.host.receive(connection, message)
-            if len(data) < READ_SIZE:
-                return True
 
     def _send(self, connection: _Connection, frame: bytes) -> None:
         if connection.unsent:

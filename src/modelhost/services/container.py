@@ -1,13 +1,19 @@
-"""Builds every service of one gateway process from its settings, in dependency order."""
+"""Builds every service of one gateway process from its settings, in dependency order.
+
+The supervisor (`build`) owns the runtime, the meters and the runners; the server's other gateway
+processes (`build` with the supervisor's stand-ins, from `modelhost.server.remote`) share everything
+else, reach the replicas directly and ask the supervisor for the rest.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session
 
-from modelhost.agents.runner import AgentRunner
+from modelhost.agents.runner import AgentRunner, Runs
 from modelhost.agents.store import AgentStore
 from modelhost.artifacts.blobstore import BlobStore
 from modelhost.artifacts.s3 import blob_store_of
@@ -21,10 +27,11 @@ from modelhost.billing.service import Billing
 from modelhost.cache import TTLCache
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
-from modelhost.jobs.runner import VideoRunner
+from modelhost.jobs.runner import VideoCancel, VideoRunner
 from modelhost.jobs.videos import VideoJobs
 from modelhost.media.sources import MediaPolicy
 from modelhost.routing import DeploymentRef
+from modelhost.runtime.interface import Runtime
 from modelhost.runtime.manager import ReplicaManager
 from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
@@ -46,21 +53,32 @@ class Services:
     deployments: DeploymentService
     blobs: BlobStore
     artifacts: ArtifactService
-    runtime: ReplicaManager
+    runtime: Runtime
     media: MediaPolicy  # parsed once: a bad MODELHOST_MEDIA_ALLOW_NETWORKS stops the start
     files: FileService
     videos: VideoJobs
-    video_runner: VideoRunner
+    video_runner: VideoCancel
     agents: AgentStore
-    agent_runner: AgentRunner
+    agent_runner: Runs
     billing: Billing
+    # The supervisor's own runtime and runners; None in the server's other gateway processes.
+    supervisor: Supervision | None = None
+    # Caches whose entries every process must forget together (by name: keys, deployments, balances).
+    caches: dict[str, TTLCache[Any]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, settings: Settings, clock: Clock | None = None) -> Services:
-        """`clock` is for tests that move time (billing, idle unloading); the system clock otherwise."""
+    def build(
+        cls,
+        settings: Settings,
+        clock: Clock | None = None,
+        *,
+        stand_ins: tuple[Runtime, VideoCancel, Runs] | None = None,
+    ) -> Services:
+        """The supervisor's services, or (with `stand_ins` for its runtime and runners) another gateway
+        process's. `clock` is for tests that move time (billing, idle unloading)."""
         clock = clock or SystemClock()
         database = Database(settings.database_url)
-        if settings.apply_migrations_on_start:
+        if settings.apply_migrations_on_start and stand_ins is None:
             migrate.upgrade(database)
         cache: TTLCache[Principal] = TTLCache(settings.key_cache_seconds, settings.key_cache_entries)
         authenticator = Authenticator(database, settings.admin_key_value, cache)
@@ -81,24 +99,38 @@ class Services:
             settings.key_cache_seconds, settings.key_cache_entries
         )
         deployments = DeploymentService(database, artifact_dir, refs_cache)
+        balance_cache: TTLCache[int] = TTLCache(
+            settings.billing_balance_cache_seconds, settings.key_cache_entries
+        )
         billing = Billing(
             ledger,
             ComputeMeter(ledger, clock, owner=new_id("gw")),
             clock,
             enforce=settings.billing_enforce,
             tick_seconds=settings.billing_tick_seconds,
-            balance_cache=TTLCache(settings.billing_balance_cache_seconds, settings.key_cache_entries),
-        )
-        runtime = ReplicaManager(
-            settings,
-            deployments.runtime_spec,
-            deployments.hot_specs,
-            clock=clock,
-            meter=billing.meter,
-            load_guard=billing.check_can_load,
+            balance_cache=balance_cache,
         )
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
         agents = AgentStore(database)
+        supervision: Supervision | None = None
+        runtime: Runtime
+        video_runner: VideoCancel
+        agent_runner: Runs
+        if stand_ins is None:
+            manager = ReplicaManager(
+                settings,
+                deployments.runtime_spec,
+                deployments.hot_specs,
+                clock=clock,
+                meter=billing.meter,
+                load_guard=billing.check_can_load,
+            )
+            supervision = Supervision(
+                manager, VideoRunner(videos, manager, settings), AgentRunner(agents, manager, settings)
+            )
+            runtime, video_runner, agent_runner = manager, supervision.videos, supervision.agents
+        else:
+            runtime, video_runner, agent_runner = stand_ins
         return cls(
             settings=settings,
             database=database,
@@ -120,14 +152,26 @@ class Services:
                 settings.generated_file_ttl_seconds,
             ),
             videos=videos,
-            video_runner=VideoRunner(videos, runtime, settings),
+            video_runner=video_runner,
             agents=agents,
-            agent_runner=AgentRunner(agents, runtime, settings),
+            agent_runner=agent_runner,
             billing=billing,
+            supervisor=supervision,
+            caches={"keys": cache, "deployments": refs_cache, "balances": balance_cache},
         )
 
     def close(self) -> None:
         self.database.dispose()
+
+
+@dataclass
+class Supervision:
+    """What the supervisor alone runs: the replicas (and their readiness, idle reaper and meters), video
+    jobs and agent runs."""
+
+    runtime: ReplicaManager
+    videos: VideoRunner
+    agents: AgentRunner
 
 
 def rates_of(settings: Settings) -> Rates:

@@ -123,7 +123,7 @@ async def create_run(
         {"input": messages, **options},
         services.agent_runner.name,
     )
-    services.agent_runner.submit(job)
+    await services.agent_runner.submit(job)
     return _json(run)
 
 

@@ -128,7 +128,7 @@ async def retrieve_video(video_id: str, request: Request, principal: CallerPrinc
 async def delete_video(video_id: str, request: Request, principal: CallerPrincipal) -> Response:
     services = get_services(request)
     await asyncio.to_thread(services.videos.delete, account_id_of(principal), video_id, _scope(principal))
-    services.video_runner.cancel(video_id)
+    await services.video_runner.cancel(video_id)
     return _json({"id": video_id, "object": "video.deleted", "deleted": True})
 
 

@@ -1,0 +1,110 @@
+"""`modelhost serve`: one server, several processes, one port.
+
+```
+clients ──HTTP──> gateway processes 0..N-1 (one listening socket, shared)
+                    0 = the supervisor: also loads and unloads replicas, meters, runs jobs and agent runs
+                    1..N-1: ask the supervisor over its control socket (`server.control`)
+                       │  every gateway process reaches every replica directly (`runtime.protocol`)
+                       ▼
+                  replica processes (one per loaded replica; batch the requests of every gateway)
+```
+
+Everything of one server lives in a private run folder (mode 0700): the supervisor's control socket
+and the metrics every process writes (`modelhost.metrics`). It is removed when the server stops.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from modelhost.config import Settings
+
+if TYPE_CHECKING:
+    from modelhost.services.container import Services
+
+METRICS_FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus_client when first imported
+
+
+def default_workers(cores: int | None = None) -> int:
+    """Gateway processes when neither `--workers` nor MODELHOST_WORKERS says: one per four cores, at
+    least one and at most eight. On a small machine the model needs the cores more than HTTP does;
+    on a big one a few processes keep a GPU fed (docs/benchmarks.md)."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    return max(1, min(8, cores // 4))
+
+
+def serve(
+    settings: Settings,
+    host: str,
+    port: int,
+    workers: int,
+    log_level: str,
+    *,
+    beside: Callable[[], None] | None = None,
+) -> None:
+    """Run a server until SIGTERM or Ctrl-C; `beside` runs in a thread once it has started."""
+    folder = Path(tempfile.mkdtemp(prefix="modelhost-"))
+    metrics = folder / "metrics"
+    metrics.mkdir()
+    os.environ[METRICS_FOLDER_VARIABLE] = str(metrics)  # before prometheus_client is imported
+    try:
+        _run(settings, host, port, max(1, workers), log_level, folder, beside)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(
+    settings: Settings,
+    host: str,
+    port: int,
+    workers: int,
+    log_level: str,
+    folder: Path,
+    beside: Callable[[], None] | None,
+) -> None:
+    import uvicorn
+
+    from modelhost.api.app import create_app, settle_memory
+    from modelhost.server.supervisor import ControlServer, Gateways, SupervisorServer
+
+    listener = _listen(host, port)
+    control_path = folder / "control.sock"
+    gateways = Gateways(workers - 1, listener, control_path, log_level)
+
+    @asynccontextmanager
+    async def with_gateways(services: Services) -> AsyncIterator[None]:
+        assert services.supervisor is not None
+        control = ControlServer(services, services.supervisor, control_path)
+        await control.start()
+        await gateways.start()
+        try:
+            yield
+        finally:  # they drain their own requests while the replicas still run
+            await gateways.stop(settings.shutdown_drain_seconds + 5)
+            await control.stop()
+
+    app = create_app(settings, around=with_gateways if workers > 1 else None)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=30)
+    server = SupervisorServer(config, gateways)
+    if beside is not None:
+        threading.Thread(target=beside, name="beside", daemon=True).start()
+    settle_memory()
+    server.run(sockets=[listener])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The one listening socket every gateway process accepts on (inherited by the others)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock  # not inheritable: only the gateway processes get it (pass_fds), never a replica

@@ -1,0 +1,168 @@
+"""The control protocol: what a server's other gateway processes ask of its supervisor, declared once.
+
+The supervisor owns what must happen once per server (loading and unloading replicas, the idle reaper,
+billing meters, video jobs, agent runs). Its other gateway processes serve HTTP like it does, send
+inference straight to the replicas (`runtime.protocol`), and use this protocol, over one Unix socket
+each, for the rest: to have a deployment loaded and learn where its replicas are, to read a
+deployment's live state, to act on a change, to start and stop runs, to say which deployments they
+used lately, and to make every process forget a cache entry that changed.
+
+Calls carry a number and are answered with `Done` (its `value`) or `Refused` (the error the caller's
+client gets). The supervisor also pushes `Replicas` (a deployment's replicas changed) and `Forget`.
+Framing is the replica protocol's: a 4-byte length, then a msgpack array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from modelhost.runtime.protocol import FrameReader
+
+__all__ = ["FrameReader", "decode_from_supervisor", "decode_to_supervisor", "encode"]
+
+
+class Hello(msgspec.Struct, tag="hello", array_like=True):
+    """A gateway process has started (answered with `Done(value=Welcome)`)."""
+
+    call: int
+    pid: int
+
+
+class Welcome(msgspec.Struct, array_like=True):
+    agent_runner: str  # the name runs are claimed by (`claimed_by`): the supervisor's runner
+    replicas: dict[str, list[str]]  # every loaded deployment's replica addresses, now
+
+
+class Acquire(msgspec.Struct, tag="acquire", array_like=True):
+    """Load the deployment if it is not loaded; answered with its replicas' addresses."""
+
+    call: int
+    deployment_id: str
+
+
+class GetStatus(msgspec.Struct, tag="status", array_like=True):
+    call: int
+    deployment_id: str
+
+
+class Status(msgspec.Struct, array_like=True):
+    state: str
+    reason: str | None
+    replicas: int
+    memory_gb: float
+    last_cold_start_seconds: float | None
+
+
+class Apply(msgspec.Struct, tag="apply", array_like=True):
+    """The deployment was created or changed (or deleted: then it is unloaded)."""
+
+    call: int
+    deployment_id: str
+
+
+class Remove(msgspec.Struct, tag="remove", array_like=True):
+    call: int
+    deployment_id: str
+
+
+class ResumeAccount(msgspec.Struct, tag="resume", array_like=True):
+    call: int
+    account_id: str
+
+
+class StartRun(msgspec.Struct, tag="start_run", array_like=True):
+    """An agent run was stored as queued: the supervisor's runner executes it."""
+
+    call: int
+    run_id: str
+    deployment_id: str
+    model: str
+    instructions: str
+    tools: list[dict[str, Any]] | None
+    request: dict[str, Any]
+
+
+class StopRuns(msgspec.Struct, tag="stop_runs", array_like=True):
+    """Stop these runs and answer once they have stopped (deletion, cancellation)."""
+
+    call: int
+    run_ids: list[str]
+
+
+class CancelVideo(msgspec.Struct, tag="cancel_video", array_like=True):
+    call: int
+    video_id: str
+
+
+class Touch(msgspec.Struct, tag="touch", array_like=True):
+    """These deployments were used (or are still in use) since the last `Touch`: not idle."""
+
+    deployment_ids: list[str]
+
+
+class Forget(msgspec.Struct, tag="forget", array_like=True):
+    """A cache entry changed (a key revoked, a deployment changed, a balance topped up): every process
+    forgets it. `key` None: the whole cache."""
+
+    cache: str
+    key: str | None
+
+
+class Done(msgspec.Struct, tag="done", array_like=True):
+    call: int
+    value: Any = None
+
+
+class Refused(msgspec.Struct, tag="refused", array_like=True):
+    """The call failed with the error its HTTP caller gets (a `ModelhostError`, rebuilt by class name)."""
+
+    call: int
+    error: str  # the class name in `modelhost.errors`
+    message: str
+    param: str | None
+    code: str | None
+    headers: dict[str, str]
+
+
+class Replicas(msgspec.Struct, tag="replicas", array_like=True):
+    """Where a deployment's live replicas are now (none: unloaded)."""
+
+    deployment_id: str
+    addresses: list[str]
+
+
+ToSupervisor = (
+    Hello
+    | Acquire
+    | GetStatus
+    | Apply
+    | Remove
+    | ResumeAccount
+    | StartRun
+    | StopRuns
+    | CancelVideo
+    | Touch
+    | Forget
+)
+FromSupervisor = Done | Refused | Replicas | Forget
+
+_encoder = msgspec.msgpack.Encoder()
+_to_supervisor = msgspec.msgpack.Decoder(ToSupervisor)
+_from_supervisor = msgspec.msgpack.Decoder(FromSupervisor)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    body = _encoder.encode(message)
+    return len(body).to_bytes(4, "big") + body
+
+
+def decode_to_supervisor(body: bytes) -> ToSupervisor:
+    message: ToSupervisor = _to_supervisor.decode(body)
+    return message
+
+
+def decode_from_supervisor(body: bytes) -> FromSupervisor:
+    message: FromSupervisor = _from_supervisor.decode(body)
+    return message

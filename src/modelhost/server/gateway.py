@@ -1,0 +1,83 @@
+"""A gateway process other than the supervisor: `python -m modelhost.server.gateway`, started by it.
+
+It serves the same app on the server's shared listening socket (`--listen-fd`), with the supervisor's
+stand-ins for the runtime and runners (`server.remote`) connected over its control socket
+(`--control`). It stops when asked (SIGTERM: stop accepting, drain its own requests, exit), and when
+its supervisor goes away (end-of-file on the control socket, or `PR_SET_PDEATHSIG`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import os
+import signal
+import socket
+import sys
+
+import uvicorn
+
+from modelhost.api.app import create_app, settle_memory
+from modelhost.config import get_settings
+from modelhost.server.remote import RemoteRuns, RemoteRuntime, RemoteVideos, SupervisorLink, share_caches
+from modelhost.services.container import Services
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="modelhost gateway process (started by `modelhost serve`)")
+    parser.add_argument("--index", type=int, required=True, help="this process's number, for `ps` and logs")
+    parser.add_argument("--listen-fd", type=int, required=True, help="the server's listening socket")
+    parser.add_argument("--control", required=True, help="the supervisor's control socket")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    _die_with_parent()
+    listener = socket.socket(fileno=args.listen_fd)
+    try:
+        import uvloop
+
+        uvloop.run(_serve(listener, args.control, args.log_level))
+    except ImportError:  # pragma: no cover (uvicorn[standard] brings uvloop)
+        asyncio.run(_serve(listener, args.control, args.log_level))
+    return 0
+
+
+async def _serve(listener: socket.socket, control: str, log_level: str) -> None:
+    settings = get_settings().model_copy(update={"apply_migrations_on_start": False})
+    server: uvicorn.Server | None = None
+
+    def supervisor_gone() -> None:
+        if server is not None:
+            server.should_exit = True
+
+    link = await SupervisorLink.open(control, supervisor_gone)
+    welcome = await link.hello(os.getpid())
+    runtime = RemoteRuntime(link, settings)
+    runs, videos = RemoteRuns(link, welcome.agent_runner), RemoteVideos(link)
+    services = await asyncio.to_thread(Services.build, settings, stand_ins=(runtime, videos, runs))
+    share_caches(services.caches, link.tell)
+    link.on_forget = lambda cache, key: services.caches[cache].forget_here(key)
+    runtime.start(welcome.replicas)
+    config = uvicorn.Config(
+        create_app(services=services), log_level=log_level, timeout_graceful_shutdown=30, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    settle_memory()
+    try:
+        await server.serve(sockets=[listener])
+    finally:
+        await runtime.close()
+        services.close()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to end this process when the supervisor dies, even by SIGKILL."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: drain what is in flight, then exit
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

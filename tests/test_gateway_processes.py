@@ -1,0 +1,470 @@
+"""Several gateway processes on one port (`modelhost serve --workers N`), sharing every replica.
+
+The real `modelhost serve` runs here with 2 or 3 gateway processes: the supervisor (index 0) and the
+others it starts. Which process serves a request is made certain by SIGSTOP-ing the others: a stopped
+process cannot accept, so the connection goes to the one left running (`Server.via`). Requests are held
+in a replica the same way (its socket buffers them until SIGCONT), so what the replica then reads in
+one go shows which requests meet in one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import socket
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers import ADMIN_KEY, bearer, push_folder
+from tests.server_process import ServerProcess
+
+ST_RECIPE = ("t03_feature_extraction", "st")
+TEXTS = [f"request {i} is about " + " ".join(["cats", "dogs", "birds"][: 1 + i % 3]) for i in range(8)]
+
+
+def stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def alive(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        return stat(pid)[0] != "Z"
+    return False
+
+
+def processes(module: str, marker: str = "") -> list[int]:
+    """Live processes running `python -m <module>` whose command line mentions `marker`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if f"-m {module} " in cmdline and marker in cmdline and alive(int(proc.name)):
+                found.append(int(proc.name))
+    return sorted(found)
+
+
+def accepted(pid: int, port: int) -> int:
+    """Established connections to `port` that process `pid` holds (it accepted them)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01" and fields[9] in inodes:
+                    count += 1
+    return count
+
+
+@contextlib.contextmanager
+def stopped(*pids: int) -> Iterator[None]:
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"not true within {timeout}s: {check.__qualname__}")
+        await asyncio.sleep(0.02)
+    return result
+
+
+@dataclass
+class Server:
+    """A `modelhost serve --workers N` process tree with an account."""
+
+    process: ServerProcess
+    key: str
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    @property
+    def supervisor(self) -> int:
+        assert self.process.process is not None
+        return self.process.process.pid
+
+    def gateways(self) -> list[int]:
+        """Every gateway process: the supervisor first, then the others by pid."""
+        others = [p for p in processes("modelhost.server.gateway") if int(stat(p)[1]) == self.supervisor]
+        return [self.supervisor, *others]
+
+    def replicas(self, deployment_id: str) -> list[int]:
+        return processes("modelhost.runtime.worker", deployment_id)
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=10).text
+
+    def in_flight(self, deployment_id: str) -> dict[int, float]:
+        """Requests each gateway process has in flight on the deployment, by pid."""
+        pattern = rf'modelhost_requests_in_flight{{deployment="{deployment_id}",pid="(\d+)"}} ([\d.]+)'
+        return {int(pid): float(value) for pid, value in re.findall(pattern, self.metrics())}
+
+    def sample(self, name: str, deployment_id: str) -> float:
+        match = re.search(rf'^{name}{{deployment="{deployment_id}"}} ([\d.e+]+)$', self.metrics(), re.M)
+        return float(match.group(1)) if match else 0.0
+
+    def batches(self, deployment_id: str) -> tuple[float, float]:
+        """(model calls, requests they carried), from the replica's `modelhost_batch_size`."""
+        return (
+            self.sample("modelhost_batch_size_count", deployment_id),
+            self.sample("modelhost_batch_size_sum", deployment_id),
+        )
+
+    async def via(self, pid: int, request: Callable[[], Awaitable[Any]]) -> asyncio.Task[Any]:
+        """Start `request` on a new connection that gateway process `pid` accepts (the others are held
+        stopped until it has)."""
+        before = accepted(pid, self.process.port)
+        with stopped(*(p for p in self.gateways() if p != pid)):
+            task = asyncio.ensure_future(request())
+            await until(lambda: accepted(pid, self.process.port) > before or task.done())
+        return task
+
+    async def serving(self, pid: int, timeout: float = 60.0) -> None:
+        """Wait until gateway process `pid` accepts connections (a new one starts up for seconds): open
+        a few idle connections at a time, until it takes one of them."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            probes = [socket.create_connection(("127.0.0.1", self.process.port)) for _ in range(8)]
+            try:
+                await asyncio.sleep(0.1)
+                if accepted(pid, self.process.port):
+                    return
+            finally:
+                for probe in probes:
+                    probe.close()
+        pytest.fail(f"gateway process {pid} did not start serving")
+
+    async def embed(self, text: str, model: str = "m") -> httpx.Response:
+        async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:  # a connection of its own
+            return await client.post(
+                "/v1/embeddings", json={"model": model, "input": text}, headers=bearer(self.key)
+            )
+
+    async def deploy(self, folder: Path, pipeline: str, model: str, **extra: Any) -> str:
+        async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:
+            pushed = await push_folder(client, self.key, folder, pipeline)
+            assert pushed["artifact"]["status"] == "ready", pushed
+            body = {"model": model, "artifact_id": pushed["artifact"]["id"], **extra}
+            created = await client.post("/v1/deployments", json=body, headers=bearer(self.key))
+            assert created.status_code == 201, created.text
+            deployment_id: str = created.json()["id"]
+            return deployment_id
+
+    async def ready(self, deployment_id: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (state := await self.state(deployment_id)) != "ready":
+            assert state != "failed" and time.monotonic() < deadline, state
+            await asyncio.sleep(0.05)
+
+    async def state(self, deployment_id: str) -> str:
+        async with httpx.AsyncClient(base_url=self.url, timeout=10) as client:
+            view = await client.get(f"/v1/deployments/{deployment_id}", headers=bearer(self.key))
+            return str(view.json()["state"])
+
+
+@contextlib.asynccontextmanager
+async def server_with(root: Path, workers: int, **env: str) -> AsyncIterator[Server]:
+    process = ServerProcess(
+        root / "data", f"sqlite:///{root / 'db.sqlite'}",
+        MODELHOST_WORKERS=str(workers), MODELHOST_WORKER_THREADS="1", **env,
+    )  # fmt: skip
+    process.start()
+    try:
+        created = httpx.post(
+            f"{process.url}/v1/admin/accounts", json={"name": "a"}, headers=bearer(ADMIN_KEY)
+        )
+        server = Server(process, created.json()["api_key"])
+        await until(lambda: len(server.gateways()) == workers)
+        for pid in server.gateways()[1:]:
+            await server.serving(pid)
+        yield server
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+async def two(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> AsyncIterator[tuple[Server, str]]:
+    """Two gateway processes and a warm deployment of the tiny sentence-transformers recipe."""
+    async with server_with(tmp_path_factory.mktemp("two"), 2) as server:
+        deployment_id = await server.deploy(
+            recipes.joinpath(*ST_RECIPE), "feature-extraction", "m", readiness="warm"
+        )
+        await server.ready(deployment_id)
+        assert (await server.embed("warm up")).status_code == 200
+        yield server, deployment_id
+
+
+def reference(recipes: Path, texts: list[str]) -> Any:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(recipes.joinpath(*ST_RECIPE)), device="cpu").encode(texts)
+
+
+async def test_serve_runs_the_asked_number_of_gateway_processes_on_one_port(two: tuple[Server, str]) -> None:
+    server, deployment_id = two
+    supervisor, helper = server.gateways()
+    assert supervisor != helper
+    for pid in (supervisor, helper):  # each answers on the same port
+        task = await server.via(pid, lambda: server.embed("hello"))
+        assert (await task).status_code == 200
+    assert len(server.replicas(deployment_id)) == 1  # one replica serves both
+
+
+async def test_requests_from_two_gateway_processes_meet_in_one_batch_of_the_one_replica(
+    two: tuple[Server, str], recipes: Path
+) -> None:
+    server, deployment_id = two
+    supervisor, helper = server.gateways()
+    [replica] = server.replicas(deployment_id)
+    calls, carried = server.batches(deployment_id)
+    with stopped(replica):  # what both send waits in its sockets
+        first = [await server.via(supervisor, lambda t=t: server.embed(t)) for t in TEXTS[:4]]
+        second = [await server.via(helper, lambda t=t: server.embed(t)) for t in TEXTS[4:]]
+        await until(lambda: server.in_flight(deployment_id) == {supervisor: 4.0, helper: 4.0})
+    answers = await asyncio.gather(*first, *second)
+    for answer, vector in zip(answers, reference(recipes, TEXTS), strict=True):
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose(answer.json()["data"][0]["embedding"], vector, atol=1e-5)
+    assert server.batches(deployment_id) == (calls + 1, carried + 8)  # one model call for all eight
+
+
+async def test_a_killed_gateway_process_loses_only_its_own_requests_and_is_started_again(
+    two: tuple[Server, str],
+) -> None:
+    server, deployment_id = two
+    supervisor, helper = server.gateways()
+    [replica] = server.replicas(deployment_id)
+    calls, carried = server.batches(deployment_id)
+    with stopped(replica):
+        own = [await server.via(supervisor, lambda t=t: server.embed(t)) for t in TEXTS[:3]]
+        lost = [await server.via(helper, lambda t=t: server.embed(t)) for t in TEXTS[3:6]]
+        await until(lambda: server.in_flight(deployment_id) == {supervisor: 3.0, helper: 3.0})
+        os.kill(helper, signal.SIGKILL)
+        # Reaped: every thread has exited and its connections are closed before the replica reads.
+        await until(lambda: not Path(f"/proc/{helper}").exists())
+    assert [(await task).status_code for task in own] == [200] * 3
+    for task in lost:
+        with pytest.raises(httpx.TransportError):
+            await task
+    assert server.batches(deployment_id) == (calls + 1, carried + 3)  # its requests never ran
+    new = (await until(lambda: [p for p in server.gateways()[1:] if p != helper]))[0]
+    await server.serving(new)
+    task = await server.via(new, lambda: server.embed("after the restart"))
+    assert (await task).status_code == 200
+
+
+async def test_sigterm_drains_every_gateway_process_then_stops_everything(
+    tmp_path: Path, recipes: Path
+) -> None:
+    async with server_with(tmp_path, 2) as server:
+        deployment_id = await server.deploy(
+            recipes.joinpath(*ST_RECIPE), "feature-extraction", "m", readiness="warm"
+        )
+        await server.ready(deployment_id)
+        [replica] = server.replicas(deployment_id)
+        gateways = server.gateways()
+        with stopped(replica):
+            held = [await server.via(pid, lambda pid=pid: server.embed(f"via {pid}")) for pid in gateways]
+            await until(lambda: sorted(server.in_flight(deployment_id).values()) == [1.0, 1.0])
+            assert server.process.process is not None
+            server.process.process.send_signal(signal.SIGTERM)
+            await until(lambda: refused(server.process.port))  # none of them accepts any more
+        assert [(await task).status_code for task in held] == [200, 200]  # both drained their request
+        assert server.process.process.wait(30) in (0, -signal.SIGTERM)
+        assert not any(alive(pid) for pid in [*gateways, replica])
+
+
+def refused(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+async def test_with_three_gateway_processes_a_cold_deployment_loads_once_is_billed_once_and_jobs_run_once(
+    tmp_path: Path, recipes: Path
+) -> None:
+    env = {"MODELHOST_BILLING_TICK_SECONDS": "0.2", "MODELHOST_VIDEO_POLL_SECONDS": "0.05"}
+    async with server_with(tmp_path, 3, **env) as server:
+        deployment_id = await server.deploy(recipes.joinpath(*ST_RECIPE), "feature-extraction", "m")
+        assert await server.state(deployment_id) == "unloaded"
+        first = [await server.via(pid, lambda: server.embed("first")) for pid in server.gateways()]
+        assert [(await task).status_code for task in first] == [200] * 3
+        assert len(server.replicas(deployment_id)) == 1
+        assert server.sample("modelhost_cold_starts_total", deployment_id) == 1
+        started = time.time()
+        await asyncio.sleep(1.5)  # several billing ticks
+        with sqlite3.connect(tmp_path / "db.sqlite") as db:
+            meters = db.execute(
+                "SELECT id, started_ms FROM meters WHERE kind = 'compute' AND deployment_id = ?",
+                (deployment_id,),
+            ).fetchall()
+            assert len(meters) == 1  # one replica, one meter, whichever processes used it
+            periods = db.execute(
+                "SELECT period_start_ms, period_end_ms FROM ledger_entries WHERE meter_id = ? "
+                "ORDER BY period_start_ms",
+                (meters[0][0],),
+            ).fetchall()
+        assert len(periods) >= 3
+        assert all(a[1] == b[0] for a, b in zip(periods, periods[1:], strict=False))  # contiguous, no overlap
+        billed_seconds = (periods[-1][1] - periods[0][0]) / 1000
+        assert billed_seconds <= time.time() - meters[0][1] / 1000 + 0.5  # at most the wall time, once
+        assert time.time() - started < 60
+
+        folder = recipes / "t14_diffusers_text_to_video" / "text_to_video_sd"
+        await server.deploy(folder, "text-to-video", "t2v", readiness="warm")
+        job = {"model": "t2v", "prompt": "a cat", "seconds": "1", "size": "64x48", "num_inference_steps": 2}
+
+        async def create() -> str:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                created = await client.post("/v1/videos", json=job, headers=bearer(server.key))
+                assert created.status_code == 200, created.text
+                return str(created.json()["id"])
+
+        video_ids = [await (await server.via(pid, create)) for pid in server.gateways()]
+
+        def finished() -> list[tuple[str, int, str]]:
+            with sqlite3.connect(tmp_path / "db.sqlite") as db:
+                rows = db.execute("SELECT status, attempts, claimed_by FROM video_jobs").fetchall()
+            return rows if all(status in ("completed", "failed") for status, _, _ in rows) else []
+
+        rows = await until(finished, timeout=120)
+        assert len(rows) == len(video_ids) == 3
+        assert [(status, attempts) for status, attempts, _ in rows] == [("completed", 1)] * 3  # each once
+        assert len({runner for _, _, runner in rows}) == 1  # all by the supervisor's runner
+
+
+# ---------------------------------------------------------------- streams, runs and caches across processes
+
+
+@pytest.fixture(scope="module")
+async def chat_two(
+    tmp_path_factory: pytest.TempPathFactory, recipes: Path
+) -> AsyncIterator[tuple[Server, str]]:
+    """Two gateway processes, a warm chat deployment, keys trusted for ten minutes once looked up."""
+    from tests.chat_model import long_context_copy
+
+    root = tmp_path_factory.mktemp("chat-two")
+    async with server_with(root, 2, MODELHOST_KEY_CACHE_SECONDS="600") as server:
+        deployment_id = await server.deploy(
+            long_context_copy(recipes, root), "text-generation", "chat", readiness="warm"
+        )
+        await server.ready(deployment_id)
+        yield server, deployment_id
+
+
+def generating(server: Server, deployment_id: str) -> float:
+    return server.sample("modelhost_generation_sequences", deployment_id)
+
+
+LONG = {"max_tokens": 400, "min_tokens": 400, "temperature": 0}
+
+
+async def test_a_chat_stream_through_another_gateway_process_stops_when_its_client_leaves(
+    chat_two: tuple[Server, str],
+) -> None:
+    server, deployment_id = chat_two
+    helper = server.gateways()[1]
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True, **LONG}
+    chunks: list[str] = []
+    three = asyncio.Event()
+
+    async def stream() -> None:
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+            client.stream("POST", "/v1/chat/completions", json=body, headers=bearer(server.key)) as answer,
+        ):
+            assert answer.status_code == 200
+            async for line in answer.aiter_lines():
+                if line.startswith("data: "):
+                    chunks.append(line)
+                    if len(chunks) == 3:
+                        three.set()
+                        await asyncio.sleep(3600)  # the client stays, reading nothing more
+
+    task = await server.via(helper, stream)
+    await asyncio.wait_for(three.wait(), 60)
+    assert generating(server, deployment_id) == 1
+    assert server.in_flight(deployment_id).get(helper) == 1.0  # the helper holds the stream
+    task.cancel()  # the client leaves
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await until(lambda: generating(server, deployment_id) == 0, timeout=5)  # 400 tokens take far longer
+
+
+async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supervisor_and_deleting_it_stops_it(
+    chat_two: tuple[Server, str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    server, deployment_id = chat_two
+    helper = server.gateways()[1]
+
+    async def call(method: str, path: str, body: Any = None) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return await client.request(method, path, json=body, headers=bearer(server.key))
+
+    agent = (
+        await call("POST", "/v1/agent", {"name": "a", "model": "chat", "instructions": "Be brief."})
+    ).json()
+    created = await (
+        await server.via(
+            helper, lambda: call("POST", f"/v1/agent/{agent['id']}/runs", {"input": "hi", **LONG})
+        )
+    )
+    assert created.status_code == 200, created.text
+    run_id = created.json()["id"]
+    await until(lambda: generating(server, deployment_id) == 1, timeout=60)
+    assert server.in_flight(deployment_id).get(server.supervisor) == 1.0  # the supervisor generates it
+    deleted = await (
+        await server.via(helper, lambda: call("DELETE", f"/v1/agent/{agent['id']}/runs/{run_id}"))
+    )
+    assert deleted.status_code == 200, deleted.text
+    assert generating(server, deployment_id) == 0  # stopped before the delete answered
+    assert (await call("GET", f"/v1/agent/{agent['id']}/runs/{run_id}")).status_code == 404
+
+
+async def test_a_key_revoked_through_one_gateway_process_is_refused_at_once_by_the_others(
+    chat_two: tuple[Server, str],
+) -> None:
+    server, _ = chat_two
+    for revoked_by, used_by in (server.gateways(), reversed(server.gateways())):
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            made = await client.post("/v1/keys", json={"name": "short-lived"}, headers=bearer(server.key))
+        key = made.json()
+        assert await (await server.via(used_by, lambda k=key: _models(server, k["api_key"]))) == 200  # cached
+        assert await (await server.via(revoked_by, lambda k=key: _revoke(server, k["id"]))) == 200
+        # refused now, not when its cache entry expires ten minutes later
+        assert await (await server.via(used_by, lambda k=key: _models(server, k["api_key"]))) == 401
+
+
+async def _models(server: Server, key: str) -> int:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        return (await client.get("/v1/models", headers=bearer(key))).status_code
+
+
+async def _revoke(server: Server, key_id: str) -> int:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        return (await client.delete(f"/v1/keys/{key_id}", headers=bearer(server.key))).status_code
