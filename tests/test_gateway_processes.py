@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -330,7 +331,7 @@ async def test_with_three_gateway_processes_a_cold_deployment_loads_once_is_bill
                 (meters[0][0],),
             ).fetchall()
         assert len(periods) >= 3
-        assert all(a[1] == b[0] for a, b in zip(periods, periods[1:], strict=False))  # contiguous, no overlap
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(periods))  # contiguous, no overlap
         billed_seconds = (periods[-1][1] - periods[0][0]) / 1000
         assert billed_seconds <= time.time() - meters[0][1] / 1000 + 0.5  # at most the wall time, once
         assert time.time() - started < 60
@@ -416,8 +417,8 @@ async def test_a_chat_stream_through_another_gateway_process_stops_when_its_clie
     await until(lambda: generating(server, deployment_id) == 0, timeout=5)  # 400 tokens take far longer
 
 
-async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supervisor_and_deleting_it_stops_it(
-    chat_two: tuple[Server, str], tmp_path_factory: pytest.TempPathFactory
+async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supervisor_and_delete_stops_it(
+    chat_two: tuple[Server, str],
 ) -> None:
     server, deployment_id = chat_two
     helper = server.gateways()[1]
