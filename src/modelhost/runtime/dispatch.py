@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any, Protocol
 
@@ -41,10 +42,13 @@ def item_failure(error: Payload) -> ModelhostError:
 
 class Dispatcher:
     def __init__(self, deployment_id: str, max_in_flight: int, timeout: float) -> None:
+        self.deployment_id = deployment_id
         self.max_in_flight = max_in_flight
         self.timeout = timeout
         self.outstanding = 0  # requests and generations of this process on the deployment
-        self._gauge = metrics.IN_FLIGHT.labels(deployment_id)
+        self.published = -1  # what the in-flight gauge says
+        _dispatchers.add(self)
+        _ensure_publisher()
 
     def _admit(self) -> None:
         if self.outstanding >= self.max_in_flight:
@@ -52,18 +56,17 @@ class Dispatcher:
                 "The deployment has too many requests in flight; retry shortly.", headers={"Retry-After": "1"}
             )
         self.outstanding += 1
-        self._gauge.set(self.outstanding)
 
     def _release(self) -> None:
         self.outstanding -= 1
-        self._gauge.set(self.outstanding)
 
     async def infer(self, targets: Sequence[Target], item: Payload) -> Payload:
         """One request of a batch task, answered by the least busy live replica."""
         target = _pick(targets)
         self._admit()
         try:
-            output = await asyncio.wait_for(target.submit(item), self.timeout)
+            async with asyncio.timeout(self.timeout):  # no task of its own, unlike `wait_for`
+                output = await target.submit(item)
         except TimeoutError as exc:
             raise GatewayTimeout(f"The request did not finish within {self.timeout:g} seconds.") from exc
         except ReplicaDied as exc:
@@ -90,6 +93,29 @@ class Dispatcher:
             raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
         finally:
             self._release()
+
+
+# The in-flight gauge is written by one task per process every PUBLISH_SECONDS, not per request: in
+# multiprocess mode every write of a metric costs a lock and a pid check (about 5 % of a request).
+PUBLISH_SECONDS = 0.05
+_dispatchers: weakref.WeakSet[Dispatcher] = weakref.WeakSet()
+_publisher: asyncio.Task[None] | None = None
+
+
+def _ensure_publisher() -> None:
+    global _publisher
+    if _publisher is None or _publisher.done():
+        with contextlib.suppress(RuntimeError):  # no running loop (built outside one): next time
+            _publisher = asyncio.get_running_loop().create_task(_publish_forever())
+
+
+async def _publish_forever() -> None:
+    while True:
+        for dispatcher in list(_dispatchers):
+            if dispatcher.published != dispatcher.outstanding:
+                dispatcher.published = dispatcher.outstanding
+                metrics.IN_FLIGHT.labels(dispatcher.deployment_id).set(dispatcher.outstanding)
+        await asyncio.sleep(PUBLISH_SECONDS)
 
 
 def _pick(targets: Sequence[Target]) -> Target:

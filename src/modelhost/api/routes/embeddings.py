@@ -62,14 +62,14 @@ async def create_embeddings(
     if body.encoding_format == "base64":
         encoded: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
     else:
-        encoded = vectors.tolist()
+        encoded = list(vectors)  # float32 rows, written by orjson as each float32's shortest form
     payload = {
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encoded)],
         "model": body.model,
         "usage": {"prompt_tokens": output["tokens"], "total_tokens": output["tokens"]},
     }
-    return Response(orjson.dumps(payload), media_type="application/json")
+    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
 
 @router.post(
@@ -85,7 +85,10 @@ async def feature_extraction(
     deployment = await deployment_for(request, principal, body.model)
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     output = await run_inference(request, deployment.id, {"inputs": inputs})
-    vectors = vectors_of(output).tolist()
+    vectors = vectors_of(output)
     return Response(
-        orjson.dumps(vectors[0] if isinstance(body.inputs, str) else vectors), media_type="application/json"
+        orjson.dumps(
+            vectors[0] if isinstance(body.inputs, str) else vectors, option=orjson.OPT_SERIALIZE_NUMPY
+        ),
+        media_type="application/json",
     )
