@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import torch
 
 from bench.common import SENTENCE, WrkResult, deploy_minilm, minilm_dir, serve, table, write_section, wrk
@@ -30,8 +31,11 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}{gpu}"
 
 
-def raw_throughput(model_dir: Path, batches: list[int], seconds: float) -> tuple[dict[int, float], float]:
-    """Sentences/s at each batch size and the median batch-1 latency (ms), in this process."""
+def raw_throughput(
+    model_dir: Path, batches: list[int], seconds: float
+) -> tuple[dict[int, float], float, list[float]]:
+    """Sentences/s at each batch size, the median batch-1 latency (ms) and the sentence's embedding, in
+    this process."""
     from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -50,20 +54,26 @@ def raw_throughput(model_dir: Path, batches: list[int], seconds: float) -> tuple
                 single.append(time.perf_counter() - t)
             done += batch
         rates[batch] = done / (time.perf_counter() - started)
+    vector = [float(x) for x in model.encode([SENTENCE])[0]]
     del model
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return rates, statistics.median(single) * 1000 if single else float("nan")
+    return rates, statistics.median(single) * 1000 if single else float("nan"), vector
 
 
 def measure(
     workers: int, port: int, model_dir: Path, connections: list[int], seconds: int
-) -> dict[int, tuple[WrkResult, float, float]]:
-    """(wrk result, gateway cores, replica cores) per connection count, on a fresh server."""
+) -> tuple[dict[int, tuple[WrkResult, float, float]], list[float]]:
+    """(wrk result, gateway cores, replica cores) per connection count, on a fresh server; and the
+    sentence's embedding as served."""
     served = serve(port, MODELHOST_WORKERS=str(workers))
     results: dict[int, tuple[WrkResult, float, float]] = {}
     try:
         body = deploy_minilm(served, model_dir)
+        answer = httpx.post(
+            f"{served.url}/v1/embeddings", json=body, headers={"Authorization": f"Bearer {served.key}"}
+        )
+        vector = [float(x) for x in answer.json()["data"][0]["embedding"]]
         for c in connections:
             before, started = served.cpu_seconds(), time.monotonic()
             run = wrk(served.url, "/v1/embeddings", body, served.key, c, seconds)
@@ -71,7 +81,7 @@ def measure(
             results[c] = (run, (after[0] - before[0]) / wall, (after[1] - before[1]) / wall)
     finally:
         served.stop()
-    return results
+    return results, vector
 
 
 def main() -> None:
@@ -95,11 +105,16 @@ def main() -> None:
     if args.random_weights:
         model_dir = same_shape(model_dir, Path(tempfile.mkdtemp(prefix="mh-minilm-")) / "model")
 
-    raw, raw_latency = raw_throughput(model_dir, [int(b) for b in args.batches.split(",")], args.seconds / 3)
+    batches = [int(b) for b in args.batches.split(",")]
+    raw, raw_latency, expected = raw_throughput(model_dir, batches, args.seconds / 3)
     best_raw = max(raw.values())
-    served = {
+    measured = {
         w: measure(w, args.port + i, model_dir, connections, args.seconds) for i, w in enumerate(workers)
     }
+    served = {w: results for w, (results, _) in measured.items()}
+    difference = max(
+        abs(a - b) for _, vector in measured.values() for a, b in zip(vector, expected, strict=True)
+    )
 
     rows = [
         [f"raw encode, batch {b}", f"{rate:.0f} sentences/s", "-", "-", "-", "-", "-"]
@@ -136,7 +151,8 @@ drives the server; cores are CPU seconds per wall second of the gateway processe
 - **Served p50 at {min(connections)} connection(s) − raw batch-1 latency ({raw_latency:.2f} ms):
   {latency_gap:+.2f} ms** (--workers {workers[0]}).
 - Gateway CPU per request at {top} connections: {per_request}.
-- Errors (non-2xx or socket) during the served runs: {errors}.
+- Errors (non-2xx or socket) during the served runs: {errors}. Served vectors equal the raw model's
+  to {difference:.1e} (largest absolute difference).
 """
     print(report)
     write_section(args.out, f"## Embeddings on {heading}:", report)
