@@ -127,7 +127,7 @@ def artifact_deployment_count(store: Services, artifact_id: str) -> int:
 
 HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     ((), "serve your own Hugging Face models over HTTP"),
-    (("serve",), "Run the gateway (applies database migrations first)."),
+    (("serve",), "Run the server (applies database migrations first)."),
     (("quickstart",), "Serve with a ready demo"),
     (("db",), "Database schema (Alembic migrations)."),
     (("db", "upgrade"), "Apply migrations to the configured database (MODELHOST_DATABASE_URL)."),
@@ -552,3 +552,8 @@ def test_accounts_credit_tops_up_and_a_bad_range_is_explained(url: str, account:
         "usage", "--start", "2026-02-01", "--end", "2026-01-01", "--url", url, "--key", account["api_key"]
     )
     assert result.exit_code == 1 and "end" in result.stderr and "400" in result.stderr
+
+
+def test_serve_and_quickstart_take_the_number_of_gateway_processes() -> None:
+    for command in ("serve", "quickstart"):
+        assert "--workers" in ok(command, "--help").stdout

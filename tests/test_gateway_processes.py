@@ -469,3 +469,30 @@ async def _models(server: Server, key: str) -> int:
 async def _revoke(server: Server, key_id: str) -> int:
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         return (await client.delete(f"/v1/keys/{key_id}", headers=bearer(server.key))).status_code
+
+
+# ---------------------------------------------------------------- how many processes
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (4, 1), (8, 2), (16, 4), (32, 8), (128, 8)])
+def test_the_default_is_one_gateway_process_per_four_cores_between_one_and_eight(cores: int, workers: int) -> None:
+    from modelhost.server import default_workers
+
+    assert default_workers(cores) == workers
+
+
+def test_the_workers_setting_is_taken_unless_the_command_line_says_otherwise(tmp_path: Path) -> None:
+    from modelhost.server import workers_for
+    from tests.conftest import make_settings
+
+    settings = make_settings(tmp_path, "sqlite://", workers=3)
+    assert (workers_for(settings, None), workers_for(settings, 5)) == (3, 5)
+
+
+def test_ray_serve_replicas_are_served_by_one_gateway_process_per_server(tmp_path: Path) -> None:
+    from modelhost.server import workers_for
+    from tests.conftest import make_settings
+
+    assert workers_for(make_settings(tmp_path, "sqlite://", runtime="ray"), None) == 1
+    with pytest.raises(ValueError, match="several `modelhost serve`"):
+        workers_for(make_settings(tmp_path, "sqlite://", runtime="ray"), 2)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import quote
 
 import typer
 
 from modelhost.cli.client import ApiClient
 from modelhost.cli.output import out, show
+
+if TYPE_CHECKING:
+    from modelhost.config import Settings
 
 app = typer.Typer(
     help="modelhost: serve your own Hugging Face models over HTTP.",
@@ -70,7 +73,6 @@ def serve(
 ) -> None:
     """Run the server (applies database migrations first). Ctrl-C / SIGTERM drain it and shut it down."""
     from modelhost.config import get_settings
-    from modelhost.server import default_workers
     from modelhost.server import serve as run_server
 
     settings = get_settings()
@@ -78,8 +80,7 @@ def serve(
         out.print(
             "[yellow]MODELHOST_ADMIN_KEY is not set: admin routes (account creation) are disabled.[/yellow]"
         )
-    count = workers or settings.workers or default_workers()
-    run_server(settings, host or settings.host, port or settings.port, count, log_level)
+    run_server(settings, host or settings.host, port or settings.port, _workers(settings, workers), log_level)
 
 
 @app.command()
@@ -97,11 +98,18 @@ def quickstart(
     if not os.environ.get("MODELHOST_ADMIN_KEY") and get_settings().admin_key_value is None:
         os.environ["MODELHOST_ADMIN_KEY"] = "mh-admin-" + secrets.token_urlsafe(24)
         get_settings.cache_clear()
-    from modelhost.server import default_workers
-
     settings = get_settings()
-    count = workers or settings.workers or default_workers()
-    run_quickstart(settings, host or settings.host, port or settings.port, count)
+    run_quickstart(settings, host or settings.host, port or settings.port, _workers(settings, workers))
+
+
+def _workers(settings: Settings, given: int | None) -> int:
+    from modelhost.server import workers_for
+
+    try:
+        return workers_for(settings, given)
+    except ValueError as exc:
+        out.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
 
 
 @db_app.command("upgrade")

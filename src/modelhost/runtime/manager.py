@@ -230,7 +230,9 @@ class DeploymentRuntime:
 
 
 class ReplicaManager:
-    """All deployments' runtimes in this gateway. Implements `RuntimeStatus` for the deployment views."""
+    """All deployments' runtimes, in the supervisor (the server's first gateway process), which alone
+    loads and unloads replicas. Implements `Runtime` for the routes of that process; the others reach
+    it through `server.remote.RemoteRuntime`."""
 
     def __init__(
         self,

@@ -195,6 +195,15 @@ class ModelServer:
             if self._calls.pop(request_id, None) is not None:
                 self._post(Cancel(request_id))
 
+    async def run_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The requests one gateway had waiting, each joining the host's queue on its own; a request
+        whose batch failed answers an internal error (the gateway's 503) without failing the others."""
+        answers = await asyncio.gather(*(self.run(item) for item in items), return_exceptions=True)
+        return [
+            a if isinstance(a, dict) else {"error": {"message": f"{type(a).__name__}: {a}", "internal": True}}
+            for a in answers
+        ]
+
     async def generate(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events until it finishes. When the caller cancels (Ray cancels this task) or
         leaves, the sequence is dropped from the engine before its next step."""
@@ -375,6 +384,8 @@ class RayServeReplica:
         self._stopping = False
         self._request_ids = itertools.count(1)
         self._pending: dict[int, Any] = {}  # request id → its Ray response (`cancel()` on both kinds)
+        self._waiting: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
+        self._sender: asyncio.Task[None] | None = None
         self._streams: set[int] = set()
         self._memory: list[tuple[int, int]] = []  # (pid, rss) of each replica, as last reported
         self._refresher: asyncio.Task[None] | None = None
@@ -390,7 +401,7 @@ class RayServeReplica:
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._waiting)
 
     @property
     def address(self) -> str | None:
@@ -456,22 +467,49 @@ class RayServeReplica:
         return handle
 
     async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
-        """One request; the Serve replica batches it with the others it holds."""
+        """One request. A Ray call costs far more than a socket write, so one call carries every
+        request this gateway has waiting: those that arrive while a call is out go together in the
+        next (`run_many`), and the Serve replica's host batches them with everyone else's."""
         if self._handle is None or self._stopping:
             raise ReplicaDied("the replica is not running")
-        request_id = next(self._request_ids)
-        response = self._handle.run.remote(item)
-        self._pending[request_id] = response
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        waiting = (item, future)
+        self._waiting.append(waiting)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_waiting())
         try:
-            output: dict[str, Any] = await response
-        except asyncio.CancelledError:  # the caller left (timeout, disconnect): the replica drops it
-            response.cancel()  # type: ignore[no-untyped-call]
-            raise
-        except (RayError, RayServeException) as exc:
-            raise self._failure(exc) from exc
+            return await future
         finally:
-            self._pending.pop(request_id, None)
-        return output
+            if waiting in self._waiting:  # the caller left before it was sent: it never will be
+                self._waiting.remove(waiting)
+
+    async def _send_waiting(self) -> None:
+        """One `run_many` call at a time, each with everything waiting when it starts."""
+        assert self._handle is not None
+        while self._waiting:
+            group, self._waiting = self._waiting, []
+            request_id = next(self._request_ids)
+            response = self._handle.run_many.remote([item for item, _ in group])
+            self._pending[request_id] = response
+            try:
+                outputs: list[dict[str, Any]] = await response
+            except BaseException as exc:  # failed, or cancelled by `detach` / `_give_up`
+                failure = (
+                    self._failure(exc)
+                    if isinstance(exc, RayError | RayServeException)
+                    else ReplicaDied("the Serve replica stopped")
+                )
+                for _, future in group:
+                    if not future.done():
+                        future.set_exception(failure)
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            finally:
+                self._pending.pop(request_id, None)
+            for (_, future), output in zip(group, outputs, strict=True):
+                if not future.done():
+                    future.set_result(output)
 
     async def stream(self, request: Any) -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events from a Serve replica; closing the iterator early cancels the Ray
@@ -514,6 +552,10 @@ class RayServeReplica:
             self._refresher.cancel()
         for response in list(self._pending.values()):
             response.cancel()
+        waiting, self._waiting = self._waiting, []
+        for _, future in waiting:
+            if not future.done():
+                future.set_exception(ReplicaDied("the replica was unloaded"))
         self._memory = []
 
     def stats(self) -> ReplicaStats:

@@ -41,6 +41,21 @@ def default_workers(cores: int | None = None) -> int:
     return max(1, min(8, cores // 4))
 
 
+def workers_for(settings: Settings, given: int | None) -> int:
+    """The number of gateway processes to run: `--workers`, else MODELHOST_WORKERS, else the default.
+    With Ray Serve replicas a server is one process (they are not reached over a local socket): more
+    servers on the cluster scale it instead, so asking for more is refused."""
+    asked = given or settings.workers
+    if settings.runtime == "ray":
+        if asked is not None and asked > 1:
+            raise ValueError(
+                "MODELHOST_RUNTIME=ray serves from one gateway process per server; run several "
+                "`modelhost serve` on the cluster instead of --workers (docs/deploy.md)"
+            )
+        return 1
+    return asked or default_workers()
+
+
 def serve(
     settings: Settings,
     host: str,

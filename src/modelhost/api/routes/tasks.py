@@ -2,7 +2,8 @@
 
 Every route: pick the deployment (routing decides "Endpoint not supported" before any work), read
 media references into bytes (base64, data URIs, URLs, local paths: `modelhost.media`), send one item
-to the deployment's batcher, and answer a single result for a single input or a list for a list.
+to the deployment's replica (which batches it), and answer a single result for a single input or a
+list for a list.
 """
 
 from __future__ import annotations
