@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -20,6 +21,29 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat fields after the command name: state, ppid, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def alive(pid: int) -> bool:
+    """Exists and is not a zombie (a zombie has died; only its exit status is left)."""
+    with contextlib.suppress(OSError):
+        return stat(pid)[0] != "Z"
+    return False
+
+
+def processes(module: str, marker: str = "") -> list[int]:
+    """Live processes running `python -m <module>` whose command line mentions `marker`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if f"-m {module} " in cmdline and marker in cmdline and alive(int(proc.name)):
+                found.append(int(proc.name))
+    return sorted(found)
 
 
 class ServerProcess:

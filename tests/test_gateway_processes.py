@@ -28,31 +28,10 @@ import numpy as np
 import pytest
 
 from tests.helpers import ADMIN_KEY, bearer, push_folder
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, alive, processes, stat
 
 ST_RECIPE = ("t03_feature_extraction", "st")
 TEXTS = [f"request {i} is about " + " ".join(["cats", "dogs", "birds"][: 1 + i % 3]) for i in range(8)]
-
-
-def stat(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def alive(pid: int) -> bool:
-    with contextlib.suppress(OSError):
-        return stat(pid)[0] != "Z"
-    return False
-
-
-def processes(module: str, marker: str = "") -> list[int]:
-    """Live processes running `python -m <module>` whose command line mentions `marker`."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if f"-m {module} " in cmdline and marker in cmdline and alive(int(proc.name)):
-                found.append(int(proc.name))
-    return sorted(found)
 
 
 def accepted(pid: int, port: int) -> int:
@@ -475,7 +454,9 @@ async def _revoke(server: Server, key_id: str) -> int:
 
 
 @pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (4, 1), (8, 2), (16, 4), (32, 8), (128, 8)])
-def test_the_default_is_one_gateway_process_per_four_cores_between_one_and_eight(cores: int, workers: int) -> None:
+def test_the_default_is_one_gateway_process_per_four_cores_between_one_and_eight(
+    cores: int, workers: int
+) -> None:
     from modelhost.server import default_workers
 
     assert default_workers(cores) == workers

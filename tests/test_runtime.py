@@ -36,7 +36,7 @@ from modelhost.services.container import Services
 from tests import live
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, alive, processes, stat
 
 Json = dict[str, Any]
 LONG = "the quick brown fox jumps over the lazy dog and keeps running " * 2  # ~46 tokens (limit 64)
@@ -66,27 +66,9 @@ async def until(check: Callable[[], Any], timeout: float = 20.0) -> Any:
     return result
 
 
-def stat(pid: int) -> list[str]:
-    """/proc/<pid>/stat fields after the command name: state, ppid, ..."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def alive(pid: int) -> bool:
-    """Exists and is not a zombie (a zombie has died; only its exit status is left)."""
-    with contextlib.suppress(OSError):
-        return stat(pid)[0] != "Z"
-    return False
-
-
 def workers(marker: str) -> list[int]:
     """Live replica workers whose command line mentions `marker` (a deployment ID)."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError):
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            if "modelhost.runtime.worker" in cmdline and marker in cmdline and alive(int(proc.name)):
-                found.append(int(proc.name))
-    return found
+    return processes("modelhost.runtime.worker", marker)
 
 
 def batches(deployment_id: str) -> tuple[float, float]:

@@ -10,6 +10,7 @@ replica's process dies, every caller waiting on it gets `ReplicaDied`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, cast
@@ -36,6 +37,75 @@ from modelhost.runtime.protocol import (
 from modelhost.runtime.replica import ReplicaDied, ReplicaFailed
 
 
+class Waiters:
+    """Callers waiting for a replica's answers, by request ID: a future per call, a queue per stream.
+    Both sides of a replica's conversation use it: a gateway's connection, and a Serve replica's own
+    event loop answering its callers from its host."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, asyncio.Future[Any]] = {}
+        self.streams: dict[int, asyncio.Queue[Payload | BaseException]] = {}
+
+    def __len__(self) -> int:
+        return len(self.calls) + len(self.streams)
+
+    def answer(self, message: FromReplica) -> bool:
+        """Hand a replica's message to its callers; False for a message that is no answer."""
+        if isinstance(message, Results):
+            for result in message.results:
+                self.resolve(result.id, result.output)
+        elif isinstance(message, Events):
+            for event in message.events:
+                queue = self.streams.get(event.id)
+                if queue is not None:
+                    queue.put_nowait(event.event)
+        elif isinstance(message, Failed):
+            for request_id in message.ids:
+                future = self.calls.pop(request_id, None)
+                if future is not None and not future.done():
+                    future.set_exception(ReplicaFailed(message.message))
+        elif isinstance(message, Stats):
+            self.resolve(message.id, message)
+        else:
+            return False
+        return True
+
+    def resolve(self, request_id: int, value: Any) -> None:
+        """Answer a waiting caller; one that is no longer waiting (it sent `Cancel`) is ignored."""
+        future = self.calls.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(value)
+
+    async def stream(
+        self, request_id: int, send: Callable[[Generate | Cancel], None], request: Payload
+    ) -> AsyncGenerator[Payload, None]:
+        """Send `Generate` and yield the stream's events until its last. Closing the iterator early
+        (the caller left) sends `Cancel`: the replica drops the sequence before its next step."""
+        queue: asyncio.Queue[Payload | BaseException] = asyncio.Queue()
+        self.streams[request_id] = queue
+        send(Generate(request_id, request))
+        finished = False
+        try:
+            while not finished:
+                event = await queue.get()
+                if isinstance(event, BaseException):
+                    raise event
+                finished = "finish" in event or "error" in event
+                yield event
+        finally:
+            self.streams.pop(request_id, None)
+            if not finished:
+                with contextlib.suppress(ReplicaDied):  # gone: nothing is left to cancel
+                    send(Cancel(request_id))
+
+    def fail_all(self, error: BaseException) -> None:
+        for future in self.calls.values():
+            if not future.done():
+                future.set_exception(error)
+        for queue in self.streams.values():
+            queue.put_nowait(error)
+
+
 class ReplicaConnection(asyncio.Protocol):
     """One connection to a replica (see the module docstring). `on_lost` is called once when it ends."""
 
@@ -44,8 +114,7 @@ class ReplicaConnection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
         self._ids = itertools.count(1)
-        self._calls: dict[int, asyncio.Future[Any]] = {}
-        self._streams: dict[int, asyncio.Queue[Payload | BaseException]] = {}
+        self._waiting = Waiters()
         self._unsent: list[bytes] = []
         self._lost: BaseException | None = None
         # The lifeline's first message: whether the model loaded (`Ready` / `LoadFailed`).
@@ -66,7 +135,7 @@ class ReplicaConnection(asyncio.Protocol):
 
     @property
     def in_flight(self) -> int:
-        return len(self._calls) + len(self._streams)
+        return len(self._waiting)
 
     # ---------------------------------------------------------------- requests
 
@@ -74,43 +143,31 @@ class ReplicaConnection(asyncio.Protocol):
         """One request of a batch task: the replica batches it; its output (or an item error dict)."""
         request_id = next(self._ids)
         future: asyncio.Future[Payload] = asyncio.get_running_loop().create_future()
-        self._calls[request_id] = future
+        self._waiting.calls[request_id] = future
         self._write(Run(request_id, item))
         try:
             return await future
         finally:  # still registered: the caller gave up before the answer; the replica drops it
-            if self._calls.pop(request_id, None) is not None and self.alive:
+            if self._waiting.calls.pop(request_id, None) is not None and self.alive:
                 self._write(Cancel(request_id))
 
     async def stream(self, request: Payload) -> AsyncGenerator[Payload, None]:
         """A generation's events until its last; closing the iterator early (client gone) cancels it
         in the replica at its next step."""
-        request_id = next(self._ids)
-        queue: asyncio.Queue[Payload | BaseException] = asyncio.Queue()
-        self._streams[request_id] = queue
-        self._write(Generate(request_id, request))
-        finished = False
-        try:
-            while not finished:
-                event = await queue.get()
-                if isinstance(event, BaseException):
-                    raise event
-                finished = "finish" in event or "error" in event
+        events = self._waiting.stream(next(self._ids), self._write, request)
+        async with contextlib.aclosing(events):
+            async for event in events:
                 yield event
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished and self.alive:
-                self._write(Cancel(request_id))
 
     async def stats(self) -> Stats:
         request_id = next(self._ids)
         future: asyncio.Future[Stats] = asyncio.get_running_loop().create_future()
-        self._calls[request_id] = future
+        self._waiting.calls[request_id] = future
         self._write(StatsRequest(request_id))
         try:
             return await future
         finally:
-            self._calls.pop(request_id, None)
+            self._waiting.calls.pop(request_id, None)
 
     def send(self, message: msgspec.Struct) -> None:
         """A message that expects no answer (`Stop`)."""
@@ -131,7 +188,7 @@ class ReplicaConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = ReplicaDied("the replica's worker process exited")
-        self._fail_all(self._lost)
+        self._waiting.fail_all(self._lost)
         if not self.hello.done():
             self.hello.set_exception(self._lost)
         if self._on_lost is not None:
@@ -140,29 +197,11 @@ class ReplicaConnection(asyncio.Protocol):
     # ---------------------------------------------------------------- internals
 
     def _dispatch(self, message: FromReplica) -> None:
-        if isinstance(message, Results):
-            for result in message.results:
-                self._resolve(result.id, result.output)
-        elif isinstance(message, Events):
-            for event in message.events:
-                queue = self._streams.get(event.id)
-                if queue is not None:
-                    queue.put_nowait(event.event)
-        elif isinstance(message, Failed):
-            for request_id in message.ids:
-                future = self._calls.pop(request_id, None)
-                if future is not None and not future.done():
-                    future.set_exception(ReplicaFailed(message.message))
-        elif isinstance(message, Stats):
-            self._resolve(message.id, message)
-        elif not self.hello.done():  # Ready / LoadFailed, on the lifeline
-            self.hello.set_result(message)
-
-    def _resolve(self, request_id: int, value: Any) -> None:
-        """Answer a waiting caller; one that is no longer waiting (it sent `Cancel`) is ignored."""
-        future = self._calls.pop(request_id, None)
-        if future is not None and not future.done():
-            future.set_result(value)
+        if isinstance(message, Ready | LoadFailed):  # on the lifeline, once
+            if not self.hello.done():
+                self.hello.set_result(message)
+        else:
+            self._waiting.answer(message)
 
     def _write(self, message: msgspec.Struct) -> None:
         """Queue a frame; every frame queued in this event-loop turn goes out in one write."""
@@ -176,13 +215,6 @@ class ReplicaConnection(asyncio.Protocol):
         frames, self._unsent = self._unsent, []
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(frames) if len(frames) > 1 else frames[0])
-
-    def _fail_all(self, error: BaseException) -> None:
-        for future in self._calls.values():
-            if not future.done():
-                future.set_exception(error)
-        for queue in self._streams.values():
-            queue.put_nowait(error)
 
 
 async def connect_pair(sock: Any, on_lost: Callable[[ReplicaConnection], None]) -> ReplicaConnection:

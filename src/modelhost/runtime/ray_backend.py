@@ -47,15 +47,12 @@ from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
 from modelhost.config import Settings
+from modelhost.runtime.client import Waiters
 from modelhost.runtime.host import ReplicaHost
 from modelhost.runtime.local import WORKER_ENV
 from modelhost.runtime.memory import rss_bytes
 from modelhost.runtime.protocol import (
     Cancel,
-    Events,
-    Failed,
-    Generate,
-    Results,
     Run,
     Stats,
     StatsRequest,
@@ -171,8 +168,7 @@ class ModelServer:
             handler, state, deployment=self._reporter.app, max_batch=max_batch, max_wait=max_wait
         )
         self._ids = itertools.count(1)
-        self._calls: dict[int, asyncio.Future[Any]] = {}
-        self._streams: dict[int, asyncio.Queue[dict[str, Any]]] = {}
+        self._waiting = Waiters()
         self._inbox: collections.deque[ToReplica] = collections.deque()
         self._wake = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -187,12 +183,12 @@ class ModelServer:
         """One request of a batch task; the host batches it with the others waiting."""
         request_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = self._event_loop().create_future()
-        self._calls[request_id] = future
+        self._waiting.calls[request_id] = future
         self._post(Run(request_id, item))
         try:
             return await future
         finally:  # still registered: the caller left (Ray cancelled this task); drop it if it waits
-            if self._calls.pop(request_id, None) is not None:
+            if self._waiting.calls.pop(request_id, None) is not None:
                 self._post(Cancel(request_id))
 
     async def run_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -207,27 +203,17 @@ class ModelServer:
     async def generate(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events until it finishes. When the caller cancels (Ray cancels this task) or
         leaves, the sequence is dropped from the engine before its next step."""
-        request_id = next(self._ids)
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._event_loop()
-        self._streams[request_id] = queue
-        self._post(Generate(request_id, request))
-        finished = False
-        try:
-            while not finished:
-                event = await queue.get()
-                finished = "finish" in event or "error" in event
+        events = self._waiting.stream(next(self._ids), self._post, request)
+        async with contextlib.aclosing(events):
+            async for event in events:
                 yield event
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self._post(Cancel(request_id))
 
     async def running(self) -> int:
         """Sequences the engine holds (0 for batch pipelines): how tests see a cancellation arrive."""
         request_id = next(self._ids)
         future: asyncio.Future[Stats] = self._event_loop().create_future()
-        self._calls[request_id] = future
+        self._waiting.calls[request_id] = future
         self._post(StatsRequest(request_id))
         return (await future).running
 
@@ -262,26 +248,7 @@ class ModelServer:
     def _answer(self, messages: list[Any]) -> None:
         """On the event loop: resolve the callers of the host's answers."""
         for message in messages:
-            if isinstance(message, Results):
-                for result in message.results:
-                    self._resolve(result.id, result.output)
-            elif isinstance(message, Events):
-                for event in message.events:
-                    queue = self._streams.get(event.id)
-                    if queue is not None:
-                        queue.put_nowait(event.event)
-            elif isinstance(message, Failed):
-                for request_id in message.ids:
-                    future = self._calls.pop(request_id, None)
-                    if future is not None and not future.done():
-                        future.set_exception(ReplicaFailed(message.message))
-            elif isinstance(message, Stats):
-                self._resolve(message.id, message)
-
-    def _resolve(self, request_id: int, value: Any) -> None:
-        future = self._calls.pop(request_id, None)
-        if future is not None and not future.done():
-            future.set_result(value)
+            self._waiting.answer(message)
 
 
 def connect(settings: Settings) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from modelhost.agents.store import RunJob
 from modelhost.runtime.protocol import FrameReader
 
 __all__ = ["FrameReader", "decode_from_supervisor", "decode_to_supervisor", "encode"]
@@ -76,12 +77,7 @@ class StartRun(msgspec.Struct, tag="start_run", array_like=True):
     """An agent run was stored as queued: the supervisor's runner executes it."""
 
     call: int
-    run_id: str
-    deployment_id: str
-    model: str
-    instructions: str
-    tools: list[dict[str, Any]] | None
-    request: dict[str, Any]
+    job: RunJob
 
 
 class StopRuns(msgspec.Struct, tag="stop_runs", array_like=True):

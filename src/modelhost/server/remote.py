@@ -278,11 +278,7 @@ class RemoteRuns:
         self.name = name
 
     async def submit(self, job: RunJob) -> None:
-        await self._link.call(
-            lambda n: StartRun(
-                n, job.id, job.deployment_id, job.model, job.instructions, job.tools, job.request
-            )
-        )
+        await self._link.call(lambda n: StartRun(n, job))
 
     async def stop_runs(self, run_ids: list[str]) -> None:
         await self._link.call(lambda n: StopRuns(n, run_ids))

@@ -24,7 +24,6 @@ from typing import Any
 import msgspec
 import uvicorn
 
-from modelhost.agents.store import RunJob
 from modelhost.errors import ModelhostError
 from modelhost.metrics import process_gone
 from modelhost.server.control import (
@@ -150,11 +149,7 @@ class ControlServer:
         if isinstance(message, ResumeAccount):
             return runtime.resume_account(message.account_id)
         if isinstance(message, StartRun):
-            job = RunJob(
-                message.run_id, message.deployment_id, message.model, message.instructions,
-                message.tools, message.request,
-            )  # fmt: skip
-            return supervision.agents.submit(job)
+            return supervision.agents.submit(message.job)
         if isinstance(message, StopRuns):
             return supervision.agents.stop_runs(message.run_ids)
         assert isinstance(message, CancelVideo)
