@@ -210,9 +210,10 @@ async def test_serve_runs_the_asked_number_of_gateway_processes_on_one_port(two:
     server, deployment_id = two
     supervisor, helper = server.gateways()
     assert supervisor != helper
-    for pid in (supervisor, helper):  # each answers on the same port
+    for pid in (supervisor, helper):  # each answers on the same port, live state included
         task = await server.via(pid, lambda: server.embed("hello"))
         assert (await task).status_code == 200
+        assert await (await server.via(pid, lambda: server.state(deployment_id))) == "ready"
     assert len(server.replicas(deployment_id)) == 1  # one replica serves both
 
 

@@ -180,10 +180,13 @@ class DeploymentRuntime:
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(0)
         metrics.MEMORY_BYTES.labels(self.spec.id).set(0)
 
+    def addresses(self) -> list[str]:
+        """Where the server's other gateway processes reach the live replicas."""
+        return [r.address for r in self.replicas if r.alive and r.address is not None]
+
     def publish(self) -> None:
         """Tell the supervisor's other gateway processes where the live replicas are now."""
-        addresses = [r.address for r in self.replicas if r.alive and r.address is not None]
-        self._manager.replicas_changed(self.spec.id, addresses)
+        self._manager.replicas_changed(self.spec.id, self.addresses())
 
     async def drain(self, timeout: float) -> None:
         """Wait until this process's requests and generations are done (used at shutdown)."""
@@ -346,23 +349,18 @@ class ReplicaManager:
             await runtime.unload()
 
     async def infer(self, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:
-        runtime = self._runtimes.get(deployment_id) or await self._runtime_of(deployment_id)
-        return await runtime.infer(item)
+        return await (await self._runtime_of(deployment_id)).infer(item)
 
     async def acquire(self, deployment_id: str) -> list[str]:
         """For another gateway process: load the deployment if it is not, and where its replicas are."""
         runtime = await self._runtime_of(deployment_id)
         runtime.touch()
         await runtime.ensure_loaded()
-        return [r.address for r in runtime.replicas if r.alive and r.address is not None]
+        return runtime.addresses()
 
     def addresses(self) -> dict[str, list[str]]:
         """Where every loaded deployment's replicas are (for a gateway process that starts)."""
-        return {
-            deployment_id: [r.address for r in rt.replicas if r.alive and r.address is not None]
-            for deployment_id, rt in self._runtimes.items()
-            if rt.replicas
-        }
+        return {deployment_id: rt.addresses() for deployment_id, rt in self._runtimes.items() if rt.replicas}
 
     def touch(self, deployment_ids: list[str]) -> None:
         """Other gateway processes used these deployments lately (the idle reaper reads it)."""

@@ -44,16 +44,10 @@ class Acquire(msgspec.Struct, tag="acquire", array_like=True):
 
 
 class GetStatus(msgspec.Struct, tag="status", array_like=True):
+    """A deployment's live state, answered as the `LiveStatus` the supervisor's runtime reports."""
+
     call: int
     deployment_id: str
-
-
-class Status(msgspec.Struct, array_like=True):
-    state: str
-    reason: str | None
-    replicas: int
-    memory_gb: float
-    last_cold_start_seconds: float | None
 
 
 class Apply(msgspec.Struct, tag="apply", array_like=True):

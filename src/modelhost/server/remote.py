@@ -42,7 +42,6 @@ from modelhost.server.control import (
     Replicas,
     ResumeAccount,
     StartRun,
-    Status,
     StopRuns,
     Touch,
     Welcome,
@@ -165,13 +164,6 @@ class RemoteRuntime:
         for connection in list(self._connections.values()):
             connection.close()
 
-    async def drain(self, timeout: float) -> None:
-        """Wait until this process's requests and generations are done (at shutdown)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while any(d.dispatcher.outstanding for d in self._deployments.values()) and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-
     # ---------------------------------------------------------------- requests
 
     async def infer(self, deployment_id: str, item: Payload) -> Payload:
@@ -255,10 +247,7 @@ class RemoteRuntime:
     # ---------------------------------------------------------------- asked of the supervisor
 
     async def status(self, deployment_id: str) -> LiveStatus:
-        status = msgspec.convert(await self._link.call(lambda n: GetStatus(n, deployment_id)), Status)
-        return LiveStatus(
-            status.state, status.reason, status.replicas, status.memory_gb, status.last_cold_start_seconds
-        )
+        return msgspec.convert(await self._link.call(lambda n: GetStatus(n, deployment_id)), LiveStatus)
 
     async def apply(self, deployment_id: str) -> None:
         await self._link.call(lambda n: Apply(n, deployment_id))

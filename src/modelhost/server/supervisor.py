@@ -40,7 +40,6 @@ from modelhost.server.control import (
     Replicas,
     ResumeAccount,
     StartRun,
-    Status,
     StopRuns,
     ToSupervisor,
     Touch,
@@ -141,7 +140,7 @@ class ControlServer:
         if isinstance(message, Acquire):
             return runtime.acquire(message.deployment_id)
         if isinstance(message, GetStatus):
-            return self._status(message.deployment_id)
+            return runtime.status(message.deployment_id)
         if isinstance(message, Apply):
             return runtime.apply(message.deployment_id)
         if isinstance(message, Remove):
@@ -157,10 +156,6 @@ class ControlServer:
 
     async def _welcome(self) -> Welcome:
         return Welcome(self._supervision.agents.name, self._supervision.runtime.addresses())
-
-    async def _status(self, deployment_id: str) -> Status:
-        live = await self._supervision.runtime.status(deployment_id)
-        return Status(live.state, live.reason, live.replicas, live.memory_gb, live.last_cold_start_seconds)
 
     async def _answer(self, session: _Session, call: int, work: Awaitable[Any]) -> None:
         try:
