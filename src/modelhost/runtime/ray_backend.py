@@ -85,6 +85,11 @@ REPORT_STALE_SECONDS = 3 * REPORT_SECONDS
 BOARD_NAME, BOARD_NAMESPACE = "modelhost-memory", "modelhost"
 _PEER = "serve"  # the one "connection" of a Serve replica's host: its own event loop
 _connect_lock = threading.Lock()
+# `serve.run` is not safe to call from two threads at once: it registers Serve's own modules for
+# pickling by value in cloudpickle's process-wide state and unregisters them again, so two deploys
+# at once (a warm deployment loading while a cold one starts for a request) can fail one of them with
+# "... is not registered for pickle by value". Deploys of one gateway therefore take turns.
+_deploy_lock = threading.Lock()
 _started_ray = False
 
 
@@ -430,7 +435,8 @@ class RayServeReplica:
         # change (`rescale`) in place; the public option for it is gone, hence the attribute.
         deployment._version = hashlib.sha256(repr(args).encode()).hexdigest()[:16]
         app = deployment.bind(*args)
-        handle: DeploymentHandle[Any] = serve.run(app, name=self.name, route_prefix=None)
+        with _deploy_lock:
+            handle: DeploymentHandle[Any] = serve.run(app, name=self.name, route_prefix=None)
         return handle
 
     async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
