@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,29 @@ async def engine_holds(handle: Any, sequences: int) -> bool:
 async def chat(served: Served, **body: Any) -> httpx.Response:
     request = {"model": "chat", "messages": MESSAGES, "temperature": 0, **body}
     return await served.gw.client.post("/v1/chat/completions", json=request, headers=bearer(served.gw.key))
+
+
+def test_serve_configs_built_on_many_threads_at_once_do_not_fail() -> None:
+    """Every Serve config registers and unregisters a module for pickling by value in one process-wide
+    set; on four threads at once, unpatched, some of them fail with "not registered for pickle by
+    value" (it failed a cold deploy in CI). Importing the backend makes that registry count users."""
+    from ray.serve.config import RequestRouterConfig
+
+    errors: list[Exception] = []
+
+    def build_configs() -> None:
+        try:
+            for _ in range(60):
+                RequestRouterConfig()
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build_configs) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
 
 
 async def test_embeddings_equal_sentence_transformers_and_a_cold_deployment_starts_from_zero(

@@ -85,12 +85,49 @@ REPORT_STALE_SECONDS = 3 * REPORT_SECONDS
 BOARD_NAME, BOARD_NAMESPACE = "modelhost-memory", "modelhost"
 _PEER = "serve"  # the one "connection" of a Serve replica's host: its own event loop
 _connect_lock = threading.Lock()
-# `serve.run` is not safe to call from two threads at once: it registers Serve's own modules for
-# pickling by value in cloudpickle's process-wide state and unregisters them again, so two deploys
-# at once (a warm deployment loading while a cold one starts for a request) can fail one of them with
-# "... is not registered for pickle by value". Deploys of one gateway therefore take turns.
+# Deploys of one gateway take turns: `serve.run` keeps process-wide state while it runs (see
+# `_count_pickle_by_value_registrations` for the part of it that failed deploys in CI).
 _deploy_lock = threading.Lock()
 _started_ray = False
+
+
+def _count_pickle_by_value_registrations() -> None:
+    """Make Ray's cloudpickle registry of "pickle by value" modules safe to use from many threads.
+
+    Serve builds a `RequestRouterConfig` with every `DeploymentConfig`: in `serve.deployment`, in
+    `serve.run`, and in the handle's router thread whenever a deployment's config arrives. Each one
+    registers the router's module, pickles the class, and unregisters the module, in cloudpickle's
+    one process-wide set. Two threads doing it at once (a warm deployment loading while a cold one
+    starts for a request, a router thread decoding a config) unregister twice, and the second fails
+    with "... is not registered for pickle by value", failing that deploy. Registrations are counted
+    here under one lock instead, so a module stays registered until its last user is done."""
+    from ray import cloudpickle
+
+    if getattr(cloudpickle.register_pickle_by_value, "_modelhost_counted", False):
+        return
+    register, unregister = cloudpickle.register_pickle_by_value, cloudpickle.unregister_pickle_by_value
+    lock = threading.Lock()
+    users: collections.Counter[str] = collections.Counter()
+
+    def counted_register(module: Any) -> None:
+        with lock:
+            register(module)
+            users[module.__name__] += 1
+
+    def counted_unregister(module: Any) -> None:
+        with lock:
+            if users[module.__name__] > 1:
+                users[module.__name__] -= 1
+                return
+            users.pop(module.__name__, None)
+            unregister(module)
+
+    counted_register._modelhost_counted = True  # type: ignore[attr-defined]
+    cloudpickle.register_pickle_by_value = counted_register
+    cloudpickle.unregister_pickle_by_value = counted_unregister
+
+
+_count_pickle_by_value_registrations()
 
 
 @ray.remote(num_cpus=0)
