@@ -105,7 +105,8 @@ def _count_pickle_by_value_registrations() -> None:
 
     if getattr(cloudpickle.register_pickle_by_value, "_modelhost_counted", False):
         return
-    register, unregister = cloudpickle.register_pickle_by_value, cloudpickle.unregister_pickle_by_value
+    register: Callable[[Any], None] = cloudpickle.register_pickle_by_value
+    unregister: Callable[[Any], None] = cloudpickle.unregister_pickle_by_value
     lock = threading.Lock()
     users: collections.Counter[str] = collections.Counter()
 
