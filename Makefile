@@ -1,4 +1,4 @@
-.PHONY: run test lint bench
+.PHONY: run test lint bench bench-gpu
 
 ## Install everything and start the service on the embedded defaults.
 run:
@@ -19,3 +19,8 @@ bench:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.gateway
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.generation
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.backends
+
+## Text generation on a GPU machine (a 0.95 B model; needs CUDA): writes its section of docs/benchmarks.md.
+bench-gpu:
+	bash scripts/setup.sh dev
+	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.generation --gpu

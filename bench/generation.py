@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import math
@@ -37,8 +38,28 @@ import torch
 
 from bench.common import _cpu_seconds, deploy, serve, table, write_section
 
-CONCURRENCY = (1, 4, 16)
 RAW_REQUESTS = 8
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The benchmark model and load: a small float32 Llama on CPU, a 0.95 B bfloat16 one on a GPU."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    vocab: int
+    dtype: torch.dtype
+    concurrency: tuple[int, ...]
+    tokens: int
+    shared_prompt_tokens: int  # the prefix-reuse measurement: this long a shared system prompt...
+    shared_requests: int  # ...across this many requests
+
+
+CPU_SHAPE = Shape("cpu", 512, 8, 8, 1376, 8000, torch.float32, (1, 4, 16), 64, 400, 16)
+GPU_SHAPE = Shape("gpu", 2048, 16, 16, 5632, 32000, torch.bfloat16, (1, 16, 64), 128, 1000, 64)
 PROMPT = "Tell me a short story about a lighthouse keeper and a storm."
 MESSAGES = [{"role": "user", "content": PROMPT}]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -91,26 +112,26 @@ def _tokenizer(vocab_size: int) -> Any:
     return tokenizer
 
 
-def build_model(folder: Path) -> int:
+def build_model(folder: Path, shape: Shape = CPU_SHAPE) -> int:
     """Save a random-weight LlamaForCausalLM and its tokenizer into `folder`; return its parameter count."""
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    tokenizer = _tokenizer(8000)
+    tokenizer = _tokenizer(min(shape.vocab, 8000))  # the corpus has no more merges than that in it
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=512,
-        intermediate_size=1376,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=8,
+        vocab_size=max(len(tokenizer), shape.vocab),
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.heads,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).to(shape.dtype).eval()
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False
     )
@@ -251,14 +272,19 @@ def _finish(load: Load, before: tuple[float, ...], server_cpu: Callable[[], floa
 
 
 def measure(
-    url: str, key: str, body: dict[str, Any], seconds: float, server_cpu: Callable[[], float]
+    url: str,
+    key: str,
+    body: dict[str, Any],
+    seconds: float,
+    server_cpu: Callable[[], float],
+    concurrency: tuple[int, ...],
 ) -> dict[int, Load]:
     """A warm-up request, then the load at each concurrency, with the cores each party used."""
     warm = asyncio.run(drive(url, key, body, 1, 0))
     if warm.errors:
         raise RuntimeError(f"warm-up request failed: {warm.first_error}")
     loads: dict[int, Load] = {}
-    for c in CONCURRENCY:
+    for c in concurrency:
         before = _clocks(server_cpu)
         load = _finish(asyncio.run(drive(url, key, body, c, seconds)), before, server_cpu)
         print(f"  {c} streams: {load.tokens_per_second:.1f} tokens/s, errors {load.errors}", flush=True)
@@ -278,13 +304,76 @@ def modelhost_body(tokens: int) -> dict[str, Any]:
     }
 
 
-def run_modelhost(folder: Path, port: int, body: dict[str, Any], seconds: float) -> dict[int, Load]:
+def run_modelhost(
+    folder: Path, port: int, body: dict[str, Any], seconds: float, concurrency: tuple[int, ...]
+) -> dict[int, Load]:
     served = serve(port)
     try:
         deploy(served, folder, "text-generation", "llama", readiness="hot")
-        return measure(served.url, served.key, body, seconds, lambda: sum(served.cpu_seconds()))
+        cpu = lambda: sum(served.cpu_seconds())  # noqa: E731
+        return measure(served.url, served.key, body, seconds, cpu, concurrency)
     finally:
         served.stop()
+
+
+# ---------------------------------------------------------------- prefix reuse, in process
+
+
+@dataclass
+class PrefixReuse:
+    requests: int
+    prompt_tokens: int  # each request's prompt, of which all but the question is shared
+    shared_seconds: float  # every request prefilled (first token out), one shared system prompt
+    unique_seconds: float  # the same with a system prompt of its own for each request
+    reused_tokens: int
+
+    def report(self) -> str:
+        ratio = _ratio(self.unique_seconds, self.shared_seconds)
+        return (
+            f"Prefix reuse (the engine in process, same model): {self.requests} requests arriving together, "
+            f"each a {self.prompt_tokens}-token prompt, generating 1 token. With one shared system prompt: "
+            f"{self.shared_seconds * 1000:.0f} ms until every request had its first token "
+            f"({self.reused_tokens:,} prompt tokens reused); with a different system prompt each (nothing "
+            f"to reuse): {self.unique_seconds * 1000:.0f} ms. **Prefill time cut {ratio}×** (target ≥ 5)."
+        )
+
+
+def prefix_reuse(folder: Path, shape: Shape) -> PrefixReuse:
+    """Time to prefill `shared_requests` prompts at once, sharing a system prompt or not."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from modelhost.generation.engine import GenerationEngine, SamplingParams
+    from modelhost.generation.engine import Sequence as EngineSequence
+    from modelhost.generation.text import IncrementalDecoder
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer: Any = AutoTokenizer.from_pretrained(folder)
+    model: Any = AutoModelForCausalLM.from_pretrained(folder).to(device).eval()
+    words = " ".join(_corpus(2000, seed=1))
+    system = tokenizer(words)["input_ids"][: shape.shared_prompt_tokens - 8]
+    engine = GenerationEngine(model, tokenizer, device, shape.shared_requests, 2048, str)
+    params = SamplingParams(max_tokens=1, temperature=0)
+
+    def prefill_all(shared: bool, round_: int) -> float:
+        for i in range(shape.shared_requests):
+            own = [] if shared else [100 + i + round_ * shape.shared_requests]  # differs from the first token
+            question = tokenizer(f" question {i}?")["input_ids"]
+            prompt = (own + system)[: len(system)] + question
+            decoder = IncrementalDecoder(lambda ids: tokenizer.decode(ids))
+            engine.add(EngineSequence(i, prompt, params, decoder))
+        started = time.perf_counter()
+        while not engine.idle:
+            engine.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    prefill_all(False, 0)  # warm-up
+    unique = prefill_all(False, 1)
+    engine.cache.held = [[] for _ in range(engine.cache.slots)]  # nothing left over from earlier rounds
+    before = engine.reused_tokens
+    shared = prefill_all(True, 2)
+    return PrefixReuse(shape.shared_requests, len(system) + 4, shared, unique, engine.reused_tokens - before)
 
 
 # ---------------------------------------------------------------- transformers serve
@@ -346,7 +435,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_transformers_serve(
-    folder: Path, port: int, flags: Sequence[str], tokens: int, seconds: float
+    folder: Path, port: int, flags: Sequence[str], tokens: int, seconds: float, concurrency: tuple[int, ...]
 ) -> dict[int, Load] | str:
     """The load on `transformers serve` with these flags, or why it could not be measured."""
     log = Path(tempfile.mkstemp(prefix="transformers-serve-", suffix=".log")[1])
@@ -354,7 +443,8 @@ def run_transformers_serve(
         process = _start_transformers_serve(folder, port, flags, log)
         try:
             body = transformers_body(folder, tokens)
-            return measure(f"http://127.0.0.1:{port}", "-", body, seconds, lambda: _cpu_seconds(process.pid))
+            cpu = lambda: _cpu_seconds(process.pid)  # noqa: E731
+            return measure(f"http://127.0.0.1:{port}", "-", body, seconds, cpu, concurrency)
         finally:
             _stop(process)
     except Exception as exc:
@@ -386,15 +476,18 @@ def _ratio(a: float, b: float) -> str:
 
 
 def _ratios(raw: Load, ours: dict[int, Load], theirs: dict[str, dict[int, Load] | str]) -> list[str]:
-    top, one = ours[CONCURRENCY[-1]].tokens_per_second, ours[1].tokens_per_second
-    lines = [f"- **modelhost 16 streams / modelhost 1 stream: {_ratio(top, one)}** (target ≥ 4)."]
+    most = max(ours)
+    top, one = ours[most].tokens_per_second, ours[1].tokens_per_second
+    lines = [f"- **modelhost {most} streams / modelhost 1 stream: {_ratio(top, one)}** (target ≥ 4)."]
     for name, result in theirs.items():
         if isinstance(result, str):
-            lines.append(f"- modelhost 16 streams / {name} 16 streams: not measured: `` {result} ``.")
+            lines.append(f"- modelhost {most} streams / {name}: not measured: `` {result} ``.")
         else:
-            other = result[CONCURRENCY[-1]].tokens_per_second
+            other = result[most].tokens_per_second
+            target = "≥ 1.3" if "continuous" in name else "> 1"
             lines.append(
-                f"- **modelhost 16 streams / {name} 16 streams: {_ratio(top, other)}** (target > 1)."
+                f"- **modelhost {most} streams / {name} {most} streams: {_ratio(top, other)}** "
+                f"(target {target})."
             )
     lines.append(f"- modelhost 1 stream / raw `model.generate`: {_ratio(one, raw.tokens_per_second)}.")
     return lines
@@ -420,27 +513,32 @@ def _errors(runs: dict[str, dict[int, Load]]) -> list[str]:
 
 
 def report(
+    shape: Shape,
     parameters: int,
-    tokens: int,
     seconds: float,
     raw: Load,
     ours: dict[int, Load],
     theirs: dict[str, dict[int, Load] | str],
+    reuse: PrefixReuse,
 ) -> str:
+    tokens = shape.tokens
     runs = {"raw `model.generate`": {1: raw}, "modelhost": ours}
     runs.update({name: result for name, result in theirs.items() if not isinstance(result, str)})
     header = ["what", "output tokens/s (aggregate)", "TTFT p50 ms", "completed requests", "errors"]
     header += ["server cores", "client cores", "other cores"]
     device = f"CUDA ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "CPU"
     lines = [
-        f"## Text generation: random-weight Llama ({parameters / 1e6:.0f} M parameters), {tokens} tokens out",
+        f"## Text generation{' on a GPU' if shape.name == 'gpu' else ''}: random-weight Llama "
+        f"({parameters / 1e6:.0f} M parameters), {tokens} tokens out",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} ({device}).",
-        f"Model: `LlamaForCausalLM`, hidden 512, 8 layers, 8 heads, intermediate 1376, vocabulary 8000 "
-        f"(byte-level BPE trained offline), float32, {parameters:,} parameters. Every request is the same "
+        f"Model: `LlamaForCausalLM`, hidden {shape.hidden}, {shape.layers} layers, {shape.heads} heads, "
+        f"intermediate {shape.intermediate}, vocabulary {shape.vocab} (byte-level BPE trained offline), "
+        f"{str(shape.dtype).removeprefix('torch.')}, {parameters:,} parameters. Every request is the same "
         f"short chat prompt, greedy, exactly {tokens} new tokens (`min_tokens`; `transformers serve` "
         f"gets `min_new_tokens` in its `generation_config` field).",
-        f"Served runs: streaming `POST /v1/chat/completions` from 1, 4 and 16 asyncio workers (httpx, in "
+        f"Served runs: streaming `POST /v1/chat/completions` from {', '.join(map(str, shape.concurrency))} "
+        f"asyncio workers (httpx, in "
         f"the benchmark's process, on the same cores); each worker sends requests for {seconds:g} s and "
         f"then finishes the one in flight; aggregate tokens/s = output tokens of all responses / (first "
         f"request sent → last response finished); TTFT = request sent → first non-empty content chunk. "
@@ -455,6 +553,8 @@ def report(
         *_ratios(raw, ours, theirs),
         *_errors(runs),
         *_warnings(runs),
+        "",
+        reuse.report(),
     ]
     return "\n".join(lines) + "\n"
 
@@ -464,24 +564,40 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seconds", type=float, default=20, help="load time per concurrency")
-    parser.add_argument("--tokens", type=int, default=64, help="output tokens per request")
+    parser.add_argument("--tokens", type=int, help="output tokens per request (default: the shape's)")
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="the GPU shape: a 0.95 B bfloat16 Llama, 1/16/64 streams, 128 tokens (needs CUDA)",
+    )
     parser.add_argument("--port", type=int, default=18766)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--skip-transformers-serve", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.gpu and not torch.cuda.is_available():
+        raise SystemExit("--gpu needs CUDA")
+    shape = GPU_SHAPE if args.gpu else CPU_SHAPE
+    if args.tokens:
+        shape = dataclasses.replace(shape, tokens=args.tokens)
 
     folder = Path(tempfile.mkdtemp(prefix="mh-bench-llama-"))
     try:
-        parameters = build_model(folder)
+        parameters = build_model(folder, shape)
         print(f"model: {parameters:,} parameters in {folder}", flush=True)
-        raw = raw_generate(folder, args.tokens)
+        raw = raw_generate(folder, shape.tokens)
         gc.collect()  # the raw model goes before the servers start (they share the cores, or the GPU)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         print(f"raw generate: {raw.tokens_per_second:.1f} tokens/s, TTFT {raw.ttft_p50} ms", flush=True)
-        ours = run_modelhost(folder, args.port, modelhost_body(args.tokens), args.seconds)
+        reuse = prefix_reuse(folder, shape)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        print(reuse.report(), flush=True)
+        body = modelhost_body(shape.tokens)
+        ours = run_modelhost(folder, args.port, body, args.seconds, shape.concurrency)
         print(f"modelhost: {_summary(ours)}", flush=True)
         theirs: dict[str, dict[int, Load] | str] = {}
         variants = {
@@ -489,16 +605,20 @@ def main() -> None:
             "transformers serve --continuous-batching": ["--continuous-batching"],
         }
         for name, flags in variants.items():
-            if args.skip_transformers_serve:
-                theirs[name] = "skipped (--skip-transformers-serve)"
+            if args.skip_transformers_serve or (args.gpu and not flags):  # one stream at a time: skip
+                theirs[name] = "skipped"
                 continue
-            theirs[name] = run_transformers_serve(folder, args.port + 1, flags, args.tokens, args.seconds)
+            port = args.port + 1
+            theirs[name] = run_transformers_serve(
+                folder, port, flags, shape.tokens, args.seconds, shape.concurrency
+            )
             print(f"{name}: {_summary(theirs[name])}", flush=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    section = report(parameters, args.tokens, args.seconds, raw, ours, theirs)
+    section = report(shape, parameters, args.seconds, raw, ours, theirs, reuse)
     print(section)
-    write_section(args.out, "## Text generation:", section)
+    heading = "## Text generation on a GPU:" if args.gpu else "## Text generation:"
+    write_section(args.out, heading, section)
 
 
 if __name__ == "__main__":

@@ -224,6 +224,30 @@ def _generating(chat: Chat) -> float:
     return -1.0
 
 
+def _metric(chat: Chat, name: str) -> float:
+    for line in chat.http.get("/metrics").text.splitlines():
+        if line.startswith(name) and chat.deployment_id in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_conversation_that_goes_on_reuses_its_cached_prefix_and_says_so_in_usage(chat: Chat) -> None:
+    system = {"role": "system", "content": "You answer questions about the weather in european cities. " * 4}
+    first_turn = [system, {"role": "user", "content": "what is the weather in berlin?"}]
+    client = chat.client()
+    first = client.chat.completions.create(model="chat", messages=first_turn, max_tokens=4, temperature=0)
+    assert first.usage is not None and first.usage.prompt_tokens_details is not None
+    before = _metric(chat, "modelhost_prompt_tokens_cached_total")
+    reply = {"role": "assistant", "content": first.choices[0].message.content or ""}
+    second_turn = [*first_turn, reply, {"role": "user", "content": "and in paris?"}]
+    second = client.chat.completions.create(model="chat", messages=second_turn, max_tokens=4, temperature=0)
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    cached = second.usage.prompt_tokens_details.cached_tokens or 0
+    assert cached >= first.usage.prompt_tokens // 2, (cached, first.usage.prompt_tokens)
+    assert cached < second.usage.prompt_tokens
+    assert _metric(chat, "modelhost_prompt_tokens_cached_total") == before + cached
+
+
 def test_concurrent_requests_share_decoding_steps_and_each_gets_its_own_answer(chat: Chat) -> None:
     async def run() -> list[str]:
         client = chat.async_client()

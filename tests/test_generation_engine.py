@@ -74,7 +74,7 @@ def test_cancel_frees_the_slot_before_the_next_step(loaded: tuple[Any, Any]) -> 
     engine.add(sequence(loaded, 1, "hello world", max_tokens=400, min_tokens=400))
     engine.add(sequence(loaded, 2, "a photo", max_tokens=3, min_tokens=3))
     engine.step()
-    assert [s.id for s in engine.running] == [1] and len(engine.waiting) == 1
+    assert [s.id for s in engine.running] == [1] and len(engine.waiting) == 1 and engine.max_running == 1
     engine.cancel(1)
     assert engine.running == []
     events = engine.step()
@@ -98,7 +98,7 @@ def test_max_tokens_finishes_with_length_and_counts_tokens(loaded: tuple[Any, An
     engine = engine_of(loaded)
     engine.add(sequence(loaded, 1, "hello world", max_tokens=3, min_tokens=3))
     events = [e for _, e in [*engine.step(), *engine.step(), *engine.step()]]
-    assert events[0] == {"started": True, "prompt_tokens": 2}
+    assert events[0] == {"started": True, "prompt_tokens": 2, "cached_tokens": 0}
     assert events[-1]["finish"] == "length" and events[-1]["completion_tokens"] == 3
     assert engine.idle
 
@@ -140,6 +140,110 @@ def test_a_grammar_forces_output_that_validates_against_its_schema(loaded: tuple
     value = json.loads(text)
     jsonschema.validate(value, schema)
     assert set(value) == {"city", "days"} and len(value["city"]) <= 10
+
+
+# ---------------------------------------------------------------- the KV cache: reuse, buckets, limits
+
+SYSTEM = "you are a helpful assistant who answers in short sentences about cats and dogs. " * 3
+
+
+def engine_with(loaded: tuple[Any, Any], **options: Any) -> GenerationEngine:
+    model, tokenizer = loaded
+    return GenerationEngine(model, tokenizer, DEVICE, 8, 512, lambda t: tokenizer.decode([t]), **options)
+
+
+def started_events(events: list[tuple[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+    return {sid: event for sid, event in events if event.get("started")}
+
+
+def test_a_prompt_sharing_a_finished_ones_prefix_reuses_it_and_generates_the_same(
+    loaded: tuple[Any, Any],
+) -> None:
+    fresh = engine_with(loaded)
+    fresh.add(sequence(loaded, 2, SYSTEM + "tell me about dogs", max_tokens=12, min_tokens=12))
+    alone = run(fresh)[2]
+    assert fresh.reused_tokens == 0
+    engine = engine_with(loaded)
+    engine.add(sequence(loaded, 1, SYSTEM + "tell me about cats", max_tokens=4, min_tokens=4))
+    run(engine)
+    engine.add(sequence(loaded, 2, SYSTEM + "tell me about dogs", max_tokens=12, min_tokens=12))
+    events = run_events(engine)
+    text = "".join(e.get("text", "") for sid, e in events if sid == 2)
+    shared = len(loaded[1](SYSTEM + "tell me about")["input_ids"]) - 1
+    assert text == alone
+    assert started_events(events)[2]["cached_tokens"] >= shared
+    assert engine.reused_tokens == started_events(events)[2]["cached_tokens"]
+
+
+def test_requests_arriving_together_compute_their_shared_prefix_once(loaded: tuple[Any, Any]) -> None:
+    engine = engine_with(loaded, prefill_chunk=32)
+    questions = ["cats", "dogs", "birds", "fish"]
+    for i, topic in enumerate(questions):
+        engine.add(sequence(loaded, i, SYSTEM + f"tell me about {topic}", max_tokens=6, min_tokens=6))
+    events = run_events(engine)
+    texts = {i: "".join(e.get("text", "") for sid, e in events if sid == i) for i in range(4)}
+    prefix = len(loaded[1](SYSTEM)["input_ids"])
+    cached = [started_events(events)[i]["cached_tokens"] for i in range(4)]
+    assert cached[0] == 0 and all(c >= prefix - 1 for c in cached[1:]), cached
+    for i, topic in enumerate(questions):
+        alone = engine_with(loaded)
+        alone.add(sequence(loaded, i, SYSTEM + f"tell me about {topic}", max_tokens=6, min_tokens=6))
+        assert run(alone)[i] == texts[i], topic
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_a_running_stream_gets_a_token_every_step(
+    loaded: tuple[Any, Any],
+) -> None:
+    engine = engine_with(loaded, prefill_chunk=16)
+    engine.add(sequence(loaded, 1, "hello world", max_tokens=40, min_tokens=40))
+    engine.step()
+    engine.add(sequence(loaded, 2, SYSTEM * 2, max_tokens=5, min_tokens=5))
+    prompt_tokens = len(loaded[1](SYSTEM * 2)["input_ids"])
+    steps_until_started = 0
+    while True:
+        events = engine.step()
+        steps_until_started += 1
+        assert any(sid == 1 and "text" in e for sid, e in events)  # the stream never stalls
+        if 2 in started_events(events):
+            break
+    assert steps_until_started == -(-prompt_tokens // 16)
+    texts = run(engine)
+    alone = engine_with(loaded)
+    alone.add(sequence(loaded, 2, SYSTEM * 2, max_tokens=5, min_tokens=5))
+    first = [e.get("text", "") for sid, e in events if sid == 2 and not e.get("started")]
+    assert "".join(first) + texts.get(2, "") == run(alone)[2]
+
+
+def test_a_sequence_that_outgrows_its_length_bucket_generates_what_the_model_does(
+    loaded: tuple[Any, Any],
+) -> None:
+    model, tokenizer = loaded
+    prompt = "one two three four five six seven eight nine ten " * 5
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(DEVICE)
+    new = 64 + 10 - ids.shape[1] % 64  # crosses a 64-column read bucket while decoding
+    engine = engine_with(loaded)
+    engine.add(sequence(loaded, 1, prompt, max_tokens=new, min_tokens=new))
+    out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False)
+    assert run(engine)[1] == tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
+def test_the_cache_budget_sets_the_slots_and_a_full_queue_answers_overloaded(loaded: tuple[Any, Any]) -> None:
+    from modelhost.errors import Overloaded
+    from modelhost.generation.kv_cache import CacheLayout
+
+    per_slot = CacheLayout.of(loaded[0]).bytes_per_token * 513
+    engine = engine_with(loaded, cache_bytes=2 * per_slot, max_waiting=2)
+    assert engine.max_running == 2
+    for sid, text in enumerate(["hello world", "paris is"]):
+        engine.add(sequence(loaded, sid, text, max_tokens=30, min_tokens=30))
+    engine.step()
+    assert len(engine.running) == 2  # both slots taken
+    for sid in range(2, 4):
+        engine.add(sequence(loaded, sid, "a photo"))
+    with pytest.raises(Overloaded) as refused:
+        engine.add(sequence(loaded, 4, "a photo"))
+    assert refused.value.status_code == 429
+    assert set(run(engine)) == {0, 1, 2, 3}  # everything admitted still finishes
 
 
 # ---------------------------------------------------------------- text (pure)

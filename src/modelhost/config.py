@@ -165,6 +165,25 @@ class Settings(BaseSettings):
         description="A queued or running agent run silent this long (its gateway died) fails `interrupted`.",
     )
     # ---------------------------------------------------------------- text generation (docs/generation.md)
+    kv_cache_mb: int | None = Field(
+        default=None,
+        ge=1,
+        description="Memory of each text-generation replica's KV cache, allocated once at load; it sets how "
+        "many sequences run at once (each slot holds the model's whole context). Unset: half the free GPU "
+        "memory on CUDA; on CPU enough for 64 sequences, at most an eighth of the machine's memory. Read "
+        "by the replica from its environment.",
+    )
+    prefill_chunk_tokens: int | None = Field(
+        default=None,
+        ge=16,
+        description="Most prompt tokens a generation step prefills, so that long prompts do not stall "
+        "running streams. Unset: 2048 on CUDA, 256 on CPU. Read by the replica from its environment.",
+    )
+    cuda_graphs: bool = Field(
+        default=True,
+        description="Replay decoding steps from CUDA graphs on CUDA (captured in the warm-up). Read by the "
+        "replica from its environment.",
+    )
     constrained_max_string_length: int = Field(
         default=512,
         ge=1,

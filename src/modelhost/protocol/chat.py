@@ -149,10 +149,15 @@ class CompletionRequest(SamplingFields):
 # ---------------------------------------------------------------- responses (documentation of the shapes)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens taken from the replica's KV cache (a prefix computed before)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class ToolCallOut(BaseModel):

@@ -56,3 +56,9 @@ GENERATING = Gauge(
     ["deployment"],
     multiprocess_mode="livesum",
 )
+PROMPT_TOKENS_CACHED = Counter(
+    "modelhost_prompt_tokens_cached_total",
+    "Prompt tokens a generation took from its replica's KV cache (a prefix computed before) instead of "
+    "computing them.",
+    ["deployment"],
+)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from modelhost.config import get_settings
 from modelhost.errors import InvalidRequest
 from modelhost.generation.engine import Event, GenerationEngine, SamplingParams, Sequence
 from modelhost.generation.text import IncrementalDecoder
@@ -45,8 +46,17 @@ class TextGeneration:
         tokenizer = loader.load_tokenizer(model_dir)
         model = loader.load_auto(model_dir, device, "AutoModelForCausalLM")
         text = functools.lru_cache(maxsize=65536)(lambda token: tokenizer.decode([token]))
+        settings = get_settings()  # the replica's environment: the server's
         engine = GenerationEngine(
-            model, tokenizer, device, MAX_RUNNING_SEQUENCES, _context_length(model, tokenizer), text
+            model,
+            tokenizer,
+            device,
+            MAX_RUNNING_SEQUENCES,
+            _context_length(model, tokenizer),
+            text,
+            cache_bytes=settings.kv_cache_mb << 20 if settings.kv_cache_mb else None,
+            prefill_chunk=settings.prefill_chunk_tokens,
+            cuda_graphs=settings.cuda_graphs,
         )
         template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
         return ChatModel(engine, tokenizer, parser_for_template(template).name)
@@ -55,6 +65,7 @@ class TextGeneration:
         self.start(state, 0, {"prompt": "modelhost warm-up", "params": {"max_tokens": 2, "temperature": 0}})
         while not state.engine.idle:
             state.engine.step()
+        state.engine.warm_up()
 
     def start(self, state: ChatModel, request_id: int, request: dict[str, Any]) -> None:
         """Queue a request in the engine; InvalidRequest (a 400 for its caller) if it cannot run."""
@@ -94,7 +105,7 @@ class TextGeneration:
         return state.engine.idle
 
     def running(self, state: ChatModel) -> int:
-        return len(state.engine.running) + len(state.engine.waiting)
+        return state.engine.held
 
 
 def _prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int], str]:

@@ -22,6 +22,7 @@ from modelhost.api.deps import CallerPrincipal, await_or_disconnect, deployment_
 from modelhost.api.errors import error_responses
 from modelhost.errors import ModelhostError
 from modelhost.protocol.chat import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest
+from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
 from modelhost.services.generation import (
     ChatChoice,
     CompletionChoice,
@@ -86,7 +87,7 @@ async def chat_completions(
             }
             for c in choices
         ],
-        "usage": _usage(streams.prompt_tokens(1), sum(c.completion_tokens for c in choices)),
+        "usage": _usage(streams, 1, sum(c.completion_tokens for c in choices)),
         "system_fingerprint": None,
     }
     return Response(orjson.dumps(payload), media_type="application/json")
@@ -116,7 +117,7 @@ async def _chat_chunks(
         if choice.finish is not None:
             yield data(choice, {}, choice.finish_reason)
     if include_usage:
-        usage = _usage(streams.prompt_tokens(1), sum(c.completion_tokens for c in choices))
+        usage = _usage(streams, 1, sum(c.completion_tokens for c in choices))
         yield _event({**chunk, "choices": [], "usage": usage})
 
 
@@ -146,7 +147,7 @@ async def completions(body: CompletionRequest, request: Request, principal: Call
             {"index": c.index, "text": c.text, "logprobs": c.logprobs(), "finish_reason": c.finish or "stop"}
             for c in choices
         ],
-        "usage": _usage(streams.prompt_tokens(n), sum(c.completion_tokens for c in choices)),
+        "usage": _usage(streams, n, sum(c.completion_tokens for c in choices)),
         "system_fingerprint": None,
     }
     return Response(orjson.dumps(payload), media_type="application/json")
@@ -170,7 +171,7 @@ async def _completion_chunks(
         }
         yield _event({**chunk, "choices": [entry]})
     if include_usage:
-        usage = _usage(streams.prompt_tokens(n), sum(c.completion_tokens for c in choices))
+        usage = _usage(streams, n, sum(c.completion_tokens for c in choices))
         yield _event({**chunk, "choices": [], "usage": usage})
 
 
@@ -187,6 +188,10 @@ class _Streams:
     def prompt_tokens(self, per_prompt: int) -> int:
         """Prompt tokens counted once per prompt (choices of one prompt share it)."""
         return sum(int(e.get("prompt_tokens", 0)) for e in self._firsts[::per_prompt])
+
+    def cached_tokens(self, per_prompt: int) -> int:
+        """Of those, the tokens the engine took from its KV cache (a prefix it had computed before)."""
+        return sum(int(e.get("cached_tokens", 0)) for e in self._firsts[::per_prompt])
 
     async def merged(self) -> AsyncIterator[tuple[int, Event]]:
         """(choice index, event) from every stream as they come, starting with each first event."""
@@ -236,18 +241,22 @@ async def _open(request: Request, deployment_id: str, requests: list[Event]) -> 
     if failure is not None:
         await _Streams(streams, []).close()
         raise failure
-    return _Streams(streams, [f for f in firsts if not isinstance(f, BaseException)])
+    opened = [f for f in firsts if not isinstance(f, BaseException)]
+    PROMPT_TOKENS_CACHED.labels(deployment_id).inc(sum(int(f.get("cached_tokens", 0)) for f in opened))
+    return _Streams(streams, opened)
 
 
 async def _collect(streams: _Streams) -> list[tuple[int, Event]]:
     return [item async for item in streams.merged()]
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> Event:
+def _usage(streams: _Streams, per_prompt: int, completion_tokens: int) -> Event:
+    prompt_tokens = streams.prompt_tokens(per_prompt)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": streams.cached_tokens(per_prompt)},
     }
 
 
