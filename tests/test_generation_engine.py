@@ -246,6 +246,57 @@ def test_the_cache_budget_sets_the_slots_and_a_full_queue_answers_overloaded(loa
     assert set(run(engine)) == {0, 1, 2, 3}  # everything admitted still finishes
 
 
+def _tiny(architecture: str) -> Any:
+    """A random-weight model of one family: what the engine's cache and masks must fit (GPT-2's own
+    attention, grouped-query heads, a sliding window, Gemma 2's alternating sliding and full layers)."""
+    import transformers
+
+    common = {"vocab_size": 300, "max_position_embeddings": 256, "eos_token_id": 1, "bos_token_id": 2}
+    llama_like = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    }
+    configs: dict[str, tuple[str, dict[str, Any]]] = {
+        "gpt2": ("GPT2", {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256, "vocab_size": 300,
+                          "eos_token_id": 1, "bos_token_id": 2}),
+        "llama": ("Llama", {**common, **llama_like, "num_key_value_heads": 2}),
+        "mistral": ("Mistral", {**common, **llama_like, "num_key_value_heads": 2, "sliding_window": 16}),
+        "gemma2": ("Gemma2", {**common, **llama_like, "num_key_value_heads": 2, "head_dim": 16,
+                              "sliding_window": 16}),
+        "phi": ("Phi", {**common, **llama_like}),
+    }  # fmt: skip
+    family, fields = configs[architecture]
+    config = getattr(transformers, f"{family}Config")(**fields)
+    head = "GPT2LMHeadModel" if family == "GPT2" else f"{family}ForCausalLM"
+    torch.manual_seed(0)
+    return getattr(transformers, head)(config).to(DEVICE).eval()
+
+
+@pytest.mark.parametrize("architecture", ["gpt2", "llama", "mistral", "gemma2", "phi"])
+def test_the_engine_generates_what_the_model_does_for_each_family(architecture: str) -> None:
+    model = _tiny(architecture)
+    prompts = [list(range(5, 23)), [30, 31, 32]]  # 18 + 20 tokens: past a 16-token sliding window
+    decode = lambda ids: " ".join(map(str, ids))  # noqa: E731
+    tokenizer = type("Tokenizer", (), {"eos_token_id": 1, "decode": staticmethod(decode)})()
+    engine = GenerationEngine(model, tokenizer, DEVICE, 8, 256, str)
+    sequences = [
+        Sequence(
+            i, p, SamplingParams(max_tokens=20, min_tokens=20, temperature=0), IncrementalDecoder(decode)
+        )
+        for i, p in enumerate(prompts)
+    ]
+    for s in sequences:
+        engine.add(s)
+    while not engine.idle:
+        engine.step()
+    for s, prompt in zip(sequences, prompts, strict=True):
+        ids = torch.tensor([prompt], device=DEVICE)
+        out = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+        assert s.generated == out[0, len(prompt) :].tolist(), architecture
+
+
 # ---------------------------------------------------------------- text (pure)
 
 
