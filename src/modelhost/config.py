@@ -164,6 +164,11 @@ class Settings(BaseSettings):
         gt=0,
         description="A queued or running agent run silent this long (its gateway died) fails `interrupted`.",
     )
+    response_stale_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A background response silent this long (its gateway died) reads as failed `interrupted`.",
+    )
     # ---------------------------------------------------------------- text generation (docs/generation.md)
     kv_cache_mb: int | None = Field(
         default=None,

@@ -27,6 +27,7 @@ ENDPOINT_TASKS: dict[str, tuple[Pipeline, ...]] = {
     "/v1/images/to-text": ("image-to-text",),
     "/v1/images/feature-extraction": ("image-feature-extraction",),
     "/v1/chat/completions": ("text-generation",),
+    "/v1/responses": ("text-generation",),
     "/v1/completions": ("text-generation",),
     "/v1/images/generations": ("text-to-image",),
     "/v1/images/edits": ("image-to-image", "inpainting"),

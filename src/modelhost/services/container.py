@@ -30,6 +30,8 @@ from modelhost.config import Settings
 from modelhost.jobs.runner import VideoCancel, VideoRunner
 from modelhost.jobs.videos import VideoJobs
 from modelhost.media.sources import MediaPolicy
+from modelhost.responses.service import Responses
+from modelhost.responses.store import ResponseStore
 from modelhost.routing import DeploymentRef
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.manager import ReplicaManager
@@ -61,6 +63,7 @@ class Services:
     agents: AgentStore
     agent_runner: Runs
     billing: Billing
+    responses: Responses
     # The supervisor's own runtime and runners; None in the server's other gateway processes.
     supervisor: Supervision | None = None
     # Caches whose entries every process must forget together (by name: keys, deployments, balances).
@@ -156,6 +159,12 @@ class Services:
             agents=agents,
             agent_runner=agent_runner,
             billing=billing,
+            responses=Responses(
+                ResponseStore(database, settings.response_stale_seconds),
+                runtime,
+                settings.constrained_max_string_length,
+                settings.response_stale_seconds,
+            ),
             supervisor=supervision,
             caches={"keys": cache, "deployments": refs_cache, "balances": balance_cache},
         )

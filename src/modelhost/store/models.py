@@ -245,3 +245,32 @@ class LedgerEntry(Base):
     # UTC date of the period's end, for the by-day report on any database.
     day: Mapped[str] = mapped_column(String(10))
     amount_micro: Mapped[int] = mapped_column(BigInteger)
+
+
+class StoredResponse(Base):
+    """A response of the Responses API (`store: true`), kept so that later requests chain from it
+    (`previous_response_id`) and clients read it back. A background one moves
+    queued → in_progress → completed | incomplete | failed | cancelled by guarded UPDATEs."""
+
+    __tablename__ = "responses"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    deployment_id: Mapped[str] = mapped_column(String(40))
+    model: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16))
+    background: Mapped[bool] = mapped_column(default=False)
+    previous_response_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # The response's echoed settings (instructions, tools, tool_choice, text, temperature, metadata...).
+    settings: Mapped[dict[str, object]] = mapped_column(JSON)
+    # What the model saw before this request's input (the chain so far), and this request's input items.
+    context: Mapped[list[object]] = mapped_column(JSON)
+    input_items: Mapped[list[object]] = mapped_column(JSON)
+    output: Mapped[list[object]] = mapped_column(JSON)
+    usage: Mapped[dict[str, object] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    error: Mapped[dict[str, object] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    incomplete_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    # A background response's runner beats here; one silent past the stale window was interrupted.
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

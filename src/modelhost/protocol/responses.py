@@ -1,0 +1,282 @@
+"""OpenAI Responses API wire types (`POST /v1/responses` and its stored responses; docs/responses.md).
+
+Input items come back from clients as the SDK serialised earlier output (`status`, `annotations`,
+`logprobs`, ids...): like chat messages they are read leniently, fields we do not use ignored, types
+strict. The request itself refuses unknown fields, so a misspelt one is a 400 naming it; every field of
+OpenAI's current request schema is listed, and what each does here is in docs/openai-compat.md.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Discriminator, Field, Tag
+
+from modelhost.protocol.chat import Lenient, Temperature
+from modelhost.protocol.common import StrictModel
+
+
+class TextPart(Lenient):
+    """`input_text` in user and system messages, `output_text` in assistant messages sent back."""
+
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class RefusalPart(Lenient):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class MediaPart(Lenient):
+    """Images, files and audio: refused on the text models served here, with a 400 naming `input`."""
+
+    type: Literal["input_image", "input_file", "input_audio"]
+
+
+ContentPart = Annotated[TextPart | RefusalPart | MediaPart, Field(discriminator="type")]
+
+
+class MessageItem(Lenient):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart]
+
+
+class FunctionCallItem(Lenient):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+class FunctionCallOutputItem(Lenient):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ContentPart]
+
+
+class ReasoningItem(Lenient):
+    """Sent back by clients that keep every output item; our models produce none, so they are skipped."""
+
+    type: Literal["reasoning"]
+
+
+class OtherItem(Lenient):
+    """Hosted-tool calls, item references and the like: a 400 naming `input` (see docs/responses.md)."""
+
+    type: str
+
+
+def _item_kind(value: Any) -> str:
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
+    return kind if kind in _KNOWN_ITEMS else "other"
+
+
+_KNOWN_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[OtherItem, Tag("other")],
+    Discriminator(_item_kind),
+]
+
+
+class FunctionTool(StrictModel):
+    type: Literal["function"]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="JSON Schema of the arguments.")
+    strict: bool | None = None
+
+
+class HostedTool(Lenient):
+    """OpenAI's hosted tools (web search, file search, code interpreter, MCP...): a 400 naming `tools`."""
+
+    type: str
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "function" if kind == "function" else "hosted"
+
+
+ToolParam = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[HostedTool, Tag("hosted")],
+    Discriminator(_tool_kind),
+]
+
+
+class FunctionToolChoice(StrictModel):
+    type: Literal["function"]
+    name: str
+
+
+class OtherToolChoice(Lenient):
+    """`allowed_tools`, hosted tools, MCP, custom: a 400 naming `tool_choice`."""
+
+    type: str
+
+
+class TextFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextConfig(StrictModel):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class StreamOptions(StrictModel):
+    include_obfuscation: bool | None = None
+
+
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
+]
+
+
+class ResponseCreateRequest(StrictModel):
+    model: str = Field(description="Your deployment's model ID.", examples=["chat"])
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)] = Field(
+        description="A user message as text, or items: messages, `function_call`s and their "
+        "`function_call_output`s.",
+        examples=["Say hello."],
+    )
+    instructions: str | None = Field(default=None, description="A system message for this response only.")
+    tools: Annotated[list[ToolParam], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | OtherToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Temperature | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    include: list[str] | None = None
+    metadata: Metadata | None = None
+    store: bool | None = Field(default=None, description="Keep the response (default true).")
+    previous_response_id: str | None = Field(
+        default=None, description="Continue from a stored response: its input and output come first."
+    )
+    background: bool | None = Field(
+        default=None, description="Answer at once (`queued`) and generate in the background."
+    )
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    # Accepted without effect (docs/openai-compat.md says why each is safe to ignore).
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    service_tier: str | None = None
+    reasoning: dict[str, Any] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    max_tool_calls: Annotated[int, Field(ge=1)] | None = None
+    background_options: dict[str, Any] | None = None
+    context_management: list[dict[str, Any]] | None = None
+    moderation: dict[str, Any] | None = None
+    access_programs: dict[str, Any] | None = None
+    image: dict[str, Any] | None = None
+    # Refused when set (they need OpenAI-side objects we do not have): a 400 naming the field.
+    conversation: str | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+
+
+# ---------------------------------------------------------------- answers (documentation of the shapes)
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = []
+    logprobs: list[dict[str, Any]] | None = None
+
+
+class OutputMessage(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[OutputText]
+
+
+class FunctionCallOutput(BaseModel):
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int
+    cache_write_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
+class IncompleteDetails(BaseModel):
+    reason: str
+
+
+class ResponseObject(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    completed_at: int | None = None
+    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+    model: str
+    output: list[OutputMessage | FunctionCallOutput]
+    usage: ResponseUsage | None = None
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    previous_response_id: str | None = None
+    background: bool | None = None
+    store: bool | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = []
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    metadata: dict[str, str] = {}
+
+
+class ResponseDeleted(BaseModel):
+    id: str
+    object: Literal["response.deleted"] = "response.deleted"
+    deleted: Literal[True] = True
+
+
+class InputItemList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

@@ -1,0 +1,412 @@
+"""The Responses API on the chat generation path: items in, a chat request out; engine events in,
+output items and OpenAI's stream events out. Plain Python, no I/O.
+
+A response is generated exactly as a chat completion (one engine, one constrained-decoding path): its
+instructions, previous items and input become chat messages, its function tools and `text.format`
+become chat tools and `response_format`, and `ChatChoice` assembles the model's text and tool calls.
+Only the shapes differ: the output is a list of items (a `message` with `output_text`, then one
+`function_call` item per call), streamed as typed events that each carry a `sequence_number`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from modelhost.errors import InvalidRequest
+from modelhost.protocol.chat import ChatCompletionRequest
+from modelhost.protocol.responses import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    FunctionToolChoice,
+    MediaPart,
+    MessageItem,
+    OtherItem,
+    RefusalPart,
+    ResponseCreateRequest,
+)
+from modelhost.services.generation import ChatChoice
+
+Item = dict[str, Any]
+Event = dict[str, Any]
+
+# Fields that would need objects only OpenAI has (stored prompts, conversations): refused when set.
+REFUSED = {
+    "conversation": "Conversations are not stored here; chain responses with previous_response_id.",
+    "prompt": "Stored prompt templates are not available here; send the input itself.",
+}
+
+
+def item_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+# ---------------------------------------------------------------- input items
+
+
+def input_items(body: ResponseCreateRequest) -> list[Item]:
+    """This request's input as stored items (each with an id), checked: 400s name `input`."""
+    if isinstance(body.input, str):
+        return [_message("user", body.input)]
+    items: list[Item] = []
+    for index, item in enumerate(body.input):
+        param = f"input[{index}]"
+        if isinstance(item, MessageItem):
+            items.append(_message(item.role, _text_of(item.content, param)))
+        elif isinstance(item, FunctionCallItem):
+            items.append(
+                {
+                    "id": item.id or item_id("fc"),
+                    "type": "function_call",
+                    "call_id": item.call_id,
+                    "name": item.name,
+                    "arguments": item.arguments,
+                    "status": "completed",
+                }
+            )
+        elif isinstance(item, FunctionCallOutputItem):
+            output = item.output if isinstance(item.output, str) else _text_of(item.output, param)
+            items.append(
+                {
+                    "id": item_id("fco"),
+                    "type": "function_call_output",
+                    "call_id": item.call_id,
+                    "output": output,
+                    "status": "completed",
+                }
+            )
+        elif isinstance(item, OtherItem):
+            raise InvalidRequest(
+                f"Input items of type {item.type!r} are not supported here: send messages, function_call "
+                "and function_call_output items (docs/responses.md).",
+                param=param,
+            )
+        # reasoning items (sent back by clients that keep every output item): our models make none
+    return items
+
+
+def _message(role: str, text: str) -> Item:
+    return {
+        "id": item_id("msg"),
+        "type": "message",
+        "role": role,
+        "status": "completed",
+        "content": [{"type": "output_text" if role == "assistant" else "input_text", "text": text}],
+    }
+
+
+def _text_of(content: str | list[Any], param: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for part in content:
+        if isinstance(part, MediaPart):
+            raise InvalidRequest(
+                f"This deployment takes text only; {part.type} parts are not supported.", param=param
+            )
+        texts.append(part.refusal if isinstance(part, RefusalPart) else part.text)
+    return "\n".join(texts)
+
+
+# ---------------------------------------------------------------- the chat request
+
+
+def chat_request(body: ResponseCreateRequest, items: list[Item]) -> ChatCompletionRequest:
+    """The chat completion that generates this response: `items` are the chain so far plus this input."""
+    for name, reason in REFUSED.items():
+        if getattr(body, name) is not None:
+            raise InvalidRequest(reason, param=name)
+    messages: list[Item] = []
+    if body.instructions:
+        messages.append({"role": "system", "content": body.instructions})
+    messages += chat_messages(items)
+    tools = _tools(body)
+    fields: dict[str, Any] = {
+        "model": body.model,
+        "messages": messages,
+        "tools": tools or None,
+        "tool_choice": _tool_choice(body) if tools else None,
+        "max_completion_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "logprobs": _wants_logprobs(body) or None,
+        "top_logprobs": body.top_logprobs if _wants_logprobs(body) else None,
+        "response_format": _response_format(body),
+    }
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:  # e.g. an empty conversation: reported on the input
+        first = exc.errors()[0]
+        raise InvalidRequest(f"The input cannot be generated from: {first['msg']}.", param="input") from None
+
+
+def _wants_logprobs(body: ResponseCreateRequest) -> bool:
+    return "message.output_text.logprobs" in (body.include or []) or bool(body.top_logprobs)
+
+
+def chat_messages(items: list[Item]) -> list[Item]:
+    """Stored items → chat messages: consecutive function calls join the assistant message before them
+    (as one assistant turn with tool calls), and each output answers its call as a tool message."""
+    messages: list[Item] = []
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            text = "\n".join(part["text"] for part in item["content"])
+            messages.append({"role": item["role"], "content": text})
+        elif kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+    return messages
+
+
+def _tools(body: ResponseCreateRequest) -> list[Item]:
+    tools: list[Item] = []
+    for index, tool in enumerate(body.tools or []):
+        if not isinstance(tool, FunctionTool):
+            raise InvalidRequest(
+                f"Only function tools are supported here; {tool.type!r} is one of OpenAI's hosted tools.",
+                param=f"tools[{index}]",
+            )
+        definition = tool.model_dump(exclude_none=True, exclude={"type"})
+        tools.append({"type": "function", "function": definition})
+    return tools
+
+
+def _tool_choice(body: ResponseCreateRequest) -> Any:
+    choice = body.tool_choice
+    if choice is None or isinstance(choice, str):
+        return choice
+    if isinstance(choice, FunctionToolChoice):
+        return {"type": "function", "function": {"name": choice.name}}
+    raise InvalidRequest(
+        f"tool_choice of type {choice.type!r} is not supported here: use none, auto, required or "
+        '{"type": "function", "name": ...}.',
+        param="tool_choice",
+    )
+
+
+def _response_format(body: ResponseCreateRequest) -> Item | None:
+    fmt = body.text.format if body.text else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "json_object"}
+    if fmt.name is None:
+        raise InvalidRequest("text.format of type json_schema needs a name.", param="text.format.name")
+    schema = {"name": fmt.name, "schema": fmt.schema_, "description": fmt.description, "strict": fmt.strict}
+    return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
+
+
+def settings_of(body: ResponseCreateRequest) -> Item:
+    """What a response object echoes of its request."""
+    text = body.text.model_dump(by_alias=True, exclude_none=True) if body.text else {}
+    return {
+        "instructions": body.instructions,
+        "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+        "tool_choice": _echoed_tool_choice(body),
+        "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
+        "text": {"format": {"type": "text"}, **text},
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "max_output_tokens": body.max_output_tokens,
+        "metadata": body.metadata or {},
+        "store": body.store is not False,
+        "user": body.user,
+    }
+
+
+def _echoed_tool_choice(body: ResponseCreateRequest) -> Any:
+    choice = body.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
+# ---------------------------------------------------------------- the output, as it is generated
+
+
+@dataclass
+class OutputAssembler:
+    """One response's output items, fed the engine's events through a `ChatChoice`; each feed answers
+    the stream events it produced (without sequence numbers: the writer numbers them)."""
+
+    choice: ChatChoice
+    output: list[Item] = field(default_factory=list)
+    _message: Item | None = None  # the open message item
+    _calls: dict[int, Item] = field(default_factory=dict)  # open function_call items by call index
+    _pending: list[Item] = field(default_factory=list)  # logprobs waiting for their text
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    def feed(self, event: Event) -> list[Event]:
+        if event.get("started"):
+            self.prompt_tokens = int(event.get("prompt_tokens", 0))
+            self.cached_tokens = int(event.get("cached_tokens", 0))
+        delta = self.choice.feed(event)
+        events: list[Event] = []
+        self._pending += _logprobs(delta.get("logprobs") or [])  # they come before their token's text
+        if delta.get("content"):
+            logprobs, self._pending = self._pending, []
+            events += self._text(delta["content"], logprobs)
+        for call in delta.get("tool_calls") or []:
+            events += self._call(call)
+        return events
+
+    def finish(self) -> list[Event]:
+        """Close every open item: completed, or incomplete when the token budget ran out."""
+        status = "incomplete" if self.choice.finish == "length" else "completed"
+        events: list[Event] = []
+        if self._message is not None:
+            events += self._close_message(status)
+        for index in sorted(self._calls):
+            events += self._close_call(self._calls[index], status)
+        self._calls.clear()
+        return events
+
+    @property
+    def incomplete_reason(self) -> str | None:
+        return "max_output_tokens" if self.choice.finish == "length" else None
+
+    def usage(self) -> Item:
+        output_tokens = self.choice.completion_tokens
+        return {
+            "input_tokens": self.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.prompt_tokens + output_tokens,
+        }
+
+    def _text(self, piece: str, logprobs: list[Item]) -> list[Event]:
+        events: list[Event] = []
+        if self._message is None:
+            self._message = {
+                "id": item_id("msg"),
+                "type": "message",
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
+            index = len(self.output)
+            self.output.append(self._message)
+            events.append(_item_event("response.output_item.added", index, self._message))
+            part = {"type": "output_text", "text": "", "annotations": []}
+            self._message["content"].append({**part, "logprobs": []})
+            events.append(
+                {
+                    "type": "response.content_part.added",
+                    "item_id": self._message["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "part": part,
+                }
+            )
+        self._message["content"][0]["text"] += piece
+        self._message["content"][0]["logprobs"] += logprobs
+        events.append(
+            {
+                "type": "response.output_text.delta",
+                "item_id": self._message["id"],
+                "output_index": self.output.index(self._message),
+                "content_index": 0,
+                "delta": piece,
+                "logprobs": logprobs,
+            }
+        )
+        return events
+
+    def _close_message(self, status: str) -> list[Event]:
+        message, self._message = self._message, None
+        assert message is not None
+        index = self.output.index(message)
+        part = message["content"][0]
+        message["status"] = status
+        common = {"item_id": message["id"], "output_index": index, "content_index": 0}
+        done_part = {"type": "output_text", "text": part["text"], "annotations": []}
+        return [
+            {
+                "type": "response.output_text.done",
+                **common,
+                "text": part["text"],
+                "logprobs": part.get("logprobs", []),
+            },
+            {"type": "response.content_part.done", **common, "part": done_part},
+            _item_event("response.output_item.done", index, message),
+        ]
+
+    def _call(self, delta: Item) -> list[Event]:
+        events: list[Event] = []
+        index = delta["index"]
+        item = self._calls.get(index)
+        function = delta.get("function") or {}
+        if item is None:
+            if self._message is not None:
+                events += self._close_message("completed")
+            item = {
+                "id": item_id("fc"),
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": delta.get("id") or item_id("call"),
+                "name": function.get("name", ""),
+                "arguments": "",
+            }
+            self._calls[index] = item
+            self.output.append(item)
+            events.append(_item_event("response.output_item.added", len(self.output) - 1, item))
+        piece = function.get("arguments") or ""
+        if piece:
+            item["arguments"] += piece
+            events.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": item["id"],
+                    "output_index": self.output.index(item),
+                    "delta": piece,
+                }
+            )
+        return events
+
+    def _close_call(self, item: Item, status: str) -> list[Event]:
+        index = self.output.index(item)
+        item["status"] = status
+        return [
+            {
+                "type": "response.function_call_arguments.done",
+                "item_id": item["id"],
+                "output_index": index,
+                "name": item["name"],
+                "arguments": item["arguments"],
+            },
+            _item_event("response.output_item.done", index, item),
+        ]
+
+
+def _item_event(kind: str, index: int, item: Item) -> Event:
+    return {"type": kind, "output_index": index, "item": json.loads(json.dumps(item))}  # a snapshot
+
+
+def _logprobs(entries: list[Item]) -> list[Item]:
+    return [
+        {
+            "token": e["token"],
+            "logprob": e["logprob"],
+            "bytes": e.get("bytes", []),
+            "top_logprobs": e.get("top_logprobs", []),
+        }
+        for e in entries
+    ]

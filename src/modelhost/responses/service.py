@@ -1,0 +1,262 @@
+"""Generating a response: prepare (chain, checks), open the engine stream (errors before any answer),
+run it into OpenAI's event sequence, store it; background responses run as tasks of the gateway
+process that took them, beating in the database so that a cancel from any process reaches them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelhost.clock import heartbeat_seconds
+from modelhost.errors import InvalidRequest, ModelhostError
+from modelhost.protocol.responses import ResponseCreateRequest
+from modelhost.responses.items import OutputAssembler, chat_request, input_items, settings_of
+from modelhost.responses.store import INTERRUPTED, ResponseStore, Scope, response_view
+from modelhost.runtime.interface import Runtime
+from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
+from modelhost.services.generation import ChatChoice, chat_requests
+from modelhost.store.models import StoredResponse
+from modelhost.store.types import new_id, utcnow
+
+log = logging.getLogger(__name__)
+Event = dict[str, Any]
+FINAL_EVENTS = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+}
+
+
+@dataclass
+class Prepared:
+    """A checked request: what to generate and what to store."""
+
+    id: str
+    account_id: str
+    deployment_id: str
+    model: str
+    store: bool
+    background: bool
+    previous_response_id: str | None
+    settings: dict[str, Any]
+    context: list[Any]
+    input_items: list[Any]
+    engine_request: Event
+    mode: str
+    tool_names: list[str]
+
+    def view(self, status: str, **values: Any) -> Event:
+        """The response object at this point (`values`: output, usage, error, incomplete_reason)."""
+        now = utcnow()
+        row = StoredResponse(
+            id=self.id,
+            model=self.model,
+            status=status,
+            background=self.background,
+            previous_response_id=self.previous_response_id,
+            settings=self.settings,
+            output=values.get("output", []),
+            usage=values.get("usage"),
+            error=values.get("error"),
+            incomplete_reason=values.get("incomplete_reason"),
+            created_at=now,
+            updated_at=now,
+            completed_at=now,
+        )
+        return response_view(row)
+
+
+@dataclass
+class Generation:
+    """An opened engine stream, past its first event."""
+
+    stream: AsyncGenerator[Event, None]
+    first: Event
+    assembler: OutputAssembler = field(init=False)
+
+
+class Responses:
+    def __init__(
+        self, store: ResponseStore, runtime: Runtime, max_string_length: int, stale_seconds: float
+    ) -> None:
+        self.store = store
+        self._runtime = runtime
+        self._max_string_length = max_string_length
+        self._beat_seconds = heartbeat_seconds(stale_seconds)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    async def prepare(
+        self, body: ResponseCreateRequest, account_id: str, scope: Scope, deployment_id: str
+    ) -> Prepared:
+        store = body.store is not False
+        if body.background and not store:
+            raise InvalidRequest("background responses are stored: set store to true.", param="background")
+        context: list[Any] = []
+        if body.previous_response_id:
+            previous = body.previous_response_id
+            context = await asyncio.to_thread(self.store.chain, account_id, scope, previous)
+        items = input_items(body)
+        chat = chat_request(body, [*context, *items])
+        requests, mode = chat_requests(chat, self._max_string_length)
+        return Prepared(
+            id=new_id("resp"),
+            account_id=account_id,
+            deployment_id=deployment_id,
+            model=body.model,
+            store=store,
+            background=bool(body.background),
+            previous_response_id=body.previous_response_id,
+            settings=settings_of(body),
+            context=context,
+            input_items=items,
+            engine_request=requests[0],
+            mode=mode,
+            tool_names=[t.function.name for t in chat.tools or []],
+        )
+
+    async def open(self, prepared: Prepared) -> Generation:
+        """Start generating and wait for the first event: a prompt that does not fit fails here."""
+        stream = self._runtime.stream(prepared.deployment_id, prepared.engine_request)
+        try:
+            first = await anext(stream)
+        except BaseException:
+            await stream.aclose()
+            raise
+        PROMPT_TOKENS_CACHED.labels(prepared.deployment_id).inc(int(first.get("cached_tokens", 0)))
+        generation = Generation(stream, first)
+        generation.assembler = OutputAssembler(ChatChoice(0, prepared.mode, prepared.tool_names))
+        return generation
+
+    async def run(self, prepared: Prepared, generation: Generation, *, record: bool) -> AsyncIterator[Event]:
+        """OpenAI's event sequence (without sequence numbers), ending with the final response, which
+        is stored (`record`) before that last event goes out."""
+        assembler = generation.assembler
+        yield {"type": "response.created", "response": prepared.view("in_progress")}
+        yield {"type": "response.in_progress", "response": prepared.view("in_progress")}
+        error: Event | None = None
+        async with contextlib.aclosing(generation.stream) as stream:
+            try:
+                for event in assembler.feed(generation.first):
+                    yield event
+                async for engine_event in stream:
+                    for event in assembler.feed(engine_event):
+                        yield event
+                    if assembler.choice.finish is not None:
+                        break
+            except ModelhostError as exc:  # the replica failed mid-way (after the 200 went out)
+                error = {"code": exc.code, "message": exc.message}
+                yield {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param}
+        for event in assembler.finish():
+            yield event
+        outcome: Event = {"output": assembler.output, "usage": assembler.usage()}
+        if error is not None:
+            status = "failed"
+            outcome["error"] = error
+        else:
+            status = "incomplete" if assembler.incomplete_reason else "completed"
+            outcome["incomplete_reason"] = assembler.incomplete_reason
+        final = prepared.view(status, **outcome)
+        if record:
+            final = await asyncio.to_thread(self._store, prepared, status, outcome)
+        yield {"type": FINAL_EVENTS[status], "response": final}
+
+    def _store(self, prepared: Prepared, status: str, outcome: Event) -> Event:
+        return self.store.create(
+            prepared.account_id,
+            prepared.deployment_id,
+            prepared.model,
+            status=status,
+            background=prepared.background,
+            previous_response_id=prepared.previous_response_id,
+            settings=prepared.settings,
+            context=prepared.context,
+            input_items=prepared.input_items,
+            response_id=prepared.id,
+            **outcome,
+        )
+
+    # ---------------------------------------------------------------- background
+
+    async def submit(self, prepared: Prepared) -> Event:
+        """Store the response as `queued` and generate it in a task of this process."""
+        queued = await asyncio.to_thread(
+            self.store.create,
+            prepared.account_id,
+            prepared.deployment_id,
+            prepared.model,
+            status="queued",
+            background=True,
+            previous_response_id=prepared.previous_response_id,
+            settings=prepared.settings,
+            context=prepared.context,
+            input_items=prepared.input_items,
+            response_id=prepared.id,
+        )
+        task = asyncio.get_running_loop().create_task(self._background(prepared))
+        self._tasks[prepared.id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(prepared.id, None))
+        return queued
+
+    async def _background(self, prepared: Prepared) -> None:
+        if not await asyncio.to_thread(self.store.start, prepared.id):
+            return  # cancelled before it started
+        this = asyncio.current_task()
+        assert this is not None
+        beating = asyncio.create_task(self._beat(prepared.id, this))
+        try:
+            generation = await self.open(prepared)
+            final: Event = {}
+            async for event in self.run(prepared, generation, record=False):  # `finish` records it
+                final = event
+            response = final["response"]
+            values = {k: response[k] for k in ("status", "output", "usage", "error")}
+            incomplete = response.get("incomplete_details")
+            values["incomplete_reason"] = incomplete["reason"] if incomplete else None
+            await asyncio.to_thread(self.store.finish, prepared.id, **values)
+        except ModelhostError as exc:
+            error = {"code": exc.code, "message": exc.message}
+            await asyncio.to_thread(self.store.finish, prepared.id, status="failed", error=error)
+        except asyncio.CancelledError:
+            # cancelled by a cancel (already recorded: this is then a no-op) or by the server stopping
+            self.store.finish(prepared.id, status="failed", error=INTERRUPTED)
+            raise
+        except Exception:  # never leave a response in progress because of a bug here
+            log.exception("background response %s", prepared.id)
+            error = {"code": "generation_error", "message": "The response failed; see the server log."}
+            await asyncio.to_thread(self.store.finish, prepared.id, status="failed", error=error)
+        finally:
+            beating.cancel()
+
+    async def _beat(self, response_id: str, task: asyncio.Task[None]) -> None:
+        """Beat while generating; a response cancelled or deleted elsewhere is stopped here."""
+        while True:
+            await asyncio.sleep(self._beat_seconds)
+            if not await asyncio.to_thread(self.store.beat, response_id):
+                task.cancel()
+                return
+
+    async def cancel(self, account_id: str, scope: Scope, response_id: str) -> Event:
+        response = await asyncio.to_thread(self.store.cancel, account_id, scope, response_id)
+        self._stop(response_id)
+        return response
+
+    async def delete(self, account_id: str, scope: Scope, response_id: str) -> None:
+        await asyncio.to_thread(self.store.delete, account_id, scope, response_id)
+        self._stop(response_id)
+
+    def _stop(self, response_id: str) -> None:
+        task = self._tasks.get(response_id)
+        if task is not None:
+            task.cancel()
+
+    async def stop(self) -> None:
+        """Stop this process's background responses (they are recorded as interrupted)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,182 @@
+"""Stored responses in the database, per account; a deployment key sees its deployments' alone.
+
+    (stored when done)  completed | incomplete | failed
+    background:  queued ──> in_progress ──> completed | incomplete | failed
+                    └───────────┴──cancel──> cancelled       silent past the stale window: failed
+
+A background response's runner beats (`beat`) while it generates; every move of its status is one
+guarded UPDATE, so a cancel from any gateway process wins over a finish that comes after it, and a
+response whose gateway died is reported `failed` (`interrupted`) the next time anyone reads it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session
+
+from modelhost.errors import InvalidRequest, NotFound
+from modelhost.store.db import Database
+from modelhost.store.models import StoredResponse
+from modelhost.store.types import new_id, unix_seconds, utcnow
+
+ACTIVE = ("queued", "in_progress")
+INTERRUPTED: dict[str, object] = {
+    "code": "interrupted",
+    "message": "The response was interrupted: the server generating it stopped.",
+}
+Scope = frozenset[str] | None  # the deployments a key may see; None: the whole account
+
+
+class ResponseStore:
+    def __init__(self, database: Database, stale_seconds: float) -> None:
+        self._database = database
+        self._stale = timedelta(seconds=stale_seconds)
+
+    def create(
+        self,
+        account_id: str,
+        deployment_id: str,
+        model: str,
+        *,
+        status: str,
+        background: bool,
+        previous_response_id: str | None,
+        settings: dict[str, Any],
+        context: list[Any],
+        input_items: list[Any],
+        output: list[Any] | None = None,
+        usage: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        incomplete_reason: str | None = None,
+        response_id: str | None = None,
+    ) -> dict[str, Any]:
+        with self._database.transaction() as session:
+            row = StoredResponse(
+                id=response_id or new_id("resp"),
+                account_id=account_id,
+                deployment_id=deployment_id,
+                model=model,
+                status=status,
+                background=background,
+                previous_response_id=previous_response_id,
+                settings=settings,
+                context=context,
+                input_items=input_items,
+                output=output or [],
+                usage=usage,
+                error=error,
+                incomplete_reason=incomplete_reason,
+                completed_at=None if status in ACTIVE else utcnow(),
+            )
+            session.add(row)
+            session.flush()
+            return response_view(row)
+
+    def get(self, account_id: str, scope: Scope, response_id: str) -> dict[str, Any]:
+        with self._database.transaction() as session:
+            return response_view(self._row(session, account_id, scope, response_id))
+
+    def chain(self, account_id: str, scope: Scope, response_id: str) -> list[Any]:
+        """Everything a response continuing `response_id` starts from: its context, input and output."""
+        with self._database.transaction() as session:
+            try:
+                row = self._row(session, account_id, scope, response_id)
+            except NotFound:
+                raise InvalidRequest(
+                    f"Previous response with id {response_id!r} not found.",
+                    param="previous_response_id",
+                    code="previous_response_not_found",
+                ) from None
+            if row.status in ACTIVE:
+                raise InvalidRequest(
+                    f"Previous response {response_id!r} is still {row.status}; wait until it has finished.",
+                    param="previous_response_id",
+                )
+            return [*row.context, *row.input_items, *row.output]
+
+    def start(self, response_id: str) -> bool:
+        """queued → in_progress; False when it was cancelled (or deleted) meanwhile."""
+        return self._move(response_id, ("queued",), status="in_progress")
+
+    def beat(self, response_id: str) -> bool:
+        """A running background response's heartbeat; False when it is no longer active."""
+        return self._move(response_id, ACTIVE, updated_at=utcnow())
+
+    def finish(self, response_id: str, **values: Any) -> bool:
+        """Record the outcome of an active response (status, output, usage, error...)."""
+        return self._move(response_id, ACTIVE, completed_at=utcnow(), **values)
+
+    def cancel(self, account_id: str, scope: Scope, response_id: str) -> dict[str, Any]:
+        with self._database.transaction() as session:
+            row = self._row(session, account_id, scope, response_id)
+            if not row.background:
+                raise InvalidRequest(
+                    "Only responses created with background: true can be cancelled.", param="response_id"
+                )
+        self._move(response_id, ACTIVE, status="cancelled", completed_at=utcnow())
+        return self.get(account_id, scope, response_id)
+
+    def delete(self, account_id: str, scope: Scope, response_id: str) -> None:
+        with self._database.transaction() as session:
+            self._row(session, account_id, scope, response_id)
+            session.execute(delete(StoredResponse).where(StoredResponse.id == response_id))
+
+    def input_items(
+        self, account_id: str, scope: Scope, response_id: str, after: str | None, limit: int, order: str
+    ) -> tuple[list[Any], bool]:
+        """The items the model was given (the chain before it, then this request's input), paged."""
+        with self._database.transaction() as session:
+            row = self._row(session, account_id, scope, response_id)
+            items = [*row.context, *row.input_items]
+        if order == "desc":
+            items.reverse()
+        if after is not None:
+            ids = [item.get("id") if isinstance(item, dict) else None for item in items]
+            if after not in ids:
+                raise InvalidRequest(f"No input item {after!r} in this response.", param="after")
+            items = items[ids.index(after) + 1 :]
+        return items[:limit], len(items) > limit
+
+    def _row(self, session: Session, account_id: str, scope: Scope, response_id: str) -> StoredResponse:
+        row = session.get(StoredResponse, response_id)
+        if (
+            row is None
+            or row.account_id != account_id
+            or (scope is not None and row.deployment_id not in scope)
+        ):
+            raise NotFound(f"No response {response_id!r}.", param="response_id")
+        if row.status in ACTIVE and row.updated_at < utcnow() - self._stale:
+            row.status, row.error, row.completed_at = "failed", INTERRUPTED, utcnow()
+        return row
+
+    def _move(self, response_id: str, sources: tuple[str, ...], **values: Any) -> bool:
+        with self._database.transaction() as session:
+            moved = session.execute(
+                update(StoredResponse)
+                .where(StoredResponse.id == response_id, StoredResponse.status.in_(sources))
+                .values(**values)
+            )
+            return bool(getattr(moved, "rowcount", 0))
+
+
+def response_view(row: StoredResponse) -> dict[str, Any]:
+    """The Response object of OpenAI's API."""
+    settings = dict(row.settings)
+    return {
+        "id": row.id,
+        "object": "response",
+        "created_at": unix_seconds(row.created_at),
+        "completed_at": unix_seconds(row.completed_at) if row.status not in ACTIVE else None,
+        "status": row.status,
+        "background": row.background,
+        "model": row.model,
+        "output": row.output,
+        "usage": row.usage,
+        "error": row.error,
+        "incomplete_details": {"reason": row.incomplete_reason} if row.incomplete_reason else None,
+        "previous_response_id": row.previous_response_id,
+        **settings,
+    }
