@@ -159,6 +159,9 @@ class ResponseCreateRequest(StrictModel):
     temperature: Temperature | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Extension (as chat's): no end-of-sequence before this many tokens."
+    )
     include: list[str] | None = None
     metadata: Metadata | None = None
     store: bool | None = Field(default=None, description="Keep the response (default true).")

@@ -132,6 +132,7 @@ def chat_request(body: ResponseCreateRequest, items: list[Item]) -> ChatCompleti
         "tools": tools or None,
         "tool_choice": _tool_choice(body) if tools else None,
         "max_completion_tokens": body.max_output_tokens,
+        "min_tokens": body.min_tokens,
         "temperature": body.temperature,
         "top_p": body.top_p,
         "logprobs": _wants_logprobs(body) or None,
