@@ -184,3 +184,18 @@ def test_completion_choice_builds_legacy_logprobs_with_offsets() -> None:
         "text_offset": [0, 1, 2],
     }
     assert json.dumps(choice.logprobs())  # plain JSON
+
+
+def test_a_schema_listing_its_properties_gets_no_others_strict_or_not_while_json_object_stays_open() -> None:
+    from modelhost.generation.grammar import json_schema_grammar
+
+    def constrained(schema: dict[str, Any], strict: bool) -> dict[str, Any]:
+        grammar = json_schema_grammar(schema, 16, strict)
+        parsed: dict[str, Any] = json.loads(grammar.split("%json ", 1)[1])
+        return parsed
+
+    person = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    assert constrained(person, strict=False)["additionalProperties"] is False  # Instructor's schemas
+    assert constrained(person, strict=True)["additionalProperties"] is False
+    assert "additionalProperties" not in constrained({"type": "object"}, strict=False)  # json_object
+    assert constrained({**person, "additionalProperties": True}, strict=False)["additionalProperties"] is True

@@ -57,10 +57,13 @@ def bound_strings(schema: Any, max_length: int) -> Any:
 def json_schema_grammar(schema: dict[str, Any], max_string_length: int, strict: bool) -> str:
     """A Lark grammar (llguidance dialect) for one JSON value following `schema`.
 
-    `strict` (OpenAI's strict mode) forbids properties the schema does not list, as OpenAI does."""
+    `strict` (OpenAI's strict mode) forbids properties the schema does not list, as OpenAI does. Without
+    it, an object schema that lists its properties and says nothing of others still gets no others: an
+    answer without them validates all the same, and an extra property's value has no type to bound, so
+    a looping model would write it until `max_tokens` (Instructor's schemas are like that). A bare
+    `{"type": "object"}` (`json_object`) stays open."""
     options = JSON_OPTIONS
-    if strict:
-        schema = _no_extra_properties(schema)
+    schema = _no_extra_properties(schema, listed_only=not strict)
     body = json.dumps({**bound_strings(schema, max_string_length), "x-guidance": options})
     return f"start: %json {body}\n"
 
@@ -90,16 +93,23 @@ def split_tool_call(text: str, names: list[str]) -> tuple[str, str] | None:
     return None
 
 
-def _no_extra_properties(schema: Any) -> Any:
+def _no_extra_properties(schema: Any, listed_only: bool = False) -> Any:
+    """`additionalProperties: false` on every object schema that does not say (`listed_only`: on those
+    that list their properties)."""
     if not isinstance(schema, dict):
         return schema
-    fixed = {k: _no_extra_properties(v) if isinstance(v, dict) else v for k, v in schema.items()}
+
+    def fix(sub: Any) -> Any:
+        return _no_extra_properties(sub, listed_only)
+
+    fixed = {k: fix(v) if isinstance(v, dict) else v for k, v in schema.items()}
     for key in ("properties", "$defs", "definitions"):
         if isinstance(schema.get(key), dict):
-            fixed[key] = {n: _no_extra_properties(s) for n, s in schema[key].items()}
+            fixed[key] = {n: fix(s) for n, s in schema[key].items()}
     for key in _SUBSCHEMA_LISTS:
         if isinstance(schema.get(key), list):
-            fixed[key] = [_no_extra_properties(s) for s in schema[key]]
-    if schema.get("type") == "object" and "additionalProperties" not in schema:
+            fixed[key] = [fix(s) for s in schema[key]]
+    says_nothing = schema.get("type") == "object" and "additionalProperties" not in schema
+    if says_nothing and (not listed_only or "properties" in schema):
         fixed["additionalProperties"] = False
     return fixed
