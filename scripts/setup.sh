@@ -20,6 +20,9 @@ fi
 echo "==> installing modelhost ($mode)"
 if [ "$mode" = dev ]; then
     pip install -e ".[dev]"
+    # LiteLLM (a client the tests drive) caps huggingface-hub below 2, which transformers 5 needs: it is
+    # installed without its pins; what it uses at run time is installed above (openai, httpx, tiktoken...).
+    pip install --no-deps "litellm==1.109.1" "fastuuid>=0.14,<1" && pip install "h2>=3,<5"
     if ! { command -v pg_config >/dev/null && [ -x "$(pg_config --bindir)/initdb" ]; }; then
         echo "==> installing PostgreSQL server binaries (Debian package postgresql)"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null

@@ -263,3 +263,51 @@ async def test_another_gateway_refuses_a_revoked_key_within_the_cache_lifetime(
     await asyncio.sleep(0.3)
     assert_error(await other.get("/v1/models", headers=bearer(created["api_key"])), 401)
     other_services.close()
+
+
+# ---------------------------------------------------------------- the key before anything else
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
+INVALID = [
+    ("POST", "/v1/embeddings", {"content": b'{"model": ', "headers": {"Content-Type": "application/json"}}),
+    ("POST", "/v1/embeddings", {"json": {"input": 3, "colour": "red"}}),
+    ("POST", "/v1/chat/completions", {"content": b"not json", "headers": {"Content-Type": "text/plain"}}),
+    ("GET", "/v1/deployments", {"params": {"limit": "lots", "order": "sideways"}}),
+    ("GET", "/v1/keys", {"params": {"limit": -1}}),
+    ("POST", "/v1/images/to-text", {"content": PNG, "params": {"colour": "red"}}),
+    ("POST", "/v1/images/edits", {"content": b"--x\r\n", "headers": {"Content-Type": "multipart/form-data"}}),
+    ("POST", "/v1/admin/accounts", {"content": b"{", "headers": {"Content-Type": "application/json"}}),
+]
+
+
+async def test_a_request_without_a_valid_key_is_401_whatever_its_body_or_query(
+    client: httpx.AsyncClient,
+) -> None:
+    for method, path, request_options in INVALID:
+        for key in ("missing", "wrong key"):
+            headers = {**request_options.get("headers", {}), **BAD_HEADERS[key]}
+            response = await client.request(method, path, **{**request_options, "headers": headers})
+            assert response.status_code == 401, (method, path, key, response.text)
+            assert_error(response, 401, "invalid_api_key", "InvalidAPIKeyError")
+
+
+async def test_the_key_is_looked_up_once_per_request(world: dict[str, Any], services: Services) -> None:
+    calls: list[str] = []
+    authenticator = services.authenticator
+    original = authenticator.cached
+
+    def counting(token: str) -> Any:
+        calls.append(token)
+        return original(token)
+
+    authenticator.cached = counting  # type: ignore[method-assign]
+    try:
+        response = await world["http"].get("/v1/models", headers=bearer(world["a"]["api_key"]))
+    finally:
+        authenticator.cached = original  # type: ignore[method-assign]
+    assert response.status_code == 200 and len(calls) == 1
+
+
+@pytest.mark.parametrize("path", ["/health", "/openapi.json", "/docs", "/metrics"])
+async def test_public_routes_need_no_key(client: httpx.AsyncClient, path: str) -> None:
+    assert (await client.get(path)).status_code == 200

@@ -534,3 +534,201 @@ async def test_async_client_streams_too(chat: Chat) -> None:
     pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
     await client.close()
     assert "".join(pieces)
+
+
+# ---------------------------------------------------------------- every field of OpenAI's requests
+
+
+@pytest.fixture(scope="module")
+def tokenizer(recipes: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(recipes / "t11_text_generation_chat")
+
+
+def test_openai_fields_that_change_nothing_are_accepted_and_change_nothing(chat: Chat) -> None:
+    client = chat.client()
+    base: dict[str, Any] = dict(
+        model="chat", messages=MESSAGES, max_tokens=6, temperature=0, extra_body={"min_tokens": 6}
+    )
+    plain = client.chat.completions.create(**base)
+    everything = client.chat.completions.create(
+        **base,
+        store=True,
+        metadata={"team": "search", "run": "42"},
+        service_tier="auto",
+        user="user-1",
+        safety_identifier="hashed-user",
+        prompt_cache_key="weather",
+        prompt_cache_retention="24h",
+        reasoning_effort="low",
+        verbosity="low",
+        web_search_options={"search_context_size": "low"},
+        prediction={"type": "content", "content": "sunny"},
+        modalities=["text"],
+        audio=None,
+        parallel_tool_calls=False,
+    )
+    assert everything.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_a_misspelt_field_is_400_naming_it(chat: Chat) -> None:
+    error = assert_error(
+        chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, temprature=0),
+        400,
+        param="temprature",
+    )
+    assert "Extra inputs are not permitted" in error["message"]
+    assert_error(chat.post("/v1/completions", model="chat", prompt="x", sufix="y"), 400, param="sufix")
+
+
+IMAGE_PART = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"audio": {"format": "wav", "voice": "alloy"}}, "audio"),
+        ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
+        ({"messages": [{"role": "user", "content": [IMAGE_PART]}]}, "messages[0].content"),
+        ({"tools": [{"type": "custom", "custom": {"name": "shell"}}]}, "tools[0]"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "custom", "custom": {"name": "shell"}}}, "tool_choice"),
+        ({"tools": [WEATHER], "functions": [WEATHER["function"]]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"logit_bias": {"hello": 5}}, "logit_bias"),
+        ({"logit_bias": {"5": 101}}, "logit_bias"),
+        ({"logit_bias": {"999999": 5}}, "logit_bias"),  # outside the vocabulary: the worker knows it
+        ({"n": 17}, "n"),
+    ],
+    ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
+)
+def test_fields_whose_answer_we_cannot_give_are_400_naming_them(
+    chat: Chat, fields: dict[str, Any], param: str
+) -> None:
+    body = {"model": "chat", "messages": MESSAGES, "max_tokens": 2, **fields}
+    assert_error(chat.post("/v1/chat/completions", **body), 400, param=param)
+
+
+def test_a_plus_100_logit_bias_makes_greedy_output_that_token(chat: Chat, tokenizer: Any) -> None:
+    token = tokenizer("berlin", add_special_tokens=False)["input_ids"][0]
+    bias = {str(token): 100}
+    answer = chat.client().chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=3, temperature=0, logit_bias=bias
+    )
+    assert answer.choices[0].message.content == tokenizer.decode([token] * 3)
+    completion = chat.client().completions.create(
+        model="chat", prompt="hello world", max_tokens=3, temperature=0, logit_bias=bias
+    )
+    assert completion.choices[0].text == tokenizer.decode([token] * 3)
+
+
+def test_a_minus_100_logit_bias_on_the_greedy_token_changes_the_output(chat: Chat, tokenizer: Any) -> None:
+    client = chat.client()
+    base: dict[str, Any] = dict(model="chat", messages=MESSAGES, max_tokens=1, temperature=0, logprobs=True)
+    greedy = client.chat.completions.create(**base).choices[0].logprobs.content[0].token  # type: ignore[union-attr, index]
+    ids = [i for i in range(len(tokenizer)) if tokenizer.decode([i]) == greedy]
+    banned = client.chat.completions.create(**base, logit_bias={str(i): -100 for i in ids})
+    assert banned.choices[0].logprobs.content[0].token != greedy  # type: ignore[union-attr, index]
+
+
+def test_deprecated_functions_answer_with_a_function_call(chat: Chat) -> None:
+    client = chat.client()
+    body: dict[str, Any] = dict(
+        model="chat",
+        messages=MESSAGES,
+        functions=[WEATHER["function"]],
+        function_call={"name": "get_weather"},
+        max_tokens=80,
+        temperature=0,
+    )
+    answer = client.chat.completions.create(**body)
+    choice = answer.choices[0]
+    call = choice.message.function_call
+    assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
+    assert call is not None and call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])  # type: ignore[index]
+    name, arguments, finishes = "", "", []
+    for chunk in client.chat.completions.create(**body, stream=True):
+        delta = chunk.choices[0].delta
+        assert not delta.tool_calls
+        name += (delta.function_call and delta.function_call.name) or ""
+        arguments += (delta.function_call and delta.function_call.arguments) or ""
+        finishes += [chunk.choices[0].finish_reason] if chunk.choices[0].finish_reason else []
+    assert (name, arguments) == (call.name, call.arguments) and finishes == ["function_call"]
+    result = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "function_call": {"name": call.name, "arguments": call.arguments},
+        },
+        {"role": "function", "name": "get_weather", "content": "sunny"},
+    ]
+    back = client.chat.completions.create(
+        **{**body, "messages": result, "function_call": "auto", "max_tokens": 2}
+    )
+    assert back.usage.prompt_tokens > answer.usage.prompt_tokens + 10  # type: ignore[union-attr]
+
+
+def test_allowed_tools_restrict_a_required_call_to_those_tools(chat: Chat) -> None:
+    for name in ("get_time", "get_weather"):
+        allowed = {"mode": "required", "tools": [{"type": "function", "function": {"name": name}}]}
+        answer = chat.client().chat.completions.create(
+            model="chat",
+            messages=MESSAGES,
+            tools=[WEATHER, TIME],
+            tool_choice={"type": "allowed_tools", "allowed_tools": allowed},  # type: ignore[typeddict-item]
+            max_tokens=80,
+            temperature=0,
+        )
+        assert answer.choices[0].message.tool_calls[0].function.name == name  # type: ignore[index, union-attr]
+
+
+def test_parallel_tool_calls_false_keeps_the_first_parsed_call() -> None:
+    from modelhost.services.generation import ChatChoice
+
+    two = '<tool_call>{"name": "get_time", "arguments": {"zone": 1}}</tool_call>' * 2
+    for one_call, count in ((False, 2), (True, 1)):
+        choice = ChatChoice(0, "auto", ["get_time"], one_call=one_call)
+        choice.feed({"text": two, "completion_tokens": 30, "finish": "stop"})
+        assert len(choice.message()["tool_calls"]) == count
+
+
+# ---------------------------------------------------------------- completions' own fields
+
+
+def test_best_of_returns_the_n_candidates_with_the_highest_mean_log_probability(chat: Chat) -> None:
+    client = chat.client()
+    base: dict[str, Any] = dict(
+        model="chat",
+        prompt="hello world",
+        max_tokens=6,
+        temperature=1.5,
+        seed=5,
+        extra_body={"min_tokens": 6},
+    )
+    candidates = client.completions.create(**base, n=4, logprobs=0).choices  # candidate i: seed 5 + i
+    means = [sum(c.logprobs.token_logprobs) / 6 for c in candidates]  # type: ignore[arg-type, union-attr]
+    ranked = sorted(range(4), key=lambda i: means[i], reverse=True)
+    best = client.completions.create(**base, n=2, best_of=4)
+    assert [c.text for c in best.choices] == [candidates[i].text for i in ranked[:2]]
+    assert [c.index for c in best.choices] == [0, 1] and all(c.logprobs is None for c in best.choices)
+    assert best.usage is not None and best.usage.completion_tokens == 24  # every candidate was generated
+    assert_error(chat.post("/v1/completions", model="chat", prompt="x", n=2, best_of=1), 400, param="best_of")
+    streamed = chat.post("/v1/completions", model="chat", prompt="x", best_of=2, stream=True)
+    assert_error(streamed, 400, param="best_of")
+
+
+def test_suffix_needs_a_model_with_fill_in_the_middle_tokens(chat: Chat) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat.client().completions.create(model="chat", prompt="def add(a, b):", suffix="    return c")
+    assert refused.value.body["param"] == "suffix" and "fill-in-the-middle" in refused.value.body["message"]  # type: ignore[index]
+    echo = chat.post("/v1/completions", model="chat", prompt="x", suffix="y", echo=True)
+    assert_error(echo, 400, param="suffix")
+
+
+def test_a_null_prompt_starts_a_new_document(chat: Chat) -> None:
+    answer = chat.post("/v1/completions", model="chat", prompt=None, max_tokens=3, temperature=0)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] == 1

@@ -128,6 +128,25 @@ def test_the_openai_sdk_gets_identical_vectors(served: Json) -> None:
     assert result.usage.prompt_tokens > 0
 
 
+def test_every_field_of_openais_embedding_request_is_accepted(served: Json) -> None:
+    client = OpenAI(base_url=f"{served['url']}/v1", api_key=served["key"])
+    result = client.embeddings.create(
+        model="minilm", input=SENTENCES[0], dimensions=64, encoding_format="float", user="user-1"
+    )
+    assert len(result.data[0].embedding) == 64
+
+
+def test_another_tokenizers_ids_are_refused_with_what_to_set_instead(served: Json) -> None:
+    import openai
+
+    client = OpenAI(base_url=f"{served['url']}/v1", api_key=served["key"])
+    with pytest.raises(openai.BadRequestError) as caught:  # tiktoken's "Hello world", as LangChain sends it
+        client.embeddings.create(model="minilm", input=[[9906, 1917]])
+    error: Json = caught.value.body  # type: ignore[assignment]
+    assert error["param"] == "input" and "check_embedding_ctx_length=False" in error["message"]
+    assert "[101]" in error["message"] and "[102]" in error["message"]  # what this model's IDs look like
+
+
 def test_the_openai_sdk_sees_vendor_names_as_model_not_found(served: Json) -> None:
     import openai
 

@@ -142,6 +142,57 @@ def test_a_grammar_forces_output_that_validates_against_its_schema(loaded: tuple
     assert set(value) == {"city", "days"} and len(value["city"]) <= 10
 
 
+def test_logit_bias_is_added_before_sampling_greedy_included(loaded: tuple[Any, Any]) -> None:
+    token = loaded[1]("berlin", add_special_tokens=False)["input_ids"][0]
+    plain = sequence(loaded, 1, "hello world")
+    forced = sequence(loaded, 2, "hello world", logit_bias=((token, 100.0),))
+    run(engine_of(loaded), {0: [plain, forced]})
+    assert forced.generated == [token] * 8 and plain.generated != forced.generated
+    banned = sequence(loaded, 3, "hello world", logit_bias=((plain.generated[0], -100.0),))
+    run(engine_of(loaded), {0: [banned]})
+    assert banned.generated[0] != plain.generated[0]
+
+
+def test_no_logit_bias_brings_back_a_token_the_grammar_forbids(loaded: tuple[Any, Any]) -> None:
+    import llguidance.hf
+
+    from modelhost.generation.guidance import GrammarConstraint
+
+    tokenizer = loaded[1]
+    engine = engine_of(loaded)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    guidance = llguidance.hf.from_tokenizer(tokenizer, n_vocab=engine.vocab_size)
+    token = tokenizer("berlin", add_special_tokens=False)["input_ids"][0]
+    seq = sequence(loaded, 1, "hello world", max_tokens=40, min_tokens=0, logit_bias=((token, 100.0),))
+    seq.constraint = GrammarConstraint(guidance, json_schema_grammar(schema, 10, strict=True))
+    engine.add(seq)
+    assert isinstance(json.loads(run(engine)[1])["ok"], bool)
+
+
+def test_insert_mode_prompts_are_prefix_suffix_middle_in_the_models_fim_tokens(
+    loaded: tuple[Any, Any],
+) -> None:
+    import copy
+
+    from modelhost.tasks.generation import fill_in_the_middle, fim_tokens
+
+    assert fim_tokens(loaded[1]) is None  # the recipe model was not trained for it: suffix is a 400
+    tokenizer = copy.deepcopy(loaded[1])
+    names = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": names})
+    fim = fim_tokens(tokenizer)
+    assert fim == tuple(tokenizer.convert_tokens_to_ids(names))
+    prompt = tokenizer("def add(a, b):")["input_ids"]
+    suffix = tokenizer("    return c", add_special_tokens=False)["input_ids"]
+    assert fill_in_the_middle(tokenizer, fim, prompt, "    return c") == [
+        fim[0],
+        *prompt,
+        fim[1],
+        *suffix,
+        fim[2],
+    ]
+
+
 # ---------------------------------------------------------------- the KV cache: reuse, buckets, limits
 
 SYSTEM = "you are a helpful assistant who answers in short sentences about cats and dogs. " * 3

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -210,7 +211,7 @@ def test_a_tampered_link_signature_is_404(studio: Studio) -> None:
     assert_error(httpx.get(tampered), 404, code="file_not_found")
 
 
-@pytest.mark.parametrize("size", ["100x100", "64x64", "1024X1024", [65, 64], [64], [64, 64, 64], [32, 32], 7])
+@pytest.mark.parametrize("size", ["100x100", "64x60", "1024X1024", [65, 64], [64], [64, 64, 64], [32, 32], 7])
 def test_unknown_sizes_are_400_naming_size(studio: Studio, size: Any) -> None:
     assert_error(studio.generate(size=size), 400, param="size")
 
@@ -221,7 +222,56 @@ def test_n_outside_1_to_10_is_400_naming_n(studio: Studio, n: int) -> None:
 
 
 def test_unknown_fields_are_400_naming_the_field(studio: Studio) -> None:
-    assert_error(studio.generate(quality="hd"), 400, param="quality")
+    error = assert_error(studio.generate(qualty="hd"), 400, param="qualty")
+    assert "Extra inputs are not permitted" in error["message"]
+
+
+def test_a_width_x_height_string_sets_the_size(studio: Studio) -> None:
+    answer = studio.generated(size="96x64")
+    assert answer["size"] == "96x64"
+    assert pixels(answer["data"][0]["b64_json"]).shape == (64, 96, 3)
+
+
+def test_openai_image_fields_that_change_nothing_are_accepted_and_change_nothing(studio: Studio) -> None:
+    baseline = {"prompt": "a fox", "seed": 5}
+    accepted = {
+        "quality": "high",
+        "style": "vivid",
+        "moderation": "low",
+        "background": "opaque",
+        "output_compression": 80,
+        "partial_images": 2,
+        "complexity": "low",
+        "safety_identifier": "hashed-user",
+        "user": "user-1",
+    }
+    plain = studio.generated(**baseline)["data"][0]["b64_json"]
+    assert studio.generated(**baseline, **accepted)["data"][0]["b64_json"] == plain
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("background", "transparent"),
+        ("output_format", "gif"),
+        ("frame_count", 4),
+        ("frame_duration_ms", 100),
+        ("svg", {"model": "x"}),
+    ],
+)
+def test_image_fields_we_cannot_honour_are_400_naming_them(studio: Studio, field: str, value: Any) -> None:
+    assert_error(studio.generate(**{field: value}), 400, param=field)
+
+
+def test_streaming_sends_one_completed_event_per_image(studio: Studio) -> None:
+    options = {"num_inference_steps": 1, "seed": 9, "n": 2}
+    events = list(
+        studio.client().images.generate(model="painter", prompt="a fox", stream=True, extra_body=options)
+    )
+    assert [e.type for e in events] == ["image_generation.completed"] * 2
+    whole = studio.generated(prompt="a fox", **options)
+    assert [e.b64_json for e in events] == [d["b64_json"] for d in whole["data"]]  # type: ignore[union-attr]
+    assert all(e.size == "32x32" and e.output_format == "png" for e in events)  # type: ignore[union-attr]
 
 
 def test_each_endpoint_refuses_deployments_of_other_pipelines(studio: Studio) -> None:
@@ -338,10 +388,23 @@ def test_an_undecodable_image_is_400_naming_the_field(
 @pytest.mark.parametrize(
     ("field", "value"),
     [("n", "0"), ("n", "11"), ("n", "two"), ("size", "100x100"), ("size", "[65, 64]"), ("strength", "1.5"),
-     ("seed", "-1"), ("output_format", "gif"), ("quality", "hd")],
+     ("seed", "-1"), ("output_format", "gif"), ("background", "transparent")],
 )  # fmt: skip
 def test_edit_form_fields_follow_the_generation_rules(studio: Studio, field: str, value: str) -> None:
     assert_error(studio.edit([("image", png())], **{field: value}), 400, param=field)
+
+
+def test_an_edit_markup_is_400_naming_markup(studio: Studio) -> None:
+    assert_error(studio.edit([("image", png()), ("markup", png())]), 400, param="markup")
+
+
+def test_an_edit_streams_its_completed_events(studio: Studio) -> None:
+    response = studio.edit([("image", png())], stream="true", seed=2)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    assert response.text.startswith("event: image_edit.completed\ndata: ")
+    event = json.loads(response.text.split("data: ", 1)[1])
+    assert event["type"] == "image_edit.completed"
+    assert event["b64_json"] == studio.edited([("image", png())], seed=2)["data"][0]["b64_json"]
 
 
 def test_more_than_10_results_in_one_edit_is_400_naming_n(studio: Studio) -> None:

@@ -12,6 +12,7 @@ import base64
 import contextlib
 import io
 import ipaddress
+import json
 import os
 import shutil
 import socket
@@ -21,12 +22,13 @@ import subprocess
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import av
+import httpx
 import numpy as np
 import pytest
 import soundfile as sf  # type: ignore[import-untyped]
@@ -37,7 +39,8 @@ from modelhost.errors import InvalidMedia
 from modelhost.media import decode, fetch
 from modelhost.media.decode import audio_from_samples, decode_audio, decode_image, decode_video, resample
 from modelhost.media.fetch import FetchPolicy, address_allowed, fetch_url
-from modelhost.media.sources import MediaPolicy, decode_base64, load_media, read_local
+from modelhost.media.sources import MediaPolicy, decode_base64, load_media, media_kinds, read_local
+from tests.helpers import assert_error, bearer, new_account
 
 # ---------------------------------------------------------------- media files made in memory
 
@@ -771,3 +774,80 @@ def test_a_malformed_allowed_network_stops_the_server_at_start_not_each_request(
     )
     with pytest.raises(ValueError, match=r"10\.0\.0/8x"):
         Services.build(settings)
+
+
+# ---------------------------------------------------------------- raw bodies: media told from JSON by bytes
+
+
+def image_bytes(fmt: str) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("make", "kinds"),
+    [
+        (lambda: png_bytes(), {"image"}),
+        (lambda: jpeg_bytes(), {"image"}),
+        (lambda: image_bytes("WEBP"), {"image"}),
+        (lambda: image_bytes("GIF"), {"image"}),
+        (lambda: image_bytes("BMP"), {"image"}),
+        (lambda: image_bytes("TIFF"), {"image"}),
+        (lambda: sound_bytes("WAV"), {"audio"}),
+        (lambda: sound_bytes("FLAC"), {"audio"}),
+        (lambda: pyav_audio_bytes("libmp3lame", "mp3"), {"audio"}),
+        (lambda: sound_bytes("OGG"), {"audio", "video"}),  # Ogg and MP4 hold either
+        (lambda: mp4_bytes(frames=2), {"audio", "video"}),
+        (lambda: b'{"inputs": "aGk="}', set()),
+        (lambda: b' \n [1, 2]', set()),
+        (lambda: b'"text"', set()),
+        (lambda: b"plain text", set()),
+        (lambda: b"", set()),
+    ],
+    ids=["png", "jpeg", "webp", "gif", "bmp", "tiff", "wav", "flac", "mp3", "ogg", "mp4", "json-object",
+         "json-array", "json-string", "text", "empty"],
+)  # fmt: skip
+def test_media_is_told_from_json_by_its_first_bytes(make: Callable[[], bytes], kinds: set[str]) -> None:
+    assert media_kinds(make()) == kinds
+
+
+ZERO_SHOT = "/v1/classifications/zero-shot/image"
+
+
+async def test_a_raw_image_body_is_taken_by_its_bytes_whatever_the_content_type(
+    client: httpx.AsyncClient,
+) -> None:
+    key = bearer((await new_account(client))["api_key"])
+    for content_type in ("application/octet-stream", None, "text/plain", "application/json"):
+        headers = {**key, **({"Content-Type": content_type} if content_type else {})}
+        # the body is the image, the query string the other fields: each error names a query parameter
+        missing = await client.post(ZERO_SHOT, content=PNG, params={"model": "nope"}, headers=headers)
+        assert_error(missing, 400, param="candidate_labels")
+        query = {"model": "nope", "candidate_labels": "cat"}
+        unknown = await client.post(ZERO_SHOT, content=PNG, params=query, headers=headers)
+        assert_error(unknown, 404, code="model_not_found")
+    wav = {**key, "Content-Type": "application/octet-stream"}
+    audio = await client.post(
+        "/v1/classifications/audio", content=sound_bytes("WAV"), params={"model": "x"}, headers=wav
+    )
+    assert_error(audio, 404, code="model_not_found")
+
+
+async def test_json_stays_json_whatever_the_content_type(client: httpx.AsyncClient) -> None:
+    key = bearer((await new_account(client))["api_key"])
+    body = json.dumps({"model": "nope", "image": base64.b64encode(PNG).decode(), "candidate_labels": ["a"]})
+    for content_type in ("application/octet-stream", None, "text/plain"):
+        headers = {**key, **({"Content-Type": content_type} if content_type else {})}
+        response = await client.post(ZERO_SHOT, content=body.encode(), headers=headers)
+        assert_error(response, 404, code="model_not_found")
+
+
+async def test_a_raw_body_that_is_neither_json_nor_the_routes_media_is_a_clear_400(
+    client: httpx.AsyncClient,
+) -> None:
+    headers = {**bearer((await new_account(client))["api_key"]), "Content-Type": "application/octet-stream"}
+    text = await client.post(ZERO_SHOT, content=b"plain text", params={"model": "nope"}, headers=headers)
+    assert "neither JSON nor a recognised image" in assert_error(text, 400, code="invalid_body")["message"]
+    wav = await client.post(ZERO_SHOT, content=sound_bytes("WAV"), params={"model": "nope"}, headers=headers)
+    assert "takes image" in assert_error(wav, 400, code="invalid_media", param="image")["message"]

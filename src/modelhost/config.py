@@ -167,7 +167,8 @@ class Settings(BaseSettings):
     response_stale_seconds: float = Field(
         default=30.0,
         gt=0,
-        description="A background response silent this long (its gateway died) reads as failed `interrupted`.",
+        description="A background response silent this long (its gateway died) reads as failed "
+        "`interrupted`.",
     )
     # ---------------------------------------------------------------- text generation (docs/generation.md)
     kv_cache_mb: int | None = Field(

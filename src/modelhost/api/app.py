@@ -18,7 +18,7 @@ from starlette.types import Scope
 import modelhost
 from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.fastlane import FastLane
-from modelhost.api.middleware import BodySizeLimit, RequestMetrics
+from modelhost.api.middleware import BodySizeLimit, KeyFirst, RequestMetrics
 from modelhost.api.routes import (
     admin,
     agents,
@@ -119,6 +119,7 @@ def create_app(
 
     app.add_middleware(FastLane, fastapi=app)  # innermost: inside the body limit and the metrics
     app.add_middleware(BodySizeLimit, limit_for=body_limit)
+    app.add_middleware(KeyFirst, fastapi=app)  # the key before the body: 401 comes before 413 and 400
     app.add_middleware(RequestMetrics)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

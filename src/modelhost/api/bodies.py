@@ -3,7 +3,10 @@ validation and the media rules stay one code path.
 
 - Media as the raw body: `curl --data-binary @cat.jpg -H 'Content-Type: image/jpeg'
   '.../v1/images/to-text?model=blip'` is how many clients send one image. The file becomes base64 in the
-  route's media field; the query parameters are the other fields.
+  route's media field; the query parameters are the other fields. A body is taken for a file by its
+  content type, or else by its bytes (`media.sources.media_kinds`): many clients send files as
+  `application/octet-stream` or with no content type at all. No JSON text starts like a media file, so
+  JSON stays JSON whatever its content type says; a body that is neither is a clear 400.
 - Multipart forms (the `openai` SDK sends `videos.create` so): each form field is a field of the body,
   and an uploaded file becomes a `data:` URI.
 
@@ -20,12 +23,15 @@ from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import orjson
-from fastapi import Request, Response, UploadFile
+from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from starlette.datastructures import ImmutableMultiDict
+from starlette.datastructures import ImmutableMultiDict, UploadFile
 from starlette.types import Message
+
+from modelhost.errors import InvalidMedia, InvalidRequest
+from modelhost.media.sources import media_kinds
 
 # route path → (the body field that takes the media, the content types accepted as the raw body)
 RAW_MEDIA_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -35,7 +41,9 @@ RAW_MEDIA_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "/v1/images/to-text": ("inputs", ("image/",)),
     "/v1/images/feature-extraction": ("inputs", ("image/",)),
     "/v1/classifications/audio": ("inputs", ("audio/",)),
+    "/v1/classifications/video": ("inputs", ("video/",)),
 }
+JSON_TYPES = ("application/json",)
 
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
@@ -77,25 +85,61 @@ class MediaBodyRoute(APIRoute):
 
         async def route(request: Request) -> Response:
             content_type = request.headers.get("content-type", "").lower()
-            if prefixes and content_type.startswith(prefixes):
-                raw = base64.b64encode(await request.body()).decode("ascii")
-                body = _typed(
-                    model, _values(request.query_params, model, skip=(field,)), "query", {field: raw}
-                )
-                request = _json_request(request, body)
-            elif file_fields and content_type.startswith(FORM_TYPES):
+            if file_fields and content_type.startswith(FORM_TYPES):
                 async with request.form() as form:
                     files = {n: await _data_uri(form[n]) for n in file_fields if _is_file(form.get(n))}
                     rest = ImmutableMultiDict([(k, v) for k, v in form.multi_items() if k not in files])
                     values = _values(rest, model)
-                request = _json_request(request, _typed(model, values, "body", files))
+                request = _json_request(request, orjson.dumps(_typed(model, values, "body", files)))
+            elif prefixes and (
+                content_type.startswith(prefixes) or await _is_media(request, field, prefixes)
+            ):
+                raw = base64.b64encode(await request.body()).decode("ascii")
+                body = _typed(
+                    model, _values(request.query_params, model, skip=(field,)), "query", {field: raw}
+                )
+                request = _json_request(request, orjson.dumps(body))
+            elif prefixes and not content_type.startswith(JSON_TYPES):
+                request = _json_request(request, await _json_text(request, prefixes))
             return await handler(request)
 
         return route
 
 
+async def _is_media(request: Request, field: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether the body is a file of the kind the route takes, by its bytes; a file of another kind is
+    a 400 naming the media field."""
+    kinds = media_kinds(await request.body())
+    wanted = {prefix.rstrip("/") for prefix in prefixes}
+    if kinds and not kinds & wanted:
+        found = " or ".join(sorted(kinds))
+        raise InvalidMedia(
+            f"The body is a file of {found}, but this endpoint takes {' or '.join(sorted(wanted))}.",
+            param=field,
+        )
+    return bool(kinds)
+
+
+async def _json_text(request: Request, prefixes: tuple[str, ...]) -> bytes:
+    """A body sent with another content type (`application/octet-stream`, `text/plain`, none): JSON
+    if it is JSON, else a 400 that says what the route takes."""
+    data = await request.body()
+    if not data:
+        return data
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        kinds = " or ".join(prefix.rstrip("/") for prefix in prefixes)
+        raise InvalidRequest(
+            f"The body is neither JSON nor a recognised {kinds} file. Send a JSON object (Content-Type: "
+            f"application/json), or the file itself with the other parameters in the query string.",
+            code="invalid_body",
+        ) from None
+    return data
+
+
 def _is_file(value: Any) -> bool:
-    return isinstance(value, UploadFile)
+    return isinstance(value, UploadFile)  # Starlette's: what `request.form()` gives (FastAPI's is a subclass)
 
 
 async def _data_uri(upload: Any) -> str:
@@ -119,9 +163,8 @@ def _typed(
     return {**parsed.model_dump(mode="json", exclude_unset=True), **media}
 
 
-def _json_request(request: Request, body: dict[str, Any]) -> Request:
-    """The same request, carrying `body` as JSON (the original body has been read)."""
-    payload = orjson.dumps(body)
+def _json_request(request: Request, payload: bytes) -> Request:
+    """The same request, carrying `payload` (JSON text) as its body (the original has been read)."""
     headers = [(k, v) for k, v in request.scope["headers"] if k not in (b"content-type", b"content-length")]
     headers += [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     sent = False

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 
 from modelhost.auth.authenticator import bearer_token
@@ -16,6 +17,8 @@ from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.services.container import Services
 
 T = TypeVar("T")
+Guard = Callable[[Request], Awaitable[Principal]]
+PRINCIPAL = "modelhost.principal"  # where the scope keeps the principal once a request's key is checked
 
 # Declared so that /docs shows the bearer scheme on every protected route; the header itself is
 # read by `_authenticate`, which also handles malformed headers with our error body.
@@ -31,7 +34,12 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 
 
 async def _authenticate(request: Request) -> Principal:
-    """Cache first (no I/O on the hot path); the database only on a miss, off the event loop."""
+    """Cache first (no I/O on the hot path); the database only on a miss, off the event loop. Once per
+    request: the key is checked before the route runs (`api.middleware.KeyFirst`), and the route's own
+    dependency finds the principal in the scope."""
+    checked: Principal | None = request.scope.get(PRINCIPAL)
+    if checked is not None:
+        return checked
     authenticator = get_services(request).authenticator
     token = bearer_token(request.headers.get("authorization"))
     known, principal = authenticator.cached(token)
@@ -39,6 +47,7 @@ async def _authenticate(request: Request) -> Principal:
         principal = await authenticator.loads.load(token, lambda: authenticator.load(token))
     if principal is None:
         raise InvalidAPIKey("Invalid API key.")
+    request.scope[PRINCIPAL] = principal
     return principal
 
 
@@ -69,6 +78,20 @@ async def require_caller(request: Request, _doc: object = Depends(_bearer)) -> P
 AdminPrincipal = Annotated[Principal, Depends(require_admin)]
 AccountPrincipal = Annotated[Principal, Depends(require_account)]
 CallerPrincipal = Annotated[Principal, Depends(require_caller)]
+GUARDS: tuple[Guard, ...] = (require_admin, require_account, require_caller)
+
+
+def guard_of(dependant: Dependant) -> Guard | None:
+    """The key check a route declares (one of `GUARDS`, directly or through its other dependencies);
+    None for a public route."""
+    for dependency in dependant.dependencies:
+        if dependency.call in GUARDS:
+            guard: Guard = dependency.call
+            return guard
+        found = guard_of(dependency)
+        if found is not None:
+            return found
+    return None
 
 
 def account_id_of(principal: Principal) -> str:

@@ -1,15 +1,22 @@
-"""Pure ASGI middleware: body size limit and Prometheus request metrics."""
+"""Pure ASGI middleware: the API key first, body size limit and Prometheus request metrics."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from modelhost.api.deps import Guard, guard_of
 from modelhost.api.errors import error_response
-from modelhost.errors import InvalidRequest, PayloadTooLarge
+from modelhost.api.fastlane import routes_of
+from modelhost.errors import InvalidRequest, ModelhostError, PayloadTooLarge
 from modelhost.metrics import Counter, Histogram
 
 REQUESTS = Counter(
@@ -21,6 +28,70 @@ LATENCY = Histogram(
     ["method", "route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+
+
+Guarded = tuple[APIRoute, Guard | None]
+
+
+@dataclass
+class Guards:
+    """Which key check each route declares, found as the router would find the route: exact paths by
+    one dictionary lookup, paths with parameters by their patterns in the routes' order."""
+
+    exact: dict[tuple[str, str], Guarded] = field(default_factory=dict)
+    patterns: list[tuple[re.Pattern[str], set[str], Guarded]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, app: FastAPI) -> Guards:
+        guards = cls()
+        for route, path in routes_of(app):
+            guarded: Guarded = (route, guard_of(route.dependant))
+            methods = route.methods or set()
+            if "{" in path:
+                guards.patterns.append((compile_path(path)[0], methods, guarded))
+            else:
+                for method in methods:
+                    guards.exact.setdefault((method, path), guarded)
+        return guards
+
+    def find(self, method: str, path: str) -> Guarded | None:
+        found = self.exact.get((method, path))
+        if found is not None:
+            return found
+        for pattern, methods, guarded in self.patterns:
+            if method in methods and pattern.match(path):
+                return guarded
+        return None
+
+
+class KeyFirst:
+    """The API key is checked before anything reads the body or the query string: a request without a
+    valid key for its route is a 401 whatever else is wrong with it (FastAPI would parse a JSON body,
+    and our raw-media and form bodies would be read, before the route's dependencies run). The check is
+    the route's own dependency (`api.deps.require_*`), so there is one auth path; the principal it
+    finds stays in the scope for the route. Public routes (/health, /docs, /metrics, file links) have
+    none and pass untouched."""
+
+    def __init__(self, app: ASGIApp, fastapi: FastAPI) -> None:
+        self.app = app
+        self._fastapi = fastapi
+        self._guards: Guards | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self._guards is None:  # built on first use: every route has been added by then
+            self._guards = Guards.of(self._fastapi)
+        found = self._guards.find(scope["method"], scope["path"])
+        if found is not None and found[1] is not None:
+            try:
+                await found[1](Request(scope))
+            except ModelhostError as exc:
+                scope["route"] = found[0]  # what the metrics label
+                await error_response(exc)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class BodySizeLimit:

@@ -42,6 +42,7 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     prompt_logprobs: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token ID, bias) added to the logits before sampling
 
 
 class Constraint:
@@ -431,10 +432,12 @@ class GenerationEngine:
     def _needs_processing(self, sequence: Sequence) -> bool:
         params = sequence.params
         penalized = sequence.generated and (params.presence_penalty or params.frequency_penalty)
-        return bool(penalized or sequence.constraint is not None)
+        return bool(penalized or params.logit_bias or sequence.constraint is not None)
 
     def _process(self, sequence: Sequence, scores: torch.Tensor) -> None:
-        """Penalties and the grammar's mask applied to one row's scores, in place."""
+        """Penalties, the logit bias and the grammar's mask applied to one row's scores, in place. The
+        mask comes last, so no bias can bring back a token the grammar forbids (nor an end of sequence
+        before `min_tokens`, already -inf)."""
         params = sequence.params
         if sequence.generated and (params.presence_penalty or params.frequency_penalty):
             counts = torch.bincount(
@@ -443,6 +446,10 @@ class GenerationEngine:
             scores -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(
                 scores.dtype
             )
+        if params.logit_bias:
+            tokens = torch.tensor([t for t, _ in params.logit_bias], device=scores.device)
+            biases = torch.tensor([b for _, b in params.logit_bias], dtype=scores.dtype, device=scores.device)
+            scores.index_add_(0, tokens, biases)
         if sequence.constraint is not None:
             scores.masked_fill_(~sequence.constraint.allowed(self.vocab_size).to(scores.device), -math.inf)
 

@@ -27,6 +27,11 @@ MEDIA_SUFFIXES = frozenset(
     | {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff"}
 )
 PATH_MAX = 4096  # longer values are payloads, not paths
+# ISO base media (MP4, MOV, HEIF) major brands that say more than "audio or video".
+_IMAGE_BRANDS = frozenset({b"avif", b"avis", b"heic", b"heix", b"heim", b"heis", b"mif1", b"msf1"})
+_AUDIO_BRANDS = frozenset({b"M4A ", b"M4B ", b"M4P ", b"F4A "})
+_BMP_HEADERS = frozenset({12, 40, 52, 56, 64, 108, 124})  # sizes of the BMP info headers
+IMAGE, AUDIO, VIDEO = "image", "audio", "video"
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _DATA_URI = re.compile(r"^data:(?P<mime>[^,]*?)(?P<base64>;base64)?,", re.IGNORECASE)
 _WHITESPACE = str.maketrans("", "", " \t\r\n\f\v")
@@ -73,6 +78,33 @@ async def load_media(
     raise InvalidMedia(
         f"Unsupported scheme {name!r} in `{param}`: send base64, a data URI or an http(s) URL", param=param
     )
+
+
+def media_kinds(data: bytes) -> frozenset[str]:
+    """What a file's first bytes say it is: `image`, `audio`, `video`, both of the last two for the
+    containers that hold either (MP4, WebM/Matroska, Ogg), or nothing for unknown bytes. No JSON text
+    starts like any of these files, so a body can be told apart from JSON by this alone."""
+    head, riff = data[:16], data[8:12] if data[:4] == b"RIFF" else b""
+    if head.startswith((b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*")):
+        return frozenset({IMAGE})
+    if riff == b"WEBP" or (head[:2] == b"BM" and int.from_bytes(data[14:18], "little") in _BMP_HEADERS):
+        return frozenset({IMAGE})
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        if brand in _IMAGE_BRANDS:
+            return frozenset({IMAGE})
+        return frozenset({AUDIO}) if brand in _AUDIO_BRANDS else frozenset({AUDIO, VIDEO})
+    if riff == b"WAVE" or head.startswith((b"fLaC", b"ID3", b"#!AMR", b"caff")):
+        return frozenset({AUDIO})
+    if head[:4] == b"FORM" and head[8:12] in (b"AIFF", b"AIFC"):
+        return frozenset({AUDIO})
+    if len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0:  # MPEG audio / ADTS frame sync
+        return frozenset({AUDIO})
+    if head.startswith((b"OggS", b"\x1a\x45\xdf\xa3")):
+        return frozenset({AUDIO, VIDEO})
+    if riff == b"AVI " or head.startswith((b"\x00\x00\x01\xba", b"FLV")):
+        return frozenset({VIDEO})
+    return frozenset()
 
 
 def _looks_like_path(text: str) -> bool:

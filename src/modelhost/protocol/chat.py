@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from modelhost.protocol.common import StrictModel
+from modelhost.protocol.common import NO_EFFECT, Metadata, StrictModel
 
 Stop = (
     Annotated[str, Field(min_length=1)]
@@ -14,6 +14,32 @@ Stop = (
 )
 Temperature = Annotated[float, Field(ge=0, le=2)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
+MAX_LOGIT_BIAS = 1024  # entries; OpenAI documents none, vLLM none either
+MAX_BEST_OF = 20  # OpenAI's own limit
+
+
+def _check_logit_bias(value: dict[str, float]) -> dict[str, float]:
+    """Token IDs as decimal strings, biases in [-100, 100]; whether each ID is in the model's vocabulary
+    is checked by the worker, which knows it."""
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit() and len(key) <= 9):
+            raise ValueError(f'keys are token IDs written as decimal strings (like "50256"), not {key!r}')
+        if not -100 <= bias <= 100:
+            raise ValueError(f"biases are between -100 and 100 (token {key}: {bias})")
+    return value
+
+
+LogitBias = Annotated[
+    dict[str, float],
+    Field(
+        max_length=MAX_LOGIT_BIAS,
+        description="Token ID (decimal string) → bias in [-100, 100] added to the token's logit before "
+        "sampling (greedy too): -100 bans a token, 100 all but forces it. IDs outside the model's "
+        "vocabulary → 400.",
+        examples=[{"50256": -100}],
+    ),
+    AfterValidator(_check_logit_bias),
+]
 
 
 class Lenient(BaseModel):
@@ -28,6 +54,30 @@ class TextPart(Lenient):
     text: str
 
 
+class RefusalPart(Lenient):
+    """What an assistant message of an earlier answer may hold; rendered as its text."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+def _text_parts_only(value: Any) -> Any:
+    """A clear refusal for image, audio and file parts (a text model cannot read them, and dropping
+    them would answer a question nobody asked)."""
+    if isinstance(value, list):
+        for part in value:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind not in ("text", "refusal"):
+                raise ValueError(
+                    f"content parts of type {kind!r} are not supported: chat deployments read text "
+                    "(`text` parts, and `refusal` parts of earlier answers)"
+                )
+    return value
+
+
+Content = Annotated[str | list[TextPart | RefusalPart], BeforeValidator(_text_parts_only)]
+
+
 class FunctionCall(Lenient):
     name: str
     arguments: str = Field(description="JSON text of the arguments object.")
@@ -40,18 +90,27 @@ class ToolCallIn(Lenient):
 
 
 class Message(Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    """`function` (a result of a legacy `function_call`) and an assistant's `function_call` are the
+    deprecated forms of `tool` and `tool_calls`, rendered as those."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Content | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
+    function_call: FunctionCall | None = None
 
     @model_validator(mode="after")
     def _content_or_calls(self) -> Message:
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is required (null only for an assistant message with tool_calls)")
+        calls = self.tool_calls or self.function_call
+        if self.content is None and not (self.role == "assistant" and calls):
+            raise ValueError(
+                "content is required (null only for an assistant message with tool_calls or function_call)"
+            )
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs tool_call_id")
+        if self.role == "function" and not self.name:
+            raise ValueError("a function message needs the name of the function it answers")
         return self
 
 
@@ -60,6 +119,15 @@ class FunctionDefinition(StrictModel):
     description: str | None = None
     parameters: dict[str, Any] | None = Field(default=None, description="JSON Schema of the arguments.")
     strict: bool | None = None
+
+
+def _function_tools_only(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type") == "custom":
+        raise ValueError(
+            "custom tools (free-form text input) are not supported: declare a function tool with a JSON "
+            "Schema `parameters` instead"
+        )
+    return value
 
 
 class Tool(StrictModel):
@@ -74,6 +142,61 @@ class NamedFunction(StrictModel):
 class NamedToolChoice(StrictModel):
     type: Literal["function"]
     function: NamedFunction
+
+
+class AllowedTools(StrictModel):
+    mode: Literal["auto", "required"]
+    tools: Annotated[list[NamedToolChoice], Field(min_length=1, max_length=128)] = Field(
+        description='`{"type": "function", "function": {"name"}}` entries naming tools of `tools`.'
+    )
+
+
+class AllowedToolsChoice(StrictModel):
+    """Only these tools, called as `mode` says (`auto` or `required`); the others are not rendered."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Annotated[
+    Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice,
+    BeforeValidator(_function_tools_only),
+]
+
+
+class ChatAudio(StrictModel):
+    format: str
+    voice: str | dict[str, Any]
+
+
+class Prediction(StrictModel):
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+
+def _text_only(value: list[str] | None) -> list[str] | None:
+    if value is not None and "audio" in value:
+        raise ValueError(
+            "audio output is not available: chat deployments answer text (speech: POST /v1/audio/speech)"
+        )
+    return value
+
+
+def _no_audio_output(value: ChatAudio | None) -> ChatAudio | None:
+    if value is not None:
+        raise ValueError(
+            "audio output is not available: chat deployments answer text (speech: POST /v1/audio/speech)"
+        )
+    return value
+
+
+def _no_moderation(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is not None:
+        raise ValueError(
+            "moderation is not available: modelhost runs no moderation model, and an answer it did not "
+            "check must not pass for a moderated one"
+        )
+    return value
 
 
 class JsonSchemaFormat(StrictModel):
@@ -98,6 +221,7 @@ class ResponseFormat(StrictModel):
 
 class StreamOptions(StrictModel):
     include_usage: bool | None = None
+    include_obfuscation: bool | None = Field(default=None, description=NO_EFFECT)
 
 
 class SamplingFields(StrictModel):
@@ -113,37 +237,95 @@ class SamplingFields(StrictModel):
     frequency_penalty: Penalty | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    logit_bias: LogitBias | None = None
+    user: str | None = Field(default=None, description=NO_EFFECT)
     min_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Extension (as vLLM): no end-of-sequence before this many tokens."
     )
 
 
 class ChatCompletionRequest(SamplingFields):
+    """Every field of OpenAI's chat completion request: honoured, accepted without effect (`NO_EFFECT`)
+    or refused with a 400 naming it (docs/openai-compat.md)."""
+
     messages: Annotated[list[Message], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: Annotated[list[Tool], Field(min_length=1, max_length=128)] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    tools: (
+        Annotated[
+            list[Annotated[Tool, BeforeValidator(_function_tools_only)]], Field(min_length=1, max_length=128)
+        ]
+        | None
+    ) = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(
+        default=None, description="`false`: at most one tool call per choice (a forced call is always one)."
+    )
+    functions: Annotated[list[FunctionDefinition], Field(min_length=1, max_length=128)] | None = Field(
+        default=None, description="Deprecated form of `tools`; the answer then carries `function_call`."
+    )
+    function_call: Literal["none", "auto"] | NamedFunction | None = Field(
+        default=None, description="Deprecated form of `tool_choice` (with `functions`)."
+    )
     response_format: ResponseFormat | None = None
+    modalities: Annotated[list[Literal["text", "audio"]] | None, AfterValidator(_text_only)] = Field(
+        default=None, description='`["text"]` only: audio output → 400.'
+    )
+    audio: Annotated[ChatAudio | None, AfterValidator(_no_audio_output)] = Field(
+        default=None, description="Audio output parameters: refused (400), chat deployments answer text."
+    )
+    moderation: Annotated[dict[str, Any] | None, AfterValidator(_no_moderation)] = Field(
+        default=None, description="Refused (400): modelhost runs no moderation model."
+    )
+    store: bool | None = Field(default=None, description=NO_EFFECT)
+    metadata: Metadata | None = Field(default=None, description=NO_EFFECT)
+    service_tier: str | None = Field(default=None, description=NO_EFFECT)
+    safety_identifier: str | None = Field(default=None, description=NO_EFFECT)
+    prompt_cache_key: str | None = Field(
+        default=None, description=NO_EFFECT + " Prompt prefixes are reused from the KV cache anyway."
+    )
+    prompt_cache_options: dict[str, Any] | None = Field(default=None, description=NO_EFFECT)
+    prompt_cache_retention: str | None = Field(default=None, description=NO_EFFECT)
+    reasoning_effort: str | None = Field(default=None, description=NO_EFFECT)
+    verbosity: str | None = Field(default=None, description=NO_EFFECT)
+    web_search_options: dict[str, Any] | None = Field(default=None, description=NO_EFFECT)
+    prediction: Prediction | None = Field(
+        default=None, description=NO_EFFECT + " (Predicted outputs only make OpenAI faster.)"
+    )
+
+
+Prompt = (
+    Annotated[str, Field(min_length=1)]
+    | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=64)]
+    | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    | Annotated[
+        list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
+        Field(min_length=1, max_length=64),
+    ]
+)
 
 
 class CompletionRequest(SamplingFields):
-    prompt: (
-        Annotated[str, Field(min_length=1)]
-        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=64)]
-        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-        | Annotated[
-            list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
-            Field(min_length=1, max_length=64),
-        ]
+    prompt: Prompt | None = Field(
+        description="null: generation starts from the beginning of a document (the tokenizer's "
+        "beginning-of-sequence token, else its end-of-text token), as OpenAI's `<|endoftext|>`."
     )
     max_tokens: Annotated[int, Field(ge=1)] | None = Field(default=16, description="Default 16, as OpenAI.")
     echo: bool | None = None
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    suffix: str | None = Field(
+        default=None,
+        description="Insert mode: the text that follows the completion. The model writes what goes between "
+        "`prompt` and `suffix` (fill-in-the-middle); the answer is that text alone. Needs a model with "
+        "fill-in-the-middle tokens, else 400.",
+    )
+    best_of: Annotated[int, Field(ge=1, le=MAX_BEST_OF)] | None = Field(
+        default=None,
+        description=f"Generate this many (at most {MAX_BEST_OF}, at least `n`) and return the `n` with "
+        "the highest mean log probability per token. Not with `stream`.",
+    )
 
 
 # ---------------------------------------------------------------- responses (documentation of the shapes)
@@ -170,6 +352,9 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCallOut] | None = None
+    function_call: FunctionCall | None = Field(
+        default=None, description="Instead of `tool_calls` when the request used the deprecated `functions`."
+    )
     refusal: None = None
 
 
@@ -177,7 +362,7 @@ class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: dict[str, Any] | None = None
-    finish_reason: Literal["stop", "length", "tool_calls"]
+    finish_reason: Literal["stop", "length", "tool_calls", "function_call"]
 
 
 class ChatCompletion(BaseModel):

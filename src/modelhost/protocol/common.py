@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Generic, Literal, TypeVar
+from typing import Annotated, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
+
+# The description of an OpenAI field that changes nothing here (docs/openai-compat.md says why each is
+# safe to ignore): accepted so that clients sending it work unchanged.
+NO_EFFECT = "Accepted for OpenAI compatibility; no effect here (docs/openai-compat.md)."
+# OpenAI's `metadata`: at most 16 pairs, keys up to 64 characters, values up to 512.
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
+]
 
 
 class StrictModel(BaseModel):

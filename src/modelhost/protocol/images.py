@@ -6,11 +6,12 @@ validated by the same model so that both answer the same 400s.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, PlainValidator, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, Field, PlainValidator, WithJsonSchema
 
-from modelhost.protocol.common import StrictModel
+from modelhost.protocol.common import NO_EFFECT, StrictModel
 
 # The sizes §4.3 lists, plus OpenAI's newer landscape and portrait ones.
 SIZES = ("256x256", "512x512", "1024x1024", "1792x1024", "1024x1792", "1536x1024", "1024x1536")
@@ -21,10 +22,11 @@ MAX_PROMPT_CHARS = 32_000  # OpenAI's own limit; CLIP-style encoders read far fe
 MAX_SEED = 2**63 - 1
 
 SIZE_CHOICES = (
-    f"one of {', '.join(f'`{s}`' for s in SIZES)}, or a [width, height] pair of multiples of "
-    f"{SIDE_STEP} between {SIDE_MIN} and {SIDE_MAX}"
+    f"one of {', '.join(f'`{s}`' for s in SIZES)}, or any `WIDTHxHEIGHT` (or a [width, height] pair) of "
+    f"multiples of {SIDE_STEP} between {SIDE_MIN} and {SIDE_MAX}"
 )
 SIZE_RULE = f"size must be `auto`, {SIZE_CHOICES}"
+_SIZE_TEXT = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 
 
 def _side(value: Any) -> bool:
@@ -37,9 +39,9 @@ def parse_size(value: Any) -> tuple[int, int] | None:
     One validator rather than a union, so that every refusal names `size` itself."""
     if value is None or value == "auto":
         return None
-    if isinstance(value, str) and value in SIZES:
-        width, height = value.split("x")
-        return int(width), int(height)
+    text = _SIZE_TEXT.match(value) if isinstance(value, str) else None
+    if text is not None and (value in SIZES or all(_side(int(side)) for side in text.groups())):
+        return int(text.group(1)), int(text.group(2))
     if isinstance(value, list) and len(value) == 2 and all(_side(v) for v in value):
         return value[0], value[1]
     raise ValueError(SIZE_RULE)
@@ -48,6 +50,7 @@ def parse_size(value: Any) -> tuple[int, int] | None:
 SIZE_SCHEMA: dict[str, Any] = {
     "anyOf": [
         {"type": "string", "enum": ["auto", *SIZES]},
+        {"type": "string", "pattern": _SIZE_TEXT.pattern},
         {
             "type": "array",
             "items": {"type": "integer", "minimum": SIDE_MIN, "maximum": SIDE_MAX, "multipleOf": SIDE_STEP},
@@ -58,6 +61,29 @@ SIZE_SCHEMA: dict[str, Any] = {
     ]
 }
 Size = Annotated[tuple[int, int] | None, PlainValidator(parse_size), WithJsonSchema(SIZE_SCHEMA)]
+
+
+def _opaque(value: str | None) -> str | None:
+    if value == "transparent":
+        raise ValueError(
+            "transparent backgrounds are not available: diffusion pipelines paint every pixel (send "
+            "`opaque` or `auto`)"
+        )
+    return value
+
+
+def _refused(why: str) -> Any:
+    """A field OpenAI offers that modelhost cannot honour: null or absent only."""
+
+    def check(value: Any) -> Any:
+        if value is not None:
+            raise ValueError(why)
+        return value
+
+    return AfterValidator(check)
+
+
+NO_GIF = _refused("GIF output is not available: output_format is png, jpeg or webp")
 
 
 class ImageOptions(StrictModel):
@@ -97,7 +123,30 @@ class ImageOptions(StrictModel):
         le=MAX_SEED,
         description="Same seed and parameters → the same bytes; the i-th image uses `seed + i`.",
     )
-    user: str | None = Field(default=None, description="Accepted for OpenAI compatibility; ignored.")
+    stream: bool | None = Field(
+        default=None,
+        description="Server-Sent Events: one `image_generation.completed` (`image_edit.completed`) event "
+        "per image, with `b64_json`, once the images are made (no partial images).",
+    )
+    background: Annotated[Literal["transparent", "opaque", "auto"] | None, AfterValidator(_opaque)] = Field(
+        default=None, description="`opaque` or `auto` (the images are always opaque); `transparent` → 400."
+    )
+    quality: str | None = Field(default=None, description=NO_EFFECT + " Use `num_inference_steps`.")
+    moderation: str | None = Field(default=None, description=NO_EFFECT)
+    output_compression: int | None = Field(
+        default=None, ge=0, le=100, description=NO_EFFECT + " Files use the encoder's default quality."
+    )
+    partial_images: int | None = Field(
+        default=None, ge=0, le=3, description=NO_EFFECT + " No partial images are streamed."
+    )
+    complexity: str | None = Field(default=None, description=NO_EFFECT)
+    frame_count: Annotated[int | None, NO_GIF] = Field(default=None, description="GIF output: refused.")
+    frame_duration_ms: Annotated[int | None, NO_GIF] = Field(default=None, description="GIF output: refused.")
+    svg: Annotated[dict[str, Any] | None, _refused("SVG output is not available")] = Field(
+        default=None, description="SVG output: refused."
+    )
+    safety_identifier: str | None = Field(default=None, description=NO_EFFECT)
+    user: str | None = Field(default=None, description=NO_EFFECT)
 
 
 class ImageGenerationRequest(ImageOptions):
@@ -107,10 +156,13 @@ class ImageGenerationRequest(ImageOptions):
         description="Text guiding generation; omitted: unconditional generation.",
         examples=["a watercolor fox in the snow"],
     )
+    style: str | None = Field(default=None, description=NO_EFFECT + " Describe the style in the prompt.")
 
 
 class ImageEditRequest(ImageOptions):
     """The text fields of an edit's form (`image`, `image[]` and `mask` are its files)."""
+
+    input_fidelity: str | None = Field(default=None, description=NO_EFFECT + " See `strength`.")
 
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS, description="How to edit the images.")
     strength: float | None = Field(

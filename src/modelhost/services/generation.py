@@ -9,6 +9,7 @@ the output is a call by construction) or from parsing the model's own markup (`a
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,9 +17,20 @@ from typing import Any
 from modelhost.errors import InvalidRequest
 from modelhost.generation.grammar import json_schema_grammar, split_tool_call, tool_call_grammar
 from modelhost.generation.tool_parsers import PARSERS, streamable_length
-from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest, Message, NamedToolChoice
+from modelhost.protocol.chat import (
+    AllowedToolsChoice,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Message,
+    NamedFunction,
+    NamedToolChoice,
+    TextPart,
+    Tool,
+    ToolCallIn,
+)
 
 Event = dict[str, Any]
+ToolChoice = str | NamedToolChoice
 
 
 # ---------------------------------------------------------------- requests
@@ -27,9 +39,9 @@ Event = dict[str, Any]
 def chat_requests(body: ChatCompletionRequest, max_string_length: int) -> tuple[list[Event], str]:
     """The engine requests of a chat completion (one per choice) and its tool mode:
     `none` (plain text), `auto` (parse markup), `forced` (constrained call) or `json`."""
-    _check_tools_and_logprobs(body)
-    tools = body.tools or []
-    choice = body.tool_choice or ("auto" if tools else "none")
+    tools, choice = effective_tools(body)
+    if body.top_logprobs and not body.logprobs:
+        raise InvalidRequest("top_logprobs needs logprobs: true.", param="top_logprobs")
     request: Event = {"messages": _template_messages(body.messages)}
     mode = "none"
     if tools and choice != "none":
@@ -53,37 +65,99 @@ def chat_requests(body: ChatCompletionRequest, max_string_length: int) -> tuple[
     return _per_choice(request, params, body.n or 1, body.seed), mode
 
 
-def _check_tools_and_logprobs(body: ChatCompletionRequest) -> None:
-    """Rules across fields, each a 400 naming the field to fix."""
-    if body.tool_choice is not None and body.tools is None:
-        raise InvalidRequest("tool_choice needs tools.", param="tool_choice")
-    if isinstance(body.tool_choice, NamedToolChoice) and body.tools is not None:
-        name = body.tool_choice.function.name
-        if name not in {t.function.name for t in body.tools}:
-            raise InvalidRequest(f"tool_choice names {name!r}, which is not in tools.", param="tool_choice")
-    if body.top_logprobs and not body.logprobs:
-        raise InvalidRequest("top_logprobs needs logprobs: true.", param="top_logprobs")
+def effective_tools(body: ChatCompletionRequest) -> tuple[list[Tool], ToolChoice]:
+    """The tools a chat request offers and how it wants them called (`none`, `auto`, `required` or a
+    named tool), with the deprecated `functions` / `function_call` and an `allowed_tools` choice
+    resolved. Rules across fields are 400s naming the field to fix."""
+    tools, given, param = list(body.tools or []), body.tool_choice, "tool_choice"
+    if body.functions is not None:
+        if body.tools is not None:
+            raise InvalidRequest("Send tools or the deprecated functions, not both.", param="functions")
+        if body.tool_choice is not None:
+            raise InvalidRequest("With functions, choose with function_call.", param="tool_choice")
+        tools = [Tool(type="function", function=f) for f in body.functions]
+        call = body.function_call
+        given = NamedToolChoice(type="function", function=call) if isinstance(call, NamedFunction) else call
+        param = "function_call"
+    elif body.function_call is not None:
+        raise InvalidRequest("function_call needs functions (tools take tool_choice).", param="function_call")
+    if given is not None and not tools:
+        raise InvalidRequest(f"{param} needs tools.", param=param)
+    names = {t.function.name for t in tools}
+    if isinstance(given, AllowedToolsChoice):
+        allowed = [t.function.name for t in given.allowed_tools.tools]
+        for name in allowed:
+            if name not in names:
+                raise InvalidRequest(f"allowed_tools names {name!r}, which is not in tools.", param=param)
+        tools = [t for t in tools if t.function.name in allowed]
+        given = given.allowed_tools.mode
+    if isinstance(given, NamedToolChoice) and given.function.name not in names:
+        listed = "functions" if body.functions is not None else "tools"
+        name = given.function.name
+        raise InvalidRequest(f"{param} names {name!r}, which is not in {listed}.", param=param)
+    return tools, given or ("auto" if tools else "none")
+
+
+def chat_choices(body: ChatCompletionRequest, mode: str, count: int) -> list[ChatChoice]:
+    """The assemblers of a chat completion's `count` choices."""
+    names = [t.function.name for t in effective_tools(body)[0]]
+    legacy = body.functions is not None  # answers carry `function_call`, one call at most
+    one_call = legacy or body.parallel_tool_calls is False
+    return [ChatChoice(i, mode, names, legacy=legacy, one_call=one_call) for i in range(count)]
 
 
 def completion_requests(body: CompletionRequest) -> list[Event]:
-    """One engine request per prompt and choice, in OpenAI's order (prompt-major)."""
-    prompts: list[str | list[int]]
-    if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int)):
+    """One engine request per prompt and candidate (`best_of`, else `n`), in OpenAI's order
+    (prompt-major)."""
+    candidates = _candidates(body)
+    prompts: list[str | list[int] | None]
+    if body.prompt is None or isinstance(body.prompt, str) or isinstance(body.prompt[0], int):
         prompts = [body.prompt]
     else:
-        prompts = list(body.prompt)  # type: ignore[arg-type]
+        prompts = list(body.prompt)
+    if body.suffix and body.echo:
+        raise InvalidRequest("echo cannot be used with suffix (insert mode).", param="suffix")
     params = _sampling(body, body.max_tokens)
     wants = body.logprobs is not None
-    params.update(logprobs=wants, top_logprobs=body.logprobs or 0, prompt_logprobs=bool(body.echo and wants))
+    params.update(
+        logprobs=wants or candidates > (body.n or 1),  # best_of ranks candidates by their log probabilities
+        top_logprobs=body.logprobs or 0,
+        prompt_logprobs=bool(body.echo and wants),
+    )
     requests: list[Event] = []
     for prompt in prompts:
-        base: Event = {"prompt": prompt, "echo": bool(body.echo)}
-        requests += _per_choice(base, params, body.n or 1, body.seed)
+        base: Event = {"prompt": prompt, "echo": bool(body.echo), "suffix": body.suffix or None}
+        requests += _per_choice(base, params, candidates, body.seed)
     return requests
 
 
-def _sampling(body: Any, max_tokens: int | None) -> Event:
+def _candidates(body: CompletionRequest) -> int:
+    """Completions generated per prompt: `best_of`, which must not be below `n` nor be streamed."""
+    n, best_of = body.n or 1, body.best_of or body.n or 1
+    if best_of < n:
+        raise InvalidRequest(f"best_of ({best_of}) must be at least n ({n}).", param="best_of")
+    if best_of > n and body.stream:
+        raise InvalidRequest(
+            "best_of above n cannot be streamed (the best are known only at the end).", param="best_of"
+        )
+    return best_of
+
+
+def best_of(choices: list[CompletionChoice], candidates: int, n: int) -> list[CompletionChoice]:
+    """Of each prompt's candidates, the `n` with the highest mean log probability per generated token
+    (OpenAI's "best"), best first, indexed again in OpenAI's order (`prompt × n + choice`)."""
+    kept: list[CompletionChoice] = []
+    for start in range(0, len(choices), candidates):
+        group = choices[start : start + candidates]
+        kept += sorted(group, key=lambda c: c.mean_logprob, reverse=True)[:n]
+    for index, choice in enumerate(kept):
+        choice.index = index
+    return kept
+
+
+def _sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> Event:
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    bias = [[int(token), float(value)] for token, value in (body.logit_bias or {}).items()]
     return {
         "max_tokens": max_tokens,
         "min_tokens": body.min_tokens,
@@ -92,6 +166,7 @@ def _sampling(body: Any, max_tokens: int | None) -> Event:
         "stop": stop,
         "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty,
+        "logit_bias": bias or None,
     }
 
 
@@ -102,22 +177,28 @@ def _per_choice(request: Event, params: Event, n: int, seed: int | None) -> list
 
 def _template_messages(messages: list[Message]) -> list[Event]:
     """OpenAI messages → what chat templates expect: text content, `developer` as `system`, tool call
-    arguments as objects, and tool results named after the call they answer."""
+    arguments as objects, tool results named after the call they answer, and the deprecated forms (an
+    assistant's `function_call`, a `function` message) as a tool call and its result."""
     names: dict[str, str] = {}
     rendered: list[Event] = []
-    for message in messages:
+    legacy_call = ""  # the ID given to the last assistant `function_call`, which a `function` answers
+    for position, message in enumerate(messages):
         content = message.content
         if isinstance(content, list):
-            content = "\n".join(part.text for part in content)
-        out: Event = {
-            "role": "system" if message.role == "developer" else message.role,
-            "content": content or "",
-        }
+            content = "\n".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)
+        role = {"developer": "system", "function": "tool"}.get(message.role, message.role)
+        out: Event = {"role": role, "content": content or ""}
         if message.name:
             out["name"] = message.name
-        if message.tool_calls:
+        calls = list(message.tool_calls or [])
+        if message.function_call is not None and not calls:
+            legacy_call = f"call_{position}"
+            calls = [ToolCallIn(id=legacy_call, function=message.function_call)]
+        if message.role == "function":
+            out["tool_call_id"] = legacy_call
+        if calls:
             out["tool_calls"] = []
-            for call in message.tool_calls:
+            for call in calls:
                 names[call.id] = call.function.name
                 arguments = _json_or_text(call.function.arguments)
                 out["tool_calls"].append(
@@ -164,6 +245,8 @@ class ChatChoice:
     logprobs: list[Event] = field(default_factory=list)
     finish: str | None = None
     completion_tokens: int = 0
+    legacy: bool = False  # the request used `functions`: calls are answered as `function_call`
+    one_call: bool = False  # `parallel_tool_calls: false` (or legacy): the first parsed call only
 
     def feed(self, event: Event) -> Event:
         """Apply one event; the delta (possibly empty) it produces for a stream."""
@@ -179,21 +262,25 @@ class ChatChoice:
         if "finish" in event:
             self.finish = event["finish"]
         if self.mode == "forced":
-            return self._forced_delta()
-        if self.mode == "auto":
-            return self._auto_delta()
-        return self._content(len(self.text))
+            delta = self._forced_delta()
+        elif self.mode == "auto":
+            delta = self._auto_delta()
+        else:
+            return self._content(len(self.text))
+        return _legacy_delta(delta) if self.legacy else delta
 
     @property
     def finish_reason(self) -> str:
         if self.calls and self.finish == "stop":
-            return "tool_calls"
+            return "function_call" if self.legacy else "tool_calls"
         return self.finish or "stop"
 
     def message(self) -> Event:
         content = self.text if self.mode in ("none", "json") else self._final_content
         message: Event = {"role": "assistant", "content": content, "refusal": None}
-        if self.calls:
+        if self.calls and self.legacy:
+            message["function_call"] = self.calls[0]["function"]
+        elif self.calls:
             message["tool_calls"] = self.calls
         return message
 
@@ -210,7 +297,8 @@ class ChatChoice:
         if not parsed.tool_calls:
             self._final_content = self.text or None
             return self._content(len(self.text))
-        self.calls = [_call(c.name, c.arguments) for c in parsed.tool_calls]
+        calls = parsed.tool_calls[:1] if self.one_call else parsed.tool_calls
+        self.calls = [_call(c.name, c.arguments) for c in calls]
         shown = self.text[: self.sent]
         rest = parsed.content or ""
         rest = rest[len(shown) :] if rest.startswith(shown) else ""
@@ -246,6 +334,15 @@ class ChatChoice:
     _final_content: str | None = None
 
 
+def _legacy_delta(delta: Event) -> Event:
+    """A streamed tool call's delta in the deprecated shape: `function_call` pieces (the first with the
+    name), of the first call only."""
+    calls = [c for c in delta.pop("tool_calls", []) if c.get("index") == 0]
+    if calls and calls[0].get("function"):
+        delta["function_call"] = dict(calls[0]["function"])
+    return delta
+
+
 def _call(name: str, arguments: str) -> Event:
     return {"id": new_id("call"), "type": "function", "function": {"name": name, "arguments": arguments}}
 
@@ -275,6 +372,8 @@ class CompletionChoice:
     top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
     finish: str | None = None
     completion_tokens: int = 0
+    score: float = 0.0  # sum of the generated tokens' log probabilities (for best_of)
+    scored: int = 0
 
     def feed(self, event: Event) -> tuple[str, int]:
         """Apply one event; the text it adds and how many logprob entries it added."""
@@ -286,11 +385,17 @@ class CompletionChoice:
                 self._add(entry)
         elif "logprob" in event:
             self._add(event["logprob"])
+            self.score += event["logprob"]["logprob"]
+            self.scored += 1
         else:
             self.text += event.get("text", "")
             self.completion_tokens = event.get("completion_tokens", self.completion_tokens)
             self.finish = event.get("finish", self.finish)
         return self.text[before_text:], len(self.tokens) - before
+
+    @property
+    def mean_logprob(self) -> float:
+        return self.score / self.scored if self.scored else -math.inf
 
     def _add(self, entry: Event | None) -> None:
         if entry is None:

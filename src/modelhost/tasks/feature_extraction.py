@@ -18,6 +18,13 @@ from modelhost.runtime import loader
 from modelhost.tasks.base import item_error
 
 CHUNK = 128  # sequences per forward pass: bounds activation memory for very large requests
+# What a client sending another tokenizer's IDs should do instead: LangChain's OpenAIEmbeddings sends
+# tiktoken IDs unless told not to.
+OTHER_TOKENIZER = (
+    "Token-ID inputs must be this model's own token IDs, as its tokenizer makes them{framing}. "
+    "Send the text instead; with LangChain's OpenAIEmbeddings, set check_embedding_ctx_length=False "
+    "(it otherwise sends OpenAI's tiktoken IDs)."
+)
 
 
 @dataclass
@@ -29,6 +36,7 @@ class Encoder:
     vocab_size: int
     device: str
     uses_token_types: bool
+    framing: tuple[list[int], list[int]] = ([], [])  # special tokens the tokenizer puts around a text
 
 
 class FeatureExtraction:
@@ -57,6 +65,7 @@ class FeatureExtraction:
             vocab_size=int(config.vocab_size),
             device=device,
             uses_token_types="token_type_ids" in tokenizer.model_input_names,
+            framing=_framing(tokenizer),
         )
 
     def warmup_item(self) -> dict[str, Any]:
@@ -115,8 +124,8 @@ class FeatureExtraction:
                     f"Input is {len(seq)} tokens long; this model accepts at most {model.max_tokens}.", param
                 )
             given = inputs[index]  # the tokenizer's own IDs are in its vocabulary; a client's may not be
-            if isinstance(given, list) and any(not 0 <= t < model.vocab_size for t in given):
-                return item_error(f"Token IDs must be between 0 and {model.vocab_size - 1}.", param)
+            if isinstance(given, list) and not _own_ids(model, given):
+                return item_error(_other_tokenizer(model), param)
         return ids
 
     @torch.inference_mode()
@@ -152,3 +161,29 @@ class FeatureExtraction:
         if model.uses_token_types:
             features["token_type_ids"] = torch.zeros_like(features["input_ids"])
         return {k: v.to(model.device) for k, v in features.items()}
+
+
+def _framing(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts before and after a text (BERT: `[CLS]` … `[SEP]`)."""
+    bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    framed = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+    for start in range(len(framed) - len(bare) + 1):
+        if bare and framed[start : start + len(bare)] == bare:
+            return framed[:start], framed[start + len(bare) :]
+    return [], []
+
+
+def _own_ids(model: Encoder, ids: list[int]) -> bool:
+    """IDs in the vocabulary, framed as the tokenizer frames a text: other tokenizers' IDs (tiktoken's
+    `[9906, 1917]` for "Hello world") are often in range too, and would embed as nonsense."""
+    before, after = model.framing
+    framed = ids[: len(before)] == before and (not after or ids[-len(after) :] == after)
+    return framed and len(ids) >= len(before) + len(after) and all(0 <= t < model.vocab_size for t in ids)
+
+
+def _other_tokenizer(model: Encoder) -> str:
+    before, after = model.framing
+    rules = [f"starting with {before}"] if before else []
+    rules += [f"ending with {after}"] if after else []
+    rules.append(f"each between 0 and {model.vocab_size - 1}")
+    return OTHER_TOKENIZER.format(framing=f" ({', '.join(rules)})")

@@ -21,6 +21,13 @@ from modelhost.generation.tool_parsers import parser_for_template
 from modelhost.runtime import loader
 
 MAX_RUNNING_SEQUENCES = 64
+# Fill-in-the-middle tokens (prefix, suffix, middle) of the families that have them, in the order
+# prefix-suffix-middle they were trained on: Qwen2.5-Coder, StarCoder/SantaCoder, DeepSeek-Coder.
+FIM_TOKENS = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
+)
 
 
 @dataclass
@@ -30,6 +37,7 @@ class ChatModel:
     tool_format: str
     _guidance: Any = None  # llguidance's tokenizer, built on the first constrained request (~1 s)
     echo: dict[int, list[int]] = field(default_factory=dict)  # prompts to send back (completions' echo)
+    fim: tuple[int, int, int] | None = None  # the tokenizer's fill-in-the-middle tokens, if any
 
     def guidance_tokenizer(self) -> Any:
         if self._guidance is None:
@@ -59,7 +67,7 @@ class TextGeneration:
             cuda_graphs=settings.cuda_graphs,
         )
         template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-        return ChatModel(engine, tokenizer, parser_for_template(template).name)
+        return ChatModel(engine, tokenizer, parser_for_template(template).name, fim=fim_tokens(tokenizer))
 
     def warmup(self, state: ChatModel) -> None:
         self.start(state, 0, {"prompt": "modelhost warm-up", "params": {"max_tokens": 2, "temperature": 0}})
@@ -125,11 +133,49 @@ def _prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int], str]:
         ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
         return ids, "messages"
     prompt = request["prompt"]
-    if isinstance(prompt, str):
-        return list(tokenizer(prompt)["input_ids"]), "prompt"
-    if any(token >= state.engine.vocab_size for token in prompt):
+    if prompt is None:  # OpenAI's default: the start of a new document
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        if start is None:
+            raise InvalidRequest("This model has no start-of-document token: send a prompt.", param="prompt")
+        ids = [int(start)]
+    elif isinstance(prompt, str):
+        ids = list(tokenizer(prompt)["input_ids"])
+    elif any(token >= state.engine.vocab_size for token in prompt):
         raise InvalidRequest(f"Token IDs must be below {state.engine.vocab_size}.", param="prompt")
-    return list(prompt), "prompt"
+    else:
+        ids = list(prompt)
+    suffix = request.get("suffix")
+    if suffix is None:
+        return ids, "prompt"
+    if state.fim is None:
+        raise InvalidRequest(
+            "suffix needs a model trained for fill-in-the-middle (a tokenizer with FIM tokens such as "
+            "<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>); this one has none.",
+            param="suffix",
+        )
+    return fill_in_the_middle(tokenizer, state.fim, ids, suffix), "prompt"
+
+
+def fim_tokens(tokenizer: Any) -> tuple[int, int, int] | None:
+    """The IDs of the tokenizer's fill-in-the-middle tokens (`FIM_TOKENS`), or None."""
+    vocabulary = tokenizer.get_vocab()
+    for names in FIM_TOKENS:
+        if all(name in vocabulary for name in names):
+            prefix, suffix, middle = (int(vocabulary[name]) for name in names)
+            return prefix, suffix, middle
+    return None
+
+
+def fill_in_the_middle(
+    tokenizer: Any, fim: tuple[int, int, int], prompt: list[int], suffix: str
+) -> list[int]:
+    """OpenAI's insert mode: `<prefix> prompt <suffix> suffix <middle>`, after which the model writes
+    what goes between the two (the answer is that text alone). A leading start-of-sequence token stays
+    first, as the families' own examples have it."""
+    prefix_token, suffix_token, middle_token = fim
+    start = [prompt[0]] if prompt and prompt[0] == tokenizer.bos_token_id else []
+    after = list(tokenizer(suffix, add_special_tokens=False)["input_ids"])
+    return [*start, prefix_token, *prompt[len(start) :], suffix_token, *after, middle_token]
 
 
 def _params(state: ChatModel, given: dict[str, Any], prompt_tokens: int, prompt_param: str) -> SamplingParams:
@@ -149,7 +195,21 @@ def _params(state: ChatModel, given: dict[str, Any], prompt_tokens: int, prompt_
     fields = {k: v for k, v in given.items() if k != "max_tokens" and v is not None}
     if "stop" in fields:
         fields["stop"] = tuple(fields["stop"])
+    if "logit_bias" in fields:
+        fields["logit_bias"] = _logit_bias(fields["logit_bias"], state.engine.vocab_size)
     return SamplingParams(max_tokens=max_tokens or room, **fields)
+
+
+def _logit_bias(pairs: list[list[float]], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """`[[token, bias], ...]` from the gateway; every token must be in the model's vocabulary."""
+    for token, _ in pairs:
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(
+                f"logit_bias: token ID {int(token)} is not in this model's vocabulary "
+                f"(IDs 0 to {vocab_size - 1}).",
+                param="logit_bias",
+            )
+    return tuple((int(token), float(bias)) for token, bias in pairs)
 
 
 def _context_length(model: Any, tokenizer: Any) -> int:

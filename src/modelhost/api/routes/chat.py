@@ -26,6 +26,8 @@ from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
 from modelhost.services.generation import (
     ChatChoice,
     CompletionChoice,
+    best_of,
+    chat_choices,
     chat_requests,
     completion_requests,
     new_id,
@@ -65,8 +67,7 @@ async def chat_completions(
     deployment = await deployment_for(request, principal, body.model)
     settings = get_services(request).settings
     requests, mode = chat_requests(body, settings.constrained_max_string_length)
-    names = [t.function.name for t in body.tools or []]
-    choices = [ChatChoice(i, mode, names) for i in range(len(requests))]
+    choices = chat_choices(body, mode, len(requests))
     streams = await _open(request, deployment.id, requests)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": body.model}
     if body.stream:
@@ -135,11 +136,15 @@ async def completions(body: CompletionRequest, request: Request, principal: Call
     streams = await _open(request, deployment.id, requests)
     head = {"id": new_id("cmpl"), "created": int(time.time()), "model": body.model}
     n = body.n or 1
+    candidates = body.best_of or n  # per prompt; above n only without streaming
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _sse(_completion_chunks(head, choices, streams, usage, n))
     for index, event in await await_or_disconnect(request, _collect(streams)):
         choices[index].feed(event)
+    generated = sum(c.completion_tokens for c in choices)  # every candidate's tokens were generated
+    if candidates > n:
+        choices = best_of(choices, candidates, n)
     payload = {
         **head,
         "object": "text_completion",
@@ -147,7 +152,7 @@ async def completions(body: CompletionRequest, request: Request, principal: Call
             {"index": c.index, "text": c.text, "logprobs": c.logprobs(), "finish_reason": c.finish or "stop"}
             for c in choices
         ],
-        "usage": _usage(streams, n, sum(c.completion_tokens for c in choices)),
+        "usage": _usage(streams, candidates, generated),
         "system_fingerprint": None,
     }
     return Response(orjson.dumps(payload), media_type="application/json")

@@ -59,7 +59,9 @@ curl https://modelhost.example/v1/images/edits -H "Authorization: Bearer mh-..."
 
 
 def _answer_docs() -> dict[int | str, dict[str, Any]]:
-    return {200: {"content": {"application/json": {"example": ANSWER_EXAMPLE}}}}
+    events = 'event: image_generation.completed\ndata: {"type": "image_generation.completed", ...}\n\n'
+    content = {"application/json": {"example": ANSWER_EXAMPLE}, "text/event-stream": {"example": events}}
+    return {200: {"content": content}}
 
 
 def _form_field(schema: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +186,8 @@ async def _answer(
 ) -> Response:
     """§4.3's shape: every data item has `url` and `b64_json`, the one not asked for null."""
     images: list[bytes] = output["images"]
+    if body.stream:
+        return _events(body, output)
     if body.response_format == "b64_json":
         data = [{"url": None, "b64_json": base64.b64encode(image).decode("ascii")} for image in images]
     else:
@@ -202,6 +206,26 @@ async def _answer(
         "output_format": body.output_format,
     }
     return Response(orjson.dumps(payload), media_type="application/json")
+
+
+def _events(body: ImageOptions, output: dict[str, Any]) -> Response:
+    """`stream: true`: OpenAI's Server-Sent Events, one completed event per image (the images are all
+    made by then: no partial images, which OpenAI too may send fewer of than asked)."""
+    kind = "image_edit" if isinstance(body, ImageEditRequest) else "image_generation"
+    created = int(time.time())
+    events = b""
+    for image in output["images"]:
+        event = {
+            "type": f"{kind}.completed",
+            "b64_json": base64.b64encode(image).decode("ascii"),
+            "created_at": created,
+            "size": f"{output['width']}x{output['height']}",
+            "output_format": body.output_format,
+            "quality": "auto",
+            "background": "opaque",
+        }
+        events += f"event: {kind}.completed\ndata: ".encode() + orjson.dumps(event) + b"\n\n"
+    return Response(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 def _links(
@@ -262,6 +286,12 @@ async def _parts(form: FormData) -> tuple[list[bytes], bytes | None, dict[str, A
     mask: bytes | None = None
     fields: dict[str, Any] = {}
     for name, value in form.multi_items():
+        if name == "markup":
+            raise InvalidRequest(
+                "markup is not supported: describe the edit in `prompt`, and send a `mask` for the area "
+                "to repaint.",
+                param="markup",
+            )
         if name in (*IMAGE_FIELDS, "mask"):
             param = "mask" if name == "mask" else "image"
             if not isinstance(value, UploadFile):
