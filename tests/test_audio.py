@@ -1,6 +1,7 @@
 """OpenAI's audio endpoints (api.md §4.16) through the official `openai` SDK against a live server, on the
 tiny recipe models (VITS, Whisper, Wav2Vec2 CTC) pushed through the artifact path: `/v1/audio/speech`
-answers audio files that decode back, `/v1/audio/transcriptions` answers every response format."""
+answers audio files that decode back, `/v1/audio/transcriptions` and `/v1/audio/translations` answer
+every response format."""
 
 from __future__ import annotations
 
@@ -483,7 +484,13 @@ PNG = bytes.fromhex(
         ),
         (b"wav", {"timestamp_granularities[]": "word"}, "timestamp_granularities"),
         (b"wav", {"stream": "true"}, "stream"),
-        (b"wav", {"chunking_strategy": "auto"}, "chunking_strategy"),
+        (b"wav", {"chunking_strategy[type]": "server_vad"}, "chunking_strategy"),
+        (b"wav", {"chunking_strategy": "server_vad"}, "chunking_strategy"),
+        (b"wav", {"include[]": "logprobs"}, "include"),
+        (b"wav", {"known_speaker_names[]": "agent"}, "known_speaker_names"),
+        (b"wav", {"known_speaker_references[]": "data:audio/wav;base64,UklG"}, "known_speaker_references"),
+        (b"wav", {"response_format": "diarized_json"}, "response_format"),
+        (b"wav", {"langauge": "en"}, "langauge"),
         (b"wav", {"language": "xx"}, "language"),
         (b"wav", {"prompt": "<|en|>"}, "prompt"),
     ],
@@ -498,4 +505,114 @@ def test_bad_transcription_requests_answer_400_naming_the_field(
         )
     else:
         response = audio.transcribe(wav() if data == b"wav" else data, model=model, **form)
+    assert_error(response, 400, param=param)
+
+
+def test_hints_for_other_models_are_accepted_and_change_nothing(audio: Audio, clip: Path) -> None:
+    """`keywords`, `languages` and `chunking_strategy: auto` steer OpenAI's newer models; no model here
+    takes them, and the transcript without them is still the right one."""
+    client, model = audio.client(), audio.whisper()
+    with clip.open("rb") as file:
+        plain = client.audio.transcriptions.create(model=model, file=file)
+    with clip.open("rb") as file:
+        hinted = client.audio.transcriptions.create(
+            model=model, file=file, keywords=["tone"], languages=["en", "de"], chunking_strategy="auto"
+        )
+    assert hinted.text == plain.text
+
+
+def test_what_no_model_here_can_do_is_refused_with_the_reason(audio: Audio, clip: Path) -> None:
+    client = audio.client()
+    refusals: list[tuple[dict[str, Any], str, str]] = [
+        ({"include": ["logprobs"]}, "include", "log probabilities"),
+        ({"known_speaker_names": ["agent"]}, "known_speaker_names", "diarization"),
+        (
+            {"chunking_strategy": {"type": "server_vad", "threshold": 0.5}},
+            "chunking_strategy",
+            "voice activity",
+        ),
+    ]
+    for fields, param, reason in refusals:
+        with clip.open("rb") as file, pytest.raises(openai.BadRequestError) as refused:
+            client.audio.transcriptions.create(model=audio.whisper(), file=file, **fields)
+        body = refused.value.body
+        assert isinstance(body, dict) and body["param"] == param and reason in body["message"], body
+
+
+# ---------------------------------------------------------------- translation
+
+
+def test_every_translation_format_carries_whispers_translate_task(audio: Audio, clip: Path) -> None:
+    from transformers import pipeline
+
+    client, model = audio.client(), audio.whisper()
+
+    def translate(fmt: Any) -> Any:
+        with clip.open("rb") as file:
+            return client.audio.translations.create(model=model, file=file, response_format=fmt)
+
+    expected = pipeline("automatic-speech-recognition", model=str(audio.recipes / "t12_speech" / "whisper"))
+    samples = soundfile.read(io.BytesIO(wav()), dtype="float32")[0]
+    generate = {"max_new_tokens": 32, "task": "translate"}
+    text = expected(samples, return_timestamps=True, generate_kwargs=generate)["text"].strip()
+    with clip.open("rb") as file:
+        transcribed = client.audio.transcriptions.create(model=model, file=file)
+    plain = translate("json")
+    assert plain.text == text != transcribed.text
+    assert translate("text") == text + "\n"
+    verbose = translate("verbose_json")
+    assert (verbose.text, verbose.language, verbose.duration) == (text, "english", pytest.approx(1.0))
+    assert verbose.model_extra is not None and verbose.model_extra["task"] == "translate"
+    assert verbose.segments and all(0 <= s.start <= s.end <= 1.0 for s in verbose.segments)
+    cues = [s.text.strip() for s in verbose.segments]
+    assert re.findall(r"\n(.+)\n\n", translate("srt")) == cues
+    assert re.findall(r"\n(.+)\n\n", translate("vtt")) == cues
+
+
+def test_a_translation_takes_prompt_and_temperature_as_a_transcription_does(audio: Audio, clip: Path) -> None:
+    client, model = audio.client(), audio.whisper()
+    with clip.open("rb") as file:
+        plain = client.audio.translations.create(model=model, file=file, temperature=0.0)
+    with clip.open("rb") as file:
+        prompted = client.audio.translations.create(model=model, file=file, prompt="hello there")
+    assert prompted.text != plain.text
+    with clip.open("rb") as file:
+        sampled = client.audio.translations.create(model=model, file=file, temperature=0.7)
+    assert isinstance(sampled.text, str)
+
+
+def test_a_model_that_cannot_translate_is_refused_naming_model(audio: Audio, clip: Path) -> None:
+    with clip.open("rb") as file, pytest.raises(openai.BadRequestError) as refused:
+        audio.client().audio.translations.create(model=audio.ctc(), file=file)
+    body = refused.value.body
+    assert isinstance(body, dict) and (body["param"], body["code"]) == ("model", "endpoint_not_supported")
+    assert "cannot translate" in body["message"]
+    translated = audio.http.post(
+        "/v1/audio/translations",
+        data={"model": audio.tts()},
+        files={"file": ("clip.wav", wav(), "audio/wav")},
+        headers=bearer(audio.key),
+    )
+    assert_error(translated, 400, code="endpoint_not_supported")
+
+
+@pytest.mark.parametrize(
+    ("form", "param"),
+    [
+        ({"language": "en"}, "language"),  # not a translation field: the output is English
+        ({"timestamp_granularities[]": "word"}, "timestamp_granularities[]"),
+        ({"promt": "hi"}, "promt"),
+        ({"response_format": "xml"}, "response_format"),
+        ({"temperature": "2"}, "temperature"),
+    ],
+)
+def test_bad_translation_requests_answer_400_naming_the_field(
+    audio: Audio, form: dict[str, Any], param: str
+) -> None:
+    response = audio.http.post(
+        "/v1/audio/translations",
+        data={"model": audio.whisper(), **form},
+        files={"file": ("clip.wav", wav(), "audio/wav")},
+        headers=bearer(audio.key),
+    )
     assert_error(response, 400, param=param)

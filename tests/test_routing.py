@@ -25,7 +25,7 @@ def test_every_endpoint_of_the_design_table_is_routed() -> None:
         == ("feature-extraction",)
     )
     assert ENDPOINT_TASKS["/v1/images/edits"] == ("image-to-image", "inpainting")
-    assert len(ENDPOINT_TASKS) == 18
+    assert len(ENDPOINT_TASKS) == 20
     assert "text-to-video" in PIPELINE_TASKS and len(PIPELINE_TASKS) == 17
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import update
 
 from modelhost.artifacts.blobstore import LocalBlobStore
 from modelhost.errors import Conflict, NotFound
-from modelhost.jobs.videos import VideoJobs
+from modelhost.jobs.videos import VARIANTS, VideoJobs
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import Account, VideoJob
@@ -93,6 +93,58 @@ def test_content_is_a_conflict_until_completed_and_gone_after_expiry(jobs: Video
     assert jobs.get("acct_a", job_id)["status"] == "completed"  # the job stays visible
 
 
+def test_previews_are_stored_beside_the_video_and_a_job_without_them_answers_404(jobs: VideoJobs) -> None:
+    with_previews, without = new(jobs), new(jobs)
+    jobs.claim("r1")
+    jobs.complete(with_previews, "r1", b"mp4", {"thumbnail": b"webp", "spritesheet": b"jpeg"})
+    jobs.claim("r1")
+    jobs.complete(without, "r1", b"mp4")  # as a job completed before previews were made
+    read = {v: jobs.read(jobs.content_key("acct_a", with_previews, variant=v)) for v in VARIANTS}
+    assert read == {"video": b"mp4", "thumbnail": b"webp", "spritesheet": b"jpeg"}
+    with pytest.raises(NotFound) as missing:
+        jobs.content_key("acct_a", without, variant="thumbnail")
+    assert (missing.value.code, missing.value.param) == ("video_variant_not_found", "variant")
+
+
+def test_a_remix_takes_the_sources_options_and_a_copy_of_its_reference(jobs: VideoJobs) -> None:
+    source = new(jobs, reference=b"png")
+    with pytest.raises(Conflict):
+        jobs.remix_source("acct_a", source)  # not completed yet
+    jobs.claim("r1")
+    jobs.complete(source, "r1", b"mp4")
+    taken = jobs.remix_source("acct_a", source)
+    assert (taken.model, taken.options, taken.reference) == ("t2v", OPTIONS, b"png")
+    remix = jobs.create(
+        "acct_a",
+        "dep_1",
+        taken.model,
+        "a dog",
+        {**taken.options, "remixed_from_video_id": source},
+        taken.reference,
+    )
+    assert (
+        remix["remixed_from_video_id"] == source
+        and jobs.get("acct_a", source)["remixed_from_video_id"] is None
+    )
+    jobs.delete("acct_a", source)  # the remix keeps its own copy of the reference
+    claimed = jobs.claim("r1")
+    assert claimed is not None and claimed.id == remix["id"] and jobs.reference(claimed) == b"png"
+    with pytest.raises(NotFound):
+        jobs.remix_source("acct_a", source)
+
+
+def test_an_expired_video_cannot_be_remixed(jobs: VideoJobs) -> None:
+    job_id = new(jobs)
+    jobs.claim("r1")
+    jobs.complete(job_id, "r1", b"mp4")
+    with jobs._database.transaction() as session:
+        session.execute(update(VideoJob).values(expires_at=utcnow() - timedelta(seconds=1)))
+    jobs.sweep_expired()
+    with pytest.raises(NotFound) as gone:
+        jobs.remix_source("acct_a", job_id)
+    assert gone.value.code == "video_expired"
+
+
 def test_a_stale_job_is_requeued_once_then_failed_as_interrupted(jobs: VideoJobs) -> None:
     job_id = new(jobs)
     jobs.claim("crashed-1")
@@ -130,7 +182,7 @@ def test_deleting_removes_the_job_and_stops_its_runner(jobs: VideoJobs) -> None:
 
 def test_jobs_of_another_account_are_not_found(jobs: VideoJobs) -> None:
     job_id = new(jobs)
-    for call in (jobs.get, jobs.delete, jobs.content_key):
+    for call in (jobs.get, jobs.delete, jobs.content_key, jobs.remix_source):
         with pytest.raises(NotFound):
             call("acct_b", job_id)
 

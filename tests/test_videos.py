@@ -1,5 +1,6 @@
 """Video generation jobs through the `openai` SDK against live servers, on the tiny recipe text-to-video
-models (TextToVideoSD and Wan) pushed through the artifact path; a restart test kills the server mid-job."""
+models (TextToVideoSD and Wan) pushed through the artifact path: create (with every form of input
+reference), remix, the content's three variants; a restart test kills the server mid-job."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 import openai
 import pytest
 
+from modelhost.config import Settings
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.live import live_server
@@ -30,6 +32,8 @@ class Videos:
     key: str
     http: httpx.Client
     deployments: dict[str, str]
+    settings: Settings | None = None
+    account_id: str = ""
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0)
@@ -73,13 +77,14 @@ def videos(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[
     )
     with live_server(settings) as url:
         http = httpx.Client(base_url=url, timeout=120)
-        key = http.post("/v1/admin/accounts", json={"name": "v"}, headers=bearer(ADMIN_KEY)).json()["api_key"]
+        account = http.post("/v1/admin/accounts", json={"name": "v"}, headers=bearer(ADMIN_KEY)).json()
+        key = account["api_key"]
         folder = recipes / "t14_diffusers_text_to_video"
         deployments = {
             "t2v": deploy(http, key, folder / "text_to_video_sd", "t2v"),
             "wan": deploy(http, key, folder / "wan", "wan"),
         }
-        yield Videos(url, key, http, deployments)
+        yield Videos(url, key, http, deployments, settings, account["id"])
         http.close()
 
 
@@ -92,14 +97,42 @@ def frames_of(mp4: bytes) -> tuple[int, int, int, float]:
         return count, stream.width, stream.height, float(stream.average_rate or 0)
 
 
-def png_data_uri() -> str:
+def png_bytes() -> bytes:
     from PIL import Image
 
     buffer = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(
         buffer, "PNG"
     )
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    return buffer.getvalue()
+
+
+def png_data_uri() -> str:
+    return "data:image/png;base64," + base64.b64encode(png_bytes()).decode()
+
+
+def first_frame(mp4: bytes) -> np.ndarray:
+    import av
+
+    with av.open(io.BytesIO(mp4)) as container:
+        frame = next(container.decode(container.streams.video[0]))
+        return np.asarray(frame.to_ndarray(format="rgb24"), dtype=np.float32)
+
+
+def stored_file(videos: Videos, data: bytes) -> str:
+    """A generated file of the account (what an image generation with `response_format: url` keeps),
+    written through the server's own file service, so that no image model needs loading."""
+    from modelhost.artifacts.s3 import blob_store_of
+    from modelhost.services.files import FileService
+    from modelhost.store.db import Database
+
+    assert videos.settings is not None
+    database = Database(videos.settings.database_url)
+    try:
+        files = FileService(database, blob_store_of(videos.settings), b"test", 600)
+        return files.store(videos.account_id, data, "image/png", "png").id
+    finally:
+        database.dispose()
 
 
 def test_the_sdk_creates_a_queued_job_that_completes_as_an_mp4_of_the_requested_frames_and_size(
@@ -142,12 +175,19 @@ def test_the_same_seed_gives_the_same_video(videos: Videos) -> None:
     assert contents[0] == contents[1]
 
 
-def test_content_is_a_409_until_the_job_is_completed_and_the_poll_header_is_set(videos: Videos) -> None:
+def test_content_and_remix_are_409_until_the_job_is_completed_and_the_poll_header_is_set(
+    videos: Videos,
+) -> None:
     job = videos.post(model="t2v", prompt="slow", seconds=1, size="32x32", num_inference_steps=400).json()
     retrieved = videos.http.get(f"/v1/videos/{job['id']}", headers=bearer(videos.key))
     assert retrieved.headers["openai-poll-after-ms"] == "50"
-    early = videos.http.get(f"/v1/videos/{job['id']}/content", headers=bearer(videos.key))
-    assert_error(early, 409, code="video_not_ready")
+    for variant in ("video", "thumbnail", "spritesheet"):
+        early = videos.http.get(
+            f"/v1/videos/{job['id']}/content", params={"variant": variant}, headers=bearer(videos.key)
+        )
+        assert_error(early, 409, code="video_not_ready")
+    with pytest.raises(openai.ConflictError):
+        videos.client().videos.remix(job["id"], prompt="again")
     running = videos.wait(job["id"], until=("in_progress",))
     assert running["status"] == "in_progress"
     videos.http.delete(f"/v1/videos/{job['id']}", headers=bearer(videos.key))
@@ -207,26 +247,122 @@ def test_a_size_or_frame_count_the_model_cannot_make_fails_the_job_with_a_code(v
     assert videos.wait(wan["id"])["status"] == "completed"
 
 
-def test_an_input_reference_guides_generation_where_the_model_can_take_one(videos: Videos) -> None:
-    job = videos.post(
-        model="t2v", prompt="x", seconds=1, size="32x32", input_reference=png_data_uri(), **FAST
-    )
-    assert job.status_code == 200, job.text
-    assert videos.wait(job.json()["id"])["status"] == "completed"
-    reference = io.BytesIO(base64.b64decode(png_data_uri().split(",")[1]))
-    uploaded = videos.client().videos.create(
-        model="t2v",
-        prompt="x",
-        seconds="1",
-        size="32x32",
-        input_reference=("ref.png", reference, "image/png"),
-        extra_body=FAST,
-    )
-    assert videos.wait(uploaded.id)["status"] == "completed"
+def test_every_form_of_input_reference_makes_the_same_video_and_differs_from_none(videos: Videos) -> None:
+    """A data URI as text (JSON), `{"image_url": data URI}` and `{"file_id"}` (as the SDK's form fields
+    `input_reference[...]`) and a file upload all reach the model as the same image: same seed, same
+    video; without a reference the video differs (the image guides generation). The SDK refuses an
+    object in `input_reference=` itself (it wants a file there), so the objects go by `extra_body`."""
+    client = videos.client()
+    options: dict[str, Any] = {"model": "t2v", "prompt": "x", "seconds": "1", "size": "32x32"}
+    as_text = videos.post(**options, input_reference=png_data_uri(), **FAST)
+    assert as_text.status_code == 200, as_text.text
+    file_id = stored_file(videos, png_bytes())
+    made = [
+        as_text.json()["id"],
+        client.videos.create(
+            **options, extra_body={**FAST, "input_reference": {"image_url": png_data_uri()}}
+        ).id,
+        client.videos.create(**options, extra_body={**FAST, "input_reference": {"file_id": file_id}}).id,
+        client.videos.create(
+            **options, input_reference=("ref.png", png_bytes(), "image/png"), extra_body=FAST
+        ).id,
+        client.videos.create(**options, extra_body=FAST).id,
+    ]
+    assert all(videos.wait(video_id)["status"] == "completed" for video_id in made)
+    contents = [client.videos.download_content(video_id).read() for video_id in made]
+    assert contents[0] == contents[1] == contents[2] == contents[3] != contents[4]
+
+
+def test_a_model_that_takes_no_reference_fails_the_job_with_a_code(videos: Videos) -> None:
     wan = videos.post(
         model="wan", prompt="x", seconds=1.125, size="32x32", input_reference=png_data_uri(), **FAST
     )
     assert videos.wait(wan.json()["id"])["error"]["code"] == "input_reference_unsupported"
+
+
+def test_an_unknown_file_id_is_a_400_naming_input_reference(videos: Videos) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        videos.client().videos.create(
+            model="t2v",
+            prompt="x",
+            seconds="1",
+            size="32x32",
+            extra_body={"input_reference": {"file_id": "file_nope"}},
+        )
+    error = raised.value.body
+    assert (
+        isinstance(error, dict) and error["param"] == "input_reference" and error["code"] == "file_not_found"
+    )
+
+
+def test_a_remix_is_a_new_job_with_the_new_prompt_and_the_sources_other_options(videos: Videos) -> None:
+    """Same prompt: the remix carries every option and the reference, so it is the same video, byte for
+    byte; a new prompt makes another."""
+    client = videos.client()
+    source = client.videos.create_and_poll(
+        model="t2v",
+        prompt="a cat",
+        seconds="1",
+        size="48x32",
+        extra_body={**FAST, "fps": 4, "input_reference": {"image_url": png_data_uri()}},
+    )
+    remix = client.videos.remix(source.id, prompt="a dog")
+    assert (remix.status, remix.prompt, remix.remixed_from_video_id) == ("queued", "a dog", source.id)
+    assert (remix.model, remix.seconds, remix.size) == (source.model, source.seconds, source.size)
+    same = client.videos.remix(source.id, prompt="a cat")
+    assert client.videos.retrieve(same.id).remixed_from_video_id == source.id
+    assert source.remixed_from_video_id is None
+    contents = [
+        client.videos.download_content(video_id).read()
+        for video_id in (source.id, videos.wait(remix.id)["id"], videos.wait(same.id)["id"])
+    ]
+    assert contents[0] == contents[2] != contents[1]
+    assert frames_of(contents[1]) == (4, 48, 32, 4.0)
+
+
+def test_a_remix_of_an_unknown_video_is_404_and_takes_only_a_prompt(videos: Videos) -> None:
+    with pytest.raises(openai.NotFoundError):
+        videos.client().videos.remix("video_unknown", prompt="x")
+    done = videos.post(model="t2v", prompt="x", seconds=1, size="32x32", **FAST).json()
+    videos.wait(done["id"])
+    remix = f"/v1/videos/{done['id']}/remix"
+    assert_error(
+        videos.http.post(remix, json={"prompt": "y", "seconds": 2}, headers=bearer(videos.key)),
+        400,
+        param="seconds",
+    )
+    assert_error(
+        videos.http.post(remix, json={"prompt": ""}, headers=bearer(videos.key)), 400, param="prompt"
+    )
+
+
+def test_the_thumbnail_is_the_first_frame_and_the_spritesheet_a_grid_of_frames(videos: Videos) -> None:
+    from PIL import Image
+
+    client = videos.client()
+    job = client.videos.create_and_poll(
+        model="t2v", prompt="a cat", seconds="1", size="48x32", extra_body=FAST
+    )
+    mp4 = client.videos.download_content(job.id, variant="video")
+    assert mp4.response.headers["content-type"] == "video/mp4" and frames_of(mp4.read())[:3] == (8, 48, 32)
+    thumbnail = client.videos.download_content(job.id, variant="thumbnail")
+    assert thumbnail.response.headers["content-type"] == "image/webp"
+    image = Image.open(io.BytesIO(thumbnail.read()))
+    assert (image.format, image.size) == ("WEBP", (48, 32))
+    pixels = np.asarray(image.convert("RGB"), dtype=np.float32)
+    assert np.abs(pixels - first_frame(mp4.read())).mean() < 12  # both lossy, of the same frame
+    sheet = client.videos.download_content(job.id, variant="spritesheet")
+    assert sheet.response.headers["content-type"] == "image/jpeg"
+    grid = Image.open(io.BytesIO(sheet.read()))
+    assert (grid.format, grid.size) == ("JPEG", (4 * 48, 2 * 32))  # 8 frames, 4 to a row, at full size
+    tile = np.asarray(grid.convert("RGB"), dtype=np.float32)[:32, :48]
+    assert np.abs(tile - pixels).mean() < 12  # the first tile is the first frame
+
+
+def test_an_unknown_variant_is_a_400_naming_variant(videos: Videos) -> None:
+    with pytest.raises(openai.BadRequestError) as raised:
+        videos.client().videos.download_content("video_any", variant="poster")  # type: ignore[arg-type]
+    assert isinstance(raised.value.body, dict) and raised.value.body["param"] == "variant"
 
 
 @pytest.mark.parametrize(
@@ -242,6 +378,10 @@ def test_an_input_reference_guides_generation_where_the_model_can_take_one(video
         ({"input_reference": "not base64!"}, "input_reference"),
         ({"input_reference": "/etc/passwd"}, "input_reference"),
         ({"prompt": ""}, "prompt"),
+        ({"input_reference": {"image_url": "data:,x", "file_id": "file_1"}}, "input_reference"),
+        ({"input_reference": {"url": "http://example.com/cat.png"}}, "input_reference"),
+        ({"input_reference": {"image_url": "http://10.0.0.1/cat.png"}}, "input_reference"),
+        ({"promtp": "x"}, "promtp"),
     ],
 )
 def test_bad_inputs_are_400_naming_the_field(videos: Videos, fields: dict[str, Any], param: str) -> None:

@@ -33,6 +33,7 @@ ENDPOINT_TASKS: dict[str, tuple[Pipeline, ...]] = {
     "/v1/images/edits": ("image-to-image", "inpainting"),
     "/v1/audio/speech": ("text-to-speech",),
     "/v1/audio/transcriptions": ("automatic-speech-recognition",),
+    "/v1/audio/translations": ("automatic-speech-recognition",),
     "/v1/videos": ("text-to-video",),
 }
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from modelhost.clock import heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
-from modelhost.jobs.videos import Claimed, VideoJobs
+from modelhost.jobs.videos import PREVIEWS, Claimed, VideoJobs
 from modelhost.runtime.interface import Runtime
 
 log = logging.getLogger("modelhost.jobs")
@@ -134,7 +134,8 @@ class VideoRunner:
         async with contextlib.aclosing(self.runtime.stream(job.deployment_id, item)) as events:
             async for event in events:
                 if "video" in event:
-                    await asyncio.to_thread(self.jobs.complete, job.id, self.name, event["video"])
+                    previews = {name: event[name] for name in PREVIEWS if name in event}
+                    await asyncio.to_thread(self.jobs.complete, job.id, self.name, event["video"], previews)
                     return
                 progress = event.get("progress")
                 if progress is not None and progress != last_progress:

@@ -8,10 +8,14 @@ A claim is `UPDATE ... SET status='in_progress' WHERE id=? AND status='queued'`:
 one database, exactly one wins each job. A running job's heartbeat (`updated_at`) shows it is alive;
 one that stops beating (its gateway crashed or was killed) is re-queued once, then failed. Deleting a
 job removes its row; the gateway running it notices at its next update and stops the generation.
+
+A completed job's files sit under `videos/<id>/`: the MP4 and its previews (VARIANTS), and the input
+reference, if any. A remix is a new job with the source's options and a copy of its reference.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -27,6 +31,9 @@ from modelhost.store.types import new_id, unix_seconds, utcnow
 
 MAX_ATTEMPTS = 2  # the first run and one re-run after an interruption
 INTERRUPTED = "The generation was interrupted twice (its server stopped); it is not retried again."
+# What `GET /v1/videos/{id}/content?variant=` serves: the file each variant is stored as.
+VARIANTS = {"video": "video.mp4", "thumbnail": "thumbnail.webp", "spritesheet": "spritesheet.jpg"}
+PREVIEWS = ("thumbnail", "spritesheet")  # made beside the MP4 by the worker
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,15 @@ class Claimed:
     deployment_id: str
     prompt: str
     options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RemixSource:
+    """What a remix takes from the video it remixes: its model, options and input reference."""
+
+    model: str
+    options: dict[str, Any]
+    reference: bytes | None
 
 
 class VideoJobs:
@@ -97,21 +113,45 @@ class VideoJobs:
             session.delete(job)
         self._blobs.delete_prefix(f"videos/{job_id}")
 
-    def content_key(self, account_id: str, job_id: str, deployments: set[str] | None = None) -> str:
+    def content_key(
+        self, account_id: str, job_id: str, deployments: set[str] | None = None, variant: str = "video"
+    ) -> str:
+        """The blob key of a completed, unexpired job's `variant` (VARIANTS)."""
         with self._database.transaction() as session:
-            job = self._owned(session, account_id, job_id, deployments)
-            if job.status != "completed":
-                raise Conflict(
-                    f"The video is {job.status}; its content exists once it is completed.",
-                    code="video_not_ready",
-                )
-            if job.content_key is None:
-                raise NotFound("The video's content has expired.", code="video_expired")
-            return job.content_key
+            self._completed(self._owned(session, account_id, job_id, deployments), "its content exists")
+        key = f"videos/{job_id}/{VARIANTS[variant]}"
+        if variant != "video" and not self._blobs.exists(key):
+            raise NotFound(
+                f"This video has no {variant}: it was made before previews were produced.",
+                code="video_variant_not_found",
+                param="variant",
+            )
+        return key
+
+    def remix_source(self, account_id: str, job_id: str, deployments: set[str] | None = None) -> RemixSource:
+        """A completed, unexpired job's model, options and reference, for a remix of it."""
+        with self._database.transaction() as session:
+            job = self._completed(self._owned(session, account_id, job_id, deployments), "it can be remixed")
+            model, options = job.model, dict(job.options)
+        key = options.pop("reference_key", None)
+        options.pop("remixed_from_video_id", None)
+        return RemixSource(model, options, self.read(str(key)) if key else None)
+
+    @staticmethod
+    def _completed(job: VideoJob, then: str) -> VideoJob:
+        """The job, if completed (else 409 `video_not_ready`) and not expired (else 404 `video_expired`)."""
+        if job.status != "completed":
+            raise Conflict(f"The video is {job.status}; {then} once it is completed.", code="video_not_ready")
+        if job.content_key is None:
+            raise NotFound("The video's content has expired.", code="video_expired")
+        return job
 
     def read(self, key: str) -> bytes:
-        with self._blobs.open(key) as handle:
-            return handle.read()
+        try:
+            with self._blobs.open(key) as handle:
+                return handle.read()
+        except FileNotFoundError:  # the job was deleted (or swept) since its key was read
+            raise NotFound("Video not found", code="video_not_found") from None
 
     def _owned(self, session: Any, account_id: str, job_id: str, deployments: set[str] | None) -> VideoJob:
         job = session.get(VideoJob, job_id)
@@ -163,11 +203,16 @@ class VideoJobs:
             values["progress"] = progress
         return self._guarded(job_id, runner, values)
 
-    def complete(self, job_id: str, runner: str, video: bytes) -> bool:
-        key = f"videos/{job_id}/video.mp4"
-        writer = self._blobs.writer(key)
-        writer.write(video)
-        writer.commit()
+    def complete(
+        self, job_id: str, runner: str, video: bytes, previews: Mapping[str, bytes] | None = None
+    ) -> bool:
+        """Store the MP4 and its previews (by variant name), then mark the job completed."""
+        files = {"video": video, **(previews or {})}
+        for variant, data in files.items():
+            writer = self._blobs.writer(f"videos/{job_id}/{VARIANTS[variant]}")
+            writer.write(data)
+            writer.commit()
+        key = f"videos/{job_id}/{VARIANTS['video']}"
         now = utcnow()
         done = self._guarded(
             job_id, runner, {"status": "completed", "progress": 100, "content_key": key, "completed_at": now,
@@ -254,5 +299,5 @@ def view(job: VideoJob) -> dict[str, Any]:
         "status": job.status,
         "progress": job.progress,
         "error": error,
-        "remixed_from_video_id": None,
+        "remixed_from_video_id": options.get("remixed_from_video_id"),
     }

@@ -1,5 +1,6 @@
 """The one place generated media is encoded: images (PNG, JPEG, WebP), audio (MP3, Opus, AAC, FLAC,
-WAV, PCM) and video (MP4, H.264), in-process with Pillow and PyAV (no `ffmpeg` program needed).
+WAV, PCM), video (MP4, H.264) and a video's previews (a WebP thumbnail, a JPEG spritesheet), in-process
+with Pillow and PyAV (no `ffmpeg` program needed).
 
 Used inside worker processes, next to the model that produced the pixels or samples.
 """
@@ -26,6 +27,11 @@ AUDIO_FORMATS = {
     "pcm": ("", "", "audio/pcm"),
 }
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+# A video's spritesheet: up to SPRITE_FRAMES frames spread over the video (first and last included),
+# SPRITE_COLUMNS to a row, each scaled so that its longer side is at most SPRITE_TILE pixels.
+SPRITE_FRAMES = 16
+SPRITE_COLUMNS = 4
+SPRITE_TILE = 160
 
 
 def encode_image(image: Any, fmt: str, quality: int = 90) -> bytes:
@@ -80,3 +86,28 @@ def encode_mp4(frames: np.ndarray, fps: int) -> bytes:
         for packet in stream.encode(None):
             container.mux(packet)
     return buffer.getvalue()
+
+
+def encode_thumbnail(frames: np.ndarray) -> bytes:
+    """The first frame of `[count, height, width, 3]` uint8 RGB frames as a WebP of the video's size:
+    the frame a player shows before playing, so the thumbnail matches what the viewer sees first."""
+    from PIL import Image
+
+    return encode_image(Image.fromarray(frames[0]), "webp")
+
+
+def encode_spritesheet(frames: np.ndarray) -> bytes:
+    """A JPEG grid of frames spread evenly over the video, in order, row by row (see SPRITE_*)."""
+    from PIL import Image
+
+    count, height, width, _ = frames.shape
+    picked = np.unique(np.linspace(0, count - 1, min(count, SPRITE_FRAMES)).round().astype(int))
+    scale = min(1.0, SPRITE_TILE / max(width, height))
+    tile = (max(1, round(width * scale)), max(1, round(height * scale)))
+    columns = min(len(picked), SPRITE_COLUMNS)
+    rows = -(-len(picked) // columns)
+    sheet = Image.new("RGB", (tile[0] * columns, tile[1] * rows))
+    for place, index in enumerate(picked):
+        image = Image.fromarray(frames[index]).resize(tile, Image.Resampling.LANCZOS)
+        sheet.paste(image, ((place % columns) * tile[0], (place // columns) * tile[1]))
+    return encode_image(sheet, "jpeg")

@@ -1,11 +1,21 @@
-"""OpenAI-compatible audio: `POST /v1/audio/speech` (JSON in, audio bytes out) and
-`POST /v1/audio/transcriptions` (a multipart form in, JSON or text out). See docs/audio.md."""
+"""OpenAI-compatible audio: `POST /v1/audio/speech` (JSON in, audio bytes out),
+`POST /v1/audio/transcriptions` and `POST /v1/audio/translations` (a multipart form in, JSON or text
+out). See docs/audio.md."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from modelhost.protocol.common import StrictModel
 
@@ -75,8 +85,31 @@ def _segment_only() -> list[Granularity]:
     return ["segment"]
 
 
-class TranscriptionOptions(BaseModel):
-    """The form fields of a transcription request besides the file (the route adds `file`).
+# Transcription fields of OpenAI's newer models that no model served here can honour, and why; any
+# value but the empty list is refused (docs/openai-compat.md).
+REFUSED_TRANSCRIPTION_FIELDS = {
+    "include": "log probabilities are not computed here",
+    "known_speaker_names": "speaker diarization is not supported: no model served here tells speakers apart",
+    "known_speaker_references": "speaker diarization is not supported: no model served here tells "
+    "speakers apart",
+}
+NO_VAD = (
+    "only `auto`: long audio is cut by the model's own window, there is no voice activity detection "
+    "whose settings could be honoured"
+)
+
+
+def _auto_chunking(value: object) -> object:
+    """`chunking_strategy` is `auto` or nothing; `server_vad` (the SDK's `chunking_strategy[type]`
+    fields, or an object) is refused with the reason."""
+    if value is None or value == "auto":
+        return value
+    raise PydanticCustomError("unsupported", NO_VAD)
+
+
+class SpeechToTextOptions(BaseModel):
+    """The form fields that transcriptions and translations share, besides the file (the route adds
+    `file`).
 
     Form values arrive as text, so this model converts (`"0.2"` → 0.2) where request bodies are
     strict; unknown fields are still refused. Errors name the field without the `[]` the OpenAI SDK
@@ -86,18 +119,27 @@ class TranscriptionOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", loc_by_alias=False, populate_by_name=True)
 
     model: str = Field(description="Your automatic-speech-recognition deployment's model ID.")
-    language: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=32,
-        description="ISO-639-1 code (`en`). Whisper transcribes in it; other models ignore it.",
-    )
     prompt: str | None = Field(
         default=None, max_length=4096, description="Text preceding the audio (Whisper only)."
     )
     response_format: TranscriptionFormat = Field(default="json")
     temperature: float = Field(
         default=0.0, ge=0.0, le=1.0, description="0 = greedy decoding; above 0 Whisper samples."
+    )
+
+
+class TranslationOptions(SpeechToTextOptions):
+    """`POST /v1/audio/translations`: speech in any language Whisper knows to English text."""
+
+
+class TranscriptionOptions(SpeechToTextOptions):
+    """`POST /v1/audio/transcriptions`: the shared fields, and those of transcription only."""
+
+    language: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description="ISO-639-1 code (`en`). Whisper transcribes in it; other models ignore it.",
     )
     timestamp_granularities: list[Granularity] = Field(
         default_factory=_segment_only,
@@ -106,6 +148,51 @@ class TranscriptionOptions(BaseModel):
         description="With `verbose_json` only. `word` needs a model that can align words (docs/audio.md).",
     )
     stream: bool = Field(default=False, description="Only false: the transcript comes as one answer.")
+    chunking_strategy: Annotated[Literal["auto"] | None, BeforeValidator(_auto_chunking)] = Field(
+        default=None, description="Only `auto` (what happens anyway): the model's window cuts long audio."
+    )
+    keywords: list[Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=list,
+        alias="keywords[]",
+        max_length=100,
+        description="Accepted for OpenAI compatibility; no effect (a hint that no model served here takes).",
+    )
+    languages: list[Annotated[str, Field(min_length=1, max_length=32)]] = Field(
+        default_factory=list,
+        alias="languages[]",
+        max_length=100,
+        description="Accepted for OpenAI compatibility; no effect (a hint; use `language` to fix one).",
+    )
+    include: list[str] = Field(
+        default_factory=list, alias="include[]", description="Refused: log probabilities are not computed."
+    )
+    known_speaker_names: list[str] = Field(
+        default_factory=list, alias="known_speaker_names[]", description="Refused: no speaker diarization."
+    )
+    known_speaker_references: list[str] = Field(
+        default_factory=list,
+        alias="known_speaker_references[]",
+        description="Refused: no speaker diarization.",
+    )
+
+    @field_validator("include", "known_speaker_names", "known_speaker_references")
+    @classmethod
+    def _refused(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        if value:
+            raise PydanticCustomError("unsupported", REFUSED_TRANSCRIPTION_FIELDS[str(info.field_name)])
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _form_chunking(cls, data: Any) -> Any:
+        """The SDK sends a `server_vad` object as `chunking_strategy[type]`... form fields: folded back
+        into `chunking_strategy`, so that it is refused naming that field."""
+        if not isinstance(data, dict):
+            return data
+        nested = {k: v for k, v in data.items() if isinstance(k, str) and k.startswith("chunking_strategy[")}
+        if not nested or "chunking_strategy" in data:
+            return data
+        return {**{k: v for k, v in data.items() if k not in nested}, "chunking_strategy": nested}
 
 
 class TranscriptionWord(BaseModel):
@@ -143,3 +230,10 @@ class VerboseTranscription(Transcription):
     duration: float
     segments: list[TranscriptionSegment] | None = None
     words: list[TranscriptionWord] | None = None
+
+
+class VerboseTranslation(Transcription):
+    task: Literal["translate"] = "translate"
+    language: Literal["english"] = Field(default="english", description="The output's: always English.")
+    duration: float
+    segments: list[TranscriptionSegment] | None = None

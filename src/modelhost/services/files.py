@@ -88,6 +88,17 @@ class FileService:
         with self._blobs.open(key) as handle:
             return handle.read(), content_type
 
+    def read_owned(self, account_id: str, file_id: str) -> tuple[bytes, str]:
+        """An unexpired file of the account by its ID alone (an API call, where the key is the proof;
+        e.g. a video's `input_reference: {file_id}`)."""
+        with self._database.transaction() as session:
+            row = session.get(GeneratedFile, file_id)
+            if row is None or row.account_id != account_id or utcnow() > row.expires_at:
+                raise NotFound("File not found (or it has expired).", code="file_not_found")
+            key, content_type = row.blob_key, row.content_type
+        with self._blobs.open(key) as handle:
+            return handle.read(), content_type
+
     def sweep(self) -> int:
         """Delete expired files; how many."""
         with self._database.transaction() as session:

@@ -1,4 +1,5 @@
-"""Text to speech and speech recognition (OpenAI's `/v1/audio/speech` and `/v1/audio/transcriptions`).
+"""Text to speech and speech recognition (OpenAI's `/v1/audio/speech`, `/v1/audio/transcriptions` and
+`/v1/audio/translations`: a translation is Whisper's `translate` task, on the transcription path).
 
 Both run transformers' own pipelines (`text-to-audio`, `automatic-speech-recognition`): they hold each
 model family's pre- and post-processing (VITS tokenizers, Whisper's timestamp tokens and windows, CTC
@@ -122,6 +123,7 @@ class Recognizer:
     timestamps: bool  # the model gives segment times (Whisper with timestamp tokens, CTC)
     words: bool  # ... and word times (CTC; Whisper with `alignment_heads`)
     languages: frozenset[str]  # Whisper's language codes; empty: `language` is ignored
+    translates: bool = False  # a multilingual Whisper with the `translate` task token
 
 
 class SpeechRecognition:
@@ -136,7 +138,10 @@ class SpeechRecognition:
                 codes = {"en"}
             aligned = timestamps and getattr(config, "alignment_heads", None) is not None
             window = float(pipe.feature_extractor.chunk_length)
-            return Recognizer(pipe, "whisper", rate, window, timestamps, aligned, frozenset(codes))
+            translates = len(codes) > 1 and "translate" in (getattr(config, "task_to_id", None) or {})
+            return Recognizer(
+                pipe, "whisper", rate, window, timestamps, aligned, frozenset(codes), translates
+            )
         if pipe.type in ("ctc", "ctc_with_lm"):
             return Recognizer(pipe, "ctc", rate, CTC_WINDOW_SECONDS, True, True, frozenset())
         return Recognizer(pipe, "seq2seq", rate, None, False, False, frozenset())
@@ -150,6 +155,14 @@ class SpeechRecognition:
         return [self._transcribe(model, item) for item in batch]
 
     def _transcribe(self, model: Recognizer, item: dict[str, Any]) -> dict[str, Any]:
+        if item.get("task") == "translate" and not model.translates:
+            name = type(model.pipe.model).__name__
+            return item_error(
+                f"This model ({name}) cannot translate: only multilingual Whisper models (with the "
+                "`translate` task) can; use /v1/audio/transcriptions.",
+                "model",
+                "endpoint_not_supported",
+            )
         if item["words"] and not model.words:
             return item_error(
                 "This model cannot give word timestamps (a Whisper model needs `alignment_heads` in its "
@@ -195,8 +208,8 @@ def _options(model: Recognizer, item: dict[str, Any]) -> dict[str, Any]:
     prompt_ids = _prompt_ids(model.pipe.tokenizer, config, prompt, limit) if prompt else None
     # OpenAI's Whisper decodes at most half its context; with a prompt, what the context has left.
     generate: dict[str, Any] = {"max_new_tokens": min(limit // 2, limit - 4 - len(prompt_ids or []))}
-    if len(model.languages) > 1:  # multilingual: transcribe (never translate), in `language` if given
-        generate["task"] = "transcribe"
+    if len(model.languages) > 1:  # multilingual: the asked task, in `language` if given
+        generate["task"] = item.get("task", "transcribe")
         if language is not None:
             generate["language"] = language
     if prompt_ids is not None:

@@ -3,7 +3,8 @@
 A job takes many seconds to minutes, so this is a streaming handler: the diffusers pipeline runs in a
 thread of the worker, its per-step callback reports progress (and stops the run when the job is
 cancelled), and the worker's loop sends the events back as they come. The finished frames are encoded
-to MP4 here, next to the model, and the file travels back in the last event.
+here, next to the model, to the MP4 and its two previews (a WebP thumbnail, a JPEG spritesheet); the
+three files travel back in the last event.
 
 With an `input_reference`, a TextToVideoSD model generates video-to-video from it (the reference's
 frames, an image being a still video); models that cannot take a reference fail the job with
@@ -24,7 +25,7 @@ import numpy as np
 
 from modelhost.errors import InvalidRequest
 from modelhost.generation.engine import Event
-from modelhost.media.encode import encode_mp4
+from modelhost.media.encode import encode_mp4, encode_spritesheet, encode_thumbnail
 from modelhost.runtime import loader
 
 
@@ -97,8 +98,14 @@ class TextToVideo:
         try:
             frames = _generate(state, job)
             state.events.put((job.id, {"progress": 99}))
-            video = encode_mp4(frames, int(job.request["fps"]))
-            state.events.put((job.id, {"finish": "stop", "video": video, "frames": int(frames.shape[0])}))
+            finished = {
+                "finish": "stop",
+                "video": encode_mp4(frames, int(job.request["fps"])),
+                "thumbnail": encode_thumbnail(frames),
+                "spritesheet": encode_spritesheet(frames),
+                "frames": int(frames.shape[0]),
+            }
+            state.events.put((job.id, finished))
         except _Cancelled:
             pass
         except Exception as exc:

@@ -1,15 +1,18 @@
-"""`POST /v1/audio/speech` and `POST /v1/audio/transcriptions` (OpenAI-compatible, api.md §4.16).
+"""`POST /v1/audio/speech`, `POST /v1/audio/transcriptions` and `POST /v1/audio/translations`
+(OpenAI-compatible, api.md §4.16).
 
-Speech answers the audio file itself. Transcription takes OpenAI's multipart form; the worker answers
-text, segments and words with times, and this module shapes them into the asked `response_format`
-(JSON, plain text, SubRip, WebVTT). Details and decisions: docs/audio.md.
+Speech answers the audio file itself. Transcription and translation take OpenAI's multipart form and
+are one code path (a translation is Whisper's `translate` task): the worker answers text, segments and
+words with times, and this module shapes them into the asked `response_format` (JSON, plain text,
+SubRip, WebVTT). Details and decisions: docs/audio.md.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Form, Request, Response, UploadFile
@@ -17,14 +20,18 @@ from pydantic import Field
 
 from modelhost.api.deps import CallerPrincipal, deployment_for, get_services, run_inference
 from modelhost.api.errors import error_responses
+from modelhost.auth.principal import Principal
 from modelhost.errors import InvalidMedia, InvalidRequest
 from modelhost.protocol.audio import (
     SAMPLE_RATE_HEADER,
     SPEECH_CONTENT_TYPES,
     SpeechRequest,
+    SpeechToTextOptions,
     Transcription,
     TranscriptionOptions,
+    TranslationOptions,
     VerboseTranscription,
+    VerboseTranslation,
     VoiceRef,
 )
 
@@ -56,12 +63,25 @@ VERBOSE_EXAMPLE = {
 }
 
 
+Task = Literal["transcribe", "translate"]
+FILE_DESCRIPTION = "The audio: WAV, MP3, FLAC, OGG, WebM, M4A, MP4... (read by its content, not its name)."
+TEXT_RESPONSES: dict[str, Any] = {
+    "text/plain": {"schema": {"type": "string"}, "example": "Hello world.\n"},
+    "text/vtt": {
+        "schema": {"type": "string"},
+        "example": "WEBVTT\n\n00:00:00.000 --> 00:00:02.500\nHello world.\n",
+    },
+}
+
+
 class TranscriptionForm(TranscriptionOptions):
     """The whole form: the options and the file (a FastAPI type, hence declared here, not in protocol)."""
 
-    file: UploadFile = Field(
-        description="The audio: WAV, MP3, FLAC, OGG, WebM, M4A, MP4... (read by its content, not its name)."
-    )
+    file: UploadFile = Field(description=FILE_DESCRIPTION)
+
+
+class TranslationForm(TranslationOptions):
+    file: UploadFile = Field(description=FILE_DESCRIPTION)
 
 
 @router.post(
@@ -98,14 +118,7 @@ async def create_speech(body: SpeechRequest, request: Request, principal: Caller
     responses={
         200: {
             "description": "`json`, `verbose_json`: JSON; `text`, `srt`: text/plain; `vtt`: text/vtt.",
-            "content": {
-                "application/json": {"example": VERBOSE_EXAMPLE},
-                "text/plain": {"schema": {"type": "string"}, "example": "Hello world.\n"},
-                "text/vtt": {
-                    "schema": {"type": "string"},
-                    "example": "WEBVTT\n\n00:00:00.000 --> 00:00:02.500\nHello world.\n",
-                },
-            },
+            "content": {"application/json": {"example": VERBOSE_EXAMPLE}, **TEXT_RESPONSES},
         }
     },
 )
@@ -122,6 +135,40 @@ async def create_transcription(
         raise InvalidRequest(
             "`timestamp_granularities` needs `response_format` verbose_json.", param="timestamp_granularities"
         )
+    words = "word" in form.timestamp_granularities
+    output = await _recognize(request, principal, form, "transcribe", form.language, words)
+    return _shape(form, output, form.timestamp_granularities)
+
+
+@router.post(
+    "/v1/audio/translations",
+    summary="Speech in another language to English text (OpenAI-compatible; Whisper models)",
+    response_model=Transcription | VerboseTranslation,
+    responses={
+        200: {
+            "description": "`json`, `verbose_json`: JSON; `text`, `srt`: text/plain; `vtt`: text/vtt.",
+            "content": {"application/json": {}, **TEXT_RESPONSES},
+        }
+    },
+)
+async def create_translation(
+    form: Annotated[TranslationForm, Form(media_type="multipart/form-data")],
+    request: Request,
+    principal: CallerPrincipal,
+) -> Response:
+    output = await _recognize(request, principal, form, "translate", None, False)
+    return _shape(form, output, ["segment"], task="translate")
+
+
+async def _recognize(
+    request: Request,
+    principal: Principal,
+    form: TranscriptionForm | TranslationForm,
+    task: Task,
+    language: str | None,
+    words: bool,
+) -> dict[str, Any]:
+    """Run the speech recognition deployment on the form's file: text, duration, segments, words."""
     deployment = await deployment_for(request, principal, form.model)
     settings = get_services(request).settings
     data = await form.file.read(settings.media_max_bytes + 1)
@@ -130,16 +177,21 @@ async def create_transcription(
     item = {
         "file": data,
         "limits": {"max_seconds": settings.media_max_seconds},
-        "language": form.language,
+        "task": task,
+        "language": language,
         "prompt": form.prompt,
         "temperature": form.temperature,
-        "words": "word" in form.timestamp_granularities,
+        "words": words,
     }
-    output = await run_inference(request, deployment.id, item)
-    return _shape(form, output)
+    return await run_inference(request, deployment.id, item)
 
 
-def _shape(form: TranscriptionForm, output: dict[str, Any]) -> Response:
+def _shape(
+    form: SpeechToTextOptions,
+    output: dict[str, Any],
+    granularities: Sequence[str],
+    task: Task = "transcribe",
+) -> Response:
     segments = _segments(output["segments"], form.temperature)
     fmt = form.response_format
     if fmt == "text":
@@ -153,10 +205,10 @@ def _shape(form: TranscriptionForm, output: dict[str, Any]) -> Response:
         "usage": {"type": "duration", "seconds": math.ceil(output["duration"])},
     }
     if fmt == "verbose_json":
-        granularities = form.timestamp_granularities
         body = {
-            "task": "transcribe",
-            "language": output["language"],
+            "task": task,
+            # A translation's language is its output's (OpenAI: always english).
+            "language": "english" if task == "translate" else output["language"],
             "duration": output["duration"],
             **body,
             **({"segments": segments} if "segment" in granularities else {}),

@@ -1,14 +1,16 @@
-"""Video generation jobs (api.md §4.2, §2.2, §3.1): create, retrieve, list, delete, download content.
+"""Video generation jobs (api.md §4.2, §2.2, §3.1): create, remix, retrieve, list, delete, download
+content (the MP4, its thumbnail or spritesheet).
 
 Creating a job only records it (status `queued`); a gateway's `VideoRunner` claims and runs it. The
-`input_reference` is read (fetched, decoded from base64, or read below the media root) when the job is
-created, so a bad reference is a 400 at once rather than a failed job later.
+`input_reference` is read (fetched, decoded from base64, read below the media root, or a file of the
+account by `file_id`) when the job is created, so a bad reference is a 400 at once rather than a failed
+job later. A remix is a new job with the source's options and reference and a new prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Literal
+from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
@@ -18,12 +20,21 @@ from modelhost.api.deps import CallerPrincipal, account_id_of, deployment_for, g
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, Limit, Order, list_body
 from modelhost.auth.principal import Principal, PrincipalKind
-from modelhost.errors import InvalidRequest
+from modelhost.errors import InvalidRequest, NotFound
 from modelhost.media.sources import load_media
-from modelhost.protocol.videos import ImageReference, Video, VideoCreateRequest, VideoDeleted, VideoList
+from modelhost.protocol.videos import (
+    ImageReference,
+    Video,
+    VideoCreateRequest,
+    VideoDeleted,
+    VideoList,
+    VideoRemixRequest,
+    VideoVariant,
+)
 
 router = APIRouter(tags=["videos"], responses=error_responses(400, 401, 402, 404), route_class=MediaBodyRoute)
 MAX_FRAMES = 1024
+CONTENT_TYPES = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "image/jpeg"}
 VIDEO_EXAMPLE = {
     "id": "video_5d1e8c0f4a2b",
     "object": "video",
@@ -65,13 +76,7 @@ async def create_video(body: VideoCreateRequest, request: Request, principal: Ca
     if frames > MAX_FRAMES:
         raise InvalidRequest(f"seconds × fps gives {frames} frames; at most {MAX_FRAMES}.", param="seconds")
     services = get_services(request)
-    reference = None
-    if body.input_reference is not None:
-        value = body.input_reference
-        text = value.image_url if isinstance(value, ImageReference) else value
-        reference = await load_media(
-            text, services.media, param="input_reference", timeout=None, allow_paths=True
-        )
+    reference = await _reference(request, principal, body.input_reference)
     options = {
         "seconds": float(body.seconds),
         "size": body.size,
@@ -88,6 +93,56 @@ async def create_video(body: VideoCreateRequest, request: Request, principal: Ca
         body.prompt,
         options,
         reference,
+    )
+    return _json(job)
+
+
+async def _reference(
+    request: Request, principal: Principal, value: str | ImageReference | None
+) -> bytes | None:
+    """The reference's bytes: a file of the account by `file_id`, else what `load_media` reads."""
+    if value is None:
+        return None
+    services = get_services(request)
+    if isinstance(value, ImageReference) and value.file_id is not None:
+        try:
+            data, _ = await asyncio.to_thread(
+                services.files.read_owned, account_id_of(principal), value.file_id
+            )
+        except NotFound:
+            raise InvalidRequest(
+                f"input_reference: no file {value.file_id!r} of this account (unknown or expired).",
+                param="input_reference",
+                code="file_not_found",
+            ) from None
+        return data
+    text = value.image_url if isinstance(value, ImageReference) else value
+    assert text is not None
+    return await load_media(text, services.media, param="input_reference", timeout=None, allow_paths=True)
+
+
+@router.post(
+    "/v1/videos/{video_id}/remix",
+    summary="Remix a completed video: a new job with a new prompt and the source's other options",
+    response_model=Video,
+    responses={**error_responses(409), 200: {"content": {"application/json": {"example": VIDEO_EXAMPLE}}}},
+)
+async def remix_video(
+    video_id: str, body: VideoRemixRequest, request: Request, principal: CallerPrincipal
+) -> Response:
+    services = get_services(request)
+    account_id = account_id_of(principal)
+    source = await asyncio.to_thread(services.videos.remix_source, account_id, video_id, _scope(principal))
+    deployment = await deployment_for(request, principal, source.model, "/v1/videos")
+    options: dict[str, Any] = {**source.options, "remixed_from_video_id": video_id}
+    job = await asyncio.to_thread(
+        services.videos.create,
+        account_id,
+        deployment.id,
+        deployment.model,
+        body.prompt,
+        options,
+        source.reference,
     )
     return _json(job)
 
@@ -134,18 +189,31 @@ async def delete_video(video_id: str, request: Request, principal: CallerPrincip
 
 @router.get(
     "/v1/videos/{video_id}/content",
-    summary="Download the MP4 of a completed job (409 `video_not_ready` before; 404 `video_expired` after)",
-    responses={**error_responses(409), 200: {"content": {"video/mp4": {}}}},
+    summary="Download a completed job's MP4, thumbnail or spritesheet (409 `video_not_ready` before; "
+    "404 `video_expired` after)",
+    responses={**error_responses(409), 200: {"content": {t: {} for t in CONTENT_TYPES.values()}}},
 )
 async def video_content(
     video_id: str,
     request: Request,
     principal: CallerPrincipal,
-    variant: Annotated[Literal["video"], Query(description="Only `video` (the MP4) is produced.")] = "video",
+    variant: Annotated[
+        VideoVariant,
+        Query(
+            description="`video`: the MP4; `thumbnail`: its first frame (WebP, the video's size); "
+            "`spritesheet`: a grid of frames (JPEG)."
+        ),
+    ] = "video",
 ) -> Response:
     videos = get_services(request).videos
-    key = await asyncio.to_thread(videos.content_key, account_id_of(principal), video_id, _scope(principal))
+    key = await asyncio.to_thread(
+        videos.content_key, account_id_of(principal), video_id, _scope(principal), variant
+    )
     data = await asyncio.to_thread(videos.read, key)
+    extension = key.rsplit(".", 1)[1]
+    filename = f"{video_id}.{extension}" if variant == "video" else f"{video_id}-{variant}.{extension}"
     return Response(
-        data, media_type="video/mp4", headers={"Content-Disposition": f'inline; filename="{video_id}.mp4"'}
+        data,
+        media_type=CONTENT_TYPES[variant],
+        headers={"Content-Disposition": f'inline; filename="{filename}"'},
     )
