@@ -1,0 +1,126 @@
+"""Stored responses in the database (SQLite and PostgreSQL): chains, guarded status moves of background
+responses, stale ones failed as interrupted, per-account and per-deployment visibility."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+from modelhost.errors import InvalidRequest, NotFound
+from modelhost.responses.store import ResponseStore
+from modelhost.store import migrate
+from modelhost.store.db import Database
+from modelhost.store.models import Account, StoredResponse
+from modelhost.store.types import utcnow
+
+MESSAGE = {
+    "id": "msg_1",
+    "type": "message",
+    "role": "user",
+    "content": [{"type": "input_text", "text": "hi"}],
+}
+ANSWER = {"id": "msg_2", "type": "message", "role": "assistant", "status": "completed", "content": []}
+
+
+@pytest.fixture
+def store(database_url: str) -> ResponseStore:
+    database = Database(database_url)
+    migrate.upgrade(database)
+    with database.transaction() as session:
+        session.add_all([Account(id="acct_a", name="a"), Account(id="acct_b", name="b")])
+    return ResponseStore(database, stale_seconds=30)
+
+
+def create(store: ResponseStore, status: str = "completed", **values: Any) -> str:
+    response = store.create(
+        "acct_a",
+        values.pop("deployment_id", "dep_1"),
+        "chat",
+        status=status,
+        background=values.pop("background", False),
+        previous_response_id=values.pop("previous_response_id", None),
+        settings={"metadata": {"k": "v"}, "instructions": None},
+        context=values.pop("context", []),
+        input_items=values.pop("input_items", [MESSAGE]),
+        output=values.pop("output", [ANSWER]),
+        **values,
+    )
+    response_id: str = response["id"]
+    return response_id
+
+
+def test_a_stored_response_reads_back_with_its_settings_and_chains_its_items(store: ResponseStore) -> None:
+    first = create(store, usage={"input_tokens": 3})
+    view = store.get("acct_a", None, first)
+    assert view["status"] == "completed" and view["metadata"] == {"k": "v"} and view["completed_at"]
+    assert store.chain("acct_a", None, first) == [MESSAGE, ANSWER]
+    second = create(store, previous_response_id=first, context=store.chain("acct_a", None, first))
+    assert store.chain("acct_a", None, second) == [MESSAGE, ANSWER, MESSAGE, ANSWER]
+
+
+def test_other_accounts_and_other_deployments_keys_do_not_see_a_response(store: ResponseStore) -> None:
+    response = create(store)
+    assert store.get("acct_a", frozenset({"dep_1"}), response)["id"] == response
+    for account, scope in (("acct_b", None), ("acct_a", frozenset({"dep_2"}))):
+        with pytest.raises(NotFound):
+            store.get(account, scope, response)
+        with pytest.raises(InvalidRequest) as refused:
+            store.chain(account, scope, response)
+        assert refused.value.param == "previous_response_id"
+        with pytest.raises(NotFound):
+            store.delete(account, scope, response)
+
+
+def test_a_background_response_moves_once_and_a_cancel_wins_over_a_later_finish(store: ResponseStore) -> None:
+    response = create(store, status="queued", background=True, output=[])
+    with pytest.raises(InvalidRequest):
+        store.chain("acct_a", None, response)  # still running: nothing to continue from yet
+    assert store.start(response) and not store.start(response)
+    assert store.beat(response)
+    assert store.cancel("acct_a", None, response)["status"] == "cancelled"
+    assert not store.finish(response, status="completed", output=[ANSWER])
+    assert not store.beat(response)  # the runner learns it was stopped
+    view = store.get("acct_a", None, response)
+    assert view["status"] == "cancelled" and view["output"] == []
+
+
+def test_only_background_responses_can_be_cancelled(store: ResponseStore) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        store.cancel("acct_a", None, create(store))
+    assert refused.value.param == "response_id"
+
+
+def test_a_background_response_whose_runner_went_silent_reads_as_interrupted(store: ResponseStore) -> None:
+    response = create(store, status="queued", background=True, output=[])
+    store.start(response)
+    with store._database.transaction() as session:
+        session.execute(
+            update(StoredResponse)
+            .where(StoredResponse.id == response)
+            .values(updated_at=utcnow() - timedelta(seconds=60))
+        )
+    view = store.get("acct_a", None, response)
+    assert view["status"] == "failed" and view["error"]["code"] == "interrupted"
+    assert not store.finish(response, status="completed")
+
+
+def test_input_items_page_newest_first_by_default(store: ResponseStore) -> None:
+    first = create(store)
+    question = {**MESSAGE, "id": "msg_3"}
+    second = create(store, context=store.chain("acct_a", None, first), input_items=[question])
+    items, more = store.input_items("acct_a", None, second, None, 2, "desc")
+    assert [i["id"] for i in items] == ["msg_3", "msg_2"] and more  # this input, then the answer before
+    rest, more = store.input_items("acct_a", None, second, "msg_2", 10, "desc")
+    assert [i["id"] for i in rest] == ["msg_1"] and not more
+    with pytest.raises(InvalidRequest):
+        store.input_items("acct_a", None, second, "msg_missing", 10, "asc")
+
+
+def test_deleting_a_response_removes_it(store: ResponseStore) -> None:
+    response = create(store)
+    store.delete("acct_a", None, response)
+    with pytest.raises(NotFound):
+        store.get("acct_a", None, response)
