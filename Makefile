@@ -9,7 +9,7 @@ test:
 	bash scripts/test.sh
 
 lint:
-	.venv/bin/ruff check src tests bench && .venv/bin/ruff format --check src tests bench && .venv/bin/mypy
+	.venv/bin/ruff check src tests bench && .venv/bin/ruff format --check src tests bench && .venv/bin/mypy && .venv/bin/lint-imports
 
 ## Benchmarks (writes docs/benchmarks.md). Installs wrk from Debian's packages if missing.
 bench:

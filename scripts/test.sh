@@ -9,5 +9,7 @@ echo "==> ruff"
 .venv/bin/ruff format --check src tests bench
 echo "==> mypy"
 .venv/bin/mypy
+echo "==> import contracts"
+.venv/bin/lint-imports
 echo "==> pytest"
 .venv/bin/pytest "$@"
