@@ -83,6 +83,7 @@ def test_streaming_sends_openais_event_sequence_numbered_from_zero(server: ChatS
     assert deltas == final.output_text != ""
     stored = sdk.responses.retrieve(final.id)
     assert stored.output_text == final.output_text and stored.status == final.status
+    assert stored.created_at == events[0].response.created_at  # type: ignore[union-attr]
 
 
 def test_a_forced_function_call_then_its_output_continue_through_previous_response_id(

@@ -124,3 +124,9 @@ def test_deleting_a_response_removes_it(store: ResponseStore) -> None:
     store.delete("acct_a", None, response)
     with pytest.raises(NotFound):
         store.get("acct_a", None, response)
+
+
+def test_a_response_keeps_the_time_its_request_came_not_the_time_it_was_stored(store: ResponseStore) -> None:
+    came = utcnow() - timedelta(minutes=5)  # a long generation: stored when it finished
+    view = store.get("acct_a", None, create(store, created_at=came))
+    assert view["created_at"] == int(came.timestamp()) < view["completed_at"]

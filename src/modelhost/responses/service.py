@@ -10,6 +10,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from modelhost.clock import heartbeat_seconds
@@ -49,6 +50,7 @@ class Prepared:
     engine_request: Event
     mode: str
     tool_names: list[str]
+    created_at: datetime = field(default_factory=utcnow)  # when the request came, stored as such
 
     def view(self, status: str, **values: Any) -> Event:
         """The response object at this point (`values`: output, usage, error, incomplete_reason)."""
@@ -64,7 +66,7 @@ class Prepared:
             usage=values.get("usage"),
             error=values.get("error"),
             incomplete_reason=values.get("incomplete_reason"),
-            created_at=now,
+            created_at=self.created_at,
             updated_at=now,
             completed_at=now,
         )
@@ -177,6 +179,7 @@ class Responses:
             context=prepared.context,
             input_items=prepared.input_items,
             response_id=prepared.id,
+            created_at=prepared.created_at,
             **outcome,
         )
 
@@ -196,6 +199,7 @@ class Responses:
             context=prepared.context,
             input_items=prepared.input_items,
             response_id=prepared.id,
+            created_at=prepared.created_at,
         )
         task = asyncio.get_running_loop().create_task(self._background(prepared))
         self._tasks[prepared.id] = task

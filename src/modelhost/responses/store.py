@@ -11,7 +11,7 @@ response whose gateway died is reported `failed` (`interrupted`) the next time a
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, update
@@ -52,10 +52,14 @@ class ResponseStore:
         error: dict[str, Any] | None = None,
         incomplete_reason: str | None = None,
         response_id: str | None = None,
+        created_at: datetime | None = None,
     ) -> dict[str, Any]:
         with self._database.transaction() as session:
+            now = utcnow()
             row = StoredResponse(
                 id=response_id or new_id("resp"),
+                created_at=created_at or now,
+                updated_at=now,
                 account_id=account_id,
                 deployment_id=deployment_id,
                 model=model,
@@ -69,7 +73,7 @@ class ResponseStore:
                 usage=usage,
                 error=error,
                 incomplete_reason=incomplete_reason,
-                completed_at=None if status in ACTIVE else utcnow(),
+                completed_at=None if status in ACTIVE else now,
             )
             session.add(row)
             session.flush()
