@@ -168,6 +168,7 @@ class Responses:
         yield {"type": FINAL_EVENTS[status], "response": final}
 
     def _store(self, prepared: Prepared, status: str, outcome: Event) -> Event:
+        """Write the response: finished (with its `outcome`), or `queued` for a background one."""
         return self.store.create(
             prepared.account_id,
             prepared.deployment_id,
@@ -187,20 +188,7 @@ class Responses:
 
     async def submit(self, prepared: Prepared) -> Event:
         """Store the response as `queued` and generate it in a task of this process."""
-        queued = await asyncio.to_thread(
-            self.store.create,
-            prepared.account_id,
-            prepared.deployment_id,
-            prepared.model,
-            status="queued",
-            background=True,
-            previous_response_id=prepared.previous_response_id,
-            settings=prepared.settings,
-            context=prepared.context,
-            input_items=prepared.input_items,
-            response_id=prepared.id,
-            created_at=prepared.created_at,
-        )
+        queued = await asyncio.to_thread(self._store, prepared, "queued", {})
         task = asyncio.get_running_loop().create_task(self._background(prepared))
         self._tasks[prepared.id] = task
         task.add_done_callback(lambda _: self._tasks.pop(prepared.id, None))
