@@ -4,29 +4,44 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
-python="${PYTHON:-python3.11}"
-command -v "$python" >/dev/null || python=python3
+# Python 3.11, 3.12 or 3.13 (pyproject's requires-python): $PYTHON, else the first one found.
+python="${PYTHON:-}"
+if [ -z "$python" ]; then
+    for candidate in python3.11 python3.12 python3.13 python3; do
+        if command -v "$candidate" >/dev/null; then python="$candidate"; break; fi
+    done
+fi
 
 if [ ! -x .venv/bin/python ]; then
     echo "==> creating .venv"
     "$python" -m venv .venv
 fi
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
-# torch first, pinned: a CPU build lies on disk; an unpinned torch would pull a multi-GB CUDA build.
+# torch first, pinned, by pip (which reads this machine's pip configuration: a CPU build lies on disk);
+# an unpinned torch would pull a multi-GB CUDA build.
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     echo "==> installing torch==2.13.0"
     pip install torch==2.13.0
 fi
+# Everything else by uv: the same resolution as pip's, in about a minute instead of six. It keeps the
+# torch installed above (torch>=2.13,<2.15 is satisfied). MODELHOST_INSTALLER=pip installs with pip
+# alone, e.g. where a private index is configured for pip only.
+if [ "${MODELHOST_INSTALLER:-uv}" = uv ]; then
+    [ -x .venv/bin/uv ] || pip install "uv>=0.9"
+    install() { .venv/bin/uv pip install --python .venv/bin/python -q "$@"; }
+else
+    install() { pip install "$@"; }
+fi
 echo "==> installing modelhost ($mode)"
 if [ "$mode" = dev ]; then
-    pip install -e ".[dev]"
+    install -e ".[dev]"
     # LiteLLM (a client the tests drive) caps huggingface-hub below 2, which transformers 5 needs: it is
     # installed without its pins; what it uses at run time is installed above (openai, httpx, tiktoken...).
-    pip install --no-deps "litellm==1.109.1" "fastuuid>=0.14,<1" && pip install "h2>=3,<5"
+    install --no-deps "litellm==1.109.1" "fastuuid>=0.14,<1" && install "h2>=3,<5"
     if ! { command -v pg_config >/dev/null && [ -x "$(pg_config --bindir)/initdb" ]; }; then
         echo "==> installing PostgreSQL server binaries (Debian package postgresql)"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
     fi
 else
-    pip install -e .
+    install -e .
 fi

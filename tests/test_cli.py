@@ -17,6 +17,8 @@ import typer
 from typer.testing import CliRunner, Result
 
 from modelhost.billing.ledger import ComputeReading
+from modelhost.cli import client as cli_client
+from modelhost.cli import output as cli_output
 from modelhost.cli.main import app
 from modelhost.config import Settings, get_settings
 from modelhost.services.container import Services
@@ -57,10 +59,15 @@ def store(settings: Settings, url: str) -> Iterator[Services]:
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No stray MODELHOST_* from the caller's shell; a wide terminal so tables are not truncated."""
+    """No stray MODELHOST_* from the caller's shell; a wide terminal so tables are not truncated.
+
+    The consoles measure the terminal at each print, as in a shell; a COLUMNS present when they were
+    made (pytest-xdist's workers get COLUMNS=80) would otherwise fix their width for the whole session."""
     for name in CLI_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COLUMNS", "200")
+    for console in (cli_output.out, cli_client.err):
+        monkeypatch.setattr(console, "_width", None)
 
 
 @pytest.fixture
