@@ -21,7 +21,7 @@ from modelhost.billing.rates import MICRO
 from modelhost.clock import Clock
 from modelhost.metrics import Counter
 from modelhost.runtime.replica import ReplicaStats
-from modelhost.services.deployments import DeploymentSpec
+from modelhost.runtime.spec import DeploymentSpec
 
 CREDITS_BILLED = Counter(
     "modelhost_credits_billed_total",

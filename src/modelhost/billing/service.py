@@ -21,7 +21,7 @@ from modelhost.billing.rates import to_credits
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.clock import Clock
 from modelhost.errors import InsufficientCredits, InvalidRequest, NotFound
-from modelhost.services.deployments import DeploymentSpec
+from modelhost.runtime.spec import DeploymentSpec
 
 log = logging.getLogger("modelhost.billing")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
-from modelhost.services.deployments import LiveStatus
+from modelhost.runtime.spec import LiveStatus
 
 Payload = dict[str, Any]
 

@@ -28,7 +28,7 @@ from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import Replica, ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
 
 if TYPE_CHECKING:
-    from modelhost.services.deployments import DeploymentSpec
+    from modelhost.runtime.spec import DeploymentSpec
 
 log = logging.getLogger("modelhost.runtime")
 _ids = itertools.count(1)

@@ -23,7 +23,7 @@ from modelhost.runtime import metrics
 from modelhost.runtime.dispatch import Dispatcher
 from modelhost.runtime.local import LocalBackend
 from modelhost.runtime.replica import Replica, ReplicaBackend, ReplicaLoadFailed
-from modelhost.services.deployments import DeploymentSpec, LiveStatus
+from modelhost.runtime.spec import DeploymentSpec, LiveStatus
 from modelhost.tasks.registry import served
 
 log = logging.getLogger("modelhost.runtime")

@@ -66,7 +66,7 @@ from modelhost.runtime.replica import (
     ReplicaSpec,
     ReplicaStats,
 )
-from modelhost.services.deployments import DeploymentSpec
+from modelhost.runtime.spec import DeploymentSpec
 
 log = logging.getLogger("modelhost.runtime")
 DEPLOYMENT = "model"  # the Serve deployment's name inside each application

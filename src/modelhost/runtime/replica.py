@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from modelhost.services.deployments import DeploymentSpec
+    from modelhost.runtime.spec import DeploymentSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from modelhost.errors import ModelhostError, ServiceUnavailable, rebuild
 from modelhost.runtime.client import ReplicaConnection
 from modelhost.runtime.dispatch import Dispatcher
 from modelhost.runtime.replica import ReplicaDied
+from modelhost.runtime.spec import LiveStatus
 from modelhost.server.control import (
     Acquire,
     Apply,
@@ -48,7 +49,6 @@ from modelhost.server.control import (
     decode_from_supervisor,
     encode,
 )
-from modelhost.services.deployments import LiveStatus
 
 log = logging.getLogger("modelhost.server")
 Payload = dict[str, Any]

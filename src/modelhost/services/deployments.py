@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select, update
@@ -13,36 +12,10 @@ from sqlalchemy.orm import Session
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.routing import DeploymentRef
+from modelhost.runtime.spec import DeploymentSpec
 from modelhost.store.db import Database
 from modelhost.store.models import Deployment, ModelArtifact
 from modelhost.store.types import new_id
-
-
-@dataclass(frozen=True, slots=True)
-class LiveStatus:
-    """What the runtime reports of a deployment right now."""
-
-    state: str = "unloaded"
-    reason: str | None = None
-    replicas: int = 0
-    memory_gb: float = 0.0
-    last_cold_start_seconds: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DeploymentSpec:
-    """What the runtime needs to load and serve a deployment."""
-
-    id: str
-    pipeline: str
-    readiness: str
-    min_replicas: int
-    max_replicas: int
-    model_dir: Path
-    # Who pays for its replicas, and what the bill names.
-    account_id: str
-    model: str
-    artifact_id: str
 
 
 def _not_found() -> NotFound:

@@ -1,0 +1,35 @@
+"""The runtime's own view of a deployment: what it needs to load and serve one (`DeploymentSpec`),
+and what it reports of one right now (`LiveStatus`). `services.deployments` builds the specs from the
+store; the runtime, billing's meters and the server's stand-ins read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class LiveStatus:
+    """What the runtime reports of a deployment right now."""
+
+    state: str = "unloaded"
+    reason: str | None = None
+    replicas: int = 0
+    memory_gb: float = 0.0
+    last_cold_start_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentSpec:
+    """What the runtime needs to load and serve a deployment."""
+
+    id: str
+    pipeline: str
+    readiness: str
+    min_replicas: int
+    max_replicas: int
+    model_dir: Path
+    # Who pays for its replicas, and what the bill names.
+    account_id: str
+    model: str
+    artifact_id: str
