@@ -30,6 +30,11 @@ class ModelhostError(Exception):
         self.headers = headers or {}
 
 
+def param_name(field: str, index: int, count: int) -> str:
+    """`image` for a single input, `image[2]` for the third of a list: what error bodies name."""
+    return field if count == 1 else f"{field}[{index}]"
+
+
 class InvalidRequest(ModelhostError):
     status_code = 400
     error_type = "invalid_request_error"

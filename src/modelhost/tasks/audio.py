@@ -21,7 +21,7 @@ import torch
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.media.decode import decode_audio, resample
 from modelhost.media.encode import AUDIO_FORMATS, OPUS_RATES, encode_audio
-from modelhost.runtime import loader
+from modelhost.tasks import loader
 from modelhost.tasks.base import error_of, item_error
 from modelhost.tasks.media_items import WARMUP_LIMITS
 

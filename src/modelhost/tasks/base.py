@@ -65,11 +65,6 @@ def error_of(exc: ModelhostError) -> dict[str, Any]:
     return item_error(exc.message, exc.param, exc.code)
 
 
-def param_name(field: str, index: int, count: int) -> str:
-    """`image` for a single input, `image[2]` for the third of a list: what error bodies name."""
-    return field if count == 1 else f"{field}[{index}]"
-
-
 def options_key(item: dict[str, Any], fields: tuple[str, ...]) -> tuple[Any, ...]:
     """Items whose options are equal can share one model call."""
     return tuple(repr(item.get(f)) for f in fields)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from modelhost.runtime import loader
+from modelhost.tasks import loader
 from modelhost.tasks.base import item_error
 
 CHUNK = 128  # sequences per forward pass: bounds activation memory for very large requests

@@ -18,7 +18,7 @@ from modelhost.errors import InvalidRequest
 from modelhost.generation.engine import Event, GenerationEngine, SamplingParams, Sequence
 from modelhost.generation.text import IncrementalDecoder
 from modelhost.generation.tool_parsers import parser_for_template
-from modelhost.runtime import loader
+from modelhost.tasks import loader
 
 MAX_RUNNING_SEQUENCES = 64
 # Fill-in-the-middle tokens (prefix, suffix, middle) of the families that have them, in the order

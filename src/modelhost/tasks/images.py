@@ -25,8 +25,7 @@ from modelhost.errors import ModelhostError
 from modelhost.media.decode import decode_image
 from modelhost.media.encode import IMAGE_FORMATS, encode_image
 from modelhost.protocol.images import SIDE_MAX, SIDE_MIN, SIDE_STEP
-from modelhost.runtime import loader
-from modelhost.tasks import media_items
+from modelhost.tasks import loader, media_items
 from modelhost.tasks.base import error_of, item_error, options_key
 from modelhost.tasks.media_items import ItemError
 

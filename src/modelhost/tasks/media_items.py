@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from modelhost.errors import ModelhostError
+from modelhost.errors import ModelhostError, param_name
 from modelhost.media.decode import audio_from_samples, decode_audio, decode_image, decode_video
-from modelhost.tasks.base import error_of, param_name
+from modelhost.tasks.base import error_of
 
 
 class ItemError(Exception):

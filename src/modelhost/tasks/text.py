@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from modelhost.runtime import loader
-from modelhost.tasks.base import grouped, item_error, param_name
+from modelhost.errors import param_name
+from modelhost.tasks import loader
+from modelhost.tasks.base import grouped, item_error
 from modelhost.tasks.outputs import plain
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from modelhost.errors import InvalidRequest
 from modelhost.generation.engine import Event
 from modelhost.media.encode import encode_mp4, encode_spritesheet, encode_thumbnail
-from modelhost.runtime import loader
+from modelhost.tasks import loader
 
 
 class _Cancelled(Exception):

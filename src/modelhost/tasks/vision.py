@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from modelhost.runtime import loader
-from modelhost.tasks import media_items
+from modelhost.tasks import loader, media_items
 from modelhost.tasks.base import grouped, item_error
 from modelhost.tasks.classify import top_labels
 from modelhost.tasks.media_items import ItemError

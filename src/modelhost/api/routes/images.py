@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 
 from modelhost.api.deps import CallerPrincipal, account_id_of, deployment_for, get_services, run_inference
 from modelhost.api.errors import error_responses
-from modelhost.errors import InvalidMedia, InvalidRequest
+from modelhost.errors import InvalidMedia, InvalidRequest, param_name
 from modelhost.protocol.images import (
     MAX_N,
     SIZE_CHOICES,
@@ -35,7 +35,6 @@ from modelhost.protocol.images import (
     ImagesResponse,
 )
 from modelhost.services.files import FileService
-from modelhost.tasks.base import param_name
 
 router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504))
 

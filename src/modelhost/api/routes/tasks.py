@@ -20,10 +20,9 @@ from fastapi import APIRouter, Request, Response
 from modelhost.api.bodies import MediaBodyRoute, raw_body_openapi
 from modelhost.api.deps import CallerPrincipal, deployment_for, get_services, run_inference
 from modelhost.api.errors import error_responses
-from modelhost.errors import InvalidRequest
+from modelhost.errors import InvalidRequest, param_name
 from modelhost.media.sources import load_media
 from modelhost.protocol import tasks as p
-from modelhost.tasks.base import param_name
 
 router = APIRouter(
     tags=["tasks"],
