@@ -15,7 +15,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from modelhost.api.app import create_app
 from modelhost.config import Settings
-from modelhost.services.container import Services
+from modelhost.container import Services
 from tests.helpers import ADMIN_KEY
 from tests.postgres import create_database, postgres_server
 

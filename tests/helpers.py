@@ -6,7 +6,7 @@ from typing import Any
 
 import httpx
 
-from modelhost.services.container import Services
+from modelhost.container import Services
 from modelhost.store.models import ModelArtifact
 from modelhost.store.types import new_id
 

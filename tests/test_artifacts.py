@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from modelhost.services.container import Services
+from modelhost.container import Services
 from modelhost.store.models import UploadSession
 from tests.helpers import assert_error, bearer, new_account, push_folder
 from tests.recipes import RECIPE_MODELS

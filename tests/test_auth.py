@@ -11,7 +11,7 @@ from sqlalchemy import event
 
 from modelhost.api.app import create_app
 from modelhost.api.deps import CallerPrincipal, deployment_for
-from modelhost.services.container import Services
+from modelhost.container import Services
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment
 

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from modelhost.api.app import create_app
 from modelhost.billing.ledger import ComputeReading
-from modelhost.services.container import Services
+from modelhost.container import Services
 from modelhost.store.db import Database
 from modelhost.store.models import LedgerEntry, Meter, ModelArtifact
 from tests.conftest import make_settings

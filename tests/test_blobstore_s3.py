@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from modelhost.api.app import create_app
 from modelhost.artifacts.blobstore import BlobStore, LocalBlobStore
 from modelhost.artifacts.s3 import S3BlobStore
-from modelhost.services.container import Services
+from modelhost.container import Services
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, push_folder
 

@@ -21,7 +21,7 @@ from modelhost.cli import client as cli_client
 from modelhost.cli import output as cli_output
 from modelhost.cli.main import app
 from modelhost.config import Settings, get_settings
-from modelhost.services.container import Services
+from modelhost.container import Services
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import ModelArtifact

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from modelhost.services.container import Services
+from modelhost.container import Services
 from modelhost.store.models import ModelArtifact, UploadSession
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer

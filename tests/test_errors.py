@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from modelhost.api.app import create_app
-from modelhost.services.container import Services
+from modelhost.container import Services
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account
 

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import httpx
 
-from modelhost.services.container import Services
+from modelhost.container import Services
 from modelhost.store.models import ModelArtifact
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment, ready_artifact
 

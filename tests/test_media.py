@@ -766,7 +766,7 @@ async def test_concurrent_fetches_time_out_together_rather_than_one_after_anothe
 
 
 def test_a_malformed_allowed_network_stops_the_server_at_start_not_each_request(tmp_path: Path) -> None:
-    from modelhost.services.container import Services
+    from modelhost.container import Services
     from tests.conftest import make_settings
 
     settings = make_settings(

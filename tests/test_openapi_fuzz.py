@@ -26,8 +26,8 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from starlette.types import Receive, Scope, Send
 
 from modelhost.api.app import create_app
+from modelhost.container import Services
 from modelhost.errors import DeploymentUnavailable
-from modelhost.services.container import Services
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, new_account, ready_artifact
 

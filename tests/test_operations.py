@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from modelhost.api.app import create_app
 from modelhost.config import Settings
-from modelhost.services.container import Services
+from modelhost.container import Services
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from tests.conftest import make_settings

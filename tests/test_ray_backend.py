@@ -29,8 +29,8 @@ from sqlalchemy import select
 
 from modelhost.api.app import create_app
 from modelhost.billing.ledger import shared_meter_id
+from modelhost.container import Services
 from modelhost.runtime.ray_backend import RayServeReplica
-from modelhost.services.container import Services
 from modelhost.store.models import LedgerEntry, Meter
 from tests.chat_model import greedy_reference, long_context_copy
 from tests.conftest import make_settings

@@ -30,9 +30,9 @@ import pytest
 from modelhost.api.app import create_app
 from modelhost.cache import SingleFlight
 from modelhost.config import Settings
+from modelhost.container import Services
 from modelhost.metrics import sample
 from modelhost.runtime.manager import DeploymentRuntime
-from modelhost.services.container import Services
 from tests import live
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder

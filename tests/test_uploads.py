@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from modelhost.api.app import create_app
-from modelhost.services.container import Services
+from modelhost.container import Services
 from modelhost.store.models import ModelArtifact
 from modelhost.store.types import utcnow
 from tests.conftest import make_settings

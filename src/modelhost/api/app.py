@@ -38,8 +38,8 @@ from modelhost.api.routes import (
     videos,
 )
 from modelhost.config import Settings, get_settings
+from modelhost.container import Services, Supervision
 from modelhost.protocol.errors import ErrorBody
-from modelhost.services.container import Services, Supervision
 
 log = logging.getLogger("modelhost")
 UPLOAD_PATH = re.compile(r"^/v1/model-artifacts/[^/]+/uploads/[^/]+/files/")

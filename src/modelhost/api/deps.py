@@ -12,9 +12,9 @@ from fastapi.security import HTTPBearer
 
 from modelhost.auth.authenticator import bearer_token
 from modelhost.auth.principal import Principal, PrincipalKind
+from modelhost.container import Services
 from modelhost.errors import ClientClosedRequest, InvalidAPIKey
 from modelhost.routing import DeploymentRef, resolve_deployment
-from modelhost.services.container import Services
 
 T = TypeVar("T")
 Guard = Callable[[Request], Awaitable[Principal]]

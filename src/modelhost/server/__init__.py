@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from modelhost.config import Settings
 
 if TYPE_CHECKING:
-    from modelhost.services.container import Services
+    from modelhost.container import Services
 
 METRICS_FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus_client when first imported
 

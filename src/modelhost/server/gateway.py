@@ -20,8 +20,8 @@ import uvicorn
 
 from modelhost.api.app import create_app, settle_memory
 from modelhost.config import get_settings
+from modelhost.container import Services
 from modelhost.server.remote import RemoteRuns, RemoteRuntime, RemoteVideos, SupervisorLink, share_caches
-from modelhost.services.container import Services
 
 
 def main(argv: list[str] | None = None) -> int:

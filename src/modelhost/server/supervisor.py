@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 import uvicorn
 
+from modelhost.container import Services, Supervision
 from modelhost.errors import ModelhostError
 from modelhost.metrics import process_gone
 from modelhost.server.control import (
@@ -47,7 +48,6 @@ from modelhost.server.control import (
     decode_to_supervisor,
     encode,
 )
-from modelhost.services.container import Services, Supervision
 
 log = logging.getLogger("modelhost.server")
 RESTART_DELAY_SECONDS = 1.0

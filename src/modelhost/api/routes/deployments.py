@@ -9,9 +9,9 @@ from starlette.concurrency import run_in_threadpool
 
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
+from modelhost.container import Services
 from modelhost.protocol.common import Deleted, ListOf
 from modelhost.protocol.management import Deployment, DeploymentCreate, DeploymentPatch
-from modelhost.services.container import Services
 from modelhost.store import models as rows
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=error_responses(400, 401))

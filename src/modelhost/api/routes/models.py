@@ -7,9 +7,9 @@ from fastapi import APIRouter, Path
 from modelhost.api.deps import CallerPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.auth.principal import Principal
+from modelhost.container import Services
 from modelhost.errors import ModelNotFound
 from modelhost.protocol.models import Model, ModelList
-from modelhost.services.container import Services
 
 router = APIRouter(prefix="/v1/models", tags=["openai"], responses=error_responses(401))
 
