@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from modelhost.errors import InvalidRequest
+from modelhost.generation.chat import ChatChoice, chat_requests
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
-from modelhost.services.generation import ChatChoice, CompletionChoice, chat_requests, completion_requests
+from modelhost.serving.chat import CompletionChoice, completion_requests
 
 TOOL = {
     "type": "function",

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import update
 
 from modelhost.errors import InvalidRequest, NotFound
-from modelhost.responses.store import ResponseStore
+from modelhost.serving.responses.store import ResponseStore
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import Account, StoredResponse

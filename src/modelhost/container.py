@@ -30,8 +30,6 @@ from modelhost.config import Settings
 from modelhost.jobs.runner import VideoCancel, VideoRunner
 from modelhost.jobs.videos import VideoJobs
 from modelhost.media.sources import MediaPolicy
-from modelhost.responses.service import Responses
-from modelhost.responses.store import ResponseStore
 from modelhost.routing import DeploymentRef
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.manager import ReplicaManager
@@ -39,6 +37,8 @@ from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
 from modelhost.services.files import FileService, file_secret
 from modelhost.services.keys import KeyService
+from modelhost.serving.responses.service import Responses
+from modelhost.serving.responses.store import ResponseStore
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import ModelArtifact

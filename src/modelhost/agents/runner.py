@@ -21,9 +21,9 @@ from modelhost.agents.store import AgentStore, RunJob
 from modelhost.clock import heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
+from modelhost.generation.chat import ChatChoice, chat_requests
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.runtime.interface import Runtime
-from modelhost.services.generation import ChatChoice, chat_requests
 from modelhost.store.types import utcnow
 
 log = logging.getLogger("modelhost.agents")

@@ -29,8 +29,8 @@ from modelhost.api.lists import After, Limit, Order, list_body
 from modelhost.auth.principal import Principal
 from modelhost.errors import ModelhostError
 from modelhost.protocol.responses import InputItemList, ResponseCreateRequest, ResponseDeleted, ResponseObject
-from modelhost.responses.service import Responses
-from modelhost.responses.store import Scope
+from modelhost.serving.responses.service import Responses
+from modelhost.serving.responses.store import Scope
 
 router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 503))
 ResponseId = Annotated[str, Path(description="A response's ID (`resp_...`).")]

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from modelhost.errors import InvalidRequest
+from modelhost.generation.chat import ChatChoice
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.protocol.responses import (
     FunctionCallItem,
@@ -30,7 +31,6 @@ from modelhost.protocol.responses import (
     RefusalPart,
     ResponseCreateRequest,
 )
-from modelhost.services.generation import ChatChoice
 
 Item = dict[str, Any]
 Event = dict[str, Any]

@@ -15,12 +15,12 @@ from typing import Any
 
 from modelhost.clock import heartbeat_seconds
 from modelhost.errors import InvalidRequest, ModelhostError
+from modelhost.generation.chat import ChatChoice, chat_requests
 from modelhost.protocol.responses import ResponseCreateRequest
-from modelhost.responses.items import OutputAssembler, chat_request, input_items, settings_of
-from modelhost.responses.store import INTERRUPTED, ResponseStore, Scope, response_view
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
-from modelhost.services.generation import ChatChoice, chat_requests
+from modelhost.serving.responses.items import OutputAssembler, chat_request, input_items, settings_of
+from modelhost.serving.responses.store import INTERRUPTED, ResponseStore, Scope, response_view
 from modelhost.store.models import StoredResponse
 from modelhost.store.types import new_id, utcnow
 

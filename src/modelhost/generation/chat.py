@@ -1,15 +1,16 @@
-"""OpenAI chat completions and completions on the generation engine: requests in, choices out.
+"""OpenAI chat requests as engine requests, and one chat choice assembled from the engine's events.
 
-Plain Python between the wire types (`protocol.chat`) and the runtime: it turns a request into one
-engine request per choice (n), and assembles each choice from the engine's events, for a whole answer
-or as streamed deltas. Tool calls come either from constrained decoding (`required`, a named tool:
-the output is a call by construction) or from parsing the model's own markup (`auto`).
+Plain Python between the wire types (`protocol.chat`) and the engine: a chat request becomes one engine
+request per choice (n), with the grammar of its tools or JSON schema; `ChatChoice` assembles a choice
+from the engine's events, for a whole answer or as streamed deltas. Tool calls come either from
+constrained decoding (`required`, a named tool: the output is a call by construction) or from parsing the
+model's own markup (`auto`). The serving of chat completions (`serving.chat`), agent runs and the
+Responses API build on it.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,9 +61,9 @@ def chat_requests(body: ChatCompletionRequest, max_string_length: int) -> tuple[
         request["grammar"] = json_schema_grammar(schema, max_string_length, bool(spec and spec.strict))
         request["grammar_param"] = "response_format"
         mode = "json" if mode == "none" else mode
-    params = _sampling(body, body.max_completion_tokens or body.max_tokens)
+    params = sampling(body, body.max_completion_tokens or body.max_tokens)
     params.update(logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
-    return _per_choice(request, params, body.n or 1, body.seed), mode
+    return per_choice(request, params, body.n or 1, body.seed), mode
 
 
 def effective_tools(body: ChatCompletionRequest) -> tuple[list[Tool], ToolChoice]:
@@ -98,64 +99,7 @@ def effective_tools(body: ChatCompletionRequest) -> tuple[list[Tool], ToolChoice
     return tools, given or ("auto" if tools else "none")
 
 
-def chat_choices(body: ChatCompletionRequest, mode: str, count: int) -> list[ChatChoice]:
-    """The assemblers of a chat completion's `count` choices."""
-    names = [t.function.name for t in effective_tools(body)[0]]
-    legacy = body.functions is not None  # answers carry `function_call`, one call at most
-    one_call = legacy or body.parallel_tool_calls is False
-    return [ChatChoice(i, mode, names, legacy=legacy, one_call=one_call) for i in range(count)]
-
-
-def completion_requests(body: CompletionRequest) -> list[Event]:
-    """One engine request per prompt and candidate (`best_of`, else `n`), in OpenAI's order
-    (prompt-major)."""
-    candidates = _candidates(body)
-    prompts: list[str | list[int] | None]
-    if body.prompt is None or isinstance(body.prompt, str) or isinstance(body.prompt[0], int):
-        prompts = [body.prompt]
-    else:
-        prompts = list(body.prompt)
-    if body.suffix and body.echo:
-        raise InvalidRequest("echo cannot be used with suffix (insert mode).", param="suffix")
-    params = _sampling(body, body.max_tokens)
-    wants = body.logprobs is not None
-    params.update(
-        logprobs=wants or candidates > (body.n or 1),  # best_of ranks candidates by their log probabilities
-        top_logprobs=body.logprobs or 0,
-        prompt_logprobs=bool(body.echo and wants),
-    )
-    requests: list[Event] = []
-    for prompt in prompts:
-        base: Event = {"prompt": prompt, "echo": bool(body.echo), "suffix": body.suffix or None}
-        requests += _per_choice(base, params, candidates, body.seed)
-    return requests
-
-
-def _candidates(body: CompletionRequest) -> int:
-    """Completions generated per prompt: `best_of`, which must not be below `n` nor be streamed."""
-    n, best_of = body.n or 1, body.best_of or body.n or 1
-    if best_of < n:
-        raise InvalidRequest(f"best_of ({best_of}) must be at least n ({n}).", param="best_of")
-    if best_of > n and body.stream:
-        raise InvalidRequest(
-            "best_of above n cannot be streamed (the best are known only at the end).", param="best_of"
-        )
-    return best_of
-
-
-def best_of(choices: list[CompletionChoice], candidates: int, n: int) -> list[CompletionChoice]:
-    """Of each prompt's candidates, the `n` with the highest mean log probability per generated token
-    (OpenAI's "best"), best first, indexed again in OpenAI's order (`prompt × n + choice`)."""
-    kept: list[CompletionChoice] = []
-    for start in range(0, len(choices), candidates):
-        group = choices[start : start + candidates]
-        kept += sorted(group, key=lambda c: c.mean_logprob, reverse=True)[:n]
-    for index, choice in enumerate(kept):
-        choice.index = index
-    return kept
-
-
-def _sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> Event:
+def sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> Event:
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     bias = [[int(token), float(value)] for token, value in (body.logit_bias or {}).items()]
     return {
@@ -170,7 +114,7 @@ def _sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int |
     }
 
 
-def _per_choice(request: Event, params: Event, n: int, seed: int | None) -> list[Event]:
+def per_choice(request: Event, params: Event, n: int, seed: int | None) -> list[Event]:
     """n copies; a seed makes choice i use seed + i, so choices differ yet each is reproducible."""
     return [{**request, "params": {**params, "seed": None if seed is None else seed + i}} for i in range(n)]
 
@@ -356,66 +300,3 @@ def _chat_logprob(entry: Event) -> Event:
             {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in entry.get("top", [])
         ],
     }
-
-
-# ---------------------------------------------------------------- assembling a completion choice
-
-
-@dataclass
-class CompletionChoice:
-    index: int
-    want_logprobs: bool
-    echo: bool
-    text: str = ""
-    tokens: list[str] = field(default_factory=list)
-    token_logprobs: list[float | None] = field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
-    finish: str | None = None
-    completion_tokens: int = 0
-    score: float = 0.0  # sum of the generated tokens' log probabilities (for best_of)
-    scored: int = 0
-
-    def feed(self, event: Event) -> tuple[str, int]:
-        """Apply one event; the text it adds and how many logprob entries it added."""
-        before_text, before = len(self.text), len(self.tokens)
-        if event.get("started"):
-            if self.echo:
-                self.text += event.get("prompt_text", "")
-            for entry in event.get("prompt_logprobs") or []:
-                self._add(entry)
-        elif "logprob" in event:
-            self._add(event["logprob"])
-            self.score += event["logprob"]["logprob"]
-            self.scored += 1
-        else:
-            self.text += event.get("text", "")
-            self.completion_tokens = event.get("completion_tokens", self.completion_tokens)
-            self.finish = event.get("finish", self.finish)
-        return self.text[before_text:], len(self.tokens) - before
-
-    @property
-    def mean_logprob(self) -> float:
-        return self.score / self.scored if self.scored else -math.inf
-
-    def _add(self, entry: Event | None) -> None:
-        if entry is None:
-            return
-        self.tokens.append(entry["token"])
-        self.token_logprobs.append(entry.get("logprob"))
-        top = entry.get("top")
-        self.top_logprobs.append(None if top is None else {t: lp for t, lp in top})
-
-    def logprobs(self, start: int = 0, text_start: int = 0) -> Event | None:
-        """OpenAI's legacy logprobs object for entries from `start`, offsets counted from `text_start`."""
-        if not self.want_logprobs:
-            return None
-        offsets, offset = [], text_start
-        for token in self.tokens[start:]:
-            offsets.append(offset)
-            offset += len(token)
-        return {
-            "tokens": self.tokens[start:],
-            "token_logprobs": self.token_logprobs[start:],
-            "top_logprobs": self.top_logprobs[start:],
-            "text_offset": offsets,
-        }

@@ -1,0 +1,368 @@
+"""OpenAI chat completions and completions served on the generation engine (`POST /v1/chat/completions`,
+`POST /v1/completions`; api.md §4.16, §6).
+
+A request → one engine request per choice (`generation.chat` builds a chat completion's) → the runtime's
+event streams, merged → OpenAI's JSON body or Server-Sent Events. Every choice's stream is opened (and
+its prompt checked by the worker) before the answer starts, so a prompt that does not fit is a 400, not a
+broken stream. A client that goes away closes the streams, which cancels the generations in the worker
+at its next step. The routes (`api.routes.chat`) parse, call `chat_completion` / `completion` and send
+what they answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from modelhost.errors import InvalidRequest, ModelhostError
+from modelhost.generation.chat import ChatChoice, chat_requests, effective_tools, new_id, per_choice, sampling
+from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
+from modelhost.runtime.interface import Runtime
+from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
+
+Event = dict[str, Any]
+Stream = AsyncGenerator[Event, None]
+Collected = list[tuple[int, Event]]
+# How a whole answer is waited for (the route: until the client goes away, which cancels it).
+Until = Callable[[Awaitable[Collected]], Awaitable[Collected]]
+# A JSON body, or the bytes of a Server-Sent Events stream.
+Answer = Event | AsyncIterator[bytes]
+
+
+# ---------------------------------------------------------------- chat completions
+
+
+async def chat_completion(
+    body: ChatCompletionRequest, runtime: Runtime, deployment_id: str, max_string_length: int, until: Until
+) -> Answer:
+    requests, mode = chat_requests(body, max_string_length)
+    choices = chat_choices(body, mode, len(requests))
+    streams = await _open(runtime, deployment_id, requests)
+    head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": body.model}
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _sse(_chat_chunks(head, choices, streams, usage))
+    events = await until(_collect(streams))
+    for index, event in events:
+        choices[index].feed(event)
+    return {
+        **head,
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": c.index,
+                "message": c.message(),
+                "logprobs": {"content": c.logprobs, "refusal": None} if body.logprobs else None,
+                "finish_reason": c.finish_reason,
+            }
+            for c in choices
+        ],
+        "usage": _usage(streams, 1, sum(c.completion_tokens for c in choices)),
+        "system_fingerprint": None,
+    }
+
+
+async def _chat_chunks(
+    head: Event, choices: list[ChatChoice], streams: _Streams, include_usage: bool
+) -> AsyncIterator[bytes]:
+    chunk = {**head, "object": "chat.completion.chunk", "system_fingerprint": None}
+
+    def data(choice: ChatChoice, delta: Event, finish: str | None = None, logprobs: Any = None) -> bytes:
+        entry = {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return _event({**chunk, "choices": [entry]})
+
+    for choice in choices:
+        yield data(choice, {"role": "assistant", "content": ""})
+    pending: dict[int, list[Event]] = {c.index: [] for c in choices}
+    async for index, event in streams.merged():
+        choice = choices[index]
+        delta = choice.feed(event)
+        if "logprobs" in delta:
+            pending[index] += delta.pop("logprobs")
+        if delta:
+            logprobs = {"content": pending[index], "refusal": None} if pending[index] else None
+            pending[index] = []
+            yield data(choice, delta, logprobs=logprobs)
+        if choice.finish is not None:
+            yield data(choice, {}, choice.finish_reason)
+    if include_usage:
+        usage = _usage(streams, 1, sum(c.completion_tokens for c in choices))
+        yield _event({**chunk, "choices": [], "usage": usage})
+
+
+def chat_choices(body: ChatCompletionRequest, mode: str, count: int) -> list[ChatChoice]:
+    """The assemblers of a chat completion's `count` choices."""
+    names = [t.function.name for t in effective_tools(body)[0]]
+    legacy = body.functions is not None  # answers carry `function_call`, one call at most
+    one_call = legacy or body.parallel_tool_calls is False
+    return [ChatChoice(i, mode, names, legacy=legacy, one_call=one_call) for i in range(count)]
+
+
+# ---------------------------------------------------------------- completions
+
+
+async def completion(body: CompletionRequest, runtime: Runtime, deployment_id: str, until: Until) -> Answer:
+    requests = completion_requests(body)
+    echo, want_logprobs = bool(body.echo), body.logprobs is not None
+    choices = [CompletionChoice(i, want_logprobs, echo) for i in range(len(requests))]
+    streams = await _open(runtime, deployment_id, requests)
+    head = {"id": new_id("cmpl"), "created": int(time.time()), "model": body.model}
+    n = body.n or 1
+    candidates = body.best_of or n  # per prompt; above n only without streaming
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _sse(_completion_chunks(head, choices, streams, usage, n))
+    for index, event in await until(_collect(streams)):
+        choices[index].feed(event)
+    generated = sum(c.completion_tokens for c in choices)  # every candidate's tokens were generated
+    if candidates > n:
+        choices = best_of(choices, candidates, n)
+    return {
+        **head,
+        "object": "text_completion",
+        "choices": [
+            {"index": c.index, "text": c.text, "logprobs": c.logprobs(), "finish_reason": c.finish or "stop"}
+            for c in choices
+        ],
+        "usage": _usage(streams, candidates, generated),
+        "system_fingerprint": None,
+    }
+
+
+async def _completion_chunks(
+    head: Event, choices: list[CompletionChoice], streams: _Streams, include_usage: bool, n: int
+) -> AsyncIterator[bytes]:
+    chunk = {**head, "object": "text_completion", "system_fingerprint": None}
+    async for index, event in streams.merged():
+        choice = choices[index]
+        offset, first = len(choice.text), len(choice.tokens)
+        text, added = choice.feed(event)
+        if not text and not added and "finish" not in event:
+            continue
+        entry = {
+            "index": index,
+            "text": text,
+            "logprobs": choice.logprobs(first, offset) if added else None,
+            "finish_reason": event.get("finish"),
+        }
+        yield _event({**chunk, "choices": [entry]})
+    if include_usage:
+        usage = _usage(streams, n, sum(c.completion_tokens for c in choices))
+        yield _event({**chunk, "choices": [], "usage": usage})
+
+
+def completion_requests(body: CompletionRequest) -> list[Event]:
+    """One engine request per prompt and candidate (`best_of`, else `n`), in OpenAI's order
+    (prompt-major)."""
+    candidates = _candidates(body)
+    prompts: list[str | list[int] | None]
+    if body.prompt is None or isinstance(body.prompt, str) or isinstance(body.prompt[0], int):
+        prompts = [body.prompt]
+    else:
+        prompts = list(body.prompt)
+    if body.suffix and body.echo:
+        raise InvalidRequest("echo cannot be used with suffix (insert mode).", param="suffix")
+    params = sampling(body, body.max_tokens)
+    wants = body.logprobs is not None
+    params.update(
+        logprobs=wants or candidates > (body.n or 1),  # best_of ranks candidates by their log probabilities
+        top_logprobs=body.logprobs or 0,
+        prompt_logprobs=bool(body.echo and wants),
+    )
+    requests: list[Event] = []
+    for prompt in prompts:
+        base: Event = {"prompt": prompt, "echo": bool(body.echo), "suffix": body.suffix or None}
+        requests += per_choice(base, params, candidates, body.seed)
+    return requests
+
+
+def _candidates(body: CompletionRequest) -> int:
+    """Completions generated per prompt: `best_of`, which must not be below `n` nor be streamed."""
+    n, best_of = body.n or 1, body.best_of or body.n or 1
+    if best_of < n:
+        raise InvalidRequest(f"best_of ({best_of}) must be at least n ({n}).", param="best_of")
+    if best_of > n and body.stream:
+        raise InvalidRequest(
+            "best_of above n cannot be streamed (the best are known only at the end).", param="best_of"
+        )
+    return best_of
+
+
+def best_of(choices: list[CompletionChoice], candidates: int, n: int) -> list[CompletionChoice]:
+    """Of each prompt's candidates, the `n` with the highest mean log probability per generated token
+    (OpenAI's "best"), best first, indexed again in OpenAI's order (`prompt × n + choice`)."""
+    kept: list[CompletionChoice] = []
+    for start in range(0, len(choices), candidates):
+        group = choices[start : start + candidates]
+        kept += sorted(group, key=lambda c: c.mean_logprob, reverse=True)[:n]
+    for index, choice in enumerate(kept):
+        choice.index = index
+    return kept
+
+
+@dataclass
+class CompletionChoice:
+    index: int
+    want_logprobs: bool
+    echo: bool
+    text: str = ""
+    tokens: list[str] = field(default_factory=list)
+    token_logprobs: list[float | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    finish: str | None = None
+    completion_tokens: int = 0
+    score: float = 0.0  # sum of the generated tokens' log probabilities (for best_of)
+    scored: int = 0
+
+    def feed(self, event: Event) -> tuple[str, int]:
+        """Apply one event; the text it adds and how many logprob entries it added."""
+        before_text, before = len(self.text), len(self.tokens)
+        if event.get("started"):
+            if self.echo:
+                self.text += event.get("prompt_text", "")
+            for entry in event.get("prompt_logprobs") or []:
+                self._add(entry)
+        elif "logprob" in event:
+            self._add(event["logprob"])
+            self.score += event["logprob"]["logprob"]
+            self.scored += 1
+        else:
+            self.text += event.get("text", "")
+            self.completion_tokens = event.get("completion_tokens", self.completion_tokens)
+            self.finish = event.get("finish", self.finish)
+        return self.text[before_text:], len(self.tokens) - before
+
+    @property
+    def mean_logprob(self) -> float:
+        return self.score / self.scored if self.scored else -math.inf
+
+    def _add(self, entry: Event | None) -> None:
+        if entry is None:
+            return
+        self.tokens.append(entry["token"])
+        self.token_logprobs.append(entry.get("logprob"))
+        top = entry.get("top")
+        self.top_logprobs.append(None if top is None else {t: lp for t, lp in top})
+
+    def logprobs(self, start: int = 0, text_start: int = 0) -> Event | None:
+        """OpenAI's legacy logprobs object for entries from `start`, offsets counted from `text_start`."""
+        if not self.want_logprobs:
+            return None
+        offsets, offset = [], text_start
+        for token in self.tokens[start:]:
+            offsets.append(offset)
+            offset += len(token)
+        return {
+            "tokens": self.tokens[start:],
+            "token_logprobs": self.token_logprobs[start:],
+            "top_logprobs": self.top_logprobs[start:],
+            "text_offset": offsets,
+        }
+
+
+# ---------------------------------------------------------------- streams of one request
+
+
+class _Streams:
+    """The engine streams of one request's choices, each already past its first event."""
+
+    def __init__(self, streams: list[Stream], firsts: list[Event]) -> None:
+        self._streams = streams
+        self._firsts = firsts
+
+    def prompt_tokens(self, per_prompt: int) -> int:
+        """Prompt tokens counted once per prompt (choices of one prompt share it)."""
+        return sum(int(e.get("prompt_tokens", 0)) for e in self._firsts[::per_prompt])
+
+    def cached_tokens(self, per_prompt: int) -> int:
+        """Of those, the tokens the engine took from its KV cache (a prefix it had computed before)."""
+        return sum(int(e.get("cached_tokens", 0)) for e in self._firsts[::per_prompt])
+
+    async def merged(self) -> AsyncIterator[tuple[int, Event]]:
+        """(choice index, event) from every stream as they come, starting with each first event."""
+        queue: asyncio.Queue[tuple[int, Event] | BaseException | None] = asyncio.Queue()
+        for index, first in enumerate(self._firsts):
+            queue.put_nowait((index, first))
+
+        async def pump(index: int, stream: Stream) -> None:
+            try:
+                async for event in stream:
+                    queue.put_nowait((index, event))
+            except BaseException as exc:
+                queue.put_nowait(exc)
+                return
+            queue.put_nowait(None)
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self._streams)]
+        try:
+            open_streams = len(tasks)
+            while open_streams:
+                item = await queue.get()
+                if item is None:
+                    open_streams -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            await self.close(tasks)
+
+    async def close(self, tasks: list[asyncio.Task[None]] | None = None) -> None:
+        for task in tasks or []:
+            task.cancel()
+        await asyncio.gather(*(tasks or []), return_exceptions=True)
+        for stream in self._streams:
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+
+
+async def _open(runtime: Runtime, deployment_id: str, requests: list[Event]) -> _Streams:
+    """Start every choice's generation and wait for its first event: errors are raised here, before
+    any answer is sent."""
+    streams: list[Stream] = [runtime.stream(deployment_id, r) for r in requests]
+    firsts = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
+    failure = next((f for f in firsts if isinstance(f, BaseException)), None)
+    if failure is not None:
+        await _Streams(streams, []).close()
+        raise failure
+    opened = [f for f in firsts if not isinstance(f, BaseException)]
+    PROMPT_TOKENS_CACHED.labels(deployment_id).inc(sum(int(f.get("cached_tokens", 0)) for f in opened))
+    return _Streams(streams, opened)
+
+
+async def _collect(streams: _Streams) -> Collected:
+    return [item async for item in streams.merged()]
+
+
+def _usage(streams: _Streams, per_prompt: int, completion_tokens: int) -> Event:
+    prompt_tokens = streams.prompt_tokens(per_prompt)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": streams.cached_tokens(per_prompt)},
+    }
+
+
+def _event(payload: Event) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def _sse(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The event stream's bytes: the chunks, then `[DONE]`; an error once the 200 has gone out is
+    reported in the stream, as OpenAI does."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except ModelhostError as exc:
+        error = {"message": exc.message, "type": exc.error_type, "code": exc.code, "param": exc.param}
+        yield _event({"error": error})
+        return
+    yield b"data: [DONE]\n\n"
