@@ -1,18 +1,14 @@
-"""Tiny random-weight models from `../shared/recipes`, built once per test session."""
+"""The test suite's tiny random-weight models (built by `tests/tiny_models`), built once per session.
+
+The names (`recipes`, `RECIPE_MODELS`, `build_recipes`) are the ones the tests use; the models are the
+repository's own, built from configs and offline tokenizers, with nothing downloaded.
+"""
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 from pathlib import Path
 
-# The workplace's shared recipes sit beside the checkout; a clone elsewhere names them in the variable.
-RECIPES_DIR = Path(
-    os.environ.get("MODELHOST_TEST_RECIPES") or Path(__file__).resolve().parents[2] / "shared" / "recipes"
-)
-
-# (recipe module, sub-folder or "", pipeline task) for every model the recipes build.
+# (folder, sub-folder or "", pipeline task) for every tiny model: its files are in `<out>/<folder>/<sub>`.
 RECIPE_MODELS: list[tuple[str, str, str]] = [
     ("t01_token_classification", "", "token-classification"),
     ("t02_fill_mask", "", "fill-mask"),
@@ -42,19 +38,16 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
 
 
 def build_recipes(out: Path) -> Path:
-    """Build every recipe into `out/<module>` (one process, as the recipes README suggests)."""
+    """Build every tiny model into `out/<folder>[/<sub>]` in this process and return `out`.
+
+    Imported here, not at the top: collecting the tests needs `RECIPE_MODELS` only, not torch.
+    One intra-op thread: tiny models build and run far faster so on a small, shared machine.
+    """
     import torch
 
+    from tests.tiny_models import BUILDERS
+
     torch.set_num_threads(1)
-    if not RECIPES_DIR.is_dir():
-        raise FileNotFoundError(
-            f"the model recipes are not at {RECIPES_DIR}: "
-            "clone beside ../shared, or set MODELHOST_TEST_RECIPES"
-        )
-    if str(RECIPES_DIR) not in sys.path:
-        sys.path.insert(0, str(RECIPES_DIR))
-    for module_name in sorted({m for m, _, _ in RECIPE_MODELS}):
-        target = out / module_name
-        target.mkdir(parents=True, exist_ok=True)
-        importlib.import_module(module_name).build(str(target))
+    for folder in sorted({module for module, _, _ in RECIPE_MODELS}):
+        BUILDERS[folder](out / folder)
     return out

@@ -1,0 +1,36 @@
+"""Tiny random-weight models for the test suite, built from configs in a few seconds with nothing
+downloaded (`tests.recipes.build_recipes` builds them all once per test session).
+
+One module per family: `text` (BERT), `vision` (CLIP, ViT, segmenters), `multimodal` (Llava, ViLT,
+BLIP, ViT-GPT2), `audio` (Wav2Vec2, Whisper, VITS), `video` (VideoMAE), `chat` (Qwen2 with a ChatML
+template), `diffusion` (Stable Diffusion, text-to-video SD, Wan); `vocab` makes their tokenizers offline
+and `common` holds the seed and the saving helpers.
+
+`BUILDERS` maps each output folder name (the tests address models as ``recipes / "t12_speech" /
+"vits"``) to the function that fills it; a folder holding several models gets one sub-folder each.
+These modules import torch, transformers and diffusers at import time: import them only to build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.tiny_models import audio, chat, diffusion, multimodal, text, video, vision
+
+BUILDERS: dict[str, Callable[[Path], None]] = {
+    "t01_token_classification": text.build_token_classification,
+    "t02_fill_mask": text.build_fill_mask,
+    "t03_feature_extraction": text.build_feature_extraction,
+    "t04_zero_shot_image_classification": vision.build_zero_shot_image_classification,
+    "t05_image_feature_extraction": vision.build_image_feature_extraction,
+    "t06_image_segmentation": vision.build_image_segmentation,
+    "t07_visual_question_answering": multimodal.build_visual_question_answering,
+    "t08_image_to_text": multimodal.build_image_to_text,
+    "t09_audio_classification": audio.build_audio_classification,
+    "t10_video_classification": video.build_video_classification,
+    "t11_text_generation_chat": chat.build_chat,
+    "t12_speech": audio.build_speech,
+    "t13_diffusers_sd": diffusion.build_stable_diffusion,
+    "t14_diffusers_text_to_video": diffusion.build_text_to_video,
+}
