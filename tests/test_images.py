@@ -20,7 +20,7 @@ import openai
 import pytest
 from PIL import Image
 
-from modelhost.tasks.images import fitted, mask_for
+from modelhost.tasks.diffusion import fitted, mask_for
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.live import live_server

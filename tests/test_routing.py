@@ -6,7 +6,8 @@ import pytest
 
 from modelhost.auth.principal import ADMIN, Principal, PrincipalKind
 from modelhost.errors import EndpointNotSupported, InvalidAPIKey, InvalidRequest, ModelNotFound
-from modelhost.routing import ENDPOINT_TASKS, PIPELINE_TASKS, DeploymentRef, resolve_deployment
+from modelhost.pipelines import BY_NAME, ENDPOINT_TASKS
+from modelhost.routing import DeploymentRef, resolve_deployment
 
 EMB = DeploymentRef(id="dep_e", model="emb", pipeline="feature-extraction")
 CHAT = DeploymentRef(id="dep_c", model="chat", pipeline="text-generation")
@@ -26,7 +27,7 @@ def test_every_endpoint_of_the_design_table_is_routed() -> None:
     )
     assert ENDPOINT_TASKS["/v1/images/edits"] == ("image-to-image", "inpainting")
     assert len(ENDPOINT_TASKS) == 20
-    assert "text-to-video" in PIPELINE_TASKS and len(PIPELINE_TASKS) == 17
+    assert "text-to-video" in BY_NAME and len(BY_NAME) == 17
 
 
 def test_named_model_is_chosen() -> None:

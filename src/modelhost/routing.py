@@ -1,6 +1,7 @@
-"""Endpoint → pipeline task, and the choice of a request's deployment (DESIGN.md).
+"""The choice of a request's deployment, and whether its pipeline task serves the endpoint (DESIGN.md).
 
-This module is the one place that decides whether a deployment supports an endpoint. It is pure:
+This module is the one place that decides whether a deployment supports an endpoint (which endpoints a
+task answers is declared in `modelhost.pipelines`). It is pure:
 callers hand it the caller's principal and deployments; it raises the documented errors.
 """
 
@@ -8,36 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import get_args
 
 from modelhost.auth.principal import Principal, PrincipalKind
 from modelhost.errors import EndpointNotSupported, InvalidAPIKey, InvalidRequest, ModelNotFound
-from modelhost.protocol.artifacts import Pipeline
-
-ENDPOINT_TASKS: dict[str, tuple[Pipeline, ...]] = {
-    "/v1/classifications/token": ("token-classification",),
-    "/v1/fill-mask": ("fill-mask",),
-    "/v1/feature-extraction": ("feature-extraction",),
-    "/v1/embeddings": ("feature-extraction",),
-    "/v1/classifications/zero-shot/image": ("zero-shot-image-classification",),
-    "/v1/classifications/video": ("video-classification",),
-    "/v1/classifications/audio": ("audio-classification",),
-    "/v1/images/segmentation": ("image-segmentation",),
-    "/v1/question-answering/visual": ("visual-question-answering",),
-    "/v1/images/to-text": ("image-to-text",),
-    "/v1/images/feature-extraction": ("image-feature-extraction",),
-    "/v1/chat/completions": ("text-generation",),
-    "/v1/responses": ("text-generation",),
-    "/v1/completions": ("text-generation",),
-    "/v1/images/generations": ("text-to-image",),
-    "/v1/images/edits": ("image-to-image", "inpainting"),
-    "/v1/audio/speech": ("text-to-speech",),
-    "/v1/audio/transcriptions": ("automatic-speech-recognition",),
-    "/v1/audio/translations": ("automatic-speech-recognition",),
-    "/v1/videos": ("text-to-video",),
-}
-
-PIPELINE_TASKS: tuple[str, ...] = get_args(Pipeline)
+from modelhost.pipelines import ENDPOINT_TASKS
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,19 +32,9 @@ from starlette.types import Message
 
 from modelhost.errors import InvalidMedia, InvalidRequest
 from modelhost.media.sources import media_kinds
+from modelhost.pipelines import RAW_MEDIA
 
-# route path → (the body field that takes the media, the content types accepted as the raw body)
-RAW_MEDIA_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "/v1/classifications/zero-shot/image": ("image", ("image/",)),
-    "/v1/images/segmentation": ("inputs", ("image/",)),
-    "/v1/question-answering/visual": ("image", ("image/",)),
-    "/v1/images/to-text": ("inputs", ("image/",)),
-    "/v1/images/feature-extraction": ("inputs", ("image/",)),
-    "/v1/classifications/audio": ("inputs", ("audio/",)),
-    "/v1/classifications/video": ("inputs", ("video/",)),
-}
 JSON_TYPES = ("application/json",)
-
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 # route path → the fields whose value may be an uploaded file in a multipart form
@@ -53,7 +43,7 @@ FORM_ROUTES: dict[str, tuple[str, ...]] = {"/v1/videos": ("input_reference",)}
 
 def raw_body_openapi(path: str) -> dict[str, Any]:
     """The extra request-body content type /docs shows for a route that takes raw media."""
-    _, prefixes = RAW_MEDIA_FIELDS[path]
+    prefixes = RAW_MEDIA[path].content_types
     return {
         f"{prefix}*": {
             "schema": {"type": "string", "format": "binary"},
@@ -76,11 +66,12 @@ class MediaBodyRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        if self.body_field is None or (self.path not in RAW_MEDIA_FIELDS and self.path not in FORM_ROUTES):
+        if self.body_field is None or (self.path not in RAW_MEDIA and self.path not in FORM_ROUTES):
             return handler
         model = self.body_field.field_info.annotation
         assert isinstance(model, type) and issubclass(model, BaseModel)
-        field, prefixes = RAW_MEDIA_FIELDS.get(self.path, ("", ()))
+        raw_media = RAW_MEDIA.get(self.path)
+        field, prefixes = (raw_media.field, raw_media.content_types) if raw_media else ("", ())
         file_fields = FORM_ROUTES.get(self.path, ())
 
         async def route(request: Request) -> Response:

@@ -7,50 +7,15 @@ from __future__ import annotations
 
 from functools import cache
 
-# transformers auto-mapping tables whose architectures serve each task.
-TRANSFORMERS_TASK_MAPPINGS: dict[str, tuple[str, ...]] = {
-    "token-classification": ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",),
-    "fill-mask": ("MODEL_FOR_MASKED_LM_MAPPING_NAMES",),
-    # Any encoder gives features; sentence-transformers pools whatever its Transformer module holds.
-    "feature-extraction": ("MODEL_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES"),
-    "zero-shot-image-classification": ("MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",),
-    "video-classification": ("MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES",),
-    "audio-classification": ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",),
-    "image-segmentation": (
-        "MODEL_FOR_IMAGE_SEGMENTATION_MAPPING_NAMES",
-        "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
-        "MODEL_FOR_INSTANCE_SEGMENTATION_MAPPING_NAMES",
-        "MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES",
-    ),
-    "visual-question-answering": (
-        "MODEL_FOR_VISUAL_QUESTION_ANSWERING_MAPPING_NAMES",
-        "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
-    ),
-    "image-to-text": ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
-    "image-feature-extraction": (
-        "MODEL_FOR_IMAGE_MAPPING_NAMES",
-        "MODEL_MAPPING_NAMES",
-        "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-    ),
-    "text-generation": ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
-    "text-to-speech": (
-        "MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES",
-        "MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES",
-    ),
-    "automatic-speech-recognition": (
-        "MODEL_FOR_CTC_MAPPING_NAMES",
-        "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
-    ),
-}
+from modelhost.pipelines import TASKS
 
+# The library tables whose architectures serve each task (declared with the task in modelhost.pipelines).
+TRANSFORMERS_TASK_MAPPINGS: dict[str, tuple[str, ...]] = {
+    t.name: t.transformers_mappings for t in TASKS if t.transformers_mappings
+}
 # diffusers AutoPipeline tables per task; a pipeline family present in the table can be loaded for it
 # (e.g. a StableDiffusionPipeline folder loads as img2img and inpainting too).
-DIFFUSERS_TASK_MAPPINGS: dict[str, str] = {
-    "text-to-image": "AUTO_TEXT2IMAGE_PIPELINES_MAPPING",
-    "image-to-image": "AUTO_IMAGE2IMAGE_PIPELINES_MAPPING",
-    "inpainting": "AUTO_INPAINT_PIPELINES_MAPPING",
-    "text-to-video": "AUTO_TEXT2VIDEO_PIPELINES_MAPPING",
-}
+DIFFUSERS_TASK_MAPPINGS: dict[str, str] = {t.name: t.diffusers_mapping for t in TASKS if t.diffusers_mapping}
 # Text-to-video pipelines diffusers has no AutoPipeline entry for, loaded by their own class.
 EXTRA_TEXT_TO_VIDEO = frozenset(
     {

@@ -71,7 +71,7 @@ from modelhost.runtime.spec import DeploymentSpec
 log = logging.getLogger("modelhost.runtime")
 DEPLOYMENT = "model"  # the Serve deployment's name inside each application
 # Requests one Serve replica takes at once, at least: its host batches them (so at least two batches'
-# worth), generations share the engine's continuous batch (64 sequences in `tasks.generation`).
+# worth), generations share the engine's continuous batch (64 sequences in `tasks.text_generation`).
 MAX_ONGOING_REQUESTS = 64
 # A model whose replica fails to start this many times in a row does not load: Serve gives up on a
 # first deployment then (its default, 20, takes minutes), and `startup_failure` reports one that has

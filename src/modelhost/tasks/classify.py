@@ -1,7 +1,9 @@
-"""Logits → the top `k` `{label, score}` pairs, with `function_to_apply` as transformers defines it."""
+"""Classification outputs: logits → the top `k` `{label, score}` pairs, with `function_to_apply` as
+transformers defines it; shared by the audio and video classification handlers."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,3 +30,18 @@ def top_labels(scores: torch.Tensor, id2label: dict[int, str], top_k: int | None
         {"label": id2label[int(i)], "score": float(v)}
         for v, i in zip(values.tolist(), indices.tolist(), strict=True)
     ]
+
+
+@dataclass
+class Classifier:
+    """A classification model with its feature extractor or image processor."""
+
+    model: Any
+    processor: Any
+    device: str
+
+
+def classify(model: Classifier, logits: torch.Tensor, item: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """A batch of logits → the item's top labels per row, with its `function_to_apply` and `top_k`."""
+    scores = scores_of(logits, item.get("function_to_apply"), model.model.config)
+    return [top_labels(row, model.model.config.id2label, item.get("top_k")) for row in scores]

@@ -16,12 +16,14 @@ from typing import Any
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
+from fastapi.routing import APIRoute
 
 from modelhost.api.bodies import MediaBodyRoute, raw_body_openapi
 from modelhost.api.deps import CallerPrincipal, deployment_for, get_services, run_inference
 from modelhost.api.errors import error_responses
 from modelhost.errors import InvalidRequest, param_name
 from modelhost.media.sources import load_media
+from modelhost.pipelines import TASKS, PipelineTask
 from modelhost.protocol import tasks as p
 
 router = APIRouter(
@@ -114,61 +116,6 @@ async def _run(
 
 
 @router.post(
-    "/v1/classifications/token",
-    summary="Token classification (named entities): a list of entities per input",
-    response_model=list[p.Entity] | list[list[p.Entity]],
-    **_examples(
-        {"model": "ner", "inputs": "my name is sarah", "aggregation_strategy": "simple"},
-        [{"entity": "PER", "entity_group": "PER", "score": 0.98, "word": "sarah", "start": 11, "end": 16}],
-    ),
-)
-async def token_classification(
-    body: p.TokenClassificationRequest, request: Request, principal: CallerPrincipal
-) -> Response:
-    item = {"inputs": _as_list(body.inputs), "aggregation_strategy": body.aggregation_strategy}
-    return _answer(body.inputs, await _run(request, principal, body.model, item))
-
-
-@router.post(
-    "/v1/fill-mask",
-    summary="Fill the mask token: candidate words with scores",
-    response_model=list[p.MaskFill] | list[list[p.MaskFill]],
-    **_examples(
-        {"model": "bert", "inputs": "paris is the [MASK] of france", "top_k": 1},
-        [
-            {
-                "sequence": "paris is the capital of france",
-                "score": 0.91,
-                "token": 3007,
-                "token_str": "capital",
-            }
-        ],
-    ),
-)
-async def fill_mask(body: p.FillMaskRequest, request: Request, principal: CallerPrincipal) -> Response:
-    item = {"inputs": _as_list(body.inputs), "targets": body.targets, "top_k": body.top_k}
-    return _answer(body.inputs, await _run(request, principal, body.model, item))
-
-
-@router.post(
-    "/v1/classifications/zero-shot/image",
-    summary="Zero-shot image classification against candidate labels",
-    response_model=list[p.LabelScore] | list[list[p.LabelScore]],
-    **_examples(
-        {"model": "clip", "image": IMAGE, "candidate_labels": ["cat", "dog"]},
-        [{"label": "cat", "score": 0.93}, {"label": "dog", "score": 0.07}],
-        raw_media="/v1/classifications/zero-shot/image",
-    ),
-)
-async def zero_shot_image(
-    body: p.ZeroShotImageRequest, request: Request, principal: CallerPrincipal
-) -> Response:
-    item = {"candidate_labels": body.candidate_labels, "hypothesis_template": body.hypothesis_template}
-    media = Media("images", body.image, "image", body.timeout)
-    return _answer(body.image, await _run(request, principal, body.model, item, media))
-
-
-@router.post(
     "/v1/classifications/video",
     summary="Video classification: top labels per video",
     response_model=list[p.LabelScore] | list[list[p.LabelScore]],
@@ -238,29 +185,6 @@ def _float32(samples: Any) -> bytes:
 
 
 @router.post(
-    "/v1/images/segmentation",
-    summary="Image segmentation: base64 PNG masks with scores (a list of these for a list of images)",
-    response_model=p.Segmentation | list[p.Segmentation],
-    **_examples(
-        {"model": "segformer", "inputs": IMAGE, "subtask": "semantic"},
-        {"masks": ["iVBORw0KGgo..."], "scores": [None], "labels": ["cat"]},
-        raw_media="/v1/images/segmentation",
-    ),
-)
-async def image_segmentation(
-    body: p.ImageSegmentationRequest, request: Request, principal: CallerPrincipal
-) -> Response:
-    item = {
-        "subtask": body.subtask,
-        "threshold": body.threshold,
-        "mask_threshold": body.mask_threshold,
-        "overlap_mask_area_threshold": body.overlap_mask_area_threshold,
-    }
-    media = Media("images", body.inputs, "inputs", body.timeout)
-    return _answer(body.inputs, await _run(request, principal, body.model, item, media))
-
-
-@router.post(
     "/v1/question-answering/visual",
     summary="Visual question answering: answers with scores",
     response_model=list[p.LabelScore] | list[list[p.LabelScore]],
@@ -297,35 +221,48 @@ def _pairs(images: int, questions: int) -> list[list[int]]:
     raise InvalidRequest("Give one image, one question, or as many questions as images.", param="question")
 
 
-@router.post(
-    "/v1/images/to-text",
-    summary="Image captioning",
-    response_model=list[p.GeneratedText] | list[list[p.GeneratedText]],
-    **_examples(
-        {"model": "blip", "inputs": IMAGE, "max_new_tokens": 20},
-        [{"generated_text": "a cat on a sofa"}],
-        raw_media="/v1/images/to-text",
-    ),
-)
-async def image_to_text(body: p.ImageToTextRequest, request: Request, principal: CallerPrincipal) -> Response:
-    options = body.generate_kwargs.model_dump(exclude_none=True) if body.generate_kwargs else None
-    item = {"max_new_tokens": body.max_new_tokens, "generate_kwargs": options}
-    media = Media("images", body.inputs, "inputs", body.timeout)
-    return _answer(body.inputs, await _run(request, principal, body.model, item, media))
+MEDIA_KEYS = {"image/": "images", "video/": "videos"}  # the item key a fetched media field travels under
 
 
-@router.post(
-    "/v1/images/feature-extraction",
-    summary="Image feature extraction: one vector per image",
-    response_model=list[float] | list[list[float]],
-    **_examples(
-        {"model": "vit", "inputs": IMAGE},
-        [0.0123, -0.0456, 0.0789],
-        raw_media="/v1/images/feature-extraction",
-    ),
-)
-async def image_feature_extraction(
-    body: p.ImageFeatureExtractionRequest, request: Request, principal: CallerPrincipal
-) -> Response:
-    media = Media("images", body.inputs, "inputs", body.timeout)
-    return _answer(body.inputs, await _run(request, principal, body.model, {}, media))
+def add_task_route(task: PipelineTask) -> None:
+    """Register the task endpoint of a pipeline whose request fields are its handler's options, one for
+    one (`modelhost.pipelines` declares its path, types, media field and /docs text): the media field is
+    fetched into `images` or `videos`, text `inputs` become a list, and every other field that is set
+    goes to the handler under its own name. One input gets one result, a list of inputs a list."""
+    assert task.request is not None and task.example is not None
+    media = task.raw_media
+
+    async def endpoint(body: Any, request: Request, principal: Any) -> Response:
+        item = body.model_dump(exclude={"model", "timeout"}, exclude_none=True)
+        given = getattr(body, media.field if media else "inputs")
+        read = None
+        if media is not None:
+            del item[media.field]
+            read = Media(MEDIA_KEYS[media.content_types[0]], given, media.field, body.timeout)
+        else:
+            item["inputs"] = _as_list(given)
+        return _answer(given, await _run(request, principal, body.model, item, read))
+
+    # FastAPI reads the body type from the signature: the task's own request model
+    endpoint.__annotations__ = {
+        "body": task.request,
+        "request": Request,
+        "principal": CallerPrincipal,
+        "return": Response,
+    }
+    router.add_api_route(
+        task.endpoint,
+        endpoint,
+        methods=["POST"],
+        name=task.name.replace("-", "_"),
+        summary=task.summary,
+        response_model=task.response,
+        **_examples(*task.example, raw_media=task.endpoint if media else None),
+    )
+
+
+# Every task endpoint with a request type and no route of its own above gets the generic one.
+_own_routes = {route.path for route in router.routes if isinstance(route, APIRoute)}
+for _task in TASKS:
+    if _task.request is not None and _task.endpoint not in _own_routes:
+        add_task_route(_task)

@@ -1,0 +1,268 @@
+"""Every pipeline task modelhost serves, declared once.
+
+One entry says all there is to know about a task outside its handler: the endpoints it answers, the
+request and response types of its task endpoint, the field a raw file body stands for, the handler the
+worker loads, and the library tables whose architectures artifact inspection accepts for it. Routing
+(`modelhost.routing`), the raw-body routes (`api.bodies`), the worker's handler registry
+(`tasks.registry`) and inspection (`artifacts.architectures`) are all derived from `TASKS`, so adding a
+pipeline is one handler file plus one entry here (docs/architecture.md walks through an example).
+
+This module sits in the base layer: it imports only the wire protocol, and names handlers as strings
+because they pull in torch and the model libraries, which only worker processes load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, get_args
+
+from modelhost.protocol import tasks as p
+from modelhost.protocol.artifacts import Pipeline
+
+
+@dataclass(frozen=True, slots=True)
+class RawMedia:
+    """The task endpoint also takes the file itself as the request body (the other parameters then go
+    in the query string): `field` is the JSON field the body stands for, `content_types` the accepted
+    Content-Type prefixes."""
+
+    field: str
+    content_types: tuple[str, ...]
+
+
+IMAGE_BODY = RawMedia("inputs", ("image/",))
+# a 1×1 PNG, for the examples /docs shows
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineTask:
+    """One pipeline task (see the module docstring)."""
+
+    name: Pipeline
+    # "module:Class" of the worker-side handler (`tasks.base.TaskHandler`); its file is named after the task
+    handler: str
+    # the endpoints a deployment of this task answers; the first is its task endpoint
+    endpoints: tuple[str, ...]
+    # transformers' auto-mapping tables (`modeling_auto.*_MAPPING_NAMES`) whose architectures serve it
+    transformers_mappings: tuple[str, ...] = ()
+    # or diffusers' AutoPipeline table (`auto_pipeline.*_MAPPING`) whose pipeline families serve it
+    diffusers_mapping: str | None = None
+    # the task endpoint's request and response types, where it is a Hugging Face-style task endpoint
+    request: type[p.TaskRequest] | None = None
+    response: Any = None
+    raw_media: RawMedia | None = None
+    # for /docs: the task endpoint's summary and an example request and answer
+    summary: str = ""
+    example: tuple[dict[str, Any], Any] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[0]
+
+
+def _scores(item: Any) -> Any:
+    """One result per input, or a list of them for a list of inputs."""
+    return list[item] | list[list[item]]
+
+
+TASKS: tuple[PipelineTask, ...] = (
+    PipelineTask(
+        "token-classification",
+        "modelhost.tasks.token_classification:TokenClassification",
+        ("/v1/classifications/token",),
+        ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",),
+        request=p.TokenClassificationRequest,
+        response=_scores(p.Entity),
+        summary="Token classification (named entities): a list of entities per input",
+        example=(
+            {"model": "ner", "inputs": "my name is sarah", "aggregation_strategy": "simple"},
+            [
+                {
+                    "entity": "PER",
+                    "entity_group": "PER",
+                    "score": 0.98,
+                    "word": "sarah",
+                    "start": 11,
+                    "end": 16,
+                }
+            ],
+        ),
+    ),
+    PipelineTask(
+        "fill-mask",
+        "modelhost.tasks.fill_mask:FillMask",
+        ("/v1/fill-mask",),
+        ("MODEL_FOR_MASKED_LM_MAPPING_NAMES",),
+        request=p.FillMaskRequest,
+        response=_scores(p.MaskFill),
+        summary="Fill the mask token: candidate words with scores",
+        example=(
+            {"model": "bert", "inputs": "paris is the [MASK] of france", "top_k": 1},
+            [
+                {
+                    "sequence": "paris is the capital of france",
+                    "score": 0.91,
+                    "token": 3007,
+                    "token_str": "capital",
+                }
+            ],
+        ),
+    ),
+    PipelineTask(
+        "feature-extraction",
+        "modelhost.tasks.feature_extraction:FeatureExtraction",
+        ("/v1/feature-extraction", "/v1/embeddings"),
+        # Any encoder gives features; sentence-transformers pools whatever its Transformer module holds.
+        ("MODEL_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES"),
+    ),
+    PipelineTask(
+        "zero-shot-image-classification",
+        "modelhost.tasks.zero_shot_image_classification:ZeroShotImageClassification",
+        ("/v1/classifications/zero-shot/image",),
+        ("MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",),
+        request=p.ZeroShotImageRequest,
+        response=_scores(p.LabelScore),
+        raw_media=RawMedia("image", ("image/",)),
+        summary="Zero-shot image classification against candidate labels",
+        example=(
+            {"model": "clip", "image": PNG, "candidate_labels": ["cat", "dog"]},
+            [{"label": "cat", "score": 0.93}, {"label": "dog", "score": 0.07}],
+        ),
+    ),
+    PipelineTask(
+        "video-classification",
+        "modelhost.tasks.video_classification:VideoClassification",
+        ("/v1/classifications/video",),
+        ("MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES",),
+        request=p.VideoClassificationRequest,
+        response=_scores(p.LabelScore),
+        raw_media=RawMedia("inputs", ("video/",)),
+    ),
+    PipelineTask(
+        "audio-classification",
+        "modelhost.tasks.audio_classification:AudioClassification",
+        ("/v1/classifications/audio",),
+        ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",),
+        request=p.AudioClassificationRequest,
+        response=_scores(p.LabelScore),
+        raw_media=RawMedia("inputs", ("audio/",)),
+    ),
+    PipelineTask(
+        "image-segmentation",
+        "modelhost.tasks.image_segmentation:ImageSegmentation",
+        ("/v1/images/segmentation",),
+        (
+            "MODEL_FOR_IMAGE_SEGMENTATION_MAPPING_NAMES",
+            "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+            "MODEL_FOR_INSTANCE_SEGMENTATION_MAPPING_NAMES",
+            "MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES",
+        ),
+        request=p.ImageSegmentationRequest,
+        response=p.Segmentation | list[p.Segmentation],
+        raw_media=IMAGE_BODY,
+        summary="Image segmentation: base64 PNG masks with scores (a list of these for a list of images)",
+        example=(
+            {"model": "segformer", "inputs": PNG, "subtask": "semantic"},
+            {"masks": ["iVBORw0KGgo..."], "scores": [None], "labels": ["cat"]},
+        ),
+    ),
+    PipelineTask(
+        "visual-question-answering",
+        "modelhost.tasks.visual_question_answering:VisualQuestionAnswering",
+        ("/v1/question-answering/visual",),
+        ("MODEL_FOR_VISUAL_QUESTION_ANSWERING_MAPPING_NAMES", "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"),
+        request=p.VisualQuestionAnsweringRequest,
+        response=_scores(p.LabelScore),
+        raw_media=RawMedia("image", ("image/",)),
+    ),
+    PipelineTask(
+        "image-to-text",
+        "modelhost.tasks.image_to_text:ImageToText",
+        ("/v1/images/to-text",),
+        ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
+        request=p.ImageToTextRequest,
+        response=_scores(p.GeneratedText),
+        raw_media=IMAGE_BODY,
+        summary="Image captioning",
+        example=(
+            {"model": "blip", "inputs": PNG, "max_new_tokens": 20},
+            [{"generated_text": "a cat on a sofa"}],
+        ),
+    ),
+    PipelineTask(
+        "image-feature-extraction",
+        "modelhost.tasks.image_feature_extraction:ImageFeatureExtraction",
+        ("/v1/images/feature-extraction",),
+        (
+            "MODEL_FOR_IMAGE_MAPPING_NAMES",
+            "MODEL_MAPPING_NAMES",
+            "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+        ),
+        request=p.ImageFeatureExtractionRequest,
+        response=list[float] | list[list[float]],
+        raw_media=IMAGE_BODY,
+        summary="Image feature extraction: one vector per image",
+        example=({"model": "vit", "inputs": PNG}, [0.0123, -0.0456, 0.0789]),
+    ),
+    PipelineTask(
+        "text-generation",
+        "modelhost.tasks.text_generation:TextGeneration",
+        ("/v1/chat/completions", "/v1/responses", "/v1/completions"),
+        ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
+    ),
+    PipelineTask(
+        "text-to-image",
+        "modelhost.tasks.text_to_image:TextToImage",
+        ("/v1/images/generations",),
+        diffusers_mapping="AUTO_TEXT2IMAGE_PIPELINES_MAPPING",
+    ),
+    PipelineTask(
+        "image-to-image",
+        "modelhost.tasks.image_to_image:ImageToImage",
+        ("/v1/images/edits",),
+        diffusers_mapping="AUTO_IMAGE2IMAGE_PIPELINES_MAPPING",
+    ),
+    PipelineTask(
+        "inpainting",
+        "modelhost.tasks.inpainting:Inpainting",
+        ("/v1/images/edits",),
+        diffusers_mapping="AUTO_INPAINT_PIPELINES_MAPPING",
+    ),
+    PipelineTask(
+        "text-to-speech",
+        "modelhost.tasks.text_to_speech:TextToSpeech",
+        ("/v1/audio/speech",),
+        ("MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES", "MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES"),
+    ),
+    PipelineTask(
+        "automatic-speech-recognition",
+        "modelhost.tasks.speech_recognition:SpeechRecognition",
+        ("/v1/audio/transcriptions", "/v1/audio/translations"),
+        ("MODEL_FOR_CTC_MAPPING_NAMES", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+    ),
+    PipelineTask(
+        "text-to-video",
+        "modelhost.tasks.text_to_video:TextToVideo",
+        ("/v1/videos",),
+        diffusers_mapping="AUTO_TEXT2VIDEO_PIPELINES_MAPPING",
+    ),
+)
+
+BY_NAME: dict[str, PipelineTask] = {task.name: task for task in TASKS}
+
+
+def _endpoint_tasks() -> dict[str, tuple[Pipeline, ...]]:
+    found: dict[str, tuple[Pipeline, ...]] = {}
+    for task in TASKS:
+        for endpoint in task.endpoints:
+            found[endpoint] = (*found.get(endpoint, ()), task.name)
+    return found
+
+
+# endpoint → the pipeline tasks whose deployments answer it
+ENDPOINT_TASKS: dict[str, tuple[Pipeline, ...]] = _endpoint_tasks()
+# task endpoint → its raw-body field and content types
+RAW_MEDIA: dict[str, RawMedia] = {t.endpoint: t.raw_media for t in TASKS if t.raw_media is not None}
+
+assert set(BY_NAME) == set(get_args(Pipeline)), "every Pipeline has exactly one entry in TASKS"
