@@ -12,6 +12,4 @@ echo "==> mypy"
 echo "==> import contracts"
 .venv/bin/lint-imports
 echo "==> pytest"
-# Three processes, each taking whole modules (their live servers are module fixtures); arguments given
-# to this script come after (`bash scripts/test.sh -n 0 tests/test_chat.py`) and win.
-.venv/bin/pytest -n "${MODELHOST_TEST_PROCESSES:-3}" --dist loadfile "$@"
+.venv/bin/pytest "$@"
