@@ -11,17 +11,26 @@ if [ -z "$python" ]; then
         if command -v "$candidate" >/dev/null; then python="$candidate"; break; fi
     done
 fi
+[ -n "$python" ] || { echo "setup.sh: Python 3.11, 3.12 or 3.13 is needed (or name one in PYTHON)" >&2; exit 1; }
 
 if [ ! -x .venv/bin/python ]; then
     echo "==> creating .venv"
     "$python" -m venv .venv
 fi
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
-# torch first, pinned, by pip (which reads this machine's pip configuration: a CPU build lies on disk);
-# an unpinned torch would pull a multi-GB CUDA build.
+# torch first, pinned, by pip: a build already on this machine (pip's configured find-links, e.g. the CPU
+# wheel in /opt/wheels) where there is one for this Python, else PyPI's, which on Linux is the CUDA
+# build (several GB). An unpinned torch would pull the newest CUDA build.
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-    echo "==> installing torch==2.13.0"
-    pip install torch==2.13.0
+    if pip install --no-index --no-deps torch==2.13.0 2>/dev/null; then
+        pip install torch==2.13.0  # its dependencies
+        echo "==> installed torch==2.13.0 from the build on this machine"
+    else
+        echo "==> no torch==2.13.0 build on this machine for $("$python" -V): downloading it from the package index"
+        echo "    (on Linux that is the CUDA build, several GB; a CPU-only machine may install the CPU build first:"
+        echo "    .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)"
+        pip install torch==2.13.0
+    fi
 fi
 # Everything else by uv: the same resolution as pip's, in about a minute instead of six. It keeps the
 # torch installed above (torch>=2.13,<2.15 is satisfied). MODELHOST_INSTALLER=pip installs with pip
