@@ -5,6 +5,7 @@ every response format."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import re
@@ -349,6 +350,32 @@ def test_srt_and_vtt_follow_their_formats(audio: Audio, clip: Path) -> None:
         vtt = client.audio.transcriptions.create(model=model, file=file, response_format="vtt")
     assert re.match(r"1\n00:00:00,000 --> 00:00:0\d,\d{3}\n.+\n\n$", srt), srt
     assert re.match(r"WEBVTT\n\n00:00:00\.000 --> 00:00:0\d\.\d{3}\n.+\n\n$", vtt), vtt
+
+
+def test_a_json_body_with_the_file_as_base64_or_a_data_uri_transcribes_as_the_form_does(
+    audio: Audio, clip: Path
+) -> None:
+    model, data = audio.ctc(), clip.read_bytes()
+    options = {"model": model, "response_format": "verbose_json", "timestamp_granularities[]": "word"}
+    form = audio.transcribe(data, **options)
+    assert form.status_code == 200, form.text
+    encoded = base64.b64encode(data).decode()
+    for file in (encoded, f"data:audio/wav;base64,{encoded}"):
+        body = {"model": model, "file": file, "response_format": "verbose_json"}
+        answer = audio.http.post(
+            "/v1/audio/transcriptions",
+            json={**body, "timestamp_granularities": ["word"]},
+            headers=bearer(audio.key),
+            timeout=120,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == form.json()
+    not_audio = {"model": model, "file": base64.b64encode(b"just text").decode()}
+    assert_error(
+        audio.http.post("/v1/audio/transcriptions", json=not_audio, headers=bearer(audio.key), timeout=120),
+        400,
+        param="file",
+    )
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,12 @@ validation and the media rules stay one code path.
   content type, or else by its bytes (`media.sources.media_kinds`): many clients send files as
   `application/octet-stream` or with no content type at all. No JSON text starts like a media file, so
   JSON stays JSON whatever its content type says; a body that is neither is a clear 400.
-- Multipart forms (the `openai` SDK sends `videos.create` so): each form field is a field of the body,
-  and an uploaded file becomes a `data:` URI.
+- Multipart forms (the `openai` SDK sends `videos.create` and audio transcriptions so): each form field
+  is a field of the body (`name[]`, the SDK's spelling of a list, is `name`), and an uploaded file becomes
+  a `data:` URI.
+
+`read_form` is the one multipart reader: these routes and the image edits (whose form is not a JSON
+body: several files and a mask) read forms through it alone.
 
 Values arrive as text and are converted to their field's type: a parameter given several times is a
 list (`candidate_labels=cat&candidate_labels=dog`), a list field given once is a list of one, numbers
@@ -20,6 +24,7 @@ from __future__ import annotations
 import base64
 import types
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import orjson
@@ -28,6 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import ImmutableMultiDict, UploadFile
+from starlette.exceptions import HTTPException
 from starlette.types import Message
 
 from modelhost.errors import InvalidMedia, InvalidRequest
@@ -38,7 +44,41 @@ JSON_TYPES = ("application/json",)
 
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 # route path → the fields whose value may be an uploaded file in a multipart form
-FORM_ROUTES: dict[str, tuple[str, ...]] = {"/v1/videos": ("input_reference",)}
+FORM_ROUTES: dict[str, tuple[str, ...]] = {
+    "/v1/videos": ("input_reference",),
+    "/v1/audio/transcriptions": ("file",),
+    "/v1/audio/translations": ("file",),
+}
+MAX_FORM_FILES = 64
+MAX_FORM_FIELDS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class FormFile:
+    """A file part of a form, read in full."""
+
+    content_type: str | None
+    data: bytes
+
+    def data_uri(self) -> str:
+        kind = self.content_type or "application/octet-stream"
+        return f"data:{kind};base64,{base64.b64encode(self.data).decode()}"
+
+
+async def read_form(request: Request) -> list[tuple[str, str | FormFile]]:
+    """Every part of a multipart (or urlencoded) form in the order sent, files read into memory;
+    python-multipart's refusals (a malformed body, too many parts) are a 400."""
+    parts: list[tuple[str, str | FormFile]] = []
+    try:
+        async with request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS) as form:
+            for name, value in form.multi_items():
+                if isinstance(value, UploadFile):  # Starlette's (FastAPI's is a subclass)
+                    parts.append((name, FormFile(value.content_type, await value.read())))
+                else:
+                    parts.append((name, value))
+    except HTTPException as exc:
+        raise InvalidRequest(f"Malformed multipart form: {exc.detail}") from None
+    return parts
 
 
 def raw_body_openapi(path: str) -> dict[str, Any]:
@@ -54,8 +94,11 @@ def raw_body_openapi(path: str) -> dict[str, Any]:
 
 
 def form_openapi(path: str, model: type[BaseModel]) -> dict[str, Any]:
-    """The multipart request body /docs shows beside JSON for a route in FORM_ROUTES."""
-    properties: dict[str, Any] = {name: {"type": "string"} for name in model.model_fields}
+    """The multipart request body /docs shows beside JSON for a route in FORM_ROUTES (list fields under
+    the SDK's `name[]`, which is how they are usually sent; `name` is read too)."""
+    properties: dict[str, Any] = {
+        (info.alias or name): {"type": "string"} for name, info in model.model_fields.items()
+    }
     for name in FORM_ROUTES[path]:
         properties[name] = {"type": "string", "format": "binary"}
     return {"multipart/form-data": {"schema": {"type": "object", "properties": properties}}}
@@ -77,10 +120,10 @@ class MediaBodyRoute(APIRoute):
         async def route(request: Request) -> Response:
             content_type = request.headers.get("content-type", "").lower()
             if file_fields and content_type.startswith(FORM_TYPES):
-                async with request.form() as form:
-                    files = {n: await _data_uri(form[n]) for n in file_fields if _is_file(form.get(n))}
-                    rest = ImmutableMultiDict([(k, v) for k, v in form.multi_items() if k not in files])
-                    values = _values(rest, model)
+                parts = [(name.removesuffix("[]"), value) for name, value in await read_form(request)]
+                files = {n: v.data_uri() for n, v in parts if n in file_fields and isinstance(v, FormFile)}
+                rest = ImmutableMultiDict([(n, v) for n, v in parts if n not in files])
+                values = _values(rest, model)
                 request = _json_request(request, orjson.dumps(_typed(model, values, "body", files)))
             elif prefixes and (
                 content_type.startswith(prefixes) or await _is_media(request, field, prefixes)
@@ -127,17 +170,6 @@ async def _json_text(request: Request, prefixes: tuple[str, ...]) -> bytes:
             code="invalid_body",
         ) from None
     return data
-
-
-def _is_file(value: Any) -> bool:
-    return isinstance(value, UploadFile)  # Starlette's: what `request.form()` gives (FastAPI's is a subclass)
-
-
-async def _data_uri(upload: Any) -> str:
-    data = await upload.read()
-    return (
-        f"data:{upload.content_type or 'application/octet-stream'};base64,{base64.b64encode(data).decode()}"
-    )
 
 
 def _typed(

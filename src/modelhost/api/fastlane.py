@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from modelhost.api.deps import ServicesDep, get_services
 from modelhost.api.errors import error_response
 from modelhost.auth.principal import Principal
 from modelhost.errors import ModelhostError, PayloadTooLarge
@@ -49,11 +50,14 @@ class Lane:
     request: str | None
     principal: str | None
     authenticate: Callable[[Request], Awaitable[Principal]] | None
+    services: str | None = None
 
     async def call(self, request: Request, body: BaseModel) -> Response:
         arguments: dict[str, Any] = {self.body: body}
         if self.request is not None:
             arguments[self.request] = request
+        if self.services is not None:
+            arguments[self.services] = get_services(request)
         if self.principal is not None:
             assert self.authenticate is not None
             arguments[self.principal] = await self.authenticate(request)
@@ -62,14 +66,14 @@ class Lane:
 
 
 def lane_of(route: APIRoute, path: str) -> Lane | None:
-    """A lane for a `POST` route of the shape `(body: Model, request: Request, principal: <dependency>)
-    -> Response` with no path parameters; None for any other route."""
+    """A lane for a `POST` route of the shape `(body: Model, request: Request, principal: <dependency>,
+    services: ServicesDep) -> Response` with no path parameters; None for any other route."""
     if route.methods != {"POST"} or "{" in path or not inspect.iscoroutinefunction(route.endpoint):
         return None
     hints = typing.get_type_hints(route.endpoint, include_extras=True)
     if not (isinstance(hints.get("return"), type) and issubclass(hints["return"], Response)):
         return None
-    body = request = principal = None
+    body = request = principal = services = None
     authenticate = None
     for name in inspect.signature(route.endpoint).parameters:
         hint = hints.get(name)
@@ -77,6 +81,8 @@ def lane_of(route: APIRoute, path: str) -> Lane | None:
             request = name
         elif isinstance(hint, type) and issubclass(hint, BaseModel) and body is None:
             body, body_type = name, hint
+        elif hint == ServicesDep:
+            services = name
         elif typing.get_origin(hint) is typing.Annotated and typing.get_args(hint)[0] is Principal:
             dependency = next((m for m in typing.get_args(hint)[1:] if isinstance(m, Depends)), None)
             if dependency is None or dependency.dependency is None:
@@ -86,7 +92,7 @@ def lane_of(route: APIRoute, path: str) -> Lane | None:
             return None  # a parameter the lane does not know how to give
     if body is None:
         return None
-    return Lane(path, route, body_type, body, request, principal, authenticate)
+    return Lane(path, route, body_type, body, request, principal, authenticate, services)
 
 
 def routes_of(app: FastAPI) -> list[tuple[APIRoute, str]]:

@@ -237,3 +237,22 @@ class VerboseTranslation(Transcription):
     language: Literal["english"] = Field(default="english", description="The output's: always English.")
     duration: float
     segments: list[TranscriptionSegment] | None = None
+
+
+AUDIO_FILE_DESCRIPTION = (
+    "The audio: WAV, MP3, FLAC, OGG, WebM, M4A, MP4... (read by its content, not its name). In a "
+    "multipart form (what the OpenAI SDK sends), the file itself; in a JSON body, base64, a `data:` URI or "
+    "an http(s) URL."
+)
+
+
+class TranscriptionRequest(TranscriptionOptions):
+    """The whole transcription request: the options and the audio."""
+
+    file: str = Field(min_length=1, description=AUDIO_FILE_DESCRIPTION)
+
+
+class TranslationRequest(TranslationOptions):
+    """The whole translation request: the options and the audio."""
+
+    file: str = Field(min_length=1, description=AUDIO_FILE_DESCRIPTION)

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from modelhost.agents.store import ACTIVE
-from modelhost.api.deps import AccountPrincipal, account_id_of, deployment_for, get_services
+from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of, deployment_for
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, Limit, Order, list_body
 from modelhost.errors import ModelhostError
@@ -47,11 +47,13 @@ def _json(payload: object) -> Response:
 
 
 @router.post("/v1/agent", summary="Create an agent on a text-generation deployment", response_model=Agent)
-async def create_agent(body: AgentCreateRequest, request: Request, principal: AccountPrincipal) -> Response:
+async def create_agent(
+    body: AgentCreateRequest, request: Request, services: ServicesDep, principal: AccountPrincipal
+) -> Response:
     await deployment_for(request, principal, body.model, CHAT_ENDPOINT, billable=False)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     agent = await asyncio.to_thread(
-        get_services(request).agents.create_agent,
+        services.agents.create_agent,
         account_id_of(principal),
         body.name,
         body.model,
@@ -64,20 +66,23 @@ async def create_agent(body: AgentCreateRequest, request: Request, principal: Ac
 @router.get("/v1/agent", summary="List agents (newest first by default)", response_model=AgentList)
 async def list_agents(
     request: Request,
+    services: ServicesDep,
     principal: AccountPrincipal,
     after: After = None,
     limit: Limit = 20,
     order: Order = "desc",
 ) -> Response:
     agents, more = await asyncio.to_thread(
-        get_services(request).agents.list_agents, account_id_of(principal), after, limit, order
+        services.agents.list_agents, account_id_of(principal), after, limit, order
     )
     return _json(list_body(agents, more))
 
 
 @router.get("/v1/agent/{agent_id}", summary="Retrieve an agent", response_model=Agent)
-async def retrieve_agent(agent_id: str, request: Request, principal: AccountPrincipal) -> Response:
-    agents = get_services(request).agents
+async def retrieve_agent(
+    agent_id: str, request: Request, services: ServicesDep, principal: AccountPrincipal
+) -> Response:
+    agents = services.agents
     return _json(await asyncio.to_thread(agents.get_agent, account_id_of(principal), agent_id))
 
 
@@ -86,8 +91,9 @@ async def retrieve_agent(agent_id: str, request: Request, principal: AccountPrin
     summary="Delete an agent; its runs are stopped and deleted with their events",
     response_model=AgentDeleted,
 )
-async def delete_agent(agent_id: str, request: Request, principal: AccountPrincipal) -> Response:
-    services = get_services(request)
+async def delete_agent(
+    agent_id: str, request: Request, services: ServicesDep, principal: AccountPrincipal
+) -> Response:
     runs = await asyncio.to_thread(services.agents.begin_delete_agent, account_id_of(principal), agent_id)
     await services.agent_runner.stop_runs(runs)
     await asyncio.to_thread(services.agents.finish_delete_agent, agent_id)
@@ -103,9 +109,12 @@ async def delete_agent(agent_id: str, request: Request, principal: AccountPrinci
     response_model=Run,
 )
 async def create_run(
-    agent_id: str, body: RunCreateRequest, request: Request, principal: AccountPrincipal
+    agent_id: str,
+    body: RunCreateRequest,
+    request: Request,
+    services: ServicesDep,
+    principal: AccountPrincipal,
 ) -> Response:
-    services = get_services(request)
     account_id = account_id_of(principal)
     agent = await asyncio.to_thread(services.agents.get_agent, account_id, agent_id)
     deployment = await deployment_for(request, principal, agent["model"], CHAT_ENDPOINT)
@@ -135,20 +144,23 @@ async def create_run(
 async def list_runs(
     agent_id: str,
     request: Request,
+    services: ServicesDep,
     principal: AccountPrincipal,
     after: After = None,
     limit: Limit = 20,
     order: Order = "desc",
 ) -> Response:
     runs, more = await asyncio.to_thread(
-        get_services(request).agents.list_runs, account_id_of(principal), agent_id, after, limit, order
+        services.agents.list_runs, account_id_of(principal), agent_id, after, limit, order
     )
     return _json(list_body(runs, more))
 
 
 @router.get("/v1/agent/{agent_id}/runs/{run_id}", summary="Retrieve a run", response_model=Run)
-async def retrieve_run(agent_id: str, run_id: str, request: Request, principal: AccountPrincipal) -> Response:
-    agents = get_services(request).agents
+async def retrieve_run(
+    agent_id: str, run_id: str, request: Request, services: ServicesDep, principal: AccountPrincipal
+) -> Response:
+    agents = services.agents
     return _json(await asyncio.to_thread(agents.get_run, account_id_of(principal), agent_id, run_id))
 
 
@@ -158,8 +170,9 @@ async def retrieve_run(agent_id: str, run_id: str, request: Request, principal: 
     response_model=Run,
     responses=error_responses(409),
 )
-async def cancel_run(agent_id: str, run_id: str, request: Request, principal: AccountPrincipal) -> Response:
-    services = get_services(request)
+async def cancel_run(
+    agent_id: str, run_id: str, request: Request, services: ServicesDep, principal: AccountPrincipal
+) -> Response:
     run = await asyncio.to_thread(services.agents.cancel_run, account_id_of(principal), agent_id, run_id)
     await services.agent_runner.stop_runs([run_id])
     return _json(run)
@@ -177,11 +190,12 @@ async def run_events(
     agent_id: str,
     run_id: str,
     request: Request,
+    services: ServicesDep,
     principal: AccountPrincipal,
     stream: Annotated[bool, Query(description="Follow new events as Server-Sent Events.")] = False,
     after: Annotated[int, Query(ge=0, description="Only events with a greater `seq`.")] = 0,
 ) -> Response:
-    agents = get_services(request).agents
+    agents = services.agents
     account_id = account_id_of(principal)
     events, status = await asyncio.to_thread(agents.events, account_id, agent_id, run_id, after)
     if not stream:
@@ -213,8 +227,9 @@ async def run_events(
     summary="Delete a run (api.md §4.15): an executing run is stopped first, then its events are deleted",
     response_model=RunDeleted,
 )
-async def delete_run(agent_id: str, run_id: str, request: Request, principal: AccountPrincipal) -> Response:
-    services = get_services(request)
+async def delete_run(
+    agent_id: str, run_id: str, request: Request, services: ServicesDep, principal: AccountPrincipal
+) -> Response:
     await asyncio.to_thread(services.agents.begin_delete_run, account_id_of(principal), agent_id, run_id)
     await services.agent_runner.stop_runs([run_id])
     await asyncio.to_thread(services.agents.finish_delete_run, run_id)

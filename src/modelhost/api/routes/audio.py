@@ -12,30 +12,36 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import orjson
-from fastapi import APIRouter, Form, Request, Response, UploadFile
-from pydantic import Field
+from fastapi import APIRouter, Request, Response
 
-from modelhost.api.deps import CallerPrincipal, deployment_for, get_services, run_inference
+from modelhost.api.bodies import MediaBodyRoute, form_openapi
+from modelhost.api.deps import CallerPrincipal, ServicesDep, deployment_for, run_inference
 from modelhost.api.errors import error_responses
 from modelhost.auth.principal import Principal
-from modelhost.errors import InvalidMedia, InvalidRequest
+from modelhost.container import Services
+from modelhost.errors import InvalidRequest
+from modelhost.media.sources import load_media
 from modelhost.protocol.audio import (
     SAMPLE_RATE_HEADER,
     SPEECH_CONTENT_TYPES,
     SpeechRequest,
     SpeechToTextOptions,
     Transcription,
-    TranscriptionOptions,
-    TranslationOptions,
+    TranscriptionRequest,
+    TranslationRequest,
     VerboseTranscription,
     VerboseTranslation,
     VoiceRef,
 )
 
-router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504))
+router = APIRouter(
+    tags=["openai"],
+    responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504),
+    route_class=MediaBodyRoute,  # the SDK's multipart form becomes the JSON body (api.bodies)
+)
 
 TEXT = "text/plain; charset=utf-8"
 VTT = "text/vtt; charset=utf-8"
@@ -64,7 +70,6 @@ VERBOSE_EXAMPLE = {
 
 
 Task = Literal["transcribe", "translate"]
-FILE_DESCRIPTION = "The audio: WAV, MP3, FLAC, OGG, WebM, M4A, MP4... (read by its content, not its name)."
 TEXT_RESPONSES: dict[str, Any] = {
     "text/plain": {"schema": {"type": "string"}, "example": "Hello world.\n"},
     "text/vtt": {
@@ -72,16 +77,6 @@ TEXT_RESPONSES: dict[str, Any] = {
         "example": "WEBVTT\n\n00:00:00.000 --> 00:00:02.500\nHello world.\n",
     },
 }
-
-
-class TranscriptionForm(TranscriptionOptions):
-    """The whole form: the options and the file (a FastAPI type, hence declared here, not in protocol)."""
-
-    file: UploadFile = Field(description=FILE_DESCRIPTION)
-
-
-class TranslationForm(TranslationOptions):
-    file: UploadFile = Field(description=FILE_DESCRIPTION)
 
 
 @router.post(
@@ -121,11 +116,12 @@ async def create_speech(body: SpeechRequest, request: Request, principal: Caller
             "content": {"application/json": {"example": VERBOSE_EXAMPLE}, **TEXT_RESPONSES},
         }
     },
+    openapi_extra={
+        "requestBody": {"content": form_openapi("/v1/audio/transcriptions", TranscriptionRequest)}
+    },
 )
 async def create_transcription(
-    form: Annotated[TranscriptionForm, Form(media_type="multipart/form-data")],
-    request: Request,
-    principal: CallerPrincipal,
+    form: TranscriptionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     if form.stream:
         raise InvalidRequest(
@@ -136,7 +132,7 @@ async def create_transcription(
             "`timestamp_granularities` needs `response_format` verbose_json.", param="timestamp_granularities"
         )
     words = "word" in form.timestamp_granularities
-    output = await _recognize(request, principal, form, "transcribe", form.language, words)
+    output = await _recognize(request, services, principal, form, "transcribe", form.language, words)
     return _shape(form, output, form.timestamp_granularities)
 
 
@@ -150,30 +146,28 @@ async def create_transcription(
             "content": {"application/json": {}, **TEXT_RESPONSES},
         }
     },
+    openapi_extra={"requestBody": {"content": form_openapi("/v1/audio/translations", TranslationRequest)}},
 )
 async def create_translation(
-    form: Annotated[TranslationForm, Form(media_type="multipart/form-data")],
-    request: Request,
-    principal: CallerPrincipal,
+    form: TranslationRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
-    output = await _recognize(request, principal, form, "translate", None, False)
+    output = await _recognize(request, services, principal, form, "translate", None, False)
     return _shape(form, output, ["segment"], task="translate")
 
 
 async def _recognize(
     request: Request,
+    services: Services,
     principal: Principal,
-    form: TranscriptionForm | TranslationForm,
+    form: TranscriptionRequest | TranslationRequest,
     task: Task,
     language: str | None,
     words: bool,
 ) -> dict[str, Any]:
-    """Run the speech recognition deployment on the form's file: text, duration, segments, words."""
+    """Run the speech recognition deployment on the request's audio: text, duration, segments, words."""
     deployment = await deployment_for(request, principal, form.model)
-    settings = get_services(request).settings
-    data = await form.file.read(settings.media_max_bytes + 1)
-    if len(data) > settings.media_max_bytes:
-        raise InvalidMedia(f"`file` is too large (limit {settings.media_max_bytes} bytes)", param="file")
+    settings = services.settings
+    data = await load_media(form.file, services.media, param="file", timeout=None)
     item = {
         "file": data,
         "limits": {"max_seconds": settings.media_max_seconds},

@@ -7,7 +7,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from modelhost.api.deps import CallerPrincipal, await_or_disconnect, deployment_for, get_services
+from modelhost.api.deps import CallerPrincipal, ServicesDep, await_or_disconnect, deployment_for
 from modelhost.api.errors import error_responses
 from modelhost.protocol.chat import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest
 from modelhost.serving import chat
@@ -39,10 +39,9 @@ CHAT_EXAMPLE = {
     responses={200: {"content": {"application/json": {"example": CHAT_EXAMPLE}, **SSE}}},
 )
 async def chat_completions(
-    body: ChatCompletionRequest, request: Request, principal: CallerPrincipal
+    body: ChatCompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
-    services = get_services(request)
     limit = services.settings.constrained_max_string_length
     answer = await chat.chat_completion(body, services.runtime, deployment.id, limit, _until(request))
     return _respond(answer)
@@ -54,9 +53,11 @@ async def chat_completions(
     response_model=Completion,
     responses={200: {"content": SSE}},
 )
-async def completions(body: CompletionRequest, request: Request, principal: CallerPrincipal) -> Response:
+async def completions(
+    body: CompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
     deployment = await deployment_for(request, principal, body.model)
-    answer = await chat.completion(body, get_services(request).runtime, deployment.id, _until(request))
+    answer = await chat.completion(body, services.runtime, deployment.id, _until(request))
     return _respond(answer)
 
 

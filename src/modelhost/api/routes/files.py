@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from modelhost.api.deps import get_services
+from modelhost.api.deps import ServicesDep
 from modelhost.api.errors import error_responses
 from modelhost.errors import NotFound
 
@@ -22,15 +22,14 @@ router = APIRouter(tags=["files"], responses=error_responses(404))
 async def file_content(
     file_id: str,
     request: Request,
+    services: ServicesDep,
     expires: Annotated[int, Query(description="Unix time the link expires at.")],
     signature: Annotated[
         str, Query(max_length=128, pattern="^[0-9a-f]*$", description="The link's signature.")
     ],
 ) -> Response:
     try:
-        data, content_type = await asyncio.to_thread(
-            get_services(request).files.read, file_id, expires, signature
-        )
+        data, content_type = await asyncio.to_thread(services.files.read, file_id, expires, signature)
     except OverflowError:  # an absurd `expires`
         raise NotFound("File not found (or the link has expired).", code="file_not_found") from None
     return Response(data, media_type=content_type, headers={"Cache-Control": "private, max-age=300"})

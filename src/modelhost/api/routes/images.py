@@ -20,11 +20,17 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
-from starlette.datastructures import FormData, UploadFile
-from starlette.exceptions import HTTPException
 
-from modelhost.api.deps import CallerPrincipal, account_id_of, deployment_for, get_services, run_inference
+from modelhost.api.bodies import FormFile, read_form
+from modelhost.api.deps import (
+    CallerPrincipal,
+    ServicesDep,
+    account_id_of,
+    deployment_for,
+    run_inference,
+)
 from modelhost.api.errors import error_responses
+from modelhost.container import Services
 from modelhost.errors import InvalidMedia, InvalidRequest, param_name
 from modelhost.protocol.images import (
     MAX_N,
@@ -141,12 +147,12 @@ def _options_item(body: ImageOptions) -> dict[str, Any]:
     },
 )
 async def generate_images(
-    body: ImageGenerationRequest, request: Request, principal: CallerPrincipal
+    body: ImageGenerationRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
     item = {**_options_item(body), "prompt": body.prompt or ""}
     output = await run_inference(request, deployment.id, item)
-    return await _answer(request, principal, deployment.model, body, output)
+    return await _answer(request, services, principal, deployment.model, body, output)
 
 
 @router.post(
@@ -159,7 +165,7 @@ async def generate_images(
         "requestBody": {"required": True, "content": {"multipart/form-data": {"schema": edit_form_schema()}}}
     },
 )
-async def edit_images(request: Request, principal: CallerPrincipal) -> Response:
+async def edit_images(request: Request, services: ServicesDep, principal: CallerPrincipal) -> Response:
     form = await read_edit_form(request)
     body = form.options
     deployment = await deployment_for(request, principal, body.model)
@@ -167,7 +173,7 @@ async def edit_images(request: Request, principal: CallerPrincipal) -> Response:
         raise InvalidRequest(
             "This inpainting deployment needs a `mask` (white where the image is repainted).", param="mask"
         )
-    settings = get_services(request).settings
+    settings = services.settings
     item = {
         **_options_item(body),
         "prompt": body.prompt,
@@ -177,11 +183,16 @@ async def edit_images(request: Request, principal: CallerPrincipal) -> Response:
         "limits": {"max_pixels": settings.media_max_pixels, "max_seconds": settings.media_max_seconds},
     }
     output = await run_inference(request, deployment.id, item)
-    return await _answer(request, principal, deployment.model, body, output)
+    return await _answer(request, services, principal, deployment.model, body, output)
 
 
 async def _answer(
-    request: Request, principal: CallerPrincipal, model: str, body: ImageOptions, output: dict[str, Any]
+    request: Request,
+    services: Services,
+    principal: CallerPrincipal,
+    model: str,
+    body: ImageOptions,
+    output: dict[str, Any],
 ) -> Response:
     """§4.3's shape: every data item has `url` and `b64_json`, the one not asked for null."""
     images: list[bytes] = output["images"]
@@ -190,7 +201,6 @@ async def _answer(
     if body.response_format == "b64_json":
         data = [{"url": None, "b64_json": base64.b64encode(image).decode("ascii")} for image in images]
     else:
-        services = get_services(request)
         base_url = services.settings.public_url or str(request.base_url)
         urls = await asyncio.to_thread(
             _links, services.files, base_url, account_id_of(principal), images, output["content_type"], body
@@ -257,11 +267,7 @@ async def read_edit_form(request: Request) -> EditForm:
     (the JSON rules, with form strings converted), so both endpoints refuse the same things."""
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         raise InvalidRequest("Send an edit as multipart/form-data: `image` file(s), `prompt` and options.")
-    try:
-        async with request.form(max_files=64, max_fields=64) as form:
-            images, mask, fields = await _parts(form)
-    except HTTPException as exc:  # python-multipart's refusals: a malformed body, too many parts
-        raise InvalidRequest(f"Malformed multipart form: {exc.detail}") from None
+    images, mask, fields = _parts(await read_form(request))
     if not images:
         raise InvalidRequest("`image` is required: one or more PNG, JPEG or WebP files.", param="image")
     if len(images) > MAX_IMAGES:
@@ -279,12 +285,12 @@ async def read_edit_form(request: Request) -> EditForm:
     return EditForm(options, images, mask)
 
 
-async def _parts(form: FormData) -> tuple[list[bytes], bytes | None, dict[str, Any]]:
+def _parts(parts: list[tuple[str, str | FormFile]]) -> tuple[list[bytes], bytes | None, dict[str, Any]]:
     """(images in the order sent, the mask, the text fields)."""
     images: list[bytes] = []
     mask: bytes | None = None
     fields: dict[str, Any] = {}
-    for name, value in form.multi_items():
+    for name, value in parts:
         if name == "markup":
             raise InvalidRequest(
                 "markup is not supported: describe the edit in `prompt`, and send a `mask` for the area "
@@ -293,11 +299,11 @@ async def _parts(form: FormData) -> tuple[list[bytes], bytes | None, dict[str, A
             )
         if name in (*IMAGE_FIELDS, "mask"):
             param = "mask" if name == "mask" else "image"
-            if not isinstance(value, UploadFile):
+            if not isinstance(value, FormFile):
                 raise InvalidMedia(f"`{param}` must be a file (PNG, JPEG or WebP).", param=param)
             if name == "mask" and mask is not None:
                 raise InvalidRequest("Send at most one `mask`.", param="mask")
-            data = await value.read()
+            data = value.data
             if name == "mask":
                 mask = data
             else:

@@ -19,17 +19,16 @@ from fastapi.responses import StreamingResponse
 
 from modelhost.api.deps import (
     CallerPrincipal,
+    ServicesDep,
     account_id_of,
     await_or_disconnect,
     deployment_for,
-    get_services,
 )
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, Limit, Order, list_body
 from modelhost.auth.principal import Principal
 from modelhost.errors import ModelhostError
 from modelhost.protocol.responses import InputItemList, ResponseCreateRequest, ResponseDeleted, ResponseObject
-from modelhost.serving.responses.service import Responses
 from modelhost.serving.responses.store import Scope
 
 router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 503))
@@ -65,10 +64,6 @@ EXAMPLE = {
 }
 
 
-def _responses(request: Request) -> Responses:
-    return get_services(request).responses
-
-
 def _scope(principal: Principal) -> Scope:
     return principal.deployment_ids
 
@@ -84,10 +79,10 @@ def _json(payload: object) -> Response:
     responses={200: {"content": {"application/json": {"example": EXAMPLE}, **SSE}}},
 )
 async def create_response(
-    body: ResponseCreateRequest, request: Request, principal: CallerPrincipal
+    body: ResponseCreateRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
-    responses = _responses(request)
+    responses = services.responses
     prepared = await responses.prepare(body, account_id_of(principal), _scope(principal), deployment.id)
     if prepared.background and not body.stream:
         return _json(await responses.submit(prepared))
@@ -106,16 +101,20 @@ async def create_response(
 
 
 @router.get("/v1/responses/{response_id}", summary="A stored response", response_model=ResponseObject)
-async def get_response(response_id: ResponseId, request: Request, principal: CallerPrincipal) -> Response:
-    store = _responses(request).store
+async def get_response(
+    response_id: ResponseId, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
+    store = services.responses.store
     return _json(await asyncio.to_thread(store.get, account_id_of(principal), _scope(principal), response_id))
 
 
 @router.delete(
     "/v1/responses/{response_id}", summary="Delete a stored response", response_model=ResponseDeleted
 )
-async def delete_response(response_id: ResponseId, request: Request, principal: CallerPrincipal) -> Response:
-    await _responses(request).delete(account_id_of(principal), _scope(principal), response_id)
+async def delete_response(
+    response_id: ResponseId, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
+    await services.responses.delete(account_id_of(principal), _scope(principal), response_id)
     return _json({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
@@ -124,8 +123,10 @@ async def delete_response(response_id: ResponseId, request: Request, principal: 
     summary="Cancel a background response (one that has finished is answered as it is)",
     response_model=ResponseObject,
 )
-async def cancel_response(response_id: ResponseId, request: Request, principal: CallerPrincipal) -> Response:
-    return _json(await _responses(request).cancel(account_id_of(principal), _scope(principal), response_id))
+async def cancel_response(
+    response_id: ResponseId, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
+    return _json(await services.responses.cancel(account_id_of(principal), _scope(principal), response_id))
 
 
 @router.get(
@@ -136,13 +137,14 @@ async def cancel_response(response_id: ResponseId, request: Request, principal: 
 async def list_input_items(
     response_id: ResponseId,
     request: Request,
+    services: ServicesDep,
     principal: CallerPrincipal,
     after: After = None,
     limit: Limit = 20,
     order: Order = "desc",
     include: Annotated[list[str] | None, Query(description="Accepted; items are always whole.")] = None,
 ) -> Response:
-    store = _responses(request).store
+    store = services.responses.store
     items, more = await asyncio.to_thread(
         store.input_items, account_id_of(principal), _scope(principal), response_id, after, limit, order
     )

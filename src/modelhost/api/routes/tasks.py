@@ -19,8 +19,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 
 from modelhost.api.bodies import MediaBodyRoute, raw_body_openapi
-from modelhost.api.deps import CallerPrincipal, deployment_for, get_services, run_inference
+from modelhost.api.deps import CallerPrincipal, ServicesDep, deployment_for, run_inference
 from modelhost.api.errors import error_responses
+from modelhost.container import Services
 from modelhost.errors import InvalidRequest, param_name
 from modelhost.media.sources import load_media
 from modelhost.pipelines import TASKS, PipelineTask
@@ -58,16 +59,16 @@ def _answer(given: Any, results: list[Any]) -> Response:
     )
 
 
-def _limits(request: Request) -> dict[str, float]:
-    settings = get_services(request).settings
+def _limits(services: Services) -> dict[str, float]:
+    settings = services.settings
     return {"max_pixels": settings.media_max_pixels, "max_seconds": settings.media_max_seconds}
 
 
 async def _media(
-    request: Request, values: list[str], field: str, timeout: float | None, allow_paths: bool = False
+    services: Services, values: list[str], field: str, timeout: float | None, allow_paths: bool = False
 ) -> list[bytes]:
     """Read every media reference of a request concurrently; the first bad one answers 400."""
-    policy = get_services(request).media
+    policy = services.media
     return list(
         await asyncio.gather(
             *(
@@ -94,22 +95,23 @@ class Media:
     timeout: float | None
     allow_paths: bool = False
 
-    async def __call__(self, request: Request) -> dict[str, Any]:
-        data = await _media(request, _as_list(self.values), self.param, self.timeout, self.allow_paths)
-        return {self.key: data, "limits": _limits(request)}
+    async def __call__(self, services: Services) -> dict[str, Any]:
+        data = await _media(services, _as_list(self.values), self.param, self.timeout, self.allow_paths)
+        return {self.key: data, "limits": _limits(services)}
 
 
 async def _run(
     request: Request,
+    services: Services,
     principal: CallerPrincipal,
     model: str | None,
     item: dict[str, Any],
-    read: Callable[[Request], Awaitable[dict[str, Any]]] | None = None,
+    read: Callable[[Services], Awaitable[dict[str, Any]]] | None = None,
 ) -> list[Any]:
     """Route (400 "Endpoint not supported" before anything is fetched), read media, infer."""
     deployment = await deployment_for(request, principal, model)
     if read is not None:
-        item = {**item, **await read(request)}
+        item = {**item, **await read(services)}
     output = await run_inference(request, deployment.id, item)
     results: list[Any] = output["results"]
     return results
@@ -125,7 +127,7 @@ async def _run(
     ),
 )
 async def video_classification(
-    body: p.VideoClassificationRequest, request: Request, principal: CallerPrincipal
+    body: p.VideoClassificationRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     item = {
         "top_k": body.top_k,
@@ -134,7 +136,7 @@ async def video_classification(
         "function_to_apply": body.function_to_apply,
     }
     media = Media("videos", body.inputs, "inputs", body.timeout, allow_paths=True)
-    return _answer(body.inputs, await _run(request, principal, body.model, item, media))
+    return _answer(body.inputs, await _run(request, services, principal, body.model, item, media))
 
 
 @router.post(
@@ -148,12 +150,12 @@ async def video_classification(
     ),
 )
 async def audio_classification(
-    body: p.AudioClassificationRequest, request: Request, principal: CallerPrincipal
+    body: p.AudioClassificationRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     several = isinstance(body.inputs, list) and not (body.inputs and isinstance(body.inputs[0], float | int))
     item = {"top_k": body.top_k, "function_to_apply": body.function_to_apply}
     audio = Audio(list(body.inputs) if several else [body.inputs], body.timeout)
-    results = await _run(request, principal, body.model, item, audio)
+    results = await _run(request, services, principal, body.model, item, audio)
     return Response(orjson.dumps(results if several else results[0]), media_type="application/json")
 
 
@@ -165,14 +167,14 @@ class Audio:
     clips: list[Any]
     timeout: float | None
 
-    async def __call__(self, request: Request) -> dict[str, Any]:
-        audios = await asyncio.gather(*(self._one(request, i, clip) for i, clip in enumerate(self.clips)))
-        return {"audios": list(audios), "limits": _limits(request)}
+    async def __call__(self, services: Services) -> dict[str, Any]:
+        audios = await asyncio.gather(*(self._one(services, i, clip) for i, clip in enumerate(self.clips)))
+        return {"audios": list(audios), "limits": _limits(services)}
 
-    async def _one(self, request: Request, index: int, clip: Any) -> dict[str, Any]:
+    async def _one(self, services: Services, index: int, clip: Any) -> dict[str, Any]:
         if isinstance(clip, str):
             param = param_name("inputs", index, len(self.clips))
-            policy = get_services(request).media
+            policy = services.media
             return {"bytes": await load_media(clip, policy, param=param, timeout=self.timeout)}
         if isinstance(clip, p.AudioDescriptor):
             samples = clip.array if clip.array is not None else clip.raw
@@ -195,7 +197,10 @@ def _float32(samples: Any) -> bytes:
     ),
 )
 async def visual_question_answering(
-    body: p.VisualQuestionAnsweringRequest, request: Request, principal: CallerPrincipal
+    body: p.VisualQuestionAnsweringRequest,
+    request: Request,
+    services: ServicesDep,
+    principal: CallerPrincipal,
 ) -> Response:
     questions = _as_list(body.question)
     item = {
@@ -204,7 +209,7 @@ async def visual_question_answering(
         "top_k": body.top_k,
     }
     results = await _run(
-        request, principal, body.model, item, Media("images", body.image, "image", body.timeout)
+        request, services, principal, body.model, item, Media("images", body.image, "image", body.timeout)
     )
     several = isinstance(body.image, list) or isinstance(body.question, list)
     return Response(orjson.dumps(results if several else results[0]), media_type="application/json")
@@ -232,7 +237,7 @@ def add_task_route(task: PipelineTask) -> None:
     assert task.request is not None and task.example is not None
     media = task.raw_media
 
-    async def endpoint(body: Any, request: Request, principal: Any) -> Response:
+    async def endpoint(body: Any, request: Request, services: Any, principal: Any) -> Response:
         item = body.model_dump(exclude={"model", "timeout"}, exclude_none=True)
         given = getattr(body, media.field if media else "inputs")
         read = None
@@ -241,12 +246,13 @@ def add_task_route(task: PipelineTask) -> None:
             read = Media(MEDIA_KEYS[media.content_types[0]], given, media.field, body.timeout)
         else:
             item["inputs"] = _as_list(given)
-        return _answer(given, await _run(request, principal, body.model, item, read))
+        return _answer(given, await _run(request, services, principal, body.model, item, read))
 
     # FastAPI reads the body type from the signature: the task's own request model
     endpoint.__annotations__ = {
         "body": task.request,
         "request": Request,
+        "services": ServicesDep,
         "principal": CallerPrincipal,
         "return": Response,
     }

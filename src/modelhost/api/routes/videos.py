@@ -16,10 +16,11 @@ import orjson
 from fastapi import APIRouter, Query, Request, Response
 
 from modelhost.api.bodies import MediaBodyRoute, form_openapi
-from modelhost.api.deps import CallerPrincipal, account_id_of, deployment_for, get_services
+from modelhost.api.deps import CallerPrincipal, ServicesDep, account_id_of, deployment_for
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, Limit, Order, list_body
 from modelhost.auth.principal import Principal, PrincipalKind
+from modelhost.container import Services
 from modelhost.errors import InvalidRequest, NotFound
 from modelhost.media.sources import load_media
 from modelhost.protocol.videos import (
@@ -70,13 +71,14 @@ def _json(payload: object, status: int = 200, headers: dict[str, str] | None = N
     openapi_extra={"requestBody": {"content": form_openapi("/v1/videos", VideoCreateRequest)}},
     responses={200: {"content": {"application/json": {"example": VIDEO_EXAMPLE}}}},
 )
-async def create_video(body: VideoCreateRequest, request: Request, principal: CallerPrincipal) -> Response:
+async def create_video(
+    body: VideoCreateRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
     deployment = await deployment_for(request, principal, body.model)
     frames = round(float(body.seconds) * body.fps)
     if frames > MAX_FRAMES:
         raise InvalidRequest(f"seconds × fps gives {frames} frames; at most {MAX_FRAMES}.", param="seconds")
-    services = get_services(request)
-    reference = await _reference(request, principal, body.input_reference)
+    reference = await _reference(services, principal, body.input_reference)
     options = {
         "seconds": float(body.seconds),
         "size": body.size,
@@ -98,12 +100,11 @@ async def create_video(body: VideoCreateRequest, request: Request, principal: Ca
 
 
 async def _reference(
-    request: Request, principal: Principal, value: str | ImageReference | None
+    services: Services, principal: Principal, value: str | ImageReference | None
 ) -> bytes | None:
     """The reference's bytes: a file of the account by `file_id`, else what `load_media` reads."""
     if value is None:
         return None
-    services = get_services(request)
     if isinstance(value, ImageReference) and value.file_id is not None:
         try:
             data, _ = await asyncio.to_thread(
@@ -128,9 +129,12 @@ async def _reference(
     responses={**error_responses(409), 200: {"content": {"application/json": {"example": VIDEO_EXAMPLE}}}},
 )
 async def remix_video(
-    video_id: str, body: VideoRemixRequest, request: Request, principal: CallerPrincipal
+    video_id: str,
+    body: VideoRemixRequest,
+    request: Request,
+    services: ServicesDep,
+    principal: CallerPrincipal,
 ) -> Response:
-    services = get_services(request)
     account_id = account_id_of(principal)
     source = await asyncio.to_thread(services.videos.remix_source, account_id, video_id, _scope(principal))
     deployment = await deployment_for(request, principal, source.model, "/v1/videos")
@@ -150,13 +154,14 @@ async def remix_video(
 @router.get("/v1/videos", summary="List video jobs (newest first by default)", response_model=VideoList)
 async def list_videos(
     request: Request,
+    services: ServicesDep,
     principal: CallerPrincipal,
     after: After = None,
     limit: Limit = 20,
     order: Order = "desc",
 ) -> Response:
     jobs, more = await asyncio.to_thread(
-        get_services(request).videos.list, account_id_of(principal), after, limit, order, _scope(principal)
+        services.videos.list, account_id_of(principal), after, limit, order, _scope(principal)
     )
     return _json(list_body(jobs, more))
 
@@ -166,8 +171,9 @@ async def list_videos(
     summary="Retrieve a video job (`openai-poll-after-ms` while it is queued or running)",
     response_model=Video,
 )
-async def retrieve_video(video_id: str, request: Request, principal: CallerPrincipal) -> Response:
-    services = get_services(request)
+async def retrieve_video(
+    video_id: str, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
     job = await asyncio.to_thread(services.videos.get, account_id_of(principal), video_id, _scope(principal))
     headers = None
     if job["status"] in ("queued", "in_progress"):
@@ -180,8 +186,9 @@ async def retrieve_video(video_id: str, request: Request, principal: CallerPrinc
     summary="Delete a video job and its content; a running generation is stopped",
     response_model=VideoDeleted,
 )
-async def delete_video(video_id: str, request: Request, principal: CallerPrincipal) -> Response:
-    services = get_services(request)
+async def delete_video(
+    video_id: str, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
     await asyncio.to_thread(services.videos.delete, account_id_of(principal), video_id, _scope(principal))
     await services.video_runner.cancel(video_id)
     return _json({"id": video_id, "object": "video.deleted", "deleted": True})
@@ -196,6 +203,7 @@ async def delete_video(video_id: str, request: Request, principal: CallerPrincip
 async def video_content(
     video_id: str,
     request: Request,
+    services: ServicesDep,
     principal: CallerPrincipal,
     variant: Annotated[
         VideoVariant,
@@ -205,7 +213,7 @@ async def video_content(
         ),
     ] = "video",
 ) -> Response:
-    videos = get_services(request).videos
+    videos = services.videos
     key = await asyncio.to_thread(
         videos.content_key, account_id_of(principal), video_id, _scope(principal), variant
     )
