@@ -21,11 +21,12 @@ from tests.postgres import create_database, postgres_server
 
 
 @pytest.fixture(scope="session")
-def recipes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Folder holding every tiny recipe model (see tests/recipes.py)."""
-    from tests.recipes import build_recipes
+def recipes() -> Path:
+    """Folder holding every tiny model, built once per content of their builders (tests/recipes.py).
+    Shared with later runs: tests copy a model before changing it."""
+    from tests.recipes import cached_recipes
 
-    return build_recipes(tmp_path_factory.mktemp("recipes"))
+    return cached_recipes()
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The test suite's tiny random-weight models (built by `tests/tiny_models`), built once per session.
+"""The test suite's tiny random-weight models (built by `tests/tiny_models`), built once per content.
 
 The names (`recipes`, `RECIPE_MODELS`, `build_recipes`) are the ones the tests use; the models are the
 repository's own, built from configs and offline tokenizers, with nothing downloaded.
@@ -6,7 +6,18 @@ repository's own, built from configs and offline tokenizers, with nothing downlo
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import sys
 from pathlib import Path
+
+from filelock import FileLock
+
+# what the built files depend on besides the builders' code
+LIBRARIES = ("torch", "transformers", "diffusers", "sentence-transformers", "tokenizers", "safetensors")
+MANIFEST = "MANIFEST"
 
 # (folder, sub-folder or "", pipeline task) for every tiny model: its files are in `<out>/<folder>/<sub>`.
 RECIPE_MODELS: list[tuple[str, str, str]] = [
@@ -51,3 +62,51 @@ def build_recipes(out: Path) -> Path:
     for folder in sorted({module for module, _, _ in RECIPE_MODELS}):
         BUILDERS[folder](out / folder)
     return out
+
+
+def cache_root() -> Path:
+    """Where built models are kept between runs: MODELHOST_TEST_MODEL_CACHE, else the user's cache."""
+    configured = os.environ.get("MODELHOST_TEST_MODEL_CACHE")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "modelhost" / "test-models"
+
+
+def content_key() -> str:
+    """A hash of everything the built files depend on: the builders' code, this file, the libraries'
+    versions and Python's. Changing any of them builds afresh; nothing else does."""
+    digest = hashlib.sha256(f"{sys.version_info[:2]}".encode())
+    for library in LIBRARIES:
+        digest.update(f"{library}=={importlib.metadata.version(library)}".encode())
+    here = Path(__file__).parent
+    for source in [Path(__file__), *sorted((here / "tiny_models").glob("*.py"))]:
+        digest.update(source.relative_to(here).as_posix().encode() + source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _manifest(folder: Path) -> str:
+    """Every built file with the hash of its bytes: a model changed in place (by a test that should have
+    copied it) no longer matches, and the next session builds afresh."""
+    lines = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        lines.append(f"{path.relative_to(folder).as_posix()} {hashlib.sha256(path.read_bytes()).hexdigest()}")
+    return "\n".join(lines)
+
+
+def cached_recipes(root: Path | None = None) -> Path:
+    """Every tiny model, built once per content key and reused by later sessions (a session that finds
+    another one building waits on a file lock)."""
+    root = root or cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / content_key()
+    with FileLock(f"{target}.lock"):
+        manifest = target / MANIFEST
+        if manifest.is_file() and manifest.read_text() == _manifest(target):
+            return target
+        partial = root / f"{target.name}.partial-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        build_recipes(partial)
+        (partial / MANIFEST).write_text(_manifest(partial))
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
+    return target
