@@ -45,6 +45,8 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
     ("t13_diffusers_sd", "", "inpainting"),
     ("t14_diffusers_text_to_video", "text_to_video_sd", "text-to-video"),
     ("t14_diffusers_text_to_video", "wan", "text-to-video"),
+    ("t15_text_classification", "", "text-classification"),
+    ("t16_text_ranking", "", "text-ranking"),
 ]
 
 

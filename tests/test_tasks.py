@@ -454,6 +454,172 @@ def test_video_paths_outside_the_media_root_are_refused(gw: Gateway) -> None:
 # ---------------------------------------------------------------- across endpoints
 
 
+# ---------------------------------------------------------------- text classification
+
+SENTENCES = ["what a wonderful film", "the plot was dull", "an actor", "paris is in france"]
+
+
+def test_text_classification_scores_equal_the_transformers_pipelines(gw: Gateway) -> None:
+    from transformers import pipeline
+
+    model = gw.deploy("t15_text_classification", "", "text-classification")
+    reference = pipeline("text-classification", model=str(gw.recipes / "t15_text_classification"), top_k=None)
+    served = gw.ok("/v1/classifications/text", model=model, inputs=SENTENCES, top_k=None)
+    assert len(served) == len(SENTENCES)
+    for answer, expected in zip(served, reference(SENTENCES), strict=True):
+        assert same(answer, expected), (answer, expected)
+        assert {r["label"] for r in answer} == {"negative", "neutral", "positive"}
+
+
+def test_text_classification_gives_the_best_label_of_one_text_and_top_k_of_a_list(gw: Gateway) -> None:
+    model = gw.deploy("t15_text_classification", "", "text-classification")
+    every = gw.ok("/v1/classifications/text", model=model, inputs=SENTENCES[0], top_k=None)
+    assert gw.ok("/v1/classifications/text", model=model, inputs=SENTENCES[0]) == every[:1]
+    two = gw.ok("/v1/classifications/text", model=model, inputs=SENTENCES[:2], top_k=2)
+    assert [len(labels) for labels in two] == [2, 2] and same(two[0], every[:2])
+    raw = gw.ok(
+        "/v1/classifications/text", model=model, inputs=SENTENCES[0], top_k=None, function_to_apply="none"
+    )
+    assert not np.isclose(sum(r["score"] for r in raw), 1.0)  # logits, not probabilities
+    assert np.isclose(sum(r["score"] for r in every), 1.0)
+
+
+def test_text_pairs_are_classified_as_pairs(gw: Gateway) -> None:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = gw.deploy("t15_text_classification", "", "text-classification")
+    folder = str(gw.recipes / "t15_text_classification")
+    pair = {"text": "a man plays", "text_pair": "someone is playing"}
+    served = gw.ok("/v1/classifications/text", model=model, inputs=[pair, "a man plays"], top_k=None)
+    tokenizer, classifier = (
+        AutoTokenizer.from_pretrained(folder),
+        AutoModelForSequenceClassification.from_pretrained(folder),
+    )
+    with torch.inference_mode():
+        logits = classifier(**tokenizer("a man plays", "someone is playing", return_tensors="pt")).logits[0]
+        alone = classifier(**tokenizer("a man plays", return_tensors="pt")).logits[0]
+    labels = classifier.config.id2label.values()
+    for answer, reference in ((served[0], logits), (served[1], alone)):
+        expected = dict(zip(labels, reference.softmax(-1).tolist(), strict=True))
+        assert {r["label"]: r["score"] for r in answer} == pytest.approx(expected, abs=2e-6)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"inputs": []}, "inputs"),
+        ({"inputs": ""}, "inputs"),
+        ({"inputs": {"text": "a"}}, "inputs"),
+        ({"inputs": "a", "top_k": 0}, "top_k"),
+        ({"inputs": "a", "function_to_apply": "tanh"}, "function_to_apply"),
+    ],
+)
+def test_bad_text_classification_requests_answer_400_naming_the_field(
+    gw: Gateway, body: dict[str, Any], param: str
+) -> None:
+    model = gw.deploy("t15_text_classification", "", "text-classification")
+    response = gw.call("/v1/classifications/text", model=model, **body)
+    assert_error(response, 400)
+    assert response.json()["error"]["param"].startswith(param)
+
+
+# ---------------------------------------------------------------- reranking
+
+QUERY = "what is the capital of france"
+DOCUMENTS = ["paris is the capital of france", "berlin is in germany", "the film was dull", "a cat"]
+
+
+def test_rerank_scores_equal_sentence_transformers_cross_encoder_best_first(gw: Gateway) -> None:
+    from sentence_transformers import CrossEncoder
+
+    model = gw.deploy("t16_text_ranking", "", "text-ranking")
+    expected = CrossEncoder(str(gw.recipes / "t16_text_ranking"), device="cpu").predict(
+        [(QUERY, d) for d in DOCUMENTS]
+    )
+    answer = gw.ok("/v1/rerank", model=model, query=QUERY, documents=DOCUMENTS)
+    results = answer["results"]
+    assert [r["index"] for r in results] == list(np.argsort(-expected))
+    np.testing.assert_allclose(
+        [r["relevance_score"] for r in results], sorted(expected, reverse=True), atol=1e-5
+    )
+    assert all("document" not in r for r in results)
+    assert answer["model"] == model and answer["usage"]["total_tokens"] > 0
+    assert answer["meta"]["billed_units"]["search_units"] == 1
+
+
+def test_rerank_top_n_and_documents_as_objects_with_their_text_returned(gw: Gateway) -> None:
+    model = gw.deploy("t16_text_ranking", "", "text-ranking")
+    every = gw.ok("/rerank", model=model, query=QUERY, documents=DOCUMENTS)["results"]
+    best = gw.ok(
+        "/v1/rerank",
+        model=model,
+        query=QUERY,
+        documents=[{"text": d} for d in DOCUMENTS],
+        top_n=2,
+        return_documents=True,
+    )["results"]
+    assert [(r["index"], r["document"]["text"]) for r in best] == [
+        (r["index"], DOCUMENTS[r["index"]]) for r in every[:2]
+    ]
+    jina = gw.ok("/v1/rerank", model=model, query=QUERY, documents=DOCUMENTS, top_n=1, return_text=True)
+    assert jina["results"][0]["document"]["text"] == DOCUMENTS[every[0]["index"]]
+
+
+def test_cohere_clients_v1_and_v2_rerank_unchanged_but_for_base_url_and_key(gw: Gateway) -> None:
+    import cohere
+
+    model = gw.deploy("t16_text_ranking", "", "text-ranking")
+    expected = gw.ok("/v1/rerank", model=model, query=QUERY, documents=DOCUMENTS)["results"]
+    base_url = str(gw.http.base_url).rstrip("/")
+    v2 = cohere.ClientV2(api_key=gw.key, base_url=base_url).rerank(
+        model=model, query=QUERY, documents=DOCUMENTS, top_n=3
+    )
+    assert [(r.index, round(r.relevance_score, 5)) for r in v2.results] == [
+        (r["index"], round(r["relevance_score"], 5)) for r in expected[:3]
+    ]
+    v1 = cohere.Client(api_key=gw.key, base_url=base_url).rerank(
+        model=model, query=QUERY, documents=DOCUMENTS, return_documents=True
+    )
+    assert [r.index for r in v1.results] == [r["index"] for r in expected]
+    assert (
+        v1.results[0].document is not None and v1.results[0].document.text == DOCUMENTS[expected[0]["index"]]
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"query": QUERY, "documents": []}, "documents"),
+        ({"query": "", "documents": ["a"]}, "query"),
+        ({"documents": ["a"]}, "query"),
+        ({"query": QUERY, "documents": ["a"], "top_n": 0}, "top_n"),
+        ({"query": QUERY, "documents": [{"title": "a"}]}, "documents"),
+        ({"query": QUERY, "documents": ["a"], "return_documnets": True}, "return_documnets"),
+    ],
+)
+def test_bad_rerank_requests_answer_400_naming_the_field(
+    gw: Gateway, body: dict[str, Any], param: str
+) -> None:
+    model = gw.deploy("t16_text_ranking", "", "text-ranking")
+    response = gw.call("/v1/rerank", model=model, **body)
+    assert_error(response, 400)
+    assert response.json()["error"]["param"].startswith(param)
+
+
+def test_rerank_on_a_deployment_of_another_task_is_not_supported(gw: Gateway) -> None:
+    model = gw.deploy("t15_text_classification", "", "text-classification")
+    assert_error(
+        gw.call("/v1/rerank", model=model, query=QUERY, documents=DOCUMENTS),
+        400,
+        code="endpoint_not_supported",
+    )
+    ranker = gw.deploy("t16_text_ranking", "", "text-ranking")
+    assert_error(
+        gw.call("/v1/classifications/text", model=ranker, inputs="a"), 400, code="endpoint_not_supported"
+    )
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [

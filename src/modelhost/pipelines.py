@@ -48,6 +48,9 @@ class PipelineTask:
     transformers_mappings: tuple[str, ...] = ()
     # or diffusers' AutoPipeline table (`auto_pipeline.*_MAPPING`) whose pipeline families serve it
     diffusers_mapping: str | None = None
+    # what inspection requires beside the weights: tokenizer files, a processor's config
+    needs_tokenizer: bool = False
+    needs_processor: bool = False
     # the task endpoint's request and response types, where it is a Hugging Face-style task endpoint
     request: type[p.TaskRequest] | None = None
     response: Any = None
@@ -88,6 +91,7 @@ TASKS: tuple[PipelineTask, ...] = (
                 }
             ],
         ),
+        needs_tokenizer=True,
     ),
     PipelineTask(
         "fill-mask",
@@ -108,6 +112,7 @@ TASKS: tuple[PipelineTask, ...] = (
                 }
             ],
         ),
+        needs_tokenizer=True,
     ),
     PipelineTask(
         "feature-extraction",
@@ -115,6 +120,7 @@ TASKS: tuple[PipelineTask, ...] = (
         ("/v1/feature-extraction", "/v1/embeddings"),
         # Any encoder gives features; sentence-transformers pools whatever its Transformer module holds.
         ("MODEL_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES"),
+        needs_tokenizer=True,
     ),
     PipelineTask(
         "zero-shot-image-classification",
@@ -129,6 +135,8 @@ TASKS: tuple[PipelineTask, ...] = (
             {"model": "clip", "image": PNG, "candidate_labels": ["cat", "dog"]},
             [{"label": "cat", "score": 0.93}, {"label": "dog", "score": 0.07}],
         ),
+        needs_tokenizer=True,
+        needs_processor=True,
     ),
     PipelineTask(
         "video-classification",
@@ -138,6 +146,7 @@ TASKS: tuple[PipelineTask, ...] = (
         request=p.VideoClassificationRequest,
         response=_scores(p.LabelScore),
         raw_media=RawMedia("inputs", ("video/",)),
+        needs_processor=True,
     ),
     PipelineTask(
         "audio-classification",
@@ -147,6 +156,7 @@ TASKS: tuple[PipelineTask, ...] = (
         request=p.AudioClassificationRequest,
         response=_scores(p.LabelScore),
         raw_media=RawMedia("inputs", ("audio/",)),
+        needs_processor=True,
     ),
     PipelineTask(
         "image-segmentation",
@@ -166,6 +176,7 @@ TASKS: tuple[PipelineTask, ...] = (
             {"model": "segformer", "inputs": PNG, "subtask": "semantic"},
             {"masks": ["iVBORw0KGgo..."], "scores": [None], "labels": ["cat"]},
         ),
+        needs_processor=True,
     ),
     PipelineTask(
         "visual-question-answering",
@@ -175,6 +186,8 @@ TASKS: tuple[PipelineTask, ...] = (
         request=p.VisualQuestionAnsweringRequest,
         response=_scores(p.LabelScore),
         raw_media=RawMedia("image", ("image/",)),
+        needs_tokenizer=True,
+        needs_processor=True,
     ),
     PipelineTask(
         "image-to-text",
@@ -189,6 +202,8 @@ TASKS: tuple[PipelineTask, ...] = (
             {"model": "blip", "inputs": PNG, "max_new_tokens": 20},
             [{"generated_text": "a cat on a sofa"}],
         ),
+        needs_tokenizer=True,
+        needs_processor=True,
     ),
     PipelineTask(
         "image-feature-extraction",
@@ -204,12 +219,14 @@ TASKS: tuple[PipelineTask, ...] = (
         raw_media=IMAGE_BODY,
         summary="Image feature extraction: one vector per image",
         example=({"model": "vit", "inputs": PNG}, [0.0123, -0.0456, 0.0789]),
+        needs_processor=True,
     ),
     PipelineTask(
         "text-generation",
         "modelhost.tasks.text_generation:TextGeneration",
         ("/v1/chat/completions", "/v1/responses", "/v1/completions"),
         ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
+        needs_tokenizer=True,
     ),
     PipelineTask(
         "text-to-image",
@@ -234,18 +251,44 @@ TASKS: tuple[PipelineTask, ...] = (
         "modelhost.tasks.text_to_speech:TextToSpeech",
         ("/v1/audio/speech",),
         ("MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES", "MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES"),
+        needs_tokenizer=True,
     ),
     PipelineTask(
         "automatic-speech-recognition",
         "modelhost.tasks.speech_recognition:SpeechRecognition",
         ("/v1/audio/transcriptions", "/v1/audio/translations"),
         ("MODEL_FOR_CTC_MAPPING_NAMES", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+        needs_tokenizer=True,
+        needs_processor=True,
     ),
     PipelineTask(
         "text-to-video",
         "modelhost.tasks.text_to_video:TextToVideo",
         ("/v1/videos",),
         diffusers_mapping="AUTO_TEXT2VIDEO_PIPELINES_MAPPING",
+    ),
+    PipelineTask(
+        "text-classification",
+        "modelhost.tasks.text_classification:TextClassification",
+        ("/v1/classifications/text",),
+        ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",),
+        request=p.TextClassificationRequest,
+        response=_scores(p.LabelScore),
+        summary="Text classification: the best labels per text or text pair",
+        example=(
+            {"model": "sentiment", "inputs": "what a wonderful film"},
+            [{"label": "positive", "score": 0.98}],
+        ),
+        needs_tokenizer=True,
+    ),
+    PipelineTask(
+        "text-ranking",
+        "modelhost.tasks.text_ranking:TextRanking",
+        # Cohere's clients post to /v1/rerank (ClientV1) and /v2/rerank (ClientV2); Jina's and others
+        # to /v1/rerank or /rerank: one route answers all three (api.routes.rerank)
+        ("/v1/rerank", "/v2/rerank", "/rerank"),
+        ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",),
+        needs_tokenizer=True,
     ),
 )
 

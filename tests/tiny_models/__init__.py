@@ -33,4 +33,6 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "t12_speech": audio.build_speech,
     "t13_diffusers_sd": diffusion.build_stable_diffusion,
     "t14_diffusers_text_to_video": diffusion.build_text_to_video,
+    "t15_text_classification": text.build_text_classification,
+    "t16_text_ranking": text.build_text_ranking,
 }

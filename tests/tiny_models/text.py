@@ -9,13 +9,20 @@ from typing import Any
 
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.sentence_transformer import modules as st_modules
-from transformers import BertConfig, BertForMaskedLM, BertForTokenClassification, BertModel
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+)
 
 from tests.tiny_models.common import label_maps, reseed, save
 from tests.tiny_models.vocab import bert_tokenizer
 
 CONTEXT = 64  # positions, and the tokenizers' model_max_length
 ENTITY_LABELS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
+SENTIMENT_LABELS: tuple[str, ...] = ("negative", "neutral", "positive")
 
 
 def bert_config(vocab_size: int, **extra: Any) -> BertConfig:
@@ -57,3 +64,20 @@ def build_feature_extraction(folder: Path) -> None:
     pooling = st_modules.Pooling(encoder.get_embedding_dimension(), pooling_mode="mean")
     sentence_model = SentenceTransformer(modules=[encoder, pooling, st_modules.Normalize()], device="cpu")
     sentence_model.save(str(folder / "st"))
+
+
+def build_text_classification(folder: Path) -> None:
+    """t15: three sentiment labels, so `top_k` and `function_to_apply` have something to choose."""
+    reseed()
+    tokenizer = bert_tokenizer(CONTEXT)
+    config = bert_config(len(tokenizer), **label_maps(SENTIMENT_LABELS))
+    save(folder, BertForSequenceClassification(config), tokenizer)
+
+
+def build_text_ranking(folder: Path) -> None:
+    """t16: a cross-encoder as sentence-transformers saves one: a sequence classifier with one output,
+    read over (query, document) pairs."""
+    reseed()
+    tokenizer = bert_tokenizer(CONTEXT)
+    config = bert_config(len(tokenizer), num_labels=1)
+    save(folder, BertForSequenceClassification(config), tokenizer)

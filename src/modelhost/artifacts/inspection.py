@@ -13,20 +13,14 @@ from typing import Any
 
 from modelhost.artifacts import architectures as arch
 from modelhost.artifacts.safetensors_check import InvalidSafetensors, check_safetensors
+from modelhost.pipelines import TASKS
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
                    "sentencepiece.bpe.model", "tokenizer.tiktoken")  # fmt: skip
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
-NEEDS_TOKENIZER = frozenset({
-    "token-classification", "fill-mask", "feature-extraction", "zero-shot-image-classification",
-    "visual-question-answering", "image-to-text", "text-generation", "text-to-speech",
-    "automatic-speech-recognition",
-})  # fmt: skip
-NEEDS_PROCESSOR = frozenset({
-    "zero-shot-image-classification", "video-classification", "audio-classification", "image-segmentation",
-    "visual-question-answering", "image-to-text", "image-feature-extraction", "automatic-speech-recognition",
-})  # fmt: skip
+NEEDS_TOKENIZER = frozenset(t.name for t in TASKS if t.needs_tokenizer)
+NEEDS_PROCESSOR = frozenset(t.name for t in TASKS if t.needs_processor)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,8 @@ Pipeline = Literal[
     "text-to-speech",
     "automatic-speech-recognition",
     "text-to-video",
+    "text-classification",
+    "text-ranking",
 ]
 ArtifactStatus = Literal["created", "ingesting", "ready", "failed"]
 UploadStatus = Literal["open", "completing", "completed", "failed", "aborted", "expired"]

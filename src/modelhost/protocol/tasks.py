@@ -64,6 +64,27 @@ class FillMaskRequest(TaskRequest):
     top_k: TopK = None
 
 
+class TextPair(StrictModel):
+    """Two texts classified together (natural language inference, paraphrase, …), as the pipeline takes."""
+
+    text: Text
+    text_pair: Text
+
+
+class TextClassificationRequest(TaskRequest):
+    inputs: Text | TextPair | Annotated[list[Text | TextPair], Field(min_length=1, max_length=2048)] = Field(
+        description="A text, a `{text, text_pair}` pair, or a list of either.",
+        examples=["what a wonderful film"],
+    )
+    top_k: int | None = Field(
+        default=1, ge=1, le=1000, description="How many labels per input, best first (null: all of them)."
+    )
+    function_to_apply: FunctionToApply | None = Field(
+        default=None,
+        description="`softmax`, `sigmoid` or `none`; default: sigmoid for one label or multi-label models.",
+    )
+
+
 class ZeroShotImageRequest(TaskRequest):
     image: MediaRef | Annotated[list[MediaRef], Field(min_length=1, max_length=MAX_MEDIA_INPUTS)]
     candidate_labels: Annotated[list[Text], Field(min_length=1, max_length=100)] = Field(

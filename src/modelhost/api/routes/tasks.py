@@ -245,7 +245,7 @@ def add_task_route(task: PipelineTask) -> None:
             del item[media.field]
             read = Media(MEDIA_KEYS[media.content_types[0]], given, media.field, body.timeout)
         else:
-            item["inputs"] = _as_list(given)
+            item["inputs"] = _as_list(item["inputs"])  # as plain data (pairs as dicts)
         return _answer(given, await _run(request, services, principal, body.model, item, read))
 
     # FastAPI reads the body type from the signature: the task's own request model
