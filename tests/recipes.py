@@ -47,6 +47,7 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
     ("t14_diffusers_text_to_video", "wan", "text-to-video"),
     ("t15_text_classification", "", "text-classification"),
     ("t16_text_ranking", "", "text-ranking"),
+    ("t17_zero_shot_classification", "", "zero-shot-classification"),
 ]
 
 

@@ -524,6 +524,78 @@ def test_bad_text_classification_requests_answer_400_naming_the_field(
     assert response.json()["error"]["param"].startswith(param)
 
 
+# ---------------------------------------------------------------- zero-shot text classification
+
+LABELS = ["technology", "sports", "politics"]
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_zero_shot_text_scores_equal_the_transformers_pipelines(gw: Gateway, multi_label: bool) -> None:
+    from transformers import pipeline
+
+    model = gw.deploy("t17_zero_shot_classification", "", "zero-shot-classification")
+    reference = pipeline("zero-shot-classification", model=str(gw.recipes / "t17_zero_shot_classification"))
+    template = "The topic is {}."
+    served = gw.ok(
+        "/v1/classifications/zero-shot/text",
+        model=model,
+        inputs=SENTENCES[:2],
+        candidate_labels=LABELS,
+        hypothesis_template=template,
+        multi_label=multi_label,
+    )
+    expected = reference(
+        SENTENCES[:2], candidate_labels=LABELS, hypothesis_template=template, multi_label=multi_label
+    )
+    for answer, wanted in zip(served, expected, strict=True):
+        assert answer["sequence"] == wanted["sequence"] and answer["labels"] == wanted["labels"]
+        np.testing.assert_allclose(answer["scores"], wanted["scores"], atol=1e-5)
+    if not multi_label:
+        assert all(np.isclose(sum(a["scores"]), 1.0) for a in served)
+    one = gw.ok(
+        "/v1/classifications/zero-shot/text", model=model, inputs=SENTENCES[0], candidate_labels=LABELS
+    )
+    assert one["sequence"] == SENTENCES[0] and sorted(one["labels"]) == sorted(LABELS)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"inputs": "a", "candidate_labels": []}, "candidate_labels"),
+        ({"inputs": "a"}, "candidate_labels"),
+        (
+            {"inputs": "a", "candidate_labels": ["x"], "hypothesis_template": "no placeholder"},
+            "hypothesis_template",
+        ),
+        ({"inputs": [], "candidate_labels": ["x"]}, "inputs"),
+    ],
+)
+def test_bad_zero_shot_text_requests_answer_400_naming_the_field(
+    gw: Gateway, body: dict[str, Any], param: str
+) -> None:
+    model = gw.deploy("t17_zero_shot_classification", "", "zero-shot-classification")
+    response = gw.call("/v1/classifications/zero-shot/text", model=model, **body)
+    assert_error(response, 400)
+    assert response.json()["error"]["param"].startswith(param)
+
+
+def test_a_classifier_without_an_entailment_label_fails_to_load_with_the_reason(gw: Gateway) -> None:
+    """The sentiment model is a sequence classifier too (inspection accepts it), but not an NLI one."""
+    model = f"not-nli-{len(gw.deployed)}"
+    artifact_id = push_folder_sync(
+        gw.http, gw.key, gw.recipes / "t15_text_classification", "zero-shot-classification"
+    )
+    created = gw.http.post(
+        "/v1/deployments",
+        json={"model": model, "artifact_id": artifact_id, "readiness": "cold"},
+        headers=bearer(gw.key),
+    )
+    assert created.status_code == 201, created.text
+    answer = gw.call("/v1/classifications/zero-shot/text", model=model, inputs="a", candidate_labels=["x"])
+    assert_error(answer, 503, "deployment_unavailable")
+    assert "entailment" in answer.json()["error"]["message"]
+
+
 # ---------------------------------------------------------------- reranking
 
 QUERY = "what is the capital of france"

@@ -282,6 +282,28 @@ TASKS: tuple[PipelineTask, ...] = (
         needs_tokenizer=True,
     ),
     PipelineTask(
+        "zero-shot-classification",
+        "modelhost.tasks.zero_shot_text_classification:ZeroShotTextClassification",
+        ("/v1/classifications/zero-shot/text",),
+        ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",),
+        needs_tokenizer=True,
+        request=p.ZeroShotTextRequest,
+        response=p.ZeroShotText | list[p.ZeroShotText],
+        summary="Zero-shot text classification against candidate labels (an NLI model)",
+        example=(
+            {
+                "model": "nli",
+                "inputs": "the battery lasts two days",
+                "candidate_labels": ["technology", "sports"],
+            },
+            {
+                "sequence": "the battery lasts two days",
+                "labels": ["technology", "sports"],
+                "scores": [0.93, 0.07],
+            },
+        ),
+    ),
+    PipelineTask(
         "text-ranking",
         "modelhost.tasks.text_ranking:TextRanking",
         # Cohere's clients post to /v1/rerank (ClientV1) and /v2/rerank (ClientV2); Jina's and others

@@ -35,4 +35,5 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "t14_diffusers_text_to_video": diffusion.build_text_to_video,
     "t15_text_classification": text.build_text_classification,
     "t16_text_ranking": text.build_text_ranking,
+    "t17_zero_shot_classification": text.build_zero_shot_classification,
 }

@@ -23,6 +23,7 @@ from tests.tiny_models.vocab import bert_tokenizer
 CONTEXT = 64  # positions, and the tokenizers' model_max_length
 ENTITY_LABELS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
 SENTIMENT_LABELS: tuple[str, ...] = ("negative", "neutral", "positive")
+NLI_LABELS: tuple[str, ...] = ("contradiction", "neutral", "entailment")
 
 
 def bert_config(vocab_size: int, **extra: Any) -> BertConfig:
@@ -80,4 +81,13 @@ def build_text_ranking(folder: Path) -> None:
     reseed()
     tokenizer = bert_tokenizer(CONTEXT)
     config = bert_config(len(tokenizer), num_labels=1)
+    save(folder, BertForSequenceClassification(config), tokenizer)
+
+
+def build_zero_shot_classification(folder: Path) -> None:
+    """t17: an NLI classifier (contradiction / neutral / entailment, as MNLI models name them), which is
+    what the zero-shot pipeline reads its `entailment` score from."""
+    reseed()
+    tokenizer = bert_tokenizer(CONTEXT)
+    config = bert_config(len(tokenizer), **label_maps(NLI_LABELS))
     save(folder, BertForSequenceClassification(config), tokenizer)

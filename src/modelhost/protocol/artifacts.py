@@ -30,6 +30,7 @@ Pipeline = Literal[
     "text-to-video",
     "text-classification",
     "text-ranking",
+    "zero-shot-classification",
 ]
 ArtifactStatus = Literal["created", "ingesting", "ready", "failed"]
 UploadStatus = Literal["open", "completing", "completed", "failed", "aborted", "expired"]

@@ -85,6 +85,36 @@ class TextClassificationRequest(TaskRequest):
     )
 
 
+class ZeroShotTextRequest(TaskRequest):
+    inputs: Text | Annotated[list[Text], Field(min_length=1, max_length=2048)] = Field(
+        description="A text or a list of texts.", examples=["the new phone's battery lasts two days"]
+    )
+    candidate_labels: Annotated[list[Text], Field(min_length=1, max_length=100)] = Field(
+        examples=[["technology", "sports", "politics"]]
+    )
+    hypothesis_template: Text | None = Field(
+        default=None, description="Where `{}` stands for each label; default `This example is {}.`"
+    )
+    multi_label: bool = Field(
+        default=False,
+        description="Score each label on its own (entailment vs contradiction) instead of the labels "
+        "against each other.",
+    )
+
+    @field_validator("hypothesis_template")
+    @classmethod
+    def _has_a_placeholder(cls, value: str | None) -> str | None:
+        if value is not None and "{}" not in value:
+            raise ValueError("must contain {} where each candidate label goes")
+        return value
+
+
+class ZeroShotText(BaseModel):
+    sequence: str
+    labels: list[str] = Field(description="The candidate labels, best first.")
+    scores: list[float]
+
+
 class ZeroShotImageRequest(TaskRequest):
     image: MediaRef | Annotated[list[MediaRef], Field(min_length=1, max_length=MAX_MEDIA_INPUTS)]
     candidate_labels: Annotated[list[Text], Field(min_length=1, max_length=100)] = Field(
