@@ -48,6 +48,8 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
     ("t15_text_classification", "", "text-classification"),
     ("t16_text_ranking", "", "text-ranking"),
     ("t17_zero_shot_classification", "", "zero-shot-classification"),
+    ("t18_image_classification", "", "image-classification"),
+    ("t19_object_detection", "", "object-detection"),
 ]
 
 

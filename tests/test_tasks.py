@@ -596,6 +596,72 @@ def test_a_classifier_without_an_entailment_label_fails_to_load_with_the_reason(
     assert "entailment" in answer.json()["error"]["message"]
 
 
+# ---------------------------------------------------------------- image classification, object detection
+
+
+def test_image_classification_equals_the_transformers_pipeline_as_json_or_raw_body(gw: Gateway) -> None:
+    from PIL import Image
+    from transformers import pipeline
+
+    model = gw.deploy("t18_image_classification", "", "image-classification")
+    images = [png(seed=1), png(40, 40, seed=2)]
+    reference = pipeline("image-classification", model=str(gw.recipes / "t18_image_classification"))
+    expected = [reference(Image.open(io.BytesIO(d)), top_k=3) for d in images]
+    served = gw.ok("/v1/classifications/image", model=model, inputs=[b64(d) for d in images], top_k=3)
+    assert all(same(a, e) for a, e in zip(served, expected, strict=True)), (served, expected)
+    raw = gw.http.post(
+        "/v1/classifications/image",
+        params={"model": model, "top_k": 3},
+        content=images[0],
+        headers={**bearer(gw.key), "Content-Type": "image/png"},
+        timeout=120,
+    )
+    assert raw.status_code == 200, raw.text
+    assert same(raw.json(), expected[0])
+    assert len(gw.ok("/v1/classifications/image", model=model, inputs=b64(images[0]))) == 3  # ≤ labels
+
+
+def test_object_detection_equals_the_transformers_pipeline_with_boxes_inside_the_image(gw: Gateway) -> None:
+    from PIL import Image
+    from transformers import pipeline
+
+    model = gw.deploy("t19_object_detection", "", "object-detection")
+    picture = png(64, 48, seed=3)
+    reference = pipeline("object-detection", model=str(gw.recipes / "t19_object_detection"))
+    expected = reference(Image.open(io.BytesIO(picture)), threshold=0.0)
+    served = gw.ok("/v1/images/object-detection", model=model, inputs=b64(picture), threshold=0.0)
+    assert len(served) == len(expected) > 0
+    for answer, wanted in zip(served, expected, strict=True):
+        assert answer["label"] == wanted["label"] and answer["box"] == wanted["box"]
+        assert answer["score"] == pytest.approx(wanted["score"], abs=1e-5)
+        box = answer["box"]
+        assert 0 <= box["xmin"] <= box["xmax"] <= 64 and 0 <= box["ymin"] <= box["ymax"] <= 48
+    none = gw.ok("/v1/images/object-detection", model=model, inputs=[b64(picture)], threshold=1.0)
+    assert none == [[]]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/classifications/image", {"inputs": "bm90IGFuIGltYWdl"}, "inputs"),
+        ("/v1/classifications/image", {"inputs": [], "top_k": 1}, "inputs"),
+        ("/v1/images/object-detection", {"inputs": "bm90IGFuIGltYWdl"}, "inputs"),
+        ("/v1/images/object-detection", {"inputs": "aGVsbG8=", "threshold": 2}, "threshold"),
+    ],
+)
+def test_bad_image_task_requests_answer_400_naming_the_field(
+    gw: Gateway, path: str, body: dict[str, Any], param: str
+) -> None:
+    recipe, task = (
+        ("t18_image_classification", "image-classification")
+        if "classifications" in path
+        else ("t19_object_detection", "object-detection")
+    )
+    response = gw.call(path, model=gw.deploy(recipe, "", task), **body)
+    assert_error(response, 400)
+    assert response.json()["error"]["param"].startswith(param)
+
+
 # ---------------------------------------------------------------- reranking
 
 QUERY = "what is the capital of france"

@@ -304,6 +304,36 @@ TASKS: tuple[PipelineTask, ...] = (
         ),
     ),
     PipelineTask(
+        "image-classification",
+        "modelhost.tasks.image_classification:ImageClassification",
+        ("/v1/classifications/image",),
+        ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",),
+        needs_processor=True,
+        request=p.ImageClassificationRequest,
+        response=_scores(p.LabelScore),
+        raw_media=IMAGE_BODY,
+        summary="Image classification: the best labels per image",
+        example=(
+            {"model": "vit", "inputs": PNG, "top_k": 2},
+            [{"label": "cat", "score": 0.91}, {"label": "dog", "score": 0.05}],
+        ),
+    ),
+    PipelineTask(
+        "object-detection",
+        "modelhost.tasks.object_detection:ObjectDetection",
+        ("/v1/images/object-detection",),
+        ("MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",),
+        needs_processor=True,
+        request=p.ObjectDetectionRequest,
+        response=list[p.Detection] | list[list[p.Detection]],
+        raw_media=IMAGE_BODY,
+        summary="Object detection: labelled boxes with scores per image",
+        example=(
+            {"model": "detr", "inputs": PNG, "threshold": 0.9},
+            [{"label": "cat", "score": 0.97, "box": {"xmin": 12, "ymin": 8, "xmax": 220, "ymax": 190}}],
+        ),
+    ),
+    PipelineTask(
         "text-ranking",
         "modelhost.tasks.text_ranking:TextRanking",
         # Cohere's clients post to /v1/rerank (ClientV1) and /v2/rerank (ClientV2); Jina's and others

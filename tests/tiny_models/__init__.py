@@ -36,4 +36,6 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "t15_text_classification": text.build_text_classification,
     "t16_text_ranking": text.build_text_ranking,
     "t17_zero_shot_classification": text.build_zero_shot_classification,
+    "t18_image_classification": vision.build_image_classification,
+    "t19_object_detection": vision.build_object_detection,
 }

@@ -16,6 +16,7 @@ from transformers import (
     CLIPModel,
     CLIPProcessor,
     DetrConfig,
+    DetrForObjectDetection,
     DetrForSegmentation,
     DetrImageProcessorPil,
     Mask2FormerConfig,
@@ -27,6 +28,7 @@ from transformers import (
     SegformerImageProcessorPil,
     SwinConfig,
     ViTConfig,
+    ViTForImageClassification,
     ViTImageProcessorPil,
     ViTModel,
 )
@@ -35,6 +37,7 @@ from tests.tiny_models.common import label_maps, reseed, save
 from tests.tiny_models.vocab import clip_tokenizer
 
 SEGMENT_LABELS: tuple[str, ...] = ("background", "cat", "dog")
+IMAGE_LABELS: tuple[str, ...] = ("cat", "dog", "bird")
 # Segmentation processors resize the shorter edge to 64 (the longer one at most to 96).
 SEGMENT_SIZE = {"shortest_edge": 64, "longest_edge": 96}
 FOUR_STAGES = ["stage1", "stage2", "stage3", "stage4"]
@@ -55,6 +58,30 @@ def vit_config() -> ViTConfig:
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=37,
+    )
+
+
+def detr_config(labels: dict[str, object]) -> DetrConfig:
+    """DETR on transformers' own ResNet (no timm), its stem at the default width (64); the mask head
+    needs (d_model + heads) % 8 == 0: 32 + 8. Five queries: at most five segments or boxes."""
+    resnet = ResNetConfig(
+        num_channels=3,
+        hidden_sizes=[8, 16, 24, 32],
+        depths=[1, 1, 1, 1],
+        hidden_act="relu",
+        out_features=FOUR_STAGES,
+    )
+    return DetrConfig(
+        backbone_config=resnet,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        num_queries=5,
+        **labels,
     )
 
 
@@ -149,29 +176,26 @@ def build_image_segmentation(folder: Path) -> None:
         Mask2FormerImageProcessorPil(size=SEGMENT_SIZE, num_labels=len(SEGMENT_LABELS), ignore_index=255),
     )
 
-    # DETR on transformers' own ResNet (no timm), its stem at the default width (64); the mask head needs
-    # (d_model + heads) % 8 == 0: 32 + 8.
-    resnet = ResNetConfig(
-        num_channels=3,
-        hidden_sizes=[8, 16, 24, 32],
-        depths=[1, 1, 1, 1],
-        hidden_act="relu",
-        out_features=FOUR_STAGES,
-    )
-    detr = DetrConfig(
-        backbone_config=resnet,
-        d_model=32,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=8,
-        decoder_attention_heads=8,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        num_queries=5,
-        **labels,
-    )
+    detr = detr_config(labels)
     save(
         folder / "detr",
         DetrForSegmentation(detr),
         DetrImageProcessorPil(format="coco_panoptic", size=SEGMENT_SIZE),
     )
+
+
+def build_image_classification(folder: Path) -> None:
+    """t18: a ViT classifier over cat / dog / bird at 32 x 32."""
+    reseed()
+    config = vit_config()
+    for key, value in label_maps(IMAGE_LABELS).items():
+        setattr(config, key, value)
+    save(folder, ViTForImageClassification(config), ViTImageProcessorPil(size={"height": 32, "width": 32}))
+
+
+def build_object_detection(folder: Path) -> None:
+    """t19: the segmentation DETR's shape as a detector (boxes instead of masks), labelled cat / dog / bird.
+    With random weights every box scores low: the tests pass `threshold: 0`."""
+    reseed()
+    model = DetrForObjectDetection(detr_config(label_maps(IMAGE_LABELS)))
+    save(folder, model, DetrImageProcessorPil(format="coco_detection", size=SEGMENT_SIZE))

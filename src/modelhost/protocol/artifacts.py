@@ -31,6 +31,8 @@ Pipeline = Literal[
     "text-classification",
     "text-ranking",
     "zero-shot-classification",
+    "image-classification",
+    "object-detection",
 ]
 ArtifactStatus = Literal["created", "ingesting", "ready", "failed"]
 UploadStatus = Literal["open", "completing", "completed", "failed", "aborted", "expired"]

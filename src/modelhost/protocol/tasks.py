@@ -217,6 +217,19 @@ class ImageToTextRequest(TaskRequest):
     timeout: Timeout = None
 
 
+class ImageClassificationRequest(TaskRequest):
+    inputs: MediaRef | Annotated[list[MediaRef], Field(min_length=1, max_length=MAX_MEDIA_INPUTS)]
+    top_k: TopK = None
+    function_to_apply: FunctionToApply | None = None
+    timeout: Timeout = None
+
+
+class ObjectDetectionRequest(TaskRequest):
+    inputs: MediaRef | Annotated[list[MediaRef], Field(min_length=1, max_length=MAX_MEDIA_INPUTS)]
+    threshold: float = Field(default=0.5, ge=0, le=1, description="Boxes scoring below are left out.")
+    timeout: Timeout = None
+
+
 class ImageFeatureExtractionRequest(TaskRequest):
     inputs: MediaRef | Annotated[list[MediaRef], Field(min_length=1, max_length=MAX_MEDIA_INPUTS)]
     timeout: Timeout = None
@@ -255,3 +268,16 @@ class Segmentation(BaseModel):
 
 class GeneratedText(BaseModel):
     generated_text: str
+
+
+class Box(BaseModel):
+    xmin: int
+    ymin: int
+    xmax: int
+    ymax: int
+
+
+class Detection(BaseModel):
+    label: str
+    score: float
+    box: Box = Field(description="In pixels of the image as sent.")
