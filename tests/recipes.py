@@ -50,6 +50,8 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
     ("t17_zero_shot_classification", "", "zero-shot-classification"),
     ("t18_image_classification", "", "image-classification"),
     ("t19_object_detection", "", "object-detection"),
+    ("t20_depth_estimation", "", "depth-estimation"),
+    ("t21_question_answering", "", "question-answering"),
 ]
 
 

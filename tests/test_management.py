@@ -208,8 +208,8 @@ async def test_models_routes_follow_openais_shape(client: httpx.AsyncClient, ser
     listed = (await client.get("/v1/models", headers=owner)).json()
     assert listed["object"] == "list"
     (model,) = listed["data"]
-    assert set(model) == {"id", "object", "created", "owned_by"}
-    assert (model["id"], model["object"]) == ("org/emb", "model")
+    assert set(model) == {"id", "object", "created", "owned_by", "pipeline"}  # OpenAI's, and the task
+    assert (model["id"], model["object"], model["pipeline"]) == ("org/emb", "model", "feature-extraction")
     assert isinstance(model["created"], int)
     assert (await client.get("/v1/models/org/emb", headers=owner)).json() == model
     error = assert_error(await client.get("/v1/models/gpt-4o", headers=owner), 404, "model_not_found")

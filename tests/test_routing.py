@@ -26,8 +26,8 @@ def test_every_endpoint_of_the_design_table_is_routed() -> None:
         == ("feature-extraction",)
     )
     assert ENDPOINT_TASKS["/v1/images/edits"] == ("image-to-image", "inpainting")
-    assert len(ENDPOINT_TASKS) == 27
-    assert "text-ranking" in BY_NAME and len(BY_NAME) == 22
+    assert len(ENDPOINT_TASKS) == 29
+    assert "text-ranking" in BY_NAME and len(BY_NAME) == 24
 
 
 def test_named_model_is_chosen() -> None:

@@ -640,6 +640,28 @@ def test_object_detection_equals_the_transformers_pipeline_with_boxes_inside_the
     assert none == [[]]
 
 
+def test_depth_is_the_transformers_pipelines_map_as_a_png_and_values_of_the_images_size(gw: Gateway) -> None:
+    from PIL import Image
+    from transformers import pipeline
+
+    model = gw.deploy("t20_depth_estimation", "", "depth-estimation")
+    picture = png(64, 48, seed=4)
+    expected = pipeline("depth-estimation", model=str(gw.recipes / "t20_depth_estimation"))(
+        Image.open(io.BytesIO(picture))
+    )
+    served = gw.ok("/v1/images/depth-estimation", model=model, inputs=b64(picture))
+    depth = Image.open(io.BytesIO(base64.b64decode(served["depth"])))
+    assert depth.size == (64, 48) and depth.mode == "L"
+    assert np.array_equal(np.asarray(depth), np.asarray(expected["depth"]))
+    values = np.asarray(served["predicted_depth"])
+    assert values.shape == (48, 64)
+    np.testing.assert_allclose(values, expected["predicted_depth"].numpy(), rtol=1e-4, atol=1e-5)
+    lean = gw.ok(
+        "/v1/images/depth-estimation", model=model, inputs=[b64(picture)], return_predicted_depth=False
+    )
+    assert lean[0]["depth"] == served["depth"] and lean[0].get("predicted_depth") is None
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
@@ -647,19 +669,114 @@ def test_object_detection_equals_the_transformers_pipeline_with_boxes_inside_the
         ("/v1/classifications/image", {"inputs": [], "top_k": 1}, "inputs"),
         ("/v1/images/object-detection", {"inputs": "bm90IGFuIGltYWdl"}, "inputs"),
         ("/v1/images/object-detection", {"inputs": "aGVsbG8=", "threshold": 2}, "threshold"),
+        ("/v1/images/depth-estimation", {"inputs": "bm90IGFuIGltYWdl"}, "inputs"),
     ],
 )
 def test_bad_image_task_requests_answer_400_naming_the_field(
     gw: Gateway, path: str, body: dict[str, Any], param: str
 ) -> None:
-    recipe, task = (
-        ("t18_image_classification", "image-classification")
-        if "classifications" in path
-        else ("t19_object_detection", "object-detection")
-    )
+    recipe, task = {
+        "/v1/classifications/image": ("t18_image_classification", "image-classification"),
+        "/v1/images/object-detection": ("t19_object_detection", "object-detection"),
+        "/v1/images/depth-estimation": ("t20_depth_estimation", "depth-estimation"),
+    }[path]
     response = gw.call(path, model=gw.deploy(recipe, "", task), **body)
     assert_error(response, 400)
     assert response.json()["error"]["param"].startswith(param)
+
+
+# ---------------------------------------------------------------- extractive question answering
+
+CONTEXT = "my name is sarah and i live in london with my dog"
+
+
+def brute_force_spans(
+    folder: Path, question: str, context: str, max_len: int
+) -> list[tuple[float, int, int]]:
+    """Every span of the context's tokens scored as softmax(start) × softmax(end) over the context's
+    tokens and the first token, by plain loops: what the endpoint must find, computed another way."""
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForQuestionAnswering.from_pretrained(str(folder)).eval()
+    encoded = tokenizer(question, context, return_offsets_mapping=True, return_tensors="pt")
+    offsets = encoded.pop("offset_mapping")[0].tolist()
+    with torch.inference_mode():
+        out = model(**encoded)
+    kept = [i for i, s in enumerate(encoded.sequence_ids(0)) if s == 1 or i == 0]
+    start = dict(zip(kept, out.start_logits[0, kept].softmax(-1).tolist(), strict=True))
+    end = dict(zip(kept, out.end_logits[0, kept].softmax(-1).tolist(), strict=True))
+    tokens = [i for i in kept if i != 0]
+    return sorted(
+        (
+            (start[a] * end[b], offsets[a][0], offsets[b][1])
+            for a in tokens
+            for b in tokens
+            if 0 <= b - a < max_len
+        ),
+        reverse=True,
+    )
+
+
+def test_question_answering_finds_the_best_spans_of_the_context(gw: Gateway) -> None:
+    model = gw.deploy("t21_question_answering", "", "question-answering")
+    question = "where does sarah live"
+    spans = brute_force_spans(gw.recipes / "t21_question_answering", question, CONTEXT, 4)
+    answers = gw.ok(
+        "/v1/question-answering/text",
+        model=model,
+        question=question,
+        context=CONTEXT,
+        top_k=3,
+        max_answer_len=4,
+    )
+    assert [(a["start"], a["end"]) for a in answers] == [(s, e) for _, s, e in spans[:3]]
+    for answer, (score, start, end) in zip(answers, spans, strict=False):
+        assert answer["answer"] == CONTEXT[start:end] and answer["score"] == pytest.approx(score, rel=1e-4)
+
+
+def test_question_answering_pairs_lists_and_answers_a_list_per_pair(gw: Gateway) -> None:
+    model = gw.deploy("t21_question_answering", "", "question-answering")
+    questions = ["where does sarah live", "who is sarah"]
+    one = [gw.ok("/v1/question-answering/text", model=model, question=q, context=CONTEXT) for q in questions]
+    both = gw.ok("/v1/question-answering/text", model=model, question=questions, context=[CONTEXT, CONTEXT])
+    broadcast = gw.ok("/v1/question-answering/text", model=model, question=questions, context=CONTEXT)
+    assert [[a["answer"] for a in answers] for answers in both] == [[a["answer"] for a in x] for x in one]
+    assert [[a["answer"] for a in answers] for answers in broadcast] == [
+        [a["answer"] for a in x] for x in one
+    ]
+    assert all(len(answers) == 1 for answers in both)
+
+
+def test_the_impossible_answer_competes_as_an_empty_span_when_asked(gw: Gateway) -> None:
+    model = gw.deploy("t21_question_answering", "", "question-answering")
+    body = {"model": model, "question": "who", "context": CONTEXT, "top_k": 100, "max_answer_len": 20}
+    spans = gw.ok("/v1/question-answering/text", **body)
+    with_null = gw.ok("/v1/question-answering/text", **body, handle_impossible_answer=True)
+    empty = [a for a in with_null if a["answer"] == ""]
+    assert not any(a["answer"] == "" for a in spans)
+    assert len(empty) == 1 and (empty[0]["start"], empty[0]["end"]) == (0, 0) and 0 < empty[0]["score"] < 1
+    assert [a["score"] for a in with_null] == sorted((a["score"] for a in with_null), reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"question": ["a", "b"], "context": ["c", "d", "e"]}, "body"),
+        ({"question": "", "context": "c"}, "question"),
+        ({"question": "a"}, "context"),
+        ({"question": "a", "context": "c", "top_k": 0}, "top_k"),
+        ({"question": "a", "context": "c", "max_answer_len": 0}, "max_answer_len"),
+        ({"question": "where " * 80, "context": CONTEXT}, "question"),  # fills the model's 64 tokens
+    ],
+)
+def test_bad_question_answering_requests_answer_400(gw: Gateway, body: dict[str, Any], param: str) -> None:
+    model = gw.deploy("t21_question_answering", "", "question-answering")
+    response = gw.call("/v1/question-answering/text", model=model, **body)
+    assert_error(response, 400)
+    if param != "body":
+        assert response.json()["error"]["param"].startswith(param)
 
 
 # ---------------------------------------------------------------- reranking
@@ -668,18 +785,16 @@ QUERY = "what is the capital of france"
 DOCUMENTS = ["paris is the capital of france", "berlin is in germany", "the film was dull", "a cat"]
 
 
-def test_rerank_scores_equal_sentence_transformers_cross_encoder_best_first(gw: Gateway) -> None:
+def test_rerank_equals_sentence_transformers_cross_encoder_rank(gw: Gateway) -> None:
     from sentence_transformers import CrossEncoder
 
     model = gw.deploy("t16_text_ranking", "", "text-ranking")
-    expected = CrossEncoder(str(gw.recipes / "t16_text_ranking"), device="cpu").predict(
-        [(QUERY, d) for d in DOCUMENTS]
-    )
+    expected = CrossEncoder(str(gw.recipes / "t16_text_ranking"), device="cpu").rank(QUERY, DOCUMENTS)
     answer = gw.ok("/v1/rerank", model=model, query=QUERY, documents=DOCUMENTS)
     results = answer["results"]
-    assert [r["index"] for r in results] == list(np.argsort(-expected))
+    assert [r["index"] for r in results] == [e["corpus_id"] for e in expected]
     np.testing.assert_allclose(
-        [r["relevance_score"] for r in results], sorted(expected, reverse=True), atol=1e-5
+        [r["relevance_score"] for r in results], [e["score"] for e in expected], atol=1e-5
     )
     assert all("document" not in r for r in results)
     assert answer["model"] == model and answer["usage"]["total_tokens"] > 0
@@ -702,6 +817,11 @@ def test_rerank_top_n_and_documents_as_objects_with_their_text_returned(gw: Gate
     ]
     jina = gw.ok("/v1/rerank", model=model, query=QUERY, documents=DOCUMENTS, top_n=1, return_text=True)
     assert jina["results"][0]["document"]["text"] == DOCUMENTS[every[0]["index"]]
+    long = gw.ok("/v1/rerank", model=model, query="capital " * 200, documents=["paris " * 200, "a cat"])
+    assert sorted(r["index"] for r in long["results"]) == [
+        0,
+        1,
+    ]  # longer than the model reads: cut, not refused
 
 
 def test_cohere_clients_v1_and_v2_rerank_unchanged_but_for_base_url_and_key(gw: Gateway) -> None:
@@ -723,6 +843,22 @@ def test_cohere_clients_v1_and_v2_rerank_unchanged_but_for_base_url_and_key(gw: 
     assert (
         v1.results[0].document is not None and v1.results[0].document.text == DOCUMENTS[expected[0]["index"]]
     )
+
+
+def test_langchains_cohere_reranker_orders_documents_as_the_endpoint_does(gw: Gateway) -> None:
+    from langchain_cohere import CohereRerank
+    from langchain_core.documents import Document
+
+    model = gw.deploy("t16_text_ranking", "", "text-ranking")
+    expected = gw.ok("/v1/rerank", model=model, query=QUERY, documents=DOCUMENTS)["results"]
+    reranker = CohereRerank(
+        model=model, cohere_api_key=gw.key, base_url=str(gw.http.base_url).rstrip("/"), top_n=2
+    )
+    kept = reranker.compress_documents([Document(page_content=d) for d in DOCUMENTS], QUERY)
+    assert [d.page_content for d in kept] == [DOCUMENTS[r["index"]] for r in expected[:2]]
+    assert [round(d.metadata["relevance_score"], 5) for d in kept] == [
+        round(r["relevance_score"], 5) for r in expected[:2]
+    ]
 
 
 @pytest.mark.parametrize(

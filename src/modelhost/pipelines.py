@@ -334,6 +334,29 @@ TASKS: tuple[PipelineTask, ...] = (
         ),
     ),
     PipelineTask(
+        "depth-estimation",
+        "modelhost.tasks.depth_estimation:DepthEstimation",
+        ("/v1/images/depth-estimation",),
+        ("MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES",),
+        needs_processor=True,
+        request=p.DepthEstimationRequest,
+        response=p.Depth | list[p.Depth],
+        raw_media=IMAGE_BODY,
+        summary="Depth estimation: a depth map per image (a grey PNG, and the model's values)",
+        example=(
+            {"model": "dpt", "inputs": PNG, "return_predicted_depth": False},
+            {"depth": "iVBORw0KGgo...", "predicted_depth": None},
+        ),
+    ),
+    PipelineTask(
+        "question-answering",
+        "modelhost.tasks.question_answering:QuestionAnswering",
+        ("/v1/question-answering/text",),
+        ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",),
+        needs_tokenizer=True,
+        # its own route (api.routes.tasks): questions and contexts pair up
+    ),
+    PipelineTask(
         "text-ranking",
         "modelhost.tasks.text_ranking:TextRanking",
         # Cohere's clients post to /v1/rerank (ClientV1) and /v2/rerank (ClientV2); Jina's and others

@@ -38,4 +38,6 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "t17_zero_shot_classification": text.build_zero_shot_classification,
     "t18_image_classification": vision.build_image_classification,
     "t19_object_detection": vision.build_object_detection,
+    "t20_depth_estimation": vision.build_depth_estimation,
+    "t21_question_answering": text.build_question_answering,
 }

@@ -12,6 +12,7 @@ from sentence_transformers.sentence_transformer import modules as st_modules
 from transformers import (
     BertConfig,
     BertForMaskedLM,
+    BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
@@ -91,3 +92,10 @@ def build_zero_shot_classification(folder: Path) -> None:
     tokenizer = bert_tokenizer(CONTEXT)
     config = bert_config(len(tokenizer), **label_maps(NLI_LABELS))
     save(folder, BertForSequenceClassification(config), tokenizer)
+
+
+def build_question_answering(folder: Path) -> None:
+    """t21: a span head (start and end logits per token), read over (question, context) pairs."""
+    reseed()
+    tokenizer = bert_tokenizer(CONTEXT)
+    save(folder, BertForQuestionAnswering(bert_config(len(tokenizer))), tokenizer)

@@ -19,6 +19,9 @@ from transformers import (
     DetrForObjectDetection,
     DetrForSegmentation,
     DetrImageProcessorPil,
+    DPTConfig,
+    DPTForDepthEstimation,
+    DPTImageProcessorPil,
     Mask2FormerConfig,
     Mask2FormerForUniversalSegmentation,
     Mask2FormerImageProcessorPil,
@@ -199,3 +202,22 @@ def build_object_detection(folder: Path) -> None:
     reseed()
     model = DetrForObjectDetection(detr_config(label_maps(IMAGE_LABELS)))
     save(folder, model, DetrImageProcessorPil(format="coco_detection", size=SEGMENT_SIZE))
+
+
+def build_depth_estimation(folder: Path) -> None:
+    """t20: a DPT of width 32 over 32 x 32 images in 8 px patches, its four reassembled stages at widths
+    8 to 32; the pipeline resizes its depth map to the image's size."""
+    reseed()
+    config = DPTConfig(
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        intermediate_size=37,
+        image_size=32,
+        patch_size=8,
+        neck_hidden_sizes=[8, 16, 24, 32],
+        fusion_hidden_size=16,
+        backbone_out_indices=[0, 1, 2, 3],
+    )
+    processor = DPTImageProcessorPil(size={"height": 32, "width": 32}, keep_aspect_ratio=False)
+    save(folder, DPTForDepthEstimation(config), processor)

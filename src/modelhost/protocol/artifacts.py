@@ -33,6 +33,8 @@ Pipeline = Literal[
     "zero-shot-classification",
     "image-classification",
     "object-detection",
+    "depth-estimation",
+    "question-answering",
 ]
 ArtifactStatus = Literal["created", "ingesting", "ready", "failed"]
 UploadStatus = Literal["open", "completing", "completed", "failed", "aborted", "expired"]

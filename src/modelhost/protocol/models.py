@@ -1,10 +1,10 @@
-"""`GET /v1/models` in OpenAI's shape."""
+"""`GET /v1/models` in OpenAI's shape, with each model's pipeline task added."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class Model(BaseModel):
@@ -12,6 +12,9 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    pipeline: str = Field(
+        description="The deployment's pipeline task, which decides the endpoints it answers (docs/tasks.md)."
+    )
 
 
 class ModelList(BaseModel):

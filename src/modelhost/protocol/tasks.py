@@ -32,6 +32,7 @@ MediaRef = Annotated[
     Field(min_length=1, description="base64, a `data:` URI, or an http(s) URL"),
 ]
 MAX_MEDIA_INPUTS = 64
+MAX_QA_PAIRS = 64
 Timeout = Annotated[
     float | None,
     Field(
@@ -83,6 +84,27 @@ class TextClassificationRequest(TaskRequest):
         default=None,
         description="`softmax`, `sigmoid` or `none`; default: sigmoid for one label or multi-label models.",
     )
+
+
+class QuestionAnsweringRequest(TaskRequest):
+    question: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_QA_PAIRS)] = Field(
+        examples=["Where does Sarah live?"]
+    )
+    context: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_QA_PAIRS)] = Field(
+        examples=["My name is Sarah and I live in London."]
+    )
+    top_k: int = Field(default=1, ge=1, le=100, description="How many answers per question, best first.")
+    max_answer_len: int = Field(default=15, ge=1, le=512, description="The longest answer, in tokens.")
+    handle_impossible_answer: bool = Field(
+        default=False, description='Let "no answer" (`""` at 0–0) compete with the spans.'
+    )
+
+    @model_validator(mode="after")
+    def _pairs(self) -> QuestionAnsweringRequest:
+        questions, contexts = self.question, self.context
+        if isinstance(questions, list) and isinstance(contexts, list) and len(questions) != len(contexts):
+            raise ValueError("give one question, one context, or as many questions as contexts")
+        return self
 
 
 class ZeroShotTextRequest(TaskRequest):
@@ -230,6 +252,16 @@ class ObjectDetectionRequest(TaskRequest):
     timeout: Timeout = None
 
 
+class DepthEstimationRequest(TaskRequest):
+    inputs: MediaRef | Annotated[list[MediaRef], Field(min_length=1, max_length=MAX_MEDIA_INPUTS)]
+    return_predicted_depth: bool = Field(
+        default=True,
+        description="Also give the model's depth values (rows of numbers, the image's size); false leaves "
+        "them out of large answers.",
+    )
+    timeout: Timeout = None
+
+
 class ImageFeatureExtractionRequest(TaskRequest):
     inputs: MediaRef | Annotated[list[MediaRef], Field(min_length=1, max_length=MAX_MEDIA_INPUTS)]
     timeout: Timeout = None
@@ -281,3 +313,19 @@ class Detection(BaseModel):
     label: str
     score: float
     box: Box = Field(description="In pixels of the image as sent.")
+
+
+class Depth(BaseModel):
+    depth: str = Field(
+        description="The depth map as a base64 grey PNG of the image's size (nearer is lighter)."
+    )
+    predicted_depth: list[list[float]] | None = Field(
+        default=None, description="The model's values, one row per pixel row; absent when not asked for."
+    )
+
+
+class Answer(BaseModel):
+    answer: str
+    score: float
+    start: int = Field(description="Character offsets of the answer in its context.")
+    end: int

@@ -36,3 +36,11 @@ def spread_results(
         count = len(decoded[i])
         outputs[i] = {"results": plain(results[start : start + count])}
         start += count
+
+
+def every_picture(batch: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[int, Any], list[Any]]:
+    """For handlers that make one model call over the whole batch: the outputs (items whose images did
+    not decode hold their error), index → decoded images, and every decoded picture in order."""
+    outputs: list[dict[str, Any]] = [{} for _ in batch]
+    decoded = decoded_images(batch, outputs)
+    return outputs, decoded, [picture for pictures in decoded.values() for picture in pictures]

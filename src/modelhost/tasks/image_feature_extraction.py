@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from modelhost.tasks import loader
-from modelhost.tasks.image_batches import decoded_images, image_warmup_item, spread_results
+from modelhost.tasks.image_batches import every_picture, image_warmup_item, spread_results
 
 
 @dataclass
@@ -30,15 +30,12 @@ class ImageFeatureExtraction:
 
     @torch.inference_mode()
     def run(self, model: Vision, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        outputs: list[dict[str, Any]] = [{} for _ in batch]
-        decoded = decoded_images(batch, outputs)
-        ready = list(decoded)
-        if not ready:
+        outputs, decoded, pictures = every_picture(batch)
+        if not pictures:
             return outputs
-        pictures = [p for i in ready for p in decoded[i]]
         pixels = model.processor(images=pictures, return_tensors="pt")["pixel_values"].to(model.device)
         result = model.model(pixel_values=pixels)
         pooled = getattr(result, "pooler_output", None)
         vectors = pooled if pooled is not None else result.last_hidden_state.mean(dim=1)
-        spread_results(vectors.float().cpu().tolist(), ready, decoded, outputs)
+        spread_results(vectors.float().cpu().tolist(), list(decoded), decoded, outputs)
         return outputs

@@ -4,7 +4,7 @@ A cross-encoder is a sequence-classification model read over the pair (query, do
 sentence-transformers' `CrossEncoder` saves it. With one output its sigmoid is the relevance score in
 [0, 1] (CrossEncoder's default for one label); with more, the probability of the last label (a
 classifier of "not relevant / relevant"). Every request of a batch joins one padded model call; a pair
-longer than the model takes loses the end of its document, never of its query.
+longer than the model takes is cut at the end of the longer of its two texts (usually the document).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class TextRanking:
             for document in item["documents"]
         ]
         encoded = model.processor(
-            queries, documents, padding=True, truncation="only_second", return_tensors="pt"
+            queries, documents, padding=True, truncation="longest_first", return_tensors="pt"
         )
         scores = _relevance(model.model(**encoded.to(model.device)).logits.float().cpu()).tolist()
         tokens = encoded["attention_mask"].sum(dim=1).tolist()

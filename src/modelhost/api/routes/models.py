@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1/models", tags=["openai"], responses=error_respons
 def _visible(principal: Principal, services: Services) -> list[Model]:
     account_id = account_id_of(principal)
     return [
-        Model(id=d.model, created=int(d.created_at.timestamp()), owned_by=account_id)
+        Model(id=d.model, created=int(d.created_at.timestamp()), owned_by=account_id, pipeline=d.pipeline)
         for d in services.deployments.list_deployments(account_id)
         if principal.covers(d.id)
     ]

@@ -215,6 +215,36 @@ async def visual_question_answering(
     return Response(orjson.dumps(results if several else results[0]), media_type="application/json")
 
 
+@router.post(
+    "/v1/question-answering/text",
+    summary="Extractive question answering: the spans of the context that answer, best first",
+    response_model=list[p.Answer] | list[list[p.Answer]],
+    **_examples(
+        {
+            "model": "qa",
+            "question": "Where does Sarah live?",
+            "context": "My name is Sarah and I live in London.",
+        },
+        [{"answer": "London", "score": 0.97, "start": 31, "end": 37}],
+    ),
+)
+async def question_answering(
+    body: p.QuestionAnsweringRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
+    questions, contexts = _as_list(body.question), _as_list(body.context)
+    count = max(len(questions), len(contexts))
+    pairs = [[questions[i % len(questions)], contexts[i % len(contexts)]] for i in range(count)]
+    item = {
+        "pairs": pairs,
+        "top_k": body.top_k,
+        "max_answer_len": body.max_answer_len,
+        "handle_impossible_answer": body.handle_impossible_answer,
+    }
+    results = await _run(request, services, principal, body.model, item)
+    several = isinstance(body.question, list) or isinstance(body.context, list)
+    return Response(orjson.dumps(results if several else results[0]), media_type="application/json")
+
+
 def _pairs(images: int, questions: int) -> list[list[int]]:
     """One image with many questions, many images with one question, or equal lists pairwise."""
     if images == 1:
