@@ -120,7 +120,7 @@ class MediaBodyRoute(APIRoute):
         async def route(request: Request) -> Response:
             content_type = request.headers.get("content-type", "").lower()
             if file_fields and content_type.startswith(FORM_TYPES):
-                parts = [(name.removesuffix("[]"), value) for name, value in await read_form(request)]
+                parts = [(_field_name(model, name), value) for name, value in await read_form(request)]
                 files = {n: v.data_uri() for n, v in parts if n in file_fields and isinstance(v, FormFile)}
                 rest = ImmutableMultiDict([(n, v) for n, v in parts if n not in files])
                 values = _values(rest, model)
@@ -138,6 +138,13 @@ class MediaBodyRoute(APIRoute):
             return await handler(request)
 
         return route
+
+
+def _field_name(model: type[BaseModel], name: str) -> str:
+    """A form part's field: `name[]` (the SDK's spelling of a list) is the field `name`; a name the model
+    does not have stays as sent, so that its error names what the client sent."""
+    bare = name.removesuffix("[]")
+    return bare if bare in model.model_fields else name
 
 
 async def _is_media(request: Request, field: str, prefixes: tuple[str, ...]) -> bool:
