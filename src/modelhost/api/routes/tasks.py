@@ -24,7 +24,7 @@ from modelhost.api.errors import error_responses
 from modelhost.container import Services
 from modelhost.errors import InvalidRequest, param_name
 from modelhost.media.sources import load_media
-from modelhost.pipelines import TASKS, PipelineTask
+from modelhost.pipelines import PNG, TASKS, PipelineTask
 from modelhost.protocol import tasks as p
 
 router = APIRouter(
@@ -32,8 +32,6 @@ router = APIRouter(
     responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504),
     route_class=MediaBodyRoute,
 )
-
-IMAGE = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 
 
 def _examples(request: dict[str, Any], response: Any, raw_media: str | None = None) -> dict[str, Any]:
@@ -191,7 +189,7 @@ def _float32(samples: Any) -> bytes:
     summary="Visual question answering: answers with scores",
     response_model=list[p.LabelScore] | list[list[p.LabelScore]],
     **_examples(
-        {"model": "vilt", "image": IMAGE, "question": "what is in the picture?", "top_k": 2},
+        {"model": "vilt", "image": PNG, "question": "what is in the picture?", "top_k": 2},
         [{"label": "cat", "score": 0.82}, {"label": "dog", "score": 0.11}],
         raw_media="/v1/question-answering/visual",
     ),
