@@ -390,7 +390,7 @@ async def test_a_chat_stream_through_another_gateway_process_stops_when_its_clie
     task = await server.via(helper, stream)
     await asyncio.wait_for(three.wait(), 60)
     assert generating(server, deployment_id) == 1
-    assert server.in_flight(deployment_id).get(helper) == 1.0  # the helper holds the stream
+    await until(lambda: server.in_flight(deployment_id).get(helper) == 1.0, timeout=5)  # the helper holds it
     task.cancel()  # the client leaves
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -418,7 +418,8 @@ async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supe
     assert created.status_code == 200, created.text
     run_id = created.json()["id"]
     await until(lambda: generating(server, deployment_id) == 1, timeout=60)
-    assert server.in_flight(deployment_id).get(server.supervisor) == 1.0  # the supervisor generates it
+    # the supervisor generates it (a gateway publishes its in-flight gauge every 50 ms, not per request)
+    await until(lambda: server.in_flight(deployment_id).get(server.supervisor) == 1.0, timeout=5)
     deleted = await (
         await server.via(helper, lambda: call("DELETE", f"/v1/agent/{agent['id']}/runs/{run_id}"))
     )
