@@ -28,6 +28,16 @@ def stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def descends_from(pid: int, ancestor: int) -> bool:
+    """`pid` is `ancestor`'s child, or a child of its child... (a replica worker is forked by the worker
+    template, itself a child of the gateway process that started it)."""
+    while pid > 1:
+        pid = int(stat(pid)[1])
+        if pid == ancestor:
+            return True
+    return False
+
+
 def alive(pid: int) -> bool:
     """Exists and is not a zombie (a zombie has died; only its exit status is left)."""
     with contextlib.suppress(OSError):

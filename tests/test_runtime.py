@@ -36,7 +36,7 @@ from modelhost.runtime.manager import DeploymentRuntime
 from tests import live
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder
-from tests.server_process import ServerProcess, alive, processes, stat
+from tests.server_process import ServerProcess, alive, descends_from, processes, stat
 
 Json = dict[str, Any]
 LONG = "the quick brown fox jumps over the lazy dog and keeps running " * 2  # ~46 tokens (limit 64)
@@ -255,7 +255,7 @@ async def test_each_deployment_runs_in_a_separate_worker_process(served: Loaded)
     ok(await gw.embed("hello"))
     pid = gw.pid(deployment_id)
     assert pid != os.getpid() and alive(pid)
-    assert int(stat(pid)[1]) == os.getpid()  # a child of this (gateway) process
+    assert descends_from(pid, os.getpid())  # started by this (gateway) process
     assert workers(deployment_id) == [pid]
 
 
@@ -355,6 +355,39 @@ async def test_worker_killed_mid_request_answers_503_and_the_replica_restarts(se
     assert sample("modelhost_replica_restarts_total", labels) == restarts + 1
 
 
+async def test_a_worker_template_that_dies_takes_its_workers_along_and_a_new_one_serves_the_restart(
+    served: Loaded,
+) -> None:
+    gw, deployment_id = served
+    old = gw.pid(deployment_id)
+    template = int(stat(old)[1])  # the worker was forked by the template, a child of this process
+    assert (
+        "-m modelhost.runtime.template "
+        in Path(f"/proc/{template}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    )
+    assert int(stat(template)[1]) == os.getpid()
+    os.kill(template, signal.SIGKILL)
+    await until(lambda: not alive(old))  # PR_SET_PDEATHSIG: it dies with the template
+    await until(lambda: gw.runtime(deployment_id).replicas and gw.pid(deployment_id) != old)
+    ok(await gw.embed("after"))  # the replacement was forked by a new template
+    new = gw.pid(deployment_id)
+    assert alive(new) and int(stat(new)[1]) not in (template, os.getpid())
+
+
+async def test_an_executed_worker_answers_exactly_as_a_forked_one(
+    gateway: OpenGateway, served: Loaded
+) -> None:
+    forked, forked_deployment = served
+    executed = await gateway(worker_preload=False)
+    dep = await executed.deploy()
+    answers = [ok(await gw.embed("same words")) for gw in (forked, executed)]
+    assert answers[0]["data"] == answers[1]["data"]
+    pid = executed.pid(dep["id"])
+    assert int(stat(pid)[1]) == os.getpid()  # executed by this process itself, not the template
+    assert workers(dep["id"]) == [pid]  # and `ps` shows both alike
+    assert workers(forked_deployment) == [forked.pid(forked_deployment)]
+
+
 async def test_unloadable_model_marks_the_deployment_failed_and_answers_503(gateway: OpenGateway) -> None:
     gw = await gateway()
     dep = await gw.deploy()
@@ -372,10 +405,13 @@ async def test_unloadable_model_marks_the_deployment_failed_and_answers_503(gate
 
 
 async def test_deleting_a_deployment_while_it_loads_stops_its_worker(gateway: OpenGateway) -> None:
-    gw = await gateway()
+    # an executed worker (no template to fork from) spends a second or more importing before it loads:
+    # long enough to be deleted while loading
+    gw = await gateway(worker_preload=False)
     dep = await gw.deploy(readiness="warm")
     try:
         await until(lambda: workers(dep["id"]))  # its worker process has started loading
+        assert (await gw.show(dep["id"]))["state"] == "loading"
         ok(await gw.client.delete(f"/v1/deployments/{dep['id']}", headers=bearer(gw.key)))
         assert workers(dep["id"]) == []  # DELETE answers once its workers are gone
     finally:
@@ -396,7 +432,7 @@ async def on_server(tmp_path: Path, sqlite_url: str, model_dir: Path) -> AsyncIt
             gw = await Gateway.prepare(client, None, model_dir)
             deployment_id = await loaded(gw)
         [pid] = workers(deployment_id)
-        assert server.process is not None and int(stat(pid)[1]) == server.process.pid
+        assert server.process is not None and descends_from(pid, server.process.pid)
         yield server, gw.key, deployment_id, pid
     finally:
         server.stop()

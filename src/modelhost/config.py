@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     worker_threads: int | None = Field(
         default=None, ge=1, description="torch threads per replica (default: all cores)."
     )
+    worker_preload: bool = Field(
+        default=True,
+        description="Fork replica workers from a template process that imported torch and transformers once "
+        "(a cold start then costs only the model's loading); false executes each worker afresh.",
+    )
     max_batch_size: int = Field(
         default=64, ge=1, description="Most requests grouped into one model call (inside the replica)."
     )

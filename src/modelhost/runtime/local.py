@@ -14,7 +14,6 @@ import logging
 import os
 import shutil
 import socket
-import sys
 import tempfile
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
@@ -26,14 +25,13 @@ from modelhost.runtime.client import ReplicaConnection, connect_pair
 from modelhost.runtime.memory import rss_bytes
 from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import Replica, ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
+from modelhost.runtime.spawn import WORKER_ENV, WorkerProcess, start_worker
 
 if TYPE_CHECKING:
     from modelhost.runtime.spec import DeploymentSpec
 
 log = logging.getLogger("modelhost.runtime")
 _ids = itertools.count(1)
-# Workers log to the supervisor's stderr: no progress bars, no tokenizer thread pools fighting torch's.
-WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1"}
 
 
 class LocalProcessReplica:
@@ -53,7 +51,7 @@ class LocalProcessReplica:
         self._settings = settings
         self._warmup = warmup
         self._path = folder / f"{self.name}.sock"
-        self._process: asyncio.subprocess.Process | None = None
+        self._process: WorkerProcess | None = None
         self._connection: ReplicaConnection | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
@@ -91,11 +89,8 @@ class LocalProcessReplica:
         listener.listen(128)
         settings = self._settings
         args = [
-            "-m", "modelhost.runtime.worker",
             "--replica", self.name,  # so that `ps` shows which deployment a worker serves
             "--deployment", self.spec.deployment_id,
-            "--fd", str(theirs.fileno()),
-            "--listen-fd", str(listener.fileno()),
             "--pipeline", self.spec.pipeline,
             "--model-dir", str(self.spec.model_dir),
             "--threads", str(self.spec.threads),
@@ -106,12 +101,8 @@ class LocalProcessReplica:
         if self._warmup:
             args.append("--warmup")
         try:
-            self._process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, **WORKER_ENV},
-                pass_fds=(theirs.fileno(), listener.fileno()),
+            self._process = await start_worker(
+                args, {**os.environ, **WORKER_ENV}, theirs, listener, preload=settings.worker_preload
             )
         finally:
             theirs.close()  # the worker holds its ends now; ours alone tells it we are alive

@@ -49,7 +49,6 @@ from ray.serve.handle import DeploymentHandle
 from modelhost.config import Settings
 from modelhost.runtime.client import Waiters
 from modelhost.runtime.host import ReplicaHost
-from modelhost.runtime.local import WORKER_ENV
 from modelhost.runtime.memory import rss_bytes
 from modelhost.runtime.protocol import (
     Cancel,
@@ -66,6 +65,7 @@ from modelhost.runtime.replica import (
     ReplicaSpec,
     ReplicaStats,
 )
+from modelhost.runtime.spawn import WORKER_ENV
 from modelhost.runtime.spec import DeploymentSpec
 
 log = logging.getLogger("modelhost.runtime")

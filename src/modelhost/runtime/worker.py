@@ -1,6 +1,7 @@
 """A replica worker process: owns one model and serves every gateway process of its server.
 
-Started by `LocalProcessReplica` as `python -m modelhost.runtime.worker --fd N --listen-fd M ...`:
+Started by `LocalProcessReplica` (`runtime.spawn`): forked from the preloaded template, or executed as
+`python -m modelhost.runtime.worker --fd N --listen-fd M ...`; either way it holds two sockets:
 - `--fd` is its lifeline, one end of a socketpair whose other end the supervisor holds. The first
   message on it says whether the model loaded (`Ready` / `LoadFailed`); the supervisor then sends
   requests on it like any gateway. When it reads end-of-file the supervisor is gone, and so is the
@@ -37,7 +38,7 @@ from modelhost.tasks.base import AnyTaskHandler, is_streaming
 READ_SIZE = 1 << 18
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGKILL us when the supervisor dies, even by SIGKILL."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -46,11 +47,11 @@ def _die_with_parent() -> None:
         pass  # not Linux: end-of-file on the lifeline still ends us
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="modelhost replica worker (started by the supervisor)")
     parser.add_argument("--replica", default="", help="replica name (<deployment id>-<n>), for `ps`")
     parser.add_argument("--deployment", default="", help="deployment ID, for metrics")
-    parser.add_argument("--fd", required=True, type=int, help="the lifeline: this end of a socketpair")
+    parser.add_argument("--fd", type=int, help="the lifeline: this end of a socketpair (required)")
     parser.add_argument("--listen-fd", type=int, help="a bound Unix socket gateways connect to")
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--model-dir", required=True, type=Path)
@@ -59,11 +60,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--warmup", action="store_true")
-    args = parser.parse_args(argv)
-    _die_with_parent()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    return parser
 
-    lifeline = socket.socket(fileno=args.fd)
+
+def main(argv: list[str] | None = None) -> int:
+    """An executed worker: its sockets are inherited file descriptors named on the command line."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.fd is None:
+        parser.error("--fd is required")
+    listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else None
+    return _serve(args, socket.socket(fileno=args.fd), listener)
+
+
+def serve_sockets(argv: list[str], lifeline: socket.socket, listener: socket.socket | None) -> int:
+    """A forked worker (`runtime.spawn`): the same command line, its sockets handed over as objects."""
+    return _serve(_parser().parse_args(argv), lifeline, listener)
+
+
+def _serve(args: argparse.Namespace, lifeline: socket.socket, listener: socket.socket | None) -> int:
+    die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     started = time.perf_counter()
     try:
         handler, state = load(args.pipeline, args.model_dir, args.threads, args.device)
@@ -81,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
         max_batch=args.max_batch,
         max_wait=args.max_wait_ms / 1000,
     )
-    listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else None
     return Worker(host, lifeline, listener).serve()
 
 

@@ -91,6 +91,10 @@ def _run(
     from modelhost.server.supervisor import ControlServer, Gateways, SupervisorServer
 
     listener = _listen(host, port)
+    if settings.runtime == "local" and settings.worker_preload:
+        from modelhost.runtime.spawn import warm_template
+
+        warm_template()  # its imports run beside the server's start: the first cold start finds it ready
     control_path = folder / "control.sock"
     gateways = Gateways(workers - 1, listener, control_path, log_level)
 
