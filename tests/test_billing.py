@@ -54,7 +54,7 @@ async def gateway(root: Path, clock: ManualClock, **overrides: Any) -> AsyncIter
     services = Services.build(settings, clock=clock)
     transport = httpx.ASGITransport(app=create_app(services=services), raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as client:
-        services.billing.start(stale_seconds=180)
+        services.billing.close_stale()
         await services.runtime.start()
         try:
             yield Gateway(services, client, clock)

@@ -178,7 +178,7 @@ async def supervising(services: Services, supervision: Supervision) -> AsyncIter
     video jobs and agent runs. At the end it bills every replica up to its unload."""
     sweeper = asyncio.create_task(_sweep_forever(services))
     billing = services.billing
-    await asyncio.to_thread(billing.start, 3 * billing.tick_seconds)
+    await asyncio.to_thread(billing.close_stale)
     metering = asyncio.create_task(billing.run_forever(supervision.runtime.unload_account))
     await supervision.runtime.start()
     supervision.videos.start()

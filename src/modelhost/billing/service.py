@@ -25,6 +25,9 @@ from modelhost.runtime.spec import DeploymentSpec
 
 log = logging.getLogger("modelhost.billing")
 
+# A compute meter whose gateway has not billed it for this many ticks belongs to a gateway that died.
+STALE_TICKS = 3
+
 
 class Billing:
     def __init__(
@@ -82,16 +85,21 @@ class Billing:
     # ---------------------------------------------------------------- ticks
 
     def tick(self) -> list[Billed]:
-        """Bill this gateway's replicas and every stored artifact up to now."""
+        """Bill this gateway's replicas and every stored artifact up to now, and close what a dead
+        gateway left open."""
         now = self.clock.now_ms()
         billed = self.meter.tick()
         storage = self.ledger.tick_storage(now)
         count(storage)
+        self.close_stale()
         return billed + storage
 
-    def start(self, stale_seconds: float) -> None:
-        """At gateway start: close the meters of a gateway that died without closing them."""
-        closed = self.ledger.close_stale(self.clock.now_ms(), int(stale_seconds * 1000), self.meter.owner)
+    def close_stale(self) -> None:
+        """Close the compute meters of a gateway that died without closing them. At start and on every
+        tick: a gateway that restarts sooner than `STALE_TICKS` ticks after a crash finds its old
+        meters still fresh, and closes them on a later tick."""
+        stale_ms = int(STALE_TICKS * self.tick_seconds * 1000)
+        closed = self.ledger.close_stale(self.clock.now_ms(), stale_ms, self.meter.owner)
         if closed:
             log.info("closed %d compute meter(s) left open by a stopped gateway", closed)
 
