@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -148,3 +150,38 @@ class ManualClock:
 
     def advance(self, seconds: float) -> None:
         self.ms += round(seconds * 1000)
+
+
+@dataclass
+class Gateway:
+    """A live gateway seen by one account: deploys tiny models once each and calls task endpoints."""
+
+    http: httpx.Client
+    key: str
+    recipes: Path
+    media_root: Path | None = None  # where the gateway reads local media paths from, if anywhere
+    files_url: str = ""  # a local HTTP server's URL for media inputs, if any
+    deployed: dict[str, str] = field(default_factory=dict)
+
+    def deploy(self, recipe: str, sub: str, pipeline: str, model: str | None = None) -> str:
+        """Push a recipe model and deploy it (cold: it loads on the first request) as `model` (default
+        from the recipe's name). Returns the model ID."""
+        model = model or f"{recipe[:3]}-{sub or 'main'}".replace("_", "-")
+        if model not in self.deployed:
+            artifact_id = push_folder_sync(self.http, self.key, self.recipes / recipe / sub, pipeline)
+            created = self.http.post(
+                "/v1/deployments",
+                json={"model": model, "artifact_id": artifact_id, "readiness": "cold"},
+                headers=bearer(self.key),
+            )
+            assert created.status_code == 201, created.text
+            self.deployed[model] = created.json()["id"]
+        return model
+
+    def call(self, path: str, **body: Any) -> httpx.Response:
+        return self.http.post(path, json=body, headers=bearer(self.key), timeout=120)
+
+    def ok(self, path: str, **body: Any) -> Any:
+        response = self.call(path, **body)
+        assert response.status_code == 200, response.text
+        return response.json()

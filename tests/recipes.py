@@ -52,6 +52,10 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
     ("t19_object_detection", "", "object-detection"),
     ("t20_depth_estimation", "", "depth-estimation"),
     ("t21_question_answering", "", "question-answering"),
+    ("t22_text2text", "", "text2text-generation"),
+    ("t22_text2text", "", "summarization"),
+    ("t22_text2text", "", "translation"),
+    ("t23_translation", "", "translation"),
 ]
 
 

@@ -10,7 +10,6 @@ import io
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,40 +18,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.helpers import ADMIN_KEY, Gateway, assert_error, bearer, push_folder_sync
 from tests.live import live_server
-
-
-@dataclass
-class Gateway:
-    http: httpx.Client
-    key: str
-    recipes: Path
-    media_root: Path
-    files_url: str
-    deployed: dict[str, str] = field(default_factory=dict)
-
-    def deploy(self, recipe: str, sub: str, pipeline: str) -> str:
-        """Push a recipe model and deploy it (cold: it loads on the first request). Returns the model ID."""
-        model = f"{recipe[:3]}-{sub or 'main'}".replace("_", "-")
-        if model not in self.deployed:
-            artifact_id = push_folder_sync(self.http, self.key, self.recipes / recipe / sub, pipeline)
-            created = self.http.post(
-                "/v1/deployments",
-                json={"model": model, "artifact_id": artifact_id, "readiness": "cold"},
-                headers=bearer(self.key),
-            )
-            assert created.status_code == 201, created.text
-            self.deployed[model] = created.json()["id"]
-        return model
-
-    def call(self, path: str, **body: Any) -> httpx.Response:
-        return self.http.post(path, json=body, headers=bearer(self.key), timeout=120)
-
-    def ok(self, path: str, **body: Any) -> Any:
-        response = self.call(path, **body)
-        assert response.status_code == 200, response.text
-        return response.json()
 
 
 def same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:

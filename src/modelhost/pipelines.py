@@ -51,9 +51,15 @@ class PipelineTask:
     # what inspection requires beside the weights: tokenizer files, a processor's config
     needs_tokenizer: bool = False
     needs_processor: bool = False
+    # only the architectures of those tables that read text alone (not speech or vision models that
+    # share a table with text ones: the seq-to-seq table holds Whisper-like and audio-LLM classes)
+    text_only: bool = False
     # the task endpoint's request and response types, where it is a Hugging Face-style task endpoint
     request: type[p.TaskRequest] | None = None
     response: Any = None
+    # the answer is always a list with one result per input, as transformers' text2text pipelines
+    # answer (`[{summary_text}]` for one text); otherwise one input gets its result, a list a list
+    one_list: bool = False
     raw_media: RawMedia | None = None
     # for /docs: the task endpoint's summary and an example request and answer
     summary: str = ""
@@ -67,6 +73,32 @@ class PipelineTask:
 def _scores(item: Any) -> Any:
     """One result per input, or a list of them for a list of inputs."""
     return list[item] | list[list[item]]
+
+
+def _text2text(
+    name: Pipeline,
+    handler: str,
+    endpoint: str,
+    request: type[p.TaskRequest],
+    answer: type[Any],
+    summary: str,
+    example: tuple[dict[str, Any], Any],
+) -> PipelineTask:
+    """Summarization, translation and text2text generation: one encoder-decoder handler module
+    (`tasks.text2text_generation`), text-only seq-to-seq architectures, a flat list of answers."""
+    return PipelineTask(
+        name,
+        f"modelhost.tasks.text2text_generation:{handler}",
+        (endpoint,),
+        ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",),
+        text_only=True,
+        needs_tokenizer=True,
+        request=request,
+        response=list[answer],  # type: ignore[valid-type]
+        one_list=True,
+        summary=summary,
+        example=example,
+    )
 
 
 TASKS: tuple[PipelineTask, ...] = (
@@ -355,6 +387,42 @@ TASKS: tuple[PipelineTask, ...] = (
         ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",),
         needs_tokenizer=True,
         # its own route (api.routes.tasks): questions and contexts pair up
+    ),
+    _text2text(
+        "summarization",
+        "Summarization",
+        "/v1/text/summarization",
+        p.Text2TextRequest,
+        p.SummaryText,
+        "Summarization: one summary per text",
+        (
+            {"model": "bart-cnn", "inputs": "The tower is 324 metres tall ...", "max_new_tokens": 60},
+            [{"summary_text": "The tower is 324 metres tall."}],
+        ),
+    ),
+    _text2text(
+        "translation",
+        "Translation",
+        "/v1/text/translation",
+        p.TranslationRequest,
+        p.TranslationText,
+        "Translation: one translation per text",
+        (
+            {"model": "nllb", "inputs": "hello world", "src_lang": "eng_Latn", "tgt_lang": "fra_Latn"},
+            [{"translation_text": "bonjour le monde"}],
+        ),
+    ),
+    _text2text(
+        "text2text-generation",
+        "Text2TextGeneration",
+        "/v1/text/generation",
+        p.Text2TextRequest,
+        p.GeneratedText,
+        "Text2text generation (T5-style prompts): one generated text per input",
+        (
+            {"model": "flan-t5", "inputs": "question: what is the capital of france?"},
+            [{"generated_text": "paris"}],
+        ),
     ),
     PipelineTask(
         "text-ranking",

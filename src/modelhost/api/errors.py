@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -28,14 +29,32 @@ def error_response(exc: ModelhostError) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers or None)
 
 
+# the names pydantic gives the members of a union in an error's location: never a field of ours
+UNION_MEMBER_TYPES = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+UNION_MEMBER = re.compile(r"[a-z-]+\[.+\]|constrained-[a-z]+|[A-Z]\w*")
+
+
+def _is_union_member(part: str) -> bool:
+    """`constrained-str`, `list[constrained-str]`, `function-after[...]`, `str` or a model's class name
+    (`TextPair`): pydantic names the union member it tried. Our fields are lower-case identifiers, or a
+    form's `name[]`."""
+    return part in UNION_MEMBER_TYPES or UNION_MEMBER.fullmatch(part) is not None
+
+
 def _param_of(loc: tuple[Any, ...] | list[Any]) -> str | None:
-    """`("body", "messages", 0, "role")` → `messages[0].role`; the location kind is dropped."""
+    """`("body", "messages", 0, "role")` → `messages[0].role`; the location kind and the names of union
+    members (`inputs.constrained-str` → `inputs`) are dropped."""
     parts = list(loc)
     if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
         parts = parts[1:]
     text = ""
     for part in parts:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif not _is_union_member(str(part)):
+            text += f".{part}" if text else str(part)
     return text or None
 
 

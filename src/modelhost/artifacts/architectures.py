@@ -38,14 +38,47 @@ def _names(value: object) -> list[str]:
     return []
 
 
+TEXT_ONLY_TASKS = frozenset(t.name for t in TASKS if t.text_only)
+# transformers' tables of models that read speech, audio or images: a class listed in one of them is not
+# a text-only model, even where a text table lists it too
+NON_TEXT_TABLE_WORDS = ("SPEECH", "AUDIO", "CTC", "VISION", "IMAGE", "VIDEO", "MULTIMODAL")
+
+
 @cache
 def transformers_architectures(task: str) -> frozenset[str]:
     from transformers.models.auto import modeling_auto
 
     found: set[str] = set()
     for table in TRANSFORMERS_TASK_MAPPINGS[task]:
-        for value in getattr(modeling_auto, table, {}).values():
-            found.update(_names(value))
+        for model_type, value in getattr(modeling_auto, table, {}).items():
+            if task not in TEXT_ONLY_TASKS or _reads_text_only(model_type):
+                found.update(_names(value))
+    if task in TEXT_ONLY_TASKS:
+        found -= _non_text_architectures()
+    return frozenset(found)
+
+
+def _reads_text_only(model_type: str) -> bool:
+    """A config with a `text_config` wraps a language model in another modality's encoder (Voxtral,
+    Qwen2-Audio, Granite Speech): those need their audio or image, not text alone."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        config_class = CONFIG_MAPPING[model_type]
+    except KeyError:
+        return False
+    return "text_config" not in (getattr(config_class, "sub_configs", None) or {})
+
+
+@cache
+def _non_text_architectures() -> frozenset[str]:
+    from transformers.models.auto import modeling_auto
+
+    found: set[str] = set()
+    for table in dir(modeling_auto):
+        if table.endswith("_MAPPING_NAMES") and any(word in table for word in NON_TEXT_TABLE_WORDS):
+            for value in getattr(modeling_auto, table).values():
+                found.update(_names(value))
     return frozenset(found)
 
 

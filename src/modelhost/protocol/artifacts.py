@@ -35,6 +35,9 @@ Pipeline = Literal[
     "object-detection",
     "depth-estimation",
     "question-answering",
+    "summarization",
+    "translation",
+    "text2text-generation",
 ]
 ArtifactStatus = Literal["created", "ingesting", "ready", "failed"]
 UploadStatus = Literal["open", "completing", "completed", "failed", "aborted", "expired"]

@@ -223,13 +223,14 @@ class GenerateKwargs(StrictModel):
     min_new_tokens: int | None = Field(default=None, ge=0, le=1024)
     num_beams: int | None = Field(default=None, ge=1, le=16)
     do_sample: bool | None = None
-    temperature: float | None = Field(default=None, gt=0, le=10)
+    # below 0.01 the scaled logits overflow to inf and sampling fails: a 400, not the model's error
+    temperature: float | None = Field(default=None, ge=0.01, le=10)
     top_k: int | None = Field(default=None, ge=0, le=1000)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    repetition_penalty: float | None = Field(default=None, gt=0, le=10)
+    repetition_penalty: float | None = Field(default=None, ge=0.01, le=10)
     no_repeat_ngram_size: int | None = Field(default=None, ge=0, le=32)
     length_penalty: float | None = Field(default=None, ge=-10, le=10)
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=2**64 - 1, description="torch's seed: 64 bits at most.")
 
 
 class ImageToTextRequest(TaskRequest):
@@ -237,6 +238,27 @@ class ImageToTextRequest(TaskRequest):
     max_new_tokens: int | None = Field(default=None, ge=1, le=1024)
     generate_kwargs: GenerateKwargs | None = None
     timeout: Timeout = None
+
+
+class Text2TextRequest(TaskRequest):
+    """Summarization, translation and text2text generation: an encoder-decoder model's `generate`."""
+
+    inputs: Text | Annotated[list[Text], Field(min_length=1, max_length=256)] = Field(
+        description="A text or a list of texts.", examples=["paris is the capital of france"]
+    )
+    max_new_tokens: int | None = Field(
+        default=None, ge=1, le=1024, description="The most tokens to generate; default: the model's own."
+    )
+    generate_kwargs: GenerateKwargs | None = None
+
+
+class TranslationRequest(Text2TextRequest):
+    src_lang: Text | None = Field(
+        default=None,
+        description="The source language: a code of the model's tokenizer (`eng_Latn`) for multilingual "
+        "models, required there; for others a language name used in the prompt (`English`).",
+    )
+    tgt_lang: Text | None = Field(default=None, description="The target language, as `src_lang`.")
 
 
 class ImageClassificationRequest(TaskRequest):
@@ -322,6 +344,14 @@ class Depth(BaseModel):
     predicted_depth: list[list[float]] | None = Field(
         default=None, description="The model's values, one row per pixel row; absent when not asked for."
     )
+
+
+class SummaryText(BaseModel):
+    summary_text: str
+
+
+class TranslationText(BaseModel):
+    translation_text: str
 
 
 class Answer(BaseModel):

@@ -261,7 +261,8 @@ def add_task_route(task: PipelineTask) -> None:
     """Register the task endpoint of a pipeline whose request fields are its handler's options, one for
     one (`modelhost.pipelines` declares its path, types, media field and /docs text): the media field is
     fetched into `images` or `videos`, text `inputs` become a list, and every other field that is set
-    goes to the handler under its own name. One input gets one result, a list of inputs a list."""
+    goes to the handler under its own name. One input gets one result, a list of inputs a list (or, for
+    a `one_list` task, always the list)."""
     assert task.request is not None and task.example is not None
     media = task.raw_media
 
@@ -274,7 +275,10 @@ def add_task_route(task: PipelineTask) -> None:
             read = Media(MEDIA_KEYS[media.content_types[0]], given, media.field, body.timeout)
         else:
             item["inputs"] = _as_list(item["inputs"])  # as plain data (pairs as dicts)
-        return _answer(given, await _run(request, services, principal, body.model, item, read))
+        results = await _run(request, services, principal, body.model, item, read)
+        if task.one_list:
+            return Response(orjson.dumps(results), media_type="application/json")
+        return _answer(given, results)
 
     # FastAPI reads the body type from the signature: the task's own request model
     endpoint.__annotations__ = {

@@ -1,0 +1,160 @@
+"""Summarization, translation and text2text generation: an encoder-decoder model's `generate`, as
+transformers' former `Text2TextGenerationPipeline` and its two subclasses ran it (transformers 5 ships
+none of them, so the model runs here).
+
+The three differ only in the prompt and the answer's key:
+- text2text: the text as given, behind the config's `prefix` (if any);
+- summarization: behind the prefix of the config's `task_specific_params["summarization"]` (T5's
+  `summarize: `), whose generation settings (BART's beams and lengths) are the defaults;
+- translation: a multilingual tokenizer (NLLB, M2M100, mBART: language codes as special tokens) needs
+  `src_lang` and `tgt_lang` among its codes; the source code goes in front of the text and the target
+  code is forced as the first generated token. Other models (T5, Marian) take the languages in the
+  prompt: `task_specific_params["translation_<src>_to_<tgt>"]` when the config has one (T5's `en` →
+  `de`), else `translate <src> to <tgt>: `; with no languages the text goes in as it is (a Marian model
+  translates one pair).
+
+Items with equal options share one padded `generate` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from modelhost.errors import InvalidRequest
+from modelhost.tasks import loader
+from modelhost.tasks.base import error_of, grouped
+
+OPTIONS = ("max_new_tokens", "generate_kwargs", "src_lang", "tgt_lang")
+# the settings a config's task_specific_params may give `generate` as defaults (the caller's win)
+TASK_DEFAULTS = (
+    "max_length", "min_length", "max_new_tokens", "min_new_tokens", "num_beams", "length_penalty",
+    "no_repeat_ngram_size", "early_stopping",
+)  # fmt: skip
+
+
+@dataclass
+class Seq2Seq:
+    model: Any
+    tokenizer: Any
+    device: str
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """How one group's texts go into the model: a prefix, the tokenizer's source language, and what
+    `generate` gets beside the caller's options."""
+
+    prefix: str = ""
+    src_lang: str | None = None
+    generate: tuple[tuple[str, Any], ...] = ()
+
+
+class Text2TextGeneration:
+    output_key = "generated_text"
+    task = ""  # the key of the config's task_specific_params this task reads ("" for none)
+
+    def load(self, model_dir: Path, device: str) -> Seq2Seq:
+        model = loader.load_auto(model_dir, device, "AutoModelForSeq2SeqLM")
+        return Seq2Seq(model, loader.load_tokenizer(model_dir), device)
+
+    def warmup_item(self) -> dict[str, Any]:
+        return {"inputs": ["modelhost warm-up"], "max_new_tokens": 2}
+
+    def prompt(self, model: Seq2Seq, item: dict[str, Any]) -> Prompt:
+        """The prompt of an item's group; raises `InvalidRequest` for options the model cannot take."""
+        params = _task_params(model, self.task)
+        prefix = params.get("prefix", getattr(model.model.config, "prefix", None) or "")
+        return Prompt(prefix, generate=tuple((k, v) for k, v in params.items() if k in TASK_DEFAULTS))
+
+    @torch.inference_mode()
+    def run(self, model: Seq2Seq, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        outputs: list[dict[str, Any]] = [{} for _ in batch]
+        for indices in grouped(batch, OPTIONS).values():
+            first = batch[indices[0]]
+            try:
+                prompt = self.prompt(model, first)
+            except InvalidRequest as exc:
+                for index in indices:
+                    outputs[index] = error_of(exc)
+                continue
+            texts = [prompt.prefix + text for index in indices for text in batch[index]["inputs"]]
+            generated = iter(_generate(model, texts, prompt, first))
+            for index in indices:
+                results = [{self.output_key: next(generated)} for _ in batch[index]["inputs"]]
+                outputs[index] = {"results": results}
+        return outputs
+
+
+class Summarization(Text2TextGeneration):
+    output_key = "summary_text"
+    task = "summarization"
+
+
+class Translation(Text2TextGeneration):
+    output_key = "translation_text"
+
+    def prompt(self, model: Seq2Seq, item: dict[str, Any]) -> Prompt:
+        source, target = item.get("src_lang"), item.get("tgt_lang")
+        codes = language_codes(model.tokenizer)
+        if codes:
+            for param, language in (("src_lang", source), ("tgt_lang", target)):
+                if language is None:
+                    message = f"This model translates between language codes: give `{param}`."
+                    raise InvalidRequest(message, param=param)
+                if language not in codes:
+                    known = ", ".join(sorted(codes)[:8])
+                    raise InvalidRequest(
+                        f"{language!r} is not a language code of this model (it knows {len(codes)}: {known}"
+                        f"{', ...' if len(codes) > 8 else ''}).",
+                        param=param,
+                    )
+            forced = model.tokenizer.convert_tokens_to_ids(target)
+            return Prompt(src_lang=source, generate=(("forced_bos_token_id", forced),))
+        if (source is None) != (target is None):
+            missing = "src_lang" if source is None else "tgt_lang"
+            raise InvalidRequest("Give both `src_lang` and `tgt_lang`, or neither.", param=missing)
+        if source is None:
+            return super().prompt(model, item)
+        params = _task_params(model, f"translation_{source}_to_{target}")
+        prefix = params.get("prefix", f"translate {source} to {target}: ")
+        return Prompt(prefix, generate=tuple((k, v) for k, v in params.items() if k in TASK_DEFAULTS))
+
+
+def language_codes(tokenizer: Any) -> frozenset[str]:
+    """A multilingual tokenizer's language codes: M2M100's table, or the special tokens that are not
+    the named ones (NLLB's `eng_Latn`, mBART's `en_XX`). Empty for a tokenizer without them."""
+    table = getattr(tokenizer, "lang_code_to_id", None)
+    if isinstance(table, dict) and table:
+        return frozenset(table)
+    if not hasattr(tokenizer, "_build_translation_inputs"):
+        return frozenset()
+    named = {str(token) for token in tokenizer.special_tokens_map.values() if isinstance(token, str)}
+    return frozenset(str(token) for token in tokenizer.all_special_tokens) - named
+
+
+def _task_params(model: Seq2Seq, task: str) -> dict[str, Any]:
+    params = getattr(model.model.config, "task_specific_params", None) or {}
+    found = params.get(task) if task else None
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def _generate(model: Seq2Seq, texts: list[str], prompt: Prompt, item: dict[str, Any]) -> list[str]:
+    options = dict(prompt.generate)
+    options.update(item.get("generate_kwargs") or {})
+    if item.get("max_new_tokens") is not None:
+        options["max_new_tokens"] = item["max_new_tokens"]
+    if "max_new_tokens" in options:
+        options.pop("max_length", None)  # a task default must not override the caller's budget
+    seed = options.pop("seed", None)
+    if seed is not None:
+        torch.manual_seed(seed)
+    tokenizer = model.tokenizer
+    if prompt.src_lang is not None:
+        tokenizer.src_lang = prompt.src_lang
+    encoded = tokenizer(texts, padding=True, truncation=True, return_tensors="pt").to(model.device)
+    tokens = model.model.generate(**encoded, **options)
+    return [text.strip() for text in tokenizer.batch_decode(tokens, skip_special_tokens=True)]
