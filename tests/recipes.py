@@ -32,6 +32,7 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
     ("t06_image_segmentation", "mask2former", "image-segmentation"),
     ("t07_visual_question_answering", "vilt", "visual-question-answering"),
     ("t07_visual_question_answering", "llava", "visual-question-answering"),
+    ("t07_visual_question_answering", "llava", "image-text-to-text"),
     ("t08_image_to_text", "blip", "image-to-text"),
     ("t08_image_to_text", "vit_gpt2", "image-to-text"),
     ("t09_audio_classification", "", "audio-classification"),

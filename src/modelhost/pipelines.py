@@ -261,6 +261,15 @@ TASKS: tuple[PipelineTask, ...] = (
         needs_tokenizer=True,
     ),
     PipelineTask(
+        "image-text-to-text",
+        "modelhost.tasks.image_text_to_text:ImageTextToText",
+        # chat with image_url parts, and text alone (the Responses API's image parts: not yet)
+        ("/v1/chat/completions", "/v1/completions"),
+        ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
+        needs_tokenizer=True,
+        needs_processor=True,
+    ),
+    PipelineTask(
         "text-to-image",
         "modelhost.tasks.text_to_image:TextToImage",
         ("/v1/images/generations",),

@@ -22,9 +22,11 @@ from modelhost.protocol.chat import (
     AllowedToolsChoice,
     ChatCompletionRequest,
     CompletionRequest,
+    ImageURLPart,
     Message,
     NamedFunction,
     NamedToolChoice,
+    RefusalPart,
     TextPart,
     Tool,
     ToolCallIn,
@@ -43,7 +45,10 @@ def chat_requests(body: ChatCompletionRequest, max_string_length: int) -> tuple[
     tools, choice = effective_tools(body)
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true.", param="top_logprobs")
-    request: Event = {"messages": _template_messages(body.messages)}
+    messages, image_urls = _template_messages(body.messages)
+    request: Event = {"messages": messages}
+    if image_urls:
+        request["image_urls"] = image_urls  # the serving fetches them (`images`) before the worker sees it
     mode = "none"
     if tools and choice != "none":
         request["tools"] = [t.model_dump(exclude_none=True) for t in tools]
@@ -119,17 +124,31 @@ def per_choice(request: Event, params: Event, n: int, seed: int | None) -> list[
     return [{**request, "params": {**params, "seed": None if seed is None else seed + i}} for i in range(n)]
 
 
-def _template_messages(messages: list[Message]) -> list[Event]:
+def _template_messages(messages: list[Message]) -> tuple[list[Event], list[tuple[str, str]]]:
     """OpenAI messages → what chat templates expect: text content, `developer` as `system`, tool call
     arguments as objects, tool results named after the call they answer, and the deprecated forms (an
-    assistant's `function_call`, a `function` message) as a tool call and its result."""
+    assistant's `function_call`, a `function` message) as a tool call and its result. A message with
+    images keeps its parts, each image as `{"type": "image"}` (vision-language templates' form); their
+    URLs come back in order, each with the field it came from."""
     names: dict[str, str] = {}
     rendered: list[Event] = []
+    image_urls: list[tuple[str, str]] = []
     legacy_call = ""  # the ID given to the last assistant `function_call`, which a `function` answers
     for position, message in enumerate(messages):
-        content = message.content
-        if isinstance(content, list):
-            content = "\n".join(p.text if isinstance(p, TextPart) else p.refusal for p in content)
+        content: Any = message.content
+        if isinstance(content, list) and any(isinstance(p, ImageURLPart) for p in content):
+            parts: list[Event] = []
+            for index, part in enumerate(content):
+                if isinstance(part, ImageURLPart):
+                    image_urls.append(
+                        (part.image_url.url, f"messages[{position}].content[{index}].image_url.url")
+                    )
+                    parts.append({"type": "image"})
+                else:
+                    parts.append({"type": "text", "text": _text_of(part)})
+            content = parts
+        elif isinstance(content, list):
+            content = "\n".join(_text_of(p) for p in content)
         role = {"developer": "system", "function": "tool"}.get(message.role, message.role)
         out: Event = {"role": role, "content": content or ""}
         if message.name:
@@ -156,7 +175,13 @@ def _template_messages(messages: list[Message]) -> list[Event]:
             out["tool_call_id"] = message.tool_call_id
             out.setdefault("name", names.get(message.tool_call_id or "", ""))
         rendered.append(out)
-    return rendered
+    return rendered, image_urls
+
+
+def _text_of(part: TextPart | RefusalPart | ImageURLPart) -> str:
+    if isinstance(part, TextPart):
+        return part.text
+    return part.refusal if isinstance(part, RefusalPart) else ""
 
 
 def _json_or_text(text: str) -> Any:

@@ -73,6 +73,22 @@ class Sequence:
     started: bool = False
     slot: int = -1  # its row of the KV cache, from admission on
     cached_tokens: int = 0  # prompt tokens reused from the cache
+    # a vision-language prompt: the processor's image tensors (`pixel_values`, ...) for its prefill. Its
+    # image tokens are negative in `prompt` (a hash of the image and the position), so the prefix cache
+    # tells different images apart; the model sees `image_token` there.
+    images: dict[str, Any] | None = None
+    image_token: int = -1
+
+    @property
+    def reusable(self) -> int:
+        """How many prompt tokens may come from the cache: all but the last (its logits give the first
+        new token); for a prompt with images only those before the first image, whose features must
+        all enter in one forward pass."""
+        if self.params.prompt_logprobs:
+            return 0
+        if self.images is not None:
+            return min(len(self.prompt) - 1, next(i for i, t in enumerate(self.prompt) if t < 0))
+        return len(self.prompt) - 1
 
     @property
     def length(self) -> int:
@@ -190,8 +206,7 @@ class GenerationEngine:
         while self.waiting and len(self.running) + len(self.prefilling) < self.max_running:
             sequence = self.waiting.popleft()
             target = len(self.running) + len(self.prefilling)
-            reuse = 0 if sequence.params.prompt_logprobs else len(sequence.prompt) - 1
-            source, length = self.cache.longest_prefix(sequence.prompt, reuse)
+            source, length = self.cache.longest_prefix(sequence.prompt, sequence.reusable)
             if length and source >= target:  # a free slot: bring it here whole
                 self.cache.swap(source, target)
                 self.cache.held[target] = self.cache.held[target][:length]
@@ -211,15 +226,17 @@ class GenerationEngine:
         for sequence in self._ready_to_prefill():
             done = len(self.cache.held[sequence.slot])
             left = len(sequence.prompt) - done
-            take = left if sequence.params.prompt_logprobs else min(left, budget)
-            if take <= 0 or (rows and take > budget):
+            whole = sequence.params.prompt_logprobs or sequence.images is not None
+            take = left if whole else min(left, budget)
+            if take <= 0 or (rows and (take > budget or sequence.images is not None)):
                 break
             rows.append((sequence, sequence.prompt[done : done + take], done))
             budget -= take
-            if budget <= 0:
+            if budget <= 0 or sequence.images is not None:  # images: one prompt per forward pass
                 break
         if not rows:
             return
+        images = rows[0][0].images
         width = max(len(chunk) for _, chunk, _ in rows)
         read_length = _round_up(max(start + len(chunk) for _, chunk, start in rows), 64, self.context_length)
         ids = torch.zeros((len(rows), width), dtype=torch.long)
@@ -242,7 +259,9 @@ class GenerationEngine:
             read_length,
         )
         keep = 0 if any(s.params.prompt_logprobs for s, _, _ in rows) else 1
-        logits = self._forward(ids, positions, mask, logits_to_keep=keep).float()
+        if images is not None:
+            ids[ids < 0] = rows[0][0].image_token
+        logits = self._forward(ids, positions, mask, logits_to_keep=keep, extra=images).float()
         finished: list[tuple[int, Sequence]] = []
         for row, (sequence, chunk, _) in enumerate(rows):
             self.cache.held[sequence.slot] += chunk
@@ -282,7 +301,7 @@ class GenerationEngine:
             if sequence.params.prompt_logprobs:
                 ready.append(sequence)
                 continue
-            limit = len(sequence.prompt) - 1
+            limit = sequence.reusable
             done = len(self.cache.held[sequence.slot])
             source, length = self.cache.longest_prefix(sequence.prompt, limit)
             if length > done and source != sequence.slot:
@@ -322,12 +341,21 @@ class GenerationEngine:
         return self._forward(torch.tensor(last)[:, None], columns, mask, logits_to_keep=1)[:, -1, :]
 
     def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, logits_to_keep: int
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        allowed: torch.Tensor,
+        logits_to_keep: int,
+        extra: dict[str, Any] | None = None,
     ) -> torch.Tensor:
         """The model's logits for `ids` at `positions`, attending where `allowed` (bool, `[batch, 1,
-        query, read_length]`) says; keys and values go where the cache's plan says."""
+        query, read_length]`) says; keys and values go where the cache's plan says. `extra`: a
+        vision-language prompt's image tensors."""
         device = self.device
         positions = positions.to(device)
+        inputs = {k: v.to(device) for k, v in (extra or {}).items()}
+        if "pixel_values" in inputs:
+            inputs["pixel_values"] = inputs["pixel_values"].to(self.cache.dtype)
         with attention_kernels(device):
             out = self.model(
                 input_ids=ids.to(device),
@@ -336,6 +364,7 @@ class GenerationEngine:
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=logits_to_keep,
+                **inputs,
             )
         logits: torch.Tensor = out.logits
         return logits

@@ -38,6 +38,7 @@ Pipeline = Literal[
     "summarization",
     "translation",
     "text2text-generation",
+    "image-text-to-text",
 ]
 ArtifactStatus = Literal["created", "ingesting", "ready", "failed"]
 UploadStatus = Literal["open", "completing", "completed", "failed", "aborted", "expired"]

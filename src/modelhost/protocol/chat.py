@@ -61,21 +61,35 @@ class RefusalPart(Lenient):
     refusal: str
 
 
-def _text_parts_only(value: Any) -> Any:
-    """A clear refusal for image, audio and file parts (a text model cannot read them, and dropping
-    them would answer a question nobody asked)."""
+class ImageURL(Lenient):
+    url: str = Field(min_length=1, description="An http(s) URL or a `data:` URI of the image.")
+    detail: Literal["auto", "low", "high"] | None = Field(
+        default=None, description="Accepted for OpenAI's clients; the model's processor sets the resolution."
+    )
+
+
+class ImageURLPart(Lenient):
+    """An image for a vision-language deployment (`image-text-to-text`); a text-only model refuses it."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+def _known_parts_only(value: Any) -> Any:
+    """A clear refusal for audio and file parts (no model here reads them, and dropping them would
+    answer a question nobody asked)."""
     if isinstance(value, list):
         for part in value:
             kind = part.get("type") if isinstance(part, dict) else None
-            if isinstance(kind, str) and kind not in ("text", "refusal"):
+            if isinstance(kind, str) and kind not in ("text", "refusal", "image_url"):
                 raise ValueError(
-                    f"content parts of type {kind!r} are not supported: chat deployments read text "
-                    "(`text` parts, and `refusal` parts of earlier answers)"
+                    f"content parts of type {kind!r} are not supported: chat deployments read `text` "
+                    "parts, `image_url` parts (vision-language models) and `refusal` parts of earlier answers"
                 )
     return value
 
 
-Content = Annotated[str | list[TextPart | RefusalPart], BeforeValidator(_text_parts_only)]
+Content = Annotated[str | list[TextPart | RefusalPart | ImageURLPart], BeforeValidator(_known_parts_only)]
 
 
 class FunctionCall(Lenient):

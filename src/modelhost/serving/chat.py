@@ -23,6 +23,7 @@ import orjson
 
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.chat import ChatChoice, chat_requests, effective_tools, new_id, per_choice, sampling
+from modelhost.media.sources import MediaPolicy, load_media
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
@@ -40,9 +41,17 @@ Answer = Event | AsyncIterator[bytes]
 
 
 async def chat_completion(
-    body: ChatCompletionRequest, runtime: Runtime, deployment_id: str, max_string_length: int, until: Until
+    body: ChatCompletionRequest,
+    runtime: Runtime,
+    deployment_id: str,
+    max_string_length: int,
+    until: Until,
+    media: MediaPolicy,
+    reads_images: bool = False,
 ) -> Answer:
+    """`reads_images`: the deployment is a vision-language one (`image-text-to-text`)."""
     requests, mode = chat_requests(body, max_string_length)
+    await _fetch_images(requests, media, reads_images)
     choices = chat_choices(body, mode, len(requests))
     streams = await _open(runtime, deployment_id, requests)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": body.model}
@@ -95,6 +104,25 @@ async def _chat_chunks(
     if include_usage:
         usage = _usage(streams, 1, sum(c.completion_tokens for c in choices))
         yield _event({**chunk, "choices": [], "usage": usage})
+
+
+async def _fetch_images(requests: list[Event], media: MediaPolicy, reads_images: bool) -> None:
+    """`image_url` parts' images, read here with the one media reader (its private-address and size
+    rules: a bad one is a 400 naming its part) and sent to the worker as bytes with every choice. A
+    text-only deployment refuses them before anything is fetched."""
+    urls: list[tuple[str, str]] = requests[0].get("image_urls") or []
+    if not urls:
+        return
+    if not reads_images:
+        raise InvalidRequest(
+            "This model reads text only: image_url parts need a deployment of an image-text-to-text "
+            "(vision-language) model.",
+            param=urls[0][1].rsplit("[", 1)[0],  # messages[i].content
+        )
+    images = await asyncio.gather(*(load_media(url, media, param=param, timeout=None) for url, param in urls))
+    for request in requests:
+        del request["image_urls"]
+        request["images"] = list(images)
 
 
 def chat_choices(body: ChatCompletionRequest, mode: str, count: int) -> list[ChatChoice]:

@@ -9,6 +9,7 @@ template for chat), a token budget checked against the model's context, and an o
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from modelhost.errors import InvalidRequest
 from modelhost.generation.engine import Event, GenerationEngine, SamplingParams, Sequence
 from modelhost.generation.text import IncrementalDecoder
 from modelhost.generation.tool_parsers import parser_for_template
+from modelhost.media.decode import decode_image
 from modelhost.tasks import loader
 
 MAX_RUNNING_SEQUENCES = 64
@@ -38,6 +40,7 @@ class ChatModel:
     _guidance: Any = None  # llguidance's tokenizer, built on the first constrained request (~1 s)
     echo: dict[int, list[int]] = field(default_factory=dict)  # prompts to send back (completions' echo)
     fim: tuple[int, int, int] | None = None  # the tokenizer's fill-in-the-middle tokens, if any
+    processor: Any = None  # a vision-language model's processor (`image-text-to-text`); None: text only
 
     def guidance_tokenizer(self) -> Any:
         if self._guidance is None:
@@ -51,23 +54,8 @@ class TextGeneration:
     streaming = True
 
     def load(self, model_dir: Path, device: str) -> ChatModel:
-        tokenizer = loader.load_tokenizer(model_dir)
         model = loader.load_auto(model_dir, device, "AutoModelForCausalLM")
-        text = functools.lru_cache(maxsize=65536)(lambda token: tokenizer.decode([token]))
-        settings = get_settings()  # the replica's environment: the server's
-        engine = GenerationEngine(
-            model,
-            tokenizer,
-            device,
-            MAX_RUNNING_SEQUENCES,
-            _context_length(model, tokenizer),
-            text,
-            cache_bytes=settings.kv_cache_mb << 20 if settings.kv_cache_mb else None,
-            prefill_chunk=settings.prefill_chunk_tokens,
-            cuda_graphs=settings.cuda_graphs,
-        )
-        template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-        return ChatModel(engine, tokenizer, parser_for_template(template).name, fim=fim_tokens(tokenizer))
+        return chat_model(model, loader.load_tokenizer(model_dir), device)
 
     def warmup(self, state: ChatModel) -> None:
         self.start(state, 0, {"prompt": "modelhost warm-up", "params": {"max_tokens": 2, "temperature": 0}})
@@ -78,6 +66,9 @@ class TextGeneration:
     def start(self, state: ChatModel, request_id: int, request: dict[str, Any]) -> None:
         """Queue a request in the engine; InvalidRequest (a 400 for its caller) if it cannot run."""
         prompt, prompt_param = _prompt(state, request)
+        images: dict[str, Any] | None = None
+        if request.get("images"):
+            prompt, images = _vision_prompt(state, request)
         params = _params(state, request.get("params", {}), len(prompt), prompt_param)
         constraint = None
         if request.get("grammar"):
@@ -87,7 +78,10 @@ class TextGeneration:
                 state.guidance_tokenizer(), request["grammar"], param=request.get("grammar_param")
             )
         decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)
-        state.engine.add(Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint))
+        sequence = Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint)
+        if images is not None:
+            sequence.images, sequence.image_token = images, _image_token(state)
+        state.engine.add(sequence)
         if request.get("echo"):
             state.echo[request_id] = prompt
 
@@ -114,6 +108,59 @@ class TextGeneration:
 
     def running(self, state: ChatModel) -> int:
         return state.engine.held
+
+
+def chat_model(model: Any, tokenizer: Any, device: str) -> ChatModel:
+    """The engine over a loaded model, with what the handler needs of its tokenizer."""
+    text = functools.lru_cache(maxsize=65536)(lambda token: tokenizer.decode([token]))
+    settings = get_settings()  # the replica's environment: the server's
+    engine = GenerationEngine(
+        model,
+        tokenizer,
+        device,
+        MAX_RUNNING_SEQUENCES,
+        _context_length(model, tokenizer),
+        text,
+        cache_bytes=settings.kv_cache_mb << 20 if settings.kv_cache_mb else None,
+        prefill_chunk=settings.prefill_chunk_tokens,
+        cuda_graphs=settings.cuda_graphs,
+    )
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    return ChatModel(engine, tokenizer, parser_for_template(template).name, fim=fim_tokens(tokenizer))
+
+
+def _image_token(state: ChatModel) -> int:
+    config = state.engine.model.config
+    token = getattr(config, "image_token_id", None)
+    return int(token if token is not None else config.image_token_index)
+
+
+def _vision_prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    """A chat with images: the processor's prompt (each image expanded into its image tokens) and its
+    image tensors. The image tokens become negative IDs derived from the image's bytes and position, so
+    the prefix cache never gives one image's keys and values to another."""
+    if state.processor is None:
+        raise InvalidRequest(
+            "This model reads text only: image_url parts need a deployment of an image-text-to-text "
+            "(vision-language) model.",
+            param="messages",
+        )
+    max_pixels = get_settings().media_max_pixels
+    pictures = [decode_image(data, max_pixels=max_pixels, param="messages") for data in request["images"]]
+    try:
+        text = state.processor.apply_chat_template(
+            request["messages"], tools=request.get("tools"), add_generation_prompt=True, tokenize=False
+        )
+        encoded = state.processor(text=text, images=pictures, return_tensors="pt")
+    except (ValueError, TypeError) as exc:  # the template's or the processor's own checks
+        raise InvalidRequest(f"The model's processor refused the messages: {exc}", param="messages") from None
+    ids: list[int] = encoded["input_ids"][0].tolist()
+    images = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
+    salt = int.from_bytes(
+        hashlib.sha256(b"".join(hashlib.sha256(d).digest() for d in request["images"])).digest()[:7]
+    )
+    token = _image_token(state)
+    return [-(1 + salt + i) if t == token else t for i, t in enumerate(ids)], images
 
 
 def _prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int], str]:

@@ -43,7 +43,15 @@ async def chat_completions(
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
     limit = services.settings.constrained_max_string_length
-    answer = await chat.chat_completion(body, services.runtime, deployment.id, limit, _until(request))
+    answer = await chat.chat_completion(
+        body,
+        services.runtime,
+        deployment.id,
+        limit,
+        _until(request),
+        services.media,
+        reads_images=deployment.pipeline == "image-text-to-text",
+    )
     return _respond(answer)
 
 

@@ -1,0 +1,151 @@
+"""Chat with images (issue 19): an `image-text-to-text` deployment of the tiny LLaVA (t07 `llava`)
+answers OpenAI `image_url` parts through the same engine as text chat, checked with the openai SDK
+against the model's own `generate`."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+from PIL import Image
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, Gateway, bearer
+from tests.live import live_server
+
+QUESTION = "what is in the picture?"
+NEW_TOKENS = 8
+
+
+def png(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def data_uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def message(url: str) -> list[dict[str, object]]:
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}],
+        }
+    ]
+
+
+def expected_answer(folder: Path, image: bytes) -> str:
+    """What the model itself generates, greedy, for the same chat and image."""
+    processor = AutoProcessor.from_pretrained(folder)
+    model = AutoModelForImageTextToText.from_pretrained(folder).eval()
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=text, images=[Image.open(io.BytesIO(image)).convert("RGB")], return_tensors="pt")
+    with torch.inference_mode():
+        tokens = model.generate(
+            **inputs, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+        )
+    answer: str = processor.tokenizer.decode(
+        tokens[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True
+    )
+    return answer
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """A local HTTP server of images (its loopback address is allowed to this module's gateway)."""
+    root = tmp_path_factory.mktemp("images")
+    (root / "cat.png").write_bytes(png(1))
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(root))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[Gateway]:
+    root = tmp_path_factory.mktemp("vision")
+    settings = make_settings(
+        root, f"sqlite:///{root / 'db.sqlite'}", worker_threads=1, media_allow_networks=["127.0.0.1/32"]
+    )
+    with live_server(settings) as url, httpx.Client(base_url=url, timeout=120) as client:
+        created = client.post("/v1/admin/accounts", json={"name": "vlm"}, headers=bearer(ADMIN_KEY))
+        yield Gateway(client, created.json()["api_key"], recipes)
+
+
+def sdk(gw: Gateway) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{str(gw.http.base_url).rstrip('/')}/v1", api_key=gw.key)
+
+
+def vlm(gw: Gateway) -> str:
+    return gw.deploy("t07_visual_question_answering", "llava", "image-text-to-text", model="llava-chat")
+
+
+def ask(client: openai.OpenAI, model: str, url: str) -> str:
+    answer = client.chat.completions.create(
+        model=model,
+        messages=message(url),
+        max_tokens=NEW_TOKENS,
+        extra_body={"min_tokens": NEW_TOKENS},
+        temperature=0,
+    )
+    return answer.choices[0].message.content or ""
+
+
+def test_the_sdk_streams_an_answer_about_an_image_sent_as_a_data_uri_and_as_a_url(
+    gw: Gateway, files: tuple[Path, str]
+) -> None:
+    client, model = sdk(gw), vlm(gw)
+    expected = expected_answer(gw.recipes / "t07_visual_question_answering" / "llava", png(1))
+    stream = client.chat.completions.create(
+        model=model,
+        messages=message(data_uri(png(1))),
+        max_tokens=NEW_TOKENS,
+        extra_body={"min_tokens": NEW_TOKENS},
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 1 and "".join(pieces) == expected
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == NEW_TOKENS
+    assert usage.prompt_tokens > 16  # the 16 image tokens count
+    assert ask(client, model, f"{files[1]}/cat.png") == expected
+
+
+def test_two_images_with_the_same_question_get_their_own_answers_not_a_cached_one(gw: Gateway) -> None:
+    client, model = sdk(gw), vlm(gw)
+    folder = gw.recipes / "t07_visual_question_answering" / "llava"
+    answers = {seed: ask(client, model, data_uri(png(seed))) for seed in (2, 3, 2)}
+    expected = {seed: expected_answer(folder, png(seed)) for seed in (2, 3)}
+    assert answers == expected
+
+
+def test_an_image_at_a_private_address_is_refused_with_400(gw: Gateway) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(sdk(gw), vlm(gw), "http://10.1.2.3/cat.png")
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == "messages[0].content[0].image_url.url", error
+
+
+def test_a_text_only_chat_deployment_refuses_an_image_with_400(gw: Gateway) -> None:
+    model = gw.deploy("t11_text_generation_chat", "", "text-generation", model="text-chat")
+    with pytest.raises(openai.BadRequestError) as refused:
+        ask(sdk(gw), model, data_uri(png(1)))
+    assert "text only" in str(refused.value)
