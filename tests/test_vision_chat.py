@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
+from modelhost.protocol.tasks import MAX_MEDIA_INPUTS
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, Gateway, bearer
 from tests.live import live_server
@@ -134,14 +135,42 @@ def test_two_images_with_the_same_question_get_their_own_answers_not_a_cached_on
     folder = gw.recipes / "t07_visual_question_answering" / "llava"
     answers = {seed: ask(client, model, data_uri(png(seed))) for seed in (2, 3, 2)}
     expected = {seed: expected_answer(folder, png(seed)) for seed in (2, 3)}
+    assert expected[2] != expected[3]  # the model does look at the image: a shared prefix would show
     assert answers == expected
 
 
-def test_an_image_at_a_private_address_is_refused_with_400(gw: Gateway) -> None:
+@pytest.mark.parametrize("url", ["http://10.1.2.3/cat.png", "http://127.0.0.2/cat.png"])
+def test_an_image_at_a_private_address_is_refused_with_400(gw: Gateway, url: str) -> None:
+    """The module allows 127.0.0.1/32 (its image server); any other private or loopback address is refused."""
     with pytest.raises(openai.BadRequestError) as refused:
-        ask(sdk(gw), vlm(gw), "http://10.1.2.3/cat.png")
+        ask(sdk(gw), vlm(gw), url)
     error = refused.value.body
     assert isinstance(error, dict) and error["param"] == "messages[0].content[0].image_url.url", error
+
+
+def test_a_part_that_is_not_an_image_is_a_400_naming_it(gw: Gateway) -> None:
+    """Decoded in the worker, with the same image rules as every media input; the error names the part."""
+    url = "data:image/png;base64," + base64.b64encode(b"not a picture").decode()
+    parts = [{"type": "text", "text": "look:"}, {"type": "image_url", "image_url": {"url": url}}]
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk(gw).chat.completions.create(
+                model=vlm(gw), messages=[{"role": "user", "content": parts}], max_tokens=2, stream=stream
+            )
+        error = refused.value.body
+        assert isinstance(error, dict) and error["param"] == "messages[0].content[1].image_url.url", error
+
+
+def test_more_images_than_the_media_limit_are_refused_before_fetching(gw: Gateway) -> None:
+    parts = [{"type": "image_url", "image_url": {"url": "http://10.1.2.3/x.png"}}] * (MAX_MEDIA_INPUTS + 1)
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(gw).chat.completions.create(
+            model=vlm(gw),
+            messages=[{"role": "user", "content": parts}],
+            max_tokens=2,
+        )
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == f"messages[0].content[{MAX_MEDIA_INPUTS}]", error
 
 
 def test_a_text_only_chat_deployment_refuses_an_image_with_400(gw: Gateway) -> None:

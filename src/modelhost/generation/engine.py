@@ -87,7 +87,7 @@ class Sequence:
         if self.params.prompt_logprobs:
             return 0
         if self.images is not None:
-            return min(len(self.prompt) - 1, next(i for i, t in enumerate(self.prompt) if t < 0))
+            return min(len(self.prompt) - 1, next((i for i, t in enumerate(self.prompt) if t < 0), 0))
         return len(self.prompt) - 1
 
     @property

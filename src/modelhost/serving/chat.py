@@ -25,6 +25,7 @@ from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.chat import ChatChoice, chat_requests, effective_tools, new_id, per_choice, sampling
 from modelhost.media.sources import MediaPolicy, load_media
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
+from modelhost.protocol.tasks import MAX_MEDIA_INPUTS
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
 
@@ -119,10 +120,16 @@ async def _fetch_images(requests: list[Event], media: MediaPolicy, reads_images:
             "(vision-language) model.",
             param=urls[0][1].rsplit("[", 1)[0],  # messages[i].content
         )
+    if len(urls) > MAX_MEDIA_INPUTS:  # the media endpoints' limit on inputs per request
+        raise InvalidRequest(
+            f"At most {MAX_MEDIA_INPUTS} images per request; this one has {len(urls)}.",
+            param=urls[MAX_MEDIA_INPUTS][1].rsplit(".", 2)[0],  # messages[i].content[j]
+        )
     images = await asyncio.gather(*(load_media(url, media, param=param, timeout=None) for url, param in urls))
     for request in requests:
         del request["image_urls"]
         request["images"] = list(images)
+        request["image_params"] = [param for _, param in urls]  # the worker's decoding errors name the part
 
 
 def chat_choices(body: ChatCompletionRequest, mode: str, count: int) -> list[ChatChoice]:

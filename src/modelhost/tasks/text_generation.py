@@ -146,7 +146,11 @@ def _vision_prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int]
             param="messages",
         )
     max_pixels = get_settings().media_max_pixels
-    pictures = [decode_image(data, max_pixels=max_pixels, param="messages") for data in request["images"]]
+    params = request.get("image_params") or ["messages"] * len(request["images"])
+    pictures = [
+        decode_image(data, max_pixels=max_pixels, param=param)
+        for data, param in zip(request["images"], params, strict=True)
+    ]
     try:
         text = state.processor.apply_chat_template(
             request["messages"], tools=request.get("tools"), add_generation_prompt=True, tokenize=False
