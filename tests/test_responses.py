@@ -173,6 +173,9 @@ def test_fields_clients_send_are_accepted_and_misspelt_ones_refused(server: Chat
     assert_error(misspelt, 400, type_="invalid_request_error", param="max_tokens")
 
 
+IMAGE_PART = {"type": "input_image", "image_url": "x"}
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -181,7 +184,8 @@ def test_fields_clients_send_are_accepted_and_misspelt_ones_refused(server: Chat
         ({"background": True, "store": False}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0]"),
+        ({"input": [{"role": "user", "content": [IMAGE_PART]}]}, "input[0].content"),  # a text-only model
+        ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0]"),
         ({"tool_choice": {"type": "web_search"}, "tools": [TOOL]}, "tool_choice"),
     ],
 )

@@ -178,3 +178,64 @@ def test_a_text_only_chat_deployment_refuses_an_image_with_400(gw: Gateway) -> N
     with pytest.raises(openai.BadRequestError) as refused:
         ask(sdk(gw), model, data_uri(png(1)))
     assert "text only" in str(refused.value)
+
+
+# ---------------------------------------------------------------- the Responses API's input_image parts
+
+
+def image_input(url: str) -> list[dict[str, object]]:
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": QUESTION}],
+        }
+    ]
+
+
+def test_the_responses_api_answers_input_image_parts_streamed_and_chained(gw: Gateway) -> None:
+    client, model = sdk(gw), vlm(gw)
+    folder = gw.recipes / "t07_visual_question_answering" / "llava"
+    options: dict[str, object] = {
+        "max_output_tokens": NEW_TOKENS,
+        "temperature": 0,
+        "extra_body": {"min_tokens": NEW_TOKENS},
+    }
+    events = list(
+        client.responses.create(model=model, input=image_input(data_uri(png(4))), stream=True, **options)
+    )
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert events[-1].type == "response.incomplete"  # max_output_tokens reached, as asked
+    first = events[-1].response
+    assert "".join(deltas) == first.output_text == expected_answer(folder, png(4))
+    assert first.usage is not None and first.usage.input_tokens > 16  # the image tokens count
+    items = client.responses.input_items.list(first.id).data
+    assert [p.type for p in items[0].content] == ["input_image", "input_text"]
+    # the chain carries the image: the follow-up is read with it (and the image is read again)
+    second = client.responses.create(
+        model=model, input="and what colour is it?", previous_response_id=first.id, **options
+    )
+    assert second.status == "incomplete" and second.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens
+
+
+@pytest.mark.parametrize(
+    ("url", "param"),
+    [
+        ("http://10.1.2.3/cat.png", "input[0].content[0].image_url"),
+        ("data:image/png;base64,bm90IGEgcGljdHVyZQ==", "input[0].content[0].image_url"),
+    ],
+)
+def test_a_bad_input_image_is_a_400_naming_its_part(gw: Gateway, url: str, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(gw).responses.create(model=vlm(gw), input=image_input(url), max_output_tokens=2)
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == param, error
+
+
+def test_a_text_only_deployment_refuses_an_input_image_with_400(gw: Gateway) -> None:
+    model = gw.deploy("t11_text_generation_chat", "", "text-generation", model="text-chat")
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(gw).responses.create(model=model, input=image_input(data_uri(png(1))), max_output_tokens=2)
+    error = refused.value.body
+    assert isinstance(error, dict) and error["param"] == "input[0].content", error
+    assert "text only" in error["message"]

@@ -263,8 +263,8 @@ TASKS: tuple[PipelineTask, ...] = (
     PipelineTask(
         "image-text-to-text",
         "modelhost.tasks.image_text_to_text:ImageTextToText",
-        # chat with image_url parts, and text alone (the Responses API's image parts: not yet)
-        ("/v1/chat/completions", "/v1/completions"),
+        # chat with image_url parts (chat completions) and input_image parts (Responses), and text alone
+        ("/v1/chat/completions", "/v1/completions", "/v1/responses"),
         ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
         needs_tokenizer=True,
         needs_processor=True,

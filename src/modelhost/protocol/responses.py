@@ -28,13 +28,24 @@ class RefusalPart(Lenient):
     refusal: str
 
 
+class ImagePart(Lenient):
+    """An image for a vision-language deployment (`image-text-to-text`); a text-only model refuses it."""
+
+    type: Literal["input_image"]
+    image_url: str | None = Field(default=None, description="An http(s) URL or a `data:` URI of the image.")
+    file_id: str | None = Field(default=None, description="Not available here: send `image_url`.")
+    detail: Literal["auto", "low", "high"] | None = Field(
+        default=None, description="Accepted for OpenAI's clients; the model's processor sets the resolution."
+    )
+
+
 class MediaPart(Lenient):
-    """Images, files and audio: refused on the text models served here, with a 400 naming `input`."""
+    """Files and audio: refused on the models served here, with a 400 naming `input`."""
 
-    type: Literal["input_image", "input_file", "input_audio"]
+    type: Literal["input_file", "input_audio"]
 
 
-ContentPart = Annotated[TextPart | RefusalPart | MediaPart, Field(discriminator="type")]
+ContentPart = Annotated[TextPart | RefusalPart | ImagePart | MediaPart, Field(discriminator="type")]
 
 
 class MessageItem(Lenient):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ async def chat_completion(
 ) -> Answer:
     """`reads_images`: the deployment is a vision-language one (`image-text-to-text`)."""
     requests, mode = chat_requests(body, max_string_length)
-    await _fetch_images(requests, media, reads_images)
+    await fetch_images(requests, media, reads_images)
     choices = chat_choices(body, mode, len(requests))
     streams = await _open(runtime, deployment_id, requests)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": body.model}
@@ -107,23 +108,28 @@ async def _chat_chunks(
         yield _event({**chunk, "choices": [], "usage": usage})
 
 
-async def _fetch_images(requests: list[Event], media: MediaPolicy, reads_images: bool) -> None:
+async def fetch_images(
+    requests: list[Event], media: MediaPolicy, reads_images: bool, params: list[str] | None = None
+) -> None:
     """`image_url` parts' images, read here with the one media reader (its private-address and size
     rules: a bad one is a 400 naming its part) and sent to the worker as bytes with every choice. A
-    text-only deployment refuses them before anything is fetched."""
-    urls: list[tuple[str, str]] = requests[0].get("image_urls") or []
-    if not urls:
+    text-only deployment refuses them before anything is fetched. `params`: the request fields the
+    images came from, in order, where they are not the chat completion's (the Responses API's)."""
+    found: list[tuple[str, str]] = requests[0].get("image_urls") or []
+    if not found:
         return
+    urls = [(url, param) for (url, _), param in zip(found, params or [p for _, p in found], strict=True)]
+    part = re.sub(r"\.image_url(\.url)?$", "", urls[0][1])  # messages[i].content[j]
     if not reads_images:
         raise InvalidRequest(
-            "This model reads text only: image_url parts need a deployment of an image-text-to-text "
+            "This model reads text only: image parts need a deployment of an image-text-to-text "
             "(vision-language) model.",
-            param=urls[0][1].rsplit("[", 1)[0],  # messages[i].content
+            param=part.rsplit("[", 1)[0] if part.endswith("]") else part,  # messages[i].content
         )
     if len(urls) > MAX_MEDIA_INPUTS:  # the media endpoints' limit on inputs per request
         raise InvalidRequest(
             f"At most {MAX_MEDIA_INPUTS} images per request; this one has {len(urls)}.",
-            param=urls[MAX_MEDIA_INPUTS][1].rsplit(".", 2)[0],  # messages[i].content[j]
+            param=re.sub(r"\.image_url(\.url)?$", "", urls[MAX_MEDIA_INPUTS][1]),  # messages[i].content[j]
         )
     images = await asyncio.gather(*(load_media(url, media, param=param, timeout=None) for url, param in urls))
     for request in requests:

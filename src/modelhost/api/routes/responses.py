@@ -1,5 +1,6 @@
 """The Responses API (OpenAI-compatible; docs/responses.md): `POST /v1/responses` on text-generation
-deployments, and the stored responses (`GET`, `DELETE`, `POST .../cancel`, `GET .../input_items`).
+and image-text-to-text deployments (`input_image` parts), and the stored responses (`GET`, `DELETE`,
+`POST .../cancel`, `GET .../input_items`).
 
 Parse → prepare (chain from `previous_response_id`, checks) → open the generation (a prompt that does
 not fit is a 400 before any answer) → the whole response, or its events as Server-Sent Events
@@ -83,7 +84,14 @@ async def create_response(
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
     responses = services.responses
-    prepared = await responses.prepare(body, account_id_of(principal), _scope(principal), deployment.id)
+    prepared = await responses.prepare(
+        body,
+        account_id_of(principal),
+        _scope(principal),
+        deployment.id,
+        services.media,
+        reads_images=deployment.pipeline == "image-text-to-text",
+    )
     if prepared.background and not body.stream:
         return _json(await responses.submit(prepared))
     generation = await responses.open(prepared)

@@ -25,6 +25,7 @@ from modelhost.protocol.responses import (
     FunctionCallOutputItem,
     FunctionTool,
     FunctionToolChoice,
+    ImagePart,
     MediaPart,
     MessageItem,
     OtherItem,
@@ -57,7 +58,7 @@ def input_items(body: ResponseCreateRequest) -> list[Item]:
     for index, item in enumerate(body.input):
         param = f"input[{index}]"
         if isinstance(item, MessageItem):
-            items.append(_message(item.role, _text_of(item.content, param)))
+            items.append(_message_of(item.role, item.content, param))
         elif isinstance(item, FunctionCallItem):
             items.append(
                 {
@@ -100,14 +101,37 @@ def _message(role: str, text: str) -> Item:
     }
 
 
+def _message_of(role: str, content: str | list[Any], param: str) -> Item:
+    """A message item; one with `input_image` parts keeps its parts in order (the text of each other
+    part as `input_text`), for a vision-language deployment to read."""
+    if isinstance(content, str) or not any(isinstance(part, ImagePart) for part in content):
+        return _message(role, _text_of(content, param))
+    parts: list[Item] = []
+    for index, part in enumerate(content):
+        if isinstance(part, ImagePart):
+            if not part.image_url:
+                raise InvalidRequest(
+                    "Uploaded files (file_id) are not available here: send the image as image_url, an "
+                    "http(s) URL or a data: URI.",
+                    param=f"{param}.content[{index}].image_url",
+                )
+            detail = part.detail or "auto"
+            parts.append({"type": "input_image", "image_url": part.image_url, "detail": detail})
+        else:
+            parts.append({"type": "input_text", "text": _text_of([part], param)})
+    return {**_message(role, ""), "content": parts}
+
+
 def _text_of(content: str | list[Any], param: str) -> str:
     if isinstance(content, str):
         return content
     texts: list[str] = []
     for part in content:
-        if isinstance(part, MediaPart):
+        if isinstance(part, (MediaPart, ImagePart)):
             raise InvalidRequest(
-                f"This deployment takes text only; {part.type} parts are not supported.", param=param
+                f"{part.type} parts are not supported here (images: in messages, on an "
+                "image-text-to-text deployment).",
+                param=param,
             )
         texts.append(part.refusal if isinstance(part, RefusalPart) else part.text)
     return "\n".join(texts)
@@ -156,7 +180,15 @@ def chat_messages(items: list[Item]) -> list[Item]:
     messages: list[Item] = []
     for item in items:
         kind = item["type"]
-        if kind == "message":
+        if kind == "message" and any(part["type"] == "input_image" for part in item["content"]):
+            parts = [
+                {"type": "image_url", "image_url": {"url": part["image_url"]}}
+                if part["type"] == "input_image"
+                else {"type": "text", "text": part["text"]}
+                for part in item["content"]
+            ]
+            messages.append({"role": item["role"], "content": parts})
+        elif kind == "message":
             text = "\n".join(part["text"] for part in item["content"])
             messages.append({"role": item["role"], "content": text})
         elif kind == "function_call":
@@ -411,3 +443,23 @@ def _logprobs(entries: list[Item]) -> list[Item]:
         }
         for e in entries
     ]
+
+
+def image_params(body: ResponseCreateRequest, context: list[Item]) -> list[str]:
+    """The field each image of the generated chat came from, in its order: the chain's images (from
+    `previous_response_id`), then this input's `input[i].content[j].image_url`."""
+    params = [
+        "previous_response_id"
+        for item in context
+        if item["type"] == "message"
+        for part in item["content"]
+        if part["type"] == "input_image"
+    ]
+    for index, item in enumerate([] if isinstance(body.input, str) else body.input):
+        if isinstance(item, MessageItem) and isinstance(item.content, list):
+            params += [
+                f"input[{index}].content[{j}].image_url"
+                for j, part in enumerate(item.content)
+                if isinstance(part, ImagePart)
+            ]
+    return params

@@ -16,10 +16,18 @@ from typing import Any
 from modelhost.clock import heartbeat_seconds
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.chat import ChatChoice, chat_requests
+from modelhost.media.sources import MediaPolicy
 from modelhost.protocol.responses import ResponseCreateRequest
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
-from modelhost.serving.responses.items import OutputAssembler, chat_request, input_items, settings_of
+from modelhost.serving.chat import fetch_images
+from modelhost.serving.responses.items import (
+    OutputAssembler,
+    chat_request,
+    image_params,
+    input_items,
+    settings_of,
+)
 from modelhost.serving.responses.store import INTERRUPTED, ResponseStore, Scope, response_view
 from modelhost.store.models import StoredResponse
 from modelhost.store.types import new_id, utcnow
@@ -93,8 +101,16 @@ class Responses:
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     async def prepare(
-        self, body: ResponseCreateRequest, account_id: str, scope: Scope, deployment_id: str
+        self,
+        body: ResponseCreateRequest,
+        account_id: str,
+        scope: Scope,
+        deployment_id: str,
+        media: MediaPolicy,
+        reads_images: bool = False,
     ) -> Prepared:
+        """`reads_images`: the deployment is a vision-language one (`image-text-to-text`); `input_image`
+        parts' images (this input's and the chain's) are read here, as chat completions read theirs."""
         store = body.store is not False
         if body.background and not store:
             raise InvalidRequest("background responses are stored: set store to true.", param="background")
@@ -105,6 +121,7 @@ class Responses:
         items = input_items(body)
         chat = chat_request(body, [*context, *items])
         requests, mode = chat_requests(chat, self._max_string_length)
+        await fetch_images(requests, media, reads_images, image_params(body, context))
         return Prepared(
             id=new_id("resp"),
             account_id=account_id,
