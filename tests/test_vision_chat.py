@@ -9,6 +9,7 @@ import http.server
 import io
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -137,6 +138,17 @@ def test_two_images_with_the_same_question_get_their_own_answers_not_a_cached_on
     expected = {seed: expected_answer(folder, png(seed)) for seed in (2, 3)}
     assert expected[2] != expected[3]  # the model does look at the image: a shared prefix would show
     assert answers == expected
+
+
+def test_concurrent_image_chats_decode_together_and_each_equals_its_generate(gw: Gateway) -> None:
+    """Each image prompt is prefilled on its own forward pass, then they decode in one batch."""
+    client, model = sdk(gw), vlm(gw)
+    folder = gw.recipes / "t07_visual_question_answering" / "llava"
+    seeds = [5, 6, 5, 6]
+    with ThreadPoolExecutor(len(seeds)) as pool:
+        answers = list(pool.map(lambda seed: ask(client, model, data_uri(png(seed))), seeds))
+    expected = {seed: expected_answer(folder, png(seed)) for seed in (5, 6)}
+    assert answers == [expected[seed] for seed in seeds]
 
 
 @pytest.mark.parametrize("url", ["http://10.1.2.3/cat.png", "http://127.0.0.2/cat.png"])
