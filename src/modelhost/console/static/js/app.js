@@ -1,0 +1,66 @@
+// The console's shell: sign-in, navigation by the URL's hash, one page at a time.
+import { api, session } from "./api.js";
+import { field, h, message, replace } from "./dom.js";
+import * as artifacts from "./pages/artifacts.js";
+import * as deployments from "./pages/deployments.js";
+import * as keys from "./pages/keys.js";
+import * as operator from "./pages/operator.js";
+import * as overview from "./pages/overview.js";
+import * as playground from "./pages/playground.js";
+
+const PAGES = { overview, deployments, artifacts, keys, playground, operator };
+const TITLES = { overview: "Overview", deployments: "Deployments", artifacts: "Artifacts", keys: "Keys", playground: "Playground", operator: "Operator" };
+let cleanup = null;
+
+function current() {
+  const name = location.hash.replace(/^#\/?/, "").split("/")[0];
+  return PAGES[name] ? name : "overview";
+}
+
+function nav() {
+  const page = current();
+  replace(document.getElementById("nav"), Object.keys(PAGES).map((name) =>
+    h("a", { href: `#${name}`, class: name === page ? "active" : "", id: `nav-${name}` }, TITLES[name])));
+  const who = document.getElementById("who");
+  if (session.key || session.adminKey) {
+    replace(who, h("span", { class: "muted" }, "signed in"),
+      h("button", { type: "button", class: "secondary", id: "sign-out", onclick: () => { session.key = null; session.adminKey = null; show(); } }, "Sign out"));
+  } else replace(who);
+}
+
+function signIn(main) {
+  const key = h("input", { type: "password", id: "sign-in-key", placeholder: "mh-...", size: 48, autocomplete: "off" });
+  const status = h("p");
+  const form = h("form", { class: "row", id: "sign-in" }, field("Account key", key), h("button", { type: "submit" }, "Sign in"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    session.key = key.value.trim();
+    try {
+      await api("GET", "/v1/usage");
+      show();
+    } catch (error) {
+      session.key = null;
+      message(status, `Sign-in failed: ${error.message}`);
+    }
+  });
+  replace(main, h("section", { class: "card" }, h("h2", {}, "Sign in"),
+    h("p", { class: "muted" }, "Your account key stays in this tab (sessionStorage) and is sent only as an Authorization header to this server."),
+    form, status));
+}
+
+async function show() {
+  if (cleanup) { cleanup(); cleanup = null; }
+  nav();
+  const main = document.getElementById("main");
+  const page = current();
+  if (!session.key && page !== "operator") return signIn(main);
+  replace(main);
+  try {
+    cleanup = (await PAGES[page].render(main)) || null;
+  } catch (error) {
+    replace(main, h("p", { class: "error" }, `Could not load ${TITLES[page]}: ${error.message}`));
+  }
+}
+
+window.addEventListener("hashchange", show);
+show();

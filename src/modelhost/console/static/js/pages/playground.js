@@ -1,0 +1,262 @@
+// Playground: try a deployment by its task. Chat streams (SSE read from fetch's body), embeddings show
+// a similarity matrix, every other task gets a form built from the OpenAPI document.
+import { api, openApi, request, resolve } from "../api.js";
+import { field, h, message, replace } from "../dom.js";
+
+export async function render(main) {
+  const deployments = (await api("GET", "/v1/deployments")).data;
+  const chooser = h("select", { id: "playground-deployment" }, deployments.map((d) => h("option", { value: d.id }, `${d.model} (${d.pipeline}, ${d.state})`)));
+  const area = h("div", { id: "playground" });
+  replace(main, h("h2", {}, "Playground"), h("section", { class: "card" }, field("Deployment", chooser)), area);
+  if (!deployments.length) return replace(area, h("p", { class: "muted" }, "Deploy a model first."));
+  const wanted = new URLSearchParams(location.hash.split("?")[1] || "").get("deployment");
+  if (wanted && deployments.some((d) => d.id === wanted)) chooser.value = wanted;
+  let controller = null;
+  const show = () => {
+    if (controller) controller.abort();
+    controller = new AbortController();
+    const d = deployments.find((x) => x.id === chooser.value);
+    const view = PLAYGROUNDS[d.pipeline] || generic;
+    replace(area);
+    view(area, d, controller.signal).catch((error) => area.append(h("p", { class: "error" }, error.message)));
+  };
+  chooser.addEventListener("change", show);
+  show();
+  return () => controller && controller.abort();
+}
+
+// ---------------------------------------------------------------- chat
+
+async function* sse(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = event.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+      if (data === "[DONE]") return;
+      if (data) yield JSON.parse(data);
+    }
+  }
+}
+
+async function chat(area, d, signal) {
+  const history = [];
+  const log = h("div", { class: "chat", id: "chat-log" });
+  const input = h("textarea", { id: "chat-input", placeholder: "Say something…" });
+  const maxTokens = h("input", { type: "number", id: "chat-max-tokens", value: "32", min: "1" });
+  const temperature = h("input", { type: "number", id: "chat-temperature", value: "0.7", step: "0.1", min: "0", max: "2" });
+  const tools = h("textarea", { id: "chat-tools", placeholder: "Tools (optional): a JSON array of OpenAI function tools" });
+  const send = h("button", { type: "submit", id: "chat-send" }, "Send");
+  const status = h("p");
+  const form = h("form", { id: "chat-form" }, input, h("div", { class: "row" }, field("max_tokens", maxTokens), field("temperature", temperature), send), h("details", {}, h("summary", {}, "Tools"), tools), status);
+  append(area, h("section", { class: "card" }, h("h3", {}, `Chat with ${d.model}`), log, form));
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const text = input.value.trim();
+    if (!text) return;
+    input.value = "";
+    history.push({ role: "user", content: text });
+    log.append(h("div", { class: "msg user" }, text));
+    const content = h("span", { class: "content" });
+    const toolBox = h("div");
+    const bubble = h("div", { class: "msg assistant", dataset: { chunks: "0", done: "no" } }, content, toolBox);
+    log.append(bubble);
+    send.disabled = true;
+    replace(status);
+    const body = { model: d.model, messages: history, stream: true, max_tokens: Number(maxTokens.value), temperature: Number(temperature.value) };
+    if (tools.value.trim()) {
+      try { body.tools = JSON.parse(tools.value); } catch { send.disabled = false; return message(status, "Tools must be a JSON array."); }
+    }
+    const calls = [];
+    try {
+      const response = await request("POST", "/v1/chat/completions", { body, signal });
+      let chunks = 0;
+      for await (const chunk of sse(response)) {
+        const delta = (chunk.choices && chunk.choices[0] && chunk.choices[0].delta) || {};
+        if (delta.content) content.append(delta.content);
+        for (const call of delta.tool_calls || []) {
+          const c = (calls[call.index] = calls[call.index] || { id: call.id, name: "", arguments: "" });
+          if (call.function && call.function.name) c.name += call.function.name;
+          if (call.function && call.function.arguments) c.arguments += call.function.arguments;
+        }
+        if (calls.length) replace(toolBox, calls.map((c) => h("div", { class: "tool" }, `tool call ${c.name}(${c.arguments})`)));
+        if (chunk.usage) status.textContent = `${chunk.usage.prompt_tokens} prompt + ${chunk.usage.completion_tokens} completion tokens`;
+        bubble.dataset.chunks = String(++chunks);
+      }
+      history.push({ role: "assistant", content: content.textContent, ...(calls.length ? { tool_calls: calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } })) } : {}) });
+    } catch (error) {
+      message(status, error.message);
+    } finally {
+      bubble.dataset.done = "yes";
+      send.disabled = false;
+    }
+  });
+}
+
+function append(el, ...children) { el.append(...children); }
+
+// ---------------------------------------------------------------- embeddings
+
+async function embeddings(area, d) {
+  const input = h("textarea", { id: "embed-input" }, "a cat sits on the mat\na kitten rests on a rug\nthe stock market fell today");
+  const go = h("button", { type: "submit", id: "embed-send" }, "Embed");
+  const out = h("div", { id: "embed-result" });
+  const form = h("form", {}, h("p", { class: "muted" }, "One text per line."), input, go);
+  area.append(h("section", { class: "card" }, h("h3", {}, `Embeddings with ${d.model}`), form, out));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const texts = input.value.split("\n").map((t) => t.trim()).filter(Boolean);
+    try {
+      const answer = await api("POST", "/v1/embeddings", { body: { model: d.model, input: texts } });
+      const vectors = answer.data.map((e) => e.embedding);
+      const norm = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0)) || 1;
+      const cos = (a, b) => a.reduce((s, x, i) => s + x * b[i], 0) / (norm(a) * norm(b));
+      const cell = (value) => {
+        const td = h("td", {}, value.toFixed(3));
+        td.style.backgroundColor = `rgba(59, 111, 216, ${Math.max(0, value).toFixed(3)})`;
+        return td;
+      };
+      replace(out, h("p", { class: "muted" }, `${vectors.length} vectors of ${vectors[0].length} dimensions; cosine similarity:`),
+        h("table", { class: "matrix" }, h("tr", {}, h("th"), texts.map((_, i) => h("th", {}, `#${i + 1}`))),
+          vectors.map((a, i) => h("tr", {}, h("th", { title: texts[i] }, `#${i + 1} ${texts[i].slice(0, 40)}`), vectors.map((b) => cell(cos(a, b)))))));
+    } catch (error) { message(out, error.message); }
+  });
+}
+
+// ---------------------------------------------------------------- any task: a form from OpenAPI
+
+function input(name, schema, required) {
+  const type = schema.type;
+  if (schema.enum) return h("select", { name }, (required ? [] : [h("option", { value: "" }, "")]).concat(schema.enum.map((v) => h("option", { value: String(v), selected: v === schema.default }, String(v)))));
+  if (type === "boolean") return h("input", { type: "checkbox", name, checked: schema.default === true });
+  if (type === "integer" || type === "number") return h("input", { type: "number", name, step: type === "integer" ? "1" : "any", value: schema.default != null ? String(schema.default) : "" });
+  if (type === "string" && schema.format !== "binary") return h("textarea", { name, rows: "2" }, schema.default != null ? String(schema.default) : "");
+  return h("textarea", { name, rows: "3", placeholder: "JSON", dataset: { json: "yes" } }, schema.default != null ? JSON.stringify(schema.default) : "");
+}
+
+async function generic(area, d) {
+  const doc = await openApi();
+  const ops = [];
+  for (const [path, item] of Object.entries(doc.paths)) {
+    const op = item.post;
+    if (op && (op["x-modelhost-pipelines"] || []).includes(d.pipeline) && op.requestBody && op.requestBody.content["application/json"]) ops.push([path, op]);
+  }
+  if (!ops.length) return area.append(h("p", { class: "muted" }, `No JSON endpoint serves ${d.pipeline}.`));
+  const endpoint = h("select", { id: "task-endpoint" }, ops.map(([path, op]) => h("option", { value: path }, `${path} — ${op.summary || ""}`)));
+  const formArea = h("div");
+  const out = h("div", { id: "task-result" });
+  area.append(h("section", { class: "card" }, h("h3", {}, `${d.pipeline} with ${d.model}`), field("Endpoint", endpoint), formArea, out));
+  const build = () => {
+    const [path, op] = ops.find(([p]) => p === endpoint.value);
+    const schema = resolve(op.requestBody.content["application/json"].schema, doc);
+    const required = new Set(schema.required || []);
+    const inputs = [];
+    const fields = [];
+    for (const [name, raw] of Object.entries(schema.properties || {})) {
+      if (name === "model") continue;
+      const s = resolve(raw, doc);
+      const el = input(name, s, required.has(name));
+      inputs.push([name, el, s]);
+      fields.push(h("div", {}, field(`${name}${required.has(name) ? " *" : ""}${s.description ? ` — ${s.description}` : ""}`, el)));
+    }
+    const form = h("form", { id: "task-form" }, fields, h("button", { type: "submit", id: "task-send" }, "Run"));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const body = { model: d.model };
+      try {
+        for (const [name, el, s] of inputs) {
+          if (el.type === "checkbox") { if (el.checked !== (s.default === true)) body[name] = el.checked; continue; }
+          const v = el.value.trim();
+          if (v === "") continue;
+          if (el.dataset.json) body[name] = JSON.parse(v);
+          else if (s.type === "integer" || s.type === "number") body[name] = Number(v);
+          else body[name] = v;
+        }
+      } catch (error) { return message(out, `A JSON field does not parse: ${error.message}`); }
+      replace(out, h("p", { class: "muted" }, "running…"));
+      try {
+        const response = await request("POST", path, { body });
+        await show(out, response);
+      } catch (error) { message(out, error.message); }
+    });
+    replace(formArea, form);
+  };
+  endpoint.addEventListener("change", build);
+  build();
+}
+
+// Render an answer: media as a player or an image, JSON as text plus what it holds (label scores as bars,
+// boxes over nothing but their coordinates, images and audio given as base64).
+async function show(out, response) {
+  const type = response.headers.get("Content-Type") || "";
+  if (type.startsWith("audio/")) {
+    const url = URL.createObjectURL(await response.blob());
+    return replace(out, h("audio", { controls: true, src: url }));
+  }
+  if (type.startsWith("image/")) {
+    const url = URL.createObjectURL(await response.blob());
+    return replace(out, h("img", { src: url, alt: "answer" }));
+  }
+  const data = await response.json();
+  replace(out);
+  const bars = labelScores(data);
+  if (bars.length) out.append(barChart(bars));
+  for (const src of images(data)) out.append(h("img", { src, alt: "image", class: "answer-image" }));
+  out.append(h("pre", { id: "task-json" }, JSON.stringify(truncate(data), null, 2)));
+}
+
+function labelScores(data) {
+  const found = [];
+  const walk = (v) => {
+    if (Array.isArray(v)) {
+      if (v.length && v.every((x) => x && typeof x === "object" && typeof x.score === "number" && (x.label != null || x.token_str != null || x.answer != null))) {
+        found.push(...v.map((x) => [String(x.label ?? x.token_str ?? x.answer), x.score]));
+        return;
+      }
+      v.forEach(walk);
+    } else if (v && typeof v === "object") Object.values(v).forEach(walk);
+  };
+  walk(data);
+  return found.slice(0, 30);
+}
+
+function barChart(pairs) {
+  const max = Math.max(...pairs.map(([, s]) => Math.abs(s)), 1e-9);
+  return h("table", { class: "bars", id: "task-bars" }, pairs.map(([label, score]) => {
+    const bar = h("div", { class: "bar" });
+    bar.style.width = `${Math.round((200 * Math.abs(score)) / max)}px`;
+    return h("tr", {}, h("td", {}, label), h("td", {}, bar), h("td", {}, score.toFixed(4)));
+  }));
+}
+
+function images(data) {
+  const found = [];
+  const walk = (v, key) => {
+    if (typeof v === "string") {
+      if (/^data:image\/(png|jpeg|webp);base64,/.test(v)) found.push(v);
+      else if (key === "b64_json" || key === "mask" || key === "depth" || key === "predicted_depth_image") {
+        if (/^[A-Za-z0-9+/=]{64,}$/.test(v)) found.push(`data:image/png;base64,${v}`);
+      }
+    } else if (Array.isArray(v)) v.forEach((x) => walk(x, key));
+    else if (v && typeof v === "object") Object.entries(v).forEach(([k, x]) => walk(x, k));
+  };
+  walk(data, "");
+  return found.slice(0, 12);
+}
+
+function truncate(v) {
+  if (typeof v === "string" && v.length > 300) return `${v.slice(0, 300)}… (${v.length} characters)`;
+  if (Array.isArray(v)) return v.length > 50 ? [...v.slice(0, 50).map(truncate), `… ${v.length - 50} more`] : v.map(truncate);
+  if (v && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, truncate(x)]));
+  return v;
+}
+
+const PLAYGROUNDS = { "text-generation": chat, "image-text-to-text": chat, "feature-extraction": embeddings };

@@ -1,0 +1,227 @@
+"""The web console (/console) in a real browser: headless Debian Chromium driven by Playwright against a
+live gateway. One server and one browser page for the module; the tests run in order, each a step a
+user takes (sign in, upload, deploy, chat, keys, overview), and each writes its page's screenshot to
+docs/console/ (shown in the README)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from modelhost.api.console import CSP
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, bearer, push_folder_sync
+from tests.live import live_server
+
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="Debian's chromium is not installed: `scripts/setup.sh dev` installs it when run as root "
+    "(apt-get install chromium)",
+)
+
+SHOTS = Path(__file__).resolve().parent.parent / "docs" / "console"
+XSS = "<img src=x onerror=alert(1)>"
+TIMEOUT_MS = 20_000
+
+
+@dataclass
+class Console:
+    url: str
+    http: httpx.Client
+    page: Any
+    recipes: Path
+    dialogs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    key: str = ""
+
+    def go(self, name: str) -> None:
+        self.page.click(f"#nav-{name}")
+        self.page.wait_for_selector("main h2")
+
+    def shot(self, name: str) -> None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[Console]:
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path_factory.mktemp("console")
+    database_url = f"sqlite:///{root / 'db.sqlite'}"
+    settings = make_settings(root, database_url, worker_threads=1, billing_tick_seconds=1)
+    with live_server(settings) as url, httpx.Client(base_url=url, timeout=60) as http, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 860})
+        page.set_default_timeout(TIMEOUT_MS)
+        console = Console(url, http, page, recipes)
+        page.on("dialog", lambda dialog: (console.dialogs.append(dialog.message), dialog.dismiss()))
+        page.on("pageerror", lambda error: console.errors.append(str(error)))
+        page.on(
+            "console",
+            lambda msg: console.errors.append(msg.text) if "Content Security Policy" in msg.text else None,
+        )
+        yield console
+        browser.close()
+    assert not console.dialogs, console.dialogs
+
+
+def test_console_is_served_with_a_strict_csp_and_shows_nothing_without_a_key(console: Console) -> None:
+    page = console.page
+    response = page.goto(f"{console.url}/console")
+    assert response is not None and response.status == 200
+    assert response.headers["content-security-policy"] == CSP
+    assert response.headers["x-content-type-options"] == "nosniff"
+    for asset in ("/console/js/app.js", "/console/console.css", "/console/vendor/uPlot.iife.min.js"):
+        answer = console.http.get(asset)
+        assert answer.status_code == 200, asset
+        assert answer.headers["content-security-policy"] == CSP
+    assert console.http.get("/console/../pyproject.toml").status_code == 404
+    assert console.http.get("/console/js/missing.js").status_code == 404
+    assert "/console" not in console.http.get("/openapi.json").text  # no private route in the API
+    page.wait_for_selector("#sign-in")
+    assert page.locator("#overview-deployments").count() == 0  # nothing shown without a key
+    console.shot("sign-in")
+
+
+def test_operator_creates_an_account_and_its_key_signs_in(console: Console) -> None:
+    page = console.page
+    console.go("operator")
+    page.fill("#admin-key", ADMIN_KEY)
+    page.click("#admin-form button")
+    page.fill("#account-name", "acme")
+    page.fill("#account-credits", "500")
+    page.click("#account-form button")
+    console.key = page.locator("#account-key").inner_text().strip()
+    assert console.key.startswith("mh-")
+    page.wait_for_selector("#account-list tbody tr")
+    console.shot("operator")
+    # the key lives in sessionStorage only: no cookie, nothing in the URL
+    console.go("overview")
+    page.fill("#sign-in-key", "mh-wrong")
+    page.click("#sign-in button")
+    page.wait_for_selector("#sign-in .error")
+    page.fill("#sign-in-key", console.key)
+    page.click("#sign-in button")
+    page.wait_for_selector("#balance")
+    assert page.evaluate("sessionStorage.getItem('modelhost.accountKey')") == console.key
+    assert page.context.cookies() == []
+    assert console.key not in page.url
+
+
+def test_a_model_folder_uploads_with_progress_and_checksums(console: Console) -> None:
+    page = console.page
+    console.go("artifacts")
+    folder = console.recipes / "t11_text_generation_chat"
+    page.set_input_files("#artifact-folder", str(folder))
+    page.fill("#artifact-name", XSS)  # a name is text, never markup
+    page.select_option("#artifact-pipeline", "text-generation")
+    page.click("#artifact-upload")
+    page.wait_for_selector("#inspection-status")
+    assert page.locator("#inspection-status").inner_text() == f"{XSS}: ready"
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    rows = page.locator("tr.upload-file")
+    assert sorted(rows.nth(i).get_attribute("data-path") for i in range(rows.count())) == files
+    assert page.locator("tr.upload-file .ok").count() == len(files)  # every sha256 verified
+    assert page.eval_on_selector("#upload-total", "p => p.value === p.max && p.max > 0")
+    page.wait_for_selector("#artifact-list td:text-is('ready')")
+    assert page.locator("#artifact-list").inner_text().count(XSS) == 1
+    assert page.locator("img").count() == 0
+    console.shot("artifacts")
+
+
+def test_a_deployment_is_created_and_becomes_ready(console: Console) -> None:
+    page = console.page
+    console.go("deployments")
+    page.fill("#deploy-model", "chat")
+    page.select_option("#deploy-readiness", "warm")
+    page.click("#deploy-form button")
+    card = page.locator("section.deployment[data-model='chat']")
+    card.wait_for()
+    page.wait_for_selector("section.deployment[data-model='chat'][data-state='ready']", timeout=60_000)
+    assert "Replicas loaded: 1" in card.inner_text()
+    console.shot("deployments")
+
+
+def test_chat_streams_in_the_playground(console: Console) -> None:
+    page = console.page
+    console.go("playground")
+    page.wait_for_selector("#chat-input")
+    page.fill("#chat-max-tokens", "24")
+    page.fill("#chat-temperature", "0")
+    page.fill("#chat-input", f"hello {XSS}")
+    page.click("#chat-send")
+    page.wait_for_selector(".msg.assistant[data-done='yes']")
+    bubble = page.locator(".msg.assistant")
+    assert int(bubble.get_attribute("data-chunks") or 0) >= 3  # role, streamed text, finish (and usage)
+    assert bubble.locator(".content").inner_text().strip()
+    assert page.locator(".msg.user").inner_text() == f"hello {XSS}"
+    assert page.locator("img").count() == 0
+    console.shot("playground")
+
+
+def test_a_scoped_key_is_created_shown_once_and_revoked(console: Console) -> None:
+    page = console.page
+    console.go("keys")
+    page.fill("#key-name", XSS)
+    page.check("#key-scoped")
+    page.check("input.key-deployment[data-model='chat']")
+    page.click("#key-form button")
+    secret = page.locator("#key-secret").inner_text().strip()
+    models = console.http.get("/v1/models", headers=bearer(secret))
+    assert [m["id"] for m in models.json()["data"]] == ["chat"]
+    row = page.locator("#key-list tr[data-revoked='no']", has_text=XSS)
+    assert row.locator("td").nth(1).inner_text() == "deployment"
+    console.shot("keys")
+    row.locator("button").click()
+    row.locator("button").click()  # the second click confirms (no dialog)
+    page.wait_for_selector("#key-list tr[data-revoked='yes']")
+    assert console.http.get("/v1/models", headers=bearer(secret)).status_code == 401
+
+
+def test_the_overview_draws_credits_per_day_and_lists_deployments(console: Console) -> None:
+    page = console.page
+    for _ in range(20):  # the meter bills every second here; the first bill may be a tick away
+        console.go("overview")
+        page.wait_for_selector("#overview-deployments tbody tr td")
+        if int(page.get_attribute("#usage-plot", "data-points") or 0) > 0:
+            break
+        page.wait_for_timeout(500)
+    assert int(page.get_attribute("#usage-plot", "data-points") or 0) >= 1
+    canvas = page.locator("#usage-plot canvas")
+    assert canvas.count() == 1
+    drawn = page.evaluate(
+        """() => { const c = document.querySelector('#usage-plot canvas');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; }"""
+    )
+    assert drawn > 100
+    assert "chat" in page.locator("#overview-deployments").inner_text()
+    console.shot("overview")
+    assert page.locator("img").count() == 0
+    assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
+
+
+def test_a_deployment_uploaded_by_the_api_is_deleted_from_the_console(console: Console) -> None:
+    artifact = push_folder_sync(
+        console.http, console.key, console.recipes / "t03_feature_extraction" / "st", "feature-extraction"
+    )
+    created = console.http.post(
+        "/v1/deployments", json={"model": "embedder", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("deployments")
+    card = page.locator("section.deployment[data-model='embedder']")
+    card.get_by_role("button", name="Delete").click()
+    card.get_by_role("button", name="Confirm delete").click()
+    card.wait_for(state="detached")
+    gone = console.http.get(f"/v1/deployments/{created.json()['id']}", headers=bearer(console.key))
+    assert gone.status_code == 404
