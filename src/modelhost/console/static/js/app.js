@@ -30,7 +30,7 @@ function nav() {
 
 function signIn(main) {
   const key = h("input", { type: "password", id: "sign-in-key", placeholder: "mh-...", size: 48, autocomplete: "off" });
-  const status = h("p");
+  const status = h("p", { id: "sign-in-status" });
   const form = h("form", { class: "row", id: "sign-in" }, field("Account key", key), h("button", { type: "submit" }, "Sign in"));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();

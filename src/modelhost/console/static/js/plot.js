@@ -19,5 +19,6 @@ export function plot(container, { title, labels, x, ys, width = 520, height = 22
     points: { show: true, size: 6 },
     paths: bars && U.paths && U.paths.bars ? U.paths.bars({ size: [0.6 / labels.length, 60], align: i === 0 ? -1 : 1 }) : undefined,
   })));
-  return new U({ title, width, height, series, scales: { x: { time } }, legend: { show: true } }, [x, ...ys], container);
+  const axes = [{}, { size: 70, values: (u, values) => values.map((v) => (v == null ? "" : +v.toPrecision(3))) }];
+  return new U({ title, width, height, series, axes, scales: { x: { time } }, legend: { show: true } }, [x, ...ys], container);
 }

@@ -3,8 +3,6 @@
 import { api, authHeaders, openApi, resolve } from "../api.js";
 import { confirmButton, field, h, message, replace, when } from "../dom.js";
 
-const GB = 1e9;
-
 function hex(buffer) {
   return [...new Uint8Array(buffer)].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
@@ -83,7 +81,6 @@ export async function render(main) {
     const bars = chosen.map((f) => {
       const bar = h("progress", { value: "0", max: String(f.size || 1) });
       const sum = h("span", { class: "muted" }, "…");
-      files.append(h("tr", {}, h("td", {}, pathOf(f)), h("td", {}, `${f.size} B`), h("td", {}, bar), h("td", {}, sum)));
       return { bar, sum };
     });
     replace(files, bars.map((b, i) => h("tr", { class: "upload-file", dataset: { path: pathOf(chosen[i]) } },
@@ -131,5 +128,4 @@ export async function render(main) {
     if (!list.length) replace(rows, h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No artifacts yet.")));
   }
   await refresh();
-  void GB;
 }

@@ -95,9 +95,9 @@ export async function render(main) {
       const h_ = rates.history.get(id);
       if (!h_) continue;
       const c = cards.get(id);
-      plot(c.plots.rps, { title: "requests/s", labels: ["requests/s"], x: h_.t, ys: [h_.rps], width: 340, height: 150 });
+      plot(c.plots.rps, { title: "requests/s", labels: ["requests/s", "in flight"], x: h_.t, ys: [h_.rps, h_.inFlight], width: 340, height: 150 });
       plot(c.plots.latency, { title: "latency (ms per model call)", labels: ["ms"], x: h_.t, ys: [h_.latency], width: 340, height: 150 });
-      plot(c.plots.batch, { title: "batch size", labels: ["requests per call"], x: h_.t, ys: [h_.batch], width: 340, height: 150 });
+      plot(c.plots.batch, { title: "batch size", labels: ["requests per call", "sequences generating"], x: h_.t, ys: [h_.batch, h_.generating], width: 340, height: 150 });
     }
   }
 

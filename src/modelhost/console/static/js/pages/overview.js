@@ -13,14 +13,17 @@ export async function render(main) {
     h("section", { class: "card" }, h("h3", {}, "Deployments"),
       h("table", { id: "overview-deployments" }, h("thead", {}, h("tr", {}, ["Model", "Task", "State", "Readiness", "Replicas", "Memory (GB)"].map((t) => h("th", {}, t)))), rows)));
 
-  const start = new Date(Date.now() - 30 * 86400e3).toISOString();
-  const usage = await api("GET", `/v1/usage?start=${encodeURIComponent(start)}`);
+  const today = Math.floor(Date.now() / 86400e3) * 86400;
+  const first = today - 29 * 86400;
+  const usage = await api("GET", `/v1/usage?start=${first}`);
   balance.textContent = `${usage.credits_balance.toFixed(4)} credits`;
-  const days = usage.by_day;
+  // every day of the range, days without usage at 0
+  const byDay = new Map(usage.by_day.map((d) => [Date.parse(`${d.date}T00:00:00Z`) / 1000, d]));
+  const x = Array.from({ length: 30 }, (_, i) => first + i * 86400);
+  usagePlot.dataset.days = String(usage.by_day.length);
   plot(usagePlot, {
-    title: "Credits per day", labels: ["compute", "storage"], bars: true,
-    x: days.map((d) => Date.parse(`${d.date}T00:00:00Z`) / 1000),
-    ys: [days.map((d) => d.compute_credits), days.map((d) => d.storage_credits)],
+    title: "Credits per day", labels: ["compute", "storage"], bars: true, width: 900, height: 260,
+    x, ys: [x.map((t) => (byDay.get(t) || {}).compute_credits || 0), x.map((t) => (byDay.get(t) || {}).storage_credits || 0)],
   });
 
   async function refresh() {
