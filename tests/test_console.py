@@ -43,7 +43,7 @@ class Console:
 
     def go(self, name: str) -> None:
         self.page.click(f"#nav-{name}")
-        self.page.wait_for_selector("main h2")
+        self.page.wait_for_selector(f"main[data-page='{name}']:not([data-ready='no'])")
 
     def shot(self, name: str) -> None:
         SHOTS.mkdir(parents=True, exist_ok=True)
@@ -209,7 +209,29 @@ def test_the_overview_draws_credits_per_day_and_lists_deployments(console: Conso
     assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
 
 
-def test_a_deployment_uploaded_by_the_api_is_deleted_from_the_console(console: Console) -> None:
+def test_any_task_gets_a_form_from_the_openapi_document_and_label_scores_as_bars(console: Console) -> None:
+    artifact = push_folder_sync(
+        console.http, console.key, console.recipes / "t15_text_classification", "text-classification"
+    )
+    created = console.http.post(
+        "/v1/deployments", json={"model": "sentiment", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.select_option("#task-endpoint", "/v1/classifications/text")
+    page.fill("#task-form textarea[name='inputs']", f"what a wonderful film {XSS}")
+    page.fill("#task-form input[name='top_k']", "2")
+    page.click("#task-send")
+    page.wait_for_selector("#task-bars tr")
+    assert page.locator("#task-bars tr").count() == 2
+    assert '"label"' in page.locator("#task-json").inner_text()
+    assert page.locator("img").count() == 0
+    console.shot("playground-task")
+
+
+def test_embeddings_show_a_similarity_matrix_and_a_deployment_is_deleted(console: Console) -> None:
     artifact = push_folder_sync(
         console.http, console.key, console.recipes / "t03_feature_extraction" / "st", "feature-extraction"
     )
@@ -218,6 +240,13 @@ def test_a_deployment_uploaded_by_the_api_is_deleted_from_the_console(console: C
     )
     assert created.status_code == 201, created.text
     page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.click("#embed-send")
+    matrix = page.locator("table.matrix")
+    matrix.wait_for()
+    assert matrix.locator("td").count() == 9  # three texts: a 3 x 3 cosine similarity matrix
+    assert matrix.locator("td").first.inner_text() == "1.000"
     console.go("deployments")
     card = page.locator("section.deployment[data-model='embedder']")
     card.get_by_role("button", name="Delete").click()

@@ -20,7 +20,7 @@ function current() {
 function nav() {
   const page = current();
   replace(document.getElementById("nav"), Object.keys(PAGES).map((name) =>
-    h("a", { href: `#${name}`, class: name === page ? "active" : "", id: `nav-${name}` }, TITLES[name])));
+    h("a", { href: `#${name}`, class: name === page ? "active" : "", id: `nav-${name}`, onclick: () => { if (current() === name) show(); } }, TITLES[name])));
   const who = document.getElementById("who");
   if (session.key || session.adminKey) {
     replace(who, h("span", { class: "muted" }, "signed in"),
@@ -53,13 +53,20 @@ async function show() {
   nav();
   const main = document.getElementById("main");
   const page = current();
-  if (!session.key && page !== "operator") return signIn(main);
+  main.dataset.page = page;
+  main.dataset.ready = "no";
+  if (!session.key && page !== "operator") {
+    signIn(main);
+    main.dataset.ready = "sign-in";
+    return;
+  }
   replace(main);
   try {
     cleanup = (await PAGES[page].render(main)) || null;
   } catch (error) {
     replace(main, h("p", { class: "error" }, `Could not load ${TITLES[page]}: ${error.message}`));
   }
+  main.dataset.ready = "yes";
 }
 
 window.addEventListener("hashchange", show);

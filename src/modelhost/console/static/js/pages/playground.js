@@ -139,7 +139,16 @@ function input(name, schema, required) {
   if (type === "boolean") return h("input", { type: "checkbox", name, checked: schema.default === true });
   if (type === "integer" || type === "number") return h("input", { type: "number", name, step: type === "integer" ? "1" : "any", value: schema.default != null ? String(schema.default) : "" });
   if (type === "string" && schema.format !== "binary") return h("textarea", { name, rows: "2" }, schema.default != null ? String(schema.default) : "");
-  return h("textarea", { name, rows: "3", placeholder: "JSON", dataset: { json: "yes" } }, schema.default != null ? JSON.stringify(schema.default) : "");
+  const example = schema.examples && schema.examples.length ? schema.examples[0] : null;
+  const options = schema.anyOf || schema.oneOf || [];
+  if (options.some((o) => o.type === "string")) {
+    // text, or JSON when it starts like a list or an object
+    const initial = schema.default != null ? schema.default : required ? example : null;
+    return h("textarea", { name, rows: "2", placeholder: "text, or JSON ([...] / {...})", dataset: { flex: "yes" } },
+      initial == null ? "" : typeof initial === "string" ? initial : JSON.stringify(initial));
+  }
+  const initial = schema.default != null ? schema.default : required ? example : null;
+  return h("textarea", { name, rows: "3", placeholder: "JSON", dataset: { json: "yes" } }, initial != null ? JSON.stringify(initial) : "");
 }
 
 async function generic(area, d) {
@@ -177,6 +186,7 @@ async function generic(area, d) {
           const v = el.value.trim();
           if (v === "") continue;
           if (el.dataset.json) body[name] = JSON.parse(v);
+          else if (el.dataset.flex) body[name] = /^[[{]/.test(v) ? JSON.parse(v) : v;
           else if (s.type === "integer" || s.type === "number") body[name] = Number(v);
           else body[name] = v;
         }
@@ -229,7 +239,8 @@ function labelScores(data) {
 }
 
 function barChart(pairs) {
-  const max = Math.max(...pairs.map(([, s]) => Math.abs(s)), 1e-9);
+  const top = Math.max(...pairs.map(([, s]) => Math.abs(s)), 1e-9);
+  const max = top <= 1 ? 1 : top; // probabilities on a 0–1 scale
   return h("table", { class: "bars", id: "task-bars" }, pairs.map(([label, score]) => {
     const bar = h("div", { class: "bar" });
     bar.style.width = `${Math.round((200 * Math.abs(score)) / max)}px`;
