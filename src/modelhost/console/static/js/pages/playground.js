@@ -169,19 +169,42 @@ async function generic(area, d) {
     const required = new Set(schema.required || []);
     const inputs = [];
     const fields = [];
+    const files = new Map(); // field → { uri, preview } chosen with its file button
+    let preview = null; // the image given, to draw boxes over
     for (const [name, raw] of Object.entries(schema.properties || {})) {
       if (name === "model") continue;
       const s = resolve(raw, doc);
       const el = input(name, s, required.has(name));
       inputs.push([name, el, s]);
-      fields.push(h("div", {}, field(`${name}${required.has(name) ? " *" : ""}${s.description ? ` — ${s.description}` : ""}`, el)));
+      const label = `${name}${required.has(name) ? " *" : ""}${s.description ? ` — ${s.description}` : ""}`;
+      if (el.tagName === "TEXTAREA" && /image|audio|video|file|media|base64/i.test(`${name} ${JSON.stringify(s)}`)) {
+        // media fields take a data URI: a file button fills it (base64 stays out of the text box)
+        const picker = h("input", { type: "file", name: `${name}-file`, class: "media-file" });
+        const note = h("span", { class: "muted" });
+        picker.addEventListener("change", async () => {
+          const file = picker.files[0];
+          if (!file) { files.delete(name); note.textContent = ""; return; }
+          const uri = await new Promise((done, fail) => { const r = new FileReader(); r.onload = () => done(r.result); r.onerror = fail; r.readAsDataURL(file); });
+          files.set(name, { uri, image: file.type.startsWith("image/") ? URL.createObjectURL(file) : null });
+          note.textContent = ` ${file.name} (${file.size} bytes) will be sent as a data URI`;
+          el.value = "";
+        });
+        fields.push(h("div", {}, field(label, el), h("div", { class: "row" }, h("span", { class: "muted" }, "or a file:"), picker, note)));
+      } else fields.push(h("div", {}, field(label, el)));
     }
     const form = h("form", { id: "task-form" }, fields, h("button", { type: "submit", id: "task-send" }, "Run"));
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
       const body = { model: d.model };
       try {
+        preview = null;
         for (const [name, el, s] of inputs) {
+          if (files.has(name)) {
+            const chosen = files.get(name);
+            body[name] = s.type === "array" ? [chosen.uri] : chosen.uri;
+            preview = preview || chosen.image;
+            continue;
+          }
           if (el.type === "checkbox") { if (el.checked !== (s.default === true)) body[name] = el.checked; continue; }
           const v = el.value.trim();
           if (v === "") continue;
@@ -194,7 +217,7 @@ async function generic(area, d) {
       replace(out, h("p", { class: "muted" }, "running…"));
       try {
         const response = await request("POST", path, { body });
-        await show(out, response);
+        await show(out, response, preview);
       } catch (error) { message(out, error.message); }
     });
     replace(formArea, form);
@@ -205,7 +228,7 @@ async function generic(area, d) {
 
 // Render an answer: media as a player or an image, JSON as text plus what it holds (label scores as bars,
 // boxes over nothing but their coordinates, images and audio given as base64).
-async function show(out, response) {
+async function show(out, response, preview = null) {
   const type = response.headers.get("Content-Type") || "";
   if (type.startsWith("audio/")) {
     const url = URL.createObjectURL(await response.blob());
@@ -219,6 +242,10 @@ async function show(out, response) {
   replace(out);
   const bars = labelScores(data);
   if (bars.length) out.append(barChart(bars));
+  const texts = captions(data);
+  if (texts.length) out.append(h("div", { id: "task-text" }, texts.map((t) => h("p", { class: "caption" }, t))));
+  const found = boxes(data);
+  if (found.length && preview) out.append(drawBoxes(preview, found));
   for (const src of images(data)) out.append(h("img", { src, alt: "image", class: "answer-image" }));
   out.append(h("pre", { id: "task-json" }, JSON.stringify(truncate(data), null, 2)));
 }
@@ -253,6 +280,7 @@ function images(data) {
   const walk = (v, key) => {
     if (typeof v === "string") {
       if (/^data:image\/(png|jpeg|webp);base64,/.test(v)) found.push(v);
+      else if (key === "url" && v.startsWith(`${location.origin}/v1/files/`)) found.push(v);
       else if (key === "b64_json" || key === "mask" || key === "depth" || key === "predicted_depth_image") {
         if (/^[A-Za-z0-9+/=]{64,}$/.test(v)) found.push(`data:image/png;base64,${v}`);
       }
@@ -263,6 +291,42 @@ function images(data) {
   return found.slice(0, 12);
 }
 
+// Generated text: captions, answers, summaries, translations, transcriptions.
+function captions(data) {
+  const found = [];
+  const walk = (v, key) => {
+    if (typeof v === "string") {
+      if (["generated_text", "summary_text", "translation_text", "text", "caption", "answer"].includes(key)) found.push(v);
+    } else if (Array.isArray(v)) v.forEach((x) => walk(x, key));
+    else if (v && typeof v === "object") Object.entries(v).forEach(([k, x]) => walk(x, k));
+  };
+  walk(data, "");
+  return found.slice(0, 20);
+}
+
+// Detection boxes ({label, score, box: {xmin, ymin, xmax, ymax}} in the image's pixels).
+function boxes(data) {
+  const list = Array.isArray(data) ? data.flat(2) : [];
+  return list.filter((x) => x && typeof x === "object" && x.box && typeof x.box.xmin === "number");
+}
+
+function drawBoxes(src, found) {
+  const img = h("img", { src, alt: "input image" });
+  const frame = h("div", { class: "boxes", id: "task-boxes" }, img);
+  img.addEventListener("load", () => {
+    const scale = img.clientWidth / img.naturalWidth || 1;
+    for (const f of found) {
+      const box = h("div", { class: "box" }, h("span", {}, `${f.label} ${(f.score || 0).toFixed(2)}`));
+      box.style.left = `${f.box.xmin * scale}px`;
+      box.style.top = `${f.box.ymin * scale}px`;
+      box.style.width = `${(f.box.xmax - f.box.xmin) * scale}px`;
+      box.style.height = `${(f.box.ymax - f.box.ymin) * scale}px`;
+      frame.append(box);
+    }
+  });
+  return frame;
+}
+
 function truncate(v) {
   if (typeof v === "string" && v.length > 300) return `${v.slice(0, 300)}… (${v.length} characters)`;
   if (Array.isArray(v)) return v.length > 50 ? [...v.slice(0, 50).map(truncate), `… ${v.length - 50} more`] : v.map(truncate);
@@ -270,4 +334,39 @@ function truncate(v) {
   return v;
 }
 
-const PLAYGROUNDS = { "text-generation": chat, "image-text-to-text": chat, "feature-extraction": embeddings };
+// ---------------------------------------------------------------- video jobs
+
+async function video(area, d, signal) {
+  const prompt = h("textarea", { id: "video-prompt" }, "a cat walking");
+  const seconds = h("input", { type: "number", id: "video-seconds", value: "1", step: "any", min: "0.1" });
+  const size = h("input", { type: "text", id: "video-size", value: "256x256" });
+  const go = h("button", { type: "submit", id: "video-send" }, "Generate");
+  const bar = h("progress", { id: "video-progress", value: "0", max: "100" });
+  const status = h("span", { id: "video-status" });
+  const player = h("div", { id: "video-player" });
+  const form = h("form", {}, field("Prompt", prompt), h("div", { class: "row" }, field("Seconds", seconds), field("Size", size), go));
+  area.append(h("section", { class: "card" }, h("h3", {}, `Video with ${d.model}`), form, h("p", {}, bar, " ", status), player));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    go.disabled = true;
+    replace(player);
+    try {
+      let job = await api("POST", "/v1/videos", { body: { model: d.model, prompt: prompt.value, seconds: Number(seconds.value), size: size.value }, signal });
+      while (job.status === "queued" || job.status === "in_progress") {
+        bar.value = job.progress;
+        status.textContent = `${job.status} (${job.progress} %)`;
+        await new Promise((done) => setTimeout(done, 1000));
+        if (signal.aborted) return;
+        job = await api("GET", `/v1/videos/${job.id}`, { signal });
+      }
+      bar.value = job.progress;
+      status.textContent = job.status + (job.error ? `: ${job.error.message}` : "");
+      if (job.status === "completed") {
+        const blob = await (await request("GET", `/v1/videos/${job.id}/content`, { signal })).blob();
+        replace(player, h("video", { controls: true, src: URL.createObjectURL(blob) }));
+      }
+    } catch (error) { message(status, error.message); } finally { go.disabled = false; }
+  });
+}
+
+const PLAYGROUNDS = { "text-generation": chat, "image-text-to-text": chat, "feature-extraction": embeddings, "text-to-video": video };
