@@ -15,15 +15,15 @@ import httpx
 import pytest
 
 from modelhost.api.console import CSP
+from modelhost.api.console import STATIC as CONSOLE_STATIC
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, push_folder_sync
 from tests.live import live_server
 
 CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="Debian's chromium is not installed: `scripts/setup.sh dev` installs it when run as root "
-    "(apt-get install chromium)",
+NO_CHROMIUM = (
+    "Debian's chromium is not installed: `scripts/setup.sh dev` installs it when run as root "
+    "(apt-get install chromium)"
 )
 
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "console"
@@ -50,18 +50,33 @@ class Console:
         self.page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
-@pytest.fixture(scope="module")
-def console(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[Console]:
-    from playwright.sync_api import sync_playwright
+@dataclass
+class Server:
+    url: str
+    http: httpx.Client
 
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One live gateway for the module; the meter bills every second (the overview's plot)."""
     root = tmp_path_factory.mktemp("console")
     database_url = f"sqlite:///{root / 'db.sqlite'}"
     settings = make_settings(root, database_url, worker_threads=1, billing_tick_seconds=1)
-    with live_server(settings) as url, httpx.Client(base_url=url, timeout=60) as http, sync_playwright() as p:
+    with live_server(settings) as url, httpx.Client(base_url=url, timeout=60) as http:
+        yield Server(url, http)
+
+
+@pytest.fixture(scope="module")
+def console(server: Server, recipes: Path) -> Iterator[Console]:
+    if CHROMIUM is None:
+        pytest.skip(NO_CHROMIUM)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 860})
         page.set_default_timeout(TIMEOUT_MS)
-        console = Console(url, http, page, recipes)
+        console = Console(server.url, server.http, page, recipes)
         page.on("dialog", lambda dialog: (console.dialogs.append(dialog.message), dialog.dismiss()))
         page.on("pageerror", lambda error: console.errors.append(str(error)))
         page.on(
@@ -73,20 +88,39 @@ def console(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator
     assert not console.dialogs, console.dialogs
 
 
-def test_console_is_served_with_a_strict_csp_and_shows_nothing_without_a_key(console: Console) -> None:
+def test_console_files_are_served_with_a_strict_csp_and_nothing_else(server: Server) -> None:
+    """No browser needed: the headers, the files, and what is not served."""
+    http = server.http
+    for path, kind in [
+        ("/console", "text/html"),
+        ("/console/js/app.js", "text/javascript"),
+        ("/console/js/pages/playground.js", "text/javascript"),
+        ("/console/console.css", "text/css"),
+    ]:
+        answer = http.get(path)
+        assert answer.status_code == 200, path
+        assert answer.headers["content-type"].startswith(kind)
+        assert answer.headers["content-security-policy"] == CSP
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["x-frame-options"] == "DENY"
+    assert http.get("/console/", follow_redirects=False).headers["location"] == "/console"
+    for missing in ("/console/../pyproject.toml", "/console/%2e%2e/api/console.py", "/console/js/missing.js"):
+        assert http.get(missing).status_code == 404, missing
+    assert not any(p.startswith("/console") for p in http.get("/openapi.json").json()["paths"])
+    # no inline script or style anywhere (the CSP would block it), no HTML strings
+    page = http.get("/console").text
+    assert "<script>" not in page and "<style" not in page and "style=" not in page
+    sources = [p for p in (CONSOLE_STATIC / "js").rglob("*.js") if p.name != "dom.js"]
+    assert sources and not any("innerHTML" in p.read_text() for p in sources)
+
+
+def test_the_page_loads_under_its_csp_and_shows_nothing_without_a_key(console: Console) -> None:
     page = console.page
     response = page.goto(f"{console.url}/console")
     assert response is not None and response.status == 200
     assert response.headers["content-security-policy"] == CSP
-    assert response.headers["x-content-type-options"] == "nosniff"
-    for asset in ("/console/js/app.js", "/console/console.css", "/console/vendor/uPlot.iife.min.js"):
-        answer = console.http.get(asset)
-        assert answer.status_code == 200, asset
-        assert answer.headers["content-security-policy"] == CSP
-    assert console.http.get("/console/../pyproject.toml").status_code == 404
-    assert console.http.get("/console/js/missing.js").status_code == 404
-    assert "/console" not in console.http.get("/openapi.json").text  # no private route in the API
     page.wait_for_selector("#sign-in")
+    assert page.evaluate("typeof window.uPlot") == "function"  # the plot library, served from here
     assert page.locator("#overview-deployments").count() == 0  # nothing shown without a key
     console.shot("sign-in")
 
