@@ -191,13 +191,33 @@ def test_chat_streams_in_the_playground(console: Console) -> None:
     page.fill("#chat-max-tokens", "24")
     page.fill("#chat-input", f"hello {XSS}")
     page.click("#chat-send")
-    page.wait_for_selector(".msg.assistant[data-done='yes']")
-    bubble = page.locator(".msg.assistant")
+    page.wait_for_selector("#chat-log .msg.assistant[data-done='yes']")
+    bubble = page.locator("#chat-log .msg.assistant")
     assert int(bubble.get_attribute("data-chunks") or 0) >= 3  # role, streamed text, finish (and usage)
     assert bubble.locator(".content").text_content()  # the model's text (a tiny random model's)
     assert page.locator(".msg.user").inner_text() == f"hello {XSS}"
     assert page.locator("img").count() == 0
     console.shot("playground")
+
+
+def test_an_agent_run_streams_its_events_live_and_is_deleted(console: Console) -> None:
+    page = console.page
+    page.fill("#agent-name", XSS)
+    page.click("#agent-create")
+    page.wait_for_selector("#agent-status .ok")
+    page.click("#agent-run")
+    page.wait_for_selector("#agent-output[data-done='yes']")
+    types = page.locator("tr.agent-event").evaluate_all("rows => rows.map(r => r.dataset.type)")
+    assert types[0] == "run.created" and "message.delta" in types and types[-1] == "run.completed", types
+    assert page.locator("#agent-output").text_content()
+    row = page.locator("#agent-runs tr[data-status='completed']")
+    run_id = row.get_attribute("data-id")
+    row.get_by_role("button", name="Delete").click()
+    row.get_by_role("button", name="Confirm delete").click()
+    page.wait_for_selector(f"#agent-runs tr[data-id='{run_id}']", state="detached")
+    assert page.locator("#agent-choice").inner_text().startswith(XSS)
+    assert page.locator("img").count() == 0
+    console.shot("playground-agents")
 
 
 def test_a_scoped_key_is_created_shown_once_and_revoked(console: Console) -> None:

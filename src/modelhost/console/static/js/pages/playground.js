@@ -1,7 +1,7 @@
 // Playground: try a deployment by its task. Chat streams (SSE read from fetch's body), embeddings show
 // a similarity matrix, every other task gets a form built from the OpenAPI document.
 import { api, openApi, request, resolve } from "../api.js";
-import { field, h, message, replace } from "../dom.js";
+import { confirmButton, field, h, message, replace } from "../dom.js";
 
 export async function render(main) {
   const deployments = (await api("GET", "/v1/deployments")).data;
@@ -102,6 +102,82 @@ async function chat(area, d, signal) {
 }
 
 function append(el, ...children) { el.append(...children); }
+
+// ---------------------------------------------------------------- agent runs (text-generation)
+
+async function agents(area, d, signal) {
+  const chooser = h("select", { id: "agent-choice" });
+  const name = h("input", { type: "text", id: "agent-name", value: `${d.model}-agent` });
+  const instructions = h("textarea", { id: "agent-instructions" }, "You are a helpful assistant.");
+  const create = h("button", { type: "button", id: "agent-create", class: "secondary" }, "Create agent");
+  const input = h("textarea", { id: "agent-input", placeholder: "The run's input" }, "Plan a day in Berlin.");
+  const maxTokens = h("input", { type: "number", id: "agent-max-tokens", value: "24", min: "1" });
+  const start = h("button", { type: "submit", id: "agent-run" }, "Start run");
+  const status = h("p", { id: "agent-status" });
+  const output = h("div", { class: "msg assistant", id: "agent-output" });
+  const events = h("tbody", { id: "agent-events" });
+  const runs = h("tbody", { id: "agent-runs" });
+  const form = h("form", { id: "agent-form" }, h("div", { class: "row" }, field("Agent", chooser), field("New agent name", name), create),
+    field("Instructions (for a new agent)", instructions), field("Input", input), h("div", { class: "row" }, field("max_tokens", maxTokens), start), status);
+  area.append(h("section", { class: "card" }, h("h3", {}, `Agent runs on ${d.model}`), form, output,
+    h("h3", {}, "Events"), h("table", {}, h("thead", {}, h("tr", {}, ["#", "Type", "Data"].map((t) => h("th", {}, t)))), events),
+    h("h3", {}, "Runs"), h("table", {}, h("thead", {}, h("tr", {}, ["Run", "Status", "Output", ""].map((t) => h("th", {}, t)))), runs)));
+
+  async function loadAgents(select) {
+    const list = (await api("GET", "/v1/agent?limit=100", { signal })).data.filter((a) => a.model === d.model);
+    replace(chooser, list.map((a) => h("option", { value: a.id }, `${a.name} (${a.id})`)));
+    if (!list.length) replace(chooser, h("option", { value: "" }, "(none: create one)"));
+    if (select) chooser.value = select;
+    await loadRuns();
+  }
+  async function loadRuns() {
+    if (!chooser.value) return replace(runs);
+    const list = (await api("GET", `/v1/agent/${chooser.value}/runs?limit=20`, { signal })).data;
+    replace(runs, list.map((r) => h("tr", { dataset: { id: r.id, status: r.status } }, h("td", {}, h("code", {}, r.id)), h("td", {}, r.status),
+      h("td", {}, r.output || (r.error ? r.error.message : "")),
+      h("td", {}, confirmButton("Delete", async () => {
+        try { await api("DELETE", `/v1/agent/${r.agent_id}/runs/${r.id}`); } catch (error) { message(status, error.message); }
+        await loadRuns();
+      })))));
+  }
+  chooser.addEventListener("change", () => loadRuns().catch((e) => message(status, e.message)));
+  create.addEventListener("click", async () => {
+    try {
+      const agent = await api("POST", "/v1/agent", { body: { name: name.value.trim(), model: d.model, instructions: instructions.value }, signal });
+      await loadAgents(agent.id);
+      message(status, `Agent ${agent.name} created.`, "ok");
+    } catch (error) { message(status, error.message); }
+  });
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (!chooser.value) return message(status, "Create an agent first.");
+    start.disabled = true;
+    replace(events);
+    replace(output);
+    output.dataset.done = "no";
+    try {
+      const run = await api("POST", `/v1/agent/${chooser.value}/runs`, { body: { input: input.value, max_tokens: Number(maxTokens.value) }, signal });
+      message(status, `Run ${run.id}: ${run.status}`, "muted");
+      await loadRuns();
+      const stream = await request("GET", `/v1/agent/${chooser.value}/runs/${run.id}/events?stream=true`, { signal });
+      for await (const e of sse(stream)) {
+        events.append(h("tr", { class: "agent-event", dataset: { type: e.type } }, h("td", {}, String(e.seq)), h("td", {}, e.type), h("td", {}, h("code", {}, JSON.stringify(e.data)))));
+        if (e.type === "message.delta" && e.data && e.data.content) output.append(e.data.content);
+        if (e.data && e.data.status) message(status, `Run ${run.id}: ${e.data.status}`, "muted");
+      }
+      await loadRuns();
+    } catch (error) { message(status, error.message); } finally {
+      output.dataset.done = "yes";
+      start.disabled = false;
+    }
+  });
+  await loadAgents();
+}
+
+async function chatAndAgents(area, d, signal) {
+  await chat(area, d, signal);
+  await agents(area, d, signal);
+}
 
 // ---------------------------------------------------------------- embeddings
 
@@ -369,4 +445,4 @@ async function video(area, d, signal) {
   });
 }
 
-const PLAYGROUNDS = { "text-generation": chat, "image-text-to-text": chat, "feature-extraction": embeddings, "text-to-video": video };
+const PLAYGROUNDS = { "text-generation": chatAndAgents, "image-text-to-text": chat, "feature-extraction": embeddings, "text-to-video": video };
