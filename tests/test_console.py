@@ -181,6 +181,13 @@ def test_a_deployment_is_created_and_becomes_ready(console: Console) -> None:
     card.wait_for()
     page.wait_for_selector("section.deployment[data-model='chat'][data-state='ready']", timeout=60_000)
     assert "Replicas loaded: 1" in card.inner_text()
+    card.locator("select").select_option("hot")
+    card.locator("input[type=number]").nth(1).fill("2")
+    card.get_by_role("button", name="Apply").click()
+    card.locator(".ok", has_text="saved").wait_for()
+    listed = console.http.get("/v1/deployments", headers=bearer(console.key)).json()["data"]
+    assert [(d["readiness"], d["min_replicas"], d["max_replicas"]) for d in listed] == [("hot", 1, 2)]
+    page.wait_for_selector("section.deployment[data-model='chat'] .plots [data-points] canvas")
     console.shot("deployments")
 
 
