@@ -60,10 +60,13 @@ fi
 vendor=src/modelhost/console/static/vendor
 if command -v npm >/dev/null; then
     echo "==> installing the console's assets (npm ci in console/: uPlot)"
-    (cd console && npm ci --omit=dev --no-audit --no-fund --loglevel=error >/dev/null)
-    mkdir -p "$vendor"
-    cp console/node_modules/uplot/dist/uPlot.iife.min.js console/node_modules/uplot/dist/uPlot.min.css "$vendor/"
-    cp console/node_modules/uplot/LICENSE "$vendor/uPlot.LICENSE"
+    if (cd console && npm ci --omit=dev --no-audit --no-fund --loglevel=error >/dev/null); then
+        mkdir -p "$vendor"
+        cp console/node_modules/uplot/dist/uPlot.iife.min.js console/node_modules/uplot/dist/uPlot.min.css "$vendor/"
+        cp console/node_modules/uplot/LICENSE "$vendor/uPlot.LICENSE"
+    else
+        echo "==> npm ci failed (no registry?): the console (/console) will work WITHOUT its plots"
+    fi
 else
     echo "==> npm not found: the console (/console) will work WITHOUT its plots (install Node.js's npm and run"
     echo "    scripts/setup.sh again to get them)"

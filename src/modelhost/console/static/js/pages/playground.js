@@ -34,7 +34,7 @@ async function* sse(response) {
   for (;;) {
     const { value, done } = await reader.read();
     if (done) break;
-    buffer += decoder.decode(value, { stream: true });
+    buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
     let end;
     while ((end = buffer.indexOf("\n\n")) >= 0) {
       const event = buffer.slice(0, end);
@@ -55,7 +55,10 @@ async function chat(area, d, signal) {
   const tools = h("textarea", { id: "chat-tools", placeholder: "Tools (optional): a JSON array of OpenAI function tools" });
   const send = h("button", { type: "submit", id: "chat-send" }, "Send");
   const status = h("p");
-  const form = h("form", { id: "chat-form" }, input, h("div", { class: "row" }, field("max_tokens", maxTokens), field("temperature", temperature), send), h("details", {}, h("summary", {}, "Tools"), tools), status);
+  const vision = d.pipeline === "image-text-to-text";
+  const picture = vision ? h("input", { type: "file", id: "chat-image", accept: "image/*" }) : null;
+  const form = h("form", { id: "chat-form" }, input, h("div", { class: "row" }, field("max_tokens", maxTokens), field("temperature", temperature),
+    vision ? field("Image (optional)", picture) : null, send), h("details", {}, h("summary", {}, "Tools"), tools), status);
   append(area, h("section", { class: "card" }, h("h3", {}, `Chat with ${d.model}`), log, form));
 
   form.addEventListener("submit", async (event) => {
@@ -63,8 +66,16 @@ async function chat(area, d, signal) {
     const text = input.value.trim();
     if (!text) return;
     input.value = "";
-    history.push({ role: "user", content: text });
-    log.append(h("div", { class: "msg user" }, text));
+    const image = picture && picture.files[0];
+    if (image) {
+      const uri = await new Promise((done, fail) => { const r = new FileReader(); r.onload = () => done(r.result); r.onerror = fail; r.readAsDataURL(image); });
+      history.push({ role: "user", content: [{ type: "text", text }, { type: "image_url", image_url: { url: uri } }] });
+      log.append(h("div", { class: "msg user" }, h("img", { src: URL.createObjectURL(image), alt: image.name, class: "answer-image" }), h("div", {}, text)));
+      picture.value = "";
+    } else {
+      history.push({ role: "user", content: text });
+      log.append(h("div", { class: "msg user" }, text));
+    }
     const content = h("span", { class: "content" });
     const toolBox = h("div");
     const bubble = h("div", { class: "msg assistant", dataset: { chunks: "0", done: "no" } }, content, toolBox);
