@@ -345,3 +345,18 @@ def test_embeddings_show_a_similarity_matrix_and_a_deployment_is_deleted(console
     card.wait_for(state="detached")
     gone = console.http.get(f"/v1/deployments/{created.json()['id']}", headers=bearer(console.key))
     assert gone.status_code == 404
+
+
+def test_a_revoked_key_signs_the_tab_out(console: Console) -> None:
+    created = console.http.post("/v1/keys", json={"name": "laptop"}, headers=bearer(console.key)).json()
+    page = console.page
+    page.click("#sign-out")
+    page.fill("#sign-in-key", created["api_key"])
+    page.click("#sign-in button")
+    page.wait_for_selector("main[data-ready='yes']")
+    assert page.evaluate("sessionStorage.getItem('modelhost.accountKey')") == created["api_key"]
+    revoked = console.http.delete(f"/v1/keys/{created['id']}", headers=bearer(console.key))
+    assert revoked.status_code == 200, revoked.text
+    console.go("keys")
+    page.wait_for_selector("#sign-in-status .error")
+    assert page.evaluate("sessionStorage.getItem('modelhost.accountKey')") is None

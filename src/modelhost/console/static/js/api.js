@@ -23,13 +23,17 @@ export function authHeaders(admin = false) {
   return key ? { Authorization: `Bearer ${key}` } : {};
 }
 
-export async function request(method, path, { body, admin = false, headers = {}, signal } = {}) {
+export async function request(method, path, { body, admin = false, headers = {}, signal, signingIn = false } = {}) {
   const init = { method, headers: { ...authHeaders(admin), ...headers }, signal, credentials: "omit" };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
   }
   const response = await fetch(path, init);
+  if (response.status === 401 && !admin && !signingIn && session.key && init.headers.Authorization === `Bearer ${session.key}`) {
+    session.key = null;
+    window.dispatchEvent(new Event("modelhost:unauthorized"));
+  }
   if (!response.ok) throw new ApiError(response.status, await readJson(response));
   return response;
 }

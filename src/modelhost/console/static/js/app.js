@@ -11,6 +11,7 @@ import * as playground from "./pages/playground.js";
 const PAGES = { overview, deployments, artifacts, keys, playground, operator };
 const TITLES = { overview: "Overview", deployments: "Deployments", artifacts: "Artifacts", keys: "Keys", playground: "Playground", operator: "Operator" };
 let cleanup = null;
+let shown = 0; // which show() is the latest: an older page still loading is stopped when it resolves
 
 function current() {
   const name = location.hash.replace(/^#\/?/, "").split("/")[0];
@@ -36,7 +37,7 @@ function signIn(main) {
     event.preventDefault();
     session.key = key.value.trim();
     try {
-      await api("GET", "/v1/usage");
+      await api("GET", "/v1/usage", { signingIn: true });
       show();
     } catch (error) {
       session.key = null;
@@ -49,6 +50,7 @@ function signIn(main) {
 }
 
 async function show() {
+  const mine = ++shown;
   if (cleanup) { cleanup(); cleanup = null; }
   nav();
   const main = document.getElementById("main");
@@ -61,13 +63,25 @@ async function show() {
     return;
   }
   replace(main);
+  let stop = null;
   try {
-    cleanup = (await PAGES[page].render(main)) || null;
+    stop = (await PAGES[page].render(main)) || null;
   } catch (error) {
-    replace(main, h("p", { class: "error" }, `Could not load ${TITLES[page]}: ${error.message}`));
+    if (mine === shown) replace(main, h("p", { class: "error" }, `Could not load ${TITLES[page]}: ${error.message}`));
   }
+  if (mine !== shown) {
+    if (stop) stop();
+    return;
+  }
+  cleanup = stop;
   main.dataset.ready = "yes";
 }
 
 window.addEventListener("hashchange", show);
+// the account key stopped working (revoked): back to the sign-in form, saying why
+window.addEventListener("modelhost:unauthorized", () => {
+  show();
+  const status = document.getElementById("sign-in-status");
+  if (status) message(status, "Your key was refused (revoked or unknown): sign in again.");
+});
 show();
