@@ -135,7 +135,10 @@ def test_operator_creates_an_account_and_its_key_signs_in(console: Console) -> N
     page.click("#account-form button")
     console.key = page.locator("#account-key").inner_text().strip()
     assert console.key.startswith("mh-")
-    page.wait_for_selector("#account-list tbody tr")
+    row = page.locator("#account-list tbody tr", has_text="acme")
+    row.locator("input").fill("25")
+    row.get_by_role("button", name="Add credits").click()
+    page.locator("#account-list tbody tr", has_text="525.0000").wait_for()
     console.shot("operator")
     # the key lives in sessionStorage only: no cookie, nothing in the URL
     console.go("overview")

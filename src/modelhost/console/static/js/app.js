@@ -24,7 +24,7 @@ function nav() {
     h("a", { href: `#${name}`, class: name === page ? "active" : "", id: `nav-${name}`, onclick: () => { if (current() === name) show(); } }, TITLES[name])));
   const who = document.getElementById("who");
   if (session.key || session.adminKey) {
-    replace(who, h("span", { class: "muted" }, "signed in"),
+    replace(who, h("span", { class: "muted" }, session.key ? "signed in" : "operator"),
       h("button", { type: "button", class: "secondary", id: "sign-out", onclick: () => { session.key = null; session.adminKey = null; show(); } }, "Sign out"));
   } else replace(who);
 }
@@ -78,6 +78,7 @@ async function show() {
 }
 
 window.addEventListener("hashchange", show);
+window.addEventListener("modelhost:session", nav);
 // the account key stopped working (revoked): back to the sign-in form, saying why
 window.addEventListener("modelhost:unauthorized", () => {
   show();

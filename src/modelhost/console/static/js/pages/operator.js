@@ -16,6 +16,7 @@ export async function render(main) {
   keyForm.addEventListener("submit", async (event) => {
     event.preventDefault();
     session.adminKey = adminKey.value.trim();
+    window.dispatchEvent(new Event("modelhost:session"));
     await load();
   });
   create.addEventListener("submit", async (event) => {
