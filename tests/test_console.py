@@ -50,6 +50,20 @@ class Console:
         self.page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
+def png() -> bytes:
+    """A 64 x 48 picture of noise."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    picture = io.BytesIO()
+    Image.fromarray(np.random.default_rng(3).integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
+        picture, "PNG"
+    )
+    return picture.getvalue()
+
+
 @dataclass
 class Server:
     url: str
@@ -296,11 +310,6 @@ def test_any_task_gets_a_form_from_the_openapi_document_and_label_scores_as_bars
 
 
 def test_detection_boxes_are_drawn_over_the_image_given_as_a_file(console: Console) -> None:
-    import io
-
-    import numpy as np
-    from PIL import Image
-
     artifact = push_folder_sync(
         console.http, console.key, console.recipes / "t19_object_detection", "object-detection"
     )
@@ -308,21 +317,41 @@ def test_detection_boxes_are_drawn_over_the_image_given_as_a_file(console: Conso
         "/v1/deployments", json={"model": "detector", "artifact_id": artifact}, headers=bearer(console.key)
     )
     assert created.status_code == 201, created.text
-    picture = io.BytesIO()
-    pixels = np.random.default_rng(3).integers(0, 255, (48, 64, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(picture, format="PNG")
     page = console.page
     console.go("playground")
     page.select_option("#playground-deployment", created.json()["id"])
     page.set_input_files(
         "input[name='inputs-file']",
-        {"name": "street.png", "mimeType": "image/png", "buffer": picture.getvalue()},
+        {"name": "street.png", "mimeType": "image/png", "buffer": png()},
     )
     page.fill("#task-form input[name='threshold']", "0")
     page.click("#task-send")
     page.wait_for_selector("#task-boxes .box")
     assert page.locator("#task-boxes .box").count() == page.locator("#task-bars tr").count() > 0
     console.shot("playground-detection")
+
+
+def test_segments_are_tinted_over_the_image(console: Console) -> None:
+    artifact = push_folder_sync(
+        console.http,
+        console.key,
+        console.recipes / "t06_image_segmentation" / "segformer",
+        "image-segmentation",
+    )
+    created = console.http.post(
+        "/v1/deployments", json={"model": "segmenter", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.set_input_files(
+        "input[name='inputs-file']", {"name": "street.png", "mimeType": "image/png", "buffer": png()}
+    )
+    page.click("#task-send")
+    page.wait_for_selector("#task-masks")
+    assert page.locator(".masks .segment").count() >= 1
+    console.shot("playground-segmentation")
 
 
 def test_embeddings_show_a_similarity_matrix_and_a_deployment_is_deleted(console: Console) -> None:

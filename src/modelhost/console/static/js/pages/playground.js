@@ -333,6 +333,8 @@ async function show(out, response, preview = null) {
   if (texts.length) out.append(h("div", { id: "task-text" }, texts.map((t) => h("p", { class: "caption" }, t))));
   const found = boxes(data);
   if (found.length && preview) out.append(drawBoxes(preview, found));
+  const segments = [data].flat().filter((x) => x && Array.isArray(x.masks));
+  if (segments.length && preview) out.append(await drawMasks(preview, segments[0]));
   for (const src of images(data)) out.append(h("img", { src, alt: "image", class: "answer-image" }));
   out.append(h("pre", { id: "task-json" }, JSON.stringify(truncate(data), null, 2)));
 }
@@ -368,7 +370,7 @@ function images(data) {
     if (typeof v === "string") {
       if (/^data:image\/(png|jpeg|webp);base64,/.test(v)) found.push(v);
       else if (key === "url" && v.startsWith(`${location.origin}/v1/files/`)) found.push(v);
-      else if (key === "b64_json" || key === "mask" || key === "depth" || key === "predicted_depth_image") {
+      else if (key === "b64_json" || key === "depth") {
         if (/^[A-Za-z0-9+/=]{64,}$/.test(v)) found.push(`data:image/png;base64,${v}`);
       }
     } else if (Array.isArray(v)) v.forEach((x) => walk(x, key));
@@ -412,6 +414,47 @@ function drawBoxes(src, found) {
     }
   });
   return frame;
+}
+
+function loadImage(src) {
+  return new Promise((done, fail) => {
+    const img = new Image();
+    img.onload = () => done(img);
+    img.onerror = () => fail(new Error("an image did not decode"));
+    img.src = src;
+  });
+}
+
+const TINTS = [[229, 72, 77], [59, 111, 216], [18, 161, 80], [217, 164, 0], [142, 78, 198], [0, 160, 170]];
+
+// Segments: each mask (a grey PNG, 255 inside) tinted in its colour over the image given.
+async function drawMasks(src, seg) {
+  const base = await loadImage(src);
+  const canvas = h("canvas", { id: "task-masks", width: String(base.naturalWidth), height: String(base.naturalHeight) });
+  const ctx = canvas.getContext("2d");
+  ctx.drawImage(base, 0, 0);
+  const picture = ctx.getImageData(0, 0, canvas.width, canvas.height);
+  const legend = h("div", { class: "row" });
+  for (const [i, mask] of seg.masks.entries()) {
+    const [r, g, b] = TINTS[i % TINTS.length];
+    const img = await loadImage(mask.startsWith("data:") ? mask : `data:image/png;base64,${mask}`);
+    const scratch = document.createElement("canvas");
+    scratch.width = canvas.width;
+    scratch.height = canvas.height;
+    const sctx = scratch.getContext("2d");
+    sctx.drawImage(img, 0, 0, canvas.width, canvas.height);
+    const m = sctx.getImageData(0, 0, canvas.width, canvas.height).data;
+    const p = picture.data;
+    for (let j = 0; j < m.length; j += 4) {
+      if (m[j] > 127) { p[j] = (p[j] + r) >> 1; p[j + 1] = (p[j + 1] + g) >> 1; p[j + 2] = (p[j + 2] + b) >> 1; }
+    }
+    const swatch = h("span", { class: "swatch" });
+    swatch.style.backgroundColor = `rgb(${r}, ${g}, ${b})`;
+    const score = seg.scores && seg.scores[i] != null ? ` ${seg.scores[i].toFixed(2)}` : "";
+    legend.append(h("span", { class: "segment" }, swatch, ` ${seg.labels ? seg.labels[i] : i}${score}`));
+  }
+  ctx.putImageData(picture, 0, 0);
+  return h("div", { class: "masks" }, canvas, legend);
 }
 
 function truncate(v) {
