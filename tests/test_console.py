@@ -354,6 +354,50 @@ def test_segments_are_tinted_over_the_image(console: Console) -> None:
     console.shot("playground-segmentation")
 
 
+def test_speech_plays_and_a_transcription_is_uploaded(console: Console) -> None:
+    import io
+    import math
+    import struct
+    import wave
+
+    page = console.page
+    ids = {}
+    for model, (folder, pipeline) in {
+        "voice": ("vits", "text-to-speech"),
+        "whisper": ("whisper", "automatic-speech-recognition"),
+    }.items():
+        artifact = push_folder_sync(
+            console.http, console.key, console.recipes / "t12_speech" / folder, pipeline
+        )
+        created = console.http.post(
+            "/v1/deployments", json={"model": model, "artifact_id": artifact}, headers=bearer(console.key)
+        )
+        assert created.status_code == 201, created.text
+        ids[model] = created.json()["id"]
+    console.go("playground")
+    page.select_option("#playground-deployment", ids["voice"])
+    page.fill("#task-form textarea[name='input']", "hello there")
+    page.click("#task-send")
+    page.wait_for_selector("#task-result audio")
+    assert page.get_attribute("#task-result audio", "src", timeout=1000).startswith("blob:")
+    console.shot("playground-speech")
+
+    clip = io.BytesIO()
+    with wave.open(clip, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(b"".join(struct.pack("<h", int(8000 * math.sin(i / 8))) for i in range(16000)))
+    page.select_option("#playground-deployment", ids["whisper"])
+    page.select_option("#task-endpoint", "/v1/audio/transcriptions")
+    page.set_input_files(
+        "input[name='file-file']", {"name": "clip.wav", "mimeType": "audio/wav", "buffer": clip.getvalue()}
+    )
+    page.click("#task-send")
+    page.wait_for_selector("#task-json, #task-text")
+    assert "text" in page.locator("#task-result").inner_text()
+
+
 def test_embeddings_show_a_similarity_matrix_and_a_deployment_is_deleted(console: Console) -> None:
     artifact = push_folder_sync(
         console.http, console.key, console.recipes / "t03_feature_extraction" / "st", "feature-extraction"

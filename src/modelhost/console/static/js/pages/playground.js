@@ -325,6 +325,7 @@ async function show(out, response, preview = null) {
     const url = URL.createObjectURL(await response.blob());
     return replace(out, h("img", { src: url, alt: "answer" }));
   }
+  if (type.startsWith("text/")) return replace(out, h("pre", { id: "task-text" }, await response.text()));
   const data = await response.json();
   replace(out);
   const bars = labelScores(data);
