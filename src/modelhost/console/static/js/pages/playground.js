@@ -264,7 +264,8 @@ async function generic(area, d) {
       const el = input(name, s, required.has(name));
       inputs.push([name, el, s]);
       const label = `${name}${required.has(name) ? " *" : ""}${s.description ? ` — ${s.description}` : ""}`;
-      if (el.tagName === "TEXTAREA" && /image|audio|video|file|media|base64/i.test(`${name} ${JSON.stringify(s)}`)) {
+      const media = /^(image|images|audio|video|file|mask|input_reference)$/.test(name) || /base64/i.test(JSON.stringify(s));
+      if (el.tagName === "TEXTAREA" && media) {
         // media fields take a data URI: a file button fills it (base64 stays out of the text box)
         const picker = h("input", { type: "file", name: `${name}-file`, class: "media-file" });
         const note = h("span", { class: "muted" });
