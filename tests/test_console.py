@@ -398,6 +398,28 @@ def test_speech_plays_and_a_transcription_is_uploaded(console: Console) -> None:
     assert "text" in page.locator("#task-result").inner_text()
 
 
+def test_a_generated_image_is_previewed(console: Console) -> None:
+    folder = console.recipes / "t13_diffusers_sd"
+    artifact = push_folder_sync(console.http, console.key, folder, "text-to-image")
+    created = console.http.post(
+        "/v1/deployments", json={"model": "painter", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.fill("#task-form textarea[name='prompt']", "a red square")
+    page.select_option("#task-form select[name='response_format']", "b64_json")
+    page.fill("#task-form input[name='num_inference_steps']", "2")
+    page.click("#task-send")
+    page.wait_for_selector("#task-result img.answer-image", timeout=60_000)
+    page.wait_for_function(
+        "() => { const i = document.querySelector('#task-result img.answer-image'); "
+        "return i.complete && i.naturalWidth > 0; }"
+    )
+    console.shot("playground-image")
+
+
 def test_embeddings_show_a_similarity_matrix_and_a_deployment_is_deleted(console: Console) -> None:
     artifact = push_folder_sync(
         console.http, console.key, console.recipes / "t03_feature_extraction" / "st", "feature-extraction"
