@@ -420,6 +420,26 @@ def test_a_generated_image_is_previewed(console: Console) -> None:
     console.shot("playground-image")
 
 
+def test_a_video_job_shows_its_progress_then_plays(console: Console) -> None:
+    folder = console.recipes / "t14_diffusers_text_to_video" / "text_to_video_sd"
+    artifact = push_folder_sync(console.http, console.key, folder, "text-to-video")
+    created = console.http.post(
+        "/v1/deployments", json={"model": "t2v", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.fill("#video-size", "32x32")
+    page.fill("#video-steps", "2")
+    page.click("#video-send")
+    page.wait_for_selector("#video-player video", timeout=60_000)
+    assert page.get_attribute("#video-player video", "src", timeout=1000).startswith("blob:")
+    assert page.locator("#video-status").inner_text() == "completed"
+    assert page.eval_on_selector("#video-progress", "p => p.value") == 100
+    console.shot("playground-video")
+
+
 def test_embeddings_show_a_similarity_matrix_and_a_deployment_is_deleted(console: Console) -> None:
     artifact = push_folder_sync(
         console.http, console.key, console.recipes / "t03_feature_extraction" / "st", "feature-extraction"

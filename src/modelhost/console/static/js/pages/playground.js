@@ -472,22 +472,25 @@ async function video(area, d, signal) {
   const prompt = h("textarea", { id: "video-prompt" }, "a cat walking");
   const seconds = h("input", { type: "number", id: "video-seconds", value: "1", step: "any", min: "0.1" });
   const size = h("input", { type: "text", id: "video-size", value: "256x256" });
+  const steps = h("input", { type: "number", id: "video-steps", min: "1", placeholder: "model's" });
   const go = h("button", { type: "submit", id: "video-send" }, "Generate");
   const bar = h("progress", { id: "video-progress", value: "0", max: "100" });
   const status = h("span", { id: "video-status" });
   const player = h("div", { id: "video-player" });
-  const form = h("form", {}, field("Prompt", prompt), h("div", { class: "row" }, field("Seconds", seconds), field("Size", size), go));
+  const form = h("form", {}, field("Prompt", prompt), h("div", { class: "row" }, field("Seconds", seconds), field("Size", size), field("Steps", steps), go));
   area.append(h("section", { class: "card" }, h("h3", {}, `Video with ${d.model}`), form, h("p", {}, bar, " ", status), player));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     go.disabled = true;
     replace(player);
     try {
-      let job = await api("POST", "/v1/videos", { body: { model: d.model, prompt: prompt.value, seconds: Number(seconds.value), size: size.value }, signal });
+      const body = { model: d.model, prompt: prompt.value, seconds: Number(seconds.value), size: size.value };
+      if (steps.value) body.num_inference_steps = Number(steps.value);
+      let job = await api("POST", "/v1/videos", { body, signal });
       while (job.status === "queued" || job.status === "in_progress") {
         bar.value = job.progress;
         status.textContent = `${job.status} (${job.progress} %)`;
-        await new Promise((done) => setTimeout(done, 1000));
+        await new Promise((done) => setTimeout(done, 500));
         if (signal.aborted) return;
         job = await api("GET", `/v1/videos/${job.id}`, { signal });
       }
