@@ -120,7 +120,15 @@ def test_console_files_are_served_with_a_strict_csp_and_nothing_else(server: Ser
     assert http.get("/console/", follow_redirects=False).headers["location"] == "/console"
     for missing in ("/console/../pyproject.toml", "/console/%2e%2e/api/console.py", "/console/js/missing.js"):
         assert http.get(missing).status_code == 404, missing
-    assert not any(p.startswith("/console") for p in http.get("/openapi.json").json()["paths"])
+    paths = http.get("/openapi.json").json()["paths"]
+    assert not any(p.startswith("/console") for p in paths)
+    # what the playground builds its forms from: the tasks each endpoint serves
+    assert paths["/v1/embeddings"]["post"]["x-modelhost-pipelines"] == ["feature-extraction"]
+    assert paths["/v1/chat/completions"]["post"]["x-modelhost-pipelines"] == [
+        "text-generation",
+        "image-text-to-text",
+    ]
+    assert "x-modelhost-pipelines" not in paths["/v1/deployments"]["post"]
     # no inline script or style anywhere (the CSP would block it), no HTML strings
     page = http.get("/console").text
     assert "<script>" not in page and "<style" not in page and "style=" not in page
