@@ -54,6 +54,32 @@ if [ "$mode" = dev ]; then
 else
     install -e .
 fi
+# The console's third-party browser assets (uPlot, pinned by console/package-lock.json): installed by npm
+# from its registry and copied into the package, where the gateway serves them itself (no CDN at run
+# time). Without npm the console still works, without its plots.
+vendor=src/modelhost/console/static/vendor
+if command -v npm >/dev/null; then
+    echo "==> installing the console's assets (npm ci in console/: uPlot)"
+    if (cd console && npm ci --omit=dev --no-audit --no-fund --loglevel=error >/dev/null); then
+        mkdir -p "$vendor"
+        cp console/node_modules/uplot/dist/uPlot.iife.min.js console/node_modules/uplot/dist/uPlot.min.css "$vendor/"
+        cp console/node_modules/uplot/LICENSE "$vendor/uPlot.LICENSE"
+    else
+        echo "==> npm ci failed (no registry?): the console (/console) will work WITHOUT its plots"
+    fi
+else
+    echo "==> npm not found: the console (/console) will work WITHOUT its plots (install Node.js's npm and run"
+    echo "    scripts/setup.sh again to get them)"
+fi
+if [ "$mode" = dev ] && ! command -v chromium >/dev/null; then
+    # The console's browser tests (tests/test_console.py) drive Debian's headless Chromium with Playwright.
+    if [ "$(id -u)" = 0 ]; then
+        echo "==> installing Chromium (Debian package chromium) for the console's browser tests"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "==> chromium not found and not root: tests/test_console.py will be skipped (apt-get install chromium)"
+    fi
+fi
 # Bytecode for everything installed and for our own source, compiled once here: uv writes none, and where
 # PYTHONDONTWRITEBYTECODE is set nothing writes it later, so every process (each replica worker, each
 # gateway) would compile transformers' and torch's sources again at import: about 2 s of CPU per

@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import Scope
 
 import modelhost
+from modelhost.api import console
 from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.fastlane import FastLane
 from modelhost.api.middleware import BodySizeLimit, KeyFirst, RequestMetrics
@@ -40,6 +41,7 @@ from modelhost.api.routes import (
 )
 from modelhost.config import Settings, get_settings
 from modelhost.container import Services, Supervision
+from modelhost.pipelines import ENDPOINT_TASKS
 from modelhost.protocol.errors import ErrorBody
 
 log = logging.getLogger("modelhost")
@@ -110,6 +112,7 @@ def create_app(
         videos.router,
         agents.router,
         usage.router,
+        console.router,
     ):
         app.include_router(router)
 
@@ -144,8 +147,11 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     components.get("ErrorBody", {}).pop("$defs", None)
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
-    for path_item in schema.get("paths", {}).values():
-        for operation in path_item.values():
+    for path, path_item in schema.get("paths", {}).items():
+        for method, operation in path_item.items():
+            if method == "post" and path in ENDPOINT_TASKS:
+                # which deployments answer it: the console builds its playground forms from this
+                operation["x-modelhost-pipelines"] = list(ENDPOINT_TASKS[path])
             responses = operation.get("responses", {})
             responses.pop("422", None)
             if operation.get("requestBody") or operation.get("parameters"):

@@ -1,0 +1,88 @@
+// The console's shell: sign-in, navigation by the URL's hash, one page at a time.
+import { api, session } from "./api.js";
+import { field, h, message, replace } from "./dom.js";
+import * as artifacts from "./pages/artifacts.js";
+import * as deployments from "./pages/deployments.js";
+import * as keys from "./pages/keys.js";
+import * as operator from "./pages/operator.js";
+import * as overview from "./pages/overview.js";
+import * as playground from "./pages/playground.js";
+
+const PAGES = { overview, deployments, artifacts, keys, playground, operator };
+const TITLES = { overview: "Overview", deployments: "Deployments", artifacts: "Artifacts", keys: "Keys", playground: "Playground", operator: "Operator" };
+let cleanup = null;
+let shown = 0; // which show() is the latest: an older page still loading is stopped when it resolves
+
+function current() {
+  const name = location.hash.replace(/^#\/?/, "").split("/")[0];
+  return PAGES[name] ? name : "overview";
+}
+
+function nav() {
+  const page = current();
+  replace(document.getElementById("nav"), Object.keys(PAGES).map((name) =>
+    h("a", { href: `#${name}`, class: name === page ? "active" : "", id: `nav-${name}`, onclick: () => { if (current() === name) show(); } }, TITLES[name])));
+  const who = document.getElementById("who");
+  if (session.key || session.adminKey) {
+    replace(who, h("span", { class: "muted" }, session.key ? "signed in" : "operator"),
+      h("button", { type: "button", class: "secondary", id: "sign-out", onclick: () => { session.key = null; session.adminKey = null; show(); } }, "Sign out"));
+  } else replace(who);
+}
+
+function signIn(main) {
+  const key = h("input", { type: "password", id: "sign-in-key", placeholder: "mh-...", size: 48, autocomplete: "off" });
+  const status = h("p", { id: "sign-in-status" });
+  const form = h("form", { class: "row", id: "sign-in" }, field("Account key", key), h("button", { type: "submit" }, "Sign in"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    session.key = key.value.trim();
+    try {
+      await api("GET", "/v1/usage", { signingIn: true });
+      show();
+    } catch (error) {
+      session.key = null;
+      message(status, `Sign-in failed: ${error.message}`);
+    }
+  });
+  replace(main, h("section", { class: "card" }, h("h2", {}, "Sign in"),
+    h("p", { class: "muted" }, "Your account key stays in this tab (sessionStorage) and is sent only as an Authorization header to this server."),
+    form, status));
+}
+
+async function show() {
+  const mine = ++shown;
+  if (cleanup) { cleanup(); cleanup = null; }
+  nav();
+  const main = document.getElementById("main");
+  const page = current();
+  main.dataset.page = page;
+  main.dataset.ready = "no";
+  if (!session.key && page !== "operator") {
+    signIn(main);
+    main.dataset.ready = "sign-in";
+    return;
+  }
+  replace(main);
+  let stop = null;
+  try {
+    stop = (await PAGES[page].render(main)) || null;
+  } catch (error) {
+    if (mine === shown) replace(main, h("p", { class: "error" }, `Could not load ${TITLES[page]}: ${error.message}`));
+  }
+  if (mine !== shown) {
+    if (stop) stop();
+    return;
+  }
+  cleanup = stop;
+  main.dataset.ready = "yes";
+}
+
+window.addEventListener("hashchange", show);
+window.addEventListener("modelhost:session", nav);
+// the account key stopped working (revoked): back to the sign-in form, saying why
+window.addEventListener("modelhost:unauthorized", () => {
+  show();
+  const status = document.getElementById("sign-in-status");
+  if (status) message(status, "Your key was refused (revoked or unknown): sign in again.");
+});
+show();

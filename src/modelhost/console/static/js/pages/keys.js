@@ -1,0 +1,56 @@
+// Keys: create (account or scoped to deployments), the secret shown once, list, revoke.
+import { api } from "../api.js";
+import { confirmButton, field, h, message, replace, when } from "../dom.js";
+
+export async function render(main) {
+  const name = h("input", { type: "text", id: "key-name", placeholder: "ci" });
+  const scoped = h("input", { type: "checkbox", id: "key-scoped" });
+  const boxes = h("div", { id: "key-deployments", class: "row" });
+  const status = h("div", { id: "key-created" });
+  const form = h("form", { id: "key-form" },
+    h("div", { class: "row" }, field("Name", name), h("label", {}, scoped, " only for these deployments:"), boxes),
+    h("p", {}, h("button", { type: "submit" }, "Create key")));
+  const rows = h("tbody");
+  replace(main, h("h2", {}, "Keys"), h("section", { class: "card" }, h("h3", {}, "New key"), form, status),
+    h("section", { class: "card" }, h("h3", {}, "Keys"),
+      h("table", { id: "key-list" }, h("thead", {}, h("tr", {}, ["Name", "Kind", "Deployments", "Prefix", "Created", "Revoked", ""].map((t) => h("th", {}, t)))), rows)));
+
+  const deployments = (await api("GET", "/v1/deployments")).data;
+  const models = new Map(deployments.map((d) => [d.id, d.model]));
+  replace(boxes, deployments.map((d) => h("label", {}, h("input", { type: "checkbox", value: d.id, class: "key-deployment", dataset: { model: d.model } }), ` ${d.model}`)));
+  if (!deployments.length) replace(boxes, h("span", { class: "muted" }, "(no deployments)"));
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const chosen = [...boxes.querySelectorAll("input:checked")].map((i) => i.value);
+    const body = { name: name.value.trim() || null };
+    if (scoped.checked) {
+      if (!chosen.length) return message(status, "Choose at least one deployment for a scoped key.");
+      body.deployments = chosen;
+    }
+    try {
+      const key = await api("POST", "/v1/keys", { body });
+      const secret = h("div", { class: "secret", id: "key-secret" }, key.api_key);
+      const copied = h("span");
+      replace(status, h("p", {}, "The secret is shown only this once:"), secret,
+        h("p", {}, h("button", { type: "button", class: "secondary", id: "key-copy", onclick: async () => {
+          try { await navigator.clipboard.writeText(key.api_key); message(copied, " copied", "ok"); }
+          catch { getSelection().selectAllChildren(secret); message(copied, " selected: press Ctrl+C", "muted"); }
+        } }, "Copy"), copied));
+      await refresh();
+    } catch (error) { message(status, error.message); }
+  });
+
+  async function refresh() {
+    const keys = (await api("GET", "/v1/keys")).data;
+    replace(rows, keys.map((k) => h("tr", { dataset: { id: k.id, revoked: k.revoked_at ? "yes" : "no" } },
+      h("td", {}, k.name || ""), h("td", {}, k.kind),
+      h("td", {}, (k.deployments || []).map((id) => models.get(id) || id).join(", ")),
+      h("td", {}, h("code", {}, k.prefix)), h("td", {}, when(k.created_at)), h("td", { class: "revoked" }, when(k.revoked_at)),
+      h("td", {}, k.revoked_at ? null : confirmButton("Revoke", async () => {
+        try { await api("DELETE", `/v1/keys/${k.id}`); } catch (error) { message(status, error.message); }
+        await refresh();
+      })))));
+  }
+  await refresh();
+}

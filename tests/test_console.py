@@ -1,0 +1,488 @@
+"""The web console (/console) in a real browser: headless Debian Chromium driven by Playwright against a
+live gateway. One server and one browser page for the module; the tests run in order, each a step a
+user takes (sign in, upload, deploy, chat, keys, overview), and each writes its page's screenshot to
+docs/console/ (shown in the README)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from modelhost.api.console import CSP
+from modelhost.api.console import STATIC as CONSOLE_STATIC
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, bearer, push_folder_sync
+from tests.live import live_server
+
+CHROMIUM = shutil.which("chromium")
+NO_CHROMIUM = (
+    "Debian's chromium is not installed: `scripts/setup.sh dev` installs it when run as root "
+    "(apt-get install chromium)"
+)
+
+SHOTS = Path(__file__).resolve().parent.parent / "docs" / "console"
+XSS = "<img src=x onerror=alert(1)>"
+TIMEOUT_MS = 60_000  # a loaded machine (the whole suite on two cores) loads models slowly
+
+
+@dataclass
+class Console:
+    url: str
+    http: httpx.Client
+    page: Any
+    recipes: Path
+    dialogs: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    key: str = ""
+
+    def go(self, name: str) -> None:
+        self.page.click(f"#nav-{name}")
+        self.page.wait_for_selector(f"main[data-page='{name}']:not([data-ready='no'])")
+
+    def shot(self, name: str) -> None:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def png() -> bytes:
+    """A 64 x 48 picture of noise."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    picture = io.BytesIO()
+    Image.fromarray(np.random.default_rng(3).integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
+        picture, "PNG"
+    )
+    return picture.getvalue()
+
+
+@dataclass
+class Server:
+    url: str
+    http: httpx.Client
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One live gateway for the module; the meter bills every second (the overview's plot)."""
+    root = tmp_path_factory.mktemp("console")
+    database_url = f"sqlite:///{root / 'db.sqlite'}"
+    settings = make_settings(root, database_url, worker_threads=1, billing_tick_seconds=1)
+    with live_server(settings) as url, httpx.Client(base_url=url, timeout=60) as http:
+        yield Server(url, http)
+
+
+@pytest.fixture(scope="module")
+def console(server: Server, recipes: Path) -> Iterator[Console]:
+    if CHROMIUM is None:
+        pytest.skip(NO_CHROMIUM)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 860})
+        page.set_default_timeout(TIMEOUT_MS)
+        console = Console(server.url, server.http, page, recipes)
+        page.on("dialog", lambda dialog: (console.dialogs.append(dialog.message), dialog.dismiss()))
+        page.on("pageerror", lambda error: console.errors.append(str(error)))
+        page.on(
+            "console",
+            lambda msg: console.errors.append(msg.text) if "Content Security Policy" in msg.text else None,
+        )
+        yield console
+        browser.close()
+    assert not console.dialogs, console.dialogs
+
+
+def test_console_files_are_served_with_a_strict_csp_and_nothing_else(server: Server) -> None:
+    """No browser needed: the headers, the files, and what is not served."""
+    http = server.http
+    for path, kind in [
+        ("/console", "text/html"),
+        ("/console/js/app.js", "text/javascript"),
+        ("/console/js/pages/playground.js", "text/javascript"),
+        ("/console/console.css", "text/css"),
+    ]:
+        answer = http.get(path)
+        assert answer.status_code == 200, path
+        assert answer.headers["content-type"].startswith(kind)
+        assert answer.headers["content-security-policy"] == CSP
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["x-frame-options"] == "DENY"
+    assert http.get("/console/", follow_redirects=False).headers["location"] == "/console"
+    for missing in ("/console/../pyproject.toml", "/console/%2e%2e/api/console.py", "/console/js/missing.js"):
+        assert http.get(missing).status_code == 404, missing
+    paths = http.get("/openapi.json").json()["paths"]
+    assert not any(p.startswith("/console") for p in paths)
+    # what the playground builds its forms from: the tasks each endpoint serves
+    assert paths["/v1/embeddings"]["post"]["x-modelhost-pipelines"] == ["feature-extraction"]
+    assert paths["/v1/chat/completions"]["post"]["x-modelhost-pipelines"] == [
+        "text-generation",
+        "image-text-to-text",
+    ]
+    assert "x-modelhost-pipelines" not in paths["/v1/deployments"]["post"]
+    # no inline script or style anywhere (the CSP would block it), no HTML strings
+    page = http.get("/console").text
+    assert "<script>" not in page and "<style" not in page and "style=" not in page
+    sources = [p for p in (CONSOLE_STATIC / "js").rglob("*.js") if p.name != "dom.js"]
+    assert sources and not any("innerHTML" in p.read_text() for p in sources)
+
+
+def test_the_page_loads_under_its_csp_and_shows_nothing_without_a_key(console: Console) -> None:
+    page = console.page
+    response = page.goto(f"{console.url}/console")
+    assert response is not None and response.status == 200
+    assert response.headers["content-security-policy"] == CSP
+    page.wait_for_selector("#sign-in")
+    assert page.evaluate("typeof window.uPlot") == "function"  # the plot library, served from here
+    assert page.locator("#overview-deployments").count() == 0  # nothing shown without a key
+    console.shot("sign-in")
+
+
+def test_operator_creates_an_account_and_its_key_signs_in(console: Console) -> None:
+    page = console.page
+    console.go("operator")
+    page.fill("#admin-key", ADMIN_KEY)
+    page.click("#admin-form button")
+    page.fill("#account-name", "acme")
+    page.fill("#account-credits", "500")
+    page.click("#account-form button")
+    console.key = page.locator("#account-key").inner_text().strip()
+    assert console.key.startswith("mh-")
+    row = page.locator("#account-list tbody tr", has_text="acme")
+    row.locator("input").fill("25")
+    row.get_by_role("button", name="Add credits").click()
+    page.locator("#account-list tbody tr", has_text="525.0000").wait_for()
+    console.shot("operator")
+    # the key lives in sessionStorage only: no cookie, nothing in the URL
+    console.go("overview")
+    page.fill("#sign-in-key", "mh-wrong")
+    page.click("#sign-in button")
+    page.wait_for_selector("#sign-in-status .error")
+    page.fill("#sign-in-key", console.key)
+    page.click("#sign-in button")
+    page.wait_for_selector("#balance")
+    assert page.evaluate("sessionStorage.getItem('modelhost.accountKey')") == console.key
+    assert page.context.cookies() == []
+    assert console.key not in page.url
+
+
+def test_a_model_folder_uploads_with_progress_and_checksums(console: Console) -> None:
+    page = console.page
+    console.go("artifacts")
+    folder = console.recipes / "t11_text_generation_chat"
+    page.set_input_files("#artifact-folder", str(folder))
+    page.fill("#artifact-name", XSS)  # a name is text, never markup
+    page.select_option("#artifact-pipeline", "text-generation")
+    page.click("#artifact-upload")
+    page.wait_for_selector("#inspection-status")
+    assert page.locator("#inspection-status").inner_text() == f"{XSS}: ready"
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    rows = page.locator("tr.upload-file")
+    assert sorted(rows.nth(i).get_attribute("data-path") for i in range(rows.count())) == files
+    assert page.locator("tr.upload-file .ok").count() == len(files)  # every sha256 verified
+    assert page.eval_on_selector("#upload-total", "p => p.value === p.max && p.max > 0")
+    page.wait_for_selector("#artifact-list td:text-is('ready')")
+    assert page.locator("#artifact-list").inner_text().count(XSS) == 1
+    assert page.locator("img").count() == 0
+    console.shot("artifacts")
+
+
+def test_a_deployment_is_created_and_becomes_ready(console: Console) -> None:
+    page = console.page
+    console.go("deployments")
+    page.fill("#deploy-model", "chat")
+    page.select_option("#deploy-readiness", "warm")
+    page.click("#deploy-form button")
+    card = page.locator("section.deployment[data-model='chat']")
+    card.wait_for()
+    page.wait_for_selector("section.deployment[data-model='chat'][data-state='ready']", timeout=60_000)
+    assert "Replicas loaded: 1" in card.inner_text()
+    card.locator("select").select_option("hot")
+    card.locator("input[type=number]").nth(1).fill("2")
+    card.get_by_role("button", name="Apply").click()
+    card.locator(".ok", has_text="saved").wait_for()
+    listed = console.http.get("/v1/deployments", headers=bearer(console.key)).json()["data"]
+    assert [(d["readiness"], d["min_replicas"], d["max_replicas"]) for d in listed] == [("hot", 1, 2)]
+    page.wait_for_selector("section.deployment[data-model='chat'] .plots [data-points] canvas")
+    console.shot("deployments")
+
+
+def test_chat_streams_in_the_playground(console: Console) -> None:
+    page = console.page
+    console.go("playground")
+    page.wait_for_selector("#chat-input")
+    page.fill("#chat-max-tokens", "24")
+    page.fill("#chat-input", f"hello {XSS}")
+    page.click("#chat-send")
+    page.wait_for_selector("#chat-log .msg.assistant[data-done='yes']")
+    bubble = page.locator("#chat-log .msg.assistant")
+    assert int(bubble.get_attribute("data-chunks") or 0) >= 3  # role, streamed text, finish (and usage)
+    assert bubble.locator(".content").text_content()  # the model's text (a tiny random model's)
+    assert page.locator(".msg.user").inner_text() == f"hello {XSS}"
+    assert page.locator("img").count() == 0
+    console.shot("playground")
+
+
+def test_an_agent_run_streams_its_events_live_and_is_deleted(console: Console) -> None:
+    page = console.page
+    page.fill("#agent-name", XSS)
+    page.click("#agent-create")
+    page.wait_for_selector("#agent-status .ok")
+    page.click("#agent-run")
+    page.wait_for_selector("#agent-output[data-done='yes']")
+    types = page.locator("tr.agent-event").evaluate_all("rows => rows.map(r => r.dataset.type)")
+    assert types[0] == "run.created" and "message.delta" in types and types[-1] == "run.completed", types
+    assert page.locator("#agent-output").text_content()
+    row = page.locator("#agent-runs tr[data-status='completed']")
+    run_id = row.get_attribute("data-id")
+    row.get_by_role("button", name="Delete").click()
+    row.get_by_role("button", name="Confirm delete").click()
+    page.wait_for_selector(f"#agent-runs tr[data-id='{run_id}']", state="detached")
+    assert page.locator("#agent-choice").inner_text().startswith(XSS)
+    assert page.locator("img").count() == 0
+    console.shot("playground-agents")
+
+
+def test_a_scoped_key_is_created_shown_once_and_revoked(console: Console) -> None:
+    page = console.page
+    console.go("keys")
+    page.fill("#key-name", XSS)
+    page.check("#key-scoped")
+    page.check("input.key-deployment[data-model='chat']")
+    page.click("#key-form button")
+    secret = page.locator("#key-secret").inner_text().strip()
+    models = console.http.get("/v1/models", headers=bearer(secret))
+    assert [m["id"] for m in models.json()["data"]] == ["chat"]
+    row = page.locator("#key-list tr[data-revoked='no']", has_text=XSS)
+    assert row.locator("td").nth(1).inner_text() == "deployment"
+    console.shot("keys")
+    row.locator("button").click()
+    row.locator("button").click()  # the second click confirms (no dialog)
+    page.wait_for_selector("#key-list tr[data-revoked='yes']")
+    assert console.http.get("/v1/models", headers=bearer(secret)).status_code == 401
+
+
+def test_the_overview_draws_credits_per_day_and_lists_deployments(console: Console) -> None:
+    page = console.page
+    for _ in range(20):  # the meter bills every second here; the first bill may be a tick away
+        console.go("overview")
+        page.wait_for_selector("#overview-deployments tbody tr td")
+        if int(page.get_attribute("#usage-plot", "data-days") or 0) > 0:
+            break
+        page.wait_for_timeout(500)
+    assert int(page.get_attribute("#usage-plot", "data-days") or 0) >= 1  # a day billed
+    assert page.get_attribute("#usage-plot", "data-points") == "30"
+    canvas = page.locator("#usage-plot canvas")
+    assert canvas.count() == 1
+    drawn = page.evaluate(
+        """() => { const c = document.querySelector('#usage-plot canvas');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+        let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++; return n; }"""
+    )
+    assert drawn > 100
+    assert "chat" in page.locator("#overview-deployments").inner_text()
+    console.shot("overview")
+    assert page.locator("img").count() == 0
+    assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
+
+
+def test_any_task_gets_a_form_from_the_openapi_document_and_label_scores_as_bars(console: Console) -> None:
+    artifact = push_folder_sync(
+        console.http, console.key, console.recipes / "t15_text_classification", "text-classification"
+    )
+    created = console.http.post(
+        "/v1/deployments", json={"model": "sentiment", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.select_option("#task-endpoint", "/v1/classifications/text")
+    page.fill("#task-form textarea[name='inputs']", f"what a wonderful film {XSS}")
+    page.fill("#task-form input[name='top_k']", "2")
+    page.click("#task-send")
+    page.wait_for_selector("#task-bars tr")
+    assert page.locator("#task-bars tr").count() == 2
+    assert '"label"' in page.locator("#task-json").inner_text()
+    assert page.locator("img").count() == 0
+    console.shot("playground-task")
+
+
+def test_detection_boxes_are_drawn_over_the_image_given_as_a_file(console: Console) -> None:
+    artifact = push_folder_sync(
+        console.http, console.key, console.recipes / "t19_object_detection", "object-detection"
+    )
+    created = console.http.post(
+        "/v1/deployments", json={"model": "detector", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.set_input_files(
+        "input[name='inputs-file']",
+        {"name": "street.png", "mimeType": "image/png", "buffer": png()},
+    )
+    page.fill("#task-form input[name='threshold']", "0")
+    page.click("#task-send")
+    page.wait_for_selector("#task-boxes .box")
+    assert page.locator("#task-boxes .box").count() == page.locator("#task-bars tr").count() > 0
+    console.shot("playground-detection")
+
+
+def test_segments_are_tinted_over_the_image(console: Console) -> None:
+    artifact = push_folder_sync(
+        console.http,
+        console.key,
+        console.recipes / "t06_image_segmentation" / "segformer",
+        "image-segmentation",
+    )
+    created = console.http.post(
+        "/v1/deployments", json={"model": "segmenter", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.set_input_files(
+        "input[name='inputs-file']", {"name": "street.png", "mimeType": "image/png", "buffer": png()}
+    )
+    page.click("#task-send")
+    page.wait_for_selector("#task-masks")
+    assert page.locator(".masks .segment").count() >= 1
+    console.shot("playground-segmentation")
+
+
+def test_speech_plays_and_a_transcription_is_uploaded(console: Console) -> None:
+    import io
+    import math
+    import struct
+    import wave
+
+    page = console.page
+    ids = {}
+    for model, (folder, pipeline) in {
+        "voice": ("vits", "text-to-speech"),
+        "whisper": ("whisper", "automatic-speech-recognition"),
+    }.items():
+        artifact = push_folder_sync(
+            console.http, console.key, console.recipes / "t12_speech" / folder, pipeline
+        )
+        created = console.http.post(
+            "/v1/deployments", json={"model": model, "artifact_id": artifact}, headers=bearer(console.key)
+        )
+        assert created.status_code == 201, created.text
+        ids[model] = created.json()["id"]
+    console.go("playground")
+    page.select_option("#playground-deployment", ids["voice"])
+    page.fill("#task-form textarea[name='input']", "hello there")
+    page.click("#task-send")
+    page.wait_for_selector("#task-result audio")
+    assert page.get_attribute("#task-result audio", "src", timeout=1000).startswith("blob:")
+    console.shot("playground-speech")
+
+    clip = io.BytesIO()
+    with wave.open(clip, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(b"".join(struct.pack("<h", int(8000 * math.sin(i / 8))) for i in range(16000)))
+    page.select_option("#playground-deployment", ids["whisper"])
+    page.select_option("#task-endpoint", "/v1/audio/transcriptions")
+    page.set_input_files(
+        "input[name='file-file']", {"name": "clip.wav", "mimeType": "audio/wav", "buffer": clip.getvalue()}
+    )
+    page.click("#task-send")
+    page.wait_for_selector("#task-json, #task-text")
+    assert "text" in page.locator("#task-result").inner_text()
+
+
+def test_a_generated_image_is_previewed(console: Console) -> None:
+    folder = console.recipes / "t13_diffusers_sd"
+    artifact = push_folder_sync(console.http, console.key, folder, "text-to-image")
+    created = console.http.post(
+        "/v1/deployments", json={"model": "painter", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.fill("#task-form textarea[name='prompt']", "a red square")
+    page.select_option("#task-form select[name='response_format']", "b64_json")
+    page.fill("#task-form input[name='num_inference_steps']", "2")
+    page.click("#task-send")
+    page.wait_for_selector("#task-result img.answer-image", timeout=60_000)
+    page.wait_for_function(
+        "() => { const i = document.querySelector('#task-result img.answer-image'); "
+        "return i.complete && i.naturalWidth > 0; }"
+    )
+    console.shot("playground-image")
+
+
+def test_a_video_job_shows_its_progress_then_plays(console: Console) -> None:
+    folder = console.recipes / "t14_diffusers_text_to_video" / "text_to_video_sd"
+    artifact = push_folder_sync(console.http, console.key, folder, "text-to-video")
+    created = console.http.post(
+        "/v1/deployments", json={"model": "t2v", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.fill("#video-size", "32x32")
+    page.fill("#video-steps", "2")
+    page.click("#video-send")
+    page.wait_for_selector("#video-player video", timeout=60_000)
+    assert page.get_attribute("#video-player video", "src", timeout=1000).startswith("blob:")
+    assert page.locator("#video-status").inner_text() == "completed"
+    assert page.eval_on_selector("#video-progress", "p => p.value") == 100
+    console.shot("playground-video")
+
+
+def test_embeddings_show_a_similarity_matrix_and_a_deployment_is_deleted(console: Console) -> None:
+    artifact = push_folder_sync(
+        console.http, console.key, console.recipes / "t03_feature_extraction" / "st", "feature-extraction"
+    )
+    created = console.http.post(
+        "/v1/deployments", json={"model": "embedder", "artifact_id": artifact}, headers=bearer(console.key)
+    )
+    assert created.status_code == 201, created.text
+    page = console.page
+    console.go("playground")
+    page.select_option("#playground-deployment", created.json()["id"])
+    page.click("#embed-send")
+    matrix = page.locator("table.matrix")
+    matrix.wait_for()
+    assert matrix.locator("td").count() == 9  # three texts: a 3 x 3 cosine similarity matrix
+    assert matrix.locator("td").first.inner_text() == "1.000"
+    console.go("deployments")
+    card = page.locator("section.deployment[data-model='embedder']")
+    card.get_by_role("button", name="Delete").click()
+    card.get_by_role("button", name="Confirm delete").click()
+    card.wait_for(state="detached")
+    gone = console.http.get(f"/v1/deployments/{created.json()['id']}", headers=bearer(console.key))
+    assert gone.status_code == 404
+
+
+def test_a_revoked_key_signs_the_tab_out(console: Console) -> None:
+    created = console.http.post("/v1/keys", json={"name": "laptop"}, headers=bearer(console.key)).json()
+    page = console.page
+    page.click("#sign-out")
+    page.fill("#sign-in-key", created["api_key"])
+    page.click("#sign-in button")
+    page.wait_for_selector("main[data-ready='yes']")
+    assert page.evaluate("sessionStorage.getItem('modelhost.accountKey')") == created["api_key"]
+    revoked = console.http.delete(f"/v1/keys/{created['id']}", headers=bearer(console.key))
+    assert revoked.status_code == 200, revoked.text
+    console.go("keys")
+    page.wait_for_selector("#sign-in-status .error")
+    assert page.evaluate("sessionStorage.getItem('modelhost.accountKey')") is None
