@@ -14,6 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from modelhost.errors import InvalidRequest
+from modelhost.tasks.text2text_generation import Prompt, Seq2Seq, Translation
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, Gateway, assert_error, bearer
 from tests.live import live_server
@@ -63,7 +65,13 @@ def test_text2text_generation_equals_the_models_generate_for_one_text_and_for_a_
 
 def test_generate_kwargs_reach_generate_under_their_own_names(gw: Gateway) -> None:
     model, folder = t5(gw, "text2text-generation"), gw.recipes / "t22_text2text"
-    options = {"num_beams": 3, "no_repeat_ngram_size": 1, "min_new_tokens": 4, "length_penalty": 0.5}
+    options = {
+        "num_beams": 3,
+        "no_repeat_ngram_size": 1,
+        "min_new_tokens": 4,
+        "length_penalty": 0.5,
+        "repetition_penalty": 1.3,
+    }
     answer = gw.ok(
         "/v1/text/generation", model=model, inputs=TEXTS, generate_kwargs=options, max_new_tokens=7
     )
@@ -187,3 +195,24 @@ def test_translation_on_t5_needs_both_languages_or_neither(gw: Gateway) -> None:
         "/v1/text/translation", model=t5(gw, "translation"), inputs="hello", src_lang="English"
     )
     assert_error(response, 400, param="tgt_lang")
+
+
+class M2M100Tokenizer:
+    """What translation reads of transformers' `M2M100Tokenizer` (facebook/m2m100_*), which needs
+    sentencepiece, not installed here: its codes are `en`, `fr`, whose tokens `__en__`, `__fr__` sit after
+    the vocabulary, and the vocabulary knows no token `fr` (it reads as `<unk>`)."""
+
+    lang_code_to_id: dict[str, int] = {"en": 128, "fr": 129}
+    unk_token_id = 3
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return {"__en__": 128, "__fr__": 129}.get(token, self.unk_token_id)
+
+
+def test_m2m100s_own_tokenizer_forces_the_target_codes_token_not_the_code_read_as_a_word() -> None:
+    model = Seq2Seq(model=None, tokenizer=M2M100Tokenizer(), device="cpu")
+    prompt = Translation().prompt(model, {"src_lang": "en", "tgt_lang": "fr"})
+    assert prompt == Prompt(src_lang="en", generate=(("forced_bos_token_id", 129),))
+    with pytest.raises(InvalidRequest) as refused:
+        Translation().prompt(model, {"src_lang": "en", "tgt_lang": "__fr__"})
+    assert refused.value.param == "tgt_lang"

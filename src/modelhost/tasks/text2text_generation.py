@@ -8,10 +8,10 @@ The three differ only in the prompt and the answer's key:
   `summarize: `), whose generation settings (BART's beams and lengths) are the defaults;
 - translation: a multilingual tokenizer (NLLB, M2M100, mBART: language codes as special tokens) needs
   `src_lang` and `tgt_lang` among its codes; the source code goes in front of the text and the target
-  code is forced as the first generated token. Other models (T5, Marian) take the languages in the
-  prompt: `task_specific_params["translation_<src>_to_<tgt>"]` when the config has one (T5's `en` →
-  `de`), else `translate <src> to <tgt>: `; with no languages the text goes in as it is (a Marian model
-  translates one pair).
+  code's token is forced as the first generated token (M2M100's `fr` is the token `__fr__`). Other
+  models (T5, Marian) take the languages in the prompt: `task_specific_params["translation_<src>_to_
+  <tgt>"]` when the config has one (T5's `en` → `de`), else `translate <src> to <tgt>: `; with no
+  languages the text goes in as it is (a Marian model translates one pair).
 
 Items with equal options share one padded `generate` call.
 """
@@ -112,7 +112,7 @@ class Translation(Text2TextGeneration):
                         f"{', ...' if len(codes) > 8 else ''}).",
                         param=param,
                     )
-            forced = model.tokenizer.convert_tokens_to_ids(target)
+            forced = language_token_id(model.tokenizer, str(target))  # checked above
             return Prompt(src_lang=source, generate=(("forced_bos_token_id", forced),))
         if (source is None) != (target is None):
             missing = "src_lang" if source is None else "tgt_lang"
@@ -134,6 +134,15 @@ def language_codes(tokenizer: Any) -> frozenset[str]:
         return frozenset()
     named = {str(token) for token in tokenizer.special_tokens_map.values() if isinstance(token, str)}
     return frozenset(str(token) for token in tokenizer.all_special_tokens) - named
+
+
+def language_token_id(tokenizer: Any, code: str) -> int:
+    """The id of a language code's token: M2M100's table maps its codes (`fr`) to the ids of their
+    tokens (`__fr__`), which the vocabulary does not hold under the code; NLLB's codes are the tokens."""
+    table = getattr(tokenizer, "lang_code_to_id", None)
+    if isinstance(table, dict) and code in table:
+        return int(table[code])
+    return int(tokenizer.convert_tokens_to_ids(code))
 
 
 def _task_params(model: Seq2Seq, task: str) -> dict[str, Any]:
