@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from modelhost.errors import InvalidRequest
-from modelhost.tasks.text2text_generation import Prompt, Seq2Seq, Translation
+from modelhost.tasks.text2text_generation import Prompt, Seq2Seq, Text2TextGeneration, Translation
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, Gateway, assert_error, bearer
 from tests.live import live_server
@@ -85,6 +85,20 @@ def test_a_seeded_sampling_request_answers_what_generate_samples_with_that_seed(
     first, second = gw.ok("/v1/text/generation", **body), gw.ok("/v1/text/generation", **body)
     expected = generate(folder, TEXTS[1:], max_new_tokens=8, **sampling)
     assert first == second == [{"generated_text": expected[0]}]
+
+
+def test_a_seeded_request_batched_with_others_answers_as_it_does_alone(recipes: Path) -> None:
+    """Concurrent requests reach the worker as one batch; a seeded one must not share its call."""
+    handler = Text2TextGeneration()
+    model = handler.load(recipes / "t22_text2text", "cpu")
+    sampling = {"do_sample": True, "temperature": 1.7, "top_k": 0, "seed": 5}
+    seeded = {"inputs": TEXTS[1:], "max_new_tokens": 8, "generate_kwargs": sampling}
+    other = {**seeded, "inputs": TEXTS[:1]}
+    alone = handler.run(model, [seeded])
+    assert handler.run(model, [seeded, seeded]) == alone * 2
+    assert handler.run(model, [other, seeded])[1:] == alone
+    expected = generate(recipes / "t22_text2text", TEXTS[1:], max_new_tokens=8, **sampling)
+    assert alone == [{"results": [{"generated_text": expected[0]}]}]
 
 
 def test_summarization_prompts_with_the_configs_prefix_and_takes_its_generation_defaults(gw: Gateway) -> None:

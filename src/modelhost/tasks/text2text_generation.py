@@ -13,7 +13,9 @@ The three differ only in the prompt and the answer's key:
   <tgt>"]` when the config has one (T5's `en` → `de`), else `translate <src> to <tgt>: `; with no
   languages the text goes in as it is (a Marian model translates one pair).
 
-Items with equal options share one padded `generate` call.
+Items with equal options share one padded `generate` call, but a seeded item gets a call of its own:
+sampled tokens depend on the batch's size and on its neighbours, and a seed promises the same answer
+whatever else the worker is running (as diffusion's seeded items).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from modelhost.errors import InvalidRequest
 from modelhost.tasks import loader
-from modelhost.tasks.base import error_of, grouped
+from modelhost.tasks.base import error_of, options_key
 
 OPTIONS = ("max_new_tokens", "generate_kwargs", "src_lang", "tgt_lang")
 # the settings a config's task_specific_params may give `generate` as defaults (the caller's win)
@@ -73,7 +75,7 @@ class Text2TextGeneration:
     @torch.inference_mode()
     def run(self, model: Seq2Seq, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         outputs: list[dict[str, Any]] = [{} for _ in batch]
-        for indices in grouped(batch, OPTIONS).values():
+        for indices in _groups(batch):
             first = batch[indices[0]]
             try:
                 prompt = self.prompt(model, first)
@@ -122,6 +124,18 @@ class Translation(Text2TextGeneration):
         params = _task_params(model, f"translation_{source}_to_{target}")
         prefix = params.get("prefix", f"translate {source} to {target}: ")
         return Prompt(prefix, generate=tuple((k, v) for k, v in params.items() if k in TASK_DEFAULTS))
+
+
+def _groups(batch: list[dict[str, Any]]) -> list[list[int]]:
+    """Indices of the items that share a `generate` call: equal options, and no seed (a seeded item's
+    call holds its own texts only, so its answer never depends on what it was batched with)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, item in enumerate(batch):
+        key = options_key(item, OPTIONS)
+        if (item.get("generate_kwargs") or {}).get("seed") is not None:
+            key = (*key, index)
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
 
 
 def language_codes(tokenizer: Any) -> frozenset[str]:
