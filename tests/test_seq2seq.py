@@ -5,6 +5,8 @@ pipelines built."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from modelhost.artifacts.architectures import transformers_architectures
 from modelhost.errors import InvalidRequest
 from modelhost.tasks.text2text_generation import Prompt, Seq2Seq, Text2TextGeneration, Translation
 from tests.conftest import make_settings
@@ -230,3 +233,36 @@ def test_m2m100s_own_tokenizer_forces_the_target_codes_token_not_the_code_read_a
     with pytest.raises(InvalidRequest) as refused:
         Translation().prompt(model, {"src_lang": "en", "tgt_lang": "__fr__"})
     assert refused.value.param == "tgt_lang"
+
+
+SPEECH_SEQ2SEQ = ("VoxtralForConditionalGeneration", "Qwen2AudioForConditionalGeneration")
+
+
+@pytest.mark.parametrize("pipeline", ["summarization", "translation", "text2text-generation"])
+def test_the_three_tasks_take_text_encoder_decoders_and_not_the_speech_models_of_the_same_table(
+    pipeline: str,
+) -> None:
+    allowed = transformers_architectures(pipeline)
+    text = {"T5ForConditionalGeneration", "M2M100ForConditionalGeneration", "BartForConditionalGeneration"}
+    assert text | {"MarianMTModel"} <= allowed
+    assert not allowed & {*SPEECH_SEQ2SEQ, "GraniteSpeechForConditionalGeneration"}
+
+
+def test_inspection_refuses_a_speech_model_of_the_seq2seq_table_for_summarization(
+    gw: Gateway, tmp_path: Path
+) -> None:
+    folder = shutil.copytree(gw.recipes / "t22_text2text", tmp_path / "voxtral")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": [SPEECH_SEQ2SEQ[0]]}))
+    headers = bearer(gw.key)
+    created = gw.http.post(
+        "/v1/model-artifacts", json={"display_name": "voxtral", "pipeline": "summarization"}, headers=headers
+    ).json()
+    upload = gw.http.post(f"/v1/model-artifacts/{created['id']}/uploads", headers=headers).json()
+    base = f"/v1/model-artifacts/{created['id']}/uploads/{upload['upload_id']}"
+    for file in sorted(p for p in folder.iterdir() if p.is_file()):
+        assert gw.http.put(f"{base}/files/{file.name}", content=file.read_bytes(), headers=headers).is_success
+    artifact = gw.http.post(f"{base}/complete", headers=headers).json()["artifact"]
+    assert artifact["status"] == "failed"
+    assert artifact["error"]["code"] == "unsupported_architecture"
+    assert SPEECH_SEQ2SEQ[0] in artifact["error"]["message"]
