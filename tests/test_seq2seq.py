@@ -5,6 +5,8 @@ pipelines built."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,9 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from modelhost.artifacts.architectures import transformers_architectures
+from modelhost.errors import InvalidRequest
+from modelhost.tasks.text2text_generation import Prompt, Seq2Seq, Text2TextGeneration, Translation
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, Gateway, assert_error, bearer
 from tests.live import live_server
@@ -63,7 +68,13 @@ def test_text2text_generation_equals_the_models_generate_for_one_text_and_for_a_
 
 def test_generate_kwargs_reach_generate_under_their_own_names(gw: Gateway) -> None:
     model, folder = t5(gw, "text2text-generation"), gw.recipes / "t22_text2text"
-    options = {"num_beams": 3, "no_repeat_ngram_size": 1, "min_new_tokens": 4, "length_penalty": 0.5}
+    options = {
+        "num_beams": 3,
+        "no_repeat_ngram_size": 1,
+        "min_new_tokens": 4,
+        "length_penalty": 0.5,
+        "repetition_penalty": 1.3,
+    }
     answer = gw.ok(
         "/v1/text/generation", model=model, inputs=TEXTS, generate_kwargs=options, max_new_tokens=7
     )
@@ -77,6 +88,20 @@ def test_a_seeded_sampling_request_answers_what_generate_samples_with_that_seed(
     first, second = gw.ok("/v1/text/generation", **body), gw.ok("/v1/text/generation", **body)
     expected = generate(folder, TEXTS[1:], max_new_tokens=8, **sampling)
     assert first == second == [{"generated_text": expected[0]}]
+
+
+def test_a_seeded_request_batched_with_others_answers_as_it_does_alone(recipes: Path) -> None:
+    """Concurrent requests reach the worker as one batch; a seeded one must not share its call."""
+    handler = Text2TextGeneration()
+    model = handler.load(recipes / "t22_text2text", "cpu")
+    sampling = {"do_sample": True, "temperature": 1.7, "top_k": 0, "seed": 5}
+    seeded = {"inputs": TEXTS[1:], "max_new_tokens": 8, "generate_kwargs": sampling}
+    other = {**seeded, "inputs": TEXTS[:1]}
+    alone = handler.run(model, [seeded])
+    assert handler.run(model, [seeded, seeded]) == alone * 2
+    assert handler.run(model, [other, seeded])[1:] == alone
+    expected = generate(recipes / "t22_text2text", TEXTS[1:], max_new_tokens=8, **sampling)
+    assert alone == [{"results": [{"generated_text": expected[0]}]}]
 
 
 def test_summarization_prompts_with_the_configs_prefix_and_takes_its_generation_defaults(gw: Gateway) -> None:
@@ -187,3 +212,57 @@ def test_translation_on_t5_needs_both_languages_or_neither(gw: Gateway) -> None:
         "/v1/text/translation", model=t5(gw, "translation"), inputs="hello", src_lang="English"
     )
     assert_error(response, 400, param="tgt_lang")
+
+
+class M2M100Tokenizer:
+    """What translation reads of transformers' `M2M100Tokenizer` (facebook/m2m100_*), which needs
+    sentencepiece, not installed here: its codes are `en`, `fr`, whose tokens `__en__`, `__fr__` sit after
+    the vocabulary, and the vocabulary knows no token `fr` (it reads as `<unk>`)."""
+
+    lang_code_to_id: dict[str, int] = {"en": 128, "fr": 129}
+    unk_token_id = 3
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return {"__en__": 128, "__fr__": 129}.get(token, self.unk_token_id)
+
+
+def test_m2m100s_own_tokenizer_forces_the_target_codes_token_not_the_code_read_as_a_word() -> None:
+    model = Seq2Seq(model=None, tokenizer=M2M100Tokenizer(), device="cpu")
+    prompt = Translation().prompt(model, {"src_lang": "en", "tgt_lang": "fr"})
+    assert prompt == Prompt(src_lang="en", generate=(("forced_bos_token_id", 129),))
+    with pytest.raises(InvalidRequest) as refused:
+        Translation().prompt(model, {"src_lang": "en", "tgt_lang": "__fr__"})
+    assert refused.value.param == "tgt_lang"
+
+
+SPEECH_SEQ2SEQ = ("VoxtralForConditionalGeneration", "Qwen2AudioForConditionalGeneration")
+
+
+@pytest.mark.parametrize("pipeline", ["summarization", "translation", "text2text-generation"])
+def test_the_three_tasks_take_text_encoder_decoders_and_not_the_speech_models_of_the_same_table(
+    pipeline: str,
+) -> None:
+    allowed = transformers_architectures(pipeline)
+    text = {"T5ForConditionalGeneration", "M2M100ForConditionalGeneration", "BartForConditionalGeneration"}
+    assert text | {"MarianMTModel"} <= allowed
+    assert not allowed & {*SPEECH_SEQ2SEQ, "GraniteSpeechForConditionalGeneration"}
+
+
+def test_inspection_refuses_a_speech_model_of_the_seq2seq_table_for_summarization(
+    gw: Gateway, tmp_path: Path
+) -> None:
+    folder = shutil.copytree(gw.recipes / "t22_text2text", tmp_path / "voxtral")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": [SPEECH_SEQ2SEQ[0]]}))
+    headers = bearer(gw.key)
+    created = gw.http.post(
+        "/v1/model-artifacts", json={"display_name": "voxtral", "pipeline": "summarization"}, headers=headers
+    ).json()
+    upload = gw.http.post(f"/v1/model-artifacts/{created['id']}/uploads", headers=headers).json()
+    base = f"/v1/model-artifacts/{created['id']}/uploads/{upload['upload_id']}"
+    for file in sorted(p for p in folder.iterdir() if p.is_file()):
+        assert gw.http.put(f"{base}/files/{file.name}", content=file.read_bytes(), headers=headers).is_success
+    artifact = gw.http.post(f"{base}/complete", headers=headers).json()["artifact"]
+    assert artifact["status"] == "failed"
+    assert artifact["error"]["code"] == "unsupported_architecture"
+    assert SPEECH_SEQ2SEQ[0] in artifact["error"]["message"]

@@ -8,12 +8,14 @@ The three differ only in the prompt and the answer's key:
   `summarize: `), whose generation settings (BART's beams and lengths) are the defaults;
 - translation: a multilingual tokenizer (NLLB, M2M100, mBART: language codes as special tokens) needs
   `src_lang` and `tgt_lang` among its codes; the source code goes in front of the text and the target
-  code is forced as the first generated token. Other models (T5, Marian) take the languages in the
-  prompt: `task_specific_params["translation_<src>_to_<tgt>"]` when the config has one (T5's `en` →
-  `de`), else `translate <src> to <tgt>: `; with no languages the text goes in as it is (a Marian model
-  translates one pair).
+  code's token is forced as the first generated token (M2M100's `fr` is the token `__fr__`). Other
+  models (T5, Marian) take the languages in the prompt: `task_specific_params["translation_<src>_to_
+  <tgt>"]` when the config has one (T5's `en` → `de`), else `translate <src> to <tgt>: `; with no
+  languages the text goes in as it is (a Marian model translates one pair).
 
-Items with equal options share one padded `generate` call.
+Items with equal options share one padded `generate` call, but a seeded item gets a call of its own:
+sampled tokens depend on the batch's size and on its neighbours, and a seed promises the same answer
+whatever else the worker is running (as diffusion's seeded items).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from modelhost.errors import InvalidRequest
 from modelhost.tasks import loader
-from modelhost.tasks.base import error_of, grouped
+from modelhost.tasks.base import error_of, options_key
 
 OPTIONS = ("max_new_tokens", "generate_kwargs", "src_lang", "tgt_lang")
 # the settings a config's task_specific_params may give `generate` as defaults (the caller's win)
@@ -73,7 +75,7 @@ class Text2TextGeneration:
     @torch.inference_mode()
     def run(self, model: Seq2Seq, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         outputs: list[dict[str, Any]] = [{} for _ in batch]
-        for indices in grouped(batch, OPTIONS).values():
+        for indices in _groups(batch):
             first = batch[indices[0]]
             try:
                 prompt = self.prompt(model, first)
@@ -112,7 +114,7 @@ class Translation(Text2TextGeneration):
                         f"{', ...' if len(codes) > 8 else ''}).",
                         param=param,
                     )
-            forced = model.tokenizer.convert_tokens_to_ids(target)
+            forced = language_token_id(model.tokenizer, str(target))  # checked above
             return Prompt(src_lang=source, generate=(("forced_bos_token_id", forced),))
         if (source is None) != (target is None):
             missing = "src_lang" if source is None else "tgt_lang"
@@ -122,6 +124,18 @@ class Translation(Text2TextGeneration):
         params = _task_params(model, f"translation_{source}_to_{target}")
         prefix = params.get("prefix", f"translate {source} to {target}: ")
         return Prompt(prefix, generate=tuple((k, v) for k, v in params.items() if k in TASK_DEFAULTS))
+
+
+def _groups(batch: list[dict[str, Any]]) -> list[list[int]]:
+    """Indices of the items that share a `generate` call: equal options, and no seed (a seeded item's
+    call holds its own texts only, so its answer never depends on what it was batched with)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, item in enumerate(batch):
+        key = options_key(item, OPTIONS)
+        if (item.get("generate_kwargs") or {}).get("seed") is not None:
+            key = (*key, index)
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
 
 
 def language_codes(tokenizer: Any) -> frozenset[str]:
@@ -134,6 +148,15 @@ def language_codes(tokenizer: Any) -> frozenset[str]:
         return frozenset()
     named = {str(token) for token in tokenizer.special_tokens_map.values() if isinstance(token, str)}
     return frozenset(str(token) for token in tokenizer.all_special_tokens) - named
+
+
+def language_token_id(tokenizer: Any, code: str) -> int:
+    """The id of a language code's token: M2M100's table maps its codes (`fr`) to the ids of their
+    tokens (`__fr__`), which the vocabulary does not hold under the code; NLLB's codes are the tokens."""
+    table = getattr(tokenizer, "lang_code_to_id", None)
+    if isinstance(table, dict) and code in table:
+        return int(table[code])
+    return int(tokenizer.convert_tokens_to_ids(code))
 
 
 def _task_params(model: Seq2Seq, task: str) -> dict[str, Any]:
