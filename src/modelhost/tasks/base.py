@@ -76,3 +76,16 @@ def grouped(batch: list[dict[str, Any]], fields: tuple[str, ...]) -> dict[tuple[
     for index, item in enumerate(batch):
         groups.setdefault(options_key(item, fields), []).append(index)
     return groups
+
+
+def generate_groups(batch: list[dict[str, Any]], fields: tuple[str, ...]) -> list[list[int]]:
+    """Indices of the items that may share one `generate` call: equal options in `fields`, and no
+    `generate_kwargs.seed`. A seeded item's call holds its own inputs only: sampled tokens depend on the
+    batch's size and neighbours, and a seed promises the same answer whatever else the worker runs."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for index, item in enumerate(batch):
+        key = options_key(item, fields)
+        if (item.get("generate_kwargs") or {}).get("seed") is not None:
+            key = (*key, index)
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from modelhost.tasks import loader
-from modelhost.tasks.base import grouped
+from modelhost.tasks.base import generate_groups
 from modelhost.tasks.image_batches import decoded_images, image_warmup_item, spread_results
 
 # generate() options a caller may set; anything else (streamers, processors, …) is refused.
@@ -49,7 +49,7 @@ class ImageToText:
     def run(self, model: Captioner, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         outputs: list[dict[str, Any]] = [{} for _ in batch]
         decoded = decoded_images(batch, outputs)
-        for indices in grouped(batch, ("max_new_tokens", "generate_kwargs")).values():
+        for indices in generate_groups(batch, ("max_new_tokens", "generate_kwargs")):
             ready = [i for i in indices if i in decoded]
             if not ready:
                 continue

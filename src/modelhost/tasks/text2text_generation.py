@@ -28,7 +28,7 @@ import torch
 
 from modelhost.errors import InvalidRequest
 from modelhost.tasks import loader
-from modelhost.tasks.base import error_of, options_key
+from modelhost.tasks.base import error_of, generate_groups
 
 OPTIONS = ("max_new_tokens", "generate_kwargs", "src_lang", "tgt_lang")
 # the settings a config's task_specific_params may give `generate` as defaults (the caller's win)
@@ -75,7 +75,7 @@ class Text2TextGeneration:
     @torch.inference_mode()
     def run(self, model: Seq2Seq, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         outputs: list[dict[str, Any]] = [{} for _ in batch]
-        for indices in _groups(batch):
+        for indices in generate_groups(batch, OPTIONS):
             first = batch[indices[0]]
             try:
                 prompt = self.prompt(model, first)
@@ -124,18 +124,6 @@ class Translation(Text2TextGeneration):
         params = _task_params(model, f"translation_{source}_to_{target}")
         prefix = params.get("prefix", f"translate {source} to {target}: ")
         return Prompt(prefix, generate=tuple((k, v) for k, v in params.items() if k in TASK_DEFAULTS))
-
-
-def _groups(batch: list[dict[str, Any]]) -> list[list[int]]:
-    """Indices of the items that share a `generate` call: equal options, and no seed (a seeded item's
-    call holds its own texts only, so its answer never depends on what it was batched with)."""
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for index, item in enumerate(batch):
-        key = options_key(item, OPTIONS)
-        if (item.get("generate_kwargs") or {}).get("seed") is not None:
-            key = (*key, index)
-        groups.setdefault(key, []).append(index)
-    return list(groups.values())
 
 
 def language_codes(tokenizer: Any) -> frozenset[str]:
