@@ -1,4 +1,4 @@
-.PHONY: run test lint bench bench-gpu
+.PHONY: run test lint bench bench-gpu screenshots
 
 ## Install everything and start the service on the embedded defaults.
 run:
@@ -24,3 +24,8 @@ bench:
 bench-gpu:
 	bash scripts/setup.sh dev
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.generation --gpu
+
+## The console's screenshots in docs/console/ (shown in the README), taken by its browser tests.
+screenshots:
+	bash scripts/setup.sh dev
+	MODELHOST_CONSOLE_SCREENSHOTS=docs/console HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider tests/test_console.py

@@ -1,11 +1,14 @@
 """The web console (/console) in a real browser: headless Debian Chromium driven by Playwright against a
 live gateway. One server and one browser page for the module; the tests run in order, each a step a
-user takes (sign in, upload, deploy, chat, keys, overview), and each writes its page's screenshot to
-docs/console/ (shown in the README)."""
+user takes (sign in, upload, deploy, chat, keys, overview), and each takes its page's screenshot: into
+docs/console/ (shown in the README) with `make screenshots`, which sets MODELHOST_CONSOLE_SCREENSHOTS, else
+into a temporary folder, so that a test run leaves the checkout as it was."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +29,9 @@ NO_CHROMIUM = (
     "(apt-get install chromium)"
 )
 
-SHOTS = Path(__file__).resolve().parent.parent / "docs" / "console"
+SHOTS = Path(
+    os.environ.get("MODELHOST_CONSOLE_SCREENSHOTS") or Path(tempfile.gettempdir()) / "modelhost-console-shots"
+)
 XSS = "<img src=x onerror=alert(1)>"
 TIMEOUT_MS = 60_000  # a loaded machine (the whole suite on two cores) loads models slowly
 
