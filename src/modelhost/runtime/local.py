@@ -58,6 +58,7 @@ class LocalProcessReplica:
         self.load_seconds: float | None = None
         self.shared_meter: str | None = None  # this server's process: billed on a meter of its own
         self.failure: str | None = None  # a worker that exits died: a replacement is started
+        self._gone_reported = False
 
     @property
     def alive(self) -> bool:
@@ -68,6 +69,14 @@ class LocalProcessReplica:
             and self._connection is not None
             and self._connection.alive
         )
+
+    def _report_gone(self) -> None:
+        """The worker's `live*` gauges stop counting: once, as soon as its exit is seen. A second, later
+        call could name a pid the system has since given to another worker (pids wrap at 32768 on many
+        machines, threads included) and erase that live worker's gauges."""
+        if not self._gone_reported:
+            self._gone_reported = True
+            process_gone(self.pid)
 
     @property
     def pid(self) -> int | None:
@@ -104,6 +113,7 @@ class LocalProcessReplica:
             self._process = await start_worker(
                 args, {**os.environ, **WORKER_ENV}, theirs, listener, preload=settings.worker_preload
             )
+            self._gone_reported = False
         finally:
             theirs.close()  # the worker holds its ends now; ours alone tells it we are alive
             listener.close()
@@ -163,7 +173,7 @@ class LocalProcessReplica:
         if self._connection is not None:
             self._connection.close()
         self._path.unlink(missing_ok=True)
-        process_gone(self.pid)
+        self._report_gone()
 
     async def detach(self) -> None:
         """The process is this server's alone: it stops with it."""
@@ -175,7 +185,8 @@ class LocalProcessReplica:
     def stats(self) -> ReplicaStats:
         return ReplicaStats(
             pid=self.pid,
-            rss_bytes=rss_bytes(self.pid),
+            # a worker that exited is measured as nothing: its pid may already be another process's
+            rss_bytes=rss_bytes(self.pid if self._process and self._process.returncode is None else None),
             load_seconds=self.load_seconds,
             in_flight=self.in_flight,
         )
@@ -183,7 +194,7 @@ class LocalProcessReplica:
     async def _watch(self) -> None:
         assert self._process is not None
         code = await self._process.wait()
-        process_gone(self._process.pid)
+        self._report_gone()
         if self._connection is not None:
             self._connection.close()
         if not self._stopping:
