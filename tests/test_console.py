@@ -50,6 +50,22 @@ class Console:
         self.page.click(f"#nav-{name}")
         self.page.wait_for_selector(f"main[data-page='{name}']:not([data-ready='no'])")
 
+    def deploy(self, folder: Path, pipeline: str, model: str) -> str:
+        """Push a tiny model and deploy it through the API (the browser steps test doing it by hand)."""
+        artifact = push_folder_sync(self.http, self.key, folder, pipeline)
+        created = self.http.post(
+            "/v1/deployments", json={"model": model, "artifact_id": artifact}, headers=bearer(self.key)
+        )
+        assert created.status_code == 201, created.text
+        deployment_id: str = created.json()["id"]
+        return deployment_id
+
+    def playground(self, deployment_id: str) -> Any:
+        """The playground, on that deployment; its page."""
+        self.go("playground")
+        self.page.select_option("#playground-deployment", deployment_id)
+        return self.page
+
     def shot(self, name: str) -> None:
         SHOTS.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
@@ -301,16 +317,8 @@ def test_the_overview_draws_credits_per_day_and_lists_deployments(console: Conso
 
 
 def test_any_task_gets_a_form_from_the_openapi_document_and_label_scores_as_bars(console: Console) -> None:
-    artifact = push_folder_sync(
-        console.http, console.key, console.recipes / "t15_text_classification", "text-classification"
-    )
-    created = console.http.post(
-        "/v1/deployments", json={"model": "sentiment", "artifact_id": artifact}, headers=bearer(console.key)
-    )
-    assert created.status_code == 201, created.text
-    page = console.page
-    console.go("playground")
-    page.select_option("#playground-deployment", created.json()["id"])
+    folder = console.recipes / "t15_text_classification"
+    page = console.playground(console.deploy(folder, "text-classification", "sentiment"))
     page.select_option("#task-endpoint", "/v1/classifications/text")
     page.fill("#task-form textarea[name='inputs']", f"what a wonderful film {XSS}")
     page.fill("#task-form input[name='top_k']", "2")
@@ -323,16 +331,8 @@ def test_any_task_gets_a_form_from_the_openapi_document_and_label_scores_as_bars
 
 
 def test_detection_boxes_are_drawn_over_the_image_given_as_a_file(console: Console) -> None:
-    artifact = push_folder_sync(
-        console.http, console.key, console.recipes / "t19_object_detection", "object-detection"
-    )
-    created = console.http.post(
-        "/v1/deployments", json={"model": "detector", "artifact_id": artifact}, headers=bearer(console.key)
-    )
-    assert created.status_code == 201, created.text
-    page = console.page
-    console.go("playground")
-    page.select_option("#playground-deployment", created.json()["id"])
+    folder = console.recipes / "t19_object_detection"
+    page = console.playground(console.deploy(folder, "object-detection", "detector"))
     page.set_input_files(
         "input[name='inputs-file']",
         {"name": "street.png", "mimeType": "image/png", "buffer": png()},
@@ -345,19 +345,8 @@ def test_detection_boxes_are_drawn_over_the_image_given_as_a_file(console: Conso
 
 
 def test_segments_are_tinted_over_the_image(console: Console) -> None:
-    artifact = push_folder_sync(
-        console.http,
-        console.key,
-        console.recipes / "t06_image_segmentation" / "segformer",
-        "image-segmentation",
-    )
-    created = console.http.post(
-        "/v1/deployments", json={"model": "segmenter", "artifact_id": artifact}, headers=bearer(console.key)
-    )
-    assert created.status_code == 201, created.text
-    page = console.page
-    console.go("playground")
-    page.select_option("#playground-deployment", created.json()["id"])
+    folder = console.recipes / "t06_image_segmentation" / "segformer"
+    page = console.playground(console.deploy(folder, "image-segmentation", "segmenter"))
     page.set_input_files(
         "input[name='inputs-file']", {"name": "street.png", "mimeType": "image/png", "buffer": png()}
     )
@@ -379,14 +368,7 @@ def test_speech_plays_and_a_transcription_is_uploaded(console: Console) -> None:
         "voice": ("vits", "text-to-speech"),
         "whisper": ("whisper", "automatic-speech-recognition"),
     }.items():
-        artifact = push_folder_sync(
-            console.http, console.key, console.recipes / "t12_speech" / folder, pipeline
-        )
-        created = console.http.post(
-            "/v1/deployments", json={"model": model, "artifact_id": artifact}, headers=bearer(console.key)
-        )
-        assert created.status_code == 201, created.text
-        ids[model] = created.json()["id"]
+        ids[model] = console.deploy(console.recipes / "t12_speech" / folder, pipeline, model)
     console.go("playground")
     page.select_option("#playground-deployment", ids["voice"])
     page.fill("#task-form textarea[name='input']", "hello there")
@@ -413,14 +395,7 @@ def test_speech_plays_and_a_transcription_is_uploaded(console: Console) -> None:
 
 def test_a_generated_image_is_previewed(console: Console) -> None:
     folder = console.recipes / "t13_diffusers_sd"
-    artifact = push_folder_sync(console.http, console.key, folder, "text-to-image")
-    created = console.http.post(
-        "/v1/deployments", json={"model": "painter", "artifact_id": artifact}, headers=bearer(console.key)
-    )
-    assert created.status_code == 201, created.text
-    page = console.page
-    console.go("playground")
-    page.select_option("#playground-deployment", created.json()["id"])
+    page = console.playground(console.deploy(folder, "text-to-image", "painter"))
     page.fill("#task-form textarea[name='prompt']", "a red square")
     page.select_option("#task-form select[name='response_format']", "b64_json")
     page.fill("#task-form input[name='num_inference_steps']", "2")
@@ -435,14 +410,7 @@ def test_a_generated_image_is_previewed(console: Console) -> None:
 
 def test_a_video_job_shows_its_progress_then_plays(console: Console) -> None:
     folder = console.recipes / "t14_diffusers_text_to_video" / "text_to_video_sd"
-    artifact = push_folder_sync(console.http, console.key, folder, "text-to-video")
-    created = console.http.post(
-        "/v1/deployments", json={"model": "t2v", "artifact_id": artifact}, headers=bearer(console.key)
-    )
-    assert created.status_code == 201, created.text
-    page = console.page
-    console.go("playground")
-    page.select_option("#playground-deployment", created.json()["id"])
+    page = console.playground(console.deploy(folder, "text-to-video", "t2v"))
     page.fill("#video-size", "32x32")
     page.fill("#video-steps", "2")
     page.click("#video-send")
@@ -454,16 +422,9 @@ def test_a_video_job_shows_its_progress_then_plays(console: Console) -> None:
 
 
 def test_embeddings_show_a_similarity_matrix_and_a_deployment_is_deleted(console: Console) -> None:
-    artifact = push_folder_sync(
-        console.http, console.key, console.recipes / "t03_feature_extraction" / "st", "feature-extraction"
-    )
-    created = console.http.post(
-        "/v1/deployments", json={"model": "embedder", "artifact_id": artifact}, headers=bearer(console.key)
-    )
-    assert created.status_code == 201, created.text
-    page = console.page
-    console.go("playground")
-    page.select_option("#playground-deployment", created.json()["id"])
+    folder = console.recipes / "t03_feature_extraction" / "st"
+    deployment_id = console.deploy(folder, "feature-extraction", "embedder")
+    page = console.playground(deployment_id)
     page.click("#embed-send")
     matrix = page.locator("table.matrix")
     matrix.wait_for()
@@ -474,7 +435,7 @@ def test_embeddings_show_a_similarity_matrix_and_a_deployment_is_deleted(console
     card.get_by_role("button", name="Delete").click()
     card.get_by_role("button", name="Confirm delete").click()
     card.wait_for(state="detached")
-    gone = console.http.get(f"/v1/deployments/{created.json()['id']}", headers=bearer(console.key))
+    gone = console.http.get(f"/v1/deployments/{deployment_id}", headers=bearer(console.key))
     assert gone.status_code == 404
 
 
