@@ -68,9 +68,7 @@ class Text2TextGeneration:
 
     def prompt(self, model: Seq2Seq, item: dict[str, Any]) -> Prompt:
         """The prompt of an item's group; raises `InvalidRequest` for options the model cannot take."""
-        params = _task_params(model, self.task)
-        prefix = params.get("prefix", getattr(model.model.config, "prefix", None) or "")
-        return Prompt(prefix, generate=tuple((k, v) for k, v in params.items() if k in TASK_DEFAULTS))
+        return _task_prompt(model, self.task, getattr(model.model.config, "prefix", None) or "")
 
     @torch.inference_mode()
     def run(self, model: Seq2Seq, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -121,9 +119,7 @@ class Translation(Text2TextGeneration):
             raise InvalidRequest("Give both `src_lang` and `tgt_lang`, or neither.", param=missing)
         if source is None:
             return super().prompt(model, item)
-        params = _task_params(model, f"translation_{source}_to_{target}")
-        prefix = params.get("prefix", f"translate {source} to {target}: ")
-        return Prompt(prefix, generate=tuple((k, v) for k, v in params.items() if k in TASK_DEFAULTS))
+        return _task_prompt(model, f"translation_{source}_to_{target}", f"translate {source} to {target}: ")
 
 
 def language_codes(tokenizer: Any) -> frozenset[str]:
@@ -147,10 +143,14 @@ def language_token_id(tokenizer: Any, code: str) -> int:
     return int(tokenizer.convert_tokens_to_ids(code))
 
 
-def _task_params(model: Seq2Seq, task: str) -> dict[str, Any]:
+def _task_prompt(model: Seq2Seq, task: str, default_prefix: str) -> Prompt:
+    """The prompt of the config's `task_specific_params[task]` (its prefix, its generation defaults), or
+    `default_prefix` where the config has none for `task` ("": none)."""
     params = getattr(model.model.config, "task_specific_params", None) or {}
     found = params.get(task) if task else None
-    return dict(found) if isinstance(found, dict) else {}
+    given: dict[str, Any] = dict(found) if isinstance(found, dict) else {}
+    prefix = given.get("prefix", default_prefix)
+    return Prompt(prefix, generate=tuple((k, v) for k, v in given.items() if k in TASK_DEFAULTS))
 
 
 def _generate(model: Seq2Seq, texts: list[str], prompt: Prompt, item: dict[str, Any]) -> list[str]:

@@ -65,10 +65,12 @@ class TextGeneration:
 
     def start(self, state: ChatModel, request_id: int, request: dict[str, Any]) -> None:
         """Queue a request in the engine; InvalidRequest (a 400 for its caller) if it cannot run."""
-        prompt, prompt_param = _prompt(state, request)
         images: dict[str, Any] | None = None
-        if request.get("images"):
+        if request.get("images"):  # the processor's prompt, not the tokenizer's: built once, here
             prompt, images = _vision_prompt(state, request)
+            prompt_param = "messages"
+        else:
+            prompt, prompt_param = _prompt(state, request)
         params = _params(state, request.get("params", {}), len(prompt), prompt_param)
         constraint = None
         if request.get("grammar"):
