@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import text
 
 from modelhost.api.app import create_app
@@ -12,7 +16,7 @@ from modelhost.config import Settings
 from modelhost.container import Services
 from modelhost.store import migrate
 from modelhost.store.db import Database
-from tests.conftest import make_settings
+from tests.conftest import TEST_SUITE_SETTINGS, make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer
 
 
@@ -98,3 +102,27 @@ async def test_admin_routes_are_off_without_an_admin_key(tmp_path: Path, sqlite_
         assert "MODELHOST_ADMIN_KEY" in assert_error(response, 401, type_="InvalidAPIKeyError")["message"]
     finally:
         services.close()
+
+
+def _admin_key_seen_in(folder: Path, env: dict[str, str]) -> str:
+    """What a fresh process started in `folder` (as the tests start servers) takes as the admin key."""
+    code = "from modelhost.config import Settings; print(Settings().admin_key_value)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=folder, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_tests_and_their_servers_read_no_env_file_and_none_of_the_callers_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make run` writes the operator's admin key into the checkout's `.env`; `make test` after it must
+    not see it (nor a `MODELHOST_*` the caller exported)."""
+    (tmp_path / ".env").write_text("MODELHOST_ADMIN_KEY=mh-admin-from-make-run\n")
+    assert not [name for name in os.environ if name.startswith("MODELHOST_") and name != "MODELHOST_ENV_FILE"
+                and not name.startswith(TEST_SUITE_SETTINGS)]  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert Settings().admin_key is None
+    assert _admin_key_seen_in(tmp_path, dict(os.environ)) == "None"
+    # what the tests are kept from: a process with the ordinary environment reads the file
+    ordinary = {name: value for name, value in os.environ.items() if name != "MODELHOST_ENV_FILE"}
+    assert _admin_key_seen_in(tmp_path, ordinary) == "mh-admin-from-make-run"

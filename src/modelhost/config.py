@@ -6,6 +6,7 @@ directory. Setting `MODELHOST_DATABASE_URL=postgresql+psycopg://...` switches to
 
 from __future__ import annotations
 
+import os
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
@@ -15,10 +16,17 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def env_file() -> str | None:
+    """The settings file: `.env` in the working directory, another one named by `MODELHOST_ENV_FILE`, or
+    none when that is empty. The test suite sets it empty, so that the `.env` that `make run` writes into
+    the checkout (the operator's admin key) never reaches the tests' servers."""
+    return os.environ.get("MODELHOST_ENV_FILE", ".env") or None
+
+
 class Settings(BaseSettings):
     """Operator settings. Every field maps to `MODELHOST_<NAME>`."""
 
-    model_config = SettingsConfigDict(env_prefix="MODELHOST_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="MODELHOST_", env_file=env_file(), extra="ignore")
 
     data_dir: Path = Field(
         default=Path("modelhost-data"), description="Artifacts, blobs and the SQLite file."
