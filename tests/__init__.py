@@ -1,0 +1,12 @@
+"""The test suite. Imported before any test module or conftest, so this is where the tests' environment is
+made their own: nothing of the caller's `MODELHOST_*` settings (but the suite's own `MODELHOST_TEST_*`
+and `MODELHOST_CONSOLE_SCREENSHOTS`) and no `.env` file, such as the one `make run` writes into the
+checkout, reaches the tests or the servers they start. It runs before modelhost is imported: the settings
+class reads `MODELHOST_ENV_FILE` then."""
+
+import os
+
+TEST_SUITE_SETTINGS = ("MODELHOST_TEST_", "MODELHOST_CONSOLE_SCREENSHOTS")
+for _name in [n for n in os.environ if n.startswith("MODELHOST_") and not n.startswith(TEST_SUITE_SETTINGS)]:
+    del os.environ[_name]
+os.environ["MODELHOST_ENV_FILE"] = ""

@@ -12,14 +12,6 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# The tests' settings are their own: nothing of the caller's `MODELHOST_*` environment (but the test
-# suite's own `MODELHOST_TEST_*` and `MODELHOST_CONSOLE_SCREENSHOTS`) and no `.env` file, such as the one
-# `make run` writes into the checkout, reaches them or the servers they start. Done before modelhost is
-# imported: the settings class reads `MODELHOST_ENV_FILE` then.
-TEST_SUITE_SETTINGS = ("MODELHOST_TEST_", "MODELHOST_CONSOLE_SCREENSHOTS")
-for _name in [n for n in os.environ if n.startswith("MODELHOST_") and not n.startswith(TEST_SUITE_SETTINGS)]:
-    del os.environ[_name]
-os.environ["MODELHOST_ENV_FILE"] = ""
 
 from modelhost.api.app import create_app
 from modelhost.config import Settings

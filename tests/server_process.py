@@ -59,8 +59,9 @@ def processes(module: str, marker: str = "") -> list[int]:
 class ServerProcess:
     """Start, kill and restart a gateway process on fixed data (same data dir and database)."""
 
-    def __init__(self, data_dir: Path, database_url: str, **env: str) -> None:
+    def __init__(self, data_dir: Path, database_url: str, log_level: str = "warning", **env: str) -> None:
         self.port = free_port()
+        self.log_level = log_level
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
             **os.environ,
@@ -76,7 +77,7 @@ class ServerProcess:
     def start(self, timeout: float = 60.0) -> None:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "modelhost.cli.main", "serve", "--log-level", "warning"],
+                [sys.executable, "-m", "modelhost.cli.main", "serve", "--log-level", self.log_level],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

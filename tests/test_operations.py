@@ -16,7 +16,8 @@ from modelhost.config import Settings
 from modelhost.container import Services
 from modelhost.store import migrate
 from modelhost.store.db import Database
-from tests.conftest import TEST_SUITE_SETTINGS, make_settings
+from tests import TEST_SUITE_SETTINGS
+from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer
 
 

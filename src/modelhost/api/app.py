@@ -19,7 +19,7 @@ import modelhost
 from modelhost.api import console
 from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.fastlane import FastLane
-from modelhost.api.middleware import BodySizeLimit, KeyFirst, RequestMetrics
+from modelhost.api.middleware import BodySizeLimit, KeyFirst, RequestIds, RequestMetrics
 from modelhost.api.routes import (
     admin,
     agents,
@@ -126,6 +126,7 @@ def create_app(
     app.add_middleware(BodySizeLimit, limit_for=body_limit)
     app.add_middleware(KeyFirst, fastapi=app)  # the key before the body: 401 comes before 413 and 400
     app.add_middleware(RequestMetrics)
+    app.add_middleware(RequestIds)  # outermost: every answer and log line of the request carries its ID
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

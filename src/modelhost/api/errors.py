@@ -19,13 +19,18 @@ from modelhost.errors import (
     NotFound,
     PayloadTooLarge,
 )
+from modelhost.logs import REQUEST_ID
 from modelhost.protocol.errors import ErrorBody
 
 log = logging.getLogger("modelhost.api")
 
 
 def error_response(exc: ModelhostError) -> JSONResponse:
-    body = {"error": {"message": exc.message, "type": exc.error_type, "code": exc.code, "param": exc.param}}
+    message = exc.message
+    request_id = REQUEST_ID.get()
+    if exc.status_code >= 500 and request_id is not None:  # ours to look into: the ID finds its log lines
+        message = f"{message} (request ID {request_id})"
+    body = {"error": {"message": message, "type": exc.error_type, "code": exc.code, "param": exc.param}}
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers or None)
 
 

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: the API key first, body size limit and Prometheus request metrics."""
+"""Pure ASGI middleware: request IDs, the API key first, body size limit and Prometheus request metrics."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from modelhost.api.deps import Guard, guard_of
 from modelhost.api.errors import error_response
 from modelhost.api.fastlane import routes_of
 from modelhost.errors import InvalidRequest, ModelhostError, PayloadTooLarge
+from modelhost.logs import HEADER, REQUEST_ID, request_id_for
 from modelhost.metrics import Counter, Histogram
 
 REQUESTS = Counter(
@@ -161,3 +162,31 @@ class RequestMetrics:
             method = scope.get("method", "")
             REQUESTS.labels(method, template, str(status)).inc()
             LATENCY.labels(method, template).observe(time.perf_counter() - started)
+
+
+class RequestIds:
+    """Outermost: gives the request its ID (the caller's `X-Request-Id` when well-formed, else a new one),
+    holds it in `logs.REQUEST_ID` while the request runs (log lines and 5xx messages name it) and sends it
+    back as `x-request-id` on every answer, errors included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = next((value for name, value in scope["headers"] if name == b"x-request-id"), None)
+        request_id = request_id_for(incoming.decode("latin-1") if incoming is not None else None)
+        header = (HEADER.encode(), request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            REQUEST_ID.reset(token)

@@ -88,6 +88,7 @@ def _run(
     import uvicorn
 
     from modelhost.api.app import create_app, settle_memory
+    from modelhost.logs import log_config
     from modelhost.server.supervisor import ControlServer, Gateways, SupervisorServer
 
     listener = _listen(host, port)
@@ -111,7 +112,9 @@ def _run(
             await control.stop()
 
     app = create_app(settings, around=with_gateways if workers > 1 else None)
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(
+        app, log_level=log_level, log_config=log_config(log_level), timeout_graceful_shutdown=30
+    )
     server = SupervisorServer(config, gateways)
     if beside is not None:
         threading.Thread(target=beside, name="beside", daemon=True).start()
