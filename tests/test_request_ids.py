@@ -46,13 +46,13 @@ async def test_every_answer_carries_a_new_request_id(
     assert first.headers["x-request-id"] != second.headers["x-request-id"]
 
 
-@pytest.mark.parametrize("incoming", ["trace-0af7651916cd43dd8448eb21", "b5b7c1e2-3d4f-4a5b-8c9d-0e1f2a3b4c5d"])
+@pytest.mark.parametrize("incoming", ["trace-0af76519", "b5b7c1e2-3d4f-4a5b-8c9d-0e1f2a3b4c5d"])
 async def test_a_well_formed_incoming_request_id_is_kept(client: httpx.AsyncClient, incoming: str) -> None:
     response = await client.get("/health", headers={"X-Request-Id": incoming})
     assert response.headers["x-request-id"] == incoming
 
 
-@pytest.mark.parametrize("incoming", ["", "has spaces", "x" * 129, "back\\slash", "-leading-dash", "<script>"])
+@pytest.mark.parametrize("incoming", ["", "has spaces", "x" * 129, "a\\b", "-leading", "<script>"])
 async def test_a_malformed_incoming_request_id_is_replaced(client: httpx.AsyncClient, incoming: str) -> None:
     response = await client.get("/health", headers={"X-Request-Id": incoming})
     assert OURS.fullmatch(response.headers["x-request-id"])
