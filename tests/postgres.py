@@ -32,41 +32,68 @@ def _as_postgres(args: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
 
 
+class PostgresServer:
+    """A throwaway server in a temp dir, on a free port; `stop` and `start` it again on the same data (a
+    database outage, for the fault tests)."""
+
+    def __init__(self) -> None:
+        self.bindir = _bindir()
+        self.root = Path(tempfile.mkdtemp(prefix="modelhost-pg-"))
+        self.data, sockets = self.root / "data", self.root / "sock"
+        sockets.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres")
+            shutil.chown(sockets, "postgres")
+        self.port = _free_port()
+        subprocess.run(
+            _as_postgres(
+                [
+                    str(self.bindir / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                ]
+            ),
+            check=True,
+            capture_output=True,
+        )
+        self._options = (
+            f"-p {self.port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        )
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._ctl("-o", self._options, "-l", str(self.root / "log"), "-w", "start")
+        _wait_ready(self.port)
+
+    def stop(self, mode: str = "fast") -> None:
+        """`fast`: sessions are ended at once (their transactions roll back); `immediate`: no shutdown."""
+        self._ctl("-m", mode, "stop")
+
+    def remove(self) -> None:
+        subprocess.run(self._command("-m", "immediate", "stop"), capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _command(self, *args: str) -> list[str]:
+        return _as_postgres([str(self.bindir / "pg_ctl"), "-D", str(self.data), *args])
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(self._command(*args), check=True, capture_output=True)
+
+
 @contextmanager
 def postgres_server() -> Iterator[str]:
     """Start a server on a free port in a temp dir; yield its base URL (no database name)."""
-    bindir = _bindir()
-    root = Path(tempfile.mkdtemp(prefix="modelhost-pg-"))
-    data, sockets = root / "data", root / "sock"
-    sockets.mkdir()
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres")
-        shutil.chown(sockets, "postgres")
-    port = _free_port()
-    subprocess.run(
-        _as_postgres(
-            [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"]
-        ),
-        check=True,
-        capture_output=True,
-    )
-    options = f"-p {port} -k {sockets} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-    subprocess.run(
-        _as_postgres(
-            [str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"]
-        ),
-        check=True,
-        capture_output=True,
-    )
+    server = PostgresServer()
     try:
-        _wait_ready(port)
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
+        server.start()
+        yield server.url
     finally:
-        subprocess.run(
-            _as_postgres([str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
-            capture_output=True,
-        )
-        shutil.rmtree(root, ignore_errors=True)
+        server.remove()
 
 
 def _wait_ready(port: int, timeout: float = 30.0) -> None:

@@ -1,15 +1,24 @@
-"""A small TTL + LRU cache, so hot paths (key lookups, routing) do not hit the database per request."""
+"""A small TTL + LRU cache, so hot paths (key lookups, routing) do not hit the database per request.
+
+While the database is unavailable, a cache also answers with what it last read (`fresh_or_stale`): a
+key, a deployment list or a balance this gateway already knew keeps serving inference through a
+database restart. What was forgotten on purpose (a revoked key, a changed deployment) is not kept.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from modelhost.errors import DatabaseUnavailable
+
 V = TypeVar("V")
+log = logging.getLogger("modelhost.cache")
 
 _MISSING = object()
 
@@ -17,7 +26,9 @@ _MISSING = object()
 class TTLCache(Generic[V]):
     """Thread-safe; entries expire after `ttl` seconds; the oldest are evicted beyond `max_entries`.
 
-    A cached `None` is a remembered miss: a flood of wrong keys costs no database queries either.
+    A cached `None` is a remembered miss: a flood of wrong keys costs no database queries either. An
+    expired entry is no longer found by `get` but is kept (until evicted or forgotten) as the value to
+    fall back on while the database is unavailable.
     """
 
     def __init__(self, ttl: float, max_entries: int, clock: Callable[[], float] = time.monotonic) -> None:
@@ -38,10 +49,27 @@ class TTLCache(Generic[V]):
                 return False, None
             expires, value = entry
             if expires <= self._clock():
-                del self._entries[key]
                 return False, None
             self._entries.move_to_end(key)
             return True, value
+
+    def fresh_or_stale(self, key: str, load: Callable[[], V | None]) -> V | None:
+        """`load()` and keep what it read; while the database is unavailable, the last value read for
+        `key`, however old, when there is one (else `DatabaseUnavailable` goes on to the caller)."""
+        try:
+            value = load()
+        except DatabaseUnavailable:
+            with self._lock:
+                entry = self._entries.get(key)
+            if entry is None:
+                raise
+            log.warning("database unavailable: serving a cached entry read %.0fs ago", self._age(entry[0]))
+            return entry[1]
+        self.put(key, value)
+        return value
+
+    def _age(self, expires: float) -> float:
+        return max(0.0, self._clock() - (expires - self.ttl))
 
     def put(self, key: str, value: V | None) -> None:
         if self.ttl <= 0:

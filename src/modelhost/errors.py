@@ -126,6 +126,17 @@ class ServiceUnavailable(ModelhostError):
     code = "service_unavailable"
 
 
+class DatabaseUnavailable(ServiceUnavailable):
+    """The database cannot be reached (stopped, restarting, out of connections). Nothing was written:
+    the transaction that met it rolled back. Retry after a moment; the pool reconnects by itself."""
+
+    def __init__(self, message: str = "The database is unavailable; retry shortly.") -> None:
+        super().__init__(message, headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
+
+
+DATABASE_RETRY_AFTER_SECONDS = 2
+
+
 class GatewayTimeout(ModelhostError):
     status_code = 504
     error_type = "timeout_error"

@@ -18,7 +18,7 @@ import time
 from typing import Any, Protocol
 
 from modelhost.agents.store import AgentStore, RunJob
-from modelhost.clock import heartbeat_seconds
+from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.generation.chat import ChatChoice, chat_requests
@@ -159,7 +159,7 @@ class AgentRunner:
         started = time.monotonic()
         while True:
             await asyncio.sleep(heartbeat_seconds(self.settings.agent_run_stale_seconds))
-            if not await asyncio.to_thread(self.store.beat, run_id, self.name):
+            if not await beat(lambda: self.store.beat(run_id, self.name)):
                 log.debug("run %s stopped elsewhere after %.1fs", run_id, time.monotonic() - started)
                 task = self._running.get(run_id)
                 if task is not None:

@@ -45,19 +45,21 @@ class Authenticator:
         return self.cache.get(hash_secret(token))
 
     def load(self, token: str) -> Principal | None:
-        """Database lookup by hash; result cached (misses too)."""
+        """Database lookup by hash; result cached (misses too). While the database is unavailable, a key
+        this gateway has read before is still known (and a revoked one, forgotten, is not)."""
         digest = hash_secret(token)
+        return self.cache.fresh_or_stale(digest, lambda: self._read(digest))
+
+    def _read(self, digest: str) -> Principal | None:
         with self._database.transaction() as session:
             row = session.scalars(select(ApiKey).where(ApiKey.secret_hash == digest)).one_or_none()
-            principal: Principal | None = None
             if (
                 row is not None
                 and row.revoked_at is None
                 and hmac.compare_digest(row.secret_hash.encode(), digest.encode())
             ):
-                principal = _principal_of(row)
-        self.cache.put(digest, principal)
-        return principal
+                return _principal_of(row)
+        return None
 
     def forget_all(self) -> None:
         """Called on revocation: the next request of any key re-reads the database."""

@@ -51,11 +51,16 @@ class Billing:
     # ---------------------------------------------------------------- balances
 
     def balance_micro(self, account_id: str) -> int:
-        """Granted − spent, read now (and remembered for the request path)."""
+        """Granted − spent, read now (and remembered for the request path; the last one read while the
+        database is unavailable)."""
+        balance = self._balances.fresh_or_stale(account_id, lambda: self._read_balance(account_id))
+        assert balance is not None  # `_read_balance` reads a number or raises
+        return balance
+
+    def _read_balance(self, account_id: str) -> int:
         balance = self.ledger.balances_micro([account_id]).get(account_id)
         if balance is None:
             raise NotFound("Account not found", param="account_id", code="account_not_found")
-        self._balances.put(account_id, balance)
         return balance
 
     def _cached_balance(self, account_id: str) -> int | None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
 from typing import Any, Protocol
 
-from modelhost.clock import heartbeat_seconds
+from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.jobs.videos import PREVIEWS, Claimed, VideoJobs
@@ -140,13 +141,13 @@ class VideoRunner:
                 progress = event.get("progress")
                 if progress is not None and progress != last_progress:
                     last_progress = progress
-                    if not await asyncio.to_thread(self.jobs.beat, job.id, self.name, progress):
+                    if not await beat(functools.partial(self.jobs.beat, job.id, self.name, progress)):
                         return  # deleted: closing the stream stops the generation in the worker
 
     async def _heartbeat(self, job_id: str) -> None:
         """Beat while loading the model or encoding, when no progress events come."""
         while True:
             await asyncio.sleep(heartbeat_seconds(self.settings.video_job_stale_seconds))
-            if not await asyncio.to_thread(self.jobs.beat, job_id, self.name):
+            if not await beat(lambda: self.jobs.beat(job_id, self.name)):
                 self._stop(job_id)
                 return

@@ -133,12 +133,13 @@ class DeploymentService:
             return list(session.scalars(query.order_by(Deployment.created_at, Deployment.id)))
 
     def refs(self, account_id: str) -> list[DeploymentRef]:
-        """The lightweight view routing needs, for every deployment of the account."""
+        """The lightweight view routing needs, for every deployment of the account (the last one read
+        while the database is unavailable)."""
         found, cached = self._refs_cache.get(account_id)
         if found and cached is not None:
             return cached
-        refs = self._load_refs(account_id)
-        self._refs_cache.put(account_id, refs)
+        refs = self._refs_cache.fresh_or_stale(account_id, lambda: self._load_refs(account_id))
+        assert refs is not None  # `_load_refs` reads a list
         return refs
 
     def cached_refs(self, account_id: str) -> list[DeploymentRef] | None:

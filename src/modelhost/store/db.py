@@ -1,4 +1,10 @@
-"""Engine and transactions. One `Database` per process (per gateway), shared by all services."""
+"""Engine and transactions. One `Database` per process (per gateway), shared by all services.
+
+While the database cannot be reached (a PostgreSQL restart, a network cut), every transaction fails with
+`DatabaseUnavailable` (503, `Retry-After`), never an unexpected error: the transaction rolled back, so
+a write that answered 503 did not happen. The pool checks each connection before use (`pool_pre_ping`)
+and opens new ones when the server is back: nothing has to be restarted.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,15 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
+
+from modelhost.errors import DatabaseUnavailable
+
+# How long opening a PostgreSQL connection may take: a server that does not answer (rather than refusing)
+# must not hold a request for the operating system's TCP timeout (minutes).
+CONNECT_TIMEOUT_SECONDS = 5
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -37,14 +51,29 @@ class Database:
             )
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:
-            self.engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+            self.engine = create_engine(
+                url,
+                pool_pre_ping=True,
+                pool_size=10,
+                max_overflow=20,
+                pool_timeout=10,
+                connect_args={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+            )
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        """One unit of work: commit on success, roll back on any exception."""
-        with self._sessions() as session, session.begin():
-            yield session
+        """One unit of work: commit on success, roll back on any exception; `DatabaseUnavailable` when the
+        database cannot be reached."""
+        try:
+            with self._sessions() as session, session.begin():
+                yield session
+        except (OperationalError, InterfaceError, PoolTimeout) as exc:
+            raise DatabaseUnavailable() from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:  # the connection broke under the statement
+                raise DatabaseUnavailable() from exc
+            raise
 
     def ping(self) -> bool:
         try:

@@ -7,7 +7,7 @@ from starlette.concurrency import run_in_threadpool
 
 from modelhost.api.deps import ServicesDep
 from modelhost.api.errors import error_responses
-from modelhost.errors import ServiceUnavailable
+from modelhost.errors import DATABASE_RETRY_AFTER_SECONDS, ServiceUnavailable
 from modelhost.metrics import CONTENT_TYPE_LATEST, exposition
 from modelhost.store import migrate
 
@@ -34,7 +34,9 @@ async def ready(services: ServicesDep) -> dict[str, str]:
 
     problem = await run_in_threadpool(check)
     if problem:
-        raise ServiceUnavailable(f"Not ready: {problem}.")
+        raise ServiceUnavailable(
+            f"Not ready: {problem}.", headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)}
+        )
     return {"status": "ready"}
 
 

@@ -1,0 +1,158 @@
+"""Faults under load cost nothing but a clear 503: a database restart (issue 28).
+
+A real `modelhost serve` on its own PostgreSQL, which the test stops (`pg_ctl stop -m fast`, as a restart
+or a failover does) under 8 embedding clients, a key-creation loop and a readiness probe, then starts
+again. Every request gets an HTTP answer (no connection closed without one), every failure is a 503 with
+the error body and `Retry-After`, inference with a known key goes on from what the gateway holds, and
+the keys whose creation answered 201 are exactly the keys the database has afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import ADMIN_KEY, bearer, push_folder
+from tests.postgres import PostgresServer, create_database
+from tests.server_process import ServerProcess
+
+ST_RECIPE = ("t03_feature_extraction", "st")
+OUTAGE_SECONDS = 5.0
+
+
+@pytest.fixture
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@dataclass
+class Tally:
+    """What one kind of request got back: statuses, and the requests that got no answer at all."""
+
+    statuses: Counter[int] = field(default_factory=Counter)
+    no_answer: list[str] = field(default_factory=list)
+    failures: list[httpx.Response] = field(default_factory=list)
+    answered_at: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, response: httpx.Response) -> None:
+        self.statuses[response.status_code] += 1
+        self.answered_at.append((time.monotonic(), response.status_code))
+        if response.status_code >= 500:
+            self.failures.append(response)
+
+
+async def keep_asking(
+    tally: Tally, stop: asyncio.Event, url: str, send: str, body: dict[str, object] | None, key: str
+) -> list[httpx.Response]:
+    """One client on one keep-alive connection, request after request until `stop`."""
+    answers = []
+    async with httpx.AsyncClient(base_url=url, timeout=30, headers=bearer(key)) as client:
+        while not stop.is_set():
+            method, path = send.split(" ", 1)
+            try:
+                response = await client.request(method, path, json=body)
+            except httpx.TransportError as exc:  # a connection closed without an answer
+                tally.no_answer.append(repr(exc))
+                await asyncio.sleep(0.05)
+                continue
+            tally.add(response)
+            answers.append(response)
+            if path == "/ready":
+                await asyncio.sleep(0.1)
+    return answers
+
+
+def assert_clear_503(response: httpx.Response) -> None:
+    assert response.status_code == 503, response.text
+    assert response.headers.get("retry-after", "").isdigit(), response.headers
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "code", "param"}
+    assert error["code"] == "service_unavailable", error
+
+
+async def test_a_database_restart_under_load_costs_nothing_but_clear_503s(
+    tmp_path: Path, recipes: Path, postgres: PostgresServer
+) -> None:
+    # caches trusted for a second only: the outage outlasts them, so what the gateway holds is stale
+    server = ServerProcess(
+        tmp_path / "data",
+        create_database(postgres.url, "faults"),
+        MODELHOST_KEY_CACHE_SECONDS="1",
+        MODELHOST_BILLING_BALANCE_CACHE_SECONDS="1",
+    )
+    server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            created = await http.post("/v1/admin/accounts", json={"name": "a"}, headers=bearer(ADMIN_KEY))
+            key = created.json()["api_key"]
+            pushed = await push_folder(http, key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
+            body = {"model": "m", "artifact_id": pushed["artifact"]["id"], "readiness": "hot"}
+            deployed = await http.post("/v1/deployments", json=body, headers=bearer(key))
+            assert deployed.status_code == 201, deployed.text
+            embed = {"model": "m", "input": "a database restart"}
+            deadline = time.monotonic() + 60
+            while (await http.post("/v1/embeddings", json=embed, headers=bearer(key))).status_code != 200:
+                assert time.monotonic() < deadline, "the deployment did not become ready"
+                await asyncio.sleep(0.1)
+
+        embeddings, keys, ready = Tally(), Tally(), Tally()
+        stop = asyncio.Event()
+        clients = [
+            *(keep_asking(embeddings, stop, server.url, "POST /v1/embeddings", embed, key) for _ in range(8)),
+            keep_asking(keys, stop, server.url, "POST /v1/keys", {"name": "fault-drill"}, key),
+            keep_asking(ready, stop, server.url, "GET /ready", None, key),
+        ]
+        running = asyncio.gather(*clients)
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(postgres.stop, "fast")
+        down = time.monotonic()
+        await asyncio.sleep(OUTAGE_SECONDS)
+        outage = (down, time.monotonic())
+        await asyncio.to_thread(postgres.start)
+        back = time.monotonic()
+        before = keys.statuses[201]
+        while keys.statuses[201] == before and time.monotonic() - back < 30:
+            await asyncio.sleep(0.05)
+        recovered_after = time.monotonic() - back
+        await asyncio.sleep(1.0)
+        stop.set()
+        answers = await running
+        seen = {"embeddings": embeddings.statuses, "keys": keys.statuses, "ready": ready.statuses}
+        print(f"\n{seen}; writes recovered {recovered_after:.2f}s after the database came back")
+
+        for tally in (embeddings, keys, ready):
+            assert not tally.no_answer, tally.no_answer[:3]  # every request was answered
+            assert 500 not in tally.statuses, tally.failures[0].text
+            for failure in tally.failures:
+                assert_clear_503(failure)
+        # inference with a known key went on from what the gateway holds, through the whole outage
+        assert set(embeddings.statuses) == {200}, embeddings.statuses
+        during = [at for at, _ in embeddings.answered_at if outage[0] + 1.5 < at < outage[1]]
+        assert len(during) >= 8, during  # answered while the database was down, caches expired
+        # writes met the outage (the drill did happen), then recovered by themselves
+        assert keys.statuses[503] > 0 and set(keys.statuses) == {201, 503}, keys.statuses
+        assert recovered_after < 10, recovered_after
+        assert ready.statuses[503] > 0 and "database" in ready.failures[0].json()["error"]["message"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            assert (await http.get("/ready")).status_code == 200
+            listed = (await http.get("/v1/keys", headers=bearer(key))).json()["data"]
+        stored = {k["id"] for k in listed if k["name"] == "fault-drill"}
+        answered = {r.json()["id"] for r in answers[8] if r.status_code == 201}
+        assert stored == answered  # a 201 is durable; a 503 did not happen
+    finally:
+        with contextlib.suppress(Exception):
+            server.terminate(timeout=30)
+        server.stop()
