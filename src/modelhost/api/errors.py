@@ -25,8 +25,7 @@ log = logging.getLogger("modelhost.api")
 
 
 def error_response(exc: ModelhostError) -> JSONResponse:
-    body = {"error": {"message": exc.message, "type": exc.error_type, "code": exc.code, "param": exc.param}}
-    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers or None)
+    return JSONResponse(exc.body(), status_code=exc.status_code, headers=exc.headers or None)
 
 
 # the names pydantic gives the members of a union in an error's location: never a field of ours
