@@ -140,6 +140,17 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout(se
     assert KEEP_ALIVE - 0.1 < waited < KEEP_ALIVE + SLACK
 
 
+def test_a_connection_answered_before_its_body_ended_closes_when_idle(server: ServerProcess) -> None:
+    head = post_head("/v1/admin/accounts", 10).replace(ADMIN_KEY.encode(), b"wrong-key")
+    with connect(server, head) as sock:
+        answer, _ = one_response(sock)
+        assert answer.startswith(b"HTTP/1.1 401 ")
+        sock.sendall(b'{"name": 1}'[:10])  # the rest of the body, after the answer
+        rest, waited = until_closed(sock)
+    assert rest == b""
+    assert waited < KEEP_ALIVE + SLACK
+
+
 def test_a_next_request_stalled_on_a_kept_alive_connection_is_answered_408(server: ServerProcess) -> None:
     with connect(server, b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n") as sock:
         one_response(sock)
@@ -147,6 +158,15 @@ def test_a_next_request_stalled_on_a_kept_alive_connection_is_answered_408(serve
         response, waited = until_closed(sock)
     assert response.startswith(b"HTTP/1.1 408 ")
     assert HEADER_TIMEOUT - 0.1 < waited < HEADER_TIMEOUT + SLACK
+
+
+def test_a_blank_line_on_a_kept_alive_connection_does_not_hold_it_open(server: ServerProcess) -> None:
+    with connect(server, b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n") as sock:
+        one_response(sock)
+        sock.sendall(b"\r\n")  # ends uvicorn's keep-alive wait, yet begins no request for the parser
+        response, waited = until_closed(sock)
+    assert response.startswith(b"HTTP/1.1 408 ")
+    assert waited < HEADER_TIMEOUT + SLACK
 
 
 def test_a_connection_beyond_the_cap_is_answered_503_with_retry_after(tmp_path: Path) -> None:

@@ -95,9 +95,10 @@ def raise_open_files_limit() -> None:
 class ClientGuard(HttpToolsProtocol):
     """uvicorn's HTTP/1.1 protocol with a deadline for the headers and for each read of a body.
 
-    One timer per connection, armed at the connection's start and at a request's first byte (headers),
-    re-armed at the end of the headers and at each piece of body (body), cancelled when the request is
-    complete. While a request is answered there is no deadline: the model may take its time.
+    One timer per connection, armed at the connection's start and at the first bytes after a request
+    (headers), re-armed at the end of the headers and at each piece of body (body), cancelled when the
+    request is complete. While a request is answered there is no deadline: the model may take its time.
+    Between requests uvicorn's keep-alive timer closes an idle connection.
     """
 
     header_timeout: ClassVar[float]
@@ -112,7 +113,6 @@ class ClientGuard(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        self._app = self.app
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting: Waiting | None = None
         self._over_capacity = False
@@ -132,12 +132,12 @@ class ClientGuard(HttpToolsProtocol):
         self._expect(None)  # the connection is the WebSocket protocol's from now on
         super().handle_websocket_upgrade()
 
-    # ---- the parser's callbacks
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if self._waiting is None:  # a fresh connection's deadline runs from the connection's start
+    def data_received(self, data: bytes) -> None:
+        if self._waiting is None:  # the next request's first byte (a fresh connection waits from its start)
             self._expect("header")
+        super().data_received(data)
+
+    # ---- the parser's callbacks
 
     def on_headers_complete(self) -> None:
         self._expect("body")
@@ -153,6 +153,13 @@ class ClientGuard(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._expect(None)
         super().on_message_complete()
+        if self.cycle.response_complete and not self.transport.is_closing():
+            # answered before the body ended (a 401 to an upload, say): the body's bytes ended uvicorn's
+            # keep-alive wait, begun at the answer, and nothing else would close the idle connection
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
     # ---- the deadline
 
@@ -166,20 +173,26 @@ class ClientGuard(HttpToolsProtocol):
             timeout = self.header_timeout if waiting == "header" else self.body_timeout
             self._deadline = self.loop.call_later(timeout, self._timed_out)
 
+    def _held_up_here(self, waiting: Waiting) -> bool:
+        """Whether the server, not the client, is why nothing arrives: a pipelined request waits for the
+        answer to the one before; a body waits while the app has not read what came (reading paused)
+        or has not yet asked for it (`Expect: 100-continue`)."""
+        cycle = self.cycle
+        if waiting == "header":
+            return cycle is not None and not cycle.response_complete
+        return self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue)
+
     def _timed_out(self) -> None:
         waiting, cycle = self._waiting, self.cycle
         self._deadline = None
-        if self.transport.is_closing() or waiting is None:
+        if waiting is None or self.transport.is_closing():
             return
-        answering = cycle is not None and not cycle.response_complete
-        if waiting == "header" and answering:
-            return self._expect("header")  # a pipelined request waits for the answer to the one before
-        if waiting == "body" and (self.flow.read_paused or cycle.waiting_for_100_continue):
-            return self._expect("body")  # the server, not the client, is holding the body up
+        if self._held_up_here(waiting):
+            return self._expect(waiting)
         TIMEOUTS.labels(kind=waiting).inc()
         log.debug("%s: the request's %s stopped arriving; closing", self.client, waiting)
         if waiting == "body":
-            if cycle.response_started:
+            if cycle is None or cycle.response_started:
                 self.transport.close()  # too late for a 408; the client sees the connection close
                 return
             cycle.disconnected = True  # the app's receive() now says so, and its answer goes nowhere
