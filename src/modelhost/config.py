@@ -121,6 +121,28 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = Field(
         default=60.0, gt=0, description="How often expired work is cleaned up."
     )
+    # ---------------------------------------------------------------- HTTP server (docs/operations.md)
+    http_header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="A request's headers must be complete this long after the connection opened (or, on a "
+        "kept-alive connection, after the request's first byte); else 408 and the connection closes.",
+    )
+    http_body_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest wait for the next bytes of a request body (idle time between reads, not the "
+        "whole body: big uploads may be slow); else 408 and the connection closes.",
+    )
+    http_keep_alive_seconds: int = Field(
+        default=5, ge=1, description="An idle kept-alive connection closes after this."
+    )
+    http_max_connections: int = Field(
+        default=4096,
+        ge=1,
+        description="Open HTTP connections one gateway process serves; a connection opened beyond them is "
+        "answered 503 with Retry-After and closed.",
+    )
     # ---------------------------------------------------------------- media inputs (docs/media.md)
     media_root: Path | None = Field(
         default=None,

@@ -29,6 +29,12 @@ class ModelhostError(Exception):
             self.code = code
         self.headers = headers or {}
 
+    def body(self) -> dict[str, dict[str, str | None]]:
+        """The one error body, `{"error": {message, type, code, param}}`: what the API's handler and the
+        HTTP server's own answers (`server.http`) send."""
+        detail = {"message": self.message, "type": self.error_type, "code": self.code, "param": self.param}
+        return {"error": detail}
+
 
 def param_name(field: str, index: int, count: int) -> str:
     """`image` for a single input, `image[2]` for the third of a list: what error bodies name."""
@@ -86,6 +92,14 @@ class MethodNotAllowed(ModelhostError):
     status_code = 405
     error_type = "invalid_request_error"
     code = "method_not_allowed"
+
+
+class RequestTimeout(ModelhostError):
+    """The client stopped sending a request's headers or body (answered by the HTTP server itself)."""
+
+    status_code = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class Conflict(ModelhostError):

@@ -26,11 +26,10 @@ log = logging.getLogger("modelhost.api")
 
 
 def error_response(exc: ModelhostError) -> JSONResponse:
-    message = exc.message
+    body = exc.body()
     request_id = REQUEST_ID.get()
     if exc.status_code >= 500 and request_id is not None:  # ours to look into: the ID finds its log lines
-        message = f"{message} (request ID {request_id})"
-    body = {"error": {"message": message, "type": exc.error_type, "code": exc.code, "param": exc.param}}
+        body["error"]["message"] = f"{exc.message} (request ID {request_id})"
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers or None)
 
 

@@ -85,12 +85,11 @@ def _run(
     folder: Path,
     beside: Callable[[], None] | None,
 ) -> None:
-    import uvicorn
-
     from modelhost.api.app import create_app, settle_memory
-    from modelhost.logs import log_config
+    from modelhost.server.http import raise_open_files_limit, uvicorn_config
     from modelhost.server.supervisor import ControlServer, Gateways, SupervisorServer
 
+    raise_open_files_limit()  # before the other gateway processes start: they inherit it
     listener = _listen(host, port)
     if settings.runtime == "local" and settings.worker_preload:
         from modelhost.runtime.spawn import warm_template
@@ -112,9 +111,7 @@ def _run(
             await control.stop()
 
     app = create_app(settings, around=with_gateways if workers > 1 else None)
-    config = uvicorn.Config(
-        app, log_level=log_level, log_config=log_config(log_level), timeout_graceful_shutdown=30
-    )
+    config = uvicorn_config(app, settings, log_level)
     server = SupervisorServer(config, gateways)
     if beside is not None:
         threading.Thread(target=beside, name="beside", daemon=True).start()

@@ -21,7 +21,7 @@ import uvicorn
 from modelhost.api.app import create_app, settle_memory
 from modelhost.config import get_settings
 from modelhost.container import Services
-from modelhost.logs import log_config
+from modelhost.server.http import uvicorn_config
 from modelhost.server.remote import RemoteRuns, RemoteRuntime, RemoteVideos, SupervisorLink, share_caches
 
 
@@ -59,13 +59,7 @@ async def _serve(listener: socket.socket, control: str, log_level: str) -> None:
     share_caches(services.caches, link.tell)
     link.on_forget = lambda cache, key: services.caches[cache].forget_here(key)
     runtime.start(welcome.replicas)
-    config = uvicorn.Config(
-        create_app(services=services),
-        log_level=log_level,
-        log_config=log_config(log_level),
-        timeout_graceful_shutdown=30,
-        lifespan="on",
-    )
+    config = uvicorn_config(create_app(services=services), settings, log_level, lifespan="on")
     server = uvicorn.Server(config)
     settle_memory()
     try:
