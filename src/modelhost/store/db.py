@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,7 +10,29 @@ from typing import Any
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+
+from modelhost.errors import InsufficientStorage, is_disk_full
+
+log = logging.getLogger("modelhost.store")
+
+SQLITE_FULL = "database or disk is full"
+POSTGRES_DISK_FULL = "53100"  # SQLSTATE of psycopg's `DiskFull`
+
+
+def database_full(exc: BaseException) -> bool:
+    """The database could not write for want of disk: SQLite's SQLITE_FULL, PostgreSQL's DiskFull, or
+    the driver's own `OSError` (ENOSPC) wrapped by SQLAlchemy."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    orig = exc.orig
+    return (
+        is_disk_full(orig)
+        or getattr(orig, "sqlite_errorname", None) == "SQLITE_FULL"
+        or SQLITE_FULL in str(orig)
+        or getattr(orig, "sqlstate", None) == POSTGRES_DISK_FULL
+    )
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -42,9 +65,21 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        """One unit of work: commit on success, roll back on any exception."""
-        with self._sessions() as session, session.begin():
-            yield session
+        """One unit of work: commit on success, roll back on any exception.
+
+        A database out of disk is a 507 `insufficient_storage` (the transaction rolled back, so nothing
+        was half-written); the same call succeeds once the operator frees space."""
+        try:
+            with self._sessions() as session, session.begin():
+                yield session
+        except DBAPIError as exc:
+            if not database_full(exc):
+                raise
+            log.warning("the database is full: a write failed (%s)", exc.orig)
+            raise InsufficientStorage(
+                "Insufficient storage: the database is full, so nothing was written. "
+                "Retry once space has been freed."
+            ) from exc
 
     def ping(self) -> bool:
         try:
