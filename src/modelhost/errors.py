@@ -140,7 +140,7 @@ class InsufficientStorage(ModelhostError):
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def is_disk_full(exc: BaseException) -> bool:
+def is_disk_full(exc: BaseException | None) -> bool:
     """An `OSError` saying the disk (or the user's quota on it) is full."""
     return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 
