@@ -10,7 +10,7 @@ import os
 import sqlite3
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from modelhost.config import Settings
+from modelhost.store.db import database_full
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.live import live_server
@@ -30,7 +31,7 @@ MB = 1024 * 1024
 
 
 class SmallDisk:
-    """A tmpfs of DISK_MB; `fill(leave)` takes all its free space but `leave` bytes, `free()` gives it back."""
+    """A tmpfs of DISK_MB: `fill(leave)` takes its free space but `leave` bytes; `free()` gives it back."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -69,16 +70,6 @@ def disk(tmp_path: Path) -> Iterator[SmallDisk]:
         subprocess.run(["umount", "-l", str(root)], check=False)
 
 
-@pytest.fixture(scope="module")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Only the two tiny models these tests upload (building every recipe takes minutes)."""
-    from tests.tiny_models import BUILDERS
-
-    out = tmp_path_factory.mktemp("full-disk-models")
-    BUILDERS["t03_feature_extraction"](out / "t03_feature_extraction")
-    return out
-
-
 def disk_settings(
     disk: SmallDisk, tmp_path: Path, database_on_disk: bool = False, **overrides: Any
 ) -> Settings:
@@ -106,6 +97,20 @@ def open_upload(http: httpx.Client, key: str, pipeline: str = "feature-extractio
     return artifact["id"], f"/v1/model-artifacts/{artifact['id']}/uploads/{started.json()['upload_id']}"
 
 
+def deploy_embedder(http: httpx.Client, key: str, recipes: Path) -> Callable[[], None]:
+    """Push and deploy the tiny feature-extraction model; returns a call that embeds once and checks 200."""
+    artifact = push_folder_sync(http, key, recipes / "t03_feature_extraction" / "hf", "feature-extraction")
+    body = {"model": "embedder", "artifact_id": artifact}
+    deployed = http.post("/v1/deployments", json=body, headers=bearer(key))
+    assert deployed.status_code == 201, deployed.text
+
+    def embed() -> None:
+        answer = http.post("/v1/embeddings", json={"model": "embedder", "input": "hi"}, headers=bearer(key))
+        assert answer.status_code == 200, answer.text
+
+    return embed
+
+
 def streamed(data: bytes, chunk: int = 16 * 1024) -> Iterator[bytes]:
     """A body without `Content-Length` (chunked): the server learns its size only by writing it."""
     for start in range(0, len(data), chunk):
@@ -120,30 +125,20 @@ def files_under(folder: Path) -> list[str]:
 
 
 def test_an_upload_into_a_full_disk_is_a_507_publishes_nothing_and_the_retry_after_freeing_space_succeeds(
-    disk: SmallDisk, tmp_path: Path, tiny_models: Path
+    disk: SmallDisk, tmp_path: Path, recipes: Path
 ) -> None:
-    model = tiny_models / "t03_feature_extraction" / "hf"
+    model = recipes / "t03_feature_extraction" / "hf"
     weights = (model / "model.safetensors").read_bytes()
     with (
         live_server(disk_settings(disk, tmp_path, min_free_disk_mb=0)) as url,
         httpx.Client(base_url=url, timeout=120) as http,
     ):
         key = new_key(http)
-        served = push_folder_sync(http, key, model, "feature-extraction")
-        deployed = http.post(
-            "/v1/deployments", json={"model": "embedder", "artifact_id": served}, headers=bearer(key)
-        )
-        assert deployed.status_code == 201, deployed.text
-
-        def embed() -> None:
-            answer = http.post(
-                "/v1/embeddings", json={"model": "embedder", "input": "hi"}, headers=bearer(key)
-            )
-            assert answer.status_code == 200, answer.text
-
+        embed = deploy_embedder(http, key, recipes)
         embed()
         artifact_id, base = open_upload(http, key)
-        for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        small_files = ["config.json", "tokenizer.json", "tokenizer_config.json"]
+        for name in small_files:
             put = http.put(f"{base}/files/{name}", content=(model / name).read_bytes(), headers=bearer(key))
             assert put.status_code == 200, put.text
 
@@ -152,18 +147,11 @@ def test_an_upload_into_a_full_disk_is_a_507_publishes_nothing_and_the_retry_aft
         error = assert_error(refused, 507, "insufficient_storage", "insufficient_storage_error")
         assert "blob store" in error["message"] and "uploaded file" in error["message"], error
         staging = disk.data / "blobs" / "staging" / base.rsplit("/", 1)[1]
-        assert files_under(staging) == ["config.json", "tokenizer.json", "tokenizer_config.json"]
+        assert files_under(staging) == small_files  # no partial file, in `.modelhost-partial` or elsewhere
         session = http.get(base, headers=bearer(key)).json()
-        assert session["status"] == "open"
-        assert [f["path"] for f in session["files"]] == [
-            "config.json",
-            "tokenizer.json",
-            "tokenizer_config.json",
-        ]
-        assert (
-            http.get(f"/v1/model-artifacts/{artifact_id}", headers=bearer(key)).json()["status"]
-            == "ingesting"
-        )
+        assert session["status"] == "open" and [f["path"] for f in session["files"]] == small_files
+        artifact = http.get(f"/v1/model-artifacts/{artifact_id}", headers=bearer(key)).json()
+        assert artifact["status"] == "ingesting", artifact
         embed()  # the deployed model needs no disk: it keeps serving
 
         disk.free()
@@ -236,12 +224,23 @@ def metric(exposition: str, name: str) -> float:
 # ---------------------------------------------------------------- the database
 
 
+def test_postgres_disk_full_is_told_apart_from_other_database_errors() -> None:
+    from psycopg import errors as pg
+    from sqlalchemy.exc import OperationalError
+
+    assert database_full(OperationalError("INSERT ...", {}, pg.DiskFull("could not extend file")))
+    assert not database_full(OperationalError("INSERT ...", {}, pg.QueryCanceled("canceling statement")))
+    assert not database_full(ValueError("database or disk is full"))  # only a driver's error counts
+
+
 def test_a_write_to_a_sqlite_database_on_a_full_disk_is_a_507_and_succeeds_once_space_is_freed(
-    disk: SmallDisk, tmp_path: Path
+    disk: SmallDisk, tmp_path: Path, recipes: Path
 ) -> None:
     settings = disk_settings(disk, tmp_path, database_on_disk=True, min_free_disk_mb=0)
-    with live_server(settings) as url, httpx.Client(base_url=url, timeout=60) as http:
+    with live_server(settings) as url, httpx.Client(base_url=url, timeout=120) as http:
         key = new_key(http)
+        embedder = deploy_embedder(http, key, recipes)
+        embedder()
         # The WAL reuses its own pages after a checkpoint: empty it, so the next write needs new space.
         with sqlite3.connect(disk.data / "modelhost.db") as connection:
             connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -251,7 +250,46 @@ def test_a_write_to_a_sqlite_database_on_a_full_disk_is_a_507_and_succeeds_once_
         error = assert_error(refused, 507, "insufficient_storage", "insufficient_storage_error")
         assert "database is full" in error["message"], error
         assert http.get("/ready").status_code == 200  # reads still work
+        embedder()  # and so does inference
 
         disk.free()
         created = http.post("/v1/keys", json={"name": "ci"}, headers=bearer(key))
         assert created.status_code == 201, created.text
+
+
+# ---------------------------------------------------------------- generated files
+
+
+def test_an_image_url_answer_into_a_full_disk_is_a_507_while_b64_answers_go_on(
+    disk: SmallDisk, tmp_path: Path, recipes: Path
+) -> None:
+    with (
+        live_server(disk_settings(disk, tmp_path, min_free_disk_mb=0)) as url,
+        httpx.Client(base_url=url, timeout=120) as http,
+    ):
+        key = new_key(http)
+        artifact = push_folder_sync(http, key, recipes / "t13_diffusers_sd", "text-to-image")
+        deployed = http.post(
+            "/v1/deployments", json={"model": "painter", "artifact_id": artifact}, headers=bearer(key)
+        )
+        assert deployed.status_code == 201, deployed.text
+
+        def generate(response_format: str) -> httpx.Response:
+            body = {"model": "painter", "prompt": "a fox", "num_inference_steps": 1}
+            return http.post(
+                "/v1/images/generations",
+                json={**body, "response_format": response_format},
+                headers=bearer(key),
+            )
+
+        assert generate("b64_json").status_code == 200  # loaded before the disk fills
+        disk.fill()
+        error = assert_error(generate("url"), 507, "insufficient_storage")
+        assert "blob store" in error["message"] and "generated file" in error["message"], error
+        assert files_under(disk.data / "blobs" / "generated") == []
+        assert generate("b64_json").status_code == 200, "inference needs no disk"
+
+        disk.free()
+        answer = generate("url")
+        assert answer.status_code == 200, answer.text
+        assert httpx.get(answer.json()["data"][0]["url"]).status_code == 200
