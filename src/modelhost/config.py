@@ -67,6 +67,13 @@ class Settings(BaseSettings):
         default=50 * 1024**3, ge=1, description="Largest single uploaded file."
     )
     max_upload_files: int = Field(default=10_000, ge=1, description="Most files in one upload session.")
+    min_free_disk_mb: int = Field(
+        default=64,
+        ge=0,
+        description="Free space (MB) kept on the data directory's disk: uploads that would go below it are "
+        "refused up front (507), and /ready shows `disk: low` under it. Small by default, as CI machines "
+        "often have little disk; raise it in production (e.g. to a few GB, above your largest upload).",
+    )
     upload_session_ttl_seconds: int = Field(
         default=24 * 3600, ge=1, description="Open sessions expire after this."
     )

@@ -6,6 +6,8 @@ in the code builds error bodies.
 
 from __future__ import annotations
 
+import errno
+
 
 class ModelhostError(Exception):
     """Base of every error a client may see. Subclasses fix the status, type and code."""
@@ -149,6 +151,23 @@ class DatabaseUnavailable(ServiceUnavailable):
 
 
 DATABASE_RETRY_AFTER_SECONDS = 2
+
+
+class InsufficientStorage(ModelhostError):
+    """A write found its store full: the data directory's blob store, the database... The message says
+    which. Nothing half-written is kept, so the same request succeeds once the operator frees space."""
+
+    status_code = 507
+    error_type = "insufficient_storage_error"
+    code = "insufficient_storage"
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """An `OSError` saying the disk (or the user's quota on it) is full."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 
 
 class GatewayTimeout(ModelhostError):

@@ -13,14 +13,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
 from modelhost.errors import (
+    InsufficientStorage,
     InvalidRequest,
     MethodNotAllowed,
     ModelhostError,
     NotFound,
     PayloadTooLarge,
+    is_disk_full,
 )
 from modelhost.logs import REQUEST_ID
 from modelhost.protocol.errors import ErrorBody
+from modelhost.store.db import database_full
 
 log = logging.getLogger("modelhost.api")
 
@@ -117,6 +120,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(mapped)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if is_disk_full(exc) or database_full(exc):
+            # A write the stores did not name (they raise `InsufficientStorage` themselves): still a
+            # full disk, which the client may retry once space is freed, not a bug.
+            log.warning("a disk is full on %s %s: %s", request.method, request.url.path, exc)
+            return error_response(InsufficientStorage("Insufficient storage: a disk of the server is full."))
         log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         return error_response(ModelhostError("Internal server error."))
 
@@ -136,6 +144,8 @@ _DESCRIPTIONS = {
     429: "Deployment queue full (`overloaded`); see `Retry-After`.",
     503: "Service or deployment unavailable.",
     504: "Request timed out.",
+    507: "A store is full (`insufficient_storage`): the message names it (the data directory's blob "
+    "store, the database). Nothing was half-written; retry once space is freed.",
 }
 
 

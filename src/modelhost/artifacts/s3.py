@@ -47,9 +47,11 @@ def blob_store_of(settings: Settings) -> BlobStore:
 class _S3Writer(SpoolWriter):
     """Spools locally; publishing is the upload, so a crash mid-write leaves no object."""
 
+    store_name = "the blob store's local spool in the data directory"
+
     def __init__(self, store: S3BlobStore, key: str, temp: Path) -> None:
-        super().__init__(temp)
-        self._store, self._key = store, key
+        super().__init__(temp, key)
+        self._store = store
 
     def _publish(self, spooled: Path) -> None:
         self._store.upload(spooled, self._key)

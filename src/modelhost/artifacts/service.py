@@ -17,6 +17,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from modelhost.artifacts.blobstore import PARTIAL_DIR, BlobStore, BlobWriter
+from modelhost.artifacts.disk import require_room_for_upload
 from modelhost.artifacts.inspection import inspect_artifact
 from modelhost.artifacts.paths import clean_upload_path
 from modelhost.config import Settings
@@ -193,14 +194,20 @@ class ArtifactService:
         path: str,
         chunks: AsyncIterator[bytes],
         expected_sha256: str | None,
+        declared_size: int | None = None,
     ) -> UploadFile:
-        """Stream one file into the session's staging area; record it only once it is whole and verified."""
+        """Stream one file into the session's staging area; record it only once it is whole and verified.
+
+        Refused before a byte is read when the disk is (or `declared_size` would take it) below the
+        floor. A full disk mid-way is a 507 too: the partial file goes, the session stays open, and the
+        same PUT succeeds once space is freed."""
         path = clean_upload_path(path)
         if expected_sha256 is not None:
             expected_sha256 = expected_sha256.strip().lower()
             if len(expected_sha256) != 64 or any(c not in "0123456789abcdef" for c in expected_sha256):
                 raise InvalidRequest("X-Content-SHA256 must be 64 hex digits.", param="X-Content-SHA256")
         await anyio.to_thread.run_sync(self._check_writable, account_id, artifact_id, upload_id, path)
+        await anyio.to_thread.run_sync(require_room_for_upload, self._settings, declared_size)
         writer = await anyio.to_thread.run_sync(self._blobs.writer, f"{staging_prefix(upload_id)}/{path}")
         try:
             await self._stream_into(writer, chunks)

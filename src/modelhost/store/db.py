@@ -8,6 +8,7 @@ and opens new ones when the server is back: nothing has to be restarted.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,11 +20,29 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
-from modelhost.errors import DatabaseUnavailable
+from modelhost.errors import DatabaseUnavailable, InsufficientStorage, is_disk_full
+
+log = logging.getLogger("modelhost.store")
 
 # How long opening a PostgreSQL connection may take: a server that does not answer (rather than refusing)
 # must not hold a request for the operating system's TCP timeout (minutes).
 CONNECT_TIMEOUT_SECONDS = 5
+SQLITE_FULL = "database or disk is full"
+POSTGRES_DISK_FULL = "53100"  # SQLSTATE of psycopg's `DiskFull`
+
+
+def database_full(exc: BaseException) -> bool:
+    """The database could not write for want of disk: SQLite's SQLITE_FULL, PostgreSQL's DiskFull, or
+    the driver's own `OSError` (ENOSPC) wrapped by SQLAlchemy."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    orig = exc.orig
+    return (
+        is_disk_full(orig)
+        or getattr(orig, "sqlite_errorname", None) == "SQLITE_FULL"
+        or SQLITE_FULL in str(orig)
+        or getattr(orig, "sqlstate", None) == POSTGRES_DISK_FULL
+    )
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -63,17 +82,26 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        """One unit of work: commit on success, roll back on any exception; `DatabaseUnavailable` when the
-        database cannot be reached."""
+        """One unit of work: commit on success, roll back on any exception.
+
+        A database out of disk is a 507 `insufficient_storage`, one that cannot be reached a 503
+        `DatabaseUnavailable`: either way the transaction rolled back, so nothing was half-written, and
+        the same call succeeds once the operator frees space or the database is back."""
         try:
             with self._sessions() as session, session.begin():
                 yield session
-        except (OperationalError, InterfaceError, PoolTimeout) as exc:
-            raise DatabaseUnavailable() from exc
         except DBAPIError as exc:
-            if exc.connection_invalidated:  # the connection broke under the statement
+            if database_full(exc):
+                log.warning("the database is full: a write failed (%s)", exc.orig)
+                raise InsufficientStorage(
+                    "Insufficient storage: the database is full, so nothing was written. "
+                    "Retry once space has been freed."
+                ) from exc
+            if isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated:
                 raise DatabaseUnavailable() from exc
             raise
+        except PoolTimeout as exc:  # every connection of the pool busy or unopenable
+            raise DatabaseUnavailable() from exc
 
     def ping(self) -> bool:
         try:

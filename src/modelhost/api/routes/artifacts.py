@@ -101,7 +101,7 @@ def start_upload(
 @router.put(
     "/{artifact_id}/uploads/{upload_id}/files/{path:path}",
     summary="Upload one file (raw bytes, streamed; `X-Content-SHA256` verified when given)",
-    responses=error_responses(404, 409, 413),
+    responses=error_responses(404, 409, 413, 507),
     openapi_extra={
         "requestBody": {
             "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
@@ -117,8 +117,15 @@ async def upload_file(
     path: str = Path(description="Path of the file inside the artifact, e.g. `tokenizer/vocab.json`."),
     x_content_sha256: str | None = Header(default=None, description="Hex SHA-256 of the body, verified."),
 ) -> UploadedFile:
+    length = request.headers.get("content-length")
     record = await services.artifacts.put_file(
-        account_id_of(principal), artifact_id, upload_id, path, request.stream(), x_content_sha256
+        account_id_of(principal),
+        artifact_id,
+        upload_id,
+        path,
+        request.stream(),
+        x_content_sha256,
+        declared_size=int(length) if length and length.isdigit() else None,
     )
     return UploadedFile(path=record.path, size=record.size, sha256=record.sha256)
 
@@ -146,7 +153,7 @@ def get_upload(
 @router.post(
     "/{artifact_id}/uploads/{upload_id}/complete",
     summary="Complete an upload: inspect the files and mark the artifact ready or failed",
-    responses=error_responses(404, 409),
+    responses=error_responses(404, 409, 507),
 )
 def complete_upload(
     principal: AccountPrincipal,

@@ -7,6 +7,7 @@ from starlette.concurrency import run_in_threadpool
 
 from modelhost.api.deps import ServicesDep
 from modelhost.api.errors import error_responses
+from modelhost.artifacts.disk import data_dir_space
 from modelhost.errors import DATABASE_RETRY_AFTER_SECONDS, ServiceUnavailable
 from modelhost.metrics import CONTENT_TYPE_LATEST, exposition
 from modelhost.store import migrate
@@ -21,10 +22,13 @@ async def health() -> dict[str, str]:
 
 @router.get(
     "/ready",
-    summary="Readiness: database reachable and migrations current",
+    summary="Readiness: database reachable and migrations current; free space of the data directory",
     responses=error_responses(503),
 )
-async def ready(services: ServicesDep) -> dict[str, str]:
+async def ready(services: ServicesDep) -> dict[str, str | int]:
+    """Free disk is shown, not required: below the floor, uploads are refused (507) but inference, which
+    needs no disk, goes on, so a load balancer must not take this gateway out (docs/operations.md)."""
+
     def check() -> str | None:
         if not services.database.ping():
             return "database unreachable"
@@ -37,7 +41,13 @@ async def ready(services: ServicesDep) -> dict[str, str]:
         raise ServiceUnavailable(
             f"Not ready: {problem}.", headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)}
         )
-    return {"status": "ready"}
+    space = await run_in_threadpool(data_dir_space, services.settings)
+    return {
+        "status": "ready",
+        "disk": "low" if space.low else "ok",
+        "disk_free_bytes": space.free_bytes,
+        "disk_floor_bytes": space.floor_bytes,
+    }
 
 
 @router.get(
@@ -46,7 +56,8 @@ async def ready(services: ServicesDep) -> dict[str, str]:
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."}},
 )
-async def metrics() -> Response:
+async def metrics(services: ServicesDep) -> Response:
     """Every process of the server (gateways, supervisor, replicas), added up: read in a thread, as it
-    reads one file per process."""
+    reads one file per process. The data directory's free space is measured first, so it is current."""
+    await run_in_threadpool(data_dir_space, services.settings)
     return Response(await run_in_threadpool(exposition), media_type=CONTENT_TYPE_LATEST)

@@ -33,7 +33,9 @@ from modelhost.protocol.videos import (
     VideoVariant,
 )
 
-router = APIRouter(tags=["videos"], responses=error_responses(400, 401, 402, 404), route_class=MediaBodyRoute)
+router = APIRouter(
+    tags=["videos"], responses=error_responses(400, 401, 402, 404, 507), route_class=MediaBodyRoute
+)
 MAX_FRAMES = 1024
 CONTENT_TYPES = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "image/jpeg"}
 VIDEO_EXAMPLE = {
