@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
+import signal
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,7 +26,7 @@ import pytest
 
 from tests.helpers import ADMIN_KEY, bearer, push_folder
 from tests.postgres import PostgresServer, create_database
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, processes
 
 ST_RECIPE = ("t03_feature_extraction", "st")
 OUTAGE_SECONDS = 5.0
@@ -95,18 +99,8 @@ async def test_a_database_restart_under_load_costs_nothing_but_clear_503s(
     )
     server.start()
     try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
-            created = await http.post("/v1/admin/accounts", json={"name": "a"}, headers=bearer(ADMIN_KEY))
-            key = created.json()["api_key"]
-            pushed = await push_folder(http, key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
-            body = {"model": "m", "artifact_id": pushed["artifact"]["id"], "readiness": "hot"}
-            deployed = await http.post("/v1/deployments", json=body, headers=bearer(key))
-            assert deployed.status_code == 201, deployed.text
-            embed = {"model": "m", "input": "a database restart"}
-            deadline = time.monotonic() + 60
-            while (await http.post("/v1/embeddings", json=embed, headers=bearer(key))).status_code != 200:
-                assert time.monotonic() < deadline, "the deployment did not become ready"
-                await asyncio.sleep(0.1)
+        key, _ = await deploy_embedder(server, recipes, readiness="hot")
+        embed = {"model": "m", "input": "a database restart"}
 
         embeddings, keys, ready = Tally(), Tally(), Tally()
         stop = asyncio.Event()
@@ -156,3 +150,74 @@ async def test_a_database_restart_under_load_costs_nothing_but_clear_503s(
         with contextlib.suppress(Exception):
             server.terminate(timeout=30)
         server.stop()
+
+
+async def deploy_embedder(server: ServerProcess, recipes: Path, readiness: str = "warm") -> tuple[str, str]:
+    """An account and a ready deployment `m` of the tiny sentence-transformers model: (key, deployment)."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+        created = await http.post("/v1/admin/accounts", json={"name": "a"}, headers=bearer(ADMIN_KEY))
+        key = created.json()["api_key"]
+        pushed = await push_folder(http, key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
+        body = {"model": "m", "artifact_id": pushed["artifact"]["id"], "readiness": readiness}
+        deployed = await http.post("/v1/deployments", json=body, headers=bearer(key))
+        assert deployed.status_code == 201, deployed.text
+        deadline = time.monotonic() + 60
+        embed = {"model": "m", "input": "ready?"}
+        while (await http.post("/v1/embeddings", json=embed, headers=bearer(key))).status_code != 200:
+            assert time.monotonic() < deadline, "the deployment did not become ready"
+            await asyncio.sleep(0.1)
+        return key, deployed.json()["id"]
+
+
+def in_flight(server: ServerProcess, deployment_id: str) -> float:
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    pattern = rf'^modelhost_requests_in_flight{{deployment="{deployment_id}",pid="\d+"}} ([\d.]+)$'
+    return sum(float(value) for value in re.findall(pattern, metrics, re.M))
+
+
+async def test_requests_waiting_in_a_killed_replica_are_answered_by_its_replacement_billed_once(
+    tmp_path: Path, recipes: Path
+) -> None:
+    """300 requests wait in a replica (held with SIGSTOP, so none has reached the model) when it is
+    killed: every one is answered 200 by the replacement, which is started and billed once."""
+    database = tmp_path / "db.sqlite"
+    server = ServerProcess(tmp_path / "data", f"sqlite:///{database}", MODELHOST_WORKER_THREADS="1")
+    server.start()
+    try:
+        key, deployment_id = await deploy_embedder(server, recipes)
+        (replica,) = processes("modelhost.runtime.worker", deployment_id)
+        os.kill(replica, signal.SIGSTOP)
+        limits = httpx.Limits(max_connections=300)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as http:
+            sent = [
+                asyncio.ensure_future(
+                    http.post(
+                        "/v1/embeddings", json={"model": "m", "input": f"text {i}"}, headers=bearer(key)
+                    )
+                )
+                for i in range(300)
+            ]
+            deadline = time.monotonic() + 60
+            while await asyncio.to_thread(in_flight, server, deployment_id) < 300:
+                assert time.monotonic() < deadline and not any(s.done() for s in sent)
+                await asyncio.sleep(0.1)
+            os.kill(replica, signal.SIGKILL)
+            killed = time.monotonic()
+            answers = await asyncio.gather(*sent, return_exceptions=True)
+            took = time.monotonic() - killed
+        statuses = Counter(a.status_code if isinstance(a, httpx.Response) else repr(a) for a in answers)
+        print(f"\n{dict(statuses)} {took:.2f}s after the kill")
+        assert statuses == {200: 300}, statuses
+        (replacement,) = processes("modelhost.runtime.worker", deployment_id)
+        assert replacement != replica
+        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+        assert re.search(
+            rf'^modelhost_requests_requeued_total{{deployment="{deployment_id}"}} 300.0$', metrics, re.M
+        )
+    finally:
+        server.stop()
+    with sqlite3.connect(database) as db:  # the dead replica's meter closed, one more for its replacement
+        meters = db.execute(
+            "SELECT ended_ms FROM meters WHERE kind = 'compute' AND deployment_id = ?", (deployment_id,)
+        ).fetchall()
+    assert len(meters) == 2 and sum(ended is not None for (ended,) in meters) == 1, meters

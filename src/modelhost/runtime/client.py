@@ -4,7 +4,8 @@ Every gateway process (and the supervisor, over the replica's lifeline) holds on
 replica it uses. Requests are written without waiting (frames written in one event-loop turn go out
 in one system call) and answers are matched to their callers by ID. A caller that gives up (timeout,
 client gone) sends `Cancel`, so the replica drops the request before it reaches the model. When the
-replica's process dies, every caller waiting on it gets `ReplicaDied`.
+replica's process dies, every caller waiting on it gets `ReplicaDied`: `ReplicaDiedBeforeStart` for a
+request the replica had not yet begun (it never announced it `Started`), which may be sent elsewhere.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from modelhost.runtime.protocol import (
     Ready,
     Results,
     Run,
+    Started,
     Stats,
     StatsRequest,
     decode_from_replica,
     encode,
 )
-from modelhost.runtime.replica import ReplicaDied, ReplicaFailed
+from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
 
 
 class Waiters:
@@ -45,13 +47,16 @@ class Waiters:
     def __init__(self) -> None:
         self.calls: dict[int, asyncio.Future[Any]] = {}
         self.streams: dict[int, asyncio.Queue[Payload | BaseException]] = {}
+        self.started: set[int] = set()  # calls the replica has begun (`Started`), until answered
 
     def __len__(self) -> int:
         return len(self.calls) + len(self.streams)
 
     def answer(self, message: FromReplica) -> bool:
         """Hand a replica's message to its callers; False for a message that is no answer."""
-        if isinstance(message, Results):
+        if isinstance(message, Started):
+            self.started.update(i for i in message.ids if i in self.calls)
+        elif isinstance(message, Results):
             for result in message.results:
                 self.resolve(result.id, result.output)
         elif isinstance(message, Events):
@@ -61,6 +66,7 @@ class Waiters:
                     queue.put_nowait(event.event)
         elif isinstance(message, Failed):
             for request_id in message.ids:
+                self.started.discard(request_id)
                 future = self.calls.pop(request_id, None)
                 if future is not None and not future.done():
                     future.set_exception(ReplicaFailed(message.message))
@@ -72,6 +78,7 @@ class Waiters:
 
     def resolve(self, request_id: int, value: Any) -> None:
         """Answer a waiting caller; one that is no longer waiting (it sent `Cancel`) is ignored."""
+        self.started.discard(request_id)
         future = self.calls.pop(request_id, None)
         if future is not None and not future.done():
             future.set_result(value)
@@ -98,10 +105,14 @@ class Waiters:
                 with contextlib.suppress(ReplicaDied):  # gone: nothing is left to cancel
                     send(Cancel(request_id))
 
-    def fail_all(self, error: BaseException) -> None:
-        for future in self.calls.values():
+    def fail_all(self, error: ReplicaDied) -> None:
+        """The replica is gone: the calls it had begun fail with `error`, the others with
+        `ReplicaDiedBeforeStart` (free to run elsewhere); streams fail (their tokens may have gone out)."""
+        waiting = ReplicaDiedBeforeStart(str(error))
+        for request_id, future in self.calls.items():
             if not future.done():
-                future.set_exception(error)
+                future.set_exception(error if request_id in self.started else waiting)
+        self.started.clear()
         for queue in self.streams.values():
             queue.put_nowait(error)
 
@@ -144,10 +155,15 @@ class ReplicaConnection(asyncio.Protocol):
         request_id = next(self._ids)
         future: asyncio.Future[Payload] = asyncio.get_running_loop().create_future()
         self._waiting.calls[request_id] = future
-        self._write(Run(request_id, item))
+        try:
+            self._write(Run(request_id, item))
+        except ReplicaDied as exc:  # never sent: free to go to another replica
+            del self._waiting.calls[request_id]
+            raise ReplicaDiedBeforeStart(str(exc)) from exc
         try:
             return await future
         finally:  # still registered: the caller gave up before the answer; the replica drops it
+            self._waiting.started.discard(request_id)
             if self._waiting.calls.pop(request_id, None) is not None and self.alive:
                 self._write(Cancel(request_id))
 

@@ -5,6 +5,12 @@ process's (to their connections to the same replicas). It bounds what this proce
 the deployment (429 beyond `max_in_flight`), picks the replica this process has the least in flight
 with, waits at most `timeout` (504; the replica drops a request whose caller left) and turns what
 comes back into the answer or the error the client sees.
+
+A replica that dies (killed, out of memory, crashed) fails the batch it was running: those requests may
+have caused it. The requests still waiting for it never reached the model, and every batch task is
+idempotent, so they go to another replica or the replacement (the supervisor starts one at once) within
+their deadline; the client sees only the delay. Streams are not sent again: their first tokens may
+already have gone out.
 """
 
 from __future__ import annotations
@@ -12,12 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from modelhost.errors import DeploymentUnavailable, GatewayTimeout, InvalidRequest, ModelhostError, Overloaded
 from modelhost.runtime import metrics
-from modelhost.runtime.replica import ReplicaDied, ReplicaFailed
+from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
 
 Payload = dict[str, Any]
 
@@ -31,6 +37,17 @@ class Target(Protocol):
     def in_flight(self) -> int: ...
     async def submit(self, item: Payload) -> Payload: ...
     def stream(self, request: Payload) -> AsyncGenerator[Payload, None]: ...
+
+
+# The live replicas of the deployment now, loading it (or waiting for a replacement) first if need be.
+Targets = Callable[[], Awaitable[Sequence[Target]]]
+# How long a request that lost its replica waits before looking again for the replacement.
+REQUEUE_POLL_SECONDS = 0.05
+
+
+class NoLiveReplica(DeploymentUnavailable):
+    """None of the deployment's replicas is running at this moment (one died; its replacement is on its
+    way)."""
 
 
 def item_failure(error: Payload) -> ModelhostError:
@@ -60,14 +77,28 @@ class Dispatcher:
     def _release(self) -> None:
         self.outstanding -= 1
 
-    async def infer(self, targets: Sequence[Target], item: Payload) -> Payload:
-        """One request of a batch task, answered by the least busy live replica."""
-        target = _pick(targets)
+    async def infer(self, targets: Targets, item: Payload) -> Payload:
+        """One request of a batch task, answered by the least busy live replica; sent again, within its
+        deadline, when its replica dies before running it (see the module docstring)."""
+        await targets()  # a cold start happens here, before the request's deadline runs
         self._admit()
+        requeued = False
         try:
             async with asyncio.timeout(self.timeout):  # no task of its own, unlike `wait_for`
-                output = await target.submit(item)
+                while True:
+                    target = await self._live(targets)
+                    try:
+                        output = await target.submit(item)
+                        break
+                    except ReplicaDiedBeforeStart:
+                        requeued = True
+                        metrics.REQUESTS_REQUEUED.labels(self.deployment_id).inc()
         except TimeoutError as exc:
+            if requeued:
+                raise DeploymentUnavailable(
+                    "The replica serving this request stopped and no replacement was ready within "
+                    f"{self.timeout:g} seconds; retry shortly."
+                ) from exc
             raise GatewayTimeout(f"The request did not finish within {self.timeout:g} seconds.") from exc
         except ReplicaDied as exc:
             raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
@@ -78,6 +109,16 @@ class Dispatcher:
         if "error" in output:
             raise item_failure(output["error"])
         return output
+
+    @staticmethod
+    async def _live(targets: Targets) -> Target:
+        """The least busy live replica; while there is none (one died, its replacement is on its way),
+        asked again every moment until the caller's deadline."""
+        while True:
+            try:
+                return _pick(await targets())
+            except NoLiveReplica:
+                await asyncio.sleep(REQUEUE_POLL_SECONDS)
 
     async def stream(self, targets: Sequence[Target], request: Payload) -> AsyncGenerator[Payload, None]:
         """A generation's events from the least busy live replica; an `error` event is raised."""
@@ -121,5 +162,5 @@ async def _publish_forever() -> None:
 def _pick(targets: Sequence[Target]) -> Target:
     live = [t for t in targets if t.alive]
     if not live:
-        raise DeploymentUnavailable("The deployment has no running replica; retry shortly.")
+        raise NoLiveReplica("The deployment has no running replica; retry shortly.")
     return live[0] if len(live) == 1 else min(live, key=lambda t: t.in_flight)

@@ -40,6 +40,7 @@ from modelhost.runtime.protocol import (
     Result,
     Results,
     Run,
+    Started,
     Stats,
     StatsRequest,
     ToReplica,
@@ -167,18 +168,26 @@ class ReplicaHost:
                 return remaining
         return 0.0
 
-    def work(self) -> None:
-        """One model call: the next batch, or one step of the streaming handler."""
+    def work(self, announce: Callable[[], None] | None = None) -> None:
+        """One model call: the next batch, or one step of the streaming handler. `announce` is called
+        once a batch is chosen, before the model runs: a transport sends what is outgoing then (the
+        batch's `Started`), so that a replica that dies in the call leaves its gateways knowing which
+        requests it had begun."""
         if is_streaming(self._handler):
             self._step()
         elif self._queue:
-            self._batch()
+            self._batch(announce)
 
-    def _batch(self) -> None:
+    def _batch(self, announce: Callable[[], None] | None) -> None:
         count = min(self._max_batch, len(self._queue))
         batch = [self._queue.popleft() for _ in range(count)]
+        begun: dict[Peer, list[int]] = {}  # the batch's requests, by connection
         for waiting in batch:
             del self._waiting[waiting.peer, waiting.id]
+            begun.setdefault(waiting.peer, []).append(waiting.id)
+        self._other.extend((peer, Started(ids)) for peer, ids in begun.items())
+        if announce is not None:
+            announce()
         self._publish()
         started = time.perf_counter()
         try:
@@ -186,11 +195,8 @@ class ReplicaHost:
             outputs = self._handler.run(self._state, [w.item for w in batch])
         except Exception as exc:  # the batch fails, the replica carries on
             traceback.print_exc()
-            failed: dict[Peer, list[int]] = {}
-            for waiting in batch:
-                failed.setdefault(waiting.peer, []).append(waiting.id)
             message = f"{type(exc).__name__}: {exc}"
-            self._other.extend((peer, Failed(ids, message)) for peer, ids in failed.items())
+            self._other.extend((peer, Failed(ids, message)) for peer, ids in begun.items())
         else:
             for waiting, output in zip(batch, outputs, strict=True):
                 self._results.setdefault(waiting.peer, []).append(Result(waiting.id, output))

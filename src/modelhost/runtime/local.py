@@ -24,7 +24,14 @@ from modelhost.metrics import process_gone
 from modelhost.runtime.client import ReplicaConnection, connect_pair
 from modelhost.runtime.memory import rss_bytes
 from modelhost.runtime.protocol import LoadFailed, Stop
-from modelhost.runtime.replica import Replica, ReplicaDied, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
+from modelhost.runtime.replica import (
+    Replica,
+    ReplicaDied,
+    ReplicaDiedBeforeStart,
+    ReplicaLoadFailed,
+    ReplicaSpec,
+    ReplicaStats,
+)
 from modelhost.runtime.spawn import WORKER_ENV, WorkerProcess, start_worker
 
 if TYPE_CHECKING:
@@ -137,7 +144,7 @@ class LocalProcessReplica:
 
     async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
         if not self.alive or self._connection is None:
-            raise ReplicaDied("the replica is not running")
+            raise ReplicaDiedBeforeStart("the replica is not running")
         return await self._connection.submit(item)
 
     async def stream(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:

@@ -66,11 +66,15 @@ class DeploymentRuntime:
 
     async def infer(self, item: dict[str, Any]) -> dict[str, Any]:
         self.last_used = self._clock.monotonic()
-        await self.ensure_loaded()
         try:
-            return await self.dispatcher.infer(self.replicas, item)
+            return await self.dispatcher.infer(self._live_replicas, item)
         finally:
             self.last_used = self._clock.monotonic()
+
+    async def _live_replicas(self) -> list[Replica]:
+        """The replicas now, loaded first if need be (a replacement on its way: waited for)."""
+        await self.ensure_loaded()
+        return self.replicas
 
     async def stream(self, item: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events from the least busy replica (the engine in the replica batches
@@ -112,7 +116,18 @@ class DeploymentRuntime:
         async with self._load_lock:
             if self.state == "ready" and any(r.alive for r in self.replicas):
                 return
+            self._drop_dead()
             await self._load()
+
+    def _drop_dead(self) -> None:
+        """Replicas that died but whose exit is not handled yet (`on_replica_exit` comes a moment after
+        their connection ends): billed up to now and stopped here, once, before a replacement loads (a
+        request waiting for one asked first)."""
+        dead = [r for r in self.replicas if not r.alive]
+        if dead:
+            self.replicas = [r for r in self.replicas if r.alive]
+            metrics.REPLICA_RESTARTS.labels(self.spec.id).inc(len(dead))
+            self._manager.in_background(self._manager.stop(dead))
 
     async def _load(self) -> None:
         try:  # first: an account out of credits loads nothing, whatever else is wrong

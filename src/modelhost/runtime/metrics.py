@@ -50,6 +50,11 @@ MEMORY_BYTES = Gauge(
 REPLICA_RESTARTS = Counter(
     "modelhost_replica_restarts_total", "Replicas restarted after dying.", ["deployment"]
 )
+REQUESTS_REQUEUED = Counter(
+    "modelhost_requests_requeued_total",
+    "Requests sent again to another replica (or the replacement) because theirs died before running them.",
+    ["deployment"],
+)
 GENERATING = Gauge(
     "modelhost_generation_sequences",
     "Sequences held by a deployment's generation engines (running or waiting).",

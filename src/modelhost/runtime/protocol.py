@@ -10,8 +10,8 @@ stream into bodies; `encode` and `decode` turn messages into frames and back.
 
 - gateway → replica: `Run` (one request of a batch task), `Generate` (start a stream), `Cancel`,
   `StatsRequest`;
-- replica → gateway: `Results` (a batch's answers for this connection), `Failed` (the batch raised),
-  `Events` (stream events), `Stats`;
+- replica → gateway: `Started` (these requests go to the model now), `Results` (a batch's answers for
+  this connection), `Failed` (the batch raised), `Events` (stream events), `Stats`;
 - supervisor ↔ replica, on the lifeline only: `Ready` / `LoadFailed` (the model loaded or not), `Stop`.
 """
 
@@ -53,6 +53,14 @@ class StatsRequest(msgspec.Struct, tag="stats_request", array_like=True):
 
 class Stop(msgspec.Struct, tag="stop", array_like=True):
     """Exit now (the supervisor unloads the replica)."""
+
+
+class Started(msgspec.Struct, tag="started", array_like=True):
+    """These requests of this connection are in the batch the model runs now. Sent before the model
+    call: if the replica dies, the gateway knows which requests may have caused it (they fail) and which
+    were still waiting (they are sent to its replacement)."""
+
+    ids: list[int]
 
 
 class Result(msgspec.Struct, array_like=True):
@@ -99,7 +107,7 @@ class LoadFailed(msgspec.Struct, tag="load_failed", array_like=True):
 
 
 ToReplica = Run | Generate | Cancel | StatsRequest | Stop
-FromReplica = Results | Failed | Events | Stats | Ready | LoadFailed
+FromReplica = Started | Results | Failed | Events | Stats | Ready | LoadFailed
 
 _encoder = msgspec.msgpack.Encoder()
 _to_replica = msgspec.msgpack.Decoder(ToReplica)

@@ -42,6 +42,11 @@ class ReplicaDied(Exception):
     """The replica's process ended while work was in flight (killed, out of memory, crashed)."""
 
 
+class ReplicaDiedBeforeStart(ReplicaDied):
+    """The replica died while this request was still waiting for it: the model never saw it, so it may
+    run on the replacement (the batch the replica was running, which may have killed it, fails)."""
+
+
 class ReplicaLoadFailed(Exception):
     """The model could not be loaded; the message is the loader's reason."""
 

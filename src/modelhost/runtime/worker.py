@@ -160,10 +160,13 @@ class Worker:
                         return 0
                     self._close(connection)
             if self.host.due() == 0:
-                self.host.work()
-            for peer, message in self.host.take_outgoing():
-                assert isinstance(peer, _Connection)
-                self._send(peer, encode(message))
+                self.host.work(announce=self._send_outgoing)
+            self._send_outgoing()
+
+    def _send_outgoing(self) -> None:
+        for peer, message in self.host.take_outgoing():
+            assert isinstance(peer, _Connection)
+            self._send(peer, encode(message))
 
     def _open(self, sock: socket.socket) -> _Connection:
         connection = _Connection(sock)

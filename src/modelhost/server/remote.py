@@ -167,9 +167,13 @@ class RemoteRuntime:
     # ---------------------------------------------------------------- requests
 
     async def infer(self, deployment_id: str, item: Payload) -> Payload:
-        deployment = await self._ready(deployment_id)
+        deployment = self._deployment(deployment_id)
         self._used.add(deployment_id)
-        return await deployment.dispatcher.infer(deployment.connections, item)
+
+        async def connections() -> list[ReplicaConnection]:
+            return (await self._ready(deployment_id)).connections
+
+        return await deployment.dispatcher.infer(connections, item)
 
     async def stream(self, deployment_id: str, item: Payload) -> AsyncGenerator[Payload, None]:
         deployment = await self._ready(deployment_id)
