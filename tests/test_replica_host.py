@@ -6,6 +6,7 @@ batches it is given and a fake clock stands in for time.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import msgspec
 import pytest
 
 from modelhost.errors import InvalidRequest
+from modelhost.runtime.client import Waiters
 from modelhost.runtime.host import ReplicaHost
 from modelhost.runtime.protocol import (
     Cancel,
@@ -24,12 +26,14 @@ from modelhost.runtime.protocol import (
     Result,
     Results,
     Run,
+    Started,
     Stats,
     StatsRequest,
     decode_from_replica,
     decode_to_replica,
     encode,
 )
+from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart
 
 
 class Recorder:
@@ -105,9 +109,12 @@ def host_of(
 
 
 def answers(host: ReplicaHost) -> dict[str, list[Any]]:
-    """What the host sends, by connection: results as (id, text), events as (id, event), the rest."""
+    """What the host sends, by connection: results as (id, text), events as (id, event), the rest but
+    the `Started` announcements (tested on their own)."""
     sent: dict[str, list[Any]] = {}
     for peer, message in host.take_outgoing():
+        if isinstance(message, Started):
+            continue
         box = sent.setdefault(str(peer), [])
         if isinstance(message, Results):
             box += [(r.id, r.output["text"]) for r in message.results]
@@ -205,6 +212,39 @@ def test_a_batch_that_raises_fails_its_requests_and_the_replica_carries_on() -> 
     assert answers(host) == {"a": [(2, "Z")]}
 
 
+def test_a_batch_is_announced_to_its_connections_before_the_model_runs_it() -> None:
+    recorder = Recorder()
+    host = host_of(recorder, max_batch=2)
+    for request_id, text in ((1, "a"), (2, "b"), (3, "c")):
+        host.receive("gateway-1" if request_id != 2 else "gateway-2", Run(request_id, {"text": text}))
+    announced: list[tuple[Any, Any]] = []
+
+    def announce() -> None:
+        assert recorder.batches == []  # before the model call
+        announced.extend(host.take_outgoing())
+
+    host.work(announce=announce)
+    assert announced == [("gateway-1", Started([1])), ("gateway-2", Started([2]))]  # 3 waits
+    assert recorder.batches == [["a", "b"]]
+
+
+async def test_a_dead_replica_fails_the_requests_it_had_begun_and_frees_the_others_to_run_elsewhere() -> None:
+    waiters = Waiters()
+    loop = asyncio.get_running_loop()
+    for request_id in (1, 2, 3):
+        waiters.calls[request_id] = loop.create_future()
+    waiters.answer(Started([1, 2]))
+    waiters.answer(Results([Result(2, {"text": "B"})]))  # answered: no longer "begun"
+    futures = dict(waiters.calls)
+    waiters.fail_all(ReplicaDied("the replica's worker process exited"))
+    with pytest.raises(ReplicaDied) as running:
+        await futures[1]
+    assert not isinstance(running.value, ReplicaDiedBeforeStart)  # it may have killed the replica
+    with pytest.raises(ReplicaDiedBeforeStart):
+        await futures[3]  # never reached the model: the dispatcher sends it to the replacement
+    assert not waiters.started
+
+
 def test_streams_step_together_and_each_ends_with_its_finish() -> None:
     host = host_of(Counter())
     host.receive("g1", Generate(1, {"n": 2}))
@@ -254,6 +294,7 @@ def test_every_message_survives_the_wire() -> None:
     assert decode_from_replica(encode(results)[4:]) == results
     events = Events([Event(4, {"finish": "stop"})])
     assert decode_from_replica(encode(events)[4:]) == events
+    assert decode_from_replica(encode(Started([5, 6]))[4:]) == Started([5, 6])
     with pytest.raises(msgspec.ValidationError):
         decode_to_replica(msgspec.msgpack.encode(["run", "not an id", {}]))
 
