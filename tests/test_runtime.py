@@ -337,7 +337,11 @@ async def test_request_not_answered_within_the_timeout_gets_504(tight: Loaded) -
     ok(await gw.embed("on time"))
 
 
-async def test_worker_killed_mid_request_answers_503_and_the_replica_restarts(served: Loaded) -> None:
+async def test_a_request_waiting_in_a_killed_worker_is_answered_by_the_replica_that_replaces_it(
+    served: Loaded,
+) -> None:
+    """The worker is held (SIGSTOP) before it reads the request, so the model never saw it: it goes to
+    the replacement (a request of the batch the worker was running would fail: tests/test_replica_host)."""
     gw, deployment_id = served
     runtime, old = gw.runtime(deployment_id), gw.pid(deployment_id)
     labels = {"deployment": deployment_id}
@@ -346,8 +350,8 @@ async def test_worker_killed_mid_request_answers_503_and_the_replica_restarts(se
         in_flight = asyncio.create_task(gw.embed("in flight"))
         await until(lambda: runtime.replicas[0].in_flight == 1)
         os.kill(old, signal.SIGKILL)
-        assert_error(await in_flight, 503, "deployment_unavailable")
-    ok(await gw.embed("next"))  # the very next request is served
+    ok(await in_flight)
+    ok(await gw.embed("next"))
     view = await gw.show(deployment_id)
     assert (view["state"], view["replicas"]) == ("ready", 1), view
     new = gw.pid(deployment_id)
