@@ -34,6 +34,22 @@ LATENCY = Histogram(
 Guarded = tuple[APIRoute, Guard | None]
 
 
+class HttpMiddleware:
+    """Pure ASGI middleware that acts on HTTP requests (`http`); lifespan events pass through."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self.http(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
 @dataclass
 class Guards:
     """Which key check each route declares, found as the router would find the route: exact paths by
@@ -65,7 +81,7 @@ class Guards:
         return None
 
 
-class KeyFirst:
+class KeyFirst(HttpMiddleware):
     """The API key is checked before anything reads the body or the query string: a request without a
     valid key for its route is a 401 whatever else is wrong with it (FastAPI would parse a JSON body,
     and our raw-media and form bodies would be read, before the route's dependencies run). The check is
@@ -74,14 +90,11 @@ class KeyFirst:
     none and pass untouched."""
 
     def __init__(self, app: ASGIApp, fastapi: FastAPI) -> None:
-        self.app = app
+        super().__init__(app)
         self._fastapi = fastapi
         self._guards: Guards | None = None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._guards is None:  # built on first use: every route has been added by then
             self._guards = Guards.of(self._fastapi)
         found = self._guards.find(scope["method"], scope["path"])
@@ -95,17 +108,14 @@ class KeyFirst:
         await self.app(scope, receive, send)
 
 
-class BodySizeLimit:
+class BodySizeLimit(HttpMiddleware):
     """Refuses bodies over the limit: at once by `Content-Length`, else while streaming."""
 
     def __init__(self, app: ASGIApp, limit_for: Callable[[Scope], int]) -> None:
-        self.app = app
+        super().__init__(app)
         self.limit_for = limit_for
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.limit_for(scope)
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
@@ -135,16 +145,10 @@ def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
 
 
-class RequestMetrics:
+class RequestMetrics(HttpMiddleware):
     """Counts and times requests, labelled by route template (not raw path: bounded cardinality)."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         status = 500
 
@@ -164,18 +168,12 @@ class RequestMetrics:
             LATENCY.labels(method, template).observe(time.perf_counter() - started)
 
 
-class RequestIds:
+class RequestIds(HttpMiddleware):
     """Outermost: gives the request its ID (the caller's `X-Request-Id` when well-formed, else a new one),
     holds it in `logs.REQUEST_ID` while the request runs (log lines and 5xx messages name it) and sends it
     back as `x-request-id` on every answer, errors included."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         incoming = next((value for name, value in scope["headers"] if name == b"x-request-id"), None)
         request_id = request_id_for(incoming.decode("latin-1") if incoming is not None else None)
         header = (HEADER.encode(), request_id.encode())
