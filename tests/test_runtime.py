@@ -340,7 +340,7 @@ async def test_request_not_answered_within_the_timeout_gets_504(tight: Loaded) -
 async def test_worker_killed_mid_request_answers_503_and_the_replica_restarts(served: Loaded) -> None:
     gw, deployment_id = served
     runtime, old = gw.runtime(deployment_id), gw.pid(deployment_id)
-    labels = {"deployment": deployment_id}
+    labels = {"deployment": deployment_id, "reason": "exited"}
     restarts = sample("modelhost_replica_restarts_total", labels) or 0
     with stopped(old):
         in_flight = asyncio.create_task(gw.embed("in flight"))
