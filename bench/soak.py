@@ -181,6 +181,9 @@ last one (the first half holds the warm-up), with a target of less than {TARGET_
 {table(header, rows)}
 
 - {served}.
+- The chat replica's RSS is mostly its KV cache, allocated whole when it loads (on CPU at most an eighth
+  of the machine's memory, `MODELHOST_KV_CACHE_MB` unset): a generation does not grow it. Processes
+  forked from the worker template count the pages they share with it in their own RSS too.
 """
 
 
