@@ -1,4 +1,4 @@
-.PHONY: run test lint bench bench-gpu screenshots
+.PHONY: run test lint bench bench-gpu bench-soak screenshots
 
 ## Install everything and start the service on the embedded defaults.
 run:
@@ -24,6 +24,12 @@ bench:
 bench-gpu:
 	bash scripts/setup.sh dev
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.generation --gpu
+
+## Soak: 10 minutes each of streamed chat and of embeddings at 4 clients, the RSS of every server process
+## sampled (growth over the second half, target < 5 %): writes its section of docs/benchmarks.md.
+bench-soak:
+	bash scripts/setup.sh dev
+	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.soak
 
 ## The console's screenshots in docs/console/ (shown in the README), taken by its browser tests.
 screenshots:

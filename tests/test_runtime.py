@@ -344,7 +344,7 @@ async def test_a_request_waiting_in_a_killed_worker_is_answered_by_the_replica_t
     the replacement (a request of the batch the worker was running would fail: tests/test_replica_host)."""
     gw, deployment_id = served
     runtime, old = gw.runtime(deployment_id), gw.pid(deployment_id)
-    labels = {"deployment": deployment_id}
+    labels = {"deployment": deployment_id, "reason": "exited"}
     restarts = sample("modelhost_replica_restarts_total", labels) or 0
     with stopped(old):
         in_flight = asyncio.create_task(gw.embed("in flight"))

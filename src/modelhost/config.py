@@ -122,6 +122,15 @@ class Settings(BaseSettings):
         default=600.0, gt=0, description="Longest a replica may take to load."
     )
     load_retry_seconds: float = Field(default=30.0, ge=0, description="Wait before retrying a failed load.")
+    replica_memory_limit_mb: int | None = Field(
+        default=None,
+        ge=1,
+        description="Resident memory (MB, the worker's process tree) above which the supervisor restarts a "
+        "local replica; unset: no limit. Ray Serve replicas are left to Ray's own memory monitor.",
+    )
+    memory_check_seconds: float = Field(
+        default=5.0, gt=0, description="How often replicas' memory is checked against that limit."
+    )
     shutdown_drain_seconds: float = Field(
         default=30.0, ge=0, description="In-flight work allowed to finish at stop."
     )

@@ -99,7 +99,11 @@ class Deployment(BaseModel):
     pipeline: str
     readiness: Readiness
     state: DeploymentState = Field(description="Live state of the deployment's replicas.")
-    state_reason: str | None = Field(default=None, description="Why the deployment is `failed`.")
+    state_reason: str | None = Field(
+        default=None,
+        description="Why the deployment is `failed` (or `unloaded`: out of credits); while it is `ready` or "
+        "`loading`, the last replica the supervisor restarted for exceeding the memory limit, if any.",
+    )
     replicas: int = Field(description="Replicas loaded now.")
     min_replicas: int
     max_replicas: int

@@ -22,12 +22,18 @@ from modelhost.errors import DeploymentUnavailable, ModelhostError, NotFound
 from modelhost.runtime import metrics
 from modelhost.runtime.dispatch import Dispatcher
 from modelhost.runtime.local import LocalBackend
+from modelhost.runtime.memory import parents, tree_rss_bytes
 from modelhost.runtime.replica import Replica, ReplicaBackend, ReplicaLoadFailed
 from modelhost.runtime.spec import DeploymentSpec, LiveStatus
 from modelhost.tasks.registry import served
 
 log = logging.getLogger("modelhost.runtime")
 GB = 1_000_000_000
+MB = 1_000_000
+# A replica over the memory limit is restarted at most this often in the window; the next time the
+# deployment fails instead: a model that needs more than the limit would otherwise restart forever.
+MEMORY_RESTARTS = 2
+MEMORY_RESTART_WINDOW_SECONDS = 600.0
 
 
 SpecSource = Callable[[str], DeploymentSpec | None]
@@ -51,6 +57,10 @@ class DeploymentRuntime:
         self._manager = manager
         self.state = "unloaded"
         self.reason: str | None = None
+        # The last replica restarted for its memory: shown as the reason while the deployment has none
+        # of its own (ready again, or loading the replacement), until it is unloaded.
+        self.notice: str | None = None
+        self._memory_restarts: list[float] = []  # when, on the monotonic clock
         self.replicas: list[Replica] = []
         self.last_cold_start: float | None = None
         self._clock = manager.clock
@@ -126,7 +136,7 @@ class DeploymentRuntime:
         dead = [r for r in self.replicas if not r.alive]
         if dead:
             self.replicas = [r for r in self.replicas if r.alive]
-            metrics.REPLICA_RESTARTS.labels(self.spec.id).inc(len(dead))
+            metrics.REPLICA_RESTARTS.labels(self.spec.id, "exited").inc(len(dead))
             self._manager.in_background(self._manager.stop(dead))
 
     async def _load(self) -> None:
@@ -190,6 +200,7 @@ class DeploymentRuntime:
         replicas, self.replicas = [*self.replicas, *self._loading], []
         if self.state != "failed":
             self.state = "unloaded"  # at once: a request from now on loads it again
+        self.notice = None
         self.publish()
         await self._manager.stop(replicas, detach=detach)
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(0)
@@ -214,19 +225,49 @@ class DeploymentRuntime:
         are unloading. One whose model no longer loads (`failure`) fails the deployment instead."""
         if replica not in self.replicas:
             return
-        self.replicas.remove(replica)
-        self.publish()
         if self._unloading:
+            self.replicas.remove(replica)
+            self.publish()
             self._manager.in_background(self._manager.stop([replica]))
         elif replica.failure is not None:  # failed until the next load retry, like a first load
-            stopping, self.replicas = [replica, *self.replicas], []
+            stopping, self.replicas = self.replicas, []
+            self.publish()
             self._fail(replica.failure)
             self._manager.in_background(self._manager.stop(stopping))
         else:
-            metrics.REPLICA_RESTARTS.labels(self.spec.id).inc()
-            if not self.replicas:
-                self.state, self.reason = "loading", None  # a replacement is on its way
-            self._manager.in_background(self._replace(replica))
+            self._restart(replica, "exited")
+
+    def _restart(self, replica: Replica, why: str) -> None:
+        """Drop `replica` and start its replacement (`why`: the restarts metric's reason)."""
+        self.replicas.remove(replica)
+        metrics.REPLICA_RESTARTS.labels(self.spec.id, why).inc()
+        if not self.replicas:
+            self.state, self.reason = "loading", None  # a replacement is on its way
+        self.publish()
+        self._manager.in_background(self._replace(replica))
+
+    def over_memory(self, replica: Replica, rss: int, limit: int) -> None:
+        """`replica` holds more resident memory than the limit: stop it and start a replacement, as if it
+        had died; the third time within the window, fail the deployment instead (the model needs more)."""
+        if replica not in self.replicas or self._unloading:
+            return  # gone or replaced since it was measured
+        now = time.monotonic()
+        recent = [t for t in self._memory_restarts if now - t < MEMORY_RESTART_WINDOW_SECONDS]
+        self._memory_restarts = [*recent, now]
+        over = f"its resident memory {rss // MB} MB exceeded the limit of {limit // MB} MB"
+        if len(recent) < MEMORY_RESTARTS:
+            self.notice = f"replica {replica.name} was restarted: {over}"
+            log.warning("deployment %s: %s", self.spec.id, self.notice)
+            self._restart(replica, "memory")
+            return
+        minutes = f"{MEMORY_RESTART_WINDOW_SECONDS / 60:g} minutes"
+        self.notice = None
+        self._failed_at, self.state = now, "failed"
+        self.reason = f"replica {replica.name} was stopped: {over} {len(recent) + 1} times in {minutes}"
+        log.warning("deployment %s failed: %s", self.spec.id, self.reason)
+        stopping, self.replicas = self.replicas, []
+        self.publish()
+        self._manager.in_background(self._manager.stop(stopping))
 
     async def _replace(self, replica: Replica) -> None:
         """Stop what is left of the replica first: a Serve application is replaced under its own name."""
@@ -240,7 +281,7 @@ class DeploymentRuntime:
         metrics.MEMORY_BYTES.labels(self.spec.id).set(rss)
         return LiveStatus(
             state=self.state,
-            reason=self.reason,
+            reason=self.reason or self.notice,
             replicas=sum(s.processes for s in stats),
             memory_gb=round(rss / GB, 6),
             last_cold_start_seconds=None if self.last_cold_start is None else round(self.last_cold_start, 3),
@@ -271,6 +312,7 @@ class ReplicaManager:
         self._runtimes: dict[str, DeploymentRuntime] = {}
         self.background: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
+        self._memory_watch: asyncio.Task[None] | None = None
         self._meter = meter
         # Asked before every load (billing: 402 when the account is out of credits).
         self.load_guard = load_guard
@@ -315,11 +357,14 @@ class ReplicaManager:
         for spec in specs:
             self._runtime_for(spec).load_in_background()
         self._reaper = asyncio.create_task(self._reap_idle())
+        if self.settings.replica_memory_limit_mb is not None and isinstance(self.backend, LocalBackend):
+            self._memory_watch = asyncio.create_task(self._watch_memory())
 
     async def shutdown(self) -> None:
         """Drain queued and running work, then stop every worker."""
-        if self._reaper is not None:
-            self._reaper.cancel()
+        for task in (self._reaper, self._memory_watch):
+            if task is not None:
+                task.cancel()
         runtimes = list(self._runtimes.values())
         await asyncio.gather(
             *(rt.drain(self.settings.shutdown_drain_seconds) for rt in runtimes), return_exceptions=True
@@ -428,6 +473,32 @@ class ReplicaManager:
             ):
                 log.info("unloading idle cold deployment %s", runtime.spec.id)
                 await runtime.unload()
+
+    async def _watch_memory(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.memory_check_seconds)
+            try:
+                await self.check_memory()
+            except Exception:  # a measurement that fails must not end the watch for good
+                log.exception("checking replicas' memory failed")
+
+    async def check_memory(self) -> None:
+        """Restart every replica whose worker (with the processes it started) holds more resident memory
+        than `replica_memory_limit_mb`. Ray Serve replicas are left to Ray's own memory monitor."""
+        if self.settings.replica_memory_limit_mb is None:
+            return
+        limit = self.settings.replica_memory_limit_mb * MB
+        live = [(rt, r) for rt in list(self._runtimes.values()) for r in rt.replicas if r.alive]
+        if not live:
+            return
+
+        def measure() -> list[int]:  # reads all of /proc: off the event loop
+            table = parents()
+            return [tree_rss_bytes(r.pid, table) for _, r in live]
+
+        for (runtime, replica), rss in zip(live, await asyncio.to_thread(measure), strict=True):
+            if rss > limit:
+                runtime.over_memory(replica, rss, limit)
 
     def _idle(self, runtime: DeploymentRuntime) -> bool:
         return self.clock.monotonic() - runtime.last_used >= self.settings.cold_idle_seconds

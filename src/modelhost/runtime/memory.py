@@ -1,8 +1,10 @@
-"""Resident memory of a process, measured (memory-based billing needs a real number)."""
+"""Resident memory of a process, measured (memory-based billing and the replica memory limit need a real
+number)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -16,3 +18,40 @@ def rss_bytes(pid: int | None) -> int:
             return int(handle.read().split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def parents() -> dict[int, int]:
+    """Every live process's parent, from /proc (empty where there is none). The kernel here need not
+    offer `/proc/<pid>/task/<tid>/children`, so the whole table is read."""
+    table: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            # the command name may hold spaces and parentheses: the fields after its last ")" are fixed
+            fields = entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+            table[int(entry.name)] = int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue  # ended while the table was read
+    return table
+
+
+def descendants(pid: int, table: dict[int, int]) -> list[int]:
+    """`pid`'s children, their children, and so on, from a `parents()` table."""
+    children: dict[int, list[int]] = {}
+    for child, parent in table.items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found.append(child)
+        todo.extend(children.get(child, []))
+    return found
+
+
+def tree_rss_bytes(pid: int | None, table: dict[int, int] | None = None) -> int:
+    """RSS of `pid` and of every process it started (a model's helper processes count against its
+    replica). Pages shared with the worker template count in each process that touched them, as RSS
+    always counts them."""
+    if pid is None:
+        return 0
+    tree = [pid, *descendants(pid, parents() if table is None else table)]
+    return sum(rss_bytes(p) for p in tree)

@@ -48,7 +48,10 @@ MEMORY_BYTES = Gauge(
     multiprocess_mode="livesum",
 )
 REPLICA_RESTARTS = Counter(
-    "modelhost_replica_restarts_total", "Replicas restarted after dying.", ["deployment"]
+    "modelhost_replica_restarts_total",
+    "Replicas replaced, by `reason`: `exited` (the worker died: killed, crashed, out of the system's "
+    "memory) or `memory` (the supervisor stopped it above `MODELHOST_REPLICA_MEMORY_LIMIT_MB`).",
+    ["deployment", "reason"],
 )
 REQUESTS_REQUEUED = Counter(
     "modelhost_requests_requeued_total",

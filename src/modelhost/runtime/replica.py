@@ -59,6 +59,7 @@ class Replica(Protocol):
     """What the manager uses of a replica, whichever backend runs it."""
 
     spec: ReplicaSpec
+    name: str  # how logs and the deployment's reason name it (`ps` shows a local worker's too)
     # Why the replica cannot run any more (its model no longer loads), when it exits for that reason;
     # None when it merely died (killed, out of memory) and a replacement may well start.
     failure: str | None

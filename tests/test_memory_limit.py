@@ -1,0 +1,110 @@
+"""The replica memory limit (`MODELHOST_REPLICA_MEMORY_LIMIT_MB`), through HTTP on a real `modelhost
+serve`: the supervisor measures each replica's worker every `MODELHOST_MEMORY_CHECK_SECONDS` and restarts
+one above the limit, saying why in the deployment's `state_reason`, the log and
+`modelhost_replica_restarts_total{reason="memory"}`; the third time within ten minutes the deployment
+fails instead. A tiny model's worker holds far more than 20 MB (torch alone), so that limit is always
+exceeded."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from modelhost.runtime.memory import descendants, parents, rss_bytes, tree_rss_bytes
+from tests.helpers import assert_error, bearer
+from tests.test_gateway_processes import ST_RECIPE, Server, server_with, until
+
+RESTARTED = re.compile(
+    r"replica (dep_\w+-\d+) was restarted: its resident memory (\d+) MB exceeded the limit of 20 MB"
+)
+
+
+def view(server: Server, deployment_id: str) -> dict[str, Any]:
+    answer = httpx.get(f"{server.url}/v1/deployments/{deployment_id}", headers=bearer(server.key), timeout=10)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def memory_restarts(server: Server, deployment_id: str) -> float:
+    labels = f'deployment="{deployment_id}",reason="memory"'
+    pattern = rf"^modelhost_replica_restarts_total{{{labels}}} ([\d.e+]+)$"
+    match = re.search(pattern, server.metrics(), re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+async def test_a_replica_over_the_memory_limit_is_restarted_with_its_reason_shown_then_fails_the_third_time(
+    tmp_path: Path, recipes: Path
+) -> None:
+    limits = {"MODELHOST_REPLICA_MEMORY_LIMIT_MB": "20", "MODELHOST_MEMORY_CHECK_SECONDS": "2"}
+    async with server_with(tmp_path, 1, **limits) as server:
+        deployment_id = await server.deploy(
+            recipes.joinpath(*ST_RECIPE), "feature-extraction", "m", readiness="warm"
+        )
+        [first] = await until(lambda: server.replicas(deployment_id))
+
+        def ready_again() -> dict[str, Any] | None:
+            """The deployment's view once a replacement serves (another worker than the first)."""
+            current, pids = view(server, deployment_id), server.replicas(deployment_id)
+            return current if current["state"] == "ready" and pids and first not in pids else None
+
+        current = await until(ready_again, timeout=60)
+        restarted = RESTARTED.fullmatch(current["state_reason"] or "")
+        assert restarted and int(restarted.group(2)) > 20, current  # still said while ready again
+
+        def failed() -> dict[str, Any] | None:
+            current = view(server, deployment_id)
+            return current if current["state"] == "failed" else None
+
+        current = await until(failed, timeout=60)
+        assert re.fullmatch(
+            r"replica dep_\w+-\d+ was stopped: its resident memory \d+ MB exceeded the limit of 20 MB "
+            r"3 times in 10 minutes",
+            current["state_reason"],
+        ), current
+        assert current["replicas"] == 0
+        await until(lambda: not server.replicas(deployment_id))
+        assert memory_restarts(server, deployment_id) == 2
+        assert_error(await server.embed("after the failure"), 503, "deployment_unavailable")
+        log = server.process.log.read_text()
+        assert len(RESTARTED.findall(log)) == 2, log[-3000:]
+
+
+async def test_a_replica_under_the_memory_limit_keeps_running(tmp_path: Path, recipes: Path) -> None:
+    limits = {"MODELHOST_REPLICA_MEMORY_LIMIT_MB": "100000", "MODELHOST_MEMORY_CHECK_SECONDS": "0.2"}
+    async with server_with(tmp_path, 1, **limits) as server:
+        deployment_id = await server.deploy(
+            recipes.joinpath(*ST_RECIPE), "feature-extraction", "m", readiness="warm"
+        )
+        await server.ready(deployment_id)
+        [pid] = server.replicas(deployment_id)
+        assert (await server.embed("hello")).status_code == 200
+        await asyncio.sleep(2)  # ten checks
+        assert server.replicas(deployment_id) == [pid]
+        current = view(server, deployment_id)
+        assert (current["state"], current["state_reason"]) == ("ready", None), current
+        assert memory_restarts(server, deployment_id) == 0
+
+
+def test_a_process_tree_counts_the_processes_its_root_started() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 10
+        while rss_bytes(child.pid) < 1_000_000 and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the interpreter is up
+        table = parents()
+        assert child.pid in descendants(os.getpid(), table)
+        assert tree_rss_bytes(child.pid, table) == rss_bytes(child.pid) > 0  # it started nothing
+        assert tree_rss_bytes(os.getpid(), table) > rss_bytes(child.pid) + rss_bytes(os.getpid()) // 2
+        assert tree_rss_bytes(None) == 0
+    finally:
+        child.kill()
+        child.wait()
