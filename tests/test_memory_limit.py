@@ -97,9 +97,10 @@ async def test_a_replica_under_the_memory_limit_keeps_running(tmp_path: Path, re
 def test_a_process_tree_counts_the_processes_its_root_started() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        deadline = time.monotonic() + 10
-        while rss_bytes(child.pid) < 1_000_000 and time.monotonic() < deadline:
-            time.sleep(0.05)  # until the interpreter is up
+        deadline, last = time.monotonic() + 10, -1
+        while (now := rss_bytes(child.pid)) != last and time.monotonic() < deadline:
+            last = now
+            time.sleep(0.2)  # until the interpreter is up and sleeping: its memory no longer moves
         table = parents()
         assert child.pid in descendants(os.getpid(), table)
         assert tree_rss_bytes(child.pid, table) == rss_bytes(child.pid) > 0  # it started nothing
