@@ -30,16 +30,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item._id = item._id.with_params(params.removesuffix("]"))  # type: ignore[attr-defined]
 
 
+SUITE_ENVIRONMENT = {name: value for name, value in os.environ.items() if name.startswith("MODELHOST_")}
+
+
 @pytest.fixture(autouse=True)
 def own_modelhost_environment() -> Iterator[None]:
-    """Each test starts from the suite's `MODELHOST_*` environment (tests/__init__.py): one that sets a
-    setting in `os.environ`, or runs code that does (the CLI's `quickstart` sets an admin key for the
-    processes it starts), takes it with it, so no later test in the same process reads it."""
-    saved = {name: value for name, value in os.environ.items() if name.startswith("MODELHOST_")}
+    """Each test ends with the suite's `MODELHOST_*` environment (tests/__init__.py): a setting put into
+    `os.environ` by a test, or by a library it imports (LiteLLM loads the working directory's `.env` at
+    import unless told not to), does not reach the tests after it in the same process."""
     yield
-    for name in [n for n in os.environ if n.startswith("MODELHOST_") and n not in saved]:
+    for name in [n for n in os.environ if n.startswith("MODELHOST_") and n not in SUITE_ENVIRONMENT]:
         del os.environ[name]
-    os.environ.update(saved)
+    os.environ.update(SUITE_ENVIRONMENT)
 
 
 @pytest.fixture(scope="session")

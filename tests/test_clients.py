@@ -167,8 +167,11 @@ def served(
 @pytest.fixture(scope="module")
 def litellm(outside_lookups: list[str]) -> ModuleType:
     """LiteLLM, imported here (it takes seconds) with its bundled model cost map: by default it downloads
-    one from GitHub at import."""
+    one from GitHub at import. In its `PRODUCTION` mode: by default (`DEV`) its import loads the working
+    directory's `.env` into the environment, which would hand the admin key `make run` wrote there to the
+    tests after it."""
     os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    os.environ["LITELLM_MODE"] = "PRODUCTION"
     import litellm
 
     litellm.telemetry = False
