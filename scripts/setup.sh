@@ -131,6 +131,14 @@ PY
     # modelhost itself, without its dependencies (they are .venv's): the replica worker that hosts vLLM
     # runs under this Python and imports our protocol and host (msgspec, pydantic: vLLM's own)
     vpip install --no-deps -e . || { vllm_failed "pip install --no-deps -e . (modelhost) failed"; return; }
+    # vLLM runs its engine in child processes (VLLM::EngineCore, VLLM::Worker) that outlive a parent
+    # killed by SIGKILL. Every Python of this environment started with MODELHOST_REPLICA=1 (a replica
+    # worker, and so each process vLLM spawns under it) asks Linux to kill it with its parent.
+    .venv-vllm/bin/python - <<'PY' || { vllm_failed "could not write the die-with-parent hook"; return; }
+import pathlib, sysconfig
+hook = 'import os; os.environ.get("MODELHOST_REPLICA") == "1" and __import__("ctypes").CDLL("libc.so.6").prctl(1, 9)\n'
+pathlib.Path(sysconfig.get_paths()["purelib"], "modelhost_die_with_parent.pth").write_text(hook)
+PY
     HF_HUB_OFFLINE=1 .venv-vllm/bin/python -c "import vllm.v1.engine.async_llm, modelhost.runtime.protocol" >/dev/null 2>&1 ||
         { vllm_failed "the installed vllm does not import (.venv-vllm/bin/python -c 'import vllm' says why)"; return; }
     echo "$wanted" > "$marker"
