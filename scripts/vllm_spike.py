@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -53,7 +54,6 @@ def build(folder: Path) -> None:
     benchmark's byte-level BPE (8000 tokens, trained offline) and ChatML template."""
     sys.path.insert(0, str(ROOT))
     import torch
-
     from bench.generation import Shape, build_model
 
     shape = Shape("spike", 256, 4, 4, 688, 8000, torch.float32, (1,), 32, 0, 0)
@@ -89,13 +89,18 @@ def compare(folder: Path, result_path: Path) -> None:
     with torch.inference_mode():
         first = torch.log_softmax(model(torch.tensor([prompt_ids])).logits[0, -1].float(), -1)
     for token, entry in result["logprobs"][0].items():
-        print(f"token {token}: vLLM logprob {entry['logprob']:.4f}, transformers {first[int(token)].item():.4f}")
+        print(
+            f"token {token}: vLLM logprob {entry['logprob']:.4f}, transformers {first[int(token)].item():.4f}"
+        )
     if agree < len(vllm_ids):
         # Where they part, how close the two candidates were: random weights give near-ties.
         with torch.inference_mode():
             logits = model(torch.tensor([prompt_ids + vllm_ids[:agree]])).logits[0, -1]
         top = torch.topk(logits, 3)
-        print(f"at the first difference transformers' top-3 logits: {top.values.tolist()} ids {top.indices.tolist()}")
+        print(
+            f"at the first difference, transformers' top-3 logits {top.values.tolist()}"
+            f" of tokens {top.indices.tolist()}"
+        )
 
 
 # ---------------------------------------------------------------- run (vLLM venv)
@@ -114,7 +119,9 @@ def make_stat_logger() -> Any:
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             if scheduler_stats is not None:
                 Stats.samples.append(
                     (time.perf_counter(), scheduler_stats.num_running_reqs, scheduler_stats.kv_cache_usage)
@@ -224,13 +231,23 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
     try:
         # -- streamed greedy generation: DELTA outputs, one per engine step
         prompt = ids(PROMPT)
-        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        params = SamplingParams(
+            temperature=0.0, max_tokens=24, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        )
         stream, tokens, t0 = [], [], time.perf_counter()
         async for out in engine.generate(prompt, params, "greedy"):
             delta = out.outputs[0]
-            stream.append({"t_ms": round(1000 * (time.perf_counter() - t0), 1), "ids": list(delta.token_ids), "text": delta.text})
+            stream.append(
+                {
+                    "t_ms": round(1000 * (time.perf_counter() - t0), 1),
+                    "ids": list(delta.token_ids),
+                    "text": delta.text,
+                }
+            )
             tokens.extend(delta.token_ids)
-            print(f"  stream +{stream[-1]['t_ms']:7.1f} ms {list(delta.token_ids)} {delta.text!r}", flush=True)
+            print(
+                f"  stream +{stream[-1]['t_ms']:7.1f} ms {list(delta.token_ids)} {delta.text!r}", flush=True
+            )
         report["greedy"] = {
             "prompt_ids": prompt["prompt_token_ids"],
             "token_ids": tokens,
@@ -252,14 +269,18 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
             # child i of a seeded request is sampled with seed + i: the second child of seed 42 is seed 43's
             "child_1_is_seed_43": list(a.outputs[1].token_ids) == list(one.outputs[0].token_ids),
             "samples": [list(o.token_ids) for o in a.outputs],
-            "same_seed_same_samples": [list(o.token_ids) for o in a.outputs] == [list(o.token_ids) for o in b.outputs],
-            "other_seed_differs": [list(o.token_ids) for o in a.outputs] != [list(o.token_ids) for o in c.outputs],
+            "same_seed_same_samples": [list(o.token_ids) for o in a.outputs]
+            == [list(o.token_ids) for o in b.outputs],
+            "other_seed_differs": [list(o.token_ids) for o in a.outputs]
+            != [list(o.token_ids) for o in c.outputs],
         }
 
         # -- stop strings: stop at a piece of the greedy text
         greedy_text = report["greedy"]["text"]
         stop_word = greedy_text[len(greedy_text) // 2 :][:6].strip() or greedy_text[-4:]
-        out = await collect(engine, prompt, SamplingParams(temperature=0, max_tokens=24, stop=[stop_word]), "stop")
+        out = await collect(
+            engine, prompt, SamplingParams(temperature=0, max_tokens=24, stop=[stop_word]), "stop"
+        )
         report["stop"] = {
             "stop": stop_word,
             "text": out.outputs[0].text,
@@ -268,9 +289,17 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
         }
 
         # -- logprobs / top logprobs: per token a dict {token_id: Logprob(logprob, rank, decoded_token)}
-        out = await collect(engine, prompt, SamplingParams(temperature=0, max_tokens=3, logprobs=3, prompt_logprobs=1), "logprobs")
+        out = await collect(
+            engine,
+            prompt,
+            SamplingParams(temperature=0, max_tokens=3, logprobs=3, prompt_logprobs=1),
+            "logprobs",
+        )
         report["logprobs"] = [
-            {str(tid): {"logprob": round(lp.logprob, 4), "rank": lp.rank, "token": lp.decoded_token} for tid, lp in step.items()}
+            {
+                str(tid): {"logprob": round(lp.logprob, 4), "rank": lp.rank, "token": lp.decoded_token}
+                for tid, lp in step.items()
+            }
             for step in out.outputs[0].logprobs
         ]
         report["logprobs_cumulative"] = out.outputs[0].cumulative_logprob
@@ -283,26 +312,49 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
             "presence_penalty": {"presence_penalty": 2.0},
             "frequency_penalty": {"frequency_penalty": 2.0},
         }.items():
-            out = await collect(engine, prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, **extra), name)
-            pen[name] = {"differs_from_greedy": list(out.outputs[0].token_ids) != tokens, "distinct": len(set(out.outputs[0].token_ids))}
+            out = await collect(
+                engine, prompt, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, **extra), name
+            )
+            pen[name] = {
+                "differs_from_greedy": list(out.outputs[0].token_ids) != tokens,
+                "distinct": len(set(out.outputs[0].token_ids)),
+            }
         pen["greedy_distinct"] = len(set(tokens))
         report["penalties"] = pen
 
         # -- logit_bias: a +100 bias on one token makes greedy pick it every step
         forced = tokenizer.convert_tokens_to_ids("<|endoftext|>") + 5  # some ordinary token
-        out = await collect(engine, prompt, SamplingParams(temperature=0, max_tokens=4, logit_bias={forced: 100.0}), "bias")
+        out = await collect(
+            engine, prompt, SamplingParams(temperature=0, max_tokens=4, logit_bias={forced: 100.0}), "bias"
+        )
         report["logit_bias"] = {"token": forced, "output": list(out.outputs[0].token_ids)}
         # allowed_token_ids: the other way to restrict sampling
-        out = await collect(engine, prompt, SamplingParams(temperature=0, max_tokens=4, allowed_token_ids=[forced, forced + 1]), "allowed")
+        out = await collect(
+            engine,
+            prompt,
+            SamplingParams(temperature=0, max_tokens=4, allowed_token_ids=[forced, forced + 1]),
+            "allowed",
+        )
         report["allowed_token_ids"] = list(out.outputs[0].token_ids)
 
         # -- min_tokens: a stop token (greedy's first) is ignored until min_tokens are out
         first = tokens[0]
-        plain = await collect(engine, prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[first]), "min0")
-        held = await collect(engine, prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[first], min_tokens=5), "min5")
+        plain = await collect(
+            engine, prompt, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[first]), "min0"
+        )
+        held = await collect(
+            engine,
+            prompt,
+            SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[first], min_tokens=5),
+            "min5",
+        )
         report["min_tokens"] = {
             "stop_token": first,
-            "without": {"ids": list(plain.outputs[0].token_ids), "finish": plain.outputs[0].finish_reason, "stop_reason": plain.outputs[0].stop_reason},
+            "without": {
+                "ids": list(plain.outputs[0].token_ids),
+                "finish": plain.outputs[0].finish_reason,
+                "stop_reason": plain.outputs[0].stop_reason,
+            },
             "min_tokens_5": {"ids": list(held.outputs[0].token_ids), "finish": held.outputs[0].finish_reason},
         }
 
@@ -312,9 +364,23 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
             "json_schema": StructuredOutputsParams(json=SCHEMA),
             "lark": StructuredOutputsParams(grammar=LARK),
             # our own grammar strings (modelhost.generation.grammar): Lark with %json, passed as they are
-            "ours_json_schema_grammar": StructuredOutputsParams(grammar=json_schema_grammar(SCHEMA, 12, strict=True)),
+            "ours_json_schema_grammar": StructuredOutputsParams(
+                grammar=json_schema_grammar(SCHEMA, 12, strict=True)
+            ),
             "ours_tool_call_grammar": StructuredOutputsParams(
-                grammar=tool_call_grammar([("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})], 12)
+                grammar=tool_call_grammar(
+                    [
+                        (
+                            "get_weather",
+                            {
+                                "type": "object",
+                                "properties": {"city": {"type": "string"}},
+                                "required": ["city"],
+                            },
+                        )
+                    ],
+                    12,
+                )
             ),
             "regex": StructuredOutputsParams(regex=r"(yes|no), [a-z]{2,5}"),
             "choice": StructuredOutputsParams(choice=["red", "green", "blue"]),
@@ -322,9 +388,18 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
         for name, so in cases.items():
             t = time.perf_counter()
             try:
-                out = await collect(engine, prompt, SamplingParams(temperature=0.8, seed=1, max_tokens=64, structured_outputs=so), f"so-{name}")
+                out = await collect(
+                    engine,
+                    prompt,
+                    SamplingParams(temperature=0.8, seed=1, max_tokens=64, structured_outputs=so),
+                    f"so-{name}",
+                )
                 text = out.outputs[0].text
-                entry: dict[str, Any] = {"text": text, "finish": out.outputs[0].finish_reason, "ms": round(1000 * (time.perf_counter() - t))}
+                entry: dict[str, Any] = {
+                    "text": text,
+                    "finish": out.outputs[0].finish_reason,
+                    "ms": round(1000 * (time.perf_counter() - t)),
+                }
                 if name in ("json_schema", "ours_json_schema_grammar", "ours_tool_call_grammar"):
                     try:
                         entry["parsed"] = json.loads(text)
@@ -336,7 +411,12 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
             print(f"  structured {name}: {entry}", flush=True)
         # a malformed grammar: refused when the request is added (VLLMValidationError), before any step?
         try:
-            await collect(engine, prompt, SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(grammar="start: (")), "so-bad")
+            await collect(
+                engine,
+                prompt,
+                SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(grammar="start: (")),
+                "so-bad",
+            )
             structured["malformed"] = "accepted?!"
         except Exception as error:
             structured["malformed"] = f"{type(error).__name__}: {str(error)[:300]}"
@@ -344,7 +424,9 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
 
         # -- abort: a long request beside another; count steps until the engine runs one request again
         Stats.samples.clear()
-        long_params = SamplingParams(temperature=0, max_tokens=900, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        long_params = SamplingParams(
+            temperature=0, max_tokens=900, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        )
 
         async def drain(rid: str) -> Any:
             last = None
@@ -372,10 +454,8 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
         cancelled_at = time.perf_counter()
         cancel_freed = await first_sample(cancelled_at, running=1)
         await engine.abort("beside")
-        try:
+        with contextlib.suppress(Exception):
             await other
-        except Exception:
-            pass
         report["abort"] = {
             "end_state": end_state,
             "generator_ended_ms_after_abort": round(generator_ended_ms, 1),
@@ -388,8 +468,18 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
 
         # -- prefix caching: the second request with the same long prefix reuses whole blocks
         shared = tokenizer(SYSTEM)["input_ids"]
-        first_q = await collect(engine, tokens_input(shared + tokenizer(" Question one?")["input_ids"]), SamplingParams(max_tokens=2), "prefix-1")
-        second_q = await collect(engine, tokens_input(shared + tokenizer(" Another question?")["input_ids"]), SamplingParams(max_tokens=2), "prefix-2")
+        first_q = await collect(
+            engine,
+            tokens_input(shared + tokenizer(" Question one?")["input_ids"]),
+            SamplingParams(max_tokens=2),
+            "prefix-1",
+        )
+        second_q = await collect(
+            engine,
+            tokens_input(shared + tokenizer(" Another question?")["input_ids"]),
+            SamplingParams(max_tokens=2),
+            "prefix-2",
+        )
         no_read = await collect(
             engine,
             tokens_input(shared + tokenizer(" Third one?")["input_ids"]),
@@ -404,7 +494,12 @@ async def spike(folder: Path, eager: bool, kv_cache_mb: int, report: dict[str, A
             "prompt_tokens": [len(first_q.prompt_token_ids), len(second_q.prompt_token_ids)],
         }
         reset = await engine.reset_prefix_cache()
-        after_reset = await collect(engine, tokens_input(shared + tokenizer(" Question one?")["input_ids"]), SamplingParams(max_tokens=2), "prefix-4")
+        after_reset = await collect(
+            engine,
+            tokens_input(shared + tokenizer(" Question one?")["input_ids"]),
+            SamplingParams(max_tokens=2),
+            "prefix-4",
+        )
         report["prefix_caching"]["reset_returned"] = reset
         report["prefix_caching"]["after_reset_num_cached_tokens"] = after_reset.num_cached_tokens
         print(f"  prefix {report['prefix_caching']}", flush=True)
@@ -425,7 +520,9 @@ def run(folder: Path, out: Path, eager: bool, kv_cache_mb: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="step", required=True)
     sub.add_parser("build").add_argument("folder", type=Path)
     r = sub.add_parser("run")
