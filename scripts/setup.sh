@@ -77,7 +77,7 @@ fi
 # 2.13.0+cpu; PyPI's torchvision / torchaudio / torchcodec, which it also pulls, are built for another
 # torch and break `import vllm` ("operator torchvision::nms does not exist", libc10_cuda.so), so they
 # are removed: vLLM serves text without them. About 4.5 minutes and 2.5 GB on a CPU machine, cold.
-# MODELHOST_SETUP_VLLM=0 skips it; MODELHOST_VLLM_PYTHON names the Python of an environment that has
+# MODELHOST_SETUP_VLLM=1 installs it; MODELHOST_VLLM_PYTHON names the Python of an environment that has
 # vLLM already (nothing is installed). A failure is not setup's: text generation uses the transformers
 # engine. .venv-vllm/.modelhost-vllm records what was installed once `import vllm` worked; without it
 # the environment is not finished (a later run carries on) and the replica must not use it.
@@ -109,7 +109,7 @@ PY
         echo "==> .venv-vllm has $wanted"
         return
     fi
-    echo "==> installing $wanted into .venv-vllm (about 4.5 minutes and 2.5 GB; MODELHOST_SETUP_VLLM=0 skips it)"
+    echo "==> installing $wanted into .venv-vllm (about 4.5 minutes and 2.5 GB)"
     rm -f "$marker"
     [ -x .venv-vllm/bin/python ] || "$python" -m venv .venv-vllm || { vllm_failed "$python -m venv failed"; return; }
     vpip() { .venv-vllm/bin/python -m pip --disable-pip-version-check -q "$@"; }
@@ -144,9 +144,8 @@ PY
     echo "$wanted" > "$marker"
     echo "==> .venv-vllm has $wanted ($(du -sh .venv-vllm | cut -f1))"
 }
-if [ "${MODELHOST_SETUP_VLLM:-1}" = 0 ]; then
-    echo "==> vLLM skipped (MODELHOST_SETUP_VLLM=0): text generation will use the transformers engine"
-else
+# Opt-in until the vLLM engine serves deployments (issue 29): MODELHOST_SETUP_VLLM=1 installs it.
+if [ "${MODELHOST_SETUP_VLLM:-0}" = 1 ]; then
     setup_vllm || true
 fi
 if [ "$mode" = dev ] && ! command -v chromium >/dev/null; then
