@@ -80,19 +80,20 @@ class Dispatcher:
     async def infer(self, targets: Targets, item: Payload) -> Payload:
         """One request of a batch task, answered by the least busy live replica; sent again, within its
         deadline, when its replica dies before running it (see the module docstring)."""
-        await targets()  # a cold start happens here, before the request's deadline runs
+        live = await targets()  # a cold start happens here, before the request's deadline runs
         self._admit()
         requeued = False
         try:
             async with asyncio.timeout(self.timeout):  # no task of its own, unlike `wait_for`
                 while True:
-                    target = await self._live(targets)
+                    target = await self._live(live, targets)
                     try:
                         output = await target.submit(item)
                         break
                     except ReplicaDiedBeforeStart:
                         requeued = True
                         metrics.REQUESTS_REQUEUED.labels(self.deployment_id).inc()
+                        live = await targets()  # the others, or the replacement's start
         except TimeoutError as exc:
             if requeued:
                 raise DeploymentUnavailable(
@@ -111,14 +112,15 @@ class Dispatcher:
         return output
 
     @staticmethod
-    async def _live(targets: Targets) -> Target:
-        """The least busy live replica; while there is none (one died, its replacement is on its way),
-        asked again every moment until the caller's deadline."""
+    async def _live(live: Sequence[Target], targets: Targets) -> Target:
+        """The least busy of `live`; while none of them runs (one died, its replacement is on its way),
+        `targets` is asked again every moment until the caller's deadline."""
         while True:
             try:
-                return _pick(await targets())
+                return _pick(live)
             except NoLiveReplica:
                 await asyncio.sleep(REQUEUE_POLL_SECONDS)
+                live = await targets()
 
     async def stream(self, targets: Sequence[Target], request: Payload) -> AsyncGenerator[Payload, None]:
         """A generation's events from the least busy live replica; an `error` event is raised."""
