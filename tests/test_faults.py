@@ -10,9 +10,7 @@ the keys whose creation answered 201 are exactly the keys the database has after
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import re
 import signal
 import sqlite3
 import time
@@ -24,11 +22,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import ADMIN_KEY, bearer, push_folder
+from tests.helpers import bearer
 from tests.postgres import PostgresServer, create_database
-from tests.server_process import ServerProcess, processes
+from tests.server_process import ST_RECIPE, server_with
 
-ST_RECIPE = ("t03_feature_extraction", "st")
 OUTAGE_SECONDS = 5.0
 
 
@@ -91,15 +88,14 @@ async def test_a_database_restart_under_load_costs_nothing_but_clear_503s(
     tmp_path: Path, recipes: Path, postgres: PostgresServer
 ) -> None:
     # caches trusted for a second only: the outage outlasts them, so what the gateway holds is stale
-    server = ServerProcess(
-        tmp_path / "data",
-        create_database(postgres.url, "faults"),
-        MODELHOST_KEY_CACHE_SECONDS="1",
-        MODELHOST_BILLING_BALANCE_CACHE_SECONDS="1",
-    )
-    server.start()
-    try:
-        key, _ = await deploy_embedder(server, recipes, readiness="hot")
+    caches = {"MODELHOST_KEY_CACHE_SECONDS": "1", "MODELHOST_BILLING_BALANCE_CACHE_SECONDS": "1"}
+    database = create_database(postgres.url, "faults")
+    async with server_with(tmp_path, 1, database_url=database, **caches) as server:
+        key = server.key
+        deployment_id = await server.deploy(
+            recipes.joinpath(*ST_RECIPE), "feature-extraction", "m", readiness="hot"
+        )
+        await server.ready(deployment_id)
         embed = {"model": "m", "input": "a database restart"}
 
         embeddings, keys, ready = Tally(), Tally(), Tally()
@@ -146,33 +142,6 @@ async def test_a_database_restart_under_load_costs_nothing_but_clear_503s(
         stored = {k["id"] for k in listed if k["name"] == "fault-drill"}
         answered = {r.json()["id"] for r in answers[8] if r.status_code == 201}
         assert stored == answered  # a 201 is durable; a 503 did not happen
-    finally:
-        with contextlib.suppress(Exception):
-            server.terminate(timeout=30)
-        server.stop()
-
-
-async def deploy_embedder(server: ServerProcess, recipes: Path, readiness: str = "warm") -> tuple[str, str]:
-    """An account and a ready deployment `m` of the tiny sentence-transformers model: (key, deployment)."""
-    async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
-        created = await http.post("/v1/admin/accounts", json={"name": "a"}, headers=bearer(ADMIN_KEY))
-        key = created.json()["api_key"]
-        pushed = await push_folder(http, key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
-        body = {"model": "m", "artifact_id": pushed["artifact"]["id"], "readiness": readiness}
-        deployed = await http.post("/v1/deployments", json=body, headers=bearer(key))
-        assert deployed.status_code == 201, deployed.text
-        deadline = time.monotonic() + 60
-        embed = {"model": "m", "input": "ready?"}
-        while (await http.post("/v1/embeddings", json=embed, headers=bearer(key))).status_code != 200:
-            assert time.monotonic() < deadline, "the deployment did not become ready"
-            await asyncio.sleep(0.1)
-        return key, deployed.json()["id"]
-
-
-def in_flight(server: ServerProcess, deployment_id: str) -> float:
-    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
-    pattern = rf'^modelhost_requests_in_flight{{deployment="{deployment_id}",pid="\d+"}} ([\d.]+)$'
-    return sum(float(value) for value in re.findall(pattern, metrics, re.M))
 
 
 async def test_requests_waiting_in_a_killed_replica_are_answered_by_its_replacement_billed_once(
@@ -180,12 +149,13 @@ async def test_requests_waiting_in_a_killed_replica_are_answered_by_its_replacem
 ) -> None:
     """300 requests wait in a replica (held with SIGSTOP, so none has reached the model) when it is
     killed: every one is answered 200 by the replacement, which is started and billed once."""
-    database = tmp_path / "db.sqlite"
-    server = ServerProcess(tmp_path / "data", f"sqlite:///{database}", MODELHOST_WORKER_THREADS="1")
-    server.start()
-    try:
-        key, deployment_id = await deploy_embedder(server, recipes)
-        (replica,) = processes("modelhost.runtime.worker", deployment_id)
+    async with server_with(tmp_path, 1) as server:
+        key = server.key
+        deployment_id = await server.deploy(
+            recipes.joinpath(*ST_RECIPE), "feature-extraction", "m", readiness="warm"
+        )
+        await server.ready(deployment_id)
+        (replica,) = server.replicas(deployment_id)
         os.kill(replica, signal.SIGSTOP)
         limits = httpx.Limits(max_connections=300)
         async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as http:
@@ -198,7 +168,7 @@ async def test_requests_waiting_in_a_killed_replica_are_answered_by_its_replacem
                 for i in range(300)
             ]
             deadline = time.monotonic() + 60
-            while await asyncio.to_thread(in_flight, server, deployment_id) < 300:
+            while sum((await asyncio.to_thread(server.in_flight, deployment_id)).values()) < 300:
                 assert time.monotonic() < deadline and not any(s.done() for s in sent)
                 await asyncio.sleep(0.1)
             os.kill(replica, signal.SIGKILL)
@@ -208,15 +178,12 @@ async def test_requests_waiting_in_a_killed_replica_are_answered_by_its_replacem
         statuses = Counter(a.status_code if isinstance(a, httpx.Response) else repr(a) for a in answers)
         print(f"\n{dict(statuses)} {took:.2f}s after the kill")
         assert statuses == {200: 300}, statuses
-        (replacement,) = processes("modelhost.runtime.worker", deployment_id)
+        (replacement,) = server.replicas(deployment_id)
         assert replacement != replica
-        metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
-        assert re.search(
-            rf'^modelhost_requests_requeued_total{{deployment="{deployment_id}"}} 300.0$', metrics, re.M
-        )
-    finally:
-        server.stop()
-    with sqlite3.connect(database) as db:  # the dead replica's meter closed, one more for its replacement
+        assert server.sample("modelhost_requests_requeued_total", deployment_id) == 300
+    with sqlite3.connect(
+        tmp_path / "db.sqlite"
+    ) as db:  # the dead replica's meter closed, one more for its replacement
         meters = db.execute(
             "SELECT ended_ms FROM meters WHERE kind = 'compute' AND deployment_id = ?", (deployment_id,)
         ).fetchall()

@@ -13,13 +13,11 @@ import asyncio
 import contextlib
 import itertools
 import os
-import re
 import signal
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,165 +25,10 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers import ADMIN_KEY, bearer, push_folder
-from tests.server_process import ServerProcess, alive, processes, stat
+from tests.helpers import bearer
+from tests.server_process import ST_RECIPE, Server, alive, server_with, stopped, until
 
-ST_RECIPE = ("t03_feature_extraction", "st")
 TEXTS = [f"request {i} is about " + " ".join(["cats", "dogs", "birds"][: 1 + i % 3]) for i in range(8)]
-
-
-def accepted(pid: int, port: int) -> int:
-    """Established connections to `port` that process `pid` holds (it accepted them)."""
-    inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01" and fields[9] in inodes:
-                    count += 1
-    return count
-
-
-@contextlib.contextmanager
-def stopped(*pids: int) -> Iterator[None]:
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-
-async def until(check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"not true within {timeout}s: {check.__qualname__}")
-        await asyncio.sleep(0.02)
-    return result
-
-
-@dataclass
-class Server:
-    """A `modelhost serve --workers N` process tree with an account."""
-
-    process: ServerProcess
-    key: str
-
-    @property
-    def url(self) -> str:
-        return self.process.url
-
-    @property
-    def supervisor(self) -> int:
-        assert self.process.process is not None
-        return self.process.process.pid
-
-    def gateways(self) -> list[int]:
-        """Every gateway process: the supervisor first, then the others by pid."""
-        others = [p for p in processes("modelhost.server.gateway") if int(stat(p)[1]) == self.supervisor]
-        return [self.supervisor, *others]
-
-    def replicas(self, deployment_id: str) -> list[int]:
-        return processes("modelhost.runtime.worker", deployment_id)
-
-    def metrics(self) -> str:
-        return httpx.get(f"{self.url}/metrics", timeout=10).text
-
-    def in_flight(self, deployment_id: str) -> dict[int, float]:
-        """Requests each gateway process has in flight on the deployment, by pid."""
-        pattern = rf'modelhost_requests_in_flight{{deployment="{deployment_id}",pid="(\d+)"}} ([\d.]+)'
-        return {int(pid): float(value) for pid, value in re.findall(pattern, self.metrics())}
-
-    def sample(self, name: str, deployment_id: str) -> float:
-        match = re.search(rf'^{name}{{deployment="{deployment_id}"}} ([\d.e+]+)$', self.metrics(), re.M)
-        return float(match.group(1)) if match else 0.0
-
-    def batches(self, deployment_id: str) -> tuple[float, float]:
-        """(model calls, requests they carried), from the replica's `modelhost_batch_size`."""
-        return (
-            self.sample("modelhost_batch_size_count", deployment_id),
-            self.sample("modelhost_batch_size_sum", deployment_id),
-        )
-
-    async def via(self, pid: int, request: Callable[[], Awaitable[Any]]) -> asyncio.Task[Any]:
-        """Start `request` on a new connection that gateway process `pid` accepts (the others are held
-        stopped until it has)."""
-        before = accepted(pid, self.process.port)
-        with stopped(*(p for p in self.gateways() if p != pid)):
-            task = asyncio.ensure_future(request())
-            await until(lambda: accepted(pid, self.process.port) > before or task.done())
-        return task
-
-    async def serving(self, pid: int, timeout: float = 60.0) -> None:
-        """Wait until gateway process `pid` accepts connections (a new one starts up for seconds): open
-        a few idle connections at a time, until it takes one of them."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            probes = [socket.create_connection(("127.0.0.1", self.process.port)) for _ in range(8)]
-            try:
-                await asyncio.sleep(0.1)
-                if accepted(pid, self.process.port):
-                    return
-            finally:
-                for probe in probes:
-                    probe.close()
-        pytest.fail(f"gateway process {pid} did not start serving")
-
-    async def embed(self, text: str, model: str = "m") -> httpx.Response:
-        async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:  # a connection of its own
-            return await client.post(
-                "/v1/embeddings", json={"model": model, "input": text}, headers=bearer(self.key)
-            )
-
-    async def deploy(self, folder: Path, pipeline: str, model: str, **extra: Any) -> str:
-        async with httpx.AsyncClient(base_url=self.url, timeout=60) as client:
-            pushed = await push_folder(client, self.key, folder, pipeline)
-            assert pushed["artifact"]["status"] == "ready", pushed
-            body = {"model": model, "artifact_id": pushed["artifact"]["id"], **extra}
-            created = await client.post("/v1/deployments", json=body, headers=bearer(self.key))
-            assert created.status_code == 201, created.text
-            deployment_id: str = created.json()["id"]
-            return deployment_id
-
-    async def ready(self, deployment_id: str, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while (state := await self.state(deployment_id)) != "ready":
-            assert state != "failed" and time.monotonic() < deadline, state
-            await asyncio.sleep(0.05)
-
-    async def state(self, deployment_id: str) -> str:
-        async with httpx.AsyncClient(base_url=self.url, timeout=10) as client:
-            view = await client.get(f"/v1/deployments/{deployment_id}", headers=bearer(self.key))
-            return str(view.json()["state"])
-
-
-@contextlib.asynccontextmanager
-async def server_with(root: Path, workers: int, **env: str) -> AsyncIterator[Server]:
-    process = ServerProcess(
-        root / "data", f"sqlite:///{root / 'db.sqlite'}",
-        MODELHOST_WORKERS=str(workers), MODELHOST_WORKER_THREADS="1", **env,
-    )  # fmt: skip
-    process.start()
-    try:
-        created = httpx.post(
-            f"{process.url}/v1/admin/accounts", json={"name": "a"}, headers=bearer(ADMIN_KEY)
-        )
-        server = Server(process, created.json()["api_key"])
-        await until(lambda: len(server.gateways()) == workers)
-        for pid in server.gateways()[1:]:
-            await server.serving(pid)
-        yield server
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")

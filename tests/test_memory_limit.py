@@ -20,7 +20,7 @@ import httpx
 
 from modelhost.runtime.memory import descendants, parents, rss_bytes, tree_rss_bytes
 from tests.helpers import assert_error, bearer
-from tests.test_gateway_processes import ST_RECIPE, Server, server_with, until
+from tests.server_process import ST_RECIPE, Server, server_with, until
 
 RESTARTED = re.compile(
     r"replica (dep_\w+-\d+) was restarted: its resident memory (\d+) MB exceeded the limit of 20 MB"
