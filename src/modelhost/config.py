@@ -222,6 +222,12 @@ class Settings(BaseSettings):
         "`interrupted`.",
     )
     # ---------------------------------------------------------------- text generation (docs/generation.md)
+    vllm_python: str | None = Field(
+        default=None,
+        description="The Python of an environment with vLLM, for text-generation replicas on the vLLM engine. "
+        "Unset: the checkout's `.venv-vllm` made by scripts/setup.sh, when its install finished; none: every "
+        "deployment runs on the transformers engine.",
+    )
     kv_cache_mb: int | None = Field(
         default=None,
         ge=1,

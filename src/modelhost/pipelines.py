@@ -64,6 +64,8 @@ class PipelineTask:
     # for /docs: the task endpoint's summary and an example request and answer
     summary: str = ""
     example: tuple[dict[str, Any], Any] | None = None
+    # the engines that can run it inside a replica (`runtime.engines`), the fallback last
+    engines: tuple[str, ...] = ("transformers",)
 
     @property
     def endpoint(self) -> str:
@@ -259,6 +261,7 @@ TASKS: tuple[PipelineTask, ...] = (
         ("/v1/chat/completions", "/v1/responses", "/v1/completions"),
         ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
         needs_tokenizer=True,
+        engines=("vllm", "transformers"),
     ),
     PipelineTask(
         "image-text-to-text",

@@ -22,11 +22,14 @@ class ReplicaSpec:
     model_dir: Path
     threads: int
     device: str
+    engine: str = "transformers"
 
     @classmethod
     def of(cls, deployment: DeploymentSpec, threads: int, device: str) -> ReplicaSpec:
         """What a replica of `deployment` loads, with `threads` torch threads on `device`."""
-        return cls(deployment.id, deployment.pipeline, deployment.model_dir, threads, device)
+        return cls(
+            deployment.id, deployment.pipeline, deployment.model_dir, threads, device, deployment.engine
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,3 +33,4 @@ class DeploymentSpec:
     account_id: str
     model: str
     artifact_id: str
+    engine: str = "transformers"  # the engine its replicas run (`runtime.engines`): `transformers` or `vllm`

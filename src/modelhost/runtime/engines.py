@@ -1,0 +1,151 @@
+"""Which engine runs a deployment's model inside its replicas (docs/generation.md, "Engines").
+
+- `transformers`: modelhost's own engines on torch and transformers (the task handlers, and the
+  continuous-batching generation engine): every task, and the fallback.
+- `vllm`: vLLM's async engine, for text generation, in its own Python environment (`.venv-vllm`, made by
+  scripts/setup.sh: vLLM pins its own torch and transformers, so it cannot share ours). Its replica
+  worker is `runtime.vllm_worker`, started under that Python.
+
+A deployment asks for one (`engine`, default `auto`); the choice is made when the deployment is created
+or its engine is changed, and stored with it (`engine_in_use`, and `engine_reason` where `auto` or a
+fallback chose), so that every gateway process and every restart runs the same engine. `auto` takes vLLM
+for a task vLLM serves when vLLM is installed and lists the artifact's architecture in its model
+registry (vLLM can run other architectures through its transformers fallback, more slowly: those stay on
+ours); anything else runs on `transformers`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import modelhost
+from modelhost.config import get_settings
+from modelhost.errors import InvalidRequest
+from modelhost.pipelines import BY_NAME
+
+log = logging.getLogger("modelhost.runtime")
+
+ENGINES = ("auto", "vllm", "transformers")
+MARKER = ".modelhost-vllm"  # written by setup.sh once the environment imports vLLM
+ARCHITECTURES_FILE = ".modelhost-vllm-architectures.json"  # vLLM's registry, listed by setup.sh
+CHECKOUT_ENVIRONMENT = Path(modelhost.__file__).resolve().parents[2] / ".venv-vllm"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineChoice:
+    engine: str  # the engine that runs the deployment: `vllm` or `transformers`
+    reason: str | None = None  # why, where `auto` or a fallback chose
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEnvironment:
+    python: Path
+    architectures: frozenset[str]
+
+
+class VllmUnavailable(Exception):
+    """No usable vLLM environment; the message says why, for `engine_reason` and 400s."""
+
+
+def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
+    """The engine for a deployment of `pipeline` whose artifact's files are in `model_dir`; InvalidRequest
+    (400, param `engine`) when the engine asked for cannot serve it."""
+    engines = BY_NAME[pipeline].engines
+    if asked != "auto" and asked not in engines:
+        raise InvalidRequest(
+            f"The {asked} engine does not serve {pipeline}; engines for it: auto, {', '.join(engines)}.",
+            param="engine",
+            code="engine_not_supported",
+        )
+    if asked == "transformers" or engines == ("transformers",):
+        return EngineChoice("transformers")
+    try:
+        architecture = _supported_architecture(model_dir)
+    except VllmUnavailable as exc:
+        if asked == "vllm":
+            raise InvalidRequest(
+                f"The vllm engine cannot serve this artifact: {exc}",
+                param="engine",
+                code="engine_not_supported",
+            ) from None
+        return EngineChoice("transformers", f"auto chose transformers: {exc}")
+    if asked == "vllm":
+        return EngineChoice("vllm")
+    return EngineChoice("vllm", f"auto chose vLLM: installed, and its registry has {architecture}")
+
+
+def _supported_architecture(model_dir: Path | None) -> str:
+    environment = vllm_environment()
+    architectures = _architectures_of(model_dir)
+    for architecture in architectures:
+        if architecture in environment.architectures:
+            return architecture
+    named = ", ".join(architectures) or "(config.json names none)"
+    raise VllmUnavailable(f"vLLM does not support the architecture {named}")
+
+
+def _architectures_of(model_dir: Path | None) -> list[str]:
+    try:
+        config = json.loads((model_dir / "config.json").read_text()) if model_dir else {}
+    except (OSError, ValueError):
+        config = {}
+    found = config.get("architectures") if isinstance(config, dict) else None
+    return [a for a in found if isinstance(a, str)] if isinstance(found, list) else []
+
+
+def vllm_environment() -> VllmEnvironment:
+    """The vLLM environment replicas run under, or VllmUnavailable with the reason."""
+    configured = get_settings().vllm_python
+    if configured == "":
+        raise VllmUnavailable("vLLM is turned off (MODELHOST_VLLM_PYTHON is empty)")
+    if configured is None:
+        root = CHECKOUT_ENVIRONMENT
+        if not (root / MARKER).is_file() or not (root / "bin" / "python").exists():
+            raise VllmUnavailable(
+                "vLLM is not installed (scripts/setup.sh installs it in .venv-vllm; "
+                "MODELHOST_VLLM_PYTHON names another environment)"
+            )
+        return _environment(str(root / "bin" / "python"))
+    if not Path(configured).exists():
+        raise VllmUnavailable(f"MODELHOST_VLLM_PYTHON={configured} does not exist")
+    return _environment(configured)
+
+
+@functools.cache
+def _environment(python: str) -> VllmEnvironment:
+    """Asked once per process and Python: the listing setup.sh wrote beside the environment, else vLLM
+    itself (an `import vllm`: 12 to 15 s)."""
+    listing = Path(python).parent.parent / ARCHITECTURES_FILE
+    try:
+        names = json.loads(listing.read_text())
+    except (OSError, ValueError):
+        names = _ask_registry(python)
+    return VllmEnvironment(Path(python), frozenset(names))
+
+
+def _ask_registry(python: str) -> list[str]:
+    script = (
+        "import json; from vllm import ModelRegistry; "
+        "print(json.dumps(sorted(ModelRegistry.get_supported_archs())))"
+    )
+    try:
+        done = subprocess.run(
+            [python, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+            check=True,
+        )
+        names = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        raise VllmUnavailable(
+            f"{python} could not list vLLM's architectures ({type(exc).__name__})"
+        ) from None
+    log.info("vLLM at %s supports %d architectures", python, len(names))
+    return list(names)
