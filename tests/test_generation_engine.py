@@ -174,7 +174,7 @@ def test_insert_mode_prompts_are_prefix_suffix_middle_in_the_models_fim_tokens(
 ) -> None:
     import copy
 
-    from modelhost.tasks.text_generation import fill_in_the_middle, fim_tokens
+    from modelhost.generation.requests import fill_in_the_middle, fim_tokens
 
     assert fim_tokens(loaded[1]) is None  # the recipe model was not trained for it: suffix is a 400
     tokenizer = copy.deepcopy(loaded[1])

@@ -224,9 +224,9 @@ class Settings(BaseSettings):
     # ---------------------------------------------------------------- text generation (docs/generation.md)
     vllm_python: str | None = Field(
         default=None,
-        description="The Python of an environment with vLLM, for text-generation replicas on the vLLM engine. "
-        "Unset: the checkout's `.venv-vllm` made by scripts/setup.sh, when its install finished; none: every "
-        "deployment runs on the transformers engine.",
+        description="The Python of an environment with vLLM, which text-generation replicas on the vLLM "
+        "engine run under. Unset: the checkout's `.venv-vllm` made by scripts/setup.sh, once its install "
+        "finished; empty: vLLM is turned off and every deployment runs on the transformers engine.",
     )
     kv_cache_mb: int | None = Field(
         default=None,

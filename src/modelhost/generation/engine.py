@@ -24,25 +24,11 @@ import torch
 from modelhost.errors import Overloaded
 from modelhost.generation.cuda_graphs import DecodeGraphs
 from modelhost.generation.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
+from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
 Event = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    min_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool = False
-    top_logprobs: int = 0
-    prompt_logprobs: bool = False
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token ID, bias) added to the logits before sampling
+__all__ = ["Event", "GenerationEngine", "SamplingParams", "Sequence"]
 
 
 class Constraint:

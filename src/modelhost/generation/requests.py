@@ -1,0 +1,153 @@
+"""A generation request made ready for an engine: the prompt's token IDs and its sampling parameters.
+
+Built the same way whichever engine runs the model (modelhost's own, `generation.engine`, or vLLM's,
+`runtime.vllm_worker`), so that a chat template, a fill-in-the-middle prompt, a context check or a bad
+`logit_bias` gives the same prompt and the same 400 on both. Pure Python over a tokenizer: it imports
+neither torch nor media libraries, so the vLLM environment (which has its own versions of both) runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from modelhost.errors import InvalidRequest
+
+# Fill-in-the-middle tokens (prefix, suffix, middle) of the families that have them, in the order
+# prefix-suffix-middle they were trained on: Qwen2.5-Coder, StarCoder/SantaCoder, DeepSeek-Coder.
+FIM_TOKENS = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
+)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    prompt_logprobs: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token ID, bias) added to the logits before sampling
+
+
+class PromptModel(Protocol):
+    """What building a request needs of a loaded model, whichever engine holds it."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def context_length(self) -> int: ...
+    @property
+    def fim(self) -> tuple[int, int, int] | None: ...
+
+
+def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], str]:
+    """The prompt's token IDs (the chat template for `messages`, the prompt or its IDs for completions,
+    OpenAI's insert mode for `suffix`) and the parameter a client error names."""
+    tokenizer = state.tokenizer
+    if "messages" in request:
+        if not tokenizer.chat_template:
+            raise InvalidRequest(
+                "This model has no chat template; use /v1/completions with a prompt.", param="messages"
+            )
+        try:
+            text = tokenizer.apply_chat_template(
+                request["messages"], tools=request.get("tools"), add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # the template's own checks (roles, alternation) raise here
+            message = f"The model's chat template refused the messages: {exc}"
+            raise InvalidRequest(message, param="messages") from None
+        ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids, "messages"
+    prompt = request["prompt"]
+    if prompt is None:  # OpenAI's default: the start of a new document
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        if start is None:
+            raise InvalidRequest("This model has no start-of-document token: send a prompt.", param="prompt")
+        ids = [int(start)]
+    elif isinstance(prompt, str):
+        ids = list(tokenizer(prompt)["input_ids"])
+    elif any(token >= state.vocab_size for token in prompt):
+        raise InvalidRequest(f"Token IDs must be below {state.vocab_size}.", param="prompt")
+    else:
+        ids = list(prompt)
+    suffix = request.get("suffix")
+    if suffix is None:
+        return ids, "prompt"
+    if state.fim is None:
+        raise InvalidRequest(
+            "suffix needs a model trained for fill-in-the-middle (a tokenizer with FIM tokens such as "
+            "<|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>); this one has none.",
+            param="suffix",
+        )
+    return fill_in_the_middle(tokenizer, state.fim, ids, suffix), "prompt"
+
+
+def fim_tokens(tokenizer: Any) -> tuple[int, int, int] | None:
+    """The IDs of the tokenizer's fill-in-the-middle tokens (`FIM_TOKENS`), or None."""
+    vocabulary = tokenizer.get_vocab()
+    for names in FIM_TOKENS:
+        if all(name in vocabulary for name in names):
+            prefix, suffix, middle = (int(vocabulary[name]) for name in names)
+            return prefix, suffix, middle
+    return None
+
+
+def fill_in_the_middle(
+    tokenizer: Any, fim: tuple[int, int, int], prompt: list[int], suffix: str
+) -> list[int]:
+    """OpenAI's insert mode: `<prefix> prompt <suffix> suffix <middle>`, after which the model writes
+    what goes between the two (the answer is that text alone). A leading start-of-sequence token stays
+    first, as the families' own examples have it."""
+    prefix_token, suffix_token, middle_token = fim
+    start = [prompt[0]] if prompt and prompt[0] == tokenizer.bos_token_id else []
+    after = list(tokenizer(suffix, add_special_tokens=False)["input_ids"])
+    return [*start, prefix_token, *prompt[len(start) :], suffix_token, *after, middle_token]
+
+
+def sampling_params(
+    state: PromptModel, given: dict[str, Any], prompt_tokens: int, prompt_param: str
+) -> SamplingParams:
+    """The gateway's validated fields as the engine's parameters, the token budget checked against the
+    model's context (`context_length_exceeded`, in our words, before any engine sees the prompt)."""
+    context = state.context_length
+    if prompt_tokens == 0:
+        raise InvalidRequest("The prompt is empty.", param=prompt_param)
+    room = context - prompt_tokens
+    max_tokens = given.get("max_tokens")
+    if room <= 0 or (max_tokens is not None and max_tokens > room):
+        wanted = f" + max_tokens {max_tokens}" if max_tokens is not None else ""
+        raise InvalidRequest(
+            f"The prompt ({prompt_tokens} tokens){wanted} does not fit the model's context "
+            f"of {context} tokens.",
+            param="max_tokens" if max_tokens is not None and room > 0 else prompt_param,
+            code="context_length_exceeded",
+        )
+    fields = {k: v for k, v in given.items() if k != "max_tokens" and v is not None}
+    if "stop" in fields:
+        fields["stop"] = tuple(fields["stop"])
+    if "logit_bias" in fields:
+        fields["logit_bias"] = _logit_bias(fields["logit_bias"], state.vocab_size)
+    return SamplingParams(max_tokens=max_tokens or room, **fields)
+
+
+def _logit_bias(pairs: list[list[float]], vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """`[[token, bias], ...]` from the gateway; every token must be in the model's vocabulary."""
+    for token, _ in pairs:
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(
+                f"logit_bias: token ID {int(token)} is not in this model's vocabulary "
+                f"(IDs 0 to {vocab_size - 1}).",
+                param="logit_bias",
+            )
+    return tuple((int(token), float(bias)) for token, bias in pairs)
