@@ -151,3 +151,17 @@ def build_chat(folder: Path) -> None:
     model = Qwen2ForCausalLM(qwen2_config(tokenizer, tie_word_embeddings=True))
     model.generation_config = greedy_generation(tokenizer)
     save(folder, model, tokenizer)
+
+
+def build_chat_for_vllm(folder: Path) -> None:
+    """The chat model at the smallest shape vLLM's CPU attention runs (heads of 64: it has no kernel for
+    t11's heads of 8), with t11's tokenizer and template and a 2048-token context, for tests/test_vllm.py."""
+    reseed()
+    tokenizer = chat_tokenizer()
+    config = qwen2_config(tokenizer, tie_word_embeddings=True)
+    config.hidden_size, config.intermediate_size = 128, 256
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 64
+    config.max_position_embeddings = 2048
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = greedy_generation(tokenizer)
+    save(folder, model, tokenizer)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
 import typer
@@ -49,8 +50,28 @@ KEY_COLUMNS = ("id", "name", "kind", "deployments", "prefix", "created_at", "rev
 ARTIFACT_COLUMNS = ("id", "display_name", "pipeline", "status", "size_gb", "updated_at")
 USAGE_COLUMNS = ("credits_balance", "credits_used", "credits", "compute_credits", "storage_credits")
 ARTIFACT_USAGE_COLUMNS = ("artifact_id", "display_name", "compute_credits", "storage_credits")
-DEPLOYMENT_COLUMNS = ("id", "model", "pipeline", "readiness", "state", "replicas", "memory_gb", "artifact_id")
+DEPLOYMENT_COLUMNS = (
+    "id",
+    "model",
+    "pipeline",
+    "readiness",
+    "state",
+    "replicas",
+    "memory_gb",
+    "engine_in_use",
+    "artifact_id",
+)
 
+
+class EngineName(StrEnum):
+    """`--engine`'s choices: the API's `engine` (runtime.engines.ENGINES)."""
+
+    auto = "auto"
+    vllm = "vllm"
+    transformers = "transformers"
+
+
+ENGINE_HELP = "auto (vLLM where installed and it supports the model's architecture), vllm or transformers."
 
 Workers = Annotated[
     int | None,
@@ -211,6 +232,7 @@ def deployments_create(
     readiness: Annotated[str, typer.Option(help="cold, warm or hot.")] = "cold",
     min_replicas: Annotated[int, typer.Option(help="Replicas kept when loaded.")] = 1,
     max_replicas: Annotated[int, typer.Option(help="Upper bound of replicas.")] = 1,
+    engine: Annotated[EngineName, typer.Option(help=ENGINE_HELP)] = EngineName.auto,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
@@ -222,8 +244,45 @@ def deployments_create(
         "readiness": readiness,
         "min_replicas": min_replicas,
         "max_replicas": max_replicas,
+        "engine": engine.value,
     }
-    show(ApiClient(url, key).call("POST", "/v1/deployments", json=body), DEPLOYMENT_COLUMNS, as_json)
+    show_deployment(ApiClient(url, key).call("POST", "/v1/deployments", json=body), as_json)
+
+
+@deployments_app.command("update")
+def deployments_update(
+    deployment_id: Annotated[str, typer.Argument(help="Deployment ID (dep_...).")],
+    readiness: Annotated[str | None, typer.Option(help="cold, warm or hot.", show_default=False)] = None,
+    min_replicas: Annotated[
+        int | None, typer.Option(help="Replicas kept when loaded.", show_default=False)
+    ] = None,
+    max_replicas: Annotated[
+        int | None, typer.Option(help="Upper bound of replicas.", show_default=False)
+    ] = None,
+    engine: Annotated[
+        EngineName | None,
+        typer.Option(
+            help=ENGINE_HELP + " Given, it is chosen again (auto after installing vLLM).", show_default=False
+        ),
+    ] = None,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Change a deployment's readiness, replica bounds or engine (takes effect at once)."""
+    changes = {"readiness": readiness, "min_replicas": min_replicas, "max_replicas": max_replicas}
+    body = {name: value for name, value in changes.items() if value is not None}
+    if engine is not None:
+        body["engine"] = engine.value
+    path = f"/v1/deployments/{quote(deployment_id, safe='')}"
+    show_deployment(ApiClient(url, key).call("PATCH", path, json=body), as_json)
+
+
+def show_deployment(deployment: dict[str, Any], as_json: bool) -> None:
+    """One deployment as a table, and why its engine where `auto` or a fallback chose it."""
+    show(deployment, DEPLOYMENT_COLUMNS, as_json)
+    if not as_json and deployment.get("engine_reason"):
+        out.print(f"engine: {deployment['engine_reason']}", soft_wrap=True, markup=False, highlight=False)
 
 
 @deployments_app.command("list")
@@ -274,7 +333,7 @@ def artifacts_push(
         raise typer.Exit(1)  # inspection failed (for a re-upload, the previous version stays ready)
     if deploy:
         body = {"model": deploy, "artifact_id": artifact["id"], "readiness": readiness}
-        show(api.call("POST", "/v1/deployments", json=body), DEPLOYMENT_COLUMNS, as_json)
+        show_deployment(api.call("POST", "/v1/deployments", json=body), as_json)
 
 
 @artifacts_app.command("list")

@@ -10,6 +10,13 @@ from pydantic import BaseModel, Field, model_validator
 from modelhost.protocol.common import StrictModel
 
 Readiness = Literal["cold", "warm", "hot"]
+Engine = Literal["auto", "vllm", "transformers"]  # runtime.engines.ENGINES
+EngineInUse = Literal["vllm", "transformers"]
+ENGINE_DESCRIPTION = (
+    "The engine asked for: `auto` (vLLM where it is installed and supports the model's architecture, else "
+    "transformers), `vllm` (text generation only; 400 `engine_not_supported` where vLLM cannot serve it) "
+    "or `transformers`. The choice is made when the deployment is created or its engine is changed."
+)
 DeploymentState = Literal["unloaded", "loading", "ready", "failed"]
 ModelId = Annotated[
     str,
@@ -78,6 +85,7 @@ class DeploymentCreate(StrictModel):
     readiness: Readiness = "cold"
     min_replicas: Annotated[int, Field(ge=0, le=64)] = 1
     max_replicas: Annotated[int, Field(ge=1, le=64)] = 1
+    engine: Engine = Field(default="auto", description=ENGINE_DESCRIPTION)
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> DeploymentCreate:
@@ -90,6 +98,11 @@ class DeploymentPatch(StrictModel):
     readiness: Readiness | None = None
     min_replicas: Annotated[int, Field(ge=0, le=64)] | None = None
     max_replicas: Annotated[int, Field(ge=1, le=64)] | None = None
+    engine: Engine | None = Field(
+        default=None,
+        description=ENGINE_DESCRIPTION + " Given (even unchanged), the engine is chosen again: `auto` "
+        "after installing vLLM moves a deployment onto it; a loaded deployment reloads on the new engine.",
+    )
 
 
 class Deployment(BaseModel):
@@ -107,6 +120,11 @@ class Deployment(BaseModel):
     replicas: int = Field(description="Replicas loaded now.")
     min_replicas: int
     max_replicas: int
+    engine: Engine = Field(description="The engine asked for.")
+    engine_in_use: EngineInUse = Field(description="The engine that runs the deployment's replicas.")
+    engine_reason: str | None = Field(
+        default=None, description="Why that engine, where `auto` or a fallback chose it; null otherwise."
+    )
     memory_gb: float = Field(description="Measured resident memory of the loaded replicas.")
     last_cold_start_seconds: float | None = None
     created_at: datetime

@@ -149,3 +149,20 @@ def _ask_registry(python: str) -> list[str]:
         ) from None
     log.info("vLLM at %s supports %d architectures", python, len(names))
     return list(names)
+
+
+def vllm_launch(data_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The command that starts a vLLM replica worker, and what its environment adds to the server's:
+    our source on its path (it runs our worker module under vLLM's Python, whichever environment that
+    is), no usage reports (self-hosted, often offline), vLLM's compile cache in our data folder, and the
+    die-with-parent switch that setup.sh's hook reads in every process vLLM starts."""
+    environment = vllm_environment()
+    source = str(Path(modelhost.__file__).resolve().parents[1])
+    env = {
+        "PYTHONPATH": source,
+        "MODELHOST_REPLICA": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CACHE_ROOT": str(data_dir / "vllm-cache"),
+    }
+    return [str(environment.python), "-m", "modelhost.runtime.vllm_worker"], env

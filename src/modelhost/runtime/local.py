@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
 from collections.abc import AsyncGenerator, Callable
@@ -22,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from modelhost.config import Settings
 from modelhost.metrics import process_gone
 from modelhost.runtime.client import ReplicaConnection, connect_pair
-from modelhost.runtime.memory import rss_bytes
+from modelhost.runtime.engines import vllm_launch
+from modelhost.runtime.memory import rss_bytes, tree_rss_bytes
 from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import (
     Replica,
@@ -116,9 +118,16 @@ class LocalProcessReplica:
         ]  # fmt: skip
         if self._warmup:
             args.append("--warmup")
+        env, command = {**os.environ, **WORKER_ENV}, list[str]()
+        if self.spec.engine == "vllm":
+            command, extra = vllm_launch(settings.data_dir)
+            # vLLM's legacy KV-cache setting counts whole GiB and overrides ours: never passed on
+            env = {k: v for k, v in env.items() if k != "VLLM_CPU_KVCACHE_SPACE"} | extra
+            if settings.kv_cache_mb:
+                args += ["--kv-cache-mb", str(settings.kv_cache_mb)]
         try:
             self._process = await start_worker(
-                args, {**os.environ, **WORKER_ENV}, theirs, listener, preload=settings.worker_preload
+                args, env, theirs, listener, preload=settings.worker_preload, command=command
             )
             self._gone_reported = False
         finally:
@@ -175,6 +184,7 @@ class LocalProcessReplica:
             except (TimeoutError, ConnectionError, ReplicaDied):
                 process.kill()
                 await process.wait()
+        self._kill_group()
         if self._watcher is not None and self._watcher is not asyncio.current_task():
             self._watcher.cancel()
         if self._connection is not None:
@@ -193,14 +203,27 @@ class LocalProcessReplica:
         return ReplicaStats(
             pid=self.pid,
             # a worker that exited is measured as nothing: its pid may already be another process's
-            rss_bytes=rss_bytes(self.pid if self._process and self._process.returncode is None else None),
+            rss_bytes=self._rss_bytes(
+                self.pid if self._process and self._process.returncode is None else None
+            ),
             load_seconds=self.load_seconds,
             in_flight=self.in_flight,
         )
 
+    def _kill_group(self) -> None:
+        """A vLLM worker's engine processes (its own session) end with it, even when it was killed."""
+        if self.spec.engine == "vllm" and self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def _rss_bytes(self, pid: int | None) -> int:
+        """vLLM holds the model and its KV cache in its engine-core child process: the tree counts."""
+        return tree_rss_bytes(pid) if self.spec.engine == "vllm" else rss_bytes(pid)
+
     async def _watch(self) -> None:
         assert self._process is not None
         code = await self._process.wait()
+        self._kill_group()
         self._report_gone()
         if self._connection is not None:
             self._connection.close()

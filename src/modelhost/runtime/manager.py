@@ -377,13 +377,17 @@ class ReplicaManager:
     # ---------------------------------------------------------------- deployments
 
     async def apply(self, deployment_id: str) -> None:
-        """Re-read the deployment after create/patch and act on its readiness at once."""
+        """Re-read the deployment after create/patch and act on its readiness at once; a new engine
+        unloads the replicas of the old one (and forgets its failure) so the next load runs the new."""
         spec = await asyncio.to_thread(self._specs, deployment_id)
         if spec is None:
             await self.remove(deployment_id)
             return
         runtime = self._runtime_for(spec)
-        runtime.spec = spec
+        old_engine, runtime.spec = runtime.spec.engine, spec  # before any await: a load from now on is new
+        if old_engine != spec.engine:
+            runtime.state, runtime.reason = "unloaded", None  # the old engine's failure is not the new one's
+            await runtime.unload()
         if runtime.wants_loaded and runtime.state in ("unloaded", "failed"):
             runtime.load_in_background()
         elif runtime.state == "ready":  # Ray Serve applies new autoscaling in place

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -202,18 +203,24 @@ def warm_template() -> None:
 
 
 async def start_worker(
-    args: list[str], env: dict[str, str], lifeline: socket.socket, listener: socket.socket, preload: bool
+    args: list[str],
+    env: dict[str, str],
+    lifeline: socket.socket,
+    listener: socket.socket,
+    preload: bool,
+    command: Sequence[str] = (),
 ) -> WorkerProcess:
     """Start a worker with `args` (its command line without the sockets) in `env`, holding `lifeline`
-    and `listener`; the caller closes its own copies afterwards."""
-    if preload:
+    and `listener`; the caller closes its own copies afterwards. `command` executes another worker
+    (an interpreter and its module: the vLLM worker under vLLM's Python) instead of ours, never forked
+    from the template, in a session of its own so that its whole process group can be killed (vLLM runs
+    its engine in child processes)."""
+    if preload and not command:
         answer = _running_template().fork(args, env, lifeline.fileno(), listener.fileno())
         # the first fork after the template's start waits for its imports
         return await asyncio.wrap_future(answer)
     return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "modelhost.runtime.worker",
+        *(command or (sys.executable, "-m", "modelhost.runtime.worker")),
         *args,
         "--fd",
         str(lifeline.fileno()),
@@ -222,4 +229,5 @@ async def start_worker(
         stdin=asyncio.subprocess.DEVNULL,
         env=env,
         pass_fds=(lifeline.fileno(), listener.fileno()),
+        start_new_session=bool(command),
     )

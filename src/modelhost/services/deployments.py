@@ -1,4 +1,4 @@
-"""Deployments: a customer's model ID bound to a `ready` artifact, with a readiness level."""
+"""Deployments: a customer's model ID bound to a `ready` artifact, with a readiness level and an engine."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from sqlalchemy.orm import Session
 
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.errors import Conflict, InvalidRequest, NotFound
+from modelhost.pipelines import BY_NAME
 from modelhost.routing import DeploymentRef
+from modelhost.runtime import engines
+from modelhost.runtime.engines import EngineChoice
 from modelhost.runtime.spec import DeploymentSpec
 from modelhost.store.db import Database
 from modelhost.store.models import Deployment, ModelArtifact
@@ -20,6 +23,18 @@ from modelhost.store.types import new_id
 
 def _not_found() -> NotFound:
     return NotFound("Deployment not found", param="deployment_id", code="deployment_not_found")
+
+
+def _artifact_not_found() -> NotFound:
+    return NotFound("Model artifact not found", param="artifact_id", code="artifact_not_found")
+
+
+def _artifact_not_ready(artifact: ModelArtifact) -> Conflict:
+    return Conflict(
+        f"Model artifact is {artifact.status}; only a ready artifact can be deployed.",
+        param="artifact_id",
+        code="artifact_not_ready",
+    )
 
 
 class DeploymentService:
@@ -75,9 +90,18 @@ class DeploymentService:
                 account_id=deployment.account_id,
                 model=deployment.model,
                 artifact_id=deployment.artifact_id,
+                engine=deployment.engine_in_use,
             )
             for deployment, artifact in pairs
         ]
+
+    def _choose_engine(self, asked: str, artifact: ModelArtifact) -> EngineChoice:
+        """Outside any transaction: the choice may read the artifact's config.json, and finding its folder
+        means downloading the model with a remote blob store, so the folder is found only where the choice
+        can read it (a task vLLM serves, and an engine other than `transformers` asked for)."""
+        reads_files = asked != "transformers" and "vllm" in BY_NAME[artifact.pipeline].engines
+        model_dir = self._artifact_dir(artifact) if reads_files else None
+        return engines.choose(asked, artifact.pipeline, model_dir)
 
     def create(
         self,
@@ -87,12 +111,20 @@ class DeploymentService:
         readiness: str,
         min_replicas: int,
         max_replicas: int,
+        engine: str = "auto",
     ) -> Deployment:
+        with self._database.transaction() as session:
+            artifact = session.get(ModelArtifact, artifact_id)
+            if artifact is None or artifact.account_id != account_id:
+                raise _artifact_not_found()
+            if artifact.status != "ready":
+                raise _artifact_not_ready(artifact)
+        choice = self._choose_engine(engine, artifact)
         try:
             with self._database.transaction() as session:
                 artifact = session.get(ModelArtifact, artifact_id)
-                if artifact is None or artifact.account_id != account_id:
-                    raise NotFound("Model artifact not found", param="artifact_id", code="artifact_not_found")
+                if artifact is None:  # deleted meanwhile
+                    raise _artifact_not_found()
                 # Guarded: counts the new user only while the artifact is ready, so a concurrent
                 # start-upload (which needs deployment_count = 0) and this cannot both succeed.
                 claimed = session.execute(
@@ -103,11 +135,7 @@ class DeploymentService:
                 )
                 if claimed.rowcount != 1:  # type: ignore[attr-defined]
                     session.refresh(artifact)
-                    raise Conflict(
-                        f"Model artifact is {artifact.status}; only a ready artifact can be deployed.",
-                        param="artifact_id",
-                        code="artifact_not_ready",
-                    )
+                    raise _artifact_not_ready(artifact)
                 deployment = Deployment(
                     id=new_id("dep"),
                     account_id=account_id,
@@ -117,6 +145,9 @@ class DeploymentService:
                     readiness=readiness,
                     min_replicas=min_replicas,
                     max_replicas=max_replicas,
+                    engine=engine,
+                    engine_in_use=choice.engine,
+                    engine_reason=choice.reason,
                 )
                 session.add(deployment)
                 session.flush()
@@ -169,7 +200,13 @@ class DeploymentService:
         readiness: str | None,
         min_replicas: int | None,
         max_replicas: int | None,
+        engine: str | None = None,
     ) -> Deployment:
+        """With `engine` (even the same one): the engine is chosen again, so `auto` sees a vLLM installed
+        since; the runtime reloads a loaded deployment whose engine in use changed (`runtime.apply`)."""
+        choice = None
+        if engine is not None:
+            choice = self._choose_engine(engine, self._artifact_of_deployment(account_id, deployment_id))
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None or deployment.account_id != account_id:
@@ -181,8 +218,18 @@ class DeploymentService:
             if readiness is not None:
                 deployment.readiness = readiness
             deployment.min_replicas, deployment.max_replicas = new_min, new_max
+            if engine is not None and choice is not None:
+                deployment.engine, deployment.engine_in_use = engine, choice.engine
+                deployment.engine_reason = choice.reason
         self._refs_cache.clear()
         return deployment
+
+    def _artifact_of_deployment(self, account_id: str, deployment_id: str) -> ModelArtifact:
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id)
+            if deployment is None or deployment.account_id != account_id:
+                raise _not_found()
+            return self._artifact_of(session, deployment)
 
     def delete(self, account_id: str, deployment_id: str) -> None:
         with self._database.transaction() as session:

@@ -107,6 +107,13 @@ class Deployment(Base):
     readiness: Mapped[str] = mapped_column(String(8), default="cold")
     min_replicas: Mapped[int] = mapped_column(Integer, default=1)
     max_replicas: Mapped[int] = mapped_column(Integer, default=1)
+    # The engine asked for (`auto`, `vllm`, `transformers`) and the one chosen when the deployment was
+    # created or its engine changed (`runtime.engines`): stored, so every gateway and restart runs the same.
+    engine: Mapped[str] = mapped_column(String(16), default="auto", server_default="auto")
+    engine_in_use: Mapped[str] = mapped_column(
+        String(16), default="transformers", server_default="transformers"
+    )
+    engine_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

@@ -32,6 +32,9 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
         replicas=live.replicas,
         min_replicas=deployment.min_replicas,
         max_replicas=deployment.max_replicas,
+        engine=deployment.engine,
+        engine_in_use=deployment.engine_in_use,
+        engine_reason=deployment.engine_reason,
         memory_gb=live.memory_gb,
         last_cold_start_seconds=live.last_cold_start_seconds,
         created_at=deployment.created_at,
@@ -56,6 +59,7 @@ async def create_deployment(
         body.readiness,
         body.min_replicas,
         body.max_replicas,
+        body.engine,
     )
     await services.runtime.apply(deployment.id)  # warm and hot start loading now
     return await present(deployment, services)
@@ -78,7 +82,7 @@ async def get_deployment(
 
 
 @router.patch(
-    "/{deployment_id}", summary="Change readiness or replica bounds", responses=error_responses(404)
+    "/{deployment_id}", summary="Change readiness, replica bounds or engine", responses=error_responses(404)
 )
 async def update_deployment(
     body: DeploymentPatch,
@@ -93,6 +97,7 @@ async def update_deployment(
         body.readiness,
         body.min_replicas,
         body.max_replicas,
+        body.engine,
     )
     await services.runtime.apply(deployment.id)  # takes effect without a restart
     return await present(deployment, services)

@@ -1,11 +1,12 @@
-// Deployments: create from a ready artifact, change readiness and replica bounds, delete; live state
-// and per-deployment requests/s, latency and batch size from /metrics.
+// Deployments: create from a ready artifact, change readiness, replica bounds and engine, delete; live
+// state, the engine in use and per-deployment requests/s, latency and batch size from /metrics.
 import { api, request } from "../api.js";
 import { badge, confirmButton, field, h, message, replace } from "../dom.js";
 import { DeploymentRates, parseMetrics } from "../metrics.js";
 import { plot } from "../plot.js";
 
 const READINESS = ["cold", "warm", "hot"];
+const ENGINES = ["auto", "vllm", "transformers"];
 
 function select(options, value, id) {
   return h("select", { id }, options.map(([v, label]) => h("option", { value: v, selected: v === value }, label)));
@@ -18,8 +19,10 @@ export async function render(main) {
   const readiness = select(READINESS.map((r) => [r, r]), "warm", "deploy-readiness");
   const min = h("input", { type: "number", id: "deploy-min", value: "1", min: "0", max: "64" });
   const max = h("input", { type: "number", id: "deploy-max", value: "1", min: "1", max: "64" });
+  const engine = select(ENGINES.map((e) => [e, e]), "auto", "deploy-engine");
   const form = h("form", { class: "row", id: "deploy-form" }, field("Model ID", model), field("Ready artifact", artifact),
-    field("Readiness", readiness), field("Min replicas", min), field("Max replicas", max), h("button", { type: "submit" }, "Deploy"));
+    field("Readiness", readiness), field("Min replicas", min), field("Max replicas", max), field("Engine", engine),
+    h("button", { type: "submit" }, "Deploy"));
   const list = h("div", { id: "deployment-list" });
   replace(main, h("h2", {}, "Deployments"), h("section", { class: "card" }, h("h3", {}, "New deployment"), form, status), list);
 
@@ -32,7 +35,7 @@ export async function render(main) {
     try {
       const created = await api("POST", "/v1/deployments", { body: {
         model: model.value.trim(), artifact_id: artifact.value, readiness: readiness.value,
-        min_replicas: Number(min.value), max_replicas: Number(max.value) } });
+        min_replicas: Number(min.value), max_replicas: Number(max.value), engine: engine.value } });
       message(status, `Deployed ${created.model} (${created.id}).`, "ok");
       await refresh();
     } catch (error) { message(status, error.message); }
@@ -45,14 +48,18 @@ export async function render(main) {
     const state = h("span", { class: "state" });
     const reason = h("div", { class: "error reason" });
     const replicas = h("span", { class: "replicas" });
+    const inUse = h("span", { class: "engine" });
     const ready = select(READINESS.map((r) => [r, r]), d.readiness);
+    const engine = select(ENGINES.map((e) => [e, e]), d.engine);
     const lo = h("input", { type: "number", value: String(d.min_replicas), min: "0", max: "64" });
     const hi = h("input", { type: "number", value: String(d.max_replicas), min: "1", max: "64" });
     const note = h("span");
     const apply = h("button", { type: "button", class: "secondary" }, "Apply");
     apply.addEventListener("click", async () => {
       try {
-        await api("PATCH", `/v1/deployments/${encodeURIComponent(d.id)}`, { body: { readiness: ready.value, min_replicas: Number(lo.value), max_replicas: Number(hi.value) } });
+        const body = { readiness: ready.value, min_replicas: Number(lo.value), max_replicas: Number(hi.value) };
+        if (engine.value !== c.asked) body.engine = engine.value; // given, the engine is chosen again
+        await api("PATCH", `/v1/deployments/${encodeURIComponent(d.id)}`, { body });
         message(note, "saved", "ok");
         await refresh();
       } catch (error) { message(note, error.message); }
@@ -63,10 +70,12 @@ export async function render(main) {
     const plots = { rps: h("div"), latency: h("div"), batch: h("div") };
     const el = h("section", { class: "card deployment", dataset: { id: d.id, model: d.model } },
       h("h3", {}, d.model, " ", state), h("p", { class: "muted" }, `${d.pipeline} · ${d.id} · artifact ${d.artifact_id}`), reason,
-      h("p", {}, "Replicas loaded: ", replicas),
-      h("div", { class: "row" }, field("Readiness", ready), field("Min replicas", lo), field("Max replicas", hi), apply, remove, note),
+      h("p", {}, "Replicas loaded: ", replicas), h("p", {}, "Engine: ", inUse),
+      h("div", { class: "row" }, field("Readiness", ready), field("Min replicas", lo), field("Max replicas", hi), field("Engine", engine),
+        apply, remove, note),
       h("div", { class: "plots" }, plots.rps, plots.latency, plots.batch));
-    return { el, state, reason, replicas, plots };
+    const c = { el, state, reason, replicas, inUse, asked: d.engine, plots };
+    return c;
   }
 
   async function refresh() {
@@ -79,6 +88,8 @@ export async function render(main) {
       replace(c.state, badge(d.state));
       c.el.dataset.state = d.state;
       c.reason.textContent = d.state_reason || "";
+      c.inUse.textContent = d.engine_in_use + (d.engine_reason ? ` (${d.engine_reason})` : "");
+      c.asked = d.engine;
       c.replicas.textContent = `${d.replicas} (bounds ${d.min_replicas}–${d.max_replicas}), ${d.memory_gb.toFixed(3)} GB` +
         (d.last_cold_start_seconds ? `, last cold start ${d.last_cold_start_seconds.toFixed(1)} s` : "");
     }
