@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from modelhost.config import Settings
 from modelhost.metrics import process_gone
+from modelhost.runtime import metrics
 from modelhost.runtime.client import ReplicaConnection, connect_pair
 from modelhost.runtime.engines import vllm_launch
 from modelhost.runtime.memory import rss_bytes, tree_rss_bytes
@@ -150,6 +151,7 @@ class LocalProcessReplica:
             await self.unload()
             raise ReplicaLoadFailed(hello.reason)
         self.load_seconds = hello.load_seconds
+        metrics.ENGINE.labels(self.spec.deployment_id, self.spec.engine).set(1)
 
     async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
         if not self.alive or self._connection is None:

@@ -70,3 +70,9 @@ PROMPT_TOKENS_CACHED = Counter(
     "computing them.",
     ["deployment"],
 )
+ENGINE = Gauge(
+    "modelhost_deployment_engine",
+    "1 for the engine (`transformers`, `vllm`) a deployment's replicas run, set when one loads.",
+    ["deployment", "engine"],
+    multiprocess_mode="livemostrecent",
+)

@@ -40,6 +40,7 @@ import msgspec
 from modelhost.errors import ModelhostError
 from modelhost.generation.requests import SamplingParams, fim_tokens, prompt_ids, sampling_params
 from modelhost.generation.tool_parsers import parser_for_template
+from modelhost.runtime import metrics
 from modelhost.runtime.protocol import (
     Cancel,
     Event,
@@ -145,11 +146,13 @@ def vllm_params(params: SamplingParams, grammar: str | None) -> Any:
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+    # OpenAI's top_p 0 keeps only the most likely token, which is greedy decoding; vLLM wants (0, 1]
+    greedy = params.top_p <= 0
     return VllmSamplingParams(
         max_tokens=params.max_tokens,
         min_tokens=params.min_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
+        temperature=0.0 if greedy else params.temperature,
+        top_p=1.0 if greedy else params.top_p,
         seed=params.seed,
         stop=list(params.stop) or None,
         presence_penalty=params.presence_penalty,
@@ -263,8 +266,11 @@ class _Peer:
 
 
 class VllmWorker:
-    def __init__(self, model: VllmModel) -> None:
+    def __init__(self, model: VllmModel, deployment: str) -> None:
         self.model = model
+        # the same gauge the transformers engine's replicas keep: sequences held (vLLM's running and
+        # waiting requests are ours until their last event)
+        self._generating = metrics.GENERATING.labels(deployment)
         self._numbers = itertools.count()
         self._peers: set[_Peer] = set()
         self._flush_scheduled: set[_Peer] = set()
@@ -317,6 +323,7 @@ class VllmWorker:
 
     async def _generate(self, peer: _Peer, message: Generate) -> None:
         request_id = f"{peer.number}-{message.id}"
+        self._generating.inc()
 
         def emit(event: dict[str, Any]) -> None:
             self._event(peer, message.id, event)
@@ -332,6 +339,7 @@ class VllmWorker:
             if self.model.engine.errored:
                 self.stopped.set()  # the engine core is gone: exit, the supervisor starts a replacement
         finally:
+            self._generating.dec()
             peer.generations.pop(message.id, None)
 
     def _event(self, peer: _Peer, request_id: int, event: dict[str, Any]) -> None:
@@ -393,7 +401,7 @@ async def _serve(args: argparse.Namespace) -> int:
         lifeline.sendall(encode(LoadFailed(f"vLLM loaded the model but could not run it: {reason}")))
         model.engine.shutdown()
         return 1
-    worker = VllmWorker(model)
+    worker = VllmWorker(model, args.deployment)
     try:
         reader, writer = await asyncio.open_connection(sock=lifeline)
         writer.write(encode(Ready(time.perf_counter() - started)))

@@ -1,0 +1,334 @@
+"""Text generation on the vLLM engine (issue 29), through HTTP against a real `modelhost serve` process.
+
+Its `chat` deployment runs on vLLM (chosen by `engine: auto`), `chat-own` the same artifact on the
+transformers engine. Starting vLLM's engine takes 30 to 70 s on this machine, so one vLLM replica serves
+every test of the module: `chat` is cold (its first request loads it, the last test sees it unloaded
+when idle), and the chat and client tests of tests/test_chat.py and tests/test_clients.py that hold for
+any engine are imported below and run again here, against vLLM: the same tests on both engines.
+
+The model is the chat model of tests/tiny_models/chat.py at the smallest shape vLLM's CPU attention
+runs (heads of 64), with random weights: answers are checked for shape and validity, and against the
+transformers engine's, never for content. Skipped, with the reason, where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+
+from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.server_process import ServerProcess, processes
+from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here again, on vLLM)
+    MESSAGES,
+    Chat,
+    _generating,
+    test_a_client_leaving_mid_stream_frees_its_slot_within_a_step,
+    test_a_conversation_that_goes_on_reuses_its_cached_prefix_and_says_so_in_usage,
+    test_a_minus_100_logit_bias_on_the_greedy_token_changes_the_output,
+    test_a_misspelt_field_is_400_naming_it,
+    test_a_named_tool_choice_calls_that_tool,
+    test_a_null_prompt_starts_a_new_document,
+    test_a_plus_100_logit_bias_makes_greedy_output_that_token,
+    test_a_prompt_over_the_context_is_a_400_naming_max_tokens,
+    test_allowed_tools_restrict_a_required_call_to_those_tools,
+    test_async_client_streams_too,
+    test_best_of_returns_the_n_candidates_with_the_highest_mean_log_probability,
+    test_chat_completion_answers_openai_shape_with_exact_usage,
+    test_chat_takes_content_parts_developer_messages_and_max_completion_tokens,
+    test_completions_echo_and_logprobs,
+    test_completions_stream_text_completion_chunks,
+    test_completions_take_strings_lists_and_token_ids,
+    test_concurrent_requests_share_decoding_steps_and_each_gets_its_own_answer,
+    test_deprecated_functions_answer_with_a_function_call,
+    test_fields_whose_answer_we_cannot_give_are_400_naming_them,
+    test_logprobs_and_top_logprobs,
+    test_openai_fields_that_change_nothing_are_accepted_and_change_nothing,
+    test_penalties_and_top_p_change_the_output,
+    test_seed_reproduces_sampled_output_and_n_gives_that_many_choices,
+    test_stop_strings_end_generation_and_are_not_in_the_output,
+    test_streamed_tool_call_deltas_reassemble_to_the_same_call,
+    test_streaming_sends_role_then_content_then_finish_then_usage_and_done,
+    test_suffix_needs_a_model_with_fill_in_the_middle_tokens,
+    test_tool_choice_auto_and_none_render_tools_or_not,
+    test_tool_choice_required_returns_a_call_whose_arguments_validate,
+    test_tool_choice_validation_names_the_parameter,
+    test_tool_results_render_back_into_the_template,
+    test_vendor_model_names_are_not_found_and_other_pipelines_are_not_supported,
+    tokenizer,
+)
+from tests.test_clients import (  # noqa: F401 (the real clients, unchanged, against the vLLM deployment)
+    Served,
+    litellm,
+    outside_lookups,
+    stays_local,
+    test_agents_sdk_chat_completions_model_calls_its_tool_each_turn,
+    test_agents_sdk_default_responses_model_calls_its_tool,
+    test_agents_sdk_sends_metadata_and_store_and_still_calls_its_tool,
+    test_instructor_creates_a_valid_pydantic_object,
+    test_langchain_chat_openai_calls_a_forced_tool_whole_and_streamed,
+    test_langchain_chat_openai_invokes_and_streams,
+    test_langchain_chat_openai_on_the_responses_api_invokes_streams_and_calls_a_forced_tool,
+    test_langchain_structured_output_with_json_schema_gives_the_pydantic_model,
+    test_litellm_completion_answers_and_streams,
+    test_litellm_completion_calls_a_forced_tool,
+    test_litellm_responses_answers,
+)
+from tests.vllm_setup import wait_for_vllm
+
+IDLE_SECONDS = 20  # a cold deployment unloads after this long without requests
+
+
+@dataclass
+class VllmServer:
+    process: ServerProcess
+    key: str
+    http: httpx.Client
+    chat: dict[str, Any]  # the vLLM deployment, as created
+    own: dict[str, Any]  # the same artifact on the transformers engine
+    model_dir: Path
+    first: tuple[dict[str, Any], httpx.Response, dict[str, Any]]  # `chat` before, its first answer, after
+
+    def post(self, path: str, **body: Any) -> httpx.Response:
+        return self.http.post(path, json=body, headers=bearer(self.key))
+
+    def deployment(self, deployment_id: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.http.get(
+            f"/v1/deployments/{deployment_id}", headers=bearer(self.key)
+        ).json()
+        return found
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    python, reason = wait_for_vllm()
+    if python is None:
+        pytest.skip(f"vLLM is not available: {reason}")
+    return python
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Iterator[VllmServer]:
+    from tests.tiny_models.chat import build_chat_for_vllm
+
+    root = tmp_path_factory.mktemp("vllm")
+    model_dir = root / "chat-vllm"
+    build_chat_for_vllm(model_dir)
+    process = ServerProcess(
+        root / "data",
+        f"sqlite:///{root / 'db.sqlite'}",
+        MODELHOST_VLLM_PYTHON=vllm_python,
+        MODELHOST_KV_CACHE_MB="64",
+        MODELHOST_CONSTRAINED_MAX_STRING_LENGTH="16",
+        MODELHOST_COLD_IDLE_SECONDS=str(IDLE_SECONDS),
+    )
+    process.start()
+    http = httpx.Client(base_url=process.url, timeout=300)
+    try:
+        created = http.post("/v1/admin/accounts", json={"name": "vllm"}, headers=bearer(ADMIN_KEY))
+        key = created.json()["api_key"]
+        artifact = push_folder_sync(http, key, model_dir, "text-generation")
+        deployments = []
+        for body in (
+            {"model": "chat", "artifact_id": artifact},  # cold, engine auto
+            {"model": "chat-own", "artifact_id": artifact, "engine": "transformers"},
+        ):
+            answer = http.post("/v1/deployments", json=body, headers=bearer(key))
+            assert answer.status_code == 201, answer.text
+            deployments.append(answer.json())
+        chat_url = f"/v1/deployments/{deployments[0]['id']}"
+        before = http.get(chat_url, headers=bearer(key)).json()
+        body = {"model": "chat", "messages": MESSAGES, "max_tokens": 4}
+        first = http.post("/v1/chat/completions", json=body, headers=bearer(key))  # loads it: the cold start
+        after = http.get(chat_url, headers=bearer(key)).json()
+        yield VllmServer(
+            process, key, http, deployments[0], deployments[1], model_dir, (before, first, after)
+        )
+    finally:
+        http.close()
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def chat(vllm: VllmServer) -> Chat:
+    """tests/test_chat.py's server, here on vLLM."""
+    return Chat(vllm.process.url, vllm.key, vllm.http, vllm.chat["id"])
+
+
+@pytest.fixture(scope="module")
+def served(vllm: VllmServer) -> Served:
+    """tests/test_clients.py's server, here on vLLM (its chat tests only)."""
+    return Served(vllm.process.url, vllm.key)
+
+
+# ---------------------------------------------------------------- the engine's choice, and its first load
+
+
+def test_auto_runs_an_architecture_in_vllms_registry_on_vllm_and_says_why(vllm: VllmServer) -> None:
+    assert vllm.chat["engine"] == "auto"
+    assert vllm.chat["engine_in_use"] == "vllm"
+    assert "Qwen2ForCausalLM" in vllm.chat["engine_reason"]
+    assert (vllm.own["engine"], vllm.own["engine_in_use"], vllm.own["engine_reason"]) == (
+        "transformers",
+        "transformers",
+        None,
+    )
+
+
+def test_a_cold_vllm_deployment_loads_on_its_first_request(vllm: VllmServer) -> None:
+    """The module's first request (made by the fixture, whichever test runs first) loaded it."""
+    before, answer, deployment = vllm.first
+    assert before["state"] == "unloaded"
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 4
+    assert deployment["state"] == "ready"
+    assert deployment["last_cold_start_seconds"] > 0
+    assert deployment["memory_gb"] > 0.1  # vLLM's engine core holds the model: its process tree is metered
+    assert processes("modelhost.runtime.vllm_worker", vllm.chat["id"])
+    metrics = vllm.http.get("/metrics").text
+    assert f'modelhost_deployment_engine{{deployment="{vllm.chat["id"]}",engine="vllm"}} 1.0' in metrics
+
+
+def test_an_architecture_vllm_lacks_falls_back_under_auto_and_is_a_400_under_vllm(
+    vllm: VllmServer, tmp_path: Path
+) -> None:
+    folder = tmp_path / "diffllama"
+    shutil.copytree(vllm.model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["DiffLlamaForCausalLM"]}))
+    artifact = push_folder_sync(vllm.http, vllm.key, folder, "text-generation")
+    auto = vllm.post("/v1/deployments", model="diffllama", artifact_id=artifact)
+    assert auto.status_code == 201, auto.text
+    assert auto.json()["engine_in_use"] == "transformers"
+    assert "vLLM does not support the architecture DiffLlamaForCausalLM" in auto.json()["engine_reason"]
+    forced = vllm.post("/v1/deployments", model="diffllama-vllm", artifact_id=artifact, engine="vllm")
+    assert_error(forced, 400, code="engine_not_supported", param="engine")
+    assert "DiffLlamaForCausalLM" in forced.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------- the same answers as the transformers engine
+
+
+def _greedy(vllm: VllmServer, model: str, tokens: int) -> Any:
+    answer = vllm.post(
+        "/v1/chat/completions",
+        model=model,
+        messages=MESSAGES,
+        max_tokens=tokens,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        min_tokens=tokens,
+    )
+    assert answer.status_code == 200, answer.text
+    return answer.json()["choices"][0]["logprobs"]["content"]
+
+
+def test_greedy_output_equals_the_transformers_engines_or_parts_at_a_near_tie(vllm: VllmServer) -> None:
+    """Both run the checkpoint in float32, with other kernels: the same tokens, and log-probabilities
+    equal to 1e-3, until the first place (if any) where the two best tokens are that close."""
+    on_vllm, on_own = _greedy(vllm, "chat", 16), _greedy(vllm, "chat-own", 16)
+    for position, (ours, theirs) in enumerate(zip(on_vllm, on_own, strict=True)):
+        assert abs(ours["logprob"] - theirs["logprob"]) < 1e-3 or ours["token"] != theirs["token"], position
+        if ours["token"] != theirs["token"]:
+            best, second = theirs["top_logprobs"][:2]
+            assert best["logprob"] - second["logprob"] < 1e-3, (position, ours, theirs)
+            break
+
+
+def test_json_schema_output_validates(chat: Chat) -> None:
+    """tests/test_chat.py's own check, but for its `json_object` half: an open object lets this random
+    model write keys until `max_tokens` on either engine; only the bounded schema must end in time."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "ok": {"type": "boolean"}},
+        "required": ["name", "age", "ok"],
+        "additionalProperties": False,
+    }
+    for seed in (1, 2, 3):
+        answer = chat.client().chat.completions.create(
+            model="chat",
+            messages=MESSAGES,
+            max_tokens=80,
+            temperature=0.7,
+            seed=seed,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "p", "schema": schema, "strict": True},
+            },
+        )
+        jsonschema.validate(json.loads(answer.choices[0].message.content or ""), schema)
+
+
+def test_a_disconnect_frees_the_vllm_sequence_within_two_seconds(chat: Chat) -> None:
+    stream = chat.client().chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=400, stream=True, extra_body={"min_tokens": 400}
+    )
+    for _, _chunk in zip(range(3), stream, strict=False):
+        pass
+    assert _generating(chat) == 1
+    stream.close()
+    closed = time.monotonic()
+    while _generating(chat) != 0 and time.monotonic() - closed < 2:
+        time.sleep(0.02)
+    assert _generating(chat) == 0, "the aborted sequence is still held 2 s after the client left"
+
+
+def test_bad_input_is_a_400_in_our_shape_never_vllms(vllm: VllmServer) -> None:
+    too_long = vllm.post("/v1/completions", model="chat", prompt="hello", max_tokens=5000)
+    assert_error(too_long, 400, code="context_length_exceeded", param="max_tokens")
+    bias = vllm.post("/v1/completions", model="chat", prompt="hello", logit_bias={"99999": 5}, max_tokens=2)
+    assert_error(bias, 400, param="logit_bias")
+    assert "vocabulary" in bias.json()["error"]["message"]
+    ids = vllm.post("/v1/completions", model="chat", prompt=[1, 99999], max_tokens=2)
+    assert_error(ids, 400, param="prompt")
+
+
+def test_openai_sdk_streams_completions_with_usage_on_vllm(chat: Chat) -> None:
+    stream = chat.client().completions.create(
+        model="chat",
+        prompt="Once upon a time",
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 8
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text and chunks[-2].choices[0].finish_reason == "length"
+
+
+def test_an_idle_cold_vllm_deployment_unloads_and_leaves_no_engine_process(vllm: VllmServer) -> None:
+    """Last: nothing asks for `chat` any more, so it unloads after the idle time; vLLM's engine core and
+    worker processes (its own session) end with the replica worker."""
+    deadline = time.monotonic() + IDLE_SECONDS + 60
+    while vllm.deployment(vllm.chat["id"])["state"] != "unloaded" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert vllm.deployment(vllm.chat["id"])["state"] == "unloaded"
+    marker = f"VLLM_CACHE_ROOT={vllm.process.env['MODELHOST_DATA_DIR']}/vllm-cache\0"
+    deadline = time.monotonic() + 15  # the worker shuts vLLM down (about 5 s), else is killed at 5 s
+    while (leftovers := _vllm_processes(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftovers == [], "vLLM's processes outlived their replica"
+
+
+def _vllm_processes(marker: str) -> list[str]:
+    """The replica worker and vLLM's own processes of this module's server (their environment says)."""
+    return [p.name for p in Path("/proc").glob("[0-9]*") if marker in _environment(p)]
+
+
+def _environment(proc: Path) -> str:
+    """A process's environment as /proc has it (NUL-separated), empty once it is gone."""
+    try:
+        return (proc / "environ").read_text(errors="replace") + "\0"
+    except OSError:
+        return ""
