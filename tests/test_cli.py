@@ -150,6 +150,7 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("deployments",), "Deployments of your account."),
     (("deployments", "create"), "Deploy a ready artifact under a model ID."),
     (("deployments", "list"), "List deployments with their live state."),
+    (("deployments", "update"), "Change a deployment's readiness, replica bounds or engine"),
     (("deployments", "delete"), "Delete a deployment (unloads it and frees its artifact)."),
     (("artifacts",), "Model artifacts of your account."),
     (("artifacts", "push"), "Upload a model folder as an artifact (resumable)"),
@@ -373,6 +374,37 @@ def test_deployments_create_json_deploys_a_ready_artifact(
     assert (created["min_replicas"], created["max_replicas"]) == (0, 2)
     assert created["state"] == "loading"  # warm: loading starts at creation
     assert artifact_deployment_count(store, artifact_id) == 1
+
+
+def test_deployments_create_and_update_take_an_engine_and_show_the_one_in_use(
+    url: str, store: Services, account: dict[str, Any]
+) -> None:
+    artifact_id = ready_artifact(store, account["id"], "text-generation")
+    key = ("--url", url, "--key", account["api_key"])
+    created = ok("deployments", "create", "chat", "--artifact", artifact_id, *key)
+    [row] = table_rows(created.stdout)
+    assert row["engine_in_use"] == "transformers"
+    # where auto chose, the table is followed by why (vLLM is off in the tests)
+    assert "engine: auto chose transformers: vLLM is turned off" in " ".join(created.stdout.split())
+
+    updated = ok_json(
+        "deployments", "update", row["id"], "--engine", "transformers", "--max-replicas", "2", *key
+    )
+    assert (updated["engine"], updated["engine_in_use"], updated["engine_reason"]) == (
+        "transformers",
+        "transformers",
+        None,
+    )
+    assert updated["max_replicas"] == 2
+    shown = ok("deployments", "update", row["id"], "--readiness", "cold", *key)
+    assert "engine:" not in shown.stdout
+
+    refused = cli("deployments", "update", row["id"], "--engine", "vllm", *key)
+    assert refused.exit_code == 1
+    assert "(400 engine_not_supported)" in refused.stderr
+    assert (
+        cli("deployments", "create", "x", "--artifact", artifact_id, "--engine", "onnx", *key).exit_code == 2
+    )
 
 
 def test_deployments_list_shows_each_deployment_in_a_table(

@@ -227,7 +227,9 @@ def test_a_deployment_is_created_and_becomes_ready(console: Console) -> None:
     card.wait_for()
     page.wait_for_selector("section.deployment[data-model='chat'][data-state='ready']", timeout=60_000)
     assert "Replicas loaded: 1" in card.inner_text()
-    card.locator("select").select_option("hot")
+    # vLLM is off in the tests: auto chose transformers, and the card says why
+    assert card.locator(".engine-in-use").inner_text().startswith("transformers (auto chose transformers")
+    card.locator("select.readiness").select_option("hot")
     card.locator("input[type=number]").nth(1).fill("2")
     card.get_by_role("button", name="Apply").click()
     card.locator(".ok", has_text="saved").wait_for()

@@ -48,9 +48,11 @@ export async function render(main) {
     const state = h("span", { class: "state" });
     const reason = h("div", { class: "error reason" });
     const replicas = h("span", { class: "replicas" });
-    const inUse = h("span", { class: "engine" });
+    const inUse = h("span", { class: "engine-in-use" });
     const ready = select(READINESS.map((r) => [r, r]), d.readiness);
+    ready.className = "readiness";
     const engine = select(ENGINES.map((e) => [e, e]), d.engine);
+    engine.className = "engine";
     const lo = h("input", { type: "number", value: String(d.min_replicas), min: "0", max: "64" });
     const hi = h("input", { type: "number", value: String(d.max_replicas), min: "1", max: "64" });
     const note = h("span");
