@@ -228,6 +228,12 @@ class Settings(BaseSettings):
         "engine run under. Unset: the checkout's `.venv-vllm` made by scripts/setup.sh, once its install "
         "finished; empty: vLLM is turned off and every deployment runs on the transformers engine.",
     )
+    vllm_tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        description="GPUs each replica of a vLLM deployment spans (vLLM's tensor parallelism, over its own "
+        "worker processes on this machine).",
+    )
     kv_cache_mb: int | None = Field(
         default=None,
         ge=1,

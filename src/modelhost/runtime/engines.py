@@ -100,7 +100,13 @@ def _architectures_of(model_dir: Path | None) -> list[str]:
 
 def vllm_environment() -> VllmEnvironment:
     """The vLLM environment replicas run under, or VllmUnavailable with the reason."""
-    configured = get_settings().vllm_python
+    settings = get_settings()
+    if settings.runtime == "ray":
+        raise VllmUnavailable(
+            "the Ray backend (MODELHOST_RUNTIME=ray) runs replicas on the transformers engine; vLLM runs "
+            'under the local backend (docs/generation.md, "Engines")'
+        )
+    configured = settings.vllm_python
     if configured == "":
         raise VllmUnavailable("vLLM is turned off (MODELHOST_VLLM_PYTHON is empty)")
     if configured is None:

@@ -25,7 +25,7 @@ from modelhost.metrics import process_gone
 from modelhost.runtime import metrics
 from modelhost.runtime.client import ReplicaConnection, connect_pair
 from modelhost.runtime.engines import vllm_launch
-from modelhost.runtime.memory import rss_bytes, tree_rss_bytes
+from modelhost.runtime.memory import descendants, gpu_memory_bytes, parents, rss_bytes
 from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import (
     Replica,
@@ -126,6 +126,7 @@ class LocalProcessReplica:
             env = {k: v for k, v in env.items() if k != "VLLM_CPU_KVCACHE_SPACE"} | extra
             if settings.kv_cache_mb:
                 args += ["--kv-cache-mb", str(settings.kv_cache_mb)]
+            args += ["--tensor-parallel-size", str(settings.vllm_tensor_parallel_size)]
         try:
             self._process = await start_worker(
                 args, env, theirs, listener, preload=settings.worker_preload, command=command
@@ -219,8 +220,12 @@ class LocalProcessReplica:
                 os.killpg(self.pid, signal.SIGKILL)
 
     def _rss_bytes(self, pid: int | None) -> int:
-        """vLLM holds the model and its KV cache in its engine-core child process: the tree counts."""
-        return tree_rss_bytes(pid) if self.spec.engine == "vllm" else rss_bytes(pid)
+        """vLLM holds the model and its KV cache in its engine's child processes: the tree counts, and
+        the GPU memory they hold."""
+        if self.spec.engine != "vllm" or pid is None:
+            return rss_bytes(pid)
+        tree = [pid, *descendants(pid, parents())]
+        return sum(rss_bytes(p) for p in tree) + gpu_memory_bytes(tree)
 
     async def _watch(self) -> None:
         assert self._process is not None

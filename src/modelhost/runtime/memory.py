@@ -4,6 +4,9 @@ number)."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -55,3 +58,31 @@ def tree_rss_bytes(pid: int | None, table: dict[int, int] | None = None) -> int:
         return 0
     tree = [pid, *descendants(pid, parents() if table is None else table)]
     return sum(rss_bytes(p) for p in tree)
+
+
+def gpu_memory_bytes(pids: Iterable[int]) -> int:
+    """GPU memory the processes `pids` hold, from `nvidia-smi` (0 where there is none: no GPU, no driver
+    tool, or it failed). vLLM allocates its weights and KV cache on the GPU from its worker processes,
+    which RSS does not count."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return 0
+    try:
+        listing = subprocess.run(
+            [tool, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    wanted, total = set(pids), 0
+    for line in listing.splitlines():
+        pid, _, used = line.partition(",")
+        try:
+            if int(pid) in wanted:
+                total += int(float(used)) << 20  # MiB
+        except ValueError:
+            continue  # "[N/A]" and the like
+    return total

@@ -73,7 +73,7 @@ class VllmModel:
     fim: tuple[int, int, int] | None = None
 
 
-def load(model_dir: Path, kv_cache_mb: int | None, device: str) -> VllmModel:
+def load(model_dir: Path, kv_cache_mb: int | None, device: str, tensor_parallel_size: int = 1) -> VllmModel:
     """vLLM's engine over the artifact's folder, and the artifact's own tokenizer (the same files and the
     same template the transformers engine reads)."""
     from transformers import AutoTokenizer
@@ -95,6 +95,7 @@ def load(model_dir: Path, kv_cache_mb: int | None, device: str) -> VllmModel:
         enforce_eager=on_cpu,
         enable_prefix_caching=True,
         kv_cache_memory_bytes=kv_cache_mb << 20 if kv_cache_mb else None,
+        tensor_parallel_size=tensor_parallel_size,
         # the grammars our gateway writes are llguidance's Lark; the backend is engine-wide
         structured_outputs_config=StructuredOutputsConfig(backend="guidance"),
         max_logprobs=MAX_LOGPROBS,
@@ -375,6 +376,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-dir", required=True, type=Path)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--kv-cache-mb", type=int, default=None)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     # accepted for the same command line as runtime.worker; vLLM batches and warms up by itself
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--max-batch", type=int, default=None)
@@ -388,7 +390,7 @@ async def _serve(args: argparse.Namespace) -> int:
     listener = socket.socket(fileno=args.listen_fd)
     started = time.perf_counter()
     try:
-        model = load(args.model_dir, args.kv_cache_mb, args.device)
+        model = load(args.model_dir, args.kv_cache_mb, args.device, args.tensor_parallel_size)
     except Exception as exc:  # the reason goes back to the supervisor
         traceback.print_exc()
         lifeline.sendall(encode(LoadFailed(f"vLLM could not load the model: {type(exc).__name__}: {exc}")))

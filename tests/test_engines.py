@@ -1,0 +1,85 @@
+"""`runtime.engines` and the vLLM replica's metering, without vLLM: the Ray backend's refusal, the launch
+environment, and GPU memory read from `nvidia-smi` (a stand-in script on PATH: this machine has no GPU)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from modelhost.config import get_settings
+from modelhost.errors import InvalidRequest
+from modelhost.runtime import engines
+from modelhost.runtime.memory import gpu_memory_bytes
+
+
+@pytest.fixture
+def fresh_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """The process's settings read again from the environment this test sets (runtime.engines reads them)."""
+    get_settings.cache_clear()
+    yield monkeypatch
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path, fresh_settings: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "venv-vllm"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")
+    (root / engines.ARCHITECTURES_FILE).write_text('["Qwen2ForCausalLM"]')
+    fresh_settings.setenv("MODELHOST_VLLM_PYTHON", str(root / "bin" / "python"))
+    return root
+
+
+def qwen2_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    return folder
+
+
+def test_auto_takes_vllm_for_a_listed_architecture_on_the_local_backend(
+    fake_vllm: Path, tmp_path: Path
+) -> None:
+    choice = engines.choose("auto", "text-generation", qwen2_folder(tmp_path))
+    assert choice.engine == "vllm" and "Qwen2ForCausalLM" in (choice.reason or "")
+
+
+def test_the_ray_backend_keeps_generation_on_transformers_and_refuses_vllm(
+    fake_vllm: Path, tmp_path: Path, fresh_settings: pytest.MonkeyPatch
+) -> None:
+    fresh_settings.setenv("MODELHOST_RUNTIME", "ray")
+    folder = qwen2_folder(tmp_path)
+    choice = engines.choose("auto", "text-generation", folder)
+    assert choice.engine == "transformers" and "Ray backend" in (choice.reason or "")
+    with pytest.raises(InvalidRequest) as refused:
+        engines.choose("vllm", "text-generation", folder)
+    assert refused.value.param == "engine" and "Ray backend" in refused.value.message
+
+
+def test_a_vllm_replica_runs_our_worker_under_vllms_python_with_our_source_and_no_telemetry(
+    fake_vllm: Path, tmp_path: Path
+) -> None:
+    command, env = engines.vllm_launch(tmp_path / "data")
+    assert command == [str(fake_vllm / "bin" / "python"), "-m", "modelhost.runtime.vllm_worker"]
+    assert Path(env["PYTHONPATH"], "modelhost", "runtime", "vllm_worker.py").is_file()
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["MODELHOST_REPLICA"] == "1"
+    assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "data" / "vllm-cache")
+
+
+def test_gpu_memory_is_what_nvidia_smi_lists_for_the_replicas_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\nprintf '101, 2048\\n202, 512\\n303, [N/A]\\n404, 100\\n'\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert gpu_memory_bytes([101, 202, 303]) == (2048 + 512) << 20
+    assert gpu_memory_bytes([999]) == 0
+
+
+def test_gpu_memory_is_zero_without_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert gpu_memory_bytes([os.getpid()]) == 0
