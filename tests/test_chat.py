@@ -387,13 +387,16 @@ def test_tool_results_render_back_into_the_template(chat: Chat) -> None:
     assert answer.usage.prompt_tokens > short.usage.prompt_tokens + 10  # type: ignore[union-attr]
 
 
+PERSON: dict[str, Any] = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "required": ["name", "age", "ok"],
+    "additionalProperties": False,
+}
+
+
 def test_json_schema_response_format_validates(chat: Chat) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "ok": {"type": "boolean"}},
-        "required": ["name", "age", "ok"],
-        "additionalProperties": False,
-    }
+    schema = PERSON
     answer = chat.client().chat.completions.create(
         model="chat",
         messages=MESSAGES,

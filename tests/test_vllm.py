@@ -29,6 +29,7 @@ from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.server_process import ServerProcess, processes
 from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here again, on vLLM)
     MESSAGES,
+    PERSON,
     Chat,
     _generating,
     test_a_client_leaving_mid_stream_frees_its_slot_within_a_step,
@@ -247,12 +248,7 @@ def test_greedy_output_equals_the_transformers_engines_or_parts_at_a_near_tie(vl
 def test_json_schema_output_validates(chat: Chat) -> None:
     """tests/test_chat.py's own check, but for its `json_object` half: an open object lets this random
     model write keys until `max_tokens` on either engine; only the bounded schema must end in time."""
-    schema = {
-        "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "ok": {"type": "boolean"}},
-        "required": ["name", "age", "ok"],
-        "additionalProperties": False,
-    }
+    schema = PERSON
     for seed in (1, 2, 3):
         answer = chat.client().chat.completions.create(
             model="chat",
