@@ -25,7 +25,7 @@ from modelhost.config import get_settings
 from modelhost.container import Services
 from modelhost.runtime.engines import ARCHITECTURES_FILE
 from modelhost.runtime.manager import ReplicaManager
-from modelhost.runtime.replica import Replica, ReplicaSpec, ReplicaStats
+from modelhost.runtime.replica import Replica, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
 from modelhost.runtime.spec import DeploymentSpec
 from modelhost.store import migrate
 from modelhost.store.db import Database
@@ -234,14 +234,20 @@ def test_deployments_made_before_engines_ask_for_auto_and_run_on_transformers(da
 class FakeReplica:
     """Records the engine it was made for; loads and unloads at once."""
 
-    def __init__(self, deployment: DeploymentSpec, log: list[tuple[str, str]]) -> None:
+    def __init__(
+        self, deployment: DeploymentSpec, log: list[tuple[str, str]], failing: frozenset[str] = frozenset()
+    ) -> None:
         self.spec = ReplicaSpec.of(deployment, 1, "cpu")
+        self.failing = failing  # engines whose load fails
         self.name = f"{deployment.id}-{len(log)}"
         self.failure: str | None = None
         self._log = log
         self._alive = False
 
     async def load(self) -> None:
+        if self.spec.engine in self.failing:
+            self._log.append(("failed", self.spec.engine))
+            raise ReplicaLoadFailed(f"{self.spec.engine} could not run it")
         self._alive = True
         self._log.append(("load", self.spec.engine))
 
@@ -280,13 +286,14 @@ class FakeReplica:
 class FakeBackend:
     scales_itself = False
 
-    def __init__(self) -> None:
+    def __init__(self, failing: frozenset[str] = frozenset()) -> None:
         self.log: list[tuple[str, str]] = []
+        self.failing = failing
 
     def new_replica(
         self, deployment: DeploymentSpec, on_exit: Callable[[Replica], None], replicas: int
     ) -> Replica:
-        return FakeReplica(deployment, self.log)
+        return FakeReplica(deployment, self.log, self.failing)
 
     async def close(self) -> None:
         pass
@@ -298,6 +305,74 @@ async def until(check: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("timed out")
+
+
+def generator_spec(tmp_path: Path, **fields: Any) -> DeploymentSpec:
+    return DeploymentSpec(
+        id="dep_x",
+        pipeline="text-generation",
+        readiness="warm",
+        min_replicas=1,
+        max_replicas=1,
+        model_dir=tmp_path,
+        account_id="acct_x",
+        model="m",
+        artifact_id="art_x",
+        **fields,
+    )
+
+
+async def test_a_model_vllm_cannot_load_runs_on_transformers_when_auto_chose_vllm(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    backend = FakeBackend(failing=frozenset({"vllm"}))
+    specs = {"dep_x": generator_spec(tmp_path, engine="vllm", falls_back=True)}
+    manager = ReplicaManager(make_settings(tmp_path, sqlite_url), specs.get, lambda: [], backend=backend)
+    fell_back: list[tuple[str, str]] = []
+    manager.engine_fell_back = lambda deployment, reason: fell_back.append((deployment, reason))
+    await manager.apply("dep_x")
+    await until(lambda: ("load", "transformers") in backend.log)
+    assert backend.log == [("failed", "vllm"), ("unload", "vllm"), ("load", "transformers")]
+    assert fell_back == [("dep_x", "vllm could not run it")]
+    assert (await manager.status("dep_x")).state == "ready"
+    await manager.shutdown()
+
+
+async def test_a_model_vllm_cannot_load_fails_when_vllm_was_asked_for(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    backend = FakeBackend(failing=frozenset({"vllm"}))
+    specs = {"dep_x": generator_spec(tmp_path, engine="vllm")}
+    manager = ReplicaManager(make_settings(tmp_path, sqlite_url), specs.get, lambda: [], backend=backend)
+    await manager.apply("dep_x")
+    await until(lambda: backend.log == [("failed", "vllm"), ("unload", "vllm")])
+    for _ in range(200):
+        if (status := await manager.status("dep_x")).state == "failed":
+            break
+        await asyncio.sleep(0.01)
+    assert (status.state, status.reason) == ("failed", "vllm could not run it")
+    await manager.shutdown()
+
+
+async def test_the_fall_back_is_stored_with_its_reason_until_the_engine_is_patched(
+    client: httpx.AsyncClient, services: Services, vllm_installed: None
+) -> None:
+    account = await new_account(client)
+    owner = bearer(account["api_key"])
+    created = (await deploy(client, account, generator_artifact(services, account["id"], LISTED))).json()
+    assert created["engine_in_use"] == "vllm"
+    services.deployments.fall_back(created["id"], "vLLM loaded the model but could not run it: ...")
+    path = f"/v1/deployments/{created['id']}"
+    now = (await client.get(path, headers=owner)).json()
+    assert engine_of(now) == (
+        "auto",
+        "transformers",
+        "auto fell back to transformers: vLLM loaded the model but could not run it: ...",
+    )
+    spec = services.deployments.runtime_spec(created["id"])
+    assert spec is not None and (spec.engine, spec.falls_back) == ("transformers", False)
+    again = (await client.patch(path, json={"engine": "auto"}, headers=owner)).json()
+    assert again["engine_in_use"] == "vllm"  # patched: chosen again
 
 
 async def test_a_new_engine_unloads_a_loaded_deployment_and_loads_it_again_on_the_new_one(

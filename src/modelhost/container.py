@@ -128,6 +128,7 @@ class Services:
                 meter=billing.meter,
                 load_guard=billing.check_can_load,
             )
+            manager.engine_fell_back = deployments.fall_back
             supervision = Supervision(
                 manager, VideoRunner(videos, manager, settings), AgentRunner(agents, manager, settings)
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -169,7 +170,11 @@ class DeploymentRuntime:
         errors = [e for e in results if isinstance(e, BaseException)]
         if errors:
             await self._manager.stop(replicas)
-            self._fail(str(errors[0]) if isinstance(errors[0], ReplicaLoadFailed) else repr(errors[0]))
+            reason = str(errors[0]) if isinstance(errors[0], ReplicaLoadFailed) else repr(errors[0])
+            if self.spec.falls_back:
+                await self._fall_back(reason)
+                return await self._load()
+            self._fail(reason)
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
         self.replicas = replicas
         self.state = "ready"
@@ -180,6 +185,13 @@ class DeploymentRuntime:
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(len(replicas))
         self.publish()
         log.info("deployment %s loaded %d replica(s) in %.2fs", self.spec.id, count, self.last_cold_start)
+
+    async def _fall_back(self, reason: str) -> None:
+        """`auto` chose vLLM, which could not load the model (an architecture it lists but cannot run
+        here, say): the deployment runs on `transformers`, and its `engine_reason` says why."""
+        log.warning("deployment %s runs on transformers: vLLM could not load it (%s)", self.spec.id, reason)
+        self.spec = dataclasses.replace(self.spec, engine="transformers", falls_back=False)
+        await asyncio.to_thread(self._manager.engine_fell_back, self.spec.id, reason)
 
     def _fail(self, reason: str) -> None:
         self.state, self.reason, self._failed_at = "failed", reason, time.monotonic()
@@ -317,6 +329,8 @@ class ReplicaManager:
         # Asked before every load (billing: 402 when the account is out of credits).
         self.load_guard = load_guard
         self.replicas_changed: ReplicasChanged = lambda _deployment, _addresses: None
+        # Records that a deployment `auto` put on vLLM runs on `transformers` (its load failed on vLLM).
+        self.engine_fell_back: Callable[[str, str], None] = lambda _deployment, _reason: None
 
     async def check_can_load(self, spec: DeploymentSpec) -> None:
         """Billing enforcement: 402 when the account is out of credits (the guard may read the database)."""

@@ -34,3 +34,5 @@ class DeploymentSpec:
     model: str
     artifact_id: str
     engine: str = "transformers"  # the engine its replicas run (`runtime.engines`): `transformers` or `vllm`
+    # `auto` chose vLLM: if vLLM cannot load the model, the runtime runs it on `transformers` instead
+    falls_back: bool = False

@@ -91,6 +91,7 @@ class DeploymentService:
                 model=deployment.model,
                 artifact_id=deployment.artifact_id,
                 engine=deployment.engine_in_use,
+                falls_back=deployment.engine == "auto" and deployment.engine_in_use == "vllm",
             )
             for deployment, artifact in pairs
         ]
@@ -230,6 +231,17 @@ class DeploymentService:
             if deployment is None or deployment.account_id != account_id:
                 raise _not_found()
             return self._artifact_of(session, deployment)
+
+    def fall_back(self, deployment_id: str, reason: str) -> None:
+        """`auto` chose vLLM and vLLM could not load the model: the deployment runs on `transformers` from
+        now on, saying why (until its engine is patched, which chooses again)."""
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id, with_for_update=True)
+            if deployment is None or deployment.engine != "auto" or deployment.engine_in_use != "vllm":
+                return  # deleted, or its engine changed meanwhile
+            deployment.engine_in_use = "transformers"
+            deployment.engine_reason = f"auto fell back to transformers: {reason}"
+        self._refs_cache.clear()
 
     def delete(self, account_id: str, deployment_id: str) -> None:
         with self._database.transaction() as session:
