@@ -9,7 +9,8 @@ import os
 TEST_SUITE_SETTINGS = ("MODELHOST_TEST_", "MODELHOST_CONSOLE_SCREENSHOTS")
 for _name in [n for n in os.environ if n.startswith("MODELHOST_") and not n.startswith(TEST_SUITE_SETTINGS)]:
     del os.environ[_name]
-os.environ["MODELHOST_ENV_FILE"] = ""
-# Text generation runs on the transformers engine unless a test asks for vLLM (tests/test_vllm.py), which
-# names its environment itself: a checkout's .venv-vllm must not move every chat test onto vLLM.
-os.environ["MODELHOST_VLLM_PYTHON"] = ""
+# The suite's own values, for every test and server: no `.env` file, and text generation on the
+# transformers engine unless a test asks for vLLM (tests/test_vllm.py names its environment itself: a
+# checkout's .venv-vllm must not move every chat test onto vLLM).
+SUITE_VALUES = {"MODELHOST_ENV_FILE": "", "MODELHOST_VLLM_PYTHON": ""}
+os.environ.update(SUITE_VALUES)

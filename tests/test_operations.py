@@ -16,7 +16,7 @@ from modelhost.config import Settings
 from modelhost.container import Services
 from modelhost.store import migrate
 from modelhost.store.db import Database
-from tests import TEST_SUITE_SETTINGS
+from tests import SUITE_VALUES, TEST_SUITE_SETTINGS
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer
 
@@ -120,7 +120,7 @@ def test_the_tests_and_their_servers_read_no_env_file_and_none_of_the_callers_se
     """`make run` writes the operator's admin key into the checkout's `.env`; `make test` after it must
     not see it (nor a `MODELHOST_*` the caller exported)."""
     (tmp_path / ".env").write_text("MODELHOST_ADMIN_KEY=mh-admin-from-make-run\n")
-    assert not [name for name in os.environ if name.startswith("MODELHOST_") and name != "MODELHOST_ENV_FILE"
+    assert not [name for name in os.environ if name.startswith("MODELHOST_") and name not in SUITE_VALUES
                 and not name.startswith(TEST_SUITE_SETTINGS)]  # fmt: skip
     monkeypatch.chdir(tmp_path)
     assert Settings().admin_key is None

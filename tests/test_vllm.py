@@ -32,7 +32,6 @@ from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here aga
     PERSON,
     Chat,
     _generating,
-    test_a_client_leaving_mid_stream_frees_its_slot_within_a_step,
     test_a_conversation_that_goes_on_reuses_its_cached_prefix_and_says_so_in_usage,
     test_a_minus_100_logit_bias_on_the_greedy_token_changes_the_output,
     test_a_misspelt_field_is_400_naming_it,
@@ -85,7 +84,9 @@ from tests.test_clients import (  # noqa: F401 (the real clients, unchanged, aga
 )
 from tests.vllm_setup import wait_for_vllm
 
-IDLE_SECONDS = 20  # a cold deployment unloads after this long without requests
+# A cold deployment unloads after this long without requests: long enough that no pause between the
+# module's tests (a slow CI machine, a client library's import) unloads it, which costs a vLLM start.
+IDLE_SECONDS = 60
 
 
 @dataclass
@@ -265,11 +266,15 @@ def test_json_schema_output_validates(chat: Chat) -> None:
 
 
 def test_a_disconnect_frees_the_vllm_sequence_within_two_seconds(chat: Chat) -> None:
+    # the whole context: vLLM writes 400 tokens faster than a busy machine scrapes /metrics twice
     stream = chat.client().chat.completions.create(
-        model="chat", messages=MESSAGES, max_tokens=400, stream=True, extra_body={"min_tokens": 400}
+        model="chat", messages=MESSAGES, max_tokens=1900, stream=True, extra_body={"min_tokens": 1900}
     )
     for _, _chunk in zip(range(3), stream, strict=False):
         pass
+    deadline = time.monotonic() + 15  # the gauge is the worker's, read from its metrics file
+    while _generating(chat) != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _generating(chat) == 1
     stream.close()
     closed = time.monotonic()
