@@ -14,6 +14,7 @@ transformers engine's, never for content. Skipped, with the reason, where vLLM i
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -31,7 +32,6 @@ from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here aga
     MESSAGES,
     PERSON,
     Chat,
-    _generating,
     test_a_conversation_that_goes_on_reuses_its_cached_prefix_and_says_so_in_usage,
     test_a_minus_100_logit_bias_on_the_greedy_token_changes_the_output,
     test_a_misspelt_field_is_400_naming_it,
@@ -265,22 +265,44 @@ def test_json_schema_output_validates(chat: Chat) -> None:
         jsonschema.validate(json.loads(answer.choices[0].message.content or ""), schema)
 
 
-def test_a_disconnect_frees_the_vllm_sequence_within_two_seconds(chat: Chat) -> None:
-    # the whole context: vLLM writes 400 tokens faster than a busy machine scrapes /metrics twice
+def test_a_disconnect_frees_the_vllm_sequence_within_two_seconds(vllm: VllmServer, chat: Chat) -> None:
+    """Seen by the engine's own work: vLLM's processes compute at about a core while the stream runs and
+    go quiet once the client leaves (a sequence still held would go on for the whole context). Read
+    from /proc, not from the `modelhost_generation_sequences` gauge, which other test modules' servers
+    in the same pytest process have been seen to disturb."""
+    marker = _marker(vllm)
     stream = chat.client().chat.completions.create(
         model="chat", messages=MESSAGES, max_tokens=1900, stream=True, extra_body={"min_tokens": 1900}
     )
     for _, _chunk in zip(range(3), stream, strict=False):
         pass
-    deadline = time.monotonic() + 15  # the gauge is the worker's, read from its metrics file
-    while _generating(chat) != 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _generating(chat) == 1
+    generating = _cores(marker, 1.0)
+    assert generating > 0.4, f"vLLM's processes used {generating:.2f} cores while generating"
     stream.close()
-    closed = time.monotonic()
-    while _generating(chat) != 0 and time.monotonic() - closed < 2:
-        time.sleep(0.02)
-    assert _generating(chat) == 0, "the aborted sequence is still held 2 s after the client left"
+    time.sleep(1.0)
+    after = _cores(marker, 1.0)
+    assert after < 0.15, f"vLLM's processes still use {after:.2f} cores 1 to 2 s after the client left"
+
+
+def _marker(vllm: VllmServer) -> str:
+    """What the environment of this module's server's vLLM processes (and theirs alone) holds."""
+    return f"VLLM_CACHE_ROOT={vllm.process.env['MODELHOST_DATA_DIR']}/vllm-cache\0"
+
+
+def _cores(marker: str, seconds: float) -> float:
+    """CPU seconds per wall second of the processes whose environment holds `marker`, over `seconds`."""
+    pids = _vllm_processes(marker)
+    before = sum(_cpu_seconds(pid) for pid in pids)
+    time.sleep(seconds)
+    return (sum(_cpu_seconds(pid) for pid in pids) - before) / seconds
+
+
+def _cpu_seconds(pid: str) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def test_bad_input_is_a_400_in_our_shape_never_vllms(vllm: VllmServer) -> None:
@@ -315,7 +337,7 @@ def test_an_idle_cold_vllm_deployment_unloads_and_leaves_no_engine_process(vllm:
     while vllm.deployment(vllm.chat["id"])["state"] != "unloaded" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert vllm.deployment(vllm.chat["id"])["state"] == "unloaded"
-    marker = f"VLLM_CACHE_ROOT={vllm.process.env['MODELHOST_DATA_DIR']}/vllm-cache\0"
+    marker = _marker(vllm)
     deadline = time.monotonic() + 15  # the worker shuts vLLM down (about 5 s), else is killed at 5 s
     while (leftovers := _vllm_processes(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
