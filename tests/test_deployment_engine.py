@@ -378,18 +378,7 @@ async def test_the_fall_back_is_stored_with_its_reason_until_the_engine_is_patch
 async def test_a_new_engine_unloads_a_loaded_deployment_and_loads_it_again_on_the_new_one(
     tmp_path: Path, sqlite_url: str
 ) -> None:
-    spec = DeploymentSpec(
-        id="dep_x",
-        pipeline="text-generation",
-        readiness="warm",
-        min_replicas=1,
-        max_replicas=1,
-        model_dir=tmp_path,
-        account_id="acct_x",
-        model="m",
-        artifact_id="art_x",
-        engine="transformers",
-    )
+    spec = generator_spec(tmp_path, engine="transformers")
     specs = {"dep_x": spec}
     backend = FakeBackend()
     manager = ReplicaManager(make_settings(tmp_path, sqlite_url), specs.get, lambda: [], backend=backend)
