@@ -25,7 +25,7 @@ from modelhost.metrics import process_gone
 from modelhost.runtime import metrics
 from modelhost.runtime.client import ReplicaConnection, connect_pair
 from modelhost.runtime.engines import vllm_launch
-from modelhost.runtime.memory import descendants, gpu_memory_bytes, parents, rss_bytes
+from modelhost.runtime.memory import rss_bytes, tree_memory_bytes
 from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import (
     Replica,
@@ -222,10 +222,7 @@ class LocalProcessReplica:
     def _rss_bytes(self, pid: int | None) -> int:
         """vLLM holds the model and its KV cache in its engine's child processes: the tree counts, and
         the GPU memory they hold."""
-        if self.spec.engine != "vllm" or pid is None:
-            return rss_bytes(pid)
-        tree = [pid, *descendants(pid, parents())]
-        return sum(rss_bytes(p) for p in tree) + gpu_memory_bytes(tree)
+        return tree_memory_bytes(pid) if self.spec.engine == "vllm" else rss_bytes(pid)
 
     async def _watch(self) -> None:
         assert self._process is not None

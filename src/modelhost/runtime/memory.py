@@ -56,8 +56,20 @@ def tree_rss_bytes(pid: int | None, table: dict[int, int] | None = None) -> int:
     always counts them."""
     if pid is None:
         return 0
-    tree = [pid, *descendants(pid, parents() if table is None else table)]
-    return sum(rss_bytes(p) for p in tree)
+    return sum(rss_bytes(p) for p in _tree(pid, table))
+
+
+def tree_memory_bytes(pid: int | None) -> int:
+    """`tree_rss_bytes` plus the GPU memory the tree's processes hold (vLLM's weights and KV cache live
+    in its worker processes' GPU memory, which RSS does not count)."""
+    if pid is None:
+        return 0
+    tree = _tree(pid, None)
+    return sum(rss_bytes(p) for p in tree) + gpu_memory_bytes(tree)
+
+
+def _tree(pid: int, table: dict[int, int] | None) -> list[int]:
+    return [pid, *descendants(pid, parents() if table is None else table)]
 
 
 def gpu_memory_bytes(pids: Iterable[int]) -> int:
