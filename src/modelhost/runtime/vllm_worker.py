@@ -56,6 +56,7 @@ from modelhost.runtime.protocol import (
     encode,
 )
 from modelhost.runtime.worker import die_with_parent
+from modelhost.tasks.loader import load_tokenizer
 
 READ_SIZE = 1 << 18
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
@@ -76,7 +77,6 @@ class VllmModel:
 def load(model_dir: Path, kv_cache_mb: int | None, device: str, tensor_parallel_size: int = 1) -> VllmModel:
     """vLLM's engine over the artifact's folder, and the artifact's own tokenizer (the same files and the
     same template the transformers engine reads)."""
-    from transformers import AutoTokenizer
     from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -102,7 +102,7 @@ def load(model_dir: Path, kv_cache_mb: int | None, device: str, tensor_parallel_
         disable_log_stats=True,
     )
     engine = AsyncLLM.from_engine_args(arguments)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True, trust_remote_code=False)
+    tokenizer = load_tokenizer(model_dir)  # the one loader: local files only, no repository code
     config = engine.model_config
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     return VllmModel(
