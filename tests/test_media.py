@@ -37,8 +37,9 @@ from PIL import Image
 from modelhost.config import Settings
 from modelhost.errors import InvalidMedia
 from modelhost.media import decode, fetch
-from modelhost.media.decode import audio_from_samples, decode_audio, decode_image, decode_video, resample
+from modelhost.media.decode import audio_from_samples, decode_audio, decode_video, resample
 from modelhost.media.fetch import FetchPolicy, address_allowed, fetch_url
+from modelhost.media.image import decode_image
 from modelhost.media.sources import MediaPolicy, decode_base64, load_media, media_kinds, read_local
 from tests.helpers import assert_error, bearer, new_account
 

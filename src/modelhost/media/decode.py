@@ -1,4 +1,4 @@
-"""Decoding media bytes into what pipelines take: RGB PIL images, mono float32 audio, RGB frames.
+"""Decoding media bytes into what pipelines take: mono float32 audio and RGB frames (images: `media.image`).
 
 These run inside worker processes, on bytes a client chose, so every size is checked from the
 header before the expensive part: image dimensions before pixels (pixel bombs), audio and video
@@ -10,66 +10,24 @@ from __future__ import annotations
 
 import io
 import math
-import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import TypeVar
 
 import av
 import av.container
 import av.stream
 import numpy as np
 import soundfile as sf  # type: ignore[import-untyped]
-from PIL import Image, ImageOps
+from PIL import Image
 from scipy.signal import resample_poly  # type: ignore[import-untyped]
 
 from modelhost.errors import InvalidMedia
+from modelhost.media.image import decode_image
 
 MAX_SAMPLING_RATE = 384_000
-T = TypeVar("T")
 # What PyAV raises for bytes it cannot demux or decode (InvalidDataError is also a ValueError).
 _AV_ERRORS = (av.FFmpegError, ValueError, OSError)
-
-
-# ---------------------------------------------------------------- images
-
-
-def decode_image(data: bytes, *, max_pixels: int, param: str) -> Image.Image:
-    """An RGB image, fully loaded, upright per its EXIF orientation (as transformers' `load_image`)."""
-    image = _pil(lambda: Image.open(io.BytesIO(data)), param)
-    width, height = image.size
-    if width * height > max_pixels:
-        raise InvalidMedia(
-            f"Image in `{param}` is too large: {width}×{height} pixels (limit {max_pixels} pixels)",
-            param=param,
-        )
-    return _pil(lambda: _upright_rgb(image), param)
-
-
-def _upright_rgb(image: Image.Image) -> Image.Image:
-    image.load()
-    ImageOps.exif_transpose(image, in_place=True)
-    return image.convert("RGB")
-
-
-def _pil(step: Callable[[], T], param: str) -> T:
-    """Runs a PIL step, turning its failures into InvalidMedia.
-
-    PIL's own bomb warning is silenced because `max_pixels` is the operator's limit; its hard error
-    (twice PIL's limit) still refuses. Plugins raise many unrelated types for malformed input
-    (SyntaxError, struct.error, IndexError...), so any exception here means an unreadable image.
-    """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            return step()
-    except Image.DecompressionBombError:
-        raise InvalidMedia(f"Image in `{param}` is too large to decode", param=param) from None
-    except Exception:
-        raise InvalidMedia(
-            f"`{param}` is not a readable image (or the file is truncated)", param=param
-        ) from None
 
 
 # ---------------------------------------------------------------- audio

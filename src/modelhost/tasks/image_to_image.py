@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from modelhost.errors import ModelhostError
-from modelhost.media.decode import decode_image
+from modelhost.media.image import decode_image
 from modelhost.tasks import loader, media_items
 from modelhost.tasks.base import error_of, item_error
 from modelhost.tasks.diffusion import (

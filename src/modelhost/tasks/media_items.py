@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from modelhost.errors import ModelhostError, param_name
-from modelhost.media.decode import audio_from_samples, decode_audio, decode_image, decode_video
+from modelhost.media.decode import audio_from_samples, decode_audio, decode_video
+from modelhost.media.image import decode_image
 from modelhost.tasks.base import error_of
 
 

@@ -20,7 +20,7 @@ from modelhost.generation.engine import Event, GenerationEngine, Sequence
 from modelhost.generation.requests import fim_tokens, prompt_ids, sampling_params
 from modelhost.generation.text import IncrementalDecoder
 from modelhost.generation.tool_parsers import parser_for_template
-from modelhost.media.decode import decode_image
+from modelhost.generation.vision import chat_with_images
 from modelhost.tasks import loader
 
 MAX_RUNNING_SEQUENCES = 64
@@ -143,24 +143,10 @@ def _vision_prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int]
     """A chat with images: the processor's prompt (each image expanded into its image tokens) and its
     image tensors. The image tokens become negative IDs derived from the image's bytes and position, so
     the prefix cache never gives one image's keys and values to another."""
-    if state.processor is None:
-        raise InvalidRequest(
-            "This model reads text only: image_url parts need a deployment of an image-text-to-text "
-            "(vision-language) model.",
-            param="messages",
-        )
-    max_pixels = get_settings().media_max_pixels
-    params = request.get("image_params") or ["messages"] * len(request["images"])
-    pictures = [
-        decode_image(data, max_pixels=max_pixels, param=param)
-        for data, param in zip(request["images"], params, strict=True)
-    ]
+    text, pictures = chat_with_images(state.processor, request)
     try:
-        text = state.processor.apply_chat_template(
-            request["messages"], tools=request.get("tools"), add_generation_prompt=True, tokenize=False
-        )
         encoded = state.processor(text=text, images=pictures, return_tensors="pt")
-    except (ValueError, TypeError) as exc:  # the template's or the processor's own checks
+    except (ValueError, TypeError) as exc:  # the processor's own checks (image and placeholder counts)
         raise InvalidRequest(f"The model's processor refused the messages: {exc}", param="messages") from None
     ids: list[int] = encoded["input_ids"][0].tolist()
     images = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
