@@ -1,18 +1,21 @@
 """Text generation on the vLLM engine (issue 29), through HTTP against a real `modelhost serve` process.
 
 Its `chat` deployment runs on vLLM (chosen by `engine: auto`), `chat-own` the same artifact on the
-transformers engine. Starting vLLM's engine takes 30 to 70 s on this machine, so one vLLM replica serves
-every test of the module: `chat` is cold (its first request loads it, the last test sees it unloaded
-when idle), and the chat and client tests of tests/test_chat.py and tests/test_clients.py that hold for
-any engine are imported below and run again here, against vLLM: the same tests on both engines.
+transformers engine; `vlm` and `vlm-own` do the same for a vision-language model (chat with images).
+Starting vLLM's engine takes 30 to 70 s on this machine, so one vLLM replica per model serves every test
+of the module: `chat` is cold (its first request loads it, the last test sees it unloaded when idle),
+and the chat and client tests of tests/test_chat.py and tests/test_clients.py that hold for any engine
+are imported below and run again here, against vLLM: the same tests on both engines.
 
-The model is the chat model of tests/tiny_models/chat.py at the smallest shape vLLM's CPU attention
-runs (heads of 64), with random weights: answers are checked for shape and validity, and against the
-transformers engine's, never for content. Skipped, with the reason, where vLLM is not installed.
+The models are the chat model of tests/tiny_models/chat.py at the smallest shape vLLM's CPU attention
+runs (heads of 64) and an Idefics3 of that shape (tests/tiny_models/multimodal.py), with random weights:
+answers are checked for shape and validity, and against the transformers engine's, never for content.
+Skipped, with the reason, where vLLM is not installed.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -24,6 +27,7 @@ from typing import Any
 
 import httpx
 import jsonschema
+import openai
 import pytest
 
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
@@ -82,6 +86,7 @@ from tests.test_clients import (  # noqa: F401 (the real clients, unchanged, aga
     test_litellm_completion_calls_a_forced_tool,
     test_litellm_responses_answers,
 )
+from tests.test_vision_chat import QUESTION, data_uri, png
 from tests.vllm_setup import wait_for_vllm
 
 # A cold deployment unloads after this long without requests: long enough that no pause between the
@@ -96,6 +101,8 @@ class VllmServer:
     http: httpx.Client
     chat: dict[str, Any]  # the vLLM deployment, as created
     own: dict[str, Any]  # the same artifact on the transformers engine
+    vlm: dict[str, Any]  # a vision-language model on vLLM (warm: loaded at creation)
+    vlm_own: dict[str, Any]  # the same on the transformers engine
     model_dir: Path
     first: tuple[dict[str, Any], httpx.Response, dict[str, Any]]  # `chat` before, its first answer, after
 
@@ -120,10 +127,12 @@ def vllm_python() -> str:
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Iterator[VllmServer]:
     from tests.tiny_models.chat import build_chat_for_vllm
+    from tests.tiny_models.multimodal import build_vlm_for_vllm
 
     root = tmp_path_factory.mktemp("vllm")
-    model_dir = root / "chat-vllm"
+    model_dir, vlm_dir = root / "chat-vllm", root / "vlm-vllm"
     build_chat_for_vllm(model_dir)
+    build_vlm_for_vllm(vlm_dir)
     process = ServerProcess(
         root / "data",
         f"sqlite:///{root / 'db.sqlite'}",
@@ -131,6 +140,8 @@ def vllm(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Iterator
         MODELHOST_KV_CACHE_MB="64",
         MODELHOST_CONSTRAINED_MAX_STRING_LENGTH="16",
         MODELHOST_COLD_IDLE_SECONDS=str(IDLE_SECONDS),
+        # eager: vLLM's compiled mode adds about a minute to each first start (bench/generation.py runs it)
+        MODELHOST_VLLM_COMPILE="false",
     )
     process.start()
     http = httpx.Client(base_url=process.url, timeout=300)
@@ -138,10 +149,14 @@ def vllm(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Iterator
         created = http.post("/v1/admin/accounts", json={"name": "vllm"}, headers=bearer(ADMIN_KEY))
         key = created.json()["api_key"]
         artifact = push_folder_sync(http, key, model_dir, "text-generation")
+        vlm_artifact = push_folder_sync(http, key, vlm_dir, "image-text-to-text")
         deployments = []
         for body in (
             {"model": "chat", "artifact_id": artifact},  # cold, engine auto
             {"model": "chat-own", "artifact_id": artifact, "engine": "transformers"},
+            # warm: both load now, vLLM's start overlapping the cold start of `chat` below
+            {"model": "vlm", "artifact_id": vlm_artifact, "readiness": "warm"},
+            {"model": "vlm-own", "artifact_id": vlm_artifact, "readiness": "warm", "engine": "transformers"},
         ):
             answer = http.post("/v1/deployments", json=body, headers=bearer(key))
             assert answer.status_code == 201, answer.text
@@ -151,9 +166,7 @@ def vllm(tmp_path_factory: pytest.TempPathFactory, vllm_python: str) -> Iterator
         body = {"model": "chat", "messages": MESSAGES, "max_tokens": 4}
         first = http.post("/v1/chat/completions", json=body, headers=bearer(key))  # loads it: the cold start
         after = http.get(chat_url, headers=bearer(key)).json()
-        yield VllmServer(
-            process, key, http, deployments[0], deployments[1], model_dir, (before, first, after)
-        )
+        yield VllmServer(process, key, http, *deployments, model_dir, (before, first, after))
     finally:
         http.close()
         process.stop()
@@ -235,15 +248,134 @@ def _greedy(vllm: VllmServer, model: str, tokens: int) -> Any:
 
 
 def test_greedy_output_equals_the_transformers_engines_or_parts_at_a_near_tie(vllm: VllmServer) -> None:
-    """Both run the checkpoint in float32, with other kernels: the same tokens, and log-probabilities
-    equal to 1e-3, until the first place (if any) where the two best tokens are that close."""
-    on_vllm, on_own = _greedy(vllm, "chat", 16), _greedy(vllm, "chat-own", 16)
+    _assert_same_greedy(_greedy(vllm, "chat", 16), _greedy(vllm, "chat-own", 16))
+
+
+def _assert_same_greedy(on_vllm: list[dict[str, Any]], on_own: list[dict[str, Any]]) -> None:
+    """Both engines run the checkpoint in float32, with other kernels: the same tokens, and
+    log-probabilities equal to 1e-3, until the first place (if any) where the two best tokens are that
+    close."""
     for position, (ours, theirs) in enumerate(zip(on_vllm, on_own, strict=True)):
         assert abs(ours["logprob"] - theirs["logprob"]) < 1e-3 or ours["token"] != theirs["token"], position
         if ours["token"] != theirs["token"]:
             best, second = theirs["top_logprobs"][:2]
             assert best["logprob"] - second["logprob"] < 1e-3, (position, ours, theirs)
             break
+
+
+# ---------------------------------------------------------------- chat with images
+
+
+def _image_chat(vllm: VllmServer, model: str, seeds: tuple[int, ...], tokens: int = 8) -> dict[str, Any]:
+    """A greedy chat about the images `png(seed)` of tests/test_vision_chat.py, with log-probabilities."""
+    parts: list[dict[str, Any]] = [
+        {"type": "image_url", "image_url": {"url": data_uri(png(s))}} for s in seeds
+    ]
+    _wait_until_ready(vllm, model)
+    answer = vllm.post(
+        "/v1/chat/completions",
+        model=model,
+        messages=[{"role": "user", "content": [*parts, {"type": "text", "text": QUESTION}]}],
+        max_tokens=tokens,
+        min_tokens=tokens,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def _wait_until_ready(vllm: VllmServer, model: str) -> None:
+    """`vlm` and `vlm-own` are warm: they load when created, vLLM's in about a minute here."""
+    deployment = vllm.vlm if model == "vlm" else vllm.vlm_own
+    deadline = time.monotonic() + 300
+    while (state := vllm.deployment(deployment["id"])["state"]) == "loading" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert state == "ready", vllm.deployment(deployment["id"])
+
+
+def test_auto_runs_a_vision_language_model_vllm_can_import_on_vllm(vllm: VllmServer) -> None:
+    assert vllm.vlm["engine_in_use"] == "vllm"
+    assert "Idefics3ForConditionalGeneration" in vllm.vlm["engine_reason"]
+    assert vllm.vlm_own["engine_in_use"] == "transformers"
+
+
+def test_image_chat_on_vllm_equals_the_transformers_engines(vllm: VllmServer) -> None:
+    """One image, another, and both in one message: the same prompt length on both engines (each image
+    expanded into its image tokens by each engine's copy of the processor), the same greedy tokens with
+    log-probabilities equal to 1e-3, and a different answer for each: the model reads the images."""
+    answers = set()
+    for seeds in ((1,), (2,), (1, 2)):
+        on_vllm, on_own = _image_chat(vllm, "vlm", seeds), _image_chat(vllm, "vlm-own", seeds)
+        assert on_vllm["usage"]["prompt_tokens"] == on_own["usage"]["prompt_tokens"] > 4 * len(seeds)
+        _assert_same_greedy(
+            on_vllm["choices"][0]["logprobs"]["content"], on_own["choices"][0]["logprobs"]["content"]
+        )
+        answers.add(on_vllm["choices"][0]["message"]["content"])
+    assert len(answers) == 3
+
+
+def test_the_sdk_streams_an_image_chat_and_the_responses_api_reads_input_images_on_vllm(
+    vllm: VllmServer,
+) -> None:
+    expected = _image_chat(vllm, "vlm-own", (3,))["choices"][0]["message"]["content"]
+    client = openai.OpenAI(base_url=f"{vllm.process.url}/v1", api_key=vllm.key)
+    image = data_uri(png(3))
+    stream = client.chat.completions.create(
+        model="vlm",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": image}},
+                    {"type": "text", "text": QUESTION},
+                ],
+            }
+        ],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"min_tokens": 8},
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    response = client.responses.create(
+        model="vlm",
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": image},
+                    {"type": "input_text", "text": QUESTION},
+                ],
+            }
+        ],
+        max_output_tokens=8,
+        temperature=0,
+        extra_body={"min_tokens": 8},
+    )
+    assert response.output_text == expected
+
+
+def test_a_bad_image_is_a_400_naming_its_part_and_a_text_only_vllm_model_refuses_images(
+    vllm: VllmServer,
+) -> None:
+    _wait_until_ready(vllm, "vlm")
+    not_an_image = "data:image/png;base64," + base64.b64encode(b"not a picture").decode()
+    parts = [{"type": "text", "text": "look:"}, {"type": "image_url", "image_url": {"url": not_an_image}}]
+    bad = vllm.post("/v1/chat/completions", model="vlm", messages=[{"role": "user", "content": parts}])
+    assert_error(bad, 400, param="messages[0].content[1].image_url.url")
+    parts[1]["image_url"] = {"url": data_uri(png(1))}
+    text_only = vllm.post("/v1/chat/completions", model="chat", messages=[{"role": "user", "content": parts}])
+    assert_error(text_only, 400, param="messages[0].content")
+    assert "text only" in text_only.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------- constrained decoding, errors, streaming
 
 
 def test_json_schema_output_validates(chat: Chat) -> None:
@@ -276,28 +408,30 @@ def test_a_disconnect_frees_the_vllm_sequence_within_two_seconds(vllm: VllmServe
     go quiet once the client leaves (a sequence still held would go on for the whole context). Read
     from /proc, not from the `modelhost_generation_sequences` gauge, which other test modules' servers
     in the same pytest process have been seen to disturb."""
-    marker = _marker(vllm)
+    session = _engine_session(vllm)
     stream = chat.client().chat.completions.create(
         model="chat", messages=MESSAGES, max_tokens=1900, stream=True, extra_body={"min_tokens": 1900}
     )
     for _, _chunk in zip(range(3), stream, strict=False):
         pass
-    generating = _cores(marker, 1.0)
+    generating = _cores(session, 1.0)
     assert generating > 0.4, f"vLLM's processes used {generating:.2f} cores while generating"
     stream.close()
     time.sleep(1.0)
-    after = _cores(marker, 1.0)
+    after = _cores(session, 1.0)
     assert after < 0.15, f"vLLM's processes still use {after:.2f} cores 1 to 2 s after the client left"
 
 
-def _marker(vllm: VllmServer) -> str:
-    """What the environment of this module's server's vLLM processes (and theirs alone) holds."""
-    return f"VLLM_CACHE_ROOT={vllm.process.env['MODELHOST_DATA_DIR']}/vllm-cache\0"
+def _engine_session(vllm: VllmServer) -> int:
+    """`chat`'s loaded vLLM replica worker: it leads a session of its own, which vLLM's engine core and
+    worker processes share (and no other deployment's)."""
+    (worker,) = processes("modelhost.runtime.vllm_worker", vllm.chat["id"])
+    return worker
 
 
-def _cores(marker: str, seconds: float) -> float:
-    """CPU seconds per wall second of the processes whose environment holds `marker`, over `seconds`."""
-    pids = _vllm_processes(marker)
+def _cores(session: int, seconds: float) -> float:
+    """CPU seconds per wall second of the session's processes, over `seconds`."""
+    pids = _in_session(session)
     before = sum(_cpu_seconds(pid) for pid in pids)
     time.sleep(seconds)
     return (sum(_cpu_seconds(pid) for pid in pids) - before) / seconds
@@ -339,25 +473,26 @@ def test_openai_sdk_streams_completions_with_usage_on_vllm(chat: Chat) -> None:
 def test_an_idle_cold_vllm_deployment_unloads_and_leaves_no_engine_process(vllm: VllmServer) -> None:
     """Last: nothing asks for `chat` any more, so it unloads after the idle time; vLLM's engine core and
     worker processes (its own session) end with the replica worker."""
+    session = _engine_session(vllm)  # the test before this one used `chat`: it is loaded
+    assert len(_in_session(session)) > 1  # the worker and vLLM's engine processes
     deadline = time.monotonic() + IDLE_SECONDS + 60
     while vllm.deployment(vllm.chat["id"])["state"] != "unloaded" and time.monotonic() < deadline:
         time.sleep(0.5)
     assert vllm.deployment(vllm.chat["id"])["state"] == "unloaded"
-    marker = _marker(vllm)
     deadline = time.monotonic() + 15  # the worker shuts vLLM down (about 5 s), else is killed at 5 s
-    while (leftovers := _vllm_processes(marker)) and time.monotonic() < deadline:
+    while (leftovers := _in_session(session)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert leftovers == [], "vLLM's processes outlived their replica"
 
 
-def _vllm_processes(marker: str) -> list[str]:
-    """The replica worker and vLLM's own processes of this module's server (their environment says)."""
-    return [p.name for p in Path("/proc").glob("[0-9]*") if marker in _environment(p)]
+def _in_session(session: int) -> list[str]:
+    """The live processes of a session (a vLLM replica worker's: itself and vLLM's processes)."""
+    return [p.name for p in Path("/proc").glob("[0-9]*") if _session_of(p) == session]
 
 
-def _environment(proc: Path) -> str:
-    """A process's environment as /proc has it (NUL-separated), empty once it is gone."""
+def _session_of(proc: Path) -> int | None:
     try:
-        return (proc / "environ").read_text(errors="replace") + "\0"
-    except OSError:
-        return ""
+        state, _ppid, _group, session = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:4]
+    except (OSError, ValueError):
+        return None
+    return None if state == "Z" else int(session)  # a zombie has ended: only its entry waits

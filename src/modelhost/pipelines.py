@@ -271,6 +271,7 @@ TASKS: tuple[PipelineTask, ...] = (
         ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
         needs_tokenizer=True,
         needs_processor=True,
+        engines=("vllm", "transformers"),
     ),
     PipelineTask(
         "text-to-image",

@@ -8,6 +8,10 @@ each kind it must handle:
   in words; ``vilt``: an answer classifier (ViLT) giving labelled scores.
 * t08 ``blip``: BLIP, which has a processor; ``vit_gpt2``: a VisionEncoderDecoder (ViT + GPT-2 with
   cross-attention) with only an image processor and a tokenizer, run through `generate`.
+
+`build_vlm_for_vllm` is tests/test_vllm.py's vision-language model: Idefics3 (SmolVLM's architecture),
+whose vLLM implementation imports without torchvision (LLaVA's needs it, and PyPI has no torchvision
+for the CPU torch vLLM runs on here).
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     GPT2Tokenizer,
+    Idefics3Config,
+    Idefics3ForConditionalGeneration,
+    Idefics3ImageProcessorPil,
+    Idefics3Processor,
+    LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
     LlavaProcessor,
@@ -34,6 +43,7 @@ from transformers import (
     ViTImageProcessorPil,
     ViTModel,
 )
+from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
 
 from tests.tiny_models.chat import CHAT_TEMPLATE, IMAGE_TOKEN, chat_tokenizer, greedy_generation, qwen2_config
 from tests.tiny_models.common import label_maps, reseed, save
@@ -175,3 +185,55 @@ def _build_vit_gpt2(folder: Path) -> None:
     generation.eos_token_id = boundary
     generation.max_new_tokens = CAPTION_TOKENS
     save(folder, model, tokenizer, ViTImageProcessorPil(size={"height": 32, "width": 32}))
+
+
+def build_vlm_for_vllm(folder: Path) -> None:
+    """Idefics3 at the smallest shape vLLM's CPU attention runs (text heads of 64), with t11's tokenizer
+    and template: a SigLIP-style tower over 32 px images in 8 px patches, pixel-shuffled by 2 into 4
+    image tokens per image (no tiling: every image is resized to 32 px). Weights drawn wider than the
+    default (`initializer_range` 0.2), so that this random model's answer depends on the image."""
+    reseed()
+    tokenizer = chat_tokenizer()
+    tokenizer.add_tokens(
+        ["<fake_token_around_image>", "<global-img>", "<end_of_utterance>"], special_tokens=True
+    )
+    text = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=2048,
+        initializer_range=0.2,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    vision = Idefics3VisionConfig(
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+        initializer_range=0.2,
+    )
+    config = Idefics3Config(
+        vision_config=vision,
+        text_config=text,
+        scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        tie_word_embeddings=True,
+    )
+    model = Idefics3ForConditionalGeneration(config)
+    model.generation_config = greedy_generation(tokenizer)
+    image_processor = Idefics3ImageProcessorPil(
+        size={"longest_edge": 32}, max_image_size={"longest_edge": 32}, do_image_splitting=False
+    )
+    processor = Idefics3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4, chat_template=CHAT_TEMPLATE
+    )
+    save(folder, model, processor)

