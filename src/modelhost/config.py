@@ -234,6 +234,12 @@ class Settings(BaseSettings):
         description="GPUs each replica of a vLLM deployment spans (vLLM's tensor parallelism, over its own "
         "worker processes on this machine).",
     )
+    vllm_compile: bool = Field(
+        default=True,
+        description="Run vLLM in its compiled mode (torch.compile; on a GPU, CUDA graphs too): faster "
+        "decoding, slower starts (the first start of a model compiles it; later ones read vLLM's compile "
+        "cache in the data folder). False: eager mode, the fastest start.",
+    )
     kv_cache_mb: int | None = Field(
         default=None,
         ge=1,

@@ -127,6 +127,8 @@ class LocalProcessReplica:
             if settings.kv_cache_mb:
                 args += ["--kv-cache-mb", str(settings.kv_cache_mb)]
             args += ["--tensor-parallel-size", str(settings.vllm_tensor_parallel_size)]
+            if not settings.vllm_compile:
+                args.append("--eager")
         try:
             self._process = await start_worker(
                 args, env, theirs, listener, preload=settings.worker_preload, command=command
