@@ -950,7 +950,8 @@ def engine_report(shape: Shape, seconds: float, runs: EngineRuns) -> list[str]:
         f"(streamed chat, greedy, exactly {shape.tokens} tokens, {seconds:g} s of load per row) against "
         f"{len(runs.results)} servers, {order}:",
         f"**{VLLM_SERVE}** (`python -m vllm.entrypoints.openai.api_server` from vLLM's environment: the "
-        f"checkpoint's {str(shape.dtype).removeprefix('torch.')}, `--enforce-eager` on CPU, "
+        f"checkpoint's {str(shape.dtype).removeprefix('torch.')}, compiled (vLLM's default; modelhost's "
+        f"`MODELHOST_VLLM_COMPILE` default too), "
         f"`--kv-cache-memory-bytes` {kv}, prefix caching at its default (on), `--disable-log-stats`, "
         f"`VLLM_NO_USAGE_STATS=1`, `HF_HUB_OFFLINE=1`; `min_tokens` and `ignore_eos` in each request); "
         f"**{ON_VLLM}** and **{ON_TRANSFORMERS}** (`modelhost serve`, one deployment each, "
