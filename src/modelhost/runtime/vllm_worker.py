@@ -41,7 +41,6 @@ import msgspec
 from modelhost.errors import ModelhostError
 from modelhost.generation.requests import SamplingParams, fim_tokens, prompt_ids, sampling_params
 from modelhost.generation.tool_parsers import parser_for_template
-from modelhost.generation.vision import chat_with_images
 from modelhost.runtime import metrics
 from modelhost.runtime.protocol import (
     Cancel,
@@ -58,6 +57,7 @@ from modelhost.runtime.protocol import (
     encode,
 )
 from modelhost.runtime.worker import die_with_parent
+from modelhost.tasks.chat_images import chat_with_images
 from modelhost.tasks.loader import load_processor, load_tokenizer
 
 READ_SIZE = 1 << 18

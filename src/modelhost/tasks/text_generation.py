@@ -20,8 +20,8 @@ from modelhost.generation.engine import Event, GenerationEngine, Sequence
 from modelhost.generation.requests import fim_tokens, prompt_ids, sampling_params
 from modelhost.generation.text import IncrementalDecoder
 from modelhost.generation.tool_parsers import parser_for_template
-from modelhost.generation.vision import chat_with_images
 from modelhost.tasks import loader
+from modelhost.tasks.chat_images import chat_with_images
 
 MAX_RUNNING_SEQUENCES = 64
 
