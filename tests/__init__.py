@@ -9,8 +9,10 @@ import os
 TEST_SUITE_SETTINGS = ("MODELHOST_TEST_", "MODELHOST_CONSOLE_SCREENSHOTS")
 for _name in [n for n in os.environ if n.startswith("MODELHOST_") and not n.startswith(TEST_SUITE_SETTINGS)]:
     del os.environ[_name]
-# The suite's own values, for every test and server: no `.env` file, and text generation on the
-# transformers engine unless a test asks for vLLM (tests/test_vllm.py names its environment itself: a
-# checkout's .venv-vllm must not move every chat test onto vLLM).
-SUITE_VALUES = {"MODELHOST_ENV_FILE": "", "MODELHOST_VLLM_PYTHON": ""}
+# The suite's own values, for every test and server: no `.env` file, text generation on the transformers
+# engine unless a test asks for vLLM (tests/test_vllm.py names its environment itself: a checkout's
+# .venv-vllm must not move every chat test onto vLLM), and encoders on torch unless a test asks for ONNX
+# Runtime (tests/test_encoder_runtimes.py: an export at every encoder's first load would cost every
+# module seconds, and its outputs equal torch's only within 1e-4).
+SUITE_VALUES = {"MODELHOST_ENV_FILE": "", "MODELHOST_VLLM_PYTHON": "", "MODELHOST_ENCODER_RUNTIMES": "false"}
 os.environ.update(SUITE_VALUES)

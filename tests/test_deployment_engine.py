@@ -241,6 +241,7 @@ class FakeReplica:
         self.failing = failing  # engines whose load fails
         self.name = f"{deployment.id}-{len(log)}"
         self.failure: str | None = None
+        self.engine_choice: tuple[str, str] | None = None
         self._log = log
         self._alive = False
 

@@ -106,3 +106,34 @@ def test_gpu_memory_is_what_nvidia_smi_lists_for_the_replicas_processes(
 def test_gpu_memory_is_zero_without_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert gpu_memory_bytes([os.getpid()]) == 0
+
+
+def test_an_encoders_runtime_is_left_to_its_replica_which_measures_it_at_load(
+    fresh_settings: pytest.MonkeyPatch,
+) -> None:
+    fresh_settings.setenv("MODELHOST_ENCODER_RUNTIMES", "true")
+    choice = engines.choose("auto", "feature-extraction", None)
+    assert choice.engine == "transformers" and "measured when a replica first loads" in (choice.reason or "")
+    assert engines.choose("onnxruntime", "text-classification", None).engine == "onnxruntime"
+    assert engines.replica_engine("auto", "transformers", "feature-extraction") == "auto"
+    assert engines.replica_engine("transformers", "transformers", "feature-extraction") == "transformers"
+    with pytest.raises(InvalidRequest) as refused:
+        engines.choose("onnxruntime", "text-generation", None)
+    assert refused.value.param == "engine" and refused.value.code == "engine_not_supported"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [("MODELHOST_ENCODER_RUNTIMES", "false", "turned off"), ("MODELHOST_RUNTIME", "ray", "Ray backend")],
+)
+def test_encoders_stay_on_torch_where_onnx_runtime_is_off_or_under_ray(
+    fresh_settings: pytest.MonkeyPatch, variable: str, value: str, said: str
+) -> None:
+    fresh_settings.setenv("MODELHOST_ENCODER_RUNTIMES", "true")
+    fresh_settings.setenv(variable, value)
+    choice = engines.choose("auto", "feature-extraction", None)
+    assert choice.engine == "transformers" and said in (choice.reason or "")
+    assert engines.replica_engine("auto", "transformers", "feature-extraction") == "transformers"
+    with pytest.raises(InvalidRequest) as refused:
+        engines.choose("onnxruntime", "feature-extraction", None)
+    assert refused.value.param == "engine"

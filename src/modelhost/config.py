@@ -234,6 +234,12 @@ class Settings(BaseSettings):
         description="GPUs each replica of a vLLM deployment spans (vLLM's tensor parallelism, over its own "
         "worker processes on this machine).",
     )
+    encoder_runtimes: bool = Field(
+        default=True,
+        description="Let feature-extraction and text-classification deployments run on ONNX Runtime: under "
+        "`engine: auto` a replica measures it against torch when it first loads a model on a machine "
+        '(docs/runtime.md, "Encoder runtimes"). False: they run on torch, and `onnxruntime` is a 400.',
+    )
     vllm_compile: bool = Field(
         default=True,
         description="Run vLLM in its compiled mode (torch.compile; on a GPU, CUDA graphs too): faster "

@@ -129,6 +129,7 @@ class Services:
                 load_guard=billing.check_can_load,
             )
             manager.engine_fell_back = deployments.fall_back
+            manager.engine_measured = deployments.engine_measured
             supervision = Supervision(
                 manager, VideoRunner(videos, manager, settings), AgentRunner(agents, manager, settings)
             )

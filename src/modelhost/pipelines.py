@@ -155,6 +155,7 @@ TASKS: tuple[PipelineTask, ...] = (
         # Any encoder gives features; sentence-transformers pools whatever its Transformer module holds.
         ("MODEL_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES"),
         needs_tokenizer=True,
+        engines=("onnxruntime", "transformers"),
     ),
     PipelineTask(
         "zero-shot-image-classification",
@@ -325,6 +326,7 @@ TASKS: tuple[PipelineTask, ...] = (
             [{"label": "positive", "score": 0.98}],
         ),
         needs_tokenizer=True,
+        engines=("onnxruntime", "transformers"),
     ),
     PipelineTask(
         "zero-shot-classification",

@@ -10,12 +10,15 @@ from pydantic import BaseModel, Field, model_validator
 from modelhost.protocol.common import StrictModel
 
 Readiness = Literal["cold", "warm", "hot"]
-Engine = Literal["auto", "vllm", "transformers"]  # runtime.engines.ENGINES
-EngineInUse = Literal["vllm", "transformers"]
+Engine = Literal["auto", "vllm", "onnxruntime", "transformers"]  # runtime.engines.ENGINES
+EngineInUse = Literal["vllm", "onnxruntime", "transformers"]
 ENGINE_DESCRIPTION = (
-    "The engine asked for: `auto` (vLLM where it is installed and supports the model's architecture, else "
-    "transformers), `vllm` (text generation only; 400 `engine_not_supported` where vLLM cannot serve it) "
-    "or `transformers`. The choice is made when the deployment is created or its engine is changed."
+    "The engine asked for: `auto` (for text generation and chat with images, vLLM where it is installed "
+    "and can run the model's architecture, else transformers; for feature extraction and text "
+    "classification, ONNX Runtime where a replica measures it equal to torch and faster, else "
+    "transformers), `vllm` (generation only), `onnxruntime` (those encoder tasks only) or `transformers`; "
+    "an engine that cannot serve the deployment is 400 `engine_not_supported`. vLLM is chosen when the "
+    "deployment is created or its engine is changed; an encoder's runtime when a replica first loads it."
 )
 DeploymentState = Literal["unloaded", "loading", "ready", "failed"]
 ModelId = Annotated[

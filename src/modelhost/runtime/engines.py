@@ -33,7 +33,9 @@ from modelhost.pipelines import BY_NAME
 
 log = logging.getLogger("modelhost.runtime")
 
-ENGINES = ("auto", "vllm", "transformers")
+ENGINES = ("auto", "vllm", "onnxruntime", "transformers")
+# Engines a replica chooses between when it loads, by measuring them (`tasks.encoder_runtimes`)
+MEASURED_AT_LOAD = ("onnxruntime",)
 MARKER = ".modelhost-vllm"  # written by setup.sh once the environment imports vLLM
 # what vLLM's environment can run (`runtime.vllm_registry`), written beside it by setup.sh
 ARCHITECTURES_FILE = ".modelhost-vllm-architectures.json"
@@ -69,6 +71,8 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
         )
     if asked == "transformers" or engines == ("transformers",):
         return EngineChoice("transformers")
+    if "vllm" not in engines:
+        return _choose_at_load(asked)
     try:
         architecture = _supported_architecture(model_dir)
     except VllmUnavailable as exc:
@@ -82,6 +86,49 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
     if asked == "vllm":
         return EngineChoice("vllm")
     return EngineChoice("vllm", f"auto chose vLLM: installed, and its registry has {architecture}")
+
+
+def _choose_at_load(asked: str) -> EngineChoice:
+    """An encoder's runtime is chosen by its replica, which measures it on the machine it loads on: until
+    then the deployment shows torch (`transformers`) with that reason. The Ray backend's replicas run
+    torch only."""
+    if not get_settings().encoder_runtimes:
+        if asked != "auto":
+            raise InvalidRequest(
+                "ONNX Runtime is turned off on this server (MODELHOST_ENCODER_RUNTIMES=false).",
+                param="engine",
+                code="engine_not_supported",
+            )
+        return EngineChoice("transformers", "auto chose transformers: ONNX Runtime is turned off")
+    if get_settings().runtime == "ray":
+        if asked != "auto":
+            raise InvalidRequest(
+                f"The {asked} engine runs under the local backend; the Ray backend's replicas run "
+                "encoders on transformers.",
+                param="engine",
+                code="engine_not_supported",
+            )
+        return EngineChoice("transformers", "auto chose transformers: the Ray backend runs encoders on torch")
+    if asked == "auto":
+        reason = "auto: ONNX Runtime and torch are measured when a replica first loads the model"
+        return EngineChoice("transformers", reason)
+    return EngineChoice(asked)
+
+
+def replica_engine(asked: str, in_use: str, pipeline: str) -> str:
+    """The engine a replica is started with: the one in use, except where the replica itself chooses
+    (an encoder's runtime under `auto` or `onnxruntime`: measured, or its decision read from the cache,
+    at every load, so that each machine keeps its own)."""
+    measured = any(engine in MEASURED_AT_LOAD for engine in BY_NAME[pipeline].engines)
+    settings = get_settings()
+    if (
+        measured
+        and asked in ("auto", *MEASURED_AT_LOAD)
+        and settings.runtime != "ray"
+        and settings.encoder_runtimes
+    ):
+        return asked
+    return in_use
 
 
 def _supported_architecture(model_dir: Path | None) -> str:

@@ -66,6 +66,7 @@ class LocalProcessReplica:
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
         self.load_seconds: float | None = None
+        self.engine_choice: tuple[str, str] | None = None
         self.shared_meter: str | None = None  # this server's process: billed on a meter of its own
         self.failure: str | None = None  # a worker that exits died: a replacement is started
         self._gone_reported = False
@@ -119,6 +120,13 @@ class LocalProcessReplica:
         ]  # fmt: skip
         if self._warmup:
             args.append("--warmup")
+        if self.spec.engine in ("auto", "onnxruntime"):  # an encoder's runtime, chosen at load
+            args += [
+                "--engine",
+                self.spec.engine,
+                "--engine-cache",
+                str(settings.data_dir / "encoder-runtimes"),
+            ]
         env, command = {**os.environ, **WORKER_ENV}, list[str]()
         if self.spec.engine == "vllm":
             command, extra = vllm_launch(settings.data_dir)
@@ -154,7 +162,10 @@ class LocalProcessReplica:
             await self.unload()
             raise ReplicaLoadFailed(hello.reason)
         self.load_seconds = hello.load_seconds
-        metrics.ENGINE.labels(self.spec.deployment_id, self.spec.engine).set(1)
+        if hello.engine is not None:
+            self.engine_choice = (hello.engine, hello.engine_reason or "")
+        engine = hello.engine or self.spec.engine
+        metrics.ENGINE.labels(self.spec.deployment_id, engine).set(1)
 
     async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
         if not self.alive or self._connection is None:

@@ -177,6 +177,9 @@ class DeploymentRuntime:
             self._fail(reason)
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
         self.replicas = replicas
+        chosen = next((r.engine_choice for r in replicas if r.engine_choice is not None), None)
+        if chosen is not None:  # an encoder's runtime, measured (or read from its cache) at load
+            await asyncio.to_thread(self._manager.engine_measured, self.spec.id, *chosen)
         self.state = "ready"
         self.last_cold_start = time.perf_counter() - started
         self.last_used = self._clock.monotonic()
@@ -331,6 +334,8 @@ class ReplicaManager:
         self.replicas_changed: ReplicasChanged = lambda _deployment, _addresses: None
         # Records that a deployment `auto` put on vLLM runs on `transformers` (its load failed on vLLM).
         self.engine_fell_back: Callable[[str, str], None] = lambda _deployment, _reason: None
+        # (deployment, engine, reason): a replica chose the engine at load (an encoder's runtime)
+        self.engine_measured: Callable[[str, str, str], None] = lambda _deployment, _engine, _reason: None
 
     async def check_can_load(self, spec: DeploymentSpec) -> None:
         """Billing enforcement: 402 when the account is out of credits (the guard may read the database)."""

@@ -100,6 +100,9 @@ class Stats(msgspec.Struct, tag="stats", array_like=True):
 
 class Ready(msgspec.Struct, tag="ready", array_like=True):
     load_seconds: float
+    # the engine an encoder replica chose at load (`tasks.encoder_runtimes`) and why; None: as asked
+    engine: str | None = None
+    engine_reason: str | None = None
 
 
 class LoadFailed(msgspec.Struct, tag="load_failed", array_like=True):

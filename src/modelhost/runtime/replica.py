@@ -66,6 +66,8 @@ class Replica(Protocol):
     # Why the replica cannot run any more (its model no longer loads), when it exits for that reason;
     # None when it merely died (killed, out of memory) and a replacement may well start.
     failure: str | None
+    # (engine, reason) when the replica chose its engine at load (an encoder's runtime), else None
+    engine_choice: tuple[str, str] | None
 
     async def load(self) -> None: ...
     async def submit(self, item: dict[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--warmup", action="store_true")
+    parser.add_argument(
+        "--engine",
+        default="transformers",
+        choices=("transformers", "auto", "onnxruntime"),
+        help="an encoder's runtime: torch (transformers), ONNX Runtime, or chosen by measurement (auto)",
+    )
+    parser.add_argument("--engine-cache", type=Path, help="where encoder exports and decisions are kept")
     return parser
 
 
@@ -84,13 +91,17 @@ def _serve(args: argparse.Namespace, lifeline: socket.socket, listener: socket.s
     started = time.perf_counter()
     try:
         handler, state = load(args.pipeline, args.model_dir, args.threads, args.device)
+        choice = choose_runtime(handler, state, args.model_dir, args.engine, args.engine_cache)
         if args.warmup:
             warm_up(handler, state)
     except Exception as exc:  # the loader's reason goes back to the supervisor
         lifeline.sendall(encode(LoadFailed(f"{type(exc).__name__}: {exc}")))
         traceback.print_exc()
         return 1
-    lifeline.sendall(encode(Ready(time.perf_counter() - started)))
+    ready = Ready(time.perf_counter() - started)
+    if choice is not None:
+        ready.engine, ready.engine_reason = choice.engine, choice.reason
+    lifeline.sendall(encode(ready))
     host = ReplicaHost(
         handler,
         state,
@@ -113,6 +124,20 @@ def load(pipeline: str, model_dir: Path, threads: int, device: str) -> tuple[Any
     torch.set_num_threads(max(1, threads))
     handler = handler_for(pipeline)
     return handler, handler.load(model_dir, pick_device(device))
+
+
+def choose_runtime(
+    handler: AnyTaskHandler, state: Any, model_dir: Path, engine: str, cache: Path | None
+) -> Any:
+    """An encoder's runtime, where the deployment's engine leaves it to the replica (`auto`,
+    `onnxruntime`): `tasks.encoder_runtimes` measures (or reads its cached decision) and swaps the model.
+    None where the handler has no encoder to offer or the engine is `transformers`."""
+    slot = getattr(handler, "encoder_slot", None)
+    if engine == "transformers" or slot is None:
+        return None
+    from modelhost.tasks.encoder_runtimes import prepare
+
+    return prepare(slot(state), model_dir, engine, cache or model_dir.parent / ".encoder-runtimes")
 
 
 def warm_up(handler: AnyTaskHandler, state: Any) -> None:

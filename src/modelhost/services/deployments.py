@@ -14,7 +14,7 @@ from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.pipelines import BY_NAME
 from modelhost.routing import DeploymentRef
 from modelhost.runtime import engines
-from modelhost.runtime.engines import EngineChoice
+from modelhost.runtime.engines import EngineChoice, replica_engine
 from modelhost.runtime.spec import DeploymentSpec
 from modelhost.store.db import Database
 from modelhost.store.models import Deployment, ModelArtifact
@@ -90,7 +90,7 @@ class DeploymentService:
                 account_id=deployment.account_id,
                 model=deployment.model,
                 artifact_id=deployment.artifact_id,
-                engine=deployment.engine_in_use,
+                engine=replica_engine(deployment.engine, deployment.engine_in_use, deployment.pipeline),
                 falls_back=deployment.engine == "auto" and deployment.engine_in_use == "vllm",
             )
             for deployment, artifact in pairs
@@ -241,6 +241,16 @@ class DeploymentService:
                 return  # deleted, or its engine changed meanwhile
             deployment.engine_in_use = "transformers"
             deployment.engine_reason = f"auto fell back to transformers: {reason}"
+        self._refs_cache.clear()
+
+    def engine_measured(self, deployment_id: str, engine: str, reason: str) -> None:
+        """A replica chose the engine at load (an encoder's runtime: `auto` measured ONNX Runtime
+        against torch, or read that decision from its cache): the deployment shows it."""
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id, with_for_update=True)
+            if deployment is None or deployment.engine not in ("auto", "onnxruntime"):
+                return  # deleted, or its engine changed meanwhile
+            deployment.engine_in_use, deployment.engine_reason = engine, reason
         self._refs_cache.clear()
 
     def delete(self, account_id: str, deployment_id: str) -> None:

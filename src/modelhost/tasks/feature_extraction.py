@@ -16,6 +16,7 @@ import torch
 
 from modelhost.tasks import loader
 from modelhost.tasks.base import item_error
+from modelhost.tasks.encoder_runtimes import EncoderSlot
 
 CHUNK = 128  # sequences per forward pass: bounds activation memory for very large requests
 # What a client sending another tokenizer's IDs should do instead: LangChain's OpenAIEmbeddings sends
@@ -70,6 +71,19 @@ class FeatureExtraction:
 
     def warmup_item(self) -> dict[str, Any]:
         return {"inputs": ["modelhost warm-up"]}
+
+    def encoder_slot(self, state: Encoder) -> EncoderSlot:
+        """The transformer a runtime may replace (`tasks.encoder_runtimes`): a sentence-transformers
+        model's first module's, whose pooling and normalization stay in torch, or the plain model."""
+
+        def replace(model: torch.nn.Module) -> None:
+            if state.sentence_transformer:
+                state.model[0].model = model
+            else:
+                state.model = model
+
+        transformer = state.model[0].model if state.sentence_transformer else state.model
+        return EncoderSlot(transformer, "last_hidden_state", state.tokenizer, replace, state.max_tokens)
 
     def run(self, model: Encoder, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ids_per_item = self._token_ids(model, batch)

@@ -13,6 +13,7 @@ import torch
 
 from modelhost.tasks import loader
 from modelhost.tasks.classify import Classifier, scores_of, top_labels
+from modelhost.tasks.encoder_runtimes import EncoderSlot
 
 
 def text_and_pair(value: Any) -> tuple[str, str | None]:
@@ -29,6 +30,14 @@ class TextClassification:
 
     def warmup_item(self) -> dict[str, Any]:
         return {"inputs": ["modelhost warm-up"], "top_k": 1}
+
+    def encoder_slot(self, state: Classifier) -> EncoderSlot:
+        """The classifier a runtime may replace (`tasks.encoder_runtimes`); labels stay in its config."""
+
+        def replace(model: torch.nn.Module) -> None:
+            state.model = model
+
+        return EncoderSlot(state.model, "logits", state.processor, replace)
 
     @torch.inference_mode()
     def run(self, model: Classifier, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -1,0 +1,162 @@
+"""Encoders on ONNX Runtime (issue 30), through HTTP against a real `modelhost serve` process.
+
+The suite runs encoders on torch (tests/__init__.py turns `MODELHOST_ENCODER_RUNTIMES` off); this
+module's server turns it on. Its deployments of the tiny feature-extraction (plain BERT and
+sentence-transformers) and text-classification models run on `auto` (measured at load), `onnxruntime`
+and `transformers`, and are compared: outputs equal within 1e-4, the choice and its reason on the
+deployment, and the cached export read on a later load of the same artifact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.server_process import ServerProcess
+
+TOLERANCE = 1e-4
+TEXTS = ["Hi.", "A longer sentence that pads the others in its batch, with several words.", "Two words"]
+
+
+@dataclass
+class Runtimes:
+    process: ServerProcess
+    http: httpx.Client
+    key: str
+    data_dir: Path
+    artifacts: dict[str, str] = field(default_factory=dict)  # recipe folder -> artifact ID
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # model ID -> as created
+
+    def deploy(self, recipes: Path, folder: str, pipeline: str, engine: str) -> str:
+        """`folder`'s model (pushed once) deployed on `engine`, as `<folder>-<engine>`."""
+        model = f"{folder.replace('/', '-')}-{engine}"
+        if model not in self.deployments:
+            if folder not in self.artifacts:
+                self.artifacts[folder] = push_folder_sync(self.http, self.key, recipes / folder, pipeline)
+            body = {"model": model, "artifact_id": self.artifacts[folder], "engine": engine}
+            created = self.http.post("/v1/deployments", json=body, headers=bearer(self.key))
+            assert created.status_code == 201, created.text
+            self.deployments[model] = created.json()
+        return model
+
+    def deployment(self, model: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.http.get(
+            f"/v1/deployments/{self.deployments[model]['id']}", headers=bearer(self.key)
+        ).json()
+        return found
+
+    def post(self, path: str, **body: Any) -> Any:
+        answer = self.http.post(path, json=body, headers=bearer(self.key))
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    def embed(self, model: str, texts: list[str]) -> np.ndarray:
+        data = self.post("/v1/embeddings", model=model, input=texts)["data"]
+        return np.array([row["embedding"] for row in data])
+
+    def classify(self, model: str, texts: list[str]) -> np.ndarray:
+        """Every label's score per text, in label order."""
+        results = self.post("/v1/classifications/text", model=model, inputs=texts, top_k=None)
+        rows = results if isinstance(results[0], list) else [results]
+        return np.array([[s["score"] for s in sorted(row, key=lambda s: s["label"])] for row in rows])
+
+
+@pytest.fixture(scope="module")
+def runtimes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtimes]:
+    root = tmp_path_factory.mktemp("encoder-runtimes")
+    process = ServerProcess(
+        root / "data", f"sqlite:///{root / 'db.sqlite'}", MODELHOST_ENCODER_RUNTIMES="true"
+    )
+    process.start()
+    http = httpx.Client(base_url=process.url, timeout=300)
+    try:
+        created = http.post("/v1/admin/accounts", json={"name": "onnx"}, headers=bearer(ADMIN_KEY))
+        yield Runtimes(process, http, created.json()["api_key"], root / "data")
+    finally:
+        http.close()
+        process.stop()
+
+
+def cached_exports(runtimes: Runtimes) -> dict[Path, float]:
+    """The exported models under the server's cache, with their modification times."""
+    return {
+        path: path.stat().st_mtime for path in (runtimes.data_dir / "encoder-runtimes").glob("*/model.onnx")
+    }
+
+
+def test_auto_measures_onnxruntime_against_torch_at_the_first_load_and_says_so(
+    runtimes: Runtimes, recipes: Path
+) -> None:
+    model = runtimes.deploy(recipes, "t03_feature_extraction/hf", "feature-extraction", "auto")
+    before = runtimes.deployment(model)
+    assert before["engine_in_use"] == "transformers"
+    assert "measured when a replica first loads" in before["engine_reason"]
+    runtimes.embed(model, TEXTS)  # loads it: export, equality check, timing
+    after = runtimes.deployment(model)
+    assert after["engine_in_use"] in ("onnxruntime", "transformers")
+    reason = after["engine_reason"]
+    assert reason.startswith(f"auto chose {after['engine_in_use']}: ONNX Runtime "), reason
+    for case in ("short batch 1", "short batch 32", "long batch 1", "long batch 32"):
+        assert f" x at {case}" in reason, reason
+    metrics = runtimes.http.get("/metrics").text
+    engine_line = (
+        f'modelhost_deployment_engine{{deployment="{after["id"]}",engine="{after["engine_in_use"]}"}} 1.0'
+    )
+    assert engine_line in metrics
+
+
+@pytest.mark.parametrize("folder", ["t03_feature_extraction/hf", "t03_feature_extraction/st"])
+def test_embeddings_on_onnxruntime_equal_torchs_single_and_batched(
+    runtimes: Runtimes, recipes: Path, folder: str
+) -> None:
+    on_ort = runtimes.deploy(recipes, folder, "feature-extraction", "onnxruntime")
+    on_torch = runtimes.deploy(recipes, folder, "feature-extraction", "transformers")
+    batched = runtimes.embed(on_ort, TEXTS)
+    assert np.abs(batched - runtimes.embed(on_torch, TEXTS)).max() <= TOLERANCE
+    for index, text in enumerate(TEXTS):  # alone, unpadded: the same vector as in the padded batch
+        single = runtimes.embed(on_ort, [text])[0]
+        assert np.abs(single - batched[index]).max() <= TOLERANCE
+    deployment = runtimes.deployment(on_ort)
+    assert deployment["engine_in_use"] == "onnxruntime"
+    assert "ONNX Runtime" in deployment["engine_reason"]  # its own measure, or auto's from the cache
+
+
+def test_text_classification_on_onnxruntime_equals_torchs(runtimes: Runtimes, recipes: Path) -> None:
+    on_ort = runtimes.deploy(recipes, "t15_text_classification", "text-classification", "onnxruntime")
+    on_torch = runtimes.deploy(recipes, "t15_text_classification", "text-classification", "transformers")
+    assert np.abs(runtimes.classify(on_ort, TEXTS) - runtimes.classify(on_torch, TEXTS)).max() <= TOLERANCE
+    assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
+
+
+def test_a_later_load_of_the_same_artifact_reads_the_cached_export(runtimes: Runtimes, recipes: Path) -> None:
+    """A second deployment of an artifact already exported loads from the cache: no new export (the
+    file is the same one), and the reason says the decision was cached."""
+    first = runtimes.deploy(recipes, "t03_feature_extraction/hf", "feature-extraction", "onnxruntime")
+    runtimes.embed(first, TEXTS)
+    exports = cached_exports(runtimes)
+    assert exports
+    artifact = runtimes.artifacts["t03_feature_extraction/hf"]
+    body = {"model": "hf-again", "artifact_id": artifact, "engine": "onnxruntime"}
+    created = runtimes.http.post("/v1/deployments", json=body, headers=bearer(runtimes.key))
+    assert created.status_code == 201, created.text
+    runtimes.deployments["hf-again"] = created.json()
+    vectors = runtimes.embed("hf-again", TEXTS)
+    assert np.abs(vectors - runtimes.embed(first, TEXTS)).max() <= TOLERANCE
+    assert "cached decision" in runtimes.deployment("hf-again")["engine_reason"]
+    assert cached_exports(runtimes) == exports  # nothing exported again
+
+
+def test_onnxruntime_for_a_task_it_does_not_serve_is_a_400_naming_engine(
+    runtimes: Runtimes, recipes: Path
+) -> None:
+    artifact = push_folder_sync(runtimes.http, runtimes.key, recipes / "t16_text_ranking", "text-ranking")
+    body = {"model": "ranker", "artifact_id": artifact, "engine": "onnxruntime"}
+    refused = runtimes.http.post("/v1/deployments", json=body, headers=bearer(runtimes.key))
+    assert_error(refused, 400, code="engine_not_supported", param="engine")
