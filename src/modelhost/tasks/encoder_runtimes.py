@@ -37,7 +37,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -266,9 +266,7 @@ def _export(slot: EncoderSlot, path: Path) -> None:
             output: torch.Tensor = getattr(self.model(**features), slot.output)
             return output
 
-    # the exporter's own notes (axis renames, deprecations) are not the operator's business
-    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with _quiet_exporter(), torch.inference_mode(False), torch.no_grad():
         torch.onnx.export(
             Exported(slot.model).eval(),
             (),
@@ -281,6 +279,21 @@ def _export(slot: EncoderSlot, path: Path) -> None:
             optimize=True,
             verbose=False,
         )
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter's own notes (axis renames, deprecations, the torchvision operators it skips) are
+    not the operator's business: its warnings and its log below ERROR are dropped while it runs."""
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        exporter_log.setLevel(level)
 
 
 def _input_names(slot: EncoderSlot) -> list[str]:
