@@ -153,10 +153,24 @@ def test_a_later_load_of_the_same_artifact_reads_the_cached_export(runtimes: Run
     assert cached_exports(runtimes) == exports  # nothing exported again
 
 
+def test_reranking_on_onnxruntime_equals_torchs(runtimes: Runtimes, recipes: Path) -> None:
+    on_ort = runtimes.deploy(recipes, "t16_text_ranking", "text-ranking", "onnxruntime")
+    on_torch = runtimes.deploy(recipes, "t16_text_ranking", "text-ranking", "transformers")
+    body = {"query": "which runtime is faster?", "documents": TEXTS, "return_documents": False}
+
+    def scores(model: str) -> list[float]:
+        ranked = runtimes.post("/v1/rerank", model=model, **body)["results"]
+        return [r["relevance_score"] for r in sorted(ranked, key=lambda r: r["index"])]
+
+    assert np.abs(np.array(scores(on_ort)) - np.array(scores(on_torch))).max() <= TOLERANCE
+    assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
+
+
 def test_onnxruntime_for_a_task_it_does_not_serve_is_a_400_naming_engine(
     runtimes: Runtimes, recipes: Path
 ) -> None:
-    artifact = push_folder_sync(runtimes.http, runtimes.key, recipes / "t16_text_ranking", "text-ranking")
-    body = {"model": "ranker", "artifact_id": artifact, "engine": "onnxruntime"}
+    folder = recipes / "t11_text_generation_chat"
+    artifact = push_folder_sync(runtimes.http, runtimes.key, folder, "text-generation")
+    body = {"model": "chat", "artifact_id": artifact, "engine": "onnxruntime"}
     refused = runtimes.http.post("/v1/deployments", json=body, headers=bearer(runtimes.key))
     assert_error(refused, 400, code="engine_not_supported", param="engine")

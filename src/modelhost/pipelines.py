@@ -447,6 +447,7 @@ TASKS: tuple[PipelineTask, ...] = (
         ("/v1/rerank", "/v2/rerank", "/rerank"),
         ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",),
         needs_tokenizer=True,
+        engines=("onnxruntime", "transformers"),
     ),
 )
 

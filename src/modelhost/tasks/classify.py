@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from modelhost.tasks.encoder_runtimes import EncoderSlot
+
 
 def scores_of(logits: torch.Tensor, function: str | None, config: Any) -> torch.Tensor:
     """`softmax`, `sigmoid` or `none` (raw logits). Default: sigmoid for multi-label or single-output
@@ -39,6 +41,16 @@ class Classifier:
     model: Any
     processor: Any
     device: str
+
+
+def classifier_slot(state: Classifier) -> EncoderSlot:
+    """A sequence classifier (or cross-encoder) whose `logits` a runtime may compute instead of torch
+    (`tasks.encoder_runtimes`); labels and scoring stay with the config the handler reads."""
+
+    def replace(model: torch.nn.Module) -> None:
+        state.model = model
+
+    return EncoderSlot(state.model, "logits", state.processor, replace)
 
 
 def classify(model: Classifier, logits: torch.Tensor, item: dict[str, Any]) -> list[list[dict[str, Any]]]:

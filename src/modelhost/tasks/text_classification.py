@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from modelhost.tasks import loader
-from modelhost.tasks.classify import Classifier, scores_of, top_labels
+from modelhost.tasks.classify import Classifier, classifier_slot, scores_of, top_labels
 from modelhost.tasks.encoder_runtimes import EncoderSlot
 
 
@@ -32,12 +32,7 @@ class TextClassification:
         return {"inputs": ["modelhost warm-up"], "top_k": 1}
 
     def encoder_slot(self, state: Classifier) -> EncoderSlot:
-        """The classifier a runtime may replace (`tasks.encoder_runtimes`); labels stay in its config."""
-
-        def replace(model: torch.nn.Module) -> None:
-            state.model = model
-
-        return EncoderSlot(state.model, "logits", state.processor, replace)
+        return classifier_slot(state)
 
     @torch.inference_mode()
     def run(self, model: Classifier, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from modelhost.tasks import loader
-from modelhost.tasks.classify import Classifier
+from modelhost.tasks.classify import Classifier, classifier_slot
+from modelhost.tasks.encoder_runtimes import EncoderSlot
 
 
 class TextRanking:
@@ -25,6 +26,9 @@ class TextRanking:
 
     def warmup_item(self) -> dict[str, Any]:
         return {"query": "modelhost", "documents": ["warm-up"]}
+
+    def encoder_slot(self, state: Classifier) -> EncoderSlot:
+        return classifier_slot(state)
 
     @torch.inference_mode()
     def run(self, model: Classifier, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
