@@ -36,26 +36,69 @@ class Served:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def cpu_seconds(self) -> tuple[float, float]:
-        """(gateway processes, replica processes) CPU seconds so far, from /proc: the supervisor and the
-        other gateway processes it started, then its replica workers."""
-        gateways, replicas = _cpu_seconds(self.process.pid), 0.0
-        for pid in _children(self.process.pid):
-            if b"modelhost.runtime.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                replicas += _cpu_seconds(pid)
-            else:
-                gateways += _cpu_seconds(pid)
-        return gateways, replicas
+        """(gateway processes, replica processes) CPU seconds so far, from /proc (`modelhost_cpu`)."""
+        gateway, front, engine = modelhost_cpu(self.process.pid)
+        return gateway, front + engine
 
 
-def _children(pid: int) -> list[int]:
-    found = []
+@dataclass(frozen=True)
+class _Process:
+    parent: int
+    cpu: float  # user + system seconds of all its threads (not of its children)
+    command: bytes
+
+
+def process_table() -> dict[int, _Process]:
+    """Every process on the machine now."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, _Process] = {}
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            if int(proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(proc.name))
-        except (OSError, ValueError):
-            continue
+            fields = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+            command = proc.joinpath("cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        found[int(proc.name)] = _Process(int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, command)
     return found
+
+
+def subtree(processes: dict[int, _Process], root: int) -> list[int]:
+    """`root` and all its descendants (those still running)."""
+    children: dict[int, list[int]] = {}
+    for pid, process in processes.items():
+        children.setdefault(process.parent, []).append(pid)
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        if pid in processes:
+            found.append(pid)
+            stack.extend(children.get(pid, ()))
+    return found
+
+
+def modelhost_cpu(root: int) -> tuple[float, float, float]:
+    """(gateway, vLLM front end, engine) CPU seconds of the modelhost server whose supervisor is `root`.
+    A replica worker and everything under it are not the gateway: `runtime.worker` (forked from the
+    template, so the supervisor's grandchild) is the engine; `runtime.vllm_worker` (which hosts vLLM's
+    async engine, its front end) is the front end and its children (VLLM::EngineCore, VLLM::Worker, the
+    resource tracker) the engine. Everything else under the supervisor (the supervisor, the other gateway
+    processes, the template) is the gateway."""
+    processes = process_table()
+    tree = subtree(processes, root)
+    gateway, front, engine, replicas = 0.0, 0.0, 0.0, set[int]()
+    for pid in tree:
+        command = processes[pid].command
+        if b"modelhost.runtime.vllm_worker" in command:
+            front += processes[pid].cpu
+            below = subtree(processes, pid)[1:]
+            engine += sum(processes[p].cpu for p in below)
+            replicas.update([pid, *below])
+        elif b"modelhost.runtime.worker" in command:
+            below = subtree(processes, pid)
+            engine += sum(processes[p].cpu for p in below)
+            replicas.update(below)
+    gateway = sum(processes[pid].cpu for pid in tree if pid not in replicas)
+    return gateway, front, engine
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -45,7 +45,17 @@ from typing import Any
 import httpx
 import torch
 
-from bench.common import Served, _cpu_seconds, deploy, serve, table, write_section
+from bench.common import (
+    Served,
+    _cpu_seconds,
+    deploy,
+    modelhost_cpu,
+    process_table,
+    serve,
+    subtree,
+    table,
+    write_section,
+)
 
 RAW_REQUESTS = 8
 ENGINES = ("vllm", "transformers")  # modelhost's text-generation engines, as a deployment names them
@@ -307,71 +317,11 @@ def _finish(load: Load, before: tuple[float, ...], server_cpu: CpuReader) -> Loa
 # ---------------------------------------------------------------- servers' CPU time, from /proc
 
 
-@dataclass(frozen=True)
-class _Process:
-    parent: int
-    cpu: float  # user + system seconds of all its threads (not of its children)
-    command: bytes
-
-
-def _processes() -> dict[int, _Process]:
-    """Every process on the machine now."""
-    tick = os.sysconf("SC_CLK_TCK")
-    found: dict[int, _Process] = {}
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            fields = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()
-            command = proc.joinpath("cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-        found[int(proc.name)] = _Process(int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, command)
-    return found
-
-
-def _subtree(processes: dict[int, _Process], root: int) -> list[int]:
-    """`root` and all its descendants (those still running)."""
-    children: dict[int, list[int]] = {}
-    for pid, process in processes.items():
-        children.setdefault(process.parent, []).append(pid)
-    found, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        if pid in processes:
-            found.append(pid)
-            stack.extend(children.get(pid, ()))
-    return found
-
-
-def modelhost_cpu(root: int) -> tuple[float, float, float]:
-    """(gateway, vLLM front end, engine) CPU seconds of the modelhost server whose supervisor is `root`.
-    A replica worker and everything under it are not the gateway: `runtime.worker` (forked from the
-    template, so the supervisor's grandchild) is the engine; `runtime.vllm_worker` (which hosts vLLM's
-    async engine, its front end) is the front end and its children (VLLM::EngineCore, VLLM::Worker, the
-    resource tracker) the engine. Everything else under the supervisor (the supervisor, the other gateway
-    processes, the template) is the gateway."""
-    processes = _processes()
-    tree = _subtree(processes, root)
-    gateway, front, engine, replicas = 0.0, 0.0, 0.0, set[int]()
-    for pid in tree:
-        command = processes[pid].command
-        if b"modelhost.runtime.vllm_worker" in command:
-            front += processes[pid].cpu
-            below = _subtree(processes, pid)[1:]
-            engine += sum(processes[p].cpu for p in below)
-            replicas.update([pid, *below])
-        elif b"modelhost.runtime.worker" in command:
-            below = _subtree(processes, pid)
-            engine += sum(processes[p].cpu for p in below)
-            replicas.update(below)
-    gateway = sum(processes[pid].cpu for pid in tree if pid not in replicas)
-    return gateway, front, engine
-
-
 def vllm_serve_cpu(root: int) -> tuple[float, float, float]:
     """(0, API server, engine) CPU seconds of `vllm serve`: its API server (HTTP and vLLM's front end in
     one process) and its children (VLLM::EngineCore, VLLM::Worker, the resource tracker)."""
-    processes = _processes()
-    tree = _subtree(processes, root)
+    processes = process_table()
+    tree = subtree(processes, root)
     front = processes[root].cpu if root in processes else 0.0
     return 0.0, front, sum(processes[pid].cpu for pid in tree if pid != root)
 
