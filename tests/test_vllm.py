@@ -3,7 +3,7 @@
 Its `chat` deployment runs on vLLM (chosen by `engine: auto`), `chat-own` the same artifact on the
 transformers engine; `vlm` and `vlm-own` do the same for a vision-language model (chat with images).
 Starting vLLM's engine takes 30 to 70 s on this machine, so one vLLM replica per model serves every test
-of the module: `chat` is cold (its first request loads it, the last test sees it unloaded when idle),
+of the module: `chat` is cold (its first request loads it, the last test unloads it),
 and the chat and client tests of tests/test_chat.py and tests/test_clients.py that hold for any engine
 are imported below and run again here, against vLLM: the same tests on both engines.
 
@@ -470,14 +470,19 @@ def test_openai_sdk_streams_completions_with_usage_on_vllm(chat: Chat) -> None:
     assert text and chunks[-2].choices[0].finish_reason == "length"
 
 
-def test_an_idle_cold_vllm_deployment_unloads_and_leaves_no_engine_process(vllm: VllmServer) -> None:
-    """Last: nothing asks for `chat` any more, so it unloads after the idle time; vLLM's engine core and
+def test_unloading_a_vllm_deployment_leaves_no_engine_process(vllm: VllmServer) -> None:
+    """Last: `chat` moves to the transformers engine, which unloads its vLLM replica at once (the same
+    unload as an idle cold deployment's, without waiting for the idle time); vLLM's engine core and
     worker processes (its own session) end with the replica worker."""
     session = _engine_session(vllm)  # the test before this one used `chat`: it is loaded
     assert len(_in_session(session)) > 1  # the worker and vLLM's engine processes
-    deadline = time.monotonic() + IDLE_SECONDS + 60
+    patched = vllm.http.patch(
+        f"/v1/deployments/{vllm.chat['id']}", json={"engine": "transformers"}, headers=bearer(vllm.key)
+    )
+    assert patched.status_code == 200, patched.text
+    deadline = time.monotonic() + 60
     while vllm.deployment(vllm.chat["id"])["state"] != "unloaded" and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert vllm.deployment(vllm.chat["id"])["state"] == "unloaded"
     deadline = time.monotonic() + 15  # the worker shuts vLLM down (about 5 s), else is killed at 5 s
     while (leftovers := _in_session(session)) and time.monotonic() < deadline:
