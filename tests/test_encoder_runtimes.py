@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.server_process import ServerProcess
@@ -174,3 +176,37 @@ def test_onnxruntime_for_a_task_it_does_not_serve_is_a_400_naming_engine(
     body = {"model": "chat", "artifact_id": artifact, "engine": "onnxruntime"}
     refused = runtimes.http.post("/v1/deployments", json=body, headers=bearer(runtimes.key))
     assert_error(refused, 400, code="engine_not_supported", param="engine")
+
+
+class DataDependent(torch.nn.Module):
+    """An encoder the exporter cannot trace: its control flow depends on the values of its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(hidden_size=4)
+        self.embed = torch.nn.Embedding(512, 4)
+
+    def forward(self, input_ids: torch.Tensor, **_: Any) -> Any:
+        hidden = self.embed(input_ids)
+        if int(input_ids.sum()) % 2:  # a Python branch on data: no graph holds it
+            hidden = hidden * 2
+        return SimpleNamespace(last_hidden_state=hidden)
+
+
+def test_a_model_that_does_not_export_stays_on_torch_with_the_reason_and_the_decision_is_cached(
+    recipes: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from modelhost.tasks.encoder_runtimes import EncoderSlot, RuntimeUnusable, prepare
+
+    tokenizer = AutoTokenizer.from_pretrained(recipes / "t03_feature_extraction" / "hf")
+    replaced: list[torch.nn.Module] = []
+    slot = EncoderSlot(DataDependent(), "last_hidden_state", tokenizer, replaced.append, 64)
+    first = prepare(slot, tmp_path / "model", "auto", tmp_path / "cache")
+    assert first.engine == "transformers" and "the model did not export" in first.reason
+    assert replaced == []  # torch's model stays
+    again = prepare(slot, tmp_path / "model", "auto", tmp_path / "cache")
+    assert again.engine == "transformers" and again.reason.endswith(")") and "cached decision" in again.reason
+    with pytest.raises(RuntimeUnusable, match="did not export"):
+        prepare(slot, tmp_path / "model", "onnxruntime", tmp_path / "cache")
