@@ -168,6 +168,25 @@ def test_reranking_on_onnxruntime_equals_torchs(runtimes: Runtimes, recipes: Pat
     assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
 
 
+def test_question_answering_on_onnxruntime_gives_torchs_spans_and_scores(
+    runtimes: Runtimes, recipes: Path
+) -> None:
+    on_ort = runtimes.deploy(recipes, "t21_question_answering", "question-answering", "onnxruntime")
+    on_torch = runtimes.deploy(recipes, "t21_question_answering", "question-answering", "transformers")
+    body = {
+        "question": "where does sarah live",
+        "context": "my name is sarah and i live in london",
+        "top_k": 3,
+    }
+    ours = runtimes.post("/v1/question-answering/text", model=on_ort, **body)
+    theirs = runtimes.post("/v1/question-answering/text", model=on_torch, **body)
+    assert [(a["start"], a["end"], a["answer"]) for a in ours] == [
+        (a["start"], a["end"], a["answer"]) for a in theirs
+    ]
+    assert max(abs(a["score"] - b["score"]) for a, b in zip(ours, theirs, strict=True)) <= TOLERANCE
+    assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
+
+
 def test_onnxruntime_for_a_task_it_does_not_serve_is_a_400_naming_engine(
     runtimes: Runtimes, recipes: Path
 ) -> None:
@@ -202,7 +221,7 @@ def test_a_model_that_does_not_export_stays_on_torch_with_the_reason_and_the_dec
 
     tokenizer = AutoTokenizer.from_pretrained(recipes / "t03_feature_extraction" / "hf")
     replaced: list[torch.nn.Module] = []
-    slot = EncoderSlot(DataDependent(), "last_hidden_state", tokenizer, replaced.append, 64)
+    slot = EncoderSlot(DataDependent(), ("last_hidden_state",), tokenizer, replaced.append, 64)
     first = prepare(slot, tmp_path / "model", "auto", tmp_path / "cache")
     assert first.engine == "transformers" and "the model did not export" in first.reason
     assert replaced == []  # torch's model stays

@@ -236,7 +236,8 @@ class Settings(BaseSettings):
     )
     encoder_runtimes: bool = Field(
         default=True,
-        description="Let feature-extraction, text-classification and text-ranking deployments run on ONNX "
+        description="Let feature-extraction, text-classification, text-ranking and question-answering "
+        "deployments run on ONNX "
         "Runtime: under "
         "`engine: auto` a replica measures it against torch when it first loads a model on a machine "
         '(docs/runtime.md, "Encoder runtimes"). False: they run on torch, and `onnxruntime` is a 400.',

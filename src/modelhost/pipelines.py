@@ -402,6 +402,7 @@ TASKS: tuple[PipelineTask, ...] = (
         ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",),
         needs_tokenizer=True,
         # its own route (api.routes.tasks): questions and contexts pair up
+        engines=("onnxruntime", "transformers"),
     ),
     _text2text(
         "summarization",

@@ -50,7 +50,7 @@ def classifier_slot(state: Classifier) -> EncoderSlot:
     def replace(model: torch.nn.Module) -> None:
         state.model = model
 
-    return EncoderSlot(state.model, "logits", state.processor, replace)
+    return EncoderSlot(state.model, ("logits",), state.processor, replace)
 
 
 def classify(model: Classifier, logits: torch.Tensor, item: dict[str, Any]) -> list[list[dict[str, Any]]]:

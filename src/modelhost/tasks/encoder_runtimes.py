@@ -64,11 +64,11 @@ LONG_TEXT = " ".join(["Serving models well means measuring them on the machine t
 
 @dataclass
 class EncoderSlot:
-    """What an encoder handler offers: its transformers model, the output it reads, its tokenizer, and
+    """What an encoder handler offers: its transformers model, the outputs it reads, its tokenizer, and
     how to put a runtime's model (called like the transformers model) in its place."""
 
     model: torch.nn.Module
-    output: str  # `last_hidden_state` or `logits`
+    outputs: tuple[str, ...]  # a key of OUTPUT_TYPES: what the handler reads of the model's output
     tokenizer: Any
     replace: Callable[[torch.nn.Module], None]
     max_tokens: int = 512
@@ -84,31 +84,41 @@ class RuntimeUnusable(Exception):
     """`engine: onnxruntime` was asked for and the model cannot run there; the message says why."""
 
 
-class OrtModel(torch.nn.Module):
-    """An ONNX Runtime session called as the transformers model it replaces: keyword tensors in, a
-    `ModelOutput` with the one output out, the model's `config` kept (handlers and sentence-transformers
-    read it). A module, so that it can take the place of a registered submodule."""
+# The transformers output type of each set of outputs a handler reads
+OUTPUT_TYPES = {
+    ("last_hidden_state",): "BaseModelOutput",
+    ("logits",): "SequenceClassifierOutput",
+    ("start_logits", "end_logits"): "QuestionAnsweringModelOutput",
+}
+PER_TOKEN = {"last_hidden_state", "start_logits", "end_logits"}  # outputs with a value per token
 
-    def __init__(self, session: Any, config: Any, output: str) -> None:
+
+class OrtModel(torch.nn.Module):
+    """An ONNX Runtime session called as the transformers model it replaces: keyword tensors in, the
+    transformers `ModelOutput` with the outputs the handler reads out, the model's `config` kept
+    (handlers and sentence-transformers read it). A module, so that it can take the place of a
+    registered submodule."""
+
+    def __init__(self, session: Any, config: Any, outputs: tuple[str, ...]) -> None:
         super().__init__()
         self.session = session
         self.config = config
-        self.output = output
+        self.outputs = outputs
         self.input_names = [i.name for i in session.get_inputs()]
 
     def forward(self, **features: Any) -> Any:
-        from transformers.modeling_outputs import BaseModelOutput, SequenceClassifierOutput
+        from transformers import modeling_outputs
 
         device = next((v.device for v in features.values() if isinstance(v, torch.Tensor)), None)
         feeds = {name: _numpy(features[name]) for name in self.input_names if name in features}
         if "token_type_ids" in self.input_names and "token_type_ids" not in feeds:
             feeds["token_type_ids"] = np.zeros_like(feeds["input_ids"])
-        (result,) = self.session.run([self.output], feeds)
-        tensor = torch.from_numpy(result)
-        tensor = tensor.to(device) if device is not None else tensor
-        if self.output == "logits":
-            return SequenceClassifierOutput(logits=tensor)
-        return BaseModelOutput(last_hidden_state=tensor)
+        results = self.session.run(list(self.outputs), feeds)
+        tensors = [
+            torch.from_numpy(r).to(device) if device is not None else torch.from_numpy(r) for r in results
+        ]
+        output_type = getattr(modeling_outputs, OUTPUT_TYPES[self.outputs])
+        return output_type(**dict(zip(self.outputs, tensors, strict=True)))
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -120,7 +130,7 @@ def prepare(slot: EncoderSlot, model_dir: Path, asked: str, cache_root: Path) ->
     and decisions are kept under `cache_root` (the server's `<data>/encoder-runtimes`)."""
     import onnxruntime
 
-    folder = cache_folder(cache_root, model_dir, slot.output)
+    folder = cache_folder(cache_root, model_dir, slot.outputs)
     decision = _read_decision(folder)
     exported = folder / "model.onnx"
     if decision is not None and (decision["engine"] == "transformers" or exported.is_file()):
@@ -137,11 +147,11 @@ def prepare(slot: EncoderSlot, model_dir: Path, asked: str, cache_root: Path) ->
         if choice.engine == "transformers" and asked == "onnxruntime":
             raise RuntimeUnusable(choice.reason)
     if choice.engine == "onnxruntime":
-        slot.replace(OrtModel(_session(exported), slot.model.config, slot.output))
+        slot.replace(OrtModel(_session(exported), slot.model.config, slot.outputs))
     return choice
 
 
-def cache_folder(cache_root: Path, model_dir: Path, output: str) -> Path:
+def cache_folder(cache_root: Path, model_dir: Path, outputs: tuple[str, ...]) -> Path:
     """Where one artifact's export and decision live on this machine: under the data folder (the
     artifact's own files stay untouched), keyed by its folder, the output read, the runtime's and
     torch's versions and the machine (the decision is a timing: another CPU may decide otherwise)."""
@@ -151,7 +161,7 @@ def cache_folder(cache_root: Path, model_dir: Path, output: str) -> Path:
         [
             CACHE_FORMAT,
             str(model_dir.resolve()),
-            output,
+            *outputs,
             onnxruntime.__version__,
             torch.__version__,
             _machine(),
@@ -220,7 +230,7 @@ def _measure(slot: EncoderSlot, path: Path, asked: str, version: str) -> Runtime
         reason = f"ONNX Runtime {version}: the model did not export ({failure})"
         return RuntimeChoice("transformers", f"auto chose transformers: {reason}")
     exported = time.perf_counter() - started
-    candidate = OrtModel(session, slot.model.config, slot.output)
+    candidate = OrtModel(session, slot.model.config, slot.outputs)
     difference = _difference(slot, candidate)
     if not difference <= TOLERANCE:
         reason = f"ONNX Runtime {version}'s output differs from torch's by {difference:.2g} (> {TOLERANCE:g})"
@@ -248,8 +258,8 @@ def _export(slot: EncoderSlot, path: Path) -> None:
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=slot.max_tokens)
 
     class Exported(torch.nn.Module):
-        """The transformers model with plain tensor arguments and its one output (the exporter's
-        preferred shape of a model)."""
+        """The transformers model with plain tensor arguments and the outputs the handler reads (the
+        exporter's preferred shape of a model)."""
 
         def __init__(self, model: torch.nn.Module) -> None:
             super().__init__()
@@ -260,11 +270,11 @@ def _export(slot: EncoderSlot, path: Path) -> None:
             input_ids: torch.Tensor,
             attention_mask: torch.Tensor | None = None,
             token_type_ids: torch.Tensor | None = None,
-        ) -> torch.Tensor:
+        ) -> tuple[torch.Tensor, ...]:
             given = {"attention_mask": attention_mask, "token_type_ids": token_type_ids}
             features = {"input_ids": input_ids, **{k: v for k, v in given.items() if v is not None}}
-            output: torch.Tensor = getattr(self.model(**features), slot.output)
-            return output
+            output = self.model(**features)
+            return tuple(getattr(output, name) for name in slot.outputs)
 
     with _quiet_exporter(), torch.inference_mode(False), torch.no_grad():
         torch.onnx.export(
@@ -273,7 +283,7 @@ def _export(slot: EncoderSlot, path: Path) -> None:
             str(path),
             kwargs={name: encoded[name] for name in names},
             input_names=names,
-            output_names=[slot.output],
+            output_names=list(slot.outputs),
             dynamic_shapes={name: {0: batch, 1: sequence} for name in names},
             dynamo=True,
             optimize=True,
@@ -312,14 +322,18 @@ def _features(slot: EncoderSlot, texts: Sequence[str]) -> dict[str, torch.Tensor
 def _difference(slot: EncoderSlot, candidate: OrtModel) -> float:
     """The largest absolute difference over the real tokens (or rows) of a padded mixed-length batch."""
     features = _features(slot, PROBE_TEXTS)
-    expected = getattr(slot.model(**features), slot.output).float().numpy()
-    found = getattr(candidate(**features), slot.output).float().numpy()
-    if expected.shape != found.shape:
-        return float("inf")
-    if expected.ndim == 3:  # per token: the padding's positions mean nothing
-        mask = features["attention_mask"].numpy()[..., None].astype(bool)
-        return float(np.abs(np.where(mask, expected - found, 0.0)).max())
-    return float(np.abs(expected - found).max())
+    expected, found = slot.model(**features), candidate(**features)
+    mask = features["attention_mask"].numpy().astype(bool)
+    largest = 0.0
+    for name in slot.outputs:
+        ours, theirs = getattr(expected, name).float().numpy(), getattr(found, name).float().numpy()
+        if ours.shape != theirs.shape:
+            return float("inf")
+        if name in PER_TOKEN:  # a value per token: the padding's positions mean nothing
+            token_mask = mask.reshape(mask.shape + (1,) * (ours.ndim - 2))
+            ours, theirs = np.where(token_mask, ours, 0.0), np.where(token_mask, theirs, 0.0)
+        largest = max(largest, float(np.abs(ours - theirs).max()))
+    return largest
 
 
 @torch.inference_mode()

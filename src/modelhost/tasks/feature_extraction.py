@@ -83,7 +83,7 @@ class FeatureExtraction:
                 state.model = model
 
         transformer = state.model[0].model if state.sentence_transformer else state.model
-        return EncoderSlot(transformer, "last_hidden_state", state.tokenizer, replace, state.max_tokens)
+        return EncoderSlot(transformer, ("last_hidden_state",), state.tokenizer, replace, state.max_tokens)
 
     def run(self, model: Encoder, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ids_per_item = self._token_ids(model, batch)
