@@ -14,9 +14,10 @@ Engine = Literal["auto", "vllm", "onnxruntime", "transformers"]  # runtime.engin
 EngineInUse = Literal["vllm", "onnxruntime", "transformers"]
 ENGINE_DESCRIPTION = (
     "The engine asked for: `auto` (for text generation and chat with images, vLLM where it is installed "
-    "and can run the model's architecture, else transformers; for feature extraction and text "
-    "classification, reranking and question answering, ONNX Runtime where a replica measures it equal to torch and faster, else "
-    "transformers), `vllm` (generation only), `onnxruntime` (those encoder tasks only) or `transformers`; "
+    "and can run the model's architecture, else transformers; for feature extraction, text "
+    "classification, reranking and question answering, ONNX Runtime where a replica measures it equal "
+    "to torch and faster, else transformers), `vllm` (generation only), `onnxruntime` (those encoder "
+    "tasks only) or `transformers`; "
     "an engine that cannot serve the deployment is 400 `engine_not_supported`. vLLM is chosen when the "
     "deployment is created or its engine is changed; an encoder's runtime when a replica first loads it."
 )
