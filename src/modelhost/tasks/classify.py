@@ -43,14 +43,15 @@ class Classifier:
     device: str
 
 
-def classifier_slot(state: Classifier) -> EncoderSlot:
-    """A sequence classifier (or cross-encoder) whose `logits` a runtime may compute instead of torch
-    (`tasks.encoder_runtimes`); labels and scoring stay with the config the handler reads."""
+def classifier_slot(state: Classifier, outputs: tuple[str, ...] = ("logits",)) -> EncoderSlot:
+    """A classifier (sequence, cross-encoder, extractive QA) whose `outputs` a runtime may compute
+    instead of torch (`tasks.encoder_runtimes`); labels and scoring stay with the config the handler
+    reads."""
 
     def replace(model: torch.nn.Module) -> None:
         state.model = model
 
-    return EncoderSlot(state.model, ("logits",), state.processor, replace)
+    return EncoderSlot(state.model, outputs, state.processor, replace)
 
 
 def classify(model: Classifier, logits: torch.Tensor, item: dict[str, Any]) -> list[list[dict[str, Any]]]:

@@ -19,7 +19,7 @@ import torch
 
 from modelhost.tasks import loader
 from modelhost.tasks.base import item_error
-from modelhost.tasks.classify import Classifier
+from modelhost.tasks.classify import Classifier, classifier_slot
 from modelhost.tasks.encoder_runtimes import EncoderSlot
 
 DOC_STRIDE = 128  # the pipeline's default overlap between windows, in tokens
@@ -34,12 +34,7 @@ class QuestionAnswering:
         return {"pairs": [["what?", "modelhost warm-up"]]}
 
     def encoder_slot(self, state: Classifier) -> EncoderSlot:
-        """The model whose start and end logits a runtime may compute instead (`tasks.encoder_runtimes`)."""
-
-        def replace(model: torch.nn.Module) -> None:
-            state.model = model
-
-        return EncoderSlot(state.model, ("start_logits", "end_logits"), state.processor, replace)
+        return classifier_slot(state, ("start_logits", "end_logits"))
 
     @torch.inference_mode()
     def run(self, model: Classifier, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
