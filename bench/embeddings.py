@@ -61,6 +61,30 @@ def raw_throughput(
     return rates, statistics.median(single) * 1000 if single else float("nan"), vector
 
 
+def raw_onnxruntime(model_dir: Path, batches: list[int], seconds: float) -> dict[int, float]:
+    """Sentences/s at each batch size on ONNX Runtime as a replica runs it (the feature-extraction
+    handler in this process, after `tasks.encoder_runtimes` exported the model: tokenizer, session,
+    the model's own pooling), for served / raw on the same runtime. CPU only (its CPU provider)."""
+    from modelhost.tasks.encoder_runtimes import prepare
+    from modelhost.tasks.feature_extraction import FeatureExtraction
+
+    handler = FeatureExtraction()
+    state = handler.load(model_dir, "cpu")
+    rates: dict[int, float] = {}
+    with tempfile.TemporaryDirectory(prefix="mh-bench-onnx-") as cache:
+        prepare(handler.encoder_slot(state), model_dir, "onnxruntime", Path(cache))
+        for batch in batches:
+            item = {"inputs": [SENTENCE] * batch}
+            for _ in range(3):
+                handler.run(state, [item])  # warm-up
+            done, started = 0, time.perf_counter()
+            while time.perf_counter() - started < seconds:
+                handler.run(state, [item])
+                done += batch
+            rates[batch] = done / (time.perf_counter() - started)
+    return rates
+
+
 def measure(
     workers: int, port: int, model_dir: Path, connections: list[int], seconds: int, engine: str
 ) -> tuple[dict[int, tuple[WrkResult, float, float]], list[float], str]:
@@ -116,6 +140,12 @@ def main() -> None:
     raw, raw_latency, expected = raw_throughput(model_dir, batches, args.seconds / 3)
     best_raw = max(raw.values())
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    on_cpu = not torch.cuda.is_available()
+    raw_ort = (
+        raw_onnxruntime(model_dir, batches, args.seconds / 3)
+        if on_cpu and engines != ["transformers"]
+        else {}
+    )
     runs = [(engine, w) for engine in engines for w in workers]
     measured = {
         run: measure(run[1], args.port + i, model_dir, connections, args.seconds, run[0])
@@ -131,6 +161,11 @@ def main() -> None:
         [f"raw encode, batch {b}", f"{rate:.0f} sentences/s", "-", "-", "-", "-", "-"]
         for b, rate in raw.items()
     ]
+    rows += [
+        [f"raw ONNX Runtime (the replica's handler in process), batch {b}", f"{rate:.0f} sentences/s",
+         "-", "-", "-", "-", "-"]
+        for b, rate in raw_ort.items()
+    ]  # fmt: skip
     for (engine, w), (results, _, _) in measured.items():
         for c, (run, gateway, replica) in results.items():
             rows.append(
@@ -165,7 +200,7 @@ drives the server; cores are CPU seconds per wall second of the gateway processe
 - Gateway CPU per request at {top} connections: {per_request}.
 - Errors (non-2xx or socket) during the served runs: {errors}. Served vectors equal the raw model's
   to {difference:.1e} (largest absolute difference).
-{_runtime_lines(measured, workers[0], connections)}"""
+{_runtime_lines(measured, workers[0], connections)}{_raw_runtime_line(measured, raw_ort, connections)}"""
     print(report)
     write_section(args.out, f"## Embeddings on {heading}:", report)
 
@@ -192,6 +227,28 @@ def _runtime_lines(
             f"(issue 30's targets: ≥ 1.8 at 1, ≥ 1.25 at 64). It ran on {chosen}."
         )
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def _raw_runtime_line(
+    measured: dict[tuple[str, int], tuple[dict[int, tuple[WrkResult, float, float]], list[float], str]],
+    raw_ort: dict[int, float],
+    connections: list[int],
+) -> str:
+    """Served on ONNX Runtime at the most connections / raw ONNX Runtime batched (issue 30: ≥ 0.9)."""
+    top = max(connections)
+    served = [
+        results[top][0].requests_per_second
+        for (engine, _), (results, _, chosen) in measured.items()
+        if engine != "transformers" and chosen.startswith("onnxruntime")
+    ]
+    if not served or not raw_ort:
+        return ""
+    best, raw = max(served), max(raw_ort.values())
+    return (
+        f"- **Served on ONNX Runtime at {top} connections / best raw ONNX Runtime batched: "
+        f"{best / raw:.2f}** "
+        f"({best:.0f} req/s vs {raw:.0f} sentences/s; issue 30's target ≥ 0.9).\n"
+    )
 
 
 def _same_batch(rate: float, same: float | None, connections: int) -> str:
