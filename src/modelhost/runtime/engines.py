@@ -90,45 +90,36 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
 
 def _choose_at_load(asked: str) -> EngineChoice:
     """An encoder's runtime is chosen by its replica, which measures it on the machine it loads on: until
-    then the deployment shows torch (`transformers`) with that reason. The Ray backend's replicas run
-    torch only."""
-    if not get_settings().encoder_runtimes:
+    then the deployment shows torch (`transformers`) with that reason."""
+    off = _encoder_runtimes_off()
+    if off is not None:
         if asked != "auto":
-            raise InvalidRequest(
-                "ONNX Runtime is turned off on this server (MODELHOST_ENCODER_RUNTIMES=false).",
-                param="engine",
-                code="engine_not_supported",
-            )
-        return EngineChoice("transformers", "auto chose transformers: ONNX Runtime is turned off")
-    if get_settings().runtime == "ray":
-        if asked != "auto":
-            raise InvalidRequest(
-                f"The {asked} engine runs under the local backend; the Ray backend's replicas run "
-                "encoders on transformers.",
-                param="engine",
-                code="engine_not_supported",
-            )
-        return EngineChoice("transformers", "auto chose transformers: the Ray backend runs encoders on torch")
+            raise InvalidRequest(off.capitalize() + ".", param="engine", code="engine_not_supported")
+        return EngineChoice("transformers", f"auto chose transformers: {off}")
     if asked == "auto":
         reason = "auto: ONNX Runtime and torch are measured when a replica first loads the model"
         return EngineChoice("transformers", reason)
     return EngineChoice(asked)
 
 
+def _encoder_runtimes_off() -> str | None:
+    """Why no replica of this server may run an encoder on ONNX Runtime, or None when it may."""
+    settings = get_settings()
+    if not settings.encoder_runtimes:
+        return "ONNX Runtime is turned off on this server (MODELHOST_ENCODER_RUNTIMES=false)"
+    if settings.runtime == "ray":
+        return "the Ray backend runs encoders on torch (ONNX Runtime runs under the local backend)"
+    return None
+
+
 def replica_engine(asked: str, in_use: str, pipeline: str) -> str:
     """The engine a replica is started with: the one in use, except where the replica itself chooses
     (an encoder's runtime under `auto` or `onnxruntime`: measured, or its decision read from the cache,
     at every load, so that each machine keeps its own)."""
-    measured = any(engine in MEASURED_AT_LOAD for engine in BY_NAME[pipeline].engines)
-    settings = get_settings()
-    if (
-        measured
-        and asked in ("auto", *MEASURED_AT_LOAD)
-        and settings.runtime != "ray"
-        and settings.encoder_runtimes
-    ):
-        return asked
-    return in_use
+    chooses = asked in ("auto", *MEASURED_AT_LOAD) and any(
+        engine in MEASURED_AT_LOAD for engine in BY_NAME[pipeline].engines
+    )
+    return asked if chooses and _encoder_runtimes_off() is None else in_use
 
 
 def _supported_architecture(model_dir: Path | None) -> str:

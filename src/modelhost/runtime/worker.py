@@ -135,9 +135,11 @@ def choose_runtime(
     slot = getattr(handler, "encoder_slot", None)
     if engine == "transformers" or slot is None:
         return None
+    if cache is None:  # the supervisor always names it: the server's data folder, never the artifact's
+        raise ValueError(f"--engine {engine} needs --engine-cache")
     from modelhost.tasks.encoder_runtimes import prepare
 
-    return prepare(slot(state), model_dir, engine, cache or model_dir.parent / ".encoder-runtimes")
+    return prepare(slot(state), model_dir, engine, cache)
 
 
 def warm_up(handler: AnyTaskHandler, state: Any) -> None:
