@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -211,7 +212,8 @@ def test_a_client_leaving_mid_stream_frees_its_slot_within_a_step(chat: Chat) ->
     deadline = time.monotonic() + 15  # the gauge is read from the worker's metrics file
     while (value := _generating(chat)) != 1 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert value == 1, f"modelhost_generation_sequences is {value}, not 1"
+    if value != 1:
+        pytest.fail(f"modelhost_generation_sequences is {value}, not 1; {_why_not_generating(chat, stream)}")
     stream.close()
     deadline = time.monotonic() + 5
     while _generating(chat) != 0 and time.monotonic() < deadline:
@@ -225,6 +227,27 @@ def _generating(chat: Chat) -> float:
         if line.startswith("modelhost_generation_sequences") and chat.deployment_id in line:
             return float(line.rsplit(" ", 1)[1])
     return -1.0
+
+
+def _why_not_generating(chat: Chat, stream: Any) -> str:
+    """What a failed look at the gauge needs to be understood: the deployment's replica restarts, how the
+    stream went on, and the worker's own files (read in the replica's metrics folder)."""
+    restarts = [line for line in chat.http.get("/metrics").text.splitlines() if "restarts" in line]
+    chunks, finish, error = 0, None, None
+    try:
+        for chunk in stream:
+            chunks += 1
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+    except Exception as exc:  # the diagnosis reports it
+        error = repr(exc)
+    folder = Path(os.environ.get("PROMETHEUS_MULTIPROC_DIR", "."))
+    files = sorted(p.name for p in folder.glob("gauge_live*"))
+    deployment = chat.http.get(f"/v1/deployments/{chat.deployment_id}", headers=bearer(chat.key)).text
+    return (
+        f"the stream went on for {chunks} chunks (finish {finish}, error {error}); restarts {restarts}; "
+        f"{len(files)} live gauge files; deployment {deployment[:1500]}"
+    )
 
 
 def _metric(chat: Chat, name: str) -> float:
