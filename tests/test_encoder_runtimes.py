@@ -187,6 +187,67 @@ def test_question_answering_on_onnxruntime_gives_torchs_spans_and_scores(
     assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
 
 
+def assert_equal_scores(ours: Any, theirs: Any, path: str = "") -> None:
+    """The same answer, apart from scores within the tolerance: labels, words, spans and order equal."""
+    if isinstance(ours, dict):
+        assert ours.keys() == theirs.keys(), path
+        for key in ours:
+            assert_equal_scores(ours[key], theirs[key], f"{path}.{key}")
+    elif isinstance(ours, list):
+        assert len(ours) == len(theirs), path
+        for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert_equal_scores(a, b, f"{path}[{index}]")
+    elif isinstance(ours, float):
+        assert abs(ours - theirs) <= TOLERANCE, (path, ours, theirs)
+    else:
+        assert ours == theirs, (path, ours, theirs)
+
+
+PIPELINE_TASKS = [  # (recipe folder, pipeline, endpoint, request without model and inputs, inputs)
+    (
+        "t02_fill_mask",
+        "fill-mask",
+        "/v1/fill-mask",
+        {"top_k": 3},
+        ["paris is the [MASK] of france, said the long sentence that pads.", "hi [MASK]"],
+    ),
+    (
+        "t01_token_classification",
+        "token-classification",
+        "/v1/classifications/token",
+        {"aggregation_strategy": "simple"},
+        ["my name is sarah and i live in london, far from here", "hi sarah"],
+    ),
+    (
+        "t17_zero_shot_classification",
+        "zero-shot-classification",
+        "/v1/classifications/zero-shot/text",
+        {"candidate_labels": ["technology", "sports", "food"], "multi_label": True},
+        ["the battery lasts two days and charges quickly", "goal!"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("folder", "pipeline", "endpoint", "options", "inputs"), PIPELINE_TASKS)
+def test_pipeline_tasks_on_onnxruntime_answer_as_on_torch_single_and_batched(
+    runtimes: Runtimes,
+    recipes: Path,
+    folder: str,
+    pipeline: str,
+    endpoint: str,
+    options: dict[str, Any],
+    inputs: list[str],
+) -> None:
+    on_ort = runtimes.deploy(recipes, folder, pipeline, "onnxruntime")
+    on_torch = runtimes.deploy(recipes, folder, pipeline, "transformers")
+    batched = runtimes.post(endpoint, model=on_ort, inputs=inputs, **options)
+    assert_equal_scores(batched, runtimes.post(endpoint, model=on_torch, inputs=inputs, **options))
+    for index, text in enumerate(inputs):  # alone, unpadded: what it got in the padded batch
+        single = runtimes.post(endpoint, model=on_ort, inputs=[text], **options)
+        assert_equal_scores(single[0], batched[index])
+    assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
+
+
 def test_onnxruntime_for_a_task_it_does_not_serve_is_a_400_naming_engine(
     runtimes: Runtimes, recipes: Path
 ) -> None:

@@ -126,6 +126,7 @@ TASKS: tuple[PipelineTask, ...] = (
             ],
         ),
         needs_tokenizer=True,
+        engines=("onnxruntime", "transformers"),
     ),
     PipelineTask(
         "fill-mask",
@@ -147,6 +148,7 @@ TASKS: tuple[PipelineTask, ...] = (
             ],
         ),
         needs_tokenizer=True,
+        engines=("onnxruntime", "transformers"),
     ),
     PipelineTask(
         "feature-extraction",
@@ -349,6 +351,7 @@ TASKS: tuple[PipelineTask, ...] = (
                 "scores": [0.93, 0.07],
             },
         ),
+        engines=("onnxruntime", "transformers"),
     ),
     PipelineTask(
         "image-classification",

@@ -72,6 +72,7 @@ class EncoderSlot:
     tokenizer: Any
     replace: Callable[[torch.nn.Module], None]
     max_tokens: int = 512
+    per_token: bool = False  # `logits` hold a row per token (fill-mask, token classification)
 
 
 @dataclass(frozen=True)
@@ -84,13 +85,33 @@ class RuntimeUnusable(Exception):
     """`engine: onnxruntime` was asked for and the model cannot run there; the message says why."""
 
 
-# The transformers output type of each set of outputs a handler reads
+# The transformers output type of each set of outputs a handler reads (handlers and pipelines read a
+# field by name, whichever model's output type holds it)
 OUTPUT_TYPES = {
     ("last_hidden_state",): "BaseModelOutput",
     ("logits",): "SequenceClassifierOutput",
     ("start_logits", "end_logits"): "QuestionAnsweringModelOutput",
 }
 PER_TOKEN = {"last_hidden_state", "start_logits", "end_logits"}  # outputs with a value per token
+
+
+def pipeline_slot(pipe: Any, per_token: bool) -> EncoderSlot:
+    """The model of a transformers pipeline whose postprocessing reads `logits` (fill-mask, token and
+    zero-shot classification): a runtime's model takes `pipe.model`'s place, and the pipeline's
+    tokenizing, batching and postprocessing stay the library's."""
+
+    def replace(model: torch.nn.Module) -> None:
+        pipe.model = model
+
+    limit = max_tokens(pipe.tokenizer)
+    return EncoderSlot(pipe.model, ("logits",), pipe.tokenizer, replace, limit, per_token)
+
+
+def max_tokens(tokenizer: Any, ceiling: int = 512) -> int:
+    """The longest sequence the tokenizer lets through (its `model_max_length`, often a huge number
+    meaning "unset"), at most `ceiling`: the export's sequence axis bound."""
+    length = getattr(tokenizer, "model_max_length", None)
+    return min(int(length), ceiling) if isinstance(length, int) and length > 0 else ceiling
 
 
 class OrtModel(torch.nn.Module):
@@ -329,7 +350,7 @@ def _difference(slot: EncoderSlot, candidate: OrtModel) -> float:
         ours, theirs = getattr(expected, name).float().numpy(), getattr(found, name).float().numpy()
         if ours.shape != theirs.shape:
             return float("inf")
-        if name in PER_TOKEN:  # a value per token: the padding's positions mean nothing
+        if name in PER_TOKEN or slot.per_token:  # a value per token: the padding's positions mean nothing
             token_mask = mask.reshape(mask.shape + (1,) * (ours.ndim - 2))
             ours, theirs = np.where(token_mask, ours, 0.0), np.where(token_mask, theirs, 0.0)
         largest = max(largest, float(np.abs(ours - theirs).max()))

@@ -9,6 +9,7 @@ from typing import Any
 from modelhost.errors import param_name
 from modelhost.tasks import loader
 from modelhost.tasks.base import grouped, item_error
+from modelhost.tasks.encoder_runtimes import EncoderSlot, pipeline_slot
 from modelhost.tasks.outputs import plain
 
 
@@ -18,6 +19,10 @@ class FillMask:
 
     def warmup_item(self) -> dict[str, Any]:
         return {"inputs": [], "warmup": True, "targets": None, "top_k": None}
+
+    def encoder_slot(self, state: Any) -> EncoderSlot:
+        """The pipeline's model, for a runtime to replace (a logit per token and word)."""
+        return pipeline_slot(state, per_token=True)
 
     def run(self, model: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mask = model.tokenizer.mask_token

@@ -8,6 +8,7 @@ from typing import Any
 
 from modelhost.tasks import loader
 from modelhost.tasks.base import grouped
+from modelhost.tasks.encoder_runtimes import EncoderSlot, pipeline_slot
 from modelhost.tasks.outputs import plain
 
 
@@ -17,6 +18,10 @@ class TokenClassification:
 
     def warmup_item(self) -> dict[str, Any]:
         return {"inputs": ["modelhost warm-up"], "aggregation_strategy": None}
+
+    def encoder_slot(self, state: Any) -> EncoderSlot:
+        """The pipeline's model, for a runtime to replace (a logit per token and label)."""
+        return pipeline_slot(state, per_token=True)
 
     def run(self, model: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         outputs: list[dict[str, Any]] = [{} for _ in batch]

@@ -10,6 +10,7 @@ from typing import Any
 
 from modelhost.tasks import loader
 from modelhost.tasks.base import grouped
+from modelhost.tasks.encoder_runtimes import EncoderSlot, pipeline_slot
 from modelhost.tasks.outputs import plain
 
 DEFAULT_HYPOTHESIS = "This example is {}."  # the pipeline's
@@ -30,6 +31,10 @@ class ZeroShotTextClassification:
 
     def warmup_item(self) -> dict[str, Any]:
         return {"inputs": ["modelhost warm-up"], "candidate_labels": ["a", "b"]}
+
+    def encoder_slot(self, state: Any) -> EncoderSlot:
+        """The pipeline's model, for a runtime to replace (the NLI logits of each (text, hypothesis) pair)."""
+        return pipeline_slot(state, per_token=False)
 
     def run(self, model: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         outputs: list[dict[str, Any]] = [{} for _ in batch]
