@@ -18,6 +18,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
@@ -61,27 +62,48 @@ def raw_throughput(
     return rates, statistics.median(single) * 1000 if single else float("nan"), vector
 
 
-def raw_onnxruntime(model_dir: Path, batches: list[int], seconds: float) -> dict[int, float]:
+def raw_onnxruntime(
+    model_dir: Path, batches: list[int], seconds: float
+) -> tuple[dict[int, float], dict[int, float], str]:
     """Sentences/s at each batch size on ONNX Runtime as a replica runs it (the feature-extraction
     handler in this process, after `tasks.encoder_runtimes` exported the model: tokenizer, session,
-    the model's own pooling), for served / raw on the same runtime. CPU only (its CPU provider)."""
-    from modelhost.tasks.encoder_runtimes import prepare
+    the model's own pooling), for served / raw on the same runtime; then the same in int8, with the
+    quality probe's verdict (an int8 the probe refuses is timed too, ungated, for its figures). CPU
+    only (its CPU provider)."""
+    from modelhost.tasks import encoder_runtimes as runtimes
     from modelhost.tasks.feature_extraction import FeatureExtraction
 
     handler = FeatureExtraction()
-    state = handler.load(model_dir, "cpu")
-    rates: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="mh-bench-onnx-") as cache:
-        prepare(handler.encoder_slot(state), model_dir, "onnxruntime", Path(cache))
-        for batch in batches:
-            item = {"inputs": [SENTENCE] * batch}
-            for _ in range(3):
-                handler.run(state, [item])  # warm-up
-            done, started = 0, time.perf_counter()
-            while time.perf_counter() - started < seconds:
-                handler.run(state, [item])
-                done += batch
-            rates[batch] = done / (time.perf_counter() - started)
+        state = handler.load(model_dir, "cpu")
+        runtimes.prepare(handler.encoder_slot(state), model_dir, "onnxruntime", Path(cache))
+        exact = _handler_rates(handler, state, batches, seconds)
+        state = handler.load(model_dir, "cpu")
+        slot = handler.encoder_slot(state)
+        try:
+            choice = runtimes.prepare(slot, model_dir, "onnxruntime", Path(cache), "int8")
+            verdict = f"accepted: {choice.quality}"
+        except runtimes.PrecisionRefused as refused:
+            verdict = f"refused ({refused}); timed ungated"
+            exported = runtimes.cache_folder(Path(cache), model_dir, slot.outputs) / "model.onnx"
+            quantized = Path(cache) / "ungated.int8.onnx"
+            runtimes.quantize(exported, quantized)
+            slot.replace(runtimes.ort_model(slot, quantized))
+        quantized_rates = _handler_rates(handler, state, batches, seconds)
+    return exact, quantized_rates, verdict
+
+
+def _handler_rates(handler: Any, state: Any, batches: list[int], seconds: float) -> dict[int, float]:
+    rates: dict[int, float] = {}
+    for batch in batches:
+        item = {"inputs": [SENTENCE] * batch}
+        for _ in range(3):
+            handler.run(state, [item])  # warm-up
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            handler.run(state, [item])
+            done += batch
+        rates[batch] = done / (time.perf_counter() - started)
     return rates
 
 
@@ -141,10 +163,10 @@ def main() -> None:
     best_raw = max(raw.values())
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     on_cpu = not torch.cuda.is_available()
-    raw_ort = (
+    raw_ort, raw_int8, int8_verdict = (
         raw_onnxruntime(model_dir, batches, args.seconds / 3)
         if on_cpu and engines != ["transformers"]
-        else {}
+        else ({}, {}, "")
     )
     runs = [(engine, w) for engine in engines for w in workers]
     measured = {
@@ -165,6 +187,11 @@ def main() -> None:
         [f"raw ONNX Runtime (the replica's handler in process), batch {b}", f"{rate:.0f} sentences/s",
          "-", "-", "-", "-", "-"]
         for b, rate in raw_ort.items()
+    ]  # fmt: skip
+    rows += [
+        [f"raw ONNX Runtime int8 (the same, quantized), batch {b}", f"{rate:.0f} sentences/s",
+         "-", "-", "-", "-", "-"]
+        for b, rate in raw_int8.items()
     ]  # fmt: skip
     for (engine, w), (results, _, _) in measured.items():
         for c, (run, gateway, replica) in results.items():
@@ -200,7 +227,8 @@ drives the server; cores are CPU seconds per wall second of the gateway processe
 - Gateway CPU per request at {top} connections: {per_request}.
 - Errors (non-2xx or socket) during the served runs: {errors}. Served vectors equal the raw model's
   to {difference:.1e} (largest absolute difference).
-{_runtime_lines(measured, workers[0], connections)}{_raw_runtime_line(measured, raw_ort, connections)}"""
+{_runtime_lines(measured, workers[0], connections)}{_raw_runtime_line(measured, raw_ort, connections)}\
+{_int8_line(raw_ort, raw_int8, int8_verdict)}"""
     print(report)
     write_section(args.out, f"## Embeddings on {heading}:", report)
 
@@ -249,6 +277,15 @@ def _raw_runtime_line(
         f"{best / raw:.2f}** "
         f"({best:.0f} req/s vs {raw:.0f} sentences/s; issue 30's target ≥ 0.9).\n"
     )
+
+
+def _int8_line(exact: dict[int, float], quantized: dict[int, float], verdict: str) -> str:
+    """`precision: int8` (issue 30): raw int8 / float32 on ONNX Runtime per batch, and the probe's verdict
+    (a refused int8 is never served: no served int8 row then)."""
+    if not quantized:
+        return ""
+    ratios = ", ".join(f"{quantized[b] / exact[b]:.2f} at batch {b}" for b in quantized)
+    return f"- **int8 / float32, raw ONNX Runtime: {ratios}**. Quality probe: {verdict}.\n"
 
 
 def _same_batch(rate: float, same: float | None, connections: int) -> str:

@@ -9,6 +9,7 @@ deployment, and the cached export read on a later load of the same artifact.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,16 +37,28 @@ class Runtimes:
     artifacts: dict[str, str] = field(default_factory=dict)  # recipe folder -> artifact ID
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)  # model ID -> as created
 
+    def artifact(self, recipes: Path, folder: str, pipeline: str) -> str:
+        """`folder`'s model as an artifact, pushed once."""
+        if folder not in self.artifacts:
+            self.artifacts[folder] = push_folder_sync(self.http, self.key, recipes / folder, pipeline)
+        return self.artifacts[folder]
+
+    def create(self, model: str, artifact: str, **body: Any) -> httpx.Response:
+        created = self.http.post(
+            "/v1/deployments",
+            json={"model": model, "artifact_id": artifact, **body},
+            headers=bearer(self.key),
+        )
+        if created.status_code == 201:
+            self.deployments[model] = created.json()
+        return created
+
     def deploy(self, recipes: Path, folder: str, pipeline: str, engine: str) -> str:
         """`folder`'s model (pushed once) deployed on `engine`, as `<folder>-<engine>`."""
         model = f"{folder.replace('/', '-')}-{engine}"
         if model not in self.deployments:
-            if folder not in self.artifacts:
-                self.artifacts[folder] = push_folder_sync(self.http, self.key, recipes / folder, pipeline)
-            body = {"model": model, "artifact_id": self.artifacts[folder], "engine": engine}
-            created = self.http.post("/v1/deployments", json=body, headers=bearer(self.key))
+            created = self.create(model, self.artifact(recipes, folder, pipeline), engine=engine)
             assert created.status_code == 201, created.text
-            self.deployments[model] = created.json()
         return model
 
     def deployment(self, model: str) -> dict[str, Any]:
@@ -290,3 +303,76 @@ def test_a_model_that_does_not_export_stays_on_torch_with_the_reason_and_the_dec
     assert again.engine == "transformers" and again.reason.endswith(")") and "cached decision" in again.reason
     with pytest.raises(RuntimeUnusable, match="did not export"):
         prepare(slot, tmp_path / "model", "onnxruntime", tmp_path / "cache")
+
+
+# ---------------------------------------------------------------- precision int8
+
+
+def test_int8_embeddings_are_accepted_with_their_measured_quality(runtimes: Runtimes, recipes: Path) -> None:
+    artifact = runtimes.artifact(recipes, "t03_feature_extraction/hf", "feature-extraction")
+    created = runtimes.create("hf-int8", artifact, precision="int8")
+    assert created.status_code == 201, created.text
+    deployment = created.json()
+    assert deployment["precision"] == "int8" and deployment["engine_in_use"] == "onnxruntime"
+    quality = deployment["precision_quality"]
+    assert quality.startswith("lowest cosine to float32 ") and "(needs >= 0.99)" in quality, quality
+    assert float(quality.split()[4]) >= 0.99
+    assert "precision int8 on ONNX Runtime" in deployment["engine_reason"]
+    on_float = runtimes.deploy(recipes, "t03_feature_extraction/hf", "feature-extraction", "transformers")
+    quantized, exact = runtimes.embed("hf-int8", TEXTS), runtimes.embed(on_float, TEXTS)
+    cosines = (quantized * exact).sum(1) / np.linalg.norm(quantized, axis=1) / np.linalg.norm(exact, axis=1)
+    assert cosines.min() >= 0.99
+    listed = runtimes.http.get("/v1/deployments", headers=bearer(runtimes.key)).json()["data"]
+    assert {"hf-int8"} <= {d["model"] for d in listed if d["precision"] == "int8"}
+
+
+def test_int8_classification_keeps_the_top_labels_and_says_so(runtimes: Runtimes, recipes: Path) -> None:
+    artifact = runtimes.artifact(recipes, "t15_text_classification", "text-classification")
+    created = runtimes.create("cls-int8", artifact, precision="int8", engine="onnxruntime")
+    assert created.status_code == 201, created.text
+    assert created.json()["precision_quality"].startswith("the same top label as float32 on ")
+    on_float = runtimes.deploy(recipes, "t15_text_classification", "text-classification", "transformers")
+    quantized, exact = runtimes.classify("cls-int8", TEXTS), runtimes.classify(on_float, TEXTS)
+    assert (quantized.argmax(1) == exact.argmax(1)).all()
+
+
+def test_int8_is_refused_with_the_figures_when_the_probe_fails_and_nothing_is_left_deployed(
+    runtimes: Runtimes, recipes: Path, tmp_path: Path
+) -> None:
+    """A classifier whose labels are near-ties (its rows differ by far less than int8's step): the
+    quantized model's top label is chance, the probe fails, the creation is a 400 with the figures."""
+    from transformers import AutoModelForSequenceClassification
+
+    folder = tmp_path / "near-ties"
+    shutil.copytree(recipes / "t15_text_classification", folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    with torch.no_grad():
+        head = model.classifier.weight
+        generator = torch.Generator().manual_seed(0)
+        head.copy_(head[0] + 1e-5 * torch.randn(head.shape, generator=generator))
+        model.classifier.bias.zero_()
+    model.save_pretrained(folder)
+    artifact = push_folder_sync(runtimes.http, runtimes.key, folder, "text-classification")
+    refused = runtimes.create("near-ties-int8", artifact, precision="int8")
+    assert_error(refused, 400, code="precision_refused", param="precision")
+    message = refused.json()["error"]["message"]
+    assert "the same top label as float32 on " in message and "(needs >= 98%)" in message, message
+    listed = runtimes.http.get("/v1/deployments", headers=bearer(runtimes.key)).json()["data"]
+    assert "near-ties-int8" not in {d["model"] for d in listed}
+    again = runtimes.create("near-ties-float", artifact)  # the artifact is free again, and float32 fine
+    assert again.status_code == 201, again.text
+
+
+@pytest.mark.parametrize(
+    ("folder", "pipeline", "engine"),
+    [
+        ("t11_text_generation_chat", "text-generation", "auto"),
+        ("t15_text_classification", "text-classification", "transformers"),
+    ],
+)
+def test_int8_where_onnxruntime_does_not_run_is_a_400_naming_precision(
+    runtimes: Runtimes, recipes: Path, folder: str, pipeline: str, engine: str
+) -> None:
+    artifact = runtimes.artifact(recipes, folder, pipeline)
+    refused = runtimes.create(f"{pipeline}-int8", artifact, precision="int8", engine=engine)
+    assert_error(refused, 400, code="precision_not_supported", param="precision")

@@ -72,6 +72,18 @@ class EngineName(StrEnum):
     transformers = "transformers"
 
 
+class PrecisionName(StrEnum):
+    """`--precision`'s choices: the API's `precision`."""
+
+    float32 = "float32"
+    int8 = "int8"
+
+
+PRECISION_HELP = (
+    "float32, or int8: an encoder on ONNX Runtime quantized, accepted only where its quality probe holds "
+    "(measured now: the command waits for the first load)."
+)
+
 ENGINE_HELP = (
     "auto (generation: vLLM where installed and it can run the architecture; encoders: ONNX Runtime where "
     "measured equal and faster), vllm, onnxruntime or transformers."
@@ -237,6 +249,7 @@ def deployments_create(
     min_replicas: Annotated[int, typer.Option(help="Replicas kept when loaded.")] = 1,
     max_replicas: Annotated[int, typer.Option(help="Upper bound of replicas.")] = 1,
     engine: Annotated[EngineName, typer.Option(help=ENGINE_HELP)] = EngineName.auto,
+    precision: Annotated[PrecisionName, typer.Option(help=PRECISION_HELP)] = PrecisionName.float32,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
@@ -249,8 +262,10 @@ def deployments_create(
         "min_replicas": min_replicas,
         "max_replicas": max_replicas,
         "engine": engine.value,
+        "precision": precision.value,
     }
-    show_deployment(ApiClient(url, key).call("POST", "/v1/deployments", json=body), as_json)
+    waits = 600.0 if precision is PrecisionName.int8 else 60.0  # int8: the probe loads the model first
+    show_deployment(ApiClient(url, key, waits).call("POST", "/v1/deployments", json=body), as_json)
 
 
 @deployments_app.command("update")
@@ -287,6 +302,9 @@ def show_deployment(deployment: dict[str, Any], as_json: bool) -> None:
     show(deployment, DEPLOYMENT_COLUMNS, as_json)
     if not as_json and deployment.get("engine_reason"):
         out.print(f"engine: {deployment['engine_reason']}", soft_wrap=True, markup=False, highlight=False)
+    if not as_json and deployment.get("precision_quality"):
+        quality = f"int8: {deployment['precision_quality']}"
+        out.print(quality, soft_wrap=True, markup=False, highlight=False)
 
 
 @deployments_app.command("list")

@@ -88,6 +88,27 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
     return EngineChoice("vllm", f"auto chose vLLM: installed, and its registry has {architecture}")
 
 
+def check_precision(precision: str, asked: str, pipeline: str) -> None:
+    """InvalidRequest (400, param `precision`) where int8 cannot apply: it quantizes an encoder's ONNX
+    Runtime export, so it needs a task ONNX Runtime serves, an engine that lets the replica use it
+    (`auto`, `onnxruntime`), and ONNX Runtime on this server."""
+    if precision == "float32":
+        return
+    why = None
+    if "onnxruntime" not in BY_NAME[pipeline].engines:
+        why = f"{pipeline} does not run on ONNX Runtime"
+    elif asked not in ("auto", "onnxruntime"):
+        why = f"the {asked} engine runs float32 only; ask for auto or onnxruntime"
+    else:
+        why = _encoder_runtimes_off()
+    if why is not None:
+        raise InvalidRequest(
+            f"precision {precision} is an encoder's ONNX Runtime export quantized, and here {why}.",
+            param="precision",
+            code="precision_not_supported",
+        )
+
+
 def _choose_at_load(asked: str) -> EngineChoice:
     """An encoder's runtime is chosen by its replica, which measures it on the machine it loads on: until
     then the deployment shows torch (`transformers`) with that reason."""

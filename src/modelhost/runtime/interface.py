@@ -30,6 +30,10 @@ class Runtime(Protocol):
         """The deployment was created or changed: act on its readiness now."""
         ...
 
+    async def load(self, deployment_id: str) -> None:
+        """Load the deployment now and wait for it; DeploymentUnavailable says why it cannot."""
+        ...
+
     async def remove(self, deployment_id: str) -> None:
         """The deployment was deleted: unload it."""
         ...

@@ -66,7 +66,7 @@ class LocalProcessReplica:
         self._watcher: asyncio.Task[None] | None = None
         self._stopping = False
         self.load_seconds: float | None = None
-        self.engine_choice: tuple[str, str] | None = None
+        self.engine_choice: tuple[str, str, str | None] | None = None  # engine, reason, int8 quality
         self.shared_meter: str | None = None  # this server's process: billed on a meter of its own
         self.failure: str | None = None  # a worker that exits died: a replacement is started
         self._gone_reported = False
@@ -126,6 +126,8 @@ class LocalProcessReplica:
                 self.spec.engine,
                 "--engine-cache",
                 str(settings.data_dir / "encoder-runtimes"),
+                "--precision",
+                self.spec.precision,
             ]
         env, command = {**os.environ, **WORKER_ENV}, list[str]()
         if self.spec.engine == "vllm":
@@ -163,7 +165,7 @@ class LocalProcessReplica:
             raise ReplicaLoadFailed(hello.reason)
         self.load_seconds = hello.load_seconds
         if hello.engine is not None:
-            self.engine_choice = (hello.engine, hello.engine_reason or "")
+            self.engine_choice = (hello.engine, hello.engine_reason or "", hello.quality)
         engine = hello.engine or self.spec.engine
         metrics.ENGINE.labels(self.spec.deployment_id, engine).set(1)
 

@@ -334,8 +334,8 @@ class ReplicaManager:
         self.replicas_changed: ReplicasChanged = lambda _deployment, _addresses: None
         # Records that a deployment `auto` put on vLLM runs on `transformers` (its load failed on vLLM).
         self.engine_fell_back: Callable[[str, str], None] = lambda _deployment, _reason: None
-        # (deployment, engine, reason): a replica chose the engine at load (an encoder's runtime)
-        self.engine_measured: Callable[[str, str, str], None] = lambda _deployment, _engine, _reason: None
+        # (deployment, engine, reason, int8 quality): a replica chose the engine at load (an encoder's)
+        self.engine_measured: Callable[[str, str, str, str | None], None] = lambda *_: None
 
     async def check_can_load(self, spec: DeploymentSpec) -> None:
         """Billing enforcement: 402 when the account is out of credits (the guard may read the database)."""
@@ -434,12 +434,15 @@ class ReplicaManager:
     async def infer(self, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:
         return await (await self._runtime_of(deployment_id)).infer(item)
 
-    async def acquire(self, deployment_id: str) -> list[str]:
-        """For another gateway process: load the deployment if it is not, and where its replicas are."""
+    async def load(self, deployment_id: str) -> None:
         runtime = await self._runtime_of(deployment_id)
         runtime.touch()
         await runtime.ensure_loaded()
-        return runtime.addresses()
+
+    async def acquire(self, deployment_id: str) -> list[str]:
+        """For another gateway process: load the deployment if it is not, and where its replicas are."""
+        await self.load(deployment_id)
+        return (await self._runtime_of(deployment_id)).addresses()
 
     def addresses(self) -> dict[str, list[str]]:
         """Where every loaded deployment's replicas are (for a gateway process that starts)."""

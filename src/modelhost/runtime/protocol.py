@@ -103,6 +103,7 @@ class Ready(msgspec.Struct, tag="ready", array_like=True):
     # the engine an encoder replica chose at load (`tasks.encoder_runtimes`) and why; None: as asked
     engine: str | None = None
     engine_reason: str | None = None
+    quality: str | None = None  # precision int8: its measured quality against float32
 
 
 class LoadFailed(msgspec.Struct, tag="load_failed", array_like=True):

@@ -400,7 +400,8 @@ class RayServeReplica:
         self._memory: list[tuple[int, int]] = []  # (pid, rss) of each replica, as last reported
         self._refresher: asyncio.Task[None] | None = None
         self.load_seconds: float | None = None
-        self.engine_choice: tuple[str, str] | None = None  # Serve replicas run the engine asked for
+        # Serve replicas run the engine asked for
+        self.engine_choice: tuple[str, str, str | None] | None = None
         self.pid: int | None = None  # no one process: Serve places the actors
         # Every gateway on a cluster serves the same application, so they bill it on one meter; a Ray
         # instance this gateway starts itself dies with it, and so does the application.

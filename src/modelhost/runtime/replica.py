@@ -23,12 +23,19 @@ class ReplicaSpec:
     threads: int
     device: str
     engine: str = "transformers"
+    precision: str = "float32"
 
     @classmethod
     def of(cls, deployment: DeploymentSpec, threads: int, device: str) -> ReplicaSpec:
         """What a replica of `deployment` loads, with `threads` torch threads on `device`."""
         return cls(
-            deployment.id, deployment.pipeline, deployment.model_dir, threads, device, deployment.engine
+            deployment.id,
+            deployment.pipeline,
+            deployment.model_dir,
+            threads,
+            device,
+            deployment.engine,
+            deployment.precision,
         )
 
 
@@ -67,7 +74,7 @@ class Replica(Protocol):
     # None when it merely died (killed, out of memory) and a replacement may well start.
     failure: str | None
     # (engine, reason) when the replica chose its engine at load (an encoder's runtime), else None
-    engine_choice: tuple[str, str] | None
+    engine_choice: tuple[str, str, str | None] | None  # engine, reason, int8 quality
 
     async def load(self) -> None: ...
     async def submit(self, item: dict[str, Any]) -> dict[str, Any]:

@@ -36,3 +36,4 @@ class DeploymentSpec:
     engine: str = "transformers"  # the engine its replicas run (`runtime.engines`): `transformers` or `vllm`
     # `auto` chose vLLM: if vLLM cannot load the model, the runtime runs it on `transformers` instead
     falls_back: bool = False
+    precision: str = "float32"  # `int8`: an encoder's runtime quantized (`tasks.encoder_runtimes`)

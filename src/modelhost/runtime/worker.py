@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
         help="an encoder's runtime: torch (transformers), ONNX Runtime, or chosen by measurement (auto)",
     )
     parser.add_argument("--engine-cache", type=Path, help="where encoder exports and decisions are kept")
+    parser.add_argument(
+        "--precision", default="float32", choices=("float32", "int8"), help="int8: an encoder quantized"
+    )
     return parser
 
 
@@ -91,7 +94,9 @@ def _serve(args: argparse.Namespace, lifeline: socket.socket, listener: socket.s
     started = time.perf_counter()
     try:
         handler, state = load(args.pipeline, args.model_dir, args.threads, args.device)
-        choice = choose_runtime(handler, state, args.model_dir, args.engine, args.engine_cache)
+        choice = choose_runtime(
+            handler, state, args.model_dir, args.engine, args.engine_cache, args.precision
+        )
         if args.warmup:
             warm_up(handler, state)
     except Exception as exc:  # the loader's reason goes back to the supervisor
@@ -100,7 +105,7 @@ def _serve(args: argparse.Namespace, lifeline: socket.socket, listener: socket.s
         return 1
     ready = Ready(time.perf_counter() - started)
     if choice is not None:
-        ready.engine, ready.engine_reason = choice.engine, choice.reason
+        ready.engine, ready.engine_reason, ready.quality = choice.engine, choice.reason, choice.quality
     lifeline.sendall(encode(ready))
     host = ReplicaHost(
         handler,
@@ -127,7 +132,12 @@ def load(pipeline: str, model_dir: Path, threads: int, device: str) -> tuple[Any
 
 
 def choose_runtime(
-    handler: AnyTaskHandler, state: Any, model_dir: Path, engine: str, cache: Path | None
+    handler: AnyTaskHandler,
+    state: Any,
+    model_dir: Path,
+    engine: str,
+    cache: Path | None,
+    precision: str = "float32",
 ) -> Any:
     """An encoder's runtime, where the deployment's engine leaves it to the replica (`auto`,
     `onnxruntime`): `tasks.encoder_runtimes` measures (or reads its cached decision) and swaps the model.
@@ -139,7 +149,7 @@ def choose_runtime(
         raise ValueError(f"--engine {engine} needs --engine-cache")
     from modelhost.tasks.encoder_runtimes import prepare
 
-    return prepare(slot(state), model_dir, engine, cache)
+    return prepare(slot(state), model_dir, engine, cache, precision)
 
 
 def warm_up(handler: AnyTaskHandler, state: Any) -> None:

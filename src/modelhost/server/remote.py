@@ -256,6 +256,9 @@ class RemoteRuntime:
     async def apply(self, deployment_id: str) -> None:
         await self._link.call(lambda n: Apply(n, deployment_id))
 
+    async def load(self, deployment_id: str) -> None:
+        await self._ready(deployment_id)
+
     async def remove(self, deployment_id: str) -> None:
         await self._link.call(lambda n: Remove(n, deployment_id))
 

@@ -92,6 +92,7 @@ class DeploymentService:
                 artifact_id=deployment.artifact_id,
                 engine=replica_engine(deployment.engine, deployment.engine_in_use, deployment.pipeline),
                 falls_back=deployment.engine == "auto" and deployment.engine_in_use == "vllm",
+                precision=deployment.precision,
             )
             for deployment, artifact in pairs
         ]
@@ -113,6 +114,7 @@ class DeploymentService:
         min_replicas: int,
         max_replicas: int,
         engine: str = "auto",
+        precision: str = "float32",
     ) -> Deployment:
         with self._database.transaction() as session:
             artifact = session.get(ModelArtifact, artifact_id)
@@ -120,6 +122,7 @@ class DeploymentService:
                 raise _artifact_not_found()
             if artifact.status != "ready":
                 raise _artifact_not_ready(artifact)
+        engines.check_precision(precision, engine, artifact.pipeline)
         choice = self._choose_engine(engine, artifact)
         try:
             with self._database.transaction() as session:
@@ -149,6 +152,7 @@ class DeploymentService:
                     engine=engine,
                     engine_in_use=choice.engine,
                     engine_reason=choice.reason,
+                    precision=precision,
                 )
                 session.add(deployment)
                 session.flush()
@@ -243,14 +247,19 @@ class DeploymentService:
             deployment.engine_reason = f"auto fell back to transformers: {reason}"
         self._refs_cache.clear()
 
-    def engine_measured(self, deployment_id: str, engine: str, reason: str) -> None:
+    def engine_measured(
+        self, deployment_id: str, engine: str, reason: str, quality: str | None = None
+    ) -> None:
         """A replica chose the engine at load (an encoder's runtime: `auto` measured ONNX Runtime
-        against torch, or read that decision from its cache): the deployment shows it."""
+        against torch, or read that decision from its cache), and int8's quality: the deployment shows
+        them."""
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None or deployment.engine not in ("auto", "onnxruntime"):
                 return  # deleted, or its engine changed meanwhile
             deployment.engine_in_use, deployment.engine_reason = engine, reason
+            if deployment.precision == "int8":
+                deployment.precision_quality = quality
         self._refs_cache.clear()
 
     def delete(self, account_id: str, deployment_id: str) -> None:

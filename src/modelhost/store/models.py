@@ -115,6 +115,10 @@ class Deployment(Base):
         String(16), default="transformers", server_default="transformers"
     )
     engine_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # `int8`: an encoder on ONNX Runtime, quantized, kept only where its quality probe held (the
+    # figures, measured by the replica at its first load)
+    precision: Mapped[str] = mapped_column(String(8), default="float32", server_default="float32")
+    precision_quality: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.container import Services
+from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.protocol.common import Deleted, ListOf
 from modelhost.protocol.management import Deployment, DeploymentCreate, DeploymentPatch
 from modelhost.store import models as rows
@@ -35,6 +36,8 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
         engine=deployment.engine,
         engine_in_use=deployment.engine_in_use,
         engine_reason=deployment.engine_reason,
+        precision=deployment.precision,
+        precision_quality=deployment.precision_quality,
         memory_gb=live.memory_gb,
         last_cold_start_seconds=live.last_cold_start_seconds,
         created_at=deployment.created_at,
@@ -60,9 +63,29 @@ async def create_deployment(
         body.min_replicas,
         body.max_replicas,
         body.engine,
+        body.precision,
     )
     await services.runtime.apply(deployment.id)  # warm and hot start loading now
+    if body.precision == "int8":
+        deployment = await probe_int8(deployment, account_id_of(principal), services)
     return await present(deployment, services)
+
+
+async def probe_int8(deployment: rows.Deployment, account_id: str, services: Services) -> rows.Deployment:
+    """int8 is accepted only where its quality probe holds, measured by the replica at its first load:
+    the deployment loads now, and a refusal (or any failure to load) deletes it again and answers 400
+    with the figures, so that a deployment with `precision: int8` always runs in int8."""
+    try:
+        await services.runtime.load(deployment.id)
+    except ModelhostError as exc:
+        await run_in_threadpool(services.deployments.delete, account_id, deployment.id)
+        await services.runtime.remove(deployment.id)
+        raise InvalidRequest(
+            f"precision int8 was not accepted for this artifact: {exc.message}",
+            param="precision",
+            code="precision_refused",
+        ) from None
+    return await run_in_threadpool(services.deployments.get, account_id, deployment.id)
 
 
 @router.get("", summary="List deployments with their live state")
