@@ -23,6 +23,7 @@ import torch
 
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.server_process import ServerProcess
+from tests.test_tasks import b64, png
 
 TOLERANCE = 1e-4
 TEXTS = ["Hi.", "A longer sentence that pads the others in its batch, with several words.", "Two words"]
@@ -261,6 +262,29 @@ def test_pipeline_tasks_on_onnxruntime_answer_as_on_torch_single_and_batched(
     assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
 
 
+@pytest.mark.parametrize(
+    ("folder", "pipeline", "endpoint", "options"),
+    [
+        ("t18_image_classification", "image-classification", "/v1/classifications/image", {"top_k": 3}),
+        ("t05_image_feature_extraction", "image-feature-extraction", "/v1/images/feature-extraction", {}),
+    ],
+)
+def test_image_encoders_on_onnxruntime_answer_as_on_torch_single_and_batched(
+    runtimes: Runtimes, recipes: Path, folder: str, pipeline: str, endpoint: str, options: dict[str, Any]
+) -> None:
+    on_ort = runtimes.deploy(recipes, folder, pipeline, "onnxruntime")
+    on_torch = runtimes.deploy(recipes, folder, pipeline, "transformers")
+    images = [b64(png(seed=1)), b64(png(40, 40, seed=2))]
+    batched = runtimes.post(endpoint, model=on_ort, inputs=images, **options)
+    assert_equal_scores(batched, runtimes.post(endpoint, model=on_torch, inputs=images, **options))
+    for index, image in enumerate(images):
+        single = runtimes.post(endpoint, model=on_ort, inputs=[image], **options)
+        assert_equal_scores(single[0], batched[index])
+    deployment = runtimes.deployment(on_ort)
+    assert deployment["engine_in_use"] == "onnxruntime"
+    assert "ONNX Runtime" in deployment["engine_reason"]
+
+
 def test_onnxruntime_for_a_task_it_does_not_serve_is_a_400_naming_engine(
     runtimes: Runtimes, recipes: Path
 ) -> None:
@@ -291,11 +315,11 @@ def test_a_model_that_does_not_export_stays_on_torch_with_the_reason_and_the_dec
 ) -> None:
     from transformers import AutoTokenizer
 
-    from modelhost.tasks.encoder_runtimes import EncoderSlot, RuntimeUnusable, prepare
+    from modelhost.tasks.encoder_runtimes import EncoderSlot, RuntimeUnusable, TextInputs, prepare
 
     tokenizer = AutoTokenizer.from_pretrained(recipes / "t03_feature_extraction" / "hf")
     replaced: list[torch.nn.Module] = []
-    slot = EncoderSlot(DataDependent(), ("last_hidden_state",), tokenizer, replaced.append, 64)
+    slot = EncoderSlot(DataDependent(), ("last_hidden_state",), TextInputs(tokenizer, 64), replaced.append)
     first = prepare(slot, tmp_path / "model", "auto", tmp_path / "cache")
     assert first.engine == "transformers" and "the model did not export" in first.reason
     assert replaced == []  # torch's model stays

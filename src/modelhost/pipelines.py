@@ -257,6 +257,7 @@ TASKS: tuple[PipelineTask, ...] = (
         summary="Image feature extraction: one vector per image",
         example=({"model": "vit", "inputs": PNG}, [0.0123, -0.0456, 0.0789]),
         needs_processor=True,
+        engines=("onnxruntime", "transformers"),
     ),
     PipelineTask(
         "text-generation",
@@ -367,6 +368,7 @@ TASKS: tuple[PipelineTask, ...] = (
             {"model": "vit", "inputs": PNG, "top_k": 2},
             [{"label": "cat", "score": 0.91}, {"label": "dog", "score": 0.05}],
         ),
+        engines=("onnxruntime", "transformers"),
     ),
     PipelineTask(
         "object-detection",

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from modelhost.tasks.encoder_runtimes import EncoderSlot, max_tokens
+from modelhost.tasks.encoder_runtimes import EncoderSlot, TextInputs, max_tokens
 
 
 def scores_of(logits: torch.Tensor, function: str | None, config: Any) -> torch.Tensor:
@@ -51,8 +51,8 @@ def classifier_slot(state: Classifier, outputs: tuple[str, ...] = ("logits",)) -
     def replace(model: torch.nn.Module) -> None:
         state.model = model
 
-    limit = max_tokens(state.processor, state.model.config)
-    return EncoderSlot(state.model, outputs, state.processor, replace, limit)
+    inputs = TextInputs(state.processor, max_tokens(state.processor, state.model.config))
+    return EncoderSlot(state.model, outputs, inputs, replace)
 
 
 def classify(model: Classifier, logits: torch.Tensor, item: dict[str, Any]) -> list[list[dict[str, Any]]]:

@@ -74,16 +74,97 @@ SHORT_TEXT = "What is the capital of France?"
 LONG_TEXT = " ".join(["Serving models well means measuring them on the machine they run on."] * 12)
 
 
+class TextInputs:
+    """A text encoder's inputs, made by its tokenizer: padded batches of mixed lengths for the checks,
+    short and long text for the timing, batch and sequence axes dynamic in the export."""
+
+    noun = "sentences"
+
+    def __init__(self, tokenizer: Any, max_tokens: int = 512) -> None:
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        wanted = ("input_ids", "attention_mask", "token_type_ids")
+        self.names = [n for n in wanted if n in tokenizer.model_input_names or n == "input_ids"]
+
+    def encode(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        encoded = self.tokenizer(
+            list(texts), padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt"
+        )
+        return {name: encoded[name] for name in self.names}
+
+    def probe(self) -> dict[str, torch.Tensor]:
+        return self.encode(PROBE_TEXTS)
+
+    def quality_probe(self) -> dict[str, torch.Tensor]:
+        return self.encode(QUALITY_TEXTS)
+
+    def cases(self) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+        for text, kind in ((SHORT_TEXT, "short"), (LONG_TEXT, "long")):
+            for size in (1, FULL_BATCH):
+                yield f"{kind} batch {size}", self.encode([text] * size)
+
+    def mask(self, features: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        return features["attention_mask"].bool() if "attention_mask" in features else None
+
+    def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
+        batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=self.max_tokens)
+        return {name: {0: batch, 1: sequence} for name in self.names}
+
+    def exportable(self, model: torch.nn.Module, outputs: tuple[str, ...]) -> torch.nn.Module:
+        return _TextModel(model, outputs)
+
+
+class ImageInputs:
+    """An image encoder's inputs (ViT-style): pixel values from its image processor, over synthetic
+    pictures of several sizes and contents (the processor resizes them all to the model's size);
+    the batch axis dynamic in the export."""
+
+    noun = "images"
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+        self.names = ["pixel_values"]
+
+    def encode(self, count: int, seed: int = 0) -> dict[str, torch.Tensor]:
+        from PIL import Image
+
+        generator = np.random.default_rng(seed)
+        pictures = [
+            Image.fromarray(generator.integers(0, 256, (24 + 8 * (i % 5), 32 + 4 * (i % 3), 3), np.uint8))
+            for i in range(count)
+        ]
+        return {"pixel_values": self.processor(images=pictures, return_tensors="pt")["pixel_values"]}
+
+    def probe(self) -> dict[str, torch.Tensor]:
+        return self.encode(len(PROBE_TEXTS))
+
+    def quality_probe(self) -> dict[str, torch.Tensor]:
+        return self.encode(len(QUALITY_TEXTS), seed=1)
+
+    def cases(self) -> Iterator[tuple[str, dict[str, torch.Tensor]]]:
+        for size in (1, FULL_BATCH):
+            yield f"batch {size}", self.encode(size)
+
+    def mask(self, features: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        return None
+
+    def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
+        return {"pixel_values": {0: torch.export.Dim("batch")}}
+
+    def exportable(self, model: torch.nn.Module, outputs: tuple[str, ...]) -> torch.nn.Module:
+        return _ImageModel(model, outputs)
+
+
 @dataclass
 class EncoderSlot:
-    """What an encoder handler offers: its transformers model, the outputs it reads, its tokenizer, and
-    how to put a runtime's model (called like the transformers model) in its place."""
+    """What an encoder handler offers: its transformers model, the outputs it reads, how its inputs are
+    made (text or images), and how to put a runtime's model (called like the transformers model) in
+    its place."""
 
     model: torch.nn.Module
     outputs: tuple[str, ...]  # a key of OUTPUT_TYPES: what the handler reads of the model's output
-    tokenizer: Any
+    inputs: TextInputs | ImageInputs
     replace: Callable[[torch.nn.Module], None]
-    max_tokens: int = 512
     per_token: bool = False  # `logits` hold a row per token (fill-mask, token classification)
 
 
@@ -110,20 +191,23 @@ OUTPUT_TYPES = {
     ("last_hidden_state",): "BaseModelOutput",
     ("logits",): "SequenceClassifierOutput",
     ("start_logits", "end_logits"): "QuestionAnsweringModelOutput",
+    ("pooler_output",): "BaseModelOutputWithPooling",
 }
 PER_TOKEN = {"last_hidden_state", "start_logits", "end_logits"}  # outputs with a value per token
 
 
 def pipeline_slot(pipe: Any, per_token: bool) -> EncoderSlot:
-    """The model of a transformers pipeline whose postprocessing reads `logits` (fill-mask, token and
-    zero-shot classification): a runtime's model takes `pipe.model`'s place, and the pipeline's
-    tokenizing, batching and postprocessing stay the library's."""
+    """The model of a transformers pipeline whose postprocessing reads `logits` (fill-mask, token,
+    zero-shot and image classification): a runtime's model takes `pipe.model`'s place, and the
+    pipeline's tokenizing (or image processing), batching and postprocessing stay the library's."""
 
     def replace(model: torch.nn.Module) -> None:
         pipe.model = model
 
-    limit = max_tokens(pipe.tokenizer, pipe.model.config)
-    return EncoderSlot(pipe.model, ("logits",), pipe.tokenizer, replace, limit, per_token)
+    if pipe.tokenizer is None:
+        return EncoderSlot(pipe.model, ("logits",), ImageInputs(pipe.image_processor), replace)
+    inputs = TextInputs(pipe.tokenizer, max_tokens(pipe.tokenizer, pipe.model.config))
+    return EncoderSlot(pipe.model, ("logits",), inputs, replace, per_token)
 
 
 def max_tokens(tokenizer: Any, config: Any, ceiling: int = 512) -> int:
@@ -150,6 +234,11 @@ class OrtModel(torch.nn.Module):
         self.config = config
         self.outputs = outputs
         self.input_names = [i.name for i in session.get_inputs()]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """What the export takes and gives: pipelines cast their inputs to their model's `dtype`."""
+        return torch.float32
 
     def forward(self, **features: Any) -> Any:
         from transformers import modeling_outputs
@@ -234,7 +323,7 @@ def quantize(exported: Path, quantized: Path) -> None:
     lookups; docs/runtime.md)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with _quiet_exporter():
+    with _quiet_exporter(logging.getLogger()):  # its advice to preprocess goes to the root logger
         quantize_dynamic(
             exported,
             quantized,
@@ -263,23 +352,21 @@ def _quality(slot: EncoderSlot, candidate: OrtModel) -> tuple[bool, str]:
     pooled over the real tokens) at cosine >= `COSINE_FLOOR` to float32 on every probe sentence;
     classifiers the same top label (per text, per token, or answer start and end) on at least
     `AGREEMENT_FLOOR` of the probe inputs. The figures say how it went either way."""
-    features = _features(slot, QUALITY_TEXTS)
+    features = slot.inputs.quality_probe()
     expected, found = slot.model(**features), candidate(**features)
-    mask = features["attention_mask"].bool()
+    mask = slot.inputs.mask(features)
     count = len(QUALITY_TEXTS)
-    if slot.outputs == ("last_hidden_state",):
-        weights = mask.unsqueeze(-1).float()
-        ours, theirs = ((o.last_hidden_state.float() * weights).sum(1) for o in (expected, found))
+    if slot.outputs in (("last_hidden_state",), ("pooler_output",)):
+        ours, theirs = (_pooled(o, slot.outputs[0], mask) for o in (expected, found))
         cosine = float(torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min())
-        figures = (
-            f"lowest cosine to float32 {cosine:.4f} over {count} probe sentences (needs >= {COSINE_FLOOR})"
-        )
+        noun = slot.inputs.noun
+        figures = f"lowest cosine to float32 {cosine:.4f} over {count} probe {noun} (needs >= {COSINE_FLOOR})"
         return cosine >= COSINE_FLOOR, figures
     agree: list[torch.Tensor] = []
     for name in slot.outputs:
         ours, theirs = getattr(expected, name).float().argmax(-1), getattr(found, name).float().argmax(-1)
         same = ours == theirs
-        agree.append(same[mask] if slot.per_token else same)
+        agree.append(same[mask] if slot.per_token and mask is not None else same)
     matches = torch.stack(agree).all(0) if len(agree) > 1 else agree[0]
     share = float(matches.float().mean())
     what = "probe tokens" if slot.per_token else "probe inputs"
@@ -288,6 +375,16 @@ def _quality(slot: EncoderSlot, candidate: OrtModel) -> tuple[bool, str]:
         f"(needs >= {AGREEMENT_FLOOR:.0%})"
     )
     return share >= AGREEMENT_FLOOR, figures
+
+
+def _pooled(output: Any, name: str, mask: torch.Tensor | None) -> torch.Tensor:
+    """One vector per input: the pooled output as it is, or the hidden states' mean over real tokens."""
+    values: torch.Tensor = getattr(output, name).float()
+    if name == "pooler_output":
+        return values
+    weights = mask.unsqueeze(-1).float() if mask is not None else torch.ones_like(values[..., :1])
+    pooled: torch.Tensor = (values * weights).sum(1) / weights.sum(1)
+    return pooled
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -397,50 +494,62 @@ def _measure(slot: EncoderSlot, path: Path, asked: str, version: str) -> Runtime
 
 
 def _export(slot: EncoderSlot, path: Path) -> None:
-    """The model exported with torch's dynamo-based exporter, batch and sequence axes dynamic."""
-    names = _input_names(slot)
-    encoded = slot.tokenizer(list(PROBE_TEXTS[:2]), padding=True, return_tensors="pt")
-    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=slot.max_tokens)
-
-    class Exported(torch.nn.Module):
-        """The transformers model with plain tensor arguments and the outputs the handler reads (the
-        exporter's preferred shape of a model)."""
-
-        def __init__(self, model: torch.nn.Module) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(
-            self,
-            input_ids: torch.Tensor,
-            attention_mask: torch.Tensor | None = None,
-            token_type_ids: torch.Tensor | None = None,
-        ) -> tuple[torch.Tensor, ...]:
-            given = {"attention_mask": attention_mask, "token_type_ids": token_type_ids}
-            features = {"input_ids": input_ids, **{k: v for k, v in given.items() if v is not None}}
-            output = self.model(**features)
-            return tuple(getattr(output, name) for name in slot.outputs)
-
+    """The model exported with torch's dynamo-based exporter, batch (and sequence) axes dynamic."""
+    sample = slot.inputs.probe()
+    sample = {name: value[:2] for name, value in sample.items()}
     with _quiet_exporter(), torch.inference_mode(False), torch.no_grad():
         torch.onnx.export(
-            Exported(slot.model).eval(),
+            slot.inputs.exportable(slot.model, slot.outputs).eval(),
             (),
             str(path),
-            kwargs={name: encoded[name] for name in names},
-            input_names=names,
+            kwargs=sample,
+            input_names=slot.inputs.names,
             output_names=list(slot.outputs),
-            dynamic_shapes={name: {0: batch, 1: sequence} for name in names},
+            dynamic_shapes=slot.inputs.dynamic_shapes(),
             dynamo=True,
             optimize=True,
             verbose=False,
         )
 
 
+class _TextModel(torch.nn.Module):
+    """A text encoder with plain tensor arguments and the outputs its handler reads (the exporter's
+    preferred shape of a model)."""
+
+    def __init__(self, model: torch.nn.Module, outputs: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model, self.outputs = model, outputs
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        given = {"attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        features = {"input_ids": input_ids, **{k: v for k, v in given.items() if v is not None}}
+        output = self.model(**features)
+        return tuple(getattr(output, name) for name in self.outputs)
+
+
+class _ImageModel(torch.nn.Module):
+    """An image encoder with its pixel values as the one argument, and the outputs its handler reads."""
+
+    def __init__(self, model: torch.nn.Module, outputs: tuple[str, ...]) -> None:
+        super().__init__()
+        self.model, self.outputs = model, outputs
+
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        output = self.model(pixel_values=pixel_values)
+        return tuple(getattr(output, name) for name in self.outputs)
+
+
 @contextlib.contextmanager
-def _quiet_exporter() -> Iterator[None]:
+def _quiet_exporter(exporter_log: logging.Logger | None = None) -> Iterator[None]:
     """The exporter's own notes (axis renames, deprecations, the torchvision operators it skips) are
-    not the operator's business: its warnings and its log below ERROR are dropped while it runs."""
-    exporter_log = logging.getLogger("torch.onnx")
+    not the operator's business: its warnings and its log (`exporter_log`, torch.onnx's unless named)
+    below ERROR are dropped while it runs."""
+    exporter_log = exporter_log or logging.getLogger("torch.onnx")
     level = exporter_log.level
     exporter_log.setLevel(logging.ERROR)
     try:
@@ -451,30 +560,19 @@ def _quiet_exporter() -> Iterator[None]:
         exporter_log.setLevel(level)
 
 
-def _input_names(slot: EncoderSlot) -> list[str]:
-    wanted = ("input_ids", "attention_mask", "token_type_ids")
-    return [name for name in wanted if name in slot.tokenizer.model_input_names or name == "input_ids"]
-
-
-def _features(slot: EncoderSlot, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-    encoded = slot.tokenizer(
-        list(texts), padding=True, truncation=True, max_length=slot.max_tokens, return_tensors="pt"
-    )
-    return {name: encoded[name] for name in _input_names(slot)}
-
-
 @torch.inference_mode()
 def _difference(slot: EncoderSlot, candidate: OrtModel) -> float:
     """The largest absolute difference over the real tokens (or rows) of a padded mixed-length batch."""
-    features = _features(slot, PROBE_TEXTS)
+    features = slot.inputs.probe()
     expected, found = slot.model(**features), candidate(**features)
-    mask = features["attention_mask"].numpy().astype(bool)
+    given = slot.inputs.mask(features)
+    mask = given.numpy() if given is not None else None
     largest = 0.0
     for name in slot.outputs:
         ours, theirs = getattr(expected, name).float().numpy(), getattr(found, name).float().numpy()
         if ours.shape != theirs.shape:
             return float("inf")
-        if name in PER_TOKEN or slot.per_token:  # a value per token: the padding's positions mean nothing
+        if mask is not None and (name in PER_TOKEN or slot.per_token):  # padding's positions mean nothing
             token_mask = mask.reshape(mask.shape + (1,) * (ours.ndim - 2))
             ours, theirs = np.where(token_mask, ours, 0.0), np.where(token_mask, theirs, 0.0)
         largest = max(largest, float(np.abs(ours - theirs).max()))
@@ -485,11 +583,9 @@ def _difference(slot: EncoderSlot, candidate: OrtModel) -> float:
 def _speedups(slot: EncoderSlot, candidate: OrtModel) -> dict[str, float]:
     """ONNX Runtime's calls per second over torch's, per case (short or long text, batch 1 or full)."""
     ratios = {}
-    for text, kind in ((SHORT_TEXT, "short"), (LONG_TEXT, "long")):
-        for size in (1, FULL_BATCH):
-            features = _features(slot, [text] * size)
-            rates = [_rate(functools.partial(model, **features)) for model in (slot.model, candidate)]
-            ratios[f"{kind} batch {size}"] = rates[1] / rates[0]
+    for case, features in slot.inputs.cases():
+        rates = [_rate(functools.partial(model, **features)) for model in (slot.model, candidate)]
+        ratios[case] = rates[1] / rates[0]
     return ratios
 
 

@@ -16,7 +16,7 @@ import torch
 
 from modelhost.tasks import loader
 from modelhost.tasks.base import item_error
-from modelhost.tasks.encoder_runtimes import EncoderSlot
+from modelhost.tasks.encoder_runtimes import EncoderSlot, TextInputs
 
 CHUNK = 128  # sequences per forward pass: bounds activation memory for very large requests
 # What a client sending another tokenizer's IDs should do instead: LangChain's OpenAIEmbeddings sends
@@ -83,7 +83,8 @@ class FeatureExtraction:
                 state.model = model
 
         transformer = state.model[0].model if state.sentence_transformer else state.model
-        return EncoderSlot(transformer, ("last_hidden_state",), state.tokenizer, replace, state.max_tokens)
+        inputs = TextInputs(state.tokenizer, state.max_tokens)
+        return EncoderSlot(transformer, ("last_hidden_state",), inputs, replace)
 
     def run(self, model: Encoder, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ids_per_item = self._token_ids(model, batch)

@@ -8,6 +8,7 @@ from typing import Any
 
 from modelhost.tasks import loader
 from modelhost.tasks.base import grouped
+from modelhost.tasks.encoder_runtimes import EncoderSlot, pipeline_slot
 from modelhost.tasks.image_batches import decoded_images, image_warmup_item, spread_results
 
 OPTIONS = ("top_k", "function_to_apply")
@@ -19,6 +20,10 @@ class ImageClassification:
 
     def warmup_item(self) -> dict[str, Any]:
         return image_warmup_item()
+
+    def encoder_slot(self, state: Any) -> EncoderSlot:
+        """The pipeline's model, for a runtime to replace (the logits of each image)."""
+        return pipeline_slot(state, per_token=False)
 
     def run(self, model: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
         outputs: list[dict[str, Any]] = [{} for _ in batch]

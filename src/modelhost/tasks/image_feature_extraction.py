@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from modelhost.tasks import loader
+from modelhost.tasks.encoder_runtimes import EncoderSlot, ImageInputs
 from modelhost.tasks.image_batches import every_picture, image_warmup_item, spread_results
 
 
@@ -27,6 +28,20 @@ class ImageFeatureExtraction:
 
     def warmup_item(self) -> dict[str, Any]:
         return image_warmup_item()
+
+    @torch.inference_mode()
+    def encoder_slot(self, state: Vision) -> EncoderSlot:
+        """The model, for a runtime to replace: what `run` reads of it, the pooled output where the
+        model has a pooler, else the last hidden state."""
+
+        def replace(model: torch.nn.Module) -> None:
+            state.model = model
+
+        inputs = ImageInputs(state.processor)
+        sample = state.model(**inputs.encode(1))
+        pooled = getattr(sample, "pooler_output", None) is not None
+        outputs = ("pooler_output",) if pooled else ("last_hidden_state",)
+        return EncoderSlot(state.model, outputs, inputs, replace)
 
     @torch.inference_mode()
     def run(self, model: Vision, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
