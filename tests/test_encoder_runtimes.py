@@ -400,3 +400,35 @@ def test_int8_where_onnxruntime_does_not_run_is_a_400_naming_precision(
     artifact = runtimes.artifact(recipes, folder, pipeline)
     refused = runtimes.create(f"{pipeline}-int8", artifact, precision="int8", engine=engine)
     assert_error(refused, 400, code="precision_not_supported", param="precision")
+
+
+# ---------------------------------------------------------------- where torch measured faster
+
+
+def test_torch_takes_the_calls_larger_than_every_case_onnxruntime_won() -> None:
+    from modelhost.tasks.encoder_runtimes import _torch_above
+
+    # (speed-up, tokens per call): ONNX Runtime lost only the largest case, long text at batch 32
+    measured = [(4.4, 10), (1.15, 320), (1.17, 170), (0.89, 5440)]
+    assert _torch_above(measured) == int((320 * 5440) ** 0.5)
+    assert _torch_above([(2.0, 10), (1.1, 5440)]) is None  # won everything
+    assert _torch_above([(0.9, 10), (1.3, 5440)]) is None  # lost a small case: no size rule holds
+
+
+def test_an_onnxruntime_model_hands_calls_over_its_bound_to_torch(recipes: Path, tmp_path: Path) -> None:
+    from modelhost.tasks.encoder_runtimes import cache_folder, ort_model, prepare
+    from modelhost.tasks.feature_extraction import FeatureExtraction
+
+    folder = recipes / "t03_feature_extraction" / "hf"
+    handler = FeatureExtraction()
+    slot = handler.encoder_slot(handler.load(folder, "cpu"))
+    prepare(slot, folder, "onnxruntime", tmp_path)
+    exported = cache_folder(tmp_path, folder, slot.outputs) / "model.onnx"
+    bounded = ort_model(slot, exported, torch_above=16)
+    short, long = slot.inputs.encode(["hi"]), slot.inputs.encode(["a longer text " * 8] * 2)
+    assert slot.inputs.size(short) <= 16 < slot.inputs.size(long)
+    on_ort, on_torch = bounded(**short), bounded(**long)
+    assert not hasattr(on_ort, "pooler_output")  # the export's output type: the hidden state only
+    assert on_torch.pooler_output is not None  # the transformers model's own
+    reference = slot.model(**long).last_hidden_state
+    assert torch.equal(on_torch.last_hidden_state, reference)

@@ -50,7 +50,7 @@ log = logging.getLogger("modelhost.tasks.encoder_runtimes")
 TOLERANCE = 1e-4  # the largest absolute difference from torch's output a runtime may show
 FULL_BATCH = 32  # the "full batch" of the timing (the replica batches up to MODELHOST_MAX_BATCH_SIZE)
 TIMING_SECONDS = 0.25  # per candidate and case: enough repetitions to rank, little load time
-CACHE_FORMAT = 1  # bump when the cached files change meaning
+CACHE_FORMAT = 2  # bump when the cached files change meaning (2: `torch_above`)
 # Texts for the equality probe (mixed lengths: padding on all but the longest) and the timing.
 PROBE_TEXTS = (
     "Hi.",
@@ -79,6 +79,7 @@ class TextInputs:
     short and long text for the timing, batch and sequence axes dynamic in the export."""
 
     noun = "sentences"
+    unit = "tokens"
 
     def __init__(self, tokenizer: Any, max_tokens: int = 512) -> None:
         self.tokenizer = tokenizer
@@ -106,6 +107,11 @@ class TextInputs:
     def mask(self, features: dict[str, torch.Tensor]) -> torch.Tensor | None:
         return features["attention_mask"].bool() if "attention_mask" in features else None
 
+    @staticmethod
+    def size(features: dict[str, Any]) -> int:
+        """A call's size, as the choice between runtimes counts it: its tokens, padding included."""
+        return int(np.prod(features["input_ids"].shape))
+
     def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
         batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence", max=self.max_tokens)
         return {name: {0: batch, 1: sequence} for name in self.names}
@@ -120,6 +126,7 @@ class ImageInputs:
     the batch axis dynamic in the export."""
 
     noun = "images"
+    unit = "images"
 
     def __init__(self, processor: Any) -> None:
         self.processor = processor
@@ -148,6 +155,11 @@ class ImageInputs:
     def mask(self, features: dict[str, torch.Tensor]) -> torch.Tensor | None:
         return None
 
+    @staticmethod
+    def size(features: dict[str, Any]) -> int:
+        """A call's size, as the choice between runtimes counts it: its pictures."""
+        return int(features["pixel_values"].shape[0])
+
     def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
         return {"pixel_values": {0: torch.export.Dim("batch")}}
 
@@ -174,6 +186,7 @@ class RuntimeChoice:
     reason: str
     exported: bool = False  # the export ran on ONNX Runtime equal to torch (kept even when torch won)
     quality: str | None = None  # int8: its measured quality against float32
+    torch_above: int | None = None  # calls larger than this (`inputs.size`) measured faster on torch
 
 
 class RuntimeUnusable(Exception):
@@ -228,12 +241,21 @@ class OrtModel(torch.nn.Module):
     (handlers and sentence-transformers read it). A module, so that it can take the place of a
     registered submodule."""
 
-    def __init__(self, session: Any, config: Any, outputs: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        session: Any,
+        config: Any,
+        outputs: tuple[str, ...],
+        larger_on: tuple[torch.nn.Module, int, Callable[[dict[str, Any]], int]] | None = None,
+    ) -> None:
         super().__init__()
         self.session = session
         self.config = config
         self.outputs = outputs
         self.input_names = [i.name for i in session.get_inputs()]
+        # (torch's model, above, size of a call): calls larger than `above` run on torch, where the
+        # load-time timing found torch faster (long texts in full batches, on some CPUs)
+        self.larger_on = larger_on
 
     @property
     def dtype(self) -> torch.dtype:
@@ -243,6 +265,10 @@ class OrtModel(torch.nn.Module):
     def forward(self, **features: Any) -> Any:
         from transformers import modeling_outputs
 
+        if self.larger_on is not None:
+            model, above, size = self.larger_on
+            if size(features) > above:
+                return model(**features)
         device = next((v.device for v in features.values() if isinstance(v, torch.Tensor)), None)
         feeds = {name: _numpy(features[name]) for name in self.input_names if name in features}
         if "token_type_ids" in self.input_names and "token_type_ids" not in feeds:
@@ -255,9 +281,11 @@ class OrtModel(torch.nn.Module):
         return output_type(**dict(zip(self.outputs, tensors, strict=True)))
 
 
-def ort_model(slot: EncoderSlot, path: Path) -> OrtModel:
-    """The exported (or quantized) model at `path`, called as `slot`'s transformers model is."""
-    return OrtModel(_session(path), slot.model.config, slot.outputs)
+def ort_model(slot: EncoderSlot, path: Path, torch_above: int | None = None) -> OrtModel:
+    """The exported (or quantized) model at `path`, called as `slot`'s transformers model is; calls
+    larger than `torch_above` go to the transformers model itself."""
+    larger_on = (slot.model, torch_above, slot.inputs.size) if torch_above is not None else None
+    return OrtModel(_session(path), slot.model.config, slot.outputs, larger_on)
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -278,7 +306,9 @@ def prepare(
     if decision is not None and (decision["engine"] == "transformers" or exported.is_file()):
         log.info("encoder runtime for %s from the cache: %s", model_dir, decision["engine"])
         cached = f"{decision['reason']} (cached decision, {decision['at']})"
-        choice, why = RuntimeChoice(decision["engine"], cached, exported.is_file()), decision["reason"]
+        above = decision.get("torch_above")
+        choice = RuntimeChoice(decision["engine"], cached, exported.is_file(), torch_above=above)
+        why = decision["reason"]
     else:
         with tempfile.TemporaryDirectory(prefix="modelhost-onnx-") as scratch:
             path = Path(scratch) / "model.onnx"
@@ -290,7 +320,7 @@ def prepare(
     if choice.engine == "transformers" and asked == "onnxruntime":
         raise RuntimeUnusable(why)
     if choice.engine == "onnxruntime":
-        slot.replace(ort_model(slot, exported))
+        slot.replace(ort_model(slot, exported, choice.torch_above))
     return choice
 
 
@@ -440,9 +470,13 @@ def _write_decision(folder: Path, choice: RuntimeChoice, exported: Path | None) 
         for file in exported.iterdir() if exported is not None else ():
             shutil.move(str(file), staging / file.name)
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        (staging / "decision.json").write_text(
-            json.dumps({"engine": choice.engine, "reason": choice.reason, "at": at})
-        )
+        decision = {
+            "engine": choice.engine,
+            "reason": choice.reason,
+            "at": at,
+            "torch_above": choice.torch_above,
+        }
+        (staging / "decision.json").write_text(json.dumps(decision))
         with contextlib.suppress(OSError):  # already there: another replica's, equally good
             staging.rename(folder)
     finally:
@@ -479,10 +513,14 @@ def _measure(slot: EncoderSlot, path: Path, asked: str, version: str) -> Runtime
     if asked == "onnxruntime":
         equal = f"ONNX Runtime {version}, equal to torch within {difference:.1g}"
         return RuntimeChoice("onnxruntime", equal, True)
-    ratios = _speedups(slot, candidate)
+    timed = _speedups(slot, candidate)
+    ratios = {case: ratio for case, (ratio, _) in timed.items()}
     overall = float(np.exp(np.mean(np.log(list(ratios.values())))))
     figures = ", ".join(f"{ratio:.2f} x at {case}" for case, ratio in ratios.items())
     summary = f"ONNX Runtime {version} ran {figures} (overall {overall:.2f} x, equal within {difference:.1g})"
+    above = _torch_above(list(timed.values())) if overall > 1.0 else None
+    if above is not None:
+        summary += f"; calls over {above} {slot.inputs.unit} run on torch, measured faster there"
     log.info(
         "encoder runtime measured in %.1f s (export %.1f s): %s",
         time.perf_counter() - started,
@@ -490,7 +528,19 @@ def _measure(slot: EncoderSlot, path: Path, asked: str, version: str) -> Runtime
         summary,
     )
     engine = "onnxruntime" if overall > 1.0 else "transformers"
-    return RuntimeChoice(engine, f"auto chose {engine}: {summary}", True)
+    return RuntimeChoice(engine, f"auto chose {engine}: {summary}", True, torch_above=above)
+
+
+def _torch_above(timed: list[tuple[float, int]]) -> int | None:
+    """Where ONNX Runtime won overall but lost on the largest calls (long texts in a full batch, on
+    CPUs where torch's kernels catch up): the size between the largest case it won and the smallest
+    it lost (their geometric mean), when every case above that size lost; None otherwise."""
+    ordered = sorted(timed, key=lambda case: case[1])
+    lost = [size for ratio, size in ordered if ratio < 1.0]
+    won = [size for ratio, size in ordered if ratio >= 1.0]
+    if not lost or not won or min(lost) <= max(won):
+        return None
+    return int((max(won) * min(lost)) ** 0.5)
 
 
 def _export(slot: EncoderSlot, path: Path) -> None:
@@ -580,12 +630,13 @@ def _difference(slot: EncoderSlot, candidate: OrtModel) -> float:
 
 
 @torch.inference_mode()
-def _speedups(slot: EncoderSlot, candidate: OrtModel) -> dict[str, float]:
-    """ONNX Runtime's calls per second over torch's, per case (short or long text, batch 1 or full)."""
+def _speedups(slot: EncoderSlot, candidate: OrtModel) -> dict[str, tuple[float, int]]:
+    """ONNX Runtime's calls per second over torch's, with the call's size, per case (short or long
+    text, batch 1 or full)."""
     ratios = {}
     for case, features in slot.inputs.cases():
         rates = [_rate(functools.partial(model, **features)) for model in (slot.model, candidate)]
-        ratios[case] = rates[1] / rates[0]
+        ratios[case] = (rates[1] / rates[0], slot.inputs.size(features))
     return ratios
 
 
