@@ -147,7 +147,10 @@ def test_embeddings_on_onnxruntime_equal_torchs_single_and_batched(
 def test_text_classification_on_onnxruntime_equals_torchs(runtimes: Runtimes, recipes: Path) -> None:
     on_ort = runtimes.deploy(recipes, "t15_text_classification", "text-classification", "onnxruntime")
     on_torch = runtimes.deploy(recipes, "t15_text_classification", "text-classification", "transformers")
-    assert np.abs(runtimes.classify(on_ort, TEXTS) - runtimes.classify(on_torch, TEXTS)).max() <= TOLERANCE
+    batched = runtimes.classify(on_ort, TEXTS)
+    assert np.abs(batched - runtimes.classify(on_torch, TEXTS)).max() <= TOLERANCE
+    for index, text in enumerate(TEXTS):  # alone, unpadded: the scores it got in the padded batch
+        assert np.abs(runtimes.classify(on_ort, [text])[0] - batched[index]).max() <= TOLERANCE
     assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
 
 
@@ -179,6 +182,9 @@ def test_reranking_on_onnxruntime_equals_torchs(runtimes: Runtimes, recipes: Pat
         return [r["relevance_score"] for r in sorted(ranked, key=lambda r: r["index"])]
 
     assert np.abs(np.array(scores(on_ort)) - np.array(scores(on_torch))).max() <= TOLERANCE
+    for index, document in enumerate(TEXTS):  # alone, unpadded: the score it got beside the others
+        alone = runtimes.post("/v1/rerank", model=on_ort, **{**body, "documents": [document]})["results"]
+        assert abs(alone[0]["relevance_score"] - scores(on_ort)[index]) <= TOLERANCE
     assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
 
 
