@@ -435,14 +435,17 @@ class ReplicaManager:
         return await (await self._runtime_of(deployment_id)).infer(item)
 
     async def load(self, deployment_id: str) -> None:
-        runtime = await self._runtime_of(deployment_id)
-        runtime.touch()
-        await runtime.ensure_loaded()
+        await self._loaded(deployment_id)
 
     async def acquire(self, deployment_id: str) -> list[str]:
         """For another gateway process: load the deployment if it is not, and where its replicas are."""
-        await self.load(deployment_id)
-        return (await self._runtime_of(deployment_id)).addresses()
+        return (await self._loaded(deployment_id)).addresses()
+
+    async def _loaded(self, deployment_id: str) -> DeploymentRuntime:
+        runtime = await self._runtime_of(deployment_id)
+        runtime.touch()
+        await runtime.ensure_loaded()
+        return runtime
 
     def addresses(self) -> dict[str, list[str]]:
         """Where every loaded deployment's replicas are (for a gateway process that starts)."""

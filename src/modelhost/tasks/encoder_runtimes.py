@@ -335,7 +335,7 @@ def _int8(slot: EncoderSlot, folder: Path, choice: RuntimeChoice) -> RuntimeChoi
     quantized = folder / "model.int8.onnx"
     verdict_file = folder / "int8.json"
     verdict = _read_json(verdict_file)
-    if verdict is None or not (quantized.is_file() or not verdict["accepted"]):
+    if verdict is None or (verdict["accepted"] and not quantized.is_file()):
         verdict = _quantize_and_probe(slot, folder / "model.onnx", quantized)
         verdict_file.write_text(json.dumps(verdict))
     if not verdict["accepted"]:
@@ -499,13 +499,12 @@ def _measure(slot: EncoderSlot, path: Path, asked: str, version: str) -> Runtime
     started = time.perf_counter()
     try:
         _export(slot, path)
-        session = _session(path)
+        candidate = ort_model(slot, path)
     except Exception as exc:  # the exporter's and the runtime's many failure types
         failure = f"{type(exc).__name__}: {_first_line(exc)}"
         reason = f"ONNX Runtime {version}: the model did not export ({failure})"
         return RuntimeChoice("transformers", f"auto chose transformers: {reason}")
     exported = time.perf_counter() - started
-    candidate = OrtModel(session, slot.model.config, slot.outputs)
     difference = _difference(slot, candidate)
     if not difference <= TOLERANCE:
         reason = f"ONNX Runtime {version}'s output differs from torch's by {difference:.2g} (> {TOLERANCE:g})"

@@ -71,6 +71,12 @@ async def create_deployment(
     return await present(deployment, services)
 
 
+async def remove_deployment(account_id: str, deployment_id: str, services: Services) -> None:
+    """The deployment's row gone (its artifact free again), then its replicas stopped."""
+    await run_in_threadpool(services.deployments.delete, account_id, deployment_id)
+    await services.runtime.remove(deployment_id)
+
+
 async def probe_int8(deployment: rows.Deployment, account_id: str, services: Services) -> rows.Deployment:
     """int8 is accepted only where its quality probe holds, measured by the replica at its first load:
     the deployment loads now, and a refusal (or any failure to load) deletes it again and answers 400
@@ -78,8 +84,7 @@ async def probe_int8(deployment: rows.Deployment, account_id: str, services: Ser
     try:
         await services.runtime.load(deployment.id)
     except ModelhostError as exc:
-        await run_in_threadpool(services.deployments.delete, account_id, deployment.id)
-        await services.runtime.remove(deployment.id)
+        await remove_deployment(account_id, deployment.id, services)
         raise InvalidRequest(
             f"precision int8 was not accepted for this artifact: {exc.message}",
             param="precision",
@@ -134,6 +139,5 @@ async def update_deployment(
 async def delete_deployment(
     principal: AccountPrincipal, services: ServicesDep, deployment_id: str = DeploymentId
 ) -> Deleted:
-    await run_in_threadpool(services.deployments.delete, account_id_of(principal), deployment_id)
-    await services.runtime.remove(deployment_id)
+    await remove_deployment(account_id_of(principal), deployment_id, services)
     return Deleted(id=deployment_id, object="deployment.deleted")
