@@ -25,6 +25,7 @@ import torch
 
 from bench.common import SENTENCE, WrkResult, deploy_minilm, minilm_dir, serve, table, write_section, wrk
 from bench.models import same_shape
+from modelhost.tasks.encoder_runtimes import RUNTIMES
 
 
 def machine() -> str:
@@ -62,22 +63,24 @@ def raw_throughput(
     return rates, statistics.median(single) * 1000 if single else float("nan"), vector
 
 
-def raw_onnxruntime(
+def raw_runtimes(
     model_dir: Path, batches: list[int], seconds: float
-) -> tuple[dict[int, float], dict[int, float], str]:
-    """Sentences/s at each batch size on ONNX Runtime as a replica runs it (the feature-extraction
-    handler in this process, after `tasks.encoder_runtimes` exported the model: tokenizer, session,
-    the model's own pooling), for served / raw on the same runtime; then the same in int8, with the
-    quality probe's verdict (an int8 the probe refuses is timed too, ungated, for its figures). CPU
-    only (its CPU provider)."""
+) -> tuple[dict[str, dict[int, float]], dict[int, float], str]:
+    """Sentences/s at each batch size on each encoder runtime (ONNX Runtime, OpenVINO) as a replica
+    runs it (the feature-extraction handler in this process, after `tasks.encoder_runtimes` exported
+    the model: tokenizer, runtime, the model's own pooling), for served / raw on the same runtime;
+    then ONNX Runtime in int8, with the quality probe's verdict (an int8 the probe refuses is timed
+    too, ungated, for its figures). CPU only."""
     from modelhost.tasks import encoder_runtimes as runtimes
     from modelhost.tasks.feature_extraction import FeatureExtraction
 
     handler = FeatureExtraction()
+    exact: dict[str, dict[int, float]] = {}
     with tempfile.TemporaryDirectory(prefix="mh-bench-onnx-") as cache:
-        state = handler.load(model_dir, "cpu")
-        runtimes.prepare(handler.encoder_slot(state), model_dir, "onnxruntime", Path(cache))
-        exact = _handler_rates(handler, state, batches, seconds)
+        for engine in runtimes.RUNTIMES:
+            state = handler.load(model_dir, "cpu")
+            runtimes.prepare(handler.encoder_slot(state), model_dir, engine, Path(cache))
+            exact[engine] = _handler_rates(handler, state, batches, seconds)
         state = handler.load(model_dir, "cpu")
         slot = handler.encoder_slot(state)
         try:
@@ -88,7 +91,7 @@ def raw_onnxruntime(
             exported = runtimes.cache_folder(Path(cache), model_dir, slot.outputs) / "model.onnx"
             quantized = Path(cache) / "ungated.int8.onnx"
             runtimes.quantize(exported, quantized)
-            slot.replace(runtimes.ort_model(slot, quantized))
+            slot.replace(runtimes.runtime_model(slot, "onnxruntime", quantized))
         quantized_rates = _handler_rates(handler, state, batches, seconds)
     return exact, quantized_rates, verdict
 
@@ -159,7 +162,7 @@ def main() -> None:
         "--engines",
         default="transformers,auto",
         help="deployment engines to serve with: transformers (torch), auto (measured at load: ONNX Runtime "
-        "where faster), onnxruntime",
+        "or OpenVINO where faster), onnxruntime, openvino",
     )
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
@@ -174,8 +177,8 @@ def main() -> None:
     best_raw = max(raw.values())
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     on_cpu = not torch.cuda.is_available()
-    raw_ort, raw_int8, int8_verdict = (
-        raw_onnxruntime(model_dir, batches, args.seconds / 3)
+    raw_runtime, raw_int8, int8_verdict = (
+        raw_runtimes(model_dir, batches, args.seconds / 3)
         if on_cpu and engines != ["transformers"]
         else ({}, {}, "")
     )
@@ -195,9 +198,9 @@ def main() -> None:
         for b, rate in raw.items()
     ]
     rows += [
-        [f"raw ONNX Runtime (the replica's handler in process), batch {b}", f"{rate:.0f} sentences/s",
-         "-", "-", "-", "-", "-"]
-        for b, rate in raw_ort.items()
+        [f"raw {RUNTIMES[engine].name} (the replica's handler in process), batch {b}",
+         f"{rate:.0f} sentences/s", "-", "-", "-", "-", "-"]
+        for engine, rates in raw_runtime.items() for b, rate in rates.items()
     ]  # fmt: skip
     rows += [
         [f"raw ONNX Runtime int8 (the same, quantized), batch {b}", f"{rate:.0f} sentences/s",
@@ -243,8 +246,8 @@ drives the server; cores are CPU seconds per wall second of the gateway processe
 - Gateway CPU per request at {top} connections: {per_request}.
 - Errors (non-2xx or socket) during the served runs: {errors}. Served vectors equal the raw model's
   to {difference:.1e} (largest absolute difference).
-{_runtime_lines(measured, workers[0], connections)}{_raw_runtime_line(measured, raw_ort, connections)}\
-{_int8_line(raw_ort, raw_int8, int8_verdict)}"""
+{_runtime_lines(measured, workers[0], connections)}{_raw_runtime_line(measured, raw_runtime, connections)}\
+{_int8_line(raw_runtime.get("onnxruntime", {}), raw_int8, int8_verdict)}"""
     print(report)
     write_section(args.out, f"## Embeddings on {heading}:", report)
 
@@ -277,24 +280,27 @@ def _runtime_lines(
 
 def _raw_runtime_line(
     measured: Measured,
-    raw_ort: dict[int, float],
+    raw_runtime: dict[str, dict[int, float]],
     connections: list[int],
 ) -> str:
-    """Served on ONNX Runtime at the most connections / raw ONNX Runtime batched (issue 30: ≥ 0.9)."""
+    """Served on the chosen runtime at the most connections / that runtime raw, batched (issue 30:
+    ≥ 0.9)."""
     top = max(connections)
-    served = [
-        results[top][0].requests_per_second
-        for (engine, _), (results, _, chosen) in measured.items()
-        if engine != "transformers" and chosen.startswith("onnxruntime")
-    ]
-    if not served or not raw_ort:
-        return ""
-    best, raw = max(served), max(raw_ort.values())
-    return (
-        f"- **Served on ONNX Runtime at {top} connections / best raw ONNX Runtime batched: "
-        f"{best / raw:.2f}** "
-        f"({best:.0f} req/s vs {raw:.0f} sentences/s; issue 30's target ≥ 0.9).\n"
-    )
+    lines = []
+    for engine, rates in raw_runtime.items():
+        served = [
+            results[top][0].requests_per_second
+            for (asked, _), (results, _, chosen) in measured.items()
+            if asked != "transformers" and chosen.startswith(engine)
+        ]
+        if not served or not rates:
+            continue
+        best, raw, name = max(served), max(rates.values()), RUNTIMES[engine].name
+        lines.append(
+            f"- **Served on {name} at {top} connections / best raw {name} batched: {best / raw:.2f}** "
+            f"({best:.0f} req/s vs {raw:.0f} sentences/s; issue 30's target ≥ 0.9).\n"
+        )
+    return "".join(lines)
 
 
 def _int8_line(exact: dict[int, float], quantized: dict[int, float], verdict: str) -> str:

@@ -118,9 +118,12 @@ def test_auto_measures_onnxruntime_against_torch_at_the_first_load_and_says_so(
     after = runtimes.deployment(model)
     assert after["engine_in_use"] in ("onnxruntime", "transformers")
     reason = after["engine_reason"]
-    assert reason.startswith(f"auto chose {after['engine_in_use']}: ONNX Runtime "), reason
-    for case in ("short batch 1", "short batch 32", "long batch 1", "long batch 32"):
-        assert f" x at {case}" in reason, reason
+    assert reason.startswith(f"auto chose {after['engine_in_use']}: "), reason
+    for runtime in ("ONNX Runtime ", "OpenVINO "):  # both measured, each with its figures
+        _, found, figures = reason.partition(runtime)
+        assert found, reason
+        for case in ("short batch 1", "short batch 32", "long batch 1", "long batch 32"):
+            assert f" x at {case}" in figures.split(";")[0], reason
     metrics = runtimes.http.get("/metrics").text
     engine_line = (
         f'modelhost_deployment_engine{{deployment="{after["id"]}",engine="{after["engine_in_use"]}"}} 1.0'
@@ -335,6 +338,68 @@ def test_a_model_that_does_not_export_stays_on_torch_with_the_reason_and_the_dec
         prepare(slot, tmp_path / "model", "onnxruntime", tmp_path / "cache")
 
 
+# ---------------------------------------------------------------- OpenVINO
+
+IMAGES = [b64(png(seed=1)), b64(png(40, 40, seed=2))]
+OPENVINO_TASKS = [  # (recipe folder, pipeline, endpoint, the inputs' field, other fields, inputs)
+    ("t03_feature_extraction/st", "feature-extraction", "/v1/embeddings", "input", {}, TEXTS),
+    (
+        "t15_text_classification",
+        "text-classification",
+        "/v1/classifications/text",
+        "inputs",
+        {"top_k": None},
+        TEXTS,
+    ),
+    (
+        "t01_token_classification",
+        "token-classification",
+        "/v1/classifications/token",
+        "inputs",
+        {"aggregation_strategy": "simple"},
+        ["my name is sarah and i live in london, far from here", "hi sarah"],
+    ),
+    (
+        "t18_image_classification",
+        "image-classification",
+        "/v1/classifications/image",
+        "inputs",
+        {"top_k": 3},
+        IMAGES,
+    ),
+]
+
+
+@pytest.mark.parametrize(("folder", "pipeline", "endpoint", "field", "options", "inputs"), OPENVINO_TASKS)
+def test_encoders_on_openvino_answer_as_on_torch_single_and_batched(
+    runtimes: Runtimes,
+    recipes: Path,
+    folder: str,
+    pipeline: str,
+    endpoint: str,
+    field: str,
+    options: dict[str, Any],
+    inputs: list[str],
+) -> None:
+    """`engine: openvino` runs the same export as ONNX Runtime, compiled by OpenVINO: the answers of
+    torch within 1e-4, each input alone as in its padded batch."""
+
+    def answer(model: str, given: list[str]) -> Any:
+        found = runtimes.post(endpoint, model=model, **{field: given}, **options)
+        return found["data"] if field == "input" else found  # the embeddings' model name and usage apart
+
+    on_openvino = runtimes.deploy(recipes, folder, pipeline, "openvino")
+    on_torch = runtimes.deploy(recipes, folder, pipeline, "transformers")
+    batched = answer(on_openvino, inputs)
+    assert_equal_scores(batched, answer(on_torch, inputs))
+    for index, given in enumerate(inputs):
+        single = answer(on_openvino, [given])[0]
+        assert_equal_scores(single, {**batched[index], "index": 0} if field == "input" else batched[index])
+    deployment = runtimes.deployment(on_openvino)
+    assert deployment["engine_in_use"] == "openvino"
+    assert deployment["engine_reason"].startswith("OpenVINO "), deployment["engine_reason"]
+
+
 # ---------------------------------------------------------------- precision int8
 
 
@@ -398,6 +463,7 @@ def test_int8_is_refused_with_the_figures_when_the_probe_fails_and_nothing_is_le
     [
         ("t11_text_generation_chat", "text-generation", "auto"),
         ("t15_text_classification", "text-classification", "transformers"),
+        ("t15_text_classification", "text-classification", "openvino"),
     ],
 )
 def test_int8_where_onnxruntime_does_not_run_is_a_400_naming_precision(
@@ -422,7 +488,7 @@ def test_torch_takes_the_calls_larger_than_every_case_onnxruntime_won() -> None:
 
 
 def test_an_onnxruntime_model_hands_calls_over_its_bound_to_torch(recipes: Path, tmp_path: Path) -> None:
-    from modelhost.tasks.encoder_runtimes import cache_folder, ort_model, prepare
+    from modelhost.tasks.encoder_runtimes import cache_folder, prepare, runtime_model
     from modelhost.tasks.feature_extraction import FeatureExtraction
 
     folder = recipes / "t03_feature_extraction" / "hf"
@@ -430,7 +496,7 @@ def test_an_onnxruntime_model_hands_calls_over_its_bound_to_torch(recipes: Path,
     slot = handler.encoder_slot(handler.load(folder, "cpu"))
     prepare(slot, folder, "onnxruntime", tmp_path)
     exported = cache_folder(tmp_path, folder, slot.outputs) / "model.onnx"
-    bounded = ort_model(slot, exported, torch_above=16)
+    bounded = runtime_model(slot, "onnxruntime", exported, torch_above=16)
     short, long = slot.inputs.encode(["hi"]), slot.inputs.encode(["a longer text " * 8] * 2)
     assert slot.inputs.size(short) <= 16 < slot.inputs.size(long)
     on_ort, on_torch = bounded(**short), bounded(**long)

@@ -115,6 +115,8 @@ def test_an_encoders_runtime_is_left_to_its_replica_which_measures_it_at_load(
     choice = engines.choose("auto", "feature-extraction", None)
     assert choice.engine == "transformers" and "measured when a replica first loads" in (choice.reason or "")
     assert engines.choose("onnxruntime", "text-classification", None).engine == "onnxruntime"
+    assert engines.choose("openvino", "fill-mask", None).engine == "openvino"
+    assert engines.replica_engine("openvino", "openvino", "fill-mask") == "openvino"
     assert engines.replica_engine("auto", "transformers", "feature-extraction") == "auto"
     assert engines.replica_engine("transformers", "transformers", "feature-extraction") == "transformers"
     with pytest.raises(InvalidRequest) as refused:

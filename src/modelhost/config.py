@@ -236,11 +236,11 @@ class Settings(BaseSettings):
     )
     encoder_runtimes: bool = Field(
         default=True,
-        description="Let feature-extraction, text-classification, text-ranking and question-answering "
-        "deployments run on ONNX "
-        "Runtime: under "
-        "`engine: auto` a replica measures it against torch when it first loads a model on a machine "
-        '(docs/runtime.md, "Encoder runtimes"). False: they run on torch, and `onnxruntime` is a 400.',
+        description="Let encoder deployments (embeddings, classification, reranking, question answering, "
+        "fill-mask, image encoders) run on ONNX Runtime or OpenVINO: under `engine: auto` a replica "
+        "measures both against torch when it first loads a model on a machine "
+        '(docs/runtime.md, "Encoder runtimes"). False: they run on torch, and `onnxruntime` or `openvino` '
+        "is a 400.",
     )
     vllm_compile: bool = Field(
         default=True,

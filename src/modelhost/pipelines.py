@@ -126,7 +126,7 @@ TASKS: tuple[PipelineTask, ...] = (
             ],
         ),
         needs_tokenizer=True,
-        engines=("onnxruntime", "transformers"),
+        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "fill-mask",
@@ -148,7 +148,7 @@ TASKS: tuple[PipelineTask, ...] = (
             ],
         ),
         needs_tokenizer=True,
-        engines=("onnxruntime", "transformers"),
+        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "feature-extraction",
@@ -157,7 +157,7 @@ TASKS: tuple[PipelineTask, ...] = (
         # Any encoder gives features; sentence-transformers pools whatever its Transformer module holds.
         ("MODEL_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES"),
         needs_tokenizer=True,
-        engines=("onnxruntime", "transformers"),
+        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "zero-shot-image-classification",
@@ -257,7 +257,7 @@ TASKS: tuple[PipelineTask, ...] = (
         summary="Image feature extraction: one vector per image",
         example=({"model": "vit", "inputs": PNG}, [0.0123, -0.0456, 0.0789]),
         needs_processor=True,
-        engines=("onnxruntime", "transformers"),
+        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "text-generation",
@@ -329,7 +329,7 @@ TASKS: tuple[PipelineTask, ...] = (
             [{"label": "positive", "score": 0.98}],
         ),
         needs_tokenizer=True,
-        engines=("onnxruntime", "transformers"),
+        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "zero-shot-classification",
@@ -352,7 +352,7 @@ TASKS: tuple[PipelineTask, ...] = (
                 "scores": [0.93, 0.07],
             },
         ),
-        engines=("onnxruntime", "transformers"),
+        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "image-classification",
@@ -368,7 +368,7 @@ TASKS: tuple[PipelineTask, ...] = (
             {"model": "vit", "inputs": PNG, "top_k": 2},
             [{"label": "cat", "score": 0.91}, {"label": "dog", "score": 0.05}],
         ),
-        engines=("onnxruntime", "transformers"),
+        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "object-detection",
@@ -407,7 +407,7 @@ TASKS: tuple[PipelineTask, ...] = (
         ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",),
         needs_tokenizer=True,
         # its own route (api.routes.tasks): questions and contexts pair up
-        engines=("onnxruntime", "transformers"),
+        engines=("onnxruntime", "openvino", "transformers"),
     ),
     _text2text(
         "summarization",
@@ -453,7 +453,7 @@ TASKS: tuple[PipelineTask, ...] = (
         ("/v1/rerank", "/v2/rerank", "/rerank"),
         ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",),
         needs_tokenizer=True,
-        engines=("onnxruntime", "transformers"),
+        engines=("onnxruntime", "openvino", "transformers"),
     ),
 )
 

@@ -69,6 +69,7 @@ class EngineName(StrEnum):
     auto = "auto"
     vllm = "vllm"
     onnxruntime = "onnxruntime"
+    openvino = "openvino"
     transformers = "transformers"
 
 
@@ -85,8 +86,8 @@ PRECISION_HELP = (
 )
 
 ENGINE_HELP = (
-    "auto (generation: vLLM where installed and it can run the architecture; encoders: ONNX Runtime where "
-    "measured equal and faster), vllm, onnxruntime or transformers."
+    "auto (generation: vLLM where installed and it can run the architecture; encoders: ONNX Runtime or "
+    "OpenVINO where measured equal and faster), vllm, onnxruntime, openvino or transformers."
 )
 
 Workers = Annotated[

@@ -10,8 +10,8 @@ from pydantic import BaseModel, Field, model_validator
 from modelhost.protocol.common import StrictModel
 
 Readiness = Literal["cold", "warm", "hot"]
-Engine = Literal["auto", "vllm", "onnxruntime", "transformers"]  # runtime.engines.ENGINES
-EngineInUse = Literal["vllm", "onnxruntime", "transformers"]
+Engine = Literal["auto", "vllm", "onnxruntime", "openvino", "transformers"]  # runtime.engines.ENGINES
+EngineInUse = Literal["vllm", "onnxruntime", "openvino", "transformers"]
 Precision = Literal["float32", "int8"]
 PRECISION_DESCRIPTION = (
     "`int8`: an encoder task (the tasks `onnxruntime` serves) runs on ONNX Runtime with int8 weights "
@@ -23,9 +23,10 @@ PRECISION_DESCRIPTION = (
 ENGINE_DESCRIPTION = (
     "The engine asked for: `auto` (for text generation and chat with images, vLLM where it is installed "
     "and can run the model's architecture, else transformers; for feature extraction, text "
-    "classification, reranking and question answering, ONNX Runtime where a replica measures it equal "
-    "to torch and faster, else transformers), `vllm` (generation only), `onnxruntime` (those encoder "
-    "tasks only) or `transformers`; "
+    "classification, reranking, question answering, fill-mask, token and zero-shot classification and "
+    "the image encoders, the faster of ONNX Runtime and OpenVINO where a replica measures it equal to "
+    "torch and faster, else transformers), `vllm` (generation only), `onnxruntime` or `openvino` (those "
+    "encoder tasks only) or `transformers`; "
     "an engine that cannot serve the deployment is 400 `engine_not_supported`. vLLM is chosen when the "
     "deployment is created or its engine is changed; an encoder's runtime when a replica first loads it."
 )

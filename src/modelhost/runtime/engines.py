@@ -33,9 +33,9 @@ from modelhost.pipelines import BY_NAME
 
 log = logging.getLogger("modelhost.runtime")
 
-ENGINES = ("auto", "vllm", "onnxruntime", "transformers")
+ENGINES = ("auto", "vllm", "onnxruntime", "openvino", "transformers")
 # Engines a replica chooses between when it loads, by measuring them (`tasks.encoder_runtimes`)
-MEASURED_AT_LOAD = ("onnxruntime",)
+MEASURED_AT_LOAD = ("onnxruntime", "openvino")  # tasks.encoder_runtimes.RUNTIMES
 MARKER = ".modelhost-vllm"  # written by setup.sh once the environment imports vLLM
 # what vLLM's environment can run (`runtime.vllm_registry`), written beside it by setup.sh
 ARCHITECTURES_FILE = ".modelhost-vllm-architectures.json"
@@ -118,25 +118,28 @@ def _choose_at_load(asked: str) -> EngineChoice:
             raise InvalidRequest(off.capitalize() + ".", param="engine", code="engine_not_supported")
         return EngineChoice("transformers", f"auto chose transformers: {off}")
     if asked == "auto":
-        reason = "auto: ONNX Runtime and torch are measured when a replica first loads the model"
+        reason = "auto: ONNX Runtime, OpenVINO and torch are measured when a replica first loads the model"
         return EngineChoice("transformers", reason)
     return EngineChoice(asked)
 
 
 def _encoder_runtimes_off() -> str | None:
-    """Why no replica of this server may run an encoder on ONNX Runtime, or None when it may."""
+    """Why no replica of this server may run an encoder on ONNX Runtime or OpenVINO, or None when it
+    may."""
     settings = get_settings()
     if not settings.encoder_runtimes:
-        return "ONNX Runtime is turned off on this server (MODELHOST_ENCODER_RUNTIMES=false)"
+        return "ONNX Runtime and OpenVINO are turned off on this server (MODELHOST_ENCODER_RUNTIMES=false)"
     if settings.runtime == "ray":
-        return "the Ray backend runs encoders on torch (ONNX Runtime runs under the local backend)"
+        return (
+            "the Ray backend runs encoders on torch (ONNX Runtime and OpenVINO run under the local backend)"
+        )
     return None
 
 
 def replica_engine(asked: str, in_use: str, pipeline: str) -> str:
     """The engine a replica is started with: the one in use, except where the replica itself chooses
-    (an encoder's runtime under `auto` or `onnxruntime`: measured, or its decision read from the cache,
-    at every load, so that each machine keeps its own)."""
+    (an encoder's runtime under `auto`, `onnxruntime` or `openvino`: measured, or its decision read
+    from the cache, at every load, so that each machine keeps its own)."""
     chooses = asked in ("auto", *MEASURED_AT_LOAD) and any(
         engine in MEASURED_AT_LOAD for engine in BY_NAME[pipeline].engines
     )

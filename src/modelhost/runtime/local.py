@@ -24,7 +24,7 @@ from modelhost.config import Settings
 from modelhost.metrics import process_gone
 from modelhost.runtime import metrics
 from modelhost.runtime.client import ReplicaConnection, connect_pair
-from modelhost.runtime.engines import vllm_launch
+from modelhost.runtime.engines import MEASURED_AT_LOAD, vllm_launch
 from modelhost.runtime.memory import rss_bytes, tree_memory_bytes
 from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import (
@@ -120,7 +120,7 @@ class LocalProcessReplica:
         ]  # fmt: skip
         if self._warmup:
             args.append("--warmup")
-        if self.spec.engine in ("auto", "onnxruntime"):  # an encoder's runtime, chosen at load
+        if self.spec.engine in ("auto", *MEASURED_AT_LOAD):  # an encoder's runtime, chosen at load
             args += [
                 "--engine",
                 self.spec.engine,

@@ -63,8 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--engine",
         default="transformers",
-        choices=("transformers", "auto", "onnxruntime"),
-        help="an encoder's runtime: torch (transformers), ONNX Runtime, or chosen by measurement (auto)",
+        choices=("transformers", "auto", "onnxruntime", "openvino"),
+        help="an encoder's runtime: torch (transformers), ONNX Runtime, OpenVINO, or measured (auto)",
     )
     parser.add_argument("--engine-cache", type=Path, help="where encoder exports and decisions are kept")
     parser.add_argument(

@@ -14,7 +14,7 @@ from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.pipelines import BY_NAME
 from modelhost.routing import DeploymentRef
 from modelhost.runtime import engines
-from modelhost.runtime.engines import EngineChoice, replica_engine
+from modelhost.runtime.engines import MEASURED_AT_LOAD, EngineChoice, replica_engine
 from modelhost.runtime.spec import DeploymentSpec
 from modelhost.store.db import Database
 from modelhost.store.models import Deployment, ModelArtifact
@@ -255,7 +255,7 @@ class DeploymentService:
         them."""
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
-            if deployment is None or deployment.engine not in ("auto", "onnxruntime"):
+            if deployment is None or deployment.engine not in ("auto", *MEASURED_AT_LOAD):
                 return  # deleted, or its engine changed meanwhile
             deployment.engine_in_use, deployment.engine_reason = engine, reason
             if deployment.precision == "int8":
