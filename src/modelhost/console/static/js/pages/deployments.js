@@ -6,7 +6,7 @@ import { DeploymentRates, parseMetrics } from "../metrics.js";
 import { plot } from "../plot.js";
 
 const READINESS = ["cold", "warm", "hot"];
-const ENGINES = ["auto", "vllm", "onnxruntime", "transformers"];
+const ENGINES = ["auto", "vllm", "onnxruntime", "openvino", "transformers"];
 
 function select(options, value, id) {
   return h("select", { id }, options.map(([v, label]) => h("option", { value: v, selected: v === value }, label)));
