@@ -142,11 +142,16 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("accounts", "create"), "Create an account; prints its first account key (shown once)."),
     (("accounts", "list"), "List accounts."),
     (("accounts", "credit"), "Top up an account (service resumes at once if it was out of credits)."),
+    (("accounts", "limit"), "Set an account's rate limits (replacing them; none given: unlimited)."),
     (("usage",), "Your credits: balance, and compute and storage credits by deployment, artifact and day."),
     (("keys",), "API keys of your account."),
     (("keys", "create"), "Create a key; prints its secret (shown once)."),
     (("keys", "list"), "List keys (never their secrets)."),
     (("keys", "revoke"), "Revoke a key; it is refused at once."),
+    (
+        ("keys", "limit"),
+        "Set a key's rate limits (replacing them; none given: unlimited), from its next request.",
+    ),
     (("deployments",), "Deployments of your account."),
     (("deployments", "create"), "Deploy a ready artifact under a model ID."),
     (("deployments", "list"), "List deployments with their live state."),
@@ -224,6 +229,7 @@ def test_accounts_create_json_takes_the_admin_key_from_the_environment(url: str)
         "credits",
         "credits_granted",
         "credits_used",
+        "limits",
         "created_at",
         "api_key",
     }
@@ -244,6 +250,7 @@ def test_accounts_list_json_includes_new_accounts_without_secrets(url: str, acco
             "credits": account["credits"],
             "credits_granted": account["credits_granted"],
             "credits_used": account["credits_used"],
+            "limits": None,
             "created_at": account["created_at"],
         }
     ]
@@ -312,11 +319,39 @@ def test_keys_list_json_shows_no_secrets(url: str, account: dict[str, Any]) -> N
     assert [key["name"] for key in listed["data"]] == ["default", "listed"]
     assert listed["data"][1]["id"] == created["id"]
     assert all(
-        set(key) == {"id", "name", "kind", "deployments", "prefix", "created_at", "revoked_at"}
+        set(key) == {"id", "name", "kind", "deployments", "prefix", "limits", "created_at", "revoked_at"}
         for key in listed["data"]
     )
     assert created["api_key"] not in result.stdout
     assert account["api_key"] not in result.stdout
+
+
+def test_limits_are_set_from_the_cli_on_accounts_and_keys(url: str, account: dict[str, Any]) -> None:
+    admin = ("--url", url, "--admin-key", ADMIN_KEY)
+    limited = ok_json("accounts", "limit", account["id"], "--rpm", "600", "--concurrency", "8", *admin)
+    assert limited["limits"] == {
+        "requests_per_minute": 600,
+        "tokens_per_minute": None,
+        "concurrent_requests": 8,
+    }
+    mine = ("--url", url, "--key", account["api_key"])
+    created = ok_json("keys", "create", "--rpm", "60", "--tpm", "1000", *mine)
+    assert created["limits"] == {
+        "requests_per_minute": 60,
+        "tokens_per_minute": 1000,
+        "concurrent_requests": None,
+    }
+    changed = ok_json("keys", "limit", created["id"], "--concurrency", "2", *mine)
+    assert changed["limits"] == {
+        "requests_per_minute": None,
+        "tokens_per_minute": None,
+        "concurrent_requests": 2,
+    }
+    table = ok("keys", "list", *mine).stdout
+    assert "concurrent_requests=2" in table
+    refused = cli("keys", "create", "--rpm", "601", *mine)
+    assert refused.exit_code == 1 and "would exceed its account's" in refused.stderr
+    assert ok_json("accounts", "limit", account["id"], *admin)["limits"] is None  # none given: unlimited
 
 
 def test_keys_revoke_makes_the_server_refuse_the_key(url: str, account: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ ADMIN = bearer(ADMIN_KEY)
 
 async def test_create_account_returns_its_key_once(client: httpx.AsyncClient) -> None:
     account = await new_account(client, "acme", credits=12.5)
-    fields = {"id", "name", "credits", "credits_granted", "credits_used", "created_at", "api_key"}
+    fields = {"id", "name", "credits", "credits_granted", "credits_used", "limits", "created_at", "api_key"}
     assert set(account) == fields
     assert account["id"].startswith("acct_") and account["api_key"].startswith("mh-")
     assert account["credits"] == 12.5

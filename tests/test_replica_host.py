@@ -148,6 +148,31 @@ def test_a_batch_takes_at_most_max_batch_requests_and_the_rest_wait_their_turn()
     assert host.due() is None  # nothing left to do
 
 
+def test_a_batch_takes_one_request_per_key_in_turn_so_a_busy_key_does_not_hold_back_another() -> None:
+    recorder = Recorder()
+    host = host_of(recorder, max_batch=4, max_wait=0)
+    for i in range(8):
+        host.receive("g", Run(i, {"text": f"a{i}"}, "key_a"))
+    host.receive("other-gateway", Run(1, {"text": "b0"}, "key_b"))  # the key, not the connection, counts
+    while host.due() == 0:
+        host.work()
+    assert recorder.batches == [["a0", "b0", "a1", "a2"], ["a3", "a4", "a5", "a6"], ["a7"]]
+    assert answers(host)["other-gateway"] == [(1, "B0")]
+
+
+def test_the_turn_between_keys_carries_on_from_one_batch_to_the_next() -> None:
+    recorder = Recorder()
+    host = host_of(recorder, max_batch=2, max_wait=0)
+    for key in ("a", "b", "c"):
+        for i in range(2):
+            host.receive("g", Run(ord(key) * 10 + i, {"text": f"{key}{i}"}, key))
+    host.receive("g", Run(999, {"text": "gone"}, "c"))
+    host.receive("g", Cancel(999))  # a request cancelled while waiting leaves its key's queue
+    while host.due() == 0:
+        host.work()
+    assert recorder.batches == [["a0", "b0"], ["c0", "a1"], ["b1", "c1"]]
+
+
 def test_an_idle_replica_runs_a_request_at_once() -> None:
     host = host_of(Recorder(), max_wait=600)  # a gather window of ten minutes, never waited
     host.receive("g", Run(1, {"text": "alone"}))

@@ -19,6 +19,7 @@ from modelhost.artifacts.blobstore import BlobStore
 from modelhost.artifacts.s3 import blob_store_of
 from modelhost.artifacts.service import ArtifactService
 from modelhost.auth.authenticator import Authenticator
+from modelhost.auth.limits import Limiter, LocalLimits
 from modelhost.auth.principal import Principal
 from modelhost.billing.ledger import Ledger
 from modelhost.billing.meter import ComputeMeter, count
@@ -64,6 +65,8 @@ class Services:
     agent_runner: Runs
     billing: Billing
     responses: Responses
+    # Rate limits (auth/limits.py): counted here in the supervisor; other gateway processes ask it
+    limits: Limiter = field(default_factory=LocalLimits)
     # The supervisor's own runtime and runners; None in the server's other gateway processes.
     supervisor: Supervision | None = None
     # Caches whose entries every process must forget together (by name: keys, deployments, balances).

@@ -122,6 +122,27 @@ class Overloaded(ModelhostError):
     code = "overloaded"
 
 
+class RateLimitExceeded(ModelhostError):
+    """A key's or account's rate limit (docs/limits.md). As OpenAI's, the type names the limit reached:
+    the subclasses below."""
+
+    status_code = 429
+    error_type = "requests"
+    code = "rate_limit_exceeded"
+
+
+class RequestsLimitReached(RateLimitExceeded):
+    error_type = "requests"
+
+
+class TokensLimitReached(RateLimitExceeded):
+    error_type = "tokens"
+
+
+class ConcurrencyLimitReached(RateLimitExceeded):
+    error_type = "concurrent_requests"
+
+
 class ClientClosedRequest(ModelhostError):
     """The client went away; nobody reads this answer, but metrics and logs see status 499."""
 

@@ -19,7 +19,7 @@ import modelhost
 from modelhost.api import console
 from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.fastlane import FastLane
-from modelhost.api.middleware import BodySizeLimit, KeyFirst, RequestIds, RequestMetrics
+from modelhost.api.middleware import BodySizeLimit, KeyFirst, RateLimits, RequestIds, RequestMetrics
 from modelhost.api.routes import (
     admin,
     agents,
@@ -123,6 +123,7 @@ def create_app(
         return settings.max_body_bytes
 
     app.add_middleware(FastLane, fastapi=app)  # innermost: inside the body limit and the metrics
+    app.add_middleware(RateLimits)  # around every route, the fast lane's too
     app.add_middleware(BodySizeLimit, limit_for=body_limit)
     app.add_middleware(KeyFirst, fastapi=app)  # the key before the body: 401 comes before 413 and 400
     app.add_middleware(RequestMetrics)

@@ -11,7 +11,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 
 from modelhost.auth.authenticator import bearer_token
-from modelhost.auth.principal import Principal, PrincipalKind
+from modelhost.auth.principal import Principal, PrincipalKind, acting_for
 from modelhost.container import Services
 from modelhost.errors import ClientClosedRequest, InvalidAPIKey
 from modelhost.routing import DeploymentRef, resolve_deployment
@@ -19,6 +19,7 @@ from modelhost.routing import DeploymentRef, resolve_deployment
 T = TypeVar("T")
 Guard = Callable[[Request], Awaitable[Principal]]
 PRINCIPAL = "modelhost.principal"  # where the scope keeps the principal once a request's key is checked
+ADMITTED = "modelhost.admitted"  # where the scope keeps a rate-limited request's `Admitted` ticket
 
 # Declared so that /docs shows the bearer scheme on every protected route; the header itself is
 # read by `_authenticate`, which also handles malformed headers with our error body.
@@ -111,7 +112,9 @@ async def deployment_for(
 
     The endpoint is the matched route's path template, so the endpoint → task table is the only
     thing that decides support; no model is touched before this answers. `billable` requests (all
-    but management ones that only name a model) are refused with 402 once the account is out of credits.
+    but management ones that only name a model) are refused with 402 once the account is out of credits,
+    and with 429 over their key's or account's rate limits (auth/limits.py; `api.middleware.RateLimits`
+    gives the place back when the request ends).
     """
     services = get_services(request)
     if endpoint is None:
@@ -124,8 +127,12 @@ async def deployment_for(
             account_id, lambda: services.deployments.refs(account_id)
         )
     deployment = resolve_deployment(principal, endpoint, model, refs)
+    acting_for(principal)  # the key its replica's fair queuing counts it under
     if billable:
         await services.billing.require_credits(account_id)
+        subjects = principal.limited()
+        if subjects and ADMITTED not in request.scope:  # once per request, however many models it names
+            request.scope[ADMITTED] = await services.limits.admit(subjects)
     return deployment
 
 

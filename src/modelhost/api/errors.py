@@ -141,7 +141,9 @@ _DESCRIPTIONS = {
     404: "Not found (or not visible to this key).",
     409: "Conflict with the resource's current state.",
     413: "Request body too large (`payload_too_large`).",
-    429: "Deployment queue full (`overloaded`); see `Retry-After`.",
+    429: "Over a key's or account's rate limit (`rate_limit_exceeded`, `type` naming the limit: "
+    "`requests`, `tokens` or `concurrent_requests`; docs/limits.md), or the deployment's queue is full "
+    "(`overloaded`). See `Retry-After`; limited keys also get `x-ratelimit-*` headers.",
     503: "Service or deployment unavailable.",
     504: "Request timed out.",
     507: "A store is full (`insufficient_storage`): the message names it (the data directory's blob "

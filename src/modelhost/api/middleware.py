@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -13,9 +14,10 @@ from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelhost.api.deps import Guard, guard_of
+from modelhost.api.deps import ADMITTED, Guard, get_services, guard_of
 from modelhost.api.errors import error_response
 from modelhost.api.fastlane import routes_of
+from modelhost.auth.limits import Admitted, start_counting
 from modelhost.errors import InvalidRequest, ModelhostError, PayloadTooLarge
 from modelhost.logs import HEADER, REQUEST_ID, request_id_for
 from modelhost.metrics import Counter, Histogram
@@ -106,6 +108,40 @@ class KeyFirst(HttpMiddleware):
                 await error_response(exc)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class RateLimits(HttpMiddleware):
+    """A rate-limited request (admitted in `api.deps.deployment_for`): its answer carries the
+    `x-ratelimit-*` headers, and its place and the tokens it used go back to the limiter before the
+    last of its answer goes out (streams included), so that the client's next request finds them
+    back, whichever gateway process it reaches; or when it fails or its client leaves."""
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        used = start_counting()
+        released = False
+
+        async def release() -> None:
+            nonlocal released
+            admitted: Admitted | None = scope.get(ADMITTED)
+            if admitted is not None and not released:
+                released = True
+                with contextlib.suppress(ModelhostError):  # the supervisor is gone: so is its count
+                    await get_services(Request(scope)).limits.release(admitted.ticket, used[0])
+
+        async def send_with_headers(message: Message) -> None:
+            admitted: Admitted | None = scope.get(ADMITTED)
+            if admitted is not None:
+                if message["type"] == "http.response.start":
+                    extra = [(k.encode(), v.encode()) for k, v in admitted.headers.items()]
+                    message["headers"] = [*message.get("headers", []), *extra]
+                elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                    await release()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            await release()
 
 
 class BodySizeLimit(HttpMiddleware):

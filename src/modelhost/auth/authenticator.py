@@ -6,12 +6,13 @@ import hmac
 
 from sqlalchemy import select
 
+from modelhost.auth.limits import Limits
 from modelhost.auth.principal import ADMIN, Principal, PrincipalKind
 from modelhost.auth.secrets import hash_secret, looks_like_secret
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.errors import InvalidAPIKey
 from modelhost.store.db import Database
-from modelhost.store.models import ApiKey
+from modelhost.store.models import Account, ApiKey
 
 
 def bearer_token(authorization: str | None) -> str:
@@ -58,7 +59,8 @@ class Authenticator:
                 and row.revoked_at is None
                 and hmac.compare_digest(row.secret_hash.encode(), digest.encode())
             ):
-                return _principal_of(row)
+                account = session.get(Account, row.account_id)
+                return _principal_of(row, account.limits if account is not None else None)
         return None
 
     def forget_all(self) -> None:
@@ -66,12 +68,13 @@ class Authenticator:
         self.cache.clear()
 
 
-def _principal_of(row: ApiKey) -> Principal:
-    if row.deployment_ids is None:
-        return Principal(kind=PrincipalKind.ACCOUNT, account_id=row.account_id, key_id=row.id)
+def _principal_of(row: ApiKey, account_limits: dict[str, int | None] | None) -> Principal:
+    deployment_ids = frozenset(row.deployment_ids) if row.deployment_ids is not None else None
     return Principal(
-        kind=PrincipalKind.DEPLOYMENT,
+        kind=PrincipalKind.ACCOUNT if deployment_ids is None else PrincipalKind.DEPLOYMENT,
         account_id=row.account_id,
         key_id=row.id,
-        deployment_ids=frozenset(row.deployment_ids),
+        deployment_ids=deployment_ids,
+        limits=Limits.of(row.limits),
+        account_limits=Limits.of(account_limits),
     )

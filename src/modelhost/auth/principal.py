@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
+
+from modelhost.auth.limits import Limits, Subject
 
 
 class PrincipalKind(StrEnum):
@@ -17,13 +20,16 @@ class Principal:
     """An authenticated caller.
 
     `deployment_ids` is None for account keys (every deployment of the account) and the exact
-    scope for deployment keys.
+    scope for deployment keys. `limits` are the key's rate limits, `account_limits` its account's
+    (auth/limits.py; None: unlimited).
     """
 
     kind: PrincipalKind
     account_id: str | None = None
     key_id: str | None = None
     deployment_ids: frozenset[str] | None = None
+    limits: Limits | None = None
+    account_limits: Limits | None = None
 
     def covers(self, deployment_id: str) -> bool:
         if self.kind is PrincipalKind.ACCOUNT:
@@ -32,5 +38,26 @@ class Principal:
             return self.deployment_ids is not None and deployment_id in self.deployment_ids
         return False
 
+    def limited(self) -> tuple[Subject, ...]:
+        """Whom a request of this key counts against: the key and its account, where they have limits."""
+        subjects = []
+        if self.limits is not None:
+            subjects.append(Subject(f"key:{self.key_id}", self.limits))
+        if self.account_limits is not None:
+            subjects.append(Subject(f"account:{self.account_id}", self.account_limits))
+        return tuple(subjects)
+
 
 ADMIN = Principal(kind=PrincipalKind.ADMIN)
+
+# The key the current request runs for: what a replica's fair queuing takes turns between
+# (`runtime.host`). Set when the request's deployment is resolved (`api.deps.deployment_for`).
+_TENANT: ContextVar[str] = ContextVar("modelhost_tenant", default="")
+
+
+def acting_for(principal: Principal) -> None:
+    _TENANT.set(principal.key_id or "")
+
+
+def current_tenant() -> str:
+    return _TENANT.get()

@@ -45,8 +45,19 @@ AdminKey = Annotated[
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 DEFAULT_URL = "http://127.0.0.1:8000"
 
-ACCOUNT_COLUMNS = ("id", "name", "credits", "credits_used", "created_at")
-KEY_COLUMNS = ("id", "name", "kind", "deployments", "prefix", "created_at", "revoked_at")
+ACCOUNT_COLUMNS = ("id", "name", "credits", "credits_used", "limits", "created_at")
+KEY_COLUMNS = ("id", "name", "kind", "deployments", "prefix", "limits", "created_at", "revoked_at")
+Rpm = Annotated[int | None, typer.Option("--rpm", help="Requests per minute (docs/limits.md).")]
+Tpm = Annotated[int | None, typer.Option("--tpm", help="Tokens per minute (docs/limits.md).")]
+Concurrency = Annotated[int | None, typer.Option("--concurrency", help="Requests at once (docs/limits.md).")]
+
+
+def limits_of(rpm: int | None, tpm: int | None, concurrency: int | None) -> dict[str, int | None] | None:
+    """The API's `limits` object from the CLI's options; None where none is given."""
+    limits = {"requests_per_minute": rpm, "tokens_per_minute": tpm, "concurrent_requests": concurrency}
+    return limits if any(v is not None for v in limits.values()) else None
+
+
 ARTIFACT_COLUMNS = ("id", "display_name", "pipeline", "status", "size_gb", "updated_at")
 USAGE_COLUMNS = ("credits_balance", "credits_used", "credits", "compute_credits", "storage_credits")
 ARTIFACT_USAGE_COLUMNS = ("artifact_id", "display_name", "compute_credits", "storage_credits")
@@ -172,12 +183,17 @@ def accounts_create(
         float | None,
         typer.Option(help="Initial credits (default: the server's MODELHOST_BILLING_INITIAL_CREDITS)."),
     ] = None,
+    rpm: Rpm = None,
+    tpm: Tpm = None,
+    concurrency: Concurrency = None,
     url: Url = DEFAULT_URL,
     admin_key: AdminKey = None,
     as_json: Json = False,
 ) -> None:
     """Create an account; prints its first account key (shown once)."""
     body: dict[str, object] = {"name": name} if credits is None else {"name": name, "credits": credits}
+    if (limits := limits_of(rpm, tpm, concurrency)) is not None:
+        body["limits"] = limits
     data = ApiClient(url, admin_key).call("POST", "/v1/admin/accounts", json=body)
     show(data, (*ACCOUNT_COLUMNS, "api_key"), as_json)
 
@@ -195,6 +211,22 @@ def accounts_credit(
     show(ApiClient(url, admin_key).call("POST", path, json={"credits": credits}), ACCOUNT_COLUMNS, as_json)
 
 
+@accounts_app.command("limit")
+def accounts_limit(
+    account_id: Annotated[str, typer.Argument(help="Account ID (acct_...).")],
+    rpm: Rpm = None,
+    tpm: Tpm = None,
+    concurrency: Concurrency = None,
+    url: Url = DEFAULT_URL,
+    admin_key: AdminKey = None,
+    as_json: Json = False,
+) -> None:
+    """Set an account's rate limits (replacing them; none given: unlimited)."""
+    path = f"/v1/admin/accounts/{quote(account_id, safe='')}"
+    body = {"limits": limits_of(rpm, tpm, concurrency)}
+    show(ApiClient(url, admin_key).call("PATCH", path, json=body), ACCOUNT_COLUMNS, as_json)
+
+
 @accounts_app.command("list")
 def accounts_list(url: Url = DEFAULT_URL, admin_key: AdminKey = None, as_json: Json = False) -> None:
     """List accounts."""
@@ -210,14 +242,19 @@ def keys_create(
             "--deployment", "-d", help="Scope to this deployment ID (repeatable). None: account key."
         ),
     ] = None,
+    rpm: Rpm = None,
+    tpm: Tpm = None,
+    concurrency: Concurrency = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
 ) -> None:
-    """Create a key; prints its secret (shown once)."""
+    """Create a key; prints its secret (shown once). Its limits may not exceed the account's."""
     body: dict[str, object] = {"name": name}
     if deployment:
         body["deployments"] = deployment
+    if (limits := limits_of(rpm, tpm, concurrency)) is not None:
+        body["limits"] = limits
     show(ApiClient(url, key).call("POST", "/v1/keys", json=body), (*KEY_COLUMNS, "api_key"), as_json)
 
 
@@ -225,6 +262,22 @@ def keys_create(
 def keys_list(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:
     """List keys (never their secrets)."""
     show(ApiClient(url, key).call("GET", "/v1/keys"), KEY_COLUMNS, as_json)
+
+
+@keys_app.command("limit")
+def keys_limit(
+    key_id: Annotated[str, typer.Argument(help="Key ID (key_...).")],
+    rpm: Rpm = None,
+    tpm: Tpm = None,
+    concurrency: Concurrency = None,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Set a key's rate limits (replacing them; none given: unlimited), from its next request."""
+    path = f"/v1/keys/{quote(key_id, safe='')}"
+    body = {"limits": limits_of(rpm, tpm, concurrency)}
+    show(ApiClient(url, key).call("PATCH", path, json=body), KEY_COLUMNS, as_json)
 
 
 @keys_app.command("revoke")

@@ -39,4 +39,6 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, list):
         return ", ".join(str(v) for v in value)
+    if isinstance(value, dict):  # `limits`: those set
+        return ", ".join(f"{k}={v}" for k, v in value.items() if v is not None) or "-"
     return str(value)

@@ -45,10 +45,44 @@ Name = Annotated[str, Field(min_length=1, max_length=200)]
 Credits = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
 
 
+PerMinute = Annotated[int, Field(ge=1, le=10**12)]
+
+
+class RateLimits(StrictModel):
+    """Rate limits of an account or a key (docs/limits.md). Each is optional: absent or null means
+    unlimited. A request over one is a 429 `rate_limit_exceeded` with `Retry-After`."""
+
+    requests_per_minute: PerMinute | None = Field(
+        default=None, description="Requests admitted per minute (a bucket refilled continuously)."
+    )
+    tokens_per_minute: PerMinute | None = Field(
+        default=None,
+        description="Tokens per minute: prompt plus completion tokens for generation, input tokens for "
+        "embeddings and the other text tasks; media tasks count requests only.",
+    )
+    concurrent_requests: Annotated[int, Field(ge=1, le=10**6)] | None = Field(
+        default=None, description="Requests in flight at once."
+    )
+
+
+LIMITS_DESCRIPTION = (
+    "Rate limits (docs/limits.md); null or absent: unlimited. A key's limits may not exceed its "
+    "account's (400 `limit_above_account`)."
+)
+
+
 class AccountCreate(StrictModel):
     name: Name
     credits: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] | None = Field(
         default=None, description="Credits granted at creation; omitted: the operator's initial grant."
+    )
+    limits: RateLimits | None = Field(default=None, description=LIMITS_DESCRIPTION)
+
+
+class AccountPatch(StrictModel):
+    name: Name | None = None
+    limits: RateLimits | None = Field(
+        default=None, description=LIMITS_DESCRIPTION + " Given, it replaces the account's limits whole."
     )
 
 
@@ -64,6 +98,7 @@ class Account(BaseModel):
         description="All credits granted so far (top-ups and corrections included)."
     )
     credits_used: float = Field(description="All credits billed so far (the sum of the ledger).")
+    limits: RateLimits | None = Field(default=None, description=LIMITS_DESCRIPTION)
     created_at: datetime
 
 
@@ -76,6 +111,16 @@ class KeyCreate(StrictModel):
     deployments: Annotated[list[str], Field(min_length=1, max_length=100)] | None = Field(
         default=None, description="Deployment IDs this key may call; omitted for an account key."
     )
+    limits: RateLimits | None = Field(default=None, description=LIMITS_DESCRIPTION)
+
+
+class KeyPatch(StrictModel):
+    name: Name | None = None
+    limits: RateLimits | None = Field(
+        default=None,
+        description=LIMITS_DESCRIPTION + " Given, it replaces the key's limits whole (null: none); "
+        "it takes effect on the key's next request.",
+    )
 
 
 class Key(BaseModel):
@@ -84,6 +129,7 @@ class Key(BaseModel):
     kind: Literal["account", "deployment"]
     deployments: list[str] | None
     prefix: str = Field(description="First characters of the secret, to tell keys apart.")
+    limits: RateLimits | None = Field(default=None, description=LIMITS_DESCRIPTION)
     created_at: datetime
     revoked_at: datetime | None = None
 

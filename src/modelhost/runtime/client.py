@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import msgspec
 
+from modelhost.auth.principal import current_tenant
 from modelhost.runtime.protocol import (
     Cancel,
     Events,
@@ -156,7 +157,7 @@ class ReplicaConnection(asyncio.Protocol):
         future: asyncio.Future[Payload] = asyncio.get_running_loop().create_future()
         self._waiting.calls[request_id] = future
         try:
-            self._write(Run(request_id, item))
+            self._write(Run(request_id, item, current_tenant()))
         except ReplicaDied as exc:  # never sent: free to go to another replica
             del self._waiting.calls[request_id]
             raise ReplicaDiedBeforeStart(str(exc)) from exc

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from modelhost.auth.limits import count_tokens
 from modelhost.errors import DeploymentUnavailable, GatewayTimeout, InvalidRequest, ModelhostError, Overloaded
 from modelhost.runtime import metrics
 from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
@@ -109,6 +110,9 @@ class Dispatcher:
             self._release()
         if "error" in output:
             raise item_failure(output["error"])
+        tokens = output.get("tokens")
+        if isinstance(tokens, int):  # the input tokens of embeddings and reranking (rate limits)
+            count_tokens(tokens)
         return output
 
     @staticmethod
@@ -126,16 +130,20 @@ class Dispatcher:
         """A generation's events from the least busy live replica; an `error` event is raised."""
         target = _pick(targets)
         self._admit()
+        prompt = completion = 0  # its tokens, for rate limits: the prompt's, and those generated so far
         try:
             async with contextlib.aclosing(target.stream(request)) as events:
                 async for event in events:
                     if "error" in event:
                         raise item_failure(event["error"])
+                    prompt = int(event.get("prompt_tokens", prompt))
+                    completion = int(event.get("completion_tokens", completion))
                     yield event
         except ReplicaDied as exc:
             raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
         finally:
             self._release()
+            count_tokens(prompt + completion)
 
 
 # The in-flight gauge is written by one task per process every PUBLISH_SECONDS, not per request: in

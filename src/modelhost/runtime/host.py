@@ -11,6 +11,11 @@ that was idle starts at once, as waiting would only add latency; right after a b
 `max_wait` for as many requests as that batch carried, because under load the callers it just
 answered come back within moments and the next call is then as full as the last.
 
+Fair queuing: a batch task's requests wait in one queue per key (the `tenant` of `Run`), and a batch
+is filled one request per key in turn, the turn going on from batch to batch (round-robin), so that a
+key with many requests waiting does not hold back a key with few; each key's requests keep their order.
+Generation is left to its engine's own scheduler.
+
 A connection (`peer`) that closes takes its requests with it: its waiting requests are dropped and its
 generations stopped, so a gateway process that dies loses only its own work.
 """
@@ -56,6 +61,7 @@ class _Waiting:
     peer: Peer
     id: int
     item: Payload
+    tenant: str = ""
 
 
 class ReplicaHost:
@@ -78,7 +84,8 @@ class ReplicaHost:
         self._max_wait = max_wait
         self._clock = clock
         self.streaming = is_streaming(handler)
-        self._queue: deque[_Waiting] = deque()
+        self._queues: dict[str, deque[_Waiting]] = {}  # per tenant, in the order of their turns
+        self._queued = 0
         self._waiting: dict[tuple[Peer, int], _Waiting] = {}
         self._last_batch = 1
         self._freed_at: float | None = None  # when the last batch ended (None: idle since)
@@ -104,7 +111,7 @@ class ReplicaHost:
         elif isinstance(message, Cancel):
             self._cancel(peer, message.id)
         elif isinstance(message, StatsRequest):
-            self._other.append((peer, Stats(message.id, len(self._queue), self.running)))
+            self._other.append((peer, Stats(message.id, self._queued, self.running)))
 
     def drop(self, peer: Peer) -> None:
         """The connection closed: forget its waiting requests, stop its generations."""
@@ -120,8 +127,9 @@ class ReplicaHost:
         if self.streaming:
             self._other.append((peer, Failed([message.id], "this replica serves a streaming task")))
             return
-        waiting = _Waiting(peer, message.id, message.item)
-        self._queue.append(waiting)
+        waiting = _Waiting(peer, message.id, message.item, message.tenant)
+        self._queues.setdefault(message.tenant, deque()).append(waiting)
+        self._queued += 1
         self._waiting[peer, message.id] = waiting
 
     def _generate(self, peer: Peer, message: Generate) -> None:
@@ -141,7 +149,11 @@ class ReplicaHost:
     def _cancel(self, peer: Peer, request_id: int) -> None:
         waiting = self._waiting.pop((peer, request_id), None)
         if waiting is not None:
-            self._queue.remove(waiting)
+            queue = self._queues[waiting.tenant]
+            queue.remove(waiting)
+            self._queued -= 1
+            if not queue:
+                del self._queues[waiting.tenant]
             return
         key = self._stream_keys.pop((peer, request_id), None)
         if key is not None and is_streaming(self._handler):
@@ -160,9 +172,9 @@ class ReplicaHost:
         self._publish()
         if is_streaming(self._handler):
             return None if self._handler.idle(self._state) else 0.0
-        if not self._queue:
+        if not self._queued:
             return None
-        if self._freed_at is not None and len(self._queue) < min(self._max_batch, self._last_batch):
+        if self._freed_at is not None and self._queued < min(self._max_batch, self._last_batch):
             remaining = self._freed_at + self._max_wait - self._clock()
             if remaining > 0:
                 return remaining
@@ -175,12 +187,11 @@ class ReplicaHost:
         requests it had begun."""
         if is_streaming(self._handler):
             self._step()
-        elif self._queue:
+        elif self._queued:
             self._batch(announce)
 
     def _batch(self, announce: Callable[[], None] | None) -> None:
-        count = min(self._max_batch, len(self._queue))
-        batch = [self._queue.popleft() for _ in range(count)]
+        batch = self._take(min(self._max_batch, self._queued))
         begun: dict[Peer, list[int]] = {}  # the batch's requests, by connection
         for waiting in batch:
             del self._waiting[waiting.peer, waiting.id]
@@ -200,9 +211,22 @@ class ReplicaHost:
         else:
             for waiting, output in zip(batch, outputs, strict=True):
                 self._results.setdefault(waiting.peer, []).append(Result(waiting.id, output))
-        self._batch_size.observe(count)
+        self._batch_size.observe(len(batch))
         self._inference_seconds.observe(time.perf_counter() - started)
-        self._last_batch, self._freed_at = count, self._clock()
+        self._last_batch, self._freed_at = len(batch), self._clock()
+
+    def _take(self, count: int) -> list[_Waiting]:
+        """`count` waiting requests, one per tenant in turn: the tenant whose turn it is gives its
+        oldest and goes to the back of the line (or leaves it, having none left)."""
+        batch: list[_Waiting] = []
+        while len(batch) < count:
+            tenant, queue = next(iter(self._queues.items()))
+            batch.append(queue.popleft())
+            del self._queues[tenant]
+            if queue:
+                self._queues[tenant] = queue
+        self._queued -= len(batch)
+        return batch
 
     def _step(self) -> None:
         assert is_streaming(self._handler)
@@ -226,7 +250,7 @@ class ReplicaHost:
 
     def _publish(self) -> None:
         """Queue depth and held sequences as gauges, written only when they change."""
-        now = (len(self._queue), self.running)
+        now = (self._queued, self.running)
         if now != self._published:
             self._published = now
             self._queue_depth.set(now[0])

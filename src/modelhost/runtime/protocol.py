@@ -27,10 +27,12 @@ Payload = dict[str, Any]
 
 
 class Run(msgspec.Struct, tag="run", array_like=True):
-    """One request for a batch task; the replica batches it with whatever else is waiting."""
+    """One request for a batch task; the replica batches it with whatever else is waiting, taking
+    turns between `tenant`s (the key it runs for; "" where none is known)."""
 
     id: int
     item: Payload
+    tenant: str = ""
 
 
 class Generate(msgspec.Struct, tag="generate", array_like=True):

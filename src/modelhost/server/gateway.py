@@ -22,7 +22,14 @@ from modelhost.api.app import create_app, settle_memory
 from modelhost.config import get_settings
 from modelhost.container import Services
 from modelhost.server.http import uvicorn_config
-from modelhost.server.remote import RemoteRuns, RemoteRuntime, RemoteVideos, SupervisorLink, share_caches
+from modelhost.server.remote import (
+    RemoteLimits,
+    RemoteRuns,
+    RemoteRuntime,
+    RemoteVideos,
+    SupervisorLink,
+    share_caches,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +63,7 @@ async def _serve(listener: socket.socket, control: str, log_level: str) -> None:
     runtime = RemoteRuntime(link, settings)
     runs, videos = RemoteRuns(link, welcome.agent_runner), RemoteVideos(link)
     services = await asyncio.to_thread(Services.build, settings, stand_ins=(runtime, videos, runs))
+    services.limits = RemoteLimits(link)
     share_caches(services.caches, link.tell)
     link.on_forget = lambda cache, key: services.caches[cache].forget_here(key)
     runtime.start(welcome.replicas)

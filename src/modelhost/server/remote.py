@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from modelhost.agents.store import RunJob
+from modelhost.auth.limits import Admitted, Subject
 from modelhost.cache import TTLCache
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError, ServiceUnavailable, rebuild
@@ -30,6 +31,7 @@ from modelhost.runtime.replica import ReplicaDied
 from modelhost.runtime.spec import LiveStatus
 from modelhost.server.control import (
     Acquire,
+    Admit,
     Apply,
     CancelVideo,
     Done,
@@ -39,6 +41,7 @@ from modelhost.server.control import (
     GetStatus,
     Hello,
     Refused,
+    Release,
     Remove,
     Replicas,
     ResumeAccount,
@@ -290,6 +293,22 @@ class RemoteVideos:
         await self._link.call(lambda n: CancelVideo(n, job_id))
 
 
+class RemoteLimits:
+    """Rate limits are counted in the supervisor, for every gateway process of the server at once
+    (exact across `serve --workers N`): a limited request is admitted by one call and released by
+    another, answered before the end of its answer goes out (so the client's next request, on any
+    process, finds its place back)."""
+
+    def __init__(self, link: SupervisorLink) -> None:
+        self._link = link
+
+    async def admit(self, subjects: tuple[Subject, ...]) -> Admitted:
+        return msgspec.convert(await self._link.call(lambda n: Admit(n, list(subjects))), Admitted)
+
+    async def release(self, ticket: int, tokens: int) -> None:
+        await self._link.call(lambda n: Release(n, ticket, tokens))
+
+
 def share_caches(caches: dict[str, TTLCache[Any]], tell: Callable[[Forget], None]) -> None:
     """What this process forgets on purpose (a revoked key, a changed deployment, a top-up), every
     process forgets: announce it."""
@@ -297,4 +316,12 @@ def share_caches(caches: dict[str, TTLCache[Any]], tell: Callable[[Forget], None
         cache.on_forget = lambda key, name=name: tell(Forget(name, key))
 
 
-__all__ = ["ModelhostError", "RemoteRuns", "RemoteRuntime", "RemoteVideos", "ReplicaDied", "SupervisorLink"]
+__all__ = [
+    "ModelhostError",
+    "RemoteLimits",
+    "RemoteRuns",
+    "RemoteRuntime",
+    "RemoteVideos",
+    "ReplicaDied",
+    "SupervisorLink",
+]

@@ -24,11 +24,13 @@ from typing import Any
 import msgspec
 import uvicorn
 
+from modelhost.auth.limits import LocalLimits
 from modelhost.container import Services, Supervision
 from modelhost.errors import ModelhostError
 from modelhost.metrics import process_gone
 from modelhost.server.control import (
     Acquire,
+    Admit,
     Apply,
     CancelVideo,
     Done,
@@ -37,6 +39,7 @@ from modelhost.server.control import (
     GetStatus,
     Hello,
     Refused,
+    Release,
     Remove,
     Replicas,
     ResumeAccount,
@@ -60,13 +63,18 @@ class _Session(asyncio.Protocol):
         self._server = server
         self._reader = FrameReader()
         self.transport: asyncio.Transport | None = None
+        self.tickets: set[int] = set()  # rate-limited requests of this process still in flight
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self._server.sessions.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """The gateway process is gone (it died, or stopped): its requests in flight are too."""
         self._server.sessions.discard(self)
+        for ticket in self.tickets:
+            self._server.limiter.release(ticket)
+        self.tickets.clear()
 
     def data_received(self, data: bytes) -> None:
         for body in self._reader.feed(data):
@@ -94,6 +102,8 @@ class ControlServer:
         self.sessions: set[_Session] = set()
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        assert isinstance(services.limits, LocalLimits)  # the server's one limiter is the supervisor's
+        self.limiter = services.limits.limiter
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -121,7 +131,21 @@ class ControlServer:
 
     def received(self, session: _Session, message: ToSupervisor) -> None:
         runtime = self._supervision.runtime
-        if isinstance(message, Touch):
+        if isinstance(message, Admit):  # answered at once: no task, the hot path of limited keys
+            try:
+                admitted = self.limiter.admit(tuple(message.subjects))
+            except ModelhostError as exc:
+                session.send(
+                    Refused(message.call, type(exc).__name__, exc.message, exc.param, exc.code, exc.headers)
+                )
+                return
+            session.tickets.add(admitted.ticket)
+            session.send(Done(message.call, admitted))
+        elif isinstance(message, Release):
+            session.tickets.discard(message.ticket)
+            self.limiter.release(message.ticket, message.tokens)
+            session.send(Done(message.call))
+        elif isinstance(message, Touch):
             runtime.touch(message.deployment_ids)
         elif isinstance(message, Forget):
             cache = self._services.caches.get(message.cache)

@@ -9,8 +9,8 @@ from sqlalchemy import select
 
 from modelhost.billing.ledger import Ledger
 from modelhost.billing.rates import to_micro
-from modelhost.errors import NotFound
-from modelhost.services.keys import KeyService
+from modelhost.errors import InvalidRequest, NotFound
+from modelhost.services.keys import KeyService, StoredLimits, stored_limits
 from modelhost.store.db import Database
 from modelhost.store.models import Account
 from modelhost.store.types import new_id
@@ -32,12 +32,16 @@ class AccountService:
         self._ledger = ledger
         self._initial_credits = initial_credits
 
-    def create(self, name: str, credits: float | None) -> tuple[AccountView, str]:
+    def create(
+        self, name: str, credits: float | None, limits: StoredLimits | None = None
+    ) -> tuple[AccountView, str]:
         """A new account and its first account key; returns it and the key's secret.
         Without `credits` the account gets the operator's initial grant."""
         granted = to_micro(self._initial_credits if credits is None else credits)
         with self._database.transaction() as session:
-            account = Account(id=new_id("acct"), name=name, credits_granted_micro=granted)
+            account = Account(
+                id=new_id("acct"), name=name, credits_granted_micro=granted, limits=stored_limits(limits)
+            )
             session.add(account)
             session.flush()
             _, secret = self._keys.create_in(session, account.id, name="default", deployment_ids=None)
@@ -53,6 +57,23 @@ class AccountService:
             account = session.get(Account, account_id)
             if account is None:
                 raise NotFound("Account not found", param="account_id", code="account_not_found")
+        return self._views([account])[0]
+
+    def update(self, account_id: str, changes: dict[str, object]) -> AccountView:
+        """Rename an account or replace its limits (`changes`: the fields given). Its keys' own limits
+        stay as they are: a key above the account's new limit is held to it by the account's own
+        bucket. Every gateway process reads the account's keys again on their next request."""
+        with self._database.transaction() as session:
+            account = session.get(Account, account_id, with_for_update=True)
+            if account is None:
+                raise NotFound("Account not found", param="account_id", code="account_not_found")
+            if "name" in changes:
+                if changes["name"] is None:
+                    raise InvalidRequest("An account's name cannot be null.", param="name")
+                account.name = changes["name"]  # type: ignore[assignment]
+            if "limits" in changes:
+                account.limits = stored_limits(changes["limits"])  # type: ignore[arg-type]
+        self._keys.forget_principals()
         return self._views([account])[0]
 
     def add_credits(self, account_id: str, credits: float) -> AccountView:

@@ -10,7 +10,14 @@ from modelhost.api.deps import AdminPrincipal, ServicesDep
 from modelhost.api.errors import error_responses
 from modelhost.billing.rates import to_credits
 from modelhost.protocol.common import ListOf
-from modelhost.protocol.management import Account, AccountCreate, AccountCreated, CreditsTopUp
+from modelhost.protocol.management import (
+    Account,
+    AccountCreate,
+    AccountCreated,
+    AccountPatch,
+    CreditsTopUp,
+    RateLimits,
+)
 from modelhost.services.accounts import AccountView
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], responses=error_responses(400, 401))
@@ -23,13 +30,15 @@ def present(view: AccountView) -> Account:
         credits=to_credits(view.balance_micro),
         credits_granted=to_credits(view.granted_micro),
         credits_used=to_credits(view.granted_micro - view.balance_micro),
+        limits=RateLimits(**view.account.limits) if view.account.limits else None,
         created_at=view.account.created_at,
     )
 
 
 @router.post("/accounts", summary="Create an account and its first account key", status_code=201)
 def create_account(body: AccountCreate, _admin: AdminPrincipal, services: ServicesDep) -> AccountCreated:
-    account, secret = services.accounts.create(body.name, body.credits)
+    limits = body.limits.model_dump() if body.limits is not None else None
+    account, secret = services.accounts.create(body.name, body.credits, limits)
     return AccountCreated(**present(account).model_dump(), api_key=secret)
 
 
@@ -43,6 +52,17 @@ def get_account(
     _admin: AdminPrincipal, services: ServicesDep, account_id: str = Path(max_length=64)
 ) -> Account:
     return present(services.accounts.get(account_id))
+
+
+@router.patch(
+    "/accounts/{account_id}",
+    summary="Rename an account or change its rate limits (effective on its keys' next request)",
+    responses=error_responses(404),
+)
+def update_account(
+    body: AccountPatch, _admin: AdminPrincipal, services: ServicesDep, account_id: str = Path(max_length=64)
+) -> Account:
+    return present(services.accounts.update(account_id, body.model_dump(include=body.model_fields_set)))
 
 
 @router.post(

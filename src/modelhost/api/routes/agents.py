@@ -34,7 +34,7 @@ from modelhost.protocol.agents import (
     RunList,
 )
 
-router = APIRouter(tags=["agents"], responses=error_responses(400, 401, 402, 404))
+router = APIRouter(tags=["agents"], responses=error_responses(400, 401, 402, 404, 429))
 CHAT_ENDPOINT = "/v1/chat/completions"  # an agent's model must serve chat: a text-generation deployment
 POLL_SECONDS = 0.1  # how often a followed event stream looks for new events
 

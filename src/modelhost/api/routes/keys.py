@@ -7,7 +7,7 @@ from fastapi import APIRouter, Path
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.protocol.common import Deleted, ListOf
-from modelhost.protocol.management import Key, KeyCreate, KeyCreated
+from modelhost.protocol.management import Key, KeyCreate, KeyCreated, KeyPatch, RateLimits
 from modelhost.store import models as rows
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=error_responses(400, 401))
@@ -20,6 +20,7 @@ def present(key: rows.ApiKey) -> Key:
         kind="account" if key.deployment_ids is None else "deployment",
         deployments=key.deployment_ids,
         prefix=key.secret_prefix,
+        limits=RateLimits(**key.limits) if key.limits else None,
         created_at=key.created_at,
         revoked_at=key.revoked_at,
     )
@@ -27,13 +28,26 @@ def present(key: rows.ApiKey) -> Key:
 
 @router.post("", summary="Create a key (account key, or deployment key with `deployments`)", status_code=201)
 def create_key(body: KeyCreate, principal: AccountPrincipal, services: ServicesDep) -> KeyCreated:
-    key, secret = services.keys.create(account_id_of(principal), body.name, body.deployments)
+    limits = body.limits.model_dump() if body.limits is not None else None
+    key, secret = services.keys.create(account_id_of(principal), body.name, body.deployments, limits)
     return KeyCreated(**present(key).model_dump(), api_key=secret)
 
 
 @router.get("", summary="List keys (secrets are never shown again)")
 def list_keys(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Key]:
     return ListOf[Key](data=[present(k) for k in services.keys.list_keys(account_id_of(principal))])
+
+
+@router.patch(
+    "/{key_id}",
+    summary="Rename a key or change its rate limits (effective on its next request)",
+    responses=error_responses(404),
+)
+def update_key(
+    body: KeyPatch, principal: AccountPrincipal, services: ServicesDep, key_id: str = Path(max_length=64)
+) -> Key:
+    changes = body.model_dump(include=body.model_fields_set)
+    return present(services.keys.update(account_id_of(principal), key_id, changes))
 
 
 @router.delete(

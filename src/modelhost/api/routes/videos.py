@@ -34,7 +34,7 @@ from modelhost.protocol.videos import (
 )
 
 router = APIRouter(
-    tags=["videos"], responses=error_responses(400, 401, 402, 404, 507), route_class=MediaBodyRoute
+    tags=["videos"], responses=error_responses(400, 401, 402, 404, 429, 507), route_class=MediaBodyRoute
 )
 MAX_FRAMES = 1024
 CONTENT_TYPES = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "image/jpeg"}

@@ -1,0 +1,244 @@
+"""Rate limits of keys and accounts (issue 31; docs/limits.md): requests and tokens per minute, and
+requests at once.
+
+A minute's limit is a bucket that holds at most the limit and refills continuously at limit / 60 per
+second (OpenAI's behaviour: a client that used its minute gets its first request back after 60 / limit
+seconds, not at the top of the next minute; `x-ratelimit-reset-*` is the time until the bucket is full
+again). A request takes one request from the bucket when it is admitted; its tokens are taken when it
+ends, once they are known (prompt plus completion for generation, input tokens for embeddings and the
+other text tasks), so a request may take the bucket below zero, and the next one waits until it has
+refilled to at least one token. Concurrent requests are a count, given back when a request ends.
+
+A request is checked against its key's limits and its account's, both at once: it is admitted only when
+both allow it, and it counts against both. The `RateLimiter` here is exact within one process; a
+server's gateway processes all ask the supervisor's (`server.control`'s `Admit` and `Release`), so the
+counts hold across `serve --workers N`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from modelhost.errors import (
+    ConcurrencyLimitReached,
+    RateLimitExceeded,
+    RequestsLimitReached,
+    TokensLimitReached,
+)
+
+MINUTE = 60.0
+CONCURRENCY_RETRY_SECONDS = 1  # `Retry-After` for requests at once: when one of them ends, unknown here
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """One key's or account's limits; None: unlimited."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent_requests: int | None = None
+
+    @classmethod
+    def of(cls, stored: dict[str, int | None] | None) -> Limits | None:
+        """The limits stored as JSON (None, or every field None: no limits)."""
+        if not stored:
+            return None
+        limits = cls(
+            requests_per_minute=stored.get("requests_per_minute"),
+            tokens_per_minute=stored.get("tokens_per_minute"),
+            concurrent_requests=stored.get("concurrent_requests"),
+        )
+        return limits if limits != cls() else None
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """Who a request counts against: `key:<id>` or `account:<id>`, with its limits."""
+
+    name: str
+    limits: Limits
+
+
+@dataclass(slots=True)
+class _Bucket:
+    level: float
+    at: float
+
+    def refill(self, capacity: int, now: float) -> float:
+        """Refill to now (at capacity per minute, never above it); the level."""
+        self.level = min(float(capacity), self.level + (now - self.at) * capacity / MINUTE)
+        self.at = now
+        return self.level
+
+
+@dataclass(slots=True)
+class _State:
+    requests: _Bucket | None = None
+    tokens: _Bucket | None = None
+    in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """An admitted request: its ticket (give it back with `release`) and the `x-ratelimit-*` headers of
+    its answer (those of the subject with the least left, per kind)."""
+
+    ticket: int
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class RateLimiter:
+    """The buckets and counts of every subject seen, in this process (see the module docstring)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._states: dict[str, _State] = {}
+        self._tickets: dict[int, tuple[Subject, ...]] = {}
+        self._numbers = itertools.count(1)
+
+    def admit(self, subjects: tuple[Subject, ...]) -> Admitted:
+        """Admit a request of `subjects` (its key's and its account's), or raise the
+        `RateLimitExceeded` of the first limit reached, with `Retry-After` and the headers."""
+        now = self._clock()
+        for subject in subjects:
+            self._check(subject, now)
+        for subject in subjects:
+            state = self._states[subject.name]
+            if state.requests is not None:
+                state.requests.level -= 1
+            state.in_flight += 1
+        ticket = next(self._numbers)
+        self._tickets[ticket] = subjects
+        return Admitted(ticket, self._headers(subjects, now))
+
+    def release(self, ticket: int, tokens: int = 0) -> None:
+        """The request of `ticket` ended having used `tokens`: its tokens are taken, its place given back.
+        An unknown ticket (already released) is ignored."""
+        subjects = self._tickets.pop(ticket, None)
+        if subjects is None:
+            return
+        now = self._clock()
+        for subject in subjects:
+            state = self._states[subject.name]
+            state.in_flight = max(0, state.in_flight - 1)
+            capacity = subject.limits.tokens_per_minute
+            if capacity is not None and tokens > 0:
+                bucket = state.tokens or _Bucket(float(capacity), now)
+                bucket.refill(capacity, now)
+                bucket.level -= tokens
+                state.tokens = bucket
+
+    def in_flight(self, name: str) -> int:
+        state = self._states.get(name)
+        return state.in_flight if state is not None else 0
+
+    def _check(self, subject: Subject, now: float) -> None:
+        limits = subject.limits
+        state = self._states.setdefault(subject.name, _State())
+        if limits.requests_per_minute is None:
+            state.requests = None
+        else:
+            state.requests = state.requests or _Bucket(float(limits.requests_per_minute), now)
+            level = state.requests.refill(limits.requests_per_minute, now)
+            if level < 1:
+                wait = (1 - level) * MINUTE / limits.requests_per_minute
+                raise self._refused(RequestsLimitReached, subject, "requests per minute", wait, now)
+        if limits.tokens_per_minute is not None and state.tokens is not None:
+            level = state.tokens.refill(limits.tokens_per_minute, now)
+            if level < 1:
+                wait = (1 - level) * MINUTE / limits.tokens_per_minute
+                raise self._refused(TokensLimitReached, subject, "tokens per minute", wait, now)
+        if limits.concurrent_requests is not None and state.in_flight >= limits.concurrent_requests:
+            wait = float(CONCURRENCY_RETRY_SECONDS)
+            raise self._refused(ConcurrencyLimitReached, subject, "concurrent requests", wait, now)
+
+    def _refused(
+        self, error: type[RateLimitExceeded], subject: Subject, what: str, wait: float, now: float
+    ) -> RateLimitExceeded:
+        kind, _, owner = subject.name.partition(":")
+        limit = getattr(subject.limits, what.replace(" ", "_"))
+        message = (
+            f"Rate limit reached for {kind} {owner} on {what}: limit {limit}. "
+            f"Please try again in {_duration(wait)}."
+        )
+        headers = {"Retry-After": str(max(1, math.ceil(wait))), **self._headers((subject,), now)}
+        return error(message, headers=headers)
+
+    def _headers(self, subjects: tuple[Subject, ...], now: float) -> dict[str, str]:
+        """OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, for each kind some subject
+        limits: from the subject with the least left."""
+        headers: dict[str, str] = {}
+        for kind in ("requests", "tokens"):
+            found: tuple[float, int, float] | None = None  # (left, limit, seconds to full)
+            for subject in subjects:
+                capacity = getattr(subject.limits, f"{kind}_per_minute")
+                if capacity is None:
+                    continue
+                bucket = getattr(self._states[subject.name], kind)
+                level = bucket.refill(capacity, now) if bucket is not None else float(capacity)
+                full_in = (capacity - level) * MINUTE / capacity
+                if found is None or level < found[0]:
+                    found = (level, capacity, full_in)
+            if found is not None:
+                left, capacity, full_in = found
+                headers[f"x-ratelimit-limit-{kind}"] = str(capacity)
+                headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(left)))
+                headers[f"x-ratelimit-reset-{kind}"] = _duration(full_in)
+        return headers
+
+
+class Limiter(Protocol):
+    """What the API admits requests through: the supervisor's `LocalLimits`, or in a server's other
+    gateway processes `server.remote.RemoteLimits`, which asks the supervisor's."""
+
+    async def admit(self, subjects: tuple[Subject, ...]) -> Admitted: ...
+
+    async def release(self, ticket: int, tokens: int) -> None: ...
+
+
+class LocalLimits:
+    """The limiter of this process (a server's supervisor, or a single-process server)."""
+
+    def __init__(self, limiter: RateLimiter | None = None) -> None:
+        self.limiter = limiter or RateLimiter()
+
+    async def admit(self, subjects: tuple[Subject, ...]) -> Admitted:
+        return self.limiter.admit(subjects)
+
+    async def release(self, ticket: int, tokens: int) -> None:
+        self.limiter.release(ticket, tokens)
+
+
+# The tokens the current request used so far, where it is limited (`api.middleware.RateLimits` sets
+# it; the code that knows a request's tokens adds them with `count_tokens`).
+_TOKENS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("modelhost_tokens", default=None)
+
+
+def start_counting() -> list[int]:
+    """A token count for the request running in this context (and the tasks it starts)."""
+    counter = [0]
+    _TOKENS.set(counter)
+    return counter
+
+
+def count_tokens(tokens: int) -> None:
+    """The current request used `tokens` more (a no-op where it is not limited)."""
+    counter = _TOKENS.get()
+    if counter is not None:
+        counter[0] += tokens
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's way of writing a reset time: `20ms`, `1.5s`, `6m0s`."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    if seconds < MINUTE:
+        return f"{seconds:.3g}s"
+    minutes, rest = divmod(seconds, MINUTE)
+    return f"{int(minutes)}m{rest:.0f}s"

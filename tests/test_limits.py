@@ -1,0 +1,107 @@
+"""The rate limiter's rules (auth/limits.py), on a clock the test moves: buckets that refill at the
+limit per minute, tokens taken when a request ends, requests at once, key and account together."""
+
+from __future__ import annotations
+
+import pytest
+
+from modelhost.auth.limits import Limits, RateLimiter, Subject
+from modelhost.errors import (
+    ConcurrencyLimitReached,
+    RateLimitExceeded,
+    RequestsLimitReached,
+    TokensLimitReached,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def key(**limits: int) -> Subject:
+    return Subject("key:key_a", Limits(**limits))
+
+
+def test_requests_per_minute_admits_exactly_the_limit_then_says_when_to_retry(clock: Clock) -> None:
+    limiter = RateLimiter(clock)
+    remaining = [limiter.admit((key(requests_per_minute=3),)).headers for _ in range(3)]
+    assert [h["x-ratelimit-remaining-requests"] for h in remaining] == ["2", "1", "0"]
+    assert remaining[0]["x-ratelimit-limit-requests"] == "3"
+    assert remaining[-1]["x-ratelimit-reset-requests"] == "1m0s"  # all three back after a minute
+    with pytest.raises(RequestsLimitReached) as refused:
+        limiter.admit((key(requests_per_minute=3),))
+    assert refused.value.status_code == 429 and refused.value.code == "rate_limit_exceeded"
+    assert refused.value.error_type == "requests"
+    assert refused.value.headers["Retry-After"] == "20"  # one request refills in 60 / 3 s
+    assert "requests per minute: limit 3" in refused.value.message
+    clock.now += 19.9
+    with pytest.raises(RequestsLimitReached):
+        limiter.admit((key(requests_per_minute=3),))
+    clock.now += 0.1
+    assert limiter.admit((key(requests_per_minute=3),)).headers["x-ratelimit-remaining-requests"] == "0"
+
+
+def test_tokens_are_taken_when_the_request_ends_and_hold_back_the_next(clock: Clock) -> None:
+    limiter = RateLimiter(clock)
+    subject = key(tokens_per_minute=100)
+    first = limiter.admit((subject,))
+    assert first.headers["x-ratelimit-remaining-tokens"] == "100"
+    limiter.release(first.ticket, tokens=120)  # one request may go past the limit: its tokens were unknown
+    with pytest.raises(TokensLimitReached) as refused:
+        limiter.admit((subject,))
+    assert refused.value.error_type == "tokens"
+    assert refused.value.headers["Retry-After"] == "13"  # from -20 back to 1 token: 21 x 0.6 s
+    assert refused.value.headers["x-ratelimit-remaining-tokens"] == "0"
+    clock.now += 12.6
+    assert limiter.admit((subject,)).headers["x-ratelimit-remaining-tokens"] == "1"
+
+
+def test_concurrent_requests_are_counted_until_each_ends(clock: Clock) -> None:
+    limiter = RateLimiter(clock)
+    subject = key(concurrent_requests=2)
+    first, _ = limiter.admit((subject,)), limiter.admit((subject,))
+    with pytest.raises(ConcurrencyLimitReached) as refused:
+        limiter.admit((subject,))
+    assert refused.value.headers["Retry-After"] == "1"
+    limiter.release(first.ticket)
+    limiter.release(first.ticket)  # twice: ignored, not a place given back twice
+    limiter.admit((subject,))
+    with pytest.raises(ConcurrencyLimitReached):
+        limiter.admit((subject,))
+    assert limiter.in_flight("key:key_a") == 2
+
+
+def test_a_request_counts_against_its_key_and_its_account_and_the_tighter_one_refuses(clock: Clock) -> None:
+    limiter = RateLimiter(clock)
+    account = Subject("account:acct_a", Limits(requests_per_minute=2))
+    first_key, second_key = (
+        Subject("key:key_a", Limits(requests_per_minute=5)),
+        Subject("key:key_b", Limits()),
+    )
+    assert limiter.admit((first_key, account)).headers["x-ratelimit-remaining-requests"] == "1"
+    limiter.admit((second_key, account))
+    with pytest.raises(RateLimitExceeded) as refused:
+        limiter.admit((first_key, account))
+    assert "account acct_a" in refused.value.message
+    assert limiter.in_flight("key:key_a") == 1  # the refused request took nothing from its key
+
+
+def test_a_lowered_limit_applies_to_the_next_request(clock: Clock) -> None:
+    limiter = RateLimiter(clock)
+    limiter.admit((key(requests_per_minute=100),))
+    headers = limiter.admit((key(requests_per_minute=2),)).headers  # the bucket shrinks to the new limit
+    assert headers["x-ratelimit-limit-requests"] == "2" and headers["x-ratelimit-remaining-requests"] == "1"
+
+
+def test_no_limits_means_no_headers(clock: Clock) -> None:
+    assert RateLimiter(clock).admit((key(),)).headers == {}
+    assert Limits.of({"requests_per_minute": None}) is None and Limits.of(None) is None
