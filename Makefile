@@ -19,6 +19,7 @@ bench:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.gateway
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.generation
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.backends
+	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.tenancy
 
 ## Text generation on a GPU machine (a 0.95 B model; needs CUDA): writes its section of docs/benchmarks.md.
 bench-gpu:

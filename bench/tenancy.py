@@ -1,0 +1,148 @@
+"""Tenancy benchmark (issue 31): fairness between keys, and what rate limits cost, one run.
+
+    python -m bench.tenancy [--seconds 15] [--workers 1,2] [--out FILE]
+
+all-MiniLM-L6-v2 on torch, served, one short sentence per request (wrk):
+- **Fairness**: key A at 64 connections and key B at 1, each alone and then both at once. Issue 31's
+  targets: B's p50 with A ≤ 2 × B's p50 alone; A's requests/s with B ≥ 0.9 × A's alone.
+- **Overhead**: 64 connections of one key without limits, then of a key whose limits are far above
+  what it uses (every request admitted and counted), twice each, alternated. Target: gateway CPU per
+  request with limits within 10 % of without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import Served, WrkResult, deploy_minilm, serve, table, write_section, wrk
+from bench.embeddings import machine
+
+MANY, ONE = 64, 1
+HIGH_LIMITS = {"requests_per_minute": 10**12, "tokens_per_minute": 10**12, "concurrent_requests": 10**6}
+
+
+def new_key(served: Served, **body: Any) -> str:
+    created = httpx.post(
+        f"{served.url}/v1/keys", json=body, headers={"Authorization": f"Bearer {served.key}"}, timeout=30
+    )
+    created.raise_for_status()
+    secret: str = created.json()["api_key"]
+    return secret
+
+
+def together(
+    served: Served, body: dict[str, str], many: str, one: str, seconds: int
+) -> tuple[WrkResult, WrkResult]:
+    """Key `many` at 64 connections and key `one` at 1, over the same seconds."""
+    results: dict[str, WrkResult] = {}
+
+    def run_many() -> None:
+        results["many"] = wrk(served.url, "/v1/embeddings", body, many, MANY, seconds)
+
+    thread = threading.Thread(target=run_many)
+    thread.start()
+    results["one"] = wrk(served.url, "/v1/embeddings", body, one, ONE, seconds)
+    thread.join()
+    return results["many"], results["one"]
+
+
+def gateway_ms(served: Served, body: dict[str, str], key: str, seconds: int) -> tuple[float, WrkResult]:
+    """Gateway CPU milliseconds per request at 64 connections of `key`."""
+    before = served.cpu_seconds()[0]
+    run = wrk(served.url, "/v1/embeddings", body, key, MANY, seconds)
+    used = served.cpu_seconds()[0] - before
+    return used / (run.requests_per_second * seconds) * 1000, run
+
+
+def measure(workers: int, port: int, seconds: int) -> dict[str, Any]:
+    served = serve(port, MODELHOST_WORKERS=str(workers))
+    try:
+        body = deploy_minilm(served)
+        a, b, limited = (
+            new_key(served, name="a"),
+            new_key(served, name="b"),
+            new_key(served, limits=HIGH_LIMITS),
+        )
+        a_alone = wrk(served.url, "/v1/embeddings", body, a, MANY, seconds)
+        b_alone = wrk(served.url, "/v1/embeddings", body, b, ONE, seconds)
+        a_with, b_with = together(served, body, a, b, seconds)
+        costs: dict[str, list[float]] = {"without": [], "with": []}
+        runs: dict[str, list[WrkResult]] = {"without": [], "with": []}
+        for _ in range(2):
+            for name, key in (("without", a), ("with", limited)):
+                ms, run = gateway_ms(served, body, key, seconds)
+                costs[name].append(ms)
+                runs[name].append(run)
+    finally:
+        served.stop()
+    return {
+        "a_alone": a_alone,
+        "b_alone": b_alone,
+        "a_with": a_with,
+        "b_with": b_with,
+        "cost": {name: statistics.mean(values) for name, values in costs.items()},
+        "rate": {
+            name: statistics.mean(r.requests_per_second for r in values) for name, values in runs.items()
+        },
+        "errors": sum(r.errors for r in (a_alone, b_alone, a_with, b_with, *runs["without"], *runs["with"])),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--port", type=int, default=18865)
+    parser.add_argument("--workers", default="1,2", help="gateway process counts to serve with")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    args = parser.parse_args()
+    workers = [int(w) for w in args.workers.split(",")]
+    measured = {w: measure(w, args.port + i, args.seconds) for i, w in enumerate(workers)}
+
+    rows, lines = [], []
+    for w, m in measured.items():
+        rows += [
+            [f"--workers {w}, key A alone, {MANY} connections", f"{m['a_alone'].requests_per_second:.0f}",
+             f"{m['a_alone'].p50_ms:.1f}", f"{m['a_alone'].p99_ms:.1f}"],
+            [f"--workers {w}, key B alone, {ONE} connection", f"{m['b_alone'].requests_per_second:.0f}",
+             f"{m['b_alone'].p50_ms:.1f}", f"{m['b_alone'].p99_ms:.1f}"],
+            [f"--workers {w}, key A beside B", f"{m['a_with'].requests_per_second:.0f}",
+             f"{m['a_with'].p50_ms:.1f}", f"{m['a_with'].p99_ms:.1f}"],
+            [f"--workers {w}, key B beside A", f"{m['b_with'].requests_per_second:.0f}",
+             f"{m['b_with'].p50_ms:.1f}", f"{m['b_with'].p99_ms:.1f}"],
+            [f"--workers {w}, {MANY} connections, no limits", f"{m['rate']['without']:.0f}", "-", "-"],
+            [f"--workers {w}, {MANY} connections, limited key", f"{m['rate']['with']:.0f}", "-", "-"],
+        ]  # fmt: skip
+        b_ratio = m["b_with"].p50_ms / m["b_alone"].p50_ms
+        a_ratio = m["a_with"].requests_per_second / m["a_alone"].requests_per_second
+        cost = m["cost"]["with"] / m["cost"]["without"]
+        lines.append(
+            f"- **--workers {w}: B's p50 beside A / alone: {b_ratio:.2f}** (target ≤ 2); **A's req/s "
+            f"beside B / alone: {a_ratio:.2f}** (target ≥ 0.9); **gateway CPU per request, limited / not: "
+            f"{cost:.2f}** "
+            f"({m['cost']['with']:.3f} against {m['cost']['without']:.3f} ms; target ≤ 1.10). Errors: "
+            f"{m['errors']}."
+        )
+    report = f"""## Tenancy: fairness between keys, and the cost of rate limits
+
+Machine: {machine()}. One run of `python -m bench.tenancy` (all-MiniLM-L6-v2 on torch, one short
+sentence per request, {args.seconds} s per wrk run; the limited key's limits are far above what it uses,
+so every request is admitted and counted; its two runs alternate with two unlimited ones, averaged).
+
+{table(["what", "req/s", "p50 ms", "p99 ms"], rows)}
+
+{chr(10).join(lines)}
+"""
+    print(report)
+    write_section(args.out, "## Tenancy:", report)
+
+
+if __name__ == "__main__":
+    main()
