@@ -319,34 +319,36 @@ def test_keys_list_json_shows_no_secrets(url: str, account: dict[str, Any]) -> N
     assert [key["name"] for key in listed["data"]] == ["default", "listed"]
     assert listed["data"][1]["id"] == created["id"]
     assert all(
-        set(key) == {"id", "name", "kind", "deployments", "prefix", "limits", "created_at", "revoked_at"}
+        set(key)
+        == {"id", "name", "kind", "deployments", "prefix", "limits", "use", "created_at", "revoked_at"}
         for key in listed["data"]
     )
     assert created["api_key"] not in result.stdout
     assert account["api_key"] not in result.stdout
 
 
+UNLIMITED = dict.fromkeys(
+    (
+        "requests_per_minute",
+        "tokens_per_minute",
+        "concurrent_requests",
+        "credits_per_day",
+        "credits_per_month",
+    )
+)
+
+
 def test_limits_are_set_from_the_cli_on_accounts_and_keys(url: str, account: dict[str, Any]) -> None:
     admin = ("--url", url, "--admin-key", ADMIN_KEY)
+    capped = ok_json("accounts", "limit", account["id"], "--rpm", "600", "--credits-per-day", "2.5", *admin)
+    assert capped["limits"] == {**UNLIMITED, "requests_per_minute": 600, "credits_per_day": 2.5}
     limited = ok_json("accounts", "limit", account["id"], "--rpm", "600", "--concurrency", "8", *admin)
-    assert limited["limits"] == {
-        "requests_per_minute": 600,
-        "tokens_per_minute": None,
-        "concurrent_requests": 8,
-    }
+    assert limited["limits"] == {**UNLIMITED, "requests_per_minute": 600, "concurrent_requests": 8}
     mine = ("--url", url, "--key", account["api_key"])
     created = ok_json("keys", "create", "--rpm", "60", "--tpm", "1000", *mine)
-    assert created["limits"] == {
-        "requests_per_minute": 60,
-        "tokens_per_minute": 1000,
-        "concurrent_requests": None,
-    }
+    assert created["limits"] == {**UNLIMITED, "requests_per_minute": 60, "tokens_per_minute": 1000}
     changed = ok_json("keys", "limit", created["id"], "--concurrency", "2", *mine)
-    assert changed["limits"] == {
-        "requests_per_minute": None,
-        "tokens_per_minute": None,
-        "concurrent_requests": 2,
-    }
+    assert changed["limits"] == {**UNLIMITED, "concurrent_requests": 2}
     table = ok("keys", "list", *mine).stdout
     assert "concurrent_requests=2" in table
     refused = cli("keys", "create", "--rpm", "601", *mine)

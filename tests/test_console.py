@@ -281,12 +281,15 @@ def test_a_scoped_key_is_created_shown_once_and_revoked(console: Console) -> Non
     page.fill("#key-name", XSS)
     page.check("#key-scoped")
     page.check("input.key-deployment[data-model='chat']")
+    page.fill("#key-requests_per_minute", "5")
     page.click("#key-form button")
     secret = page.locator("#key-secret").inner_text().strip()
     models = console.http.get("/v1/models", headers=bearer(secret))
     assert [m["id"] for m in models.json()["data"]] == ["chat"]
     row = page.locator("#key-list tr[data-revoked='no']", has_text=XSS)
     assert row.locator("td").nth(1).inner_text() == "deployment"
+    assert row.locator("td.limits").inner_text() == "Requests / min: 5"  # the limits set, and what is left
+    assert row.locator("td.use").inner_text() == "5 requests, 0 in flight"
     console.shot("keys")
     row.locator("button").click()
     row.locator("button").click()  # the second click confirms (no dialog)

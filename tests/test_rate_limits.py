@@ -8,6 +8,8 @@ OpenAI's: 429 `rate_limit_exceeded` with `Retry-After`, and `x-ratelimit-*` on e
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +61,8 @@ class Limited:
 
 @pytest.fixture(scope="module")
 async def limited(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> AsyncIterator[Limited]:
-    async with server_with(tmp_path_factory.mktemp("limits"), WORKERS) as server:
+    quick_billing = {"MODELHOST_BILLING_TICK_SECONDS": "1", "MODELHOST_BILLING_BALANCE_CACHE_SECONDS": "0.2"}
+    async with server_with(tmp_path_factory.mktemp("limits"), WORKERS, **quick_billing) as server:
         created = httpx.post(
             f"{server.url}/v1/admin/accounts",
             json={"name": "limited", "limits": {"requests_per_minute": 1000, "concurrent_requests": 50}},
@@ -81,6 +84,8 @@ def test_limits_are_set_on_accounts_and_keys_and_a_key_cannot_exceed_its_account
         "requests_per_minute": 1000,
         "tokens_per_minute": None,
         "concurrent_requests": 50,
+        "credits_per_day": None,
+        "credits_per_month": None,
     }
     above = limited.account("POST", "/v1/keys", limits={"requests_per_minute": 1001})
     assert_error(above, 400, code="limit_above_account", param="limits.requests_per_minute")
@@ -116,6 +121,8 @@ async def test_requests_per_minute_hold_exactly_across_the_gateway_processes(lim
     assert 1 <= int(refused.headers["retry-after"]) <= 15  # one request refills in 60 / 4 s
     assert "requests per minute: limit 4" in refused.json()["error"]["message"]
     assert "x-ratelimit-limit-tokens" not in refused.headers  # no token limit: no token headers
+    [listed] = [k for k in limited.account("GET", "/v1/keys").json()["data"] if key.startswith(k["prefix"])]
+    assert listed["use"] == {"in_flight": 0, "requests_remaining": 0, "tokens_remaining": None}
 
 
 async def test_concurrent_requests_are_refused_while_the_limit_is_in_flight_and_freed_when_done(
@@ -192,3 +199,31 @@ async def test_the_openai_sdk_sees_the_headers_and_its_retry_succeeds_after_the_
     assert raw.http_response.status_code == 200
     assert raw.headers["x-ratelimit-limit-requests"] == "60"
     assert len(raw.parse().data[0].embedding) > 0
+
+
+async def test_a_spend_cap_on_the_account_refuses_inference_with_insufficient_quota_until_raised(
+    limited: Limited,
+) -> None:
+    """The account's warm deployment is billed every second: a cap of one micro-credit a day is soon
+    spent, and inference is a 429 `insufficient_quota` (OpenAI's) on every gateway process."""
+    on_key = limited.account("POST", "/v1/keys", limits={"credits_per_day": 5})
+    assert_error(on_key, 400, code="spend_cap_on_key", param="limits.credits_per_day")
+    capped = limited.admin(
+        "PATCH", f"/v1/admin/accounts/{limited.account_id}", limits={"credits_per_day": 0.000001}
+    )
+    assert capped.status_code == 200 and capped.json()["limits"]["credits_per_day"] == 0.000001
+    try:
+        key = limited.new_key()
+        deadline = time.monotonic() + 30
+        while (answer := await limited.embed(key)).status_code != 429:  # billed at the next tick
+            assert answer.status_code == 200 and time.monotonic() < deadline, answer.text
+            await asyncio.sleep(0.2)
+        assert_error(answer, 429, code="insufficient_quota")
+        assert answer.json()["error"]["type"] == "insufficient_quota"
+        assert "credits per day" in answer.json()["error"]["message"]
+        assert 1 <= int(answer.headers["retry-after"]) <= 86400  # the next UTC day
+        for pid in limited.server.gateways():  # the ledger's: every process sees it
+            assert (await limited.embed(key, pid=pid)).status_code == 429
+    finally:
+        limited.admin("PATCH", f"/v1/admin/accounts/{limited.account_id}", limits=None)
+    assert (await limited.embed(key)).status_code == 200

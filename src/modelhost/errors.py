@@ -143,6 +143,14 @@ class ConcurrencyLimitReached(RateLimitExceeded):
     error_type = "concurrent_requests"
 
 
+class InsufficientQuota(ModelhostError):
+    """An account's spend cap (credits per day or month) is reached: OpenAI's 429 for a quota."""
+
+    status_code = 429
+    error_type = "insufficient_quota"
+    code = "insufficient_quota"
+
+
 class ClientClosedRequest(ModelhostError):
     """The client went away; nobody reads this answer, but metrics and logs see status 499."""
 

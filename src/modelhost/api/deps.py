@@ -130,6 +130,7 @@ async def deployment_for(
     acting_for(principal)  # the key its replica's fair queuing counts it under
     if billable:
         await services.billing.require_credits(account_id)
+        await services.billing.require_within_caps(account_id, principal.account_limits)
         subjects = principal.limited()
         if subjects and ADMITTED not in request.scope:  # once per request, however many models it names
             request.scope[ADMITTED] = await services.limits.admit(subjects)

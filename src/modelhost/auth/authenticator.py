@@ -68,7 +68,7 @@ class Authenticator:
         self.cache.clear()
 
 
-def _principal_of(row: ApiKey, account_limits: dict[str, int | None] | None) -> Principal:
+def _principal_of(row: ApiKey, account_limits: dict[str, float | None] | None) -> Principal:
     deployment_ids = frozenset(row.deployment_ids) if row.deployment_ids is not None else None
     return Principal(
         kind=PrincipalKind.ACCOUNT if deployment_ids is None else PrincipalKind.DEPLOYMENT,

@@ -38,23 +38,41 @@ CONCURRENCY_RETRY_SECONDS = 1  # `Retry-After` for requests at once: when one of
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """One key's or account's limits; None: unlimited."""
+    """One key's or account's limits; None: unlimited. The spend caps (credits) are an account's only,
+    and checked against the credit ledger (`billing.service.Billing.require_within_caps`), not here."""
 
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     concurrent_requests: int | None = None
+    credits_per_day: float | None = None
+    credits_per_month: float | None = None
 
     @classmethod
-    def of(cls, stored: dict[str, int | None] | None) -> Limits | None:
+    def of(cls, stored: dict[str, float | None] | None) -> Limits | None:
         """The limits stored as JSON (None, or every field None: no limits)."""
         if not stored:
             return None
+
+        def whole(name: str) -> int | None:
+            value = stored.get(name)
+            return int(value) if value is not None else None
+
         limits = cls(
-            requests_per_minute=stored.get("requests_per_minute"),
-            tokens_per_minute=stored.get("tokens_per_minute"),
-            concurrent_requests=stored.get("concurrent_requests"),
+            requests_per_minute=whole("requests_per_minute"),
+            tokens_per_minute=whole("tokens_per_minute"),
+            concurrent_requests=whole("concurrent_requests"),
+            credits_per_day=stored.get("credits_per_day"),
+            credits_per_month=stored.get("credits_per_month"),
         )
         return limits if limits != cls() else None
+
+    @property
+    def rated(self) -> bool:
+        """Whether a rate limit is set (what the rate limiter counts)."""
+        return any(
+            value is not None
+            for value in (self.requests_per_minute, self.tokens_per_minute, self.concurrent_requests)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +81,11 @@ class Subject:
 
     name: str
     limits: Limits
+
+    @classmethod
+    def of(cls, kind: str, owner: str | None, limits: Limits | None) -> Subject | None:
+        """The key's or account's (`kind`) subject, where it has rate limits (spend caps are not)."""
+        return cls(f"{kind}:{owner}", limits) if limits is not None and limits.rated else None
 
 
 @dataclass(slots=True)
@@ -82,6 +105,16 @@ class _State:
     requests: _Bucket | None = None
     tokens: _Bucket | None = None
     in_flight: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Use:
+    """What a subject has left now: requests and tokens in its buckets (None where not limited), and
+    its requests in flight."""
+
+    in_flight: int
+    requests_remaining: int | None = None
+    tokens_remaining: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +170,17 @@ class RateLimiter:
     def in_flight(self, name: str) -> int:
         state = self._states.get(name)
         return state.in_flight if state is not None else 0
+
+    def use(self, subject: Subject) -> Use:
+        """What `subject` has left now (a subject never seen has its buckets full)."""
+        now, state = self._clock(), self._states.get(subject.name) or _State()
+        left: dict[str, int | None] = {}
+        for kind in ("requests", "tokens"):
+            capacity = getattr(subject.limits, f"{kind}_per_minute")
+            bucket = getattr(state, kind)
+            level = None if capacity is None else bucket.refill(capacity, now) if bucket else float(capacity)
+            left[kind] = None if level is None else max(0, math.floor(level))
+        return Use(state.in_flight, left["requests"], left["tokens"])
 
     def _check(self, subject: Subject, now: float) -> None:
         limits = subject.limits
@@ -201,6 +245,8 @@ class Limiter(Protocol):
 
     async def release(self, ticket: int, tokens: int) -> None: ...
 
+    async def use(self, subjects: tuple[Subject, ...]) -> list[Use]: ...
+
 
 class LocalLimits:
     """The limiter of this process (a server's supervisor, or a single-process server)."""
@@ -213,6 +259,9 @@ class LocalLimits:
 
     async def release(self, ticket: int, tokens: int) -> None:
         self.limiter.release(ticket, tokens)
+
+    async def use(self, subjects: tuple[Subject, ...]) -> list[Use]:
+        return [self.limiter.use(subject) for subject in subjects]
 
 
 # The tokens the current request used so far, where it is limited (`api.middleware.RateLimits` sets

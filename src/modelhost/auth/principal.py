@@ -40,12 +40,11 @@ class Principal:
 
     def limited(self) -> tuple[Subject, ...]:
         """Whom a request of this key counts against: the key and its account, where they have limits."""
-        subjects = []
-        if self.limits is not None:
-            subjects.append(Subject(f"key:{self.key_id}", self.limits))
-        if self.account_limits is not None:
-            subjects.append(Subject(f"account:{self.account_id}", self.account_limits))
-        return tuple(subjects)
+        subjects = (
+            Subject.of("key", self.key_id, self.limits),
+            Subject.of("account", self.account_id, self.account_limits),
+        )
+        return tuple(subject for subject in subjects if subject is not None)
 
 
 ADMIN = Principal(kind=PrincipalKind.ADMIN)

@@ -286,6 +286,17 @@ class Ledger:
             totals = _granted_and_spent_in(session, ids)
         return {account: granted - spent for account, (granted, spent) in totals.items()}
 
+    def spent_since_micro(self, account_id: str, since_ms: int) -> int:
+        """Credits billed to the account for periods ending after `since_ms` (a spend cap's day or
+        month; a tick that straddles its start counts whole)."""
+        with self._database.transaction() as session:
+            total = session.scalar(
+                select(func.coalesce(func.sum(LedgerEntry.amount_micro), 0)).where(
+                    LedgerEntry.account_id == account_id, LedgerEntry.period_end_ms > since_ms
+                )
+            )
+        return int(total or 0)
+
     def usage(self, account_id: str, start_ms: int, end_ms: int) -> Usage | None:
         """Credits in `[start, end)` (by the end of each tick's period), with three breakdowns, and the
         balance read in the same transaction; None when the account does not exist."""

@@ -11,16 +11,18 @@ lifetime.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
+from modelhost.auth.limits import Limits
 from modelhost.billing.ledger import Billed, Ledger, Usage
 from modelhost.billing.meter import ComputeMeter, count
-from modelhost.billing.rates import to_credits
+from modelhost.billing.rates import to_credits, to_micro
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.clock import Clock
-from modelhost.errors import InsufficientCredits, InvalidRequest, NotFound
+from modelhost.errors import InsufficientCredits, InsufficientQuota, InvalidRequest, NotFound
 from modelhost.runtime.spec import DeploymentSpec
 
 log = logging.getLogger("modelhost.billing")
@@ -47,6 +49,9 @@ class Billing:
         self.tick_seconds = tick_seconds
         self._balances = balance_cache
         self._balance_loads: SingleFlight[int] = SingleFlight()
+        # What each capped account spent this day and month, trusted as long as a balance
+        self._spent: TTLCache[int] = TTLCache(balance_cache.ttl, balance_cache.max_entries)
+        self._spent_loads: SingleFlight[int] = SingleFlight()
 
     # ---------------------------------------------------------------- balances
 
@@ -75,6 +80,39 @@ class Billing:
         if balance is None:
             balance = await self._balance_loads.load(account_id, lambda: self.balance_micro(account_id))
         _refuse_if_exhausted(balance)
+
+    async def require_within_caps(self, account_id: str, limits: Limits | None) -> None:
+        """The request path: 429 `insufficient_quota` once the account has spent its cap of credits
+        this UTC day or month (docs/limits.md). Read from the ledger, so it holds across processes,
+        servers and restarts; it lags by up to a billing tick plus the balance cache."""
+        if limits is None:
+            return
+        now_ms = self.clock.now_ms()
+        for cap, (start, end), period in (
+            (limits.credits_per_day, _day(now_ms), "day"),
+            (limits.credits_per_month, _month(now_ms), "month"),
+        ):
+            if cap is None:
+                continue
+            key = f"{account_id}:{start}"
+            found, spent = self._spent.get(key)
+            if not found or spent is None:
+                spent = await self._spent_loads.load(
+                    key, functools.partial(self._read_spent, key, account_id, start)
+                )
+            if spent >= to_micro(cap):
+                wait = max(1, -(-(end - now_ms) // 1000))
+                raise InsufficientQuota(
+                    f"The account has spent its cap of {cap:g} credits per {period} "
+                    f"({to_credits(spent):.6f} used); it resets at the start of the next {period} (UTC), "
+                    f"in {wait} s.",
+                    headers={"Retry-After": str(wait)},
+                )
+
+    def _read_spent(self, key: str, account_id: str, since_ms: int) -> int:
+        spent = self.ledger.spent_since_micro(account_id, since_ms)
+        self._spent.put(key, spent)
+        return spent
 
     def check_can_load(self, spec: DeploymentSpec) -> None:
         """The runtime asks before loading a replica (called off the event loop)."""
@@ -154,6 +192,21 @@ def _refuse_if_exhausted(balance: int) -> None:
             f"The account is out of credits (balance {to_credits(balance):.6f}); "
             "ask the operator for a top-up."
         )
+
+
+def _day(now_ms: int) -> tuple[int, int]:
+    """The UTC day around `now_ms`: its start and the next day's, in ms."""
+    start = datetime.fromtimestamp(now_ms / 1000, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return _ms(start), _ms(start + timedelta(days=1))
+
+
+def _month(now_ms: int) -> tuple[int, int]:
+    """The UTC month around `now_ms`: its start and the next month's, in ms."""
+    start = datetime.fromtimestamp(now_ms / 1000, UTC).replace(
+        day=1, hour=0, minute=0, second=0, microsecond=0
+    )
+    following = (start + timedelta(days=32)).replace(day=1)
+    return _ms(start), _ms(following)
 
 
 def _ms(moment: datetime) -> int:

@@ -50,11 +50,27 @@ KEY_COLUMNS = ("id", "name", "kind", "deployments", "prefix", "limits", "created
 Rpm = Annotated[int | None, typer.Option("--rpm", help="Requests per minute (docs/limits.md).")]
 Tpm = Annotated[int | None, typer.Option("--tpm", help="Tokens per minute (docs/limits.md).")]
 Concurrency = Annotated[int | None, typer.Option("--concurrency", help="Requests at once (docs/limits.md).")]
+PerDay = Annotated[float | None, typer.Option("--credits-per-day", help="Spend cap: credits per UTC day.")]
+PerMonth = Annotated[
+    float | None, typer.Option("--credits-per-month", help="Spend cap: credits per UTC month.")
+]
 
 
-def limits_of(rpm: int | None, tpm: int | None, concurrency: int | None) -> dict[str, int | None] | None:
+def limits_of(
+    rpm: int | None,
+    tpm: int | None,
+    concurrency: int | None,
+    per_day: float | None = None,
+    per_month: float | None = None,
+) -> dict[str, float | None] | None:
     """The API's `limits` object from the CLI's options; None where none is given."""
-    limits = {"requests_per_minute": rpm, "tokens_per_minute": tpm, "concurrent_requests": concurrency}
+    limits: dict[str, float | None] = {
+        "requests_per_minute": rpm,
+        "tokens_per_minute": tpm,
+        "concurrent_requests": concurrency,
+        "credits_per_day": per_day,
+        "credits_per_month": per_month,
+    }
     return limits if any(v is not None for v in limits.values()) else None
 
 
@@ -186,13 +202,15 @@ def accounts_create(
     rpm: Rpm = None,
     tpm: Tpm = None,
     concurrency: Concurrency = None,
+    credits_per_day: PerDay = None,
+    credits_per_month: PerMonth = None,
     url: Url = DEFAULT_URL,
     admin_key: AdminKey = None,
     as_json: Json = False,
 ) -> None:
     """Create an account; prints its first account key (shown once)."""
     body: dict[str, object] = {"name": name} if credits is None else {"name": name, "credits": credits}
-    if (limits := limits_of(rpm, tpm, concurrency)) is not None:
+    if (limits := limits_of(rpm, tpm, concurrency, credits_per_day, credits_per_month)) is not None:
         body["limits"] = limits
     data = ApiClient(url, admin_key).call("POST", "/v1/admin/accounts", json=body)
     show(data, (*ACCOUNT_COLUMNS, "api_key"), as_json)
@@ -217,13 +235,15 @@ def accounts_limit(
     rpm: Rpm = None,
     tpm: Tpm = None,
     concurrency: Concurrency = None,
+    credits_per_day: PerDay = None,
+    credits_per_month: PerMonth = None,
     url: Url = DEFAULT_URL,
     admin_key: AdminKey = None,
     as_json: Json = False,
 ) -> None:
     """Set an account's rate limits (replacing them; none given: unlimited)."""
     path = f"/v1/admin/accounts/{quote(account_id, safe='')}"
-    body = {"limits": limits_of(rpm, tpm, concurrency)}
+    body = {"limits": limits_of(rpm, tpm, concurrency, credits_per_day, credits_per_month)}
     show(ApiClient(url, admin_key).call("PATCH", path, json=body), ACCOUNT_COLUMNS, as_json)
 
 

@@ -63,6 +63,14 @@ class RateLimits(StrictModel):
     concurrent_requests: Annotated[int, Field(ge=1, le=10**6)] | None = Field(
         default=None, description="Requests in flight at once."
     )
+    credits_per_day: Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False)] | None = Field(
+        default=None,
+        description="Accounts only: a spend cap, credits billed per UTC day; reached, inference is a 429 "
+        "`insufficient_quota` until the next day.",
+    )
+    credits_per_month: Annotated[float, Field(gt=0, le=1e12, allow_inf_nan=False)] | None = Field(
+        default=None, description="Accounts only: a spend cap, credits billed per UTC month."
+    )
 
 
 LIMITS_DESCRIPTION = (
@@ -114,6 +122,14 @@ class KeyCreate(StrictModel):
     limits: RateLimits | None = Field(default=None, description=LIMITS_DESCRIPTION)
 
 
+class KeyUse(BaseModel):
+    """What a limited key has left now (docs/limits.md): its buckets and its requests in flight."""
+
+    in_flight: int
+    requests_remaining: int | None = Field(default=None, description="Null: no requests limit.")
+    tokens_remaining: int | None = Field(default=None, description="Null: no tokens limit.")
+
+
 class KeyPatch(StrictModel):
     name: Name | None = None
     limits: RateLimits | None = Field(
@@ -130,6 +146,9 @@ class Key(BaseModel):
     deployments: list[str] | None
     prefix: str = Field(description="First characters of the secret, to tell keys apart.")
     limits: RateLimits | None = Field(default=None, description=LIMITS_DESCRIPTION)
+    use: KeyUse | None = Field(
+        default=None, description="A key with rate limits: what it has left now (listing only)."
+    )
     created_at: datetime
     revoked_at: datetime | None = None
 

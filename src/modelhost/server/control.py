@@ -103,6 +103,13 @@ class Release(msgspec.Struct, tag="release", array_like=True):
     tokens: int
 
 
+class GetUse(msgspec.Struct, tag="use", array_like=True):
+    """What these rate-limited subjects have left now (answered with a list of `Use`)."""
+
+    call: int
+    subjects: list[Subject]
+
+
 class Touch(msgspec.Struct, tag="touch", array_like=True):
     """These deployments were used (or are still in use) since the last `Touch`: not idle."""
 
@@ -152,6 +159,7 @@ ToSupervisor = (
     | CancelVideo
     | Admit
     | Release
+    | GetUse
     | Touch
     | Forget
 )

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from modelhost.agents.store import RunJob
-from modelhost.auth.limits import Admitted, Subject
+from modelhost.auth.limits import Admitted, Subject, Use
 from modelhost.cache import TTLCache
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError, ServiceUnavailable, rebuild
@@ -39,6 +39,7 @@ from modelhost.server.control import (
     FrameReader,
     FromSupervisor,
     GetStatus,
+    GetUse,
     Hello,
     Refused,
     Release,
@@ -307,6 +308,9 @@ class RemoteLimits:
 
     async def release(self, ticket: int, tokens: int) -> None:
         await self._link.call(lambda n: Release(n, ticket, tokens))
+
+    async def use(self, subjects: tuple[Subject, ...]) -> list[Use]:
+        return msgspec.convert(await self._link.call(lambda n: GetUse(n, list(subjects))), list[Use])
 
 
 def share_caches(caches: dict[str, TTLCache[Any]], tell: Callable[[Forget], None]) -> None:

@@ -37,6 +37,7 @@ from modelhost.server.control import (
     Forget,
     FrameReader,
     GetStatus,
+    GetUse,
     Hello,
     Refused,
     Release,
@@ -141,6 +142,8 @@ class ControlServer:
                 return
             session.tickets.add(admitted.ticket)
             session.send(Done(message.call, admitted))
+        elif isinstance(message, GetUse):
+            session.send(Done(message.call, [self.limiter.use(subject) for subject in message.subjects]))
         elif isinstance(message, Release):
             session.tickets.discard(message.ticket)
             self.limiter.release(message.ticket, message.tokens)

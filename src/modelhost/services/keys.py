@@ -12,7 +12,7 @@ from modelhost.store.db import Database
 from modelhost.store.models import Account, ApiKey, Deployment
 from modelhost.store.types import new_id, utcnow
 
-StoredLimits = dict[str, int | None]
+StoredLimits = dict[str, float | None]
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
 
 
@@ -23,7 +23,15 @@ def stored_limits(limits: StoredLimits | None) -> StoredLimits | None:
 
 
 def check_within_account(key_limits: StoredLimits | None, account_limits: StoredLimits | None) -> None:
-    """A key's limit may not exceed its account's (a limit the account does not have, it may set)."""
+    """A key's limit may not exceed its account's (a limit the account does not have, it may set). Spend
+    caps are an account's only: compute is billed per deployment's replicas, not per key."""
+    for name in ("credits_per_day", "credits_per_month"):
+        if (key_limits or {}).get(name) is not None:
+            raise InvalidRequest(
+                "Spend caps are set on accounts (credits are billed per deployment, not per key).",
+                param=f"limits.{name}",
+                code="spend_cap_on_key",
+            )
     for name in LIMIT_FIELDS:
         mine, theirs = (key_limits or {}).get(name), (account_limits or {}).get(name)
         if mine is not None and theirs is not None and mine > theirs:

@@ -31,7 +31,7 @@ class Account(Base):
     credits_granted_micro: Mapped[int] = mapped_column(BigInteger, default=0)
     # Rate limits set by the operator (auth/limits.py: requests and tokens per minute, requests at
     # once); None: unlimited. Every key of the account counts against them.
-    limits: Mapped[dict[str, int | None] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    limits: Mapped[dict[str, float | None] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -48,7 +48,7 @@ class ApiKey(Base):
     # None: an account key. A list: a deployment key covering exactly these deployment IDs.
     deployment_ids: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     # The key's own rate limits, set by its account, never above the account's; None: unlimited.
-    limits: Mapped[dict[str, int | None] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    limits: Mapped[dict[str, float | None] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 

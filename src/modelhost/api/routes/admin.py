@@ -30,7 +30,7 @@ def present(view: AccountView) -> Account:
         credits=to_credits(view.balance_micro),
         credits_granted=to_credits(view.granted_micro),
         credits_used=to_credits(view.granted_micro - view.balance_micro),
-        limits=RateLimits(**view.account.limits) if view.account.limits else None,
+        limits=RateLimits.model_validate(view.account.limits) if view.account.limits else None,
         created_at=view.account.created_at,
     )
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+
 from fastapi import APIRouter, Path
 
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
+from modelhost.auth.limits import Limits, Subject
 from modelhost.protocol.common import Deleted, ListOf
-from modelhost.protocol.management import Key, KeyCreate, KeyCreated, KeyPatch, RateLimits
+from modelhost.protocol.management import Key, KeyCreate, KeyCreated, KeyPatch, KeyUse, RateLimits
 from modelhost.store import models as rows
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=error_responses(400, 401))
@@ -20,7 +24,7 @@ def present(key: rows.ApiKey) -> Key:
         kind="account" if key.deployment_ids is None else "deployment",
         deployments=key.deployment_ids,
         prefix=key.secret_prefix,
-        limits=RateLimits(**key.limits) if key.limits else None,
+        limits=RateLimits.model_validate(key.limits) if key.limits else None,
         created_at=key.created_at,
         revoked_at=key.revoked_at,
     )
@@ -33,9 +37,18 @@ def create_key(body: KeyCreate, principal: AccountPrincipal, services: ServicesD
     return KeyCreated(**present(key).model_dump(), api_key=secret)
 
 
-@router.get("", summary="List keys (secrets are never shown again)")
-def list_keys(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Key]:
-    return ListOf[Key](data=[present(k) for k in services.keys.list_keys(account_id_of(principal))])
+@router.get("", summary="List keys (secrets are never shown again), with what limited keys have left")
+async def list_keys(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Key]:
+    found = await asyncio.to_thread(services.keys.list_keys, account_id_of(principal))
+    keys = [present(row) for row in found]
+    subjects = [
+        Subject.of("key", row.id, Limits.of(row.limits)) if row.revoked_at is None else None for row in found
+    ]
+    limited = [(key, subject) for key, subject in zip(keys, subjects, strict=True) if subject is not None]
+    uses = await services.limits.use(tuple(subject for _, subject in limited)) if limited else []
+    for (key, _), use in zip(limited, uses, strict=True):
+        key.use = KeyUse(**dataclasses.asdict(use))
+    return ListOf[Key](data=keys)
 
 
 @router.patch(
