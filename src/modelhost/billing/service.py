@@ -88,12 +88,13 @@ class Billing:
         if limits is None:
             return
         now_ms = self.clock.now_ms()
-        for cap, (start, end), period in (
-            (limits.credits_per_day, _day(now_ms), "day"),
-            (limits.credits_per_month, _month(now_ms), "month"),
+        for cap, bounds, period in (
+            (limits.credits_per_day, _day, "day"),
+            (limits.credits_per_month, _month, "month"),
         ):
             if cap is None:
                 continue
+            start, end = bounds(now_ms)
             key = f"{account_id}:{start}"
             found, spent = self._spent.get(key)
             if not found or spent is None:

@@ -136,9 +136,7 @@ class ControlServer:
             try:
                 admitted = self.limiter.admit(tuple(message.subjects))
             except ModelhostError as exc:
-                session.send(
-                    Refused(message.call, type(exc).__name__, exc.message, exc.param, exc.code, exc.headers)
-                )
+                session.send(_refused(message.call, exc))
                 return
             session.tickets.add(admitted.ticket)
             session.send(Done(message.call, admitted))
@@ -188,13 +186,18 @@ class ControlServer:
         try:
             value = await work
         except ModelhostError as exc:
-            session.send(Refused(call, type(exc).__name__, exc.message, exc.param, exc.code, exc.headers))
+            session.send(_refused(call, exc))
             return
         except Exception:
             log.exception("a control call failed")
             session.send(Refused(call, "ModelhostError", "Internal server error.", None, None, {}))
             return
         session.send(Done(call, value))
+
+
+def _refused(call: int, exc: ModelhostError) -> Refused:
+    """The error a call failed with, as the gateway process rebuilds it for its client."""
+    return Refused(call, type(exc).__name__, exc.message, exc.param, exc.code, exc.headers)
 
 
 class Gateways:

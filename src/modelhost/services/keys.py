@@ -42,6 +42,11 @@ def check_within_account(key_limits: StoredLimits | None, account_limits: Stored
             )
 
 
+def _check_within_account(session: Session, account_id: str, limits: StoredLimits | None) -> None:
+    account = session.get(Account, account_id)
+    check_within_account(limits, account.limits if account is not None else None)
+
+
 class KeyService:
     def __init__(self, database: Database, authenticator: Authenticator) -> None:
         self._database = database
@@ -78,8 +83,7 @@ class KeyService:
         limits: StoredLimits | None = None,
     ) -> tuple[ApiKey, str]:
         with self._database.transaction() as session:
-            account = session.get(Account, account_id)
-            check_within_account(limits, account.limits if account is not None else None)
+            _check_within_account(session, account_id, limits)
             if deployment_ids is not None:
                 deployment_ids = list(dict.fromkeys(deployment_ids))
                 owned = set(
@@ -105,10 +109,9 @@ class KeyService:
                 key.name = changes["name"]  # type: ignore[assignment]
             if "limits" in changes:
                 limits = stored_limits(changes["limits"])  # type: ignore[arg-type]
-                account = session.get(Account, account_id)
-                check_within_account(limits, account.limits if account is not None else None)
+                _check_within_account(session, account_id, limits)
                 key.limits = limits
-        self._authenticator.forget_all()
+        self.forget_principals()
         return key
 
     def forget_principals(self) -> None:
