@@ -1,9 +1,9 @@
-"""Encoders on ONNX Runtime (issue 30), through HTTP against a real `modelhost serve` process.
+"""Encoders on ONNX Runtime and OpenVINO (issue 30), through HTTP against a real `modelhost serve`.
 
 The suite runs encoders on torch (tests/__init__.py turns `MODELHOST_ENCODER_RUNTIMES` off); this
-module's server turns it on. Its deployments of the tiny feature-extraction (plain BERT and
-sentence-transformers) and text-classification models run on `auto` (measured at load), `onnxruntime`
-and `transformers`, and are compared: outputs equal within 1e-4, the choice and its reason on the
+module's server turns it on. The tiny model of every encoder task is deployed on `auto` (measured at
+load), on each runtime (`onnxruntime`, `openvino`: the same behaviour tests for both) and on
+`transformers`, and they are compared: outputs equal within 1e-4, the choice and its reason on the
 deployment, and the cached export read on a later load of the same artifact.
 """
 
@@ -26,6 +26,9 @@ from tests.server_process import ServerProcess
 from tests.test_tasks import b64, png
 
 TOLERANCE = 1e-4
+# Every runtime an encoder can run on, with the name its reason gives: each behaviour test runs on both
+ENGINES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
+each_runtime = pytest.mark.parametrize("engine", list(ENGINES))
 TEXTS = ["Hi.", "A longer sentence that pads the others in its batch, with several words.", "Two words"]
 
 
@@ -132,29 +135,35 @@ def test_auto_measures_onnxruntime_against_torch_at_the_first_load_and_says_so(
 
 
 @pytest.mark.parametrize("folder", ["t03_feature_extraction/hf", "t03_feature_extraction/st"])
-def test_embeddings_on_onnxruntime_equal_torchs_single_and_batched(
-    runtimes: Runtimes, recipes: Path, folder: str
+@each_runtime
+def test_embeddings_on_each_runtime_equal_torchs_single_and_batched(
+    runtimes: Runtimes, recipes: Path, folder: str, engine: str
 ) -> None:
-    on_ort = runtimes.deploy(recipes, folder, "feature-extraction", "onnxruntime")
+    on_runtime = runtimes.deploy(recipes, folder, "feature-extraction", engine)
     on_torch = runtimes.deploy(recipes, folder, "feature-extraction", "transformers")
-    batched = runtimes.embed(on_ort, TEXTS)
+    batched = runtimes.embed(on_runtime, TEXTS)
     assert np.abs(batched - runtimes.embed(on_torch, TEXTS)).max() <= TOLERANCE
     for index, text in enumerate(TEXTS):  # alone, unpadded: the same vector as in the padded batch
-        single = runtimes.embed(on_ort, [text])[0]
+        single = runtimes.embed(on_runtime, [text])[0]
         assert np.abs(single - batched[index]).max() <= TOLERANCE
-    deployment = runtimes.deployment(on_ort)
-    assert deployment["engine_in_use"] == "onnxruntime"
-    assert "ONNX Runtime" in deployment["engine_reason"]  # its own measure, or auto's from the cache
+    deployment = runtimes.deployment(on_runtime)
+    assert deployment["engine_in_use"] == engine
+    assert deployment["engine_reason"].startswith(ENGINES[engine] + " "), deployment[
+        "engine_reason"
+    ]  # its own measure, or auto's from the cache
 
 
-def test_text_classification_on_onnxruntime_equals_torchs(runtimes: Runtimes, recipes: Path) -> None:
-    on_ort = runtimes.deploy(recipes, "t15_text_classification", "text-classification", "onnxruntime")
+@each_runtime
+def test_text_classification_on_each_runtime_equals_torchs(
+    runtimes: Runtimes, recipes: Path, engine: str
+) -> None:
+    on_runtime = runtimes.deploy(recipes, "t15_text_classification", "text-classification", engine)
     on_torch = runtimes.deploy(recipes, "t15_text_classification", "text-classification", "transformers")
-    batched = runtimes.classify(on_ort, TEXTS)
+    batched = runtimes.classify(on_runtime, TEXTS)
     assert np.abs(batched - runtimes.classify(on_torch, TEXTS)).max() <= TOLERANCE
     for index, text in enumerate(TEXTS):  # alone, unpadded: the scores it got in the padded batch
-        assert np.abs(runtimes.classify(on_ort, [text])[0] - batched[index]).max() <= TOLERANCE
-    assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
+        assert np.abs(runtimes.classify(on_runtime, [text])[0] - batched[index]).max() <= TOLERANCE
+    assert runtimes.deployment(on_runtime)["engine_in_use"] == engine
 
 
 def test_a_later_load_of_the_same_artifact_reads_the_cached_export(runtimes: Runtimes, recipes: Path) -> None:
@@ -175,8 +184,9 @@ def test_a_later_load_of_the_same_artifact_reads_the_cached_export(runtimes: Run
     assert cached_exports(runtimes) == exports  # nothing exported again
 
 
-def test_reranking_on_onnxruntime_equals_torchs(runtimes: Runtimes, recipes: Path) -> None:
-    on_ort = runtimes.deploy(recipes, "t16_text_ranking", "text-ranking", "onnxruntime")
+@each_runtime
+def test_reranking_on_each_runtime_equals_torchs(runtimes: Runtimes, recipes: Path, engine: str) -> None:
+    on_runtime = runtimes.deploy(recipes, "t16_text_ranking", "text-ranking", engine)
     on_torch = runtimes.deploy(recipes, "t16_text_ranking", "text-ranking", "transformers")
     body = {"query": "which runtime is faster?", "documents": TEXTS, "return_documents": False}
 
@@ -184,30 +194,31 @@ def test_reranking_on_onnxruntime_equals_torchs(runtimes: Runtimes, recipes: Pat
         ranked = runtimes.post("/v1/rerank", model=model, **body)["results"]
         return [r["relevance_score"] for r in sorted(ranked, key=lambda r: r["index"])]
 
-    assert np.abs(np.array(scores(on_ort)) - np.array(scores(on_torch))).max() <= TOLERANCE
+    assert np.abs(np.array(scores(on_runtime)) - np.array(scores(on_torch))).max() <= TOLERANCE
     for index, document in enumerate(TEXTS):  # alone, unpadded: the score it got beside the others
-        alone = runtimes.post("/v1/rerank", model=on_ort, **{**body, "documents": [document]})["results"]
-        assert abs(alone[0]["relevance_score"] - scores(on_ort)[index]) <= TOLERANCE
-    assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
+        alone = runtimes.post("/v1/rerank", model=on_runtime, **{**body, "documents": [document]})["results"]
+        assert abs(alone[0]["relevance_score"] - scores(on_runtime)[index]) <= TOLERANCE
+    assert runtimes.deployment(on_runtime)["engine_in_use"] == engine
 
 
-def test_question_answering_on_onnxruntime_gives_torchs_spans_and_scores(
-    runtimes: Runtimes, recipes: Path
+@each_runtime
+def test_question_answering_on_each_runtime_gives_torchs_spans_and_scores(
+    runtimes: Runtimes, recipes: Path, engine: str
 ) -> None:
-    on_ort = runtimes.deploy(recipes, "t21_question_answering", "question-answering", "onnxruntime")
+    on_runtime = runtimes.deploy(recipes, "t21_question_answering", "question-answering", engine)
     on_torch = runtimes.deploy(recipes, "t21_question_answering", "question-answering", "transformers")
     body = {
         "question": "where does sarah live",
         "context": "my name is sarah and i live in london",
         "top_k": 3,
     }
-    ours = runtimes.post("/v1/question-answering/text", model=on_ort, **body)
+    ours = runtimes.post("/v1/question-answering/text", model=on_runtime, **body)
     theirs = runtimes.post("/v1/question-answering/text", model=on_torch, **body)
     assert [(a["start"], a["end"], a["answer"]) for a in ours] == [
         (a["start"], a["end"], a["answer"]) for a in theirs
     ]
     assert max(abs(a["score"] - b["score"]) for a, b in zip(ours, theirs, strict=True)) <= TOLERANCE
-    assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
+    assert runtimes.deployment(on_runtime)["engine_in_use"] == engine
 
 
 def assert_equal_scores(ours: Any, theirs: Any, path: str = "") -> None:
@@ -252,7 +263,8 @@ PIPELINE_TASKS = [  # (recipe folder, pipeline, endpoint, request without model 
 
 
 @pytest.mark.parametrize(("folder", "pipeline", "endpoint", "options", "inputs"), PIPELINE_TASKS)
-def test_pipeline_tasks_on_onnxruntime_answer_as_on_torch_single_and_batched(
+@each_runtime
+def test_pipeline_tasks_on_each_runtime_answer_as_on_torch_single_and_batched(
     runtimes: Runtimes,
     recipes: Path,
     folder: str,
@@ -260,15 +272,16 @@ def test_pipeline_tasks_on_onnxruntime_answer_as_on_torch_single_and_batched(
     endpoint: str,
     options: dict[str, Any],
     inputs: list[str],
+    engine: str,
 ) -> None:
-    on_ort = runtimes.deploy(recipes, folder, pipeline, "onnxruntime")
+    on_runtime = runtimes.deploy(recipes, folder, pipeline, engine)
     on_torch = runtimes.deploy(recipes, folder, pipeline, "transformers")
-    batched = runtimes.post(endpoint, model=on_ort, inputs=inputs, **options)
+    batched = runtimes.post(endpoint, model=on_runtime, inputs=inputs, **options)
     assert_equal_scores(batched, runtimes.post(endpoint, model=on_torch, inputs=inputs, **options))
     for index, text in enumerate(inputs):  # alone, unpadded: what it got in the padded batch
-        single = runtimes.post(endpoint, model=on_ort, inputs=[text], **options)
+        single = runtimes.post(endpoint, model=on_runtime, inputs=[text], **options)
         assert_equal_scores(single[0], batched[index])
-    assert runtimes.deployment(on_ort)["engine_in_use"] == "onnxruntime"
+    assert runtimes.deployment(on_runtime)["engine_in_use"] == engine
 
 
 @pytest.mark.parametrize(
@@ -278,20 +291,27 @@ def test_pipeline_tasks_on_onnxruntime_answer_as_on_torch_single_and_batched(
         ("t05_image_feature_extraction", "image-feature-extraction", "/v1/images/feature-extraction", {}),
     ],
 )
-def test_image_encoders_on_onnxruntime_answer_as_on_torch_single_and_batched(
-    runtimes: Runtimes, recipes: Path, folder: str, pipeline: str, endpoint: str, options: dict[str, Any]
+@each_runtime
+def test_image_encoders_on_each_runtime_answer_as_on_torch_single_and_batched(
+    runtimes: Runtimes,
+    recipes: Path,
+    folder: str,
+    pipeline: str,
+    endpoint: str,
+    options: dict[str, Any],
+    engine: str,
 ) -> None:
-    on_ort = runtimes.deploy(recipes, folder, pipeline, "onnxruntime")
+    on_runtime = runtimes.deploy(recipes, folder, pipeline, engine)
     on_torch = runtimes.deploy(recipes, folder, pipeline, "transformers")
     images = [b64(png(seed=1)), b64(png(40, 40, seed=2))]
-    batched = runtimes.post(endpoint, model=on_ort, inputs=images, **options)
+    batched = runtimes.post(endpoint, model=on_runtime, inputs=images, **options)
     assert_equal_scores(batched, runtimes.post(endpoint, model=on_torch, inputs=images, **options))
     for index, image in enumerate(images):
-        single = runtimes.post(endpoint, model=on_ort, inputs=[image], **options)
+        single = runtimes.post(endpoint, model=on_runtime, inputs=[image], **options)
         assert_equal_scores(single[0], batched[index])
-    deployment = runtimes.deployment(on_ort)
-    assert deployment["engine_in_use"] == "onnxruntime"
-    assert "ONNX Runtime" in deployment["engine_reason"]
+    deployment = runtimes.deployment(on_runtime)
+    assert deployment["engine_in_use"] == engine
+    assert deployment["engine_reason"].startswith(ENGINES[engine] + " "), deployment["engine_reason"]
 
 
 def test_onnxruntime_for_a_task_it_does_not_serve_is_a_400_naming_engine(
@@ -336,68 +356,6 @@ def test_a_model_that_does_not_export_stays_on_torch_with_the_reason_and_the_dec
     assert again.engine == "transformers" and again.reason.endswith(")") and "cached decision" in again.reason
     with pytest.raises(RuntimeUnusable, match="did not export"):
         prepare(slot, tmp_path / "model", "onnxruntime", tmp_path / "cache")
-
-
-# ---------------------------------------------------------------- OpenVINO
-
-IMAGES = [b64(png(seed=1)), b64(png(40, 40, seed=2))]
-OPENVINO_TASKS = [  # (recipe folder, pipeline, endpoint, the inputs' field, other fields, inputs)
-    ("t03_feature_extraction/st", "feature-extraction", "/v1/embeddings", "input", {}, TEXTS),
-    (
-        "t15_text_classification",
-        "text-classification",
-        "/v1/classifications/text",
-        "inputs",
-        {"top_k": None},
-        TEXTS,
-    ),
-    (
-        "t01_token_classification",
-        "token-classification",
-        "/v1/classifications/token",
-        "inputs",
-        {"aggregation_strategy": "simple"},
-        ["my name is sarah and i live in london, far from here", "hi sarah"],
-    ),
-    (
-        "t18_image_classification",
-        "image-classification",
-        "/v1/classifications/image",
-        "inputs",
-        {"top_k": 3},
-        IMAGES,
-    ),
-]
-
-
-@pytest.mark.parametrize(("folder", "pipeline", "endpoint", "field", "options", "inputs"), OPENVINO_TASKS)
-def test_encoders_on_openvino_answer_as_on_torch_single_and_batched(
-    runtimes: Runtimes,
-    recipes: Path,
-    folder: str,
-    pipeline: str,
-    endpoint: str,
-    field: str,
-    options: dict[str, Any],
-    inputs: list[str],
-) -> None:
-    """`engine: openvino` runs the same export as ONNX Runtime, compiled by OpenVINO: the answers of
-    torch within 1e-4, each input alone as in its padded batch."""
-
-    def answer(model: str, given: list[str]) -> Any:
-        found = runtimes.post(endpoint, model=model, **{field: given}, **options)
-        return found["data"] if field == "input" else found  # the embeddings' model name and usage apart
-
-    on_openvino = runtimes.deploy(recipes, folder, pipeline, "openvino")
-    on_torch = runtimes.deploy(recipes, folder, pipeline, "transformers")
-    batched = answer(on_openvino, inputs)
-    assert_equal_scores(batched, answer(on_torch, inputs))
-    for index, given in enumerate(inputs):
-        single = answer(on_openvino, [given])[0]
-        assert_equal_scores(single, {**batched[index], "index": 0} if field == "input" else batched[index])
-    deployment = runtimes.deployment(on_openvino)
-    assert deployment["engine_in_use"] == "openvino"
-    assert deployment["engine_reason"].startswith("OpenVINO "), deployment["engine_reason"]
 
 
 # ---------------------------------------------------------------- precision int8
