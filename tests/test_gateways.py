@@ -1,6 +1,7 @@
 """Two gateway processes (`modelhost serve`) on one PostgreSQL and one data directory serve the same
 accounts: what one writes, the other sees; what one revokes, the other refuses within its cache
-lifetime; a video job runs exactly once whichever gateway picks it up."""
+lifetime; a video job runs exactly once whichever gateway picks it up; a key's rate limits hold across
+both once they have shared their counts (one sync interval)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.postgres import create_database
 from tests.server_process import ServerProcess
 
 KEY_CACHE_SECONDS = 1.0
+LIMITS_SYNC_SECONDS = 0.2
 
 
 @dataclass
@@ -39,6 +41,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory, postgres_base_url: str) -> It
         "MODELHOST_KEY_CACHE_SECONDS": str(KEY_CACHE_SECONDS),
         "MODELHOST_WORKER_THREADS": "1",
         "MODELHOST_VIDEO_POLL_SECONDS": "0.05",
+        "MODELHOST_LIMITS_SYNC_SECONDS": str(LIMITS_SYNC_SECONDS),
     }
     servers = [ServerProcess(root / "data", database_url, **env) for _ in range(2)]
     try:
@@ -124,3 +127,36 @@ def test_video_jobs_created_on_both_gateways_each_run_exactly_once(pair: Pair, r
     assert sorted(j.id for j in jobs) == sorted(ids) and all(j.attempts == 1 for j in jobs)
     contents = [pair.b.get(f"/v1/videos/{i}/content", headers=headers) for i in ids]
     assert all(c.status_code == 200 and c.headers["content-type"] == "video/mp4" for c in contents)
+
+
+def test_a_keys_rate_limits_hold_across_both_servers_once_they_have_shared_their_counts(
+    pair: Pair, recipes: Path
+) -> None:
+    from tests.helpers import push_folder_sync
+
+    headers = bearer(pair.key)
+    artifact_id = push_folder_sync(
+        pair.a, pair.key, recipes / "t03_feature_extraction" / "st", "feature-extraction"
+    )
+    deployment = {"model": "limited", "artifact_id": artifact_id}
+    assert pair.a.post("/v1/deployments", json=deployment, headers=headers).status_code == 201
+    body = {"model": "limited", "input": "hello"}
+    for gateway in (pair.a, pair.b):  # loaded on both (the account itself is not limited)
+        assert gateway.post("/v1/embeddings", json=body, headers=headers).status_code == 200
+    made = pair.a.post(
+        "/v1/keys", json={"name": "rpm", "limits": {"requests_per_minute": 4}}, headers=headers
+    )
+    key = made.json()["api_key"]
+    answers = []
+    for index in range(6):  # each server in turn, one sync interval and more apart
+        gateway = (pair.a, pair.b)[index % 2]
+        answers.append(gateway.post("/v1/embeddings", json=body, headers=bearer(key)))
+        time.sleep(3 * LIMITS_SYNC_SECONDS)
+    assert [a.status_code for a in answers] == [200, 200, 200, 200, 429, 429]
+    assert [a.headers["x-ratelimit-remaining-requests"] for a in answers[:4]] == ["3", "2", "1", "0"]
+    assert answers[5].json()["error"]["code"] == "rate_limit_exceeded"
+    for gateway in (pair.a, pair.b):
+        [listed] = [
+            k for k in gateway.get("/v1/keys", headers=headers).json()["data"] if k["id"] == made.json()["id"]
+        ]
+        assert listed["use"]["requests_remaining"] == 0

@@ -293,6 +293,12 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description="Least memory billed per loaded replica (0: bill what it measures).",
     )
+    limits_sync_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="How often a server shares its rate-limit counts with the other servers on its "
+        "database: how late each sees the others' use (docs/limits.md).",
+    )
     billing_tick_seconds: float = Field(
         default=60.0, gt=0, description="Metering interval: what a crash can lose at most."
     )

@@ -21,6 +21,7 @@ from modelhost.artifacts.service import ArtifactService
 from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.limits import Limiter, LocalLimits
 from modelhost.auth.principal import Principal
+from modelhost.auth.shared_limits import SharedLimits
 from modelhost.billing.ledger import Ledger
 from modelhost.billing.meter import ComputeMeter, count
 from modelhost.billing.rates import Rates
@@ -118,6 +119,7 @@ class Services:
         )
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
         agents = AgentStore(database)
+        limits = LocalLimits()
         supervision: Supervision | None = None
         runtime: Runtime
         video_runner: VideoCancel
@@ -134,7 +136,10 @@ class Services:
             manager.engine_fell_back = deployments.fall_back
             manager.engine_measured = deployments.engine_measured
             supervision = Supervision(
-                manager, VideoRunner(videos, manager, settings), AgentRunner(agents, manager, settings)
+                manager,
+                VideoRunner(videos, manager, settings),
+                AgentRunner(agents, manager, settings),
+                SharedLimits(database, limits.limiter, settings.limits_sync_seconds),
             )
             runtime, video_runner, agent_runner = manager, supervision.videos, supervision.agents
         else:
@@ -170,6 +175,7 @@ class Services:
                 settings.constrained_max_string_length,
                 settings.response_stale_seconds,
             ),
+            limits=limits,
             supervisor=supervision,
             caches={"keys": cache, "deployments": refs_cache, "balances": balance_cache},
         )
@@ -181,11 +187,12 @@ class Services:
 @dataclass
 class Supervision:
     """What the supervisor alone runs: the replicas (and their readiness, idle reaper and meters), video
-    jobs and agent runs."""
+    jobs, agent runs, and sharing the rate-limit counts with other servers."""
 
     runtime: ReplicaManager
     videos: VideoRunner
     agents: AgentRunner
+    shared_limits: SharedLimits
 
 
 def rates_of(settings: Settings) -> Rates:

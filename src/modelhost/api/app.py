@@ -183,11 +183,13 @@ _GENERIC = {
 @asynccontextmanager
 async def supervising(services: Services, supervision: Supervision) -> AsyncIterator[None]:
     """The supervisor's duties while it serves: housekeeping, metering, hot loads and the idle reaper,
-    video jobs and agent runs. At the end it bills every replica up to its unload."""
+    video jobs, agent runs and sharing rate-limit counts. At the end it bills every replica up to its
+    unload."""
     sweeper = asyncio.create_task(_sweep_forever(services))
     billing = services.billing
     await asyncio.to_thread(billing.close_stale)
     metering = asyncio.create_task(billing.run_forever(supervision.runtime.unload_account))
+    sharing = asyncio.create_task(supervision.shared_limits.run_forever())
     await supervision.runtime.start()
     supervision.videos.start()
     supervision.agents.start()
@@ -196,9 +198,11 @@ async def supervising(services: Services, supervision: Supervision) -> AsyncIter
     finally:
         sweeper.cancel()
         metering.cancel()
+        sharing.cancel()
         await supervision.videos.stop()
         await supervision.agents.stop()
         await supervision.runtime.shutdown()
+        await supervision.shared_limits.stop()
 
 
 async def _sweep_forever(services: Services) -> None:

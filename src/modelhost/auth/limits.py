@@ -12,7 +12,8 @@ refilled to at least one token. Concurrent requests are a count, given back when
 A request is checked against its key's limits and its account's, both at once: it is admitted only when
 both allow it, and it counts against both. The `RateLimiter` here is exact within one process; a
 server's gateway processes all ask the supervisor's (`server.control`'s `Admit` and `Release`), so the
-counts hold across `serve --workers N`.
+counts hold across `serve --workers N`. Several servers on one database share what they count through
+it (`auth/shared_limits.py`): each learns the others' use within one sync interval (`merge`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,25 @@ class _State:
     requests: _Bucket | None = None
     tokens: _Bucket | None = None
     in_flight: int = 0
+    # What this process took in all (requests admitted, tokens released): what other servers learn.
+    taken_requests: int = 0
+    taken_tokens: int = 0
+    # What other servers took and this process has no bucket to take it from yet, and since when; and
+    # their requests in flight, as they last said (auth/shared_limits.py).
+    owed: dict[str, float] = field(default_factory=dict)
+    owed_at: float = 0.0
+    elsewhere: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What one subject took in this process since it started, and has in flight: what a server tells
+    the others (auth/shared_limits.py)."""
+
+    subject: str
+    requests: int
+    tokens: int
+    in_flight: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +154,7 @@ class RateLimiter:
         self._states: dict[str, _State] = {}
         self._tickets: dict[int, tuple[Subject, ...]] = {}
         self._numbers = itertools.count(1)
+        self._changed: set[str] = set()  # subjects whose `Taken` changed since `taken` last asked
 
     def admit(self, subjects: tuple[Subject, ...]) -> Admitted:
         """Admit a request of `subjects` (its key's and its account's), or raise the
@@ -146,6 +167,8 @@ class RateLimiter:
             if state.requests is not None:
                 state.requests.level -= 1
             state.in_flight += 1
+            state.taken_requests += 1
+            self._changed.add(subject.name)
         ticket = next(self._numbers)
         self._tickets[ticket] = subjects
         return Admitted(ticket, self._headers(subjects, now))
@@ -160,12 +183,11 @@ class RateLimiter:
         for subject in subjects:
             state = self._states[subject.name]
             state.in_flight = max(0, state.in_flight - 1)
+            state.taken_tokens += max(0, tokens)
+            self._changed.add(subject.name)
             capacity = subject.limits.tokens_per_minute
             if capacity is not None and tokens > 0:
-                bucket = state.tokens or _Bucket(float(capacity), now)
-                bucket.refill(capacity, now)
-                bucket.level -= tokens
-                state.tokens = bucket
+                self._bucket(state, "tokens", capacity, now).level -= tokens
 
     def in_flight(self, name: str) -> int:
         state = self._states.get(name)
@@ -173,14 +195,50 @@ class RateLimiter:
 
     def use(self, subject: Subject) -> Use:
         """What `subject` has left now (a subject never seen has its buckets full)."""
-        now, state = self._clock(), self._states.get(subject.name) or _State()
+        now, state = self._clock(), self._states.setdefault(subject.name, _State())
         left: dict[str, int | None] = {}
         for kind in ("requests", "tokens"):
             capacity = getattr(subject.limits, f"{kind}_per_minute")
-            bucket = getattr(state, kind)
-            level = None if capacity is None else bucket.refill(capacity, now) if bucket else float(capacity)
+            level = None if capacity is None else self._bucket(state, kind, capacity, now).level
             left[kind] = None if level is None else max(0, math.floor(level))
-        return Use(state.in_flight, left["requests"], left["tokens"])
+        return Use(state.in_flight + state.elsewhere, left["requests"], left["tokens"])
+
+    def taken(self) -> list[Taken]:
+        """What changed since the last call, and every subject with requests in flight (so that other
+        servers see those as still in flight): what this server tells the others."""
+        names = self._changed | {name for name, state in self._states.items() if state.in_flight}
+        self._changed = set()
+        states = [(name, self._states[name]) for name in sorted(names)]
+        return [Taken(name, s.taken_requests, s.taken_tokens, s.in_flight) for name, s in states]
+
+    def merge(self, taken: dict[str, tuple[int, int]], in_flight: dict[str, int]) -> None:
+        """Other servers took `taken[subject]` (requests, tokens) since the last merge, and have
+        `in_flight[subject]` requests in flight now (a subject not named: none)."""
+        now = self._clock()
+        for name, (requests, tokens) in taken.items():
+            state = self._states.setdefault(name, _State())
+            for kind, amount in (("requests", requests), ("tokens", tokens)):
+                if amount <= 0:
+                    continue
+                bucket: _Bucket | None = getattr(state, kind)
+                if bucket is not None:
+                    bucket.level -= amount
+                else:
+                    state.owed[kind] = state.owed.get(kind, 0.0) + amount
+                    state.owed_at = now
+        for name, state in self._states.items():
+            state.elsewhere = in_flight.get(name, 0)
+
+    def _bucket(self, state: _State, kind: str, capacity: int, now: float) -> _Bucket:
+        """`state`'s bucket of `kind` ("requests" or "tokens"), refilled to now; a new one starts full
+        less what other servers took since they said so (`merge`)."""
+        bucket: _Bucket | None = getattr(state, kind)
+        if bucket is None:
+            owed = state.owed.pop(kind, 0.0)
+            bucket = _Bucket(float(capacity) - owed, state.owed_at if owed else now)
+            setattr(state, kind, bucket)
+        bucket.refill(capacity, now)
+        return bucket
 
     def _check(self, subject: Subject, now: float) -> None:
         limits = subject.limits
@@ -188,17 +246,17 @@ class RateLimiter:
         if limits.requests_per_minute is None:
             state.requests = None
         else:
-            state.requests = state.requests or _Bucket(float(limits.requests_per_minute), now)
-            level = state.requests.refill(limits.requests_per_minute, now)
+            level = self._bucket(state, "requests", limits.requests_per_minute, now).level
             if level < 1:
                 wait = (1 - level) * MINUTE / limits.requests_per_minute
                 raise self._refused(RequestsLimitReached, subject, "requests per minute", wait, now)
-        if limits.tokens_per_minute is not None and state.tokens is not None:
-            level = state.tokens.refill(limits.tokens_per_minute, now)
+        if limits.tokens_per_minute is not None and (state.tokens is not None or "tokens" in state.owed):
+            level = self._bucket(state, "tokens", limits.tokens_per_minute, now).level
             if level < 1:
                 wait = (1 - level) * MINUTE / limits.tokens_per_minute
                 raise self._refused(TokensLimitReached, subject, "tokens per minute", wait, now)
-        if limits.concurrent_requests is not None and state.in_flight >= limits.concurrent_requests:
+        in_flight = state.in_flight + state.elsewhere
+        if limits.concurrent_requests is not None and in_flight >= limits.concurrent_requests:
             wait = float(CONCURRENCY_RETRY_SECONDS)
             raise self._refused(ConcurrencyLimitReached, subject, "concurrent requests", wait, now)
 
@@ -224,8 +282,7 @@ class RateLimiter:
                 capacity = getattr(subject.limits, f"{kind}_per_minute")
                 if capacity is None:
                     continue
-                bucket = getattr(self._states[subject.name], kind)
-                level = bucket.refill(capacity, now) if bucket is not None else float(capacity)
+                level = self._bucket(self._states[subject.name], kind, capacity, now).level
                 full_in = (capacity - level) * MINUTE / capacity
                 if found is None or level < found[0]:
                     found = (level, capacity, full_in)

@@ -264,6 +264,22 @@ class LedgerEntry(Base):
     amount_micro: Mapped[int] = mapped_column(BigInteger)
 
 
+class RateLimitUse(Base):
+    """What one server counted for one rate-limited subject (a key or an account): the requests and
+    tokens it took since it started, and its requests in flight. Each server writes only its own rows
+    and reads the others' (auth/shared_limits.py), so several servers on one database share their
+    counts."""
+
+    __tablename__ = "rate_limit_use"
+
+    server: Mapped[str] = mapped_column(String(80), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(80), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    tokens: Mapped[int] = mapped_column(BigInteger)
+    in_flight: Mapped[int] = mapped_column(Integer)
+    updated_ms: Mapped[int] = mapped_column(BigInteger, index=True)
+
+
 class StoredResponse(Base):
     """A response of the Responses API (`store: true`), kept so that later requests chain from it
     (`previous_response_id`) and clients read it back. A background one moves
