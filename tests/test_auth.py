@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,6 +16,7 @@ from modelhost.api.deps import CallerPrincipal, deployment_for
 from modelhost.container import Services
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment
+from tests.postgres import create_database
 
 # One representative route per family: (method, path, body).
 ADMIN_ROUTE = ("GET", "/v1/admin/accounts", None)
@@ -34,8 +37,7 @@ def with_inference_probe(app: FastAPI) -> FastAPI:
     return app
 
 
-@pytest.fixture
-async def world(services: Services) -> dict[str, Any]:
+async def build_world(services: Services) -> dict[str, Any]:
     """Two accounts; account A has two embedding deployments and a chat one, and keys of each kind."""
     app = with_inference_probe(create_app(services=services))
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
@@ -64,6 +66,28 @@ async def world(services: Services) -> dict[str, Any]:
     }
 
 
+@pytest.fixture
+async def world(services: Services) -> dict[str, Any]:
+    """A world of its own, for a test that changes it (revokes keys, counts queries)."""
+    return await build_world(services)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+async def seen(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[dict[str, Any]]:
+    """One world per database kind, shared by the tests that only read it (the route matrix)."""
+    root = tmp_path_factory.mktemp("auth")
+    url = f"sqlite:///{root / 'test.db'}"
+    if request.param == "postgres":
+        url = create_database(request.getfixturevalue("postgres_base_url"), f"t_{secrets.token_hex(6)}")
+    services = Services.build(make_settings(root, url))
+    built = await build_world(services)
+    yield built
+    await built["http"].aclose()
+    services.close()
+
+
 async def call(
     http: httpx.AsyncClient, route: tuple[str, str, Any], headers: dict[str, str]
 ) -> httpx.Response:
@@ -90,91 +114,89 @@ ALL_ROUTES = [
 
 @pytest.mark.parametrize("route", ALL_ROUTES, ids=lambda r: f"{r[0]} {r[1]}")
 @pytest.mark.parametrize("case", list(BAD_HEADERS), ids=str)
-async def test_every_route_refuses_missing_malformed_or_wrong_keys(
-    world: dict[str, Any], route, case
-) -> None:
-    response = await call(world["http"], route, BAD_HEADERS[case])
+async def test_every_route_refuses_missing_malformed_or_wrong_keys(seen: dict[str, Any], route, case) -> None:
+    response = await call(seen["http"], route, BAD_HEADERS[case])
     assert_error(response, 401, "invalid_api_key", "InvalidAPIKeyError")
 
 
 @pytest.mark.parametrize("route", ALL_ROUTES, ids=lambda r: f"{r[0]} {r[1]}")
-async def test_every_route_refuses_a_revoked_key(world: dict[str, Any], route) -> None:
-    assert_error(await call(world["http"], route, bearer(world["revoked"])), 401, type_="InvalidAPIKeyError")
+async def test_every_route_refuses_a_revoked_key(seen: dict[str, Any], route) -> None:
+    assert_error(await call(seen["http"], route, bearer(seen["revoked"])), 401, type_="InvalidAPIKeyError")
 
 
-async def test_admin_routes_take_only_the_admin_key(world: dict[str, Any]) -> None:
-    http = world["http"]
+async def test_admin_routes_take_only_the_admin_key(seen: dict[str, Any]) -> None:
+    http = seen["http"]
     assert (await call(http, ADMIN_ROUTE, bearer(ADMIN_KEY))).status_code == 200
-    for key in (world["a"]["api_key"], world["scoped"]):
+    for key in (seen["a"]["api_key"], seen["scoped"]):
         assert_error(await call(http, ADMIN_ROUTE, bearer(key)), 401, type_="InvalidAPIKeyError")
 
 
 @pytest.mark.parametrize("route", MANAGEMENT_ROUTES, ids=lambda r: r[1])
-async def test_management_routes_take_only_account_keys(world: dict[str, Any], route) -> None:
-    http = world["http"]
-    assert (await call(http, route, bearer(world["a"]["api_key"]))).status_code == 200
-    for key in (ADMIN_KEY, world["scoped"]):
+async def test_management_routes_take_only_account_keys(seen: dict[str, Any], route) -> None:
+    http = seen["http"]
+    assert (await call(http, route, bearer(seen["a"]["api_key"]))).status_code == 200
+    for key in (ADMIN_KEY, seen["scoped"]):
         assert_error(await call(http, route, bearer(key)), 401, type_="InvalidAPIKeyError")
 
 
 async def test_models_lists_everything_for_an_account_key_and_only_the_scope_for_a_deployment_key(
-    world: dict[str, Any],
+    seen: dict[str, Any],
 ) -> None:
-    http = world["http"]
-    listed = (await call(http, CALLER_ROUTE, bearer(world["a"]["api_key"]))).json()
+    http = seen["http"]
+    listed = (await call(http, CALLER_ROUTE, bearer(seen["a"]["api_key"]))).json()
     assert sorted(m["id"] for m in listed["data"]) == ["chatty", "emb-one", "emb-two"]
-    scoped = (await call(http, CALLER_ROUTE, bearer(world["scoped"]))).json()
+    scoped = (await call(http, CALLER_ROUTE, bearer(seen["scoped"]))).json()
     assert [m["id"] for m in scoped["data"]] == ["emb-one"]
     assert_error(await call(http, CALLER_ROUTE, bearer(ADMIN_KEY)), 401, type_="InvalidAPIKeyError")
 
 
-async def test_inference_with_an_account_key_runs_on_the_named_deployment(world: dict[str, Any]) -> None:
-    response = await world["http"].post(
-        "/probe/embeddings", json={"model": "emb-two"}, headers=bearer(world["a"]["api_key"])
+async def test_inference_with_an_account_key_runs_on_the_named_deployment(seen: dict[str, Any]) -> None:
+    response = await seen["http"].post(
+        "/probe/embeddings", json={"model": "emb-two"}, headers=bearer(seen["a"]["api_key"])
     )
-    assert response.json() == {"deployment": world["emb2"]["id"]}
+    assert response.json() == {"deployment": seen["emb2"]["id"]}
 
 
 async def test_inference_with_a_deployment_key_and_no_model_uses_its_single_deployment(
-    world: dict[str, Any],
+    seen: dict[str, Any],
 ) -> None:
-    response = await world["http"].post("/probe/embeddings", json={}, headers=bearer(world["scoped"]))
-    assert response.json() == {"deployment": world["emb1"]["id"]}
+    response = await seen["http"].post("/probe/embeddings", json={}, headers=bearer(seen["scoped"]))
+    assert response.json() == {"deployment": seen["emb1"]["id"]}
 
 
-async def test_inference_with_an_account_key_and_no_model_asks_for_the_model(world: dict[str, Any]) -> None:
-    response = await world["http"].post("/probe/embeddings", json={}, headers=bearer(world["a"]["api_key"]))
+async def test_inference_with_an_account_key_and_no_model_asks_for_the_model(seen: dict[str, Any]) -> None:
+    response = await seen["http"].post("/probe/embeddings", json={}, headers=bearer(seen["a"]["api_key"]))
     assert assert_error(response, 400, "invalid_request")["param"] == "model"
 
 
-async def test_inference_on_a_deployment_outside_the_keys_scope_is_401(world: dict[str, Any]) -> None:
-    response = await world["http"].post(
-        "/v1/embeddings", json={"model": "emb-two", "input": "x"}, headers=bearer(world["scoped"])
+async def test_inference_on_a_deployment_outside_the_keys_scope_is_401(seen: dict[str, Any]) -> None:
+    response = await seen["http"].post(
+        "/v1/embeddings", json={"model": "emb-two", "input": "x"}, headers=bearer(seen["scoped"])
     )
     assert_error(response, 401, "invalid_api_key", "InvalidAPIKeyError")
 
 
 @pytest.mark.parametrize("model", ["gpt-4o", "text-embedding-3-small", "emb-b", "nope"])
 async def test_vendor_names_and_other_accounts_models_are_model_not_found(
-    world: dict[str, Any], model: str
+    seen: dict[str, Any], model: str
 ) -> None:
-    for key, path in ((world["a"]["api_key"], "/probe/embeddings"), (world["scoped"], "/v1/embeddings")):
-        response = await world["http"].post(path, json={"model": model, "input": "x"}, headers=bearer(key))
+    for key, path in ((seen["a"]["api_key"], "/probe/embeddings"), (seen["scoped"], "/v1/embeddings")):
+        response = await seen["http"].post(path, json={"model": model, "input": "x"}, headers=bearer(key))
         error = assert_error(response, 404, "model_not_found")
         assert error["message"] == "Model not found"
         assert error["param"] == "model"
 
 
-async def test_endpoint_of_another_pipeline_is_endpoint_not_supported(world: dict[str, Any]) -> None:
-    response = await world["http"].post(
-        "/v1/embeddings", json={"model": "chatty", "input": "x"}, headers=bearer(world["a"]["api_key"])
+async def test_endpoint_of_another_pipeline_is_endpoint_not_supported(seen: dict[str, Any]) -> None:
+    response = await seen["http"].post(
+        "/v1/embeddings", json={"model": "chatty", "input": "x"}, headers=bearer(seen["a"]["api_key"])
     )
     error = assert_error(response, 400, "endpoint_not_supported")
     assert error["message"].startswith("Endpoint not supported")
 
 
-async def test_admin_key_cannot_call_inference(world: dict[str, Any]) -> None:
-    response = await world["http"].post(
+async def test_admin_key_cannot_call_inference(seen: dict[str, Any]) -> None:
+    response = await seen["http"].post(
         "/v1/embeddings", json={"model": "emb-one", "input": "x"}, headers=bearer(ADMIN_KEY)
     )
     assert_error(response, 401, type_="InvalidAPIKeyError")

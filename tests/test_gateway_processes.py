@@ -161,7 +161,13 @@ async def test_with_three_gateway_processes_a_cold_deployment_loads_once_is_bill
 
         folder = recipes / "t14_diffusers_text_to_video" / "text_to_video_sd"
         await server.deploy(folder, "text-to-video", "t2v", readiness="warm")
-        job = {"model": "t2v", "prompt": "a cat", "seconds": "1", "size": "64x48", "num_inference_steps": 2}
+        job = {
+            "model": "t2v",
+            "prompt": "a cat",
+            "seconds": "0.25",
+            "size": "32x32",
+            "num_inference_steps": 1,
+        }
 
         async def create() -> str:
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:

@@ -204,7 +204,7 @@ def _load_refused(response: Any) -> bool:
 
 @schema.parametrize()
 @settings(
-    max_examples=30,
+    max_examples=20,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

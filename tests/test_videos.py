@@ -434,7 +434,7 @@ def test_a_job_interrupted_by_a_crash_runs_again_then_fails_if_interrupted_twice
         key = http.post("/v1/admin/accounts", json={"name": "r"}, headers=bearer(ADMIN_KEY)).json()["api_key"]
         deploy(http, key, recipes / "t14_diffusers_text_to_video" / "text_to_video_sd", "t2v")
         view = Videos(server.url, key, http, {})
-        quick = view.post(model="t2v", prompt="x", seconds=1, size="32x32", num_inference_steps=60).json()
+        quick = view.post(model="t2v", prompt="x", seconds=1, size="32x32", num_inference_steps=12).json()
         running = view.wait(quick["id"], until=("in_progress",))
         assert running["status"] == "in_progress"
         server.kill()
