@@ -177,6 +177,36 @@ def test_a_run_generates_in_the_background_and_stores_its_events_in_order(agents
     assert events[-2]["data"]["usage"]["completion_tokens"] == 6
 
 
+def test_a_runs_tokens_count_against_the_tokens_per_minute_of_the_key_that_started_it(
+    agents: Agents,
+) -> None:
+    """A run is answered `queued`, so its prompt and generated tokens come off the key's bucket when
+    it ends (docs/limits.md)."""
+    made = agents.call("POST", "/v1/keys", {"name": "limited", "limits": {"tokens_per_minute": 10}}).json()
+    agent_id = agents.agent()
+    body = {"input": "hello", "max_tokens": 6, "min_tokens": 6, "temperature": 0}
+    created = agents.call("POST", f"/v1/agent/{agent_id}/runs", body, key=made["api_key"])
+    assert created.status_code == 200, created.text
+    agents.wait(agent_id, created.json()["id"])
+    [completed] = [
+        e for e in agents.events(agent_id, created.json()["id"]) if e["type"] == "message.completed"
+    ]
+    usage = completed["data"]["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] > 10  # more than the minute's bucket
+
+    def tokens_left() -> int:
+        [key] = [k for k in agents.call("GET", "/v1/keys").json()["data"] if k["id"] == made["id"]]
+        left: int = key["use"]["tokens_remaining"]
+        return left
+
+    deadline = time.monotonic() + 30
+    while tokens_left() != 0:  # taken once the run ended
+        assert time.monotonic() < deadline, "the run's tokens were never taken"
+        time.sleep(0.05)
+    refused = agents.call("POST", f"/v1/agent/{agent_id}/runs", body, key=made["api_key"])
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens", refused.text
+
+
 def test_the_instructions_are_the_system_message_before_the_input(agents: Agents) -> None:
     """The run's prompt is exactly that of a chat completion of [system: instructions, user: input]."""
     instructions = "You are a pirate who talks about the sea all day long."

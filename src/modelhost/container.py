@@ -138,7 +138,7 @@ class Services:
             supervision = Supervision(
                 manager,
                 VideoRunner(videos, manager, settings),
-                AgentRunner(agents, manager, settings),
+                AgentRunner(agents, manager, settings, limits),
                 SharedLimits(database, limits.limiter, settings.limits_sync_seconds),
             )
             runtime, video_runner, agent_runner = manager, supervision.videos, supervision.agents

@@ -18,6 +18,7 @@ import time
 from typing import Any, Protocol
 
 from modelhost.agents.store import AgentStore, RunJob
+from modelhost.auth.limits import Limiter, start_counting
 from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
@@ -47,10 +48,13 @@ class Runs(Protocol):
 
 
 class AgentRunner:
-    def __init__(self, store: AgentStore, runtime: Runtime, settings: Settings) -> None:
+    def __init__(
+        self, store: AgentStore, runtime: Runtime, settings: Settings, limits: Limiter | None = None
+    ) -> None:
         self.store = store
         self.runtime = runtime
         self.settings = settings
+        self.limits = limits  # where a run's tokens are counted against its key (rate limits)
         self.name = f"gw-{secrets.token_hex(6)}"  # this server's supervisor, in `claimed_by`
         self._running: dict[str, asyncio.Task[None]] = {}
         self._housekeeping: asyncio.Task[None] | None = None
@@ -90,6 +94,7 @@ class AgentRunner:
 
     async def _run(self, job: RunJob) -> None:
         beating = asyncio.create_task(self._heartbeat(job.id))
+        used = start_counting()  # the tokens it generates, taken from its key's bucket at the end
         try:
             await self._execute(job)
         except _Stopped:
@@ -106,6 +111,8 @@ class AgentRunner:
         finally:
             beating.cancel()
             self._running.pop(job.id, None)
+            if self.limits is not None and job.subjects and used[0]:
+                await self.limits.charge(job.subjects, used[0])
 
     async def _append(self, job: RunJob, type_: str, data: dict[str, Any], **values: Any) -> None:
         """Write an event; when the run is no longer ours to write (deleted, cancelled), stop here."""

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import delete, select, update
 
+from modelhost.auth.limits import Subject
 from modelhost.errors import Conflict, NotFound
 from modelhost.store.db import Database
 from modelhost.store.models import Agent, AgentRun, AgentRunEvent
@@ -41,6 +42,8 @@ class RunJob:
     instructions: str
     tools: list[dict[str, Any]] | None
     request: dict[str, Any]
+    # Whom its tokens count against (the key and account that started it, where rate-limited).
+    subjects: tuple[Subject, ...] = ()
 
 
 class AgentStore:

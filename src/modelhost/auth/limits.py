@@ -189,6 +189,20 @@ class RateLimiter:
             if capacity is not None and tokens > 0:
                 self._bucket(state, "tokens", capacity, now).level -= tokens
 
+    def charge(self, subjects: tuple[Subject, ...], tokens: int) -> None:
+        """`subjects` used `tokens` outside any admitted request (a background response, after its
+        request was answered): taken from their token buckets, as `release` takes a request's."""
+        if tokens <= 0:
+            return
+        now = self._clock()
+        for subject in subjects:
+            state = self._states.setdefault(subject.name, _State())
+            state.taken_tokens += tokens
+            self._changed.add(subject.name)
+            capacity = subject.limits.tokens_per_minute
+            if capacity is not None:
+                self._bucket(state, "tokens", capacity, now).level -= tokens
+
     def in_flight(self, name: str) -> int:
         state = self._states.get(name)
         return state.in_flight if state is not None else 0
@@ -302,6 +316,8 @@ class Limiter(Protocol):
 
     async def release(self, ticket: int, tokens: int) -> None: ...
 
+    async def charge(self, subjects: tuple[Subject, ...], tokens: int) -> None: ...
+
     async def use(self, subjects: tuple[Subject, ...]) -> list[Use]: ...
 
 
@@ -316,6 +332,9 @@ class LocalLimits:
 
     async def release(self, ticket: int, tokens: int) -> None:
         self.limiter.release(ticket, tokens)
+
+    async def charge(self, subjects: tuple[Subject, ...], tokens: int) -> None:
+        self.limiter.charge(subjects, tokens)
 
     async def use(self, subjects: tuple[Subject, ...]) -> list[Use]:
         return [self.limiter.use(subject) for subject in subjects]

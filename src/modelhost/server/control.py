@@ -103,6 +103,14 @@ class Release(msgspec.Struct, tag="release", array_like=True):
     tokens: int
 
 
+class Charge(msgspec.Struct, tag="charge", array_like=True):
+    """These rate-limited subjects used `tokens` outside an admitted request (a background
+    response): taken from their token buckets. Needs no answer."""
+
+    subjects: list[Subject]
+    tokens: int
+
+
 class GetUse(msgspec.Struct, tag="use", array_like=True):
     """What these rate-limited subjects have left now (answered with a list of `Use`)."""
 
@@ -159,6 +167,7 @@ ToSupervisor = (
     | CancelVideo
     | Admit
     | Release
+    | Charge
     | GetUse
     | Touch
     | Forget

@@ -34,6 +34,7 @@ from modelhost.server.control import (
     Admit,
     Apply,
     CancelVideo,
+    Charge,
     Done,
     Forget,
     FrameReader,
@@ -308,6 +309,9 @@ class RemoteLimits:
 
     async def release(self, ticket: int, tokens: int) -> None:
         await self._link.call(lambda n: Release(n, ticket, tokens))
+
+    async def charge(self, subjects: tuple[Subject, ...], tokens: int) -> None:
+        self._link.tell(Charge(list(subjects), tokens))
 
     async def use(self, subjects: tuple[Subject, ...]) -> list[Use]:
         return msgspec.convert(await self._link.call(lambda n: GetUse(n, list(subjects))), list[Use])

@@ -33,6 +33,7 @@ from modelhost.server.control import (
     Admit,
     Apply,
     CancelVideo,
+    Charge,
     Done,
     Forget,
     FrameReader,
@@ -146,6 +147,8 @@ class ControlServer:
             session.tickets.discard(message.ticket)
             self.limiter.release(message.ticket, message.tokens)
             session.send(Done(message.call))
+        elif isinstance(message, Charge):
+            self.limiter.charge(tuple(message.subjects), message.tokens)
         elif isinstance(message, Touch):
             runtime.touch(message.deployment_ids)
         elif isinstance(message, Forget):

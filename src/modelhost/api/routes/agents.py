@@ -10,6 +10,7 @@ anyway (docs/agents.md).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -132,7 +133,7 @@ async def create_run(
         {"input": messages, **options},
         services.agent_runner.name,
     )
-    await services.agent_runner.submit(job)
+    await services.agent_runner.submit(dataclasses.replace(job, subjects=principal.limited()))
     return _json(run)
 
 

@@ -93,7 +93,10 @@ async def create_response(
         reads_images=deployment.pipeline == "image-text-to-text",
     )
     if prepared.background and not body.stream:
-        return _json(await responses.submit(prepared))
+        subjects = principal.limited()
+        return _json(
+            await responses.submit(prepared, lambda tokens: services.limits.charge(subjects, tokens))
+        )
     generation = await responses.open(prepared)
     if body.stream:
         return _sse(responses.run(prepared, generation, record=prepared.store))

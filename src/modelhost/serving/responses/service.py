@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from modelhost.auth.limits import start_counting
 from modelhost.clock import heartbeat_seconds
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.chat import ChatChoice, chat_requests
@@ -203,17 +204,24 @@ class Responses:
 
     # ---------------------------------------------------------------- background
 
-    async def submit(self, prepared: Prepared) -> Event:
-        """Store the response as `queued` and generate it in a task of this process."""
+    async def submit(
+        self, prepared: Prepared, tokens_used: Callable[[int], Awaitable[None]] | None = None
+    ) -> Event:
+        """Store the response as `queued` and generate it in a task of this process. Its request is
+        answered before it runs: `tokens_used` is told the tokens it took once it ends (the key's
+        rate limits)."""
         queued = await asyncio.to_thread(self._store, prepared, "queued", {})
-        task = asyncio.get_running_loop().create_task(self._background(prepared))
+        task = asyncio.get_running_loop().create_task(self._background(prepared, tokens_used))
         self._tasks[prepared.id] = task
         task.add_done_callback(lambda _: self._tasks.pop(prepared.id, None))
         return queued
 
-    async def _background(self, prepared: Prepared) -> None:
+    async def _background(
+        self, prepared: Prepared, tokens_used: Callable[[int], Awaitable[None]] | None
+    ) -> None:
         if not await asyncio.to_thread(self.store.start, prepared.id):
             return  # cancelled before it started
+        used = start_counting()  # this task's own count: its request's was given back when answered
         this = asyncio.current_task()
         assert this is not None
         beating = asyncio.create_task(self._beat(prepared.id, this))
@@ -240,6 +248,9 @@ class Responses:
             await asyncio.to_thread(self.store.finish, prepared.id, status="failed", error=error)
         finally:
             beating.cancel()
+            if tokens_used is not None and used[0]:
+                with contextlib.suppress(ModelhostError):
+                    await tokens_used(used[0])
 
     async def _beat(self, response_id: str, task: asyncio.Task[None]) -> None:
         """Beat while generating; a response cancelled or deleted elsewhere is stopped here."""
