@@ -26,8 +26,11 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from sqlalchemy import delete, select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from modelhost.auth.limits import RateLimiter, Taken
 from modelhost.store.db import Database
@@ -38,6 +41,17 @@ log = logging.getLogger("modelhost.limits")
 
 FORGET_AFTER_MS = 24 * 3600 * 1000  # rows written by nobody for this long are removed
 SHORTEST_WINDOW_SECONDS = 10.0  # how long a silent server's requests in flight still count, at least
+
+
+class Counted(NamedTuple):
+    """One row of `rate_limit_use`, as read."""
+
+    server: str
+    subject: str
+    requests: int
+    tokens: int
+    in_flight: int
+    updated_ms: int
 
 
 class SharedLimits:
@@ -84,36 +98,45 @@ class SharedLimits:
         self._limiter.merge(*self._merged(rows, now_ms))
         self._read_ms = now_ms
 
-    def _exchange(self, taken: list[Taken], now_ms: int) -> list[RateLimitUse]:
+    def _exchange(self, taken: list[Taken], now_ms: int) -> list[Counted]:
         """Write `taken`, read the other servers' rows written since the last read (all of them the
-        first time); one transaction, in a thread (it blocks)."""
+        first time); one transaction of plain statements (it runs every second), in a thread."""
         with self._database.transaction() as session:
-            for counted in taken:
-                session.merge(
-                    RateLimitUse(
-                        server=self.server,
-                        subject=counted.subject,
-                        requests=counted.requests,
-                        tokens=counted.tokens,
-                        in_flight=counted.in_flight,
-                        updated_ms=now_ms,
-                    )
+            if taken:
+                insert = sqlite_insert if self._database.is_sqlite else postgresql_insert
+                written = insert(RateLimitUse).values(
+                    [
+                        {
+                            "server": self.server,
+                            "subject": counted.subject,
+                            "requests": counted.requests,
+                            "tokens": counted.tokens,
+                            "in_flight": counted.in_flight,
+                            "updated_ms": now_ms,
+                        }
+                        for counted in taken
+                    ]
+                )
+                changed = {
+                    name: written.excluded[name] for name in ("requests", "tokens", "in_flight", "updated_ms")
+                }
+                session.execute(
+                    written.on_conflict_do_update(index_elements=["server", "subject"], set_=changed)
                 )
             if now_ms - self._forgot_ms > FORGET_AFTER_MS // 24:
                 session.execute(
                     delete(RateLimitUse).where(RateLimitUse.updated_ms < now_ms - FORGET_AFTER_MS)
                 )
                 self._forgot_ms = now_ms
-            others = select(RateLimitUse).where(RateLimitUse.server != self.server)
+            use = RateLimitUse
+            others = select(
+                use.server, use.subject, use.requests, use.tokens, use.in_flight, use.updated_ms
+            ).where(use.server != self.server)
             if self._seen is not None:
-                others = others.where(RateLimitUse.updated_ms >= self._read_ms - self.window_ms)
-            rows = list(session.scalars(others))
-            session.expunge_all()
-        return rows
+                others = others.where(use.updated_ms >= self._read_ms - self.window_ms)
+            return [Counted(*row) for row in session.execute(others)]
 
-    def _merged(
-        self, rows: list[RateLimitUse], now_ms: int
-    ) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
+    def _merged(self, rows: list[Counted], now_ms: int) -> tuple[dict[str, tuple[int, int]], dict[str, int]]:
         """What the other servers took since the last read (requests, tokens per subject), and what
         those heard from within the window have in flight; the first read only notes their totals."""
         first, seen = self._seen is None, self._seen or {}
