@@ -181,6 +181,30 @@ async def test_chat_greedy_output_equals_the_model_and_streaming_gives_the_same_
     assert text == expected
 
 
+async def test_tokens_per_minute_count_the_prompt_and_completion_of_chat_on_serve_replicas(
+    served: Served,
+) -> None:
+    """Rate limits count tokens in the gateway, whichever backend runs the replica (docs/limits.md)."""
+    usage = ok(await chat(served, max_tokens=4, min_tokens=4))["usage"]
+    tokens = usage["prompt_tokens"] + usage["completion_tokens"]
+    limit = tokens + tokens // 2  # one answer, then half of one: below zero after the second
+    made = await served.gw.client.post(
+        "/v1/keys", json={"limits": {"tokens_per_minute": limit}}, headers=bearer(served.gw.key)
+    )
+    key = ok(made, 201)["api_key"]
+    request = {"model": "chat", "messages": MESSAGES, "temperature": 0, "max_tokens": 4, "min_tokens": 4}
+    first = await served.gw.client.post("/v1/chat/completions", json=request, headers=bearer(key))
+    assert ok(first)["usage"]["total_tokens"] == tokens
+    assert first.headers["x-ratelimit-remaining-tokens"] == str(limit)
+    streamed = await served.gw.client.post(
+        "/v1/chat/completions", json={**request, "stream": True}, headers=bearer(key)
+    )
+    assert streamed.status_code == 200 and int(streamed.headers["x-ratelimit-remaining-tokens"]) < tokens
+    third = await served.gw.client.post("/v1/chat/completions", json=request, headers=bearer(key))
+    assert_error(third, 429, code="rate_limit_exceeded")
+    assert third.json()["error"]["type"] == "tokens"
+
+
 async def test_closing_a_generation_cancels_it_in_the_serve_replica(served: Served) -> None:
     assert served.gw.services is not None
     item = {"prompt": "tell me a story", "params": {"max_tokens": 400, "min_tokens": 400, "temperature": 0}}
