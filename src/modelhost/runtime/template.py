@@ -58,7 +58,7 @@ def _preload() -> None:
     import modelhost.tasks.loader
     import modelhost.tasks.registry  # noqa: F401
 
-    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    transformers.utils.logging.disable_progress_bar()
 
 
 class Template:

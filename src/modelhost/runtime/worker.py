@@ -125,7 +125,7 @@ def load(pipeline: str, model_dir: Path, threads: int, device: str) -> tuple[Any
     from modelhost.tasks.loader import pick_device
     from modelhost.tasks.registry import handler_for
 
-    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(max(1, threads))
     handler = handler_for(pipeline)
     return handler, handler.load(model_dir, pick_device(device))

@@ -22,7 +22,7 @@ class AudioClassification:
         from transformers import AutoFeatureExtractor, AutoModelForAudioClassification
 
         model = AutoModelForAudioClassification.from_pretrained(str(model_dir), **loader.SAFE_LOAD)
-        extractor = AutoFeatureExtractor.from_pretrained(str(model_dir), **loader.SAFE_LOAD)  # type: ignore[no-untyped-call]
+        extractor = AutoFeatureExtractor.from_pretrained(str(model_dir), **loader.SAFE_LOAD)
         return Classifier(model.to(device).eval(), extractor, device)
 
     def warmup_item(self) -> dict[str, Any]:

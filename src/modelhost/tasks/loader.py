@@ -71,13 +71,13 @@ def load_architecture(model_dir: Path, device: str) -> Any:
 def load_image_processor(model_dir: Path) -> Any:
     from transformers import AutoImageProcessor
 
-    return AutoImageProcessor.from_pretrained(str(model_dir), **SAFE_LOAD)  # type: ignore[no-untyped-call]
+    return AutoImageProcessor.from_pretrained(str(model_dir), **SAFE_LOAD)
 
 
 def load_processor(model_dir: Path) -> Any:
     from transformers import AutoProcessor
 
-    return AutoProcessor.from_pretrained(str(model_dir), **SAFE_LOAD)  # type: ignore[no-untyped-call]
+    return AutoProcessor.from_pretrained(str(model_dir), **SAFE_LOAD)
 
 
 def load_diffusers(model_dir: Path, device: str, auto_class: str) -> Any:
