@@ -45,18 +45,21 @@ class Limited:
         secret: str = created.json()["api_key"]
         return secret
 
-    async def embed(self, key: str, text: str = "hello there", pid: int | None = None) -> httpx.Response:
-        """`text` embedded with `key`, through gateway process `pid` (else whichever accepts)."""
+    async def post(self, key: str, path: str, body: dict[str, Any], pid: int | None = None) -> httpx.Response:
+        """`body` posted to `path` with `key`, through gateway process `pid` (else whichever accepts)."""
 
-        async def post() -> httpx.Response:
+        async def send() -> httpx.Response:
             async with httpx.AsyncClient(base_url=self.server.url, timeout=60) as client:
-                body = {"model": "m", "input": text}
-                return await client.post("/v1/embeddings", json=body, headers=bearer(key))
+                return await client.post(path, json=body, headers=bearer(key))
 
         if pid is None:
-            return await post()
-        answer: httpx.Response = await (await self.server.via(pid, post))
+            return await send()
+        answer: httpx.Response = await (await self.server.via(pid, send))
         return answer
+
+    async def embed(self, key: str, text: str = "hello there", pid: int | None = None) -> httpx.Response:
+        """`text` embedded with `key`, through gateway process `pid` (else whichever accepts)."""
+        return await self.post(key, "/v1/embeddings", {"model": "m", "input": text}, pid)
 
 
 @pytest.fixture(scope="module")
@@ -171,34 +174,23 @@ async def chat_model(limited: Limited, recipes: Path) -> str:
 CHAT = {"messages": [{"role": "user", "content": "count these"}], "max_tokens": 5, "temperature": 0}
 
 
-async def post(limited: Limited, key: str, path: str, body: dict[str, Any], pid: int) -> httpx.Response:
-    """`body` posted to `path` with `key`, through gateway process `pid`."""
-
-    async def send() -> httpx.Response:
-        async with httpx.AsyncClient(base_url=limited.server.url, timeout=60) as client:
-            return await client.post(path, json=body, headers=bearer(key))
-
-    answer: httpx.Response = await (await limited.server.via(pid, send))
-    return answer
-
-
 async def test_tokens_per_minute_count_prompt_and_completion_of_chat_answers_and_streams(
     limited: Limited, chat_model: str
 ) -> None:
     gateways = limited.server.gateways()
     body = {"model": chat_model, **CHAT}
-    measured = await post(limited, limited.new_key(), "/v1/chat/completions", body, gateways[0])
+    measured = await limited.post(limited.new_key(), "/v1/chat/completions", body, gateways[0])
     usage = measured.json()["usage"]
     tokens = usage["prompt_tokens"] + usage["completion_tokens"]
     assert usage["completion_tokens"] == 5 and usage["total_tokens"] == tokens
     limit = tokens + tokens // 2  # room for one answer, then half of one: taken below zero by the second
     key = limited.new_key(tokens_per_minute=limit)
-    first = await post(limited, key, "/v1/chat/completions", body, gateways[1])
+    first = await limited.post(key, "/v1/chat/completions", body, gateways[1])
     assert first.status_code == 200 and first.headers["x-ratelimit-remaining-tokens"] == str(limit)
-    streamed = await post(limited, key, "/v1/chat/completions", {**body, "stream": True}, gateways[2])
+    streamed = await limited.post(key, "/v1/chat/completions", {**body, "stream": True}, gateways[2])
     assert streamed.status_code == 200 and "data: [DONE]" in streamed.text
     assert int(streamed.headers["x-ratelimit-remaining-tokens"]) < tokens  # the first answer's are gone
-    third = await post(limited, key, "/v1/chat/completions", body, gateways[0])
+    third = await limited.post(key, "/v1/chat/completions", body, gateways[0])
     assert_error(third, 429, code="rate_limit_exceeded")  # the stream's went too: half a minute to refill
     assert third.json()["error"]["type"] == "tokens"
 
@@ -209,10 +201,10 @@ async def test_a_background_response_takes_its_tokens_when_it_ends(limited: Limi
     gateways = limited.server.gateways()
     body = {"model": chat_model, "input": "count these", "max_output_tokens": 5, "temperature": 0}
     background = {**body, "background": True, "store": True}
-    measured = await post(limited, limited.new_key(), "/v1/responses", body, gateways[0])
+    measured = await limited.post(limited.new_key(), "/v1/responses", body, gateways[0])
     tokens = measured.json()["usage"]["total_tokens"]
     key = limited.new_key(tokens_per_minute=tokens // 2)  # half of one response: a minute to refill
-    queued = await post(limited, key, "/v1/responses", background, gateways[1])
+    queued = await limited.post(key, "/v1/responses", background, gateways[1])
     assert queued.status_code == 200 and queued.json()["status"] == "queued", queued.text
 
     def tokens_left() -> int:
@@ -222,7 +214,7 @@ async def test_a_background_response_takes_its_tokens_when_it_ends(limited: Limi
         return left
 
     await until(lambda: tokens_left() == 0, timeout=60)  # the queued answer used none: the generation did
-    answer = await post(limited, key, "/v1/chat/completions", {"model": chat_model, **CHAT}, gateways[2])
+    answer = await limited.post(key, "/v1/chat/completions", {"model": chat_model, **CHAT}, gateways[2])
     assert_error(answer, 429, code="rate_limit_exceeded")
     assert answer.json()["error"]["type"] == "tokens"
     view = httpx.get(f"{limited.server.url}/v1/responses/{queued.json()['id']}", headers=bearer(key)).json()

@@ -179,15 +179,11 @@ class RateLimiter:
         subjects = self._tickets.pop(ticket, None)
         if subjects is None:
             return
-        now = self._clock()
         for subject in subjects:
             state = self._states[subject.name]
             state.in_flight = max(0, state.in_flight - 1)
-            state.taken_tokens += max(0, tokens)
             self._changed.add(subject.name)
-            capacity = subject.limits.tokens_per_minute
-            if capacity is not None and tokens > 0:
-                self._bucket(state, "tokens", capacity, now).level -= tokens
+        self.charge(subjects, tokens)
 
     def charge(self, subjects: tuple[Subject, ...], tokens: int) -> None:
         """`subjects` used `tokens` outside any admitted request (a background response, after its
@@ -264,7 +260,7 @@ class RateLimiter:
             if level < 1:
                 wait = (1 - level) * MINUTE / limits.requests_per_minute
                 raise self._refused(RequestsLimitReached, subject, "requests per minute", wait, now)
-        if limits.tokens_per_minute is not None and (state.tokens is not None or "tokens" in state.owed):
+        if limits.tokens_per_minute is not None:  # a bucket never used is full: at least one token
             level = self._bucket(state, "tokens", limits.tokens_per_minute, now).level
             if level < 1:
                 wait = (1 - level) * MINUTE / limits.tokens_per_minute
