@@ -209,3 +209,19 @@ async def test_a_server_that_starts_does_not_charge_what_the_others_took_before_
     await sharing_a.sync()
     await sharing_b.sync()
     assert b.admit((subject,)).headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_what_other_servers_took_over_a_minute_ago_is_not_owed_by_a_subject_this_one_never_saw(
+    database: Database, clock: Clock
+) -> None:
+    (a, _), (b, _) = shared = servers(database, clock)
+    subject = key(tokens_per_minute=100)
+    await sync_all(shared)
+    for _ in range(5):  # A takes 90 tokens a minute for five minutes; B never sees the key meanwhile
+        a.release(a.admit((subject,)).ticket, tokens=90)
+        await sync_all(shared)
+        clock.now += 61
+    a.release(a.admit((subject,)).ticket, tokens=10)
+    await sync_all(shared)
+    # B's bucket starts short by the last minute's take only: the older ones have refilled
+    assert b.admit((subject,)).headers["x-ratelimit-remaining-tokens"] == "90"

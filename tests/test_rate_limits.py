@@ -1,7 +1,8 @@
 """Rate limits of keys and accounts (issue 31), through HTTP against `modelhost serve --workers 3`.
 
-Every limited request is admitted by the supervisor's one limiter, so the counts hold whichever of the
-three gateway processes serves it: requests are sent through each in turn (`Server.via`). Limits are
+Every gateway process counts limited requests in the server's one shared table (auth/limit_table.py),
+so the counts hold whichever of the three serves it: requests are sent through each in turn
+(`Server.via`). Limits are
 set through the API (the operator's on the account, the account's on its keys) and the answers are
 OpenAI's: 429 `rate_limit_exceeded` with `Retry-After`, and `x-ratelimit-*` on every answer.
 """
@@ -9,6 +10,8 @@ OpenAI's: 429 `rate_limit_exceeded` with `Retry-After`, and `x-ratelimit-*` on e
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -290,3 +293,33 @@ async def test_a_spend_cap_on_the_account_refuses_inference_with_insufficient_qu
     finally:
         limited.admin("PATCH", f"/v1/admin/accounts/{limited.account_id}", limits=None)
     assert (await limited.embed(key)).status_code == 200
+
+
+async def test_a_gateway_process_that_dies_gives_back_the_places_of_its_requests_in_flight(
+    limited: Limited,
+) -> None:
+    """Each process counts its own requests in flight in its column of the shared table: when one dies,
+    the supervisor clears its column, and the places it held are free on every other process."""
+    key = limited.new_key(concurrent_requests=1)
+    supervisor, helper, _ = limited.server.gateways()
+    [replica] = limited.server.replicas(limited.deployment_id)
+    with stopped(replica):  # the request waits in the replica's socket: in flight on the helper
+        held = await limited.server.via(helper, lambda: limited.embed(key))
+        await until(lambda: sum(limited.server.in_flight(limited.deployment_id).values()) == 1)
+        assert_error(await limited.embed(key, pid=supervisor), 429, code="rate_limit_exceeded")
+        os.kill(helper, signal.SIGKILL)
+        with pytest.raises(httpx.TransportError):
+            await held
+
+    def in_flight() -> int:
+        [listed] = [
+            k for k in limited.account("GET", "/v1/keys").json()["data"] if key.startswith(k["prefix"])
+        ]
+        count: int = listed["use"]["in_flight"]
+        return count
+
+    await until(lambda: in_flight() == 0)
+    answer = await limited.embed(key, pid=supervisor)
+    assert answer.status_code == 200, answer.text
+    await until(lambda: len(limited.server.gateways()) == WORKERS)  # its replacement
+    await limited.server.serving(limited.server.gateways()[-1])

@@ -19,7 +19,7 @@ from modelhost.artifacts.blobstore import BlobStore
 from modelhost.artifacts.s3 import blob_store_of
 from modelhost.artifacts.service import ArtifactService
 from modelhost.auth.authenticator import Authenticator
-from modelhost.auth.limits import Limiter, LocalLimits
+from modelhost.auth.limits import RateLimiter
 from modelhost.auth.principal import Principal
 from modelhost.auth.shared_limits import SharedLimits
 from modelhost.billing.ledger import Ledger
@@ -66,8 +66,8 @@ class Services:
     agent_runner: Runs
     billing: Billing
     responses: Responses
-    # Rate limits (auth/limits.py): counted here in the supervisor; other gateway processes ask it
-    limits: Limiter = field(default_factory=LocalLimits)
+    # Rate limits (auth/limits.py): counted in a table every gateway process of the server shares
+    limits: RateLimiter = field(default_factory=RateLimiter)
     # The supervisor's own runtime and runners; None in the server's other gateway processes.
     supervisor: Supervision | None = None
     # Caches whose entries every process must forget together (by name: keys, deployments, balances).
@@ -80,9 +80,12 @@ class Services:
         clock: Clock | None = None,
         *,
         stand_ins: tuple[Runtime, VideoCancel, Runs] | None = None,
+        limits: RateLimiter | None = None,
     ) -> Services:
         """The supervisor's services, or (with `stand_ins` for its runtime and runners) another gateway
-        process's. `clock` is for tests that move time (billing, idle unloading)."""
+        process's. `clock` is for tests that move time (billing, idle unloading); `limits`, the rate
+        limiter on the table a server's gateway processes share (`modelhost.server`; else a table of
+        this process's own)."""
         clock = clock or SystemClock()
         database = Database(settings.database_url)
         if settings.apply_migrations_on_start and stand_ins is None:
@@ -119,7 +122,7 @@ class Services:
         )
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
         agents = AgentStore(database)
-        limits = LocalLimits()
+        limits = limits if limits is not None else RateLimiter()
         supervision: Supervision | None = None
         runtime: Runtime
         video_runner: VideoCancel
@@ -139,7 +142,7 @@ class Services:
                 manager,
                 VideoRunner(videos, manager, settings),
                 AgentRunner(agents, manager, settings, limits),
-                SharedLimits(database, limits.limiter, settings.limits_sync_seconds),
+                SharedLimits(database, limits, settings.limits_sync_seconds),
             )
             runtime, video_runner, agent_runner = manager, supervision.videos, supervision.agents
         else:

@@ -18,7 +18,7 @@ import time
 from typing import Any, Protocol
 
 from modelhost.agents.store import AgentStore, RunJob
-from modelhost.auth.limits import Limiter, start_counting
+from modelhost.auth.limits import RateLimiter, start_counting
 from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
@@ -49,7 +49,7 @@ class Runs(Protocol):
 
 class AgentRunner:
     def __init__(
-        self, store: AgentStore, runtime: Runtime, settings: Settings, limits: Limiter | None = None
+        self, store: AgentStore, runtime: Runtime, settings: Settings, limits: RateLimiter | None = None
     ) -> None:
         self.store = store
         self.runtime = runtime
@@ -112,7 +112,7 @@ class AgentRunner:
             beating.cancel()
             self._running.pop(job.id, None)
             if self.limits is not None and job.subjects and used[0]:
-                await self.limits.charge(job.subjects, used[0])
+                self.limits.charge(job.subjects, used[0])
 
     async def _append(self, job: RunJob, type_: str, data: dict[str, Any], **values: Any) -> None:
         """Write an event; when the run is no longer ours to write (deleted, cancelled), stop here."""

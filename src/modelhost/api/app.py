@@ -39,6 +39,7 @@ from modelhost.api.routes import (
     usage,
     videos,
 )
+from modelhost.auth.limits import RateLimiter
 from modelhost.config import Settings, get_settings
 from modelhost.container import Services, Supervision
 from modelhost.pipelines import ENDPOINT_TASKS
@@ -63,17 +64,22 @@ Around = Callable[[Services], AbstractAsyncContextManager[None]]
 
 
 def create_app(
-    settings: Settings | None = None, services: Services | None = None, *, around: Around | None = None
+    settings: Settings | None = None,
+    services: Services | None = None,
+    *,
+    around: Around | None = None,
+    limits: RateLimiter | None = None,
 ) -> FastAPI:
     """Build the gateway. Services are built at startup unless given (tests may share one). In the
     supervisor the lifespan also runs its duties; `around` wraps what runs while the app serves (the
-    server's other gateway processes, `modelhost.server`), inside those duties."""
+    server's other gateway processes, `modelhost.server`), inside those duties; `limits` is the rate
+    limiter on the table they share."""
     settings = settings or (services.settings if services else get_settings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = services is None
-        app.state.services = built = services or Services.build(settings)
+        app.state.services = built = services or Services.build(settings, limits=limits)
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if built.supervisor is not None:

@@ -133,7 +133,7 @@ async def deployment_for(
         await services.billing.require_within_caps(account_id, principal.account_limits)
         subjects = principal.limited()
         if subjects and ADMITTED not in request.scope:  # once per request, however many models it names
-            request.scope[ADMITTED] = await services.limits.admit(subjects)
+            request.scope[ADMITTED] = services.limits.admit(subjects)
     return deployment
 
 

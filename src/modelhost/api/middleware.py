@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from modelhost.api.deps import ADMITTED, Guard, get_services, guard_of
+from modelhost.api.deps import ADMITTED, Guard, guard_of
 from modelhost.api.errors import error_response
 from modelhost.api.fastlane import routes_of
 from modelhost.auth.limits import Admitted, start_counting
@@ -120,13 +119,12 @@ class RateLimits(HttpMiddleware):
         used = start_counting()
         released = False
 
-        async def release() -> None:
+        def release() -> None:
             nonlocal released
             admitted: Admitted | None = scope.get(ADMITTED)
             if admitted is not None and not released:
                 released = True
-                with contextlib.suppress(ModelhostError):  # the supervisor is gone: so is its count
-                    await get_services(Request(scope)).limits.release(admitted.ticket, used[0])
+                scope["app"].state.services.limits.release(admitted.ticket, used[0])
 
         async def send_with_headers(message: Message) -> None:
             admitted: Admitted | None = scope.get(ADMITTED)
@@ -135,13 +133,13 @@ class RateLimits(HttpMiddleware):
                     extra = [(k.encode(), v.encode()) for k, v in admitted.headers.items()]
                     message["headers"] = [*message.get("headers", []), *extra]
                 elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                    await release()
+                    release()
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            await release()
+            release()
 
 
 class BodySizeLimit(HttpMiddleware):

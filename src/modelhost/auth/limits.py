@@ -10,10 +10,11 @@ other text tasks), so a request may take the bucket below zero, and the next one
 refilled to at least one token. Concurrent requests are a count, given back when a request ends.
 
 A request is checked against its key's limits and its account's, both at once: it is admitted only when
-both allow it, and it counts against both. The `RateLimiter` here is exact within one process; a
-server's gateway processes all ask the supervisor's (`server.control`'s `Admit` and `Release`), so the
-counts hold across `serve --workers N`. Several servers on one database share what they count through
-it (`auth/shared_limits.py`): each learns the others' use within one sync interval (`merge`).
+both allow it, and it counts against both. The counts live in a `LimitTable` (auth/limit_table.py) that
+a server's gateway processes share, each admitting and releasing its own requests under the table's
+lock: exact across `serve --workers N`, with no call to another process. Several servers on one
+database share what they count through it (`auth/shared_limits.py`): each learns the others' use
+within one sync interval (`merge`).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from modelhost.auth.limit_table import MINUTE, Bucket, LimitTable, Row
 from modelhost.errors import (
     ConcurrencyLimitReached,
     RateLimitExceeded,
@@ -33,7 +34,6 @@ from modelhost.errors import (
     TokensLimitReached,
 )
 
-MINUTE = 60.0
 CONCURRENCY_RETRY_SECONDS = 1  # `Retry-After` for requests at once: when one of them ends, unknown here
 
 
@@ -89,33 +89,6 @@ class Subject:
         return cls(f"{kind}:{owner}", limits) if limits is not None and limits.rated else None
 
 
-@dataclass(slots=True)
-class _Bucket:
-    level: float
-    at: float
-
-    def refill(self, capacity: int, now: float) -> float:
-        """Refill to now (at capacity per minute, never above it); the level."""
-        self.level = min(float(capacity), self.level + (now - self.at) * capacity / MINUTE)
-        self.at = now
-        return self.level
-
-
-@dataclass(slots=True)
-class _State:
-    requests: _Bucket | None = None
-    tokens: _Bucket | None = None
-    in_flight: int = 0
-    # What this process took in all (requests admitted, tokens released): what other servers learn.
-    taken_requests: int = 0
-    taken_tokens: int = 0
-    # What other servers took and this process has no bucket to take it from yet, and since when; and
-    # their requests in flight, as they last said (auth/shared_limits.py).
-    owed: dict[str, float] = field(default_factory=dict)
-    owed_at: float = 0.0
-    elsewhere: int = 0
-
-
 @dataclass(frozen=True, slots=True)
 class Taken:
     """What one subject took in this process since it started, and has in flight: what a server tells
@@ -147,193 +120,222 @@ class Admitted:
 
 
 class RateLimiter:
-    """The buckets and counts of every subject seen, in this process (see the module docstring)."""
+    """The buckets and counts of every subject seen, in a `LimitTable`: this process's own, or the one
+    its server's gateway processes share (see the module docstring)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, table: LimitTable | None = None) -> None:
         self._clock = clock
-        self._states: dict[str, _State] = {}
-        self._tickets: dict[int, tuple[Subject, ...]] = {}
+        self.table = table if table is not None else LimitTable.create()
+        self._tickets: dict[int, tuple[Subject, ...]] = {}  # this process's requests in flight
         self._numbers = itertools.count(1)
-        self._changed: set[str] = set()  # subjects whose `Taken` changed since `taken` last asked
+        self._told: dict[str, tuple[int, int, int]] = {}  # what `taken` last said, per subject
 
     def admit(self, subjects: tuple[Subject, ...]) -> Admitted:
         """Admit a request of `subjects` (its key's and its account's), or raise the
         `RateLimitExceeded` of the first limit reached, with `Retry-After` and the headers."""
-        now = self._clock()
-        for subject in subjects:
-            self._check(subject, now)
-        for subject in subjects:
-            state = self._states[subject.name]
-            if state.requests is not None:
-                state.requests.level -= 1
-            state.in_flight += 1
-            state.taken_requests += 1
-            self._changed.add(subject.name)
+        now, table = self._clock(), self.table
+        slots: list[int] = []
+        rows: list[Row] = []
+        table.lock()
+        try:
+            for subject in subjects:  # all checked before any is taken: a refused request takes nothing
+                slot = table.place(subject.name, now)
+                row = table.load(slot)
+                _refill(subject.limits, row, now)
+                _check(subject, row)
+                slots.append(slot)
+                rows.append(row)
+            for subject, slot, row in zip(subjects, slots, rows, strict=True):
+                if subject.limits.requests_per_minute is not None:
+                    row.requests.level -= 1
+                row.in_flight += 1
+                row.taken_requests += 1
+                table.store(slot, row, own=1)
+        finally:
+            table.unlock()
         ticket = next(self._numbers)
         self._tickets[ticket] = subjects
-        return Admitted(ticket, self._headers(subjects, now))
+        return Admitted(ticket, _headers(subjects, rows))
 
     def release(self, ticket: int, tokens: int = 0) -> None:
         """The request of `ticket` ended having used `tokens`: its tokens are taken, its place given back.
         An unknown ticket (already released) is ignored."""
         subjects = self._tickets.pop(ticket, None)
-        if subjects is None:
-            return
-        for subject in subjects:
-            state = self._states[subject.name]
-            state.in_flight = max(0, state.in_flight - 1)
-            self._changed.add(subject.name)
-        self.charge(subjects, tokens)
+        if subjects is not None:
+            self._take(subjects, tokens, ended=True)
 
     def charge(self, subjects: tuple[Subject, ...], tokens: int) -> None:
         """`subjects` used `tokens` outside any admitted request (a background response, after its
         request was answered): taken from their token buckets, as `release` takes a request's."""
-        if tokens <= 0:
-            return
-        now = self._clock()
-        for subject in subjects:
-            state = self._states.setdefault(subject.name, _State())
-            state.taken_tokens += tokens
-            self._changed.add(subject.name)
-            capacity = subject.limits.tokens_per_minute
-            if capacity is not None:
-                self._bucket(state, "tokens", capacity, now).level -= tokens
+        if tokens > 0:
+            self._take(subjects, tokens, ended=False)
+
+    def forget_column(self, column: int) -> None:
+        """The gateway process that counts in `column` of the shared table is gone: what it had in
+        flight is given back."""
+        self.table.lock()
+        try:
+            self.table.clear_column(column)
+        finally:
+            self.table.unlock()
 
     def in_flight(self, name: str) -> int:
-        state = self._states.get(name)
-        return state.in_flight if state is not None else 0
+        self.table.lock()
+        try:
+            slot = self.table.find(name)
+            return self.table.load(slot).in_flight if slot >= 0 else 0
+        finally:
+            self.table.unlock()
 
     def use(self, subject: Subject) -> Use:
         """What `subject` has left now (a subject never seen has its buckets full)."""
-        now, state = self._clock(), self._states.setdefault(subject.name, _State())
-        left: dict[str, int | None] = {}
-        for kind in ("requests", "tokens"):
-            capacity = getattr(subject.limits, f"{kind}_per_minute")
-            level = None if capacity is None else self._bucket(state, kind, capacity, now).level
-            left[kind] = None if level is None else max(0, math.floor(level))
-        return Use(state.in_flight + state.elsewhere, left["requests"], left["tokens"])
+        now, table = self._clock(), self.table
+        table.lock()
+        try:
+            slot = table.find(subject.name)
+            row = table.load(slot) if slot >= 0 else _empty_row()
+        finally:
+            table.unlock()
+        _refill(subject.limits, row, now)
+        limits = subject.limits
+        return Use(
+            row.in_flight + row.elsewhere,
+            None if limits.requests_per_minute is None else max(0, math.floor(row.requests.level)),
+            None if limits.tokens_per_minute is None else max(0, math.floor(row.tokens.level)),
+        )
 
     def taken(self) -> list[Taken]:
         """What changed since the last call, and every subject with requests in flight (so that other
         servers see those as still in flight): what this server tells the others."""
-        names = self._changed | {name for name, state in self._states.items() if state.in_flight}
-        self._changed = set()
-        states = [(name, self._states[name]) for name in sorted(names)]
-        return [Taken(name, s.taken_requests, s.taken_tokens, s.in_flight) for name, s in states]
+        self.table.lock()
+        try:
+            rows = self.table.rows()
+        finally:
+            self.table.unlock()
+        told, self._told = self._told, rows
+        return [Taken(name, *row) for name, row in sorted(rows.items()) if row[2] or told.get(name) != row]
 
     def merge(self, taken: dict[str, tuple[int, int]], in_flight: dict[str, int]) -> None:
         """Other servers took `taken[subject]` (requests, tokens) since the last merge, and have
         `in_flight[subject]` requests in flight now (a subject not named: none)."""
-        now = self._clock()
-        for name, (requests, tokens) in taken.items():
-            state = self._states.setdefault(name, _State())
-            for kind, amount in (("requests", requests), ("tokens", tokens)):
-                if amount <= 0:
-                    continue
-                bucket: _Bucket | None = getattr(state, kind)
-                if bucket is not None:
-                    bucket.level -= amount
-                else:
-                    state.owed[kind] = state.owed.get(kind, 0.0) + amount
-                    state.owed_at = now
-        for name, state in self._states.items():
-            state.elsewhere = in_flight.get(name, 0)
+        now, table = self._clock(), self.table
+        table.lock()
+        try:
+            for name, (requests, tokens) in taken.items():
+                slot = table.place(name, now)
+                row = table.load(slot)
+                if now - row.owed_at > MINUTE:  # owed by a subject unused here: older takes have refilled
+                    row.requests.owed = row.tokens.owed = 0.0
+                for bucket, amount in ((row.requests, requests), (row.tokens, tokens)):
+                    if amount > 0:
+                        if bucket.at == 0.0:  # no bucket yet: it will start that much short
+                            row.owed_at = now
+                        bucket.take(amount)
+                table.store(slot, row)
+            table.set_elsewhere(in_flight, now)
+        finally:
+            table.unlock()
 
-    def _bucket(self, state: _State, kind: str, capacity: int, now: float) -> _Bucket:
-        """`state`'s bucket of `kind` ("requests" or "tokens"), refilled to now; a new one starts full
-        less what other servers took since they said so (`merge`)."""
-        bucket: _Bucket | None = getattr(state, kind)
-        if bucket is None:
-            owed = state.owed.pop(kind, 0.0)
-            bucket = _Bucket(float(capacity) - owed, state.owed_at if owed else now)
-            setattr(state, kind, bucket)
-        bucket.refill(capacity, now)
-        return bucket
-
-    def _check(self, subject: Subject, now: float) -> None:
-        limits = subject.limits
-        state = self._states.setdefault(subject.name, _State())
-        if limits.requests_per_minute is None:
-            state.requests = None
-        else:
-            level = self._bucket(state, "requests", limits.requests_per_minute, now).level
-            if level < 1:
-                wait = (1 - level) * MINUTE / limits.requests_per_minute
-                raise self._refused(RequestsLimitReached, subject, "requests per minute", wait, now)
-        if limits.tokens_per_minute is not None:  # a bucket never used is full: at least one token
-            level = self._bucket(state, "tokens", limits.tokens_per_minute, now).level
-            if level < 1:
-                wait = (1 - level) * MINUTE / limits.tokens_per_minute
-                raise self._refused(TokensLimitReached, subject, "tokens per minute", wait, now)
-        in_flight = state.in_flight + state.elsewhere
-        if limits.concurrent_requests is not None and in_flight >= limits.concurrent_requests:
-            wait = float(CONCURRENCY_RETRY_SECONDS)
-            raise self._refused(ConcurrencyLimitReached, subject, "concurrent requests", wait, now)
-
-    def _refused(
-        self, error: type[RateLimitExceeded], subject: Subject, what: str, wait: float, now: float
-    ) -> RateLimitExceeded:
-        kind, _, owner = subject.name.partition(":")
-        limit = getattr(subject.limits, what.replace(" ", "_"))
-        message = (
-            f"Rate limit reached for {kind} {owner} on {what}: limit {limit}. "
-            f"Please try again in {_duration(wait)}."
-        )
-        headers = {"Retry-After": str(max(1, math.ceil(wait))), **self._headers((subject,), now)}
-        return error(message, headers=headers)
-
-    def _headers(self, subjects: tuple[Subject, ...], now: float) -> dict[str, str]:
-        """OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, for each kind some subject
-        limits: from the subject with the least left."""
-        headers: dict[str, str] = {}
-        for kind in ("requests", "tokens"):
-            found: tuple[float, int, float] | None = None  # (left, limit, seconds to full)
+    def _take(self, subjects: tuple[Subject, ...], tokens: int, *, ended: bool) -> None:
+        """Take `tokens` from `subjects`' token buckets; `ended`: and give back their request's place."""
+        now, table = self._clock(), self.table
+        table.lock()
+        try:
             for subject in subjects:
-                capacity = getattr(subject.limits, f"{kind}_per_minute")
-                if capacity is None:
-                    continue
-                level = self._bucket(self._states[subject.name], kind, capacity, now).level
-                full_in = (capacity - level) * MINUTE / capacity
-                if found is None or level < found[0]:
-                    found = (level, capacity, full_in)
-            if found is not None:
-                left, capacity, full_in = found
-                headers[f"x-ratelimit-limit-{kind}"] = str(capacity)
-                headers[f"x-ratelimit-remaining-{kind}"] = str(max(0, math.floor(left)))
-                headers[f"x-ratelimit-reset-{kind}"] = _duration(full_in)
-        return headers
+                slot = table.place(subject.name, now)
+                row = table.load(slot)
+                if ended:
+                    row.in_flight = max(0, row.in_flight - 1)
+                row.taken_tokens += tokens
+                capacity = subject.limits.tokens_per_minute
+                if capacity is not None and tokens:
+                    row.tokens.refill(capacity, now, row.owed_at)
+                    row.tokens.level -= tokens
+                table.store(slot, row, own=-1 if ended else 0)
+        finally:
+            table.unlock()
 
 
-class Limiter(Protocol):
-    """What the API admits requests through: the supervisor's `LocalLimits`, or in a server's other
-    gateway processes `server.remote.RemoteLimits`, which asks the supervisor's."""
-
-    async def admit(self, subjects: tuple[Subject, ...]) -> Admitted: ...
-
-    async def release(self, ticket: int, tokens: int) -> None: ...
-
-    async def charge(self, subjects: tuple[Subject, ...], tokens: int) -> None: ...
-
-    async def use(self, subjects: tuple[Subject, ...]) -> list[Use]: ...
+def _refill(limits: Limits, row: Row, now: float) -> None:
+    """`row`'s buckets as of `now`; a bucket whose limit was removed is dropped (set again later, it
+    starts full)."""
+    _refill_bucket(row.requests, limits.requests_per_minute, now, row.owed_at)
+    _refill_bucket(row.tokens, limits.tokens_per_minute, now, row.owed_at)
 
 
-class LocalLimits:
-    """The limiter of this process (a server's supervisor, or a single-process server)."""
+def _refill_bucket(bucket: Bucket, capacity: int | None, now: float, owed_at: float) -> None:
+    if capacity is not None:
+        bucket.refill(capacity, now, owed_at)
+    elif bucket.at:
+        bucket.level = bucket.at = bucket.capacity = 0.0
 
-    def __init__(self, limiter: RateLimiter | None = None) -> None:
-        self.limiter = limiter or RateLimiter()
 
-    async def admit(self, subjects: tuple[Subject, ...]) -> Admitted:
-        return self.limiter.admit(subjects)
+def _check(subject: Subject, row: Row) -> None:
+    """Refuse the request if `subject` is at one of its limits (`row` refilled to now)."""
+    limits = subject.limits
+    rpm, tpm, at_once = limits.requests_per_minute, limits.tokens_per_minute, limits.concurrent_requests
+    if rpm is not None and row.requests.level < 1:
+        wait = (1 - row.requests.level) * MINUTE / rpm
+        raise _refused(RequestsLimitReached, subject, row, "requests per minute", wait)
+    if tpm is not None and row.tokens.level < 1:  # a new bucket is full: at least one token
+        wait = (1 - row.tokens.level) * MINUTE / tpm
+        raise _refused(TokensLimitReached, subject, row, "tokens per minute", wait)
+    if at_once is not None and row.in_flight + row.elsewhere >= at_once:
+        wait = float(CONCURRENCY_RETRY_SECONDS)
+        raise _refused(ConcurrencyLimitReached, subject, row, "concurrent requests", wait)
 
-    async def release(self, ticket: int, tokens: int) -> None:
-        self.limiter.release(ticket, tokens)
 
-    async def charge(self, subjects: tuple[Subject, ...], tokens: int) -> None:
-        self.limiter.charge(subjects, tokens)
+def _empty_row() -> Row:
+    return Row(Bucket(), Bucket(), 0.0, 0, 0, 0, 0)
 
-    async def use(self, subjects: tuple[Subject, ...]) -> list[Use]:
-        return [self.limiter.use(subject) for subject in subjects]
+
+def _refused(
+    error: type[RateLimitExceeded], subject: Subject, row: Row, what: str, wait: float
+) -> RateLimitExceeded:
+    kind, _, owner = subject.name.partition(":")
+    limit = getattr(subject.limits, what.replace(" ", "_"))
+    message = (
+        f"Rate limit reached for {kind} {owner} on {what}: limit {limit}. "
+        f"Please try again in {_duration(wait)}."
+    )
+    headers = {"Retry-After": str(max(1, math.ceil(wait))), **_headers((subject,), [row])}
+    return error(message, headers=headers)
+
+
+def _headers(subjects: tuple[Subject, ...], rows: list[Row]) -> dict[str, str]:
+    """OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, for each kind some subject
+    limits: from the subject with the least left (`rows` refilled to now)."""
+    headers: dict[str, str] = {}
+    requests = tokens = None  # the buckets with the least left
+    for subject, row in zip(subjects, rows, strict=True):
+        limits = subject.limits
+        if limits.requests_per_minute is not None and (
+            requests is None or row.requests.level < requests.level
+        ):
+            requests = row.requests
+        if limits.tokens_per_minute is not None and (tokens is None or row.tokens.level < tokens.level):
+            tokens = row.tokens
+    if requests is not None:
+        _describe(requests, _REQUESTS_HEADERS, headers)
+    if tokens is not None:
+        _describe(tokens, _TOKENS_HEADERS, headers)
+    return headers
+
+
+_REQUESTS_HEADERS = (
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-reset-requests",
+)
+_TOKENS_HEADERS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+
+
+def _describe(bucket: Bucket, names: tuple[str, str, str], headers: dict[str, str]) -> None:
+    """A bucket's limit, what is left and the time until it is full, in `headers` as `names`."""
+    capacity = bucket.capacity
+    headers[names[0]] = str(int(capacity))
+    headers[names[1]] = str(max(0, math.floor(bucket.level)))
+    headers[names[2]] = _duration((capacity - bucket.level) * MINUTE / capacity)
 
 
 # The tokens the current request used so far, where it is limited (`api.middleware.RateLimits` sets

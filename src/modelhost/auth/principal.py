@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from modelhost.auth.limits import Limits, Subject
@@ -30,6 +30,15 @@ class Principal:
     deployment_ids: frozenset[str] | None = None
     limits: Limits | None = None
     account_limits: Limits | None = None
+    # whom its requests count against (`limited`): made once, as a principal is cached
+    _subjects: tuple[Subject, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        subjects = (
+            Subject.of("key", self.key_id, self.limits),
+            Subject.of("account", self.account_id, self.account_limits),
+        )
+        object.__setattr__(self, "_subjects", tuple(s for s in subjects if s is not None))
 
     def covers(self, deployment_id: str) -> bool:
         if self.kind is PrincipalKind.ACCOUNT:
@@ -40,11 +49,7 @@ class Principal:
 
     def limited(self) -> tuple[Subject, ...]:
         """Whom a request of this key counts against: the key and its account, where they have limits."""
-        subjects = (
-            Subject.of("key", self.key_id, self.limits),
-            Subject.of("account", self.account_id, self.account_limits),
-        )
-        return tuple(subject for subject in subjects if subject is not None)
+        return self._subjects
 
 
 ADMIN = Principal(kind=PrincipalKind.ADMIN)

@@ -9,8 +9,9 @@ clients ──HTTP──> gateway processes 0..N-1 (one listening socket, shared
                   replica processes (one per loaded replica; batch the requests of every gateway)
 ```
 
-Everything of one server lives in a private run folder (mode 0700): the supervisor's control socket
-and the metrics every process writes (`modelhost.metrics`). It is removed when the server stops.
+Everything of one server lives in a private run folder (mode 0700): the supervisor's control socket,
+the metrics every process writes (`modelhost.metrics`) and the rate-limit table they share
+(`auth/limit_table.py`). It is removed when the server stops.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def _run(
     beside: Callable[[], None] | None,
 ) -> None:
     from modelhost.api.app import create_app, settle_memory
+    from modelhost.auth.limit_table import LimitTable
+    from modelhost.auth.limits import RateLimiter
     from modelhost.server.http import raise_open_files_limit, uvicorn_config
     from modelhost.server.supervisor import ControlServer, Gateways, SupervisorServer
 
@@ -95,8 +98,10 @@ def _run(
         from modelhost.runtime.spawn import warm_template
 
         warm_template()  # its imports run beside the server's start: the first cold start finds it ready
-    control_path = folder / "control.sock"
-    gateways = Gateways(workers - 1, listener, control_path, log_level)
+    control_path, limits_path = folder / "control.sock", folder / "limits"
+    # every gateway process counts rate limits in one table: column 0 is the supervisor's
+    limits = RateLimiter(table=LimitTable.create(limits_path, columns=workers) if workers > 1 else None)
+    gateways = Gateways(workers - 1, listener, control_path, log_level, limits)
 
     @asynccontextmanager
     async def with_gateways(services: Services) -> AsyncIterator[None]:
@@ -110,7 +115,7 @@ def _run(
             await gateways.stop(settings.shutdown_drain_seconds + 5)
             await control.stop()
 
-    app = create_app(settings, around=with_gateways if workers > 1 else None)
+    app = create_app(settings, around=with_gateways if workers > 1 else None, limits=limits)
     config = uvicorn_config(app, settings, log_level)
     server = SupervisorServer(config, gateways)
     if beside is not None:

@@ -19,7 +19,6 @@ from typing import Any
 import msgspec
 
 from modelhost.agents.store import RunJob
-from modelhost.auth.limits import Subject
 from modelhost.runtime.protocol import FrameReader
 
 __all__ = ["FrameReader", "decode_from_supervisor", "decode_to_supervisor", "encode"]
@@ -87,37 +86,6 @@ class CancelVideo(msgspec.Struct, tag="cancel_video", array_like=True):
     video_id: str
 
 
-class Admit(msgspec.Struct, tag="admit", array_like=True):
-    """Admit a request of these rate-limited subjects (a key and its account): answered with the
-    `Admitted` ticket and headers, or refused with the 429 (auth/limits.py)."""
-
-    call: int
-    subjects: list[Subject]
-
-
-class Release(msgspec.Struct, tag="release", array_like=True):
-    """The admitted request `ticket` ended having used `tokens` (answered once counted)."""
-
-    call: int
-    ticket: int
-    tokens: int
-
-
-class Charge(msgspec.Struct, tag="charge", array_like=True):
-    """These rate-limited subjects used `tokens` outside an admitted request (a background
-    response): taken from their token buckets. Needs no answer."""
-
-    subjects: list[Subject]
-    tokens: int
-
-
-class GetUse(msgspec.Struct, tag="use", array_like=True):
-    """What these rate-limited subjects have left now (answered with a list of `Use`)."""
-
-    call: int
-    subjects: list[Subject]
-
-
 class Touch(msgspec.Struct, tag="touch", array_like=True):
     """These deployments were used (or are still in use) since the last `Touch`: not idle."""
 
@@ -165,10 +133,6 @@ ToSupervisor = (
     | StartRun
     | StopRuns
     | CancelVideo
-    | Admit
-    | Release
-    | Charge
-    | GetUse
     | Touch
     | Forget
 )

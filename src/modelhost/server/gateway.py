@@ -2,8 +2,9 @@
 
 It serves the same app on the server's shared listening socket (`--listen-fd`), with the supervisor's
 stand-ins for the runtime and runners (`server.remote`) connected over its control socket
-(`--control`). It stops when asked (SIGTERM: stop accepting, drain its own requests, exit), and when
-its supervisor goes away (end-of-file on the control socket, or `PR_SET_PDEATHSIG`).
+(`--control`), and counts rate limits in the table every gateway process shares (`--limits`, in the
+column of its `--index`). It stops when asked (SIGTERM: stop accepting, drain its own requests, exit),
+and when its supervisor goes away (end-of-file on the control socket, or `PR_SET_PDEATHSIG`).
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
 import uvicorn
 
 from modelhost.api.app import create_app, settle_memory
+from modelhost.auth.limit_table import LimitTable
+from modelhost.auth.limits import RateLimiter
 from modelhost.config import get_settings
 from modelhost.container import Services
 from modelhost.server.http import uvicorn_config
 from modelhost.server.remote import (
-    RemoteLimits,
     RemoteRuns,
     RemoteRuntime,
     RemoteVideos,
@@ -34,23 +37,25 @@ from modelhost.server.remote import (
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="modelhost gateway process (started by `modelhost serve`)")
-    parser.add_argument("--index", type=int, required=True, help="this process's number, for `ps` and logs")
+    parser.add_argument("--index", type=int, required=True, help="this process's number (`ps`, logs, limits)")
     parser.add_argument("--listen-fd", type=int, required=True, help="the server's listening socket")
     parser.add_argument("--control", required=True, help="the supervisor's control socket")
+    parser.add_argument("--limits", required=True, help="the server's rate-limit table")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     _die_with_parent()
     listener = socket.socket(fileno=args.listen_fd)
+    limits = RateLimiter(table=LimitTable.open(Path(args.limits), column=args.index))
     try:
         import uvloop
 
-        uvloop.run(_serve(listener, args.control, args.log_level))
+        uvloop.run(_serve(listener, args.control, limits, args.log_level))
     except ImportError:  # pragma: no cover (uvicorn[standard] brings uvloop)
-        asyncio.run(_serve(listener, args.control, args.log_level))
+        asyncio.run(_serve(listener, args.control, limits, args.log_level))
     return 0
 
 
-async def _serve(listener: socket.socket, control: str, log_level: str) -> None:
+async def _serve(listener: socket.socket, control: str, limits: RateLimiter, log_level: str) -> None:
     settings = get_settings().model_copy(update={"apply_migrations_on_start": False})
     server: uvicorn.Server | None = None
 
@@ -62,8 +67,9 @@ async def _serve(listener: socket.socket, control: str, log_level: str) -> None:
     welcome = await link.hello(os.getpid())
     runtime = RemoteRuntime(link, settings)
     runs, videos = RemoteRuns(link, welcome.agent_runner), RemoteVideos(link)
-    services = await asyncio.to_thread(Services.build, settings, stand_ins=(runtime, videos, runs))
-    services.limits = RemoteLimits(link)
+    services = await asyncio.to_thread(
+        Services.build, settings, stand_ins=(runtime, videos, runs), limits=limits
+    )
     share_caches(services.caches, link.tell)
     link.on_forget = lambda cache, key: services.caches[cache].forget_here(key)
     runtime.start(welcome.replicas)

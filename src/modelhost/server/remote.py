@@ -21,7 +21,6 @@ from typing import Any
 import msgspec
 
 from modelhost.agents.store import RunJob
-from modelhost.auth.limits import Admitted, Subject, Use
 from modelhost.cache import TTLCache
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError, ServiceUnavailable, rebuild
@@ -31,19 +30,15 @@ from modelhost.runtime.replica import ReplicaDied
 from modelhost.runtime.spec import LiveStatus
 from modelhost.server.control import (
     Acquire,
-    Admit,
     Apply,
     CancelVideo,
-    Charge,
     Done,
     Forget,
     FrameReader,
     FromSupervisor,
     GetStatus,
-    GetUse,
     Hello,
     Refused,
-    Release,
     Remove,
     Replicas,
     ResumeAccount,
@@ -295,28 +290,6 @@ class RemoteVideos:
         await self._link.call(lambda n: CancelVideo(n, job_id))
 
 
-class RemoteLimits:
-    """Rate limits are counted in the supervisor, for every gateway process of the server at once
-    (exact across `serve --workers N`): a limited request is admitted by one call and released by
-    another, answered before the end of its answer goes out (so the client's next request, on any
-    process, finds its place back)."""
-
-    def __init__(self, link: SupervisorLink) -> None:
-        self._link = link
-
-    async def admit(self, subjects: tuple[Subject, ...]) -> Admitted:
-        return msgspec.convert(await self._link.call(lambda n: Admit(n, list(subjects))), Admitted)
-
-    async def release(self, ticket: int, tokens: int) -> None:
-        await self._link.call(lambda n: Release(n, ticket, tokens))
-
-    async def charge(self, subjects: tuple[Subject, ...], tokens: int) -> None:
-        self._link.tell(Charge(list(subjects), tokens))
-
-    async def use(self, subjects: tuple[Subject, ...]) -> list[Use]:
-        return msgspec.convert(await self._link.call(lambda n: GetUse(n, list(subjects))), list[Use])
-
-
 def share_caches(caches: dict[str, TTLCache[Any]], tell: Callable[[Forget], None]) -> None:
     """What this process forgets on purpose (a revoked key, a changed deployment, a top-up), every
     process forgets: announce it."""
@@ -326,7 +299,6 @@ def share_caches(caches: dict[str, TTLCache[Any]], tell: Callable[[Forget], None
 
 __all__ = [
     "ModelhostError",
-    "RemoteLimits",
     "RemoteRuns",
     "RemoteRuntime",
     "RemoteVideos",

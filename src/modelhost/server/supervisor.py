@@ -24,24 +24,20 @@ from typing import Any
 import msgspec
 import uvicorn
 
-from modelhost.auth.limits import LocalLimits
+from modelhost.auth.limits import RateLimiter
 from modelhost.container import Services, Supervision
 from modelhost.errors import ModelhostError
 from modelhost.metrics import process_gone
 from modelhost.server.control import (
     Acquire,
-    Admit,
     Apply,
     CancelVideo,
-    Charge,
     Done,
     Forget,
     FrameReader,
     GetStatus,
-    GetUse,
     Hello,
     Refused,
-    Release,
     Remove,
     Replicas,
     ResumeAccount,
@@ -65,18 +61,13 @@ class _Session(asyncio.Protocol):
         self._server = server
         self._reader = FrameReader()
         self.transport: asyncio.Transport | None = None
-        self.tickets: set[int] = set()  # rate-limited requests of this process still in flight
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self._server.sessions.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """The gateway process is gone (it died, or stopped): its requests in flight are too."""
         self._server.sessions.discard(self)
-        for ticket in self.tickets:
-            self._server.limiter.release(ticket)
-        self.tickets.clear()
 
     def data_received(self, data: bytes) -> None:
         for body in self._reader.feed(data):
@@ -104,8 +95,6 @@ class ControlServer:
         self.sessions: set[_Session] = set()
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        assert isinstance(services.limits, LocalLimits)  # the server's one limiter is the supervisor's
-        self.limiter = services.limits.limiter
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -133,23 +122,7 @@ class ControlServer:
 
     def received(self, session: _Session, message: ToSupervisor) -> None:
         runtime = self._supervision.runtime
-        if isinstance(message, Admit):  # answered at once: no task, the hot path of limited keys
-            try:
-                admitted = self.limiter.admit(tuple(message.subjects))
-            except ModelhostError as exc:
-                session.send(_refused(message.call, exc))
-                return
-            session.tickets.add(admitted.ticket)
-            session.send(Done(message.call, admitted))
-        elif isinstance(message, GetUse):
-            session.send(Done(message.call, [self.limiter.use(subject) for subject in message.subjects]))
-        elif isinstance(message, Release):
-            session.tickets.discard(message.ticket)
-            self.limiter.release(message.ticket, message.tokens)
-            session.send(Done(message.call))
-        elif isinstance(message, Charge):
-            self.limiter.charge(tuple(message.subjects), message.tokens)
-        elif isinstance(message, Touch):
+        if isinstance(message, Touch):
             runtime.touch(message.deployment_ids)
         elif isinstance(message, Forget):
             cache = self._services.caches.get(message.cache)
@@ -206,11 +179,14 @@ def _refused(call: int, exc: ModelhostError) -> Refused:
 class Gateways:
     """The server's gateway processes other than the supervisor, on its listening socket."""
 
-    def __init__(self, count: int, listener: socket.socket, control: Path, log_level: str) -> None:
+    def __init__(
+        self, count: int, listener: socket.socket, control: Path, log_level: str, limits: RateLimiter
+    ) -> None:
         self.count = count
         self._listener = listener
         self._control = control
         self._log_level = log_level
+        self._limits = limits  # on the table they share: a process that dies has its column cleared
         self.processes: dict[int, asyncio.subprocess.Process] = {}
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -248,6 +224,7 @@ class Gateways:
             self.processes[index] = process
             code = await process.wait()
             process_gone(process.pid)
+            self._limits.forget_column(index)  # its requests in flight ended with it
             if self._stopping:
                 return
             log.warning(
@@ -263,6 +240,7 @@ class Gateways:
             "--index", str(index),
             "--listen-fd", str(fd),
             "--control", str(self._control),
+            "--limits", str(self._limits.table.path),
             "--log-level", self._log_level,
             stdin=asyncio.subprocess.DEVNULL,
             pass_fds=(fd,),

@@ -45,7 +45,7 @@ async def list_keys(principal: AccountPrincipal, services: ServicesDep) -> ListO
         Subject.of("key", row.id, Limits.of(row.limits)) if row.revoked_at is None else None for row in found
     ]
     limited = [(key, subject) for key, subject in zip(keys, subjects, strict=True) if subject is not None]
-    uses = await services.limits.use(tuple(subject for _, subject in limited)) if limited else []
+    uses = [services.limits.use(subject) for _, subject in limited]
     for (key, _), use in zip(limited, uses, strict=True):
         key.use = KeyUse(**dataclasses.asdict(use))
     return ListOf[Key](data=keys)

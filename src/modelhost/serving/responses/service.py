@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -204,9 +204,7 @@ class Responses:
 
     # ---------------------------------------------------------------- background
 
-    async def submit(
-        self, prepared: Prepared, tokens_used: Callable[[int], Awaitable[None]] | None = None
-    ) -> Event:
+    async def submit(self, prepared: Prepared, tokens_used: Callable[[int], None] | None = None) -> Event:
         """Store the response as `queued` and generate it in a task of this process. Its request is
         answered before it runs: `tokens_used` is told the tokens it took once it ends (the key's
         rate limits)."""
@@ -216,9 +214,7 @@ class Responses:
         task.add_done_callback(lambda _: self._tasks.pop(prepared.id, None))
         return queued
 
-    async def _background(
-        self, prepared: Prepared, tokens_used: Callable[[int], Awaitable[None]] | None
-    ) -> None:
+    async def _background(self, prepared: Prepared, tokens_used: Callable[[int], None] | None) -> None:
         if not await asyncio.to_thread(self.store.start, prepared.id):
             return  # cancelled before it started
         used = start_counting()  # this task's own count: its request's was given back when answered
@@ -249,8 +245,7 @@ class Responses:
         finally:
             beating.cancel()
             if tokens_used is not None and used[0]:
-                with contextlib.suppress(ModelhostError):
-                    await tokens_used(used[0])
+                tokens_used(used[0])
 
     async def _beat(self, response_id: str, task: asyncio.Task[None]) -> None:
         """Beat while generating; a response cancelled or deleted elsewhere is stopped here."""
