@@ -57,15 +57,14 @@ class Bucket:
     capacity: float = 0.0
     owed: float = 0.0
 
-    def refill(self, capacity: int, now: float, owed_at: float) -> float:
+    def refill(self, capacity: int, now: float, owed_at: float) -> None:
         """Refill to now at `capacity` per minute (never above it), creating it full (less what is
-        owed) if it does not exist yet; its level."""
+        owed) if it does not exist yet."""
         if self.at == 0.0:
             self.level, self.at = capacity - self.owed, owed_at if self.owed else now
             self.owed = 0.0
         self.level = min(float(capacity), self.level + (now - self.at) * capacity / MINUTE)
         self.at, self.capacity = now, float(capacity)
-        return self.level
 
     def take(self, amount: float) -> None:
         """Take `amount` from it, or owe it while the bucket does not exist yet."""
@@ -99,8 +98,8 @@ def _dtype(columns: int, slot_bytes: int) -> np.dtype[np.void]:
 
 
 class LimitTable:
-    """One server's rate-limit counts (see the module docstring). Every method but `create`, `open`,
-    `close` and `lock` / `unlock` themselves is called with the lock held."""
+    """One server's rate-limit counts (see the module docstring). Every method but `create` and `open`
+    is called with the lock held (`with table:`)."""
 
     def __init__(self, memory: mmap.mmap, fd: int | None, column: int, path: Path | None) -> None:
         self._memory = memory
@@ -139,21 +138,17 @@ class LimitTable:
         fd = os.open(path, os.O_RDWR)
         return cls(mmap.mmap(fd, os.fstat(fd).st_size), fd, column, path)
 
-    def close(self) -> None:
-        self._memory.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def lock(self) -> None:
+    def __enter__(self) -> LimitTable:
+        """`with table:` holds its lock (a class's own `__enter__`: the hot path pays no generator)."""
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         generation = _GENERATION.unpack_from(self._memory, _COUNTS_AT)[0]
         if generation != self._generation:  # slots were placed anew: find names again
             self._found.clear()
             self._generation = generation
+        return self
 
-    def unlock(self) -> None:
+    def __exit__(self, *_: object) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
@@ -294,8 +289,7 @@ class LimitTable:
         _COUNTS.pack_into(self._memory, _COUNTS_AT, generation, used, compact_at)
 
     def _view(self) -> np.ndarray:
-        """The slots as one numpy array over the memory (a local of the scan that uses it: a live view
-        keeps the memory from being closed)."""
+        """The slots as one numpy array over the memory, for the scans."""
         return np.frombuffer(self._memory, dtype=self._dtype, count=self.slots, offset=_HEADER_BYTES)
 
 

@@ -136,8 +136,7 @@ class RateLimiter:
         now, table = self._clock(), self.table
         slots: list[int] = []
         rows: list[Row] = []
-        table.lock()
-        try:
+        with table:
             for subject in subjects:  # all checked before any is taken: a refused request takes nothing
                 slot = table.place(subject.name, now)
                 row = table.load(slot)
@@ -151,8 +150,6 @@ class RateLimiter:
                 row.in_flight += 1
                 row.taken_requests += 1
                 table.store(slot, row, own=1)
-        finally:
-            table.unlock()
         ticket = next(self._numbers)
         self._tickets[ticket] = subjects
         return Admitted(ticket, _headers(subjects, rows))
@@ -173,29 +170,20 @@ class RateLimiter:
     def forget_column(self, column: int) -> None:
         """The gateway process that counts in `column` of the shared table is gone: what it had in
         flight is given back."""
-        self.table.lock()
-        try:
+        with self.table:
             self.table.clear_column(column)
-        finally:
-            self.table.unlock()
 
     def in_flight(self, name: str) -> int:
-        self.table.lock()
-        try:
+        with self.table:
             slot = self.table.find(name)
             return self.table.load(slot).in_flight if slot >= 0 else 0
-        finally:
-            self.table.unlock()
 
     def use(self, subject: Subject) -> Use:
         """What `subject` has left now (a subject never seen has its buckets full)."""
         now, table = self._clock(), self.table
-        table.lock()
-        try:
+        with table:
             slot = table.find(subject.name)
             row = table.load(slot) if slot >= 0 else _empty_row()
-        finally:
-            table.unlock()
         _refill(subject.limits, row, now)
         limits = subject.limits
         return Use(
@@ -207,11 +195,8 @@ class RateLimiter:
     def taken(self) -> list[Taken]:
         """What changed since the last call, and every subject with requests in flight (so that other
         servers see those as still in flight): what this server tells the others."""
-        self.table.lock()
-        try:
+        with self.table:
             rows = self.table.rows()
-        finally:
-            self.table.unlock()
         told, self._told = self._told, rows
         return [Taken(name, *row) for name, row in sorted(rows.items()) if row[2] or told.get(name) != row]
 
@@ -219,8 +204,7 @@ class RateLimiter:
         """Other servers took `taken[subject]` (requests, tokens) since the last merge, and have
         `in_flight[subject]` requests in flight now (a subject not named: none)."""
         now, table = self._clock(), self.table
-        table.lock()
-        try:
+        with table:
             for name, (requests, tokens) in taken.items():
                 slot = table.place(name, now)
                 row = table.load(slot)
@@ -233,14 +217,11 @@ class RateLimiter:
                         bucket.take(amount)
                 table.store(slot, row)
             table.set_elsewhere(in_flight, now)
-        finally:
-            table.unlock()
 
     def _take(self, subjects: tuple[Subject, ...], tokens: int, *, ended: bool) -> None:
         """Take `tokens` from `subjects`' token buckets; `ended`: and give back their request's place."""
         now, table = self._clock(), self.table
-        table.lock()
-        try:
+        with table:
             for subject in subjects:
                 slot = table.place(subject.name, now)
                 row = table.load(slot)
@@ -252,8 +233,6 @@ class RateLimiter:
                     row.tokens.refill(capacity, now, row.owed_at)
                     row.tokens.level -= tokens
                 table.store(slot, row, own=-1 if ended else 0)
-        finally:
-            table.unlock()
 
 
 def _refill(limits: Limits, row: Row, now: float) -> None:
