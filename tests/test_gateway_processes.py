@@ -211,7 +211,8 @@ def generating(server: Server, deployment_id: str) -> float:
     return server.sample("modelhost_generation_sequences", deployment_id)
 
 
-LONG = {"max_tokens": 400, "min_tokens": 400, "temperature": 0}
+TOKENS = 1900  # about 2 s of this engine on a fast CPU: a stream stopped early computed fewer
+LONG = {"max_tokens": TOKENS, "min_tokens": TOKENS, "temperature": 0}
 
 
 async def test_a_chat_stream_through_another_gateway_process_stops_when_its_client_leaves(
@@ -236,14 +237,15 @@ async def test_a_chat_stream_through_another_gateway_process_stops_when_its_clie
                         three.set()
                         await asyncio.sleep(3600)  # the client stays, reading nothing more
 
+    computed = server.sample("modelhost_generation_tokens_total", deployment_id)
     task = await server.via(helper, stream)
     await asyncio.wait_for(three.wait(), 60)
-    assert generating(server, deployment_id) == 1
     await until(lambda: server.in_flight(deployment_id).get(helper) == 1.0, timeout=5)  # the helper holds it
     task.cancel()  # the client leaves
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    await until(lambda: generating(server, deployment_id) == 0, timeout=5)  # 400 tokens take far longer
+    await until(lambda: generating(server, deployment_id) == 0, timeout=15)
+    assert 0 < server.sample("modelhost_generation_tokens_total", deployment_id) - computed < TOKENS
 
 
 async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supervisor_and_delete_stops_it(
@@ -259,6 +261,7 @@ async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supe
     agent = (
         await call("POST", "/v1/agent", {"name": "a", "model": "chat", "instructions": "Be brief."})
     ).json()
+    computed = server.sample("modelhost_generation_tokens_total", deployment_id)
     created = await (
         await server.via(
             helper, lambda: call("POST", f"/v1/agent/{agent['id']}/runs", {"input": "hi", **LONG})
@@ -274,6 +277,7 @@ async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supe
     )
     assert deleted.status_code == 200, deleted.text
     assert generating(server, deployment_id) == 0  # stopped before the delete answered
+    assert 0 < server.sample("modelhost_generation_tokens_total", deployment_id) - computed < TOKENS
     assert (await call("GET", f"/v1/agent/{agent['id']}/runs/{run_id}")).status_code == 404
 
 

@@ -7,6 +7,7 @@ batches it is given and a fake clock stands in for time.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import msgspec
 import pytest
 
 from modelhost.errors import InvalidRequest
+from modelhost.metrics import sample
 from modelhost.runtime.client import Waiters
 from modelhost.runtime.host import ReplicaHost
 from modelhost.runtime.protocol import (
@@ -301,6 +303,40 @@ def test_cancelling_a_stream_or_closing_its_connection_stops_it_before_the_next_
     host.work()
     assert answers(host) == {"g1": [(2, {"left": 4})]}
     assert host.running == 1
+
+
+class Generator(Counter):
+    """Counter's streams as a generation engine reports them: each step's event counts the tokens so far."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: dict[int, int] = {}
+
+    def start(self, state: Any, request_id: int, request: dict[str, Any]) -> None:
+        super().start(state, request_id, request)
+        self.asked[request_id] = request["n"]
+
+    def step(self, state: Any) -> list[tuple[int, dict[str, Any]]]:
+        return [
+            (key, {**event, "completion_tokens": self.asked[key] - self.left.get(key, 0)})
+            for key, event in super().step(state)
+        ]
+
+
+def test_the_replica_publishes_the_streams_it_holds_and_each_token_it_computed_once() -> None:
+    deployment = f"dep_{secrets.token_hex(6)}"
+    host = ReplicaHost(Generator(), None, deployment=deployment, max_batch=4, max_wait=0.005, clock=Clock())
+    held = lambda: sample("modelhost_generation_sequences", {"deployment": deployment})  # noqa: E731
+    tokens = lambda: sample("modelhost_generation_tokens_total", {"deployment": deployment})  # noqa: E731
+    host.receive("g1", Generate(1, {"n": 5}))
+    host.receive("g2", Generate(1, {"n": 3}))
+    assert host.due() == 0 and held() == 2
+    host.work()
+    host.receive("g1", Cancel(1))
+    assert host.due() == 0 and held() == 1 and tokens() == 2
+    host.work()
+    host.work()  # g2's third and last token
+    assert host.due() is None and held() == 0 and tokens() == 4
 
 
 def test_stats_say_what_the_replica_holds() -> None:

@@ -92,12 +92,14 @@ class ReplicaHost:
         self._keys = itertools.count(1)
         self._streams: dict[int, tuple[Peer, int]] = {}  # handler request id → (peer, request id)
         self._stream_keys: dict[tuple[Peer, int], int] = {}
+        self._stream_tokens: dict[int, int] = {}  # handler request id → its completion tokens counted
         self._results: dict[Peer, list[Result]] = {}
         self._events: dict[Peer, list[Event]] = {}
         self._other: list[tuple[Peer, msgspec.Struct]] = []
         self._published = (-1, -1)
         self._queue_depth = metrics.QUEUE_DEPTH.labels(deployment)
         self._generating = metrics.GENERATING.labels(deployment)
+        self._generated_tokens = metrics.GENERATION_TOKENS.labels(deployment)
         self._batch_size = metrics.BATCH_SIZE.labels(deployment)
         self._inference_seconds = metrics.INFERENCE_SECONDS.labels(deployment)
 
@@ -158,6 +160,7 @@ class ReplicaHost:
         key = self._stream_keys.pop((peer, request_id), None)
         if key is not None and is_streaming(self._handler):
             self._streams.pop(key, None)
+            self._stream_tokens.pop(key, None)
             self._handler.cancel(self._state, key)
 
     # ---------------------------------------------------------------- work
@@ -236,14 +239,23 @@ class ReplicaHost:
             traceback.print_exc()
             failure = {"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}}
             events = [(key, failure) for key in self._handler.abort(self._state)]
+        tokens = 0
         for key, event in events:
+            generated = event.get("completion_tokens")
+            if generated is not None:  # counted whether or not its caller is still there
+                tokens += generated - self._stream_tokens.get(key, 0)
+                self._stream_tokens[key] = generated
             target = self._streams.get(key)
             if target is None:
+                self._stream_tokens.pop(key, None)
                 continue  # cancelled meanwhile
             if "finish" in event or "error" in event:
                 del self._streams[key]
+                self._stream_tokens.pop(key, None)
                 self._stream_keys.pop(target, None)
             self._event(*target, event)
+        if tokens:
+            self._generated_tokens.inc(tokens)  # once a step: each write of a metric costs a lock
 
     def _event(self, peer: Peer, request_id: int, event: Payload) -> None:
         self._events.setdefault(peer, []).append(Event(request_id, event))

@@ -64,6 +64,12 @@ GENERATING = Gauge(
     ["deployment"],
     multiprocess_mode="livesum",
 )
+GENERATION_TOKENS = Counter(
+    "modelhost_generation_tokens_total",
+    "Completion tokens a deployment's generation engines produced (as `usage` counts them), whether or "
+    "not their client was still there to read them; on vLLM, as its engine hands them to the replica.",
+    ["deployment"],
+)
 PROMPT_TOKENS_CACHED = Counter(
     "modelhost_prompt_tokens_cached_total",
     "Prompt tokens a generation took from its replica's KV cache (a prefix computed before) instead of "

@@ -314,6 +314,7 @@ class VllmWorker:
         # the same gauge the transformers engine's replicas keep: sequences held (vLLM's running and
         # waiting requests are ours until their last event)
         self._generating = metrics.GENERATING.labels(deployment)
+        self._generated_tokens = metrics.GENERATION_TOKENS.labels(deployment)
         self._numbers = itertools.count()
         self._peers: set[_Peer] = set()
         self._flush_scheduled: set[_Peer] = set()
@@ -367,8 +368,14 @@ class VllmWorker:
     async def _generate(self, peer: _Peer, message: Generate) -> None:
         request_id = f"{peer.number}-{message.id}"
         self._generating.inc()
+        counted = 0  # of the request's tokens, in `modelhost_generation_tokens_total`
 
         def emit(event: dict[str, Any]) -> None:
+            nonlocal counted
+            generated = event.get("completion_tokens", counted)
+            if generated > counted:
+                self._generated_tokens.inc(generated - counted)
+                counted = generated
             self._event(peer, message.id, event)
 
         try:
