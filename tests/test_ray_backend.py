@@ -30,6 +30,7 @@ from sqlalchemy import select
 from modelhost.api.app import create_app
 from modelhost.billing.ledger import shared_meter_id
 from modelhost.container import Services
+from modelhost.metrics import sample
 from modelhost.runtime.ray_backend import RayServeReplica
 from modelhost.store.models import LedgerEntry, Meter
 from tests.chat_model import greedy_reference, long_context_copy
@@ -207,19 +208,30 @@ async def test_tokens_per_minute_count_the_prompt_and_completion_of_chat_on_serv
 
 async def test_closing_a_generation_cancels_it_in_the_serve_replica(served: Served) -> None:
     assert served.gw.services is not None
-    item = {"prompt": "tell me a story", "params": {"max_tokens": 400, "min_tokens": 400, "temperature": 0}}
+    tokens = 1900  # about 2 s of this engine on a fast CPU: a generation cancelled in time computes fewer
+    item = {
+        "prompt": "tell me a story",
+        "params": {"max_tokens": tokens, "min_tokens": tokens, "temperature": 0},
+    }
     handle = serve.get_app_handle(served.chat)
+    computed = _tokens_computed(served.chat)
     async with contextlib.aclosing(served.gw.services.runtime.stream(served.chat, item)) as events:
         for _ in range(3):
             await anext(events)
-        assert await engine_holds(handle, 1)
-    assert await until(lambda: engine_holds(handle, 0), timeout=10)  # 400 tokens would take far longer
+    assert await until(lambda: engine_holds(handle, 0), timeout=15)
+    assert 0 < _tokens_computed(served.chat) - computed < tokens
+
+
+def _tokens_computed(deployment_id: str) -> float:
+    """The deployment's `modelhost_generation_tokens_total`: Serve's replicas write to this process's
+    metrics folder (they inherit its environment)."""
+    return sample("modelhost_generation_tokens_total", {"deployment": deployment_id}) or 0.0
 
 
 async def test_a_replica_killed_mid_request_fails_it_with_503_and_serve_restarts_it(served: Served) -> None:
     handle = serve.get_app_handle(served.chat)
     [pid] = serve_replica_pids(served.chat)
-    request = asyncio.create_task(chat(served, max_tokens=400, min_tokens=400))
+    request = asyncio.create_task(chat(served, max_tokens=1900, min_tokens=1900))  # 2 s and more
     await until(lambda: engine_holds(handle, 1), timeout=30)  # the replica is decoding it
     os.kill(pid, signal.SIGKILL)
     assert_error(await request, 503, "deployment_unavailable")
