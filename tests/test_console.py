@@ -239,6 +239,24 @@ def test_a_deployment_is_created_and_becomes_ready(console: Console) -> None:
     console.shot("deployments")
 
 
+def test_the_deployments_page_plots_the_tokens_a_generation_deployment_produces(console: Console) -> None:
+    page = console.page
+    console.go("deployments")
+    tokens = page.locator("section.deployment[data-model='chat'] .plots .tokens")
+    page.wait_for_selector("section.deployment[data-model='chat'] .plots .tokens[data-points] canvas")
+    assert float(tokens.get_attribute("data-peak") or "nan") == 0  # nothing generated since the page opened
+    request = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
+    answer = console.http.post(
+        "/v1/chat/completions", json={**request, "min_tokens": 64}, headers=bearer(console.key)
+    )
+    assert answer.status_code == 200, answer.text
+    page.wait_for_function(  # the next scrape, at most 2 s on, shows the rate
+        "() => Number(document.querySelector(\"section.deployment[data-model='chat'] .plots .tokens\")"
+        ".dataset.peak) > 0"
+    )
+    console.shot("deployment-tokens")
+
+
 def test_chat_streams_in_the_playground(console: Console) -> None:
     page = console.page
     console.go("playground")

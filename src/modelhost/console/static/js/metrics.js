@@ -27,7 +27,7 @@ export function total(samples, name, labels = {}) {
 
 // Per deployment: requests/s, mean latency (ms) and mean batch size between successive scrapes, from
 // the replicas' batch histograms; generation engines batch continuously and report the sequences they
-// hold instead (and every gateway its requests in flight).
+// hold and the tokens they produce instead (and every gateway its requests in flight).
 export class DeploymentRates {
   constructor(limit = 60) { this.limit = limit; this.last = null; this.history = new Map(); }
 
@@ -41,6 +41,7 @@ export class DeploymentRates {
         seconds: total(samples, "modelhost_inference_seconds_sum", d),
         timed: total(samples, "modelhost_inference_seconds_count", d),
         generating: total(samples, "modelhost_generation_sequences", d),
+        tokens: total(samples, "modelhost_generation_tokens_total", d),
         inFlight: total(samples, "modelhost_requests_in_flight", d),
       });
     }
@@ -51,13 +52,14 @@ export class DeploymentRates {
         if (!p) continue;
         const calls = c.calls - p.calls;
         const timed = c.timed - p.timed;
-        const h = this.history.get(id) || { t: [], rps: [], latency: [], batch: [], generating: [], inFlight: [] };
+        const h = this.history.get(id) || { t: [], rps: [], latency: [], batch: [], generating: [], inFlight: [], tokens: [] };
         h.t.push(now);
         h.rps.push(Math.max(0, (c.requests - p.requests) / dt));
         h.latency.push(timed > 0 ? ((c.seconds - p.seconds) / timed) * 1000 : null);
         h.batch.push(calls > 0 ? (c.requests - p.requests) / calls : null);
         h.generating.push(c.generating);
         h.inFlight.push(c.inFlight);
+        h.tokens.push(Math.max(0, (c.tokens - p.tokens) / dt));
         for (const k of Object.keys(h)) h[k] = h[k].slice(-this.limit);
         this.history.set(id, h);
       }

@@ -69,13 +69,13 @@ export async function render(main) {
     const remove = confirmButton("Delete", async () => {
       try { await api("DELETE", `/v1/deployments/${encodeURIComponent(d.id)}`); await refresh(); } catch (error) { message(note, error.message); }
     });
-    const plots = { rps: h("div"), latency: h("div"), batch: h("div") };
+    const plots = { rps: h("div"), latency: h("div"), batch: h("div"), tokens: h("div", { class: "tokens" }) };
     const el = h("section", { class: "card deployment", dataset: { id: d.id, model: d.model } },
       h("h3", {}, d.model, " ", state), h("p", { class: "muted" }, `${d.pipeline} · ${d.id} · artifact ${d.artifact_id}`), reason,
       h("p", {}, "Replicas loaded: ", replicas), h("p", {}, "Engine: ", inUse),
       h("div", { class: "row" }, field("Readiness", ready), field("Min replicas", lo), field("Max replicas", hi), field("Engine", engine),
         apply, remove, note),
-      h("div", { class: "plots" }, plots.rps, plots.latency, plots.batch));
+      h("div", { class: "plots" }, plots.rps, plots.latency, plots.batch, plots.tokens));
     const c = { el, state, reason, replicas, inUse, asked: d.engine, plots };
     return c;
   }
@@ -111,6 +111,8 @@ export async function render(main) {
       plot(c.plots.rps, { title: "requests/s", labels: ["requests/s", "in flight"], x: h_.t, ys: [h_.rps, h_.inFlight], width: 340, height: 150 });
       plot(c.plots.latency, { title: "latency (ms per model call)", labels: ["ms"], x: h_.t, ys: [h_.latency], width: 340, height: 150 });
       plot(c.plots.batch, { title: "batch size", labels: ["requests per call", "sequences generating"], x: h_.t, ys: [h_.batch, h_.generating], width: 340, height: 150 });
+      plot(c.plots.tokens, { title: "tokens generated/s", labels: ["tokens/s"], x: h_.t, ys: [h_.tokens], width: 340, height: 150 });
+      c.plots.tokens.dataset.peak = String(Math.max(0, ...h_.tokens)); // the highest rate shown
     }
   }
 
