@@ -64,6 +64,15 @@ class _Waiting:
     tenant: str = ""
 
 
+@dataclass(eq=False, slots=True)
+class _Stream:
+    """A generation the streaming handler runs: whose it is, and its completion tokens counted so far."""
+
+    peer: Peer
+    id: int
+    tokens: int = 0
+
+
 class ReplicaHost:
     """One replica's model and the work waiting for it (see the module docstring)."""
 
@@ -90,9 +99,8 @@ class ReplicaHost:
         self._last_batch = 1
         self._freed_at: float | None = None  # when the last batch ended (None: idle since)
         self._keys = itertools.count(1)
-        self._streams: dict[int, tuple[Peer, int]] = {}  # handler request id → (peer, request id)
+        self._streams: dict[int, _Stream] = {}  # by the handler's request id
         self._stream_keys: dict[tuple[Peer, int], int] = {}
-        self._stream_tokens: dict[int, int] = {}  # handler request id → its completion tokens counted
         self._results: dict[Peer, list[Result]] = {}
         self._events: dict[Peer, list[Event]] = {}
         self._other: list[tuple[Peer, msgspec.Struct]] = []
@@ -145,7 +153,7 @@ class ReplicaHost:
         except ModelhostError as exc:  # the request's own fault: its caller gets a 400
             self._event(peer, message.id, error_of(exc))
             return
-        self._streams[key] = (peer, message.id)
+        self._streams[key] = _Stream(peer, message.id)
         self._stream_keys[peer, message.id] = key
 
     def _cancel(self, peer: Peer, request_id: int) -> None:
@@ -160,7 +168,6 @@ class ReplicaHost:
         key = self._stream_keys.pop((peer, request_id), None)
         if key is not None and is_streaming(self._handler):
             self._streams.pop(key, None)
-            self._stream_tokens.pop(key, None)
             self._handler.cancel(self._state, key)
 
     # ---------------------------------------------------------------- work
@@ -241,19 +248,17 @@ class ReplicaHost:
             events = [(key, failure) for key in self._handler.abort(self._state)]
         tokens = 0
         for key, event in events:
-            generated = event.get("completion_tokens")
-            if generated is not None:  # counted whether or not its caller is still there
-                tokens += generated - self._stream_tokens.get(key, 0)
-                self._stream_tokens[key] = generated
-            target = self._streams.get(key)
-            if target is None:
-                self._stream_tokens.pop(key, None)
+            stream = self._streams.get(key)
+            if stream is None:
                 continue  # cancelled meanwhile
+            generated = event.get("completion_tokens")
+            if generated is not None:
+                tokens += generated - stream.tokens
+                stream.tokens = generated
             if "finish" in event or "error" in event:
                 del self._streams[key]
-                self._stream_tokens.pop(key, None)
-                self._stream_keys.pop(target, None)
-            self._event(*target, event)
+                self._stream_keys.pop((stream.peer, stream.id), None)
+            self._event(stream.peer, stream.id, event)
         if tokens:
             self._generated_tokens.inc(tokens)  # once a step: each write of a metric costs a lock
 
