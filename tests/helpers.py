@@ -19,6 +19,14 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def deployment_metric(http: httpx.Client, name: str, deployment_id: str, missing: float = 0.0) -> float:
+    """A deployment's sample of metric `name` in the server's `/metrics` (`missing` where there is none)."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(f"{name}{{") and f'deployment="{deployment_id}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return missing
+
+
 async def new_account(
     client: httpx.AsyncClient, name: str = "acme", credits: float = 100.0
 ) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.chat_model import TIME, WEATHER, long_context_copy, served_chat_model
-from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.helpers import ADMIN_KEY, assert_error, bearer, deployment_metric, push_folder_sync
 from tests.server_process import ServerProcess
 
 FINISHED = ("completed", "failed", "cancelled", "requires_action")
@@ -84,10 +84,7 @@ def agents(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[
 
 
 def _metric(agents: Agents, name: str) -> float:
-    for line in agents.http.get("/metrics").text.splitlines():
-        if line.startswith(name) and agents.deployment_id in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return deployment_metric(agents.http, name, agents.deployment_id)
 
 
 def _wait_for_a_delta(agents: Agents, agent_id: str, run_id: str) -> None:

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.chat_model import TIME, WEATHER, greedy_reference, served_chat_model
-from tests.helpers import assert_error, bearer, push_folder_sync
+from tests.helpers import assert_error, bearer, deployment_metric, push_folder_sync
 
 MESSAGES: list[Any] = [
     {"role": "system", "content": "You are a helpful assistant"},
@@ -226,11 +226,7 @@ def test_a_client_leaving_mid_stream_frees_its_slot_before_its_tokens_are_done(c
 
 
 def _generating(chat: Chat) -> float:
-    metrics = chat.http.get("/metrics").text
-    for line in metrics.splitlines():
-        if line.startswith("modelhost_generation_sequences") and chat.deployment_id in line:
-            return float(line.rsplit(" ", 1)[1])
-    return -1.0
+    return deployment_metric(chat.http, "modelhost_generation_sequences", chat.deployment_id, missing=-1.0)
 
 
 def _gauge_files(chat: Chat) -> str:
@@ -248,10 +244,7 @@ def _gauge_files(chat: Chat) -> str:
 
 
 def _metric(chat: Chat, name: str) -> float:
-    for line in chat.http.get("/metrics").text.splitlines():
-        if line.startswith(name) and chat.deployment_id in line:
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return deployment_metric(chat.http, name, chat.deployment_id)
 
 
 def test_a_conversation_that_goes_on_reuses_its_cached_prefix_and_says_so_in_usage(chat: Chat) -> None:

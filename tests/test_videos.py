@@ -19,7 +19,7 @@ import pytest
 
 from modelhost.config import Settings
 from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.helpers import ADMIN_KEY, assert_error, bearer, deployment_metric, push_folder_sync
 from tests.live import live_server
 from tests.server_process import ServerProcess
 
@@ -213,10 +213,7 @@ def test_deleting_a_running_job_stops_its_generation(videos: Videos) -> None:
 
 
 def generating(videos: Videos, deployment_id: str) -> float:
-    for line in videos.http.get("/metrics").text.splitlines():
-        if line.startswith("modelhost_generation_sequences") and deployment_id in line:
-            return float(line.rsplit(" ", 1)[1])
-    return -1.0
+    return deployment_metric(videos.http, "modelhost_generation_sequences", deployment_id, missing=-1.0)
 
 
 def test_listing_pages_with_after_limit_and_order(videos: Videos) -> None:
