@@ -23,6 +23,7 @@ from alembic import command
 from modelhost.artifacts.service import version_prefix
 from modelhost.config import get_settings
 from modelhost.container import Services
+from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.engines import ARCHITECTURES_FILE
 from modelhost.runtime.manager import ReplicaManager
 from modelhost.runtime.replica import Replica, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
@@ -268,11 +269,14 @@ class FakeReplica:
     async def rescale(self, deployment: DeploymentSpec) -> None:
         pass
 
-    async def busy(self) -> bool:
-        return False
+    async def held(self) -> int:
+        return 0
 
     def stats(self) -> ReplicaStats:
-        return ReplicaStats(pid=None, rss_bytes=0, load_seconds=0.0, in_flight=0)
+        return ReplicaStats(pid=None, memory_bytes=0, load_seconds=0.0, in_flight=0)
+
+    def measure(self, table: dict[int, int]) -> Footprint:
+        return Footprint(0)
 
     shared_meter = None
     in_flight = 0

@@ -165,7 +165,7 @@ async def test_embeddings_equal_sentence_transformers_and_a_cold_deployment_star
     assert running(served.embeddings) == 1
     view = await served.gw.show(served.embeddings)
     assert (view["state"], view["replicas"]) == ("ready", 1), view
-    assert await until(lambda: replica_of(served, served.embeddings).stats().rss_bytes > 0, timeout=10)
+    assert await until(lambda: replica_of(served, served.embeddings).stats().memory_bytes > 0, timeout=10)
 
 
 async def test_chat_greedy_output_equals_the_model_and_streaming_gives_the_same_text(
@@ -262,7 +262,7 @@ async def test_two_gateways_share_one_serve_application_billed_once_and_it_outli
         assert serve_replica_pids(app) == pids  # it deployed the same application: the replica carried on
         replicas = [replica_of(served, app), second.runtime._runtimes[app].replicas[0]]
         for replica in replicas:  # both read the replica's own report, whichever node it runs on
-            assert await until(lambda r=replica: r.stats().rss_bytes > 0, timeout=10)  # type: ignore[misc]
+            assert await until(lambda r=replica: r.stats().memory_bytes > 0, timeout=10)  # type: ignore[misc]
         for _ in range(2):
             for services in (gw.services, second):
                 services.billing.meter.tick()

@@ -129,7 +129,40 @@ class Settings(BaseSettings):
         "local replica; unset: no limit. Ray Serve replicas are left to Ray's own memory monitor.",
     )
     memory_check_seconds: float = Field(
-        default=5.0, gt=0, description="How often replicas' memory is checked against that limit."
+        default=5.0,
+        gt=0,
+        description="How often replicas' memory is measured (their footprints, the limit above, billing).",
+    )
+    # ---------------------------------------------------------------- capacity (docs/runtime.md)
+    memory_budget_mb: int | None = Field(
+        default=None,
+        ge=1,
+        description="Host memory (MiB) that replicas may take together: a load that does not fit evicts "
+        "idle deployments or waits. Unset: 80 % of the smaller of the machine's memory and the memory "
+        "limit of the server's cgroup, less what the server's own processes hold.",
+    )
+    gpu_memory_fraction: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Of each GPU's memory, what replicas may take together (its budget).",
+    )
+    min_residency_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="A deployment loaded more recently than this is not evicted to make room "
+        "(waiting beats thrashing).",
+    )
+    capacity_wait_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="Longest a request waits for memory to load its deployment (first in, first out) "
+        "before 503 `insufficient_capacity`.",
+    )
+    cgroup_root: Path = Field(
+        default=Path("/sys/fs/cgroup"),
+        description="Where the cgroup filesystem is mounted: the default budget reads the server's memory "
+        "limit there (v2, or v1's `memory/` controller).",
     )
     shutdown_drain_seconds: float = Field(
         default=30.0, ge=0, description="In-flight work allowed to finish at stop."
@@ -251,10 +284,11 @@ class Settings(BaseSettings):
     kv_cache_mb: int | None = Field(
         default=None,
         ge=1,
-        description="Memory of each text-generation replica's KV cache, allocated once at load; it sets how "
-        "many sequences run at once (each slot holds the model's whole context). Unset: half the free GPU "
-        "memory on CUDA; on CPU enough for 64 sequences, at most an eighth of the machine's memory. Read "
-        "by the replica from its environment.",
+        description="Memory of each text-generation replica's KV cache, allocated once at load and counted "
+        "in its footprint; it sets how many sequences run at once (each slot holds the model's whole "
+        "context). Unset: room for 64 whole contexts, at most an eighth of the memory budget on a CPU, or "
+        "half of what the GPU's budget leaves beside the weights. The supervisor gives each replica its "
+        "size in its environment (vLLM's engine included: its own sizing is never used).",
     )
     prefill_chunk_tokens: int | None = Field(
         default=None,

@@ -138,6 +138,7 @@ class Services:
             )
             manager.engine_fell_back = deployments.fall_back
             manager.engine_measured = deployments.engine_measured
+            manager.footprint_measured = deployments.remember_footprint
             supervision = Supervision(
                 manager,
                 VideoRunner(videos, manager, settings),

@@ -171,6 +171,21 @@ class ServiceUnavailable(ModelhostError):
     code = "service_unavailable"
 
 
+class InsufficientCapacity(ServiceUnavailable):
+    """The deployment cannot be loaded now: the memory budget is held by deployments that are busy,
+    pinned (hot) or loaded too recently to evict, and none made room within the wait
+    (docs/runtime.md, "Capacity"). The message says what it needs and what holds the budget."""
+
+    code = "insufficient_capacity"
+
+
+class CapacityConflict(Conflict):
+    """A hot deployment that cannot fit beside the other hot ones (or a footprint larger than the whole
+    budget): refused when it is created or changed, with what it needs and what is pinned."""
+
+    code = "insufficient_capacity"
+
+
 class DatabaseUnavailable(ServiceUnavailable):
     """The database cannot be reached (stopped, restarting, out of connections). Nothing was written:
     the transaction that met it rolled back. Retry after a moment; the pool reconnects by itself."""

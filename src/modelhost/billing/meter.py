@@ -31,7 +31,7 @@ CREDITS_BILLED = Counter(
 
 
 class Measured(Protocol):
-    """What the meter reads of a replica: its resident memory."""
+    """What the meter reads of a replica: its memory (the footprint `runtime.memory` measures)."""
 
     def stats(self) -> ReplicaStats: ...
     @property
@@ -97,5 +97,5 @@ class ComputeMeter:
         """Memory measured now; a replica with processes but no reading (its process just died, or it
         runs on another node) is billed at its last reading; one with no process at all costs nothing."""
         stats = meter.replica.stats()
-        measured = stats.rss_bytes or (None if stats.processes else 0)
+        measured = stats.memory_bytes or (None if stats.processes else 0)
         return ComputeReading(meter.meter_id, self._clock.now_ms(), measured, stats.processes)

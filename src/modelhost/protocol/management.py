@@ -212,3 +212,55 @@ class Deployment(BaseModel):
     last_cold_start_seconds: float | None = None
     created_at: datetime
     updated_at: datetime
+
+
+class MemoryCapacity(BaseModel):
+    budget_bytes: int = Field(description="Host memory that replicas may take together.")
+    reserved_bytes: int = Field(
+        description="Held by deployments: measured footprints of loaded replicas, predicted ones of replicas "
+        "loading, and those of replicas being stopped until their processes have exited."
+    )
+    free_bytes: int = Field(
+        description="Budget less reserved (negative while measured footprints exceed it)."
+    )
+    limit_bytes: int | None = Field(
+        default=None,
+        description="With the default budget: the machine's memory or its cgroup's limit, the smaller.",
+    )
+    server_bytes: int | None = Field(
+        default=None,
+        description="With the default budget: what the server's own processes hold (left out of the budget).",
+    )
+    waiting: int = Field(default=0, description="Loads waiting for memory now.")
+
+
+class GpuCapacity(BaseModel):
+    index: int
+    budget_bytes: int = Field(description="`MODELHOST_GPU_MEMORY_FRACTION` of the GPU's memory.")
+    reserved_bytes: int
+    free_bytes: int
+
+
+class DeploymentFootprint(BaseModel):
+    id: str
+    model: str
+    account_id: str
+    readiness: Readiness
+    state: Literal["loading", "ready", "unloading", "unloaded", "failed"]
+    device: str = Field(description="`cpu`, or the GPU its replicas run on (`cuda:0`).")
+    footprint_bytes: int = Field(description="Host memory it holds (all its replicas).")
+    gpu_footprint_bytes: int = Field(default=0, description="GPU memory it holds.")
+    footprint_measured: bool = Field(
+        description="Measured from its processes; false: predicted (its replicas are still loading)."
+    )
+    in_flight: int = Field(description="Requests and sequences its replicas hold now.")
+    last_used_at: datetime
+
+
+class Capacity(BaseModel):
+    memory: MemoryCapacity
+    gpus: list[GpuCapacity]
+    deployments: list[DeploymentFootprint] = Field(
+        description="Every deployment that holds or is taking memory (one entry per load: a deployment "
+        "loading again while its old replicas stop has two)."
+    )

@@ -41,3 +41,7 @@ class Runtime(Protocol):
     async def resume_account(self, account_id: str) -> None:
         """The account was topped up: load its warm and hot deployments again."""
         ...
+
+    async def capacity(self) -> dict[str, Any]:
+        """The memory budget and every deployment holding memory (`runtime.placement.Placement.view`)."""
+        ...

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 from modelhost.config import Settings
 from modelhost.metrics import process_gone
 from modelhost.runtime import metrics
+from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.client import ReplicaConnection, connect_pair
 from modelhost.runtime.engines import MEASURED_AT_LOAD, vllm_launch
-from modelhost.runtime.memory import rss_bytes, tree_memory_bytes
+from modelhost.runtime.memory import footprint_bytes, gpu_memory_bytes, tree
 from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import (
     Replica,
@@ -69,6 +70,7 @@ class LocalProcessReplica:
         self.engine_choice: tuple[str, str, str | None] | None = None  # engine, reason, int8 quality
         self.shared_meter: str | None = None  # this server's process: billed on a meter of its own
         self.failure: str | None = None  # a worker that exits died: a replacement is started
+        self.footprint = Footprint(0)  # as last measured (`measure`)
         self._gone_reported = False
 
     @property
@@ -130,12 +132,18 @@ class LocalProcessReplica:
                 self.spec.precision,
             ]
         env, command = {**os.environ, **WORKER_ENV}, list[str]()
+        if self.spec.kv_cache_mb:  # the KV cache its footprint reserved (`runtime.footprint`)
+            env["MODELHOST_KV_CACHE_MB"] = str(self.spec.kv_cache_mb)
         if self.spec.engine == "vllm":
             command, extra = vllm_launch(settings.data_dir)
             # vLLM's legacy KV-cache setting counts whole GiB and overrides ours: never passed on
             env = {k: v for k, v in env.items() if k != "VLLM_CPU_KVCACHE_SPACE"} | extra
-            if settings.kv_cache_mb:
-                args += ["--kv-cache-mb", str(settings.kv_cache_mb)]
+            if self.spec.kv_cache_mb:
+                args += ["--kv-cache-mb", str(self.spec.kv_cache_mb)]
+            if self.spec.device.startswith("cuda:") and settings.vllm_tensor_parallel_size == 1:
+                # placed on one GPU: vLLM's processes see that one alone (as their device 0)
+                env["CUDA_VISIBLE_DEVICES"] = self.spec.device.removeprefix("cuda:")
+                args[args.index("--device") + 1] = "cuda"
             args += ["--tensor-parallel-size", str(settings.vllm_tensor_parallel_size)]
             if not settings.vllm_compile:
                 args.append("--eager")
@@ -181,14 +189,14 @@ class LocalProcessReplica:
             async for event in events:
                 yield event
 
-    async def busy(self) -> bool:
+    async def held(self) -> int:
         if not self.alive or self._connection is None:
-            return False
+            return 0
         try:
             stats = await asyncio.wait_for(self._connection.stats(), 5)
         except (TimeoutError, ReplicaDied):
-            return True  # cannot tell: do not unload it under someone
-        return bool(stats.queued or stats.running)
+            return -1  # cannot tell: do not unload it under someone
+        return stats.queued + stats.running
 
     async def unload(self) -> None:
         """Ask the worker to stop; kill it if it does not within a few seconds. Idempotent."""
@@ -218,26 +226,32 @@ class LocalProcessReplica:
         """Nothing to do: the manager starts `min_replicas` processes at the next load."""
 
     def stats(self) -> ReplicaStats:
+        running = self._process is not None and self._process.returncode is None
         return ReplicaStats(
             pid=self.pid,
-            # a worker that exited is measured as nothing: its pid may already be another process's
-            rss_bytes=self._rss_bytes(
-                self.pid if self._process and self._process.returncode is None else None
-            ),
+            # a worker that exited holds nothing: its pid may already be another process's
+            memory_bytes=self.footprint.host + self.footprint.gpu if running else 0,
             load_seconds=self.load_seconds,
             in_flight=self.in_flight,
         )
+
+    def measure(self, table: dict[int, int]) -> Footprint:
+        """The worker's process tree (vLLM's engine processes are its children): host memory as
+        `memory.tree_footprint_bytes` counts it, and the GPU memory its processes hold."""
+        pid = self.pid if self._process is not None and self._process.returncode is None else None
+        if pid is None:
+            self.footprint = Footprint(0)
+            return self.footprint
+        processes = tree(pid, table)
+        gpu = gpu_memory_bytes(processes) if self.spec.device.startswith("cuda") else 0
+        self.footprint = Footprint(sum(footprint_bytes(p) for p in processes), gpu)
+        return self.footprint
 
     def _kill_group(self) -> None:
         """A vLLM worker's engine processes (its own session) end with it, even when it was killed."""
         if self.spec.engine == "vllm" and self.pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
-
-    def _rss_bytes(self, pid: int | None) -> int:
-        """vLLM holds the model and its KV cache in its engine's child processes: the tree counts, and
-        the GPU memory they hold."""
-        return tree_memory_bytes(pid) if self.spec.engine == "vllm" else rss_bytes(pid)
 
     async def _watch(self) -> None:
         assert self._process is not None

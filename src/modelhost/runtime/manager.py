@@ -13,17 +13,20 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Protocol
 
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
-from modelhost.errors import DeploymentUnavailable, ModelhostError, NotFound
+from modelhost.errors import DeploymentUnavailable, InsufficientCapacity, ModelhostError, NotFound
 from modelhost.runtime import metrics
+from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.dispatch import Dispatcher
 from modelhost.runtime.local import LocalBackend
-from modelhost.runtime.memory import parents, tree_rss_bytes
+from modelhost.runtime.memory import parents, rss_bytes, tree
+from modelhost.runtime.placement import Placement, Reservation
 from modelhost.runtime.replica import Replica, ReplicaBackend, ReplicaLoadFailed
 from modelhost.runtime.spec import DeploymentSpec, LiveStatus
 from modelhost.tasks.registry import served
@@ -70,6 +73,11 @@ class DeploymentRuntime:
         self._load_lock = asyncio.Lock()
         self._unloading = False
         self._loading: list[Replica] = []
+        # Its room in the memory budget while its replicas load, run and stop (`runtime.placement`)
+        self.reservation: Reservation | None = None
+        self.loaded_at = 0.0  # monotonic: eviction leaves it alone for `min_residency_seconds`
+        # Evicted, or refused room, while it wants to be loaded (warm, hot): loads again once room frees
+        self.wants_memory = False
         settings = manager.settings
         self.dispatcher = Dispatcher(spec.id, settings.max_queue_size, settings.request_timeout_seconds)
 
@@ -107,16 +115,27 @@ class DeploymentRuntime:
 
     async def busy(self) -> bool:
         """Work in flight from this process, or held by a replica for any gateway process."""
-        if self.dispatcher.outstanding:
-            return True
-        answers = await asyncio.gather(*(r.busy() for r in self.replicas), return_exceptions=True)
-        return any(a is not False for a in answers)
+        return bool(self.dispatcher.outstanding) or await self.held() != 0
+
+    async def held(self) -> int:
+        """Requests and sequences its replicas hold for every gateway process (-1: one cannot tell)."""
+        answers = await asyncio.gather(*(r.held() for r in self.replicas), return_exceptions=True)
+        if any(not isinstance(a, int) or a < 0 for a in answers):
+            return -1
+        return sum(a for a in answers if isinstance(a, int))
+
+    async def evict(self, reason: str) -> None:
+        """Unload to make room for another deployment; a warm one loads again once room frees."""
+        self.wants_memory = self.wants_loaded
+        await self.unload(reason=reason)
 
     @property
     def wants_loaded(self) -> bool:
         return self.spec.readiness in ("warm", "hot")
 
-    async def ensure_loaded(self) -> None:
+    async def ensure_loaded(self, *, may_evict: bool = True) -> None:
+        """Loaded when this returns; a load that finds no memory waits its turn (`may_evict` False: a
+        background reload, which takes only free room and does not wait)."""
         if self.state == "ready" and any(r.alive for r in self.replicas):
             return
         if (
@@ -124,11 +143,13 @@ class DeploymentRuntime:
             and time.monotonic() - self._failed_at < self._manager.settings.load_retry_seconds
         ):
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
+        # the wait for memory counts from the request's arrival, whoever loads before it
+        deadline = self._clock.monotonic() + self._manager.settings.capacity_wait_seconds
         async with self._load_lock:
             if self.state == "ready" and any(r.alive for r in self.replicas):
                 return
             self._drop_dead()
-            await self._load()
+            await self._load(deadline, may_evict)
 
     def _drop_dead(self) -> None:
         """Replicas that died but whose exit is not handled yet (`on_replica_exit` comes a moment after
@@ -140,7 +161,7 @@ class DeploymentRuntime:
             metrics.REPLICA_RESTARTS.labels(self.spec.id, "exited").inc(len(dead))
             self._manager.in_background(self._manager.stop(dead))
 
-    async def _load(self) -> None:
+    async def _load(self, deadline: float, may_evict: bool = True) -> None:
         try:  # first: an account out of credits loads nothing, whatever else is wrong
             await self._manager.check_can_load(self.spec)
         except ModelhostError as exc:  # stays unloaded, and says why
@@ -152,11 +173,25 @@ class DeploymentRuntime:
         if not self.spec.model_dir.is_dir():
             self._fail("the artifact's published files are missing")
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
-        self.state, self.reason, self._unloading = "loading", None, False
+        reason, self.state, self.reason, self._unloading = self.reason, "loading", None, False
         started = time.perf_counter()
         backend = self._manager.backend
-        count = 1 if backend.scales_itself else max(1, self.spec.min_replicas)
-        replicas = [backend.new_replica(self.spec, self.on_replica_exit, count) for _ in range(count)]
+        count = self._manager.replica_count(self.spec)
+        if self.reservation is None:  # a replacement of a replica that died keeps the room it had
+            try:
+                self.reservation = await self._manager.placement.admit(
+                    self, count, deadline, self._manager.tenants, may_evict=may_evict
+                )
+            except InsufficientCapacity as exc:  # stays unloaded; a background try keeps the old reason
+                self.state, self.reason = "unloaded", exc.message if may_evict else reason
+                self.wants_memory = self.wants_loaded
+                raise
+            if self._unloading:  # deleted or unloaded while it waited for room
+                self._release()
+                self.state = "unloaded"
+                raise DeploymentUnavailable("The deployment was unloaded while it was loading.")
+        spec = self.reservation.spec  # placed (a GPU), its KV cache sized
+        replicas = [backend.new_replica(spec, self.on_replica_exit, count) for _ in range(count)]
         self._loading = replicas  # visible to unload(): a delete during the load stops these too
         try:
             await asyncio.gather(*(self._manager.metered(r, self.spec) for r in replicas))
@@ -165,18 +200,22 @@ class DeploymentRuntime:
             self._loading = []
         if self._unloading:  # deleted or unloaded while loading
             await self._manager.stop(replicas)
+            self._release()
             self.state = "unloaded"
             raise DeploymentUnavailable("The deployment was unloaded while it was loading.")
         errors = [e for e in results if isinstance(e, BaseException)]
         if errors:
             await self._manager.stop(replicas)
+            self._release()  # its processes have exited: a crashed load gives its room back
             reason = str(errors[0]) if isinstance(errors[0], ReplicaLoadFailed) else repr(errors[0])
             if self.spec.falls_back:
                 await self._fall_back(reason)
-                return await self._load()
+                return await self._load(deadline)
             self._fail(reason)
             raise DeploymentUnavailable(f"The deployment failed to load: {self.reason}")
         self.replicas = replicas
+        self.loaded_at, self.wants_memory = self._clock.monotonic(), False
+        await self._manager.measure(self)  # the prediction gives way to what the replicas take
         chosen = next((r.engine_choice for r in replicas if r.engine_choice is not None), None)
         if chosen is not None:  # an encoder's runtime, measured (or read from its cache) at load
             await asyncio.to_thread(self._manager.engine_measured, self.spec.id, *chosen)
@@ -209,17 +248,35 @@ class DeploymentRuntime:
         with contextlib.suppress(ModelhostError):  # the state records why
             await self.ensure_loaded()
 
-    async def unload(self, *, detach: bool = False) -> None:
-        """Stop the replicas; with `detach` (gateway shutdown), leave shared ones to other gateways."""
+    async def unload(self, *, detach: bool = False, reason: str | None = None) -> None:
+        """Stop the replicas; with `detach` (gateway shutdown), leave shared ones to other gateways. Its
+        room in the budget stays reserved until the processes have exited. `reason`: why, shown as its
+        `state_reason` until it loads again (an eviction)."""
         self._unloading = True
         replicas, self.replicas = [*self.replicas, *self._loading], []
         if self.state != "failed":
             self.state = "unloaded"  # at once: a request from now on loads it again
+        if reason is not None:
+            self.reason = reason
         self.notice = None
         self.publish()
-        await self._manager.stop(replicas, detach=detach)
+        await self._stop_all(replicas, detach=detach)
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(0)
         metrics.MEMORY_BYTES.labels(self.spec.id).set(0)
+
+    async def _stop_all(self, replicas: list[Replica], *, detach: bool = False) -> None:
+        """Stop every replica of the deployment and give its room back once their processes have exited."""
+        reservation, self.reservation = self.reservation, None
+        self._manager.placement.unloading(reservation)
+        try:
+            await self._manager.stop(replicas, detach=detach)
+        finally:
+            self._manager.placement.release(reservation)
+
+    def _release(self) -> None:
+        """The load's processes have exited (or never started): its room is free again."""
+        reservation, self.reservation = self.reservation, None
+        self._manager.placement.release(reservation)
 
     def addresses(self) -> list[str]:
         """Where the server's other gateway processes reach the live replicas."""
@@ -248,7 +305,7 @@ class DeploymentRuntime:
             stopping, self.replicas = self.replicas, []
             self.publish()
             self._fail(replica.failure)
-            self._manager.in_background(self._manager.stop(stopping))
+            self._manager.in_background(self._stop_all(stopping))
         else:
             self._restart(replica, "exited")
 
@@ -261,15 +318,15 @@ class DeploymentRuntime:
         self.publish()
         self._manager.in_background(self._replace(replica))
 
-    def over_memory(self, replica: Replica, rss: int, limit: int) -> None:
-        """`replica` holds more resident memory than the limit: stop it and start a replacement, as if it
-        had died; the third time within the window, fail the deployment instead (the model needs more)."""
+    def over_memory(self, replica: Replica, used: int, limit: int) -> None:
+        """`replica` takes more memory than the limit: stop it and start a replacement, as if it had died;
+        the third time within the window, fail the deployment instead (the model needs more)."""
         if replica not in self.replicas or self._unloading:
             return  # gone or replaced since it was measured
         now = time.monotonic()
         recent = [t for t in self._memory_restarts if now - t < MEMORY_RESTART_WINDOW_SECONDS]
         self._memory_restarts = [*recent, now]
-        over = f"its resident memory {rss // MB} MB exceeded the limit of {limit // MB} MB"
+        over = f"its memory {used // MB} MB exceeded the limit of {limit // MB} MB"
         if len(recent) < MEMORY_RESTARTS:
             self.notice = f"replica {replica.name} was restarted: {over}"
             log.warning("deployment %s: %s", self.spec.id, self.notice)
@@ -282,7 +339,7 @@ class DeploymentRuntime:
         log.warning("deployment %s failed: %s", self.spec.id, self.reason)
         stopping, self.replicas = self.replicas, []
         self.publish()
-        self._manager.in_background(self._manager.stop(stopping))
+        self._manager.in_background(self._stop_all(stopping))
 
     async def _replace(self, replica: Replica) -> None:
         """Stop what is left of the replica first: a Serve application is replaced under its own name."""
@@ -292,13 +349,13 @@ class DeploymentRuntime:
 
     def status(self) -> LiveStatus:
         stats = [r.stats() for r in self.replicas if r.alive]
-        rss = sum(s.rss_bytes for s in stats)
-        metrics.MEMORY_BYTES.labels(self.spec.id).set(rss)
+        memory = sum(s.memory_bytes for s in stats)
+        metrics.MEMORY_BYTES.labels(self.spec.id).set(memory)
         return LiveStatus(
             state=self.state,
             reason=self.reason or self.notice,
             replicas=sum(s.processes for s in stats),
-            memory_gb=round(rss / GB, 6),
+            memory_gb=round(memory / GB, 6),
             last_cold_start_seconds=None if self.last_cold_start is None else round(self.last_cold_start, 3),
         )
 
@@ -318,7 +375,9 @@ class ReplicaManager:
         meter: ReplicaMeter | None = None,
         load_guard: Callable[[DeploymentSpec], None] | None = None,
         backend: ReplicaBackend | None = None,
+        gpus: list[int] | None = None,
     ) -> None:
+        """`gpus`: each GPU's memory (default: what `nvidia-smi` lists; tests give fakes)."""
         self.settings = settings
         self.backend = backend or backend_of(settings)
         self.clock = clock or SystemClock()
@@ -336,6 +395,22 @@ class ReplicaManager:
         self.engine_fell_back: Callable[[str, str], None] = lambda _deployment, _reason: None
         # (deployment, engine, reason, int8 quality): a replica chose the engine at load (an encoder's)
         self.engine_measured: Callable[[str, str, str, str | None], None] = lambda *_: None
+        # (deployment, device kind, one replica's footprint): remembered for its artifact's next load
+        self.footprint_measured: Callable[[DeploymentSpec, str, Footprint], None] = lambda *_: None
+        self.placement = Placement(settings, self.clock, gpus=gpus, remember=self._remember_footprint)
+        self.placement.refill = self._refill_soon
+        self._refilling: asyncio.Task[None] | None = None
+
+    def _remember_footprint(self, spec: DeploymentSpec, device: str, footprint: Footprint) -> None:
+        self.in_background(asyncio.to_thread(self.footprint_measured, spec, device, footprint))
+
+    def replica_count(self, spec: DeploymentSpec) -> int:
+        """Replicas a load starts: Ray Serve scales one application itself."""
+        return 1 if self.backend.scales_itself else max(1, spec.min_replicas)
+
+    def tenants(self) -> list[DeploymentRuntime]:
+        """Every deployment this manager runs (what placement may evict)."""
+        return list(self._runtimes.values())
 
     async def check_can_load(self, spec: DeploymentSpec) -> None:
         """Billing enforcement: 402 when the account is out of credits (the guard may read the database)."""
@@ -376,12 +451,11 @@ class ReplicaManager:
         for spec in specs:
             self._runtime_for(spec).load_in_background()
         self._reaper = asyncio.create_task(self._reap_idle())
-        if self.settings.replica_memory_limit_mb is not None and isinstance(self.backend, LocalBackend):
-            self._memory_watch = asyncio.create_task(self._watch_memory())
+        self._memory_watch = asyncio.create_task(self._watch_memory())
 
     async def shutdown(self) -> None:
         """Drain queued and running work, then stop every worker."""
-        for task in (self._reaper, self._memory_watch):
+        for task in (self._reaper, self._memory_watch, self._refilling):
             if task is not None:
                 task.cancel()
         runtimes = list(self._runtimes.values())
@@ -397,13 +471,22 @@ class ReplicaManager:
 
     async def apply(self, deployment_id: str) -> None:
         """Re-read the deployment after create/patch and act on its readiness at once; a new engine
-        unloads the replicas of the old one (and forgets its failure) so the next load runs the new."""
+        unloads the replicas of the old one (and forgets its failure) so the next load runs the new.
+        CapacityConflict (409) when it could never fit, or is hot and cannot fit beside the other hot
+        deployments: nothing changes here then (the caller puts the stored deployment back)."""
         spec = await asyncio.to_thread(self._specs, deployment_id)
         if spec is None:
             await self.remove(deployment_id)
             return
+        pinned = [
+            (rt.spec, self.replica_count(rt.spec)) for rt in self.tenants() if rt.spec.readiness == "hot"
+        ]
+        await asyncio.to_thread(self.placement.check_fits, spec, self.replica_count(spec), pinned)
         runtime = self._runtime_for(spec)
         old_engine, runtime.spec = runtime.spec.engine, spec  # before any await: a load from now on is new
+        if not runtime.wants_loaded:
+            runtime.wants_memory = False
+        self.placement.changed()  # a deployment made cold may be evicted for a waiting load now
         if old_engine != spec.engine:
             runtime.state, runtime.reason = "unloaded", None  # the old engine's failure is not the new one's
             await runtime.unload()
@@ -412,6 +495,26 @@ class ReplicaManager:
         elif runtime.state == "ready":  # Ray Serve applies new autoscaling in place
             for replica in runtime.replicas:
                 self.in_background(replica.rescale(spec))
+
+    def _refill_soon(self) -> None:
+        """Room was freed: warm and hot deployments that were evicted (or found no room) load again in the
+        background, in the room that is free, without evicting anyone."""
+        if self._refilling is None or self._refilling.done():
+            with contextlib.suppress(RuntimeError):  # no running loop: the server is stopping
+                self._refilling = asyncio.get_running_loop().create_task(self._refill())
+
+    async def _refill(self) -> None:
+        await asyncio.sleep(0)  # after the release that asked for it has finished
+        for runtime in self.tenants():
+            if self.placement.waiting:
+                return  # requests waiting for room go first
+            if runtime.wants_memory and runtime.wants_loaded and runtime.state == "unloaded":
+                with contextlib.suppress(ModelhostError):  # no room yet: it waits for the next release
+                    await runtime.ensure_loaded(may_evict=False)
+
+    async def capacity(self) -> dict[str, Any]:
+        """The budget and who holds it (`GET /v1/admin/capacity`)."""
+        return await self.placement.view()
 
     async def unload_account(self, account_id: str) -> None:
         """The account ran out of credits: unload its replicas (they stay down until a top-up)."""
@@ -505,29 +608,49 @@ class ReplicaManager:
 
     async def _watch_memory(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.memory_check_seconds)
             try:
                 await self.check_memory()
             except Exception:  # a measurement that fails must not end the watch for good
-                log.exception("checking replicas' memory failed")
+                log.exception("measuring replicas' memory failed")
+            await asyncio.sleep(self.settings.memory_check_seconds)
 
     async def check_memory(self) -> None:
-        """Restart every replica whose worker (with the processes it started) holds more resident memory
-        than `replica_memory_limit_mb`. Ray Serve replicas are left to Ray's own memory monitor."""
-        if self.settings.replica_memory_limit_mb is None:
-            return
-        limit = self.settings.replica_memory_limit_mb * MB
-        live = [(rt, r) for rt in list(self._runtimes.values()) for r in rt.replicas if r.alive]
-        if not live:
-            return
+        """Measure every replica: each deployment's reservation becomes what its replicas take, the
+        default budget follows what the server's own processes hold, idle deployments are evicted while
+        the measured total is above the budget, and a local replica above `replica_memory_limit_mb` is
+        restarted (Ray Serve replicas are left to Ray's own memory monitor)."""
+        runtimes = self.tenants()
+        live = [(rt, r) for rt in runtimes for r in rt.replicas if r.alive]
+        pids = [r.pid for rt in runtimes for r in [*rt.replicas, *rt._loading] if r.pid is not None]
 
-        def measure() -> list[int]:  # reads all of /proc: off the event loop
+        def measure() -> tuple[list[Footprint], int]:  # reads all of /proc: off the event loop
             table = parents()
-            return [tree_rss_bytes(r.pid, table) for _, r in live]
+            footprints = [r.measure(table) for _, r in live]
+            replicas = {p for pid in pids for p in tree(pid, table)}
+            own = sum(rss_bytes(p) for p in tree(os.getpid(), table) if p not in replicas)
+            return footprints, own
 
-        for (runtime, replica), rss in zip(live, await asyncio.to_thread(measure), strict=True):
-            if rss > limit:
-                runtime.over_memory(replica, rss, limit)
+        footprints, own = await asyncio.to_thread(measure)
+        self.placement.follow_server(own)
+        for runtime in runtimes:
+            measured = [f for (rt, _), f in zip(live, footprints, strict=True) if rt is runtime]
+            if runtime.reservation is not None and measured:
+                self.placement.measured(runtime.reservation, measured)
+        limit_mb = self.settings.replica_memory_limit_mb
+        if limit_mb is not None and isinstance(self.backend, LocalBackend):
+            for (runtime, replica), footprint in zip(live, footprints, strict=True):
+                if footprint.host > limit_mb * MB:
+                    runtime.over_memory(replica, footprint.host, limit_mb * MB)
+        if self.placement.over_budget():
+            await self.placement.shed(runtimes)
+
+    async def measure(self, runtime: DeploymentRuntime) -> None:
+        """Measure one deployment's replicas now (just loaded): its reservation becomes what they take."""
+        replicas = list(runtime.replicas)
+        table = await asyncio.to_thread(parents)
+        footprints = await asyncio.to_thread(lambda: [r.measure(table) for r in replicas])
+        if runtime.reservation is not None:
+            self.placement.measured(runtime.reservation, footprints)
 
     def _idle(self, runtime: DeploymentRuntime) -> bool:
         return self.clock.monotonic() - runtime.last_used >= self.settings.cold_idle_seconds

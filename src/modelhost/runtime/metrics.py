@@ -43,7 +43,7 @@ LOADED_REPLICAS = Gauge(
 )
 MEMORY_BYTES = Gauge(
     "modelhost_replica_memory_bytes",
-    "Resident memory of a deployment's replicas.",
+    "Memory a deployment's replicas add to the machine (their footprint: host and GPU; docs/runtime.md).",
     ["deployment"],
     multiprocess_mode="livesum",
 )
@@ -81,4 +81,39 @@ ENGINE = Gauge(
     "1 for the engine (`transformers`, `vllm`) a deployment's replicas run, set when one loads.",
     ["deployment", "engine"],
     multiprocess_mode="livemostrecent",
+)
+MEMORY_BUDGET = Gauge(
+    "modelhost_memory_budget_bytes",
+    "Host memory that replicas may take together (`MODELHOST_MEMORY_BUDGET_MB`, or 80 % of the machine's "
+    "or cgroup's memory less the server's own processes).",
+    multiprocess_mode="livemax",
+)
+MEMORY_RESERVED = Gauge(
+    "modelhost_memory_reserved_bytes",
+    "Host memory reserved by deployments that hold or are taking memory: measured footprints of loaded "
+    "replicas, predicted ones of replicas loading, and replicas being stopped until they have exited.",
+    multiprocess_mode="livemax",
+)
+GPU_MEMORY_BUDGET = Gauge(
+    "modelhost_gpu_memory_budget_bytes",
+    "A GPU's memory that replicas may take together (`MODELHOST_GPU_MEMORY_FRACTION` of it).",
+    ["gpu"],
+    multiprocess_mode="livemax",
+)
+GPU_MEMORY_RESERVED = Gauge(
+    "modelhost_gpu_memory_reserved_bytes",
+    "A GPU's memory reserved by the deployments placed on it.",
+    ["gpu"],
+    multiprocess_mode="livemax",
+)
+EVICTIONS = Counter(
+    "modelhost_evictions_total",
+    "Idle deployments unloaded to make room, by `reason`: `load` (another deployment's load did not "
+    "fit) or `over_budget` (measured footprints grew above the budget).",
+    ["reason"],
+)
+CAPACITY_REFUSALS = Counter(
+    "modelhost_capacity_refusals_total",
+    "Loads refused for memory (503 `insufficient_capacity` after the wait, or at once for a footprint "
+    "larger than the budget).",
 )

@@ -47,9 +47,10 @@ from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
 from modelhost.config import Settings
+from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.client import Waiters
 from modelhost.runtime.host import ReplicaHost
-from modelhost.runtime.memory import rss_bytes
+from modelhost.runtime.memory import tree_footprint_bytes
 from modelhost.runtime.protocol import (
     Cancel,
     Run,
@@ -172,7 +173,7 @@ class _MemoryReporter(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.is_set():
-            self.board.report.remote(self.key, self.app, os.getpid(), rss_bytes(os.getpid()))
+            self.board.report.remote(self.key, self.app, os.getpid(), tree_footprint_bytes(os.getpid()))
             self.stopped.wait(REPORT_SECONDS)
 
     def stop(self) -> None:
@@ -397,7 +398,7 @@ class RayServeReplica:
         self._waiting: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
         self._sender: asyncio.Task[None] | None = None
         self._streams: set[int] = set()
-        self._memory: list[tuple[int, int]] = []  # (pid, rss) of each replica, as last reported
+        self._memory: list[tuple[int, int]] = []  # (pid, footprint) of each replica, as last reported
         self._refresher: asyncio.Task[None] | None = None
         self.load_seconds: float | None = None
         # Serve replicas run the engine asked for
@@ -547,9 +548,13 @@ class RayServeReplica:
             if not finished:
                 response.cancel()
 
-    async def busy(self) -> bool:
-        """Serve scales the application down by itself: the manager never asks."""
-        return bool(self._pending)
+    async def held(self) -> int:
+        """What this gateway has in flight on the application (Serve scales it down by itself)."""
+        return len(self._pending)
+
+    def measure(self, table: dict[int, int]) -> Footprint:
+        """What the Serve replicas last reported (they measure themselves, on whichever node)."""
+        return Footprint(sum(used for _, used in self._memory))
 
     async def unload(self) -> None:
         """Delete the Serve application (its replicas stop with it), for every gateway. Idempotent."""
@@ -572,10 +577,10 @@ class RayServeReplica:
         self._memory = []
 
     def stats(self) -> ReplicaStats:
-        """The Serve replicas' resident memory, as they last reported it (on whichever node)."""
+        """The Serve replicas' footprints, as they last reported them (on whichever node)."""
         return ReplicaStats(
             pid=None,
-            rss_bytes=sum(rss for _, rss in self._memory),
+            memory_bytes=sum(used for _, used in self._memory),
             load_seconds=self.load_seconds,
             in_flight=self.in_flight,
             processes=len(self._memory),

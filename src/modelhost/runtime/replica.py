@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from modelhost.runtime.capacity import Footprint
+
 if TYPE_CHECKING:
     from modelhost.runtime.spec import DeploymentSpec
 
@@ -24,25 +26,30 @@ class ReplicaSpec:
     device: str
     engine: str = "transformers"
     precision: str = "float32"
+    kv_cache_mb: int | None = None  # a generation engine's KV cache, as its footprint reserved it
 
     @classmethod
     def of(cls, deployment: DeploymentSpec, threads: int, device: str) -> ReplicaSpec:
-        """What a replica of `deployment` loads, with `threads` torch threads on `device`."""
+        """What a replica of `deployment` loads, with `threads` torch threads, on the device the manager
+        placed it on (a GPU), else on `device` (the server's setting)."""
         return cls(
             deployment.id,
             deployment.pipeline,
             deployment.model_dir,
             threads,
-            device,
+            deployment.device or device,
             deployment.engine,
             deployment.precision,
+            deployment.kv_cache_mb,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaStats:
     pid: int | None
-    rss_bytes: int  # resident memory of the model processes that could be measured
+    # What the replica's processes add to the machine's memory, host and GPU, as last measured
+    # (`Replica.measure`; `runtime.memory` says what is counted): what capacity reserves and billing bills
+    memory_bytes: int
     load_seconds: float | None
     in_flight: int
     processes: int = 1  # model processes behind this replica (Ray Serve: 0 when scaled to zero)
@@ -96,6 +103,16 @@ class Replica(Protocol):
         ...
 
     def stats(self) -> ReplicaStats: ...
+    def measure(self, table: dict[int, int]) -> Footprint:
+        """Measure what the replica's processes take now (blocking: the manager calls it off the event
+        loop, with one `memory.parents()` table for all replicas); `stats` reports it from then on."""
+        ...
+
+    async def held(self) -> int:
+        """Requests and sequences the replica holds now, whichever gateway process sent them (-1: it
+        cannot tell, which counts as busy)."""
+        ...
+
     @property
     def shared_meter(self) -> str | None:
         """The billing meter key every gateway uses for this replica when gateways share it (a Serve
@@ -112,10 +129,6 @@ class Replica(Protocol):
     def address(self) -> str | None:
         """Where this server's other gateway processes reach the replica (a Unix socket path); None when
         only this process can (a Serve application: every gateway joins the Ray cluster instead)."""
-        ...
-
-    async def busy(self) -> bool:
-        """Whether the replica holds any request now, whichever gateway process sent it."""
         ...
 
 

@@ -4,8 +4,10 @@ store; the runtime, billing's meters and the server's stand-ins read them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from modelhost.runtime.capacity import Footprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +39,10 @@ class DeploymentSpec:
     # `auto` chose vLLM: if vLLM cannot load the model, the runtime runs it on `transformers` instead
     falls_back: bool = False
     precision: str = "float32"  # `int8`: an encoder's runtime quantized (`tasks.encoder_runtimes`)
+    # What one replica of its artifact measured last time on this engine and precision, by device kind
+    # (`cpu`, `cuda`): the next load reserves it (`runtime.footprint`)
+    remembered: dict[str, Footprint] = field(default_factory=dict)
+    # Where the manager placed its replicas (`cuda:1`); None: the server's `device` setting
+    device: str | None = None
+    # The KV cache the manager gives each replica of a generation task (its footprint counts it)
+    kv_cache_mb: int | None = None

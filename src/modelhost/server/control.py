@@ -50,6 +50,12 @@ class GetStatus(msgspec.Struct, tag="status", array_like=True):
     deployment_id: str
 
 
+class GetCapacity(msgspec.Struct, tag="capacity", array_like=True):
+    """The memory budget and who holds it (the supervisor's placement: one budget for the server)."""
+
+    call: int
+
+
 class Apply(msgspec.Struct, tag="apply", array_like=True):
     """The deployment was created or changed (or deleted: then it is unloaded)."""
 
@@ -127,6 +133,7 @@ ToSupervisor = (
     Hello
     | Acquire
     | GetStatus
+    | GetCapacity
     | Apply
     | Remove
     | ResumeAccount

@@ -36,6 +36,7 @@ from modelhost.server.control import (
     Forget,
     FrameReader,
     FromSupervisor,
+    GetCapacity,
     GetStatus,
     Hello,
     Refused,
@@ -264,6 +265,10 @@ class RemoteRuntime:
 
     async def resume_account(self, account_id: str) -> None:
         await self._link.call(lambda n: ResumeAccount(n, account_id))
+
+    async def capacity(self) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._link.call(GetCapacity)
+        return answer
 
 
 class RemoteRuns:

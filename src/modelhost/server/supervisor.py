@@ -35,6 +35,7 @@ from modelhost.server.control import (
     Done,
     Forget,
     FrameReader,
+    GetCapacity,
     GetStatus,
     Hello,
     Refused,
@@ -142,6 +143,8 @@ class ControlServer:
             return runtime.acquire(message.deployment_id)
         if isinstance(message, GetStatus):
             return runtime.status(message.deployment_id)
+        if isinstance(message, GetCapacity):
+            return runtime.capacity()
         if isinstance(message, Apply):
             return runtime.apply(message.deployment_id)
         if isinstance(message, Remove):

@@ -14,10 +14,11 @@ from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.pipelines import BY_NAME
 from modelhost.routing import DeploymentRef
 from modelhost.runtime import engines
+from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.engines import MEASURED_AT_LOAD, EngineChoice, replica_engine
 from modelhost.runtime.spec import DeploymentSpec
 from modelhost.store.db import Database
-from modelhost.store.models import Deployment, ModelArtifact
+from modelhost.store.models import Deployment, MeasuredFootprint, ModelArtifact
 from modelhost.store.types import new_id
 
 
@@ -58,7 +59,8 @@ class DeploymentService:
             if deployment is None:
                 return None
             pairs = [(deployment, self._artifact_of(session, deployment))]
-        return self._specs(pairs)[0]
+            remembered = self._remembered(session, pairs)
+        return self._specs(pairs, remembered)[0]
 
     def hot_specs(self) -> list[DeploymentSpec]:
         with self._database.transaction() as session:
@@ -66,7 +68,41 @@ class DeploymentService:
                 select(Deployment).where(Deployment.readiness == "hot").order_by(Deployment.id)
             ).all()
             pairs = [(d, self._artifact_of(session, d)) for d in hot]
-        return self._specs(pairs)
+            remembered = self._remembered(session, pairs)
+        return self._specs(pairs, remembered)
+
+    @staticmethod
+    def _remembered(
+        session: Session, pairs: list[tuple[Deployment, ModelArtifact]]
+    ) -> dict[str, list[MeasuredFootprint]]:
+        """The footprints measured for these deployments' artifacts, by artifact."""
+        ids = {deployment.artifact_id for deployment, _ in pairs}
+        rows = session.scalars(select(MeasuredFootprint).where(MeasuredFootprint.artifact_id.in_(ids)))
+        found: dict[str, list[MeasuredFootprint]] = {}
+        for row in rows:
+            found.setdefault(row.artifact_id, []).append(row)
+        return found
+
+    def remember_footprint(self, spec: DeploymentSpec, device: str, footprint: Footprint) -> None:
+        """A replica of the deployment was measured at `footprint` (one replica's) on `device` (`cpu`,
+        `cuda`): the next load of its artifact on the same engine and precision reserves that much."""
+        artifact_id = spec.artifact_id
+        key = {"artifact_id": artifact_id, "engine": spec.engine, "precision": spec.precision}
+        key["device"] = device
+        for attempt in range(2):  # another server may insert the same row between our read and write
+            try:
+                with self._database.transaction() as session:
+                    row = session.get(MeasuredFootprint, key, with_for_update=True)
+                    if row is None:
+                        if session.get(ModelArtifact, artifact_id) is None:
+                            return  # deleted meanwhile
+                        row = MeasuredFootprint(**key)
+                        session.add(row)
+                    row.host_bytes, row.gpu_bytes = footprint.host, footprint.gpu
+                return
+            except IntegrityError:
+                if attempt:
+                    raise
 
     @staticmethod
     def _artifact_of(session: Session, deployment: Deployment) -> ModelArtifact:
@@ -74,9 +110,25 @@ class DeploymentService:
         assert artifact is not None
         return artifact
 
-    def _specs(self, pairs: list[tuple[Deployment, ModelArtifact]]) -> list[DeploymentSpec]:
+    def _specs(
+        self,
+        pairs: list[tuple[Deployment, ModelArtifact]],
+        remembered: dict[str, list[MeasuredFootprint]],
+    ) -> list[DeploymentSpec]:
         """Outside the transaction: with a remote blob store, finding the model's folder may mean
         downloading it first."""
+
+        def footprints(deployment: Deployment, engine: str) -> dict[str, Footprint]:
+            return {
+                row.device: Footprint(row.host_bytes, row.gpu_bytes)
+                for row in remembered.get(deployment.artifact_id, [])
+                if row.engine == engine and row.precision == deployment.precision
+            }
+
+        replica_engines = {
+            deployment.id: replica_engine(deployment.engine, deployment.engine_in_use, deployment.pipeline)
+            for deployment, _ in pairs
+        }
         return [
             DeploymentSpec(
                 id=deployment.id,
@@ -90,9 +142,10 @@ class DeploymentService:
                 account_id=deployment.account_id,
                 model=deployment.model,
                 artifact_id=deployment.artifact_id,
-                engine=replica_engine(deployment.engine, deployment.engine_in_use, deployment.pipeline),
+                engine=replica_engines[deployment.id],
                 falls_back=deployment.engine == "auto" and deployment.engine_in_use == "vllm",
                 precision=deployment.precision,
+                remembered=footprints(deployment, replica_engines[deployment.id]),
             )
             for deployment, artifact in pairs
         ]

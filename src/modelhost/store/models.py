@@ -131,6 +131,24 @@ class Deployment(Base):
 Index("ix_deployments_account", Deployment.account_id)
 
 
+class MeasuredFootprint(Base):
+    """The most memory one replica of an artifact was measured at, per engine, precision and device kind
+    (`cpu`, `cuda`): the next load of that artifact reserves it (runtime/footprint.py). Kept across
+    restarts and shared by the servers of one database."""
+
+    __tablename__ = "footprints"
+
+    artifact_id: Mapped[str] = mapped_column(
+        ForeignKey("model_artifacts.id", ondelete="CASCADE"), primary_key=True
+    )
+    engine: Mapped[str] = mapped_column(String(16), primary_key=True)
+    precision: Mapped[str] = mapped_column(String(8), primary_key=True)
+    device: Mapped[str] = mapped_column(String(8), primary_key=True)
+    host_bytes: Mapped[int] = mapped_column(BigInteger)
+    gpu_bytes: Mapped[int] = mapped_column(BigInteger)
+    measured_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
 class GeneratedFile(Base):
     """A generated image (or other output) kept for a while behind an unguessable, expiring link."""
 

@@ -1,4 +1,4 @@
-"""Operator routes: accounts and credits (admin key)."""
+"""Operator routes: accounts and credits, the server's memory capacity (admin key)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from modelhost.protocol.management import (
     AccountCreate,
     AccountCreated,
     AccountPatch,
+    Capacity,
     CreditsTopUp,
     RateLimits,
 )
@@ -80,3 +81,11 @@ async def add_credits(
     if view.balance_micro > 0:
         await services.runtime.resume_account(account_id)
     return present(view)
+
+
+@router.get(
+    "/capacity",
+    summary="The memory budget, each GPU's, and every deployment holding memory (docs/runtime.md, Capacity)",
+)
+async def get_capacity(_admin: AdminPrincipal, services: ServicesDep) -> Capacity:
+    return Capacity.model_validate(await services.runtime.capacity())

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.container import Services
-from modelhost.errors import InvalidRequest, ModelhostError
+from modelhost.errors import CapacityConflict, InvalidRequest, ModelhostError
 from modelhost.protocol.common import Deleted, ListOf
 from modelhost.protocol.management import Deployment, DeploymentCreate, DeploymentPatch
 from modelhost.store import models as rows
@@ -50,6 +50,8 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
     summary="Deploy a ready model artifact under a model ID",
     status_code=201,
     responses=error_responses(404, 409),
+    description="409 `insufficient_capacity`: a hot deployment that cannot fit in the memory budget beside "
+    "the hot deployments already pinned, or one larger than the whole budget (nothing is created).",
 )
 async def create_deployment(
     body: DeploymentCreate, principal: AccountPrincipal, services: ServicesDep
@@ -65,7 +67,11 @@ async def create_deployment(
         body.engine,
         body.precision,
     )
-    await services.runtime.apply(deployment.id)  # warm and hot start loading now
+    try:
+        await services.runtime.apply(deployment.id)  # warm and hot start loading now
+    except CapacityConflict:
+        await remove_deployment(account_id_of(principal), deployment.id, services)
+        raise
     if body.precision == "int8":
         deployment = await probe_int8(deployment, account_id_of(principal), services)
     return await present(deployment, services)
@@ -110,7 +116,12 @@ async def get_deployment(
 
 
 @router.patch(
-    "/{deployment_id}", summary="Change readiness, replica bounds or engine", responses=error_responses(404)
+    "/{deployment_id}",
+    summary="Change readiness, replica bounds or engine",
+    responses=error_responses(404, 409),
+    description="409 `insufficient_capacity`: made hot (or given more replicas while hot) where it cannot "
+    "fit in the memory budget beside the other hot deployments; its readiness and replica bounds stay as "
+    "they were.",
 )
 async def update_deployment(
     body: DeploymentPatch,
@@ -118,16 +129,29 @@ async def update_deployment(
     services: ServicesDep,
     deployment_id: str = DeploymentId,
 ) -> Deployment:
+    account_id = account_id_of(principal)
+    before = await run_in_threadpool(services.deployments.get, account_id, deployment_id)
     deployment = await run_in_threadpool(
         services.deployments.update,
-        account_id_of(principal),
+        account_id,
         deployment_id,
         body.readiness,
         body.min_replicas,
         body.max_replicas,
         body.engine,
     )
-    await services.runtime.apply(deployment.id)  # takes effect without a restart
+    try:
+        await services.runtime.apply(deployment.id)  # takes effect without a restart
+    except CapacityConflict:  # the runtime changed nothing: neither does the store
+        await run_in_threadpool(
+            services.deployments.update,
+            account_id,
+            deployment_id,
+            before.readiness,
+            before.min_replicas,
+            before.max_replicas,
+        )
+        raise
     return await present(deployment, services)
 
 

@@ -1,0 +1,140 @@
+"""A deployment's footprint before it loads: what one replica will take of host memory and of a GPU's.
+
+Predicted from what is known before any process starts, in this order:
+1. the footprint its artifact's replicas were last measured at, on the same engine, precision and
+   device kind (remembered in the database: `DeploymentSpec.remembered`);
+2. else the weights (the artifact's weight files, as large in memory as on disk: transformers and vLLM
+   load a checkpoint in its own precision), plus the KV cache a generation engine is given (below),
+   plus the engine's base cost: the most any replica of that engine measured above its weights and KV
+   cache on this server, or a first guess (`BASE_COSTS`) until one has.
+
+Once loaded, the measured footprint replaces the prediction (`runtime.manager`).
+
+**The KV cache** of a generation replica (text generation, chat with images) is part of its footprint,
+so it is decided here and handed to the replica (`MODELHOST_KV_CACHE_MB` in its environment, read by
+both engines; vLLM's own sizing, a fraction of the machine, is never used): `MODELHOST_KV_CACHE_MB` when
+the operator sets it, else room for 64 whole contexts, at most an eighth of the host budget on a CPU, or
+half of what the GPU's budget leaves beside the weights.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from modelhost.pipelines import BY_NAME
+from modelhost.runtime.capacity import MB, Footprint
+
+# First guesses of an engine's cost above its weights and KV cache, for a replica forked from the
+# worker template (`transformers`, the encoder runtimes) or started as vLLM's processes, until one is
+# measured on this server. Measured on the 2-core test machine: a tiny model's forked worker 34 MB, with
+# all-MiniLM-L6-v2 on torch 92 MB (weights included); vLLM's CPU engine with a tiny model about 1.3 GB.
+BASE_COSTS = {"transformers": 64 * MB, "auto": 96 * MB, "vllm": 1536 * MB}
+# A worker started as a new program (no template): its imports are its own, not shared
+EXECUTED_WORKER_COST = 400 * MB
+# What a process holds on a GPU before its model: the CUDA context and the caching allocator's slack
+GPU_PROCESS_COST = 512 * MB
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".onnx_data", ".gguf")
+KV_SLOTS = 64  # tasks.text_generation.MAX_RUNNING_SEQUENCES: room for this many whole contexts
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """One replica's predicted footprint, and its parts (what measurement is compared with)."""
+
+    footprint: Footprint
+    weights: int
+    kv_cache: int  # bytes given to its generation engine's KV cache (0: not a generation task)
+    remembered: bool  # from an earlier replica's measurement rather than estimated
+
+
+def generates(pipeline: str) -> bool:
+    """A task whose replicas run a generation engine with a KV cache (the tasks vLLM may serve)."""
+    return "vllm" in BY_NAME[pipeline].engines
+
+
+def predict(
+    *,
+    model_dir: Path,
+    pipeline: str,
+    engine: str,
+    on_gpu: bool,
+    remembered: Footprint | None,
+    kv_cache_mb: int | None,
+    host_budget: int,
+    gpu_budget: int,
+    base_costs: Mapping[str, int],
+    preload: bool,
+) -> Prediction:
+    """One replica's footprint (see the module docstring)."""
+    weights = weight_bytes(model_dir)
+    kv = 0
+    if generates(pipeline):
+        kv = kv_cache_bytes(model_dir, kv_cache_mb, host_budget, gpu_budget - weights if on_gpu else None)
+    if remembered is not None:
+        return Prediction(remembered, weights, kv, remembered=True)
+    base = base_costs.get(engine) or BASE_COSTS.get(engine, BASE_COSTS["transformers"])
+    if not preload and engine != "vllm":
+        base = max(base, EXECUTED_WORKER_COST)
+    if on_gpu:
+        return Prediction(Footprint(base, weights + kv + GPU_PROCESS_COST), weights, kv, remembered=False)
+    return Prediction(Footprint(base + weights + kv), weights, kv, remembered=False)
+
+
+def base_cost(measured: Footprint, prediction: Prediction, on_gpu: bool) -> int:
+    """What a measured replica took above its weights and KV cache: its engine's base cost."""
+    if on_gpu:
+        return measured.host
+    return max(0, measured.host - prediction.weights - prediction.kv_cache)
+
+
+def weight_bytes(model_dir: Path) -> int:
+    """The size of the artifact's weight files (every folder: diffusers keeps one per component)."""
+    try:
+        files = [p for p in model_dir.rglob("*") if p.name.endswith(WEIGHT_SUFFIXES) and p.is_file()]
+        return sum(p.stat().st_size for p in files)
+    except OSError:
+        return 0  # the folder is gone: the load fails and says so
+
+
+def kv_cache_bytes(model_dir: Path, kv_cache_mb: int | None, host_budget: int, gpu_room: int | None) -> int:
+    """The KV cache a generation replica is given: the operator's `kv_cache_mb`, else 64 whole contexts
+    capped at an eighth of the host budget (CPU) or half of `gpu_room`, what the GPU's budget leaves
+    beside the weights. Whole MB, as the replica is told."""
+    if kv_cache_mb:
+        return kv_cache_mb * MB
+    per_token, context = _kv_layout(model_dir)
+    wanted = KV_SLOTS * (context + 1) * per_token
+    cap = host_budget // 8 if gpu_room is None else max(0, gpu_room) // 2
+    return max(MB, -(-min(wanted, cap) // MB) * MB)
+
+
+def _kv_layout(model_dir: Path) -> tuple[int, int]:
+    """(bytes one token takes in the KV cache, the model's context), from `config.json` as the engines
+    read it (`generation.kv_cache.CacheLayout`); a small default for a config without them."""
+    config: dict[str, Any]
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    assert isinstance(text, dict)
+    heads = _int(text.get("num_attention_heads"), 8)
+    kv_heads = _int(text.get("num_key_value_heads"), heads)
+    hidden = _int(text.get("hidden_size"), 512)
+    head_dim = _int(text.get("head_dim"), max(1, hidden // max(1, heads)))
+    layers = _int(text.get("num_hidden_layers"), 4)
+    dtype = text.get("dtype") or text.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype")
+    itemsize = DTYPE_BYTES.get(str(dtype), 4)
+    context = _int(text.get("max_position_embeddings"), 2048)
+    if context >= 10_000_000:
+        context = 2048
+    return 2 * layers * kv_heads * head_dim * itemsize, context
+
+
+def _int(value: object, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default

@@ -1,0 +1,305 @@
+"""Capacity, through HTTP on a real `modelhost serve` with real worker processes: a memory budget that
+replicas share, deployments evicted (least recently used, cold before warm, hot pinned), refused (409 for
+hot beyond the budget, 503 with `Retry-After` after a wait), and the budget read from a cgroup limit.
+
+A tiny sentence-transformers model's replica takes about 35 MiB (its footprint: what it adds to the
+machine, runtime/memory.py). The budget is set from the footprint a first server measured (`footprint`,
+once per module), so that no test depends on what this machine's processes happen to take, or on its
+memory size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder
+from tests.server_process import ST_RECIPE, Server, server_with, until
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def capacity(server: Server) -> dict[str, Any]:
+    answer = httpx.get(f"{server.url}/v1/admin/capacity", headers=bearer(ADMIN_KEY), timeout=10)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+def view(server: Server, deployment_id: str) -> dict[str, Any]:
+    answer = httpx.get(f"{server.url}/v1/deployments/{deployment_id}", headers=bearer(server.key), timeout=10)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+async def deploy_many(server: Server, folder: Path, models: list[str], **extra: Any) -> dict[str, str]:
+    """One artifact pushed once, deployed under each model name: {model: deployment ID}."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        pushed = await push_folder(client, server.key, folder, "feature-extraction")
+        ids = {}
+        for model in models:
+            body = {"model": model, "artifact_id": pushed["artifact"]["id"], **extra}
+            created = await client.post("/v1/deployments", json=body, headers=bearer(server.key))
+            assert created.status_code == 201, created.text
+            ids[model] = created.json()["id"]
+        return ids
+
+
+def loaded(server: Server, ids: dict[str, str]) -> list[str]:
+    """The models whose replica worker runs now."""
+    return [model for model, deployment_id in ids.items() if server.replicas(deployment_id)]
+
+
+@contextlib.asynccontextmanager
+async def watching(server: Server, ids: dict[str, str]) -> AsyncIterator[list[int]]:
+    """The most replica workers alive at once while the block runs, sampled every 20 ms."""
+    most = [0]
+
+    async def sample() -> None:
+        while True:
+            most[0] = max(most[0], len(loaded(server, ids)))
+            await asyncio.sleep(0.02)
+
+    task = asyncio.create_task(sample())
+    try:
+        yield most
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@pytest.fixture(scope="module")
+def footprint(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> int:
+    """One replica's measured footprint (bytes), on a server of its own: loaded, used, measured."""
+
+    async def measure() -> int:
+        async with server_with(
+            tmp_path_factory.mktemp("measure"), 1, MODELHOST_MEMORY_CHECK_SECONDS="0.5"
+        ) as server:
+            ids = await deploy_many(server, recipes.joinpath(*ST_RECIPE), ["m"], readiness="warm")
+            await server.ready(ids["m"])
+            assert (await server.embed("hello")).status_code == 200
+
+            def measured() -> int:
+                [entry] = capacity(server)["deployments"]
+                return int(entry["footprint_bytes"]) if entry["footprint_measured"] else 0
+
+            first = await until(measured)
+            await asyncio.sleep(1.5)  # measured again since the request
+            return max(first, measured())
+
+    size = asyncio.run(measure())
+    assert 8 * MiB < size < 400 * MiB, size  # a forked worker: its own pages, not torch's
+    return size
+
+
+def budget_env(footprint: int, footprints: float, **extra: str) -> dict[str, str]:
+    return {
+        "MODELHOST_MEMORY_BUDGET_MB": str(int(footprint * footprints / MiB)),
+        "MODELHOST_MIN_RESIDENCY_SECONDS": "0",
+        "MODELHOST_MEMORY_CHECK_SECONDS": "0.5",
+        **extra,
+    }
+
+
+async def test_cold_deployments_take_turns_within_a_budget_of_two_and_a_half_footprints(
+    tmp_path: Path, recipes: Path, footprint: int
+) -> None:
+    async with server_with(tmp_path, 1, **budget_env(footprint, 2.5)) as server:
+        models = ["a", "b", "c", "d", "e"]
+        ids = await deploy_many(server, recipes.joinpath(*ST_RECIPE), models)
+        async with watching(server, ids) as most:
+            for _ in range(2):
+                for model in models:
+                    answer = await server.embed(f"hello {model}", model)
+                    assert answer.status_code == 200, answer.text
+        assert most[0] == 2, most  # two fit, never a third beside them
+        state = capacity(server)
+        assert len(state["deployments"]) <= 2
+        assert state["memory"]["reserved_bytes"] <= state["memory"]["budget_bytes"]
+        evictions = re.search(
+            r'^modelhost_evictions_total\{reason="load"\} ([\d.]+)$', server.metrics(), re.M
+        )
+        assert evictions and float(evictions.group(1)) >= 8, server.metrics()[-2000:]
+        reason = view(server, ids["a"])["state_reason"]
+        assert re.fullmatch(r"evicted to make room for \w at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", reason), reason
+
+
+async def test_a_hot_deployment_beyond_the_budget_is_409_and_nothing_changes(
+    tmp_path: Path, recipes: Path, footprint: int
+) -> None:
+    async with server_with(tmp_path, 1, **budget_env(footprint, 2.5)) as server:
+        ids = {}
+        for model in ("p1", "p2"):  # each measured before the next is predicted
+            ids |= await deploy_many(server, recipes.joinpath(*ST_RECIPE), [model], readiness="hot")
+            await server.ready(ids[model])
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            artifact_id = view(server, ids["p1"])["artifact_id"]
+            third = {"model": "p3", "artifact_id": artifact_id, "readiness": "hot"}
+            refused = await client.post("/v1/deployments", json=third, headers=bearer(server.key))
+            assert_error(refused, 409, "insufficient_capacity")
+            message = refused.json()["error"]["message"]
+            assert "p1 (" in message and "p2 (" in message and "budget" in message, message
+            listed = await client.get("/v1/deployments", headers=bearer(server.key))
+            assert sorted(d["model"] for d in listed.json()["data"]) == ["p1", "p2"]  # p3 was not kept
+
+            cold = {"model": "c", "artifact_id": artifact_id}
+            created = await client.post("/v1/deployments", json=cold, headers=bearer(server.key))
+            assert created.status_code == 201, created.text
+            patched = await client.patch(
+                f"/v1/deployments/{created.json()['id']}",
+                json={"readiness": "hot"},
+                headers=bearer(server.key),
+            )
+            assert_error(patched, 409, "insufficient_capacity")
+            assert view(server, created.json()["id"])["readiness"] == "cold"  # as it was
+
+
+async def test_a_request_with_no_room_waits_then_503_and_succeeds_once_a_pinned_deployment_goes_cold(
+    tmp_path: Path, recipes: Path, footprint: int
+) -> None:
+    env = budget_env(footprint, 2.5, MODELHOST_CAPACITY_WAIT_SECONDS="2")
+    async with server_with(tmp_path, 1, **env) as server:
+        ids = await deploy_many(server, recipes.joinpath(*ST_RECIPE), ["p1", "p2", "c"])
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            for model in ("p1", "p2"):
+                await client.patch(
+                    f"/v1/deployments/{ids[model]}", json={"readiness": "hot"}, headers=bearer(server.key)
+                )
+                await server.ready(ids[model])
+        started = time.monotonic()
+        refused = await server.embed("no room", "c")
+        waited = time.monotonic() - started
+        assert_error(refused, 503, "insufficient_capacity")
+        assert refused.headers["Retry-After"] == "5"
+        assert 2 <= waited < 15, waited
+        assert "p1 (hot" in refused.json()["error"]["message"], refused.json()
+        assert not server.replicas(ids["c"])
+        assert view(server, ids["c"])["state"] == "unloaded"
+
+        # a request waiting for room gets it when a pinned deployment becomes evictable
+        env_wait = asyncio.create_task(server.embed("room at last", "c"))
+        await asyncio.sleep(0.5)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            patched = await client.patch(
+                f"/v1/deployments/{ids['p1']}", json={"readiness": "cold"}, headers=bearer(server.key)
+            )
+            assert patched.status_code == 200, patched.text
+        answer = await env_wait
+        assert answer.status_code == 200, answer.text
+        assert not server.replicas(ids["p1"])  # evicted for it
+        assert server.replicas(ids["p2"])  # still pinned
+
+
+async def test_an_evicted_warm_deployment_says_so_and_comes_back(
+    tmp_path: Path, recipes: Path, footprint: int
+) -> None:
+    async with server_with(tmp_path, 1, **budget_env(footprint, 2.5)) as server:
+        ids = await deploy_many(server, recipes.joinpath(*ST_RECIPE), ["c"])
+        for model in ("w1", "w2"):  # each measured before the next is predicted
+            ids |= await deploy_many(server, recipes.joinpath(*ST_RECIPE), [model], readiness="warm")
+            await server.ready(ids[model])
+        assert (await server.embed("used last", "w2")).status_code == 200
+        assert (
+            await server.embed("needs room", "c")
+        ).status_code == 200  # evicts w1, the least recently used
+        evicted = view(server, ids["w1"])
+        assert evicted["state"] == "unloaded", evicted
+        assert evicted["state_reason"].startswith("evicted to make room for c at "), evicted
+        assert view(server, ids["w2"])["state"] == "ready"
+
+        # it loads again on its next request (making room in turn: c is cold, and idle)
+        assert (await server.embed("back", "w1")).status_code == 200
+        assert view(server, ids["w1"])["state"] == "ready"
+        assert not server.replicas(ids["c"])  # cold goes before warm
+
+        # and in the background once memory frees
+        assert (await server.embed("room again", "c")).status_code == 200  # evicts w2 now (LRU warm)
+        assert view(server, ids["w2"])["state"] == "unloaded"
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            deleted = await client.delete(f"/v1/deployments/{ids['c']}", headers=bearer(server.key))
+            assert deleted.status_code == 200, deleted.text
+        await until(lambda: view(server, ids["w2"])["state"] == "ready", timeout=30)
+        assert view(server, ids["w2"])["state_reason"] is None
+
+
+async def test_a_crashed_load_gives_its_reservation_back(
+    tmp_path: Path, recipes: Path, footprint: int
+) -> None:
+    async with server_with(tmp_path, 1, **budget_env(footprint, 2.5)) as server:
+        ids = await deploy_many(server, recipes.joinpath(*ST_RECIPE), ["ok"], readiness="warm")
+        await server.ready(ids["ok"])
+        before = capacity(server)["memory"]["reserved_bytes"]
+        ids |= await deploy_many(server, recipes.joinpath(*ST_RECIPE), ["broken"])
+        # its published weights break after inspection: the worker fails while loading them
+        artifact = tmp_path / "data" / "blobs" / "artifacts" / view(server, ids["broken"])["artifact_id"]
+        [weights] = artifact.rglob("model.safetensors")
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        assert_error(await server.embed("fails", "broken"), 503, "deployment_unavailable")
+        state = capacity(server)
+        assert [d["model"] for d in state["deployments"]] == ["ok"]
+        assert state["memory"]["reserved_bytes"] <= before * 1.2, (before, state)
+        assert (await server.embed("still fine", "ok")).status_code == 200
+
+
+async def test_the_default_budget_is_80_percent_of_the_cgroup_limit_less_the_server(tmp_path: Path) -> None:
+    cgroup = tmp_path / "cgroup"
+    (cgroup / "memory").mkdir(parents=True)
+    (cgroup / "memory.max").write_text(f"{2 * GiB}\n")  # cgroup v2, at the root of the fake hierarchy
+    (cgroup / "memory" / "memory.limit_in_bytes").write_text(f"{3 * GiB}\n")  # v1's memory controller
+    async with server_with(tmp_path, 1, MODELHOST_CGROUP_ROOT=str(cgroup)) as server:
+
+        def measured() -> dict[str, Any] | None:
+            memory: dict[str, Any] = capacity(server)["memory"]
+            return memory if memory["server_bytes"] else None
+
+        memory = await until(measured)
+        assert memory["limit_bytes"] == 2 * GiB  # the smaller limit wins
+        assert memory["budget_bytes"] == int(2 * GiB * 0.8) - memory["server_bytes"]
+        assert 50 * MiB < memory["server_bytes"] < 2 * GiB
+        metrics = server.metrics()
+        assert f"modelhost_memory_budget_bytes {float(memory['budget_bytes'])}" in metrics or re.search(
+            r"^modelhost_memory_budget_bytes [\d.e+]+$", metrics, re.M
+        )
+
+
+async def test_two_gateway_processes_see_one_budget(tmp_path: Path, recipes: Path, footprint: int) -> None:
+    async with server_with(tmp_path, 2, **budget_env(footprint, 2.5)) as server:
+        ids = await deploy_many(server, recipes.joinpath(*ST_RECIPE), ["a", "b", "c"])
+        supervisor, other = server.gateways()
+
+        async def embed_via(pid: int, model: str) -> httpx.Response:
+            task = await server.via(pid, lambda: server.embed(f"via {pid}", model))
+            answer: httpx.Response = await task
+            return answer
+
+        async def capacity_via(pid: int) -> dict[str, Any]:
+            async def get() -> httpx.Response:
+                async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+                    return await client.get("/v1/admin/capacity", headers=bearer(ADMIN_KEY))
+
+            answer = await (await server.via(pid, get))
+            assert answer.status_code == 200, answer.text
+            body: dict[str, Any] = answer.json()
+            return body
+
+        async with watching(server, ids) as most:
+            assert (await embed_via(other, "a")).status_code == 200
+            assert (await embed_via(supervisor, "b")).status_code == 200
+            assert (await embed_via(other, "c")).status_code == 200
+        assert most[0] == 2
+        seen = [await capacity_via(pid) for pid in (supervisor, other)]
+        assert seen[0]["memory"]["budget_bytes"] == seen[1]["memory"]["budget_bytes"]
+        assert sorted(d["model"] for d in seen[0]["deployments"]) == ["b", "c"]
+        assert sorted(d["model"] for d in seen[1]["deployments"]) == ["b", "c"]
