@@ -106,6 +106,9 @@ class Placement:
         self.settings = settings
         self._clock = clock
         self._remember = remember
+        # On Ray Serve the cluster places replicas by the memory they declare (`runtime.ray_backend`):
+        # loads are measured and shown here, never held back by this machine's budget
+        self.enforced = settings.runtime == "local"
         if gpus is None:
             from modelhost.runtime.memory import gpu_totals
 
@@ -174,6 +177,8 @@ class Placement:
     def check_fits(self, spec: DeploymentSpec, count: int, pinned: list[tuple[DeploymentSpec, int]]) -> None:
         """Refuse (409) a deployment that can never fit, and a hot one that cannot fit beside the other hot
         ones, `pinned` (their spec and replicas). Blocking: reads artifacts' files."""
+        if not self.enforced:
+            return
         _, need = self.predict(spec, count)
         never = self.capacity.never_fits(need)
         if never is not None:
@@ -214,6 +219,8 @@ class Placement:
         time. Without `may_evict` (a background reload): only room that is free now, no wait."""
         spec = tenant.spec
         prediction, need = await asyncio.to_thread(self.predict, spec, count)
+        if not self.enforced:
+            return self._reserve(tenant, prediction, need, count, None)
         never = self.capacity.never_fits(need)
         if never is not None:
             metrics.CAPACITY_REFUSALS.inc()
@@ -319,7 +326,8 @@ class Placement:
         spec = tenant.spec
         holding = self.capacity.hold(spec.id, need, gpu)
         kv_mb = math.ceil(prediction.kv_cache / MB) if prediction.kv_cache else None
-        placed = replace(spec, device=f"cuda:{gpu}" if gpu is not None else None, kv_cache_mb=kv_mb)
+        device = f"cuda:{gpu}" if gpu is not None else None
+        placed = replace(spec, device=device, kv_cache_mb=kv_mb, footprint=prediction.footprint)
         reservation = Reservation(holding, placed, prediction, count, on_gpu=gpu is not None)
         self._reservations[holding.number] = (reservation, tenant)
         self._publish()
@@ -391,7 +399,7 @@ class Placement:
     async def shed(self, tenants: Sequence[Tenant]) -> None:
         """Measured footprints grew above the budget: evict idle deployments until it holds again."""
         short = self.over_budget()
-        if not short:
+        if not short or not self.enforced:
             return
         async with self._admitting:
             candidates = await self._candidates(tenants)

@@ -46,3 +46,5 @@ class DeploymentSpec:
     device: str | None = None
     # The KV cache the manager gives each replica of a generation task (its footprint counts it)
     kv_cache_mb: int | None = None
+    # One replica's footprint as its load reserved it (Ray Serve: the actor's `memory` and `num_gpus`)
+    footprint: Footprint | None = None
