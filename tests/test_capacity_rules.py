@@ -237,11 +237,12 @@ class FakeTenant:
     async def held(self) -> int:
         return self.in_flight
 
-    async def evict(self, reason: str) -> None:
+    async def evict(self, reason: str) -> bool:
         self.evicted.append(reason)
         self.state = "unloaded"
         assert self.placement is not None
         self.placement.release(self.reservation)  # type: ignore[arg-type]
+        return True
 
 
 def spec_of(name: str, tmp_path: Path, readiness: str = "cold", size: int = 30 * MB) -> DeploymentSpec:

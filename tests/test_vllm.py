@@ -19,6 +19,8 @@ import base64
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -501,3 +503,65 @@ def _session_of(proc: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return None if state == "Z" else int(session)  # a zombie has ended: only its entry waits
+
+
+# ---------------------------------------------------------------- beside other deployments
+
+
+def test_a_vllm_deployment_loads_beside_others_holding_most_of_the_memory_node(
+    vllm_python: str, tmp_path: Path
+) -> None:
+    """vLLM's CPU backend refuses to start when less than its memory fraction (0.92 of the node) is
+    available, unless it is told its KV cache's size. The replica is always told: the KV cache its
+    footprint reserved (no `MODELHOST_KV_CACHE_MB` here). A process holding memory stands in for the
+    other deployments: available memory drops below 90 % of the node, where vLLM's default refused."""
+    from tests.tiny_models.chat import build_chat_for_vllm
+
+    total, available = _meminfo("MemTotal"), _meminfo("MemAvailable")
+    hold = max(0, available - int(total * 0.85))  # what leaves 85 % of the node available at most
+    holder = subprocess.Popen([sys.executable, "-c", f"import time; x = b'1' * {hold}; time.sleep(600)"])
+    model_dir = tmp_path / "chat-vllm"
+    build_chat_for_vllm(model_dir)
+    process = ServerProcess(
+        tmp_path / "data",
+        f"sqlite:///{tmp_path / 'db.sqlite'}",
+        MODELHOST_VLLM_PYTHON=vllm_python,
+        MODELHOST_VLLM_COMPILE="false",
+        MODELHOST_MEMORY_BUDGET_MB="4096",
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _meminfo("MemAvailable") > total * 0.9 and time.monotonic() < deadline:
+            time.sleep(0.2)  # until the holder has written its pages
+        assert _meminfo("MemAvailable") <= total * 0.9
+        process.start()
+        with httpx.Client(base_url=process.url, timeout=300) as http:
+            key = http.post("/v1/admin/accounts", json={"name": "v"}, headers=bearer(ADMIN_KEY)).json()[
+                "api_key"
+            ]
+            artifact = push_folder_sync(http, key, model_dir, "text-generation")
+            created = http.post(
+                "/v1/deployments", json={"model": "chat", "artifact_id": artifact}, headers=bearer(key)
+            )
+            assert created.json()["engine_in_use"] == "vllm", created.text
+            body = {"model": "chat", "messages": MESSAGES, "max_tokens": 4}
+            answer = http.post("/v1/chat/completions", json=body, headers=bearer(key))
+            assert answer.status_code == 200, answer.text
+            [worker] = processes("modelhost.runtime.vllm_worker", created.json()["id"])
+            command = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+            kv_mb = int(command[command.index(b"--kv-cache-mb") + 1])
+            assert 1 <= kv_mb <= 4096 // 8  # the model's 64 contexts, at most an eighth of the budget
+            capacity = http.get("/v1/admin/capacity", headers=bearer(ADMIN_KEY)).json()
+            [held] = capacity["deployments"]
+            assert held["model"] == "chat" and held["footprint_bytes"] >= kv_mb << 20
+    finally:
+        process.stop()
+        holder.kill()
+        holder.wait()
+
+
+def _meminfo(field: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise LookupError(field)

@@ -124,10 +124,14 @@ class DeploymentRuntime:
             return -1
         return sum(a for a in answers if isinstance(a, int))
 
-    async def evict(self, reason: str) -> None:
-        """Unload to make room for another deployment; a warm one loads again once room frees."""
+    async def evict(self, reason: str) -> bool:
+        """Unload to make room for another deployment; a warm one loads again once room frees. Not when a
+        request of this process reached it since it was found idle (False: the load looks again)."""
+        if self.dispatcher.outstanding or self.state != "ready":
+            return False
         self.wants_memory = self.wants_loaded
         await self.unload(reason=reason)
+        return True
 
     @property
     def wants_loaded(self) -> bool:

@@ -71,9 +71,10 @@ class Tenant(Protocol):
         """Requests in flight or queued for it, from every gateway process (-1: cannot tell)."""
         ...
 
-    async def evict(self, reason: str) -> None:
-        """Unload to make room (the reason is shown as its `state_reason`); returns once its processes
-        have exited and its holding is released."""
+    async def evict(self, reason: str) -> bool:
+        """Unload to make room (the reason is shown as its `state_reason`); True once its processes have
+        exited and its holding is released; False, unloading nothing, when a request reached it since it
+        was found idle."""
         ...
 
 
@@ -316,9 +317,9 @@ class Placement:
         ]
 
     async def _evict(self, tenant: Tenant, why: str, reason: str) -> None:
-        log.info("deployment %s (%s) %s", tenant.spec.id, tenant.spec.model, why)
-        metrics.EVICTIONS.labels(reason).inc()
-        await tenant.evict(why)
+        if await tenant.evict(why):
+            log.info("deployment %s (%s) %s", tenant.spec.id, tenant.spec.model, why)
+            metrics.EVICTIONS.labels(reason).inc()
 
     def _reserve(
         self, tenant: Tenant, prediction: Prediction, need: Footprint, count: int, gpu: int | None
