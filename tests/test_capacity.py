@@ -169,7 +169,7 @@ async def test_a_hot_deployment_beyond_the_budget_is_409_and_nothing_changes(
 async def test_a_request_with_no_room_waits_then_503_and_succeeds_once_a_pinned_deployment_goes_cold(
     tmp_path: Path, recipes: Path, footprint: int
 ) -> None:
-    env = budget_env(footprint, 2.5, MODELHOST_CAPACITY_WAIT_SECONDS="2")
+    env = budget_env(footprint, 2.5, MODELHOST_CAPACITY_WAIT_SECONDS="4")
     async with server_with(tmp_path, 1, **env) as server:
         ids = await deploy_many(server, recipes.joinpath(*ST_RECIPE), ["p1", "p2", "c"])
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
@@ -183,20 +183,20 @@ async def test_a_request_with_no_room_waits_then_503_and_succeeds_once_a_pinned_
         waited = time.monotonic() - started
         assert_error(refused, 503, "insufficient_capacity")
         assert refused.headers["Retry-After"] == "5"
-        assert 2 <= waited < 15, waited
+        assert 4 <= waited < 20, waited
         assert "p1 (hot" in refused.json()["error"]["message"], refused.json()
         assert not server.replicas(ids["c"])
         assert view(server, ids["c"])["state"] == "unloaded"
 
         # a request waiting for room gets it when a pinned deployment becomes evictable
-        env_wait = asyncio.create_task(server.embed("room at last", "c"))
-        await asyncio.sleep(0.5)
+        waiting = asyncio.create_task(server.embed("room at last", "c"))
+        await until(lambda: capacity(server)["memory"]["waiting"] == 1)
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             patched = await client.patch(
                 f"/v1/deployments/{ids['p1']}", json={"readiness": "cold"}, headers=bearer(server.key)
             )
             assert patched.status_code == 200, patched.text
-        answer = await env_wait
+        answer = await waiting
         assert answer.status_code == 200, answer.text
         assert not server.replicas(ids["p1"])  # evicted for it
         assert server.replicas(ids["p2"])  # still pinned
@@ -268,10 +268,8 @@ async def test_the_default_budget_is_80_percent_of_the_cgroup_limit_less_the_ser
         assert memory["limit_bytes"] == 2 * GiB  # the smaller limit wins
         assert memory["budget_bytes"] == int(2 * GiB * 0.8) - memory["server_bytes"]
         assert 50 * MiB < memory["server_bytes"] < 2 * GiB
-        metrics = server.metrics()
-        assert f"modelhost_memory_budget_bytes {float(memory['budget_bytes'])}" in metrics or re.search(
-            r"^modelhost_memory_budget_bytes [\d.e+]+$", metrics, re.M
-        )
+        shown = re.search(r"^modelhost_memory_budget_bytes ([\d.e+]+)$", server.metrics(), re.M)
+        assert shown and 0 < float(shown.group(1)) <= 2 * GiB * 0.8
 
 
 async def test_two_gateway_processes_see_one_budget(tmp_path: Path, recipes: Path, footprint: int) -> None:
