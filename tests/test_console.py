@@ -34,6 +34,8 @@ SHOTS = Path(
 )
 XSS = "<img src=x onerror=alert(1)>"
 TIMEOUT_MS = 60_000  # a loaded machine (the whole suite on two cores) loads models slowly
+VIEWPORT = {"width": 1280, "height": 860}
+BUDGET_MB = 512  # MODELHOST_MEMORY_BUDGET_MB of the capacity test's server
 
 
 @dataclass
@@ -66,9 +68,24 @@ class Console:
         self.page.select_option("#playground-deployment", deployment_id)
         return self.page
 
-    def shot(self, name: str) -> None:
+    def watch(self, page: Any) -> Any:
+        """A page whose dialogs, script errors and CSP violations this module's tests fail on."""
+        page.set_default_timeout(TIMEOUT_MS)
+        page.on("dialog", lambda dialog: (self.dialogs.append(dialog.message), dialog.dismiss()))
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.on(
+            "console",
+            lambda msg: self.errors.append(msg.text) if "Content Security Policy" in msg.text else None,
+        )
+        return page
+
+    def new_page(self) -> Any:
+        """A page of its own in the same browser (another server's console, its own sessionStorage)."""
+        return self.watch(self.page.context.browser.new_page(viewport=VIEWPORT))
+
+    def shot(self, name: str, page: Any = None) -> None:
         SHOTS.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+        (page or self.page).screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def png() -> bytes:
@@ -101,6 +118,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield Server(url, http)
 
 
+@pytest.fixture
+def capacity_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A gateway whose memory budget is fixed (MODELHOST_MEMORY_BUDGET_MB) and whose replicas' footprints
+    are measured every second."""
+    root = tmp_path_factory.mktemp("capacity")
+    database_url = f"sqlite:///{root / 'db.sqlite'}"
+    settings = make_settings(
+        root, database_url, worker_threads=1, memory_budget_mb=BUDGET_MB, memory_check_seconds=1
+    )
+    with live_server(settings) as url, httpx.Client(base_url=url, timeout=60) as http:
+        yield Server(url, http)
+
+
 @pytest.fixture(scope="module")
 def console(server: Server, recipes: Path) -> Iterator[Console]:
     if CHROMIUM is None:
@@ -109,15 +139,9 @@ def console(server: Server, recipes: Path) -> Iterator[Console]:
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 860})
-        page.set_default_timeout(TIMEOUT_MS)
+        page = browser.new_page(viewport=VIEWPORT)
         console = Console(server.url, server.http, page, recipes)
-        page.on("dialog", lambda dialog: (console.dialogs.append(dialog.message), dialog.dismiss()))
-        page.on("pageerror", lambda error: console.errors.append(str(error)))
-        page.on(
-            "console",
-            lambda msg: console.errors.append(msg.text) if "Content Security Policy" in msg.text else None,
-        )
+        console.watch(page)
         yield console
         browser.close()
     assert not console.dialogs, console.dialogs
@@ -182,7 +206,6 @@ def test_operator_creates_an_account_and_its_key_signs_in(console: Console) -> N
     row.locator("input").fill("25")
     row.get_by_role("button", name="Add credits").click()
     page.locator("#account-list tbody tr", has_text="525.0000").wait_for()
-    console.shot("operator")
     # the key lives in sessionStorage only: no cookie, nothing in the URL
     console.go("overview")
     page.fill("#sign-in-key", "mh-wrong")
@@ -194,6 +217,102 @@ def test_operator_creates_an_account_and_its_key_signs_in(console: Console) -> N
     assert page.evaluate("sessionStorage.getItem('modelhost.accountKey')") == console.key
     assert page.context.cookies() == []
     assert console.key not in page.url
+
+
+# the capacity plot's data, as uPlot holds it: [times, reserved MiB, budget MiB]
+PLOTTED = "() => document.querySelector('#capacity-plot').uplot.data"
+
+
+def test_the_operator_page_plots_reserved_memory_against_the_budget(
+    console: Console, capacity_server: Server
+) -> None:
+    http = capacity_server.http
+    account = http.post(
+        "/v1/admin/accounts", json={"name": "acme", "credits": 100}, headers=bearer(ADMIN_KEY)
+    )
+    assert account.status_code == 201, account.text
+    key, account_id = account.json()["api_key"], account.json()["id"]
+    page = console.new_page()
+    capacity_calls: list[str] = []
+    page.on(
+        "request", lambda r: capacity_calls.append(r.url) if r.url.endswith("/v1/admin/capacity") else None
+    )
+    try:
+        page.goto(f"{capacity_server.url}/console#operator")
+        page.fill("#admin-key", ADMIN_KEY)
+        page.click("#admin-form button")
+        page.wait_for_selector("#capacity-plot canvas")
+        plotted = page.evaluate(PLOTTED)
+        assert page.evaluate(
+            "() => document.querySelector('#capacity-plot').uplot.series.slice(1).map((s) => s.label)"
+        ) == ["reserved", "budget"]
+        assert plotted[2][-1] == BUDGET_MB and plotted[1][-1] == 0  # the budget set; nothing deployed yet
+        assert f"of a {BUDGET_MB}.0 MiB budget" in page.inner_text("#capacity-summary")
+        page.locator("#capacity-deployments", has_text="No deployment holds memory").wait_for()
+        assert page.locator("#capacity-gpus p").count() == 0  # no GPU here
+
+        artifact = push_folder_sync(
+            http, key, console.recipes / "t03_feature_extraction" / "st", "feature-extraction"
+        )
+        created = http.post(
+            "/v1/deployments",
+            json={"model": "embedder", "artifact_id": artifact, "readiness": "warm"},
+            headers=bearer(key),
+        )
+        assert created.status_code == 201, created.text
+        deployment_id = created.json()["id"]
+        page.wait_for_function(f"() => ({PLOTTED})()[1].some((mib) => mib > 0)")  # polled every 2 s
+        row = page.locator(
+            f"#capacity-deployments tr[data-id='{deployment_id}'][data-state='ready'][data-measured='yes']"
+        )
+        row.wait_for()
+        cells = {c: row.locator(f"td.{c}").inner_text() for c in ("model", "account", "readiness", "state")}
+        assert cells == {
+            "model": "embedder",
+            "account": f"acme {account_id}",
+            "readiness": "warm",
+            "state": "ready",
+        }
+        assert row.locator("td.device").inner_text() == "cpu"
+        assert row.locator("td.in-flight").inner_text() == "0"
+        assert row.locator("td.last-used").inner_text()
+        # one deployment holds memory: what the table says it holds is the reserved memory plotted
+        footprint, reserved, budget = row.evaluate(  # read together: one poll's answer
+            f"tr => [tr.querySelector('td.footprint').textContent, "
+            f"...({PLOTTED})().slice(1).map((s) => s.at(-1))]"
+        )
+        assert footprint.endswith(" MiB (measured)"), footprint
+        assert 0 < float(footprint.split(" ")[0]) == pytest.approx(reserved, abs=0.05) and budget == BUDGET_MB
+
+        def with_a_gpu(route: Any) -> None:  # no GPU here: one added to the real answer
+            answer = route.fetch()
+            body = answer.json()
+            mib = 1024 * 1024
+            body["gpus"] = [
+                {
+                    "index": 0,
+                    "budget_bytes": 2048 * mib,
+                    "reserved_bytes": 512 * mib,
+                    "free_bytes": 1536 * mib,
+                }
+            ]
+            route.fulfill(response=answer, json=body)
+
+        page.route("**/v1/admin/capacity", with_a_gpu)
+        page.locator("#capacity-gpus p", has_text="GPU 0: 512.0 / 2048.0 MiB").wait_for()
+        page.unroute("**/v1/admin/capacity")
+        page.locator("#capacity-gpus p").wait_for(state="detached")
+        console.shot("operator", page)
+
+        page.click("#nav-keys")  # the page is left: the polling stops
+        page.wait_for_selector("main[data-page='keys']:not([data-ready='no'])")
+        polled = len(capacity_calls)
+        page.wait_for_timeout(2500)
+        assert len(capacity_calls) == polled
+        assert page.locator("img").count() == 0
+    finally:
+        page.close()
+    assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
 
 
 def test_a_model_folder_uploads_with_progress_and_checksums(console: Console) -> None:
