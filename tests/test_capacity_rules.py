@@ -356,3 +356,22 @@ async def test_gpu_deployments_are_placed_on_the_gpu_with_the_most_free_budget(t
     assert devices == ["cuda:1", "cuda:1", "cuda:0"]  # 8 free, then 5 free against 4, then 4 against 2
     view = await placement.view()
     assert [g["reserved_bytes"] for g in view["gpus"]] == [3 * GiB, 6 * GiB]
+
+
+async def test_footprints_measured_above_the_budget_evict_idle_deployments_until_it_holds(
+    tmp_path: Path,
+) -> None:
+    placement = placement_of(tmp_path, 100)
+    old, busy, recent = (FakeTenant(spec_of(n, tmp_path)) for n in ("old", "busy", "recent"))
+    tenants = [old, busy, recent]
+    for tenant in tenants:
+        await loaded(placement, tenant, tenants)
+    old.last_used, busy.last_used, recent.last_used, busy.in_flight = 1, 2, 3, 1
+    for tenant in tenants:  # they grew as requests touched their weights: 40 MiB each, 120 in all
+        placement.measured(tenant.reservation, [Footprint(40 * MB)])  # type: ignore[arg-type]
+    assert placement.over_budget() == 20 * MB
+    await placement.shed(tenants)
+    assert old.evicted and old.evicted[0].endswith("the deployments' measured memory grew above the budget")
+    assert not busy.evicted and not recent.evicted
+    assert placement.over_budget() == 0
+    assert placement.base_costs["transformers"] == 40 * MB  # what a replica took above its weights (none)

@@ -523,6 +523,8 @@ class ReplicaManager:
     async def unload_account(self, account_id: str) -> None:
         """The account ran out of credits: unload its replicas (they stay down until a top-up)."""
         runtimes = [rt for rt in self._runtimes.values() if rt.spec.account_id == account_id]
+        for runtime in runtimes:
+            runtime.wants_memory = False  # not reloaded when memory frees: a top-up loads them again
         await asyncio.gather(*(rt.unload() for rt in runtimes), return_exceptions=True)
         for runtime in runtimes:
             runtime.reason = "the account is out of credits"
