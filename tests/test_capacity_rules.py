@@ -332,13 +332,16 @@ async def test_a_background_reload_takes_only_free_room_and_never_jumps_the_queu
 async def test_a_hot_deployment_must_fit_beside_the_pinned_ones(tmp_path: Path) -> None:
     placement = placement_of(tmp_path, 70)
     pinned = spec_of("p1", tmp_path, readiness="hot")
-    placement.check_fits(spec_of("p2", tmp_path, readiness="hot"), 1, [(pinned, 1)])
+    placement.check_fits(spec_of("p2", tmp_path, readiness="hot"), 1, [(pinned, 1)], {})
     with pytest.raises(CapacityConflict) as refused:
-        placement.check_fits(spec_of("p3", tmp_path, readiness="hot", size=50 * MB), 1, [(pinned, 1)])
+        placement.check_fits(spec_of("p3", tmp_path, readiness="hot", size=50 * MB), 1, [(pinned, 1)], {})
     assert "p1 (p1, 30 MiB)" in refused.value.message and "70 MiB budget" in refused.value.message
-    placement.check_fits(spec_of("c", tmp_path, size=50 * MB), 1, [(pinned, 1)])  # cold: evicts or waits
+    grown = {"p1": Footprint(45 * MB)}  # loaded, and measured above its prediction
     with pytest.raises(CapacityConflict):
-        placement.check_fits(spec_of("huge", tmp_path, size=71 * MB), 1, [])  # never fits at all
+        placement.check_fits(spec_of("p2", tmp_path, readiness="hot"), 1, [(pinned, 1)], grown)
+    placement.check_fits(spec_of("c", tmp_path, size=50 * MB), 1, [(pinned, 1)], {})  # cold: evicts or waits
+    with pytest.raises(CapacityConflict):
+        placement.check_fits(spec_of("huge", tmp_path, size=71 * MB), 1, [], {})  # never fits at all
 
 
 async def test_gpu_deployments_are_placed_on_the_gpu_with_the_most_free_budget(tmp_path: Path) -> None:

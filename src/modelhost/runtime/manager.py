@@ -485,7 +485,8 @@ class ReplicaManager:
         pinned = [
             (rt.spec, self.replica_count(rt.spec)) for rt in self.tenants() if rt.spec.readiness == "hot"
         ]
-        await asyncio.to_thread(self.placement.check_fits, spec, self.replica_count(spec), pinned)
+        held = self.placement.held()
+        await asyncio.to_thread(self.placement.check_fits, spec, self.replica_count(spec), pinned, held)
         runtime = self._runtime_for(spec)
         old_engine, runtime.spec = runtime.spec.engine, spec  # before any await: a load from now on is new
         if not runtime.wants_loaded:

@@ -175,9 +175,22 @@ class Placement:
 
     # ---------------------------------------------------------------- pinned deployments
 
-    def check_fits(self, spec: DeploymentSpec, count: int, pinned: list[tuple[DeploymentSpec, int]]) -> None:
+    def held(self) -> dict[str, Footprint]:
+        """What each loaded (or loading) deployment holds now, by deployment ID."""
+        return {
+            r.spec.id: r.holding.footprint for r, _ in self._reservations.values() if not r.holding.unloading
+        }
+
+    def check_fits(
+        self,
+        spec: DeploymentSpec,
+        count: int,
+        pinned: list[tuple[DeploymentSpec, int]],
+        held: dict[str, Footprint],
+    ) -> None:
         """Refuse (409) a deployment that can never fit, and a hot one that cannot fit beside the other hot
-        ones, `pinned` (their spec and replicas). Blocking: reads artifacts' files."""
+        ones, `pinned` (their spec and replicas): those loaded count as they hold now (`held`, read on the
+        event loop), the others and this one as predicted. Blocking: reads artifacts' files."""
         if not self.enforced:
             return
         _, need = self.predict(spec, count)
@@ -189,9 +202,6 @@ class Placement:
             )
         if spec.readiness != "hot":
             return
-        held = {
-            r.spec.id: r.holding.footprint for r, _ in self._reservations.values() if not r.holding.unloading
-        }
         others = [(s, held.get(s.id) or self.predict(s, n)[1]) for s, n in pinned if s.id != spec.id]
         if self.capacity.fits_beside_pinned(need, [f for _, f in others]):
             return
