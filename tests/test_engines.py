@@ -1,5 +1,6 @@
-"""`runtime.engines` and the vLLM replica's metering, without vLLM: the Ray backend's refusal, the launch
-environment, and GPU memory read from `nvidia-smi` (a stand-in script on PATH: this machine has no GPU)."""
+"""`runtime.engines` and the vLLM replica's metering, without vLLM: the choice on either backend, the
+launch environment, and GPU memory read from `nvidia-smi` (a stand-in script on PATH: this machine has no
+GPU)."""
 
 from __future__ import annotations
 
@@ -70,16 +71,18 @@ def test_an_architecture_vllm_lists_but_cannot_import_here_stays_on_transformers
     assert refused.value.param == "engine" and "No module named 'x'" in refused.value.message
 
 
-def test_the_ray_backend_keeps_generation_on_transformers_and_refuses_vllm(
+def test_the_ray_backend_chooses_engines_as_the_local_one_does(
     fake_vllm: Path, tmp_path: Path, fresh_settings: pytest.MonkeyPatch
 ) -> None:
+    """A Serve replica runs vLLM's worker as its child and chooses an encoder's runtime at load
+    (runtime/ray_backend.py), so the choice is the local backend's."""
     fresh_settings.setenv("MODELHOST_RUNTIME", "ray")
+    fresh_settings.setenv("MODELHOST_ENCODER_RUNTIMES", "true")
     folder = qwen2_folder(tmp_path)
-    choice = engines.choose("auto", "text-generation", folder)
-    assert choice.engine == "transformers" and "Ray backend" in (choice.reason or "")
-    with pytest.raises(InvalidRequest) as refused:
-        engines.choose("vllm", "text-generation", folder)
-    assert refused.value.param == "engine" and "Ray backend" in refused.value.message
+    assert engines.choose("auto", "text-generation", folder).engine == "vllm"
+    assert engines.choose("vllm", "text-generation", folder).engine == "vllm"
+    assert engines.replica_engine("auto", "transformers", "feature-extraction") == "auto"
+    assert engines.choose("onnxruntime", "feature-extraction", None).engine == "onnxruntime"
 
 
 def test_a_vllm_replica_runs_our_worker_under_vllms_python_with_our_source_and_no_telemetry(
@@ -124,17 +127,10 @@ def test_an_encoders_runtime_is_left_to_its_replica_which_measures_it_at_load(
     assert refused.value.param == "engine" and refused.value.code == "engine_not_supported"
 
 
-@pytest.mark.parametrize(
-    ("variable", "value", "said"),
-    [("MODELHOST_ENCODER_RUNTIMES", "false", "turned off"), ("MODELHOST_RUNTIME", "ray", "Ray backend")],
-)
-def test_encoders_stay_on_torch_where_onnx_runtime_is_off_or_under_ray(
-    fresh_settings: pytest.MonkeyPatch, variable: str, value: str, said: str
-) -> None:
-    fresh_settings.setenv("MODELHOST_ENCODER_RUNTIMES", "true")
-    fresh_settings.setenv(variable, value)
+def test_encoders_stay_on_torch_where_onnx_runtime_is_turned_off(fresh_settings: pytest.MonkeyPatch) -> None:
+    fresh_settings.setenv("MODELHOST_ENCODER_RUNTIMES", "false")
     choice = engines.choose("auto", "feature-extraction", None)
-    assert choice.engine == "transformers" and said in (choice.reason or "")
+    assert choice.engine == "transformers" and "turned off" in (choice.reason or "")
     assert engines.replica_engine("auto", "transformers", "feature-extraction") == "transformers"
     with pytest.raises(InvalidRequest) as refused:
         engines.choose("onnxruntime", "feature-extraction", None)

@@ -2,7 +2,9 @@
 
 One Ray instance (2 CPUs) and one gateway serve the whole module: Ray's start-up takes seconds on a small
 machine. The gateway has a cold embeddings deployment (the sentence-transformers recipe) and a warm chat
-deployment (the tiny chat recipe), each one Ray Serve application whose replicas are Ray actors.
+deployment (the tiny chat recipe), each one Ray Serve application whose replicas are Ray actors. Later
+tests add deployments on the other engines (ONNX Runtime, vLLM: skipped where vLLM is not installed) and
+one whose footprint no node can hold, each deleted again by its test.
 """
 
 from __future__ import annotations
@@ -29,14 +31,25 @@ from sqlalchemy import select
 
 from modelhost.api.app import create_app
 from modelhost.billing.ledger import shared_meter_id
+from modelhost.config import get_settings
 from modelhost.container import Services
 from modelhost.metrics import sample
-from modelhost.runtime.ray_backend import RayServeReplica
+from modelhost.runtime.capacity import MB, Footprint
+from modelhost.runtime.memory import tree
+from modelhost.runtime.ray_backend import (
+    RayServeReplica,
+    actor_resources,
+    gpu_share,
+    no_room,
+    running_definition,
+)
 from modelhost.store.models import LedgerEntry, Meter
 from tests.chat_model import greedy_reference, long_context_copy
 from tests.conftest import make_settings
 from tests.helpers import assert_error, bearer, push_folder
+from tests.server_process import alive, processes
 from tests.test_runtime import ST_RECIPE, Gateway, in_process, ok, until
+from tests.vllm_setup import wait_for_vllm
 
 # Ray 2.60 warns about its own deprecated fields (pydantic ones, and `metrics_interval_s`, which is still
 # the only per-deployment way to shorten Serve's 10 s metrics period, see `ray_backend.autoscaling`).
@@ -83,9 +96,13 @@ async def served(
 
 
 @contextlib.asynccontextmanager
-async def second_gateway(served: Served) -> AsyncIterator[tuple[httpx.AsyncClient, Services]]:
-    """Another gateway on the same database, files and Ray cluster (what a second machine would run)."""
-    services = Services.build(make_settings(served.root, served.database, worker_threads=1, **SETTINGS))
+async def second_gateway(
+    served: Served, **overrides: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, Services]]:
+    """Another gateway on the same database, files and Ray cluster (what a second machine would run),
+    with settings of its own where `overrides` gives them."""
+    settings = make_settings(served.root, served.database, worker_threads=1, **{**SETTINGS, **overrides})
+    services = Services.build(settings)
     transport = httpx.ASGITransport(app=create_app(services=services), raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://second.test") as client:
         try:
@@ -93,6 +110,15 @@ async def second_gateway(served: Served) -> AsyncIterator[tuple[httpx.AsyncClien
         finally:
             await services.runtime.shutdown()
             services.close()
+
+
+@pytest.fixture
+def engine_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """`runtime.engines` decides with the process's settings, read from the environment: what this test
+    sets there (the suite turns ONNX Runtime and vLLM off, tests/__init__.py), read again."""
+    get_settings.cache_clear()
+    yield monkeypatch
+    get_settings.cache_clear()
 
 
 def serve_replica_pids(app: str) -> list[int]:
@@ -151,6 +177,37 @@ def test_serve_configs_built_on_many_threads_at_once_do_not_fail() -> None:
     assert errors == []
 
 
+def test_a_replica_declares_its_footprint_as_ray_memory_and_its_gpu_memory_as_a_share_of_a_gpu() -> None:
+    assert actor_resources(Footprint(300 * MB), threads=2, largest_gpu=0) == {
+        "num_cpus": 2,
+        "memory": 300 * MB,
+    }
+    on_gpu = actor_resources(Footprint(600 * MB, 8 * 1024 * MB), threads=1, largest_gpu=80 * 1024 * MB)
+    assert on_gpu == {"num_cpus": 1, "memory": 600 * MB, "num_gpus": 0.1}
+    assert gpu_share(3 * MB, 80 * 1024 * MB) == 0.0001  # rounded up to Ray's resolution, never to 0
+    assert gpu_share(100 * 1024 * MB, 80 * 1024 * MB) == 1.0  # more than the largest GPU: a whole one
+    assert gpu_share(8 * 1024 * MB, 0) == 1.0  # the GPUs' memory unknown: a whole one
+    assert actor_resources(None, threads=1, largest_gpu=0) == {"num_cpus": 1}  # never placed: CPUs only
+
+
+def test_a_footprint_that_no_alive_node_can_hold_is_refused_naming_the_largest_node() -> None:
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 4.0, "memory": 8192.0 * MB}},
+        {"Alive": True, "Resources": {"CPU": 4.0, "memory": 4096.0 * MB, "GPU": 1.0}},
+        {"Alive": False, "Resources": {"CPU": 64.0, "memory": 65536.0 * MB, "GPU": 8.0}},  # gone
+    ]
+    assert no_room({"num_cpus": 1, "memory": 8192 * MB}, nodes) is None
+    assert no_room({"num_cpus": 1, "memory": 4096 * MB, "num_gpus": 0.5}, nodes) is None
+    assert no_room({"num_cpus": 1, "memory": 9000 * MB}, nodes) == (
+        "no node of the Ray cluster can hold its footprint: it needs 9000 MiB of memory, "
+        "the largest node has 8192 MiB"
+    )
+    assert no_room({"num_cpus": 1, "memory": 5000 * MB, "num_gpus": 0.5}, nodes) == (
+        "no node of the Ray cluster can hold its footprint: it needs 5000 MiB of memory and 0.5 of a GPU, "
+        "and no node with that much memory has a GPU"
+    )
+
+
 async def test_embeddings_equal_sentence_transformers_and_a_cold_deployment_starts_from_zero(
     served: Served, recipes: Path
 ) -> None:
@@ -180,6 +237,21 @@ async def test_chat_greedy_output_equals_the_model_and_streaming_gives_the_same_
     chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == expected
+
+
+async def test_serve_replicas_reserve_their_placed_footprint_as_ray_memory(served: Served) -> None:
+    """Ray places replicas by the memory they declare: the warm chat replica holds its footprint of the
+    cluster's `memory` resource while it runs."""
+    reservation = served.gw.runtime(served.chat).reservation
+    assert reservation is not None and reservation.spec.footprint is not None
+    footprint = reservation.spec.footprint
+    assert footprint.host > 0 and footprint.gpu == 0  # no GPU here: no `num_gpus` asked
+    assert replica_of(served, served.chat).actor_options == {"num_cpus": 1, "memory": footprint.host}
+    definition = running_definition(served.chat)  # what Serve runs the replicas with
+    assert definition is not None and definition[1]["memory"] == footprint.host
+    assert running(served.chat) == 1
+    held = ray.cluster_resources()["memory"] - ray.available_resources().get("memory", 0)
+    assert held >= footprint.host
 
 
 async def test_tokens_per_minute_count_the_prompt_and_completion_of_chat_on_serve_replicas(
@@ -294,6 +366,125 @@ async def test_patching_readiness_rescales_the_serve_application_in_place(served
     await until(scaled_to_zero, timeout=60)  # the new `min_replicas: 0`
     assert len(seen) == 1  # applied in place: the replica was never restarted
     assert (await gw.show(app))["state"] == "ready"
+
+
+async def test_an_encoder_on_onnxruntime_runs_it_in_its_serve_replica_with_torchs_embeddings(
+    served: Served, recipes: Path, engine_settings: pytest.MonkeyPatch
+) -> None:
+    """The Serve replica chooses an encoder's runtime at load as a local worker does, with the export
+    and the decision in the gateway's data folder, and the deployment shows what it chose."""
+    from sentence_transformers import SentenceTransformer
+
+    engine_settings.setenv("MODELHOST_ENCODER_RUNTIMES", "true")
+    gw = served.gw
+    body = {"model": "m-onnx", "artifact_id": gw.artifact_id, "engine": "onnxruntime"}
+    created = ok(await gw.client.post("/v1/deployments", json=body, headers=bearer(gw.key)), 201)
+    try:
+        texts = ["cats sit on mats", "a longer sentence that pads the others in its batch", "dogs"]
+        request = {"model": "m-onnx", "input": texts}
+        answer = ok(await gw.client.post("/v1/embeddings", json=request, headers=bearer(gw.key)))
+        expected = SentenceTransformer(str(recipes.joinpath(*ST_RECIPE)), device="cpu").encode(texts)
+        vectors = np.array([row["embedding"] for row in answer["data"]])
+        np.testing.assert_allclose(vectors, expected, atol=1e-4)
+        view = await gw.show(created["id"])
+        assert (view["state"], view["engine_in_use"]) == ("ready", "onnxruntime"), view
+        assert replica_of(served, created["id"]).engine_choice is not None
+        assert list((served.root / "data" / "encoder-runtimes").glob("*/model.onnx"))  # the data folder's
+    finally:
+        await gw.client.delete(f"/v1/deployments/{created['id']}", headers=bearer(gw.key))
+    await until(lambda: created["id"] not in serve.status().applications, timeout=30)
+
+
+async def test_a_footprint_no_node_can_hold_fails_the_load_with_that_reason_and_deploys_nothing(
+    served: Served, recipes: Path
+) -> None:
+    """A KV cache larger than the cluster's largest node: the deployment fails at once with the reason,
+    instead of a Serve replica pending until the load times out."""
+    largest = max(int(node["Resources"].get("memory", 0)) for node in ray.nodes() if node["Alive"])
+    kv_cache_mb = largest // MB + 1024
+    async with second_gateway(served, kv_cache_mb=kv_cache_mb) as (client, _):
+        pushed = await push_folder(
+            client, served.gw.key, recipes / "t11_text_generation_chat", "text-generation"
+        )
+        body = {"model": "chat-huge", "artifact_id": pushed["artifact"]["id"]}
+        created = ok(await client.post("/v1/deployments", json=body, headers=bearer(served.gw.key)), 201)
+        request = {"model": "chat-huge", "messages": MESSAGES, "max_tokens": 2}
+        answer = await client.post("/v1/chat/completions", json=request, headers=bearer(served.gw.key))
+        assert_error(answer, 503, "deployment_unavailable")
+        view = ok(await client.get(f"/v1/deployments/{created['id']}", headers=bearer(served.gw.key)))
+        reason = view["state_reason"]
+        assert view["state"] == "failed" and reason in answer.json()["error"]["message"], view
+        needs = "no node of the Ray cluster can hold its footprint: it needs "
+        assert reason.startswith(needs) and reason.endswith(f", the largest node has {largest // MB} MiB")
+        assert int(reason.removeprefix(needs).split(" MiB")[0]) > kv_cache_mb  # the KV cache and the model
+        assert created["id"] not in serve.status().applications  # nothing was deployed, nothing is pending
+        await client.delete(f"/v1/deployments/{created['id']}", headers=bearer(served.gw.key))
+
+
+async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_with_its_serve_replica(
+    served: Served, tmp_path: Path, engine_settings: pytest.MonkeyPatch
+) -> None:
+    """The Serve replica starts vLLM's replica worker as its child, under vLLM's own Python, and forwards
+    generations to it. A worker that exits fails its requests with 503 and Serve replaces the replica; a
+    replica killed takes its worker and vLLM's engine processes along; deleting the deployment too."""
+    python, why = wait_for_vllm()
+    if python is None:
+        pytest.skip(f"vLLM is not available: {why}")
+    from tests.tiny_models.chat import build_chat_for_vllm
+
+    engine_settings.setenv("MODELHOST_VLLM_PYTHON", python)
+    build_chat_for_vllm(tmp_path / "chat-vllm")
+    key = served.gw.key
+    # eager: vLLM's compiled mode adds about a minute to a first start (as in tests/test_vllm.py)
+    async with second_gateway(served, kv_cache_mb=64, vllm_compile=False) as (client, _):
+        pushed = await push_folder(client, key, tmp_path / "chat-vllm", "text-generation")
+        body = {"model": "chat-vllm", "artifact_id": pushed["artifact"]["id"], "engine": "vllm"}
+        created = ok(
+            await client.post("/v1/deployments", json={**body, "readiness": "warm"}, headers=bearer(key)), 201
+        )
+        app = created["id"]
+        request = {"model": "chat-vllm", "messages": MESSAGES, "max_tokens": 4, "min_tokens": 4}
+
+        async def answers() -> bool:
+            view = ok(await client.get(f"/v1/deployments/{app}", headers=bearer(key)))
+            assert view["state"] != "failed", view
+            answer = await client.post("/v1/chat/completions", json=request, headers=bearer(key))
+            return answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+
+        try:
+            assert created["engine_in_use"] == "vllm"
+            await until(answers, timeout=300)
+            streamed = await client.post(
+                "/v1/chat/completions", json={**request, "stream": True}, headers=bearer(key)
+            )
+            assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+            [worker] = processes("modelhost.runtime.vllm_worker", app)
+            [actor] = serve_replica_pids(app)
+            assert _parent(worker) == actor  # the Serve replica's own child
+            assert Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")[0] == python.encode()
+
+            os.kill(worker, signal.SIGKILL)  # the worker exits on its own (vLLM's engine died, say)
+            await until(lambda: not alive(worker), timeout=10)
+            failed = await client.post("/v1/chat/completions", json=request, headers=bearer(key))
+            assert_error(failed, 503, "deployment_unavailable")
+            await until(answers, timeout=300)  # Serve's health check replaced the replica
+            assert actor not in serve_replica_pids(app)
+
+            [worker] = processes("modelhost.runtime.vllm_worker", app)
+            [actor] = serve_replica_pids(app)
+            engine = tree(worker)  # the worker and vLLM's engine processes
+            assert len(engine) > 1
+            os.kill(actor, signal.SIGKILL)  # the replica dies: its worker and engine go with it
+            await until(lambda: not any(alive(pid) for pid in engine), timeout=30)
+        finally:
+            await client.delete(f"/v1/deployments/{app}", headers=bearer(key))
+    await until(lambda: not processes("modelhost.runtime.vllm_worker", app), timeout=60)
+    assert app not in serve.status().applications
+
+
+def _parent(pid: int) -> int:
+    """The parent of process `pid`, from /proc (its command name may hold spaces and parentheses)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 async def test_a_cold_deployment_that_cannot_start_again_from_zero_answers_503_and_shows_failed(

@@ -129,10 +129,6 @@ def _encoder_runtimes_off() -> str | None:
     settings = get_settings()
     if not settings.encoder_runtimes:
         return "ONNX Runtime and OpenVINO are turned off on this server (MODELHOST_ENCODER_RUNTIMES=false)"
-    if settings.runtime == "ray":
-        return (
-            "the Ray backend runs encoders on torch (ONNX Runtime and OpenVINO run under the local backend)"
-        )
     return None
 
 
@@ -174,11 +170,6 @@ def _architectures_of(model_dir: Path | None) -> list[str]:
 def vllm_environment() -> VllmEnvironment:
     """The vLLM environment replicas run under, or VllmUnavailable with the reason."""
     settings = get_settings()
-    if settings.runtime == "ray":
-        raise VllmUnavailable(
-            "the Ray backend (MODELHOST_RUNTIME=ray) runs replicas on the transformers engine; vLLM runs "
-            'under the local backend (docs/generation.md, "Engines")'
-        )
     configured = settings.vllm_python
     if configured == "":
         raise VllmUnavailable("vLLM is turned off (MODELHOST_VLLM_PYTHON is empty)")

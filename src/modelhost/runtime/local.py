@@ -25,7 +25,7 @@ from modelhost.metrics import process_gone
 from modelhost.runtime import metrics
 from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.client import ReplicaConnection, connect_pair
-from modelhost.runtime.engines import MEASURED_AT_LOAD, vllm_launch
+from modelhost.runtime.launch import worker_launch
 from modelhost.runtime.memory import footprint_bytes, gpu_memory_bytes, tree
 from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import (
@@ -36,7 +36,7 @@ from modelhost.runtime.replica import (
     ReplicaSpec,
     ReplicaStats,
 )
-from modelhost.runtime.spawn import WORKER_ENV, WorkerProcess, start_worker
+from modelhost.runtime.spawn import WorkerProcess, start_worker
 
 if TYPE_CHECKING:
     from modelhost.runtime.spec import DeploymentSpec
@@ -110,43 +110,9 @@ class LocalProcessReplica:
         listener.bind(str(self._path))
         listener.listen(128)
         settings = self._settings
-        args = [
-            "--replica", self.name,  # so that `ps` shows which deployment a worker serves
-            "--deployment", self.spec.deployment_id,
-            "--pipeline", self.spec.pipeline,
-            "--model-dir", str(self.spec.model_dir),
-            "--threads", str(self.spec.threads),
-            "--device", self.spec.device,
-            "--max-batch", str(settings.max_batch_size),
-            "--max-wait-ms", str(settings.max_batch_wait_ms),
-        ]  # fmt: skip
-        if self._warmup:
-            args.append("--warmup")
-        if self.spec.engine in ("auto", *MEASURED_AT_LOAD):  # an encoder's runtime, chosen at load
-            args += [
-                "--engine",
-                self.spec.engine,
-                "--engine-cache",
-                str(settings.data_dir / "encoder-runtimes"),
-                "--precision",
-                self.spec.precision,
-            ]
-        env, command = {**os.environ, **WORKER_ENV}, list[str]()
-        if self.spec.kv_cache_mb:  # the KV cache its footprint reserved (`runtime.footprint`)
-            env["MODELHOST_KV_CACHE_MB"] = str(self.spec.kv_cache_mb)
-        if self.spec.engine == "vllm":
-            command, extra = vllm_launch(settings.data_dir)
-            # vLLM's legacy KV-cache setting counts whole GiB and overrides ours: never passed on
-            env = {k: v for k, v in env.items() if k != "VLLM_CPU_KVCACHE_SPACE"} | extra
-            if self.spec.kv_cache_mb:
-                args += ["--kv-cache-mb", str(self.spec.kv_cache_mb)]
-            if self.spec.device.startswith("cuda:") and settings.vllm_tensor_parallel_size == 1:
-                # placed on one GPU: vLLM's processes see that one alone (as their device 0)
-                env["CUDA_VISIBLE_DEVICES"] = self.spec.device.removeprefix("cuda:")
-                args[args.index("--device") + 1] = "cuda"
-            args += ["--tensor-parallel-size", str(settings.vllm_tensor_parallel_size)]
-            if not settings.vllm_compile:
-                args.append("--eager")
+        launch = worker_launch(self.spec, settings, os.environ, warmup=self._warmup)
+        # `--replica` first: `ps` shows which deployment a worker serves
+        args, env, command = ["--replica", self.name, *launch.args], launch.env, list(launch.command)
         try:
             self._process = await start_worker(
                 args, env, theirs, listener, preload=settings.worker_preload, command=command

@@ -169,7 +169,8 @@ class Placement:
             host_budget=self.capacity.budget,
             gpu_budget=largest_gpu,
             base_costs=self.base_costs,
-            preload=self.settings.worker_preload,
+            # a Serve actor imports torch itself: only a local worker shares the template's pages
+            preload=self.settings.worker_preload and self.settings.runtime == "local",
         )
         return prediction, prediction.footprint.times(count)
 

@@ -1,18 +1,23 @@
 """`Replica` backed by a Ray Serve application: one per deployment, for clusters (`MODELHOST_RUNTIME=ray`).
 
 Each modelhost deployment becomes one Serve application named after the deployment ID, holding one
-Serve deployment whose replicas are Ray actors (`ModelServer`), each owning one model loaded by the same
-task handler a local worker process uses (`worker.load` → `handler_for(pipeline).load(...)`). Ray
-Serve, not the `ReplicaManager`, decides how many of those actors run: readiness maps onto its
-autoscaling (`cold` → `min_replicas: 0`, scaling to zero after `cold_idle_seconds`; `warm`/`hot` → at
-least one replica), so the manager holds a single `RayServeReplica` per deployment whatever its
-`min_replicas`, and Serve restarts replicas that die.
+Serve deployment whose replicas are Ray actors running the engine the deployment chose, as a local
+worker does: `ModelServer` owns one model loaded by the same task handler a local worker process uses
+(`worker.load` → `handler_for(pipeline).load(...)`), an encoder on the runtime chosen at load
+(`worker.choose_runtime`); `VllmServer` runs vLLM's replica worker as its child process, under vLLM's
+own Python, and forwards its calls to it. Ray Serve, not the `ReplicaManager`, decides how many of
+those actors run: readiness maps onto its autoscaling (`cold` → `min_replicas: 0`, scaling to zero
+after `cold_idle_seconds`; `warm`/`hot` → at least one replica), so the manager holds a single
+`RayServeReplica` per deployment whatever its `min_replicas`, and Serve restarts replicas that die.
+Each actor declares one replica's footprint as Ray resources (`memory`, a share of a GPU), so Ray
+places replicas by memory; a footprint no node can hold fails the load instead of waiting forever.
 
 The application belongs to the cluster, not to a gateway: every gateway on the cluster serves a
-deployment through the same application (deploying it again with the same arguments changes nothing),
-bills it on one shared meter, and leaves it running when the gateway exits. Only unloading the
-deployment (deleted, out of credits, failed to load) deletes it. Replicas report their resident memory
-to a `MemoryBoard` actor, so a replica on any node is measured.
+deployment through the same application (a gateway that finds it running deploys it again with the
+arguments and resources it runs with, which changes nothing), bills it on one shared meter, and leaves
+it running when the gateway exits. Only unloading the deployment (deleted, out of credits, failed to
+load) deletes it. Replicas report their resident memory to a `MemoryBoard` actor, so a replica on any
+node is measured.
 
 Batching happens inside each Serve replica, as in a local worker: every request is one `run` call, and
 the replica's `ReplicaHost` groups the requests it holds into model calls. Generation streams through a
@@ -31,11 +36,17 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import math
 import os
 import re
+import shutil
+import signal
+import socket
+import tempfile
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +57,16 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
-from modelhost.config import Settings
-from modelhost.runtime.capacity import Footprint
-from modelhost.runtime.client import Waiters
+from modelhost.config import Settings, get_settings
+from modelhost.runtime import metrics
+from modelhost.runtime.capacity import MB, Footprint
+from modelhost.runtime.client import ReplicaConnection, Waiters, connect_pair
 from modelhost.runtime.host import ReplicaHost
-from modelhost.runtime.memory import tree_footprint_bytes
+from modelhost.runtime.launch import worker_launch
+from modelhost.runtime.memory import gpu_totals, tree_footprint_bytes
 from modelhost.runtime.protocol import (
     Cancel,
+    LoadFailed,
     Run,
     Stats,
     StatsRequest,
@@ -66,7 +80,7 @@ from modelhost.runtime.replica import (
     ReplicaSpec,
     ReplicaStats,
 )
-from modelhost.runtime.spawn import WORKER_ENV
+from modelhost.runtime.spawn import WORKER_ENV, WorkerProcess, start_worker
 from modelhost.runtime.spec import DeploymentSpec
 
 log = logging.getLogger("modelhost.runtime")
@@ -181,35 +195,112 @@ class _MemoryReporter(threading.Thread):
         self.board.leave.remote(self.key)
 
 
-class ModelServer:
-    """One Serve replica (a Ray actor): loads the model once with the task handler and hosts it with the
-    same `ReplicaHost` as a local worker. Requests (`run` for one request of a batch task, `generate`
-    for a stream) come in on the actor's event loop and are handed to one model thread, which runs the
-    host's batches and steps in order; the event loop stays free to take requests and cancellations
-    while the model computes, and requests that arrive meanwhile join the next batch."""
+EngineChoice = tuple[str, str, str | None]  # engine, reason, int8 quality (`Replica.engine_choice`)
 
-    def __init__(
-        self,
-        pipeline: str,
-        model_dir: str,
-        threads: int,
-        device: str,
-        warmup: bool,
-        max_batch: int,
-        max_wait: float,
-    ) -> None:
-        if not Path(model_dir).is_dir():  # checked before importing torch: a node without them fails fast
+
+@dataclass(frozen=True, slots=True)
+class ServeLoad:
+    """What each Serve replica of a deployment on our own engines loads (`ModelServer`'s argument); its
+    repr names the Serve code version, so it holds nothing that changes between deploys of one load."""
+
+    pipeline: str
+    model_dir: str
+    threads: int
+    device: str
+    warmup: bool
+    max_batch: int
+    max_wait: float
+    # `transformers`, or where the replica chooses an encoder's runtime at load, as a local worker does:
+    # `auto`, `onnxruntime`, `openvino` (`engines.replica_engine`)
+    engine: str = "transformers"
+    precision: str = "float32"
+    engine_cache: str | None = None  # encoder exports and decisions: `<data>/encoder-runtimes`
+    kv_cache_mb: int | None = None  # the KV cache its footprint reserved (a generation task)
+
+
+@dataclass(frozen=True, slots=True)
+class VllmLaunch:
+    """How each Serve replica of a deployment on the vLLM engine starts vLLM's replica worker
+    (`VllmServer`'s argument): vLLM's Python and our worker module, what its environment adds to the
+    actor's, and its command line (without `--replica` and the sockets, which the actor adds)."""
+
+    command: tuple[str, ...]
+    env: dict[str, str]
+    args: tuple[str, ...]
+
+
+def ray_device(device: str) -> str:
+    """The device setting inside a Serve replica: Ray shows an actor only the GPU it was given, as
+    `cuda` (its `CUDA_VISIBLE_DEVICES`), so a GPU index of the gateway's machine means nothing there."""
+    return "cuda" if device.startswith("cuda:") else device
+
+
+def gpu_share(gpu_bytes: int, largest_gpu: int) -> float:
+    """The fraction of a GPU one replica's GPU memory is of the largest GPU (`largest_gpu` bytes, 0 when
+    unknown: a whole GPU), at most 1, rounded up to Ray's resolution for fractions (1e-4)."""
+    if largest_gpu <= 0:
+        return 1.0
+    return min(1.0, math.ceil(gpu_bytes / largest_gpu * 10_000) / 10_000)
+
+
+def actor_resources(footprint: Footprint | None, threads: int, largest_gpu: int) -> dict[str, Any]:
+    """The Ray resources one Serve replica reserves: a CPU per thread, its footprint's host memory as
+    Ray's `memory` (bytes), and its GPU memory as that share of a GPU, so that Ray packs replicas onto
+    the cluster's nodes by the memory they take. No footprint (never placed): CPUs only."""
+    options: dict[str, Any] = {"num_cpus": threads}
+    if footprint is not None and footprint.host > 0:
+        options["memory"] = footprint.host
+    if footprint is not None and footprint.gpu > 0:
+        options["num_gpus"] = gpu_share(footprint.gpu, largest_gpu)
+    return options
+
+
+def no_room(options: dict[str, Any], nodes: list[dict[str, Any]]) -> str | None:
+    """Why no alive node of the cluster (`ray.nodes()`) can ever hold a replica reserving `options`, or
+    None. Serve would otherwise keep the replica pending, and the load waiting, until it times out."""
+    alive = [node.get("Resources") or {} for node in nodes if node.get("Alive")]
+    memory, gpus = int(options.get("memory", 0)), float(options.get("num_gpus", 0))
+    largest = int(max((resources.get("memory", 0) for resources in alive), default=0))
+    needs = f"no node of the Ray cluster can hold its footprint: it needs {-(-memory // MB)} MiB of memory"
+    if memory > largest:
+        return f"{needs}, the largest node has {largest // MB} MiB"
+    roomy = [resources for resources in alive if resources.get("memory", 0) >= memory]
+    if gpus > 0 and not any(resources.get("GPU", 0) >= gpus for resources in roomy):
+        return f"{needs} and {gpus:g} of a GPU, and no node with that much memory has a GPU"
+    return None
+
+
+class ModelServer:
+    """One Serve replica (a Ray actor) on our own engines: loads the model once with the task handler,
+    puts an encoder on the runtime its deployment's engine leaves to the replica (measured, or its cached
+    decision read, exactly as a local worker does), and hosts it with the same `ReplicaHost` as a local
+    worker. Requests (`run` for one request of a batch task, `generate` for a stream) come in on the
+    actor's event loop and are handed to one model thread, which runs the host's batches and steps in
+    order; the event loop stays free to take requests and cancellations while the model computes, and
+    requests that arrive meanwhile join the next batch."""
+
+    def __init__(self, load: ServeLoad) -> None:
+        model_dir = Path(load.model_dir)
+        if not model_dir.is_dir():  # checked before importing torch: a node without them fails fast
             raise FileNotFoundError(f"the model's files are not on this node: {model_dir}")
         from modelhost.runtime import worker  # in the actor: imports torch and the handlers
 
         self._reporter = _MemoryReporter()
         self._reporter.start()
         os.environ.update(WORKER_ENV)
-        handler, state = worker.load(pipeline, Path(model_dir), threads, device)
-        if warmup:
+        if load.kv_cache_mb:  # our generation engine reads its KV cache from the environment's settings
+            os.environ["MODELHOST_KV_CACHE_MB"] = str(load.kv_cache_mb)
+            get_settings.cache_clear()
+        handler, state = worker.load(load.pipeline, model_dir, load.threads, load.device)
+        cache = Path(load.engine_cache) if load.engine_cache else None
+        choice = worker.choose_runtime(handler, state, model_dir, load.engine, cache, load.precision)
+        self._choice: EngineChoice | None = (
+            None if choice is None else (choice.engine, choice.reason, choice.quality)
+        )
+        if load.warmup:
             worker.warm_up(handler, state)
         self._host = ReplicaHost(
-            handler, state, deployment=self._reporter.app, max_batch=max_batch, max_wait=max_wait
+            handler, state, deployment=self._reporter.app, max_batch=load.max_batch, max_wait=load.max_wait
         )
         self._ids = itertools.count(1)
         self._waiting = Waiters()
@@ -222,6 +313,11 @@ class ModelServer:
         """Serve stops the replica (scaled down, deleted): its memory is no longer reported."""
         with contextlib.suppress(Exception):
             self._reporter.stop()
+
+    async def engine_choice(self) -> EngineChoice | None:
+        """The encoder runtime this replica chose at load and why (None: it runs the engine asked for);
+        the gateway shows it on the deployment, as a local worker's `Ready` message says it."""
+        return self._choice
 
     async def run(self, item: dict[str, Any]) -> dict[str, Any]:
         """One request of a batch task; the host batches it with the others waiting."""
@@ -295,6 +391,93 @@ class ModelServer:
             self._waiting.answer(message)
 
 
+class VllmServer:
+    """One Serve replica (a Ray actor) on the vLLM engine. As Ray Serve's own LLM deployments do, the
+    actor runs vLLM in a child process under vLLM's own Python (its environment must be at the same path
+    on every node): the same replica worker a local replica runs (`runtime.vllm_worker`, started by
+    `spawn.start_worker` with a lifeline and a listening socket), and forwards `generate` to it over the
+    replica protocol. The child dies with the actor: the actor kills its process group when Serve stops
+    it, and the kernel kills it when the actor's process dies (`PR_SET_PDEATHSIG`: it is forked from the
+    thread that runs the actor's user code, which lives as long as the actor)."""
+
+    # Serve awaits an async constructor (`initialize_callable`): starting the worker and waiting for its
+    # model are the replica's start, and its connection must live on the loop that serves the calls.
+    async def __init__(self, launch: VllmLaunch) -> None:  # type: ignore[misc]
+        self._reporter = _MemoryReporter()  # the actor's process tree: vLLM's processes are in it
+        self._reporter.start()
+        self._process: WorkerProcess | None = None
+        self._exited = False
+        ours, theirs = socket.socketpair()
+        # The worker wants a listening socket; nobody else connects (the actor's calls use the lifeline),
+        # so its private folder (0700, like a local replica's) goes as soon as the worker holds it.
+        folder = tempfile.mkdtemp(prefix="modelhost-serve-")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(os.path.join(folder, "replica.sock"))
+        listener.listen(1)
+        name = f"{self._reporter.app}-{serve.get_replica_context().replica_id.unique_id}"
+        # the actor's environment, with what the worker's launch names (vLLM's legacy KV-cache setting,
+        # which counts whole GiB and overrides ours, never passed on)
+        environment = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"} | launch.env
+        try:
+            self._process = await start_worker(
+                ["--replica", name, *launch.args],
+                environment,
+                theirs,
+                listener,
+                preload=False,
+                command=launch.command,
+            )
+        finally:
+            theirs.close()  # the worker holds its ends now
+            listener.close()
+            shutil.rmtree(folder, ignore_errors=True)
+        self._connection: ReplicaConnection = await connect_pair(ours, self._lost)
+        try:
+            hello = await self._connection.hello
+        except ReplicaDied as exc:
+            self._stop()
+            raise ReplicaLoadFailed("vLLM's replica worker exited while loading") from exc
+        if isinstance(hello, LoadFailed):
+            self._stop()
+            raise ReplicaLoadFailed(hello.reason)
+
+    def __del__(self) -> None:
+        """Serve stops the replica (scaled down, deleted): vLLM's processes stop with it."""
+        with contextlib.suppress(Exception):
+            self._stop()
+
+    def _stop(self) -> None:
+        self._reporter.stop()
+        if self._process is not None and self._process.pid is not None:
+            # the worker's own session: vLLM's engine processes are in its group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+
+    def _lost(self, connection: ReplicaConnection) -> None:
+        """The worker exited (its engine died, or it was killed): the replica is unhealthy from now on."""
+        self._exited = True
+
+    def check_health(self) -> None:
+        """Serve's periodic health check: a replica whose vLLM worker is gone is replaced."""
+        if self._exited:
+            raise RuntimeError("vLLM's replica worker exited")
+
+    async def engine_choice(self) -> EngineChoice | None:
+        """vLLM runs as asked: nothing was chosen at load."""
+        return None
+
+    async def generate(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+        """A generation's events from vLLM's worker. When the caller cancels (Ray cancels this task) or
+        leaves, closing the worker's stream sends `Cancel`, and vLLM aborts the request."""
+        async with contextlib.aclosing(self._connection.stream(request)) as events:
+            async for event in events:
+                yield event
+
+    async def running(self) -> int:
+        """Sequences vLLM holds: how tests see a cancellation arrive."""
+        return (await self._connection.stats()).running
+
+
 def connect(settings: Settings) -> None:
     """Join the Ray cluster (or start a local one) and Serve, once per gateway process. Blocking.
 
@@ -344,6 +527,24 @@ def startup_failure(app: str) -> str | None:
     return None
 
 
+def running_definition(app: str) -> tuple[Any, dict[str, Any]] | None:
+    """The constructor argument and actor options of the application's replicas when it is deployed
+    already (by this gateway or another), else None. A gateway that joins it deploys exactly those again,
+    with its own autoscaling only: its own (a footprint remembered since, another machine's KV cache)
+    would make Serve restart every replica. Serve has no public reader of a deployment's definition, so
+    this asks its controller (a private call: None when it fails, and this gateway deploys its own)."""
+    from ray.serve.context import _get_global_client
+
+    try:
+        client = _get_global_client()
+        assert client is not None
+        info, _ = client.get_deployment_info(DEPLOYMENT, app)
+        config = info.replica_config
+        return config.init_args[0], dict(config.ray_actor_options)
+    except Exception:  # not deployed (the controller's KeyError), or a Serve that keeps it elsewhere
+        return None
+
+
 def reason_of(message: str) -> str:
     """The last line of a Ray error (the exception itself), without its terminal colours."""
     lines = [line.strip() for line in re.sub(r"\x1b\[[0-9;]*m", "", message).splitlines() if line.strip()]
@@ -372,6 +573,15 @@ def autoscaling(readiness: str, min_replicas: int, max_replicas: int, idle_secon
     }
 
 
+def vllm_definition(spec: ReplicaSpec, settings: Settings, warmup: bool) -> VllmLaunch:
+    """How a Serve replica starts vLLM's replica worker: the command line a local replica's worker gets
+    (`launch.worker_launch`: vLLM's Python as this gateway finds it, which every node must have at the
+    same path; the KV cache its footprint reserved). Ray shows the actor the GPUs it reserved, so no
+    device index is named; the actor adds its own environment to what is named here."""
+    launch = worker_launch(replace(spec, device=ray_device(spec.device)), settings, {}, warmup=warmup)
+    return VllmLaunch(launch.command, launch.env, launch.args)
+
+
 class RayServeReplica:
     """The manager's one replica for a deployment on Ray Serve; Serve runs and scales the actors."""
 
@@ -381,7 +591,11 @@ class RayServeReplica:
         settings: Settings,
         deployment: DeploymentSpec,
         on_exit: Callable[[Replica], None],
+        largest_gpu: int = 0,
     ) -> None:
+        """`deployment` as placed: its `footprint` is one replica's, declared to Ray as the actors'
+        resources; `largest_gpu`: the largest GPU's memory in bytes (0: unknown), what a replica's GPU
+        memory is a share of."""
         self.spec = spec
         self._on_exit = on_exit
         self.failure: str | None = None  # why no replica can start (`startup_failure`)
@@ -391,6 +605,7 @@ class RayServeReplica:
             deployment.readiness, deployment.min_replicas, deployment.max_replicas, settings.cold_idle_seconds
         )
         self._warmup = deployment.readiness == "hot"
+        self.actor_options = actor_resources(deployment.footprint, spec.threads, largest_gpu)
         self._handle: DeploymentHandle[Any] | None = None
         self._stopping = False
         self._request_ids = itertools.count(1)
@@ -401,8 +616,8 @@ class RayServeReplica:
         self._memory: list[tuple[int, int]] = []  # (pid, footprint) of each replica, as last reported
         self._refresher: asyncio.Task[None] | None = None
         self.load_seconds: float | None = None
-        # Serve replicas run the engine asked for
-        self.engine_choice: tuple[str, str, str | None] | None = None
+        # the encoder runtime the Serve replicas chose at load (`ModelServer.engine_choice`)
+        self.engine_choice: EngineChoice | None = None
         self.pid: int | None = None  # no one process: Serve places the actors
         # Every gateway on a cluster serves the same application, so they bill it on one meter; a Ray
         # instance this gateway starts itself dies with it, and so does the application.
@@ -422,12 +637,14 @@ class RayServeReplica:
         return None
 
     async def load(self) -> None:
-        """Deploy the application and wait until its first replica has loaded the model."""
+        """Deploy the application, wait until its first replica has loaded the model, and ask it which
+        engine it chose (an encoder's runtime)."""
         started = time.perf_counter()
         try:
-            self._handle = await asyncio.wait_for(
-                asyncio.to_thread(self._deploy), timeout=self._settings.load_timeout_seconds
-            )
+            await asyncio.wait_for(self._start(), timeout=self._settings.load_timeout_seconds)
+        except ReplicaLoadFailed:  # no node can hold it: nothing was deployed
+            await self.unload()
+            raise
         except TimeoutError as exc:
             await self.unload()
             raise ReplicaLoadFailed("timed out while loading the model") from exc
@@ -435,7 +652,14 @@ class RayServeReplica:
             await self.unload()
             raise ReplicaLoadFailed(reason_of(f"{type(exc).__name__}: {exc}")) from exc
         self.load_seconds = time.perf_counter() - started
+        engine = self.engine_choice[0] if self.engine_choice is not None else self.spec.engine
+        metrics.ENGINE.labels(self.spec.deployment_id, engine).set(1)
         self._refresher = asyncio.create_task(self._refresh())
+
+    async def _start(self) -> None:
+        handle = await asyncio.to_thread(self._deploy)
+        choice = await handle.engine_choice.remote()
+        self._handle, self.engine_choice = handle, None if choice is None else tuple(choice)
 
     async def rescale(self, deployment: DeploymentSpec) -> None:
         """Readiness or replica bounds changed (PATCH): deploy again with only the new autoscaling. Serve
@@ -452,33 +676,53 @@ class RayServeReplica:
             await asyncio.to_thread(self._deploy)
 
     def _deploy(self) -> DeploymentHandle[Any]:
+        """Deploy the application: what this gateway would load, or, when it runs already, what its
+        replicas load (`running_definition`), with this gateway's autoscaling. Blocking."""
         connect(self._settings)
-        spec = self.spec
+        server, argument = self._definition()
+        options = self.actor_options
+        running = running_definition(self.name)
+        if running is not None and type(running[0]) is type(argument):
+            argument, options = running
+        else:
+            refused = no_room(options, ray.nodes())  # type: ignore[no-untyped-call]
+            if refused is not None:
+                raise ReplicaLoadFailed(refused)
         deployment = serve.deployment(
             name=DEPLOYMENT,
             autoscaling_config=self._scaling,
             max_ongoing_requests=max(MAX_ONGOING_REQUESTS, 2 * self._settings.max_batch_size),
-            ray_actor_options={"num_cpus": spec.threads},
+            ray_actor_options=options,
             max_constructor_retry_count=CONSTRUCTOR_RETRIES,
-        )(ModelServer)
-        settings = self._settings
-        args = (
-            spec.pipeline,
-            str(spec.model_dir),
-            spec.threads,
-            spec.device,
-            self._warmup,
-            settings.max_batch_size,
-            settings.max_batch_wait_ms / 1000,
-        )
+        )(server)
         # `serve.run` gives each call a random code version, and a new code version restarts every
         # replica. A version named after what the replicas load lets Serve apply an autoscaling-only
         # change (`rescale`) in place; the public option for it is gone, hence the attribute.
-        deployment._version = hashlib.sha256(repr(args).encode()).hexdigest()[:16]
-        app = deployment.bind(*args)
+        deployment._version = hashlib.sha256(repr((server.__name__, argument)).encode()).hexdigest()[:16]
+        app = deployment.bind(argument)
         with _deploy_lock:
             handle: DeploymentHandle[Any] = serve.run(app, name=self.name, route_prefix=None)
         return handle
+
+    def _definition(self) -> tuple[type, ServeLoad | VllmLaunch]:
+        """The actor class of the deployment's engine and its argument."""
+        spec, settings = self.spec, self._settings
+        if spec.engine == "vllm":
+            return VllmServer, vllm_definition(spec, settings, self._warmup)
+        load = ServeLoad(
+            pipeline=spec.pipeline,
+            model_dir=str(spec.model_dir),
+            threads=spec.threads,
+            device=ray_device(spec.device),
+            warmup=self._warmup,
+            max_batch=settings.max_batch_size,
+            max_wait=settings.max_batch_wait_ms / 1000,
+            engine=spec.engine,
+            precision=spec.precision,
+            engine_cache=str(settings.data_dir / "encoder-runtimes"),
+            kv_cache_mb=spec.kv_cache_mb,
+        )
+        return ModelServer, load
 
     async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
         """One request. A Ray call costs far more than a socket write, so one call carries every
@@ -616,6 +860,8 @@ class RayServeReplica:
         if self.failure is not None:
             return ReplicaDied(f"no Serve replica can start ({self.failure})")
         if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
+            if isinstance(exc.cause, ReplicaDied):  # the Serve replica's own worker (vLLM's) died
+                return ReplicaDied(f"the Serve replica's worker stopped ({exc.cause})")
             return ReplicaFailed(str(exc.cause) if exc.cause is not None else str(exc))
         return ReplicaDied(f"the Serve replica stopped ({type(exc).__name__})")
 
@@ -627,6 +873,9 @@ class RayBackend:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
+        # What a replica's GPU memory is a share of: the gateway's largest GPU (the cluster's are not
+        # listed with their memory); 0 where it has none: a replica on a GPU then reserves a whole one
+        self._largest_gpu = 0 if settings.device == "cpu" else max(gpu_totals(), default=0)
 
     def new_replica(
         self, deployment: DeploymentSpec, on_exit: Callable[[Replica], None], replicas: int
@@ -635,7 +884,7 @@ class RayBackend:
         can start any more."""
         threads = self._settings.worker_threads or 1  # the gateway's cores say nothing of the cluster's
         spec = ReplicaSpec.of(deployment, threads, self._settings.device)
-        return RayServeReplica(spec, self._settings, deployment, on_exit)
+        return RayServeReplica(spec, self._settings, deployment, on_exit, self._largest_gpu)
 
     async def close(self) -> None:
         """Leave Ray if this gateway joined it; the applications stay for other gateways."""

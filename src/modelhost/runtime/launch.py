@@ -1,0 +1,62 @@
+"""What a replica worker process is started with: its command, environment and arguments, built in one
+place for a local replica (`runtime.local`) and for the vLLM worker a Ray Serve replica runs as its child
+(`runtime.ray_backend`), so that the two cannot drift apart."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from modelhost.config import Settings
+from modelhost.runtime.engines import MEASURED_AT_LOAD, vllm_launch
+from modelhost.runtime.replica import ReplicaSpec
+from modelhost.runtime.spawn import WORKER_ENV
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLaunch:
+    command: tuple[str, ...]  # empty: our own worker module (forked from the template, or our Python)
+    env: dict[str, str]  # the worker's whole environment
+    args: tuple[str, ...]  # without `--replica` (the caller names the replica)
+
+
+def worker_launch(
+    spec: ReplicaSpec, settings: Settings, base_env: Mapping[str, str], *, warmup: bool
+) -> WorkerLaunch:
+    """A worker of `spec`: the model and its task, the replica's threads and device, batching, an
+    encoder's runtime where the replica chooses it at load, the KV cache its footprint reserved (both
+    engines read it), and for vLLM its own Python and switches. `base_env` is the environment it starts
+    from (the server's, or a Serve actor's)."""
+    args = [
+        "--deployment", spec.deployment_id,
+        "--pipeline", spec.pipeline,
+        "--model-dir", str(spec.model_dir),
+        "--threads", str(spec.threads),
+        "--device", spec.device,
+        "--max-batch", str(settings.max_batch_size),
+        "--max-wait-ms", str(settings.max_batch_wait_ms),
+    ]  # fmt: skip
+    if warmup:
+        args.append("--warmup")
+    if spec.engine in ("auto", *MEASURED_AT_LOAD):  # an encoder's runtime, chosen at load
+        encoder_cache = str(settings.data_dir / "encoder-runtimes")
+        args += ["--engine", spec.engine, "--engine-cache", encoder_cache, "--precision", spec.precision]
+    env: dict[str, str] = {**base_env, **WORKER_ENV}
+    command: tuple[str, ...] = ()
+    if spec.kv_cache_mb:  # the KV cache its footprint reserved (`runtime.footprint`)
+        env["MODELHOST_KV_CACHE_MB"] = str(spec.kv_cache_mb)
+    if spec.engine == "vllm":
+        vllm_command, extra = vllm_launch(settings.data_dir)
+        command = tuple(vllm_command)
+        # vLLM's legacy KV-cache setting counts whole GiB and overrides ours: never passed on
+        env = {k: v for k, v in env.items() if k != "VLLM_CPU_KVCACHE_SPACE"} | extra
+        if spec.kv_cache_mb:
+            args += ["--kv-cache-mb", str(spec.kv_cache_mb)]
+        if spec.device.startswith("cuda:") and settings.vllm_tensor_parallel_size == 1:
+            # placed on one GPU: vLLM's processes see that one alone (as their device 0)
+            env["CUDA_VISIBLE_DEVICES"] = spec.device.removeprefix("cuda:")
+            args[args.index("--device") + 1] = "cuda"
+        args += ["--tensor-parallel-size", str(settings.vllm_tensor_parallel_size)]
+        if not settings.vllm_compile:
+            args.append("--eager")
+    return WorkerLaunch(command, env, tuple(args))
