@@ -194,7 +194,8 @@ Pss:                 600 kB
 Private_Clean:         4 kB
 Private_Dirty:       500 kB
 SwapPss:              16 kB
-7f0000200000-7f0000400000 r--s 00000000 08:01 99 /data/blobs/art_1/model.safetensors
+7f0000200000-7f0000600000 r--s 00000000 08:01 99 /data/blobs/art_1/model.safetensors
+Size:               4096 kB
 Rss:                2048 kB
 Pss:                1024 kB
 Private_Clean:         0 kB
@@ -209,10 +210,26 @@ SwapPss:               0 kB
 """
 
 
+UNTOUCHED = b"""\
+7f0000200000-7f0000600000 r--s 00000000 08:01 99 /data/blobs/art_1/model-2.safetensors
+Size:               4096 kB
+Rss:                   0 kB
+Pss:                   0 kB
+"""
+
+
 def test_a_footprint_counts_written_pages_and_a_share_of_data_files_not_library_code() -> None:
-    # library: its written pages (8); heap: private (4 + 500) and swap (16); the weights: their share
-    # (1024); an anonymous mapping: private (30). The template's shared pages count nowhere.
+    # library: its written pages (8); heap: private (4 + 500) and swap (16); a data file: its share of the
+    # resident pages (1024); an anonymous mapping: private (30). The template's shared pages: nowhere.
     assert _footprint_of(SMAPS) == (8 + 4 + 500 + 16 + 1024 + 30) * 1024
+
+
+def test_the_models_own_files_count_whole_by_the_share_of_them_it_has_read() -> None:
+    model = b"/data/blobs/art_1/"
+    # the weights: half of their 4096 kB read, half of that shared: 2048 kB of them are this replica's
+    assert _footprint_of(SMAPS, model) == (8 + 4 + 500 + 16 + 2048 + 30) * 1024
+    assert _footprint_of(UNTOUCHED, model) == 4096 * 1024  # not read yet: they will be
+    assert _footprint_of(UNTOUCHED, b"/elsewhere/") == 0
 
 
 # ---------------------------------------------------------------- placement: waiting, evicting, GPUs

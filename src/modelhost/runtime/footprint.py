@@ -30,8 +30,9 @@ from modelhost.runtime.capacity import MB, Footprint
 
 # First guesses of an engine's cost above its weights and KV cache, for a replica forked from the
 # worker template (`transformers`, the encoder runtimes) or started as vLLM's processes, until one is
-# measured on this server. Measured on the 2-core test machine: a tiny model's forked worker 34 MB, with
-# all-MiniLM-L6-v2 on torch 92 MB (weights included); vLLM's CPU engine with a tiny model about 1.3 GB.
+# measured on this server. Measured on the 2-core test machine: a tiny model's forked worker 35 MiB,
+# all-MiniLM-L6-v2 on torch 138 MiB (90 of it its weights); a tiny chat model on vLLM's CPU engine (eager)
+# 1,329 MiB and on ours 180 MiB, 128 MiB of each its KV cache.
 BASE_COSTS = {"transformers": 64 * MB, "auto": 96 * MB, "vllm": 1536 * MB}
 # A worker started as a new program (no template): its imports are its own, not shared
 EXECUTED_WORKER_COST = 400 * MB

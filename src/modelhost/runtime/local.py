@@ -210,7 +210,7 @@ class LocalProcessReplica:
             return self.footprint
         processes = tree(pid, table)
         gpu = gpu_memory_bytes(processes) if self.spec.device.startswith("cuda") else 0
-        self.footprint = Footprint(sum(footprint_bytes(p) for p in processes), gpu)
+        self.footprint = Footprint(sum(footprint_bytes(p, self.spec.model_dir) for p in processes), gpu)
         return self.footprint
 
     def _kill_group(self) -> None:

@@ -8,9 +8,12 @@ process, so ten replicas would count ten copies of torch; PSS splits shared page
 replica's PSS moves whenever another replica starts or stops. What a replica adds is what it wrote and
 what it maps of its own: per mapping in `/proc/<pid>/smaps`,
 - anonymous memory (heap, stacks, tensors, pages copied from the template on write): its private pages;
-- a data file (the model's weights, an ONNX export, shared memory between the processes of a vLLM
-  replica): its proportional share, so that two replicas of one artifact count its pages once between
-  them;
+- the model's own files (its folder's safetensors, mapped): their whole mapped size, not only the pages
+  read so far, since requests fault the rest in (measured right after a load, all-MiniLM-L6-v2's
+  worker had touched 43 of its 90 MB of weights, and took the rest with its first requests); shared,
+  by the proportion of the pages it has read that it shares, with the other replicas of the artifact;
+- another data file (an export, shared memory between the processes of a vLLM replica): its
+  proportional share of the pages resident (PSS), so that replicas mapping one file count it once;
 - a shared library or the interpreter: only the pages it wrote (relocations); their code is shared by
   every process on the machine and is the server's own cost;
 - plus its share of what is swapped out.
@@ -48,9 +51,9 @@ _LIBRARY = re.compile(r"\.so(\.[\d.]+)?$|/python[\d.]*$")
 _MAPPING = re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ (\d+) *(.*)$")
 
 
-def footprint_bytes(pid: int | None) -> int:
-    """What `pid` adds to the machine's memory (the module docstring says what is counted and why); 0
-    when it is gone or `/proc` cannot tell."""
+def footprint_bytes(pid: int | None, model_dir: Path | None = None) -> int:
+    """What `pid` adds to the machine's memory (the module docstring says what is counted and why); the
+    files below `model_dir` are the model's own. 0 when it is gone or `/proc` cannot tell."""
     if pid is None:
         return 0
     try:
@@ -58,37 +61,51 @@ def footprint_bytes(pid: int | None) -> int:
             text = handle.read()
     except OSError:
         return 0
-    return _footprint_of(text)
+    return _footprint_of(text, os.fsencode(os.path.realpath(model_dir)) + b"/" if model_dir else None)
 
 
-def _footprint_of(smaps: bytes) -> int:
-    """The footprint from the text of `/proc/<pid>/smaps` (its figures are kB), in bytes."""
-    total_kb, kind = 0, "anonymous"
-    for line in smaps.splitlines():
+def _footprint_of(smaps: bytes, model_prefix: bytes | None = None) -> int:
+    """The footprint from the text of `/proc/<pid>/smaps` (its figures are kB), in bytes; mappings of
+    files whose path starts with `model_prefix` are the model's own."""
+    total_kb = 0
+    kind, figures = "anonymous", dict[bytes, int]()
+    for line in [*smaps.splitlines(), b"00000000-00000000 ---p 00000000 00:00 0"]:  # a last header ends
         name, _, rest = line.partition(b" ")
-        if not name.endswith(b":"):  # a mapping's header: its figures follow
-            header = _MAPPING.match(line)
-            if header is not None:
-                kind = _kind(int(header.group(1)), header.group(2).decode(errors="replace").strip())
+        if name.endswith(b":"):
+            if name in _FIGURES:
+                figures[name] = int(rest.split()[0])
             continue
-        counted = _COUNTED.get(name)
-        if counted is not None and kind in counted:
-            total_kb += int(rest.split()[0])
+        header = _MAPPING.match(line)
+        if header is None:
+            continue
+        total_kb += _counted(kind, figures)  # the mapping before this one
+        path = header.group(2).strip()
+        kind = _kind(int(header.group(1)), path.decode(errors="replace"))
+        if kind == "data" and model_prefix is not None and path.startswith(model_prefix):
+            kind = "model"
+        figures = {}
     return total_kb * 1024
 
 
-# Which figure of a mapping counts, by the mapping's kind (see the module docstring).
-_COUNTED = {
-    b"Private_Clean:": ("anonymous",),
-    b"Private_Dirty:": ("anonymous", "library"),
-    b"Pss:": ("data",),
-    b"SwapPss:": ("anonymous", "library", "data"),
-}
+_FIGURES = frozenset({b"Size:", b"Rss:", b"Pss:", b"Private_Clean:", b"Private_Dirty:", b"SwapPss:"})
+
+
+def _counted(kind: str, figures: dict[bytes, int]) -> int:
+    """What one mapping counts, in kB (see the module docstring)."""
+    swapped = figures.get(b"SwapPss:", 0)
+    if kind == "anonymous":
+        return figures.get(b"Private_Clean:", 0) + figures.get(b"Private_Dirty:", 0) + swapped
+    if kind == "library":
+        return figures.get(b"Private_Dirty:", 0) + swapped
+    if kind == "model":  # all of it will be read: this replica's share of what it has read so far
+        size, resident, share = figures.get(b"Size:", 0), figures.get(b"Rss:", 0), figures.get(b"Pss:", 0)
+        return size * share // resident if resident else size
+    return figures.get(b"Pss:", 0) + swapped
 
 
 def _kind(inode: int, path: str) -> str:
     """`anonymous` (heap, stacks, anonymous mappings), `library` (code every process maps) or `data` (a
-    file or shared memory: model weights, exports, buffers between a replica's processes)."""
+    file or shared memory: exports, buffers between a replica's processes, the model's own files)."""
     if path.startswith("/dev/shm/") or path.startswith("/memfd:") or path.startswith("/SYSV"):
         return "data"
     if inode == 0:
@@ -96,12 +113,15 @@ def _kind(inode: int, path: str) -> str:
     return "library" if _LIBRARY.search(path.removesuffix(" (deleted)")) else "data"
 
 
-def tree_footprint_bytes(pid: int | None, table: dict[int, int] | None = None) -> int:
+def tree_footprint_bytes(
+    pid: int | None, table: dict[int, int] | None = None, model_dir: Path | None = None
+) -> int:
     """`footprint_bytes` of `pid` and of every process it started (vLLM's engine processes, a model's
-    helpers). GPU memory is not in it: `gpu_memory_bytes` measures that."""
+    helpers), `model_dir` holding the model's own files. GPU memory is not in it: `gpu_memory_bytes`
+    measures that."""
     if pid is None:
         return 0
-    return sum(footprint_bytes(p) for p in tree(pid, table))
+    return sum(footprint_bytes(p, model_dir) for p in tree(pid, table))
 
 
 def parents() -> dict[int, int]:

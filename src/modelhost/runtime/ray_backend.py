@@ -175,11 +175,12 @@ def memory_board() -> Any:
 
 
 class _MemoryReporter(threading.Thread):
-    """Reports this replica's resident memory every `REPORT_SECONDS`, from before the model loads
-    (loading costs memory too) until the replica stops."""
+    """Reports this replica's footprint (its process tree's, the model's files in `model_dir`) every
+    `REPORT_SECONDS`, from before the model loads (loading costs memory too) until the replica stops."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_dir: Path) -> None:
         super().__init__(name="memory-report", daemon=True)
+        self.model_dir = model_dir
         self.app = serve.get_replica_context().app_name
         self.key = ray.get_runtime_context().get_actor_id() or f"pid-{os.getpid()}"
         self.board = memory_board()
@@ -187,7 +188,8 @@ class _MemoryReporter(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.is_set():
-            self.board.report.remote(self.key, self.app, os.getpid(), tree_footprint_bytes(os.getpid()))
+            used = tree_footprint_bytes(os.getpid(), model_dir=self.model_dir)
+            self.board.report.remote(self.key, self.app, os.getpid(), used)
             self.stopped.wait(REPORT_SECONDS)
 
     def stop(self) -> None:
@@ -227,6 +229,7 @@ class VllmLaunch:
     command: tuple[str, ...]
     env: dict[str, str]
     args: tuple[str, ...]
+    model_dir: str  # its model's folder (the footprint counts the model's own files whole)
 
 
 def ray_device(device: str) -> str:
@@ -285,7 +288,7 @@ class ModelServer:
             raise FileNotFoundError(f"the model's files are not on this node: {model_dir}")
         from modelhost.runtime import worker  # in the actor: imports torch and the handlers
 
-        self._reporter = _MemoryReporter()
+        self._reporter = _MemoryReporter(model_dir)
         self._reporter.start()
         os.environ.update(WORKER_ENV)
         if load.kv_cache_mb:  # our generation engine reads its KV cache from the environment's settings
@@ -403,7 +406,8 @@ class VllmServer:
     # Serve awaits an async constructor (`initialize_callable`): starting the worker and waiting for its
     # model are the replica's start, and its connection must live on the loop that serves the calls.
     async def __init__(self, launch: VllmLaunch) -> None:  # type: ignore[misc]
-        self._reporter = _MemoryReporter()  # the actor's process tree: vLLM's processes are in it
+        # the actor's process tree: vLLM's processes are in it
+        self._reporter = _MemoryReporter(Path(launch.model_dir))
         self._reporter.start()
         self._process: WorkerProcess | None = None
         self._exited = False
@@ -579,7 +583,7 @@ def vllm_definition(spec: ReplicaSpec, settings: Settings, warmup: bool) -> Vllm
     same path; the KV cache its footprint reserved). Ray shows the actor the GPUs it reserved, so no
     device index is named; the actor adds its own environment to what is named here."""
     launch = worker_launch(replace(spec, device=ray_device(spec.device)), settings, {}, warmup=warmup)
-    return VllmLaunch(launch.command, launch.env, launch.args)
+    return VllmLaunch(launch.command, launch.env, launch.args, str(spec.model_dir))
 
 
 class RayServeReplica:
