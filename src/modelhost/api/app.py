@@ -19,7 +19,7 @@ import modelhost
 from modelhost.api import console
 from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.fastlane import FastLane
-from modelhost.api.middleware import BodySizeLimit, KeyFirst, RateLimits, RequestIds, RequestMetrics
+from modelhost.api.middleware import BodySizeLimit, KeyFirst, RequestPath
 from modelhost.api.routes import (
     admin,
     agents,
@@ -129,11 +129,10 @@ def create_app(
         return settings.max_body_bytes
 
     app.add_middleware(FastLane, fastapi=app)  # innermost: inside the body limit and the metrics
-    app.add_middleware(RateLimits)  # around every route, the fast lane's too
     app.add_middleware(BodySizeLimit, limit_for=body_limit)
     app.add_middleware(KeyFirst, fastapi=app)  # the key before the body: 401 comes before 413 and 400
-    app.add_middleware(RequestMetrics)
-    app.add_middleware(RequestIds)  # outermost: every answer and log line of the request carries its ID
+    # outermost: every answer and log line of the request carries its ID, every answer is counted
+    app.add_middleware(RequestPath)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -113,7 +113,7 @@ async def deployment_for(
     The endpoint is the matched route's path template, so the endpoint → task table is the only
     thing that decides support; no model is touched before this answers. `billable` requests (all
     but management ones that only name a model) are refused with 402 once the account is out of credits,
-    and with 429 over their key's or account's rate limits (auth/limits.py; `api.middleware.RateLimits`
+    and with 429 over their key's or account's rate limits (auth/limits.py; `api.middleware.RequestPath`
     gives the place back when the request ends).
     """
     services = get_services(request)

@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: request IDs, the API key first, body size limit and Prometheus request metrics."""
+"""Pure ASGI middleware: what every request gets (its ID, rate-limit headers and release, metrics), the
+API key first, the body size limit."""
 
 from __future__ import annotations
 
@@ -109,39 +110,6 @@ class KeyFirst(HttpMiddleware):
         await self.app(scope, receive, send)
 
 
-class RateLimits(HttpMiddleware):
-    """A rate-limited request (admitted in `api.deps.deployment_for`): its answer carries the
-    `x-ratelimit-*` headers, and its place and the tokens it used go back to the limiter before the
-    last of its answer goes out (streams included), so that the client's next request finds them
-    back, whichever gateway process it reaches; or when it fails or its client leaves."""
-
-    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        used = start_counting()
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            admitted: Admitted | None = scope.get(ADMITTED)
-            if admitted is not None and not released:
-                released = True
-                scope["app"].state.services.limits.release(admitted.ticket, used[0])
-
-        async def send_with_headers(message: Message) -> None:
-            admitted: Admitted | None = scope.get(ADMITTED)
-            if admitted is not None:
-                if message["type"] == "http.response.start":
-                    extra = [(k.encode(), v.encode()) for k, v in admitted.headers.items()]
-                    message["headers"] = [*message.get("headers", []), *extra]
-                elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                    release()
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_headers)
-        finally:
-            release()
-
-
 class BodySizeLimit(HttpMiddleware):
     """Refuses bodies over the limit: at once by `Content-Length`, else while streaming."""
 
@@ -179,46 +147,55 @@ def _too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"Request body exceeds the limit of {limit} bytes.")
 
 
-class RequestMetrics(HttpMiddleware):
-    """Counts and times requests, labelled by route template (not raw path: bounded cardinality)."""
+class RequestPath(HttpMiddleware):
+    """Outermost: what every request gets on its way in and out, with one wrapper around `send` (each
+    middleware that wraps `send` costs an extra call per message and a closure per request):
+    - its ID: the caller's `X-Request-Id` when well-formed, else a new one, held in `logs.REQUEST_ID`
+      while it runs (log lines and 5xx messages name it) and sent back as `x-request-id` on every
+      answer, errors included;
+    - a rate-limited request (admitted in `api.deps.deployment_for`): its answer carries the
+      `x-ratelimit-*` headers, and its place and the tokens it used go back to the limiter before the
+      last of its answer goes out (streams included), so that the client's next request finds them back,
+      whichever gateway process it reaches; or when it fails or its client leaves;
+    - the request metrics: counted and timed, labelled by route template (bounded cardinality)."""
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
+        incoming = next((value for name, value in scope["headers"] if name == b"x-request-id"), None)
+        request_id = request_id_for(incoming.decode("latin-1") if incoming is not None else None)
+        id_header = (HEADER.encode(), request_id.encode())
+        used = start_counting()
         status = 500
+        released = False
 
-        async def recording_send(message: Message) -> None:
+        def release() -> None:
+            nonlocal released
+            admitted: Admitted | None = scope.get(ADMITTED)
+            if admitted is not None and not released:
+                released = True
+                scope["app"].state.services.limits.release(admitted.ticket, used[0])
+
+        async def path_send(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                headers = [*message.get("headers", ()), id_header]
+                admitted: Admitted | None = scope.get(ADMITTED)
+                if admitted is not None:
+                    headers += [(k.encode(), v.encode()) for k, v in admitted.headers.items()]
+                message["headers"] = headers
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                release()
             await send(message)
 
+        token = REQUEST_ID.set(request_id)
         try:
-            await self.app(scope, receive, recording_send)
+            await self.app(scope, receive, path_send)
         finally:
+            release()
+            REQUEST_ID.reset(token)
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             method = scope.get("method", "")
             REQUESTS.labels(method, template, str(status)).inc()
             LATENCY.labels(method, template).observe(time.perf_counter() - started)
-
-
-class RequestIds(HttpMiddleware):
-    """Outermost: gives the request its ID (the caller's `X-Request-Id` when well-formed, else a new one),
-    holds it in `logs.REQUEST_ID` while the request runs (log lines and 5xx messages name it) and sends it
-    back as `x-request-id` on every answer, errors included."""
-
-    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        incoming = next((value for name, value in scope["headers"] if name == b"x-request-id"), None)
-        request_id = request_id_for(incoming.decode("latin-1") if incoming is not None else None)
-        header = (HEADER.encode(), request_id.encode())
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", ()), header]
-            await send(message)
-
-        token = REQUEST_ID.set(request_id)
-        try:
-            await self.app(scope, receive, send_with_id)
-        finally:
-            REQUEST_ID.reset(token)

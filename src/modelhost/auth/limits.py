@@ -317,7 +317,7 @@ def _describe(bucket: Bucket, names: tuple[str, str, str], headers: dict[str, st
     headers[names[2]] = _duration((capacity - bucket.level) * MINUTE / capacity)
 
 
-# The tokens the current request used so far, where it is limited (`api.middleware.RateLimits` sets
+# The tokens the current request used so far, where it is limited (`api.middleware.RequestPath` sets
 # it; the code that knows a request's tokens adds them with `count_tokens`).
 _TOKENS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("modelhost_tokens", default=None)
 

@@ -65,6 +65,9 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str, **options: Any)
         timeout_graceful_shutdown=30,
         timeout_keep_alive=settings.http_keep_alive_seconds,
         http=guard_for(settings),
+        # no `server: uvicorn` on every answer: it names the software to anyone who asks, and costs a
+        # header per response
+        server_header=False,
         **options,
     )
 

@@ -17,6 +17,7 @@ import torch
 from modelhost.tasks import loader
 from modelhost.tasks.base import item_error
 from modelhost.tasks.encoder_runtimes import EncoderSlot, TextInputs
+from modelhost.tasks.tokens import BatchEncoder, batch_encoder
 
 CHUNK = 128  # sequences per forward pass: bounds activation memory for very large requests
 # What a client sending another tokenizer's IDs should do instead: LangChain's OpenAIEmbeddings sends
@@ -37,6 +38,7 @@ class Encoder:
     vocab_size: int
     device: str
     uses_token_types: bool
+    encode: BatchEncoder  # texts → their token IDs, special tokens included (`tasks.tokens`)
     framing: tuple[list[int], list[int]] = ([], [])  # special tokens the tokenizer puts around a text
 
 
@@ -66,6 +68,7 @@ class FeatureExtraction:
             vocab_size=int(config.vocab_size),
             device=device,
             uses_token_types="token_type_ids" in tokenizer.model_input_names,
+            encode=batch_encoder(tokenizer),
             framing=_framing(tokenizer),
         )
 
@@ -115,11 +118,7 @@ class FeatureExtraction:
             for i, x in enumerate(item["inputs"])
             if isinstance(x, str)
         ]
-        encoded = (
-            model.tokenizer([x for _, _, x in texts], add_special_tokens=True, truncation=False)["input_ids"]
-            if texts
-            else []
-        )
+        encoded = model.encode([x for _, _, x in texts]) if texts else []
         ids: list[list[list[int]]] = [
             [x if isinstance(x, list) else [] for x in item["inputs"]] for item in batch
         ]
