@@ -11,7 +11,9 @@ test:
 lint:
 	.venv/bin/ruff check src tests bench && .venv/bin/ruff format --check src tests bench && .venv/bin/mypy && .venv/bin/lint-imports
 
-## Benchmarks (writes docs/benchmarks.md). Installs wrk from Debian's packages if missing.
+## Benchmarks (writes docs/benchmarks.md, and a record of each run in docs/benchmarks.jsonl), then each
+## benchmark's ratios against its previous run on this kind of machine (changes beyond 10 % flagged, a
+## warning only). Installs wrk from Debian's packages if missing.
 bench:
 	bash scripts/setup.sh dev
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
@@ -21,6 +23,7 @@ bench:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.backends
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.tenancy
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.capacity
+	.venv/bin/python -m bench.compare
 
 ## Text generation on a GPU machine (a 0.95 B model; needs CUDA): writes its section of docs/benchmarks.md.
 bench-gpu:

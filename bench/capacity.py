@@ -17,12 +17,16 @@ Memory is sampled every 0.25 s: the replicas' own pages in memory as the bench m
 from /proc (`runtime.memory.tree_footprint_bytes` of every replica worker, without naming the model's
 files: only their pages read so far count), and the server's whole process tree by PSS (proportional set
 size: every page counted once across the tree) less the same before any replica loaded. Target: the
-replicas' memory never above the budget by more than 10 %.
+replicas' memory never above the budget by more than 10 %. CPU per request, of the gateway processes and
+of the replicas, is read from the server's whole process tree over the clients' requests
+(`bench.common.server_cpu`): the replicas' includes the loads the requests caused, and the CPU of
+replicas evicted meanwhile (through the worker template, which reaps them).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import threading
 import time
@@ -32,8 +36,17 @@ from typing import Any
 
 import httpx
 
-from bench.common import ADMIN_KEY, SENTENCE, Served, minilm_dir, serve, table, write_section
-from bench.embeddings import machine
+from bench.common import (
+    ADMIN_KEY,
+    SENTENCE,
+    Figures,
+    Served,
+    machine,
+    minilm_dir,
+    serve,
+    table,
+    write_section,
+)
 from modelhost.runtime.memory import parents, tree, tree_footprint_bytes
 
 MiB = 1 << 20
@@ -49,6 +62,8 @@ class Run:
     evictions: float = 0.0
     largest_footprint: int = 0
     budget: int = 0
+    gateway_ms: float = math.nan  # CPU per request, over the clients' requests
+    replica_ms: float = math.nan
 
 
 def mix(deployments: int, requests: int, seed: int = 38) -> list[str]:
@@ -102,7 +117,7 @@ def loaded(served: Served, deployment_id: str) -> bool:
 
 
 def measure(port: int, models: list[str], deployments: int, clients: int, **env: str) -> Run:
-    served = serve(port, MODELHOST_MEMORY_CHECK_SECONDS="1", **env)
+    served = serve(port, None, MODELHOST_MEMORY_CHECK_SECONDS="1", **env)
     run = Run()
     try:
         ids = deploy_all(served, deployments)
@@ -131,10 +146,13 @@ def measure(port: int, models: list[str], deployments: int, clients: int, **env:
                         run.latencies[cold].append(took)
 
         threads = [threading.Thread(target=client, args=(models[i::clients],)) for i in range(clients)]
+        cpu_before = served.cpu()
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        cost = (served.cpu() - cpu_before).ms_per(len(models))
+        run.gateway_ms, run.replica_ms = cost.gateway, cost.replicas
         stop.set()
         sampler.join()
         state = httpx.get(f"{served.url}/v1/admin/capacity", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
@@ -211,16 +229,37 @@ def main() -> None:
             f"{run.tree_peak / MiB:,.0f}",
             spread(cold),
             spread(warm),
+            f"{run.gateway_ms:.2f}",
+            f"{run.replica_ms:.2f}",
         ]
 
     header = [
         "run", "budget MiB", "errors", "evictions", "replicas at once (most)",
         "replicas' own pages in memory, peak MiB",
         "server tree PSS above idle, peak MiB", "requests to an unloaded deployment: n: p50 / p99 ms",
-        "requests to a loaded one: n: p50 / p99 ms",
+        "requests to a loaded one: n: p50 / p99 ms", "gateway ms CPU / request", "replica ms CPU / request",
     ]  # fmt: skip
     rows = [row("no budget (default)", free), row(f"budget of {args.footprints:g} footprints", held)]
     over, tree_over = held.replicas_peak / held.budget, held.tree_peak / held.budget
+    held_cold, free_cold = percentile(held.latencies[True], 0.5), percentile(free.latencies[True], 0.5)
+    figures = Figures("capacity")
+    for name, run in (("no_budget", free), ("budget", held)):
+        figures.add(f"{name}.budget_mib", run.budget / MiB)
+        figures.add(f"{name}.errors", run.errors)
+        figures.add(f"{name}.evictions", run.evictions)
+        figures.add(f"{name}.replicas_at_once", run.loaded_peak)
+        figures.add(f"{name}.replicas_peak_mib", run.replicas_peak / MiB)
+        figures.add(f"{name}.tree_peak_mib", run.tree_peak / MiB)
+        for cold, which in ((True, "unloaded"), (False, "loaded")):
+            figures.add(f"{name}.{which}.requests", len(run.latencies[cold]))
+            figures.add(f"{name}.{which}.p50_ms", percentile(run.latencies[cold], 0.5))
+            figures.add(f"{name}.{which}.p99_ms", percentile(run.latencies[cold], 0.99))
+        figures.add(f"{name}.gateway_ms_per_request", run.gateway_ms)
+        figures.add(f"{name}.replica_ms_per_request", run.replica_ms)
+    figures.add("footprint_mib", free.largest_footprint / MiB)
+    figures.ratio("budget.replicas_peak_over_budget", over)
+    figures.ratio("budget.tree_peak_over_budget", tree_over)
+    figures.ratio("unloaded_p50_budget_over_no_budget", held_cold / free_cold)
     title = f"{args.deployments} cold deployments under a budget of {args.footprints:g} footprints"
     report = f"""## Capacity: {title}
 
@@ -241,12 +280,12 @@ embedding table), and the server's process tree by PSS above its idle PSS.
   (target ≤ 1.10; the whole server tree, by PSS above its idle PSS: {tree_over:.2f} ×);
   {held.loaded_peak} replicas at most at once against {free.loaded_peak} without it; {held.evictions:.0f}
   evictions. A request that found its deployment unloaded (a cold start that, under the budget, evicted
-  another first) took {percentile(held.latencies[True], 0.5):.0f} ms at the median against
-  {percentile(free.latencies[True], 0.5):.0f} ms without the budget (where only the first request to each
-  deployment loads it): the price of density.
+  another first) took {held_cold:.0f} ms at the median against
+  {free_cold:.0f} ms without the budget (where only the first request to each
+  deployment loads it; {held_cold / free_cold:.2f} ×): the price of density.
 """
     print(report)
-    write_section(args.out, "## Capacity:", report)
+    write_section(args.out, "## Capacity:", report, figures)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
-"""Helpers shared by the benchmarks: a served modelhost, a wrk runner, markdown tables, the report."""
+"""Helpers shared by the benchmarks: a served modelhost and its CPU, a wrk runner, markdown tables, the
+report and the records of each run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import platform
 import re
 import secrets
 import shutil
@@ -11,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +39,16 @@ class Served:
             self.process.kill()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def cpu_seconds(self) -> tuple[float, float]:
-        """(gateway processes, replica processes) CPU seconds so far, from /proc (`modelhost_cpu`)."""
-        gateway, front, engine = modelhost_cpu(self.process.pid)
-        return gateway, front + engine
+    def cpu(self) -> ServerCpu:
+        """CPU seconds of the server's whole process tree so far, by role (`server_cpu`)."""
+        return server_cpu(self.process.pid)
 
 
 @dataclass(frozen=True)
 class _Process:
     parent: int
     cpu: float  # user + system seconds of all its threads (not of its children)
+    reaped: float  # user + system seconds of its children that ended and that it waited for
     command: bytes
 
 
@@ -58,12 +62,17 @@ def process_table() -> dict[int, _Process]:
             command = proc.joinpath("cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
-        found[int(proc.name)] = _Process(int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, command)
+        found[int(proc.name)] = _Process(
+            int(fields[1]),
+            (int(fields[11]) + int(fields[12])) / tick,
+            (int(fields[13]) + int(fields[14])) / tick,
+            command,
+        )
     return found
 
 
 def subtree(processes: dict[int, _Process], root: int) -> list[int]:
-    """`root` and all its descendants (those still running)."""
+    """`root` and all its descendants (those still running), parents before their children."""
     children: dict[int, list[int]] = {}
     for pid, process in processes.items():
         children.setdefault(process.parent, []).append(pid)
@@ -76,29 +85,71 @@ def subtree(processes: dict[int, _Process], root: int) -> list[int]:
     return found
 
 
-def modelhost_cpu(root: int) -> tuple[float, float, float]:
-    """(gateway, vLLM front end, engine) CPU seconds of the modelhost server whose supervisor is `root`.
-    A replica worker and everything under it are not the gateway: `runtime.worker` (forked from the
-    template, so the supervisor's grandchild) is the engine; `runtime.vllm_worker` (which hosts vLLM's
-    async engine, its front end) is the front end and its children (VLLM::EngineCore, VLLM::Worker, the
-    resource tracker) the engine. Everything else under the supervisor (the supervisor, the other gateway
-    processes, the template) is the gateway."""
+@dataclass(frozen=True)
+class ServerCpu:
+    """CPU seconds of a modelhost server's process tree, by role; two readings subtract."""
+
+    gateway: float = 0.0  # the supervisor, the other gateway processes, the worker template
+    front: float = 0.0  # vLLM replica workers (`runtime.vllm_worker`: vLLM's async engine, its front end)
+    engine: float = 0.0  # replica workers and everything under them (vLLM's EngineCore and Worker)
+    ray: float = 0.0  # Ray's own processes (raylet, GCS, Serve controller, idle workers), `runtime=ray`
+
+    @property
+    def replicas(self) -> float:
+        """Every replica process: the front end and the engine."""
+        return self.front + self.engine
+
+    def __sub__(self, before: ServerCpu) -> ServerCpu:
+        return ServerCpu(*(a - b for a, b in zip(self.astuple(), before.astuple(), strict=True)))
+
+    def astuple(self) -> tuple[float, float, float, float]:
+        return self.gateway, self.front, self.engine, self.ray
+
+    def ms_per(self, count: float) -> ServerCpu:
+        """Milliseconds of CPU per request (or per token) in each role, `count` of them served."""
+        scale = 1000 / count if count else math.nan
+        return ServerCpu(*(seconds * scale for seconds in self.astuple()))
+
+
+def _role(command: bytes, parent: str) -> str:
+    """A process's field of `ServerCpu`, from its command line and its parent's role. Replica workers
+    forked from the worker template are the template's children, and their command line (set with
+    setproctitle) names `runtime.worker`; a Serve replica is a Ray actor, `ray::ServeReplica:...`."""
+    if b"modelhost.runtime.vllm_worker" in command:
+        return "front"
+    if b"modelhost.runtime.worker" in command or command.startswith(b"ray::ServeReplica"):
+        return "engine"
+    if parent in ("front", "engine"):
+        return "engine"  # vLLM's engine processes, a model's helpers
+    if command.startswith(b"ray::") or b"-packages/ray/" in command:
+        return "ray"
+    return parent
+
+
+def server_cpu(root: int) -> ServerCpu:
+    """CPU seconds so far of the modelhost server whose supervisor is `root`: every process of its tree,
+    found from /proc by parent (the supervisor's grandchildren and deeper too: replica workers are forked
+    by the worker template, vLLM's engine runs below its replica worker, Ray's actors below the raylet),
+    each counted by its role (`_role`). Processes that ended count through their parent's reaped-children
+    time (the template waits for the workers it forked: an evicted replica's CPU stays in `engine`); a
+    process the supervisor reaped itself (an executed worker, a vLLM worker) counts as gateway then."""
     processes = process_table()
-    tree = subtree(processes, root)
-    gateway, front, engine, replicas = 0.0, 0.0, 0.0, set[int]()
-    for pid in tree:
-        command = processes[pid].command
-        if b"modelhost.runtime.vllm_worker" in command:
-            front += processes[pid].cpu
-            below = subtree(processes, pid)[1:]
-            engine += sum(processes[p].cpu for p in below)
-            replicas.update([pid, *below])
-        elif b"modelhost.runtime.worker" in command:
-            below = subtree(processes, pid)
-            engine += sum(processes[p].cpu for p in below)
-            replicas.update(below)
-    gateway = sum(processes[pid].cpu for pid in tree if pid not in replicas)
-    return gateway, front, engine
+    roles: dict[int, str] = {}
+    totals = dict.fromkeys(("gateway", "front", "engine", "ray"), 0.0)
+    for pid in subtree(processes, root):  # parents first
+        process = processes[pid]
+        role = roles[pid] = _role(process.command, roles[process.parent] if pid != root else "gateway")
+        totals[role] += process.cpu
+        template = b"modelhost.runtime.template" in process.command
+        totals["engine" if template or role == "front" else role] += process.reaped
+    return ServerCpu(**totals)
+
+
+def modelhost_cpu(root: int) -> tuple[float, float, float]:
+    """(gateway, vLLM front end, engine) CPU seconds of the modelhost server whose supervisor is `root`
+    (`server_cpu`): the split the text-generation benchmark reports."""
+    cpu = server_cpu(root)
+    return cpu.gateway, cpu.front, cpu.engine
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -109,7 +160,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def serve(port: int, source: Path | None = None, **env: str) -> Served:
+def serve(port: int, source: Path | None = None, /, **env: str) -> Served:
     """Start `modelhost serve` on a fresh SQLite data dir and create an account. `source` runs another
     checkout's `src` (a baseline measured in the same run)."""
     root = Path(tempfile.mkdtemp(prefix="mh-bench-"))
@@ -240,8 +291,10 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, marker: str, section: str) -> None:
-    """Replace this benchmark's section of the report, keeping the others."""
+def write_section(path: Path, marker: str, section: str, figures: Figures) -> None:
+    """Replace this benchmark's section of the report, keeping the others; then record the run's figures
+    beside the report (`record`) and print how its ratios moved since the last run on this kind of
+    machine (`bench.compare`): every benchmark writes its section here, so every run is recorded."""
     text = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `make bench`.\n"
     if marker in text:
         start = text.index(marker)
@@ -250,3 +303,109 @@ def write_section(path: Path, marker: str, section: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     path.write_text(text)
+    records = record(records_path(path), figures)
+    from bench.compare import compare, read_records  # it reads records with this module's helpers
+
+    print(compare(read_records(records), figures.benchmark))
+
+
+# ---------------------------------------------------------------- the records of each run
+
+
+@dataclass
+class Figures:
+    """What one run of a benchmark measured, for its record: named numbers, and which of them are the
+    ratios it reports (served / raw, ours / peer, workers 2 / 1, ...). Ratios are measured within one
+    run, on one machine in one state, so they are what `bench.compare` follows from run to run; the
+    other figures (requests/s, ms) move with the machine's load. Names are `<benchmark>.<what>` and stay
+    the same from run to run: they are how a figure is found again."""
+
+    benchmark: str
+    values: dict[str, float] = field(default_factory=dict)
+    ratios: list[str] = field(default_factory=list)
+
+    def add(self, name: str, value: float) -> None:
+        self.values[f"{self.benchmark}.{name}"] = float(value)
+
+    def ratio(self, name: str, value: float) -> None:
+        self.add(name, value)
+        self.ratios.append(f"{self.benchmark}.{name}")
+
+
+def records_path(report: Path) -> Path:
+    """The records beside a report: docs/benchmarks.md → docs/benchmarks.jsonl (a report written
+    elsewhere with `--out` keeps its records beside it, out of the repository's)."""
+    return report.with_suffix(".jsonl")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo): two machines of the same size may differ in it."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """The machine as the reports describe it: architecture, cores, torch and its device."""
+    import torch
+
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else " (CPU)"
+    return f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}{gpu}"
+
+
+def machine_record() -> dict[str, str]:
+    """The machine of a record. `kind` (CPU model, cores, GPU) is what `bench.compare` matches runs on:
+    figures from other hardware are not comparable; a new torch on the same hardware is (it is the
+    kind of change a record should catch), so the description with torch's version is kept apart."""
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    cpu = cpu_model()
+    return {"description": machine(), "cpu": cpu, "kind": f"{cpu}, {os.cpu_count()} cores, {device}"}
+
+
+def _git(*args: str) -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def commit() -> tuple[str | None, bool | None]:
+    """The checkout's commit and whether its tree differs from it (tracked changes or untracked files,
+    docs/ aside: the benchmarks rewrite the report there themselves). None, None outside a git clone."""
+    head = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--", ".", ":(exclude)docs")
+    return (head.strip() if head else None), (bool(status.strip()) if status is not None else None)
+
+
+# Read when a benchmark starts (every one imports this module first): its servers run the code checked
+# out then, even if a commit lands during a run of an hour.
+CHECKOUT = commit()
+
+
+def record(path: Path, figures: Figures) -> Path:
+    """Append one line to the records (JSON Lines): the benchmark, the commit measured and whether the
+    tree was dirty (`CHECKOUT`), the UTC time, the machine, the command line's arguments, and the figures
+    with their ratios marked. Figures that are not finite numbers (a run that could not be measured) are
+    left out. Returns `path`."""
+    head, dirty = CHECKOUT
+    values = {name: value for name, value in figures.values.items() if math.isfinite(value)}
+    line = {
+        "benchmark": figures.benchmark,
+        "commit": head,
+        "dirty": dirty,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_record(),
+        "argv": sys.argv[1:],
+        "figures": values,
+        "ratios": [name for name in figures.ratios if name in values],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        out.write(json.dumps(line, ensure_ascii=False) + "\n")
+    return path

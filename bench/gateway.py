@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import SENTENCE, Served, deploy, serve, table, write_section, wrk
-from bench.embeddings import machine
+from bench.common import SENTENCE, Figures, Served, deploy, machine, serve, table, write_section, wrk
 from bench.models import tiny_bert
 
 # A model this small gains nothing from more torch threads or from waiting for fuller batches.
@@ -33,8 +32,19 @@ HEADER = [
     "gateway cores",
     "gateway ms CPU / request",
     "replica cores",
+    "replica ms CPU / request",
     "errors",
 ]
+# a configuration's figures per round, in `Config.runs`; the table gives their medians
+FIELDS = (
+    "requests_per_second",
+    "p50_ms",
+    "gateway_cores",
+    "gateway_ms_per_request",
+    "replica_cores",
+    "replica_ms_per_request",
+    "errors",  # summed over the rounds
+)
 
 
 @dataclass
@@ -43,10 +53,15 @@ class Config:
     workers: int
     source: Path | None = None
     served: Served | None = None
-    runs: list[tuple[float, float, float, float, float, int]] = field(default_factory=list)
+    runs: list[tuple[float, float, float, float, float, float, int]] = field(default_factory=list)
 
     def median(self, index: int) -> float:
         return statistics.median(run[index] for run in self.runs)
+
+    @property
+    def key(self) -> str:
+        """The configuration in figure names: `workers_2`, or `baseline` (whatever its label)."""
+        return "baseline" if self.source is not None else f"workers_{self.workers}"
 
 
 def main() -> None:
@@ -77,35 +92,48 @@ def main() -> None:
             for config in configs:
                 assert config.served is not None
                 served = config.served
-                before, started = served.cpu_seconds(), time.monotonic()
+                before, started = served.cpu(), time.monotonic()
                 run = wrk(served.url, "/v1/embeddings", body, served.key, args.connections, args.seconds)
-                after, wall = served.cpu_seconds(), time.monotonic() - started
-                gateway, replica = (after[0] - before[0]) / wall, (after[1] - before[1]) / wall
-                per_request = gateway / run.requests_per_second * 1000
+                used, wall = served.cpu() - before, time.monotonic() - started
+                gateway, replica = used.gateway / wall, used.replicas / wall
+                rate = run.requests_per_second
                 config.runs.append(
-                    (run.requests_per_second, run.p50_ms, gateway, per_request, replica, run.errors)
-                )
+                    (rate, run.p50_ms, gateway, gateway / rate * 1000, replica, replica / rate * 1000,
+                     run.errors)
+                )  # fmt: skip
     finally:
         for config in configs:
             if config.served is not None:
                 config.served.stop()
-    print(report(configs, args))
-    write_section(args.out, "## Gateway:", report(configs, args))
+    figures = Figures("gateway")
+    section = report(configs, args, figures)
+    print(section)
+    write_section(args.out, "## Gateway:", section, figures)
 
 
-def report(configs: list[Config], args: argparse.Namespace) -> str:
+def report(configs: list[Config], args: argparse.Namespace, figures: Figures) -> str:
+    """The section, and each configuration's medians and the ratios in `figures`."""
     rows = [
         [f"{c.label}, --workers {c.workers}", f"{c.median(0):.0f} req/s", f"{c.median(1):.2f}",
-         f"{c.median(2):.2f}", f"{c.median(3):.3f}", f"{c.median(4):.2f}", str(sum(r[5] for r in c.runs))]
+         f"{c.median(2):.2f}", f"{c.median(3):.3f}", f"{c.median(4):.2f}", f"{c.median(5):.3f}",
+         str(sum(r[6] for r in c.runs))]
         for c in configs
     ]  # fmt: skip
+    for c in configs:
+        for index, name in enumerate(FIELDS[:-1]):
+            figures.add(f"{c.key}.{name}", c.median(index))
+        figures.add(f"{c.key}.errors", sum(r[6] for r in c.runs))
     ours = [c for c in configs if c.source is None]
     one = next((c for c in ours if c.workers == 1), ours[0])
     scaling = [f"--workers {c.workers}: {c.median(0) / one.median(0):.2f}" for c in ours if c is not one]
+    for c in ours:
+        if c is not one:
+            figures.ratio(f"workers_{c.workers}_over_{one.workers}", c.median(0) / one.median(0))
     lines = [f"- Requests/s against --workers 1: {', '.join(scaling)}."] if scaling else []
     baseline = next((c for c in configs if c.source is not None), None)
     if baseline is not None:
         before, now = baseline.median(3), one.median(3)
+        figures.ratio("baseline_over_now.gateway_ms_per_request", before / now)
         lines.append(
             f"- **Gateway CPU per request, {baseline.label} → now (one process): {before:.3f} ms → "
             f"{now:.3f} ms ({before / now:.1f}× less)**."

@@ -46,8 +46,10 @@ import httpx
 import torch
 
 from bench.common import (
+    Figures,
     Served,
     _cpu_seconds,
+    cpu_model,
     deploy,
     modelhost_cpu,
     process_table,
@@ -516,6 +518,18 @@ def _stop_group(process: subprocess.Popen[bytes]) -> None:
 VLLM_SERVE = "bare `vllm serve`"
 ON_VLLM = "modelhost, engine vllm"
 ON_TRANSFORMERS = "modelhost, engine transformers"
+RAW = "raw `model.generate`"
+# each server's name in the records' figures (`<benchmark>.<server>.streams_<n>.<figure>`): the main
+# table's modelhost is the engine comparison's modelhost on transformers, the same runs
+FIGURE_NAMES = {
+    RAW: "raw",
+    "modelhost": "modelhost",
+    ON_TRANSFORMERS: "modelhost",
+    ON_VLLM: "modelhost_vllm",
+    VLLM_SERVE: "bare_vllm",
+    "transformers serve": "transformers_serve",
+    "transformers serve --continuous-batching": "transformers_serve_continuous_batching",
+}
 
 
 @dataclass
@@ -753,24 +767,46 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "n/a"
 
 
-def _ratios(raw: Load, ours: Result, theirs: dict[str, Result]) -> list[str]:
+def _ratios(raw: Load, ours: Result, theirs: dict[str, Result], figures: Figures) -> list[str]:
     if isinstance(ours, str):
         return [f"- modelhost (engine transformers): not measured: `` {ours} ``."]
     most = max(ours)
     top, one = ours[most].tokens_per_second, ours[1].tokens_per_second
+    figures.ratio(f"modelhost.streams_{most}_over_1", _divide(top, one))
     lines = [f"- **modelhost {most} streams / modelhost 1 stream: {_ratio(top, one)}** (target ≥ 4)."]
     for name, result in theirs.items():
         if isinstance(result, str):
             lines.append(f"- modelhost {most} streams / {name}: not measured: `` {result} ``.")
         else:
             other = result[most].tokens_per_second
+            figures.ratio(f"modelhost_over_{FIGURE_NAMES[name]}.streams_{most}", _divide(top, other))
             target = "≥ 1.3" if "continuous" in name else "> 1"
             lines.append(
                 f"- **modelhost {most} streams / {name} {most} streams: {_ratio(top, other)}** "
                 f"(target {target})."
             )
+    figures.ratio("modelhost_over_raw.streams_1", _divide(one, raw.tokens_per_second))
     lines.append(f"- modelhost 1 stream / raw `model.generate`: {_ratio(one, raw.tokens_per_second)}.")
     return lines
+
+
+def _load_figures(figures: Figures, runs: dict[str, dict[int, Load]]) -> None:
+    """Each row's figures, by server (`FIGURE_NAMES`) and stream count: throughput, TTFT, requests,
+    cores, and a server's CPU per output token as its reader splits it (a modelhost server: gateway,
+    vLLM front end, engine; from its whole process tree)."""
+    for name, loads in runs.items():
+        for c, load in loads.items():
+            prefix = f"{FIGURE_NAMES[name]}.streams_{c}"
+            figures.add(f"{prefix}.tokens_per_second", load.tokens_per_second)
+            figures.add(f"{prefix}.ttft_p50_ms", load.ttft_median)
+            figures.add(f"{prefix}.completed", load.completed)
+            figures.add(f"{prefix}.errors", load.errors)
+            for part, cores in zip(("server", "client", "other"), load.cores, strict=True):
+                figures.add(f"{prefix}.{part}_cores", cores)
+            if name == RAW:
+                continue  # no server
+            for part, seconds in zip(("gateway", "front", "engine"), load.cpu, strict=True):
+                figures.add(f"{prefix}.{part}_ms_per_output_token", load.per_token_ms(seconds))
 
 
 def _warnings(runs: dict[str, dict[int, Load]]) -> list[str]:
@@ -836,7 +872,10 @@ def _engine_rows(results: dict[str, Result]) -> list[list[str]]:
 
 
 def _engine_targets(
-    results: dict[str, Result], concurrency: tuple[int, ...], idle: dict[str, tuple[float, float, float]]
+    results: dict[str, Result],
+    concurrency: tuple[int, ...],
+    idle: dict[str, tuple[float, float, float]],
+    figures: Figures,
 ) -> list[str]:
     """The ratios of issue 29 at each stream count, against their targets."""
     bare, on_vllm, on_tf = (results.get(name) for name in (VLLM_SERVE, ON_VLLM, ON_TRANSFORMERS))
@@ -857,21 +896,26 @@ def _engine_targets(
         if isinstance(bare, dict) and c in bare:
             ratio = _divide(ours.tokens_per_second, bare[c].tokens_per_second)
             ttft = ours.ttft_median - bare[c].ttft_median
+            figures.ratio(f"vllm_over_bare_vllm.streams_{c}", ratio)
+            figures.add(f"ttft_vllm_minus_bare_vllm_ms.streams_{c}", ttft)
             row += [_verdict(ratio, ratio >= 0.95), _verdict(ttft, ttft <= 10, ".1f", sign=True)]
         else:
             row += ["n/a (bare vLLM not measured)"] * 2
         if isinstance(on_tf, dict) and c in on_tf:
             other = on_tf[c]
             speedup = _divide(ours.tokens_per_second, other.tokens_per_second)
+            figures.ratio(f"vllm_over_transformers.streams_{c}", speedup)
             target = speedup_targets.get(c)
             row.append(_verdict(speedup, speedup >= target) if target else f"{_cell(speedup)} (no target)")
             cpu = _divide(ours.per_token_ms(ours.cpu[0]), other.per_token_ms(other.cpu[0]))
+            figures.ratio(f"gateway_cpu_per_token_vllm_over_transformers.streams_{c}", cpu)
             row.append(_verdict(cpu, 0.9 <= cpu <= 1.1))
             rest_vllm, rest_tf = (idle.get(name, (0.0,))[0] for name in (ON_VLLM, ON_TRANSFORMERS))
             net = _divide(
                 ours.per_token_ms(ours.cpu[0] - rest_vllm * ours.wall),
                 other.per_token_ms(other.cpu[0] - rest_tf * other.wall),
             )
+            figures.ratio(f"gateway_cpu_per_token_vllm_over_transformers_net_of_rest.streams_{c}", net)
             row.append(_cell(net))
         else:
             row += ["n/a (transformers engine not measured)"] * 3
@@ -879,8 +923,9 @@ def _engine_targets(
     return [table(header, rows)]
 
 
-def engine_report(shape: Shape, seconds: float, runs: EngineRuns) -> list[str]:
-    """The vLLM sub-section: modelhost on vLLM vs bare `vllm serve` vs modelhost on transformers."""
+def engine_report(shape: Shape, seconds: float, runs: EngineRuns, figures: Figures) -> list[str]:
+    """The vLLM sub-section: modelhost on vLLM vs bare `vllm serve` vs modelhost on transformers; its
+    rows' figures and ratios, and each server's cores at rest, in `figures`."""
     header = ["what", "output tokens/s (aggregate)", "TTFT p50 ms", "completed requests", "errors"]
     header += ["gateway cores", "vLLM front-end cores", "engine cores", "client cores", "other cores"]
     header += ["gateway CPU ms / output token", "vLLM front-end CPU ms / output token"]
@@ -893,10 +938,14 @@ def engine_report(shape: Shape, seconds: float, runs: EngineRuns) -> list[str]:
     )
     before, after = (", ".join(f"{x:.2f}" for x in load) for load in (runs.load_before, runs.load_after))
     measured = _measured(runs.results)
+    _load_figures(figures, {name: loads for name, loads in measured.items() if name != ON_TRANSFORMERS})
+    for name, cores in runs.idle.items():
+        for part, value in zip(("gateway", "front", "engine"), cores, strict=True):
+            figures.add(f"{FIGURE_NAMES[name]}.at_rest.{part}_cores", value)
     return [
         "### modelhost on vLLM vs bare `vllm serve` vs modelhost on transformers (issue 29)",
         "",
-        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {_cpu_name()} ({os.cpu_count()} "
+        f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {cpu_model()} ({os.cpu_count()} "
         f"cores, {_memory_gib():.0f} GiB), {runs.vllm}. The same folder, client and requests as above "
         f"(streamed chat, greedy, exactly {shape.tokens} tokens, {seconds:g} s of load per row) against "
         f"{len(runs.results)} servers, {order}:",
@@ -917,7 +966,7 @@ def engine_report(shape: Shape, seconds: float, runs: EngineRuns) -> list[str]:
         "",
         table(header, _engine_rows(runs.results)),
         "",
-        *_engine_targets(runs.results, shape.concurrency, runs.idle),
+        *_engine_targets(runs.results, shape.concurrency, runs.idle, figures),
         "",
         _at_rest(runs.idle),
         *_errors(measured),
@@ -932,14 +981,6 @@ def _at_rest(idle: dict[str, tuple[float, float, float]]) -> str:
     )
 
 
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.machine()
-
-
 def _memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
@@ -952,10 +993,16 @@ def report(
     ours: Result,
     theirs: dict[str, Result],
     reuse: PrefixReuse,
+    figures: Figures,
     engines: EngineRuns | None = None,
 ) -> str:
+    """The section; every row's figures and the ratios it reports in `figures`."""
     tokens = shape.tokens
-    runs = {"raw `model.generate`": {1: raw}, **_measured({"modelhost": ours}), **_measured(theirs)}
+    runs = {RAW: {1: raw}, **_measured({"modelhost": ours}), **_measured(theirs)}
+    _load_figures(figures, runs)
+    figures.add("prefix_reuse.shared_prompt_ms", reuse.shared_seconds * 1000)
+    figures.add("prefix_reuse.own_prompts_ms", reuse.unique_seconds * 1000)
+    figures.ratio("prefix_reuse.own_prompts_over_shared", _divide(reuse.unique_seconds, reuse.shared_seconds))
     header = ["what", "output tokens/s (aggregate)", "TTFT p50 ms", "completed requests", "errors"]
     header += ["server cores", "client cores", "other cores"]
     device = f"CUDA ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "CPU"
@@ -983,14 +1030,14 @@ def report(
         "",
         table(header, _rows(runs)),
         "",
-        *_ratios(raw, ours, theirs),
+        *_ratios(raw, ours, theirs, figures),
         *_errors(runs),
         *_warnings(runs),
         "",
         reuse.report(),
     ]
     if engines is not None:
-        lines += ["", *engine_report(shape, seconds, engines)]
+        lines += ["", *engine_report(shape, seconds, engines, figures)]
     return "\n".join(lines) + "\n"
 
 
@@ -1080,10 +1127,11 @@ def main() -> None:
             print(f"{name}: {_summary(theirs[name])}", flush=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    section = report(shape, parameters, args.seconds, raw, ours, theirs, reuse, runs)
+    figures = Figures("generation_gpu" if args.gpu else "generation")
+    section = report(shape, parameters, args.seconds, raw, ours, theirs, reuse, figures, runs)
     print(section)
     heading = "## Text generation on a GPU:" if args.gpu else "## Text generation:"
-    write_section(args.out, heading, section + "\n")  # a blank line before the next section
+    write_section(args.out, heading, section + "\n", figures)  # a blank line before the next section
 
 
 if __name__ == "__main__":

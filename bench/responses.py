@@ -6,7 +6,8 @@ The benchmark's text-generation model (bench.generation: a 33 M random-weight Ll
 modelhost; one client sends the same conversation, streamed, alternately as `POST /v1/chat/completions`
 and as `POST /v1/responses` (exactly `--tokens` output tokens each: `min_tokens`), one request at a
 time, so both see the same machine. Reported per output token: wall time (request sent → stream
-finished) and the gateway processes' CPU time (the replica's work is the same generation for both).
+finished), the gateway processes' CPU time and the replica's (the same generation for both: a check
+that the comparison is like for like), from the server's whole process tree (`bench.common.server_cpu`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import deploy, serve, table, write_section
+from bench.common import Figures, ServerCpu, deploy, serve, table, write_section
 from bench.generation import MESSAGES, build_model
 
 HEADING = "## Responses API stream vs chat completion stream"
@@ -60,7 +61,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     folder = Path(tempfile.mkdtemp(prefix="mh-bench-llama-"))
     walls: dict[str, list[float]] = {"chat": [], "responses": []}
-    cpus: dict[str, list[float]] = {"chat": [], "responses": []}
+    cpus: dict[str, list[ServerCpu]] = {"chat": [], "responses": []}  # CPU ms per output token
     try:
         build_model(folder)
         served = serve(args.port)
@@ -73,33 +74,48 @@ def main() -> None:
                     _stream(http, path, body)
                 for _ in range(args.requests):
                     for kind, (path, body) in bodies.items():
-                        cpu, wall = served.cpu_seconds()[0], time.perf_counter()
+                        cpu, wall = served.cpu(), time.perf_counter()
                         _stream(http, path, body)
                         walls[kind].append((time.perf_counter() - wall) / args.tokens)
-                        cpus[kind].append((served.cpu_seconds()[0] - cpu) / args.tokens)
+                        cpus[kind].append((served.cpu() - cpu).ms_per(args.tokens))
         finally:
             served.stop()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    section = report(args, walls, cpus)
+    figures = Figures("responses")
+    section = report(args, walls, cpus, figures)
     print(section)
-    write_section(args.out, HEADING, section)
+    write_section(args.out, HEADING, section, figures)
 
 
-def report(args: argparse.Namespace, walls: dict[str, list[float]], cpus: dict[str, list[float]]) -> str:
-    def ms(values: list[float]) -> str:
-        return f"{statistics.median(values) * 1000:.2f}"
-
-    def mean_ms(values: list[float]) -> str:  # /proc counts 10 ms ticks: a mean over all requests
-        return f"{statistics.fmean(values) * 1000:.3f}"
-
-    wall_ratio = statistics.median(walls["responses"]) / statistics.median(walls["chat"])
-    cpu_ratio = statistics.fmean(cpus["responses"]) / statistics.fmean(cpus["chat"])
+def report(
+    args: argparse.Namespace,
+    walls: dict[str, list[float]],
+    cpus: dict[str, list[ServerCpu]],
+    figures: Figures,
+) -> str:
+    """The section; its figures and ratios in `figures`."""
+    # /proc counts 10 ms ticks: CPU figures are means over all requests
+    wall = {kind: statistics.median(values) * 1000 for kind, values in walls.items()}
+    gateway = {kind: statistics.fmean(c.gateway for c in values) for kind, values in cpus.items()}
+    replica = {kind: statistics.fmean(c.replicas for c in values) for kind, values in cpus.items()}
+    for kind in walls:
+        figures.add(f"{kind}.wall_ms_per_output_token", wall[kind])
+        figures.add(f"{kind}.gateway_ms_per_output_token", gateway[kind])
+        figures.add(f"{kind}.replica_ms_per_output_token", replica[kind])
+    wall_ratio = wall["responses"] / wall["chat"]
+    cpu_ratio = gateway["responses"] / gateway["chat"]
+    figures.ratio("responses_over_chat.wall_per_output_token", wall_ratio)
+    figures.ratio("responses_over_chat.gateway_cpu_per_output_token", cpu_ratio)
     rows = [
-        ["`POST /v1/chat/completions`, streamed", ms(walls["chat"]), mean_ms(cpus["chat"])],
-        ["`POST /v1/responses`, streamed", ms(walls["responses"]), mean_ms(cpus["responses"])],
+        [label, f"{wall[kind]:.2f}", f"{gateway[kind]:.3f}", f"{replica[kind]:.3f}"]
+        for kind, label in (
+            ("chat", "`POST /v1/chat/completions`, streamed"),
+            ("responses", "`POST /v1/responses`, streamed"),
+        )
     ]
     header = ["what", "wall ms per output token (median)", "gateway CPU ms per output token (mean)"]
+    header += ["replica CPU ms per output token (mean)"]
     return "\n".join(
         [
             HEADING,

@@ -8,7 +8,8 @@ all-MiniLM-L6-v2; `--clients` asyncio clients send requests back to back. Every 
 resident memory (RSS) of every process of the server is read from /proc and added up per kind: the
 supervisor, the other gateway processes, the worker template and the replica workers. A leak shows as
 growth over the second half of the run (the first half holds the warm-up: caches, allocator pools);
-the target is under 5 % for every kind.
+the target is under 5 % for every kind. The CPU per request of the gateway processes and of the replicas
+over each whole soak is read from the server's process tree (`bench.common.server_cpu`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,17 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import SENTENCE, Served, deploy, minilm_dir, serve, table, write_section
+from bench.common import (
+    SENTENCE,
+    Figures,
+    Served,
+    ServerCpu,
+    deploy,
+    minilm_dir,
+    serve,
+    table,
+    write_section,
+)
 from bench.generation import Load, build_model, drive, modelhost_body
 from modelhost.runtime.memory import descendants, parents, rss_bytes
 
@@ -52,12 +63,14 @@ class Soak:
     name: str
     load: Load
     samples: list[Sample] = field(default_factory=list)
+    cpu: ServerCpu = field(default_factory=ServerCpu)  # over the whole soak, ms per request served
 
     def at(self, seconds: float) -> Sample:
         """The sample taken nearest to `seconds` into the run."""
         return min(self.samples, key=lambda s: abs(s.seconds - seconds))
 
-    def rows(self) -> list[list[str]]:
+    def rows(self, figures: Figures | None = None) -> list[list[str]]:
+        """The table's rows, one per process kind; with `figures`, their figures too."""
         half, end = self.at(self.samples[-1].seconds / 2), self.samples[-1]
         rows = []
         for kind in [SUPERVISOR, *KINDS.values()]:
@@ -65,11 +78,22 @@ class Soak:
                 continue
             before, after = half.rss.get(kind, 0), end.rss[kind]
             growth = (after - before) / before * 100 if before else float("nan")
+            if figures is not None:
+                prefix = f"{_slug(self.name)}.{_slug(kind)}"
+                figures.add(f"{prefix}.processes", end.processes[kind])
+                figures.add(f"{prefix}.rss_half_mb", before / 1e6)
+                figures.add(f"{prefix}.rss_end_mb", after / 1e6)
+                figures.ratio(f"{prefix}.rss_end_over_half", after / before if before else float("nan"))
             rows.append(
                 [self.name, kind, str(end.processes[kind]), f"{before / 1e6:.1f}", f"{after / 1e6:.1f}",
                  f"{growth:+.2f}", "yes" if growth < TARGET_GROWTH else "**no**"]
             )  # fmt: skip
         return rows
+
+
+def _slug(name: str) -> str:
+    """A soak's or process kind's name in figure names: `streamed_chat`, `worker_template`."""
+    return name.replace(" ", "_")
 
 
 def sample(supervisor: int, started: float) -> Sample:
@@ -88,8 +112,9 @@ def sample(supervisor: int, started: float) -> Sample:
 
 
 async def sampled(name: str, served: Served, load: Awaitable[Load], every: float) -> Soak:
-    """Run `load` while sampling the server's memory every `every` seconds (and once at the end)."""
-    started = time.monotonic()
+    """Run `load` while sampling the server's memory every `every` seconds (and once at the end); the
+    server's CPU per request over the whole load."""
+    started, cpu = time.monotonic(), served.cpu()
     samples: list[Sample] = []
 
     async def sampler() -> None:
@@ -107,7 +132,7 @@ async def sampled(name: str, served: Served, load: Awaitable[Load], every: float
         with contextlib.suppress(asyncio.CancelledError):
             await task
     samples.append(sample(served.process.pid, started))
-    return Soak(name, result, samples)
+    return Soak(name, result, samples, (served.cpu() - cpu).ms_per(result.completed))
 
 
 async def embed_back_to_back(served: Served, clients: int, seconds: float) -> Load:
@@ -159,10 +184,22 @@ def soak_embeddings(port: int, minutes: float, clients: int, every: float) -> So
         served.stop()
 
 
-def report(soaks: list[Soak], minutes: float, clients: int, every: float) -> str:
+def report(soaks: list[Soak], minutes: float, clients: int, every: float, figures: Figures) -> str:
+    """The section; each soak's figures in `figures`."""
     header = ["soak", "process kind", "processes", "RSS at half (MB)", "RSS at end (MB)", "growth %",
               f"< {TARGET_GROWTH:g} %"]  # fmt: skip
-    rows = [row for soak in soaks for row in soak.rows()]
+    rows = [row for soak in soaks for row in soak.rows(figures)]
+    cpu_rows = []
+    for soak in soaks:
+        cpu_rows.append(
+            [soak.name, str(soak.load.completed), str(soak.load.errors), f"{soak.cpu.gateway:.3f}",
+             f"{soak.cpu.replicas:.3f}"]
+        )  # fmt: skip
+        figures.add(f"{_slug(soak.name)}.requests", soak.load.completed)
+        figures.add(f"{_slug(soak.name)}.errors", soak.load.errors)
+        figures.add(f"{_slug(soak.name)}.gateway_ms_per_request", soak.cpu.gateway)
+        figures.add(f"{_slug(soak.name)}.replica_ms_per_request", soak.cpu.replicas)
+    cpu_header = ["soak", "requests served", "errors", "gateway ms CPU / request", "replica ms CPU / request"]
     served = "; ".join(
         f"{s.name}: {s.load.completed} requests served, {s.load.errors} errors"
         + (f" (first: `{s.load.first_error}`)" if s.load.errors else "")
@@ -179,6 +216,8 @@ every {every:g} s and added up per kind; growth is from the sample nearest the m
 last one (the first half holds the warm-up), with a target of less than {TARGET_GROWTH:g} %.
 
 {table(header, rows)}
+
+{table(cpu_header, cpu_rows)}
 
 - {served}.
 - The chat replica's RSS is mostly its KV cache, allocated whole when it loads (on CPU at most an eighth
@@ -202,9 +241,10 @@ def main() -> None:
         soak = run(args.port + i, args.minutes, args.clients, args.sample_seconds)
         print(table(["soak", "kind", "n", "half MB", "end MB", "growth %", "ok"], soak.rows()), flush=True)
         soaks.append(soak)
-    section = report(soaks, args.minutes, args.clients, args.sample_seconds)
+    figures = Figures("soak")
+    section = report(soaks, args.minutes, args.clients, args.sample_seconds, figures)
     print(section)
-    write_section(args.out, "## Soak:", section)
+    write_section(args.out, "## Soak:", section, figures)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ all-MiniLM-L6-v2 on torch, served, one short sentence per request (wrk):
   alone (`fairness_bound`).
 - **Overhead**: 64 connections of one key without limits, then of a key whose limits are far above
   what it uses (every request admitted and counted), twice each, alternated. Target: gateway CPU per
-  request with limits within 10 % of without.
+  request with limits within 10 % of without. The replicas' CPU per request is reported beside it (both
+  from the server's whole process tree, `bench.common.server_cpu`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,18 @@ from typing import Any
 
 import httpx
 
-from bench.common import Served, WrkResult, deploy_minilm, serve, table, write_section, wrk
-from bench.embeddings import machine
+from bench.common import (
+    Figures,
+    Served,
+    ServerCpu,
+    WrkResult,
+    deploy_minilm,
+    machine,
+    serve,
+    table,
+    write_section,
+    wrk,
+)
 
 MANY, ONE = 64, 1
 HIGH_LIMITS = {"requests_per_minute": 10**12, "tokens_per_minute": 10**12, "concurrent_requests": 10**6}
@@ -54,12 +65,11 @@ def together(
     return results["many"], results["one"]
 
 
-def gateway_ms(served: Served, body: dict[str, str], key: str, seconds: int) -> tuple[float, WrkResult]:
-    """Gateway CPU milliseconds per request at 64 connections of `key`."""
-    before = served.cpu_seconds()[0]
+def cpu_ms(served: Served, body: dict[str, str], key: str, seconds: int) -> tuple[ServerCpu, WrkResult]:
+    """CPU milliseconds per request, by role, at 64 connections of `key`."""
+    before = served.cpu()
     run = wrk(served.url, "/v1/embeddings", body, key, MANY, seconds)
-    used = served.cpu_seconds()[0] - before
-    return used / (run.requests_per_second * seconds) * 1000, run
+    return (served.cpu() - before).ms_per(run.requests_per_second * seconds), run
 
 
 def mean_of(runs: list[WrkResult]) -> WrkResult:
@@ -106,11 +116,11 @@ def measure(workers: int, port: int, seconds: int) -> dict[str, Any]:
             mean_of([m for m, _ in beside]),
             mean_of([o for _, o in beside]),
         )
-        costs: dict[str, list[float]] = {"without": [], "with": []}
+        costs: dict[str, list[ServerCpu]] = {"without": [], "with": []}
         runs: dict[str, list[WrkResult]] = {"without": [], "with": []}
         for _ in range(2):
             for name, key in (("without", a), ("with", limited)):
-                ms, run = gateway_ms(served, body, key, seconds)
+                ms, run = cpu_ms(served, body, key, seconds)
                 costs[name].append(ms)
                 runs[name].append(run)
     finally:
@@ -120,7 +130,8 @@ def measure(workers: int, port: int, seconds: int) -> dict[str, Any]:
         "b_alone": b_alone,
         "a_with": a_with,
         "b_with": b_with,
-        "cost": {name: statistics.mean(values) for name, values in costs.items()},
+        "cost": {name: statistics.mean(c.gateway for c in values) for name, values in costs.items()},
+        "replica_cost": {name: statistics.mean(c.replicas for c in values) for name, values in costs.items()},
         "rate": {
             name: statistics.mean(r.requests_per_second for r in values) for name, values in runs.items()
         },
@@ -141,22 +152,38 @@ def main() -> None:
     measured = {w: measure(w, args.port + i, args.seconds) for i, w in enumerate(workers)}
 
     rows, lines = [], []
+    figures = Figures("tenancy")
     for w, m in measured.items():
         rows += [
             [f"--workers {w}, key A alone, {MANY} connections", f"{m['a_alone'].requests_per_second:.0f}",
-             f"{m['a_alone'].p50_ms:.1f}", f"{m['a_alone'].p99_ms:.1f}"],
+             f"{m['a_alone'].p50_ms:.1f}", f"{m['a_alone'].p99_ms:.1f}", "-", "-"],
             [f"--workers {w}, key B alone, {ONE} connection", f"{m['b_alone'].requests_per_second:.0f}",
-             f"{m['b_alone'].p50_ms:.1f}", f"{m['b_alone'].p99_ms:.1f}"],
+             f"{m['b_alone'].p50_ms:.1f}", f"{m['b_alone'].p99_ms:.1f}", "-", "-"],
             [f"--workers {w}, key A beside B", f"{m['a_with'].requests_per_second:.0f}",
-             f"{m['a_with'].p50_ms:.1f}", f"{m['a_with'].p99_ms:.1f}"],
+             f"{m['a_with'].p50_ms:.1f}", f"{m['a_with'].p99_ms:.1f}", "-", "-"],
             [f"--workers {w}, key B beside A", f"{m['b_with'].requests_per_second:.0f}",
-             f"{m['b_with'].p50_ms:.1f}", f"{m['b_with'].p99_ms:.1f}"],
-            [f"--workers {w}, {MANY} connections, no limits", f"{m['rate']['without']:.0f}", "-", "-"],
-            [f"--workers {w}, {MANY} connections, limited key", f"{m['rate']['with']:.0f}", "-", "-"],
+             f"{m['b_with'].p50_ms:.1f}", f"{m['b_with'].p99_ms:.1f}", "-", "-"],
+            [f"--workers {w}, {MANY} connections, no limits", f"{m['rate']['without']:.0f}", "-", "-",
+             f"{m['cost']['without']:.3f}", f"{m['replica_cost']['without']:.3f}"],
+            [f"--workers {w}, {MANY} connections, limited key", f"{m['rate']['with']:.0f}", "-", "-",
+             f"{m['cost']['with']:.3f}", f"{m['replica_cost']['with']:.3f}"],
         ]  # fmt: skip
         b_ratio = m["b_with"].p50_ms / m["b_alone"].p50_ms
         a_ratio = m["a_with"].requests_per_second / m["a_alone"].requests_per_second
         cost = m["cost"]["with"] / m["cost"]["without"]
+        for run in ("a_alone", "b_alone", "a_with", "b_with"):
+            figures.add(f"workers_{w}.{run}.requests_per_second", m[run].requests_per_second)
+            figures.add(f"workers_{w}.{run}.p50_ms", m[run].p50_ms)
+            figures.add(f"workers_{w}.{run}.p99_ms", m[run].p99_ms)
+        for limits, name in (("without", "no_limits"), ("with", "limited")):
+            figures.add(f"workers_{w}.{name}.requests_per_second", m["rate"][limits])
+            figures.add(f"workers_{w}.{name}.gateway_ms_per_request", m["cost"][limits])
+            figures.add(f"workers_{w}.{name}.replica_ms_per_request", m["replica_cost"][limits])
+        figures.add(f"workers_{w}.errors", m["errors"])
+        figures.add(f"workers_{w}.fairness_bound", fairness_bound(m["a_alone"], m["b_alone"]))
+        figures.ratio(f"workers_{w}.b_p50_beside_a_over_alone", b_ratio)
+        figures.ratio(f"workers_{w}.a_rate_beside_b_over_alone", a_ratio)
+        figures.ratio(f"workers_{w}.gateway_ms_per_request_limited_over_not", cost)
         lines.append(
             f"- **--workers {w}: B's p50 beside A / alone: {b_ratio:.2f}** (target ≤ 2); **A's req/s "
             f"beside B / alone: {a_ratio:.2f}** (target ≥ 0.9); **gateway CPU per request, limited / not: "
@@ -172,12 +199,12 @@ sentence per request, {args.seconds} s per wrk run; A alone and A beside B run t
 are averaged; the limited key's limits are far above what it uses, so every request is admitted and
 counted; its two runs alternate with two unlimited ones, averaged).
 
-{table(["what", "req/s", "p50 ms", "p99 ms"], rows)}
+{table(["what", "req/s", "p50 ms", "p99 ms", "gateway ms CPU / request", "replica ms CPU / request"], rows)}
 
 {chr(10).join(lines)}
 """
     print(report)
-    write_section(args.out, "## Tenancy:", report)
+    write_section(args.out, "## Tenancy:", report, figures)
 
 
 if __name__ == "__main__":
