@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -38,6 +39,8 @@ MB = 1_000_000
 # deployment fails instead: a model that needs more than the limit would otherwise restart forever.
 MEMORY_RESTARTS = 2
 MEMORY_RESTART_WINDOW_SECONDS = 600.0
+# An idle deployment's replicas (and the server's own processes) are measured at most this often
+IDLE_MEASURE_SECONDS = 60.0
 
 
 SpecSource = Callable[[str], DeploymentSpec | None]
@@ -78,6 +81,7 @@ class DeploymentRuntime:
         self.loaded_at = 0.0  # monotonic: eviction leaves it alone for `min_residency_seconds`
         # Evicted, or refused room, while it wants to be loaded (warm, hot): loads again once room frees
         self.wants_memory = False
+        self.measured_at = -math.inf  # monotonic: when its replicas were last measured
         settings = manager.settings
         self.dispatcher = Dispatcher(spec.id, settings.max_queue_size, settings.request_timeout_seconds)
 
@@ -404,6 +408,7 @@ class ReplicaManager:
         self.placement = Placement(settings, self.clock, gpus=gpus, remember=self._remember_footprint)
         self.placement.refill = self._refill_soon
         self._refilling: asyncio.Task[None] | None = None
+        self._server_measured_at = -IDLE_MEASURE_SECONDS  # when the server's own processes were measured
 
     def _remember_footprint(self, spec: DeploymentSpec, device: str, footprint: Footprint) -> None:
         self.in_background(asyncio.to_thread(self.footprint_measured, spec, device, footprint))
@@ -622,12 +627,26 @@ class ReplicaManager:
             await asyncio.sleep(self.settings.memory_check_seconds)
 
     async def check_memory(self) -> None:
-        """Measure every replica: each deployment's reservation becomes what its replicas take, the
+        """Measure the replicas: each deployment's reservation becomes what its replicas take, the
         default budget follows what the server's own processes hold, idle deployments are evicted while
         the measured total is above the budget, and a local replica above `replica_memory_limit_mb` is
-        restarted (Ray Serve replicas are left to Ray's own memory monitor)."""
+        restarted (Ray Serve replicas are left to Ray's own memory monitor). A deployment that has not
+        been used since it was last measured is measured again only after `IDLE_MEASURE_SECONDS` (reading
+        a process's memory map costs milliseconds, and an idle replica's hardly moves), unless the
+        replica memory limit is set: then every check measures every replica."""
         runtimes = self.tenants()
-        live = [(rt, r) for rt in runtimes for r in rt.replicas if r.alive]
+        now, every = self.clock.monotonic(), self.settings.replica_memory_limit_mb is not None
+        due = [
+            rt
+            for rt in runtimes
+            if every or rt.last_used >= rt.measured_at or now - rt.measured_at >= IDLE_MEASURE_SECONDS
+        ]
+        if not due and now - self._server_measured_at < IDLE_MEASURE_SECONDS:
+            return
+        self._server_measured_at = now
+        for runtime in due:
+            runtime.measured_at = now
+        live = [(rt, r) for rt in due for r in rt.replicas if r.alive]
         pids = [r.pid for rt in runtimes for r in [*rt.replicas, *rt._loading] if r.pid is not None]
 
         def measure() -> tuple[list[Footprint], int]:  # reads all of /proc: off the event loop
@@ -639,7 +658,7 @@ class ReplicaManager:
 
         footprints, own = await asyncio.to_thread(measure)
         self.placement.follow_server(own)
-        for runtime in runtimes:
+        for runtime in due:
             measured = [f for (rt, _), f in zip(live, footprints, strict=True) if rt is runtime]
             if runtime.reservation is not None and measured:
                 self.placement.measured(runtime.reservation, measured)
@@ -653,6 +672,7 @@ class ReplicaManager:
 
     async def measure(self, runtime: DeploymentRuntime) -> None:
         """Measure one deployment's replicas now (just loaded): its reservation becomes what they take."""
+        runtime.measured_at = self.clock.monotonic()
         replicas = list(runtime.replicas)
         table = await asyncio.to_thread(parents)
         footprints = await asyncio.to_thread(lambda: [r.measure(table) for r in replicas])
