@@ -9,6 +9,8 @@ tree at once with py-spy (a sampling profiler: it reads the processes' stacks fr
 without slowing them down): one flame graph per process (`<model>-<connections>-<role>.svg`: gateway
 processes and replica workers), and a text summary of each process's hottest functions, their own and
 inclusive share of samples (`<model>-<connections>.txt`). The summaries are what docs/benchmarks.md quotes.
+Under uvloop an awaited coroutine's stack starts where the event loop (C) resumed it, so inclusive
+shares above the request's own coroutines are partial; own shares are exact.
 """
 
 from __future__ import annotations
@@ -44,13 +46,13 @@ def roles(served: Served) -> dict[int, str]:
     return found
 
 
-def record(pid: int, seconds: int, folder: Path, name: str) -> None:
-    """py-spy's samples of `pid`: `seconds` of collapsed stacks (`<name>.collapsed`, for the summary),
-    then `seconds` more drawn as a flame graph (`<name>.svg`); the load is steady, so both see the same."""
+def record(pid: int, seconds: int, stacks: Path, pictures: Path, name: str) -> None:
+    """py-spy's samples of `pid`: `seconds` of collapsed stacks (`stacks/<name>.collapsed`, for the
+    summary), then `seconds` more drawn as a flame graph (`pictures/<name>.svg`); the load is steady,
+    so both see the same."""
     spy = [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid), "--rate", "100"]
     spy += ["--duration", str(seconds), "--nonblocking"]
-    for form, suffix in (("raw", "collapsed"), ("flamegraph", "svg")):
-        output = folder / f"{name}.{suffix}"
+    for form, output in (("raw", stacks / f"{name}.collapsed"), ("flamegraph", pictures / f"{name}.svg")):
         subprocess.run([*spy, "--format", form, "--output", str(output)], check=True, capture_output=True)
 
 
@@ -116,8 +118,9 @@ def main() -> None:
         load.start()
         threading.Event().wait(2)  # wrk is at full speed
         processes = roles(served)
+        stacks = Path(tempfile.mkdtemp(prefix="mh-profile-"))
         recorders = [
-            threading.Thread(target=record, args=(pid, args.seconds, args.out, f"{name}-{role}"))
+            threading.Thread(target=record, args=(pid, args.seconds, stacks, args.out, f"{name}-{role}"))
             for pid, role in processes.items()
         ]
         for recorder in recorders:
@@ -127,7 +130,7 @@ def main() -> None:
         load.join()
         text = [f"# {name}: {args.connections} connections, {args.seconds} s, --workers {args.workers}\n"]
         for role in sorted(processes.values()):
-            text.append(f"\n## {role}\n{summary(args.out / f'{name}-{role}.collapsed')}")
+            text.append(f"\n## {role}\n{summary(stacks / f'{name}-{role}.collapsed')}")
         (args.out / f"{name}.txt").write_text("".join(text))
         print("".join(text))
     finally:

@@ -1,0 +1,158 @@
+"""What each piece of a request's path costs, measured alone in this process (issue 39).
+
+    python -m bench.path_costs [--repeat 20000] [--out FILE]
+
+Every figure is microseconds of CPU per request (or per batch, where the piece runs once a batch),
+timed in a tight loop with `time.process_time`, so the pieces can be weighed against each other and
+against the whole request (the gateway benchmark's ms of CPU per request):
+- **request ID and metrics**: the outermost middleware (`RequestPath`) around an ASGI app that answers
+  at once, against the app alone: the request's ID, its header, its counter and latency histogram;
+- **rate limits**: admitting and releasing a request of a key with limits (`RateLimiter`, its table
+  in this process) and the `x-ratelimit-*` headers it makes;
+- **fair queuing**: a replica's queue per key, a batch of 16 taken from 16 keys against from 1;
+- **`Started`**: the message a replica sends before a batch runs (built and encoded), per batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import Figures, table, write_section
+from bench.embeddings import machine
+from modelhost.api.middleware import RequestPath
+from modelhost.auth.limits import Limits, RateLimiter, Subject
+from modelhost.runtime.host import ReplicaHost
+from modelhost.runtime.protocol import Run, Started, encode
+
+BATCH = 16
+
+
+def per_call(work: Callable[[], Any], repeat: int) -> float:
+    """CPU microseconds per call of `work`."""
+    for _ in range(min(1000, repeat)):
+        work()
+    started = time.process_time()
+    for _ in range(repeat):
+        work()
+    return (time.process_time() - started) / repeat * 1e6
+
+
+async def _answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+def request_path(repeat: int) -> tuple[float, float]:
+    """(the app alone, the app inside `RequestPath`), µs per request, on one event loop."""
+
+    async def nothing() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def sent(message: dict[str, Any]) -> None:
+        return None
+
+    def scope() -> dict[str, Any]:
+        return {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": [], "app": None}
+
+    path = RequestPath(_answer)
+    loop = asyncio.new_event_loop()
+    try:
+        bare = per_call(lambda: loop.run_until_complete(_answer(scope(), nothing, sent)), repeat)
+        wrapped = per_call(lambda: loop.run_until_complete(path(scope(), nothing, sent)), repeat)
+    finally:
+        loop.close()
+    return bare, wrapped
+
+
+def rate_limits(repeat: int) -> float:
+    """Admit and release one request of a key with limits (and of its account), µs."""
+    limits = Limits(requests_per_minute=10**12, tokens_per_minute=10**12, concurrent_requests=10**6)
+    subjects = tuple(s for s in (Subject.of("key", "k", limits), Subject.of("account", "a", limits)) if s)
+    limiter = RateLimiter()
+
+    def admit_release() -> None:
+        admitted = limiter.admit(subjects)
+        limiter.release(admitted.ticket, 7)
+
+    return per_call(admit_release, repeat)
+
+
+class _Handler:
+    """A batch handler that does nothing: the host's own work is what is timed."""
+
+    streaming = False
+
+    def run(self, state: Any, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{} for _ in batch]
+
+
+def fair_queuing(repeat: int) -> tuple[float, float]:
+    """A batch of `BATCH` requests through a replica's host, from one key and from `BATCH` keys, µs per
+    batch (receiving them, taking the batch, running a handler that does nothing, the answers)."""
+
+    def batch_from(keys: int) -> Callable[[], None]:
+        host = ReplicaHost(_Handler(), None, deployment="bench", max_batch=BATCH, max_wait=0.0)  # type: ignore[arg-type]
+
+        def run() -> None:
+            for i in range(BATCH):
+                host.receive("peer", Run(i, {"inputs": ["x"]}, tenant=f"key-{i % keys}"))
+            host.work()
+            host.take_outgoing()
+
+        return run
+
+    return per_call(batch_from(1), repeat // 10), per_call(batch_from(BATCH), repeat // 10)
+
+
+def started(repeat: int) -> float:
+    """The `Started` message of a batch of `BATCH`, built and encoded, µs per batch."""
+    ids = list(range(BATCH))
+    return per_call(lambda: encode(Started(ids)), repeat)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeat", type=int, default=20000)
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    args = parser.parse_args()
+    bare, wrapped = request_path(args.repeat)
+    limited = rate_limits(args.repeat)
+    one_key, many_keys = fair_queuing(args.repeat)
+    announce = started(args.repeat)
+    rows = [
+        ["request ID, its header, the request counter and latency histogram (`RequestPath`)",
+         f"{wrapped - bare:.1f} per request"],
+        ["rate limits: admission and release of a limited key and its account (`RateLimiter`)",
+         f"{limited:.1f} per request"],
+        [f"fair queuing: a batch of {BATCH} from {BATCH} keys, less from 1 key (`ReplicaHost`)",
+         f"{many_keys - one_key:.1f} per batch ({one_key:.1f} for the batch from one key)"],
+        [f"`Started` of a batch of {BATCH}, built and encoded", f"{announce:.1f} per batch"],
+    ]  # fmt: skip
+    report = f"""## Path costs: what each piece of a request's path costs
+
+Machine: {machine()}. One run of `python -m bench.path_costs`: each piece alone in one process, in a tight
+loop, CPU microseconds (`time.process_time`) per request or per batch, to weigh against the gateway
+benchmark's CPU per request (about 150 µs of gateway CPU and 55 µs of replica CPU for the 1-layer BERT).
+
+{table(["piece", "µs of CPU"], rows)}
+"""
+    print(report)
+    figures = Figures("path_costs")
+    figures.add("request_path_us", wrapped - bare)
+    figures.add("rate_limits_us", limited)
+    figures.add("fair_queuing_us_per_batch", many_keys - one_key)
+    figures.add("started_us_per_batch", announce)
+    write_section(args.out, "## Path costs:", report, figures)
+
+
+if __name__ == "__main__":
+    main()
