@@ -296,8 +296,10 @@ async def test_two_gateway_processes_see_one_budget(tmp_path: Path, recipes: Pat
             assert (await embed_via(other, "a")).status_code == 200
             assert (await embed_via(supervisor, "b")).status_code == 200
             assert (await embed_via(other, "c")).status_code == 200
-        assert most[0] == 2
+        assert most[0] == 2  # loads through either process count in one budget
         seen = [await capacity_via(pid) for pid in (supervisor, other)]
         assert seen[0]["memory"]["budget_bytes"] == seen[1]["memory"]["budget_bytes"]
-        assert sorted(d["model"] for d in seen[0]["deployments"]) == ["b", "c"]
-        assert sorted(d["model"] for d in seen[1]["deployments"]) == ["b", "c"]
+        # which of a and b made room depends on when the other process last said it used a (it tells
+        # the supervisor once a second), not on the budget
+        held = [sorted(d["model"] for d in view["deployments"]) for view in seen]
+        assert held[0] == held[1] and len(held[0]) == 2 and "c" in held[0], held

@@ -52,8 +52,10 @@ async def test_a_replica_over_the_memory_limit_is_restarted_with_its_reason_show
         [first] = await until(lambda: server.replicas(deployment_id))
 
         def ready_again() -> dict[str, Any] | None:
-            """The deployment's view once a replacement serves (another worker than the first)."""
-            current, pids = view(server, deployment_id), server.replicas(deployment_id)
+            """The deployment's view once a replacement serves (another worker than the first). The
+            workers first: one seen replaced means the view read after it knows why."""
+            pids = server.replicas(deployment_id)
+            current = view(server, deployment_id)
             return current if current["state"] == "ready" and pids and first not in pids else None
 
         current = await until(ready_again, timeout=60)
