@@ -126,4 +126,4 @@ async def client(services: Services) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as http:
         yield http
-    await services.runtime.shutdown()  # no worker process outlives its test
+    await services.manager.shutdown()  # no worker process outlives its test

@@ -55,11 +55,11 @@ async def gateway(root: Path, clock: ManualClock, **overrides: Any) -> AsyncIter
     transport = httpx.ASGITransport(app=create_app(services=services), raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as client:
         services.billing.close_stale()
-        await services.runtime.start()
+        await services.manager.start()
         try:
             yield Gateway(services, client, clock)
         finally:
-            await services.runtime.shutdown()  # bills every replica up to now
+            await services.manager.shutdown()  # bills every replica up to now
             services.close()
 
 
@@ -102,8 +102,8 @@ class Gateway:
         """Let `seconds` pass: a billing tick (with enforcement) and the idle reaper every `step`."""
         for _ in range(seconds // step):
             self.clock.advance(step)
-            await self.services.billing.tick_and_enforce(self.services.runtime.unload_account)
-            await self.services.runtime.reap_idle()
+            await self.services.billing.tick_and_enforce(self.services.manager.unload_account)
+            await self.services.manager.reap_idle()
 
     async def usage(self, **params: Any) -> dict[str, Any]:
         response = await self.client.get("/v1/usage", params=params, headers=bearer(self.key))

@@ -244,7 +244,7 @@ async def test_a_model_uploaded_into_the_bucket_serves_embeddings(
     services = Services.build(settings)
     transport = httpx.ASGITransport(app=create_app(services=services), raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as client:
-        await services.runtime.start()
+        await services.manager.start()
         try:
             made = await client.post("/v1/admin/accounts", json={"name": "a"}, headers=bearer(ADMIN_KEY))
             key = made.json()["api_key"]
@@ -270,5 +270,5 @@ async def test_a_model_uploaded_into_the_bucket_serves_embeddings(
             assert (tmp_path / "data" / "blob-cache" / "artifacts" / artifact["id"]).is_dir()
             assert len(embedded.json()["data"][0]["embedding"]) > 0
         finally:
-            await services.runtime.shutdown()
+            await services.manager.shutdown()
             services.close()

@@ -133,7 +133,7 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
         deployment may ask for 64 replicas, each a process importing torch."""
         raise DeploymentUnavailable(NO_LOADS)
 
-    services.runtime.load_guard = no_loads
+    services.manager.load_guard = no_loads
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as http:
         account = await new_account(http, name="fuzz")

@@ -108,7 +108,7 @@ async def second_gateway(
         try:
             yield client, services
         finally:
-            await services.runtime.shutdown()
+            await services.manager.shutdown()
             services.close()
 
 

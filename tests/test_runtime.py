@@ -130,7 +130,7 @@ class Gateway:
 
     def runtime(self, deployment_id: str) -> DeploymentRuntime:
         assert self.services is not None
-        return self.services.runtime._runtimes[deployment_id]
+        return self.services.manager._runtimes[deployment_id]
 
     def pid(self, deployment_id: str) -> int:
         pid = self.runtime(deployment_id).replicas[0].pid
@@ -151,11 +151,11 @@ async def in_process(root: Path, database_url: str, model: Path, **overrides: An
     services = Services.build(make_settings(root, database_url, worker_threads=1, **overrides))
     transport = httpx.ASGITransport(app=create_app(services=services), raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as client:
-        await services.runtime.start()  # what the app's lifespan does: hot loads, idle reaper
+        await services.manager.start()  # what the app's lifespan does: hot loads, idle reaper
         try:
             yield await Gateway.prepare(client, services, model)
         finally:
-            await services.runtime.shutdown()
+            await services.manager.shutdown()
             services.close()
 
 

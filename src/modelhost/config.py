@@ -63,6 +63,22 @@ class Settings(BaseSettings):
         default=False,
         description="Accept pickle-based weights (.bin, .pt, ...); off because loading them can run code.",
     )
+    max_lora_rank: int = Field(
+        default=64,
+        ge=1,
+        le=512,
+        description="Highest rank of a LoRA adapter artifact: inspection refuses more. A base serving "
+        "adapters sizes vLLM's LoRA slots for it (rounded up to vLLM's next supported rank).",
+    )
+    max_loras: int = Field(
+        default=8,
+        ge=1,
+        description="Adapters one vLLM replica runs in one batch; more stay in CPU memory (least recently "
+        "used first out), loaded again on their next request.",
+    )
+    max_cpu_loras: int = Field(
+        default=64, ge=1, description="Adapters one vLLM replica keeps in CPU memory (at least max_loras)."
+    )
     max_upload_file_bytes: int = Field(
         default=50 * 1024**3, ge=1, description="Largest single uploaded file."
     )

@@ -33,6 +33,7 @@ from modelhost.jobs.runner import VideoCancel, VideoRunner
 from modelhost.jobs.videos import VideoJobs
 from modelhost.media.sources import MediaPolicy
 from modelhost.routing import DeploymentRef
+from modelhost.runtime.adapters import AdapterRouting
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.manager import ReplicaManager
 from modelhost.services.accounts import AccountService
@@ -139,15 +140,18 @@ class Services:
             manager.engine_fell_back = deployments.fall_back
             manager.engine_measured = deployments.engine_measured
             manager.footprint_measured = deployments.remember_footprint
+            adapted = AdapterRouting(manager, deployments.adapter_target)
             supervision = Supervision(
                 manager,
+                adapted,
                 VideoRunner(videos, manager, settings),
-                AgentRunner(agents, manager, settings, limits),
+                AgentRunner(agents, adapted, settings, limits),
                 SharedLimits(database, limits, settings.limits_sync_seconds),
             )
-            runtime, video_runner, agent_runner = manager, supervision.videos, supervision.agents
+            runtime, video_runner, agent_runner = supervision.adapted, supervision.videos, supervision.agents
         else:
             runtime, video_runner, agent_runner = stand_ins
+            runtime = AdapterRouting(runtime, deployments.adapter_target)
         return cls(
             settings=settings,
             database=database,
@@ -184,6 +188,13 @@ class Services:
             caches={"keys": cache, "deployments": refs_cache, "balances": balance_cache},
         )
 
+    @property
+    def manager(self) -> ReplicaManager:
+        """The supervisor's replica manager (what starts, stops and meters replicas), beneath `runtime`;
+        the supervisor alone has one."""
+        assert self.supervisor is not None, "only the supervisor manages replicas"
+        return self.supervisor.runtime
+
     def close(self) -> None:
         self.database.dispose()
 
@@ -194,6 +205,7 @@ class Supervision:
     jobs, agent runs, and sharing the rate-limit counts with other servers."""
 
     runtime: ReplicaManager
+    adapted: AdapterRouting  # the runtime as callers see it: adapter deployments run on their bases
     videos: VideoRunner
     agents: AgentRunner
     shared_limits: SharedLimits

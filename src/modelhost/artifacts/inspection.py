@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from modelhost.artifacts import architectures as arch
+from modelhost.artifacts.adapters import AdapterInfo, AdapterRefused, inspect_adapter, is_adapter
 from modelhost.artifacts.safetensors_check import InvalidSafetensors, check_safetensors
 from modelhost.pipelines import TASKS
 
@@ -21,6 +22,8 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 NEEDS_TOKENIZER = frozenset(t.name for t in TASKS if t.needs_tokenizer)
 NEEDS_PROCESSOR = frozenset(t.name for t in TASKS if t.needs_processor)
+# The tasks whose deployments serve adapters (on vLLM): an adapter artifact is made for one of them
+ADAPTER_TASKS = ("text-generation", "image-text-to-text")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,8 @@ class Inspection:
     size_bytes: int
     code: str | None = None
     message: str | None = None
+    kind: str = "model"  # `adapter`: a LoRA adapter (PEFT's format), served on a base deployment
+    adapter: AdapterInfo | None = None
 
 
 class Refused(Exception):
@@ -38,13 +43,18 @@ class Refused(Exception):
         self.message = message
 
 
-def inspect_artifact(root: Path, pipeline: str, allow_pickle: bool = False) -> Inspection:
-    """Inspect the files under `root` for `pipeline`."""
+def inspect_artifact(
+    root: Path, pipeline: str, allow_pickle: bool = False, max_lora_rank: int = 64
+) -> Inspection:
+    """Inspect the files under `root` for `pipeline`: a full model, or a LoRA adapter (a folder with
+    `adapter_config.json`, `artifacts.adapters`)."""
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
     size = sum((root / f).stat().st_size for f in files)
     try:
         if not files:
             raise Refused("missing_config", "No files were uploaded.")
+        if is_adapter(root):
+            return _inspect_adapter(root, pipeline, files, size, max_lora_rank)
         _refuse_pickles(files, allow_pickle)
         if pipeline in arch.DIFFUSERS_TASKS:
             _inspect_diffusers(root, pipeline, allow_pickle)
@@ -59,6 +69,21 @@ def inspect_artifact(root: Path, pipeline: str, allow_pickle: bool = False) -> I
     except Refused as refused:
         return Inspection(ok=False, size_bytes=size, code=refused.code, message=refused.message)
     return Inspection(ok=True, size_bytes=size)
+
+
+def _inspect_adapter(root: Path, pipeline: str, files: list[str], size: int, max_rank: int) -> Inspection:
+    # never pickles, whatever MODELHOST_ALLOW_PICKLE_WEIGHTS says: the engine would load them itself
+    _refuse_pickles(files, allow_pickle=False)
+    if pipeline not in ADAPTER_TASKS:
+        raise Refused(
+            "unsupported_adapter",
+            f"A LoRA adapter is served on a {' or '.join(ADAPTER_TASKS)} base; this artifact is {pipeline}.",
+        )
+    try:
+        info = inspect_adapter(root, max_rank)
+    except AdapterRefused as refused:
+        raise Refused(refused.code, refused.message) from refused
+    return Inspection(ok=True, size_bytes=size, kind="adapter", adapter=info)
 
 
 def _refuse_pickles(files: list[str], allow_pickle: bool) -> None:

@@ -26,6 +26,12 @@ def check_safetensors(path: Path) -> int:
 
     Returns the number of tensors. Catches truncation, garbage and pickles renamed to .safetensors.
     """
+    return len(tensor_shapes(path))
+
+
+def tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """Every tensor's shape by name, from a header checked as `check_safetensors` says (adapters are
+    checked against their config and their base by these, without loading a weight)."""
     size = path.stat().st_size
     with open(path, "rb") as handle:
         prefix = handle.read(8)
@@ -42,13 +48,13 @@ def check_safetensors(path: Path) -> int:
     if not isinstance(header, dict):
         raise InvalidSafetensors("header is not a JSON object")
     data_size = size - 8 - header_len
-    tensors = 0
+    shapes: dict[str, list[int]] = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        tensors += 1
         _check_tensor(name, info, data_size)
-    return tensors
+        shapes[name] = info["shape"]
+    return shapes
 
 
 def _check_tensor(name: str, info: object, data_size: int) -> None:

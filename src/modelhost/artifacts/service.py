@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import anyio
 from sqlalchemy import delete, select, update
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from modelhost.artifacts.blobstore import PARTIAL_DIR, BlobStore, BlobWriter
 from modelhost.artifacts.disk import require_room_for_upload
-from modelhost.artifacts.inspection import inspect_artifact
+from modelhost.artifacts.inspection import Inspection, inspect_artifact
 from modelhost.artifacts.paths import clean_upload_path
 from modelhost.config import Settings
 from modelhost.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
@@ -310,16 +311,18 @@ class ArtifactService:
                 f"Recorded files are missing from staging: {missing[0]}.",
             )
         staged = staging_prefix(upload_id)
-        inspection = inspect_artifact(
-            self._blobs.local_dir(staged), pipeline, allow_pickle=self._settings.allow_pickle_weights
-        )
+        inspection = self._inspect(self._blobs.local_dir(staged), pipeline)
         if not inspection.ok:
             assert inspection.code is not None and inspection.message is not None
             return self._finish_failed(artifact_id, upload_id, inspection.code, inspection.message)
         self._blobs.move_prefix(staged, version_prefix(artifact_id, upload_id))
-        return self._finish_ready(
-            artifact_id, upload_id, inspection.size_bytes
-        ), "Upload complete: artifact is ready."
+        return self._finish_ready(artifact_id, upload_id, inspection), "Upload complete: artifact is ready."
+
+    def _inspect(self, folder: Path, pipeline: str) -> Inspection:
+        settings = self._settings
+        return inspect_artifact(
+            folder, pipeline, allow_pickle=settings.allow_pickle_weights, max_lora_rank=settings.max_lora_rank
+        )
 
     def abort(self, account_id: str, artifact_id: str, upload_id: str) -> ArtifactView:
         """Abort an open session; the artifact returns to the status it had before the upload."""
@@ -357,8 +360,12 @@ class ArtifactService:
             stuck = [(u.id, u.artifact_id) for u in session.scalars(query)]
         for upload_id, artifact_id in stuck:
             published = self._blobs.list(version_prefix(artifact_id, upload_id))
-            if published:
-                self._finish_ready(artifact_id, upload_id, sum(b.size for b in published))
+            if published:  # inspected before the move: what it found is read again from the files
+                with self._database.transaction() as session:
+                    artifact = session.get(ModelArtifact, artifact_id)
+                    pipeline = artifact.pipeline if artifact is not None else ""
+                folder = self._blobs.local_dir(version_prefix(artifact_id, upload_id))
+                self._finish_ready(artifact_id, upload_id, self._inspect(folder, pipeline))
             elif self._blobs.exists(staging_prefix(upload_id)):
                 with self._database.transaction() as session:
                     session.execute(
@@ -376,12 +383,14 @@ class ArtifactService:
 
     # ---------------------------------------------------------------- internals
 
-    def _finish_ready(self, artifact_id: str, upload_id: str, size_bytes: int) -> ArtifactView:
+    def _finish_ready(self, artifact_id: str, upload_id: str, inspection: Inspection) -> ArtifactView:
         with self._database.transaction() as session:
             artifact = session.get(ModelArtifact, artifact_id)
             assert artifact is not None
             old_version = artifact.published_version
-            artifact.status, artifact.published_version, artifact.size_bytes = "ready", upload_id, size_bytes
+            artifact.status, artifact.published_version = "ready", upload_id
+            artifact.size_bytes, artifact.kind = inspection.size_bytes, inspection.kind
+            artifact.adapter = inspection.adapter.as_dict() if inspection.adapter is not None else None
             artifact.error_code = artifact.error_message = None
             self._set_session_status(session, upload_id, "completed")
             session.flush()

@@ -87,6 +87,7 @@ DEPLOYMENT_COLUMNS = (
     "memory_gb",
     "engine_in_use",
     "artifact_id",
+    "base_deployment",
 )
 
 
@@ -324,12 +325,19 @@ def deployments_create(
     max_replicas: Annotated[int, typer.Option(help="Upper bound of replicas.")] = 1,
     engine: Annotated[EngineName, typer.Option(help=ENGINE_HELP)] = EngineName.auto,
     precision: Annotated[PrecisionName, typer.Option(help=PRECISION_HELP)] = PrecisionName.float32,
+    base: Annotated[
+        str | None,
+        typer.Option(
+            help="For a LoRA adapter artifact: the deployment (ID or model name) whose replicas serve it; "
+            "readiness, replicas and engine are the base's (docs/adapters.md)."
+        ),
+    ] = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
 ) -> None:
-    """Deploy a ready artifact under a model ID."""
-    body = {
+    """Deploy a ready artifact under a model ID (a LoRA adapter on its base, with --base)."""
+    body: dict[str, object] = {
         "model": model,
         "artifact_id": artifact_id,
         "readiness": readiness,
@@ -338,6 +346,8 @@ def deployments_create(
         "engine": engine.value,
         "precision": precision.value,
     }
+    if base is not None:
+        body["base_deployment"] = base
     waits = 600.0 if precision is PrecisionName.int8 else 60.0  # int8: the probe loads the model first
     show_deployment(ApiClient(url, key, waits).call("POST", "/v1/deployments", json=body), as_json)
 

@@ -54,11 +54,30 @@ class ArtifactError(BaseModel):
     message: str
 
 
+class Adapter(BaseModel):
+    """What inspection found in a LoRA adapter (PEFT's `adapter_config.json` and its weights)."""
+
+    peft_type: Literal["LORA"]
+    rank: int
+    alpha: float
+    target_modules: list[str] | str = Field(
+        description="The modules it adapts, by name (or PEFT's regular expression, or `all-linear`)."
+    )
+    base_model_name_or_path: str | None = Field(description="The base it was trained on, as PEFT wrote it.")
+    bytes: int = Field(description="Size of its weights.")
+
+
 class ModelArtifact(BaseModel):
     id: str
     display_name: str
     pipeline: Pipeline
     status: ArtifactStatus
+    kind: Literal["model", "adapter"] = Field(
+        default="model",
+        description="What inspection found: a full model, or a LoRA adapter deployed on a base "
+        "(docs/adapters.md). `model` until an upload is inspected.",
+    )
+    adapter: Adapter | None = Field(default=None, description="The adapter, where `kind` is `adapter`.")
     size_gb: float = Field(description="Size of the served files in GB (10^9 bytes).")
     created_at: datetime
     updated_at: datetime

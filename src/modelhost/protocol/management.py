@@ -165,6 +165,13 @@ class DeploymentCreate(StrictModel):
     max_replicas: Annotated[int, Field(ge=1, le=64)] = 1
     engine: Engine = Field(default="auto", description=ENGINE_DESCRIPTION)
     precision: Precision = Field(default="float32", description=PRECISION_DESCRIPTION)
+    base_deployment: Annotated[str, Field(min_length=1, max_length=200)] | None = Field(
+        default=None,
+        description="For a LoRA adapter artifact: the deployment (ID or model name) whose replicas serve it, "
+        "the account's own or one the operator shares; a text-generation or image-text-to-text deployment "
+        "on vLLM whose modules the adapter fits (docs/adapters.md). Readiness, replicas and engine are the "
+        "base's.",
+    )
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> DeploymentCreate:
@@ -210,8 +217,23 @@ class Deployment(BaseModel):
     )
     memory_gb: float = Field(description="Measured resident memory of the loaded replicas.")
     last_cold_start_seconds: float | None = None
+    base_deployment: str | None = Field(
+        default=None,
+        description="An adapter deployment's base: the deployment whose replicas serve it (its state is "
+        "theirs). Null for a full model.",
+    )
+    shared: bool = Field(
+        default=False, description="The operator shares it with every account as a base for their adapters."
+    )
     created_at: datetime
     updated_at: datetime
+
+
+class DeploymentShare(StrictModel):
+    shared: bool = Field(
+        description="Share the deployment with every account as a base for their adapters (none sees "
+        "another's adapters, requests or usage); false stops new attachments (those attached stay)."
+    )
 
 
 class MemoryCapacity(BaseModel):

@@ -15,6 +15,12 @@ class Model(BaseModel):
     pipeline: str = Field(
         description="The deployment's pipeline task, which decides the endpoints it answers (docs/tasks.md)."
     )
+    parent: str | None = Field(
+        default=None, description="An adapter deployment's base model (vLLM's convention); null otherwise."
+    )
+    root: str | None = Field(
+        default=None, description="The full model that runs it: an adapter's base, else the model itself."
+    )
 
 
 class ModelList(BaseModel):

@@ -59,4 +59,7 @@ def worker_launch(
         args += ["--tensor-parallel-size", str(settings.vllm_tensor_parallel_size)]
         if not settings.vllm_compile:
             args.append("--eager")
+        if spec.lora_rank is not None:  # a base with adapters attached (docs/adapters.md)
+            args += ["--max-lora-rank", str(spec.lora_rank), "--max-loras", str(settings.max_loras)]
+            args += ["--max-cpu-loras", str(max(settings.max_cpu_loras, settings.max_loras))]
     return WorkerLaunch(command, env, tuple(args))

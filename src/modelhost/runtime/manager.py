@@ -493,12 +493,17 @@ class ReplicaManager:
         held = self.placement.held()
         await asyncio.to_thread(self.placement.check_fits, spec, self.replica_count(spec), pinned, held)
         runtime = self._runtime_for(spec)
-        old_engine, runtime.spec = runtime.spec.engine, spec  # before any await: a load from now on is new
+        old, runtime.spec = runtime.spec, spec  # before any await: a load from now on is new
         if not runtime.wants_loaded:
             runtime.wants_memory = False
         self.placement.changed()  # a deployment made cold may be evicted for a waiting load now
-        if old_engine != spec.engine:
+        if old.engine != spec.engine:
             runtime.state, runtime.reason = "unloaded", None  # the old engine's failure is not the new one's
+            await runtime.unload()
+        elif old.lora_rank != spec.lora_rank and (spec.lora_rank or 0) > (old.lora_rank or 0):
+            # adapters attached need LoRA on (or larger slots): once the requests in flight have finished,
+            # the replicas start again with it; a detached one changes nothing (LoRA stays on until then)
+            await runtime.drain(self.settings.shutdown_drain_seconds)
             await runtime.unload()
         if runtime.wants_loaded and runtime.state in ("unloaded", "failed"):
             runtime.load_in_background()

@@ -27,6 +27,7 @@ class ReplicaSpec:
     engine: str = "transformers"
     precision: str = "float32"
     kv_cache_mb: int | None = None  # a generation engine's KV cache, as its footprint reserved it
+    lora_rank: int | None = None  # a base with adapters: vLLM's LoRA on, its slots of this rank
 
     @classmethod
     def of(cls, deployment: DeploymentSpec, threads: int, device: str) -> ReplicaSpec:
@@ -41,6 +42,7 @@ class ReplicaSpec:
             deployment.engine,
             deployment.precision,
             deployment.kv_cache_mb,
+            deployment.lora_rank,
         )
 
 

@@ -48,3 +48,16 @@ class DeploymentSpec:
     kv_cache_mb: int | None = None
     # One replica's footprint as its load reserved it (Ray Serve: the actor's `memory` and `num_gpus`)
     footprint: Footprint | None = None
+    # A base with adapter deployments attached: vLLM's LoRA slots are sized for this rank (None: LoRA
+    # off, as it costs a base speed; the first adapter attached reloads the base with it on)
+    lora_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterTarget:
+    """Where an adapter deployment's requests run: its base's replicas, which load its files (an
+    adapter has no replicas of its own; `runtime.adapters`)."""
+
+    adapter_id: str
+    base_id: str
+    adapter_dir: Path

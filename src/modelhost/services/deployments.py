@@ -16,7 +16,8 @@ from modelhost.routing import DeploymentRef
 from modelhost.runtime import engines
 from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.engines import MEASURED_AT_LOAD, EngineChoice, replica_engine
-from modelhost.runtime.spec import DeploymentSpec
+from modelhost.runtime.spec import AdapterTarget, DeploymentSpec
+from modelhost.services import adapters
 from modelhost.store.db import Database
 from modelhost.store.models import Deployment, MeasuredFootprint, ModelArtifact
 from modelhost.store.types import new_id
@@ -60,16 +61,47 @@ class DeploymentService:
                 return None
             pairs = [(deployment, self._artifact_of(session, deployment))]
             remembered = self._remembered(session, pairs)
-        return self._specs(pairs, remembered)[0]
+            ranks = self._adapter_ranks(session, pairs)
+        return self._specs(pairs, remembered, ranks)[0]
 
     def hot_specs(self) -> list[DeploymentSpec]:
         with self._database.transaction() as session:
             hot = session.scalars(
-                select(Deployment).where(Deployment.readiness == "hot").order_by(Deployment.id)
+                select(Deployment)
+                .where(Deployment.readiness == "hot", Deployment.base_deployment_id.is_(None))
+                .order_by(Deployment.id)
             ).all()
             pairs = [(d, self._artifact_of(session, d)) for d in hot]
             remembered = self._remembered(session, pairs)
-        return self._specs(pairs, remembered)
+            ranks = self._adapter_ranks(session, pairs)
+        return self._specs(pairs, remembered, ranks)
+
+    def adapter_target(self, deployment_id: str) -> AdapterTarget | None:
+        """Where an adapter deployment's requests go (its base, with its files); None for any other
+        deployment, or one deleted. Fixed for the deployment's life: callers may keep it."""
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id)
+            if deployment is None or deployment.base_deployment_id is None:
+                return None
+            artifact = self._artifact_of(session, deployment)
+        adapter_dir = self._artifact_dir(artifact) or Path(f"/missing-artifact-files/{artifact.id}")
+        return AdapterTarget(deployment_id, deployment.base_deployment_id, adapter_dir)
+
+    @staticmethod
+    def _adapter_ranks(
+        session: Session, pairs: list[tuple[Deployment, ModelArtifact]]
+    ) -> dict[str, list[int]]:
+        """The ranks of the adapters attached to each of these deployments, by base."""
+        ids = [deployment.id for deployment, _ in pairs]
+        rows = session.execute(
+            select(Deployment.base_deployment_id, ModelArtifact.adapter)
+            .join(ModelArtifact, ModelArtifact.id == Deployment.artifact_id)
+            .where(Deployment.base_deployment_id.in_(ids))
+        )
+        found: dict[str, list[int]] = {}
+        for base_id, adapter in rows:
+            found.setdefault(base_id, []).append(int((adapter or {}).get("rank", 1)))
+        return found
 
     @staticmethod
     def _remembered(
@@ -114,6 +146,7 @@ class DeploymentService:
         self,
         pairs: list[tuple[Deployment, ModelArtifact]],
         remembered: dict[str, list[MeasuredFootprint]],
+        ranks: dict[str, list[int]],
     ) -> list[DeploymentSpec]:
         """Outside the transaction: with a remote blob store, finding the model's folder may mean
         downloading it first."""
@@ -146,6 +179,7 @@ class DeploymentService:
                 falls_back=deployment.engine == "auto" and deployment.engine_in_use == "vllm",
                 precision=deployment.precision,
                 remembered=footprints(deployment, replica_engines[deployment.id]),
+                lora_rank=adapters.lora_rank(ranks.get(deployment.id, [])),
             )
             for deployment, artifact in pairs
         ]
@@ -168,15 +202,32 @@ class DeploymentService:
         max_replicas: int,
         engine: str = "auto",
         precision: str = "float32",
+        base_deployment: str | None = None,
     ) -> Deployment:
+        """A deployment of a ready artifact; an adapter artifact's is served on `base_deployment`'s
+        replicas (`services.adapters` says what the base must be)."""
         with self._database.transaction() as session:
             artifact = session.get(ModelArtifact, artifact_id)
             if artifact is None or artifact.account_id != account_id:
                 raise _artifact_not_found()
             if artifact.status != "ready":
                 raise _artifact_not_ready(artifact)
-        engines.check_precision(precision, engine, artifact.pipeline)
-        choice = self._choose_engine(engine, artifact)
+            base = base_artifact = None
+            if artifact.kind == "adapter":
+                if base_deployment is None:
+                    raise adapters.base_required(artifact)
+                base = adapters.find_base(session, account_id, base_deployment)
+                adapters.check_base(base)
+                base_artifact = self._artifact_of(session, base)
+            elif base_deployment is not None:
+                raise adapters.not_an_adapter(artifact)
+        if base is not None and base_artifact is not None:
+            adapters.check_fits(self._artifact_dir(artifact), self._artifact_dir(base_artifact), artifact)
+            choice = EngineChoice("vllm", f"served on the replicas of its base '{base.model}'")
+            readiness, engine = base.readiness, "vllm"
+        else:
+            engines.check_precision(precision, engine, artifact.pipeline)
+            choice = self._choose_engine(engine, artifact)
         try:
             with self._database.transaction() as session:
                 artifact = session.get(ModelArtifact, artifact_id)
@@ -198,7 +249,7 @@ class DeploymentService:
                     account_id=account_id,
                     model=model,
                     artifact_id=artifact_id,
-                    pipeline=artifact.pipeline,
+                    pipeline=base.pipeline if base is not None else artifact.pipeline,
                     readiness=readiness,
                     min_replicas=min_replicas,
                     max_replicas=max_replicas,
@@ -206,6 +257,7 @@ class DeploymentService:
                     engine_in_use=choice.engine,
                     engine_reason=choice.reason,
                     precision=precision,
+                    base_deployment_id=base.id if base is not None else None,
                 )
                 session.add(deployment)
                 session.flush()
@@ -273,14 +325,45 @@ class DeploymentService:
             new_max = deployment.max_replicas if max_replicas is None else max_replicas
             if new_min > new_max:
                 raise InvalidRequest("min_replicas must not exceed max_replicas", param="min_replicas")
+            if deployment.base_deployment_id is not None and (
+                readiness is not None or min_replicas is not None or max_replicas is not None or engine
+            ):
+                raise InvalidRequest(
+                    "An adapter deployment is served by its base's replicas: change the base's readiness, "
+                    "replicas or engine instead.",
+                    param="base_deployment",
+                    code="adapter_follows_base",
+                )
             if readiness is not None:
                 deployment.readiness = readiness
+                for adapter in adapters.attached(session, deployment.id):
+                    adapter.readiness = readiness  # an adapter is as ready as its base
             deployment.min_replicas, deployment.max_replicas = new_min, new_max
             if engine is not None and choice is not None:
                 deployment.engine, deployment.engine_in_use = engine, choice.engine
                 deployment.engine_reason = choice.reason
         self._refs_cache.clear()
         return deployment
+
+    def share(self, deployment_id: str, shared: bool) -> Deployment:
+        """The operator shares a deployment with every account as a base for their adapters (or stops)."""
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id, with_for_update=True)
+            if deployment is None:
+                raise _not_found()
+            if shared:
+                adapters.check_base(deployment)
+            deployment.shared = shared
+        return deployment
+
+    def base_models(self, deployments: list[Deployment]) -> dict[str, str]:
+        """The model names of these adapter deployments' bases, by base ID (a shared base's included)."""
+        ids = {d.base_deployment_id for d in deployments if d.base_deployment_id is not None}
+        if not ids:
+            return {}
+        with self._database.transaction() as session:
+            rows = session.execute(select(Deployment.id, Deployment.model).where(Deployment.id.in_(ids)))
+            return {row.id: row.model for row in rows}
 
     def _artifact_of_deployment(self, account_id: str, deployment_id: str) -> ModelArtifact:
         with self._database.transaction() as session:
@@ -320,6 +403,9 @@ class DeploymentService:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None or deployment.account_id != account_id:
                 raise _not_found()
+            attached = adapters.attached(session, deployment.id)
+            if attached:
+                raise adapters.still_attached(deployment, attached)
             session.execute(
                 update(ModelArtifact)
                 .where(ModelArtifact.id == deployment.artifact_id)

@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false as sa_false
 
 from modelhost.store.types import UTCDateTime, utcnow
 
@@ -69,6 +82,11 @@ class ModelArtifact(Base):
     # Deployments using this artifact, kept in the same transactions that create and delete them, so
     # "start upload only when not in use" is one guarded single-row UPDATE.
     deployment_count: Mapped[int] = mapped_column(Integer, default=0)
+    # What inspection found: `model` (a full model) or `adapter` (a LoRA adapter, PEFT's format), and
+    # for an adapter what it is (`artifacts.adapters.AdapterInfo`: type, rank, alpha, target modules,
+    # the base it was trained on, its bytes)
+    kind: Mapped[str] = mapped_column(String(8), default="model", server_default="model")
+    adapter: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
@@ -124,6 +142,12 @@ class Deployment(Base):
     # figures, measured by the replica at its first load)
     precision: Mapped[str] = mapped_column(String(8), default="float32", server_default="float32")
     precision_quality: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # An adapter deployment: the deployment whose replicas serve it (its base); None for a full model
+    base_deployment_id: Mapped[str | None] = mapped_column(
+        ForeignKey("deployments.id"), nullable=True, index=True
+    )
+    # A base the operator shares with every account: they attach adapters to it (never see each other's)
+    shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

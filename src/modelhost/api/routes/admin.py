@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path
 
 from modelhost.api.deps import AdminPrincipal, ServicesDep
 from modelhost.api.errors import error_responses
+from modelhost.api.routes.deployments import present as present_deployment
 from modelhost.billing.rates import to_credits
 from modelhost.protocol.common import ListOf
 from modelhost.protocol.management import (
@@ -17,6 +18,8 @@ from modelhost.protocol.management import (
     AccountPatch,
     Capacity,
     CreditsTopUp,
+    Deployment,
+    DeploymentShare,
     RateLimits,
 )
 from modelhost.services.accounts import AccountView
@@ -89,3 +92,21 @@ async def add_credits(
 )
 async def get_capacity(_admin: AdminPrincipal, services: ServicesDep) -> Capacity:
     return Capacity.model_validate(await services.runtime.capacity())
+
+
+@router.patch(
+    "/deployments/{deployment_id}",
+    summary="Share a deployment with every account as a base for their adapters",
+    responses=error_responses(404),
+    description="A shared base serves the adapter deployments any account attaches to it "
+    "(`base_deployment`); accounts see only their own adapters, requests and usage (docs/adapters.md). "
+    "400 `adapter_base_unsupported` where it cannot serve adapters.",
+)
+async def share_deployment(
+    body: DeploymentShare,
+    _admin: AdminPrincipal,
+    services: ServicesDep,
+    deployment_id: str = Path(max_length=64, description="Deployment ID (`dep_...`)."),
+) -> Deployment:
+    deployment = await asyncio.to_thread(services.deployments.share, deployment_id, body.shared)
+    return await present_deployment(deployment, services)

@@ -8,6 +8,7 @@ from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.artifacts.service import ArtifactView
 from modelhost.protocol.artifacts import (
+    Adapter,
     ArtifactCreate,
     ArtifactError,
     ModelArtifact,
@@ -39,6 +40,8 @@ def present(view: ArtifactView) -> ModelArtifact:
         display_name=artifact.display_name,
         pipeline=artifact.pipeline,
         status=artifact.status,
+        kind=artifact.kind,
+        adapter=Adapter.model_validate(artifact.adapter) if artifact.adapter else None,
         size_gb=round(artifact.size_bytes / GB, 9),
         created_at=artifact.created_at,
         updated_at=artifact.updated_at,

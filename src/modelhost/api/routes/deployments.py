@@ -40,6 +40,8 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
         precision_quality=deployment.precision_quality,
         memory_gb=live.memory_gb,
         last_cold_start_seconds=live.last_cold_start_seconds,
+        base_deployment=deployment.base_deployment_id,
+        shared=deployment.shared,
         created_at=deployment.created_at,
         updated_at=deployment.updated_at,
     )
@@ -47,11 +49,14 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
 
 @router.post(
     "",
-    summary="Deploy a ready model artifact under a model ID",
+    summary="Deploy a ready model artifact under a model ID (an adapter on its base)",
     status_code=201,
     responses=error_responses(404, 409),
     description="409 `insufficient_capacity`: a hot deployment that cannot fit in the memory budget beside "
-    "the hot deployments already pinned, or one larger than the whole budget (nothing is created).",
+    "the hot deployments already pinned, or one larger than the whole budget (nothing is created). "
+    "A LoRA adapter artifact needs `base_deployment` (400 `base_required`); 400 `adapter_base_mismatch` "
+    "names the first module or tensor that does not fit the base, `adapter_base_unsupported` says why the "
+    "base cannot serve adapters (docs/adapters.md).",
 )
 async def create_deployment(
     body: DeploymentCreate, principal: AccountPrincipal, services: ServicesDep
@@ -66,9 +71,11 @@ async def create_deployment(
         body.max_replicas,
         body.engine,
         body.precision,
+        body.base_deployment,
     )
     try:
-        await services.runtime.apply(deployment.id)  # warm and hot start loading now
+        # warm and hot start loading now; an adapter's base reloads with LoRA on if it had none
+        await services.runtime.apply(deployment.id)
     except CapacityConflict:
         await remove_deployment(account_id_of(principal), deployment.id, services)
         raise
@@ -158,7 +165,8 @@ async def update_deployment(
 @router.delete(
     "/{deployment_id}",
     summary="Delete a deployment (unloads it, frees its artifact)",
-    responses=error_responses(404),
+    responses=error_responses(404, 409),
+    description="409 `base_in_use`: a base with adapter deployments attached (they are named).",
 )
 async def delete_deployment(
     principal: AccountPrincipal, services: ServicesDep, deployment_id: str = DeploymentId

@@ -15,12 +15,17 @@ router = APIRouter(prefix="/v1/models", tags=["openai"], responses=error_respons
 
 
 def _visible(principal: Principal, services: Services) -> list[Model]:
+    """An adapter deployment names its base as `parent` and `root`, as vLLM lists LoRA adapters."""
     account_id = account_id_of(principal)
-    return [
-        Model(id=d.model, created=int(d.created_at.timestamp()), owned_by=account_id, pipeline=d.pipeline)
-        for d in services.deployments.list_deployments(account_id)
-        if principal.covers(d.id)
-    ]
+    deployments = [d for d in services.deployments.list_deployments(account_id) if principal.covers(d.id)]
+    bases = services.deployments.base_models(deployments)
+    models = []
+    for d in deployments:
+        base = bases.get(d.base_deployment_id) if d.base_deployment_id else None
+        created = int(d.created_at.timestamp())
+        shown = Model(id=d.model, created=created, owned_by=account_id, pipeline=d.pipeline)
+        models.append(shown.model_copy(update={"parent": base, "root": base or d.model}))
+    return models
 
 
 @router.get("", summary="List the models this key may call")

@@ -1,0 +1,89 @@
+"""Adapter deployments reach their base's replicas: the runtime as every caller sees it.
+
+An adapter deployment has no replicas of its own. Its requests run on its base's, each naming the
+adapter (`adapter` in the request: its deployment ID, which is vLLM's adapter name, and its files), so
+that one replica serves the base and every adapter attached to it, many in one batch (docs/adapters.md).
+`AdapterRouting` wraps the runtime of a gateway process (the supervisor's `ReplicaManager` or another
+process's `RemoteRuntime`): routes, the Responses service and the agent runner call it with the
+deployment the client named, and never need to know which kind it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import replace
+from typing import Any
+
+from modelhost.runtime.interface import Runtime
+from modelhost.runtime.spec import AdapterTarget, LiveStatus
+
+Payload = dict[str, Any]
+
+
+class AdapterRouting:
+    """A `Runtime` that sends an adapter deployment's work to its base, and anything else through."""
+
+    def __init__(self, inner: Runtime, target_of: Callable[[str], AdapterTarget | None]) -> None:
+        self._inner = inner
+        self._target_of = target_of
+        # A deployment's target never changes (an adapter's base and files are fixed at its creation), so
+        # it is read once per deployment and process: "not an adapter" included, the common case.
+        self._targets: dict[str, AdapterTarget | None] = {}
+
+    async def _target(self, deployment_id: str) -> AdapterTarget | None:
+        try:
+            return self._targets[deployment_id]
+        except KeyError:
+            target = await asyncio.to_thread(self._target_of, deployment_id)
+            if len(self._targets) > 100_000:  # deleted deployments' entries: forget all now and then
+                self._targets.clear()
+            self._targets[deployment_id] = target
+            return target
+
+    async def infer(self, deployment_id: str, item: Payload) -> Payload:
+        target = await self._target(deployment_id)
+        if target is None:
+            return await self._inner.infer(deployment_id, item)
+        return await self._inner.infer(target.base_id, _with_adapter(item, target))
+
+    async def stream(self, deployment_id: str, item: Payload) -> AsyncGenerator[Payload, None]:
+        target = await self._target(deployment_id)
+        if target is not None:
+            deployment_id, item = target.base_id, _with_adapter(item, target)
+        async with contextlib.aclosing(self._inner.stream(deployment_id, item)) as events:
+            async for event in events:
+                yield event
+
+    async def status(self, deployment_id: str) -> LiveStatus:
+        """An adapter is as loaded as its base; the memory it holds is its own weights' (billed to it)."""
+        target = await self._target(deployment_id)
+        if target is None:
+            return await self._inner.status(deployment_id)
+        return replace(await self._inner.status(target.base_id), memory_gb=0.0)
+
+    async def apply(self, deployment_id: str) -> None:
+        """An adapter created: its base is applied again (the first adapter reloads it with LoRA on)."""
+        target = await self._target(deployment_id)
+        await self._inner.apply(deployment_id if target is None else target.base_id)
+
+    async def load(self, deployment_id: str) -> None:
+        target = await self._target(deployment_id)
+        await self._inner.load(deployment_id if target is None else target.base_id)
+
+    async def remove(self, deployment_id: str) -> None:
+        """A deleted adapter has no replicas to stop (its base's engine drops its weights by LRU); the
+        runtime forgets any other deployment (one it never loaded included)."""
+        if self._targets.pop(deployment_id, None) is None:
+            await self._inner.remove(deployment_id)
+
+    async def resume_account(self, account_id: str) -> None:
+        await self._inner.resume_account(account_id)
+
+    async def capacity(self) -> dict[str, Any]:
+        return await self._inner.capacity()
+
+
+def _with_adapter(item: Payload, target: AdapterTarget) -> Payload:
+    return {**item, "adapter": {"name": target.adapter_id, "path": str(target.adapter_dir)}}

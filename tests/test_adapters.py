@@ -1,0 +1,385 @@
+"""LoRA adapters (issue 40): inspected as adapters, deployed on a base, served by the base's replicas.
+
+The first part needs no vLLM: what inspection accepts and refuses (each with its reason), and the
+refusals of an adapter deployment that the store can decide (no base named, a full model named as an
+adapter, a base on the transformers engine). The second runs a real `modelhost serve` with vLLM: one
+base replica serves 8 adapters, each answering exactly as the same adapter merged into the base's
+weights and served as a full model, and none leaking into another's sequences in a mixed batch.
+Skipped, with the reason, where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from modelhost.artifacts.inspection import inspect_artifact
+from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, push_folder, push_folder_sync
+from tests.server_process import ServerProcess, processes
+from tests.vllm_setup import wait_for_vllm
+
+MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The vLLM-shaped chat base, 8 adapters of it, adapter 0 merged, and an adapter of another shape."""
+    from tests.tiny_models.adapters import build_adapter, build_merged
+    from tests.tiny_models.chat import build_chat, build_chat_for_vllm
+
+    root = tmp_path_factory.mktemp("adapters")
+    base, narrow = root / "base", root / "narrow"
+    build_chat_for_vllm(base)
+    build_chat(narrow)  # hidden 32, where the base has 128
+    folders = {"base": base, "narrow": narrow}
+    for seed in range(8):
+        folders[f"a{seed}"] = build_adapter(base, root / f"a{seed}", seed=seed)
+    folders["merged0"] = build_merged(base, folders["a0"], root / "merged0")
+    folders["narrow-adapter"] = build_adapter(narrow, root / "narrow-adapter", seed=9)
+    return folders
+
+
+# ---------------------------------------------------------------- inspection
+
+
+def test_an_adapter_folder_is_inspected_as_an_adapter_with_its_rank_alpha_targets_and_bytes(
+    made: dict[str, Path],
+) -> None:
+    inspection = inspect_artifact(made["a0"], "text-generation")
+    assert inspection.ok and inspection.kind == "adapter", inspection
+    assert inspection.adapter is not None
+    info = inspection.adapter.as_dict()
+    assert info["peft_type"] == "LORA" and info["rank"] == 8 and info["alpha"] == 16.0
+    assert info["target_modules"] == ["gate_proj", "o_proj", "q_proj", "v_proj"]
+    assert info["base_model_name_or_path"] == str(made["base"])
+    assert info["bytes"] == (made["a0"] / "adapter_model.safetensors").stat().st_size
+    assert inspect_artifact(made["base"], "text-generation").kind == "model"
+
+
+LAYER0_Q = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "words"),
+    [
+        ({"config": {"peft_type": "IA3"}}, "unsupported_adapter", "peft_type 'IA3'"),
+        ({"config": {"use_dora": True}}, "unsupported_adapter", "DoRA"),
+        ({"config": {"modules_to_save": ["lm_head"]}}, "unsupported_adapter", "modules_to_save"),
+        ({"config": {"bias": "all"}}, "unsupported_adapter", "bias 'all'"),
+        ({"config": {"r": 128}}, "adapter_rank_too_high", "rank 128 is above this server's limit of 64"),
+        (
+            {"config": {"target_modules": ["q_proj", "v_proj"]}},
+            "invalid_adapter",
+            "outside the target modules",
+        ),
+        (
+            {"reshape": {f"{LAYER0_Q}.lora_A.weight": (4, 128)}},
+            "adapter_shape_mismatch",
+            f"{LAYER0_Q}.lora_A.weight has shape [4, 128]: its first dimension should be the rank r = 8",
+        ),
+        (
+            {"reshape": {f"{LAYER0_Q}.lora_B.weight": (128, 4)}},
+            "adapter_shape_mismatch",
+            f"{LAYER0_Q}.lora_B.weight has shape [128, 4] and {LAYER0_Q}.lora_A.weight has shape [8, 128]",
+        ),
+        (
+            {"rename": {f"{LAYER0_Q}.lora_B.weight": "base_model.model.extra"}},
+            "invalid_adapter",
+            "not a LoRA matrix",
+        ),
+        ({"pickle": True}, "pickle_weights", "adapter_model.bin"),
+    ],
+    ids=[
+        "ia3",
+        "dora",
+        "modules-to-save",
+        "bias",
+        "rank",
+        "outside-targets",
+        "a-vs-config",
+        "b-vs-a",
+        "key",
+        "pickle",
+    ],
+)
+def test_inspection_refuses_what_plain_lora_would_serve_wrongly_and_says_why(
+    made: dict[str, Path], tmp_path: Path, change: dict[str, Any], code: str, words: str
+) -> None:
+    from tests.tiny_models.adapters import edit_config, edit_tensors
+
+    folder = tmp_path / "adapter"
+    if "config" in change:
+        edit_config(made["a0"], folder, **change["config"])
+    elif "pickle" in change:
+        edit_config(made["a0"], folder)
+        (folder / "adapter_model.bin").write_bytes(b"pickle")
+    else:
+        edit_tensors(made["a0"], folder, rename=change.get("rename"), reshape=change.get("reshape"))
+    inspection = inspect_artifact(folder, "text-generation", allow_pickle=True)
+    assert not inspection.ok and inspection.code == code, inspection
+    assert words in str(inspection.message), inspection.message
+
+
+def test_an_adapter_for_a_task_no_base_serves_is_refused(made: dict[str, Path]) -> None:
+    inspection = inspect_artifact(made["a0"], "feature-extraction")
+    assert inspection.code == "unsupported_adapter" and "text-generation" in str(inspection.message)
+
+
+# ---------------------------------------------------------------- deployments without vLLM
+
+
+async def test_an_adapter_needs_a_base_on_vllm_and_a_full_model_takes_no_base(
+    client: httpx.AsyncClient, made: dict[str, Path]
+) -> None:
+    account = await new_account(client)
+    key = account["api_key"]
+    adapter = (await push_folder(client, key, made["a0"], "text-generation"))["artifact"]
+    assert adapter["kind"] == "adapter" and adapter["adapter"]["rank"] == 8
+    model = (await push_folder(client, key, made["base"], "text-generation"))["artifact"]
+    assert model["kind"] == "model" and model["adapter"] is None
+
+    async def create(**body: Any) -> httpx.Response:
+        return await client.post("/v1/deployments", json=body, headers=bearer(key))
+
+    assert_error(
+        await create(model="a", artifact_id=adapter["id"]), 400, "base_required", param="base_deployment"
+    )
+    base = await create(model="base", artifact_id=model["id"], engine="transformers")
+    assert base.status_code == 201, base.text
+    refused = assert_error(
+        await create(model="a", artifact_id=adapter["id"], base_deployment="base"),
+        400,
+        "adapter_base_unsupported",
+        param="base_deployment",
+    )
+    assert "engine: vllm" in refused["message"]
+    assert_error(
+        await create(model="b", artifact_id=model["id"], base_deployment="base"), 400, "not_an_adapter"
+    )
+    assert_error(
+        await create(model="a", artifact_id=adapter["id"], base_deployment="nowhere"), 404, "base_not_found"
+    )
+
+
+# ---------------------------------------------------------------- served by vLLM
+
+
+@dataclass
+class Served:
+    process: ServerProcess
+    http: httpx.Client
+    key: str
+    base: dict[str, Any]
+    merged: dict[str, Any]
+    adapters: list[dict[str, Any]]  # a0 ... a7, in order
+    artifacts: dict[str, str]
+    made: dict[str, Path]
+
+    def post(self, path: str, key: str | None = None, **body: Any) -> httpx.Response:
+        return self.http.post(path, json=body, headers=bearer(key or self.key))
+
+    def greedy(self, model: str, max_tokens: int = 12, key: str | None = None) -> list[str]:
+        body = {
+            "model": model,
+            "messages": MESSAGES,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logprobs": True,
+        }
+        answer = self.post("/v1/chat/completions", key=key, **body)
+        assert answer.status_code == 200, answer.text
+        return [t["token"] for t in answer.json()["choices"][0]["logprobs"]["content"]]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, made: dict[str, Path]) -> Iterator[Served]:
+    python, reason = wait_for_vllm()
+    if python is None:
+        pytest.skip(f"vLLM is not available: {reason}")
+    root = tmp_path_factory.mktemp("adapters-served")
+    process = ServerProcess(
+        root / "data",
+        f"sqlite:///{root / 'db.sqlite'}",
+        MODELHOST_VLLM_PYTHON=python,
+        MODELHOST_KV_CACHE_MB="64",
+        MODELHOST_VLLM_COMPILE="false",  # vLLM's CPU build runs LoRA eager anyway
+    )
+    process.start()
+    http = httpx.Client(base_url=process.url, timeout=300)
+    try:
+        key = http.post("/v1/admin/accounts", json={"name": "tuner"}, headers=bearer(ADMIN_KEY)).json()[
+            "api_key"
+        ]
+        artifacts = {
+            name: push_folder_sync(http, key, made[name], "text-generation")
+            for name in ("base", "merged0", "narrow-adapter", *(f"a{i}" for i in range(8)))
+        }
+
+        def deploy(**body: Any) -> dict[str, Any]:
+            answer = http.post("/v1/deployments", json=body, headers=bearer(key))
+            assert answer.status_code == 201, answer.text
+            created: dict[str, Any] = answer.json()
+            return created
+
+        base = deploy(model="base", artifact_id=artifacts["base"], engine="vllm", readiness="warm")
+        merged = deploy(model="merged0", artifact_id=artifacts["merged0"], engine="vllm")
+        adapters = [
+            deploy(model=f"tuned-{i}", artifact_id=artifacts[f"a{i}"], base_deployment="base")
+            for i in range(4)
+        ]
+        yield Served(process, http, key, base, merged, adapters, artifacts, made)
+    finally:
+        http.close()
+        process.stop()
+
+
+def test_an_adapter_deployment_answers_as_its_adapter_merged_into_the_base(served: Served) -> None:
+    adapted = served.greedy("tuned-0")
+    assert adapted == served.greedy("merged0")
+    assert adapted != served.greedy("base")  # the adapter changes the answer: the comparison means something
+    assert adapted != served.greedy("tuned-1")
+
+
+def test_16_streams_over_4_adapters_at_once_each_give_their_adapters_own_answer(served: Served) -> None:
+    """Mixed in the base's batches, no adapter leaks into another's sequences."""
+    alone = {i: served.greedy(f"tuned-{i}", max_tokens=16) for i in range(4)}
+    client = openai.OpenAI(base_url=f"{served.process.url}/v1", api_key=served.key)
+
+    def stream(i: int) -> tuple[int, list[str]]:
+        chunks = client.chat.completions.create(
+            model=f"tuned-{i % 4}",
+            messages=MESSAGES,
+            max_tokens=16,
+            temperature=0,
+            logprobs=True,
+            stream=True,  # type: ignore[arg-type]
+        )
+        tokens = [
+            t.token
+            for c in chunks
+            if c.choices and c.choices[0].logprobs
+            for t in c.choices[0].logprobs.content or []
+        ]
+        return i % 4, tokens
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(stream, range(16)))
+    for adapter, tokens in answers:
+        assert tokens == alone[adapter], adapter
+
+
+def test_attaching_and_using_8_adapters_starts_no_new_replica_process(served: Served) -> None:
+    served.greedy("tuned-0")  # the base runs with LoRA on
+    workers = processes("modelhost.runtime.vllm_worker", served.base["id"])
+    assert len(workers) == 1
+    for i in range(4, 8):
+        answer = served.post(
+            "/v1/deployments",
+            model=f"tuned-{i}",
+            artifact_id=served.artifacts[f"a{i}"],
+            base_deployment="base",
+        )
+        assert answer.status_code == 201, answer.text
+    answers = {tuple(served.greedy(f"tuned-{i}", max_tokens=6)) for i in range(8)}
+    assert len(answers) == 8  # eight adapters, eight different answers
+    assert processes("modelhost.runtime.vllm_worker", served.base["id"]) == workers
+    base = served.http.get(f"/v1/deployments/{served.base['id']}", headers=bearer(served.key)).json()
+    assert base["replicas"] == 1
+
+
+def test_an_adapter_that_does_not_fit_the_base_is_a_400_naming_the_tensor(served: Served) -> None:
+    refused = assert_error(
+        served.post(
+            "/v1/deployments",
+            model="narrow",
+            artifact_id=served.artifacts["narrow-adapter"],
+            base_deployment="base",
+        ),
+        400,
+        "adapter_base_mismatch",
+        param="base_deployment",
+    )
+    assert "lora_A.weight has shape [8, 32]" in refused["message"] and "128" in refused["message"], refused
+
+
+def test_an_adapter_key_reaches_the_adapter_alone_and_listing_names_the_base(served: Served) -> None:
+    adapter = served.adapters[1]
+    scoped = served.post("/v1/keys", deployments=[adapter["id"]]).json()["api_key"]
+    assert served.greedy("tuned-1", key=scoped, max_tokens=3)
+    assert_error(served.post("/v1/chat/completions", key=scoped, model="base", messages=MESSAGES), 401)
+    listed = served.http.get("/v1/models", headers=bearer(scoped)).json()["data"]
+    assert [(m["id"], m["parent"], m["root"]) for m in listed] == [("tuned-1", "base", "base")]
+    shown = served.http.get(f"/v1/deployments/{adapter['id']}", headers=bearer(served.key)).json()
+    assert shown["base_deployment"] == served.base["id"] and shown["state"] == "ready", shown
+
+
+def test_an_adapter_streams_with_tools_json_schema_logprobs_and_n(served: Served) -> None:
+    client = openai.OpenAI(base_url=f"{served.process.url}/v1", api_key=served.key)
+    answer = client.chat.completions.create(
+        model="tuned-2", messages=MESSAGES, max_tokens=5, n=2, logprobs=True, top_logprobs=2
+    )  # type: ignore[arg-type]
+    assert len(answer.choices) == 2 and answer.choices[0].logprobs is not None
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    shaped = client.chat.completions.create(
+        model="tuned-2",
+        messages=MESSAGES,  # type: ignore[arg-type]
+        max_tokens=40,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": schema, "strict": True},
+        },  # type: ignore[typeddict-item]
+    )
+    assert isinstance(json.loads(shaped.choices[0].message.content or "")["a"], int)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    called = client.chat.completions.create(
+        model="tuned-2", messages=MESSAGES, max_tokens=30, tools=[tool], tool_choice="required"
+    )  # type: ignore[arg-type, list-item]
+    assert called.choices[0].message.tool_calls
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(model="tuned-2", messages=MESSAGES, max_tokens=5, stream=True)
+        if c.choices
+    )  # type: ignore[arg-type]
+    assert text
+
+
+def test_a_shared_base_serves_two_accounts_adapters_and_neither_sees_the_others(served: Served) -> None:
+    admin = bearer(ADMIN_KEY)
+    shared = served.http.patch(
+        f"/v1/admin/deployments/{served.base['id']}", json={"shared": True}, headers=admin
+    )
+    assert shared.status_code == 200 and shared.json()["shared"] is True, shared.text
+    other = served.http.post("/v1/admin/accounts", json={"name": "other"}, headers=admin).json()["api_key"]
+    artifact = push_folder_sync(served.http, other, served.made["a3"], "text-generation")
+    theirs = served.post(
+        "/v1/deployments", key=other, model="theirs", artifact_id=artifact, base_deployment=served.base["id"]
+    )
+    assert theirs.status_code == 201, theirs.text
+    assert served.greedy("theirs", key=other) == served.greedy("tuned-3")  # the same adapter, the same answer
+    assert_error(served.post("/v1/chat/completions", key=other, model="tuned-3", messages=MESSAGES), 404)
+    assert_error(served.post("/v1/chat/completions", model="theirs", messages=MESSAGES), 404)
+    assert [m["id"] for m in served.http.get("/v1/models", headers=bearer(other)).json()["data"]] == [
+        "theirs"
+    ]
+    refused = assert_error(
+        served.http.delete(f"/v1/deployments/{served.base['id']}", headers=bearer(served.key)),
+        409,
+        "base_in_use",
+    )
+    assert (
+        "'tuned-0'" in refused["message"] and "1 adapter deployment of other accounts" in refused["message"]
+    )
+    assert "theirs" not in refused["message"]
