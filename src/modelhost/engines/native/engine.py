@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
+from modelhost.engines.native.cuda_graphs import DecodeGraphs
+from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.errors import Overloaded
-from modelhost.generation.cuda_graphs import DecodeGraphs
-from modelhost.generation.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
@@ -82,7 +82,7 @@ class Sequence:
 
 
 class GenerationEngine:
-    """Continuous batching over one causal LM with a slot KV cache (`generation.kv_cache`).
+    """Continuous batching over one causal LM with a slot KV cache (`engines.native.kv_cache`).
 
     Sequences pass through three lists: `waiting` (no slot yet), `prefilling` (a slot, the prompt going
     into the cache a chunk at a time) and `running` (decoding, one token per step). Running sequences

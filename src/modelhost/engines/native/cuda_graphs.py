@@ -2,7 +2,7 @@
 
 A decoding step of a small batch costs the GPU well under a millisecond but costs Python and the
 launches of a few hundred kernels about 10 ms. A CUDA graph records those launches once and replays
-them; it needs fixed shapes and fixed memory, which the slot cache gives (`generation.kv_cache`):
+them; it needs fixed shapes and fixed memory, which the slot cache gives (`engines.native.kv_cache`):
 running sequences are the cache's first rows, so a step reads a view of fixed size.
 
 Graphs are captured per (batch bucket, length bucket): the batch is padded to the next bucket (padding
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from modelhost.generation.kv_cache import Plan
+from modelhost.engines.native.kv_cache import Plan
 
 if TYPE_CHECKING:
-    from modelhost.generation.engine import GenerationEngine
+    from modelhost.engines.native.engine import GenerationEngine
 
 log = logging.getLogger("modelhost.generation")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
@@ -112,7 +112,7 @@ class DecodeGraphs:
         return self.graphs.get(key)
 
     def _capture(self, batch: int, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        from modelhost.generation.engine import attention_kernels
+        from modelhost.engines.native.engine import attention_kernels
 
         engine = self.engine
         static = self._static_masks(length)
