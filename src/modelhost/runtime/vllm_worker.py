@@ -38,6 +38,8 @@ from typing import Any
 
 import msgspec
 
+from modelhost.engines.chat_images import chat_with_images
+from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
 from modelhost.generation.requests import SamplingParams, fim_tokens, prompt_ids, sampling_params
 from modelhost.generation.tool_parsers import parser_for_template
@@ -57,8 +59,6 @@ from modelhost.runtime.protocol import (
     encode,
 )
 from modelhost.runtime.worker import die_with_parent
-from modelhost.tasks.chat_images import chat_with_images
-from modelhost.tasks.loader import load_processor, load_tokenizer
 
 READ_SIZE = 1 << 18
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more

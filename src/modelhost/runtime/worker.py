@@ -122,7 +122,7 @@ def load(pipeline: str, model_dir: Path, threads: int, device: str) -> tuple[Any
     import torch
     import transformers
 
-    from modelhost.tasks.loader import pick_device
+    from modelhost.engines.loader import pick_device
     from modelhost.tasks.registry import handler_for
 
     transformers.utils.logging.disable_progress_bar()

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from modelhost.engines import loader
 from modelhost.engines.encoders import EncoderSlot, TextInputs
-from modelhost.tasks import loader
 from modelhost.tasks.base import item_error
 from modelhost.tasks.tokens import BatchEncoder, batch_encoder
 

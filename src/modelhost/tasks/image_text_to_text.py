@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
 from modelhost.tasks.text_generation import ChatModel, TextGeneration, chat_model
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from modelhost.engines import loader
 from modelhost.engines.encoders import EncoderSlot
-from modelhost.tasks import loader
 from modelhost.tasks.base import item_error
 from modelhost.tasks.classify import Classifier, classifier_slot
 

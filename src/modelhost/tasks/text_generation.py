@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from modelhost.config import get_settings
+from modelhost.engines import loader
+from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.native.engine import Event, GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
 from modelhost.generation.requests import fim_tokens, prompt_ids, sampling_params
 from modelhost.generation.text import IncrementalDecoder
 from modelhost.generation.tool_parsers import parser_for_template
-from modelhost.tasks import loader
-from modelhost.tasks.chat_images import chat_with_images
 
 MAX_RUNNING_SEQUENCES = 64
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
+from modelhost.engines import loader
 from modelhost.engines.encoders import EncoderSlot
-from modelhost.tasks import loader
 from modelhost.tasks.classify import Classifier, classifier_slot
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from modelhost.engines import loader
 from modelhost.engines.encoders import EncoderSlot, pipeline_slot
-from modelhost.tasks import loader
 from modelhost.tasks.base import grouped
 from modelhost.tasks.outputs import plain
 
