@@ -10,6 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from modelhost.engines.interface import Engine
 from modelhost.engines.native.engine import GenerationEngine, SamplingParams, Sequence
 from modelhost.generation.grammar import json_schema_grammar
 from modelhost.generation.text import IncrementalDecoder, StopStrings
@@ -54,6 +55,10 @@ def run(engine: GenerationEngine, joins: dict[int, list[Sequence]] | None = None
 
 
 PROMPTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a photo", "paris is the capital of"]
+
+
+def test_the_engine_is_what_a_replicas_loop_steps(loaded: tuple[Any, Any]) -> None:
+    assert isinstance(engine_of(loaded), Engine)
 
 
 def test_sequences_joining_between_steps_generate_what_each_would_alone(loaded: tuple[Any, Any]) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 from modelhost.config import get_settings
 from modelhost.engines import loader
 from modelhost.engines.chat_images import chat_with_images
-from modelhost.engines.native.engine import Event, GenerationEngine, Sequence
+from modelhost.engines.interface import Event
+from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
 from modelhost.generation.requests import fim_tokens, prompt_ids, sampling_params
 from modelhost.generation.text import IncrementalDecoder

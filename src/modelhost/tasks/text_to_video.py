@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from modelhost.engines import loader
-from modelhost.engines.native.engine import Event
+from modelhost.engines.interface import Event
 from modelhost.errors import InvalidRequest
 from modelhost.media.encode import encode_mp4, encode_spritesheet, encode_thumbnail
 

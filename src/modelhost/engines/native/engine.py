@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from modelhost.engines.interface import Event
 from modelhost.engines.native.attention import attention_kernels
 from modelhost.engines.native.cuda_graphs import DecodeGraphs
 from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
@@ -27,7 +28,6 @@ from modelhost.errors import Overloaded
 from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
-Event = dict[str, Any]
 __all__ = ["Event", "GenerationEngine", "SamplingParams", "Sequence"]
 
 
