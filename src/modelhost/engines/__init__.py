@@ -1,4 +1,5 @@
-"""The engines a replica hosts, side by side: what executes a model (docs/architecture.md, "Engines").
+"""The engines a replica hosts, side by side: what executes a model (docs/architecture.md,
+"Engines inside a replica").
 
 - `native`: modelhost's own continuous-batching text-generation engine (torch), stepped by the
   text-generation handler inside `runtime.worker`'s loop;

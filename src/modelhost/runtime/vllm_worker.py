@@ -50,9 +50,6 @@ from modelhost.runtime.worker import die_with_parent
 READ_SIZE = 1 << 18
 
 
-# ---------------------------------------------------------------- the worker
-
-
 @dataclass(eq=False)
 class _Peer:
     """One gateway's (or the supervisor's) connection and the generations it asked for."""
