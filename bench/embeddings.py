@@ -42,7 +42,7 @@ from bench.common import (
     wrk,
 )
 from bench.models import same_shape
-from modelhost.tasks.encoder_runtimes import RUNTIMES
+from modelhost.engines.encoders import RUNTIMES
 
 
 def raw_throughput(
@@ -79,11 +79,11 @@ def raw_runtimes(
     model_dir: Path, batches: list[int], seconds: float
 ) -> tuple[dict[str, dict[int, float]], dict[int, float], str]:
     """Sentences/s at each batch size on each encoder runtime (ONNX Runtime, OpenVINO) as a replica
-    runs it (the feature-extraction handler in this process, after `tasks.encoder_runtimes` exported
+    runs it (the feature-extraction handler in this process, after `engines.encoders` exported
     the model: tokenizer, runtime, the model's own pooling), for served / raw on the same runtime;
     then ONNX Runtime in int8, with the quality probe's verdict (an int8 the probe refuses is timed
     too, ungated, for its figures). CPU only."""
-    from modelhost.tasks import encoder_runtimes as runtimes
+    from modelhost.engines import encoders as runtimes
     from modelhost.tasks.feature_extraction import FeatureExtraction
 
     handler = FeatureExtraction()

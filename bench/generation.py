@@ -634,8 +634,8 @@ def prefix_reuse(folder: Path, shape: Shape) -> PrefixReuse:
     """Time to prefill `shared_requests` prompts at once, sharing a system prompt or not."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from modelhost.generation.engine import GenerationEngine, SamplingParams
-    from modelhost.generation.engine import Sequence as EngineSequence
+    from modelhost.engines.native.engine import GenerationEngine, SamplingParams
+    from modelhost.engines.native.engine import Sequence as EngineSequence
     from modelhost.generation.text import IncrementalDecoder
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -344,7 +344,7 @@ def test_a_model_that_does_not_export_stays_on_torch_with_the_reason_and_the_dec
 ) -> None:
     from transformers import AutoTokenizer
 
-    from modelhost.tasks.encoder_runtimes import EncoderSlot, RuntimeUnusable, TextInputs, prepare
+    from modelhost.engines.encoders import EncoderSlot, RuntimeUnusable, TextInputs, prepare
 
     tokenizer = AutoTokenizer.from_pretrained(recipes / "t03_feature_extraction" / "hf")
     replaced: list[torch.nn.Module] = []
@@ -436,7 +436,7 @@ def test_int8_where_onnxruntime_does_not_run_is_a_400_naming_precision(
 
 
 def test_torch_takes_the_calls_larger_than_every_case_onnxruntime_won() -> None:
-    from modelhost.tasks.encoder_runtimes import _torch_above
+    from modelhost.engines.encoders import _torch_above
 
     # (speed-up, tokens per call): ONNX Runtime lost only the largest case, long text at batch 32
     measured = [(4.4, 10), (1.15, 320), (1.17, 170), (0.89, 5440)]
@@ -446,7 +446,7 @@ def test_torch_takes_the_calls_larger_than_every_case_onnxruntime_won() -> None:
 
 
 def test_an_onnxruntime_model_hands_calls_over_its_bound_to_torch(recipes: Path, tmp_path: Path) -> None:
-    from modelhost.tasks.encoder_runtimes import cache_folder, prepare, runtime_model
+    from modelhost.engines.encoders import cache_folder, prepare, runtime_model
     from modelhost.tasks.feature_extraction import FeatureExtraction
 
     folder = recipes / "t03_feature_extraction" / "hf"

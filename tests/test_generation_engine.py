@@ -10,7 +10,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from modelhost.generation.engine import GenerationEngine, SamplingParams, Sequence
+from modelhost.engines.interface import Engine
+from modelhost.engines.native.engine import GenerationEngine, SamplingParams, Sequence
 from modelhost.generation.grammar import json_schema_grammar
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
@@ -54,6 +55,10 @@ def run(engine: GenerationEngine, joins: dict[int, list[Sequence]] | None = None
 
 
 PROMPTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a photo", "paris is the capital of"]
+
+
+def test_the_engine_is_what_a_replicas_loop_steps(loaded: tuple[Any, Any]) -> None:
+    assert isinstance(engine_of(loaded), Engine)
 
 
 def test_sequences_joining_between_steps_generate_what_each_would_alone(loaded: tuple[Any, Any]) -> None:
@@ -123,7 +128,7 @@ def run_events(engine: GenerationEngine) -> list[tuple[int, dict[str, Any]]]:
 def test_a_grammar_forces_output_that_validates_against_its_schema(loaded: tuple[Any, Any]) -> None:
     import llguidance.hf
 
-    from modelhost.generation.guidance import GrammarConstraint
+    from modelhost.engines.native.guidance import GrammarConstraint
 
     tokenizer = loaded[1]
     engine = engine_of(loaded)
@@ -156,7 +161,7 @@ def test_logit_bias_is_added_before_sampling_greedy_included(loaded: tuple[Any, 
 def test_no_logit_bias_brings_back_a_token_the_grammar_forbids(loaded: tuple[Any, Any]) -> None:
     import llguidance.hf
 
-    from modelhost.generation.guidance import GrammarConstraint
+    from modelhost.engines.native.guidance import GrammarConstraint
 
     tokenizer = loaded[1]
     engine = engine_of(loaded)
@@ -279,8 +284,8 @@ def test_a_sequence_that_outgrows_its_length_bucket_generates_what_the_model_doe
 
 
 def test_the_cache_budget_sets_the_slots_and_a_full_queue_answers_overloaded(loaded: tuple[Any, Any]) -> None:
+    from modelhost.engines.native.kv_cache import CacheLayout
     from modelhost.errors import Overloaded
-    from modelhost.generation.kv_cache import CacheLayout
 
     per_slot = CacheLayout.of(loaded[0]).bytes_per_token * 513
     engine = engine_with(loaded, cache_bytes=2 * per_slot, max_waiting=2)

@@ -1,7 +1,7 @@
 """A generation request made ready for an engine: the prompt's token IDs and its sampling parameters.
 
-Built the same way whichever engine runs the model (modelhost's own, `generation.engine`, or vLLM's,
-`runtime.vllm_worker`), so that a chat template, a fill-in-the-middle prompt, a context check or a bad
+Built the same way whichever engine runs the model (modelhost's own, `engines.native.engine`, or vLLM's,
+`engines.vllm`), so that a chat template, a fill-in-the-middle prompt, a context check or a bad
 `logit_bias` gives the same prompt and the same 400 on both. Pure Python over a tokenizer: it imports
 neither torch nor media libraries, so the vLLM environment (which has its own versions of both) runs it.
 """

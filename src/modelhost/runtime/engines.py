@@ -34,8 +34,8 @@ from modelhost.pipelines import BY_NAME
 log = logging.getLogger("modelhost.runtime")
 
 ENGINES = ("auto", "vllm", "onnxruntime", "openvino", "transformers")
-# Engines a replica chooses between when it loads, by measuring them (`tasks.encoder_runtimes`)
-MEASURED_AT_LOAD = ("onnxruntime", "openvino")  # tasks.encoder_runtimes.RUNTIMES
+# Engines a replica chooses between when it loads, by measuring them (`engines.encoders`)
+MEASURED_AT_LOAD = ("onnxruntime", "openvino")  # engines.encoders.RUNTIMES
 MARKER = ".modelhost-vllm"  # written by setup.sh once the environment imports vLLM
 # what vLLM's environment can run (`runtime.vllm_registry`), written beside it by setup.sh
 ARCHITECTURES_FILE = ".modelhost-vllm-architectures.json"

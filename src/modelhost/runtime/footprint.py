@@ -116,7 +116,7 @@ def kv_cache_bytes(model_dir: Path, kv_cache_mb: int | None, host_budget: int, g
 
 def _kv_layout(model_dir: Path) -> tuple[int, int]:
     """(bytes one token takes in the KV cache, the model's context), from `config.json` as the engines
-    read it (`generation.kv_cache.CacheLayout`); a small default for a config without them."""
+    read it (`engines.native.kv_cache.CacheLayout`); a small default for a config without them."""
     config: dict[str, Any]
     try:
         config = json.loads((model_dir / "config.json").read_text())

@@ -102,7 +102,7 @@ class Stats(msgspec.Struct, tag="stats", array_like=True):
 
 class Ready(msgspec.Struct, tag="ready", array_like=True):
     load_seconds: float
-    # the engine an encoder replica chose at load (`tasks.encoder_runtimes`) and why; None: as asked
+    # the engine an encoder replica chose at load (`engines.encoders`) and why; None: as asked
     engine: str | None = None
     engine_reason: str | None = None
     quality: str | None = None  # precision int8: its measured quality against float32

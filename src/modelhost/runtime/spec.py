@@ -38,7 +38,7 @@ class DeploymentSpec:
     engine: str = "transformers"  # the engine its replicas run (`runtime.engines`): `transformers` or `vllm`
     # `auto` chose vLLM: if vLLM cannot load the model, the runtime runs it on `transformers` instead
     falls_back: bool = False
-    precision: str = "float32"  # `int8`: an encoder's runtime quantized (`tasks.encoder_runtimes`)
+    precision: str = "float32"  # `int8`: an encoder's runtime quantized (`engines.encoders`)
     # What one replica of its artifact measured last time on this engine and precision, by device kind
     # (`cpu`, `cuda`): the next load reserves it (`runtime.footprint`)
     remembered: dict[str, Footprint] = field(default_factory=dict)

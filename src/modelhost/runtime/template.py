@@ -54,8 +54,8 @@ def _preload() -> None:
     import transformers
     import transformers.pipelines
 
+    import modelhost.engines.loader
     import modelhost.runtime.worker
-    import modelhost.tasks.loader
     import modelhost.tasks.registry  # noqa: F401
 
     transformers.utils.logging.disable_progress_bar()

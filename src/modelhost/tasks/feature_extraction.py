@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
+from modelhost.engines.encoders import EncoderSlot, TextInputs
 from modelhost.tasks.base import item_error
-from modelhost.tasks.encoder_runtimes import EncoderSlot, TextInputs
 from modelhost.tasks.tokens import BatchEncoder, batch_encoder
 
 CHUNK = 128  # sequences per forward pass: bounds activation memory for very large requests
@@ -76,7 +76,7 @@ class FeatureExtraction:
         return {"inputs": ["modelhost warm-up"]}
 
     def encoder_slot(self, state: Encoder) -> EncoderSlot:
-        """The transformer a runtime may replace (`tasks.encoder_runtimes`): a sentence-transformers
+        """The transformer a runtime may replace (`engines.encoders`): a sentence-transformers
         model's first module's, whose pooling and normalization stay in torch, or the plain model."""
 
         def replace(model: torch.nn.Module) -> None:

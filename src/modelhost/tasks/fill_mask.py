@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from modelhost.engines import loader
+from modelhost.engines.encoders import EncoderSlot, pipeline_slot
 from modelhost.errors import param_name
-from modelhost.tasks import loader
 from modelhost.tasks.base import grouped, item_error
-from modelhost.tasks.encoder_runtimes import EncoderSlot, pipeline_slot
 from modelhost.tasks.outputs import plain
 
 

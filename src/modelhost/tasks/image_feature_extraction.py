@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from modelhost.tasks import loader
-from modelhost.tasks.encoder_runtimes import EncoderSlot, ImageInputs
+from modelhost.engines import loader
+from modelhost.engines.encoders import EncoderSlot, ImageInputs
 from modelhost.tasks.image_batches import every_picture, image_warmup_item, spread_results
 
 

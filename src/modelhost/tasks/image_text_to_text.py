@@ -1,13 +1,13 @@
 """Chat with images (vision-language models: LLaVA-style `image-text-to-text`) on the same engine as
 text chat. The gateway fetches each `image_url` part's image; here the model's processor builds the
 prompt (every image expanded into its image tokens) and its image tensors, which enter the model at
-prefill; the decoding steps then run as for text (`tasks.text_generation`, `generation.engine`)."""
+prefill; the decoding steps then run as for text (`tasks.text_generation`, `engines.native.engine`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
 from modelhost.tasks.text_generation import ChatModel, TextGeneration, chat_model
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
 from modelhost.tasks.base import generate_groups
 from modelhost.tasks.image_batches import decoded_images, image_warmup_item, spread_results
 

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
+from modelhost.engines.encoders import EncoderSlot
 from modelhost.tasks.base import item_error
 from modelhost.tasks.classify import Classifier, classifier_slot
-from modelhost.tasks.encoder_runtimes import EncoderSlot
 
 DOC_STRIDE = 128  # the pipeline's default overlap between windows, in tokens
 

@@ -13,10 +13,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from modelhost.engines import loader
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.media.decode import decode_audio
 from modelhost.media.encode import encode_audio
-from modelhost.tasks import loader
 from modelhost.tasks.base import error_of, item_error
 from modelhost.tasks.media_items import WARMUP_LIMITS
 

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
+from modelhost.engines import loader
 from modelhost.errors import InvalidRequest
-from modelhost.tasks import loader
 from modelhost.tasks.base import error_of, generate_groups
 
 OPTIONS = ("max_new_tokens", "generate_kwargs", "src_lang", "tgt_lang")

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
+from modelhost.engines.encoders import EncoderSlot
 from modelhost.tasks.classify import Classifier, classifier_slot, scores_of, top_labels
-from modelhost.tasks.encoder_runtimes import EncoderSlot
 
 
 def text_and_pair(value: Any) -> tuple[str, str | None]:

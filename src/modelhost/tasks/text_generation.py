@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from modelhost.config import get_settings
+from modelhost.engines import loader
+from modelhost.engines.chat_images import chat_with_images
+from modelhost.engines.interface import Event
+from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
-from modelhost.generation.engine import Event, GenerationEngine, Sequence
 from modelhost.generation.requests import fim_tokens, prompt_ids, sampling_params
 from modelhost.generation.text import IncrementalDecoder
 from modelhost.generation.tool_parsers import parser_for_template
-from modelhost.tasks import loader
-from modelhost.tasks.chat_images import chat_with_images
 
 MAX_RUNNING_SEQUENCES = 64
 
@@ -76,7 +77,7 @@ class TextGeneration:
         params = sampling_params(state, request.get("params", {}), len(prompt), prompt_param)
         constraint = None
         if request.get("grammar"):
-            from modelhost.generation.guidance import GrammarConstraint
+            from modelhost.engines.native.guidance import GrammarConstraint
 
             constraint = GrammarConstraint(
                 state.guidance_tokenizer(), request["grammar"], param=request.get("grammar_param")

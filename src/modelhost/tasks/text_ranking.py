@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
+from modelhost.engines.encoders import EncoderSlot
 from modelhost.tasks.classify import Classifier, classifier_slot
-from modelhost.tasks.encoder_runtimes import EncoderSlot
 
 
 class TextRanking:

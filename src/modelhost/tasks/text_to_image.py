@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
 from modelhost.tasks.diffusion import (
     AUTO_PIPELINES,
     Job,

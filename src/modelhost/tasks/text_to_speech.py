@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from modelhost.engines import loader
 from modelhost.media.decode import resample
 from modelhost.media.encode import AUDIO_FORMATS, OPUS_RATES, encode_audio
-from modelhost.tasks import loader
 from modelhost.tasks.base import item_error
 
 # OpenAI's voice names, in the order its SDK lists them; on a model with N speakers the i-th name is

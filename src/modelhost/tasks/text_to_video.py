@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from modelhost.engines import loader
+from modelhost.engines.interface import Event
 from modelhost.errors import InvalidRequest
-from modelhost.generation.engine import Event
 from modelhost.media.encode import encode_mp4, encode_spritesheet, encode_thumbnail
-from modelhost.tasks import loader
 
 
 class _Cancelled(Exception):

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
+from modelhost.engines.encoders import EncoderSlot, pipeline_slot
 from modelhost.tasks.base import grouped
-from modelhost.tasks.encoder_runtimes import EncoderSlot, pipeline_slot
 from modelhost.tasks.outputs import plain
 
 

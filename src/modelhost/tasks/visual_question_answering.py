@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from modelhost.tasks import loader
+from modelhost.engines import loader
 from modelhost.tasks.classify import top_labels
 from modelhost.tasks.image_batches import decoded_images, image_warmup_item
 

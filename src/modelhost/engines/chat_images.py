@@ -5,7 +5,7 @@ the same 400 on each: the artifact's processor renders the chat template (every 
 placeholder the model's processor expands), and each image is decoded under the operator's pixel
 limit. What follows differs: modelhost's engine runs the processor itself (image tokens and tensors,
 `tasks.text_generation`); vLLM takes the prompt's token IDs and the images and runs its own copy of the
-processor (`runtime.vllm_worker`). PIL is all this imports, so vLLM's environment runs it too.
+processor (`engines.vllm`). PIL is all this imports, so vLLM's environment runs it too.
 """
 
 from __future__ import annotations

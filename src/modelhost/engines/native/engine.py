@@ -11,7 +11,6 @@ stop conditions and, for constrained decoding, its grammar matcher that masks th
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from collections import deque
@@ -21,13 +20,14 @@ from typing import Any
 
 import torch
 
+from modelhost.engines.interface import Event
+from modelhost.engines.native.attention import attention_kernels
+from modelhost.engines.native.cuda_graphs import DecodeGraphs
+from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.errors import Overloaded
-from modelhost.generation.cuda_graphs import DecodeGraphs
-from modelhost.generation.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
-Event = dict[str, Any]
 __all__ = ["Event", "GenerationEngine", "SamplingParams", "Sequence"]
 
 
@@ -82,7 +82,7 @@ class Sequence:
 
 
 class GenerationEngine:
-    """Continuous batching over one causal LM with a slot KV cache (`generation.kv_cache`).
+    """Continuous batching over one causal LM with a slot KV cache (`engines.native.kv_cache`).
 
     Sequences pass through three lists: `waiting` (no slot yet), `prefilling` (a slot, the prompt going
     into the cache a chunk at a time) and `running` (decoding, one token per step). Running sequences
@@ -309,9 +309,10 @@ class GenerationEngine:
         last = [s.generated[-1] for s in self.running]
         for sequence, token in zip(self.running, last, strict=True):
             self.cache.held[sequence.slot].append(token)
+        logits = None
         if self._graphs is not None and self._graphs.fits(len(lengths), max(lengths)):
             logits = self._graphs.decode(last, lengths)
-        else:
+        if logits is None:  # no graph for this step (or its capture failed just now): eagerly
             logits = self._decode_eagerly(last, lengths)
         tokens = self._sample(self.running, logits.float())
         for sequence, token in zip(self.running, tokens, strict=True):
@@ -524,17 +525,6 @@ def default_cache_bytes(device: torch.device, layout: CacheLayout, context_lengt
         return int(free * 0.5)
     wanted = slots * (context_length + 1) * layout.bytes_per_token
     return min(wanted, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8)
-
-
-def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager[None]:
-    """On CUDA, PyTorch's attention without its cuDNN kernel: cuDNN plans each new shape on first use
-    (about 4 times a step's cost), which made a changing batch slower than a larger steady one. The
-    memory-efficient kernel takes our masks at every shape; math is the fallback."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
 
 
 def _with_attention_the_engine_masks(model: Any) -> Any:

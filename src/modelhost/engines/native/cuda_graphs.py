@@ -2,7 +2,7 @@
 
 A decoding step of a small batch costs the GPU well under a millisecond but costs Python and the
 launches of a few hundred kernels about 10 ms. A CUDA graph records those launches once and replays
-them; it needs fixed shapes and fixed memory, which the slot cache gives (`generation.kv_cache`):
+them; it needs fixed shapes and fixed memory, which the slot cache gives (`engines.native.kv_cache`):
 running sequences are the cache's first rows, so a step reads a view of fixed size.
 
 Graphs are captured per (batch bucket, length bucket): the batch is padded to the next bucket (padding
@@ -15,22 +15,31 @@ bucket first needed later is captured then. A capture that fails turns graphs of
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from modelhost.generation.kv_cache import Plan
-
-if TYPE_CHECKING:
-    from modelhost.generation.engine import GenerationEngine
+from modelhost.engines.native.attention import attention_kernels
+from modelhost.engines.native.kv_cache import Plan, SlotCache
 
 log = logging.getLogger("modelhost.generation")
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 LENGTH_BUCKETS = (256, 512, 1024, 2048, 4096)  # longer reads run eagerly (attention dominates there)
 
 
+class Decoding(Protocol):
+    """What the graphs read of the engine that owns them: its model, its cache and its masks."""
+
+    model: Any
+    device: torch.device
+    cache: SlotCache
+    max_running: int
+
+    def masks(self, allowed: torch.Tensor, positions: torch.Tensor) -> Any: ...
+
+
 class DecodeGraphs:
-    def __init__(self, engine: GenerationEngine) -> None:
+    def __init__(self, engine: Decoding) -> None:
         self.engine = engine
         slots, capacity = engine.max_running, engine.cache.capacity
         self.batches = sorted({b for b in BATCH_BUCKETS if b < slots} | {slots})
@@ -58,8 +67,9 @@ class DecodeGraphs:
                     return
                 self._graph(batch, length)
 
-    def decode(self, last: list[int], lengths: list[int]) -> torch.Tensor:
-        """The logits of one decoding step for sequences 0..n-1 (their last tokens and lengths)."""
+    def decode(self, last: list[int], lengths: list[int]) -> torch.Tensor | None:
+        """The logits of one decoding step for sequences 0..n-1 (their last tokens and lengths); None
+        when this step's graph failed to capture just now (the engine then runs the step eagerly)."""
         count = len(last)
         batch = next(b for b in self.batches if b >= count)
         length = next(n for n in self.lengths if n >= max(lengths))
@@ -74,8 +84,8 @@ class DecodeGraphs:
         allowed = (torch.arange(length)[None, :] < padded[:, None])[:, None, None, :].to(device)
         self._fill_masks(length, batch, allowed)
         captured = self._graph(batch, length)
-        if captured is None:  # the capture failed just now: this step runs eagerly
-            return self.engine._decode_eagerly(last, lengths)
+        if captured is None:
+            return None
         graph, logits = captured
         graph.replay()
         return logits[:count]
@@ -112,8 +122,6 @@ class DecodeGraphs:
         return self.graphs.get(key)
 
     def _capture(self, batch: int, length: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        from modelhost.generation.engine import attention_kernels
-
         engine = self.engine
         static = self._static_masks(length)
         masks = {k: m[:batch] for k, m in static.items()} if isinstance(static, dict) else static[:batch]

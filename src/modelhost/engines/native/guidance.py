@@ -8,8 +8,8 @@ import llguidance
 import numpy as np
 import torch
 
+from modelhost.engines.native.engine import Constraint
 from modelhost.errors import InvalidRequest
-from modelhost.generation.engine import Constraint
 
 
 class GrammarConstraint(Constraint):
