@@ -23,6 +23,7 @@ bench:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.backends
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.tenancy
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.capacity
+	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.adapters
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.path_costs
 	.venv/bin/python -m bench.compare
 

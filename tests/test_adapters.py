@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +188,9 @@ class Served:
     def post(self, path: str, key: str | None = None, **body: Any) -> httpx.Response:
         return self.http.post(path, json=body, headers=bearer(key or self.key))
 
-    def greedy(self, model: str, max_tokens: int = 12, key: str | None = None) -> list[str]:
+    def greedy(self, model: str, max_tokens: int = 12, key: str | None = None) -> tuple[str, list[str]]:
+        """The greedy answer's text and its tokens' (byte-level tokens of part of a character show as
+        U+FFFD alone; the text tells them apart)."""
         body = {
             "model": model,
             "messages": MESSAGES,
@@ -196,7 +200,8 @@ class Served:
         }
         answer = self.post("/v1/chat/completions", key=key, **body)
         assert answer.status_code == 200, answer.text
-        return [t["token"] for t in answer.json()["choices"][0]["logprobs"]["content"]]
+        choice = answer.json()["choices"][0]
+        return choice["message"]["content"], [t["token"] for t in choice["logprobs"]["content"]]
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +216,10 @@ def served(tmp_path_factory: pytest.TempPathFactory, made: dict[str, Path]) -> I
         MODELHOST_VLLM_PYTHON=python,
         MODELHOST_KV_CACHE_MB="64",
         MODELHOST_VLLM_COMPILE="false",  # vLLM's CPU build runs LoRA eager anyway
+        # billed every second, at a rate where a 70 kB adapter's second is worth micro-credits
+        MODELHOST_BILLING_TICK_SECONDS="1",
+        MODELHOST_BILLING_COMPUTE_CREDITS_PER_GB_SECOND="1000",
+        MODELHOST_BILLING_ENFORCE="false",
     )
     process.start()
     http = httpx.Client(base_url=process.url, timeout=300)
@@ -250,7 +259,7 @@ def test_an_adapter_deployment_answers_as_its_adapter_merged_into_the_base(serve
 
 def test_16_streams_over_4_adapters_at_once_each_give_their_adapters_own_answer(served: Served) -> None:
     """Mixed in the base's batches, no adapter leaks into another's sequences."""
-    alone = {i: served.greedy(f"tuned-{i}", max_tokens=16) for i in range(4)}
+    alone = {i: served.greedy(f"tuned-{i}", max_tokens=16)[1] for i in range(4)}
     client = openai.OpenAI(base_url=f"{served.process.url}/v1", api_key=served.key)
 
     def stream(i: int) -> tuple[int, list[str]]:
@@ -288,11 +297,26 @@ def test_attaching_and_using_8_adapters_starts_no_new_replica_process(served: Se
             base_deployment="base",
         )
         assert answer.status_code == 201, answer.text
-    answers = {tuple(served.greedy(f"tuned-{i}", max_tokens=6)) for i in range(8)}
-    assert len(answers) == 8  # eight adapters, eight different answers
+    answers = {i: served.greedy(f"tuned-{i}", max_tokens=16)[0] for i in range(8)}
+    assert len(set(answers.values())) == 8, answers  # eight adapters, eight different answers
     assert processes("modelhost.runtime.vllm_worker", served.base["id"]) == workers
     base = served.http.get(f"/v1/deployments/{served.base['id']}", headers=bearer(served.key)).json()
     assert base["replicas"] == 1
+
+
+def test_each_adapter_is_billed_its_own_bytes_and_the_base_its_replica(served: Served) -> None:
+    served.greedy("tuned-0")
+    created = datetime.fromisoformat(served.adapters[0]["created_at"])
+    time.sleep(3)  # a few ticks
+    usage = served.http.get("/v1/usage", headers=bearer(served.key)).json()
+    elapsed = (datetime.now(UTC) - created).total_seconds()
+    billed = {u["deployment_id"]: u["compute_credits"] for u in usage["by_deployment"]}
+    adapter_bytes = served.http.get(
+        f"/v1/model-artifacts/{served.artifacts['a0']}", headers=bearer(served.key)
+    ).json()["adapter"]["bytes"]
+    own = billed[served.adapters[0]["id"]]
+    assert 0 < own <= adapter_bytes / 1e9 * 1000 * elapsed  # its bytes x the time held, at most
+    assert billed[served.base["id"]] > 1000 * own  # the base's replica: its measured memory
 
 
 def test_an_adapter_that_does_not_fit_the_base_is_a_400_naming_the_tensor(served: Served) -> None:
@@ -374,6 +398,9 @@ def test_a_shared_base_serves_two_accounts_adapters_and_neither_sees_the_others(
     assert [m["id"] for m in served.http.get("/v1/models", headers=bearer(other)).json()["data"]] == [
         "theirs"
     ]
+    time.sleep(2)  # a tick or two
+    usage = served.http.get("/v1/usage", headers=bearer(other)).json()
+    assert [u["deployment_id"] for u in usage["by_deployment"]] == [theirs.json()["id"]]
     refused = assert_error(
         served.http.delete(f"/v1/deployments/{served.base['id']}", headers=bearer(served.key)),
         409,

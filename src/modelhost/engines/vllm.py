@@ -20,7 +20,7 @@ import functools
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,9 @@ class VllmModel:
     tool_format: str
     fim: tuple[int, int, int] | None = None
     processor: Any = None  # a vision-language model's (`image-text-to-text`); None: text only
+    lora: bool = False  # started with LoRA on: requests may name an adapter
+    # each adapter's number in this replica, by name (vLLM keys its adapter cache by number)
+    lora_numbers: dict[str, int] = field(default_factory=dict)
 
     @functools.cached_property
     def token_text(self) -> Callable[[int], str]:
@@ -66,6 +69,16 @@ class VllmModel:
         self.engine.shutdown()
 
 
+@dataclass(frozen=True, slots=True)
+class LoraSlots:
+    """A base with adapters attached: vLLM's LoRA on, `max_loras` adapters of rank up to `rank` in one
+    batch, `max_cpu_loras` kept in CPU memory (docs/adapters.md)."""
+
+    rank: int
+    max_loras: int
+    max_cpu_loras: int
+
+
 def load(
     model_dir: Path,
     kv_cache_mb: int | None,
@@ -73,9 +86,11 @@ def load(
     tensor_parallel_size: int = 1,
     vision: bool = False,
     eager: bool = False,
+    lora: LoraSlots | None = None,
 ) -> VllmModel:
     """vLLM's engine over the artifact's folder, and the artifact's own tokenizer and, for a
-    vision-language model, its processor (the same files and templates the transformers engine reads)."""
+    vision-language model, its processor (the same files and templates the transformers engine reads).
+    With `lora`, requests may name an adapter (`adapter` in the request)."""
     from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -102,6 +117,12 @@ def load(
         structured_outputs_config=StructuredOutputsConfig(backend="guidance"),
         max_logprobs=MAX_LOGPROBS,
         disable_log_stats=True,
+        enable_lora=lora is not None,
+        **(
+            {"max_lora_rank": lora.rank, "max_loras": lora.max_loras, "max_cpu_loras": lora.max_cpu_loras}
+            if lora is not None
+            else {}
+        ),
     )
     engine = AsyncLLM.from_engine_args(arguments)
     tokenizer = load_tokenizer(model_dir)  # the one loader: local files only, no repository code
@@ -115,6 +136,7 @@ def load(
         tool_format=parser_for_template(template).name,
         fim=fim_tokens(tokenizer),
         processor=load_processor(model_dir) if vision else None,
+        lora=lora is not None,
     )
 
 
@@ -190,6 +212,17 @@ async def _engine_input(model: VllmModel, request: dict[str, Any]) -> tuple[list
     return list(rendered["prompt_token_ids"]), "messages", rendered
 
 
+def _lora_request(model: VllmModel, adapter: dict[str, str] | None) -> Any:
+    """vLLM's `LoRARequest` for the adapter a request names (its deployment ID and files), numbered once
+    per replica (vLLM keys its adapter cache by that number); None for the base itself."""
+    if adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    number = model.lora_numbers.setdefault(adapter["name"], len(model.lora_numbers) + 1)
+    return LoRARequest(adapter["name"], number, adapter["path"])
+
+
 def _logprob_entry(model: VllmModel, token: int, logprobs: dict[int, Any], top: int) -> dict[str, Any]:
     """One token's log-probability in our engine's shape: the token, and the `top` most likely."""
     chosen = logprobs.get(token)
@@ -219,10 +252,15 @@ async def generate(
     caller's 400), as the transformers engine's `start` raising `ModelhostError` does."""
     from vllm.exceptions import VLLMClientError
 
+    if request.get("adapter") and not model.lora:  # a replica started before its first adapter attached
+        emit({"error": {"message": "the base's replica restarts with its adapters", "internal": True}})
+        return
     try:
         prompt, prompt_param, inputs = await _engine_input(model, request)
         params = sampling_params(model, request.get("params", {}), len(prompt), prompt_param)
-        stream = model.engine.generate(inputs, vllm_params(params, request.get("grammar")), request_id)
+        adapter = _lora_request(model, request.get("adapter"))
+        sampling = vllm_params(params, request.get("grammar"))
+        stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter)
         first = await anext(stream, None)
     except ModelhostError as exc:
         emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})

@@ -17,12 +17,13 @@ import math
 import os
 import time
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
 from modelhost.errors import DeploymentUnavailable, InsufficientCapacity, ModelhostError, NotFound
 from modelhost.runtime import metrics
+from modelhost.runtime.adapter_meters import AdapterMeters, Meter
 from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.dispatch import Dispatcher
 from modelhost.runtime.local import LocalBackend
@@ -49,11 +50,8 @@ SpecSource = Callable[[str], DeploymentSpec | None]
 ReplicasChanged = Callable[[str, list[str]], None]
 
 
-class ReplicaMeter(Protocol):
-    """Billing's view of replicas: each costs from the moment it starts loading until it goes away."""
-
-    def replica_started(self, replica: Replica, spec: DeploymentSpec) -> None: ...
-    def replica_stopped(self, replica: Replica, *, close: bool = True) -> object: ...
+# Billing's view of replicas: each costs from the moment it starts loading until it goes away
+ReplicaMeter = Meter
 
 
 class DeploymentRuntime:
@@ -396,6 +394,7 @@ class ReplicaManager:
         self._reaper: asyncio.Task[None] | None = None
         self._memory_watch: asyncio.Task[None] | None = None
         self._meter = meter
+        self._adapter_meters = AdapterMeters(meter) if meter is not None else None  # adapters on bases
         # Asked before every load (billing: 402 when the account is out of credits).
         self.load_guard = load_guard
         self.replicas_changed: ReplicasChanged = lambda _deployment, _addresses: None
@@ -430,6 +429,8 @@ class ReplicaManager:
         """The replica costs from now on (before it loads: loading takes memory too)."""
         if self._meter is not None:
             await asyncio.to_thread(self._meter.replica_started, replica, spec)
+        if self._adapter_meters is not None:
+            await self._adapter_meters.started(replica, spec)
 
     async def stop(self, replicas: list[Replica], *, detach: bool = False) -> None:
         """Bill replicas up to now, then stop them; a replica's meter closes even if it will not stop.
@@ -443,6 +444,9 @@ class ReplicaManager:
                 return meter.replica_stopped(replica, close=not (detach and replica.shared_meter))
 
             await asyncio.gather(*(asyncio.to_thread(bill, r) for r in replicas), return_exceptions=True)
+        if self._adapter_meters is not None:
+            adapter_meters = self._adapter_meters
+            await asyncio.gather(*(adapter_meters.stopped(r) for r in replicas), return_exceptions=True)
         await asyncio.gather(
             *((r.detach() if detach else r.unload()) for r in replicas), return_exceptions=True
         )
@@ -505,6 +509,8 @@ class ReplicaManager:
             # the replicas start again with it; a detached one changes nothing (LoRA stays on until then)
             await runtime.drain(self.settings.shutdown_drain_seconds)
             await runtime.unload()
+        elif old.adapters != spec.adapters and self._adapter_meters is not None:
+            await self._adapter_meters.changed(runtime.replicas, old, spec)  # billed from now, or no more
         if runtime.wants_loaded and runtime.state in ("unloaded", "failed"):
             runtime.load_in_background()
         elif runtime.state == "ready":  # Ray Serve applies new autoscaling in place

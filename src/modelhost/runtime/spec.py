@@ -4,7 +4,7 @@ store; the runtime, billing's meters and the server's stand-ins read them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from modelhost.runtime.capacity import Footprint
@@ -51,6 +51,31 @@ class DeploymentSpec:
     # A base with adapter deployments attached: vLLM's LoRA slots are sized for this rank (None: LoRA
     # off, as it costs a base speed; the first adapter attached reloads the base with it on)
     lora_rank: int | None = None
+    # ... and those adapters, each billed for its bytes while the base's replicas hold it
+    adapters: tuple[AttachedAdapter, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AttachedAdapter:
+    """An adapter deployment as its base's replicas hold it: what its bill names, and its size."""
+
+    id: str
+    account_id: str
+    model: str
+    artifact_id: str
+    bytes: int
+    rank: int
+
+
+def adapter_spec(base: DeploymentSpec, adapter: AttachedAdapter) -> DeploymentSpec:
+    """The adapter as billing's meters see it: a deployment of its own account and artifact."""
+    return replace(
+        base,
+        id=adapter.id,
+        account_id=adapter.account_id,
+        model=adapter.model,
+        artifact_id=adapter.artifact_id,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from modelhost.engines.vllm import VllmModel, generate, load, warm_up
+from modelhost.engines.vllm import LoraSlots, VllmModel, generate, load, warm_up
 from modelhost.runtime import metrics
 from modelhost.runtime.protocol import (
     Cancel,
@@ -179,6 +179,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-mb", type=int, default=None)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--eager", action="store_true", help="vLLM's eager mode (no torch.compile)")
+    parser.add_argument(
+        "--max-lora-rank", type=int, default=None, help="LoRA on, for adapters of this rank at most"
+    )
+    parser.add_argument("--max-loras", type=int, default=8, help="adapters in one batch")
+    parser.add_argument("--max-cpu-loras", type=int, default=64, help="adapters kept in CPU memory")
     # accepted for the same command line as runtime.worker; vLLM batches and warms up by itself
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--max-batch", type=int, default=None)
@@ -193,8 +198,11 @@ async def _serve(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         vision = args.pipeline == "image-text-to-text"
+        lora = None
+        if args.max_lora_rank is not None:  # a base with adapters attached
+            lora = LoraSlots(args.max_lora_rank, args.max_loras, args.max_cpu_loras)
         model = load(
-            args.model_dir, args.kv_cache_mb, args.device, args.tensor_parallel_size, vision, args.eager
+            args.model_dir, args.kv_cache_mb, args.device, args.tensor_parallel_size, vision, args.eager, lora
         )
     except Exception as exc:  # the reason goes back to the supervisor
         traceback.print_exc()

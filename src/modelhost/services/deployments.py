@@ -16,7 +16,7 @@ from modelhost.routing import DeploymentRef
 from modelhost.runtime import engines
 from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.engines import MEASURED_AT_LOAD, EngineChoice, replica_engine
-from modelhost.runtime.spec import AdapterTarget, DeploymentSpec
+from modelhost.runtime.spec import AdapterTarget, AttachedAdapter, DeploymentSpec
 from modelhost.services import adapters
 from modelhost.store.db import Database
 from modelhost.store.models import Deployment, MeasuredFootprint, ModelArtifact
@@ -61,8 +61,8 @@ class DeploymentService:
                 return None
             pairs = [(deployment, self._artifact_of(session, deployment))]
             remembered = self._remembered(session, pairs)
-            ranks = self._adapter_ranks(session, pairs)
-        return self._specs(pairs, remembered, ranks)[0]
+            attached = self._attached(session, pairs)
+        return self._specs(pairs, remembered, attached)[0]
 
     def hot_specs(self) -> list[DeploymentSpec]:
         with self._database.transaction() as session:
@@ -73,8 +73,8 @@ class DeploymentService:
             ).all()
             pairs = [(d, self._artifact_of(session, d)) for d in hot]
             remembered = self._remembered(session, pairs)
-            ranks = self._adapter_ranks(session, pairs)
-        return self._specs(pairs, remembered, ranks)
+            attached = self._attached(session, pairs)
+        return self._specs(pairs, remembered, attached)
 
     def adapter_target(self, deployment_id: str) -> AdapterTarget | None:
         """Where an adapter deployment's requests go (its base, with its files); None for any other
@@ -88,19 +88,29 @@ class DeploymentService:
         return AdapterTarget(deployment_id, deployment.base_deployment_id, adapter_dir)
 
     @staticmethod
-    def _adapter_ranks(
+    def _attached(
         session: Session, pairs: list[tuple[Deployment, ModelArtifact]]
-    ) -> dict[str, list[int]]:
-        """The ranks of the adapters attached to each of these deployments, by base."""
+    ) -> dict[str, list[AttachedAdapter]]:
+        """The adapters attached to each of these deployments, by base."""
         ids = [deployment.id for deployment, _ in pairs]
         rows = session.execute(
-            select(Deployment.base_deployment_id, ModelArtifact.adapter)
+            select(Deployment, ModelArtifact.adapter)
             .join(ModelArtifact, ModelArtifact.id == Deployment.artifact_id)
             .where(Deployment.base_deployment_id.in_(ids))
+            .order_by(Deployment.created_at, Deployment.id)
         )
-        found: dict[str, list[int]] = {}
-        for base_id, adapter in rows:
-            found.setdefault(base_id, []).append(int((adapter or {}).get("rank", 1)))
+        found: dict[str, list[AttachedAdapter]] = {}
+        for adapter, info in rows:
+            info = info or {}
+            attached = AttachedAdapter(
+                adapter.id,
+                adapter.account_id,
+                adapter.model,
+                adapter.artifact_id,
+                int(info.get("bytes", 0)),
+                int(info.get("rank", 1)),
+            )
+            found.setdefault(str(adapter.base_deployment_id), []).append(attached)
         return found
 
     @staticmethod
@@ -146,7 +156,7 @@ class DeploymentService:
         self,
         pairs: list[tuple[Deployment, ModelArtifact]],
         remembered: dict[str, list[MeasuredFootprint]],
-        ranks: dict[str, list[int]],
+        attached: dict[str, list[AttachedAdapter]],
     ) -> list[DeploymentSpec]:
         """Outside the transaction: with a remote blob store, finding the model's folder may mean
         downloading it first."""
@@ -179,7 +189,8 @@ class DeploymentService:
                 falls_back=deployment.engine == "auto" and deployment.engine_in_use == "vllm",
                 precision=deployment.precision,
                 remembered=footprints(deployment, replica_engines[deployment.id]),
-                lora_rank=adapters.lora_rank(ranks.get(deployment.id, [])),
+                lora_rank=adapters.lora_rank([a.rank for a in attached.get(deployment.id, [])]),
+                adapters=tuple(attached.get(deployment.id, [])),
             )
             for deployment, artifact in pairs
         ]

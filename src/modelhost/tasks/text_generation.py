@@ -68,6 +68,13 @@ class TextGeneration:
 
     def start(self, state: ChatModel, request_id: int, request: dict[str, Any]) -> None:
         """Queue a request in the engine; InvalidRequest (a 400 for its caller) if it cannot run."""
+        if request.get("adapter"):  # a base that fell back from vLLM after its adapters were attached
+            raise InvalidRequest(
+                "The adapter's base runs on the transformers engine, which does not serve adapters; "
+                "patch the base to engine: vllm (docs/adapters.md).",
+                param="model",
+                code="adapter_base_unsupported",
+            )
         images: dict[str, Any] | None = None
         if request.get("images"):  # the processor's prompt, not the tokenizer's: built once, here
             prompt, images = _vision_prompt(state, request)

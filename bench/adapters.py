@@ -1,0 +1,284 @@
+"""Adapters benchmark (issue 40): many LoRA fine-tunes served by one base replica on vLLM.
+
+    python -m bench.adapters [--seconds 20] [--tokens 32] [--streams 16] [--out docs/benchmarks.md]
+
+The model is the text-generation benchmark's random-weight 33 M Llama (`bench.generation.build_model`,
+float32); its adapters are made with PEFT at rank 48 on every linear module of every layer (about 16 MB
+each, the issue's size), `lora_B` drawn at random so that each changes the answers. One `modelhost serve`
+with vLLM's CPU build, eager (`MODELHOST_VLLM_COMPILE` off: vLLM's CPU build runs LoRA eager), one run:
+
+1. **Throughput**: 16 streams of `--tokens` tokens for `--seconds` on the base alone, before any adapter
+   is attached (LoRA off); then 4 adapters attached (the base reloads with LoRA on), 16 streams on the
+   base alone again (the base's own cost of LoRA on) and 16 streams spread over the 4 adapters.
+   Target: adapters / base alone (LoRA off) ≥ 0.7.
+2. **First request to an adapter not loaded yet**: a fifth adapter attached, its first request's TTFT (1
+   token) against its second's: the added latency of loading it. Target ≤ 1 s for 16 MB.
+3. **Memory**: 8 adapter deployments used on one base, against the 8 adapters merged into the base's
+   weights (`merge_and_unload`) and deployed as 8 full models: the replicas' footprints as the server
+   measures them (`runtime.memory.tree_footprint_bytes` of each replica worker and vLLM's processes
+   under it, the model's files counted whole). Target: ratio ≤ 0.2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import Figures, Served, machine, serve, table, write_section
+from bench.generation import MESSAGES, Load, _stream, build_model
+from modelhost.runtime.memory import parents, tree, tree_footprint_bytes
+
+MiB = 1 << 20
+RANK = 48
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MARKER = "## Adapters: LoRA fine-tunes on one base replica"
+
+
+def build_adapters(base: Path, root: Path, count: int) -> list[Path]:
+    """`count` PEFT adapters of `base`, rank 48 on every linear module, seeded `lora_B`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    folders = []
+    for seed in range(count):
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        config = LoraConfig(r=RANK, lora_alpha=RANK, target_modules=TARGETS, lora_dropout=0.0)
+        adapted = get_peft_model(model, config)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, parameter in adapted.named_parameters():
+                if "lora_B" in name:
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+        adapted.save_pretrained(root / f"adapter-{seed}")
+        folders.append(root / f"adapter-{seed}")
+    return folders
+
+
+def merge(base: Path, adapter: Path, out: Path) -> Path:
+    import shutil
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(out)
+    for file in base.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+            shutil.copy(file, out / file.name)
+    return out
+
+
+class Api:
+    def __init__(self, served: Served) -> None:
+        self.served = served
+        self.http = httpx.Client(
+            base_url=served.url, headers={"Authorization": f"Bearer {served.key}"}, timeout=900
+        )
+
+    def push(self, folder: Path) -> str:
+        from modelhost.cli.client import ApiClient
+        from modelhost.cli.push import push
+
+        artifact = push(
+            ApiClient(self.served.url, self.served.key, timeout=600), folder, folder.name, "text-generation"
+        )
+        return str(artifact["artifact"]["id"])
+
+    def deploy(self, **body: Any) -> dict[str, Any]:
+        answer = self.http.post("/v1/deployments", json=body)
+        assert answer.status_code == 201, answer.text
+        created: dict[str, Any] = answer.json()
+        return created
+
+    def wait_ready(self, deployment_id: str) -> None:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            state = self.http.get(f"/v1/deployments/{deployment_id}").json()
+            if state["state"] == "ready":
+                return
+            if state["state"] == "failed":
+                raise RuntimeError(state["state_reason"])
+            time.sleep(0.5)
+        raise TimeoutError(deployment_id)
+
+    def ttft(self, model: str) -> float:
+        body = {"model": model, "messages": MESSAGES, "max_tokens": 1, "temperature": 0}
+        started = time.perf_counter()
+        answer = self.http.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        return time.perf_counter() - started
+
+
+async def drive(url: str, key: str, models: list[str], tokens: int, seconds: float) -> Load:
+    """One worker per model in `models` (a stream each, one after another), until the deadline."""
+    load = Load()
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=300) as client:
+
+        async def worker(model: str) -> None:
+            body = {
+                "model": model,
+                "messages": MESSAGES,
+                "max_tokens": tokens,
+                "temperature": 0.7,
+                "stream": True,
+            }
+            body["stream_options"] = {"include_usage": True}
+            while True:
+                try:
+                    await _stream(client, f"{url}/v1/chat/completions", body, load)
+                except (httpx.HTTPError, ValueError) as exc:
+                    load.error(f"{type(exc).__name__}: {exc}")
+                if time.perf_counter() >= deadline:
+                    return
+
+        started = time.perf_counter()
+        deadline = started + seconds
+        await asyncio.gather(*(worker(m) for m in models))
+        load.tokens_per_second = load.tokens / (time.perf_counter() - started)
+    return load
+
+
+def replica_bytes(served: Served, deployment_ids: list[str]) -> int:
+    """The footprints of these deployments' replica workers (and vLLM's processes under them)."""
+    table_ = parents()
+    total = 0
+    for pid in tree(served.process.pid, table_):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "modelhost.runtime.vllm_worker" in command and any(
+            f"--deployment {d}" in command for d in deployment_ids
+        ):
+            total += tree_footprint_bytes(pid, table_)
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--port", type=int, default=8793)
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="mh-adapters-"))
+    base_dir = root / "base"
+    parameters = build_model(base_dir)
+    adapters = build_adapters(base_dir, root, 8)
+    adapter_mb = (adapters[0] / "adapter_model.safetensors").stat().st_size / MiB
+    print(
+        f"base: {parameters / 1e6:.1f} M parameters; adapters of rank {RANK}: {adapter_mb:.1f} MiB each",
+        flush=True,
+    )
+    served = serve(args.port, MODELHOST_VLLM_COMPILE="false", MODELHOST_KV_CACHE_MB="256")
+    api = Api(served)
+    figures = Figures("adapters")
+    try:
+        base = api.deploy(model="base", artifact_id=api.push(base_dir), engine="vllm", readiness="hot")
+        api.wait_ready(base["id"])
+
+        def run(models: list[str]) -> Load:
+            load = asyncio.run(drive(served.url, served.key, models, args.tokens, args.seconds))
+            what = f"{len(models)} streams over {sorted(set(models))}"
+            print(f"  {what}: {load.tokens_per_second:.1f} tokens/s, errors {load.errors} {load.first_error}")
+            return load
+
+        plain = run(["base"] * args.streams)
+        artifacts = [api.push(folder) for folder in adapters]
+        attached = [
+            api.deploy(model=f"tuned-{i}", artifact_id=artifacts[i], base_deployment="base") for i in range(4)
+        ]
+        api.wait_ready(base["id"])  # reloaded with LoRA on
+        with_lora = run(["base"] * args.streams)
+        mixed = run([f"tuned-{i % 4}" for i in range(args.streams)])
+
+        fifth = api.deploy(model="tuned-4", artifact_id=artifacts[4], base_deployment="base")
+        first, second = api.ttft("tuned-4"), api.ttft("tuned-4")
+        attached += [fifth] + [
+            api.deploy(model=f"tuned-{i}", artifact_id=artifacts[i], base_deployment="base")
+            for i in range(5, 8)
+        ]
+        for i in range(8):
+            api.ttft(f"tuned-{i}")  # every adapter loaded and used
+        adapters_bytes = replica_bytes(served, [base["id"]])
+
+        merged_ids = []
+        for i in range(8):
+            merged = merge(base_dir, adapters[i], root / f"merged-{i}")
+            deployment = api.deploy(
+                model=f"merged-{i}", artifact_id=api.push(merged), engine="vllm", readiness="warm"
+            )
+            api.wait_ready(deployment["id"])
+            api.ttft(f"merged-{i}")
+            merged_ids.append(deployment["id"])
+        merged_bytes = replica_bytes(served, merged_ids)
+    finally:
+        served.process.terminate()
+        served.process.wait(60)
+
+    throughput = mixed.tokens_per_second / plain.tokens_per_second
+    lora_cost = with_lora.tokens_per_second / plain.tokens_per_second
+    added = first - second
+    memory = adapters_bytes / merged_bytes
+    figures.ratio("adapters_over_base", throughput)
+    figures.ratio("base_lora_on_over_off", lora_cost)
+    figures.ratio("memory_adapters_over_merged", memory)
+    figures.add("first_request_added_s", added)
+    rows = [
+        [
+            f"base alone, LoRA off, {args.streams} streams",
+            f"{plain.tokens_per_second:.1f}",
+            plain.ttft_p50,
+            str(plain.errors),
+        ],
+        [
+            f"base alone, LoRA on (4 adapters attached), {args.streams} streams",
+            f"{with_lora.tokens_per_second:.1f}",
+            with_lora.ttft_p50,
+            str(with_lora.errors),
+        ],
+        [
+            f"{args.streams} streams over 4 adapters",
+            f"{mixed.tokens_per_second:.1f}",
+            mixed.ttft_p50,
+            str(mixed.errors),
+        ],
+    ]
+    section = "\n".join(
+        [
+            MARKER,
+            "",
+            f"Machine: {machine()}. One run of `python -m bench.adapters --seconds {args.seconds:g} "
+            f"--tokens {args.tokens}`: the text-generation benchmark's random-weight Llama "
+            f"({parameters / 1e6:.0f} M parameters, float32) on vLLM's CPU build, eager; adapters made with "
+            f"PEFT at rank {RANK} on every linear module ({adapter_mb:.1f} MiB each).",
+            "",
+            table(["what", "output tokens/s (aggregate)", "TTFT p50 ms", "errors"], rows),
+            "",
+            f"- **{args.streams} streams over 4 adapters / {args.streams} streams on the base alone (LoRA "
+            f"off): {throughput:.2f}** (target ≥ 0.7).",
+            "- The base's own cost of LoRA on (vLLM's CPU build, eager either way): base alone with LoRA on "
+            f"/ off = {lora_cost:.2f}.",
+            f"- **First request to an adapter not loaded yet ({adapter_mb:.1f} MiB): +{added * 1000:.0f} "
+            f"ms** (first {first * 1000:.0f} ms, second {second * 1000:.0f} ms, 1 token; target ≤ 1 s).",
+            "- **Memory, 8 adapter deployments on one base / the 8 merged into 8 full deployments: "
+            f"{memory:.2f}** ({adapters_bytes / MiB:,.0f} MiB against {merged_bytes / MiB:,.0f} MiB; "
+            "target ≤ 0.2). One replica of the base (vLLM's processes included) serves all eight.",
+            "",
+        ]
+    )
+    print(section)
+    write_section(args.out, MARKER, section, figures)
+
+
+if __name__ == "__main__":
+    main()
