@@ -22,6 +22,8 @@ from modelhost.api.console import STATIC as CONSOLE_STATIC
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, push_folder_sync
 from tests.live import live_server
+from tests.server_process import ServerProcess
+from tests.vllm_setup import wait_for_vllm
 
 CHROMIUM = shutil.which("chromium")
 NO_CHROMIUM = (
@@ -579,6 +581,150 @@ def test_embeddings_show_a_similarity_matrix_and_a_deployment_is_deleted(console
     card.wait_for(state="detached")
     gone = console.http.get(f"/v1/deployments/{deployment_id}", headers=bearer(console.key))
     assert gone.status_code == 404
+
+
+@pytest.fixture(scope="module")
+def adapter(recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA adapter (PEFT's folder, rank 8) of the t11 chat model, which the console's server serves as
+    `chat` on the transformers engine."""
+    from tests.tiny_models.adapters import build_adapter
+
+    folder = tmp_path_factory.mktemp("adapter") / "tuned"
+    return build_adapter(recipes / "t11_text_generation_chat", folder, seed=0)
+
+
+def deployments_posted(page: Any) -> Any:
+    return page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/deployments"))
+
+
+def test_an_adapter_artifact_shows_its_rank_and_its_deploy_form_asks_for_a_base(
+    console: Console, adapter: Path
+) -> None:
+    """No vLLM needed: the adapter is shown as one, its deploy form offers the account's chat deployment as
+    its base and sends it as `base_deployment` (nothing else), and the server's refusal of a base on the
+    transformers engine is shown."""
+    from tests.tiny_models.adapters import TARGETS
+
+    page = console.page
+    console.go("artifacts")
+    page.set_input_files("#artifact-folder", str(adapter))
+    page.select_option("#artifact-pipeline", "text-generation")
+    page.click("#artifact-upload")
+    assert page.locator("#inspection-status").inner_text() == "tuned: ready"
+    row = page.locator("#artifact-list tr[data-kind='adapter']")
+    kind = row.locator("td.kind")
+    assert kind.inner_text().startswith("adapter")
+    assert kind.locator(".rank").inner_text() == "rank 8"
+    assert kind.locator(".alpha").inner_text() == "alpha 16"
+    assert kind.locator(".targets").inner_text() == ", ".join(sorted(TARGETS))
+    assert kind.locator(".bytes").inner_text().endswith(" kB")
+    assert page.locator("#artifact-list tr[data-kind='model'] td.kind").first.inner_text() == "model"
+    artifact_id = row.get_attribute("data-id")
+    listed = console.http.get("/v1/deployments", headers=bearer(console.key)).json()["data"]
+    chat = next(d for d in listed if d["model"] == "chat")
+
+    row.get_by_role("button", name="Deploy").click()
+    form = page.locator("#artifact-deploy-form[data-kind='adapter']")
+    form.wait_for()
+    offered = page.locator("#artifact-deploy-base option").evaluate_all("os => os.map((o) => o.value)")
+    assert offered == [chat["id"], ""]  # the one text-generation deployment, and a typed name
+    assert page.locator("#artifact-deploy-base").input_value() == chat["id"]
+    for control in ("readiness", "min", "max", "engine", "base-name"):  # they follow the base
+        assert page.locator(f"#artifact-deploy-{control}").is_hidden(), control
+    page.fill("#artifact-deploy-model", "tuned")
+    with deployments_posted(page) as posted:
+        form.get_by_role("button", name="Deploy").click()
+    assert posted.value.post_data_json == {
+        "model": "tuned",
+        "artifact_id": artifact_id,
+        "base_deployment": chat["id"],
+    }
+    refused = page.locator("#artifact-deploy-status .error")
+    assert "'chat' runs on the transformers engine" in refused.inner_text()
+    assert "engine: vllm" in refused.inner_text()
+    console.shot("artifacts-adapter")
+
+    page.select_option("#artifact-deploy-base", "")  # another base, by its ID or name
+    page.fill("#artifact-deploy-base-name", "nowhere")
+    with deployments_posted(page) as posted:
+        form.get_by_role("button", name="Deploy").click()
+    assert posted.value.post_data_json["base_deployment"] == "nowhere"
+    page.locator("#artifact-deploy-status .error", has_text="No deployment 'nowhere'").wait_for()
+
+    # the Deployments page's form asks the same of an adapter, and the rest of a full model
+    console.go("deployments")
+    page.select_option("#deploy-artifact", artifact_id)
+    assert page.locator("#deploy-base").is_visible() and page.locator("#deploy-readiness").is_hidden()
+    page.select_option("#deploy-artifact", chat["artifact_id"])
+    assert page.locator("#deploy-base").is_hidden() and page.locator("#deploy-readiness").is_visible()
+    listed = console.http.get("/v1/deployments", headers=bearer(console.key)).json()["data"]
+    assert not any(d["base_deployment"] for d in listed)
+    assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
+
+
+def test_an_adapter_deployment_is_listed_under_its_base(
+    console: Console, adapter: Path, recipes: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Needs vLLM (a base must run on it): a server of its own where vLLM is installed, a base on vLLM
+    (cold: nothing loads), the adapter deployed on it from the artifacts page, and the deployments page
+    listing it under its base."""
+    python, reason = wait_for_vllm()
+    if python is None:
+        pytest.skip(f"vLLM is not available: {reason}")
+    root = tmp_path_factory.mktemp("console-vllm")
+    process = ServerProcess(root / "data", f"sqlite:///{root / 'db.sqlite'}", MODELHOST_VLLM_PYTHON=python)
+    process.start()
+    page = console.new_page()
+    try:
+        with httpx.Client(base_url=process.url, timeout=120) as http:
+            account = http.post("/v1/admin/accounts", json={"name": "tuner"}, headers=bearer(ADMIN_KEY))
+            assert account.status_code == 201, account.text
+            key = account.json()["api_key"]
+            chat = push_folder_sync(http, key, recipes / "t11_text_generation_chat", "text-generation")
+            push_folder_sync(http, key, adapter, "text-generation")
+            created = {}
+            for model, engine in (("base", "vllm"), ("other", "transformers")):
+                answer = http.post(
+                    "/v1/deployments",
+                    json={"model": model, "artifact_id": chat, "engine": engine, "readiness": "cold"},
+                    headers=bearer(key),
+                )
+                assert answer.status_code == 201, answer.text
+                created[model] = answer.json()
+            assert created["base"]["engine_in_use"] == "vllm"
+
+            page.goto(f"{process.url}/console#artifacts")
+            page.fill("#sign-in-key", key)
+            page.click("#sign-in button")
+            page.wait_for_selector("main[data-page='artifacts'][data-ready='yes']")
+            page.locator("#artifact-list tr[data-kind='adapter']").get_by_role(
+                "button", name="Deploy"
+            ).click()
+            page.select_option("#artifact-deploy-base", created["base"]["id"])
+            page.fill("#artifact-deploy-model", "tuned")
+            page.click("#artifact-deploy-form button")
+            page.locator("#artifact-deploy-status .ok", has_text="Deployed tuned").wait_for()
+            (tuned,) = [
+                d
+                for d in http.get("/v1/deployments", headers=bearer(key)).json()["data"]
+                if d["base_deployment"]
+            ]
+            assert tuned["model"] == "tuned" and tuned["base_deployment"] == created["base"]["id"]
+
+        page.click("#nav-deployments")
+        page.wait_for_selector("main[data-page='deployments'][data-ready='yes']")
+        cards = page.locator("#deployment-list > section.deployment")
+        # created base, other, tuned: listed base, its adapter, then the other full model
+        assert cards.evaluate_all("cs => cs.map((c) => c.dataset.model)") == ["base", "tuned", "other"]
+        card = page.locator("section.deployment.adapter[data-model='tuned']")
+        assert card.get_attribute("data-base") == created["base"]["id"]
+        assert card.locator(".base-of").inner_text() == "adapter of base"
+        assert card.locator("select, input").count() == 0  # no readiness, replicas or engine of its own
+        console.shot("deployments-adapter", page)
+    finally:
+        page.close()
+        process.stop()
+    assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
 
 
 def test_a_revoked_key_signs_the_tab_out(console: Console) -> None:

@@ -1,6 +1,9 @@
 // Artifacts: create one and upload a model folder through the upload-session API, with a progress bar
-// per file and in total; each file's sha256 is computed here and checked against the server's.
+// per file and in total; each file's sha256 is computed here and checked against the server's. The list
+// shows each artifact's kind (a LoRA adapter with its rank, alpha, target modules and size), and a ready
+// one deploys from its row (an adapter on the base deployment it asks for).
 import { api, authHeaders, openApi, resolve } from "../api.js";
+import { adapterDetails, deployForm } from "../deploy.js";
 import { confirmButton, field, h, message, replace, when } from "../dom.js";
 
 const HASH_LIMIT = 2 ** 30; // bytes read into memory to hash one file in the browser
@@ -54,7 +57,7 @@ export async function render(main) {
       h("p", {}, "Total ", totalBar, " ", totalText),
       h("table", {}, h("thead", {}, h("tr", {}, ["File", "Size", "Progress", "sha256"].map((t) => h("th", {}, t)))), files), result),
     h("section", { class: "card" }, h("h3", {}, "Your artifacts"),
-      h("table", { id: "artifact-list" }, h("thead", {}, h("tr", {}, ["Name", "Task", "Status", "Size (GB)", "Created", ""].map((t) => h("th", {}, t)))), rows)));
+      h("table", { id: "artifact-list" }, h("thead", {}, h("tr", {}, ["Name", "Task", "Kind", "Status", "Size (GB)", "Created", ""].map((t) => h("th", {}, t)))), rows)));
 
   folder.addEventListener("change", () => {
     if (!name.value && folder.files.length) name.value = (folder.files[0].webkitRelativePath || "model").split("/")[0];
@@ -119,17 +122,43 @@ export async function render(main) {
       h("pre", {}, JSON.stringify(a, null, 2)));
   }
 
+  // the deploy form of one artifact, in a row under its own (one open at a time)
+  let open = null;
+  async function toggleDeploy(a, tr) {
+    const was = open && open.dataset.artifact;
+    if (open) { open.remove(); open = null; }
+    if (was === a.id) return;
+    const status = h("p", { id: "artifact-deploy-status" });
+    const deployments = (await api("GET", "/v1/deployments")).data;
+    const deploy = deployForm({ fixed: a, deployments, prefix: "artifact-deploy", status, onDeployed: async () => {
+      status.append(" ", h("a", { href: "#deployments" }, "See it on Deployments"));
+      deploy.setBases((await api("GET", "/v1/deployments")).data);
+    } });
+    open = h("tr", { class: "artifact-deploy", dataset: { artifact: a.id } },
+      h("td", { colspan: 7 }, h("h4", {}, a.kind === "adapter" ? `Deploy ${a.display_name} on a base deployment` : `Deploy ${a.display_name}`),
+        deploy.form, status));
+    tr.after(open);
+  }
+
   async function refresh() {
+    open = null;
     const list = (await api("GET", "/v1/model-artifacts")).data;
-    replace(rows, list.map((a) => h("tr", { dataset: { id: a.id } },
-      h("td", {}, a.display_name), h("td", {}, a.pipeline),
-      h("td", {}, a.status, a.error ? h("div", { class: "error" }, `${a.error.code}: ${a.error.message}`) : null),
-      h("td", {}, (a.size_gb).toFixed(6)), h("td", {}, when(a.created_at)),
-      h("td", {}, confirmButton("Delete", async () => {
-        try { await api("DELETE", `/v1/model-artifacts/${a.id}`); } catch (error) { message(result, error.message); }
-        await refresh();
-      })))));
-    if (!list.length) replace(rows, h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No artifacts yet.")));
+    replace(rows, list.map((a) => {
+      const tr = h("tr", { dataset: { id: a.id, kind: a.kind } },
+        h("td", {}, a.display_name), h("td", {}, a.pipeline),
+        h("td", { class: "kind" }, a.kind, a.adapter ? adapterDetails(a) : null),
+        h("td", {}, a.status, a.error ? h("div", { class: "error" }, `${a.error.code}: ${a.error.message}`) : null),
+        h("td", {}, (a.size_gb).toFixed(6)), h("td", {}, when(a.created_at)),
+        h("td", { class: "actions" },
+          a.status === "ready" ? h("button", { type: "button", class: "secondary deploy", onclick: () => toggleDeploy(a, tr).catch((error) => message(result, error.message)) }, "Deploy") : null,
+          " ",
+          confirmButton("Delete", async () => {
+            try { await api("DELETE", `/v1/model-artifacts/${a.id}`); } catch (error) { message(result, error.message); }
+            await refresh();
+          })));
+      return tr;
+    }));
+    if (!list.length) replace(rows, h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No artifacts yet.")));
   }
   await refresh();
 }

@@ -1,45 +1,18 @@
-// Deployments: create from a ready artifact, change readiness, replica bounds and engine, delete; live
-// state, the engine in use and per-deployment requests/s, latency and batch size from /metrics.
+// Deployments: create from a ready artifact (an adapter on its base), change readiness, replica bounds
+// and engine, delete; live state, the engine in use and per-deployment requests/s, latency and batch size
+// from /metrics. Adapter deployments are listed under their base: they have no replicas of their own.
 import { api, request } from "../api.js";
 import { badge, confirmButton, field, h, message, replace } from "../dom.js";
+import { deployForm, ENGINES, READINESS, select } from "../deploy.js";
 import { DeploymentRates, parseMetrics } from "../metrics.js";
 import { plot } from "../plot.js";
 
-const READINESS = ["cold", "warm", "hot"];
-const ENGINES = ["auto", "vllm", "onnxruntime", "openvino", "transformers"];
-
-function select(options, value, id) {
-  return h("select", { id }, options.map(([v, label]) => h("option", { value: v, selected: v === value }, label)));
-}
-
 export async function render(main) {
   const status = h("p", { id: "deployments-status" });
-  const model = h("input", { type: "text", id: "deploy-model", placeholder: "my-model" });
-  const artifact = h("select", { id: "deploy-artifact" });
-  const readiness = select(READINESS.map((r) => [r, r]), "warm", "deploy-readiness");
-  const min = h("input", { type: "number", id: "deploy-min", value: "1", min: "0", max: "64" });
-  const max = h("input", { type: "number", id: "deploy-max", value: "1", min: "1", max: "64" });
-  const engine = select(ENGINES.map((e) => [e, e]), "auto", "deploy-engine");
-  const form = h("form", { class: "row", id: "deploy-form" }, field("Model ID", model), field("Ready artifact", artifact),
-    field("Readiness", readiness), field("Min replicas", min), field("Max replicas", max), field("Engine", engine),
-    h("button", { type: "submit" }, "Deploy"));
-  const list = h("div", { id: "deployment-list" });
-  replace(main, h("h2", {}, "Deployments"), h("section", { class: "card" }, h("h3", {}, "New deployment"), form, status), list);
-
   const artifacts = (await api("GET", "/v1/model-artifacts")).data.filter((a) => a.status === "ready");
-  replace(artifact, artifacts.map((a) => h("option", { value: a.id }, `${a.display_name} (${a.pipeline}, ${a.id})`)));
-  if (!artifacts.length) replace(artifact, h("option", { value: "" }, "no ready artifact: upload one first"));
-
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
-    try {
-      const created = await api("POST", "/v1/deployments", { body: {
-        model: model.value.trim(), artifact_id: artifact.value, readiness: readiness.value,
-        min_replicas: Number(min.value), max_replicas: Number(max.value), engine: engine.value } });
-      message(status, `Deployed ${created.model} (${created.id}).`, "ok");
-      await refresh();
-    } catch (error) { message(status, error.message); }
-  });
+  const deploy = deployForm({ artifacts, status, onDeployed: () => refresh() });
+  const list = h("div", { id: "deployment-list" });
+  replace(main, h("h2", {}, "Deployments"), h("section", { class: "card" }, h("h3", {}, "New deployment"), deploy.form, status), list);
 
   const cards = new Map();
   const rates = new DeploymentRates();
@@ -80,25 +53,58 @@ export async function render(main) {
     return c;
   }
 
+  // An adapter deployment: its state and readiness are its base's, its requests run on the base's
+  // replicas (the base's plots count them); it can only be deleted.
+  function adapterCard(d) {
+    const state = h("span", { class: "state" });
+    const reason = h("div", { class: "error reason" });
+    const baseName = h("span", { class: "base-model" });
+    const note = h("span");
+    const remove = confirmButton("Delete", async () => {
+      try { await api("DELETE", `/v1/deployments/${encodeURIComponent(d.id)}`); await refresh(); } catch (error) { message(note, error.message); }
+    });
+    const el = h("section", { class: "card deployment adapter", dataset: { id: d.id, model: d.model, base: d.base_deployment } },
+      h("h3", {}, d.model, " ", state), h("p", { class: "base-of" }, "adapter of ", baseName),
+      h("p", { class: "muted" }, `${d.pipeline} · ${d.id} · artifact ${d.artifact_id} · readiness, replicas and engine are the base's`),
+      reason, h("div", { class: "row" }, remove, note));
+    return { el, state, reason, baseName, adapter: true };
+  }
+
   async function refresh() {
     const data = (await api("GET", "/v1/deployments")).data;
+    deploy.setBases(data);
+    const names = new Map(data.map((d) => [d.id, d.model]));
     const seen = new Set();
     for (const d of data) {
       seen.add(d.id);
-      if (!cards.has(d.id)) { const c = card(d); cards.set(d.id, c); list.append(c.el); }
+      if (!cards.has(d.id)) cards.set(d.id, d.base_deployment ? adapterCard(d) : card(d));
       const c = cards.get(d.id);
       replace(c.state, badge(d.state));
       c.el.dataset.state = d.state;
       c.reason.textContent = d.state_reason || "";
+      if (c.adapter) {
+        c.baseName.textContent = names.get(d.base_deployment) || d.base_deployment; // a shared base: its ID
+        continue;
+      }
       c.inUse.textContent = d.engine_in_use + (d.engine_reason ? ` (${d.engine_reason})` : "");
       c.asked = d.engine;
       c.replicas.textContent = `${d.replicas} (bounds ${d.min_replicas}–${d.max_replicas}), ${d.memory_gb.toFixed(3)} GB` +
         (d.last_cold_start_seconds ? `, last cold start ${d.last_cold_start_seconds.toFixed(1)} s` : "");
     }
     for (const [id, c] of cards) if (!seen.has(id)) { c.el.remove(); cards.delete(id); }
+    // each base followed by its adapters; an adapter whose base is not listed (shared by the operator) last
+    const order = [];
+    for (const d of data) {
+      if (d.base_deployment) continue;
+      order.push(d.id);
+      for (const a of data) if (a.base_deployment === d.id) order.push(a.id);
+    }
+    for (const d of data) if (d.base_deployment && !names.has(d.base_deployment)) order.push(d.id);
+    const shown = [...list.querySelectorAll(":scope > section.deployment")].map((el) => el.dataset.id);
+    if (shown.join() !== order.join()) list.append(...order.map((id) => cards.get(id).el));
     if (!data.length && !list.querySelector(".muted")) list.append(h("p", { class: "muted" }, "No deployments yet."));
     if (data.length) list.querySelectorAll(":scope > p.muted").forEach((p) => p.remove());
-    await metrics([...cards.keys()]);
+    await metrics([...cards.keys()].filter((id) => !cards.get(id).adapter));
   }
 
   async function metrics(ids) {
