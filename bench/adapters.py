@@ -3,14 +3,15 @@
     python -m bench.adapters [--seconds 20] [--tokens 32] [--streams 16] [--out docs/benchmarks.md]
 
 The model is the text-generation benchmark's random-weight 33 M Llama (`bench.generation.build_model`,
-float32); its adapters are made with PEFT at rank 48 on every linear module of every layer (about 16 MB
-each, the issue's size), `lora_B` drawn at random so that each changes the answers. One `modelhost serve`
-with vLLM's CPU build, eager (`MODELHOST_VLLM_COMPILE` off: vLLM's CPU build runs LoRA eager), one run:
+float32); its adapters are made with PEFT at rank 52 on every linear module of every layer (16 MB each,
+the issue's size), `lora_B` drawn at random so that each changes the answers. Two `modelhost serve`s with
+vLLM's CPU build, one after the other, in one run:
 
-1. **Throughput**: 16 streams of `--tokens` tokens for `--seconds` on the base alone, before any adapter
-   is attached (LoRA off); then 4 adapters attached (the base reloads with LoRA on), 16 streams on the
-   base alone again (the base's own cost of LoRA on) and 16 streams spread over the 4 adapters.
-   Target: adapters / base alone (LoRA off) ≥ 0.7.
+1. **Throughput** (vLLM compiled, its default): 16 streams of `--tokens` tokens for `--seconds` on the
+   base alone, before any adapter is attached (LoRA off); then 4 adapters attached (the base reloads
+   with LoRA on, which vLLM's CPU build runs eager), 16 streams on the base alone again (the base's own
+   cost of LoRA on) and 16 streams spread over the 4 adapters. Target: adapters / base alone (LoRA off)
+   ≥ 0.7. The second server (eager) runs the base alone too: how much of LoRA's cost is the compile's.
 2. **First request to an adapter not loaded yet**: a fifth adapter attached, its first request's TTFT (1
    token) against its second's: the added latency of loading it. Target ≤ 1 s for 16 MB.
 3. **Memory**: 8 adapter deployments used on one base, against the 8 adapters merged into the base's
@@ -35,7 +36,7 @@ from bench.generation import MESSAGES, Load, _stream, build_model
 from modelhost.runtime.memory import parents, tree, tree_footprint_bytes
 
 MiB = 1 << 20
-RANK = 48
+RANK = 52  # 16 MB of float32 matrices on this model's 7 modules x 8 layers
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MARKER = "## Adapters: LoRA fine-tunes on one base replica"
 
@@ -146,6 +147,13 @@ async def drive(url: str, key: str, models: list[str], tokens: int, seconds: flo
     return load
 
 
+def run(served: Served, models: list[str], args: argparse.Namespace) -> Load:
+    load = asyncio.run(drive(served.url, served.key, models, args.tokens, args.seconds))
+    what = f"{len(models)} streams over {sorted(set(models))}"
+    print(f"  {what}: {load.tokens_per_second:.1f} tokens/s, errors {load.errors} {load.first_error}")
+    return load
+
+
 def replica_bytes(served: Served, deployment_ids: list[str]) -> int:
     """The footprints of these deployments' replica workers (and vLLM's processes under them)."""
     table_ = parents()
@@ -179,38 +187,42 @@ def main() -> None:
         f"base: {parameters / 1e6:.1f} M parameters; adapters of rank {RANK}: {adapter_mb:.1f} MiB each",
         flush=True,
     )
-    served = serve(args.port, MODELHOST_VLLM_COMPILE="false", MODELHOST_KV_CACHE_MB="256")
-    api = Api(served)
     figures = Figures("adapters")
+
+    # 1. vLLM compiled, as deployed by default: the base alone (compiled), then with LoRA on (which
+    # vLLM's CPU build runs eager), 16 streams over 4 adapters, and a fifth adapter's first request
+    served = serve(args.port, MODELHOST_KV_CACHE_MB="256")
     try:
+        api = Api(served)
         base = api.deploy(model="base", artifact_id=api.push(base_dir), engine="vllm", readiness="hot")
         api.wait_ready(base["id"])
-
-        def run(models: list[str]) -> Load:
-            load = asyncio.run(drive(served.url, served.key, models, args.tokens, args.seconds))
-            what = f"{len(models)} streams over {sorted(set(models))}"
-            print(f"  {what}: {load.tokens_per_second:.1f} tokens/s, errors {load.errors} {load.first_error}")
-            return load
-
-        plain = run(["base"] * args.streams)
-        artifacts = [api.push(folder) for folder in adapters]
-        attached = [
-            api.deploy(model=f"tuned-{i}", artifact_id=artifacts[i], base_deployment="base") for i in range(4)
-        ]
+        plain = run(served, ["base"] * args.streams, args)
+        ids = [api.push(folder) for folder in adapters[:5]]
+        for i in range(4):
+            api.deploy(model=f"tuned-{i}", artifact_id=ids[i], base_deployment="base")
         api.wait_ready(base["id"])  # reloaded with LoRA on
-        with_lora = run(["base"] * args.streams)
-        mixed = run([f"tuned-{i % 4}" for i in range(args.streams)])
-
-        fifth = api.deploy(model="tuned-4", artifact_id=artifacts[4], base_deployment="base")
+        with_lora = run(served, ["base"] * args.streams, args)
+        mixed = run(served, [f"tuned-{i % 4}" for i in range(args.streams)], args)
+        api.deploy(model="tuned-4", artifact_id=ids[4], base_deployment="base")
         first, second = api.ttft("tuned-4"), api.ttft("tuned-4")
-        attached += [fifth] + [
-            api.deploy(model=f"tuned-{i}", artifact_id=artifacts[i], base_deployment="base")
-            for i in range(5, 8)
-        ]
+    finally:
+        served.process.terminate()
+        served.process.wait(60)
+
+    # 2. eager (as LoRA runs): the base alone, for the cost of LoRA's ops without the compile's; then the
+    # memory of 8 adapters used on one base against the 8 merged into full deployments
+    served = serve(args.port, MODELHOST_VLLM_COMPILE="false", MODELHOST_KV_CACHE_MB="256")
+    try:
+        api = Api(served)
+        base = api.deploy(model="base", artifact_id=api.push(base_dir), engine="vllm", readiness="hot")
+        api.wait_ready(base["id"])
+        eager = run(served, ["base"] * args.streams, args)
+        for i, folder in enumerate(adapters):
+            api.deploy(model=f"tuned-{i}", artifact_id=api.push(folder), base_deployment="base")
+        api.wait_ready(base["id"])
         for i in range(8):
             api.ttft(f"tuned-{i}")  # every adapter loaded and used
         adapters_bytes = replica_bytes(served, [base["id"]])
-
         merged_ids = []
         for i in range(8):
             merged = merge(base_dir, adapters[i], root / f"merged-{i}")
@@ -227,21 +239,29 @@ def main() -> None:
 
     throughput = mixed.tokens_per_second / plain.tokens_per_second
     lora_cost = with_lora.tokens_per_second / plain.tokens_per_second
+    compile_cost = eager.tokens_per_second / plain.tokens_per_second
     added = first - second
     memory = adapters_bytes / merged_bytes
     figures.ratio("adapters_over_base", throughput)
     figures.ratio("base_lora_on_over_off", lora_cost)
+    figures.ratio("base_eager_over_compiled", compile_cost)
     figures.ratio("memory_adapters_over_merged", memory)
     figures.add("first_request_added_s", added)
     rows = [
         [
-            f"base alone, LoRA off, {args.streams} streams",
+            f"base alone, LoRA off (compiled), {args.streams} streams",
             f"{plain.tokens_per_second:.1f}",
             plain.ttft_p50,
             str(plain.errors),
         ],
         [
-            f"base alone, LoRA on (4 adapters attached), {args.streams} streams",
+            f"base alone, LoRA off, eager (a second server), {args.streams} streams",
+            f"{eager.tokens_per_second:.1f}",
+            eager.ttft_p50,
+            str(eager.errors),
+        ],
+        [
+            f"base alone, LoRA on (4 adapters attached; eager), {args.streams} streams",
             f"{with_lora.tokens_per_second:.1f}",
             with_lora.ttft_p50,
             str(with_lora.errors),
@@ -259,15 +279,19 @@ def main() -> None:
             "",
             f"Machine: {machine()}. One run of `python -m bench.adapters --seconds {args.seconds:g} "
             f"--tokens {args.tokens}`: the text-generation benchmark's random-weight Llama "
-            f"({parameters / 1e6:.0f} M parameters, float32) on vLLM's CPU build, eager; adapters made with "
-            f"PEFT at rank {RANK} on every linear module ({adapter_mb:.1f} MiB each).",
+            f"({parameters / 1e6:.0f} M parameters, float32) on vLLM's CPU build (compiled, the default; "
+            f"with LoRA on, vLLM's CPU build runs eager); adapters made with PEFT at rank {RANK} on every "
+            f"linear module ({adapter_mb:.1f} MiB each). Memory on a second server, eager.",
             "",
             table(["what", "output tokens/s (aggregate)", "TTFT p50 ms", "errors"], rows),
             "",
             f"- **{args.streams} streams over 4 adapters / {args.streams} streams on the base alone (LoRA "
             f"off): {throughput:.2f}** (target ≥ 0.7).",
-            "- The base's own cost of LoRA on (vLLM's CPU build, eager either way): base alone with LoRA on "
-            f"/ off = {lora_cost:.2f}.",
+            f"- The base's own cost of LoRA on: base alone with LoRA on / off = {lora_cost:.2f}, of which "
+            f"vLLM's compiled mode turned off: eager / compiled = {compile_cost:.2f}; the rest is vLLM's CPU "
+            "LoRA ops on every token (its PyTorch fallback for the Punica kernels gathers each token's "
+            "adapter matrices, a copy of rank × width floats per token, module and layer), which is also "
+            "why streams over adapters fall so far behind on this CPU.",
             f"- **First request to an adapter not loaded yet ({adapter_mb:.1f} MiB): +{added * 1000:.0f} "
             f"ms** (first {first * 1000:.0f} ms, second {second * 1000:.0f} ms, 1 token; target ≤ 1 s).",
             "- **Memory, 8 adapter deployments on one base / the 8 merged into 8 full deployments: "

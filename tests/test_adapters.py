@@ -61,7 +61,7 @@ def test_an_adapter_folder_is_inspected_as_an_adapter_with_its_rank_alpha_target
     info = inspection.adapter.as_dict()
     assert info["peft_type"] == "LORA" and info["rank"] == 8 and info["alpha"] == 16.0
     assert info["target_modules"] == ["gate_proj", "o_proj", "q_proj", "v_proj"]
-    assert info["base_model_name_or_path"] == str(made["base"])
+    assert info["base_model_name_or_path"] == "base"
     assert info["bytes"] == (made["a0"] / "adapter_model.safetensors").stat().st_size
     assert inspect_artifact(made["base"], "text-generation").kind == "model"
 
@@ -372,6 +372,10 @@ def test_an_adapter_streams_with_tools_json_schema_logprobs_and_n(served: Served
         model="tuned-2", messages=MESSAGES, max_tokens=30, tools=[tool], tool_choice="required"
     )  # type: ignore[arg-type, list-item]
     assert called.choices[0].message.tool_calls
+    completion = client.completions.create(model="tuned-2", prompt="Once", max_tokens=4, logprobs=1)
+    assert completion.choices[0].logprobs is not None and completion.usage is not None
+    response = client.responses.create(model="tuned-2", input="Say something.", max_output_tokens=16)
+    assert response.status == "completed" or response.status == "incomplete", response
     text = "".join(
         c.choices[0].delta.content or ""
         for c in client.chat.completions.create(model="tuned-2", messages=MESSAGES, max_tokens=5, stream=True)
@@ -410,3 +414,16 @@ def test_a_shared_base_serves_two_accounts_adapters_and_neither_sees_the_others(
         "'tuned-0'" in refused["message"] and "1 adapter deployment of other accounts" in refused["message"]
     )
     assert "theirs" not in refused["message"]
+    moved = served.http.patch(
+        f"/v1/deployments/{served.base['id']}", json={"engine": "transformers"}, headers=bearer(served.key)
+    )
+    assert_error(moved, 409, "base_in_use")  # its adapters need vLLM: it stays on vLLM
+    assert served.greedy("tuned-3", max_tokens=2)
+
+
+def test_a_deleted_adapter_is_gone_and_its_base_serves_on(served: Served) -> None:
+    adapter = served.adapters[3]
+    deleted = served.http.delete(f"/v1/deployments/{adapter['id']}", headers=bearer(served.key))
+    assert deleted.status_code == 200, deleted.text
+    assert_error(served.post("/v1/chat/completions", model="tuned-3", messages=MESSAGES), 404)
+    assert served.greedy("base", max_tokens=2) and served.greedy("tuned-0", max_tokens=2)

@@ -154,7 +154,7 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
         "Set a key's rate limits (replacing them; none given: unlimited), from its next request.",
     ),
     (("deployments",), "Deployments of your account."),
-    (("deployments", "create"), "Deploy a ready artifact under a model ID."),
+    (("deployments", "create"), "Deploy a ready artifact under a model ID (a LoRA adapter on its base"),
     (("deployments", "list"), "List deployments with their live state."),
     (("deployments", "update"), "Change a deployment's readiness, replica bounds or engine"),
     (("deployments", "delete"), "Delete a deployment (unloads it and frees its artifact)."),

@@ -208,7 +208,9 @@ async def test_models_routes_follow_openais_shape(client: httpx.AsyncClient, ser
     listed = (await client.get("/v1/models", headers=owner)).json()
     assert listed["object"] == "list"
     (model,) = listed["data"]
-    assert set(model) == {"id", "object", "created", "owned_by", "pipeline"}  # OpenAI's, and the task
+    # OpenAI's, the task, and vLLM's `parent` / `root` (an adapter's base; a full model is its own root)
+    assert set(model) == {"id", "object", "created", "owned_by", "pipeline", "parent", "root"}
+    assert (model["parent"], model["root"]) == (None, "org/emb")
     assert (model["id"], model["object"], model["pipeline"]) == ("org/emb", "model", "feature-extraction")
     assert isinstance(model["created"], int)
     assert (await client.get("/v1/models/org/emb", headers=owner)).json() == model

@@ -33,6 +33,8 @@ def build_adapter(base: Path, out: Path, seed: int, rank: int = 8, **config: Any
             if "lora_B" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
     adapted.save_pretrained(out)
+    # PEFT records the path it loaded the base from; the base's name is what a customer's would say
+    edit_config(out, out, base_model_name_or_path=base.name)
     return out
 
 
@@ -50,8 +52,10 @@ def build_merged(base: Path, adapter: Path, out: Path) -> Path:
 
 
 def edit_config(adapter: Path, out: Path, **changes: Any) -> Path:
-    """A copy of `adapter` whose adapter_config.json says otherwise (DoRA, a bias, another rank...)."""
-    shutil.copytree(adapter, out)
+    """A copy of `adapter` (or itself, where `out` is it) whose adapter_config.json says otherwise (DoRA,
+    a bias, another rank...)."""
+    if out != adapter:
+        shutil.copytree(adapter, out)
     path = out / "adapter_config.json"
     config = json.loads(path.read_text())
     path.write_text(json.dumps({**config, **changes}))

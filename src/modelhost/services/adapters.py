@@ -109,17 +109,18 @@ def attached(session: Session, base_id: str) -> Sequence[Deployment]:
     ).all()
 
 
-def still_attached(base: Deployment, adapters: Sequence[Deployment]) -> Conflict:
-    """Deleting a base with adapters attached: the account's own are named; another account's adapters
-    on a shared base are counted, never named."""
+def still_attached(base: Deployment, adapters: Sequence[Deployment], change: str = "") -> Conflict:
+    """Deleting a base with adapters attached (or moving it off vLLM: `change`): the account's own are
+    named; another account's adapters on a shared base are counted, never named."""
     own = [a.model for a in adapters if a.account_id == base.account_id]
     others = len(adapters) - len(own)
     named = ", ".join(f"'{m}'" for m in own[:10]) + (" and more" if len(own) > 10 else "")
     parts = ([f"adapter deployments {named}"] if own else []) + (
         [f"{others} adapter deployment{'s' if others != 1 else ''} of other accounts"] if others else []
     )
+    what = f"'{base.model}' {change} and serves" if change else f"'{base.model}' serves"
     return Conflict(
-        f"'{base.model}' serves {' and '.join(parts)}: delete them first.",
+        f"{what} {' and '.join(parts)}: delete them first.",
         param="deployment_id",
         code="base_in_use",
     )

@@ -351,6 +351,9 @@ class DeploymentService:
                     adapter.readiness = readiness  # an adapter is as ready as its base
             deployment.min_replicas, deployment.max_replicas = new_min, new_max
             if engine is not None and choice is not None:
+                attached = adapters.attached(session, deployment.id)
+                if attached and choice.engine != "vllm":
+                    raise adapters.still_attached(deployment, attached, f"would run on {choice.engine}")
                 deployment.engine, deployment.engine_in_use = engine, choice.engine
                 deployment.engine_reason = choice.reason
         self._refs_cache.clear()

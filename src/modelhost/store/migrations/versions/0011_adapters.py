@@ -39,6 +39,8 @@ def downgrade() -> None:
         batch.drop_index(batch.f("ix_deployments_base_deployment_id"))
         batch.drop_column("shared")
         batch.drop_column("base_deployment_id")
-    with op.batch_alter_table("model_artifacts") as batch:
+    # in place (SQLite 3.35+ drops a column itself): recreating the table, as batch mode would, fails
+    # while deployments and footprints refer to its rows
+    with op.batch_alter_table("model_artifacts", recreate="never") as batch:
         batch.drop_column("adapter")
         batch.drop_column("kind")
