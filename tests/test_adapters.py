@@ -130,6 +130,33 @@ def test_inspection_refuses_what_plain_lora_would_serve_wrongly_and_says_why(
     assert words in str(inspection.message), inspection.message
 
 
+def test_an_adapter_fits_its_base_only_where_the_base_has_its_modules_at_its_sizes(
+    made: dict[str, Path], tmp_path: Path
+) -> None:
+    """Decided from the two folders' safetensors headers, nothing loaded: the base the adapter was
+    trained on fits; a target module the base lacks, or a base of another width, is named."""
+    from modelhost.artifacts.adapters import AdapterMismatch, check_fits_base
+    from tests.tiny_models.adapters import edit_config, edit_tensors
+
+    check_fits_base(made["a0"], made["base"], ["gate_proj", "o_proj", "q_proj", "v_proj"])
+    fused = LAYER0_Q.replace("q_proj", "qkv_proj")
+    renamed = {f"{LAYER0_Q}.lora_{side}.weight": f"{fused}.lora_{side}.weight" for side in "AB"}
+    edit_tensors(made["a0"], tmp_path / "fused", rename=renamed)
+    edit_config(
+        tmp_path / "fused",
+        tmp_path / "fused",
+        target_modules=["qkv_proj", "q_proj", "v_proj", "o_proj", "gate_proj"],
+    )
+    with pytest.raises(AdapterMismatch, match="no module named 'qkv_proj'"):
+        check_fits_base(
+            tmp_path / "fused", made["base"], ["qkv_proj", "q_proj", "v_proj", "o_proj", "gate_proj"]
+        )
+    with pytest.raises(
+        AdapterMismatch, match=r"has shape \[8, 128\]: its second dimension should be the base's 32 inputs"
+    ):
+        check_fits_base(made["a0"], made["narrow"], ["gate_proj", "o_proj", "q_proj", "v_proj"])
+
+
 def test_an_adapter_for_a_task_no_base_serves_is_refused(made: dict[str, Path]) -> None:
     inspection = inspect_artifact(made["a0"], "feature-extraction")
     assert inspection.code == "unsupported_adapter" and "text-generation" in str(inspection.message)
