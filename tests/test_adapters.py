@@ -243,6 +243,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, made: dict[str, Path]) -> I
         MODELHOST_VLLM_PYTHON=python,
         MODELHOST_KV_CACHE_MB="64",
         MODELHOST_VLLM_COMPILE="false",  # vLLM's CPU build runs LoRA eager anyway
+        # two gateway processes: requests reach an adapter's base from the supervisor and from the other
+        MODELHOST_WORKERS="2",
         # billed every second, at a rate where a 70 kB adapter's second is worth micro-credits
         MODELHOST_BILLING_TICK_SECONDS="1",
         MODELHOST_BILLING_COMPUTE_CREDITS_PER_GB_SECOND="1000",
