@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from tests.tiny_models.adapters import build_adapter, build_merged
 
 from bench.common import Figures, Served, machine, serve, table, write_section
-from bench.generation import MESSAGES, Load, _stream, build_model
+from bench.generation import MESSAGES, Load, build_model, drive_each
 from modelhost.runtime.memory import parents, tree, tree_footprint_bytes
 
 MiB = 1 << 20
@@ -42,39 +43,13 @@ MARKER = "## Adapters: LoRA fine-tunes on one base replica"
 
 
 def build_adapters(base: Path, root: Path, count: int) -> list[Path]:
-    """`count` PEFT adapters of `base`, rank 48 on every linear module, seeded `lora_B`."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    folders = []
-    for seed in range(count):
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        config = LoraConfig(r=RANK, lora_alpha=RANK, target_modules=TARGETS, lora_dropout=0.0)
-        adapted = get_peft_model(model, config)
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, parameter in adapted.named_parameters():
-                if "lora_B" in name:
-                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
-        adapted.save_pretrained(root / f"adapter-{seed}")
-        folders.append(root / f"adapter-{seed}")
-    return folders
-
-
-def merge(base: Path, adapter: Path, out: Path) -> Path:
-    import shutil
-
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(out)
-    for file in base.iterdir():
-        if file.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
-            shutil.copy(file, out / file.name)
-    return out
+    """`count` PEFT adapters of `base`, rank 52 on every linear module, seeded `lora_B` (tests' builder)."""
+    return [
+        build_adapter(
+            base, root / f"adapter-{seed}", seed, rank=RANK, targets=TARGETS, alpha=RANK, scale=0.02
+        )
+        for seed in range(count)
+    ]
 
 
 class Api:
@@ -118,37 +93,11 @@ class Api:
         return time.perf_counter() - started
 
 
-async def drive(url: str, key: str, models: list[str], tokens: int, seconds: float) -> Load:
-    """One worker per model in `models` (a stream each, one after another), until the deadline."""
-    load = Load()
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=300) as client:
-
-        async def worker(model: str) -> None:
-            body = {
-                "model": model,
-                "messages": MESSAGES,
-                "max_tokens": tokens,
-                "temperature": 0.7,
-                "stream": True,
-            }
-            body["stream_options"] = {"include_usage": True}
-            while True:
-                try:
-                    await _stream(client, f"{url}/v1/chat/completions", body, load)
-                except (httpx.HTTPError, ValueError) as exc:
-                    load.error(f"{type(exc).__name__}: {exc}")
-                if time.perf_counter() >= deadline:
-                    return
-
-        started = time.perf_counter()
-        deadline = started + seconds
-        await asyncio.gather(*(worker(m) for m in models))
-        load.tokens_per_second = load.tokens / (time.perf_counter() - started)
-    return load
-
-
 def run(served: Served, models: list[str], args: argparse.Namespace) -> Load:
-    load = asyncio.run(drive(served.url, served.key, models, args.tokens, args.seconds))
+    body = {"messages": MESSAGES, "max_tokens": args.tokens, "temperature": 0.7, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    bodies = [{**body, "model": model} for model in models]
+    load = asyncio.run(drive_each(served.url, served.key, bodies, args.seconds))
     what = f"{len(models)} streams over {sorted(set(models))}"
     print(f"  {what}: {load.tokens_per_second:.1f} tokens/s, errors {load.errors} {load.first_error}")
     return load
@@ -225,7 +174,7 @@ def main() -> None:
         adapters_bytes = replica_bytes(served, [base["id"]])
         merged_ids = []
         for i in range(8):
-            merged = merge(base_dir, adapters[i], root / f"merged-{i}")
+            merged = build_merged(base_dir, adapters[i], root / f"merged-{i}")
             deployment = api.deploy(
                 model=f"merged-{i}", artifact_id=api.push(merged), engine="vllm", readiness="warm"
             )

@@ -271,12 +271,17 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], loa
 
 async def drive(url: str, key: str, body: dict[str, Any], concurrency: int, seconds: float) -> Load:
     """C workers, each sending requests until the deadline and then finishing the one in flight."""
+    return await drive_each(url, key, [body] * concurrency, seconds)
+
+
+async def drive_each(url: str, key: str, bodies: list[dict[str, Any]], seconds: float) -> Load:
+    """A worker per body (bench/adapters.py: each stream on its own model), as `drive`."""
     load = Load()
     headers = {"Authorization": f"Bearer {key}"}
-    limits = httpx.Limits(max_connections=concurrency + 4)
+    limits = httpx.Limits(max_connections=len(bodies) + 4)
     async with httpx.AsyncClient(headers=headers, timeout=300, limits=limits) as client:
 
-        async def worker() -> None:
+        async def worker(body: dict[str, Any]) -> None:
             while True:  # at least one request each, so a slow server still shows a figure
                 try:
                     await _stream(client, f"{url}/v1/chat/completions", body, load)
@@ -287,7 +292,7 @@ async def drive(url: str, key: str, body: dict[str, Any], concurrency: int, seco
 
         started = time.perf_counter()
         deadline = started + seconds
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(worker(body) for body in bodies))
         load.tokens_per_second = load.tokens / (time.perf_counter() - started)
     return load
 

@@ -19,19 +19,28 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj"]
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "chat_template", "generation_config")
 
 
-def build_adapter(base: Path, out: Path, seed: int, rank: int = 8, **config: Any) -> Path:
-    """A LoRA adapter of `base` (PEFT's folder: adapter_config.json, adapter_model.safetensors)."""
+def build_adapter(
+    base: Path,
+    out: Path,
+    seed: int,
+    rank: int = 8,
+    targets: list[str] = TARGETS,
+    alpha: float | None = None,
+    scale: float = 0.5,
+) -> Path:
+    """A LoRA adapter of `base` (PEFT's folder: adapter_config.json, adapter_model.safetensors), alpha
+    2 x rank unless given, `lora_B` drawn with standard deviation `scale` (bench/adapters.py's too)."""
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    lora = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, lora_dropout=0.0, **config)
+    lora = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, target_modules=targets, lora_dropout=0.0)
     adapted = get_peft_model(model, lora)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in adapted.named_parameters():
             if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
     adapted.save_pretrained(out)
     # PEFT records the path it loaded the base from; the base's name is what a customer's would say
     edit_config(out, out, base_model_name_or_path=base.name)
@@ -45,9 +54,9 @@ def build_merged(base: Path, adapter: Path, out: Path) -> Path:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     merged.save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (base / name).is_file():
-            shutil.copy(base / name, out / name)
+    for file in base.iterdir():  # the tokenizer, its template and the generation config
+        if file.name.startswith(TOKENIZER_FILES):
+            shutil.copy(file, out / file.name)
     return out
 
 
