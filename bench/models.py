@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 CORPUS = [
@@ -60,3 +62,58 @@ def same_shape(source: Path, folder: Path) -> Path:
     shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
     BertModel(BertConfig.from_pretrained(source), add_pooling_layer=False).eval().save_pretrained(folder)
     return folder
+
+
+# ---------------------------------------------------------------- LoRA adapters (bench/adapters.py, tests)
+
+TARGETS = ["q_proj", "v_proj", "o_proj", "gate_proj"]
+TOKENIZER_FILES = ("tokenizer", "special_tokens", "chat_template", "generation_config")
+
+
+def build_adapter(
+    base: Path,
+    out: Path,
+    seed: int,
+    rank: int = 8,
+    targets: list[str] = TARGETS,
+    alpha: float | None = None,
+    scale: float = 0.5,
+) -> Path:
+    """A LoRA adapter of `base` made as customers make them (PEFT's `save_pretrained`: adapter_config.json,
+    adapter_model.safetensors), alpha 2 x rank unless given. PEFT starts `lora_B` at zeros (an untrained
+    adapter changes nothing); here it is drawn from a seeded normal distribution of deviation `scale`, so
+    that each adapter changes the base's answers, differently per seed."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    lora = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, target_modules=targets, lora_dropout=0.0)
+    adapted = get_peft_model(model, lora)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * scale)
+    adapted.save_pretrained(out)
+    # PEFT records the path it loaded the base from; the base's name is what a customer's would say
+    config_path = out / "adapter_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "base_model_name_or_path": base.name}))
+    return out
+
+
+def build_merged(base: Path, adapter: Path, out: Path) -> Path:
+    """The adapter merged into the base's weights (`merge_and_unload`: W + alpha / r · B A), saved as a full
+    model with the base's tokenizer."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    merged.save_pretrained(out)
+    for file in base.iterdir():  # the tokenizer, its template and the generation config
+        if file.name.startswith(TOKENIZER_FILES):
+            shutil.copy(file, out / file.name)
+    return out

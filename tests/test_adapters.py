@@ -372,6 +372,7 @@ def test_an_adapter_key_reaches_the_adapter_alone_and_listing_names_the_base(ser
     assert [(m["id"], m["parent"], m["root"]) for m in listed] == [("tuned-1", "base", "base")]
     shown = served.http.get(f"/v1/deployments/{adapter['id']}", headers=bearer(served.key)).json()
     assert shown["base_deployment"] == served.base["id"] and shown["state"] == "ready", shown
+    assert 0 < shown["memory_gb"] < 0.001  # its own weights (about 70 kB), not its base's replica
 
 
 def test_an_adapter_streams_with_tools_json_schema_logprobs_and_n(served: Served) -> None:

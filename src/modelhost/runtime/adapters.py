@@ -57,11 +57,13 @@ class AdapterRouting:
                 yield event
 
     async def status(self, deployment_id: str) -> LiveStatus:
-        """An adapter is as loaded as its base; the memory it holds is its own weights' (billed to it)."""
+        """An adapter is as loaded as its base; the memory it holds is its own weights' in each of the
+        base's replicas (what its bill counts), not the base's."""
         target = await self._target(deployment_id)
         if target is None:
             return await self._inner.status(deployment_id)
-        return replace(await self._inner.status(target.base_id), memory_gb=0.0)
+        base = await self._inner.status(target.base_id)
+        return replace(base, memory_gb=round(target.bytes * base.replicas / 1e9, 6))
 
     async def apply(self, deployment_id: str) -> None:
         """An adapter created: its base is applied again (the first adapter reloads it with LoRA on)."""

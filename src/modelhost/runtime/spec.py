@@ -86,3 +86,4 @@ class AdapterTarget:
     adapter_id: str
     base_id: str
     adapter_dir: Path
+    bytes: int = 0  # its weights, which each replica of the base holds once loaded

@@ -85,7 +85,8 @@ class DeploymentService:
                 return None
             artifact = self._artifact_of(session, deployment)
         adapter_dir = self._artifact_dir(artifact) or Path(f"/missing-artifact-files/{artifact.id}")
-        return AdapterTarget(deployment_id, deployment.base_deployment_id, adapter_dir)
+        size = int((artifact.adapter or {}).get("bytes", 0))
+        return AdapterTarget(deployment_id, deployment.base_deployment_id, adapter_dir, size)
 
     @staticmethod
     def _attached(
