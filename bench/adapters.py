@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import Figures, Served, machine, serve, table, write_section
+from bench.common import Figures, Served, machine, push_artifact, serve, table, wait_ready, write_section
 from bench.generation import CPU_SHAPE, MESSAGES, Load, build_model, drive_each
 from bench.models import build_adapter, build_merged
 from modelhost.runtime.memory import parents, tree, tree_footprint_bytes
@@ -60,6 +60,8 @@ def build_adapters(base: Path, root: Path, count: int) -> list[Path]:
 
 
 class Api:
+    """The account's calls this benchmark makes, on one server."""
+
     def __init__(self, served: Served) -> None:
         self.served = served
         self.http = httpx.Client(
@@ -67,13 +69,7 @@ class Api:
         )
 
     def push(self, folder: Path) -> str:
-        from modelhost.cli.client import ApiClient
-        from modelhost.cli.push import push
-
-        artifact = push(
-            ApiClient(self.served.url, self.served.key, timeout=600), folder, folder.name, "text-generation"
-        )
-        return str(artifact["artifact"]["id"])
+        return push_artifact(self.served, folder, folder.name, "text-generation")
 
     def deploy(self, **body: Any) -> dict[str, Any]:
         answer = self.http.post("/v1/deployments", json=body)
@@ -82,15 +78,13 @@ class Api:
         return created
 
     def wait_ready(self, deployment_id: str) -> None:
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            state = self.http.get(f"/v1/deployments/{deployment_id}").json()
-            if state["state"] == "ready":
-                return
-            if state["state"] == "failed":
-                raise RuntimeError(state["state_reason"])
-            time.sleep(0.5)
-        raise TimeoutError(deployment_id)
+        wait_ready(self.served, deployment_id, timeout=900)
+
+    def hot_base(self, folder: Path, model: str) -> dict[str, Any]:
+        """`folder` deployed hot on vLLM as `model`, loaded."""
+        base = self.deploy(model=model, artifact_id=self.push(folder), engine="vllm", readiness="hot")
+        self.wait_ready(base["id"])
+        return base
 
     def find(self, model: str) -> str:
         found = [d["id"] for d in self.http.get("/v1/deployments").json()["data"] if d["model"] == model]
@@ -160,8 +154,7 @@ def main() -> None:
     served = serve(args.port, MODELHOST_KV_CACHE_MB="256")
     try:
         api = Api(served)
-        base = api.deploy(model="base", artifact_id=api.push(base_dir), engine="vllm", readiness="hot")
-        api.wait_ready(base["id"])
+        base = api.hot_base(base_dir, "base")
         plain = run(served, ["base"] * args.streams, args)
         ids = [api.push(folder) for folder in adapters[:5]]
         for i in range(4):
@@ -175,8 +168,7 @@ def main() -> None:
         for i in range(5):  # a base with adapters cannot be deleted: they go first, then it
             api.http.delete(f"/v1/deployments/{api.find(f'tuned-{i}')}")
         api.http.delete(f"/v1/deployments/{base['id']}")
-        wide = api.deploy(model="wide", artifact_id=api.push(wide_dir), engine="vllm", readiness="hot")
-        api.wait_ready(wide["id"])
+        wide = api.hot_base(wide_dir, "wide")
         wide_plain = run(served, ["wide"] * args.streams, args)
         for i, folder in enumerate(wide_adapters):
             api.deploy(model=f"wide-{i}", artifact_id=api.push(folder), base_deployment="wide")
@@ -184,16 +176,14 @@ def main() -> None:
         wide_lora = run(served, ["wide"] * args.streams, args)
         wide_mixed = run(served, [f"wide-{i % 4}" for i in range(args.streams)], args)
     finally:
-        served.process.terminate()
-        served.process.wait(60)
+        served.stop()
 
     # 2. eager (as LoRA runs): the base alone, for the cost of LoRA's ops without the compile's; then the
     # memory of 8 adapters used on one base against the 8 merged into full deployments
     served = serve(args.port, MODELHOST_VLLM_COMPILE="false", MODELHOST_KV_CACHE_MB="256")
     try:
         api = Api(served)
-        base = api.deploy(model="base", artifact_id=api.push(base_dir), engine="vllm", readiness="hot")
-        api.wait_ready(base["id"])
+        base = api.hot_base(base_dir, "base")
         eager = run(served, ["base"] * args.streams, args)
         for i, folder in enumerate(adapters):
             api.deploy(model=f"tuned-{i}", artifact_id=api.push(folder), base_deployment="base")
@@ -212,8 +202,7 @@ def main() -> None:
             merged_ids.append(deployment["id"])
         merged_bytes = replica_bytes(served, merged_ids)
     finally:
-        served.process.terminate()
-        served.process.wait(60)
+        served.stop()
 
     throughput = mixed.tokens_per_second / plain.tokens_per_second
     wide_throughput = wide_mixed.tokens_per_second / wide_plain.tokens_per_second

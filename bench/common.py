@@ -32,11 +32,7 @@ class Served:
     root: Path
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def cpu(self) -> ServerCpu:
@@ -160,6 +156,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a server drains and exits), then SIGKILL after 30 s; reaped either way."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def serve(port: int, source: Path | None = None, /, **env: str) -> Served:
     """Start `modelhost serve` on a fresh SQLite data dir and create an account. `source` runs another
     checkout's `src` (a baseline measured in the same run)."""
@@ -194,25 +200,41 @@ def deploy(
 ) -> None:
     """Push a folder through the artifact protocol and deploy it; wait until it is ready."""
     from modelhost.cli.client import ApiClient
-    from modelhost.cli.push import push
 
     api = ApiClient(served.url, served.key, timeout=600)
-    artifact = push(api, folder, model, pipeline)["artifact"]
-    assert artifact["status"] == "ready", artifact
+    artifact_id = push_artifact(served, folder, model, pipeline)
     dep = api.call(
         "POST",
         "/v1/deployments",
-        json={"model": model, "artifact_id": artifact["id"], "readiness": readiness, **extra},
+        json={"model": model, "artifact_id": artifact_id, "readiness": readiness, **extra},
     )
-    deadline = time.monotonic() + 300
+    wait_ready(served, dep["id"])
+
+
+def push_artifact(served: Served, folder: Path, name: str, pipeline: str) -> str:
+    """A folder pushed through the artifact protocol (the CLI's `push`): the ready artifact's ID."""
+    from modelhost.cli.client import ApiClient
+    from modelhost.cli.push import push
+
+    artifact = push(ApiClient(served.url, served.key, timeout=600), folder, name, pipeline)["artifact"]
+    assert artifact["status"] == "ready", artifact
+    return str(artifact["id"])
+
+
+def wait_ready(served: Served, deployment_id: str, timeout: float = 300) -> None:
+    """Until the deployment's replicas are loaded; its reason if it fails."""
+    from modelhost.cli.client import ApiClient
+
+    api = ApiClient(served.url, served.key)
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        state = api.call("GET", f"/v1/deployments/{dep['id']}")
+        state = api.call("GET", f"/v1/deployments/{deployment_id}")
         if state["state"] == "ready":
             return
         if state["state"] == "failed":
             raise RuntimeError(state["state_reason"])
         time.sleep(0.5)
-    raise TimeoutError("deployment did not load")
+    raise TimeoutError(f"deployment {deployment_id} did not load within {timeout:g} s")
 
 
 SENTENCE = "A quick brown fox jumps over the lazy dog."  # one embeddings request, in every benchmark

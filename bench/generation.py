@@ -54,6 +54,7 @@ from bench.common import (
     modelhost_cpu,
     process_table,
     serve,
+    stop_process,
     subtree,
     table,
     write_section,
@@ -712,7 +713,7 @@ def _start_transformers_serve(
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return process
         time.sleep(0.5)
-    _stop(process)
+    stop_process(process)
     raise RuntimeError(f"did not start (exit code {process.returncode}): {_last_error(log)}")
 
 
@@ -720,15 +721,6 @@ def _last_error(log: Path) -> str:
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line or "error" in line]
     return (errors or lines or ["no output"])[-1][:300]
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def run_transformers_serve(
@@ -743,7 +735,7 @@ def run_transformers_serve(
             cpu = single_process_cpu(process.pid)
             return measure(f"http://127.0.0.1:{port}", "-", body, seconds, cpu, concurrency)
         finally:
-            _stop(process)
+            stop_process(process)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     finally:

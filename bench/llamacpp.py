@@ -282,12 +282,9 @@ class LlamaServer:
     log: Path
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        from bench.common import stop_process
+
+        stop_process(self.process)
         self.log.unlink(missing_ok=True)
 
     def cpu_seconds(self) -> float:
