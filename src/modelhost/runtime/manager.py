@@ -504,7 +504,7 @@ class ReplicaManager:
         if old.engine != spec.engine:
             runtime.state, runtime.reason = "unloaded", None  # the old engine's failure is not the new one's
             await runtime.unload()
-        elif old.lora_rank != spec.lora_rank and (spec.lora_rank or 0) > (old.lora_rank or 0):
+        elif (spec.lora_rank or 0) > (old.lora_rank or 0):
             # adapters attached need LoRA on (or larger slots): once the requests in flight have finished,
             # the replicas start again with it; a detached one changes nothing (LoRA stays on until then)
             await runtime.drain(self.settings.shutdown_drain_seconds)

@@ -9,6 +9,9 @@ from pathlib import Path
 
 from modelhost.runtime.capacity import Footprint
 
+# vLLM sizes its LoRA slots for one rank among these (`max_lora_rank`)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
 
 @dataclass(frozen=True, slots=True)
 class LiveStatus:
@@ -48,11 +51,18 @@ class DeploymentSpec:
     kv_cache_mb: int | None = None
     # One replica's footprint as its load reserved it (Ray Serve: the actor's `memory` and `num_gpus`)
     footprint: Footprint | None = None
-    # A base with adapter deployments attached: vLLM's LoRA slots are sized for this rank (None: LoRA
-    # off, as it costs a base speed; the first adapter attached reloads the base with it on)
-    lora_rank: int | None = None
-    # ... and those adapters, each billed for its bytes while the base's replicas hold it
+    # A base's adapter deployments, each billed for its bytes while the base's replicas hold it
     adapters: tuple[AttachedAdapter, ...] = ()
+
+    @property
+    def lora_rank(self) -> int | None:
+        """The rank a base's vLLM replicas size their LoRA slots for: its adapters' highest, rounded up to
+        one vLLM supports; None where no adapter is attached (LoRA stays off: it costs a base speed; the
+        first adapter attached reloads the base with it on)."""
+        if not self.adapters:
+            return None
+        highest = max(adapter.rank for adapter in self.adapters)
+        return next((r for r in VLLM_LORA_RANKS if r >= highest), VLLM_LORA_RANKS[-1])
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,6 @@ from modelhost.artifacts.inspection import ADAPTER_TASKS
 from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.store.models import Deployment, ModelArtifact
 
-# vLLM sizes its LoRA slots for one rank among these (`max_lora_rank`): a base takes its adapters'
-# highest rank, rounded up
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
 
 def find_base(session: Session, account_id: str, name: str) -> Deployment:
     """The base an adapter deployment names (`base_deployment`): by ID or model name, the account's own
@@ -124,12 +120,3 @@ def still_attached(base: Deployment, adapters: Sequence[Deployment], change: str
         param="deployment_id",
         code="base_in_use",
     )
-
-
-def lora_rank(ranks: Sequence[int]) -> int | None:
-    """The rank a base's vLLM replicas size their LoRA slots for: its adapters' highest, rounded up to
-    one vLLM supports; None where no adapter is attached (LoRA stays off: it costs the base speed)."""
-    if not ranks:
-        return None
-    highest = max(ranks)
-    return next((r for r in VLLM_LORA_RANKS if r >= highest), VLLM_LORA_RANKS[-1])

@@ -190,7 +190,6 @@ class DeploymentService:
                 falls_back=deployment.engine == "auto" and deployment.engine_in_use == "vllm",
                 precision=deployment.precision,
                 remembered=footprints(deployment, replica_engines[deployment.id]),
-                lora_rank=adapters.lora_rank([a.rank for a in attached.get(deployment.id, [])]),
                 adapters=tuple(attached.get(deployment.id, [])),
             )
             for deployment, artifact in pairs
