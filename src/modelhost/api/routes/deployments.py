@@ -128,7 +128,8 @@ async def get_deployment(
     responses=error_responses(404, 409),
     description="409 `insufficient_capacity`: made hot (or given more replicas while hot) where it cannot "
     "fit in the memory budget beside the other hot deployments; its readiness and replica bounds stay as "
-    "they were.",
+    "they were. 409 `base_in_use`: an engine other than vLLM for a base with adapters attached. 400 "
+    "`adapter_follows_base`: readiness, replicas or engine of an adapter deployment (they are its base's).",
 )
 async def update_deployment(
     body: DeploymentPatch,
