@@ -86,6 +86,20 @@ def test_cancel_frees_the_slot_before_the_next_step(loaded: tuple[Any, Any]) -> 
     assert {sid for sid, _ in events} == {2}  # the waiting one took the freed slot at once
 
 
+def test_a_batch_line_waits_behind_interactive_sequences_for_a_slot(loaded: tuple[Any, Any]) -> None:
+    engine = engine_of(loaded, max_running=1)
+    engine.add(sequence(loaded, 1, "hello world", max_tokens=3, min_tokens=3))
+    engine.add(sequence(loaded, 2, "a photo", max_tokens=3, min_tokens=3), low=True)
+    engine.add(sequence(loaded, 3, "paris is", max_tokens=3, min_tokens=3))  # interactive: ahead of 2
+    assert [s.id for s in engine.waiting] == [1, 3, 2]
+    order: list[int] = []
+    while not engine.idle:
+        for sid, event in engine.step():
+            if event.get("finish") and sid not in order:
+                order.append(sid)
+    assert order == [1, 3, 2]
+
+
 def test_seeded_sampling_is_reproducible_whatever_runs_beside_it(loaded: tuple[Any, Any]) -> None:
     alone = engine_of(loaded)
     alone.add(sequence(loaded, 1, "hello world", temperature=1.2, seed=5, max_tokens=10, min_tokens=10))

@@ -175,6 +175,21 @@ def test_the_turn_between_keys_carries_on_from_one_batch_to_the_next() -> None:
     assert recorder.batches == [["a0", "b0"], ["c0", "a1"], ["b1", "c1"]]
 
 
+def test_batch_lines_only_take_the_room_interactive_requests_leave() -> None:
+    recorder = Recorder()
+    host = host_of(recorder, max_batch=4, max_wait=0)
+    for i in range(5):
+        host.receive("g", Run(100 + i, {"text": f"low{i}"}, "batch_key", low=True))
+    for i in range(3):
+        host.receive("g", Run(i, {"text": f"a{i}"}, "key_a"))
+    host.receive("g", Run(50, {"text": "b0"}, "key_b"))
+    host.receive("g", Run(51, {"text": "b1"}, "key_b"))
+    host.receive("g", Cancel(102))  # a cancelled batch line leaves its queue too
+    while host.due() == 0:
+        host.work()
+    assert recorder.batches == [["a0", "b0", "a1", "b1"], ["a2", "low0", "low1", "low3"], ["low4"]]
+
+
 def test_an_idle_replica_runs_a_request_at_once() -> None:
     host = host_of(Recorder(), max_wait=600)  # a gather window of ten minutes, never waited
     host.receive("g", Run(1, {"text": "alone"}))

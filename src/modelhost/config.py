@@ -258,6 +258,31 @@ class Settings(BaseSettings):
     video_poll_after_ms: int = Field(
         default=1000, ge=0, description="`openai-poll-after-ms` on a job that is still queued or running."
     )
+    # ---------------------------------------------------------------- files and batches (docs/batch.md)
+    batch_max_file_bytes: int = Field(
+        default=200 * 1024 * 1024,
+        ge=1,
+        description="Largest batch input file (`POST /v1/files`, purpose batch).",
+    )
+    batch_completion_window_seconds: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="How long a batch may run (`completion_window: 24h`); lines not answered by then fail "
+        "with `batch_expired`. Shorter only for tests.",
+    )
+    batch_concurrency: int = Field(default=1, ge=1, description="Batches one server runs at a time.")
+    batch_lines_in_flight: int = Field(
+        default=64, ge=1, description="Lines of a running batch sent at once (each at low priority)."
+    )
+    batch_poll_seconds: float = Field(
+        default=1.0, gt=0, description="How often an idle server looks for batches."
+    )
+    batch_stale_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A running batch whose server has been silent this long (killed) is taken over by "
+        "another server, or by the same one restarted.",
+    )
     # ---------------------------------------------------------------- agents (docs/agents.md)
     agent_run_stale_seconds: float = Field(
         default=30.0,

@@ -7,6 +7,7 @@ else, reach the replicas directly and ask the supervisor for the rest.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.limits import RateLimiter
 from modelhost.auth.principal import Principal
 from modelhost.auth.shared_limits import SharedLimits
+from modelhost.batches.files import Files
+from modelhost.batches.runner import BatchRunner
+from modelhost.batches.store import Batches
 from modelhost.billing.ledger import Ledger
 from modelhost.billing.meter import ComputeMeter, count
 from modelhost.billing.rates import Rates
@@ -29,10 +33,11 @@ from modelhost.billing.service import Billing
 from modelhost.cache import TTLCache
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
+from modelhost.errors import ModelhostError
 from modelhost.jobs.runner import VideoCancel, VideoRunner
 from modelhost.jobs.videos import VideoJobs
 from modelhost.media.sources import MediaPolicy
-from modelhost.routing import DeploymentRef
+from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.runtime.adapters import AdapterRouting
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.manager import ReplicaManager
@@ -67,6 +72,8 @@ class Services:
     agent_runner: Runs
     billing: Billing
     responses: Responses
+    uploads: Files  # the Files API's files (`files` is the generated ones behind signed links)
+    batches: Batches
     # Rate limits (auth/limits.py): counted in a table every gateway process of the server shares
     limits: RateLimiter = field(default_factory=RateLimiter)
     # The supervisor's own runtime and runners; None in the server's other gateway processes.
@@ -122,6 +129,21 @@ class Services:
             balance_cache=balance_cache,
         )
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
+        uploads = Files(database, blobs, settings.batch_max_file_bytes, storage_changed)
+        batches = Batches(database, blobs, uploads)
+
+        async def check_model(principal: Principal, endpoint: str, model: str) -> str | None:
+            """Why a batch line's model cannot serve the batch's endpoint for its key (None: it can)."""
+            assert principal.account_id is not None
+            refs = await asyncio.to_thread(deployments.refs, principal.account_id)
+            try:
+                resolve_deployment(principal, endpoint, model, refs)
+            except ModelhostError as exc:
+                if exc.code == "model_not_found":
+                    return f"The model '{model}' does not exist or you do not have access to it."
+                return exc.message
+            return None
+
         agents = AgentStore(database)
         limits = limits if limits is not None else RateLimiter()
         supervision: Supervision | None = None
@@ -147,6 +169,7 @@ class Services:
                 VideoRunner(videos, manager, settings),
                 AgentRunner(agents, adapted, settings, limits),
                 SharedLimits(database, limits, settings.limits_sync_seconds),
+                BatchRunner(batches, settings, authenticator.of_key, check_model),
             )
             runtime, video_runner, agent_runner = supervision.adapted, supervision.videos, supervision.agents
         else:
@@ -183,6 +206,8 @@ class Services:
                 settings.constrained_max_string_length,
                 settings.response_stale_seconds,
             ),
+            uploads=uploads,
+            batches=batches,
             limits=limits,
             supervisor=supervision,
             caches={"keys": cache, "deployments": refs_cache, "balances": balance_cache},
@@ -202,13 +227,14 @@ class Services:
 @dataclass
 class Supervision:
     """What the supervisor alone runs: the replicas (and their readiness, idle reaper and meters), video
-    jobs, agent runs, and sharing the rate-limit counts with other servers."""
+    jobs, agent runs, batches, and sharing the rate-limit counts with other servers."""
 
     runtime: ReplicaManager
     adapted: AdapterRouting  # the runtime as callers see it: adapter deployments run on their bases
     videos: VideoRunner
     agents: AgentRunner
     shared_limits: SharedLimits
+    batches: BatchRunner
 
 
 def rates_of(settings: Settings) -> Rates:

@@ -17,6 +17,7 @@ from starlette.types import Scope
 
 import modelhost
 from modelhost.api import console
+from modelhost.api.batch_lines import line_caller
 from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.fastlane import FastLane
 from modelhost.api.middleware import BodySizeLimit, KeyFirst, RequestPath
@@ -25,6 +26,7 @@ from modelhost.api.routes import (
     agents,
     artifacts,
     audio,
+    batches,
     chat,
     deployments,
     embeddings,
@@ -46,6 +48,7 @@ from modelhost.pipelines import ENDPOINT_TASKS
 from modelhost.protocol.errors import ErrorBody
 
 log = logging.getLogger("modelhost")
+FORM_OVERHEAD = 64 * 1024  # a multipart form's own bytes around the file it carries
 UPLOAD_PATH = re.compile(r"^/v1/model-artifacts/[^/]+/uploads/[^/]+/files/")
 
 DESCRIPTION = """
@@ -83,7 +86,7 @@ def create_app(
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if built.supervisor is not None:
-                    await stack.enter_async_context(supervising(built, built.supervisor))
+                    await stack.enter_async_context(supervising(app, built, built.supervisor))
                 if around is not None:
                     await stack.enter_async_context(around(built))
                 yield
@@ -111,6 +114,7 @@ def create_app(
         chat.router,
         responses.router,
         files.router,
+        batches.router,
         images.router,
         tasks.router,
         rerank.router,
@@ -126,6 +130,8 @@ def create_app(
         """File uploads stream to disk under their own (much larger) limit."""
         if scope.get("method") == "PUT" and UPLOAD_PATH.match(scope.get("path", "")):
             return settings.max_upload_file_bytes
+        if scope.get("method") == "POST" and scope.get("path") == "/v1/files":  # a batch's input file
+            return max(settings.max_body_bytes, settings.batch_max_file_bytes + FORM_OVERHEAD)
         return settings.max_body_bytes
 
     app.add_middleware(FastLane, fastapi=app)  # innermost: inside the body limit and the metrics
@@ -186,10 +192,10 @@ _GENERIC = {
 
 
 @asynccontextmanager
-async def supervising(services: Services, supervision: Supervision) -> AsyncIterator[None]:
+async def supervising(app: FastAPI, services: Services, supervision: Supervision) -> AsyncIterator[None]:
     """The supervisor's duties while it serves: housekeeping, metering, hot loads and the idle reaper,
-    video jobs, agent runs and sharing rate-limit counts. At the end it bills every replica up to its
-    unload."""
+    video jobs, agent runs, batches (their lines sent through `app` itself) and sharing rate-limit
+    counts. At the end it bills every replica up to its unload."""
     sweeper = asyncio.create_task(_sweep_forever(services))
     billing = services.billing
     await asyncio.to_thread(billing.close_stale)
@@ -198,12 +204,14 @@ async def supervising(services: Services, supervision: Supervision) -> AsyncIter
     await supervision.runtime.start()
     supervision.videos.start()
     supervision.agents.start()
+    supervision.batches.start(line_caller(app))
     try:
         yield
     finally:
         sweeper.cancel()
         metering.cancel()
         sharing.cancel()
+        await supervision.batches.stop()
         await supervision.videos.stop()
         await supervision.agents.stop()
         await supervision.runtime.shutdown()
@@ -215,7 +223,7 @@ async def _sweep_forever(services: Services) -> None:
     await asyncio.to_thread(services.artifacts.recover)
     while True:
         await asyncio.sleep(services.settings.sweep_interval_seconds)
-        for sweep in (services.artifacts.sweep, services.files.sweep):
+        for sweep in (services.artifacts.sweep, services.files.sweep, services.uploads.sweep):
             try:
                 await asyncio.to_thread(sweep)
             except Exception:

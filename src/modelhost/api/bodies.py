@@ -59,6 +59,7 @@ class FormFile:
 
     content_type: str | None
     data: bytes
+    filename: str | None = None
 
     def data_uri(self) -> str:
         kind = self.content_type or "application/octet-stream"
@@ -73,7 +74,7 @@ async def read_form(request: Request) -> list[tuple[str, str | FormFile]]:
         async with request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS) as form:
             for name, value in form.multi_items():
                 if isinstance(value, UploadFile):  # Starlette's (FastAPI's is a subclass)
-                    parts.append((name, FormFile(value.content_type, await value.read())))
+                    parts.append((name, FormFile(value.content_type, await value.read(), value.filename)))
                 else:
                     parts.append((name, value))
     except HTTPException as exc:

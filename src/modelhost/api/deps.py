@@ -12,6 +12,7 @@ from fastapi.security import HTTPBearer
 
 from modelhost.auth.authenticator import bearer_token
 from modelhost.auth.principal import Principal, PrincipalKind, acting_for
+from modelhost.batches.files import Owner
 from modelhost.container import Services
 from modelhost.errors import ClientClosedRequest, InvalidAPIKey
 from modelhost.routing import DeploymentRef, resolve_deployment
@@ -20,6 +21,10 @@ T = TypeVar("T")
 Guard = Callable[[Request], Awaitable[Principal]]
 PRINCIPAL = "modelhost.principal"  # where the scope keeps the principal once a request's key is checked
 ADMITTED = "modelhost.admitted"  # where the scope keeps a rate-limited request's `Admitted` ticket
+# The mark of a batch line sent in-process by the batch runner (`api.batch_lines`), with its creator's
+# principal already in the scope: it runs at low priority and outside the per-minute limits. No
+# request from outside can carry it: a scope starts empty of our keys.
+BATCH_LINE = "modelhost.batch_line"
 
 # Declared so that /docs shows the bearer scheme on every protected route; the header itself is
 # read by `_authenticate`, which also handles malformed headers with our error body.
@@ -100,6 +105,12 @@ def account_id_of(principal: Principal) -> str:
     return principal.account_id
 
 
+def owner_of(principal: Principal) -> Owner:
+    """Whose files and batches the caller sees (`batches.files.Owner`): a deployment key its own."""
+    assert principal.account_id is not None and principal.key_id is not None
+    return Owner(principal.account_id, principal.key_id, principal.kind is PrincipalKind.DEPLOYMENT)
+
+
 async def deployment_for(
     request: Request,
     principal: Principal,
@@ -127,11 +138,12 @@ async def deployment_for(
             account_id, lambda: services.deployments.refs(account_id)
         )
     deployment = resolve_deployment(principal, endpoint, model, refs)
-    acting_for(principal)  # the key its replica's fair queuing counts it under
+    batch_line = BATCH_LINE in request.scope
+    acting_for(principal, low=batch_line)  # the key its replica's fair queuing counts it under
     if billable:
         await services.billing.require_credits(account_id)
         await services.billing.require_within_caps(account_id, principal.account_limits)
-        subjects = principal.limited()
+        subjects = () if batch_line else principal.limited()  # batch lines skip per-minute limits
         if subjects and ADMITTED not in request.scope:  # once per request, however many models it names
             request.scope[ADMITTED] = services.limits.admit(subjects)
     return deployment

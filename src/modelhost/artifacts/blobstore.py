@@ -23,7 +23,13 @@ log = logging.getLogger("modelhost.artifacts")
 
 PARTIAL_DIR = ".modelhost-partial"
 # what a write under each top-level prefix keeps, for the message of a full disk
-KEPT_UNDER = {"staging": "uploaded file", "generated": "generated file", "videos": "video file"}
+KEPT_UNDER = {
+    "staging": "uploaded file",
+    "generated": "generated file",
+    "videos": "video file",
+    "files": "file",
+    "batches": "batch file",
+}
 
 
 @dataclass(frozen=True, slots=True)

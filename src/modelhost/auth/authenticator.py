@@ -63,6 +63,16 @@ class Authenticator:
                 return _principal_of(row, account.limits if account is not None else None)
         return None
 
+    def of_key(self, key_id: str) -> Principal | None:
+        """The principal of a key by its ID (a batch runs as the key that created it); None once the
+        key is revoked or gone. Not cached: a batch reads it once per claim."""
+        with self._database.transaction() as session:
+            row = session.get(ApiKey, key_id)
+            if row is None or row.revoked_at is not None:
+                return None
+            account = session.get(Account, row.account_id)
+            return _principal_of(row, account.limits if account is not None else None)
+
     def forget_all(self) -> None:
         """Called on revocation: the next request of any key re-reads the database."""
         self.cache.clear()

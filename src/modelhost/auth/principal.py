@@ -57,11 +57,19 @@ ADMIN = Principal(kind=PrincipalKind.ADMIN)
 # The key the current request runs for: what a replica's fair queuing takes turns between
 # (`runtime.host`). Set when the request's deployment is resolved (`api.deps.deployment_for`).
 _TENANT: ContextVar[str] = ContextVar("modelhost_tenant", default="")
+# Whether the current request is a batch line (`modelhost.batches`): replicas give it only the room
+# interactive requests leave.
+_LOW: ContextVar[bool] = ContextVar("modelhost_low_priority", default=False)
 
 
-def acting_for(principal: Principal) -> None:
+def acting_for(principal: Principal, low: bool = False) -> None:
     _TENANT.set(principal.key_id or "")
+    _LOW.set(low)
 
 
 def current_tenant() -> str:
     return _TENANT.get()
+
+
+def low_priority() -> bool:
+    return _LOW.get()

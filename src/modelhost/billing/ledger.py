@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from modelhost.billing.rates import Rates, carry_text, charge
 from modelhost.store.db import Database
-from modelhost.store.models import Account, LedgerEntry, Meter, ModelArtifact
+from modelhost.store.models import Account, LedgerEntry, Meter, ModelArtifact, UploadedFile
 from modelhost.store.types import new_id
 
 COMPUTE = "compute"
@@ -81,6 +81,18 @@ def storage_meter_id(artifact_id: str, version: str) -> str:
     """One storage meter per published version, with an ID every gateway derives alike: two gateways
     that notice the same new version at once cannot both open a meter for it."""
     return "mst_" + hashlib.sha256(f"{artifact_id}:{version}".encode()).hexdigest()[:32]
+
+
+def _stored(session: Session, stored_id: str) -> tuple[str, int, str] | None:
+    """(account, bytes, version) of what a storage meter bills: an artifact's published version, or a
+    file of the Files API (one version); None once it is gone."""
+    artifact = session.get(ModelArtifact, stored_id)
+    if artifact is not None:
+        if artifact.published_version is None:
+            return None
+        return artifact.account_id, artifact.size_bytes, artifact.published_version
+    file = session.get(UploadedFile, stored_id)
+    return None if file is None else (file.account_id, file.bytes, "file")
 
 
 def shared_meter_id(key: str) -> str:
@@ -170,16 +182,13 @@ class Ledger:
     # ---------------------------------------------------------------- storage meters
 
     def sync_storage_in(self, session: Session, artifact_id: str, now_ms: int) -> list[Billed]:
-        """Make the artifact's storage meter match what is stored: bill and close the meter of a version
-        that is gone (deleted, replaced), open one for the version now published."""
+        """Make the storage meter of an artifact (or of a file of the Files API, by its ID) match what is
+        stored: bill and close the meter of a version that is gone (deleted, replaced), open one for
+        the version now stored."""
         if self.rates.storage is None:
             return []
-        artifact = session.get(ModelArtifact, artifact_id)
-        wanted = (
-            storage_meter_id(artifact_id, artifact.published_version)
-            if artifact is not None and artifact.published_version is not None
-            else None
-        )
+        stored = _stored(session, artifact_id)
+        wanted = storage_meter_id(artifact_id, stored[2]) if stored is not None else None
         billed: list[Billed] = []
         open_meters = session.scalars(
             select(Meter).where(
@@ -190,14 +199,14 @@ class Ledger:
             entry = self._bill_in(session, meter, now_ms, None, close=meter.id != wanted)
             if entry is not None:
                 billed.append(entry)
-        if artifact is not None and wanted is not None and session.get(Meter, wanted) is None:
+        if stored is not None and wanted is not None and session.get(Meter, wanted) is None:
             session.add(
                 Meter(
                     id=wanted,
                     kind=STORAGE,
-                    account_id=artifact.account_id,
+                    account_id=stored[0],
                     artifact_id=artifact_id,
-                    bytes=artifact.size_bytes,
+                    bytes=stored[1],
                     started_ms=now_ms,
                     billed_until_ms=now_ms,
                     carry="0",
@@ -206,7 +215,7 @@ class Ledger:
         return billed
 
     def tick_storage(self, now_ms: int) -> list[Billed]:
-        """Bill every stored artifact up to now (and open meters for artifacts published before
+        """Bill every stored artifact and file up to now (and open meters for those stored before
         billing existed). One transaction per artifact: one conflict does not hold up the others."""
         if self.rates.storage is None:
             return []
@@ -214,6 +223,7 @@ class Ledger:
             stored = set(
                 session.scalars(select(ModelArtifact.id).where(ModelArtifact.published_version.is_not(None)))
             )
+            stored |= set(session.scalars(select(UploadedFile.id)))
             metered = set(
                 session.scalars(
                     select(Meter.artifact_id).where(Meter.kind == STORAGE, Meter.ended_ms.is_(None))
@@ -332,6 +342,12 @@ class Ledger:
                     select(ModelArtifact.id, ModelArtifact.display_name).where(
                         ModelArtifact.id.in_(artifact_ids)
                     )
+                ).all()
+            )
+            # a file of the Files API is billed as stored data too, under its file name
+            names.update(
+                session.execute(
+                    select(UploadedFile.id, UploadedFile.filename).where(UploadedFile.id.in_(artifact_ids))
                 ).all()
             )
         usage = Usage(granted_micro=totals[0], spent_micro=totals[1])

@@ -32,6 +32,7 @@ from modelhost.generation.requests import SamplingParams, fim_tokens, prompt_ids
 from modelhost.generation.tool_parsers import parser_for_template
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
+LOW_PRIORITY = 1  # a batch line's, under vLLM's priority scheduling (lower values run first)
 
 
 @dataclass
@@ -117,6 +118,8 @@ def load(
         structured_outputs_config=StructuredOutputsConfig(backend="guidance"),
         max_logprobs=MAX_LOGPROBS,
         disable_log_stats=True,
+        # batch lines (`"low"` requests) are scheduled after interactive ones (`generate`)
+        scheduling_policy="priority",
         enable_lora=lora is not None,
         **(
             {"max_lora_rank": lora.rank, "max_loras": lora.max_loras, "max_cpu_loras": lora.max_cpu_loras}
@@ -260,7 +263,8 @@ async def generate(
         params = sampling_params(model, request.get("params", {}), len(prompt), prompt_param)
         adapter = _lora_request(model, request.get("adapter"))
         sampling = vllm_params(params, request.get("grammar"))
-        stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter)
+        priority = LOW_PRIORITY if request.get("low") else 0
+        stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)
         first = await anext(stream, None)
     except ModelhostError as exc:
         emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})

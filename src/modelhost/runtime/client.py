@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import msgspec
 
-from modelhost.auth.principal import current_tenant
+from modelhost.auth.principal import current_tenant, low_priority
 from modelhost.runtime.protocol import (
     Cancel,
     Events,
@@ -91,7 +91,7 @@ class Waiters:
         (the caller left) sends `Cancel`: the replica drops the sequence before its next step."""
         queue: asyncio.Queue[Payload | BaseException] = asyncio.Queue()
         self.streams[request_id] = queue
-        send(Generate(request_id, request))
+        send(Generate(request_id, request, low_priority()))
         finished = False
         try:
             while not finished:
@@ -157,7 +157,7 @@ class ReplicaConnection(asyncio.Protocol):
         future: asyncio.Future[Payload] = asyncio.get_running_loop().create_future()
         self._waiting.calls[request_id] = future
         try:
-            self._write(Run(request_id, item, current_tenant()))
+            self._write(Run(request_id, item, current_tenant(), low_priority()))
         except ReplicaDied as exc:  # never sent: free to go to another replica
             del self._waiting.calls[request_id]
             raise ReplicaDiedBeforeStart(str(exc)) from exc

@@ -16,6 +16,11 @@ is filled one request per key in turn, the turn going on from batch to batch (ro
 key with many requests waiting does not hold back a key with few; each key's requests keep their order.
 Generation is left to its engine's own scheduler.
 
+Priority: a `low` request (a line of a batch job, `modelhost.batches`) waits in queues of its own and
+only takes the room in a batch that the interactive requests waiting leave, so that a batch fills a
+replica's idle capacity without holding interactive callers back. A streaming task's `low` requests
+are handed to its engine marked (`"low": true` in the request): it admits them after the others.
+
 A connection (`peer`) that closes takes its requests with it: its waiting requests are dropped and its
 generations stopped, so a gateway process that dies loses only its own work.
 """
@@ -62,6 +67,7 @@ class _Waiting:
     id: int
     item: Payload
     tenant: str = ""
+    low: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -71,6 +77,11 @@ class _Stream:
     peer: Peer
     id: int
     tokens: int = 0
+
+
+def with_priority(message: Generate) -> Payload:
+    """A generation's request as its engine takes it: marked `low` for a batch line."""
+    return {**message.request, "low": True} if message.low else message.request
 
 
 class ReplicaHost:
@@ -94,6 +105,7 @@ class ReplicaHost:
         self._clock = clock
         self.streaming = is_streaming(handler)
         self._queues: dict[str, deque[_Waiting]] = {}  # per tenant, in the order of their turns
+        self._low_queues: dict[str, deque[_Waiting]] = {}  # the same for `low` requests
         self._queued = 0
         self._waiting: dict[tuple[Peer, int], _Waiting] = {}
         self._last_batch = 1
@@ -137,8 +149,9 @@ class ReplicaHost:
         if self.streaming:
             self._other.append((peer, Failed([message.id], "this replica serves a streaming task")))
             return
-        waiting = _Waiting(peer, message.id, message.item, message.tenant)
-        self._queues.setdefault(message.tenant, deque()).append(waiting)
+        waiting = _Waiting(peer, message.id, message.item, message.tenant, message.low)
+        queues = self._low_queues if message.low else self._queues
+        queues.setdefault(message.tenant, deque()).append(waiting)
         self._queued += 1
         self._waiting[peer, message.id] = waiting
 
@@ -149,7 +162,7 @@ class ReplicaHost:
             return
         key = next(self._keys)
         try:
-            self._handler.start(self._state, key, message.request)
+            self._handler.start(self._state, key, with_priority(message))
         except ModelhostError as exc:  # the request's own fault: its caller gets a 400
             self._event(peer, message.id, error_of(exc))
             return
@@ -159,11 +172,12 @@ class ReplicaHost:
     def _cancel(self, peer: Peer, request_id: int) -> None:
         waiting = self._waiting.pop((peer, request_id), None)
         if waiting is not None:
-            queue = self._queues[waiting.tenant]
+            queues = self._low_queues if waiting.low else self._queues
+            queue = queues[waiting.tenant]
             queue.remove(waiting)
             self._queued -= 1
             if not queue:
-                del self._queues[waiting.tenant]
+                del queues[waiting.tenant]
             return
         key = self._stream_keys.pop((peer, request_id), None)
         if key is not None and is_streaming(self._handler):
@@ -226,15 +240,17 @@ class ReplicaHost:
         self._last_batch, self._freed_at = len(batch), self._clock()
 
     def _take(self, count: int) -> list[_Waiting]:
-        """`count` waiting requests, one per tenant in turn: the tenant whose turn it is gives its
-        oldest and goes to the back of the line (or leaves it, having none left)."""
+        """`count` waiting requests, interactive ones first, then `low` ones; within each, one per
+        tenant in turn: the tenant whose turn it is gives its oldest and goes to the back of the line
+        (or leaves it, having none left)."""
         batch: list[_Waiting] = []
-        while len(batch) < count:
-            tenant, queue = next(iter(self._queues.items()))
-            batch.append(queue.popleft())
-            del self._queues[tenant]
-            if queue:
-                self._queues[tenant] = queue
+        for queues in (self._queues, self._low_queues):
+            while len(batch) < count and queues:
+                tenant, queue = next(iter(queues.items()))
+                batch.append(queue.popleft())
+                del queues[tenant]
+                if queue:
+                    queues[tenant] = queue
         self._queued -= len(batch)
         return batch
 

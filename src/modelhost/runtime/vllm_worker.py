@@ -31,6 +31,7 @@ import msgspec
 
 from modelhost.engines.vllm import LoraSlots, VllmModel, generate, load, warm_up
 from modelhost.runtime import metrics
+from modelhost.runtime.host import with_priority
 from modelhost.runtime.protocol import (
     Cancel,
     Event,
@@ -131,7 +132,7 @@ class VllmWorker:
             self._event(peer, message.id, event)
 
         try:
-            await generate(self.model, request_id, message.request, emit)
+            await generate(self.model, request_id, with_priority(message), emit)
         except asyncio.CancelledError:
             await self.model.abort(request_id)
             raise

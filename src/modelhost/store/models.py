@@ -349,3 +349,71 @@ class StoredResponse(Base):
     # A background response's runner beats here; one silent past the stale window was interrupted.
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class UploadedFile(Base):
+    """A file of the Files API (`POST /v1/files`): batch input, or the output and error files a batch
+    writes (purpose `batch_output`). The bytes live in the blob store under `blob_key`."""
+
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    key_id: Mapped[str] = mapped_column(String(40))  # who uploaded it (a batch's output: the batch's key)
+    filename: Mapped[str] = mapped_column(String(255))
+    purpose: Mapped[str] = mapped_column(String(32), index=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    blob_key: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
+
+
+class Batch(Base):
+    """A batch of the Batch API. The table is the queue, as for video jobs: a runner claims a row with a
+    guarded UPDATE and beats `updated_at` while it runs it; a stale claim is taken over."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    key_id: Mapped[str] = mapped_column(String(40))  # the creator's key: every line runs as it
+    endpoint: Mapped[str] = mapped_column(String(64))
+    input_file_id: Mapped[str] = mapped_column(String(40))
+    input_key: Mapped[str] = mapped_column(String(200))  # the input's own copy (the file may be deleted)
+    completion_window: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    batch_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    output_expires_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class BatchLine(Base):
+    """The answer to one line of a batch, recorded once: the primary key refuses a second, so a line
+    run again after a crash cannot appear twice in the output."""
+
+    __tablename__ = "batch_lines"
+
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"), primary_key=True)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)  # 1-based, as in the input file
+    ok: Mapped[bool] = mapped_column(Boolean)  # a 2xx answer: the output file; else the error file
+    record: Mapped[str] = mapped_column(Text)  # the output or error file's line, as JSON

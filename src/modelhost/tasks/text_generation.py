@@ -93,7 +93,7 @@ class TextGeneration:
         sequence = Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint)
         if images is not None:
             sequence.images, sequence.image_token = images, _image_token(state)
-        state.engine.add(sequence)
+        state.engine.add(sequence, low=bool(request.get("low")))
         if request.get("echo"):
             state.echo[request_id] = prompt
 

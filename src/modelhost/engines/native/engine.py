@@ -59,6 +59,7 @@ class Sequence:
     started: bool = False
     slot: int = -1  # its row of the KV cache, from admission on
     cached_tokens: int = 0  # prompt tokens reused from the cache
+    low: bool = False  # a batch line: admitted after every other waiting sequence
     # a vision-language prompt: the processor's image tensors (`pixel_values`, ...) for its prefill. Its
     # image tokens are negative in `prompt` (a hash of the image and the position), so the prefix cache
     # tells different images apart; the model sees `image_token` there.
@@ -137,8 +138,9 @@ class GenerationEngine:
         """Sequences the engine holds, in any state."""
         return len(self.waiting) + len(self.prefilling) + len(self.running)
 
-    def add(self, sequence: Sequence) -> None:
-        """Queue a sequence; `Overloaded` (429 for its caller) when too many already wait for a slot."""
+    def add(self, sequence: Sequence, low: bool = False) -> None:
+        """Queue a sequence; `Overloaded` (429 for its caller) when too many already wait for a slot. A
+        `low` one (a batch line) waits behind every other: it takes only the slots they leave."""
         if len(self.waiting) >= self.max_waiting:
             raise Overloaded(
                 f"The model's {self.max_running} generation slots are busy and {self.max_waiting} "
@@ -147,7 +149,12 @@ class GenerationEngine:
         if sequence.params.seed is not None:
             sequence.generator = torch.Generator(device=self.device).manual_seed(sequence.params.seed)
         sequence.stops = StopStrings(sequence.params.stop)
-        self.waiting.append(sequence)
+        sequence.low = low
+        first_low = next((i for i, s in enumerate(self.waiting) if s.low), None)
+        if low or first_low is None:
+            self.waiting.append(sequence)
+        else:
+            self.waiting.insert(first_low, sequence)
 
     def cancel(self, sequence_id: int) -> None:
         """Forget a sequence: before the next step starts, so its slot is free for that step."""

@@ -1,0 +1,74 @@
+"""A batch line sent through the server's own app, in-process: the same routes, validation, billing and
+errors as the request sent over HTTP, without the socket.
+
+The scope carries the batch creator's principal (so the key check finds it there, as for any request
+whose key was checked) and `BATCH_LINE` (low priority, no per-minute limits: `api.deps`). Neither can
+come from outside: an HTTP request's scope starts empty of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from starlette.types import ASGIApp, Message
+
+from modelhost.api.deps import BATCH_LINE, PRINCIPAL
+from modelhost.auth.principal import Principal
+from modelhost.batches.runner import LineCall
+
+
+def line_caller(app: ASGIApp) -> LineCall:
+    """`LineCall` over `app`: (status, request ID, JSON body) of a POST of `body` to `endpoint`."""
+
+    async def call(principal: Principal, endpoint: str, body: dict[str, Any]) -> tuple[int, str, Any]:
+        payload = orjson.dumps(body)
+        scope: dict[str, Any] = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": endpoint,
+            "raw_path": endpoint.encode(),
+            "root_path": "",
+            "query_string": b"",
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+            "client": ("batch", 0),
+            "server": ("modelhost", 0),
+            PRINCIPAL: principal,
+            BATCH_LINE: True,
+        }
+        delivered = False
+        never = asyncio.Event()  # the caller never leaves: `await_or_disconnect` waits on this forever
+        status, request_id, chunks = 500, "", []
+
+        async def receive() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": payload, "more_body": False}
+            await never.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: Message) -> None:
+            nonlocal status, request_id
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                request_id = dict(message.get("headers", [])).get(b"x-request-id", b"").decode()
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+
+        await app(scope, receive, send)
+        raw = b"".join(chunks)
+        try:
+            answer = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            answer = raw.decode(errors="replace")
+        return status, request_id, answer
+
+    return call

@@ -1,0 +1,162 @@
+"""A batch's input file: JSONL, one request per line, checked the way OpenAI checks it.
+
+At upload (`purpose: batch`) the file must be JSONL of objects within the size and line limits
+(`check_jsonl`): anything else is a 400 then. At batch creation its lines are checked against the batch
+(`check_lines`): each a `POST` of the batch's endpoint with a body naming a model, the `custom_id`s
+distinct. Line errors fail the batch (status `failed`) with `errors` naming each line, as OpenAI's do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from modelhost.errors import InvalidRequest, PayloadTooLarge
+
+MAX_LINES = 50_000
+MAX_ERRORS = 100  # a batch's `errors` lists at most this many lines (the first ones)
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One request of a batch: its 1-based line number in the file, `custom_id`, and body."""
+
+    number: int
+    custom_id: str
+    method: Any
+    url: Any
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    code: str
+    line: int
+    message: str
+    param: str | None = None
+
+    def view(self) -> dict[str, Any]:
+        return {"code": self.code, "line": self.line, "message": self.message, "param": self.param}
+
+
+def check_jsonl(data: bytes, max_bytes: int) -> int:
+    """The number of lines of a batch input file; a 400 (413 over `max_bytes`) if it is not one."""
+    if len(data) > max_bytes:
+        raise PayloadTooLarge(f"A batch input file may have at most {max_bytes} bytes.", param="file")
+    count = 0
+    for number, raw in enumerate(data.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise InvalidRequest(
+                f"Invalid file format for Batch API. Line {number} is not valid JSON; the file must be "
+                "JSONL: one JSON object per line.",
+                param="file",
+                code="invalid_file_format",
+            ) from None
+        if not isinstance(value, dict):
+            raise InvalidRequest(
+                f"Invalid file format for Batch API. Line {number} is not a JSON object.",
+                param="file",
+                code="invalid_file_format",
+            )
+        count += 1
+    if count == 0:
+        raise InvalidRequest("The batch input file is empty.", param="file", code="invalid_file_format")
+    if count > MAX_LINES:
+        raise InvalidRequest(
+            f"A batch input file may have at most {MAX_LINES} requests; this one has {count}.",
+            param="file",
+            code="invalid_file_format",
+        )
+    return count
+
+
+def parse_lines(data: bytes) -> list[Line | LineError]:
+    """Each non-blank line as a request, or the reason it is not one (the file passed `check_jsonl`
+    at upload, but a line may still lack a field)."""
+    parsed: list[Line | LineError] = []
+    for number, raw in enumerate(data.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            parsed.append(LineError("invalid_json_line", number, "This line is not parseable as valid JSON."))
+            continue
+        parsed.append(_line(number, value))
+    return parsed
+
+
+def _line(number: int, value: Any) -> Line | LineError:
+    if not isinstance(value, dict):
+        return LineError("invalid_json_line", number, "This line is not a JSON object.")
+    custom_id = value.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        return LineError("missing_required_parameter", number, "Missing or empty 'custom_id'.", "custom_id")
+    body = value.get("body")
+    if not isinstance(body, dict):
+        return LineError("missing_required_parameter", number, "'body' must be a JSON object.", "body")
+    return Line(number, custom_id, value.get("method", "POST"), value.get("url"), body)
+
+
+def check_lines(
+    parsed: list[Line | LineError], endpoint: str, unknown_model: Callable[[str], str | None]
+) -> tuple[list[Line], list[LineError]]:
+    """The batch's requests and, if any line is wrong for it, the errors (at most MAX_ERRORS).
+    `unknown_model(model) -> str | None` says why a line's model cannot serve the endpoint."""
+    lines: list[Line] = []
+    errors: list[LineError] = []
+    seen: set[str] = set()
+    verdicts: dict[str, str | None] = {}  # a model is looked up once
+    for item in parsed:
+        if isinstance(item, LineError):
+            errors.append(item)
+            continue
+        error = _wrong_for_batch(item, endpoint, seen)
+        if error is None:
+            model = str(item.body["model"])
+            if model not in verdicts:
+                verdicts[model] = unknown_model(model)
+            reason = verdicts[model]
+            if reason is not None:
+                error = LineError("model_not_found", item.number, reason, "body.model")
+        seen.add(item.custom_id)
+        if error is not None:
+            errors.append(error)
+        else:
+            lines.append(item)
+    return lines, errors[:MAX_ERRORS]
+
+
+def _wrong_for_batch(line: Line, endpoint: str, seen: set[str]) -> LineError | None:
+    if line.custom_id in seen:
+        return LineError(
+            "duplicate_custom_id",
+            line.number,
+            "The custom_id for this request is a duplicate of another request. The custom_id parameter "
+            "must be unique for each request in a batch.",
+            "custom_id",
+        )
+    if line.method != "POST":
+        return LineError("invalid_method", line.number, "The method must be POST.", "method")
+    if line.url != endpoint:
+        return LineError(
+            "invalid_url",
+            line.number,
+            f"The URL provided for this request ({line.url!r}) does not match the batch "
+            f"endpoint ({endpoint}).",
+            "url",
+        )
+    if not isinstance(line.body.get("model"), str):
+        return LineError("missing_required_parameter", line.number, "'body.model' is required.", "body.model")
+    if line.body.get("stream"):
+        return LineError(
+            "invalid_request", line.number, "Batch requests cannot stream; leave 'stream' out.", "body.stream"
+        )
+    return None
