@@ -176,8 +176,8 @@ def test_the_turn_between_keys_carries_on_from_one_batch_to_the_next() -> None:
 
 
 def test_batch_lines_only_take_the_room_interactive_requests_leave() -> None:
-    recorder = Recorder()
-    host = host_of(recorder, max_batch=4, max_wait=0)
+    recorder, clock = Recorder(), Clock()
+    host = host_of(recorder, clock, max_batch=4, max_wait=0)
     for i in range(5):
         host.receive("g", Run(100 + i, {"text": f"low{i}"}, "batch_key", low=True))
     for i in range(3):
@@ -185,9 +185,27 @@ def test_batch_lines_only_take_the_room_interactive_requests_leave() -> None:
     host.receive("g", Run(50, {"text": "b0"}, "key_b"))
     host.receive("g", Run(51, {"text": "b1"}, "key_b"))
     host.receive("g", Cancel(102))  # a cancelled batch line leaves its queue too
+    host.work()
+    assert recorder.batches == [["a0", "b0", "a1", "b1"]]
+    clock.now += 1  # no interactive request for a while: lines fill whole batches
     while host.due() == 0:
         host.work()
-    assert recorder.batches == [["a0", "b0", "a1", "b1"], ["a2", "low0", "low1", "low3"], ["low4"]]
+    assert recorder.batches[1:] == [["a2", "low0", "low1", "low3"], ["low4"]]
+
+
+def test_while_interactive_requests_keep_coming_a_batch_carries_one_line_at_most() -> None:
+    recorder, clock = Recorder(), Clock()
+    host = host_of(recorder, clock, max_batch=4, max_wait=0)
+    for i in range(4):
+        host.receive("g", Run(100 + i, {"text": f"low{i}"}, "batch_key", low=True))
+    host.receive("g", Run(1, {"text": "a0"}, "key_a"))
+    host.work()
+    host.work()
+    clock.now += 0.1  # the interactive caller comes back at once
+    host.receive("g", Run(2, {"text": "a1"}, "key_a"))
+    host.work()
+    host.work()
+    assert recorder.batches == [["a0"], ["low0"], ["a1"], ["low1"]]
 
 
 def test_an_idle_replica_runs_a_request_at_once() -> None:

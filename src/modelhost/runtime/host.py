@@ -18,8 +18,12 @@ Generation is left to its engine's own scheduler.
 
 Priority: a `low` request (a line of a batch job, `modelhost.batches`) waits in queues of its own and
 only takes the room in a batch that the interactive requests waiting leave, so that a batch fills a
-replica's idle capacity without holding interactive callers back. A streaming task's `low` requests
-are handed to its engine marked (`"low": true` in the request): it admits them after the others.
+replica's idle capacity without holding interactive callers back. A model call cannot be interrupted,
+so while interactive requests keep arriving (one in the last `BUSY_SECONDS`) a batch carries at most
+`LOW_WHILE_BUSY` low requests: an interactive request then never waits behind more than that many
+lines' compute, and batch lines go at full batch size again once interactive traffic stops. A
+streaming task's `low` requests are handed to its engine marked (`"low": true` in the request): it
+admits them after the others.
 
 A connection (`peer`) that closes takes its requests with it: its waiting requests are dropped and its
 generations stopped, so a gateway process that dies loses only its own work.
@@ -59,6 +63,8 @@ from modelhost.tasks.base import AnyTaskHandler, error_of, is_streaming, item_er
 
 log = logging.getLogger("modelhost.replica")
 Peer = Hashable
+BUSY_SECONDS = 0.5  # an interactive request this recent means interactive traffic is going on
+LOW_WHILE_BUSY = 1  # the low requests a batch may carry meanwhile (module docstring)
 
 
 @dataclass(eq=False, slots=True)
@@ -110,6 +116,7 @@ class ReplicaHost:
         self._waiting: dict[tuple[Peer, int], _Waiting] = {}
         self._last_batch = 1
         self._freed_at: float | None = None  # when the last batch ended (None: idle since)
+        self._interactive_at = -BUSY_SECONDS  # when the last interactive request arrived
         self._keys = itertools.count(1)
         self._streams: dict[int, _Stream] = {}  # by the handler's request id
         self._stream_keys: dict[tuple[Peer, int], int] = {}
@@ -149,6 +156,8 @@ class ReplicaHost:
         if self.streaming:
             self._other.append((peer, Failed([message.id], "this replica serves a streaming task")))
             return
+        if not message.low:
+            self._interactive_at = self._clock()
         waiting = _Waiting(peer, message.id, message.item, message.tenant, message.low)
         queues = self._low_queues if message.low else self._queues
         queues.setdefault(message.tenant, deque()).append(waiting)
@@ -240,11 +249,14 @@ class ReplicaHost:
         self._last_batch, self._freed_at = len(batch), self._clock()
 
     def _take(self, count: int) -> list[_Waiting]:
-        """`count` waiting requests, interactive ones first, then `low` ones; within each, one per
-        tenant in turn: the tenant whose turn it is gives its oldest and goes to the back of the line
-        (or leaves it, having none left)."""
+        """Up to `count` waiting requests, interactive ones first, then `low` ones (only
+        `LOW_WHILE_BUSY` in all while interactive traffic goes on); within each, one per tenant in
+        turn: the tenant whose turn it is gives its oldest and goes to the back of the line (or leaves
+        it, having none left)."""
         batch: list[_Waiting] = []
         for queues in (self._queues, self._low_queues):
+            if queues is self._low_queues and self._clock() - self._interactive_at < BUSY_SECONDS:
+                count = min(count, max(len(batch), LOW_WHILE_BUSY))  # lines add no wait to callers
             while len(batch) < count and queues:
                 tenant, queue = next(iter(queues.items()))
                 batch.append(queue.popleft())
