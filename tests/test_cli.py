@@ -27,7 +27,7 @@ from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import ModelArtifact
 from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, assert_error, bearer, ready_artifact
+from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync, ready_artifact
 from tests.live import live_server
 
 CLI_ENV = ("MODELHOST_URL", "MODELHOST_API_KEY", "MODELHOST_ADMIN_KEY", "MODELHOST_DATABASE_URL")
@@ -40,7 +40,8 @@ KEY_PATTERN = re.compile(r"mh-[A-Za-z0-9_-]+")
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     tmp_path = tmp_path_factory.mktemp("cli")
-    return make_settings(tmp_path, f"sqlite:///{tmp_path / 't.db'}")
+    # batches are looked for every 0.2 s (the batch commands' tests wait for them)
+    return make_settings(tmp_path, f"sqlite:///{tmp_path / 't.db'}", worker_threads=1, batch_poll_seconds=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +163,17 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("artifacts", "push"), "Upload a model folder as an artifact (resumable)"),
     (("artifacts", "list"), "List model artifacts."),
     (("artifacts", "delete"), "Delete a model artifact no deployment uses."),
+    (("files",), "Files of your account (a batch's input, output and errors)."),
+    (("files", "upload"), "Upload a file (for a batch: a JSONL file of requests, checked by the server)."),
+    (("files", "list"), "List files: those uploaded, and batches' output and error files"),
+    (("files", "get"), "Show a file's object."),
+    (("files", "download"), "Write a file's content to a path or to standard output"),
+    (("files", "delete"), "Delete a file and its bytes (a batch made from it keeps its own copy)."),
+    (("batches",), "Batches of your account: a file of requests answered at low priority."),
+    (("batches", "create"), "Create a batch from a JSONL file (a local path, uploaded first, or"),
+    (("batches", "get"), "Show a batch: its status, request counts and files; with --wait, once it"),
+    (("batches", "list"), "List batches, newest first."),
+    (("batches", "cancel"), "Cancel a batch: the lines in flight finish, the answers so far go to its"),
 ]
 
 
@@ -484,6 +496,228 @@ def test_deployments_create_with_an_unknown_artifact_prints_not_found(
     assert result.exit_code == 1
     assert result.stdout == ""
     assert result.stderr.strip() == "error: Model artifact not found (404 artifact_not_found)"
+
+
+# ---------------------------------------------------------------------------------- files and batches
+
+
+@pytest.fixture(scope="module")
+def batcher(url: str, recipes: Path) -> tuple[str, ...]:
+    """An account whose warm `embedder` deployment (the tiny sentence-transformers recipe) answers the
+    batch commands' lines; its `--url` and `--key` options."""
+    with httpx.Client(base_url=url, timeout=120) as http:
+        created = http.post(
+            "/v1/admin/accounts", json={"name": "batcher", "credits": 100}, headers=bearer(ADMIN_KEY)
+        )
+        key = created.json()["api_key"]
+        folder = recipes / "t03_feature_extraction" / "st"
+        artifact = push_folder_sync(http, key, folder, "feature-extraction")
+        deployed = http.post(
+            "/v1/deployments",
+            json={"model": "embedder", "artifact_id": artifact, "readiness": "warm"},
+            headers=bearer(key),
+        )
+        assert deployed.status_code == 201, deployed.text
+    return ("--url", url, "--key", key)
+
+
+def requests_file(folder: Path, texts: list[Any], model: str = "embedder") -> Path:
+    """A batch input file: one embeddings request per text, `r0`, `r1`, ..."""
+    path = folder / "requests.jsonl"
+    lines = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": model, "input": t},
+        }
+        for i, t in enumerate(texts)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def uploaded(batcher: tuple[str, ...], path: Path) -> str:
+    """A file uploaded over HTTP (not through the CLI under test); its ID."""
+    url, key = batcher[1], batcher[3]
+    with path.open("rb") as content:
+        answer = httpx.post(
+            f"{url}/v1/files",
+            files={"file": (path.name, content)},
+            data={"purpose": "batch"},
+            headers=bearer(key),
+        )
+    assert answer.status_code == 200, answer.text
+    file_id: str = answer.json()["id"]
+    return file_id
+
+
+def jsonl_of(stdout: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+DATE = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+
+
+def test_files_upload_get_list_download_and_delete_a_file(batcher: tuple[str, ...], tmp_path: Path) -> None:
+    path = requests_file(tmp_path, ["one", "two"])
+    [row] = table_rows(ok("files", "upload", str(path), *batcher).stdout)
+    assert (row["filename"], row["purpose"], int(row["bytes"])) == (
+        "requests.jsonl",
+        "batch",
+        path.stat().st_size,
+    )
+    assert DATE.fullmatch(row["created_at"]) and row["expires_at"] == "-"  # Unix times shown as UTC dates
+    file_id = row["id"]
+    shown = ok_json("files", "get", file_id, *batcher)
+    assert shown == httpx.get(f"{batcher[1]}/v1/files/{file_id}", headers=bearer(batcher[3])).json()
+    assert isinstance(shown["created_at"], int)  # --json: the object as the API answers it
+    listed = ok_json("files", "list", "--purpose", "batch", *batcher)
+    assert file_id in [item["id"] for item in listed["data"]]
+    assert ok_json("files", "list", "--purpose", "batch_output", *batcher)["data"] == []
+
+    assert ok("files", "download", file_id, *batcher).stdout_bytes == path.read_bytes()
+    target = tmp_path / "copy.jsonl"
+    saved = ok("files", "download", file_id, "--output", str(target), *batcher)
+    assert target.read_bytes() == path.read_bytes()
+    assert saved.stdout.strip() == f"{path.stat().st_size} bytes written to {target}"
+
+    deleted = ok_json("files", "delete", file_id, *batcher)
+    assert deleted == {"id": file_id, "object": "file", "deleted": True}
+    missing = cli("files", "download", file_id, "-o", str(tmp_path / "gone.jsonl"), *batcher)
+    assert missing.exit_code == 1 and missing.stdout == ""
+    assert missing.stderr.strip() == f"error: No such File object: {file_id} (404 file_not_found)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.jsonl", "requests.jsonl"]  # no half file
+
+
+def test_files_upload_with_an_expiry_and_a_file_that_is_not_jsonl(
+    batcher: tuple[str, ...], tmp_path: Path
+) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello")
+    kept = ok_json(
+        "files", "upload", str(notes), "--purpose", "user_data", "--expires-after", "3600", *batcher
+    )
+    assert kept["purpose"] == "user_data" and kept["expires_at"] == kept["created_at"] + 3600
+    refused = cli("files", "upload", str(notes), *batcher)  # purpose batch: checked as JSONL
+    assert refused.exit_code == 1 and refused.stdout == ""
+    assert "(400 invalid_file_format)" in refused.stderr
+
+
+def test_batches_create_uploads_a_local_file_and_waits_showing_progress(
+    batcher: tuple[str, ...], tmp_path: Path
+) -> None:
+    # an empty input is refused by the route: that line goes to the errors file
+    path = requests_file(tmp_path, ["the first line", "the second line", []])
+    waited = cli(
+        "batches", "create", str(path), "--endpoint", "/v1/embeddings", "--metadata", "job=nightly",
+        "--metadata", "team=search", "--wait", "--every", "0.2", "--json", *batcher,
+    )  # fmt: skip
+    assert waited.exit_code == 0, (waited.stdout, waited.stderr, waited.exception)
+    batch = json.loads(waited.stdout)  # stdout: the batch only; its progress went to stderr
+    assert (batch["status"], batch["endpoint"], batch["model"]) == ("completed", "/v1/embeddings", "embedder")
+    assert batch["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
+    assert batch["metadata"] == {"job": "nightly", "team": "search"}
+    progress = waited.stderr.splitlines()
+    assert progress[0] == f"{batch['id']}: validating, 0/0 lines done (0 completed, 0 failed)"
+    assert progress[-1] == f"{batch['id']}: completed, 3/3 lines done (2 completed, 1 failed)"
+    source = ok_json("files", "get", batch["input_file_id"], *batcher)
+    assert (source["filename"], source["purpose"]) == ("requests.jsonl", "batch")  # uploaded first
+
+    output = jsonl_of(ok("files", "download", batch["output_file_id"], *batcher).stdout_bytes)
+    assert [(line["custom_id"], line["response"]["status_code"]) for line in output] == [
+        ("r0", 200),
+        ("r1", 200),
+    ]
+    assert len(output[0]["response"]["body"]["data"][0]["embedding"]) > 0
+    errors = jsonl_of(ok("files", "download", batch["error_file_id"], *batcher).stdout_bytes)
+    assert [(line["custom_id"], line["response"]["status_code"]) for line in errors] == [("r2", 400)]
+    outputs = ok_json("files", "list", "--purpose", "batch_output", *batcher)["data"]
+    assert {batch["output_file_id"], batch["error_file_id"]} <= {item["id"] for item in outputs}
+
+
+def test_batches_create_from_an_uploaded_file_then_list_and_get_show_it_in_tables(
+    batcher: tuple[str, ...], tmp_path: Path
+) -> None:
+    file_id = uploaded(batcher, requests_file(tmp_path, ["alpha", "beta"]))
+    [created] = table_rows(
+        ok("batches", "create", "--input-file-id", file_id, "--endpoint", "/v1/embeddings", *batcher).stdout
+    )
+    assert created["status"] == "validating" and (created["completed"], created["total"]) == ("0", "0")
+    assert created["output_file_id"] == "-" and DATE.fullmatch(created["created_at"])
+    result = cli("batches", "get", created["id"], "--wait", "--every", "0.2", *batcher)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    [done] = table_rows(result.stdout)
+    assert (done["id"], done["status"], done["model"]) == (created["id"], "completed", "embedder")
+    assert (done["completed"], done["failed"], done["total"]) == ("2", "0", "2")
+    assert done["output_file_id"].startswith("file") and done["error_file_id"] == "-"
+    assert result.stderr.splitlines()[-1].endswith("completed, 2/2 lines done (2 completed, 0 failed)")
+
+    rows = table_rows(ok("batches", "list", *batcher).stdout)
+    assert rows[0]["id"] == created["id"]  # newest first
+    assert rows[0] == done
+    page = ok_json("batches", "list", "--limit", "1", *batcher)
+    assert [b["id"] for b in page["data"]] == [created["id"]] and page["has_more"]
+    paged = ok("batches", "list", "--limit", "1", *batcher).stdout
+    assert paged.splitlines()[-1] == f"more: --after {created['id']}"
+    after = ok_json("batches", "list", "--after", created["id"], "--limit", "100", *batcher)
+    assert created["id"] not in [b["id"] for b in after["data"]] and after["data"]
+
+
+def test_a_batch_whose_line_names_an_unknown_model_fails_and_says_which_line(
+    batcher: tuple[str, ...], tmp_path: Path
+) -> None:
+    wrong = requests_file(tmp_path, ["lost"], model="no-such-model")
+    batch = ok_json("batches", "create", str(wrong), "--endpoint", "/v1/embeddings", *batcher)
+    failed = cli("batches", "get", batch["id"], "--wait", "--every", "0.2", *batcher)
+    assert failed.exit_code == 1  # --wait: it did not complete
+    [row] = table_rows(failed.stdout)
+    assert (row["status"], row["output_file_id"]) == ("failed", "-")
+    assert re.search(r"^error: line 1: .+ \(model_not_found, body\.model\)$", failed.stdout, re.MULTILINE)
+
+
+def test_batches_cancel_stops_a_running_batch_and_keeps_its_answers(
+    batcher: tuple[str, ...], tmp_path: Path
+) -> None:
+    file_id = uploaded(batcher, requests_file(tmp_path, [f"sentence {i}" for i in range(20_000)]))
+    batch = ok_json("batches", "create", "--input-file-id", file_id, "--endpoint", "/v1/embeddings", *batcher)
+    [cancelling] = table_rows(ok("batches", "cancel", batch["id"], *batcher).stdout)
+    assert cancelling["status"] == "cancelling"
+    ended = cli("batches", "get", batch["id"], "--wait", "--every", "0.2", "--json", *batcher)
+    assert ended.exit_code == 1, ended.stderr  # it ended, but not completed
+    cancelled = json.loads(ended.stdout)
+    counts = cancelled["request_counts"]
+    # cancelled before its validation (counts all 0) or while it ran: not every line answered
+    assert cancelled["status"] == "cancelled" and counts["completed"] + counts["failed"] < 20_000
+    if counts["completed"]:  # the answers so far are in its output file
+        output = ok("files", "download", cancelled["output_file_id"], *batcher).stdout_bytes
+        assert len(output.splitlines()) == counts["completed"]
+    again = cli("batches", "cancel", batch["id"], *batcher)
+    assert again.exit_code == 1
+    assert (
+        again.stderr.strip()
+        == "error: Cannot cancel a batch with status 'cancelled'. (409 batch_not_cancellable)"
+    )
+
+
+def test_batches_create_needs_one_input_and_metadata_as_key_value(
+    batcher: tuple[str, ...], tmp_path: Path
+) -> None:
+    path = requests_file(tmp_path, ["x"])
+    neither = cli("batches", "create", "--endpoint", "/v1/embeddings", *batcher)
+    both = cli(
+        "batches", "create", str(path), "--input-file-id", "file_x", "--endpoint", "/v1/embeddings", *batcher
+    )
+    for refused in (neither, both):
+        assert refused.exit_code == 2 and "--input-file-id" in refused.output
+    unlabelled = cli(
+        "batches", "create", str(path), "--endpoint", "/v1/embeddings", "--metadata", "nightly", *batcher
+    )
+    assert unlabelled.exit_code == 2 and "'nightly' is not key=value" in unlabelled.output
+    wrong = cli("batches", "create", str(path), "--endpoint", "/v1/images/generations", *batcher)
+    assert wrong.exit_code == 1 and "(400 " in wrong.stderr
+    unknown = cli("batches", "get", "batch_nope", *batcher)
+    assert unknown.stderr.strip() == "error: No such Batch object: batch_nope (404 batch_not_found)"
 
 
 # ------------------------------------------------------------------------------------------- errors

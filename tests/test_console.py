@@ -6,6 +6,7 @@ into a temporary folder, so that a test run leaves the checkout as it was."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -724,6 +725,82 @@ def test_an_adapter_deployment_is_listed_under_its_base(
     finally:
         page.close()
         process.stop()
+    assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
+
+
+def batch_of(console: Console, texts: list[Any], metadata: dict[str, str] | None = None) -> str:
+    """A batch of embeddings requests made through the API (`c0`, `c1`, ... with the XSS string in their
+    IDs); its ID."""
+    lines = [
+        {"custom_id": f"{XSS} c{i}", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "batcher", "input": text}}
+        for i, text in enumerate(texts)
+    ]  # fmt: skip
+    headers = bearer(console.key)
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = console.http.post(
+        "/v1/files", files={"file": ("requests.jsonl", content)}, data={"purpose": "batch"}, headers=headers
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    body = {"input_file_id": uploaded.json()["id"], "endpoint": "/v1/embeddings", "completion_window": "24h"}
+    created = console.http.post("/v1/batches", json={**body, "metadata": metadata}, headers=headers)
+    assert created.status_code == 200, created.text
+    batch_id: str = created.json()["id"]
+    return batch_id
+
+
+def test_a_batch_is_listed_until_it_completes_and_its_files_download_and_show_as_text(
+    console: Console,
+) -> None:
+    console.deploy(console.recipes / "t03_feature_extraction" / "st", "feature-extraction", "batcher")
+    batch_id = batch_of(console, ["a sunny day", "a rainy day", []], metadata={"job": XSS})  # [] fails
+    page = console.page
+    console.go("batches")
+    row = page.locator(f"#batch-list tr[data-id='{batch_id}']")
+    row.wait_for()
+    page.wait_for_selector(
+        f"#batch-list tr[data-id='{batch_id}'][data-status='completed']"
+    )  # polled every 2 s
+    assert row.locator("td.status").inner_text() == "completed"
+    assert row.locator("td.batch .metadata").inner_text() == f"job={XSS}"
+    assert row.locator("td.progress .done").inner_text() == "3 / 3"
+    assert row.locator("td.progress progress").evaluate("p => [p.value, p.max]") == [3, 3]
+    assert row.locator("td.progress .counts").inner_text() == "2 completed, 1 failed"
+    assert row.locator("td.created").inner_text() and row.locator("td.finished").inner_text()
+    assert row.locator("td.actions button").count() == 0  # an ended batch cannot be cancelled
+
+    batch = console.http.get(f"/v1/batches/{batch_id}", headers=bearer(console.key)).json()
+    with page.expect_download() as downloading:
+        row.locator(".file.output").get_by_role("button", name="Download").click()
+    download = downloading.value
+    assert download.suggested_filename == f"{batch_id}_output.jsonl"
+    saved = Path(download.path()).read_bytes()
+    content = console.http.get(f"/v1/files/{batch['output_file_id']}/content", headers=bearer(console.key))
+    assert saved == content.content  # the whole file, fetched with the key
+    assert [json.loads(line)["custom_id"] for line in saved.splitlines()] == [f"{XSS} c0", f"{XSS} c1"]
+    row.locator(".file.errors").get_by_role("button", name="Show").click()
+    shown = page.locator("#batch-preview-text")
+    shown.wait_for()
+    [line] = [json.loads(text) for text in shown.inner_text().splitlines()]  # the text itself, not markup
+    assert (line["custom_id"], line["response"]["status_code"]) == (f"{XSS} c2", 400)
+    assert page.locator("img").count() == 0
+
+    # a batch long enough to be cancelled while it runs (about 17 s of work on the 2-core machine)
+    running = batch_of(console, [f"sentence {i}" for i in range(50_000)])
+    console.go("batches")  # shown at once rather than at the next refresh
+    row = page.locator(f"#batch-list tr[data-id='{running}'][data-status='in_progress']")
+    row.wait_for()
+    page.locator(f"#batch-list tr[data-id='{batch_id}'] .file.output").get_by_role(
+        "button", name="Show"
+    ).click()
+    page.locator("#batch-preview h3", has_text="The output of").wait_for()
+    console.shot("batches")
+    row.get_by_role("button", name="Cancel").click()
+    row.get_by_role("button", name="Confirm cancel").click()  # the second click confirms (no dialog)
+    ended = page.locator(f"#batch-list tr[data-id='{running}'][data-status='cancelled']")
+    ended.wait_for()
+    assert int(ended.locator(".counts").get_attribute("data-completed") or 0) < 50_000
+    assert ended.locator("td.actions button").count() == 0
     assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
 
 

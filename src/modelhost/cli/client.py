@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import httpx
@@ -29,14 +31,36 @@ class ApiClient:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             fail(f"cannot reach {self.http.base_url}: {exc}")
-        if response.status_code >= 400:
-            try:
-                error = response.json()["error"]
-                detail = f"{error['message']} ({response.status_code} {error.get('code')})"
-            except (ValueError, KeyError, TypeError):
-                detail = f"HTTP {response.status_code}: {response.text[:200]}"
-            fail(detail)
+        _refuse_error(response)
         try:
             return response.json()
         except ValueError:
             fail(f"the server answered {response.status_code} with a body that is not JSON")
+
+    @contextmanager
+    def stream(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
+        """A response whose body is read as it arrives (a file's content, never held whole in memory);
+        errors as `call` prints them, also those that cut the transfer short."""
+        reached = False
+        try:
+            with self.http.stream(method, path, **kwargs) as response:
+                reached = True
+                if response.status_code >= 400:
+                    response.read()
+                    _refuse_error(response)
+                yield response
+        except httpx.HTTPError as exc:
+            where = self.http.base_url
+            fail(f"the transfer from {where} failed: {exc}" if reached else f"cannot reach {where}: {exc}")
+
+
+def _refuse_error(response: httpx.Response) -> None:
+    """Exit 1 with the API's error message where the response is an error."""
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+        detail = f"{error['message']} ({response.status_code} {error.get('code')})"
+    except (ValueError, KeyError, TypeError):
+        detail = f"HTTP {response.status_code}: {response.text[:200]}"
+    fail(detail)

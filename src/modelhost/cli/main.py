@@ -11,7 +11,9 @@ from urllib.parse import quote
 
 import typer
 
+from modelhost.cli.batches import batches_app, files_app
 from modelhost.cli.client import ApiClient
+from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, Url
 from modelhost.cli.output import out, show
 
 if TYPE_CHECKING:
@@ -32,18 +34,8 @@ app.add_typer(accounts_app, name="accounts")
 app.add_typer(keys_app, name="keys")
 app.add_typer(deployments_app, name="deployments")
 app.add_typer(artifacts_app, name="artifacts")
-
-Url = Annotated[str, typer.Option("--url", envvar="MODELHOST_URL", help="Base URL of the server.")]
-AccountKey = Annotated[
-    str | None,
-    typer.Option("--key", envvar="MODELHOST_API_KEY", help="Account key (mh-...).", show_default=False),
-]
-AdminKey = Annotated[
-    str | None,
-    typer.Option("--admin-key", envvar="MODELHOST_ADMIN_KEY", help="Admin key.", show_default=False),
-]
-Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-DEFAULT_URL = "http://127.0.0.1:8000"
+app.add_typer(files_app, name="files")
+app.add_typer(batches_app, name="batches")
 
 ACCOUNT_COLUMNS = ("id", "name", "credits", "credits_used", "limits", "created_at")
 KEY_COLUMNS = ("id", "name", "kind", "deployments", "prefix", "limits", "created_at", "revoked_at")
