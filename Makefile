@@ -25,6 +25,7 @@ bench:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.capacity
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.adapters
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.path_costs
+	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.batch
 	.venv/bin/python -m bench.compare
 
 ## Text generation on a GPU machine (a 0.95 B model; needs CUDA): writes its section of docs/benchmarks.md.

@@ -16,7 +16,9 @@ import openai
 import pytest
 
 from tests.chat_model import ChatServer, served_chat_model
+from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.live import live_server
 from tests.server_process import ServerProcess
 
 Json = dict[str, Any]
@@ -351,3 +353,31 @@ def test_a_deployment_key_sees_only_its_own_batches_and_files(server: ChatServer
     failed = wait(mine, scoped.id, ("failed", "completed"))  # the key is not scoped to `chat`
     assert failed.status == "failed" and failed.errors is not None
     assert failed.errors.data[0].code == "model_not_found"
+
+
+def test_lines_refused_for_a_full_queue_are_tried_again_not_failed(tmp_path: Path, recipes: Path) -> None:
+    settings = make_settings(
+        tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", max_queue_size=2, batch_lines_in_flight=6,
+        batch_poll_seconds=0.2,
+    )  # fmt: skip
+    with live_server(settings) as url:
+        http = httpx.Client(base_url=url, timeout=60)
+        key = http.post("/v1/admin/accounts", json={"name": "q"}, headers=bearer(ADMIN_KEY)).json()["api_key"]
+        artifact = push_folder_sync(
+            http, key, recipes / "t03_feature_extraction" / "st", "feature-extraction"
+        )
+        created = http.post(
+            "/v1/deployments",
+            json={"model": "emb", "artifact_id": artifact, "readiness": "warm"},
+            headers=bearer(key),
+        )
+        assert created.status_code == 201, created.text
+        client = sdk(url, key)
+        lines = [embedding_line(f"l{i}", f"line {i}", model="emb") for i in range(24)]
+        batch = client.batches.create(
+            input_file_id=upload(client, lines), endpoint="/v1/embeddings", completion_window="24h"
+        )
+        done = wait(client, batch.id, ("completed",), timeout=120)
+        assert done.request_counts is not None and done.request_counts.completed == 24
+        assert done.error_file_id is None
+        http.close()

@@ -272,7 +272,10 @@ class Settings(BaseSettings):
     )
     batch_concurrency: int = Field(default=1, ge=1, description="Batches one server runs at a time.")
     batch_lines_in_flight: int = Field(
-        default=64, ge=1, description="Lines of a running batch sent at once (each at low priority)."
+        default=256,
+        ge=1,
+        description="Lines of a running batch sent at once (each at low priority): a few model batches' "
+        "worth, so that the replica has the next batch waiting when one ends.",
     )
     batch_poll_seconds: float = Field(
         default=1.0, gt=0, description="How often an idle server looks for batches."

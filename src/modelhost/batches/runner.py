@@ -21,7 +21,7 @@ from typing import Any
 
 from modelhost.auth.principal import Principal
 from modelhost.batches.input import Line, LineError, check_lines, parse_lines
-from modelhost.batches.store import EXPIRED_LINE, Answer, Batches, Claimed, new_line_id
+from modelhost.batches.store import EXPIRED_LINE, Answer, Batches, Claimed, line_id
 from modelhost.config import Settings
 from modelhost.store.types import utcnow
 
@@ -33,6 +33,10 @@ LineCall = Callable[[Principal, str, dict[str, Any]], Awaitable[tuple[int, str, 
 ModelCheck = Callable[[Principal, str, str], Awaitable[str | None]]
 PrincipalOf = Callable[[str], Principal | None]
 REVOKED = "The API key that created this batch was revoked."
+# Answers that say "not now" (the deployment's queue is full, no memory to load it yet): a line waits
+# and tries again, RETRIES times at most, before its answer is recorded as it is.
+RETRIED = (429, 503)
+RETRIES = 5
 FLUSH_SECONDS = 0.25
 FLUSH_ANSWERS = 512
 
@@ -183,7 +187,7 @@ class BatchRun:
             answered = await asyncio.to_thread(self.batches.answered, self.batch.id)
             for line in lines:
                 if line.number not in answered:
-                    self.answers.append(_failure(line, EXPIRED_LINE))
+                    self.answers.append(_failure(self.batch.id, line, EXPIRED_LINE))
         await self._flush(force=True)
 
     async def _work(self, principal: Principal, pending: Iterator[Line]) -> None:
@@ -197,13 +201,24 @@ class BatchRun:
                 self.status = "expired"
                 return
             try:
-                status, request_id, body = await call(principal, self.batch.endpoint, line.body)
+                status, request_id, body = await self._call(call, principal, line)
             except Exception as exc:  # the app answers errors itself; this is a bug, kept to this line
                 log.exception("batch %s line %d", self.batch.id, line.number)
-                self.answers.append(_failure(line, {"code": "internal_error", "message": type(exc).__name__}))
+                self.answers.append(
+                    _failure(self.batch.id, line, {"code": "internal_error", "message": type(exc).__name__})
+                )
             else:
-                self.answers.append(_answered(line, status, request_id, body))
+                self.answers.append(_answered(self.batch.id, line, status, request_id, body))
             await self._flush()
+
+    async def _call(self, call: LineCall, principal: Principal, line: Line) -> tuple[int, str, Any]:
+        """The line's answer, tried again after a pause (1, 2, 4... s) while it is a "not now"."""
+        for attempt in range(RETRIES + 1):
+            status, request_id, body = await call(principal, self.batch.endpoint, line.body)
+            if status not in RETRIED or attempt == RETRIES or self.status != "in_progress":
+                break
+            await asyncio.sleep(2.0**attempt)
+        return status, request_id, body
 
     async def _flush(self, force: bool = False) -> None:
         """Record the answers gathered (every FLUSH_SECONDS or FLUSH_ANSWERS), and learn of a cancel."""
@@ -222,15 +237,17 @@ class BatchRun:
     async def _fail_all(self, lines: list[Line], code: str, message: str) -> None:
         done = await asyncio.to_thread(self.batches.answered, self.batch.id)
         self.answers = [
-            _failure(line, {"code": code, "message": message}) for line in lines if line.number not in done
+            _failure(self.batch.id, line, {"code": code, "message": message})
+            for line in lines
+            if line.number not in done
         ]
         await self._flush(force=True)
 
 
-def _answered(line: Line, status: int, request_id: str, body: Any) -> Answer:
+def _answered(batch_id: str, line: Line, status: int, request_id: str, body: Any) -> Answer:
     """A line the app answered: a 2xx goes to the output file, any other answer to the error file."""
     record = {
-        "id": new_line_id(),
+        "id": line_id(batch_id, line.number),
         "custom_id": line.custom_id,
         "response": {"status_code": status, "request_id": request_id, "body": body},
         "error": None,
@@ -238,10 +255,7 @@ def _answered(line: Line, status: int, request_id: str, body: Any) -> Answer:
     return Answer(line.number, 200 <= status < 300, record)
 
 
-def _failure(line: Line, error: dict[str, str]) -> Answer:
+def _failure(batch_id: str, line: Line, error: dict[str, str]) -> Answer:
     """A line that got no answer (the window passed, the key was revoked)."""
-    return Answer(
-        line.number,
-        False,
-        {"id": new_line_id(), "custom_id": line.custom_id, "response": None, "error": error},
-    )
+    record = {"id": line_id(batch_id, line.number), "custom_id": line.custom_id, "response": None}
+    return Answer(line.number, False, {**record, "error": error})

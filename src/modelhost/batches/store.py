@@ -263,12 +263,15 @@ class Batches:
         output, errors = bytearray(), bytearray()
         completed = failed = 0
         with self._database.transaction() as session:
-            for line in session.scalars(
-                select(BatchLine).where(BatchLine.batch_id == batch_id).order_by(BatchLine.line)
-            ):
-                (output if line.ok else errors).extend(line.record.encode() + b"\n")
-                completed += line.ok
-                failed += not line.ok
+            answered = session.execute(
+                select(BatchLine.ok, BatchLine.record)
+                .where(BatchLine.batch_id == batch_id)
+                .order_by(BatchLine.line)
+            )
+            for ok, record in answered:  # rows, not ORM objects: a batch may have 50,000
+                (output if ok else errors).extend(record.encode() + b"\n")
+                completed += ok
+                failed += not ok
         expires_at = None if expires is None else utcnow() + timedelta(seconds=expires)
 
         def stored(name: str, data: bytearray) -> str | None:
@@ -303,8 +306,9 @@ class Batches:
         return row
 
 
-def new_line_id() -> str:
-    return new_id("batch_req")
+def line_id(batch_id: str, line: int) -> str:
+    """The `id` of a line's answer: unique, and the same if the line runs again after a crash."""
+    return f"batch_req_{batch_id.removeprefix('batch_')}_{line}"
 
 
 def _dumps(record: dict[str, Any]) -> str:

@@ -68,6 +68,8 @@ async def create_batch(
         body.metadata,
         body.output_expires_after.seconds if body.output_expires_after else None,
     )
+    if services.supervisor is not None:  # the runner is in this process: it need not wait to poll
+        services.supervisor.batches.wake()
     return _json(created)
 
 
