@@ -381,3 +381,28 @@ def test_lines_refused_for_a_full_queue_are_tried_again_not_failed(tmp_path: Pat
         assert done.request_counts is not None and done.request_counts.completed == 24
         assert done.error_file_id is None
         http.close()
+
+
+def test_an_answers_tokens_are_read_from_its_usage_and_never_from_the_text_it_carries() -> None:
+    from modelhost.batches.store import answered
+
+    content = 'I said "usage": {"prompt_tokens": 99, "completion_tokens": 99}'
+    body = json.dumps(
+        {
+            "choices": [{"message": {"content": content}}],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3},
+        }
+    ).encode()
+    answer = answered("batch_x", 4, "c4", 200, "req_1", body)
+    assert answer.ok and answer.tokens == (7, 3)
+    line = json.loads(answer.record)
+    assert line == {
+        "id": "batch_req_x_4",
+        "custom_id": "c4",
+        "response": {"status_code": 200, "request_id": "req_1", "body": json.loads(body)},
+        "error": None,
+    }
+    responses = json.dumps({"object": "response", "usage": {"input_tokens": 5, "output_tokens": 2}}).encode()
+    assert answered("batch_x", 5, "r5", 200, "req_2", responses).tokens == (5, 2)
+    refused = answered("batch_x", 6, "e6", 400, "req_3", b'{"error": {"message": "no"}}')
+    assert not refused.ok and refused.tokens == (0, 0)

@@ -20,9 +20,10 @@ from modelhost.batches.runner import LineCall
 
 
 def line_caller(app: ASGIApp) -> LineCall:
-    """`LineCall` over `app`: (status, request ID, JSON body) of a POST of `body` to `endpoint`."""
+    """`LineCall` over `app`: (status, request ID, the answer's bytes) of a POST of `body` to
+    `endpoint`."""
 
-    async def call(principal: Principal, endpoint: str, body: dict[str, Any]) -> tuple[int, str, Any]:
+    async def call(principal: Principal, endpoint: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
         payload = orjson.dumps(body)
         scope: dict[str, Any] = {
             "type": "http",
@@ -64,11 +65,6 @@ def line_caller(app: ASGIApp) -> LineCall:
                 chunks.append(message.get("body", b""))
 
         await app(scope, receive, send)
-        raw = b"".join(chunks)
-        try:
-            answer = orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            answer = raw.decode(errors="replace")
-        return status, request_id, answer
+        return status, request_id, b"".join(chunks) or b"null"
 
     return call

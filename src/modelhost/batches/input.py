@@ -29,6 +29,7 @@ class Line:
     method: Any
     url: Any
     body: dict[str, Any]
+    size: int = 0  # the line's bytes: lines of like size go to the model together (`batches.runner`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +90,11 @@ def parse_lines(data: bytes) -> list[Line | LineError]:
         except orjson.JSONDecodeError:
             parsed.append(LineError("invalid_json_line", number, "This line is not parseable as valid JSON."))
             continue
-        parsed.append(_line(number, value))
+        parsed.append(_line(number, value, len(raw)))
     return parsed
 
 
-def _line(number: int, value: Any) -> Line | LineError:
+def _line(number: int, value: Any, size: int) -> Line | LineError:
     if not isinstance(value, dict):
         return LineError("invalid_json_line", number, "This line is not a JSON object.")
     custom_id = value.get("custom_id")
@@ -102,7 +103,7 @@ def _line(number: int, value: Any) -> Line | LineError:
     body = value.get("body")
     if not isinstance(body, dict):
         return LineError("missing_required_parameter", number, "'body' must be a JSON object.", "body")
-    return Line(number, custom_id, value.get("method", "POST"), value.get("url"), body)
+    return Line(number, custom_id, value.get("method", "POST"), value.get("url"), body, size)
 
 
 def check_lines(

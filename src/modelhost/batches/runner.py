@@ -21,14 +21,14 @@ from typing import Any
 
 from modelhost.auth.principal import Principal
 from modelhost.batches.input import Line, LineError, check_lines, parse_lines
-from modelhost.batches.store import EXPIRED_LINE, Answer, Batches, Claimed, line_id
+from modelhost.batches.store import EXPIRED_LINE, Answer, Batches, Claimed, answered, failed
 from modelhost.config import Settings
 from modelhost.store.types import utcnow
 
 log = logging.getLogger("modelhost.batches")
 
-# (principal, endpoint, body) → (HTTP status, request id, the answer's JSON body)
-LineCall = Callable[[Principal, str, dict[str, Any]], Awaitable[tuple[int, str, Any]]]
+# (principal, endpoint, body) → (HTTP status, request id, the answer's body: JSON bytes)
+LineCall = Callable[[Principal, str, dict[str, Any]], Awaitable[tuple[int, str, bytes]]]
 # (principal, endpoint, model) → why that model cannot serve the endpoint for this key, or None
 ModelCheck = Callable[[Principal, str, str], Awaitable[str | None]]
 PrincipalOf = Callable[[str], Principal | None]
@@ -171,7 +171,11 @@ class BatchRun:
 
     async def _answer(self, principal: Principal, lines: list[Line]) -> None:
         done = await asyncio.to_thread(self.batches.answered, self.batch.id)
-        pending = iter([line for line in lines if line.number not in done])
+        # shortest first: lines in flight together, which the replica batches together, are of like
+        # length, so its model calls pad little (the files keep the input's order)
+        pending = iter(
+            sorted((line for line in lines if line.number not in done), key=lambda line: line.size)
+        )
         workers = [
             asyncio.create_task(self._work(principal, pending))
             for _ in range(self.runner.settings.batch_lines_in_flight)
@@ -187,7 +191,7 @@ class BatchRun:
             answered = await asyncio.to_thread(self.batches.answered, self.batch.id)
             for line in lines:
                 if line.number not in answered:
-                    self.answers.append(_failure(self.batch.id, line, EXPIRED_LINE))
+                    self.answers.append(failed(self.batch.id, line.number, line.custom_id, EXPIRED_LINE))
         await self._flush(force=True)
 
     async def _work(self, principal: Principal, pending: Iterator[Line]) -> None:
@@ -205,13 +209,20 @@ class BatchRun:
             except Exception as exc:  # the app answers errors itself; this is a bug, kept to this line
                 log.exception("batch %s line %d", self.batch.id, line.number)
                 self.answers.append(
-                    _failure(self.batch.id, line, {"code": "internal_error", "message": type(exc).__name__})
+                    failed(
+                        self.batch.id,
+                        line.number,
+                        line.custom_id,
+                        {"code": "internal_error", "message": type(exc).__name__},
+                    )
                 )
             else:
-                self.answers.append(_answered(self.batch.id, line, status, request_id, body))
+                self.answers.append(
+                    answered(self.batch.id, line.number, line.custom_id, status, request_id, body)
+                )
             await self._flush()
 
-    async def _call(self, call: LineCall, principal: Principal, line: Line) -> tuple[int, str, Any]:
+    async def _call(self, call: LineCall, principal: Principal, line: Line) -> tuple[int, str, bytes]:
         """The line's answer, tried again after a pause (1, 2, 4... s) while it is a "not now"."""
         for attempt in range(RETRIES + 1):
             status, request_id, body = await call(principal, self.batch.endpoint, line.body)
@@ -237,25 +248,8 @@ class BatchRun:
     async def _fail_all(self, lines: list[Line], code: str, message: str) -> None:
         done = await asyncio.to_thread(self.batches.answered, self.batch.id)
         self.answers = [
-            _failure(self.batch.id, line, {"code": code, "message": message})
+            failed(self.batch.id, line.number, line.custom_id, {"code": code, "message": message})
             for line in lines
             if line.number not in done
         ]
         await self._flush(force=True)
-
-
-def _answered(batch_id: str, line: Line, status: int, request_id: str, body: Any) -> Answer:
-    """A line the app answered: a 2xx goes to the output file, any other answer to the error file."""
-    record = {
-        "id": line_id(batch_id, line.number),
-        "custom_id": line.custom_id,
-        "response": {"status_code": status, "request_id": request_id, "body": body},
-        "error": None,
-    }
-    return Answer(line.number, 200 <= status < 300, record)
-
-
-def _failure(batch_id: str, line: Line, error: dict[str, str]) -> Answer:
-    """A line that got no answer (the window passed, the key was revoked)."""
-    record = {"id": line_id(batch_id, line.number), "custom_id": line.custom_id, "response": None}
-    return Answer(line.number, False, {**record, "error": error})

@@ -13,12 +13,13 @@ output and error files from those rows, in the input's order.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
-from sqlalchemy import or_, select, update
+from sqlalchemy import insert, or_, select, update
 
 from modelhost.artifacts.blobstore import BlobStore
 from modelhost.batches.files import OUTPUT_PURPOSE, Files, Owner
@@ -28,6 +29,9 @@ from modelhost.store.models import Batch, BatchLine
 from modelhost.store.pages import keyset_page
 from modelhost.store.types import new_id, unix_seconds, utcnow
 
+USAGE = re.compile(rb'"usage"\s*:')
+INPUT_TOKENS = re.compile(rb'"(input_tokens|prompt_tokens)"\s*:\s*(\d+)')
+OUTPUT_TOKENS = re.compile(rb'"(output_tokens|completion_tokens)"\s*:\s*(\d+)')
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/rerank")
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 EXPIRED_LINE = {
@@ -49,11 +53,30 @@ class Claimed:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One line's answer, as its output or error file line will read."""
+    """One line's answer: its line of the output file (`ok`) or of the error file, as JSON, and the
+    input and output tokens it used."""
 
     line: int
     ok: bool
-    record: dict[str, Any]
+    record: bytes
+    tokens: tuple[int, int] = (0, 0)
+
+
+def answered(batch_id: str, line: int, custom_id: str, status: int, request_id: str, body: bytes) -> Answer:
+    """A line the app answered: a 2xx goes to the output file, any other answer to the error file. The
+    answer's JSON body goes into the line as it came (a batch of embeddings is mostly numbers: parsing
+    and writing them again would cost more than the rest of the line's way)."""
+    if body[:1] not in (b"{", b"["):  # not the JSON every route answers: kept as text
+        body = orjson.dumps(body.decode(errors="replace"))
+    head = orjson.dumps({"id": line_id(batch_id, line), "custom_id": custom_id})[:-1]
+    response = b',"response":{"status_code":%d,"request_id":%s,"body":' % (status, orjson.dumps(request_id))
+    return Answer(line, 200 <= status < 300, head + response + body + b'},"error":null}', _usage(body))
+
+
+def failed(batch_id: str, line: int, custom_id: str, error: dict[str, str]) -> Answer:
+    """A line that got no answer (the window passed, the key was revoked)."""
+    record = {"id": line_id(batch_id, line), "custom_id": custom_id, "response": None, "error": error}
+    return Answer(line, False, orjson.dumps(record))
 
 
 class Batches:
@@ -237,13 +260,14 @@ class Batches:
                 )
             )
             fresh = [a for a in answers if a.line not in known]
-            for answer in fresh:
-                session.add(
-                    BatchLine(batch_id=batch_id, line=answer.line, ok=answer.ok, record=_dumps(answer.record))
-                )
-                used = _usage(answer.record)
-                row.input_tokens += used[0]
-                row.output_tokens += used[1]
+            if fresh:
+                rows = [
+                    {"batch_id": batch_id, "line": a.line, "ok": a.ok, "record": a.record.decode()}
+                    for a in fresh
+                ]
+                session.execute(insert(BatchLine), rows)
+            row.input_tokens += sum(a.tokens[0] for a in fresh)
+            row.output_tokens += sum(a.tokens[1] for a in fresh)
             row.completed += sum(1 for a in fresh if a.ok)
             row.failed += sum(1 for a in fresh if not a.ok)
             row.updated_at = utcnow()
@@ -311,20 +335,18 @@ def line_id(batch_id: str, line: int) -> str:
     return f"batch_req_{batch_id.removeprefix('batch_')}_{line}"
 
 
-def _dumps(record: dict[str, Any]) -> str:
-    return orjson.dumps(record).decode()
-
-
-def _usage(record: dict[str, Any]) -> tuple[int, int]:
+def _usage(body: bytes) -> tuple[int, int]:
     """(input, output) tokens of one answer, from its body's `usage` (chat and completions name them
-    prompt/completion tokens, the Responses API input/output tokens)."""
-    response = record.get("response") or {}
-    usage = (response.get("body") or {}).get("usage") if isinstance(response.get("body"), dict) else None
-    if not isinstance(usage, dict):
+    prompt/completion tokens, the Responses API input/output tokens), read from the JSON text after
+    its last `"usage"` key without parsing the rest. A string in the body cannot fake one: inside a
+    JSON string every quote is escaped, so `"prompt_tokens":` never matches there."""
+    starts = [match.start() for match in USAGE.finditer(body)]
+    if not starts:
         return 0, 0
-    given = usage.get("input_tokens", usage.get("prompt_tokens", 0))
-    made = usage.get("output_tokens", usage.get("completion_tokens", 0))
-    return int(given or 0), int(made or 0)
+    tail = body[starts[-1] :]
+    given = INPUT_TOKENS.search(tail)
+    made = OUTPUT_TOKENS.search(tail)
+    return int(given.group(2)) if given else 0, int(made.group(2)) if made else 0
 
 
 def view(row: Batch) -> dict[str, Any]:
