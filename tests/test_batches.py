@@ -277,9 +277,11 @@ def test_lines_left_when_the_window_passes_fail_with_batch_expired(tmp_path: Pat
         assert sorted(line["custom_id"] for line in output + errors) == sorted(f"c{i}" for i in range(3000))
 
 
-def test_a_batch_killed_mid_run_completes_after_restart_with_each_line_once(
-    tmp_path: Path, recipes: Path
+@pytest.mark.parametrize("stop", ["kill", "terminate"])
+def test_a_batch_stopped_mid_run_completes_after_restart_with_each_line_once(
+    tmp_path: Path, recipes: Path, stop: str
 ) -> None:
+    """SIGKILL (its claim goes stale, then is taken over) and SIGTERM (handed back at once)."""
     data = tmp_path / "data"
     database_url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     process = ServerProcess(
@@ -311,7 +313,7 @@ def test_a_batch_killed_mid_run_completes_after_restart_with_each_line_once(
         while (counts := client.batches.retrieve(batch.id).request_counts) is None or counts.completed < 200:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        process.kill()
+        process.kill() if stop == "kill" else process.terminate()
         process.start()
         done = wait(sdk(process.url, key), batch.id, ("completed",), timeout=300)
         output = lines_of(sdk(process.url, key), done.output_file_id)
@@ -406,3 +408,40 @@ def test_an_answers_tokens_are_read_from_its_usage_and_never_from_the_text_it_ca
     assert answered("batch_x", 5, "r5", 200, "req_2", responses).tokens == (5, 2)
     refused = answered("batch_x", 6, "e6", 400, "req_3", b'{"error": {"message": "no"}}')
     assert not refused.ok and refused.tokens == (0, 0)
+
+
+def test_a_rate_limited_key_runs_a_batch_beyond_its_per_minute_limit(server: ChatServer) -> None:
+    limited = server.http.post(
+        "/v1/keys",
+        json={"name": "one-a-minute", "limits": {"requests_per_minute": 1}},
+        headers=bearer(server.key),
+    ).json()["api_key"]
+    client = sdk(server.url, limited)
+    client.embeddings.create(model="minilm", input="first")
+    with pytest.raises(openai.RateLimitError):
+        client.embeddings.create(model="minilm", input="second")  # the limit holds for direct calls
+    lines = [embedding_line(f"l{i}", f"line {i}") for i in range(6)]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/embeddings", completion_window="24h"
+    )
+    done = wait(client, batch.id, ("completed", "failed"))
+    assert done.request_counts is not None and done.request_counts.completed == 6
+
+
+def test_a_batch_file_over_the_size_limit_is_413(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", batch_max_file_bytes=200)
+    with live_server(settings) as url:
+        key = httpx.post(f"{url}/v1/admin/accounts", json={"name": "big"}, headers=bearer(ADMIN_KEY)).json()[
+            "api_key"
+        ]
+        small = jsonl([embedding_line("a", "x")])
+        big = jsonl([embedding_line(f"l{i}", "x") for i in range(5)])
+        for data, status in ((small, 200), (big, 413)):
+            response = httpx.post(
+                f"{url}/v1/files",
+                files={"file": ("r.jsonl", data)},
+                data={"purpose": "batch"},
+                headers=bearer(key),
+            )
+            assert response.status_code == status, response.text
+        assert_error(response, 413, "payload_too_large", param="file")

@@ -16,7 +16,7 @@ from modelhost.billing.ledger import COMPUTE, ComputeReading, Ledger, day_of, sh
 from modelhost.billing.rates import GB, Rates, carry_text, charge, to_micro
 from modelhost.store import migrate
 from modelhost.store.db import Database
-from modelhost.store.models import Account, LedgerEntry, Meter, ModelArtifact
+from modelhost.store.models import Account, LedgerEntry, Meter, ModelArtifact, UploadedFile
 from modelhost.store.types import new_id
 
 T0 = 1_795_305_600_000  # 2026-11-22T00:00:00Z in Unix ms
@@ -202,6 +202,31 @@ def test_storage_meter_follows_the_published_version(database: Database) -> None
     assert amounts == [7200, 2, 3599, 3600]  # 2 GB × 1 h; 2 GB × 1 s; 1 GB × (1 h − 1 s); 1 GB × 1 h
     with database.transaction() as session:
         assert session.scalars(select(Meter).where(Meter.ended_ms.is_(None))).all() == []
+
+
+def test_a_file_of_the_files_api_is_billed_as_storage_until_it_is_deleted(database: Database) -> None:
+    ledger = Ledger(database, RATES)
+    with database.transaction() as session:
+        account_id = new_id("acct")
+        session.add(Account(id=account_id, name="a", credits_granted_micro=10**9))
+        session.flush()
+        session.add(
+            UploadedFile(
+                id="file_1", account_id=account_id, key_id="key_1", filename="requests.jsonl",
+                purpose="batch", bytes=GB, sha256="0" * 64, blob_key="files/file_1",
+            )
+        )  # fmt: skip
+        session.flush()
+        ledger.sync_storage_in(session, "file_1", T0)  # what `Files.store` calls
+    ledger.tick_storage(T0 + 3_600_000)
+    usage = ledger.usage(account_id, T0, T0 + 4 * 3_600_000)  # listed under its file name
+    assert usage is not None and [line.name for line in usage.by_artifact] == ["requests.jsonl"]
+    with database.transaction() as session:
+        session.delete(session.get(UploadedFile, "file_1"))
+        session.flush()
+        ledger.sync_storage_in(session, "file_1", T0 + 2 * 3_600_000)  # what `Files.delete` calls
+    assert ledger.tick_storage(T0 + 3 * 3_600_000) == []
+    assert [e.amount_micro for e in entries(database)] == [3600, 3600]  # 1 GB × 1 h, twice
 
 
 def test_storage_is_not_metered_when_switched_off(database: Database) -> None:
