@@ -39,6 +39,21 @@ def server(tmp_path_factory: pytest.TempPathFactory, recipes: Path, minilm_dir: 
         yield served
 
 
+def account_with_tiny_embedder(http: httpx.Client, recipes: Path) -> str:
+    """A new account's key, with a warm `emb` deployment of the tiny sentence-transformers model."""
+    key: str = http.post("/v1/admin/accounts", json={"name": "emb"}, headers=bearer(ADMIN_KEY)).json()[
+        "api_key"
+    ]
+    artifact = push_folder_sync(http, key, recipes / "t03_feature_extraction" / "st", "feature-extraction")
+    created = http.post(
+        "/v1/deployments",
+        json={"model": "emb", "artifact_id": artifact, "readiness": "warm"},
+        headers=bearer(key),
+    )
+    assert created.status_code == 201, created.text
+    return key
+
+
 def sdk(url: str, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
 
@@ -291,18 +306,7 @@ def test_a_batch_stopped_mid_run_completes_after_restart_with_each_line_once(
     process.start()
     try:
         http = httpx.Client(base_url=process.url, timeout=120)
-        key = http.post("/v1/admin/accounts", json={"name": "kill"}, headers=bearer(ADMIN_KEY)).json()[
-            "api_key"
-        ]
-        artifact = push_folder_sync(
-            http, key, recipes / "t03_feature_extraction" / "st", "feature-extraction"
-        )
-        created = http.post(
-            "/v1/deployments",
-            json={"model": "emb", "artifact_id": artifact, "readiness": "warm"},
-            headers=bearer(key),
-        )
-        assert created.status_code == 201, created.text
+        key = account_with_tiny_embedder(http, recipes)
         client = sdk(process.url, key)
         count = 3000
         lines = [embedding_line(f"l{i}", f"line {i}", model="emb") for i in range(count)]
@@ -364,16 +368,7 @@ def test_lines_refused_for_a_full_queue_are_tried_again_not_failed(tmp_path: Pat
     )  # fmt: skip
     with live_server(settings) as url:
         http = httpx.Client(base_url=url, timeout=60)
-        key = http.post("/v1/admin/accounts", json={"name": "q"}, headers=bearer(ADMIN_KEY)).json()["api_key"]
-        artifact = push_folder_sync(
-            http, key, recipes / "t03_feature_extraction" / "st", "feature-extraction"
-        )
-        created = http.post(
-            "/v1/deployments",
-            json={"model": "emb", "artifact_id": artifact, "readiness": "warm"},
-            headers=bearer(key),
-        )
-        assert created.status_code == 201, created.text
+        key = account_with_tiny_embedder(http, recipes)
         client = sdk(url, key)
         lines = [embedding_line(f"l{i}", f"line {i}", model="emb") for i in range(24)]
         batch = client.batches.create(

@@ -8,7 +8,7 @@ distinct. Line errors fail the batch (status `failed`) with `errors` naming each
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,21 +48,12 @@ def check_jsonl(data: bytes, max_bytes: int) -> int:
     if len(data) > max_bytes:
         raise PayloadTooLarge(f"A batch input file may have at most {max_bytes} bytes.", param="file")
     count = 0
-    for number, raw in enumerate(data.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError:
+    for number, _, value in _json_lines(data):
+        if value is NOT_JSON or not isinstance(value, dict):
+            what = "is not valid JSON" if value is NOT_JSON else "is not a JSON object"
             raise InvalidRequest(
-                f"Invalid file format for Batch API. Line {number} is not valid JSON; the file must be "
-                "JSONL: one JSON object per line.",
-                param="file",
-                code="invalid_file_format",
-            ) from None
-        if not isinstance(value, dict):
-            raise InvalidRequest(
-                f"Invalid file format for Batch API. Line {number} is not a JSON object.",
+                f"Invalid file format for Batch API. Line {number} {what}; the file must be JSONL: one "
+                "JSON object per line.",
                 param="file",
                 code="invalid_file_format",
             )
@@ -81,17 +72,25 @@ def check_jsonl(data: bytes, max_bytes: int) -> int:
 def parse_lines(data: bytes) -> list[Line | LineError]:
     """Each non-blank line as a request, or the reason it is not one (the file passed `check_jsonl`
     at upload, but a line may still lack a field)."""
-    parsed: list[Line | LineError] = []
+    return [
+        LineError("invalid_json_line", number, "This line is not parseable as valid JSON.")
+        if value is NOT_JSON
+        else _line(number, value, len(raw))
+        for number, raw, value in _json_lines(data)
+    ]
+
+
+NOT_JSON = object()  # what `_json_lines` gives for a line that does not parse
+
+
+def _json_lines(data: bytes) -> Iterator[tuple[int, bytes, Any]]:
+    """(1-based line number, the line, its JSON value or NOT_JSON) of each non-blank line."""
     for number, raw in enumerate(data.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            parsed.append(LineError("invalid_json_line", number, "This line is not parseable as valid JSON."))
-            continue
-        parsed.append(_line(number, value, len(raw)))
-    return parsed
+        if raw.strip():
+            try:
+                yield number, raw, orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                yield number, raw, NOT_JSON
 
 
 def _line(number: int, value: Any, size: int) -> Line | LineError:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from modelhost.protocol.common import StrictModel
+from modelhost.protocol.common import PageOf, StrictModel
 
 BatchEndpoint = Literal[
     "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/rerank"
@@ -27,14 +27,6 @@ class FileObject(BaseModel):
     purpose: str
     status: Literal["uploaded", "processed", "error"] = "processed"
     status_details: str | None = None
-
-
-class FileList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[FileObject]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
 
 
 class FileDeleted(BaseModel):
@@ -101,9 +93,5 @@ class Batch(BaseModel):
     metadata: dict[str, str] | None
 
 
-class BatchList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[Batch]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
+FileList = PageOf[FileObject]
+BatchList = PageOf[Batch]

@@ -29,6 +29,14 @@ class ListOf(BaseModel, Generic[T]):
     data: list[T]
 
 
+class PageOf(ListOf[T], Generic[T]):
+    """A page of a cursor-paged list (`after`, `limit`): its first and last IDs, and whether more follow."""
+
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 class Deleted(BaseModel):
     id: str
     object: str
