@@ -323,6 +323,8 @@ def test_a_batch_stopped_mid_run_completes_after_restart_with_each_line_once(
         output = lines_of(sdk(process.url, key), done.output_file_id)
         assert sorted(line["custom_id"] for line in output) == sorted(f"l{i}" for i in range(count))
         assert done.request_counts is not None and done.request_counts.completed == count
+        assert (data / "blobs" / "batches").is_dir()  # where the batch kept its copy of the input...
+        assert not (data / "blobs" / "batches" / batch.id).exists()  # ...until it ended
         http.close()
     finally:
         process.stop()

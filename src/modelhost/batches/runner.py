@@ -138,6 +138,9 @@ class BatchRun:
         if self.status is None:
             return  # taken over by another runner
         final = {"cancelling": "cancelled", "expired": "expired"}.get(self.status, "completed")
+        if self.status == "finalizing":  # taken over while its files were being written
+            ended = "cancelled" if self.batch.cancelled else None
+            final = ended or ("expired" if utcnow() >= self.batch.expires_at else "completed")
         await asyncio.to_thread(self.batches.finalize, self.batch.id, self.runner.name, final)
 
     async def _validate(

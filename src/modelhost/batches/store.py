@@ -49,6 +49,7 @@ class Claimed:
     status: str
     input_key: str
     expires_at: datetime
+    cancelled: bool  # cancelled before it ended (what a batch taken over while finalizing ends as)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,7 @@ class Batches:
                         row.status,
                         row.input_key,
                         row.expires_at,
+                        row.cancelling_at is not None,
                     )
         return None
 
@@ -241,6 +243,7 @@ class Batches:
             errors=errors,
             claimed_by=None,
         )
+        self._blobs.delete_prefix(f"batches/{batch_id}")  # its copy of the input: nothing will run
 
     def answered(self, batch_id: str) -> set[int]:
         with self._database.transaction() as session:
@@ -313,6 +316,7 @@ class Batches:
             row.status, row.output_file_id, row.error_file_id = final, output_id, error_id
             row.completed, row.failed, row.claimed_by = completed, failed, None
             setattr(row, f"{final}_at", now)
+        self._blobs.delete_prefix(f"batches/{batch_id}")  # its copy of the input: it has ended
 
     def _move(self, batch_id: str, runner: str, source: str, **values: Any) -> None:
         with self._database.transaction() as session:
