@@ -442,3 +442,25 @@ def test_a_batch_file_over_the_size_limit_is_413(tmp_path: Path) -> None:
             )
             assert response.status_code == status, response.text
         assert_error(response, 413, "payload_too_large", param="file")
+
+
+def test_a_cold_deployment_named_by_a_batch_is_loaded_for_it(server: ChatServer) -> None:
+    minilm = next(
+        d
+        for d in server.http.get("/v1/deployments", headers=bearer(server.key)).json()["data"]
+        if d["model"] == "minilm"
+    )
+    cold = server.http.post(
+        "/v1/deployments",
+        json={"model": "minilm-cold", "artifact_id": minilm["artifact_id"], "readiness": "cold"},
+        headers=bearer(server.key),
+    )
+    assert cold.status_code == 201, cold.text
+    assert cold.json()["state"] == "unloaded"  # nothing loaded until a request needs it
+    client = sdk(server.url, server.key)
+    lines = [embedding_line(f"l{i}", f"line {i}", model="minilm-cold") for i in range(3)]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/embeddings", completion_window="24h"
+    )
+    done = wait(client, batch.id, ("completed", "failed"))
+    assert done.request_counts is not None and done.request_counts.completed == 3
