@@ -1,0 +1,140 @@
+"""Traces with OpenTelemetry: on when an operator names an OTLP endpoint, free when not.
+
+An operator configures tracing as for every other service, through the standard variables, which the
+SDK reads itself: `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (tracing is off
+unless one is set), `OTEL_EXPORTER_OTLP_PROTOCOL` (`http/protobuf`, the default, or `grpc`; the
+`_TRACES_` variant wins), headers, timeout and compression, `OTEL_SERVICE_NAME` and
+`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER` and its argument, and the batch processor's
+`OTEL_BSP_*`. `OTEL_SDK_DISABLED=true` turns it off as well.
+
+Each process sets up its own provider (`start`): a gateway in its app's lifespan, a replica worker when
+it serves; `stop` flushes what is left. The provider is ours, not the global one, so that several
+servers in one process (the tests) each start and stop their own. While tracing is off `ENABLED` is
+False, and callers check it before anything else: no span, context or header is made on the hot path.
+
+A trace crosses processes as a W3C `traceparent` (`00-<trace id>-<span id>-<flags>`): from the client
+into the gateway (`continued`), and from the gateway to a replica in the replica protocol (`parent`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+log = logging.getLogger("modelhost.tracing")
+ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+DEFAULT_SERVICE_NAME = "modelhost"
+SCOPE = "modelhost"
+
+ENABLED = False  # read first by every caller: off, nothing else is touched
+_provider: TracerProvider | None = None
+_users = 0  # the servers of this process that started it (tests run several)
+_tracer: trace.Tracer = trace.NoOpTracer()
+_propagator = TraceContextTextMapPropagator()
+
+
+def configured(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the standard variables ask for traces: an OTLP endpoint named, the SDK not disabled."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return any(environ.get(name, "").strip() for name in ENDPOINTS)
+
+
+def start(role: str) -> bool:
+    """Set up this process's tracer provider when tracing is configured; `role` (`gateway`, `replica`)
+    is recorded on its resource. True when tracing is on (also when it already was)."""
+    global ENABLED, _provider, _tracer, _users
+    if _provider is not None:
+        _users += 1
+        return True
+    if not configured():
+        return False
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create({"modelhost.process": role})
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
+    provider = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
+    provider.add_span_processor(BatchSpanProcessor(_exporter()))  # OTEL_BSP_* read by it
+    _provider, _tracer, ENABLED, _users = provider, provider.get_tracer(SCOPE), True, 1
+    return True
+
+
+def stop() -> None:
+    """Export what is left and turn tracing off (the server stops, the worker exits), once the last
+    of this process's servers that started it stops."""
+    global ENABLED, _provider, _tracer, _users
+    _users = max(0, _users - 1)
+    if _users:
+        return
+    provider, _provider = _provider, None
+    ENABLED, _tracer = False, trace.NoOpTracer()
+    if provider is not None:
+        try:
+            provider.shutdown()  # flushes the batch processor
+        except Exception:  # an unreachable collector must not fail a shutdown
+            log.exception("the tracer provider did not shut down cleanly")
+
+
+def _exporter() -> SpanExporter:
+    """The OTLP exporter of the configured protocol; it reads its endpoint, headers and the rest itself."""
+    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+    )
+    if protocol.strip() == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+
+        return Grpc()
+    if protocol.strip() != "http/protobuf":
+        log.warning("OTEL_EXPORTER_OTLP_PROTOCOL=%s is not supported; using http/protobuf", protocol)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+
+    return Http()
+
+
+def tracer() -> trace.Tracer:
+    """This process's tracer (a no-op one while tracing is off)."""
+    return _tracer
+
+
+def continued(traceparent: str | None, tracestate: str | None = None) -> otel_context.Context | None:
+    """The context a caller's W3C headers name, to parent a span on; None for a new trace."""
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    found = _propagator.extract(carrier)
+    return found if trace.get_current_span(found).get_span_context().is_valid else None
+
+
+def header_of(span: trace.Span) -> str | None:
+    """A span as a W3C `traceparent` / `traceresponse` value; None for an invalid one."""
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return None
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def parent() -> str:
+    """The current span as a `traceparent` for another process (the replica protocol); "" when tracing
+    is off or no span is current."""
+    if not ENABLED:
+        return ""
+    return header_of(trace.get_current_span()) or ""
+
+
+def trace_id_of(span: trace.Span) -> str:
+    return f"{span.get_span_context().trace_id:032x}"
