@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.trace import Span as Span  # re-exported: the type of the spans callers hold
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
@@ -138,3 +139,70 @@ def parent() -> str:
 
 def trace_id_of(span: trace.Span) -> str:
     return f"{span.get_span_context().trace_id:032x}"
+
+
+# ---------------------------------------------------------------- the gateway's SERVER span
+
+# A request's model (as the caller named it), put in its ASGI scope by the route's deployment lookup.
+MODEL = "modelhost.model"
+# The GenAI operation of each endpoint that has one in the GenAI semantic conventions: these spans are
+# named `{operation} {model}`; every other request's span `{method} {route}`, as HTTP's conventions say.
+GEN_AI_OPERATIONS = {
+    "/v1/embeddings": "embeddings",
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "text_completion",
+    "/v1/responses": "chat",
+}
+
+
+def server_span(
+    method: str, path: str, scheme: str, traceparent: str | None, tracestate: str | None
+) -> trace.Span:
+    """A gateway's SERVER span for an HTTP request, continuing the caller's trace when it sent one.
+    Its name and the rest of its attributes are set when the request ends (`server_span_ended`)."""
+    attributes = {"http.request.method": method, "url.path": path, "url.scheme": scheme}
+    return _tracer.start_span(
+        method, context=continued(traceparent, tracestate), kind=trace.SpanKind.SERVER, attributes=attributes
+    )
+
+
+def server_span_ended(
+    span: trace.Span, method: str, route: str | None, status: int, model: str | None
+) -> None:
+    """Name the span now that its route (and model) are known, record the answer's status, end it."""
+    operation = GEN_AI_OPERATIONS.get(route or "")
+    if operation is not None and model:
+        span.update_name(f"{operation} {model}")
+        span.set_attributes({"gen_ai.operation.name": operation, "gen_ai.request.model": model})
+    else:
+        span.update_name(f"{method} {route}" if route else method)
+        if model:
+            span.set_attribute("gen_ai.request.model", model)
+    if route:
+        span.set_attribute("http.route", route)
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_attribute("error.type", str(status))
+        span.set_status(trace.StatusCode.ERROR)
+    span.end()
+
+
+def record_usage(input_tokens: int | None = None, output_tokens: int | None = None) -> None:
+    """The tokens a request used, on the current span (GenAI `gen_ai.usage.*`); nothing while off."""
+    if not ENABLED:
+        return
+    span = trace.get_current_span()
+    if input_tokens is not None:
+        span.set_attribute("gen_ai.usage.input_tokens", input_tokens)
+    if output_tokens is not None:
+        span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
+
+
+def activate(span: trace.Span) -> object:
+    """Make `span` the current one (its children and the replica protocol's `parent` find it); give the
+    token back to `deactivate`."""
+    return otel_context.attach(trace.set_span_in_context(span))
+
+
+def deactivate(token: object) -> None:
+    otel_context.detach(token)  # type: ignore[arg-type]
