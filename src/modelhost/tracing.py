@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -206,3 +207,59 @@ def activate(span: trace.Span) -> object:
 
 def deactivate(token: object) -> None:
     otel_context.detach(token)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- a replica's spans
+
+
+def replica_run_span(
+    traceparent: str, deployment: str, start_ns: int, end_ns: int, queued_seconds: float, batch_size: int
+) -> None:
+    """A batch request's model call in a replica, a child of the gateway span that sent it."""
+    attributes: dict[str, str | int | float] = {
+        "modelhost.deployment": deployment,
+        "modelhost.queue.seconds": queued_seconds,
+        "modelhost.batch.size": batch_size,
+    }
+    span = _tracer.start_span(
+        "model call",
+        context=continued(traceparent),
+        kind=trace.SpanKind.SERVER,
+        attributes=attributes,
+        start_time=start_ns,
+    )
+    span.end(end_time=end_ns)
+
+
+def replica_generate_span(traceparent: str, deployment: str) -> trace.Span | None:
+    """A generation in a replica, from its start to its last event (`generation_event`)."""
+    if not ENABLED:
+        return None
+    attributes = {"modelhost.deployment": deployment}
+    return _tracer.start_span(
+        "generate", context=continued(traceparent), kind=trace.SpanKind.SERVER, attributes=attributes
+    )
+
+
+def generation_event(span: trace.Span, event: Mapping[str, object], tokens_before: int) -> None:
+    """What an engine event tells a generation's span: its prompt's tokens once prefilled (`started`),
+    its time to first token, and on its last event (or its cancel) its tokens and end."""
+    prompt = event.get("prompt_tokens")
+    if isinstance(prompt, int):
+        span.set_attribute("gen_ai.usage.input_tokens", prompt)
+        span.add_event("prefilled")
+    generated = event.get("completion_tokens")
+    if isinstance(generated, int) and generated and not tokens_before:
+        started = getattr(span, "start_time", None)  # the SDK's spans keep it
+        if isinstance(started, int):
+            span.set_attribute("gen_ai.server.time_to_first_token", (time.time_ns() - started) / 1e9)
+        span.add_event("first token")
+    if "finish" in event or "error" in event or "cancelled" in event:
+        span.set_attribute(
+            "gen_ai.usage.output_tokens", generated if isinstance(generated, int) else tokens_before
+        )
+        if isinstance(event.get("finish"), str):
+            span.set_attribute("gen_ai.response.finish_reasons", [str(event["finish"])])
+        if "error" in event:
+            span.set_status(trace.StatusCode.ERROR)
+        span.end()
