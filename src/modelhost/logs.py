@@ -16,6 +16,8 @@ from contextvars import ContextVar
 from typing import Any
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("modelhost_request_id", default=None)
+# The request's trace ID while tracing is on (`modelhost.tracing`), named beside its request ID.
+TRACE_ID: ContextVar[str | None] = ContextVar("modelhost_trace_id", default=None)
 HEADER = "x-request-id"
 # A caller's own ID is kept when it is this short and plain (a UUID, `req_...`, a trace ID); anything
 # else (too long, spaces, control characters: log injection) is replaced by one of ours.
@@ -35,10 +37,13 @@ def request_id_for(incoming: str | None) -> str:
 
 
 class RequestIdFilter(logging.Filter):
-    """Adds `request_id` (`-` outside a request) to every record its handler writes."""
+    """Adds `request_id` (`-` outside a request) to every record its handler writes, and `trace`: the
+    request's trace ID as ` trace=<id>` while tracing is on, else nothing (the line is as before)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = REQUEST_ID.get() or "-"
+        trace_id = TRACE_ID.get()
+        record.trace = f" trace={trace_id}" if trace_id is not None else ""
         return True
 
 
@@ -54,12 +59,12 @@ def log_config(level: str = "info") -> dict[str, Any]:
         "formatters": {
             "default": {
                 "()": "uvicorn.logging.DefaultFormatter",
-                "fmt": "%(asctime)s %(levelprefix)s %(name)s [%(request_id)s] %(message)s",
+                "fmt": "%(asctime)s %(levelprefix)s %(name)s [%(request_id)s%(trace)s] %(message)s",
             },
             "access": {
                 "()": "uvicorn.logging.AccessFormatter",
-                "fmt": '%(asctime)s %(levelprefix)s [%(request_id)s] %(client_addr)s - "%(request_line)s" '
-                "%(status_code)s",
+                "fmt": "%(asctime)s %(levelprefix)s [%(request_id)s%(trace)s] %(client_addr)s - "
+                '"%(request_line)s" %(status_code)s',
             },
         },
         "handlers": {

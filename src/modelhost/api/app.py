@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.types import Scope
 
 import modelhost
+from modelhost import tracing
 from modelhost.api import console
 from modelhost.api.batch_lines import line_caller
 from modelhost.api.errors import error_responses, install_error_handlers
@@ -83,6 +84,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = services is None
         app.state.services = built = services or Services.build(settings, limits=limits)
+        traced = tracing.start("gateway")  # on only where OTEL_EXPORTER_OTLP_*ENDPOINT is set
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if built.supervisor is not None:
@@ -93,6 +95,8 @@ def create_app(
         finally:
             if owned:
                 built.close()
+            if traced:
+                tracing.stop()  # after the replicas' shutdown: the last spans go out
 
     app = FastAPI(
         title="modelhost",

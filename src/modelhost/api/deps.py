@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 
+from modelhost import tracing
 from modelhost.auth.authenticator import bearer_token
 from modelhost.auth.principal import Principal, PrincipalKind, acting_for
 from modelhost.batches.files import Owner
@@ -138,6 +139,8 @@ async def deployment_for(
             account_id, lambda: services.deployments.refs(account_id)
         )
     deployment = resolve_deployment(principal, endpoint, model, refs)
+    if tracing.ENABLED:  # the request's span is named for its model (`api.middleware.RequestPath`)
+        request.scope[tracing.MODEL] = model
     batch_line = BATCH_LINE in request.scope
     acting_for(principal, low=batch_line)  # the key its replica's fair queuing counts it under
     if billable:

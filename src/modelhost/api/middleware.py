@@ -14,12 +14,13 @@ from starlette.exceptions import HTTPException
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from modelhost import tracing
 from modelhost.api.deps import ADMITTED, Guard, guard_of
 from modelhost.api.errors import error_response
 from modelhost.api.fastlane import routes_of
 from modelhost.auth.limits import Admitted, start_counting
 from modelhost.errors import InvalidRequest, ModelhostError, PayloadTooLarge
-from modelhost.logs import HEADER, REQUEST_ID, request_id_for
+from modelhost.logs import HEADER, REQUEST_ID, TRACE_ID, request_id_for
 from modelhost.metrics import Counter, Histogram
 
 REQUESTS = Counter(
@@ -157,13 +158,18 @@ class RequestPath(HttpMiddleware):
       `x-ratelimit-*` headers, and its place and the tokens it used go back to the limiter before the
       last of its answer goes out (streams included), so that the client's next request finds them back,
       whichever gateway process it reaches; or when it fails or its client leaves;
-    - the request metrics: counted and timed, labelled by route template (bounded cardinality)."""
+    - the request metrics: counted and timed, labelled by route template (bounded cardinality);
+    - with tracing on (`modelhost.tracing`), its SERVER span, continuing the caller's `traceparent`: the
+      current span while it runs (log lines name its trace ID beside the request ID, the replica
+      protocol carries it), named for its route or its GenAI operation and model when it ends, and sent
+      back as `traceresponse` (W3C Trace Context Level 2). Off, none of that is made."""
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         incoming = next((value for name, value in scope["headers"] if name == b"x-request-id"), None)
         request_id = request_id_for(incoming.decode("latin-1") if incoming is not None else None)
         id_header = (HEADER.encode(), request_id.encode())
+        span, trace_header = _server_span(scope) if tracing.ENABLED else (None, None)
         used = start_counting()
         status = 500
         released = False
@@ -180,6 +186,8 @@ class RequestPath(HttpMiddleware):
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = [*message.get("headers", ()), id_header]
+                if trace_header is not None:
+                    headers.append(trace_header)
                 admitted: Admitted | None = scope.get(ADMITTED)
                 if admitted is not None:
                     headers += [(k.encode(), v.encode()) for k, v in admitted.headers.items()]
@@ -189,6 +197,9 @@ class RequestPath(HttpMiddleware):
             await send(message)
 
         token = REQUEST_ID.set(request_id)
+        if span is not None:
+            active = tracing.activate(span)
+            trace_token = TRACE_ID.set(tracing.trace_id_of(span))
         try:
             await self.app(scope, receive, path_send)
         finally:
@@ -197,5 +208,26 @@ class RequestPath(HttpMiddleware):
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             method = scope.get("method", "")
+            if span is not None:
+                TRACE_ID.reset(trace_token)
+                tracing.deactivate(active)
+                tracing.server_span_ended(
+                    span, method, getattr(route, "path", None), status, scope.get(tracing.MODEL)
+                )
             REQUESTS.labels(method, template, str(status)).inc()
             LATENCY.labels(method, template).observe(time.perf_counter() - started)
+
+
+def _server_span(scope: Scope) -> tuple[tracing.Span | None, tuple[bytes, bytes] | None]:
+    """The request's SERVER span and its `traceresponse` header (none for an invalid span)."""
+    traceparent = tracestate = None
+    for name, value in scope["headers"]:
+        if name == b"traceparent":
+            traceparent = value.decode("latin-1")
+        elif name == b"tracestate":
+            tracestate = value.decode("latin-1")
+    span = tracing.server_span(
+        scope["method"], scope["path"], scope.get("scheme", "http"), traceparent, tracestate
+    )
+    header = tracing.header_of(span)
+    return span, (b"traceresponse", header.encode()) if header is not None else None

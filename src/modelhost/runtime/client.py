@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import msgspec
 
+from modelhost import tracing
 from modelhost.auth.principal import current_tenant, low_priority
 from modelhost.runtime.protocol import (
     Cancel,
@@ -91,7 +92,7 @@ class Waiters:
         (the caller left) sends `Cancel`: the replica drops the sequence before its next step."""
         queue: asyncio.Queue[Payload | BaseException] = asyncio.Queue()
         self.streams[request_id] = queue
-        send(Generate(request_id, request, low_priority()))
+        send(Generate(request_id, request, low_priority(), tracing.parent()))
         finished = False
         try:
             while not finished:
@@ -157,7 +158,7 @@ class ReplicaConnection(asyncio.Protocol):
         future: asyncio.Future[Payload] = asyncio.get_running_loop().create_future()
         self._waiting.calls[request_id] = future
         try:
-            self._write(Run(request_id, item, current_tenant(), low_priority()))
+            self._write(Run(request_id, item, current_tenant(), low_priority(), tracing.parent()))
         except ReplicaDied as exc:  # never sent: free to go to another replica
             del self._waiting.calls[request_id]
             raise ReplicaDiedBeforeStart(str(exc)) from exc

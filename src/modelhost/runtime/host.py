@@ -25,6 +25,11 @@ lines' compute, and batch lines go at full batch size again once interactive tra
 streaming task's `low` requests are handed to its engine marked (`"low": true` in the request): it
 admits them after the others.
 
+Traces: a request that carries its gateway's `traceparent` (`Run.trace`, `Generate.trace`; only while
+tracing is on) gets a span of the replica's in the same trace (`modelhost.tracing`): a batch request's
+covers its model call, with the time it waited and the size of its batch; a generation's runs from its
+start to its last event, with its time to first token and its tokens. Without one nothing is made.
+
 A connection (`peer`) that closes takes its requests with it: its waiting requests are dropped and its
 generations stopped, so a gateway process that dies loses only its own work.
 """
@@ -42,6 +47,7 @@ from typing import Any
 
 import msgspec
 
+from modelhost import tracing
 from modelhost.errors import ModelhostError
 from modelhost.runtime import metrics
 from modelhost.runtime.protocol import (
@@ -74,15 +80,19 @@ class _Waiting:
     item: Payload
     tenant: str = ""
     low: bool = False
+    trace: str = ""  # the gateway span's traceparent, "" untraced
+    arrived: int = 0  # when it arrived (epoch ns), for a traced request's queue time
 
 
 @dataclass(eq=False, slots=True)
 class _Stream:
-    """A generation the streaming handler runs: whose it is, and its completion tokens counted so far."""
+    """A generation the streaming handler runs: whose it is, its completion tokens counted so far, and
+    its span while traced."""
 
     peer: Peer
     id: int
     tokens: int = 0
+    span: tracing.Span | None = None
 
 
 def with_priority(message: Generate) -> Payload:
@@ -159,6 +169,8 @@ class ReplicaHost:
         if not message.low:
             self._interactive_at = self._clock()
         waiting = _Waiting(peer, message.id, message.item, message.tenant, message.low)
+        if message.trace and tracing.ENABLED:
+            waiting.trace, waiting.arrived = message.trace, time.time_ns()
         queues = self._low_queues if message.low else self._queues
         queues.setdefault(message.tenant, deque()).append(waiting)
         self._queued += 1
@@ -175,7 +187,8 @@ class ReplicaHost:
         except ModelhostError as exc:  # the request's own fault: its caller gets a 400
             self._event(peer, message.id, error_of(exc))
             return
-        self._streams[key] = _Stream(peer, message.id)
+        span = tracing.replica_generate_span(message.trace, self._deployment) if message.trace else None
+        self._streams[key] = _Stream(peer, message.id, span=span)
         self._stream_keys[peer, message.id] = key
 
     def _cancel(self, peer: Peer, request_id: int) -> None:
@@ -190,7 +203,9 @@ class ReplicaHost:
             return
         key = self._stream_keys.pop((peer, request_id), None)
         if key is not None and is_streaming(self._handler):
-            self._streams.pop(key, None)
+            stream = self._streams.pop(key, None)
+            if stream is not None and stream.span is not None:
+                tracing.generation_event(stream.span, {"cancelled": True}, stream.tokens)
             self._handler.cancel(self._state, key)
 
     # ---------------------------------------------------------------- work
@@ -234,6 +249,7 @@ class ReplicaHost:
             announce()
         self._publish()
         started = time.perf_counter()
+        started_ns = time.time_ns() if tracing.ENABLED else 0
         try:
             assert not is_streaming(self._handler)  # narrows the handler for the type checker
             outputs = self._handler.run(self._state, [w.item for w in batch])
@@ -246,7 +262,19 @@ class ReplicaHost:
                 self._results.setdefault(waiting.peer, []).append(Result(waiting.id, output))
         self._batch_size.observe(len(batch))
         self._inference_seconds.observe(time.perf_counter() - started)
+        if started_ns:
+            self._trace_batch(batch, started_ns)
         self._last_batch, self._freed_at = len(batch), self._clock()
+
+    def _trace_batch(self, batch: list[_Waiting], started_ns: int) -> None:
+        """A span per traced request of the batch just run: its model call, its wait before it."""
+        ended_ns = time.time_ns()
+        for waiting in batch:
+            if waiting.trace:
+                queued = (started_ns - waiting.arrived) / 1e9
+                tracing.replica_run_span(
+                    waiting.trace, self._deployment, started_ns, ended_ns, queued, len(batch)
+                )
 
     def _take(self, count: int) -> list[_Waiting]:
         """Up to `count` waiting requests, interactive ones first, then `low` ones (only
@@ -279,6 +307,8 @@ class ReplicaHost:
             stream = self._streams.get(key)
             if stream is None:
                 continue  # cancelled meanwhile
+            if stream.span is not None:
+                tracing.generation_event(stream.span, event, stream.tokens)
             generated = event.get("completion_tokens")
             if generated is not None:
                 tokens += generated - stream.tokens

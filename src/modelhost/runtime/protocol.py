@@ -29,21 +29,26 @@ Payload = dict[str, Any]
 class Run(msgspec.Struct, tag="run", array_like=True):
     """One request for a batch task; the replica batches it with whatever else is waiting, taking
     turns between `tenant`s (the key it runs for; "" where none is known). A `low` one (a line of a
-    batch job) only takes the room in a batch that interactive requests leave."""
+    batch job) only takes the room in a batch that interactive requests leave. `trace` is the W3C
+    `traceparent` of the gateway's span it serves ("" while tracing is off): the replica's span for it
+    joins that trace."""
 
     id: int
     item: Payload
     tenant: str = ""
     low: bool = False
+    trace: str = ""
 
 
 class Generate(msgspec.Struct, tag="generate", array_like=True):
     """Start a streaming request (text generation, a video job); its events follow in `Events`. A `low`
-    one (a line of a batch job) is admitted by the engine after the interactive ones waiting."""
+    one (a line of a batch job) is admitted by the engine after the interactive ones waiting. `trace`:
+    as `Run`'s."""
 
     id: int
     request: Payload
     low: bool = False
+    trace: str = ""
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):

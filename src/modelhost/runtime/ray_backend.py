@@ -57,6 +57,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
+from modelhost import tracing
 from modelhost.auth.principal import low_priority
 from modelhost.config import Settings, get_settings
 from modelhost.runtime import metrics
@@ -328,7 +329,7 @@ class ModelServer:
         request_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = self._event_loop().create_future()
         self._waiting.calls[request_id] = future
-        self._post(Run(request_id, item, low=low_priority()))
+        self._post(Run(request_id, item, low=low_priority(), trace=tracing.parent()))
         try:
             return await future
         finally:  # still registered: the caller left (Ray cancelled this task); drop it if it waits

@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from modelhost import tracing
 from modelhost.runtime.host import ReplicaHost
 from modelhost.runtime.protocol import FrameReader, LoadFailed, Ready, Stop, decode_to_replica, encode
 from modelhost.tasks.base import AnyTaskHandler, is_streaming
@@ -91,6 +92,16 @@ def serve_sockets(argv: list[str], lifeline: socket.socket, listener: socket.soc
 def _serve(args: argparse.Namespace, lifeline: socket.socket, listener: socket.socket | None) -> int:
     die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # its own tracer provider, from the environment it was given (a forked worker's is set by now)
+    traced = tracing.start("replica")
+    try:
+        return _load_and_serve(args, lifeline, listener)
+    finally:
+        if traced:
+            tracing.stop()  # a forked worker leaves by os._exit: its last spans go out here
+
+
+def _load_and_serve(args: argparse.Namespace, lifeline: socket.socket, listener: socket.socket | None) -> int:
     started = time.perf_counter()
     try:
         handler, state = load(args.pipeline, args.model_dir, args.threads, args.device)
