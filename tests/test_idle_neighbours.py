@@ -33,12 +33,16 @@ async def test_an_idle_hot_deployment_beside_a_busy_one_uses_no_cpu(tmp_path: Pa
         [busy_pid], [idle_pid] = server.replicas(busy), server.replicas(idle)
         await asyncio.sleep(1)  # its warm-up and load are over
         busy_before, idle_before = cpu_seconds(busy_pid), cpu_seconds(idle_pid)
-        deadline = asyncio.get_running_loop().time() + 3
-        answered = 0
-        while asyncio.get_running_loop().time() < deadline:
+        clock = asyncio.get_running_loop().time
+        started, answered = clock(), 0
+        # at least 3 s, and until the neighbour's work shows in the same measure (on a busy machine
+        # it answers fewer requests in 3 s), 20 s at most
+        while clock() - started < 3 or (
+            cpu_seconds(busy_pid) - busy_before <= 0.05 and clock() - started < 20
+        ):
             answers = await asyncio.gather(*(server.embed(f"busy {i}", "busy") for i in range(8)))
             assert all(a.status_code == 200 for a in answers)
             answered += len(answers)
         busy_used, idle_used = cpu_seconds(busy_pid) - busy_before, cpu_seconds(idle_pid) - idle_before
         assert busy_used > 0.05, (answered, busy_used)  # the neighbour did work, measured the same way
-        assert idle_used <= 0.02, idle_used  # two clock ticks at most over 3 s
+        assert idle_used <= 0.02, idle_used  # two clock ticks at most over the whole window
