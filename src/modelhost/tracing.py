@@ -106,11 +106,6 @@ def _exporter() -> SpanExporter:
     return Http()
 
 
-def tracer() -> trace.Tracer:
-    """This process's tracer (a no-op one while tracing is off)."""
-    return _tracer
-
-
 def continued(traceparent: str | None, tracestate: str | None = None) -> otel_context.Context | None:
     """The context a caller's W3C headers name, to parent a span on; None for a new trace."""
     if not traceparent:

@@ -61,7 +61,7 @@ class BatchRunner:
         self._loop = asyncio.create_task(self._claim_forever())
 
     def wake(self) -> None:
-        """A batch was created or cancelled in this process: look now rather than at the next poll."""
+        """A batch was created in this process: look now rather than at the next poll."""
         self._wake.set()
 
     async def stop(self) -> None:
@@ -137,20 +137,18 @@ class BatchRun:
             await self._fail_all(lines, "invalid_api_key", REVOKED)
         if self.status is None:
             return  # taken over by another runner
-        final = {"cancelling": "cancelled", "expired": "expired"}.get(self.status, "completed")
         if self.status == "finalizing":  # taken over while its files were being written
-            ended = "cancelled" if self.batch.cancelled else None
-            final = ended or ("expired" if utcnow() >= self.batch.expires_at else "completed")
+            expired = utcnow() >= self.batch.expires_at
+            final = "cancelled" if self.batch.cancelled else "expired" if expired else "completed"
+        else:
+            final = {"cancelling": "cancelled", "expired": "expired"}.get(self.status, "completed")
         await asyncio.to_thread(self.batches.finalize, self.batch.id, self.runner.name, final)
 
     async def _validate(
         self, principal: Principal | None, parsed: list[Line | LineError]
     ) -> list[Line] | None:
         if principal is None:
-            errors = [LineError("invalid_api_key", 0, "The API key that created this batch was revoked.")]
-            await asyncio.to_thread(
-                self.batches.invalid, self.batch.id, self.runner.name, [e.view() for e in errors]
-            )
+            await self._invalid([LineError("invalid_api_key", 0, REVOKED)])
             return None
         verdicts: dict[str, str | None] = {}
         for item in parsed:
@@ -160,9 +158,7 @@ class BatchRun:
                     verdicts[model] = await self.runner.check_model(principal, self.batch.endpoint, model)
         lines, errors = check_lines(parsed, self.batch.endpoint, verdicts.get)
         if errors:
-            await asyncio.to_thread(
-                self.batches.invalid, self.batch.id, self.runner.name, [e.view() for e in errors]
-            )
+            await self._invalid(errors)
             return None
         model = str(lines[0].body["model"]) if lines else None
         await asyncio.to_thread(self.batches.validated, self.batch.id, self.runner.name, len(lines), model)

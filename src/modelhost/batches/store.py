@@ -32,7 +32,6 @@ from modelhost.store.types import new_id, unix_seconds, utcnow
 USAGE = re.compile(rb'"usage"\s*:')
 INPUT_TOKENS = re.compile(rb'"(input_tokens|prompt_tokens)"\s*:\s*(\d+)')
 OUTPUT_TOKENS = re.compile(rb'"(output_tokens|completion_tokens)"\s*:\s*(\d+)')
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/rerank")
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 EXPIRED_LINE = {
     "code": "batch_expired",
