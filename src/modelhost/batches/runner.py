@@ -121,6 +121,24 @@ class BatchRun:
         self.flushed_at = time.monotonic()
 
     async def run(self) -> None:
+        beating = asyncio.create_task(self._heartbeat())
+        try:
+            await self._run()
+        finally:
+            beating.cancel()
+
+    async def _heartbeat(self) -> None:
+        """Beat while no answer comes back for a while (a cold start, long generations): a claim left
+        silent for `batch_stale_seconds` would be taken over, and its lines run twice."""
+        while True:
+            await asyncio.sleep(self.runner.settings.batch_stale_seconds / 3)
+            status = await asyncio.to_thread(self.batches.beat, self.batch.id, self.runner.name)
+            if status is None:
+                self.status = None  # another runner has it now
+            elif status == "cancelling" and self.status == "in_progress":
+                self.status = "cancelling"
+
+    async def _run(self) -> None:
         principal = await asyncio.to_thread(self.runner.principal_of, self.batch.key_id)
         data = await asyncio.to_thread(self.batches.input, self.batch)
         parsed = parse_lines(data)
