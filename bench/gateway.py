@@ -1,13 +1,16 @@
 """Gateway benchmark: what one request costs the gateway, and what more gateway processes add.
 
-    python -m bench.gateway [--workers 1,2] [--connections 64] [--rounds 5] [--baseline SRC] [--out FILE]
+    python -m bench.gateway [--workers 1,2] [--connections 64] [--rounds 5] [--baseline SRC] [--traced]
+                            [--out FILE]
 
 The model is a BERT with 1 layer and hidden size 32 (built here, random weights), so small that serving
 a request costs far more than running it: the gateway is what is measured. wrk sends one short
 sentence per request to `POST /v1/embeddings`. Every configuration runs as its own server at once; wrk
 alternates between them for `--rounds` rounds and the table gives medians, so a slow minute of a shared
 machine hits all of them alike. `--baseline` adds a server running another checkout's `src` (the code
-before a change), measured in the same run.
+before a change), measured in the same run. `--traced` adds one process with tracing on, every request
+sampled and exported over OTLP/HTTP to a collector that only takes them (a thread of this benchmark):
+what traces cost the gateway and the replica.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import argparse
 import os
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench.common import SENTENCE, Figures, Served, deploy, machine, serve, table, write_section, wrk
@@ -52,6 +57,7 @@ class Config:
     label: str
     workers: int
     source: Path | None = None
+    traced: bool = False
     served: Served | None = None
     runs: list[tuple[float, float, float, float, float, float, int]] = field(default_factory=list)
 
@@ -60,8 +66,11 @@ class Config:
 
     @property
     def key(self) -> str:
-        """The configuration in figure names: `workers_2`, or `baseline` (whatever its label)."""
-        return "baseline" if self.source is not None else f"workers_{self.workers}"
+        """The configuration in figure names: `workers_2`, `traced`, or `baseline` (whatever its
+        label)."""
+        if self.source is not None:
+            return "baseline"
+        return "traced" if self.traced else f"workers_{self.workers}"
 
 
 def main() -> None:
@@ -74,6 +83,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=5, help="wrk time per round and configuration")
     parser.add_argument("--baseline", type=Path, help="another checkout's src folder, served with 1 process")
     parser.add_argument("--baseline-label", default="before")
+    parser.add_argument("--traced", action="store_true", help="add one process with every request traced")
     parser.add_argument("--port", type=int, default=18770)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
@@ -81,10 +91,15 @@ def main() -> None:
     configs = [Config("modelhost", int(w)) for w in args.workers.split(",")]
     if args.baseline is not None:
         configs.insert(0, Config(args.baseline_label, 1, args.baseline.resolve()))
+    collector = Collector() if args.traced else None
+    if collector is not None:
+        configs.append(Config("modelhost, tracing on", 1, traced=True))
     body = {"model": "tiny", "input": SENTENCE}
     try:
         for index, config in enumerate(configs):
             env = {**SETTINGS, "MODELHOST_WORKERS": str(config.workers)}
+            if config.traced and collector is not None:
+                env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_TRACES_SAMPLER": "always_on"}
             config.served = serve(args.port + index, config.source, **env)
             deploy(config.served, folder, "feature-extraction", "tiny")
             wrk(config.served.url, "/v1/embeddings", body, config.served.key, 8, 2)  # warm-up
@@ -105,7 +120,11 @@ def main() -> None:
         for config in configs:
             if config.served is not None:
                 config.served.stop()
+        if collector is not None:
+            collector.close()
     figures = Figures("gateway")
+    if collector is not None:
+        figures.add("traced.exports", collector.posts)
     section = report(configs, args, figures)
     print(section)
     write_section(args.out, "## Gateway:", section, figures)
@@ -123,7 +142,7 @@ def report(configs: list[Config], args: argparse.Namespace, figures: Figures) ->
         for index, name in enumerate(FIELDS[:-1]):
             figures.add(f"{c.key}.{name}", c.median(index))
         figures.add(f"{c.key}.errors", sum(r[6] for r in c.runs))
-    ours = [c for c in configs if c.source is None]
+    ours = [c for c in configs if c.source is None and not c.traced]
     one = next((c for c in ours if c.workers == 1), ours[0])
     scaling = [f"--workers {c.workers}: {c.median(0) / one.median(0):.2f}" for c in ours if c is not one]
     for c in ours:
@@ -138,6 +157,20 @@ def report(configs: list[Config], args: argparse.Namespace, figures: Figures) ->
             f"- **Gateway CPU per request, {baseline.label} → now (one process): {before:.3f} ms → "
             f"{now:.3f} ms ({before / now:.1f}× less)**."
         )
+    traced = next((c for c in configs if c.traced), None)
+    if traced is not None:
+        gateway, replica = traced.median(3) / one.median(3), traced.median(5) / one.median(5)
+        figures.ratio("traced_over_untraced.gateway_ms_per_request", gateway)
+        figures.ratio("traced_over_untraced.replica_ms_per_request", replica)
+        figures.ratio("traced_over_untraced.requests_per_second", traced.median(0) / one.median(0))
+        exports = figures.values.get("gateway.traced.exports", 0)
+        lines.append(
+            f"- **Tracing on, every request sampled, against off (one process each): gateway CPU per "
+            f"request {gateway:.2f}×, replica {replica:.2f}×, requests/s "
+            f"{traced.median(0) / one.median(0):.2f}×** ({traced.median(3):.3f} against "
+            f"{one.median(3):.3f} ms of gateway CPU per request; the spans went out over OTLP/HTTP in "
+            f"the SDK's batches, {exports:.0f} posts in all)."
+        )
     return f"""## Gateway: a 1-layer BERT (hidden 32), where serving costs more than the model
 
 Machine: {machine()}. One run of `python -m bench.gateway {" ".join(_argv())}`: {args.connections} wrk
@@ -148,6 +181,34 @@ configuration (all servers up at once, rounds alternated). Cores are CPU seconds
 
 {chr(10).join(lines)}
 """
+
+
+class Collector:
+    """An OTLP/HTTP endpoint that takes every export and keeps nothing but their count: a collector
+    that costs the servers nothing beyond sending to it."""
+
+    def __init__(self) -> None:
+        self.posts = 0
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                collector.posts += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def _argv() -> list[str]:

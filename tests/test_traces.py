@@ -4,6 +4,7 @@ replica; with tracing off nothing is exported and no `traceresponse` is sent."""
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import threading
 import time
@@ -13,14 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from modelhost import tracing
+from modelhost.media.fetch import FetchPolicy, fetch_url, parse_networks
+from tests.chat_model import served_chat_model
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, push_folder_sync
 from tests.live import live_server
+from tests.server_process import ServerProcess
+from tests.trace_picture import save_if_asked
 
 Json = dict[str, Any]
 
@@ -162,7 +168,8 @@ def test_the_gateway_continues_the_clients_trace_and_the_replica_joins_it(
 ) -> None:
     header, trace_id, client_span = client_traceparent()
     embed(traced, {"traceparent": header})
-    spans = receiver.wait_for(trace_id, {"embeddings emb", "model call"})
+    steps = {"authenticate", "limits", "wait for replica", "dispatch"}
+    spans = receiver.wait_for(trace_id, {"embeddings emb", "replica", "queue", "model call", *steps})
     gateway_resource, gateway = spans["embeddings emb"]
     assert gateway.kind == Span.SPAN_KIND_SERVER
     assert gateway.parent_span_id.hex() == client_span
@@ -175,13 +182,36 @@ def test_the_gateway_continues_the_clients_trace_and_the_replica_joins_it(
     assert attributes["http.route"] == "/v1/embeddings"
     assert attributes["http.response.status_code"] == 200
 
-    replica_resource, replica = spans["model call"]
+    # the gateway's steps, in order, inside its span
+    for name in steps:
+        assert spans[name][1].parent_span_id == gateway.span_id, name
+        assert within(spans[name][1], gateway), name
+    ordered = [spans[name][1] for name in ("authenticate", "limits", "wait for replica", "dispatch")]
+    assert all(a.end_time_unix_nano <= b.start_time_unix_nano for a, b in itertools.pairwise(ordered))
+    dispatch = spans["dispatch"][1]
+    assert dispatch.kind == Span.SPAN_KIND_CLIENT
+
+    # the replica's spans, children of the dispatch that sent the request
+    replica_resource, replica = spans["replica"]
     assert replica_resource["modelhost.process"] == "replica"
-    assert replica.parent_span_id == gateway.span_id
+    assert replica.kind == Span.SPAN_KIND_SERVER
+    assert replica.parent_span_id == dispatch.span_id
     replica_attributes = _attributes(replica)
     assert replica_attributes["modelhost.batch.size"] >= 1
     assert replica_attributes["modelhost.queue.seconds"] >= 0
-    assert gateway.start_time_unix_nano <= replica.start_time_unix_nano <= gateway.end_time_unix_nano
+    queue, call = spans["queue"][1], spans["model call"][1]
+    assert queue.parent_span_id == call.parent_span_id == replica.span_id
+    assert queue.end_time_unix_nano == call.start_time_unix_nano
+    assert _attributes(call)["modelhost.batch.size"] == replica_attributes["modelhost.batch.size"]
+    # the clocks of two processes of one machine: the replica's spans lie within the dispatch
+    assert within(replica, dispatch)
+
+
+def within(inner: Span, outer: Span) -> bool:
+    return (
+        outer.start_time_unix_nano <= inner.start_time_unix_nano
+        and inner.end_time_unix_nano <= outer.end_time_unix_nano
+    )
 
 
 def test_the_answer_names_the_trace_in_traceresponse(traced: Json, receiver: Receiver) -> None:
@@ -197,3 +227,196 @@ def test_a_request_without_traceparent_starts_a_trace_of_its_own(traced: Json, r
     _, trace_id, _, _ = embed(traced, {}).headers["traceresponse"].split("-")
     spans = receiver.wait_for(trace_id, {"embeddings emb", "model call"})
     assert spans["embeddings emb"][1].parent_span_id == b""
+
+
+def test_a_cold_start_shows_as_the_load_inside_the_wait_for_a_replica(
+    traced: Json, receiver: Receiver, recipes: Path
+) -> None:
+    http, key = traced["http"], traced["key"]
+    artifact = push_folder_sync(http, key, recipes / "t03_feature_extraction" / "st", "feature-extraction")
+    deployed = http.post(
+        "/v1/deployments",
+        json={"model": "cold-emb", "artifact_id": artifact, "readiness": "cold"},
+        headers=bearer(key),
+    )
+    assert deployed.status_code == 201, deployed.text
+    header, trace_id, _ = client_traceparent()
+    answer = http.post(
+        "/v1/embeddings",
+        json={"model": "cold-emb", "input": "a cold start"},
+        headers={**bearer(key), "traceparent": header},
+    )
+    assert answer.status_code == 200, answer.text
+    spans = receiver.wait_for(trace_id, {"wait for replica", "load deployment", "wait for memory"})
+    wait, load, memory = (
+        spans[name][1] for name in ("wait for replica", "load deployment", "wait for memory")
+    )
+    assert load.parent_span_id == wait.span_id
+    assert memory.parent_span_id == load.span_id
+    assert _attributes(load)["modelhost.deployment"] == deployed.json()["id"]
+    # the load is most of the wait, and of the request: the replica's start
+    assert load.end_time_unix_nano - load.start_time_unix_nano > 0.5 * (
+        wait.end_time_unix_nano - wait.start_time_unix_nano
+    )
+
+
+@pytest.fixture(scope="module")
+def traced_chat(tmp_path_factory: pytest.TempPathFactory, recipes: Path, receiver: Receiver) -> Iterator[Any]:
+    """A live server with the recipe chat model on the transformers engine, every request traced."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        env.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        with served_chat_model(tmp_path_factory.mktemp("traced-chat"), recipes) as served:
+            yield served
+
+
+def test_a_streamed_chat_trace_has_the_generation_its_phases_and_its_tokens(
+    traced_chat: Any, receiver: Receiver
+) -> None:
+    header, trace_id, _ = client_traceparent()
+    sdk = openai.OpenAI(base_url=f"{traced_chat.url}/v1", api_key=traced_chat.key, max_retries=0)
+    chunks = list(
+        sdk.chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"traceparent": header},
+        )
+    )
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens > 1
+
+    spans = receiver.wait_for(trace_id, {"chat chat", "dispatch", "generate", "prefill", "decode"})
+    save_if_asked(receiver.of_trace(trace_id))  # the picture in docs/operations.md
+    server = _attributes(spans["chat chat"][1])
+    assert server["gen_ai.operation.name"] == "chat"
+    assert server["gen_ai.usage.input_tokens"] == usage.prompt_tokens
+    assert server["gen_ai.usage.output_tokens"] == usage.completion_tokens
+    dispatch = spans["dispatch"][1]
+    assert dispatch.parent_span_id == spans["chat chat"][1].span_id
+    assert _attributes(dispatch)["gen_ai.usage.output_tokens"] == usage.completion_tokens
+
+    resource, generate = spans["generate"]
+    assert resource["modelhost.process"] == "replica"
+    assert generate.parent_span_id == dispatch.span_id
+    attributes = _attributes(generate)
+    assert attributes["modelhost.engine"] == "transformers"
+    assert attributes["gen_ai.usage.input_tokens"] == usage.prompt_tokens
+    assert attributes["gen_ai.usage.output_tokens"] == usage.completion_tokens
+    assert list(attributes["gen_ai.response.finish_reasons"].values) != []
+    ttft = attributes["gen_ai.server.time_to_first_token"]
+    assert 0 < ttft <= (generate.end_time_unix_nano - generate.start_time_unix_nano) / 1e9
+    assert attributes["gen_ai.server.time_per_output_token"] > 0
+    prefill, decode = spans["prefill"][1], spans["decode"][1]
+    assert prefill.parent_span_id == decode.parent_span_id == generate.span_id
+    assert prefill.start_time_unix_nano == generate.start_time_unix_nano
+    assert prefill.end_time_unix_nano == decode.start_time_unix_nano
+    assert decode.end_time_unix_nano == generate.end_time_unix_nano
+
+
+async def test_a_media_fetch_is_a_client_span_of_the_request_that_reads_it(
+    traced: Json, receiver: Receiver
+) -> None:
+    served = FileServer(b"\x89PNG not really")
+    span = tracing.server_span("POST", "/v1/test", "http", None, None)
+    active = tracing.activate(span)
+    try:
+        policy = FetchPolicy(parse_networks(["127.0.0.0/8"]), 1 << 20, 5.0, 0)
+        body = await fetch_url(f"{served.url}/image.png", policy, timeout=None, param="image")
+    finally:
+        tracing.deactivate(active)
+        span.end()
+        served.close()
+    assert body == b"\x89PNG not really"
+    fetched = receiver.wait_for(tracing.trace_id_of(span), {"fetch media"})["fetch media"][1]
+    assert fetched.kind == Span.SPAN_KIND_CLIENT
+    assert fetched.parent_span_id.hex() == f"{span.get_span_context().span_id:016x}"
+    attributes = _attributes(fetched)
+    assert attributes["server.address"] == "127.0.0.1"
+    assert attributes["http.response.body.size"] == len(body)
+    assert attributes["modelhost.param"] == "image"
+
+
+class FileServer:
+    """One file over HTTP on a local port."""
+
+    def __init__(self, body: bytes) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_log_lines_of_a_request_name_its_trace(
+    tmp_path: Path, sqlite_url: str, receiver: Receiver
+) -> None:
+    server = ServerProcess(
+        tmp_path / "data",
+        sqlite_url,
+        log_level="info",
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
+        OTEL_BSP_SCHEDULE_DELAY="50",
+    )
+    server.start()
+    header, trace_id, _ = client_traceparent()
+    try:
+        answer = httpx.get(
+            f"{server.url}/v1/no-such-route", headers={"X-Request-Id": "req-42", "traceparent": header}
+        )
+        assert answer.headers["traceresponse"].split("-")[1] == trace_id
+        receiver.wait_for(trace_id, {"GET"})  # its span, named for the method alone: no route matched
+    finally:
+        server.terminate()
+    access = [line for line in server.log.read_text().splitlines() if "/v1/no-such-route" in line]
+    assert access and all(f"[req-42 trace={trace_id}]" in line for line in access), access
+
+
+def test_metrics_have_the_genai_conventions_time_to_first_token_and_time_per_output_token(
+    traced_chat: Any,
+) -> None:
+    sdk = openai.OpenAI(base_url=f"{traced_chat.url}/v1", api_key=traced_chat.key, max_retries=0)
+    before = _genai_counts(traced_chat)
+    answer = sdk.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0
+    )
+    assert answer.usage is not None and answer.usage.completion_tokens > 1
+    after = _genai_counts(traced_chat)
+    assert (
+        after["gen_ai_server_time_to_first_token_seconds"]
+        == before["gen_ai_server_time_to_first_token_seconds"] + 1
+    )
+    assert (
+        after["gen_ai_server_time_per_output_token_seconds"]
+        == before["gen_ai_server_time_per_output_token_seconds"] + 1
+    )
+
+
+def _genai_counts(served: Any) -> dict[str, float]:
+    """The observation counts of the GenAI histograms for the chat deployment, from /metrics."""
+    body = served.http.get("/metrics").text
+    counts = {
+        "gen_ai_server_time_to_first_token_seconds": 0.0,
+        "gen_ai_server_time_per_output_token_seconds": 0.0,
+    }
+    for line in body.splitlines():
+        for name in counts:
+            if line.startswith(f'{name}_count{{deployment="{served.deployment_id}"}}'):
+                counts[name] = float(line.rsplit(" ", 1)[1])
+    return counts

@@ -18,10 +18,13 @@ into the gateway (`continued`), and from the gateway to a replica in the replica
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from opentelemetry import context as otel_context
@@ -133,6 +136,11 @@ def parent() -> str:
     return header_of(trace.get_current_span()) or ""
 
 
+def traceparent(span: trace.Span | None) -> str:
+    """A span as a `traceparent` for another process; "" for none."""
+    return (header_of(span) or "") if span is not None else ""
+
+
 def trace_id_of(span: trace.Span) -> str:
     return f"{span.get_span_context().trace_id:032x}"
 
@@ -163,9 +171,10 @@ def server_span(
 
 
 def server_span_ended(
-    span: trace.Span, method: str, route: str | None, status: int, model: str | None
+    span: trace.Span, method: str, route: str | None, status: int, model: str | None, tokens: list[int]
 ) -> None:
-    """Name the span now that its route (and model) are known, record the answer's status, end it."""
+    """Name the span now that its route (and model) are known, record the answer's status and the
+    tokens the request used (`auth.limits.start_counting`: all, input, output), end it."""
     operation = GEN_AI_OPERATIONS.get(route or "")
     if operation is not None and model:
         span.update_name(f"{operation} {model}")
@@ -174,6 +183,8 @@ def server_span_ended(
         span.update_name(f"{method} {route}" if route else method)
         if model:
             span.set_attribute("gen_ai.request.model", model)
+    if tokens[0]:
+        span.set_attributes(usage(tokens[1], tokens[2]))
     if route:
         span.set_attribute("http.route", route)
     span.set_attribute("http.response.status_code", status)
@@ -181,17 +192,6 @@ def server_span_ended(
         span.set_attribute("error.type", str(status))
         span.set_status(trace.StatusCode.ERROR)
     span.end()
-
-
-def record_usage(input_tokens: int | None = None, output_tokens: int | None = None) -> None:
-    """The tokens a request used, on the current span (GenAI `gen_ai.usage.*`); nothing while off."""
-    if not ENABLED:
-        return
-    span = trace.get_current_span()
-    if input_tokens is not None:
-        span.set_attribute("gen_ai.usage.input_tokens", input_tokens)
-    if output_tokens is not None:
-        span.set_attribute("gen_ai.usage.output_tokens", output_tokens)
 
 
 def activate(span: trace.Span) -> object:
@@ -204,57 +204,152 @@ def deactivate(token: object) -> None:
     otel_context.detach(token)  # type: ignore[arg-type]
 
 
+# ---------------------------------------------------------------- a request's steps in the gateway
+
+_OFF: AbstractContextManager[None] = contextlib.nullcontext()  # what `step` gives while tracing is off
+Attributes = Mapping[str, str | int | float | bool]
+CLIENT = trace.SpanKind.CLIENT
+
+
+def step(
+    name: str, attributes: Attributes | None = None, kind: trace.SpanKind = trace.SpanKind.INTERNAL
+) -> AbstractContextManager[trace.Span | None]:
+    """A child of the current span around one step of a request (authentication, limits, the wait for
+    a replica, the dispatch), current while the step runs so that what it calls joins it. Off, or
+    outside any request's span (a load in the background), a shared context that does nothing."""
+    if not ENABLED or not trace.get_current_span().get_span_context().is_valid:
+        return _OFF
+    return _tracer.start_as_current_span(name, attributes=attributes, kind=kind)
+
+
+def started(
+    name: str, attributes: Attributes | None = None, kind: trace.SpanKind = trace.SpanKind.CLIENT
+) -> trace.Span | None:
+    """A child of the current span that the caller ends itself (`span.end()`), never made current: a
+    generation's dispatch, which lives across the yields of a stream. None while tracing is off."""
+    if not ENABLED or not trace.get_current_span().get_span_context().is_valid:
+        return None
+    return _tracer.start_span(name, attributes=attributes, kind=kind)
+
+
+def span_ended(span: trace.Span, input_tokens: int, output_tokens: int) -> None:
+    """End a generation's dispatch span with the tokens it carried."""
+    span.set_attributes(usage(input_tokens, output_tokens))
+    span.end()
+
+
+def usage(input_tokens: int, output_tokens: int) -> dict[str, int]:
+    """The GenAI conventions' usage attributes."""
+    return {"gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens}
+
+
+def current_attributes(attributes: Attributes) -> None:
+    """Set attributes on the current span (a step's outcome); nothing while tracing is off."""
+    if ENABLED:
+        trace.get_current_span().set_attributes(attributes)
+
+
 # ---------------------------------------------------------------- a replica's spans
 
 
-def replica_run_span(
-    traceparent: str, deployment: str, start_ns: int, end_ns: int, queued_seconds: float, batch_size: int
+def replica_request_spans(
+    traceparent: str, deployment: str, arrived_ns: int, started_ns: int, ended_ns: int, batch_size: int
 ) -> None:
-    """A batch request's model call in a replica, a child of the gateway span that sent it."""
+    """A batch task's request in a replica, in the trace of the gateway's dispatch that sent it:
+    `replica` (its arrival to its answer) with two children, `queue` (its wait for a batch) and
+    `model call` (the batch it ran in). Made once the batch is done, from the times it kept."""
     attributes: dict[str, str | int | float] = {
         "modelhost.deployment": deployment,
-        "modelhost.queue.seconds": queued_seconds,
+        "modelhost.queue.seconds": (started_ns - arrived_ns) / 1e9,
         "modelhost.batch.size": batch_size,
     }
-    span = _tracer.start_span(
-        "model call",
+    replica = _tracer.start_span(
+        "replica",
         context=continued(traceparent),
         kind=trace.SpanKind.SERVER,
         attributes=attributes,
-        start_time=start_ns,
+        start_time=arrived_ns,
     )
-    span.end(end_time=end_ns)
-
-
-def replica_generate_span(traceparent: str, deployment: str) -> trace.Span | None:
-    """A generation in a replica, from its start to its last event (`generation_event`)."""
-    if not ENABLED:
-        return None
-    attributes = {"modelhost.deployment": deployment}
-    return _tracer.start_span(
-        "generate", context=continued(traceparent), kind=trace.SpanKind.SERVER, attributes=attributes
+    inside = trace.set_span_in_context(replica)
+    _tracer.start_span("queue", context=inside, start_time=arrived_ns).end(end_time=started_ns)
+    call = _tracer.start_span(
+        "model call", context=inside, attributes={"modelhost.batch.size": batch_size}, start_time=started_ns
     )
+    call.end(end_time=ended_ns)
+    replica.end(end_time=ended_ns)
 
 
-def generation_event(span: trace.Span, event: Mapping[str, object], tokens_before: int) -> None:
-    """What an engine event tells a generation's span: its prompt's tokens once prefilled (`started`),
-    its time to first token, and on its last event (or its cancel) its tokens and end."""
-    prompt = event.get("prompt_tokens")
-    if isinstance(prompt, int):
-        span.set_attribute("gen_ai.usage.input_tokens", prompt)
-        span.add_event("prefilled")
-    generated = event.get("completion_tokens")
-    if isinstance(generated, int) and generated and not tokens_before:
-        started = getattr(span, "start_time", None)  # the SDK's spans keep it
-        if isinstance(started, int):
-            span.set_attribute("gen_ai.server.time_to_first_token", (time.time_ns() - started) / 1e9)
-        span.add_event("first token")
-    if "finish" in event or "error" in event or "cancelled" in event:
-        span.set_attribute(
-            "gen_ai.usage.output_tokens", generated if isinstance(generated, int) else tokens_before
-        )
+@dataclass(eq=False)
+class GenerationTrace:
+    """A generation in a replica: `generate` (from its arrival to its last event), in the trace of the
+    gateway's dispatch that sent it, and once it ends its two phases as children, `prefill` (its wait
+    for the engine and its prompt's prefill, to the first token) and `decode` (the rest). The engine
+    says when a prompt is prefilled (its `started` event); the token counts come in its events."""
+
+    span: trace.Span
+    started_ns: int
+    prefilled_ns: int = 0
+    tokens: int = 0
+    ended: bool = False
+    attributes: dict[str, str | int | float] = field(default_factory=dict)
+
+    def event(self, event: Mapping[str, object]) -> None:
+        """What an engine event tells: its prompt's tokens once prefilled, its tokens so far, and on its
+        last event (or its cancel) the end."""
+        if self.ended:
+            return
+        prompt = event.get("prompt_tokens")
+        if isinstance(prompt, int) and not self.prefilled_ns:
+            self.prefilled_ns = time.time_ns()
+            self.attributes["gen_ai.usage.input_tokens"] = prompt
+            cached = event.get("cached_tokens")
+            if isinstance(cached, int):
+                self.attributes["modelhost.cached_tokens"] = cached
+        generated = event.get("completion_tokens")
+        if isinstance(generated, int):
+            self.tokens = generated
+        if "finish" in event or "error" in event or "cancelled" in event:
+            self._end(event)
+
+    def _end(self, event: Mapping[str, object]) -> None:
+        self.ended, ended = True, time.time_ns()
+        span, attributes = self.span, self.attributes
+        attributes["gen_ai.usage.output_tokens"] = self.tokens
         if isinstance(event.get("finish"), str):
             span.set_attribute("gen_ai.response.finish_reasons", [str(event["finish"])])
         if "error" in event:
             span.set_status(trace.StatusCode.ERROR)
-        span.end()
+        if self.prefilled_ns:
+            attributes["gen_ai.server.time_to_first_token"] = (self.prefilled_ns - self.started_ns) / 1e9
+            if self.tokens > 1:
+                per_token = (ended - self.prefilled_ns) / 1e9 / (self.tokens - 1)
+                attributes["gen_ai.server.time_per_output_token"] = per_token
+            inside = trace.set_span_in_context(span)
+            _tracer.start_span("prefill", context=inside, start_time=self.started_ns).end(
+                end_time=self.prefilled_ns
+            )
+            decode = _tracer.start_span(
+                "decode",
+                context=inside,
+                attributes={"gen_ai.usage.output_tokens": self.tokens},
+                start_time=self.prefilled_ns,
+            )
+            decode.end(end_time=ended)
+        span.set_attributes(attributes)
+        span.end(end_time=ended)
+
+
+def generation_trace(traceparent: str, deployment: str, engine: str) -> GenerationTrace | None:
+    """The trace of a generation a replica starts (None while tracing is off or the request untraced)."""
+    if not ENABLED or not traceparent:
+        return None
+    started = time.time_ns()
+    attributes = {"modelhost.deployment": deployment, "modelhost.engine": engine}
+    span = _tracer.start_span(
+        "generate",
+        context=continued(traceparent),
+        kind=trace.SpanKind.SERVER,
+        attributes=attributes,
+        start_time=started,
+    )
+    return GenerationTrace(span, started)

@@ -212,7 +212,7 @@ class RequestPath(HttpMiddleware):
                 TRACE_ID.reset(trace_token)
                 tracing.deactivate(active)
                 tracing.server_span_ended(
-                    span, method, getattr(route, "path", None), status, scope.get(tracing.MODEL)
+                    span, method, getattr(route, "path", None), status, scope.get(tracing.MODEL), used
                 )
             REQUESTS.labels(method, template, str(status)).inc()
             LATENCY.labels(method, template).observe(time.perf_counter() - started)

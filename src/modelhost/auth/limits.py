@@ -323,17 +323,20 @@ _TOKENS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("mode
 
 
 def start_counting() -> list[int]:
-    """A token count for the request running in this context (and the tasks it starts)."""
-    counter = [0]
+    """The token count of the request running in this context (and the tasks it starts): [all, input,
+    output]. Rate limits take the first; a request's trace names the other two."""
+    counter = [0, 0, 0]
     _TOKENS.set(counter)
     return counter
 
 
-def count_tokens(tokens: int) -> None:
-    """The current request used `tokens` more (a no-op where it is not limited)."""
+def count_tokens(input_tokens: int, output_tokens: int = 0) -> None:
+    """The current request used these tokens more (a no-op where nothing counts them)."""
     counter = _TOKENS.get()
     if counter is not None:
-        counter[0] += tokens
+        counter[0] += input_tokens + output_tokens
+        counter[1] += input_tokens
+        counter[2] += output_tokens
 
 
 def _duration(seconds: float) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from modelhost import tracing
 from modelhost.config import Settings
 from modelhost.errors import InvalidMedia
 
@@ -106,8 +107,9 @@ async def fetch_url(url: str, policy: FetchPolicy, *, timeout: float | None, par
     """The body of `url`, or InvalidMedia naming `param`. `timeout` is capped by the policy's maximum."""
     budget = min(timeout or policy.max_timeout, policy.max_timeout)
     try:
-        async with asyncio.timeout(budget):
-            return await _fetch(_parse_url(url, param), policy, budget, param)
+        with tracing.step("fetch media", {"modelhost.param": param}, kind=tracing.CLIENT):
+            async with asyncio.timeout(budget):
+                return await _fetch(_parse_url(url, param), policy, budget, param)
     except (TimeoutError, httpx.TimeoutException):
         raise InvalidMedia(f"Timed out after {budget:g} s fetching `{param}`", param=param) from None
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
@@ -116,6 +118,7 @@ async def fetch_url(url: str, policy: FetchPolicy, *, timeout: float | None, par
 
 async def _fetch(url: httpx.URL, policy: FetchPolicy, budget: float, param: str) -> bytes:
     for _hop in range(policy.max_redirects + 1):
+        tracing.current_attributes({"server.address": url.host, "url.scheme": url.scheme})  # the last hop's
         addresses = await _vetted_addresses(url, policy, param)
         # A client per hop: a pooled TLS connection verified for one name must not serve the next.
         async with httpx.AsyncClient(
@@ -126,7 +129,9 @@ async def _fetch(url: httpx.URL, policy: FetchPolicy, budget: float, param: str)
                 target = _redirect_target(response, url, param)
                 if target is None:
                     _check_status(response, url, param)
-                    return await _read_body(response, policy.max_bytes, param)
+                    body = await _read_body(response, policy.max_bytes, param)
+                    tracing.current_attributes({"http.response.body.size": len(body)})
+                    return body
             finally:
                 await response.aclose()
         url = target

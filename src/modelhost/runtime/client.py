@@ -18,7 +18,6 @@ from typing import Any, cast
 
 import msgspec
 
-from modelhost import tracing
 from modelhost.auth.principal import current_tenant, low_priority
 from modelhost.runtime.protocol import (
     Cancel,
@@ -86,13 +85,13 @@ class Waiters:
             future.set_result(value)
 
     async def stream(
-        self, request_id: int, send: Callable[[Generate | Cancel], None], request: Payload
+        self, request_id: int, send: Callable[[Generate | Cancel], None], request: Payload, trace: str
     ) -> AsyncGenerator[Payload, None]:
         """Send `Generate` and yield the stream's events until its last. Closing the iterator early
         (the caller left) sends `Cancel`: the replica drops the sequence before its next step."""
         queue: asyncio.Queue[Payload | BaseException] = asyncio.Queue()
         self.streams[request_id] = queue
-        send(Generate(request_id, request, low_priority(), tracing.parent()))
+        send(Generate(request_id, request, low_priority(), trace))
         finished = False
         try:
             while not finished:
@@ -152,13 +151,14 @@ class ReplicaConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- requests
 
-    async def submit(self, item: Payload) -> Payload:
-        """One request of a batch task: the replica batches it; its output (or an item error dict)."""
+    async def submit(self, item: Payload, trace: str = "") -> Payload:
+        """One request of a batch task: the replica batches it; its output (or an item error dict).
+        `trace`: the `traceparent` the replica's spans join."""
         request_id = next(self._ids)
         future: asyncio.Future[Payload] = asyncio.get_running_loop().create_future()
         self._waiting.calls[request_id] = future
         try:
-            self._write(Run(request_id, item, current_tenant(), low_priority(), tracing.parent()))
+            self._write(Run(request_id, item, current_tenant(), low_priority(), trace))
         except ReplicaDied as exc:  # never sent: free to go to another replica
             del self._waiting.calls[request_id]
             raise ReplicaDiedBeforeStart(str(exc)) from exc
@@ -169,10 +169,10 @@ class ReplicaConnection(asyncio.Protocol):
             if self._waiting.calls.pop(request_id, None) is not None and self.alive:
                 self._write(Cancel(request_id))
 
-    async def stream(self, request: Payload) -> AsyncGenerator[Payload, None]:
+    async def stream(self, request: Payload, trace: str = "") -> AsyncGenerator[Payload, None]:
         """A generation's events until its last; closing the iterator early (client gone) cancels it
         in the replica at its next step."""
-        events = self._waiting.stream(next(self._ids), self._write, request)
+        events = self._waiting.stream(next(self._ids), self._write, request, trace)
         async with contextlib.aclosing(events):
             async for event in events:
                 yield event

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+from modelhost import tracing
 from modelhost.auth.limits import count_tokens
 from modelhost.errors import DeploymentUnavailable, GatewayTimeout, InvalidRequest, ModelhostError, Overloaded
 from modelhost.runtime import metrics
@@ -36,8 +38,8 @@ class Target(Protocol):
     def alive(self) -> bool: ...
     @property
     def in_flight(self) -> int: ...
-    async def submit(self, item: Payload) -> Payload: ...
-    def stream(self, request: Payload) -> AsyncGenerator[Payload, None]: ...
+    async def submit(self, item: Payload, trace: str = "") -> Payload: ...
+    def stream(self, request: Payload, trace: str = "") -> AsyncGenerator[Payload, None]: ...
 
 
 # The live replicas of the deployment now, loading it (or waiting for a replacement) first if need be.
@@ -65,6 +67,8 @@ class Dispatcher:
         self.timeout = timeout
         self.outstanding = 0  # requests and generations of this process on the deployment
         self.published = -1  # what the in-flight gauge says
+        self._first_token = metrics.TIME_TO_FIRST_TOKEN.labels(deployment_id)
+        self._per_token = metrics.TIME_PER_OUTPUT_TOKEN.labels(deployment_id)
         _dispatchers.add(self)
         _ensure_publisher()
 
@@ -81,20 +85,23 @@ class Dispatcher:
     async def infer(self, targets: Targets, item: Payload) -> Payload:
         """One request of a batch task, answered by the least busy live replica; sent again, within its
         deadline, when its replica dies before running it (see the module docstring)."""
-        live = await targets()  # a cold start happens here, before the request's deadline runs
+        with tracing.step("wait for replica"):  # a cold start happens here, before the deadline runs
+            live = await targets()
         self._admit()
         requeued = False
         try:
             async with asyncio.timeout(self.timeout):  # no task of its own, unlike `wait_for`
-                while True:
-                    target = await self._live(live, targets)
-                    try:
-                        output = await target.submit(item)
-                        break
-                    except ReplicaDiedBeforeStart:
-                        requeued = True
-                        metrics.REQUESTS_REQUEUED.labels(self.deployment_id).inc()
-                        live = await targets()  # the others, or the replacement's start
+                with tracing.step("dispatch", kind=tracing.CLIENT):  # the replica's spans join it
+                    while True:
+                        target = await self._live(live, targets)
+                        try:
+                            output = await target.submit(item, tracing.parent())
+                            break
+                        except ReplicaDiedBeforeStart:
+                            requeued = True
+                            metrics.REQUESTS_REQUEUED.labels(self.deployment_id).inc()
+                            tracing.current_attributes({"modelhost.requeued": True})
+                            live = await targets()  # the others, or the replacement's start
         except TimeoutError as exc:
             if requeued:
                 raise DeploymentUnavailable(
@@ -131,19 +138,29 @@ class Dispatcher:
         target = _pick(targets)
         self._admit()
         prompt = completion = 0  # its tokens, for rate limits: the prompt's, and those generated so far
+        # a span of its own, never the current one: a stream's steps may run in different tasks
+        span = tracing.started("dispatch")
+        started, first = time.perf_counter(), 0.0  # its dispatch, its first token
         try:
-            async with contextlib.aclosing(target.stream(request)) as events:
+            async with contextlib.aclosing(target.stream(request, tracing.traceparent(span))) as events:
                 async for event in events:
                     if "error" in event:
                         raise item_failure(event["error"])
                     prompt = int(event.get("prompt_tokens", prompt))
                     completion = int(event.get("completion_tokens", completion))
+                    if not first and completion:
+                        first = time.perf_counter()
+                        self._first_token.observe(first - started)
                     yield event
         except ReplicaDied as exc:
             raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
         finally:
             self._release()
-            count_tokens(prompt + completion)
+            count_tokens(prompt, completion)
+            if completion > 1:
+                self._per_token.observe((time.perf_counter() - first) / (completion - 1))
+            if span is not None:
+                tracing.span_ended(span, prompt, completion)
 
 
 # The in-flight gauge is written by one task per process every PUBLISH_SECONDS, not per request: in

@@ -26,9 +26,10 @@ streaming task's `low` requests are handed to its engine marked (`"low": true` i
 admits them after the others.
 
 Traces: a request that carries its gateway's `traceparent` (`Run.trace`, `Generate.trace`; only while
-tracing is on) gets a span of the replica's in the same trace (`modelhost.tracing`): a batch request's
-covers its model call, with the time it waited and the size of its batch; a generation's runs from its
-start to its last event, with its time to first token and its tokens. Without one nothing is made.
+tracing is on) gets the replica's spans in the same trace (`modelhost.tracing`): a batch request's
+`replica` span holds its `queue` wait and the `model call` of its batch (with the batch's size); a
+generation's `generate` span runs from its start to its last event, with its `prefill` and `decode`,
+its time to first token and its tokens. Without one nothing is made.
 
 A connection (`peer`) that closes takes its requests with it: its waiting requests are dropped and its
 generations stopped, so a gateway process that dies loses only its own work.
@@ -92,7 +93,7 @@ class _Stream:
     peer: Peer
     id: int
     tokens: int = 0
-    span: tracing.Span | None = None
+    trace: tracing.GenerationTrace | None = None
 
 
 def with_priority(message: Generate) -> Payload:
@@ -187,8 +188,8 @@ class ReplicaHost:
         except ModelhostError as exc:  # the request's own fault: its caller gets a 400
             self._event(peer, message.id, error_of(exc))
             return
-        span = tracing.replica_generate_span(message.trace, self._deployment) if message.trace else None
-        self._streams[key] = _Stream(peer, message.id, span=span)
+        traced = tracing.generation_trace(message.trace, self._deployment, "transformers")
+        self._streams[key] = _Stream(peer, message.id, trace=traced)
         self._stream_keys[peer, message.id] = key
 
     def _cancel(self, peer: Peer, request_id: int) -> None:
@@ -204,8 +205,8 @@ class ReplicaHost:
         key = self._stream_keys.pop((peer, request_id), None)
         if key is not None and is_streaming(self._handler):
             stream = self._streams.pop(key, None)
-            if stream is not None and stream.span is not None:
-                tracing.generation_event(stream.span, {"cancelled": True}, stream.tokens)
+            if stream is not None and stream.trace is not None:
+                stream.trace.event({"cancelled": True})
             self._handler.cancel(self._state, key)
 
     # ---------------------------------------------------------------- work
@@ -267,13 +268,12 @@ class ReplicaHost:
         self._last_batch, self._freed_at = len(batch), self._clock()
 
     def _trace_batch(self, batch: list[_Waiting], started_ns: int) -> None:
-        """A span per traced request of the batch just run: its model call, its wait before it."""
+        """The spans of each traced request of the batch just run: its wait, its model call."""
         ended_ns = time.time_ns()
         for waiting in batch:
             if waiting.trace:
-                queued = (started_ns - waiting.arrived) / 1e9
-                tracing.replica_run_span(
-                    waiting.trace, self._deployment, started_ns, ended_ns, queued, len(batch)
+                tracing.replica_request_spans(
+                    waiting.trace, self._deployment, waiting.arrived, started_ns, ended_ns, len(batch)
                 )
 
     def _take(self, count: int) -> list[_Waiting]:
@@ -307,8 +307,8 @@ class ReplicaHost:
             stream = self._streams.get(key)
             if stream is None:
                 continue  # cancelled meanwhile
-            if stream.span is not None:
-                tracing.generation_event(stream.span, event, stream.tokens)
+            if stream.trace is not None:
+                stream.trace.event(event)
             generated = event.get("completion_tokens")
             if generated is not None:
                 tokens += generated - stream.tokens

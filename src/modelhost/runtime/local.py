@@ -143,15 +143,15 @@ class LocalProcessReplica:
         engine = hello.engine or self.spec.engine
         metrics.ENGINE.labels(self.spec.deployment_id, engine).set(1)
 
-    async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
+    async def submit(self, item: dict[str, Any], trace: str = "") -> dict[str, Any]:
         if not self.alive or self._connection is None:
             raise ReplicaDiedBeforeStart("the replica is not running")
-        return await self._connection.submit(item)
+        return await self._connection.submit(item, trace)
 
-    async def stream(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(self, request: dict[str, Any], trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
         if not self.alive or self._connection is None:
             raise ReplicaDied("the replica is not running")
-        async with contextlib.aclosing(self._connection.stream(request)) as events:
+        async with contextlib.aclosing(self._connection.stream(request, trace)) as events:
             async for event in events:
                 yield event
 

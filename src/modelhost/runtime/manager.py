@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
+from modelhost import tracing
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
 from modelhost.errors import DeploymentUnavailable, InsufficientCapacity, ModelhostError, NotFound
@@ -155,7 +156,8 @@ class DeploymentRuntime:
             if self.state == "ready" and any(r.alive for r in self.replicas):
                 return
             self._drop_dead()
-            await self._load(deadline, may_evict)
+            with tracing.step("load deployment", {"modelhost.deployment": self.spec.id}):  # a cold start
+                await self._load(deadline, may_evict)
 
     def _drop_dead(self) -> None:
         """Replicas that died but whose exit is not handled yet (`on_replica_exit` comes a moment after
@@ -185,9 +187,10 @@ class DeploymentRuntime:
         count = self._manager.replica_count(self.spec)
         if self.reservation is None:  # a replacement of a replica that died keeps the room it had
             try:
-                self.reservation = await self._manager.placement.admit(
-                    self, count, deadline, self._manager.tenants, may_evict=may_evict
-                )
+                with tracing.step("wait for memory"):  # room in the budget: evictions, or a turn
+                    self.reservation = await self._manager.placement.admit(
+                        self, count, deadline, self._manager.tenants, may_evict=may_evict
+                    )
             except InsufficientCapacity as exc:  # stays unloaded; a background try keeps the old reason
                 self.state, self.reason = "unloaded", exc.message if may_evict else reason
                 self.wants_memory = self.wants_loaded

@@ -33,6 +33,21 @@ INFERENCE_SECONDS = Histogram(
     ["deployment"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+# The OpenTelemetry GenAI semantic conventions' server metrics, under their Prometheus names (seconds,
+# their buckets), as a generation's caller sees them: measured in the gateway from its dispatch, queues
+# and prefill included (docs/operations.md, "Metrics").
+TIME_TO_FIRST_TOKEN = Histogram(
+    "gen_ai_server_time_to_first_token_seconds",
+    "Time from a generation's dispatch to its first token (GenAI semantic conventions).",
+    ["deployment"],
+    buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10),
+)
+TIME_PER_OUTPUT_TOKEN = Histogram(
+    "gen_ai_server_time_per_output_token_seconds",
+    "Time per output token after the first, per generation (GenAI semantic conventions).",
+    ["deployment"],
+    buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5),
+)
 COLD_STARTS = Counter("modelhost_cold_starts_total", "Deployment loads (cold starts).", ["deployment"])
 LOAD_SECONDS = Histogram(
     "modelhost_load_seconds", "Time to load a deployment's replicas.", ["deployment"],

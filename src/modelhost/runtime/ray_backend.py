@@ -304,6 +304,7 @@ class ModelServer:
         )
         if load.warmup:
             worker.warm_up(handler, state)
+        tracing.start("replica")  # where the node's OTEL_* variables name an endpoint
         self._host = ReplicaHost(
             handler, state, deployment=self._reporter.app, max_batch=load.max_batch, max_wait=load.max_wait
         )
@@ -324,32 +325,36 @@ class ModelServer:
         the gateway shows it on the deployment, as a local worker's `Ready` message says it."""
         return self._choice
 
-    async def run(self, item: dict[str, Any]) -> dict[str, Any]:
-        """One request of a batch task; the host batches it with the others waiting."""
+    async def run(self, item: dict[str, Any], trace: str = "") -> dict[str, Any]:
+        """One request of a batch task; the host batches it with the others waiting. `trace`: the
+        gateway dispatch's `traceparent`, which the host's spans of it join."""
         request_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = self._event_loop().create_future()
         self._waiting.calls[request_id] = future
-        self._post(Run(request_id, item, low=low_priority(), trace=tracing.parent()))
+        self._post(Run(request_id, item, low=low_priority(), trace=trace))
         try:
             return await future
         finally:  # still registered: the caller left (Ray cancelled this task); drop it if it waits
             if self._waiting.calls.pop(request_id, None) is not None:
                 self._post(Cancel(request_id))
 
-    async def run_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def run_many(self, items: list[dict[str, Any]], traces: list[str]) -> list[dict[str, Any]]:
         """The requests one gateway had waiting, each joining the host's queue on its own; a request
         whose batch failed answers an internal error (the gateway's 503) without failing the others."""
-        answers = await asyncio.gather(*(self.run(item) for item in items), return_exceptions=True)
+        runs = (self.run(item, trace) for item, trace in zip(items, traces, strict=True))
+        answers = await asyncio.gather(*runs, return_exceptions=True)
         return [
             a if isinstance(a, dict) else {"error": {"message": f"{type(a).__name__}: {a}", "internal": True}}
             for a in answers
         ]
 
-    async def generate(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+    async def generate(
+        self, request: dict[str, Any], trace: str = ""
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events until it finishes. When the caller cancels (Ray cancels this task) or
         leaves, the sequence is dropped from the engine before its next step."""
         self._event_loop()
-        events = self._waiting.stream(next(self._ids), self._post, request)
+        events = self._waiting.stream(next(self._ids), self._post, request, trace)
         async with contextlib.aclosing(events):
             async for event in events:
                 yield event
@@ -472,10 +477,12 @@ class VllmServer:
         """vLLM runs as asked: nothing was chosen at load."""
         return None
 
-    async def generate(self, request: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
+    async def generate(
+        self, request: dict[str, Any], trace: str = ""
+    ) -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events from vLLM's worker. When the caller cancels (Ray cancels this task) or
         leaves, closing the worker's stream sends `Cancel`, and vLLM aborts the request."""
-        async with contextlib.aclosing(self._connection.stream(request)) as events:
+        async with contextlib.aclosing(self._connection.stream(request, trace)) as events:
             async for event in events:
                 yield event
 
@@ -616,7 +623,8 @@ class RayServeReplica:
         self._stopping = False
         self._request_ids = itertools.count(1)
         self._pending: dict[int, Any] = {}  # request id → its Ray response (`cancel()` on both kinds)
-        self._waiting: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
+        # requests waiting for the next `run_many`: (item, its traceparent, its caller's future)
+        self._waiting: list[tuple[dict[str, Any], str, asyncio.Future[dict[str, Any]]]] = []
         self._sender: asyncio.Task[None] | None = None
         self._streams: set[int] = set()
         self._memory: list[tuple[int, int]] = []  # (pid, footprint) of each replica, as last reported
@@ -730,14 +738,14 @@ class RayServeReplica:
         )
         return ModelServer, load
 
-    async def submit(self, item: dict[str, Any]) -> dict[str, Any]:
+    async def submit(self, item: dict[str, Any], trace: str = "") -> dict[str, Any]:
         """One request. A Ray call costs far more than a socket write, so one call carries every
         request this gateway has waiting: those that arrive while a call is out go together in the
         next (`run_many`), and the Serve replica's host batches them with everyone else's."""
         if self._handle is None or self._stopping:
             raise ReplicaDied("the replica is not running")
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        waiting = (item, future)
+        waiting = (item, trace, future)
         self._waiting.append(waiting)
         if self._sender is None or self._sender.done():
             self._sender = asyncio.create_task(self._send_waiting())
@@ -753,7 +761,7 @@ class RayServeReplica:
         while self._waiting:
             group, self._waiting = self._waiting, []
             request_id = next(self._request_ids)
-            response = self._handle.run_many.remote([item for item, _ in group])
+            response = self._handle.run_many.remote([w[0] for w in group], [w[1] for w in group])
             self._pending[request_id] = response
             try:
                 outputs: list[dict[str, Any]] = await response
@@ -763,7 +771,7 @@ class RayServeReplica:
                     if isinstance(exc, RayError | RayServeException)
                     else ReplicaDied("the Serve replica stopped")
                 )
-                for _, future in group:
+                for _, _, future in group:
                     if not future.done():
                         future.set_exception(failure)
                 if not isinstance(exc, Exception):
@@ -771,17 +779,17 @@ class RayServeReplica:
                 continue
             finally:
                 self._pending.pop(request_id, None)
-            for (_, future), output in zip(group, outputs, strict=True):
+            for (_, _, future), output in zip(group, outputs, strict=True):
                 if not future.done():
                     future.set_result(output)
 
-    async def stream(self, request: Any) -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(self, request: Any, trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events from a Serve replica; closing the iterator early cancels the Ray
         response, which cancels the replica's generator and drops the sequence from its engine."""
         if self._handle is None or self._stopping:
             raise ReplicaDied("the replica is not running")
         request_id = next(self._request_ids)
-        response: Any = self._handle.options(stream=True).generate.remote(request)
+        response: Any = self._handle.options(stream=True).generate.remote(request, trace)
         self._pending[request_id] = response
         self._streams.add(request_id)
         finished = False
@@ -821,7 +829,7 @@ class RayServeReplica:
         for response in list(self._pending.values()):
             response.cancel()
         waiting, self._waiting = self._waiting, []
-        for _, future in waiting:
+        for _, _, future in waiting:
             if not future.done():
                 future.set_exception(ReplicaDied("the replica was unloaded"))
         self._memory = []

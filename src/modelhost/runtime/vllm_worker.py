@@ -29,6 +29,7 @@ from typing import Any
 
 import msgspec
 
+from modelhost import tracing
 from modelhost.engines.vllm import LoraSlots, VllmModel, generate, load, warm_up
 from modelhost.runtime import metrics
 from modelhost.runtime.host import with_priority
@@ -64,6 +65,7 @@ class _Peer:
 class VllmWorker:
     def __init__(self, model: VllmModel, deployment: str) -> None:
         self.model = model
+        self.deployment = deployment
         # the same gauge the transformers engine's replicas keep: sequences held (vLLM's running and
         # waiting requests are ours until their last event)
         self._generating = metrics.GENERATING.labels(deployment)
@@ -122,6 +124,7 @@ class VllmWorker:
         request_id = f"{peer.number}-{message.id}"
         self._generating.inc()
         counted = 0  # of the request's tokens, in `modelhost_generation_tokens_total`
+        traced = tracing.generation_trace(message.trace, self.deployment, "vllm")
 
         def emit(event: dict[str, Any]) -> None:
             nonlocal counted
@@ -129,11 +132,15 @@ class VllmWorker:
             if generated > counted:
                 self._generated_tokens.inc(generated - counted)
                 counted = generated
+            if traced is not None:
+                traced.event(event)
             self._event(peer, message.id, event)
 
         try:
             await generate(self.model, request_id, with_priority(message), emit)
         except asyncio.CancelledError:
+            if traced is not None:
+                traced.event({"cancelled": True})
             await self.model.abort(request_id)
             raise
         except Exception as exc:  # the engine failed: this request gets an internal error
@@ -218,6 +225,7 @@ async def _serve(args: argparse.Namespace) -> int:
         model.shutdown()
         return 1
     worker = VllmWorker(model, args.deployment)
+    traced = tracing.start("replica")  # on where the gateway's OTEL_* variables name an endpoint
     try:
         reader, writer = await asyncio.open_connection(sock=lifeline)
         writer.write(encode(Ready(time.perf_counter() - started)))
@@ -229,6 +237,8 @@ async def _serve(args: argparse.Namespace) -> int:
         server.close()
         return 1 if stopped.done() else 0
     finally:
+        if traced:
+            tracing.stop()  # its last spans go out
         model.shutdown()
 
 

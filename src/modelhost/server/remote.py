@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from modelhost import tracing
 from modelhost.agents.store import RunJob
 from modelhost.cache import TTLCache
 from modelhost.config import Settings
@@ -193,7 +194,8 @@ class RemoteRuntime:
             flight = asyncio.ensure_future(self._link.call(lambda n: Acquire(n, deployment_id)))
             self._acquiring[deployment_id] = flight
             flight.add_done_callback(lambda _: self._acquiring.pop(deployment_id, None))
-        addresses: list[str] = await asyncio.shield(flight)
+        with tracing.step("acquire replicas"):  # the supervisor loads it (a cold start) or says where
+            addresses: list[str] = await asyncio.shield(flight)
         self.replicas_changed(deployment_id, addresses)
         await self._connect(deployment)
         return deployment

@@ -9,7 +9,6 @@ import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
 
-from modelhost import tracing
 from modelhost.api.deps import CallerPrincipal, deployment_for, run_inference
 from modelhost.api.errors import error_responses
 from modelhost.protocol.openai import EmbeddingsRequest, EmbeddingsResponse
@@ -60,7 +59,6 @@ async def create_embeddings(
     deployment = await deployment_for(request, principal, body.model)
     output = await run_inference(request, deployment.id, {"inputs": as_inputs(body.input)})
     vectors = truncate(vectors_of(output), body.dimensions)
-    tracing.record_usage(input_tokens=output["tokens"])
     if body.encoding_format == "base64":
         encoded: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
     else:
