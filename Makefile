@@ -39,7 +39,10 @@ bench-soak:
 	bash scripts/setup.sh dev
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.soak
 
-## The console's screenshots in docs/console/ (shown in the README), taken by its browser tests.
+## The console's screenshots in docs/console/ (shown in the README), taken by its browser tests, and the
+## picture of a chat request's trace in docs/traces/ (docs/operations.md), drawn by the traces test.
 screenshots:
 	bash scripts/setup.sh dev
 	MODELHOST_CONSOLE_SCREENSHOTS=docs/console HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider tests/test_console.py
+	MODELHOST_TEST_TRACE_PICTURE=docs/traces/chat.svg HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider \
+		tests/test_traces.py -k streamed_chat

@@ -5,7 +5,6 @@ replica; with tracing off nothing is exported and no `traceresponse` is sent."""
 from __future__ import annotations
 
 import itertools
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from modelhost import tracing
@@ -25,67 +23,11 @@ from tests.chat_model import served_chat_model
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, push_folder_sync
 from tests.live import live_server
+from tests.otlp import Receiver, attributes_of, client_traceparent
 from tests.server_process import ServerProcess
 from tests.trace_picture import save_if_asked
 
 Json = dict[str, Any]
-
-
-class Receiver:
-    """An OTLP/HTTP receiver: `POST /v1/traces` bodies decoded into (resource attributes, span) pairs."""
-
-    def __init__(self) -> None:
-        self.spans: list[tuple[dict[str, Any], Span]] = []
-        self.posts = 0
-        lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest.FromString(body)
-                with lock:
-                    receiver.posts += 1
-                    for resource_spans in request.resource_spans:
-                        resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
-                        for scope_spans in resource_spans.scope_spans:
-                            receiver.spans += [(resource, span) for span in scope_spans.spans]
-                self.send_response(200 if self.path == "/v1/traces" else 404)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def of_trace(self, trace_id: str) -> list[tuple[dict[str, Any], Span]]:
-        return [(r, s) for r, s in self.spans if s.trace_id.hex() == trace_id]
-
-    def wait_for(self, trace_id: str, names: set[str], timeout: float = 30) -> dict[str, tuple[Json, Span]]:
-        """The spans of a trace by name, once every one named has arrived."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = {span.name: (resource, span) for resource, span in self.of_trace(trace_id)}
-            if names <= found.keys():
-                return found
-            time.sleep(0.05)
-        raise AssertionError(f"spans {names} of {trace_id} not received; got {sorted(found)}")
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _value(value: Any) -> Any:
-    return getattr(value, value.WhichOneof("value")) if value.WhichOneof("value") else None
-
-
-def _attributes(span: Span) -> dict[str, Any]:
-    return {a.key: _value(a.value) for a in span.attributes}
 
 
 def _serve_tiny_embedder(root: Path, recipes: Path) -> Iterator[Json]:
@@ -134,12 +76,6 @@ def untraced(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterato
         yield from _serve_tiny_embedder(tmp_path_factory.mktemp("untraced"), recipes)
 
 
-def client_traceparent() -> tuple[str, str, str]:
-    """A client's own trace: (its header, the trace ID, the client span's ID)."""
-    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
-    return f"00-{trace_id}-{span_id}-01", trace_id, span_id
-
-
 def embed(served: Json, headers: dict[str, str]) -> httpx.Response:
     response: httpx.Response = served["http"].post(
         "/v1/embeddings",
@@ -175,7 +111,7 @@ def test_the_gateway_continues_the_clients_trace_and_the_replica_joins_it(
     assert gateway.parent_span_id.hex() == client_span
     assert gateway_resource["service.name"] == "modelhost-test"
     assert gateway_resource["modelhost.process"] == "gateway"
-    attributes = _attributes(gateway)
+    attributes = attributes_of(gateway)
     assert attributes["gen_ai.operation.name"] == "embeddings"
     assert attributes["gen_ai.request.model"] == "emb"
     assert attributes["gen_ai.usage.input_tokens"] > 0
@@ -196,13 +132,13 @@ def test_the_gateway_continues_the_clients_trace_and_the_replica_joins_it(
     assert replica_resource["modelhost.process"] == "replica"
     assert replica.kind == Span.SPAN_KIND_SERVER
     assert replica.parent_span_id == dispatch.span_id
-    replica_attributes = _attributes(replica)
+    replica_attributes = attributes_of(replica)
     assert replica_attributes["modelhost.batch.size"] >= 1
     assert replica_attributes["modelhost.queue.seconds"] >= 0
     queue, call = spans["queue"][1], spans["model call"][1]
     assert queue.parent_span_id == call.parent_span_id == replica.span_id
     assert queue.end_time_unix_nano == call.start_time_unix_nano
-    assert _attributes(call)["modelhost.batch.size"] == replica_attributes["modelhost.batch.size"]
+    assert attributes_of(call)["modelhost.batch.size"] == replica_attributes["modelhost.batch.size"]
     # the clocks of two processes of one machine: the replica's spans lie within the dispatch
     assert within(replica, dispatch)
 
@@ -253,7 +189,7 @@ def test_a_cold_start_shows_as_the_load_inside_the_wait_for_a_replica(
     )
     assert load.parent_span_id == wait.span_id
     assert memory.parent_span_id == load.span_id
-    assert _attributes(load)["modelhost.deployment"] == deployed.json()["id"]
+    assert attributes_of(load)["modelhost.deployment"] == deployed.json()["id"]
     # the load is most of the wait, and of the request: the replica's start
     assert load.end_time_unix_nano - load.start_time_unix_nano > 0.5 * (
         wait.end_time_unix_nano - wait.start_time_unix_nano
@@ -268,6 +204,10 @@ def traced_chat(tmp_path_factory: pytest.TempPathFactory, recipes: Path, receive
         env.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
         env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
         with served_chat_model(tmp_path_factory.mktemp("traced-chat"), recipes) as served:
+            warm_up = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            assert served.http.post(
+                "/v1/chat/completions", json=warm_up, headers=bearer(served.key)
+            ).is_success
             yield served
 
 
@@ -289,20 +229,30 @@ def test_a_streamed_chat_trace_has_the_generation_its_phases_and_its_tokens(
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens > 1
 
-    spans = receiver.wait_for(trace_id, {"chat chat", "dispatch", "generate", "prefill", "decode"})
+    names = {
+        "chat chat",
+        "authenticate",
+        "limits",
+        "wait for replica",
+        "dispatch",
+        "generate",
+        "prefill",
+        "decode",
+    }
+    spans = receiver.wait_for(trace_id, names)
     save_if_asked(receiver.of_trace(trace_id))  # the picture in docs/operations.md
-    server = _attributes(spans["chat chat"][1])
+    server = attributes_of(spans["chat chat"][1])
     assert server["gen_ai.operation.name"] == "chat"
     assert server["gen_ai.usage.input_tokens"] == usage.prompt_tokens
     assert server["gen_ai.usage.output_tokens"] == usage.completion_tokens
     dispatch = spans["dispatch"][1]
     assert dispatch.parent_span_id == spans["chat chat"][1].span_id
-    assert _attributes(dispatch)["gen_ai.usage.output_tokens"] == usage.completion_tokens
+    assert attributes_of(dispatch)["gen_ai.usage.output_tokens"] == usage.completion_tokens
 
     resource, generate = spans["generate"]
     assert resource["modelhost.process"] == "replica"
     assert generate.parent_span_id == dispatch.span_id
-    attributes = _attributes(generate)
+    attributes = attributes_of(generate)
     assert attributes["modelhost.engine"] == "transformers"
     assert attributes["gen_ai.usage.input_tokens"] == usage.prompt_tokens
     assert attributes["gen_ai.usage.output_tokens"] == usage.completion_tokens
@@ -334,7 +284,7 @@ async def test_a_media_fetch_is_a_client_span_of_the_request_that_reads_it(
     fetched = receiver.wait_for(tracing.trace_id_of(span), {"fetch media"})["fetch media"][1]
     assert fetched.kind == Span.SPAN_KIND_CLIENT
     assert fetched.parent_span_id.hex() == f"{span.get_span_context().span_id:016x}"
-    attributes = _attributes(fetched)
+    attributes = attributes_of(fetched)
     assert attributes["server.address"] == "127.0.0.1"
     assert attributes["http.response.body.size"] == len(body)
     assert attributes["modelhost.param"] == "image"

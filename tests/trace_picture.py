@@ -1,6 +1,6 @@
 """A trace drawn as a waterfall (SVG), from the spans an OTLP receiver got: the picture of one chat
 request's trace in docs/operations.md is drawn by the traces test from a real trace when
-`MODELHOST_TRACE_PICTURE` names the file to write."""
+`MODELHOST_TEST_TRACE_PICTURE` names the file to write."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ COLOURS = {"gateway": "#4c78a8", "replica": "#f58518"}
 
 
 def save_if_asked(spans: list[tuple[dict[str, Any], Span]]) -> None:
-    """Write the waterfall where `MODELHOST_TRACE_PICTURE` says, if it does."""
-    target = os.environ.get("MODELHOST_TRACE_PICTURE")
+    """Write the waterfall where `MODELHOST_TEST_TRACE_PICTURE` says, if it does."""
+    target = os.environ.get("MODELHOST_TEST_TRACE_PICTURE")
     if target:
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         Path(target).write_text(waterfall(spans))

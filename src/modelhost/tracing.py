@@ -18,19 +18,23 @@ into the gateway (`continued`), and from the gateway to a replica in the replica
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span as Span  # re-exported: the type of the spans callers hold
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+from modelhost.errors import ModelhostError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -353,3 +357,47 @@ def generation_trace(traceparent: str, deployment: str, engine: str) -> Generati
         start_time=started,
     )
     return GenerationTrace(span, started)
+
+
+# ---------------------------------------------------------------- work started by a request
+
+# Batch lines, agent runs and video jobs run after the request that created them has answered, maybe
+# hours later, maybe after a restart. Each starts a trace of its own, linked to its creator's span (the
+# creator's `traceparent`, stored with the work): OpenTelemetry's pattern for work handed over through a
+# queue. The creator's trace stays as long as its request; the link leads from the work to it.
+
+T = TypeVar("T")
+
+
+def linked_span(name: str, creator: str | None, attributes: Mapping[str, AttributeValue]) -> trace.Span:
+    """An INTERNAL span that is the root of a new trace, with a link to the span `creator` names (a W3C
+    `traceparent`; no link when it names none: the work was created with tracing off)."""
+    found = continued(creator)
+    links = [] if found is None else [trace.Link(trace.get_current_span(found).get_span_context())]
+    return _tracer.start_span(
+        name,
+        context=otel_context.Context(),  # a root: not the current span of whatever task starts it
+        kind=trace.SpanKind.INTERNAL,
+        attributes=attributes,
+        links=links,
+    )
+
+
+async def within(span: trace.Span, work: Awaitable[T], stopped: tuple[type[BaseException], ...] = ()) -> T:
+    """Await `work` with `span` current, and end the span with it. Current, so that what the work sends
+    on (the replica protocol's `parent`, an in-process request) joins the span's trace. An exception
+    marks the span an error (`error.type`: a modelhost error's code, else the exception's class), but
+    for a cancel and the `stopped` ones, which end the work without failing it (a deleted run)."""
+    token = activate(span)
+    try:
+        return await work
+    except BaseException as exc:
+        if not isinstance(exc, (asyncio.CancelledError, *stopped)):
+            span.set_attribute(
+                "error.type", exc.code if isinstance(exc, ModelhostError) else type(exc).__qualname__
+            )
+            span.set_status(trace.StatusCode.ERROR)
+        raise
+    finally:
+        deactivate(token)
+        span.end()

@@ -17,6 +17,7 @@ import secrets
 import time
 from typing import Any, Protocol
 
+from modelhost import tracing
 from modelhost.agents.store import AgentStore, RunJob
 from modelhost.auth.limits import RateLimiter, start_counting
 from modelhost.clock import beat, heartbeat_seconds
@@ -96,7 +97,10 @@ class AgentRunner:
         beating = asyncio.create_task(self._heartbeat(job.id))
         used = start_counting()  # the tokens it generates, taken from its key's bucket at the end
         try:
-            await self._execute(job)
+            if tracing.ENABLED:
+                await tracing.within(self._span(job), self._execute(job), stopped=(_Stopped,))
+            else:
+                await self._execute(job)
         except _Stopped:
             pass  # closing the stream (on the way out of `_execute`) stopped the generation
         except ModelhostError as exc:
@@ -113,6 +117,19 @@ class AgentRunner:
             self._running.pop(job.id, None)
             if self.limits is not None and job.subjects and used[0]:
                 self.limits.charge(job.subjects, used[0])
+
+    @staticmethod
+    def _span(job: RunJob) -> tracing.Span:
+        """The run's `invoke_agent` span (GenAI semantic conventions), linked to the request that
+        created the run. Current while it generates: the replica's `generate` span is its child."""
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": job.agent_name,
+            "gen_ai.agent.id": job.agent_id,
+            "gen_ai.request.model": job.model,
+            "modelhost.agent_run.id": job.id,
+        }
+        return tracing.linked_span(f"invoke_agent {job.agent_name}", job.traceparent, attributes)
 
     async def _append(self, job: RunJob, type_: str, data: dict[str, Any], **values: Any) -> None:
         """Write an event; when the run is no longer ours to write (deleted, cancelled), stop here."""
@@ -151,6 +168,7 @@ class AgentRunner:
             await self._append(job, "tool_call", dict(call))
         output = {"content": message.get("content"), "tool_calls": choice.calls}
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": choice.completion_tokens}
+        tracing.current_attributes(tracing.usage(prompt_tokens, choice.completion_tokens))  # the run's span
         await self._append(
             job,
             "message.completed",

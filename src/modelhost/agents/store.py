@@ -37,11 +37,14 @@ class RunJob:
     """What a runner needs to execute a run."""
 
     id: str
+    agent_id: str
+    agent_name: str
     deployment_id: str
     model: str
     instructions: str
     tools: list[dict[str, Any]] | None
     request: dict[str, Any]
+    traceparent: str  # the request that created it, which the run's span links to ("": none)
     # Whom its tokens count against (the key and account that started it, where rate-limited).
     subjects: tuple[Subject, ...] = ()
 
@@ -109,9 +112,16 @@ class AgentStore:
     # ---------------------------------------------------------------- runs: the API's side
 
     def create_run(
-        self, account_id: str, agent_id: str, deployment_id: str, request: dict[str, Any], runner: str
+        self,
+        account_id: str,
+        agent_id: str,
+        deployment_id: str,
+        request: dict[str, Any],
+        runner: str,
+        traceparent: str = "",
     ) -> tuple[dict[str, Any], RunJob]:
-        """A queued run held by `runner` (the gateway that starts it), with its `run.created` event."""
+        """A queued run held by `runner` (the gateway that starts it), with its `run.created` event.
+        `traceparent` is the creating request's span (`tracing.parent()`), for the run's to link to."""
         with self._database.transaction() as session:
             agent = self._agent(session, account_id, agent_id)
             run = AgentRun(
@@ -123,11 +133,22 @@ class AgentStore:
                 status="queued",
                 claimed_by=runner,
                 last_seq=1,
+                traceparent=traceparent or None,
             )
             session.add(run)
             session.flush()
             session.add(AgentRunEvent(run_id=run.id, seq=1, type="run.created", data={"status": "queued"}))
-            job = RunJob(run.id, deployment_id, agent.model, agent.instructions, agent.tools, dict(request))
+            job = RunJob(
+                id=run.id,
+                agent_id=agent.id,
+                agent_name=agent.name,
+                deployment_id=deployment_id,
+                model=agent.model,
+                instructions=agent.instructions,
+                tools=agent.tools,
+                request=dict(request),
+                traceparent=traceparent,
+            )
             return run_view(run, agent.model), job
 
     def get_run(self, account_id: str, agent_id: str, run_id: str) -> dict[str, Any]:

@@ -3,7 +3,8 @@ errors as the request sent over HTTP, without the socket.
 
 The scope carries the batch creator's principal (so the key check finds it there, as for any request
 whose key was checked) and `BATCH_LINE` (low priority, no per-minute limits: `api.deps`). Neither can
-come from outside: an HTTP request's scope starts empty of them.
+come from outside: an HTTP request's scope starts empty of them. With tracing on it carries the line's
+span as its `traceparent`, as a client's request would carry the client's.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import orjson
 from starlette.types import ASGIApp, Message
 
+from modelhost import tracing
 from modelhost.api.deps import BATCH_LINE, PRINCIPAL
 from modelhost.auth.principal import Principal
 from modelhost.batches.runner import LineCall
@@ -44,6 +46,8 @@ def line_caller(app: ASGIApp) -> LineCall:
             PRINCIPAL: principal,
             BATCH_LINE: True,
         }
+        if tracing.ENABLED:  # the line's span (`batches.runner`): its request continues that trace
+            scope["headers"].append((b"traceparent", tracing.parent().encode()))
         delivered = False
         never = asyncio.Event()  # the caller never leaves: `await_or_disconnect` waits on this forever
         status, request_id, chunks = 500, "", []

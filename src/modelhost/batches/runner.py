@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from modelhost import tracing
 from modelhost.auth.principal import Principal
 from modelhost.batches.input import Line, LineError, check_lines, parse_lines
 from modelhost.batches.store import EXPIRED_LINE, Answer, Batches, Claimed, answered, failed
@@ -240,6 +241,22 @@ class BatchRun:
             await self._flush()
 
     async def _call(self, call: LineCall, principal: Principal, line: Line) -> tuple[int, str, bytes]:
+        """The line's answer; with tracing on, within the line's span, which its request (each try)
+        continues: a trace per line, linked to the request that created the batch."""
+        if tracing.ENABLED:
+            return await tracing.within(self._line_span(line), self._tries(call, principal, line))
+        return await self._tries(call, principal, line)
+
+    def _line_span(self, line: Line) -> tracing.Span:
+        attributes: dict[str, str | int] = {
+            "modelhost.batch.id": self.batch.id,
+            "modelhost.batch.custom_id": line.custom_id,
+            "modelhost.batch.line": line.number,
+            "modelhost.batch.endpoint": self.batch.endpoint,
+        }
+        return tracing.linked_span("batch line", self.batch.traceparent, attributes)
+
+    async def _tries(self, call: LineCall, principal: Principal, line: Line) -> tuple[int, str, bytes]:
         """The line's answer, tried again after a pause (1, 2, 4... s) while it is a "not now"."""
         for attempt in range(RETRIES + 1):
             status, request_id, body = await call(principal, self.batch.endpoint, line.body)

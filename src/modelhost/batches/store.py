@@ -49,6 +49,7 @@ class Claimed:
     input_key: str
     expires_at: datetime
     cancelled: bool  # cancelled before it ended (what a batch taken over while finalizing ends as)
+    traceparent: str  # its creator's request, which each line's span links to ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +97,11 @@ class Batches:
         completion_window: str,
         metadata: dict[str, str] | None,
         output_expires_seconds: int | None,
+        traceparent: str = "",
     ) -> dict[str, Any]:
         """A batch of the input file, `validating`: the runner checks its lines. The input is copied
-        (its file may be deleted while the batch runs)."""
+        (its file may be deleted while the batch runs). `traceparent` is the creating request's span
+        (`tracing.parent()`), kept for its lines' spans to link to."""
         data = self._files.read(owner, input_file_id, "batch")
         batch_id = new_id("batch")
         key = f"batches/{batch_id}/input.jsonl"
@@ -117,6 +120,7 @@ class Batches:
                 status="validating",
                 batch_metadata=metadata,
                 output_expires_seconds=output_expires_seconds,
+                traceparent=traceparent or None,
                 total=0,
                 completed=0,
                 failed=0,
@@ -190,6 +194,7 @@ class Batches:
                         row.input_key,
                         row.expires_at,
                         row.cancelling_at is not None,
+                        row.traceparent or "",
                     )
         return None
 

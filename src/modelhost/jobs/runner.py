@@ -16,6 +16,7 @@ import secrets
 import time
 from typing import Any, Protocol
 
+from modelhost import tracing
 from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
@@ -90,7 +91,10 @@ class VideoRunner:
     async def _run(self, job: Claimed) -> None:
         beating = asyncio.create_task(self._heartbeat(job.id))
         try:
-            await self._generate(job)
+            if tracing.ENABLED:
+                await tracing.within(self._span(job), self._generate(job))
+            else:
+                await self._generate(job)
         except ModelhostError as exc:
             # A worker's own error code (invalid_size, out_of_memory...) names the failure; a generic
             # refusal or an unavailable replica is a generation error.
@@ -110,6 +114,13 @@ class VideoRunner:
         finally:
             beating.cancel()
             self._running.pop(job.id, None)
+
+    @staticmethod
+    def _span(job: Claimed) -> tracing.Span:
+        """The job's `video job` span, linked to the request that created it (on each run of it: a
+        re-run after a restart too). Current while it generates: the replica's spans are its children."""
+        attributes = {"modelhost.video.id": job.id, "gen_ai.request.model": job.model}
+        return tracing.linked_span("video job", job.traceparent, attributes)
 
     async def _generate(self, job: Claimed) -> None:
         options = job.options

@@ -40,8 +40,10 @@ PREVIEWS = ("thumbnail", "spritesheet")  # made beside the MP4 by the worker
 class Claimed:
     id: str
     deployment_id: str
+    model: str
     prompt: str
     options: dict[str, Any]
+    traceparent: str  # the request that created it, which the job's span links to ("": none)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,10 @@ class VideoJobs:
         prompt: str,
         options: dict[str, Any],
         reference: bytes | None,
+        traceparent: str = "",
     ) -> dict[str, Any]:
+        """A queued job. `traceparent` is the creating request's span (`tracing.parent()`), kept for the
+        job's span to link to, however late (a re-run after a restart too) it runs."""
         job_id = new_id("video")
         if reference is not None:
             key = f"videos/{job_id}/reference"
@@ -85,6 +90,7 @@ class VideoJobs:
                 model=model,
                 prompt=prompt,
                 options=options,
+                traceparent=traceparent or None,
             )
             session.add(job)
             session.flush()
@@ -190,7 +196,14 @@ class VideoJobs:
                 if won:
                     job = session.get(VideoJob, candidate)
                     assert job is not None
-                    return Claimed(job.id, job.deployment_id, job.prompt, dict(job.options))
+                    return Claimed(
+                        job.id,
+                        job.deployment_id,
+                        job.model,
+                        job.prompt,
+                        dict(job.options),
+                        job.traceparent or "",
+                    )
 
     def reference(self, claimed: Claimed) -> bytes | None:
         key = claimed.options.get("reference_key")

@@ -102,7 +102,8 @@ class DeploymentRuntime:
         """A generation's events from the least busy replica (the engine in the replica batches
         continuously)."""
         self.last_used = self._clock.monotonic()
-        await self.ensure_loaded()
+        with tracing.step("wait for replica"):
+            await self.ensure_loaded()
         try:
             async with contextlib.aclosing(self.dispatcher.stream(self.replicas, item)) as events:
                 async for event in events:

@@ -178,7 +178,8 @@ class RemoteRuntime:
         return await deployment.dispatcher.infer(connections, item)
 
     async def stream(self, deployment_id: str, item: Payload) -> AsyncGenerator[Payload, None]:
-        deployment = await self._ready(deployment_id)
+        with tracing.step("wait for replica"):
+            deployment = await self._ready(deployment_id)
         self._used.add(deployment_id)
         async with contextlib.aclosing(deployment.dispatcher.stream(deployment.connections, item)) as events:
             async for event in events:

@@ -210,6 +210,8 @@ class VideoJob(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The W3C traceparent of the request that created it: its spans, whenever it runs, link to that.
+    traceparent: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Agent(Base):
@@ -247,6 +249,8 @@ class AgentRun(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The W3C traceparent of the request that created it: its spans, whenever it runs, link to that.
+    traceparent: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class AgentRunEvent(Base):
@@ -405,6 +409,8 @@ class Batch(Base):
     expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The W3C traceparent of the request that created it: each line's span links to that.
+    traceparent: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class BatchLine(Base):

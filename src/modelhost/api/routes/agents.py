@@ -18,6 +18,7 @@ import orjson
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from modelhost import tracing
 from modelhost.agents.store import ACTIVE
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of, deployment_for
 from modelhost.api.errors import error_responses
@@ -132,6 +133,7 @@ async def create_run(
         deployment.id,
         {"input": messages, **options},
         services.agent_runner.name,
+        tracing.parent(),  # the run's span links to this request's
     )
     await services.agent_runner.submit(dataclasses.replace(job, subjects=principal.limited()))
     return _json(run)

@@ -12,6 +12,7 @@ from typing import Annotated
 import orjson
 from fastapi import APIRouter, Query, Response
 
+from modelhost import tracing
 from modelhost.api.deps import CallerPrincipal, ServicesDep, owner_of
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, list_body
@@ -67,6 +68,7 @@ async def create_batch(
         body.completion_window,
         body.metadata,
         body.output_expires_after.seconds if body.output_expires_after else None,
+        tracing.parent(),  # its lines' spans link to this request's
     )
     if services.supervisor is not None:  # the runner is in this process: it need not wait to poll
         services.supervisor.batches.wake()

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Query, Request, Response
 
+from modelhost import tracing
 from modelhost.api.bodies import MediaBodyRoute, form_openapi
 from modelhost.api.deps import CallerPrincipal, ServicesDep, account_id_of, deployment_for
 from modelhost.api.errors import error_responses
@@ -97,6 +98,7 @@ async def create_video(
         body.prompt,
         options,
         reference,
+        tracing.parent(),  # the job's span links to this request's
     )
     return _json(job)
 
@@ -149,6 +151,7 @@ async def remix_video(
         body.prompt,
         options,
         source.reference,
+        tracing.parent(),
     )
     return _json(job)
 
