@@ -8,9 +8,10 @@ a request costs far more than running it: the gateway is what is measured. wrk s
 sentence per request to `POST /v1/embeddings`. Every configuration runs as its own server at once; wrk
 alternates between them for `--rounds` rounds and the table gives medians, so a slow minute of a shared
 machine hits all of them alike. `--baseline` adds a server running another checkout's `src` (the code
-before a change), measured in the same run. `--traced` adds one process with tracing on, every request
-sampled and exported over OTLP/HTTP to a collector that only takes them (a thread of this benchmark):
-what traces cost the gateway and the replica.
+before a change), measured in the same run. `--traced` adds two processes with tracing on, exporting
+over OTLP/HTTP to a collector that only takes them (a thread of this benchmark), one with every request
+sampled and one with 1 in 10 (`parentbased_traceidratio`, as an operator would run it): what traces
+cost the gateway and the replica.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Config:
     label: str
     workers: int
     source: Path | None = None
-    traced: bool = False
+    sampled: float = 0.0  # with tracing on: the share of requests sampled
     served: Served | None = None
     runs: list[tuple[float, float, float, float, float, float, int]] = field(default_factory=list)
 
@@ -66,11 +67,11 @@ class Config:
 
     @property
     def key(self) -> str:
-        """The configuration in figure names: `workers_2`, `traced`, or `baseline` (whatever its
-        label)."""
+        """The configuration in figure names: `workers_2`, `traced_100` (percent sampled), or
+        `baseline` (whatever its label)."""
         if self.source is not None:
             return "baseline"
-        return "traced" if self.traced else f"workers_{self.workers}"
+        return f"traced_{self.sampled * 100:.0f}" if self.sampled else f"workers_{self.workers}"
 
 
 def main() -> None:
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=5, help="wrk time per round and configuration")
     parser.add_argument("--baseline", type=Path, help="another checkout's src folder, served with 1 process")
     parser.add_argument("--baseline-label", default="before")
-    parser.add_argument("--traced", action="store_true", help="add one process with every request traced")
+    parser.add_argument("--traced", action="store_true", help="add two processes with tracing on")
     parser.add_argument("--port", type=int, default=18770)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
@@ -93,13 +94,18 @@ def main() -> None:
         configs.insert(0, Config(args.baseline_label, 1, args.baseline.resolve()))
     collector = Collector() if args.traced else None
     if collector is not None:
-        configs.append(Config("modelhost, tracing on", 1, traced=True))
+        configs.append(Config("modelhost, tracing on, every request sampled", 1, sampled=1.0))
+        configs.append(Config("modelhost, tracing on, 1 request in 10 sampled", 1, sampled=0.1))
     body = {"model": "tiny", "input": SENTENCE}
     try:
         for index, config in enumerate(configs):
             env = {**SETTINGS, "MODELHOST_WORKERS": str(config.workers)}
-            if config.traced and collector is not None:
-                env |= {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_TRACES_SAMPLER": "always_on"}
+            if config.sampled and collector is not None:
+                env |= {
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+                    "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                    "OTEL_TRACES_SAMPLER_ARG": str(config.sampled),
+                }
             config.served = serve(args.port + index, config.source, **env)
             deploy(config.served, folder, "feature-extraction", "tiny")
             wrk(config.served.url, "/v1/embeddings", body, config.served.key, 8, 2)  # warm-up
@@ -142,7 +148,7 @@ def report(configs: list[Config], args: argparse.Namespace, figures: Figures) ->
         for index, name in enumerate(FIELDS[:-1]):
             figures.add(f"{c.key}.{name}", c.median(index))
         figures.add(f"{c.key}.errors", sum(r[6] for r in c.runs))
-    ours = [c for c in configs if c.source is None and not c.traced]
+    ours = [c for c in configs if c.source is None and not c.sampled]
     one = next((c for c in ours if c.workers == 1), ours[0])
     scaling = [f"--workers {c.workers}: {c.median(0) / one.median(0):.2f}" for c in ours if c is not one]
     for c in ours:
@@ -157,20 +163,20 @@ def report(configs: list[Config], args: argparse.Namespace, figures: Figures) ->
             f"- **Gateway CPU per request, {baseline.label} → now (one process): {before:.3f} ms → "
             f"{now:.3f} ms ({before / now:.1f}× less)**."
         )
-    traced = next((c for c in configs if c.traced), None)
-    if traced is not None:
+    exports = figures.values.get("gateway.traced.exports", 0)
+    for traced in (c for c in configs if c.sampled):
         gateway, replica = traced.median(3) / one.median(3), traced.median(5) / one.median(5)
-        figures.ratio("traced_over_untraced.gateway_ms_per_request", gateway)
-        figures.ratio("traced_over_untraced.replica_ms_per_request", replica)
-        figures.ratio("traced_over_untraced.requests_per_second", traced.median(0) / one.median(0))
-        exports = figures.values.get("gateway.traced.exports", 0)
+        rate = traced.median(0) / one.median(0)
+        figures.ratio(f"{traced.key}_over_untraced.gateway_ms_per_request", gateway)
+        figures.ratio(f"{traced.key}_over_untraced.replica_ms_per_request", replica)
+        figures.ratio(f"{traced.key}_over_untraced.requests_per_second", rate)
         lines.append(
-            f"- **Tracing on, every request sampled, against off (one process each): gateway CPU per "
-            f"request {gateway:.2f}×, replica {replica:.2f}×, requests/s "
-            f"{traced.median(0) / one.median(0):.2f}×** ({traced.median(3):.3f} against "
-            f"{one.median(3):.3f} ms of gateway CPU per request; the spans went out over OTLP/HTTP in "
-            f"the SDK's batches, {exports:.0f} posts in all)."
+            f"- **{traced.label[len('modelhost, ') :].capitalize()}, against tracing off (one process each): "
+            f"gateway CPU per request {gateway:.2f}×, replica {replica:.2f}×, requests/s {rate:.2f}×** "
+            f"({traced.median(3):.3f} against {one.median(3):.3f} ms of gateway CPU per request)."
         )
+    if exports:
+        lines.append(f"- The traced servers' spans went out over OTLP/HTTP in {exports:.0f} posts.")
     return f"""## Gateway: a 1-layer BERT (hidden 32), where serving costs more than the model
 
 Machine: {machine()}. One run of `python -m bench.gateway {" ".join(_argv())}`: {args.connections} wrk

@@ -16,24 +16,24 @@ Json = dict[str, Any]
 
 
 class Receiver:
-    """An OTLP/HTTP receiver: `POST /v1/traces` bodies decoded into (resource attributes, span) pairs."""
+    """An OTLP receiver: each export decoded into (resource attributes, span) pairs. Over HTTP
+    (`POST /v1/traces`, protobuf bodies), or over gRPC (the collector's `TraceService`) for
+    `protocol="grpc"`; `url` is what `OTEL_EXPORTER_OTLP_ENDPOINT` names."""
 
-    def __init__(self) -> None:
+    def __init__(self, protocol: str = "http/protobuf") -> None:
         self.spans: list[tuple[dict[str, Any], Span]] = []
         self.posts = 0
-        lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._grpc: Any = None
+        if protocol == "grpc":
+            self._serve_grpc()
+            return
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest.FromString(body)
-                with lock:
-                    receiver.posts += 1
-                    for resource_spans in request.resource_spans:
-                        resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
-                        for scope_spans in resource_spans.scope_spans:
-                            receiver.spans += [(resource, span) for span in scope_spans.spans]
+                receiver.take(ExportTraceServiceRequest.FromString(body))
                 self.send_response(200 if self.path == "/v1/traces" else 404)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", "0")
@@ -45,6 +45,34 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _serve_grpc(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+        receiver = self
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
+                receiver.take(request)
+                return ExportTraceServiceResponse()
+
+        self._grpc = grpc.server(ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self._grpc)
+        port = self._grpc.add_insecure_port("127.0.0.1:0")
+        self._grpc.start()
+        self.url = f"http://127.0.0.1:{port}"
+
+    def take(self, request: ExportTraceServiceRequest) -> None:
+        with self._lock:
+            self.posts += 1
+            for resource_spans in request.resource_spans:
+                resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    self.spans += [(resource, span) for span in scope_spans.spans]
 
     def of_trace(self, trace_id: str) -> list[tuple[dict[str, Any], Span]]:
         return [(r, s) for r, s in self.spans if s.trace_id.hex() == trace_id]
@@ -60,6 +88,9 @@ class Receiver:
         raise AssertionError(f"spans {names} of {trace_id} not received; got {sorted(found)}")
 
     def close(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(grace=None)
+            return
         self.server.shutdown()
         self.server.server_close()
 

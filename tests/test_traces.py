@@ -370,3 +370,35 @@ def _genai_counts(served: Any) -> dict[str, float]:
             if line.startswith(f'{name}_count{{deployment="{served.deployment_id}"}}'):
                 counts[name] = float(line.rsplit(" ", 1)[1])
     return counts
+
+
+def test_a_request_its_caller_did_not_sample_is_named_in_the_answer_and_exports_nothing(
+    traced: Json, receiver: Receiver
+) -> None:
+    _, trace_id, span_id = client_traceparent()
+    answer = embed(traced, {"traceparent": f"00-{trace_id}-{span_id}-00"})  # flags 00: not sampled
+    version, answered_trace, _, flags = answer.headers["traceresponse"].split("-")
+    assert (version, answered_trace, flags) == ("00", trace_id, "00")
+    after, sampled, _ = client_traceparent()
+    embed(traced, {"traceparent": after})  # a sampled request after it: once its replica's spans are in,
+    receiver.wait_for(sampled, {"embeddings emb", "replica"})  # the first one's would be too
+    assert receiver.of_trace(trace_id) == []  # neither the gateway's spans nor the replica's
+
+
+def test_traces_go_over_grpc_when_the_protocol_says_so(
+    tmp_path_factory: pytest.TempPathFactory, recipes: Path
+) -> None:
+    receiver = Receiver("grpc")
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+            env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+            env.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+            env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+            for served in _serve_tiny_embedder(tmp_path_factory.mktemp("grpc"), recipes):
+                header, trace_id, _ = client_traceparent()
+                embed(served, {"traceparent": header})
+                spans = receiver.wait_for(trace_id, {"embeddings emb", "replica"})  # gateway and worker
+                assert spans["replica"][0]["modelhost.process"] == "replica"
+    finally:
+        receiver.close()

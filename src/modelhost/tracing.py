@@ -134,15 +134,16 @@ def header_of(span: trace.Span) -> str | None:
 
 def parent() -> str:
     """The current span as a `traceparent` for another process (the replica protocol); "" when tracing
-    is off or no span is current."""
+    is off or the current span records nothing (none, or not sampled: the other process's spans of it
+    would not be either, so it is spared making them)."""
     if not ENABLED:
         return ""
-    return header_of(trace.get_current_span()) or ""
+    return traceparent(trace.get_current_span())
 
 
 def traceparent(span: trace.Span | None) -> str:
-    """A span as a `traceparent` for another process; "" for none."""
-    return (header_of(span) or "") if span is not None else ""
+    """A recording span as a `traceparent` for another process; "" for none, or one not sampled."""
+    return (header_of(span) or "") if span is not None and span.is_recording() else ""
 
 
 def trace_id_of(span: trace.Span) -> str:
@@ -220,8 +221,8 @@ def step(
 ) -> AbstractContextManager[trace.Span | None]:
     """A child of the current span around one step of a request (authentication, limits, the wait for
     a replica, the dispatch), current while the step runs so that what it calls joins it. Off, or
-    outside any request's span (a load in the background), a shared context that does nothing."""
-    if not ENABLED or not trace.get_current_span().get_span_context().is_valid:
+    outside any sampled request's span (a load in the background), a shared context that does nothing."""
+    if not ENABLED or not trace.get_current_span().is_recording():
         return _OFF
     return _tracer.start_as_current_span(name, attributes=attributes, kind=kind)
 
@@ -230,8 +231,9 @@ def started(
     name: str, attributes: Attributes | None = None, kind: trace.SpanKind = trace.SpanKind.CLIENT
 ) -> trace.Span | None:
     """A child of the current span that the caller ends itself (`span.end()`), never made current: a
-    generation's dispatch, which lives across the yields of a stream. None while tracing is off."""
-    if not ENABLED or not trace.get_current_span().get_span_context().is_valid:
+    generation's dispatch, which lives across the yields of a stream. None while tracing is off, or
+    outside a sampled span."""
+    if not ENABLED or not trace.get_current_span().is_recording():
         return None
     return _tracer.start_span(name, attributes=attributes, kind=kind)
 

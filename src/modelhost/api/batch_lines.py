@@ -46,8 +46,9 @@ def line_caller(app: ASGIApp) -> LineCall:
             PRINCIPAL: principal,
             BATCH_LINE: True,
         }
-        if tracing.ENABLED:  # the line's span (`batches.runner`): its request continues that trace
-            scope["headers"].append((b"traceparent", tracing.parent().encode()))
+        line_span = tracing.parent()  # the line's span (`batches.runner`): its request continues that trace
+        if line_span:
+            scope["headers"].append((b"traceparent", line_span.encode()))
         delivered = False
         never = asyncio.Event()  # the caller never leaves: `await_or_disconnect` waits on this forever
         status, request_id, chunks = 500, "", []

@@ -197,9 +197,12 @@ class RequestPath(HttpMiddleware):
             await send(message)
 
         token = REQUEST_ID.set(request_id)
+        # a span not sampled is named in the logs and the answer, but nothing is made under it
+        recording = span is not None and span.is_recording()
         if span is not None:
-            active = tracing.activate(span)
             trace_token = TRACE_ID.set(tracing.trace_id_of(span))
+            if recording:
+                active = tracing.activate(span)
         try:
             await self.app(scope, receive, path_send)
         finally:
@@ -210,6 +213,8 @@ class RequestPath(HttpMiddleware):
             method = scope.get("method", "")
             if span is not None:
                 TRACE_ID.reset(trace_token)
+            if recording:
+                assert span is not None
                 tracing.deactivate(active)
                 tracing.server_span_ended(
                     span, method, getattr(route, "path", None), status, scope.get(tracing.MODEL), used
