@@ -17,6 +17,7 @@ from modelhost.api.app import create_app
 from modelhost.config import Settings
 from modelhost.container import Services
 from tests.helpers import ADMIN_KEY
+from tests.otlp import Receiver
 from tests.postgres import create_database, postgres_server
 
 # The files that take longest (seconds of test time in a full run on the 2-core machine: encoder
@@ -127,3 +128,11 @@ async def client(services: Services) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as http:
         yield http
     await services.manager.shutdown()  # no worker process outlives its test
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    """A module's OTLP/HTTP receiver, for the servers it traces (tests/otlp.py)."""
+    running = Receiver()
+    yield running
+    running.close()

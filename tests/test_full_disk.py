@@ -6,6 +6,7 @@ file, leaving as many bytes free as it wants; deleting that file frees the space
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import subprocess
@@ -44,11 +45,18 @@ class SmallDisk:
         return stats.f_bavail * stats.f_frsize
 
     def fill(self, leave: int = 0) -> None:
+        """The server writes meanwhile (its database's journal, heartbeats): what was free a moment ago
+        may no longer be, so a filler that finds no room is measured again and tried once more."""
         self.free()
-        size = self.free_bytes() - leave
         fd = os.open(self._filler, os.O_CREAT | os.O_WRONLY, 0o600)
         try:
-            os.posix_fallocate(fd, 0, size)
+            for attempt in range(5):
+                try:
+                    os.posix_fallocate(fd, 0, os.fstat(fd).st_size + self.free_bytes() - leave)
+                    return
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC or attempt == 4:
+                        raise
         finally:
             os.close(fd)
 

@@ -48,7 +48,7 @@ from modelhost.store.models import LedgerEntry, Meter
 from tests.chat_model import greedy_reference, long_context_copy
 from tests.conftest import make_settings
 from tests.helpers import assert_error, bearer, push_folder
-from tests.otlp import Receiver, attributes_of, client_traceparent
+from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
 from tests.server_process import alive, processes
 from tests.test_runtime import ST_RECIPE, Gateway, in_process, ok, until
 from tests.vllm_setup import wait_for_vllm
@@ -74,21 +74,12 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    """Where the module's gateway and Serve replicas export the traces of requests sent traced."""
-    running = Receiver()
-    yield running
-    running.close()
-
-
-@pytest.fixture(scope="module")
 def ray_cluster(receiver: Receiver) -> Iterator[None]:
     # traced, for the test of the replicas' spans: the cluster's processes take the environment it
     # starts with; only requests that come with a `traceparent` are sampled
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
-        env.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_off")
-        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        for name, value in exporting_to(receiver, "parentbased_always_off").items():
+            env.setenv(name, value)
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
         yield
         with contextlib.suppress(Exception):
@@ -328,6 +319,31 @@ async def test_a_replica_killed_mid_request_fails_it_with_503_and_serve_restarts
     assert pid not in serve_replica_pids(served.chat)
 
 
+async def test_serve_replicas_join_the_trace_of_the_request_they_serve(
+    served: Served, receiver: Receiver
+) -> None:
+    assert tracing.start("gateway")  # the in-process gateway runs no lifespan, which would start it
+    try:
+        for body, path, replica_span in (
+            ({"model": "m", "input": "a traced sentence"}, "/v1/embeddings", "replica"),
+            (
+                {"model": "chat", "messages": MESSAGES, "max_tokens": 3, "temperature": 0},
+                "/v1/chat/completions",
+                "generate",
+            ),
+        ):
+            header, trace_id, _ = client_traceparent()
+            headers = {**bearer(served.gw.key), "traceparent": header}
+            ok(await asyncio.wait_for(served.gw.client.post(path, json=body, headers=headers), 120))
+            spans = await asyncio.to_thread(receiver.wait_for, trace_id, {"dispatch", replica_span})
+            resource, replica = spans[replica_span]
+            assert resource["modelhost.process"] == "replica"  # a Serve replica's actor
+            assert replica.parent_span_id == spans["dispatch"][1].span_id, path
+            assert attributes_of(replica)["modelhost.deployment"]
+    finally:
+        tracing.stop()
+
+
 async def test_a_cold_deployment_scales_to_zero_when_idle_and_from_zero_on_a_request(served: Served) -> None:
     if served.embeddings not in serve.status().applications:  # run alone: no request has loaded it yet
         ok(await served.gw.embed("load it"))
@@ -518,28 +534,3 @@ async def test_a_cold_deployment_that_cannot_start_again_from_zero_answers_503_a
     view = await gw.show(app)
     assert view["state"] == "failed" and "files are not on this node" in view["state_reason"], view
     await until(lambda: app not in serve.status().applications, timeout=30)  # nothing left retrying
-
-
-async def test_serve_replicas_join_the_trace_of_the_request_they_serve(
-    served: Served, receiver: Receiver
-) -> None:
-    assert tracing.start("gateway")  # the in-process gateway runs no lifespan, which would start it
-    try:
-        for body, path, replica_span in (
-            ({"model": "m", "input": "a traced sentence"}, "/v1/embeddings", "replica"),
-            (
-                {"model": "chat", "messages": MESSAGES, "max_tokens": 3, "temperature": 0},
-                "/v1/chat/completions",
-                "generate",
-            ),
-        ):
-            header, trace_id, _ = client_traceparent()
-            headers = {**bearer(served.gw.key), "traceparent": header}
-            ok(await asyncio.wait_for(served.gw.client.post(path, json=body, headers=headers), 120))
-            spans = await asyncio.to_thread(receiver.wait_for, trace_id, {"dispatch", replica_span})
-            resource, replica = spans[replica_span]
-            assert resource["modelhost.process"] == "replica"  # a Serve replica's actor
-            assert replica.parent_span_id == spans["dispatch"][1].span_id, path
-            assert attributes_of(replica)["modelhost.deployment"]
-    finally:
-        tracing.stop()

@@ -20,17 +20,10 @@ from sqlalchemy import create_engine, text
 from modelhost import tracing
 from tests.chat_model import ChatServer, served_chat_model
 from tests.helpers import bearer, push_folder_sync
-from tests.otlp import Receiver, attributes_of, client_traceparent
+from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
 
 Json = dict[str, Any]
 TINY_VIDEO = {"num_inference_steps": 2, "seed": 1, "seconds": 0.25, "size": "32x32", "fps": 8}
-
-
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    running = Receiver()
-    yield running
-    running.close()
 
 
 def serve(root: Path, recipes: Path) -> Iterator[ChatServer]:
@@ -64,11 +57,8 @@ def traced(
 ) -> Iterator[ChatServer]:
     """A live server (its replica workers too) exporting to the receiver, every trace sampled."""
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
-        env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-        env.setenv("OTEL_SERVICE_NAME", "modelhost-test")
-        env.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
-        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        for name, value in exporting_to(receiver).items():
+            env.setenv(name, value)
         yield from serve(tmp_path_factory.mktemp("traced"), recipes)
 
 

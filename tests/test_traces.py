@@ -5,10 +5,8 @@ replica; with tracing off nothing is exported and no `traceresponse` is sent."""
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +21,9 @@ from tests.chat_model import served_chat_model
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, push_folder_sync
 from tests.live import live_server
-from tests.otlp import Receiver, attributes_of, client_traceparent
+from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
 from tests.server_process import ServerProcess
+from tests.test_media import PNG, serving
 from tests.trace_picture import save_if_asked
 
 Json = dict[str, Any]
@@ -48,21 +47,13 @@ def _serve_tiny_embedder(root: Path, recipes: Path) -> Iterator[Json]:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    running = Receiver()
-    yield running
-    running.close()
-
-
-@pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory, recipes: Path, receiver: Receiver) -> Iterator[Json]:
     """A live server (its replica worker too) exporting to the receiver, every request sampled."""
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        for name, value in exporting_to(receiver).items():
+            env.setenv(name, value)
         env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
         env.setenv("OTEL_SERVICE_NAME", "modelhost-test")
-        env.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
-        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
         yield from _serve_tiny_embedder(tmp_path_factory.mktemp("traced"), recipes)
 
 
@@ -200,9 +191,8 @@ def test_a_cold_start_shows_as_the_load_inside_the_wait_for_a_replica(
 def traced_chat(tmp_path_factory: pytest.TempPathFactory, recipes: Path, receiver: Receiver) -> Iterator[Any]:
     """A live server with the recipe chat model on the transformers engine, every request traced."""
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
-        env.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
-        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        for name, value in exporting_to(receiver).items():
+            env.setenv(name, value)
         with served_chat_model(tmp_path_factory.mktemp("traced-chat"), recipes) as served:
             warm_up = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
             assert served.http.post(
@@ -270,60 +260,29 @@ def test_a_streamed_chat_trace_has_the_generation_its_phases_and_its_tokens(
 async def test_a_media_fetch_is_a_client_span_of_the_request_that_reads_it(
     traced: Json, receiver: Receiver
 ) -> None:
-    served = FileServer(b"\x89PNG not really")
     span = tracing.server_span("POST", "/v1/test", "http", None, None)
     active = tracing.activate(span)
     try:
-        policy = FetchPolicy(parse_networks(["127.0.0.0/8"]), 1 << 20, 5.0, 0)
-        body = await fetch_url(f"{served.url}/image.png", policy, timeout=None, param="image")
+        with serving() as port:
+            policy = FetchPolicy(parse_networks(["127.0.0.0/8"]), 1 << 20, 5.0, 0)
+            body = await fetch_url(f"http://127.0.0.1:{port}/image.png", policy, timeout=None, param="image")
     finally:
         tracing.deactivate(active)
         span.end()
-        served.close()
-    assert body == b"\x89PNG not really"
+    assert body == PNG
     fetched = receiver.wait_for(tracing.trace_id_of(span), {"fetch media"})["fetch media"][1]
     assert fetched.kind == Span.SPAN_KIND_CLIENT
     assert fetched.parent_span_id.hex() == f"{span.get_span_context().span_id:016x}"
     attributes = attributes_of(fetched)
     assert attributes["server.address"] == "127.0.0.1"
-    assert attributes["http.response.body.size"] == len(body)
+    assert attributes["http.response.body.size"] == len(PNG)
     assert attributes["modelhost.param"] == "image"
-
-
-class FileServer:
-    """One file over HTTP on a local port."""
-
-    def __init__(self, body: bytes) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "image/png")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_the_log_lines_of_a_request_name_its_trace(
     tmp_path: Path, sqlite_url: str, receiver: Receiver
 ) -> None:
-    server = ServerProcess(
-        tmp_path / "data",
-        sqlite_url,
-        log_level="info",
-        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
-        OTEL_BSP_SCHEDULE_DELAY="50",
-    )
+    server = ServerProcess(tmp_path / "data", sqlite_url, log_level="info", **exporting_to(receiver))
     server.start()
     header, trace_id, _ = client_traceparent()
     try:
@@ -385,20 +344,15 @@ def test_a_request_its_caller_did_not_sample_is_named_in_the_answer_and_exports_
     assert receiver.of_trace(trace_id) == []  # neither the gateway's spans nor the replica's
 
 
-def test_traces_go_over_grpc_when_the_protocol_says_so(
-    tmp_path_factory: pytest.TempPathFactory, recipes: Path
-) -> None:
+def test_traces_go_over_grpc_when_the_protocol_says_so(tmp_path: Path, sqlite_url: str) -> None:
     receiver = Receiver("grpc")
+    grpc = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+    server = ServerProcess(tmp_path / "data", sqlite_url, **exporting_to(receiver), **grpc)
+    server.start()
     try:
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
-            env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-            env.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-            env.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-            for served in _serve_tiny_embedder(tmp_path_factory.mktemp("grpc"), recipes):
-                header, trace_id, _ = client_traceparent()
-                embed(served, {"traceparent": header})
-                spans = receiver.wait_for(trace_id, {"embeddings emb", "replica"})  # gateway and worker
-                assert spans["replica"][0]["modelhost.process"] == "replica"
+        header, trace_id, _ = client_traceparent()
+        assert httpx.get(f"{server.url}/health", headers={"traceparent": header}).status_code == 200
+        receiver.wait_for(trace_id, {"GET /health"})
     finally:
+        server.terminate()
         receiver.close()

@@ -33,7 +33,7 @@ import openai
 import pytest
 
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
-from tests.otlp import Receiver, attributes_of, client_traceparent
+from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
 from tests.server_process import ServerProcess, processes
 from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here again, on vLLM)
     MESSAGES,
@@ -128,14 +128,6 @@ def vllm_python() -> str:
 
 
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    """Where the module's server exports its traces (every request it gets with a `traceparent`)."""
-    running = Receiver()
-    yield running
-    running.close()
-
-
-@pytest.fixture(scope="module")
 def vllm(
     tmp_path_factory: pytest.TempPathFactory, vllm_python: str, receiver: Receiver
 ) -> Iterator[VllmServer]:
@@ -156,9 +148,7 @@ def vllm(
         # eager: vLLM's compiled mode adds about a minute to each first start (bench/generation.py runs it)
         MODELHOST_VLLM_COMPILE="false",
         # traced, for the test of vLLM's spans: only requests sent with a `traceparent` are
-        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
-        OTEL_TRACES_SAMPLER="parentbased_always_off",
-        OTEL_BSP_SCHEDULE_DELAY="50",
+        **exporting_to(receiver, "parentbased_always_off"),
     )
     process.start()
     http = httpx.Client(base_url=process.url, timeout=300)
@@ -227,6 +217,29 @@ def test_a_cold_vllm_deployment_loads_on_its_first_request(vllm: VllmServer) -> 
     assert processes("modelhost.runtime.vllm_worker", vllm.chat["id"])
     metrics = vllm.http.get("/metrics").text
     assert f'modelhost_deployment_engine{{deployment="{vllm.chat["id"]}",engine="vllm"}} 1.0' in metrics
+
+
+def test_a_generation_on_vllm_joins_the_requests_trace(vllm: VllmServer, receiver: Receiver) -> None:
+    header, trace_id, client_span = client_traceparent()
+    body = {"model": "chat", "messages": MESSAGES, "max_tokens": 4, "min_tokens": 4, "temperature": 0}
+    answer = vllm.http.post(
+        "/v1/chat/completions", json=body, headers={**bearer(vllm.key), "traceparent": header}
+    )
+    assert answer.status_code == 200, answer.text
+    usage = answer.json()["usage"]
+    spans = receiver.wait_for(trace_id, {"chat chat", "dispatch", "generate", "prefill", "decode"})
+    server = spans["chat chat"][1]
+    assert server.parent_span_id.hex() == client_span
+    assert attributes_of(server)["gen_ai.usage.output_tokens"] == usage["completion_tokens"] == 4
+    resource, generate = spans["generate"]
+    assert resource["modelhost.process"] == "replica"  # vLLM's replica worker, another process
+    assert generate.parent_span_id == spans["dispatch"][1].span_id
+    attributes = attributes_of(generate)
+    assert attributes["modelhost.engine"] == "vllm"
+    assert attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert attributes["gen_ai.usage.output_tokens"] == 4
+    assert attributes["gen_ai.server.time_to_first_token"] > 0
+    assert spans["prefill"][1].end_time_unix_nano == spans["decode"][1].start_time_unix_nano
 
 
 def test_an_architecture_vllm_lacks_falls_back_under_auto_and_is_a_400_under_vllm(
@@ -580,26 +593,3 @@ def _meminfo(field: str) -> int:
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
     raise LookupError(field)
-
-
-def test_a_generation_on_vllm_joins_the_requests_trace(vllm: VllmServer, receiver: Receiver) -> None:
-    header, trace_id, client_span = client_traceparent()
-    body = {"model": "chat", "messages": MESSAGES, "max_tokens": 4, "min_tokens": 4, "temperature": 0}
-    answer = vllm.http.post(
-        "/v1/chat/completions", json=body, headers={**bearer(vllm.key), "traceparent": header}
-    )
-    assert answer.status_code == 200, answer.text
-    usage = answer.json()["usage"]
-    spans = receiver.wait_for(trace_id, {"chat chat", "dispatch", "generate", "prefill", "decode"})
-    server = spans["chat chat"][1]
-    assert server.parent_span_id.hex() == client_span
-    assert attributes_of(server)["gen_ai.usage.output_tokens"] == usage["completion_tokens"] == 4
-    resource, generate = spans["generate"]
-    assert resource["modelhost.process"] == "replica"  # vLLM's replica worker, another process
-    assert generate.parent_span_id == spans["dispatch"][1].span_id
-    attributes = attributes_of(generate)
-    assert attributes["modelhost.engine"] == "vllm"
-    assert attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
-    assert attributes["gen_ai.usage.output_tokens"] == 4
-    assert attributes["gen_ai.server.time_to_first_token"] > 0
-    assert spans["prefill"][1].end_time_unix_nano == spans["decode"][1].start_time_unix_nano
