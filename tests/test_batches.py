@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.chat_model import ChatServer, served_chat_model
+from tests.chat_model import ChatServer, long_context_copy, served_chat_model
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.live import live_server
@@ -464,3 +464,51 @@ def test_a_cold_deployment_named_by_a_batch_is_loaded_for_it(server: ChatServer)
     )
     done = wait(client, batch.id, ("completed", "failed"))
     assert done.request_counts is not None and done.request_counts.completed == 3
+
+
+def test_a_batch_silent_past_the_stale_time_keeps_its_claim_and_runs_each_line_once(
+    tmp_path: Path, recipes: Path
+) -> None:
+    """Its first lines wait for a cold start longer than the stale time: no answer is recorded
+    meanwhile, and a runner with a free slot (this one: two batches at once) would take a silent claim
+    over and run its lines again. Each line is one request to the route (the server's own count)."""
+    stale = 0.5
+    process = ServerProcess(
+        tmp_path / "data", f"sqlite:///{tmp_path / 'db.sqlite'}", MODELHOST_BATCH_STALE_SECONDS=str(stale),
+        MODELHOST_BATCH_POLL_SECONDS="0.1", MODELHOST_BATCH_CONCURRENCY="2",
+    )  # fmt: skip
+    process.start()
+    try:
+        http = httpx.Client(base_url=process.url, timeout=120)
+        key = http.post("/v1/admin/accounts", json={"name": "s"}, headers=bearer(ADMIN_KEY)).json()["api_key"]
+        artifact = push_folder_sync(http, key, long_context_copy(recipes, tmp_path), "text-generation")
+        cold = http.post(
+            "/v1/deployments", json={"model": "chat", "artifact_id": artifact}, headers=bearer(key)
+        )
+        assert cold.status_code == 201 and cold.json()["state"] == "unloaded", cold.text
+        client = sdk(process.url, key)
+        count = 6
+        lines = [chat_line(f"l{i}", f"line {i}", 4) for i in range(count)]
+        started = time.monotonic()
+        batch = client.batches.create(
+            input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+        )
+        while (counts := client.batches.retrieve(batch.id).request_counts) is None or not counts.completed:
+            time.sleep(0.05)
+        assert time.monotonic() - started > 3 * stale  # silent for longer than the stale time
+        done = wait(client, batch.id, ("completed",))
+        assert done.request_counts is not None and done.request_counts.completed == count
+        assert chat_requests(http) == count
+        http.close()
+    finally:
+        process.stop()
+
+
+def chat_requests(http: httpx.Client) -> float:
+    """Chat completions answered 200 so far, from the server's /metrics."""
+    series = 'modelhost_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}'
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in http.get("/metrics").text.splitlines()
+        if line.startswith(series)
+    )

@@ -15,13 +15,13 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelhost.config import Settings
 from modelhost.metrics import process_gone
+from modelhost.run_folders import new_folder
 from modelhost.runtime import metrics
 from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.client import ReplicaConnection, connect_pair
@@ -250,7 +250,7 @@ class LocalBackend:
         threads = self._settings.worker_threads or max(1, (os.cpu_count() or 1) // max(1, replicas))
         spec = ReplicaSpec.of(deployment, threads, self._settings.device)
         if self._folder is None:  # short and private: a Unix socket path has at most 107 bytes
-            self._folder = Path(tempfile.mkdtemp(prefix="modelhost-replicas-"))
+            self._folder = new_folder("replicas")
         return LocalProcessReplica(
             spec,
             on_exit=on_exit,

@@ -11,22 +11,24 @@ clients ──HTTP──> gateway processes 0..N-1 (one listening socket, shared
 
 Everything of one server lives in a private run folder (mode 0700): the supervisor's control socket,
 the metrics every process writes (`modelhost.metrics`) and the rate-limit table they share
-(`auth/limit_table.py`). It is removed when the server stops.
+(`auth/limit_table.py`). It is removed when the server stops; what a killed server left is removed
+when the next one starts (`modelhost.run_folders`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
-import tempfile
 import threading
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from modelhost.config import Settings
+from modelhost.run_folders import new_folder, remove_orphans
 
 if TYPE_CHECKING:
     from modelhost.container import Services
@@ -67,14 +69,48 @@ def serve(
     beside: Callable[[], None] | None = None,
 ) -> None:
     """Run a server until SIGTERM or Ctrl-C; `beside` runs in a thread once it has started."""
-    folder = Path(tempfile.mkdtemp(prefix="modelhost-"))
+    remove_orphans()
+    folder = new_folder()
     metrics = folder / "metrics"
     metrics.mkdir()
     os.environ[METRICS_FOLDER_VARIABLE] = str(metrics)  # before prometheus_client is imported
+    stopped_by: int | None = None
     try:
-        _run(settings, host, port, max(1, workers), log_level, folder, beside)
+        with _signal_ends_the_run():
+            _run(settings, host, port, max(1, workers), log_level, folder, beside)
+    except _Signalled as signalled:
+        stopped_by = signalled.signum
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    if stopped_by is not None:  # exit as the signal says, once the folder is gone (systemd reads it)
+        signal.raise_signal(stopped_by)
+
+
+class _Signalled(BaseException):
+    """SIGTERM reached the server: after draining, uvicorn delivers it again to the handler it found."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _signal_ends_the_run() -> Iterator[None]:
+    """While the server runs, SIGTERM's default action (the process ends where it stands) becomes an
+    exception: uvicorn drains on SIGTERM, then raises the signal again for the handler it found, which
+    would end the process before the run folder is removed."""
+
+    def signalled(signum: int, frame: object) -> None:
+        raise _Signalled(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signalled)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(
