@@ -193,3 +193,17 @@ class Gateway:
         response = self.call(path, **body)
         assert response.status_code == 200, response.text
         return response.json()
+
+
+def deploy_folder_sync(
+    http: Any, key: str, folder: Any, pipeline: str, model: str, **body: Any
+) -> dict[str, Any]:
+    """Upload a folder (`push_folder_sync`) and deploy it as `model`, `body` adding to the deployment
+    (`readiness`, `engine`, ...); the deployment as created."""
+    artifact = push_folder_sync(http, key, folder, pipeline)
+    created = http.post(
+        "/v1/deployments", json={"model": model, "artifact_id": artifact, **body}, headers=bearer(key)
+    )
+    assert created.status_code == 201, created.text
+    deployment: dict[str, Any] = created.json()
+    return deployment

@@ -17,7 +17,7 @@ import pytest
 
 from tests.chat_model import ChatServer, long_context_copy, served_chat_model
 from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.helpers import ADMIN_KEY, assert_error, bearer, deploy_folder_sync, push_folder_sync
 from tests.live import live_server
 from tests.server_process import ServerProcess
 
@@ -44,13 +44,8 @@ def account_with_tiny_embedder(http: httpx.Client, recipes: Path) -> str:
     key: str = http.post("/v1/admin/accounts", json={"name": "emb"}, headers=bearer(ADMIN_KEY)).json()[
         "api_key"
     ]
-    artifact = push_folder_sync(http, key, recipes / "t03_feature_extraction" / "st", "feature-extraction")
-    created = http.post(
-        "/v1/deployments",
-        json={"model": "emb", "artifact_id": artifact, "readiness": "warm"},
-        headers=bearer(key),
-    )
-    assert created.status_code == 201, created.text
+    folder = recipes / "t03_feature_extraction" / "st"
+    deploy_folder_sync(http, key, folder, "feature-extraction", "emb", readiness="warm")
     return key
 
 
@@ -481,11 +476,8 @@ def test_a_batch_silent_past_the_stale_time_keeps_its_claim_and_runs_each_line_o
     try:
         http = httpx.Client(base_url=process.url, timeout=120)
         key = http.post("/v1/admin/accounts", json={"name": "s"}, headers=bearer(ADMIN_KEY)).json()["api_key"]
-        artifact = push_folder_sync(http, key, long_context_copy(recipes, tmp_path), "text-generation")
-        cold = http.post(
-            "/v1/deployments", json={"model": "chat", "artifact_id": artifact}, headers=bearer(key)
-        )
-        assert cold.status_code == 201 and cold.json()["state"] == "unloaded", cold.text
+        cold = deploy_folder_sync(http, key, long_context_copy(recipes, tmp_path), "text-generation", "chat")
+        assert cold["state"] == "unloaded"
         client = sdk(process.url, key)
         count = 6
         lines = [chat_line(f"l{i}", f"line {i}", 4) for i in range(count)]

@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, text
 
 from modelhost import tracing
 from tests.chat_model import ChatServer, served_chat_model
-from tests.helpers import bearer, push_folder_sync
+from tests.helpers import bearer, deploy_folder_sync, push_folder_sync
 from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
 
 Json = dict[str, Any]
@@ -31,13 +31,7 @@ def serve(root: Path, recipes: Path) -> Iterator[ChatServer]:
     settings = {"batch_poll_seconds": 0.1, "video_poll_seconds": 0.05}
     with served_chat_model(root, recipes, **settings) as served:
         folder = recipes / "t03_feature_extraction" / "st"
-        artifact = push_folder_sync(served.http, served.key, folder, "feature-extraction")
-        deployed = served.http.post(
-            "/v1/deployments",
-            json={"model": "emb", "artifact_id": artifact, "readiness": "warm"},
-            headers=bearer(served.key),
-        )
-        assert deployed.status_code == 201, deployed.text
+        deploy_folder_sync(served.http, served.key, folder, "feature-extraction", "emb", readiness="warm")
         yield served
 
 

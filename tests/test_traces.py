@@ -19,7 +19,7 @@ from modelhost import tracing
 from modelhost.media.fetch import FetchPolicy, fetch_url, parse_networks
 from tests.chat_model import served_chat_model
 from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, bearer, push_folder_sync
+from tests.helpers import ADMIN_KEY, bearer, deploy_folder_sync
 from tests.live import live_server
 from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
 from tests.server_process import ServerProcess
@@ -27,6 +27,7 @@ from tests.test_media import PNG, serving
 from tests.trace_picture import save_if_asked
 
 Json = dict[str, Any]
+ST = Path("t03_feature_extraction", "st")  # the tiny sentence-transformers model
 
 
 def _serve_tiny_embedder(root: Path, recipes: Path) -> Iterator[Json]:
@@ -34,15 +35,7 @@ def _serve_tiny_embedder(root: Path, recipes: Path) -> Iterator[Json]:
     with live_server(settings) as url, httpx.Client(base_url=url, timeout=120) as http:
         created = http.post("/v1/admin/accounts", json={"name": "t"}, headers=bearer(ADMIN_KEY))
         key = created.json()["api_key"]
-        artifact = push_folder_sync(
-            http, key, recipes / "t03_feature_extraction" / "st", "feature-extraction"
-        )
-        deployed = http.post(
-            "/v1/deployments",
-            json={"model": "emb", "artifact_id": artifact, "readiness": "warm"},
-            headers=bearer(key),
-        )
-        assert deployed.status_code == 201, deployed.text
+        deploy_folder_sync(http, key, recipes / ST, "feature-extraction", "emb", readiness="warm")
         yield {"http": http, "key": key}
 
 
@@ -160,13 +153,7 @@ def test_a_cold_start_shows_as_the_load_inside_the_wait_for_a_replica(
     traced: Json, receiver: Receiver, recipes: Path
 ) -> None:
     http, key = traced["http"], traced["key"]
-    artifact = push_folder_sync(http, key, recipes / "t03_feature_extraction" / "st", "feature-extraction")
-    deployed = http.post(
-        "/v1/deployments",
-        json={"model": "cold-emb", "artifact_id": artifact, "readiness": "cold"},
-        headers=bearer(key),
-    )
-    assert deployed.status_code == 201, deployed.text
+    deployed = deploy_folder_sync(http, key, recipes / ST, "feature-extraction", "cold-emb", readiness="cold")
     header, trace_id, _ = client_traceparent()
     answer = http.post(
         "/v1/embeddings",
@@ -180,7 +167,7 @@ def test_a_cold_start_shows_as_the_load_inside_the_wait_for_a_replica(
     )
     assert load.parent_span_id == wait.span_id
     assert memory.parent_span_id == load.span_id
-    assert attributes_of(load)["modelhost.deployment"] == deployed.json()["id"]
+    assert attributes_of(load)["modelhost.deployment"] == deployed["id"]
     # the load is most of the wait, and of the request: the replica's start
     assert load.end_time_unix_nano - load.start_time_unix_nano > 0.5 * (
         wait.end_time_unix_nano - wait.start_time_unix_nano
