@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -269,20 +269,29 @@ def replica_request_spans(
         "modelhost.queue.seconds": (started_ns - arrived_ns) / 1e9,
         "modelhost.batch.size": batch_size,
     }
-    replica = _tracer.start_span(
-        "replica",
+    replica = _replica_span("replica", traceparent, attributes, arrived_ns)
+    _phase(replica, "queue", arrived_ns, started_ns)
+    _phase(replica, "model call", started_ns, ended_ns, {"modelhost.batch.size": batch_size})
+    replica.end(end_time=ended_ns)
+
+
+def _replica_span(name: str, traceparent: str, attributes: Attributes, start_ns: int) -> trace.Span:
+    """A replica's SERVER span of a request, a child of the gateway's span that `traceparent` names."""
+    return _tracer.start_span(
+        name,
         context=continued(traceparent),
         kind=trace.SpanKind.SERVER,
         attributes=attributes,
-        start_time=arrived_ns,
+        start_time=start_ns,
     )
-    inside = trace.set_span_in_context(replica)
-    _tracer.start_span("queue", context=inside, start_time=arrived_ns).end(end_time=started_ns)
-    call = _tracer.start_span(
-        "model call", context=inside, attributes={"modelhost.batch.size": batch_size}, start_time=started_ns
-    )
-    call.end(end_time=ended_ns)
-    replica.end(end_time=ended_ns)
+
+
+def _phase(
+    parent: trace.Span, name: str, start_ns: int, end_ns: int, attributes: Attributes | None = None
+) -> None:
+    """A child of `parent` from `start_ns` to `end_ns`, made once both are known."""
+    context = trace.set_span_in_context(parent)
+    _tracer.start_span(name, context=context, attributes=attributes, start_time=start_ns).end(end_time=end_ns)
 
 
 @dataclass(eq=False)
@@ -330,17 +339,8 @@ class GenerationTrace:
             if self.tokens > 1:
                 per_token = (ended - self.prefilled_ns) / 1e9 / (self.tokens - 1)
                 attributes["gen_ai.server.time_per_output_token"] = per_token
-            inside = trace.set_span_in_context(span)
-            _tracer.start_span("prefill", context=inside, start_time=self.started_ns).end(
-                end_time=self.prefilled_ns
-            )
-            decode = _tracer.start_span(
-                "decode",
-                context=inside,
-                attributes={"gen_ai.usage.output_tokens": self.tokens},
-                start_time=self.prefilled_ns,
-            )
-            decode.end(end_time=ended)
+            _phase(span, "prefill", self.started_ns, self.prefilled_ns)
+            _phase(span, "decode", self.prefilled_ns, ended, {"gen_ai.usage.output_tokens": self.tokens})
         span.set_attributes(attributes)
         span.end(end_time=ended)
 
@@ -351,14 +351,7 @@ def generation_trace(traceparent: str, deployment: str, engine: str) -> Generati
         return None
     started = time.time_ns()
     attributes = {"modelhost.deployment": deployment, "modelhost.engine": engine}
-    span = _tracer.start_span(
-        "generate",
-        context=continued(traceparent),
-        kind=trace.SpanKind.SERVER,
-        attributes=attributes,
-        start_time=started,
-    )
-    return GenerationTrace(span, started)
+    return GenerationTrace(_replica_span("generate", traceparent, attributes, started), started)
 
 
 # ---------------------------------------------------------------- work started by a request
@@ -385,11 +378,17 @@ def linked_span(name: str, creator: str | None, attributes: Mapping[str, Attribu
     )
 
 
-async def within(span: trace.Span, work: Awaitable[T], stopped: tuple[type[BaseException], ...] = ()) -> T:
-    """Await `work` with `span` current, and end the span with it. Current, so that what the work sends
-    on (the replica protocol's `parent`, an in-process request) joins the span's trace. An exception
-    marks the span an error (`error.type`: a modelhost error's code, else the exception's class), but
-    for a cancel and the `stopped` ones, which end the work without failing it (a deleted run)."""
+async def within(
+    make_span: Callable[[], trace.Span], work: Awaitable[T], stopped: tuple[type[BaseException], ...] = ()
+) -> T:
+    """Await `work` with the span `make_span` makes current (made only while tracing is on: off, the
+    work is awaited alone), and end the span with it. Current, so that what the work sends on (the
+    replica protocol's `parent`, an in-process request) joins the span's trace. An exception marks the
+    span an error (`error.type`: a modelhost error's code, else the exception's class), but for a cancel
+    and the `stopped` ones, which end the work without failing it (a deleted run)."""
+    if not ENABLED:
+        return await work
+    span = make_span()
     token = activate(span)
     try:
         return await work

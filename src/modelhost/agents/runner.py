@@ -97,10 +97,7 @@ class AgentRunner:
         beating = asyncio.create_task(self._heartbeat(job.id))
         used = start_counting()  # the tokens it generates, taken from its key's bucket at the end
         try:
-            if tracing.ENABLED:
-                await tracing.within(self._span(job), self._execute(job), stopped=(_Stopped,))
-            else:
-                await self._execute(job)
+            await tracing.within(lambda: self._span(job), self._execute(job), stopped=(_Stopped,))
         except _Stopped:
             pass  # closing the stream (on the way out of `_execute`) stopped the generation
         except ModelhostError as exc:

@@ -48,12 +48,13 @@ async def _authenticate(request: Request) -> Principal:
     if checked is not None:
         return checked
     authenticator = get_services(request).authenticator
-    with tracing.step("authenticate"):
+    with tracing.step("authenticate") as span:
         token = bearer_token(request.headers.get("authorization"))
         known, principal = authenticator.cached(token)
         if not known:
             principal = await authenticator.loads.load(token, lambda: authenticator.load(token))
-        tracing.current_attributes({"modelhost.key.cached": known})
+        if span is not None:
+            span.set_attribute("modelhost.key.cached", known)
         if principal is None:
             raise InvalidAPIKey("Invalid API key.")
     request.scope[PRINCIPAL] = principal
@@ -146,12 +147,13 @@ async def deployment_for(
     batch_line = BATCH_LINE in request.scope
     acting_for(principal, low=batch_line)  # the key its replica's fair queuing counts it under
     if billable:
-        with tracing.step("limits"):  # credits, spend caps, rate limits
+        with tracing.step("limits") as span:  # credits, spend caps, rate limits
             await services.billing.require_credits(account_id)
             await services.billing.require_within_caps(account_id, principal.account_limits)
             subjects = () if batch_line else principal.limited()  # batch lines skip per-minute limits
             if subjects and ADMITTED not in request.scope:  # once per request, whatever models it names
-                tracing.current_attributes({"modelhost.rate_limited": True})
+                if span is not None:
+                    span.set_attribute("modelhost.rate_limited", True)
                 request.scope[ADMITTED] = services.limits.admit(subjects)
     return deployment
 

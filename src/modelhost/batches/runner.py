@@ -243,9 +243,7 @@ class BatchRun:
     async def _call(self, call: LineCall, principal: Principal, line: Line) -> tuple[int, str, bytes]:
         """The line's answer; with tracing on, within the line's span, which its request (each try)
         continues: a trace per line, linked to the request that created the batch."""
-        if tracing.ENABLED:
-            return await tracing.within(self._line_span(line), self._tries(call, principal, line))
-        return await self._tries(call, principal, line)
+        return await tracing.within(lambda: self._line_span(line), self._tries(call, principal, line))
 
     def _line_span(self, line: Line) -> tracing.Span:
         attributes: dict[str, str | int] = {

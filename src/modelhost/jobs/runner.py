@@ -91,10 +91,7 @@ class VideoRunner:
     async def _run(self, job: Claimed) -> None:
         beating = asyncio.create_task(self._heartbeat(job.id))
         try:
-            if tracing.ENABLED:
-                await tracing.within(self._span(job), self._generate(job))
-            else:
-                await self._generate(job)
+            await tracing.within(lambda: self._span(job), self._generate(job))
         except ModelhostError as exc:
             # A worker's own error code (invalid_size, out_of_memory...) names the failure; a generic
             # refusal or an unavailable replica is a generation error.
