@@ -136,6 +136,14 @@ def main() -> None:
     write_section(args.out, "## Gateway:", section, figures)
 
 
+def spread(config: Config, one: Config) -> tuple[float, float]:
+    """The lowest and highest of `config`'s requests/s over `one`'s, round by round (rounds alternate
+    the servers, so a round's two figures saw the machine in much the same state): how far a single
+    round's ratio strays from the medians' ratio, which is the figure reported."""
+    ratios = [a[0] / b[0] for a, b in zip(config.runs, one.runs, strict=True)]
+    return min(ratios), max(ratios)
+
+
 def report(configs: list[Config], args: argparse.Namespace, figures: Figures) -> str:
     """The section, and each configuration's medians and the ratios in `figures`."""
     rows = [
@@ -150,10 +158,14 @@ def report(configs: list[Config], args: argparse.Namespace, figures: Figures) ->
         figures.add(f"{c.key}.errors", sum(r[6] for r in c.runs))
     ours = [c for c in configs if c.source is None and not c.sampled]
     one = next((c for c in ours if c.workers == 1), ours[0])
-    scaling = [f"--workers {c.workers}: {c.median(0) / one.median(0):.2f}" for c in ours if c is not one]
+    scaling = []
     for c in ours:
         if c is not one:
-            figures.ratio(f"workers_{c.workers}_over_{one.workers}", c.median(0) / one.median(0))
+            ratio, low, high = c.median(0) / one.median(0), *spread(c, one)
+            figures.ratio(f"workers_{c.workers}_over_{one.workers}", ratio)
+            figures.add(f"workers_{c.workers}_over_{one.workers}.lowest_round", low)
+            figures.add(f"workers_{c.workers}_over_{one.workers}.highest_round", high)
+            scaling.append(f"--workers {c.workers}: {ratio:.2f} (round by round {low:.2f} to {high:.2f})")
     lines = [f"- Requests/s against --workers 1: {', '.join(scaling)}."] if scaling else []
     baseline = next((c for c in configs if c.source is not None), None)
     if baseline is not None:
