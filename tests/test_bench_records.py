@@ -167,3 +167,27 @@ def test_server_cpu_counts_every_process_of_the_tree_by_role(monkeypatch: pytest
     assert cpu.replicas == 31.25
     assert common.modelhost_cpu(10) == (3.5, 0.25, 31.0)
     assert (cpu - common.ServerCpu(gateway=1.5)).ms_per(1000) == common.ServerCpu(2.0, 0.25, 31.0, 0.1875)
+
+
+def test_the_gateway_report_gives_workers_2_over_1_with_its_range_round_by_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ratio of the medians is the figure; a round's own ratio shows how far one run can stray."""
+    from argparse import Namespace
+
+    from bench import gateway
+
+    monkeypatch.setattr(gateway, "machine", lambda: MACHINE["description"])
+    one = gateway.Config(
+        "modelhost", 1, runs=[(100, 10, 0.8, 0.14, 0.3, 0.05, 0), (110, 10, 0.8, 0.14, 0.3, 0.05, 0)]
+    )
+    two = gateway.Config(
+        "modelhost", 2, runs=[(150, 7, 1.1, 0.14, 0.5, 0.06, 0), (143, 7, 1.1, 0.14, 0.5, 0.06, 0)]
+    )
+    figures = Figures("gateway")
+    text = gateway.report([one, two], Namespace(connections=64, rounds=2, seconds=5), figures)
+    assert "--workers 2: 1.40 (round by round 1.30 to 1.50)" in text
+    assert figures.values["gateway.workers_2_over_1"] == pytest.approx(146.5 / 105)
+    assert figures.values["gateway.workers_2_over_1.lowest_round"] == pytest.approx(1.3)
+    assert figures.values["gateway.workers_2_over_1.highest_round"] == pytest.approx(1.5)
+    assert figures.ratios == ["gateway.workers_2_over_1"]  # the range is context, not compared across runs
