@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-ADMIN_KEY = "mh-admin-bench-" + secrets.token_hex(8)
+ADMIN_KEY = "mh-admin-bench-" + secrets.token_hex(16)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +14,7 @@ from sqlalchemy import event
 
 from modelhost.api.app import create_app
 from modelhost.api.deps import CallerPrincipal, deployment_for
+from modelhost.auth.failures import FailedKeys
 from modelhost.container import Services
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment
@@ -333,3 +335,47 @@ async def test_the_key_is_looked_up_once_per_request(world: dict[str, Any], serv
 @pytest.mark.parametrize("path", ["/health", "/openapi.json", "/docs", "/metrics"])
 async def test_public_routes_need_no_key(client: httpx.AsyncClient, path: str) -> None:
     assert (await client.get(path)).status_code == 200
+
+
+# ---------------------------------------------------------------- guessing keys
+
+
+async def test_a_client_sending_wrong_keys_is_refused_for_a_while_but_known_keys_still_pass(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """After `auth_failures_per_minute` wrong keys from one address, its unknown keys get 429 with
+    `Retry-After`, without a lookup; a key the gateway already knows to be valid still passes."""
+    services = Services.build(make_settings(tmp_path, sqlite_url, auth_failures_per_minute=3))
+    transport = httpx.ASGITransport(app=create_app(services=services), raise_app_exceptions=False)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            known = bearer((await new_account(http, "a"))["api_key"])
+            assert (await http.get("/v1/models", headers=known)).status_code == 200
+            guesses = [bearer("mh-" + secrets.token_urlsafe(32)) for _ in range(3)]
+            for guess in guesses[:2]:
+                assert_error(await http.get("/v1/models", headers=guess), 401, "invalid_api_key")
+            assert_error(await http.get("/v1/models", headers=bearer("not-a-key")), 401, "invalid_api_key")
+            for refused in (guesses[2], bearer("not-a-key"), guesses[0]):
+                response = await http.get("/v1/models", headers=refused)
+                assert_error(response, 429, "too_many_failed_keys")
+                assert 1 <= int(response.headers["retry-after"]) <= 60
+            assert (await http.get("/v1/models", headers=known)).status_code == 200
+            assert services.authenticator.cached(guesses[2]["Authorization"].split()[1]) == (False, None)
+    finally:
+        services.close()
+
+
+def test_failed_keys_are_forgotten_a_minute_after_they_were_sent() -> None:
+    now = [1000.0]
+    failures = FailedKeys(2, max_addresses=2, now=lambda: now[0])
+    failures.failed("10.0.0.1")
+    now[0] += 30
+    failures.failed("10.0.0.1")
+    assert failures.retry_after("10.0.0.1") == 30
+    assert failures.retry_after("10.0.0.2") is None
+    now[0] += 30.5  # the first failure has left the window
+    assert failures.retry_after("10.0.0.1") is None
+    for address in ("10.0.0.2", "10.0.0.3", "10.0.0.4"):  # the oldest addresses are forgotten
+        failures.failed(address)
+        failures.failed(address)
+    assert failures.retry_after("10.0.0.2") is None and failures.retry_after("10.0.0.4") == 60

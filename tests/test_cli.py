@@ -723,6 +723,22 @@ def test_batches_create_needs_one_input_and_metadata_as_key_value(
 # ------------------------------------------------------------------------------------------- errors
 
 
+@pytest.mark.parametrize("weak", ["mh-admin-short", "mh-" + "ab" * 20])
+def test_serve_refuses_to_start_with_a_guessable_admin_key(
+    weak: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from modelhost.config import get_settings
+
+    monkeypatch.setenv("MODELHOST_ADMIN_KEY", weak)
+    get_settings.cache_clear()
+    try:
+        result = cli("serve", "--port", "1")  # refused before anything listens
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 2, (result.stdout, result.exception)
+    assert "MODELHOST_ADMIN_KEY" in result.stdout and "does not start" in result.stdout
+
+
 def test_a_wrong_key_prints_the_servers_error_message_and_exits_1(url: str) -> None:
     wrong = "mh-" + secrets.token_urlsafe(32)
     expected = assert_error(httpx.get(f"{url}/v1/keys", headers=bearer(wrong)), 401, "invalid_api_key")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from modelhost.api.app import create_app
+from modelhost.billing.meter import CREDITS_BILLED
 from modelhost.config import Settings
 from modelhost.container import Services
 from modelhost.store import migrate
@@ -76,6 +78,33 @@ async def test_metrics_count_requests_by_route_and_status(client: httpx.AsyncCli
     body = (await client.get("/metrics")).text
     assert 'modelhost_http_requests_total{method="GET",route="/v1/keys",status="401"}' in body
     assert 'modelhost_http_request_duration_seconds_bucket{le="0.005",method="GET",route="/health"}' in body
+
+
+async def test_metrics_name_accounts_only_to_the_admin_or_metrics_key(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """Series labelled with an account (the credits billed to it) are left out of /metrics without the
+    admin key or MODELHOST_METRICS_KEY; a wrong key is a 401; `metrics_public` shows them to anyone."""
+    CREDITS_BILLED.labels("acct_metricsprobe", "storage").inc(1)  # what billing counts for an account
+    scraper = "mh-metrics-" + secrets.token_urlsafe(24)
+    for public in (False, True):
+        settings = make_settings(tmp_path / str(public), sqlite_url, metrics_key=scraper)
+        services = Services.build(settings.model_copy(update={"metrics_public": public}))
+        try:
+            transport = httpx.ASGITransport(app=create_app(services=services))
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                anyone = (await http.get("/metrics")).text
+                assert "modelhost_" in anyone
+                assert ('account="acct_metricsprobe"' in anyone) is public
+                for key in (ADMIN_KEY, scraper):
+                    scraped = (await http.get("/metrics", headers=bearer(key))).text
+                    series = 'modelhost_credits_billed_total{account="acct_metricsprobe",kind="storage"}'
+                    assert series in scraped
+                if not public:
+                    wrong = await http.get("/metrics", headers=bearer("mh-" + secrets.token_urlsafe(32)))
+                    assert_error(wrong, 401, "invalid_api_key")
+        finally:
+            services.close()
 
 
 async def test_docs_page_and_openapi_describe_routes_auth_and_errors(client: httpx.AsyncClient) -> None:

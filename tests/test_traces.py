@@ -149,6 +149,52 @@ def test_a_request_without_traceparent_starts_a_trace_of_its_own(traced: Json, r
     assert spans["embeddings emb"][1].parent_span_id == b""
 
 
+def test_a_caller_without_a_valid_key_cannot_continue_its_trace_but_is_linked_to_it(
+    traced: Json, receiver: Receiver
+) -> None:
+    """Anyone can send a sampled `traceparent`: without a valid key it does not decide (forcing this
+    server to trace every request costs 3.4x its CPU); the request's trace is this server's own."""
+    header, trace_id, client_span = client_traceparent()
+    wrong = {"Authorization": "Bearer mh-" + "q" * 43, "traceparent": header}
+    answer = traced["http"].post("/v1/embeddings", json={"model": "emb", "input": "x"}, headers=wrong)
+    assert answer.status_code == 401
+    answered = answer.headers["traceresponse"].split("-")[1]
+    assert answered != trace_id
+    server = receiver.wait_for(answered, {"POST /v1/embeddings"})["POST /v1/embeddings"][1]
+    assert server.parent_span_id == b""
+    assert [(link.trace_id.hex(), link.span_id.hex()) for link in server.links] == [(trace_id, client_span)]
+    assert receiver.of_trace(trace_id) == []
+
+
+def test_a_tracestate_the_standard_does_not_allow_is_dropped_unlogged(
+    traced: Json, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    allowed = "vendor=abc,tenant@sys=1"
+    for tracestate, kept in ((allowed, allowed), ("Evil Key=<script>", "")):
+        header, trace_id, _ = client_traceparent()
+        embed(traced, {"traceparent": header, "tracestate": tracestate})
+        assert receiver.wait_for(trace_id, {"embeddings emb"})["embeddings emb"][1].trace_state == kept
+    assert "Evil" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("header", "valid"),
+    [
+        ("rojo=00f067aa0ba902b7", True),
+        ("rojo=00f067aa0ba902b7, congo=t61rcWkgMzE,,", True),
+        ("fw529a3039@dt=ZmxhZ3M9MQ", True),
+        ("Rojo=1", False),
+        ("rojo=a=b", False),
+        ("rojo=caf\u00e9", False),
+        ("rojo", False),
+        (",".join(f"k{i}=v" for i in range(33)), False),
+        ("k=" + "v" * 600, False),
+    ],
+)
+def test_tracestate_follows_the_w3c_grammar(header: str, valid: bool) -> None:
+    assert tracing.valid_tracestate(header) is valid
+
+
 def test_a_cold_start_shows_as_the_load_inside_the_wait_for_a_replica(
     traced: Json, receiver: Receiver, recipes: Path
 ) -> None:
@@ -276,7 +322,7 @@ def test_the_log_lines_of_a_request_name_its_trace(
         answer = httpx.get(
             f"{server.url}/v1/no-such-route", headers={"X-Request-Id": "req-42", "traceparent": header}
         )
-        assert answer.headers["traceresponse"].split("-")[1] == trace_id
+        trace_id = answer.headers["traceresponse"].split("-")[1]  # no key: a trace of its own
         receiver.wait_for(trace_id, {"GET"})  # its span, named for the method alone: no route matched
     finally:
         server.terminate()
@@ -337,9 +383,9 @@ def test_traces_go_over_grpc_when_the_protocol_says_so(tmp_path: Path, sqlite_ur
     server = ServerProcess(tmp_path / "data", sqlite_url, **exporting_to(receiver), **grpc)
     server.start()
     try:
-        header, trace_id, _ = client_traceparent()
-        assert httpx.get(f"{server.url}/health", headers={"traceparent": header}).status_code == 200
-        receiver.wait_for(trace_id, {"GET /health"})
+        answer = httpx.get(f"{server.url}/health")
+        assert answer.status_code == 200
+        receiver.wait_for(answer.headers["traceresponse"].split("-")[1], {"GET /health"})
     finally:
         server.terminate()
         receiver.close()

@@ -58,6 +58,28 @@ class Settings(BaseSettings):
         "Revocation on this gateway is immediate; other gateways see it within this time.",
     )
     key_cache_entries: int = Field(default=10_000, ge=1)
+    auth_failures_per_minute: int = Field(
+        default=30,
+        ge=0,
+        description="Wrong keys one client address may present per minute (per gateway process) before "
+        "its unknown keys are answered 429 with Retry-After; 0 turns the throttle off (auth/failures.py).",
+    )
+    metrics_key: SecretStr | None = Field(
+        default=None,
+        description="A bearer key for scrapers: with it (or the admin key) /metrics also shows the series "
+        "labelled with account IDs (credits billed); without, they are left out.",
+    )
+    metrics_public: bool = Field(
+        default=False,
+        description="Serve every /metrics series without a key, account IDs included (a server on a "
+        "private network whose scrapers send no key: the behaviour before metrics_key).",
+    )
+    trace_client_sampling: Literal["authenticated", "always", "never"] = Field(
+        default="authenticated",
+        description="Whose `traceparent` a request's trace continues (its sampled flag included): only "
+        "requests with a valid key (`authenticated`), every request (`always`: a private network), or "
+        "none (`never`). Other requests start a trace of their own, linked to the caller's.",
+    )
     apply_migrations_on_start: bool = True
     allow_pickle_weights: bool = Field(
         default=False,
@@ -430,6 +452,10 @@ class Settings(BaseSettings):
     @property
     def admin_key_value(self) -> str | None:
         return self.admin_key.get_secret_value() if self.admin_key else None
+
+    @property
+    def metrics_key_value(self) -> str | None:
+        return self.metrics_key.get_secret_value() if self.metrics_key else None
 
 
 @lru_cache(maxsize=1)

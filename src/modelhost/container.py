@@ -20,6 +20,7 @@ from modelhost.artifacts.blobstore import BlobStore
 from modelhost.artifacts.s3 import blob_store_of
 from modelhost.artifacts.service import ArtifactService
 from modelhost.auth.authenticator import Authenticator
+from modelhost.auth.failures import FailedKeys
 from modelhost.auth.limits import RateLimiter
 from modelhost.auth.principal import Principal
 from modelhost.auth.shared_limits import SharedLimits
@@ -76,6 +77,8 @@ class Services:
     batches: Batches
     # Rate limits (auth/limits.py): counted in a table every gateway process of the server shares
     limits: RateLimiter = field(default_factory=RateLimiter)
+    # Wrong keys per client address (auth/failures.py): off (0) unless `build` reads the setting
+    failed_keys: FailedKeys = field(default_factory=lambda: FailedKeys(0))
     # The supervisor's own runtime and runners; None in the server's other gateway processes.
     supervisor: Supervision | None = None
     # Caches whose entries every process must forget together (by name: keys, deployments, balances).
@@ -179,6 +182,7 @@ class Services:
             settings=settings,
             database=database,
             authenticator=authenticator,
+            failed_keys=FailedKeys(settings.auth_failures_per_minute),
             keys=keys,
             accounts=AccountService(database, keys, ledger, settings.billing_initial_credits),
             deployments=deployments,

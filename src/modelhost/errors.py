@@ -143,6 +143,14 @@ class ConcurrencyLimitReached(RateLimitExceeded):
     error_type = "concurrent_requests"
 
 
+class TooManyFailedKeys(RateLimitExceeded):
+    """One client address sent too many wrong keys in a minute (`auth.failures`): keys it presents are
+    not looked up until `Retry-After` has passed."""
+
+    error_type = "requests"
+    code = "too_many_failed_keys"
+
+
 class InsufficientQuota(ModelhostError):
     """An account's spend cap (credits per day or month) is reached: OpenAI's 429 for a quota."""
 

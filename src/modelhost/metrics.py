@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 
 FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -45,6 +46,7 @@ from prometheus_client import (  # noqa: E402  (after the folder is chosen)
     generate_latest,
     multiprocess,
 )
+from prometheus_client.metrics_core import Metric  # noqa: E402
 
 __all__ = ["CONTENT_TYPE_LATEST", "Counter", "Gauge", "Histogram", "exposition", "process_gone", "sample"]
 
@@ -61,9 +63,29 @@ def _registry() -> CollectorRegistry:
     return registry
 
 
-def exposition() -> bytes:
-    """The text format of every process's metrics, added up."""
-    return generate_latest(_registry())
+TENANT_LABEL = "account"  # series labelled with it name an account: shown only with a key (/metrics)
+
+
+def exposition(tenants: bool = True) -> bytes:
+    """The text format of every process's metrics, added up; without the series labelled with account
+    IDs unless `tenants` (what `/metrics` shows a caller without the admin or metrics key)."""
+    registry = _registry()
+    return generate_latest(registry if tenants else _WithoutTenants(registry))
+
+
+class _WithoutTenants:
+    """A registry's families less their samples labelled with an account."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            samples = [s for s in family.samples if TENANT_LABEL not in s.labels]
+            if samples:
+                kept = Metric(family.name, family.documentation, family.type, family.unit)
+                kept.samples = samples
+                yield kept
 
 
 def sample(name: str, labels: dict[str, str] | None = None) -> float | None:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
@@ -114,14 +115,37 @@ def _exporter() -> SpanExporter:
 
 
 def continued(traceparent: str | None, tracestate: str | None = None) -> otel_context.Context | None:
-    """The context a caller's W3C headers name, to parent a span on; None for a new trace."""
+    """The context a caller's W3C headers name, to parent a span on; None for a new trace. A
+    `tracestate` that is not the standard's list of `key=value` members is dropped (W3C Trace Context:
+    it is not propagated), before OpenTelemetry, which would log its invalid members verbatim."""
     if not traceparent:
         return None
     carrier = {"traceparent": traceparent}
-    if tracestate:
+    if tracestate and valid_tracestate(tracestate):
         carrier["tracestate"] = tracestate
     found = _propagator.extract(carrier)
     return found if trace.get_current_span(found).get_span_context().is_valid else None
+
+
+# W3C Trace Context, `tracestate`: at most 32 comma-separated `key=value` members, 512 characters in
+# all; a key is lowercase letters, digits and `_-*/` (with an optional `@vendor` part), a value printable
+# ASCII other than `,` and `=`, not ending in a space.
+_TRACESTATE_KEY = r"(?:[a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+_TRACESTATE_VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+_TRACESTATE_MEMBER = re.compile(f"{_TRACESTATE_KEY}={_TRACESTATE_VALUE}")
+TRACESTATE_MAX_LENGTH = 512
+TRACESTATE_MAX_MEMBERS = 32
+
+
+def valid_tracestate(header: str) -> bool:
+    """Whether a `tracestate` header is one W3C Trace Context allows."""
+    if len(header) > TRACESTATE_MAX_LENGTH:
+        return False
+    members = [m.strip(" \t") for m in header.split(",")]
+    members = [m for m in members if m]  # empty members are allowed and ignored
+    if len(members) > TRACESTATE_MAX_MEMBERS:
+        return False
+    return all(_TRACESTATE_MEMBER.fullmatch(m) for m in members)
 
 
 def header_of(span: trace.Span) -> str | None:
@@ -165,13 +189,26 @@ GEN_AI_OPERATIONS = {
 
 
 def server_span(
-    method: str, path: str, scheme: str, traceparent: str | None, tracestate: str | None
+    method: str,
+    path: str,
+    scheme: str,
+    traceparent: str | None,
+    tracestate: str | None,
+    trusted: bool = True,
 ) -> trace.Span:
-    """A gateway's SERVER span for an HTTP request, continuing the caller's trace when it sent one.
-    Its name and the rest of its attributes are set when the request ends (`server_span_ended`)."""
+    """A gateway's SERVER span for an HTTP request, continuing the caller's trace when it sent one and
+    is `trusted` (the caller's sampled flag then decides, as W3C says). An untrusted caller's trace is
+    not continued: the span starts a trace of its own, which this server's sampler decides, linked to
+    the caller's span (so that anyone cannot force their requests to be traced, or not). Its name and
+    the rest of its attributes are set when the request ends (`server_span_ended`)."""
     attributes = {"http.request.method": method, "url.path": path, "url.scheme": scheme}
+    context = continued(traceparent, tracestate)
+    links: list[trace.Link] = []
+    if context is not None and not trusted:
+        links.append(trace.Link(trace.get_current_span(context).get_span_context()))
+        context = otel_context.Context()  # a new root, whatever the current context holds
     return _tracer.start_span(
-        method, context=continued(traceparent, tracestate), kind=trace.SpanKind.SERVER, attributes=attributes
+        method, context=context, kind=trace.SpanKind.SERVER, attributes=attributes, links=links
     )
 
 

@@ -15,7 +15,7 @@ from modelhost.auth.authenticator import bearer_token
 from modelhost.auth.principal import Principal, PrincipalKind, acting_for
 from modelhost.batches.files import Owner
 from modelhost.container import Services
-from modelhost.errors import ClientClosedRequest, InvalidAPIKey
+from modelhost.errors import ClientClosedRequest, InvalidAPIKey, TooManyFailedKeys
 from modelhost.routing import DeploymentRef, resolve_deployment
 
 T = TypeVar("T")
@@ -43,22 +43,61 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 async def _authenticate(request: Request) -> Principal:
     """Cache first (no I/O on the hot path); the database only on a miss, off the event loop. Once per
     request: the key is checked before the route runs (`api.middleware.KeyFirst`), and the route's own
-    dependency finds the principal in the scope."""
+    dependency finds the principal in the scope. A client address that keeps sending wrong keys gets
+    429 for the keys this gateway does not already know to be valid (`auth.failures`)."""
     checked: Principal | None = request.scope.get(PRINCIPAL)
     if checked is not None:
         return checked
-    authenticator = get_services(request).authenticator
+    services = get_services(request)
+    authenticator = services.authenticator
     with tracing.step("authenticate") as span:
         token = bearer_token(request.headers.get("authorization"))
-        known, principal = authenticator.cached(token)
-        if not known:
-            principal = await authenticator.loads.load(token, lambda: authenticator.load(token))
+        address = request.client.host if request.client is not None else ""
+        try:
+            known, principal = authenticator.cached(token)
+        except InvalidAPIKey:  # malformed
+            _refuse_while_guessing(services, address)
+            services.failed_keys.failed(address)
+            raise
+        if principal is None:
+            _refuse_while_guessing(services, address)
+            if not known:
+                principal = await authenticator.loads.load(token, lambda: authenticator.load(token))
         if span is not None:
             span.set_attribute("modelhost.key.cached", known)
         if principal is None:
+            services.failed_keys.failed(address)
             raise InvalidAPIKey("Invalid API key.")
     request.scope[PRINCIPAL] = principal
     return principal
+
+
+def _refuse_while_guessing(services: Services, address: str) -> None:
+    wait = services.failed_keys.retry_after(address)
+    if wait is not None:
+        raise TooManyFailedKeys(
+            f"Too many invalid API keys from this address; retry in {wait} s.",
+            headers={"Retry-After": str(wait)},
+        )
+
+
+async def trusted_caller(request: Request) -> bool:
+    """Whether the request carries a valid key, checked as `_authenticate` does (cache first), without
+    refusing it: the middleware asks this before the route's own key check, which then finds the key
+    in the cache. A wrong key is not counted here (the key check counts it)."""
+    authorization = request.headers.get("authorization")
+    if not authorization:
+        return False
+    services = get_services(request)
+    authenticator = services.authenticator
+    try:
+        token = bearer_token(authorization)
+        known, principal = authenticator.cached(token)
+    except InvalidAPIKey:
+        return False
+    if known or services.failed_keys.retry_after(request.client.host if request.client else "") is not None:
+        return principal is not None
+    return await authenticator.loads.load(token, lambda: authenticator.load(token)) is not None
 
 
 async def require_admin(request: Request, _doc: object = Depends(_bearer)) -> Principal:

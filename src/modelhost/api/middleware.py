@@ -15,7 +15,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelhost import tracing
-from modelhost.api.deps import ADMITTED, Guard, guard_of
+from modelhost.api.deps import ADMITTED, PRINCIPAL, Guard, guard_of, trusted_caller
 from modelhost.api.errors import error_response
 from modelhost.api.fastlane import routes_of
 from modelhost.auth.limits import Admitted, start_counting
@@ -169,7 +169,7 @@ class RequestPath(HttpMiddleware):
         incoming = next((value for name, value in scope["headers"] if name == b"x-request-id"), None)
         request_id = request_id_for(incoming.decode("latin-1") if incoming is not None else None)
         id_header = (HEADER.encode(), request_id.encode())
-        span, trace_header = _server_span(scope) if tracing.ENABLED else (None, None)
+        span, trace_header = await _server_span(scope) if tracing.ENABLED else (None, None)
         used = start_counting()
         status = 500
         released = False
@@ -223,16 +223,29 @@ class RequestPath(HttpMiddleware):
             LATENCY.labels(method, template).observe(time.perf_counter() - started)
 
 
-def _server_span(scope: Scope) -> tuple[tracing.Span | None, tuple[bytes, bytes] | None]:
-    """The request's SERVER span and its `traceresponse` header (none for an invalid span)."""
+async def _server_span(scope: Scope) -> tuple[tracing.Span | None, tuple[bytes, bytes] | None]:
+    """The request's SERVER span and its `traceresponse` header (none for an invalid span). The caller's
+    `traceparent` is continued only when `MODELHOST_TRACE_CLIENT_SAMPLING` trusts it: by default for
+    requests with a valid key (docs/operations.md, "Traces")."""
     traceparent = tracestate = None
     for name, value in scope["headers"]:
         if name == b"traceparent":
             traceparent = value.decode("latin-1")
         elif name == b"tracestate":
             tracestate = value.decode("latin-1")
+    trusted = traceparent is not None and await _trusts(scope)
     span = tracing.server_span(
-        scope["method"], scope["path"], scope.get("scheme", "http"), traceparent, tracestate
+        scope["method"], scope["path"], scope.get("scheme", "http"), traceparent, tracestate, trusted
     )
     header = tracing.header_of(span)
     return span, (b"traceresponse", header.encode()) if header is not None else None
+
+
+async def _trusts(scope: Scope) -> bool:
+    """Whether this request's own `traceparent` may decide its trace (MODELHOST_TRACE_CLIENT_SAMPLING)."""
+    if PRINCIPAL in scope:  # a batch line: its runner's own span
+        return True
+    rule = scope["app"].state.services.settings.trace_client_sampling
+    if rule != "authenticated":
+        return bool(rule == "always")
+    return await trusted_caller(Request(scope))

@@ -29,3 +29,22 @@ def looks_like_secret(token: str) -> bool:
 
 def display_prefix(secret: str) -> str:
     return secret[:10]
+
+
+ADMIN_KEY_MIN_LENGTH = 32
+ADMIN_KEY_MIN_DISTINCT = 16
+
+
+def admin_key_weakness(key: str) -> str | None:
+    """Why an operator's admin key is too weak to serve with, or None. The admin key opens every
+    account, so it must be long and random: at least 32 characters, of which at least 16 distinct (a
+    key of one repeated pattern is not random). `mh-admin-` and `secrets.token_urlsafe(24)` (what
+    `make run` and `quickstart` write) has 32 random characters after its prefix."""
+    if len(key) < ADMIN_KEY_MIN_LENGTH:
+        return f"MODELHOST_ADMIN_KEY has {len(key)} characters; it needs at least {ADMIN_KEY_MIN_LENGTH}"
+    if len(set(key)) < ADMIN_KEY_MIN_DISTINCT:
+        return (
+            f"MODELHOST_ADMIN_KEY repeats a few characters ({len(set(key))} distinct); it needs at least "
+            f"{ADMIN_KEY_MIN_DISTINCT} distinct random characters"
+        )
+    return None

@@ -138,6 +138,7 @@ def serve(
         out.print(
             "[yellow]MODELHOST_ADMIN_KEY is not set: admin routes (account creation) are disabled.[/yellow]"
         )
+    _refuse_weak_admin_key(settings)
     run_server(settings, host or settings.host, port or settings.port, _workers(settings, workers), log_level)
 
 
@@ -157,7 +158,21 @@ def quickstart(
         os.environ["MODELHOST_ADMIN_KEY"] = "mh-admin-" + secrets.token_urlsafe(24)
         get_settings.cache_clear()
     settings = get_settings()
+    _refuse_weak_admin_key(settings)
     run_quickstart(settings, host or settings.host, port or settings.port, _workers(settings, workers))
+
+
+def _refuse_weak_admin_key(settings: Settings) -> None:
+    """A server does not start with an admin key that could be guessed (auth.secrets.admin_key_weakness)."""
+    from modelhost.auth.secrets import admin_key_weakness
+
+    weakness = None if settings.admin_key_value is None else admin_key_weakness(settings.admin_key_value)
+    if weakness is not None:
+        out.print(
+            f"[red]{weakness}: the server does not start with a guessable admin key. Make one with "
+            "`python -c 'import secrets; print(\"mh-admin-\" + secrets.token_urlsafe(24))'`.[/red]"
+        )
+        raise typer.Exit(2)
 
 
 def _workers(settings: Settings, given: int | None) -> int:

@@ -1,14 +1,19 @@
-"""Liveness, readiness and Prometheus metrics (no auth: for load balancers and scrapers)."""
+"""Liveness, readiness and Prometheus metrics (no key needed: for load balancers and scrapers; the series
+that name accounts need the admin or metrics key)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+import hmac
+
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from modelhost.api.deps import ServicesDep
 from modelhost.api.errors import error_responses
 from modelhost.artifacts.disk import data_dir_space
-from modelhost.errors import DATABASE_RETRY_AFTER_SECONDS, ServiceUnavailable
+from modelhost.auth.authenticator import bearer_token
+from modelhost.config import Settings
+from modelhost.errors import DATABASE_RETRY_AFTER_SECONDS, InvalidAPIKey, ServiceUnavailable
 from modelhost.metrics import CONTENT_TYPE_LATEST, exposition
 from modelhost.store import migrate
 
@@ -54,10 +59,30 @@ async def ready(services: ServicesDep) -> dict[str, str | int]:
     "/metrics",
     summary="Prometheus metrics (text exposition format)",
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."}},
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format."},
+        **error_responses(401),
+    },
 )
-async def metrics(services: ServicesDep) -> Response:
+async def metrics(request: Request, services: ServicesDep) -> Response:
     """Every process of the server (gateways, supervisor, replicas), added up: read in a thread, as it
-    reads one file per process. The data directory's free space is measured first, so it is current."""
+    reads one file per process. The data directory's free space is measured first, so it is current.
+    The series labelled with account IDs are shown only with the admin key or `MODELHOST_METRICS_KEY`
+    as a bearer key (or with `MODELHOST_METRICS_PUBLIC`): one tenant must not read another's spend."""
+    tenants = _sees_tenants(request.headers.get("authorization"), services.settings)
     await run_in_threadpool(data_dir_space, services.settings)
-    return Response(await run_in_threadpool(exposition), media_type=CONTENT_TYPE_LATEST)
+    return Response(await run_in_threadpool(exposition, tenants), media_type=CONTENT_TYPE_LATEST)
+
+
+def _sees_tenants(authorization: str | None, settings: Settings) -> bool:
+    """Whether a scrape sees the series that name accounts; a key that is neither of the two is a 401
+    (a scraper misconfigured, rather than silently served less)."""
+    if settings.metrics_public:
+        return True
+    if not authorization:
+        return False
+    token = bearer_token(authorization).encode()
+    keys = (settings.admin_key_value, settings.metrics_key_value)
+    if any(key is not None and hmac.compare_digest(token, key.encode()) for key in keys):
+        return True
+    raise InvalidAPIKey("This key cannot read /metrics: send the admin key or MODELHOST_METRICS_KEY.")
