@@ -333,7 +333,18 @@ def test_keys_list_json_shows_no_secrets(url: str, account: dict[str, Any]) -> N
     assert listed["data"][1]["id"] == created["id"]
     assert all(
         set(key)
-        == {"id", "name", "kind", "deployments", "prefix", "limits", "use", "created_at", "revoked_at"}
+        == {
+            "id",
+            "name",
+            "kind",
+            "deployments",
+            "prefix",
+            "limits",
+            "use",
+            "created_at",
+            "revoked_at",
+            "expires_at",
+        }
         for key in listed["data"]
     )
     assert created["api_key"] not in result.stdout

@@ -10,12 +10,12 @@ from fastapi import Depends, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 
-from modelhost import tracing
+from modelhost import audit, tracing
 from modelhost.auth.authenticator import bearer_token
 from modelhost.auth.principal import Principal, PrincipalKind, acting_for
 from modelhost.batches.files import Owner
 from modelhost.container import Services
-from modelhost.errors import ClientClosedRequest, InvalidAPIKey
+from modelhost.errors import ClientClosedRequest, ExpiredAPIKey, InvalidAPIKey
 from modelhost.routing import DeploymentRef, resolve_deployment
 
 T = TypeVar("T")
@@ -46,6 +46,7 @@ async def _authenticate(request: Request) -> Principal:
     dependency finds the principal in the scope."""
     checked: Principal | None = request.scope.get(PRINCIPAL)
     if checked is not None:
+        _act_as(request, checked)
         return checked
     authenticator = get_services(request).authenticator
     with tracing.step("authenticate") as span:
@@ -57,8 +58,19 @@ async def _authenticate(request: Request) -> Principal:
             span.set_attribute("modelhost.key.cached", known)
         if principal is None:
             raise InvalidAPIKey("Invalid API key.")
+        if authenticator.expired(principal):
+            raise ExpiredAPIKey("This API key has expired; use another key or create a new one.")
     request.scope[PRINCIPAL] = principal
+    _act_as(request, principal)
     return principal
+
+
+def _act_as(request: Request, principal: Principal) -> None:
+    """The request's actor, for the audit rows its changes write (`modelhost.audit`: one context
+    variable, read by the services, instead of an actor threaded through every service call)."""
+    client = request.client
+    actor = audit.Actor(principal.kind.value, principal.key_id, principal.account_id, client and client.host)
+    audit.acting(actor)
 
 
 async def require_admin(request: Request, _doc: object = Depends(_bearer)) -> Principal:
@@ -85,10 +97,19 @@ async def require_caller(request: Request, _doc: object = Depends(_bearer)) -> P
     return principal
 
 
+async def require_auditor(request: Request, _doc: object = Depends(_bearer)) -> Principal:
+    """The audit log: an account key (its account's rows) or the admin key (every row)."""
+    principal = await _authenticate(request)
+    if principal.kind not in (PrincipalKind.ACCOUNT, PrincipalKind.ADMIN):
+        raise InvalidAPIKey("This route needs an account key or the admin key.")
+    return principal
+
+
 AdminPrincipal = Annotated[Principal, Depends(require_admin)]
 AccountPrincipal = Annotated[Principal, Depends(require_account)]
 CallerPrincipal = Annotated[Principal, Depends(require_caller)]
-GUARDS: tuple[Guard, ...] = (require_admin, require_account, require_caller)
+AuditorPrincipal = Annotated[Principal, Depends(require_auditor)]
+GUARDS: tuple[Guard, ...] = (require_admin, require_account, require_caller, require_auditor)
 
 
 def guard_of(dependant: Dependant) -> Guard | None:
