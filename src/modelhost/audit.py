@@ -229,9 +229,8 @@ class AuditLog:
             query = select(AuditRow).where(*_conditions(filters))
             cursor = None
             if after is not None:
-                cursor = session.scalars(select(AuditRow).where(AuditRow.id == after, *_conditions(filters)))
-                cursor = cursor.one_or_none()
-            if after is not None and cursor is None:
+                cursor = session.scalars(query.where(AuditRow.id == after)).one_or_none()
+            if after is not None and cursor is None:  # none, or not the caller's: the same 404
                 raise NotFound(f"No such audit row: {after}", param="after", code="audit_row_not_found")
             return keyset_page(session, query, AuditRow, cursor, limit, order)
 

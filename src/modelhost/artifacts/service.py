@@ -180,7 +180,7 @@ class ArtifactService:
             session.add(upload)
             session.flush()
             session.refresh(artifact)
-            changes = {
+            changes: audit.Changes = {
                 "status": {"before": previous, "after": "ingesting"},
                 "upload_id": {"before": None, "after": upload.id},
             }
@@ -340,7 +340,7 @@ class ArtifactService:
             upload = self._owned_session(session, account_id, artifact_id, upload_id)
             if not self._close_session(session, upload, "aborted"):
                 raise Conflict("Upload session is no longer open.", param="upload_id", code="upload_not_open")
-            changes = {
+            changes: audit.Changes = {
                 "status": {"before": "ingesting", "after": upload.previous_status},
                 "upload_id": {"before": upload_id, "after": None},
             }

@@ -161,7 +161,7 @@ class KeyService:
             before = old.expires_at
             ends = now + timedelta(seconds=grace_seconds)
             old.expires_at = ends if before is None else min(before, ends)
-            changes = {
+            changes: audit.Changes = {
                 "expires_at": {"before": before, "after": old.expires_at},
                 "replaced_by": {"before": None, "after": new.id},  # its ID, never its secret
             }

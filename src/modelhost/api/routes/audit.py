@@ -36,10 +36,10 @@ def present(row: AuditRow) -> AuditEntry:
         id=row.id,
         seq=row.seq,
         created_at=row.created_at,
-        actor=AuditActor(kind=row.actor_kind, key_id=row.actor_key_id, address=row.client_address),  # type: ignore[arg-type]
+        actor=AuditActor(kind=row.actor_kind, key_id=row.actor_key_id, address=row.client_address),
         request_id=row.request_id,
         action=row.action,
-        target=AuditTarget(type=row.target_type, id=row.target_id),  # type: ignore[arg-type]
+        target=AuditTarget(type=row.target_type, id=row.target_id),
         account_id=row.account_id,
         changes={name: AuditChange.model_validate(change) for name, change in row.changes.items()},
         hash=row.hash,
