@@ -427,6 +427,7 @@ async def test_rotation_gives_a_new_key_and_the_old_one_works_until_its_grace_en
     assert_error(await http.post(f"/v1/keys/{old['id']}/rotate", headers=owner), 404, "key_not_found")
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 async def test_rotating_a_deployment_key_without_grace_ends_it_at_once(world: dict[str, Any]) -> None:
     http, a = world["http"], world["a"]
     listed = (await http.get("/v1/keys", headers=bearer(a["api_key"]))).json()["data"]

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import delete, update
 
 from modelhost.audit import AuditLog
@@ -18,6 +19,8 @@ from modelhost.store.models import AuditRow, ModelArtifact
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment, ready_artifact
 
 ADMIN = bearer(ADMIN_KEY)
+# Tests of logic that is the same on both databases run on SQLite only (the CI budget)
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
 async def test_create_account_returns_its_key_once(client: httpx.AsyncClient) -> None:
@@ -339,6 +342,7 @@ async def test_every_management_change_writes_an_audit_row_without_a_secret(
     assert (await verify(client))["ok"]
 
 
+@SQLITE_ONLY
 async def test_a_refused_change_leaves_no_audit_row(client: httpx.AsyncClient, services: Services) -> None:
     account = await new_account(client)
     owner = bearer(account["api_key"])
@@ -357,6 +361,7 @@ async def test_a_refused_change_leaves_no_audit_row(client: httpx.AsyncClient, s
     assert (await verify(client))["ok"]
 
 
+@SQLITE_ONLY
 async def test_an_account_reads_only_its_own_audit_rows(
     client: httpx.AsyncClient, services: Services
 ) -> None:
@@ -386,6 +391,7 @@ async def test_an_account_reads_only_its_own_audit_rows(
     assert_error(await client.get("/v1/audit", headers=bearer(scoped["api_key"])), 401, "invalid_api_key")
 
 
+@SQLITE_ONLY
 async def test_an_edited_or_deleted_audit_row_is_named_by_verify(
     client: httpx.AsyncClient, services: Services
 ) -> None:
@@ -426,6 +432,7 @@ def test_appends_from_many_threads_keep_one_linear_chain(services: Services) -> 
     assert (found.rows, found.first_seq, found.last_seq) == (48, 1, 48)  # each account and its key
 
 
+@SQLITE_ONLY
 def test_pruning_old_rows_keeps_the_chain_verifiable(services: Services) -> None:
     services.accounts.create("old", 1.0)
     time.sleep(0.3)
