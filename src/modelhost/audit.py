@@ -66,16 +66,24 @@ class Actor:
 
 
 SYSTEM = Actor("system")
-_ACTOR: ContextVar[Actor] = ContextVar("modelhost_audit_actor", default=SYSTEM)
+# Set on every request (its key checked), read only by the few that change something: a plain tuple,
+# made into an `Actor` when a row is written.
+_ACTOR: ContextVar[tuple[str, str | None, str | None, str | None] | None] = ContextVar(
+    "modelhost_audit_actor", default=None
+)
 
 
-def acting(actor: Actor) -> None:
-    """The current request acts as `actor` (called by the auth dependency once its key is checked)."""
-    _ACTOR.set(actor)
+def acting(kind: str, key_id: str | None, account_id: str | None, address: str | None) -> None:
+    """The current request acts as this key (called by the auth dependency once the key is checked)."""
+    _ACTOR.set((kind, key_id, account_id, address))
 
 
 def current_actor() -> Actor:
-    return _ACTOR.get()
+    found = _ACTOR.get()
+    if found is None:
+        return SYSTEM
+    kind, key_id, account_id, address = found
+    return Actor(str(kind), key_id, account_id, address)
 
 
 Changes = dict[str, dict[str, Any]]
@@ -240,15 +248,10 @@ class AuditLog:
         with self._database.transaction() as session:
             head = session.get(AuditHead, HEAD_ID)
             assert head is not None, "the audit head row is made by migration 0017"
-            last_seq, head_hash, pruned_seq, pruned_hash = (
-                head.seq,
-                head.hash,
-                head.pruned_seq,
-                head.pruned_hash,
-            )
+        last_seq, head_hash = head.seq, head.hash
         problems: list[Problem] = []
-        expected_seq, previous, rows, first = pruned_seq + 1, pruned_hash, 0, None
-        for row in self._rows(pruned_seq, last_seq):
+        expected_seq, previous, rows, first = head.pruned_seq + 1, head.pruned_hash, 0, None
+        for row in self._rows(head.pruned_seq, last_seq):
             rows += 1
             first = row.seq if first is None else first
             if row.seq != expected_seq:
@@ -262,7 +265,7 @@ class AuditLog:
             problems.append(Problem(last_seq, None, f"rows {expected_seq}..{last_seq} are missing"))
         elif previous != head_hash:
             problems.append(Problem(last_seq, None, "the last row does not match the chain head"))
-        return Verification(not problems, rows, first, last_seq, head_hash, pruned_seq, problems)
+        return Verification(not problems, rows, first, last_seq, head_hash, head.pruned_seq, problems)
 
     def _rows(self, after_seq: int, last_seq: int) -> Iterator[AuditRow]:
         while True:

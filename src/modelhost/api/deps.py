@@ -68,9 +68,8 @@ async def _authenticate(request: Request) -> Principal:
 def _act_as(request: Request, principal: Principal) -> None:
     """The request's actor, for the audit rows its changes write (`modelhost.audit`: one context
     variable, read by the services, instead of an actor threaded through every service call)."""
-    client = request.client
-    actor = audit.Actor(principal.kind.value, principal.key_id, principal.account_id, client and client.host)
-    audit.acting(actor)
+    client = request.scope.get("client")  # (host, port), or None
+    audit.acting(principal.kind, principal.key_id, principal.account_id, client[0] if client else None)
 
 
 async def require_admin(request: Request, _doc: object = Depends(_bearer)) -> Principal:
