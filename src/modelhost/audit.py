@@ -90,13 +90,13 @@ Changes = dict[str, dict[str, Any]]
 
 
 def created(fields: Mapping[str, Any]) -> Changes:
-    """The changes of something new: every field from nothing."""
-    return {name: {"before": None, "after": value} for name, value in fields.items()}
+    """The changes of something new: every field set, from nothing."""
+    return {name: {"before": None, "after": value} for name, value in fields.items() if value is not None}
 
 
 def removed(fields: Mapping[str, Any]) -> Changes:
-    """The changes of something deleted: every field to nothing."""
-    return {name: {"before": value, "after": None} for name, value in fields.items()}
+    """The changes of something deleted: every field it had, to nothing."""
+    return {name: {"before": value, "after": None} for name, value in fields.items() if value is not None}
 
 
 def diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> Changes:
