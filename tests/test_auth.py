@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from modelhost.api.deps import CallerPrincipal, deployment_for
 from modelhost.auth.failures import FailedKeys
 from modelhost.container import Services
 from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment
+from tests.helpers import ADMIN_KEY, ManualClock, assert_error, bearer, new_account, new_deployment
 from tests.postgres import create_database
 
 # One representative route per family: (method, path, body).
@@ -379,3 +381,103 @@ def test_failed_keys_are_forgotten_a_minute_after_they_were_sent() -> None:
         failures.failed(address)
         failures.failed(address)
     assert failures.retry_after("10.0.0.2") is None and failures.retry_after("10.0.0.4") == 60
+
+
+# ------------------------------------------------------------------------------------ expiring keys
+
+
+@pytest.fixture
+async def clocked(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ManualClock]]:
+    """A gateway whose clock moves only when told: keys expire without waiting."""
+    clock = ManualClock(int(time.time() * 1000))
+    services = Services.build(make_settings(tmp_path, f"sqlite:///{tmp_path / 'clocked.db'}"), clock=clock)
+    transport = httpx.ASGITransport(app=create_app(services=services), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        yield http, clock
+    services.close()
+
+
+async def test_an_expired_key_is_refused_with_expired_api_key(
+    clocked: tuple[httpx.AsyncClient, ManualClock],
+) -> None:
+    http, clock = clocked
+    account = await new_account(http)
+    owner = bearer(account["api_key"])
+    soon = (await http.post("/v1/keys", json={"name": "ci", "expires_in": 60}, headers=owner)).json()
+    moment = datetime.fromtimestamp(clock.now_ms() / 1000 + 120, UTC)
+    later = (await http.post("/v1/keys", json={"expires_at": moment.isoformat()}, headers=owner)).json()
+    assert datetime.fromisoformat(soon["expires_at"]).timestamp() == pytest.approx(clock.now_ms() / 1000 + 60)
+    assert datetime.fromisoformat(later["expires_at"]) == moment
+    assert (await http.get("/v1/keys", headers=bearer(soon["api_key"]))).status_code == 200  # now cached
+    clock.advance(61)
+    error = assert_error(
+        await http.get("/v1/keys", headers=bearer(soon["api_key"])),
+        401,
+        "expired_api_key",
+        "InvalidAPIKeyError",
+    )
+    assert "expired" in error["message"]
+    assert (await http.get("/v1/keys", headers=bearer(later["api_key"]))).status_code == 200
+    clock.advance(60)
+    assert_error(await http.get("/v1/models", headers=bearer(later["api_key"])), 401, "expired_api_key")
+    listed = {
+        key["id"]: key["expires_at"] for key in (await http.get("/v1/keys", headers=owner)).json()["data"]
+    }
+    assert listed[soon["id"]] == soon["expires_at"]
+
+
+async def test_a_key_expiry_is_in_the_future_and_given_once(
+    clocked: tuple[httpx.AsyncClient, ManualClock],
+) -> None:
+    http, clock = clocked
+    owner = bearer((await new_account(http))["api_key"])
+    past = datetime.fromtimestamp(clock.now_ms() / 1000 - 1, UTC).isoformat()
+    assert_error(
+        await http.post("/v1/keys", json={"expires_at": past}, headers=owner), 400, param="expires_at"
+    )
+    both = {"expires_at": datetime.now(UTC).isoformat(), "expires_in": 60}
+    assert_error(await http.post("/v1/keys", json=both, headers=owner), 400, param="expires_in")
+    naive = {"expires_at": "2099-01-01T00:00:00"}  # a time without its zone is ambiguous
+    assert_error(await http.post("/v1/keys", json=naive, headers=owner), 400)
+    assert_error(await http.post("/v1/keys", json={"expires_in": 0}, headers=owner), 400)
+
+
+async def test_rotation_gives_a_new_key_and_the_old_one_works_until_its_grace_ends(
+    clocked: tuple[httpx.AsyncClient, ManualClock],
+) -> None:
+    http, clock = clocked
+    account = await new_account(http)
+    owner = bearer(account["api_key"])
+    old = (
+        await http.post("/v1/keys", json={"name": "ci", "limits": {"requests_per_minute": 9}}, headers=owner)
+    ).json()
+    rotated = await http.post(f"/v1/keys/{old['id']}/rotate", json={"grace_seconds": 300}, headers=owner)
+    assert rotated.status_code == 201, rotated.text
+    new = rotated.json()
+    assert new["id"] != old["id"] and new["api_key"] != old["api_key"]
+    assert (new["name"], new["kind"], new["limits"], new["expires_at"]) == (
+        "ci",
+        "account",
+        old["limits"],
+        None,
+    )
+    for key in (old, new):
+        assert (await http.get("/v1/keys", headers=bearer(key["api_key"]))).status_code == 200
+    clock.advance(299)
+    assert (await http.get("/v1/keys", headers=bearer(old["api_key"]))).status_code == 200
+    clock.advance(2)
+    assert_error(await http.get("/v1/keys", headers=bearer(old["api_key"])), 401, "expired_api_key")
+    assert (await http.get("/v1/keys", headers=bearer(new["api_key"]))).status_code == 200
+    # an expired key is not rotated again
+    assert_error(await http.post(f"/v1/keys/{old['id']}/rotate", headers=owner), 404, "key_not_found")
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_rotating_a_deployment_key_without_grace_ends_it_at_once(world: dict[str, Any]) -> None:
+    http, a = world["http"], world["a"]
+    listed = (await http.get("/v1/keys", headers=bearer(a["api_key"]))).json()["data"]
+    [scoped] = [key for key in listed if key["kind"] == "deployment"]
+    new = (await http.post(f"/v1/keys/{scoped['id']}/rotate", headers=bearer(a["api_key"]))).json()
+    assert (new["kind"], new["deployments"]) == ("deployment", [world["emb1"]["id"]])
+    assert_error(await call(http, CALLER_ROUTE, bearer(world["scoped"])), 401, "expired_api_key")
+    assert (await call(http, CALLER_ROUTE, bearer(new["api_key"]))).status_code == 200

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import typer
+from sqlalchemy import update
 from typer.testing import CliRunner, Result
 
 from modelhost.billing.ledger import ComputeReading
@@ -25,7 +26,7 @@ from modelhost.config import Settings, get_settings
 from modelhost.container import Services
 from modelhost.store import migrate
 from modelhost.store.db import Database
-from modelhost.store.models import ModelArtifact
+from modelhost.store.models import AuditRow, ModelArtifact
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync, ready_artifact
 from tests.live import live_server
@@ -174,6 +175,10 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("batches", "get"), "Show a batch: its status, request counts and files; with --wait, once it"),
     (("batches", "list"), "List batches, newest first."),
     (("batches", "cancel"), "Cancel a batch: the lines in flight finish, the answers so far go to its"),
+    (("keys", "rotate"), "Replace a key: prints the new key's secret (shown once); the old one expires"),
+    (("audit",), "The audit log: who changed what"),
+    (("audit", "list"), "List audit rows, newest first (with --admin-key: every account's)."),
+    (("audit", "verify"), "Recompute the audit log's hash chain (admin key); exits 1 naming each edited,"),
 ]
 
 
@@ -333,7 +338,18 @@ def test_keys_list_json_shows_no_secrets(url: str, account: dict[str, Any]) -> N
     assert listed["data"][1]["id"] == created["id"]
     assert all(
         set(key)
-        == {"id", "name", "kind", "deployments", "prefix", "limits", "use", "created_at", "revoked_at"}
+        == {
+            "id",
+            "name",
+            "kind",
+            "deployments",
+            "prefix",
+            "limits",
+            "use",
+            "created_at",
+            "revoked_at",
+            "expires_at",
+        }
         for key in listed["data"]
     )
     assert created["api_key"] not in result.stdout
@@ -390,6 +406,44 @@ def test_keys_revoke_of_an_unknown_key_prints_not_found(url: str, account: dict[
     assert result.exit_code == 1
     assert result.stdout == ""
     assert result.stderr.strip() == "error: Key not found (404 key_not_found)"
+
+
+def test_keys_create_with_expires_in_then_rotate_ends_the_old_key(url: str, account: dict[str, Any]) -> None:
+    env = {"MODELHOST_API_KEY": account["api_key"]}
+    old = ok_json("keys", "create", "--name", "ci", "--expires-in", "3600", "--url", url, env=env)
+    assert old["expires_at"] is not None
+    new = ok_json("keys", "rotate", old["id"], "--grace", "0", "--url", url, env=env)
+    assert (new["name"], new["expires_at"]) == ("ci", None)
+    assert_error(httpx.get(f"{url}/v1/keys", headers=bearer(old["api_key"])), 401, "expired_api_key")
+    assert httpx.get(f"{url}/v1/keys", headers=bearer(new["api_key"])).status_code == 200
+    table = ok("keys", "rotate", new["id"], "--grace", "600", "--url", url, env=env)
+    [row] = table_rows(table.stdout)
+    assert row["name"] == "ci" and row["api_key"].startswith(row["prefix"])
+
+
+def test_audit_lists_the_accounts_changes_and_verify_names_an_edited_row(
+    url: str, store: Services, account: dict[str, Any]
+) -> None:
+    created = ok_json("keys", "create", "--name", "audited", "--url", url, "--key", account["api_key"])
+    listed = ok_json("audit", "list", "--action", "key.created", "--url", url, "--key", account["api_key"])
+    assert listed["data"][0]["target"]["id"] == created["id"]  # newest first
+    assert {row["account_id"] for row in listed["data"]} == {account["id"]}
+    assert created["api_key"] not in json.dumps(listed)
+    rows = table_rows(ok("audit", "list", "--limit", "1", "--url", url, "--key", account["api_key"]).stdout)
+    assert rows[0]["action"] == "key.created" and rows[0]["target"] == f"key {created['id']}"
+    checked = ok("audit", "verify", "--url", url, "--admin-key", ADMIN_KEY)
+    assert "ok: every row matches its hash" in checked.stdout
+    [row] = [row for row in listed["data"] if row["target"]["id"] == created["id"]]
+    with store.database.transaction() as session:  # someone edits the row in the database
+        session.execute(update(AuditRow).where(AuditRow.id == row["id"]).values(target_id="key_else"))
+    try:
+        refused = cli("audit", "verify", "--url", url, "--admin-key", ADMIN_KEY)
+        assert refused.exit_code == 1
+        assert f"row {row['seq']} ({row['id']}): its contents do not match its hash" in refused.stderr
+    finally:
+        with store.database.transaction() as session:
+            session.execute(update(AuditRow).where(AuditRow.id == row["id"]).values(target_id=created["id"]))
+    ok("audit", "verify", "--url", url, "--admin-key", ADMIN_KEY)
 
 
 # -------------------------------------------------------------------------------------- deployments

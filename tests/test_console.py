@@ -437,6 +437,23 @@ def test_a_scoped_key_is_created_shown_once_and_revoked(console: Console) -> Non
     assert console.http.get("/v1/models", headers=bearer(secret)).status_code == 401
 
 
+def test_the_audit_page_lists_the_accounts_changes_as_text(console: Console) -> None:
+    created = console.http.post("/v1/keys", json={"name": XSS}, headers=bearer(console.key)).json()
+    page = console.page
+    console.go("audit")
+    row = page.locator("#audit-list tr[data-action='key.created']", has_text=created["id"])
+    assert XSS in row.locator("td.changes").inner_text()  # the key's name, as text
+    assert row.locator("td").nth(3).inner_text().startswith("account key_")  # who: an account key
+    assert created["api_key"] not in page.locator("#audit-list").inner_text()
+    assert page.locator("img").count() == 0
+    page.fill("#audit-action", "key.created")
+    page.click("#audit-form button")
+    # filtered: only key.created rows stay (the account's creation, by the operator, goes)
+    page.wait_for_selector("#audit-list tbody tr:not([data-action='key.created'])", state="detached")
+    assert page.locator("#audit-list tbody tr").count() >= 2
+    console.shot("audit")
+
+
 def test_the_overview_draws_credits_per_day_and_lists_deployments(console: Console) -> None:
     page = console.page
     for _ in range(20):  # the meter bills every second here; the first bill may be a tick away

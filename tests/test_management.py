@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from typing import Any
 
 import httpx
+import pytest
+from sqlalchemy import delete, update
 
+from modelhost.audit import AuditLog
+from modelhost.auth.secrets import hash_secret
 from modelhost.container import Services
-from modelhost.store.models import ModelArtifact
+from modelhost.store.models import AuditRow, ModelArtifact
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment, ready_artifact
 
 ADMIN = bearer(ADMIN_KEY)
+# Tests of logic that is the same on both databases run on SQLite only (the CI budget)
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 
 async def test_create_account_returns_its_key_once(client: httpx.AsyncClient) -> None:
@@ -217,3 +227,224 @@ async def test_models_routes_follow_openais_shape(client: httpx.AsyncClient, ser
     error = assert_error(await client.get("/v1/models/gpt-4o", headers=owner), 404, "model_not_found")
     assert error["message"] == "Model not found"
     assert dep["model"] == model["id"]
+
+
+# ------------------------------------------------------------------------------------------ audit log
+
+
+async def audit_rows(client: httpx.AsyncClient, key: str, **params: str) -> list[dict[str, Any]]:
+    """Every audit row the key may read (oldest first), through the cursor pages."""
+    rows: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:
+        query = {**params, "order": "asc", "limit": "100", **({"after": after} if after else {})}
+        page = await client.get("/v1/audit", params=query, headers=bearer(key))
+        assert page.status_code == 200, page.text
+        rows += page.json()["data"]
+        if not page.json()["has_more"]:
+            return rows
+        after = page.json()["last_id"]
+
+
+async def verify(client: httpx.AsyncClient) -> dict[str, Any]:
+    answer = await client.get("/v1/admin/audit/verify", headers=ADMIN)
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+async def test_every_management_change_writes_an_audit_row_without_a_secret(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    account = await new_account(client, "audited")
+    owner = bearer(account["api_key"])
+    await client.patch(
+        f"/v1/admin/accounts/{account['id']}", json={"limits": {"requests_per_minute": 60}}, headers=ADMIN
+    )
+    await client.post(f"/v1/admin/accounts/{account['id']}/credits", json={"credits": 5}, headers=ADMIN)
+    key = (await client.post("/v1/keys", json={"name": "ci"}, headers=owner)).json()
+    await client.patch(f"/v1/keys/{key['id']}", json={"limits": {"requests_per_minute": 10}}, headers=owner)
+    rotated = (
+        await client.post(f"/v1/keys/{key['id']}/rotate", json={"grace_seconds": 60}, headers=owner)
+    ).json()
+    assert (await client.delete(f"/v1/keys/{rotated['id']}", headers=owner)).status_code == 200
+    dep = await new_deployment(client, services, account, "audited-model")
+    await client.patch(f"/v1/deployments/{dep['id']}", json={"readiness": "warm"}, headers=owner)
+    await client.patch(f"/v1/admin/deployments/{dep['id']}", json={"shared": False}, headers=ADMIN)
+    assert (await client.delete(f"/v1/deployments/{dep['id']}", headers=owner)).status_code == 200
+    artifact = (
+        await client.post(
+            "/v1/model-artifacts", json={"display_name": "a", "pipeline": "fill-mask"}, headers=owner
+        )
+    ).json()
+    uploads = f"/v1/model-artifacts/{artifact['id']}/uploads"
+    upload = (await client.post(uploads, headers=owner)).json()["upload_id"]
+    await client.post(f"{uploads}/{upload}/complete", headers=owner)  # nothing uploaded: inspection fails
+    upload = (await client.post(uploads, headers=owner)).json()["upload_id"]
+    assert (await client.delete(f"{uploads}/{upload}", headers=owner)).status_code == 200
+    assert (await client.delete(f"/v1/model-artifacts/{artifact['id']}", headers=owner)).status_code == 200
+    file = {"file": ("notes.txt", b"hello", "text/plain")}
+    uploaded = (
+        await client.post("/v1/files", files=file, data={"purpose": "user_data"}, headers=owner)
+    ).json()
+    assert (await client.delete(f"/v1/files/{uploaded['id']}", headers=owner)).status_code == 200
+
+    rows = await audit_rows(client, account["api_key"])
+    actions = [row["action"] for row in rows]
+    assert actions == [
+        "account.created",
+        "key.created",  # the account's first key
+        "account.updated",
+        "account.credits_added",
+        "key.created",
+        "key.updated",
+        "key.created",  # the rotation's new key
+        "key.rotated",
+        "key.revoked",
+        "deployment.created",
+        "deployment.updated",
+        "deployment.unshared",
+        "deployment.deleted",
+        "artifact.created",
+        "artifact.upload_started",
+        "artifact.upload_failed",
+        "artifact.upload_started",
+        "artifact.upload_aborted",
+        "artifact.deleted",
+        "file.created",
+        "file.deleted",
+    ]
+    by_action = {row["action"]: row for row in rows}
+    assert by_action["account.updated"]["changes"] == {
+        "limits": {"before": None, "after": {"requests_per_minute": 60}}
+    }
+    assert by_action["account.updated"]["actor"]["kind"] == "admin"
+    assert by_action["account.credits_added"]["changes"]["credits_granted_micro"] == {
+        "before": 100_000_000,
+        "after": 105_000_000,
+    }
+    updated = by_action["key.updated"]
+    assert (updated["target"], updated["account_id"]) == ({"type": "key", "id": key["id"]}, account["id"])
+    assert updated["changes"] == {"limits": {"before": None, "after": {"requests_per_minute": 10}}}
+    assert by_action["key.rotated"]["changes"]["replaced_by"]["after"] == rotated["id"]
+    assert by_action["deployment.updated"]["changes"] == {"readiness": {"before": "cold", "after": "warm"}}
+    account_key_id = rows[1]["target"]["id"]
+    for row in rows[4:]:  # made with the account key, from the test client, each by its own request
+        if row["action"] != "deployment.unshared":
+            assert row["actor"] == {"kind": "account", "key_id": account_key_id, "address": "127.0.0.1"}, row
+        assert row["request_id"].startswith("req_")
+    assert len({row["request_id"] for row in rows}) == len(rows) - 2  # a rotation is one request, two rows
+    # never a secret: no key's secret, its hash or its prefix, in any row the admin reads
+    everything = json.dumps(await audit_rows(client, ADMIN_KEY))
+    for secret in (account["api_key"], key["api_key"], rotated["api_key"]):
+        assert secret not in everything and hash_secret(secret) not in everything
+        assert secret[:10] not in everything
+    assert (await verify(client))["ok"]
+
+
+@SQLITE_ONLY
+async def test_a_refused_change_leaves_no_audit_row(client: httpx.AsyncClient, services: Services) -> None:
+    account = await new_account(client)
+    owner = bearer(account["api_key"])
+    await new_deployment(client, services, account, "taken")
+    before = await audit_rows(client, account["api_key"])
+    [default] = (await client.get("/v1/keys", headers=owner)).json()["data"]
+    assert_error(await client.delete(f"/v1/keys/{default['id']}", headers=owner), 409, "last_account_key")
+    artifact_id = ready_artifact(services, account["id"])
+    taken = await client.post(
+        "/v1/deployments", json={"model": "taken", "artifact_id": artifact_id}, headers=owner
+    )
+    assert_error(
+        taken, 409, "model_exists"
+    )  # refused by the database's unique index, after the row was added
+    assert await audit_rows(client, account["api_key"]) == before
+    assert (await verify(client))["ok"]
+
+
+@SQLITE_ONLY
+async def test_an_account_reads_only_its_own_audit_rows(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    a = await new_account(client, "a")
+    b = await new_account(client, "b")
+    dep = await new_deployment(client, services, a, "a-model")
+    a_key_rows = await audit_rows(client, a["api_key"])
+    assert {row["account_id"] for row in a_key_rows} == {a["id"]}
+    b_rows = await audit_rows(client, b["api_key"], account_id=a["id"])  # asking for another's is ignored
+    assert {row["account_id"] for row in b_rows} == {b["id"]}
+    assert await audit_rows(client, b["api_key"], target_id=dep["id"]) == []
+    assert_error(
+        await client.get("/v1/audit", params={"after": a_key_rows[0]["id"]}, headers=bearer(b["api_key"])),
+        404,
+    )
+    # the admin key reads both, and filters
+    every = await audit_rows(client, ADMIN_KEY)
+    assert {a["id"], b["id"]} <= {row["account_id"] for row in every}
+    created = await audit_rows(client, ADMIN_KEY, action="deployment.created", target_type="deployment")
+    assert [row["target"]["id"] for row in created] == [dep["id"]]
+    since = await audit_rows(client, ADMIN_KEY, since=created[0]["created_at"])
+    assert since[0]["id"] == created[0]["id"]
+    # a deployment key reads none
+    scoped = (
+        await client.post("/v1/keys", json={"deployments": [dep["id"]]}, headers=bearer(a["api_key"]))
+    ).json()
+    assert_error(await client.get("/v1/audit", headers=bearer(scoped["api_key"])), 401, "invalid_api_key")
+
+
+@SQLITE_ONLY
+async def test_an_edited_or_deleted_audit_row_is_named_by_verify(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    account = await new_account(client)
+    for name in ("one", "two", "three"):
+        await client.post("/v1/keys", json={"name": name}, headers=bearer(account["api_key"]))
+    rows = await audit_rows(client, ADMIN_KEY)
+    assert (await verify(client))["ok"]
+    edited, deleted = rows[1], rows[3]
+    with services.database.transaction() as session:
+        session.execute(
+            update(AuditRow)
+            .where(AuditRow.id == edited["id"])
+            .values(changes={"name": {"before": None, "after": "x"}})
+        )
+    found = await verify(client)
+    assert not found["ok"]
+    assert found["problems"] == [
+        {"seq": edited["seq"], "id": edited["id"], "reason": "its contents do not match its hash (edited)"}
+    ]
+    with services.database.transaction() as session:
+        session.execute(delete(AuditRow).where(AuditRow.id == deleted["id"]))
+    found = await verify(client)
+    assert [(p["seq"], p["id"]) for p in found["problems"]] == [
+        (edited["seq"], edited["id"]),
+        (deleted["seq"] + 1, rows[4]["id"]),  # the row after the gap names it
+    ]
+    assert f"rows {deleted['seq']}..{deleted['seq']} are missing" in found["problems"][1]["reason"]
+
+
+def test_appends_from_many_threads_keep_one_linear_chain(services: Services) -> None:
+    """Every append takes the chain head's lock (PostgreSQL's row lock, SQLite's write lock): rows made at
+    once by many threads (as by several gateway processes or servers) still form one chain."""
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: services.accounts.create(f"acct-{n}", 1.0), range(24)))
+    found = services.audit.verify()
+    assert found.ok, found.problems
+    assert (found.rows, found.first_seq, found.last_seq) == (48, 1, 48)  # each account and its key
+
+
+@SQLITE_ONLY
+def test_pruning_old_rows_keeps_the_chain_verifiable(services: Services) -> None:
+    services.accounts.create("old", 1.0)
+    time.sleep(0.3)
+    services.accounts.create("new", 1.0)
+    pruning = AuditLog(services.database, retention_days=0.15 / 86400)  # 0.15 s
+    assert pruning.prune() == 2
+    assert pruning.prune() == 0
+    found = services.audit.verify()
+    assert found.ok, found.problems
+    assert (found.rows, found.first_seq, found.last_seq, found.pruned_through) == (2, 3, 4, 2)
+    services.accounts.create("newer", 1.0)
+    assert services.audit.verify().ok
+    with services.database.transaction() as session:  # deleting the oldest row left is still seen
+        session.execute(delete(AuditRow).where(AuditRow.seq == 3))
+    assert [p.seq for p in services.audit.verify().problems] == [4]

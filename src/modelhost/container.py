@@ -19,6 +19,7 @@ from modelhost.agents.store import AgentStore
 from modelhost.artifacts.blobstore import BlobStore
 from modelhost.artifacts.s3 import blob_store_of
 from modelhost.artifacts.service import ArtifactService
+from modelhost.audit import AuditLog
 from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.failures import FailedKeys
 from modelhost.auth.limits import RateLimiter
@@ -75,6 +76,7 @@ class Services:
     responses: Responses
     uploads: Files  # the Files API's files (`files` is the generated ones behind signed links)
     batches: Batches
+    audit: AuditLog
     # Rate limits (auth/limits.py): counted in a table every gateway process of the server shares
     limits: RateLimiter = field(default_factory=RateLimiter)
     # Wrong keys per client address (auth/failures.py): off (0) unless `build` reads the setting
@@ -102,8 +104,8 @@ class Services:
         if settings.apply_migrations_on_start and stand_ins is None:
             migrate.upgrade(database)
         cache: TTLCache[Principal] = TTLCache(settings.key_cache_seconds, settings.key_cache_entries)
-        authenticator = Authenticator(database, settings.admin_key_value, cache)
-        keys = KeyService(database, authenticator)
+        authenticator = Authenticator(database, settings.admin_key_value, cache, clock)
+        keys = KeyService(database, authenticator, clock)
         blobs = blob_store_of(settings)
         ledger = Ledger(database, rates_of(settings))
 
@@ -212,6 +214,7 @@ class Services:
             ),
             uploads=uploads,
             batches=batches,
+            audit=AuditLog(database, settings.audit_retention_days),
             limits=limits,
             supervisor=supervision,
             caches={"keys": cache, "deployments": refs_cache, "balances": balance_cache},

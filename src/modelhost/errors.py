@@ -70,6 +70,12 @@ class InvalidAPIKey(ModelhostError):
     code = "invalid_api_key"
 
 
+class ExpiredAPIKey(InvalidAPIKey):
+    """A key past its `expires_at` (set at creation, or by rotating it: its grace period ended)."""
+
+    code = "expired_api_key"
+
+
 class InsufficientCredits(ModelhostError):
     status_code = 402
     error_type = "insufficient_credits_error"

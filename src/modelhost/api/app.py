@@ -27,6 +27,7 @@ from modelhost.api.routes import (
     agents,
     artifacts,
     audio,
+    audit,
     batches,
     chat,
     deployments,
@@ -126,6 +127,7 @@ def create_app(
         videos.router,
         agents.router,
         usage.router,
+        audit.router,
         console.router,
     ):
         app.include_router(router)
@@ -223,11 +225,17 @@ async def supervising(app: FastAPI, services: Services, supervision: Supervision
 
 
 async def _sweep_forever(services: Services) -> None:
-    """Background housekeeping: expire upload sessions and generated files, recover stale completions."""
+    """Background housekeeping: expire upload sessions and generated files, recover stale completions,
+    prune audit rows past their retention."""
     await asyncio.to_thread(services.artifacts.recover)
     while True:
         await asyncio.sleep(services.settings.sweep_interval_seconds)
-        for sweep in (services.artifacts.sweep, services.files.sweep, services.uploads.sweep):
+        for sweep in (
+            services.artifacts.sweep,
+            services.files.sweep,
+            services.uploads.sweep,
+            services.audit.prune,
+        ):
             try:
                 await asyncio.to_thread(sweep)
             except Exception:

@@ -10,12 +10,12 @@ from fastapi import Depends, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 
-from modelhost import tracing
+from modelhost import audit, tracing
 from modelhost.auth.authenticator import bearer_token
 from modelhost.auth.principal import Principal, PrincipalKind, acting_for
 from modelhost.batches.files import Owner
 from modelhost.container import Services
-from modelhost.errors import ClientClosedRequest, InvalidAPIKey, TooManyFailedKeys
+from modelhost.errors import ClientClosedRequest, ExpiredAPIKey, InvalidAPIKey, TooManyFailedKeys
 from modelhost.routing import DeploymentRef, resolve_deployment
 
 T = TypeVar("T")
@@ -47,6 +47,7 @@ async def _authenticate(request: Request) -> Principal:
     429 for the keys this gateway does not already know to be valid (`auth.failures`)."""
     checked: Principal | None = request.scope.get(PRINCIPAL)
     if checked is not None:
+        _act_as(request, checked)
         return checked
     services = get_services(request)
     authenticator = services.authenticator
@@ -68,7 +69,10 @@ async def _authenticate(request: Request) -> Principal:
         if principal is None:
             services.failed_keys.failed(address)
             raise InvalidAPIKey("Invalid API key.")
+        if authenticator.expired(principal):
+            raise ExpiredAPIKey("This API key has expired; use another key or create a new one.")
     request.scope[PRINCIPAL] = principal
+    _act_as(request, principal)
     return principal
 
 
@@ -95,9 +99,16 @@ async def trusted_caller(request: Request) -> bool:
         known, principal = authenticator.cached(token)
     except InvalidAPIKey:
         return False
-    if known or services.failed_keys.retry_after(request.client.host if request.client else "") is not None:
-        return principal is not None
-    return await authenticator.loads.load(token, lambda: authenticator.load(token)) is not None
+    if not known and services.failed_keys.retry_after(request.client.host if request.client else "") is None:
+        principal = await authenticator.loads.load(token, lambda: authenticator.load(token))
+    return principal is not None and not authenticator.expired(principal)
+
+
+def _act_as(request: Request, principal: Principal) -> None:
+    """The request's actor, for the audit rows its changes write (`modelhost.audit`: one context
+    variable, read by the services, instead of an actor threaded through every service call)."""
+    client = request.scope.get("client")  # (host, port), or None
+    audit.acting(principal.kind, principal.key_id, principal.account_id, client[0] if client else None)
 
 
 async def require_admin(request: Request, _doc: object = Depends(_bearer)) -> Principal:
@@ -124,10 +135,19 @@ async def require_caller(request: Request, _doc: object = Depends(_bearer)) -> P
     return principal
 
 
+async def require_auditor(request: Request, _doc: object = Depends(_bearer)) -> Principal:
+    """The audit log: an account key (its account's rows) or the admin key (every row)."""
+    principal = await _authenticate(request)
+    if principal.kind not in (PrincipalKind.ACCOUNT, PrincipalKind.ADMIN):
+        raise InvalidAPIKey("This route needs an account key or the admin key.")
+    return principal
+
+
 AdminPrincipal = Annotated[Principal, Depends(require_admin)]
 AccountPrincipal = Annotated[Principal, Depends(require_account)]
 CallerPrincipal = Annotated[Principal, Depends(require_caller)]
-GUARDS: tuple[Guard, ...] = (require_admin, require_account, require_caller)
+AuditorPrincipal = Annotated[Principal, Depends(require_auditor)]
+GUARDS: tuple[Guard, ...] = (require_admin, require_account, require_caller, require_auditor)
 
 
 def guard_of(dependant: Dependant) -> Guard | None:

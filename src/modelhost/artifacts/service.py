@@ -17,6 +17,7 @@ import anyio
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from modelhost import audit
 from modelhost.artifacts.blobstore import PARTIAL_DIR, BlobStore, BlobWriter
 from modelhost.artifacts.disk import require_room_for_upload
 from modelhost.artifacts.inspection import Inspection, inspect_artifact
@@ -81,6 +82,8 @@ class ArtifactService:
             )
             session.add(artifact)
             session.flush()
+            fields = audit.created({"display_name": display_name, "pipeline": pipeline})
+            audit.record(session, "artifact.created", "artifact", artifact.id, account_id, fields)
             return ArtifactView(artifact, None)
 
     def list_artifacts(self, account_id: str) -> list[ArtifactView]:
@@ -111,7 +114,8 @@ class ArtifactService:
     def delete(self, account_id: str, artifact_id: str) -> None:
         """Delete an artifact no deployment uses; its sessions, staged and published files go too."""
         with self._database.transaction() as session:
-            self._owned(session, account_id, artifact_id)
+            artifact = self._owned(session, account_id, artifact_id)
+            gone = audit.removed({"display_name": artifact.display_name, "status": artifact.status})
             upload_ids = session.scalars(
                 select(UploadSession.id).where(UploadSession.artifact_id == artifact_id)
             ).all()
@@ -127,6 +131,7 @@ class ArtifactService:
                     code="artifact_busy",
                 )
             self._storage_changed(session, artifact_id)
+            audit.record(session, "artifact.deleted", "artifact", artifact_id, account_id, gone)
         for upload_id in upload_ids:
             self._blobs.delete_prefix(staging_prefix(upload_id))
         self._blobs.delete_prefix(f"artifacts/{artifact_id}")
@@ -175,6 +180,11 @@ class ArtifactService:
             session.add(upload)
             session.flush()
             session.refresh(artifact)
+            changes: audit.Changes = {
+                "status": {"before": previous, "after": "ingesting"},
+                "upload_id": {"before": None, "after": upload.id},
+            }
+            audit.record(session, "artifact.upload_started", "artifact", artifact_id, account_id, changes)
             return upload, ArtifactView(artifact, upload.id)
 
     def get_session(
@@ -330,6 +340,11 @@ class ArtifactService:
             upload = self._owned_session(session, account_id, artifact_id, upload_id)
             if not self._close_session(session, upload, "aborted"):
                 raise Conflict("Upload session is no longer open.", param="upload_id", code="upload_not_open")
+            changes: audit.Changes = {
+                "status": {"before": "ingesting", "after": upload.previous_status},
+                "upload_id": {"before": upload_id, "after": None},
+            }
+            audit.record(session, "artifact.upload_aborted", "artifact", artifact_id, account_id, changes)
         self._blobs.delete_prefix(staging_prefix(upload_id))
         return self.get(account_id, artifact_id)
 
@@ -388,6 +403,7 @@ class ArtifactService:
             artifact = session.get(ModelArtifact, artifact_id)
             assert artifact is not None
             old_version = artifact.published_version
+            before = _audited(artifact)
             artifact.status, artifact.published_version = "ready", upload_id
             artifact.size_bytes, artifact.kind = inspection.size_bytes, inspection.kind
             artifact.adapter = inspection.adapter.as_dict() if inspection.adapter is not None else None
@@ -395,6 +411,8 @@ class ArtifactService:
             self._set_session_status(session, upload_id, "completed")
             session.flush()
             self._storage_changed(session, artifact_id)
+            changes = audit.diff(before, _audited(artifact))
+            audit.record(session, "artifact.published", "artifact", artifact_id, artifact.account_id, changes)
             view = ArtifactView(artifact, None)
         if old_version and old_version != upload_id:
             self._blobs.delete_prefix(version_prefix(artifact_id, old_version))
@@ -408,10 +426,15 @@ class ArtifactService:
             artifact = session.get(ModelArtifact, artifact_id)
             assert artifact is not None
             keeps_previous = artifact.published_version is not None
+            before = _audited(artifact)
             artifact.status = "ready" if keeps_previous else "failed"
             artifact.error_code, artifact.error_message = code, message
             upload = self._set_session_status(session, upload_id, "failed")
             upload.error_code, upload.error_message = code, message
+            changes = audit.diff(before, _audited(artifact))
+            audit.record(
+                session, "artifact.upload_failed", "artifact", artifact_id, artifact.account_id, changes
+            )
             view = ArtifactView(artifact, None)
         self._blobs.delete_prefix(staging_prefix(upload_id))
         suffix = " The previous version stays ready." if keeps_previous else ""
@@ -482,3 +505,14 @@ class ArtifactService:
             )
         ).first()
         return ArtifactView(artifact, upload_id)
+
+
+def _audited(artifact: ModelArtifact) -> dict[str, object]:
+    """What an audit row says of an artifact's state."""
+    return {
+        "status": artifact.status,
+        "version": artifact.published_version,
+        "size_bytes": artifact.size_bytes,
+        "kind": artifact.kind,
+        "error_code": artifact.error_code,
+    }

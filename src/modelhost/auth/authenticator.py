@@ -10,6 +10,7 @@ from modelhost.auth.limits import Limits
 from modelhost.auth.principal import ADMIN, Principal, PrincipalKind
 from modelhost.auth.secrets import hash_secret, looks_like_secret
 from modelhost.cache import SingleFlight, TTLCache
+from modelhost.clock import Clock, SystemClock
 from modelhost.errors import InvalidAPIKey
 from modelhost.store.db import Database
 from modelhost.store.models import Account, ApiKey
@@ -29,10 +30,17 @@ def bearer_token(authorization: str | None) -> str:
 class Authenticator:
     """Resolves secrets to principals, with a short-lived cache that revocation clears."""
 
-    def __init__(self, database: Database, admin_key: str | None, cache: TTLCache[Principal]) -> None:
+    def __init__(
+        self,
+        database: Database,
+        admin_key: str | None,
+        cache: TTLCache[Principal],
+        clock: Clock | None = None,
+    ) -> None:
         self._database = database
         self._admin_key = admin_key
         self.cache = cache
+        self.clock = clock or SystemClock()  # what key expiry is measured against (tests move it)
         self.loads: SingleFlight[Principal | None] = SingleFlight()
 
     def cached(self, token: str) -> tuple[bool, Principal | None]:
@@ -65,13 +73,19 @@ class Authenticator:
 
     def of_key(self, key_id: str) -> Principal | None:
         """The principal of a key by its ID (a batch runs as the key that created it); None once the
-        key is revoked or gone. Not cached: a batch reads it once per claim."""
+        key is revoked, expired or gone. Not cached: a batch reads it once per claim."""
         with self._database.transaction() as session:
             row = session.get(ApiKey, key_id)
             if row is None or row.revoked_at is not None:
                 return None
             account = session.get(Account, row.account_id)
-            return _principal_of(row, account.limits if account is not None else None)
+            principal = _principal_of(row, account.limits if account is not None else None)
+        return None if self.expired(principal) else principal
+
+    def expired(self, principal: Principal) -> bool:
+        """Whether the key is past its `expires_at`: checked on every use, a cached principal included
+        (the cache keeps a key for seconds, its expiry is to the millisecond)."""
+        return principal.expires_ms is not None and self.clock.now_ms() >= principal.expires_ms
 
     def forget_all(self) -> None:
         """Called on revocation: the next request of any key re-reads the database."""
@@ -87,4 +101,5 @@ def _principal_of(row: ApiKey, account_limits: dict[str, float | None] | None) -
         deployment_ids=deployment_ids,
         limits=Limits.of(row.limits),
         account_limits=Limits.of(account_limits),
+        expires_ms=None if row.expires_at is None else int(row.expires_at.timestamp() * 1000),
     )

@@ -21,7 +21,7 @@ class Principal:
 
     `deployment_ids` is None for account keys (every deployment of the account) and the exact
     scope for deployment keys. `limits` are the key's rate limits, `account_limits` its account's
-    (auth/limits.py; None: unlimited).
+    (auth/limits.py; None: unlimited). Cached as it is: `expires_ms` is checked on every use.
     """
 
     kind: PrincipalKind
@@ -30,6 +30,8 @@ class Principal:
     deployment_ids: frozenset[str] | None = None
     limits: Limits | None = None
     account_limits: Limits | None = None
+    # When the key stops working (Unix ms, `auth.Authenticator.expired`); None: never
+    expires_ms: int | None = None
     # whom its requests count against (`limited`): made once, as a principal is cached
     _subjects: tuple[Subject, ...] = field(init=False, repr=False, compare=False)
 

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from modelhost import audit
 from modelhost.artifacts.blobstore import BlobStore
 from modelhost.batches.input import check_jsonl
 from modelhost.errors import InvalidRequest, NotFound
@@ -102,6 +103,9 @@ class Files:
             session.add(row)
             session.flush()
             self._storage_changed(session, file_id)
+            audit.record(
+                session, "file.created", "file", file_id, owner.account_id, audit.created(_audited(row))
+            )
             return view(row)
 
     def get(self, owner: Owner, file_id: str) -> dict[str, Any]:
@@ -152,6 +156,9 @@ class Files:
             session.delete(row)
             session.flush()
             self._storage_changed(session, file_id)
+            audit.record(
+                session, "file.deleted", "file", file_id, owner.account_id, audit.removed(_audited(row))
+            )
         self._blobs.delete_prefix(key)
 
     def sweep(self) -> int:
@@ -197,4 +204,14 @@ def view(row: UploadedFile) -> dict[str, Any]:
         "purpose": row.purpose,
         "status": "processed",
         "status_details": None,
+    }
+
+
+def _audited(row: UploadedFile) -> dict[str, Any]:
+    """What an audit row says of a file (its name and size, never its contents)."""
+    return {
+        "filename": row.filename,
+        "purpose": row.purpose,
+        "bytes": row.bytes,
+        "expires_at": row.expires_at,
     }

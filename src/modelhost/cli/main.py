@@ -11,6 +11,7 @@ from urllib.parse import quote
 
 import typer
 
+from modelhost.cli.audit import audit_app
 from modelhost.cli.batches import batches_app, files_app
 from modelhost.cli.client import ApiClient
 from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, Url
@@ -36,9 +37,20 @@ app.add_typer(deployments_app, name="deployments")
 app.add_typer(artifacts_app, name="artifacts")
 app.add_typer(files_app, name="files")
 app.add_typer(batches_app, name="batches")
+app.add_typer(audit_app, name="audit")
 
 ACCOUNT_COLUMNS = ("id", "name", "credits", "credits_used", "limits", "created_at")
-KEY_COLUMNS = ("id", "name", "kind", "deployments", "prefix", "limits", "created_at", "revoked_at")
+KEY_COLUMNS = (
+    "id",
+    "name",
+    "kind",
+    "deployments",
+    "prefix",
+    "limits",
+    "created_at",
+    "expires_at",
+    "revoked_at",
+)
 Rpm = Annotated[int | None, typer.Option("--rpm", help="Requests per minute (docs/limits.md).")]
 Tpm = Annotated[int | None, typer.Option("--tpm", help="Tokens per minute (docs/limits.md).")]
 Concurrency = Annotated[int | None, typer.Option("--concurrency", help="Requests at once (docs/limits.md).")]
@@ -273,6 +285,10 @@ def keys_create(
     rpm: Rpm = None,
     tpm: Tpm = None,
     concurrency: Concurrency = None,
+    expires_in: Annotated[
+        int | None,
+        typer.Option("--expires-in", min=1, help="Seconds until the key stops working.", show_default=False),
+    ] = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
@@ -281,6 +297,8 @@ def keys_create(
     body: dict[str, object] = {"name": name}
     if deployment:
         body["deployments"] = deployment
+    if expires_in is not None:
+        body["expires_in"] = expires_in
     if (limits := limits_of(rpm, tpm, concurrency)) is not None:
         body["limits"] = limits
     show(ApiClient(url, key).call("POST", "/v1/keys", json=body), (*KEY_COLUMNS, "api_key"), as_json)
@@ -306,6 +324,22 @@ def keys_limit(
     path = f"/v1/keys/{quote(key_id, safe='')}"
     body = {"limits": limits_of(rpm, tpm, concurrency)}
     show(ApiClient(url, key).call("PATCH", path, json=body), KEY_COLUMNS, as_json)
+
+
+@keys_app.command("rotate")
+def keys_rotate(
+    key_id: Annotated[str, typer.Argument(help="Key ID (key_...).")],
+    grace: Annotated[
+        int, typer.Option("--grace", min=0, help="Seconds the old key keeps working (0: it stops at once).")
+    ] = 0,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Replace a key: prints the new key's secret (shown once); the old one expires after --grace."""
+    path = f"/v1/keys/{quote(key_id, safe='')}/rotate"
+    data = ApiClient(url, key).call("POST", path, json={"grace_seconds": grace})
+    show(data, (*KEY_COLUMNS, "api_key"), as_json)
 
 
 @keys_app.command("revoke")

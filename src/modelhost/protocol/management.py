@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
-from modelhost.protocol.common import StrictModel
+from modelhost.protocol.common import PageOf, StrictModel
 
 Readiness = Literal["cold", "warm", "hot"]
 Engine = Literal["auto", "vllm", "onnxruntime", "openvino", "transformers"]  # runtime.engines.ENGINES
@@ -114,12 +114,32 @@ class AccountCreated(Account):
     api_key: str = Field(description="The account key's secret. Shown once.")
 
 
+GraceSeconds = Annotated[int, Field(ge=0, le=366 * 86400)]
+
+
 class KeyCreate(StrictModel):
     name: Name | None = None
     deployments: Annotated[list[str], Field(min_length=1, max_length=100)] | None = Field(
         default=None, description="Deployment IDs this key may call; omitted for an account key."
     )
     limits: RateLimits | None = Field(default=None, description=LIMITS_DESCRIPTION)
+    # strict=False: JSON carries times as ISO 8601 strings
+    expires_at: Annotated[AwareDatetime, Field(strict=False)] | None = Field(
+        default=None,
+        description="When the key stops working (ISO 8601 with a time zone, in the future); after it, "
+        "401 `expired_api_key`. Omitted (with `expires_in`): never.",
+    )
+    expires_in: Annotated[int, Field(ge=1, le=10 * 366 * 86400)] | None = Field(
+        default=None, description="Or: seconds from now until the key stops working. Not with `expires_at`."
+    )
+
+
+class KeyRotate(StrictModel):
+    grace_seconds: GraceSeconds = Field(
+        default=0,
+        description="How long the old key keeps working beside the new one (0: it stops at once); then it "
+        "expires (401 `expired_api_key`). An earlier expiry of its own stays.",
+    )
 
 
 class KeyUse(BaseModel):
@@ -151,6 +171,9 @@ class Key(BaseModel):
     )
     created_at: datetime
     revoked_at: datetime | None = None
+    expires_at: datetime | None = Field(
+        default=None, description="When the key stops working (401 `expired_api_key`); null: never."
+    )
 
 
 class KeyCreated(Key):
@@ -286,3 +309,57 @@ class Capacity(BaseModel):
         description="Every deployment that holds or is taking memory (one entry per load: a deployment "
         "loading again while its old replicas stop has two)."
     )
+
+
+class AuditActor(BaseModel):
+    kind: Literal["admin", "account", "deployment", "system"] = Field(
+        description="The kind of key that made the change; `system`: the server itself (expired files "
+        "deleted, a batch's output written, an interrupted upload finished)."
+    )
+    key_id: str | None = Field(default=None, description="The key's ID (null for the admin key and system).")
+    address: str | None = Field(default=None, description="The client's IP address.")
+
+
+class AuditTarget(BaseModel):
+    type: Literal["account", "key", "deployment", "artifact", "file"]
+    id: str
+
+
+class AuditChange(BaseModel):
+    before: Any = None
+    after: Any = None
+
+
+class AuditEntry(BaseModel):
+    """One change (docs/operations.md, Audit log). Never holds a secret."""
+
+    id: str
+    object: Literal["audit_entry"] = "audit_entry"
+    seq: int = Field(description="The row's place in the hash chain: 1, 2, ... without gaps.")
+    created_at: datetime
+    actor: AuditActor
+    request_id: str | None = Field(default=None, description="The request's `x-request-id`.")
+    action: str = Field(description="`<target type>.<verb>`: `key.created`, `deployment.updated`, ...")
+    target: AuditTarget
+    account_id: str | None = Field(default=None, description="The account the target belongs to.")
+    changes: dict[str, AuditChange] = Field(description="Each changed field, before and after.")
+    hash: str = Field(description="sha256 over the previous row's hash and this row.")
+
+
+AuditList = PageOf[AuditEntry]
+
+
+class AuditProblem(BaseModel):
+    seq: int
+    id: str | None = Field(default=None, description="The row's ID (null: rows missing at the end).")
+    reason: str
+
+
+class AuditVerification(BaseModel):
+    ok: bool = Field(description="Every row matches its hash and follows the one before, up to the head.")
+    rows: int = Field(description="Rows checked.")
+    first_seq: int | None
+    last_seq: int = Field(description="The chain head's seq.")
+    head_hash: str = Field(description="The chain head's hash: keep it elsewhere to detect a rewrite.")
+    pruned_through: int = Field(description="Rows up to this seq were pruned (retention).")
+    problems: list[AuditProblem]

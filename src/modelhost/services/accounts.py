@@ -7,6 +7,7 @@ from decimal import Decimal
 
 from sqlalchemy import select
 
+from modelhost import audit
 from modelhost.billing.ledger import Ledger
 from modelhost.billing.rates import to_micro
 from modelhost.errors import InvalidRequest, NotFound
@@ -44,6 +45,8 @@ class AccountService:
             )
             session.add(account)
             session.flush()
+            fields = {"name": name, "credits_granted_micro": granted, "limits": account.limits}
+            audit.record(session, "account.created", "account", account.id, account.id, audit.created(fields))
             _, secret = self._keys.create_in(session, account.id, name="default", deployment_ids=None)
         return AccountView(account, granted, granted), secret
 
@@ -67,12 +70,17 @@ class AccountService:
             account = session.get(Account, account_id, with_for_update=True)
             if account is None:
                 raise NotFound("Account not found", param="account_id", code="account_not_found")
+            before = {"name": account.name, "limits": account.limits}
             if "name" in changes:
                 if changes["name"] is None:
                     raise InvalidRequest("An account's name cannot be null.", param="name")
                 account.name = changes["name"]  # type: ignore[assignment]
             if "limits" in changes:
                 account.limits = stored_limits(changes["limits"])  # type: ignore[arg-type]
+            after = {"name": account.name, "limits": account.limits}
+            audit.record(
+                session, "account.updated", "account", account.id, account.id, audit.diff(before, after)
+            )
         self._keys.forget_principals()
         return self._views([account])[0]
 
@@ -82,7 +90,10 @@ class AccountService:
             account = session.get(Account, account_id, with_for_update=True)
             if account is None:
                 raise NotFound("Account not found", param="account_id", code="account_not_found")
+            before = account.credits_granted_micro
             account.credits_granted_micro += to_micro(credits)
+            granted = {"credits_granted_micro": {"before": before, "after": account.credits_granted_micro}}
+            audit.record(session, "account.credits_added", "account", account.id, account.id, granted)
         return self._views([account])[0]
 
     def _views(self, accounts: list[Account]) -> list[AccountView]:

@@ -9,6 +9,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from modelhost import audit
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.pipelines import BY_NAME
@@ -37,6 +38,21 @@ def _artifact_not_ready(artifact: ModelArtifact) -> Conflict:
         param="artifact_id",
         code="artifact_not_ready",
     )
+
+
+def audited(deployment: Deployment) -> dict[str, object]:
+    """What an audit row says of a deployment: what its owner or the operator set."""
+    return {
+        "model": deployment.model,
+        "artifact_id": deployment.artifact_id,
+        "readiness": deployment.readiness,
+        "min_replicas": deployment.min_replicas,
+        "max_replicas": deployment.max_replicas,
+        "engine": deployment.engine,
+        "precision": deployment.precision,
+        "base_deployment": deployment.base_deployment_id,
+        "shared": bool(deployment.shared),
+    }
 
 
 class DeploymentService:
@@ -272,6 +288,8 @@ class DeploymentService:
                 )
                 session.add(deployment)
                 session.flush()
+                fields = audit.created(audited(deployment))
+                audit.record(session, "deployment.created", "deployment", deployment.id, account_id, fields)
             self._refs_cache.clear()
             return deployment
         except IntegrityError as exc:
@@ -332,6 +350,7 @@ class DeploymentService:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None or deployment.account_id != account_id:
                 raise _not_found()
+            before = audited(deployment)
             new_min = deployment.min_replicas if min_replicas is None else min_replicas
             new_max = deployment.max_replicas if max_replicas is None else max_replicas
             if new_min > new_max:
@@ -356,6 +375,8 @@ class DeploymentService:
                     raise adapters.still_attached(deployment, attached, f"would run on {choice.engine}")
                 deployment.engine, deployment.engine_in_use = engine, choice.engine
                 deployment.engine_reason = choice.reason
+            changes = audit.diff(before, audited(deployment))
+            audit.record(session, "deployment.updated", "deployment", deployment.id, account_id, changes)
         self._refs_cache.clear()
         return deployment
 
@@ -367,7 +388,10 @@ class DeploymentService:
                 raise _not_found()
             if shared:
                 adapters.check_base(deployment)
+            changes = {"shared": {"before": bool(deployment.shared), "after": shared}}
             deployment.shared = shared
+            action = "deployment.shared" if shared else "deployment.unshared"
+            audit.record(session, action, "deployment", deployment.id, deployment.account_id, changes)
         return deployment
 
     def base_models(self, deployments: list[Deployment]) -> dict[str, str]:
@@ -427,4 +451,6 @@ class DeploymentService:
                 .execution_options(synchronize_session=False)
             )
             session.delete(deployment)
+            removed = audit.removed(audited(deployment))
+            audit.record(session, "deployment.deleted", "deployment", deployment.id, account_id, removed)
         self._refs_cache.clear()

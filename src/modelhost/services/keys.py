@@ -1,12 +1,18 @@
-"""Account and deployment keys: creation (secret shown once), listing, limits, revocation."""
+"""Account and deployment keys: creation (secret shown once), listing, limits, expiry, rotation,
+revocation. Every change writes its audit row in its own transaction (`modelhost.audit`)."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from modelhost import audit
 from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.secrets import display_prefix, hash_secret, new_secret
+from modelhost.clock import Clock
 from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.store.db import Database
 from modelhost.store.models import Account, ApiKey, Deployment
@@ -47,10 +53,38 @@ def _check_within_account(session: Session, account_id: str, limits: StoredLimit
     check_within_account(limits, account.limits if account is not None else None)
 
 
+def audited(key: ApiKey) -> dict[str, Any]:
+    """What an audit row says of a key: never its secret, its hash or its prefix."""
+    return {
+        "name": key.name,
+        "kind": "account" if key.deployment_ids is None else "deployment",
+        "deployments": key.deployment_ids,
+        "limits": key.limits,
+        "expires_at": key.expires_at,
+    }
+
+
+def _live(key: ApiKey | None, account_id: str, now: datetime) -> bool:
+    return (
+        key is not None
+        and key.account_id == account_id
+        and key.revoked_at is None
+        and (key.expires_at is None or key.expires_at > now)
+    )
+
+
+def _not_found() -> NotFound:
+    return NotFound("Key not found", param="key_id", code="key_not_found")
+
+
 class KeyService:
-    def __init__(self, database: Database, authenticator: Authenticator) -> None:
+    def __init__(self, database: Database, authenticator: Authenticator, clock: Clock) -> None:
         self._database = database
         self._authenticator = authenticator
+        self._clock = clock  # expiry times are measured on it, as the authenticator checks them
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self._clock.now_ms() / 1000, UTC)
 
     @staticmethod
     def create_in(
@@ -59,8 +93,10 @@ class KeyService:
         name: str | None,
         deployment_ids: list[str] | None,
         limits: StoredLimits | None = None,
+        expires_at: datetime | None = None,
     ) -> tuple[ApiKey, str]:
-        """Insert a key inside the caller's transaction; returns the row and its secret."""
+        """Insert a key inside the caller's transaction, with its audit row; returns the row and its
+        secret."""
         secret = new_secret()
         key = ApiKey(
             id=new_id("key"),
@@ -70,10 +106,24 @@ class KeyService:
             secret_prefix=display_prefix(secret),
             deployment_ids=deployment_ids,
             limits=stored_limits(limits),
+            expires_at=expires_at,
         )
         session.add(key)
         session.flush()
+        audit.record(session, "key.created", "key", key.id, account_id, audit.created(audited(key)))
         return key, secret
+
+    def expiry(self, expires_at: datetime | None, expires_in: float | None) -> datetime | None:
+        """When a new key expires: `expires_at`, or `expires_in` seconds from now (not both); in the
+        future."""
+        if expires_at is not None and expires_in is not None:
+            raise InvalidRequest("Give expires_at or expires_in, not both.", param="expires_in")
+        now = self.now()
+        if expires_in is not None:
+            return now + timedelta(seconds=expires_in)
+        if expires_at is not None and expires_at <= now:
+            raise InvalidRequest("expires_at must be in the future.", param="expires_at")
+        return expires_at
 
     def create(
         self,
@@ -81,6 +131,7 @@ class KeyService:
         name: str | None,
         deployment_ids: list[str] | None,
         limits: StoredLimits | None = None,
+        expires_at: datetime | None = None,
     ) -> tuple[ApiKey, str]:
         with self._database.transaction() as session:
             _check_within_account(session, account_id, limits)
@@ -96,7 +147,27 @@ class KeyService:
                 unknown = [d for d in deployment_ids if d not in owned]
                 if unknown:
                     raise InvalidRequest(f"Unknown deployment: {unknown[0]}", param="deployments")
-            return self.create_in(session, account_id, name, deployment_ids, limits)
+            return self.create_in(session, account_id, name, deployment_ids, limits, expires_at)
+
+    def rotate(self, account_id: str, key_id: str, grace_seconds: float) -> tuple[ApiKey, str]:
+        """A new key of the same scope, name and limits (its secret returned once); the old one keeps
+        working for `grace_seconds` (0: no longer), then expires (an earlier expiry of its own stays)."""
+        with self._database.transaction() as session:
+            old = session.get(ApiKey, key_id, with_for_update=True)
+            now = self.now()
+            if old is None or not _live(old, account_id, now):
+                raise _not_found()
+            new, secret = self.create_in(session, account_id, old.name, old.deployment_ids, old.limits)
+            before = old.expires_at
+            ends = now + timedelta(seconds=grace_seconds)
+            old.expires_at = ends if before is None else min(before, ends)
+            changes: audit.Changes = {
+                "expires_at": {"before": before, "after": old.expires_at},
+                "replaced_by": {"before": None, "after": new.id},  # its ID, never its secret
+            }
+            audit.record(session, "key.rotated", "key", old.id, account_id, changes)
+        self._authenticator.forget_all()
+        return new, secret
 
     def update(self, account_id: str, key_id: str, changes: dict[str, object]) -> ApiKey:
         """Rename a key or replace its limits (`changes`: the fields given, `limits` None for none);
@@ -104,13 +175,15 @@ class KeyService:
         with self._database.transaction() as session:
             key = session.get(ApiKey, key_id, with_for_update=True)
             if key is None or key.account_id != account_id or key.revoked_at is not None:
-                raise NotFound("Key not found", param="key_id", code="key_not_found")
+                raise _not_found()
+            before = audited(key)
             if "name" in changes:
                 key.name = changes["name"]  # type: ignore[assignment]
             if "limits" in changes:
                 limits = stored_limits(changes["limits"])  # type: ignore[arg-type]
                 _check_within_account(session, account_id, limits)
                 key.limits = limits
+            audit.record(session, "key.updated", "key", key.id, account_id, audit.diff(before, audited(key)))
         self.forget_principals()
         return key
 
@@ -126,25 +199,30 @@ class KeyService:
             return list(session.scalars(query))
 
     def revoke(self, account_id: str, key_id: str) -> ApiKey:
-        """Revoke at once. The last live account key cannot be revoked: the account would be locked out."""
+        """Revoke at once. The last live (unexpired) account key cannot be revoked: the account would
+        be locked out."""
         with self._database.transaction() as session:
             key = session.get(ApiKey, key_id, with_for_update=True)
             if key is None or key.account_id != account_id or key.revoked_at is not None:
-                raise NotFound("Key not found", param="key_id", code="key_not_found")
+                raise _not_found()
             if key.deployment_ids is None:
-                live_account_keys = session.scalars(
+                others = session.scalars(
                     select(ApiKey.id).where(
                         ApiKey.account_id == account_id,
+                        ApiKey.id != key_id,
                         ApiKey.deployment_ids.is_(None),
                         ApiKey.revoked_at.is_(None),
+                        or_(ApiKey.expires_at.is_(None), ApiKey.expires_at > self.now()),
                     )
                 ).all()
-                if len(live_account_keys) <= 1:
+                if not others:
                     raise Conflict(
                         "Cannot revoke the account's last account key; create another first.",
                         code="last_account_key",
                         param="key_id",
                     )
             key.revoked_at = utcnow()
+            revoked = {"revoked_at": {"before": None, "after": key.revoked_at}}
+            audit.record(session, "key.revoked", "key", key.id, account_id, revoked)
         self._authenticator.forget_all()
         return key

@@ -64,6 +64,9 @@ class ApiKey(Base):
     limits: Mapped[dict[str, float | None] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # After this the key is refused (401 `expired_api_key`); None: it never expires. Rotation sets the
+    # old key's to the end of its grace period.
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class ModelArtifact(Base):
@@ -423,3 +426,43 @@ class BatchLine(Base):
     line: Mapped[int] = mapped_column(Integer, primary_key=True)  # 1-based, as in the input file
     ok: Mapped[bool] = mapped_column(Boolean)  # a 2xx answer: the output file; else the error file
     record: Mapped[str] = mapped_column(Text)  # the output or error file's line, as JSON
+
+
+class AuditRow(Base):
+    """One change to accounts, keys, deployments, artifacts, shares, limits, credits or files: who (the
+    key's kind and ID, the client's address, the request's ID), what (action, target, each changed field
+    before and after; never a secret) and when. Append-only, chained by hash (`modelhost.audit`)."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index("ix_audit_log_account_created", "account_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    # The row's place in the chain: 1, 2, ... without gaps (the head's counter, under its lock)
+    seq: Mapped[int] = mapped_column(BigInteger, unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    actor_kind: Mapped[str] = mapped_column(String(16))  # admin, account, deployment, system
+    actor_key_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
+    actor_account_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    client_address: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    action: Mapped[str] = mapped_column(String(64))
+    target_type: Mapped[str] = mapped_column(String(32))
+    target_id: Mapped[str] = mapped_column(String(64))
+    # The account the target belongs to: whose account key may read the row (None: the server's own)
+    account_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    changes: Mapped[dict[str, Any]] = mapped_column(JSON)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class AuditHead(Base):
+    """The audit chain's one head row (id 1): the last row's seq and hash, updated in the transaction
+    that appends (its lock serializes appends), and the last pruned row's, where the chain now starts."""
+
+    __tablename__ = "audit_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    hash: Mapped[str] = mapped_column(String(64))
+    pruned_seq: Mapped[int] = mapped_column(BigInteger)
+    pruned_hash: Mapped[str] = mapped_column(String(64))

@@ -11,7 +11,15 @@ from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.auth.limits import Limits, Subject
 from modelhost.protocol.common import Deleted, ListOf
-from modelhost.protocol.management import Key, KeyCreate, KeyCreated, KeyPatch, KeyUse, RateLimits
+from modelhost.protocol.management import (
+    Key,
+    KeyCreate,
+    KeyCreated,
+    KeyPatch,
+    KeyRotate,
+    KeyUse,
+    RateLimits,
+)
 from modelhost.store import models as rows
 
 router = APIRouter(prefix="/v1/keys", tags=["keys"], responses=error_responses(400, 401))
@@ -27,13 +35,35 @@ def present(key: rows.ApiKey) -> Key:
         limits=RateLimits.model_validate(key.limits) if key.limits else None,
         created_at=key.created_at,
         revoked_at=key.revoked_at,
+        expires_at=key.expires_at,
     )
 
 
 @router.post("", summary="Create a key (account key, or deployment key with `deployments`)", status_code=201)
 def create_key(body: KeyCreate, principal: AccountPrincipal, services: ServicesDep) -> KeyCreated:
     limits = body.limits.model_dump() if body.limits is not None else None
-    key, secret = services.keys.create(account_id_of(principal), body.name, body.deployments, limits)
+    expires_at = services.keys.expiry(body.expires_at, body.expires_in)
+    key, secret = services.keys.create(
+        account_id_of(principal), body.name, body.deployments, limits, expires_at
+    )
+    return KeyCreated(**present(key).model_dump(), api_key=secret)
+
+
+@router.post(
+    "/{key_id}/rotate",
+    summary="Rotate a key: a new key of the same scope (its secret shown once); the old one works for "
+    "`grace_seconds` more, then expires",
+    status_code=201,
+    responses=error_responses(404),
+)
+def rotate_key(
+    principal: AccountPrincipal,
+    services: ServicesDep,
+    body: KeyRotate | None = None,
+    key_id: str = Path(max_length=64),
+) -> KeyCreated:
+    grace = body.grace_seconds if body is not None else 0
+    key, secret = services.keys.rotate(account_id_of(principal), key_id, grace)
     return KeyCreated(**present(key).model_dump(), api_key=secret)
 
 

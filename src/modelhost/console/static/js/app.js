@@ -2,6 +2,7 @@
 import { api, session } from "./api.js";
 import { field, h, message, replace } from "./dom.js";
 import * as artifacts from "./pages/artifacts.js";
+import * as audit from "./pages/audit.js";
 import * as batches from "./pages/batches.js";
 import * as deployments from "./pages/deployments.js";
 import * as keys from "./pages/keys.js";
@@ -9,8 +10,8 @@ import * as operator from "./pages/operator.js";
 import * as overview from "./pages/overview.js";
 import * as playground from "./pages/playground.js";
 
-const PAGES = { overview, deployments, artifacts, batches, keys, playground, operator };
-const TITLES = { overview: "Overview", deployments: "Deployments", artifacts: "Artifacts", batches: "Batches", keys: "Keys", playground: "Playground", operator: "Operator" };
+const PAGES = { overview, deployments, artifacts, batches, keys, audit, playground, operator };
+const TITLES = { overview: "Overview", deployments: "Deployments", artifacts: "Artifacts", batches: "Batches", keys: "Keys", audit: "Audit", playground: "Playground", operator: "Operator" };
 let cleanup = null;
 let shown = 0; // which show() is the latest: an older page still loading is stopped when it resolves
 
