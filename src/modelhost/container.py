@@ -129,7 +129,7 @@ class Services:
             balance_cache=balance_cache,
         )
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
-        uploads = Files(database, blobs, settings.batch_max_file_bytes, storage_changed)
+        uploads = Files(database, blobs, settings, storage_changed)
         batches = Batches(database, blobs, uploads)
 
         async def check_model(principal: Principal, endpoint: str, model: str) -> str | None:
