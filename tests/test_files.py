@@ -293,6 +293,14 @@ async def test_a_batch_file_whose_purpose_comes_after_it_is_checked_and_leaves_n
     ).status_code == 200
 
 
+async def test_a_form_cut_short_is_refused_and_leaves_nothing(api: FilesApi) -> None:
+    """A body that ends inside its file part (no closing boundary) is not taken for the whole file."""
+    cut = form_head("user_data") + b"the first half of a file"
+    refused = await api.http.post("/v1/files", content=cut, headers={**FORM, **bearer(api.key)})
+    assert "closing boundary" in assert_error(refused, 400)["message"]
+    assert stored_files(api) == []
+
+
 def test_a_line_naming_another_endpoint_is_quoted_only_in_part() -> None:
     """What a batch's errors quote of a client's line is bounded (the runner's check, at creation)."""
     url = "/v1/" + "u" * 10_000

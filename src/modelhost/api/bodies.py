@@ -104,7 +104,6 @@ class FilePart:
 
     name: str
     filename: str | None
-    content_type: str | None
 
 
 async def stream_form(request: Request) -> AsyncIterator[FormField | FilePart | bytes]:
@@ -126,6 +125,8 @@ async def stream_form(request: Request) -> AsyncIterator[FormField | FilePart | 
         parser.finalize()
     except FormParserError:
         raise InvalidRequest("Malformed multipart form: Invalid multipart data.") from None
+    if not parts.ended:  # a body cut short: what came of its last part is not the whole of it
+        raise InvalidRequest("Malformed multipart form: the body ended before the form's closing boundary.")
     for event in parts.take():
         yield event
 
@@ -139,6 +140,7 @@ class _StreamedParts:
         self._header = (b"", b"")
         self._field: tuple[str, bytearray] | None = None  # the text field being read
         self._files = self._fields = 0
+        self.ended = False  # whether the closing boundary has been read
 
     def take(self) -> list[FormField | FilePart | bytes]:
         events, self._events = self._events, []
@@ -153,6 +155,7 @@ class _StreamedParts:
             "on_headers_finished": self._on_headers_finished,
             "on_part_data": self._on_part_data,
             "on_part_end": self._on_part_end,
+            "on_end": self._on_end,
         }
 
     def _on_header_field(self, data: bytes, start: int, end: int) -> None:
@@ -174,10 +177,7 @@ class _StreamedParts:
             self._files += 1
             if self._files > MAX_FORM_FILES:
                 raise InvalidRequest(f"Malformed multipart form: more than {MAX_FORM_FILES} files.")
-            kind = self._headers.get(b"content-type")
-            self._events.append(
-                FilePart(name, _text(options[b"filename"]), _text(kind) if kind is not None else None)
-            )
+            self._events.append(FilePart(name, _text(options[b"filename"])))
             self._field = None
         else:
             self._fields += 1
@@ -201,6 +201,9 @@ class _StreamedParts:
         if self._field is not None:
             self._events.append(FormField(self._field[0], _text(bytes(self._field[1]))))
             self._field = None
+
+    def _on_end(self) -> None:
+        self.ended = True
 
 
 def _text(data: bytes) -> str:

@@ -75,7 +75,7 @@ class Files:
         if purpose is not None:
             _check_purpose(purpose)
         require_room_for_upload(self._settings, declared_bytes)
-        check = self._jsonl_check() if purpose == "batch" else None
+        check = JsonlCheck(*self._jsonl_limits()) if purpose == "batch" else None
         file_id = new_id("file")
         return FileUpload(self, file_id, self._blobs.writer(f"files/{file_id}"), check)
 
@@ -113,9 +113,6 @@ class Files:
         """A batch input file's size limit, and a line's: one line is one request, so at most a request
         body's size."""
         return self._settings.batch_max_file_bytes, self._settings.max_body_bytes
-
-    def _jsonl_check(self) -> JsonlCheck:
-        return JsonlCheck(*self._jsonl_limits())
 
     def store(
         self, owner: Owner, filename: str, purpose: str, data: bytes, expires_at: datetime | None
