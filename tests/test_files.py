@@ -310,6 +310,15 @@ def test_a_line_naming_another_endpoint_is_quoted_only_in_part() -> None:
     assert len(errors[0].message) < 200 and "uuuu..." in errors[0].message, errors[0].message
 
 
+async def test_a_lines_unknown_model_is_quoted_only_in_part(api: FilesApi) -> None:
+    """The batch runner's reason for a line's model that is not the caller's (its `model_not_found`)."""
+    principal = api.services.authenticator.load(api.key)
+    assert principal is not None and api.services.supervisor is not None
+    model = "m" * 10_000
+    reason = await api.services.supervisor.batches.check_model(principal, "/v1/embeddings", model)
+    assert reason is not None and "does not exist" in reason and len(reason) < 200, reason
+
+
 async def test_batch_metadata_keys_and_values_are_bounded_and_no_error_echoes_a_key(api: FilesApi) -> None:
     async def create(metadata: dict[str, str]) -> httpx.Response:
         body = {"input_file_id": "file_x", "endpoint": "/v1/embeddings", "completion_window": "24h"}
