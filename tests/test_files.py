@@ -6,6 +6,7 @@ and rate limits, and bounded echoes of what a client sent."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -21,13 +22,23 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 import pytest
 from fastapi import FastAPI
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import update
 
 from modelhost.api.app import create_app
 from modelhost.artifacts.blobstore import LocalBlobStore
-from modelhost.batches.input import MAX_CUSTOM_ID, MAX_DEPTH, MAX_LINES, check_lines, parse_lines
+from modelhost.batches.input import (
+    MAX_CUSTOM_ID,
+    MAX_DEPTH,
+    MAX_LINES,
+    JsonlCheck,
+    _json_lines,
+    check_lines,
+    parse_lines,
+)
 from modelhost.container import Services
-from modelhost.errors import NotFound
+from modelhost.errors import InvalidRequest, NotFound
 from modelhost.services.files import FileService, file_secret
 from modelhost.store import migrate
 from modelhost.store.db import Database
@@ -299,6 +310,39 @@ async def test_a_form_cut_short_is_refused_and_leaves_nothing(api: FilesApi) -> 
     refused = await api.http.post("/v1/files", content=cut, headers={**FORM, **bearer(api.key)})
     assert "closing boundary" in assert_error(refused, 400)["message"]
     assert stored_files(api) == []
+
+
+@given(
+    lines=st.lists(
+        st.tuples(
+            st.sampled_from([b'{"custom_id": "a"}', b"", b"  ", b"[1]", b"{", b'{"x": "\r"}']),
+            st.sampled_from([b"\n", b"\r", b"\r\n", b"\n\r", b""]),
+        ),
+        max_size=8,
+    ),
+    draw=st.data(),
+)
+@example(lines=[(b"{}", b"\r\n"), (b"[1]", b"\n")], draw=None)  # cut between the `\r` and its `\n`
+@settings(max_examples=200, deadline=None, database=None)
+def test_the_streamed_check_numbers_lines_as_the_runner_does_however_the_bytes_arrive(
+    lines: list[tuple[bytes, bytes]], draw: st.DataObject | None
+) -> None:
+    """Chunks may end anywhere, between a `\\r` and its `\\n` too: the check names the line the
+    runner's `parse_lines` would (both split as `bytes.splitlines`)."""
+    data = b"".join(text + end for text, end in lines)
+    positions = st.lists(st.integers(0, len(data)), max_size=len(data))
+    cuts = draw.draw(positions) if draw is not None else [data.index(b"\r") + 1]
+    bounds = [0, *sorted(cuts), len(data)]
+    not_objects = [number for number, _, value in _json_lines(data) if not isinstance(value, dict)]
+    check = JsonlCheck(max_bytes=MB, max_line_bytes=MB)
+    try:
+        for start, end in itertools.pairwise(bounds):
+            check.feed(data[start:end])
+        count = check.finish()
+    except InvalidRequest as refused:
+        assert (f"Line {not_objects[0]} " if not_objects else "empty") in refused.message, refused.message
+    else:
+        assert not not_objects and count == len(parse_lines(data))
 
 
 def test_a_line_naming_another_endpoint_is_quoted_only_in_part() -> None:
