@@ -15,6 +15,7 @@ from contextlib import closing, contextmanager
 
 import httpx
 import uvicorn
+from starlette.types import ASGIApp
 
 from modelhost.api.app import create_app
 from modelhost.config import Settings
@@ -50,8 +51,9 @@ def _wait_until_healthy(base_url: str, server: uvicorn.Server, thread: threading
 
 
 @contextmanager
-def live_server(settings: Settings) -> Iterator[str]:
-    """Serve the gateway built from `settings`; yields its base URL (`http://127.0.0.1:<port>`).
+def live_server(settings: Settings, app: ASGIApp | None = None) -> Iterator[str]:
+    """Serve the gateway built from `settings` (or `app`, a gateway already built); yields its base URL
+    (`http://127.0.0.1:<port>`).
 
     The app owns its services (built in its lifespan, so migrations run at startup). On exit the
     server is asked to stop (`should_exit`), finishes its lifespan shutdown, and its thread is joined;
@@ -59,7 +61,7 @@ def live_server(settings: Settings) -> Iterator[str]:
     """
     with closing(_bound_socket()) as sock:
         port = sock.getsockname()[1]
-        config = uvicorn.Config(create_app(settings), host=HOST, port=port, log_level="warning")
+        config = uvicorn.Config(app or create_app(settings), host=HOST, port=port, log_level="warning")
         server = uvicorn.Server(config)
         thread = threading.Thread(
             target=server.run, kwargs={"sockets": [sock]}, name=f"live-server-{port}", daemon=True

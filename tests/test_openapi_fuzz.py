@@ -2,30 +2,39 @@
 
 Every operation the app documents is called with generated data, valid and invalid, carrying the
 right bearer key for its route family, against an app seeded with real rows whose IDs are mixed into
-the generated requests. Every response must be below 500 (one documented 503 aside, see
-`_load_refused`), every error must be the one error body `{"error": {message, type, code, param}}`,
-and schemathesis's own checks must pass.
+the generated requests (files and batches included). Every response must be below 500 (one documented
+503 aside, see `_load_refused`), every error must be the one error body `{"error": {message, type,
+code, param}}`, and schemathesis's own checks must pass.
+
+A batch's input file, which the schema describes only as bytes, is fuzzed with hostile JSONL (deep
+nesting, huge numbers, invalid UTF-8, NUL bytes, giant strings, duplicate keys, lines that are not
+objects, every line ending): no 500, a refusal names its line, and a file accepted is kept byte for
+byte, makes a batch, and holds no line the batch runner could not send.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 import schemathesis
 from fastapi import FastAPI
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.python import asgi as schemathesis_asgi
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+from starlette.testclient import TestClient
 from starlette.types import Receive, Scope, Send
 
 from modelhost.api.app import create_app
+from modelhost.batches.input import Line, check_lines, parse_lines
 from modelhost.container import Services
 from modelhost.errors import DeploymentUnavailable
 from tests.conftest import make_settings
@@ -107,7 +116,7 @@ def flatmap_case(context: schemathesis.HookContext, case: schemathesis.Case) -> 
         draws.update(
             (("body", name), st.sampled_from([value, *SEED.real(label, name)]))
             for name, value in case.body.items()
-            if name in ("artifact_id", "deployments")
+            if name in ("artifact_id", "deployments", "input_file_id")
         )
 
     def apply(choice: dict[tuple[str, str], Any]) -> schemathesis.Case:
@@ -159,6 +168,18 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
         ]
         upload = await create(f"{artifacts}/{uploading['id']}/uploads")
         to_abort = await create(f"{artifacts}/{aborting['id']}/uploads")
+
+        async def batch_file() -> str:
+            line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": MODEL}}
+            files = {"file": ("requests.jsonl", json.dumps(line).encode() + b"\n")}
+            uploaded = await http.post("/v1/files", files=files, data={"purpose": "batch"}, headers=key)
+            assert uploaded.status_code == 200, uploaded.text
+            return str(uploaded.json()["id"])
+
+        batch_input, doomed_file = await batch_file(), await batch_file()
+        body = {"input_file_id": batch_input, "endpoint": "/v1/embeddings", "completion_window": "24h"}
+        batch = await http.post("/v1/batches", json=body, headers=key)
+        assert batch.status_code == 200, batch.text
     SEED.app = app
     SEED.account_key = account["api_key"]
     SEED.known = {
@@ -170,6 +191,9 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
         "deployments": [[deployment["id"]]],
         "model": [MODEL],
         "path": ["config.json"],  # a file path inside an artifact, for the upload route
+        "file_id": [batch_input],
+        "input_file_id": [batch_input],
+        "batch_id": [batch.json()["id"]],
     }
     # Operations are fuzzed in the document's order; the destructive ones get rows of their own, so
     # that the routes after them still meet the real ones.
@@ -181,6 +205,7 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
         f"POST {session}/complete": {"artifact_id": [uploading["id"]]},
         f"DELETE {session}": {"artifact_id": [aborting["id"]], "upload_id": [to_abort["upload_id"]]},
         "DELETE /v1/deployments/{deployment_id}": {"deployment_id": [doomed["id"]]},
+        "DELETE /v1/files/{file_id}": {"file_id": [doomed_file]},
         # The deployed artifact (409 `artifact_busy`), or one nothing uses.
         "DELETE /v1/model-artifacts/{artifact_id}": {"artifact_id": [artifact_id, empty["id"]]},
     }
@@ -234,3 +259,79 @@ def test_every_operation(case: schemathesis.Case, seeded: Seed) -> None:
     # (`not_a_server_error` is left out for the one 5xx allowed above, and only for it.)
     excluded = [positive_data_acceptance, *([not_a_server_error] if load_refused else [])]
     case.validate_response(response, excluded_checks=excluded)
+
+
+# ---------------------------------------------------------------- hostile batch input files
+
+
+def _line(body: bytes, custom_id: bytes = b'"h"') -> bytes:
+    return (
+        b'{"custom_id": ' + custom_id + b', "method": "POST", "url": "/v1/embeddings", "body": ' + body + b"}"
+    )
+
+
+def _deep(depth: int) -> bytes:
+    """A line whose `body.input` nests `depth` arrays (orjson reads 1,023, but writes 254 at most)."""
+    return _line(b'{"model": "m", "input": ' + b"[" * depth + b"]" * depth + b"}")
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+HOSTILE_LINES = st.one_of(
+    JSON_VALUES.map(lambda value: _line(json.dumps({"model": MODEL, "input": value}).encode())),
+    (st.sampled_from([127, 128, 253, 254, 255, 1022, 1023, 1024]) | st.integers(1, 1100)).map(_deep),
+    st.sampled_from([b"9" * 400, b"1e999", b"-1e999", b"1e-400", b"18446744073709551616", b"-0"]).map(
+        lambda number: _line(b'{"model": "m", "input": ' + number + b"}")  # huge numbers
+    ),
+    st.binary(min_size=1, max_size=6).map(lambda raw: _line(b"{}", b'"' + raw + b'"')),  # invalid UTF-8
+    st.sampled_from([b'"a\x00b"', b'"a\\u0000b"', b'"\\ud800"']).map(lambda text: _line(b"{}", text)),  # NUL
+    st.integers(1_000, 200_000).map(lambda size: _line(b'{"input": "' + b"x" * size + b'"}')),  # giant
+    st.just(b'{"custom_id": "a", "custom_id": "b", "body": {}, "body": {"model": "m"}}'),  # duplicate keys
+    st.sampled_from([b"[]", b"[1, 2]", b"1", b'"line"', b"null", b"true", b"{", b"}"]),  # not objects
+    st.sampled_from([b"true", b"1", b'"yes"', b"false", b"null"]).map(
+        lambda flag: _line(b'{"model": "m", "background": ' + flag + b"}")
+    ),
+    st.text(max_size=600).map(lambda custom_id: _line(b"{}", json.dumps(custom_id).encode())),
+    st.sampled_from([b"", b"   ", b"\t"]),  # blank
+)
+HOSTILE_FILES = st.lists(
+    st.tuples(HOSTILE_LINES, st.sampled_from([b"\n", b"\r\n", b"\r", b"\n\n"])), max_size=5
+).map(lambda lines: b"".join(line + end for line, end in lines))
+
+
+@given(data=HOSTILE_FILES, last_newline=st.booleans())
+@example(data=_deep(300) + b"\n", last_newline=True)  # parsed, but no answer or request could encode it
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+def test_a_hostile_batch_file_is_refused_naming_its_line_or_kept_whole_and_runnable(
+    seeded: Seed, data: bytes, last_newline: bool
+) -> None:
+    data = data if last_newline else data.rstrip(b"\r\n")
+    assert seeded.app is not None
+    http = TestClient(seeded.app, raise_server_exceptions=False)
+    key = {"Authorization": f"Bearer {seeded.account_key}"}
+    uploaded = http.post(
+        "/v1/files", files={"file": ("hostile.jsonl", data)}, data={"purpose": "batch"}, headers=key
+    )
+    assert uploaded.status_code in (200, 400), uploaded.text
+    if uploaded.status_code == 400:
+        error = uploaded.json()["error"]
+        assert error["param"] == "file" and error["code"] == "invalid_file_format", error
+        assert "Line " in error["message"] or "empty" in error["message"], error
+        return
+    file_id = uploaded.json()["id"]
+    assert http.get(f"/v1/files/{file_id}/content", headers=key).content == data  # nothing lost
+    lines, _ = check_lines(parse_lines(data), "/v1/embeddings", lambda model: None)
+    for line in lines:
+        assert isinstance(line, Line)
+        orjson.dumps(line.body)  # what the runner sends (`api.batch_lines`): it encodes
+    body = {"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"}
+    assert http.post("/v1/batches", json=body, headers=key).status_code == 200
+    assert http.delete(f"/v1/files/{file_id}", headers=key).status_code == 200

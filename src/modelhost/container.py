@@ -26,6 +26,7 @@ from modelhost.auth.limits import RateLimiter
 from modelhost.auth.principal import Principal
 from modelhost.auth.shared_limits import SharedLimits
 from modelhost.batches.files import Files
+from modelhost.batches.input import shown
 from modelhost.batches.runner import BatchRunner
 from modelhost.batches.store import Batches
 from modelhost.billing.ledger import Ledger
@@ -134,7 +135,7 @@ class Services:
             balance_cache=balance_cache,
         )
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
-        uploads = Files(database, blobs, settings.batch_max_file_bytes, storage_changed)
+        uploads = Files(database, blobs, settings, storage_changed)
         batches = Batches(database, blobs, uploads)
 
         async def check_model(principal: Principal, endpoint: str, model: str) -> str | None:
@@ -145,7 +146,8 @@ class Services:
                 resolve_deployment(principal, endpoint, model, refs)
             except ModelhostError as exc:
                 if exc.code == "model_not_found":
-                    return f"The model '{model}' does not exist or you do not have access to it."
+                    # a line's model, echoed in the batch's errors: no more of it than `shown` quotes
+                    return f"The model {shown(model)} does not exist or you do not have access to it."
                 return exc.message
             return None
 

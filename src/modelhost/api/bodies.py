@@ -11,8 +11,10 @@ validation and the media rules stay one code path.
   is a field of the body (`name[]`, the SDK's spelling of a list, is `name`), and an uploaded file becomes
   a `data:` URI.
 
-`read_form` is the one multipart reader: these routes and the image edits (whose form is not a JSON
-body: several files and a mask) read forms through it alone.
+`read_form` is the one multipart reader of forms read whole (these routes and the image edits, whose
+form is not a JSON body: several files and a mask), within the 16 MB body limit. A file that may be as
+large as 200 MB (`POST /v1/files`) is read with `stream_form` instead: its bytes are handed on as they
+arrive, never held whole.
 
 Values arrive as text and are converted to their field's type: a parameter given several times is a
 list (`candidate_labels=cat&candidate_labels=dog`), a list field given once is a list of one, numbers
@@ -23,15 +25,17 @@ from __future__ import annotations
 
 import base64
 import types
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Union, get_args, get_origin
 
 import orjson
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.datastructures import ImmutableMultiDict, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.types import Message
@@ -39,6 +43,9 @@ from starlette.types import Message
 from modelhost.errors import InvalidMedia, InvalidRequest
 from modelhost.media.sources import media_kinds
 from modelhost.pipelines import RAW_MEDIA
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
 
 JSON_TYPES = ("application/json",)
 
@@ -51,6 +58,7 @@ FORM_ROUTES: dict[str, tuple[str, ...]] = {
 }
 MAX_FORM_FILES = 64
 MAX_FORM_FIELDS = 64
+MAX_FIELD_BYTES = 64 * 1024  # a text field of a streamed form (`stream_form`): its files carry the bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +88,126 @@ async def read_form(request: Request) -> list[tuple[str, str | FormFile]]:
     except HTTPException as exc:
         raise InvalidRequest(f"Malformed multipart form: {exc.detail}") from None
     return parts
+
+
+@dataclass(frozen=True, slots=True)
+class FormField:
+    """A text field of a streamed form, whole."""
+
+    name: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class FilePart:
+    """A file part of a streamed form begins: its bytes follow, chunk by chunk."""
+
+    name: str
+    filename: str | None
+
+
+async def stream_form(request: Request) -> AsyncIterator[FormField | FilePart | bytes]:
+    """The parts of a multipart form in the order sent, as they arrive: each text field once whole (at
+    most MAX_FIELD_BYTES), each file part's start and then its bytes as they come off the socket, so
+    that nothing but the chunk being read is held. A malformed body, too many parts or too long a field
+    is a 400, as in `read_form`."""
+    _, params = parse_options_header(request.headers.get("content-type"))
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise InvalidRequest("Malformed multipart form: Missing boundary in multipart.")
+    parts = _StreamedParts()
+    parser = MultipartParser(boundary, parts.callbacks())
+    try:
+        async for chunk in request.stream():
+            parser.write(chunk)
+            for event in parts.take():
+                yield event
+        parser.finalize()
+    except FormParserError:
+        raise InvalidRequest("Malformed multipart form: Invalid multipart data.") from None
+    if not parts.ended:  # a body cut short: what came of its last part is not the whole of it
+        raise InvalidRequest("Malformed multipart form: the body ended before the form's closing boundary.")
+    for event in parts.take():
+        yield event
+
+
+class _StreamedParts:
+    """python-multipart's callbacks for `stream_form`: the events of the chunk just parsed."""
+
+    def __init__(self) -> None:
+        self._events: list[FormField | FilePart | bytes] = []
+        self._headers: dict[bytes, bytes] = {}
+        self._header = (b"", b"")
+        self._field: tuple[str, bytearray] | None = None  # the text field being read
+        self._files = self._fields = 0
+        self.ended = False  # whether the closing boundary has been read
+
+    def take(self) -> list[FormField | FilePart | bytes]:
+        events, self._events = self._events, []
+        return events
+
+    def callbacks(self) -> MultipartCallbacks:
+        return {
+            "on_part_begin": self._headers.clear,
+            "on_header_field": self._on_header_field,
+            "on_header_value": self._on_header_value,
+            "on_header_end": self._on_header_end,
+            "on_headers_finished": self._on_headers_finished,
+            "on_part_data": self._on_part_data,
+            "on_part_end": self._on_part_end,
+            "on_end": self._on_end,
+        }
+
+    def _on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header = (self._header[0] + data[start:end], self._header[1])
+
+    def _on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header = (self._header[0], self._header[1] + data[start:end])
+
+    def _on_header_end(self) -> None:
+        self._headers[self._header[0].lower()] = self._header[1]
+        self._header = (b"", b"")
+
+    def _on_headers_finished(self) -> None:
+        _, options = parse_options_header(self._headers.get(b"content-disposition", b""))
+        if b"name" not in options:
+            raise InvalidRequest('Malformed multipart form: a part\'s Content-Disposition has no "name".')
+        name = _text(options[b"name"])
+        if b"filename" in options:
+            self._files += 1
+            if self._files > MAX_FORM_FILES:
+                raise InvalidRequest(f"Malformed multipart form: more than {MAX_FORM_FILES} files.")
+            self._events.append(FilePart(name, _text(options[b"filename"])))
+            self._field = None
+        else:
+            self._fields += 1
+            if self._fields > MAX_FORM_FIELDS:
+                raise InvalidRequest(f"Malformed multipart form: more than {MAX_FORM_FIELDS} fields.")
+            self._field = (name, bytearray())
+
+    def _on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._field is None:
+            self._events.append(data[start:end])
+            return
+        name, value = self._field
+        value += data[start:end]
+        if len(value) > MAX_FIELD_BYTES:
+            raise InvalidRequest(
+                f"Malformed multipart form: the field {name[:64]!r} has more than {MAX_FIELD_BYTES} bytes.",
+                param=name[:64],
+            )
+
+    def _on_part_end(self) -> None:
+        if self._field is not None:
+            self._events.append(FormField(self._field[0], _text(bytes(self._field[1]))))
+            self._field = None
+
+    def _on_end(self) -> None:
+        self.ended = True
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
 
 
 def raw_body_openapi(path: str) -> dict[str, Any]:

@@ -203,18 +203,28 @@ async def deployment_for(
     deployment = resolve_deployment(principal, endpoint, model, refs)
     if tracing.ENABLED:  # the request's span is named for its model (`api.middleware.RequestPath`)
         request.scope[tracing.MODEL] = model
-    batch_line = BATCH_LINE in request.scope
-    acting_for(principal, low=batch_line)  # the key its replica's fair queuing counts it under
+    acting_for(principal, low=BATCH_LINE in request.scope)  # the key its replica's fair queuing counts
     if billable:
-        with tracing.step("limits") as span:  # credits, spend caps, rate limits
+        await admit(request, principal)
+    return deployment
+
+
+async def admit(request: Request, principal: Principal, *, billed: bool = True) -> None:
+    """A request that costs the server: refused with 402 once the account is out of credits and with
+    429 past its spend caps (when `billed`: it runs a model or stores bytes), and with 429 over its
+    key's or account's rate limits (auth/limits.py; `api.middleware.RequestPath` gives the place back
+    when the request ends). Batch lines skip the per-minute limits (docs/limits.md)."""
+    services = get_services(request)
+    account_id = account_id_of(principal)
+    with tracing.step("limits") as span:  # credits, spend caps, rate limits
+        if billed:
             await services.billing.require_credits(account_id)
             await services.billing.require_within_caps(account_id, principal.account_limits)
-            subjects = () if batch_line else principal.limited()  # batch lines skip per-minute limits
-            if subjects and ADMITTED not in request.scope:  # once per request, whatever models it names
-                if span is not None:
-                    span.set_attribute("modelhost.rate_limited", True)
-                request.scope[ADMITTED] = services.limits.admit(subjects)
-    return deployment
+        subjects = () if BATCH_LINE in request.scope else principal.limited()
+        if subjects and ADMITTED not in request.scope:  # once per request, whatever models it names
+            if span is not None:
+                span.set_attribute("modelhost.rate_limited", True)
+            request.scope[ADMITTED] = services.limits.admit(subjects)
 
 
 async def run_inference(request: Request, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:

@@ -1,22 +1,31 @@
 """The Files API's files (`/v1/files`): uploaded by an account (batch input) or written by a batch (its
 output and error files), stored in the blob store with their SHA-256, billed as storage like artifacts
 (`storage_changed`), seen only by their own account.
+
+An upload is held to the rules of an artifact's (`artifacts.disk`): refused before a byte is read below
+the data directory's free-disk floor (507), its bytes written to the blob store as they arrive (a full
+disk mid-way is a 507 and leaves nothing behind), never held whole in memory; a batch's input is
+checked line by line as it arrives (`batches.input.JsonlCheck`), so a bad file is refused at its first
+bad line. Downloads stream the stored bytes in chunks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, BinaryIO
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from modelhost import audit
-from modelhost.artifacts.blobstore import BlobStore
-from modelhost.batches.input import check_jsonl
+from modelhost.artifacts.blobstore import BlobStore, BlobWriter
+from modelhost.artifacts.disk import require_room_for_upload
+from modelhost.batches.input import JsonlCheck, check_jsonl, shown
+from modelhost.config import Settings
 from modelhost.errors import InvalidRequest, NotFound
 from modelhost.store.db import Database
 from modelhost.store.models import UploadedFile
@@ -28,6 +37,7 @@ UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "e
 OUTPUT_PURPOSE = "batch_output"
 PURPOSES = (*UPLOAD_PURPOSES, OUTPUT_PURPOSE)
 EXPIRY_SECONDS = (3600, 30 * 24 * 3600)  # what OpenAI accepts for `expires_after.seconds`
+CHUNK = 1024 * 1024  # bytes an upload hands to the blob store at once, and a download sends at once
 StorageChanged = Callable[[Session, str], None]
 
 
@@ -52,30 +62,58 @@ class Owner:
 
 class Files:
     def __init__(
-        self, database: Database, blobs: BlobStore, max_batch_bytes: int, storage_changed: StorageChanged
+        self, database: Database, blobs: BlobStore, settings: Settings, storage_changed: StorageChanged
     ) -> None:
         self._database = database
         self._blobs = blobs
-        self._max_batch_bytes = max_batch_bytes
+        self._settings = settings
         self._storage_changed = storage_changed
 
+    def begin(self, purpose: str | None, declared_bytes: int | None) -> FileUpload:
+        """An upload whose bytes are about to arrive. `purpose`, when the form gave it before the file,
+        is checked now, and a batch's input is then checked as it arrives; `declared_bytes` (the
+        request's `Content-Length`) counts against the free-disk floor (507 before a byte is read)."""
+        if purpose is not None:
+            _check_purpose(purpose)
+        require_room_for_upload(self._settings, declared_bytes)
+        check = JsonlCheck(*self._jsonl_limits()) if purpose == "batch" else None
+        file_id = new_id("file")
+        return FileUpload(self, file_id, self._blobs.writer(f"files/{file_id}"), check)
+
     def upload(
-        self, owner: Owner, filename: str, purpose: str, data: bytes, expires_after: int | None
+        self,
+        owner: Owner,
+        upload: FileUpload,
+        filename: str,
+        purpose: str,
+        expires_after: int | None,
     ) -> dict[str, Any]:
-        """A new file of the account. Batch input is checked here (JSONL within the limits)."""
-        if purpose not in UPLOAD_PURPOSES:
-            raise InvalidRequest(
-                f"'{purpose}' is not one of {', '.join(UPLOAD_PURPOSES)} - 'purpose'.", param="purpose"
-            )
+        """The file object of an upload whose bytes have all been written (`FileUpload.finish`)."""
+        _check_purpose(purpose)
         if expires_after is not None and not EXPIRY_SECONDS[0] <= expires_after <= EXPIRY_SECONDS[1]:
             raise InvalidRequest(
                 f"'expires_after.seconds' must be between {EXPIRY_SECONDS[0]} and {EXPIRY_SECONDS[1]}.",
                 param="expires_after.seconds",
             )
-        if purpose == "batch":
-            check_jsonl(data, self._max_batch_bytes)
+        if upload.check is not None:
+            upload.check.finish()
         expires_at = None if expires_after is None else utcnow() + timedelta(seconds=expires_after)
-        return self.store(owner, filename, purpose, data, expires_at)
+        writer = upload.writer
+        size, digest = writer.size, writer.hexdigest()
+        writer.commit()
+        try:
+            if purpose == "batch" and upload.check is None:  # the form named its purpose after the file
+                with self._blobs.open(upload.key) as handle:
+                    check_jsonl(iter(lambda: handle.read(CHUNK), b""), *self._jsonl_limits())
+            return self._record(owner, upload.file_id, filename, purpose, size, digest, expires_at)
+        except BaseException:
+            self._blobs.delete_prefix(upload.key)
+            raise
+
+    def _jsonl_limits(self) -> tuple[int, int]:
+        """A batch input file's size limit, and a line's: one line is one request, so at most a request
+        body's size."""
+        return self._settings.batch_max_file_bytes, self._settings.max_body_bytes
 
     def store(
         self, owner: Owner, filename: str, purpose: str, data: bytes, expires_at: datetime | None
@@ -83,11 +121,23 @@ class Files:
         """Write the bytes, then the row: a crash between leaves an unreferenced blob, never a row
         without its bytes."""
         file_id = new_id("file")
-        key = f"files/{file_id}"
-        writer = self._blobs.writer(key)
+        writer = self._blobs.writer(f"files/{file_id}")
         writer.write(data)
         digest = writer.hexdigest()
         writer.commit()
+        return self._record(owner, file_id, filename, purpose, len(data), digest, expires_at)
+
+    def _record(
+        self,
+        owner: Owner,
+        file_id: str,
+        filename: str,
+        purpose: str,
+        size: int,
+        digest: str,
+        expires_at: datetime | None,
+    ) -> dict[str, Any]:
+        """The row of a file whose bytes are stored, and its storage meter."""
         with self._database.transaction() as session:
             row = UploadedFile(
                 id=file_id,
@@ -95,9 +145,9 @@ class Files:
                 key_id=owner.key_id,
                 filename=filename[:255] or "file",
                 purpose=purpose,
-                bytes=len(data),
+                bytes=size,
                 sha256=digest,
-                blob_key=key,
+                blob_key=f"files/{file_id}",
                 expires_at=expires_at,
             )
             session.add(row)
@@ -123,16 +173,17 @@ class Files:
             rows, more = keyset_page(session, query, UploadedFile, cursor, limit, order)
             return [view(r) for r in rows], more
 
-    def content(self, owner: Owner, file_id: str) -> tuple[bytes, str]:
-        """The file's bytes and its name."""
+    def content(self, owner: Owner, file_id: str) -> tuple[Iterator[bytes], str, int]:
+        """The file's bytes in chunks of `CHUNK` (bounded memory whatever its size), its name and size.
+        The blob is opened here, so that a file deleted meanwhile is a 404, not a broken download."""
         with self._database.transaction() as session:
             row = self._owned(session, owner, file_id)
-            key, filename = row.blob_key, row.filename
-        with self._blobs.open(key) as handle:
-            return handle.read(), filename
+            key, filename, size = row.blob_key, row.filename, row.bytes
+        return _chunks(self._blobs.open(key)), filename, size
 
-    def read(self, owner: Owner, file_id: str, purpose: str) -> bytes:
-        """A file of the account with this purpose (a batch's input); 400 naming its purpose if not."""
+    def open_input(self, owner: Owner, file_id: str, purpose: str) -> BinaryIO:
+        """A file of the account with this purpose (a batch's input), opened to be read (the caller
+        closes it); 400 naming its purpose if it has another."""
         with self._database.transaction() as session:
             row = self._owned(session, owner, file_id, param="input_file_id")
             if row.purpose != purpose:
@@ -142,7 +193,11 @@ class Files:
                     param="input_file_id",
                 )
             key = row.blob_key
-        with self._blobs.open(key) as handle:
+        return self._blobs.open(key)
+
+    def read(self, owner: Owner, file_id: str, purpose: str) -> bytes:
+        """The whole of `open_input`'s file."""
+        with self.open_input(owner, file_id, purpose) as handle:
             return handle.read()
 
     def delete(self, owner: Owner, file_id: str) -> dict[str, Any]:
@@ -184,8 +239,62 @@ class Files:
     ) -> UploadedFile:
         row = session.get(UploadedFile, file_id)
         if row is None or not owner.sees(row.account_id, row.key_id) or (_expired(row) and not expired_too):
-            raise NotFound(f"No such File object: {file_id}", code="file_not_found", param=param)
+            # OpenAI's message, with no more of a made-up ID than a real one has
+            raise NotFound(f"No such File object: {file_id[:64]}", code="file_not_found", param=param)
         return row
+
+
+class FileUpload:
+    """An upload in progress (`Files.begin`): `write` its bytes as they arrive (they go to the blob
+    store in chunks of `CHUNK`, off the event loop; a batch's input is checked as they do), then
+    `finish`; `abort` if anything fails, which leaves nothing behind."""
+
+    def __init__(self, files: Files, file_id: str, writer: BlobWriter, check: JsonlCheck | None) -> None:
+        self._files = files
+        self.file_id = file_id
+        self.key = f"files/{file_id}"
+        self.writer = writer
+        self.check = check
+        self._buffer = bytearray()
+
+    async def write(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        if len(self._buffer) >= CHUNK:
+            await self._flush()
+
+    async def finish(
+        self, owner: Owner, filename: str, purpose: str, expires_after: int | None
+    ) -> dict[str, Any]:
+        """The new file's object, once its last bytes are written and checked."""
+        await self._flush()
+        return await asyncio.to_thread(self._files.upload, owner, self, filename, purpose, expires_after)
+
+    async def abort(self) -> None:
+        await asyncio.to_thread(self.writer.abort)
+
+    async def _flush(self) -> None:
+        if self._buffer:
+            data = bytes(self._buffer)
+            self._buffer.clear()
+            await asyncio.to_thread(self._write, data)
+
+    def _write(self, data: bytes) -> None:
+        if self.check is not None:
+            self.check.feed(data)  # first: a bad line is refused before its bytes are stored
+        self.writer.write(data)
+
+
+def _check_purpose(purpose: str) -> None:
+    if purpose not in UPLOAD_PURPOSES:
+        raise InvalidRequest(
+            f"{shown(purpose)} is not one of {', '.join(UPLOAD_PURPOSES)} - 'purpose'.", param="purpose"
+        )
+
+
+def _chunks(handle: BinaryIO) -> Iterator[bytes]:
+    with handle:
+        while chunk := handle.read(CHUNK):
+            yield chunk
 
 
 def _expired(row: UploadedFile) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from modelhost.protocol.common import PageOf, StrictModel
 
@@ -42,11 +42,34 @@ class ExpiresAfter(StrictModel):
     seconds: Annotated[int, Field(ge=3600, le=2_592_000)]
 
 
+MAX_METADATA_PAIRS = 16  # OpenAI's bounds on a batch's `metadata`: 16 pairs, keys of at most 64
+MAX_METADATA_KEY = 64  # characters and values of at most 512
+MAX_METADATA_VALUE = 512
+
+
+def _short_keys(value: Any) -> Any:
+    """A key longer than OpenAI's 64 characters is refused before anything else is checked, so that no
+    error names it (an error's `param` names the key of a wrong value, and would carry it back)."""
+    if isinstance(value, dict) and any(isinstance(k, str) and len(k) > MAX_METADATA_KEY for k in value):
+        raise ValueError(f"metadata keys may have at most {MAX_METADATA_KEY} characters")
+    return value
+
+
+Metadata = Annotated[
+    dict[
+        Annotated[str, Field(max_length=MAX_METADATA_KEY)],
+        Annotated[str, Field(max_length=MAX_METADATA_VALUE)],
+    ],
+    Field(max_length=MAX_METADATA_PAIRS),
+    BeforeValidator(_short_keys),
+]
+
+
 class BatchCreateRequest(StrictModel):
     input_file_id: Annotated[str, Field(min_length=1, max_length=64)]
     endpoint: BatchEndpoint
     completion_window: Literal["24h"]
-    metadata: Annotated[dict[str, Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
+    metadata: Metadata | None = None
     output_expires_after: ExpiresAfter | None = None
 
 

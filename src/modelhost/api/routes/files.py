@@ -2,7 +2,11 @@
 
 `GET /v1/files/{id}/content` serves both: with `expires` and `signature` in the query it is a generated
 image's link (the link itself is the key); without them it needs an API key and serves a file of the
-key's account (a batch's input, output or error file).
+key's account (a batch's input, output or error file), streamed.
+
+Every request of the Files API with a key counts against the key's and the account's rate limits; an
+upload also needs credits (402) and stays within the account's spend caps, as inference does, and is
+refused (507) below the data directory's free-disk floor, as an artifact's upload is.
 """
 
 from __future__ import annotations
@@ -12,16 +16,18 @@ from typing import Annotated, Literal
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
-from modelhost.api.bodies import FormFile, read_form
-from modelhost.api.deps import CallerPrincipal, ServicesDep, owner_of, require_caller
+from modelhost.api.bodies import FilePart, FormField, stream_form
+from modelhost.api.deps import CallerPrincipal, ServicesDep, admit, owner_of, require_caller
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, Order, list_body
-from modelhost.batches.files import PURPOSES
+from modelhost.batches.files import PURPOSES, FileUpload
+from modelhost.container import Services
 from modelhost.errors import InvalidRequest, NotFound
 from modelhost.protocol.batches import FileDeleted, FileList, FileObject
 
-router = APIRouter(tags=["files"], responses=error_responses(400, 401, 404))
+router = APIRouter(tags=["files"], responses=error_responses(400, 401, 404, 429))
 
 FILE_EXAMPLE = {
     "id": "file_5d1e8c0f4a2b9e7c1f0a3b2c",
@@ -65,33 +71,69 @@ def _json(payload: object) -> Response:
     summary="Upload a file (multipart `file` and `purpose`; a batch's input is checked as JSONL here)",
     response_model=FileObject,
     openapi_extra={"requestBody": {"content": UPLOAD_FORM, "required": True}},
-    responses={200: {"content": {"application/json": {"example": FILE_EXAMPLE}}}, **error_responses(413)},
+    responses={
+        200: {"content": {"application/json": {"example": FILE_EXAMPLE}}},
+        **error_responses(402, 413, 507),
+    },
 )
 async def upload_file(request: Request, services: ServicesDep, principal: CallerPrincipal) -> Response:
     if not (request.headers.get("content-type") or "").startswith("multipart/form-data"):
         raise InvalidRequest("Upload a file as multipart/form-data with 'file' and 'purpose'.", param="file")
-    fields: dict[str, str] = {}
-    upload: FormFile | None = None
-    for name, value in await read_form(request):
-        if isinstance(value, FormFile):
-            if name == "file":
-                upload = value
-        else:
-            fields[name] = value
-    if upload is None:
-        raise InvalidRequest("'file' is required: the file itself, as a multipart file part.", param="file")
-    if "purpose" not in fields:
-        raise InvalidRequest("'purpose' is required.", param="purpose")
-    expires_after = _expires_after(fields)
-    created = await asyncio.to_thread(
-        services.uploads.upload,
-        owner_of(principal),
-        upload.filename or "file",
-        fields["purpose"],
-        upload.data,
-        expires_after,
-    )
+    await admit(request, principal)
+    received = Received()
+    try:
+        await received.read(request, services)
+        if received.upload is None:
+            raise InvalidRequest(
+                "'file' is required: the file itself, as a multipart file part.", param="file"
+            )
+        if "purpose" not in received.fields:
+            raise InvalidRequest("'purpose' is required.", param="purpose")
+        expires_after = _expires_after(received.fields)
+        owner = owner_of(principal)
+        created = await received.upload.finish(
+            owner, received.filename, received.fields["purpose"], expires_after
+        )
+    except BaseException:
+        if received.upload is not None:
+            await received.upload.abort()
+        raise
     return _json(created)
+
+
+class Received:
+    """An upload's form as it arrives: its text fields, and its `file` part's bytes handed to the blob
+    store as they come (`batches.files.FileUpload`), never held whole."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, str] = {}
+        self.upload: FileUpload | None = None
+        self.filename = "file"
+
+    async def read(self, request: Request, services: Services) -> None:
+        length = request.headers.get("content-length")
+        declared = int(length) if length and length.isdigit() else None
+        receiving = False  # whether the bytes arriving are the file's
+        async for part in stream_form(request):
+            if isinstance(part, bytes):
+                if receiving and self.upload is not None:
+                    await self.upload.write(part)
+            elif isinstance(part, FormField):
+                self.fields[part.name] = part.value
+            else:
+                receiving = self._is_the_file(part)
+                if receiving:
+                    purpose = self.fields.get("purpose")  # known now if the form sent it first
+                    self.upload = await asyncio.to_thread(services.uploads.begin, purpose, declared)
+                    self.filename = part.filename or "file"
+
+    def _is_the_file(self, part: FilePart) -> bool:
+        """Whether a file part is the upload's `file` (other file parts are skipped); one only."""
+        if part.name != "file":
+            return False
+        if self.upload is not None:
+            raise InvalidRequest("Send one 'file' part only.", param="file")
+        return True
 
 
 def _expires_after(fields: dict[str, str]) -> int | None:
@@ -108,6 +150,7 @@ def _expires_after(fields: dict[str, str]) -> int | None:
 
 @router.get("/v1/files", summary="List the account's files, newest first", response_model=FileList)
 async def list_files(
+    request: Request,
     services: ServicesDep,
     principal: CallerPrincipal,
     after: After = None,
@@ -117,6 +160,7 @@ async def list_files(
         str | None, Query(description=f"Only files of this purpose: {', '.join(PURPOSES)}.")
     ] = None,
 ) -> Response:
+    await admit(request, principal, billed=False)
     items, more = await asyncio.to_thread(
         services.uploads.page, owner_of(principal), after, limit, order, purpose
     )
@@ -124,12 +168,18 @@ async def list_files(
 
 
 @router.get("/v1/files/{file_id}", summary="A file's object", response_model=FileObject)
-async def get_file(file_id: str, services: ServicesDep, principal: CallerPrincipal) -> Response:
+async def get_file(
+    file_id: str, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
+    await admit(request, principal, billed=False)
     return _json(await asyncio.to_thread(services.uploads.get, owner_of(principal), file_id))
 
 
 @router.delete("/v1/files/{file_id}", summary="Delete a file and its bytes", response_model=FileDeleted)
-async def delete_file(file_id: str, services: ServicesDep, principal: CallerPrincipal) -> Response:
+async def delete_file(
+    file_id: str, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
+    await admit(request, principal, billed=False)
     return _json(await asyncio.to_thread(services.uploads.delete, owner_of(principal), file_id))
 
 
@@ -160,13 +210,16 @@ async def file_content(
             raise NotFound("File not found (or the link has expired).", code="file_not_found") from None
         return Response(data, media_type=content_type, headers={"Cache-Control": "private, max-age=300"})
     principal = await require_caller(request)
-    data, filename = await asyncio.to_thread(services.uploads.content, owner_of(principal), file_id)
+    await admit(request, principal, billed=False)
+    chunks, filename, size = await asyncio.to_thread(services.uploads.content, owner_of(principal), file_id)
     kind: Literal["application/jsonl", "application/octet-stream"] = (
         "application/jsonl" if filename.endswith(".jsonl") else "application/octet-stream"
     )
-    return Response(
-        data, media_type=kind, headers={"Content-Disposition": f'attachment; filename="{_safe(filename)}"'}
-    )
+    headers = {
+        "Content-Disposition": f'attachment; filename="{_safe(filename)}"',
+        "Content-Length": str(size),
+    }
+    return StreamingResponse(chunks, media_type=kind, headers=headers)
 
 
 def _safe(filename: str) -> str:
