@@ -178,26 +178,6 @@ async def test_a_hot_deployment_beyond_the_budget_is_409_and_nothing_changes(
             listed = await client.get("/v1/deployments", headers=bearer(server.key))
             assert sorted(d["model"] for d in listed.json()["data"]) == ["p1", "p2"]  # p3 was not kept
 
-            # a second account is refused as well, reading of the first's only what they hold together
-            bravo = await second_tenant(server)
-            theirs = await deploy_many(bravo, recipes.joinpath(*ST_RECIPE), ["bravo-cold"])
-            their_artifact = view(bravo, theirs["bravo-cold"])["artifact_id"]
-            hot = {"model": "bravo-hot", "artifact_id": their_artifact, "readiness": "hot"}
-            patch = {"readiness": "hot"}
-            for answer in (
-                await client.post("/v1/deployments", json=hot, headers=bearer(bravo.key)),
-                await client.patch(
-                    f"/v1/deployments/{theirs['bravo-cold']}", json=patch, headers=bearer(bravo.key)
-                ),
-            ):
-                assert_error(answer, 409, "insufficient_capacity")
-                message = answer.json()["error"]["message"]
-                assert "2 pinned deployments of other accounts hold" in message, message
-                assert_names_none_of(message, ids)
-            assert_names_none_of(seen(bravo), ids)
-            held = {d["model"]: d["id"] for d in capacity(server)["deployments"]}
-            assert held == {"p1": ids["p1"], "p2": ids["p2"]}  # the operator sees every one, named
-
             cold = {"model": "c", "artifact_id": artifact_id}
             created = await client.post("/v1/deployments", json=cold, headers=bearer(server.key))
             assert created.status_code == 201, created.text
@@ -213,6 +193,9 @@ async def test_a_hot_deployment_beyond_the_budget_is_409_and_nothing_changes(
 async def test_a_request_with_no_room_waits_then_503_and_succeeds_once_a_pinned_deployment_goes_cold(
     tmp_path: Path, recipes: Path, footprint: int
 ) -> None:
+    """And a second account meets each capacity refusal the first account's deployments cause (the 409
+    for a hot one, the 503 and its `state_reason`), evicts one of them, and neither reads a name or ID of
+    the other's deployments anywhere (docs/api-decisions.md, "What one tenant can see of another")."""
     env = budget_env(footprint, 2.5, MODELHOST_CAPACITY_WAIT_SECONDS="4")
     async with server_with(tmp_path, 1, **env) as server:
         ids = await deploy_many(server, recipes.joinpath(*ST_RECIPE), ["p1", "p2", "c"])
@@ -224,6 +207,25 @@ async def test_a_request_with_no_room_waits_then_503_and_succeeds_once_a_pinned_
                     f"/v1/deployments/{ids[model]}", json={"readiness": "hot"}, headers=bearer(server.key)
                 )
                 await server.ready(ids[model])
+
+            # the second account cannot pin one beside them, and reads of them only what they hold together
+            their_artifact = view(bravo, theirs["bravo-x"])["artifact_id"]
+            hot = {"model": "bravo-hot", "artifact_id": their_artifact, "readiness": "hot"}
+            for answer in (
+                await client.post("/v1/deployments", json=hot, headers=bearer(bravo.key)),
+                await client.patch(
+                    f"/v1/deployments/{theirs['bravo-x']}",
+                    json={"readiness": "hot"},
+                    headers=bearer(bravo.key),
+                ),
+            ):
+                assert_error(answer, 409, "insufficient_capacity")
+                message = answer.json()["error"]["message"]
+                assert "2 pinned deployments of other accounts hold" in message, message
+                assert_names_none_of(message, ids)
+            held = {d["model"]: d["id"] for d in capacity(server)["deployments"]}
+            assert held == {"p1": ids["p1"], "p2": ids["p2"]}  # the operator sees every one, named
+
         started = time.monotonic()  # both accounts' loads wait for room, side by side
         refused, refused_theirs = await asyncio.gather(
             server.embed("no room", "c"), bravo.embed("no room", "bravo-x")
