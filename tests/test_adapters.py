@@ -4,8 +4,9 @@ The first part needs no vLLM: what inspection accepts and refuses (each with its
 refusals of an adapter deployment that the store can decide (no base named, a full model named as an
 adapter, a base on the transformers engine). The second runs a real `modelhost serve` with vLLM: one
 base replica serves 8 adapters, each answering exactly as the same adapter merged into the base's
-weights and served as a full model, and none leaking into another's sequences in a mixed batch.
-Skipped, with the reason, where vLLM is not installed.
+weights and served as a full model, and none leaking into another's sequences in a mixed batch; a shared
+base serves another account's adapter, and unsharing it detaches that adapter. Skipped, with the reason,
+where vLLM is not installed.
 """
 
 from __future__ import annotations
@@ -457,3 +458,62 @@ def test_a_deleted_adapter_is_gone_and_its_base_serves_on(served: Served) -> Non
     assert deleted.status_code == 200, deleted.text
     assert_error(served.post("/v1/chat/completions", model="tuned-3", messages=MESSAGES), 404)
     assert served.greedy("base", max_tokens=2) and served.greedy("tuned-0", max_tokens=2)
+
+
+def test_unsharing_a_base_detaches_other_accounts_adapters_and_its_owner_can_then_delete_it(
+    served: Served,
+) -> None:
+    """The other account's adapter stops serving and costing, and says why to its owner; the base's owner
+    deletes the base once its own adapters are gone (docs/adapters.md, "Unsharing a base")."""
+    admin, base_id = bearer(ADMIN_KEY), served.base["id"]
+    for shared in (False, True):  # shared anew: no other account's adapter from an earlier test
+        answer = served.http.patch(f"/v1/admin/deployments/{base_id}", json={"shared": shared}, headers=admin)
+        assert answer.status_code == 200, answer.text
+    bravo = served.http.post("/v1/admin/accounts", json={"name": "bravo"}, headers=admin).json()["api_key"]
+    artifact = push_folder_sync(served.http, bravo, served.made["a2"], "text-generation")
+    created = served.post(
+        "/v1/deployments", key=bravo, model="bravo-tuned", artifact_id=artifact, base_deployment=base_id
+    )
+    assert created.status_code == 201, created.text
+    theirs = created.json()["id"]
+    assert served.greedy("bravo-tuned", key=bravo, max_tokens=2)
+    time.sleep(2)  # a tick or two: their adapter's bytes are billed to them
+
+    def their_compute() -> float:
+        usage = served.http.get("/v1/usage", headers=bearer(bravo)).json()["by_deployment"]
+        return sum(u["compute_credits"] for u in usage if u["deployment_id"] == theirs)
+
+    assert their_compute() > 0
+    unshared = served.http.patch(f"/v1/admin/deployments/{base_id}", json={"shared": False}, headers=admin)
+    assert unshared.status_code == 200, unshared.text
+    assert unshared.json()["shared"] is False and unshared.json()["detached_adapters"] == 1
+    billed = their_compute()
+
+    refused = assert_error(
+        served.post("/v1/chat/completions", key=bravo, model="bravo-tuned", messages=MESSAGES),
+        409,
+        "base_not_shared",
+        param="model",
+    )
+    assert "is no longer shared with this account" in refused["message"], refused
+    shown = served.http.get(f"/v1/deployments/{theirs}", headers=bearer(bravo)).json()
+    assert shown["state"] == "failed" and shown["state_reason"] == refused["message"], shown
+    assert shown["base_deployment"] is None
+    patched = served.http.patch(
+        f"/v1/deployments/{theirs}", json={"readiness": "warm"}, headers=bearer(bravo)
+    )
+    assert_error(patched, 409, "base_not_shared")
+    time.sleep(2)
+    assert their_compute() == billed  # no longer held by the base's replicas: no longer billed
+
+    # the owner's own adapters still hold the base; the detached one no longer does
+    refused = assert_error(served.http.delete(f"/v1/deployments/{base_id}", headers=bearer(served.key)), 409)
+    assert "other accounts" not in refused["message"], refused
+    listed = served.http.get("/v1/deployments", headers=bearer(served.key)).json()["data"]
+    for adapter in (d for d in listed if d["base_deployment"] == base_id):
+        deleted = served.http.delete(f"/v1/deployments/{adapter['id']}", headers=bearer(served.key))
+        assert deleted.status_code == 200, deleted.text
+    deleted = served.http.delete(f"/v1/deployments/{base_id}", headers=bearer(served.key))
+    assert deleted.status_code == 200, deleted.text
+    gone = served.http.delete(f"/v1/deployments/{theirs}", headers=bearer(bravo))
+    assert gone.status_code == 200, gone.text  # its owner deletes it in turn, as any deployment

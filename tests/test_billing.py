@@ -12,6 +12,7 @@ import itertools
 import signal
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from sqlalchemy import select
 from modelhost.api.app import create_app
 from modelhost.billing.ledger import ComputeReading
 from modelhost.container import Services
+from modelhost.errors import InsufficientCredits
+from modelhost.runtime.spec import AttachedAdapter, DeploymentSpec
 from modelhost.store.db import Database
 from modelhost.store.models import LedgerEntry, Meter, ModelArtifact
 from tests.conftest import make_settings
@@ -205,6 +208,33 @@ async def test_an_account_out_of_credits_gets_402_and_its_replicas_unload_until_
         assert (await gw.embed("c")).status_code == 200  # at once, no cache to wait for
         assert (await gw.embed("h")).status_code == 200
         await gw.until_ready(hot)
+
+
+async def test_a_shared_base_whose_owner_is_out_of_credits_shows_its_adapters_accounts_no_balance(
+    tmp_path: Path,
+) -> None:
+    """A shared base's refusal to load and its `state_reason` reach the accounts of the adapters it
+    serves too (docs/api-decisions.md, "What one tenant can see of another: nothing")."""
+    async with gateway(tmp_path, ManualClock(T0)) as gw:
+        made = await gw.client.post(
+            "/v1/admin/accounts", json={"name": "owner", "credits": 0}, headers=bearer(ADMIN_KEY)
+        )
+        owner = made.json()["id"]
+        base = DeploymentSpec(
+            id="dep_base", pipeline="text-generation", readiness="warm", min_replicas=1, max_replicas=1,
+            model_dir=tmp_path, account_id=owner, model="base", artifact_id="art_base",
+        )  # fmt: skip
+        with pytest.raises(InsufficientCredits) as refused:
+            gw.services.billing.check_can_load(base)
+        assert "(balance 0.000000)" in refused.value.message  # its owner alone reads it
+        theirs = AttachedAdapter("dep_theirs", "acct_other", "tuned", "art_tuned", 1000, 8)
+        shared = replace(base, adapters=(theirs,))
+        with pytest.raises(InsufficientCredits) as refused:
+            gw.services.billing.check_can_load(shared)
+        assert "balance" not in refused.value.message and "out of credits" in refused.value.message
+        runtime = gw.services.manager._runtime_for(shared)
+        await gw.services.manager.unload_account(owner)
+        assert runtime.status().reason == "the account that owns it is out of credits"
 
 
 async def test_usage_range_and_errors(tmp_path: Path, model_dir: Path) -> None:

@@ -15,13 +15,14 @@ import contextlib
 import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder
+from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, push_folder
 from tests.server_process import ST_RECIPE, Server, server_with, until
 
 GiB = 1 << 30
@@ -53,6 +54,29 @@ async def deploy_many(server: Server, folder: Path, models: list[str], **extra: 
             assert created.status_code == 201, created.text
             ids[model] = created.json()["id"]
         return ids
+
+
+async def second_tenant(server: Server) -> Server:
+    """The same server as a second account uses it (a key of its own)."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        account = await new_account(client, "bravo")
+    return replace(server, key=account["api_key"])
+
+
+def seen(server: Server) -> str:
+    """What the server's account reads of its own: its deployments (their `state_reason`), models, usage."""
+    paths = ("/v1/deployments", "/v1/models", "/v1/usage")
+    return "\n".join(
+        httpx.get(f"{server.url}{p}", headers=bearer(server.key), timeout=10).text for p in paths
+    )
+
+
+def assert_names_none_of(text: str, foreign: dict[str, str]) -> None:
+    """No model name or deployment ID of another account's deployments (`foreign`: {model: ID}) in
+    `text`."""
+    for model, deployment_id in foreign.items():
+        assert deployment_id not in text, (deployment_id, text)
+        assert not re.search(rf"(?<![\w-]){re.escape(model)}(?![\w-])", text), (model, text)
 
 
 def loaded(server: Server, ids: dict[str, str]) -> list[str]:
@@ -169,27 +193,60 @@ async def test_a_hot_deployment_beyond_the_budget_is_409_and_nothing_changes(
 async def test_a_request_with_no_room_waits_then_503_and_succeeds_once_a_pinned_deployment_goes_cold(
     tmp_path: Path, recipes: Path, footprint: int
 ) -> None:
+    """And a second account meets each capacity refusal the first account's deployments cause (the 409
+    for a hot one, the 503 and its `state_reason`), evicts one of them, and neither reads a name or ID of
+    the other's deployments anywhere (docs/api-decisions.md, "What one tenant can see of another")."""
     env = budget_env(footprint, 2.5, MODELHOST_CAPACITY_WAIT_SECONDS="4")
     async with server_with(tmp_path, 1, **env) as server:
         ids = await deploy_many(server, recipes.joinpath(*ST_RECIPE), ["p1", "p2", "c"])
+        bravo = await second_tenant(server)
+        theirs = await deploy_many(bravo, recipes.joinpath(*ST_RECIPE), ["bravo-x"])
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             for model in ("p1", "p2"):
                 await client.patch(
                     f"/v1/deployments/{ids[model]}", json={"readiness": "hot"}, headers=bearer(server.key)
                 )
                 await server.ready(ids[model])
-        started = time.monotonic()
-        refused = await server.embed("no room", "c")
+
+            # the second account cannot pin one beside them, and reads of them only what they hold together
+            their_artifact = view(bravo, theirs["bravo-x"])["artifact_id"]
+            hot = {"model": "bravo-hot", "artifact_id": their_artifact, "readiness": "hot"}
+            for answer in (
+                await client.post("/v1/deployments", json=hot, headers=bearer(bravo.key)),
+                await client.patch(
+                    f"/v1/deployments/{theirs['bravo-x']}",
+                    json={"readiness": "hot"},
+                    headers=bearer(bravo.key),
+                ),
+            ):
+                assert_error(answer, 409, "insufficient_capacity")
+                message = answer.json()["error"]["message"]
+                assert "2 pinned deployments of other accounts hold" in message, message
+                assert_names_none_of(message, ids)
+            held = {d["model"]: d["id"] for d in capacity(server)["deployments"]}
+            assert held == {"p1": ids["p1"], "p2": ids["p2"]}  # the operator sees every one, named
+
+        started = time.monotonic()  # both accounts' loads wait for room, side by side
+        refused, refused_theirs = await asyncio.gather(
+            server.embed("no room", "c"), bravo.embed("no room", "bravo-x")
+        )
         waited = time.monotonic() - started
-        assert_error(refused, 503, "insufficient_capacity")
-        assert refused.headers["Retry-After"] == "5"
+        for answer in (refused, refused_theirs):
+            assert_error(answer, 503, "insufficient_capacity")
+            assert answer.headers["Retry-After"] == "5"
         assert 4 <= waited < 20, waited
         assert "p1 (hot" in refused.json()["error"]["message"], refused.json()
+        message = refused_theirs.json()["error"]["message"]
+        assert "2 deployments of other accounts hold" in message, message
+        assert_names_none_of(message, ids)
+        assert "2 deployments of other accounts" in view(bravo, theirs["bravo-x"])["state_reason"]
+        assert_names_none_of(seen(bravo), ids)
         assert not server.replicas(ids["c"])
         assert view(server, ids["c"])["state"] == "unloaded"
 
-        # a request waiting for room gets it when a pinned deployment becomes evictable
-        waiting = asyncio.create_task(server.embed("room at last", "c"))
+        # a request waiting for room gets it when a pinned deployment becomes evictable; the evicted
+        # one's owner reads that another account's load took its room, not which
+        waiting = asyncio.create_task(bravo.embed("room at last", "bravo-x"))
         await until(lambda: capacity(server)["memory"]["waiting"] == 1)
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             patched = await client.patch(
@@ -200,6 +257,10 @@ async def test_a_request_with_no_room_waits_then_503_and_succeeds_once_a_pinned_
         assert answer.status_code == 200, answer.text
         assert not server.replicas(ids["p1"])  # evicted for it
         assert server.replicas(ids["p2"])  # still pinned
+        reason = view(server, ids["p1"])["state_reason"]
+        assert reason.startswith("evicted to make room for a deployment of another account at "), reason
+        assert_names_none_of(seen(server), theirs)
+        assert_names_none_of(seen(bravo), ids)
 
 
 async def test_an_evicted_warm_deployment_says_so_and_comes_back(

@@ -20,7 +20,7 @@ from modelhost.runtime.capacity import MB, Candidate, Capacity, Footprint, evict
 from modelhost.runtime.footprint import BASE_COSTS, kv_cache_bytes, predict
 from modelhost.runtime.memory import _footprint_of
 from modelhost.runtime.placement import Placement
-from modelhost.runtime.spec import DeploymentSpec
+from modelhost.runtime.spec import AttachedAdapter, DeploymentSpec
 
 GiB = 1 << 30
 
@@ -262,12 +262,14 @@ class FakeTenant:
         return True
 
 
-def spec_of(name: str, tmp_path: Path, readiness: str = "cold", size: int = 30 * MB) -> DeploymentSpec:
+def spec_of(
+    name: str, tmp_path: Path, readiness: str = "cold", size: int = 30 * MB, account: str = "acct"
+) -> DeploymentSpec:
     folder = tmp_path / name
     folder.mkdir(exist_ok=True)
     return DeploymentSpec(
         id=name, pipeline="feature-extraction", readiness=readiness, min_replicas=1, max_replicas=1,
-        model_dir=folder, account_id="acct", model=name, artifact_id="art",
+        model_dir=folder, account_id=account, model=name, artifact_id="art",
         remembered={"cpu": Footprint(size)},
     )  # fmt: skip
 
@@ -395,3 +397,66 @@ async def test_footprints_measured_above_the_budget_evict_idle_deployments_until
     assert not busy.evicted and not recent.evicted
     assert placement.over_budget() == 0
     assert placement.base_costs["transformers"] == 40 * MB  # what a replica took above its weights (none)
+
+
+# ---------------------------------------------------------------- what one tenant reads of another
+
+
+async def test_capacity_messages_name_the_viewers_own_deployments_and_count_the_others(
+    tmp_path: Path,
+) -> None:
+    """The 409 for a hot deployment, the 503 after a wait (and its `state_reason`), and an evicted
+    deployment's `state_reason`, each as the account it is written for reads it: its own deployments
+    named, other accounts' counted (docs/api-decisions.md, "What one tenant can see of another")."""
+    placement = placement_of(tmp_path, 70)
+    pinned = FakeTenant(spec_of("alpha-pinned", tmp_path, readiness="hot", account="alpha"))
+    idle = FakeTenant(spec_of("alpha-idle", tmp_path, account="alpha"))
+    tenants = [pinned, idle]
+    for tenant in tenants:
+        await loaded(placement, tenant, tenants)
+    alpha = ("alpha-pinned", "alpha-idle")
+
+    hot = spec_of("bravo-hot", tmp_path, readiness="hot", size=50 * MB, account="bravo")
+    with pytest.raises(CapacityConflict) as refused:
+        placement.check_fits(hot, 1, [(pinned.spec, 1)], placement.held())
+    message = refused.value.message
+    assert "1 pinned deployment of other accounts holds 30 MiB" in message, message
+    assert not any(name in message for name in alpha), message
+    assert "Make one of yours" not in message  # it has none to change
+    own = spec_of("alpha-hot", tmp_path, readiness="hot", size=50 * MB, account="alpha")
+    with pytest.raises(CapacityConflict) as refused:
+        placement.check_fits(own, 1, [(pinned.spec, 1)], placement.held())
+    assert "alpha-pinned (alpha-pinned, 30 MiB)" in refused.value.message  # its owner reads its name
+
+    # bravo's load evicts alpha's idle deployment: alpha reads that another account's load took its room
+    newcomer = FakeTenant(spec_of("bravo-new", tmp_path, account="bravo"))
+    await loaded(placement, newcomer, [*tenants, newcomer])
+    [why] = idle.evicted
+    assert why.startswith("evicted to make room for a deployment of another account at "), why
+    assert "bravo" not in why
+
+    # and finds no room for a second: the 503 (its `state_reason`) counts alpha's pinned deployment
+    late = FakeTenant(spec_of("bravo-late", tmp_path, account="bravo"))
+    newcomer.in_flight = 1
+    with pytest.raises(InsufficientCapacity) as waited:
+        await placement.admit(late, 1, time.monotonic() + 0.3, lambda: [pinned, newcomer, late])
+    message = waited.value.message
+    assert "bravo-new (cold, 30 MiB); 1 deployment of other accounts holds 30 MiB" in message, message
+    assert not any(name in message for name in alpha), message
+
+
+async def test_what_is_said_of_a_shared_base_names_none_of_its_owners_other_deployments(
+    tmp_path: Path,
+) -> None:
+    """A shared base's state is read by the accounts whose adapters it serves too."""
+    placement = placement_of(tmp_path, 40)
+    pinned = FakeTenant(spec_of("alpha-pinned", tmp_path, readiness="hot", account="alpha"))
+    await loaded(placement, pinned, [pinned])
+    theirs = AttachedAdapter("bravo-adapter", "bravo", "bravo-tuned", "art", 1000, 8)
+    base = FakeTenant(replace(spec_of("alpha-base", tmp_path, account="alpha"), adapters=(theirs,)))
+    assert base.spec.viewers == {"alpha", "bravo"}
+    with pytest.raises(InsufficientCapacity) as waited:
+        await placement.admit(base, 1, time.monotonic() + 0.3, lambda: [pinned, base])
+    message = waited.value.message
+    assert "No memory to load alpha-base" in message and "1 other deployment holds 30 MiB" in message
+    assert "alpha-pinned" not in message, message

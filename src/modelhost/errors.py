@@ -200,6 +200,13 @@ class CapacityConflict(Conflict):
     code = "insufficient_capacity"
 
 
+class BaseNotShared(Conflict):
+    """An adapter deployment whose shared base the operator stopped sharing: detached from it, it serves
+    nothing (docs/adapters.md, "Unsharing a base"). The message names the base and says what to do."""
+
+    code = "base_not_shared"
+
+
 class DatabaseUnavailable(ServiceUnavailable):
     """The database cannot be reached (stopped, restarting, out of connections). Nothing was written:
     the transaction that met it rolled back. Retry after a moment; the pool reconnects by itself."""

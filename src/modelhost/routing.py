@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from modelhost.auth.principal import Principal, PrincipalKind
-from modelhost.errors import EndpointNotSupported, InvalidAPIKey, InvalidRequest, ModelNotFound
+from modelhost.errors import BaseNotShared, EndpointNotSupported, InvalidAPIKey, InvalidRequest, ModelNotFound
 from modelhost.pipelines import ENDPOINT_TASKS
 
 
@@ -22,6 +22,9 @@ class DeploymentRef:
     id: str
     model: str
     pipeline: str
+    # Why it serves nothing now (an adapter deployment detached from a base no longer shared with its
+    # account): its requests are 409 `base_not_shared` with this message
+    unavailable: str | None = None
 
 
 def resolve_deployment(
@@ -35,7 +38,8 @@ def resolve_deployment(
     1. `model` given: it must name one of the account's deployments (else 404 Model not found,
        vendor names included) that the key covers (else 401).
     2. No `model`: a deployment key scoped to exactly one deployment uses it; anyone else must say.
-    Then the deployment's pipeline must serve the endpoint (else 400 Endpoint not supported).
+    Then the deployment's pipeline must serve the endpoint (else 400 Endpoint not supported), and the
+    deployment must serve at all (an adapter detached from a base no longer shared: 409 `base_not_shared`).
     """
     if principal.kind is PrincipalKind.ADMIN or principal.account_id is None:
         raise InvalidAPIKey(
@@ -63,4 +67,6 @@ def resolve_deployment(
             f"and '{chosen.model}' is {chosen.pipeline}.",
             param="model",
         )
+    if chosen.unavailable is not None:
+        raise BaseNotShared(chosen.unavailable, param="model")
     return chosen

@@ -116,11 +116,18 @@ class Billing:
         return spent
 
     def check_can_load(self, spec: DeploymentSpec) -> None:
-        """The runtime asks before loading a replica (called off the event loop)."""
+        """The runtime asks before loading a replica (called off the event loop). A shared base's
+        refusal reaches the accounts whose adapters it serves too: it tells them no balance."""
         if not self.enforce:
             return
         balance = self._cached_balance(spec.account_id)
-        _refuse_if_exhausted(self.balance_micro(spec.account_id) if balance is None else balance)
+        balance = self.balance_micro(spec.account_id) if balance is None else balance
+        if balance <= 0 and len(spec.viewers) > 1:
+            raise InsufficientCredits(
+                "The account that owns this deployment (or the shared base it runs on) is out of credits; "
+                "ask the operator for a top-up."
+            )
+        _refuse_if_exhausted(balance)
 
     def forget(self, account_id: str) -> None:
         """After a top-up or correction: the next request reads the new balance."""

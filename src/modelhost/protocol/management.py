@@ -223,8 +223,10 @@ class Deployment(BaseModel):
     state: DeploymentState = Field(description="Live state of the deployment's replicas.")
     state_reason: str | None = Field(
         default=None,
-        description="Why the deployment is `failed` (or `unloaded`: out of credits); while it is `ready` or "
-        "`loading`, the last replica the supervisor restarted for exceeding the memory limit, if any.",
+        description="Why the deployment is `failed` (an adapter deployment detached from a base no longer "
+        "shared with the account included) or `unloaded` (out of credits, evicted, no memory within the "
+        "wait); while it is `ready` or `loading`, the last replica the supervisor restarted for exceeding "
+        "the memory limit, if any. It names no other account's deployment: those are counted.",
     )
     replicas: int = Field(description="Replicas loaded now.")
     min_replicas: int
@@ -255,7 +257,15 @@ class Deployment(BaseModel):
 class DeploymentShare(StrictModel):
     shared: bool = Field(
         description="Share the deployment with every account as a base for their adapters (none sees "
-        "another's adapters, requests or usage); false stops new attachments (those attached stay)."
+        "another's adapters, requests or usage); false stops sharing it and detaches the adapter "
+        'deployments of other accounts (docs/adapters.md, "Unsharing a base").'
+    )
+
+
+class SharedDeployment(Deployment):
+    detached_adapters: int = Field(
+        default=0,
+        description="Adapter deployments of other accounts that this change detached from the base.",
     )
 
 

@@ -502,6 +502,8 @@ class ReplicaManager:
         await asyncio.to_thread(self.placement.check_fits, spec, self.replica_count(spec), pinned, held)
         runtime = self._runtime_for(spec)
         old, runtime.spec = runtime.spec, spec  # before any await: a load from now on is new
+        if not spec.viewers <= old.viewers and runtime.state != "failed":
+            runtime.reason = None  # written for fewer accounts than see it now (an adapter of another)
         if not runtime.wants_loaded:
             runtime.wants_memory = False
         self.placement.changed()  # a deployment made cold may be evicted for a waiting load now
@@ -514,7 +516,9 @@ class ReplicaManager:
             await runtime.drain(self.settings.shutdown_drain_seconds)
             await runtime.unload()
         elif old.adapters != spec.adapters and self._adapter_meters is not None:
-            await self._adapter_meters.changed(runtime.replicas, old, spec)  # billed from now, or no more
+            # billed from now, or no more: on the replicas still loading too (metered with the old spec)
+            replicas = [*runtime.replicas, *runtime._loading]
+            await self._adapter_meters.changed(replicas, old, spec)
         if runtime.wants_loaded and runtime.state in ("unloaded", "failed"):
             runtime.load_in_background()
         elif runtime.state == "ready":  # Ray Serve applies new autoscaling in place
@@ -547,8 +551,9 @@ class ReplicaManager:
         for runtime in runtimes:
             runtime.wants_memory = False  # not reloaded when memory frees: a top-up loads them again
         await asyncio.gather(*(rt.unload() for rt in runtimes), return_exceptions=True)
-        for runtime in runtimes:
-            runtime.reason = "the account is out of credits"
+        for runtime in runtimes:  # a shared base's reason is read by its adapters' accounts too
+            whose = "the account" if len(runtime.spec.viewers) == 1 else "the account that owns it"
+            runtime.reason = f"{whose} is out of credits"
 
     async def resume_account(self, account_id: str) -> None:
         """After a top-up: load the account's warm and hot deployments again at once."""

@@ -207,11 +207,14 @@ class Placement:
         if self.capacity.fits_beside_pinned(need, [f for _, f in others]):
             return
         metrics.CAPACITY_REFUSALS.inc()
-        listed = ", ".join(f"{s.model} ({s.id}, {describe(f.host)})" for s, f in others) or "nothing"
+        own = [(s, f) for s, f in others if spec.may_name(s)]
+        named = [f"{s.model} ({s.id}, {describe(f.host)})" for s, f in own]
+        listed = _listed(spec, named, [f.host for s, f in others if not spec.may_name(s)], "pinned ")
+        advice = "Make one of yours warm or cold, or deploy" if own else "Deploy"
         raise CapacityConflict(
             f"A hot deployment of this artifact needs {_describe(need)}, and the hot deployments already "
             f"pinned take {describe(sum(f.host for _, f in others))} of the {describe(self.capacity.budget)} "
-            f"budget: {listed}. Make one of them warm or cold, or deploy this one warm or cold.",
+            f"budget: {listed}. {advice} this one warm or cold.",
             param="readiness",
         )
 
@@ -302,8 +305,9 @@ class Placement:
             if plan is None:
                 continue
             by_id = {t.spec.id: t for t in others}
-            why = f"evicted to make room for {tenant.spec.model} at {_now()}"
-            await asyncio.gather(*(self._evict(by_id[c.deployment_id], why, "load") for c in plan))
+            victims = [by_id[c.deployment_id] for c in plan]
+            why = [_evicted_for(victim.spec, tenant.spec) for victim in victims]  # each for its viewers
+            await asyncio.gather(*(self._evict(v, w, "load") for v, w in zip(victims, why, strict=True)))
             if self.capacity.fits(need, gpu):
                 return self._reserve(tenant, prediction, need, count, gpu)
             return None
@@ -366,14 +370,17 @@ class Placement:
         self._changed = asyncio.Event()
 
     def _shortage(self, spec: DeploymentSpec, need: Footprint) -> str:
-        """Why a load found no room within its wait: what it needs, and what holds the budget."""
-        rows = []
+        """Why a load found no room within its wait: what it needs, and what holds the budget (the
+        deployments the load's viewers may see named, the others counted)."""
+        named, unnamed = [], []
         for reservation, tenant in self._reservations.values():
-            what = "hot" if tenant.spec.readiness == "hot" else tenant.spec.readiness
-            if reservation.holding.unloading:
-                what = "stopping"
-            rows.append(f"{tenant.spec.model} ({what}, {describe(reservation.holding.footprint.host)})")
-        held = "; ".join(rows) or "nothing"
+            size = reservation.holding.footprint.host
+            if not spec.may_name(tenant.spec):
+                unnamed.append(size)
+                continue
+            what = "stopping" if reservation.holding.unloading else tenant.spec.readiness
+            named.append(f"{tenant.spec.model} ({what}, {describe(size)})")
+        held = _listed(spec, named, unnamed)
         return (
             f"No memory to load {spec.model} within {self.settings.capacity_wait_seconds:g} s: it needs "
             f"{_describe(need)}, {describe(max(0, self.capacity.free))} of the "
@@ -482,6 +489,29 @@ def _describe(footprint: Footprint) -> str:
     if footprint.gpu:
         return f"{describe(footprint.host)} of host memory and {describe(footprint.gpu)} of GPU memory"
     return describe(footprint.host)
+
+
+def _listed(spec: DeploymentSpec, named: list[str], unnamed: list[int], kind: str = "") -> str:
+    """What holds memory, as `spec`'s viewers may read it: the deployments they may see `named`, the
+    others counted with what they hold together (`unnamed`: each one's bytes; `kind`: "pinned ")."""
+    if unnamed:
+        count = len(unnamed)
+        whose = " of other accounts" if len(spec.viewers) == 1 else ""
+        other = "" if whose else "other "
+        plural = "s" if count != 1 else ""
+        holds = "hold" if count != 1 else "holds"
+        named = [*named, f"{count} {other}{kind}deployment{plural}{whose} {holds} {describe(sum(unnamed))}"]
+    return "; ".join(named) or "nothing"
+
+
+def _evicted_for(victim: DeploymentSpec, newcomer: DeploymentSpec) -> str:
+    """The evicted deployment's `state_reason`: the load it made room for, named only to the one account
+    that also owns that load."""
+    if victim.may_name(newcomer):
+        what = newcomer.model
+    else:
+        what = "a deployment of another account" if len(victim.viewers) == 1 else "another deployment"
+    return f"evicted to make room for {what} at {_now()}"
 
 
 def _now() -> str:

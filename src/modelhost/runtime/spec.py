@@ -55,6 +55,18 @@ class DeploymentSpec:
     adapters: tuple[AttachedAdapter, ...] = ()
 
     @property
+    def viewers(self) -> frozenset[str]:
+        """The accounts that see this deployment's state and its errors: its owner, and the accounts of
+        the adapters it serves (a shared base's). What is said of it names no deployment that one of
+        them may not see (docs/api-decisions.md, "What one tenant can see of another: nothing")."""
+        return frozenset((self.account_id, *(adapter.account_id for adapter in self.adapters)))
+
+    def may_name(self, other: DeploymentSpec) -> bool:
+        """Whether what is said of this deployment may name `other`: itself, or a deployment of the one
+        account that sees it."""
+        return other.id == self.id or self.viewers == {other.account_id}
+
+    @property
     def lora_rank(self) -> int | None:
         """The rank a base's vLLM replicas size their LoRA slots for: its adapters' highest, rounded up to
         one vLLM supports; None where no adapter is attached (LoRA stays off: it costs a base speed; the

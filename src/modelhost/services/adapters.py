@@ -9,6 +9,7 @@ adapters, runs on vLLM, and has every module the adapter adapts, at the adapter'
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import or_, select
@@ -97,6 +98,24 @@ def base_required(artifact: ModelArtifact) -> InvalidRequest:
         param="base_deployment",
         code="base_required",
     )
+
+
+def detach_others(session: Session, base: Deployment) -> list[Deployment]:
+    """The operator stopped sharing `base`: the adapter deployments other accounts attached to it are
+    detached (docs/adapters.md, "Unsharing a base"). Each stays its account's (name, keys, usage), serves
+    nothing, and says why to its owner; none runs on the base or costs its owner anything from now on,
+    and the base's owner may delete the base once its own adapters are gone."""
+    others = [a for a in attached(session, base.id) if a.account_id != base.account_id]
+    when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for adapter in others:
+        adapter.base_deployment_id = None
+        adapter.readiness = "cold"  # nothing loads it: it has no base
+        adapter.detached_reason = (
+            f"Its base '{base.model}' ({base.id}) is no longer shared with this account (the operator "
+            f"stopped sharing it at {when}), so this adapter deployment serves nothing: delete it, and "
+            "deploy the adapter on a base of your own or one shared with you."
+        )
+    return others
 
 
 def attached(session: Session, base_id: str) -> Sequence[Deployment]:

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from modelhost import audit
 from modelhost.cache import SingleFlight, TTLCache
-from modelhost.errors import Conflict, InvalidRequest, NotFound
+from modelhost.errors import BaseNotShared, Conflict, InvalidRequest, NotFound
 from modelhost.pipelines import BY_NAME
 from modelhost.routing import DeploymentRef
 from modelhost.runtime import engines
@@ -84,7 +84,11 @@ class DeploymentService:
         with self._database.transaction() as session:
             hot = session.scalars(
                 select(Deployment)
-                .where(Deployment.readiness == "hot", Deployment.base_deployment_id.is_(None))
+                .where(
+                    Deployment.readiness == "hot",
+                    Deployment.base_deployment_id.is_(None),
+                    Deployment.detached_reason.is_(None),
+                )
                 .order_by(Deployment.id)
             ).all()
             pairs = [(d, self._artifact_of(session, d)) for d in hot]
@@ -94,9 +98,12 @@ class DeploymentService:
 
     def adapter_target(self, deployment_id: str) -> AdapterTarget | None:
         """Where an adapter deployment's requests go (its base, with its files); None for any other
-        deployment, or one deleted. Fixed for the deployment's life: callers may keep it."""
+        deployment, or one deleted; 409 `base_not_shared` for one detached from its base. Fixed while it
+        is attached: callers may keep it (routing refuses a detached one's requests first)."""
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id)
+            if deployment is not None and deployment.detached_reason is not None:
+                raise BaseNotShared(deployment.detached_reason, param="model")
             if deployment is None or deployment.base_deployment_id is None:
                 return None
             artifact = self._artifact_of(session, deployment)
@@ -319,11 +326,14 @@ class DeploymentService:
     def _load_refs(self, account_id: str) -> list[DeploymentRef]:
         with self._database.transaction() as session:
             rows = session.execute(
-                select(Deployment.id, Deployment.model, Deployment.pipeline).where(
-                    Deployment.account_id == account_id
-                )
+                select(
+                    Deployment.id, Deployment.model, Deployment.pipeline, Deployment.detached_reason
+                ).where(Deployment.account_id == account_id)
             )
-            return [DeploymentRef(id=r.id, model=r.model, pipeline=r.pipeline) for r in rows]
+            return [
+                DeploymentRef(id=r.id, model=r.model, pipeline=r.pipeline, unavailable=r.detached_reason)
+                for r in rows
+            ]
 
     def get(self, account_id: str, deployment_id: str) -> Deployment:
         with self._database.transaction() as session:
@@ -350,6 +360,8 @@ class DeploymentService:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None or deployment.account_id != account_id:
                 raise _not_found()
+            if deployment.detached_reason is not None:
+                raise BaseNotShared(deployment.detached_reason, param="deployment_id")
             before = audited(deployment)
             new_min = deployment.min_replicas if min_replicas is None else min_replicas
             new_max = deployment.max_replicas if max_replicas is None else max_replicas
@@ -380,19 +392,37 @@ class DeploymentService:
         self._refs_cache.clear()
         return deployment
 
-    def share(self, deployment_id: str, shared: bool) -> Deployment:
-        """The operator shares a deployment with every account as a base for their adapters (or stops)."""
+    def share(self, deployment_id: str, shared: bool) -> tuple[Deployment, list[str]]:
+        """The operator shares a deployment with every account as a base for their adapters, or stops:
+        then the adapter deployments of other accounts are detached from it (`adapters.detach_others`).
+        The deployment, and the IDs of the adapter deployments detached."""
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None:
                 raise _not_found()
             if shared:
                 adapters.check_base(deployment)
-            changes = {"shared": {"before": bool(deployment.shared), "after": shared}}
+            changes: audit.Changes = {"shared": {"before": bool(deployment.shared), "after": shared}}
             deployment.shared = shared
+            others = [] if shared else adapters.detach_others(session, deployment)
+            detached = [a.id for a in others]
+            if detached:  # counted in the base's row, named only in each adapter's owner's own row
+                changes["detached_adapters"] = {"before": 0, "after": len(detached)}
             action = "deployment.shared" if shared else "deployment.unshared"
             audit.record(session, action, "deployment", deployment.id, deployment.account_id, changes)
-        return deployment
+            for adapter in others:
+                detached_change = {"detached_reason": {"before": None, "after": adapter.detached_reason}}
+                audit.record(
+                    session,
+                    "deployment.detached",
+                    "deployment",
+                    adapter.id,
+                    adapter.account_id,
+                    detached_change,
+                )
+        if detached:
+            self._refs_cache.clear()  # every gateway routes their requests to the 409 at once
+        return deployment, detached
 
     def base_models(self, deployments: list[Deployment]) -> dict[str, str]:
         """The model names of these adapter deployments' bases, by base ID (a shared base's included)."""

@@ -151,6 +151,10 @@ class Deployment(Base):
     )
     # A base the operator shares with every account: they attach adapters to it (never see each other's)
     shared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+    # An adapter deployment of another account whose shared base stopped being shared: detached from it
+    # (`base_deployment_id` None, so that the base's owner may delete it), it serves nothing, and this
+    # says why to its owner (its `state_reason`, and its requests' 409 `base_not_shared`)
+    detached_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

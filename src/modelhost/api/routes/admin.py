@@ -18,9 +18,9 @@ from modelhost.protocol.management import (
     AccountPatch,
     Capacity,
     CreditsTopUp,
-    Deployment,
     DeploymentShare,
     RateLimits,
+    SharedDeployment,
 )
 from modelhost.services.accounts import AccountView
 
@@ -96,17 +96,24 @@ async def get_capacity(_admin: AdminPrincipal, services: ServicesDep) -> Capacit
 
 @router.patch(
     "/deployments/{deployment_id}",
-    summary="Share a deployment with every account as a base for their adapters",
+    summary="Share a deployment with every account as a base for their adapters, or stop sharing it",
     responses=error_responses(404),
     description="A shared base serves the adapter deployments any account attaches to it "
     "(`base_deployment`); accounts see only their own adapters, requests and usage (docs/adapters.md). "
-    "400 `adapter_base_unsupported` where it cannot serve adapters.",
+    "400 `adapter_base_unsupported` where it cannot serve adapters. `shared: false` detaches the adapter "
+    "deployments of other accounts (counted in `detached_adapters`): each then answers 409 "
+    "`base_not_shared`, its `state_reason` says why, and it costs the base's owner nothing more.",
 )
 async def share_deployment(
     body: DeploymentShare,
     _admin: AdminPrincipal,
     services: ServicesDep,
     deployment_id: str = Path(max_length=64, description="Deployment ID (`dep_...`)."),
-) -> Deployment:
-    deployment = await asyncio.to_thread(services.deployments.share, deployment_id, body.shared)
-    return await present_deployment(deployment, services)
+) -> SharedDeployment:
+    deployment, detached = await asyncio.to_thread(services.deployments.share, deployment_id, body.shared)
+    if detached:  # the base's replicas drop them: no longer billed, nor served
+        await services.runtime.apply(deployment_id)
+        for adapter_id in detached:
+            await services.runtime.remove(adapter_id)
+    shown = await present_deployment(deployment, services)
+    return SharedDeployment(**shown.model_dump(), detached_adapters=len(detached))

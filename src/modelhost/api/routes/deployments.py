@@ -13,6 +13,7 @@ from modelhost.container import Services
 from modelhost.errors import CapacityConflict, InvalidRequest, ModelhostError
 from modelhost.protocol.common import Deleted, ListOf
 from modelhost.protocol.management import Deployment, DeploymentCreate, DeploymentPatch
+from modelhost.runtime.spec import LiveStatus
 from modelhost.store import models as rows
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=error_responses(400, 401))
@@ -21,7 +22,10 @@ DeploymentId = Path(max_length=64, description="Deployment ID (`dep_...`).")
 
 
 async def present(deployment: rows.Deployment, services: Services) -> Deployment:
-    live = await services.runtime.status(deployment.id)
+    if deployment.detached_reason is not None:  # no base, no replicas: it says why to its owner
+        live = LiveStatus(state="failed", reason=deployment.detached_reason)
+    else:
+        live = await services.runtime.status(deployment.id)
     return Deployment(
         id=deployment.id,
         model=deployment.model,

@@ -2,7 +2,7 @@
 keys that expire (issue 49)
 
 Revision ID: 0017
-Revises: 0013
+Revises: 0016
 Create Date: 2026-11-26 18:00:00.000000
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 import modelhost.store.types
 
 revision = "0017"
-down_revision = "0013"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
