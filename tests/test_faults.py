@@ -230,7 +230,7 @@ async def test_a_replica_killed_while_running_a_batch_costs_its_callers_nothing(
     server, deployment_id = warm.server, warm.deployment_id
     await server.ready(deployment_id)
     (replica,) = server.replicas(deployment_id)
-    texts = [" ".join(["text"] * 12)] * 32  # 50 tokens each: batches that keep the model busy a while
+    texts = [" ".join(["text"] * 12)] * 8  # 50 tokens each: batches that keep the model busy a while
     async with burst(server, 300, texts) as sent:
         deadline = time.monotonic() + 60
         while not (sum(s.done() for s in sent) >= 30 and running(replica)):  # answering, and computing

@@ -16,8 +16,8 @@ what it maps of its own: per mapping in `/proc/<pid>/smaps`,
   alone, whoever runs beside it. A share (the proportion of the pages it shares, as PSS splits them)
   moved whenever a neighbour of the artifact started or stopped, and was stale in between: evicting
   one of two replicas of an artifact freed its share in the books but nothing of the weights in
-  memory, and the other's share doubled without anyone measuring it (issue 49: a third hot replica of
-  a MiniLM admitted in a budget for two, the server 1.6 x its budget above idle);
+  memory, and the other's share doubled without anyone measuring it (issue 49: two hot MiniLMs of one
+  artifact held 85 and 76 of their 141 MiB, and a third was admitted in a budget for two);
 - another data file (an export, shared memory between the processes of a vLLM replica): its
   proportional share of the pages resident (PSS), so that replicas mapping one file count it once;
 - a shared library or the interpreter: only the pages it wrote (relocations); their code is shared by
