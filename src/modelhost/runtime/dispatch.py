@@ -14,9 +14,10 @@ classification, reranking, every batch task: the same input gives the same answe
 has gone to the client yet), so each of its requests is sent once more, to another replica or the
 replacement: a request that its replica dies under a second time is answered 503 naming the crash, so
 a request that kills every replica it reaches (a poison input) costs two replicas, not all of them. A
-generation is sent once more on the same terms while its caller has had none of its events (nothing
-streamed, a non-streamed answer not yet begun); after its first event, its death is a 503 (or an error
-event of the stream already under way). The client sees only the delay.
+generation is sent once more on the same terms while its caller has had none of its events (the
+client of a stream, or the gateway collecting a non-streamed answer: the replica died before its
+first token); after its first event, its death is a 503 (or an error event of the stream already
+under way). The client sees only the delay.
 """
 
 from __future__ import annotations
