@@ -231,6 +231,8 @@ def test_the_models_own_files_count_whole_once_whoever_else_maps_them() -> None:
     assert _footprint_of(SMAPS, model) == (8 + 4 + 500 + 16 + 4096 + 30) * 1024
     assert _footprint_of(UNTOUCHED, model) == 4096 * 1024  # not read yet: they will be
     assert _footprint_of(UNTOUCHED + UNTOUCHED, model) == 4096 * 1024  # one file mapped twice: once
+    second_part = UNTOUCHED.replace(b" 00000000 08:01", b" 00400000 08:01")  # its next 4096 kB
+    assert _footprint_of(UNTOUCHED + second_part, model) == 2 * 4096 * 1024
     assert _footprint_of(UNTOUCHED, b"/elsewhere/") == 0
 
 

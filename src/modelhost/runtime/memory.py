@@ -9,7 +9,7 @@ replica's PSS moves whenever another replica starts or stops. What a replica add
 what it maps of its own: per mapping in `/proc/<pid>/smaps`,
 - anonymous memory (heap, stacks, tensors, pages copied from the template on write): its private pages;
 - the model's own files (its folder's safetensors, mapped): their whole mapped size, once per replica
-  (the same file mapped twice, or by two of its processes, counts once), not only the pages read so
+  (the same part of a file mapped twice, or by two of its processes, counts once), not only the pages read so
   far, since requests fault the rest in (measured right after a load, all-MiniLM-L6-v2's worker had
   touched 43 of its 90 MB of weights, and took the rest with its first requests). Replicas of one
   artifact share those pages, yet each counts them whole: a replica's footprint is what it holds
@@ -54,7 +54,9 @@ def rss_bytes(pid: int | None) -> int:
 # interpreter: code every process maps.
 _LIBRARY = re.compile(r"\.so(\.[\d.]+)?$|/python[\d.]*$")
 # A mapping's header line in smaps: address range, permissions, offset, device, inode, then the path
-_MAPPING = re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ (\d+) *(.*)$")
+_MAPPING = re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ ([0-9a-f]+) \S+ (\d+) *(.*)$")
+# A part of a model file: its path and the offset its mapping starts at
+FilePart = tuple[bytes, bytes]
 
 
 def footprint_bytes(pid: int | None, model_dir: Path | None = None) -> int:
@@ -82,11 +84,12 @@ def _footprint_of(smaps: bytes, model_prefix: bytes | None = None) -> int:
     return (counted + sum(model_files.values())) * 1024
 
 
-def _parts(smaps: bytes, model_prefix: bytes | None) -> tuple[int, dict[bytes, int]]:
+def _parts(smaps: bytes, model_prefix: bytes | None) -> tuple[int, dict[FilePart, int]]:
     """What one process's mappings count, in kB: everything but the model's own files, and the mapped
-    size of each of those files by path (counted once per replica, however many mappings it has)."""
-    total_kb, model_files = 0, dict[bytes, int]()
-    kind, path, figures = "anonymous", b"", dict[bytes, int]()
+    size of each part of those files (a part mapped twice, or by two processes of the replica, counts
+    once)."""
+    total_kb, model_files = 0, dict[FilePart, int]()
+    kind, part, figures = "anonymous", (b"", b""), dict[bytes, int]()
     for line in [*smaps.splitlines(), b"00000000-00000000 ---p 00000000 00:00 0"]:  # a last header ends
         name, _, rest = line.partition(b" ")
         if name.endswith(b":"):
@@ -97,11 +100,12 @@ def _parts(smaps: bytes, model_prefix: bytes | None) -> tuple[int, dict[bytes, i
         if header is None:
             continue
         if kind == "model":  # the mapping before this one
-            model_files[path] = max(model_files.get(path, 0), figures.get(b"Size:", 0))
+            model_files[part] = max(model_files.get(part, 0), figures.get(b"Size:", 0))
         else:
             total_kb += _counted(kind, figures)
-        path = header.group(2).strip()
-        kind = _kind(int(header.group(1)), path.decode(errors="replace"))
+        path = header.group(3).strip()
+        part = (path, header.group(1))
+        kind = _kind(int(header.group(2)), path.decode(errors="replace"))
         if kind == "data" and model_prefix is not None and path.startswith(model_prefix):
             kind = "model"
         figures = {}
@@ -139,12 +143,12 @@ def tree_footprint_bytes(
     memory is not in it: `gpu_memory_bytes` measures that."""
     if pid is None:
         return 0
-    prefix, total_kb, model_files = _model_prefix(model_dir), 0, dict[bytes, int]()
+    prefix, total_kb, model_files = _model_prefix(model_dir), 0, dict[FilePart, int]()
     for process in tree(pid, table):
         counted, files = _parts(_smaps(process), prefix)
         total_kb += counted
-        for path, size in files.items():
-            model_files[path] = max(model_files.get(path, 0), size)
+        for part, size in files.items():
+            model_files[part] = max(model_files.get(part, 0), size)
     return (total_kb + sum(model_files.values())) * 1024
 
 
