@@ -9,9 +9,9 @@ replica's PSS moves whenever another replica starts or stops. What a replica add
 what it maps of its own: per mapping in `/proc/<pid>/smaps`,
 - anonymous memory (heap, stacks, tensors, pages copied from the template on write): its private pages;
 - the model's own files (its folder's safetensors, mapped): their whole mapped size, once per replica
-  (the same part of a file mapped twice, or by two of its processes, counts once), not only the pages read so
-  far, since requests fault the rest in (measured right after a load, all-MiniLM-L6-v2's worker had
-  touched 43 of its 90 MB of weights, and took the rest with its first requests). Replicas of one
+  (the same part of a file mapped twice, or by two of its processes, counts once), not only the pages
+  read so far, since requests fault the rest in (measured right after a load, all-MiniLM-L6-v2's
+  worker had touched 43 of its 90 MB of weights, and took the rest with its first requests). Replicas of one
   artifact share those pages, yet each counts them whole: a replica's footprint is what it holds
   alone, whoever runs beside it. A share (the proportion of the pages it shares, as PSS splits them)
   moved whenever a neighbour of the artifact started or stopped, and was stale in between: evicting
