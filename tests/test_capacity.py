@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from modelhost.runtime.memory import parents, tree
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, push_folder
 from tests.server_process import ST_RECIPE, Server, server_with, until
 
@@ -364,3 +365,73 @@ async def test_two_gateway_processes_see_one_budget(tmp_path: Path, recipes: Pat
         # the supervisor once a second), not on the budget
         held = [sorted(d["model"] for d in view["deployments"]) for view in seen]
         assert held[0] == held[1] and len(held[0]) == 2 and "c" in held[0], held
+
+
+def tree_pss(root: int) -> int:
+    """The real memory of `root`'s process tree: every process's PSS (proportional set size, which
+    splits a shared page among the processes that map it), summed, so each page counts once."""
+    total = 0
+    for pid in tree(root, parents()):
+        with contextlib.suppress(OSError):
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            total += int(re.search(r"^Pss:\s+(\d+) kB", rollup, re.M).group(1)) << 10  # type: ignore[union-attr]
+    return total
+
+
+async def settled(read: Callable[[], int]) -> int:
+    """`read()` once two readings half a second apart differ by less than 2 MiB."""
+    last = await asyncio.to_thread(read)
+    while abs((now := await asyncio.to_thread(read)) - last) >= 2 * MiB:
+        last = now
+        await asyncio.sleep(0.5)
+    return now
+
+
+async def test_the_budget_holds_real_memory_through_loads_evictions_and_pinning_of_one_artifact(
+    tmp_path: Path, minilm_dir: Path
+) -> None:
+    """Issue 49: replicas of one artifact share its mapped weights. Each replica's footprint counts them
+    whole, so what it holds does not depend on its neighbours: the hot check refuses a third MiniLM in a
+    budget for two, and the server's real memory (its tree's PSS above idle) stays within the budget."""
+    # room for two all-MiniLM-L6-v2 replicas on torch (about 140 MiB each, 87 of it weights), not three
+    budget = 360 * MiB
+    async with server_with(tmp_path, 1, **budget_env(budget, 1)) as server:
+        ids = await deploy_many(server, minilm_dir, ["a", "b", "c"], engine="transformers")
+        idle = await settled(lambda: tree_pss(server.supervisor))
+        peak, stop = [0], asyncio.Event()
+
+        async def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], await asyncio.to_thread(tree_pss, server.supervisor) - idle)
+                await asyncio.sleep(0.05)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            assert (await server.embed("hello a", "a")).status_code == 200
+            await asyncio.sleep(1.0)  # measured again since the request
+            [alone] = capacity(server)["deployments"]
+            for model in ("b", "c"):  # c evicts a
+                assert (await server.embed(f"hello {model}", model)).status_code == 200
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                for model in ("b", "c"):  # pinned where they are
+                    pinned = await client.patch(
+                        f"/v1/deployments/{ids[model]}", json={"readiness": "hot"}, headers=bearer(server.key)
+                    )
+                    assert pinned.status_code == 200, pinned.text
+                held = capacity(server)
+                artifact_id = view(server, ids["a"])["artifact_id"]
+                third = {"model": "p3", "artifact_id": artifact_id, "readiness": "hot"}
+                refused = await client.post("/v1/deployments", json=third, headers=bearer(server.key))
+        finally:
+            stop.set()
+            await sampler
+        footprints = {d["model"]: d["footprint_bytes"] for d in held["deployments"]}
+        assert sorted(footprints) == ["b", "c"] and all(d["footprint_measured"] for d in held["deployments"])
+        assert all(budget / 3 < size <= budget / 2 for size in footprints.values()), footprints
+        # each measured beside another replica of its artifact, as it was alone
+        for size in footprints.values():
+            assert abs(size - alone["footprint_bytes"]) < 0.1 * alone["footprint_bytes"], (alone, held)
+        assert held["memory"]["reserved_bytes"] == sum(footprints.values())
+        assert_error(refused, 409, "insufficient_capacity")
+        assert refused.json()["error"]["param"] == "readiness"
+        assert peak[0] <= 1.1 * budget, f"{peak[0] / MiB:.0f} MiB above idle, budget {budget / MiB:.0f} MiB"

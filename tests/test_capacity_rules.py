@@ -224,11 +224,15 @@ def test_a_footprint_counts_written_pages_and_a_share_of_data_files_not_library_
     assert _footprint_of(SMAPS) == (8 + 4 + 500 + 16 + 1024 + 30) * 1024
 
 
-def test_the_models_own_files_count_whole_by_the_share_of_them_it_has_read() -> None:
+def test_the_models_own_files_count_whole_once_whoever_else_maps_them() -> None:
     model = b"/data/blobs/art_1/"
-    # the weights: half of their 4096 kB read, half of that shared: 2048 kB of them are this replica's
-    assert _footprint_of(SMAPS, model) == (8 + 4 + 500 + 16 + 2048 + 30) * 1024
+    # the weights: half of their 4096 kB read, half of that shared with another replica: all 4096 kB
+    # count, as they would with the other replica gone (issue 49)
+    assert _footprint_of(SMAPS, model) == (8 + 4 + 500 + 16 + 4096 + 30) * 1024
     assert _footprint_of(UNTOUCHED, model) == 4096 * 1024  # not read yet: they will be
+    assert _footprint_of(UNTOUCHED + UNTOUCHED, model) == 4096 * 1024  # one file mapped twice: once
+    second_part = UNTOUCHED.replace(b" 00000000 08:01", b" 00400000 08:01")  # its next 4096 kB
+    assert _footprint_of(UNTOUCHED + second_part, model) == 2 * 4096 * 1024
     assert _footprint_of(UNTOUCHED, b"/elsewhere/") == 0
 
 

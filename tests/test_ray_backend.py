@@ -34,6 +34,7 @@ from modelhost.api.app import create_app
 from modelhost.billing.ledger import shared_meter_id
 from modelhost.config import get_settings
 from modelhost.container import Services
+from modelhost.errors import DeploymentUnavailable
 from modelhost.metrics import sample
 from modelhost.runtime.capacity import MB, Footprint
 from modelhost.runtime.memory import tree
@@ -307,13 +308,19 @@ def _tokens_computed(deployment_id: str) -> float:
     return sample("modelhost_generation_tokens_total", {"deployment": deployment_id}) or 0.0
 
 
-async def test_a_replica_killed_mid_request_fails_it_with_503_and_serve_restarts_it(served: Served) -> None:
-    handle = serve.get_app_handle(served.chat)
+async def test_a_replica_killed_mid_generation_fails_it_with_503_and_serve_restarts_it(
+    served: Served,
+) -> None:
+    """Its first events are its caller's already: the generation is not sent again (one that had sent
+    its caller nothing would be: tests/test_replica_host)."""
     [pid] = serve_replica_pids(served.chat)
-    request = asyncio.create_task(chat(served, max_tokens=1900, min_tokens=1900))  # 2 s and more
-    await until(lambda: engine_holds(handle, 1), timeout=30)  # the replica is decoding it
-    os.kill(pid, signal.SIGKILL)
-    assert_error(await request, 503, "deployment_unavailable")
+    item = {"prompt": "tell me a story", "params": {"max_tokens": 1900, "min_tokens": 1900, "temperature": 0}}
+    with pytest.raises(DeploymentUnavailable, match="stopped"):
+        async with contextlib.aclosing(served.gw.services.runtime.stream(served.chat, item)) as events:
+            await anext(events)  # decoding: 2 s and more
+            os.kill(pid, signal.SIGKILL)
+            async for _ in events:
+                pass
     answer = ok(await chat(served, max_tokens=4))  # waits in Serve's router for the restarted replica
     assert answer["usage"]["completion_tokens"] <= 4
     assert pid not in serve_replica_pids(served.chat)

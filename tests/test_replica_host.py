@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from modelhost.errors import InvalidRequest
+from modelhost.errors import DeploymentUnavailable, InvalidRequest
 from modelhost.metrics import sample
 from modelhost.runtime.client import Waiters
+from modelhost.runtime.dispatch import Dispatcher
 from modelhost.runtime.host import ReplicaHost
 from modelhost.runtime.protocol import (
     Cancel,
@@ -303,6 +305,72 @@ async def test_a_dead_replica_fails_the_requests_it_had_begun_and_frees_the_othe
     with pytest.raises(ReplicaDiedBeforeStart):
         await futures[3]  # never reached the model: the dispatcher sends it to the replacement
     assert not waiters.started
+
+
+class Dying:
+    """A replica as the dispatcher reaches it that dies under the first `deaths` requests or generations
+    it runs (after `events` of a generation's events), then answers."""
+
+    def __init__(self, deaths: int, events: int = 0) -> None:
+        self.deaths, self.events, self.runs = deaths, events, 0
+        self.alive, self.in_flight = True, 0
+
+    def _died(self) -> bool:
+        self.runs += 1
+        return self.runs <= self.deaths
+
+    async def submit(self, item: dict[str, Any], trace: str = "") -> dict[str, Any]:
+        if self._died():
+            raise ReplicaDied("the replica's worker process exited")
+        return {"embedding": [1.0]}
+
+    async def stream(self, request: dict[str, Any], trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
+        dies = self._died()
+        for n in range(self.events):
+            yield {"text": str(n)}
+        if dies:
+            raise ReplicaDied("the replica's worker process exited")
+        yield {"finish": "stop"}
+
+
+def dispatch_to(replica: Dying) -> tuple[Dispatcher, Callable[[], Awaitable[list[Dying]]]]:
+    async def targets() -> list[Dying]:
+        return [replica]
+
+    return Dispatcher("dep_dying", 8, 10.0), targets
+
+
+async def test_a_request_whose_replica_died_while_running_it_is_sent_once_more() -> None:
+    replica = Dying(deaths=1)
+    dispatcher, targets = dispatch_to(replica)
+    assert await dispatcher.infer(targets, {"text": "x"}) == {"embedding": [1.0]}
+    assert replica.runs == 2
+
+
+async def test_a_request_whose_replica_dies_under_it_twice_is_503_naming_the_crash_and_not_run_again() -> (
+    None
+):
+    replica = Dying(deaths=5)
+    dispatcher, targets = dispatch_to(replica)
+    with pytest.raises(DeploymentUnavailable) as failed:
+        await dispatcher.infer(targets, {"text": "poison"})
+    assert replica.runs == 2  # a poison input costs two replicas, not every one
+    assert "stopped while running it (the replica's worker process exited)" in failed.value.message
+    assert dispatcher.outstanding == 0
+
+
+async def test_a_generation_whose_replica_dies_before_its_first_event_runs_again_and_after_it_fails() -> None:
+    replica = Dying(deaths=1)
+    dispatcher, targets = dispatch_to(replica)
+    assert [e async for e in dispatcher.stream(targets, {})] == [{"finish": "stop"}]
+
+    replica = Dying(deaths=1, events=2)
+    dispatcher, targets = dispatch_to(replica)
+    seen = []
+    with pytest.raises(DeploymentUnavailable, match="worker process exited"):
+        async for event in dispatcher.stream(targets, {}):
+            seen.append(event)
+    assert seen == [{"text": "0"}, {"text": "1"}] and replica.runs == 1  # its events were the caller's
 
 
 def test_streams_step_together_and_each_ends_with_its_finish() -> None:

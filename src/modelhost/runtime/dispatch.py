@@ -6,11 +6,18 @@ the deployment (429 beyond `max_in_flight`), picks the replica this process has 
 with, waits at most `timeout` (504; the replica drops a request whose caller left) and turns what
 comes back into the answer or the error the client sees.
 
-A replica that dies (killed, out of memory, crashed) fails the batch it was running: those requests may
-have caused it. The requests still waiting for it never reached the model, and every batch task is
-idempotent, so they go to another replica or the replacement (the supervisor starts one at once) within
-their deadline; the client sees only the delay. Streams are not sent again: their first tokens may
-already have gone out.
+A replica that dies (killed, out of memory, crashed) takes its requests with it. The requests still
+waiting for it never reached the model: they go to another replica or the replacement (the supervisor
+starts one at once), as often as that happens within their deadline. The batch it was running may have
+caused the death, but most of it is innocent, and no request of `infer` has a side effect (embeddings,
+classification, reranking, every batch task: the same input gives the same answer, and nothing of it
+has gone to the client yet), so each of its requests is sent once more, to another replica or the
+replacement: a request that its replica dies under a second time is answered 503 naming the crash, so
+a request that kills every replica it reaches (a poison input) costs two replicas, not all of them. A
+generation is sent once more on the same terms while its caller has had none of its events (the
+client of a stream, or the gateway collecting a non-streamed answer: the replica died before its
+first token); after its first event, its death is a 503 (or an error event of the stream already
+under way). The client sees only the delay.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ class Target(Protocol):
 Targets = Callable[[], Awaitable[Sequence[Target]]]
 # How long a request that lost its replica waits before looking again for the replacement.
 REQUEUE_POLL_SECONDS = 0.05
+# Times a request is sent again after its replica died while running it (see the module docstring)
+RETRIES_AFTER_CRASH = 1
 
 
 class NoLiveReplica(DeploymentUnavailable):
@@ -84,11 +93,11 @@ class Dispatcher:
 
     async def infer(self, targets: Targets, item: Payload) -> Payload:
         """One request of a batch task, answered by the least busy live replica; sent again, within its
-        deadline, when its replica dies before running it (see the module docstring)."""
+        deadline, when its replica dies (see the module docstring)."""
         with tracing.step("wait for replica"):  # a cold start happens here, before the deadline runs
             live = await targets()
         self._admit()
-        requeued = False
+        lost = Losses(self.deployment_id)
         try:
             async with asyncio.timeout(self.timeout):  # no task of its own, unlike `wait_for`
                 with tracing.step("dispatch", kind=tracing.CLIENT):  # the replica's spans join it
@@ -97,20 +106,16 @@ class Dispatcher:
                         try:
                             output = await target.submit(item, tracing.parent())
                             break
-                        except ReplicaDiedBeforeStart:
-                            requeued = True
-                            metrics.REQUESTS_REQUEUED.labels(self.deployment_id).inc()
-                            tracing.current_attributes({"modelhost.requeued": True})
+                        except ReplicaDied as exc:
+                            lost.died(exc)  # raises DeploymentUnavailable the second time it ran
                             live = await targets()  # the others, or the replacement's start
         except TimeoutError as exc:
-            if requeued:
+            if lost.requeued:
                 raise DeploymentUnavailable(
                     "The replica serving this request stopped and no replacement was ready within "
                     f"{self.timeout:g} seconds; retry shortly."
                 ) from exc
             raise GatewayTimeout(f"The request did not finish within {self.timeout:g} seconds.") from exc
-        except ReplicaDied as exc:
-            raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
         except ReplicaFailed as exc:
             raise DeploymentUnavailable(f"Inference failed: {exc}") from exc
         finally:
@@ -133,27 +138,44 @@ class Dispatcher:
                 await asyncio.sleep(REQUEUE_POLL_SECONDS)
                 live = await targets()
 
-    async def stream(self, targets: Sequence[Target], request: Payload) -> AsyncGenerator[Payload, None]:
-        """A generation's events from the least busy live replica; an `error` event is raised."""
-        target = _pick(targets)
+    async def stream(self, targets: Targets, request: Payload) -> AsyncGenerator[Payload, None]:
+        """A generation's events from the least busy live replica; an `error` event is raised. Sent again
+        when its replica dies before the first event reached the caller (see the module docstring)."""
+        target = _pick(await targets())
         self._admit()
         prompt = completion = 0  # its tokens, for rate limits: the prompt's, and those generated so far
         # a span of its own, never the current one: a stream's steps may run in different tasks
         span = tracing.started("dispatch")
         started, first = time.perf_counter(), 0.0  # its dispatch, its first token
+        lost, began = Losses(self.deployment_id), False
         try:
-            async with contextlib.aclosing(target.stream(request, tracing.traceparent(span))) as events:
-                async for event in events:
-                    if "error" in event:
-                        raise item_failure(event["error"])
-                    prompt = int(event.get("prompt_tokens", prompt))
-                    completion = int(event.get("completion_tokens", completion))
-                    if not first and completion:
-                        first = time.perf_counter()
-                        self._first_token.observe(first - started)
-                    yield event
-        except ReplicaDied as exc:
-            raise DeploymentUnavailable(f"The replica serving this request stopped: {exc}.") from exc
+            while True:
+                try:
+                    events = target.stream(request, tracing.traceparent(span))
+                    async with contextlib.aclosing(events):
+                        async for event in events:
+                            if "error" in event:
+                                raise item_failure(event["error"])
+                            prompt = int(event.get("prompt_tokens", prompt))
+                            completion = int(event.get("completion_tokens", completion))
+                            if not first and completion:
+                                first = time.perf_counter()
+                                self._first_token.observe(first - started)
+                            began = True
+                            yield event
+                    return
+                except ReplicaDied as exc:
+                    if began:  # its first events are the caller's already
+                        message = f"The replica serving this request stopped: {exc}."
+                        raise DeploymentUnavailable(message) from exc
+                    lost.died(exc)
+                    async with asyncio.timeout(self.timeout):  # the replacement's start, within a bound
+                        target = await self._live(await targets(), targets)
+        except TimeoutError as exc:
+            raise DeploymentUnavailable(
+                "The replica serving this request stopped and no replacement was ready within "
+                f"{self.timeout:g} seconds; retry shortly."
+            ) from exc
         finally:
             self._release()
             count_tokens(prompt, completion)
@@ -161,6 +183,30 @@ class Dispatcher:
                 self._per_token.observe((time.perf_counter() - first) / (completion - 1))
             if span is not None:
                 tracing.span_ended(span, prompt, completion)
+
+
+class Losses:
+    """The replicas one request lost (see the module docstring): those that died before running it, any
+    number of times; one that died while running it, once."""
+
+    def __init__(self, deployment_id: str) -> None:
+        self.deployment_id = deployment_id
+        self.requeued = 0  # times it was sent again
+        self.crashed = 0  # replicas that died while running it
+
+    def died(self, exc: ReplicaDied) -> None:
+        """Its replica died: it may be sent again (counted), else DeploymentUnavailable naming the crash."""
+        if not isinstance(exc, ReplicaDiedBeforeStart):
+            self.crashed += 1
+            if self.crashed > RETRIES_AFTER_CRASH:
+                raise DeploymentUnavailable(
+                    f"The replica serving this request stopped while running it ({exc}), and so did the "
+                    "replica it was sent to again: it is not sent a third time, since it may be what "
+                    "stops them."
+                ) from exc
+        self.requeued += 1
+        metrics.REQUESTS_REQUEUED.labels(self.deployment_id).inc()
+        tracing.current_attributes({"modelhost.requeued": True})
 
 
 # The in-flight gauge is written by one task per process every PUBLISH_SECONDS, not per request: in

@@ -26,7 +26,7 @@ from modelhost.runtime import metrics
 from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.client import ReplicaConnection, connect_pair
 from modelhost.runtime.launch import worker_launch
-from modelhost.runtime.memory import footprint_bytes, gpu_memory_bytes, tree
+from modelhost.runtime.memory import gpu_memory_bytes, tree, tree_footprint_bytes
 from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import (
     Replica,
@@ -208,9 +208,8 @@ class LocalProcessReplica:
         if pid is None:
             self.footprint = Footprint(0)
             return self.footprint
-        processes = tree(pid, table)
-        gpu = gpu_memory_bytes(processes) if self.spec.device.startswith("cuda") else 0
-        self.footprint = Footprint(sum(footprint_bytes(p, self.spec.model_dir) for p in processes), gpu)
+        gpu = gpu_memory_bytes(tree(pid, table)) if self.spec.device.startswith("cuda") else 0
+        self.footprint = Footprint(tree_footprint_bytes(pid, table, self.spec.model_dir), gpu)
         return self.footprint
 
     def _kill_group(self) -> None:

@@ -105,7 +105,7 @@ class DeploymentRuntime:
         with tracing.step("wait for replica"):
             await self.ensure_loaded()
         try:
-            async with contextlib.aclosing(self.dispatcher.stream(self.replicas, item)) as events:
+            async with contextlib.aclosing(self.dispatcher.stream(self._live_replicas, item)) as events:
                 async for event in events:
                     yield event
         finally:

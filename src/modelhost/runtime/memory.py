@@ -8,10 +8,16 @@ process, so ten replicas would count ten copies of torch; PSS splits shared page
 replica's PSS moves whenever another replica starts or stops. What a replica adds is what it wrote and
 what it maps of its own: per mapping in `/proc/<pid>/smaps`,
 - anonymous memory (heap, stacks, tensors, pages copied from the template on write): its private pages;
-- the model's own files (its folder's safetensors, mapped): their whole mapped size, not only the pages
+- the model's own files (its folder's safetensors, mapped): their whole mapped size, once per replica
+  (the same part of a file mapped twice, or by two of its processes, counts once), not only the pages
   read so far, since requests fault the rest in (measured right after a load, all-MiniLM-L6-v2's
-  worker had touched 43 of its 90 MB of weights, and took the rest with its first requests); shared,
-  by the proportion of the pages it has read that it shares, with the other replicas of the artifact;
+  worker had touched 43 of its 90 MB of weights, and took the rest with its first requests). Replicas of one
+  artifact share those pages, yet each counts them whole: a replica's footprint is what it holds
+  alone, whoever runs beside it. A share (the proportion of the pages it shares, as PSS splits them)
+  moved whenever a neighbour of the artifact started or stopped, and was stale in between: evicting
+  one of two replicas of an artifact freed its share in the books but nothing of the weights in
+  memory, and the other's share doubled without anyone measuring it (issue 49: two hot MiniLMs of one
+  artifact held 85 and 76 of their 141 MiB, and a third was admitted in a budget for two);
 - another data file (an export, shared memory between the processes of a vLLM replica): its
   proportional share of the pages resident (PSS), so that replicas mapping one file count it once;
 - a shared library or the interpreter: only the pages it wrote (relocations); their code is shared by
@@ -48,27 +54,42 @@ def rss_bytes(pid: int | None) -> int:
 # interpreter: code every process maps.
 _LIBRARY = re.compile(r"\.so(\.[\d.]+)?$|/python[\d.]*$")
 # A mapping's header line in smaps: address range, permissions, offset, device, inode, then the path
-_MAPPING = re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ (\d+) *(.*)$")
+_MAPPING = re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ ([0-9a-f]+) \S+ (\d+) *(.*)$")
+# A part of a model file: its path and the offset its mapping starts at
+FilePart = tuple[bytes, bytes]
 
 
 def footprint_bytes(pid: int | None, model_dir: Path | None = None) -> int:
     """What `pid` adds to the machine's memory (the module docstring says what is counted and why); the
     files below `model_dir` are the model's own. 0 when it is gone or `/proc` cannot tell."""
-    if pid is None:
-        return 0
+    return tree_footprint_bytes(pid, {}, model_dir)
+
+
+def _smaps(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/smaps", "rb") as handle:
-            text = handle.read()
+            return handle.read()
     except OSError:
-        return 0
-    return _footprint_of(text, os.fsencode(os.path.realpath(model_dir)) + b"/" if model_dir else None)
+        return b""
+
+
+def _model_prefix(model_dir: Path | None) -> bytes | None:
+    return os.fsencode(os.path.realpath(model_dir)) + b"/" if model_dir else None
 
 
 def _footprint_of(smaps: bytes, model_prefix: bytes | None = None) -> int:
     """The footprint from the text of `/proc/<pid>/smaps` (its figures are kB), in bytes; mappings of
     files whose path starts with `model_prefix` are the model's own."""
-    total_kb = 0
-    kind, figures = "anonymous", dict[bytes, int]()
+    counted, model_files = _parts(smaps, model_prefix)
+    return (counted + sum(model_files.values())) * 1024
+
+
+def _parts(smaps: bytes, model_prefix: bytes | None) -> tuple[int, dict[FilePart, int]]:
+    """What one process's mappings count, in kB: everything but the model's own files, and the mapped
+    size of each part of those files (a part mapped twice, or by two processes of the replica, counts
+    once)."""
+    total_kb, model_files = 0, dict[FilePart, int]()
+    kind, part, figures = "anonymous", (b"", b""), dict[bytes, int]()
     for line in [*smaps.splitlines(), b"00000000-00000000 ---p 00000000 00:00 0"]:  # a last header ends
         name, _, rest = line.partition(b" ")
         if name.endswith(b":"):
@@ -78,28 +99,29 @@ def _footprint_of(smaps: bytes, model_prefix: bytes | None = None) -> int:
         header = _MAPPING.match(line)
         if header is None:
             continue
-        total_kb += _counted(kind, figures)  # the mapping before this one
-        path = header.group(2).strip()
-        kind = _kind(int(header.group(1)), path.decode(errors="replace"))
+        if kind == "model":  # the mapping before this one
+            model_files[part] = max(model_files.get(part, 0), figures.get(b"Size:", 0))
+        else:
+            total_kb += _counted(kind, figures)
+        path = header.group(3).strip()
+        part = (path, header.group(1))
+        kind = _kind(int(header.group(2)), path.decode(errors="replace"))
         if kind == "data" and model_prefix is not None and path.startswith(model_prefix):
             kind = "model"
         figures = {}
-    return total_kb * 1024
+    return total_kb, model_files
 
 
-_FIGURES = frozenset({b"Size:", b"Rss:", b"Pss:", b"Private_Clean:", b"Private_Dirty:", b"SwapPss:"})
+_FIGURES = frozenset({b"Size:", b"Pss:", b"Private_Clean:", b"Private_Dirty:", b"SwapPss:"})
 
 
 def _counted(kind: str, figures: dict[bytes, int]) -> int:
-    """What one mapping counts, in kB (see the module docstring)."""
+    """What one mapping other than the model's files counts, in kB (see the module docstring)."""
     swapped = figures.get(b"SwapPss:", 0)
     if kind == "anonymous":
         return figures.get(b"Private_Clean:", 0) + figures.get(b"Private_Dirty:", 0) + swapped
     if kind == "library":
         return figures.get(b"Private_Dirty:", 0) + swapped
-    if kind == "model":  # all of it will be read: this replica's share of what it has read so far
-        size, resident, share = figures.get(b"Size:", 0), figures.get(b"Rss:", 0), figures.get(b"Pss:", 0)
-        return size * share // resident if resident else size
     return figures.get(b"Pss:", 0) + swapped
 
 
@@ -117,11 +139,17 @@ def tree_footprint_bytes(
     pid: int | None, table: dict[int, int] | None = None, model_dir: Path | None = None
 ) -> int:
     """`footprint_bytes` of `pid` and of every process it started (vLLM's engine processes, a model's
-    helpers), `model_dir` holding the model's own files. GPU memory is not in it: `gpu_memory_bytes`
-    measures that."""
+    helpers), `model_dir` holding the model's own files (each counted once for the whole tree). GPU
+    memory is not in it: `gpu_memory_bytes` measures that."""
     if pid is None:
         return 0
-    return sum(footprint_bytes(p, model_dir) for p in tree(pid, table))
+    prefix, total_kb, model_files = _model_prefix(model_dir), 0, dict[FilePart, int]()
+    for process in tree(pid, table):
+        counted, files = _parts(_smaps(process), prefix)
+        total_kb += counted
+        for part, size in files.items():
+            model_files[part] = max(model_files.get(part, 0), size)
+    return (total_kb + sum(model_files.values())) * 1024
 
 
 def parents() -> dict[int, int]:

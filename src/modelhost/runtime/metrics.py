@@ -70,7 +70,8 @@ REPLICA_RESTARTS = Counter(
 )
 REQUESTS_REQUEUED = Counter(
     "modelhost_requests_requeued_total",
-    "Requests sent again to another replica (or the replacement) because theirs died before running them.",
+    "Requests sent again to another replica (or the replacement) because theirs died: before running "
+    "them, or (once per request) while running them.",
     ["deployment"],
 )
 GENERATING = Gauge(

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,19 +171,24 @@ class RemoteRuntime:
     async def infer(self, deployment_id: str, item: Payload) -> Payload:
         deployment = self._deployment(deployment_id)
         self._used.add(deployment_id)
-
-        async def connections() -> list[ReplicaConnection]:
-            return (await self._ready(deployment_id)).connections
-
-        return await deployment.dispatcher.infer(connections, item)
+        return await deployment.dispatcher.infer(self._targets(deployment_id), item)
 
     async def stream(self, deployment_id: str, item: Payload) -> AsyncGenerator[Payload, None]:
         with tracing.step("wait for replica"):
             deployment = await self._ready(deployment_id)
         self._used.add(deployment_id)
-        async with contextlib.aclosing(deployment.dispatcher.stream(deployment.connections, item)) as events:
+        events = deployment.dispatcher.stream(self._targets(deployment_id), item)
+        async with contextlib.aclosing(events):
             async for event in events:
                 yield event
+
+    def _targets(self, deployment_id: str) -> Callable[[], Awaitable[list[ReplicaConnection]]]:
+        """The deployment's live connections, asked for again by a request whose replica died."""
+
+        async def connections() -> list[ReplicaConnection]:
+            return (await self._ready(deployment_id)).connections
+
+        return connections
 
     async def _ready(self, deployment_id: str) -> _Deployment:
         """The deployment with a live connection to each of its replicas, loading it first if need be."""
