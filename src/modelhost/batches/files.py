@@ -6,7 +6,7 @@ output and error files), stored in the blob store with their SHA-256, billed as 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -140,6 +140,63 @@ class Files:
             key = row.blob_key
         with self._blobs.open(key) as handle:
             return handle.read()
+
+    def located(self, owner: Owner, file_id: str, purpose: str) -> tuple[str, int]:
+        """Where a file of the account with this purpose is (a batch's input): its blob key and size,
+        for a copy streamed from it; 400 naming its purpose if it has another."""
+        with self._database.transaction() as session:
+            row = self._owned(session, owner, file_id, param="input_file_id")
+            if row.purpose != purpose:
+                raise InvalidRequest(
+                    f"File {file_id} has purpose '{row.purpose}'; a batch's input must have purpose "
+                    f"'{purpose}'.",
+                    param="input_file_id",
+                )
+            return row.blob_key, row.bytes
+
+    def write(self, key: str, chunks: Iterable[bytes]) -> tuple[int, str]:
+        """Write a file's bytes as they come, never whole in memory: their size and SHA-256. The row
+        comes after (`add_in`), so a crash between leaves bytes without a row, never the reverse."""
+        writer = self._blobs.writer(key)
+        size = 0
+        try:
+            for chunk in chunks:
+                writer.write(chunk)
+                size += len(chunk)
+        except BaseException:
+            writer.abort()
+            raise
+        digest = writer.hexdigest()
+        writer.commit()
+        return size, digest
+
+    def add_in(
+        self,
+        session: Session,
+        owner: Owner,
+        written: tuple[str, str, int, str],
+        filename: str,
+        purpose: str,
+        expires_at: datetime | None,
+    ) -> None:
+        """The row of a file whose bytes `write` wrote (`written`: its ID, blob key, size and SHA-256),
+        in the caller's transaction: a batch's files and its end are one transaction."""
+        file_id, key, size, digest = written
+        session.add(
+            UploadedFile(
+                id=file_id,
+                account_id=owner.account_id,
+                key_id=owner.key_id,
+                filename=filename[:255] or "file",
+                purpose=purpose,
+                bytes=size,
+                sha256=digest,
+                blob_key=key,
+                expires_at=expires_at,
+            )
+        )
+        session.flush()
+        self._storage_changed(session, file_id)
 
     def delete(self, owner: Owner, file_id: str) -> dict[str, Any]:
         self._delete(owner, file_id, expired_too=False)

@@ -8,7 +8,8 @@ distinct. Line errors fail the batch (status `failed`) with `errors` naming each
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import hashlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,15 +70,15 @@ def check_jsonl(data: bytes, max_bytes: int) -> int:
     return count
 
 
-def parse_lines(data: bytes) -> list[Line | LineError]:
-    """Each non-blank line as a request, or the reason it is not one (the file passed `check_jsonl`
-    at upload, but a line may still lack a field)."""
-    return [
-        LineError("invalid_json_line", number, "This line is not parseable as valid JSON.")
-        if value is NOT_JSON
-        else _line(number, value, len(raw))
-        for number, raw, value in _json_lines(data)
-    ]
+def parse_line(number: int, raw: bytes) -> Line | LineError:
+    """One non-blank line as a request, or the reason it is not one (the file passed `check_jsonl`
+    at upload, but a line may still lack a field). The runner parses each line as it sends it
+    (`batches.reader`): a batch's lines are never all held at once."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return LineError("invalid_json_line", number, "This line is not parseable as valid JSON.")
+    return _line(number, value, len(raw))
 
 
 NOT_JSON = object()  # what `_json_lines` gives for a line that does not parse
@@ -106,19 +107,19 @@ def _line(number: int, value: Any, size: int) -> Line | LineError:
 
 
 def check_lines(
-    parsed: list[Line | LineError], endpoint: str, unknown_model: Callable[[str], str | None]
-) -> tuple[list[Line], list[LineError]]:
-    """The batch's requests and, if any line is wrong for it, the errors (at most MAX_ERRORS).
+    parsed: Iterable[Line | LineError], endpoint: str, unknown_model: Callable[[str], str | None]
+) -> list[LineError]:
+    """The errors of the lines wrong for the batch (at most MAX_ERRORS), read one at a time.
     `unknown_model(model) -> str | None` says why a line's model cannot serve the endpoint."""
-    lines: list[Line] = []
     errors: list[LineError] = []
-    seen: set[str] = set()
+    seen: set[bytes] = set()  # digests of the custom_ids: small, however long the IDs
     verdicts: dict[str, str | None] = {}  # a model is looked up once
     for item in parsed:
         if isinstance(item, LineError):
             errors.append(item)
             continue
-        error = _wrong_for_batch(item, endpoint, seen)
+        digest = hashlib.blake2b(item.custom_id.encode(), digest_size=16).digest()
+        error = _wrong_for_batch(item, endpoint, digest in seen)
         if error is None:
             model = str(item.body["model"])
             if model not in verdicts:
@@ -126,16 +127,16 @@ def check_lines(
             reason = verdicts[model]
             if reason is not None:
                 error = LineError("model_not_found", item.number, reason, "body.model")
-        seen.add(item.custom_id)
+        seen.add(digest)
         if error is not None:
             errors.append(error)
-        else:
-            lines.append(item)
-    return lines, errors[:MAX_ERRORS]
+            if len(errors) >= MAX_ERRORS:
+                break
+    return errors
 
 
-def _wrong_for_batch(line: Line, endpoint: str, seen: set[str]) -> LineError | None:
-    if line.custom_id in seen:
+def _wrong_for_batch(line: Line, endpoint: str, duplicate: bool) -> LineError | None:
+    if duplicate:
         return LineError(
             "duplicate_custom_id",
             line.number,
