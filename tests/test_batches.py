@@ -389,7 +389,7 @@ def test_lines_refused_for_a_full_queue_are_tried_again_not_failed(tmp_path: Pat
 
 
 def test_an_answers_tokens_are_read_from_its_usage_and_never_from_the_text_it_carries() -> None:
-    from modelhost.batches.store import answered
+    from modelhost.batches.answers import answered
 
     content = 'I said "usage": {"prompt_tokens": 99, "completion_tokens": 99}'
     body = json.dumps(
@@ -690,7 +690,7 @@ def test_a_runner_that_dies_while_finalizing_leaves_the_batch_to_the_next_which_
     """The files are written, then added with the batch's end and its answers' deletion in one
     transaction: a runner that dies between leaves the batch `finalizing` with every answer, and the
     runner taking it over ends it with one output file holding each line once."""
-    from modelhost.batches.store import answered
+    from modelhost.batches.answers import answered
 
     store = Store(tmp_path, database_url)
     try:

@@ -35,9 +35,10 @@ import orjson
 
 from modelhost import tracing
 from modelhost.auth.principal import Principal
+from modelhost.batches.answers import EXPIRED_LINE, Answer, answered, failed
 from modelhost.batches.input import Line, LineError, check_lines, parse_line
 from modelhost.batches.reader import Offsets, lines_of
-from modelhost.batches.store import EXPIRED_LINE, Answer, Batches, Claimed, answered, failed
+from modelhost.batches.store import Batches, Claimed
 from modelhost.config import Settings
 from modelhost.store.types import utcnow
 

@@ -20,18 +20,17 @@ output budget (`output_bytes`, `MODELHOST_BATCH_MAX_OUTPUT_BYTES`).
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, BinaryIO
 
-import orjson
 from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from modelhost.artifacts.blobstore import BlobStore
 from modelhost.artifacts.disk import require_room_for_upload
+from modelhost.batches.answers import Answer
 from modelhost.batches.files import OUTPUT_PURPOSE, Files, Owner, StorageChanged
 from modelhost.config import Settings
 from modelhost.errors import Conflict, NotFound
@@ -40,17 +39,10 @@ from modelhost.store.models import Batch, BatchLine
 from modelhost.store.pages import keyset_page
 from modelhost.store.types import new_id, unix_seconds, utcnow
 
-USAGE = re.compile(rb'"usage"\s*:')
-INPUT_TOKENS = re.compile(rb'"(input_tokens|prompt_tokens)"\s*:\s*(\d+)')
-OUTPUT_TOKENS = re.compile(rb'"(output_tokens|completion_tokens)"\s*:\s*(\d+)')
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 COPY_CHUNK = 1024 * 1024
 # Rows `finalize` holds at once: a few answers of the largest size a line may have
 FINALIZE_BYTES = 32 * 1024 * 1024
-EXPIRED_LINE = {
-    "code": "batch_expired",
-    "message": "This request could not be executed before the completion window expired.",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,34 +58,6 @@ class Claimed:
     traceparent: str  # its creator's request, which each line's span links to ("": none)
     output_bytes: int = 0  # its answers recorded so far, against the output budget
     failing: bool = False  # failed while running (its budget): what it ends as if taken over finalizing
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """One line's answer: its line of the output file (`ok`) or of the error file, as JSON, and the
-    input and output tokens it used."""
-
-    line: int
-    ok: bool
-    record: bytes
-    tokens: tuple[int, int] = (0, 0)
-
-
-def answered(batch_id: str, line: int, custom_id: str, status: int, request_id: str, body: bytes) -> Answer:
-    """A line the app answered: a 2xx goes to the output file, any other answer to the error file. The
-    answer's JSON body goes into the line as it came (a batch of embeddings is mostly numbers: parsing
-    and writing them again would cost more than the rest of the line's way)."""
-    if body[:1] not in (b"{", b"["):  # not the JSON every route answers: kept as text
-        body = orjson.dumps(body.decode(errors="replace"))
-    head = orjson.dumps({"id": line_id(batch_id, line), "custom_id": custom_id})[:-1]
-    response = b',"response":{"status_code":%d,"request_id":%s,"body":' % (status, orjson.dumps(request_id))
-    return Answer(line, 200 <= status < 300, head + response + body + b'},"error":null}', _usage(body))
-
-
-def failed(batch_id: str, line: int, custom_id: str, error: dict[str, str]) -> Answer:
-    """A line that got no answer (the window passed, the key was revoked)."""
-    record = {"id": line_id(batch_id, line), "custom_id": custom_id, "response": None, "error": error}
-    return Answer(line, False, orjson.dumps(record))
 
 
 class Batches:
@@ -426,25 +390,6 @@ class Batches:
         if row is None or not owner.sees(row.account_id, row.key_id):
             raise NotFound(f"No such Batch object: {batch_id}", code="batch_not_found")
         return row
-
-
-def line_id(batch_id: str, line: int) -> str:
-    """The `id` of a line's answer: unique, and the same if the line runs again after a crash."""
-    return f"batch_req_{batch_id.removeprefix('batch_')}_{line}"
-
-
-def _usage(body: bytes) -> tuple[int, int]:
-    """(input, output) tokens of one answer, from its body's `usage` (chat and completions name them
-    prompt/completion tokens, the Responses API input/output tokens), read from the JSON text after
-    its last `"usage"` key without parsing the rest. A string in the body cannot fake one: inside a
-    JSON string every quote is escaped, so `"prompt_tokens":` never matches there."""
-    starts = [match.start() for match in USAGE.finditer(body)]
-    if not starts:
-        return 0, 0
-    tail = body[starts[-1] :]
-    given = INPUT_TOKENS.search(tail)
-    made = OUTPUT_TOKENS.search(tail)
-    return int(given.group(2)) if given else 0, int(made.group(2)) if made else 0
 
 
 def view(row: Batch) -> dict[str, Any]:
