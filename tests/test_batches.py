@@ -852,3 +852,28 @@ def test_the_runner_keeps_where_each_line_lies_and_parses_it_when_it_sends_it() 
     assert [r.custom_id for r in read if isinstance(r, Line)] == ["a", "bb"]
     assert isinstance(read[2], LineError) and read[2].line == 5
     assert list(offsets.shortest_first({5})) == [0, 1]  # line 5 answered already; "a" is shorter
+
+
+def test_a_batchs_lines_in_flight_are_fewer_when_its_answers_are_large(tmp_path: Path) -> None:
+    """As many lines as the server's share allows while answers are small; few while a line's answer
+    size is unknown (longer than twice any answered); one at a time once they are known to be huge."""
+    from datetime import timedelta
+
+    from modelhost.batches.runner import ANSWER_BYTES_IN_FLIGHT, FIRST_LINES, BatchRun, BatchRunner
+    from modelhost.batches.store import Claimed
+    from modelhost.store.types import utcnow
+
+    settings = make_settings(tmp_path, "sqlite://", batch_lines_in_flight=256)
+    runner = BatchRunner(None, settings, lambda _: None, None)  # type: ignore[arg-type]
+    expires = utcnow() + timedelta(hours=1)
+    run = BatchRun(
+        runner, Claimed("batch_x", "a", "k", "/v1/embeddings", "in_progress", "k", expires, False, "")
+    )
+    assert run._admits(FIRST_LINES - 1, 100) and not run._admits(FIRST_LINES, 100)  # nothing answered yet
+    run.ratio, run.longest = 100.0, 100  # one-sentence lines: 100 bytes in, 10 KB out
+    assert run._admits(255, 150) and not run._admits(256, 150)  # the server's share bounds them
+    assert not run._admits(FIRST_LINES, 8000)  # 80 times longer: its answer's size is unknown
+    run.ratio, run.longest = 1200.0, 8000  # 2,048 one-character inputs: 8 KB in, 9.6 MB out
+    run.expected = 6 * 9_600_000
+    assert run._admits(0, 8000) and not run._admits(6, 8000)  # a seventh would pass 64 MiB
+    assert 6 * 9_600_000 < ANSWER_BYTES_IN_FLIGHT < 7 * 9_600_000

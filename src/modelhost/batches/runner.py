@@ -12,8 +12,11 @@ Bounds, so that no batch can hurt the server or another account's batches (docs/
 - `MODELHOST_BATCH_CONCURRENCY` batches run at once, at most `MODELHOST_BATCH_CONCURRENCY_PER_ACCOUNT`
   of one account, claimed in turn between accounts (`Batches.claim`); the server's
   `MODELHOST_BATCH_LINES_IN_FLIGHT` lines are shared evenly between its running batches.
-- A batch's lines in flight are fewer when its answers are large: together, at the size of its largest
-  answer so far, they stay within ANSWER_BYTES_IN_FLIGHT (FIRST_LINES until an answer says how large).
+- A batch's lines in flight are fewer when its answers are large: a line is sent while the answers
+  expected of its lines in flight (each line's size × the largest ratio of answer to line seen so far)
+  stay within ANSWER_BYTES_IN_FLIGHT; until a line of at least half its size has answered, a line goes
+  only while fewer than FIRST_LINES are in flight. A line of 2,048 one-character embedding inputs is
+  8 KB and answers 9 MB: a few go together until one has answered, then one at a time.
   An answer over `MODELHOST_BATCH_MAX_ANSWER_BYTES` is an error line; answers gathered are recorded
   every FLUSH_BYTES too; a batch whose answers would pass `MODELHOST_BATCH_MAX_OUTPUT_BYTES` ends
   `failed`, its answers so far in its files. The input is read lazily (`batches.reader`).
@@ -59,7 +62,7 @@ FLUSH_SECONDS = 0.25
 FLUSH_ANSWERS = 512
 FLUSH_BYTES = 8 * 1024 * 1024
 ANSWER_BYTES_IN_FLIGHT = 64 * 1024 * 1024
-FIRST_LINES = 16
+FIRST_LINES = 8
 PAUSE_SECONDS = 0.25  # how often a batch with all its lines in flight looks at its share again
 
 
@@ -154,7 +157,9 @@ class BatchRun:
         self.answers: list[Answer] = []
         self.gathered = 0  # bytes of `answers`
         self.output_bytes = batch.output_bytes
-        self.largest = 0  # the largest answer so far, in bytes
+        self.ratio = 0.0  # the largest answer so far, per byte of its line
+        self.longest = 0  # the longest line answered so far, in bytes
+        self.expected = 0  # bytes the lines in flight are expected to answer
         self.errors: list[dict[str, Any]] | None = None
         self.flushed_at = time.monotonic()
 
@@ -267,17 +272,20 @@ class BatchRun:
         await asyncio.to_thread(self.batches.invalid, self.batch.id, self.runner.name, views)
 
     async def _answer(self, handle: BinaryIO, offsets: Offsets) -> None:
-        """Send the lines not answered yet, shortest first, as many at once as `_room` allows; then
+        """Send the lines not answered yet, shortest first, as many at once as `_admits`; then
         fail those left if its window passed or its key was revoked."""
         done = await asyncio.to_thread(self.batches.answered, self.batch.id)
         flying: set[asyncio.Task[None]] = set()
         try:
             for index in offsets.shortest_first(done):
-                while len(flying) >= self._room():
+                size = offsets.sizes[index]
+                while not self._admits(len(flying), size):
                     flying = await self._landed(flying)
                 if not self._going():
                     break
-                flying.add(asyncio.create_task(self._send(offsets.read(handle, index))))
+                expected = self._guess(size)
+                self.expected += expected  # now, not when its task starts: the next line counts it
+                flying.add(asyncio.create_task(self._send(offsets.read(handle, index), expected)))
             while flying and self.status != "failed":  # past its budget: their answers would be dropped
                 flying = await self._landed(flying)
         finally:
@@ -297,24 +305,35 @@ class BatchRun:
             task.result()  # a bug in `_send` (the app's errors are answers) stops the batch's claim
         return flying
 
-    def _room(self) -> int:
-        """Lines this batch may have in flight: its share of the server's, and fewer when its answers
-        are large (their bytes together within ANSWER_BYTES_IN_FLIGHT)."""
-        bound = FIRST_LINES if not self.largest else max(1, ANSWER_BYTES_IN_FLIGHT // self.largest)
-        return min(self.runner.share(), bound)
+    def _admits(self, flying: int, size: int) -> bool:
+        """Whether one more line, of `size` bytes, may go: within this batch's share of the server's
+        lines in flight, and its expected answer within ANSWER_BYTES_IN_FLIGHT with the others'."""
+        if flying >= self.runner.share():
+            return False
+        if size > 2 * self.longest:  # longer than any answered: its answer's size is unknown
+            return flying < FIRST_LINES
+        return not flying or self.expected + self._guess(size) <= ANSWER_BYTES_IN_FLIGHT
+
+    def _guess(self, size: int) -> int:
+        """The answer expected of a line of `size` bytes, from the answers so far."""
+        return int(self.ratio * max(1, size))
 
     def _going(self) -> bool:
         if self.status == "in_progress" and utcnow() >= self.batch.expires_at:
             self.status = "expired"
         return self.status == "in_progress"
 
-    async def _send(self, item: Line | LineError) -> None:
-        """One line's answer, gathered for the next `_flush`."""
-        if isinstance(item, LineError):  # not after validation (the input never changes); kept apart
-            error = {"code": item.code, "message": item.message}
-            answer = failed(self.batch.id, item.line, "", error)
-        else:
-            answer = await self._answer_of(item)
+    async def _send(self, item: Line | LineError, expected: int) -> None:
+        """One line's answer, gathered for the next `_flush`; `expected`, its guessed size, counted
+        in `self.expected` until it lands."""
+        try:
+            if isinstance(item, LineError):  # not after validation (the input never changes)
+                error = {"code": item.code, "message": item.message}
+                answer = failed(self.batch.id, item.line, "", error)
+            else:
+                answer = await self._answer_of(item)
+        finally:
+            self.expected -= expected
         self.answers.append(answer)
         self.gathered += len(answer.record)
         await self._flush()
@@ -340,7 +359,8 @@ class BatchRun:
             log.exception("batch %s line %d", self.batch.id, line.number)
             error = {"code": "internal_error", "message": type(exc).__name__}
             return failed(self.batch.id, line.number, line.custom_id, error)
-        self.largest = max(self.largest, len(body))
+        self.ratio = max(self.ratio, len(body) / max(1, line.size))
+        self.longest = max(self.longest, line.size)
         cap = self.settings.batch_max_answer_bytes
         if len(body) > cap:
             error = {
