@@ -207,3 +207,14 @@ def deploy_folder_sync(
     assert created.status_code == 201, created.text
     deployment: dict[str, Any] = created.json()
     return deployment
+
+
+def runner_lines(data: bytes) -> list[Any]:
+    """A batch input file's lines as the batch runner reads them (`batches.reader`): each a `Line` or the
+    `LineError` that says why it is not one."""
+    import io
+
+    from modelhost.batches.input import parse_line
+    from modelhost.batches.reader import lines_of
+
+    return [parse_line(number, raw) for number, _, raw in lines_of(io.BytesIO(data))]

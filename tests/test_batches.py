@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,9 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
+import sqlalchemy
 
 from tests.chat_model import ChatServer, long_context_copy, served_chat_model
 from tests.conftest import make_settings
@@ -23,12 +26,20 @@ from tests.server_process import ServerProcess
 
 Json = dict[str, Any]
 SENTENCES = [f"Sentence number {i} about the weather." for i in range(12)]
+MiB = 1024 * 1024
+# The module server's bounds: an answer of 32 MiniLM vectors (about 150 KB of JSON) fits, one of 256
+# (1.2 MB) does not; the budget holds some 50 of the former, far less than the amplifying batch makes.
+ANSWER_CAP = 1 * MiB
+OUTPUT_BUDGET = 8 * MiB
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, recipes: Path, minilm_dir: Path) -> Iterator[ChatServer]:
     """One live server: a warm `chat` deployment and a warm `minilm` one, one account."""
-    with served_chat_model(tmp_path_factory.mktemp("batches"), recipes, batch_poll_seconds=0.2) as served:
+    with served_chat_model(
+        tmp_path_factory.mktemp("batches"), recipes, batch_poll_seconds=0.2, batch_recheck_seconds=0.5,
+        batch_max_answer_bytes=ANSWER_CAP, batch_max_output_bytes=OUTPUT_BUDGET,
+    ) as served:  # fmt: skip
         artifact = push_folder_sync(served.http, served.key, minilm_dir, "feature-extraction")
         created = served.http.post(
             "/v1/deployments",
@@ -378,7 +389,7 @@ def test_lines_refused_for_a_full_queue_are_tried_again_not_failed(tmp_path: Pat
 
 
 def test_an_answers_tokens_are_read_from_its_usage_and_never_from_the_text_it_carries() -> None:
-    from modelhost.batches.store import answered
+    from modelhost.batches.answers import answered
 
     content = 'I said "usage": {"prompt_tokens": 99, "completion_tokens": 99}'
     body = json.dumps(
@@ -505,3 +516,364 @@ def chat_requests(http: httpx.Client) -> float:
         for line in http.get("/metrics").text.splitlines()
         if line.startswith(series)
     )
+
+
+def test_an_amplifying_batch_fails_at_its_output_budget_with_the_supervisors_memory_bounded(
+    server: ChatServer,
+) -> None:
+    """Each line asks for 32 embeddings of one character: about 200 bytes in, 150 KB out. 2,000 such
+    lines would answer 300 MB; the batch ends `failed` at its 8 MiB budget instead, its answers so far
+    in its files, and the server (this process: the live server runs in it) grows by less than
+    MEMORY_BOUND_MIB while it runs: what the runner holds (answers in flight within 64 MiB, a flush of
+    8 MiB, a page of the files being written) and the routes' own work on the lines in flight."""
+    client = sdk(server.url, server.key)
+    lines = [embedding_line(f"a{i}", ["a"] * 32) for i in range(2000)]
+    file_id = upload(client, lines)
+    peak, baseline, sampling = [0], psutil.Process().memory_info().rss, threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            peak[0] = max(peak[0], psutil.Process().memory_info().rss)
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        batch = client.batches.create(
+            input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+        done = wait(client, batch.id, ("failed", "completed"))
+    finally:
+        sampling.set()
+        sampler.join()
+    growth = (peak[0] - baseline) / MiB
+    assert done.status == "failed" and done.failed_at, done.status
+    assert done.errors is not None and done.errors.data[0].code == "batch_output_too_large"
+    assert str(OUTPUT_BUDGET) in (done.errors.data[0].message or "")
+    output = client.files.content(done.output_file_id).content  # type: ignore[arg-type]
+    assert 0 < len(output) <= OUTPUT_BUDGET
+    answers = [json.loads(line) for line in output.splitlines()]
+    assert done.request_counts is not None and done.request_counts.completed == len(answers) < 2000
+    assert all(len(a["response"]["body"]["data"]) == 32 for a in answers)
+    assert growth < MEMORY_BOUND_MIB, f"the server grew by {growth:.0f} MiB"
+    assert answers_kept(server, batch.id) == 0  # its answers left the database with its files written
+
+
+MEMORY_BOUND_MIB = 128
+
+
+def answers_kept(server: ChatServer, batch_id: str) -> int:
+    """The batch's answers still in the database (`batch_lines`)."""
+    engine = sqlalchemy.create_engine(server.database_url)
+    with engine.connect() as connection:
+        count = connection.execute(
+            sqlalchemy.text("SELECT count(*) FROM batch_lines WHERE batch_id = :id"), {"id": batch_id}
+        ).scalar_one()
+    engine.dispose()
+    return int(count)
+
+
+def test_a_line_whose_answer_passes_the_cap_is_an_error_line_naming_the_cap(server: ChatServer) -> None:
+    client = sdk(server.url, server.key)
+    lines = [embedding_line("small", "one sentence"), embedding_line("huge", ["a"] * 256)]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/embeddings", completion_window="24h"
+    )
+    done = wait(client, batch.id, ("completed", "failed"))
+    assert done.status == "completed"
+    assert [line["custom_id"] for line in lines_of(client, done.output_file_id)] == ["small"]
+    (error,) = lines_of(client, done.error_file_id)
+    assert error["custom_id"] == "huge" and error["error"]["code"] == "answer_too_large"
+    assert str(ANSWER_CAP) in error["error"]["message"]
+    assert "MODELHOST_BATCH_MAX_ANSWER_BYTES" in error["error"]["message"]
+
+
+def test_a_revoked_keys_batch_stops_within_the_recheck_time(server: ChatServer) -> None:
+    """The module server reads a running batch's key every 0.5 s (MODELHOST_BATCH_RECHECK_SECONDS):
+    within that, plus the lines then in flight, its remaining lines fail `invalid_api_key`."""
+    created = server.http.post("/v1/keys", json={"name": "soon revoked"}, headers=bearer(server.key)).json()
+    client = sdk(server.url, created["api_key"])
+    count = 20_000  # minutes of work: it cannot end by itself before the revocation
+    lines = [chat_line(f"l{i}", f"line {i}", 8, exact=True) for i in range(count)]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + 120
+    while (counts := client.batches.retrieve(batch.id).request_counts) is None or counts.completed < 50:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    revoked = server.http.delete(f"/v1/keys/{created['id']}", headers=bearer(server.key))
+    assert revoked.status_code == 200, revoked.text
+    revoked_at = time.monotonic()
+    account = sdk(server.url, server.key)  # the revoked key can no longer read its batch
+    done = wait(account, batch.id, ("completed", "failed"), timeout=60)
+    stopped = time.monotonic() - revoked_at
+    assert done.status == "completed" and stopped < 10, stopped
+    errors = lines_of(account, done.error_file_id)
+    refused = [line for line in errors if line["error"] and line["error"]["code"] == "invalid_api_key"]
+    assert done.request_counts is not None and done.request_counts.completed + len(refused) == count
+    assert len(refused) > count // 2
+
+
+def test_two_accounts_batches_progress_side_by_side(server: ChatServer, recipes: Path) -> None:
+    """The issue's measure ("two accounts' batches submitted a minute apart both progress within the
+    first minute"), scaled down: account A's long batch runs and its second batch waits its turn (one
+    running batch per account); account B's batch, submitted after both, runs and ends while A's first
+    is still `in_progress` and A's second still `validating`. With one queue in order of arrival, B's
+    batch would wait for both of A's."""
+    first_client = sdk(server.url, server.key)
+    long_lines = [chat_line(f"l{i}", f"line {i}", 8, exact=True) for i in range(20_000)]
+    first = first_client.batches.create(
+        input_file_id=upload(first_client, long_lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    second = first_client.batches.create(
+        input_file_id=upload(first_client, [embedding_line("x", "x")]),
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+    )
+    wait(first_client, first.id, ("in_progress",), timeout=60)
+    other = sdk(server.url, account_with_tiny_embedder(server.http, recipes))
+    lines = [embedding_line(f"b{i}", f"line {i}", model="emb") for i in range(20)]
+    theirs = other.batches.create(
+        input_file_id=upload(other, lines), endpoint="/v1/embeddings", completion_window="24h"
+    )
+    done = wait(other, theirs.id, ("completed", "failed"), timeout=60)
+    assert done.status == "completed" and done.request_counts is not None
+    assert done.request_counts.completed == 20
+    assert first_client.batches.retrieve(first.id).status == "in_progress"
+    assert first_client.batches.retrieve(second.id).status == "validating"
+    first_client.batches.cancel(first.id)
+    wait(first_client, first.id, ("cancelled",))
+    assert wait(first_client, second.id, ("completed",)).request_counts.completed == 1  # type: ignore[union-attr]
+
+
+class Store:
+    """The batch store of a server that is not started: the runner's moves, made by hand."""
+
+    def __init__(self, tmp_path: Path, database_url: str, **settings: Any) -> None:
+        from modelhost.container import Services
+
+        self.services = Services.build(make_settings(tmp_path, database_url, **settings))
+        self.batches = self.services.batches
+
+    def owner(self, name: str) -> Any:
+        from modelhost.batches.files import Owner
+
+        _, secret = self.services.accounts.create(name, 10.0)
+        principal = self.services.authenticator.load(secret)
+        assert principal is not None and principal.account_id and principal.key_id
+        return Owner(principal.account_id, principal.key_id)
+
+    def batch(self, owner: Any, lines: int = 3) -> str:
+        """A batch (of `lines` embedding lines) of `owner`, `validating`."""
+        data = jsonl([embedding_line(f"c{i}", f"line {i}") for i in range(lines)])
+        file_id = f"file_{owner.account_id[-8:]}{time.monotonic_ns()}"
+        written = (file_id, f"files/{file_id}", *self.services.uploads.write(f"files/{file_id}", [data]))
+        with self.services.database.transaction() as session:
+            self.services.uploads.add_in(session, owner, written, "r.jsonl", "batch", None)
+        created = self.batches.create(owner, file_id, "/v1/embeddings", 3600, "24h", None, None)
+        return str(created["id"])
+
+    def query(self, sql: str, **values: Any) -> list[Any]:
+        with self.services.database.transaction() as session:
+            return list(session.execute(sqlalchemy.text(sql), values).all())
+
+    def close(self) -> None:
+        self.services.close()
+
+
+def test_a_runner_that_dies_while_finalizing_leaves_the_batch_to_the_next_which_ends_it_once(
+    tmp_path: Path, database_url: str
+) -> None:
+    """The files are written, then added with the batch's end and its answers' deletion in one
+    transaction: a runner that dies between leaves the batch `finalizing` with every answer, and the
+    runner taking it over ends it with one output file holding each line once."""
+    from modelhost.batches.answers import answered
+
+    store = Store(tmp_path, database_url)
+    try:
+        batch_id = store.batch(store.owner("a"))
+        meter = "SELECT bytes, ended_ms FROM meters WHERE kind = 'storage' AND artifact_id = :id"
+        ((size, ended),) = store.query(meter, id=batch_id)  # its input copy is billed as storage
+        assert size > 0 and ended is None
+        claimed = store.batches.claim("dies", 30, 1)
+        assert claimed is not None and claimed.id == batch_id
+        store.batches.validated(batch_id, "dies", 3, "minilm")
+        body = b'{"object": "list", "data": []}'
+        answers = [answered(batch_id, n, f"c{n - 1}", 200, f"req_{n}", body) for n in (3, 1, 2)]
+        assert store.batches.record(batch_id, "dies", answers)
+
+        def dies(*_: Any) -> None:
+            raise RuntimeError("killed between the files and the transaction")
+
+        real, store.services.uploads.add_in = store.services.uploads.add_in, dies  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError):
+            store.batches.finalize(batch_id, "dies", "completed")
+        store.services.uploads.add_in = real  # type: ignore[method-assign]
+        assert store.query("SELECT status FROM batches WHERE id = :id", id=batch_id) == [("finalizing",)]
+        assert store.query("SELECT count(*) FROM batch_lines WHERE batch_id = :id", id=batch_id) == [(3,)]
+        taken = store.batches.claim("next", 0, 1)  # its claim is stale at once
+        assert taken is not None and taken.status == "finalizing"
+        store.batches.finalize(batch_id, "next", "completed")
+        store.batches.finalize(batch_id, "dies", "completed")  # the first one, back: a no-op
+        view = store.batches.get(taken_owner(store, batch_id), batch_id)
+        assert view["status"] == "completed" and view["request_counts"]["completed"] == 3
+        outputs = store.query("SELECT id, blob_key FROM files WHERE purpose = 'batch_output'")
+        assert [row[0] for row in outputs] == [view["output_file_id"]]
+        with store.services.blobs.open(outputs[0][1]) as handle:
+            assert [json.loads(line)["custom_id"] for line in handle] == ["c0", "c1", "c2"]
+        assert store.query("SELECT count(*) FROM batch_lines WHERE batch_id = :id", id=batch_id) == [(0,)]
+        ((size, ended),) = store.query(meter, id=batch_id)
+        assert ended is not None  # it holds nothing now: its storage meter is closed
+    finally:
+        store.close()
+
+
+def taken_owner(store: Store, batch_id: str) -> Any:
+    from modelhost.batches.files import Owner
+
+    ((account_id, key_id),) = store.query(
+        "SELECT account_id, key_id FROM batches WHERE id = :id", id=batch_id
+    )
+    return Owner(account_id, key_id)
+
+
+def test_the_queue_takes_accounts_in_turn_with_one_running_batch_each(
+    tmp_path: Path, database_url: str
+) -> None:
+    store = Store(tmp_path, database_url)
+    try:
+        busy, other = store.owner("busy"), store.owner("other")
+        first, second = store.batch(busy), store.batch(busy)
+        theirs = store.batch(other)  # the newest
+        taken = [store.batches.claim(f"r{i}", 30, 1) for i in range(3)]
+        assert [c.id if c else None for c in taken] == [first, theirs, None]
+        store.batches.release(first, "r0")  # its server stopped: it is its account's turn again
+        again = store.batches.claim("r3", 30, 1)
+        assert again is not None and again.id == first and second
+    finally:
+        store.close()
+
+
+def test_a_batchs_input_copy_is_refused_below_the_free_disk_floor(tmp_path: Path) -> None:
+    from modelhost.errors import InsufficientStorage
+
+    store = Store(
+        tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", min_free_disk_mb=10**9
+    )  # more than any disk has
+    try:
+        with pytest.raises(InsufficientStorage, match="MODELHOST_MIN_FREE_DISK_MB"):
+            store.batch(store.owner("a"))
+        assert store.query("SELECT count(*) FROM batches") == [(0,)]
+    finally:
+        store.close()
+
+
+def test_a_batch_is_refused_402_when_its_account_has_no_credits(server: ChatServer) -> None:
+    created = server.http.post(
+        "/v1/admin/accounts", json={"name": "broke", "credits": 1}, headers=bearer(ADMIN_KEY)
+    )
+    account = created.json()
+    client = sdk(server.url, account["api_key"])
+    file_id = upload(client, [embedding_line("a", "x")])
+    spent = server.http.post(
+        f"/v1/admin/accounts/{account['id']}/credits", json={"credits": -2}, headers=bearer(ADMIN_KEY)
+    )
+    assert spent.status_code == 200, spent.text
+    response = server.http.post(
+        "/v1/batches",
+        json={"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"},
+        headers=bearer(account["api_key"]),
+    )
+    assert_error(response, 402, "insufficient_credits")
+
+
+async def test_a_background_line_that_reaches_the_runner_is_an_error_line_never_sent(tmp_path: Path) -> None:
+    """`background: true` is refused at upload; a line that carries it anyway (a file uploaded before
+    that check) is refused by the runner too: it would leave work running past the lines in flight."""
+    from datetime import timedelta
+
+    from modelhost.auth.principal import Principal, PrincipalKind
+    from modelhost.batches.input import Line
+    from modelhost.batches.runner import BatchRun, BatchRunner
+    from modelhost.batches.store import Claimed
+    from modelhost.store.types import utcnow
+
+    sent: list[Json] = []
+
+    async def call(_principal: Principal, _endpoint: str, body: Json) -> tuple[int, str, bytes]:
+        sent.append(body)
+        return 200, "req_1", b'{"object": "response"}'
+
+    runner = BatchRunner(None, make_settings(tmp_path, "sqlite://"), lambda _: None, None)  # type: ignore[arg-type]
+    runner._call = call  # not started: nothing is claimed, the line is answered by hand
+    claimed = Claimed(
+        "batch_x",
+        "acct",
+        "key",
+        "/v1/responses",
+        "in_progress",
+        "k",
+        utcnow() + timedelta(hours=1),
+        False,
+        "",
+    )
+    run = BatchRun(runner, claimed)
+    run.principal = Principal(PrincipalKind.ACCOUNT, "acct", "key")
+    body = {"model": "chat", "input": "hi", "background": True}
+    answer = await run._answer_of(Line(1, "r1", "POST", "/v1/responses", body))
+    assert not answer.ok and sent == []
+    assert json.loads(answer.record)["error"]["param"] == "body.background"
+    assert (await run._answer_of(Line(2, "r2", "POST", "/v1/responses", {**body, "background": False}))).ok
+
+
+def test_a_spend_caps_refusal_is_not_tried_again_as_a_full_queues_is() -> None:
+    from modelhost.batches.runner import _not_now
+
+    assert _not_now(429, b'{"error": {"code": "overloaded", "message": "queue full"}}')
+    assert _not_now(503, b'{"error": {"code": "insufficient_capacity", "message": "later"}}')
+    assert not _not_now(429, b'{"error": {"code": "insufficient_quota", "message": "cap"}}')
+    assert not _not_now(400, b'{"error": {"code": "invalid_request", "message": "no"}}')
+
+
+def test_the_runner_keeps_where_each_line_lies_and_parses_it_when_it_sends_it() -> None:
+    from modelhost.batches.input import Line, LineError
+    from modelhost.batches.reader import Offsets
+
+    first, second = jsonl([embedding_line("a", "x")]).rstrip(), jsonl([embedding_line("bb", "yy")]).rstrip()
+    data = first + b"\r\n\n   \n" + second + b"\r" + b"not json\n"
+    offsets = Offsets.scan(io.BytesIO(data))
+    numbers = [n for n, raw in enumerate(data.splitlines(), start=1) if raw.strip()]
+    assert list(offsets.numbers) == numbers == [1, 4, 5]  # as the upload's check numbers them
+    handle = io.BytesIO(data)
+    read = [offsets.read(handle, i) for i in range(len(offsets))]
+    assert [r.custom_id for r in read if isinstance(r, Line)] == ["a", "bb"]
+    assert isinstance(read[2], LineError) and read[2].line == 5
+    assert list(offsets.shortest_first({5})) == [0, 1]  # line 5 answered already; "a" is shorter
+
+
+def test_a_batchs_lines_in_flight_are_fewer_when_its_answers_are_large(tmp_path: Path) -> None:
+    """As many lines as the server's share allows while answers are small; few while a line's answer
+    size is unknown (longer than twice any answered); one at a time once they are known to be huge."""
+    from datetime import timedelta
+
+    from modelhost.batches.runner import ANSWER_BYTES_IN_FLIGHT, FIRST_LINES, BatchRun, BatchRunner
+    from modelhost.batches.store import Claimed
+    from modelhost.store.types import utcnow
+
+    settings = make_settings(tmp_path, "sqlite://", batch_lines_in_flight=256)
+    runner = BatchRunner(None, settings, lambda _: None, None)  # type: ignore[arg-type]
+    expires = utcnow() + timedelta(hours=1)
+    run = BatchRun(
+        runner, Claimed("batch_x", "a", "k", "/v1/embeddings", "in_progress", "k", expires, False, "")
+    )
+    assert run._admits(FIRST_LINES - 1, 100) and not run._admits(FIRST_LINES, 100)  # nothing answered yet
+    run.ratio, run.longest = 100.0, 100  # one-sentence lines: 100 bytes in, 10 KB out
+    assert run._admits(255, 150) and not run._admits(256, 150)  # the server's share bounds them
+    assert not run._admits(FIRST_LINES, 8000)  # 80 times longer: its answer's size is unknown
+    run.ratio, run.longest = 1200.0, 8000  # 2,048 one-character inputs: 8 KB in, 9.6 MB out
+    run.expected = 6 * 9_600_000
+    assert run._admits(0, 8000) and not run._admits(6, 8000)  # a seventh would pass 64 MiB
+    assert 6 * 9_600_000 < ANSWER_BYTES_IN_FLIGHT < 7 * 9_600_000

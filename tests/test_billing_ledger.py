@@ -16,8 +16,8 @@ from modelhost.billing.ledger import COMPUTE, ComputeReading, Ledger, day_of, sh
 from modelhost.billing.rates import GB, Rates, carry_text, charge, to_micro
 from modelhost.store import migrate
 from modelhost.store.db import Database
-from modelhost.store.models import Account, LedgerEntry, Meter, ModelArtifact, UploadedFile
-from modelhost.store.types import new_id
+from modelhost.store.models import Account, Batch, LedgerEntry, Meter, ModelArtifact, UploadedFile
+from modelhost.store.types import new_id, utcnow
 
 T0 = 1_795_305_600_000  # 2026-11-22T00:00:00Z in Unix ms
 MINUTE = 60_000
@@ -227,6 +227,45 @@ def test_a_file_of_the_files_api_is_billed_as_storage_until_it_is_deleted(databa
         ledger.sync_storage_in(session, "file_1", T0 + 2 * 3_600_000)  # what `Files.delete` calls
     assert ledger.tick_storage(T0 + 3 * 3_600_000) == []
     assert [e.amount_micro for e in entries(database)] == [3600, 3600]  # 1 GB × 1 h, twice
+
+
+def test_what_a_batch_holds_is_billed_as_storage_at_its_size_until_its_files_are_written(
+    database: Database,
+) -> None:
+    """A batch's input copy and answers (`stored_bytes`) grow as answers are recorded: each tick bills
+    the period at the size it had, then takes the new size; once its files are written it holds
+    nothing and its meter closes."""
+    ledger = Ledger(database, RATES)
+    with database.transaction() as session:
+        account_id = new_id("acct")
+        session.add(Account(id=account_id, name="a", credits_granted_micro=10**9))
+        session.flush()
+        session.add(
+            Batch(
+                id="batch_1", account_id=account_id, key_id="key_1", endpoint="/v1/embeddings",
+                input_file_id="file_1", input_key="batches/batch_1/input.jsonl", completion_window="24h",
+                status="in_progress", stored_bytes=GB, expires_at=utcnow(),
+            )
+        )  # fmt: skip
+        session.flush()
+        ledger.sync_storage_in(session, "batch_1", T0)  # what `Batches.create` calls
+    ledger.tick_storage(T0 + 3_600_000)
+    with database.transaction() as session:  # answers recorded: it holds 2 GB now
+        batch = session.get(Batch, "batch_1")
+        assert batch is not None
+        batch.stored_bytes = 2 * GB
+    ledger.tick_storage(T0 + 2 * 3_600_000)  # the past hour at 1 GB, then 2 GB
+    ledger.tick_storage(T0 + 3 * 3_600_000)
+    usage = ledger.usage(account_id, T0, T0 + 4 * 3_600_000)
+    assert usage is not None and [line.name for line in usage.by_artifact] == ["batch input and answers"]
+    with database.transaction() as session:  # its files are written, its answers deleted
+        batch = session.get(Batch, "batch_1")
+        assert batch is not None
+        batch.stored_bytes = 0
+        session.flush()
+        ledger.sync_storage_in(session, "batch_1", T0 + 4 * 3_600_000)  # what `Batches.finalize` calls
+    assert ledger.tick_storage(T0 + 5 * 3_600_000) == []
+    assert [e.amount_micro for e in entries(database)] == [3600, 3600, 7200, 7200]
 
 
 def test_storage_is_not_metered_when_switched_off(database: Database) -> None:

@@ -33,9 +33,8 @@ from modelhost.batches.input import (
     MAX_DEPTH,
     MAX_LINES,
     JsonlCheck,
-    _json_lines,
+    LineError,
     check_lines,
-    parse_lines,
 )
 from modelhost.container import Services
 from modelhost.errors import InvalidRequest, NotFound
@@ -45,7 +44,7 @@ from modelhost.store.db import Database
 from modelhost.store.models import Account, GeneratedFile
 from modelhost.store.types import utcnow
 from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, ManualClock, assert_error, bearer, new_account
+from tests.helpers import ADMIN_KEY, ManualClock, assert_error, bearer, new_account, runner_lines
 from tests.live import live_server
 
 MB = 1024 * 1024
@@ -328,12 +327,13 @@ def test_the_streamed_check_numbers_lines_as_the_runner_does_however_the_bytes_a
     lines: list[tuple[bytes, bytes]], draw: st.DataObject | None
 ) -> None:
     """Chunks may end anywhere, between a `\\r` and its `\\n` too: the check names the line the
-    runner's `parse_lines` would (both split as `bytes.splitlines`)."""
+    runner's reader would (both split as `bytes.splitlines`)."""
     data = b"".join(text + end for text, end in lines)
     positions = st.lists(st.integers(0, len(data)), max_size=len(data))
     cuts = draw.draw(positions) if draw is not None else [data.index(b"\r") + 1]
     bounds = [0, *sorted(cuts), len(data)]
-    not_objects = [number for number, _, value in _json_lines(data) if not isinstance(value, dict)]
+    read = runner_lines(data)
+    not_objects = [e.line for e in read if isinstance(e, LineError) and e.code == "invalid_json_line"]
     check = JsonlCheck(max_bytes=MB, max_line_bytes=MB)
     try:
         for start, end in itertools.pairwise(bounds):
@@ -342,14 +342,14 @@ def test_the_streamed_check_numbers_lines_as_the_runner_does_however_the_bytes_a
     except InvalidRequest as refused:
         assert (f"Line {not_objects[0]} " if not_objects else "empty") in refused.message, refused.message
     else:
-        assert not not_objects and count == len(parse_lines(data))
+        assert not not_objects and count == len(read)
 
 
 def test_a_line_naming_another_endpoint_is_quoted_only_in_part() -> None:
     """What a batch's errors quote of a client's line is bounded (the runner's check, at creation)."""
     url = "/v1/" + "u" * 10_000
     data = jsonl(line("a"), {**line("b"), "url": url})
-    _, errors = check_lines(parse_lines(data), "/v1/embeddings", lambda model: None)
+    errors = check_lines(runner_lines(data), "/v1/embeddings", lambda model: None)
     assert [(e.code, e.line) for e in errors] == [("invalid_url", 2)]
     assert len(errors[0].message) < 200 and "uuuu..." in errors[0].message, errors[0].message
 

@@ -299,12 +299,43 @@ class Settings(BaseSettings):
         description="How long a batch may run (`completion_window: 24h`); lines not answered by then fail "
         "with `batch_expired`. Shorter only for tests.",
     )
-    batch_concurrency: int = Field(default=1, ge=1, description="Batches one server runs at a time.")
+    batch_concurrency: int = Field(
+        default=4,
+        ge=1,
+        description="Batches one server runs at a time, of all accounts: several, so that one account's "
+        "long batch does not hold every other account's in `validating`.",
+    )
+    batch_concurrency_per_account: int = Field(
+        default=1,
+        ge=1,
+        description="Batches of one account running at a time on all servers: an account's further "
+        "batches wait their turn while other accounts' run (the queue is round-robin between accounts).",
+    )
     batch_lines_in_flight: int = Field(
         default=256,
         ge=1,
-        description="Lines of a running batch sent at once (each at low priority): a few model batches' "
-        "worth, so that the replica has the next batch waiting when one ends.",
+        description="Lines sent at once by one server, shared evenly between its running batches (each "
+        "line at low priority): a few model batches' worth, so that the replica has the next batch "
+        "waiting when one ends.",
+    )
+    batch_max_answer_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="Largest answer of one batch line (8 MiB): a larger one is an `answer_too_large` line "
+        "in the error file. Bounds what the runner holds per line in flight.",
+    )
+    batch_max_output_bytes: int = Field(
+        default=1024 * 1024 * 1024,
+        ge=1024,
+        description="Largest output of one batch, its output and error files together (1 GiB): a batch "
+        "that would pass it ends `failed` (`batch_output_too_large`) with its answers so far in its "
+        "files. Bounds what one batch's answers hold of the database and the disk.",
+    )
+    batch_recheck_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often a running batch reads its key and account again: a revoked key's lines "
+        "fail `invalid_api_key`, and new spend caps apply, within this time.",
     )
     batch_poll_seconds: float = Field(
         default=1.0, gt=0, description="How often an idle server looks for batches."

@@ -136,7 +136,7 @@ class Services:
         )
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
         uploads = Files(database, blobs, settings, storage_changed)
-        batches = Batches(database, blobs, uploads)
+        batches = Batches(database, blobs, uploads, settings, storage_changed)
 
         async def check_model(principal: Principal, endpoint: str, model: str) -> str | None:
             """Why a batch line's model cannot serve the batch's endpoint for its key (None: it can)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, BinaryIO
@@ -115,18 +115,6 @@ class Files:
         body's size."""
         return self._settings.batch_max_file_bytes, self._settings.max_body_bytes
 
-    def store(
-        self, owner: Owner, filename: str, purpose: str, data: bytes, expires_at: datetime | None
-    ) -> dict[str, Any]:
-        """Write the bytes, then the row: a crash between leaves an unreferenced blob, never a row
-        without its bytes."""
-        file_id = new_id("file")
-        writer = self._blobs.writer(f"files/{file_id}")
-        writer.write(data)
-        digest = writer.hexdigest()
-        writer.commit()
-        return self._record(owner, file_id, filename, purpose, len(data), digest, expires_at)
-
     def _record(
         self,
         owner: Owner,
@@ -137,26 +125,10 @@ class Files:
         digest: str,
         expires_at: datetime | None,
     ) -> dict[str, Any]:
-        """The row of a file whose bytes are stored, and its storage meter."""
+        """The row of an uploaded file whose bytes are stored, and its storage meter."""
         with self._database.transaction() as session:
-            row = UploadedFile(
-                id=file_id,
-                account_id=owner.account_id,
-                key_id=owner.key_id,
-                filename=filename[:255] or "file",
-                purpose=purpose,
-                bytes=size,
-                sha256=digest,
-                blob_key=f"files/{file_id}",
-                expires_at=expires_at,
-            )
-            session.add(row)
-            session.flush()
-            self._storage_changed(session, file_id)
-            audit.record(
-                session, "file.created", "file", file_id, owner.account_id, audit.created(_audited(row))
-            )
-            return view(row)
+            written = (file_id, f"files/{file_id}", size, digest)
+            return view(self.add_in(session, owner, written, filename, purpose, expires_at))
 
     def get(self, owner: Owner, file_id: str) -> dict[str, Any]:
         with self._database.transaction() as session:
@@ -181,9 +153,9 @@ class Files:
             key, filename, size = row.blob_key, row.filename, row.bytes
         return _chunks(self._blobs.open(key)), filename, size
 
-    def open_input(self, owner: Owner, file_id: str, purpose: str) -> BinaryIO:
-        """A file of the account with this purpose (a batch's input), opened to be read (the caller
-        closes it); 400 naming its purpose if it has another."""
+    def located(self, owner: Owner, file_id: str, purpose: str) -> tuple[str, int]:
+        """Where a file of the account with this purpose is (a batch's input): its blob key and size,
+        for a copy streamed from it; 400 naming its purpose if it has another."""
         with self._database.transaction() as session:
             row = self._owned(session, owner, file_id, param="input_file_id")
             if row.purpose != purpose:
@@ -192,13 +164,53 @@ class Files:
                     f"'{purpose}'.",
                     param="input_file_id",
                 )
-            key = row.blob_key
-        return self._blobs.open(key)
+            return row.blob_key, row.bytes
 
-    def read(self, owner: Owner, file_id: str, purpose: str) -> bytes:
-        """The whole of `open_input`'s file."""
-        with self.open_input(owner, file_id, purpose) as handle:
-            return handle.read()
+    def write(self, key: str, chunks: Iterable[bytes]) -> tuple[int, str]:
+        """Write a file's bytes as they come, never whole in memory: their size and SHA-256. The row
+        comes after (`add_in`), so a crash between leaves bytes without a row, never the reverse."""
+        writer = self._blobs.writer(key)
+        size = 0
+        try:
+            for chunk in chunks:
+                writer.write(chunk)
+                size += len(chunk)
+        except BaseException:
+            writer.abort()
+            raise
+        digest = writer.hexdigest()
+        writer.commit()
+        return size, digest
+
+    def add_in(
+        self,
+        session: Session,
+        owner: Owner,
+        written: tuple[str, str, int, str],
+        filename: str,
+        purpose: str,
+        expires_at: datetime | None,
+    ) -> UploadedFile:
+        """The row of a file whose bytes are written (`written`: its ID, blob key, size and SHA-256), its
+        storage meter and audit row, in the caller's transaction: a batch's files and its end are one
+        transaction."""
+        file_id, key, size, digest = written
+        row = UploadedFile(
+            id=file_id,
+            account_id=owner.account_id,
+            key_id=owner.key_id,
+            filename=filename[:255] or "file",
+            purpose=purpose,
+            bytes=size,
+            sha256=digest,
+            blob_key=key,
+            expires_at=expires_at,
+        )
+        session.add(row)
+        session.flush()
+        self._storage_changed(session, file_id)
+        audit.record(session, "file.created", "file", file_id, owner.account_id, audit.created(_audited(row)))
+        return row
 
     def delete(self, owner: Owner, file_id: str) -> dict[str, Any]:
         self._delete(owner, file_id, expired_too=False)

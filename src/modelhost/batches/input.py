@@ -10,6 +10,7 @@ line, as OpenAI's do.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -62,7 +63,7 @@ class JsonlCheck:
     400 naming it, found without reading further, and the file is never held whole: only the line
     being read is (at most `max_line_bytes`: one line is one request). Lines are split as
     `bytes.splitlines` splits them (`\\n`, `\\r\\n` or `\\r`), so that line numbers agree with
-    `parse_lines`'s.
+    the runner's (`batches.reader`).
 
     A line is refused when it is not a JSON object, is longer than `max_line_bytes`, nests deeper than
     `MAX_DEPTH`, has a `custom_id` longer than `MAX_CUSTOM_ID`, or asks to run in the background
@@ -185,28 +186,18 @@ def check_jsonl(chunks: Iterable[bytes], max_bytes: int, max_line_bytes: int) ->
     return check.finish()
 
 
-def parse_lines(data: bytes) -> list[Line | LineError]:
-    """Each non-blank line as a request, or the reason it is not one (the file passed `check_jsonl`
-    at upload, but a line may still lack a field)."""
-    return [
-        LineError("invalid_json_line", number, "This line is not parseable as valid JSON.")
-        if value is NOT_JSON
-        else _line(number, value, len(raw))
-        for number, raw, value in _json_lines(data)
-    ]
-
-
-NOT_JSON = object()  # what `_json_lines` gives for a line that does not parse
-
-
-def _json_lines(data: bytes) -> Iterator[tuple[int, bytes, Any]]:
-    """(1-based line number, the line, its JSON value or NOT_JSON) of each non-blank line."""
-    for number, raw in enumerate(data.splitlines(), start=1):
-        if raw.strip():
-            try:
-                yield number, raw, orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                yield number, raw, NOT_JSON
+def parse_line(number: int, raw: bytes) -> Line | LineError:
+    """One non-blank line as a request, or the reason it is not one (the file passed `check_jsonl`
+    at upload, but a line may still lack a field). The runner parses each line as it sends it
+    (`batches.reader`): a batch's lines are never all held at once."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return LineError("invalid_json_line", number, "This line is not parseable as valid JSON.")
+    reason = refusal(value, raw) if isinstance(value, dict) else None
+    if reason is not None:  # a file uploaded before these were refused at upload
+        return LineError("invalid_request", number, f"This line {reason}.")
+    return _line(number, value, len(raw))
 
 
 def _line(number: int, value: Any, size: int) -> Line | LineError:
@@ -222,19 +213,19 @@ def _line(number: int, value: Any, size: int) -> Line | LineError:
 
 
 def check_lines(
-    parsed: list[Line | LineError], endpoint: str, unknown_model: Callable[[str], str | None]
-) -> tuple[list[Line], list[LineError]]:
-    """The batch's requests and, if any line is wrong for it, the errors (at most MAX_ERRORS).
+    parsed: Iterable[Line | LineError], endpoint: str, unknown_model: Callable[[str], str | None]
+) -> list[LineError]:
+    """The errors of the lines wrong for the batch (at most MAX_ERRORS), read one at a time.
     `unknown_model(model) -> str | None` says why a line's model cannot serve the endpoint."""
-    lines: list[Line] = []
     errors: list[LineError] = []
-    seen: set[str] = set()
+    seen: set[bytes] = set()  # digests of the custom_ids: small, however long the IDs
     verdicts: dict[str, str | None] = {}  # a model is looked up once
     for item in parsed:
         if isinstance(item, LineError):
             errors.append(item)
             continue
-        error = _wrong_for_batch(item, endpoint, seen)
+        digest = hashlib.blake2b(item.custom_id.encode(), digest_size=16).digest()
+        error = _wrong_for_batch(item, endpoint, digest in seen)
         if error is None:
             model = str(item.body["model"])
             if model not in verdicts:
@@ -242,16 +233,16 @@ def check_lines(
             reason = verdicts[model]
             if reason is not None:
                 error = LineError("model_not_found", item.number, reason, "body.model")
-        seen.add(item.custom_id)
+        seen.add(digest)
         if error is not None:
             errors.append(error)
-        else:
-            lines.append(item)
-    return lines, errors[:MAX_ERRORS]
+            if len(errors) >= MAX_ERRORS:
+                break
+    return errors
 
 
-def _wrong_for_batch(line: Line, endpoint: str, seen: set[str]) -> LineError | None:
-    if line.custom_id in seen:
+def _wrong_for_batch(line: Line, endpoint: str, duplicate: bool) -> LineError | None:
+    if duplicate:
         return LineError(
             "duplicate_custom_id",
             line.number,

@@ -7,36 +7,42 @@
 A runner claims a batch (`claim`: unclaimed, or its runner silent for `stale` seconds: a server that
 was killed) and beats `updated_at` while it works. The answer to each line is a row keyed by (batch,
 line): recorded once (`record` skips lines already there), so a batch resumed after a crash runs only
-the lines without an answer and its files hold each `custom_id` exactly once. `finalize` writes the
-output and error files from those rows, in the input's order.
+the lines without an answer and its files hold each `custom_id` exactly once. `finalize` streams the
+output and error files from those rows, in the input's order, then in one transaction adds the files,
+deletes the rows and ends the batch: a restart while `finalizing` writes the files again (the same
+blob keys and file IDs) and ends it once.
+
+What a batch holds outside the Files API (its input copy, its answers) is billed as storage while it
+holds it (`stored_bytes`, a storage meter under the batch's ID), and its answers count against the
+output budget (`output_bytes`, `MODELHOST_BATCH_MAX_OUTPUT_BYTES`).
 """
 
 from __future__ import annotations
 
-import re
+import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, BinaryIO
 
-import orjson
-from sqlalchemy import insert, or_, select, update
+from sqlalchemy import delete, func, insert, or_, select, update
+from sqlalchemy.orm import Session
 
 from modelhost.artifacts.blobstore import BlobStore
-from modelhost.batches.files import OUTPUT_PURPOSE, Files, Owner
+from modelhost.artifacts.disk import require_room_for_upload
+from modelhost.batches.answers import Answer
+from modelhost.batches.files import OUTPUT_PURPOSE, Files, Owner, StorageChanged
+from modelhost.config import Settings
 from modelhost.errors import Conflict, NotFound
 from modelhost.store.db import Database
 from modelhost.store.models import Batch, BatchLine
 from modelhost.store.pages import keyset_page
 from modelhost.store.types import new_id, unix_seconds, utcnow
 
-USAGE = re.compile(rb'"usage"\s*:')
-INPUT_TOKENS = re.compile(rb'"(input_tokens|prompt_tokens)"\s*:\s*(\d+)')
-OUTPUT_TOKENS = re.compile(rb'"(output_tokens|completion_tokens)"\s*:\s*(\d+)')
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
-EXPIRED_LINE = {
-    "code": "batch_expired",
-    "message": "This request could not be executed before the completion window expired.",
-}
+COPY_CHUNK = 1024 * 1024
+# Rows `finalize` holds at once: a few answers of the largest size a line may have
+FINALIZE_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,41 +56,24 @@ class Claimed:
     expires_at: datetime
     cancelled: bool  # cancelled before it ended (what a batch taken over while finalizing ends as)
     traceparent: str  # its creator's request, which each line's span links to ("": none)
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """One line's answer: its line of the output file (`ok`) or of the error file, as JSON, and the
-    input and output tokens it used."""
-
-    line: int
-    ok: bool
-    record: bytes
-    tokens: tuple[int, int] = (0, 0)
-
-
-def answered(batch_id: str, line: int, custom_id: str, status: int, request_id: str, body: bytes) -> Answer:
-    """A line the app answered: a 2xx goes to the output file, any other answer to the error file. The
-    answer's JSON body goes into the line as it came (a batch of embeddings is mostly numbers: parsing
-    and writing them again would cost more than the rest of the line's way)."""
-    if body[:1] not in (b"{", b"["):  # not the JSON every route answers: kept as text
-        body = orjson.dumps(body.decode(errors="replace"))
-    head = orjson.dumps({"id": line_id(batch_id, line), "custom_id": custom_id})[:-1]
-    response = b',"response":{"status_code":%d,"request_id":%s,"body":' % (status, orjson.dumps(request_id))
-    return Answer(line, 200 <= status < 300, head + response + body + b'},"error":null}', _usage(body))
-
-
-def failed(batch_id: str, line: int, custom_id: str, error: dict[str, str]) -> Answer:
-    """A line that got no answer (the window passed, the key was revoked)."""
-    record = {"id": line_id(batch_id, line), "custom_id": custom_id, "response": None, "error": error}
-    return Answer(line, False, orjson.dumps(record))
+    output_bytes: int = 0  # its answers recorded so far, against the output budget
+    failing: bool = False  # failed while running (its budget): what it ends as if taken over finalizing
 
 
 class Batches:
-    def __init__(self, database: Database, blobs: BlobStore, files: Files) -> None:
+    def __init__(
+        self,
+        database: Database,
+        blobs: BlobStore,
+        files: Files,
+        settings: Settings,
+        storage_changed: StorageChanged,
+    ) -> None:
         self._database = database
         self._blobs = blobs
         self._files = files
+        self._settings = settings
+        self._storage_changed = storage_changed
 
     # ---------------------------------------------------------------- the API's side
 
@@ -100,14 +89,15 @@ class Batches:
         traceparent: str = "",
     ) -> dict[str, Any]:
         """A batch of the input file, `validating`: the runner checks its lines. The input is copied
-        (its file may be deleted while the batch runs). `traceparent` is the creating request's span
-        (`tracing.parent()`), kept for its lines' spans to link to."""
-        data = self._files.read(owner, input_file_id, "batch")
+        (its file may be deleted while the batch runs), streamed, under the rules of any upload: the
+        free-disk floor (507), and billed as storage while the batch holds it. `traceparent` is the
+        creating request's span (`tracing.parent()`), kept for its lines' spans to link to."""
+        source, size = self._files.located(owner, input_file_id, "batch")
+        require_room_for_upload(self._settings, size)
         batch_id = new_id("batch")
         key = f"batches/{batch_id}/input.jsonl"
-        writer = self._blobs.writer(key)
-        writer.write(data)
-        writer.commit()
+        with self._blobs.open(source) as handle:
+            self._files.write(key, iter(lambda: handle.read(COPY_CHUNK), b""))
         with self._database.transaction() as session:
             row = Batch(
                 id=batch_id,
@@ -126,10 +116,13 @@ class Batches:
                 failed=0,
                 input_tokens=0,
                 output_tokens=0,
+                output_bytes=0,
+                stored_bytes=size,
                 expires_at=utcnow() + timedelta(seconds=window_seconds),
             )
             session.add(row)
             session.flush()
+            self._storage_changed(session, batch_id)
             return view(row)
 
     def get(self, owner: Owner, batch_id: str) -> dict[str, Any]:
@@ -160,31 +153,36 @@ class Batches:
 
     # ---------------------------------------------------------------- the runner's side
 
-    def claim(self, runner: str, stale_seconds: float) -> Claimed | None:
-        """The oldest active batch nobody runs (or whose runner has been silent `stale_seconds`)."""
+    def claim(self, runner: str, stale_seconds: float, per_account: int) -> Claimed | None:
+        """An active batch nobody runs (or whose runner has been silent `stale_seconds`), taken in turn
+        between accounts: of the accounts running fewer than `per_account` batches (on any server),
+        the one running fewest, then the one waiting longest; its oldest batch. So one account's
+        queue of batches never holds another's back."""
         stale = utcnow() - timedelta(seconds=stale_seconds)
+        claimable = (Batch.status.in_(ACTIVE), or_(Batch.claimed_by.is_(None), Batch.updated_at < stale))
         with self._database.transaction() as session:
-            candidates = session.scalars(
-                select(Batch)
-                .where(
-                    Batch.status.in_(ACTIVE),
-                    or_(Batch.claimed_by.is_(None), Batch.updated_at < stale),
-                )
-                .order_by(Batch.created_at)
-                .limit(5)
+            running = dict(
+                session.execute(
+                    select(Batch.account_id, func.count())
+                    .where(Batch.status.in_(ACTIVE), Batch.claimed_by.is_not(None), Batch.updated_at >= stale)
+                    .group_by(Batch.account_id)
+                ).all()
+            )
+            waiting = session.execute(
+                select(Batch.account_id, func.min(Batch.created_at))
+                .where(*claimable)
+                .group_by(Batch.account_id)
             ).all()
-            for row in candidates:
-                taken = session.execute(
-                    update(Batch)
-                    .where(
-                        Batch.id == row.id,
-                        Batch.updated_at == row.updated_at,
-                        Batch.claimed_by.is_not_distinct_from(row.claimed_by),
-                    )
-                    .values(claimed_by=runner, updated_at=utcnow())
-                    .execution_options(synchronize_session=False)
-                )
-                if taken.rowcount == 1:  # type: ignore[attr-defined]
+            turns = sorted(
+                (running.get(account, 0), since, account)
+                for account, since in waiting
+                if running.get(account, 0) < per_account
+            )
+            for _, _, account in turns[:5]:
+                row = session.scalars(
+                    select(Batch).where(*claimable, Batch.account_id == account).order_by(Batch.created_at)
+                ).first()
+                if row is not None and self._take(session, row, runner):
                     return Claimed(
                         row.id,
                         row.account_id,
@@ -195,8 +193,25 @@ class Batches:
                         row.expires_at,
                         row.cancelling_at is not None,
                         row.traceparent or "",
+                        row.output_bytes,
+                        bool(row.errors),
                     )
         return None
+
+    @staticmethod
+    def _take(session: Session, row: Batch, runner: str) -> bool:
+        """Claim `row` unless another runner did since it was read."""
+        taken = session.execute(
+            update(Batch)
+            .where(
+                Batch.id == row.id,
+                Batch.updated_at == row.updated_at,
+                Batch.claimed_by.is_not_distinct_from(row.claimed_by),
+            )
+            .values(claimed_by=runner, updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        return bool(taken.rowcount == 1)  # type: ignore[attr-defined]
 
     def beat(self, batch_id: str, runner: str) -> str | None:
         """Still ours: its status now (a cancel shows here); None if another runner took it over."""
@@ -222,9 +237,9 @@ class Batches:
                 .execution_options(synchronize_session=False)
             )
 
-    def input(self, claimed: Claimed) -> bytes:
-        with self._blobs.open(claimed.input_key) as handle:
-            return handle.read()
+    def input(self, claimed: Claimed) -> BinaryIO:
+        """The batch's copy of its input, open (seekable): the runner reads its lines as it sends them."""
+        return self._blobs.open(claimed.input_key)
 
     def validated(self, batch_id: str, runner: str, total: int, model: str | None) -> None:
         self._move(
@@ -238,15 +253,19 @@ class Batches:
         )
 
     def invalid(self, batch_id: str, runner: str, errors: list[dict[str, Any]]) -> None:
-        self._move(
-            batch_id,
-            runner,
-            "validating",
-            status="failed",
-            failed_at=utcnow(),
-            errors=errors,
-            claimed_by=None,
-        )
+        with self._database.transaction() as session:
+            self._move_in(
+                session,
+                batch_id,
+                runner,
+                "validating",
+                status="failed",
+                failed_at=utcnow(),
+                errors=errors,
+                claimed_by=None,
+                stored_bytes=0,
+            )
+            self._storage_changed(session, batch_id)
         self._blobs.delete_prefix(f"batches/{batch_id}")  # its copy of the input: nothing will run
 
     def answered(self, batch_id: str) -> set[int]:
@@ -273,6 +292,9 @@ class Batches:
                     for a in fresh
                 ]
                 session.execute(insert(BatchLine), rows)
+            size = sum(len(a.record) + 1 for a in fresh)  # as in its file, with its newline
+            row.output_bytes += size
+            row.stored_bytes += size  # billed from the next storage tick
             row.input_tokens += sum(a.tokens[0] for a in fresh)
             row.output_tokens += sum(a.tokens[1] for a in fresh)
             row.completed += sum(1 for a in fresh if a.ok)
@@ -280,9 +302,15 @@ class Batches:
             row.updated_at = utcnow()
             return True
 
-    def finalize(self, batch_id: str, runner: str, final: str) -> None:
+    def finalize(
+        self, batch_id: str, runner: str, final: str, errors: list[dict[str, Any]] | None = None
+    ) -> None:
         """Write the output and error files from the recorded answers, then end the batch as `final`
-        (completed, expired or cancelled)."""
+        (completed, expired, cancelled, or failed with `errors`). The files are streamed (a page of
+        rows in memory, whatever the batch's size) under keys and IDs derived from the batch, and
+        added in the transaction that deletes the answers and ends the batch: a runner that dies
+        before it leaves the batch `finalizing` with its answers, and the next one writes the same
+        files again and ends it once."""
         with self._database.transaction() as session:
             row = session.get(Batch, batch_id)
             if row is None or row.claimed_by != runner:
@@ -290,71 +318,78 @@ class Batches:
             if row.finalizing_at is None:
                 row.finalizing_at = utcnow()
             row.status = "finalizing"
+            if errors:
+                row.errors = errors  # a runner taking over knows it ends `failed`
             owner, expires = Owner(row.account_id, row.key_id), row.output_expires_seconds
-        output, errors = bytearray(), bytearray()
-        completed = failed = 0
-        with self._database.transaction() as session:
-            answered = session.execute(
-                select(BatchLine.ok, BatchLine.record)
-                .where(BatchLine.batch_id == batch_id)
-                .order_by(BatchLine.line)
-            )
-            for ok, record in answered:  # rows, not ORM objects: a batch may have 50,000
-                (output if ok else errors).extend(record.encode() + b"\n")
-                completed += ok
-                failed += not ok
         expires_at = None if expires is None else utcnow() + timedelta(seconds=expires)
-
-        def stored(name: str, data: bytearray) -> str | None:
-            if not data:
-                return None
-            return str(self._files.store(owner, name, OUTPUT_PURPOSE, bytes(data), expires_at)["id"])
-
-        output_id = stored(f"{batch_id}_output.jsonl", output)
-        error_id = stored(f"{batch_id}_error.jsonl", errors)
-        now = utcnow()
+        written = {ok: self._write_answers(batch_id, ok) for ok in (True, False)}
         with self._database.transaction() as session:
-            row = session.get(Batch, batch_id)
-            if row is None:
-                return
-            row.status, row.output_file_id, row.error_file_id = final, output_id, error_id
-            row.completed, row.failed, row.claimed_by = completed, failed, None
-            setattr(row, f"{final}_at", now)
+            row = session.get(Batch, batch_id, with_for_update=True)
+            if row is None or row.claimed_by != runner or row.status != "finalizing":
+                return  # another runner took it over meanwhile: it ends it
+            ids: dict[bool, str | None] = {}
+            for ok, (file_id, key, size, digest, count) in written.items():
+                ids[ok] = file_id if count else None
+                if count:
+                    name = f"{batch_id}_{'output' if ok else 'error'}.jsonl"
+                    self._files.add_in(
+                        session, owner, (file_id, key, size, digest), name, OUTPUT_PURPOSE, expires_at
+                    )
+            session.execute(delete(BatchLine).where(BatchLine.batch_id == batch_id))
+            row.status, row.output_file_id, row.error_file_id = final, ids[True], ids[False]
+            row.completed, row.failed, row.claimed_by = written[True][4], written[False][4], None
+            row.stored_bytes = 0
+            setattr(row, f"{final}_at", utcnow())
+            session.flush()
+            self._storage_changed(session, batch_id)  # its answers are gone: its meter closes
         self._blobs.delete_prefix(f"batches/{batch_id}")  # its copy of the input: it has ended
+        for _, key, _, _, count in written.values():
+            if not count:
+                self._blobs.delete_prefix(key)  # an empty file is not made
+
+    def _write_answers(self, batch_id: str, ok: bool) -> tuple[str, str, int, str, int]:
+        """Stream the output (`ok`) or error file's lines into its blob: (file ID, blob key, size,
+        SHA-256, lines). The ID is derived from the batch's, so a second try writes the same file."""
+        kind = "output" if ok else "error"
+        file_id = "file_" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
+        key = f"files/{file_id}"
+        count = 0
+
+        def records() -> Iterator[bytes]:
+            nonlocal count
+            page = max(1, min(1000, FINALIZE_BYTES // self._settings.batch_max_answer_bytes))
+            with self._database.transaction() as session:
+                rows = session.scalars(
+                    select(BatchLine.record)
+                    .where(BatchLine.batch_id == batch_id, BatchLine.ok == ok)
+                    .order_by(BatchLine.line)
+                    .execution_options(yield_per=page)  # a server-side cursor where there is one
+                )
+                for record in rows:
+                    count += 1
+                    yield record.encode() + b"\n"
+
+        size, digest = self._files.write(key, records())
+        return file_id, key, size, digest, count
 
     def _move(self, batch_id: str, runner: str, source: str, **values: Any) -> None:
         with self._database.transaction() as session:
-            session.execute(
-                update(Batch)
-                .where(Batch.id == batch_id, Batch.claimed_by == runner, Batch.status == source)
-                .values(updated_at=utcnow(), **values)
-                .execution_options(synchronize_session=False)
-            )
+            self._move_in(session, batch_id, runner, source, **values)
+
+    @staticmethod
+    def _move_in(session: Session, batch_id: str, runner: str, source: str, **values: Any) -> None:
+        session.execute(
+            update(Batch)
+            .where(Batch.id == batch_id, Batch.claimed_by == runner, Batch.status == source)
+            .values(updated_at=utcnow(), **values)
+            .execution_options(synchronize_session=False)
+        )
 
     def _owned(self, session: Any, owner: Owner, batch_id: str) -> Batch:
         row: Batch | None = session.get(Batch, batch_id)
         if row is None or not owner.sees(row.account_id, row.key_id):
             raise NotFound(f"No such Batch object: {batch_id}", code="batch_not_found")
         return row
-
-
-def line_id(batch_id: str, line: int) -> str:
-    """The `id` of a line's answer: unique, and the same if the line runs again after a crash."""
-    return f"batch_req_{batch_id.removeprefix('batch_')}_{line}"
-
-
-def _usage(body: bytes) -> tuple[int, int]:
-    """(input, output) tokens of one answer, from its body's `usage` (chat and completions name them
-    prompt/completion tokens, the Responses API input/output tokens), read from the JSON text after
-    its last `"usage"` key without parsing the rest. A string in the body cannot fake one: inside a
-    JSON string every quote is escaped, so `"prompt_tokens":` never matches there."""
-    starts = [match.start() for match in USAGE.finditer(body)]
-    if not starts:
-        return 0, 0
-    tail = body[starts[-1] :]
-    given = INPUT_TOKENS.search(tail)
-    made = OUTPUT_TOKENS.search(tail)
-    return int(given.group(2)) if given else 0, int(made.group(2)) if made else 0
 
 
 def view(row: Batch) -> dict[str, Any]:

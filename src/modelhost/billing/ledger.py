@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from modelhost.billing.rates import Rates, carry_text, charge
 from modelhost.store.db import Database
-from modelhost.store.models import Account, LedgerEntry, Meter, ModelArtifact, UploadedFile
+from modelhost.store.models import Account, Batch, LedgerEntry, Meter, ModelArtifact, UploadedFile
 from modelhost.store.types import new_id
 
 COMPUTE = "compute"
@@ -84,15 +84,21 @@ def storage_meter_id(artifact_id: str, version: str) -> str:
 
 
 def _stored(session: Session, stored_id: str) -> tuple[str, int, str] | None:
-    """(account, bytes, version) of what a storage meter bills: an artifact's published version, or a
-    file of the Files API (one version); None once it is gone."""
+    """(account, bytes, version) of what a storage meter bills: an artifact's published version, a
+    file of the Files API (one version), or what a batch holds (its input copy and its answers: one
+    version whose size changes as answers are recorded); None once it is gone."""
     artifact = session.get(ModelArtifact, stored_id)
     if artifact is not None:
         if artifact.published_version is None:
             return None
         return artifact.account_id, artifact.size_bytes, artifact.published_version
     file = session.get(UploadedFile, stored_id)
-    return None if file is None else (file.account_id, file.bytes, "file")
+    if file is not None:
+        return file.account_id, file.bytes, "file"
+    batch = session.get(Batch, stored_id)
+    return (
+        None if batch is None or not batch.stored_bytes else (batch.account_id, batch.stored_bytes, "batch")
+    )
 
 
 def shared_meter_id(key: str) -> str:
@@ -196,7 +202,10 @@ class Ledger:
             )
         ).all()
         for meter in open_meters:
-            entry = self._bill_in(session, meter, now_ms, None, close=meter.id != wanted)
+            kept = stored is not None and meter.id == wanted  # billed so far at its size, then resized
+            entry = self._bill_in(
+                session, meter, now_ms, stored[1] if kept and stored else None, close=not kept
+            )
             if entry is not None:
                 billed.append(entry)
         if stored is not None and wanted is not None and session.get(Meter, wanted) is None:
@@ -224,6 +233,7 @@ class Ledger:
                 session.scalars(select(ModelArtifact.id).where(ModelArtifact.published_version.is_not(None)))
             )
             stored |= set(session.scalars(select(UploadedFile.id)))
+            stored |= set(session.scalars(select(Batch.id).where(Batch.stored_bytes > 0)))
             metered = set(
                 session.scalars(
                     select(Meter.artifact_id).where(Meter.kind == STORAGE, Meter.ended_ms.is_(None))
@@ -251,8 +261,9 @@ class Ledger:
         if meter.kind == COMPUTE:
             measured = meter.bytes if measured_bytes is None else measured_bytes
             billed_bytes, rate = self.rates.billed_memory(measured, processes), self.rates.compute
-        else:
-            measured = billed_bytes = meter.bytes
+        else:  # the period is billed at the size stored through it; a batch's size may change after
+            billed_bytes = meter.bytes
+            measured = meter.bytes if measured_bytes is None else measured_bytes
             rate = self.rates.storage or Fraction(0)
         amount, carry = charge(billed_bytes, until - start, rate, Fraction(meter.carry))
         moved = session.execute(
@@ -349,6 +360,10 @@ class Ledger:
                 session.execute(
                     select(UploadedFile.id, UploadedFile.filename).where(UploadedFile.id.in_(artifact_ids))
                 ).all()
+            )
+            names.update(  # and a batch's input copy and answers, until its files are written
+                (batch_id, "batch input and answers")
+                for batch_id in session.scalars(select(Batch.id).where(Batch.id.in_(artifact_ids)))
             )
         usage = Usage(granted_micro=totals[0], spent_micro=totals[1])
         deployments: dict[str, UsageLine] = {}

@@ -403,6 +403,10 @@ class Batch(Base):
     failed: Mapped[int] = mapped_column(Integer, default=0)
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The answers recorded so far (against MODELHOST_BATCH_MAX_OUTPUT_BYTES), and what the batch holds
+    # outside the Files API (its input copy and those answers), billed as storage while it holds it.
+    output_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)

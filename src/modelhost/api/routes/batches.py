@@ -1,7 +1,9 @@
 """The Batch API (OpenAI's `/v1/batches`, docs/batch.md): create, retrieve, cancel, list.
 
-Creating a batch records it (`validating`); the supervisor's batch runner checks its lines, answers each
-once at low priority and writes the output and error files (`modelhost.batches`).
+Creating a batch records it (`validating`) and copies its input, as an upload would: refused with 402
+when the account has no credits left, 507 below the free-disk floor; the supervisor's batch runner
+checks its lines, answers each once at low priority and writes the output and error files
+(`modelhost.batches`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import orjson
 from fastapi import APIRouter, Query, Response
 
 from modelhost import tracing
-from modelhost.api.deps import CallerPrincipal, ServicesDep, owner_of
+from modelhost.api.deps import CallerPrincipal, ServicesDep, account_id_of, owner_of
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, list_body
 from modelhost.protocol.batches import Batch, BatchCreateRequest, BatchList
@@ -54,11 +56,15 @@ def _json(payload: object) -> Response:
     "/v1/batches",
     summary="Create a batch from an uploaded JSONL file (purpose batch)",
     response_model=Batch,
-    responses={200: {"content": {"application/json": {"example": BATCH_EXAMPLE}}}},
+    responses={
+        200: {"content": {"application/json": {"example": BATCH_EXAMPLE}}},
+        **error_responses(402, 507),
+    },
 )
 async def create_batch(
     body: BatchCreateRequest, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
+    await services.billing.require_credits(account_id_of(principal))  # its input copy is billed
     created = await asyncio.to_thread(
         services.batches.create,
         owner_of(principal),
