@@ -18,7 +18,7 @@ import pytest
 from modelhost.errors import DeploymentUnavailable, InvalidRequest
 from modelhost.metrics import sample
 from modelhost.runtime.client import Waiters
-from modelhost.runtime.dispatch import Dispatcher
+from modelhost.runtime.dispatch import WHOLE, Dispatcher
 from modelhost.runtime.host import ReplicaHost
 from modelhost.runtime.protocol import (
     Cancel,
@@ -314,6 +314,7 @@ class Dying:
     def __init__(self, deaths: int, events: int = 0) -> None:
         self.deaths, self.events, self.runs = deaths, events, 0
         self.alive, self.in_flight = True, 0
+        self.requests: list[dict[str, Any]] = []
 
     def _died(self) -> bool:
         self.runs += 1
@@ -325,6 +326,7 @@ class Dying:
         return {"embedding": [1.0]}
 
     async def stream(self, request: dict[str, Any], trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
+        self.requests.append(request)
         dies = self._died()
         for n in range(self.events):
             yield {"text": str(n)}
@@ -371,6 +373,22 @@ async def test_a_generation_whose_replica_dies_before_its_first_event_runs_again
         async for event in dispatcher.stream(targets, {}):
             seen.append(event)
     assert seen == [{"text": "0"}, {"text": "1"}] and replica.runs == 1  # its events were the caller's
+
+
+async def test_a_non_streamed_generation_whose_replica_dies_after_its_first_events_runs_again() -> None:
+    """A whole answer (`WHOLE`: nobody has read any of it yet) is sent again whenever its replica dies
+    under it; its caller gets the events of the run that ended, once each."""
+    replica = Dying(deaths=1, events=2)
+    dispatcher, targets = dispatch_to(replica)
+    events = [e async for e in dispatcher.stream(targets, {WHOLE: True, "n": 2})]
+    assert events == [{"text": "0"}, {"text": "1"}, {"finish": "stop"}] and replica.runs == 2
+    assert WHOLE not in replica.requests[0]  # the mark is the gateway's, not the replica's
+
+    replica = Dying(deaths=2, events=2)
+    dispatcher, targets = dispatch_to(replica)
+    with pytest.raises(DeploymentUnavailable, match="not sent a third time"):
+        [e async for e in dispatcher.stream(targets, {WHOLE: True})]
+    assert replica.runs == 2
 
 
 def test_streams_step_together_and_each_ends_with_its_finish() -> None:

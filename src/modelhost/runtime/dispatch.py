@@ -14,10 +14,10 @@ classification, reranking, every batch task: the same input gives the same answe
 has gone to the client yet), so each of its requests is sent once more, to another replica or the
 replacement: a request that its replica dies under a second time is answered 503 naming the crash, so
 a request that kills every replica it reaches (a poison input) costs two replicas, not all of them. A
-generation is sent once more on the same terms while its caller has had none of its events (the
-client of a stream, or the gateway collecting a non-streamed answer: the replica died before its
-first token); after its first event, its death is a 503 (or an error event of the stream already
-under way). The client sees only the delay.
+generation is sent once more on the same terms while its caller has had none of its events: a
+stream's client until its first event, and a non-streamed answer (marked `WHOLE`: its events are held
+here until the generation ends) at any point before its end. After a stream's first event, its death
+is a 503 (or an error event of the stream already under way). The client sees only the delay.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ Targets = Callable[[], Awaitable[Sequence[Target]]]
 REQUEUE_POLL_SECONDS = 0.05
 # Times a request is sent again after its replica died while running it (see the module docstring)
 RETRIES_AFTER_CRASH = 1
+# The mark of a generation whose caller reads its answer only once it has ended (a non-streamed chat
+# completion or completion): `Dispatcher.stream` holds its events until then, and takes the mark off.
+WHOLE = "modelhost.whole"
 
 
 class NoLiveReplica(DeploymentUnavailable):
@@ -140,14 +143,20 @@ class Dispatcher:
 
     async def stream(self, targets: Targets, request: Payload) -> AsyncGenerator[Payload, None]:
         """A generation's events from the least busy live replica; an `error` event is raised. Sent again
-        when its replica dies before the first event reached the caller (see the module docstring)."""
+        when its replica dies before the first event reached the caller (see the module docstring). A
+        request marked `WHOLE` (a non-streamed answer, which its caller reads only once it has ended) has
+        its events held here until the generation ends, so that it is sent again whenever it dies."""
         target = _pick(await targets())
+        whole = bool(request.get(WHOLE))
+        if whole:
+            request = {name: value for name, value in request.items() if name != WHOLE}
         self._admit()
         prompt = completion = 0  # its tokens, for rate limits: the prompt's, and those generated so far
         # a span of its own, never the current one: a stream's steps may run in different tasks
         span = tracing.started("dispatch")
         started, first = time.perf_counter(), 0.0  # its dispatch, its first token
         lost, began = Losses(self.deployment_id), False
+        held: list[Payload] = []  # a whole answer's events, until its generation ends
         try:
             while True:
                 try:
@@ -161,14 +170,20 @@ class Dispatcher:
                             if not first and completion:
                                 first = time.perf_counter()
                                 self._first_token.observe(first - started)
+                            if whole:
+                                held.append(event)
+                                continue
                             began = True
                             yield event
+                    for event in held:
+                        yield event
                     return
                 except ReplicaDied as exc:
                     if began:  # its first events are the caller's already
                         message = f"The replica serving this request stopped: {exc}."
                         raise DeploymentUnavailable(message) from exc
                     lost.died(exc)
+                    held.clear()
                     async with asyncio.timeout(self.timeout):  # the replacement's start, within a bound
                         target = await self._live(await targets(), targets)
         except TimeoutError as exc:

@@ -27,6 +27,7 @@ from modelhost.generation.chat import ChatChoice, chat_requests, effective_tools
 from modelhost.media.sources import MediaPolicy, load_media
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
 from modelhost.protocol.tasks import MAX_MEDIA_INPUTS
+from modelhost.runtime.dispatch import WHOLE
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
 
@@ -55,12 +56,12 @@ async def chat_completion(
     requests, mode = chat_requests(body, max_string_length)
     await fetch_images(requests, media, reads_images)
     choices = chat_choices(body, mode, len(requests))
-    streams = await _open(runtime, deployment_id, requests)
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": body.model}
     if body.stream:
+        streams = await _open(runtime, deployment_id, requests)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _sse(_chat_chunks(head, choices, streams, usage))
-    events = await until(_collect(streams))
+    streams, events = await _whole(runtime, deployment_id, requests, until)
     for index, event in events:
         choices[index].feed(event)
     return {
@@ -153,14 +154,15 @@ async def completion(body: CompletionRequest, runtime: Runtime, deployment_id: s
     requests = completion_requests(body)
     echo, want_logprobs = bool(body.echo), body.logprobs is not None
     choices = [CompletionChoice(i, want_logprobs, echo) for i in range(len(requests))]
-    streams = await _open(runtime, deployment_id, requests)
     head = {"id": new_id("cmpl"), "created": int(time.time()), "model": body.model}
     n = body.n or 1
     candidates = body.best_of or n  # per prompt; above n only without streaming
     if body.stream:
+        streams = await _open(runtime, deployment_id, requests)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _sse(_completion_chunks(head, choices, streams, usage, n))
-    for index, event in await until(_collect(streams)):
+    streams, events = await _whole(runtime, deployment_id, requests, until)
+    for index, event in events:
         choices[index].feed(event)
     generated = sum(c.completion_tokens for c in choices)  # every candidate's tokens were generated
     if candidates > n:
@@ -380,6 +382,22 @@ async def _open(runtime: Runtime, deployment_id: str, requests: list[Event]) -> 
 
 async def _collect(streams: _Streams) -> Collected:
     return [item async for item in streams.merged()]
+
+
+async def _whole(
+    runtime: Runtime, deployment_id: str, requests: list[Event], until: Until
+) -> tuple[_Streams, Collected]:
+    """A non-streamed answer's generations, from their start to their end while the client waits (its
+    leaving cancels them). Each is marked `WHOLE`: the dispatcher holds its events until it ends, so a
+    replica that dies under it at any point costs the client only the time to run it again."""
+    opened: list[_Streams] = []
+
+    async def generate() -> Collected:
+        opened.append(await _open(runtime, deployment_id, [{**r, WHOLE: True} for r in requests]))
+        return await _collect(opened[0])
+
+    events = await until(generate())
+    return opened[0], events
 
 
 def _usage(streams: _Streams, per_prompt: int, completion_tokens: int) -> Event:
