@@ -1,7 +1,8 @@
 """The Batch API (OpenAI's `/v1/batches`, docs/batch.md): create, retrieve, cancel, list.
 
-Creating a batch records it (`validating`) and copies its input, as an upload would: refused with 402
-when the account has no credits left, 507 below the free-disk floor; the supervisor's batch runner
+Every request counts against the key's rate limits, as the Files API's do. Creating a batch records it
+(`validating`) and copies its input, as an upload would: refused with 402 when the account has no
+credits left (429 past its spend caps), 507 below the free-disk floor; the supervisor's batch runner
 checks its lines, answers each once at low priority and writes the output and error files
 (`modelhost.batches`).
 """
@@ -12,15 +13,15 @@ import asyncio
 from typing import Annotated
 
 import orjson
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from modelhost import tracing
-from modelhost.api.deps import CallerPrincipal, ServicesDep, account_id_of, owner_of
+from modelhost.api.deps import CallerPrincipal, ServicesDep, admit, owner_of
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, list_body
 from modelhost.protocol.batches import Batch, BatchCreateRequest, BatchList
 
-router = APIRouter(tags=["batches"], responses=error_responses(400, 401, 404))
+router = APIRouter(tags=["batches"], responses=error_responses(400, 401, 404, 429))
 
 BATCH_EXAMPLE = {
     "id": "batch_5d1e8c0f4a2b9e7c1f0a3b2c",
@@ -62,9 +63,9 @@ def _json(payload: object) -> Response:
     },
 )
 async def create_batch(
-    body: BatchCreateRequest, services: ServicesDep, principal: CallerPrincipal
+    request: Request, body: BatchCreateRequest, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
-    await services.billing.require_credits(account_id_of(principal))  # its input copy is billed
+    await admit(request, principal)  # its input copy is billed; the key's rate limits count it
     created = await asyncio.to_thread(
         services.batches.create,
         owner_of(principal),
@@ -82,7 +83,10 @@ async def create_batch(
 
 
 @router.get("/v1/batches/{batch_id}", summary="A batch's object", response_model=Batch)
-async def get_batch(batch_id: str, services: ServicesDep, principal: CallerPrincipal) -> Response:
+async def get_batch(
+    request: Request, batch_id: str, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
+    await admit(request, principal, billed=False)
     return _json(await asyncio.to_thread(services.batches.get, owner_of(principal), batch_id))
 
 
@@ -93,16 +97,21 @@ async def get_batch(batch_id: str, services: ServicesDep, principal: CallerPrinc
     response_model=Batch,
     responses=error_responses(409),
 )
-async def cancel_batch(batch_id: str, services: ServicesDep, principal: CallerPrincipal) -> Response:
+async def cancel_batch(
+    request: Request, batch_id: str, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
+    await admit(request, principal, billed=False)
     return _json(await asyncio.to_thread(services.batches.cancel, owner_of(principal), batch_id))
 
 
 @router.get("/v1/batches", summary="List the account's batches, newest first", response_model=BatchList)
 async def list_batches(
+    request: Request,
     services: ServicesDep,
     principal: CallerPrincipal,
     after: After = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> Response:
+    await admit(request, principal, billed=False)
     items, more = await asyncio.to_thread(services.batches.page, owner_of(principal), after, limit)
     return _json(list_body(items, more))
