@@ -420,13 +420,13 @@ def test_a_rate_limited_key_runs_a_batch_beyond_its_per_minute_limit(server: Cha
         headers=bearer(server.key),
     ).json()["api_key"]
     client = sdk(server.url, limited)
-    client.embeddings.create(model="minilm", input="first")
-    with pytest.raises(openai.RateLimitError):
-        client.embeddings.create(model="minilm", input="second")  # the limit holds for direct calls
     lines = [embedding_line(f"l{i}", f"line {i}") for i in range(6)]
     # the upload is a request of the Files API, which the limit counts: the account's key makes it
     file_id = upload(sdk(server.url, server.key), lines)
+    # the key's one request of the minute (a creation counts; polling the batch below does not)
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+    with pytest.raises(openai.RateLimitError):
+        client.embeddings.create(model="minilm", input="direct")  # the limit holds for direct calls
     done = wait(client, batch.id, ("completed", "failed"))
     assert done.request_counts is not None and done.request_counts.completed == 6
 

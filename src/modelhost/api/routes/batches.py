@@ -1,8 +1,9 @@
 """The Batch API (OpenAI's `/v1/batches`, docs/batch.md): create, retrieve, cancel, list.
 
-Every request counts against the key's rate limits, as the Files API's do. Creating a batch records it
-(`validating`) and copies its input, as an upload would: refused with 402 when the account has no
-credits left (429 past its spend caps), 507 below the free-disk floor; the supervisor's batch runner
+Creating a batch records it (`validating`) and copies its input, as an upload would: it counts against
+the key's rate limits, and is refused with 402 when the account has no credits left (429 past its spend
+caps), 507 below the free-disk floor (reading, listing and cancelling batches are not limited: a client
+polls its batch until it ends); the supervisor's batch runner
 checks its lines, answers each once at low priority and writes the output and error files
 (`modelhost.batches`).
 """
@@ -83,10 +84,7 @@ async def create_batch(
 
 
 @router.get("/v1/batches/{batch_id}", summary="A batch's object", response_model=Batch)
-async def get_batch(
-    request: Request, batch_id: str, services: ServicesDep, principal: CallerPrincipal
-) -> Response:
-    await admit(request, principal, billed=False)
+async def get_batch(batch_id: str, services: ServicesDep, principal: CallerPrincipal) -> Response:
     return _json(await asyncio.to_thread(services.batches.get, owner_of(principal), batch_id))
 
 
@@ -97,21 +95,16 @@ async def get_batch(
     response_model=Batch,
     responses=error_responses(409),
 )
-async def cancel_batch(
-    request: Request, batch_id: str, services: ServicesDep, principal: CallerPrincipal
-) -> Response:
-    await admit(request, principal, billed=False)
+async def cancel_batch(batch_id: str, services: ServicesDep, principal: CallerPrincipal) -> Response:
     return _json(await asyncio.to_thread(services.batches.cancel, owner_of(principal), batch_id))
 
 
 @router.get("/v1/batches", summary="List the account's batches, newest first", response_model=BatchList)
 async def list_batches(
-    request: Request,
     services: ServicesDep,
     principal: CallerPrincipal,
     after: After = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> Response:
-    await admit(request, principal, billed=False)
     items, more = await asyncio.to_thread(services.batches.page, owner_of(principal), after, limit)
     return _json(list_body(items, more))
