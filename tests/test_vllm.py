@@ -69,6 +69,7 @@ from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here aga
     test_tool_choice_required_returns_a_call_whose_arguments_validate,
     test_tool_choice_validation_names_the_parameter,
     test_tool_results_render_back_into_the_template,
+    test_top_k_min_p_and_repetition_penalty_are_honoured_on_chat_completions_and_responses,
     test_vendor_model_names_are_not_found_and_other_pipelines_are_not_supported,
     tokenizer,
 )

@@ -28,7 +28,13 @@ from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
-from modelhost.generation.requests import SamplingParams, fim_tokens, prompt_ids, sampling_params
+from modelhost.generation.requests import (
+    SamplingParams,
+    fim_tokens,
+    generation_defaults,
+    prompt_ids,
+    sampling_params,
+)
 from modelhost.generation.tool_parsers import parser_for_template
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
@@ -45,6 +51,9 @@ class VllmModel:
     context_length: int
     tool_format: str
     fim: tuple[int, int, int] | None = None
+    # the artifact's generation_config.json sampling defaults, applied by us (`sampling_params`) as on
+    # our engine: vLLM's own (`--generation-config auto`) live in its OpenAI server, which we do not run
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
     processor: Any = None  # a vision-language model's (`image-text-to-text`); None: text only
     lora: bool = False  # started with LoRA on: requests may name an adapter
     # each adapter's number in this replica, by name (vLLM keys its adapter cache by number)
@@ -138,6 +147,7 @@ def load(
         context_length=int(config.max_model_len),
         tool_format=parser_for_template(template).name,
         fim=fim_tokens(tokenizer),
+        generation_defaults=generation_defaults(model_dir),
         processor=load_processor(model_dir) if vision else None,
         lora=lora is not None,
     )
@@ -182,6 +192,9 @@ def vllm_params(params: SamplingParams, grammar: str | None) -> Any:
         min_tokens=params.min_tokens,
         temperature=0.0 if greedy else params.temperature,
         top_p=1.0 if greedy else params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        repetition_penalty=params.repetition_penalty,
         seed=params.seed,
         stop=list(params.stop) or None,
         presence_penalty=params.presence_penalty,

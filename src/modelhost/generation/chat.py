@@ -110,8 +110,12 @@ def sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | 
     return {
         "max_tokens": max_tokens,
         "min_tokens": body.min_tokens,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
+        # None: the model's default, filled in by the replica (`generation.requests.sampling_params`)
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "repetition_penalty": body.repetition_penalty,
         "stop": stop,
         "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty,
