@@ -657,6 +657,34 @@ def tokenizer(recipes: Path) -> Any:
     return AutoTokenizer.from_pretrained(recipes / "t11_text_generation_chat")
 
 
+def test_stop_token_ids_ignore_eos_include_stop_str_and_skip_special_tokens(
+    chat: Chat, tokenizer: Any
+) -> None:
+    """vLLM's extensions, on answers a +100 `logit_bias` forces: a token three times, or the end of
+    sequence."""
+    token, eos = tokenizer("berlin", add_special_tokens=False)["input_ids"][0], tokenizer.eos_token_id
+
+    def answer(forced: int, **extra: Any) -> tuple[str, str, int]:
+        body = {"max_tokens": 3, "temperature": 0, "logit_bias": {str(forced): 100}, **extra}
+        created = chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, **body).json()
+        choice = created["choices"][0]
+        return choice["message"]["content"], choice["finish_reason"], created["usage"]["completion_tokens"]
+
+    text = tokenizer.decode([token])
+    assert answer(token) == (tokenizer.decode([token] * 3), "length", 3)
+    assert answer(token, stop_token_ids=[token]) == ("", "stop", 0)  # as the end of sequence
+    assert answer(token, stop_token_ids=[token], include_stop_str_in_output=True) == (text, "stop", 1)
+    assert answer(token, stop=[text], include_stop_str_in_output=True)[:2] == (text, "stop")
+    assert answer(eos) == ("", "stop", 0)
+    assert answer(eos, ignore_eos=True) == ("", "length", 3)
+    assert answer(eos, ignore_eos=True, skip_special_tokens=False) == (tokenizer.eos_token * 3, "length", 3)
+    assert_error(
+        chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, stop_token_ids=[10**6]),
+        400,
+        param="stop_token_ids",
+    )
+
+
 def test_openai_fields_that_change_nothing_are_accepted_and_change_nothing(chat: Chat) -> None:
     client = chat.client()
     base: dict[str, Any] = dict(

@@ -451,3 +451,10 @@ def test_stop_strings_never_release_the_stop_or_what_follows() -> None:
     assert stops.flush() == ""
     partial = StopStrings(["END"])
     assert partial.feed("ab EN") == "ab " and partial.flush() == "EN"
+
+
+def test_include_stop_str_in_output_releases_the_stop_but_never_what_follows() -> None:
+    stops = StopStrings(["END", "xyz"], include=True)
+    assert stops.feed("hello E") == "hello "
+    assert stops.feed("NDafter xyz") == "END" and stops.stopped
+    assert stops.flush() == ""

@@ -202,6 +202,10 @@ def vllm_params(params: SamplingParams, grammar: str | None) -> Any:
         logprobs=params.top_logprobs if params.logprobs else None,
         prompt_logprobs=params.top_logprobs if params.prompt_logprobs else None,
         logit_bias=dict(params.logit_bias) or None,
+        stop_token_ids=list(params.stop_token_ids) or None,
+        ignore_eos=params.ignore_eos,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        skip_special_tokens=params.skip_special_tokens,
         structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None,
         output_kind=RequestOutputKind.DELTA,
     )
@@ -311,12 +315,12 @@ async def generate(
             for token, logprobs in zip(tokens, completion.logprobs, strict=False):
                 emit({"logprob": _logprob_entry(model, token, logprobs, params.top_logprobs)})
         generated += len(tokens)
-        if completion.finish_reason == "stop" and completion.stop_reason is None and tokens:
-            generated -= 1  # the end-of-sequence token: sampled (its logprob is sent), not text, not counted
+        if completion.finish_reason == "stop" and tokens and _silent_stop(completion.stop_reason, params):
+            generated -= 1  # the end-of-sequence or a stop token: sampled (its logprob is sent), not text
         event: dict[str, Any] = {"text": completion.text, "completion_tokens": generated}
         text += completion.text
         if completion.finish_reason in ("stop", "length"):
-            event["text"] += _unfinished_character(model, sampled, text)
+            event["text"] += _unfinished_character(model, sampled, text, params.skip_special_tokens)
             event["finish"] = completion.finish_reason
         elif completion.finish_reason is not None:  # `abort`: only ever ours, never sent
             return
@@ -324,10 +328,16 @@ async def generate(
         output = await anext(stream, None)
 
 
-def _unfinished_character(model: VllmModel, sampled: list[int], text: str) -> str:
+def _silent_stop(reason: int | str | None, params: SamplingParams) -> bool:
+    """Whether the last token ended the answer without being in it (nor counted, as on our engine):
+    the end of sequence (no reason), or a stop token (its ID) unless `include_stop_str_in_output`."""
+    return reason is None or (isinstance(reason, int) and not params.include_stop_str_in_output)
+
+
+def _unfinished_character(model: VllmModel, sampled: list[int], text: str, skip_special: bool) -> str:
     """What our engine writes at the end of an answer that stops inside a character (a byte-level model
     cut off by `max_tokens`): U+FFFD for its bytes, as decoding the whole answer does. vLLM's detokenizer
     holds those bytes back for a character that never completes, and drops them."""
-    whole = str(model.tokenizer.decode(sampled, skip_special_tokens=True))
+    whole = str(model.tokenizer.decode(sampled, skip_special_tokens=skip_special))
     rest = whole[len(text) :] if whole.startswith(text) else ""
     return rest if rest and set(rest) == {"\ufffd"} else ""

@@ -120,6 +120,10 @@ def sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | 
         "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty,
         "logit_bias": bias or None,
+        "stop_token_ids": body.stop_token_ids,
+        "ignore_eos": body.ignore_eos,
+        "include_stop_str_in_output": body.include_stop_str_in_output,
+        "skip_special_tokens": body.skip_special_tokens,
     }
 
 

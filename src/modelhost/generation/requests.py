@@ -57,6 +57,10 @@ class SamplingParams:
     top_logprobs: int = 0
     prompt_logprobs: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token ID, bias) added to the logits before sampling
+    stop_token_ids: tuple[int, ...] = ()  # generation stops at any of these, as at the end of sequence
+    ignore_eos: bool = False  # the end-of-sequence token does not stop generation
+    include_stop_str_in_output: bool = False  # the stop string (or stop token) that ended it is in the text
+    skip_special_tokens: bool = True  # special tokens are not in the text
 
 
 class PromptModel(Protocol):
@@ -193,6 +197,8 @@ def sampling_params(
         fields["stop"] = tuple(fields["stop"])
     if "logit_bias" in fields:
         fields["logit_bias"] = _logit_bias(fields["logit_bias"], state.vocab_size)
+    if "stop_token_ids" in fields:
+        fields["stop_token_ids"] = _stop_token_ids(fields["stop_token_ids"], state.vocab_size)
     return SamplingParams(max_tokens=max_tokens, **fields)
 
 
@@ -206,3 +212,15 @@ def _logit_bias(pairs: list[list[float]], vocab_size: int) -> tuple[tuple[int, f
                 param="logit_bias",
             )
     return tuple((int(token), float(bias)) for token, bias in pairs)
+
+
+def _stop_token_ids(tokens: list[int], vocab_size: int) -> tuple[int, ...]:
+    """The stop tokens, each in the model's vocabulary (else a 400 naming the field)."""
+    for token in tokens:
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(
+                f"stop_token_ids: token ID {token} is not in this model's vocabulary "
+                f"(IDs 0 to {vocab_size - 1}).",
+                param="stop_token_ids",
+            )
+    return tuple(dict.fromkeys(tokens))

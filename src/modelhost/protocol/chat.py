@@ -16,7 +16,8 @@ Temperature = Annotated[float, Field(ge=0, le=2)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 TopK = Annotated[int, Field(ge=-1)]
 MinP = Annotated[float, Field(ge=0, le=1)]
-RepetitionPenalty = Annotated[float, Field(gt=0)]
+RepetitionPenalty = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+StopTokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)]
 MODEL_DEFAULT = " Unset: the model's default (its generation_config.json, docs/generation.md)"
 MAX_LOGIT_BIAS = 1024  # entries; OpenAI documents none, vLLM none either
 MAX_BEST_OF = 20  # OpenAI's own limit
@@ -282,6 +283,23 @@ class SamplingFields(StrictModel):
     user: str | None = Field(default=None, description=NO_EFFECT)
     min_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Extension (as vLLM): no end-of-sequence before this many tokens."
+    )
+    stop_token_ids: StopTokenIds | None = Field(
+        default=None,
+        description="Extension (as vLLM): generation stops at any of these token IDs (up to 64), as at "
+        "the end of sequence: the token is not in the text. IDs outside the vocabulary → 400.",
+    )
+    ignore_eos: bool | None = Field(
+        default=None, description="Extension (as vLLM): the end-of-sequence token does not stop generation."
+    )
+    include_stop_str_in_output: bool | None = Field(
+        default=None,
+        description="Extension (as vLLM): the stop string, or stop token, that ended generation is in "
+        "the text.",
+    )
+    skip_special_tokens: bool | None = Field(
+        default=None,
+        description="Extension (as vLLM): `false` keeps special tokens in the text. Default true.",
     )
 
 

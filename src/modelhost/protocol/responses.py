@@ -12,7 +12,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from modelhost.protocol.chat import MODEL_DEFAULT, Lenient, MinP, RepetitionPenalty, Temperature, TopK
+from modelhost.protocol.chat import (
+    MODEL_DEFAULT,
+    Lenient,
+    MinP,
+    RepetitionPenalty,
+    StopTokenIds,
+    Temperature,
+    TopK,
+)
 from modelhost.protocol.common import StrictModel
 
 
@@ -180,6 +188,10 @@ class ResponseCreateRequest(StrictModel):
     min_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Extension (as chat's): no end-of-sequence before this many tokens."
     )
+    stop_token_ids: StopTokenIds | None = Field(default=None, description="Extension (as chat's).")
+    ignore_eos: bool | None = Field(default=None, description="Extension (as chat's).")
+    include_stop_str_in_output: bool | None = Field(default=None, description="Extension (as chat's).")
+    skip_special_tokens: bool | None = Field(default=None, description="Extension (as chat's).")
     include: list[str] | None = None
     metadata: Metadata | None = None
     store: bool | None = Field(default=None, description="Keep the response (default true).")

@@ -91,7 +91,7 @@ class TextGeneration:
             constraint = GrammarConstraint(
                 state.guidance_tokenizer(), request["grammar"], param=request.get("grammar_param")
             )
-        decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)
+        decode = functools.partial(state.tokenizer.decode, skip_special_tokens=params.skip_special_tokens)
         sequence = Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint)
         if images is not None:
             sequence.images, sequence.image_token = images, _image_token(state)

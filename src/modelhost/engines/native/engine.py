@@ -148,7 +148,7 @@ class GenerationEngine:
             )
         if sequence.params.seed is not None:
             sequence.generator = torch.Generator(device=self.device).manual_seed(sequence.params.seed)
-        sequence.stops = StopStrings(sequence.params.stop)
+        sequence.stops = StopStrings(sequence.params.stop, include=sequence.params.include_stop_str_in_output)
         sequence.low = low
         first_low = next((i for i, s in enumerate(self.waiting) if s.low), None)
         if low or first_low is None:
@@ -429,16 +429,15 @@ class GenerationEngine:
         """One token per row of `logits` (raw model scores), each under its sequence's parameters.
         Greedy rows without logits processing (the common case) take one argmax for all of them."""
         logprobs = torch.log_softmax(logits, dim=-1) if any(s.params.logprobs for s in sequences) else None
-        early = (
-            [r for r, s in enumerate(sequences) if len(s.generated) < s.params.min_tokens]
-            if self.eos_ids
-            else []
-        )
+        early = [r for r, s in enumerate(sequences) if len(s.generated) < s.params.min_tokens]
         processed = [r for r, s in enumerate(sequences) if self._needs_processing(s)]
         if early or processed:
             logits = logits.clone()
-        if early:  # `min_tokens` not reached: no end of sequence yet
+        if early and self.eos_ids:  # `min_tokens` not reached: no end of sequence yet
             logits[torch.tensor(early, device=logits.device)[:, None], self._eos[None, :]] = -math.inf
+        for row in early:  # nor any of its stop tokens
+            if sequences[row].params.stop_token_ids:
+                logits[row, list(sequences[row].params.stop_token_ids)] = -math.inf
         for row in processed:
             self._process(sequences[row], logits[row])
         tokens: list[int] = torch.argmax(logits, dim=-1).tolist()
@@ -501,16 +500,21 @@ class GenerationEngine:
     def _emit(self, sequence: Sequence, token: int) -> None:
         """Record a sampled token, release its text, decide whether the sequence is finished."""
         params = sequence.params
-        is_eos = token in self.eos_ids and len(sequence.generated) >= params.min_tokens
-        if sequence.constraint is not None and not is_eos:
+        ready = len(sequence.generated) >= params.min_tokens
+        is_eos = ready and token in self.eos_ids and not params.ignore_eos
+        # a stop token (`stop_token_ids`) ends it as the end of sequence does: not in the text nor
+        # counted, unless `include_stop_str_in_output` (then both, as vLLM)
+        stop_token = ready and token in params.stop_token_ids
+        silent = is_eos or (stop_token and not params.include_stop_str_in_output)
+        if sequence.constraint is not None and not silent:
             sequence.constraint.accept(token)
         finish: str | None = None
-        if is_eos:
+        if silent:
             text, finish = "", "stop"
         else:
             sequence.generated.append(token)
             text = sequence.stops.feed(sequence.decoder.push(token))
-            finish = "stop" if sequence.stops.stopped else None
+            finish = "stop" if sequence.stops.stopped or stop_token else None
             if finish is None and sequence.constraint is not None and sequence.constraint.done:
                 finish = "stop"
             if finish is None and (
