@@ -204,14 +204,20 @@ def test_open_model_fields_out_of_range_are_400_naming_them(chat: Chat, field: s
 
 
 @pytest.fixture(scope="module")
-def top_k_1_model(chat: Chat, recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+def top_k_1_deployment(chat: Chat, recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The chat model again, its generation_config.json asking for `top_k: 1` (always the most likely
     token: what the model answers greedily, whatever the temperature)."""
     folder = long_context_copy(recipes, tmp_path_factory.mktemp("top-k-1"))
     config = json.loads((folder / "generation_config.json").read_text())
     (folder / "generation_config.json").write_text(json.dumps({**config, "top_k": 1}))
-    deploy_folder_sync(chat.http, chat.key, folder, "text-generation", "chat-top-k-1", readiness="warm")
-    return "chat-top-k-1"
+    return deploy_folder_sync(
+        chat.http, chat.key, folder, "text-generation", "chat-top-k-1", readiness="warm"
+    )
+
+
+@pytest.fixture(scope="module")
+def top_k_1_model(top_k_1_deployment: dict[str, Any]) -> str:
+    return str(top_k_1_deployment["model"])
 
 
 def test_a_request_without_sampling_fields_samples_with_the_models_generation_config(
@@ -237,6 +243,43 @@ def test_a_request_without_sampling_fields_samples_with_the_models_generation_co
         model=top_k_1_model, input=MESSAGES, max_output_tokens=10, extra_body={"min_tokens": 10}
     )
     assert response.output_text == greedy
+
+
+def test_a_deployments_generation_defaults_come_between_the_request_and_the_model(
+    chat: Chat, top_k_1_deployment: dict[str, Any]
+) -> None:
+    client, model = chat.client(), top_k_1_deployment["model"]
+    path, headers = f"/v1/deployments/{top_k_1_deployment['id']}", bearer(chat.key)
+
+    def answer(seed: int, **fields: Any) -> tuple[str | None, int]:
+        created = client.chat.completions.create(
+            model=model, messages=MESSAGES, seed=seed, extra_body={"min_tokens": 4}, **fields
+        )
+        assert created.usage is not None
+        return created.choices[0].message.content, created.usage.completion_tokens
+
+    greedy = client.chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=4, temperature=0, extra_body={"min_tokens": 4}
+    )
+    expected = (greedy.choices[0].message.content, 4)
+    patched = chat.http.patch(
+        path, json={"generation_defaults": {"top_k": 0, "max_tokens": 4}}, headers=headers
+    )
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["generation_defaults"] == {"top_k": 0, "max_tokens": 4}
+    try:
+        sampled = [answer(seed) for seed in (1, 2, 3)]  # top_k 0 (every token) over the model's 1
+        assert all(tokens == 4 for _, tokens in sampled) and sampled != [expected] * 3
+        assert answer(1, temperature=0) == expected  # the request's own field wins
+        response = client.responses.create(model=model, input="hello", extra_body={"min_tokens": 4})
+        assert response.usage is not None and response.usage.output_tokens == 4
+    finally:
+        cleared = chat.http.patch(path, json={"generation_defaults": {}}, headers=headers)
+    assert cleared.json()["generation_defaults"] == {}
+    assert answer(1, max_tokens=4) == expected  # the model's top_k 1 again
+    for body, param in (({"top_k": -5}, "top_k"), ({"temprature": 1}, "temprature")):
+        refused = chat.http.patch(path, json={"generation_defaults": body}, headers=headers)
+        assert_error(refused, 400, param=f"generation_defaults.{param}")
 
 
 def test_logprobs_and_top_logprobs(chat: Chat) -> None:

@@ -277,7 +277,8 @@ async def generate(
         return
     try:
         prompt, prompt_param, inputs = await _engine_input(model, request)
-        params = sampling_params(model, request.get("params", {}), len(prompt), prompt_param)
+        given = request.get("params", {})
+        params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
         adapter = _lora_request(model, request.get("adapter"))
         sampling = vllm_params(params, request.get("grammar"))
         priority = LOW_PRIORITY if request.get("low") else 0

@@ -127,6 +127,15 @@ def sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | 
     }
 
 
+def with_defaults(requests: list[Event], defaults: dict[str, int | float] | None) -> list[Event]:
+    """The deployment's sampling defaults (`generation_defaults`) sent with each engine request: the
+    replica puts them between the request's own fields and the model's (`generation.requests`)."""
+    if defaults:
+        for request in requests:
+            request["defaults"] = dict(defaults)
+    return requests
+
+
 def per_choice(request: Event, params: Event, n: int, seed: int | None) -> list[Event]:
     """n copies; a seed makes choice i use seed + i, so choices differ yet each is reproducible."""
     return [{**request, "params": {**params, "seed": None if seed is None else seed + i}} for i in range(n)]

@@ -167,20 +167,25 @@ def generation_defaults(model_dir: Path) -> dict[str, Any]:
 
 
 def sampling_params(
-    state: PromptModel, given: dict[str, Any], prompt_tokens: int, prompt_param: str
+    state: PromptModel,
+    given: dict[str, Any],
+    prompt_tokens: int,
+    prompt_param: str,
+    deployment: dict[str, Any] | None = None,
 ) -> SamplingParams:
     """The gateway's validated fields as the engine's parameters, the token budget checked against the
     model's context (`context_length_exceeded`, in our words, before any engine sees the prompt).
 
-    A field the request left unset (None) takes the model's default (`generation_defaults`), else the
-    engine's (`SamplingParams`'). A default `max_tokens` is cut to the room the context leaves; an
-    explicit one that does not fit is a 400."""
+    A field the request left unset (None) takes the deployment's default (`deployment`: its
+    `generation_defaults`), else the model's (`generation_defaults`), else the engine's
+    (`SamplingParams`'). A default `max_tokens` is cut to the room the context leaves; the request's own
+    that does not fit is a 400."""
     context = state.context_length
     if prompt_tokens == 0:
         raise InvalidRequest("The prompt is empty.", param=prompt_param)
     room = context - prompt_tokens
     max_tokens = given.get("max_tokens")
-    defaults = state.generation_defaults
+    defaults = {**state.generation_defaults, **(deployment or {})}
     if room <= 0 or (max_tokens is not None and max_tokens > room):
         wanted = f" + max_tokens {max_tokens}" if max_tokens is not None else ""
         raise InvalidRequest(

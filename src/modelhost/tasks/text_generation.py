@@ -83,7 +83,8 @@ class TextGeneration:
             prompt_param = "messages"
         else:
             prompt, prompt_param = prompt_ids(state, request)
-        params = sampling_params(state, request.get("params", {}), len(prompt), prompt_param)
+        given = request.get("params", {})
+        params = sampling_params(state, given, len(prompt), prompt_param, request.get("defaults"))
         constraint = None
         if request.get("grammar"):
             from modelhost.engines.native.guidance import GrammarConstraint
