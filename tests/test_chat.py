@@ -17,8 +17,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.chat_model import TIME, WEATHER, greedy_reference, served_chat_model
-from tests.helpers import assert_error, bearer, deployment_metric, push_folder_sync
+from tests.chat_model import TIME, WEATHER, greedy_reference, long_context_copy, served_chat_model
+from tests.helpers import assert_error, bearer, deploy_folder_sync, deployment_metric, push_folder_sync
 
 MESSAGES: list[Any] = [
     {"role": "system", "content": "You are a helpful assistant"},
@@ -145,6 +145,141 @@ def test_penalties_and_top_p_change_the_output(chat: Chat) -> None:
         for s in (1, 2)
     ]
     assert narrow[0] == narrow[1] == greedy  # top_p 0 keeps only the most likely token
+
+
+def test_top_k_min_p_and_repetition_penalty_are_honoured_on_chat_completions_and_responses(
+    chat: Chat,
+) -> None:
+    """The open-model fields, as the openai SDK sends them (`extra_body`)."""
+    client = chat.client()
+
+    def answer(**fields: Any) -> str | None:
+        extra = {"min_tokens": 10, **fields.pop("extra", {})}
+        created = client.chat.completions.create(
+            model="chat", messages=MESSAGES, max_tokens=10, extra_body=extra, **fields
+        )
+        return created.choices[0].message.content
+
+    greedy = answer(temperature=0)
+    assert [answer(temperature=1.8, seed=s, extra={"top_k": 1}) for s in (1, 2)] == [greedy, greedy]
+    assert answer(temperature=1.8, seed=1, extra={"min_p": 1.0}) == greedy
+    assert answer(temperature=1.8, seed=1, extra={"top_k": 0}) != greedy  # 0: every token
+    assert answer(temperature=0, extra={"repetition_penalty": 1.8}) != greedy
+    response = client.responses.create(
+        model="chat",
+        input=MESSAGES,
+        max_output_tokens=10,
+        temperature=1.8,
+        extra_body={"top_k": 1, "min_tokens": 10},
+    )
+    assert response.output_text == greedy
+
+
+def test_completions_take_the_open_model_fields_too(chat: Chat) -> None:
+    client = chat.client()
+    base: dict[str, Any] = dict(model="chat", prompt="hello hello hello", max_tokens=8)
+    greedy = client.completions.create(**base, temperature=0, extra_body={"min_tokens": 8})
+    top_k = client.completions.create(
+        **base, temperature=1.8, seed=3, extra_body={"min_tokens": 8, "top_k": 1}
+    )
+    assert top_k.choices[0].text == greedy.choices[0].text
+    penalised = client.completions.create(
+        **base, temperature=0, extra_body={"min_tokens": 8, "repetition_penalty": 5.0}
+    )
+    assert penalised.choices[0].text != greedy.choices[0].text
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("top_k", -2), ("min_p", 1.5), ("repetition_penalty", 0), ("top_k", 1.5)]
+)
+def test_open_model_fields_out_of_range_are_400_naming_them(chat: Chat, field: str, value: Any) -> None:
+    body = {"model": "chat", "max_tokens": 2, field: value}
+    for error in (
+        assert_error(chat.post("/v1/chat/completions", messages=MESSAGES, **body), 400, param=field),
+        assert_error(
+            chat.post("/v1/responses", model="chat", input="hi", **{field: value}), 400, param=field
+        ),
+    ):
+        assert "Extra inputs" not in error["message"]  # a known field, out of its range
+
+
+@pytest.fixture(scope="module")
+def top_k_1_deployment(chat: Chat, recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The chat model again, its generation_config.json asking for `top_k: 1` (always the most likely
+    token: what the model answers greedily, whatever the temperature)."""
+    folder = long_context_copy(recipes, tmp_path_factory.mktemp("top-k-1"))
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, "top_k": 1}))
+    return deploy_folder_sync(
+        chat.http, chat.key, folder, "text-generation", "chat-top-k-1", readiness="warm"
+    )
+
+
+@pytest.fixture(scope="module")
+def top_k_1_model(top_k_1_deployment: dict[str, Any]) -> str:
+    return str(top_k_1_deployment["model"])
+
+
+def test_a_request_without_sampling_fields_samples_with_the_models_generation_config(
+    chat: Chat, top_k_1_model: str
+) -> None:
+    client = chat.client()
+
+    def answer(model: str, extra: dict[str, Any] | None = None, **fields: Any) -> str | None:
+        created = client.chat.completions.create(
+            model=model,
+            messages=MESSAGES,
+            max_tokens=10,
+            extra_body={"min_tokens": 10, **(extra or {})},
+            **fields,
+        )
+        return created.choices[0].message.content
+
+    greedy = answer("chat", temperature=0)
+    assert [answer(top_k_1_model, seed=s) for s in (1, 2, 3)] == [greedy] * 3
+    assert [answer("chat", seed=s) for s in (1, 2, 3)] != [greedy] * 3  # the model without it samples
+    assert answer(top_k_1_model, {"top_k": 0}, seed=1) != greedy  # the request's own value wins
+    response = client.responses.create(
+        model=top_k_1_model, input=MESSAGES, max_output_tokens=10, extra_body={"min_tokens": 10}
+    )
+    assert response.output_text == greedy
+
+
+def test_a_deployments_generation_defaults_come_between_the_request_and_the_model(
+    chat: Chat, top_k_1_deployment: dict[str, Any]
+) -> None:
+    client, model = chat.client(), top_k_1_deployment["model"]
+    path, headers = f"/v1/deployments/{top_k_1_deployment['id']}", bearer(chat.key)
+
+    def answer(seed: int, **fields: Any) -> tuple[str | None, int]:
+        created = client.chat.completions.create(
+            model=model, messages=MESSAGES, seed=seed, extra_body={"min_tokens": 4}, **fields
+        )
+        assert created.usage is not None
+        return created.choices[0].message.content, created.usage.completion_tokens
+
+    greedy = client.chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=4, temperature=0, extra_body={"min_tokens": 4}
+    )
+    expected = (greedy.choices[0].message.content, 4)
+    patched = chat.http.patch(
+        path, json={"generation_defaults": {"top_k": 0, "max_tokens": 4}}, headers=headers
+    )
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["generation_defaults"] == {"top_k": 0, "max_tokens": 4}
+    try:
+        sampled = [answer(seed) for seed in (1, 2, 3)]  # top_k 0 (every token) over the model's 1
+        assert all(tokens == 4 for _, tokens in sampled) and sampled != [expected] * 3
+        assert answer(1, temperature=0) == expected  # the request's own field wins
+        response = client.responses.create(model=model, input="hello", extra_body={"min_tokens": 4})
+        assert response.usage is not None and response.usage.output_tokens == 4
+    finally:
+        cleared = chat.http.patch(path, json={"generation_defaults": {}}, headers=headers)
+    assert cleared.json()["generation_defaults"] == {}
+    assert answer(1, max_tokens=4) == expected  # the model's top_k 1 again
+    for body, param in (({"top_k": -5}, "top_k"), ({"temprature": 1}, "temprature")):
+        refused = chat.http.patch(path, json={"generation_defaults": body}, headers=headers)
+        assert_error(refused, 400, param=f"generation_defaults.{param}")
 
 
 def test_logprobs_and_top_logprobs(chat: Chat) -> None:
@@ -563,6 +698,34 @@ def tokenizer(recipes: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(recipes / "t11_text_generation_chat")
+
+
+def test_stop_token_ids_ignore_eos_include_stop_str_and_skip_special_tokens(
+    chat: Chat, tokenizer: Any
+) -> None:
+    """vLLM's extensions, on answers a +100 `logit_bias` forces: a token three times, or the end of
+    sequence."""
+    token, eos = tokenizer("berlin", add_special_tokens=False)["input_ids"][0], tokenizer.eos_token_id
+
+    def answer(forced: int, **extra: Any) -> tuple[str, str, int]:
+        body = {"max_tokens": 3, "temperature": 0, "logit_bias": {str(forced): 100}, **extra}
+        created = chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, **body).json()
+        choice = created["choices"][0]
+        return choice["message"]["content"], choice["finish_reason"], created["usage"]["completion_tokens"]
+
+    text = tokenizer.decode([token])
+    assert answer(token) == (tokenizer.decode([token] * 3), "length", 3)
+    assert answer(token, stop_token_ids=[token]) == ("", "stop", 0)  # as the end of sequence
+    assert answer(token, stop_token_ids=[token], include_stop_str_in_output=True) == (text, "stop", 1)
+    assert answer(token, stop=[text], include_stop_str_in_output=True)[:2] == (text, "stop")
+    assert answer(eos) == ("", "stop", 0)
+    assert answer(eos, ignore_eos=True) == ("", "length", 3)
+    assert answer(eos, ignore_eos=True, skip_special_tokens=False) == (tokenizer.eos_token * 3, "length", 3)
+    assert_error(
+        chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, stop_token_ids=[10**6]),
+        400,
+        param="stop_token_ids",
+    )
 
 
 def test_openai_fields_that_change_nothing_are_accepted_and_change_nothing(chat: Chat) -> None:

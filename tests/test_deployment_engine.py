@@ -198,6 +198,31 @@ async def test_a_refused_engine_patch_changes_nothing(
     assert (now["max_replicas"], *engine_of(now)) == (1, *engine_of(created))
 
 
+async def test_generation_defaults_are_set_at_creation_shown_and_replaced_by_a_patch(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    """A deployment's sampling defaults (docs/generation.md, "The model's defaults"); that its requests
+    take them is tests/test_chat.py's."""
+    account = await new_account(client)
+    owner = bearer(account["api_key"])
+    artifact = generator_artifact(services, account["id"], UNLISTED)
+    refused = await deploy(client, account, artifact, generation_defaults={"top_k": 1.5})
+    assert_error(refused, 400, param="generation_defaults.top_k")
+    defaults = {"temperature": 0.6, "top_k": 20, "max_tokens": 512}
+    created = (await deploy(client, account, artifact, generation_defaults=defaults)).json()
+    path = f"/v1/deployments/{created['id']}"
+    assert created["generation_defaults"] == defaults and isinstance(
+        created["generation_defaults"]["top_k"], int
+    )
+    assert (await client.get(path, headers=owner)).json()["generation_defaults"] == defaults
+    untouched = (await client.patch(path, json={"readiness": "cold"}, headers=owner)).json()
+    assert untouched["generation_defaults"] == defaults  # not given: unchanged
+    replaced = (await client.patch(path, json={"generation_defaults": {"min_p": 0.1}}, headers=owner)).json()
+    assert replaced["generation_defaults"] == {"min_p": 0.1}
+    listed = (await client.get("/v1/deployments", headers=owner)).json()["data"]
+    assert [d["generation_defaults"] for d in listed] == [{"min_p": 0.1}]
+
+
 # ------------------------------------------------------------------------------------ the store
 
 

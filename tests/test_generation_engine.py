@@ -172,6 +172,70 @@ def test_logit_bias_is_added_before_sampling_greedy_included(loaded: tuple[Any, 
     assert banned.generated[0] != plain.generated[0]
 
 
+def test_top_k_1_and_min_p_1_sample_the_greedy_answer(loaded: tuple[Any, Any]) -> None:
+    greedy = sequence(loaded, 1, "hello world", max_tokens=10, min_tokens=10)
+    hot = dict(temperature=1.8, max_tokens=10, min_tokens=10)
+    top_k = [sequence(loaded, 2 + s, "hello world", top_k=1, seed=s, **hot) for s in range(3)]
+    min_p = [sequence(loaded, 5 + s, "hello world", min_p=1.0, seed=s, **hot) for s in range(3)]
+    free = [sequence(loaded, 8 + s, "hello world", seed=s, **hot) for s in range(3)]
+    run(engine_of(loaded), {0: [greedy, *top_k, *min_p, *free]})
+    assert all(s.generated == greedy.generated for s in (*top_k, *min_p))
+    assert any(s.generated != greedy.generated for s in free)
+
+
+def test_repetition_penalty_generates_what_transformers_does_with_it(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    prompt = "hello hello hello world world"
+    plain = sequence(loaded, 1, prompt, max_tokens=12, min_tokens=12)
+    penalised = sequence(loaded, 2, prompt, max_tokens=12, min_tokens=12, repetition_penalty=1.8)
+    run(engine_of(loaded), {0: [plain, penalised]})
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(DEVICE)
+    out = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False, repetition_penalty=1.8)
+    assert penalised.generated == out[0, ids.shape[1] :].tolist()
+    assert penalised.generated != plain.generated
+
+
+class _Model:
+    """What `sampling_params` reads of a loaded model."""
+
+    tokenizer = None
+    vocab_size = 100
+    context_length = 64
+    fim = None
+
+    def __init__(self, defaults: dict[str, Any]) -> None:
+        self.generation_defaults = defaults
+
+
+def test_fields_left_unset_take_the_models_generation_config_and_set_ones_win(tmp_path: Path) -> None:
+    from modelhost.generation.requests import generation_defaults, sampling_params
+
+    config = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.05, "max_new_tokens": 30}
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({**config, "repetition_penalty": 1.1, "do_sample": False, "top_k": 20})
+    )
+    defaults = generation_defaults(tmp_path)
+    unset = {"temperature": None, "top_p": None, "top_k": None, "max_tokens": None, "min_p": None}
+    params = sampling_params(_Model(defaults), unset, 10, "messages")
+    assert (params.temperature, params.top_p, params.top_k, params.min_p) == (0.6, 0.95, 20, 0.05)
+    assert params.repetition_penalty == 1.1 and params.max_tokens == 30
+    given = {"temperature": 0.0, "top_k": 0, "max_tokens": 5}
+    params = sampling_params(_Model(defaults), given, 10, "messages")
+    assert (params.temperature, params.top_k, params.max_tokens, params.top_p) == (0.0, 0, 5, 0.95)
+    assert sampling_params(_Model(defaults), {}, 50, "messages").max_tokens == 14  # the room left
+    plain = sampling_params(_Model(generation_defaults(tmp_path / "none")), {}, 10, "messages")
+    assert (plain.temperature, plain.top_p, plain.top_k, plain.max_tokens) == (1.0, 1.0, 0, 54)
+
+
+def test_a_generation_config_value_out_of_range_is_ignored(tmp_path: Path) -> None:
+    from modelhost.generation.requests import generation_defaults
+
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": -1, "top_p": "0.9", "top_k": 2.5, "min_p": 0.1, "max_new_tokens": True})
+    )
+    assert generation_defaults(tmp_path) == {"min_p": 0.1}
+
+
 def test_no_logit_bias_brings_back_a_token_the_grammar_forbids(loaded: tuple[Any, Any]) -> None:
     import llguidance.hf
 
@@ -387,3 +451,10 @@ def test_stop_strings_never_release_the_stop_or_what_follows() -> None:
     assert stops.flush() == ""
     partial = StopStrings(["END"])
     assert partial.feed("ab EN") == "ab " and partial.flush() == "EN"
+
+
+def test_include_stop_str_in_output_releases_the_stop_but_never_what_follows() -> None:
+    stops = StopStrings(["END", "xyz"], include=True)
+    assert stops.feed("hello E") == "hello "
+    assert stops.feed("NDafter xyz") == "END" and stops.stopped
+    assert stops.flush() == ""

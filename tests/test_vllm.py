@@ -62,6 +62,7 @@ from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here aga
     test_penalties_and_top_p_change_the_output,
     test_seed_reproduces_sampled_output_and_n_gives_that_many_choices,
     test_stop_strings_end_generation_and_are_not_in_the_output,
+    test_stop_token_ids_ignore_eos_include_stop_str_and_skip_special_tokens,
     test_streamed_tool_call_deltas_reassemble_to_the_same_call,
     test_streaming_sends_role_then_content_then_finish_then_usage_and_done,
     test_suffix_needs_a_model_with_fill_in_the_middle_tokens,
@@ -69,6 +70,7 @@ from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here aga
     test_tool_choice_required_returns_a_call_whose_arguments_validate,
     test_tool_choice_validation_names_the_parameter,
     test_tool_results_render_back_into_the_template,
+    test_top_k_min_p_and_repetition_penalty_are_honoured_on_chat_completions_and_responses,
     test_vendor_model_names_are_not_found_and_other_pipelines_are_not_supported,
     tokenizer,
 )

@@ -25,6 +25,9 @@ class DeploymentRef:
     # Why it serves nothing now (an adapter deployment detached from a base no longer shared with its
     # account): its requests are 409 `base_not_shared` with this message
     unavailable: str | None = None
+    # Sampling defaults of its requests (`GenerationDefaults`' fields that are set), sent with each
+    # generation request: the replica puts them before the model's own (`generation.requests`)
+    generation_defaults: dict[str, int | float] | None = None
 
 
 def resolve_deployment(

@@ -28,7 +28,13 @@ from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
-from modelhost.generation.requests import SamplingParams, fim_tokens, prompt_ids, sampling_params
+from modelhost.generation.requests import (
+    SamplingParams,
+    fim_tokens,
+    generation_defaults,
+    prompt_ids,
+    sampling_params,
+)
 from modelhost.generation.tool_parsers import parser_for_template
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
@@ -45,6 +51,9 @@ class VllmModel:
     context_length: int
     tool_format: str
     fim: tuple[int, int, int] | None = None
+    # the artifact's generation_config.json sampling defaults, applied by us (`sampling_params`) as on
+    # our engine: vLLM's own (`--generation-config auto`) live in its OpenAI server, which we do not run
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
     processor: Any = None  # a vision-language model's (`image-text-to-text`); None: text only
     lora: bool = False  # started with LoRA on: requests may name an adapter
     # each adapter's number in this replica, by name (vLLM keys its adapter cache by number)
@@ -138,6 +147,7 @@ def load(
         context_length=int(config.max_model_len),
         tool_format=parser_for_template(template).name,
         fim=fim_tokens(tokenizer),
+        generation_defaults=generation_defaults(model_dir),
         processor=load_processor(model_dir) if vision else None,
         lora=lora is not None,
     )
@@ -182,6 +192,9 @@ def vllm_params(params: SamplingParams, grammar: str | None) -> Any:
         min_tokens=params.min_tokens,
         temperature=0.0 if greedy else params.temperature,
         top_p=1.0 if greedy else params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        repetition_penalty=params.repetition_penalty,
         seed=params.seed,
         stop=list(params.stop) or None,
         presence_penalty=params.presence_penalty,
@@ -189,6 +202,10 @@ def vllm_params(params: SamplingParams, grammar: str | None) -> Any:
         logprobs=params.top_logprobs if params.logprobs else None,
         prompt_logprobs=params.top_logprobs if params.prompt_logprobs else None,
         logit_bias=dict(params.logit_bias) or None,
+        stop_token_ids=list(params.stop_token_ids) or None,
+        ignore_eos=params.ignore_eos,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        skip_special_tokens=params.skip_special_tokens,
         structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None,
         output_kind=RequestOutputKind.DELTA,
     )
@@ -260,7 +277,8 @@ async def generate(
         return
     try:
         prompt, prompt_param, inputs = await _engine_input(model, request)
-        params = sampling_params(model, request.get("params", {}), len(prompt), prompt_param)
+        given = request.get("params", {})
+        params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
         adapter = _lora_request(model, request.get("adapter"))
         sampling = vllm_params(params, request.get("grammar"))
         priority = LOW_PRIORITY if request.get("low") else 0
@@ -298,12 +316,12 @@ async def generate(
             for token, logprobs in zip(tokens, completion.logprobs, strict=False):
                 emit({"logprob": _logprob_entry(model, token, logprobs, params.top_logprobs)})
         generated += len(tokens)
-        if completion.finish_reason == "stop" and completion.stop_reason is None and tokens:
-            generated -= 1  # the end-of-sequence token: sampled (its logprob is sent), not text, not counted
+        if completion.finish_reason == "stop" and tokens and _silent_stop(completion.stop_reason, params):
+            generated -= 1  # the end-of-sequence or a stop token: sampled (its logprob is sent), not text
         event: dict[str, Any] = {"text": completion.text, "completion_tokens": generated}
         text += completion.text
         if completion.finish_reason in ("stop", "length"):
-            event["text"] += _unfinished_character(model, sampled, text)
+            event["text"] += _unfinished_character(model, sampled, text, params.skip_special_tokens)
             event["finish"] = completion.finish_reason
         elif completion.finish_reason is not None:  # `abort`: only ever ours, never sent
             return
@@ -311,10 +329,16 @@ async def generate(
         output = await anext(stream, None)
 
 
-def _unfinished_character(model: VllmModel, sampled: list[int], text: str) -> str:
+def _silent_stop(reason: int | str | None, params: SamplingParams) -> bool:
+    """Whether the last token ended the answer without being in it (nor counted, as on our engine):
+    the end of sequence (no reason), or a stop token (its ID) unless `include_stop_str_in_output`."""
+    return reason is None or (isinstance(reason, int) and not params.include_stop_str_in_output)
+
+
+def _unfinished_character(model: VllmModel, sampled: list[int], text: str, skip_special: bool) -> str:
     """What our engine writes at the end of an answer that stops inside a character (a byte-level model
     cut off by `max_tokens`): U+FFFD for its bytes, as decoding the whole answer does. vLLM's detokenizer
     holds those bytes back for a character that never completes, and drops them."""
-    whole = str(model.tokenizer.decode(sampled, skip_special_tokens=True))
+    whole = str(model.tokenizer.decode(sampled, skip_special_tokens=skip_special))
     rest = whole[len(text) :] if whole.startswith(text) else ""
     return rest if rest and set(rest) == {"\ufffd"} else ""

@@ -110,13 +110,30 @@ def sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | 
     return {
         "max_tokens": max_tokens,
         "min_tokens": body.min_tokens,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
-        "top_p": 1.0 if body.top_p is None else body.top_p,
+        # None: the model's default, filled in by the replica (`generation.requests.sampling_params`)
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "repetition_penalty": body.repetition_penalty,
         "stop": stop,
         "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty,
         "logit_bias": bias or None,
+        "stop_token_ids": body.stop_token_ids,
+        "ignore_eos": body.ignore_eos,
+        "include_stop_str_in_output": body.include_stop_str_in_output,
+        "skip_special_tokens": body.skip_special_tokens,
     }
+
+
+def with_defaults(requests: list[Event], defaults: dict[str, int | float] | None) -> list[Event]:
+    """The deployment's sampling defaults (`generation_defaults`) sent with each engine request: the
+    replica puts them between the request's own fields and the model's (`generation.requests`)."""
+    if defaults:
+        for request in requests:
+            request["defaults"] = dict(defaults)
+    return requests
 
 
 def per_choice(request: Event, params: Event, n: int, seed: int | None) -> list[Event]:

@@ -8,7 +8,10 @@ neither torch nor media libraries, so the vLLM environment (which has its own ve
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from modelhost.errors import InvalidRequest
@@ -21,6 +24,21 @@ FIM_TOKENS = (
     ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
 )
 
+log = logging.getLogger(__name__)
+
+# The keys of `generation_config.json` that are a request's defaults, as our parameters' names, each with
+# the values it may take (a value outside them is ignored, with a warning): vLLM's list
+# (`ModelConfig.get_diff_sampling_param`). `do_sample` is not among them, as in vLLM: a config written
+# for transformers' `generate` says `do_sample: false` by default, and OpenAI's clients expect sampling.
+GENERATION_DEFAULTS: dict[str, tuple[str, type, float, float]] = {
+    "temperature": ("temperature", float, 0.0, 2.0),
+    "top_p": ("top_p", float, 0.0, 1.0),
+    "top_k": ("top_k", int, -1, 1 << 31),
+    "min_p": ("min_p", float, 0.0, 1.0),
+    "repetition_penalty": ("repetition_penalty", float, 1e-6, 1e6),
+    "max_new_tokens": ("max_tokens", int, 1, 1 << 31),
+}
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,6 +46,9 @@ class SamplingParams:
     min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1, as vLLM): every token
+    min_p: float = 0.0  # tokens below min_p x the most likely one's probability are dropped
+    repetition_penalty: float = 1.0  # above 1: tokens of the prompt and the output are less likely
     seed: int | None = None
     stop: tuple[str, ...] = ()
     presence_penalty: float = 0.0
@@ -36,6 +57,10 @@ class SamplingParams:
     top_logprobs: int = 0
     prompt_logprobs: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token ID, bias) added to the logits before sampling
+    stop_token_ids: tuple[int, ...] = ()  # generation stops at any of these, as at the end of sequence
+    ignore_eos: bool = False  # the end-of-sequence token does not stop generation
+    include_stop_str_in_output: bool = False  # the stop string (or stop token) that ended it is in the text
+    skip_special_tokens: bool = True  # special tokens are not in the text
 
 
 class PromptModel(Protocol):
@@ -49,6 +74,8 @@ class PromptModel(Protocol):
     def context_length(self) -> int: ...
     @property
     def fim(self) -> tuple[int, int, int] | None: ...
+    @property
+    def generation_defaults(self) -> dict[str, Any]: ...
 
 
 def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], str]:
@@ -115,16 +142,50 @@ def fill_in_the_middle(
     return [*start, prefix_token, *prompt[len(start) :], suffix_token, *after, middle_token]
 
 
+def generation_defaults(model_dir: Path) -> dict[str, Any]:
+    """The sampling defaults the artifact's `generation_config.json` sets (`GENERATION_DEFAULTS`), as our
+    parameters: what a request that leaves a field unset gets (docs/generation.md, "The model's
+    defaults"). Read once, when a replica loads the model; no file (or an unreadable one): none."""
+    try:
+        config = json.loads((model_dir / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    defaults: dict[str, Any] = {}
+    for key, (name, kind, low, high) in GENERATION_DEFAULTS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            log.warning("generation_config.json: %s %r is not a default we can use; ignored", key, value)
+        elif kind is int and value != int(value):
+            log.warning("generation_config.json: %s %r is not a whole number; ignored", key, value)
+        else:
+            defaults[name] = kind(value)
+    return defaults
+
+
 def sampling_params(
-    state: PromptModel, given: dict[str, Any], prompt_tokens: int, prompt_param: str
+    state: PromptModel,
+    given: dict[str, Any],
+    prompt_tokens: int,
+    prompt_param: str,
+    deployment: dict[str, Any] | None = None,
 ) -> SamplingParams:
     """The gateway's validated fields as the engine's parameters, the token budget checked against the
-    model's context (`context_length_exceeded`, in our words, before any engine sees the prompt)."""
+    model's context (`context_length_exceeded`, in our words, before any engine sees the prompt).
+
+    A field the request left unset (None) takes the deployment's default (`deployment`: its
+    `generation_defaults`), else the model's (`generation_defaults`), else the engine's
+    (`SamplingParams`'). A default `max_tokens` is cut to the room the context leaves; the request's own
+    that does not fit is a 400."""
     context = state.context_length
     if prompt_tokens == 0:
         raise InvalidRequest("The prompt is empty.", param=prompt_param)
     room = context - prompt_tokens
     max_tokens = given.get("max_tokens")
+    defaults = {**state.generation_defaults, **(deployment or {})}
     if room <= 0 or (max_tokens is not None and max_tokens > room):
         wanted = f" + max_tokens {max_tokens}" if max_tokens is not None else ""
         raise InvalidRequest(
@@ -133,12 +194,17 @@ def sampling_params(
             param="max_tokens" if max_tokens is not None and room > 0 else prompt_param,
             code="context_length_exceeded",
         )
-    fields = {k: v for k, v in given.items() if k != "max_tokens" and v is not None}
+    fields = {k: v for k, v in defaults.items() if k != "max_tokens"}
+    fields.update((k, v) for k, v in given.items() if k != "max_tokens" and v is not None)
+    if max_tokens is None:
+        max_tokens = min(defaults.get("max_tokens", room), room)
     if "stop" in fields:
         fields["stop"] = tuple(fields["stop"])
     if "logit_bias" in fields:
         fields["logit_bias"] = _logit_bias(fields["logit_bias"], state.vocab_size)
-    return SamplingParams(max_tokens=max_tokens or room, **fields)
+    if "stop_token_ids" in fields:
+        fields["stop_token_ids"] = _stop_token_ids(fields["stop_token_ids"], state.vocab_size)
+    return SamplingParams(max_tokens=max_tokens, **fields)
 
 
 def _logit_bias(pairs: list[list[float]], vocab_size: int) -> tuple[tuple[int, float], ...]:
@@ -151,3 +217,15 @@ def _logit_bias(pairs: list[list[float]], vocab_size: int) -> tuple[tuple[int, f
                 param="logit_bias",
             )
     return tuple((int(token), float(bias)) for token, bias in pairs)
+
+
+def _stop_token_ids(tokens: list[int], vocab_size: int) -> tuple[int, ...]:
+    """The stop tokens, each in the model's vocabulary (else a 400 naming the field)."""
+    for token in tokens:
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(
+                f"stop_token_ids: token ID {token} is not in this model's vocabulary "
+                f"(IDs 0 to {vocab_size - 1}).",
+                param="stop_token_ids",
+            )
+    return tuple(dict.fromkeys(tokens))

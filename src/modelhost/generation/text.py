@@ -44,9 +44,11 @@ class IncrementalDecoder:
 
 @dataclass
 class StopStrings:
-    """Finds the first stop string in streamed text; the stop string itself is never released."""
+    """Finds the first stop string in streamed text; the stop string itself is released only with
+    `include` (vLLM's `include_stop_str_in_output`), never what follows it."""
 
     stops: Sequence[str]
+    include: bool = False
     held: str = ""
     stopped: bool = False
 
@@ -57,10 +59,11 @@ class StopStrings:
         if not self.stops:
             return text
         self.held += text
-        found = [i for i in (self.held.find(s) for s in self.stops) if i >= 0]
+        found = [(i, len(s)) for i, s in ((self.held.find(s), s) for s in self.stops) if i >= 0]
         if found:
             self.stopped = True
-            released, self.held = self.held[: min(found)], ""
+            start, length = min(found)
+            released, self.held = self.held[: start + (length if self.include else 0)], ""
             return released
         keep = _longest_partial_stop(self.held, self.stops)
         released = self.held[: len(self.held) - keep]

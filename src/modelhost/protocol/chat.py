@@ -14,6 +14,11 @@ Stop = (
 )
 Temperature = Annotated[float, Field(ge=0, le=2)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
+TopK = Annotated[int, Field(ge=-1)]
+MinP = Annotated[float, Field(ge=0, le=1)]
+RepetitionPenalty = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+StopTokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)]
+MODEL_DEFAULT = " Unset: the model's default (its generation_config.json, docs/generation.md)"
 MAX_LOGIT_BIAS = 1024  # entries; OpenAI documents none, vLLM none either
 MAX_BEST_OF = 20  # OpenAI's own limit
 
@@ -242,8 +247,31 @@ class SamplingFields(StrictModel):
     """What chat completions and completions share."""
 
     model: str = Field(description="Your deployment's model ID.", examples=["chat"])
-    temperature: Temperature | None = Field(default=None, description="0 = greedy. Default 1.")
-    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    temperature: Temperature | None = Field(
+        default=None, description="0 = greedy." + MODEL_DEFAULT + ", else 1."
+    )
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        default=None, description=MODEL_DEFAULT + ", else 1."
+    )
+    top_k: TopK | None = Field(
+        default=None,
+        description="Extension (as vLLM): sample from the k most likely tokens; 0 or -1: all."
+        + MODEL_DEFAULT
+        + ", else all.",
+    )
+    min_p: MinP | None = Field(
+        default=None,
+        description="Extension (as vLLM): drop tokens less likely than min_p times the most likely one."
+        + MODEL_DEFAULT
+        + ", else 0.",
+    )
+    repetition_penalty: RepetitionPenalty | None = Field(
+        default=None,
+        description="Extension (as vLLM and transformers): above 1, every token of the prompt and the "
+        "output so far is less likely (its logit divided by it if positive, else multiplied)."
+        + MODEL_DEFAULT
+        + ", else 1.",
+    )
     n: Annotated[int, Field(ge=1, le=16)] | None = None
     stop: Stop | None = Field(default=None, description="Generation stops before any of these strings.")
     seed: int | None = Field(default=None, description="Same seed and parameters → same output.")
@@ -255,6 +283,23 @@ class SamplingFields(StrictModel):
     user: str | None = Field(default=None, description=NO_EFFECT)
     min_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Extension (as vLLM): no end-of-sequence before this many tokens."
+    )
+    stop_token_ids: StopTokenIds | None = Field(
+        default=None,
+        description="Extension (as vLLM): generation stops at any of these token IDs (up to 64), as at "
+        "the end of sequence: the token is not in the text. IDs outside the vocabulary → 400.",
+    )
+    ignore_eos: bool | None = Field(
+        default=None, description="Extension (as vLLM): the end-of-sequence token does not stop generation."
+    )
+    include_stop_str_in_output: bool | None = Field(
+        default=None,
+        description="Extension (as vLLM): the stop string, or stop token, that ended generation is in "
+        "the text.",
+    )
+    skip_special_tokens: bool | None = Field(
+        default=None,
+        description="Extension (as vLLM): `false` keeps special tokens in the text. Default true.",
     )
 
 

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
+from modelhost.protocol.chat import MinP, RepetitionPenalty, Temperature, TopK
 from modelhost.protocol.common import PageOf, StrictModel
 
 Readiness = Literal["cold", "warm", "hot"]
@@ -180,6 +181,26 @@ class KeyCreated(Key):
     api_key: str = Field(description="The secret. Shown once.")
 
 
+class GenerationDefaults(StrictModel):
+    """A text-generation deployment's sampling defaults: what its requests that leave a field unset get,
+    before the model's own generation_config.json (docs/generation.md, "The model's defaults")."""
+
+    temperature: Temperature | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Chat's `max_completion_tokens` and Responses' `max_output_tokens`."
+    )
+
+
+GENERATION_DEFAULTS_DESCRIPTION = (
+    "Sampling defaults of the deployment's chat completions, completions and responses (and their batch "
+    "lines): a request's own value wins, these come before the model's generation_config.json."
+)
+
+
 class DeploymentCreate(StrictModel):
     model: ModelId
     artifact_id: str = Field(min_length=1, max_length=64)
@@ -194,6 +215,9 @@ class DeploymentCreate(StrictModel):
         "the account's own or one the operator shares; a text-generation or image-text-to-text deployment "
         "on vLLM whose modules the adapter fits (docs/adapters.md). Readiness, replicas and engine are the "
         "base's.",
+    )
+    generation_defaults: GenerationDefaults | None = Field(
+        default=None, description=GENERATION_DEFAULTS_DESCRIPTION
     )
 
     @model_validator(mode="after")
@@ -211,6 +235,11 @@ class DeploymentPatch(StrictModel):
         default=None,
         description=ENGINE_DESCRIPTION + " Given (even unchanged), the engine is chosen again: `auto` "
         "after installing vLLM moves a deployment onto it; a loaded deployment reloads on the new engine.",
+    )
+    generation_defaults: GenerationDefaults | None = Field(
+        default=None,
+        description=GENERATION_DEFAULTS_DESCRIPTION + " Given, it replaces the whole set (`{}`: none); it "
+        "applies to the next request, without a reload.",
     )
 
 
@@ -249,6 +278,9 @@ class Deployment(BaseModel):
     )
     shared: bool = Field(
         default=False, description="The operator shares it with every account as a base for their adapters."
+    )
+    generation_defaults: dict[str, int | float] = Field(
+        default_factory=dict, description="The sampling defaults set on the deployment (the fields set only)."
     )
     created_at: datetime
     updated_at: datetime

@@ -12,7 +12,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from modelhost.protocol.chat import Lenient, Temperature
+from modelhost.protocol.chat import (
+    MODEL_DEFAULT,
+    Lenient,
+    MinP,
+    RepetitionPenalty,
+    StopTokenIds,
+    Temperature,
+    TopK,
+)
 from modelhost.protocol.common import StrictModel
 
 
@@ -167,12 +175,23 @@ class ResponseCreateRequest(StrictModel):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Temperature | None = None
-    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    temperature: Temperature | None = Field(default=None, description=MODEL_DEFAULT + ", else 1.")
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        default=None, description=MODEL_DEFAULT + ", else 1."
+    )
+    top_k: TopK | None = Field(default=None, description="Extension (as chat's)." + MODEL_DEFAULT + ".")
+    min_p: MinP | None = Field(default=None, description="Extension (as chat's)." + MODEL_DEFAULT + ".")
+    repetition_penalty: RepetitionPenalty | None = Field(
+        default=None, description="Extension (as chat's)." + MODEL_DEFAULT + "."
+    )
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     min_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Extension (as chat's): no end-of-sequence before this many tokens."
     )
+    stop_token_ids: StopTokenIds | None = Field(default=None, description="Extension (as chat's).")
+    ignore_eos: bool | None = Field(default=None, description="Extension (as chat's).")
+    include_stop_str_in_output: bool | None = Field(default=None, description="Extension (as chat's).")
+    skip_special_tokens: bool | None = Field(default=None, description="Extension (as chat's).")
     include: list[str] | None = None
     metadata: Metadata | None = None
     store: bool | None = Field(default=None, description="Keep the response (default true).")

@@ -52,6 +52,7 @@ def audited(deployment: Deployment) -> dict[str, object]:
         "precision": deployment.precision,
         "base_deployment": deployment.base_deployment_id,
         "shared": bool(deployment.shared),
+        "generation_defaults": deployment.generation_defaults,
     }
 
 
@@ -237,9 +238,11 @@ class DeploymentService:
         engine: str = "auto",
         precision: str = "float32",
         base_deployment: str | None = None,
+        generation_defaults: dict[str, int | float] | None = None,
     ) -> Deployment:
         """A deployment of a ready artifact; an adapter artifact's is served on `base_deployment`'s
-        replicas (`services.adapters` says what the base must be)."""
+        replicas (`services.adapters` says what the base must be). `generation_defaults`: the sampling
+        defaults of its requests (the fields set; empty: none)."""
         with self._database.transaction() as session:
             artifact = session.get(ModelArtifact, artifact_id)
             if artifact is None or artifact.account_id != account_id:
@@ -292,6 +295,7 @@ class DeploymentService:
                     engine_reason=choice.reason,
                     precision=precision,
                     base_deployment_id=base.id if base is not None else None,
+                    generation_defaults=generation_defaults or None,
                 )
                 session.add(deployment)
                 session.flush()
@@ -327,11 +331,21 @@ class DeploymentService:
         with self._database.transaction() as session:
             rows = session.execute(
                 select(
-                    Deployment.id, Deployment.model, Deployment.pipeline, Deployment.detached_reason
+                    Deployment.id,
+                    Deployment.model,
+                    Deployment.pipeline,
+                    Deployment.detached_reason,
+                    Deployment.generation_defaults,
                 ).where(Deployment.account_id == account_id)
             )
             return [
-                DeploymentRef(id=r.id, model=r.model, pipeline=r.pipeline, unavailable=r.detached_reason)
+                DeploymentRef(
+                    id=r.id,
+                    model=r.model,
+                    pipeline=r.pipeline,
+                    unavailable=r.detached_reason,
+                    generation_defaults=r.generation_defaults,
+                )
                 for r in rows
             ]
 
@@ -350,9 +364,11 @@ class DeploymentService:
         min_replicas: int | None,
         max_replicas: int | None,
         engine: str | None = None,
+        generation_defaults: dict[str, int | float] | None = None,
     ) -> Deployment:
         """With `engine` (even the same one): the engine is chosen again, so `auto` sees a vLLM installed
-        since; the runtime reloads a loaded deployment whose engine in use changed (`runtime.apply`)."""
+        since; the runtime reloads a loaded deployment whose engine in use changed (`runtime.apply`).
+        `generation_defaults` given replaces the set (empty: none); its next requests carry it."""
         choice = None
         if engine is not None:
             choice = self._choose_engine(engine, self._artifact_of_deployment(account_id, deployment_id))
@@ -381,6 +397,8 @@ class DeploymentService:
                 for adapter in adapters.attached(session, deployment.id):
                     adapter.readiness = readiness  # an adapter is as ready as its base
             deployment.min_replicas, deployment.max_replicas = new_min, new_max
+            if generation_defaults is not None:
+                deployment.generation_defaults = generation_defaults or None
             if engine is not None and choice is not None:
                 attached = adapters.attached(session, deployment.id)
                 if attached and choice.engine != "vllm":

@@ -23,7 +23,15 @@ from typing import Any
 import orjson
 
 from modelhost.errors import InvalidRequest, ModelhostError
-from modelhost.generation.chat import ChatChoice, chat_requests, effective_tools, new_id, per_choice, sampling
+from modelhost.generation.chat import (
+    ChatChoice,
+    chat_requests,
+    effective_tools,
+    new_id,
+    per_choice,
+    sampling,
+    with_defaults,
+)
 from modelhost.media.sources import MediaPolicy, load_media
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
 from modelhost.protocol.tasks import MAX_MEDIA_INPUTS
@@ -51,9 +59,12 @@ async def chat_completion(
     until: Until,
     media: MediaPolicy,
     reads_images: bool = False,
+    defaults: dict[str, int | float] | None = None,
 ) -> Answer:
-    """`reads_images`: the deployment is a vision-language one (`image-text-to-text`)."""
+    """`reads_images`: the deployment is a vision-language one (`image-text-to-text`); `defaults`: its
+    sampling defaults (`generation_defaults`)."""
     requests, mode = chat_requests(body, max_string_length)
+    with_defaults(requests, defaults)
     await fetch_images(requests, media, reads_images)
     choices = chat_choices(body, mode, len(requests))
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": body.model}
@@ -150,8 +161,15 @@ def chat_choices(body: ChatCompletionRequest, mode: str, count: int) -> list[Cha
 # ---------------------------------------------------------------- completions
 
 
-async def completion(body: CompletionRequest, runtime: Runtime, deployment_id: str, until: Until) -> Answer:
-    requests = completion_requests(body)
+async def completion(
+    body: CompletionRequest,
+    runtime: Runtime,
+    deployment_id: str,
+    until: Until,
+    defaults: dict[str, int | float] | None = None,
+) -> Answer:
+    """`defaults`: the deployment's sampling defaults (`generation_defaults`)."""
+    requests = with_defaults(completion_requests(body), defaults)
     echo, want_logprobs = bool(body.echo), body.logprobs is not None
     choices = [CompletionChoice(i, want_logprobs, echo) for i in range(len(requests))]
     head = {"id": new_id("cmpl"), "created": int(time.time()), "model": body.model}
@@ -258,7 +276,7 @@ class CompletionChoice:
     text: str = ""
     tokens: list[str] = field(default_factory=list)
     token_logprobs: list[float | None] = field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = field(default_factory=list)
+    top_logprobs: list[dict[str, int | float] | None] = field(default_factory=list)
     finish: str | None = None
     completion_tokens: int = 0
     score: float = 0.0  # sum of the generated tokens' log probabilities (for best_of)

@@ -155,6 +155,11 @@ class Deployment(Base):
     # (`base_deployment_id` None, so that the base's owner may delete it), it serves nothing, and this
     # says why to its owner (its `state_reason`, and its requests' 409 `base_not_shared`)
     detached_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Sampling defaults of its requests, before the model's generation_config.json (`GenerationDefaults`
+    # fields that are set); None: none
+    generation_defaults: Mapped[dict[str, int | float] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

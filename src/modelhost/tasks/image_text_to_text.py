@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from modelhost.engines import loader
+from modelhost.generation.requests import generation_defaults
 from modelhost.tasks.text_generation import ChatModel, TextGeneration, chat_model
 
 
@@ -15,6 +16,6 @@ class ImageTextToText(TextGeneration):
     def load(self, model_dir: Path, device: str) -> ChatModel:
         model = loader.load_auto(model_dir, device, "AutoModelForImageTextToText")
         processor = loader.load_processor(model_dir)
-        state = chat_model(model, processor.tokenizer, device)
+        state = chat_model(model, processor.tokenizer, device, generation_defaults(model_dir))
         state.processor = processor
         return state

@@ -20,7 +20,7 @@ from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
-from modelhost.generation.requests import fim_tokens, prompt_ids, sampling_params
+from modelhost.generation.requests import fim_tokens, generation_defaults, prompt_ids, sampling_params
 from modelhost.generation.text import IncrementalDecoder
 from modelhost.generation.tool_parsers import parser_for_template
 
@@ -36,6 +36,8 @@ class ChatModel:
     echo: dict[int, list[int]] = field(default_factory=dict)  # prompts to send back (completions' echo)
     fim: tuple[int, int, int] | None = None  # the tokenizer's fill-in-the-middle tokens, if any
     processor: Any = None  # a vision-language model's processor (`image-text-to-text`); None: text only
+    # the artifact's generation_config.json sampling defaults (`generation.requests.generation_defaults`)
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def vocab_size(self) -> int:
@@ -58,7 +60,7 @@ class TextGeneration:
 
     def load(self, model_dir: Path, device: str) -> ChatModel:
         model = loader.load_auto(model_dir, device, "AutoModelForCausalLM")
-        return chat_model(model, loader.load_tokenizer(model_dir), device)
+        return chat_model(model, loader.load_tokenizer(model_dir), device, generation_defaults(model_dir))
 
     def warmup(self, state: ChatModel) -> None:
         self.start(state, 0, {"prompt": "modelhost warm-up", "params": {"max_tokens": 2, "temperature": 0}})
@@ -81,7 +83,8 @@ class TextGeneration:
             prompt_param = "messages"
         else:
             prompt, prompt_param = prompt_ids(state, request)
-        params = sampling_params(state, request.get("params", {}), len(prompt), prompt_param)
+        given = request.get("params", {})
+        params = sampling_params(state, given, len(prompt), prompt_param, request.get("defaults"))
         constraint = None
         if request.get("grammar"):
             from modelhost.engines.native.guidance import GrammarConstraint
@@ -89,7 +92,7 @@ class TextGeneration:
             constraint = GrammarConstraint(
                 state.guidance_tokenizer(), request["grammar"], param=request.get("grammar_param")
             )
-        decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)
+        decode = functools.partial(state.tokenizer.decode, skip_special_tokens=params.skip_special_tokens)
         sequence = Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint)
         if images is not None:
             sequence.images, sequence.image_token = images, _image_token(state)
@@ -122,8 +125,9 @@ class TextGeneration:
         return state.engine.held
 
 
-def chat_model(model: Any, tokenizer: Any, device: str) -> ChatModel:
-    """The engine over a loaded model, with what the handler needs of its tokenizer."""
+def chat_model(model: Any, tokenizer: Any, device: str, defaults: dict[str, Any]) -> ChatModel:
+    """The engine over a loaded model, with what the handler needs of its tokenizer, and the model's
+    sampling defaults."""
     text = functools.lru_cache(maxsize=65536)(lambda token: tokenizer.decode([token]))
     settings = get_settings()  # the replica's environment: the server's
     engine = GenerationEngine(
@@ -138,7 +142,8 @@ def chat_model(model: Any, tokenizer: Any, device: str) -> ChatModel:
         cuda_graphs=settings.cuda_graphs,
     )
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-    return ChatModel(engine, tokenizer, parser_for_template(template).name, fim=fim_tokens(tokenizer))
+    tool_format = parser_for_template(template).name
+    return ChatModel(engine, tokenizer, tool_format, fim=fim_tokens(tokenizer), generation_defaults=defaults)
 
 
 def _image_token(state: ChatModel) -> int:

@@ -51,6 +51,7 @@ async def chat_completions(
         _until(request),
         services.media,
         reads_images=deployment.pipeline == "image-text-to-text",
+        defaults=deployment.generation_defaults,
     )
     return _respond(answer)
 
@@ -65,7 +66,9 @@ async def completions(
     body: CompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
-    answer = await chat.completion(body, services.runtime, deployment.id, _until(request))
+    answer = await chat.completion(
+        body, services.runtime, deployment.id, _until(request), deployment.generation_defaults
+    )
     return _respond(answer)
 
 

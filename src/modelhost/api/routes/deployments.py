@@ -12,7 +12,7 @@ from modelhost.api.errors import error_responses
 from modelhost.container import Services
 from modelhost.errors import CapacityConflict, InvalidRequest, ModelhostError
 from modelhost.protocol.common import Deleted, ListOf
-from modelhost.protocol.management import Deployment, DeploymentCreate, DeploymentPatch
+from modelhost.protocol.management import Deployment, DeploymentCreate, DeploymentPatch, GenerationDefaults
 from modelhost.runtime.spec import LiveStatus
 from modelhost.store import models as rows
 
@@ -46,6 +46,7 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
         last_cold_start_seconds=live.last_cold_start_seconds,
         base_deployment=deployment.base_deployment_id,
         shared=deployment.shared,
+        generation_defaults=deployment.generation_defaults or {},
         created_at=deployment.created_at,
         updated_at=deployment.updated_at,
     )
@@ -76,6 +77,7 @@ async def create_deployment(
         body.engine,
         body.precision,
         body.base_deployment,
+        _set_fields(body.generation_defaults),
     )
     try:
         # warm and hot start loading now; an adapter's base reloads with LoRA on if it had none
@@ -151,6 +153,7 @@ async def update_deployment(
         body.min_replicas,
         body.max_replicas,
         body.engine,
+        _set_fields(body.generation_defaults),
     )
     try:
         await services.runtime.apply(deployment.id)  # takes effect without a restart
@@ -178,3 +181,8 @@ async def delete_deployment(
 ) -> Deleted:
     await remove_deployment(account_id_of(principal), deployment_id, services)
     return Deleted(id=deployment_id, object="deployment.deleted")
+
+
+def _set_fields(defaults: GenerationDefaults | None) -> dict[str, int | float] | None:
+    """The fields of `generation_defaults` that are set, as stored; None when the body had none."""
+    return None if defaults is None else defaults.model_dump(exclude_none=True)

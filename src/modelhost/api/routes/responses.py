@@ -91,6 +91,7 @@ async def create_response(
         deployment.id,
         services.media,
         reads_images=deployment.pipeline == "image-text-to-text",
+        defaults=deployment.generation_defaults,
     )
     if prepared.background and not body.stream:
         subjects = principal.limited()

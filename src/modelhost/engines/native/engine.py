@@ -148,7 +148,7 @@ class GenerationEngine:
             )
         if sequence.params.seed is not None:
             sequence.generator = torch.Generator(device=self.device).manual_seed(sequence.params.seed)
-        sequence.stops = StopStrings(sequence.params.stop)
+        sequence.stops = StopStrings(sequence.params.stop, include=sequence.params.include_stop_str_in_output)
         sequence.low = low
         first_low = next((i for i, s in enumerate(self.waiting) if s.low), None)
         if low or first_low is None:
@@ -429,23 +429,22 @@ class GenerationEngine:
         """One token per row of `logits` (raw model scores), each under its sequence's parameters.
         Greedy rows without logits processing (the common case) take one argmax for all of them."""
         logprobs = torch.log_softmax(logits, dim=-1) if any(s.params.logprobs for s in sequences) else None
-        early = (
-            [r for r, s in enumerate(sequences) if len(s.generated) < s.params.min_tokens]
-            if self.eos_ids
-            else []
-        )
+        early = [r for r, s in enumerate(sequences) if len(s.generated) < s.params.min_tokens]
         processed = [r for r, s in enumerate(sequences) if self._needs_processing(s)]
         if early or processed:
             logits = logits.clone()
-        if early:  # `min_tokens` not reached: no end of sequence yet
+        if early and self.eos_ids:  # `min_tokens` not reached: no end of sequence yet
             logits[torch.tensor(early, device=logits.device)[:, None], self._eos[None, :]] = -math.inf
+        for row in early:  # nor any of its stop tokens
+            if sequences[row].params.stop_token_ids:
+                logits[row, list(sequences[row].params.stop_token_ids)] = -math.inf
         for row in processed:
             self._process(sequences[row], logits[row])
         tokens: list[int] = torch.argmax(logits, dim=-1).tolist()
         for row, sequence in enumerate(sequences):
             params = sequence.params
             if params.temperature != 0:
-                probs = _top_p(torch.softmax(logits[row] / params.temperature, dim=-1), params.top_p)
+                probs = _truncated(torch.softmax(logits[row] / params.temperature, dim=-1), params)
                 tokens[row] = int(torch.multinomial(probs, 1, generator=sequence.generator))
             if logprobs is not None and params.logprobs:
                 entry = self._logprob(logprobs[row], tokens[row], params)
@@ -455,13 +454,16 @@ class GenerationEngine:
     def _needs_processing(self, sequence: Sequence) -> bool:
         params = sequence.params
         penalized = sequence.generated and (params.presence_penalty or params.frequency_penalty)
-        return bool(penalized or params.logit_bias or sequence.constraint is not None)
+        repeated = params.repetition_penalty != 1.0
+        return bool(penalized or repeated or params.logit_bias or sequence.constraint is not None)
 
     def _process(self, sequence: Sequence, scores: torch.Tensor) -> None:
         """Penalties, the logit bias and the grammar's mask applied to one row's scores, in place. The
         mask comes last, so no bias can bring back a token the grammar forbids (nor an end of sequence
         before `min_tokens`, already -inf)."""
         params = sequence.params
+        if params.repetition_penalty != 1.0:
+            _repetition_penalty(scores, sequence, params.repetition_penalty)
         if sequence.generated and (params.presence_penalty or params.frequency_penalty):
             counts = torch.bincount(
                 torch.tensor(sequence.generated, device=scores.device), minlength=scores.shape[0]
@@ -498,16 +500,21 @@ class GenerationEngine:
     def _emit(self, sequence: Sequence, token: int) -> None:
         """Record a sampled token, release its text, decide whether the sequence is finished."""
         params = sequence.params
-        is_eos = token in self.eos_ids and len(sequence.generated) >= params.min_tokens
-        if sequence.constraint is not None and not is_eos:
+        ready = len(sequence.generated) >= params.min_tokens
+        is_eos = ready and token in self.eos_ids and not params.ignore_eos
+        # a stop token (`stop_token_ids`) ends it as the end of sequence does: not in the text nor
+        # counted, unless `include_stop_str_in_output` (then both, as vLLM)
+        stop_token = ready and token in params.stop_token_ids
+        silent = is_eos or (stop_token and not params.include_stop_str_in_output)
+        if sequence.constraint is not None and not silent:
             sequence.constraint.accept(token)
         finish: str | None = None
-        if is_eos:
+        if silent:
             text, finish = "", "stop"
         else:
             sequence.generated.append(token)
             text = sequence.stops.feed(sequence.decoder.push(token))
-            finish = "stop" if sequence.stops.stopped else None
+            finish = "stop" if sequence.stops.stopped or stop_token else None
             if finish is None and sequence.constraint is not None and sequence.constraint.done:
                 finish = "stop"
             if finish is None and (
@@ -545,14 +552,33 @@ def _round_up(value: int, step: int, most: int) -> int:
     return min(most, -(-value // step) * step)
 
 
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose probability reaches `top_p` (nucleus)."""
-    if top_p >= 1.0:
-        return probs
-    ordered, order = torch.sort(probs, descending=True)
-    outside = torch.cumsum(ordered, dim=-1) - ordered > top_p
-    ordered[outside] = 0
-    return torch.zeros_like(probs).scatter_(-1, order, ordered)
+def _repetition_penalty(scores: torch.Tensor, sequence: Sequence, penalty: float) -> None:
+    """Every token of the prompt and the output so far made less likely (above 1) or more (below), as
+    transformers and vLLM do: a positive score divided by `penalty`, a negative one multiplied. Image
+    placeholders (negative IDs in the prompt) are no tokens of the vocabulary."""
+    seen = [t for t in (*sequence.prompt, *sequence.generated) if 0 <= t < scores.shape[0]]
+    if not seen:
+        return
+    tokens = torch.tensor(sorted(set(seen)), device=scores.device)
+    chosen = scores[tokens]
+    scores[tokens] = torch.where(chosen > 0, chosen / penalty, chosen * penalty)
+
+
+def _truncated(probs: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution to sample from, in transformers' order: the `top_k` most likely tokens, of those
+    the smallest set whose probability reaches `top_p` (nucleus), then those at least `min_p` times as
+    likely as the most likely one. Weights, not renormalised: `torch.multinomial` needs no sum of 1."""
+    if params.top_k > 0 and params.top_k < probs.shape[-1]:
+        values, ids = torch.topk(probs, params.top_k)
+        probs = torch.zeros_like(probs).scatter_(-1, ids, values)
+    if params.top_p < 1.0:
+        ordered, order = torch.sort(probs, descending=True)
+        outside = torch.cumsum(ordered, dim=-1) - ordered > params.top_p * ordered.sum()
+        ordered[outside] = 0
+        probs = torch.zeros_like(probs).scatter_(-1, order, ordered)
+    if params.min_p > 0:
+        probs = torch.where(probs >= params.min_p * probs.max(), probs, torch.zeros_like(probs))
+    return probs
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

@@ -16,7 +16,7 @@ from typing import Any
 from modelhost.auth.limits import start_counting
 from modelhost.clock import heartbeat_seconds
 from modelhost.errors import InvalidRequest, ModelhostError
-from modelhost.generation.chat import ChatChoice, chat_requests
+from modelhost.generation.chat import ChatChoice, chat_requests, with_defaults
 from modelhost.media.sources import MediaPolicy
 from modelhost.protocol.responses import ResponseCreateRequest
 from modelhost.runtime.interface import Runtime
@@ -109,9 +109,11 @@ class Responses:
         deployment_id: str,
         media: MediaPolicy,
         reads_images: bool = False,
+        defaults: dict[str, int | float] | None = None,
     ) -> Prepared:
         """`reads_images`: the deployment is a vision-language one (`image-text-to-text`); `input_image`
-        parts' images (this input's and the chain's) are read here, as chat completions read theirs."""
+        parts' images (this input's and the chain's) are read here, as chat completions read theirs.
+        `defaults`: the deployment's sampling defaults (`generation_defaults`)."""
         store = body.store is not False
         if body.background and not store:
             raise InvalidRequest("background responses are stored: set store to true.", param="background")
@@ -122,6 +124,7 @@ class Responses:
         items = input_items(body)
         chat = chat_request(body, [*context, *items])
         requests, mode = chat_requests(chat, self._max_string_length)
+        with_defaults(requests, defaults)
         await fetch_images(requests, media, reads_images, image_params(body, context))
         return Prepared(
             id=new_id("resp"),
