@@ -585,6 +585,36 @@ def test_tool_choice_validation_names_the_parameter(chat: Chat) -> None:
     )
 
 
+@pytest.fixture(scope="module")
+def thinking_model(chat: Chat, recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The chat model again, its template ending an empty thought after the generation prompt when the
+    request's `enable_thinking` is false, as Qwen3's does."""
+    folder = long_context_copy(recipes, tmp_path_factory.mktemp("thinking"))
+    template = (folder / "chat_template.jinja").read_text()
+    switch = "{%- if enable_thinking is false -%}{{- '<think></think>' -}}{%- endif -%}"
+    (folder / "chat_template.jinja").write_text(template + switch)
+    deployment = deploy_folder_sync(
+        chat.http, chat.key, folder, "text-generation", "chat-thinking", readiness="warm"
+    )
+    return str(deployment["model"])
+
+
+def test_chat_template_kwargs_reach_the_template(chat: Chat, thinking_model: str) -> None:
+    def prompt_tokens(**extra: Any) -> int:
+        created = chat.client().chat.completions.create(
+            model=thinking_model, messages=MESSAGES, max_tokens=1, extra_body=extra
+        )
+        assert created.usage is not None
+        return created.usage.prompt_tokens
+
+    thinking = prompt_tokens()
+    assert prompt_tokens(chat_template_kwargs={"enable_thinking": True}) == thinking
+    assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) > thinking
+    for kwargs in ({"add_generation_prompt": False}, {"messages": []}, {"big": "x" * 20_000}, []):
+        body = {"model": "chat", "messages": MESSAGES, "chat_template_kwargs": kwargs}
+        assert_error(chat.post("/v1/chat/completions", **body), 400, param="chat_template_kwargs")
+
+
 def test_a_prompt_over_the_context_is_a_400_naming_max_tokens(chat: Chat) -> None:
     error = assert_error(
         chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, max_tokens=100_000),

@@ -37,7 +37,11 @@ def chat_with_images(processor: Any | None, request: dict[str, Any]) -> tuple[st
     ]
     try:
         text = processor.apply_chat_template(
-            request["messages"], tools=request.get("tools"), add_generation_prompt=True, tokenize=False
+            request["messages"],
+            tools=request.get("tools"),
+            add_generation_prompt=True,
+            tokenize=False,
+            **request.get("chat_template_kwargs", {}),
         )
     except Exception as exc:  # the template's own checks (roles, alternation) raise here
         raise InvalidRequest(f"The model's processor refused the messages: {exc}", param="messages") from None

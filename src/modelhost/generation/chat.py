@@ -47,6 +47,8 @@ def chat_requests(body: ChatCompletionRequest, max_string_length: int) -> tuple[
         raise InvalidRequest("top_logprobs needs logprobs: true.", param="top_logprobs")
     messages, image_urls = _template_messages(body.messages)
     request: Event = {"messages": messages}
+    if body.chat_template_kwargs:
+        request["chat_template_kwargs"] = body.chat_template_kwargs
     if image_urls:
         request["image_urls"] = image_urls  # the serving fetches them (`images`) before the worker sees it
     mode = "none"

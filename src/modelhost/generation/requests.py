@@ -89,7 +89,11 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
             )
         try:
             text = tokenizer.apply_chat_template(
-                request["messages"], tools=request.get("tools"), add_generation_prompt=True, tokenize=False
+                request["messages"],
+                tools=request.get("tools"),
+                add_generation_prompt=True,
+                tokenize=False,
+                **request.get("chat_template_kwargs", {}),
             )
         except Exception as exc:  # the template's own checks (roles, alternation) raise here
             message = f"The model's chat template refused the messages: {exc}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -21,6 +22,18 @@ StopTokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)
 MODEL_DEFAULT = " Unset: the model's default (its generation_config.json, docs/generation.md)"
 MAX_LOGIT_BIAS = 1024  # entries; OpenAI documents none, vLLM none either
 MAX_BEST_OF = 20  # OpenAI's own limit
+MAX_TEMPLATE_KWARGS = 16_384  # characters of `chat_template_kwargs` as JSON: a few switches, not a document
+# Variables the chat template already gets from us or from transformers' `apply_chat_template` (its own
+# arguments, the special tokens, the Jinja helpers): `chat_template_kwargs` may not replace them.
+TEMPLATE_VARIABLES = frozenset(
+    {
+        "messages", "conversation", "tools", "documents", "add_generation_prompt",
+        "continue_final_message", "chat_template", "tokenize", "padding", "truncation", "max_length",
+        "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+        "processor_kwargs", "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+        "mask_token", "additional_special_tokens", "raise_exception", "strftime_now",
+    }
+)  # fmt: skip
 
 
 def _check_logit_bias(value: dict[str, float]) -> dict[str, float]:
@@ -32,6 +45,19 @@ def _check_logit_bias(value: dict[str, float]) -> dict[str, float]:
         if not -100 <= bias <= 100:
             raise ValueError(f"biases are between -100 and 100 (token {key}: {bias})")
     return value
+
+
+def _check_template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
+    """JSON values of bounded size, under names that are not the template's own variables."""
+    clashes = sorted(TEMPLATE_VARIABLES.intersection(value))
+    if clashes:
+        raise ValueError(f"{', '.join(clashes)}: the chat template's own variables, not yours to set")
+    if len(json.dumps(value)) > MAX_TEMPLATE_KWARGS:
+        raise ValueError(f"at most {MAX_TEMPLATE_KWARGS} characters as JSON")
+    return value
+
+
+TemplateKwargs = Annotated[dict[str, Any], AfterValidator(_check_template_kwargs)]
 
 
 LogitBias = Annotated[
@@ -319,6 +345,12 @@ class ChatCompletionRequest(SamplingFields):
         | None
     ) = None
     tool_choice: ToolChoice | None = None
+    chat_template_kwargs: TemplateKwargs | None = Field(
+        default=None,
+        description="Extension (as vLLM): extra variables for the model's chat template, such as Qwen3's "
+        '`{"enable_thinking": false}`. JSON values, up to 16,384 characters; the template\'s own variables '
+        "(`messages`, `tools`, `add_generation_prompt`...) → 400.",
+    )
     parallel_tool_calls: bool | None = Field(
         default=None, description="`false`: at most one tool call per choice (a forced call is always one)."
     )
