@@ -615,6 +615,33 @@ def test_chat_template_kwargs_reach_the_template(chat: Chat, thinking_model: str
         assert_error(chat.post("/v1/chat/completions", **body), 400, param="chat_template_kwargs")
 
 
+def test_tokenize_counts_a_prompt_and_a_chat_as_generation_sees_them_and_detokenize_reverses_it(
+    chat: Chat, thinking_model: str, tokenizer: Any
+) -> None:
+    def tokenize(**body: Any) -> dict[str, Any]:
+        answered = chat.post("/tokenize", **body)
+        assert answered.status_code == 200, answered.text
+        result: dict[str, Any] = answered.json()
+        assert result["count"] == len(result["tokens"]) and result["max_model_len"] == 2048
+        return result
+
+    text = tokenize(model="chat", prompt="hello world", return_token_strs=True)
+    assert text["tokens"] == tokenizer("hello world")["input_ids"]
+    assert text["token_strs"] == tokenizer.convert_ids_to_tokens(text["tokens"])
+    created = chat.client().chat.completions.create(model="chat", messages=MESSAGES, max_tokens=1)
+    assert created.usage is not None
+    assert tokenize(model="chat", messages=MESSAGES)["count"] == created.usage.prompt_tokens
+    thinking = tokenize(model=thinking_model, messages=MESSAGES)["count"]
+    off = {"enable_thinking": False}
+    assert tokenize(model=thinking_model, messages=MESSAGES, chat_template_kwargs=off)["count"] > thinking
+    assert tokenize(model="chat", messages=MESSAGES, add_generation_prompt=False)["count"] < thinking
+
+    back = chat.post("/detokenize", model="chat", tokens=text["tokens"])
+    assert back.status_code == 200 and back.json() == {"prompt": "hello world"}
+    assert_error(chat.post("/detokenize", model="chat", tokens=[10**6]), 400, param="tokens")
+    assert_error(chat.post("/tokenize", model="chat", prompt="hi", temprature=1), 400)
+
+
 def test_a_prompt_over_the_context_is_a_400_naming_max_tokens(chat: Chat) -> None:
     error = assert_error(
         chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, max_tokens=100_000),

@@ -29,7 +29,12 @@ def test_every_endpoint_of_the_design_table_is_routed() -> None:
     assert ENDPOINT_TASKS["/v1/chat/completions"] == ("text-generation", "image-text-to-text")
     assert ENDPOINT_TASKS["/v1/responses"] == ("text-generation", "image-text-to-text")
     assert ENDPOINT_TASKS["/v1/text/translation"] == ("translation",)
-    assert len(ENDPOINT_TASKS) == 32
+    assert (
+        ENDPOINT_TASKS["/tokenize"]
+        == ENDPOINT_TASKS["/detokenize"]
+        == ("text-generation", "image-text-to-text")
+    )
+    assert len(ENDPOINT_TASKS) == 34
     assert "text-ranking" in BY_NAME and len(BY_NAME) == 28
 
 

@@ -262,7 +262,7 @@ TASKS: tuple[PipelineTask, ...] = (
     PipelineTask(
         "text-generation",
         "modelhost.tasks.text_generation:TextGeneration",
-        ("/v1/chat/completions", "/v1/responses", "/v1/completions"),
+        ("/v1/chat/completions", "/v1/responses", "/v1/completions", "/tokenize", "/detokenize"),
         ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
         needs_tokenizer=True,
         engines=("vllm", "transformers"),
@@ -271,7 +271,7 @@ TASKS: tuple[PipelineTask, ...] = (
         "image-text-to-text",
         "modelhost.tasks.image_text_to_text:ImageTextToText",
         # chat with image_url parts (chat completions) and input_image parts (Responses), and text alone
-        ("/v1/chat/completions", "/v1/completions", "/v1/responses"),
+        ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"),
         ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
         needs_tokenizer=True,
         needs_processor=True,

@@ -34,6 +34,7 @@ from modelhost.generation.requests import (
     generation_defaults,
     prompt_ids,
     sampling_params,
+    tokenized,
 )
 from modelhost.generation.tool_parsers import parser_for_template
 
@@ -274,6 +275,12 @@ async def generate(
 
     if request.get("adapter") and not model.lora:  # a replica started before its first adapter attached
         emit({"error": {"message": "the base's replica restarts with its adapters", "internal": True}})
+        return
+    if request.get("tokenize") or "detokenize" in request:
+        try:
+            emit(tokenized(model, request))
+        except ModelhostError as exc:
+            emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})
         return
     try:
         prompt, prompt_param, inputs = await _engine_input(model, request)

@@ -22,12 +22,15 @@ from modelhost.protocol.chat import (
     AllowedToolsChoice,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     ImageURLPart,
     Message,
     NamedFunction,
     NamedToolChoice,
     RefusalPart,
     TextPart,
+    TokenizeCompletionRequest,
+    TokenizeRequest,
     Tool,
     ToolCallIn,
 )
@@ -71,6 +74,32 @@ def chat_requests(body: ChatCompletionRequest, max_string_length: int) -> tuple[
     params = sampling(body, body.max_completion_tokens or body.max_tokens)
     params.update(logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
     return per_choice(request, params, body.n or 1, body.seed), mode
+
+
+def tokenize_request(body: TokenizeRequest | DetokenizeRequest) -> Event:
+    """The engine request of `/tokenize` (the prompt, or the messages as a chat would render them) or
+    `/detokenize`, which the replica answers with one event and no generation
+    (`generation.requests.tokenized`)."""
+    if isinstance(body, DetokenizeRequest):
+        return {"detokenize": body.tokens}
+    request: Event = {"tokenize": True, "add_special_tokens": body.add_special_tokens}
+    if body.return_token_strs:
+        request["return_token_strs"] = True
+    if isinstance(body, TokenizeCompletionRequest):
+        return {**request, "prompt": body.prompt}
+    messages, image_urls = _template_messages(body.messages)
+    if image_urls:
+        raise InvalidRequest("/tokenize takes text messages; image parts are not counted.", param="messages")
+    request.update(
+        messages=messages,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+    )
+    if body.tools:
+        request["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
+    if body.chat_template_kwargs:
+        request["chat_template_kwargs"] = body.chat_template_kwargs
+    return request
 
 
 def effective_tools(body: ChatCompletionRequest) -> tuple[list[Tool], ToolChoice]:

@@ -91,14 +91,16 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
             text = tokenizer.apply_chat_template(
                 request["messages"],
                 tools=request.get("tools"),
-                add_generation_prompt=True,
+                add_generation_prompt=request.get("add_generation_prompt", True),
+                continue_final_message=request.get("continue_final_message", False),
                 tokenize=False,
                 **request.get("chat_template_kwargs", {}),
             )
         except Exception as exc:  # the template's own checks (roles, alternation) raise here
             message = f"The model's chat template refused the messages: {exc}"
             raise InvalidRequest(message, param="messages") from None
-        ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+        special = request.get("add_special_tokens", False)  # the template writes the special tokens
+        ids: list[int] = tokenizer(text, add_special_tokens=special)["input_ids"]
         return ids, "messages"
     prompt = request["prompt"]
     if prompt is None:  # OpenAI's default: the start of a new document
@@ -107,7 +109,7 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
             raise InvalidRequest("This model has no start-of-document token: send a prompt.", param="prompt")
         ids = [int(start)]
     elif isinstance(prompt, str):
-        ids = list(tokenizer(prompt)["input_ids"])
+        ids = list(tokenizer(prompt, add_special_tokens=request.get("add_special_tokens", True))["input_ids"])
     elif any(token >= state.vocab_size for token in prompt):
         raise InvalidRequest(f"Token IDs must be below {state.vocab_size}.", param="prompt")
     else:
@@ -122,6 +124,21 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
             param="suffix",
         )
     return fill_in_the_middle(tokenizer, state.fim, ids, suffix), "prompt"
+
+
+def tokenized(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
+    """The one event that answers `/tokenize` (`"tokenize": true`: the prompt's IDs, as a generation
+    would see them) or `/detokenize` (`"detokenize"`: the text of token IDs), without generating."""
+    if "detokenize" in request:
+        tokens = request["detokenize"]
+        if any(token >= state.vocab_size for token in tokens):
+            raise InvalidRequest(f"Token IDs must be below {state.vocab_size}.", param="tokens")
+        return {"finish": "stop", "prompt": state.tokenizer.decode(tokens)}
+    ids, _ = prompt_ids(state, request)
+    answer: dict[str, Any] = {"finish": "stop", "tokens": ids, "max_model_len": state.context_length}
+    if request.get("return_token_strs"):
+        answer["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
+    return answer
 
 
 def fim_tokens(tokenizer: Any) -> tuple[int, int, int] | None:

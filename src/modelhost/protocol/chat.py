@@ -419,6 +419,64 @@ class CompletionRequest(SamplingFields):
     )
 
 
+# ---------------------------------------------------------------- /tokenize and /detokenize (as vLLM)
+
+
+class TokenizeCompletionRequest(StrictModel):
+    """vLLM's `TokenizeCompletionRequest`: a prompt's token IDs, as completions would see it."""
+
+    model: str | None = Field(default=None, description="Your deployment's model ID.")
+    prompt: str
+    add_special_tokens: bool = Field(default=True, description="The tokenizer's own (a BOS token...).")
+    return_token_strs: bool | None = Field(default=None, description="Also each token as a string.")
+
+
+class TokenizeChatRequest(StrictModel):
+    """vLLM's `TokenizeChatRequest`: the IDs of the prompt the deployment's chat template renders."""
+
+    model: str | None = Field(default=None, description="Your deployment's model ID.")
+    messages: Annotated[list[Message], Field(min_length=1)]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = Field(
+        default=False,
+        description="The last message is left open for the model to go on; not with add_generation_prompt.",
+    )
+    add_special_tokens: bool = Field(default=False, description="The template writes its special tokens.")
+    chat_template_kwargs: TemplateKwargs | None = None
+    tools: (
+        Annotated[
+            list[Annotated[Tool, BeforeValidator(_function_tools_only)]], Field(min_length=1, max_length=128)
+        ]
+        | None
+    ) = None
+    return_token_strs: bool | None = Field(default=None, description="Also each token as a string.")
+
+    @model_validator(mode="after")
+    def _one_ending(self) -> TokenizeChatRequest:
+        if self.add_generation_prompt and self.continue_final_message:
+            raise ValueError("continue_final_message needs add_generation_prompt: false")
+        return self
+
+
+TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(StrictModel):
+    model: str | None = Field(default=None, description="Your deployment's model ID.")
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
 # ---------------------------------------------------------------- responses (documentation of the shapes)
 
 

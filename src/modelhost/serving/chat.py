@@ -30,10 +30,16 @@ from modelhost.generation.chat import (
     new_id,
     per_choice,
     sampling,
+    tokenize_request,
     with_defaults,
 )
 from modelhost.media.sources import MediaPolicy, load_media
-from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
+from modelhost.protocol.chat import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from modelhost.protocol.tasks import MAX_MEDIA_INPUTS
 from modelhost.runtime.dispatch import WHOLE
 from modelhost.runtime.interface import Runtime
@@ -326,6 +332,21 @@ class CompletionChoice:
             "top_logprobs": self.top_logprobs[start:],
             "text_offset": offsets,
         }
+
+
+# ---------------------------------------------------------------- /tokenize and /detokenize
+
+
+async def tokenize(
+    body: TokenizeRequest | DetokenizeRequest, runtime: Runtime, deployment_id: str, until: Until
+) -> Event:
+    """vLLM's answer to `/tokenize` (`count`, `max_model_len`, `tokens`) or `/detokenize` (`prompt`),
+    from the deployment's replica, which holds its tokenizer and chat template."""
+    _, events = await _whole(runtime, deployment_id, [tokenize_request(body)], until)
+    answer = {k: v for k, v in events[-1][1].items() if k != "finish"}
+    if "tokens" in answer:
+        answer["count"] = len(answer["tokens"])
+    return answer
 
 
 # ---------------------------------------------------------------- streams of one request

@@ -20,7 +20,13 @@ from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
-from modelhost.generation.requests import fim_tokens, generation_defaults, prompt_ids, sampling_params
+from modelhost.generation.requests import (
+    fim_tokens,
+    generation_defaults,
+    prompt_ids,
+    sampling_params,
+    tokenized,
+)
 from modelhost.generation.text import IncrementalDecoder
 from modelhost.generation.tool_parsers import parser_for_template
 
@@ -38,6 +44,8 @@ class ChatModel:
     processor: Any = None  # a vision-language model's processor (`image-text-to-text`); None: text only
     # the artifact's generation_config.json sampling defaults (`generation.requests.generation_defaults`)
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    # answers that need no decoding step (`/tokenize`, `/detokenize`), sent with the next step's events
+    ready: list[tuple[int, Event]] = field(default_factory=list)
 
     @property
     def vocab_size(self) -> int:
@@ -77,6 +85,9 @@ class TextGeneration:
                 param="model",
                 code="adapter_base_unsupported",
             )
+        if request.get("tokenize") or "detokenize" in request:
+            state.ready.append((request_id, tokenized(state, request)))
+            return
         images: dict[str, Any] | None = None
         if request.get("images"):  # the processor's prompt, not the tokenizer's: built once, here
             prompt, images = _vision_prompt(state, request)
@@ -102,10 +113,13 @@ class TextGeneration:
 
     def cancel(self, state: ChatModel, request_id: int) -> None:
         state.echo.pop(request_id, None)
+        state.ready = [(key, event) for key, event in state.ready if key != request_id]
         state.engine.cancel(request_id)
 
     def step(self, state: ChatModel) -> list[tuple[int, Event]]:
-        events = state.engine.step()
+        events, state.ready = state.ready, []
+        if not state.engine.idle:
+            events += state.engine.step()
         for request_id, event in events:
             if event.get("started"):
                 event["tool_format"] = state.tool_format
@@ -116,10 +130,11 @@ class TextGeneration:
 
     def abort(self, state: ChatModel) -> list[int]:
         state.echo.clear()
-        return state.engine.abort()
+        ready, state.ready = state.ready, []
+        return [request_id for request_id, _ in ready] + state.engine.abort()
 
     def idle(self, state: ChatModel) -> bool:
-        return state.engine.idle
+        return state.engine.idle and not state.ready
 
     def running(self, state: ChatModel) -> int:
         return state.engine.held

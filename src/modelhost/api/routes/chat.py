@@ -9,7 +9,16 @@ from fastapi.responses import StreamingResponse
 
 from modelhost.api.deps import CallerPrincipal, ServicesDep, await_or_disconnect, deployment_for
 from modelhost.api.errors import error_responses
-from modelhost.protocol.chat import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest
+from modelhost.protocol.chat import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from modelhost.serving import chat
 
 router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 503))
@@ -70,6 +79,29 @@ async def completions(
         body, services.runtime, deployment.id, _until(request), deployment.generation_defaults
     )
     return _respond(answer)
+
+
+@router.post(
+    "/tokenize",
+    summary="A prompt's token IDs, or those of a chat as the deployment's template renders it (as vLLM)",
+    response_model=TokenizeResponse,
+    response_model_exclude_none=True,
+)
+async def tokenize(
+    body: TokenizeRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
+    deployment = await deployment_for(request, principal, body.model)
+    answer = await chat.tokenize(body, services.runtime, deployment.id, _until(request))
+    return Response(orjson.dumps(answer), media_type="application/json")
+
+
+@router.post("/detokenize", summary="The text of token IDs (as vLLM)", response_model=DetokenizeResponse)
+async def detokenize(
+    body: DetokenizeRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
+) -> Response:
+    deployment = await deployment_for(request, principal, body.model)
+    answer = await chat.tokenize(body, services.runtime, deployment.id, _until(request))
+    return Response(orjson.dumps(answer), media_type="application/json")
 
 
 def _until(request: Request) -> chat.Until:
