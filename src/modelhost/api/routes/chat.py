@@ -9,6 +9,8 @@ from fastapi.responses import StreamingResponse
 
 from modelhost.api.deps import CallerPrincipal, ServicesDep, await_or_disconnect, deployment_for
 from modelhost.api.errors import error_responses
+from modelhost.auth.principal import Principal
+from modelhost.container import Services
 from modelhost.protocol.chat import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -85,20 +87,24 @@ async def completions(
     "/tokenize",
     summary="A prompt's token IDs, or those of a chat as the deployment's template renders it (as vLLM)",
     response_model=TokenizeResponse,
-    response_model_exclude_none=True,
 )
 async def tokenize(
     body: TokenizeRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
-    answer = await chat.tokenize(body, services.runtime, deployment.id, _until(request))
-    return Response(orjson.dumps(answer), media_type="application/json")
+    return await _tokens(body, request, services, principal)
 
 
 @router.post("/detokenize", summary="The text of token IDs (as vLLM)", response_model=DetokenizeResponse)
 async def detokenize(
     body: DetokenizeRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
+    return await _tokens(body, request, services, principal)
+
+
+async def _tokens(
+    body: TokenizeRequest | DetokenizeRequest, request: Request, services: Services, principal: Principal
+) -> Response:
+    """Both routes: the replica answers either body (`generation.requests.tokenized`)."""
     deployment = await deployment_for(request, principal, body.model)
     answer = await chat.tokenize(body, services.runtime, deployment.id, _until(request))
     return Response(orjson.dumps(answer), media_type="application/json")
