@@ -231,15 +231,21 @@ async def test_a_replica_killed_while_running_a_batch_costs_its_callers_nothing(
     await server.ready(deployment_id)
     (replica,) = server.replicas(deployment_id)
     texts = [" ".join(["text"] * 12)] * 8  # 50 tokens each: batches that keep the model busy a while
-    async with burst(server, 300, texts) as sent:
+    os.kill(replica, signal.SIGSTOP)  # all 300 wait in the replica first, so none is answered before
+    async with burst(server, 300, texts) as sent:  # the client's loop is free to watch the answers
         deadline = time.monotonic() + 60
+        while sum((await asyncio.to_thread(server.in_flight, deployment_id)).values()) < 300:
+            assert time.monotonic() < deadline and not any(s.done() for s in sent)
+            await asyncio.sleep(0.1)
+        os.kill(replica, signal.SIGCONT)
         # answering, and computing now (seen on a CPU), or, on a loaded machine where that sample may
         # keep missing it, well into the burst: most of the time the replica is running a batch
         while not ((done := sum(s.done() for s in sent)) >= 30 and (running(replica) or done >= 120)):
             assert time.monotonic() < deadline and not all(s.done() for s in sent)
             await asyncio.sleep(0.001)
-        os.kill(replica, signal.SIGKILL)
+        os.kill(replica, signal.SIGSTOP)  # frozen where it is, mid-batch: it answers nothing more
         before = sum(s.done() for s in sent)
+        os.kill(replica, signal.SIGKILL)
         statuses = answered(await asyncio.gather(*sent, return_exceptions=True))
     print(f"\n{dict(statuses)}; {300 - before} unanswered when the replica was killed")
     assert before < 300 - 8  # killed mid-burst: a batch and more were still to be answered
