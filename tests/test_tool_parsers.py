@@ -7,11 +7,11 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
+from modelhost.generation.families import FAMILIES, TOOL_PARSER_NAMES, detect_family
 from modelhost.generation.tool_parsers import (
     PARSERS,
     ParsedOutput,
     ToolCall,
-    parser_for_template,
     streamable_length,
 )
 
@@ -240,30 +240,40 @@ def test_the_registry_holds_the_three_formats_under_their_own_names() -> None:
     assert PARSERS["mistral"].start_markers == ("[TOOL_CALLS]",)
 
 
-def test_a_template_with_tool_calls_token_gets_the_mistral_parser() -> None:
-    assert parser_for_template("{{ '[AVAILABLE_TOOLS]' }}...{{ '[TOOL_CALLS]' }}") is mistral
+def test_a_template_with_tool_calls_token_is_mistral() -> None:
+    assert detect_family("{{ '[AVAILABLE_TOOLS]' }}...{{ '[TOOL_CALLS]' }}").tool_parser == "mistral"
 
 
-def test_a_template_with_the_python_tag_gets_the_llama3_parser() -> None:
-    assert parser_for_template("{{- '<|python_tag|>' + tool_call.name }}") is llama
+def test_a_template_with_llama3_headers_is_llama3_json() -> None:
+    template = "{{- '<|start_header_id|>ipython<|end_header_id|>' }}{{- '<|python_tag|>' + tool_call.name }}"
+    assert detect_family(template).name == "llama3"
+    assert detect_family(template).tool_parser == "llama3_json"
 
 
-def test_a_template_with_the_ipython_role_gets_the_llama3_parser() -> None:
-    assert parser_for_template("{%- if message.role == 'ipython' %}") is llama
+def test_a_template_with_tool_call_tags_and_no_other_markers_is_hermes() -> None:
+    assert detect_family("{{- '<tool_call>\\n' }}").name == "hermes"
 
 
-def test_a_template_with_tool_call_tags_gets_the_hermes_parser() -> None:
-    assert parser_for_template("{{- '<tool_call>\\n' }}") is hermes
+def test_a_qwen3_template_is_qwen3_with_its_thinking_switch() -> None:
+    template = "{%- if enable_thinking is defined %}<think>{%- endif %}{{- '<tool_call>' }}"
+    family = detect_family(template)
+    assert (family.name, family.tool_parser, family.reasoning_parser) == ("qwen3", "hermes", "qwen3")
+    assert family.thinking_switch == "enable_thinking"
 
 
-def test_no_template_or_an_unrecognised_one_gets_the_hermes_parser() -> None:
-    assert parser_for_template(None) is hermes
-    assert parser_for_template("") is hermes
-    assert parser_for_template("{{ messages }}") is hermes
+def test_a_marker_among_the_added_tokens_counts_as_in_the_template() -> None:
+    assert detect_family("{{ messages }}", {"<|channel|>": 200005}).name == "gpt_oss"
 
 
-def test_the_mistral_token_wins_over_llama_hints_in_the_same_template() -> None:
-    assert parser_for_template("[TOOL_CALLS] ipython") is mistral
+def test_no_template_or_an_unrecognised_one_is_hermes() -> None:
+    assert detect_family(None).name == "hermes"
+    assert detect_family("").name == "hermes"
+    assert detect_family("{{ messages }}").name == "hermes"
+
+
+def test_every_familys_parsers_are_named_in_the_tables_name_sets() -> None:
+    assert {family.tool_parser for family in FAMILIES} == TOOL_PARSER_NAMES
+    assert len({family.name for family in FAMILIES}) == len(FAMILIES)
 
 
 # --- streamable_length --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
+from modelhost.generation.families import Family, detect_family
 from modelhost.generation.requests import (
     SamplingParams,
     fim_tokens,
@@ -36,7 +37,6 @@ from modelhost.generation.requests import (
     sampling_params,
     tokenized,
 )
-from modelhost.generation.tool_parsers import parser_for_template
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
 LOW_PRIORITY = 1  # a batch line's, under vLLM's priority scheduling (lower values run first)
@@ -50,7 +50,7 @@ class VllmModel:
     tokenizer: Any
     vocab_size: int
     context_length: int
-    tool_format: str
+    family: Family
     fim: tuple[int, int, int] | None = None
     # the artifact's generation_config.json sampling defaults, applied by us (`sampling_params`) as on
     # our engine: vLLM's own (`--generation-config auto`) live in its OpenAI server, which we do not run
@@ -146,7 +146,7 @@ def load(
         tokenizer,
         vocab_size=int(config.get_vocab_size()),
         context_length=int(config.max_model_len),
-        tool_format=parser_for_template(template).name,
+        family=detect_family(template, tokenizer.get_added_vocab()),
         fim=fim_tokens(tokenizer),
         generation_defaults=generation_defaults(model_dir),
         processor=load_processor(model_dir) if vision else None,
@@ -305,7 +305,8 @@ async def generate(
         "started": True,
         "prompt_tokens": len(prompt),
         "cached_tokens": int(first.num_cached_tokens or 0),
-        "tool_format": model.tool_format,
+        "tool_format": model.family.tool_parser,
+        "reasoning_format": model.family.reasoning_parser,
     }
     if params.prompt_logprobs and first.prompt_logprobs:
         top = params.top_logprobs

@@ -244,21 +244,6 @@ PARSERS: dict[str, ToolCallParser] = {
 }
 
 
-def parser_for_template(chat_template: str | None) -> ToolCallParser:
-    """The parser for the markup a chat template teaches, judged by the template's own text.
-
-    Mistral's ``[TOOL_CALLS]`` is checked first, then Llama 3's ``<|python_tag|>`` / ``ipython`` role;
-    everything else, including ``<tool_call>`` templates and models without a template, gets hermes, the
-    format most open models (Qwen, Hermes, and their fine-tunes) use.
-    """
-    template = chat_template or ""
-    if "[TOOL_CALLS]" in template:
-        return PARSERS["mistral"]
-    if "<|python_tag|>" in template or "ipython" in template:
-        return PARSERS["llama3_json"]
-    return PARSERS["hermes"]
-
-
 def streamable_length(text: str, markers: Sequence[str]) -> int:
     """How many leading characters of ``text`` can already be streamed to the client as plain content.
 

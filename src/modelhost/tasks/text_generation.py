@@ -20,6 +20,7 @@ from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
+from modelhost.generation.families import Family, detect_family
 from modelhost.generation.requests import (
     fim_tokens,
     generation_defaults,
@@ -28,7 +29,6 @@ from modelhost.generation.requests import (
     tokenized,
 )
 from modelhost.generation.text import IncrementalDecoder
-from modelhost.generation.tool_parsers import parser_for_template
 
 MAX_RUNNING_SEQUENCES = 64
 
@@ -37,7 +37,7 @@ MAX_RUNNING_SEQUENCES = 64
 class ChatModel:
     engine: GenerationEngine
     tokenizer: Any
-    tool_format: str
+    family: Family
     _guidance: Any = None  # llguidance's tokenizer, built on the first constrained request (~1 s)
     echo: dict[int, list[int]] = field(default_factory=dict)  # prompts to send back (completions' echo)
     fim: tuple[int, int, int] | None = None  # the tokenizer's fill-in-the-middle tokens, if any
@@ -122,7 +122,8 @@ class TextGeneration:
             events += state.engine.step()
         for request_id, event in events:
             if event.get("started"):
-                event["tool_format"] = state.tool_format
+                event["tool_format"] = state.family.tool_parser
+                event["reasoning_format"] = state.family.reasoning_parser
                 prompt = state.echo.pop(request_id, None)
                 if prompt is not None:
                     event["prompt_text"] = state.tokenizer.decode(prompt)
@@ -157,8 +158,8 @@ def chat_model(model: Any, tokenizer: Any, device: str, defaults: dict[str, Any]
         cuda_graphs=settings.cuda_graphs,
     )
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-    tool_format = parser_for_template(template).name
-    return ChatModel(engine, tokenizer, tool_format, fim=fim_tokens(tokenizer), generation_defaults=defaults)
+    family = detect_family(template, tokenizer.get_added_vocab())
+    return ChatModel(engine, tokenizer, family, fim=fim_tokens(tokenizer), generation_defaults=defaults)
 
 
 def _image_token(state: ChatModel) -> int:

@@ -1,0 +1,89 @@
+"""The one table of model families: how each is recognised, and how its output is read.
+
+A family is what a chat template teaches a model to write: its tool-call markup (a tool parser, in
+`generation.tool_parsers`), whether and how it writes its reasoning apart (a reasoning parser, in
+`generation.reasoning`), and the switch, if any, that turns its thinking on or off. The replica recognises
+the family of the artifact it loads (`detect_family`: the chat template's text and the tokenizer's added
+tokens) and says so on each request's `started` event; a deployment may name other parsers
+(`tool_parser`, `reasoning_parser`). Standard library only: the gateway imports it without torch.
+
+Order matters: the first family whose markers all appear wins, so a family whose markup contains
+another's (Qwen3-Coder's `<function=` inside `<tool_call>`) comes before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """One family. ``markers``: strings that all appear in its chat template or among its tokenizer's
+    added tokens. ``thinking_switch``: the chat-template variable that turns thinking on and off
+    (``enable_thinking``, ``thinking``), or ``reasoning_effort`` where the template takes effort levels,
+    or None where thinking cannot be switched."""
+
+    name: str
+    markers: tuple[str, ...]
+    tool_parser: str
+    reasoning_parser: str | None = None
+    thinking_switch: str | None = None
+    examples: str = ""  # the published models of the family, for docs and errors
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "gpt_oss", ("<|channel|>",), "harmony", "harmony", "reasoning_effort", "gpt-oss-20b, gpt-oss-120b"
+    ),
+    Family("qwen3_coder", ("<tool_call>", "<function="), "qwen3_xml", None, None, "Qwen3-Coder"),
+    Family(
+        "qwen3", ("<tool_call>", "<think>", "enable_thinking"), "hermes", "qwen3", "enable_thinking", "Qwen3"
+    ),
+    Family(
+        "deepseek_v31",
+        ("<｜tool▁calls▁begin｜>", "thinking"),
+        "deepseek_v31",
+        "deepseek_v3",
+        "thinking",
+        "DeepSeek-V3.1",
+    ),
+    Family(
+        "deepseek_r1",
+        ("<｜tool▁calls▁begin｜>", "<think>"),
+        "deepseek_v3",
+        "deepseek_r1",
+        None,
+        "DeepSeek-R1 and its distills",
+    ),
+    Family("deepseek_v3", ("<｜tool▁calls▁begin｜>",), "deepseek_v3", None, None, "DeepSeek-V3"),
+    Family("glm45", ("<arg_key>",), "glm45", "glm45", "enable_thinking", "GLM-4.5, GLM-4.6"),
+    Family("kimi_k2", ("<|tool_calls_section_begin|>",), "kimi_k2", None, None, "Kimi K2"),
+    Family("granite", ("<|start_of_role|>",), "granite", "granite", "thinking", "Granite 3.x"),
+    Family("phi4_mini", ("<|tool|>", "functools"), "phi4_mini", None, None, "Phi-4-mini"),
+    Family("llama4", ("<|header_start|>",), "pythonic", None, None, "Llama 4"),
+    Family("llama3", ("<|start_header_id|>",), "llama3_json", None, None, "Llama 3.1, 3.2, 3.3"),
+    Family("mistral", ("[TOOL_CALLS]",), "mistral", None, None, "Mistral, Mixtral, Ministral"),
+    Family("qwen_think", ("<tool_call>", "<think>"), "hermes", "qwen3", None, "QwQ, Hermes 4"),
+    Family("hermes", (), "hermes", None, None, "Qwen2.5, Hermes, and every template with no other markers"),
+)
+
+TOOL_PARSER_NAMES: frozenset[str] = frozenset(family.tool_parser for family in FAMILIES)
+REASONING_PARSER_NAMES: frozenset[str] = frozenset(
+    family.reasoning_parser for family in FAMILIES if family.reasoning_parser is not None
+)
+
+
+def detect_family(chat_template: str | None, added_tokens: Collection[str] = ()) -> Family:
+    """The first family whose markers all appear in the template's text or among the added tokens;
+    the last (hermes, no markers) when none does, including a model without a template."""
+    template = chat_template or ""
+    tokens = set(added_tokens)
+    for family in FAMILIES:
+        if all(marker in template or marker in tokens for marker in family.markers):
+            return family
+    return FAMILIES[-1]
+
+
+def family_named(name: str) -> Family | None:
+    return next((family for family in FAMILIES if family.name == name), None)
