@@ -10,7 +10,7 @@ import pytest
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat import ChatChoice, chat_requests
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
-from modelhost.serving.chat import CompletionChoice, completion_requests
+from modelhost.serving.chat import CompletionChoice, chat_choices, completion_requests
 
 TOOL = {
     "type": "function",
@@ -35,6 +35,33 @@ def feed_all(choice: ChatChoice, texts: list[str], finish: str = "stop") -> list
             event["finish"] = finish
         deltas.append(choice.feed(event))
     return [d for d in deltas if d]
+
+
+def test_auto_mode_types_qwen3_coders_text_values_by_the_requests_tool_schema() -> None:
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
+    (choice,) = chat_choices(chat(tools=[tool]), "auto", 1)
+    choice.feed({"started": True, "prompt_tokens": 3, "tool_format": "qwen3_xml"})
+    call = (
+        "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+    )
+    delta = choice.feed({"text": f"<tool_call>\n{call}</function>\n</tool_call>", "finish": "stop"})
+    assert delta["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city": "Paris", "days": 3}',
+    }
+
+
+def test_auto_mode_answers_a_kimi_call_with_kimis_own_call_id() -> None:
+    choice = ChatChoice(0, "auto", ["get_weather"])
+    choice.feed({"started": True, "prompt_tokens": 3, "tool_format": "kimi_k2"})
+    text = (
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+        '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'
+    )
+    choice.feed({"text": text, "finish": "stop"})
+    assert choice.message()["tool_calls"][0]["id"] == "functions.get_weather:0"
+    assert choice.finish_reason == "tool_calls"
 
 
 def test_auto_mode_streams_text_before_the_markup_and_turns_the_markup_into_a_call() -> None:

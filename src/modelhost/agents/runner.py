@@ -23,7 +23,7 @@ from modelhost.auth.limits import RateLimiter, start_counting
 from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
-from modelhost.generation.chat import ChatChoice, chat_requests
+from modelhost.generation.chat import ChatChoice, chat_requests, tool_schemas
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.runtime.interface import Runtime
 from modelhost.store.types import utcnow
@@ -150,7 +150,8 @@ class AgentRunner:
             }
         )
         requests, mode = chat_requests(body, self.settings.constrained_max_string_length)
-        choice = ChatChoice(0, mode, [t["function"]["name"] for t in tools or []])
+        names = [t["function"]["name"] for t in tools or []]
+        choice = ChatChoice(0, mode, names, tool_schemas=tool_schemas(body.tools or []))
         async with contextlib.aclosing(self.runtime.stream(job.deployment_id, requests[0])) as events:
             prompt_tokens = 0
             async for event in events:

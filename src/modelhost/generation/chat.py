@@ -254,6 +254,8 @@ class ChatChoice:
     mode: str
     tool_names: list[str]
     tool_format: str = "hermes"
+    # each tool's `parameters` schema by name: formats whose argument values are text are typed by it
+    tool_schemas: dict[str, Event] = field(default_factory=dict)
     text: str = ""
     sent: int = 0  # characters of `text` already released as content
     calls: list[Event] = field(default_factory=list)
@@ -310,12 +312,12 @@ class ChatChoice:
         parser = PARSERS.get(self.tool_format, PARSERS["hermes"])
         if self.finish is None:
             return self._content(self.sent + streamable_length(self.text[self.sent :], parser.start_markers))
-        parsed = parser.parse(self.text, self.tool_names)
+        parsed = parser.parse(self.text, {name: self.tool_schemas.get(name, {}) for name in self.tool_names})
         if not parsed.tool_calls:
             self._final_content = self.text or None
             return self._content(len(self.text))
         calls = parsed.tool_calls[:1] if self.one_call else parsed.tool_calls
-        self.calls = [_call(c.name, c.arguments) for c in calls]
+        self.calls = [_call(c.name, c.arguments, c.id) for c in calls]
         shown = self.text[: self.sent]
         rest = parsed.content or ""
         rest = rest[len(shown) :] if rest.startswith(shown) else ""
@@ -360,8 +362,15 @@ def _legacy_delta(delta: Event) -> Event:
     return delta
 
 
-def _call(name: str, arguments: str) -> Event:
-    return {"id": new_id("call"), "type": "function", "function": {"name": name, "arguments": arguments}}
+def _call(name: str, arguments: str, call_id: str | None = None) -> Event:
+    """A call as OpenAI's `tool_calls` item; its ID is the model's own where its family has one."""
+    function = {"name": name, "arguments": arguments}
+    return {"id": call_id or new_id("call"), "type": "function", "function": function}
+
+
+def tool_schemas(tools: list[Tool]) -> dict[str, Event]:
+    """Each tool's `parameters` schema by name, for `ChatChoice.tool_schemas`."""
+    return {t.function.name: t.function.parameters or {} for t in tools}
 
 
 def _chat_logprob(entry: Event) -> Event:

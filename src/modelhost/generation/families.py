@@ -36,6 +36,8 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpt_oss", ("<|channel|>",), "harmony", "harmony", "reasoning_effort", "gpt-oss-20b, gpt-oss-120b"
     ),
+    # GLM's template also says <tool_call>, <think> and enable_thinking: before Qwen3.
+    Family("glm45", ("<arg_key>",), "glm45", "glm45", "enable_thinking", "GLM-4.5, GLM-4.6"),
     Family("qwen3_coder", ("<tool_call>", "<function="), "qwen3_xml", None, None, "Qwen3-Coder"),
     Family(
         "qwen3", ("<tool_call>", "<think>", "enable_thinking"), "hermes", "qwen3", "enable_thinking", "Qwen3"
@@ -57,15 +59,24 @@ FAMILIES: tuple[Family, ...] = (
         "DeepSeek-R1 and its distills",
     ),
     Family("deepseek_v3", ("<｜tool▁calls▁begin｜>",), "deepseek_v3", None, None, "DeepSeek-V3"),
-    Family("glm45", ("<arg_key>",), "glm45", "glm45", "enable_thinking", "GLM-4.5, GLM-4.6"),
     Family("kimi_k2", ("<|tool_calls_section_begin|>",), "kimi_k2", None, None, "Kimi K2"),
-    Family("granite", ("<|start_of_role|>",), "granite", "granite", "thinking", "Granite 3.x"),
-    Family("phi4_mini", ("<|tool|>", "functools"), "phi4_mini", None, None, "Phi-4-mini"),
-    Family("llama4", ("<|header_start|>",), "pythonic", None, None, "Llama 4"),
-    Family("llama3", ("<|start_header_id|>",), "llama3_json", None, None, "Llama 3.1, 3.2, 3.3"),
-    Family("mistral", ("[TOOL_CALLS]",), "mistral", None, None, "Mistral, Mixtral, Ministral"),
+    # Granite 4's template also says <tool_call>: before Hermes.
+    Family("granite", ("<|start_of_role|>",), "granite", "granite", "thinking", "Granite 3.x, Granite 4"),
+    # Its published template lists tools in <|tool|>...<|/tool|> (vLLM's names "functools" instead, and
+    # <|tool|> is among its added tokens).
+    Family("phi4_mini", ("<|tool|>",), "phi4_mini", None, None, "Phi-4-mini"),
+    # A template that writes <tool_call> is Hermes' even on a Llama 3 vocabulary (Hermes 3 and 4 are
+    # Llama 3.1 fine-tunes): before Llama's rows, which also look at the added tokens.
     Family("qwen_think", ("<tool_call>", "<think>"), "hermes", "qwen3", None, "QwQ, Hermes 4"),
-    Family("hermes", (), "hermes", None, None, "Qwen2.5, Hermes, and every template with no other markers"),
+    Family("hermes", ("<tool_call>",), "hermes", None, None, "Qwen2.5, Hermes 2 Pro and 3"),
+    Family("mistral", ("[TOOL_CALLS]",), "mistral", None, None, "Mistral, Mixtral, Ministral"),
+    # Meta's zero-shot pythonic prompt ("[func_name1(params_name1=params_value1, ...)]"), as vLLM's
+    # pythonic templates for Llama 3.2 and 4 write it.
+    Family("pythonic", ("[func_name1(",), "pythonic", None, None, "Llama 3.2 / 4 with a pythonic template"),
+    # Llama 4's published template asks for JSON calls ({"name": ..., "parameters": ...}), as 3.x's does.
+    Family("llama4", ("<|header_start|>",), "llama3_json", None, None, "Llama 4"),
+    Family("llama3", ("<|start_header_id|>",), "llama3_json", None, None, "Llama 3.1, 3.2, 3.3"),
+    Family("default", (), "hermes", None, None, "every template with no other markers, and none"),
 )
 
 TOOL_PARSER_NAMES: frozenset[str] = frozenset(family.tool_parser for family in FAMILIES)
@@ -76,7 +87,7 @@ REASONING_PARSER_NAMES: frozenset[str] = frozenset(
 
 def detect_family(chat_template: str | None, added_tokens: Collection[str] = ()) -> Family:
     """The first family whose markers all appear in the template's text or among the added tokens;
-    the last (hermes, no markers) when none does, including a model without a template."""
+    the last (`default`, no markers, read as Hermes) when none does, including a model without a template."""
     template = chat_template or ""
     tokens = set(added_tokens)
     for family in FAMILIES:

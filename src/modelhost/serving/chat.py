@@ -31,6 +31,7 @@ from modelhost.generation.chat import (
     per_choice,
     sampling,
     tokenize_request,
+    tool_schemas,
     with_defaults,
 )
 from modelhost.media.sources import MediaPolicy, load_media
@@ -158,10 +159,14 @@ async def fetch_images(
 
 def chat_choices(body: ChatCompletionRequest, mode: str, count: int) -> list[ChatChoice]:
     """The assemblers of a chat completion's `count` choices."""
-    names = [t.function.name for t in effective_tools(body)[0]]
+    tools = effective_tools(body)[0]
+    names, schemas = [t.function.name for t in tools], tool_schemas(tools)
     legacy = body.functions is not None  # answers carry `function_call`, one call at most
     one_call = legacy or body.parallel_tool_calls is False
-    return [ChatChoice(i, mode, names, legacy=legacy, one_call=one_call) for i in range(count)]
+    return [
+        ChatChoice(i, mode, names, tool_schemas=schemas, legacy=legacy, one_call=one_call)
+        for i in range(count)
+    ]
 
 
 # ---------------------------------------------------------------- completions

@@ -16,7 +16,7 @@ from typing import Any
 from modelhost.auth.limits import start_counting
 from modelhost.clock import heartbeat_seconds
 from modelhost.errors import InvalidRequest, ModelhostError
-from modelhost.generation.chat import ChatChoice, chat_requests, with_defaults
+from modelhost.generation.chat import ChatChoice, chat_requests, tool_schemas, with_defaults
 from modelhost.media.sources import MediaPolicy
 from modelhost.protocol.responses import ResponseCreateRequest
 from modelhost.runtime.interface import Runtime
@@ -60,6 +60,7 @@ class Prepared:
     mode: str
     tool_names: list[str]
     created_at: datetime = field(default_factory=utcnow)  # when the request came, stored as such
+    tool_schemas: dict[str, Any] = field(default_factory=dict)  # `ChatChoice.tool_schemas`
 
     def view(self, status: str, **values: Any) -> Event:
         """The response object at this point (`values`: output, usage, error, incomplete_reason)."""
@@ -140,6 +141,7 @@ class Responses:
             engine_request=requests[0],
             mode=mode,
             tool_names=[t.function.name for t in chat.tools or []],
+            tool_schemas=tool_schemas(chat.tools or []),
         )
 
     async def open(self, prepared: Prepared) -> Generation:
@@ -152,7 +154,9 @@ class Responses:
             raise
         PROMPT_TOKENS_CACHED.labels(prepared.deployment_id).inc(int(first.get("cached_tokens", 0)))
         generation = Generation(stream, first)
-        generation.assembler = OutputAssembler(ChatChoice(0, prepared.mode, prepared.tool_names))
+        generation.assembler = OutputAssembler(
+            ChatChoice(0, prepared.mode, prepared.tool_names, tool_schemas=prepared.tool_schemas)
+        )
         return generation
 
     async def run(self, prepared: Prepared, generation: Generation, *, record: bool) -> AsyncIterator[Event]:
