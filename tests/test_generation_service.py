@@ -156,10 +156,10 @@ def test_completion_requests_are_prompt_major_and_echo_asks_for_prompt_logprobs(
     body = CompletionRequest.model_validate(
         {"model": "m", "prompt": ["a", "b"], "n": 2, "echo": True, "logprobs": 1}
     )
-    requests = completion_requests(body)
+    requests = completion_requests(body, 64)
     assert [r["prompt"] for r in requests] == ["a", "a", "b", "b"]
     assert requests[0]["params"]["prompt_logprobs"] and requests[0]["params"]["max_tokens"] == 16
-    ids = completion_requests(CompletionRequest.model_validate({"model": "m", "prompt": [5, 6]}))
+    ids = completion_requests(CompletionRequest.model_validate({"model": "m", "prompt": [5, 6]}), 64)
     assert [r["prompt"] for r in ids] == [[5, 6]]
 
 
