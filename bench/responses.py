@@ -37,7 +37,7 @@ def _bodies(tokens: int) -> dict[str, tuple[str, dict[str, Any]]]:
     }
 
 
-def _stream(http: httpx.Client, path: str, body: dict[str, Any]) -> int:
+def stream_to_end(http: httpx.Client, path: str, body: dict[str, Any]) -> int:
     """Send one streamed request, read it to the end; the number of SSE data lines (checked > 0)."""
     lines = 0
     with http.stream("POST", path, json=body) as response:
@@ -71,11 +71,11 @@ def main() -> None:
             headers = {"Authorization": f"Bearer {served.key}"}
             with httpx.Client(base_url=served.url, headers=headers, timeout=300) as http:
                 for path, body in bodies.values():  # warm-up: compiled templates, first-call paths
-                    _stream(http, path, body)
+                    stream_to_end(http, path, body)
                 for _ in range(args.requests):
                     for kind, (path, body) in bodies.items():
                         cpu, wall = served.cpu(), time.perf_counter()
-                        _stream(http, path, body)
+                        stream_to_end(http, path, body)
                         walls[kind].append((time.perf_counter() - wall) / args.tokens)
                         cpus[kind].append((served.cpu() - cpu).ms_per(args.tokens))
         finally:

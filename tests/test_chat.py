@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -563,6 +564,105 @@ def test_json_schema_response_format_validates(chat: Chat) -> None:
     assert isinstance(json.loads(anything.choices[0].message.content or ""), dict)
 
 
+# vLLM's `structured_outputs`, each with what its output must be (a random-weight model obeys them too)
+GRAMMAR = 'start: greeting " " name\ngreeting: "hello" | "hi"\nname: /[a-z]{1,8}/\n'  # llguidance's Lark
+STRUCTURED: list[tuple[dict[str, Any], str]] = [
+    ({"regex": "[0-9]{3}-[a-z]{2}/x"}, "[0-9]{3}-[a-z]{2}/x"),
+    ({"choice": ["sunny", "rainy", "cloudy"]}, "sunny|rainy|cloudy"),
+    ({"grammar": GRAMMAR}, "(hello|hi) [a-z]{1,8}"),
+    ({"grammar": 'root ::= "yes" | "no"'}, "yes|no"),  # GBNF, as vLLM's guidance backend takes it too
+    ({"json": PERSON}, ""),
+]
+
+
+def _chat_text(client: openai.OpenAI, stream: bool, **fields: Any) -> str:
+    if not stream:
+        return client.chat.completions.create(**fields).choices[0].message.content or ""
+    chunks = client.chat.completions.create(stream=True, **fields)
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def _completion_text(client: openai.OpenAI, stream: bool, **fields: Any) -> str:
+    if not stream:
+        return client.completions.create(**fields).choices[0].text
+    return "".join(c.choices[0].text for c in client.completions.create(stream=True, **fields) if c.choices)
+
+
+def test_structured_outputs_hold_a_chat_completion_and_a_completion_to_a_regex_choice_grammar_or_schema(
+    chat: Chat,
+) -> None:
+    client = chat.client()
+    for index, (spec, pattern) in enumerate(STRUCTURED):
+        extra = {"structured_outputs": spec}
+        common: dict[str, Any] = dict(
+            model="chat", max_tokens=60, temperature=0.7, seed=index, extra_body=extra
+        )
+        texts = [  # each kind streamed once: the constraint holds on every delta path
+            _chat_text(client, index == 0, messages=MESSAGES, **common),
+            _completion_text(client, index == 1, prompt="The weather is", **common),
+        ]
+        for text in texts:
+            if pattern:
+                assert re.fullmatch(pattern, text), (spec, text)
+            else:
+                jsonschema.validate(json.loads(text), PERSON)
+    answered = client.responses.create(
+        model="chat",
+        input=MESSAGES,
+        max_output_tokens=20,
+        extra_body={"structured_outputs": STRUCTURED[0][0]},
+    )
+    assert re.fullmatch(STRUCTURED[0][1], answered.output_text)
+    guided = client.chat.completions.create(  # vLLM's older name, which vLLM 0.32 ignores
+        model="chat", messages=MESSAGES, max_tokens=20, extra_body={"guided_choice": ["yes", "no"]}
+    )
+    assert guided.choices[0].message.content in ("yes", "no")
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        ("/v1/chat/completions", {"structured_outputs": {"regex": "[0-9"}}, "structured_outputs.regex"),
+        (
+            "/v1/completions",
+            {"structured_outputs": {"grammar": "start: nowhere"}},
+            "structured_outputs.grammar",
+        ),
+        ("/v1/completions", {"guided_regex": "a{2,1}"}, "guided_regex"),
+        ("/v1/completions", {"structured_outputs": {"regex": "x" * 40_000}}, "structured_outputs.regex"),
+        ("/v1/chat/completions", {"structured_outputs": {"json": "{not json"}}, "structured_outputs.json"),
+        (
+            "/v1/chat/completions",
+            {"structured_outputs": {"regex": "a", "choice": ["b"]}},
+            "structured_outputs",
+        ),
+        ("/v1/chat/completions", {"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs"),
+        ("/v1/completions", {"structured_outputs": {"regex": "a"}, "guided_json": {}}, "guided_json"),
+        (
+            "/v1/chat/completions",
+            {"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}},
+            "structured_outputs.choice",
+        ),
+        (
+            "/v1/chat/completions",
+            {"structured_outputs": {"regex": "a"}, "tools": [WEATHER], "tool_choice": "required"},
+            "structured_outputs.regex",
+        ),
+        (
+            "/v1/responses",
+            {"structured_outputs": {"regex": "a"}, "text": {"format": {"type": "json_object"}}},
+            "structured_outputs.regex",
+        ),
+    ],
+)
+def test_a_structured_output_that_cannot_be_enforced_is_a_400_naming_its_field(
+    chat: Chat, path: str, fields: dict[str, Any], param: str
+) -> None:
+    prompt = {"/v1/responses": {"input": "hi"}, "/v1/completions": {"prompt": "hi"}}.get(path)
+    answer = chat.post(path, model="chat", **(prompt or {"messages": MESSAGES}), **fields)
+    assert "Extra inputs" not in assert_error(answer, 400, param=param)["message"]  # a known field
+
+
 # ---------------------------------------------------------------- validation and routing
 
 
@@ -607,12 +707,22 @@ def test_chat_template_kwargs_reach_the_template(chat: Chat, thinking_model: str
         assert created.usage is not None
         return created.usage.prompt_tokens
 
+    def input_tokens(**extra: Any) -> int:  # the Responses API's, as vLLM's takes them
+        created = chat.client().responses.create(
+            model=thinking_model, input=MESSAGES, max_output_tokens=1, extra_body=extra
+        )
+        assert created.usage is not None
+        return created.usage.input_tokens
+
     thinking = prompt_tokens()
     assert prompt_tokens(chat_template_kwargs={"enable_thinking": True}) == thinking
     assert prompt_tokens(chat_template_kwargs={"enable_thinking": False}) > thinking
+    assert input_tokens() == thinking < input_tokens(chat_template_kwargs={"enable_thinking": False})
     for kwargs in ({"add_generation_prompt": False}, {"messages": []}, {"big": "x" * 20_000}, []):
         body = {"model": "chat", "messages": MESSAGES, "chat_template_kwargs": kwargs}
         assert_error(chat.post("/v1/chat/completions", **body), 400, param="chat_template_kwargs")
+    refused = chat.post("/v1/responses", model="chat", input="hi", chat_template_kwargs={"tools": []})
+    assert_error(refused, 400, param="chat_template_kwargs")
 
 
 def test_tokenize_counts_a_prompt_and_a_chat_as_generation_sees_them_and_detokenize_reverses_it(

@@ -9,6 +9,7 @@ import pytest
 
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat import ChatChoice, chat_requests
+from modelhost.generation.grammar import regex_grammar
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
 from modelhost.serving.chat import CompletionChoice, chat_choices, completion_requests
 
@@ -183,10 +184,10 @@ def test_completion_requests_are_prompt_major_and_echo_asks_for_prompt_logprobs(
     body = CompletionRequest.model_validate(
         {"model": "m", "prompt": ["a", "b"], "n": 2, "echo": True, "logprobs": 1}
     )
-    requests = completion_requests(body)
+    requests = completion_requests(body, 64)
     assert [r["prompt"] for r in requests] == ["a", "a", "b", "b"]
     assert requests[0]["params"]["prompt_logprobs"] and requests[0]["params"]["max_tokens"] == 16
-    ids = completion_requests(CompletionRequest.model_validate({"model": "m", "prompt": [5, 6]}))
+    ids = completion_requests(CompletionRequest.model_validate({"model": "m", "prompt": [5, 6]}), 64)
     assert [r["prompt"] for r in ids] == [[5, 6]]
 
 
@@ -227,3 +228,11 @@ def test_a_schema_listing_its_properties_gets_no_others_strict_or_not_while_json
     assert constrained(person, strict=True)["additionalProperties"] is False
     assert "additionalProperties" not in constrained({"type": "object"}, strict=False)  # json_object
     assert constrained({**person, "additionalProperties": True}, strict=False)["additionalProperties"] is True
+
+
+def test_a_regex_becomes_one_lark_regex_terminal_its_slashes_and_line_breaks_escaped_once() -> None:
+    assert regex_grammar("[0-9]{3}/x") == "start: /[0-9]{3}\\/x/\n"
+    assert regex_grammar("a\\/b") == "start: /a\\/b/\n"  # escaped by the client already: kept
+    assert regex_grammar("a\\\\/b") == "start: /a\\\\\\/b/\n"  # an escaped backslash, then a slash
+    assert regex_grammar("a\nb\\\r") == "start: /a\\nb\\r/\n"
+    assert regex_grammar("\\d+") == "start: /\\d+/\n"

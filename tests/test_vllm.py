@@ -32,6 +32,7 @@ import jsonschema
 import openai
 import pytest
 
+from tests.chat_model import WEATHER
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
 from tests.server_process import ServerProcess, processes
@@ -65,6 +66,7 @@ from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here aga
     test_stop_token_ids_ignore_eos_include_stop_str_and_skip_special_tokens,
     test_streamed_tool_call_deltas_reassemble_to_the_same_call,
     test_streaming_sends_role_then_content_then_finish_then_usage_and_done,
+    test_structured_outputs_hold_a_chat_completion_and_a_completion_to_a_regex_choice_grammar_or_schema,
     test_suffix_needs_a_model_with_fill_in_the_middle_tokens,
     test_tool_choice_auto_and_none_render_tools_or_not,
     test_tool_choice_required_returns_a_call_whose_arguments_validate,
@@ -485,6 +487,23 @@ def test_bad_input_is_a_400_in_our_shape_never_vllms(vllm: VllmServer) -> None:
     assert "vocabulary" in bias.json()["error"]["message"]
     ids = vllm.post("/v1/completions", model="chat", prompt=[1, 99999], max_tokens=2)
     assert_error(ids, 400, param="prompt")
+
+
+def test_tokenize_and_detokenize_on_vllm_equal_the_transformers_engines(vllm: VllmServer) -> None:
+    """The same token IDs for a prompt, a chat (the deployment's template) and a chat with tools."""
+    bodies: list[dict[str, Any]] = [
+        {"prompt": "hello world", "return_token_strs": True},
+        {"messages": MESSAGES},
+        {"messages": MESSAGES, "tools": [WEATHER], "add_generation_prompt": False},
+    ]
+    for body in bodies:
+        on_vllm, on_own = (vllm.post("/tokenize", model=model, **body) for model in ("chat", "chat-own"))
+        assert on_vllm.status_code == 200, on_vllm.text
+        assert on_vllm.json() == on_own.json() and on_vllm.json()["count"] > 0
+    tokens = on_vllm.json()["tokens"]
+    back = [vllm.post("/detokenize", model=model, tokens=tokens).json() for model in ("chat", "chat-own")]
+    assert back[0] == back[1] and "berlin" in back[0]["prompt"]
+    assert_error(vllm.post("/detokenize", model="chat", tokens=[10**6]), 400, param="tokens")
 
 
 def test_openai_sdk_streams_completions_with_usage_on_vllm(chat: Chat) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from modelhost.errors import InvalidRequest
 from modelhost.generation.grammar import json_schema_grammar, split_tool_call, tool_call_grammar
+from modelhost.generation.structured import structured_grammar
 from modelhost.generation.tool_parsers import PARSERS, streamable_length
 from modelhost.protocol.chat import (
     AllowedToolsChoice,
@@ -71,6 +72,15 @@ def chat_requests(body: ChatCompletionRequest, max_string_length: int) -> tuple[
         request["grammar"] = json_schema_grammar(schema, max_string_length, bool(spec and spec.strict))
         request["grammar_param"] = "response_format"
         mode = "json" if mode == "none" else mode
+    structured = structured_grammar(body, max_string_length)
+    if structured is not None and "grammar" in request:
+        raise InvalidRequest(
+            f"{structured[1]} cannot be combined with a forced tool call or a JSON response_format "
+            "(text.format): each constrains the whole output.",
+            param=structured[1],
+        )
+    if structured is not None:
+        request["grammar"], request["grammar_param"] = structured
     params = sampling(body, body.max_completion_tokens or body.max_tokens)
     params.update(logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
     return per_choice(request, params, body.n or 1, body.seed), mode

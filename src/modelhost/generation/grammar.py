@@ -17,7 +17,10 @@ beyond those the tool's schema lists.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+from modelhost.errors import InvalidRequest
 
 TOOL_PREFIX = '{"name": "'
 TOOL_MIDDLE = '", "arguments": '
@@ -78,6 +81,48 @@ def tool_call_grammar(tools: list[tuple[str, dict[str, Any]]], max_string_length
         body = json.dumps({**bound_strings(schema, max_string_length), "x-guidance": JSON_OPTIONS})
         lines.append(f"args_{i}: %json {body}")
     return "\n".join(lines) + "\n"
+
+
+def regex_grammar(pattern: str) -> str:
+    """A Lark grammar whose whole output matches `pattern` (Rust regex syntax, as llguidance's and
+    vLLM's): one regex terminal, its unescaped slashes and raw line breaks escaped so the pattern stays
+    one `/.../` token."""
+    escaped = re.sub(r"\\.|[/\n\r]", _escape_in_regex, pattern, flags=re.DOTALL)
+    return f"start: /{escaped}/\n"
+
+
+def _escape_in_regex(match: re.Match[str]) -> str:
+    text = match.group()
+    breaks = {"\n": "n", "\r": "r"}
+    if text.startswith("\\"):  # an escape of the pattern's own: kept (an escaped line break spelt out)
+        return "\\" + breaks.get(text[1], text[1])
+    return "\\" + breaks.get(text, text)
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """A Lark grammar whose output is one of `choices`, exactly (llguidance's own `choice`)."""
+    return "start: " + " | ".join(json.dumps(choice) for choice in choices) + "\n"
+
+
+def user_grammar(text: str, param: str) -> str:
+    """A client's grammar as vLLM's guidance backend takes it: llguidance's Lark (a `start` rule) as it
+    is, GBNF (a `root` rule) converted to Lark by llguidance; one it cannot read is a 400 naming `param`."""
+    from llguidance.gbnf_to_lark import any_to_lark  # imported when used: the gateway starts faster
+
+    try:
+        return any_to_lark(text)
+    except Exception as exc:  # the converter raises bare exceptions of several kinds
+        raise InvalidRequest(f"{param}: neither Lark nor GBNF that can be read: {exc}", param=param) from None
+
+
+def check_grammar(grammar: str, param: str) -> None:
+    """A 400 naming `param` for a grammar llguidance rejects (a bad regex, an undefined rule...), found
+    before any engine compiles it, so that both engines refuse it alike."""
+    import llguidance
+
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise InvalidRequest(f"{param} cannot be enforced: {error.strip()}", param=param)
 
 
 def split_tool_call(text: str, names: list[str]) -> tuple[str, str] | None:

@@ -20,6 +20,7 @@ MinP = Annotated[float, Field(ge=0, le=1)]
 RepetitionPenalty = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 StopTokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)]
 MODEL_DEFAULT = " Unset: the model's default (its generation_config.json, docs/generation.md)"
+GUIDED = "Deprecated: vLLM's older name (0.32 ignores it; here it still constrains) of `structured_outputs."
 MAX_LOGIT_BIAS = 1024  # entries; OpenAI documents none, vLLM none either
 MAX_BEST_OF = 20  # OpenAI's own limit
 MAX_TEMPLATE_KWARGS = 16_384  # characters of `chat_template_kwargs` as JSON: a few switches, not a document
@@ -264,6 +265,54 @@ class ResponseFormat(StrictModel):
         return self
 
 
+MAX_GRAMMAR = 32_768  # characters of a `structured_outputs` regex or grammar: a format, not a program
+MAX_CHOICES = 256  # `structured_outputs.choice` entries
+MAX_CHOICE = 1_024  # characters of one choice
+GrammarText = Annotated[str, Field(min_length=1, max_length=MAX_GRAMMAR)]
+Choices = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=MAX_CHOICE)]],
+    Field(min_length=1, max_length=MAX_CHOICES),
+]
+
+
+class StructuredOutputs(StrictModel):
+    """vLLM's `structured_outputs` (its `StructuredOutputsParams`): exactly one constraint on the output,
+    enforced by constrained decoding as `response_format` is (docs/openai-compat.md)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    json_: dict[str, Any] | str | None = Field(
+        default=None, alias="json", description="A JSON Schema (or its JSON text) the output follows."
+    )
+    regex: GrammarText | None = Field(default=None, description="The whole output matches this regex.")
+    choice: Choices | None = Field(default=None, description="The output is one of these strings.")
+    grammar: GrammarText | None = Field(
+        default=None,
+        description="A context-free grammar the output follows: llguidance's Lark (a `start` rule) or "
+        "GBNF (a `root` rule), as vLLM's guidance backend takes it.",
+    )
+    json_object: bool | None = Field(default=None, description="`true`: any JSON object.")
+    disable_any_whitespace: bool | None = Field(
+        default=None, description="No effect: JSON is always written without whitespace between tokens."
+    )
+    disable_additional_properties: bool | None = Field(
+        default=None, description="`true`: no object takes properties its schema does not list (strict)."
+    )
+    whitespace_pattern: str | None = Field(default=None, description="Refused (400): JSON is compact.")
+    structural_tag: str | None = Field(default=None, description="Refused (400): not supported here.")
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> StructuredOutputs:
+        for name in ("whitespace_pattern", "structural_tag"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} is not supported here (docs/openai-compat.md)")
+        given = [n for n in ("json_", "regex", "choice", "grammar") if getattr(self, n) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError("give exactly one of json, regex, choice, grammar or json_object: true")
+        return self
+
+
 class StreamOptions(StrictModel):
     include_usage: bool | None = None
     include_obfuscation: bool | None = Field(default=None, description=NO_EFFECT)
@@ -327,6 +376,15 @@ class SamplingFields(StrictModel):
         default=None,
         description="Extension (as vLLM): `false` keeps special tokens in the text. Default true.",
     )
+    structured_outputs: StructuredOutputs | None = Field(
+        default=None,
+        description="Extension (as vLLM): the output follows a regex, a choice of strings, a grammar or a "
+        "JSON Schema, by constrained decoding. Not with `response_format` JSON or a forced tool call.",
+    )
+    guided_json: dict[str, Any] | str | None = Field(default=None, description=GUIDED + "json`.")
+    guided_regex: GrammarText | None = Field(default=None, description=GUIDED + "regex`.")
+    guided_choice: Choices | None = Field(default=None, description=GUIDED + "choice`.")
+    guided_grammar: GrammarText | None = Field(default=None, description=GUIDED + "grammar`.")
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -18,7 +18,9 @@ from modelhost.protocol.chat import (
     MinP,
     RepetitionPenalty,
     StopTokenIds,
+    StructuredOutputs,
     Temperature,
+    TemplateKwargs,
     TopK,
 )
 from modelhost.protocol.common import StrictModel
@@ -192,6 +194,13 @@ class ResponseCreateRequest(StrictModel):
     ignore_eos: bool | None = Field(default=None, description="Extension (as chat's).")
     include_stop_str_in_output: bool | None = Field(default=None, description="Extension (as chat's).")
     skip_special_tokens: bool | None = Field(default=None, description="Extension (as chat's).")
+    chat_template_kwargs: TemplateKwargs | None = Field(
+        default=None, description="Extension (as chat's, and vLLM's Responses API): template variables."
+    )
+    structured_outputs: StructuredOutputs | None = Field(
+        default=None,
+        description="Extension (as chat's, and vLLM's Responses API). Not with `text.format` JSON.",
+    )
     include: list[str] | None = None
     metadata: Metadata | None = None
     store: bool | None = Field(default=None, description="Keep the response (default true).")

@@ -34,6 +34,7 @@ from modelhost.generation.chat import (
     tool_schemas,
     with_defaults,
 )
+from modelhost.generation.structured import structured_grammar
 from modelhost.media.sources import MediaPolicy, load_media
 from modelhost.protocol.chat import (
     ChatCompletionRequest,
@@ -177,10 +178,11 @@ async def completion(
     runtime: Runtime,
     deployment_id: str,
     until: Until,
+    max_string_length: int,
     defaults: dict[str, int | float] | None = None,
 ) -> Answer:
     """`defaults`: the deployment's sampling defaults (`generation_defaults`)."""
-    requests = with_defaults(completion_requests(body), defaults)
+    requests = with_defaults(completion_requests(body, max_string_length), defaults)
     echo, want_logprobs = bool(body.echo), body.logprobs is not None
     choices = [CompletionChoice(i, want_logprobs, echo) for i in range(len(requests))]
     head = {"id": new_id("cmpl"), "created": int(time.time()), "model": body.model}
@@ -230,9 +232,9 @@ async def _completion_chunks(
         yield _event({**chunk, "choices": [], "usage": usage})
 
 
-def completion_requests(body: CompletionRequest) -> list[Event]:
+def completion_requests(body: CompletionRequest, max_string_length: int) -> list[Event]:
     """One engine request per prompt and candidate (`best_of`, else `n`), in OpenAI's order
-    (prompt-major)."""
+    (prompt-major), each with the grammar of its `structured_outputs`."""
     candidates = _candidates(body)
     prompts: list[str | list[int] | None]
     if body.prompt is None or isinstance(body.prompt, str) or isinstance(body.prompt[0], int):
@@ -248,9 +250,12 @@ def completion_requests(body: CompletionRequest) -> list[Event]:
         top_logprobs=body.logprobs or 0,
         prompt_logprobs=bool(body.echo and wants),
     )
+    structured = structured_grammar(body, max_string_length)
     requests: list[Event] = []
     for prompt in prompts:
         base: Event = {"prompt": prompt, "echo": bool(body.echo), "suffix": body.suffix or None}
+        if structured is not None:
+            base["grammar"], base["grammar_param"] = structured
         requests += per_choice(base, params, candidates, body.seed)
     return requests
 

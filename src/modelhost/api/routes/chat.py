@@ -77,8 +77,9 @@ async def completions(
     body: CompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
+    limit = services.settings.constrained_max_string_length
     answer = await chat.completion(
-        body, services.runtime, deployment.id, _until(request), deployment.generation_defaults
+        body, services.runtime, deployment.id, _until(request), limit, deployment.generation_defaults
     )
     return _respond(answer)
 

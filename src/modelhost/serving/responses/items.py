@@ -166,6 +166,8 @@ def chat_request(body: ResponseCreateRequest, items: list[Item]) -> ChatCompleti
         "ignore_eos": body.ignore_eos,
         "include_stop_str_in_output": body.include_stop_str_in_output,
         "skip_special_tokens": body.skip_special_tokens,
+        "chat_template_kwargs": body.chat_template_kwargs,
+        "structured_outputs": body.structured_outputs,
         "logprobs": _wants_logprobs(body) or None,
         "top_logprobs": body.top_logprobs if _wants_logprobs(body) else None,
         "response_format": _response_format(body),
