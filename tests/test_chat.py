@@ -587,12 +587,26 @@ def test_tool_choice_validation_names_the_parameter(chat: Chat) -> None:
 
 @pytest.fixture(scope="module")
 def thinking_model(chat: Chat, recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The chat model again, its template ending an empty thought after the generation prompt when the
-    request's `enable_thinking` is false, as Qwen3's does."""
+    """The chat model again with a Qwen3-style thinking template (so the replica sees a `qwen3` family):
+    its generation prompt opens a thought (`<think>`, as Qwen3's thinking models' `<think>\n`), or writes
+    an empty one when the request's `enable_thinking` is false; an assistant's earlier
+    `reasoning_content` is rendered in its turn. The random model never closes the thought (greedily it
+    repeats the prompt's last character, `>`): its whole answer is reasoning."""
     folder = long_context_copy(recipes, tmp_path_factory.mktemp("thinking"))
     template = (folder / "chat_template.jinja").read_text()
-    switch = "{%- if enable_thinking is false -%}{{- '<think></think>' -}}{%- endif -%}"
-    (folder / "chat_template.jinja").write_text(template + switch)
+    content = "{{- content_text(message['content']) -}}"
+    earlier = (
+        "{%- if message['reasoning_content'] is string -%}"
+        "{{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' -}}{%- endif -%}"
+    )
+    prompt = "{{- '<|im_start|>assistant\\n' -}}"
+    opened = (
+        "{%- if enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
+        "{%- else -%}{{- '<think>' -}}{%- endif -%}"
+    )
+    assert content in template and prompt in template
+    template = template.replace(content, earlier + content, 1).replace(prompt, prompt + opened, 1)
+    (folder / "chat_template.jinja").write_text(template)
     deployment = deploy_folder_sync(
         chat.http, chat.key, folder, "text-generation", "chat-thinking", readiness="warm"
     )
@@ -613,6 +627,133 @@ def test_chat_template_kwargs_reach_the_template(chat: Chat, thinking_model: str
     for kwargs in ({"add_generation_prompt": False}, {"messages": []}, {"big": "x" * 20_000}, []):
         body = {"model": "chat", "messages": MESSAGES, "chat_template_kwargs": kwargs}
         assert_error(chat.post("/v1/chat/completions", **body), 400, param="chat_template_kwargs")
+
+
+def test_a_thinking_models_reasoning_comes_apart_from_its_content_whole_and_streamed(
+    chat: Chat, thinking_model: str
+) -> None:
+    client = chat.client()
+    body: dict[str, Any] = dict(
+        model=thinking_model, messages=MESSAGES, max_tokens=8, temperature=0, extra_body={"min_tokens": 8}
+    )
+    answer = client.chat.completions.create(**body)
+    message, usage = answer.choices[0].message, answer.usage
+    assert message.content is None and message.model_extra is not None
+    reasoning = message.model_extra["reasoning_content"]
+    assert reasoning and message.model_extra["reasoning"] == reasoning
+    assert usage is not None and usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.reasoning_tokens == usage.completion_tokens == 8
+    chunks = list(client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content", "") for d in deltas) == reasoning
+    assert "".join((d.model_extra or {}).get("reasoning", "") for d in deltas) == reasoning
+    assert not "".join(d.content or "" for d in deltas)
+    streamed = chunks[-1].usage
+    assert streamed is not None and streamed.completion_tokens_details is not None
+    assert streamed.completion_tokens_details.reasoning_tokens == 8
+
+
+def test_reasoning_effort_switches_thinking_where_the_family_can_and_is_refused_where_not(
+    chat: Chat, thinking_model: str
+) -> None:
+    client = chat.client()
+    off = client.chat.completions.create(
+        model=thinking_model, messages=MESSAGES, max_tokens=4, temperature=0, reasoning_effort="none"
+    )
+    assert off.choices[0].message.model_extra is not None
+    assert off.choices[0].message.model_extra["reasoning_content"] is None
+    assert off.usage is not None and off.usage.completion_tokens_details is not None
+    assert off.usage.completion_tokens_details.reasoning_tokens == 0
+    explicit = client.chat.completions.create(
+        model=thinking_model,
+        messages=MESSAGES,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert explicit.usage is not None and explicit.usage.prompt_tokens == off.usage.prompt_tokens
+    assert off.choices[0].message.content == explicit.choices[0].message.content
+    on = client.chat.completions.create(
+        model=thinking_model, messages=MESSAGES, max_tokens=4, temperature=0, reasoning_effort="high"
+    )
+    assert on.usage is not None and on.usage.prompt_tokens < off.usage.prompt_tokens
+    error = assert_error(
+        chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, reasoning_effort="low"),
+        400,
+        param="reasoning_effort",
+    )
+    assert "hermes" in error["message"]
+
+
+def test_an_earlier_turns_reasoning_content_is_given_to_the_template(chat: Chat, thinking_model: str) -> None:
+    def prompt_tokens(**reasoning: str) -> int:
+        turns = [
+            *MESSAGES,
+            {"role": "assistant", "content": "sunny", **reasoning},
+            {"role": "user", "content": "ok"},
+        ]
+        answer = chat.post("/v1/chat/completions", model=thinking_model, messages=turns, max_tokens=1)
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["usage"]["prompt_tokens"])
+
+    without = prompt_tokens()
+    assert prompt_tokens(reasoning_content="the sky is clear") > without
+    assert prompt_tokens(reasoning="the sky is clear") == prompt_tokens(reasoning_content="the sky is clear")
+
+
+def test_a_responses_reasoning_is_an_item_before_its_message_and_goes_back_in_as_input(
+    chat: Chat, thinking_model: str
+) -> None:
+    client = chat.client()
+    response = client.responses.create(
+        model=thinking_model,
+        input="what is the weather in berlin?",
+        max_output_tokens=6,
+        temperature=0,
+        extra_body={"min_tokens": 6},
+        store=False,
+    )
+    (item,) = response.output
+    assert item.type == "reasoning" and item.summary == [] and item.content
+    assert item.content[0].type == "reasoning_text" and item.content[0].text
+    assert response.usage is not None and response.usage.output_tokens_details.reasoning_tokens == 6
+    events = list(
+        client.responses.create(
+            model=thinking_model,
+            input="what is the weather in berlin?",
+            max_output_tokens=6,
+            temperature=0,
+            extra_body={"min_tokens": 6},
+            store=False,
+            stream=True,
+        )
+    )
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == item.content[0].text
+    assert [e.type for e in events if e.type.startswith("response.reasoning_text")][-1].endswith(".done")
+
+    def input_tokens(*earlier: Any) -> int:
+        turns = [
+            {"role": "user", "content": "hi"},
+            *earlier,
+            {"role": "assistant", "content": "sunny"},
+            {"role": "user", "content": "ok"},
+        ]
+        again = client.responses.create(model=thinking_model, input=turns, max_output_tokens=1, store=False)
+        assert again.usage is not None
+        return again.usage.input_tokens
+
+    assert input_tokens(item.model_dump(exclude_none=True)) > input_tokens()
+    off = client.responses.create(
+        model=thinking_model, input="hi", max_output_tokens=2, reasoning={"effort": "none"}, store=False
+    )
+    assert [o.type for o in off.output] == ["message"]
+    error = assert_error(
+        chat.post("/v1/responses", model="chat", input="hi", reasoning={"effort": "low"}),
+        400,
+        param="reasoning.effort",
+    )
+    assert "hermes" in error["message"]
 
 
 def test_tokenize_counts_a_prompt_and_a_chat_as_generation_sees_them_and_detokenize_reverses_it(
@@ -800,7 +941,6 @@ def test_openai_fields_that_change_nothing_are_accepted_and_change_nothing(chat:
         safety_identifier="hashed-user",
         prompt_cache_key="weather",
         prompt_cache_retention="24h",
-        reasoning_effort="low",
         verbosity="low",
         web_search_options={"search_context_size": "low"},
         prediction={"type": "content", "content": "sunny"},
