@@ -653,7 +653,7 @@ def test_a_thinking_models_reasoning_comes_apart_from_its_content_whole_and_stre
     assert streamed.completion_tokens_details.reasoning_tokens == 8
 
 
-def test_reasoning_effort_switches_thinking_where_the_family_can_and_is_refused_where_not(
+def test_reasoning_effort_switches_thinking_where_the_family_has_a_switch(
     chat: Chat, thinking_model: str
 ) -> None:
     client = chat.client()
@@ -677,10 +677,19 @@ def test_reasoning_effort_switches_thinking_where_the_family_can_and_is_refused_
         model=thinking_model, messages=MESSAGES, max_tokens=4, temperature=0, reasoning_effort="high"
     )
     assert on.usage is not None and on.usage.prompt_tokens < off.usage.prompt_tokens
+
+
+def test_reasoning_effort_is_a_400_naming_it_where_the_family_has_no_switch(chat: Chat) -> None:
     error = assert_error(
         chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, reasoning_effort="low"),
         400,
         param="reasoning_effort",
+    )
+    assert "hermes" in error["message"]
+    error = assert_error(
+        chat.post("/v1/responses", model="chat", input="hi", reasoning={"effort": "low"}),
+        400,
+        param="reasoning.effort",
     )
     assert "hermes" in error["message"]
 
@@ -748,12 +757,6 @@ def test_a_responses_reasoning_is_an_item_before_its_message_and_goes_back_in_as
         model=thinking_model, input="hi", max_output_tokens=2, reasoning={"effort": "none"}, store=False
     )
     assert [o.type for o in off.output] == ["message"]
-    error = assert_error(
-        chat.post("/v1/responses", model="chat", input="hi", reasoning={"effort": "low"}),
-        400,
-        param="reasoning.effort",
-    )
-    assert "hermes" in error["message"]
 
 
 def test_tokenize_counts_a_prompt_and_a_chat_as_generation_sees_them_and_detokenize_reverses_it(

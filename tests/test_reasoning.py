@@ -4,6 +4,7 @@ choice assembled from real engine-event sequences of a reasoning model (`generat
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from modelhost.generation.reasoning import (
     prompt_opens,
     split,
 )
+from modelhost.generation.requests import special_tokens
 
 QWEN3 = "<think>\nThe user greets me.\nI greet back.\n</think>\n\nHello! How can I help?"
 HARMONY = (
@@ -302,3 +304,22 @@ def test_a_response_puts_its_reasoning_item_before_its_message_with_its_stream_e
     }
     assert message["content"][0]["text"] == "Hi"
     assert assembler.usage()["output_tokens_details"] == {"reasoning_tokens": len(THOUGHT) - 1}
+
+
+def test_a_chat_keeps_the_special_tokens_of_its_familys_markup_and_hides_the_others(recipes: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(recipes / "t11_text_generation_chat")
+    template, qwen3 = tokenizer.chat_template, family_named("qwen3")
+    assert qwen3 is not None
+    marked = special_tokens(tokenizer, qwen3, template)  # its <tool_call> and </tool_call> are special
+    skip, strip = marked.decoding({"messages": []}, True)
+    assert skip is False and strip is not None
+    eos, pad = tokenizer.eos_token, "<|endoftext|>"
+    written = f"<tool_call>{{}}</tool_call>{pad}{eos}"
+    assert pad not in template and strip(written) == "<tool_call>{}</tool_call>"
+    assert marked.decoding({"messages": []}, False) == (False, None)  # the client wants every token
+    assert marked.decoding({"prompt": "x"}, True) == (True, None)  # completions are not parsed
+    llama3 = family_named("llama3")  # none of its markers is special here: the request decides
+    assert llama3 is not None
+    assert special_tokens(tokenizer, llama3, template).decoding({"messages": []}, True) == (True, None)

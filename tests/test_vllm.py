@@ -60,6 +60,7 @@ from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here aga
     test_logprobs_and_top_logprobs,
     test_openai_fields_that_change_nothing_are_accepted_and_change_nothing,
     test_penalties_and_top_p_change_the_output,
+    test_reasoning_effort_is_a_400_naming_it_where_the_family_has_no_switch,
     test_seed_reproduces_sampled_output_and_n_gives_that_many_choices,
     test_stop_strings_end_generation_and_are_not_in_the_output,
     test_stop_token_ids_ignore_eos_include_stop_str_and_skip_special_tokens,

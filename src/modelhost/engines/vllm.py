@@ -153,7 +153,7 @@ def load(
         context_length=int(config.max_model_len),
         family=family,
         fim=fim_tokens(tokenizer),
-        special=special_tokens(tokenizer, family),
+        special=special_tokens(tokenizer, family, template),
         generation_defaults=generation_defaults(model_dir),
         processor=load_processor(model_dir) if vision else None,
         lora=lora is not None,

@@ -152,10 +152,11 @@ def reasoning_open(state: PromptModel, request: dict[str, Any], prompt: list[int
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    """The special tokens of a model whose family's markers are among them (gpt-oss's harmony tokens, a
-    `<think>` that its tokenizer marks special): such markers must reach the gateway's parsers as text,
-    so a chat's answer is decoded keeping special tokens (`keeps`), and the others (`hidden`) are taken
-    out of the text here when the client asked to skip them (`skip_special_tokens`, true by default)."""
+    """How a chat's answer is decoded when the family's markers are special tokens of its tokenizer
+    (gpt-oss's harmony tokens; DeepSeek's, Kimi's tool-call tokens; a `<think>` a tokenizer marks
+    special): the parsers must read them, so the answer is decoded keeping special tokens (`keeps`), and
+    those that are not the family's markup (`hidden`) are taken out of the text here when the client
+    asked to skip them (`skip_special_tokens`, true by default)."""
 
     keeps: bool = False
     hidden: re.Pattern[str] | None = None
@@ -171,8 +172,11 @@ class SpecialTokens:
         return False, lambda text: hidden.sub("", text)
 
 
-def special_tokens(tokenizer: Any, family: Family) -> SpecialTokens:
-    """What `SpecialTokens` needs of a tokenizer, worked out once when the model loads."""
+def special_tokens(tokenizer: Any, family: Family, template: str | None) -> SpecialTokens:
+    """What `SpecialTokens` needs of a tokenizer, worked out once when the model loads. The family's
+    markup is its parsers' markers and the special tokens its chat template writes (the closing tags and
+    separators of a call as well as its start), but not the tokenizer's own start, end, padding and
+    unknown tokens, which the client's `skip_special_tokens` governs as for any answer."""
     special = set(tokenizer.all_special_tokens)
     special |= {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
     parser = PARSERS.get(family.tool_parser)
@@ -181,8 +185,10 @@ def special_tokens(tokenizer: Any, family: Family) -> SpecialTokens:
     )
     if not markers & special:
         return SpecialTokens()
-    others = sorted(special - markers, key=len, reverse=True)  # the longest first: no partial matches
-    return SpecialTokens(True, re.compile("|".join(map(re.escape, others))) if others else None)
+    own = {tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token, tokenizer.unk_token}
+    markup = {t for t in special if t in (template or "")} - own | markers
+    hidden = sorted(special - markup, key=len, reverse=True)  # the longest first: no partial matches
+    return SpecialTokens(True, re.compile("|".join(map(re.escape, hidden))) if hidden else None)
 
 
 def tokenized(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:

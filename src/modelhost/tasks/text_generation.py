@@ -180,7 +180,7 @@ def chat_model(model: Any, tokenizer: Any, device: str, defaults: dict[str, Any]
         family,
         fim=fim_tokens(tokenizer),
         generation_defaults=defaults,
-        special=special_tokens(tokenizer, family),
+        special=special_tokens(tokenizer, family, template),
     )
 
 
