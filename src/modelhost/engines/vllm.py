@@ -38,6 +38,7 @@ from modelhost.generation.requests import (
     reasoning_open,
     sampling_params,
     special_tokens,
+    template_kwargs,
     tokenized,
 )
 
@@ -232,7 +233,7 @@ async def _engine_input(model: VllmModel, request: dict[str, Any]) -> tuple[list
     if not request.get("images"):
         prompt, prompt_param = prompt_ids(model, request)
         return prompt, prompt_param, tokens_input(prompt)
-    text, images = chat_with_images(model.processor, request)
+    text, images = chat_with_images(model.processor, request, template_kwargs(model, request))
     template_ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
     raw = {"prompt_token_ids": template_ids, "multi_modal_data": {"image": images}}
     (rendered,) = await model.engine.renderer.render_cmpl_async([raw])

@@ -94,13 +94,7 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
             raise InvalidRequest(
                 "This model has no chat template; use /v1/completions with a prompt.", param="messages"
             )
-        kwargs = dict(request.get("chat_template_kwargs", {}))
-        if request.get("reasoning_effort"):  # the request's own template variables win
-            effort, param = (
-                request["reasoning_effort"],
-                request.get("reasoning_effort_param", "reasoning_effort"),
-            )
-            kwargs = {**effort_kwargs(state.family, effort, param), **kwargs}
+        kwargs = template_kwargs(state, request)  # outside the `try`: its 400 names its own field
         try:
             text = tokenizer.apply_chat_template(
                 request["messages"],
@@ -138,6 +132,18 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
             param="suffix",
         )
     return fill_in_the_middle(tokenizer, state.fim, ids, suffix), "prompt"
+
+
+def template_kwargs(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
+    """The chat template's extra variables: the request's `chat_template_kwargs`, and its reasoning
+    effort as the family's switch takes it (`generation.reasoning.effort_kwargs`: a 400 for a family
+    without one). The request's own variables win."""
+    kwargs = dict(request.get("chat_template_kwargs", {}))
+    effort = request.get("reasoning_effort")
+    if effort:
+        param = request.get("reasoning_effort_param", "reasoning_effort")
+        kwargs = {**effort_kwargs(state.family, effort, param), **kwargs}
+    return kwargs
 
 
 def reasoning_open(state: PromptModel, request: dict[str, Any], prompt: list[int]) -> bool:

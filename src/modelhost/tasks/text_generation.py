@@ -29,6 +29,7 @@ from modelhost.generation.requests import (
     reasoning_open,
     sampling_params,
     special_tokens,
+    template_kwargs,
     tokenized,
 )
 from modelhost.generation.text import IncrementalDecoder
@@ -199,7 +200,7 @@ def _vision_prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int]
     """A chat with images: the processor's prompt (each image expanded into its image tokens) and its
     image tensors. The image tokens become negative IDs derived from the image's bytes and position, so
     the prefix cache never gives one image's keys and values to another."""
-    text, pictures = chat_with_images(state.processor, request)
+    text, pictures = chat_with_images(state.processor, request, template_kwargs(state, request))
     try:
         encoded = state.processor(text=text, images=pictures, return_tensors="pt")
     except (ValueError, TypeError) as exc:  # the processor's own checks (image and placeholder counts)
