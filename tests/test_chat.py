@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -17,8 +18,16 @@ import jsonschema
 import openai
 import pytest
 
-from tests.chat_model import TIME, WEATHER, greedy_reference, long_context_copy, served_chat_model
+from tests.chat_model import (
+    TIME,
+    WEATHER,
+    greedy_reference,
+    long_context_copy,
+    served_chat_model,
+    thinking_copy,
+)
 from tests.helpers import assert_error, bearer, deploy_folder_sync, deployment_metric, push_folder_sync
+from tests.test_clients import litellm, outside_lookups  # noqa: F401 (LiteLLM, offline, for its test)
 
 MESSAGES: list[Any] = [
     {"role": "system", "content": "You are a helpful assistant"},
@@ -587,26 +596,8 @@ def test_tool_choice_validation_names_the_parameter(chat: Chat) -> None:
 
 @pytest.fixture(scope="module")
 def thinking_model(chat: Chat, recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The chat model again with a Qwen3-style thinking template (so the replica sees a `qwen3` family):
-    its generation prompt opens a thought (`<think>`, as Qwen3's thinking models' `<think>\n`), or writes
-    an empty one when the request's `enable_thinking` is false; an assistant's earlier
-    `reasoning_content` is rendered in its turn. The random model never closes the thought (greedily it
-    repeats the prompt's last character, `>`): its whole answer is reasoning."""
-    folder = long_context_copy(recipes, tmp_path_factory.mktemp("thinking"))
-    template = (folder / "chat_template.jinja").read_text()
-    content = "{{- content_text(message['content']) -}}"
-    earlier = (
-        "{%- if message['reasoning_content'] is string -%}"
-        "{{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' -}}{%- endif -%}"
-    )
-    prompt = "{{- '<|im_start|>assistant\\n' -}}"
-    opened = (
-        "{%- if enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
-        "{%- else -%}{{- '<think>' -}}{%- endif -%}"
-    )
-    assert content in template and prompt in template
-    template = template.replace(content, earlier + content, 1).replace(prompt, prompt + opened, 1)
-    (folder / "chat_template.jinja").write_text(template)
+    """The chat model again with a Qwen3-style thinking template (`chat_model.thinking_copy`)."""
+    folder = thinking_copy(recipes, tmp_path_factory.mktemp("thinking"))
     deployment = deploy_folder_sync(
         chat.http, chat.key, folder, "text-generation", "chat-thinking", readiness="warm"
     )
@@ -757,6 +748,27 @@ def test_a_responses_reasoning_is_an_item_before_its_message_and_goes_back_in_as
         model=thinking_model, input="hi", max_output_tokens=2, reasoning={"effort": "none"}, store=False
     )
     assert [o.type for o in off.output] == ["message"]
+
+
+def test_litellm_reads_a_reasoning_models_reasoning_content_whole_and_streamed(
+    chat: Chat,
+    thinking_model: str,
+    litellm: ModuleType,  # noqa: F811 (the imported fixture)
+) -> None:
+    options: dict[str, Any] = dict(
+        model=f"openai/{thinking_model}",
+        api_base=f"{chat.url}/v1",
+        api_key=chat.key,
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=0,
+        num_retries=0,
+    )
+    message = litellm.completion(**options).choices[0].message
+    assert message.reasoning_content and not message.content
+    chunks = list(litellm.completion(**options, stream=True))
+    streamed = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks)
+    assert streamed == message.reasoning_content
 
 
 def test_tokenize_counts_a_prompt_and_a_chat_as_generation_sees_them_and_detokenize_reverses_it(

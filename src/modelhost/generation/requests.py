@@ -152,7 +152,7 @@ def reasoning_open(state: PromptModel, request: dict[str, Any], prompt: list[int
     name = state.family.reasoning_parser
     if name is None or "messages" not in request:
         return False
-    tail = state.tokenizer.decode([t for t in prompt[-8:] if t >= 0], skip_special_tokens=False)
+    tail = state.tokenizer.decode([t for t in prompt[-16:] if t >= 0], skip_special_tokens=False)
     return prompt_opens(name, str(tail))
 
 
