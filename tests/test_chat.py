@@ -748,6 +748,7 @@ def test_a_responses_reasoning_is_an_item_before_its_message_and_goes_back_in_as
         model=thinking_model, input="hi", max_output_tokens=2, reasoning={"effort": "none"}, store=False
     )
     assert [o.type for o in off.output] == ["message"]
+    assert off.reasoning is not None and off.reasoning.effort == "none"
 
 
 def test_litellm_reads_a_reasoning_models_reasoning_content_whole_and_streamed(

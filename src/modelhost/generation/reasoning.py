@@ -26,7 +26,15 @@ from modelhost.errors import InvalidRequest
 from modelhost.generation.families import Family
 
 # OpenAI's `reasoning_effort` values → whether a model with an on/off switch thinks.
-THINKS = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
+THINKS = {
+    "none": False,
+    "minimal": False,
+    "low": True,
+    "medium": True,
+    "high": True,
+    "xhigh": True,
+    "max": True,
+}
 HARMONY_EFFORTS = ("low", "medium", "high")  # gpt-oss's template's `reasoning_effort`
 
 

@@ -19,7 +19,7 @@ TopK = Annotated[int, Field(ge=-1)]
 MinP = Annotated[float, Field(ge=0, le=1)]
 RepetitionPenalty = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 StopTokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)]
-ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]  # OpenAI's values
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's values
 MODEL_DEFAULT = " Unset: the model's default (its generation_config.json, docs/generation.md)"
 MAX_LOGIT_BIAS = 1024  # entries; OpenAI documents none, vLLM none either
 MAX_BEST_OF = 20  # OpenAI's own limit

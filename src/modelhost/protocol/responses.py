@@ -334,6 +334,7 @@ class ResponseObject(BaseModel):
     top_p: float | None = None
     max_output_tokens: int | None = None
     metadata: dict[str, str] = {}
+    reasoning: dict[str, Any] | None = None
 
 
 class ResponseDeleted(BaseModel):

@@ -283,9 +283,18 @@ def settings_of(body: ResponseCreateRequest) -> Item:
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "max_output_tokens": body.max_output_tokens,
         "metadata": body.metadata or {},
+        "reasoning": _reasoning_settings(body),
         "store": body.store is not False,
         "user": body.user,
     }
+
+
+def _reasoning_settings(body: ResponseCreateRequest) -> Item:
+    """`reasoning` as OpenAI echoes it: the effort asked for, and the summary (never made here)."""
+    given = body.reasoning
+    if given is None:
+        return {"effort": None, "summary": None}
+    return {"effort": given.effort, "summary": given.summary or given.generate_summary}
 
 
 def _echoed_tool_choice(body: ResponseCreateRequest) -> Any:
