@@ -172,48 +172,59 @@ class Harmony:
                 rest, self.held = rest + self.held, ""
                 break
             if self.state == "header":
-                at = self.held.find(H_MESSAGE)
-                if at == -1:
+                opened = self._header()
+                if opened is None:
                     break
-                header, self.held = self.held[: at + len(H_MESSAGE)], self.held[at + len(H_MESSAGE) :]
-                self.channel = _channel(header)
-                self.raw = self.channel not in ("analysis", "final")
-                self.state = "body"
-                if self.raw:
-                    rest += header
-                elif self.channel == "analysis":
-                    self.in_reasoning = True
-                    if self.analysed:
-                        reasoning += "\n"
-                    self.analysed = True
-                continue
-            start, end = _find(self.held, (*H_ENDS, H_START, H_CHANNEL))
-            if start == -1:
-                keep = _partial_suffix(self.held, HARMONY_TOKENS)
-                piece, self.held = self.held[:keep], self.held[keep:]
+                thought, passed = opened
             else:
-                piece, self.held = self.held[:start], self.held[start:]
-                closing = self.held[: end - start] if self.held.startswith(H_ENDS) else ""
-                self.held = self.held[len(closing) :]
-                piece += closing if self.raw else ""
-                self.state, self.in_reasoning = "header", False
-            if self.channel == "analysis":
-                reasoning += piece
-            else:
-                rest += piece
-            if start == -1:
-                break
+                thought, passed, ended = self._body()
+                if not ended:
+                    reasoning, rest = reasoning + thought, rest + passed
+                    break
+            reasoning, rest = reasoning + thought, rest + passed
         return reasoning, rest
 
+    def _header(self) -> tuple[str, str] | None:
+        """A complete header read off `held`: (reasoning, rest) it adds; None while it is incomplete."""
+        at = self.held.find(H_MESSAGE)
+        if at == -1:
+            return None
+        header, self.held = self.held[: at + len(H_MESSAGE)], self.held[at + len(H_MESSAGE) :]
+        self.channel, self.state = _channel(header), "body"
+        self.raw = self.channel not in ("analysis", "final")
+        if self.raw:
+            return "", header
+        if self.channel != "analysis":
+            return "", ""
+        self.in_reasoning = True
+        joined, self.analysed = ("\n" if self.analysed else ""), True
+        return joined, ""
+
+    def _body(self) -> tuple[str, str, bool]:
+        """The message text read off `held` up to its terminator (kept only in a passed-through
+        message) or a possible partial one: (reasoning, rest, whether the message ended)."""
+        start, end = _find(self.held, (*H_ENDS, H_START, H_CHANNEL))
+        if start == -1:
+            keep = _partial_suffix(self.held, HARMONY_TOKENS)
+            piece, self.held = self.held[:keep], self.held[keep:]
+        else:
+            closing = self.held[start:end] if self.held.startswith(H_ENDS, start) else ""
+            piece = self.held[:start] + (closing if self.raw else "")
+            self.held = self.held[start + len(closing) :]
+            self.state, self.in_reasoning = "header", False
+        if self.channel == "analysis":
+            return piece, "", start != -1
+        return "", piece, start != -1
+
     def finish(self) -> tuple[str, str]:
-        """A message cut off (`max_tokens`) keeps the text it has; a header never finished is the rest
-        when it was a passed-through message's, else dropped."""
+        """A message cut off (`max_tokens`) keeps the text it has; a header never finished is dropped
+        (its channel is unknown), and text that is no harmony at all is the rest."""
         held, self.held = self.held, ""
         if self.state == "body" and self.channel == "analysis":
             return held, ""
-        if self.state in ("body", "plain") or (self.state == "start" and held):
+        if self.state in ("body", "plain", "start"):
             return "", held
-        return "", held if self.state == "header" and not held.startswith((H_CHANNEL, H_START)) else ""
+        return "", "" if held.startswith((H_CHANNEL, H_START)) else held
 
 
 def _channel(header: str) -> str:
