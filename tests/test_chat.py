@@ -1018,6 +1018,29 @@ def test_a_plus_100_logit_bias_makes_greedy_output_that_token(chat: Chat, tokeni
     assert completion.choices[0].text == tokenizer.decode([token] * 3)
 
 
+def test_a_chat_keeps_the_special_tokens_of_its_familys_markup_and_hides_the_others(
+    chat: Chat, tokenizer: Any
+) -> None:
+    """This tokenizer marks its `<tool_call>` special: a chat's text keeps it (its tool parser reads
+    it), and still hides the other special tokens, such as `<|endoftext|>`, unless asked not to."""
+
+    def answer(text: str, **extra: Any) -> tuple[str | None, str]:
+        token = tokenizer.convert_tokens_to_ids(text)
+        body = dict(
+            model="chat", messages=MESSAGES, max_tokens=2, temperature=0, logit_bias={str(token): 100}
+        )
+        chat_text = chat.post("/v1/chat/completions", **body, **extra).json()["choices"][0]["message"][
+            "content"
+        ]
+        del body["messages"]
+        completion = chat.post("/v1/completions", **body, prompt="hi", **extra).json()["choices"][0]["text"]
+        return chat_text, completion
+
+    assert answer("<tool_call>") == ("<tool_call><tool_call>", "")  # completions are never parsed
+    assert answer("<|endoftext|>") == ("", "")
+    assert answer("<|endoftext|>", skip_special_tokens=False) == ("<|endoftext|>" * 2,) * 2
+
+
 def test_a_minus_100_logit_bias_on_the_greedy_token_changes_the_output(chat: Chat, tokenizer: Any) -> None:
     client = chat.client()
     base: dict[str, Any] = dict(model="chat", messages=MESSAGES, max_tokens=1, temperature=0, logprobs=True)

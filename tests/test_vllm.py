@@ -39,6 +39,7 @@ from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here aga
     MESSAGES,
     PERSON,
     Chat,
+    test_a_chat_keeps_the_special_tokens_of_its_familys_markup_and_hides_the_others,
     test_a_conversation_that_goes_on_reuses_its_cached_prefix_and_says_so_in_usage,
     test_a_minus_100_logit_bias_on_the_greedy_token_changes_the_output,
     test_a_misspelt_field_is_400_naming_it,
