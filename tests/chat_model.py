@@ -56,6 +56,30 @@ def long_context_copy(recipes: Path, root: Path) -> Path:
     return folder
 
 
+def thinking_copy(recipes: Path, root: Path) -> Path:
+    """The long-context chat model with a Qwen3-style thinking template, so that the replica sees a
+    `qwen3` family: its generation prompt opens a thought (`<think>`, as Qwen3's thinking models'
+    `<think>\n`), or writes an empty one when the request's `enable_thinking` is false; an assistant's
+    earlier `reasoning_content` is rendered in its turn. The random model never closes the thought
+    (greedily it repeats the prompt's last character, `>`): its whole answer is reasoning."""
+    folder = long_context_copy(recipes, root)
+    template = (folder / "chat_template.jinja").read_text()
+    content = "{{- content_text(message['content']) -}}"
+    earlier = (
+        "{%- if message['reasoning_content'] is string -%}"
+        "{{- '<think>\\n' + message['reasoning_content'] + '\\n</think>\\n\\n' -}}{%- endif -%}"
+    )
+    prompt = "{{- '<|im_start|>assistant\\n' -}}"
+    opened = (
+        "{%- if enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
+        "{%- else -%}{{- '<think>' -}}{%- endif -%}"
+    )
+    assert content in template and prompt in template
+    template = template.replace(content, earlier + content, 1).replace(prompt, prompt + opened, 1)
+    (folder / "chat_template.jinja").write_text(template)
+    return folder
+
+
 @contextmanager
 def served_chat_model(root: Path, recipes: Path, **settings: Any) -> Iterator[ChatServer]:
     """A live gateway with an account and a warm `chat` deployment of the long-context chat model."""

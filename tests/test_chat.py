@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -18,8 +19,16 @@ import jsonschema
 import openai
 import pytest
 
-from tests.chat_model import TIME, WEATHER, greedy_reference, long_context_copy, served_chat_model
+from tests.chat_model import (
+    TIME,
+    WEATHER,
+    greedy_reference,
+    long_context_copy,
+    served_chat_model,
+    thinking_copy,
+)
 from tests.helpers import assert_error, bearer, deploy_folder_sync, deployment_metric, push_folder_sync
+from tests.test_clients import litellm, outside_lookups  # noqa: F401 (LiteLLM, offline, for its test)
 
 MESSAGES: list[Any] = [
     {"role": "system", "content": "You are a helpful assistant"},
@@ -687,12 +696,8 @@ def test_tool_choice_validation_names_the_parameter(chat: Chat) -> None:
 
 @pytest.fixture(scope="module")
 def thinking_model(chat: Chat, recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The chat model again, its template ending an empty thought after the generation prompt when the
-    request's `enable_thinking` is false, as Qwen3's does."""
-    folder = long_context_copy(recipes, tmp_path_factory.mktemp("thinking"))
-    template = (folder / "chat_template.jinja").read_text()
-    switch = "{%- if enable_thinking is false -%}{{- '<think></think>' -}}{%- endif -%}"
-    (folder / "chat_template.jinja").write_text(template + switch)
+    """The chat model again with a Qwen3-style thinking template (`chat_model.thinking_copy`)."""
+    folder = thinking_copy(recipes, tmp_path_factory.mktemp("thinking"))
     deployment = deploy_folder_sync(
         chat.http, chat.key, folder, "text-generation", "chat-thinking", readiness="warm"
     )
@@ -723,6 +728,158 @@ def test_chat_template_kwargs_reach_the_template(chat: Chat, thinking_model: str
         assert_error(chat.post("/v1/chat/completions", **body), 400, param="chat_template_kwargs")
     refused = chat.post("/v1/responses", model="chat", input="hi", chat_template_kwargs={"tools": []})
     assert_error(refused, 400, param="chat_template_kwargs")
+
+
+def test_a_thinking_models_reasoning_comes_apart_from_its_content_whole_and_streamed(
+    chat: Chat, thinking_model: str
+) -> None:
+    client = chat.client()
+    body: dict[str, Any] = dict(
+        model=thinking_model, messages=MESSAGES, max_tokens=8, temperature=0, extra_body={"min_tokens": 8}
+    )
+    answer = client.chat.completions.create(**body)
+    message, usage = answer.choices[0].message, answer.usage
+    assert message.content is None and message.model_extra is not None
+    reasoning = message.model_extra["reasoning_content"]
+    assert reasoning and message.model_extra["reasoning"] == reasoning
+    assert usage is not None and usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.reasoning_tokens == usage.completion_tokens == 8
+    chunks = list(client.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content", "") for d in deltas) == reasoning
+    assert "".join((d.model_extra or {}).get("reasoning", "") for d in deltas) == reasoning
+    assert not "".join(d.content or "" for d in deltas)
+    streamed = chunks[-1].usage
+    assert streamed is not None and streamed.completion_tokens_details is not None
+    assert streamed.completion_tokens_details.reasoning_tokens == 8
+
+
+def test_reasoning_effort_switches_thinking_where_the_family_has_a_switch(
+    chat: Chat, thinking_model: str
+) -> None:
+    client = chat.client()
+    off = client.chat.completions.create(
+        model=thinking_model, messages=MESSAGES, max_tokens=4, temperature=0, reasoning_effort="none"
+    )
+    assert off.choices[0].message.model_extra is not None
+    assert off.choices[0].message.model_extra["reasoning_content"] is None
+    assert off.usage is not None and off.usage.completion_tokens_details is not None
+    assert off.usage.completion_tokens_details.reasoning_tokens == 0
+    explicit = client.chat.completions.create(
+        model=thinking_model,
+        messages=MESSAGES,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert explicit.usage is not None and explicit.usage.prompt_tokens == off.usage.prompt_tokens
+    assert off.choices[0].message.content == explicit.choices[0].message.content
+    on = client.chat.completions.create(
+        model=thinking_model, messages=MESSAGES, max_tokens=4, temperature=0, reasoning_effort="high"
+    )
+    assert on.usage is not None and on.usage.prompt_tokens < off.usage.prompt_tokens
+
+
+def test_reasoning_effort_is_a_400_naming_it_where_the_family_has_no_switch(chat: Chat) -> None:
+    error = assert_error(
+        chat.post("/v1/chat/completions", model="chat", messages=MESSAGES, reasoning_effort="low"),
+        400,
+        param="reasoning_effort",
+    )
+    assert "hermes" in error["message"]
+    error = assert_error(
+        chat.post("/v1/responses", model="chat", input="hi", reasoning={"effort": "low"}),
+        400,
+        param="reasoning.effort",
+    )
+    assert "hermes" in error["message"]
+
+
+def test_an_earlier_turns_reasoning_content_is_given_to_the_template(chat: Chat, thinking_model: str) -> None:
+    def prompt_tokens(**reasoning: str) -> int:
+        turns = [
+            *MESSAGES,
+            {"role": "assistant", "content": "sunny", **reasoning},
+            {"role": "user", "content": "ok"},
+        ]
+        answer = chat.post("/v1/chat/completions", model=thinking_model, messages=turns, max_tokens=1)
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["usage"]["prompt_tokens"])
+
+    without = prompt_tokens()
+    assert prompt_tokens(reasoning_content="the sky is clear") > without
+    assert prompt_tokens(reasoning="the sky is clear") == prompt_tokens(reasoning_content="the sky is clear")
+
+
+def test_a_responses_reasoning_is_an_item_before_its_message_and_goes_back_in_as_input(
+    chat: Chat, thinking_model: str
+) -> None:
+    client = chat.client()
+    response = client.responses.create(
+        model=thinking_model,
+        input="what is the weather in berlin?",
+        max_output_tokens=6,
+        temperature=0,
+        extra_body={"min_tokens": 6},
+        store=False,
+    )
+    (item,) = response.output
+    assert item.type == "reasoning" and item.summary == [] and item.content
+    assert item.content[0].type == "reasoning_text" and item.content[0].text
+    assert response.usage is not None and response.usage.output_tokens_details.reasoning_tokens == 6
+    events = list(
+        client.responses.create(
+            model=thinking_model,
+            input="what is the weather in berlin?",
+            max_output_tokens=6,
+            temperature=0,
+            extra_body={"min_tokens": 6},
+            store=False,
+            stream=True,
+        )
+    )
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == item.content[0].text
+    assert [e.type for e in events if e.type.startswith("response.reasoning_text")][-1].endswith(".done")
+
+    def input_tokens(*earlier: Any) -> int:
+        turns = [
+            {"role": "user", "content": "hi"},
+            *earlier,
+            {"role": "assistant", "content": "sunny"},
+            {"role": "user", "content": "ok"},
+        ]
+        again = client.responses.create(model=thinking_model, input=turns, max_output_tokens=1, store=False)
+        assert again.usage is not None
+        return again.usage.input_tokens
+
+    assert input_tokens(item.model_dump(exclude_none=True)) > input_tokens()
+    off = client.responses.create(
+        model=thinking_model, input="hi", max_output_tokens=2, reasoning={"effort": "none"}, store=False
+    )
+    assert [o.type for o in off.output] == ["message"]
+    assert off.reasoning is not None and off.reasoning.effort == "none"
+
+
+def test_litellm_reads_a_reasoning_models_reasoning_content_whole_and_streamed(
+    chat: Chat,
+    thinking_model: str,
+    litellm: ModuleType,  # noqa: F811 (the imported fixture)
+) -> None:
+    options: dict[str, Any] = dict(
+        model=f"openai/{thinking_model}",
+        api_base=f"{chat.url}/v1",
+        api_key=chat.key,
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=0,
+        num_retries=0,
+    )
+    message = litellm.completion(**options).choices[0].message
+    assert message.reasoning_content and not message.content
+    chunks = list(litellm.completion(**options, stream=True))
+    streamed = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks)
+    assert streamed == message.reasoning_content
 
 
 def test_tokenize_counts_a_prompt_and_a_chat_as_generation_sees_them_and_detokenize_reverses_it(
@@ -910,7 +1067,6 @@ def test_openai_fields_that_change_nothing_are_accepted_and_change_nothing(chat:
         safety_identifier="hashed-user",
         prompt_cache_key="weather",
         prompt_cache_retention="24h",
-        reasoning_effort="low",
         verbosity="low",
         web_search_options={"search_context_size": "low"},
         prediction={"type": "content", "content": "sunny"},
@@ -970,6 +1126,29 @@ def test_a_plus_100_logit_bias_makes_greedy_output_that_token(chat: Chat, tokeni
         model="chat", prompt="hello world", max_tokens=3, temperature=0, logit_bias=bias
     )
     assert completion.choices[0].text == tokenizer.decode([token] * 3)
+
+
+def test_a_chat_keeps_the_special_tokens_of_its_familys_markup_and_hides_the_others(
+    chat: Chat, tokenizer: Any
+) -> None:
+    """This tokenizer marks its `<tool_call>` special: a chat's text keeps it (its tool parser reads
+    it), and still hides the other special tokens, such as `<|endoftext|>`, unless asked not to."""
+
+    def answer(text: str, **extra: Any) -> tuple[str | None, str]:
+        token = tokenizer.convert_tokens_to_ids(text)
+        body = dict(
+            model="chat", messages=MESSAGES, max_tokens=2, temperature=0, logit_bias={str(token): 100}
+        )
+        chat_text = chat.post("/v1/chat/completions", **body, **extra).json()["choices"][0]["message"][
+            "content"
+        ]
+        del body["messages"]
+        completion = chat.post("/v1/completions", **body, prompt="hi", **extra).json()["choices"][0]["text"]
+        return chat_text, completion
+
+    assert answer("<tool_call>") == ("<tool_call><tool_call>", "")  # completions are never parsed
+    assert answer("<|endoftext|>") == ("", "")
+    assert answer("<|endoftext|>", skip_special_tokens=False) == ("<|endoftext|>" * 2,) * 2
 
 
 def test_a_minus_100_logit_bias_on_the_greedy_token_changes_the_output(chat: Chat, tokenizer: Any) -> None:

@@ -159,7 +159,7 @@ def test_fields_clients_send_are_accepted_and_misspelt_ones_refused(server: Chat
         safety_identifier="s-1",
         prompt_cache_key="k",
         service_tier="auto",
-        reasoning={"effort": "low"},
+        reasoning={"summary": "auto"},
         truncation="disabled",
         parallel_tool_calls=False,
         text={"verbosity": "low"},

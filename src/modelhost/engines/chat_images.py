@@ -19,10 +19,12 @@ from modelhost.errors import InvalidRequest
 from modelhost.media.image import decode_image
 
 
-def chat_with_images(processor: Any | None, request: dict[str, Any]) -> tuple[str, list[Image.Image]]:
-    """The chat's text (the processor's template, with an image placeholder per image) and its images,
-    in order. InvalidRequest (400) for a text-only model, an unreadable or too large image, or messages
-    the template refuses."""
+def chat_with_images(
+    processor: Any | None, request: dict[str, Any], template_kwargs: dict[str, Any]
+) -> tuple[str, list[Image.Image]]:
+    """The chat's text (the processor's template, with an image placeholder per image, and
+    `template_kwargs`: `generation.requests.template_kwargs`) and its images, in order. InvalidRequest
+    (400) for a text-only model, an unreadable or too large image, or messages the template refuses."""
     if processor is None:
         raise InvalidRequest(
             "This model reads text only: image_url parts need a deployment of an image-text-to-text "
@@ -41,7 +43,7 @@ def chat_with_images(processor: Any | None, request: dict[str, Any]) -> tuple[st
             tools=request.get("tools"),
             add_generation_prompt=True,
             tokenize=False,
-            **request.get("chat_template_kwargs", {}),
+            **template_kwargs,
         )
     except Exception as exc:  # the template's own checks (roles, alternation) raise here
         raise InvalidRequest(f"The model's processor refused the messages: {exc}", param="messages") from None

@@ -20,7 +20,7 @@ import functools
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,14 @@ from modelhost.errors import ModelhostError
 from modelhost.generation.families import Family, detect_family
 from modelhost.generation.requests import (
     SamplingParams,
+    SpecialTokens,
     fim_tokens,
     generation_defaults,
     prompt_ids,
+    reasoning_open,
     sampling_params,
+    special_tokens,
+    template_kwargs,
     tokenized,
 )
 
@@ -52,6 +56,7 @@ class VllmModel:
     context_length: int
     family: Family
     fim: tuple[int, int, int] | None = None
+    special: SpecialTokens = field(default_factory=SpecialTokens)  # how chats decode the family's markers
     # the artifact's generation_config.json sampling defaults, applied by us (`sampling_params`) as on
     # our engine: vLLM's own (`--generation-config auto`) live in its OpenAI server, which we do not run
     generation_defaults: dict[str, Any] = field(default_factory=dict)
@@ -141,13 +146,15 @@ def load(
     tokenizer = load_tokenizer(model_dir)  # the one loader: local files only, no repository code
     config = engine.model_config
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    family = detect_family(template, tokenizer.get_added_vocab())
     return VllmModel(
         engine,
         tokenizer,
         vocab_size=int(config.get_vocab_size()),
         context_length=int(config.max_model_len),
-        family=detect_family(template, tokenizer.get_added_vocab()),
+        family=family,
         fim=fim_tokens(tokenizer),
+        special=special_tokens(tokenizer, family, template),
         generation_defaults=generation_defaults(model_dir),
         processor=load_processor(model_dir) if vision else None,
         lora=lora is not None,
@@ -226,7 +233,7 @@ async def _engine_input(model: VllmModel, request: dict[str, Any]) -> tuple[list
     if not request.get("images"):
         prompt, prompt_param = prompt_ids(model, request)
         return prompt, prompt_param, tokens_input(prompt)
-    text, images = chat_with_images(model.processor, request)
+    text, images = chat_with_images(model.processor, request, template_kwargs(model, request))
     template_ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
     raw = {"prompt_token_ids": template_ids, "multi_modal_data": {"image": images}}
     (rendered,) = await model.engine.renderer.render_cmpl_async([raw])
@@ -287,7 +294,8 @@ async def generate(
         given = request.get("params", {})
         params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
         adapter = _lora_request(model, request.get("adapter"))
-        sampling = vllm_params(params, request.get("grammar"))
+        skip, strip = model.special.decoding(request, params.skip_special_tokens)
+        sampling = vllm_params(replace(params, skip_special_tokens=skip), request.get("grammar"))
         priority = LOW_PRIORITY if request.get("low") else 0
         stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)
         first = await anext(stream, None)
@@ -308,6 +316,8 @@ async def generate(
         "tool_format": model.family.tool_parser,
         "reasoning_format": model.family.reasoning_parser,
     }
+    if reasoning_open(model, request, prompt):
+        started["reasoning_open"] = True
     if params.prompt_logprobs and first.prompt_logprobs:
         top = params.top_logprobs
         started["prompt_logprobs"] = _prompt_logprobs(model, prompt, first.prompt_logprobs, top)
@@ -329,10 +339,12 @@ async def generate(
         event: dict[str, Any] = {"text": completion.text, "completion_tokens": generated}
         text += completion.text
         if completion.finish_reason in ("stop", "length"):
-            event["text"] += _unfinished_character(model, sampled, text, params.skip_special_tokens)
+            event["text"] += _unfinished_character(model, sampled, text, skip)
             event["finish"] = completion.finish_reason
         elif completion.finish_reason is not None:  # `abort`: only ever ours, never sent
             return
+        if strip is not None:
+            event["text"] = strip(event["text"])
         emit(event)
         output = await anext(stream, None)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from modelhost.errors import InvalidRequest
 from modelhost.generation.grammar import json_schema_grammar, split_tool_call, tool_call_grammar
+from modelhost.generation.reasoning import REASONING_PARSERS, ReasoningParser
 from modelhost.generation.structured import structured_grammar
 from modelhost.generation.tool_parsers import PARSERS, streamable_length
 from modelhost.protocol.chat import (
@@ -43,9 +44,12 @@ ToolChoice = str | NamedToolChoice
 # ---------------------------------------------------------------- requests
 
 
-def chat_requests(body: ChatCompletionRequest, max_string_length: int) -> tuple[list[Event], str]:
+def chat_requests(
+    body: ChatCompletionRequest, max_string_length: int, effort_param: str = "reasoning_effort"
+) -> tuple[list[Event], str]:
     """The engine requests of a chat completion (one per choice) and its tool mode:
-    `none` (plain text), `auto` (parse markup), `forced` (constrained call) or `json`."""
+    `none` (plain text), `auto` (parse markup), `forced` (constrained call) or `json`. `effort_param`:
+    the field a reasoning effort the model cannot honour is reported on (the replica knows the family)."""
     tools, choice = effective_tools(body)
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true.", param="top_logprobs")
@@ -53,6 +57,8 @@ def chat_requests(body: ChatCompletionRequest, max_string_length: int) -> tuple[
     request: Event = {"messages": messages}
     if body.chat_template_kwargs:
         request["chat_template_kwargs"] = body.chat_template_kwargs
+    if body.reasoning_effort is not None:
+        request.update(reasoning_effort=body.reasoning_effort, reasoning_effort_param=effort_param)
     if image_urls:
         request["image_urls"] = image_urls  # the serving fetches them (`images`) before the worker sees it
     mode = "none"
@@ -209,6 +215,9 @@ def _template_messages(messages: list[Message]) -> tuple[list[Event], list[tuple
             content = "\n".join(_text_of(p) for p in content)
         role = {"developer": "system", "function": "tool"}.get(message.role, message.role)
         out: Event = {"role": role, "content": content or ""}
+        reasoning = message.reasoning_content or message.reasoning
+        if reasoning and message.role == "assistant":  # Qwen3's, GLM's templates; `thinking`: gpt-oss's
+            out.update(reasoning_content=reasoning, thinking=reasoning)
         if message.name:
             out["name"] = message.name
         calls = list(message.tool_calls or [])
@@ -258,7 +267,12 @@ def new_id(prefix: str) -> str:
 
 @dataclass
 class ChatChoice:
-    """One choice of a chat completion, fed the engine's events; answers OpenAI deltas as it goes."""
+    """One choice of a chat completion, fed the engine's events; answers OpenAI deltas as it goes.
+
+    A reasoning model's text (`started` names its `reasoning_format`) is split first: its reasoning goes
+    to `reasoning` (sent as `reasoning_content` and `reasoning`), and only the rest is `text`, the content
+    where tool calls are parsed. Constrained answers (`forced`, `json`) are never split: the grammar
+    writes them from their first token."""
 
     index: int
     mode: str
@@ -276,27 +290,55 @@ class ChatChoice:
     completion_tokens: int = 0
     legacy: bool = False  # the request used `functions`: calls are answered as `function_call`
     one_call: bool = False  # `parallel_tool_calls: false` (or legacy): the first parsed call only
+    reasoner: ReasoningParser | None = None  # the family's reasoning parser, from `started`
+    reasoning: str = ""
+    reasoning_tokens: int = 0  # tokens generated inside the reasoning, its markers included
 
     def feed(self, event: Event) -> Event:
         """Apply one event; the delta (possibly empty) it produces for a stream."""
         if event.get("started"):
             self.tool_format = event.get("tool_format", self.tool_format)
+            name = event.get("reasoning_format")
+            if name in REASONING_PARSERS and self.mode in ("none", "auto"):
+                self.reasoner = REASONING_PARSERS[name](bool(event.get("reasoning_open")))
             return {}
         if "logprob" in event:
             entry = _chat_logprob(event["logprob"])
             self.logprobs.append(entry)
             return {"logprobs": [entry]}
-        self.text += event.get("text", "")
-        self.completion_tokens = event.get("completion_tokens", self.completion_tokens)
         if "finish" in event:
             self.finish = event["finish"]
+        thought = self._split(event)
         if self.mode == "forced":
             delta = self._forced_delta()
         elif self.mode == "auto":
             delta = self._auto_delta()
         else:
-            return self._content(len(self.text))
-        return _legacy_delta(delta) if self.legacy else delta
+            delta = self._content(len(self.text))
+        delta = _legacy_delta(delta) if self.legacy else delta
+        return {"reasoning_content": thought, "reasoning": thought, **delta} if thought else delta
+
+    def _split(self, event: Event) -> str:
+        """Add the event's text (the rest of it, after a reasoning parser took the reasoning) and its
+        tokens; the reasoning it adds. An event's tokens count as reasoning when the answer was inside
+        its reasoning before or after them (exact where each event carries one token, as both
+        engines send them)."""
+        text = event.get("text", "")
+        tokens = event.get("completion_tokens", self.completion_tokens)
+        added, self.completion_tokens = tokens - self.completion_tokens, tokens
+        if self.reasoner is None:
+            self.text += text
+            return ""
+        before = self.reasoner.in_reasoning
+        thought, rest = self.reasoner.feed(text)
+        if before or self.reasoner.in_reasoning:
+            self.reasoning_tokens += added
+        if self.finish is not None:
+            more_thought, more_rest = self.reasoner.finish()
+            thought, rest = thought + more_thought, rest + more_rest
+        self.reasoning += thought
+        self.text += rest
+        return thought
 
     @property
     def finish_reason(self) -> str:
@@ -307,6 +349,9 @@ class ChatChoice:
     def message(self) -> Event:
         content = self.text if self.mode in ("none", "json") else self._final_content
         message: Event = {"role": "assistant", "content": content, "refusal": None}
+        if self.reasoner is not None:  # DeepSeek's and LiteLLM's name, and vLLM's (0.32) own
+            message["content"] = content or None
+            message["reasoning_content"] = message["reasoning"] = self.reasoning or None
         if self.calls and self.legacy:
             message["function_call"] = self.calls[0]["function"]
         elif self.calls:

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from modelhost.errors import InvalidRequest
+from modelhost.generation.families import Family
+from modelhost.generation.reasoning import MARKERS, effort_kwargs, prompt_opens
+from modelhost.generation.tool_parsers import PARSERS
 
 # Fill-in-the-middle tokens (prefix, suffix, middle) of the families that have them, in the order
 # prefix-suffix-middle they were trained on: Qwen2.5-Coder, StarCoder/SantaCoder, DeepSeek-Coder.
@@ -76,6 +81,8 @@ class PromptModel(Protocol):
     def fim(self) -> tuple[int, int, int] | None: ...
     @property
     def generation_defaults(self) -> dict[str, Any]: ...
+    @property
+    def family(self) -> Family: ...
 
 
 def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], str]:
@@ -87,6 +94,7 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
             raise InvalidRequest(
                 "This model has no chat template; use /v1/completions with a prompt.", param="messages"
             )
+        kwargs = template_kwargs(state, request)  # outside the `try`: its 400 names its own field
         try:
             text = tokenizer.apply_chat_template(
                 request["messages"],
@@ -94,7 +102,7 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
                 add_generation_prompt=request.get("add_generation_prompt", True),
                 continue_final_message=request.get("continue_final_message", False),
                 tokenize=False,
-                **request.get("chat_template_kwargs", {}),
+                **kwargs,
             )
         except Exception as exc:  # the template's own checks (roles, alternation) raise here
             message = f"The model's chat template refused the messages: {exc}"
@@ -124,6 +132,69 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
             param="suffix",
         )
     return fill_in_the_middle(tokenizer, state.fim, ids, suffix), "prompt"
+
+
+def template_kwargs(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
+    """The chat template's extra variables: the request's `chat_template_kwargs`, and its reasoning
+    effort as the family's switch takes it (`generation.reasoning.effort_kwargs`: a 400 for a family
+    without one). The request's own variables win."""
+    kwargs = dict(request.get("chat_template_kwargs", {}))
+    effort = request.get("reasoning_effort")
+    if effort:
+        param = request.get("reasoning_effort_param", "reasoning_effort")
+        kwargs = {**effort_kwargs(state.family, effort, param), **kwargs}
+    return kwargs
+
+
+def reasoning_open(state: PromptModel, request: dict[str, Any], prompt: list[int]) -> bool:
+    """Whether a chat's rendered prompt leaves the answer inside its reasoning (its last tokens open a
+    thought: `generation.reasoning.prompt_opens`), said on the request's `started` event."""
+    name = state.family.reasoning_parser
+    if name is None or "messages" not in request:
+        return False
+    tail = state.tokenizer.decode([t for t in prompt[-16:] if t >= 0], skip_special_tokens=False)
+    return prompt_opens(name, str(tail))
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """How a chat's answer is decoded when the family's markers are special tokens of its tokenizer
+    (gpt-oss's harmony tokens; DeepSeek's, Kimi's tool-call tokens; a `<think>` a tokenizer marks
+    special): the parsers must read them, so the answer is decoded keeping special tokens (`keeps`), and
+    those that are not the family's markup (`hidden`) are taken out of the text here when the client
+    asked to skip them (`skip_special_tokens`, true by default)."""
+
+    keeps: bool = False
+    hidden: re.Pattern[str] | None = None
+
+    def decoding(self, request: dict[str, Any], skip: bool) -> tuple[bool, Callable[[str], str] | None]:
+        """How to decode this request: the engine's `skip_special_tokens`, and what takes the hidden
+        special tokens out of each piece of text after (None: nothing to take out)."""
+        if not self.keeps or "messages" not in request:
+            return skip, None
+        hidden = self.hidden
+        if not skip or hidden is None:
+            return False, None
+        return False, lambda text: hidden.sub("", text)
+
+
+def special_tokens(tokenizer: Any, family: Family, template: str | None) -> SpecialTokens:
+    """What `SpecialTokens` needs of a tokenizer, worked out once when the model loads. The family's
+    markup is its parsers' markers and the special tokens its chat template writes (the closing tags and
+    separators of a call as well as its start), but not the tokenizer's own start, end, padding and
+    unknown tokens, which the client's `skip_special_tokens` governs as for any answer."""
+    special = set(tokenizer.all_special_tokens)
+    special |= {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+    parser = PARSERS.get(family.tool_parser)
+    markers = set(MARKERS.get(family.reasoning_parser or "", ())) | set(
+        parser.start_markers if parser else ()
+    )
+    if not markers & special:
+        return SpecialTokens()
+    own = {tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token, tokenizer.unk_token}
+    markup = {t for t in special if t in (template or "")} - own | markers
+    hidden = sorted(special - markup, key=len, reverse=True)  # the longest first: no partial matches
+    return SpecialTokens(True, re.compile("|".join(map(re.escape, hidden))) if hidden else None)
 
 
 def tokenized(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:

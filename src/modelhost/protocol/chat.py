@@ -19,6 +19,7 @@ TopK = Annotated[int, Field(ge=-1)]
 MinP = Annotated[float, Field(ge=0, le=1)]
 RepetitionPenalty = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 StopTokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)]
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's values
 MODEL_DEFAULT = " Unset: the model's default (its generation_config.json, docs/generation.md)"
 GUIDED = "Deprecated: vLLM's older name (0.32 ignores it; here it still constrains) of `structured_outputs."
 MAX_LOGIT_BIAS = 1024  # entries; OpenAI documents none, vLLM none either
@@ -145,6 +146,12 @@ class Message(Lenient):
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     function_call: FunctionCall | None = None
+    reasoning_content: str | None = Field(
+        default=None,
+        description="An assistant's earlier reasoning, as answered: given to the chat template (Qwen3's "
+        "and GLM's read `reasoning_content`, gpt-oss's `thinking`); templates that drop it drop it.",
+    )
+    reasoning: str | None = Field(default=None, description="The same, under vLLM's newer name.")
 
     @model_validator(mode="after")
     def _content_or_calls(self) -> Message:
@@ -437,7 +444,12 @@ class ChatCompletionRequest(SamplingFields):
     )
     prompt_cache_options: dict[str, Any] | None = Field(default=None, description=NO_EFFECT)
     prompt_cache_retention: str | None = Field(default=None, description=NO_EFFECT)
-    reasoning_effort: str | None = Field(default=None, description=NO_EFFECT)
+    reasoning_effort: ReasoningEffort | None = Field(
+        default=None,
+        description="Honoured where the model's family has a switch: `none`/`minimal` turn thinking off, "
+        "`low` and above on (Qwen3's `enable_thinking`, DeepSeek-V3.1's and Granite's `thinking`); gpt-oss "
+        "takes `low`, `medium`, `high`. A model without a switch → 400 naming it.",
+    )
     verbosity: str | None = Field(default=None, description=NO_EFFECT)
     web_search_options: dict[str, Any] | None = Field(default=None, description=NO_EFFECT)
     prediction: Prediction | None = Field(
@@ -538,6 +550,10 @@ class DetokenizeResponse(BaseModel):
 # ---------------------------------------------------------------- responses (documentation of the shapes)
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int  # completion tokens generated inside the model's reasoning, its markers included
+
+
 class PromptTokensDetails(BaseModel):
     cached_tokens: int  # prompt tokens taken from the replica's KV cache (a prefix computed before)
 
@@ -547,6 +563,9 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = Field(
+        default=None, description="Chat completions only."
+    )
 
 
 class ToolCallOut(BaseModel):
@@ -558,6 +577,11 @@ class ToolCallOut(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = Field(
+        default=None,
+        description="A reasoning model's reasoning, apart from its answer (present for those models).",
+    )
+    reasoning: str | None = Field(default=None, description="The same, under vLLM's newer name.")
     tool_calls: list[ToolCallOut] | None = None
     function_call: FunctionCall | None = Field(
         default=None, description="Instead of `tool_calls` when the request used the deprecated `functions`."

@@ -16,6 +16,7 @@ from modelhost.protocol.chat import (
     MODEL_DEFAULT,
     Lenient,
     MinP,
+    ReasoningEffort,
     RepetitionPenalty,
     StopTokenIds,
     StructuredOutputs,
@@ -78,10 +79,20 @@ class FunctionCallOutputItem(Lenient):
     output: str | list[ContentPart]
 
 
+class ReasoningText(Lenient):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
 class ReasoningItem(Lenient):
-    """Sent back by clients that keep every output item; our models produce none, so they are skipped."""
+    """A reasoning model's earlier reasoning, sent back as the SDK keeps every output item: given to the
+    chat template with the assistant turn that follows it (its `content`; a `summary` alone, as OpenAI's
+    own models answer, is not the reasoning and is not rendered)."""
 
     type: Literal["reasoning"]
+    id: str | None = None
+    content: list[ReasoningText] | None = None
+    summary: list[ReasoningText] = []
 
 
 class OtherItem(Lenient):
@@ -159,6 +170,17 @@ class StreamOptions(StrictModel):
     include_obfuscation: bool | None = None
 
 
+class Reasoning(StrictModel):
+    effort: ReasoningEffort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = Field(
+        default=None,
+        description="Accepted without effect: the reasoning is answered whole, never summarised.",
+    )
+    generate_summary: Literal["auto", "concise", "detailed"] | None = Field(
+        default=None, description="Deprecated form of `summary`."
+    )
+
+
 Metadata = Annotated[
     dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
 ]
@@ -212,6 +234,9 @@ class ResponseCreateRequest(StrictModel):
     )
     stream: bool | None = None
     stream_options: StreamOptions | None = None
+    reasoning: Reasoning | None = Field(
+        default=None, description="`effort`: as chat's `reasoning_effort` (a model without a switch → 400)."
+    )
     # Accepted without effect (docs/openai-compat.md says why each is safe to ignore).
     user: str | None = None
     safety_identifier: str | None = None
@@ -219,7 +244,6 @@ class ResponseCreateRequest(StrictModel):
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: dict[str, Any] | None = None
     service_tier: str | None = None
-    reasoning: dict[str, Any] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     max_tool_calls: Annotated[int, Field(ge=1)] | None = None
     background_options: dict[str, Any] | None = None
@@ -240,6 +264,17 @@ class OutputText(BaseModel):
     text: str
     annotations: list[Any] = []
     logprobs: list[dict[str, Any]] | None = None
+
+
+class ReasoningOutput(BaseModel):
+    """A reasoning model's reasoning (OpenAI's open-weight form, as vLLM answers it): its text whole in
+    `content`, no summary."""
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[Any] = []
+    content: list[dict[str, str]]
+    status: Literal["in_progress", "completed", "incomplete"]
 
 
 class OutputMessage(BaseModel):
@@ -292,7 +327,7 @@ class ResponseObject(BaseModel):
     completed_at: int | None = None
     status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
     model: str
-    output: list[OutputMessage | FunctionCallOutput]
+    output: list[ReasoningOutput | OutputMessage | FunctionCallOutput]
     usage: ResponseUsage | None = None
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
@@ -308,6 +343,7 @@ class ResponseObject(BaseModel):
     top_p: float | None = None
     max_output_tokens: int | None = None
     metadata: dict[str, str] = {}
+    reasoning: dict[str, Any] | None = None
 
 
 class ResponseDeleted(BaseModel):

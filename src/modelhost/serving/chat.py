@@ -95,9 +95,17 @@ async def chat_completion(
             }
             for c in choices
         ],
-        "usage": _usage(streams, 1, sum(c.completion_tokens for c in choices)),
+        "usage": _chat_usage(streams, choices),
         "system_fingerprint": None,
     }
+
+
+def _chat_usage(streams: _Streams, choices: list[ChatChoice]) -> Event:
+    """A chat completion's usage: `completion_tokens_details.reasoning_tokens` counts the tokens its
+    choices generated inside their reasoning (`ChatChoice.reasoning_tokens`)."""
+    usage = _usage(streams, 1, sum(c.completion_tokens for c in choices))
+    usage["completion_tokens_details"] = {"reasoning_tokens": sum(c.reasoning_tokens for c in choices)}
+    return usage
 
 
 async def _chat_chunks(
@@ -124,8 +132,7 @@ async def _chat_chunks(
         if choice.finish is not None:
             yield data(choice, {}, choice.finish_reason)
     if include_usage:
-        usage = _usage(streams, 1, sum(c.completion_tokens for c in choices))
-        yield _event({**chunk, "choices": [], "usage": usage})
+        yield _event({**chunk, "choices": [], "usage": _chat_usage(streams, choices)})
 
 
 async def fetch_images(

@@ -22,10 +22,14 @@ from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
 from modelhost.generation.families import Family, detect_family
 from modelhost.generation.requests import (
+    SpecialTokens,
     fim_tokens,
     generation_defaults,
     prompt_ids,
+    reasoning_open,
     sampling_params,
+    special_tokens,
+    template_kwargs,
     tokenized,
 )
 from modelhost.generation.text import IncrementalDecoder
@@ -46,6 +50,8 @@ class ChatModel:
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     # answers that need no decoding step (`/tokenize`, `/detokenize`), sent with the next step's events
     ready: list[tuple[int, Event]] = field(default_factory=list)
+    special: SpecialTokens = field(default_factory=SpecialTokens)  # how chats decode the family's markers
+    opened: set[int] = field(default_factory=set)  # requests whose prompt opened the answer's reasoning
 
     @property
     def vocab_size(self) -> int:
@@ -103,16 +109,22 @@ class TextGeneration:
             constraint = GrammarConstraint(
                 state.guidance_tokenizer(), request["grammar"], param=request.get("grammar_param")
             )
-        decode = functools.partial(state.tokenizer.decode, skip_special_tokens=params.skip_special_tokens)
+        skip, strip = state.special.decoding(request, params.skip_special_tokens)
+        decode = functools.partial(state.tokenizer.decode, skip_special_tokens=skip)
+        if strip is not None:
+            decode = functools.partial(_stripped, decode, strip)
         sequence = Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint)
         if images is not None:
             sequence.images, sequence.image_token = images, _image_token(state)
         state.engine.add(sequence, low=bool(request.get("low")))
         if request.get("echo"):
             state.echo[request_id] = prompt
+        if reasoning_open(state, request, prompt):
+            state.opened.add(request_id)
 
     def cancel(self, state: ChatModel, request_id: int) -> None:
         state.echo.pop(request_id, None)
+        state.opened.discard(request_id)
         state.ready = [(key, event) for key, event in state.ready if key != request_id]
         state.engine.cancel(request_id)
 
@@ -124,6 +136,9 @@ class TextGeneration:
             if event.get("started"):
                 event["tool_format"] = state.family.tool_parser
                 event["reasoning_format"] = state.family.reasoning_parser
+                if request_id in state.opened:
+                    state.opened.discard(request_id)
+                    event["reasoning_open"] = True
                 prompt = state.echo.pop(request_id, None)
                 if prompt is not None:
                     event["prompt_text"] = state.tokenizer.decode(prompt)
@@ -131,6 +146,7 @@ class TextGeneration:
 
     def abort(self, state: ChatModel) -> list[int]:
         state.echo.clear()
+        state.opened.clear()
         ready, state.ready = state.ready, []
         return [request_id for request_id, _ in ready] + state.engine.abort()
 
@@ -159,7 +175,19 @@ def chat_model(model: Any, tokenizer: Any, device: str, defaults: dict[str, Any]
     )
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     family = detect_family(template, tokenizer.get_added_vocab())
-    return ChatModel(engine, tokenizer, family, fim=fim_tokens(tokenizer), generation_defaults=defaults)
+    return ChatModel(
+        engine,
+        tokenizer,
+        family,
+        fim=fim_tokens(tokenizer),
+        generation_defaults=defaults,
+        special=special_tokens(tokenizer, family, template),
+    )
+
+
+def _stripped(decode: Any, strip: Any, tokens: list[int]) -> str:
+    """A decoding that keeps special tokens, less those `strip` takes out (`SpecialTokens`)."""
+    return str(strip(decode(tokens)))
 
 
 def _image_token(state: ChatModel) -> int:
@@ -172,7 +200,7 @@ def _vision_prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int]
     """A chat with images: the processor's prompt (each image expanded into its image tokens) and its
     image tensors. The image tokens become negative IDs derived from the image's bytes and position, so
     the prefix cache never gives one image's keys and values to another."""
-    text, pictures = chat_with_images(state.processor, request)
+    text, pictures = chat_with_images(state.processor, request, template_kwargs(state, request))
     try:
         encoded = state.processor(text=text, images=pictures, return_tensors="pt")
     except (ValueError, TypeError) as exc:  # the processor's own checks (image and placeholder counts)

@@ -29,6 +29,7 @@ from modelhost.protocol.responses import (
     MediaPart,
     MessageItem,
     OtherItem,
+    ReasoningItem,
     RefusalPart,
     ResponseCreateRequest,
 )
@@ -81,14 +82,22 @@ def input_items(body: ResponseCreateRequest) -> list[Item]:
                     "status": "completed",
                 }
             )
+        elif isinstance(item, ReasoningItem):
+            text = "".join(part.text for part in item.content or [] if part.type == "reasoning_text")
+            items.append(_reasoning(item.id or item_id("rs"), text, "completed"))
         elif isinstance(item, OtherItem):
             raise InvalidRequest(
                 f"Input items of type {item.type!r} are not supported here: send messages, function_call "
                 "and function_call_output items (docs/responses.md).",
                 param=param,
             )
-        # reasoning items (sent back by clients that keep every output item): our models make none
     return items
+
+
+def _reasoning(identifier: str, text: str, status: str) -> Item:
+    """A reasoning item in OpenAI's open-weight form: the text whole, no summary."""
+    content = [{"type": "reasoning_text", "text": text}]
+    return {"id": identifier, "type": "reasoning", "summary": [], "content": content, "status": status}
 
 
 def _message(role: str, text: str) -> Item:
@@ -151,6 +160,7 @@ def chat_request(body: ResponseCreateRequest, items: list[Item]) -> ChatCompleti
     messages += chat_messages(items)
     tools = _tools(body)
     fields: dict[str, Any] = {
+        "reasoning_effort": body.reasoning.effort if body.reasoning else None,
         "model": body.model,
         "messages": messages,
         "tools": tools or None,
@@ -185,10 +195,15 @@ def _wants_logprobs(body: ResponseCreateRequest) -> bool:
 
 def chat_messages(items: list[Item]) -> list[Item]:
     """Stored items → chat messages: consecutive function calls join the assistant message before them
-    (as one assistant turn with tool calls), and each output answers its call as a tool message."""
+    (as one assistant turn with tool calls), each output answers its call as a tool message, and a
+    reasoning item is the `reasoning_content` of the assistant turn that follows it."""
     messages: list[Item] = []
+    thought = ""  # a reasoning item's text, waiting for its assistant turn
     for item in items:
         kind = item["type"]
+        if kind == "reasoning":
+            thought += "".join(part["text"] for part in item["content"])
+            continue
         if kind == "message" and any(part["type"] == "input_image" for part in item["content"]):
             parts = [
                 {"type": "image_url", "image_url": {"url": part["image_url"]}}
@@ -213,6 +228,9 @@ def chat_messages(items: list[Item]) -> list[Item]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        if thought and messages[-1]["role"] == "assistant":
+            messages[-1].setdefault("reasoning_content", thought)
+        thought = ""
     return messages
 
 
@@ -267,9 +285,18 @@ def settings_of(body: ResponseCreateRequest) -> Item:
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "max_output_tokens": body.max_output_tokens,
         "metadata": body.metadata or {},
+        "reasoning": _reasoning_settings(body),
         "store": body.store is not False,
         "user": body.user,
     }
+
+
+def _reasoning_settings(body: ResponseCreateRequest) -> Item:
+    """`reasoning` as OpenAI echoes it: the effort asked for, and the summary (never made here)."""
+    given = body.reasoning
+    if given is None:
+        return {"effort": None, "summary": None}
+    return {"effort": given.effort, "summary": given.summary or given.generate_summary}
 
 
 def _echoed_tool_choice(body: ResponseCreateRequest) -> Any:
@@ -289,6 +316,7 @@ class OutputAssembler:
 
     choice: ChatChoice
     output: list[Item] = field(default_factory=list)
+    _reasoning: Item | None = None  # the open reasoning item
     _message: Item | None = None  # the open message item
     _calls: dict[int, Item] = field(default_factory=dict)  # open function_call items by call index
     _pending: list[Item] = field(default_factory=list)  # logprobs waiting for their text
@@ -302,6 +330,10 @@ class OutputAssembler:
         delta = self.choice.feed(event)
         events: list[Event] = []
         self._pending += _logprobs(delta.get("logprobs") or [])  # they come before their token's text
+        if delta.get("reasoning"):
+            events += self._thought(delta["reasoning"])
+        if (delta.get("content") or delta.get("tool_calls")) and self._reasoning is not None:
+            events += self._close_reasoning("completed")
         if delta.get("content"):
             logprobs, self._pending = self._pending, []
             events += self._text(delta["content"], logprobs)
@@ -313,6 +345,8 @@ class OutputAssembler:
         """Close every open item: completed, or incomplete when the token budget ran out."""
         status = "incomplete" if self.choice.finish == "length" else "completed"
         events: list[Event] = []
+        if self._reasoning is not None:
+            events += self._close_reasoning(status)
         if self._message is not None:
             events += self._close_message(status)
         for index in sorted(self._calls):
@@ -330,9 +364,55 @@ class OutputAssembler:
             "input_tokens": self.prompt_tokens,
             "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": self.choice.reasoning_tokens},
             "total_tokens": self.prompt_tokens + output_tokens,
         }
+
+    def _thought(self, piece: str) -> list[Event]:
+        """A piece of reasoning: the reasoning item opens before the answer's message and calls."""
+        events: list[Event] = []
+        if self._reasoning is None:
+            self._reasoning = _reasoning(item_id("rs"), "", "in_progress")
+            self.output.append(self._reasoning)
+            index = len(self.output) - 1
+            events.append(_item_event("response.output_item.added", index, self._reasoning))
+            events.append(
+                {
+                    "type": "response.content_part.added",
+                    "item_id": self._reasoning["id"],
+                    "output_index": index,
+                    "content_index": 0,
+                    "part": {"type": "reasoning_text", "text": ""},
+                }
+            )
+        self._reasoning["content"][0]["text"] += piece
+        events.append(
+            {
+                "type": "response.reasoning_text.delta",
+                "item_id": self._reasoning["id"],
+                "output_index": self.output.index(self._reasoning),
+                "content_index": 0,
+                "delta": piece,
+            }
+        )
+        return events
+
+    def _close_reasoning(self, status: str) -> list[Event]:
+        item, self._reasoning = self._reasoning, None
+        assert item is not None
+        item["status"] = status
+        index = self.output.index(item)
+        text = item["content"][0]["text"]
+        common = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return [
+            {"type": "response.reasoning_text.done", **common, "text": text},
+            {
+                "type": "response.content_part.done",
+                **common,
+                "part": {"type": "reasoning_text", "text": text},
+            },
+            _item_event("response.output_item.done", index, item),
+        ]
 
     def _text(self, piece: str, logprobs: list[Item]) -> list[Event]:
         events: list[Event] = []

@@ -124,7 +124,7 @@ class Responses:
             context = await asyncio.to_thread(self.store.chain, account_id, scope, previous)
         items = input_items(body)
         chat = chat_request(body, [*context, *items])
-        requests, mode = chat_requests(chat, self._max_string_length)
+        requests, mode = chat_requests(chat, self._max_string_length, effort_param="reasoning.effort")
         with_defaults(requests, defaults)
         await fetch_images(requests, media, reads_images, image_params(body, context))
         return Prepared(
