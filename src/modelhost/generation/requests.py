@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from modelhost.errors import InvalidRequest
+from modelhost.generation.deployment_settings import GenerationSettings
 
 # Fill-in-the-middle tokens (prefix, suffix, middle) of the families that have them, in the order
 # prefix-suffix-middle they were trained on: Qwen2.5-Coder, StarCoder/SantaCoder, DeepSeek-Coder.
@@ -76,6 +77,14 @@ class PromptModel(Protocol):
     def fim(self) -> tuple[int, int, int] | None: ...
     @property
     def generation_defaults(self) -> dict[str, Any]: ...
+    @property
+    def settings(self) -> GenerationSettings: ...
+
+
+def template_kwargs(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
+    """The chat template's extra variables: the deployment's defaults (`chat_template_kwargs`) under the
+    request's own (the request wins per key)."""
+    return {**state.settings.chat_template_kwargs, **request.get("chat_template_kwargs", {})}
 
 
 def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], str]:
@@ -85,7 +94,11 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
     if "messages" in request:
         if not tokenizer.chat_template:
             raise InvalidRequest(
-                "This model has no chat template; use /v1/completions with a prompt.", param="messages"
+                "This model has no chat template (a base model): use /v1/completions with a prompt, or give "
+                "the deployment one (`chat_template` on PATCH /v1/deployments/{id}, docs/generation.md "
+                '"Per-deployment settings").',
+                param="messages",
+                code="no_chat_template",
             )
         try:
             text = tokenizer.apply_chat_template(
@@ -94,7 +107,7 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
                 add_generation_prompt=request.get("add_generation_prompt", True),
                 continue_final_message=request.get("continue_final_message", False),
                 tokenize=False,
-                **request.get("chat_template_kwargs", {}),
+                **template_kwargs(state, request),
             )
         except Exception as exc:  # the template's own checks (roles, alternation) raise here
             message = f"The model's chat template refused the messages: {exc}"
@@ -209,9 +222,11 @@ def sampling_params(
     defaults = {**state.generation_defaults, **(deployment or {})}
     if room <= 0 or (max_tokens is not None and max_tokens > room):
         wanted = f" + max_tokens {max_tokens}" if max_tokens is not None else ""
+        limit = "the model's context"
+        if state.settings.max_model_len == context:
+            limit = "the deployment's max_model_len"
         raise InvalidRequest(
-            f"The prompt ({prompt_tokens} tokens){wanted} does not fit the model's context "
-            f"of {context} tokens.",
+            f"The prompt ({prompt_tokens} tokens){wanted} does not fit {limit} of {context} tokens.",
             param="max_tokens" if max_tokens is not None and room > 0 else prompt_param,
             code="context_length_exceeded",
         )
