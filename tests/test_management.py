@@ -208,6 +208,12 @@ async def test_generation_settings_are_checked_shown_and_patched_field_by_field(
     refused = [
         ({"chat_template": "{% for m in messages %}"}, "chat_template", "line 1"),
         ({"chat_template": "x" * 32_769}, "chat_template", "32768"),
+        (
+            {"chat_template": "{{" + "(" * 5000 + "1" + ")" * 5000 + "}}"},
+            "chat_template",
+            "nested too deeply",
+        ),
+        ({"chat_template": "{{ messages | nofilter }}"}, "chat_template", "No filter named 'nofilter'"),
         ({"tool_parser": "hermes2"}, "tool_parser", "llama3_json"),
         ({"reasoning_parser": "think"}, "reasoning_parser", "none"),
         ({"max_model_len": 8}, "max_model_len", "16"),

@@ -8,7 +8,8 @@ by both engines when they load (`from_environment`). A change reloads the deploy
 
 A chat template is the customer's Jinja: it is only ever rendered by transformers' `apply_chat_template`,
 which compiles every template in jinja2's `ImmutableSandboxedEnvironment` (no file or network access, no
-attribute escapes). Here it is only parsed, in the same sandbox, so a syntax error is a 400 at once.
+attribute escapes). Here it is only compiled, never rendered, in the same sandbox, so a syntax error (or
+an unknown filter) is a 400 at once.
 """
 
 from __future__ import annotations
@@ -111,8 +112,9 @@ def check(settings: GenerationSettings, model_context: int | None) -> None:
 
 
 def check_chat_template(template: str) -> None:
-    """Parse (never render) the template in the sandbox transformers renders it in, with the tags
-    transformers adds (`{% generation %}`, `break` / `continue`): a syntax error is a 400."""
+    """Compile (never render) the template in the sandbox transformers renders it in, with the tags
+    transformers adds (`{% generation %}`, `break` / `continue`): a syntax error or an unknown filter is
+    a 400."""
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -129,8 +131,11 @@ def check_chat_template(template: str) -> None:
 
     environment = ImmutableSandboxedEnvironment(extensions=[Generation, jinja2.ext.loopcontrols])
     try:
-        environment.parse(template)
+        environment.from_string(template)  # compiled, never rendered
     except jinja2.TemplateSyntaxError as exc:
         raise InvalidRequest(
             f"chat_template is not valid Jinja (line {exc.lineno}): {exc.message}", param="chat_template"
         ) from None
+    except (jinja2.TemplateError, RecursionError) as exc:  # nested deeper than Python's parser goes
+        message = str(exc) if isinstance(exc, jinja2.TemplateError) else "nested too deeply"
+        raise InvalidRequest(f"chat_template is not valid Jinja: {message}", param="chat_template") from None

@@ -60,6 +60,7 @@ from ray.serve.handle import DeploymentHandle
 from modelhost import tracing
 from modelhost.auth.principal import low_priority
 from modelhost.config import Settings, get_settings
+from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime import metrics
 from modelhost.runtime.capacity import MB, Footprint
 from modelhost.runtime.client import ReplicaConnection, Waiters, connect_pair
@@ -297,7 +298,8 @@ class ModelServer:
         if load.kv_cache_mb:  # our generation engine reads its KV cache from the environment's settings
             os.environ["MODELHOST_KV_CACHE_MB"] = str(load.kv_cache_mb)
             get_settings.cache_clear()
-        os.environ.update(load.generation)  # the deployment's generation settings, read at load
+        os.environ.pop(ENVIRONMENT, None)  # the deployment's generation settings, read at load: its own
+        os.environ.update(load.generation)
         handler, state = worker.load(load.pipeline, model_dir, load.threads, load.device)
         cache = Path(load.engine_cache) if load.engine_cache else None
         choice = worker.choose_runtime(handler, state, model_dir, load.engine, cache, load.precision)
