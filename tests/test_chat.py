@@ -673,7 +673,7 @@ def test_a_deployments_max_model_len_is_its_context_and_sizes_its_kv_cache(
     assert chat.post("/v1/completions", model="chat", prompt=long, max_tokens=1).status_code == 200
     refused = chat.post("/v1/completions", model="chat-base", prompt=long, max_tokens=1)
     assert (
-        "the deployment's max_model_len of 256 tokens"
+        "the deployment's context (max_model_len) of 256 tokens"
         in assert_error(refused, 400, param="prompt")["message"]
     )
     capacity = chat.http.get("/v1/admin/capacity", headers=bearer(ADMIN_KEY)).json()

@@ -224,7 +224,7 @@ def sampling_params(
         wanted = f" + max_tokens {max_tokens}" if max_tokens is not None else ""
         limit = "the model's context"
         if state.settings.max_model_len == context:
-            limit = "the deployment's max_model_len"
+            limit = "the deployment's context (max_model_len)"
         raise InvalidRequest(
             f"The prompt ({prompt_tokens} tokens){wanted} does not fit {limit} of {context} tokens.",
             param="max_tokens" if max_tokens is not None and room > 0 else prompt_param,

@@ -44,12 +44,20 @@ def _artifact_not_ready(artifact: ModelArtifact) -> Conflict:
     )
 
 
-def _follows_base(param: str) -> InvalidRequest:
-    return InvalidRequest(
-        "An adapter deployment is served by its base's replicas: set generation settings on the base.",
-        param=param,
-        code="adapter_follows_base",
-    )
+def _given(settings: Mapping[str, Any] | None) -> list[str]:
+    """The generation settings that `settings` sets (a null or an empty object unsets)."""
+    return [name for name, value in (settings or {}).items() if value not in (None, {})]
+
+
+def _follows_base(settings: Mapping[str, Any] | None) -> None:
+    """An adapter deployment's settings are its base's: setting one is a 400 naming it."""
+    given = _given(settings)
+    if given:
+        raise InvalidRequest(
+            "An adapter deployment is served by its base's replicas: set generation settings on the base.",
+            param=given[0],
+            code="adapter_follows_base",
+        )
 
 
 def audited(deployment: Deployment) -> dict[str, object]:
@@ -203,7 +211,7 @@ class DeploymentService:
         """The deployment's generation settings after `changes` (each field given replaces it; None:
         unset), checked (`deployment_settings.check`: the model's own context is read from its files only
         when a `max_model_len` is given), as stored. Outside any transaction."""
-        given = [name for name, value in changes.items() if value not in (None, {})]
+        given = _given(changes)
         if not given and not stored:
             return None  # nothing set, before or after
         if not generates(pipeline):
@@ -307,8 +315,8 @@ class DeploymentService:
                 base_artifact = self._artifact_of(session, base)
             elif base_deployment is not None:
                 raise adapters.not_an_adapter(artifact)
-        if base is not None and generation_settings:
-            raise _follows_base(next(iter(generation_settings)))
+        if base is not None:
+            _follows_base(generation_settings)
         settings = self._settings(artifact, artifact.pipeline, None, generation_settings or {})
         if base is not None and base_artifact is not None:
             adapters.check_fits(self._artifact_dir(artifact), self._artifact_dir(base_artifact), artifact)
@@ -433,7 +441,7 @@ class DeploymentService:
             if generation_settings:
                 current = self.get(account_id, deployment_id)
                 if current.base_deployment_id is not None:
-                    raise _follows_base(next(iter(generation_settings)))
+                    _follows_base(generation_settings)
                 stored = current.generation_settings
                 settings = self._settings(artifact, current.pipeline, stored, generation_settings)
         with self._database.transaction() as session:
