@@ -27,7 +27,14 @@ from tests.chat_model import (
     served_chat_model,
     thinking_copy,
 )
-from tests.helpers import assert_error, bearer, deploy_folder_sync, deployment_metric, push_folder_sync
+from tests.helpers import (
+    ADMIN_KEY,
+    assert_error,
+    bearer,
+    deploy_folder_sync,
+    deployment_metric,
+    push_folder_sync,
+)
 from tests.test_clients import litellm, outside_lookups  # noqa: F401 (LiteLLM, offline, for its test)
 
 MESSAGES: list[Any] = [
@@ -907,6 +914,105 @@ def test_tokenize_counts_a_prompt_and_a_chat_as_generation_sees_them_and_detoken
     assert back.status_code == 200 and back.json() == {"prompt": "hello world"}
     assert_error(chat.post("/detokenize", model="chat", tokens=[10**6]), 400, param="tokens")
     assert_error(chat.post("/tokenize", model="chat", prompt="hi", temprature=1), 400)
+
+
+# A deployment's own chat template (`chat_template`), whose greeting is a template argument
+GREETING_TEMPLATE = "{%- for m in messages %}{{ greeting }} {{ m.content }}\n{% endfor %}"
+
+
+@pytest.fixture(scope="module")
+def base_model(chat: Chat, recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The chat model again as a base model (its copy has no chat template), its deployment's context cut
+    to 256 tokens of the model's 2048 (`max_model_len`)."""
+    folder = long_context_copy(recipes, tmp_path_factory.mktemp("base"))
+    (folder / "chat_template.jinja").unlink()
+    return deploy_folder_sync(
+        chat.http, chat.key, folder, "text-generation", "chat-base", readiness="warm", max_model_len=256
+    )
+
+
+def test_a_deployments_max_model_len_is_its_context_and_sizes_its_kv_cache(
+    chat: Chat, base_model: dict[str, Any]
+) -> None:
+    assert base_model["max_model_len"] == 256
+    assert chat.post("/tokenize", model="chat-base", prompt="hello").json()["max_model_len"] == 256
+    long = "hello world " * 100  # 400 tokens: over 256, within the model's 2048
+    assert chat.post("/v1/completions", model="chat", prompt=long, max_tokens=1).status_code == 200
+    refused = chat.post("/v1/completions", model="chat-base", prompt=long, max_tokens=1)
+    assert (
+        "the deployment's context (max_model_len) of 256 tokens"
+        in assert_error(refused, 400, param="prompt")["message"]
+    )
+    capacity = chat.http.get("/v1/admin/capacity", headers=bearer(ADMIN_KEY)).json()
+    kv_cache = {d["model"]: d["kv_cache_bytes"] for d in capacity["deployments"]}
+    assert 0 < kv_cache["chat-base"] < kv_cache["chat"] / 4  # room for 64 contexts of 256 tokens, not 2048
+    path = f"/v1/deployments/{base_model['id']}"
+    longer = chat.http.patch(path, json={"max_model_len": 4096}, headers=bearer(chat.key))
+    assert "context of 2048 tokens" in assert_error(longer, 400, param="max_model_len")["message"]
+
+
+def test_a_base_model_answers_chat_once_its_deployment_has_a_template_with_default_arguments(
+    chat: Chat, base_model: dict[str, Any]
+) -> None:
+    no_template = chat.post("/v1/chat/completions", model="chat-base", messages=MESSAGES, max_tokens=2)
+    assert "chat_template" in assert_error(no_template, 400, "no_chat_template", param="messages")["message"]
+    responses = chat.post("/v1/responses", model="chat-base", input="hello", max_output_tokens=2)
+    assert_error(responses, 400, "no_chat_template")
+    assert chat.post("/v1/completions", model="chat-base", prompt="hello", max_tokens=2).status_code == 200
+
+    settings = {"chat_template": GREETING_TEMPLATE, "chat_template_kwargs": {"greeting": "hi"}}
+    patched = chat.http.patch(f"/v1/deployments/{base_model['id']}", json=settings, headers=bearer(chat.key))
+    assert patched.status_code == 200, patched.text
+    assert {name: patched.json()[name] for name in settings} == settings
+
+    def rendered(**body: Any) -> str:
+        cake = [{"role": "user", "content": "cake"}]
+        tokens = chat.post("/tokenize", model="chat-base", messages=cake, **body).json()["tokens"]
+        return str(chat.post("/detokenize", model="chat-base", tokens=tokens).json()["prompt"])
+
+    assert rendered() == "hi cake\n"
+    assert rendered(chat_template_kwargs={"greeting": "bye"}) == "bye cake\n"  # the request's own wins
+    answer = chat.post("/v1/chat/completions", model="chat-base", messages=MESSAGES, max_tokens=2)
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_deployments_tool_parser_replaces_the_detected_one(chat: Chat, base_model: dict[str, Any]) -> None:
+    # a call as Llama 3 writes it (a bare JSON object), the output held to it by a JSON schema
+    call = {
+        "type": "object",
+        "properties": {
+            "name": {"const": "get_weather"},
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 6}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+    body = {
+        "messages": MESSAGES,
+        "tools": [WEATHER],
+        "max_tokens": 120,
+        "temperature": 0,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "call", "schema": call, "strict": True},
+        },
+    }
+    settings = {"chat_template": GREETING_TEMPLATE, "tool_parser": "llama3_json"}
+    patched = chat.http.patch(f"/v1/deployments/{base_model['id']}", json=settings, headers=bearer(chat.key))
+    assert patched.status_code == 200 and patched.json()["tool_parser"] == "llama3_json", patched.text
+    parsed = chat.post("/v1/chat/completions", model="chat-base", **body).json()["choices"][0]
+    assert parsed["finish_reason"] == "tool_calls", parsed
+    assert parsed["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    detected = chat.post("/v1/chat/completions", model="chat", **body).json()["choices"][0]  # hermes: text
+    assert (
+        detected["finish_reason"] == "stop"
+        and json.loads(detected["message"]["content"])["name"] == "get_weather"
+    )
 
 
 def test_a_prompt_over_the_context_is_a_400_naming_max_tokens(chat: Chat) -> None:

@@ -158,7 +158,7 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("deployments",), "Deployments of your account."),
     (("deployments", "create"), "Deploy a ready artifact under a model ID (a LoRA adapter on its base"),
     (("deployments", "list"), "List deployments with their live state."),
-    (("deployments", "update"), "Change a deployment's readiness, replica bounds or engine"),
+    (("deployments", "update"), "Change a deployment's readiness, replica bounds, engine or generation"),
     (("deployments", "delete"), "Delete a deployment (unloads it and frees its artifact)."),
     (("artifacts",), "Model artifacts of your account."),
     (("artifacts", "push"), "Upload a model folder as an artifact (resumable)"),
@@ -509,6 +509,32 @@ def test_deployments_create_and_update_take_an_engine_and_show_the_one_in_use(
     assert (
         cli("deployments", "create", "x", "--artifact", artifact_id, "--engine", "onnx", *key).exit_code == 2
     )
+
+
+def test_deployments_create_and_update_set_and_reset_generation_settings(
+    url: str, store: Services, account: dict[str, Any], tmp_path: Path
+) -> None:
+    template = tmp_path / "chat_template.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    key = ("--url", url, "--key", account["api_key"])
+    artifact_id = ready_artifact(store, account["id"], "text-generation")
+    settings = ("--max-model-len", "512", "--chat-template", str(template), "--tool-parser", "mistral")
+    created = ok("deployments", "create", "tuned", "--artifact", artifact_id, *settings, *key)
+    [row] = table_rows(created.stdout)
+    shown = " ".join(created.stdout.split())
+    assert "max_model_len: 512" in shown and "chat_template: set (50 characters)" in shown
+    assert "tool_parser: mistral" in shown
+    kwargs = ("--chat-template-kwargs", '{"enable_thinking": false}', "--reasoning-parser", "none")
+    updated = ok_json("deployments", "update", row["id"], *kwargs, "--reset", "max_model_len", *key)
+    assert (updated["max_model_len"], updated["chat_template"]) == (None, template.read_text())
+    assert (updated["chat_template_kwargs"], updated["reasoning_parser"]) == (
+        {"enable_thinking": False},
+        "none",
+    )
+    refused = cli("deployments", "update", row["id"], "--tool-parser", "nope", *key)
+    assert refused.exit_code == 1 and "tool_parser 'nope' is not one of" in " ".join(refused.stderr.split())
+    not_json = cli("deployments", "update", row["id"], "--chat-template-kwargs", "{nope", *key)
+    assert not_json.exit_code == 2 and "not JSON" in not_json.stderr
 
 
 def test_deployments_list_shows_each_deployment_in_a_table(

@@ -344,6 +344,8 @@ def test_a_deployment_is_created_and_becomes_ready(console: Console) -> None:
     console.go("deployments")
     page.fill("#deploy-model", "chat")
     page.select_option("#deploy-readiness", "warm")
+    page.fill("#deploy-max-model-len", "256")  # a generation deployment's own settings
+    page.fill("#deploy-chat-template", "{% for m in messages %}{{ m.content }}{% endfor %}")
     page.click("#deploy-form button")
     card = page.locator("section.deployment[data-model='chat']")
     card.wait_for()
@@ -351,12 +353,16 @@ def test_a_deployment_is_created_and_becomes_ready(console: Console) -> None:
     assert "Replicas loaded: 1" in card.inner_text()
     # vLLM is off in the tests: auto chose transformers, and the card says why
     assert card.locator(".engine-in-use").inner_text().startswith("transformers (auto chose transformers")
+    settings = card.locator(".generation-settings").inner_text()
+    assert "Context: 256 · chat template: set (50 characters)" in settings and "tool parser: auto" in settings
     card.locator("select.readiness").select_option("hot")
     card.locator("input[type=number]").nth(1).fill("2")
+    card.locator("input[id$='-max-model-len']").fill("")  # back to the model's own
     card.get_by_role("button", name="Apply").click()
     card.locator(".ok", has_text="saved").wait_for()
     listed = console.http.get("/v1/deployments", headers=bearer(console.key)).json()["data"]
     assert [(d["readiness"], d["min_replicas"], d["max_replicas"]) for d in listed] == [("hot", 1, 2)]
+    assert (listed[0]["max_model_len"], listed[0]["chat_template"][:6]) == (None, "{% for")
     page.wait_for_selector("section.deployment[data-model='chat'] .plots [data-points] canvas")
     console.shot("deployments")
 

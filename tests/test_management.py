@@ -181,6 +181,67 @@ async def test_patch_changes_readiness_and_replicas(client: httpx.AsyncClient, s
     assert assert_error(bad, 400, "invalid_request")["param"] == "min_replicas"
 
 
+async def test_generation_settings_are_checked_shown_and_patched_field_by_field(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    account = await new_account(client)
+    owner = bearer(account["api_key"])
+    template = "{% for m in messages %}{{ m.content }}{% generation %}x{% endgeneration %}{% endfor %}"
+    settings = {"max_model_len": 512, "chat_template": template, "chat_template_kwargs": {"a": 1}}
+    dep = await new_deployment(client, services, account, "gen", "text-generation", **settings)
+    assert {name: dep[name] for name in settings} == settings
+    assert (dep["tool_parser"], dep["reasoning_parser"]) == (None, None)  # detected by the replica
+    path = f"/v1/deployments/{dep['id']}"
+    patched = await client.patch(
+        path, json={"tool_parser": "mistral", "reasoning_parser": "none"}, headers=owner
+    )
+    assert (patched.json()["tool_parser"], patched.json()["reasoning_parser"]) == ("mistral", "none")
+    assert patched.json()["chat_template"] == template  # the fields not given stay
+    cleared = (
+        await client.patch(path, json={"chat_template": None, "max_model_len": None}, headers=owner)
+    ).json()
+    assert (cleared["chat_template"], cleared["max_model_len"], cleared["tool_parser"]) == (
+        None,
+        None,
+        "mistral",
+    )
+    refused = [
+        ({"chat_template": "{% for m in messages %}"}, "chat_template", "line 1"),
+        ({"chat_template": "x" * 32_769}, "chat_template", "32768"),
+        (
+            {"chat_template": "{{" + "(" * 5000 + "1" + ")" * 5000 + "}}"},
+            "chat_template",
+            "nested too deeply",
+        ),
+        ({"chat_template": "{{ messages | nofilter }}"}, "chat_template", "No filter named 'nofilter'"),
+        ({"tool_parser": "hermes2"}, "tool_parser", "llama3_json"),
+        ({"reasoning_parser": "think"}, "reasoning_parser", "none"),
+        ({"max_model_len": 8}, "max_model_len", "16"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "messages"),
+    ]
+    for body, param, says in refused:
+        error = assert_error(await client.patch(path, json=body, headers=owner), 400, param=param)
+        assert says in error["message"], error
+        created = await client.post(
+            "/v1/deployments",
+            json={
+                "model": "other",
+                "artifact_id": ready_artifact(services, account["id"], "text-generation"),
+                **body,
+            },
+            headers=owner,
+        )
+        assert_error(created, 400, param=param)
+    embeddings = await new_deployment(client, services, account, "emb")
+    not_generation = await client.patch(
+        f"/v1/deployments/{embeddings['id']}", json={"max_model_len": 64}, headers=owner
+    )
+    assert "text-generation" in assert_error(not_generation, 400, param="max_model_len")["message"]
+    assert (await client.get(path, headers=owner)).json()[
+        "tool_parser"
+    ] == "mistral"  # refusals changed nothing
+
+
 async def test_delete_deployment_then_it_is_gone(client: httpx.AsyncClient, services: Services) -> None:
     account = await new_account(client)
     owner = bearer(account["api_key"])

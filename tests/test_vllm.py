@@ -165,7 +165,8 @@ def vllm(
         vlm_artifact = push_folder_sync(http, key, vlm_dir, "image-text-to-text")
         deployments = []
         for body in (
-            {"model": "chat", "artifact_id": artifact},  # cold, engine auto
+            # cold, engine auto, its context cut to 1536 of the model's 2048 (no test here needs more)
+            {"model": "chat", "artifact_id": artifact, "max_model_len": 1536},
             {"model": "chat-own", "artifact_id": artifact, "engine": "transformers"},
             # warm: both load now, vLLM's start overlapping the cold start of `chat` below
             {"model": "vlm", "artifact_id": vlm_artifact, "readiness": "warm"},
@@ -479,6 +480,19 @@ def _cpu_seconds(pid: str) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_a_deployments_max_model_len_is_the_context_vllm_runs_with(vllm: VllmServer) -> None:
+    assert vllm.chat["max_model_len"] == 1536
+    # /tokenize says the context of the loaded engine: vLLM's own `max_model_len`, as it was started
+    assert vllm.post("/tokenize", model="chat", prompt="hello").json()["max_model_len"] == 1536
+    long = "hello world " * 420
+    assert 1536 < vllm.post("/tokenize", model="chat", prompt=long).json()["count"] < 2048  # the model's
+    refused = vllm.post("/v1/completions", model="chat", prompt=long, max_tokens=1)
+    assert (
+        "the deployment's context (max_model_len) of 1536"
+        in assert_error(refused, 400, param="prompt")["message"]
+    )
 
 
 def test_bad_input_is_a_400_in_our_shape_never_vllms(vllm: VllmServer) -> None:

@@ -14,6 +14,16 @@ import typer
 from modelhost.cli.audit import audit_app
 from modelhost.cli.batches import batches_app, files_app
 from modelhost.cli.client import ApiClient
+from modelhost.cli.generation import (
+    ChatTemplate,
+    ChatTemplateKwargs,
+    MaxModelLen,
+    ReasoningParser,
+    Reset,
+    ToolParser,
+    settings_body,
+    show_settings,
+)
 from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, Url
 from modelhost.cli.output import out, show
 
@@ -373,6 +383,11 @@ def deployments_create(
             "readiness, replicas and engine are the base's (docs/adapters.md)."
         ),
     ] = None,
+    max_model_len: MaxModelLen = None,
+    chat_template: ChatTemplate = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
+    tool_parser: ToolParser = None,
+    reasoning_parser: ReasoningParser = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
@@ -389,6 +404,9 @@ def deployments_create(
     }
     if base is not None:
         body["base_deployment"] = base
+    body.update(
+        settings_body(max_model_len, chat_template, chat_template_kwargs, tool_parser, reasoning_parser)
+    )
     waits = 600.0 if precision is PrecisionName.int8 else 60.0  # int8: the probe loads the model first
     show_deployment(ApiClient(url, key, waits).call("POST", "/v1/deployments", json=body), as_json)
 
@@ -409,15 +427,24 @@ def deployments_update(
             help=ENGINE_HELP + " Given, it is chosen again (auto after installing vLLM).", show_default=False
         ),
     ] = None,
+    max_model_len: MaxModelLen = None,
+    chat_template: ChatTemplate = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
+    tool_parser: ToolParser = None,
+    reasoning_parser: ReasoningParser = None,
+    reset: Reset = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
 ) -> None:
-    """Change a deployment's readiness, replica bounds or engine (takes effect at once)."""
+    """Change a deployment's readiness, replica bounds, engine or generation settings (takes effect at
+    once; new generation settings reload its replicas)."""
     changes = {"readiness": readiness, "min_replicas": min_replicas, "max_replicas": max_replicas}
-    body = {name: value for name, value in changes.items() if value is not None}
+    body: dict[str, Any] = {name: value for name, value in changes.items() if value is not None}
     if engine is not None:
         body["engine"] = engine.value
+    settings = (max_model_len, chat_template, chat_template_kwargs, tool_parser, reasoning_parser)
+    body.update(settings_body(*settings, reset))
     path = f"/v1/deployments/{quote(deployment_id, safe='')}"
     show_deployment(ApiClient(url, key).call("PATCH", path, json=body), as_json)
 
@@ -430,6 +457,8 @@ def show_deployment(deployment: dict[str, Any], as_json: bool) -> None:
     if not as_json and deployment.get("precision_quality"):
         quality = f"int8: {deployment['precision_quality']}"
         out.print(quality, soft_wrap=True, markup=False, highlight=False)
+    if not as_json:
+        show_settings(deployment)
 
 
 @deployments_app.command("list")

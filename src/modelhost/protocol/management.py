@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, Field, model_validator
 
-from modelhost.protocol.chat import MinP, RepetitionPenalty, Temperature, TopK
+from modelhost.protocol.chat import MinP, RepetitionPenalty, Temperature, TemplateKwargs, TopK
 from modelhost.protocol.common import PageOf, StrictModel
 
 Readiness = Literal["cold", "warm", "hot"]
@@ -195,13 +195,54 @@ class GenerationDefaults(StrictModel):
     )
 
 
+# `generation.deployment_settings.MAX_CHAT_TEMPLATE` (the protocol imports nothing of ours)
+MAX_CHAT_TEMPLATE = 32_768
+
+
+class GenerationSettingsFields(StrictModel):
+    """A generation deployment's own settings (docs/generation.md, "Per-deployment settings"). Unset:
+    the artifact's own (its context, its chat template) or what the replica detects (its parsers)."""
+
+    max_model_len: Annotated[int, Field(ge=16)] | None = Field(
+        default=None,
+        description="The context length the deployment runs with, at most the model's own "
+        "(`max_position_embeddings`; more → 400): its KV cache and its memory footprint follow it, and a "
+        "longer prompt (with its max_tokens) is a 400 naming it.",
+    )
+    chat_template: Annotated[str, Field(min_length=1, max_length=MAX_CHAT_TEMPLATE)] | None = Field(
+        default=None,
+        description="Jinja chat template that replaces the artifact's (or gives a base model one), up to "
+        "32,768 characters; rendered as transformers renders templates, in jinja2's immutable sandbox "
+        "(no file or network access). A syntax error → 400.",
+    )
+    chat_template_kwargs: TemplateKwargs | None = Field(
+        default=None,
+        description="Default variables of the chat template (such as Qwen3's `enable_thinking`); a "
+        "request's own `chat_template_kwargs` win per key.",
+    )
+    tool_parser: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        default=None,
+        description="The tool-call parser of the deployment's chat answers, in place of the one detected "
+        'from the chat template (docs/generation.md, "Model families"); an unknown name → 400 listing '
+        "them.",
+    )
+    reasoning_parser: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        default=None,
+        description="The reasoning parser, in place of the one detected; `none`: reasoning is not split "
+        "from the answer. An unknown name → 400 listing them.",
+    )
+
+
 GENERATION_DEFAULTS_DESCRIPTION = (
     "Sampling defaults of the deployment's chat completions, completions and responses (and their batch "
     "lines): a request's own value wins, these come before the model's generation_config.json."
 )
 
 
-class DeploymentCreate(StrictModel):
+class DeploymentCreate(GenerationSettingsFields):
+    """The generation settings' fields (`GenerationSettingsFields`) are set at creation; unset, the
+    artifact's own."""
+
     model: ModelId
     artifact_id: str = Field(min_length=1, max_length=64)
     readiness: Readiness = "cold"
@@ -227,7 +268,10 @@ class DeploymentCreate(StrictModel):
         return self
 
 
-class DeploymentPatch(StrictModel):
+class DeploymentPatch(GenerationSettingsFields):
+    """Each generation setting given replaces the deployment's (`null`: back to the artifact's own or
+    what is detected)."""
+
     readiness: Readiness | None = None
     min_replicas: Annotated[int, Field(ge=0, le=64)] | None = None
     max_replicas: Annotated[int, Field(ge=1, le=64)] | None = None
@@ -281,6 +325,24 @@ class Deployment(BaseModel):
     )
     generation_defaults: dict[str, int | float] = Field(
         default_factory=dict, description="The sampling defaults set on the deployment (the fields set only)."
+    )
+    max_model_len: int | None = Field(
+        default=None, description="The context length set on the deployment; null: the model's own."
+    )
+    chat_template: str | None = Field(
+        default=None, description="The chat template set on the deployment; null: the artifact's own."
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="The chat template's default variables set on the deployment."
+    )
+    tool_parser: str | None = Field(
+        default=None,
+        description="The tool-call parser set on the deployment; null: detected from the chat template.",
+    )
+    reasoning_parser: str | None = Field(
+        default=None,
+        description="The reasoning parser set on the deployment (`none`: off); null: detected from the "
+        "chat template.",
     )
     created_at: datetime
     updated_at: datetime
@@ -339,6 +401,11 @@ class DeploymentFootprint(BaseModel):
     gpu_footprint_bytes: int = Field(default=0, description="GPU memory it holds.")
     footprint_measured: bool = Field(
         description="Measured from its processes; false: predicted (its replicas are still loading)."
+    )
+    kv_cache_bytes: int = Field(
+        default=0,
+        description="A generation deployment's KV cache, per replica, as its load reserved it (room for 64 "
+        "whole contexts of its `max_model_len`, or the model's, within the budget); 0 for other tasks.",
     )
     in_flight: int = Field(description="Requests and sequences its replicas hold now.")
     last_used_at: datetime

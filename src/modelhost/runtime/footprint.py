@@ -13,7 +13,8 @@ Once loaded, the measured footprint replaces the prediction (`runtime.manager`).
 **The KV cache** of a generation replica (text generation, chat with images) is part of its footprint,
 so it is decided here and handed to the replica (`MODELHOST_KV_CACHE_MB` in its environment, read by
 both engines; vLLM's own sizing, a fraction of the machine, is never used): `MODELHOST_KV_CACHE_MB` when
-the operator sets it, else room for 64 whole contexts, at most an eighth of the host budget on a CPU, or
+the operator sets it, else room for 64 whole contexts (the deployment's `max_model_len` where it sets one,
+else the model's), at most an eighth of the host budget on a CPU, or
 half of what the GPU's budget leaves beside the weights.
 """
 
@@ -70,12 +71,14 @@ def predict(
     gpu_budget: int,
     base_costs: Mapping[str, int],
     preload: bool,
+    max_model_len: int | None = None,
 ) -> Prediction:
     """One replica's footprint (see the module docstring)."""
     weights = weight_bytes(model_dir)
     kv = 0
     if generates(pipeline):
-        kv = kv_cache_bytes(model_dir, kv_cache_mb, host_budget, gpu_budget - weights if on_gpu else None)
+        gpu_room = gpu_budget - weights if on_gpu else None
+        kv = kv_cache_bytes(model_dir, kv_cache_mb, host_budget, gpu_room, max_model_len)
     if remembered is not None:
         return Prediction(remembered, weights, kv, remembered=True)
     base = base_costs.get(engine) or BASE_COSTS.get(engine, BASE_COSTS["transformers"])
@@ -102,28 +105,54 @@ def weight_bytes(model_dir: Path) -> int:
         return 0  # the folder is gone: the load fails and says so
 
 
-def kv_cache_bytes(model_dir: Path, kv_cache_mb: int | None, host_budget: int, gpu_room: int | None) -> int:
+def kv_cache_bytes(
+    model_dir: Path,
+    kv_cache_mb: int | None,
+    host_budget: int,
+    gpu_room: int | None,
+    max_model_len: int | None = None,
+) -> int:
     """The KV cache a generation replica is given: the operator's `kv_cache_mb`, else 64 whole contexts
-    capped at an eighth of the host budget (CPU) or half of `gpu_room`, what the GPU's budget leaves
-    beside the weights. Whole MB, as the replica is told."""
+    (of `max_model_len` tokens where the deployment sets it) capped at an eighth of the host budget (CPU)
+    or half of `gpu_room`, what the GPU's budget leaves beside the weights. Whole MB, as the replica is
+    told."""
     if kv_cache_mb:
         return kv_cache_mb * MB
     per_token, context = _kv_layout(model_dir)
+    if max_model_len:
+        context = min(context, max_model_len)
     wanted = KV_SLOTS * (context + 1) * per_token
     cap = host_budget // 8 if gpu_room is None else max(0, gpu_room) // 2
     return max(MB, -(-min(wanted, cap) // MB) * MB)
 
 
-def _kv_layout(model_dir: Path) -> tuple[int, int]:
-    """(bytes one token takes in the KV cache, the model's context), from `config.json` as the engines
-    read it (`engines.native.kv_cache.CacheLayout`); a small default for a config without them."""
-    config: dict[str, Any]
+def model_context(model_dir: Path) -> int | None:
+    """The model's own context (`max_position_embeddings` in `config.json`), None where it says none
+    (or an unbounded one): what a deployment's `max_model_len` may be at most."""
+    config = _config(model_dir)
+    context = _int(_text_part(config).get("max_position_embeddings"), 0)
+    return context if 0 < context < 10_000_000 else None
+
+
+def _config(model_dir: Path) -> dict[str, Any]:
     try:
         config = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError):
-        config = {}
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-    assert isinstance(text, dict)
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _text_part(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config (a vision-language model's `text_config`)."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
+def _kv_layout(model_dir: Path) -> tuple[int, int]:
+    """(bytes one token takes in the KV cache, the model's context), from `config.json` as the engines
+    read it (`engines.native.kv_cache.CacheLayout`); a small default for a config without them."""
+    config = _config(model_dir)
+    text = _text_part(config)
     heads = _int(text.get("num_attention_heads"), 8)
     kv_heads = _int(text.get("num_key_value_heads"), heads)
     hidden = _int(text.get("hidden_size"), 512)

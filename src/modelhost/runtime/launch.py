@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from modelhost.config import Settings
+from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime.engines import MEASURED_AT_LOAD, vllm_launch
 from modelhost.runtime.replica import ReplicaSpec
 from modelhost.runtime.spawn import WORKER_ENV
@@ -45,6 +46,9 @@ def worker_launch(
     command: tuple[str, ...] = ()
     if spec.kv_cache_mb:  # the KV cache its footprint reserved (`runtime.footprint`)
         env["MODELHOST_KV_CACHE_MB"] = str(spec.kv_cache_mb)
+    # the deployment's generation settings, read by both engines (`generation.deployment_settings`)
+    env.pop(ENVIRONMENT, None)
+    env.update(spec.generation.environment())
     if spec.engine == "vllm":
         vllm_command, extra = vllm_launch(settings.data_dir)
         command = tuple(vllm_command)

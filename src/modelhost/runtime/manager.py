@@ -488,7 +488,8 @@ class ReplicaManager:
 
     async def apply(self, deployment_id: str) -> None:
         """Re-read the deployment after create/patch and act on its readiness at once; a new engine
-        unloads the replicas of the old one (and forgets its failure) so the next load runs the new.
+        unloads the replicas of the old one (and forgets its failure) so the next load runs the new, and
+        new generation settings reload them once drained.
         CapacityConflict (409) when it could never fit, or is hot and cannot fit beside the other hot
         deployments: nothing changes here then (the caller puts the stored deployment back)."""
         spec = await asyncio.to_thread(self._specs, deployment_id)
@@ -510,9 +511,10 @@ class ReplicaManager:
         if old.engine != spec.engine:
             runtime.state, runtime.reason = "unloaded", None  # the old engine's failure is not the new one's
             await runtime.unload()
-        elif (spec.lora_rank or 0) > (old.lora_rank or 0):
-            # adapters attached need LoRA on (or larger slots): once the requests in flight have finished,
-            # the replicas start again with it; a detached one changes nothing (LoRA stays on until then)
+        elif (spec.lora_rank or 0) > (old.lora_rank or 0) or old.generation != spec.generation:
+            # adapters attached need LoRA on (or larger slots), and new generation settings (a context
+            # length, a chat template) a new load: once the requests in flight have finished, the
+            # replicas start again with them; a detached adapter changes nothing (LoRA stays on until then)
             await runtime.drain(self.settings.shutdown_drain_seconds)
             await runtime.unload()
         elif old.adapters != spec.adapters and self._adapter_meters is not None:

@@ -171,6 +171,7 @@ class Placement:
             base_costs=self.base_costs,
             # a Serve actor imports torch itself: only a local worker shares the template's pages
             preload=self.settings.worker_preload and self.settings.runtime == "local",
+            max_model_len=spec.generation.max_model_len,
         )
         return prediction, prediction.footprint.times(count)
 
@@ -459,6 +460,7 @@ class Placement:
                     "footprint_bytes": holding.footprint.host,
                     "gpu_footprint_bytes": holding.footprint.gpu,
                     "footprint_measured": holding.measured,
+                    "kv_cache_bytes": reservation.prediction.kv_cache,
                     "in_flight": in_flight if isinstance(in_flight, int) and in_flight >= 0 else 0,
                     "last_used_at": datetime.fromtimestamp(now_wall - (now - tenant.last_used), UTC),
                 }

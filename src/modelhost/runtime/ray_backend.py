@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ from ray.serve.handle import DeploymentHandle
 from modelhost import tracing
 from modelhost.auth.principal import low_priority
 from modelhost.config import Settings, get_settings
+from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime import metrics
 from modelhost.runtime.capacity import MB, Footprint
 from modelhost.runtime.client import ReplicaConnection, Waiters, connect_pair
@@ -220,6 +221,7 @@ class ServeLoad:
     precision: str = "float32"
     engine_cache: str | None = None  # encoder exports and decisions: `<data>/encoder-runtimes`
     kv_cache_mb: int | None = None  # the KV cache its footprint reserved (a generation task)
+    generation: dict[str, str] = field(default_factory=dict)  # its generation settings' environment
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +298,8 @@ class ModelServer:
         if load.kv_cache_mb:  # our generation engine reads its KV cache from the environment's settings
             os.environ["MODELHOST_KV_CACHE_MB"] = str(load.kv_cache_mb)
             get_settings.cache_clear()
+        os.environ.pop(ENVIRONMENT, None)  # the deployment's generation settings, read at load: its own
+        os.environ.update(load.generation)
         handler, state = worker.load(load.pipeline, model_dir, load.threads, load.device)
         cache = Path(load.engine_cache) if load.engine_cache else None
         choice = worker.choose_runtime(handler, state, model_dir, load.engine, cache, load.precision)
@@ -735,6 +739,7 @@ class RayServeReplica:
             precision=spec.precision,
             engine_cache=str(settings.data_dir / "encoder-runtimes"),
             kv_cache_mb=spec.kv_cache_mb,
+            generation=spec.generation.environment(),
         )
         return ModelServer, load
 

@@ -5,10 +5,11 @@ a replica loads, serves requests (batched inside the replica) and generations, a
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.runtime.capacity import Footprint
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ class ReplicaSpec:
     precision: str = "float32"
     kv_cache_mb: int | None = None  # a generation engine's KV cache, as its footprint reserved it
     lora_rank: int | None = None  # a base with adapters: vLLM's LoRA on, its slots of this rank
+    generation: GenerationSettings = field(default_factory=GenerationSettings)  # a generation task's own
 
     @classmethod
     def of(cls, deployment: DeploymentSpec, threads: int, device: str) -> ReplicaSpec:
@@ -43,6 +45,7 @@ class ReplicaSpec:
             deployment.precision,
             deployment.kv_cache_mb,
             deployment.lora_rank,
+            deployment.generation,
         )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.runtime.capacity import Footprint
 
 # vLLM sizes its LoRA slots for one rank among these (`max_lora_rank`)
@@ -53,6 +54,9 @@ class DeploymentSpec:
     footprint: Footprint | None = None
     # A base's adapter deployments, each billed for its bytes while the base's replicas hold it
     adapters: tuple[AttachedAdapter, ...] = ()
+    # A generation task's own settings (max_model_len, chat template, parsers): its replicas load with
+    # them, and a change reloads them (`runtime.manager.apply`)
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
 
     @property
     def viewers(self) -> frozenset[str]:

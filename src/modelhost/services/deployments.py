@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -12,11 +13,14 @@ from sqlalchemy.orm import Session
 from modelhost import audit
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.errors import BaseNotShared, Conflict, InvalidRequest, NotFound
+from modelhost.generation import deployment_settings
+from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.pipelines import BY_NAME
 from modelhost.routing import DeploymentRef
 from modelhost.runtime import engines
 from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.engines import MEASURED_AT_LOAD, EngineChoice, replica_engine
+from modelhost.runtime.footprint import generates, model_context
 from modelhost.runtime.spec import AdapterTarget, AttachedAdapter, DeploymentSpec
 from modelhost.services import adapters
 from modelhost.store.db import Database
@@ -40,6 +44,22 @@ def _artifact_not_ready(artifact: ModelArtifact) -> Conflict:
     )
 
 
+def _given(settings: Mapping[str, Any] | None) -> list[str]:
+    """The generation settings that `settings` sets (a null or an empty object unsets)."""
+    return [name for name, value in (settings or {}).items() if value not in (None, {})]
+
+
+def _follows_base(settings: Mapping[str, Any] | None) -> None:
+    """An adapter deployment's settings are its base's: setting one is a 400 naming it."""
+    given = _given(settings)
+    if given:
+        raise InvalidRequest(
+            "An adapter deployment is served by its base's replicas: set generation settings on the base.",
+            param=given[0],
+            code="adapter_follows_base",
+        )
+
+
 def audited(deployment: Deployment) -> dict[str, object]:
     """What an audit row says of a deployment: what its owner or the operator set."""
     return {
@@ -53,6 +73,7 @@ def audited(deployment: Deployment) -> dict[str, object]:
         "base_deployment": deployment.base_deployment_id,
         "shared": bool(deployment.shared),
         "generation_defaults": deployment.generation_defaults,
+        "generation_settings": deployment.generation_settings,
     }
 
 
@@ -152,7 +173,10 @@ class DeploymentService:
 
     def remember_footprint(self, spec: DeploymentSpec, device: str, footprint: Footprint) -> None:
         """A replica of the deployment was measured at `footprint` (one replica's) on `device` (`cpu`,
-        `cuda`): the next load of its artifact on the same engine and precision reserves that much."""
+        `cuda`): the next load of its artifact on the same engine and precision reserves that much. Not
+        where the deployment sets its own context (`max_model_len`): its KV cache is not the artifact's."""
+        if spec.generation.max_model_len:
+            return
         artifact_id = spec.artifact_id
         key = {"artifact_id": artifact_id, "engine": spec.engine, "precision": spec.precision}
         key["device"] = device
@@ -177,6 +201,33 @@ class DeploymentService:
         assert artifact is not None
         return artifact
 
+    def _settings(
+        self,
+        artifact: ModelArtifact,
+        pipeline: str,
+        stored: Mapping[str, Any] | None,
+        changes: Mapping[str, Any],
+    ) -> dict[str, Any] | None:
+        """The deployment's generation settings after `changes` (each field given replaces it; None:
+        unset), checked (`deployment_settings.check`: the model's own context is read from its files only
+        when a `max_model_len` is given), as stored. Outside any transaction."""
+        given = _given(changes)
+        if not given and not stored:
+            return None  # nothing set, before or after
+        if not generates(pipeline):
+            raise InvalidRequest(
+                f"{given[0]} is a setting of text-generation and image-text-to-text deployments, "
+                f"not of {pipeline}.",
+                param=given[0],
+            )
+        settings = GenerationSettings.of({**(stored or {}), **changes})
+        context = None
+        if changes.get("max_model_len") is not None:
+            model_dir = self._artifact_dir(artifact)
+            context = model_context(model_dir) if model_dir is not None else None
+        deployment_settings.check(settings, context)
+        return settings.stored()
+
     def _specs(
         self,
         pairs: list[tuple[Deployment, ModelArtifact]],
@@ -186,7 +237,8 @@ class DeploymentService:
         """Outside the transaction: with a remote blob store, finding the model's folder may mean
         downloading it first."""
 
-        def footprints(deployment: Deployment, engine: str) -> dict[str, Footprint]:
+        def footprints(deployment: Deployment) -> dict[str, Footprint]:
+            engine = replica_engines[deployment.id]
             return {
                 row.device: Footprint(row.host_bytes, row.gpu_bytes)
                 for row in remembered.get(deployment.artifact_id, [])
@@ -197,6 +249,7 @@ class DeploymentService:
             deployment.id: replica_engine(deployment.engine, deployment.engine_in_use, deployment.pipeline)
             for deployment, _ in pairs
         }
+        own = {d.id: GenerationSettings.of(d.generation_settings) for d, _ in pairs}
         return [
             DeploymentSpec(
                 id=deployment.id,
@@ -213,8 +266,10 @@ class DeploymentService:
                 engine=replica_engines[deployment.id],
                 falls_back=deployment.engine == "auto" and deployment.engine_in_use == "vllm",
                 precision=deployment.precision,
-                remembered=footprints(deployment, replica_engines[deployment.id]),
+                # a context of its own changes its KV cache: the artifact's measurement is not its own
+                remembered={} if own[deployment.id].max_model_len else footprints(deployment),
                 adapters=tuple(attached.get(deployment.id, [])),
+                generation=own[deployment.id],
             )
             for deployment, artifact in pairs
         ]
@@ -239,10 +294,12 @@ class DeploymentService:
         precision: str = "float32",
         base_deployment: str | None = None,
         generation_defaults: dict[str, int | float] | None = None,
+        generation_settings: Mapping[str, Any] | None = None,
     ) -> Deployment:
         """A deployment of a ready artifact; an adapter artifact's is served on `base_deployment`'s
         replicas (`services.adapters` says what the base must be). `generation_defaults`: the sampling
-        defaults of its requests (the fields set; empty: none)."""
+        defaults of its requests (the fields set; empty: none). `generation_settings`: its own context,
+        chat template and parsers (`generation.deployment_settings`; the fields set)."""
         with self._database.transaction() as session:
             artifact = session.get(ModelArtifact, artifact_id)
             if artifact is None or artifact.account_id != account_id:
@@ -258,6 +315,9 @@ class DeploymentService:
                 base_artifact = self._artifact_of(session, base)
             elif base_deployment is not None:
                 raise adapters.not_an_adapter(artifact)
+        if base is not None:
+            _follows_base(generation_settings)
+        settings = self._settings(artifact, artifact.pipeline, None, generation_settings or {})
         if base is not None and base_artifact is not None:
             adapters.check_fits(self._artifact_dir(artifact), self._artifact_dir(base_artifact), artifact)
             choice = EngineChoice("vllm", f"served on the replicas of its base '{base.model}'")
@@ -296,6 +356,7 @@ class DeploymentService:
                     precision=precision,
                     base_deployment_id=base.id if base is not None else None,
                     generation_defaults=generation_defaults or None,
+                    generation_settings=settings,
                 )
                 session.add(deployment)
                 session.flush()
@@ -365,13 +426,24 @@ class DeploymentService:
         max_replicas: int | None,
         engine: str | None = None,
         generation_defaults: dict[str, int | float] | None = None,
+        generation_settings: Mapping[str, Any] | None = None,
     ) -> Deployment:
         """With `engine` (even the same one): the engine is chosen again, so `auto` sees a vLLM installed
         since; the runtime reloads a loaded deployment whose engine in use changed (`runtime.apply`).
-        `generation_defaults` given replaces the set (empty: none); its next requests carry it."""
-        choice = None
-        if engine is not None:
-            choice = self._choose_engine(engine, self._artifact_of_deployment(account_id, deployment_id))
+        `generation_defaults` given replaces the set (empty: none); its next requests carry it. Each field
+        of `generation_settings` given replaces that setting (None: unset); the runtime reloads the
+        deployment's replicas with them."""
+        choice = settings = None
+        if engine is not None or generation_settings:
+            artifact = self._artifact_of_deployment(account_id, deployment_id)
+            if engine is not None:
+                choice = self._choose_engine(engine, artifact)
+            if generation_settings:
+                current = self.get(account_id, deployment_id)
+                if current.base_deployment_id is not None:
+                    _follows_base(generation_settings)
+                stored = current.generation_settings
+                settings = self._settings(artifact, current.pipeline, stored, generation_settings)
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None or deployment.account_id != account_id:
@@ -399,6 +471,8 @@ class DeploymentService:
             deployment.min_replicas, deployment.max_replicas = new_min, new_max
             if generation_defaults is not None:
                 deployment.generation_defaults = generation_defaults or None
+            if generation_settings:
+                deployment.generation_settings = settings
             if engine is not None and choice is not None:
                 attached = adapters.attached(session, deployment.id)
                 if attached and choice.engine != "vllm":

@@ -160,6 +160,10 @@ class Deployment(Base):
     generation_defaults: Mapped[dict[str, int | float] | None] = mapped_column(
         JSON(none_as_null=True), nullable=True
     )
+    # Its generation settings (`generation.deployment_settings`: max_model_len, chat_template,
+    # chat_template_kwargs, tool_parser, reasoning_parser), the fields set; None: none. Its replicas load
+    # with them
+    generation_settings: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

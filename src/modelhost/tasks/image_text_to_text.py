@@ -17,5 +17,6 @@ class ImageTextToText(TextGeneration):
         model = loader.load_auto(model_dir, device, "AutoModelForImageTextToText")
         processor = loader.load_processor(model_dir)
         state = chat_model(model, processor.tokenizer, device, generation_defaults(model_dir))
+        state.settings.use_template(processor)  # the deployment's chat template, where it sets one
         state.processor = processor
         return state

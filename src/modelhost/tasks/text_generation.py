@@ -3,7 +3,8 @@
 Unlike the batch handlers, this one streams: the worker feeds requests into the continuous-batching
 engine between decoding steps and sends every step's events back (see `runtime.worker`). A request
 arrives with the gateway's already validated fields; here it becomes a prompt (the artifact's own chat
-template for chat), a token budget checked against the model's context, and an optional grammar.
+template for chat, or the deployment's: `generation.deployment_settings`), a token budget checked
+against the model's context (or the deployment's `max_model_len`), and an optional grammar.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
+from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family, detect_family
 from modelhost.generation.requests import (
     SpecialTokens,
@@ -52,6 +54,8 @@ class ChatModel:
     ready: list[tuple[int, Event]] = field(default_factory=list)
     special: SpecialTokens = field(default_factory=SpecialTokens)  # how chats decode the family's markers
     opened: set[int] = field(default_factory=set)  # requests whose prompt opened the answer's reasoning
+    # the deployment's own settings it was loaded with (context, template, template arguments, parsers)
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
 
     @property
     def vocab_size(self) -> int:
@@ -158,23 +162,25 @@ class TextGeneration:
 
 
 def chat_model(model: Any, tokenizer: Any, device: str, defaults: dict[str, Any]) -> ChatModel:
-    """The engine over a loaded model, with what the handler needs of its tokenizer, and the model's
-    sampling defaults."""
+    """The engine over a loaded model, with what the handler needs of its tokenizer, the model's
+    sampling defaults, and the deployment's settings (its context, template and parsers)."""
     text = functools.lru_cache(maxsize=65536)(lambda token: tokenizer.decode([token]))
     settings = get_settings()  # the replica's environment: the server's
+    own = GenerationSettings.from_environment()
+    own.use_template(tokenizer)
     engine = GenerationEngine(
         model,
         tokenizer,
         device,
         MAX_RUNNING_SEQUENCES,
-        _context_length(model, tokenizer),
+        own.context(_context_length(model, tokenizer)),
         text,
         cache_bytes=settings.kv_cache_mb << 20 if settings.kv_cache_mb else None,
         prefill_chunk=settings.prefill_chunk_tokens,
         cuda_graphs=settings.cuda_graphs,
     )
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-    family = detect_family(template, tokenizer.get_added_vocab())
+    family = own.family(detect_family(template, tokenizer.get_added_vocab()))
     return ChatModel(
         engine,
         tokenizer,
@@ -182,6 +188,7 @@ def chat_model(model: Any, tokenizer: Any, device: str, defaults: dict[str, Any]
         fim=fim_tokens(tokenizer),
         generation_defaults=defaults,
         special=special_tokens(tokenizer, family, template),
+        settings=own,
     )
 
 

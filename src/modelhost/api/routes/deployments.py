@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Path
 from starlette.concurrency import run_in_threadpool
@@ -12,7 +13,13 @@ from modelhost.api.errors import error_responses
 from modelhost.container import Services
 from modelhost.errors import CapacityConflict, InvalidRequest, ModelhostError
 from modelhost.protocol.common import Deleted, ListOf
-from modelhost.protocol.management import Deployment, DeploymentCreate, DeploymentPatch, GenerationDefaults
+from modelhost.protocol.management import (
+    Deployment,
+    DeploymentCreate,
+    DeploymentPatch,
+    GenerationDefaults,
+    GenerationSettingsFields,
+)
 from modelhost.runtime.spec import LiveStatus
 from modelhost.store import models as rows
 
@@ -47,6 +54,7 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
         base_deployment=deployment.base_deployment_id,
         shared=deployment.shared,
         generation_defaults=deployment.generation_defaults or {},
+        **_settings_shown(deployment.generation_settings),
         created_at=deployment.created_at,
         updated_at=deployment.updated_at,
     )
@@ -78,6 +86,7 @@ async def create_deployment(
         body.precision,
         body.base_deployment,
         _set_fields(body.generation_defaults),
+        _settings_given(body),
     )
     try:
         # warm and hot start loading now; an adapter's base reloads with LoRA on if it had none
@@ -130,9 +139,11 @@ async def get_deployment(
 
 @router.patch(
     "/{deployment_id}",
-    summary="Change readiness, replica bounds or engine",
+    summary="Change readiness, replica bounds, engine or generation settings",
     responses=error_responses(404, 409),
-    description="409 `insufficient_capacity`: made hot (or given more replicas while hot) where it cannot "
+    description="New generation settings (`max_model_len`, `chat_template`, `chat_template_kwargs`, "
+    "`tool_parser`, `reasoning_parser`) reload the deployment's replicas once their requests in flight "
+    "have finished. 409 `insufficient_capacity`: made hot (or given more replicas while hot) where it cannot "
     "fit in the memory budget beside the other hot deployments; its readiness and replica bounds stay as "
     "they were. 409 `base_in_use`: an engine other than vLLM for a base with adapters attached. 400 "
     "`adapter_follows_base`: readiness, replicas or engine of an adapter deployment (they are its base's).",
@@ -154,6 +165,7 @@ async def update_deployment(
         body.max_replicas,
         body.engine,
         _set_fields(body.generation_defaults),
+        _settings_given(body),
     )
     try:
         await services.runtime.apply(deployment.id)  # takes effect without a restart
@@ -165,6 +177,7 @@ async def update_deployment(
             before.readiness,
             before.min_replicas,
             before.max_replicas,
+            generation_settings=_settings_shown(before.generation_settings),
         )
         raise
     return await present(deployment, services)
@@ -181,6 +194,21 @@ async def delete_deployment(
 ) -> Deleted:
     await remove_deployment(account_id_of(principal), deployment_id, services)
     return Deleted(id=deployment_id, object="deployment.deleted")
+
+
+SETTINGS_FIELDS = tuple(GenerationSettingsFields.model_fields)
+
+
+def _settings_given(body: GenerationSettingsFields) -> dict[str, Any]:
+    """The generation settings the body gives (a PATCH's `null` included: back to unset)."""
+    return {name: getattr(body, name) for name in SETTINGS_FIELDS if name in body.model_fields_set}
+
+
+def _settings_shown(stored: dict[str, Any] | None) -> dict[str, Any]:
+    """Every generation setting as the deployment object shows it (unset: null, `{}` for the kwargs)."""
+    shown: dict[str, Any] = {name: (stored or {}).get(name) for name in SETTINGS_FIELDS}
+    shown["chat_template_kwargs"] = shown["chat_template_kwargs"] or {}
+    return shown
 
 
 def _set_fields(defaults: GenerationDefaults | None) -> dict[str, int | float] | None:

@@ -7,6 +7,25 @@ import { field, h, message, replace } from "./dom.js";
 export const READINESS = ["cold", "warm", "hot"];
 export const ENGINES = ["auto", "vllm", "onnxruntime", "openvino", "transformers"];
 const BASE_TASKS = ["text-generation", "image-text-to-text"]; // the tasks whose deployments serve adapters
+export const GENERATION_TASKS = BASE_TASKS; // the tasks with generation settings (docs/generation.md)
+
+// A generation deployment's context length and chat template, as inputs (empty: the artifact's own).
+export function settingsInputs(id, d = {}) {
+  const maxModelLen = h("input", { type: "number", id: id("max-model-len"), min: "16", placeholder: "the model's", value: d.max_model_len ? String(d.max_model_len) : "" });
+  const chatTemplate = h("textarea", { id: id("chat-template"), rows: "3", placeholder: "the artifact's chat template (Jinja)" });
+  chatTemplate.value = d.chat_template || "";
+  return { maxModelLen, chatTemplate, fields: [field("Max model length", maxModelLen), field("Chat template", chatTemplate)] };
+}
+
+// The settings as the API takes them: every one whose input differs from `d` (empty: null, unset).
+export function settingsBody({ maxModelLen, chatTemplate }, d = {}) {
+  const body = {};
+  const length = maxModelLen.value ? Number(maxModelLen.value) : null;
+  if (length !== (d.max_model_len ?? null)) body.max_model_len = length;
+  const template = chatTemplate.value || null;
+  if (template !== (d.chat_template ?? null)) body.chat_template = template;
+  return body;
+}
 
 export function select(options, value, id) {
   return h("select", { id }, options.map(([v, label]) => h("option", { value: v, selected: v === value }, label)));
@@ -49,14 +68,16 @@ export function deployForm({ artifacts = [], fixed = null, deployments = [], pre
   const min = h("input", { type: "number", id: id("min"), value: "1", min: "0", max: "64" });
   const max = h("input", { type: "number", id: id("max"), value: "1", min: "1", max: "64" });
   const engine = select(ENGINES.map((e) => [e, e]), "auto", id("engine"));
+  const settings = settingsInputs(id);
   // a select of the bases listed, and a typed ID or name for any other (a base the operator shares)
   const base = h("select", { id: id("base") });
   const typed = h("input", { type: "text", id: id("base-name"), placeholder: "deployment ID or model name" });
   const modelFields = [field("Readiness", readiness), field("Min replicas", min), field("Max replicas", max), field("Engine", engine)];
+  const generationFields = settings.fields;
   const baseField = field("Base deployment", base);
   const typedField = field("Base ID or model name", typed);
   const form = h("form", { class: "row", id: id("form") }, field("Model ID", model),
-    fixed ? null : field("Ready artifact", artifact), baseField, typedField, modelFields, h("button", { type: "submit" }, "Deploy"));
+    fixed ? null : field("Ready artifact", artifact), baseField, typedField, modelFields, generationFields, h("button", { type: "submit" }, "Deploy"));
   const chosen = () => fixed || artifacts.find((a) => a.id === artifact.value) || null;
   let listed = null;
   let other = false; // the user chose to type the base
@@ -67,6 +88,8 @@ export function deployForm({ artifacts = [], fixed = null, deployments = [], pre
     baseField.hidden = !adapter;
     typedField.hidden = !adapter || base.value !== "";
     for (const f of modelFields) f.hidden = adapter;
+    const generation = !adapter && GENERATION_TASKS.includes((chosen() || {}).pipeline);
+    for (const f of generationFields) f.hidden = !generation;
   }
 
   function setBases(deployments) {
@@ -92,6 +115,7 @@ export function deployForm({ artifacts = [], fixed = null, deployments = [], pre
       if (!body.base_deployment) return message(status, "Name the base deployment the adapter is served on.");
     } else {
       Object.assign(body, { readiness: readiness.value, min_replicas: Number(min.value), max_replicas: Number(max.value), engine: engine.value });
+      if (GENERATION_TASKS.includes(a.pipeline)) Object.assign(body, settingsBody(settings));
     }
     try {
       const created = await api("POST", "/v1/deployments", { body });

@@ -1,11 +1,19 @@
-// Deployments: create from a ready artifact (an adapter on its base), change readiness, replica bounds
-// and engine, delete; live state, the engine in use and per-deployment requests/s, latency and batch size
+// Deployments: create from a ready artifact (an adapter on its base), change readiness, replica bounds,
+// engine and a generation deployment's settings (context length, chat template), delete; live state, the engine in use and per-deployment requests/s, latency and batch size
 // from /metrics. Adapter deployments are listed under their base: they have no replicas of their own.
 import { api, request } from "../api.js";
 import { badge, confirmButton, field, h, message, replace } from "../dom.js";
-import { deployForm, ENGINES, READINESS, select } from "../deploy.js";
+import { deployForm, ENGINES, GENERATION_TASKS, READINESS, select, settingsBody, settingsInputs } from "../deploy.js";
 import { DeploymentRates, parseMetrics } from "../metrics.js";
 import { plot } from "../plot.js";
+
+// A generation deployment's settings in one line: what is set, and `auto` for the parsers it leaves to
+// the replica's detection.
+function settingsText(d) {
+  const kwargs = Object.keys(d.chat_template_kwargs || {}).length ? ` · template arguments ${JSON.stringify(d.chat_template_kwargs)}` : "";
+  return `Context: ${d.max_model_len ?? "the model's"} · chat template: ${d.chat_template ? `set (${d.chat_template.length} characters)` : "the artifact's"}` +
+    `${kwargs} · tool parser: ${d.tool_parser ?? "auto"} · reasoning parser: ${d.reasoning_parser ?? "auto"}`;
+}
 
 export async function render(main) {
   const status = h("p", { id: "deployments-status" });
@@ -29,11 +37,15 @@ export async function render(main) {
     const lo = h("input", { type: "number", value: String(d.min_replicas), min: "0", max: "64" });
     const hi = h("input", { type: "number", value: String(d.max_replicas), min: "1", max: "64" });
     const note = h("span");
+    const generation = GENERATION_TASKS.includes(d.pipeline);
+    const settings = generation ? settingsInputs((name) => `${d.id}-${name}`, d) : null;
+    const parsers = h("p", { class: "generation-settings muted" });
     const apply = h("button", { type: "button", class: "secondary" }, "Apply");
     apply.addEventListener("click", async () => {
       try {
         const body = { readiness: ready.value, min_replicas: Number(lo.value), max_replicas: Number(hi.value) };
         if (engine.value !== c.asked) body.engine = engine.value; // given, the engine is chosen again
+        if (settings) Object.assign(body, settingsBody(settings, c.current)); // changed: the replicas reload
         await api("PATCH", `/v1/deployments/${encodeURIComponent(d.id)}`, { body });
         message(note, "saved", "ok");
         await refresh();
@@ -45,11 +57,11 @@ export async function render(main) {
     const plots = { rps: h("div"), latency: h("div"), batch: h("div"), tokens: h("div", { class: "tokens" }) };
     const el = h("section", { class: "card deployment", dataset: { id: d.id, model: d.model } },
       h("h3", {}, d.model, " ", state), h("p", { class: "muted" }, `${d.pipeline} · ${d.id} · artifact ${d.artifact_id}`), reason,
-      h("p", {}, "Replicas loaded: ", replicas), h("p", {}, "Engine: ", inUse),
+      h("p", {}, "Replicas loaded: ", replicas), h("p", {}, "Engine: ", inUse), generation ? parsers : null,
       h("div", { class: "row" }, field("Readiness", ready), field("Min replicas", lo), field("Max replicas", hi), field("Engine", engine),
-        apply, remove, note),
+        settings ? settings.fields : null, apply, remove, note),
       h("div", { class: "plots" }, plots.rps, plots.latency, plots.batch, plots.tokens));
-    const c = { el, state, reason, replicas, inUse, asked: d.engine, plots };
+    const c = { el, state, reason, replicas, inUse, asked: d.engine, plots, parsers, current: d };
     return c;
   }
 
@@ -88,6 +100,8 @@ export async function render(main) {
       }
       c.inUse.textContent = d.engine_in_use + (d.engine_reason ? ` (${d.engine_reason})` : "");
       c.asked = d.engine;
+      c.current = d;
+      c.parsers.textContent = settingsText(d);
       c.replicas.textContent = `${d.replicas} (bounds ${d.min_replicas}–${d.max_replicas}), ${d.memory_gb.toFixed(3)} GB` +
         (d.last_cold_start_seconds ? `, last cold start ${d.last_cold_start_seconds.toFixed(1)} s` : "");
     }
