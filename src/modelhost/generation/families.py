@@ -8,7 +8,8 @@ tokens) and says so on each request's `started` event; a deployment may name oth
 (`tool_parser`, `reasoning_parser`). Standard library only: the gateway imports it without torch.
 
 Order matters: the first family whose markers all appear wins, so a family whose markup contains
-another's (Qwen3-Coder's `<function=` inside `<tool_call>`) comes before it.
+another's (Qwen3-Coder's `<function=` inside `<tool_call>`; GLM-4.5's template, which also has `<think>`
+and `enable_thinking`, as Qwen3's) comes before it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "gpt_oss", ("<|channel|>",), "harmony", "harmony", "reasoning_effort", "gpt-oss-20b, gpt-oss-120b"
     ),
+    Family("glm45", ("<arg_key>",), "glm45", "glm45", "enable_thinking", "GLM-4.5, GLM-4.6"),
     Family("qwen3_coder", ("<tool_call>", "<function="), "qwen3_xml", None, None, "Qwen3-Coder"),
     Family(
         "qwen3", ("<tool_call>", "<think>", "enable_thinking"), "hermes", "qwen3", "enable_thinking", "Qwen3"
@@ -57,7 +59,6 @@ FAMILIES: tuple[Family, ...] = (
         "DeepSeek-R1 and its distills",
     ),
     Family("deepseek_v3", ("<｜tool▁calls▁begin｜>",), "deepseek_v3", None, None, "DeepSeek-V3"),
-    Family("glm45", ("<arg_key>",), "glm45", "glm45", "enable_thinking", "GLM-4.5, GLM-4.6"),
     Family("kimi_k2", ("<|tool_calls_section_begin|>",), "kimi_k2", None, None, "Kimi K2"),
     Family("granite", ("<|start_of_role|>",), "granite", "granite", "thinking", "Granite 3.x"),
     Family("phi4_mini", ("<|tool|>", "functools"), "phi4_mini", None, None, "Phi-4-mini"),
