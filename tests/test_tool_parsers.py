@@ -261,6 +261,14 @@ def test_a_qwen3_template_is_qwen3_with_its_thinking_switch() -> None:
     assert family.thinking_switch == "enable_thinking"
 
 
+def test_a_glm45_template_is_glm45_though_it_has_qwen3s_markers_too() -> None:
+    template = (
+        "{{- '<tool_call>{function-name}\\n<arg_key>{arg-key-1}</arg_key>' }}"
+        "{%- if enable_thinking is defined and not enable_thinking %}{{- '<think></think>' }}{%- endif %}"
+    )
+    assert detect_family(template).name == "glm45"
+
+
 def test_a_marker_among_the_added_tokens_counts_as_in_the_template() -> None:
     assert detect_family("{{ messages }}", {"<|channel|>": 200005}).name == "gpt_oss"
 
