@@ -191,6 +191,23 @@ MODELS: tuple[FamilyModel, ...] = (
         ),
     ),
     FamilyModel(
+        "qwq",
+        "Qwen2ForCausalLM",
+        transformers.Qwen2Config,
+        templates.QWQ,
+        ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        _QWEN_TOKENS,
+        ("<|im_end|>", "<|endoftext|>"),
+        (
+            weather(
+                f"{WEATHER_REASONING}\n</think>\n\n<tool_call>\n{_WEATHER_JSON}\n</tool_call><|im_end|>",
+                WEATHER_REASONING,
+            ),
+            greeting(f"{GREETING_REASONING}\n</think>\n\nHello!<|im_end|>", GREETING_REASONING),
+        ),
+        detected="qwen_think",  # QwQ's template has no switch: it always thinks
+    ),
+    FamilyModel(
         "deepseek_r1",
         "Qwen2ForCausalLM",  # DeepSeek-R1-Distill-Qwen: Qwen2.5's architecture, R1's template and tokens
         transformers.Qwen2Config,
@@ -213,6 +230,30 @@ MODELS: tuple[FamilyModel, ...] = (
         _DEEPSEEK_MARKUP,
         ("<｜end▁of▁sentence｜>",),
         (weather(_DEEPSEEK_CALL), greeting("Hello!<｜end▁of▁sentence｜>")),
+        bos="<｜begin▁of▁sentence｜>",
+        config_args=_DEEPSEEK_V3_SHAPE,
+    ),
+    FamilyModel(
+        "deepseek_v31",
+        "DeepseekV3ForCausalLM",
+        transformers.DeepseekV3Config,
+        templates.DEEPSEEK_V31,
+        _DEEPSEEK_SPECIALS,
+        ("<think>", "</think>", *_DEEPSEEK_MARKUP),
+        ("<｜end▁of▁sentence｜>",),
+        (
+            weather(
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+                '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'
+            ),
+            greeting("Hello!<｜end▁of▁sentence｜>"),
+            greeting(
+                f"{GREETING_REASONING}</think>Hello!<｜end▁of▁sentence｜>",
+                GREETING_REASONING,
+                name="greeting_thinking",
+                thinking=True,
+            ),
+        ),
         bos="<｜begin▁of▁sentence｜>",
         config_args=_DEEPSEEK_V3_SHAPE,
     ),
@@ -329,6 +370,29 @@ MODELS: tuple[FamilyModel, ...] = (
         (weather(f"[TOOL_CALLS] [{_WEATHER_JSON}]</s>"), greeting("Hello!</s>")),
         bos="<s>",
         pad="<unk>",
+    ),
+    FamilyModel(
+        "mistral_v11",
+        "MistralForCausalLM",
+        transformers.MistralConfig,
+        templates.MISTRAL_V11,
+        (
+            "<unk>",
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[SYSTEM_PROMPT]",
+            "[/SYSTEM_PROMPT]",
+        ),
+        ("[TOOL_CALLS]", "[ARGS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
+        ("</s>",),
+        (weather('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>'), greeting("Hello!</s>")),
+        bos="<s>",
+        pad="<unk>",
+        detected="mistral",  # one family, one parser for both tokenizer generations
     ),
     FamilyModel(
         "glm45",

@@ -494,3 +494,90 @@ GEMMA3 = r"""
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}
 """
+
+# QwQ (and Hermes 4's thinking templates): Qwen2.5's ChatML and hermes calls; the generation prompt opens
+# the thought (`<think>\n`), which cannot be switched off. Earlier answers lose their reasoning.
+QWQ = r"""
+{%- if tools -%}
+    {{- '<|im_start|>system\n' -}}
+    {%- if messages[0].role == 'system' -%}{{- messages[0].content + '\n\n' -}}{%- endif -%}
+    {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>' -}}
+    {%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+    {{- '\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' -}}
+{%- elif messages[0].role == 'system' -%}
+    {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+    {%- if message.role == 'user' or (message.role == 'system' and not loop.first) -%}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}
+    {%- elif message.role == 'assistant' -%}
+        {%- set content = (message.content or '').split('</think>')[-1].lstrip('\n') -%}
+        {{- '<|im_start|>assistant\n' + content -}}
+        {%- for call in message.tool_calls or [] -%}
+            {{- ('\n' if content or not loop.first else '') + '<tool_call>\n{"name": "' + call.function.name + '", "arguments": ' + (call.function.arguments | tojson) + '}\n</tool_call>' -}}
+        {%- endfor -%}
+        {{- '<|im_end|>\n' -}}
+    {%- elif message.role == 'tool' -%}
+        {{- '<|im_start|>user\n<tool_response>\n' + message.content + '\n</tool_response><|im_end|>\n' -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n<think>\n' -}}{%- endif -%}
+"""
+
+# DeepSeek-V3.1: R1's turns, tools listed by name with their parameters' schema, calls as NAME<｜tool▁sep｜>
+# JSON (no `function` type, no code fence); `thinking` opens the thought in the prompt, else it is closed.
+DEEPSEEK_V31 = (
+    _DEEPSEEK_SYSTEM
+    + r"""
+{%- if tools -%}
+    {{- '\n\n## Tools\nYou have access to the following tools:\n' -}}
+    {%- for tool in tools -%}
+        {{- '\n### ' + tool.function.name + '\nDescription: ' + (tool.function.description or '') + '\n\nParameters: ' + (tool.function.parameters | tojson) + '\n' -}}
+    {%- endfor -%}
+    {{- '\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>{{additional_tool_calls}}<｜tool▁calls▁end｜>' -}}
+{%- endif -%}
+{%- for message in messages -%}
+    {%- if message.role == 'user' -%}
+        {{- '<｜User｜>' + message.content -}}
+    {%- elif message.role == 'assistant' -%}
+        {{- '<｜Assistant｜></think>' + (message.content or '').split('</think>')[-1] -}}
+        {%- if message.tool_calls -%}
+            {{- '<｜tool▁calls▁begin｜>' -}}
+            {%- for call in message.tool_calls -%}
+                {{- '<｜tool▁call▁begin｜>' + call.function.name + '<｜tool▁sep｜>' + (call.function.arguments | tojson) + '<｜tool▁call▁end｜>' -}}
+            {%- endfor -%}
+            {{- '<｜tool▁calls▁end｜>' -}}
+        {%- endif -%}
+        {{- '<｜end▁of▁sentence｜>' -}}
+    {%- elif message.role == 'tool' -%}
+        {{- '<｜tool▁output▁begin｜>' + message.content + '<｜tool▁output▁end｜>' -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<｜Assistant｜>' + ('<think>' if thinking is defined and thinking else '</think>') -}}
+{%- endif -%}
+"""
+)
+
+# Mistral with the newer (v11+) tokenizer (Mistral Small 3.2, Magistral, Devstral): a [SYSTEM_PROMPT]
+# turn, and each call written as [TOOL_CALLS]NAME[ARGS]JSON.
+MISTRAL_V11 = r"""
+{{- bos_token -}}
+{%- if messages[0].role == 'system' -%}{{- '[SYSTEM_PROMPT]' + messages[0].content + '[/SYSTEM_PROMPT]' -}}{%- endif -%}
+{%- set ns = namespace(last_user=-1) -%}
+{%- for message in messages -%}{%- if message.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
+{%- for message in messages -%}
+    {%- if message.role == 'user' -%}
+        {%- if tools and loop.index0 == ns.last_user -%}{{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' -}}{%- endif -%}
+        {{- '[INST]' + message.content + '[/INST]' -}}
+    {%- elif message.role == 'assistant' -%}
+        {{- message.content or '' -}}
+        {%- for call in message.tool_calls or [] -%}
+            {{- '[TOOL_CALLS]' + call.function.name + '[ARGS]' + (call.function.arguments | tojson) -}}
+        {%- endfor -%}
+        {{- eos_token -}}
+    {%- elif message.role == 'tool' -%}
+        {{- '[TOOL_RESULTS]' + message.content + '[/TOOL_RESULTS]' -}}
+    {%- endif -%}
+{%- endfor -%}
+"""
