@@ -5,10 +5,11 @@ an answer, a tool call, or both.
 
 Random weights never show a family's format; these do, so the whole path (template → engine → tokens →
 parsers → OpenAI JSON and stream) runs on real model output. Each model learns its `Conversation`s by
-heart: a few hundred Adam steps on the rendered prompts, the loss on the answer tokens only, until the
-greedy answer of every prompt is its target with a margin (so that vLLM's kernels, whose sums differ from
-torch's in the last bits, answer the same). The build fails rather than save a model that answers
-otherwise, and fails if `detect_family` does not recognise the template as its family.
+heart: Adam on the rendered prompts (tens of steps to a few hundred, a second or two), the loss on the
+answer tokens only, until the greedy answer of every prompt is its target with a margin (so that
+vLLM's kernels, whose sums differ from torch's in the last bits, answer the same). The build fails
+rather than save a model that answers otherwise, and fails if `detect_family` does not recognise the
+template as its family.
 
 Tokenizers are byte-level BPEs learnt from the family's own rendered conversations (short prompts make
 training fast); the tokens of the markup are added tokens, special (skipped when decoding) or not as in
@@ -95,8 +96,8 @@ def greeting(
 
 @dataclass(frozen=True)
 class FamilyModel:
-    """One family's model: its architecture (`config` class and `model` class of transformers), the
-    template, the tokens (`specials`: skipped in decoded text; `markup`: kept), the turn's end tokens
+    """One family's model: its architecture (the transformers model class's name, and its config class),
+    the template, the tokens (`specials`: skipped in decoded text; `markup`: kept), the turn's end tokens
     (`eos`: the first is the tokenizer's) and the conversations it learns."""
 
     family: str
@@ -132,13 +133,17 @@ _DEEPSEEK_CALL = (
     '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'
 )
 _DEEPSEEK_V3_SHAPE = {
-    "head_dim": 32,  # its rotary part
-    "num_key_value_heads": 2,  # latent attention: keys and values per head
+    # latent attention, keys and values as wide as each other (the engine's KV cache holds both at one
+    # width); vLLM's MLA takes only DeepSeek's own latent widths (320, 512, 576), and even at 576 its CPU
+    # path answers otherwise than transformers: not served on vLLM here
+    "head_dim": 32,  # the rotary part
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
     "q_lora_rank": None,
     "kv_lora_rank": 32,
     "qk_nope_head_dim": 32,
     "qk_rope_head_dim": 32,
-    "v_head_dim": 64,  # as wide as a key: the engine's KV cache holds keys and values of one width
+    "v_head_dim": 64,
     "n_routed_experts": 2,
     "n_shared_experts": 1,
     "moe_intermediate_size": 64,
@@ -146,6 +151,8 @@ _DEEPSEEK_V3_SHAPE = {
     "num_experts_per_tok": 1,
     "n_group": 1,
     "topk_group": 1,
+    "topk_method": "noaux_tc",  # as DeepSeek-V3's config says: vLLM then loads the router's bias
+    "scoring_func": "sigmoid",
 }
 _GPT_OSS_CALL = (
     "<|channel|>analysis<|message|>" + WEATHER_REASONING + "<|end|><|start|>assistant<|channel|>commentary "
@@ -313,7 +320,16 @@ MODELS: tuple[FamilyModel, ...] = (
             "num_local_experts": 2,
             "num_experts_per_tok": 1,
             "sliding_window": CONTEXT,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 150000.0},
+            # gpt-oss's YaRN, its factor over a 64-token original context (vLLM's gpt-oss reads it)
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 150000.0,
+            },
         },
     ),
     FamilyModel(
@@ -486,25 +502,7 @@ def family_tokenizer(spec: FamilyModel) -> PreTrainedTokenizerFast:
     texts = [*SENTENCES]
     for conversation in spec.conversations:
         texts += [render(bootstrap, conversation), conversation.target]
-    bpe = train_byte_level_bpe_on(texts, spec.specials)
-    return _wrap(spec, bpe)
-
-
-def train_byte_level_bpe_on(texts: list[str], specials: tuple[str, ...]) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=list(specials),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return tokenizer
+    return _wrap(spec, train_byte_level_bpe(VOCAB_SIZE, spec.specials, texts))
 
 
 def _wrap(spec: FamilyModel, bpe: Any) -> PreTrainedTokenizerFast:
@@ -537,14 +535,15 @@ def render(tokenizer: PreTrainedTokenizerFast, conversation: Conversation) -> st
 
 
 def family_config(spec: FamilyModel, tokenizer: PreTrainedTokenizerFast) -> Any:
-    """Two layers of width 64 with two query heads of 64 over one key/value head."""
+    """Two layers of width 64 with one head of 64: a head as wide as the model, since vLLM's Qwen2 takes
+    the head's width from them (hidden / heads), not from `head_dim`."""
     eos = [tokenizer.convert_tokens_to_ids(token) for token in spec.eos]
     shape = {
         "vocab_size": len(tokenizer),
         "hidden_size": 64,
         "intermediate_size": 128,
         "num_hidden_layers": 2,
-        "num_attention_heads": 2,
+        "num_attention_heads": 1,
         "num_key_value_heads": 1,
         "head_dim": 64,
         "max_position_embeddings": CONTEXT,
