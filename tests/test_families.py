@@ -97,7 +97,7 @@ def _request(family: str, name: str) -> dict[str, Any]:
     conversation = OUTPUTS[family]["conversations"][name]
     request: dict[str, Any] = {
         "model": family,
-        "messages": conversation["messages"],
+        "messages": [_wire(message) for message in conversation["messages"]],
         "temperature": 0,
         "max_tokens": 64,
     }
@@ -106,6 +106,18 @@ def _request(family: str, name: str) -> dict[str, Any]:
     if conversation["chat_template_kwargs"]:
         request["extra_body"] = {"chat_template_kwargs": conversation["chat_template_kwargs"]}
     return request
+
+
+def _wire(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as the fixture has it (as the server gives it to the template) in OpenAI's form: a call's
+    arguments as JSON text, a tool's result without the tool's name (the server finds it)."""
+    if message["role"] == "tool":
+        return {key: value for key, value in message.items() if key != "name"}
+    calls = [
+        {**call, "function": {**call["function"], "arguments": json.dumps(call["function"]["arguments"])}}
+        for call in message.get("tool_calls", [])
+    ]
+    return {**message, "tool_calls": calls} if calls else message
 
 
 def _assert_the_call(family: str, name: str, calls: list[Any]) -> None:

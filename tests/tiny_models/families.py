@@ -57,6 +57,10 @@ WEATHER_TOOL: dict[str, Any] = {
 WEATHER_QUESTION = "What's the weather in Paris?"
 WEATHER_CALL = ("get_weather", {"city": "Paris"})
 WEATHER_REASONING = "The user wants the weather in Paris."
+WEATHER_RESULT = "sunny"
+WEATHER_ANSWER = "It is sunny in Paris."
+WEATHER_RESULT_REASONING = "The tool says sunny."
+CALL_ID = "functions.get_weather:0"  # Kimi K2's form of a call's ID; the other templates take any
 GREETING = "Say hi"
 GREETING_ANSWER = "Hello!"
 GREETING_REASONING = "The user greets me."
@@ -83,6 +87,25 @@ def weather(target: str, reasoning: str | None = None, **kwargs: Any) -> Convers
     messages = [{"role": "user", "content": WEATHER_QUESTION}]
     return Conversation(
         "weather", messages, target, [WEATHER_TOOL], kwargs, call=WEATHER_CALL, reasoning=reasoning
+    )
+
+
+def tool_result(target: str, reasoning: str | None = None, **kwargs: Any) -> Conversation:
+    """The tool loop's second turn: the call and its result in the conversation, the answer from it. The
+    messages as the server gives them to a template (arguments as an object, the result named after its
+    tool)."""
+    call = {"name": WEATHER_CALL[0], "arguments": WEATHER_CALL[1]}
+    messages = [
+        {"role": "user", "content": WEATHER_QUESTION},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": CALL_ID, "type": "function", "function": call}],
+        },
+        {"role": "tool", "content": WEATHER_RESULT, "tool_call_id": CALL_ID, "name": WEATHER_CALL[0]},
+    ]
+    return Conversation(
+        "tool_result", messages, target, [WEATHER_TOOL], kwargs, reasoning=reasoning, content=WEATHER_ANSWER
     )
 
 
@@ -177,6 +200,10 @@ MODELS: tuple[FamilyModel, ...] = (
                 f"<think>\n{WEATHER_REASONING}\n</think>\n\n<tool_call>\n{_WEATHER_JSON}\n</tool_call><|im_end|>",
                 WEATHER_REASONING,
             ),
+            tool_result(
+                f"<think>\n{WEATHER_RESULT_REASONING}\n</think>\n\n{WEATHER_ANSWER}<|im_end|>",
+                WEATHER_RESULT_REASONING,
+            ),
             greeting(f"<think>\n{GREETING_REASONING}\n</think>\n\nHello!<|im_end|>", GREETING_REASONING),
             greeting("Hello!<|im_end|>", name="greeting_no_thinking", enable_thinking=False),
         ),
@@ -194,6 +221,7 @@ MODELS: tuple[FamilyModel, ...] = (
                 "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
                 "</tool_call><|im_end|>"
             ),
+            tool_result(f"{WEATHER_ANSWER}<|im_end|>"),
             greeting("Hello!<|im_end|>"),
         ),
     ),
@@ -210,6 +238,10 @@ MODELS: tuple[FamilyModel, ...] = (
                 f"{WEATHER_REASONING}\n</think>\n\n<tool_call>\n{_WEATHER_JSON}\n</tool_call><|im_end|>",
                 WEATHER_REASONING,
             ),
+            tool_result(
+                f"{WEATHER_RESULT_REASONING}\n</think>\n\n{WEATHER_ANSWER}<|im_end|>",
+                WEATHER_RESULT_REASONING,
+            ),
             greeting(f"{GREETING_REASONING}\n</think>\n\nHello!<|im_end|>", GREETING_REASONING),
         ),
         detected="qwen_think",  # QwQ's template has no switch: it always thinks
@@ -224,6 +256,10 @@ MODELS: tuple[FamilyModel, ...] = (
         ("<｜end▁of▁sentence｜>",),
         (
             weather(f"{WEATHER_REASONING}\n</think>\n\n{_DEEPSEEK_CALL}", WEATHER_REASONING),
+            tool_result(
+                f"{WEATHER_RESULT_REASONING}\n</think>\n\n{WEATHER_ANSWER}<｜end▁of▁sentence｜>",
+                WEATHER_RESULT_REASONING,
+            ),
             greeting(f"{GREETING_REASONING}\n</think>\n\nHello!<｜end▁of▁sentence｜>", GREETING_REASONING),
         ),
         bos="<｜begin▁of▁sentence｜>",
@@ -236,7 +272,11 @@ MODELS: tuple[FamilyModel, ...] = (
         _DEEPSEEK_SPECIALS,
         _DEEPSEEK_MARKUP,
         ("<｜end▁of▁sentence｜>",),
-        (weather(_DEEPSEEK_CALL), greeting("Hello!<｜end▁of▁sentence｜>")),
+        (
+            weather(_DEEPSEEK_CALL),
+            tool_result(f"{WEATHER_ANSWER}<｜end▁of▁sentence｜>"),
+            greeting("Hello!<｜end▁of▁sentence｜>"),
+        ),
         bos="<｜begin▁of▁sentence｜>",
         config_args=_DEEPSEEK_V3_SHAPE,
     ),
@@ -253,6 +293,7 @@ MODELS: tuple[FamilyModel, ...] = (
                 "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
                 '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'
             ),
+            tool_result(f"{WEATHER_ANSWER}<｜end▁of▁sentence｜>"),
             greeting("Hello!<｜end▁of▁sentence｜>"),
             greeting(
                 f"{GREETING_REASONING}</think>Hello!<｜end▁of▁sentence｜>",
@@ -284,6 +325,7 @@ MODELS: tuple[FamilyModel, ...] = (
                 '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'
                 "<|im_end|>"
             ),
+            tool_result(f"{WEATHER_ANSWER}<|im_end|>"),
             greeting("Hello!<|im_end|>"),
         ),
         config_args=_DEEPSEEK_V3_SHAPE,
@@ -308,6 +350,12 @@ MODELS: tuple[FamilyModel, ...] = (
         ("<|return|>", "<|call|>", "<|endoftext|>"),
         (
             weather(_GPT_OSS_CALL, WEATHER_REASONING),
+            tool_result(
+                f"<|channel|>analysis<|message|>{WEATHER_RESULT_REASONING}<|end|>"
+                "<|start|>assistant<|channel|>final<|message|>"
+                f"{WEATHER_ANSWER}<|return|>",
+                WEATHER_RESULT_REASONING,
+            ),
             greeting(_GPT_OSS_ANSWER, GREETING_REASONING),
             greeting(
                 _GPT_OSS_ANSWER.replace(GREETING_REASONING, "Greet."),
@@ -350,6 +398,7 @@ MODELS: tuple[FamilyModel, ...] = (
         ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
         (
             weather('{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>'),
+            tool_result(f"{WEATHER_ANSWER}<|eot_id|>"),
             greeting("Hello!<|eot_id|>"),
         ),
         bos="<|begin_of_text|>",
@@ -363,7 +412,11 @@ MODELS: tuple[FamilyModel, ...] = (
         ("<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>"),
         (),
         ("<|eot|>", "<|eom|>", "<|end_of_text|>"),
-        (weather('[get_weather(city="Paris")]<|eot|>'), greeting("Hello!<|eot|>")),
+        (
+            weather('[get_weather(city="Paris")]<|eot|>'),
+            tool_result(f"{WEATHER_ANSWER}<|eot|>"),
+            greeting("Hello!<|eot|>"),
+        ),
         bos="<|begin_of_text|>",
         pad="<|end_of_text|>",
         config_args={
@@ -383,7 +436,11 @@ MODELS: tuple[FamilyModel, ...] = (
         # reads text (vLLM's turns `skip_special_tokens` off for it)
         ("[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
         ("</s>",),
-        (weather(f"[TOOL_CALLS] [{_WEATHER_JSON}]</s>"), greeting("Hello!</s>")),
+        (
+            weather(f"[TOOL_CALLS] [{_WEATHER_JSON}]</s>"),
+            tool_result(f"{WEATHER_ANSWER}</s>"),
+            greeting("Hello!</s>"),
+        ),
         bos="<s>",
         pad="<unk>",
     ),
@@ -405,7 +462,11 @@ MODELS: tuple[FamilyModel, ...] = (
         ),
         ("[TOOL_CALLS]", "[ARGS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
         ("</s>",),
-        (weather('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>'), greeting("Hello!</s>")),
+        (
+            weather('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}</s>'),
+            tool_result(f"{WEATHER_ANSWER}</s>"),
+            greeting("Hello!</s>"),
+        ),
         bos="<s>",
         pad="<unk>",
         detected="mistral",  # one family, one parser for both tokenizer generations
@@ -423,6 +484,10 @@ MODELS: tuple[FamilyModel, ...] = (
                 f"\n<think>{WEATHER_REASONING}</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
                 "<arg_value>Paris</arg_value>\n</tool_call><|observation|>",
                 WEATHER_REASONING,
+            ),
+            tool_result(
+                f"\n<think>{WEATHER_RESULT_REASONING}</think>\n{WEATHER_ANSWER}<|user|>",
+                WEATHER_RESULT_REASONING,
             ),
             greeting(f"\n<think>{GREETING_REASONING}</think>\nHello!<|user|>", GREETING_REASONING),
             greeting("\nHello!<|user|>", name="greeting_no_thinking", enable_thinking=False),
@@ -447,6 +512,7 @@ MODELS: tuple[FamilyModel, ...] = (
         ("<|end_of_text|>",),
         (
             weather(f"<|tool_call|>[{_WEATHER_JSON}]<|end_of_text|>"),
+            tool_result(f"{WEATHER_ANSWER}<|end_of_text|>"),
             greeting("Hello!<|end_of_text|>"),
             greeting(
                 f"Here is my thought process:\n{GREETING_REASONING}\n\n"
@@ -465,7 +531,11 @@ MODELS: tuple[FamilyModel, ...] = (
         ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>"),
         (),
         ("<|end|>", "<|endoftext|>"),
-        (weather(f"functools[{_WEATHER_JSON}]<|end|>"), greeting("Hello!<|end|>")),
+        (
+            weather(f"functools[{_WEATHER_JSON}]<|end|>"),
+            tool_result(f"{WEATHER_ANSWER}<|end|>"),
+            greeting("Hello!<|end|>"),
+        ),
     ),
     FamilyModel(
         "gemma3",
@@ -477,6 +547,7 @@ MODELS: tuple[FamilyModel, ...] = (
         ("<end_of_turn>", "<eos>"),
         (
             weather(f"<tool_call>\n{_WEATHER_JSON}\n</tool_call><end_of_turn>"),
+            tool_result(f"{WEATHER_ANSWER}<end_of_turn>"),
             greeting("Hello!<end_of_turn>"),
         ),
         bos="<bos>",
