@@ -58,6 +58,11 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
     ("t22_text2text", "", "translation"),
     ("t23_translation", "", "translation"),
 ]
+# The trained model of each model family (tests/tiny_models/families.py), in `<out>/t24_families/<family>`,
+# and what each answers in `<out>/t24_families/outputs.json` (tests/data/family_outputs.json is a copy).
+# Apart from RECIPE_MODELS, whose every entry tests/test_artifacts.py pushes: tests/test_families.py pushes
+# and serves each of them.
+FAMILIES_FOLDER = "t24_families"
 
 
 def build_recipes(out: Path) -> Path:
@@ -71,7 +76,7 @@ def build_recipes(out: Path) -> Path:
     from tests.tiny_models import BUILDERS
 
     torch.set_num_threads(1)
-    for folder in sorted({module for module, _, _ in RECIPE_MODELS}):
+    for folder in sorted({module for module, _, _ in RECIPE_MODELS} | {FAMILIES_FOLDER}):
         BUILDERS[folder](out / folder)
     return out
 

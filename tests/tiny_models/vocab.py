@@ -85,8 +85,11 @@ def bert_tokenizer(max_length: int) -> BertTokenizer:
 # ---------------------------------------------------------------- byte-level BPE
 
 
-def train_byte_level_bpe(vocab_size: int, specials: Sequence[str]) -> Tokenizer:
-    """GPT-2 / Qwen2-style byte-level BPE learnt from `SENTENCES`; the specials take the first IDs.
+def train_byte_level_bpe(
+    vocab_size: int, specials: Sequence[str], texts: Iterable[str] = SENTENCES
+) -> Tokenizer:
+    """GPT-2 / Qwen2-style byte-level BPE learnt from `texts` (`SENTENCES` unless told); the specials take
+    the first IDs.
 
     The whole byte alphabet is seeded into the vocabulary, so merges only add whole-word pieces and every
     string round-trips. Offsets are kept untrimmed, as GPT-2's own tokenizer does.
@@ -101,7 +104,7 @@ def train_byte_level_bpe(vocab_size: int, specials: Sequence[str]) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(SENTENCES, trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 
 

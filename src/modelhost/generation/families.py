@@ -8,7 +8,8 @@ tokens) and says so on each request's `started` event; a deployment may name oth
 (`tool_parser`, `reasoning_parser`). Standard library only: the gateway imports it without torch.
 
 Order matters: the first family whose markers all appear wins, so a family whose markup contains
-another's (Qwen3-Coder's `<function=` inside `<tool_call>`) comes before it.
+another's (Qwen3-Coder's `<function=` inside `<tool_call>`; GLM-4.5's template, which also has `<think>`
+and `enable_thinking`, as Qwen3's) comes before it.
 """
 
 from __future__ import annotations
