@@ -4,6 +4,7 @@ choice assembled from real engine-event sequences of a reasoning model (`generat
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -323,3 +324,47 @@ def test_a_chat_keeps_the_special_tokens_of_its_familys_markup_and_hides_the_oth
     llama3 = family_named("llama3")  # none of its markers is special here: the request decides
     assert llama3 is not None
     assert special_tokens(tokenizer, llama3, template).decoding({"messages": []}, True) == (True, None)
+
+
+# --- the trained family models' own outputs (tests/data/family_outputs.json) ---------------------------
+
+FAMILY_OUTPUTS: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "data" / "family_outputs.json").read_text()
+)
+
+
+def _family_conversations() -> list[Any]:
+    return [
+        pytest.param(family, name, id=f"{family}-{name}")
+        for family, output in FAMILY_OUTPUTS.items()
+        for name in output["conversations"]
+    ]
+
+
+@pytest.mark.parametrize(("family", "name"), _family_conversations())
+def test_each_family_models_output_is_split_by_its_parsers_fed_a_character_at_a_time(
+    family: str, name: str
+) -> None:
+    """What a trained family model really wrote (its end token off, as the engines stop before it),
+    fed to a chat choice one character per event as a stream would bring it: its reasoning, content and
+    call are what the model meant, with the family's parsers as the replica names them."""
+    output = FAMILY_OUTPUTS[family]
+    conversation = output["conversations"][name]
+    text = conversation["text"]
+    for end in output["end_tokens"]:
+        text = text.removesuffix(end)
+    tools = conversation["tools"] or []
+    choice = ChatChoice(0, "auto" if tools else "none", [t["function"]["name"] for t in tools])
+    choice.tool_schemas = {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools}
+    opened = prompt_opens(output["reasoning_parser"], conversation["prompt"][-64:])
+    started = {"started": True, "tool_format": output["tool_parser"], "reasoning_open": opened}
+    choice.feed({**started, "reasoning_format": output["reasoning_parser"]})
+    for count, character in enumerate(text, 1):
+        choice.feed({"text": character, "completion_tokens": count})
+    choice.feed({"text": "", "finish": "stop", "completion_tokens": len(text)})
+    message = choice.message()
+    assert (message.get("reasoning_content") or "").strip() == (conversation["reasoning"] or "")
+    assert (message["content"] or "").strip() == (conversation["content"] or "")
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice.calls]
+    expected = conversation["tool_call"]
+    assert calls == ([(expected["name"], expected["arguments"])] if expected else [])
