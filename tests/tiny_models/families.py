@@ -425,6 +425,8 @@ MODELS: tuple[FamilyModel, ...] = (
             "interleave_moe_layer_step": 1,
             "attention_chunk_size": CONTEXT,
         },
+        # its template is vLLM's pythonic one for Llama 4 (Meta's published one asks for JSON calls)
+        detected="pythonic",
     ),
     FamilyModel(
         "mistral",
