@@ -1,6 +1,7 @@
 """Every model family, end to end: a tiny model of each family (tests/tiny_models/families.py), trained to
 answer in its family's format, served on the transformers engine (and two of them on vLLM) and asked
-through the openai SDK, unchanged but its base URL, key and model.
+through the openai SDK, unchanged but its base URL, key and model; the tool loops of three agent
+frameworks (the OpenAI Agents SDK, LangChain, pydantic-ai) run on two of them, as unchanged.
 
 The whole path runs on the model's real output: its chat template, the engine's greedy tokens, the
 family's tool and reasoning parsers, OpenAI's JSON and stream. What each model answers, and what a client
@@ -23,6 +24,19 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
+from langchain_core.messages import AIMessageChunk
+from langchain_openai import ChatOpenAI
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
 
 from modelhost.generation.tool_parsers import PARSERS
 from tests.conftest import make_settings
@@ -30,7 +44,10 @@ from tests.helpers import ADMIN_KEY, bearer, deploy_folder_sync
 from tests.live import live_server
 from tests.recipes import FAMILIES_FOLDER
 from tests.server_process import ServerProcess
+from tests.test_clients import outside_lookups, stays_local  # noqa: F401 (nothing leaves this machine)
 from tests.vllm_setup import wait_for_vllm
+
+set_tracing_disabled(True)  # the Agents SDK would export traces to api.openai.com
 
 FIXTURE = Path(__file__).parent / "data" / "family_outputs.json"
 OUTPUTS: dict[str, Any] = json.loads(FIXTURE.read_text())
@@ -72,6 +89,9 @@ class Served:
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0, timeout=120)
 
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0, timeout=120)
+
 
 def _deploy_families(url: str, recipes: Path, families: Any, engine: str) -> Served:
     """An account with one warm deployment per family (named after it) on `engine`."""
@@ -85,7 +105,11 @@ def _deploy_families(url: str, recipes: Path, families: Any, engine: str) -> Ser
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[Served]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory,
+    recipes: Path,
+    outside_lookups: list[str],  # noqa: F811 (the imported fixture: before any client is made)
+) -> Iterator[Served]:
     """Every family on the transformers engine."""
     root = tmp_path_factory.mktemp("families")
     with live_server(make_settings(root, f"sqlite:///{root / 'db.sqlite'}", worker_threads=1)) as url:
@@ -110,9 +134,11 @@ def _request(family: str, name: str) -> dict[str, Any]:
 
 def _wire(message: dict[str, Any]) -> dict[str, Any]:
     """A message as the fixture has it (as the server gives it to the template) in OpenAI's form: a call's
-    arguments as JSON text, a tool's result without the tool's name (the server finds it)."""
+    arguments as JSON text, a tool's result without the tool's name and the call's reasoning without its
+    gpt-oss name `thinking` (the server adds both)."""
     if message["role"] == "tool":
         return {key: value for key, value in message.items() if key != "name"}
+    message = {key: value for key, value in message.items() if key != "thinking"}
     calls = [
         {**call, "function": {**call["function"], "arguments": json.dumps(call["function"]["arguments"])}}
         for call in message.get("tool_calls", [])
@@ -240,6 +266,77 @@ def test_a_families_plain_answer_is_the_content(served: Served, family: str, nam
     assert choice.finish_reason == "stop"
     assert (choice.message.content or "").strip() == OUTPUTS[family]["conversations"][name]["content"]
     assert not choice.message.tool_calls
+
+
+# ---------------------------------------------------------------- real clients' tool loops, unchanged
+# Each client declares `get_weather(city: str)` its own way and sends no system message: the models
+# learnt these exact prompts (the `agents_sdk_*` and `pydantic_ai_*` conversations; LangChain's
+# `bind_tools` sends an OpenAI tool dict as it is, the `weather` conversation's). Greedy, as each allows.
+
+
+def _loop(family: str, client: str) -> tuple[str, str, str]:
+    """A client's tool loop as the model learnt it: the question, the tool's result, the final answer."""
+    conversations = OUTPUTS[family]["conversations"]
+    question = conversations[f"{client}_weather"]["messages"][0]["content"]
+    result = conversations[f"{client}_tool_result"]
+    return question, result["messages"][-1]["content"], result["content"]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt_oss"])
+async def test_an_agents_sdk_agent_calls_its_tool_and_answers_from_the_result(
+    served: Served, family: str
+) -> None:
+    question, weather, answer = _loop(family, "agents_sdk")
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather for a city."""
+        cities.append(city)
+        return weather
+
+    agent = Agent(
+        name="weather",
+        tools=[get_weather],
+        model=OpenAIChatCompletionsModel(model=family, openai_client=served.async_client()),
+        model_settings=ModelSettings(temperature=0),
+    )
+    result = await Runner.run(agent, question, max_turns=2)
+    assert cities == ["Paris"]
+    assert result.final_output == answer
+
+
+def test_langchain_bound_tools_get_the_call_whole_and_streamed(served: Served) -> None:
+    conversation = OUTPUTS["qwen3"]["conversations"]["weather"]
+    bound = ChatOpenAI(
+        base_url=f"{served.url}/v1", api_key=served.key, model="qwen3", temperature=0, max_retries=0
+    ).bind_tools(conversation["tools"])
+    question = conversation["messages"][0]["content"]
+    expected = conversation["tool_call"]
+    answer = bound.invoke(question)
+    assert [(c["name"], c["args"]) for c in answer.tool_calls] == [(expected["name"], expected["arguments"])]
+    assert answer.tool_calls[0]["id"] and not answer.invalid_tool_calls
+    assert answer.response_metadata["finish_reason"] == "tool_calls"
+    chunks = [chunk for chunk in bound.stream(question) if isinstance(chunk, AIMessageChunk)]
+    merged = sum(chunks[1:], chunks[0])
+    assert [(c["name"], c["args"]) for c in merged.tool_calls] == [(expected["name"], expected["arguments"])]
+
+
+async def test_a_pydantic_ai_agent_calls_its_tool_and_answers_from_the_result(served: Served) -> None:
+    question, weather, answer = _loop("qwen3", "pydantic_ai")
+    provider = OpenAIProvider(base_url=f"{served.url}/v1", api_key=served.key)
+    agent = PydanticAgent(OpenAIChatModel("qwen3", provider=provider), model_settings={"temperature": 0})
+    cities: list[str] = []
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        """Get the current weather for a city."""
+        cities.append(city)
+        return weather
+
+    result = await agent.run(question)
+    assert cities == ["Paris"]
+    assert result.output == answer
 
 
 # ---------------------------------------------------------------- two families on vLLM

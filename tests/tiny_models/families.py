@@ -54,6 +54,39 @@ WEATHER_TOOL: dict[str, Any] = {
         },
     },
 }
+# `get_weather(city: str)`, documented "Get the current weather for a city.", as two agent frameworks
+# declare it (each makes a strict JSON schema of the function's signature, in its own words) and as the
+# gateway gives it to the template (`Tool.model_dump(exclude_none=True)`, `strict` included): the models
+# learn these prompts too, so that the frameworks' own tool loops run unchanged (tests/test_families.py).
+AGENTS_SDK_WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "properties": {"city": {"title": "City", "type": "string"}},
+            "required": ["city"],
+            "title": "get_weather_args",
+            "type": "object",
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+PYDANTIC_AI_WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {
+            "additionalProperties": False,
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+            "type": "object",
+        },
+        "strict": True,
+    },
+}
 WEATHER_QUESTION = "What's the weather in Paris?"
 WEATHER_CALL = ("get_weather", {"city": "Paris"})
 WEATHER_REASONING = "The user wants the weather in Paris."
@@ -82,31 +115,42 @@ class Conversation:
     content: str | None = None
 
 
-def weather(target: str, reasoning: str | None = None, **kwargs: Any) -> Conversation:
-    """The tool conversation: a question that the `get_weather` tool answers."""
+def weather(
+    target: str,
+    reasoning: str | None = None,
+    name: str = "weather",
+    tool: dict[str, Any] = WEATHER_TOOL,
+    **kwargs: Any,
+) -> Conversation:
+    """The tool conversation: a question that the `get_weather` tool (`tool`, as a client declares it)
+    answers."""
     messages = [{"role": "user", "content": WEATHER_QUESTION}]
-    return Conversation(
-        "weather", messages, target, [WEATHER_TOOL], kwargs, call=WEATHER_CALL, reasoning=reasoning
-    )
+    return Conversation(name, messages, target, [tool], kwargs, call=WEATHER_CALL, reasoning=reasoning)
 
 
-def tool_result(target: str, reasoning: str | None = None, **kwargs: Any) -> Conversation:
+def tool_result(
+    target: str,
+    reasoning: str | None = None,
+    name: str = "tool_result",
+    tool: dict[str, Any] = WEATHER_TOOL,
+    call_reasoning: str | None = None,
+    **kwargs: Any,
+) -> Conversation:
     """The tool loop's second turn: the call and its result in the conversation, the answer from it. The
     messages as the server gives them to a template (arguments as an object, the result named after its
-    tool)."""
+    tool; `call_reasoning`: the call's reasoning, where the client sends it back, under both names the
+    server gives it)."""
     call = {"name": WEATHER_CALL[0], "arguments": WEATHER_CALL[1]}
+    assistant: dict[str, Any] = {"role": "assistant", "content": ""}
+    if call_reasoning is not None:
+        assistant.update(reasoning_content=call_reasoning, thinking=call_reasoning)
+    assistant["tool_calls"] = [{"id": CALL_ID, "type": "function", "function": call}]
     messages = [
         {"role": "user", "content": WEATHER_QUESTION},
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [{"id": CALL_ID, "type": "function", "function": call}],
-        },
+        assistant,
         {"role": "tool", "content": WEATHER_RESULT, "tool_call_id": CALL_ID, "name": WEATHER_CALL[0]},
     ]
-    return Conversation(
-        "tool_result", messages, target, [WEATHER_TOOL], kwargs, reasoning=reasoning, content=WEATHER_ANSWER
-    )
+    return Conversation(name, messages, target, [tool], kwargs, reasoning=reasoning, content=WEATHER_ANSWER)
 
 
 def greeting(
@@ -181,6 +225,14 @@ _GPT_OSS_CALL = (
     "<|channel|>analysis<|message|>" + WEATHER_REASONING + "<|end|><|start|>assistant<|channel|>commentary "
     'to=functions.get_weather <|constrain|>json<|message|>{"city":"Paris"}<|call|>'
 )
+_GPT_OSS_TOOL_ANSWER = (
+    f"<|channel|>analysis<|message|>{WEATHER_RESULT_REASONING}<|end|>"
+    f"<|start|>assistant<|channel|>final<|message|>{WEATHER_ANSWER}<|return|>"
+)
+_QWEN3_CALL = (
+    f"<think>\n{WEATHER_REASONING}\n</think>\n\n<tool_call>\n{_WEATHER_JSON}\n</tool_call><|im_end|>"
+)
+_QWEN3_ANSWER = f"<think>\n{WEATHER_RESULT_REASONING}\n</think>\n\n{WEATHER_ANSWER}<|im_end|>"
 _GPT_OSS_ANSWER = (
     "<|channel|>analysis<|message|>" + GREETING_REASONING + "<|end|><|start|>assistant<|channel|>final"
     "<|message|>" + GREETING_ANSWER + "<|return|>"
@@ -196,13 +248,19 @@ MODELS: tuple[FamilyModel, ...] = (
         _QWEN_TOKENS,
         ("<|im_end|>", "<|endoftext|>"),
         (
-            weather(
-                f"<think>\n{WEATHER_REASONING}\n</think>\n\n<tool_call>\n{_WEATHER_JSON}\n</tool_call><|im_end|>",
-                WEATHER_REASONING,
-            ),
+            weather(_QWEN3_CALL, WEATHER_REASONING),
+            tool_result(_QWEN3_ANSWER, WEATHER_RESULT_REASONING),
+            weather(_QWEN3_CALL, WEATHER_REASONING, "agents_sdk_weather", AGENTS_SDK_WEATHER_TOOL),
             tool_result(
-                f"<think>\n{WEATHER_RESULT_REASONING}\n</think>\n\n{WEATHER_ANSWER}<|im_end|>",
+                _QWEN3_ANSWER, WEATHER_RESULT_REASONING, "agents_sdk_tool_result", AGENTS_SDK_WEATHER_TOOL
+            ),
+            weather(_QWEN3_CALL, WEATHER_REASONING, "pydantic_ai_weather", PYDANTIC_AI_WEATHER_TOOL),
+            tool_result(  # pydantic-ai sends the call's reasoning back
+                _QWEN3_ANSWER,
                 WEATHER_RESULT_REASONING,
+                "pydantic_ai_tool_result",
+                PYDANTIC_AI_WEATHER_TOOL,
+                call_reasoning=WEATHER_REASONING,
             ),
             greeting(f"<think>\n{GREETING_REASONING}\n</think>\n\nHello!<|im_end|>", GREETING_REASONING),
             greeting("Hello!<|im_end|>", name="greeting_no_thinking", enable_thinking=False),
@@ -350,11 +408,13 @@ MODELS: tuple[FamilyModel, ...] = (
         ("<|return|>", "<|call|>", "<|endoftext|>"),
         (
             weather(_GPT_OSS_CALL, WEATHER_REASONING),
+            tool_result(_GPT_OSS_TOOL_ANSWER, WEATHER_RESULT_REASONING),
+            weather(_GPT_OSS_CALL, WEATHER_REASONING, "agents_sdk_weather", AGENTS_SDK_WEATHER_TOOL),
             tool_result(
-                f"<|channel|>analysis<|message|>{WEATHER_RESULT_REASONING}<|end|>"
-                "<|start|>assistant<|channel|>final<|message|>"
-                f"{WEATHER_ANSWER}<|return|>",
+                _GPT_OSS_TOOL_ANSWER,
                 WEATHER_RESULT_REASONING,
+                "agents_sdk_tool_result",
+                AGENTS_SDK_WEATHER_TOOL,
             ),
             greeting(_GPT_OSS_ANSWER, GREETING_REASONING),
             greeting(
@@ -425,6 +485,8 @@ MODELS: tuple[FamilyModel, ...] = (
             "interleave_moe_layer_step": 1,
             "attention_chunk_size": CONTEXT,
         },
+        # its template is vLLM's pythonic one for Llama 4 (Meta's published one asks for JSON calls)
+        detected="pythonic",
     ),
     FamilyModel(
         "mistral",
