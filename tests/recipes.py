@@ -90,14 +90,18 @@ def cache_root() -> Path:
 
 
 def content_key() -> str:
-    """A hash of everything the built files depend on: the builders' code, this file, the libraries'
-    versions and Python's. Changing any of them builds afresh; nothing else does."""
+    """A hash of everything the built files depend on: the builders' code, this file, the families table
+    (the family builder checks each template is recognised by it), the libraries' versions and Python's.
+    Changing any of them builds afresh; nothing else does."""
     digest = hashlib.sha256(f"{sys.version_info[:2]}".encode())
     for library in LIBRARIES:
         digest.update(f"{library}=={importlib.metadata.version(library)}".encode())
     here = Path(__file__).parent
     for source in [Path(__file__), *sorted((here / "tiny_models").glob("*.py"))]:
         digest.update(source.relative_to(here).as_posix().encode() + source.read_bytes())
+    from modelhost.generation import families  # standard library only: cheap to import
+
+    digest.update(b"families.py" + Path(families.__file__).read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -7,14 +7,10 @@ The whole path runs on the model's real output: its chat template, the engine's 
 family's tool and reasoning parsers, OpenAI's JSON and stream. What each model answers, and what a client
 must get from it, is tests/data/family_outputs.json (a copy of what the builder saw the models answer,
 checked here against the built models), which the parsers' unit tests read too.
-
-A family whose tool parser is not in `PARSERS`, or whose reasoning the server cannot yet take apart, is an
-expected failure: the mark is computed from what the code has, so each test runs for real once it does.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,7 +34,6 @@ from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from modelhost.generation.tool_parsers import PARSERS
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, deploy_folder_sync
 from tests.live import live_server
@@ -51,14 +46,12 @@ set_tracing_disabled(True)  # the Agents SDK would export traces to api.openai.c
 
 FIXTURE = Path(__file__).parent / "data" / "family_outputs.json"
 OUTPUTS: dict[str, Any] = json.loads(FIXTURE.read_text())
-REASONING_PARSED = importlib.util.find_spec("modelhost.generation.reasoning") is not None
 VLLM_FAMILIES = ("qwen3", "llama3")
 
 
 def _cases(wanted: str, families: Any = OUTPUTS) -> list[Any]:
     """(family, conversation) parameters of `families`: `wanted` is "all", "call" (the tool
-    conversations), "reasoning" (those with reasoning) or "answer" (plain answers, no reasoning); each
-    marked as an expected failure while the server lacks the parser it needs."""
+    conversations), "reasoning" (those with reasoning) or "answer" (plain answers, no reasoning)."""
     cases = []
     for family in families:
         output = OUTPUTS[family]
@@ -70,14 +63,7 @@ def _cases(wanted: str, families: Any = OUTPUTS) -> list[Any]:
             kind = "call" if has_call else "reasoning" if has_reasoning else "answer"
             if (wanted == "reasoning" and not has_reasoning) or wanted not in ("all", "reasoning", kind):
                 continue
-            missing = []
-            if wanted != "all" and has_call and output["tool_parser"] not in PARSERS:
-                missing.append(f"the {output['tool_parser']} tool parser")
-            if wanted in ("reasoning", "answer") and has_reasoning and not REASONING_PARSED:
-                missing.append("reasoning parsing")
-            reason = f"{' and '.join(missing)}: lands with the tools/reasoning branch"
-            marks = [pytest.mark.xfail(strict=False, reason=reason)] if missing else []
-            cases.append(pytest.param(family, name, marks=marks, id=f"{family}-{name}"))
+            cases.append(pytest.param(family, name, id=f"{family}-{name}"))
     return cases
 
 

@@ -50,3 +50,15 @@ def test_the_key_follows_the_builders_code_not_their_folder(
     assert recipes.content_key() == before  # the same code elsewhere: the same models
     (tmp_path / "tiny_models" / "text.py").write_text((here / "tiny_models" / "text.py").read_text() + "#\n")
     assert recipes.content_key() != before
+
+
+def test_the_key_follows_the_families_table_the_family_builder_checks_its_templates_against(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from modelhost.generation import families
+
+    before = recipes.content_key()
+    changed = tmp_path / "families.py"
+    changed.write_text(Path(families.__file__).read_text() + "#\n")
+    monkeypatch.setattr(families, "__file__", str(changed))
+    assert recipes.content_key() != before
