@@ -1,4 +1,4 @@
-.PHONY: run test lint bench bench-gpu bench-soak screenshots
+.PHONY: run test test-families-vllm lint bench bench-gpu bench-soak screenshots
 
 ## Install everything and start the service on the embedded defaults.
 run:
@@ -7,6 +7,12 @@ run:
 ## Install everything and run ruff, mypy and the whole pytest suite.
 test:
 	bash scripts/test.sh
+
+## Every model family's trained tiny model that vLLM can run, on vLLM (tests/test_families.py; the
+## whole suite runs two of them): about 5 minutes on the 2-core machine.
+test-families-vllm:
+	bash scripts/setup.sh dev
+	MODELHOST_TEST_VLLM_FAMILIES=all HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider tests/test_families.py -k vllm
 
 lint:
 	.venv/bin/ruff check src tests bench && .venv/bin/ruff format --check src tests bench && .venv/bin/mypy && .venv/bin/lint-imports
