@@ -7,9 +7,11 @@ modelhost; one client streams the same conversation once per case in turn (exact
 tokens each: `min_tokens`), one request at a time, so every case sees the same machine. A case is the
 fields it adds to the request (`CASES`): `off` adds none (the text goes out as it comes), `tools` offers
 a tool with `tool_choice: auto`, so the gateway scans every delta for the family's call markup (the
-model's family is `hermes`: `<tool_call>`) and parses the whole text at the end. Random weights write
-no markup, so the tool case pays the scanning and the parse without turning anything into a call: the
-cost every streamed token of a tool-offering request pays. Reported per output token: the gateway
+model's family is `hermes`: `<tool_call>`) and parses the whole text at the end; `reasoning` adds, on a
+deployment whose `reasoning_parser` is DeepSeek-R1's, a reasoning parser before the tool parser: R1's
+answer starts inside its reasoning, so every token is reasoning, scanned for the end of the thought.
+Random weights write no markup, so these cases pay the scanning and the parse without turning anything
+into a call: the cost every streamed token of such a request pays. Reported per output token: the gateway
 processes' CPU (where the parsers run), the replica's (the same generation for every case: a check that
 the comparison is like for like), and the wall time; each case's gateway CPU over `off`'s.
 
@@ -63,6 +65,12 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         {"tools": [TOOL], "tool_choice": "auto"},
         {},
     ),
+    # DeepSeek-R1's parser: the answer starts inside its reasoning, so every token is scanned for its end
+    "reasoning": (
+        "reasoning parsing (deepseek_r1: every token reasoning) and tool parsing",
+        {"tools": [TOOL], "tool_choice": "auto"},
+        {"reasoning_parser": "deepseek_r1"},
+    ),
 }
 
 
@@ -80,14 +88,14 @@ def _deployments(folder: Path, served: Served) -> dict[str, str]:
 
 
 def _pieces(http: httpx.Client, body: dict[str, Any]) -> list[str]:
-    """The content pieces of one streamed answer: one per text event of the replica."""
+    """The text pieces (content or reasoning) of one streamed answer: one per text event of the replica."""
     pieces = []
     with http.stream("POST", "/v1/chat/completions", json=body) as response:
         for line in response.iter_lines():
             if line.startswith("data: {"):
-                choices = json.loads(line[6:])["choices"]
-                pieces += [c["delta"]["content"] for c in choices if c["delta"].get("content")]
-    return pieces
+                deltas = [c["delta"] for c in json.loads(line[6:])["choices"]]
+                pieces += [d.get("reasoning_content") or d.get("content") for d in deltas]
+    return [piece for piece in pieces if piece]
 
 
 def _feed_ms_per_token(body: dict[str, Any], deployment: dict[str, Any], pieces: list[str]) -> float:

@@ -260,6 +260,24 @@ def check_reasoning(served: Served, family: str, name: str) -> None:
 # ---------------------------------------------------------------- every family on the transformers engine
 
 
+def test_each_deployment_shows_its_detected_family_and_the_parsers_in_use(served: Served) -> None:
+    """Read from the artifact's files when it is deployed, as the replica recognises the family; a
+    deployment's own parser setting replaces the family's in what it shows."""
+    with httpx.Client(base_url=served.url, headers=bearer(served.key), timeout=30) as http:
+        shown = {d["model"]: d for d in http.get("/v1/deployments").json()["data"]}
+        for family, output in OUTPUTS.items():
+            deployment = shown[family]
+            assert deployment["family"] == output["detected_family"], family
+            assert deployment["tool_parser_in_use"] == output["tool_parser"], family
+            assert deployment["reasoning_parser_in_use"] == output["reasoning_parser"], family
+            assert deployment["tool_parser"] is None and deployment["reasoning_parser"] is None
+        patched = http.patch(f"/v1/deployments/{shown['qwen3']['id']}", json={"reasoning_parser": "none"})
+        assert patched.status_code == 200, patched.text
+        assert (patched.json()["family"], patched.json()["reasoning_parser_in_use"]) == ("qwen3", None)
+        restored = http.patch(f"/v1/deployments/{shown['qwen3']['id']}", json={"reasoning_parser": None})
+        assert restored.json()["reasoning_parser_in_use"] == "qwen3"
+
+
 @pytest.mark.parametrize(("family", "name"), _cases("all"))
 def test_every_families_model_writes_its_trained_answer(served: Served, family: str, name: str) -> None:
     check_trained_answer(served, family, name)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from modelhost.generation.families import FAMILIES, TOOL_PARSER_NAMES, detect_family
+from modelhost.generation.families import FAMILIES, TOOL_PARSER_NAMES, artifact_family, detect_family
 from modelhost.generation.tool_parsers import (
     PARSERS,
     ParsedOutput,
@@ -988,3 +989,20 @@ def test_streamable_length_is_within_the_text_and_its_prefix_holds_no_marker(
     length = streamable_length(text, markers)
     assert 0 <= length <= len(text)
     assert not any(marker and marker in text[:length] for marker in markers)
+
+
+def test_an_artifacts_family_is_read_from_its_files_and_a_deployments_own_template_replaces_its(
+    tmp_path: Path,
+) -> None:
+    """`artifact_family`: the gateway's reading of the files the replica's tokenizer loads (the named
+    `default` template of `tokenizer_config.json`, the added tokens of both files)."""
+    named = [{"name": "tool_use", "template": "[TOOL_CALLS]"}, {"name": "default", "template": "<arg_key>"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    assert artifact_family(tmp_path).name == "glm45"
+    assert artifact_family(tmp_path, "{{ '[TOOL_CALLS]' }}").name == "mistral"
+    (tmp_path / "tokenizer_config.json").write_text("not JSON")
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps({"added_tokens": [{"id": 5, "content": "<|channel|>"}]})
+    )
+    assert artifact_family(tmp_path).name == "gpt_oss"
+    assert artifact_family(tmp_path / "missing").name == "default"

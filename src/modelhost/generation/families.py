@@ -14,8 +14,11 @@ and `enable_thinking`, as Qwen3's) comes before it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,3 +102,39 @@ def detect_family(chat_template: str | None, added_tokens: Collection[str] = ())
 
 def family_named(name: str) -> Family | None:
     return next((family for family in FAMILIES if family.name == name), None)
+
+
+def artifact_family(model_dir: Path, chat_template: str | None = None) -> Family:
+    """The family of an artifact's files, as its replica will recognise it (`detect_family` on the
+    tokenizer's template and added tokens), read from the files alone, so that the gateway can show it
+    before any replica loads: `chat_template` (the deployment's own) else the artifact's
+    (`chat_template.jinja`, or `tokenizer_config.json`'s `chat_template`: its text, or the `default` of
+    its named templates), and the added tokens of `tokenizer_config.json` and `tokenizer.json`."""
+    config = _json(model_dir / "tokenizer_config.json")
+    template = chat_template
+    if template is None and (model_dir / "chat_template.jinja").is_file():
+        template = (model_dir / "chat_template.jinja").read_text(errors="replace")
+    if template is None:
+        named = config.get("chat_template")
+        if isinstance(named, list):
+            named = next(
+                (t.get("template") for t in named if isinstance(t, dict) and t.get("name") == "default"), None
+            )
+        template = named if isinstance(named, str) else None
+    decoder = config.get("added_tokens_decoder")
+    tokens = (
+        {t.get("content") for t in decoder.values() if isinstance(t, dict)}
+        if isinstance(decoder, dict)
+        else set()
+    )
+    added = _json(model_dir / "tokenizer.json").get("added_tokens")
+    tokens |= {t.get("content") for t in added if isinstance(t, dict)} if isinstance(added, list) else set()
+    return detect_family(template, {t for t in tokens if isinstance(t, str)})
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}

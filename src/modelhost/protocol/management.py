@@ -344,6 +344,19 @@ class Deployment(BaseModel):
         description="The reasoning parser set on the deployment (`none`: off); null: detected from the "
         "chat template.",
     )
+    family: str | None = Field(
+        default=None,
+        description="The model family detected from the artifact's chat template (the deployment's own "
+        'where it has one) and its tokenizer\'s added tokens (docs/generation.md, "Model families"); '
+        "null for other tasks.",
+    )
+    tool_parser_in_use: str | None = Field(
+        default=None, description="The tool-call parser its replicas use: the one set, else the family's."
+    )
+    reasoning_parser_in_use: str | None = Field(
+        default=None,
+        description="The reasoning parser its replicas use: the one set, else the family's; null: none.",
+    )
     created_at: datetime
     updated_at: datetime
 

@@ -15,6 +15,7 @@ from modelhost.cache import SingleFlight, TTLCache
 from modelhost.errors import BaseNotShared, Conflict, InvalidRequest, NotFound
 from modelhost.generation import deployment_settings
 from modelhost.generation.deployment_settings import GenerationSettings
+from modelhost.generation.families import artifact_family
 from modelhost.pipelines import BY_NAME
 from modelhost.routing import DeploymentRef
 from modelhost.runtime import engines
@@ -228,6 +229,16 @@ class DeploymentService:
         deployment_settings.check(settings, context)
         return settings.stored()
 
+    def _family(self, artifact: ModelArtifact, settings: Mapping[str, Any] | None) -> str | None:
+        """The family a generation artifact's files show, with the deployment's own chat template where
+        it has one (as its replicas will recognise it); None for other tasks or files not at hand."""
+        if not generates(artifact.pipeline):
+            return None
+        model_dir = self._artifact_dir(artifact)
+        if model_dir is None:
+            return None
+        return artifact_family(model_dir, (settings or {}).get("chat_template")).name
+
     def _specs(
         self,
         pairs: list[tuple[Deployment, ModelArtifact]],
@@ -318,6 +329,7 @@ class DeploymentService:
         if base is not None:
             _follows_base(generation_settings)
         settings = self._settings(artifact, artifact.pipeline, None, generation_settings or {})
+        family = self._family(artifact, settings) if base is None else None
         if base is not None and base_artifact is not None:
             adapters.check_fits(self._artifact_dir(artifact), self._artifact_dir(base_artifact), artifact)
             choice = EngineChoice("vllm", f"served on the replicas of its base '{base.model}'")
@@ -357,6 +369,7 @@ class DeploymentService:
                     base_deployment_id=base.id if base is not None else None,
                     generation_defaults=generation_defaults or None,
                     generation_settings=settings,
+                    family=family,
                 )
                 session.add(deployment)
                 session.flush()
@@ -433,7 +446,7 @@ class DeploymentService:
         `generation_defaults` given replaces the set (empty: none); its next requests carry it. Each field
         of `generation_settings` given replaces that setting (None: unset); the runtime reloads the
         deployment's replicas with them."""
-        choice = settings = None
+        choice = settings = family = None
         if engine is not None or generation_settings:
             artifact = self._artifact_of_deployment(account_id, deployment_id)
             if engine is not None:
@@ -444,6 +457,8 @@ class DeploymentService:
                     _follows_base(generation_settings)
                 stored = current.generation_settings
                 settings = self._settings(artifact, current.pipeline, stored, generation_settings)
+                if "chat_template" in generation_settings and current.base_deployment_id is None:
+                    family = self._family(artifact, settings)
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None or deployment.account_id != account_id:
@@ -473,6 +488,8 @@ class DeploymentService:
                 deployment.generation_defaults = generation_defaults or None
             if generation_settings:
                 deployment.generation_settings = settings
+            if family is not None:
+                deployment.family = family
             if engine is not None and choice is not None:
                 attached = adapters.attached(session, deployment.id)
                 if attached and choice.engine != "vllm":

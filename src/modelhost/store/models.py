@@ -164,6 +164,9 @@ class Deployment(Base):
     # chat_template_kwargs, tool_parser, reasoning_parser), the fields set; None: none. Its replicas load
     # with them
     generation_settings: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # The model family its files and chat template show (`generation.families.artifact_family`), which
+    # names the parsers its replicas use unless its settings name others; None: not a generation deployment
+    family: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

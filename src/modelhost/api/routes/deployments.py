@@ -12,6 +12,8 @@ from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.container import Services
 from modelhost.errors import CapacityConflict, InvalidRequest, ModelhostError
+from modelhost.generation.deployment_settings import GenerationSettings
+from modelhost.generation.families import family_named
 from modelhost.protocol.common import Deleted, ListOf
 from modelhost.protocol.management import (
     Deployment,
@@ -55,6 +57,7 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
         shared=deployment.shared,
         generation_defaults=deployment.generation_defaults or {},
         **_settings_shown(deployment.generation_settings),
+        **_parsers_in_use(deployment.family, deployment.generation_settings),
         created_at=deployment.created_at,
         updated_at=deployment.updated_at,
     )
@@ -209,6 +212,20 @@ def _settings_shown(stored: dict[str, Any] | None) -> dict[str, Any]:
     shown: dict[str, Any] = {name: (stored or {}).get(name) for name in SETTINGS_FIELDS}
     shown["chat_template_kwargs"] = shown["chat_template_kwargs"] or {}
     return shown
+
+
+def _parsers_in_use(family_name: str | None, stored: dict[str, Any] | None) -> dict[str, Any]:
+    """The detected family and the parsers the replicas use: the deployment's own where set, else the
+    family's (`GenerationSettings.family`, as the replicas apply them)."""
+    detected = family_named(family_name) if family_name else None
+    if detected is None:
+        return {"family": None, "tool_parser_in_use": None, "reasoning_parser_in_use": None}
+    in_use = GenerationSettings.of(stored).family(detected)
+    return {
+        "family": detected.name,
+        "tool_parser_in_use": in_use.tool_parser,
+        "reasoning_parser_in_use": in_use.reasoning_parser,
+    }
 
 
 def _set_fields(defaults: GenerationDefaults | None) -> dict[str, int | float] | None:
