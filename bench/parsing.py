@@ -213,9 +213,9 @@ def report(
         "CPU moves by several percent from run to run (10 ms ticks); the last column is the served "
         "`off` figure plus the difference of the choice's assembly timed in process (one answer's "
         "pieces fed to the gateway's own code many times), the parsing's precise share. The reasoning "
-        "case runs on a deployment of its own (its `reasoning_parser`): on vLLM its engine is still busy "
-        "after its request while `off`, which comes next, runs, so on 2 cores the served `off` figures "
-        "come out high and the served ratios low; the in-process column is the measure.",
+        "case runs on a deployment of its own (its `reasoning_parser`): `off`, on the other deployment, "
+        "runs right after it, and on 2 cores its served figures came out high (most likely the second vLLM "
+        "engine still at work), the served ratios low; the in-process column is the measure.",
         "",
         table(header, rows),
         "",
