@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -84,6 +84,28 @@ def find_first(text: str, markers: Sequence[str], pos: int = 0) -> tuple[int, st
         if found != -1 and (best is None or (found, -len(marker)) < (best[0], -len(best[1]))):
             best = (found, marker)
     return best
+
+
+# Reads the block whose markup starts at a position (after its marker): its calls and where it ends, or
+# None where it is not valid markup (it then stays content).
+ReadBlock = Callable[[str, int, Tools], tuple[list[ToolCall], int] | None]
+
+
+def parse_blocks(text: str, markers: Sequence[str], tools: Tools, read_block: ReadBlock) -> ParsedOutput:
+    """Every block that opens at one of ``markers`` and that ``read_block`` reads as valid, taken out of the
+    content in order; a marker whose block is invalid stays content, and the search goes on after it."""
+    calls: list[ToolCall] = []
+    removed: list[tuple[int, int]] = []
+    pos = 0
+    while (found := find_first(text, markers, pos)) is not None:
+        start, marker = found
+        pos = start + len(marker)
+        block = read_block(text, pos, tools)
+        if block is not None:
+            calls.extend(block[0])
+            removed.append((start, block[1]))
+            pos = block[1]
+    return ParsedOutput(content_without(text, removed), calls)
 
 
 def make_call(name: object, arguments: object, tools: Tools, call_id: str | None = None) -> ToolCall | None:

@@ -7,9 +7,8 @@ from modelhost.generation.tool_parsers.base import (
     ToolCall,
     Tools,
     call_from_object,
-    content_without,
     decode_at,
-    find_first,
+    parse_blocks,
     skip_ws,
 )
 
@@ -30,18 +29,7 @@ class MarkedJsonParser:
         self._needs_close = needs_close
 
     def parse(self, text: str, tools: Tools) -> ParsedOutput:
-        calls: list[ToolCall] = []
-        removed: list[tuple[int, int]] = []
-        pos = 0
-        while (found := find_first(text, self.start_markers, pos)) is not None:
-            start, marker = found
-            pos = start + len(marker)
-            block = self._block(text, pos, tools)
-            if block is not None:
-                calls.extend(block[0])
-                removed.append((start, block[1]))
-                pos = block[1]
-        return ParsedOutput(content_without(text, removed), calls)
+        return parse_blocks(text, self.start_markers, tools, self._block)
 
     def _block(self, text: str, pos: int, tools: Tools) -> tuple[list[ToolCall], int] | None:
         """The calls of the block whose JSON starts at ``pos`` (after blanks) and where it ends, or None."""

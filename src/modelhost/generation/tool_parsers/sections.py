@@ -9,8 +9,8 @@ from modelhost.generation.tool_parsers.base import (
     ParsedOutput,
     ToolCall,
     Tools,
-    content_without,
     make_call,
+    parse_blocks,
     skip_ws,
 )
 
@@ -34,17 +34,7 @@ class SectionParser:
         self._read_call = read_call
 
     def parse(self, text: str, tools: Tools) -> ParsedOutput:
-        calls: list[ToolCall] = []
-        removed: list[tuple[int, int]] = []
-        pos = 0
-        while (start := text.find(self._section[0], pos)) != -1:
-            pos = start + len(self._section[0])
-            block = self._block(text, pos, tools)
-            if block is not None:
-                calls.extend(block[0])
-                removed.append((start, block[1]))
-                pos = block[1]
-        return ParsedOutput(content_without(text, removed), calls)
+        return parse_blocks(text, self.start_markers, tools, self._block)
 
     def _block(self, text: str, pos: int, tools: Tools) -> tuple[list[ToolCall], int] | None:
         """The calls of the section whose calls start at ``pos`` and where it ends, or None."""
