@@ -29,16 +29,16 @@ from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
 from modelhost.generation.deployment_settings import GenerationSettings
-from modelhost.generation.families import Family, detect_family
+from modelhost.generation.families import Family
 from modelhost.generation.requests import (
     SamplingParams,
     SpecialTokens,
+    chat_markup,
     fim_tokens,
     generation_defaults,
     prompt_ids,
     reasoning_open,
     sampling_params,
-    special_tokens,
     template_kwargs,
     tokenized,
 )
@@ -155,8 +155,7 @@ def load(
     processor = load_processor(model_dir) if vision else None
     own.use_template(processor)
     config = engine.model_config
-    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-    family = own.family(detect_family(template, tokenizer.get_added_vocab()))
+    family, special = chat_markup(tokenizer, own)
     return VllmModel(
         engine,
         tokenizer,
@@ -164,7 +163,7 @@ def load(
         context_length=int(config.max_model_len),
         family=family,
         fim=fim_tokens(tokenizer),
-        special=special_tokens(tokenizer, family, template),
+        special=special,
         generation_defaults=generation_defaults(model_dir),
         processor=processor,
         lora=lora is not None,

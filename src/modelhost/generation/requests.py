@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from modelhost.errors import InvalidRequest
 from modelhost.generation.deployment_settings import GenerationSettings
-from modelhost.generation.families import Family
+from modelhost.generation.families import Family, detect_family
 from modelhost.generation.reasoning import MARKERS, effort_kwargs, prompt_opens
 from modelhost.generation.tool_parsers import PARSERS
 
@@ -183,6 +183,15 @@ class SpecialTokens:
         if not skip or hidden is None:
             return False, None
         return False, lambda text: hidden.sub("", text)
+
+
+def chat_markup(tokenizer: Any, settings: GenerationSettings) -> tuple[Family, SpecialTokens]:
+    """What both engines work out of a tokenizer when the model loads (the deployment's template already
+    on it): its family, with the deployment's own parsers over the detected ones, and how its chats
+    decode that family's markup."""
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
+    family = settings.family(detect_family(template, tokenizer.get_added_vocab()))
+    return family, special_tokens(tokenizer, family, template)
 
 
 def special_tokens(tokenizer: Any, family: Family, template: str | None) -> SpecialTokens:

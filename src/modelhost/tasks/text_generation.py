@@ -22,15 +22,15 @@ from modelhost.engines.interface import Event
 from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
 from modelhost.generation.deployment_settings import GenerationSettings
-from modelhost.generation.families import Family, detect_family
+from modelhost.generation.families import Family
 from modelhost.generation.requests import (
     SpecialTokens,
+    chat_markup,
     fim_tokens,
     generation_defaults,
     prompt_ids,
     reasoning_open,
     sampling_params,
-    special_tokens,
     template_kwargs,
     tokenized,
 )
@@ -179,15 +179,14 @@ def chat_model(model: Any, tokenizer: Any, device: str, defaults: dict[str, Any]
         prefill_chunk=settings.prefill_chunk_tokens,
         cuda_graphs=settings.cuda_graphs,
     )
-    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
-    family = own.family(detect_family(template, tokenizer.get_added_vocab()))
+    family, special = chat_markup(tokenizer, own)
     return ChatModel(
         engine,
         tokenizer,
         family,
         fim=fim_tokens(tokenizer),
         generation_defaults=defaults,
-        special=special_tokens(tokenizer, family, template),
+        special=special,
         settings=own,
     )
 
