@@ -16,7 +16,9 @@ from pathlib import Path
 from filelock import FileLock
 
 # what the built files depend on besides the builders' code
-LIBRARIES = ("torch", "transformers", "diffusers", "sentence-transformers", "tokenizers", "safetensors")
+LIBRARIES = (
+    "torch", "transformers", "diffusers", "sentence-transformers", "tokenizers", "safetensors", "gguf"
+)  # fmt: skip
 MANIFEST = "MANIFEST"
 
 # (folder, sub-folder or "", pipeline task) for every tiny model: its files are in `<out>/<folder>/<sub>`.
@@ -63,6 +65,8 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
 # Apart from RECIPE_MODELS, whose every entry tests/test_artifacts.py pushes: tests/test_families.py pushes
 # and serves each of them.
 FAMILIES_FOLDER = "t24_families"
+# t24's Qwen3, Llama 3 and QwQ as GGUF files (tests/tiny_models/gguf.py): `<out>/t25_gguf/<family>-<type>/`
+GGUF_FOLDER = "t25_gguf"
 
 
 def build_recipes(out: Path) -> Path:
@@ -76,7 +80,7 @@ def build_recipes(out: Path) -> Path:
     from tests.tiny_models import BUILDERS
 
     torch.set_num_threads(1)
-    for folder in sorted({module for module, _, _ in RECIPE_MODELS} | {FAMILIES_FOLDER}):
+    for folder in sorted({module for module, _, _ in RECIPE_MODELS} | {FAMILIES_FOLDER, GGUF_FOLDER}):
         BUILDERS[folder](out / folder)
     return out
 

@@ -4,7 +4,7 @@ downloaded (`tests.recipes.build_recipes` builds them all once per test session)
 One module per family: `text` (BERT), `vision` (CLIP, ViT, segmenters), `multimodal` (Llava, ViLT,
 BLIP, ViT-GPT2), `audio` (Wav2Vec2, Whisper, VITS), `video` (VideoMAE), `chat` (Qwen2 with a ChatML
 template), `families` (a model of each model family, trained to answer in its format), `seq2seq` (T5,
-M2M100), `diffusion` (Stable Diffusion, text-to-video SD, Wan); `vocab` makes
+M2M100), `diffusion` (Stable Diffusion, text-to-video SD, Wan), `gguf` (the family models as GGUF files); `vocab` makes
 their tokenizers offline and `common` holds the seed and the saving helpers.
 
 `BUILDERS` maps each output folder name (the tests address models as ``recipes / "t12_speech" /
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.tiny_models import audio, chat, diffusion, families, multimodal, seq2seq, text, video, vision
+from tests.tiny_models import audio, chat, diffusion, families, gguf, multimodal, seq2seq, text, video, vision
 
 BUILDERS: dict[str, Callable[[Path], None]] = {
     "t01_token_classification": text.build_token_classification,
@@ -44,4 +44,5 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "t22_text2text": seq2seq.build_text2text,
     "t23_translation": seq2seq.build_translation,
     "t24_families": families.build_families,
+    "t25_gguf": gguf.build_gguf,
 }
