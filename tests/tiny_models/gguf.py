@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import load_file
+from safetensors.torch import load_file
 
 # (family model, GGUF architecture, the quantizations written): Qwen3 for tools and reasoning (its
 # attention has per-head norms), Llama 3 (its query / key rows are permuted for llama.cpp's rotary
@@ -73,7 +73,7 @@ def convert(source: Path, target: Path, architecture: str, quantization: str) ->
     _tokenizer(writer, source, config)
     qtype = getattr(gguf.GGMLQuantizationType, quantization)
     for name, tensor in load_file(str(source / "model.safetensors")).items():
-        values = tensor.astype(np.float32)
+        values = tensor.float().numpy()  # bfloat16 checkpoints too (numpy has no bfloat16)
         if architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
             values = _rotary_rows(values, heads)
@@ -92,8 +92,9 @@ def _hyper_parameters(writer: Any, config: dict[str, Any]) -> None:
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_key_length(config["head_dim"])
-    writer.add_value_length(config["head_dim"])
+    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    writer.add_key_length(head)
+    writer.add_value_length(head)
     writer.add_rope_freq_base(float(rope.get("rope_theta", config.get("rope_theta", 10000.0))))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
 
