@@ -95,6 +95,7 @@ class GgufInfo:
     name: str | None = None  # general.name
     vocab_size: int | None = None  # the embedded vocabulary's token count
     type_bytes: dict[str, int] | None = None  # ggml type name → bytes of tensor data of that type
+    general_type: str | None = None  # general.type: "model", or "adapter" for a GGUF LoRA adapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +235,7 @@ def _info(first: _Header, headers: list[_Header], name: str) -> GgufInfo:
         name=_str(meta.get("general.name")),
         vocab_size=tokens.length if isinstance(tokens, _Skipped) else None,
         type_bytes=sizes,
+        general_type=_str(meta.get("general.type")),
     )
 
 
