@@ -4,8 +4,8 @@ downloaded (`tests.recipes.build_recipes` builds them all once per test session)
 One module per family: `text` (BERT), `vision` (CLIP, ViT, segmenters), `multimodal` (Llava, ViLT,
 BLIP, ViT-GPT2), `audio` (Wav2Vec2, Whisper, VITS), `video` (VideoMAE), `chat` (Qwen2 with a ChatML
 template), `families` (a model of each model family, trained to answer in its format), `seq2seq` (T5,
-M2M100), `diffusion` (Stable Diffusion, text-to-video SD, Wan), `gguf` (the family models as GGUF files); `vocab` makes
-their tokenizers offline and `common` holds the seed and the saving helpers.
+M2M100), `diffusion` (Stable Diffusion, text-to-video SD, Wan), `gguf` (the family models as GGUF
+files); `vocab` makes their tokenizers offline and `common` holds the seed and the saving helpers.
 
 `BUILDERS` maps each output folder name (the tests address models as ``recipes / "t12_speech" /
 "vits"``) to the function that fills it; a folder holding several models gets one sub-folder each.
