@@ -171,7 +171,7 @@ def gguf_file(model_dir: Path) -> Path:
 
 def server_params(model: Path, slots: int, context: int, threads: int | None) -> Any:
     """llama.cpp's server parameters, each one we decide set here (see the module docstring)."""
-    import xllamacpp as xlc
+    import xllamacpp as xlc  # type: ignore[import-untyped]
 
     params = xlc.CommonParams()
     params.model.path = str(model)
