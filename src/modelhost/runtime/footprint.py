@@ -29,6 +29,7 @@ half of what the GPU's budget leaves beside the weights.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -199,10 +200,13 @@ def kv_cache_bytes(
 
 
 def model_context(model_dir: Path) -> int | None:
-    """The model's own context (`max_position_embeddings` in `config.json`), None where it says none
-    (or an unbounded one): what a deployment's `max_model_len` may be at most."""
+    """The model's own context (`max_position_embeddings` in `config.json`, a GGUF's `context_length`),
+    None where it says none (or an unbounded one): what a deployment's `max_model_len` may be at most."""
     config = _config(model_dir)
     context = _int(_text_part(config).get("max_position_embeddings"), 0)
+    if not config:  # a GGUF says it in its header
+        with contextlib.suppress(InvalidGguf):
+            context = read_gguf_set(model_dir)[1].context_length or 0
     return context if 0 < context < 10_000_000 else None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from modelhost import audit
+from modelhost.artifacts.gguf_check import InvalidGguf, read_gguf_set
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.errors import BaseNotShared, Conflict, InvalidRequest, NotFound
 from modelhost.generation import deployment_settings
@@ -237,7 +239,11 @@ class DeploymentService:
         model_dir = self._artifact_dir(artifact)
         if model_dir is None:
             return None
-        return artifact_family(model_dir, (settings or {}).get("chat_template")).name
+        template = (settings or {}).get("chat_template")
+        if template is None and engines.is_gguf_artifact(model_dir):  # a GGUF carries its template
+            with contextlib.suppress(InvalidGguf):
+                template = read_gguf_set(model_dir)[1].chat_template
+        return artifact_family(model_dir, template).name
 
     def _specs(
         self,
