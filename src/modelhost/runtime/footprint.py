@@ -46,7 +46,7 @@ from modelhost.runtime.capacity import MB, Footprint
 # all-MiniLM-L6-v2 on torch 138 MiB (90 of it its weights); a tiny chat model on vLLM's CPU engine (eager)
 # 1,329 MiB and on ours 180 MiB, 128 MiB of each its KV cache.
 # A llama.cpp replica (a program of its own): the interpreter, transformers' tokenizer and the server's
-# threads, measured at ~230 MiB on the 2-core test machine with a tiny GGUF.
+# threads: 194 MiB measured on the 2-core test machine for the tests' tiny GGUF (2 slots), rounded up.
 BASE_COSTS = {"transformers": 64 * MB, "auto": 96 * MB, "vllm": 1536 * MB, "llamacpp": 256 * MB}
 # A worker started as a new program (no template): its imports are its own, not shared
 EXECUTED_WORKER_COST = 400 * MB
