@@ -407,6 +407,9 @@ async def generate(
             if not line.startswith("data: "):
                 continue
             chunk = json.loads(line[6:])
+            if "error" in chunk:  # llama.cpp failed the request after it started
+                emit({"error": {"message": _error_message(line[6:]), "internal": True}})
+                return
             if not started:
                 emit(_started(model, request, prompt, chunk))
                 started = True
