@@ -393,6 +393,12 @@ class Settings(BaseSettings):
         "slots, each with its own context; more wait for a slot in the replica, interactive requests "
         "before batch lines. Each slot's KV cache is counted in the replica's footprint.",
     )
+    llama_server: str | None = Field(
+        default=None,
+        description="A `llama-server` program (llama.cpp built for this machine's instruction set) that "
+        "llamacpp replicas run as their child process. Unset: the server of the `xllamacpp` wheel, in the "
+        "replica's own process (docs/engines-llamacpp.md).",
+    )
     llamacpp_context: int = Field(
         default=4096,
         ge=256,

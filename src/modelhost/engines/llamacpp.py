@@ -40,11 +40,18 @@ log-probabilities, images, adapters.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import functools
 import heapq
 import itertools
 import json
 import secrets
+import signal
+import socket
+import subprocess
+import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -116,7 +123,7 @@ class SlotGate:
 class LlamaCppModel:
     """The server and what building a request needs of the model (`generation.requests.PromptModel`)."""
 
-    server: Any  # xllamacpp.Server: held, or llama.cpp stops
+    server: Any  # xllamacpp.Server (held, or llama.cpp stops), or a `llama-server` process
     client: Any  # httpx.AsyncClient on the server's address
     tokenizer: Any
     vocab_size: int
@@ -154,10 +161,15 @@ class LlamaCppModel:
 
     @property
     def errored(self) -> bool:
-        return False  # the server runs in this process: if it dies, so does the worker
+        """A `llama-server` program exited. (The wheel's server runs in this process: if it dies, so
+        does the worker.)"""
+        return isinstance(self.server, subprocess.Popen) and self.server.poll() is not None
 
     def shutdown(self) -> None:
-        self.server = None  # its destructor stops the server's loop and frees the model
+        if isinstance(self.server, subprocess.Popen):
+            self.server.kill()
+            self.server.wait()
+        self.server = None  # the wheel's: its destructor stops the server's loop and frees the model
 
 
 def gguf_file(model_dir: Path) -> Path:
@@ -194,22 +206,27 @@ def server_params(model: Path, slots: int, context: int, threads: int | None) ->
     return params
 
 
-def load(model_dir: Path, slots: int, context: int, threads: int | None) -> LlamaCppModel:
+def load(
+    model_dir: Path, slots: int, context: int, threads: int | None, binary: str | None = None
+) -> LlamaCppModel:
     """llama.cpp's server over the artifact's GGUF, with `slots` slots of `context` tokens each, and the
     tokenizer and chat template transformers reads from the same file. The deployment's settings
-    (`generation.deployment_settings`) give its template and parsers; its context is `context`."""
+    (`generation.deployment_settings`) give its template and parsers; its context is `context`. The
+    server is the `xllamacpp` wheel's, in this process, or with `binary` (MODELHOST_LLAMA_SERVER) that
+    `llama-server` program, as this process's child: the same requests drive either."""
     import httpx
-    import xllamacpp as xlc
 
     path = gguf_file(model_dir)
     own = GenerationSettings.from_environment()
     tokenizer = load_tokenizer(path.parent, gguf_file=path.name)
     own.use_template(tokenizer)
-    params = server_params(path, slots, context, threads)
-    server = xlc.Server(params)
+    if binary:
+        server, address, key = _start_binary(binary, path, slots, context, threads)
+    else:
+        server, address, key = _start_in_process(path, slots, context, threads)
     client = httpx.AsyncClient(
-        base_url=server.listening_address,
-        headers={"Authorization": f"Bearer {params.api_keys[0]}"},
+        base_url=address,
+        headers={"Authorization": f"Bearer {key}"},
         timeout=httpx.Timeout(None, connect=10.0),
         limits=httpx.Limits(max_connections=slots + 4, max_keepalive_connections=slots + 4),
     )
@@ -226,6 +243,73 @@ def load(model_dir: Path, slots: int, context: int, threads: int | None) -> Llam
         special=special,
         settings=own,
     )
+
+
+def _start_in_process(path: Path, slots: int, context: int, threads: int | None) -> tuple[Any, str, str]:
+    """The wheel's server in this process: (its handle, its address, its API key)."""
+    import xllamacpp as xlc
+
+    params = server_params(path, slots, context, threads)
+    server = xlc.Server(params)
+    return server, str(server.listening_address), str(params.api_keys[0])
+
+
+def binary_arguments(path: Path, slots: int, context: int, threads: int | None) -> list[str]:
+    """`llama-server`'s command line for what `server_params` sets (see the module docstring)."""
+    arguments = [
+        "--model", str(path),
+        "--parallel", str(slots),
+        "--ctx-size", str(slots * context),
+        "--no-kv-unified",
+        "--no-context-shift",
+        "--cont-batching",
+        "--fit", "off",
+        "--load-mode", "none",
+        "--warmup",
+        "--cache-prompt",
+        "--threads-http", str(slots + 4),
+        "--metrics",
+        "--slots",
+        "--log-verbosity", "0",
+    ]  # fmt: skip
+    if threads:
+        arguments += ["--threads", str(threads), "--threads-batch", str(threads)]
+    return arguments
+
+
+def _start_binary(
+    binary: str, path: Path, slots: int, context: int, threads: int | None
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """A `llama-server` program as this process's child (dying with it), on a free loopback port, its
+    API key in a private file rather than on its command line (which `ps` shows): (the process, its
+    address, its key), once it answers healthy. Its log goes to the supervisor's, as ours does."""
+    import httpx
+
+    key = secrets.token_urlsafe(24)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as private:  # mode 0700; read by the server as it starts
+        key_file = Path(private, "key")
+        key_file.write_text(key)
+        command = [binary, *binary_arguments(path, slots, context, threads)]
+        command += ["--host", "127.0.0.1", "--port", str(port), "--api-key-file", str(key_file)]
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
+        while (code := process.poll()) is None:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{address}/health", timeout=5).status_code == 200:
+                    return process, address, key
+            time.sleep(0.1)
+    raise RuntimeError(f"{binary} exited with code {code} while loading (its log is above)")
+
+
+def _die_with_parent() -> None:
+    """In the child before it runs `llama-server`: SIGKILL when the worker dies, even by SIGKILL."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 async def warm_up(model: LlamaCppModel) -> None:
@@ -400,15 +484,15 @@ async def generate(
             await _refused(request, response, emit)
             return
         started = False
-        async for line in response.aiter_lines():
-            if line.startswith("error:"):
-                emit({"error": {"message": _error_message(line[6:]), "internal": True}})
+        async for line in sse_lines(response.aiter_bytes()):
+            if line.startswith(b"error:"):
+                emit({"error": {"message": _error_message(line[6:].decode()), "internal": True}})
                 return
-            if not line.startswith("data: "):
+            if not line.startswith(b"data: "):
                 continue
             chunk = json.loads(line[6:])
             if "error" in chunk:  # llama.cpp failed the request after it started
-                emit({"error": {"message": _error_message(line[6:]), "internal": True}})
+                emit({"error": {"message": _error_message(line[6:].decode()), "internal": True}})
                 return
             if not started:
                 emit(_started(model, request, prompt, chunk))
@@ -416,6 +500,19 @@ async def generate(
             if _chunk(model, answer, chunk, emit):
                 return  # the answer ended here: leaving the block closes the stream, stopping llama.cpp
         emit({"error": {"message": "llama.cpp ended the stream before the answer's end", "internal": True}})
+
+
+async def sse_lines(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A server-sent event stream's lines, split at `\n` alone: httpx's `aiter_lines` also splits at
+    U+2028, U+0085 and the other `str.splitlines` breaks, which llama.cpp's JSON leaves unescaped in a
+    token's text (a model may well write one), cutting a chunk in two."""
+    rest = b""
+    async for data in stream:
+        *lines, rest = (rest + data).split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r")
+    if rest:
+        yield rest
 
 
 async def _refused(request: dict[str, Any], response: Any, emit: Callable[[Event], None]) -> None:

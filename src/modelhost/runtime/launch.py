@@ -75,6 +75,8 @@ def worker_launch(
         # context per slot its footprint reserved
         command = (sys.executable, "-m", "modelhost.runtime.llamacpp_worker")
         args += ["--slots", str(settings.llamacpp_slots)]
+        if settings.llama_server:
+            args += ["--llama-server", settings.llama_server]
         with contextlib.suppress(InvalidGguf):  # replaced since its inspection: llama.cpp says why
             layout = llamacpp_layout(
                 spec.model_dir,

@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--slots", type=int, default=4, help="requests decoded together")
     parser.add_argument("--context", type=int, default=4096, help="tokens of context per slot")
+    parser.add_argument("--llama-server", default=None, help="a llama-server program instead of the wheel's")
     # accepted for the same command line as runtime.worker; llama.cpp batches and warms up by itself
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--max-batch", type=int, default=None)
@@ -52,7 +53,7 @@ async def _serve(args: argparse.Namespace) -> int:
     listener = socket.socket(fileno=args.listen_fd)
     started = time.perf_counter()
     try:
-        model = load(args.model_dir, args.slots, args.context, args.threads)
+        model = load(args.model_dir, args.slots, args.context, args.threads, args.llama_server)
     except Exception as exc:  # the reason goes back to the supervisor
         traceback.print_exc()
         return load_failed(lifeline, f"llama.cpp could not load the model: {type(exc).__name__}: {exc}")
