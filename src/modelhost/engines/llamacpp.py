@@ -14,7 +14,8 @@ only this process knows), on llama.cpp's native `/completion`, streamed. Not thr
 it), so each waiting or running request would hold a thread of ours, and stopping one means waiting for
 its next token to return True from the callback. Over HTTP the requests are plain asyncio streams in the
 worker's loop, and closing one stops its slot at once (llama.cpp checks the connection before each
-token); the same code would drive a `llama-server` binary.
+token); and the same code drives a `llama-server` program where MODELHOST_LLAMA_SERVER names one (run
+as the worker's child, `_start_binary`).
 
 **Weights are read into memory, not mapped** (`--no-mmap`: load mode `none`). We bill and admit replicas
 by measured memory (`runtime.memory`): a mapped file's pages are the page cache's, which the kernel may
@@ -53,7 +54,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -89,7 +89,7 @@ class SlotGate:
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def slot(self, low: bool) -> AsyncIterator[None]:
         await self._acquire(low)
         try:
@@ -359,7 +359,7 @@ def llama_body(params: SamplingParams, prompt: list[int], grammar: str | None) -
     return body
 
 
-def _refuse_unsupported(request: dict[str, Any], params: SamplingParams) -> None:
+def _refuse_unsupported(params: SamplingParams) -> None:
     """A 400 for what llama.cpp cannot do (rather than doing something else)."""
     if params.min_tokens:
         raise InvalidRequest(
@@ -382,7 +382,6 @@ def _refuse_unsupported(request: dict[str, Any], params: SamplingParams) -> None
 class _Answer:
     """One request's answer as its tokens arrive: our decoding, stop strings and stop tokens."""
 
-    model: LlamaCppModel
     params: SamplingParams
     strip: Callable[[str], str] | None
     decoder: IncrementalDecoder
@@ -461,7 +460,7 @@ async def generate(
         prompt, prompt_param = prompt_ids(model, request)
         given = request.get("params", {})
         params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
-        _refuse_unsupported(request, params)
+        _refuse_unsupported(params)
     except ModelhostError as exc:
         emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})
         return
@@ -469,7 +468,6 @@ async def generate(
     params = replace(params, skip_special_tokens=skip)
     decode = functools.partial(model.tokenizer.decode, skip_special_tokens=skip)
     answer = _Answer(
-        model,
         params,
         strip,
         IncrementalDecoder(decode),
