@@ -116,6 +116,9 @@ def test_vllm_or_transformers_for_a_gguf_and_llamacpp_for_safetensors_are_refuse
     with pytest.raises(InvalidRequest, match="serves GGUF files") as refused:
         engines.choose("llamacpp", "text-generation", recipes / FAMILIES_FOLDER / "qwen3")
     assert refused.value.code == "engine_not_supported"
+    with pytest.raises(InvalidRequest, match="does not serve feature-extraction") as refused:
+        engines.choose("auto", "feature-extraction", gguf_dir)  # an embedding GGUF: not served yet
+    assert refused.value.code == "engine_not_supported"
 
 
 def test_the_replica_holds_the_weights_read_in_not_mapped_and_is_billed_for_them(served: Served) -> None:

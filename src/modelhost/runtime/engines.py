@@ -73,10 +73,9 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
             param="engine",
             code="engine_not_supported",
         )
-    if "llamacpp" in engines:
-        gguf = _gguf_choice(asked, model_dir)
-        if gguf is not None:
-            return gguf
+    gguf = _gguf_choice(asked, pipeline, model_dir)
+    if gguf is not None:
+        return gguf
     if asked == "transformers" or engines == ("transformers",):
         return EngineChoice("transformers")
     if "vllm" not in engines:
@@ -96,10 +95,18 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
     return EngineChoice("vllm", f"auto chose vLLM: installed, and its registry has {architecture}")
 
 
-def _gguf_choice(asked: str, model_dir: Path | None) -> EngineChoice | None:
+def _gguf_choice(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice | None:
     """llama.cpp for a GGUF artifact (the only engine that reads one), None for any other artifact;
-    InvalidRequest where the engine asked for cannot serve the artifact's format."""
+    InvalidRequest where the engine asked for cannot serve the artifact's format, or llama.cpp the task
+    (an embedding GGUF's `feature-extraction`: not served yet)."""
     is_gguf = model_dir is not None and is_gguf_artifact(model_dir)
+    if is_gguf and "llamacpp" not in BY_NAME[pipeline].engines:
+        raise InvalidRequest(
+            f"This artifact's files are GGUF, which only the llamacpp engine serves, and it does not serve "
+            f"{pipeline} (text-generation only).",
+            param="engine",
+            code="engine_not_supported",
+        )
     if is_gguf and asked in ("auto", "llamacpp"):
         reason = "auto chose llama.cpp: the artifact's files are GGUF" if asked == "auto" else None
         return EngineChoice("llamacpp", reason)

@@ -294,11 +294,10 @@ class DeploymentService:
     def _choose_engine(self, asked: str, artifact: ModelArtifact) -> EngineChoice:
         """Outside any transaction: the choice may read the artifact's config.json, and finding its folder
         means downloading the model with a remote blob store, so the folder is found only where the choice
-        can read it (a task llama.cpp serves, or one vLLM serves and an engine other than `transformers`
-        asked for)."""
+        can read it (a GGUF artifact, as inspection recorded it, whichever engine is asked for: only
+        llamacpp serves one; or a task vLLM serves and an engine other than `transformers` asked for)."""
         served = BY_NAME[artifact.pipeline].engines
-        # `llamacpp` is the only engine for GGUF files: any choice among its task's engines reads them
-        reads_files = "llamacpp" in served or (asked != "transformers" and "vllm" in served)
+        reads_files = artifact.gguf is not None or (asked != "transformers" and "vllm" in served)
         model_dir = self._artifact_dir(artifact) if reads_files else None
         return engines.choose(asked, artifact.pipeline, model_dir)
 
