@@ -385,6 +385,27 @@ class Settings(BaseSettings):
         "decoding, slower starts (the first start of a model compiles it; later ones read vLLM's compile "
         "cache in the data folder). False: eager mode, the fastest start.",
     )
+    llamacpp_slots: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="Requests one llamacpp replica (a GGUF deployment) decodes together: llama.cpp's server "
+        "slots, each with its own context; more wait for a slot in the replica, interactive requests "
+        "before batch lines. Each slot's KV cache is counted in the replica's footprint.",
+    )
+    llama_server: str | None = Field(
+        default=None,
+        description="A `llama-server` program (llama.cpp built for this machine's instruction set) that "
+        "llamacpp replicas run as their child process. Unset: the server of the `xllamacpp` wheel, in the "
+        "replica's own process (docs/engines-llamacpp.md).",
+    )
+    llamacpp_context: int = Field(
+        default=4096,
+        ge=256,
+        description="The most tokens of context each slot of a llamacpp replica gets when its deployment "
+        "sets no `max_model_len`: the GGUF's own training context is often 32k-128k tokens, whose KV "
+        "cache, times the slots, would dwarf a small model's weights.",
+    )
     kv_cache_mb: int | None = Field(
         default=None,
         ge=1,

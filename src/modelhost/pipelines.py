@@ -265,7 +265,7 @@ TASKS: tuple[PipelineTask, ...] = (
         ("/v1/chat/completions", "/v1/responses", "/v1/completions", "/tokenize", "/detokenize"),
         ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
         needs_tokenizer=True,
-        engines=("vllm", "transformers"),
+        engines=("vllm", "llamacpp", "transformers"),
     ),
     PipelineTask(
         "image-text-to-text",

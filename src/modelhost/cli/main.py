@@ -110,6 +110,7 @@ class EngineName(StrEnum):
 
     auto = "auto"
     vllm = "vllm"
+    llamacpp = "llamacpp"
     onnxruntime = "onnxruntime"
     openvino = "openvino"
     transformers = "transformers"

@@ -35,9 +35,14 @@ def load_auto(model_dir: Path, device: str, auto_class: str = "AutoModel") -> An
     return model.to(device).eval()
 
 
-def load_tokenizer(model_dir: Path) -> Any:
+def load_tokenizer(model_dir: Path, gguf_file: str | None = None) -> Any:
+    """The artifact's tokenizer and chat template; from a GGUF file's own metadata when `gguf_file`
+    names one in `model_dir` (transformers reads the embedded vocabulary, merges and template: the
+    IDs round-trip exactly with llama.cpp's for the families we serve, docs/engines-llamacpp.md)."""
     from transformers import AutoTokenizer
 
+    if gguf_file is not None:
+        return AutoTokenizer.from_pretrained(str(model_dir), gguf_file=gguf_file, **SAFE_LOAD)
     return AutoTokenizer.from_pretrained(str(model_dir), **SAFE_LOAD)
 
 

@@ -11,8 +11,10 @@ from modelhost.protocol.chat import MinP, RepetitionPenalty, Temperature, Templa
 from modelhost.protocol.common import PageOf, StrictModel
 
 Readiness = Literal["cold", "warm", "hot"]
-Engine = Literal["auto", "vllm", "onnxruntime", "openvino", "transformers"]  # runtime.engines.ENGINES
-EngineInUse = Literal["vllm", "onnxruntime", "openvino", "transformers"]
+Engine = Literal[
+    "auto", "vllm", "llamacpp", "onnxruntime", "openvino", "transformers"
+]  # runtime.engines.ENGINES
+EngineInUse = Literal["vllm", "llamacpp", "onnxruntime", "openvino", "transformers"]
 Precision = Literal["float32", "int8"]
 PRECISION_DESCRIPTION = (
     "`int8`: an encoder task (the tasks `onnxruntime` serves) runs on ONNX Runtime with int8 weights "
@@ -26,8 +28,9 @@ ENGINE_DESCRIPTION = (
     "and can run the model's architecture, else transformers; for feature extraction, text "
     "classification, reranking, question answering, fill-mask, token and zero-shot classification and "
     "the image encoders, the faster of ONNX Runtime and OpenVINO where a replica measures it equal to "
-    "torch and faster, else transformers), `vllm` (generation only), `onnxruntime` or `openvino` (those "
-    "encoder tasks only) or `transformers`; "
+    "torch and faster, else transformers; for a GGUF artifact, llamacpp), `vllm` (generation only), "
+    "`llamacpp` (text generation from GGUF files, and the only engine for them), `onnxruntime` or "
+    "`openvino` (those encoder tasks only) or `transformers`; "
     "an engine that cannot serve the deployment is 400 `engine_not_supported`. vLLM is chosen when the "
     "deployment is created or its engine is changed; an encoder's runtime when a replica first loads it."
 )

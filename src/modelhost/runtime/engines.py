@@ -5,6 +5,9 @@
 - `vllm`: vLLM's async engine, for text generation and chat with images, in its own Python
   environment (`.venv-vllm`, made by scripts/setup.sh: vLLM pins its own torch and transformers, so it
   cannot share ours). Its replica worker is `runtime.vllm_worker`, started under that Python.
+- `llamacpp`: llama.cpp's server (`xllamacpp`, in our environment), for text generation from a GGUF
+  artifact, and the only engine that reads GGUF (docs/engines-llamacpp.md). Its replica worker is
+  `runtime.llamacpp_worker`.
 
 A deployment asks for one (`engine`, default `auto`); the choice is made when the deployment is created
 or its engine is changed, and stored with it (`engine_in_use`, and `engine_reason` where `auto` or a
@@ -12,7 +15,7 @@ fallback chose), so that every gateway process and every restart runs the same e
 for a task vLLM serves when vLLM is installed, lists the artifact's architecture in its model registry
 and can import its implementation there (`runtime.vllm_registry`; vLLM can run other architectures
 through its transformers fallback, more slowly: those stay on ours); anything else runs on
-`transformers`.
+`transformers`. An artifact whose files are GGUF runs on `llamacpp`, whatever the task's other engines.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import modelhost
+from modelhost.artifacts.gguf_check import InvalidGguf, gguf_set
 from modelhost.config import get_settings
 from modelhost.errors import InvalidRequest
 from modelhost.pipelines import BY_NAME
 
 log = logging.getLogger("modelhost.runtime")
 
-ENGINES = ("auto", "vllm", "onnxruntime", "openvino", "transformers")
+ENGINES = ("auto", "vllm", "llamacpp", "onnxruntime", "openvino", "transformers")
 # Engines a replica chooses between when it loads, by measuring them (`engines.encoders`)
 MEASURED_AT_LOAD = ("onnxruntime", "openvino")  # engines.encoders.RUNTIMES
 MARKER = ".modelhost-vllm"  # written by setup.sh once the environment imports vLLM
@@ -44,7 +48,7 @@ CHECKOUT_ENVIRONMENT = Path(modelhost.__file__).resolve().parents[2] / ".venv-vl
 
 @dataclass(frozen=True, slots=True)
 class EngineChoice:
-    engine: str  # the engine that runs the deployment: `vllm` or `transformers`
+    engine: str  # the engine that runs the deployment: `vllm`, `llamacpp`, `transformers`...
     reason: str | None = None  # why, where `auto` or a fallback chose
 
 
@@ -69,6 +73,9 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
             param="engine",
             code="engine_not_supported",
         )
+    gguf = _gguf_choice(asked, pipeline, model_dir)
+    if gguf is not None:
+        return gguf
     if asked == "transformers" or engines == ("transformers",):
         return EngineChoice("transformers")
     if "vllm" not in engines:
@@ -86,6 +93,43 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
     if asked == "vllm":
         return EngineChoice("vllm")
     return EngineChoice("vllm", f"auto chose vLLM: installed, and its registry has {architecture}")
+
+
+def _gguf_choice(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice | None:
+    """llama.cpp for a GGUF artifact (the only engine that reads one), None for any other artifact;
+    InvalidRequest where the engine asked for cannot serve the artifact's format, or llama.cpp the task
+    (an embedding GGUF's `feature-extraction`: not served yet)."""
+    is_gguf = model_dir is not None and is_gguf_artifact(model_dir)
+    if is_gguf and "llamacpp" not in BY_NAME[pipeline].engines:
+        raise InvalidRequest(
+            f"This artifact's files are GGUF, which only the llamacpp engine serves, and it does not serve "
+            f"{pipeline} (text-generation only).",
+            param="engine",
+            code="engine_not_supported",
+        )
+    if is_gguf and asked in ("auto", "llamacpp"):
+        reason = "auto chose llama.cpp: the artifact's files are GGUF" if asked == "auto" else None
+        return EngineChoice("llamacpp", reason)
+    if is_gguf:
+        why = (
+            "the artifact's files are GGUF, which only the llamacpp engine serves (ask for auto or llamacpp)"
+        )
+    elif asked == "llamacpp":
+        why = "the llamacpp engine serves GGUF files, and this artifact has none"
+    else:
+        return None
+    raise InvalidRequest(
+        f"The {asked} engine cannot serve this artifact: {why}.", param="engine", code="engine_not_supported"
+    )
+
+
+def is_gguf_artifact(model_dir: Path) -> bool:
+    """Whether an artifact's model is a GGUF file (or a split set of them; a bad set is GGUF too, which
+    only llama.cpp would read, and its load says what is wrong)."""
+    try:
+        return gguf_set(model_dir) is not None
+    except InvalidGguf:
+        return True
 
 
 def check_precision(precision: str, asked: str, pipeline: str) -> None:

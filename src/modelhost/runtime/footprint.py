@@ -10,6 +10,15 @@ Predicted from what is known before any process starts, in this order:
 
 Once loaded, the measured footprint replaces the prediction (`runtime.manager`).
 
+**A GGUF on llama.cpp** (`engine: llamacpp`) is predicted from its header (`artifacts.gguf_check`): its
+tensors' bytes (read into the replica's memory, not mapped: docs/engines-llamacpp.md), plus the KV cache
+of its slots (`llamacpp_layout`: layers × KV heads × (key + value length) × 2 bytes, llama.cpp's f16 cache,
+× slots × context per slot), plus llama.cpp's compute buffers (`LLAMACPP_UBATCH` tokens of logits and
+activations, in float32: `ubatch × 4 × (vocabulary + 8 × embedding width)`; 2.3 MB predicted for the
+tests' tiny Qwen3 against the 2.1 MiB llama.cpp reports, ~330 MB for an 8B Llama 3 against its ~260 MiB),
+plus the engine's base cost (our Python, the tokenizer, the server's threads). Then measured, as every
+replica is.
+
 **The KV cache** of a generation replica (text generation, chat with images) is part of its footprint,
 so it is decided here and handed to the replica (`MODELHOST_KV_CACHE_MB` in its environment, read by
 both engines; vLLM's own sizing, a fraction of the machine, is never used): `MODELHOST_KV_CACHE_MB` when
@@ -20,12 +29,14 @@ half of what the GPU's budget leaves beside the weights.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelhost.artifacts.gguf_check import InvalidGguf, read_gguf_set
 from modelhost.pipelines import BY_NAME
 from modelhost.runtime.capacity import MB, Footprint
 
@@ -34,13 +45,18 @@ from modelhost.runtime.capacity import MB, Footprint
 # measured on this server. Measured on the 2-core test machine: a tiny model's forked worker 35 MiB,
 # all-MiniLM-L6-v2 on torch 138 MiB (90 of it its weights); a tiny chat model on vLLM's CPU engine (eager)
 # 1,329 MiB and on ours 180 MiB, 128 MiB of each its KV cache.
-BASE_COSTS = {"transformers": 64 * MB, "auto": 96 * MB, "vllm": 1536 * MB}
+# A llama.cpp replica (a program of its own): the interpreter, transformers' tokenizer and the server's
+# threads: 194 MiB measured on the 2-core test machine for the tests' tiny GGUF (2 slots), rounded up.
+BASE_COSTS = {"transformers": 64 * MB, "auto": 96 * MB, "vllm": 1536 * MB, "llamacpp": 256 * MB}
 # A worker started as a new program (no template): its imports are its own, not shared
 EXECUTED_WORKER_COST = 400 * MB
 # What a process holds on a GPU before its model: the CUDA context and the caching allocator's slack
 GPU_PROCESS_COST = 512 * MB
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".onnx", ".onnx_data", ".gguf")
 KV_SLOTS = 64  # tasks.text_generation.MAX_RUNNING_SEQUENCES: room for this many whole contexts
+LLAMACPP_UBATCH = 512  # llama.cpp's default physical batch: its compute buffers hold this many tokens
+LLAMACPP_CONTEXT_STEP = 256  # llama.cpp pads its whole context to this: each slot's is a multiple of it
+F16_BYTES = 2  # llama.cpp's KV cache type (its default)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
@@ -52,6 +68,39 @@ class Prediction:
     weights: int
     kv_cache: int  # bytes given to its generation engine's KV cache (0: not a generation task)
     remembered: bool  # from an earlier replica's measurement rather than estimated
+    compute: int = 0  # an engine's own buffers predicted beside them (llama.cpp's compute buffers)
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaCppLayout:
+    """What a llama.cpp replica is started with and what it holds beyond its base cost."""
+
+    slots: int
+    context: int  # tokens of context per slot (the context check's limit)
+    weights: int  # the GGUF's tensor bytes
+    kv_cache: int  # every slot's whole context, f16
+    compute: int  # llama.cpp's compute buffers, estimated (see the module docstring)
+
+
+def llamacpp_layout(
+    model_dir: Path, max_model_len: int | None, slots: int, context_cap: int
+) -> LlamaCppLayout:
+    """A GGUF replica's slots and context per slot: the deployment's `max_model_len` where it sets one,
+    else `context_cap` (MODELHOST_LLAMACPP_CONTEXT), never above the GGUF's training context (llama.cpp
+    caps a slot's there); and its parts.
+    `InvalidGguf` for a file that is not a readable GGUF (inspection has passed it: it was replaced)."""
+    _, info = read_gguf_set(model_dir)
+    context = max_model_len or context_cap
+    if info.context_length:  # llama.cpp gives a slot no more than the model was trained for
+        context = min(context, info.context_length)
+    kept = -(-context // LLAMACPP_CONTEXT_STEP) * LLAMACPP_CONTEXT_STEP  # what llama.cpp allocates
+    heads = info.head_count or 1
+    width = info.embedding_length or 512
+    key = info.key_length or width // heads
+    value = info.value_length or key
+    per_token = (info.block_count or 1) * (info.head_count_kv or heads) * (key + value) * F16_BYTES
+    compute = LLAMACPP_UBATCH * 4 * ((info.vocab_size or 32_000) + 8 * width)
+    return LlamaCppLayout(slots, context, info.tensor_bytes, per_token * slots * kept, compute)
 
 
 def generates(pipeline: str) -> bool:
@@ -72,8 +121,12 @@ def predict(
     base_costs: Mapping[str, int],
     preload: bool,
     max_model_len: int | None = None,
+    llamacpp: tuple[int, int] = (4, 4096),
 ) -> Prediction:
-    """One replica's footprint (see the module docstring)."""
+    """One replica's footprint (see the module docstring). `llamacpp`: the server's slots and context
+    cap per slot (MODELHOST_LLAMACPP_SLOTS, MODELHOST_LLAMACPP_CONTEXT)."""
+    if engine == "llamacpp":
+        return _predict_llamacpp(model_dir, remembered, base_costs, max_model_len, llamacpp)
     weights = weight_bytes(model_dir)
     kv = 0
     if generates(pipeline):
@@ -89,11 +142,31 @@ def predict(
     return Prediction(Footprint(base + weights + kv), weights, kv, remembered=False)
 
 
+def _predict_llamacpp(
+    model_dir: Path,
+    remembered: Footprint | None,
+    base_costs: Mapping[str, int],
+    max_model_len: int | None,
+    llamacpp: tuple[int, int],
+) -> Prediction:
+    """A GGUF on llama.cpp, on the CPU (see the module docstring)."""
+    try:
+        layout = llamacpp_layout(model_dir, max_model_len, *llamacpp)
+    except InvalidGguf:  # replaced since its inspection: the load fails and says so
+        layout = LlamaCppLayout(llamacpp[0], 0, weight_bytes(model_dir), 0, 0)
+    if remembered is not None:
+        return Prediction(remembered, layout.weights, layout.kv_cache, True, layout.compute)
+    base = base_costs.get("llamacpp") or BASE_COSTS["llamacpp"]
+    host = base + layout.weights + layout.kv_cache + layout.compute
+    return Prediction(Footprint(host), layout.weights, layout.kv_cache, False, layout.compute)
+
+
 def base_cost(measured: Footprint, prediction: Prediction, on_gpu: bool) -> int:
-    """What a measured replica took above its weights and KV cache: its engine's base cost."""
+    """What a measured replica took above its weights, KV cache and engine buffers: its engine's base
+    cost."""
     if on_gpu:
         return measured.host
-    return max(0, measured.host - prediction.weights - prediction.kv_cache)
+    return max(0, measured.host - prediction.weights - prediction.kv_cache - prediction.compute)
 
 
 def weight_bytes(model_dir: Path) -> int:
@@ -127,10 +200,13 @@ def kv_cache_bytes(
 
 
 def model_context(model_dir: Path) -> int | None:
-    """The model's own context (`max_position_embeddings` in `config.json`), None where it says none
-    (or an unbounded one): what a deployment's `max_model_len` may be at most."""
+    """The model's own context (`max_position_embeddings` in `config.json`, a GGUF's `context_length`),
+    None where it says none (or an unbounded one): what a deployment's `max_model_len` may be at most."""
     config = _config(model_dir)
     context = _int(_text_part(config).get("max_position_embeddings"), 0)
+    if not config:  # a GGUF says it in its header
+        with contextlib.suppress(InvalidGguf):
+            context = read_gguf_set(model_dir)[1].context_length or 0
     return context if 0 < context < 10_000_000 else None
 
 

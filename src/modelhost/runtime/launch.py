@@ -4,12 +4,16 @@ place for a local replica (`runtime.local`) and for the vLLM worker a Ray Serve 
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from modelhost.artifacts.gguf_check import InvalidGguf
 from modelhost.config import Settings
 from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime.engines import MEASURED_AT_LOAD, vllm_launch
+from modelhost.runtime.footprint import llamacpp_layout
 from modelhost.runtime.replica import ReplicaSpec
 from modelhost.runtime.spawn import WORKER_ENV
 
@@ -26,8 +30,8 @@ def worker_launch(
 ) -> WorkerLaunch:
     """A worker of `spec`: the model and its task, the replica's threads and device, batching, an
     encoder's runtime where the replica chooses it at load, the KV cache its footprint reserved (both
-    engines read it), and for vLLM its own Python and switches. `base_env` is the environment it starts
-    from (the server's, or a Serve actor's)."""
+    engines read it), for vLLM its own Python and switches, for llama.cpp its slots and their context.
+    `base_env` is the environment it starts from (the server's, or a Serve actor's)."""
     args = [
         "--deployment", spec.deployment_id,
         "--pipeline", spec.pipeline,
@@ -66,4 +70,19 @@ def worker_launch(
         if spec.lora_rank is not None:  # a base with adapters attached (docs/adapters.md)
             args += ["--max-lora-rank", str(spec.lora_rank), "--max-loras", str(settings.max_loras)]
             args += ["--max-cpu-loras", str(max(settings.max_cpu_loras, settings.max_loras))]
+    if spec.engine == "llamacpp":
+        # our Python, executed (never forked: llama.cpp starts threads of its own), with the slots and
+        # context per slot its footprint reserved
+        command = (sys.executable, "-m", "modelhost.runtime.llamacpp_worker")
+        args += ["--slots", str(settings.llamacpp_slots)]
+        if settings.llama_server:
+            args += ["--llama-server", settings.llama_server]
+        with contextlib.suppress(InvalidGguf):  # replaced since its inspection: llama.cpp says why
+            layout = llamacpp_layout(
+                spec.model_dir,
+                spec.generation.max_model_len,
+                settings.llamacpp_slots,
+                settings.llamacpp_context,
+            )
+            args += ["--context", str(layout.context)]
     return WorkerLaunch(command, env, tuple(args))

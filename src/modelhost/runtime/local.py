@@ -213,8 +213,9 @@ class LocalProcessReplica:
         return self.footprint
 
     def _kill_group(self) -> None:
-        """A vLLM worker's engine processes (its own session) end with it, even when it was killed."""
-        if self.spec.engine == "vllm" and self.pid is not None:
+        """A vLLM worker's engine processes (its own session), a llama.cpp worker's `llama-server`, end
+        with it, even when it was killed."""
+        if self.spec.engine in ("vllm", "llamacpp") and self.pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
 

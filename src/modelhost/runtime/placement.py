@@ -172,6 +172,7 @@ class Placement:
             # a Serve actor imports torch itself: only a local worker shares the template's pages
             preload=self.settings.worker_preload and self.settings.runtime == "local",
             max_model_len=spec.generation.max_model_len,
+            llamacpp=(self.settings.llamacpp_slots, self.settings.llamacpp_context),
         )
         return prediction, prediction.footprint.times(count)
 

@@ -725,7 +725,7 @@ class RayServeReplica:
     def _definition(self) -> tuple[type, ServeLoad | VllmLaunch]:
         """The actor class of the deployment's engine and its argument."""
         spec, settings = self.spec, self._settings
-        if spec.engine == "vllm":
+        if spec.engine in ("vllm", "llamacpp"):  # a worker program of its own, the actor's child
             return VllmServer, vllm_definition(spec, settings, self._warmup)
         load = ServeLoad(
             pipeline=spec.pipeline,

@@ -1,174 +1,27 @@
 """A replica worker hosting vLLM's async engine (`engines.vllm`): text generation on the `vllm` engine.
 
 Started by `LocalProcessReplica` like `runtime.worker`, with the same command line and the same two
-sockets (the lifeline and the listening socket every gateway process connects to), and speaking the
-same replica protocol: `Generate` → `Events`, `Cancel` → vLLM's abort, `StatsRequest` → `Stats`. It runs
-under the Python of vLLM's own environment (`.venv-vllm`), never forked from our template: vLLM pins its
-own torch and transformers, and starts its engine core in child processes of its own. What is ours and
-what is vLLM's in a generation is the engine's part (`engines.vllm`); this module is the process, its
-sockets and its protocol loop.
-
-Unlike `runtime.worker`'s synchronous loop, this one is asyncio: vLLM's front end is.
+sockets, and speaking the same replica protocol through the asyncio loop it shares with the llama.cpp
+worker (`runtime.async_worker`): `Cancel` → vLLM's abort. It runs under the Python of vLLM's own
+environment (`.venv-vllm`), never forked from our template: vLLM pins its own torch and transformers,
+and starts its engine core in child processes of its own. What is ours and what is vLLM's in a
+generation is the engine's part (`engines.vllm`); this module loads it and warms it up.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import itertools
+import functools
 import os
-import signal
 import socket
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import msgspec
-
-from modelhost import tracing
-from modelhost.engines.vllm import LoraSlots, VllmModel, generate, load, warm_up
-from modelhost.runtime import metrics
-from modelhost.runtime.host import with_priority
-from modelhost.runtime.protocol import (
-    Cancel,
-    Event,
-    Events,
-    FrameReader,
-    Generate,
-    LoadFailed,
-    Ready,
-    Stats,
-    StatsRequest,
-    Stop,
-    decode_to_replica,
-    encode,
-)
-from modelhost.runtime.worker import die_with_parent
-
-READ_SIZE = 1 << 18
-
-
-@dataclass(eq=False)
-class _Peer:
-    """One gateway's (or the supervisor's) connection and the generations it asked for."""
-
-    number: int
-    writer: asyncio.StreamWriter
-    generations: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    pending: list[Event] = field(default_factory=list)
-
-
-class VllmWorker:
-    def __init__(self, model: VllmModel, deployment: str) -> None:
-        self.model = model
-        self.deployment = deployment
-        # the same gauge the transformers engine's replicas keep: sequences held (vLLM's running and
-        # waiting requests are ours until their last event)
-        self._generating = metrics.GENERATING.labels(deployment)
-        self._generated_tokens = metrics.GENERATION_TOKENS.labels(deployment)
-        self._numbers = itertools.count()
-        self._peers: set[_Peer] = set()
-        self._flush_scheduled: set[_Peer] = set()
-        self.stopped = asyncio.Event()
-
-    @property
-    def running(self) -> int:
-        return sum(len(peer.generations) for peer in self._peers)
-
-    async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Read a connection's messages until it closes; True when it said `Stop`."""
-        peer = _Peer(next(self._numbers), writer)
-        self._peers.add(peer)
-        frames = FrameReader()
-        try:
-            while data := await reader.read(READ_SIZE):
-                for body in frames.feed(data):
-                    try:
-                        message = decode_to_replica(body)
-                    except msgspec.DecodeError:
-                        traceback.print_exc()
-                        return False
-                    if isinstance(message, Stop):
-                        return True
-                    self._receive(peer, message)
-            return False
-        except ConnectionError:
-            return False
-        finally:
-            self._peers.discard(peer)
-            for task in peer.generations.values():
-                task.cancel()  # vLLM aborts a request whose iterator is cancelled
-            writer.close()
-
-    async def serve_gateway(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await self.serve_connection(reader, writer)
-
-    def _receive(self, peer: _Peer, message: Any) -> None:
-        if isinstance(message, Generate):
-            task = asyncio.create_task(self._generate(peer, message))
-            peer.generations[message.id] = task
-        elif isinstance(message, Cancel):
-            cancelled = peer.generations.pop(message.id, None)
-            if cancelled is not None:
-                cancelled.cancel()
-        elif isinstance(message, StatsRequest):
-            self._send(peer, Stats(message.id, 0, self.running))
-        else:  # a batch `Run`: not this replica's kind of task
-            traceback.print_stack()
-
-    async def _generate(self, peer: _Peer, message: Generate) -> None:
-        request_id = f"{peer.number}-{message.id}"
-        self._generating.inc()
-        counted = 0  # of the request's tokens, in `modelhost_generation_tokens_total`
-        traced = tracing.generation_trace(message.trace, self.deployment, "vllm")
-
-        def emit(event: dict[str, Any]) -> None:
-            nonlocal counted
-            generated = event.get("completion_tokens", counted)
-            if generated > counted:
-                self._generated_tokens.inc(generated - counted)
-                counted = generated
-            if traced is not None:
-                traced.event(event)
-            self._event(peer, message.id, event)
-
-        try:
-            await generate(self.model, request_id, with_priority(message), emit)
-        except asyncio.CancelledError:
-            if traced is not None:
-                traced.event({"cancelled": True})
-            await self.model.abort(request_id)
-            raise
-        except Exception as exc:  # the engine failed: this request gets an internal error
-            traceback.print_exc()
-            emit({"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}})
-            if self.model.errored:
-                self.stopped.set()  # the engine core is gone: exit, the supervisor starts a replacement
-        finally:
-            self._generating.dec()
-            peer.generations.pop(message.id, None)
-
-    def _event(self, peer: _Peer, request_id: int, event: dict[str, Any]) -> None:
-        """Events go out once per turn of the loop, gathered per connection (one frame for every stream
-        that moved in a step)."""
-        peer.pending.append(Event(request_id, event))
-        if peer not in self._flush_scheduled:
-            self._flush_scheduled.add(peer)
-            asyncio.get_running_loop().call_soon(self._flush, peer)
-
-    def _flush(self, peer: _Peer) -> None:
-        self._flush_scheduled.discard(peer)
-        events, peer.pending = peer.pending, []
-        if events:
-            self._send(peer, Events(events))
-
-    def _send(self, peer: _Peer, message: msgspec.Struct) -> None:
-        if not peer.writer.is_closing():
-            peer.writer.write(encode(message))
+from modelhost.engines.vllm import LoraSlots, generate, load, warm_up
+from modelhost.runtime import async_worker
+from modelhost.runtime.async_worker import AsyncWorker, load_failed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -214,32 +67,15 @@ async def _serve(args: argparse.Namespace) -> int:
         )
     except Exception as exc:  # the reason goes back to the supervisor
         traceback.print_exc()
-        lifeline.sendall(encode(LoadFailed(f"vLLM could not load the model: {type(exc).__name__}: {exc}")))
-        return 1
+        return load_failed(lifeline, f"vLLM could not load the model: {type(exc).__name__}: {exc}")
     try:
         await warm_up(model)
     except Exception as exc:
         traceback.print_exc()
-        reason = _root_cause(exc)
-        lifeline.sendall(encode(LoadFailed(f"vLLM loaded the model but could not run it: {reason}")))
         model.shutdown()
-        return 1
-    worker = VllmWorker(model, args.deployment)
-    traced = tracing.start("replica")  # on where the gateway's OTEL_* variables name an endpoint
-    try:
-        reader, writer = await asyncio.open_connection(sock=lifeline)
-        writer.write(encode(Ready(time.perf_counter() - started)))
-        server = await asyncio.start_unix_server(worker.serve_gateway, sock=listener)
-        supervisor = asyncio.create_task(worker.serve_connection(reader, writer))
-        stopped = asyncio.create_task(worker.stopped.wait())
-        # the supervisor's connection ends (Stop, or end-of-file: it is gone) or the engine died
-        await asyncio.wait({supervisor, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        server.close()
-        return 1 if stopped.done() else 0
-    finally:
-        if traced:
-            tracing.stop()  # its last spans go out
-        model.shutdown()
+        return load_failed(lifeline, f"vLLM loaded the model but could not run it: {_root_cause(exc)}")
+    worker = AsyncWorker(model, functools.partial(generate, model), args.deployment, "vllm")
+    return await async_worker.serve(lifeline, listener, started, worker)
 
 
 def _root_cause(exc: BaseException) -> str:
@@ -251,13 +87,9 @@ def _root_cause(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    die_with_parent()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     args = _parser().parse_args(argv)
-    with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_serve(args))
-    return 0
+    return async_worker.main(lambda: _serve(args))
 
 
 if __name__ == "__main__":  # vLLM spawns its engine core: nothing may start at import

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from modelhost import audit
+from modelhost.artifacts.gguf_check import InvalidGguf, read_gguf_set
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.errors import BaseNotShared, Conflict, InvalidRequest, NotFound
 from modelhost.generation import deployment_settings
@@ -237,7 +239,11 @@ class DeploymentService:
         model_dir = self._artifact_dir(artifact)
         if model_dir is None:
             return None
-        return artifact_family(model_dir, (settings or {}).get("chat_template")).name
+        template = (settings or {}).get("chat_template")
+        if template is None and engines.is_gguf_artifact(model_dir):  # a GGUF carries its template
+            with contextlib.suppress(InvalidGguf):
+                template = read_gguf_set(model_dir)[1].chat_template
+        return artifact_family(model_dir, template).name
 
     def _specs(
         self,
@@ -288,8 +294,10 @@ class DeploymentService:
     def _choose_engine(self, asked: str, artifact: ModelArtifact) -> EngineChoice:
         """Outside any transaction: the choice may read the artifact's config.json, and finding its folder
         means downloading the model with a remote blob store, so the folder is found only where the choice
-        can read it (a task vLLM serves, and an engine other than `transformers` asked for)."""
-        reads_files = asked != "transformers" and "vllm" in BY_NAME[artifact.pipeline].engines
+        can read it (a GGUF artifact, as inspection recorded it, whichever engine is asked for: only
+        llamacpp serves one; or a task vLLM serves and an engine other than `transformers` asked for)."""
+        served = BY_NAME[artifact.pipeline].engines
+        reads_files = artifact.gguf is not None or (asked != "transformers" and "vllm" in served)
         model_dir = self._artifact_dir(artifact) if reads_files else None
         return engines.choose(asked, artifact.pipeline, model_dir)
 

@@ -5,7 +5,7 @@ import { api } from "./api.js";
 import { field, h, message, replace } from "./dom.js";
 
 export const READINESS = ["cold", "warm", "hot"];
-export const ENGINES = ["auto", "vllm", "onnxruntime", "openvino", "transformers"];
+export const ENGINES = ["auto", "vllm", "llamacpp", "onnxruntime", "openvino", "transformers"];
 const BASE_TASKS = ["text-generation", "image-text-to-text"]; // the tasks whose deployments serve adapters
 export const GENERATION_TASKS = BASE_TASKS; // the tasks with generation settings (docs/generation.md)
 

@@ -1,0 +1,586 @@
+"""llama.cpp's server as a modelhost engine: GGUF text generation on the `llamacpp` engine.
+
+Loaded and driven by the llama.cpp replica worker (`runtime.llamacpp_worker`). The server is llama.cpp's
+own C++ server (`xllamacpp`, a prebuilt wheel of it), started in the worker's process: continuous
+batching over its slots, each slot a sequence with its own part of the KV cache. We set what llama.cpp
+would otherwise default: the slots (`slots`: the most requests decoded together), the context of each
+(`context`: `kv_unified` off, so `n_ctx` is `slots × context` and every slot gets its whole context),
+the threads (the replica's), its prompt cache and warm-up on, its memory fitting off (we size the
+replica: `runtime.footprint`).
+
+**Requests go over HTTP**, to the in-process server's loopback address (a random port, a random API key
+only this process knows), on llama.cpp's native `/completion`, streamed. Not through the binding's
+`handle_completions(request, callback)`: that call blocks a thread per request (its callback runs on
+it), so each waiting or running request would hold a thread of ours, and stopping one means waiting for
+its next token to return True from the callback. Over HTTP the requests are plain asyncio streams in the
+worker's loop, and closing one stops its slot at once (llama.cpp checks the connection before each
+token); and the same code drives a `llama-server` program where MODELHOST_LLAMA_SERVER names one (run
+as the worker's child, `_start_binary`).
+
+**Weights are read into memory, not mapped** (`--no-mmap`: load mode `none`). We bill and admit replicas
+by measured memory (`runtime.memory`): a mapped file's pages are the page cache's, which the kernel may
+drop under pressure and read back at every token; and on a CPU llama.cpp repacks quantized weights into
+its own interleaved layout (`REPACK`), copying them into anonymous memory anyway, so a mapped file would
+be counted twice (the mapping, whole, and the copy). Read in, the weights are the replica's own pages,
+counted once, never dropped.
+
+What stays ours, so that every engine answers alike (as on vLLM, `engines.vllm`): the prompt (the GGUF's
+own chat template through its tokenizer, loaded by transformers from the file; tools, reasoning switch,
+fill-in-the-middle, the context check: `generation.requests`), sent as token IDs; the text (our
+tokenizer decodes the tokens llama.cpp samples, with our stop strings and stop tokens: llama.cpp's own
+detokenizer drops control tokens a family's markup may need); the grammars (the gateway's llguidance
+Lark strings, which llama.cpp runs through the same llguidance: `%llguidance {}` before them); `n`
+(the gateway sends one request per choice); the priority of interactive requests over batch lines (a
+gate in front of the slots: `SlotGate`). What is llama.cpp's: scheduling, the KV cache and its prompt
+cache, sampling.
+
+Refused with a 400-style `error` event (llama.cpp has no such option): `min_tokens`, prompt
+log-probabilities, images, adapters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import functools
+import heapq
+import itertools
+import json
+import secrets
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from modelhost.artifacts.gguf_check import gguf_set
+from modelhost.engines.interface import Event
+from modelhost.engines.loader import load_tokenizer
+from modelhost.errors import InvalidRequest, ModelhostError
+from modelhost.generation.deployment_settings import GenerationSettings
+from modelhost.generation.families import Family
+from modelhost.generation.requests import (
+    SamplingParams,
+    SpecialTokens,
+    chat_markup,
+    fim_tokens,
+    prompt_ids,
+    reasoning_open,
+    sampling_params,
+    tokenized,
+)
+from modelhost.generation.text import IncrementalDecoder, StopStrings
+
+GRAMMAR_PREFIX = "%llguidance {}\n"  # llama.cpp's marker for a Lark grammar run by llguidance
+
+
+class SlotGate:
+    """At most `slots` requests inside llama.cpp at once, the others waiting here: interactive requests
+    first, batch lines (`low`) after every one of them, each kind in arrival order. llama.cpp's own
+    queue is first come, first served; in front of it, a batch cannot delay a chat."""
+
+    def __init__(self, slots: int) -> None:
+        self.free = slots
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, low: bool) -> AsyncIterator[None]:
+        await self._acquire(low)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, low: bool) -> None:
+        if self.free > 0 and not self._waiting:
+            self.free -= 1
+            return
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (int(low), next(self._order), turn))
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # given the slot as it was cancelled: pass it on
+                self._release()
+            raise  # a cancelled turn left in the heap is skipped by `_release`
+
+    def _release(self) -> None:
+        while self._waiting:
+            _, _, turn = heapq.heappop(self._waiting)
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self.free += 1
+
+
+@dataclass
+class LlamaCppModel:
+    """The server and what building a request needs of the model (`generation.requests.PromptModel`)."""
+
+    server: Any  # xllamacpp.Server (held, or llama.cpp stops), or a `llama-server` process
+    client: Any  # httpx.AsyncClient on the server's address
+    tokenizer: Any
+    vocab_size: int
+    context_length: int  # each slot's
+    slots: int
+    family: Family
+    fim: tuple[int, int, int] | None = None
+    special: SpecialTokens = field(default_factory=SpecialTokens)
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
+    gate: SlotGate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.gate = SlotGate(self.slots)
+
+    @property
+    def generation_defaults(self) -> dict[str, Any]:
+        """A GGUF carries no `generation_config.json`: the deployment's defaults, else ours."""
+        return {}
+
+    @functools.cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The tokenizer's special tokens: where an end-of-generation token may be (see `_chunk`)."""
+        tokenizer = self.tokenizer
+        added = (i for i, t in tokenizer.added_tokens_decoder.items() if t.special)
+        return frozenset({*tokenizer.all_special_ids, *added})
+
+    @functools.cached_property
+    def token_text(self) -> Callable[[int], str]:
+        """One token's text in log-probabilities, as our engine writes it."""
+        return functools.lru_cache(maxsize=65536)(lambda token: str(self.tokenizer.decode([token])))
+
+    async def abort(self, request_id: str) -> None:
+        """Nothing to do: a cancelled request's stream is closed as its task unwinds, which stops its
+        slot."""
+
+    @property
+    def errored(self) -> bool:
+        """A `llama-server` program exited. (The wheel's server runs in this process: if it dies, so
+        does the worker.)"""
+        return isinstance(self.server, subprocess.Popen) and self.server.poll() is not None
+
+    def shutdown(self) -> None:
+        if isinstance(self.server, subprocess.Popen):
+            self.server.kill()
+            self.server.wait()
+        self.server = None  # the wheel's: its destructor stops the server's loop and frees the model
+
+
+def gguf_file(model_dir: Path) -> Path:
+    """The GGUF file llama.cpp loads in an artifact's folder (the first part of a split set: it finds
+    the others by their names). A vision projector beside it is not loaded: text only."""
+    found = gguf_set(model_dir)
+    if found is None:
+        raise FileNotFoundError(f"no .gguf file in {model_dir}")
+    return found.model
+
+
+def server_params(model: Path, slots: int, context: int, threads: int | None) -> Any:
+    """llama.cpp's server parameters, each one we decide set here (see the module docstring)."""
+    import xllamacpp as xlc  # type: ignore[import-untyped]
+
+    params = xlc.CommonParams()
+    params.model.path = str(model)
+    params.n_parallel = slots
+    params.n_ctx = slots * context
+    params.kv_unified = False  # each slot its own `context` tokens, never more, never less
+    params.ctx_shift = False  # a request that would overflow is refused (ours first), never shifted
+    params.cont_batching = True
+    params.fit_params = False  # llama.cpp must not shrink what the footprint reserved
+    params.load_mode = xlc.llama_load_mode.LLAMA_LOAD_MODE_NONE  # no mmap: see the module docstring
+    params.warmup = True
+    params.cache_prompt = True
+    if threads:
+        params.cpuparams.n_threads = threads
+        params.cpuparams_batch.n_threads = threads
+    params.n_threads_http = slots + 4  # a streaming request holds an HTTP thread to its end
+    params.endpoint_metrics = True  # its counters, behind the key: what the tests read of its slots
+    params.verbosity = 0  # errors only: its per-request log would flood the supervisor's
+    params.api_keys = [secrets.token_urlsafe(24)]
+    return params
+
+
+def load(
+    model_dir: Path, slots: int, context: int, threads: int | None, binary: str | None = None
+) -> LlamaCppModel:
+    """llama.cpp's server over the artifact's GGUF, with `slots` slots of `context` tokens each, and the
+    tokenizer and chat template transformers reads from the same file. The deployment's settings
+    (`generation.deployment_settings`) give its template and parsers; its context is `context`. The
+    server is the `xllamacpp` wheel's, in this process, or with `binary` (MODELHOST_LLAMA_SERVER) that
+    `llama-server` program, as this process's child: the same requests drive either."""
+    import httpx
+
+    path = gguf_file(model_dir)
+    own = GenerationSettings.from_environment()
+    tokenizer = load_tokenizer(path.parent, gguf_file=path.name)
+    own.use_template(tokenizer)
+    if binary:
+        server, address, key = _start_binary(binary, path, slots, context, threads)
+    else:
+        server, address, key = _start_in_process(path, slots, context, threads)
+    client = httpx.AsyncClient(
+        base_url=address,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=httpx.Timeout(None, connect=10.0),
+        limits=httpx.Limits(max_connections=slots + 4, max_keepalive_connections=slots + 4),
+    )
+    family, special = chat_markup(tokenizer, own)
+    return LlamaCppModel(
+        server,
+        client,
+        tokenizer,
+        vocab_size=len(tokenizer),
+        context_length=context,
+        slots=slots,
+        family=family,
+        fim=fim_tokens(tokenizer),
+        special=special,
+        settings=own,
+    )
+
+
+def _start_in_process(path: Path, slots: int, context: int, threads: int | None) -> tuple[Any, str, str]:
+    """The wheel's server in this process: (its handle, its address, its API key)."""
+    import xllamacpp as xlc
+
+    params = server_params(path, slots, context, threads)
+    server = xlc.Server(params)
+    return server, str(server.listening_address), str(params.api_keys[0])
+
+
+def binary_arguments(path: Path, slots: int, context: int, threads: int | None) -> list[str]:
+    """`llama-server`'s command line for what `server_params` sets (see the module docstring)."""
+    arguments = [
+        "--model", str(path),
+        "--parallel", str(slots),
+        "--ctx-size", str(slots * context),
+        "--no-kv-unified",
+        "--no-context-shift",
+        "--cont-batching",
+        "--fit", "off",
+        "--load-mode", "none",
+        "--warmup",
+        "--cache-prompt",
+        "--threads-http", str(slots + 4),
+        "--metrics",
+        "--slots",
+        "--log-verbosity", "0",
+    ]  # fmt: skip
+    if threads:
+        arguments += ["--threads", str(threads), "--threads-batch", str(threads)]
+    return arguments
+
+
+def _start_binary(
+    binary: str, path: Path, slots: int, context: int, threads: int | None
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """A `llama-server` program as this process's child (dying with it), on a free loopback port, its
+    API key in a private file rather than on its command line (which `ps` shows): (the process, its
+    address, its key), once it answers healthy. Its log goes to the supervisor's, as ours does."""
+    import httpx
+
+    key = secrets.token_urlsafe(24)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as private:  # mode 0700; read by the server as it starts
+        key_file = Path(private, "key")
+        key_file.write_text(key)
+        command = [binary, *binary_arguments(path, slots, context, threads)]
+        command += ["--host", "127.0.0.1", "--port", str(port), "--api-key-file", str(key_file)]
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
+        while (code := process.poll()) is None:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{address}/health", timeout=5).status_code == 200:
+                    return process, address, key
+            time.sleep(0.1)
+    raise RuntimeError(f"{binary} exited with code {code} while loading (its log is above)")
+
+
+def _die_with_parent() -> None:
+    """In the child before it runs `llama-server`: SIGKILL when the worker dies, even by SIGKILL."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+async def warm_up(model: LlamaCppModel) -> None:
+    """One short generation before `Ready`, through the same path as every request: a model llama.cpp
+    loads but cannot run fails its load with llama.cpp's reason, rather than every request later."""
+    body = llama_body(SamplingParams(max_tokens=2, temperature=0.0), [_start_token(model)], None)
+    response = await model.client.post("/completion", json={**body, "stream": False})
+    if response.status_code != 200:
+        raise RuntimeError(_error_message(response.text))
+
+
+def _start_token(model: LlamaCppModel) -> int:
+    tokenizer = model.tokenizer
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    return int(start or 0)
+
+
+def llama_body(params: SamplingParams, prompt: list[int], grammar: str | None) -> dict[str, Any]:
+    """Our parameters as llama.cpp's `/completion` request. Every sampler it has that we do not name is
+    left off by its default (DRY, XTC, typical, mirostat); those whose defaults are on (top-k 40, top-p
+    0.95, min-p 0.05) are set to ours. Stop strings and stop tokens are ours (`generate`)."""
+    greedy = params.top_p <= 0 or params.temperature <= 0  # OpenAI's top_p 0: the most likely token
+    body: dict[str, Any] = {
+        "prompt": prompt,
+        "n_predict": params.max_tokens,
+        "stream": True,
+        "return_tokens": True,
+        "timings_per_token": True,  # the first token's chunk says how much of the prompt was cached
+        "cache_prompt": True,
+        "temperature": 0.0 if greedy else params.temperature,
+        "top_k": max(0, params.top_k),  # 0: every token
+        "top_p": 1.0 if greedy else params.top_p,
+        "min_p": params.min_p,
+        "repeat_penalty": params.repetition_penalty,
+        "repeat_last_n": len(prompt) + params.max_tokens,  # every token, as vLLM's penalties see them
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "ignore_eos": params.ignore_eos,
+        "n_probs": max(1, params.top_logprobs) if params.logprobs else 0,
+    }
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.logit_bias:
+        body["logit_bias"] = [[token, bias] for token, bias in params.logit_bias]
+    if grammar:
+        body["grammar"] = GRAMMAR_PREFIX + grammar
+    return body
+
+
+def _refuse_unsupported(params: SamplingParams) -> None:
+    """A 400 for what llama.cpp cannot do (rather than doing something else)."""
+    if params.min_tokens:
+        raise InvalidRequest(
+            "min_tokens is not supported by the llamacpp engine (llama.cpp has no such option).",
+            param="min_tokens",
+            code="unsupported_parameter",
+        )
+    if params.prompt_logprobs:
+        raise InvalidRequest(
+            "prompt_logprobs is not supported by the llamacpp engine.",
+            param="prompt_logprobs",
+            code="unsupported_parameter",
+        )
+
+
+# ---------------------------------------------------------------- one generation
+
+
+@dataclass
+class _Answer:
+    """One request's answer as its tokens arrive: our decoding, stop strings and stop tokens."""
+
+    params: SamplingParams
+    strip: Callable[[str], str] | None
+    decoder: IncrementalDecoder
+    stops: StopStrings
+    generated: int = 0
+    finish: str | None = None
+    held: list[tuple[int, dict[str, Any] | None]] = field(default_factory=list)  # see `_chunk`
+
+    def token(self, token: int) -> str:
+        """The text a sampled token releases; sets `finish` where it ends the answer."""
+        params = self.params
+        if token in params.stop_token_ids:
+            self.finish = "stop"
+            if not params.include_stop_str_in_output:
+                return ""  # as the end of sequence: neither in the text nor counted
+        self.generated += 1
+        text = self.stops.feed(self.decoder.push(token))
+        if self.stops.stopped:
+            self.finish = "stop"
+        elif self.finish is None and self.generated >= params.max_tokens:
+            self.finish = "length"
+        return text
+
+    def end(self) -> str:
+        return self.stops.feed(self.decoder.flush()) + self.stops.flush()
+
+    def event(self, text: str) -> Event:
+        if self.finish is not None:
+            text += self.end()
+        event: Event = {"text": self.strip(text) if self.strip else text, "completion_tokens": self.generated}
+        if self.finish is not None:
+            event["finish"] = self.finish
+        return event
+
+
+def _logprob_entry(model: LlamaCppModel, entry: dict[str, Any], top: int) -> dict[str, Any]:
+    """One token's log-probability as our engine writes it, from llama.cpp's `completion_probabilities`
+    item (the sampled token's, and the most likely before sampling)."""
+    token = int(entry["id"])
+    out: dict[str, Any] = {"token": model.token_text(token), "id": token, "logprob": float(entry["logprob"])}
+    if top:
+        ranked = entry.get("top_logprobs", [])[:top]
+        out["top"] = [[model.token_text(int(t["id"])), float(t["logprob"])] for t in ranked]
+    return out
+
+
+def _error_message(body: str) -> str:
+    try:
+        error = json.loads(body).get("error", {})
+        return str(error.get("message") or body)
+    except (ValueError, AttributeError):
+        return body
+
+
+async def generate(
+    model: LlamaCppModel, request_id: str, request: dict[str, Any], emit: Callable[[Event], None]
+) -> None:
+    """Run one request to its end, emitting our events. Bad input becomes an `error` event (the
+    caller's 400). Cancelled (its caller is gone), the stream to llama.cpp closes, which frees the slot."""
+    if request.get("adapter"):
+        emit(
+            {"error": {"message": "The llamacpp engine serves no adapters.", "param": "model", "code": None}}
+        )
+        return
+    if request.get("images"):
+        message = "This deployment's llamacpp engine reads text only: send no images."
+        emit({"error": {"message": message, "param": "messages", "code": None}})
+        return
+    if request.get("tokenize") or "detokenize" in request:
+        try:
+            emit(tokenized(model, request))
+        except ModelhostError as exc:
+            emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})
+        return
+    try:
+        prompt, prompt_param = prompt_ids(model, request)
+        given = request.get("params", {})
+        params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
+        _refuse_unsupported(params)
+    except ModelhostError as exc:
+        emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})
+        return
+    skip, strip = model.special.decoding(request, params.skip_special_tokens)
+    params = replace(params, skip_special_tokens=skip)
+    decode = functools.partial(model.tokenizer.decode, skip_special_tokens=skip)
+    answer = _Answer(
+        params,
+        strip,
+        IncrementalDecoder(decode),
+        StopStrings(params.stop, params.include_stop_str_in_output),
+    )
+    body = llama_body(params, prompt, request.get("grammar"))
+    async with (
+        model.gate.slot(bool(request.get("low"))),
+        model.client.stream("POST", "/completion", json=body) as response,
+    ):
+        if response.status_code != 200:
+            await _refused(request, response, emit)
+            return
+        started = False
+        async for line in sse_lines(response.aiter_bytes()):
+            if line.startswith(b"error:"):
+                emit({"error": {"message": _error_message(line[6:].decode()), "internal": True}})
+                return
+            if not line.startswith(b"data: "):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:  # llama.cpp failed the request after it started
+                emit({"error": {"message": _error_message(line[6:].decode()), "internal": True}})
+                return
+            if not started:
+                emit(_started(model, request, prompt, chunk))
+                started = True
+            if _chunk(model, answer, chunk, emit):
+                return  # the answer ended here: leaving the block closes the stream, stopping llama.cpp
+        emit({"error": {"message": "llama.cpp ended the stream before the answer's end", "internal": True}})
+
+
+async def sse_lines(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A server-sent event stream's lines, split at `\n` alone: httpx's `aiter_lines` also splits at
+    U+2028, U+0085 and the other `str.splitlines` breaks, which llama.cpp's JSON leaves unescaped in a
+    token's text (a model may well write one), cutting a chunk in two."""
+    rest = b""
+    async for data in stream:
+        *lines, rest = (rest + data).split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r")
+    if rest:
+        yield rest
+
+
+async def _refused(request: dict[str, Any], response: Any, emit: Callable[[Event], None]) -> None:
+    """llama.cpp answered a request with an error: a 400 of its own checks is the caller's (a grammar
+    it cannot run...), anything else internal."""
+    text = (await response.aread()).decode(errors="replace")
+    message = _error_message(text)
+    if response.status_code == 400:
+        param = request.get("grammar_param") if request.get("grammar") else None
+        emit(
+            {"error": {"message": f"The engine refused the request: {message}", "param": param, "code": None}}
+        )
+    else:
+        emit(
+            {"error": {"message": f"llama.cpp answered {response.status_code}: {message}", "internal": True}}
+        )
+
+
+def _started(
+    model: LlamaCppModel, request: dict[str, Any], prompt: list[int], chunk: dict[str, Any]
+) -> Event:
+    timings = chunk.get("timings") or {}
+    started: Event = {
+        "started": True,
+        "prompt_tokens": len(prompt),
+        "cached_tokens": int(timings.get("cache_n") or 0),
+        "tool_format": model.family.tool_parser,
+        "reasoning_format": model.family.reasoning_parser,
+    }
+    if reasoning_open(model, request, prompt):
+        started["reasoning_open"] = True
+    if request.get("echo"):
+        started["prompt_text"] = model.tokenizer.decode(prompt)
+    return started
+
+
+def _chunk(
+    model: LlamaCppModel, answer: _Answer, chunk: dict[str, Any], emit: Callable[[Event], None]
+) -> bool:
+    """One streamed chunk of llama.cpp's: its tokens (usually one) through our decoding, their
+    log-probabilities, and the end where llama.cpp or we end the answer. True when it ended.
+
+    llama.cpp streams the end-of-generation token it sampled, then says `eos` in a chunk of its own: a
+    special token is held back one chunk, and dropped from the text and the count (its log-probability
+    is sent, as vLLM's is) where that chunk follows."""
+    params = answer.params
+    probabilities = chunk.get("completion_probabilities") or []  # none where no log-probabilities are asked
+    tokens = [*answer.held]
+    for index, token in enumerate(chunk.get("tokens") or []):
+        tokens.append((int(token), probabilities[index] if index < len(probabilities) else None))
+    answer.held = []
+    eos = chunk.get("stop") and chunk.get("stop_type") == "eos" and not params.ignore_eos
+    if eos and tokens and tokens[-1][0] in model.special_ids:
+        token, probability = tokens.pop()
+        if params.logprobs and probability is not None:
+            tokens.append((-1, probability))  # its log-probability alone
+    elif not chunk.get("stop") and tokens and tokens[-1][0] in model.special_ids:
+        answer.held = [tokens.pop()]
+    text = ""
+    for token, probability in tokens:
+        if params.logprobs and probability is not None:
+            emit({"logprob": _logprob_entry(model, probability, params.top_logprobs)})
+        if token < 0:
+            continue
+        text += answer.token(int(token))
+        if answer.finish is not None:
+            break
+    if answer.finish is None and chunk.get("stop"):
+        # the end of sequence, or llama.cpp's limit (`n_predict`, or the slot's context)
+        answer.finish = "length" if chunk.get("stop_type") == "limit" else "stop"
+    if text or answer.finish is not None:
+        emit(answer.event(text))
+    return answer.finish is not None

@@ -1,0 +1,222 @@
+"""The asyncio replica worker shared by the engines that step themselves: vLLM (`runtime.vllm_worker`)
+and llama.cpp (`runtime.llamacpp_worker`).
+
+Started by `LocalProcessReplica` like `runtime.worker`, with the same two sockets (the lifeline and the
+listening socket every gateway process connects to), and speaking the same replica protocol:
+`Generate` → `Events`, `Cancel` → the engine's abort, `StatsRequest` → `Stats`. Each worker module loads
+and warms up its engine (its own failures, its own words), then hands it to `serve`; everything after
+that (peers, the per-turn flushing of events, metrics, traces, `Ready`, the end) is here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from modelhost import tracing
+from modelhost.engines.interface import Event as EngineEvent
+from modelhost.runtime import metrics
+from modelhost.runtime.host import with_priority
+from modelhost.runtime.protocol import (
+    Cancel,
+    Event,
+    Events,
+    FrameReader,
+    Generate,
+    LoadFailed,
+    Ready,
+    Stats,
+    StatsRequest,
+    Stop,
+    decode_to_replica,
+    encode,
+)
+from modelhost.runtime.worker import die_with_parent
+
+READ_SIZE = 1 << 18
+
+Emit = Callable[[EngineEvent], None]
+# One request run to its end: (request ID unique in the worker, the request, where its events go)
+Generation = Callable[[str, dict[str, Any], Emit], Awaitable[None]]
+
+
+class AsyncEngine(Protocol):
+    """What the loop needs of a loaded engine besides running a request."""
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request `generate` runs (its caller is gone, or cancelled it)."""
+        ...
+
+    @property
+    def errored(self) -> bool:
+        """No request can run any more: the worker exits and the supervisor starts another."""
+        ...
+
+    def shutdown(self) -> None: ...
+
+
+@dataclass(eq=False)
+class _Peer:
+    """One gateway's (or the supervisor's) connection and the generations it asked for."""
+
+    number: int
+    writer: asyncio.StreamWriter
+    generations: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    pending: list[Event] = field(default_factory=list)
+
+
+class AsyncWorker:
+    def __init__(self, engine: AsyncEngine, generate: Generation, deployment: str, name: str) -> None:
+        self.engine = engine
+        self.generate = generate
+        self.deployment = deployment
+        self.name = name  # the engine's, on traces
+        # the same gauge the transformers engine's replicas keep: sequences held (the engine's running
+        # and waiting requests are ours until their last event)
+        self._generating = metrics.GENERATING.labels(deployment)
+        self._generated_tokens = metrics.GENERATION_TOKENS.labels(deployment)
+        self._numbers = itertools.count()
+        self._peers: set[_Peer] = set()
+        self._flush_scheduled: set[_Peer] = set()
+        self.stopped = asyncio.Event()
+
+    @property
+    def running(self) -> int:
+        return sum(len(peer.generations) for peer in self._peers)
+
+    async def serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read a connection's messages until it closes; True when it said `Stop`."""
+        peer = _Peer(next(self._numbers), writer)
+        self._peers.add(peer)
+        frames = FrameReader()
+        try:
+            while data := await reader.read(READ_SIZE):
+                for body in frames.feed(data):
+                    try:
+                        message = decode_to_replica(body)
+                    except msgspec.DecodeError:
+                        traceback.print_exc()
+                        return False
+                    if isinstance(message, Stop):
+                        return True
+                    self._receive(peer, message)
+            return False
+        except ConnectionError:
+            return False
+        finally:
+            self._peers.discard(peer)
+            for task in peer.generations.values():
+                task.cancel()  # the engine aborts a request whose task is cancelled
+            writer.close()
+
+    async def serve_gateway(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.serve_connection(reader, writer)
+
+    def _receive(self, peer: _Peer, message: Any) -> None:
+        if isinstance(message, Generate):
+            task = asyncio.create_task(self._generate(peer, message))
+            peer.generations[message.id] = task
+        elif isinstance(message, Cancel):
+            cancelled = peer.generations.pop(message.id, None)
+            if cancelled is not None:
+                cancelled.cancel()
+        elif isinstance(message, StatsRequest):
+            self._send(peer, Stats(message.id, 0, self.running))
+        else:  # a batch `Run`: not this replica's kind of task
+            traceback.print_stack()
+
+    async def _generate(self, peer: _Peer, message: Generate) -> None:
+        request_id = f"{peer.number}-{message.id}"
+        self._generating.inc()
+        counted = 0  # of the request's tokens, in `modelhost_generation_tokens_total`
+        traced = tracing.generation_trace(message.trace, self.deployment, self.name)
+
+        def emit(event: dict[str, Any]) -> None:
+            nonlocal counted
+            generated = event.get("completion_tokens", counted)
+            if generated > counted:
+                self._generated_tokens.inc(generated - counted)
+                counted = generated
+            if traced is not None:
+                traced.event(event)
+            self._event(peer, message.id, event)
+
+        try:
+            await self.generate(request_id, with_priority(message), emit)
+        except asyncio.CancelledError:
+            if traced is not None:
+                traced.event({"cancelled": True})
+            await self.engine.abort(request_id)
+            raise
+        except Exception as exc:  # the engine failed: this request gets an internal error
+            traceback.print_exc()
+            emit({"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}})
+            if self.engine.errored:
+                self.stopped.set()  # the engine is gone: exit, the supervisor starts a replacement
+        finally:
+            self._generating.dec()
+            peer.generations.pop(message.id, None)
+
+    def _event(self, peer: _Peer, request_id: int, event: dict[str, Any]) -> None:
+        """Events go out once per turn of the loop, gathered per connection (one frame for every stream
+        that moved in a step)."""
+        peer.pending.append(Event(request_id, event))
+        if peer not in self._flush_scheduled:
+            self._flush_scheduled.add(peer)
+            asyncio.get_running_loop().call_soon(self._flush, peer)
+
+    def _flush(self, peer: _Peer) -> None:
+        self._flush_scheduled.discard(peer)
+        events, peer.pending = peer.pending, []
+        if events:
+            self._send(peer, Events(events))
+
+    def _send(self, peer: _Peer, message: msgspec.Struct) -> None:
+        if not peer.writer.is_closing():
+            peer.writer.write(encode(message))
+
+
+def load_failed(lifeline: socket.socket, reason: str) -> int:
+    """Tell the supervisor why the model could not load (its reason goes to the deployment); exit 1."""
+    lifeline.sendall(encode(LoadFailed(reason)))
+    return 1
+
+
+async def serve(lifeline: socket.socket, listener: socket.socket, started: float, worker: AsyncWorker) -> int:
+    """Serve a loaded engine: `Ready` on the lifeline, the listening socket open to gateways, until the
+    supervisor's connection ends (`Stop`, or end-of-file: it is gone) or the engine dies (exit 1). The
+    engine is shut down either way."""
+    traced = tracing.start("replica")  # on where the gateway's OTEL_* variables name an endpoint
+    try:
+        reader, writer = await asyncio.open_connection(sock=lifeline)
+        writer.write(encode(Ready(time.perf_counter() - started)))
+        server = await asyncio.start_unix_server(worker.serve_gateway, sock=listener)
+        supervisor = asyncio.create_task(worker.serve_connection(reader, writer))
+        stopped = asyncio.create_task(worker.stopped.wait())
+        await asyncio.wait({supervisor, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        server.close()
+        return 1 if stopped.done() else 0
+    finally:
+        if traced:
+            tracing.stop()  # its last spans go out
+        worker.engine.shutdown()
+
+
+def main(run: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """A worker process's life: it dies with its supervisor, exits on SIGTERM, runs `run` in asyncio."""
+    die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(run())
+    return 0

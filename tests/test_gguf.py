@@ -1,0 +1,401 @@
+"""A GGUF file served on llama.cpp (`engine: llamacpp`, docs/engines-llamacpp.md), end to end: the tiny
+Qwen3 of the families tests (tests/tiny_models/families.py) converted and quantized to Q4_0 by llama.cpp's
+own tools (tests/tiny_models/gguf.py), uploaded, inspected, deployed with `engine: auto`, and asked
+through real clients (the openai SDK, LangChain, LiteLLM), unchanged but their base URL, key and model.
+Its greedy answers are the family's trained ones (tool calls, reasoning), parsed by our parsers as on
+the safetensors model, and the same tokens a bare llama.cpp server gives on the same file.
+
+One server and one deployment for the module (each llama.cpp replica start is a process and a load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from langchain_core.messages import AIMessageChunk
+from langchain_openai import ChatOpenAI
+
+from modelhost.engines import llamacpp
+from modelhost.errors import InvalidRequest
+from modelhost.runtime import engines
+from modelhost.runtime.footprint import BASE_COSTS, llamacpp_layout, predict
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, bearer, deploy_folder_sync, deployment_metric
+from tests.live import live_server
+from tests.recipes import FAMILIES_FOLDER, GGUF_FOLDER
+from tests.server_process import processes
+from tests.test_clients import litellm, outside_lookups  # noqa: F401 (LiteLLM offline; nothing leaves)
+from tests.test_families import OUTPUTS, _request, _streamed
+
+GGUF = "qwen3-Q4_0"
+MODEL = "qwen3-gguf"
+SLOTS = 2
+CONVERSATIONS = OUTPUTS["qwen3"]["conversations"]
+
+
+@pytest.fixture(scope="module")
+def gguf_dir(recipes: Path) -> Path:
+    return recipes / GGUF_FOLDER / GGUF
+
+
+class Served:
+    def __init__(self, url: str, key: str, deployment: dict[str, Any]) -> None:
+        self.url, self.key, self.deployment = url, key, deployment
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory,
+    gguf_dir: Path,
+    outside_lookups: list[str],  # noqa: F811 (the imported fixture: before any client is made)
+) -> Iterator[Served]:
+    """The Q4_0 GGUF deployed warm with `engine: auto`, on llama.cpp with `SLOTS` slots."""
+    root = tmp_path_factory.mktemp("gguf")
+    settings = make_settings(root, f"sqlite:///{root / 'db.sqlite'}", worker_threads=1, llamacpp_slots=SLOTS)
+    with live_server(settings) as url, httpx.Client(base_url=url, timeout=300) as http:
+        key = http.post("/v1/admin/accounts", json={"name": "gguf"}, headers=bearer(ADMIN_KEY)).json()[
+            "api_key"
+        ]
+        created = deploy_folder_sync(http, key, gguf_dir, "text-generation", MODEL, readiness="warm")
+        deadline = time.monotonic() + 300
+        while (deployment := http.get(f"/v1/deployments/{created['id']}", headers=bearer(key)).json())[
+            "state"
+        ] != "ready":
+            assert deployment["state"] != "failed" and time.monotonic() < deadline, deployment
+            time.sleep(0.2)
+        yield Served(url, key, deployment)
+
+
+def _ask(name: str) -> dict[str, Any]:
+    return {**_request("qwen3", name), "model": MODEL}
+
+
+# ---------------------------------------------------------------- the engine chosen
+
+
+def test_auto_runs_a_gguf_artifact_on_llamacpp_and_says_why(served: Served) -> None:
+    assert served.deployment["engine"] == "auto"
+    assert served.deployment["engine_in_use"] == "llamacpp"
+    assert "GGUF" in served.deployment["engine_reason"]
+    # the family and parsers its replicas use, from the chat template inside the GGUF
+    assert (served.deployment["family"], served.deployment["tool_parser_in_use"]) == ("qwen3", "hermes")
+
+
+def test_vllm_or_transformers_for_a_gguf_and_llamacpp_for_safetensors_are_refused(
+    served: Served, gguf_dir: Path, recipes: Path
+) -> None:
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        for engine in ("vllm", "transformers"):
+            answer = http.patch(
+                f"/v1/deployments/{served.deployment['id']}",
+                json={"engine": engine},
+                headers=bearer(served.key),
+            )
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert error["code"] == "engine_not_supported" and "GGUF" in error["message"]
+        too_long = http.patch(
+            f"/v1/deployments/{served.deployment['id']}",
+            json={"max_model_len": 4096},
+            headers=bearer(served.key),
+        )
+        assert too_long.status_code == 400 and "2048" in too_long.json()["error"]["message"]  # the GGUF's
+    with pytest.raises(InvalidRequest, match="serves GGUF files") as refused:
+        engines.choose("llamacpp", "text-generation", recipes / FAMILIES_FOLDER / "qwen3")
+    assert refused.value.code == "engine_not_supported"
+    with pytest.raises(InvalidRequest, match="does not serve feature-extraction") as refused:
+        engines.choose("auto", "feature-extraction", gguf_dir)  # an embedding GGUF: not served yet
+    assert refused.value.code == "engine_not_supported"
+
+
+def test_the_replica_holds_the_weights_read_in_not_mapped_and_is_billed_for_them(served: Served) -> None:
+    """`--no-mmap` (docs/engines-llamacpp.md): the worker maps no GGUF file (its weights are its own
+    memory, measured once and never dropped by the kernel); its measured memory is the deployment's."""
+    (worker,) = processes("modelhost.runtime.llamacpp_worker", served.deployment["id"])
+    assert ".gguf" not in Path(f"/proc/{worker}/maps").read_text()
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        shown = http.get(f"/v1/deployments/{served.deployment['id']}", headers=bearer(served.key)).json()
+    assert shown["memory_gb"] > 0
+
+
+# ---------------------------------------------------------------- chat through the openai SDK
+
+
+def test_a_streamed_chat_with_tools_gets_the_call_and_the_reasoning_parsed(served: Served) -> None:
+    expected = CONVERSATIONS["weather"]
+    request = {**_ask("weather"), "stream_options": {"include_usage": True}}
+    reasoning, content, calls, finish = _streamed(served.client(), request)
+    assert reasoning.strip() == expected["reasoning"]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        (expected["tool_call"]["name"], expected["tool_call"]["arguments"])
+    ]
+    assert finish == "tool_calls" and not content.strip()
+    last = list(served.client().chat.completions.create(**request, stream=True))[-1]
+    assert last.usage is not None and last.usage.prompt_tokens > 100 and last.usage.completion_tokens > 10
+
+
+def test_the_answer_after_a_tool_result_is_the_trained_one(served: Served) -> None:
+    expected = CONVERSATIONS["tool_result"]
+    message = served.client().chat.completions.create(**_ask("tool_result")).choices[0].message
+    assert message.content == expected["content"]
+    assert (message.model_extra or {}).get("reasoning_content", "").strip() == expected["reasoning"]
+
+
+def test_json_schema_is_enforced_through_llamacpps_grammar(served: Served) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
+    answer = served.client().chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Paris as JSON"}],
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "w", "schema": schema, "strict": True},
+        },
+        max_tokens=60,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    parsed = json.loads(answer.choices[0].message.content or "")
+    assert set(parsed) == {"city", "sunny"} and isinstance(parsed["sunny"], bool)
+
+
+def test_logprobs_n_and_stop_work_as_on_the_other_engines(served: Served) -> None:
+    client = served.client()
+    answer = client.chat.completions.create(**_ask("greeting"), logprobs=True, top_logprobs=2, n=2)
+    assert len(answer.choices) == 2
+    assert answer.choices[0].message.content == answer.choices[1].message.content  # greedy, both
+    entries = answer.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert entries and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
+    assert entries[0].token == "<think>"
+    stopped = client.chat.completions.create(**_ask("tool_result"), stop=["Paris"]).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.message.content == "It is sunny in "
+    refused = httpx.post(
+        f"{served.url}/v1/completions",
+        json={"model": MODEL, "prompt": "hi", "max_tokens": 4, "min_tokens": 2},
+        headers=bearer(served.key),
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "min_tokens"
+
+
+def test_a_client_that_disconnects_stops_its_generation(served: Served) -> None:
+    """Streams that would run to the end of the slot's context, each dropped after its first token: the
+    replica stops them (the tokens it computed are far fewer than one of them asked for), and the next
+    request gets a slot and answers."""
+    client = served.client()
+    deployment = served.deployment["id"]
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        computed = deployment_metric(http, "modelhost_generation_tokens_total", deployment)
+        for _ in range(SLOTS):
+            stream = client.completions.create(
+                model=MODEL, prompt="a", max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
+            )
+            next(iter(stream))
+            stream.close()
+        deadline = time.monotonic() + 15  # the gauge is read from the worker's metrics file
+        while (
+            deployment_metric(http, "modelhost_generation_sequences", deployment)
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.02)
+        assert deployment_metric(http, "modelhost_generation_tokens_total", deployment) - computed < 2000
+    answer = client.chat.completions.create(**_ask("greeting"), timeout=60)
+    assert answer.choices[0].message.content == CONVERSATIONS["greeting"]["content"]
+
+
+def test_greedy_tokens_are_llamacpps_own_on_the_same_file(served: Served, gguf_dir: Path) -> None:
+    """The deployment against a bare llama.cpp server of this process on the same file and the same
+    token IDs: the same tokens."""
+    import xllamacpp as xlc
+    from transformers import AutoTokenizer
+
+    path = gguf_dir / f"{GGUF}.gguf"
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=path.name)
+    prompt = tokenizer(CONVERSATIONS["weather"]["prompt"], add_special_tokens=False)["input_ids"]
+    params = xlc.CommonParams()
+    params.model.path = str(path)
+    params.n_ctx, params.n_parallel, params.verbosity = 1024, 1, 0
+    bare = xlc.Server(params).handle_completions(
+        {"prompt": prompt, "n_predict": 40, "temperature": 0, "return_tokens": True}
+    )
+    bare_text = bare["choices"][0]["text"] if "choices" in bare else bare["content"]
+    ours = served.client().completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0)
+    assert ours.choices[0].text == bare_text and "<tool_call>" in bare_text
+    assert ours.usage is not None and ours.usage.completion_tokens == bare["usage"]["completion_tokens"] - 1
+
+
+# ---------------------------------------------------------------- real clients, unchanged
+
+
+def test_langchain_gets_the_tool_call_whole_and_streamed(served: Served) -> None:
+    conversation = CONVERSATIONS["weather"]
+    bound = ChatOpenAI(
+        base_url=f"{served.url}/v1", api_key=served.key, model=MODEL, temperature=0, max_retries=0
+    ).bind_tools(conversation["tools"])
+    expected = [(conversation["tool_call"]["name"], conversation["tool_call"]["arguments"])]
+    answer = bound.invoke(conversation["messages"][0]["content"])
+    assert [(c["name"], c["args"]) for c in answer.tool_calls] == expected
+    chunks = [
+        c for c in bound.stream(conversation["messages"][0]["content"]) if isinstance(c, AIMessageChunk)
+    ]
+    assert [(c["name"], c["args"]) for c in sum(chunks[1:], chunks[0]).tool_calls] == expected
+
+
+def test_litellm_reads_the_reasoning_whole_and_streamed(
+    served: Served,
+    litellm: ModuleType,  # noqa: F811 (the imported fixture)
+) -> None:
+    options: dict[str, Any] = dict(
+        model=f"openai/{MODEL}",
+        api_base=f"{served.url}/v1",
+        api_key=served.key,
+        messages=CONVERSATIONS["greeting"]["messages"],
+        max_tokens=40,
+        temperature=0,
+        num_retries=0,
+    )
+    message = litellm.completion(**options).choices[0].message
+    assert message.reasoning_content.strip() == CONVERSATIONS["greeting"]["reasoning"]
+    assert message.content == CONVERSATIONS["greeting"]["content"]
+    chunks = list(litellm.completion(**options, stream=True))
+    streamed = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks)
+    assert streamed == message.reasoning_content
+
+
+# ---------------------------------------------------------------- footprint and the engine alone
+
+
+def test_a_ggufs_footprint_is_its_tensors_its_slots_kv_cache_and_compute_buffers(gguf_dir: Path) -> None:
+    layout = llamacpp_layout(gguf_dir, None, 3, 1000)
+    # the tiny Qwen3: 2 layers, 1 KV head of 64 + 64, f16; 1000 tokens a slot, allocated as 1024
+    assert (layout.slots, layout.context) == (3, 1000)
+    assert llamacpp_layout(gguf_dir, None, 3, 8192).context == 2048  # its training context at most
+    assert layout.kv_cache == 2 * 1 * (64 + 64) * 2 * 3 * 1024
+    assert 0 < layout.weights < (gguf_dir / f"{GGUF}.gguf").stat().st_size
+    predicted = predict(
+        model_dir=gguf_dir,
+        pipeline="text-generation",
+        engine="llamacpp",
+        on_gpu=False,
+        remembered=None,
+        kv_cache_mb=None,
+        host_budget=1 << 34,
+        gpu_budget=0,
+        base_costs={},
+        preload=True,
+        llamacpp=(3, 1000),
+    )
+    parts = layout.weights + layout.kv_cache + layout.compute
+    assert predicted.footprint.host == BASE_COSTS["llamacpp"] + parts
+    assert llamacpp_layout(gguf_dir, 512, 3, 1000).context == 512  # the deployment's max_model_len
+
+
+# A `llama-server` program (MODELHOST_LLAMA_SERVER) where the machine has one built; the wheel's always
+LLAMA_SERVER = os.environ.get("MODELHOST_TEST_LLAMA_SERVER")
+SERVERS = [
+    pytest.param(None, id="wheel"),
+    pytest.param(
+        LLAMA_SERVER,
+        id="llama-server",
+        marks=pytest.mark.skipif(
+            not LLAMA_SERVER, reason="MODELHOST_TEST_LLAMA_SERVER names no llama-server"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("binary", SERVERS)
+def test_a_cancelled_request_stops_llamacpps_slot_at_once(gguf_dir: Path, binary: str | None) -> None:
+    """The worker cancels a request's task when its caller is gone: the stream to llama.cpp closes and
+    its slot stops decoding (llama.cpp's own counters: a few tokens, not the 2000 asked), and the gate's
+    slot is free again. On the wheel's server, and on a `llama-server` program (which ends with the
+    model's shutdown)."""
+
+    async def predicted(model: llamacpp.LlamaCppModel) -> int:
+        metrics = (await model.client.get("/metrics")).text.splitlines()
+        return int(
+            float(next(m for m in metrics if m.startswith("llamacpp:tokens_predicted_total")).split()[1])
+        )
+
+    async def run() -> None:
+        model = llamacpp.load(gguf_dir, 1, 2048, 1, binary)
+        process = model.server if binary else None
+        events: list[dict[str, Any]] = []
+        request = {"prompt": "a", "params": {"max_tokens": 2000, "ignore_eos": True}}
+        task = asyncio.create_task(llamacpp.generate(model, "1", request, events.append))
+        while not any("text" in e for e in events):
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while any(s["is_processing"] for s in (await model.client.get("/slots")).json()):
+            await asyncio.sleep(0.01)
+        assert await predicted(model) < 100 and model.gate.free == 1
+        assert not any(e.get("finish") for e in events)
+        await llamacpp.generate(model, "2", request, events.append)  # the slot serves the next one whole
+        assert events[-1]["finish"] == "length" and await predicted(model) >= 2000
+        await model.client.aclose()
+        model.shutdown()
+        assert process is None or process.poll() is not None
+
+    asyncio.run(run())
+
+
+def test_batch_lines_wait_behind_interactive_requests_for_a_slot() -> None:
+    """The gate in front of llama.cpp's slots: with the one slot busy, a batch line that came first
+    waits until the interactive request that came after it has had the slot; a waiter cancelled while
+    waiting takes no slot."""
+
+    async def run() -> list[str]:
+        gate, order = llamacpp.SlotGate(1), list[str]()
+
+        async def use(name: str, low: bool) -> None:
+            async with gate.slot(low):
+                order.append(name)
+                await asyncio.sleep(0.01)
+
+        async with gate.slot(False):
+            batch = asyncio.create_task(use("batch", True))
+            gone = asyncio.create_task(use("gone", False))
+            chat = asyncio.create_task(use("chat", False))
+            await asyncio.sleep(0.01)
+            gone.cancel()
+        await asyncio.gather(batch, chat, return_exceptions=True)
+        assert gate.free == 1
+        return order
+
+    assert asyncio.run(run()) == ["chat", "batch"]
+
+
+def test_a_token_with_a_unicode_line_separator_stays_in_its_chunk() -> None:
+    """llama.cpp's JSON leaves U+2028 and U+0085 unescaped in a token's text (the tiny random models
+    write them): the stream is split into events at newlines alone."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for part in ('data: {"content": "a\u2028b', '\u0085c"}\n', "\ndata: ", '{"stop": true}\n\n'):
+            yield part.encode()
+
+    async def run() -> list[bytes]:
+        return [line async for line in llamacpp.sse_lines(chunks())]
+
+    lines = asyncio.run(run())
+    assert [json.loads(line[6:]) for line in lines if line] == [
+        {"content": "a\u2028b\u0085c"},
+        {"stop": True},
+    ]
