@@ -25,7 +25,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("model_artifacts", schema=None) as batch_op:
-        batch_op.drop_column("gguf")
-        batch_op.drop_column("serving")
-        batch_op.drop_column("quantization")
+    # plain ALTER TABLE ... DROP COLUMN (SQLite >= 3.35): a batch copy would drop and recreate the table,
+    # which SQLite refuses while deployments' foreign keys point at it
+    for column in ("gguf", "serving", "quantization"):
+        op.drop_column("model_artifacts", column)
