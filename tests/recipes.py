@@ -67,6 +67,8 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
 FAMILIES_FOLDER = "t24_families"
 # t24's Qwen3, Llama 3 and QwQ as GGUF files (tests/tiny_models/gguf.py): `<out>/t25_gguf/<family>-<type>/`
 GGUF_FOLDER = "t25_gguf"
+# t24's Qwen3 packed 4-bit by our code (tests/tiny_models/quantized.py): `<out>/t26_quantized/qwen3-<format>/`
+QUANTIZED_FOLDER = "t26_quantized"
 
 
 def build_recipes(out: Path) -> Path:
@@ -80,7 +82,9 @@ def build_recipes(out: Path) -> Path:
     from tests.tiny_models import BUILDERS
 
     torch.set_num_threads(1)
-    for folder in sorted({module for module, _, _ in RECIPE_MODELS} | {FAMILIES_FOLDER, GGUF_FOLDER}):
+    for folder in sorted(
+        {module for module, _, _ in RECIPE_MODELS} | {FAMILIES_FOLDER, GGUF_FOLDER, QUANTIZED_FOLDER}
+    ):
         BUILDERS[folder](out / folder)
     return out
 
