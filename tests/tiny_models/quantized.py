@@ -8,7 +8,9 @@ dimension a multiple of 32); the scale of a group is its largest magnitude over 
 Embeddings (tied to the output head) and norms stay unquantized, in bfloat16, the checkpoint's precision.
 
 `dequantized` gives back the weights a 4-bit checkpoint stands for, so that a test (or a benchmark) can
-run the same arithmetic in transformers, and `build_quantized` writes the cached t26 folders.
+run the same arithmetic in transformers, and `build_quantized` writes the cached t26 folders, with the
+full-precision model's log-probabilities of a fixed text beside them (`full_precision_logprobs`), for the
+tests' distance bound.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ PACK = 32 // BITS  # 4-bit values per int32
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # (family model, formats): Qwen3, whose trained answers carry reasoning and tool calls
 QUANTIZED = (("qwen3", ("gptq", "w4a16")),)
+# `<family>-reference.json` beside the checkpoints: a fixed text's log-probabilities at full precision
+REFERENCE = "reference.json"
 # the files of a model folder besides its weights and config, copied as they are
 _COPIED = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
@@ -36,9 +40,26 @@ def build_quantized(folder: Path) -> None:
     """t26: `folder/<family>-<format>/`, one artifact folder each, from t24's trained models (built before
     this folder: `tests.recipes` builds in name order)."""
     families = folder.parent / "t24_families"
+    outputs = json.loads((families / "outputs.json").read_text())
     for family, formats in QUANTIZED:
         for form in formats:
             quantize_folder(families / family, folder / f"{family}-{form}", form)
+        conversation = outputs[family]["conversations"]["weather"]
+        reference = full_precision_logprobs(families / family, conversation["prompt"] + conversation["text"])
+        (folder / f"{family}-{REFERENCE}").write_text(json.dumps(reference) + "\n")
+
+
+def full_precision_logprobs(source: Path, text: str) -> dict[str, Any]:
+    """`text`'s token IDs and each token's log-probability after those before it (the first has none), on
+    the float32 model in `source` run by transformers: what a quantized deployment's are compared with."""
+    import transformers
+
+    ids = transformers.AutoTokenizer.from_pretrained(source)(text, add_special_tokens=False)["input_ids"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+    logprobs = logits.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return {"text": text, "ids": ids, "logprobs": logprobs.tolist()}
 
 
 def quantize_folder(source: Path, target: Path, form: str) -> None:
