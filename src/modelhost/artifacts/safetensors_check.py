@@ -32,6 +32,12 @@ def check_safetensors(path: Path) -> int:
 def tensor_shapes(path: Path) -> dict[str, list[int]]:
     """Every tensor's shape by name, from a header checked as `check_safetensors` says (adapters are
     checked against their config and their base by these, without loading a weight)."""
+    return {name: shape for name, (_, shape) in tensor_table(path).items()}
+
+
+def tensor_table(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """Every tensor's dtype and shape by name, checked as `check_safetensors` says (quantized weights are
+    checked against their `quantization_config` by these: packed int32 words, FP8 bytes)."""
     size = path.stat().st_size
     with open(path, "rb") as handle:
         prefix = handle.read(8)
@@ -48,13 +54,13 @@ def tensor_shapes(path: Path) -> dict[str, list[int]]:
     if not isinstance(header, dict):
         raise InvalidSafetensors("header is not a JSON object")
     data_size = size - 8 - header_len
-    shapes: dict[str, list[int]] = {}
+    table: dict[str, tuple[str, list[int]]] = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         _check_tensor(name, info, data_size)
-        shapes[name] = info["shape"]
-    return shapes
+        table[name] = (info["dtype"], info["shape"])
+    return table
 
 
 def _check_tensor(name: str, info: object, data_size: int) -> None:
