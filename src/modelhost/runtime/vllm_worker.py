@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from modelhost import tracing
-from modelhost.engines.vllm import LoraSlots, VllmModel, generate, load, warm_up
+from modelhost.engines.vllm import LoraSlots, QuantizationNotServed, VllmModel, generate, load, warm_up
 from modelhost.runtime import metrics
 from modelhost.runtime.host import with_priority
 from modelhost.runtime.protocol import (
@@ -212,6 +212,9 @@ async def _serve(args: argparse.Namespace) -> int:
         model = load(
             args.model_dir, args.kv_cache_mb, args.device, args.tensor_parallel_size, vision, args.eager, lora
         )
+    except QuantizationNotServed as exc:  # this machine lacks the kernels: the reason says which
+        lifeline.sendall(encode(LoadFailed(f"vLLM cannot serve the model here: {exc}")))
+        return 1
     except Exception as exc:  # the reason goes back to the supervisor
         traceback.print_exc()
         lifeline.sendall(encode(LoadFailed(f"vLLM could not load the model: {type(exc).__name__}: {exc}")))
