@@ -10,7 +10,7 @@ Embeddings (tied to the output head) and norms stay unquantized, in bfloat16, th
 `dequantized` gives back the weights a 4-bit checkpoint stands for, so that a test (or a benchmark) can
 run the same arithmetic in transformers, and `build_quantized` writes the cached t26 folders, with the
 full-precision model's log-probabilities of a fixed text beside them (`full_precision_logprobs`), for the
-tests' distance bound.
+tests' distance bound, and a LoRA adapter of the full-precision model, to serve on the 4-bit one.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench.models import build_adapter
 from safetensors.torch import load_file, save_file
 
 BITS = 4
@@ -30,6 +31,8 @@ PACK = 32 // BITS  # 4-bit values per int32
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # (family model, formats): Qwen3, whose trained answers carry reasoning and tool calls
 QUANTIZED = (("qwen3", ("gptq", "w4a16")),)
+# `<family>-lora/`: a LoRA adapter made by PEFT on the full-precision model, served on the 4-bit one
+ADAPTER_SEED = 1
 # `<family>-reference.json` beside the checkpoints: a fixed text's log-probabilities at full precision
 REFERENCE = "reference.json"
 # the files of a model folder besides its weights and config, copied as they are
@@ -44,6 +47,7 @@ def build_quantized(folder: Path) -> None:
     for family, formats in QUANTIZED:
         for form in formats:
             quantize_folder(families / family, folder / f"{family}-{form}", form)
+        build_adapter(families / family, folder / f"{family}-lora", seed=ADAPTER_SEED)
         conversation = outputs[family]["conversations"]["weather"]
         reference = full_precision_logprobs(families / family, conversation["prompt"] + conversation["text"])
         (folder / f"{family}-{REFERENCE}").write_text(json.dumps(reference) + "\n")
