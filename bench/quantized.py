@@ -5,10 +5,10 @@ bfloat16 model it was packed from, both served by modelhost.
 
 The model is a random-weight Llama of about 0.27 B parameters (`bench.generation.build_model`: hidden
 1024, 20 layers, feed-forward 2816, 8000 tokens; bfloat16), built from a config, nothing downloaded; the
-GPTQ checkpoint is its every decoder projection packed 4-bit by the tests' packer
-(`tests.tiny_models.quantized`: round-to-nearest, symmetric, groups of 32; embeddings, norms and the
-output head stay bfloat16). Each is deployed hot on `engine: vllm` on a `modelhost serve` of its own, one
-after the other (eager: vLLM's compile adds minutes to each start on 2 cores), with the same KV cache;
+GPTQ checkpoint is its every decoder projection packed 4-bit by `bench.quantizer` (which packs the
+tests' checkpoints too: round-to-nearest, symmetric, groups of 32; embeddings, norms and the output head
+stay bfloat16). Each is deployed hot on `engine: vllm` on a `modelhost serve` of its own, one after the
+other (eager: vLLM's compile adds minutes to each start on 2 cores), with the same KV cache;
 the load is `bench.generation`'s: streamed chat completions of `--tokens` tokens from 1 and 4 workers for
 `--seconds` each. Footprint: the deployment's `memory_gb` as the server measures (and bills) it, vLLM's
 processes included. The premise: decoding is bound by memory bandwidth, so 4 bits should decode faster
@@ -31,6 +31,7 @@ import torch
 
 from bench.common import Figures, Served, deploy, machine, serve, table, write_section
 from bench.generation import CPU_SHAPE, Load, build_model, drive, modelhost_body, vllm_python
+from bench.quantizer import quantize_folder
 
 MARKER = "## Quantized checkpoints: 4-bit GPTQ against bfloat16 on vLLM's CPU build"
 SHAPE = dataclasses.replace(
@@ -52,14 +53,9 @@ class Run:
 
 def build(root: Path) -> tuple[Path, Path, int]:
     """The bfloat16 model and its GPTQ checkpoint, and the model's parameter count."""
-    from tests.tiny_models.quantized import quantize_folder
-
     original, packed = root / "bfloat16", root / "gptq"
     parameters = build_model(original, SHAPE)
     quantize_folder(original, packed, "gptq")
-    for name in ("special_tokens_map.json", "vocab.json", "merges.txt"):  # what quantize_folder leaves out
-        if (original / name).is_file():
-            shutil.copy(original / name, packed / name)
     return original, packed, parameters
 
 
@@ -137,7 +133,7 @@ def report(runs: dict[str, Run], parameters: int, seconds: float, tokens: int, f
             "",
             f"Machine: {machine()}. One run of `python -m bench.quantized --seconds {seconds:g} --tokens "
             f"{tokens}`: a random-weight Llama ({parameters / 1e6:.0f} M parameters, bfloat16) and its GPTQ "
-            "checkpoint (4-bit, groups of 32, packed by `tests.tiny_models.quantized`), each deployed hot on "
+            "checkpoint (4-bit, groups of 32, packed by `bench.quantizer`), each deployed hot on "
             "modelhost's vLLM engine (vLLM's CPU build, eager; its 4-bit kernel CPUWNA16), one server at a "
             "time; streamed chat completions.",
             "",

