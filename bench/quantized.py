@@ -110,7 +110,7 @@ def report(runs: dict[str, Run], parameters: int, seconds: float, tokens: int, f
     for streams in CONCURRENCY:
         ratio = quantized.loads[streams].tokens_per_second / original.loads[streams].tokens_per_second
         figures.ratio(f"speed.c{streams}", ratio)
-        lines.append(f"- **4-bit / bfloat16 output tokens/s at {streams} stream(s): {ratio:.2f}**")
+        lines.append(f"- **4-bit / bfloat16 output tokens/s at {streams} {_streams(streams)}: {ratio:.2f}**")
     memory = quantized.memory_gib / original.memory_gib
     figures.ratio("memory", memory)
     lines.append(
@@ -143,6 +143,10 @@ def report(runs: dict[str, Run], parameters: int, seconds: float, tokens: int, f
             "",
         ]
     )
+
+
+def _streams(count: int) -> str:
+    return "stream" if count == 1 else "streams"
 
 
 def main() -> None:
