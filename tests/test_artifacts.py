@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,12 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from modelhost.artifacts.quantization import cpu_flags
 from modelhost.container import Services
 from modelhost.store.models import UploadSession
+from tests import crafted_gguf
 from tests.helpers import assert_error, bearer, new_account, push_folder
-from tests.recipes import RECIPE_MODELS
+from tests.recipes import FAMILIES_FOLDER, GGUF_FOLDER, RECIPE_MODELS
 
 Json = dict[str, Any]
 sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -234,3 +237,123 @@ async def test_deploy_and_upload_race_never_both_win(
     upload = start(client, owner, artifact_id)
     d, u = await asyncio.gather(deploy, upload)
     assert sorted([d.status_code, u.status_code]) in ([201, 409],), (d.text, u.text)
+
+
+# --- GGUF and quantized safetensors (issue 51) ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("family", "bits"), [("qwen3-Q4_0", 4), ("llama3-Q8_0", 8)])
+async def test_a_gguf_file_pushes_to_ready_with_its_quantization_and_where_it_serves(
+    client: httpx.AsyncClient, owner: str, recipes: Path, family: str, bits: int
+) -> None:
+    finished = await push_folder(client, owner, recipes / GGUF_FOLDER / family, "text-generation")
+    artifact = finished["artifact"]
+    assert artifact["status"] == "ready", finished
+    scheme = family.split("-")[1]
+    assert artifact["quantization"] == {"method": "gguf", "bits": bits, "group_size": 32, "scheme": scheme}
+    assert artifact["serving"]["llamacpp"]["cpu"] is None
+    assert "llama.cpp" in artifact["serving"]["vllm"]["cpu"]
+    gguf = artifact["gguf"]
+    assert gguf["model_file"] == f"{family}.gguf" and gguf["parts"] == 1 and gguf["mmproj_file"] is None
+    assert (gguf["file_type"], gguf["context_length"], gguf["block_count"]) == (scheme, 2048, 2)
+    assert gguf["has_chat_template"] and not gguf["embedding"]
+    got = (await client.get(f"/v1/model-artifacts/{artifact['id']}", headers=bearer(owner))).json()
+    assert got == artifact
+
+
+def _hostile(name: str, folder: Path) -> str:
+    """Write the named hostile GGUF (or incomplete split set) into `folder`; returns words of its reason."""
+    folder.mkdir()
+    if name == "split set with a part missing":
+        crafted_gguf.split_set(folder, parts=3, skip=2)
+        return "part 00002 of 00003 is missing"
+    data, reason = crafted_gguf.HOSTILE[name]
+    (folder / "model.gguf").write_bytes(data)
+    return reason
+
+
+HOSTILE_OVER_HTTP = [
+    "huge array length", "huge string length", "tensor past the end of the file", "truncated header",
+    "split set with a part missing", "unknown ggml type", "wrong magic", "wrong version",
+]  # fmt: skip
+
+
+@sqlite_only
+async def test_hostile_ggufs_fail_inspection_with_the_reason_within_a_second(
+    client: httpx.AsyncClient, owner: str, tmp_path: Path
+) -> None:
+    for name in HOSTILE_OVER_HTTP:
+        reason = _hostile(name, tmp_path / name.replace(" ", "-"))
+        began = time.monotonic()
+        finished = await push_folder(client, owner, tmp_path / name.replace(" ", "-"), "text-generation")
+        took = time.monotonic() - began
+        artifact = finished["artifact"]
+        assert artifact["status"] == "failed", (name, finished)
+        assert artifact["error"]["code"] == "invalid_weights", (name, artifact["error"])
+        assert reason in artifact["error"]["message"], (name, artifact["error"])
+        assert took < 1, (name, took)  # a hang check (the whole upload of a tiny file), not a benchmark
+
+
+def gptq_checkpoint(source: Path, target: Path, scales_rows: int | None = None) -> Path:
+    """`source`'s model as a 4-bit GPTQ checkpoint's files (group size 32): each layer's linear weights
+    replaced by GPTQ's packed qweight / scales / qzeros of the right shapes and dtypes. The values mean
+    nothing (inspection reads shapes; the quant-vllm tests quantize for real); `scales_rows` breaks them."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False,
+                                     "sym": True}  # fmt: skip
+    (target / "config.json").write_text(json.dumps(config))
+    tensors: dict[str, Any] = {}
+    for name, value in load_file(str(target / "model.safetensors")).items():
+        if ".layers." not in name or not name.endswith("proj.weight"):
+            tensors[name] = value
+            continue
+        layer, (size_out, size_in) = name.removesuffix("weight"), value.shape
+        tensors[layer + "qweight"] = np.zeros((size_in // 8, size_out), np.int32)
+        tensors[layer + "scales"] = np.zeros((scales_rows or size_in // 32, size_out), np.float16)
+        tensors[layer + "qzeros"] = np.zeros((size_in // 32, size_out // 8), np.int32)
+    save_file(tensors, str(target / "model.safetensors"))
+    return target
+
+
+@sqlite_only
+async def test_a_gptq_checkpoint_pushes_to_ready_saying_its_quantization_and_where_it_serves(
+    client: httpx.AsyncClient, owner: str, recipes: Path, tmp_path: Path
+) -> None:
+    folder = gptq_checkpoint(recipes / FAMILIES_FOLDER / "qwen3", tmp_path / "gptq")
+    finished = await push_folder(client, owner, folder, "text-generation")
+    artifact = finished["artifact"]
+    assert artifact["status"] == "ready", finished
+    assert artifact["quantization"] == {"method": "gptq", "bits": 4, "group_size": 32, "scheme": None}
+    on_cpu = artifact["serving"]["vllm"]["cpu"]
+    assert on_cpu is None if "avx512f" in cpu_flags() else "AVX-512" in on_cpu
+    assert "no quantized safetensors" in artifact["serving"]["transformers"]["cpu"]
+    assert "GGUF" in artifact["serving"]["llamacpp"]["cpu"] and artifact["gguf"] is None
+
+
+@sqlite_only
+async def test_packed_tensors_that_do_not_match_the_quantization_config_fail_naming_the_tensor(
+    client: httpx.AsyncClient, owner: str, recipes: Path, tmp_path: Path
+) -> None:
+    folder = gptq_checkpoint(recipes / FAMILIES_FOLDER / "qwen3", tmp_path / "gptq", scales_rows=3)
+    artifact = (await push_folder(client, owner, folder, "text-generation"))["artifact"]
+    assert artifact["status"] == "failed"
+    assert artifact["error"]["code"] == "invalid_quantization"
+    assert (
+        "model.layers.0." in artifact["error"]["message"]
+        and ".scales is [3, " in artifact["error"]["message"]
+    )
+
+
+@sqlite_only
+async def test_a_full_precision_model_has_no_quantization(
+    client: httpx.AsyncClient, owner: str, recipes: Path
+) -> None:
+    artifact = (await push_folder(client, owner, recipes / FAMILIES_FOLDER / "qwen3", "text-generation"))[
+        "artifact"
+    ]
+    assert artifact["status"] == "ready"
+    assert artifact["quantization"] is None and artifact["serving"] is None and artifact["gguf"] is None

@@ -617,6 +617,33 @@ def adapter(recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_adapter(recipes / "t11_text_generation_chat", folder, seed=0)
 
 
+def test_a_gguf_artifact_shows_its_quantization_and_where_it_serves_as_text(
+    console: Console, tmp_path: Path
+) -> None:
+    """A GGUF's architecture is the file's to say: shown as text, never markup."""
+    from tests import crafted_gguf
+
+    folder = tmp_path / "q8"
+    folder.mkdir()
+    (folder / "model.gguf").write_bytes(
+        crafted_gguf.gguf(crafted_gguf.model_metadata(XSS), [crafted_gguf.tensor("w", (32, 32), 8, 0)], 2048)
+    )
+    page = console.page
+    console.go("artifacts")
+    page.set_input_files("#artifact-folder", str(folder))
+    page.select_option("#artifact-pipeline", "text-generation")
+    page.click("#artifact-upload")
+    assert page.locator("#inspection-status").inner_text() == "q8: ready"
+    details = page.locator("#artifact-list .quantization-details").first
+    assert details.locator(".quantization").inner_text() == "gguf · Q8_0 · 8-bit · group 32"
+    assert details.locator(".gguf").inner_text() == f"GGUF {XSS}, context 2048"
+    assert details.locator("li[data-engine='llamacpp'][data-device='cpu']").inner_text() == (
+        "llamacpp on cpu: servable"
+    )
+    assert "served by llama.cpp" in details.locator("li[data-engine='vllm']").inner_text()
+    assert page.locator("img").count() == 0
+
+
 def deployments_posted(page: Any) -> Any:
     return page.expect_request(lambda r: r.method == "POST" and r.url.endswith("/v1/deployments"))
 

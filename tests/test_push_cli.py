@@ -16,6 +16,7 @@ from modelhost.cli.main import app
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer
 from tests.live import live_server
+from tests.recipes import GGUF_FOLDER
 
 runner = CliRunner()
 
@@ -97,6 +98,17 @@ def test_push_of_a_broken_model_prints_the_reason_and_fails(
     assert body["artifact"]["status"] == "failed"
     assert body["artifact"]["error"]["code"] == "pickle_weights"
     assert "pickle" in body["message"].lower()
+
+
+def test_push_of_a_gguf_file_shows_its_quantization_and_where_it_serves(
+    server: str, key: str, recipes: Path
+) -> None:
+    folder = recipes / GGUF_FOLDER / "qwen3-Q4_0"
+    code, output = push(server, key, folder, "--name", "q4", "--pipeline", "text-generation")
+    assert code == 0, output
+    assert "gguf Q4_0" in output
+    assert "llamacpp on cpu: servable" in output
+    assert "vllm on cpu: GGUF files are served by llama.cpp" in output
 
 
 def test_push_help_explains_the_options() -> None:

@@ -231,3 +231,26 @@ def test_this_cpu_flags_are_read_from_proc_cpuinfo() -> None:
         .partition(":")[2]
         .split()
     )
+
+
+# --- inspection -----------------------------------------------------------------------------------------
+
+
+def test_an_embedding_gguf_is_a_feature_extraction_artifact_not_a_generation_one(tmp_path: Path) -> None:
+    from modelhost.artifacts.inspection import inspect_artifact
+
+    (tmp_path / "embedder.gguf").write_bytes(crafted.small_model(pooling_type=1))
+    found = inspect_artifact(tmp_path, "feature-extraction")
+    assert found.ok and found.gguf is not None and found.gguf["embedding"]
+    refused = inspect_artifact(tmp_path, "text-generation")
+    assert (refused.ok, refused.code) == (False, "unsupported_architecture")
+    assert "feature-extraction" in (refused.message or "")
+
+
+def test_a_gguf_beside_safetensors_weights_is_refused(tmp_path: Path) -> None:
+    from modelhost.artifacts.inspection import inspect_artifact
+
+    (tmp_path / "model.gguf").write_bytes(crafted.small_model())
+    save_file({"w": np.zeros((2,), np.float32)}, str(tmp_path / "model.safetensors"))
+    refused = inspect_artifact(tmp_path, "text-generation")
+    assert refused.code == "invalid_weights" and "one format" in (refused.message or "")

@@ -44,6 +44,7 @@ from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.runtime.adapters import AdapterRouting
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.manager import ReplicaManager
+from modelhost.runtime.memory import gpu_totals
 from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
 from modelhost.services.files import FileService, file_secret
@@ -113,7 +114,9 @@ class Services:
         def storage_changed(session: Session, artifact_id: str) -> None:
             count(ledger.sync_storage_in(session, artifact_id, clock.now_ms()))
 
-        artifacts = ArtifactService(database, blobs, settings, storage_changed)
+        artifacts = ArtifactService(
+            database, blobs, settings, storage_changed, devices=device_kinds(settings)
+        )
 
         def artifact_dir(artifact: ModelArtifact) -> Path | None:
             prefix = artifacts.files_dir(artifact)
@@ -252,3 +255,14 @@ def rates_of(settings: Settings) -> Rates:
         settings.billing_storage_credits_per_gb_hour if settings.billing_storage else None,
         settings.billing_min_memory_gb,
     )
+
+
+def device_kinds(settings: Settings) -> tuple[str, ...]:
+    """The device kinds this server's replicas run on, as a quantized artifact's `serving` names them: the
+    CPU always, CUDA where the device setting allows and a GPU is visible (`nvidia-smi`, as placement
+    reads it)."""
+    if settings.device == "cpu":
+        return ("cpu",)
+    if settings.device.startswith("cuda") or gpu_totals():
+        return ("cpu", "cuda")
+    return ("cpu",)

@@ -26,8 +26,8 @@ MAX_HEADER_BYTES = 64 * 1024 * 1024
 MAX_STRING_BYTES = 16 * 1024 * 1024  # a chat template is tens of KB; a token a few bytes
 MAX_ARRAY_ITEMS = 1 << 20  # vocabularies and merges: up to ~300k items
 MAX_ITEMS = 1 << 21  # strings stepped over in all arrays together
-MAX_KV = 1 << 16
-MAX_TENSORS = 1 << 18  # a large mixture of experts with unmerged experts: ~50k
+MAX_KV = 1 << 14  # real files carry ~50 keys
+MAX_TENSORS = 1 << 16  # experts are merged into one tensor a layer: the largest models hold thousands
 MAX_DIMS = 4  # GGML_MAX_DIMS
 DEFAULT_ALIGNMENT = 32
 
@@ -65,6 +65,7 @@ _SCALARS: dict[int, tuple[str, int]] = {
 }  # fmt: skip
 _STRING, _ARRAY = 8, 9
 _U64 = struct.Struct("<Q")
+_TENSOR_TAILS = {n: struct.Struct(f"<{n}QIQ") for n in range(1, MAX_DIMS + 1)}
 _SPLIT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -95,6 +96,7 @@ class GgufInfo:
     name: str | None = None  # general.name
     vocab_size: int | None = None  # the embedded vocabulary's token count
     type_bytes: dict[str, int] | None = None  # ggml type name → bytes of tensor data of that type
+    general_type: str | None = None  # general.type: "model", or "adapter" for a GGUF LoRA adapter
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +236,7 @@ def _info(first: _Header, headers: list[_Header], name: str) -> GgufInfo:
         name=_str(meta.get("general.name")),
         vocab_size=tokens.length if isinstance(tokens, _Skipped) else None,
         type_bytes=sizes,
+        general_type=_str(meta.get("general.type")),
     )
 
 
@@ -335,7 +338,7 @@ def _parse(cursor: _Cursor, size: int, name: str) -> _Header:
         raise InvalidGguf(f"{name}: {kv_count} metadata keys (at most {MAX_KV})")
     try:
         metadata = _metadata(cursor, kv_count)
-        infos = [_tensor_info(cursor, i) for i in range(tensor_count)]
+        infos = [_tensor_info(cursor) for _ in range(tensor_count)]
     except InvalidGguf as exc:
         raise InvalidGguf(f"{name}: {exc}") from exc
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
@@ -351,30 +354,32 @@ def _metadata(cursor: _Cursor, count: int) -> dict[str, Any]:
         key = cursor.string("a metadata key", cap=65536)
         if key in metadata:
             raise InvalidGguf(f"metadata key {key!r} appears twice")
-        metadata[key] = _value(cursor, cursor.u32(f"the type of {key!r}"), key)
+        try:
+            metadata[key] = _value(cursor, cursor.u32("its value type"))
+        except InvalidGguf as exc:
+            raise InvalidGguf(f"metadata {key!r}: {exc}") from exc
     return metadata
 
 
-def _value(cursor: _Cursor, kind: int, key: str) -> Any:
+def _value(cursor: _Cursor, kind: int) -> Any:
     if kind in _SCALARS:
         fmt, size = _SCALARS[kind]
-        return cursor.scalar(fmt, size, f"the value of {key!r}")
+        return cursor.scalar(fmt, size, "its value")
     if kind == _STRING:
-        return cursor.string(f"the value of {key!r}")
+        return cursor.string("its value")
     if kind != _ARRAY:
-        raise InvalidGguf(f"metadata {key!r} has unknown value type {kind}")
-    item = cursor.u32(f"the item type of {key!r}")
-    length = cursor.u64(f"the length of {key!r}")
+        raise InvalidGguf(f"unknown value type {kind}")
+    item = cursor.u32("its item type")
+    length = cursor.u64("its length")
     if length > MAX_ARRAY_ITEMS:
-        raise InvalidGguf(f"metadata {key!r} is an array of {length} items (at most {MAX_ARRAY_ITEMS})")
-    return _array(cursor, item, length, key)
+        raise InvalidGguf(f"an array of {length} items (at most {MAX_ARRAY_ITEMS})")
+    return _array(cursor, item, length)
 
 
-def _array(cursor: _Cursor, item: int, length: int, key: str) -> Any:
-    what = f"the array {key!r}"
+def _array(cursor: _Cursor, item: int, length: int) -> Any:
     if item in _SCALARS:
         fmt, size = _SCALARS[item]
-        cursor.need(length * size, what)
+        cursor.need(length * size, "the array")
         if length > 4096:  # a vocabulary's scores or types: nothing we read
             cursor.pos += length * size
             return _Skipped(length)
@@ -382,29 +387,32 @@ def _array(cursor: _Cursor, item: int, length: int, key: str) -> Any:
         cursor.pos += length * size
         return values
     if item == _STRING:
-        cursor.need(length * 8, what)  # each item at least its 8-byte length: checked before looping
-        cursor.skip_strings(length, what)
+        cursor.need(length * 8, "the array")  # each item at least its 8-byte length: checked before looping
+        cursor.skip_strings(length, "the array")
         return _Skipped(length)
     if item == _ARRAY:
-        raise InvalidGguf(f"metadata {key!r} is an array of arrays, which llama.cpp does not read")
-    raise InvalidGguf(f"metadata {key!r} is an array of unknown value type {item}")
+        raise InvalidGguf("an array of arrays, which llama.cpp does not read")
+    raise InvalidGguf(f"an array of unknown value type {item}")
 
 
-def _tensor_info(cursor: _Cursor, index: int) -> _Tensor:
-    name = cursor.string(f"the name of tensor {index}", cap=1024)
-    n_dims = cursor.u32(f"the dimension count of {name!r}")
-    if not 1 <= n_dims <= MAX_DIMS:
-        raise InvalidGguf(f"tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS})")
-    dims = tuple(cursor.u64(f"a dimension of {name!r}") for _ in range(n_dims))
-    type_id = cursor.u32(f"the type of {name!r}")
-    offset = cursor.u64(f"the offset of {name!r}")
-    if type_id not in GGML_TYPES:
-        raise InvalidGguf(f"tensor {name!r} has unknown ggml type {type_id}")
-    type_name, block, block_bytes = GGML_TYPES[type_id]
-    if dims[0] % block:
-        raise InvalidGguf(f"tensor {name!r}: its row of {dims[0]} is not a multiple of {type_name}'s {block}")
-    nbytes = math.prod(dims) // block * block_bytes
-    return _Tensor(name, type_name, offset, nbytes)
+def _tensor_info(cursor: _Cursor) -> _Tensor:
+    name = cursor.string("a tensor name", cap=1024)
+    try:
+        n_dims = cursor.u32("its dimension count")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise InvalidGguf(f"{n_dims} dimensions (1 to {MAX_DIMS})")
+        tail = _TENSOR_TAILS[n_dims]  # the dimensions, the ggml type and the offset in one read
+        cursor.need(tail.size, "its dimensions, type and offset")
+        *dims, type_id, offset = tail.unpack_from(cursor.data, cursor.pos)
+        cursor.pos += tail.size
+        if type_id not in GGML_TYPES:
+            raise InvalidGguf(f"unknown ggml type {type_id}")
+        type_name, block, block_bytes = GGML_TYPES[type_id]
+        if dims[0] % block:
+            raise InvalidGguf(f"its row of {dims[0]} is not a multiple of {type_name}'s block of {block}")
+    except InvalidGguf as exc:
+        raise InvalidGguf(f"tensor {name!r}: {exc}") from exc
+    return _Tensor(name, type_name, offset, math.prod(dims) // block * block_bytes)
 
 
 def _place(

@@ -1,7 +1,9 @@
 """Decide whether uploaded files make a servable artifact for its pipeline, and say why not.
 
 Pure file inspection: nothing is loaded or executed. Custom code (`auto_map`, unknown model types,
-non-library classes) fails inspection, because `trust_remote_code` is never used.
+non-library classes) fails inspection, because `trust_remote_code` is never used. GGUF files are read by
+our own bounded parser (`gguf_check`), quantized safetensors checked against their `quantization_config`
+(`quantization`): a hostile file fails with a reason, never a hang.
 """
 
 from __future__ import annotations
@@ -13,6 +15,13 @@ from typing import Any
 
 from modelhost.artifacts import architectures as arch
 from modelhost.artifacts.adapters import AdapterInfo, AdapterRefused, inspect_adapter, is_adapter
+from modelhost.artifacts.gguf_check import GgufInfo, GgufSet, InvalidGguf, gguf_set, read_gguf_set
+from modelhost.artifacts.quantization import (
+    InvalidQuantization,
+    Quantization,
+    gguf_quantization,
+    read_quantization,
+)
 from modelhost.artifacts.safetensors_check import InvalidSafetensors, check_safetensors
 from modelhost.pipelines import TASKS
 
@@ -24,6 +33,8 @@ NEEDS_TOKENIZER = frozenset(t.name for t in TASKS if t.needs_tokenizer)
 NEEDS_PROCESSOR = frozenset(t.name for t in TASKS if t.needs_processor)
 # The tasks whose deployments serve adapters (on vLLM): an adapter artifact is made for one of them
 ADAPTER_TASKS = ("text-generation", "image-text-to-text")
+# What llama.cpp serves from a GGUF: generation, and embeddings (its `--embedding`)
+GGUF_TASKS = ("text-generation", "feature-extraction")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +45,8 @@ class Inspection:
     message: str | None = None
     kind: str = "model"  # `adapter`: a LoRA adapter (PEFT's format), served on a base deployment
     adapter: AdapterInfo | None = None
+    quantization: Quantization | None = None  # None: full-precision safetensors
+    gguf: dict[str, Any] | None = None  # a GGUF model's facts (`gguf_facts`)
 
 
 class Refused(Exception):
@@ -56,10 +69,13 @@ def inspect_artifact(
         if is_adapter(root):
             return _inspect_adapter(root, pipeline, files, size, max_lora_rank)
         _refuse_pickles(files, allow_pickle)
+        if _gguf_set(root) is not None:
+            return _inspect_gguf(root, pipeline, files, size)
+        quantization = None
         if pipeline in arch.DIFFUSERS_TASKS:
             _inspect_diffusers(root, pipeline, allow_pickle)
         else:
-            _inspect_transformers(root, pipeline, allow_pickle)
+            quantization = _inspect_transformers(root, pipeline, allow_pickle)
         for name in files:
             if name.endswith(".safetensors"):
                 try:
@@ -68,7 +84,75 @@ def inspect_artifact(
                     raise Refused("invalid_weights", f"{name} is not valid safetensors: {exc}.") from exc
     except Refused as refused:
         return Inspection(ok=False, size_bytes=size, code=refused.code, message=refused.message)
-    return Inspection(ok=True, size_bytes=size)
+    return Inspection(ok=True, size_bytes=size, quantization=quantization)
+
+
+def _gguf_set(root: Path) -> GgufSet | None:
+    try:
+        return gguf_set(root)
+    except InvalidGguf as exc:
+        raise Refused("invalid_weights", f"GGUF: {exc}.") from exc
+
+
+def _inspect_gguf(root: Path, pipeline: str, files: list[str], size: int) -> Inspection:
+    """One GGUF model (a file or a split set, with an optional vision projector) for llama.cpp."""
+    if pipeline not in GGUF_TASKS:
+        raise Refused(
+            "unsupported_architecture",
+            f"A GGUF model serves text-generation (or feature-extraction: embeddings), not {pipeline}.",
+        )
+    others = [f for f in files if f.endswith(".safetensors")]
+    if others:
+        raise Refused(
+            "invalid_weights",
+            f"Both GGUF and safetensors weights were uploaded ({others[0]}): upload one format per artifact.",
+        )
+    try:
+        found, info = read_gguf_set(root)
+    except InvalidGguf as exc:
+        raise Refused("invalid_weights", f"GGUF: {exc}.") from exc
+    if info.general_type == "adapter":
+        raise Refused("unsupported_adapter", "GGUF LoRA adapters are not accepted; upload PEFT's files.")
+    if info.tensor_count == 0:
+        raise Refused("missing_weights", f"{found.model.name} holds no tensors.")
+    if info.tokenizer_model is None:
+        raise Refused(
+            "missing_tokenizer", f"{found.model.name} has no embedded tokenizer (tokenizer.ggml.model)."
+        )
+    if pipeline == "text-generation" and info.embedding:
+        raise Refused(
+            "unsupported_architecture",
+            f"{found.model.name} is an embedding model "
+            f"({info.architecture}): upload it as feature-extraction.",
+        )
+    return Inspection(
+        ok=True, size_bytes=size, quantization=gguf_quantization(info), gguf=gguf_facts(root, found, info)
+    )
+
+
+def gguf_facts(root: Path, found: GgufSet, info: GgufInfo) -> dict[str, Any]:
+    """What the artifact records of a GGUF model: the files to load (relative to the artifact), and the
+    header's facts for the memory prediction and the engine (the chat template itself stays in the file)."""
+    return {
+        "model_file": found.model.relative_to(root).as_posix(),
+        "parts": len(found.parts),
+        "mmproj_file": found.mmproj.relative_to(root).as_posix() if found.mmproj else None,
+        "architecture": info.architecture,
+        "file_type": info.file_type,
+        "tensor_count": info.tensor_count,
+        "tensor_bytes": info.tensor_bytes,
+        "tensor_types": info.tensor_types,
+        "context_length": info.context_length,
+        "block_count": info.block_count,
+        "embedding_length": info.embedding_length,
+        "head_count": info.head_count,
+        "head_count_kv": info.head_count_kv,
+        "key_length": info.key_length,
+        "value_length": info.value_length,
+        "tokenizer_model": info.tokenizer_model,
+        "has_chat_template": info.chat_template is not None,
+        "embedding": info.embedding,
+    }
 
 
 def _inspect_adapter(root: Path, pipeline: str, files: list[str], size: int, max_rank: int) -> Inspection:
@@ -118,7 +202,8 @@ def _refuse_custom_code(config: dict[str, Any], where: str) -> None:
         )
 
 
-def _inspect_transformers(root: Path, pipeline: str, allow_pickle: bool) -> None:
+def _inspect_transformers(root: Path, pipeline: str, allow_pickle: bool) -> Quantization | None:
+    """Checks a transformers model; returns its quantization (None: full precision)."""
     model_dir = root
     if pipeline == "feature-extraction" and (root / "modules.json").is_file():
         model_dir = root / _sentence_transformer_model_path(root)
@@ -141,6 +226,10 @@ def _inspect_transformers(root: Path, pipeline: str, allow_pickle: bool) -> None
         )
     if pipeline in NEEDS_PROCESSOR and not any((model_dir / f).is_file() for f in PROCESSOR_FILES):
         raise Refused("missing_processor", f"{pipeline} needs a processor ({' or '.join(PROCESSOR_FILES)}).")
+    try:
+        return read_quantization(model_dir)
+    except InvalidQuantization as exc:
+        raise Refused("invalid_quantization", f"{exc}.") from exc
 
 
 def _check_architectures(config: dict[str, Any], pipeline: str) -> None:

@@ -22,6 +22,7 @@ from modelhost.artifacts.blobstore import PARTIAL_DIR, BlobStore, BlobWriter
 from modelhost.artifacts.disk import require_room_for_upload
 from modelhost.artifacts.inspection import Inspection, inspect_artifact
 from modelhost.artifacts.paths import clean_upload_path
+from modelhost.artifacts.quantization import serving_table
 from modelhost.config import Settings
 from modelhost.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
 from modelhost.store.db import Database
@@ -66,10 +67,14 @@ class ArtifactService:
         blobs: BlobStore,
         settings: Settings,
         storage_changed: Callable[[Session, str], None] | None = None,
+        devices: tuple[str, ...] = ("cpu",),
     ) -> None:
         self._database = database
         self._blobs = blobs
         self._settings = settings
+        # The device kinds this server's replicas run on (`cpu`, `cuda`): a quantized artifact says
+        # whether each engine can serve it on each
+        self._devices = devices
         # Billing's storage meter follows the stored files, in the transaction that changes them.
         self._storage_changed = storage_changed or (lambda _session, _artifact_id: None)
 
@@ -407,6 +412,12 @@ class ArtifactService:
             artifact.status, artifact.published_version = "ready", upload_id
             artifact.size_bytes, artifact.kind = inspection.size_bytes, inspection.kind
             artifact.adapter = inspection.adapter.as_dict() if inspection.adapter is not None else None
+            quantization = inspection.quantization
+            artifact.quantization = quantization.as_dict() if quantization is not None else None
+            artifact.serving = (
+                serving_table(quantization, self._devices) if quantization is not None else None
+            )
+            artifact.gguf = inspection.gguf
             artifact.error_code = artifact.error_message = None
             self._set_session_status(session, upload_id, "completed")
             session.flush()

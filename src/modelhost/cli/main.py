@@ -88,7 +88,7 @@ def limits_of(
     return limits if any(v is not None for v in limits.values()) else None
 
 
-ARTIFACT_COLUMNS = ("id", "display_name", "pipeline", "status", "size_gb", "updated_at")
+ARTIFACT_COLUMNS = ("id", "display_name", "pipeline", "status", "quantization", "size_gb", "updated_at")
 USAGE_COLUMNS = ("credits_balance", "credits_used", "credits", "compute_credits", "storage_credits")
 ARTIFACT_USAGE_COLUMNS = ("artifact_id", "display_name", "compute_credits", "storage_credits")
 DEPLOYMENT_COLUMNS = (
@@ -503,7 +503,7 @@ def artifacts_push(
     if as_json:
         print(json.dumps(finished, indent=2))
     else:
-        show(artifact, ARTIFACT_COLUMNS, False)
+        show_artifact(artifact)
         out.print(finished["message"])
     if artifact["status"] != "ready" or artifact.get("error"):
         raise typer.Exit(1)  # inspection failed (for a re-upload, the previous version stays ready)
@@ -515,7 +515,33 @@ def artifacts_push(
 @artifacts_app.command("list")
 def artifacts_list(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:
     """List model artifacts."""
-    show(ApiClient(url, key).call("GET", "/v1/model-artifacts"), ARTIFACT_COLUMNS, as_json)
+    listed = ApiClient(url, key).call("GET", "/v1/model-artifacts")
+    if as_json:
+        show(listed, ARTIFACT_COLUMNS, True)
+    else:
+        show([_readable(a) for a in listed["data"]], ARTIFACT_COLUMNS, False)
+
+
+def show_artifact(artifact: dict[str, Any]) -> None:
+    """One artifact as a table, then where a quantized one can be served (and why not elsewhere)."""
+    show(_readable(artifact), ARTIFACT_COLUMNS, False)
+    for engine, devices in (artifact.get("serving") or {}).items():
+        for device, reason in devices.items():
+            line = f"{engine} on {device}: {reason or 'servable'}"
+            out.print(line, soft_wrap=True, markup=False, highlight=False)
+
+
+def _readable(artifact: dict[str, Any]) -> dict[str, Any]:
+    """`quantization` in a word or three: `gptq 4-bit g128`, `gguf Q4_K_M`, `compressed-tensors W4A16 g32`."""
+    found = artifact.get("quantization")
+    if not found:
+        return {**artifact, "quantization": None}
+    if found["method"] == "gguf":
+        return {**artifact, "quantization": f"gguf {found['scheme']}"}
+    words = [found["method"], found.get("scheme") or (f"{found['bits']}-bit" if found.get("bits") else None)]
+    if found.get("group_size"):
+        words.append(f"g{found['group_size']}")
+    return {**artifact, "quantization": " ".join(w for w in words if w)}
 
 
 @artifacts_app.command("delete")

@@ -67,6 +67,48 @@ class Adapter(BaseModel):
     bytes: int = Field(description="Size of its weights.")
 
 
+class Quantization(BaseModel):
+    """How a quantized model's weights are stored (docs/artifacts.md, "Quantized models")."""
+
+    method: str = Field(
+        description="`gptq`, `awq`, `compressed-tensors`, `fp8`, `bitsandbytes` (from config.json's "
+        "`quantization_config`), or `gguf`."
+    )
+    bits: int | None = Field(description="Bits per weight (a GGUF file type's nominal bits: Q4_K_M → 4).")
+    group_size: int | None = Field(
+        description="Weights sharing one scale (a GGUF type's block size); null: one per output channel."
+    )
+    scheme: str | None = Field(
+        description="compressed-tensors' scheme (`W4A16`, `W8A16`, `W8A8`, `FP8`...), a GGUF's file type "
+        "(`Q4_0`, `Q8_0`, `Q4_K_M`, `F16`...), bitsandbytes' `nf4` / `fp4` / `int8`."
+    )
+
+
+class Gguf(BaseModel):
+    """A GGUF model's files and what its header says (read by modelhost's own bounded parser)."""
+
+    model_file: str = Field(description="The file llama.cpp loads: the first part of a split set.")
+    parts: int = Field(description="Files of the model: 1, or N for a `-0000k-of-0000N.gguf` split set.")
+    mmproj_file: str | None = Field(description="A vision projector (`mmproj*.gguf`), recorded, not served.")
+    architecture: str = Field(description="`general.architecture`: llama, qwen3, qwen2, gemma3, bert...")
+    file_type: str | None = Field(description="`general.file_type`: F16, Q8_0, Q4_0, Q4_K_M...")
+    tensor_count: int
+    tensor_bytes: int = Field(description="Bytes of tensor data, all parts together.")
+    tensor_types: dict[str, int] = Field(description='Tensors per ggml type (`{"Q4_0": 15, "F32": 9}`).')
+    context_length: int | None
+    block_count: int | None = Field(description="Layers.")
+    embedding_length: int | None
+    head_count: int | None
+    head_count_kv: int | None
+    key_length: int | None
+    value_length: int | None
+    tokenizer_model: str | None = Field(
+        description="The embedded tokenizer: `gpt2` (byte-level BPE), `llama`..."
+    )
+    has_chat_template: bool
+    embedding: bool = Field(description="An embedding model (served as feature-extraction).")
+
+
 class ModelArtifact(BaseModel):
     id: str
     display_name: str
@@ -78,6 +120,16 @@ class ModelArtifact(BaseModel):
         "(docs/adapters.md). `model` until an upload is inspected.",
     )
     adapter: Adapter | None = Field(default=None, description="The adapter, where `kind` is `adapter`.")
+    quantization: Quantization | None = Field(
+        default=None, description="How the weights are quantized; null: full precision (or not inspected)."
+    )
+    serving: dict[str, dict[str, str | None]] | None = Field(
+        default=None,
+        description="For a quantized model: per engine (`vllm`, `llamacpp`, `transformers`) and device "
+        "kind of this server (`cpu`, `cuda`), null where it can be served, else why not "
+        '(`{"vllm": {"cpu": "FP8 on CPU needs AMX (amx_tile); this CPU has none."}}`).',
+    )
+    gguf: Gguf | None = Field(default=None, description="A GGUF model's files and header facts.")
     size_gb: float = Field(description="Size of the served files in GB (10^9 bytes).")
     created_at: datetime
     updated_at: datetime

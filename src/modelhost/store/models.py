@@ -90,6 +90,12 @@ class ModelArtifact(Base):
     # the base it was trained on, its bytes)
     kind: Mapped[str] = mapped_column(String(8), default="model", server_default="model")
     adapter: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # A quantized model's {method, bits, group_size, scheme} (`artifacts.quantization`; null: full
+    # precision), where each engine and device kind here can serve it ({engine: {device: null or why
+    # not}}), and a GGUF model's files and header facts (`artifacts.inspection.gguf_facts`)
+    quantization: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    serving: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    gguf: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

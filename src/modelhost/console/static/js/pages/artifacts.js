@@ -1,12 +1,30 @@
 // Artifacts: create one and upload a model folder through the upload-session API, with a progress bar
 // per file and in total; each file's sha256 is computed here and checked against the server's. The list
-// shows each artifact's kind (a LoRA adapter with its rank, alpha, target modules and size), and a ready
-// one deploys from its row (an adapter on the base deployment it asks for).
+// shows each artifact's kind (a LoRA adapter with its rank, alpha, target modules and size; a quantized
+// model with its method, bits and where it can be served), and a ready one deploys from its row (an
+// adapter on the base deployment it asks for). Model-controlled strings (a GGUF's architecture, a config's
+// quant_method) are text nodes, never markup.
 import { api, authHeaders, openApi, resolve } from "../api.js";
 import { adapterDetails, deployForm } from "../deploy.js";
 import { confirmButton, field, h, message, replace, when } from "../dom.js";
 
 const HASH_LIMIT = 2 ** 30; // bytes read into memory to hash one file in the browser
+
+// What inspection found in a quantized model: method, scheme, bits, group size, a GGUF's architecture and
+// file type, and per engine and device kind whether it can be served here (and why not).
+function quantizationDetails(a) {
+  const { method, bits, group_size: group, scheme } = a.quantization;
+  const words = [method, scheme, bits ? `${bits}-bit` : null, group ? `group ${group}` : null].filter(Boolean);
+  const serving = Object.entries(a.serving || {}).flatMap(([engine, devices]) =>
+    Object.entries(devices).map(([device, why]) =>
+      h("li", { class: why ? "not-servable" : "servable", dataset: { engine, device } },
+        `${engine} on ${device}: ${why || "servable"}`)));
+  return h("div", { class: "quantization-details muted" },
+    h("span", { class: "quantization" }, words.join(" · ")),
+    a.gguf ? h("div", { class: "gguf" }, `GGUF ${a.gguf.architecture}, context ${a.gguf.context_length ?? "?"}`,
+      a.gguf.parts > 1 ? `, ${a.gguf.parts} parts` : null, a.gguf.mmproj_file ? ", vision projector" : null) : null,
+    h("ul", { class: "serving" }, serving));
+}
 
 function hex(buffer) {
   return [...new Uint8Array(buffer)].map((b) => b.toString(16).padStart(2, "0")).join("");
@@ -146,7 +164,8 @@ export async function render(main) {
     replace(rows, list.map((a) => {
       const tr = h("tr", { dataset: { id: a.id, kind: a.kind } },
         h("td", {}, a.display_name), h("td", {}, a.pipeline),
-        h("td", { class: "kind" }, a.kind, a.adapter ? adapterDetails(a) : null),
+        h("td", { class: "kind" }, a.kind, a.adapter ? adapterDetails(a) : null,
+          a.quantization ? quantizationDetails(a) : null),
         h("td", {}, a.status, a.error ? h("div", { class: "error" }, `${a.error.code}: ${a.error.message}`) : null),
         h("td", {}, (a.size_gb).toFixed(6)), h("td", {}, when(a.created_at)),
         h("td", { class: "actions" },
