@@ -129,6 +129,13 @@ def _create(http: httpx.Client, key: str, **body: Any) -> dict[str, Any]:
 
 def test_auto_deploys_a_gptq_checkpoint_on_vllm_and_says_why(quantized: Quantized) -> None:
     assert quantized.artifact["status"] == "ready"
+    assert quantized.artifact["quantization"] == {
+        "method": "gptq",
+        "bits": 4,
+        "group_size": 32,
+        "scheme": None,
+    }
+    assert quantized.artifact["serving"]["vllm"]["cpu"] is None  # this CPU has AVX-512
     assert quantized.deployment["engine"] == "auto"
     assert quantized.deployment["engine_in_use"] == "vllm"
     assert quantized.deployment["engine_reason"] == (
