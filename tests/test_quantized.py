@@ -155,7 +155,8 @@ def test_the_transformers_engine_for_a_quantized_checkpoint_is_a_400_saying_why(
 
 
 @pytest.mark.parametrize(
-    ("form", "named"), [("gptq", "4-bit GPTQ"), ("w4a16", "4-bit compressed-tensors W4A16")]
+    ("form", "named"),
+    [("gptq", "4-bit GPTQ"), ("awq", "4-bit AWQ"), ("w4a16", "4-bit compressed-tensors W4A16")],
 )
 def test_a_4_bit_checkpoint_is_refused_at_creation_and_at_load_on_a_cpu_without_avx512(
     recipes: Path, monkeypatch: pytest.MonkeyPatch, form: str, named: str

@@ -1,6 +1,6 @@
 """Tiny 4-bit checkpoints of a trained family model (`families`), packed by our own code following each
-format's specification (`bench.quantizer`: GPTQ and compressed-tensors W4A16, round-to-nearest, symmetric,
-groups of 32, which divide the width 64 and the feed-forward 128 of `families.family_config`).
+format's specification (`bench.quantizer`: GPTQ, AWQ and compressed-tensors W4A16, round-to-nearest,
+symmetric, groups of 32, which divide the width 64 and the feed-forward 128 of `families.family_config`).
 
 `build_quantized` writes the cached t26 folders: the checkpoints, the full-precision model's
 log-probabilities of a fixed text beside them (`full_precision_logprobs`), for the tests' distance bound,
@@ -20,7 +20,7 @@ from bench.quantizer import quantize_folder
 from tests.tiny_models.common import reseed
 
 # (family model, formats): Qwen3, whose trained answers carry reasoning and tool calls
-QUANTIZED = (("qwen3", ("gptq", "w4a16")),)
+QUANTIZED = (("qwen3", ("gptq", "awq", "w4a16")),)
 # `<family>-lora/`: a LoRA adapter made by PEFT on the full-precision model, served on the 4-bit one
 ADAPTER_SEED = 1
 # `<family>-reference.json` beside the checkpoints: a fixed text's log-probabilities at full precision
