@@ -20,6 +20,8 @@ LIBRARIES = (
     "torch", "transformers", "diffusers", "sentence-transformers", "tokenizers", "safetensors", "gguf"
 )  # fmt: skip
 MANIFEST = "MANIFEST"
+# the benchmarks' model builders that tests/tiny_models builds with too: PEFT adapters, 4-bit packing
+BENCH_BUILDERS = ("models.py", "quantizer.py")
 
 # (folder, sub-folder or "", pipeline task) for every tiny model: its files are in `<out>/<folder>/<sub>`.
 RECIPE_MODELS: list[tuple[str, str, str]] = [
@@ -67,6 +69,8 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
 FAMILIES_FOLDER = "t24_families"
 # t24's Qwen3, Llama 3 and QwQ as GGUF files (tests/tiny_models/gguf.py): `<out>/t25_gguf/<family>-<type>/`
 GGUF_FOLDER = "t25_gguf"
+# t24's Qwen3 packed 4-bit by our code (tests/tiny_models/quantized.py): `<out>/t26_quantized/qwen3-<format>/`
+QUANTIZED_FOLDER = "t26_quantized"
 
 
 def build_recipes(out: Path) -> Path:
@@ -80,7 +84,9 @@ def build_recipes(out: Path) -> Path:
     from tests.tiny_models import BUILDERS
 
     torch.set_num_threads(1)
-    for folder in sorted({module for module, _, _ in RECIPE_MODELS} | {FAMILIES_FOLDER, GGUF_FOLDER}):
+    for folder in sorted(
+        {module for module, _, _ in RECIPE_MODELS} | {FAMILIES_FOLDER, GGUF_FOLDER, QUANTIZED_FOLDER}
+    ):
         BUILDERS[folder](out / folder)
     return out
 
@@ -94,8 +100,9 @@ def cache_root() -> Path:
 
 
 def content_key() -> str:
-    """A hash of everything the built files depend on: the builders' code, this file, the families table
-    (the family builder checks each template is recognised by it), the libraries' versions and Python's.
+    """A hash of everything the built files depend on: the builders' code (`BENCH_BUILDERS` too), this file,
+    the families table (the family builder checks each template is recognised by it), the libraries'
+    versions and Python's.
     Changing any of them builds afresh; nothing else does."""
     digest = hashlib.sha256(f"{sys.version_info[:2]}".encode())
     for library in LIBRARIES:
@@ -103,6 +110,10 @@ def content_key() -> str:
     here = Path(__file__).parent
     for source in [Path(__file__), *sorted((here / "tiny_models").glob("*.py"))]:
         digest.update(source.relative_to(here).as_posix().encode() + source.read_bytes())
+    import bench  # an empty package: cheap to import
+
+    for name in BENCH_BUILDERS:  # the benchmarks' builders the tests use too
+        digest.update(f"bench/{name}".encode() + (Path(bench.__file__).parent / name).read_bytes())
     from modelhost.generation import families  # standard library only: cheap to import
 
     digest.update(b"families.py" + Path(families.__file__).read_bytes())

