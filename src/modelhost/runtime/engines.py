@@ -135,6 +135,8 @@ def is_gguf_artifact(model_dir: Path) -> bool:
         return gguf_set(model_dir) is not None
     except InvalidGguf:
         return True
+
+
 def falls_back(asked: str, in_use: str, model_dir: Path) -> bool:
     """Whether a deployment whose vLLM replica fails to load runs on transformers instead: where `auto`
     chose vLLM for a checkpoint transformers can run too, so not a quantized one (transformers has no

