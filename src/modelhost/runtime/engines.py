@@ -32,7 +32,7 @@ from typing import Any
 import modelhost
 from modelhost.artifacts.gguf_check import InvalidGguf, gguf_set
 from modelhost.artifacts.quantization import InvalidQuantization, Quantization, read_quantization, serving
-from modelhost.config import get_settings
+from modelhost.config import Settings, get_settings
 from modelhost.errors import InvalidRequest
 from modelhost.pipelines import BY_NAME
 from modelhost.runtime.memory import gpu_totals
@@ -192,10 +192,10 @@ def describe(quantization: Quantization) -> str:
     return f"{quantization.bits}-bit {named}" if quantization.bits else named
 
 
-def device_kind() -> str:
+def device_kind(settings: Settings | None = None) -> str:
     """`cuda` or `cpu`: the kind of device this server's replicas run on (MODELHOST_DEVICE; `auto` is CUDA
     where `nvidia-smi` lists a GPU), for what a quantized checkpoint's kernels need."""
-    setting = get_settings().device
+    setting = (settings or get_settings()).device
     if setting == "auto":
         return "cuda" if gpu_totals() else "cpu"
     return "cuda" if setting.startswith("cuda") else "cpu"
