@@ -320,34 +320,33 @@ def report(
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {footprint:.2f} |")
         figures.add(f"{name.split()[0]}.tokens_per_second_1", _tokens_per_second(result, 1))
         figures.add(f"{name.split()[0]}.footprint_gb", footprint)
-    sixteen = quantized.get("F16 on llama.cpp")
-    for name in ("Q4_0 on llama.cpp", "Q8_0 on llama.cpp"):  # the same engine at 16 bits: the bill's ratio
-        if sixteen is None or name not in quantized or isinstance(sixteen[0], str):
-            continue
-        result, footprint = quantized[name]
-        speed = _tokens_per_second(result, 1) / _tokens_per_second(sixteen[0], 1)
-        memory = footprint / sixteen[1] if sixteen[1] else float("nan")
-        tag = name.split()[0]
-        figures.ratio(f"{tag}_over_f16.tokens_per_second_1", speed)
-        figures.ratio(f"{tag}_over_f16.footprint", memory)
-        lines.append(
-            f"\n{name} against F16 on llama.cpp: **{speed:.2f}×** tokens/s at 1 stream, **{memory:.2f}×** "
-            "measured memory (what `memory_gb` bills)."
-        )
-    base = quantized.get("bf16 on vLLM")
+    # the same engine at 16 bits (the bill's ratio), then bfloat16 on vLLM (the premise's)
+    lines += _against(quantized, "F16 on llama.cpp", "f16", figures)
+    lines += _against(quantized, "bf16 on vLLM", "bf16", figures)
+    return "\n".join(lines) + "\n"
+
+
+def _against(
+    quantized: dict[str, tuple[dict[int, Load] | str, float]], base_name: str, tag: str, figures: Figures
+) -> list[str]:
+    """The Q4_0 and Q8_0 rows' tokens/s at 1 stream and measured memory as ratios to `base_name`'s."""
+    base = quantized.get(base_name)
+    if base is None or isinstance(base[0], str):
+        return []
+    lines = []
     for name in ("Q4_0 on llama.cpp", "Q8_0 on llama.cpp"):
-        if base is None or name not in quantized or isinstance(base[0], str):
+        if name not in quantized:
             continue
         result, footprint = quantized[name]
         speed = _tokens_per_second(result, 1) / _tokens_per_second(base[0], 1)
         memory = footprint / base[1] if base[1] else float("nan")
-        tag = name.split()[0]
-        figures.ratio(f"{tag}_over_bf16.tokens_per_second_1", speed)
-        figures.ratio(f"{tag}_over_bf16.footprint", memory)
+        figures.ratio(f"{name.split()[0]}_over_{tag}.tokens_per_second_1", speed)
+        figures.ratio(f"{name.split()[0]}_over_{tag}.footprint", memory)
         lines.append(
-            f"\n{name} against bf16 on vLLM: **{speed:.2f}×** tokens/s at 1 stream, **{memory:.2f}×** memory."
+            f"\n{name} against {base_name}: **{speed:.2f}×** tokens/s at 1 stream, "
+            f"**{memory:.2f}×** measured memory (what `memory_gb` bills)."
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main() -> None:

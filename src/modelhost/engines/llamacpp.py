@@ -68,11 +68,12 @@ from modelhost.generation.requests import (
     SamplingParams,
     SpecialTokens,
     chat_markup,
+    error_event,
     fim_tokens,
     prompt_ids,
     reasoning_open,
     sampling_params,
-    tokenized,
+    tokenized_event,
 )
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
@@ -451,10 +452,7 @@ async def generate(
         emit({"error": {"message": message, "param": "messages", "code": None}})
         return
     if request.get("tokenize") or "detokenize" in request:
-        try:
-            emit(tokenized(model, request))
-        except ModelhostError as exc:
-            emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})
+        emit(tokenized_event(model, request))
         return
     try:
         prompt, prompt_param = prompt_ids(model, request)
@@ -462,7 +460,7 @@ async def generate(
         params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
         _refuse_unsupported(params)
     except ModelhostError as exc:
-        emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})
+        emit(error_event(exc))
         return
     skip, strip = model.special.decoding(request, params.skip_special_tokens)
     params = replace(params, skip_special_tokens=skip)

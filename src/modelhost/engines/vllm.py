@@ -35,13 +35,14 @@ from modelhost.generation.requests import (
     SamplingParams,
     SpecialTokens,
     chat_markup,
+    error_event,
     fim_tokens,
     generation_defaults,
     prompt_ids,
     reasoning_open,
     sampling_params,
     template_kwargs,
-    tokenized,
+    tokenized_event,
 )
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
@@ -319,10 +320,7 @@ async def generate(
         emit({"error": {"message": "the base's replica restarts with its adapters", "internal": True}})
         return
     if request.get("tokenize") or "detokenize" in request:
-        try:
-            emit(tokenized(model, request))
-        except ModelhostError as exc:
-            emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})
+        emit(tokenized_event(model, request))
         return
     try:
         prompt, prompt_param, inputs = await _engine_input(model, request)
@@ -335,7 +333,7 @@ async def generate(
         stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)
         first = await anext(stream, None)
     except ModelhostError as exc:
-        emit({"error": {"message": exc.message, "param": exc.param, "code": exc.code}})
+        emit(error_event(exc))
         return
     except (ValueError, VLLMClientError) as exc:  # vLLM's checks of the request (a bad grammar, ...)
         param = request.get("grammar_param") if request.get("grammar") else None

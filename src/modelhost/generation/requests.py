@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from modelhost.errors import InvalidRequest
+from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family, detect_family
 from modelhost.generation.reasoning import MARKERS, effort_kwargs, prompt_opens
@@ -211,6 +211,20 @@ def special_tokens(tokenizer: Any, family: Family, template: str | None) -> Spec
     markup = {t for t in special if t in (template or "")} - own | markers
     hidden = sorted(special - markup, key=len, reverse=True)  # the longest first: no partial matches
     return SpecialTokens(True, re.compile("|".join(map(re.escape, hidden))) if hidden else None)
+
+
+def error_event(exc: ModelhostError) -> dict[str, Any]:
+    """A client error as a generation's `error` event (the caller's 400 with its param and code), as the
+    engines that run requests in their own loops (vLLM, llama.cpp) answer bad input."""
+    return {"error": {"message": exc.message, "param": exc.param, "code": exc.code}}
+
+
+def tokenized_event(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
+    """`tokenized`'s answer, or the error event of a request it refuses."""
+    try:
+        return tokenized(state, request)
+    except ModelhostError as exc:
+        return error_event(exc)
 
 
 def tokenized(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:

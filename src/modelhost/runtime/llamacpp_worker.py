@@ -17,34 +17,18 @@ import socket
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from modelhost.engines.llamacpp import generate, load, warm_up
 from modelhost.runtime import async_worker
 from modelhost.runtime.async_worker import AsyncWorker, load_failed
+from modelhost.runtime.worker import replica_parser
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="modelhost replica worker on llama.cpp (started by the supervisor)"
-    )
-    parser.add_argument("--replica", default="", help="replica name (<deployment id>-<n>), for `ps`")
-    parser.add_argument("--deployment", default="", help="deployment ID")
-    parser.add_argument("--fd", type=int, required=True, help="the lifeline: this end of a socketpair")
-    parser.add_argument(
-        "--listen-fd", type=int, required=True, help="a bound Unix socket gateways connect to"
-    )
-    parser.add_argument("--pipeline", required=True)
-    parser.add_argument("--model-dir", required=True, type=Path)
-    parser.add_argument("--threads", type=int, default=None)
+    parser = replica_parser("modelhost replica worker on llama.cpp (started by the supervisor)")
     parser.add_argument("--slots", type=int, default=4, help="requests decoded together")
     parser.add_argument("--context", type=int, default=4096, help="tokens of context per slot")
     parser.add_argument("--llama-server", default=None, help="a llama-server program instead of the wheel's")
-    # accepted for the same command line as runtime.worker; llama.cpp batches and warms up by itself
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--max-batch", type=int, default=None)
-    parser.add_argument("--max-wait-ms", type=float, default=None)
-    parser.add_argument("--warmup", action="store_true")
     return parser
 
 

@@ -17,26 +17,15 @@ import socket
 import sys
 import time
 import traceback
-from pathlib import Path
 
 from modelhost.engines.vllm import LoraSlots, QuantizationNotServed, generate, load, warm_up
 from modelhost.runtime import async_worker
 from modelhost.runtime.async_worker import AsyncWorker, load_failed
+from modelhost.runtime.worker import replica_parser
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="modelhost replica worker on vLLM (started by the supervisor)"
-    )
-    parser.add_argument("--replica", default="", help="replica name (<deployment id>-<n>), for `ps`")
-    parser.add_argument("--deployment", default="", help="deployment ID")
-    parser.add_argument("--fd", type=int, required=True, help="the lifeline: this end of a socketpair")
-    parser.add_argument(
-        "--listen-fd", type=int, required=True, help="a bound Unix socket gateways connect to"
-    )
-    parser.add_argument("--pipeline", required=True)
-    parser.add_argument("--model-dir", required=True, type=Path)
-    parser.add_argument("--device", default="auto")
+    parser = replica_parser("modelhost replica worker on vLLM (started by the supervisor)")
     parser.add_argument("--kv-cache-mb", type=int, default=None)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--eager", action="store_true", help="vLLM's eager mode (no torch.compile)")
@@ -45,11 +34,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-loras", type=int, default=8, help="adapters in one batch")
     parser.add_argument("--max-cpu-loras", type=int, default=64, help="adapters kept in CPU memory")
-    # accepted for the same command line as runtime.worker; vLLM batches and warms up by itself
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--max-batch", type=int, default=None)
-    parser.add_argument("--max-wait-ms", type=float, default=None)
-    parser.add_argument("--warmup", action="store_true")
     return parser
 
 

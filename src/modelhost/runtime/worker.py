@@ -48,12 +48,19 @@ def die_with_parent() -> None:
         pass  # not Linux: end-of-file on the lifeline still ends us
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="modelhost replica worker (started by the supervisor)")
+def replica_parser(description: str, sockets_required: bool = True) -> argparse.ArgumentParser:
+    """The command line every replica worker takes (`runtime.launch` writes it): its name, deployment and
+    sockets, the model, and the batching knobs the engines that batch by themselves accept and ignore.
+    The template's forked workers get their sockets otherwise (`sockets_required=False`)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--replica", default="", help="replica name (<deployment id>-<n>), for `ps`")
     parser.add_argument("--deployment", default="", help="deployment ID, for metrics")
-    parser.add_argument("--fd", type=int, help="the lifeline: this end of a socketpair (required)")
-    parser.add_argument("--listen-fd", type=int, help="a bound Unix socket gateways connect to")
+    parser.add_argument(
+        "--fd", type=int, required=sockets_required, help="the lifeline: this end of a socketpair"
+    )
+    parser.add_argument(
+        "--listen-fd", type=int, required=sockets_required, help="a bound Unix socket gateways connect to"
+    )
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--model-dir", required=True, type=Path)
     parser.add_argument("--threads", type=int, default=1)
@@ -61,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=5.0)
     parser.add_argument("--warmup", action="store_true")
+    return parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = replica_parser("modelhost replica worker (started by the supervisor)", sockets_required=False)
     parser.add_argument(
         "--engine",
         default="transformers",
