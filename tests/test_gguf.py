@@ -30,9 +30,16 @@ from modelhost.errors import InvalidRequest
 from modelhost.runtime import engines
 from modelhost.runtime.footprint import BASE_COSTS, llamacpp_layout, predict
 from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, bearer, deploy_folder_sync, deployment_metric
+from tests.helpers import (
+    ADMIN_KEY,
+    assert_error,
+    bearer,
+    deploy_folder_sync,
+    deployment_metric,
+    push_folder_sync,
+)
 from tests.live import live_server
-from tests.recipes import FAMILIES_FOLDER, GGUF_FOLDER
+from tests.recipes import FAMILIES_FOLDER, GGUF_FOLDER, QUANTIZED_FOLDER
 from tests.server_process import processes
 from tests.test_clients import litellm, outside_lookups  # noqa: F401 (LiteLLM offline; nothing leaves)
 from tests.test_families import OUTPUTS, _request, _streamed
@@ -129,6 +136,32 @@ def test_the_replica_holds_the_weights_read_in_not_mapped_and_is_billed_for_them
     with httpx.Client(base_url=served.url, timeout=30) as http:
         shown = http.get(f"/v1/deployments/{served.deployment['id']}", headers=bearer(served.key)).json()
     assert shown["memory_gb"] > 0
+
+
+def test_a_lora_adapter_on_a_gguf_base_is_a_400_saying_llamacpp_takes_none_yet(
+    served: Served, recipes: Path
+) -> None:
+    """A PEFT adapter of the very model the GGUF was converted from: llama.cpp would need it converted to
+    a GGUF LoRA, which modelhost does not do yet, and no other engine serves a GGUF (docs/adapters.md)."""
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        adapter = push_folder_sync(
+            http, served.key, recipes / QUANTIZED_FOLDER / "qwen3-lora", "text-generation"
+        )
+        refused = assert_error(
+            http.post(
+                "/v1/deployments",
+                json={"model": "qwen3-gguf-tuned", "artifact_id": adapter, "base_deployment": MODEL},
+                headers=bearer(served.key),
+            ),
+            400,
+            "adapter_base_unsupported",
+            param="base_deployment",
+        )
+    assert refused["message"] == (
+        f"'{MODEL}' is a GGUF model on the llamacpp engine, which serves no adapters here: a PEFT adapter "
+        "would have to be converted to a GGUF LoRA adapter, which modelhost does not do yet "
+        "(docs/adapters.md)."
+    )
 
 
 # ---------------------------------------------------------------- chat through the openai SDK
