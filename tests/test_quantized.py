@@ -1,5 +1,6 @@
 """Quantized safetensors checkpoints on vLLM (issue 51): a 4-bit GPTQ checkpoint goes upload → inspection →
-deployment (`engine: auto` → vLLM, saying why) → chat with tools and streaming through the openai SDK.
+deployment (`engine: auto` → vLLM, saying why) → chat with tools and streaming through the openai SDK,
+LangChain and LiteLLM, unchanged but their base URL, key and model.
 
 The checkpoint is t24's trained Qwen3 packed 4-bit by our own code (tests/tiny_models/quantized.py: GPTQ,
 round-to-nearest, groups of 32), so it answers each of its family's conversations as the full-precision
