@@ -3,9 +3,11 @@ Qwen3 of the families tests (tests/tiny_models/families.py) converted and quanti
 own tools (tests/tiny_models/gguf.py), uploaded, inspected, deployed with `engine: auto`, and asked
 through real clients (the openai SDK, LangChain, LiteLLM), unchanged but their base URL, key and model.
 Its greedy answers are the family's trained ones (tool calls, reasoning), parsed by our parsers as on
-the safetensors model, and the same tokens a bare llama.cpp server gives on the same file.
+the safetensors model, and the same tokens a bare llama.cpp server gives on the same file; their
+log-probabilities stay close to the float32 model's, and a Q8_0 file's closer.
 
-One server and one deployment for the module (each llama.cpp replica start is a process and a load).
+One server and one deployment for the module (each llama.cpp replica start is a process and a load), and
+a Q8_0 deployment beside it for the one test that compares the two quantizations.
 """
 
 from __future__ import annotations
@@ -30,9 +32,16 @@ from modelhost.errors import InvalidRequest
 from modelhost.runtime import engines
 from modelhost.runtime.footprint import BASE_COSTS, llamacpp_layout, predict
 from tests.conftest import make_settings
-from tests.helpers import ADMIN_KEY, bearer, deploy_folder_sync, deployment_metric
+from tests.helpers import (
+    ADMIN_KEY,
+    assert_error,
+    bearer,
+    deploy_folder_sync,
+    deployment_metric,
+    push_folder_sync,
+)
 from tests.live import live_server
-from tests.recipes import FAMILIES_FOLDER, GGUF_FOLDER
+from tests.recipes import FAMILIES_FOLDER, GGUF_FOLDER, QUANTIZED_FOLDER
 from tests.server_process import processes
 from tests.test_clients import litellm, outside_lookups  # noqa: F401 (LiteLLM offline; nothing leaves)
 from tests.test_families import OUTPUTS, _request, _streamed
@@ -69,14 +78,19 @@ def served(
         key = http.post("/v1/admin/accounts", json={"name": "gguf"}, headers=bearer(ADMIN_KEY)).json()[
             "api_key"
         ]
-        created = deploy_folder_sync(http, key, gguf_dir, "text-generation", MODEL, readiness="warm")
-        deadline = time.monotonic() + 300
-        while (deployment := http.get(f"/v1/deployments/{created['id']}", headers=bearer(key)).json())[
-            "state"
-        ] != "ready":
-            assert deployment["state"] != "failed" and time.monotonic() < deadline, deployment
-            time.sleep(0.2)
-        yield Served(url, key, deployment)
+        yield Served(url, key, _deploy_warm(http, key, gguf_dir, MODEL))
+
+
+def _deploy_warm(http: httpx.Client, key: str, folder: Path, model: str) -> dict[str, Any]:
+    """The GGUF in `folder` deployed as `model`, once its replica is ready."""
+    created = deploy_folder_sync(http, key, folder, "text-generation", model, readiness="warm")
+    deadline = time.monotonic() + 300
+    while (deployment := http.get(f"/v1/deployments/{created['id']}", headers=bearer(key)).json())[
+        "state"
+    ] != "ready":
+        assert deployment["state"] != "failed" and time.monotonic() < deadline, deployment
+        time.sleep(0.2)
+    return deployment
 
 
 def _ask(name: str) -> dict[str, Any]:
@@ -129,6 +143,32 @@ def test_the_replica_holds_the_weights_read_in_not_mapped_and_is_billed_for_them
     with httpx.Client(base_url=served.url, timeout=30) as http:
         shown = http.get(f"/v1/deployments/{served.deployment['id']}", headers=bearer(served.key)).json()
     assert shown["memory_gb"] > 0
+
+
+def test_a_lora_adapter_on_a_gguf_base_is_a_400_saying_llamacpp_takes_none_yet(
+    served: Served, recipes: Path
+) -> None:
+    """A PEFT adapter of the very model the GGUF was converted from: llama.cpp would need it converted to
+    a GGUF LoRA, which modelhost does not do yet, and no other engine serves a GGUF (docs/adapters.md)."""
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        adapter = push_folder_sync(
+            http, served.key, recipes / QUANTIZED_FOLDER / "qwen3-lora", "text-generation"
+        )
+        refused = assert_error(
+            http.post(
+                "/v1/deployments",
+                json={"model": "qwen3-gguf-tuned", "artifact_id": adapter, "base_deployment": MODEL},
+                headers=bearer(served.key),
+            ),
+            400,
+            "adapter_base_unsupported",
+            param="base_deployment",
+        )
+    assert refused["message"] == (
+        f"'{MODEL}' is a GGUF model on the llamacpp engine, which serves no adapters here: a PEFT adapter "
+        "would have to be converted to a GGUF LoRA adapter, which modelhost does not do yet "
+        "(docs/adapters.md)."
+    )
 
 
 # ---------------------------------------------------------------- chat through the openai SDK
@@ -238,6 +278,67 @@ def test_greedy_tokens_are_llamacpps_own_on_the_same_file(served: Served, gguf_d
     ours = served.client().completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0)
     assert ours.choices[0].text == bare_text and "<tool_call>" in bare_text
     assert ours.usage is not None and ours.usage.completion_tokens == bare["usage"]["completion_tokens"] - 1
+
+
+# the mean absolute difference, in nats, between the GGUF's log-probabilities of its greedy answer's
+# tokens and the float32 model's of the same tokens (measured: Q4_0 0.012, Q8_0 0.0006, its tokens'
+# own log-probabilities being -0.09 to -0.42; the full model's after another conversation's prompt are
+# 0.86 off, and zeros for all 0.16)
+LOGPROB_DISTANCE = {"Q4_0": 0.05, "Q8_0": 0.005}
+ANSWER_TOKENS = 32  # of the weather conversation's answer: its reasoning and the start of its tool call
+
+
+def test_log_probabilities_stay_close_to_the_full_precision_model_q8_0_closer(
+    served: Served, recipes: Path
+) -> None:
+    """The GGUFs our converter quantized (tests/tiny_models/gguf.py), Q4_0 (the module's deployment) and
+    Q8_0 (a second deployment on the same server: ready in a few seconds), against the float32
+    safetensors model they came from, run here by transformers. llama.cpp gives no prompt
+    log-probabilities, so the fixed text is the weather conversation's greedy answer: each token the GGUF
+    chose, with its log-probability, against the full model's for the same token after the same prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = recipes / FAMILIES_FOLDER / "qwen3"
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    full = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32).eval()
+    prompt = tokenizer(CONVERSATIONS["weather"]["prompt"], add_special_tokens=False)["input_ids"]
+    with httpx.Client(base_url=served.url, timeout=120) as http:
+        q8_0 = _deploy_warm(http, served.key, recipes / GGUF_FOLDER / "qwen3-Q8_0", "qwen3-gguf-q8")
+        distances = {
+            quantization: _logprob_distance(http, served.key, model, prompt, tokenizer, full)
+            for quantization, model in (("Q4_0", MODEL), ("Q8_0", q8_0["model"]))
+        }
+    assert 0 < distances["Q8_0"] < distances["Q4_0"] < LOGPROB_DISTANCE["Q4_0"], distances
+    assert distances["Q8_0"] < LOGPROB_DISTANCE["Q8_0"], distances
+
+
+def _logprob_distance(
+    http: httpx.Client, key: str, model: str, prompt: list[int], tokenizer: Any, full: Any
+) -> float:
+    import torch
+
+    answer = http.post(
+        "/v1/completions",
+        json={
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": ANSWER_TOKENS,
+            "temperature": 0,
+            "logprobs": 0,
+            "ignore_eos": True,
+        },
+        headers=bearer(key),
+    )
+    assert answer.status_code == 200, answer.text
+    choice = answer.json()["choices"][0]
+    tokens, ours = choice["logprobs"]["tokens"], choice["logprobs"]["token_logprobs"]
+    ids = tokenizer(choice["text"], add_special_tokens=False)["input_ids"]
+    assert [tokenizer.decode([i]) for i in ids] == tokens  # the text's tokens are the ones it chose
+    with torch.no_grad():
+        logits = full(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    reference = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+    return sum(abs(a - b) for a, b in zip(ours, reference, strict=True)) / len(ids)
 
 
 # ---------------------------------------------------------------- real clients, unchanged

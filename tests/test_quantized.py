@@ -1,5 +1,6 @@
 """Quantized safetensors checkpoints on vLLM (issue 51): a 4-bit GPTQ checkpoint goes upload → inspection →
-deployment (`engine: auto` → vLLM, saying why) → chat with tools and streaming through the openai SDK.
+deployment (`engine: auto` → vLLM, saying why) → chat with tools and streaming through the openai SDK,
+LangChain and LiteLLM, unchanged but their base URL, key and model.
 
 The checkpoint is t24's trained Qwen3 packed 4-bit by our own code (tests/tiny_models/quantized.py: GPTQ,
 round-to-nearest, groups of 32), so it answers each of its family's conversations as the full-precision
@@ -17,10 +18,13 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
+from langchain_core.messages import AIMessageChunk
+from langchain_openai import ChatOpenAI
 
 from modelhost.artifacts import quantization
 from modelhost.errors import InvalidRequest
@@ -28,6 +32,7 @@ from modelhost.runtime import engines
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.recipes import QUANTIZED_FOLDER
 from tests.server_process import ServerProcess
+from tests.test_clients import litellm, outside_lookups  # noqa: F401 (LiteLLM offline; nothing leaves)
 from tests.test_families import OUTPUTS, Served, check_reasoning, check_tool_call, check_trained_answer
 from tests.vllm_setup import wait_for_vllm
 
@@ -204,6 +209,52 @@ def test_the_sdk_gets_its_tool_call_and_reasoning_whole_and_streamed(quantized: 
     check_tool_call(quantized.served, FAMILY, "weather")
     check_reasoning(quantized.served, FAMILY, "weather")
     check_reasoning(quantized.served, FAMILY, "greeting")
+
+
+# ---------------------------------------------------------------- real clients, unchanged
+
+
+def test_langchain_gets_the_tool_call_whole_and_streamed(quantized: Quantized) -> None:
+    conversation = OUTPUTS[FAMILY]["conversations"]["weather"]
+    bound = ChatOpenAI(
+        base_url=f"{quantized.served.url}/v1",
+        api_key=quantized.served.key,
+        model=FAMILY,
+        temperature=0,
+        max_retries=0,
+    ).bind_tools(conversation["tools"])
+    question = conversation["messages"][0]["content"]
+    expected = [(conversation["tool_call"]["name"], conversation["tool_call"]["arguments"])]
+    answer = bound.invoke(question)
+    assert [(c["name"], c["args"]) for c in answer.tool_calls] == expected
+    assert answer.response_metadata["finish_reason"] == "tool_calls"
+    chunks = [chunk for chunk in bound.stream(question) if isinstance(chunk, AIMessageChunk)]
+    assert [(c["name"], c["args"]) for c in sum(chunks[1:], chunks[0]).tool_calls] == expected
+
+
+def test_litellm_reads_the_reasoning_whole_and_streamed(
+    quantized: Quantized,
+    litellm: ModuleType,  # noqa: F811 (the imported fixture)
+) -> None:
+    greeting = OUTPUTS[FAMILY]["conversations"]["greeting"]
+    options: dict[str, Any] = dict(
+        model=f"openai/{FAMILY}",
+        api_base=f"{quantized.served.url}/v1",
+        api_key=quantized.served.key,
+        messages=greeting["messages"],
+        max_tokens=40,
+        temperature=0,
+        num_retries=0,
+    )
+    message = litellm.completion(**options).choices[0].message
+    assert message.reasoning_content.strip() == greeting["reasoning"]
+    assert message.content == greeting["content"]
+    chunks = list(litellm.completion(**options, stream=True))
+    streamed = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks)
+    assert streamed == message.reasoning_content
+
+
+# ---------------------------------------------------------------- against bare vLLM and full precision
 
 
 def test_greedy_output_equals_bare_vllms_on_the_same_folder(quantized: Quantized) -> None:

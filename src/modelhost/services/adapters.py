@@ -46,7 +46,8 @@ def find_base(session: Session, account_id: str, name: str) -> Deployment:
 
 
 def check_base(base: Deployment) -> None:
-    """400 unless the base can serve adapters: a full model, of a task that serves them, on vLLM."""
+    """400 unless the base can serve adapters: a full model, of a task that serves them, on vLLM. A GGUF
+    base (llama.cpp) is told it takes none, not to switch engines: only llama.cpp serves a GGUF."""
     if base.base_deployment_id is not None:
         raise InvalidRequest(
             f"'{base.model}' is itself an adapter deployment; an adapter needs a full model as its base.",
@@ -57,6 +58,14 @@ def check_base(base: Deployment) -> None:
         raise InvalidRequest(
             f"'{base.model}' is {base.pipeline}; adapters are served on {' or '.join(ADAPTER_TASKS)} "
             "deployments.",
+            param="base_deployment",
+            code="adapter_base_unsupported",
+        )
+    if base.engine_in_use == "llamacpp":  # a GGUF: no other engine serves it, so no engine to patch to
+        raise InvalidRequest(
+            f"'{base.model}' is a GGUF model on the llamacpp engine, which serves no adapters here: a PEFT "
+            "adapter would have to be converted to a GGUF LoRA adapter, which modelhost does not do yet "
+            "(docs/adapters.md).",
             param="base_deployment",
             code="adapter_base_unsupported",
         )
