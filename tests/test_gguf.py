@@ -179,6 +179,11 @@ def test_an_embedding_gguf_is_inspected_as_such_and_auto_serves_it_on_llamacpp(s
     assert "embedding" in served.embedder["engine_reason"]
     (worker,) = processes("modelhost.runtime.llamacpp_worker", served.embedder["id"])
     assert worker
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        body = {"model": "minilm-int8", "artifact_id": artifact_id, "precision": "int8"}
+        refused = http.post("/v1/deployments", json=body, headers=bearer(served.key))
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "precision"
+    assert "GGUF" in refused.json()["error"]["message"]
 
 
 def test_embeddings_are_sentence_transformers_own_in_a_batch_as_floats_or_base64(

@@ -36,6 +36,9 @@ cache, sampling.
 
 Refused with a 400-style `error` event (llama.cpp has no such option): `min_tokens`, prompt
 log-probabilities, images, adapters.
+
+An embedding GGUF's server is started here too (`start` with `Embedding`), and driven by
+`engines.llamacpp_embeddings`.
 """
 
 from __future__ import annotations

@@ -108,7 +108,6 @@ class AsyncWorker:
         self._numbers = itertools.count()
         self._peers: set[_Peer] = set()
         self._flush_scheduled: set[_Peer] = set()
-        self._queued = 0  # `Run`s not yet gone to the engine
         self.stopped = asyncio.Event()
 
     @property
@@ -158,7 +157,9 @@ class AsyncWorker:
             if cancelled is not None:
                 cancelled.cancel()
         elif isinstance(message, StatsRequest):
-            self._send(peer, Stats(message.id, self._queued, self.running))
+            # a `Run` is held until answered, whether it waits or runs (the engine batches them itself)
+            runs = sum(len(other.runs) for other in self._peers)
+            self._send(peer, Stats(message.id, runs, self.running))
 
     async def _run(self, peer: _Peer, message: Run) -> None:
         """One batch-task request: `Started` as it goes to the engine (a replica that dies then fails
@@ -167,12 +168,10 @@ class AsyncWorker:
         assert self.run is not None
         arrived = time.time_ns() if message.trace and tracing.ENABLED else 0
         began = 0
-        self._queued += 1
 
         def started() -> None:
             nonlocal began
             began = time.time_ns()
-            self._queued -= 1
             self._send(peer, Started([message.id]))
 
         try:
@@ -184,12 +183,11 @@ class AsyncWorker:
                 self.stopped.set()
             return
         finally:
-            if not began:
-                self._queued -= 1
             peer.runs.pop(message.id, None)
         self._send(peer, Results([Result(message.id, output)]))
-        if arrived:
-            tracing.replica_request_spans(message.trace, self.deployment, arrived, began, time.time_ns(), 1)
+        if arrived:  # a request refused before it reached the engine spent no time in it
+            ended = time.time_ns()
+            tracing.replica_request_spans(message.trace, self.deployment, arrived, began or ended, ended, 1)
 
     async def _generate(self, peer: _Peer, message: Generate) -> None:
         request_id = f"{peer.number}-{message.id}"

@@ -224,12 +224,15 @@ def device_kind() -> str:
 def check_precision(precision: str, asked: str, pipeline: str) -> None:
     """InvalidRequest (400, param `precision`) where int8 cannot apply: it quantizes an encoder's ONNX
     Runtime export, so it needs a task ONNX Runtime serves, an engine that lets the replica use it
-    (`auto`, `onnxruntime`), and ONNX Runtime on this server."""
+    (`auto`, `onnxruntime`), and ONNX Runtime on this server; never a GGUF (`asked` is then the engine
+    chosen, `llamacpp`)."""
     if precision == "float32":
         return
     why = None
     if "onnxruntime" not in BY_NAME[pipeline].engines:
         why = f"{pipeline} does not run on ONNX Runtime"
+    elif asked == "llamacpp":
+        why = "the artifact is a GGUF, which llama.cpp runs at its own tensor types (quantize the GGUF)"
     elif asked not in ("auto", "onnxruntime"):
         why = f"the {asked} engine runs float32 only; ask for auto or onnxruntime"
     else:
@@ -268,7 +271,8 @@ def _encoder_runtimes_off() -> str | None:
 def replica_engine(asked: str, in_use: str, pipeline: str) -> str:
     """The engine a replica is started with: the one in use, except where the replica itself chooses
     (an encoder's runtime under `auto`, `onnxruntime` or `openvino`: measured, or its decision read
-    from the cache, at every load, so that each machine keeps its own)."""
+    from the cache, at every load, so that each machine keeps its own; never for a GGUF's embeddings,
+    which llama.cpp alone reads)."""
     if in_use == "llamacpp":  # a GGUF: nothing else reads it
         return in_use
     chooses = asked in ("auto", *MEASURED_AT_LOAD) and any(
