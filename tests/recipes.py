@@ -20,8 +20,9 @@ LIBRARIES = (
     "torch", "transformers", "diffusers", "sentence-transformers", "tokenizers", "safetensors", "gguf"
 )  # fmt: skip
 MANIFEST = "MANIFEST"
-# the benchmarks' model builders that tests/tiny_models builds with too: PEFT adapters, 4-bit packing
-BENCH_BUILDERS = ("models.py", "quantizer.py")
+# the benchmarks' model builders that tests/tiny_models builds with too: PEFT adapters, 4-bit packing, the
+# MiniLM GGUF
+BENCH_BUILDERS = ("models.py", "quantizer.py", "bert_gguf.py")
 
 # (folder, sub-folder or "", pipeline task) for every tiny model: its files are in `<out>/<folder>/<sub>`.
 RECIPE_MODELS: list[tuple[str, str, str]] = [
@@ -67,7 +68,8 @@ RECIPE_MODELS: list[tuple[str, str, str]] = [
 # Apart from RECIPE_MODELS, whose every entry tests/test_artifacts.py pushes: tests/test_families.py pushes
 # and serves each of them.
 FAMILIES_FOLDER = "t24_families"
-# t24's Qwen3, Llama 3 and QwQ as GGUF files (tests/tiny_models/gguf.py): `<out>/t25_gguf/<family>-<type>/`
+# t24's Qwen3, Llama 3 and QwQ as GGUF files (tests/tiny_models/gguf.py): `<out>/t25_gguf/<family>-<type>/`,
+# and the real all-MiniLM-L6-v2 as an embedding GGUF: `<out>/t25_gguf/minilm-F32/`
 GGUF_FOLDER = "t25_gguf"
 # t24's Qwen3 packed 4-bit by our code (tests/tiny_models/quantized.py): `<out>/t26_quantized/qwen3-<format>/`
 QUANTIZED_FOLDER = "t26_quantized"

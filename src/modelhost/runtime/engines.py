@@ -6,7 +6,8 @@
   environment (`.venv-vllm`, made by scripts/setup.sh: vLLM pins its own torch and transformers, so it
   cannot share ours). Its replica worker is `runtime.vllm_worker`, started under that Python.
 - `llamacpp`: llama.cpp's server (`xllamacpp`, in our environment), for text generation from a GGUF
-  artifact, and the only engine that reads GGUF (docs/engines-llamacpp.md). Its replica worker is
+  artifact and embeddings from an embedding GGUF, and the only engine that reads GGUF
+  (docs/engines-llamacpp.md). Its replica worker is
   `runtime.llamacpp_worker`.
 
 A deployment asks for one (`engine`, default `auto`); the choice is made when the deployment is created
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import modelhost
-from modelhost.artifacts.gguf_check import InvalidGguf, gguf_set
+from modelhost.artifacts.gguf_check import InvalidGguf, gguf_set, read_gguf_set
 from modelhost.artifacts.quantization import InvalidQuantization, Quantization, read_quantization, serving
 from modelhost.config import Settings, get_settings
 from modelhost.errors import InvalidRequest
@@ -103,17 +104,27 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
 def _gguf_choice(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice | None:
     """llama.cpp for a GGUF artifact (the only engine that reads one), None for any other artifact;
     InvalidRequest where the engine asked for cannot serve the artifact's format, or llama.cpp the task
-    (an embedding GGUF's `feature-extraction`: not served yet)."""
+    (feature-extraction from a GGUF that is no embedding model)."""
     is_gguf = model_dir is not None and is_gguf_artifact(model_dir)
     if is_gguf and "llamacpp" not in BY_NAME[pipeline].engines:
         raise InvalidRequest(
             f"This artifact's files are GGUF, which only the llamacpp engine serves, and it does not serve "
-            f"{pipeline} (text-generation only).",
+            f"{pipeline} (text-generation and feature-extraction only).",
             param="engine",
             code="engine_not_supported",
         )
     if is_gguf and asked in ("auto", "llamacpp"):
-        reason = "auto chose llama.cpp: the artifact's files are GGUF" if asked == "auto" else None
+        embeds = pipeline == "feature-extraction"
+        assert model_dir is not None
+        if embeds and not _embedding_gguf(model_dir):
+            raise InvalidRequest(
+                "llama.cpp serves feature-extraction from an embedding GGUF (an encoder, or a model whose "
+                "header names its pooling), and this GGUF is none (a text-generation model, or a reranker).",
+                param="engine",
+                code="engine_not_supported",
+            )
+        what = "GGUF, an embedding model: llama.cpp's embedding mode" if embeds else "GGUF"
+        reason = f"auto chose llama.cpp: the artifact's files are {what}" if asked == "auto" else None
         return EngineChoice("llamacpp", reason)
     if is_gguf:
         why = (
@@ -126,6 +137,15 @@ def _gguf_choice(asked: str, pipeline: str, model_dir: Path | None) -> EngineCho
     raise InvalidRequest(
         f"The {asked} engine cannot serve this artifact: {why}.", param="engine", code="engine_not_supported"
     )
+
+
+def _embedding_gguf(model_dir: Path) -> bool:
+    """Whether an artifact's GGUF is an embedding model (a bad set counts as one: its load says what is
+    wrong)."""
+    try:
+        return read_gguf_set(model_dir)[1].embedding
+    except InvalidGguf:
+        return True
 
 
 def is_gguf_artifact(model_dir: Path) -> bool:
@@ -204,12 +224,15 @@ def device_kind(settings: Settings | None = None) -> str:
 def check_precision(precision: str, asked: str, pipeline: str) -> None:
     """InvalidRequest (400, param `precision`) where int8 cannot apply: it quantizes an encoder's ONNX
     Runtime export, so it needs a task ONNX Runtime serves, an engine that lets the replica use it
-    (`auto`, `onnxruntime`), and ONNX Runtime on this server."""
+    (`auto`, `onnxruntime`), and ONNX Runtime on this server; never a GGUF (`asked` is then the engine
+    chosen, `llamacpp`)."""
     if precision == "float32":
         return
     why = None
     if "onnxruntime" not in BY_NAME[pipeline].engines:
         why = f"{pipeline} does not run on ONNX Runtime"
+    elif asked == "llamacpp":
+        why = "the artifact is a GGUF, which llama.cpp runs at its own tensor types (quantize the GGUF)"
     elif asked not in ("auto", "onnxruntime"):
         why = f"the {asked} engine runs float32 only; ask for auto or onnxruntime"
     else:
@@ -248,7 +271,10 @@ def _encoder_runtimes_off() -> str | None:
 def replica_engine(asked: str, in_use: str, pipeline: str) -> str:
     """The engine a replica is started with: the one in use, except where the replica itself chooses
     (an encoder's runtime under `auto`, `onnxruntime` or `openvino`: measured, or its decision read
-    from the cache, at every load, so that each machine keeps its own)."""
+    from the cache, at every load, so that each machine keeps its own; never for a GGUF's embeddings,
+    which llama.cpp alone reads)."""
+    if in_use == "llamacpp":  # a GGUF: nothing else reads it
+        return in_use
     chooses = asked in ("auto", *MEASURED_AT_LOAD) and any(
         engine in MEASURED_AT_LOAD for engine in BY_NAME[pipeline].engines
     )

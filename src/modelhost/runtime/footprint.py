@@ -17,7 +17,10 @@ of its slots (`llamacpp_layout`: layers × KV heads × (key + value length) × 2
 activations, in float32: `ubatch × 4 × (vocabulary + 8 × embedding width)`; 2.3 MB predicted for the
 tests' tiny Qwen3 against the 2.1 MiB llama.cpp reports, ~330 MB for an 8B Llama 3 against its ~260 MiB),
 plus the engine's base cost (our Python, the tokenizer, the server's threads). Then measured, as every
-replica is.
+replica is. An embedding GGUF (feature-extraction) reads a whole input in one batch of a slot's context
+and computes no logits: its compute buffers are `context × 4 × 8 × width` plus the attention scores of
+one batch (`context² × heads × 4`), and an encoder (BERT and the other `ENCODER_ARCHITECTURES`) has no
+KV cache at all: all-MiniLM-L6-v2 is its 90 MB of float32 weights and ~19 MB of buffers.
 
 **The KV cache** of a generation replica (text generation, chat with images) is part of its footprint,
 so it is decided here and handed to the replica (`MODELHOST_KV_CACHE_MB` in its environment, read by
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from modelhost.artifacts.gguf_check import InvalidGguf, read_gguf_set
+from modelhost.artifacts.gguf_check import ENCODER_ARCHITECTURES, InvalidGguf, read_gguf_set
 from modelhost.pipelines import BY_NAME
 from modelhost.runtime.capacity import MB, Footprint
 
@@ -99,7 +102,12 @@ def llamacpp_layout(
     key = info.key_length or width // heads
     value = info.value_length or key
     per_token = (info.block_count or 1) * (info.head_count_kv or heads) * (key + value) * F16_BYTES
-    compute = LLAMACPP_UBATCH * 4 * ((info.vocab_size or 32_000) + 8 * width)
+    if info.architecture in ENCODER_ARCHITECTURES:
+        per_token = 0  # an encoder keeps no KV cache between batches
+    if info.embedding:  # a whole input in one batch of `kept` tokens, and no logits
+        compute = kept * 4 * 8 * width + kept * kept * heads * 4
+    else:
+        compute = LLAMACPP_UBATCH * 4 * ((info.vocab_size or 32_000) + 8 * width)
     return LlamaCppLayout(slots, context, info.tensor_bytes, per_token * slots * kept, compute)
 
 

@@ -1,12 +1,13 @@
-"""A replica worker hosting llama.cpp's server (`engines.llamacpp`): GGUF text generation on the
+"""A replica worker hosting llama.cpp's server (`engines.llamacpp`): GGUF text generation, and embeddings
+from an embedding GGUF (`engines.llamacpp_embeddings`, a feature-extraction deployment), on the
 `llamacpp` engine.
 
 Started by `LocalProcessReplica` as a program of its own (our Python, never forked from the template:
 llama.cpp starts its own threads, and the template's torch is of no use to it), with the same command
 line and sockets as `runtime.worker`, plus the slots and the context of each that the supervisor decided
 (`runtime.launch`, with the footprint that reserved their KV cache: `runtime.footprint`). The protocol
-loop is the one the vLLM worker runs (`runtime.async_worker`); this module loads the engine and warms it
-up.
+loop is the one the vLLM worker runs (`runtime.async_worker`: generations, or an embedding model's batch
+requests); this module loads the engine and warms it up.
 """
 
 from __future__ import annotations
@@ -17,11 +18,15 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Awaitable, Callable
 
-from modelhost.engines.llamacpp import generate, load, warm_up
+from modelhost.engines.llamacpp import LlamaCppServer, generate, load, warm_up
+from modelhost.engines.llamacpp_embeddings import embed, load_embedder, warm_up_embedder
 from modelhost.runtime import async_worker
 from modelhost.runtime.async_worker import AsyncWorker, load_failed
 from modelhost.runtime.worker import replica_parser
+
+EMBEDDINGS = "feature-extraction"  # the task an embedding GGUF serves
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,18 +42,30 @@ async def _serve(args: argparse.Namespace) -> int:
     listener = socket.socket(fileno=args.listen_fd)
     started = time.perf_counter()
     try:
-        model = load(args.model_dir, args.slots, args.context, args.threads, args.llama_server)
+        model, warm, worker = _load(args)
     except Exception as exc:  # the reason goes back to the supervisor
         traceback.print_exc()
         return load_failed(lifeline, f"llama.cpp could not load the model: {type(exc).__name__}: {exc}")
     try:
-        await warm_up(model)
+        await warm()
     except Exception as exc:
         traceback.print_exc()
         model.shutdown()
         return load_failed(lifeline, f"llama.cpp loaded the model but could not run it: {exc}")
-    worker = AsyncWorker(model, functools.partial(generate, model), args.deployment, "llamacpp")
     return await async_worker.serve(lifeline, listener, started, worker)
+
+
+def _load(args: argparse.Namespace) -> tuple[LlamaCppServer, Callable[[], Awaitable[None]], AsyncWorker]:
+    """The engine for the deployment's task, its warm-up, and the loop that serves it."""
+    where = (args.model_dir, args.slots, args.context, args.threads, args.llama_server)
+    if args.pipeline == EMBEDDINGS:
+        embedder = load_embedder(*where)
+        run = functools.partial(embed, embedder)
+        worker = AsyncWorker(embedder, None, args.deployment, "llamacpp", run=run)
+        return embedder, functools.partial(warm_up_embedder, embedder), worker
+    model = load(*where)
+    worker = AsyncWorker(model, functools.partial(generate, model), args.deployment, "llamacpp")
+    return model, functools.partial(warm_up, model), worker
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -345,12 +345,7 @@ class ModelServer:
     async def run_many(self, items: list[dict[str, Any]], traces: list[str]) -> list[dict[str, Any]]:
         """The requests one gateway had waiting, each joining the host's queue on its own; a request
         whose batch failed answers an internal error (the gateway's 503) without failing the others."""
-        runs = (self.run(item, trace) for item, trace in zip(items, traces, strict=True))
-        answers = await asyncio.gather(*runs, return_exceptions=True)
-        return [
-            a if isinstance(a, dict) else {"error": {"message": f"{type(a).__name__}: {a}", "internal": True}}
-            for a in answers
-        ]
+        return await _answers(self.run(item, trace) for item, trace in zip(items, traces, strict=True))
 
     async def generate(
         self, request: dict[str, Any], trace: str = ""
@@ -403,6 +398,16 @@ class ModelServer:
         """On the event loop: resolve the callers of the host's answers."""
         for message in messages:
             self._waiting.answer(message)
+
+
+async def _answers(runs: Iterable[Awaitable[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each request's output; one that failed answers an internal error (the gateway's 503) without
+    failing the others."""
+    answers = await asyncio.gather(*runs, return_exceptions=True)
+    return [
+        a if isinstance(a, dict) else {"error": {"message": f"{type(a).__name__}: {a}", "internal": True}}
+        for a in answers
+    ]
 
 
 class VllmServer:
@@ -489,6 +494,12 @@ class VllmServer:
         async with contextlib.aclosing(self._connection.stream(request, trace)) as events:
             async for event in events:
                 yield event
+
+    async def run_many(self, items: list[dict[str, Any]], traces: list[str]) -> list[dict[str, Any]]:
+        """An embedding GGUF's requests (the llama.cpp worker answers a batch task's `Run`s), answered as
+        `ModelServer.run_many` answers them."""
+        connection = self._connection
+        return await _answers(connection.submit(i, t) for i, t in zip(items, traces, strict=True))
 
     async def running(self) -> int:
         """Sequences vLLM holds: how tests see a cancellation arrive."""

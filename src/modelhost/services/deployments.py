@@ -349,8 +349,9 @@ class DeploymentService:
             choice = EngineChoice("vllm", f"served on the replicas of its base '{base.model}'")
             readiness, engine = base.readiness, "vllm"
         else:
-            engines.check_precision(precision, engine, artifact.pipeline)
             choice = self._choose_engine(engine, artifact)
+            gguf = choice.engine == "llamacpp"  # whatever was asked: only llama.cpp reads it
+            engines.check_precision(precision, choice.engine if gguf else engine, artifact.pipeline)
         try:
             with self._database.transaction() as session:
                 artifact = session.get(ModelArtifact, artifact_id)

@@ -16,17 +16,10 @@ import torch
 
 from modelhost.engines import loader
 from modelhost.engines.encoders import EncoderSlot, TextInputs
-from modelhost.tasks.base import item_error
+from modelhost.engines.text_inputs import TokenRules, checked, framing_of
 from modelhost.tasks.tokens import BatchEncoder, batch_encoder
 
 CHUNK = 128  # sequences per forward pass: bounds activation memory for very large requests
-# What a client sending another tokenizer's IDs should do instead: LangChain's OpenAIEmbeddings sends
-# tiktoken IDs unless told not to.
-OTHER_TOKENIZER = (
-    "Token-ID inputs must be this model's own token IDs, as its tokenizer makes them{framing}. "
-    "Send the text instead; with LangChain's OpenAIEmbeddings, set check_embedding_ctx_length=False "
-    "(it otherwise sends OpenAI's tiktoken IDs)."
-)
 
 
 @dataclass
@@ -131,16 +124,7 @@ class FeatureExtraction:
     def _checked(
         self, model: Encoder, inputs: list[str | list[int]], ids: list[list[int]]
     ) -> list[list[int]] | dict[str, Any]:
-        for index, seq in enumerate(ids):
-            param = "input" if len(ids) == 1 else f"input[{index}]"
-            if len(seq) > model.max_tokens:
-                return item_error(
-                    f"Input is {len(seq)} tokens long; this model accepts at most {model.max_tokens}.", param
-                )
-            given = inputs[index]  # the tokenizer's own IDs are in its vocabulary; a client's may not be
-            if isinstance(given, list) and not _own_ids(model, given):
-                return item_error(_other_tokenizer(model), param)
-        return ids
+        return checked(TokenRules(model.max_tokens, model.vocab_size, model.framing), inputs, ids)
 
     @torch.inference_mode()
     def _embed(self, model: Encoder, sequences: list[list[int]]) -> np.ndarray:
@@ -180,24 +164,4 @@ class FeatureExtraction:
 def _framing(tokenizer: Any) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a text (BERT: `[CLS]` … `[SEP]`)."""
     bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
-    framed = list(tokenizer("a", add_special_tokens=True)["input_ids"])
-    for start in range(len(framed) - len(bare) + 1):
-        if bare and framed[start : start + len(bare)] == bare:
-            return framed[:start], framed[start + len(bare) :]
-    return [], []
-
-
-def _own_ids(model: Encoder, ids: list[int]) -> bool:
-    """IDs in the vocabulary, framed as the tokenizer frames a text: other tokenizers' IDs (tiktoken's
-    `[9906, 1917]` for "Hello world") are often in range too, and would embed as nonsense."""
-    before, after = model.framing
-    framed = ids[: len(before)] == before and (not after or ids[-len(after) :] == after)
-    return framed and len(ids) >= len(before) + len(after) and all(0 <= t < model.vocab_size for t in ids)
-
-
-def _other_tokenizer(model: Encoder) -> str:
-    before, after = model.framing
-    rules = [f"starting with {before}"] if before else []
-    rules += [f"ending with {after}"] if after else []
-    rules.append(f"each between 0 and {model.vocab_size - 1}")
-    return OTHER_TOKENIZER.format(framing=f" ({', '.join(rules)})")
+    return framing_of(bare, list(tokenizer("a", add_special_tokens=True)["input_ids"]))
