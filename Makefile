@@ -1,4 +1,4 @@
-.PHONY: run test test-families-vllm lint bench bench-gpu bench-soak screenshots
+.PHONY: run test test-families-vllm lint bench bench-gpu bench-soak screenshots llama-server
 
 ## Install everything and start the service on the embedded defaults.
 run:
@@ -13,6 +13,11 @@ test:
 test-families-vllm:
 	bash scripts/setup.sh dev
 	MODELHOST_TEST_VLLM_FAMILIES=all HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider tests/test_families.py -k vllm
+
+## llama.cpp's server compiled for this CPU into .venv-llama-server (once, ~9 min on 2 cores); llamacpp
+## replicas started afterwards run it (docs/engines-llamacpp.md, "The build").
+llama-server:
+	bash scripts/build-llama-server.sh
 
 lint:
 	.venv/bin/ruff check src tests bench && .venv/bin/ruff format --check src tests bench && .venv/bin/mypy && .venv/bin/lint-imports

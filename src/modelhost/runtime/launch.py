@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from modelhost.artifacts.gguf_check import InvalidGguf
 from modelhost.config import Settings
 from modelhost.generation.deployment_settings import ENVIRONMENT
-from modelhost.runtime.engines import MEASURED_AT_LOAD, vllm_launch
+from modelhost.runtime.engines import MEASURED_AT_LOAD, llama_server_program, vllm_launch
 from modelhost.runtime.footprint import llamacpp_layout
 from modelhost.runtime.replica import ReplicaSpec
 from modelhost.runtime.spawn import WORKER_ENV
@@ -75,8 +75,9 @@ def worker_launch(
         # context per slot its footprint reserved
         command = (sys.executable, "-m", "modelhost.runtime.llamacpp_worker")
         args += ["--slots", str(settings.llamacpp_slots)]
-        if settings.llama_server:
-            args += ["--llama-server", settings.llama_server]
+        program = llama_server_program(settings)
+        if program:
+            args += ["--llama-server", program]
         with contextlib.suppress(InvalidGguf):  # replaced since its inspection: llama.cpp says why
             layout = llamacpp_layout(
                 spec.model_dir,
