@@ -220,10 +220,16 @@ def llamacpp_body(tokens: int) -> dict[str, Any]:
     return {"model": "llama", **bare_body(tokens)}
 
 
-def start_modelhost(folder: Path, engine: str, tokens: int) -> tuple[Endpoint, Served]:
-    """`modelhost serve` with `folder` deployed hot as `llama` on `engine`."""
-    slots = {"MODELHOST_LLAMACPP_SLOTS": str(SLOTS), "MODELHOST_LLAMACPP_CONTEXT": str(CONTEXT_PER_SLOT)}
-    served = serve(_free_port(), None, **slots)
+def start_modelhost(
+    folder: Path, engine: str, tokens: int, llama_server: str | None = None
+) -> tuple[Endpoint, Served]:
+    """`modelhost serve` with `folder` deployed hot as `llama` on `engine`; `llama_server` as
+    MODELHOST_LLAMA_SERVER ("": the wheel's server; None: the server's own choice, the native build once
+    there is one)."""
+    env = {"MODELHOST_LLAMACPP_SLOTS": str(SLOTS), "MODELHOST_LLAMACPP_CONTEXT": str(CONTEXT_PER_SLOT)}
+    if llama_server is not None:
+        env["MODELHOST_LLAMA_SERVER"] = llama_server
+    served = serve(_free_port(), None, **env)
     try:
         deploy(served, folder, "text-generation", "llama", readiness="hot", engine=engine)
     except BaseException:
@@ -266,7 +272,7 @@ def report(
         f"weight Llama of ~0.35 B parameters; {SLOTS} slots of {CONTEXT_PER_SLOT} tokens on every llama.cpp "
         "server; output tokens/s, streamed chat, measured in turn in one run.",
         "",
-        "| server (Q4_0 file) | 1 stream | 4 streams | 16 streams |",
+        "| server (the Q4_0 file) | 1 stream | 4 streams | 16 streams |",
         "|---|---|---|---|",
     ]
     for name, result in servers.items():
@@ -275,18 +281,26 @@ def report(
             continue
         cells = [_cell(_tokens_per_second(result, c)) for c in SHAPE.concurrency]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    ours, same = servers.get("modelhost, llamacpp engine"), servers.get("bare llama-server, same build")
-    native = servers.get("bare llama-server, native build")
     lines += ["", "Ratios (same run):", ""]
-    for c in SHAPE.concurrency:
-        if ours is not None and same is not None:
-            ratio = _tokens_per_second(ours, c) / _tokens_per_second(same, c)
-            figures.ratio(f"served_over_bare_{c}", ratio)
-            lines.append(f"- {c} streams: modelhost / bare same build = **{ratio:.2f}** (target ≥ 0.9)")
-        if native is not None and same is not None:
-            ratio = _tokens_per_second(native, c) / _tokens_per_second(same, c)
-            figures.ratio(f"native_over_prebuilt_{c}", ratio)
-            lines.append(f"- {c} streams: native build / prebuilt wheel = **{ratio:.2f}**")
+    for build, tag in (("prebuilt wheel", "prebuilt"), ("native build", "native")):
+        ours, bare = (
+            servers.get(f"modelhost, llamacpp engine, {build}"),
+            servers.get(f"bare llama-server, {build}"),
+        )
+        for c in SHAPE.concurrency if ours is not None and bare is not None else ():
+            ratio = _tokens_per_second(ours, c) / _tokens_per_second(bare, c)
+            figures.ratio(f"served_over_bare_{tag}_{c}", ratio)
+            lines.append(
+                f"- {build}, {c} streams: modelhost / bare llama-server = **{ratio:.2f}** (target ≥ 0.9)"
+            )
+    native, wheel = (
+        servers.get("bare llama-server, native build"),
+        servers.get("bare llama-server, prebuilt wheel"),
+    )
+    for c in SHAPE.concurrency if native is not None and wheel is not None else ():
+        ratio = _tokens_per_second(native, c) / _tokens_per_second(wheel, c)
+        figures.ratio(f"native_over_prebuilt_{c}", ratio)
+        lines.append(f"- {c} streams: bare native build / bare prebuilt wheel = **{ratio:.2f}**")
     lines += [
         "",
         "| modelhost deployment | 1 stream | 4 streams | measured footprint (GB) |",
@@ -355,10 +369,13 @@ def main() -> None:
         endpoints: dict[str, Endpoint] = {}
         servers: dict[str, Result] = {}
         try:
-            ours, _ = start_modelhost(files["Q4_0"].parent, "llamacpp", args.tokens)
-            endpoints["modelhost, llamacpp engine"] = ours
-            endpoints["bare llama-server, same build"] = start_same_build(files["Q4_0"], args.tokens)
+            # the same build on both sides of each served / bare pair
+            ours, _ = start_modelhost(files["Q4_0"].parent, "llamacpp", args.tokens, llama_server="")
+            endpoints["modelhost, llamacpp engine, prebuilt wheel"] = ours
+            endpoints["bare llama-server, prebuilt wheel"] = start_same_build(files["Q4_0"], args.tokens)
             if native is not None:
+                ours, _ = start_modelhost(files["Q4_0"].parent, "llamacpp", args.tokens, str(native))
+                endpoints["modelhost, llamacpp engine, native build"] = ours
                 endpoints["bare llama-server, native build"] = start_native(
                     native, files["Q4_0"], args.tokens
                 )
