@@ -61,6 +61,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from modelhost.artifacts.gguf_check import gguf_set
 from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_tokenizer
@@ -533,7 +535,7 @@ async def generate(
                 return
             if not line.startswith(b"data: "):
                 continue
-            chunk = json.loads(line[6:])
+            chunk = orjson.loads(line[6:])  # one per token: orjson parses it in a third of json's time
             if "error" in chunk:  # llama.cpp failed the request after it started
                 emit({"error": {"message": error_message(line[6:].decode()), "internal": True}})
                 return
