@@ -14,7 +14,7 @@ test-families-vllm:
 	bash scripts/setup.sh dev
 	MODELHOST_TEST_VLLM_FAMILIES=all HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider tests/test_families.py -k vllm
 
-## llama.cpp's server compiled for this CPU into .venv-llama-server (once, ~9 min on 2 cores); llamacpp
+## llama.cpp's server compiled for this CPU into .venv-llama-server (once, ~10 min on 2 cores); llamacpp
 ## replicas started afterwards run it (docs/engines-llamacpp.md, "The build").
 llama-server:
 	bash scripts/build-llama-server.sh

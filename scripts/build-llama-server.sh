@@ -21,7 +21,7 @@ if [ -s "$MARKER" ] && [ "$(sed -n 1p "$MARKER")" = "$SPEC" ] && [ -x "$(sed -n 
     exit 0
 fi
 rm -f "$MARKER"
-echo "==> building $SPEC into $ENVIRONMENT (once: llama.cpp compiled for this CPU, ~9 minutes on 2 cores)"
+echo "==> building $SPEC into $ENVIRONMENT (once: llama.cpp compiled for this CPU, ~10 minutes on 2 cores)"
 started=$(date +%s)
 [ -x "$ENVIRONMENT/bin/python" ] || python3 -m venv "$ENVIRONMENT" || .venv/bin/python -m venv "$ENVIRONMENT"
 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$ENVIRONMENT/bin/python" -m pip install --quiet --no-cache-dir \

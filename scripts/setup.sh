@@ -223,7 +223,7 @@ fi
 # minutes; GGUF deployments run on the wheel's server until it is there. MODELHOST_SETUP_LLAMA_SERVER=0
 # skips it; `make llama-server` builds it in the foreground.
 if [ "$mode" = run ] && [ "${MODELHOST_SETUP_LLAMA_SERVER:-1}" != 0 ] && [ ! -s .venv-llama-server/.modelhost-llama-server ]; then
-    echo "==> building llama.cpp's server for this CPU in the background (~9 min; log: .venv-llama-server.log)"
+    echo "==> building llama.cpp's server for this CPU in the background (~10 min; log: .venv-llama-server.log)"
     nohup nice -n 19 bash scripts/build-llama-server.sh > .venv-llama-server.log 2>&1 &
 fi
 if [ "$mode" = dev ] && ! command -v chromium >/dev/null; then
