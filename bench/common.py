@@ -211,6 +211,13 @@ def deploy(
     wait_ready(served, dep["id"])
 
 
+def deployment_memory_gb(served: Served) -> float:
+    """The measured memory (`memory_gb`, what billing charges) of the server's one deployment."""
+    headers = {"Authorization": f"Bearer {served.key}"}
+    listed = httpx.get(f"{served.url}/v1/deployments", headers=headers, timeout=30).json()["data"]
+    return float(listed[0]["memory_gb"])
+
+
 def push_artifact(served: Served, folder: Path, name: str, pipeline: str) -> str:
     """A folder pushed through the artifact protocol (the CLI's `push`): the ready artifact's ID."""
     from modelhost.cli.client import ApiClient

@@ -411,9 +411,17 @@ def modelhost_body(tokens: int) -> dict[str, Any]:
 
 def start_modelhost(folder: Path, port: int, engine: str, tokens: int, kv_cache_mb: int | None) -> Endpoint:
     """`modelhost serve` with the model deployed hot as `llama` on `engine`."""
+    env = {"MODELHOST_KV_CACHE_MB": str(kv_cache_mb)} if kv_cache_mb else {}
+    return start_deployed(folder, port, engine, modelhost_body(tokens), **env)[0]
+
+
+def start_deployed(
+    folder: Path, port: int, engine: str, body: dict[str, Any], /, **env: str
+) -> tuple[Endpoint, Served]:
+    """`modelhost serve` (with `env`) and `folder` deployed hot as `llama` on `engine`: the endpoint the
+    load goes to with `body`, and the server (its deployment's measured memory)."""
     if engine == "vllm":
         vllm_python()  # no vLLM: the reason the server would give (its refusal reaches only stderr)
-    env = {"MODELHOST_KV_CACHE_MB": str(kv_cache_mb)} if kv_cache_mb else {}
     served: Served = serve(port, None, **env)
     try:
         deploy(served, folder, "text-generation", "llama", readiness="hot", engine=engine)
@@ -421,7 +429,7 @@ def start_modelhost(folder: Path, port: int, engine: str, tokens: int, kv_cache_
         served.stop()
         raise
     root = served.process.pid
-    return Endpoint(served.url, served.key, modelhost_body(tokens), lambda: modelhost_cpu(root), served.stop)
+    return Endpoint(served.url, served.key, body, lambda: modelhost_cpu(root), served.stop), served
 
 
 def run_modelhost(

@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 import torch
 
-from bench.common import Figures, Served, deploy, modelhost_cpu, serve, stop_process, write_section
+from bench.common import Figures, Served, deployment_memory_gb, stop_process, write_section
 from bench.generation import (
     MESSAGES,
     Endpoint,
@@ -53,8 +53,10 @@ from bench.generation import (
     Shape,
     build_model,
     drive,
+    measure,
     measure_in_turn,
     single_process_cpu,
+    start_deployed,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -229,24 +231,7 @@ def start_modelhost(
     env = {"MODELHOST_LLAMACPP_SLOTS": str(SLOTS), "MODELHOST_LLAMACPP_CONTEXT": str(CONTEXT_PER_SLOT)}
     if llama_server is not None:
         env["MODELHOST_LLAMA_SERVER"] = llama_server
-    served = serve(_free_port(), None, **env)
-    try:
-        deploy(served, folder, "text-generation", "llama", readiness="hot", engine=engine)
-    except BaseException:
-        served.stop()
-        raise
-    root = served.process.pid
-    endpoint = Endpoint(
-        served.url, served.key, llamacpp_body(tokens), lambda: modelhost_cpu(root), served.stop
-    )
-    return endpoint, served
-
-
-def measured_footprint_gb(served: Served) -> float:
-    """The deployment's measured memory (`memory_gb`, what billing charges)."""
-    headers = {"Authorization": f"Bearer {served.key}"}
-    deployments = httpx.get(f"{served.url}/v1/deployments", headers=headers, timeout=30).json()["data"]
-    return float(deployments[0]["memory_gb"])
+    return start_deployed(folder, _free_port(), engine, llamacpp_body(tokens), **env)
 
 
 # ---------------------------------------------------------------- the report
@@ -283,21 +268,17 @@ def report(
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Ratios (same run):", ""]
     for build, tag in (("prebuilt wheel", "prebuilt"), ("native build", "native")):
-        ours, bare = (
-            servers.get(f"modelhost, llamacpp engine, {build}"),
-            servers.get(f"bare llama-server, {build}"),
-        )
-        for c in SHAPE.concurrency if ours is not None and bare is not None else ():
+        ours = servers.get(f"modelhost, llamacpp engine, {build}")
+        bare = servers.get(f"bare llama-server, {build}")
+        if not isinstance(ours, dict) or not isinstance(bare, dict):  # not run, or why it could not be
+            continue
+        for c in SHAPE.concurrency:
             ratio = _tokens_per_second(ours, c) / _tokens_per_second(bare, c)
             figures.ratio(f"served_over_bare_{tag}_{c}", ratio)
-            lines.append(
-                f"- {build}, {c} streams: modelhost / bare llama-server = **{ratio:.2f}** (target ≥ 0.9)"
-            )
-    native, wheel = (
-        servers.get("bare llama-server, native build"),
-        servers.get("bare llama-server, prebuilt wheel"),
-    )
-    for c in SHAPE.concurrency if native is not None and wheel is not None else ():
+            lines.append(f"- {build}, {c} streams: modelhost / bare = **{ratio:.2f}** (target ≥ 0.9)")
+    native = servers.get("bare llama-server, native build")
+    wheel = servers.get("bare llama-server, prebuilt wheel")
+    for c in SHAPE.concurrency if isinstance(native, dict) and isinstance(wheel, dict) else ():
         ratio = _tokens_per_second(native, c) / _tokens_per_second(wheel, c)
         figures.ratio(f"native_over_prebuilt_{c}", ratio)
         lines.append(f"- {c} streams: bare native build / bare prebuilt wheel = **{ratio:.2f}**")
@@ -403,12 +384,8 @@ def main() -> None:
                 quantized[name] = (f"could not start: {exc}", float("nan"))
                 continue
             try:
-                loads: dict[int, Load] = {}
-                asyncio.run(drive(endpoint.url, endpoint.key, endpoint.body, 1, 0))  # warm-up
-                for c in (1, 4):
-                    loads[c] = asyncio.run(drive(endpoint.url, endpoint.key, endpoint.body, c, args.seconds))
-                    print(f"  {name}, {c} streams: {loads[c].tokens_per_second:.1f} tokens/s", flush=True)
-                quantized[name] = (loads, measured_footprint_gb(served))
+                loads = measure(endpoint.url, endpoint.key, endpoint.body, args.seconds, endpoint.cpu, (1, 4))
+                quantized[name] = (loads, deployment_memory_gb(served))
             finally:
                 endpoint.stop()
         section = report(servers, quantized, figures)

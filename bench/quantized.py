@@ -26,10 +26,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
-from bench.common import Figures, Served, deploy, machine, serve, table, write_section
+from bench.common import Figures, Served, deploy, deployment_memory_gb, machine, serve, table, write_section
 from bench.generation import CPU_SHAPE, Load, build_model, drive, modelhost_body, vllm_python
 from bench.quantizer import quantize_folder
 
@@ -77,9 +76,7 @@ def serve_and_measure(folder: Path, port: int, seconds: float, tokens: int) -> R
 
 
 def _memory_gib(served: Served) -> float:
-    headers = {"Authorization": f"Bearer {served.key}"}
-    listed = httpx.get(f"{served.url}/v1/deployments", headers=headers, timeout=30).json()["data"]
-    return float(listed[0]["memory_gb"]) * 1e9 / GiB
+    return deployment_memory_gb(served) * 1e9 / GiB
 
 
 def _weights_gib(folder: Path) -> float:
