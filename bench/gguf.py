@@ -278,10 +278,11 @@ def report(
             lines.append(f"- {build}, {c} streams: modelhost / bare = **{ratio:.2f}** (target ≥ 0.9)")
     native = servers.get("bare llama-server, native build")
     wheel = servers.get("bare llama-server, prebuilt wheel")
-    for c in SHAPE.concurrency if isinstance(native, dict) and isinstance(wheel, dict) else ():
-        ratio = _tokens_per_second(native, c) / _tokens_per_second(wheel, c)
-        figures.ratio(f"native_over_prebuilt_{c}", ratio)
-        lines.append(f"- {c} streams: bare native build / bare prebuilt wheel = **{ratio:.2f}**")
+    if isinstance(native, dict) and isinstance(wheel, dict):
+        for c in SHAPE.concurrency:
+            ratio = _tokens_per_second(native, c) / _tokens_per_second(wheel, c)
+            figures.ratio(f"native_over_prebuilt_{c}", ratio)
+            lines.append(f"- {c} streams: bare native build / bare prebuilt wheel = **{ratio:.2f}**")
     lines += [
         "",
         "| modelhost deployment | 1 stream | 4 streams | measured footprint (GB) |",
