@@ -132,6 +132,29 @@ async def client(services: Services) -> AsyncIterator[httpx.AsyncClient]:
     await services.manager.shutdown()  # no worker process outlives its test
 
 
+S3_REGION = "us-east-1"
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on a free local port, with dummy credentials for every boto3 client (the blob
+    store's tests, the imports')."""
+    from moto.server import ThreadedMotoServer
+
+    from tests.server_process import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ACCESS_KEY_ID", "testing")
+        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        env.delenv("AWS_PROFILE", raising=False)
+        env.setenv("AWS_DEFAULT_REGION", S3_REGION)
+        yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
 @pytest.fixture(scope="module")
 def receiver() -> Iterator[Receiver]:
     """A module's OTLP/HTTP receiver, for the servers it traces (tests/otlp.py)."""

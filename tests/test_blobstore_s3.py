@@ -9,47 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import socket
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import httpx
 import pytest
-from moto.server import ThreadedMotoServer
 from pydantic import ValidationError
 
 from modelhost.api.app import create_app
 from modelhost.artifacts.blobstore import BlobStore, LocalBlobStore
 from modelhost.artifacts.s3 import S3BlobStore
 from modelhost.container import Services
+from tests.conftest import S3_REGION as REGION
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, push_folder
-
-REGION = "us-east-1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server on a free local port, with dummy credentials for every boto3 client."""
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("AWS_ACCESS_KEY_ID", "testing")
-        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        env.delenv("AWS_PROFILE", raising=False)
-        env.setenv("AWS_DEFAULT_REGION", REGION)
-        yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture

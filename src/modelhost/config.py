@@ -346,6 +346,26 @@ class Settings(BaseSettings):
         description="A running batch whose server has been silent this long (killed) is taken over by "
         "another server, or by the same one restarted.",
     )
+    # ---------------------------------------------------------------- imports (docs/artifacts.md)
+    secrets_key: SecretStr | None = Field(
+        default=None,
+        description="Fernet key (urlsafe base64 of 32 bytes) sealing what an import keeps while it runs "
+        "(its credentials and full source) in the database; default: one made once and kept in "
+        "data_dir/secrets.key (mode 0600). Gateways sharing a database must share it.",
+    )
+    import_concurrency: int = Field(
+        default=2, ge=1, description="Imports the server runs at once; the others wait `queued`."
+    )
+    import_files_in_parallel: int = Field(default=4, ge=1, description="Files one import fetches at once.")
+    import_poll_seconds: float = Field(
+        default=1.0, gt=0, description="How often an idle server looks for queued imports."
+    )
+    import_stale_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A running import whose server has been silent this long (killed) is taken over and "
+        "resumed by another server, or by the same one restarted.",
+    )
     # ---------------------------------------------------------------- agents (docs/agents.md)
     agent_run_stale_seconds: float = Field(
         default=30.0,

@@ -37,6 +37,9 @@ from modelhost.cache import TTLCache
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
+from modelhost.imports.runner import ImportRunner
+from modelhost.imports.sealing import Sealer
+from modelhost.imports.service import Imports
 from modelhost.jobs.runner import VideoCancel, VideoRunner
 from modelhost.jobs.videos import VideoJobs
 from modelhost.media.sources import MediaPolicy
@@ -78,6 +81,7 @@ class Services:
     responses: Responses
     uploads: Files  # the Files API's files (`files` is the generated ones behind signed links)
     batches: Batches
+    imports: Imports  # imports filling artifacts from S3, HTTPS, a Hub (run by the supervisor's runner)
     audit: AuditLog
     # Rate limits (auth/limits.py): counted in a table every gateway process of the server shares
     limits: RateLimiter = field(default_factory=RateLimiter)
@@ -155,6 +159,7 @@ class Services:
             return None
 
         agents = AgentStore(database)
+        imports = Imports(database, artifacts, Sealer.from_settings(settings), settings)
         limits = limits if limits is not None else RateLimiter()
         supervision: Supervision | None = None
         runtime: Runtime
@@ -180,6 +185,7 @@ class Services:
                 AgentRunner(agents, adapted, settings, limits),
                 SharedLimits(database, limits, settings.limits_sync_seconds),
                 BatchRunner(batches, settings, authenticator.of_key, check_model),
+                ImportRunner(imports, artifacts, settings),
             )
             runtime, video_runner, agent_runner = supervision.adapted, supervision.videos, supervision.agents
         else:
@@ -219,6 +225,7 @@ class Services:
             ),
             uploads=uploads,
             batches=batches,
+            imports=imports,
             audit=AuditLog(database, settings.audit_retention_days),
             limits=limits,
             supervisor=supervision,
@@ -239,7 +246,7 @@ class Services:
 @dataclass
 class Supervision:
     """What the supervisor alone runs: the replicas (and their readiness, idle reaper and meters), video
-    jobs, agent runs, batches, and sharing the rate-limit counts with other servers."""
+    jobs, agent runs, batches, imports, and sharing the rate-limit counts with other servers."""
 
     runtime: ReplicaManager
     adapted: AdapterRouting  # the runtime as callers see it: adapter deployments run on their bases
@@ -247,6 +254,7 @@ class Supervision:
     agents: AgentRunner
     shared_limits: SharedLimits
     batches: BatchRunner
+    imports: ImportRunner
 
 
 def rates_of(settings: Settings) -> Rates:

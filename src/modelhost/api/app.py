@@ -200,7 +200,7 @@ _GENERIC = {
 @asynccontextmanager
 async def supervising(app: FastAPI, services: Services, supervision: Supervision) -> AsyncIterator[None]:
     """The supervisor's duties while it serves: housekeeping, metering, hot loads and the idle reaper,
-    video jobs, agent runs, batches (their lines sent through `app` itself) and sharing rate-limit
+    video jobs, agent runs, batches (their lines sent through `app` itself), imports and sharing rate-limit
     counts. At the end it bills every replica up to its unload."""
     sweeper = asyncio.create_task(_sweep_forever(services))
     billing = services.billing
@@ -211,12 +211,14 @@ async def supervising(app: FastAPI, services: Services, supervision: Supervision
     supervision.videos.start()
     supervision.agents.start()
     supervision.batches.start(line_caller(app))
+    supervision.imports.start()
     try:
         yield
     finally:
         sweeper.cancel()
         metering.cancel()
         sharing.cancel()
+        await supervision.imports.stop()
         await supervision.batches.stop()
         await supervision.videos.stop()
         await supervision.agents.stop()

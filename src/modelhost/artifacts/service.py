@@ -26,7 +26,7 @@ from modelhost.artifacts.quantization import serving_table
 from modelhost.config import Settings
 from modelhost.errors import Conflict, InvalidRequest, NotFound, PayloadTooLarge
 from modelhost.store.db import Database
-from modelhost.store.models import ModelArtifact, UploadFile, UploadSession
+from modelhost.store.models import ArtifactImport, ModelArtifact, UploadFile, UploadSession
 from modelhost.store.types import new_id, utcnow
 
 log = logging.getLogger("modelhost.artifacts")
@@ -53,11 +53,22 @@ def _upload_not_found() -> NotFound:
 
 
 @dataclass(frozen=True, slots=True)
+class ImportProgress:
+    """The import filling an artifact's open upload session (`modelhost.imports`), as last recorded."""
+
+    id: str
+    status: str
+    bytes_done: int
+    bytes_total: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class ArtifactView:
-    """An artifact row with the id of its open upload session, if any."""
+    """An artifact row with the id of its open upload session, if any, and the import filling it."""
 
     artifact: ModelArtifact
     upload_id: str | None
+    importing: ImportProgress | None = None
 
 
 class ArtifactService:
@@ -104,7 +115,11 @@ class ArtifactService:
                 )
             )
             open_sessions = {artifact_id: upload_id for artifact_id, upload_id in rows}
-            return [ArtifactView(a, open_sessions.get(a.id)) for a in artifacts]
+            importing = _imports_filling(session, list(open_sessions.values()))
+            return [
+                ArtifactView(a, open_sessions.get(a.id), importing.get(open_sessions.get(a.id, "")))
+                for a in artifacts
+            ]
 
     def get(self, account_id: str, artifact_id: str) -> ArtifactView:
         with self._database.transaction() as session:
@@ -353,6 +368,35 @@ class ArtifactService:
         self._blobs.delete_prefix(staging_prefix(upload_id))
         return self.get(account_id, artifact_id)
 
+    def keep_open(self, upload_id: str) -> str | None:
+        """Push back an open session's expiry by a full TTL (a server-side import fills it for as long as
+        it takes); returns the session's status (None: no such session)."""
+        with self._database.transaction() as session:
+            session.execute(
+                update(UploadSession)
+                .where(UploadSession.id == upload_id, UploadSession.status == "open")
+                .values(expires_at=utcnow() + timedelta(seconds=self._settings.upload_session_ttl_seconds))
+                .execution_options(synchronize_session=False)
+            )
+            return session.scalars(select(UploadSession.status).where(UploadSession.id == upload_id)).first()
+
+    def fail_upload(
+        self, account_id: str, artifact_id: str, upload_id: str, code: str, message: str
+    ) -> tuple[ArtifactView, str]:
+        """End an open session as failed, as an inspection that failed would (the artifact `failed` with
+        `code`, or still ready with its previous version): a server-side import whose source failed."""
+        with self._database.transaction() as session:
+            self._owned_session(session, account_id, artifact_id, upload_id)
+            claimed = session.execute(
+                update(UploadSession)
+                .where(UploadSession.id == upload_id, UploadSession.status == "open")
+                .values(status="completing", updated_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+            if claimed.rowcount != 1:  # type: ignore[attr-defined]
+                raise Conflict("Upload session is no longer open.", param="upload_id", code="upload_not_open")
+        return self._finish_failed(artifact_id, upload_id, code, message)
+
     # ---------------------------------------------------------------- housekeeping
 
     def sweep(self, now: datetime | None = None) -> int:
@@ -515,7 +559,20 @@ class ArtifactService:
                 UploadSession.artifact_id == artifact.id, UploadSession.status.in_(("open", "completing"))
             )
         ).first()
-        return ArtifactView(artifact, upload_id)
+        importing = _imports_filling(session, [upload_id]) if upload_id else {}
+        return ArtifactView(artifact, upload_id, importing.get(upload_id or ""))
+
+
+def _imports_filling(session: Session, upload_ids: list[str]) -> dict[str, ImportProgress]:
+    """The active imports filling these upload sessions, by session."""
+    if not upload_ids:
+        return {}
+    rows = session.scalars(
+        select(ArtifactImport).where(
+            ArtifactImport.upload_id.in_(upload_ids), ArtifactImport.status.in_(("queued", "running"))
+        )
+    )
+    return {r.upload_id: ImportProgress(r.id, r.status, r.bytes_done, r.bytes_total) for r in rows}
 
 
 def _audited(artifact: ModelArtifact) -> dict[str, object]:

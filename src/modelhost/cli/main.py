@@ -513,6 +513,63 @@ def artifacts_push(
         show_deployment(api.call("POST", "/v1/deployments", json=body), as_json)
 
 
+@artifacts_app.command("import")
+def artifacts_import(
+    source: Annotated[
+        list[str],
+        typer.Argument(
+            help="s3://bucket/prefix, hf://org/name[@revision], an https:// file URL or archive (.tar, "
+            ".tar.gz, .zip), or several https:// file URLs.",
+            show_default=False,
+        ),
+    ],
+    pipeline: Annotated[str, typer.Option(help="Pipeline task, e.g. feature-extraction.")],
+    name: Annotated[
+        str | None,
+        typer.Option(help="Artifact display name (reused, as by push); default: the source's last segment."),
+    ] = None,
+    include: Annotated[
+        list[str] | None, typer.Option(help="Import only paths matching this fnmatch pattern (repeatable).")
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option(help="Leave out paths matching this fnmatch pattern (repeatable).")
+    ] = None,
+    credentials_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="JSON file of the source's credentials, sent once and kept encrypted by the server while "
+            "the import runs: s3 {aws_access_key_id, aws_secret_access_key, aws_session_token?, "
+            "endpoint_url?, region?}, hf {token}, https {bearer_token} or {headers}.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Have the server import a model from S3, HTTPS or a Hugging Face Hub into an artifact, with a
+    progress bar until it is ready (exit 1 if it fails, with why)."""
+    from modelhost.cli.importing import import_artifact, name_of
+
+    credentials = json.loads(credentials_file.read_text()) if credentials_file else None
+    given: str | list[str] = source[0] if len(source) == 1 else source
+    api = ApiClient(url, key, timeout=120)
+    shown, artifact = import_artifact(
+        api, given, name or name_of(source[0]), pipeline, include, exclude, credentials
+    )
+    if as_json:
+        print(json.dumps({"import": shown, "artifact": artifact}, indent=2))
+    else:
+        show_artifact(artifact)
+    if shown["status"] != "completed":
+        error = shown.get("error") or {}
+        reason = f"{error.get('code')}: {error.get('message')}" if error else shown["status"]
+        out.print(f"import {shown['status']}: {reason}", soft_wrap=True, markup=False, highlight=False)
+        raise typer.Exit(1)
+    out.print("Import complete: artifact is ready.")
+
+
 @artifacts_app.command("list")
 def artifacts_list(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:
     """List model artifacts."""

@@ -12,9 +12,14 @@ and message (no secret in either), and the artifact goes back to what it was, as
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import fnmatch
+import importlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from modelhost.config import Settings
+from modelhost.errors import InvalidRequest
 
 # The stable reasons an import fails with (`import.error.code`); the docs table lists them.
 IMPORT_FAILURE_CODES = (
@@ -26,6 +31,7 @@ IMPORT_FAILURE_CODES = (
     "unsafe_archive",  # an absolute path, `..`, a link, a device, or an expansion over the bound
     "too_large",  # more bytes or files than the server's upload limits
     "insufficient_storage",  # the free-disk floor was reached
+    "interrupted",  # a resumed import found its upload session gone, or its sealed secrets unreadable
 )
 
 
@@ -74,3 +80,64 @@ class ImportSource(Protocol):
         failure. Every network hop obeys the media rules (`media.fetch`): public addresses only unless
         the operator allows more networks."""
         ...
+
+
+def selected(path: str, include: Sequence[str] | None, exclude: Sequence[str] | None) -> bool:
+    """Whether an artifact path is imported: it matches an `include` pattern (all do when none is given)
+    and no `exclude` pattern. Patterns are `fnmatch`'s on the whole path, where `*` also crosses `/`
+    (`*.bin` is every `.bin` file in every folder)."""
+    if include and not any(fnmatch.fnmatchcase(path, pattern) for pattern in include):
+        return False
+    return not (exclude and any(fnmatch.fnmatchcase(path, pattern) for pattern in exclude))
+
+
+# scheme → the module and class that read it, imported when first asked for (boto3 and huggingface_hub
+# load only where an import needs them)
+SCHEMES = {
+    "s3": ("modelhost.imports.s3", "S3Source"),
+    "https": ("modelhost.imports.https", "HttpsSource"),
+    "hf": ("modelhost.imports.hub", "HubSource"),
+}
+
+
+def source_of(
+    source: str | list[str],
+    include: list[str] | None,
+    exclude: list[str] | None,
+    credentials: dict[str, Any] | None,
+    settings: Settings,
+) -> ImportSource:
+    """The source an import's `source` names: `s3://bucket/prefix`, `hf://org/name[@revision]`, an
+    `https://` URL or a list of them. Each class is built as `Class(source, include=…, exclude=…,
+    credentials=…, settings=…)` (a list of URLs is given as the list) and checks the source's form and
+    its credentials' shape there, without a network call: a malformed one is InvalidRequest (400)."""
+    first = source[0] if isinstance(source, list) and source else source
+    if not isinstance(first, str) or "://" not in first:
+        raise _unsupported()
+    scheme = first.split("://", 1)[0].lower()
+    if isinstance(source, list) and (scheme != "https" or not all(isinstance(u, str) for u in source)):
+        raise InvalidRequest(
+            "A list of sources must be https:// file URLs.", param="source", code="invalid_source"
+        )
+    if scheme not in SCHEMES:
+        raise _unsupported()
+    module_name, class_name = SCHEMES[scheme]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise _unsupported() from None
+    built: ImportSource = getattr(module, class_name)(
+        source, include=include, exclude=exclude, credentials=credentials, settings=settings
+    )
+    return built
+
+
+def _unsupported() -> InvalidRequest:
+    return InvalidRequest(
+        "Unsupported source: give s3://bucket/prefix, hf://org/name[@revision], an https:// URL or a "
+        "list of them.",
+        param="source",
+        code="invalid_source",
+    )

@@ -135,6 +135,67 @@ class ModelArtifact(BaseModel):
     updated_at: datetime
     error: ArtifactError | None = Field(default=None, description="Why the last inspection failed.")
     upload_id: str | None = Field(default=None, description="The open upload session, while ingesting.")
+    import_id: str | None = Field(
+        default=None,
+        description="The import filling that session, while an import fills it (docs/artifacts.md).",
+    )
+    bytes_done: int | None = Field(default=None, description="Bytes the import has fetched so far.")
+    bytes_total: int | None = Field(default=None, description="Bytes the import will fetch, once listed.")
+
+
+SourceText = Annotated[str, Field(min_length=1, max_length=8192)]
+ImportStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
+
+
+class ImportCreate(StrictModel):
+    """`POST /v1/model-artifacts/{artifact_id}/imports`."""
+
+    source: SourceText | Annotated[list[SourceText], Field(min_length=1, max_length=1000)] = Field(
+        description="`s3://bucket/prefix`, `hf://org/name[@revision]`, an `https://` file URL (or one "
+        "`.tar`, `.tar.gz`, `.zip` archive), or a list of https:// file URLs."
+    )
+    include: list[Annotated[str, Field(max_length=512)]] | None = Field(
+        default=None,
+        max_length=256,
+        description="fnmatch patterns on the artifact path; only matches are imported.",
+    )
+    exclude: list[Annotated[str, Field(max_length=512)]] | None = Field(
+        default=None,
+        max_length=256,
+        description="fnmatch patterns on the artifact path; matches are left out.",
+    )
+    credentials: dict[str, str | dict[str, str]] | None = Field(
+        default=None,
+        description="Per-import credentials, stored encrypted while the import runs and never returned: "
+        "s3 `{aws_access_key_id, aws_secret_access_key, aws_session_token?, endpoint_url?, region?}`, "
+        "hf `{token}`, https `{bearer_token}` or `{headers: {name: value}}`.",
+    )
+
+
+class ImportedFile(BaseModel):
+    path: str
+    size: int | None
+    status: Literal["pending", "fetching", "done"]
+
+
+class ArtifactImport(BaseModel):
+    id: str
+    object: Literal["model_artifact.import"] = "model_artifact.import"
+    artifact_id: str
+    upload_id: str = Field(description="The server-side upload session the import fills.")
+    status: ImportStatus
+    source: str = Field(description="The source as shown: no credential, no URL query.")
+    include: list[str] | None
+    exclude: list[str] | None
+    bytes_done: int
+    bytes_total: int | None = Field(description="The listed files' bytes; null until listed.")
+    files: list[ImportedFile]
+    error: ArtifactError | None = Field(
+        default=None, description="Why it failed (docs/artifacts.md, Imports)."
+    )
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
 
 
 class UploadStarted(BaseModel):

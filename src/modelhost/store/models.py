@@ -127,6 +127,38 @@ class UploadFile(Base):
     sha256: Mapped[str] = mapped_column(String(64))
 
 
+class ArtifactImport(Base):
+    """An import filling an artifact's upload session from a remote source (`modelhost.imports`). The
+    table is the queue, as for batches: the supervisor's runner claims a row with a guarded UPDATE and
+    beats `updated_at` while it runs it; a stale claim (its server died) is taken over and resumed."""
+
+    __tablename__ = "artifact_imports"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    artifact_id: Mapped[str] = mapped_column(ForeignKey("model_artifacts.id", ondelete="CASCADE"), index=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
+    # the server-side upload session it fills (closed with it)
+    upload_id: Mapped[str] = mapped_column(String(40))
+    # the source as shown (`s3://bucket/prefix`): never a secret
+    source: Mapped[str] = mapped_column(Text)
+    include: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    exclude: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # Fernet token (`imports.sealing`) of the source as given and its credentials: what a resumed import
+    # needs, encrypted at rest; null once the import ends
+    sealed: Mapped[str | None] = mapped_column(Text, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    bytes_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    bytes_total: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # [{path, size, status: pending | fetching | done}], as last recorded
+    files: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
 class Deployment(Base):
     __tablename__ = "deployments"
     __table_args__ = (UniqueConstraint("account_id", "model", name="uq_deployments_account_model"),)

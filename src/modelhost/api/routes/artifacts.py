@@ -11,7 +11,10 @@ from modelhost.protocol.artifacts import (
     Adapter,
     ArtifactCreate,
     ArtifactError,
+    ArtifactImport,
     Gguf,
+    ImportCreate,
+    ImportedFile,
     ModelArtifact,
     Quantization,
     UploadedFile,
@@ -20,6 +23,7 @@ from modelhost.protocol.artifacts import (
     UploadStarted,
 )
 from modelhost.protocol.common import Deleted, ListOf
+from modelhost.store import models
 
 router = APIRouter(
     prefix="/v1/model-artifacts", tags=["model artifacts"], responses=error_responses(400, 401)
@@ -27,6 +31,7 @@ router = APIRouter(
 
 ArtifactId = Path(max_length=64, description="Model artifact ID (`art_...`).")
 UploadId = Path(max_length=64, description="Upload session ID (`upl_...`).")
+ImportId = Path(max_length=64, description="Import ID (`imp_...`).")
 GB = 1_000_000_000
 
 
@@ -52,6 +57,28 @@ def present(view: ArtifactView) -> ModelArtifact:
         updated_at=artifact.updated_at,
         error=error,
         upload_id=view.upload_id,
+        import_id=view.importing.id if view.importing else None,
+        bytes_done=view.importing.bytes_done if view.importing else None,
+        bytes_total=view.importing.bytes_total if view.importing else None,
+    )
+
+
+def present_import(row: models.ArtifactImport) -> ArtifactImport:
+    return ArtifactImport(
+        id=row.id,
+        artifact_id=row.artifact_id,
+        upload_id=row.upload_id,
+        status=row.status,
+        source=row.source,
+        include=row.include,
+        exclude=row.exclude,
+        bytes_done=row.bytes_done,
+        bytes_total=row.bytes_total,
+        files=[ImportedFile.model_validate(f) for f in row.files],
+        error=ArtifactError(code=row.error_code, message=row.error_message or "") if row.error_code else None,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        finished_at=row.finished_at,
     )
 
 
@@ -186,3 +213,49 @@ def abort_upload(
 ) -> UploadFinished:
     view = services.artifacts.abort(account_id_of(principal), artifact_id, upload_id)
     return UploadFinished(message="Upload session aborted.", artifact=present(view))
+
+
+@router.post(
+    "/{artifact_id}/imports",
+    summary="Import the artifact's files from S3, HTTPS or a Hugging Face Hub (409 `artifact_busy` as for "
+    "an upload); the server fetches, verifies and inspects them in the background",
+    status_code=202,
+    responses=error_responses(404, 409),
+)
+def start_import(
+    body: ImportCreate, principal: AccountPrincipal, services: ServicesDep, artifact_id: str = ArtifactId
+) -> ArtifactImport:
+    row = services.imports.create(
+        account_id_of(principal), artifact_id, body.source, body.include, body.exclude, body.credentials
+    )
+    if services.supervisor is not None:
+        services.supervisor.imports.wake()
+    return present_import(row)
+
+
+@router.get(
+    "/{artifact_id}/imports/{import_id}",
+    summary="Show an import: its status, progress and files",
+    responses=error_responses(404),
+)
+def get_import(
+    principal: AccountPrincipal,
+    services: ServicesDep,
+    artifact_id: str = ArtifactId,
+    import_id: str = ImportId,
+) -> ArtifactImport:
+    return present_import(services.imports.get(account_id_of(principal), artifact_id, import_id))
+
+
+@router.delete(
+    "/{artifact_id}/imports/{import_id}",
+    summary="Cancel an import; the artifact returns to its previous state and the fetched files go",
+    responses=error_responses(404, 409),
+)
+def cancel_import(
+    principal: AccountPrincipal,
+    services: ServicesDep,
+    artifact_id: str = ArtifactId,
+    import_id: str = ImportId,
+) -> ArtifactImport:
+    return present_import(services.imports.cancel(account_id_of(principal), artifact_id, import_id))

@@ -1,0 +1,331 @@
+"""The import runner: in the supervisor, beside the batch runner, it claims imports and fills each one's
+upload session from its source, then completes it as a push would be completed (inspection, publishing,
+storage billing: `ArtifactService.complete`).
+
+- **Parallel.** `MODELHOST_IMPORT_CONCURRENCY` imports at once; in each, `MODELHOST_IMPORT_FILES_IN_PARALLEL`
+  files at once. Every file goes through `ArtifactService.put_file`, the staging path of a pushed file
+  (the free-disk floor before it, the file-size limit and a full disk while it streams, recorded only
+  once whole and verified).
+- **Verified.** A stated sha256 (`put_file` checks it); an S3 ETag that is an MD5 (a single-part
+  object) is checked against the MD5 of the bytes; every file whose size the source stated must have
+  that size (all a multipart ETag, `<md5 of the parts' md5s>-<parts>`, can tell without the part size).
+- **Resumable.** A file recorded in the session was whole and verified: a resumed import (another
+  claim of it, after a restart or on another server) fetches only the others, each from its start
+  (a half-fetched file was never recorded). The session's expiry is pushed back at every beat.
+- **Progress and cancel.** `bytes_done`, `bytes_total` and each file's state are written every
+  BEAT_SECONDS (not per chunk); the beat also learns of a cancel (the route aborted the session), which
+  stops the fetches.
+- **Failure.** A source's `ImportFailed` (or a limit, the disk) ends the import `failed` with its code,
+  and the session as a failed push ends: the artifact `failed` with that code (or still ready with its
+  previous version).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from modelhost.artifacts.service import ArtifactService
+from modelhost.config import Settings
+from modelhost.errors import Conflict, InsufficientStorage, ModelhostError, PayloadTooLarge
+from modelhost.imports.service import Claimed, Imports
+from modelhost.imports.sources import ImportFailed, ImportSource, RemoteFile, source_of
+
+log = logging.getLogger("modelhost.imports")
+
+BEAT_SECONDS = 1.0
+SourceOf = Callable[
+    [str | list[str], list[str] | None, list[str] | None, dict[str, Any] | None, Settings], ImportSource
+]
+
+
+class Stopped(Exception):
+    """The import is no longer this runner's to run (cancelled, or taken over): leave it as it is."""
+
+
+class ImportRunner:
+    def __init__(
+        self,
+        imports: Imports,
+        artifacts: ArtifactService,
+        settings: Settings,
+        open_source: SourceOf = source_of,
+    ) -> None:
+        self.imports = imports
+        self.artifacts = artifacts
+        self.settings = settings
+        self.open_source = open_source
+        self.name = f"gw-{secrets.token_hex(6)}"
+        self._loop: asyncio.Task[None] | None = None
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+
+    def start(self) -> None:
+        self._loop = asyncio.create_task(self._claim_forever())
+
+    def wake(self) -> None:
+        """An import was created in this process: look now rather than at the next poll."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop claiming; hand running imports back, to be resumed by the next claim (this server
+        restarted, or another one)."""
+        if self._loop is not None:
+            self._loop.cancel()
+        running = list(self._running.items())
+        for _, task in running:
+            task.cancel()
+        await asyncio.gather(*(t for _, t in running), return_exceptions=True)
+        for import_id, _ in running:
+            await asyncio.to_thread(self.imports.release, import_id, self.name)
+
+    async def _claim_forever(self) -> None:
+        while True:
+            try:
+                claimed = None
+                if len(self._running) < self.settings.import_concurrency:
+                    claimed = await asyncio.to_thread(self.imports.claim, self.name)
+                if claimed is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.settings.import_poll_seconds)
+                    self._wake.clear()
+                    continue
+                self._running[claimed.id] = asyncio.create_task(self._run(claimed))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("import runner")
+                await asyncio.sleep(self.settings.import_poll_seconds)
+
+    async def _run(self, claimed: Claimed) -> None:
+        try:
+            await ImportRun(self, claimed).run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug here: hand it back rather than leave it claimed
+            log.exception("import %s", claimed.id)
+            await asyncio.to_thread(self.imports.release, claimed.id, self.name)
+        finally:
+            self._running.pop(claimed.id, None)
+            self._wake.set()
+
+
+class ImportRun:
+    """One claim of one import, from what its session already holds to its end."""
+
+    def __init__(self, runner: ImportRunner, claimed: Claimed) -> None:
+        self.runner = runner
+        self.imports = runner.imports
+        self.artifacts = runner.artifacts
+        self.settings = runner.settings
+        self.claimed = claimed
+        self.done = 0
+        self.total: int | None = None
+        self.files: dict[str, dict[str, Any]] = {}
+        self.stopped = False
+
+    async def run(self) -> None:
+        claimed = self.claimed
+        try:
+            await self._fetch_all()
+            if not await self._beat():
+                raise Stopped
+            view, _ = await asyncio.to_thread(
+                self.artifacts.complete, claimed.account_id, claimed.artifact_id, claimed.upload_id
+            )
+            artifact = view.artifact
+            if artifact.published_version != claimed.upload_id:  # inspection refused it
+                await self._finish("failed", artifact.error_code, artifact.error_message)
+            else:
+                await self._finish("completed")
+        except ImportFailed as failure:
+            await self._fail(failure)
+        except (Stopped, Conflict):  # cancelled (the session closed), or no longer ours
+            log.info("import %s stopped", claimed.id)
+
+    async def _fetch_all(self) -> None:
+        """`_fill`, stopped by a beat that finds the import no longer this run's; the first failure of
+        its parallel fetches is the import's."""
+        filling = asyncio.create_task(self._fill())
+        beating = asyncio.create_task(self._beat_forever(filling))
+        try:
+            await filling
+        except asyncio.CancelledError:
+            if self.stopped:
+                raise Stopped from None
+            raise
+        except BaseExceptionGroup as group:
+            raise _first(group) from None
+        finally:
+            beating.cancel()
+
+    async def _fill(self) -> None:
+        """Fetch every listed file the session does not hold yet, several at once."""
+        claimed = self.claimed
+        status = await asyncio.to_thread(self.artifacts.keep_open, claimed.upload_id)
+        if status != "open":
+            raise ImportFailed("interrupted", f"Its upload session is {status}: start the import again.")
+        try:
+            given, credentials = self.imports.opened(claimed)
+        except ValueError:
+            raise ImportFailed(
+                "interrupted", "Its sealed source could not be read (MODELHOST_SECRETS_KEY changed)."
+            ) from None
+        source = self.runner.open_source(given, claimed.include, claimed.exclude, credentials, self.settings)
+        listed = await source.list_files()
+        self._check_limits(listed)
+        _, recorded = await asyncio.to_thread(
+            self.artifacts.get_session, claimed.account_id, claimed.artifact_id, claimed.upload_id
+        )
+        kept = {f.path: f.size for f in recorded}
+        self.total = sum(f.size or 0 for f in listed)
+        for file in listed:
+            whole = kept.get(file.path) == file.size if file.size is not None else file.path in kept
+            self.files[file.path] = {
+                "path": file.path,
+                "size": file.size,
+                "status": "done" if whole else "pending",
+            }
+            self.done += (file.size or 0) if whole else 0
+        if not await self._beat():
+            raise Stopped
+        slots = asyncio.Semaphore(self.settings.import_files_in_parallel)
+
+        async def fetch(file: RemoteFile) -> None:
+            async with slots:
+                await self._fetch(source, file)
+
+        async with asyncio.TaskGroup() as group:
+            for file in listed:
+                if self.files[file.path]["status"] != "done":
+                    group.create_task(fetch(file))
+
+    def _check_limits(self, listed: list[RemoteFile]) -> None:
+        most, largest = self.settings.max_upload_files, self.settings.max_upload_file_bytes
+        if len(listed) > most:
+            raise ImportFailed(
+                "too_large", f"The source has {len(listed)} files; an artifact holds at most {most}."
+            )
+        for file in listed:
+            if file.size is not None and file.size > largest:
+                raise ImportFailed(
+                    "too_large", f"{file.path} has {file.size} bytes, over the limit of {largest}."
+                )
+
+    async def _fetch(self, source: ImportSource, file: RemoteFile) -> None:
+        claimed = self.claimed
+        entry = self.files[file.path]
+        entry["status"] = "fetching"
+        try:
+            await self.artifacts.put_file(
+                claimed.account_id,
+                claimed.artifact_id,
+                claimed.upload_id,
+                file.path,
+                self._verified(source, file),
+                file.sha256,
+                declared_size=file.size,
+            )
+        except (ImportFailed, Conflict, asyncio.CancelledError):
+            raise
+        except PayloadTooLarge as exc:
+            raise ImportFailed("too_large", f"{file.path}: {exc.message}") from None
+        except InsufficientStorage as exc:
+            raise ImportFailed("insufficient_storage", exc.message) from None
+        except ModelhostError as exc:  # checksum_mismatch (a stated sha256), invalid_path, too_many_files
+            code = {"too_many_files": "too_large"}.get(exc.code or "", exc.code or "invalid_path")
+            raise ImportFailed(code, exc.message) from None
+        entry["status"] = "done"
+
+    async def _verified(self, source: ImportSource, file: RemoteFile) -> AsyncIterator[bytes]:
+        """The file's bytes, counted into the progress; at the end, its size and MD5 ETag checked."""
+        md5 = hashlib.md5(usedforsecurity=False) if _is_md5(file.etag) else None
+        size = 0
+        async for chunk in source.read(file, 0):
+            size += len(chunk)
+            self.done += len(chunk)
+            if md5 is not None:
+                md5.update(chunk)
+            yield chunk
+        if file.size is not None and size != file.size:
+            raise ImportFailed(
+                "checksum_mismatch", f"{file.path}: received {size} bytes, the source said {file.size}."
+            )
+        if md5 is not None and md5.hexdigest() != (file.etag or "").lower():
+            raise ImportFailed(
+                "checksum_mismatch",
+                f"{file.path}: the bytes hash to MD5 {md5.hexdigest()}, not its ETag {file.etag}.",
+            )
+
+    async def _beat_forever(self, filling: asyncio.Task[None]) -> None:
+        while True:
+            await asyncio.sleep(BEAT_SECONDS)
+            try:
+                ours = await self._beat()
+            except Exception:  # the database is away: the next beat tries again
+                log.warning("import %s: progress not recorded", self.claimed.id, exc_info=True)
+                continue
+            if not ours:
+                self.stopped = True
+                filling.cancel()
+                return
+
+    async def _beat(self) -> bool:
+        """Record progress and keep the session open; False once the import is no longer this run's."""
+        claimed = self.claimed
+        files = list(self.files.values())
+        ours = await asyncio.to_thread(
+            self.imports.beat, claimed.id, self.runner.name, self.done, self.total, files
+        )
+        if ours:
+            await asyncio.to_thread(self.artifacts.keep_open, claimed.upload_id)
+        return ours
+
+    async def _fail(self, failure: ImportFailed) -> None:
+        claimed = self.claimed
+        log.info("import %s failed: %s", claimed.id, failure.code)
+        with contextlib.suppress(Conflict):  # the session closed meanwhile (a cancel): nothing to fail
+            await asyncio.to_thread(
+                self.artifacts.fail_upload,
+                claimed.account_id,
+                claimed.artifact_id,
+                claimed.upload_id,
+                failure.code,
+                failure.message,
+            )
+        await self._finish("failed", failure.code, failure.message)
+
+    async def _finish(self, status: str, code: str | None = None, message: str | None = None) -> None:
+        files = list(self.files.values())
+        await asyncio.to_thread(
+            self.imports.beat, self.claimed.id, self.runner.name, self.done, self.total, files
+        )
+        await asyncio.to_thread(self.imports.finish, self.claimed.id, self.runner.name, status, code, message)
+
+
+def _is_md5(etag: str | None) -> bool:
+    return etag is not None and len(etag) == 32 and all(c in "0123456789abcdefABCDEF" for c in etag)
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The failure of a group of fetches to report: an ImportFailed or a stop before anything else."""
+    leaves: list[BaseException] = []
+
+    def walk(error: BaseException) -> None:
+        if isinstance(error, BaseExceptionGroup):
+            for inner in error.exceptions:
+                walk(inner)
+        else:
+            leaves.append(error)
+
+    walk(group)
+    for kind in (ImportFailed, Stopped, Conflict):
+        for leaf in leaves:
+            if isinstance(leaf, kind):
+                return leaf
+    return leaves[0]

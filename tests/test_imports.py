@@ -1,0 +1,479 @@
+"""Imports (issue 52): an artifact filled by the server from S3 (moto's server), verified, resumable,
+cancellable, then inspected as a push is.
+
+The runner's logic is tested without a server, against a source that serves a tiny model's folder and
+counts what it reads; the routes through the app; S3 and the CLI against a live server and moto.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from modelhost.api.app import create_app
+from modelhost.artifacts.service import staging_prefix
+from modelhost.cli.main import app as cli
+from modelhost.container import Services
+from modelhost.imports import runner as runner_module
+from modelhost.imports.runner import ImportRunner
+from modelhost.imports.s3 import _vet, parse_s3
+from modelhost.imports.sources import ImportFailed, RemoteFile, selected
+from modelhost.media.fetch import parse_networks
+from modelhost.store.models import ArtifactImport
+from tests.conftest import S3_REGION, make_settings
+from tests.helpers import ADMIN_KEY, bearer
+from tests.live import live_server
+
+FINAL = ("completed", "failed", "cancelled")
+SECRET = "s3cr3t-never-shown-0123456789"
+TINY = ("t03_feature_extraction", "st")
+
+
+@pytest.fixture
+def model(recipes: Path) -> Path:
+    return recipes.joinpath(*TINY)
+
+
+# ---------------------------------------------------------------- the runner, without a server
+
+
+class FolderSource:
+    """A source serving a folder's files; `held` files wait for `release`; `wrong` states a checksum
+    ({path: ("etag" | "sha256", value)}) the bytes do not have. `reads` lists what was read."""
+
+    description = "folder"
+
+    def __init__(
+        self, folder: Path, held: set[str] = frozenset(), wrong: dict[str, tuple[str, str]] | None = None
+    ):
+        self.folder = folder
+        self.held = held
+        self.release = asyncio.Event()
+        self.wrong = wrong or {}
+        self.reads: list[str] = []
+
+    async def list_files(self) -> list[RemoteFile]:
+        files = []
+        for full in sorted(p for p in self.folder.rglob("*") if p.is_file()):
+            path = full.relative_to(self.folder).as_posix()
+            data = full.read_bytes()
+            kind, value = self.wrong.get(path, ("etag", hashlib.md5(data).hexdigest()))
+            files.append(RemoteFile(path, path, len(data), **{kind: value}))
+        return files
+
+    async def read(self, file: RemoteFile, offset: int = 0) -> AsyncIterator[bytes]:
+        self.reads.append(file.path)
+        if file.path in self.held:
+            await self.release.wait()
+        yield (self.folder / file.path).read_bytes()[offset:]
+
+
+def local_services(tmp_path: Path, **settings: Any) -> Services:
+    return Services.build(make_settings(tmp_path, f"sqlite:///{tmp_path / 'db.sqlite'}", **settings))
+
+
+@pytest.fixture
+def local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
+    monkeypatch.setattr(runner_module, "BEAT_SECONDS", 0.05)
+    services = local_services(tmp_path, import_poll_seconds=0.05)
+    yield services
+    services.close()
+
+
+def start_import(services: Services, **given: Any) -> tuple[str, str, str]:
+    """(account, artifact, import) of a new import of `s3://models/tiny` into a new artifact."""
+    view, _ = services.accounts.create("a", 10.0)
+    account = view.account.id
+    artifact = services.artifacts.create(account, "tiny", "feature-extraction").artifact.id
+    row = services.imports.create(account, artifact, "s3://models/tiny", None, None, given.get("credentials"))
+    return account, artifact, row.id
+
+
+def running(services: Services, source: Any) -> ImportRunner:
+    runner = ImportRunner(services.imports, services.artifacts, services.settings, lambda *_: source)
+    runner.start()
+    return runner
+
+
+async def until(check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        await asyncio.sleep(0.02)
+    raise TimeoutError("condition not met")
+
+
+def ended(services: Services, account: str, artifact: str, import_id: str) -> Callable[[], Any]:
+    def check() -> ArtifactImport | None:
+        row = services.imports.get(account, artifact, import_id)
+        return row if row.status in FINAL else None
+
+    return check
+
+
+async def test_an_import_fills_the_session_in_parallel_and_the_artifact_becomes_ready(
+    local: Services, model: Path
+) -> None:
+    account, artifact, import_id = start_import(local)
+    source = FolderSource(model)
+    runner = running(local, source)
+    try:
+        done = await until(ended(local, account, artifact, import_id))
+    finally:
+        await runner.stop()
+    assert done.status == "completed", done.error_message
+    size = sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
+    assert (done.bytes_done, done.bytes_total) == (size, size)
+    assert {f["status"] for f in done.files} == {"done"} and len(done.files) == len(source.reads)
+    assert done.sealed is None  # what it kept secret is gone with it
+    assert local.artifacts.get(account, artifact).artifact.status == "ready"
+
+
+async def test_a_resumed_import_fetches_only_the_files_not_yet_verified(local: Services, model: Path) -> None:
+    account, artifact, import_id = start_import(local)
+    first = FolderSource(model, held={"model.safetensors"})
+    runner = running(local, first)
+    expected = {p.relative_to(model).as_posix() for p in model.rglob("*") if p.is_file()}
+
+    def all_but_the_weights_recorded() -> bool:
+        upload_id = local.imports.get(account, artifact, import_id).upload_id
+        _, files = local.artifacts.get_session(account, artifact, upload_id)
+        return {f.path for f in files} == expected - {"model.safetensors"}
+
+    await until(all_but_the_weights_recorded)
+    await runner.stop()  # the server stops mid-import: the import is handed back, still running
+    assert local.imports.get(account, artifact, import_id).status == "running"
+    second = FolderSource(model)
+    runner = running(local, second)
+    try:
+        done = await until(ended(local, account, artifact, import_id))
+    finally:
+        await runner.stop()
+    assert done.status == "completed", done.error_message
+    assert second.reads == ["model.safetensors"]
+    assert local.artifacts.get(account, artifact).artifact.status == "ready"
+
+
+@pytest.mark.parametrize("kind", ["etag", "sha256"])
+async def test_bytes_that_do_not_match_their_stated_checksum_fail_the_import(
+    local: Services, model: Path, kind: str
+) -> None:
+    account, artifact, import_id = start_import(local)
+    other = hashlib.md5(b"other").hexdigest() if kind == "etag" else hashlib.sha256(b"other").hexdigest()
+    runner = running(local, FolderSource(model, wrong={"config.json": (kind, other)}))
+    try:
+        done = await until(ended(local, account, artifact, import_id))
+    finally:
+        await runner.stop()
+    assert (done.status, done.error_code) == ("failed", "checksum_mismatch")
+    assert "config.json" in (done.error_message or "")
+    shown = local.artifacts.get(account, artifact).artifact
+    assert (shown.status, shown.error_code) == ("failed", "checksum_mismatch")
+    assert not local.blobs.exists(staging_prefix(done.upload_id))
+
+
+async def test_cancelling_a_running_import_stops_it_and_restores_the_artifact(
+    local: Services, model: Path
+) -> None:
+    account, artifact, import_id = start_import(local)
+    source = FolderSource(model, held={"model.safetensors"})
+    runner = running(local, source)
+    try:
+        await until(lambda: "model.safetensors" in source.reads)
+        cancelled = local.imports.cancel(account, artifact, import_id)
+        assert cancelled.status == "cancelled"
+        await until(lambda: not runner._running)  # its fetches stopped at the next beat
+    finally:
+        await runner.stop()
+    assert local.artifacts.get(account, artifact).artifact.status == "created"
+    assert not local.blobs.exists(staging_prefix(cancelled.upload_id))
+
+
+@pytest.mark.parametrize(
+    ("limit", "code"),
+    [
+        ({"min_free_disk_mb": 10**9}, "insufficient_storage"),
+        ({"max_upload_file_bytes": 10_000}, "too_large"),
+        ({"max_upload_files": 3}, "too_large"),
+    ],
+)
+async def test_an_import_past_the_disk_floor_or_the_upload_limits_fails_with_why(
+    tmp_path: Path, model: Path, limit: dict[str, int], code: str
+) -> None:
+    services = local_services(tmp_path, **limit)
+    try:
+        account, artifact, import_id = start_import(services)
+        runner = running(services, FolderSource(model))
+        try:
+            done = await until(ended(services, account, artifact, import_id))
+        finally:
+            await runner.stop()
+        assert (done.status, done.error_code) == ("failed", code)
+        assert services.artifacts.get(account, artifact).artifact.error_code == code
+    finally:
+        services.close()
+
+
+def test_include_and_exclude_are_fnmatch_patterns_on_the_artifact_path() -> None:
+    assert selected("1_Pooling/config.json", None, None)
+    assert selected("model.safetensors", ["*.safetensors", "*.json"], None)
+    assert not selected("pytorch_model.bin", ["*.safetensors", "*.json"], None)
+    assert not selected("1_Pooling/config.json", None, ["1_Pooling/*"])
+    assert selected("sub/x.json", ["*.json"], ["x.json"])  # `*` crosses folders; a pattern is the whole path
+
+
+def test_an_s3_prefix_is_a_folder() -> None:
+    assert parse_s3("s3://models/ab") == ("models", "ab/")
+    assert parse_s3("s3://models/ab/") == ("models", "ab/")
+    assert parse_s3("s3://models") == ("models", "")
+
+
+async def test_a_tenant_endpoint_on_a_private_address_is_refused_unless_its_network_is_allowed() -> None:
+    with pytest.raises(ImportFailed) as refused:
+        await _vet("http://127.0.0.1:9000", parse_networks([]))
+    assert refused.value.code == "address_refused"
+    with pytest.raises(ImportFailed, match="non-public"):  # allowing one network allows no other
+        await _vet("http://169.254.169.254", parse_networks(["127.0.0.0/8"]))
+    await _vet("http://127.0.0.1:9000", parse_networks(["127.0.0.0/8"]))
+
+
+# ---------------------------------------------------------------- the routes, through the app
+
+
+@pytest.fixture
+async def app_client(local: Services) -> AsyncIterator[httpx.AsyncClient]:
+    """The app without its lifespan: imports are created and stay `queued` (no runner)."""
+    transport = httpx.ASGITransport(app=create_app(services=local), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as http:
+        yield http
+
+
+async def new_key(http: httpx.AsyncClient) -> str:
+    made = await http.post("/v1/admin/accounts", json={"name": "a"}, headers=bearer(ADMIN_KEY))
+    key: str = made.json()["api_key"]
+    return key
+
+
+async def new_artifact(http: httpx.AsyncClient, key: str) -> str:
+    body = {"display_name": "tiny", "pipeline": "feature-extraction"}
+    made = await http.post("/v1/model-artifacts", json=body, headers=bearer(key))
+    artifact: str = made.json()["id"]
+    return artifact
+
+
+async def test_credentials_are_sealed_at_rest_and_never_returned(
+    local: Services, app_client: httpx.AsyncClient
+) -> None:
+    key = await new_key(app_client)
+    artifact = await new_artifact(app_client, key)
+    credentials = {"aws_access_key_id": "AKIDEXAMPLE", "aws_secret_access_key": SECRET}
+    body = {"source": "s3://models/tiny", "credentials": credentials}
+    started = await app_client.post(f"/v1/model-artifacts/{artifact}/imports", json=body, headers=bearer(key))
+    assert started.status_code == 202, started.text
+    shown = started.json()
+    assert (shown["object"], shown["status"], shown["source"]) == (
+        "model_artifact.import",
+        "queued",
+        "s3://models/tiny",
+    )
+    base = f"/v1/model-artifacts/{artifact}"
+    answers = [started, await app_client.get(f"{base}/imports/{shown['id']}", headers=bearer(key))]
+    answers.append(await app_client.get(base, headers=bearer(key)))
+    answers.append(await app_client.get("/v1/audit", headers=bearer(key)))
+    assert answers[2].json()["import_id"] == shown["id"] and answers[2].json()["status"] == "ingesting"
+    for answer in answers:
+        assert SECRET not in answer.text and "AKIDEXAMPLE" not in answer.text
+    database = str(local.settings.database_url).removeprefix("sqlite:///")
+    with sqlite3.connect(database) as raw:
+        dumped = "\n".join(raw.iterdump())
+        (sealed,) = raw.execute("select sealed from artifact_imports").fetchone()
+    assert SECRET not in dumped and "AKIDEXAMPLE" not in dumped  # audit rows included
+    assert sealed and local.imports._sealer.open(sealed)["credentials"] == credentials
+    assert (local.settings.data_dir / "secrets.key").stat().st_mode & 0o777 == 0o600
+
+
+async def test_cancelling_a_queued_import_returns_the_artifact_to_its_previous_status(
+    app_client: httpx.AsyncClient,
+) -> None:
+    key = await new_key(app_client)
+    artifact = await new_artifact(app_client, key)
+    base = f"/v1/model-artifacts/{artifact}/imports"
+    started = (await app_client.post(base, json={"source": "s3://models/tiny"}, headers=bearer(key))).json()
+    busy = await app_client.post(base, json={"source": "s3://models/tiny"}, headers=bearer(key))
+    assert (busy.status_code, busy.json()["error"]["code"]) == (409, "artifact_busy")
+    cancelled = await app_client.delete(f"{base}/{started['id']}", headers=bearer(key))
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    shown = (await app_client.get(f"/v1/model-artifacts/{artifact}", headers=bearer(key))).json()
+    assert (shown["status"], shown["upload_id"], shown["import_id"]) == ("created", None, None)
+    again = await app_client.delete(f"{base}/{started['id']}", headers=bearer(key))
+    assert (again.status_code, again.json()["error"]["code"]) == (409, "import_not_active")
+
+
+async def test_another_account_can_neither_see_nor_cancel_an_import(app_client: httpx.AsyncClient) -> None:
+    key, other = await new_key(app_client), await new_key(app_client)
+    artifact = await new_artifact(app_client, key)
+    base = f"/v1/model-artifacts/{artifact}/imports"
+    started = (await app_client.post(base, json={"source": "s3://models/tiny"}, headers=bearer(key))).json()
+    for method in ("GET", "DELETE"):
+        answer = await app_client.request(method, f"{base}/{started['id']}", headers=bearer(other))
+        assert (answer.status_code, answer.json()["error"]["code"]) == (404, "import_not_found"), method
+    own = await app_client.get(f"{base}/{started['id']}", headers=bearer(key))
+    assert own.json()["status"] == "queued"
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["ftp://host/model", "s3://", "s3://Bad_Bucket!/x", "not a url", ["s3://models/a", "s3://models/b"]],
+)
+async def test_a_malformed_source_is_refused_before_anything_starts(
+    app_client: httpx.AsyncClient, source: Any
+) -> None:
+    key = await new_key(app_client)
+    artifact = await new_artifact(app_client, key)
+    answer = await app_client.post(
+        f"/v1/model-artifacts/{artifact}/imports", json={"source": source}, headers=bearer(key)
+    )
+    assert (answer.status_code, answer.json()["error"]["param"]) == (400, "source"), answer.text
+    shown = (await app_client.get(f"/v1/model-artifacts/{artifact}", headers=bearer(key))).json()
+    assert shown["status"] == "created"
+
+
+# ---------------------------------------------------------------- S3 and the CLI, on a live server
+
+
+@pytest.fixture(scope="module")
+def bucket(s3_endpoint: str, recipes: Path) -> str:
+    """`models`: the tiny model under `tiny/` (and a file to exclude), and `tinyx/`, which is not in it."""
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name=S3_REGION)
+    s3.create_bucket(Bucket="models")
+    folder = recipes.joinpath(*TINY)
+    for full in (p for p in folder.rglob("*") if p.is_file()):
+        s3.put_object(
+            Bucket="models", Key=f"tiny/{full.relative_to(folder).as_posix()}", Body=full.read_bytes()
+        )
+    s3.put_object(Bucket="models", Key="tiny/extra/notes.bin", Body=b"not for the model")
+    s3.put_object(Bucket="models", Key="tinyx/stray.json", Body=b"{}")
+    return "models"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str, bucket: str) -> Iterator[str]:
+    """A live server whose operator's S3 endpoint (AWS_ENDPOINT_URL) is moto's."""
+    root = tmp_path_factory.mktemp("imports")
+    settings = make_settings(
+        root, f"sqlite:///{root / 'db.sqlite'}", import_poll_seconds=0.2, worker_threads=1
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+        with live_server(settings) as url:
+            yield url
+
+
+@pytest.fixture
+def key(server: str) -> str:
+    made = httpx.post(f"{server}/v1/admin/accounts", json={"name": "importer"}, headers=bearer(ADMIN_KEY))
+    value: str = made.json()["api_key"]
+    return value
+
+
+def import_and_wait(server: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
+    made = httpx.post(
+        f"{server}/v1/model-artifacts",
+        json={"display_name": "t", "pipeline": "feature-extraction"},
+        headers=bearer(key),
+    )
+    base = f"{server}/v1/model-artifacts/{made.json()['id']}/imports"
+    started = httpx.post(base, json=body, headers=bearer(key))
+    assert started.status_code == 202, started.text
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        shown: dict[str, Any] = httpx.get(f"{base}/{started.json()['id']}", headers=bearer(key)).json()
+        if shown["status"] in FINAL:
+            return shown
+        time.sleep(0.1)
+    raise TimeoutError(shown)
+
+
+def test_an_s3_import_becomes_ready_and_serves_embeddings(server: str, key: str) -> None:
+    credentials = {"aws_access_key_id": "testing", "aws_secret_access_key": SECRET}  # moto takes any
+    body = {"source": "s3://models/tiny", "exclude": ["extra/*"], "credentials": credentials}
+    done = import_and_wait(server, key, body)
+    assert done["status"] == "completed", done
+    paths = {f["path"] for f in done["files"]}
+    assert "config.json" in paths and "1_Pooling/config.json" in paths
+    assert not any(p.startswith(("extra/", "stray")) for p in paths)  # excluded; `tinyx/` is not `tiny/`
+    assert done["bytes_done"] == done["bytes_total"] > 0 and SECRET not in json.dumps(done)
+    artifact = done["artifact_id"]
+    shown = httpx.get(f"{server}/v1/model-artifacts/{artifact}", headers=bearer(key)).json()
+    assert shown["status"] == "ready" and shown["import_id"] is None
+    deployed = httpx.post(
+        f"{server}/v1/deployments", json={"model": "imported", "artifact_id": artifact}, headers=bearer(key)
+    )
+    assert deployed.status_code == 201, deployed.text
+    embedded = httpx.post(
+        f"{server}/v1/embeddings", json={"model": "imported", "input": "hi"}, headers=bearer(key), timeout=120
+    )
+    assert embedded.status_code == 200 and embedded.json()["data"][0]["embedding"], embedded.text
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"source": "s3://no-such-bucket/tiny"}, "source_not_found"),
+        ({"source": "s3://models/nothing-here"}, "source_not_found"),
+        ({"source": "s3://models/tiny", "include": ["*.gguf"]}, "source_not_found"),
+        ({"source": "s3://models/tiny", "credentials": {"endpoint_url": "ENDPOINT"}}, "address_refused"),
+    ],
+)
+def test_an_s3_import_that_cannot_fetch_fails_with_why(
+    server: str, key: str, s3_endpoint: str, body: dict[str, Any], code: str
+) -> None:
+    if "credentials" in body:  # a tenant's own endpoint, on this machine's loopback
+        body = {**body, "credentials": {"endpoint_url": s3_endpoint}}
+    done = import_and_wait(server, key, body)
+    assert (done["status"], done["error"]["code"]) == ("failed", code), done
+    shown = httpx.get(f"{server}/v1/model-artifacts/{done['artifact_id']}", headers=bearer(key)).json()
+    assert (shown["status"], shown["error"]["code"]) == ("failed", code)
+
+
+def test_the_cli_imports_from_s3_with_a_progress_bar(server: str, key: str, tmp_path: Path) -> None:
+    credentials = tmp_path / "s3.json"
+    credentials.write_text(json.dumps({"aws_access_key_id": "testing", "aws_secret_access_key": SECRET}))
+    arguments = [
+        "artifacts",
+        "import",
+        "s3://models/tiny",
+        "--pipeline",
+        "feature-extraction",
+        "--name",
+        "cli",
+    ]
+    arguments += [
+        "--exclude",
+        "extra/*",
+        "--credentials-file",
+        str(credentials),
+        "--url",
+        server,
+        "--key",
+        key,
+    ]
+    result = CliRunner().invoke(cli, arguments, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "ready" in result.output and "kB" in result.output and SECRET not in result.output
+    arguments = ["artifacts", "import", "s3://models/none", "--pipeline", "feature-extraction"]
+    arguments += ["--url", server, "--key", key]  # no --name: the source's last segment
+    failed = CliRunner().invoke(cli, arguments, catch_exceptions=False)
+    assert failed.exit_code == 1 and "source_not_found" in failed.output
