@@ -617,6 +617,33 @@ def adapter(recipes: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_adapter(recipes / "t11_text_generation_chat", folder, seed=0)
 
 
+def test_a_model_imports_from_s3_with_its_progress(
+    console: Console, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket="console")
+    folder = console.recipes / "t03_feature_extraction" / "st"
+    for full in (p for p in folder.rglob("*") if p.is_file()):
+        s3.put_object(
+            Bucket="console", Key=f"st/{full.relative_to(folder).as_posix()}", Body=full.read_bytes()
+        )
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # the operator's S3 endpoint: the server reads it
+    page = console.page
+    console.go("artifacts")
+    page.fill("#import-source", "s3://console/st")
+    page.fill("#import-name", XSS)
+    page.select_option("#import-pipeline", "feature-extraction")
+    page.click("#import-start")
+    page.wait_for_selector("#import-status")
+    assert page.locator("#import-status").inner_text() == f"{XSS}: import completed"
+    assert page.eval_on_selector("#import-total", "p => p.value === p.max && p.max > 1")
+    files = sum(1 for p in folder.rglob("*") if p.is_file())
+    assert f"{files}/{files} files" in page.inner_text("#import-text")
+    assert page.locator("img").count() == 0
+
+
 def test_a_gguf_artifact_shows_its_quantization_and_where_it_serves_as_text(
     console: Console, tmp_path: Path
 ) -> None:

@@ -1,4 +1,5 @@
-// Artifacts: create one and upload a model folder through the upload-session API, with a progress bar
+// Artifacts: import one from S3, HTTPS or a Hub (the server fetches it; its progress followed here), or
+// create one and upload a model folder through the upload-session API, with a progress bar
 // per file and in total; each file's sha256 is computed here and checked against the server's. The list
 // shows each artifact's kind (a LoRA adapter with its rank, alpha, target modules and size; a quantized
 // model with its method, bits and where it can be served), and a ready one deploys from its row (an
@@ -24,6 +25,53 @@ function quantizationDetails(a) {
     a.gguf ? h("div", { class: "gguf" }, `GGUF ${a.gguf.architecture}, context ${a.gguf.context_length ?? "?"}`,
       a.gguf.parts > 1 ? `, ${a.gguf.parts} parts` : null, a.gguf.mmproj_file ? ", vision projector" : null) : null,
     h("ul", { class: "serving" }, serving));
+}
+
+function bytesText(done, total) {
+  return total ? `${done} of ${total} bytes (${Math.round((100 * done) / total)} %)` : `${done} bytes`;
+}
+
+// Import a model from where it lives (s3://, https://, hf://): the server fetches, verifies and inspects
+// it; this card creates the artifact, starts the import and follows its progress until it ends.
+function importCard(pipelines, refreshList) {
+  const source = h("input", { type: "text", id: "import-source", placeholder: "s3://bucket/prefix, hf://org/name, https://…" });
+  const name = h("input", { type: "text", id: "import-name", placeholder: "my model" });
+  const pipeline = h("select", { id: "import-pipeline" }, pipelines.map((p) => h("option", { value: p }, p)));
+  const button = h("button", { type: "submit", id: "import-start" }, "Import");
+  const bar = h("progress", { id: "import-total", value: "0", max: "1" });
+  const text = h("span", { id: "import-text" });
+  const result = h("div", { id: "import-result" });
+  const form = h("form", { class: "row", id: "import-form" }, field("Source", source), field("Display name", name), field("Pipeline task", pipeline), button);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const given = source.value.trim();
+    if (!given) return message(result, "Give a source first.");
+    button.disabled = true;
+    replace(result);
+    try {
+      const display = name.value.trim() || given.replace(/[/@]+$/, "").split("/").pop() || "model";
+      const artifact = await api("POST", "/v1/model-artifacts", { body: { display_name: display, pipeline: pipeline.value } });
+      const base = `/v1/model-artifacts/${artifact.id}/imports`;
+      let shown = await api("POST", base, { body: { source: given } });
+      await refreshList();
+      while (!["completed", "failed", "cancelled"].includes(shown.status)) {
+        await new Promise((done) => setTimeout(done, 1000));
+        shown = await api("GET", `${base}/${shown.id}`);
+        bar.max = shown.bytes_total || 1;
+        bar.value = shown.bytes_done;
+        const files = shown.files.filter((f) => f.status === "done").length;
+        text.textContent = `${shown.status}: ${files}/${shown.files.length} files, ${bytesText(shown.bytes_done, shown.bytes_total)}`;
+      }
+      replace(result, h("p", { class: shown.status === "completed" ? "ok" : "error", id: "import-status" }, `${display}: import ${shown.status}`),
+        shown.error ? h("p", { class: "error" }, `${shown.error.code}: ${shown.error.message}`) : null);
+    } catch (error) {
+      message(result, `Import failed: ${error.message}`);
+    } finally {
+      button.disabled = false;
+      await refreshList();
+    }
+  });
+  return h("section", { class: "card" }, h("h3", {}, "Import a model"), form, h("p", {}, "Progress ", bar, " ", text), result);
 }
 
 function hex(buffer) {
@@ -70,7 +118,9 @@ export async function render(main) {
   const files = h("tbody", { id: "upload-files" });
   const result = h("div", { id: "upload-result" });
   const rows = h("tbody");
+  const imported = importCard(pipelines, () => refresh());
   replace(main, h("h2", {}, "Artifacts"),
+    imported,
     h("section", { class: "card" }, h("h3", {}, "Upload a model folder"), form,
       h("p", {}, "Total ", totalBar, " ", totalText),
       h("table", {}, h("thead", {}, h("tr", {}, ["File", "Size", "Progress", "sha256"].map((t) => h("th", {}, t)))), files), result),
@@ -166,7 +216,8 @@ export async function render(main) {
         h("td", {}, a.display_name), h("td", {}, a.pipeline),
         h("td", { class: "kind" }, a.kind, a.adapter ? adapterDetails(a) : null,
           a.quantization ? quantizationDetails(a) : null),
-        h("td", {}, a.status, a.error ? h("div", { class: "error" }, `${a.error.code}: ${a.error.message}`) : null),
+        h("td", {}, a.status, a.import_id ? h("div", { class: "muted import-progress" }, `importing: ${bytesText(a.bytes_done, a.bytes_total)}`) : null,
+          a.error ? h("div", { class: "error" }, `${a.error.code}: ${a.error.message}`) : null),
         h("td", {}, (a.size_gb).toFixed(6)), h("td", {}, when(a.created_at)),
         h("td", { class: "actions" },
           a.status === "ready" ? h("button", { type: "button", class: "secondary deploy", onclick: () => toggleDeploy(a, tr).catch((error) => message(result, error.message)) }, "Deploy") : null,
