@@ -141,18 +141,24 @@ async def test_an_import_fills_the_session_in_parallel_and_the_artifact_becomes_
     assert local.artifacts.get(account, artifact).artifact.status == "ready"
 
 
+def recorded(services: Services, account: str, artifact: str, import_id: str) -> set[str]:
+    """The paths the import's upload session holds, whole and verified."""
+    upload_id = services.imports.get(account, artifact, import_id).upload_id
+    _, files = services.artifacts.get_session(account, artifact, upload_id)
+    return {f.path for f in files}
+
+
+def files_of(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
 async def test_a_resumed_import_fetches_only_the_files_not_yet_verified(local: Services, model: Path) -> None:
     account, artifact, import_id = start_import(local)
     first = FolderSource(model, held={"model.safetensors"})
     runner = running(local, first)
-    expected = {p.relative_to(model).as_posix() for p in model.rglob("*") if p.is_file()}
+    expected = files_of(model)
 
-    def all_but_the_weights_recorded() -> bool:
-        upload_id = local.imports.get(account, artifact, import_id).upload_id
-        _, files = local.artifacts.get_session(account, artifact, upload_id)
-        return {f.path for f in files} == expected - {"model.safetensors"}
-
-    await until(all_but_the_weights_recorded)
+    await until(lambda: recorded(local, account, artifact, import_id) == expected - {"model.safetensors"})
     await runner.stop()  # the server stops mid-import: the import is handed back, still running
     assert local.imports.get(account, artifact, import_id).status == "running"
     second = FolderSource(model)
@@ -191,7 +197,12 @@ async def test_cancelling_a_running_import_stops_it_and_restores_the_artifact(
     source = FolderSource(model, held={"model.safetensors"})
     runner = running(local, source)
     try:
-        await until(lambda: "model.safetensors" in source.reads)
+        rest = files_of(model) - {"model.safetensors"}
+        await until(
+            lambda: (
+                "model.safetensors" in source.reads and recorded(local, account, artifact, import_id) == rest
+            )
+        )
         cancelled = local.imports.cancel(account, artifact, import_id)
         assert cancelled.status == "cancelled"
         await until(lambda: not runner._running)  # its fetches stopped at the next beat
