@@ -172,6 +172,29 @@ async def test_a_resumed_import_fetches_only_the_files_not_yet_verified(local: S
     assert local.artifacts.get(account, artifact).artifact.status == "ready"
 
 
+def test_a_server_restarted_mid_import_resumes_it_without_fetching_again(tmp_path: Path, model: Path) -> None:
+    """The supervisor's lifespan starts the runner, and hands its imports back when the server stops."""
+    first, second = FolderSource(model, held={"model.safetensors"}), FolderSource(model)
+    services = local_services(tmp_path, import_poll_seconds=0.05)
+    account, artifact, import_id = start_import(services)
+    assert services.supervisor is not None
+    services.supervisor.imports.open_source = lambda *_: first
+    with live_server(services.settings, create_app(services=services)):
+        rest = files_of(model) - {"model.safetensors"}
+        asyncio.run(until(lambda: recorded(services, account, artifact, import_id) == rest))
+    services.close()
+    services = local_services(tmp_path, import_poll_seconds=0.05)  # the server starts again
+    assert services.supervisor is not None
+    services.supervisor.imports.open_source = lambda *_: second
+    try:
+        with live_server(services.settings, create_app(services=services)):
+            done = asyncio.run(until(ended(services, account, artifact, import_id)))
+    finally:
+        services.close()
+    assert done.status == "completed", done.error_message
+    assert second.reads == ["model.safetensors"]
+
+
 @pytest.mark.parametrize("kind", ["etag", "sha256"])
 async def test_bytes_that_do_not_match_their_stated_checksum_fail_the_import(
     local: Services, model: Path, kind: str
