@@ -172,6 +172,27 @@ async def test_a_resumed_import_fetches_only_the_files_not_yet_verified(local: S
     assert local.artifacts.get(account, artifact).artifact.status == "ready"
 
 
+async def test_an_import_whose_server_stopped_after_completing_it_ends_as_its_session_did(
+    local: Services, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    account, artifact, import_id = start_import(local)
+    with monkeypatch.context() as crash:  # the server stops between the completion and the import's end
+        crash.setattr(local.imports, "finish", lambda *_: None)
+        runner = running(local, FolderSource(model))
+        await until(lambda: local.artifacts.get(account, artifact).artifact.status == "ready")
+        await until(lambda: not runner._running)
+        await runner.stop()
+    assert local.imports.get(account, artifact, import_id).status == "running"
+    monkeypatch.setattr(local.settings, "import_stale_seconds", 0.2)  # its claim soon stale: taken over
+    again = FolderSource(model)
+    runner = running(local, again)
+    try:
+        done = await until(ended(local, account, artifact, import_id))
+    finally:
+        await runner.stop()
+    assert done.status == "completed" and again.reads == []
+
+
 def test_a_server_restarted_mid_import_resumes_it_without_fetching_again(tmp_path: Path, model: Path) -> None:
     """The supervisor's lifespan starts the runner, and hands its imports back when the server stops."""
     first, second = FolderSource(model, held={"model.safetensors"}), FolderSource(model)
@@ -367,19 +388,33 @@ async def test_another_account_can_neither_see_nor_cancel_an_import(app_client: 
     assert own.json()["status"] == "queued"
 
 
-@pytest.mark.parametrize(
-    "source",
-    ["ftp://host/model", "s3://", "s3://Bad_Bucket!/x", "not a url", ["s3://models/a", "s3://models/b"]],
-)
-async def test_a_malformed_source_is_refused_before_anything_starts(
-    app_client: httpx.AsyncClient, source: Any
+async def test_a_malformed_source_or_credentials_are_refused_before_anything_starts(
+    app_client: httpx.AsyncClient,
 ) -> None:
     key = await new_key(app_client)
     artifact = await new_artifact(app_client, key)
-    answer = await app_client.post(
-        f"/v1/model-artifacts/{artifact}/imports", json={"source": source}, headers=bearer(key)
-    )
-    assert (answer.status_code, answer.json()["error"]["param"]) == (400, "source"), answer.text
+    malformed: list[tuple[Any, Any, str]] = [
+        (source, None, "source")
+        for source in (
+            "ftp://host/model",
+            "s3://",
+            "s3://Bad_Bucket!/x",
+            "not a url",
+            ["s3://a/b", "s3://a/c"],
+        )
+    ]
+    malformed += [
+        ("s3://models/tiny", {"aws_access_key_id": "only the id"}, "credentials"),
+        ("s3://models/tiny", {"password": SECRET}, "credentials"),
+        ("s3://models/tiny", {"endpoint_url": "file:///etc"}, "credentials.endpoint_url"),
+    ]
+    for source, credentials, param in malformed:
+        body = {"source": source, "credentials": credentials}
+        answer = await app_client.post(
+            f"/v1/model-artifacts/{artifact}/imports", json=body, headers=bearer(key)
+        )
+        assert (answer.status_code, answer.json()["error"]["param"]) == (400, param), answer.text
+        assert SECRET not in answer.text
     shown = (await app_client.get(f"/v1/model-artifacts/{artifact}", headers=bearer(key))).json()
     assert shown["status"] == "created"
 

@@ -132,21 +132,39 @@ class ImportRun:
     async def run(self) -> None:
         claimed = self.claimed
         try:
-            await self._fetch_all()
-            if not await self._beat():
-                raise Stopped
-            view, _ = await asyncio.to_thread(
-                self.artifacts.complete, claimed.account_id, claimed.artifact_id, claimed.upload_id
+            upload, _ = await asyncio.to_thread(
+                self.artifacts.get_session, claimed.account_id, claimed.artifact_id, claimed.upload_id
             )
-            artifact = view.artifact
-            if artifact.published_version != claimed.upload_id:  # inspection refused it
-                await self._finish("failed", artifact.error_code, artifact.error_message)
-            else:
-                await self._finish("completed")
+            if upload.status == "completing":
+                return  # a dead server's completion, which its recovery finishes: claimed again later
+            if upload.status in ("completed", "failed"):  # completed before its import could say so
+                await self._finish(upload.status, upload.error_code, upload.error_message)
+                return
+            await self._fetch_all()
+            await self._complete()
         except ImportFailed as failure:
             await self._fail(failure)
         except (Stopped, Conflict):  # cancelled (the session closed), or no longer ours
             log.info("import %s stopped", claimed.id)
+
+    async def _complete(self) -> None:
+        """Inspect and publish as after a push, beating meanwhile (publishing many GB into an S3 blob
+        store takes a while: the import must not look abandoned)."""
+        claimed = self.claimed
+        if not await self._beat():
+            raise Stopped
+        beating = asyncio.create_task(self._beat_forever(None))
+        try:
+            view, _ = await asyncio.to_thread(
+                self.artifacts.complete, claimed.account_id, claimed.artifact_id, claimed.upload_id
+            )
+        finally:
+            beating.cancel()
+        artifact = view.artifact
+        if artifact.published_version != claimed.upload_id:  # inspection refused it
+            await self._finish("failed", artifact.error_code, artifact.error_message)
+        else:
+            await self._finish("completed")
 
     async def _fetch_all(self) -> None:
         """`_fill`, stopped by a beat that finds the import no longer this run's; the first failure of
@@ -176,7 +194,12 @@ class ImportRun:
             raise ImportFailed(
                 "interrupted", "Its sealed source could not be read (MODELHOST_SECRETS_KEY changed)."
             ) from None
-        source = self.runner.open_source(given, claimed.include, claimed.exclude, credentials, self.settings)
+        try:
+            source = self.runner.open_source(
+                given, claimed.include, claimed.exclude, credentials, self.settings
+            )
+        except ModelhostError as exc:  # accepted when created: this server no longer reads such sources
+            raise ImportFailed("interrupted", exc.message) from None
         listed = await source.list_files()
         self._check_limits(listed)
         _, recorded = await asyncio.to_thread(
@@ -262,7 +285,8 @@ class ImportRun:
                 f"{file.path}: the bytes hash to MD5 {md5.hexdigest()}, not its ETag {file.etag}.",
             )
 
-    async def _beat_forever(self, filling: asyncio.Task[None]) -> None:
+    async def _beat_forever(self, filling: asyncio.Task[None] | None) -> None:
+        """Beat every BEAT_SECONDS; once the import is no longer this run's, stop `filling`."""
         while True:
             await asyncio.sleep(BEAT_SECONDS)
             try:
@@ -272,7 +296,8 @@ class ImportRun:
                 continue
             if not ours:
                 self.stopped = True
-                filling.cancel()
+                if filling is not None:
+                    filling.cancel()
                 return
 
     async def _beat(self) -> bool:
@@ -301,10 +326,9 @@ class ImportRun:
         await self._finish("failed", failure.code, failure.message)
 
     async def _finish(self, status: str, code: str | None = None, message: str | None = None) -> None:
-        files = list(self.files.values())
-        await asyncio.to_thread(
-            self.imports.beat, self.claimed.id, self.runner.name, self.done, self.total, files
-        )
+        """End the import, its last progress recorded (when this run listed its files)."""
+        if self.files:
+            await self._beat()
         await asyncio.to_thread(self.imports.finish, self.claimed.id, self.runner.name, status, code, message)
 
 
