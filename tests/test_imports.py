@@ -216,6 +216,27 @@ def test_a_server_restarted_mid_import_resumes_it_without_fetching_again(tmp_pat
     assert second.reads == ["model.safetensors"]
 
 
+async def test_an_import_outlives_its_upload_sessions_expiry(
+    tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner_module, "BEAT_SECONDS", 0.05)
+    services = local_services(tmp_path, upload_session_ttl_seconds=1, import_poll_seconds=0.05)
+    try:
+        account, artifact, import_id = start_import(services)
+        source = FolderSource(model, held={"model.safetensors"})
+        runner = running(services, source)
+        try:
+            await asyncio.sleep(1.5)  # longer than a session lives unless the import keeps it open
+            services.artifacts.sweep()
+            source.release.set()
+            done = await until(ended(services, account, artifact, import_id))
+        finally:
+            await runner.stop()
+        assert done.status == "completed", done.error_message
+    finally:
+        services.close()
+
+
 @pytest.mark.parametrize("kind", ["etag", "sha256"])
 async def test_bytes_that_do_not_match_their_stated_checksum_fail_the_import(
     local: Services, model: Path, kind: str
