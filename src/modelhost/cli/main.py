@@ -518,7 +518,7 @@ def artifacts_import(
     source: Annotated[
         list[str],
         typer.Argument(
-            help="s3://bucket/prefix, hf://org/name[@revision], an https:// file URL or archive (.tar, "
+            help="s3://bucket/prefix, hf://org/name\\[@revision], an https:// file URL or archive (.tar, "
             ".tar.gz, .zip), or several https:// file URLs.",
             show_default=False,
         ),
