@@ -43,7 +43,7 @@ class S3Source:
 
     def __init__(
         self,
-        source: str | list[str],
+        source: str | list[Any],
         *,
         include: list[str] | None,
         exclude: list[str] | None,

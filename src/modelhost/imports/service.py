@@ -59,7 +59,7 @@ class Imports:
         self,
         account_id: str,
         artifact_id: str,
-        source: str | list[str],
+        source: str | list[Any],
         include: list[str] | None,
         exclude: list[str] | None,
         credentials: dict[str, Any] | None,
@@ -161,7 +161,7 @@ class Imports:
                     )
         return None
 
-    def opened(self, claimed: Claimed) -> tuple[str | list[str], dict[str, Any] | None]:
+    def opened(self, claimed: Claimed) -> tuple[str | list[Any], dict[str, Any] | None]:
         """The source as given and its credentials; ValueError when they cannot be read (the key changed)."""
         if claimed.sealed is None:
             raise ValueError("nothing sealed")

@@ -101,23 +101,25 @@ SCHEMES = {
 
 
 def source_of(
-    source: str | list[str],
+    source: str | list[Any],
     include: list[str] | None,
     exclude: list[str] | None,
     credentials: dict[str, Any] | None,
     settings: Settings,
 ) -> ImportSource:
     """The source an import's `source` names: `s3://bucket/prefix`, `hf://org/name[@revision]`, an
-    `https://` URL or a list of them. Each class is built as `Class(source, include=…, exclude=…,
-    credentials=…, settings=…)` (a list of URLs is given as the list) and checks the source's form and
-    its credentials' shape there, without a network call: a malformed one is InvalidRequest (400)."""
+    `https://` URL, or a list of https files (URLs or `{url, path?, sha256?}`). Each class is built as
+    `Class(source, include=…, exclude=…, credentials=…, settings=…)` (a list given as it is) and checks
+    the source's form and its credentials' shape there, without a network call: a malformed one is
+    InvalidRequest (400)."""
     first = source[0] if isinstance(source, list) and source else source
-    if not isinstance(first, str) or "://" not in first:
+    url = first.get("url") if isinstance(first, dict) else first
+    if not isinstance(url, str) or "://" not in url:
         raise _unsupported()
-    scheme = first.split("://", 1)[0].lower()
-    if isinstance(source, list) and (scheme != "https" or not all(isinstance(u, str) for u in source)):
+    scheme = url.split("://", 1)[0].lower()
+    if isinstance(source, list) and scheme != "https":
         raise InvalidRequest(
-            "A list of sources must be https:// file URLs.", param="source", code="invalid_source"
+            "A list of sources must be https:// files.", param="source", code="invalid_source"
         )
     if scheme not in SCHEMES:
         raise _unsupported()

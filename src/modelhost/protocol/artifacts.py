@@ -147,12 +147,23 @@ SourceText = Annotated[str, Field(min_length=1, max_length=8192)]
 ImportStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
 
 
+class HttpsFile(StrictModel):
+    """One file of a list of https URLs: where it lands (default: the URL's last path segment) and its
+    stated sha256, verified."""
+
+    url: SourceText
+    path: Annotated[str, Field(max_length=512)] | None = None
+    sha256: Annotated[str, Field(max_length=64)] | None = None
+
+
 class ImportCreate(StrictModel):
     """`POST /v1/model-artifacts/{artifact_id}/imports`."""
 
-    source: SourceText | Annotated[list[SourceText], Field(min_length=1, max_length=1000)] = Field(
-        description="`s3://bucket/prefix`, `hf://org/name[@revision]`, an `https://` file URL (or one "
-        "`.tar`, `.tar.gz`, `.zip` archive), or a list of https:// file URLs."
+    source: SourceText | Annotated[list[SourceText | HttpsFile], Field(min_length=1, max_length=1000)] = (
+        Field(
+            description="`s3://bucket/prefix`, `hf://org/name[@revision]`, an `https://` file URL (or one "
+            "`.tar`, `.tar.gz`, `.zip` archive), or a list of https files: URLs or `{url, path?, sha256?}`."
+        )
     )
     include: list[Annotated[str, Field(max_length=512)]] | None = Field(
         default=None,
@@ -170,6 +181,12 @@ class ImportCreate(StrictModel):
         "s3 `{aws_access_key_id, aws_secret_access_key, aws_session_token?, endpoint_url?, region?}`, "
         "hf `{token}`, https `{bearer_token}` or `{headers: {name: value}}`.",
     )
+
+    def given_source(self) -> str | list[str | dict[str, str]]:
+        """The source as plain values, as the import's source reads it."""
+        if isinstance(self.source, str):
+            return self.source
+        return [s if isinstance(s, str) else s.model_dump(exclude_none=True) for s in self.source]
 
 
 class ImportedFile(BaseModel):

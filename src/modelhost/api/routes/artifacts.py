@@ -226,7 +226,12 @@ def start_import(
     body: ImportCreate, principal: AccountPrincipal, services: ServicesDep, artifact_id: str = ArtifactId
 ) -> ArtifactImport:
     row = services.imports.create(
-        account_id_of(principal), artifact_id, body.source, body.include, body.exclude, body.credentials
+        account_id_of(principal),
+        artifact_id,
+        body.given_source(),
+        body.include,
+        body.exclude,
+        body.credentials,
     )
     if services.supervisor is not None:
         services.supervisor.imports.wake()
