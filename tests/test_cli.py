@@ -162,6 +162,7 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("deployments", "delete"), "Delete a deployment (unloads it and frees its artifact)."),
     (("artifacts",), "Model artifacts of your account."),
     (("artifacts", "push"), "Upload a model folder as an artifact (resumable)"),
+    (("artifacts", "import"), "Have the server import a model from S3, HTTPS or a Hugging Face Hub into"),
     (("artifacts", "list"), "List model artifacts."),
     (("artifacts", "delete"), "Delete a model artifact no deployment uses."),
     (("files",), "Files of your account (a batch's input, output and errors)."),
