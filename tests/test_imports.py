@@ -34,6 +34,7 @@ from modelhost.store.models import ArtifactImport
 from tests.conftest import S3_REGION, make_settings
 from tests.helpers import ADMIN_KEY, bearer
 from tests.live import live_server
+from tests.recipes import GGUF_FOLDER
 
 FINAL = ("completed", "failed", "cancelled")
 SECRET = "s3cr3t-never-shown-0123456789"
@@ -455,6 +456,8 @@ def bucket(s3_endpoint: str, recipes: Path) -> str:
         )
     s3.put_object(Bucket="models", Key="tiny/extra/notes.bin", Body=b"not for the model")
     s3.put_object(Bucket="models", Key="tinyx/stray.json", Body=b"{}")
+    gguf = recipes / GGUF_FOLDER / "qwen3-Q4_0" / "qwen3-Q4_0.gguf"
+    s3.put_object(Bucket="models", Key="gguf/qwen3-Q4_0.gguf", Body=gguf.read_bytes())
     return "models"
 
 
@@ -478,10 +481,12 @@ def key(server: str) -> str:
     return value
 
 
-def import_and_wait(server: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
+def import_and_wait(
+    server: str, key: str, body: dict[str, Any], pipeline: str = "feature-extraction"
+) -> dict[str, Any]:
     made = httpx.post(
         f"{server}/v1/model-artifacts",
-        json={"display_name": "t", "pipeline": "feature-extraction"},
+        json={"display_name": "t", "pipeline": pipeline},
         headers=bearer(key),
     )
     base = f"{server}/v1/model-artifacts/{made.json()['id']}/imports"
@@ -516,6 +521,12 @@ def test_an_s3_import_becomes_ready_and_serves_embeddings(server: str, key: str)
         f"{server}/v1/embeddings", json={"model": "imported", "input": "hi"}, headers=bearer(key), timeout=120
     )
     assert embedded.status_code == 200 and embedded.json()["data"][0]["embedding"], embedded.text
+
+
+def test_an_s3_source_naming_one_object_imports_that_file(server: str, key: str) -> None:
+    done = import_and_wait(server, key, {"source": "s3://models/gguf/qwen3-Q4_0.gguf"}, "text-generation")
+    assert done["status"] == "completed", done
+    assert [f["path"] for f in done["files"]] == ["qwen3-Q4_0.gguf"]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """`s3://bucket/prefix`: the objects under a prefix of a bucket on any S3-compatible server.
 
-The prefix is a folder: `s3://models/ab` imports `ab/...` (as paths relative to it) and never `abc/...`.
+The prefix is a folder: `s3://models/ab` imports `ab/...` (as paths relative to it) and never `abc/...`;
+where no object is under it but one is named so (`s3://models/q4.gguf`), that one object, at its name.
 Without credentials the import uses the operator's: boto3's standard chain (`AWS_ENDPOINT_URL`,
 `AWS_PROFILE`, `AWS_ACCESS_KEY_ID`…, instance roles), and the operator's endpoint is trusted. A
 tenant's own credentials (`aws_access_key_id`, `aws_secret_access_key`, `aws_session_token`?,
@@ -63,11 +64,16 @@ class S3Source:
         return f"s3://{self.bucket}/{self.folder.rstrip('/')}".rstrip("/")
 
     async def list_files(self) -> list[RemoteFile]:
-        objects = await self._call(self._list)
+        objects = await self._call(self._list, self.folder)
+        start = len(self.folder)
+        if not objects and self.folder:  # `s3://bucket/model.gguf`: one object, at its own name
+            key = self.folder.rstrip("/")
+            objects = [o for o in await self._call(self._list, key) if o[0] == key]
+            start = key.rfind("/") + 1
         files = [
-            RemoteFile(path=key[len(self.folder) :], locator=key, size=size, etag=etag)
+            RemoteFile(path=key[start:], locator=key, size=size, etag=etag)
             for key, size, etag in objects
-            if not key.endswith("/") and selected(key[len(self.folder) :], self._include, self._exclude)
+            if not key.endswith("/") and selected(key[start:], self._include, self._exclude)
         ]
         if not files:
             raise ImportFailed(
@@ -85,9 +91,9 @@ class S3Source:
 
     # ---------------------------------------------------------------- internals
 
-    def _list(self) -> list[tuple[str, int, str | None]]:
+    def _list(self, prefix: str) -> list[tuple[str, int, str | None]]:
         found = []
-        pages = self._s3().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.folder)
+        pages = self._s3().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         for page in pages:
             for item in page.get("Contents", []):
                 etag = item.get("ETag")
