@@ -27,7 +27,7 @@ from modelhost.cli.main import app as cli
 from modelhost.container import Services
 from modelhost.imports import runner as runner_module
 from modelhost.imports.runner import ImportRunner
-from modelhost.imports.s3 import _vet, parse_s3
+from modelhost.imports.s3 import S3Source, _vet, parse_s3
 from modelhost.imports.sources import ImportFailed, RemoteFile, selected
 from modelhost.media.fetch import parse_networks
 from modelhost.store.models import ArtifactImport
@@ -315,6 +315,40 @@ def test_an_s3_prefix_is_a_folder() -> None:
     assert parse_s3("s3://models/ab") == ("models", "ab/")
     assert parse_s3("s3://models/ab/") == ("models", "ab/")
     assert parse_s3("s3://models") == ("models", "")
+
+
+async def test_an_s3_stream_cut_short_is_resumed_from_where_it_stopped(tmp_path: Path) -> None:
+    from botocore.exceptions import ResponseStreamingError
+
+    data = bytes(range(256)) * 10_000
+
+    class Body:
+        def __init__(self, start: int, cut: bool) -> None:
+            self.rest, self.cut = data[start:], cut
+
+        def read(self, size: int) -> bytes:
+            if self.cut and len(self.rest) < len(data) // 2:
+                raise ResponseStreamingError(error=ConnectionResetError())
+            chunk, self.rest = self.rest[: size // 16], self.rest[size // 16 :]
+            return chunk
+
+        def close(self) -> None:
+            pass
+
+    bodies: list[tuple[str, Body]] = []
+
+    class Client:
+        def get_object(self, Bucket: str, Key: str, Range: str = "bytes=0-") -> dict[str, Body]:
+            bodies.append((Range, Body(int(Range[6:-1]), cut=not bodies)))
+            return {"Body": bodies[-1][1]}
+
+    settings = make_settings(tmp_path, "sqlite://")
+    source = S3Source("s3://models/x", include=None, exclude=None, credentials=None, settings=settings)
+    source._client = Client()
+    received = b"".join([chunk async for chunk in source.read(RemoteFile("w", "x/w", len(data)))])
+    assert received == data
+    (first, cut), (second, _) = bodies
+    assert first == "bytes=0-" and second == f"bytes={len(data) - len(cut.rest)}-"
 
 
 async def test_a_tenant_endpoint_on_a_private_address_is_refused_unless_its_network_is_allowed() -> None:

@@ -29,6 +29,7 @@ from modelhost.imports.sources import ImportFailed, RemoteFile, selected
 from modelhost.media.fetch import address_allowed, parse_networks
 
 CHUNK = 1024 * 1024
+RETRIES = 2  # a cut stream is resumed this many times in a row (boto3 retries the requests themselves)
 CREDENTIAL_FIELDS = frozenset(
     {"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "endpoint_url", "region"}
 )
@@ -82,12 +83,22 @@ class S3Source:
         return files
 
     async def read(self, file: RemoteFile, offset: int = 0) -> AsyncIterator[bytes]:
-        body = await self._call(self._get, file.locator, offset)
-        try:
-            while chunk := await self._call(body.read, CHUNK):
-                yield chunk
-        finally:
-            await asyncio.to_thread(body.close)
+        """The object from `offset`; a stream cut short is asked again from where it stopped (a range
+        GET), RETRIES times in a row at most."""
+        position, tries = offset, 0
+        while True:
+            body = await self._call(self._get, file.locator, position)
+            try:
+                while chunk := await self._call(body.read, CHUNK, vetted=True):  # a vetted connection
+                    position, tries = position + len(chunk), 0
+                    yield chunk
+                return
+            except ImportFailed as failure:
+                if failure.code != "source_unreachable" or tries >= RETRIES:
+                    raise
+                tries += 1
+            finally:
+                await asyncio.to_thread(body.close)
 
     # ---------------------------------------------------------------- internals
 
@@ -109,9 +120,10 @@ class S3Source:
             self._client = _client(self._credentials)
         return self._client
 
-    async def _call(self, function: Any, *args: Any) -> Any:
-        """`function(*args)` in a thread, a tenant's endpoint vetted first, boto3's errors as ImportFailed."""
-        if self._endpoint is not None:
+    async def _call(self, function: Any, *args: Any, vetted: bool = False) -> Any:
+        """`function(*args)` in a thread, a tenant's endpoint vetted first (unless the call only reads a
+        vetted connection), boto3's errors as ImportFailed."""
+        if self._endpoint is not None and not vetted:
             await _vet(self._endpoint, self._networks)
         import botocore.exceptions as boto
 
