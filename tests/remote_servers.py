@@ -4,9 +4,10 @@ process (cheap to start).
 
 - `TestCA(folder)`: a CA and a certificate for 127.0.0.1 / localhost; `ca_file` is what a client
   trusts (`SSL_CERT_FILE`, which modelhost's fetches read: `media.fetch._tls_context`).
-- `RemoteServer(ca)`: serves `files` at `/files/<path>` (with `Range: bytes=a-`), `/redirect?to=URL`,
-  `/status/<code>`, and the Hub routes of the repositories added with `add_hub_repo`: the listing
-  huggingface_hub's `model_info(..., files_metadata=True)` asks for
+- `RemoteServer(ca)`: serves `files` at `/files/<path>` (with `Range: bytes=a-`; at `/whole/<path>`
+  ignoring it), `/redirect?to=URL`, `/status/<code>`, `/trickle` (ten bytes, one each 0.1 s),
+  `/stall` (one byte, then silence), and the Hub routes of the repositories added with
+  `add_hub_repo`: the listing huggingface_hub's `model_info(..., files_metadata=True)` asks for
   (`/api/models/{repo}/revision/{rev}`, `siblings` with `size`, `blobId` and `lfs: {sha256, size,
   pointerSize}`) and `/{repo}/resolve/{rev}/{path}`, which redirects LFS files (safetensors) to
   another server, as the Hub does to its CDN. `requests` records (path, headers) of each request.
@@ -136,6 +137,7 @@ class RemoteServer:
     files: dict[str, bytes] = field(default_factory=dict)
     hub_repos: dict[str, HubRepo] = field(default_factory=dict)
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         server = self
@@ -144,7 +146,7 @@ class RemoteServer:
         self._httpd.daemon_threads = True
         self._httpd.socket = self.ca.server_context().wrap_socket(self._httpd.socket, server_side=True)
         self.base = f"https://127.0.0.1:{self._httpd.server_address[1]}"
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True).start()
 
     def url(self, path: str) -> str:
         return f"{self.base}/files/{path}"
@@ -161,6 +163,7 @@ class RemoteServer:
         return repo
 
     def close(self) -> None:
+        self.stop.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -184,6 +187,11 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/files/"):
             data = state.files.get(path.removeprefix("/files/"))
             self._file(data) if data is not None else self._answer(404, b"Not found")
+        elif path.startswith("/whole/"):
+            data = state.files.get(path.removeprefix("/whole/"))
+            self._answer(200, data) if data is not None else self._answer(404, b"Not found")
+        elif path in ("/trickle", "/stall"):
+            self._slowly(10 if path == "/trickle" else 1, stall=path == "/stall")
         elif path == "/redirect":
             self._redirect(query["to"])
         elif path.startswith("/status/"):
@@ -242,6 +250,18 @@ class _Handler(BaseHTTPRequestHandler):
         if ranged:
             extra["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         self._answer(206 if ranged else 200, data[start:], {"Accept-Ranges": "bytes", **extra})
+
+    def _slowly(self, count: int, *, stall: bool) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(count + int(stall)))
+        self.end_headers()
+        for _ in range(count):
+            self.wfile.write(b"x")
+            self.wfile.flush()
+            if self.server_state.stop.wait(0.1):
+                return
+        if stall:
+            self.server_state.stop.wait(5)
 
     def _redirect(self, location: str, headers: dict[str, str] | None = None) -> None:
         self._answer(302, b"", {"Location": location, **(headers or {})})

@@ -16,6 +16,7 @@ import tarfile
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,15 +28,28 @@ from modelhost.imports.https import HttpsSource, https_headers, parse_https_sour
 from modelhost.imports.hub import HubSource, parse_hub_source, select_files
 from modelhost.imports.remote import import_fetch_policy
 from modelhost.imports.sources import ImportFailed, ImportSource, RemoteFile
-from modelhost.media.fetch import FetchPolicy
 from tests.remote_servers import RemoteServer, TestCA
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
 WEIGHTS = bytes(range(256)) * 40  # 10 KB that a resumed read can be checked against
 
 
-def policy(allowed: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = LOOPBACK) -> FetchPolicy:
-    return FetchPolicy(allowed_networks=allowed, max_bytes=10_000_000, max_timeout=5.0, max_redirects=3)
+def settings(*, allowed: bool = True) -> Settings:
+    """The server's settings as an operator who allows loopback (the test servers') would set them."""
+    return Settings(
+        data_dir=Path("unused"),
+        media_allow_networks=["127.0.0.0/8"] if allowed else [],
+        import_read_timeout_seconds=5,
+        max_upload_file_bytes=10_000_000,
+    )
+
+
+def https(source: Any, *, allowed: bool = True, **options: Any) -> HttpsSource:
+    return HttpsSource(source, settings=settings(allowed=allowed), **options)
+
+
+def hub_source(source: str, *, allowed: bool = True, **options: Any) -> HubSource:
+    return HubSource(source, settings=settings(allowed=allowed), **options)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +96,11 @@ def test_one_archive_url_is_one_file_to_unpack() -> None:
     ]
 
 
+def test_one_file_url_is_one_file() -> None:
+    [entry] = parse_https_source("https://example.com/m/model.safetensors")
+    assert (entry.path, entry.archive) == ("model.safetensors", False)
+
+
 def test_a_list_gives_each_file_its_path_and_stated_checksum() -> None:
     entries = parse_https_source(
         [
@@ -99,7 +118,6 @@ def test_a_list_gives_each_file_its_path_and_stated_checksum() -> None:
     ("source", "param"),
     [
         ("http://example.com/model.tar", "source"),
-        ("https://example.com/model.safetensors", "source"),
         ("https://user:secret@example.com/model.tar", "source"),
         ([], "source"),
         (["https://a.example/x/config.json", "https://b.example/y/config.json"], "source[1].path"),
@@ -107,7 +125,8 @@ def test_a_list_gives_each_file_its_path_and_stated_checksum() -> None:
         ([{"url": "https://example.com/x", "path": "../x"}], "source[0].path"),
         ([{"url": "https://example.com/x", "sha256": "abc"}], "source[0].sha256"),
         ([{"url": "https://example.com/x", "md5": "abc"}], "source[0]"),
-        (["ftp://example.com/x"], "source[0].url"),
+        (["ftp://example.com/x"], "source[0]"),
+        ([{"url": "http://example.com/x"}], "source[0].url"),
     ],
 )
 def test_malformed_https_sources_are_refused_naming_the_entry(source: object, param: str) -> None:
@@ -117,7 +136,7 @@ def test_malformed_https_sources_are_refused_naming_the_entry(source: object, pa
 
 
 def test_credentials_become_request_headers() -> None:
-    assert https_headers({"token": "t0k"}) == {"Authorization": "Bearer t0k"}
+    assert https_headers({"bearer_token": "t0k"}) == {"Authorization": "Bearer t0k"}
     assert https_headers({"headers": {"X-Api-Key": "k"}}) == {"X-Api-Key": "k"}
     with pytest.raises(InvalidRequest):
         https_headers({"headers": {"X-Bad": "a\r\nInjected: 1"}})
@@ -129,10 +148,7 @@ def test_credentials_become_request_headers() -> None:
 async def test_listed_urls_are_fetched_with_their_sizes_and_stated_checksums(files: RemoteServer) -> None:
     files.files |= {"m/config.json": b"{}", "m/model.safetensors": WEIGHTS}
     wrong = "0" * 64  # carried as stated: the runner checks the bytes against it
-    entries = parse_https_source(
-        [files.url("m/config.json"), {"url": files.url("m/model.safetensors"), "sha256": wrong}]
-    )
-    source = HttpsSource(entries, policy())
+    source = https([files.url("m/config.json"), {"url": files.url("m/model.safetensors"), "sha256": wrong}])
     listed = await source.list_files()
     assert [(f.path, f.size, f.sha256, f.archive) for f in listed] == [
         ("config.json", 2, None, False),
@@ -144,25 +160,47 @@ async def test_listed_urls_are_fetched_with_their_sizes_and_stated_checksums(fil
 
 async def test_a_resumed_read_asks_for_the_rest_only(files: RemoteServer) -> None:
     files.files["m/model.safetensors"] = WEIGHTS
-    source = HttpsSource(parse_https_source([files.url("m/model.safetensors")]), policy())
+    source = https([files.url("m/model.safetensors")])
     [listed] = await source.list_files()
     assert await read_all(source, listed, offset=6000) == WEIGHTS[6000:]
     assert files.requests[-1][1].get("Range") == "bytes=6000-"
 
 
+async def test_a_server_that_ignores_ranges_is_read_from_the_offset_anyway(files: RemoteServer) -> None:
+    files.files["m/model.safetensors"] = WEIGHTS
+    source = https([{"url": f"{files.base}/whole/m/model.safetensors", "path": "model.safetensors"}])
+    [listed] = await source.list_files()
+    assert await read_all(source, listed, offset=6000) == WEIGHTS[6000:]
+
+
+async def test_the_read_timeout_is_an_idle_timeout_not_a_deadline(files: RemoteServer) -> None:
+    """A download that keeps moving outlasts the timeout; one that goes silent fails after it."""
+    timeout = settings().model_copy(update={"import_read_timeout_seconds": 0.5})
+    moving = HttpsSource([{"url": f"{files.base}/trickle", "path": "x"}], settings=timeout)
+    assert await read_all(moving, RemoteFile("x", f"{files.base}/trickle")) == b"x" * 10  # about 1 s
+    silent = HttpsSource([{"url": f"{files.base}/stall", "path": "x"}], settings=timeout)
+    caught = await failure(read_all(silent, RemoteFile("x", f"{files.base}/stall")))
+    assert (caught.code, caught.message) == ("source_unreachable", "Timed out after 0.5 s fetching `x`")
+
+
+async def test_include_and_exclude_choose_among_listed_urls(files: RemoteServer) -> None:
+    files.files |= {"m/config.json": b"{}", "m/model.safetensors": WEIGHTS}
+    urls = [files.url("m/config.json"), files.url("m/model.safetensors")]
+    assert [f.path for f in await https(urls, exclude=["*.json"]).list_files()] == ["model.safetensors"]
+    assert (await failure(https(urls, include=["*.bin"]).list_files())).code == "source_not_found"
+
+
 async def test_an_archive_url_is_listed_as_one_archive(files: RemoteServer) -> None:
     files.files["tiny.tgz"] = b"\x1f\x8b not really"
-    [listed] = await HttpsSource(parse_https_source(files.url("tiny.tgz")), policy()).list_files()
+    [listed] = await https(files.url("tiny.tgz")).list_files()
     assert (listed.path, listed.archive, listed.size) == ("tiny.tgz", True, 13)
 
 
 async def test_credentials_go_to_the_original_host_only(files: RemoteServer, cdn: RemoteServer) -> None:
     cdn.files["signed/model.safetensors"] = WEIGHTS
     redirecting = f"{files.base}/redirect?to={cdn.url('signed/model.safetensors')}"
-    source = HttpsSource(
-        parse_https_source([{"url": redirecting, "path": "model.safetensors"}]),
-        policy(),
-        {"Authorization": "Bearer s3cret"},
+    source = https(
+        [{"url": redirecting, "path": "model.safetensors"}], credentials={"bearer_token": "s3cret"}
     )
     [listed] = await source.list_files()
     assert await read_all(source, listed) == WEIGHTS
@@ -176,9 +214,7 @@ async def test_credentials_go_to_the_original_host_only(files: RemoteServer, cdn
      (500, "source_unreachable"), (429, "source_unreachable")],
 )  # fmt: skip
 async def test_http_errors_fail_with_a_stable_code(files: RemoteServer, status: int, code: str) -> None:
-    source = HttpsSource(
-        parse_https_source([{"url": f"{files.base}/status/{status}", "path": "x"}]), policy()
-    )
+    source = https([{"url": f"{files.base}/status/{status}", "path": "x"}])
     caught = await failure(source.list_files())
     assert caught.code == code
     assert f"HTTP {status}" in caught.message
@@ -188,7 +224,7 @@ async def test_a_loopback_server_is_refused_unless_the_operator_allows_its_netwo
     files: RemoteServer,
 ) -> None:
     files.files["config.json"] = b"{}"
-    source = HttpsSource(parse_https_source([files.url("config.json")]), policy(allowed=()))
+    source = https([files.url("config.json")], allowed=False)
     caught = await failure(source.list_files())
     assert caught.code == "address_refused"
     assert "MODELHOST_MEDIA_ALLOW_NETWORKS" in caught.message
@@ -200,9 +236,7 @@ async def test_a_loopback_server_is_refused_unless_the_operator_allows_its_netwo
 async def test_a_redirect_to_a_private_address_or_to_plain_http_is_refused(
     files: RemoteServer, target: str
 ) -> None:
-    source = HttpsSource(
-        parse_https_source([{"url": f"{files.base}/redirect?to={target}", "path": "x"}]), policy()
-    )
+    source = https([{"url": f"{files.base}/redirect?to={target}", "path": "x"}])
     assert (await failure(source.list_files())).code == "address_refused"
 
 
@@ -213,7 +247,7 @@ async def test_tls_trusts_the_ca_of_ssl_cert_file_only(
 
     files.files["config.json"] = b"{}"
     monkeypatch.setenv("SSL_CERT_FILE", certifi.where())  # a bundle without the test CA
-    source = HttpsSource(parse_https_source([files.url("config.json")]), policy())
+    source = https([files.url("config.json")])
     caught = await failure(source.list_files())
     assert (caught.code, "CERTIFICATE_VERIFY_FAILED" in caught.message) == ("source_unreachable", True)
 
@@ -409,18 +443,22 @@ def tiny_model(recipes: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def hub(ca: TestCA, cdn: RemoteServer, tiny_model: dict[str, bytes]) -> Iterator[RemoteServer]:
+    """The Hub stand-in, named by HF_ENDPOINT as an operator names a mirror; no operator token."""
     server = RemoteServer(ca)
     server.add_hub_repo("org/tiny", tiny_model, cdn)
     server.add_hub_repo("org/gated", tiny_model, cdn, token="hf_gated")
     server.add_hub_repo("org/gguf-only", {"config.json": b"{}", "tiny.Q4_0.gguf": b"GGUF"}, cdn)
-    yield server
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_ENDPOINT", server.base)
+        patch.delenv("HF_TOKEN", raising=False)
+        yield server
     server.close()
 
 
 async def test_a_hub_repository_lists_its_default_files_at_one_commit(
     hub: RemoteServer, tiny_model: dict[str, bytes]
 ) -> None:
-    source = HubSource("org/tiny", "main", policy(), endpoint=hub.base)
+    source = hub_source("hf://org/tiny")  # at HF_ENDPOINT
     listed = {f.path: f for f in await source.list_files()}
     assert sorted(listed) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     weights = listed["model.safetensors"]
@@ -438,7 +476,7 @@ async def test_a_hub_repository_lists_its_default_files_at_one_commit(
 async def test_hub_files_are_read_through_the_cdn_redirect_and_resume(
     hub: RemoteServer, cdn: RemoteServer, tiny_model: dict[str, bytes]
 ) -> None:
-    source = HubSource("org/gated", "main", policy(), endpoint=hub.base, token="hf_gated")
+    source = hub_source("hf://org/gated@main", credentials={"token": "hf_gated"})
     listed = {f.path: f for f in await source.list_files()}
     weights = tiny_model["model.safetensors"]
     assert await read_all(source, listed["model.safetensors"]) == weights
@@ -449,37 +487,31 @@ async def test_hub_files_are_read_through_the_cdn_redirect_and_resume(
 
 
 async def test_hub_include_and_exclude_choose_the_files(hub: RemoteServer) -> None:
-    source = HubSource(
-        "org/tiny", "main", policy(), endpoint=hub.base, include=["*.bin", "*.json"], exclude=["tok*"]
-    )
+    source = hub_source("hf://org/tiny", include=["*.bin", "*.json"], exclude=["tok*"])
     assert sorted(f.path for f in await source.list_files()) == ["config.json", "pytorch_model.bin"]
 
 
-async def test_hf_endpoint_is_honoured(hub: RemoteServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_ENDPOINT", hub.base)
-    assert len(await HubSource("org/tiny", "main", policy()).list_files()) == 4
-
-
 @pytest.mark.parametrize(
-    ("repo", "revision", "token", "code", "says"),
+    ("source", "token", "code", "says"),
     [
-        ("org/missing", "main", None, "source_not_found", "no such repository"),
-        ("org/tiny", "v9", None, "source_not_found", "no such revision"),
-        ("org/gated", "main", None, "source_denied", "gated"),
-        ("org/gated", "main", "hf_wrong", "source_denied", "gated"),
-        ("org/gguf-only", "main", None, "source_not_found", r"no safetensors weights \(it offers .gguf\)"),
+        ("hf://org/missing", None, "source_not_found", "no such repository"),
+        ("hf://org/tiny@v9", None, "source_not_found", "no such revision"),
+        ("hf://org/gated", None, "source_denied", "gated"),
+        ("hf://org/gated", "hf_wrong", "source_denied", "gated"),
+        ("hf://org/gguf-only", None, "source_not_found", r"no safetensors weights \(it offers .gguf\)"),
     ],
 )
 async def test_hub_failures_say_why(
-    hub: RemoteServer, repo: str, revision: str, token: str | None, code: str, says: str
+    hub: RemoteServer, source: str, token: str | None, code: str, says: str
 ) -> None:
-    caught = await failure(HubSource(repo, revision, policy(), endpoint=hub.base, token=token).list_files())
+    credentials = {"token": token} if token else None
+    caught = await failure(hub_source(source, credentials=credentials).list_files())
     assert caught.code == code
     assert re.search(says, caught.message), caught.message
 
 
 async def test_a_hub_on_a_private_address_is_refused_by_default(hub: RemoteServer) -> None:
-    caught = await failure(HubSource("org/tiny", "main", policy(allowed=()), endpoint=hub.base).list_files())
+    caught = await failure(hub_source("hf://org/tiny", allowed=False).list_files())
     assert caught.code == "address_refused"
 
 

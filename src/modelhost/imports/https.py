@@ -1,12 +1,12 @@
 """Importing from https URLs: one archive, or a list of files (there is no such thing as a folder
 listing over HTTP).
 
-`source` is either one URL of an archive (`.tar`, `.tar.gz` / `.tgz`, `.zip`; unpacked by
-`imports.archive`), or a list whose entries are a URL or `{"url", "path"?, "sha256"?}`: each file
-lands at `path` (default: the URL path's last segment). A stated sha256 travels in `RemoteFile.sha256`
-and the runner checks the bytes against it. Only https: model weights over cleartext could be swapped
-on the way. Credentials (`{"token"}` sent as a bearer token, or `{"headers": {...}}`) go to each URL's
-own host only, never after a redirect to another one (a CDN, a signed storage URL).
+`source` is one URL: an archive (`.tar`, `.tar.gz` / `.tgz`, `.zip`; unpacked by `imports.archive`)
+or a single file; or a list whose entries are a URL or `{"url", "path"?, "sha256"?}`: each file lands
+at `path` (default: the URL path's last segment). A stated sha256 travels in `RemoteFile.sha256` and
+the runner checks the bytes against it. Only https: model weights over cleartext could be swapped on
+the way. Credentials (`{"bearer_token"}`, or `{"headers": {...}}`) go to each URL's own host only,
+never after a redirect to another one (a CDN, a signed storage URL).
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
 from modelhost.artifacts.paths import clean_upload_path
+from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
-from modelhost.imports.remote import open_remote, stream
-from modelhost.imports.sources import RemoteFile
-from modelhost.media.fetch import FetchPolicy
+from modelhost.imports.remote import import_fetch_policy, open_remote, stream
+from modelhost.imports.sources import ImportFailed, RemoteFile
 
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -43,18 +44,13 @@ class HttpsEntry:
 
 
 def parse_https_source(source: str | list[Any]) -> list[HttpsEntry]:
-    """The entries of an import's `source` (an archive URL, or a list of file URLs); InvalidRequest
-    (400, `param` naming the entry) for anything malformed, an http URL, or two files at one path."""
+    """The entries of an import's `source`: one URL (an archive when its path ends with one of
+    `ARCHIVE_SUFFIXES`, else a file), or a list of files; InvalidRequest (400, `param` naming the entry)
+    for anything malformed, an http URL, or two files at one path."""
     if isinstance(source, str):
-        url = _parse_url(source, "source")
-        name = _last_segment(url)
-        if not name.lower().endswith(ARCHIVE_SUFFIXES):
-            raise InvalidRequest(
-                "A single https URL must be an archive (.tar, .tar.gz, .tgz or .zip); give a list of URLs "
-                "to import files one by one.",
-                param="source",
-            )
-        return [HttpsEntry(str(url), name, archive=True)]
+        entry = _parse_entry(source, "source")
+        archive = urlsplit(entry.url).path.lower().endswith(ARCHIVE_SUFFIXES)
+        return [HttpsEntry(entry.url, entry.path, archive=archive)]
     if not isinstance(source, list) or not source:
         raise InvalidRequest("`source` must be an https URL or a non-empty list of them.", param="source")
     entries = [_parse_entry(item, f"source[{i}]") for i, item in enumerate(source)]
@@ -71,21 +67,23 @@ def parse_https_source(source: str | list[Any]) -> list[HttpsEntry]:
 
 
 def https_headers(credentials: Mapping[str, Any] | None) -> dict[str, str]:
-    """The request headers an import's `credentials` give: `{"token": t}` → `Authorization: Bearer t`,
-    `{"headers": {name: value}}` as they are. InvalidRequest for anything else."""
+    """The request headers an import's `credentials` give: `{"bearer_token": t}` → `Authorization:
+    Bearer t`, `{"headers": {name: value}}` as they are. InvalidRequest for anything else."""
     if not credentials:
         return {}
-    unknown = set(credentials) - {"token", "headers"}
+    unknown = set(credentials) - {"bearer_token", "headers"}
     if unknown:
         raise InvalidRequest(
-            f"Unknown credentials for https: {sorted(unknown)} (give `token` or `headers`).",
+            f"Unknown credentials for https: {sorted(unknown)} (give `bearer_token` or `headers`).",
             param="credentials",
         )
     headers: dict[str, str] = {}
-    token = credentials.get("token")
+    token = credentials.get("bearer_token")
     if token is not None:
         if not isinstance(token, str) or not token or not token.isprintable():
-            raise InvalidRequest("`credentials.token` must be a non-empty string.", param="credentials.token")
+            raise InvalidRequest(
+                "`credentials.bearer_token` must be a non-empty string.", param="credentials.bearer_token"
+            )
         headers["Authorization"] = f"Bearer {token}"
     given = credentials.get("headers") or {}
     if not isinstance(given, dict) or not all(
@@ -99,14 +97,26 @@ def https_headers(credentials: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 class HttpsSource:
-    """Files (or one archive) at https URLs, fetched under the media rules (`imports.remote`)."""
+    """Files (or one archive) at https URLs, fetched under the media rules (`imports.remote`).
+
+    Built as every source is (`Class(source, include=…, exclude=…, credentials=…, settings=…)`), the
+    source's form and the credentials' shape checked here, without a network call. `include` /
+    `exclude` choose among a list's files by their paths; an archive's members are chosen when it is
+    unpacked."""
 
     def __init__(
-        self, entries: list[HttpsEntry], policy: FetchPolicy, headers: Mapping[str, str] | None = None
+        self,
+        source: str | list[Any],
+        *,
+        include: list[str] | None = None,
+        exclude: list[str] | None = None,
+        credentials: Mapping[str, Any] | None = None,
+        settings: Settings,
     ) -> None:
-        self._entries = entries
-        self._policy = policy
-        self._headers = dict(headers or {})
+        self._entries = parse_https_source(source)
+        self._include, self._exclude = include, exclude
+        self._headers = https_headers(credentials)
+        self._policy = import_fetch_policy(settings)
 
     @property
     def description(self) -> str:
@@ -115,9 +125,12 @@ class HttpsSource:
         return str(first) if not more else f"{first} and {more} more"
 
     async def list_files(self) -> list[RemoteFile]:
-        """Each entry as a RemoteFile, its size from the answer's headers. Each URL is opened (and
-        closed before its body) rather than asked with HEAD: a signed storage URL is signed for GET
-        only. A URL that does not answer fails the import now rather than after the others' bytes."""
+        """Each chosen entry as a RemoteFile, its size from the answer's headers. Each URL is opened
+        (and closed before its body) rather than asked with HEAD: a signed storage URL is signed for
+        GET only. A URL that does not answer fails the import now rather than after the others' bytes."""
+        chosen = [e for e in self._entries if e.archive or _chosen(e.path, self._include, self._exclude)]
+        if not chosen:
+            raise ImportFailed("source_not_found", "No file of the list matches `include` / `exclude`.")
         limit = asyncio.Semaphore(_LISTING_CONCURRENCY)
 
         async def probe(entry: HttpsEntry) -> RemoteFile:
@@ -128,13 +141,21 @@ class HttpsSource:
                 size = answer.size
             return RemoteFile(entry.path, entry.url, size=size, sha256=entry.sha256, archive=entry.archive)
 
-        return list(await asyncio.gather(*(probe(entry) for entry in self._entries)))
+        return list(await asyncio.gather(*(probe(entry) for entry in chosen)))
 
     def read(self, file: RemoteFile, offset: int = 0) -> AsyncIterator[bytes]:
         return stream(file.locator, self._policy, what=file.path, headers=self._headers, offset=offset)
 
 
+def _chosen(path: str, include: list[str] | None, exclude: list[str] | None) -> bool:
+    """fnmatch over the whole path, as every source's `include` / `exclude`."""
+    if include and not any(fnmatchcase(path, p) for p in include):
+        return False
+    return not (exclude and any(fnmatchcase(path, p) for p in exclude))
+
+
 def _parse_entry(item: Any, param: str) -> HttpsEntry:
+    url_param = param if isinstance(item, str) else f"{param}.url"
     if isinstance(item, str):
         item = {"url": item}
     if not isinstance(item, dict) or not isinstance(item.get("url"), str):
@@ -142,7 +163,7 @@ def _parse_entry(item: Any, param: str) -> HttpsEntry:
     unknown = set(item) - {"url", "path", "sha256"}
     if unknown:
         raise InvalidRequest(f"Unknown fields {sorted(unknown)} (give `url`, `path`, `sha256`).", param=param)
-    url = _parse_url(item["url"], f"{param}.url")
+    url = _parse_url(item["url"], url_param)
     path = item.get("path", _last_segment(url))
     if not isinstance(path, str):
         raise InvalidRequest("`path` must be a string.", param=f"{param}.path")

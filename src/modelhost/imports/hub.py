@@ -22,8 +22,9 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from fnmatch import fnmatchcase
+from typing import Any
 from urllib.parse import quote
 
 import huggingface_hub
@@ -31,10 +32,11 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.hf_api import ModelInfo
 from huggingface_hub.utils._validators import validate_repo_id
 
+from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
-from modelhost.imports.remote import HTTPS_ONLY, import_failure, stream
+from modelhost.imports.remote import HTTPS_ONLY, import_failure, import_fetch_policy, stream
 from modelhost.imports.sources import ImportFailed, RemoteFile
-from modelhost.media.fetch import FetchFailed, FetchPolicy, open_url, read_body
+from modelhost.media.fetch import FetchFailed, open_url, read_body
 
 SCHEME = "hf://"
 # What inspection needs, by file name: weights in safetensors, configs (and shard indexes),
@@ -92,26 +94,23 @@ class HubSource:
 
     def __init__(
         self,
-        repo_id: str,
-        revision: str,
-        policy: FetchPolicy,
+        source: str | list[Any],
         *,
-        token: str | None = None,
         include: list[str] | None = None,
         exclude: list[str] | None = None,
-        endpoint: str | None = None,
+        credentials: Mapping[str, Any] | None = None,
+        settings: Settings,
     ) -> None:
-        """`token`: the import's, else the operator's (`HF_TOKEN`, or `hf auth login`'s); `endpoint`:
-        else `HF_ENDPOINT`, else huggingface.co."""
-        self._repo_id = repo_id
-        self._revision = revision
-        self._policy = policy
+        """Built as every source is; `credentials` `{"token"}`, else the operator's token (`HF_TOKEN`,
+        or `hf auth login`'s). The endpoint is `HF_ENDPOINT`, else huggingface.co."""
+        if not isinstance(source, str):
+            raise InvalidRequest("A Hub source is one `hf://org/name[@revision]`.", param="source")
+        self._repo_id, self._revision = parse_hub_source(source)
+        self._policy = import_fetch_policy(settings)
         self._include = include
         self._exclude = exclude
-        self._endpoint = (
-            endpoint or os.environ.get("HF_ENDPOINT") or huggingface_hub.constants.ENDPOINT
-        ).rstrip("/")
-        token = token or huggingface_hub.get_token()
+        self._endpoint = (os.environ.get("HF_ENDPOINT") or huggingface_hub.constants.ENDPOINT).rstrip("/")
+        token = _token(credentials) or huggingface_hub.get_token()
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         # An operator's mirror may be plain http on its own network; the files still must be https unless
         # the mirror itself serves them.
@@ -209,6 +208,15 @@ class HubSource:
             "weights (.bin, .pt) are refused at inspection unless the operator allows them "
             "(MODELHOST_ALLOW_PICKLE_WEIGHTS)."
         )
+
+
+def _token(credentials: Mapping[str, Any] | None) -> str | None:
+    if not credentials:
+        return None
+    token = credentials.get("token")
+    if set(credentials) != {"token"} or not isinstance(token, str) or not token or not token.isprintable():
+        raise InvalidRequest('Hub credentials are `{"token": "hf_…"}`.', param="credentials")
+    return token
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
