@@ -23,7 +23,7 @@ import pytest
 from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
 from modelhost.imports import archive
-from modelhost.imports.archive import ArchiveLimits, unpack
+from modelhost.imports.archive import ArchiveLimits, unpack, unpack_async
 from modelhost.imports.https import HttpsSource, https_headers, parse_https_source
 from modelhost.imports.hub import HubSource, parse_hub_source, select_files
 from modelhost.imports.remote import import_fetch_policy
@@ -317,6 +317,15 @@ def test_an_archive_unpacks_with_its_one_top_folder_stripped(tmp_path: Path, kin
     else:
         make_tar(path, [tar_entry("model", tarfile.DIRTYPE), *MODEL], "w:gz" if kind == "tar.gz" else "w")
     assert unpacked(path) == {"config.json": b"{}", "sub/model.safetensors": WEIGHTS}
+
+
+async def test_the_runner_reads_an_archive_without_blocking_the_event_loop(tmp_path: Path) -> None:
+    path = make_tar(tmp_path / "m.tgz", MODEL)
+    found = {
+        name: (size, b"".join([c async for c in chunks]))
+        async for name, size, chunks in unpack_async(path, LIMITS)
+    }
+    assert found == {"config.json": (2, b"{}"), "sub/model.safetensors": (len(WEIGHTS), WEIGHTS)}
 
 
 def test_files_at_the_top_keep_their_paths(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ artifact's root. Folders are implied by their files; macOS's `__MACOSX/` resourc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gzip
 import io
@@ -23,7 +24,7 @@ import stat
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
@@ -75,6 +76,22 @@ def unpack(archive: Path, limits: ArchiveLimits) -> Iterator[ArchiveMember]:
     if magic.startswith(b"PK"):
         return _unpack_zip(archive, limits, budget)
     return _unpack_tar(archive, limits, budget, gzipped=magic.startswith(b"\x1f\x8b"))
+
+
+async def unpack_async(
+    archive: Path, limits: ArchiveLimits
+) -> AsyncIterator[tuple[str, int, AsyncIterator[bytes]]]:
+    """`unpack` for the event loop, as the runner stages members with `put_file`: (path, size, chunks)
+    of each member, every read of the archive in a worker thread. Read a member's chunks to the end
+    before asking for the next member."""
+    members = unpack(archive, limits)
+    while (member := await asyncio.to_thread(next, members, None)) is not None:
+        yield member.path, member.size, _chunks(member.stream)
+
+
+async def _chunks(stream: IO[bytes]) -> AsyncIterator[bytes]:
+    while chunk := await asyncio.to_thread(stream.read, _CHUNK):
+        yield chunk
 
 
 def _unsafe(message: str) -> ImportFailed:
