@@ -6,7 +6,8 @@ process (cheap to start).
   trusts (`SSL_CERT_FILE`, which modelhost's fetches read: `media.fetch._tls_context`).
 - `RemoteServer(ca)`: serves `files` at `/files/<path>` (with `Range: bytes=a-`; at `/whole/<path>`
   ignoring it), `/redirect?to=URL`, `/status/<code>`, `/trickle` (ten bytes, one each 0.1 s),
-  `/stall` (one byte, then silence), and the Hub routes of the repositories added with
+  `/stall` (one byte, then silence), `/flaky/<path>` (a 503, then half the file and a cut connection,
+  then the file with ranges), and the Hub routes of the repositories added with
   `add_hub_repo`: the listing huggingface_hub's `model_info(..., files_metadata=True)` asks for
   (`/api/models/{repo}/revision/{rev}`, `siblings` with `size`, `blobId` and `lfs: {sha256, size,
   pointerSize}`) and `/{repo}/resolve/{rev}/{path}`, which redirects LFS files (safetensors) to
@@ -138,6 +139,7 @@ class RemoteServer:
     hub_repos: dict[str, HubRepo] = field(default_factory=dict)
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
+    flaky_tries: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         server = self
@@ -190,6 +192,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif path.startswith("/whole/"):
             data = state.files.get(path.removeprefix("/whole/"))
             self._answer(200, data) if data is not None else self._answer(404, b"Not found")
+        elif path.startswith("/flaky/"):
+            self._flaky(path.removeprefix("/flaky/"))
         elif path in ("/trickle", "/stall"):
             self._slowly(10 if path == "/trickle" else 1, stall=path == "/stall")
         elif path == "/redirect":
@@ -250,6 +254,20 @@ class _Handler(BaseHTTPRequestHandler):
         if ranged:
             extra["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         self._answer(206 if ranged else 200, data[start:], {"Accept-Ranges": "bytes", **extra})
+
+    def _flaky(self, path: str) -> None:
+        state, data = self.server_state, self.server_state.files[path]
+        tries = state.flaky_tries[path] = state.flaky_tries.get(path, 0) + 1
+        if tries == 1:
+            self._answer(503, b"busy")
+        elif tries == 2:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[: len(data) // 2])
+            self.close_connection = True
+        else:
+            self._file(data)
 
     def _slowly(self, count: int, *, stall: bool) -> None:
         self.send_response(200)

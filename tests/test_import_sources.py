@@ -22,7 +22,7 @@ import pytest
 
 from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
-from modelhost.imports import archive
+from modelhost.imports import archive, remote
 from modelhost.imports.archive import ArchiveLimits, unpack, unpack_async
 from modelhost.imports.https import HttpsSource, https_headers, parse_https_source
 from modelhost.imports.hub import HubSource, parse_hub_source, select_files
@@ -59,6 +59,12 @@ def ca(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestCA]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SSL_CERT_FILE", str(made.ca_file))
         yield made
+
+
+@pytest.fixture(autouse=True)
+def no_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One try per request, unless a test asks for retries: a failure is then told at once."""
+    monkeypatch.setattr(remote, "RETRY_DELAYS", ())
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +170,17 @@ async def test_a_resumed_read_asks_for_the_rest_only(files: RemoteServer) -> Non
     [listed] = await source.list_files()
     assert await read_all(source, listed, offset=6000) == WEIGHTS[6000:]
     assert files.requests[-1][1].get("Range") == "bytes=6000-"
+
+
+async def test_a_broken_transfer_is_tried_again_from_where_it_stopped(
+    files: RemoteServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote, "RETRY_DELAYS", (0.0, 0.0))
+    files.files["flaky.safetensors"] = WEIGHTS
+    url = f"{files.base}/flaky/flaky.safetensors"
+    source = https([{"url": url, "path": "model.safetensors"}])
+    assert await read_all(source, RemoteFile("model.safetensors", url)) == WEIGHTS  # a 503, a cut, the rest
+    assert files.requests[-1][1]["Range"] == f"bytes={len(WEIGHTS) // 2}-"
 
 
 async def test_a_server_that_ignores_ranges_is_read_from_the_offset_anyway(files: RemoteServer) -> None:

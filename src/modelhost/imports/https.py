@@ -12,6 +12,7 @@ never after a redirect to another one (a CDN, a signed storage URL).
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import httpx
 from modelhost.artifacts.paths import clean_upload_path
 from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
-from modelhost.imports.remote import import_fetch_policy, open_remote, stream
+from modelhost.imports.remote import import_fetch_policy, open_remote, retried, stream
 from modelhost.imports.sources import ImportFailed, RemoteFile
 
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
@@ -141,7 +142,7 @@ class HttpsSource:
                 size = answer.size
             return RemoteFile(entry.path, entry.url, size=size, sha256=entry.sha256, archive=entry.archive)
 
-        return list(await asyncio.gather(*(probe(entry) for entry in chosen)))
+        return list(await asyncio.gather(*(retried(functools.partial(probe, entry)) for entry in chosen)))
 
     def read(self, file: RemoteFile, offset: int = 0) -> AsyncIterator[bytes]:
         return stream(file.locator, self._policy, what=file.path, headers=self._headers, offset=offset)

@@ -34,7 +34,7 @@ from huggingface_hub.utils._validators import validate_repo_id
 
 from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
-from modelhost.imports.remote import HTTPS_ONLY, import_failure, import_fetch_policy, stream
+from modelhost.imports.remote import HTTPS_ONLY, import_failure, import_fetch_policy, retried, stream
 from modelhost.imports.sources import ImportFailed, RemoteFile
 from modelhost.media.fetch import FetchFailed, open_url, read_body
 
@@ -122,7 +122,7 @@ class HubSource:
 
     async def list_files(self) -> list[RemoteFile]:
         """The selected files of the revision's commit, with the Hub's sizes and (LFS) sha256."""
-        info = await self._model_info()
+        info = await retried(self._model_info)
         commit = info.sha if info.sha and _COMMIT.fullmatch(info.sha) else self._revision
         sizes = {
             s.rfilename: (s.lfs.size if s.lfs else s.size, s.lfs.sha256 if s.lfs else None)

@@ -4,22 +4,28 @@ import's failure codes. Shared by the HTTPS and the Hub sources.
 The rules are the media fetches': public addresses only unless the operator allows networks with
 MODELHOST_MEDIA_ALLOW_NETWORKS, every redirect hop vetted again, the connection made to the vetted
 address. What differs is the scale: a file may be as large as an uploaded one
-(MODELHOST_MAX_UPLOAD_FILE_BYTES), and rather than one deadline a download fails after
-MODELHOST_IMPORT_READ_TIMEOUT_SECONDS without a byte. Imports fetch over https only: model weights
-over cleartext could be swapped on the way when no checksum is stated, and a redirect down to http is
-refused like a redirect to a private address.
+(MODELHOST_MAX_UPLOAD_FILE_BYTES); rather than one deadline, a download fails after
+MODELHOST_IMPORT_READ_TIMEOUT_SECONDS without a byte; and a request that got no good answer (no
+connection, a stall, a 5xx) is tried twice more (`RETRY_DELAYS`), a broken download resuming where it
+stopped. Imports fetch over https only: model weights over cleartext could be swapped on the way when
+no checksum is stated, and a redirect down to http is refused like a redirect to a private address.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TypeVar
 
 from modelhost.config import Settings
 from modelhost.imports.sources import ImportFailed
 from modelhost.media.fetch import FetchFailed, FetchPolicy, RemoteResponse, open_url, parse_networks
 
 HTTPS_ONLY = ("https",)
+# Seconds before the second and the third try of a request that got no (good) answer.
+RETRY_DELAYS = (1.0, 4.0)
+T = TypeVar("T")
 
 
 def import_fetch_policy(settings: Settings) -> FetchPolicy:
@@ -72,16 +78,37 @@ async def stream(
     offset: int = 0,
     schemes: tuple[str, ...] = HTTPS_ONLY,
 ) -> AsyncIterator[bytes]:
-    """The bytes of `url` from `offset` on, cut off past the policy's `max_bytes`; ImportFailed on failure."""
-    async with open_remote(
-        url, policy, what=what, headers=headers, offset=offset, schemes=schemes
-    ) as response:
-        done = offset
-        async for chunk in response.aiter_bytes():
-            done += len(chunk)
-            if done > policy.max_bytes:
-                raise _too_large(what, policy.max_bytes)
-            yield chunk
+    """The bytes of `url` from `offset` on, cut off past the policy's `max_bytes`; ImportFailed on
+    failure. A transfer that breaks (`source_unreachable`: a reset, a stall, a 5xx) is taken up again
+    where it stopped, after `RETRY_DELAYS`, so one hiccup does not cost a 16 GB file."""
+    done = offset
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            async with open_remote(
+                url, policy, what=what, headers=headers, offset=done, schemes=schemes
+            ) as response:
+                async for chunk in response.aiter_bytes():
+                    done += len(chunk)
+                    if done > policy.max_bytes:
+                        raise _too_large(what, policy.max_bytes)
+                    yield chunk
+            return
+        except ImportFailed as failure:
+            if failure.code != "source_unreachable" or delay is None:
+                raise
+        await asyncio.sleep(delay)
+
+
+async def retried(attempt: Callable[[], Awaitable[T]]) -> T:
+    """`attempt()`, tried again after each of `RETRY_DELAYS` while it fails with `source_unreachable`."""
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            return await attempt()
+        except ImportFailed as failure:
+            if failure.code != "source_unreachable" or delay is None:
+                raise
+        await asyncio.sleep(delay)
+    raise AssertionError("unreachable")  # the last try returns or raises
 
 
 def import_failure(exc: FetchFailed) -> ImportFailed:
