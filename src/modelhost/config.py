@@ -112,6 +112,18 @@ class Settings(BaseSettings):
         "refused up front (507), and /ready shows `disk: low` under it. Small by default, as CI machines "
         "often have little disk; raise it in production (e.g. to a few GB, above your largest upload).",
     )
+    import_archive_max_bytes: int = Field(
+        default=256 * 1024**3,
+        ge=1,
+        description="Most bytes an imported archive (.tar, .tar.gz, .zip) may expand to, counted as they "
+        "inflate; it may also expand to at most 100 times its own size (zip and gzip bombs).",
+    )
+    import_read_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="An import's HTTPS or Hub download fails after this long without a byte (an idle "
+        "timeout, not a deadline: a large file that keeps moving takes as long as it takes).",
+    )
     upload_session_ttl_seconds: int = Field(
         default=24 * 3600, ge=1, description="Open sessions expire after this."
     )

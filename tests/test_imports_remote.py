@@ -1,0 +1,173 @@
+"""Imports from HTTPS and a Hub, end to end (issue 52): a live server imports from the local HTTPS and
+Hub-compatible servers (tests/remote_servers.py, a test CA trusted through SSL_CERT_FILE, loopback
+allowed as an operator allows a network) and the artifact becomes ready, or fails saying why.
+
+For the integrator: these need the imports' API, runner and CLI (`modelhost.imports.runner`), so they
+are skipped where it is missing (the `fetchers` branch alone); the archive ones need the runner to
+unpack a `RemoteFile(archive=True)` with `imports.archive.unpack`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, bearer
+from tests.live import live_server
+from tests.remote_servers import RemoteServer, TestCA
+
+pytest.importorskip("modelhost.imports.runner", reason="needs the imports' API (merged from `imports`)")
+
+FINAL = ("completed", "failed", "cancelled")
+TINY = ("t03_feature_extraction", "st")  # a sentence-transformers model: folders, modules.json
+
+
+@pytest.fixture(scope="module")
+def model_files(recipes: Path) -> dict[str, bytes]:
+    folder = recipes.joinpath(*TINY)
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory: pytest.TempPathFactory, model_files: dict[str, bytes]) -> Iterator[RemoteServer]:
+    """One HTTPS server for the files, archives and Hub routes, one more as the Hub's CDN; trusted and
+    named by the server's environment (SSL_CERT_FILE, HF_ENDPOINT)."""
+    ca = TestCA(tmp_path_factory.mktemp("ca"))
+    files, cdn = RemoteServer(ca), RemoteServer(ca)
+    files.add_hub_repo("org/tiny", model_files | {"pytorch_model.bin": b"not fetched"}, cdn)
+    files.files["tiny.tar.gz"] = tarball({f"tiny/{path}": data for path, data in model_files.items()})
+    files.files["evil.tar.gz"] = tarball({"tiny/config.json": b"{}", "../../escape": b"x"})
+    files.files |= {f"tiny/{path}": data for path, data in model_files.items()}
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SSL_CERT_FILE", str(ca.ca_file))
+        env.setenv("HF_ENDPOINT", files.base)
+        env.delenv("HF_TOKEN", raising=False)
+        yield files
+    files.close()
+    cdn.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, remote: RemoteServer) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("imports-remote")
+    settings = make_settings(
+        root,
+        f"sqlite:///{root / 'db.sqlite'}",
+        import_poll_seconds=0.2,
+        worker_threads=1,
+        media_allow_networks=["127.0.0.0/8"],
+    )
+    with live_server(settings) as url:
+        yield url
+
+
+@pytest.fixture
+def key(server: str) -> str:
+    made = httpx.post(f"{server}/v1/admin/accounts", json={"name": "importer"}, headers=bearer(ADMIN_KEY))
+    value: str = made.json()["api_key"]
+    return value
+
+
+def tarball(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def import_and_wait(server: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
+    made = httpx.post(
+        f"{server}/v1/model-artifacts",
+        json={"display_name": "t", "pipeline": "feature-extraction"},
+        headers=bearer(key),
+    )
+    base = f"{server}/v1/model-artifacts/{made.json()['id']}/imports"
+    started = httpx.post(base, json=body, headers=bearer(key))
+    assert started.status_code == 202, started.text
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        shown: dict[str, Any] = httpx.get(f"{base}/{started.json()['id']}", headers=bearer(key)).json()
+        if shown["status"] in FINAL:
+            return shown
+        time.sleep(0.1)
+    raise TimeoutError(shown)
+
+
+def test_a_hub_model_becomes_ready_with_one_command(server: str, key: str) -> None:
+    arguments = ["artifacts", "import", "hf://org/tiny", "--pipeline", "feature-extraction"]
+    result = CliRunner().invoke(
+        cli_app(), [*arguments, "--url", server, "--key", key], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    assert "ready" in result.output
+
+
+def test_a_hub_import_fetches_only_what_inspection_needs(server: str, key: str) -> None:
+    done = import_and_wait(server, key, {"source": "hf://org/tiny@main"})
+    assert done["status"] == "completed", done
+    paths = {f["path"] for f in done["files"]}
+    assert {"model.safetensors", "modules.json", "1_Pooling/config.json"} <= paths
+    assert not paths & {"pytorch_model.bin", "README.md"}
+
+
+def test_an_https_archive_becomes_ready(server: str, key: str, remote: RemoteServer) -> None:
+    done = import_and_wait(server, key, {"source": remote.url("tiny.tar.gz")})
+    assert done["status"] == "completed", done
+    shown = httpx.get(f"{server}/v1/model-artifacts/{done['artifact_id']}", headers=bearer(key)).json()
+    assert shown["status"] == "ready"
+
+
+def test_a_list_of_https_files_becomes_ready(
+    server: str, key: str, remote: RemoteServer, model_files: dict[str, bytes]
+) -> None:
+    source = [{"url": remote.url(f"tiny/{path}"), "path": path} for path in model_files]
+    done = import_and_wait(server, key, {"source": source})
+    assert done["status"] == "completed", done
+
+
+@pytest.mark.parametrize(
+    ("source", "code"),
+    [
+        ("evil.tar.gz", "unsafe_archive"),
+        ("missing.tar.gz", "source_not_found"),
+        ("redirect-private", "address_refused"),
+        ("wrong-sha256", "checksum_mismatch"),
+    ],
+)
+def test_an_https_import_that_cannot_be_trusted_fails_with_why(
+    server: str, key: str, remote: RemoteServer, source: str, code: str
+) -> None:
+    given: Any = remote.url(source)
+    if source == "redirect-private":
+        given = f"{remote.base}/redirect?to=https://10.0.0.1/model.tar.gz"
+    elif source == "wrong-sha256":
+        given = [{"url": remote.url("tiny/config.json"), "path": "config.json", "sha256": "0" * 64}]
+    done = import_and_wait(server, key, {"source": given})
+    assert (done["status"], done["error"]["code"]) == ("failed", code), done
+
+
+def test_the_hub_token_given_is_never_shown(server: str, key: str) -> None:
+    secret = "hf_" + hashlib.sha256(b"never shown").hexdigest()
+    done = import_and_wait(server, key, {"source": "hf://org/tiny", "credentials": {"token": secret}})
+    assert done["status"] == "completed", done
+    assert secret not in json.dumps(done)
+
+
+def cli_app() -> Any:
+    from modelhost.cli.main import app
+
+    return app
