@@ -16,7 +16,6 @@ import functools
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -26,7 +25,7 @@ from modelhost.artifacts.paths import clean_upload_path
 from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
 from modelhost.imports.remote import import_fetch_policy, open_remote, retried, stream
-from modelhost.imports.sources import ImportFailed, RemoteFile
+from modelhost.imports.sources import ImportFailed, RemoteFile, selected
 
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -129,7 +128,7 @@ class HttpsSource:
         """Each chosen entry as a RemoteFile, its size from the answer's headers. Each URL is opened
         (and closed before its body) rather than asked with HEAD: a signed storage URL is signed for
         GET only. A URL that does not answer fails the import now rather than after the others' bytes."""
-        chosen = [e for e in self._entries if e.archive or _chosen(e.path, self._include, self._exclude)]
+        chosen = [e for e in self._entries if e.archive or selected(e.path, self._include, self._exclude)]
         if not chosen:
             raise ImportFailed("source_not_found", "No file of the list matches `include` / `exclude`.")
         limit = asyncio.Semaphore(_LISTING_CONCURRENCY)
@@ -146,13 +145,6 @@ class HttpsSource:
 
     def read(self, file: RemoteFile, offset: int = 0) -> AsyncIterator[bytes]:
         return stream(file.locator, self._policy, what=file.path, headers=self._headers, offset=offset)
-
-
-def _chosen(path: str, include: list[str] | None, exclude: list[str] | None) -> bool:
-    """fnmatch over the whole path, as every source's `include` / `exclude`."""
-    if include and not any(fnmatchcase(path, p) for p in include):
-        return False
-    return not (exclude and any(fnmatchcase(path, p) for p in exclude))
 
 
 def _parse_entry(item: Any, param: str) -> HttpsEntry:
