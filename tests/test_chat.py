@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import anthropic
 import httpx
 import jsonschema
 import openai
@@ -55,6 +56,10 @@ class Chat:
 
     def async_client(self) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key=self.key, max_retries=0)
+
+    def anthropic(self, **options: Any) -> anthropic.Anthropic:
+        """The Anthropic SDK, unchanged but its base URL and key (sent as `x-api-key`)."""
+        return anthropic.Anthropic(**{"base_url": self.url, "api_key": self.key, "max_retries": 0, **options})
 
     def post(self, path: str, **body: Any) -> httpx.Response:
         return self.http.post(path, json=body, headers=bearer(self.key), timeout=120)
@@ -1394,3 +1399,186 @@ def test_a_null_prompt_starts_a_new_document(chat: Chat) -> None:
     answer = chat.post("/v1/completions", model="chat", prompt=None, max_tokens=3, temperature=0)
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["prompt_tokens"] == 1
+
+
+# ---------------------------------------------------------------- Anthropic's Messages API (docs/messages.md)
+
+ANTHROPIC_WEATHER: dict[str, Any] = {
+    "name": "get_weather",
+    "description": "Get the current weather for a city.",
+    "input_schema": WEATHER["function"]["parameters"],  # type: ignore[index]
+}
+QUESTION: list[Any] = [{"role": "user", "content": "what is the weather in berlin?"}]
+# The SDK's `create` no longer takes sampling fields (Anthropic's newest models fix them); the API does.
+GREEDY = {"temperature": 0}
+
+
+def test_anthropic_sdk_creates_a_message_with_the_chat_completions_answer_and_usage(chat: Chat) -> None:
+    message = chat.anthropic().messages.create(
+        model="chat",
+        system=[
+            {"type": "text", "text": "You are a helpful assistant", "cache_control": {"type": "ephemeral"}}
+        ],
+        messages=QUESTION,
+        max_tokens=6,
+        extra_body=GREEDY,
+    )
+    same = chat.client().chat.completions.create(model="chat", messages=MESSAGES, max_tokens=6, temperature=0)
+    assert message.id.startswith("msg_") and message.type == "message" and message.role == "assistant"
+    assert message.model == "chat" and [block.type for block in message.content] == ["text"]
+    assert message.content[0].text == same.choices[0].message.content  # type: ignore[union-attr]
+    finish = {"length": "max_tokens", "stop": "end_turn"}[same.choices[0].finish_reason]
+    assert message.stop_reason == finish and message.stop_sequence is None
+    assert same.usage is not None and message.usage.output_tokens == same.usage.completion_tokens
+    assert message.usage.cache_creation_input_tokens == 0
+    read = message.usage.cache_read_input_tokens or 0
+    assert message.usage.input_tokens + read == same.usage.prompt_tokens
+
+
+def test_anthropic_sdk_streams_a_messages_text_and_its_final_message(chat: Chat) -> None:
+    client = chat.anthropic()
+    body: dict[str, Any] = dict(model="chat", messages=QUESTION, max_tokens=10, extra_body=GREEDY)
+    whole = client.messages.create(**body)
+    with client.messages.stream(**body) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text and text == whole.content[0].text == final.content[0].text  # type: ignore[union-attr]
+    assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
+    raw_body = {"model": "chat", "messages": QUESTION, "max_tokens": 10, "stream": True}
+    raw = chat.http.post("/v1/messages", json=raw_body, headers={"x-api-key": chat.key})
+    names = [line.removeprefix("event: ") for line in raw.text.splitlines() if line.startswith("event: ")]
+    assert names[:3] == ["message_start", "ping", "content_block_start"]
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert raw.headers["content-type"].startswith("text/event-stream")
+
+
+def test_anthropic_stop_sequences_end_the_text_and_are_named_whole_and_streamed(chat: Chat) -> None:
+    """The random model's greedy answer here is newlines only: a stop sequence of three of them ends it at
+    once (the unit tests of `StopSequences` cut text in the middle)."""
+    client = chat.anthropic()
+    body: dict[str, Any] = dict(model="chat", messages=QUESTION, max_tokens=20, extra_body=GREEDY)
+    full = client.messages.create(**body)
+    assert full.content[0].text == "\n" * 20 and full.stop_reason == "max_tokens"  # type: ignore[union-attr]
+    stopped = client.messages.create(**body, stop_sequences=["never written", "\n\n\n"])
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "\n\n\n"
+    assert stopped.content == [] and stopped.usage.output_tokens < 20
+    with client.messages.stream(**body, stop_sequences=["\n\n\n"]) as stream:
+        assert "".join(stream.text_stream) == ""
+        assert stream.get_final_message().stop_sequence == "\n\n\n"
+
+
+def test_anthropic_tool_use_round_trip_from_call_to_result_to_answer(chat: Chat) -> None:
+    client = chat.anthropic()
+    body: dict[str, Any] = dict(
+        model="chat", messages=QUESTION, tools=[ANTHROPIC_WEATHER], max_tokens=80, extra_body=GREEDY
+    )
+    called = client.messages.create(**body, tool_choice={"type": "any"})
+    assert called.stop_reason == "tool_use"
+    (call,) = [block for block in called.content if block.type == "tool_use"]
+    assert call.name == "get_weather" and call.id
+    jsonschema.validate(call.input, ANTHROPIC_WEATHER["input_schema"])
+    with client.messages.stream(**body, tool_choice={"type": "tool", "name": "get_weather"}) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [(call.name, call.input)]
+    turns = [
+        *QUESTION,
+        {"role": "assistant", "content": [block.model_dump() for block in called.content]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": call.id,
+                    "content": [{"type": "text", "text": "sunny"}],
+                }
+            ],
+        },
+    ]
+    answer = client.messages.create(**{**body, "max_tokens": 3, "messages": turns})
+    assert answer.stop_reason in ("end_turn", "max_tokens") and answer.content[0].type == "text"
+    assert answer.usage.input_tokens + (answer.usage.cache_read_input_tokens or 0) > (
+        called.usage.input_tokens + (called.usage.cache_read_input_tokens or 0) + 10
+    )  # the call and its result are in the prompt
+    counted = client.messages.count_tokens(model="chat", messages=turns, tools=[ANTHROPIC_WEATHER])
+    assert counted.input_tokens == answer.usage.input_tokens + (answer.usage.cache_read_input_tokens or 0)
+
+
+def test_anthropic_thinking_is_a_thinking_block_switched_by_thinking_and_sent_back(
+    chat: Chat, thinking_model: str
+) -> None:
+    client = chat.anthropic()
+    body: dict[str, Any] = dict(model=thinking_model, messages=QUESTION, max_tokens=8, extra_body=GREEDY)
+    thought = client.messages.create(**body, thinking={"type": "enabled", "budget_tokens": 1024})
+    said = chat.client().chat.completions.create(
+        model=thinking_model, messages=QUESTION, max_tokens=8, temperature=0
+    )
+    reasoning = (said.choices[0].message.model_extra or {})["reasoning_content"]
+    assert thought.content[0].type == "thinking" and thought.content[0].thinking == reasoning
+    with client.messages.stream(**body, thinking={"type": "enabled", "budget_tokens": 1024}) as stream:
+        deltas = [
+            e.delta.thinking
+            for e in stream
+            if e.type == "content_block_delta" and e.delta.type == "thinking_delta"
+        ]
+    assert "".join(deltas) == reasoning
+    off = client.messages.create(**body, thinking={"type": "disabled"})
+    assert [block.type for block in off.content] == ["text"]
+
+    def counted(messages: list[Any] = QUESTION, **more: Any) -> int:
+        return client.messages.count_tokens(model=thinking_model, messages=messages, **more).input_tokens
+
+    assert counted(thinking={"type": "disabled"}) > counted()  # the switch
+    assert counted(thinking={"type": "disabled"}) == off.usage.input_tokens + (
+        off.usage.cache_read_input_tokens or 0
+    )
+
+    def turns(*thinking: Any) -> list[Any]:
+        said = [*thinking, {"type": "text", "text": "sunny"}]
+        return [*QUESTION, {"role": "assistant", "content": said}, {"role": "user", "content": "ok"}]
+
+    block = {"type": "thinking", "thinking": "the sky is clear", "signature": ""}
+    redacted = {"type": "redacted_thinking", "data": "opaque"}
+    assert counted(turns(block)) > counted(turns(redacted))
+    assert counted(turns(redacted)) == counted(turns())
+    plain = client.messages.create(
+        model="chat", messages=QUESTION, max_tokens=2, thinking={"type": "enabled", "budget_tokens": 1024}
+    )
+    assert plain.content[0].type == "text"  # a family without a switch ignores it (Claude Code sends it)
+
+
+def test_anthropic_errors_are_the_sdks_own_exceptions_in_anthropics_shape(chat: Chat) -> None:
+    client = chat.anthropic()
+
+    def error_of(refused: pytest.ExceptionInfo[anthropic.APIStatusError], kind: str) -> str:
+        body = refused.value.response.json()
+        assert set(body) == {"type", "error"} and body["type"] == "error", body
+        assert body["error"]["type"] == kind and body["error"]["message"], body
+        assert refused.value.response.headers["x-request-id"]
+        return str(body["error"]["message"])
+
+    with pytest.raises(anthropic.BadRequestError) as missing:
+        client.post("/v1/messages", body={"model": "chat", "messages": QUESTION}, cast_to=object)
+    assert "max_tokens" in error_of(missing, "invalid_request_error")
+    with pytest.raises(anthropic.AuthenticationError) as bad_key:
+        chat.anthropic(api_key="mh-wrong").messages.create(model="chat", messages=QUESTION, max_tokens=1)
+    error_of(bad_key, "authentication_error")
+    with pytest.raises(anthropic.NotFoundError) as unknown:
+        client.messages.count_tokens(model="claude-sonnet-4-5", messages=QUESTION)
+    error_of(unknown, "not_found_error")
+    with pytest.raises(anthropic.BadRequestError) as server_tool:
+        tool = {"type": "web_search_20250305", "name": "web_search"}
+        client.messages.create(model="chat", messages=QUESTION, max_tokens=1, tools=[tool])  # type: ignore[list-item]
+    assert "tools[0]" in error_of(server_tool, "invalid_request_error")
+    assert_error(
+        chat.http.post("/v1/chat/completions", json={"model": "chat"}, headers=bearer("mh-wrong")), 401
+    )
+
+
+def test_anthropic_clients_authenticate_with_x_api_key_or_a_bearer_token_on_every_route(chat: Chat) -> None:
+    bearer_client = chat.anthropic(api_key=None, auth_token=chat.key)  # Claude Code's ANTHROPIC_AUTH_TOKEN
+    assert bearer_client.messages.create(model="chat", messages=QUESTION, max_tokens=1).content
+    models = chat.http.get("/v1/models", headers={"x-api-key": chat.key, "anthropic-version": "2023-06-01"})
+    assert models.status_code == 200 and "chat" in [m["id"] for m in models.json()["data"]]
+    headers = {"x-api-key": chat.key, "anthropic-version": "2023-06-01", "anthropic-beta": "no-such-beta"}
+    body = {"model": "chat", "messages": QUESTION, "max_tokens": 1}
+    assert chat.http.post("/v1/messages", json=body, headers=headers).status_code == 200  # betas ignored

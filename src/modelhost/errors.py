@@ -38,6 +38,35 @@ class ModelhostError(Exception):
         return {"error": detail}
 
 
+# Anthropic's error types by status (the Messages API's routes answer in Anthropic's shape: `anthropic_body`)
+ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+def anthropic_body(exc: ModelhostError) -> dict[str, object]:
+    """The same error in Anthropic's shape, `{"type": "error", "error": {type, message}}`, with the same
+    status: what `/v1/messages*` answer (docs/messages.md, "Errors"), so that Anthropic's SDKs raise their
+    own exception classes. A full deployment queue (`Overloaded`) is Anthropic's `overloaded_error`."""
+    if isinstance(exc, Overloaded):
+        kind = "overloaded_error"
+    elif exc.status_code < 500:
+        kind = ANTHROPIC_TYPES.get(exc.status_code, "invalid_request_error")
+    else:
+        kind = ANTHROPIC_TYPES.get(exc.status_code, "api_error")
+    message = (
+        f"{exc.param}: {exc.message}" if exc.param and not exc.message.startswith(exc.param) else exc.message
+    )
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
 def param_name(field: str, index: int, count: int) -> str:
     """`image` for a single input, `image[2]` for the third of a list: what error bodies name."""
     return field if count == 1 else f"{field}[{index}]"

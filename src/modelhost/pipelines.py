@@ -263,7 +263,15 @@ TASKS: tuple[PipelineTask, ...] = (
     PipelineTask(
         "text-generation",
         "modelhost.tasks.text_generation:TextGeneration",
-        ("/v1/chat/completions", "/v1/responses", "/v1/completions", "/tokenize", "/detokenize"),
+        (
+            "/v1/chat/completions",
+            "/v1/responses",
+            "/v1/messages",
+            "/v1/messages/count_tokens",
+            "/v1/completions",
+            "/tokenize",
+            "/detokenize",
+        ),
         ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
         needs_tokenizer=True,
         engines=("vllm", "llamacpp", "transformers"),
@@ -271,8 +279,17 @@ TASKS: tuple[PipelineTask, ...] = (
     PipelineTask(
         "image-text-to-text",
         "modelhost.tasks.image_text_to_text:ImageTextToText",
-        # chat with image_url parts (chat completions) and input_image parts (Responses), and text alone
-        ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize", "/detokenize"),
+        # chat with image_url parts (chat completions), input_image parts (Responses) and image blocks
+        # (Messages), and text alone
+        (
+            "/v1/chat/completions",
+            "/v1/completions",
+            "/v1/responses",
+            "/v1/messages",
+            "/v1/messages/count_tokens",
+            "/tokenize",
+            "/detokenize",
+        ),
         ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
         needs_tokenizer=True,
         needs_processor=True,

@@ -185,6 +185,7 @@ GEN_AI_OPERATIONS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "text_completion",
     "/v1/responses": "chat",
+    "/v1/messages": "chat",
 }
 
 

@@ -52,7 +52,7 @@ async def _authenticate(request: Request) -> Principal:
     services = get_services(request)
     authenticator = services.authenticator
     with tracing.step("authenticate") as span:
-        token = bearer_token(request.headers.get("authorization"))
+        token = bearer_token(request.headers.get("authorization"), request.headers.get("x-api-key"))
         address = request.client.host if request.client is not None else ""
         try:
             known, principal = authenticator.cached(token)
@@ -89,13 +89,13 @@ async def trusted_caller(request: Request) -> bool:
     """Whether the request carries a valid key, checked as `_authenticate` does (cache first), without
     refusing it: the middleware asks this before the route's own key check, which then finds the key
     in the cache. A wrong key is not counted here (the key check counts it)."""
-    authorization = request.headers.get("authorization")
-    if not authorization:
+    authorization, api_key = request.headers.get("authorization"), request.headers.get("x-api-key")
+    if not authorization and not api_key:
         return False
     services = get_services(request)
     authenticator = services.authenticator
     try:
-        token = bearer_token(authorization)
+        token = bearer_token(authorization, api_key)
         known, principal = authenticator.cached(token)
     except InvalidAPIKey:
         return False

@@ -19,6 +19,7 @@ from modelhost.errors import (
     ModelhostError,
     NotFound,
     PayloadTooLarge,
+    anthropic_body,
     is_disk_full,
 )
 from modelhost.logs import REQUEST_ID
@@ -28,11 +29,18 @@ from modelhost.store.db import database_full
 log = logging.getLogger("modelhost.api")
 
 
-def error_response(exc: ModelhostError) -> JSONResponse:
-    body = exc.body()
+# The routes that answer errors in Anthropic's shape (the Messages API's: `errors.anthropic_body`).
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
+def error_response(exc: ModelhostError, path: str = "") -> JSONResponse:
+    """The one error body; under `ANTHROPIC_PATHS` (`path`: the request's), the same error in
+    Anthropic's shape, whoever raised it (the key check, the body limit, the route)."""
+    anthropic = path.startswith(ANTHROPIC_PATHS)
+    body: dict[str, Any] = anthropic_body(exc) if anthropic else exc.body()
     request_id = REQUEST_ID.get()
     if exc.status_code >= 500 and request_id is not None:  # ours to look into: the ID finds its log lines
-        body["error"]["message"] = f"{exc.message} (request ID {request_id})"
+        body["error"]["message"] = f"{body['error']['message']} (request ID {request_id})"
     return JSONResponse(body, status_code=exc.status_code, headers=exc.headers or None)
 
 
@@ -90,13 +98,13 @@ def _allowed_methods(request: Request) -> list[str]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_modelhost_error(_request: Request, exc: Exception) -> JSONResponse:
+    async def on_modelhost_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ModelhostError)
-        return error_response(exc)
+        return error_response(exc, request.url.path)
 
-    async def on_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(validation_error(exc))
+        return error_response(validation_error(exc), request.url.path)
 
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
@@ -117,16 +125,17 @@ def install_error_handlers(app: FastAPI) -> None:
             mapped.error_type = "invalid_request_error" if exc.status_code < 500 else "server_error"
             mapped.code = f"http_{exc.status_code}"
         mapped.headers = {**(exc.headers or {}), **mapped.headers}
-        return error_response(mapped)
+        return error_response(mapped, request.url.path)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         if is_disk_full(exc) or database_full(exc):
             # A write the stores did not name (they raise `InsufficientStorage` themselves): still a
             # full disk, which the client may retry once space is freed, not a bug.
             log.warning("a disk is full on %s %s: %s", request.method, request.url.path, exc)
-            return error_response(InsufficientStorage("Insufficient storage: a disk of the server is full."))
+            full = InsufficientStorage("Insufficient storage: a disk of the server is full.")
+            return error_response(full, request.url.path)
         log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(ModelhostError("Internal server error."))
+        return error_response(ModelhostError("Internal server error."), request.url.path)
 
     app.add_exception_handler(ModelhostError, on_modelhost_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)

@@ -132,7 +132,7 @@ class FastLane:
         try:
             body = await _read_body(receive)
         except HTTPException as exc:  # the body-limit middleware stopped it while streaming
-            await error_response(PayloadTooLarge(str(exc.detail)))(scope, receive, send)
+            await error_response(PayloadTooLarge(str(exc.detail)), scope["path"])(scope, receive, send)
             return
         replay = _replaying(body, receive)
         if not body:
@@ -148,10 +148,10 @@ class FastLane:
         try:
             response = await lane.call(request, parsed)
         except ModelhostError as exc:
-            response = error_response(exc)
+            response = error_response(exc, scope["path"])
         except Exception:
             log.exception("unhandled error on POST %s", scope["path"])
-            response = error_response(ModelhostError("Internal server error."))
+            response = error_response(ModelhostError("Internal server error."), scope["path"])
         await response(scope, replay, send)
 
 

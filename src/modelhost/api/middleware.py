@@ -106,7 +106,7 @@ class KeyFirst(HttpMiddleware):
                 await found[1](Request(scope))
             except ModelhostError as exc:
                 scope["route"] = found[0]  # what the metrics label
-                await error_response(exc)(scope, receive, send)
+                await error_response(exc, scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -123,10 +123,12 @@ class BodySizeLimit(HttpMiddleware):
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             if not declared.isdigit():
-                await error_response(InvalidRequest("Invalid Content-Length header."))(scope, receive, send)
+                await error_response(InvalidRequest("Invalid Content-Length header."), scope["path"])(
+                    scope, receive, send
+                )
                 return
             if int(declared) > limit:
-                await error_response(_too_large(limit))(scope, receive, send)
+                await error_response(_too_large(limit), scope["path"])(scope, receive, send)
                 return
         received = 0
 

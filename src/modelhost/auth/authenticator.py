@@ -16,10 +16,16 @@ from modelhost.store.db import Database
 from modelhost.store.models import Account, ApiKey
 
 
-def bearer_token(authorization: str | None) -> str:
-    """Extract the token of an `Authorization: Bearer <token>` header, or refuse."""
+def bearer_token(authorization: str | None, api_key: str | None = None) -> str:
+    """Extract the token of an `Authorization: Bearer <token>` header, else of an `x-api-key: <token>`
+    header (how Anthropic's SDKs send a key; accepted on every route: the same keys either way), or
+    refuse."""
+    if not authorization and api_key is not None:
+        if not api_key.strip():
+            raise InvalidAPIKey("Malformed x-api-key header: expected the key.")
+        return api_key.strip()
     if not authorization:
-        raise InvalidAPIKey("Missing API key: send 'Authorization: Bearer <key>'.")
+        raise InvalidAPIKey("Missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>').")
     scheme, _, token = authorization.strip().partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:

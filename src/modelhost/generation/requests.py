@@ -144,12 +144,17 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
 def template_kwargs(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
     """The chat template's extra variables: the deployment's defaults (`chat_template_kwargs`), under the
     request's reasoning effort as the family's switch takes it (`generation.reasoning.effort_kwargs`: a
-    400 for a family without one), under the request's own `chat_template_kwargs`, which win."""
+    400 for a family without one, unless the effort is `reasoning_effort_optional`: the Messages API's
+    `thinking`, which such a family ignores), under the request's own `chat_template_kwargs`, which win."""
     kwargs = dict(request.get("chat_template_kwargs", {}))
     effort = request.get("reasoning_effort")
     if effort:
         param = request.get("reasoning_effort_param", "reasoning_effort")
-        kwargs = {**effort_kwargs(state.family, effort, param), **kwargs}
+        try:
+            kwargs = {**effort_kwargs(state.family, effort, param), **kwargs}
+        except InvalidRequest:
+            if not request.get("reasoning_effort_optional"):
+                raise
     return {**state.settings.chat_template_kwargs, **kwargs}
 
 

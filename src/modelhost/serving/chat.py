@@ -77,10 +77,10 @@ async def chat_completion(
     choices = chat_choices(body, mode, len(requests))
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": body.model}
     if body.stream:
-        streams = await _open(runtime, deployment_id, requests)
+        streams = await open_streams(runtime, deployment_id, requests)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _sse(_chat_chunks(head, choices, streams, usage))
-    streams, events = await _whole(runtime, deployment_id, requests, until)
+    streams, events = await whole_answer(runtime, deployment_id, requests, until)
     for index, event in events:
         choices[index].feed(event)
     return {
@@ -100,7 +100,7 @@ async def chat_completion(
     }
 
 
-def _chat_usage(streams: _Streams, choices: list[ChatChoice]) -> Event:
+def _chat_usage(streams: Streams, choices: list[ChatChoice]) -> Event:
     """A chat completion's usage: `completion_tokens_details.reasoning_tokens` counts the tokens its
     choices generated inside their reasoning (`ChatChoice.reasoning_tokens`)."""
     usage = _usage(streams, 1, sum(c.completion_tokens for c in choices))
@@ -109,7 +109,7 @@ def _chat_usage(streams: _Streams, choices: list[ChatChoice]) -> Event:
 
 
 async def _chat_chunks(
-    head: Event, choices: list[ChatChoice], streams: _Streams, include_usage: bool
+    head: Event, choices: list[ChatChoice], streams: Streams, include_usage: bool
 ) -> AsyncIterator[bytes]:
     chunk = {**head, "object": "chat.completion.chunk", "system_fingerprint": None}
 
@@ -196,10 +196,10 @@ async def completion(
     n = body.n or 1
     candidates = body.best_of or n  # per prompt; above n only without streaming
     if body.stream:
-        streams = await _open(runtime, deployment_id, requests)
+        streams = await open_streams(runtime, deployment_id, requests)
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return _sse(_completion_chunks(head, choices, streams, usage, n))
-    streams, events = await _whole(runtime, deployment_id, requests, until)
+    streams, events = await whole_answer(runtime, deployment_id, requests, until)
     for index, event in events:
         choices[index].feed(event)
     generated = sum(c.completion_tokens for c in choices)  # every candidate's tokens were generated
@@ -218,7 +218,7 @@ async def completion(
 
 
 async def _completion_chunks(
-    head: Event, choices: list[CompletionChoice], streams: _Streams, include_usage: bool, n: int
+    head: Event, choices: list[CompletionChoice], streams: Streams, include_usage: bool, n: int
 ) -> AsyncIterator[bytes]:
     chunk = {**head, "object": "text_completion", "system_fingerprint": None}
     async for index, event in streams.merged():
@@ -359,7 +359,7 @@ async def tokenize(
 ) -> Event:
     """vLLM's answer to `/tokenize` (`count`, `max_model_len`, `tokens`) or `/detokenize` (`prompt`),
     from the deployment's replica, which holds its tokenizer and chat template."""
-    _, events = await _whole(runtime, deployment_id, [tokenize_request(body)], until)
+    _, events = await whole_answer(runtime, deployment_id, [tokenize_request(body)], until)
     answer = {k: v for k, v in events[-1][1].items() if k != "finish"}
     if "tokens" in answer:
         answer["count"] = len(answer["tokens"])
@@ -369,7 +369,7 @@ async def tokenize(
 # ---------------------------------------------------------------- streams of one request
 
 
-class _Streams:
+class Streams:
     """The engine streams of one request's choices, each already past its first event."""
 
     def __init__(self, streams: list[Stream], firsts: list[Event]) -> None:
@@ -401,11 +401,11 @@ class _Streams:
 
         tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self._streams)]
         try:
-            open_streams = len(tasks)
-            while open_streams:
+            remaining = len(tasks)
+            while remaining:
                 item = await queue.get()
                 if item is None:
-                    open_streams -= 1
+                    remaining -= 1
                 elif isinstance(item, BaseException):
                     raise item
                 else:
@@ -422,41 +422,41 @@ class _Streams:
                 await stream.aclose()
 
 
-async def _open(runtime: Runtime, deployment_id: str, requests: list[Event]) -> _Streams:
+async def open_streams(runtime: Runtime, deployment_id: str, requests: list[Event]) -> Streams:
     """Start every choice's generation and wait for its first event: errors are raised here, before
     any answer is sent."""
     streams: list[Stream] = [runtime.stream(deployment_id, r) for r in requests]
     firsts = await asyncio.gather(*(anext(s) for s in streams), return_exceptions=True)
     failure = next((f for f in firsts if isinstance(f, BaseException)), None)
     if failure is not None:
-        await _Streams(streams, []).close()
+        await Streams(streams, []).close()
         raise failure
     opened = [f for f in firsts if not isinstance(f, BaseException)]
     PROMPT_TOKENS_CACHED.labels(deployment_id).inc(sum(int(f.get("cached_tokens", 0)) for f in opened))
-    return _Streams(streams, opened)
+    return Streams(streams, opened)
 
 
-async def _collect(streams: _Streams) -> Collected:
+async def _collect(streams: Streams) -> Collected:
     return [item async for item in streams.merged()]
 
 
-async def _whole(
+async def whole_answer(
     runtime: Runtime, deployment_id: str, requests: list[Event], until: Until
-) -> tuple[_Streams, Collected]:
+) -> tuple[Streams, Collected]:
     """A non-streamed answer's generations, from their start to their end while the client waits (its
     leaving cancels them). Each is marked `WHOLE`: the dispatcher holds its events until it ends, so a
     replica that dies under it at any point costs the client only the time to run it again."""
-    opened: list[_Streams] = []
+    opened: list[Streams] = []
 
     async def generate() -> Collected:
-        opened.append(await _open(runtime, deployment_id, [{**r, WHOLE: True} for r in requests]))
+        opened.append(await open_streams(runtime, deployment_id, [{**r, WHOLE: True} for r in requests]))
         return await _collect(opened[0])
 
     events = await until(generate())
     return opened[0], events
 
 
-def _usage(streams: _Streams, per_prompt: int, completion_tokens: int) -> Event:
+def _usage(streams: Streams, per_prompt: int, completion_tokens: int) -> Event:
     prompt_tokens = streams.prompt_tokens(per_prompt)
     return {
         "prompt_tokens": prompt_tokens,

@@ -1,0 +1,491 @@
+"""The Anthropic Messages API on the chat generation path (`POST /v1/messages`,
+`POST /v1/messages/count_tokens`; docs/messages.md).
+
+A second wire format over the same generation as chat completions: a Messages request becomes a chat
+completion request (`chat_request`: system blocks → a system message, content blocks → chat messages and
+parts, tools and `tool_choice` → chat tools, `thinking` → the family's reasoning switch), which
+`generation.chat` turns into the engine request exactly as for `/v1/chat/completions`; `ChatChoice`
+assembles the model's reasoning, text and tool calls, and `MessageAssembler` turns its deltas into
+Anthropic's content blocks and stream events. Only the shapes differ.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from modelhost.errors import InvalidRequest, ModelhostError, anthropic_body
+from modelhost.generation.chat import ChatChoice, chat_requests, tokenize_request, with_defaults
+from modelhost.media.sources import MediaPolicy
+from modelhost.protocol.chat import ChatCompletionRequest, TokenizeChatRequest
+from modelhost.protocol.messages import (
+    CountTokensRequest,
+    ImageBlock,
+    MessagesRequest,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from modelhost.runtime.interface import Runtime
+from modelhost.serving.chat import Streams, Until, chat_choices, fetch_images, open_streams, whole_answer
+
+Event = dict[str, Any]
+Answer = Event | AsyncIterator[bytes]
+# `thinking.budget_tokens` → an effort level, for the families whose switch takes levels (gpt-oss's);
+# on/off switches read any level as on (`generation.reasoning.THINKS`).
+EFFORT_BUDGETS = ((4096, "low"), (16384, "medium"))
+
+
+def message_id() -> str:
+    return f"msg_{secrets.token_hex(12)}"
+
+
+# ---------------------------------------------------------------- the request
+
+
+@dataclass
+class Translated:
+    """A Messages request as a chat completion request, and the field each of its images came from."""
+
+    chat: ChatCompletionRequest
+    image_params: list[str] = field(default_factory=list)
+
+
+def chat_request(body: CountTokensRequest) -> Translated:
+    """The chat completion that generates this message. 400s name the Anthropic field at fault."""
+    if body.mcp_servers:
+        raise InvalidRequest(
+            "MCP servers are not available here: run your MCP tools client-side.", param="mcp_servers"
+        )
+    if isinstance(body, MessagesRequest) and body.container is not None:
+        raise InvalidRequest("Code-execution containers are not available here.", param="container")
+    messages: list[Event] = []
+    system = body.system if isinstance(body.system, str) else "\n".join(b.text for b in body.system or [])
+    if system:
+        messages.append({"role": "system", "content": system})
+    params: list[str] = []
+    for index, message in enumerate(body.messages):
+        messages += _chat_messages(message.role, message.content, f"messages[{index}]", params)
+    tools = _tools(body)
+    fields: Event = {
+        "model": body.model,
+        "messages": messages,
+        "tools": tools or None,
+        "tool_choice": _tool_choice(body, tools),
+        "parallel_tool_calls": False
+        if body.tool_choice and body.tool_choice.disable_parallel_tool_use
+        else None,
+        "reasoning_effort": reasoning_effort(body),
+        "response_format": _response_format(body),
+    }
+    if isinstance(body, MessagesRequest):
+        fields.update(
+            max_tokens=body.max_tokens,
+            stop=body.stop_sequences or None,
+            # the stop sequence stays in the text, where `StopSequences` finds which one ended it
+            include_stop_str_in_output=True if body.stop_sequences else None,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            user=body.metadata.user_id if body.metadata else None,
+        )
+    try:
+        chat = ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidRequest(
+            f"The messages cannot be generated from: {first['msg']}.", param="messages"
+        ) from None
+    return Translated(chat, params)
+
+
+def _chat_messages(role: str, content: str | list[Any], param: str, image_params: list[str]) -> list[Event]:
+    """One Anthropic message → chat messages. An assistant turn: its thinking as `reasoning_content`, its
+    text, its `tool_use` blocks as tool calls. A user turn: each `tool_result` as a tool message (in
+    order, first, as a chat template expects them right after the calls), then the rest (text, images,
+    and the images of tool results, which chat templates cannot place in a tool message) as one user
+    message. `image_params` receives the field of each image in the order the chat will hold them."""
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if role == "assistant":
+        return [_assistant(content)]
+    results: list[Event] = []
+    parts: list[Event] = []
+    part_params: list[tuple[int, str]] = []  # (position in parts, field) of each image
+    for index, block in enumerate(content):
+        where = f"{param}.content[{index}]"
+        if isinstance(block, ToolResultBlock):
+            text, images = _result_of(block, where)
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
+            for image, image_param in images:
+                part_params.append((len(parts), image_param))
+                parts.append(_image_part(image))
+        elif isinstance(block, ImageBlock):
+            part_params.append((len(parts), f"{where}.source"))
+            parts.append(_image_part(block))
+        elif isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, (ThinkingBlock, RedactedThinkingBlock, ToolUseBlock)):
+            raise InvalidRequest(f"A user message cannot hold {block.type} blocks.", param=where)
+    image_params += [p for _, p in sorted(part_params)]
+    if not parts:
+        return results
+    if not part_params:  # text alone: one string, as chat templates render best
+        return [*results, {"role": "user", "content": "\n".join(p["text"] for p in parts)}]
+    return [*results, {"role": "user", "content": parts}]
+
+
+def _assistant(content: list[Any]) -> Event:
+    texts: list[str] = []
+    thoughts: list[str] = []
+    calls: list[Event] = []
+    for block in content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            thoughts.append(block.thinking)
+        elif isinstance(block, ToolUseBlock):
+            function = {"name": block.name, "arguments": json.dumps(block.input)}
+            calls.append({"id": block.id, "type": "function", "function": function})
+        elif isinstance(block, ImageBlock | ToolResultBlock):
+            raise InvalidRequest(f"An assistant message cannot hold {block.type} blocks.", param="messages")
+        # redacted_thinking: Anthropic's encrypted reasoning, which no model here can read
+    message: Event = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
+    if thoughts:
+        message["reasoning_content"] = "\n".join(thoughts)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _result_of(block: ToolResultBlock, param: str) -> tuple[str, list[tuple[ImageBlock, str]]]:
+    """A tool result's text (`Error: ` before it where `is_error`) and its images with their fields."""
+    content = block.content or ""
+    if isinstance(content, str):
+        text, images = content, []
+    else:
+        text = "\n".join(b.text for b in content if isinstance(b, TextBlock))
+        images = [
+            (b, f"{param}.content[{i}].source") for i, b in enumerate(content) if isinstance(b, ImageBlock)
+        ]
+    return (f"Error: {text}" if block.is_error else text), images
+
+
+def _image_part(block: ImageBlock) -> Event:
+    """An image as a chat `image_url` part: base64 data as a `data:` URI, read by the one media reader."""
+    source = block.source
+    url = source.url if source.type == "url" else f"data:{source.media_type};base64,{source.data}"
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _tools(body: CountTokensRequest) -> list[Event]:
+    tools: list[Event] = []
+    for index, tool in enumerate(body.tools or []):
+        if tool.type not in (None, "custom"):
+            raise InvalidRequest(
+                f"Anthropic's server tool {tool.type!r} is not available here: define client tools with "
+                "name, description and input_schema.",
+                param=f"tools[{index}]",
+            )
+        if tool.input_schema is None:
+            raise InvalidRequest("A tool needs input_schema.", param=f"tools[{index}].input_schema")
+        function = {"name": tool.name, "description": tool.description, "parameters": tool.input_schema}
+        tools.append({"type": "function", "function": {k: v for k, v in function.items() if v is not None}})
+    return tools
+
+
+def _tool_choice(body: CountTokensRequest, tools: list[Event]) -> Any:
+    choice = body.tool_choice
+    if choice is None:
+        return None
+    if not tools:
+        if choice.type == "none":
+            return None
+        raise InvalidRequest("tool_choice needs tools.", param="tool_choice")
+    if choice.type == "tool":
+        if not choice.name:
+            raise InvalidRequest(
+                'tool_choice of type "tool" needs the name of a tool.', param="tool_choice.name"
+            )
+        if choice.name not in {t["function"]["name"] for t in tools}:
+            raise InvalidRequest(
+                f"tool_choice names {choice.name!r}, which is not in tools.", param="tool_choice.name"
+            )
+        return {"type": "function", "function": {"name": choice.name}}
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+
+
+def reasoning_effort(body: CountTokensRequest) -> str | None:
+    """`thinking` (and `output_config.effort`) as the chat request's reasoning effort, which the replica
+    maps onto the family's switch: `disabled` → `none` (off); `enabled` → an effort level chosen by its
+    `budget_tokens` (`EFFORT_BUDGETS`; any level is "on" for an on/off switch); `adaptive` → the given
+    `output_config.effort`, else `medium`. Unset: the model's default."""
+    effort = body.output_config.effort if body.output_config else None
+    thinking = body.thinking
+    if thinking is None:
+        return effort
+    if thinking.type == "disabled":
+        return "none"
+    if thinking.type == "adaptive" or thinking.budget_tokens is None:
+        return effort or "medium"
+    return next((level for below, level in EFFORT_BUDGETS if thinking.budget_tokens < below), "high")
+
+
+def _response_format(body: CountTokensRequest) -> Event | None:
+    fmt = body.output_config.format if body.output_config else None
+    if fmt is None:
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_, "strict": True}}
+
+
+def engine_requests(translated: Translated, max_string_length: int) -> tuple[list[Event], str]:
+    """The one engine request and its tool mode. Its reasoning effort is optional: a family without a
+    switch generates as it always does rather than refusing the request (Claude Code asks for thinking
+    whatever the model; docs/messages.md)."""
+    requests, mode = chat_requests(translated.chat, max_string_length, effort_param="thinking")
+    for request in requests:
+        if "reasoning_effort" in request:
+            request["reasoning_effort_optional"] = True
+    return requests, mode
+
+
+# ---------------------------------------------------------------- the answer
+
+
+@dataclass
+class StopSequences:
+    """Finds the stop sequence that ended the text (the engine keeps it in the text for this) and keeps
+    it out of the answer: text that may be the start of one is held back until the next piece says."""
+
+    sequences: list[str]
+    held: str = ""
+    matched: str | None = None
+
+    def feed(self, piece: str) -> str:
+        text = self.held + piece
+        ends = (n for s in self.sequences for n in range(1, len(s) + 1) if text.endswith(s[:n]))
+        keep = max(ends, default=0)
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
+
+    def finish(self) -> str:
+        """The text held back, less the stop sequence that ends it."""
+        text, self.held = self.held, ""
+        for sequence in self.sequences:
+            if text.endswith(sequence):
+                self.matched = sequence
+                return text[: -len(sequence)]
+        return text
+
+
+@dataclass
+class MessageAssembler:
+    """One message's content blocks, fed the engine's events through a `ChatChoice`; each feed answers
+    the Anthropic stream events it produced (`content_block_start` / `_delta` / `_stop`)."""
+
+    choice: ChatChoice
+    stops: StopSequences
+    content: list[Event] = field(default_factory=list)
+    _open: Event | None = None  # the block being written
+    _calls: dict[int, Event] = field(default_factory=dict)  # tool_use blocks by call index
+    _arguments: dict[int, str] = field(default_factory=dict)  # their input JSON so far
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    def feed(self, event: Event) -> list[Event]:
+        if event.get("started"):
+            self.prompt_tokens = int(event.get("prompt_tokens", 0))
+            self.cached_tokens = int(event.get("cached_tokens", 0))
+        delta = self.choice.feed(event)
+        events: list[Event] = []
+        if delta.get("reasoning_content"):
+            events += self._piece("thinking", delta["reasoning_content"])
+        text = self.stops.feed(delta.get("content") or "")
+        if self.choice.finish is not None:
+            text += self.stops.finish()
+        if text:
+            events += self._piece("text", text)
+        for call in delta.get("tool_calls") or []:
+            events += self._call(call)
+        if self.choice.finish is not None:
+            events += self._close()
+        return events
+
+    @property
+    def stop_reason(self) -> str:
+        if self.choice.finish == "length":
+            return "max_tokens"
+        if self._calls:
+            return "tool_use"
+        return "stop_sequence" if self.stops.matched is not None else "end_turn"
+
+    def usage(self) -> Event:
+        """Anthropic's usage: `input_tokens` are the prompt tokens computed for this request, those the
+        engine's prefix cache gave are `cache_read_input_tokens` (their sum is the prompt)."""
+        return {
+            "input_tokens": self.prompt_tokens - self.cached_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": self.cached_tokens,
+            "output_tokens": self.choice.completion_tokens,
+        }
+
+    def message(self, head: Event) -> Event:
+        return {
+            **head,
+            "content": self.content,
+            "stop_reason": self.stop_reason,
+            "stop_sequence": self.stops.matched,
+            "usage": self.usage(),
+        }
+
+    def _piece(self, kind: str, piece: str) -> list[Event]:
+        """A piece of thinking or text: into the open block of its kind, or a new one."""
+        events: list[Event] = []
+        if self._open is None or self._open["type"] != kind:
+            events += self._close()
+            block = {"type": kind, kind: "", **({"signature": ""} if kind == "thinking" else {})}
+            events += self._start(block)
+        assert self._open is not None
+        self._open[kind] += piece
+        delta = {"type": f"{kind}_delta", kind: piece}
+        events.append({"type": "content_block_delta", "index": len(self.content) - 1, "delta": delta})
+        return events
+
+    def _call(self, delta: Event) -> list[Event]:
+        events: list[Event] = []
+        index = delta["index"]
+        function = delta.get("function") or {}
+        if index not in self._calls:
+            events += self._close()
+            block = {"type": "tool_use", "id": delta.get("id") or f"toolu_{secrets.token_hex(12)}"}
+            block.update(name=function.get("name", ""), input={})
+            events += self._start(block)
+            self._calls[index], self._arguments[index] = block, ""
+        piece = function.get("arguments") or ""
+        if piece:
+            self._arguments[index] += piece
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            position = self.content.index(self._calls[index])
+            events.append({"type": "content_block_delta", "index": position, "delta": delta})
+        return events
+
+    def _start(self, block: Event) -> list[Event]:
+        self.content.append(block)
+        self._open = block
+        start = {"type": "content_block_start", "index": len(self.content) - 1, "content_block": dict(block)}
+        return [start]
+
+    def _close(self) -> list[Event]:
+        block, self._open = self._open, None
+        if block is None:
+            return []
+        if block["type"] == "tool_use":
+            index = next(i for i, b in self._calls.items() if b is block)
+            block["input"] = _input_of(self._arguments[index])
+        return [{"type": "content_block_stop", "index": self.content.index(block)}]
+
+
+def _input_of(arguments: str) -> Event:
+    """A call's input object; text that is not one (a model's malformed call) is kept under `input`."""
+    try:
+        parsed = json.loads(arguments or "{}")
+    except ValueError:
+        return {"input": arguments}
+    return parsed if isinstance(parsed, dict) else {"input": parsed}
+
+
+# ---------------------------------------------------------------- serving
+
+
+async def create_message(
+    body: MessagesRequest,
+    runtime: Runtime,
+    deployment_id: str,
+    max_string_length: int,
+    until: Until,
+    media: MediaPolicy,
+    reads_images: bool = False,
+    defaults: dict[str, int | float] | None = None,
+) -> Answer:
+    """A message, whole or as Anthropic's event stream. `reads_images`: the deployment is a
+    vision-language one; `defaults`: its sampling defaults (`generation_defaults`)."""
+    translated = chat_request(body)
+    requests, mode = engine_requests(translated, max_string_length)
+    with_defaults(requests, defaults)
+    await fetch_images(requests, media, reads_images, translated.image_params)
+    (choice,) = chat_choices(translated.chat, mode, 1)
+    assembler = MessageAssembler(choice, StopSequences(body.stop_sequences or []))
+    head = {"id": message_id(), "type": "message", "role": "assistant", "model": body.model}
+    if body.stream:
+        streams = await open_streams(runtime, deployment_id, requests)
+        return _sse(_events(head, assembler, streams))
+    _, events = await whole_answer(runtime, deployment_id, requests, until)
+    for _, event in events:
+        assembler.feed(event)
+    return assembler.message(head)
+
+
+async def _events(head: Event, assembler: MessageAssembler, streams: Streams) -> AsyncIterator[Event]:
+    """Anthropic's event sequence: `message_start`, a `ping`, the content blocks' events,
+    `message_delta` (stop reason, usage), `message_stop`."""
+    started = False
+    async for _, event in streams.merged():
+        produced = assembler.feed(event)
+        if not started:  # the first event carries the prompt's token counts
+            started = True
+            start = {**head, "content": [], "stop_reason": None, "stop_sequence": None}
+            usage = {**assembler.usage(), "output_tokens": 0}
+            yield {"type": "message_start", "message": {**start, "usage": usage}}
+            yield {"type": "ping"}
+        for item in produced:
+            yield item
+    delta = {"stop_reason": assembler.stop_reason, "stop_sequence": assembler.stops.matched}
+    yield {"type": "message_delta", "delta": delta, "usage": assembler.usage()}
+    yield {"type": "message_stop"}
+
+
+async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+    """Each event as `event: <type>` and `data: {...}`, as Anthropic sends them; an error once the 200 has
+    gone out is an `error` event in Anthropic's shape."""
+    try:
+        async for event in events:
+            yield _frame(event)
+    except ModelhostError as exc:
+        yield _frame(anthropic_body(exc))
+
+
+def _frame(event: Event) -> bytes:
+    kind: str = event["type"]
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+async def count_tokens(body: CountTokensRequest, runtime: Runtime, deployment_id: str, until: Until) -> Event:
+    """`{"input_tokens"}`: the prompt a message with this body would start from, rendered by the
+    deployment's own chat template and tokenizer (the replica's `/tokenize` path)."""
+    translated = chat_request(body)
+    chat = translated.chat
+    if translated.image_params:
+        raise InvalidRequest(
+            "count_tokens counts text; image blocks are not counted.", param=translated.image_params[0]
+        )
+    tokenize = TokenizeChatRequest.model_validate(
+        {
+            "model": chat.model,
+            "messages": chat.messages,
+            "tools": chat.tools if chat.tool_choice != "none" else None,
+            "chat_template_kwargs": chat.chat_template_kwargs,
+        }
+    )
+    request = tokenize_request(tokenize)
+    if chat.reasoning_effort is not None:
+        request.update(reasoning_effort=chat.reasoning_effort, reasoning_effort_optional=True)
+    _, events = await whole_answer(runtime, deployment_id, [request], until)
+    return {"input_tokens": len(events[-1][1]["tokens"])}
