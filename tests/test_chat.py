@@ -1582,3 +1582,26 @@ def test_anthropic_clients_authenticate_with_x_api_key_or_a_bearer_token_on_ever
     headers = {"x-api-key": chat.key, "anthropic-version": "2023-06-01", "anthropic-beta": "no-such-beta"}
     body = {"model": "chat", "messages": QUESTION, "max_tokens": 1}
     assert chat.http.post("/v1/messages", json=body, headers=headers).status_code == 200  # betas ignored
+
+
+def test_openai_and_anthropic_clients_share_a_deployment_its_token_count_and_a_keys_rate_limit(
+    chat: Chat,
+) -> None:
+    created = chat.post("/v1/keys", name="both", limits={"requests_per_minute": 2})
+    assert created.status_code == 201, created.text
+    key = created.json()["api_key"]
+    generated = lambda: deployment_metric(chat.http, "modelhost_generation_tokens_total", chat.deployment_id)  # noqa: E731
+    before = generated()
+    gpt = openai.OpenAI(base_url=f"{chat.url}/v1", api_key=key, max_retries=0)
+    claude = chat.anthropic(api_key=key)
+    first = gpt.chat.completions.with_raw_response.create(model="chat", messages=MESSAGES, max_tokens=2)
+    second = claude.messages.with_raw_response.create(model="chat", messages=QUESTION, max_tokens=3)
+    assert [int(r.headers["x-ratelimit-remaining-requests"]) for r in (first, second)] == [1, 0]
+    used = first.parse().usage.completion_tokens + second.parse().usage.output_tokens  # type: ignore[union-attr]
+    assert generated() - before == used  # both counted on the one deployment
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        claude.messages.create(model="chat", messages=QUESTION, max_tokens=1)
+    assert limited.value.response.json()["error"]["type"] == "rate_limit_error"
+    assert int(limited.value.response.headers["retry-after"]) > 0
+    with pytest.raises(openai.RateLimitError):
+        gpt.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=1)

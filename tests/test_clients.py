@@ -33,6 +33,7 @@ from agents import (
     set_tracing_disabled,
 )
 from agents.models.interface import Model
+from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI, OpenAIEmbeddings
@@ -97,6 +98,15 @@ class Served:
     def chat_openai(self, **options: Any) -> ChatOpenAI:
         return ChatOpenAI(
             base_url=self.base_url,
+            api_key=self.key,
+            model="chat",
+            **{"max_retries": 0, "temperature": 0, "max_tokens": MAX_TOKENS, **options},
+        )
+
+    def chat_anthropic(self, **options: Any) -> ChatAnthropic:
+        """LangChain's Anthropic chat model on the Messages API (`/v1/messages`)."""
+        return ChatAnthropic(  # type: ignore[call-arg]
+            base_url=self.url,
             api_key=self.key,
             model="chat",
             **{"max_retries": 0, "temperature": 0, "max_tokens": MAX_TOKENS, **options},
@@ -278,6 +288,27 @@ def test_langchain_chat_openai_on_the_responses_api_invokes_streams_and_calls_a_
     assert_weather_call(called.tool_calls[0]["name"], called.tool_calls[0]["args"])
 
 
+def test_langchain_chat_anthropic_invokes_streams_and_calls_a_bound_tool(served: Served) -> None:
+    model = served.chat_anthropic(max_tokens=8)
+    answer = model.invoke(MESSAGES)
+    assert isinstance(answer, AIMessage) and answer.text
+    assert answer.response_metadata["stop_reason"] in ("end_turn", "max_tokens")
+    assert answer.usage_metadata is not None and 0 < answer.usage_metadata["output_tokens"] <= 8
+    assert "".join(chunk.text for chunk in model.stream(MESSAGES)) == answer.text  # greedy: the same
+    bound = served.chat_anthropic().bind_tools([get_weather], tool_choice="get_weather")
+    called = bound.invoke(MESSAGES)
+    assert isinstance(called, AIMessage) and len(called.tool_calls) == 1
+    assert_weather_call(called.tool_calls[0]["name"], called.tool_calls[0]["args"])
+    assert called.response_metadata["stop_reason"] == "tool_use"
+    merged: AIMessageChunk | None = None
+    for chunk in bound.stream(MESSAGES):
+        assert isinstance(chunk, AIMessageChunk)
+        merged = chunk if merged is None else merged + chunk
+    assert merged is not None and [(c["name"], c["args"]) for c in merged.tool_calls] == [
+        (called.tool_calls[0]["name"], called.tool_calls[0]["args"])
+    ]
+
+
 # ---------------------------------------------------------------- LiteLLM
 
 
@@ -326,6 +357,33 @@ def test_litellm_completion_calls_a_forced_tool(served: Served, litellm: ModuleT
         num_retries=0,
     )
     call = answer.choices[0].message.tool_calls[0]
+    assert_weather_call(call.function.name, json.loads(call.function.arguments))
+
+
+def test_litellm_anthropic_route_answers_streams_and_calls_a_forced_tool(
+    served: Served, litellm: ModuleType
+) -> None:
+    options: dict[str, Any] = dict(
+        model="anthropic/chat",
+        api_base=served.url,
+        api_key=served.key,
+        messages=MESSAGES,
+        max_tokens=8,
+        temperature=0,
+        num_retries=0,
+    )
+    answer = litellm.completion(**options)
+    text = answer.choices[0].message.content
+    assert isinstance(text, str) and text and answer.choices[0].finish_reason in ("stop", "length")
+    assert 0 < answer.usage.completion_tokens <= 8
+    pieces = [chunk.choices[0].delta.content or "" for chunk in litellm.completion(**options, stream=True)]
+    assert "".join(pieces) == text
+    tool = {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": WeatherArguments.model_json_schema()},
+    }
+    options.update(tools=[tool], tool_choice="required", max_tokens=MAX_TOKENS)
+    call = litellm.completion(**options).choices[0].message.tool_calls[0]
     assert_weather_call(call.function.name, json.loads(call.function.arguments))
 
 
