@@ -1605,3 +1605,67 @@ def test_openai_and_anthropic_clients_share_a_deployment_its_token_count_and_a_k
     assert int(limited.value.response.headers["retry-after"]) > 0
     with pytest.raises(openai.RateLimitError):
         gpt.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=1)
+
+
+def test_a_claude_code_like_request_streams_thinking_and_text_under_its_betas(
+    chat: Chat, thinking_model: str
+) -> None:
+    """Claude Code's requests, reproduced through the SDK (its own traffic cannot run here): system blocks
+    with `cache_control`, tools with long schemas, `thinking`, `metadata.user_id`, its beta headers and
+    `context_management`, streamed."""
+    edit = {
+        "name": "Edit",
+        "description": "Performs exact string replacements in files. " * 8,
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "file_path": {"type": "string", "description": "The absolute path to the file to modify"},
+                "old_string": {"type": "string", "description": "The text to replace"},
+                "new_string": {"type": "string", "description": "The text to replace it with"},
+                "replace_all": {"type": "boolean", "default": False},
+            },
+            "required": ["file_path", "old_string", "new_string"],
+            "additionalProperties": False,
+            "$schema": "http://json-schema.org/draft-07/schema#",
+        },
+    }
+    bash = {
+        "name": "Bash",
+        "description": "Executes a given bash command in a persistent shell session. " * 8,
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
+            "required": ["command"],
+        },
+    }
+    shape: dict[str, Any] = dict(
+        model=thinking_model,
+        system=[
+            {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+            {"type": "text", "text": "Be concise.", "cache_control": {"type": "ephemeral"}},
+        ],
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>todo list empty</system-reminder>"},
+                    {"type": "text", "text": "fix the bug", "cache_control": {"type": "ephemeral"}},
+                ],
+            }
+        ],
+        tools=[edit, bash],
+        thinking={"type": "enabled", "budget_tokens": 31999},
+    )
+    betas = "claude-code-20250219,interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14"
+    client = chat.anthropic(default_headers={"anthropic-beta": betas, "anthropic-version": "2023-06-01"})
+    extra = {**GREEDY, "context_management": {"edits": []}}
+    with client.messages.stream(
+        **shape, max_tokens=6, metadata={"user_id": "user_abc_account_x_session_y"}, extra_body=extra
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert final.content[0].type == "thinking" and final.content[0].thinking
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 6
+    counted = client.messages.count_tokens(**shape)
+    assert counted.input_tokens == final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import anthropic
 import httpx
 import numpy as np
 import openai
@@ -190,6 +191,35 @@ def test_a_text_only_chat_deployment_refuses_an_image_with_400(gw: Gateway) -> N
     with pytest.raises(openai.BadRequestError) as refused:
         ask(sdk(gw), model, data_uri(png(1)))
     assert "text only" in str(refused.value)
+
+
+# ---------------------------------------------------------------- the Messages API's image blocks
+
+
+def test_anthropic_image_blocks_as_base64_and_url_answer_as_image_url_parts(
+    gw: Gateway, files: tuple[Path, str]
+) -> None:
+    model = vlm(gw)
+    client = anthropic.Anthropic(base_url=str(gw.http.base_url).rstrip("/"), api_key=gw.key, max_retries=0)
+    expected = ask(sdk(gw), model, data_uri(png(1)))
+
+    def answer(source: dict[str, str]) -> str:
+        content = [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]
+        message = client.messages.create(
+            model=model,
+            messages=[{"role": "user", "content": content}],  # type: ignore[typeddict-item]
+            max_tokens=NEW_TOKENS,
+            extra_body={"temperature": 0},
+        )
+        return "".join(block.text for block in message.content if block.type == "text")
+
+    data = base64.b64encode(png(1)).decode()
+    assert answer({"type": "base64", "media_type": "image/png", "data": data}) == expected
+    assert answer({"type": "url", "url": f"{files[1]}/cat.png"}) == expected
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        answer({"type": "url", "url": "http://10.0.0.1/cat.png"})
+    assert refused.value.response.json()["error"]["type"] == "invalid_request_error"
+    assert "messages[0].content[0].source" in refused.value.response.json()["error"]["message"]
 
 
 # ---------------------------------------------------------------- the Responses API's input_image parts
