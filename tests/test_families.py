@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -257,6 +258,38 @@ def check_reasoning(served: Served, family: str, name: str) -> None:
         _assert_the_call(family, name, calls)
 
 
+def check_anthropic_tool_loop(served: Served) -> None:
+    """Anthropic's SDK on the trained Qwen3, the prompts it learnt (pydantic-ai's conversation, whose
+    tool result turn carries the call's reasoning): a `thinking` block and a `tool_use` block, then,
+    with both sent back and the `tool_result`, a thinking block and the answer, streamed."""
+    conversations = OUTPUTS["qwen3"]["conversations"]
+    asked, answered = conversations["pydantic_ai_weather"], conversations["pydantic_ai_tool_result"]
+    function = asked["tools"][0]["function"]
+    tools: Any = [
+        {k: function[k] for k in ("name", "description")} | {"input_schema": function["parameters"]}
+    ]
+    client = anthropic.Anthropic(base_url=served.url, api_key=served.key, max_retries=0, timeout=120)
+    body: Any = dict(model="qwen3", tools=tools, max_tokens=64, extra_body={"temperature": 0})
+    called = client.messages.create(**body, messages=asked["messages"])
+    assert [block.type for block in called.content] == ["thinking", "tool_use"], called.content
+    thinking, call = called.content
+    assert thinking.thinking.strip() == asked["reasoning"]  # type: ignore[union-attr]
+    expected = asked["tool_call"]
+    assert (call.name, call.input) == (expected["name"], expected["arguments"])  # type: ignore[union-attr]
+    assert called.stop_reason == "tool_use"
+    result = {"type": "tool_result", "tool_use_id": call.id, "content": answered["messages"][-1]["content"]}  # type: ignore[union-attr]
+    turns = [
+        *asked["messages"],
+        {"role": "assistant", "content": [block.model_dump() for block in called.content]},
+        {"role": "user", "content": [result]},
+    ]
+    with client.messages.stream(**body, messages=turns) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert final.content[0].type == "thinking" and final.content[0].thinking.strip() == answered["reasoning"]
+    assert text.strip() == answered["content"] and final.stop_reason == "end_turn"
+
+
 # ---------------------------------------------------------------- every family on the transformers engine
 
 
@@ -304,6 +337,12 @@ def test_a_families_plain_answer_is_the_content(served: Served, family: str, nam
     assert choice.finish_reason == "stop"
     assert (choice.message.content or "").strip() == OUTPUTS[family]["conversations"][name]["content"]
     assert not choice.message.tool_calls
+
+
+def test_an_anthropic_client_gets_thinking_and_tool_use_then_answers_from_the_tool_result(
+    served: Served,
+) -> None:
+    check_anthropic_tool_loop(served)
 
 
 # ---------------------------------------------------------------- real clients' tool loops, unchanged
@@ -419,3 +458,7 @@ def test_a_reasoning_families_reasoning_comes_apart_on_vllm_too(
     served_on_vllm: Served, family: str, name: str
 ) -> None:
     check_reasoning(served_on_vllm, family, name)
+
+
+def test_an_anthropic_clients_tool_loop_on_vllm_too(served_on_vllm: Served) -> None:
+    check_anthropic_tool_loop(served_on_vllm)
