@@ -28,13 +28,18 @@ def test_every_endpoint_of_the_design_table_is_routed() -> None:
     assert ENDPOINT_TASKS["/v1/images/edits"] == ("image-to-image", "inpainting")
     assert ENDPOINT_TASKS["/v1/chat/completions"] == ("text-generation", "image-text-to-text")
     assert ENDPOINT_TASKS["/v1/responses"] == ("text-generation", "image-text-to-text")
+    assert (
+        ENDPOINT_TASKS["/v1/messages"]
+        == ENDPOINT_TASKS["/v1/messages/count_tokens"]
+        == ("text-generation", "image-text-to-text")
+    )
     assert ENDPOINT_TASKS["/v1/text/translation"] == ("translation",)
     assert (
         ENDPOINT_TASKS["/tokenize"]
         == ENDPOINT_TASKS["/detokenize"]
         == ("text-generation", "image-text-to-text")
     )
-    assert len(ENDPOINT_TASKS) == 34
+    assert len(ENDPOINT_TASKS) == 36
     assert "text-ranking" in BY_NAME and len(BY_NAME) == 28
 
 
