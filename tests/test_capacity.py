@@ -190,6 +190,34 @@ async def test_a_hot_deployment_beyond_the_budget_is_409_and_nothing_changes(
             assert_error(patched, 409, "insufficient_capacity")
             assert view(server, created.json()["id"])["readiness"] == "cold"  # as it was
 
+            # a rollout of p1 needs its new version beside the old: no room, 409, and nothing changes
+            pushed = await push_folder(client, server.key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
+            new = pushed["artifact"]["id"]
+            rolled = await client.patch(
+                f"/v1/deployments/{ids['p1']}", json={"artifact_id": new}, headers=bearer(server.key)
+            )
+            assert_error(rolled, 409, "insufficient_capacity")
+            assert "replace" in rolled.json()["error"]["message"]
+            assert [v["artifact_id"] for v in view(server, ids["p1"])["versions"]] == [artifact_id]
+            # `replace`: the old version stops first, and requests meanwhile wait for the new one
+            load = [asyncio.create_task(server.embed(f"hello {n}", "p1")) for n in range(4)]
+            replaced = await client.patch(
+                f"/v1/deployments/{ids['p1']}",
+                json={"artifact_id": new, "strategy": "replace"},
+                headers=bearer(server.key),
+            )
+            assert replaced.status_code == 200, replaced.text
+            load += [asyncio.create_task(server.embed(f"again {n}", "p1")) for n in range(8)]
+            answers = await asyncio.gather(*load)
+            assert [a.status_code for a in answers] == [200] * len(answers), [a.text for a in answers]
+            assert {a.headers["x-modelhost-artifact"] for a in answers[4:]} == {new}
+            await until(
+                lambda: (
+                    [(v["artifact_id"], v["state"]) for v in view(server, ids["p1"])["versions"]]
+                    == [(new, "active")]
+                )
+            )
+
 
 async def test_a_request_with_no_room_waits_then_503_and_succeeds_once_a_pinned_deployment_goes_cold(
     tmp_path: Path, recipes: Path, footprint: int

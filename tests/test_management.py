@@ -509,3 +509,49 @@ def test_pruning_old_rows_keeps_the_chain_verifiable(services: Services) -> None
     with services.database.transaction() as session:  # deleting the oldest row left is still seen
         session.execute(delete(AuditRow).where(AuditRow.seq == 3))
     assert [p.seq for p in services.audit.verify().problems] == [4]
+
+
+@SQLITE_ONLY
+async def test_a_cold_deployment_switches_its_artifact_and_keeps_its_history(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    account, other = await new_account(client, "a"), await new_account(client, "b")
+    owner = bearer(account["api_key"])
+    dep = await new_deployment(client, services, account, "emb")
+    old, new = dep["artifact_id"], ready_artifact(services, account["id"])
+    assert dep["versions"] == [
+        {
+            "artifact_id": old,
+            "state": "active",
+            "traffic": 100,
+            "since": dep["versions"][0]["since"],
+            "reason": None,
+        }
+    ]
+    foreign = ready_artifact(services, other["id"])
+    answer = await client.patch(f"/v1/deployments/{dep['id']}", json={"artifact_id": foreign}, headers=owner)
+    assert_error(answer, 404, "artifact_not_found")
+    fill = ready_artifact(services, account["id"], "fill-mask")
+    answer = await client.patch(f"/v1/deployments/{dep['id']}", json={"artifact_id": fill}, headers=owner)
+    assert_error(answer, 400, "pipeline_mismatch")
+    answer = await client.patch(f"/v1/deployments/{dep['id']}", json={"artifact_id": new}, headers=owner)
+    assert answer.status_code == 200, answer.text
+    switched = answer.json()
+    assert switched["artifact_id"] == new and switched["model"] == "emb"
+    assert [(v["artifact_id"], v["state"], v["traffic"]) for v in switched["versions"]] == [
+        (new, "active", 100)
+    ]
+    assert [(h["from"], h["to"]) for h in switched["history"]] == [({old: 100}, {new: 100})]
+    with services.database.transaction() as session:  # the old artifact is free again, the new one held
+        counts = {a: session.get(ModelArtifact, a).deployment_count for a in (old, new)}  # type: ignore[union-attr]
+    assert counts == {old: 0, new: 1}
+    canary = {new: 90, old: 10}
+    answer = await client.patch(
+        f"/v1/deployments/{dep['id']}", json={"traffic": canary, "sticky": "key"}, headers=owner
+    )
+    shown = answer.json()
+    assert {v["artifact_id"]: v["traffic"] for v in shown["versions"]} == canary and shown["sticky"] == "key"
+    bad = await client.patch(f"/v1/deployments/{dep['id']}", json={"traffic": {new: 50}}, headers=owner)
+    assert bad.status_code == 400
+    rows = await audit_rows(client, account["api_key"])
+    assert "deployment.rollout_started" in {r["action"] for r in rows}

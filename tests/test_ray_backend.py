@@ -373,7 +373,8 @@ async def test_two_gateways_share_one_serve_application_billed_once_and_it_outli
     async with second_gateway(served) as (client, second):
         ok(await client.post("/v1/chat/completions", json=request, headers=bearer(gw.key)))
         assert serve_replica_pids(app) == pids  # it deployed the same application: the replica carried on
-        replicas = [replica_of(served, app), second.manager._runtimes[app].replicas[0]]
+        theirs = next(rt for rt in second.manager.tenants() if rt.spec.id == app)
+        replicas = [replica_of(served, app), theirs.replicas[0]]
         for replica in replicas:  # both read the replica's own report, whichever node it runs on
             assert await until(lambda r=replica: r.stats().memory_bytes > 0, timeout=10)  # type: ignore[misc]
         for _ in range(2):
