@@ -15,7 +15,7 @@ from sqlalchemy import delete, update
 from modelhost.audit import AuditLog
 from modelhost.auth.secrets import hash_secret
 from modelhost.container import Services
-from modelhost.store.models import AuditRow, ModelArtifact
+from modelhost.store.models import AuditRow, Deployment, ModelArtifact
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment, ready_artifact
 
 ADMIN = bearer(ADMIN_KEY)
@@ -555,3 +555,27 @@ async def test_a_cold_deployment_switches_its_artifact_and_keeps_its_history(
     assert bad.status_code == 400
     rows = await audit_rows(client, account["api_key"])
     assert "deployment.rollout_started" in {r["action"] for r in rows}
+
+
+@SQLITE_ONLY
+async def test_a_restart_serves_the_stored_versions_and_carries_on_with_a_rollout(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    account = await new_account(client)
+    owner = bearer(account["api_key"])
+    dep = await new_deployment(client, services, account, "emb", readiness="hot")
+    old, new = dep["artifact_id"], ready_artifact(services, account["id"])
+    canary = {"traffic": {old: 90, new: 10}}
+    assert (await client.patch(f"/v1/deployments/{dep['id']}", json=canary, headers=owner)).status_code == 200
+    # what a starting server reads: every active version of a hot deployment loads
+    assert sorted(s.artifact_id for s in services.deployments.hot_specs()) == sorted([old, new])
+    assert services.deployments.runtime_spec(f"{dep['id']}@{new}").artifact_id == new  # type: ignore[union-attr]
+    gone = services.deployments.runtime_spec(f"{dep['id']}@art_gone")  # a version no longer listed
+    assert gone is not None and gone.artifact_id == old
+    with services.database.transaction() as session:  # a rollout under way when the server stopped
+        row = session.get(Deployment, dep["id"])
+        assert row is not None
+        row.versions = [
+            {**v, "state": "loading"} if v["artifact_id"] == new else v for v in row.versions or []
+        ]
+    assert services.deployments.rolling() == [dep["id"]]
