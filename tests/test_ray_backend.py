@@ -566,3 +566,29 @@ async def test_a_cold_deployment_that_cannot_start_again_from_zero_answers_503_a
     view = await gw.show(app)
     assert view["state"] == "failed" and "files are not on this node" in view["state_reason"], view
     await until(lambda: app not in serve.status().applications, timeout=30)  # nothing left retrying
+
+
+async def test_a_rollout_runs_the_new_version_as_a_serve_application_of_its_own_and_drops_the_old(
+    served: Served, recipes: Path
+) -> None:
+    gw = served.gw
+    body = {"model": "roll", "artifact_id": gw.artifact_id, "readiness": "warm"}
+    deployment_id = ok(await gw.client.post("/v1/deployments", json=body, headers=bearer(gw.key)), 201)["id"]
+    await until(lambda: gw.show(deployment_id, "ready"), timeout=120)
+    assert running(deployment_id) == 1
+    pushed = await push_folder(gw.client, gw.key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
+    new = pushed["artifact"]["id"]
+    patch = {"artifact_id": new, "strategy": "replace"}  # the module's Ray has 2 CPUs: chat and this one
+    ok(await gw.client.patch(f"/v1/deployments/{deployment_id}", json=patch, headers=bearer(gw.key)))
+
+    async def rolled() -> bool:
+        view = await gw.show(deployment_id)
+        return [(v["artifact_id"], v["state"]) for v in view["versions"]] == [(new, "active")]
+
+    await until(rolled, timeout=120)
+    assert running(f"{deployment_id}@{new}") == 1 and running(deployment_id) == 0  # the old one deleted
+    request = {"model": "roll", "input": "cats sit on mats"}
+    answer = await gw.client.post("/v1/embeddings", json=request, headers=bearer(gw.key))
+    assert ok(answer) and answer.headers["x-modelhost-artifact"] == new
+    ok(await gw.client.delete(f"/v1/deployments/{deployment_id}", headers=bearer(gw.key)))
+    assert await until(lambda: running(f"{deployment_id}@{new}") == 0, timeout=30)
