@@ -341,6 +341,22 @@ async def test_a_crashed_load_gives_its_reservation_back(
         assert [d["model"] for d in state["deployments"]] == ["ok"]
         assert state["memory"]["reserved_bytes"] <= before * 1.2, (before, state)
         assert (await server.embed("still fine", "ok")).status_code == 200
+        # a rollout to the broken artifact: its load fails, says why, and the old version serves on
+        old, broken = view(server, ids["ok"])["artifact_id"], view(server, ids["broken"])["artifact_id"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            patch = {"artifact_id": broken}
+            rolled = await client.patch(
+                f"/v1/deployments/{ids['ok']}", json=patch, headers=bearer(server.key)
+            )
+            assert rolled.status_code == 200, rolled.text
+
+        def failed() -> list[dict[str, Any]]:
+            return [v for v in view(server, ids["ok"])["versions"] if v["state"] == "failed"]
+
+        [version] = await until(failed)
+        assert version["artifact_id"] == broken and version["reason"], version
+        answer = await server.embed("served by the old version", "ok")
+        assert answer.status_code == 200 and answer.headers["x-modelhost-artifact"] == old
 
 
 async def test_the_default_budget_is_80_percent_of_the_cgroup_limit_less_the_server(tmp_path: Path) -> None:
