@@ -1405,16 +1405,18 @@ def versions_of(chat: Chat, deployment_id: str) -> list[tuple[str, str]]:
     return [(v["artifact_id"], v["state"]) for v in view["versions"]]
 
 
-def roll(chat: Chat, deployment_id: str, artifact_id: str) -> None:
-    """PATCH the deployment to the artifact, and wait until it alone serves (the old version drained)."""
-    patched = chat.http.patch(
-        f"/v1/deployments/{deployment_id}", json={"artifact_id": artifact_id}, headers=bearer(chat.key)
-    )
-    assert patched.status_code == 200, patched.text
+def roll(chat: Chat, targets: dict[str, str]) -> None:
+    """PATCH each deployment to its artifact at once, and wait until each new version alone serves (the
+    old one drained)."""
+    for deployment_id, artifact_id in targets.items():
+        patch = {"artifact_id": artifact_id}
+        patched = chat.http.patch(f"/v1/deployments/{deployment_id}", json=patch, headers=bearer(chat.key))
+        assert patched.status_code == 200, patched.text
     deadline = time.monotonic() + 60
-    while versions_of(chat, deployment_id) != [(artifact_id, "active")]:
-        assert time.monotonic() < deadline, versions_of(chat, deployment_id)
-        time.sleep(0.1)
+    for deployment_id, artifact_id in targets.items():
+        while versions_of(chat, deployment_id) != [(artifact_id, "active")]:
+            assert time.monotonic() < deadline, versions_of(chat, deployment_id)
+            time.sleep(0.05)
 
 
 def test_a_rollout_and_a_rollback_under_load_fail_no_request(
@@ -1447,15 +1449,13 @@ def test_a_rollout_and_a_rollback_under_load_fail_no_request(
     for client in clients:
         client.start()
     try:
-        time.sleep(0.5)
-        roll(chat, chat.deployment_id, new)
-        roll(chat, emb["id"], emb_new)
+        time.sleep(0.3)
+        roll(chat, {chat.deployment_id: new, emb["id"]: emb_new})
         capacity = chat.http.get("/v1/admin/capacity", headers=bearer(ADMIN_KEY)).json()
         held = {(d["id"], d["artifact_id"]) for d in capacity["deployments"]}
         assert (chat.deployment_id, old) not in held and (chat.deployment_id, new) in held  # the old unloaded
-        time.sleep(0.5)
-        roll(chat, chat.deployment_id, old)  # the rollback
-        roll(chat, emb["id"], emb_old)
+        time.sleep(0.3)
+        roll(chat, {chat.deployment_id: old, emb["id"]: emb_old})  # the rollback
         time.sleep(0.3)
     finally:
         stop.set()
