@@ -338,7 +338,9 @@ class DeploymentVersion(BaseModel):
 
 class DeploymentSwitch(BaseModel):
     at: str = Field(description="When (ISO 8601, UTC).")
-    by: str = Field(description="Who: the kind of key that asked (`admin`, `account`, `system`, ...).")
+    by: str = Field(
+        description="Who: the kind of key that asked and its ID (`account key_...`), or `system`."
+    )
     from_: dict[str, int] = Field(alias="from", description="The split before: artifact → percent.")
     to: dict[str, int] = Field(description="The split asked for.")
     strategy: str

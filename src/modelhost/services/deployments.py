@@ -603,9 +603,10 @@ class DeploymentService:
                 deployment.sticky = sticky
             switched = rollouts.split(before) != rollouts.split(after)
             if switched:
+                actor = audit.current_actor()
                 entry = {
                     "at": now,
-                    "by": audit.current_actor().kind,
+                    "by": actor.kind if actor.key_id is None else f"{actor.kind} {actor.key_id}",
                     "from": rollouts.split(before),
                     "to": rollouts.split(after),
                     "strategy": "replace" if replacing else "rolling",
