@@ -550,29 +550,12 @@ def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
-async def test_a_cold_deployment_that_cannot_start_again_from_zero_answers_503_and_shows_failed(
-    served: Served,
-) -> None:
-    """Last in the module: it breaks the embeddings deployment's files."""
-    gw, app = served.gw, served.embeddings
-    if app not in serve.status().applications:  # run alone: no request has loaded it yet
-        ok(await gw.embed("load it"))
-    await until(lambda: running(app) == 0, timeout=60)
-    shutil.rmtree(gw.runtime(app).spec.model_dir)  # the files are gone: no replica can load the model
-    answer = await gw.client.post("/v1/embeddings", json={"model": "m", "input": "x"}, headers=bearer(gw.key))
-    assert_error(answer, 503, "deployment_unavailable")  # not held until the 90 s request timeout
-    # the reason, whether the request met the failed start or, sent once more, the load that followed
-    assert "files are not on this node" in answer.json()["error"]["message"]
-    view = await gw.show(app)
-    assert view["state"] == "failed" and "files are not on this node" in view["state_reason"], view
-    await until(lambda: app not in serve.status().applications, timeout=30)  # nothing left retrying
-
-
 async def test_a_rollout_runs_the_new_version_as_a_serve_application_of_its_own_and_drops_the_old(
     served: Served, recipes: Path
 ) -> None:
     gw = served.gw
-    body = {"model": "roll", "artifact_id": gw.artifact_id, "readiness": "warm"}
+    first = await push_folder(gw.client, gw.key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
+    body = {"model": "roll", "artifact_id": first["artifact"]["id"], "readiness": "warm"}
     deployment_id = ok(await gw.client.post("/v1/deployments", json=body, headers=bearer(gw.key)), 201)["id"]
     await until(lambda: gw.show(deployment_id, "ready"), timeout=120)
     assert running(deployment_id) == 1
@@ -592,3 +575,21 @@ async def test_a_rollout_runs_the_new_version_as_a_serve_application_of_its_own_
     assert ok(answer) and answer.headers["x-modelhost-artifact"] == new
     ok(await gw.client.delete(f"/v1/deployments/{deployment_id}", headers=bearer(gw.key)))
     assert await until(lambda: running(f"{deployment_id}@{new}") == 0, timeout=30)
+
+
+async def test_a_cold_deployment_that_cannot_start_again_from_zero_answers_503_and_shows_failed(
+    served: Served,
+) -> None:
+    """Last in the module: it breaks the embeddings deployment's files."""
+    gw, app = served.gw, served.embeddings
+    if app not in serve.status().applications:  # run alone: no request has loaded it yet
+        ok(await gw.embed("load it"))
+    await until(lambda: running(app) == 0, timeout=60)
+    shutil.rmtree(gw.runtime(app).spec.model_dir)  # the files are gone: no replica can load the model
+    answer = await gw.client.post("/v1/embeddings", json={"model": "m", "input": "x"}, headers=bearer(gw.key))
+    assert_error(answer, 503, "deployment_unavailable")  # not held until the 90 s request timeout
+    # the reason, whether the request met the failed start or, sent once more, the load that followed
+    assert "files are not on this node" in answer.json()["error"]["message"]
+    view = await gw.show(app)
+    assert view["state"] == "failed" and "files are not on this node" in view["state_reason"], view
+    await until(lambda: app not in serve.status().applications, timeout=30)  # nothing left retrying

@@ -688,14 +688,21 @@ class DeploymentService:
             )
 
     def restore(self, deployment_id: str, before: Deployment) -> None:
-        """Put back the versions a refused rollout changed (the runtime found no room for both)."""
+        """Put back the versions a refused rollout changed (the runtime found no room for both), as the
+        row of its start says, with a row of its own."""
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None:
                 return
+            refused = rollouts.split(self._versions_of(deployment))
             self._count_uses(session, self._listed(deployment), self._listed(before))
             deployment.versions, deployment.artifact_id = before.versions, before.artifact_id
             deployment.sticky, deployment.history = before.sticky, before.history
+            # its start was recorded with it: the refusal that undid it is recorded too
+            changes = {"traffic": {"before": refused, "after": rollouts.split(self._versions_of(deployment))}}
+            audit.record(
+                session, "deployment.rollout_refused", "deployment", deployment.id, before.account_id, changes
+            )
         self._refs_cache.clear()
 
     def version_changed(self, deployment_id: str, artifact_id: str, event: str, reason: str | None) -> None:
