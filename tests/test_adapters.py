@@ -25,6 +25,8 @@ import openai
 import pytest
 
 from modelhost.artifacts.inspection import inspect_artifact
+from modelhost.container import Services
+from modelhost.store.models import Deployment
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, push_folder, push_folder_sync
 from tests.server_process import ServerProcess, processes
 from tests.vllm_setup import wait_for_vllm
@@ -197,6 +199,33 @@ async def test_an_adapter_needs_a_base_on_vllm_and_a_full_model_takes_no_base(
     assert_error(
         await create(model="a", artifact_id=adapter["id"], base_deployment="nowhere"), 404, "base_not_found"
     )
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_base_rolls_out_only_to_an_artifact_its_adapters_fit(
+    client: httpx.AsyncClient, services: Services, made: dict[str, Path]
+) -> None:
+    account = await new_account(client)
+    key = account["api_key"]
+
+    async def pushed(name: str) -> str:
+        artifact_id: str = (await push_folder(client, key, made[name], "text-generation"))["artifact"]["id"]
+        return artifact_id
+
+    base_body = {"model": "base", "artifact_id": await pushed("base"), "engine": "transformers"}
+    base = (await client.post("/v1/deployments", json=base_body, headers=bearer(key))).json()
+    with services.database.transaction() as session:  # as if vLLM ran it (none is installed here)
+        row = session.get(Deployment, base["id"])
+        assert row is not None
+        row.engine_in_use = "vllm"
+    body = {"model": "a0", "artifact_id": await pushed("a0"), "base_deployment": "base"}
+    assert (await client.post("/v1/deployments", json=body, headers=bearer(key))).status_code == 201
+    narrow = {"artifact_id": await pushed("narrow")}
+    refused = await client.patch(f"/v1/deployments/{base['id']}", json=narrow, headers=bearer(key))
+    assert "'a0'" in assert_error(refused, 409, "adapter_base_mismatch", param="artifact_id")["message"]
+    again = {"artifact_id": await pushed("base")}  # the same base's files: the adapter fits
+    rolled = await client.patch(f"/v1/deployments/{base['id']}", json=again, headers=bearer(key))
+    assert rolled.status_code == 200 and rolled.json()["artifact_id"] == again["artifact_id"]
 
 
 # ---------------------------------------------------------------- served by vLLM

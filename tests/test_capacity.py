@@ -190,6 +190,34 @@ async def test_a_hot_deployment_beyond_the_budget_is_409_and_nothing_changes(
             assert_error(patched, 409, "insufficient_capacity")
             assert view(server, created.json()["id"])["readiness"] == "cold"  # as it was
 
+            # a rollout of p1 needs its new version beside the old: no room, 409, and nothing changes
+            pushed = await push_folder(client, server.key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
+            new = pushed["artifact"]["id"]
+            rolled = await client.patch(
+                f"/v1/deployments/{ids['p1']}", json={"artifact_id": new}, headers=bearer(server.key)
+            )
+            assert_error(rolled, 409, "insufficient_capacity")
+            assert "replace" in rolled.json()["error"]["message"]
+            assert [v["artifact_id"] for v in view(server, ids["p1"])["versions"]] == [artifact_id]
+            # `replace`: the old version stops first, and requests meanwhile wait for the new one
+            load = [asyncio.create_task(server.embed(f"hello {n}", "p1")) for n in range(4)]
+            replaced = await client.patch(
+                f"/v1/deployments/{ids['p1']}",
+                json={"artifact_id": new, "strategy": "replace"},
+                headers=bearer(server.key),
+            )
+            assert replaced.status_code == 200, replaced.text
+            load += [asyncio.create_task(server.embed(f"again {n}", "p1")) for n in range(8)]
+            answers = await asyncio.gather(*load)
+            assert [a.status_code for a in answers] == [200] * len(answers), [a.text for a in answers]
+            assert {a.headers["x-modelhost-artifact"] for a in answers[4:]} == {new}
+            await until(
+                lambda: (
+                    [(v["artifact_id"], v["state"]) for v in view(server, ids["p1"])["versions"]]
+                    == [(new, "active")]
+                )
+            )
+
 
 async def test_a_request_with_no_room_waits_then_503_and_succeeds_once_a_pinned_deployment_goes_cold(
     tmp_path: Path, recipes: Path, footprint: int
@@ -313,6 +341,22 @@ async def test_a_crashed_load_gives_its_reservation_back(
         assert [d["model"] for d in state["deployments"]] == ["ok"]
         assert state["memory"]["reserved_bytes"] <= before * 1.2, (before, state)
         assert (await server.embed("still fine", "ok")).status_code == 200
+        # a rollout to the broken artifact: its load fails, says why, and the old version serves on
+        old, broken = view(server, ids["ok"])["artifact_id"], view(server, ids["broken"])["artifact_id"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            patch = {"artifact_id": broken}
+            rolled = await client.patch(
+                f"/v1/deployments/{ids['ok']}", json=patch, headers=bearer(server.key)
+            )
+            assert rolled.status_code == 200, rolled.text
+
+        def failed() -> list[dict[str, Any]]:
+            return [v for v in view(server, ids["ok"])["versions"] if v["state"] == "failed"]
+
+        [version] = await until(failed)
+        assert version["artifact_id"] == broken and version["reason"], version
+        answer = await server.embed("served by the old version", "ok")
+        assert answer.status_code == 200 and answer.headers["x-modelhost-artifact"] == old
 
 
 async def test_the_default_budget_is_80_percent_of_the_cgroup_limit_less_the_server(tmp_path: Path) -> None:

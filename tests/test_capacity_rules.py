@@ -359,7 +359,7 @@ async def test_a_hot_deployment_must_fit_beside_the_pinned_ones(tmp_path: Path) 
     with pytest.raises(CapacityConflict) as refused:
         placement.check_fits(spec_of("p3", tmp_path, readiness="hot", size=50 * MB), 1, [(pinned, 1)], {})
     assert "p1 (p1, 30 MiB)" in refused.value.message and "70 MiB budget" in refused.value.message
-    grown = {"p1": Footprint(45 * MB)}  # loaded, and measured above its prediction
+    grown = {pinned.key: Footprint(45 * MB)}  # loaded, and measured above its prediction
     with pytest.raises(CapacityConflict):
         placement.check_fits(spec_of("p2", tmp_path, readiness="hot"), 1, [(pinned, 1)], grown)
     placement.check_fits(spec_of("c", tmp_path, size=50 * MB), 1, [(pinned, 1)], {})  # cold: evicts or waits

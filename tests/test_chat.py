@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -1671,3 +1672,103 @@ def test_a_claude_code_like_request_streams_thinking_and_text_under_its_betas(
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 6
     counted = client.messages.count_tokens(**shape)
     assert counted.input_tokens == final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)
+
+
+# ---------------------------------------------------------------- rollouts (docs/deploy.md)
+
+
+def versions_of(chat: Chat, deployment_id: str) -> list[tuple[str, str]]:
+    view = chat.http.get(f"/v1/deployments/{deployment_id}", headers=bearer(chat.key)).json()
+    return [(v["artifact_id"], v["state"]) for v in view["versions"]]
+
+
+def roll(chat: Chat, targets: dict[str, str]) -> None:
+    """PATCH each deployment to its artifact at once, and wait until each new version alone serves (the
+    old one drained)."""
+    for deployment_id, artifact_id in targets.items():
+        patch = {"artifact_id": artifact_id}
+        patched = chat.http.patch(f"/v1/deployments/{deployment_id}", json=patch, headers=bearer(chat.key))
+        assert patched.status_code == 200, patched.text
+    deadline = time.monotonic() + 60
+    for deployment_id, artifact_id in targets.items():
+        while versions_of(chat, deployment_id) != [(artifact_id, "active")]:
+            assert time.monotonic() < deadline, versions_of(chat, deployment_id)
+            time.sleep(0.05)
+
+
+def test_a_rollout_and_a_rollback_under_load_fail_no_request(
+    chat: Chat, recipes: Path, tmp_path: Path
+) -> None:
+    headers = bearer(chat.key)
+    old = chat.http.get(f"/v1/deployments/{chat.deployment_id}", headers=headers).json()["artifact_id"]
+    new = push_folder_sync(chat.http, chat.key, long_context_copy(recipes, tmp_path), "text-generation")
+    encoder = recipes / "t03_feature_extraction" / "st"
+    emb = deploy_folder_sync(chat.http, chat.key, encoder, "feature-extraction", "emb", readiness="warm")
+    emb_old = emb["artifact_id"]
+    emb_new = push_folder_sync(chat.http, chat.key, encoder, "feature-extraction")
+    answers: list[tuple[str, int, str | None, bool]] = []  # (endpoint, status, version, whole answer)
+    stop = threading.Event()
+
+    def stream_chat() -> None:
+        body = {"model": "chat", "messages": MESSAGES, "max_tokens": 8, "stream": True}
+        while not stop.is_set():
+            with chat.http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
+                text = answer.read()
+            whole = text.rstrip().endswith(b"data: [DONE]") and b'"error"' not in text
+            answers.append(("chat", answer.status_code, answer.headers.get("x-modelhost-artifact"), whole))
+
+    def embed() -> None:
+        while not stop.is_set():
+            answer = chat.http.post("/v1/embeddings", json={"model": "emb", "input": "hi"}, headers=headers)
+            answers.append(("emb", answer.status_code, answer.headers.get("x-modelhost-artifact"), True))
+
+    clients = [threading.Thread(target=work) for work in (stream_chat, stream_chat, embed)]
+    for client in clients:
+        client.start()
+    try:
+        time.sleep(0.3)
+        roll(chat, {chat.deployment_id: new, emb["id"]: emb_new})
+        capacity = chat.http.get("/v1/admin/capacity", headers=bearer(ADMIN_KEY)).json()
+        held = {(d["id"], d["artifact_id"]) for d in capacity["deployments"]}
+        assert (chat.deployment_id, old) not in held and (chat.deployment_id, new) in held  # the old unloaded
+        time.sleep(0.3)
+        roll(chat, {chat.deployment_id: old, emb["id"]: emb_old})  # the rollback
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(timeout=60)
+    failed = [a for a in answers if a[1] != 200 or not a[3]]
+    assert not failed, failed
+    assert {a[2] for a in answers if a[0] == "chat"} == {old, new}  # each answer names its one version
+    assert {a[2] for a in answers if a[0] == "emb"} == {emb_old, emb_new}
+    view = chat.http.get(f"/v1/deployments/{chat.deployment_id}", headers=headers).json()
+    assert view["model"] == "chat" and [(h["from"], h["to"]) for h in view["history"]][-2:] == [
+        ({old: 100}, {new: 100}),
+        ({new: 100}, {old: 100}),
+    ]
+    metrics = chat.http.get("/metrics").text  # each version's requests, to compare a canary on
+    for artifact_id in (old, new):
+        assert f'artifact_id="{artifact_id}",deployment="{chat.deployment_id}",status="200"' in metrics
+    chat.http.delete(f"/v1/deployments/{emb['id']}", headers=headers)
+
+
+def test_a_canary_splits_requests_between_two_loaded_versions(chat: Chat, recipes: Path) -> None:
+    headers = bearer(chat.key)
+    encoder = recipes / "t03_feature_extraction" / "st"
+    emb = deploy_folder_sync(chat.http, chat.key, encoder, "feature-extraction", "canary", readiness="warm")
+    old, new = emb["artifact_id"], push_folder_sync(chat.http, chat.key, encoder, "feature-extraction")
+    split = {"traffic": {old: 50, new: 50}, "sticky": None}
+    patched = chat.http.patch(f"/v1/deployments/{emb['id']}", json=split, headers=headers)
+    assert patched.status_code == 200, patched.text
+    deadline = time.monotonic() + 60
+    while sorted(versions_of(chat, emb["id"])) != sorted([(old, "active"), (new, "active")]):
+        assert time.monotonic() < deadline, versions_of(chat, emb["id"])
+        time.sleep(0.1)
+    served = []
+    for _ in range(40):
+        answer = chat.http.post("/v1/embeddings", json={"model": "canary", "input": "hi"}, headers=headers)
+        assert answer.status_code == 200, answer.text
+        served.append(answer.headers["x-modelhost-artifact"])
+    assert 5 <= served.count(new) <= 35  # both answer (the split itself: tests/test_routing.py)
+    chat.http.delete(f"/v1/deployments/{emb['id']}", headers=headers)

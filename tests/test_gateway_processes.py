@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers import bearer
+from tests.helpers import bearer, push_folder
 from tests.server_process import ST_RECIPE, Server, alive, server_with, stopped, until
 
 TEXTS = [f"request {i} is about " + " ".join(["cats", "dogs", "birds"][: 1 + i % 3]) for i in range(8)]
@@ -101,6 +101,47 @@ async def test_a_killed_gateway_process_loses_only_its_own_requests_and_is_start
     await server.serving(new)
     task = await server.via(new, lambda: server.embed("after the restart"))
     assert (await task).status_code == 200
+
+
+async def test_a_rollout_reaches_every_gateway_process_and_no_request_of_either_fails(
+    two: tuple[Server, str], recipes: Path
+) -> None:
+    server, _ = two
+    supervisor, helper = server.gateways()
+    folder = recipes.joinpath(*ST_RECIPE)
+    deployment_id = await server.deploy(folder, "feature-extraction", "r", readiness="warm")
+    await server.ready(deployment_id)
+    [old_replica] = server.replicas(deployment_id)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        old = (await client.get(f"/v1/deployments/{deployment_id}", headers=bearer(server.key))).json()
+        new = (await push_folder(client, server.key, folder, "feature-extraction"))["artifact"]["id"]
+        answers: list[httpx.Response] = []
+        rolled = asyncio.Event()
+
+        async def load() -> None:  # new connections each time: both processes take some
+            while not rolled.is_set():
+                answers.append(await server.embed("during the rollout", "r"))
+
+        loading = [asyncio.create_task(load()) for _ in range(3)]
+        patch = {"artifact_id": new}
+        patched = await client.patch(
+            f"/v1/deployments/{deployment_id}", json=patch, headers=bearer(server.key)
+        )
+        assert patched.status_code == 200, patched.text
+
+        def only_new() -> bool:
+            view = httpx.get(f"{server.url}/v1/deployments/{deployment_id}", headers=bearer(server.key))
+            return [(v["artifact_id"], v["state"]) for v in view.json()["versions"]] == [(new, "active")]
+
+        await until(only_new)
+        rolled.set()
+        await asyncio.gather(*loading)
+    assert [a.status_code for a in answers] == [200] * len(answers)
+    assert {a.headers["x-modelhost-artifact"] for a in answers} <= {old["artifact_id"], new}
+    for pid in (supervisor, helper):  # each process now routes to the new version's replica
+        answer = await (await server.via(pid, lambda: server.embed("after", "r")))
+        assert answer.status_code == 200 and answer.headers["x-modelhost-artifact"] == new
+    assert old_replica not in server.replicas(deployment_id) and len(server.replicas(deployment_id)) == 1
 
 
 async def test_sigterm_drains_every_gateway_process_then_stops_everything(

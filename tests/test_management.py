@@ -15,7 +15,7 @@ from sqlalchemy import delete, update
 from modelhost.audit import AuditLog
 from modelhost.auth.secrets import hash_secret
 from modelhost.container import Services
-from modelhost.store.models import AuditRow, ModelArtifact
+from modelhost.store.models import AuditRow, Deployment, ModelArtifact
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment, ready_artifact
 
 ADMIN = bearer(ADMIN_KEY)
@@ -509,3 +509,73 @@ def test_pruning_old_rows_keeps_the_chain_verifiable(services: Services) -> None
     with services.database.transaction() as session:  # deleting the oldest row left is still seen
         session.execute(delete(AuditRow).where(AuditRow.seq == 3))
     assert [p.seq for p in services.audit.verify().problems] == [4]
+
+
+@SQLITE_ONLY
+async def test_a_cold_deployment_switches_its_artifact_and_keeps_its_history(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    account, other = await new_account(client, "a"), await new_account(client, "b")
+    owner = bearer(account["api_key"])
+    dep = await new_deployment(client, services, account, "emb")
+    old, new = dep["artifact_id"], ready_artifact(services, account["id"])
+    assert dep["versions"] == [
+        {
+            "artifact_id": old,
+            "state": "active",
+            "traffic": 100,
+            "since": dep["versions"][0]["since"],
+            "reason": None,
+        }
+    ]
+    foreign = ready_artifact(services, other["id"])
+    answer = await client.patch(f"/v1/deployments/{dep['id']}", json={"artifact_id": foreign}, headers=owner)
+    assert_error(answer, 404, "artifact_not_found")
+    fill = ready_artifact(services, account["id"], "fill-mask")
+    answer = await client.patch(f"/v1/deployments/{dep['id']}", json={"artifact_id": fill}, headers=owner)
+    assert_error(answer, 400, "pipeline_mismatch")
+    answer = await client.patch(f"/v1/deployments/{dep['id']}", json={"artifact_id": new}, headers=owner)
+    assert answer.status_code == 200, answer.text
+    switched = answer.json()
+    assert switched["artifact_id"] == new and switched["model"] == "emb"
+    assert [(v["artifact_id"], v["state"], v["traffic"]) for v in switched["versions"]] == [
+        (new, "active", 100)
+    ]
+    assert [(h["from"], h["to"]) for h in switched["history"]] == [({old: 100}, {new: 100})]
+    with services.database.transaction() as session:  # the old artifact is free again, the new one held
+        counts = {a: session.get(ModelArtifact, a).deployment_count for a in (old, new)}  # type: ignore[union-attr]
+    assert counts == {old: 0, new: 1}
+    canary = {new: 90, old: 10}
+    answer = await client.patch(
+        f"/v1/deployments/{dep['id']}", json={"traffic": canary, "sticky": "key"}, headers=owner
+    )
+    shown = answer.json()
+    assert {v["artifact_id"]: v["traffic"] for v in shown["versions"]} == canary and shown["sticky"] == "key"
+    bad = await client.patch(f"/v1/deployments/{dep['id']}", json={"traffic": {new: 50}}, headers=owner)
+    assert bad.status_code == 400
+    rows = await audit_rows(client, account["api_key"])
+    assert "deployment.rollout_started" in {r["action"] for r in rows}
+
+
+@SQLITE_ONLY
+async def test_a_restart_serves_the_stored_versions_and_carries_on_with_a_rollout(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    account = await new_account(client)
+    owner = bearer(account["api_key"])
+    dep = await new_deployment(client, services, account, "emb", readiness="hot")
+    old, new = dep["artifact_id"], ready_artifact(services, account["id"])
+    canary = {"traffic": {old: 90, new: 10}}
+    assert (await client.patch(f"/v1/deployments/{dep['id']}", json=canary, headers=owner)).status_code == 200
+    # what a starting server reads: every active version of a hot deployment loads
+    assert sorted(s.artifact_id for s in services.deployments.hot_specs()) == sorted([old, new])
+    assert services.deployments.runtime_spec(f"{dep['id']}@{new}").artifact_id == new  # type: ignore[union-attr]
+    gone = services.deployments.runtime_spec(f"{dep['id']}@art_gone")  # a version no longer listed
+    assert gone is not None and gone.artifact_id == old
+    with services.database.transaction() as session:  # a rollout under way when the server stopped
+        row = session.get(Deployment, dep["id"])
+        assert row is not None
+        row.versions = [
+            {**v, "state": "loading"} if v["artifact_id"] == new else v for v in row.versions or []
+        ]
+    assert services.deployments.rolling() == [dep["id"]]

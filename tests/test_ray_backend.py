@@ -373,7 +373,8 @@ async def test_two_gateways_share_one_serve_application_billed_once_and_it_outli
     async with second_gateway(served) as (client, second):
         ok(await client.post("/v1/chat/completions", json=request, headers=bearer(gw.key)))
         assert serve_replica_pids(app) == pids  # it deployed the same application: the replica carried on
-        replicas = [replica_of(served, app), second.manager._runtimes[app].replicas[0]]
+        theirs = next(rt for rt in second.manager.tenants() if rt.spec.id == app)
+        replicas = [replica_of(served, app), theirs.replicas[0]]
         for replica in replicas:  # both read the replica's own report, whichever node it runs on
             assert await until(lambda r=replica: r.stats().memory_bytes > 0, timeout=10)  # type: ignore[misc]
         for _ in range(2):
@@ -547,6 +548,33 @@ async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_
 def _parent(pid: int) -> int:
     """The parent of process `pid`, from /proc (its command name may hold spaces and parentheses)."""
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def test_a_rollout_runs_the_new_version_as_a_serve_application_of_its_own_and_drops_the_old(
+    served: Served, recipes: Path
+) -> None:
+    gw = served.gw
+    first = await push_folder(gw.client, gw.key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
+    body = {"model": "roll", "artifact_id": first["artifact"]["id"], "readiness": "warm"}
+    deployment_id = ok(await gw.client.post("/v1/deployments", json=body, headers=bearer(gw.key)), 201)["id"]
+    await until(lambda: gw.show(deployment_id, "ready"), timeout=120)
+    assert running(deployment_id) == 1
+    pushed = await push_folder(gw.client, gw.key, recipes.joinpath(*ST_RECIPE), "feature-extraction")
+    new = pushed["artifact"]["id"]
+    patch = {"artifact_id": new, "strategy": "replace"}  # the module's Ray has 2 CPUs: chat and this one
+    ok(await gw.client.patch(f"/v1/deployments/{deployment_id}", json=patch, headers=bearer(gw.key)))
+
+    async def rolled() -> bool:
+        view = await gw.show(deployment_id)
+        return [(v["artifact_id"], v["state"]) for v in view["versions"]] == [(new, "active")]
+
+    await until(rolled, timeout=120)
+    assert running(f"{deployment_id}@{new}") == 1 and running(deployment_id) == 0  # the old one deleted
+    request = {"model": "roll", "input": "cats sit on mats"}
+    answer = await gw.client.post("/v1/embeddings", json=request, headers=bearer(gw.key))
+    assert ok(answer) and answer.headers["x-modelhost-artifact"] == new
+    ok(await gw.client.delete(f"/v1/deployments/{deployment_id}", headers=bearer(gw.key)))
+    assert await until(lambda: running(f"{deployment_id}@{new}") == 0, timeout=30)
 
 
 async def test_a_cold_deployment_that_cannot_start_again_from_zero_answers_503_and_shows_failed(

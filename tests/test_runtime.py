@@ -130,7 +130,7 @@ class Gateway:
 
     def runtime(self, deployment_id: str) -> DeploymentRuntime:
         assert self.services is not None
-        return self.services.manager._runtimes[deployment_id]
+        return next(rt for rt in self.services.manager.tenants() if rt.spec.id == deployment_id)
 
     def pid(self, deployment_id: str) -> int:
         pid = self.runtime(deployment_id).replicas[0].pid

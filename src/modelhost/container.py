@@ -177,6 +177,8 @@ class Services:
             manager.engine_fell_back = deployments.fall_back
             manager.engine_measured = deployments.engine_measured
             manager.footprint_measured = deployments.remember_footprint
+            manager.version_changed = deployments.version_changed  # a rollout moves on
+            manager.rolling = deployments.rolling
             adapted = AdapterRouting(manager, deployments.adapter_target)
             supervision = Supervision(
                 manager,

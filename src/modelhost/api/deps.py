@@ -22,6 +22,10 @@ T = TypeVar("T")
 Guard = Callable[[Request], Awaitable[Principal]]
 PRINCIPAL = "modelhost.principal"  # where the scope keeps the principal once a request's key is checked
 ADMITTED = "modelhost.admitted"  # where the scope keeps a rate-limited request's `Admitted` ticket
+# where the scope keeps (deployment, artifact): the version that serves the request, which its answer names
+# and the version metrics count
+SERVED_ARTIFACT = "modelhost.artifact"
+ARTIFACT_HEADER = b"x-modelhost-artifact"
 # The mark of a batch line sent in-process by the batch runner (`api.batch_lines`), with its creator's
 # principal already in the scope: it runs at low priority and outside the per-minute limits. No
 # request from outside can carry it: a scope starts empty of our keys.
@@ -181,6 +185,7 @@ async def deployment_for(
     endpoint: str | None = None,
     *,
     billable: bool = True,
+    user: str | None = None,
 ) -> DeploymentRef:
     """The deployment an inference request runs on, decided by `modelhost.routing` for this route.
 
@@ -188,7 +193,9 @@ async def deployment_for(
     thing that decides support; no model is touched before this answers. `billable` requests (all
     but management ones that only name a model) are refused with 402 once the account is out of credits,
     and with 429 over their key's or account's rate limits (auth/limits.py; `api.middleware.RequestPath`
-    gives the place back when the request ends).
+    gives the place back when the request ends). `user` (the body's `user` field) keeps the caller on one
+    version of a canary sticky by user; a request then runs on the version `DeploymentRef.with_version`
+    chose (its `runtime_key`), which its answer names.
     """
     services = get_services(request)
     if endpoint is None:
@@ -201,6 +208,12 @@ async def deployment_for(
             account_id, lambda: services.deployments.refs(account_id)
         )
     deployment = resolve_deployment(principal, endpoint, model, refs)
+    # its version (a rollout, a canary): the answer names it (`x-modelhost-artifact`, by RequestPath)
+    subject = (user or principal.key_id) if deployment.sticky == "user" else principal.key_id
+    deployment = deployment.with_version(subject)
+    if deployment.serving_artifact is not None:
+        request.scope[SERVED_ARTIFACT] = (deployment.id, deployment.serving_artifact)
+        tracing.current_attributes({"modelhost.artifact_id": deployment.serving_artifact})
     if tracing.ENABLED:  # the request's span is named for its model (`api.middleware.RequestPath`)
         request.scope[tracing.MODEL] = model
     acting_for(principal, low=BATCH_LINE in request.scope)  # the key its replica's fair queuing counts

@@ -15,7 +15,15 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelhost import tracing
-from modelhost.api.deps import ADMITTED, PRINCIPAL, Guard, guard_of, trusted_caller
+from modelhost.api.deps import (
+    ADMITTED,
+    ARTIFACT_HEADER,
+    PRINCIPAL,
+    SERVED_ARTIFACT,
+    Guard,
+    guard_of,
+    trusted_caller,
+)
 from modelhost.api.errors import error_response
 from modelhost.api.fastlane import routes_of
 from modelhost.auth.limits import Admitted, start_counting
@@ -31,6 +39,19 @@ LATENCY = Histogram(
     "HTTP request latency by route.",
     ["method", "route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+# Inference requests by the version (artifact) of the deployment that answered: a canary is compared on
+# these (docs/deploy.md)
+VERSION_REQUESTS = Counter(
+    "modelhost_version_requests_total",
+    "Inference requests by deployment, the artifact (version) that served them, and status.",
+    ["deployment", "artifact_id", "status"],
+)
+VERSION_LATENCY = Histogram(
+    "modelhost_version_request_duration_seconds",
+    "Inference request latency by deployment and the artifact (version) that served them.",
+    ["deployment", "artifact_id"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
 
@@ -193,6 +214,9 @@ class RequestPath(HttpMiddleware):
                 admitted: Admitted | None = scope.get(ADMITTED)
                 if admitted is not None:
                     headers += [(k.encode(), v.encode()) for k, v in admitted.headers.items()]
+                served: tuple[str, str] | None = scope.get(SERVED_ARTIFACT)
+                if served is not None:  # the deployment's version that answers (docs/deploy.md)
+                    headers.append((ARTIFACT_HEADER, served[1].encode()))
                 message["headers"] = headers
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 release()
@@ -223,6 +247,10 @@ class RequestPath(HttpMiddleware):
                 )
             REQUESTS.labels(method, template, str(status)).inc()
             LATENCY.labels(method, template).observe(time.perf_counter() - started)
+            version: tuple[str, str] | None = scope.get(SERVED_ARTIFACT)
+            if version is not None:
+                VERSION_REQUESTS.labels(*version, str(status)).inc()
+                VERSION_LATENCY.labels(*version).observe(time.perf_counter() - started)
 
 
 async def _server_span(scope: Scope) -> tuple[tracing.Span | None, tuple[bytes, bytes] | None]:

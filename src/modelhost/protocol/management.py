@@ -288,6 +288,64 @@ class DeploymentPatch(GenerationSettingsFields):
         description=GENERATION_DEFAULTS_DESCRIPTION + " Given, it replaces the whole set (`{}`: none); it "
         "applies to the next request, without a reload.",
     )
+    artifact_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Roll the deployment to this ready artifact of the same pipeline (docs/deploy.md, "
+        '"Rollouts"): a loaded deployment loads it beside the serving version, moves requests to it once it '
+        "is ready, and the old version drains and unloads; a deployment not loaded just switches. The "
+        "previous artifact again is a rollback (at once while it is still loaded). Keys, model ID, usage "
+        "and billing stay the deployment's.",
+    )
+    traffic: dict[Annotated[str, Field(max_length=64)], Annotated[int, Field(ge=0, le=100)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=8,
+        description="A canary: artifact → percent of requests (summing to 100); each artifact named runs as "
+        "a version, one left out drains and unloads. Not with `artifact_id`.",
+    )
+    strategy: Literal["rolling", "replace"] = Field(
+        default="rolling",
+        description="`rolling`: the new version loads beside the old (409 `insufficient_capacity` when both "
+        "cannot fit, nothing changed). `replace`: the old version finishes its requests and stops first; "
+        "requests arriving meanwhile wait for the new one.",
+    )
+    sticky: Literal["user", "key"] | None = Field(
+        default=None,
+        description="During a canary, keep each caller on one version: by the request's `user` field (the "
+        "key where it has none) or by the API key; null: each request drawn by the split.",
+    )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> DeploymentPatch:
+        if self.artifact_id is not None and self.traffic is not None:
+            raise ValueError("give either artifact_id or traffic, not both")
+        if self.traffic is not None and sum(self.traffic.values()) != 100:
+            raise ValueError("traffic percents must sum to 100")
+        return self
+
+
+class DeploymentVersion(BaseModel):
+    artifact_id: str
+    state: Literal["loading", "active", "draining", "failed"] = Field(
+        description="`loading` beside the others (no requests yet), `active` (takes its share), `draining` "
+        "(its requests in flight finish, none new, then it unloads), `failed` (its load failed: `reason`)."
+    )
+    traffic: int = Field(description="Percent of requests it is to take once active (0: leaving).")
+    since: str = Field(description="When it entered its state (ISO 8601, UTC).")
+    reason: str | None = None
+
+
+class DeploymentSwitch(BaseModel):
+    at: str = Field(description="When (ISO 8601, UTC).")
+    by: str = Field(
+        description="Who: the kind of key that asked and its ID (`account key_...`), or `system`."
+    )
+    from_: dict[str, int] = Field(alias="from", description="The split before: artifact → percent.")
+    to: dict[str, int] = Field(description="The split asked for.")
+    strategy: str
+
+    model_config = {"populate_by_name": True, "serialize_by_alias": True}
 
 
 class Deployment(BaseModel):
@@ -360,6 +418,13 @@ class Deployment(BaseModel):
         default=None,
         description="The reasoning parser its replicas use: the one set, else the family's; null: none.",
     )
+    versions: list[DeploymentVersion] = Field(
+        default_factory=list, description="The artifacts it serves and how requests split (docs/deploy.md)."
+    )
+    sticky: Literal["user", "key"] | None = None
+    history: list[DeploymentSwitch] = Field(
+        default_factory=list, description="Its last artifact switches (20 at most), oldest first."
+    )
     created_at: datetime
     updated_at: datetime
 
@@ -408,6 +473,9 @@ class GpuCapacity(BaseModel):
 
 class DeploymentFootprint(BaseModel):
     id: str
+    artifact_id: str = Field(
+        description="The version it holds memory for: a rollout or a canary holds one entry per version."
+    )
     model: str
     account_id: str
     readiness: Readiness

@@ -22,7 +22,14 @@ from typing import Any
 from modelhost import tracing
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
-from modelhost.errors import DeploymentUnavailable, InsufficientCapacity, ModelhostError, NotFound
+from modelhost.errors import (
+    CapacityConflict,
+    DeploymentUnavailable,
+    InsufficientCapacity,
+    ModelhostError,
+    NotFound,
+)
+from modelhost.routing import Version, choose_version, split_key, version_key
 from modelhost.runtime import metrics
 from modelhost.runtime.adapter_meters import AdapterMeters, Meter
 from modelhost.runtime.capacity import Footprint
@@ -47,8 +54,15 @@ IDLE_MEASURE_SECONDS = 60.0
 
 SpecSource = Callable[[str], DeploymentSpec | None]
 # Told whenever a deployment's set of replicas changes (loaded, unloaded, one replaced): the supervisor
-# publishes the new addresses to its other gateway processes.
+# publishes the new addresses (by runtime key, `DeploymentSpec.key`) to its other gateway processes.
 ReplicasChanged = Callable[[str, list[str]], None]
+# Told when a version of a rollout is ready, failed to load or has drained: (deployment, artifact, event
+# (`loaded`, `failed`, `drained`), reason); the store moves the deployment's versions on (`services.rollouts`)
+VersionChanged = Callable[[str, str, str, str | None], None]
+# A version leaving the split waits this long before it may unload, so that requests routed by the split
+# before it changed (another gateway process's, told a moment later) still find it loaded
+DRAIN_GRACE_SECONDS = 0.5
+DRAIN_POLL_SECONDS = 0.1
 
 
 # Billing's view of replicas: each costs from the moment it starts loading until it goes away
@@ -81,6 +95,8 @@ class DeploymentRuntime:
         # Evicted, or refused room, while it wants to be loaded (warm, hot): loads again once room frees
         self.wants_memory = False
         self.measured_at = -math.inf  # monotonic: when its replicas were last measured
+        self.rolling: asyncio.Task[None] | None = None  # a rollout's load of it, or its drain
+        self.leaving = False  # a version draining: never loaded again for its readiness
         settings = manager.settings
         self.dispatcher = Dispatcher(spec.id, settings.max_queue_size, settings.request_timeout_seconds)
 
@@ -139,7 +155,7 @@ class DeploymentRuntime:
 
     @property
     def wants_loaded(self) -> bool:
-        return self.spec.readiness in ("warm", "hot")
+        return not self.leaving and self.spec.readiness in ("warm", "hot")
 
     async def ensure_loaded(self, *, may_evict: bool = True) -> None:
         """Loaded when this returns; a load that finds no memory waits its turn (`may_evict` False: a
@@ -294,7 +310,7 @@ class DeploymentRuntime:
 
     def publish(self) -> None:
         """Tell the supervisor's other gateway processes where the live replicas are now."""
-        self._manager.replicas_changed(self.spec.id, self.addresses())
+        self._manager.publish(self.spec.id)
 
     async def drain(self, timeout: float) -> None:
         """Wait until this process's requests and generations are done (used at shutdown)."""
@@ -393,7 +409,9 @@ class ReplicaManager:
         self.clock = clock or SystemClock()
         self._specs = specs
         self._hot_specs = hot_specs
-        self._runtimes: dict[str, DeploymentRuntime] = {}
+        self._runtimes: dict[str, DeploymentRuntime] = {}  # by runtime key: one per version
+        # Each deployment's versions as last read: how a request that names no version is split
+        self._versions: dict[str, tuple[Version, ...]] = {}
         self.background: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._memory_watch: asyncio.Task[None] | None = None
@@ -408,6 +426,9 @@ class ReplicaManager:
         self.engine_measured: Callable[[str, str, str, str | None], None] = lambda *_: None
         # (deployment, device kind, one replica's footprint): remembered for its artifact's next load
         self.footprint_measured: Callable[[DeploymentSpec, str, Footprint], None] = lambda *_: None
+        self.version_changed: VersionChanged = lambda *_: None
+        # The deployments in the middle of a rollout (a version loading or draining): resumed at start
+        self.rolling: Callable[[], list[str]] = list
         self.placement = Placement(settings, self.clock, gpus=gpus, remember=self._remember_footprint)
         self.placement.refill = self._refill_soon
         self._refilling: asyncio.Task[None] | None = None
@@ -467,6 +488,8 @@ class ReplicaManager:
         specs = await asyncio.to_thread(self._hot_specs)
         for spec in specs:
             self._runtime_for(spec).load_in_background()
+        for deployment_id in await asyncio.to_thread(self.rolling):
+            self.in_background(self._quiet_apply(deployment_id))
         self._reaper = asyncio.create_task(self._reap_idle())
         self._memory_watch = asyncio.create_task(self._watch_memory())
 
@@ -487,15 +510,145 @@ class ReplicaManager:
     # ---------------------------------------------------------------- deployments
 
     async def apply(self, deployment_id: str) -> None:
-        """Re-read the deployment after create/patch and act on its readiness at once; a new engine
-        unloads the replicas of the old one (and forgets its failure) so the next load runs the new, and
-        new generation settings reload them once drained.
-        CapacityConflict (409) when it could never fit, or is hot and cannot fit beside the other hot
-        deployments: nothing changes here then (the caller puts the stored deployment back)."""
+        """Re-read the deployment after create/patch and act on each of its versions at once: an active
+        one on its readiness (`_apply_spec`), a `loading` one loads beside the others and reports when it
+        is ready or failed, a `draining` one unloads once its requests are done, a version no longer listed
+        (a rollout rolled back before it was ready) stops.
+        CapacityConflict (409) when it could never fit, is hot and cannot fit beside the other hot
+        deployments, or a new version cannot fit beside the ones serving: nothing changes here then (the
+        caller puts the stored deployment back)."""
         spec = await asyncio.to_thread(self._specs, deployment_id)
         if spec is None:
             await self.remove(deployment_id)
             return
+        specs = [spec]
+        for version in spec.versions:
+            if version.artifact_id != spec.artifact_id:
+                other = await asyncio.to_thread(self._specs, version_key(deployment_id, version.artifact_id))
+                if other is not None and other.artifact_id == version.artifact_id:
+                    specs.append(other)
+        states = {v.artifact_id: v.state for v in spec.versions}
+        await self._check_rollout(deployment_id, specs, states)
+        self._versions[deployment_id] = spec.versions
+        listed = {s.key for s in specs}
+        for key, runtime in list(self._runtimes.items()):
+            if runtime.spec.id == deployment_id and key not in listed:
+                del self._runtimes[key]  # rolled back before it was ready, or drained: it stops
+                self.in_background(runtime.unload())
+        self.publish(deployment_id)
+        for version_spec in specs:
+            state = states.get(version_spec.artifact_id, "active")
+            if state == "active":
+                await self._apply_spec(version_spec)
+            elif state == "loading":
+                self._roll(version_spec, self._roll_in)
+            elif state == "draining":
+                self._roll(version_spec, self._drain)
+            else:  # failed: it holds nothing; a PATCH that asks for it again loads it anew
+                failed = self._runtimes.pop(version_spec.key, None)
+                if failed is not None:
+                    self.in_background(failed.unload())
+
+    async def _check_rollout(
+        self, deployment_id: str, specs: list[DeploymentSpec], states: dict[str, str]
+    ) -> None:
+        """A new version loads beside the active ones: refused (409) where both cannot fit in the budget
+        beside the hot deployments pinned (the operator's answer: `strategy: replace`, where the serving
+        version is draining: its memory is freed first)."""
+        new = [s for s in specs if states.get(s.artifact_id) == "loading" and s.key not in self._runtimes]
+        if not new or not self.placement.enforced:
+            return
+        held = self.placement.held()
+        serving = [
+            held.get(rt.spec.key) or self.placement.predict(rt.spec, self.replica_count(rt.spec))[1]
+            for rt in self.tenants()
+            if rt.spec.id == deployment_id
+            and rt.state in ("ready", "loading")
+            and states.get(rt.spec.artifact_id) == "active"
+        ]
+        if not serving:
+            return
+        pinned = [
+            held.get(rt.spec.key) or self.placement.predict(rt.spec, self.replica_count(rt.spec))[1]
+            for rt in self.tenants()
+            if rt.spec.readiness == "hot" and rt.spec.id != deployment_id
+        ]
+        for spec in new:
+            _, need = await asyncio.to_thread(self.placement.predict, spec, self.replica_count(spec))
+            if not self.placement.capacity.fits_beside_pinned(need, [*serving, *pinned]):
+                raise CapacityConflict(
+                    f"The new version ({spec.artifact_id}, about {need.host // MB} MB) cannot load beside "
+                    f"the one serving ({sum(f.host for f in serving) // MB} MB) within the memory budget "
+                    f"of {self.placement.capacity.budget // MB} MB. Nothing changed; send "
+                    '"strategy": "replace" to stop the serving version first (requests wait for the new '
+                    "one).",
+                    param="artifact_id",
+                    code="insufficient_capacity",
+                )
+            serving.append(need)
+
+    def _roll(self, spec: DeploymentSpec, work: Callable[[DeploymentRuntime], Any]) -> None:
+        """Start a version's rollout work (its load beside the others, or its drain) unless it runs."""
+        runtime = self._runtime_for(spec)
+        runtime.spec = spec
+        if runtime.rolling is None or runtime.rolling.done():
+            runtime.rolling = asyncio.ensure_future(work(runtime))
+            self.background.add(runtime.rolling)
+            runtime.rolling.add_done_callback(self.background.discard)
+
+    async def _roll_in(self, runtime: DeploymentRuntime) -> None:
+        """Load the new version beside the serving ones; the store then moves traffic onto it."""
+        try:
+            await runtime.ensure_loaded()
+        except ModelhostError as exc:
+            await self._version_event(runtime.spec, "failed", runtime.reason or exc.message)
+            return
+        await self._version_event(runtime.spec, "loaded", None)
+
+    async def _drain(self, runtime: DeploymentRuntime) -> None:
+        """A version leaving: once its requests in flight (every gateway process's) have finished, or
+        after `request_timeout_seconds` (no request lasts longer), it unloads. Not if it was asked for
+        again meanwhile (a rollback: it serves on)."""
+        deadline = self.clock.monotonic() + self.settings.request_timeout_seconds
+        runtime.leaving, runtime.wants_memory = True, False
+        await asyncio.sleep(DRAIN_GRACE_SECONDS)
+        while self._state_of(runtime.spec) == "draining" and self.clock.monotonic() < deadline:
+            if not await runtime.busy():
+                break
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        if self._state_of(runtime.spec) != "draining":
+            runtime.leaving = False  # asked for again (a rollback): it serves on
+            return
+        if self._runtimes.get(runtime.spec.key) is runtime:
+            del self._runtimes[runtime.spec.key]
+        await runtime.unload()
+        await self._version_event(runtime.spec, "drained", None)
+
+    def _state_of(self, spec: DeploymentSpec) -> str | None:
+        versions = self._versions.get(spec.id, ())
+        return next((v.state for v in versions if v.artifact_id == spec.artifact_id), None)
+
+    async def _version_event(self, spec: DeploymentSpec, event: str, reason: str | None) -> None:
+        """Tell the store, then act on the versions it now lists (traffic moved, the old one drains)."""
+        try:
+            await asyncio.to_thread(self.version_changed, spec.id, spec.artifact_id, event, reason)
+        except Exception:
+            log.exception(
+                "recording version %s of deployment %s as %s failed", spec.artifact_id, spec.id, event
+            )
+            return
+        await self._quiet_apply(spec.id)
+
+    async def _quiet_apply(self, deployment_id: str) -> None:
+        try:
+            await self.apply(deployment_id)
+        except ModelhostError as exc:  # a background step: the deployment's versions say where it stands
+            log.warning("deployment %s: %s", deployment_id, exc.message)
+
+    async def _apply_spec(self, spec: DeploymentSpec) -> None:
+        """An active version: act on its readiness at once; a new engine unloads the replicas of the old
+        one (and forgets its failure) so the next load runs the new, and new generation settings reload
+        them once drained."""
         pinned = [
             (rt.spec, self.replica_count(rt.spec)) for rt in self.tenants() if rt.spec.readiness == "hot"
         ]
@@ -564,9 +717,12 @@ class ReplicaManager:
                 runtime.load_in_background()
 
     async def remove(self, deployment_id: str) -> None:
-        runtime = self._runtimes.pop(deployment_id, None)
-        if runtime is not None:
-            await runtime.unload()
+        """Every version of the deployment stops."""
+        self._versions.pop(deployment_id, None)
+        runtimes = [rt for rt in self._runtimes.values() if rt.spec.id == deployment_id]
+        for runtime in runtimes:
+            self._runtimes.pop(runtime.spec.key, None)
+        await asyncio.gather(*(rt.unload() for rt in runtimes), return_exceptions=True)
 
     async def infer(self, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:
         return await (await self._runtime_of(deployment_id)).infer(item)
@@ -585,23 +741,62 @@ class ReplicaManager:
         return runtime
 
     def addresses(self) -> dict[str, list[str]]:
-        """Where every loaded deployment's replicas are (for a gateway process that starts)."""
-        return {deployment_id: rt.addresses() for deployment_id, rt in self._runtimes.items() if rt.replicas}
+        """Where every loaded version's replicas are, and each deployment's active ones (`publish`), for a
+        gateway process that starts."""
+        known = {key: rt.addresses() for key, rt in self._runtimes.items() if rt.replicas}
+        for deployment_id in {rt.spec.id for rt in self._runtimes.values() if rt.replicas}:
+            states = {v.artifact_id: v.state for v in self._versions.get(deployment_id, ())}
+            known[deployment_id] = [
+                a
+                for rt in self._runtimes.values()
+                if rt.spec.id == deployment_id and states.get(rt.spec.artifact_id, "active") == "active"
+                for a in rt.addresses()
+            ]
+        return known
 
-    def touch(self, deployment_ids: list[str]) -> None:
-        """Other gateway processes used these deployments lately (the idle reaper reads it)."""
-        for deployment_id in deployment_ids:
-            runtime = self._runtimes.get(deployment_id)
-            if runtime is not None:
-                runtime.touch()
+    def publish(self, deployment_id: str) -> None:
+        """Tell the other gateway processes where each version of the deployment runs (by runtime key),
+        and, under the deployment's own ID, where its active versions run (what they send requests that
+        name no version to: an adapter's, on its base)."""
+        runtimes = [rt for rt in self._runtimes.values() if rt.spec.id == deployment_id]
+        for runtime in runtimes:
+            self.replicas_changed(runtime.spec.key, runtime.addresses())
+        states = {v.artifact_id: v.state for v in self._versions.get(deployment_id, ())}
+        active = [
+            a
+            for rt in runtimes
+            if states.get(rt.spec.artifact_id, "active") == "active"
+            for a in rt.addresses()
+        ]
+        self.replicas_changed(deployment_id, active)
 
-    async def _runtime_of(self, deployment_id: str) -> DeploymentRuntime:
-        runtime = self._runtimes.get(deployment_id)
+    def touch(self, keys: list[str]) -> None:
+        """Other gateway processes used these versions (or deployments) lately (the idle reaper reads it)."""
+        for key in keys:
+            for runtime in self._runtimes.values():
+                if key in (runtime.spec.key, runtime.spec.id):
+                    runtime.touch()
+
+    async def _runtime_of(self, key: str) -> DeploymentRuntime:
+        """The runtime of a version (`deployment@artifact`, as a gateway chose it), or of a deployment
+        (split here by its versions: the supervisor's runners, an adapter's base). A version no longer
+        listed (a gateway routed by the split before a rollout ended) is served by the current one."""
+        deployment_id, artifact_id = split_key(key)
+        if artifact_id is None:
+            versions = self._versions.get(deployment_id)
+            if versions is None:
+                spec = await asyncio.to_thread(self._specs, deployment_id)
+                if spec is None:
+                    raise NotFound("Deployment not found", code="deployment_not_found")
+                versions = self._versions[deployment_id] = spec.versions
+            if versions:
+                key = version_key(deployment_id, choose_version(versions))
+        runtime = self._runtimes.get(key)
         if runtime is None:
-            spec = await asyncio.to_thread(self._specs, deployment_id)
+            spec = await asyncio.to_thread(self._specs, key)
             if spec is None:
                 raise NotFound("Deployment not found", code="deployment_not_found")
-            runtime = self._runtime_for(spec)
+            runtime = self._runtimes.get(spec.key) or self._runtime_for(spec)
         return runtime
 
     async def stream(self, deployment_id: str, item: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
@@ -611,13 +806,24 @@ class ReplicaManager:
                 yield event
 
     async def status(self, deployment_id: str) -> LiveStatus:
-        runtime = self._runtimes.get(deployment_id)
-        return runtime.status() if runtime is not None else LiveStatus()
+        """The deployment's state: its best version's (ready before loading before the rest), with the
+        replicas and memory of all its versions (a rollout holds two)."""
+        runtimes = [rt for rt in self._runtimes.values() if rt.spec.id == deployment_id]
+        if not runtimes:
+            return LiveStatus()
+        statuses = [rt.status() for rt in runtimes]
+        order = ("ready", "loading", "failed", "unloaded")
+        best = min(statuses, key=lambda s: order.index(s.state) if s.state in order else len(order))
+        return dataclasses.replace(
+            best,
+            replicas=sum(s.replicas for s in statuses),
+            memory_gb=round(sum(s.memory_gb for s in statuses), 6),
+        )
 
     def _runtime_for(self, spec: DeploymentSpec) -> DeploymentRuntime:
-        runtime = self._runtimes.get(spec.id)
+        runtime = self._runtimes.get(spec.key)
         if runtime is None:
-            runtime = self._runtimes[spec.id] = DeploymentRuntime(spec, self)
+            runtime = self._runtimes[spec.key] = DeploymentRuntime(spec, self)
         return runtime
 
     async def _reap_idle(self) -> None:

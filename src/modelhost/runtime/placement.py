@@ -179,9 +179,9 @@ class Placement:
     # ---------------------------------------------------------------- pinned deployments
 
     def held(self) -> dict[str, Footprint]:
-        """What each loaded (or loading) deployment holds now, by deployment ID."""
+        """What each loaded (or loading) deployment version holds now, by its runtime key."""
         return {
-            r.spec.id: r.holding.footprint for r, _ in self._reservations.values() if not r.holding.unloading
+            r.spec.key: r.holding.footprint for r, _ in self._reservations.values() if not r.holding.unloading
         }
 
     def check_fits(
@@ -205,7 +205,7 @@ class Placement:
             )
         if spec.readiness != "hot":
             return
-        others = [(s, held.get(s.id) or self.predict(s, n)[1]) for s, n in pinned if s.id != spec.id]
+        others = [(s, held.get(s.key) or self.predict(s, n)[1]) for s, n in pinned if s.id != spec.id]
         if self.capacity.fits_beside_pinned(need, [f for _, f in others]):
             return
         metrics.CAPACITY_REFUSALS.inc()
@@ -306,7 +306,7 @@ class Placement:
             plan = evictions(short, gpu, candidates, now, self.settings.min_residency_seconds)
             if plan is None:
                 continue
-            by_id = {t.spec.id: t for t in others}
+            by_id = {t.spec.key: t for t in others}
             victims = [by_id[c.deployment_id] for c in plan]
             why = [_evicted_for(victim.spec, tenant.spec) for victim in victims]  # each for its viewers
             await asyncio.gather(*(self._evict(v, w, "load") for v, w in zip(victims, why, strict=True)))
@@ -317,18 +317,18 @@ class Placement:
 
     async def _candidates(self, tenants: Sequence[Tenant]) -> list[Candidate]:
         """The loaded deployments, with whether each is idle (its replicas asked)."""
-        holding = {r.spec.id: r for r, t in self._reservations.values() if not r.holding.unloading}
-        loaded = [t for t in tenants if t.state == "ready" and t.spec.id in holding]
+        holding = {r.spec.key: r for r, t in self._reservations.values() if not r.holding.unloading}
+        loaded = [t for t in tenants if t.state == "ready" and t.spec.key in holding]
         busy = await asyncio.gather(*(t.busy() for t in loaded))
         return [
             Candidate(
-                t.spec.id,
+                t.spec.key,
                 t.spec.readiness,
                 not is_busy,
                 t.last_used,
                 t.loaded_at,
-                holding[t.spec.id].holding.footprint,
-                holding[t.spec.id].holding.gpu,
+                holding[t.spec.key].holding.footprint,
+                holding[t.spec.key].holding.gpu,
             )
             for t, is_busy in zip(loaded, busy, strict=True)
         ]
@@ -342,7 +342,7 @@ class Placement:
         self, tenant: Tenant, prediction: Prediction, need: Footprint, count: int, gpu: int | None
     ) -> Reservation:
         spec = tenant.spec
-        holding = self.capacity.hold(spec.id, need, gpu)
+        holding = self.capacity.hold(spec.key, need, gpu)
         kv_mb = math.ceil(prediction.kv_cache / MB) if prediction.kv_cache else None
         device = f"cuda:{gpu}" if gpu is not None else None
         placed = replace(spec, device=device, kv_cache_mb=kv_mb, footprint=prediction.footprint)
@@ -428,7 +428,7 @@ class Placement:
             victims = evictions(Footprint(short), None, candidates, now, self.settings.min_residency_seconds)
             if not victims:  # what holds the memory is busy, pinned or new: it stays until that changes
                 return
-            by_id = {t.spec.id: t for t in tenants}
+            by_id = {t.spec.key: t for t in tenants}
             why = f"evicted at {_now()}: the deployments' measured memory grew above the budget"
             await asyncio.gather(*(self._evict(by_id[c.deployment_id], why, "over_budget") for c in victims))
 
@@ -453,6 +453,7 @@ class Placement:
             deployments.append(
                 {
                     "id": tenant.spec.id,
+                    "artifact_id": tenant.spec.artifact_id,
                     "model": tenant.spec.model,
                     "account_id": tenant.spec.account_id,
                     "readiness": tenant.spec.readiness,

@@ -610,6 +610,13 @@ def vllm_definition(spec: ReplicaSpec, settings: Settings, warmup: bool) -> Vllm
     return VllmLaunch(launch.command, launch.env, launch.args, str(spec.model_dir))
 
 
+def application_name(deployment: DeploymentSpec) -> str:
+    """A deployment's Serve application: named by its ID; a version loaded while the deployment lists
+    others (a rollout, a canary) by its runtime key, so that both run side by side, each its own
+    application (docs/deploy.md, "Ray Serve")."""
+    return deployment.id if len(deployment.versions) <= 1 else deployment.key
+
+
 class RayServeReplica:
     """The manager's one replica for a deployment on Ray Serve; Serve runs and scales the actors."""
 
@@ -627,7 +634,7 @@ class RayServeReplica:
         self.spec = spec
         self._on_exit = on_exit
         self.failure: str | None = None  # why no replica can start (`startup_failure`)
-        self.name = spec.deployment_id
+        self.name = application_name(deployment)
         self._settings = settings
         self._scaling = autoscaling(
             deployment.readiness, deployment.min_replicas, deployment.max_replicas, settings.cold_idle_seconds

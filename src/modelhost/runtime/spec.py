@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from modelhost.generation.deployment_settings import GenerationSettings
+from modelhost.routing import Version, version_key
 from modelhost.runtime.capacity import Footprint
 
 # vLLM sizes its LoRA slots for one rank among these (`max_lora_rank`)
@@ -57,6 +58,13 @@ class DeploymentSpec:
     # A generation task's own settings (max_model_len, chat template, parsers): its replicas load with
     # them, and a change reloads them (`runtime.manager.apply`)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
+    # Every version of the deployment (`routing.Version`): this spec is the one of `artifact_id`'s
+    versions: tuple[Version, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """Its name in the runtime: each version of a deployment runs as replicas of its own."""
+        return version_key(self.id, self.artifact_id)
 
     @property
     def viewers(self) -> frozenset[str]:

@@ -25,6 +25,7 @@ from modelhost.agents.store import RunJob
 from modelhost.cache import TTLCache
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError, ServiceUnavailable, rebuild
+from modelhost.routing import split_key
 from modelhost.runtime.client import ReplicaConnection
 from modelhost.runtime.dispatch import Dispatcher
 from modelhost.runtime.replica import ReplicaDied
@@ -210,7 +211,9 @@ class RemoteRuntime:
         deployment = self._deployments.get(deployment_id)
         if deployment is None:
             settings = self._settings
-            dispatcher = Dispatcher(deployment_id, settings.max_queue_size, settings.request_timeout_seconds)
+            # a version's requests are the deployment's in the metrics (`routing.split_key`)
+            labelled = split_key(deployment_id)[0]
+            dispatcher = Dispatcher(labelled, settings.max_queue_size, settings.request_timeout_seconds)
             deployment = self._deployments[deployment_id] = _Deployment(dispatcher)
         return deployment
 

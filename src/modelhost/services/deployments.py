@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,13 @@ from modelhost.generation import deployment_settings
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import artifact_family
 from modelhost.pipelines import BY_NAME
-from modelhost.routing import DeploymentRef
+from modelhost.routing import DeploymentRef, Version, split_key
 from modelhost.runtime import engines
 from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.engines import MEASURED_AT_LOAD, EngineChoice, replica_engine
 from modelhost.runtime.footprint import generates, model_context
 from modelhost.runtime.spec import AdapterTarget, AttachedAdapter, DeploymentSpec
-from modelhost.services import adapters
+from modelhost.services import adapters, rollouts
 from modelhost.store.db import Database
 from modelhost.store.models import Deployment, MeasuredFootprint, ModelArtifact
 from modelhost.store.types import new_id
@@ -63,6 +64,10 @@ def _follows_base(settings: Mapping[str, Any] | None) -> None:
         )
 
 
+def _iso(when: datetime | None) -> str:
+    return (when or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def audited(deployment: Deployment) -> dict[str, object]:
     """What an audit row says of a deployment: what its owner or the operator set."""
     return {
@@ -94,13 +99,22 @@ class DeploymentService:
         self._refs_cache = refs_cache
         self.ref_loads: SingleFlight[list[DeploymentRef]] = SingleFlight()
 
-    def runtime_spec(self, deployment_id: str) -> DeploymentSpec | None:
-        """The runtime's view of a deployment (None once deleted)."""
+    def runtime_spec(self, key: str) -> DeploymentSpec | None:
+        """The runtime's view of a deployment (None once deleted): of the version `key` names
+        (`deployment@artifact`), or of its own artifact (a plain ID, or a version no longer listed)."""
+        deployment_id, artifact_id = split_key(key)
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id)
             if deployment is None:
                 return None
-            pairs = [(deployment, self._artifact_of(session, deployment))]
+            artifact = self._artifact_of(session, deployment)
+            if (
+                artifact_id is not None
+                and artifact_id != artifact.id
+                and artifact_id in self._listed(deployment)
+            ):
+                artifact = session.get(ModelArtifact, artifact_id) or artifact
+            pairs = [(deployment, artifact)]
             remembered = self._remembered(session, pairs)
             attached = self._attached(session, pairs)
         return self._specs(pairs, remembered, attached)[0]
@@ -116,7 +130,12 @@ class DeploymentService:
                 )
                 .order_by(Deployment.id)
             ).all()
-            pairs = [(d, self._artifact_of(session, d)) for d in hot]
+            pairs = [
+                (d, artifact)
+                for d in hot
+                for v in self._versions_of(d)
+                if v.state == "active" and (artifact := session.get(ModelArtifact, v.artifact_id)) is not None
+            ]
             remembered = self._remembered(session, pairs)
             attached = self._attached(session, pairs)
         return self._specs(pairs, remembered, attached)
@@ -167,7 +186,7 @@ class DeploymentService:
         session: Session, pairs: list[tuple[Deployment, ModelArtifact]]
     ) -> dict[str, list[MeasuredFootprint]]:
         """The footprints measured for these deployments' artifacts, by artifact."""
-        ids = {deployment.artifact_id for deployment, _ in pairs}
+        ids = {artifact.id for _, artifact in pairs}
         rows = session.scalars(select(MeasuredFootprint).where(MeasuredFootprint.artifact_id.in_(ids)))
         found: dict[str, list[MeasuredFootprint]] = {}
         for row in rows:
@@ -254,11 +273,11 @@ class DeploymentService:
         """Outside the transaction: with a remote blob store, finding the model's folder may mean
         downloading it first."""
 
-        def footprints(deployment: Deployment) -> dict[str, Footprint]:
+        def footprints(deployment: Deployment, artifact: ModelArtifact) -> dict[str, Footprint]:
             engine = replica_engines[deployment.id]
             return {
                 row.device: Footprint(row.host_bytes, row.gpu_bytes)
-                for row in remembered.get(deployment.artifact_id, [])
+                for row in remembered.get(artifact.id, [])
                 if row.engine == engine and row.precision == deployment.precision
             }
 
@@ -270,8 +289,8 @@ class DeploymentService:
         # No published files (never the case for a ready artifact made by an upload): the runtime sees a
         # missing folder and fails the load with that reason.
         folders = {
-            deployment.id: self._artifact_dir(artifact) or Path(f"/missing-artifact-files/{artifact.id}")
-            for deployment, artifact in pairs
+            artifact.id: self._artifact_dir(artifact) or Path(f"/missing-artifact-files/{artifact.id}")
+            for _, artifact in pairs
         }
         return [
             DeploymentSpec(
@@ -280,22 +299,33 @@ class DeploymentService:
                 readiness=deployment.readiness,
                 min_replicas=deployment.min_replicas,
                 max_replicas=deployment.max_replicas,
-                model_dir=folders[deployment.id],
+                model_dir=folders[artifact.id],
                 account_id=deployment.account_id,
                 model=deployment.model,
-                artifact_id=deployment.artifact_id,
+                artifact_id=artifact.id,
                 engine=replica_engines[deployment.id],
                 falls_back=engines.falls_back(
-                    deployment.engine, deployment.engine_in_use, folders[deployment.id]
+                    deployment.engine, deployment.engine_in_use, folders[artifact.id]
                 ),
                 precision=deployment.precision,
                 # a context of its own changes its KV cache: the artifact's measurement is not its own
-                remembered={} if own[deployment.id].max_model_len else footprints(deployment),
+                remembered={} if own[deployment.id].max_model_len else footprints(deployment, artifact),
                 adapters=tuple(attached.get(deployment.id, [])),
                 generation=own[deployment.id],
+                versions=tuple(self._versions_of(deployment)),
             )
             for deployment, artifact in pairs
         ]
+
+    @staticmethod
+    def _versions_of(deployment: Deployment) -> list[Version]:
+        """Its versions (an adapter deployment's: none of its own, it runs on its base's)."""
+        if deployment.base_deployment_id is not None:
+            return []
+        return rollouts.read(deployment.versions, deployment.artifact_id, _iso(deployment.updated_at))
+
+    def _listed(self, deployment: Deployment) -> set[str]:
+        return rollouts.held(self._versions_of(deployment))
 
     def _choose_engine(self, asked: str, artifact: ModelArtifact) -> EngineChoice:
         """Outside any transaction: the choice may read the artifact's config.json, and finding its folder
@@ -425,6 +455,10 @@ class DeploymentService:
                     Deployment.pipeline,
                     Deployment.detached_reason,
                     Deployment.generation_defaults,
+                    Deployment.artifact_id,
+                    Deployment.base_deployment_id,
+                    Deployment.versions,
+                    Deployment.sticky,
                 ).where(Deployment.account_id == account_id)
             )
             return [
@@ -434,6 +468,11 @@ class DeploymentService:
                     pipeline=r.pipeline,
                     unavailable=r.detached_reason,
                     generation_defaults=r.generation_defaults,
+                    # an adapter deployment runs on its base's versions, which its base splits
+                    versions=()
+                    if r.base_deployment_id is not None
+                    else tuple(rollouts.read(r.versions, r.artifact_id, "")),
+                    sticky=r.sticky,
                 )
                 for r in rows
             ]
@@ -515,6 +554,192 @@ class DeploymentService:
             audit.record(session, "deployment.updated", "deployment", deployment.id, account_id, changes)
         self._refs_cache.clear()
         return deployment
+
+    def roll(
+        self,
+        account_id: str,
+        deployment_id: str,
+        traffic: Mapping[str, int] | None,
+        *,
+        loaded: bool,
+        replacing: bool = False,
+        sticky: str | None = None,
+        sticky_given: bool = False,
+    ) -> Deployment:
+        """Move the deployment to the versions `traffic` asks for (artifact → percent; one artifact at
+        100: a rollout, or a rollback to one still listed; several: a canary). Each artifact must be the
+        account's, ready and of the deployment's pipeline, and fit the adapters attached to it. `loaded`
+        (its replicas run now): a new version loads beside the others (`rollouts.plan`); else the versions
+        are simply switched. Its artifacts' `deployment_count` counts every version it holds."""
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id)
+            if deployment is None or deployment.account_id != account_id:
+                raise _not_found()
+            if deployment.base_deployment_id is not None:
+                raise InvalidRequest(
+                    "An adapter deployment is served by its base's replicas: deploy the new adapter under "
+                    "its "
+                    "own model ID, or roll the base out instead.",
+                    param="artifact_id",
+                    code="adapter_follows_base",
+                )
+            if traffic is None:  # `sticky` alone: the split stays
+                traffic = rollouts.split(self._versions_of(deployment))
+            wanted = {a: self._rollable(session, account_id, deployment, a) for a in traffic}
+            attached = [(a, self._artifact_of(session, a)) for a in adapters.attached(session, deployment.id)]
+        for artifact in wanted.values():
+            self._check_adapters_fit(artifact, attached)
+        now = _iso(None)
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id, with_for_update=True)
+            if deployment is None or deployment.account_id != account_id:
+                raise _not_found()
+            before = self._versions_of(deployment)
+            after = rollouts.plan(before, traffic, now, loaded=loaded, replacing=replacing)
+            self._count_uses(session, rollouts.held(before), rollouts.held(after))
+            deployment.versions = rollouts.stored(after)
+            deployment.artifact_id = rollouts.primary(after)
+            if sticky_given:
+                deployment.sticky = sticky
+            switched = rollouts.split(before) != rollouts.split(after)
+            if switched:
+                actor = audit.current_actor()
+                entry = {
+                    "at": now,
+                    "by": actor.kind if actor.key_id is None else f"{actor.kind} {actor.key_id}",
+                    "from": rollouts.split(before),
+                    "to": rollouts.split(after),
+                    "strategy": "replace" if replacing else "rolling",
+                }
+                deployment.history = [*(deployment.history or []), entry][-rollouts.HISTORY_LENGTH :]
+                back = any(v.artifact_id in traffic and v.traffic == 0 for v in before)
+                action = "deployment.rolled_back" if back else "deployment.rollout_started"
+                changes = {"traffic": {"before": entry["from"], "after": entry["to"]}}
+                audit.record(session, action, "deployment", deployment.id, account_id, changes)
+        self._refs_cache.clear()
+        return deployment
+
+    def _rollable(
+        self, session: Session, account_id: str, deployment: Deployment, artifact_id: str
+    ) -> ModelArtifact:
+        """An artifact a deployment may roll to: the account's (else 404), ready (409), a full model of the
+        deployment's pipeline (400)."""
+        artifact = session.get(ModelArtifact, artifact_id)
+        if artifact is None or artifact.account_id != account_id:
+            raise _artifact_not_found()
+        if artifact.status != "ready" and artifact.id not in self._listed(deployment):
+            raise _artifact_not_ready(artifact)
+        if artifact.kind == "adapter" or artifact.pipeline != deployment.pipeline:
+            what = "a LoRA adapter" if artifact.kind == "adapter" else artifact.pipeline
+            raise InvalidRequest(
+                f"Artifact {artifact.id} is {what}; deployment '{deployment.model}' serves "
+                f"{deployment.pipeline}: "
+                "a new version must be a full model of the same pipeline.",
+                param="artifact_id",
+                code="pipeline_mismatch",
+            )
+        return artifact
+
+    def _check_adapters_fit(
+        self, artifact: ModelArtifact, attached: list[tuple[Deployment, ModelArtifact]]
+    ) -> None:
+        """409 `adapter_base_mismatch` when an adapter attached to the deployment does not fit the new
+        version (its modules or sizes): it would stop working. Another account's adapter is not named."""
+        for adapter, adapter_artifact in attached:
+            try:
+                adapters.check_fits(
+                    self._artifact_dir(adapter_artifact), self._artifact_dir(artifact), adapter_artifact
+                )
+            except (InvalidRequest, Conflict) as exc:
+                named = (
+                    f"'{adapter.model}'"
+                    if adapter.account_id == artifact.account_id
+                    else "of another account"
+                )
+                raise Conflict(
+                    f"The adapter deployment {named} attached to this deployment does not fit artifact "
+                    f"{artifact.id}: {exc.message} Delete it, or roll to an artifact it fits.",
+                    param="artifact_id",
+                    code="adapter_base_mismatch",
+                ) from None
+
+    @staticmethod
+    def _count_uses(session: Session, before: set[str], after: set[str]) -> None:
+        """Each artifact a deployment holds counts one use (guarded: a new one only while ready, so that
+        a concurrent re-upload, which needs no use, and this cannot both succeed)."""
+        for artifact_id in sorted(after - before):
+            claimed = session.execute(
+                update(ModelArtifact)
+                .where(ModelArtifact.id == artifact_id, ModelArtifact.status == "ready")
+                .values(deployment_count=ModelArtifact.deployment_count + 1)
+                .execution_options(synchronize_session=False)
+            )
+            if claimed.rowcount != 1:  # type: ignore[attr-defined]
+                artifact = session.get(ModelArtifact, artifact_id)
+                assert artifact is not None
+                session.refresh(artifact)
+                raise _artifact_not_ready(artifact)
+        for artifact_id in sorted(before - after):
+            session.execute(
+                update(ModelArtifact)
+                .where(ModelArtifact.id == artifact_id)
+                .values(deployment_count=ModelArtifact.deployment_count - 1)
+                .execution_options(synchronize_session=False)
+            )
+
+    def restore(self, deployment_id: str, before: Deployment) -> None:
+        """Put back the versions a refused rollout changed (the runtime found no room for both), as the
+        row of its start says, with a row of its own."""
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id, with_for_update=True)
+            if deployment is None:
+                return
+            refused = rollouts.split(self._versions_of(deployment))
+            self._count_uses(session, self._listed(deployment), self._listed(before))
+            deployment.versions, deployment.artifact_id = before.versions, before.artifact_id
+            deployment.sticky, deployment.history = before.sticky, before.history
+            # its start was recorded with it: the refusal that undid it is recorded too
+            changes = {"traffic": {"before": refused, "after": rollouts.split(self._versions_of(deployment))}}
+            audit.record(
+                session, "deployment.rollout_refused", "deployment", deployment.id, before.account_id, changes
+            )
+        self._refs_cache.clear()
+
+    def version_changed(self, deployment_id: str, artifact_id: str, event: str, reason: str | None) -> None:
+        """The runtime says a version of a rollout `loaded` (it takes its traffic; the leaving ones
+        drain), `failed` (the others keep serving; it says why) or `drained` (it leaves the table)."""
+        now = _iso(None)
+        with self._database.transaction() as session:
+            deployment = session.get(Deployment, deployment_id, with_for_update=True)
+            if deployment is None:
+                return
+            before = self._versions_of(deployment)
+            if event == "loaded":
+                after = rollouts.loaded(before, artifact_id, now)
+            elif event == "failed":
+                after = rollouts.failed(before, artifact_id, reason or "its load failed", now)
+            else:
+                after = rollouts.drained(before, artifact_id)
+            if after == before:
+                return
+            self._count_uses(session, rollouts.held(before), rollouts.held(after))
+            deployment.versions = rollouts.stored(after)
+            if event != "drained":
+                action = "deployment.rollout_finished" if event == "loaded" else "deployment.rollout_failed"
+                changes: audit.Changes = {"version": {"before": artifact_id, "after": event}}
+                if reason:
+                    changes["reason"] = {"before": None, "after": reason}
+                audit.record(session, action, "deployment", deployment.id, deployment.account_id, changes)
+        self._refs_cache.clear()
+
+    def rolling(self) -> list[str]:
+        """The deployments in the middle of a rollout (a version loading or draining): after a restart
+        the runtime carries on with them."""
+        with self._database.transaction() as session:
+            rows = session.scalars(select(Deployment).where(Deployment.versions.is_not(None))).all()
+            return [
+                d.id for d in rows if any(v.state in ("loading", "draining") for v in self._versions_of(d))
+            ]
 
     def share(self, deployment_id: str, shared: bool) -> tuple[Deployment, list[str]]:
         """The operator shares a deployment with every account as a base for their adapters, or stops:
@@ -598,12 +823,12 @@ class DeploymentService:
             attached = adapters.attached(session, deployment.id)
             if attached:
                 raise adapters.still_attached(deployment, attached)
-            session.execute(
-                update(ModelArtifact)
-                .where(ModelArtifact.id == deployment.artifact_id)
-                .values(deployment_count=ModelArtifact.deployment_count - 1)
-                .execution_options(synchronize_session=False)
+            held = (
+                self._listed(deployment)
+                if deployment.base_deployment_id is None
+                else {deployment.artifact_id}
             )
+            self._count_uses(session, held, set())
             session.delete(deployment)
             removed = audit.removed(audited(deployment))
             audit.record(session, "deployment.deleted", "deployment", deployment.id, account_id, removed)

@@ -43,6 +43,7 @@ from modelhost.protocol.chat import (
     TokenizeRequest,
 )
 from modelhost.protocol.tasks import MAX_MEDIA_INPUTS
+from modelhost.routing import split_key
 from modelhost.runtime.dispatch import WHOLE
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
@@ -432,7 +433,9 @@ async def open_streams(runtime: Runtime, deployment_id: str, requests: list[Even
         await Streams(streams, []).close()
         raise failure
     opened = [f for f in firsts if not isinstance(f, BaseException)]
-    PROMPT_TOKENS_CACHED.labels(deployment_id).inc(sum(int(f.get("cached_tokens", 0)) for f in opened))
+    PROMPT_TOKENS_CACHED.labels(split_key(deployment_id)[0]).inc(
+        sum(int(f.get("cached_tokens", 0)) for f in opened)
+    )
     return Streams(streams, opened)
 
 

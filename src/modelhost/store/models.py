@@ -205,6 +205,14 @@ class Deployment(Base):
     # The model family its files and chat template show (`generation.families.artifact_family`), which
     # names the parsers its replicas use unless its settings name others; None: not a generation deployment
     family: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # Its versions while it serves more than its `artifact_id` or rolls out (`services.rollouts`: artifact,
+    # traffic, state, since, reason); None: one version, its artifact. Stored so that every gateway routes
+    # by the same split and a restart serves the same versions
+    versions: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # `user` or `key`: a canary's caller stays on one version (hashed, so every gateway agrees); None: drawn
+    sticky: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    # Its last artifact switches (time, who, from, to, strategy), newest last (`rollouts.HISTORY_LENGTH`)
+    history: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

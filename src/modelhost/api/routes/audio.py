@@ -98,7 +98,7 @@ async def create_speech(body: SpeechRequest, request: Request, principal: Caller
     deployment = await deployment_for(request, principal, body.model)
     voice = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
     item = {"input": body.input, "voice": voice, "speed": body.speed, "response_format": body.response_format}
-    output = await run_inference(request, deployment.id, item)
+    output = await run_inference(request, deployment.runtime_key, item)
     return Response(
         output["audio"],
         media_type=output["content_type"],
@@ -177,7 +177,7 @@ async def _recognize(
         "temperature": form.temperature,
         "words": words,
     }
-    return await run_inference(request, deployment.id, item)
+    return await run_inference(request, deployment.runtime_key, item)
 
 
 def _shape(

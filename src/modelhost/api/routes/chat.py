@@ -52,12 +52,12 @@ CHAT_EXAMPLE = {
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
+    deployment = await deployment_for(request, principal, body.model, user=body.user)
     limit = services.settings.constrained_max_string_length
     answer = await chat.chat_completion(
         body,
         services.runtime,
-        deployment.id,
+        deployment.runtime_key,
         limit,
         _until(request),
         services.media,
@@ -76,10 +76,10 @@ async def chat_completions(
 async def completions(
     body: CompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
+    deployment = await deployment_for(request, principal, body.model, user=body.user)
     limit = services.settings.constrained_max_string_length
     answer = await chat.completion(
-        body, services.runtime, deployment.id, _until(request), limit, deployment.generation_defaults
+        body, services.runtime, deployment.runtime_key, _until(request), limit, deployment.generation_defaults
     )
     return _respond(answer)
 
@@ -107,7 +107,7 @@ async def _tokens(
 ) -> Response:
     """Both routes: the replica answers either body (`generation.requests.tokenized`)."""
     deployment = await deployment_for(request, principal, body.model)
-    answer = await chat.tokenize(body, services.runtime, deployment.id, _until(request))
+    answer = await chat.tokenize(body, services.runtime, deployment.runtime_key, _until(request))
     return Response(orjson.dumps(answer), media_type="application/json")
 
 

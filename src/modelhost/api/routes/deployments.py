@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Path
@@ -19,6 +20,8 @@ from modelhost.protocol.management import (
     Deployment,
     DeploymentCreate,
     DeploymentPatch,
+    DeploymentSwitch,
+    DeploymentVersion,
     GenerationDefaults,
     GenerationSettingsFields,
 )
@@ -56,6 +59,22 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
         base_deployment=deployment.base_deployment_id,
         shared=deployment.shared,
         generation_defaults=deployment.generation_defaults or {},
+        versions=[
+            DeploymentVersion(**v)
+            for v in deployment.versions
+            or [
+                {
+                    "artifact_id": deployment.artifact_id,
+                    "traffic": 100,
+                    "state": "active",
+                    "since": _iso(deployment.created_at),
+                }
+            ]
+        ]
+        if deployment.base_deployment_id is None
+        else [],
+        sticky=deployment.sticky,
+        history=[DeploymentSwitch.model_validate(h) for h in deployment.history or []],
         **_settings_shown(deployment.generation_settings),
         **_parsers_in_use(deployment.family, deployment.generation_settings),
         created_at=deployment.created_at,
@@ -142,14 +161,18 @@ async def get_deployment(
 
 @router.patch(
     "/{deployment_id}",
-    summary="Change readiness, replica bounds, engine or generation settings",
+    summary="Change readiness, replica bounds, engine, generation settings, or roll to another artifact",
     responses=error_responses(404, 409),
     description="New generation settings (`max_model_len`, `chat_template`, `chat_template_kwargs`, "
     "`tool_parser`, `reasoning_parser`) reload the deployment's replicas once their requests in flight "
     "have finished. 409 `insufficient_capacity`: made hot (or given more replicas while hot) where it cannot "
     "fit in the memory budget beside the other hot deployments; its readiness and replica bounds stay as "
     "they were. 409 `base_in_use`: an engine other than vLLM for a base with adapters attached. 400 "
-    "`adapter_follows_base`: readiness, replicas or engine of an adapter deployment (they are its base's).",
+    "`adapter_follows_base`: readiness, replicas or engine of an adapter deployment (they are its base's). "
+    "`artifact_id` or `traffic` start a rollout or a canary (docs/deploy.md): 404 `artifact_not_found` (not "
+    "the account's), 409 `artifact_not_ready`, 400 `pipeline_mismatch`, 409 `adapter_base_mismatch` (an "
+    "attached adapter does not fit the new artifact), 409 `insufficient_capacity` (both versions cannot fit: "
+    'nothing changed; `"strategy": "replace"` stops the old one first).',
 )
 async def update_deployment(
     body: DeploymentPatch,
@@ -170,9 +193,24 @@ async def update_deployment(
         _set_fields(body.generation_defaults),
         _settings_given(body),
     )
+    traffic = body.traffic if body.artifact_id is None else {body.artifact_id: 100}
+    if traffic is not None or "sticky" in body.model_fields_set:
+        live = await services.runtime.status(deployment_id)  # loaded: a rollout; else a switch
+        deployment = await run_in_threadpool(
+            lambda: services.deployments.roll(
+                account_id,
+                deployment_id,
+                traffic,
+                loaded=live.state in ("ready", "loading"),
+                replacing=body.strategy == "replace",
+                sticky=body.sticky,
+                sticky_given="sticky" in body.model_fields_set,
+            )
+        )
     try:
         await services.runtime.apply(deployment.id)  # takes effect without a restart
     except CapacityConflict:  # the runtime changed nothing: neither does the store
+        await run_in_threadpool(services.deployments.restore, deployment_id, before)
         await run_in_threadpool(
             services.deployments.update,
             account_id,
@@ -226,6 +264,10 @@ def _parsers_in_use(family_name: str | None, stored: dict[str, Any] | None) -> d
         "tool_parser_in_use": in_use.tool_parser,
         "reasoning_parser_in_use": in_use.reasoning_parser,
     }
+
+
+def _iso(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _set_fields(defaults: GenerationDefaults | None) -> dict[str, int | float] | None:

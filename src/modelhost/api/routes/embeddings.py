@@ -56,8 +56,8 @@ def truncate(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
 async def create_embeddings(
     body: EmbeddingsRequest, request: Request, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
-    output = await run_inference(request, deployment.id, {"inputs": as_inputs(body.input)})
+    deployment = await deployment_for(request, principal, body.model, user=body.user)
+    output = await run_inference(request, deployment.runtime_key, {"inputs": as_inputs(body.input)})
     vectors = truncate(vectors_of(output), body.dimensions)
     if body.encoding_format == "base64":
         encoded: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
@@ -84,7 +84,7 @@ async def feature_extraction(
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-    output = await run_inference(request, deployment.id, {"inputs": inputs})
+    output = await run_inference(request, deployment.runtime_key, {"inputs": inputs})
     vectors = vectors_of(output)
     return Response(
         orjson.dumps(

@@ -151,7 +151,7 @@ async def generate_images(
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
     item = {**_options_item(body), "prompt": body.prompt or ""}
-    output = await run_inference(request, deployment.id, item)
+    output = await run_inference(request, deployment.runtime_key, item)
     return await _answer(request, services, principal, deployment.model, body, output)
 
 
@@ -182,7 +182,7 @@ async def edit_images(request: Request, services: ServicesDep, principal: Caller
         "mask": form.mask,
         "limits": {"max_pixels": settings.media_max_pixels, "max_seconds": settings.media_max_seconds},
     }
-    output = await run_inference(request, deployment.id, item)
+    output = await run_inference(request, deployment.runtime_key, item)
     return await _answer(request, services, principal, deployment.model, body, output)
 
 

@@ -44,7 +44,7 @@ async def rerank(
     deployment = await deployment_for(request, principal, body.model)
     texts = [d.text if isinstance(d, RerankDocument) else d for d in body.documents]
     item = {"query": body.query, "documents": texts, "max_tokens_per_doc": body.max_tokens_per_doc}
-    output = await run_inference(request, deployment.id, item)
+    output = await run_inference(request, deployment.runtime_key, item)
     scores: list[float] = output["scores"]
     order = sorted(range(len(texts)), key=lambda i: -scores[i])[: body.top_n]
     with_documents = body.return_documents or bool(body.return_text)

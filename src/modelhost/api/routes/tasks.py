@@ -110,7 +110,7 @@ async def _run(
     deployment = await deployment_for(request, principal, model)
     if read is not None:
         item = {**item, **await read(services)}
-    output = await run_inference(request, deployment.id, item)
+    output = await run_inference(request, deployment.runtime_key, item)
     results: list[Any] = output["results"]
     return results
 
