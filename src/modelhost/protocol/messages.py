@@ -149,7 +149,12 @@ class ThinkingConfig(StrictModel):
 
 
 class MetadataParam(StrictModel):
-    user_id: str | None = Field(default=None, max_length=256, description=NO_EFFECT)
+    user_id: str | None = Field(
+        default=None,
+        max_length=256,
+        description="Keeps the caller on one version of a canary sticky by user (docs/deploy.md), as chat's "
+        "`user`; no other effect.",
+    )
 
 
 class OutputFormat(StrictModel):

@@ -54,11 +54,12 @@ EXAMPLE = {
 async def create_message(
     body: MessagesRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
-    deployment = await deployment_for(request, principal, body.model)
+    user = body.metadata.user_id if body.metadata is not None else None
+    deployment = await deployment_for(request, principal, body.model, user=user)
     answer = await messages.create_message(
         body,
         services.runtime,
-        deployment.id,
+        deployment.runtime_key,
         services.settings.constrained_max_string_length,
         _until(request),
         services.media,
@@ -79,7 +80,7 @@ async def count_tokens(
     body: CountTokensRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
-    counted = await messages.count_tokens(body, services.runtime, deployment.id, _until(request))
+    counted = await messages.count_tokens(body, services.runtime, deployment.runtime_key, _until(request))
     return _json(counted)
 
 
