@@ -103,7 +103,7 @@ def start_import(services: Services, **given: Any) -> tuple[str, str, str]:
 
 def running(services: Services, source: Any) -> ImportRunner:
     runner = ImportRunner(services.imports, services.artifacts, services.settings, lambda *_: source)
-    runner.start()
+    runner.start_claiming()
     return runner
 
 
@@ -181,7 +181,7 @@ async def test_an_import_whose_server_stopped_after_completing_it_ends_as_its_se
         crash.setattr(local.imports, "finish", lambda *_: None)
         runner = running(local, FolderSource(model))
         await until(lambda: local.artifacts.get(account, artifact).artifact.status == "ready")
-        await until(lambda: not runner._running)
+        await until(lambda: not runner.running)
         await runner.stop()
     assert local.imports.get(account, artifact, import_id).status == "running"
     monkeypatch.setattr(local.settings, "import_stale_seconds", 0.2)  # its claim soon stale: taken over
@@ -271,7 +271,7 @@ async def test_cancelling_a_running_import_stops_it_and_restores_the_artifact(
         )
         cancelled = local.imports.cancel(account, artifact, import_id)
         assert cancelled.status == "cancelled"
-        await until(lambda: not runner._running)  # its fetches stopped at the next beat
+        await until(lambda: not runner.running)  # its fetches stopped at the next beat
     finally:
         await runner.stop()
     assert local.artifacts.get(account, artifact).artifact.status == "created"

@@ -213,7 +213,7 @@ async def supervising(app: FastAPI, services: Services, supervision: Supervision
     supervision.videos.start()
     supervision.agents.start()
     supervision.batches.start(line_caller(app))
-    supervision.imports.start()
+    supervision.imports.start_claiming()
     try:
         yield
     finally:

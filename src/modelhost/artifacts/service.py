@@ -320,14 +320,7 @@ class ArtifactService:
         with self._database.transaction() as session:
             upload = self._owned_session(session, account_id, artifact_id, upload_id)
             self._require_open(upload)
-            claimed = session.execute(
-                update(UploadSession)
-                .where(UploadSession.id == upload_id, UploadSession.status == "open")
-                .values(status="completing", updated_at=utcnow())
-                .execution_options(synchronize_session=False)
-            )
-            if claimed.rowcount != 1:  # type: ignore[attr-defined]
-                raise Conflict("Upload session is no longer open.", param="upload_id", code="upload_not_open")
+            self._claim_for_completion(session, upload_id)
             artifact = session.get(ModelArtifact, artifact_id)
             assert artifact is not None
             pipeline = artifact.pipeline
@@ -387,14 +380,7 @@ class ArtifactService:
         `code`, or still ready with its previous version): a server-side import whose source failed."""
         with self._database.transaction() as session:
             self._owned_session(session, account_id, artifact_id, upload_id)
-            claimed = session.execute(
-                update(UploadSession)
-                .where(UploadSession.id == upload_id, UploadSession.status == "open")
-                .values(status="completing", updated_at=utcnow())
-                .execution_options(synchronize_session=False)
-            )
-            if claimed.rowcount != 1:  # type: ignore[attr-defined]
-                raise Conflict("Upload session is no longer open.", param="upload_id", code="upload_not_open")
+            self._claim_for_completion(session, upload_id)
         return self._finish_failed(artifact_id, upload_id, code, message)
 
     # ---------------------------------------------------------------- housekeeping
@@ -503,6 +489,19 @@ class ArtifactService:
         for stray in staged - recorded:
             self._blobs.delete_prefix(f"{prefix}/{stray}")
         return sorted(recorded - staged)
+
+    @staticmethod
+    def _claim_for_completion(session: Session, upload_id: str) -> None:
+        """open → completing, one guarded UPDATE: of two callers (a completion, a failure, an abort), one
+        wins; the other is 409 `upload_not_open`."""
+        claimed = session.execute(
+            update(UploadSession)
+            .where(UploadSession.id == upload_id, UploadSession.status == "open")
+            .values(status="completing", updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
+        if claimed.rowcount != 1:  # type: ignore[attr-defined]
+            raise Conflict("Upload session is no longer open.", param="upload_id", code="upload_not_open")
 
     @staticmethod
     def _set_session_status(session: Session, upload_id: str, status: str) -> UploadSession:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, BinaryIO
@@ -42,6 +41,7 @@ from modelhost.batches.answers import EXPIRED_LINE, Answer, answered, failed
 from modelhost.batches.input import Line, LineError, check_lines, parse_line
 from modelhost.batches.reader import Offsets, lines_of
 from modelhost.batches.store import Batches, Claimed
+from modelhost.claims import ClaimLoop
 from modelhost.config import Settings
 from modelhost.store.types import utcnow
 
@@ -66,80 +66,46 @@ FIRST_LINES = 8
 PAUSE_SECONDS = 0.25  # how often a batch with all its lines in flight looks at its share again
 
 
-class BatchRunner:
+class BatchRunner(ClaimLoop[Claimed]):
+    what = "batch"
+
     def __init__(
         self, batches: Batches, settings: Settings, principal_of: PrincipalOf, check_model: ModelCheck
     ) -> None:
+        super().__init__(log)
         self.batches = batches
         self.settings = settings
         self.principal_of = principal_of
         self.check_model = check_model
-        self.name = f"gw-{secrets.token_hex(6)}"
         self._call: LineCall | None = None
-        self._loop: asyncio.Task[None] | None = None
-        self._running: dict[str, asyncio.Task[None]] = {}
-        self._wake = asyncio.Event()
 
     def start(self, call: LineCall) -> None:
         """Begin claiming batches; `call` runs a line through the server's own app (`api.batch_lines`)."""
         self._call = call
-        self._loop = asyncio.create_task(self._claim_forever())
-
-    def wake(self) -> None:
-        """A batch was created in this process: look now rather than at the next poll."""
-        self._wake.set()
+        self.start_claiming()
 
     def share(self) -> int:
         """The lines one running batch may have in flight: the server's, shared evenly."""
-        return max(1, self.settings.batch_lines_in_flight // max(1, len(self._running)))
+        return max(1, self.settings.batch_lines_in_flight // max(1, len(self.running)))
 
-    async def stop(self) -> None:
-        """Stop claiming; hand running batches back (another server, or this one restarted, resumes
-        each with its next unanswered line)."""
-        if self._loop is not None:
-            self._loop.cancel()
-        running = list(self._running.items())
-        for _, task in running:
-            task.cancel()
-        await asyncio.gather(*(t for _, t in running), return_exceptions=True)
-        for batch_id, _ in running:
-            await asyncio.to_thread(self.batches.release, batch_id, self.name)
+    def concurrency(self) -> int:
+        return self.settings.batch_concurrency
 
-    async def _claim_forever(self) -> None:
+    def poll_seconds(self) -> float:
+        return self.settings.batch_poll_seconds
+
+    def claim(self) -> Claimed | None:
         settings = self.settings
-        while True:
-            try:
-                claimed = None
-                if len(self._running) < settings.batch_concurrency:
-                    claimed = await asyncio.to_thread(
-                        self.batches.claim,
-                        self.name,
-                        settings.batch_stale_seconds,
-                        settings.batch_concurrency_per_account,
-                    )
-                if claimed is None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), settings.batch_poll_seconds)
-                    self._wake.clear()
-                    continue
-                self._running[claimed.id] = asyncio.create_task(self._run(claimed))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("batch runner")
-                await asyncio.sleep(settings.batch_poll_seconds)
+        return self.batches.claim(
+            self.name, settings.batch_stale_seconds, settings.batch_concurrency_per_account
+        )
 
-    async def _run(self, batch: Claimed) -> None:
-        try:
-            await BatchRun(self, batch).run()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # never leave a batch claimed because of a bug here: it is taken over
-            log.exception("batch %s", batch.id)
-            await asyncio.to_thread(self.batches.release, batch.id, self.name)
-        finally:
-            self._running.pop(batch.id, None)
-            self._wake.set()
+    def release(self, claim_id: str) -> None:
+        """Another server, or this one restarted, resumes the batch with its next unanswered line."""
+        self.batches.release(claim_id, self.name)
+
+    async def run(self, claimed: Claimed) -> None:
+        await BatchRun(self, claimed).run()
 
 
 class BatchRun:

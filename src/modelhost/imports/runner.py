@@ -38,6 +38,7 @@ from typing import Any
 
 from modelhost.artifacts.disk import require_room_for_upload
 from modelhost.artifacts.service import ArtifactService
+from modelhost.claims import ClaimLoop
 from modelhost.config import Settings
 from modelhost.errors import Conflict, InsufficientStorage, ModelhostError, PayloadTooLarge, is_disk_full
 from modelhost.imports.service import Claimed, Imports
@@ -56,7 +57,9 @@ class Stopped(Exception):
     """The import is no longer this runner's to run (cancelled, or taken over): leave it as it is."""
 
 
-class ImportRunner:
+class ImportRunner(ClaimLoop[Claimed]):
+    what = "import"
+
     def __init__(
         self,
         imports: Imports,
@@ -64,63 +67,27 @@ class ImportRunner:
         settings: Settings,
         open_source: SourceOf = source_of,
     ) -> None:
+        super().__init__(log)
         self.imports = imports
         self.artifacts = artifacts
         self.settings = settings
         self.open_source = open_source
-        self.name = f"gw-{secrets.token_hex(6)}"
-        self._loop: asyncio.Task[None] | None = None
-        self._running: dict[str, asyncio.Task[None]] = {}
-        self._wake = asyncio.Event()
 
-    def start(self) -> None:
-        self._loop = asyncio.create_task(self._claim_forever())
+    def concurrency(self) -> int:
+        return self.settings.import_concurrency
 
-    def wake(self) -> None:
-        """An import was created in this process: look now rather than at the next poll."""
-        self._wake.set()
+    def poll_seconds(self) -> float:
+        return self.settings.import_poll_seconds
 
-    async def stop(self) -> None:
-        """Stop claiming; hand running imports back, to be resumed by the next claim (this server
-        restarted, or another one)."""
-        if self._loop is not None:
-            self._loop.cancel()
-        running = list(self._running.items())
-        for _, task in running:
-            task.cancel()
-        await asyncio.gather(*(t for _, t in running), return_exceptions=True)
-        for import_id, _ in running:
-            await asyncio.to_thread(self.imports.release, import_id, self.name)
+    def claim(self) -> Claimed | None:
+        return self.imports.claim(self.name)
 
-    async def _claim_forever(self) -> None:
-        while True:
-            try:
-                claimed = None
-                if len(self._running) < self.settings.import_concurrency:
-                    claimed = await asyncio.to_thread(self.imports.claim, self.name)
-                if claimed is None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self.settings.import_poll_seconds)
-                    self._wake.clear()
-                    continue
-                self._running[claimed.id] = asyncio.create_task(self._run(claimed))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("import runner")
-                await asyncio.sleep(self.settings.import_poll_seconds)
+    def release(self, claim_id: str) -> None:
+        """The next claim (this server restarted, or another one) resumes it from what it verified."""
+        self.imports.release(claim_id, self.name)
 
-    async def _run(self, claimed: Claimed) -> None:
-        try:
-            await ImportRun(self, claimed).run()
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a bug here: hand it back rather than leave it claimed
-            log.exception("import %s", claimed.id)
-            await asyncio.to_thread(self.imports.release, claimed.id, self.name)
-        finally:
-            self._running.pop(claimed.id, None)
-            self._wake.set()
+    async def run(self, claimed: Claimed) -> None:
+        await ImportRun(self, claimed).run()
 
 
 class ImportRun:
