@@ -48,10 +48,11 @@ echo "==> mypy (beside pytest: its report follows pytest's)"
 mypy_pid=$!
 echo "==> pytest"
 # One pytest process per core (MODELHOST_TEST_PROCESSES overrides), a whole test file to each at a
-# time: a file's tests share their module's servers and models. Most tests wait on servers and worker
+# time: a file's tests share their module's servers and models, the slowest files first (tests/conftest.py
+# orders them; pytest-xdist's own reordering by test count is turned off). Most tests wait on servers and worker
 # processes, so two of them on two cores take about half the time of one.
 pytest_rc=0
-.venv/bin/pytest -n "${MODELHOST_TEST_PROCESSES:-auto}" --dist loadfile "$@" || pytest_rc=$?
+.venv/bin/pytest -n "${MODELHOST_TEST_PROCESSES:-auto}" --dist loadfile --no-loadscope-reorder "$@" || pytest_rc=$?
 echo "==> mypy"
 mypy_rc=0
 wait "$mypy_pid" || mypy_rc=$?

@@ -23,9 +23,11 @@ from tests.postgres import create_database, postgres_server
 # The files that take longest (seconds of test time in a full run on the 2-core machine: encoder
 # runtimes 200, vLLM 180, videos 150, Ray 130, gateway processes 130, fuzz 105, runtime 100, model
 # families 75, of which vLLM's two starts take 50), run first:
-# `--dist loadfile` hands files out in collection order, and one of these last would leave the other
-# process idle for minutes at the end. vLLM's comes after four others, as its tests wait for the
-# environment `scripts/test.sh` installs meanwhile (and the model families', whose last tests need it too).
+# `--dist loadfile` hands files out in collection order (scripts/test.sh turns off pytest-xdist's own
+# reordering by test count, which would put these files, with few but long tests, last), and one of
+# these last would leave the other process idle for minutes at the end. vLLM's comes after four
+# others, as its tests wait for the environment `scripts/test.sh` installs meanwhile (and the model
+# families', whose last tests need it too).
 SLOWEST_FIRST = (
     "test_encoder_runtimes.py",
     "test_videos.py",
@@ -35,6 +37,11 @@ SLOWEST_FIRST = (
     "test_families.py",
     "test_openapi_fuzz.py",
     "test_runtime.py",
+    "test_quantized.py",
+    "test_adapters.py",
+    "test_batches.py",
+    "test_chat.py",
+    "test_billing.py",
 )
 
 

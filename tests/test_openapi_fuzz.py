@@ -149,6 +149,9 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://modelhost.test") as http:
         account = await new_account(http, name="fuzz")
+        # the credits route takes any amount, negative too: fuzzed on an account of its own, so that the
+        # account the fuzzer calls with is never left out of credits (402 to every later operation)
+        topped = await new_account(http, name="fuzz-credits")
         key = bearer(account["api_key"])
 
         async def create(path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -205,6 +208,7 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
         f"POST {session}/complete": {"artifact_id": [uploading["id"]]},
         f"DELETE {session}": {"artifact_id": [aborting["id"]], "upload_id": [to_abort["upload_id"]]},
         "DELETE /v1/deployments/{deployment_id}": {"deployment_id": [doomed["id"]]},
+        "POST /v1/admin/accounts/{account_id}/credits": {"account_id": [topped["id"]]},
         "DELETE /v1/files/{file_id}": {"file_id": [doomed_file]},
         # The deployed artifact (409 `artifact_busy`), or one nothing uses.
         "DELETE /v1/model-artifacts/{artifact_id}": {"artifact_id": [artifact_id, empty["id"]]},
@@ -222,6 +226,8 @@ def _load_refused(response: Any) -> bool:
     try:
         error = response.json()["error"]
     except (ValueError, KeyError, TypeError):
+        return False
+    if not isinstance(error, dict):  # an object with an `error` field of its own (an import's: null)
         return False
     anthropic = error.get("type") == "overloaded_error"  # the Messages API's shape (`_assert_error_body`)
     return bool(

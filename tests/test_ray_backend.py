@@ -530,13 +530,25 @@ async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_
             await until(lambda: not alive(worker), timeout=10)
             failed = await client.post("/v1/chat/completions", json=request, headers=bearer(key))
             assert_error(failed, 503, "deployment_unavailable")
-            await until(answers, timeout=300)  # Serve's health check replaced the replica
-            assert actor not in serve_replica_pids(app)
+            old_actor = actor
 
+            def replaced() -> bool:
+                """Serve's health check replaced the replica, whose new worker started vLLM's engine
+                (not waited for until it answers: the first start proved that, and a second costs ~40 s)."""
+                actors = serve_replica_pids(app)
+                workers = processes("modelhost.runtime.vllm_worker", app)
+                return (
+                    len(actors) == 1
+                    and actors[0] != old_actor
+                    and len(workers) == 1
+                    and _parent(workers[0]) == actors[0]
+                    and len(tree(workers[0])) > 1
+                )
+
+            await until(replaced, timeout=300)
             [worker] = processes("modelhost.runtime.vllm_worker", app)
             [actor] = serve_replica_pids(app)
             engine = tree(worker)  # the worker and vLLM's engine processes
-            assert len(engine) > 1
             os.kill(actor, signal.SIGKILL)  # the replica dies: its worker and engine go with it
             await until(lambda: not any(alive(pid) for pid in engine), timeout=30)
         finally:
