@@ -512,6 +512,27 @@ def test_deployments_create_and_update_take_an_engine_and_show_the_one_in_use(
     )
 
 
+def test_deployments_update_rolls_a_deployment_to_another_artifact_and_back(
+    url: str, store: Services, account: dict[str, Any]
+) -> None:
+    first, second = (ready_artifact(store, account["id"], "text-generation") for _ in range(2))
+    key = ("--url", url, "--key", account["api_key"])
+    created = ok_json("deployments", "create", "rolled", "--artifact", first, *key)
+    rolled = ok_json("deployments", "update", created["id"], "--artifact", second, *key)  # cold: it switches
+    assert rolled["artifact_id"] == second and [v["artifact_id"] for v in rolled["versions"]] == [second]
+    back = ok_json("deployments", "update", created["id"], "--artifact", first, "--strategy", "replace", *key)
+    assert back["artifact_id"] == first and [h["to"] for h in back["history"]][-2:] == [
+        {second: 100},
+        {first: 100},
+    ]
+    bad = cli("deployments", "update", created["id"], "--traffic", f"{first}=ninety", *key)
+    assert bad.exit_code == 2 and "ART_ID=PERCENT" in bad.stderr
+    refused = cli(
+        "deployments", "update", created["id"], "--traffic", f"{first}=90", "--traffic", f"{second}=5", *key
+    )
+    assert refused.exit_code == 1 and "100" in refused.stderr
+
+
 def test_deployments_create_and_update_set_and_reset_generation_settings(
     url: str, store: Services, account: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -87,7 +87,7 @@ def test_admin_is_not_a_caller() -> None:
 NOW = "2026-11-27T03:00:00Z"
 
 
-def test_a_ten_percent_canary_takes_ten_percent_of_a_thousand_requests() -> None:
+def test_the_version_draw_gives_a_ten_percent_canary_ten_percent_of_a_thousand_requests() -> None:
     versions = (Version("art_old", 90), Version("art_new", 10))
     drawn = [choose_version(versions) for _ in range(1000)]
     assert 70 <= drawn.count("art_new") <= 130

@@ -434,20 +434,60 @@ def deployments_update(
     tool_parser: ToolParser = None,
     reasoning_parser: ReasoningParser = None,
     reset: Reset = None,
+    artifact: Annotated[
+        str | None,
+        typer.Option(
+            help="Roll out this artifact (art_...): it loads beside the current one, takes the requests once "
+            "ready, and the old one drains (docs/deploy.md). The previous artifact again is a rollback.",
+            show_default=False,
+        ),
+    ] = None,
+    traffic: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A canary: ART_ID=PERCENT, once per version (the percents sum to 100).", show_default=False
+        ),
+    ] = None,
+    strategy: Annotated[
+        str | None,
+        typer.Option(help="rolling (beside the old) or replace (the old stops first).", show_default=False),
+    ] = None,
+    sticky: Annotated[
+        str | None,
+        typer.Option(
+            help="Keep each caller of a canary on one version: user, key or none.", show_default=False
+        ),
+    ] = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
 ) -> None:
     """Change a deployment's readiness, replica bounds, engine or generation settings (takes effect at
-    once; new generation settings reload its replicas)."""
+    once; new generation settings reload its replicas), or roll it to another artifact or a canary."""
     changes = {"readiness": readiness, "min_replicas": min_replicas, "max_replicas": max_replicas}
+    changes |= {"artifact_id": artifact, "strategy": strategy}
     body: dict[str, Any] = {name: value for name, value in changes.items() if value is not None}
     if engine is not None:
         body["engine"] = engine.value
+    if traffic:
+        body["traffic"] = traffic_split(traffic)
+    if sticky is not None:
+        body["sticky"] = None if sticky == "none" else sticky
     settings = (max_model_len, chat_template, chat_template_kwargs, tool_parser, reasoning_parser)
     body.update(settings_body(*settings, reset))
     path = f"/v1/deployments/{quote(deployment_id, safe='')}"
     show_deployment(ApiClient(url, key).call("PATCH", path, json=body), as_json)
+
+
+def traffic_split(pairs: list[str]) -> dict[str, int]:
+    """`--traffic art_a=90 --traffic art_b=10` as the API's `traffic` object."""
+    split: dict[str, int] = {}
+    for pair in pairs:
+        artifact_id, equals, percent = pair.partition("=")
+        if not equals or not percent.strip().isdigit():
+            raise typer.BadParameter(f"{pair!r} is not ART_ID=PERCENT", param_hint="--traffic")
+        split[artifact_id.strip()] = int(percent)
+    return split
 
 
 def show_deployment(deployment: dict[str, Any], as_json: bool) -> None:
@@ -458,6 +498,11 @@ def show_deployment(deployment: dict[str, Any], as_json: bool) -> None:
     if not as_json and deployment.get("precision_quality"):
         quality = f"int8: {deployment['precision_quality']}"
         out.print(quality, soft_wrap=True, markup=False, highlight=False)
+    versions = deployment.get("versions") or []
+    if not as_json and len(versions) > 1:  # a rollout or a canary under way
+        for version in versions:
+            line = f"version {version['artifact_id']}: {version['state']}, {version['traffic']} % of requests"
+            out.print(line, soft_wrap=True, markup=False, highlight=False)
     if not as_json:
         show_settings(deployment)
 
