@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import tarfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,10 @@ from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer
 from tests.live import live_server
 from tests.remote_servers import RemoteServer, TestCA
+from tests.test_imports import import_and_wait
 
 pytest.importorskip("modelhost.imports.runner", reason="needs the imports' API (merged from `imports`)")
 
-FINAL = ("completed", "failed", "cancelled")
 TINY = ("t03_feature_extraction", "st")  # a sentence-transformers model: folders, modules.json
 
 
@@ -87,24 +86,6 @@ def tarball(members: dict[str, bytes]) -> bytes:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
-
-
-def import_and_wait(server: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
-    made = httpx.post(
-        f"{server}/v1/model-artifacts",
-        json={"display_name": "t", "pipeline": "feature-extraction"},
-        headers=bearer(key),
-    )
-    base = f"{server}/v1/model-artifacts/{made.json()['id']}/imports"
-    started = httpx.post(base, json=body, headers=bearer(key))
-    assert started.status_code == 202, started.text
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        shown: dict[str, Any] = httpx.get(f"{base}/{started.json()['id']}", headers=bearer(key)).json()
-        if shown["status"] in FINAL:
-            return shown
-        time.sleep(0.1)
-    raise TimeoutError(shown)
 
 
 def test_a_hub_model_becomes_ready_with_one_command(server: str, key: str) -> None:

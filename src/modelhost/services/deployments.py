@@ -387,17 +387,7 @@ class DeploymentService:
                 artifact = session.get(ModelArtifact, artifact_id)
                 if artifact is None:  # deleted meanwhile
                     raise _artifact_not_found()
-                # Guarded: counts the new user only while the artifact is ready, so a concurrent
-                # start-upload (which needs deployment_count = 0) and this cannot both succeed.
-                claimed = session.execute(
-                    update(ModelArtifact)
-                    .where(ModelArtifact.id == artifact_id, ModelArtifact.status == "ready")
-                    .values(deployment_count=ModelArtifact.deployment_count + 1)
-                    .execution_options(synchronize_session=False)
-                )
-                if claimed.rowcount != 1:  # type: ignore[attr-defined]
-                    session.refresh(artifact)
-                    raise _artifact_not_ready(artifact)
+                self._count_uses(session, set(), {artifact_id})
                 deployment = Deployment(
                     id=new_id("dep"),
                     account_id=account_id,
