@@ -293,10 +293,14 @@ class ChatChoice:
     reasoner: ReasoningParser | None = None  # the family's reasoning parser, from `started`
     reasoning: str = ""
     reasoning_tokens: int = 0  # tokens generated inside the reasoning, its markers included
+    prompt_tokens: int = 0  # the prompt's tokens, and those of them the prefix cache held (`started`)
+    cached_tokens: int = 0
 
     def feed(self, event: Event) -> Event:
         """Apply one event; the delta (possibly empty) it produces for a stream."""
         if event.get("started"):
+            self.prompt_tokens = int(event.get("prompt_tokens", 0))
+            self.cached_tokens = int(event.get("cached_tokens", 0))
             self.tool_format = event.get("tool_format", self.tool_format)
             name = event.get("reasoning_format")
             if name in REASONING_PARSERS and self.mode in ("none", "auto"):

@@ -297,13 +297,8 @@ class MessageAssembler:
     _open: Event | None = None  # the block being written
     _calls: dict[int, Event] = field(default_factory=dict)  # tool_use blocks by call index
     _arguments: dict[int, str] = field(default_factory=dict)  # their input JSON so far
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
 
     def feed(self, event: Event) -> list[Event]:
-        if event.get("started"):
-            self.prompt_tokens = int(event.get("prompt_tokens", 0))
-            self.cached_tokens = int(event.get("cached_tokens", 0))
         delta = self.choice.feed(event)
         events: list[Event] = []
         if delta.get("reasoning_content"):
@@ -331,9 +326,9 @@ class MessageAssembler:
         """Anthropic's usage: `input_tokens` are the prompt tokens computed for this request, those the
         engine's prefix cache gave are `cache_read_input_tokens` (their sum is the prompt)."""
         return {
-            "input_tokens": self.prompt_tokens - self.cached_tokens,
+            "input_tokens": self.choice.prompt_tokens - self.choice.cached_tokens,
             "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": self.cached_tokens,
+            "cache_read_input_tokens": self.choice.cached_tokens,
             "output_tokens": self.choice.completion_tokens,
         }
 

@@ -320,13 +320,8 @@ class OutputAssembler:
     _message: Item | None = None  # the open message item
     _calls: dict[int, Item] = field(default_factory=dict)  # open function_call items by call index
     _pending: list[Item] = field(default_factory=list)  # logprobs waiting for their text
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
 
     def feed(self, event: Event) -> list[Event]:
-        if event.get("started"):
-            self.prompt_tokens = int(event.get("prompt_tokens", 0))
-            self.cached_tokens = int(event.get("cached_tokens", 0))
         delta = self.choice.feed(event)
         events: list[Event] = []
         self._pending += _logprobs(delta.get("logprobs") or [])  # they come before their token's text
@@ -361,11 +356,11 @@ class OutputAssembler:
     def usage(self) -> Item:
         output_tokens = self.choice.completion_tokens
         return {
-            "input_tokens": self.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
+            "input_tokens": self.choice.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": self.choice.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": self.choice.reasoning_tokens},
-            "total_tokens": self.prompt_tokens + output_tokens,
+            "total_tokens": self.choice.prompt_tokens + output_tokens,
         }
 
     def _thought(self, piece: str) -> list[Event]:
