@@ -30,6 +30,12 @@ def free_port() -> int:
         return port
 
 
+def gateway_index(pid: int) -> int:
+    """A gateway process's `--index` (1 to N), from its command line."""
+    arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return int(arguments[arguments.index(b"--index") + 1])
+
+
 def stat(pid: int) -> list[str]:
     """/proc/<pid>/stat fields after the command name: state, ppid, ..."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -176,9 +182,9 @@ class Server:
         return self.process.process.pid
 
     def gateways(self) -> list[int]:
-        """Every gateway process: the supervisor first, then the others by pid."""
-        others = [p for p in processes("modelhost.server.gateway") if int(stat(p)[1]) == self.supervisor]
-        return [self.supervisor, *others]
+        """Every gateway process (the supervisor's children that serve HTTP), by `--index`."""
+        children = [p for p in processes("modelhost.server.gateway") if int(stat(p)[1]) == self.supervisor]
+        return sorted(children, key=gateway_index)
 
     def replicas(self, deployment_id: str) -> list[int]:
         return processes("modelhost.runtime.worker", deployment_id)
@@ -187,9 +193,11 @@ class Server:
         return httpx.get(f"{self.url}/metrics", timeout=10).text
 
     def in_flight(self, deployment_id: str) -> dict[int, float]:
-        """Requests each gateway process has in flight on the deployment, by pid."""
+        """Requests each process has in flight on the deployment, by pid (those with none left out: the
+        supervisor's own dispatcher, say, which only its runs and warm-ups use)."""
         pattern = rf'modelhost_requests_in_flight{{deployment="{deployment_id}",pid="(\d+)"}} ([\d.]+)'
-        return {int(pid): float(value) for pid, value in re.findall(pattern, self.metrics())}
+        found = re.findall(pattern, self.metrics())
+        return {int(pid): float(value) for pid, value in found if float(value)}
 
     def sample(self, name: str, deployment_id: str) -> float:
         match = re.search(rf'^{name}{{deployment="{deployment_id}"}} ([\d.e+]+)$', self.metrics(), re.M)
@@ -271,8 +279,9 @@ async def server_with(
         )
         server = Server(process, created.json()["api_key"])
         await until(lambda: len(server.gateways()) == workers)
-        for pid in server.gateways()[1:]:
-            await server.serving(pid)
+        if workers > 1:  # the first answered the account's creation
+            for pid in server.gateways():
+                await server.serving(pid)
         yield server
     finally:
         process.stop()

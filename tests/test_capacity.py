@@ -381,7 +381,7 @@ async def test_the_default_budget_is_80_percent_of_the_cgroup_limit_less_the_ser
 async def test_two_gateway_processes_see_one_budget(tmp_path: Path, recipes: Path, footprint: int) -> None:
     async with server_with(tmp_path, 2, **budget_env(footprint, 2.5)) as server:
         ids = await deploy_many(server, recipes.joinpath(*ST_RECIPE), ["a", "b", "c"])
-        supervisor, other = server.gateways()
+        first, other = server.gateways()
 
         async def embed_via(pid: int, model: str) -> httpx.Response:
             task = await server.via(pid, lambda: server.embed(f"via {pid}", model))
@@ -400,10 +400,10 @@ async def test_two_gateway_processes_see_one_budget(tmp_path: Path, recipes: Pat
 
         async with watching(server, ids) as most:
             assert (await embed_via(other, "a")).status_code == 200
-            assert (await embed_via(supervisor, "b")).status_code == 200
+            assert (await embed_via(first, "b")).status_code == 200
             assert (await embed_via(other, "c")).status_code == 200
         assert most[0] == 2  # loads through either process count in one budget
-        seen = [await capacity_via(pid) for pid in (supervisor, other)]
+        seen = [await capacity_via(pid) for pid in (first, other)]
         assert seen[0]["memory"]["budget_bytes"] == seen[1]["memory"]["budget_bytes"]
         # which of a and b made room depends on when the other process last said it used a (it tells
         # the supervisor once a second), not on the budget

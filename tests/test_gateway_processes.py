@@ -1,7 +1,7 @@
 """Several gateway processes on one port (`modelhost serve --workers N`), sharing every replica.
 
-The real `modelhost serve` runs here with 2 or 3 gateway processes: the supervisor (index 0) and the
-others it starts. Which process serves a request is made certain by SIGSTOP-ing the others: a stopped
+The real `modelhost serve` runs here with 1 to 3 gateway processes, all started by the supervisor, which
+serves no HTTP itself. Which process serves a request is made certain by SIGSTOP-ing the others: a stopped
 process cannot accept, so the connection goes to the one left running (`Server.via`). Requests are held
 in a replica the same way (its socket buffers them until SIGCONT), so what the replica then reads in
 one go shows which requests meet in one batch.
@@ -51,9 +51,9 @@ def reference(recipes: Path, texts: list[str]) -> Any:
 
 async def test_serve_runs_the_asked_number_of_gateway_processes_on_one_port(two: tuple[Server, str]) -> None:
     server, deployment_id = two
-    supervisor, helper = server.gateways()
-    assert supervisor != helper
-    for pid in (supervisor, helper):  # each answers on the same port, live state included
+    first, second = server.gateways()
+    assert first != second and server.supervisor not in (first, second)
+    for pid in (first, second):  # each answers on the same port, live state included
         task = await server.via(pid, lambda: server.embed("hello"))
         assert (await task).status_code == 200
         assert await (await server.via(pid, lambda: server.state(deployment_id))) == "ready"
@@ -64,14 +64,14 @@ async def test_requests_from_two_gateway_processes_meet_in_one_batch_of_the_one_
     two: tuple[Server, str], recipes: Path
 ) -> None:
     server, deployment_id = two
-    supervisor, helper = server.gateways()
+    first, second = server.gateways()
     [replica] = server.replicas(deployment_id)
     calls, carried = server.batches(deployment_id)
     with stopped(replica):  # what both send waits in its sockets
-        first = [await server.via(supervisor, lambda t=t: server.embed(t)) for t in TEXTS[:4]]
-        second = [await server.via(helper, lambda t=t: server.embed(t)) for t in TEXTS[4:]]
-        await until(lambda: server.in_flight(deployment_id) == {supervisor: 4.0, helper: 4.0})
-    answers = await asyncio.gather(*first, *second)
+        one = [await server.via(first, lambda t=t: server.embed(t)) for t in TEXTS[:4]]
+        other = [await server.via(second, lambda t=t: server.embed(t)) for t in TEXTS[4:]]
+        await until(lambda: server.in_flight(deployment_id) == {first: 4.0, second: 4.0})
+    answers = await asyncio.gather(*one, *other)
     for answer, vector in zip(answers, reference(recipes, TEXTS), strict=True):
         assert answer.status_code == 200, answer.text
         np.testing.assert_allclose(answer.json()["data"][0]["embedding"], vector, atol=1e-5)
@@ -82,22 +82,22 @@ async def test_a_killed_gateway_process_loses_only_its_own_requests_and_is_start
     two: tuple[Server, str],
 ) -> None:
     server, deployment_id = two
-    supervisor, helper = server.gateways()
+    first, second = server.gateways()
     [replica] = server.replicas(deployment_id)
     calls, carried = server.batches(deployment_id)
     with stopped(replica):
-        own = [await server.via(supervisor, lambda t=t: server.embed(t)) for t in TEXTS[:3]]
-        lost = [await server.via(helper, lambda t=t: server.embed(t)) for t in TEXTS[3:6]]
-        await until(lambda: server.in_flight(deployment_id) == {supervisor: 3.0, helper: 3.0})
-        os.kill(helper, signal.SIGKILL)
+        own = [await server.via(first, lambda t=t: server.embed(t)) for t in TEXTS[:3]]
+        lost = [await server.via(second, lambda t=t: server.embed(t)) for t in TEXTS[3:6]]
+        await until(lambda: server.in_flight(deployment_id) == {first: 3.0, second: 3.0})
+        os.kill(second, signal.SIGKILL)
         # Reaped: every thread has exited and its connections are closed before the replica reads.
-        await until(lambda: not Path(f"/proc/{helper}").exists())
+        await until(lambda: not Path(f"/proc/{second}").exists())
     assert [(await task).status_code for task in own] == [200] * 3
     for task in lost:
         with pytest.raises(httpx.TransportError):
             await task
     assert server.batches(deployment_id) == (calls + 1, carried + 3)  # its requests never ran
-    new = (await until(lambda: [p for p in server.gateways()[1:] if p != helper]))[0]
+    new = (await until(lambda: [p for p in server.gateways() if p not in (first, second)]))[0]
     await server.serving(new)
     task = await server.via(new, lambda: server.embed("after the restart"))
     assert (await task).status_code == 200
@@ -107,7 +107,7 @@ async def test_a_rollout_reaches_every_gateway_process_and_no_request_of_either_
     two: tuple[Server, str], recipes: Path
 ) -> None:
     server, _ = two
-    supervisor, helper = server.gateways()
+    first, second = server.gateways()
     folder = recipes.joinpath(*ST_RECIPE)
     deployment_id = await server.deploy(folder, "feature-extraction", "r", readiness="warm")
     await server.ready(deployment_id)
@@ -138,7 +138,7 @@ async def test_a_rollout_reaches_every_gateway_process_and_no_request_of_either_
         await asyncio.gather(*loading)
     assert [a.status_code for a in answers] == [200] * len(answers)
     assert {a.headers["x-modelhost-artifact"] for a in answers} <= {old["artifact_id"], new}
-    for pid in (supervisor, helper):  # each process now routes to the new version's replica
+    for pid in (first, second):  # each process now routes to the new version's replica
         answer = await (await server.via(pid, lambda: server.embed("after", "r")))
         assert answer.status_code == 200 and answer.headers["x-modelhost-artifact"] == new
     assert old_replica not in server.replicas(deployment_id) and len(server.replicas(deployment_id)) == 1

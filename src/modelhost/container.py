@@ -8,9 +8,12 @@ else, reach the replicas directly and ask the supervisor for the rest.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
@@ -27,7 +30,7 @@ from modelhost.auth.principal import Principal
 from modelhost.auth.shared_limits import SharedLimits
 from modelhost.batches.files import Files
 from modelhost.batches.input import shown
-from modelhost.batches.runner import BatchRunner
+from modelhost.batches.runner import BatchRunner, LineCall
 from modelhost.batches.store import Batches
 from modelhost.billing.ledger import Ledger
 from modelhost.billing.meter import ComputeMeter, count
@@ -58,6 +61,9 @@ from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import ModelArtifact
 from modelhost.store.types import new_id
+
+log = logging.getLogger("modelhost")
+Runner = Literal["batches", "imports"]  # the runners that claim work queued in the database
 
 
 @dataclass
@@ -91,6 +97,10 @@ class Services:
     supervisor: Supervision | None = None
     # Caches whose entries every process must forget together (by name: keys, deployments, balances).
     caches: dict[str, TTLCache[Any]] = field(default_factory=dict)
+    # Work was queued for a runner (a batch, an import): it claims it now, not at its next poll. The
+    # runner itself where it runs in this process; a gateway process tells the supervisor
+    # (`modelhost.server`, which sets this).
+    wake: Callable[[Runner], None] = field(default=lambda _runner: None)
 
     @classmethod
     def build(
@@ -232,6 +242,7 @@ class Services:
             limits=limits,
             supervisor=supervision,
             caches={"keys": cache, "deployments": refs_cache, "balances": balance_cache},
+            wake=supervision.wake if supervision is not None else lambda _runner: None,
         )
 
     @property
@@ -257,6 +268,57 @@ class Supervision:
     shared_limits: SharedLimits
     batches: BatchRunner
     imports: ImportRunner
+
+    def wake(self, runner: Runner) -> None:
+        (self.batches if runner == "batches" else self.imports).wake()
+
+    @asynccontextmanager
+    async def duties(self, services: Services, line_call: LineCall) -> AsyncIterator[None]:
+        """The supervisor's duties while the server runs: housekeeping, metering, hot loads and the idle
+        reaper, video jobs, agent runs, batches (each line sent through `line_call`: a gateway's app,
+        never the supervisor's own), imports and sharing rate-limit counts. At the end it bills every
+        replica up to its unload. The batch runner stops first: its lines run in gateways, which stop
+        next (`modelhost.server`)."""
+        sweeper = asyncio.create_task(_sweep_forever(services))
+        billing = services.billing
+        await asyncio.to_thread(billing.close_stale)
+        metering = asyncio.create_task(billing.run_forever(self.runtime.unload_account))
+        sharing = asyncio.create_task(self.shared_limits.run_forever())
+        await self.runtime.start()
+        self.videos.start()
+        self.agents.start()
+        self.batches.start(line_call)
+        self.imports.start_claiming()
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            metering.cancel()
+            sharing.cancel()
+            await self.batches.stop()
+            await self.imports.stop()
+            await self.videos.stop()
+            await self.agents.stop()
+            await self.runtime.shutdown()
+            await self.shared_limits.stop()
+
+
+async def _sweep_forever(services: Services) -> None:
+    """Background housekeeping: expire upload sessions and generated files, recover stale completions,
+    prune audit rows past their retention."""
+    await asyncio.to_thread(services.artifacts.recover)
+    while True:
+        await asyncio.sleep(services.settings.sweep_interval_seconds)
+        for sweep in (
+            services.artifacts.sweep,
+            services.files.sweep,
+            services.uploads.sweep,
+            services.audit.prune,
+        ):
+            try:
+                await asyncio.to_thread(sweep)
+            except Exception:
+                log.exception("sweep failed")
 
 
 def rates_of(settings: Settings) -> Rates:

@@ -264,6 +264,19 @@ def is_disk_full(exc: BaseException | None) -> bool:
     return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
 
 
+class Crashed(ModelhostError):
+    """The process running the request died while running it: its replica (`replica_crashed`) or, for a
+    batch line, its gateway process (`gateway_crashed`). The request is not sent again, since it may be
+    what killed the process (a poisoned request must cost one process, not every one it reaches); the
+    OpenAI and Anthropic SDKs are asked not to send it again either (`x-should-retry: false`)."""
+
+    status_code = 502
+    code = "replica_crashed"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message, code=code, headers={"x-should-retry": "false"})
+
+
 class GatewayTimeout(ModelhostError):
     status_code = 504
     error_type = "timeout_error"

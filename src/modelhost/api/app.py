@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -44,9 +43,8 @@ from modelhost.api.routes import (
     usage,
     videos,
 )
-from modelhost.auth.limits import RateLimiter
 from modelhost.config import Settings, get_settings
-from modelhost.container import Services, Supervision
+from modelhost.container import Services
 from modelhost.pipelines import ENDPOINT_TASKS
 from modelhost.protocol.errors import ErrorBody
 
@@ -66,33 +64,21 @@ key or a deployment key. Any other key → 401 `InvalidAPIKeyError`.
 """
 
 
-Around = Callable[[Services], AbstractAsyncContextManager[None]]
-
-
-def create_app(
-    settings: Settings | None = None,
-    services: Services | None = None,
-    *,
-    around: Around | None = None,
-    limits: RateLimiter | None = None,
-) -> FastAPI:
-    """Build the gateway. Services are built at startup unless given (tests may share one). In the
-    supervisor the lifespan also runs its duties; `around` wraps what runs while the app serves (the
-    server's other gateway processes, `modelhost.server`), inside those duties; `limits` is the rate
-    limiter on the table they share."""
+def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+    """Build the gateway. Services are built at startup unless given (a gateway process builds its own
+    with the supervisor's stand-ins; tests may share one). Where the services are a supervisor's (the
+    embedded server: tests, Ray Serve's one process), the lifespan also runs its duties."""
     settings = settings or (services.settings if services else get_settings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = services is None
-        app.state.services = built = services or Services.build(settings, limits=limits)
+        app.state.services = built = services or Services.build(settings)
         traced = tracing.start("gateway")  # on only where OTEL_EXPORTER_OTLP_*ENDPOINT is set
         try:
             async with contextlib.AsyncExitStack() as stack:
-                if built.supervisor is not None:
-                    await stack.enter_async_context(supervising(app, built, built.supervisor))
-                if around is not None:
-                    await stack.enter_async_context(around(built))
+                if built.supervisor is not None:  # embedded: the supervisor's duties run here
+                    await stack.enter_async_context(built.supervisor.duties(built, line_caller(app)))
                 yield
         finally:
             if owned:
@@ -197,53 +183,6 @@ _GENERIC = {
     "405": "Method not allowed on this route.",
     "413": "Request body too large (`payload_too_large`).",
 }
-
-
-@asynccontextmanager
-async def supervising(app: FastAPI, services: Services, supervision: Supervision) -> AsyncIterator[None]:
-    """The supervisor's duties while it serves: housekeeping, metering, hot loads and the idle reaper,
-    video jobs, agent runs, batches (their lines sent through `app` itself), imports and sharing rate-limit
-    counts. At the end it bills every replica up to its unload."""
-    sweeper = asyncio.create_task(_sweep_forever(services))
-    billing = services.billing
-    await asyncio.to_thread(billing.close_stale)
-    metering = asyncio.create_task(billing.run_forever(supervision.runtime.unload_account))
-    sharing = asyncio.create_task(supervision.shared_limits.run_forever())
-    await supervision.runtime.start()
-    supervision.videos.start()
-    supervision.agents.start()
-    supervision.batches.start(line_caller(app))
-    supervision.imports.start_claiming()
-    try:
-        yield
-    finally:
-        sweeper.cancel()
-        metering.cancel()
-        sharing.cancel()
-        await supervision.imports.stop()
-        await supervision.batches.stop()
-        await supervision.videos.stop()
-        await supervision.agents.stop()
-        await supervision.runtime.shutdown()
-        await supervision.shared_limits.stop()
-
-
-async def _sweep_forever(services: Services) -> None:
-    """Background housekeeping: expire upload sessions and generated files, recover stale completions,
-    prune audit rows past their retention."""
-    await asyncio.to_thread(services.artifacts.recover)
-    while True:
-        await asyncio.sleep(services.settings.sweep_interval_seconds)
-        for sweep in (
-            services.artifacts.sweep,
-            services.files.sweep,
-            services.uploads.sweep,
-            services.audit.prune,
-        ):
-            try:
-                await asyncio.to_thread(sweep)
-            except Exception:
-                log.exception("sweep failed")
 
 
 def settle_memory() -> None:

@@ -153,6 +153,8 @@ _DESCRIPTIONS = {
     429: "Over a key's or account's rate limit (`rate_limit_exceeded`, `type` naming the limit: "
     "`requests`, `tokens` or `concurrent_requests`; docs/limits.md), or the deployment's queue is full "
     "(`overloaded`). See `Retry-After`; limited keys also get `x-ratelimit-*` headers.",
+    502: "The replica running the request died while running it (`replica_crashed`): the request is "
+    "not sent again, since it may be what killed it (`x-should-retry: false`).",
     503: "Service or deployment unavailable.",
     504: "Request timed out.",
     507: "A store is full (`insufficient_storage`): the message names it (the data directory's blob "

@@ -1,13 +1,21 @@
 """`modelhost serve`: one server, several processes, one port.
 
 ```
-clients ──HTTP──> gateway processes 0..N-1 (one listening socket, shared)
-                    0 = the supervisor: also loads and unloads replicas, meters, runs jobs and agent runs
-                    1..N-1: ask the supervisor over its control socket (`server.control`)
+supervisor (serves no HTTP): migrations, replicas, meters, video jobs, agent runs, batches, imports
+   │ starts (and starts again when they die) the gateway processes, answers them on its control
+   │ socket (`server.control`)
+clients ──HTTP──> gateway processes 1..N (one listening socket, shared; at least one)
                        │  every gateway process reaches every replica directly (`runtime.protocol`)
                        ▼
                   replica processes (one per loaded replica; batch the requests of every gateway)
 ```
+
+A tenant's request is parsed, and what it carries compiled, only in a gateway (or a replica): a request
+that crashes its gateway costs that gateway's requests in flight, never the supervisor and so never the
+replicas, batches, imports, agent runs or the other gateways (DESIGN.md; docs/operations.md, "Gateway
+processes"). The supervisor sends a batch's lines to a gateway to run (`RunLine`) for the same reason.
+On Ray Serve (`MODELHOST_RUNTIME=ray`) the server is one process that is both: its replicas are the
+cluster's actors, not this machine's processes (docs/deploy.md).
 
 Everything of one server lives in a private run folder (mode 0700): the supervisor's control socket,
 the metrics every process writes (`modelhost.metrics`) and the rate-limit table they share
@@ -17,22 +25,22 @@ when the next one starts (`modelhost.run_folders`).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import shutil
 import signal
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from modelhost import tracing
 from modelhost.config import Settings
 from modelhost.run_folders import new_folder, remove_orphans
 
-if TYPE_CHECKING:
-    from modelhost.container import Services
-
+log = logging.getLogger("modelhost.server")
 METRICS_FOLDER_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus_client when first imported
 
 
@@ -122,38 +130,106 @@ def _run(
     folder: Path,
     beside: Callable[[], None] | None,
 ) -> None:
-    from modelhost.api.app import create_app, settle_memory
-    from modelhost.auth.limit_table import LimitTable
-    from modelhost.auth.limits import RateLimiter
-    from modelhost.server.http import raise_open_files_limit, uvicorn_config
-    from modelhost.server.supervisor import ControlServer, Gateways, SupervisorServer
+    import logging.config
 
-    raise_open_files_limit()  # before the other gateway processes start: they inherit it
+    from modelhost.logs import log_config
+    from modelhost.server.http import raise_open_files_limit
+
+    raise_open_files_limit()  # before the gateway processes start: they inherit it
     listener = _listen(host, port)
-    if settings.runtime == "local" and settings.worker_preload:
+    if settings.runtime == "ray":
+        _run_embedded(settings, listener, log_level, beside)
+        return
+    logging.config.dictConfig(log_config(log_level))  # uvicorn's and ours, as every gateway logs
+    if settings.worker_preload and settings.runtime == "local":
         from modelhost.runtime.spawn import warm_template
 
         warm_template()  # its imports run beside the server's start: the first cold start finds it ready
-    control_path, limits_path = folder / "control.sock", folder / "limits"
-    # every gateway process counts rate limits in one table: column 0 is the supervisor's
-    limits = RateLimiter(table=LimitTable.create(limits_path, columns=workers) if workers > 1 else None)
-    gateways = Gateways(workers - 1, listener, control_path, log_level, limits)
+    if beside is not None:
+        threading.Thread(target=beside, name="beside", daemon=True).start()
+    signum = _event_loop().run(_supervise(settings, listener, workers, log_level, folder))
+    if signum is not None:
+        raise _Signalled(signum)
 
-    @asynccontextmanager
-    async def with_gateways(services: Services) -> AsyncIterator[None]:
-        assert services.supervisor is not None
-        control = ControlServer(services, services.supervisor, control_path)
-        await control.start()
-        await gateways.start()
-        try:
-            yield
-        finally:  # they drain their own requests while the replicas still run
+
+def _event_loop() -> asyncio.Runner:
+    """uvloop where installed (uvicorn[standard] brings it), as the gateway processes run."""
+    try:
+        import uvloop
+
+        return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:  # pragma: no cover
+        return asyncio.Runner()
+
+
+async def _supervise(
+    settings: Settings, listener: socket.socket, workers: int, log_level: str, folder: Path
+) -> int | None:
+    """The supervisor until SIGTERM or SIGINT: its control socket first (gateway processes, started at
+    once, connect while it migrates and builds its services), then its duties; at the end the batch
+    runner stops (its lines run in gateways), the gateways drain their requests while the replicas still
+    run, then the rest stops. Returns SIGTERM if that stopped it."""
+    from modelhost.api.app import settle_memory
+    from modelhost.auth.limit_table import LimitTable
+    from modelhost.auth.limits import RateLimiter
+    from modelhost.container import Services
+    from modelhost.server.supervisor import ControlServer, Gateways
+
+    stop, received = asyncio.Event(), set[int]()
+
+    def stop_on(signum: int) -> None:
+        received.add(signum)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop_on, signum)
+    # every process counts rate limits in one table: column 0 is the supervisor's (agent runs), 1..N the
+    # gateways'
+    limits = RateLimiter(table=LimitTable.create(folder / "limits", columns=workers + 1))
+    control = ControlServer(folder / "control.sock")
+    await control.start()
+    gateways = Gateways(workers, listener, control.path, log_level, limits)
+    await gateways.start()
+    traced = tracing.start("supervisor")
+    services = None
+    try:
+        services = await asyncio.to_thread(Services.build, settings, limits=limits)
+        supervision = services.supervisor
+        assert supervision is not None
+        control.serve(services, supervision)
+        async with supervision.duties(services, control.line_call):
+            settle_memory()
+            log.info("supervisor ready: %d gateway process(es) on %s", workers, _address(listener))
+            await stop.wait()
+            log.info("stopping: draining the gateway processes")
+            await supervision.batches.stop()  # before the gateways that run its lines
             await gateways.stop(settings.shutdown_drain_seconds + 5)
-            await control.stop()
+    finally:
+        await gateways.stop(0)
+        await control.stop()
+        if services is not None:
+            services.close()
+        if traced:
+            tracing.stop()
+    # SIGTERM ends the process as the signal says (`serve`); Ctrl-C is a normal end, as uvicorn's
+    return signal.SIGTERM if signal.SIGTERM in received else None
 
-    app = create_app(settings, around=with_gateways if workers > 1 else None, limits=limits)
-    config = uvicorn_config(app, settings, log_level)
-    server = SupervisorServer(config, gateways)
+
+def _address(listener: socket.socket) -> str:
+    host, port = listener.getsockname()[:2]
+    return f"http://{host}:{port}"
+
+
+def _run_embedded(
+    settings: Settings, listener: socket.socket, log_level: str, beside: Callable[[], None] | None
+) -> None:
+    """Ray Serve's server: one process that serves HTTP and supervises (its replicas run on the cluster)."""
+    import uvicorn
+
+    from modelhost.api.app import create_app, settle_memory
+    from modelhost.server.http import uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level))
     if beside is not None:
         threading.Thread(target=beside, name="beside", daemon=True).start()
     settle_memory()

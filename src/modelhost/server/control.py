@@ -1,24 +1,29 @@
-"""The control protocol: what a server's other gateway processes ask of its supervisor, declared once.
+"""The control protocol: what a server's gateway processes ask of its supervisor, declared once.
 
 The supervisor owns what must happen once per server (loading and unloading replicas, the idle reaper,
-billing meters, video jobs, agent runs). Its other gateway processes serve HTTP like it does, send
-inference straight to the replicas (`runtime.protocol`), and use this protocol, over one Unix socket
-each, for the rest: to have a deployment loaded and learn where its replicas are, to read a
-deployment's live state, to act on a change, to start and stop runs, to say which deployments they
-used lately, and to make every process forget a cache entry that changed.
+billing meters, video jobs, agent runs, batches, imports) and serves no HTTP itself. Its gateway
+processes serve HTTP, send inference straight to the replicas (`runtime.protocol`), and use this
+protocol, over one Unix socket each, for the rest: to have a deployment loaded and learn where its
+replicas are, to read a deployment's live state, to act on a change, to start and stop runs, to wake a
+runner, to say which deployments they used lately, and to make every process forget a cache entry
+that changed.
 
 Calls carry a number and are answered with `Done` (its `value`) or `Refused` (the error the caller's
-client gets). The supervisor also pushes `Replicas` (a deployment's replicas changed) and `Forget`.
+client gets). The supervisor also pushes `Replicas` (a deployment's replicas changed) and `Forget`, and
+sends a gateway each batch line to run (`RunLine`, answered by `LineAnswered`): a line is a tenant's
+request, so the supervisor never parses or runs it itself.
 Framing is the replica protocol's: a 4-byte length, then a msgpack array.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from modelhost.agents.store import RunJob
+from modelhost.auth.limits import Limits
+from modelhost.auth.principal import Principal, PrincipalKind
 from modelhost.runtime.protocol import FrameReader
 
 __all__ = ["FrameReader", "decode_from_supervisor", "decode_to_supervisor", "encode"]
@@ -106,6 +111,69 @@ class Forget(msgspec.Struct, tag="forget", array_like=True):
     key: str | None
 
 
+class Wake(msgspec.Struct, tag="wake", array_like=True):
+    """Work was queued through a gateway: its runner claims it now rather than at its next poll."""
+
+    runner: Literal["batches", "imports"]
+
+
+class LineCaller(msgspec.Struct, array_like=True):
+    """The key a batch line runs as (`auth.principal.Principal`, which is not a msgspec type)."""
+
+    kind: str
+    account_id: str | None
+    key_id: str | None
+    deployment_ids: list[str] | None
+    limits: Limits | None
+    account_limits: Limits | None
+    expires_ms: int | None
+
+    @classmethod
+    def of(cls, principal: Principal) -> LineCaller:
+        ids = sorted(principal.deployment_ids) if principal.deployment_ids is not None else None
+        return cls(
+            principal.kind.value,
+            principal.account_id,
+            principal.key_id,
+            ids,
+            principal.limits,
+            principal.account_limits,
+            principal.expires_ms,
+        )
+
+    def principal(self) -> Principal:
+        ids = frozenset(self.deployment_ids) if self.deployment_ids is not None else None
+        return Principal(
+            PrincipalKind(self.kind),
+            self.account_id,
+            self.key_id,
+            ids,
+            self.limits,
+            self.account_limits,
+            self.expires_ms,
+        )
+
+
+class RunLine(msgspec.Struct, tag="run_line", array_like=True):
+    """Supervisor → gateway: run a batch line (`body`, its JSON) through the gateway's own app, as the
+    batch's key, and answer with `LineAnswered` of the same `line` number."""
+
+    line: int
+    caller: LineCaller
+    endpoint: str
+    body: bytes
+    traceparent: str
+
+
+class LineAnswered(msgspec.Struct, tag="line_answered", array_like=True):
+    """Gateway → supervisor: what the gateway's app answered to `RunLine` number `line`."""
+
+    line: int
+    status: int
+    request_id: str
+    body: bytes
+
+
 class Done(msgspec.Struct, tag="done", array_like=True):
     call: int
     value: Any = None
@@ -142,8 +210,10 @@ ToSupervisor = (
     | CancelVideo
     | Touch
     | Forget
+    | Wake
+    | LineAnswered
 )
-FromSupervisor = Done | Refused | Replicas | Forget
+FromSupervisor = Done | Refused | Replicas | Forget | RunLine
 
 _encoder = msgspec.msgpack.Encoder()
 _to_supervisor = msgspec.msgpack.Decoder(ToSupervisor)

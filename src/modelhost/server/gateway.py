@@ -1,10 +1,11 @@
-"""A gateway process other than the supervisor: `python -m modelhost.server.gateway`, started by it.
+"""A gateway process: `python -m modelhost.server.gateway`, started by the supervisor.
 
-It serves the same app on the server's shared listening socket (`--listen-fd`), with the supervisor's
+It serves the app on the server's shared listening socket (`--listen-fd`), with the supervisor's
 stand-ins for the runtime and runners (`server.remote`) connected over its control socket
-(`--control`), and counts rate limits in the table every gateway process shares (`--limits`, in the
-column of its `--index`). It stops when asked (SIGTERM: stop accepting, drain its own requests, exit),
-and when its supervisor goes away (end-of-file on the control socket, or `PR_SET_PDEATHSIG`).
+(`--control`), runs the batch lines the supervisor sends it, and counts rate limits in the table every
+process of the server shares (`--limits`, in the column of its `--index`). It stops when asked (SIGTERM:
+stop accepting, drain its own requests, exit), and when its supervisor goes away (end-of-file on the
+control socket, or `PR_SET_PDEATHSIG`).
 """
 
 from __future__ import annotations
@@ -17,16 +18,20 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from modelhost.api.app import create_app, settle_memory
+from modelhost.api.batch_lines import run_line
 from modelhost.auth.limit_table import LimitTable
 from modelhost.auth.limits import RateLimiter
 from modelhost.config import get_settings
 from modelhost.container import Services
+from modelhost.server.control import Wake
 from modelhost.server.http import uvicorn_config
 from modelhost.server.remote import (
+    LineRunner,
     RemoteRuns,
     RemoteRuntime,
     RemoteVideos,
@@ -64,6 +69,8 @@ async def _serve(listener: socket.socket, control: str, limits: RateLimiter, log
             server.should_exit = True
 
     link = await SupervisorLink.open(control, supervisor_gone)
+    app: Any = None
+    lines = LineRunner(link, lambda *line: run_line(app, *line))
     welcome = await link.hello(os.getpid())
     runtime = RemoteRuntime(link, settings)
     runs, videos = RemoteRuns(link, welcome.agent_runner), RemoteVideos(link)
@@ -71,14 +78,17 @@ async def _serve(listener: socket.socket, control: str, limits: RateLimiter, log
         Services.build, settings, stand_ins=(runtime, videos, runs), limits=limits
     )
     share_caches(services.caches, link.tell)
+    services.wake = lambda runner: link.tell(Wake(runner))
     link.on_forget = lambda cache, key: services.caches[cache].forget_here(key)
     runtime.start(welcome.replicas)
-    config = uvicorn_config(create_app(services=services), settings, log_level, lifespan="on")
-    server = uvicorn.Server(config)
+    app = create_app(services=services)
+    server = uvicorn.Server(uvicorn_config(app, settings, log_level, lifespan="on"))
     settle_memory()
+    lines.started.set()
     try:
         await server.serve(sockets=[listener])
     finally:
+        lines.close()
         await runtime.close()
         services.close()
 

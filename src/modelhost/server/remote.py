@@ -5,7 +5,8 @@
 replicas (one `ReplicaConnection` per replica, opened on first use), learns where they are from the
 supervisor (`Acquire` when none is known, `Replicas` pushes when they change), and tells the supervisor
 every second which deployments it used, so the idle reaper does not unload them under it.
-`RemoteRuns` and `RemoteVideos` hand agent runs and video cancellations to the supervisor's runners.
+`RemoteRuns` and `RemoteVideos` hand agent runs and video cancellations to the supervisor's runners;
+`LineRunner` runs the batch lines the supervisor's batch runner sends, through this process's own app.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import msgspec
 
 from modelhost import tracing
 from modelhost.agents.store import RunJob
+from modelhost.auth.principal import Principal
 from modelhost.cache import TTLCache
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError, ServiceUnavailable, rebuild
@@ -41,10 +43,12 @@ from modelhost.server.control import (
     GetCapacity,
     GetStatus,
     Hello,
+    LineAnswered,
     Refused,
     Remove,
     Replicas,
     ResumeAccount,
+    RunLine,
     StartRun,
     StopRuns,
     Touch,
@@ -55,6 +59,8 @@ from modelhost.server.control import (
 
 log = logging.getLogger("modelhost.server")
 Payload = dict[str, Any]
+# (principal, endpoint, the line's JSON, traceparent) → (status, request ID, the answer's JSON)
+LineRun = Callable[[Principal, str, bytes, str], Awaitable[tuple[int, str, bytes]]]
 TOUCH_SECONDS = 1.0
 
 
@@ -70,6 +76,7 @@ class SupervisorLink(asyncio.Protocol):
         self._numbers = itertools.count(1)
         self.on_replicas: Callable[[str, list[str]], None] = lambda _deployment, _addresses: None
         self.on_forget: Callable[[str, str | None], None] = lambda _cache, _key: None
+        self.on_line: Callable[[RunLine], None] = lambda _line: None
 
     @classmethod
     async def open(cls, path: str, on_lost: Callable[[], None]) -> SupervisorLink:
@@ -128,6 +135,8 @@ class SupervisorLink(asyncio.Protocol):
             self.on_replicas(message.deployment_id, message.addresses)
         elif isinstance(message, Forget):
             self.on_forget(message.cache, message.key)
+        elif isinstance(message, RunLine):
+            self.on_line(message)
 
     async def hello(self, pid: int) -> Welcome:
         return msgspec.convert(await self.call(lambda n: Hello(n, pid)), Welcome)
@@ -304,6 +313,33 @@ class RemoteVideos:
 
     async def cancel(self, job_id: str) -> None:
         await self._link.call(lambda n: CancelVideo(n, job_id))
+
+
+class LineRunner:
+    """Runs the batch lines the supervisor sends (`RunLine`) through this process's app, as the batch's
+    key, and answers each (`LineAnswered`); lines that arrive before the app has started wait for it."""
+
+    def __init__(self, link: SupervisorLink, run: LineRun) -> None:
+        self._link = link
+        self._run = run
+        self.started = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        link.on_line = self.received
+
+    def received(self, line: RunLine) -> None:
+        task = asyncio.create_task(self._answer(line))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _answer(self, line: RunLine) -> None:
+        await self.started.wait()
+        principal = line.caller.principal()
+        status, request_id, body = await self._run(principal, line.endpoint, line.body, line.traceparent)
+        self._link.tell(LineAnswered(line.line, status, request_id, body))
+
+    def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
 
 
 def share_caches(caches: dict[str, TTLCache[Any]], tell: Callable[[Forget], None]) -> None:

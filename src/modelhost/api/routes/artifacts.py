@@ -233,8 +233,7 @@ def start_import(
         body.exclude,
         body.credentials,
     )
-    if services.supervisor is not None:
-        services.supervisor.imports.wake()
+    services.wake("imports")
     return present_import(row)
 
 

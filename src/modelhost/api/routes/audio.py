@@ -39,7 +39,7 @@ from modelhost.protocol.audio import (
 
 router = APIRouter(
     tags=["openai"],
-    responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504),
+    responses=error_responses(400, 401, 402, 404, 413, 429, 502, 503, 504),
     route_class=MediaBodyRoute,  # the SDK's multipart form becomes the JSON body (api.bodies)
 )
 

@@ -78,8 +78,7 @@ async def create_batch(
         body.output_expires_after.seconds if body.output_expires_after else None,
         tracing.parent(),  # its lines' spans link to this request's
     )
-    if services.supervisor is not None:  # the runner is in this process: it need not wait to poll
-        services.supervisor.batches.wake()
+    services.wake("batches")  # claimed now, not at the runner's next poll
     return _json(created)
 
 

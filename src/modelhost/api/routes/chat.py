@@ -23,7 +23,7 @@ from modelhost.protocol.chat import (
 )
 from modelhost.serving import chat
 
-router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 503))
+router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 502, 503))
 SSE = {"text/event-stream": {"example": 'data: {"object": "chat.completion.chunk", ...}\n\ndata: [DONE]\n\n'}}
 
 CHAT_EXAMPLE = {

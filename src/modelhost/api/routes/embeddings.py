@@ -14,7 +14,7 @@ from modelhost.api.errors import error_responses
 from modelhost.protocol.openai import EmbeddingsRequest, EmbeddingsResponse
 from modelhost.protocol.tasks import FeatureExtractionRequest
 
-router = APIRouter(responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504))
+router = APIRouter(responses=error_responses(400, 401, 402, 404, 413, 429, 502, 503, 504))
 
 EMBEDDINGS_EXAMPLE = {
     "object": "list",

@@ -42,7 +42,9 @@ from modelhost.protocol.images import (
 )
 from modelhost.services.files import FileService
 
-router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504, 507))
+router = APIRouter(
+    tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 502, 503, 504, 507)
+)
 
 MAX_IMAGES = MAX_N  # input images of one edit; with `n`, at most MAX_N results in all
 IMAGE_FIELDS = ("image", "image[]")  # the SDK sends one file as `image`, a list as `image[]`

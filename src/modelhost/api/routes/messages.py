@@ -21,7 +21,7 @@ from modelhost.protocol.messages import (
 from modelhost.serving import messages
 from modelhost.serving.chat import Until
 
-STATUSES = (400, 401, 402, 404, 413, 429, 503)
+STATUSES = (400, 401, 402, 404, 413, 429, 502, 503)
 router = APIRouter(tags=["anthropic"], responses={status: {"model": AnthropicError} for status in STATUSES})
 SSE = {
     "text/event-stream": {

@@ -17,7 +17,7 @@ from modelhost.api.deps import CallerPrincipal, ServicesDep, deployment_for, run
 from modelhost.api.errors import error_responses
 from modelhost.protocol.rerank import RerankDocument, RerankRequest, RerankResponse
 
-router = APIRouter(tags=["tasks"], responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504))
+router = APIRouter(tags=["tasks"], responses=error_responses(400, 401, 402, 404, 413, 429, 502, 503, 504))
 
 EXAMPLE_REQUEST = {
     "model": "reranker",

@@ -32,7 +32,7 @@ from modelhost.errors import ModelhostError
 from modelhost.protocol.responses import InputItemList, ResponseCreateRequest, ResponseDeleted, ResponseObject
 from modelhost.serving.responses.store import Scope
 
-router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 503))
+router = APIRouter(tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 502, 503))
 ResponseId = Annotated[str, Path(description="A response's ID (`resp_...`).")]
 SSE = {
     "text/event-stream": {

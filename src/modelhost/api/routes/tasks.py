@@ -29,7 +29,7 @@ from modelhost.protocol import tasks as p
 
 router = APIRouter(
     tags=["tasks"],
-    responses=error_responses(400, 401, 402, 404, 413, 429, 503, 504),
+    responses=error_responses(400, 401, 402, 404, 413, 429, 502, 503, 504),
     route_class=MediaBodyRoute,
 )
 
