@@ -108,10 +108,19 @@ class ServerProcess:
         raise TimeoutError("server did not start")
 
     def kill(self) -> None:
-        """SIGKILL: no cleanup of any kind runs."""
+        """SIGKILL to the server's every process at once, as a container's end or the OOM killer of a
+        cgroup would: no cleanup of any kind runs. The gateway processes are sessions of their own (a
+        Ctrl-C reaches the supervisor alone), so they are killed by name."""
         assert self.process is not None
+        gateways = [p for p in processes("modelhost.server.gateway") if int(stat(p)[1]) == self.process.pid]
         os.killpg(self.process.pid, signal.SIGKILL)
+        for pid in gateways:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.process.wait(10)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in gateways) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.process is not None

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from modelhost.errors import DeploymentUnavailable, InvalidRequest
+from modelhost.errors import Crashed, InvalidRequest
 from modelhost.metrics import sample
 from modelhost.runtime.client import Waiters
 from modelhost.runtime.dispatch import WHOLE, Dispatcher
@@ -309,29 +309,33 @@ async def test_a_dead_replica_fails_the_requests_it_had_begun_and_frees_the_othe
 
 class Dying:
     """A replica as the dispatcher reaches it that dies under the first `deaths` requests or generations
-    it runs (after `events` of a generation's events), then answers."""
+    sent to it (after `events` of a generation's events), then answers. `begun`: whether it had begun
+    them when it died (else they were still waiting in it: `ReplicaDiedBeforeStart`)."""
 
-    def __init__(self, deaths: int, events: int = 0) -> None:
-        self.deaths, self.events, self.runs = deaths, events, 0
+    def __init__(self, deaths: int, events: int = 0, begun: bool = True) -> None:
+        self.deaths, self.events, self.begun, self.runs = deaths, events, begun, 0
         self.alive, self.in_flight = True, 0
         self.requests: list[dict[str, Any]] = []
 
-    def _died(self) -> bool:
+    def _death(self) -> ReplicaDied | None:
         self.runs += 1
-        return self.runs <= self.deaths
+        if self.runs > self.deaths:
+            return None
+        why = "the replica's worker process exited"
+        return ReplicaDied(why) if self.begun else ReplicaDiedBeforeStart(why)
 
     async def submit(self, item: dict[str, Any], trace: str = "") -> dict[str, Any]:
-        if self._died():
-            raise ReplicaDied("the replica's worker process exited")
+        if (death := self._death()) is not None:
+            raise death
         return {"embedding": [1.0]}
 
     async def stream(self, request: dict[str, Any], trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
         self.requests.append(request)
-        dies = self._died()
+        death = self._death()
         for n in range(self.events):
             yield {"text": str(n)}
-        if dies:
-            raise ReplicaDied("the replica's worker process exited")
+        if death is not None:
+            raise death
         yield {"finish": "stop"}
 
 
@@ -342,53 +346,81 @@ def dispatch_to(replica: Dying) -> tuple[Dispatcher, Callable[[], Awaitable[list
     return Dispatcher("dep_dying", 8, 10.0), targets
 
 
-async def test_a_request_whose_replica_died_while_running_it_is_sent_once_more() -> None:
-    replica = Dying(deaths=1)
-    dispatcher, targets = dispatch_to(replica)
-    assert await dispatcher.infer(targets, {"text": "x"}) == {"embedding": [1.0]}
-    assert replica.runs == 2
-
-
-async def test_a_request_whose_replica_dies_under_it_twice_is_503_naming_the_crash_and_not_run_again() -> (
-    None
-):
+async def test_a_request_whose_replica_died_while_running_it_is_a_502_and_never_sent_again() -> None:
     replica = Dying(deaths=5)
     dispatcher, targets = dispatch_to(replica)
-    with pytest.raises(DeploymentUnavailable) as failed:
+    with pytest.raises(Crashed) as failed:
         await dispatcher.infer(targets, {"text": "poison"})
-    assert replica.runs == 2  # a poison input costs two replicas, not every one
+    assert replica.runs == 1  # a poison input costs the one replica it reached
+    assert failed.value.status_code == 502 and failed.value.code == "replica_crashed"
+    assert failed.value.headers == {"x-should-retry": "false"}  # the SDKs do not send it again either
     assert "stopped while running it (the replica's worker process exited)" in failed.value.message
     assert dispatcher.outstanding == 0
 
 
-async def test_a_generation_whose_replica_dies_before_its_first_event_runs_again_and_after_it_fails() -> None:
-    replica = Dying(deaths=1)
+async def test_a_request_still_waiting_in_a_dead_replica_runs_on_another_as_often_as_needed() -> None:
+    replica = Dying(deaths=3, begun=False)
     dispatcher, targets = dispatch_to(replica)
-    assert [e async for e in dispatcher.stream(targets, {})] == [{"finish": "stop"}]
-
-    replica = Dying(deaths=1, events=2)
-    dispatcher, targets = dispatch_to(replica)
-    seen = []
-    with pytest.raises(DeploymentUnavailable, match="worker process exited"):
-        async for event in dispatcher.stream(targets, {}):
-            seen.append(event)
-    assert seen == [{"text": "0"}, {"text": "1"}] and replica.runs == 1  # its events were the caller's
+    assert await dispatcher.infer(targets, {"text": "x"}) == {"embedding": [1.0]}
+    assert replica.runs == 4
 
 
-async def test_a_non_streamed_generation_whose_replica_dies_after_its_first_events_runs_again() -> None:
-    """A whole answer (`WHOLE`: nobody has read any of it yet) is sent again whenever its replica dies
-    under it; its caller gets the events of the run that ended, once each."""
-    replica = Dying(deaths=1, events=2)
-    dispatcher, targets = dispatch_to(replica)
-    events = [e async for e in dispatcher.stream(targets, {WHOLE: True, "n": 2})]
-    assert events == [{"text": "0"}, {"text": "1"}, {"finish": "stop"}] and replica.runs == 2
-    assert WHOLE not in replica.requests[0]  # the mark is the gateway's, not the replica's
+async def test_a_generation_whose_replica_dies_while_running_it_is_a_502_streamed_or_not() -> None:
+    for request in ({}, {WHOLE: True}):
+        for events in (0, 2):
+            replica = Dying(deaths=1, events=events)
+            dispatcher, targets = dispatch_to(replica)
+            seen = []
+            with pytest.raises(Crashed, match="worker process exited"):
+                async for event in dispatcher.stream(targets, dict(request)):
+                    seen.append(event)
+            assert replica.runs == 1  # never sent to another replica
+            assert seen == ([{"text": str(n)} for n in range(events)] if not request else [])
 
-    replica = Dying(deaths=2, events=2)
+
+async def test_a_generation_still_waiting_in_a_replica_that_died_runs_again() -> None:
+    replica = Dying(deaths=2, begun=False)
     dispatcher, targets = dispatch_to(replica)
-    with pytest.raises(DeploymentUnavailable, match="not sent a third time"):
-        [e async for e in dispatcher.stream(targets, {WHOLE: True})]
-    assert replica.runs == 2
+    assert [e async for e in dispatcher.stream(targets, {WHOLE: True, "n": 2})] == [{"finish": "stop"}]
+    assert replica.runs == 3 and WHOLE not in replica.requests[0]  # the mark is the gateway's
+
+
+async def test_a_stream_the_replica_began_is_failed_as_begun_when_it_dies_and_a_waiting_one_is_not() -> None:
+    waiters = Waiters()
+    sent: list[Any] = []
+    begun = waiters.stream(1, sent.append, {}, "")
+    waiting = waiters.stream(2, sent.append, {}, "")
+    first = asyncio.ensure_future(begun.__anext__())
+    second = asyncio.ensure_future(waiting.__anext__())
+    await asyncio.sleep(0)
+    waiters.answer(Started([1]))
+    waiters.fail_all(ReplicaDied("the replica's worker process exited"))
+    with pytest.raises(ReplicaDied) as running:
+        await first
+    assert not isinstance(running.value, ReplicaDiedBeforeStart)
+    with pytest.raises(ReplicaDiedBeforeStart):
+        await second
+
+
+def test_a_generation_is_announced_begun_before_its_handler_prepares_it() -> None:
+    """Its template and grammar are prepared in `start`: a replica that dies there leaves its gateway
+    knowing the request had begun, so it is not sent to another replica."""
+    host = host_of(Counter())
+    outgoing: list[Any] = []
+
+    def announce() -> None:
+        outgoing.extend(host.take_outgoing())
+
+    host.announce = announce
+    prepared = Counter.start
+
+    def start(self: Counter, state: Any, request_id: int, request: dict[str, Any]) -> None:
+        assert outgoing == [("g", Started([7]))]  # out before the handler runs
+        prepared(self, state, request_id, request)
+
+    host._handler.start = start.__get__(host._handler)  # type: ignore[attr-defined]
+    host.receive("g", Generate(7, {"n": 1}))
+    assert outgoing == [("g", Started([7]))]
 
 
 def test_streams_step_together_and_each_ends_with_its_finish() -> None:

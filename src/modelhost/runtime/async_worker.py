@@ -206,6 +206,7 @@ class AsyncWorker:
             self._event(peer, message.id, event)
 
         assert self.generate is not None
+        self._send(peer, Started([message.id]))  # begun: not sent to another replica if this one dies
         try:
             await self.generate(request_id, with_priority(message), emit)
         except asyncio.CancelledError:
@@ -215,8 +216,10 @@ class AsyncWorker:
             raise
         except Exception as exc:  # the engine failed: this request gets an internal error
             traceback.print_exc()
-            emit({"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}})
-            if self.engine.errored:
+            crashed = self.engine.errored  # its engine died under it: never sent to another replica
+            message_text = f"{type(exc).__name__}: {exc}"
+            emit({"error": {"message": message_text, "internal": True, "crashed": crashed}})
+            if crashed:
                 self.stopped.set()  # the engine is gone: exit, the supervisor starts a replacement
         finally:
             self._generating.dec()

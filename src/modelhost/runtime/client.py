@@ -5,7 +5,8 @@ replica it uses. Requests are written without waiting (frames written in one eve
 in one system call) and answers are matched to their callers by ID. A caller that gives up (timeout,
 client gone) sends `Cancel`, so the replica drops the request before it reaches the model. When the
 replica's process dies, every caller waiting on it gets `ReplicaDied`: `ReplicaDiedBeforeStart` for a
-request the replica had not yet begun (it never announced it `Started`), which may be sent elsewhere.
+request (or generation) the replica had not yet begun (it never announced it `Started`), which may be
+sent elsewhere; a request it had begun is not (`runtime.dispatch`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Waiters:
     def __init__(self) -> None:
         self.calls: dict[int, asyncio.Future[Any]] = {}
         self.streams: dict[int, asyncio.Queue[Payload | BaseException]] = {}
-        self.started: set[int] = set()  # calls the replica has begun (`Started`), until answered
+        self.started: set[int] = set()  # calls and streams the replica has begun (`Started`), until answered
 
     def __len__(self) -> int:
         return len(self.calls) + len(self.streams)
@@ -56,7 +57,7 @@ class Waiters:
     def answer(self, message: FromReplica) -> bool:
         """Hand a replica's message to its callers; False for a message that is no answer."""
         if isinstance(message, Started):
-            self.started.update(i for i in message.ids if i in self.calls)
+            self.started.update(i for i in message.ids if i in self.calls or i in self.streams)
         elif isinstance(message, Results):
             for result in message.results:
                 self.resolve(result.id, result.output)
@@ -102,20 +103,21 @@ class Waiters:
                 yield event
         finally:
             self.streams.pop(request_id, None)
+            self.started.discard(request_id)
             if not finished:
                 with contextlib.suppress(ReplicaDied):  # gone: nothing is left to cancel
                     send(Cancel(request_id))
 
     def fail_all(self, error: ReplicaDied) -> None:
-        """The replica is gone: the calls it had begun fail with `error`, the others with
-        `ReplicaDiedBeforeStart` (free to run elsewhere); streams fail (their tokens may have gone out)."""
+        """The replica is gone: the calls and streams it had begun fail with `error`, the others with
+        `ReplicaDiedBeforeStart` (free to run elsewhere)."""
         waiting = ReplicaDiedBeforeStart(str(error))
         for request_id, future in self.calls.items():
             if not future.done():
                 future.set_exception(error if request_id in self.started else waiting)
+        for request_id, queue in self.streams.items():
+            queue.put_nowait(error if request_id in self.started else waiting)
         self.started.clear()
-        for queue in self.streams.values():
-            queue.put_nowait(error)
 
 
 class ReplicaConnection(asyncio.Protocol):

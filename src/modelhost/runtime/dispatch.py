@@ -8,16 +8,14 @@ comes back into the answer or the error the client sees.
 
 A replica that dies (killed, out of memory, crashed) takes its requests with it. The requests still
 waiting for it never reached the model: they go to another replica or the replacement (the supervisor
-starts one at once), as often as that happens within their deadline. The batch it was running may have
-caused the death, but most of it is innocent, and no request of `infer` has a side effect (embeddings,
-classification, reranking, every batch task: the same input gives the same answer, and nothing of it
-has gone to the client yet), so each of its requests is sent once more, to another replica or the
-replacement: a request that its replica dies under a second time is answered 503 naming the crash, so
-a request that kills every replica it reaches (a poison input) costs two replicas, not all of them. A
-generation is sent once more on the same terms while its caller has had none of its events: a
-stream's client until its first event, and a non-streamed answer (marked `WHOLE`: its events are held
-here until the generation ends) at any point before its end. After a stream's first event, its death
-is a 503 (or an error event of the stream already under way). The client sees only the delay.
+starts one at once), as often as that happens within their deadline. A request the replica had begun
+(`Started`: a batch it was running, a generation it had taken, its prompt rendered and its grammar
+compiled) is never sent again, whatever killed the replica: it may be what killed it, and a poisoned
+request must cost one replica, not every replica it reaches (on a shared base, other accounts'). Its
+caller gets a 502 `replica_crashed` (`errors.Crashed`, with `x-should-retry: false` so that the OpenAI
+and Anthropic SDKs do not send it again either), or that error as the last event of a stream already
+under way. A vLLM replica whose engine died says so in the request's error event (`crashed`), which is
+the same 502. The replica itself is replaced as for any death.
 """
 
 from __future__ import annotations
@@ -31,7 +29,14 @@ from typing import Any, Protocol
 
 from modelhost import tracing
 from modelhost.auth.limits import count_tokens
-from modelhost.errors import DeploymentUnavailable, GatewayTimeout, InvalidRequest, ModelhostError, Overloaded
+from modelhost.errors import (
+    Crashed,
+    DeploymentUnavailable,
+    GatewayTimeout,
+    InvalidRequest,
+    ModelhostError,
+    Overloaded,
+)
 from modelhost.runtime import metrics
 from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
 
@@ -53,8 +58,6 @@ class Target(Protocol):
 Targets = Callable[[], Awaitable[Sequence[Target]]]
 # How long a request that lost its replica waits before looking again for the replacement.
 REQUEUE_POLL_SECONDS = 0.05
-# Times a request is sent again after its replica died while running it (see the module docstring)
-RETRIES_AFTER_CRASH = 1
 # The mark of a generation whose caller reads its answer only once it has ended (a non-streamed chat
 # completion or completion): `Dispatcher.stream` holds its events until then, and takes the mark off.
 WHOLE = "modelhost.whole"
@@ -66,7 +69,10 @@ class NoLiveReplica(DeploymentUnavailable):
 
 
 def item_failure(error: Payload) -> ModelhostError:
-    """An item's or event's `error`: the request's own fault (400) unless the replica itself failed."""
+    """An item's or event's `error`: the request's own fault (400) unless the replica itself failed
+    (`crashed`: its engine died while running it, see the module docstring)."""
+    if error.get("crashed"):
+        return _crashed(str(error.get("message")))
     if error.get("internal"):
         return DeploymentUnavailable(f"Inference failed: {error.get('message')}")
     return InvalidRequest(str(error.get("message")), param=error.get("param"), code=error.get("code"))
@@ -110,7 +116,7 @@ class Dispatcher:
                             output = await target.submit(item, tracing.parent())
                             break
                         except ReplicaDied as exc:
-                            lost.died(exc)  # raises DeploymentUnavailable the second time it ran
+                            lost.died(exc)  # raises `Crashed` where the replica had begun it
                             live = await targets()  # the others, or the replacement's start
         except TimeoutError as exc:
             if lost.requeued:
@@ -143,9 +149,9 @@ class Dispatcher:
 
     async def stream(self, targets: Targets, request: Payload) -> AsyncGenerator[Payload, None]:
         """A generation's events from the least busy live replica; an `error` event is raised. Sent again
-        when its replica dies before the first event reached the caller (see the module docstring). A
-        request marked `WHOLE` (a non-streamed answer, which its caller reads only once it has ended) has
-        its events held here until the generation ends, so that it is sent again whenever it dies."""
+        when its replica dies before it had begun it (see the module docstring). A request marked `WHOLE`
+        (a non-streamed answer, which its caller reads only once it has ended) has its events held here
+        until the generation ends."""
         target = _pick(await targets())
         whole = bool(request.get(WHOLE))
         if whole:
@@ -155,7 +161,7 @@ class Dispatcher:
         # a span of its own, never the current one: a stream's steps may run in different tasks
         span = tracing.started("dispatch")
         started, first = time.perf_counter(), 0.0  # its dispatch, its first token
-        lost, began = Losses(self.deployment_id), False
+        lost = Losses(self.deployment_id)
         held: list[Payload] = []  # a whole answer's events, until its generation ends
         try:
             while True:
@@ -173,16 +179,12 @@ class Dispatcher:
                             if whole:
                                 held.append(event)
                                 continue
-                            began = True
                             yield event
                     for event in held:
                         yield event
                     return
                 except ReplicaDied as exc:
-                    if began:  # its first events are the caller's already
-                        message = f"The replica serving this request stopped: {exc}."
-                        raise DeploymentUnavailable(message) from exc
-                    lost.died(exc)
+                    lost.died(exc)  # raises `Crashed` where the replica had begun it
                     held.clear()
                     async with asyncio.timeout(self.timeout):  # the replacement's start, within a bound
                         target = await self._live(await targets(), targets)
@@ -201,27 +203,26 @@ class Dispatcher:
 
 
 class Losses:
-    """The replicas one request lost (see the module docstring): those that died before running it, any
-    number of times; one that died while running it, once."""
+    """The replicas one request lost before they began it (see the module docstring)."""
 
     def __init__(self, deployment_id: str) -> None:
         self.deployment_id = deployment_id
         self.requeued = 0  # times it was sent again
-        self.crashed = 0  # replicas that died while running it
 
     def died(self, exc: ReplicaDied) -> None:
-        """Its replica died: it may be sent again (counted), else DeploymentUnavailable naming the crash."""
+        """Its replica died: sent again (counted) if the replica had not begun it, else `Crashed`."""
         if not isinstance(exc, ReplicaDiedBeforeStart):
-            self.crashed += 1
-            if self.crashed > RETRIES_AFTER_CRASH:
-                raise DeploymentUnavailable(
-                    f"The replica serving this request stopped while running it ({exc}), and so did the "
-                    "replica it was sent to again: it is not sent a third time, since it may be what "
-                    "stops them."
-                ) from exc
+            raise _crashed(str(exc)) from exc
         self.requeued += 1
         metrics.REQUESTS_REQUEUED.labels(self.deployment_id).inc()
         tracing.current_attributes({"modelhost.requeued": True})
+
+
+def _crashed(why: str) -> Crashed:
+    return Crashed(
+        f"The replica running this request stopped while running it ({why}). It is not sent to another "
+        "replica, since it may be what stopped it; a replacement is starting."
+    )
 
 
 # The in-flight gauge is written by one task per process every PUBLISH_SECONDS, not per request: in

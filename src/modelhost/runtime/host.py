@@ -135,6 +135,9 @@ class ReplicaHost:
         self._events: dict[Peer, list[Event]] = {}
         self._other: list[tuple[Peer, msgspec.Struct]] = []
         self._published = (-1, -1)
+        # Sends what is outgoing now (the worker's transport sets it): a generation's `Started` goes out
+        # before the handler prepares it, which is where a poisoned request kills a replica
+        self.announce: Callable[[], None] = lambda: None
         self._queue_depth = metrics.QUEUE_DEPTH.labels(deployment)
         self._generating = metrics.GENERATING.labels(deployment)
         self._generated_tokens = metrics.GENERATION_TOKENS.labels(deployment)
@@ -183,6 +186,10 @@ class ReplicaHost:
             self._event(peer, message.id, {"error": {**error["error"], "internal": True}})
             return
         key = next(self._keys)
+        # begun from here on (its template rendered, its grammar compiled): if that kills the replica,
+        # its gateway knows not to send it to another (`runtime.dispatch`)
+        self._other.append((peer, Started([message.id])))
+        self.announce()
         try:
             self._handler.start(self._state, key, with_priority(message))
         except ModelhostError as exc:  # the request's own fault: its caller gets a 400

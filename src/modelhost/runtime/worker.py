@@ -198,6 +198,7 @@ class Worker:
 
     def __init__(self, host: ReplicaHost, lifeline: socket.socket, listener: socket.socket | None) -> None:
         self.host = host
+        host.announce = self._send_outgoing
         self.selector = selectors.DefaultSelector()
         self.lifeline = self._open(lifeline)
         self.listener = listener
