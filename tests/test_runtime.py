@@ -341,7 +341,7 @@ async def test_a_request_waiting_in_a_killed_worker_is_answered_by_the_replica_t
     served: Loaded,
 ) -> None:
     """The worker is held (SIGSTOP) before it reads the request, so the model never saw it: it goes to
-    the replacement (one of the batch the worker was running is sent once more: tests/test_faults)."""
+    the replacement (one of the batch the worker was running is not: tests/test_faults)."""
     gw, deployment_id = served
     runtime, old = gw.runtime(deployment_id), gw.pid(deployment_id)
     labels = {"deployment": deployment_id, "reason": "exited"}
