@@ -5,7 +5,8 @@ process (cheap to start).
 - `TestCA(folder)`: a CA and a certificate for 127.0.0.1 / localhost; `ca_file` is what a client
   trusts (`SSL_CERT_FILE`, which modelhost's fetches read: `media.fetch._tls_context`).
 - `RemoteServer(ca)`: serves `files` at `/files/<path>` (with `Range: bytes=a-`; at `/whole/<path>`
-  ignoring it), `/redirect?to=URL`, `/status/<code>`, `/trickle` (ten bytes, one each 0.1 s),
+  ignoring it; at `/gated/<path>` once the test sets `gate`), `/redirect?to=URL`, `/status/<code>`,
+  `/trickle` (ten bytes, one each 0.1 s),
   `/stall` (one byte, then silence), `/flaky/<path>` (a 503, then half the file and a cut connection,
   then the file with ranges), and the Hub routes of the repositories added with
   `add_hub_repo`: the listing huggingface_hub's `model_info(..., files_metadata=True)` asks for
@@ -140,6 +141,7 @@ class RemoteServer:
     requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     flaky_tries: dict[str, int] = field(default_factory=dict)
+    gate: threading.Event = field(default_factory=threading.Event)  # what `/gated/<path>` waits for
 
     def __post_init__(self) -> None:
         server = self
@@ -188,6 +190,10 @@ class _Handler(BaseHTTPRequestHandler):
         state = self.server_state
         if path.startswith("/files/"):
             data = state.files.get(path.removeprefix("/files/"))
+            self._file(data) if data is not None else self._answer(404, b"Not found")
+        elif path.startswith("/gated/"):  # served once the test opens `gate`
+            data = state.files.get(path.removeprefix("/gated/"))
+            state.gate.wait(60)
             self._file(data) if data is not None else self._answer(404, b"Not found")
         elif path.startswith("/whole/"):
             data = state.files.get(path.removeprefix("/whole/"))

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import signal
 import socket
 import sqlite3
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,38 @@ import numpy as np
 import pytest
 
 from tests.helpers import bearer, push_folder
-from tests.server_process import ST_RECIPE, Server, alive, server_with, stopped, until
+from tests.remote_servers import RemoteServer, TestCA
+from tests.server_process import ST_RECIPE, Server, accepted, alive, server_with, stopped, until
 
 TEXTS = [f"request {i} is about " + " ".join(["cats", "dogs", "birds"][: 1 + i % 3]) for i in range(8)]
 
 
 @pytest.fixture(scope="module")
-async def two(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> AsyncIterator[tuple[Server, str]]:
-    """Two gateway processes and a warm deployment of the tiny sentence-transformers recipe."""
-    async with server_with(tmp_path_factory.mktemp("two"), 2) as server:
+def remote(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[RemoteServer]:
+    """An HTTPS server with the tiny sentence-transformers model's files, to import from."""
+    server = RemoteServer(TestCA(tmp_path_factory.mktemp("ca")))
+    folder = recipes.joinpath(*ST_RECIPE)
+    server.files |= {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
+    yield server
+    server.gate.set()
+    server.close()
+
+
+@pytest.fixture(scope="module")
+async def two(
+    tmp_path_factory: pytest.TempPathFactory, recipes: Path, remote: RemoteServer
+) -> AsyncIterator[tuple[Server, str]]:
+    """Two gateway processes and a warm deployment of the tiny sentence-transformers recipe; imports
+    from `remote` are trusted."""
+    env = {
+        "SSL_CERT_FILE": str(remote.ca.ca_file),
+        "MODELHOST_MEDIA_ALLOW_NETWORKS": '["127.0.0.0/8"]',
+        "MODELHOST_BATCH_POLL_SECONDS": "0.2",
+        "MODELHOST_IMPORT_POLL_SECONDS": "0.2",
+    }
+    async with server_with(tmp_path_factory.mktemp("two"), 2, **env) as server:
         deployment_id = await server.deploy(
             recipes.joinpath(*ST_RECIPE), "feature-extraction", "m", readiness="warm"
         )
@@ -101,6 +125,97 @@ async def test_a_killed_gateway_process_loses_only_its_own_requests_and_is_start
     await server.serving(new)
     task = await server.via(new, lambda: server.embed("after the restart"))
     assert (await task).status_code == 200
+
+
+async def test_a_gateway_killed_by_sigsegv_mid_traffic_costs_only_its_own_requests(
+    two: tuple[Server, str], remote: RemoteServer
+) -> None:
+    """A tenant's request that crashes its gateway process (SIGSEGV, as a native library's stack
+    overflow does) costs that process's requests in flight and nothing else: the other gateway answers
+    every request of its clients, the batch running (some of its lines in the dead gateway) and the
+    import running (in the supervisor) finish, and the supervisor has the gateway back within 5 s."""
+    server, deployment_id = two
+    first, second = server.gateways()
+    [replica] = server.replicas(deployment_id)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, headers=bearer(server.key)) as api:
+        artifact = (await api.post("/v1/model-artifacts", json={"display_name": "i", "pipeline": "feature-extraction"})).json()
+        files = [
+            {"url": remote.url(path).replace("/files/", "/gated/"), "path": path} for path in remote.files
+        ]
+        started = await api.post(f"/v1/model-artifacts/{artifact['id']}/imports", json={"source": files})
+        assert started.status_code == 202, started.text
+        lines = [
+            {
+                "custom_id": f"line-{n}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"model": "m", "input": t},
+            }
+            for n, t in enumerate(TEXTS * 3)
+        ]
+        data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        uploaded = await api.post("/v1/files", files={"file": ("in.jsonl", data)}, data={"purpose": "batch"})
+        batch = (
+            await api.post(
+                "/v1/batches",
+                json={
+                    "input_file_id": uploaded.json()["id"],
+                    "endpoint": "/v1/embeddings",
+                    "completion_window": "24h",
+                },
+            )
+        ).json()
+        with stopped(replica):  # every request, line included, waits in flight in the gateways
+            survivors = [await server.via(second, lambda t=t: server.embed(t)) for t in TEXTS[:4]]
+            doomed = [await server.via(first, lambda t=t: server.embed(t)) for t in TEXTS[4:6]]
+
+            def both_hold_lines() -> bool:  # the batch's lines go to both gateways in turn
+                held = server.in_flight(deployment_id)
+                return held.get(first, 0) > 2 and held.get(second, 0) > 4
+
+            await until(both_hold_lines)
+            os.kill(first, signal.SIGSEGV)
+            killed_at = time.monotonic()
+            await until(lambda: not alive(first))
+        remote.gate.set()  # the import's files arrive now
+        assert [(await task).status_code for task in survivors] == [200] * 4
+        for task in doomed:
+            with pytest.raises(httpx.TransportError):
+                await task
+        new = (await until(lambda: [p for p in server.gateways() if p not in (first, second)], timeout=5))[0]
+        await until(lambda: probe_accepted(server, new), timeout=max(0.1, killed_at + 5 - time.monotonic()))
+        back_in = time.monotonic() - killed_at
+        print(f"\nthe killed gateway was serving again {back_in:.2f} s after the kill")
+
+        async def ended(path: str, final: tuple[str, ...]) -> dict[str, Any]:
+            for _ in range(600):
+                view: dict[str, Any] = (await api.get(path)).json()
+                if view["status"] in final:
+                    return view
+                await asyncio.sleep(0.1)
+            raise AssertionError(view)
+
+        done = await ended(f"/v1/batches/{batch['id']}", ("completed", "failed", "expired", "cancelled"))
+        assert done["status"] == "completed" and done["request_counts"]["failed"] == 0, done
+        output = (await api.get(f"/v1/files/{done['output_file_id']}/content")).text.splitlines()
+        assert sorted(json.loads(line)["response"]["status_code"] for line in output) == [200] * len(lines)
+        imported = await ended(
+            f"/v1/model-artifacts/{artifact['id']}/imports/{started.json()['id']}",
+            ("completed", "failed", "cancelled"),
+        )
+        assert imported["status"] == "completed", imported
+    assert back_in < 5
+
+
+def probe_accepted(server: Server, pid: int) -> bool:
+    """Whether gateway process `pid` takes one of a few new connections (so it serves again)."""
+    probes = [socket.create_connection(("127.0.0.1", server.process.port)) for _ in range(4)]
+    try:
+        time.sleep(0.05)
+        return accepted(pid, server.process.port) > 0
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 async def test_a_rollout_reaches_every_gateway_process_and_no_request_of_either_fails(
