@@ -28,6 +28,7 @@ from modelhost.artifacts.service import staging_prefix
 from modelhost.cli.main import app as cli
 from modelhost.container import Services
 from modelhost.imports import runner as runner_module
+from modelhost.imports import s3 as s3_module
 from modelhost.imports.pace import Pace
 from modelhost.imports.runner import ImportRunner
 from modelhost.imports.s3 import S3Source, _vet, parse_s3
@@ -631,9 +632,32 @@ async def test_an_s3_endpoint_that_rebinds_to_a_private_address_is_never_connect
         done = await until(ended(local, account, artifact, import_id))
     finally:
         await runner.stop()
+    assert (done.files, done.bytes_total) == ([], None)  # not even the listing came from 127.0.0.1
     assert (done.status, done.error_code) == ("failed", "address_refused"), done.error_message
-    assert answers == ["93.184.216.34", "127.0.0.1"]  # the connection's own lookup, refused
+    assert answers == ["93.184.216.34", "127.0.0.1"]  # the early check's, then the connection's, refused
     assert done.bytes_done == 0 and recorded(local, account, artifact, import_id) == set()
+
+
+async def test_each_connection_to_a_tenant_s3_endpoint_checks_the_address_it_connects_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the early check (skipped here) but the connection itself refuses a private address."""
+
+    async def skipped(*_: object) -> None:
+        pass
+
+    monkeypatch.setattr(s3_module, "_vet", skipped)
+    rebinding_dns(monkeypatch, "private-s3", public="127.0.0.1", private="127.0.0.1")
+    credentials = {**TENANT_KEYS, "endpoint_url": "http://private-s3:9"}
+    settings = make_settings(tmp_path, "sqlite://")
+    source = S3Source(
+        "s3://models/tiny", include=None, exclude=None, credentials=credentials, settings=settings
+    )
+    with pytest.raises(ImportFailed) as refused:
+        await source.list_files()
+    assert (
+        refused.value.code == "address_refused" and "MODELHOST_MEDIA_ALLOW_NETWORKS" in refused.value.message
+    )
 
 
 async def test_a_tenant_s3_endpoint_in_an_allowed_network_is_read_through_vetted_connections(

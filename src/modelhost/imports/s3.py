@@ -122,7 +122,7 @@ class S3Source:
         per call, each in a thread, so that cancelling this coroutine stops the listing at the page in
         flight."""
         found: list[tuple[str, int, str | None]] = []
-        pages = await self._call(self._pages, prefix, min(LIST_PAGE_SIZE, most))
+        pages = await self._call(self._pages, prefix, min(LIST_PAGE_SIZE, most), vetted=True)  # no I/O
         while len(found) < most and (page := await self._call(next, pages, None)) is not None:
             for item in page.get("Contents", []):
                 key, etag = str(item["Key"]), item.get("ETag")
@@ -148,9 +148,9 @@ class S3Source:
 
     async def _call(self, function: Any, *args: Any, vetted: bool = False) -> Any:
         """`function(*args)` in a thread, boto3's errors as ImportFailed. A tenant's endpoint is vetted
-        first (unless the call only reads an open connection): a quick refusal of a host that is private
-        on its face; what holds against a second answer is that each connection is made to the address it
-        vetted itself (`imports.s3_connections`)."""
+        first (unless `vetted`: the call sends no request, or only reads an open connection): a quick
+        refusal of a host that is private on its face; what holds against a second DNS answer is that each
+        connection is made to the address it vetted itself (`imports.s3_connections`)."""
         if self._endpoint is not None and not vetted:
             await _vet(self._endpoint, self._networks)
         import botocore.exceptions as boto
