@@ -13,6 +13,7 @@ import io
 import ipaddress
 import re
 import tarfile
+import tracemalloc
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ from modelhost.imports.https import HttpsSource, https_headers, parse_https_sour
 from modelhost.imports.hub import HubSource, parse_hub_source, select_files
 from modelhost.imports.remote import import_fetch_policy
 from modelhost.imports.sources import ImportFailed, ImportSource, RemoteFile
+from tests import hostile_archives as hostile
 from tests.remote_servers import RemoteServer, TestCA
 
 LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
@@ -412,6 +414,80 @@ def test_a_file_that_is_not_an_archive_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ImportFailed) as caught:
         unpacked(path)
     assert caught.value.code == "unsafe_archive"
+
+
+# ---------------------------------------------------------------- hostile archives (issue 58)
+
+
+def refusal(archive_bytes: bytes, tmp_path: Path, suffix: str = "tgz", **limits: int) -> tuple[str, int, int]:
+    """(message, bytes given to the stager, peak Python memory) of unpacking a hostile archive, which
+    must be refused with `unsafe_archive`."""
+    path = tmp_path / f"hostile.{suffix}"
+    path.write_bytes(archive_bytes)
+    given = 0
+    tracemalloc.start()
+    try:
+        with pytest.raises(ImportFailed) as caught:
+            for member in unpack(path, ArchiveLimits(**{"max_members": 100, "max_bytes": 10**12, **limits})):
+                while chunk := member.stream.read(1024**2):
+                    given += len(chunk)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.code == "unsafe_archive", caught.value.message
+    return caught.value.message, given, peak
+
+
+@pytest.mark.parametrize("build", [hostile.sparse_tar_gz, hostile.pax_sparse_tar_gz], ids=["gnu", "pax"])
+def test_a_sparse_member_is_refused_before_its_holes_are_made(tmp_path: Path, build: Any) -> None:
+    """Found on main: 269 bytes of .tar.gz staged 200 MiB of zeros, against a bound of 64 MiB."""
+    message, given, _ = refusal(build(200 * 1024**2), tmp_path)
+    assert "sparse file" in message and given == 0
+
+
+@pytest.mark.parametrize(
+    "build", [hostile.long_name_tar_gz, hostile.pax_header_tar_gz], ids=["long-name", "pax"]
+)
+def test_long_name_and_pax_headers_are_bounded_before_they_are_read(tmp_path: Path, build: Any) -> None:
+    """Found on main: a 61 KB archive with a 60 MiB long-name header cost 181 MiB before it was judged."""
+    archive_bytes = build(32 * 1024**2)
+    assert len(archive_bytes) < 64 * 1024
+    message, given, peak = refusal(archive_bytes, tmp_path)
+    assert f"(at most {archive.MAX_HEADER_BYTES})" in message and given == 0
+    assert peak < 8 * 1024**2  # the 1 MiB read buffers, never the header
+
+
+def test_a_chain_of_headers_before_one_member_is_refused(tmp_path: Path) -> None:
+    """On main each header read the next by calling itself: 600 of them (2.6 KB) raised RecursionError."""
+    message, _, _ = refusal(hostile.chained_headers_tar_gz(600), tmp_path)
+    assert f"more than {archive.MAX_HEADERS_PER_MEMBER} headers" in message
+
+
+def test_a_zip_directory_is_judged_by_its_end_record_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unread(*_: object) -> None:
+        raise AssertionError("the central directory was read")
+
+    five = hostile.zip_with_entries(5)
+    with monkeypatch.context() as never:
+        never.setattr(archive.zipfile, "ZipFile", unread)
+        message, _, _ = refusal(five, tmp_path, "zip", max_members=4)
+    assert "more than 4 members" in message
+    message, _, _ = refusal(hostile.zip_with_extra_fields(3, 60_000), tmp_path, "zip")
+    assert f"at most {archive.ZIP_DIRECTORY_BYTES_PER_ENTRY} each" in message
+
+
+def test_a_zip64_directory_is_counted_from_its_zip64_end_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(zipfile, "ZIP_FILECOUNT_LIMIT", 1)  # a zip64 end record from three entries
+    path = make_zip(tmp_path / "m.zip", [("model/a.json", b"1"), ("model/b.json", b"2"), ("model/c", b"3")])
+    assert unpacked(path, ArchiveLimits(max_members=3, max_bytes=1000)) == {
+        "a.json": b"1",
+        "b.json": b"2",
+        "c": b"3",
+    }
 
 
 # ---------------------------------------------------------------- the Hub

@@ -8,8 +8,10 @@ counts what it reads; the routes through the app; S3 and the CLI against a live 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
+import socket
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -26,11 +28,14 @@ from modelhost.artifacts.service import staging_prefix
 from modelhost.cli.main import app as cli
 from modelhost.container import Services
 from modelhost.imports import runner as runner_module
+from modelhost.imports import s3 as s3_module
+from modelhost.imports.pace import Pace
 from modelhost.imports.runner import ImportRunner
 from modelhost.imports.s3 import S3Source, _vet, parse_s3
 from modelhost.imports.sources import ImportFailed, RemoteFile, selected
 from modelhost.media.fetch import parse_networks
 from modelhost.store.models import ArtifactImport
+from tests import hostile_archives as hostile
 from tests.conftest import S3_REGION, make_settings
 from tests.helpers import ADMIN_KEY, bearer
 from tests.live import live_server
@@ -38,6 +43,7 @@ from tests.recipes import GGUF_FOLDER
 
 FINAL = ("completed", "failed", "cancelled")
 SECRET = "s3cr3t-never-shown-0123456789"
+TENANT_KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}  # moto takes any
 TINY = ("t03_feature_extraction", "st")
 
 
@@ -360,6 +366,317 @@ async def test_a_tenant_endpoint_on_a_private_address_is_refused_unless_its_netw
     await _vet("http://127.0.0.1:9000", parse_networks(["127.0.0.0/8"]))
 
 
+# ---------------------------------------------------------------- bounded in time, fair between accounts
+
+
+class Trickle:
+    """A source of one large file that sends a byte every `every` seconds, for as long as it is read;
+    its listing takes `listing` seconds."""
+
+    description = "trickle"
+
+    def __init__(self, every: float = 0.05, listing: float = 0.0) -> None:
+        self.every, self.listing = every, listing
+
+    async def list_files(self) -> list[RemoteFile]:
+        await asyncio.sleep(self.listing)
+        return [RemoteFile("model.safetensors", "model.safetensors", 10**6)]
+
+    async def read(self, file: RemoteFile, offset: int = 0) -> AsyncIterator[bytes]:
+        while True:
+            await asyncio.sleep(self.every)
+            yield b"x"
+
+
+def new_import(services: Services, account: str, source: str) -> tuple[str, str]:
+    """(artifact, import) of a new import of `source` into a new artifact of `account`."""
+    artifact = services.artifacts.create(account, source.rsplit("/", 1)[-1], "feature-extraction")
+    row = services.imports.create(account, artifact.artifact.id, source, None, None, None)
+    return artifact.artifact.id, row.id
+
+
+async def test_one_accounts_trickling_imports_keep_no_other_accounts_import_queued(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on main (issue 58): one FIFO queue, no minimum rate; two imports sending a byte now and
+    then held both slots, and every other account's import stayed `queued`."""
+    monkeypatch.setattr(runner_module, "BEAT_SECONDS", 0.05)
+    config_only = tmp_path / "config-only"  # fetched at once (inspection then refuses it: no matter)
+    config_only.mkdir()
+    (config_only / "config.json").write_text("{}")
+    services = local_services(
+        tmp_path,
+        import_poll_seconds=0.05,
+        import_concurrency=2,
+        import_concurrency_per_account=1,
+        import_min_bytes_per_second=1000,
+        import_rate_window_seconds=0.5,
+    )
+    try:
+        slow, other = (services.accounts.create(name, 10.0)[0].account.id for name in ("slow", "other"))
+        first, second = (
+            new_import(services, slow, "s3://models/trickle-1"),
+            new_import(services, slow, "s3://models/trickle-2"),
+        )
+        theirs = new_import(services, other, "s3://models/tiny")
+        claims: list[str] = []
+        claim = services.imports.claim
+
+        def recorded_claim(runner: str) -> Any:
+            claimed = claim(runner)
+            if claimed is not None:
+                claims.append(claimed.id)
+            return claimed
+
+        monkeypatch.setattr(services.imports, "claim", recorded_claim)
+        runner = ImportRunner(
+            services.imports,
+            services.artifacts,
+            services.settings,
+            lambda given, *_: Trickle() if "trickle" in str(given) else FolderSource(config_only),
+        )
+        runner.start_claiming()
+        try:
+            done = [
+                await until(ended(services, account, *ids))
+                for account, ids in ((other, theirs), (slow, first), (slow, second))
+            ]
+        finally:
+            await runner.stop()
+    finally:
+        services.close()
+    assert claims == [first[1], theirs[1], second[1]]  # the other account's turn came before `second`
+    assert done[0].error_code != "source_too_slow" and done[0].bytes_done == 2  # fetched, then inspected
+    for trickled in done[1:]:
+        assert (trickled.status, trickled.error_code) == ("failed", "source_too_slow"), trickled.error_message
+        assert 0 < trickled.bytes_done < 100 and "MODELHOST_IMPORT_MIN_BYTES_PER_SECOND" in (
+            trickled.error_message or ""
+        )
+
+
+@pytest.mark.parametrize(
+    ("settings", "source", "code"),
+    [
+        ({"import_deadline_seconds": 0.5, "import_min_bytes_per_second": 0}, Trickle(), "deadline_exceeded"),
+        ({"import_list_deadline_seconds": 0.3}, Trickle(listing=3600), "source_too_slow"),
+    ],
+    ids=["fetch", "listing"],
+)
+async def test_an_import_past_its_deadline_fails_with_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: dict[str, float], source: Trickle, code: str
+) -> None:
+    monkeypatch.setattr(runner_module, "BEAT_SECONDS", 0.05)
+    services = local_services(tmp_path, import_poll_seconds=0.05, **settings)
+    try:
+        account, artifact, import_id = start_import(services)
+        runner = running(services, source)
+        try:
+            done = await until(ended(services, account, artifact, import_id), timeout=10)
+        finally:
+            await runner.stop()
+        assert (done.status, done.error_code) == ("failed", code), done.error_message
+        assert services.artifacts.get(account, artifact).artifact.error_code == code
+    finally:
+        services.close()
+
+
+class ArchiveSource:
+    """A source of one archive to unpack, served from memory."""
+
+    description = "archive"
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def list_files(self) -> list[RemoteFile]:
+        return [RemoteFile("model.tgz", "model.tgz", len(self.data), archive=True)]
+
+    async def read(self, file: RemoteFile, offset: int = 0) -> AsyncIterator[bytes]:
+        yield self.data[offset:]
+
+
+async def test_a_sparse_archive_is_refused_before_a_byte_is_staged(
+    local: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on main (issue 58): 269 bytes of .tar.gz staged a 200 MiB file, against a 64 MiB bound."""
+    staged = 0
+    put_file = local.artifacts.put_file
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        async def chunks() -> AsyncIterator[bytes]:
+            nonlocal staged
+            async for chunk in args[4]:
+                staged += len(chunk)
+                yield chunk
+
+        return await put_file(*args[:4], chunks(), *args[5:], **kwargs)
+
+    monkeypatch.setattr(local.artifacts, "put_file", counted)
+    account, artifact, import_id = start_import(local)
+    runner = running(local, ArchiveSource(hostile.sparse_tar_gz(200 * 1024**2)))
+    try:
+        done = await until(ended(local, account, artifact, import_id))
+    finally:
+        await runner.stop()
+    assert (done.status, done.error_code) == ("failed", "unsafe_archive"), done.error_message
+    assert staged == 0 and recorded(local, account, artifact, import_id) == set()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_pace_is_measured_over_windows_of_downloading_only(tmp_path: Path) -> None:
+    clock = Clock()
+    settings = make_settings(
+        tmp_path, "sqlite://", import_min_bytes_per_second=100, import_rate_window_seconds=10
+    )
+    pace = Pace(settings, clock)
+    assert pace.check(0, downloading=1) is None  # the first window starts
+    clock.now += 10
+    assert pace.check(1000, downloading=1) is None  # 100 bytes/s: enough
+    clock.now += 5
+    assert pace.check(1000, downloading=0) is None  # listing or unpacking: no window
+    clock.now += 60
+    assert pace.check(1000, downloading=1) is None  # a new window, not the pause
+    clock.now += 10
+    slow = pace.check(1999, downloading=2)
+    assert slow is not None and slow.code == "source_too_slow" and "sent 99 bytes/s" in slow.message
+    clock.now += 24 * 3600
+    late = pace.check(10**9, downloading=1)
+    assert late is not None and late.code == "deadline_exceeded"
+
+
+class ManyKeys:
+    """An S3 client whose bucket holds `pages` pages of keys under any prefix, each page made when the
+    listing asks for it (after `delay` seconds, in the listing's thread); `asked` counts them."""
+
+    def __init__(self, pages: int, delay: float = 0.0) -> None:
+        self.pages, self.delay, self.asked = pages, delay, 0
+
+    def get_paginator(self, name: str) -> ManyKeys:
+        return self
+
+    def paginate(
+        self, Bucket: str, Prefix: str, PaginationConfig: dict[str, int] | None = None
+    ) -> Iterator[dict[str, Any]]:
+        size = (PaginationConfig or {}).get("PageSize", 1000)
+        for page in range(self.pages):
+            time.sleep(self.delay)
+            self.asked += 1
+            keys = [f"{Prefix}{page:04}/{i:04}.json" for i in range(size)]
+            yield {"Contents": [{"Key": key, "Size": 2, "ETag": '"etag"'} for key in keys]}
+
+
+def many_keys_source(tmp_path: Path, client: ManyKeys) -> S3Source:
+    settings = make_settings(tmp_path, "sqlite://")  # at most 10,000 files in an artifact
+    source = S3Source("s3://models/many", include=None, exclude=None, credentials=None, settings=settings)
+    source._client = client
+    return source
+
+
+async def test_an_s3_listing_stops_one_file_past_the_limit(tmp_path: Path) -> None:
+    """Found on main (issue 58): 200 pages of keys were all asked for where 11 already pass the limit."""
+    client = ManyKeys(pages=200)
+    listed = await many_keys_source(tmp_path, client).list_files()
+    assert len(listed) == 10_001 and client.asked == 11  # the runner fails it `too_large`
+
+
+async def test_a_cancelled_s3_listing_asks_for_no_more_pages(tmp_path: Path) -> None:
+    """Found on main: the listing went on for 170 pages after its import was cancelled."""
+    client = ManyKeys(pages=200, delay=0.02)
+    listing = asyncio.create_task(many_keys_source(tmp_path, client).list_files())
+    await until(lambda: client.asked >= 3)
+    listing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await listing
+    await asyncio.sleep(0.1)  # the page in flight when it was cancelled
+    asked = client.asked
+    await asyncio.sleep(0.2)
+    assert client.asked == asked <= 5
+
+
+def rebinding_dns(monkeypatch: pytest.MonkeyPatch, name: str, public: str, private: str) -> list[str]:
+    """`name` resolves to `public` and `private` in turn, one answer a lookup (a rebinding resolver with
+    no cache: whoever looks twice sees both); the answers given are listed."""
+    real = socket.getaddrinfo
+    answers: list[str] = []
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host != name:
+            return real(host, port, *args, **kwargs)
+        answers.append(private if len(answers) % 2 else public)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[-1], int(port or 0)))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return answers
+
+
+async def test_an_s3_endpoint_that_rebinds_to_a_private_address_is_never_connected_to(
+    local: Services, bucket: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found on main (issue 58): the endpoint was vetted with one lookup and boto3 connected by name with
+    another, so a second answer of 127.0.0.1 fetched what listens there and staged it."""
+    port = s3_endpoint.rsplit(":", 1)[1]
+    answers = rebinding_dns(monkeypatch, "rebinding-s3", public="93.184.216.34", private="127.0.0.1")
+    account, artifact, import_id = start_import(
+        local, credentials={**TENANT_KEYS, "endpoint_url": f"http://rebinding-s3:{port}"}
+    )
+    runner = ImportRunner(local.imports, local.artifacts, local.settings)  # the real S3 source
+    runner.start_claiming()
+    try:
+        done = await until(ended(local, account, artifact, import_id))
+    finally:
+        await runner.stop()
+    assert (done.files, done.bytes_total) == ([], None)  # not even the listing came from 127.0.0.1
+    assert (done.status, done.error_code) == ("failed", "address_refused"), done.error_message
+    assert answers == ["93.184.216.34", "127.0.0.1"]  # the early check's, then the connection's, refused
+    assert done.bytes_done == 0 and recorded(local, account, artifact, import_id) == set()
+
+
+async def test_each_connection_to_a_tenant_s3_endpoint_checks_the_address_it_connects_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the early check (skipped here) but the connection itself refuses a private address."""
+
+    async def skipped(*_: object) -> None:
+        pass
+
+    monkeypatch.setattr(s3_module, "_vet", skipped)
+    rebinding_dns(monkeypatch, "private-s3", public="127.0.0.1", private="127.0.0.1")
+    credentials = {**TENANT_KEYS, "endpoint_url": "http://private-s3:9"}
+    settings = make_settings(tmp_path, "sqlite://")
+    source = S3Source(
+        "s3://models/tiny", include=None, exclude=None, credentials=credentials, settings=settings
+    )
+    with pytest.raises(ImportFailed) as refused:
+        await source.list_files()
+    assert (
+        refused.value.code == "address_refused" and "MODELHOST_MEDIA_ALLOW_NETWORKS" in refused.value.message
+    )
+
+
+async def test_a_tenant_s3_endpoint_in_an_allowed_network_is_read_through_vetted_connections(
+    tmp_path: Path, bucket: str, s3_endpoint: str, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = s3_endpoint.rsplit(":", 1)[1]
+    answers = rebinding_dns(monkeypatch, "tenant-s3", public="127.0.0.1", private="127.0.0.1")
+    settings = make_settings(tmp_path, "sqlite://", media_allow_networks=["127.0.0.0/8"])
+    credentials = {**TENANT_KEYS, "endpoint_url": f"http://tenant-s3:{port}"}
+    source = S3Source(
+        "s3://models/tiny", include=None, exclude=None, credentials=credentials, settings=settings
+    )
+    listed = {f.path: f for f in await source.list_files()}
+    assert set(listed) >= {"config.json", "modules.json"}
+    read = b"".join([chunk async for chunk in source.read(listed["config.json"])])
+    assert read == (model / "config.json").read_bytes()
+    assert len(answers) >= 3  # the early check, then each connection's own lookup
+
+
 # ---------------------------------------------------------------- the routes, through the app
 
 
@@ -442,6 +759,44 @@ async def test_another_account_can_neither_see_nor_cancel_an_import(app_client: 
         assert (answer.status_code, answer.json()["error"]["code"]) == (404, "import_not_found"), method
     own = await app_client.get(f"{base}/{started['id']}", headers=bearer(key))
     assert own.json()["status"] == "queued"
+
+
+async def test_creating_an_import_needs_credits_as_a_files_upload_does(app_client: httpx.AsyncClient) -> None:
+    """Found on main (issue 58): an account without credits had three imports accepted."""
+    made = await app_client.post(
+        "/v1/admin/accounts", json={"name": "broke", "credits": 0}, headers=bearer(ADMIN_KEY)
+    )
+    key = made.json()["api_key"]
+    artifact = await new_artifact(app_client, key)
+    answer = await app_client.post(
+        f"/v1/model-artifacts/{artifact}/imports", json={"source": "s3://models/tiny"}, headers=bearer(key)
+    )
+    assert answer.status_code == 402 and answer.json()["error"]["code"] == "insufficient_credits", answer.text
+    shown = (await app_client.get(f"/v1/model-artifacts/{artifact}", headers=bearer(key))).json()
+    assert shown["status"] == "created"  # no session was opened
+
+
+async def test_creating_an_import_counts_against_the_keys_rate_limit(app_client: httpx.AsyncClient) -> None:
+    """Found on main: a key limited to one request a minute had four imports accepted."""
+    account_key = await new_key(app_client)
+    made = await app_client.post(
+        "/v1/keys", json={"name": "slow", "limits": {"requests_per_minute": 1}}, headers=bearer(account_key)
+    )
+    key = made.json()["api_key"]
+    answers = []
+    for _ in range(2):
+        artifact = await new_artifact(app_client, key)
+        answers.append(
+            await app_client.post(
+                f"/v1/model-artifacts/{artifact}/imports",
+                json={"source": "s3://models/tiny"},
+                headers=bearer(key),
+            )
+        )
+    assert answers[0].status_code == 202, answers[0].text
+    assert answers[1].status_code == 429, answers[1].text
+    assert answers[1].json()["error"]["code"] == "rate_limit_exceeded"
+    assert "Retry-After" in answers[1].headers
 
 
 async def test_a_malformed_source_or_credentials_are_refused_before_anything_starts(

@@ -368,6 +368,34 @@ class Settings(BaseSettings):
     import_concurrency: int = Field(
         default=2, ge=1, description="Imports the server runs at once; the others wait `queued`."
     )
+    import_concurrency_per_account: int = Field(
+        default=1,
+        ge=1,
+        description="Imports of one account running at a time on all servers: its further imports wait "
+        "`queued` while other accounts' run (the queue is round-robin between accounts).",
+    )
+    import_min_bytes_per_second: int = Field(
+        default=64 * 1024,
+        ge=0,
+        description="While an import downloads, fewer bytes than this times import_rate_window_seconds "
+        "arriving in a window fail it with `source_too_slow` (a trickle holds a slot no longer than "
+        "a window); 0 turns the check off.",
+    )
+    import_rate_window_seconds: float = Field(
+        default=60.0, gt=0, description="The window over which import_min_bytes_per_second is measured."
+    )
+    import_deadline_seconds: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="An import still fetching (listing, downloading, unpacking) this long after its run "
+        "began fails with `deadline_exceeded`.",
+    )
+    import_list_deadline_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="Listing an import's source (an S3 prefix's pages, the Hub's file list, probing "
+        "https files) longer than this fails it with `source_too_slow`.",
+    )
     import_files_in_parallel: int = Field(default=4, ge=1, description="Files one import fetches at once.")
     import_poll_seconds: float = Field(
         default=1.0, gt=0, description="How often an idle server looks for queued imports."

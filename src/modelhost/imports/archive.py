@@ -9,6 +9,25 @@ members than `max_members`, more bytes than `max_bytes`, or more bytes than `MAX
 archive's own size (a zip or gzip bomb). Bytes are counted as they are actually inflated, never taken
 from headers. The second pass yields each member for the runner to stage, counting again.
 
+What an archive expands to is judged before it is read, where a header could make a reader hold or make
+more than the bytes it stands on:
+- a tar's sparse members (GNU `S`, or pax `GNU.sparse.*`) are refused: their holes are made of zeros
+  that no stream byte pays for (269 bytes of `.tar.gz` would stage 200 MiB), and model files are never
+  sparse. Refused on the header, before the sparse map is read (its pax 1.0 form may be as long as the
+  archive);
+- a tar's long-name and pax headers (GNU `L` / `K`, pax `x` / `g`, Solaris `X`) are read whole into
+  memory by `tarfile`, so their stated size is checked first (`MAX_HEADER_BYTES`), at most
+  `MAX_HEADERS_PER_MEMBER` of them before a member (each calls the next: a long chain would exhaust the
+  stack), and global headers, which `tarfile` keeps for the whole archive, `MAX_HEADER_BYTES` in all.
+  `_BoundedTarInfo._proc_member` does it: `tarfile`'s own entry point for a header, documented in its
+  source as the method a subclass overrides, the same in Python 3.11 to 3.13;
+- a member's path longer than any artifact path could be (`MAX_NAME_LENGTH`) is refused on sight, rather
+  than held with the others until every path is checked;
+- a zip's central directory, which `zipfile` reads whole and turns into one object per entry before
+  anything else, is judged from its end record first: more entries than `max_members`, or more than
+  `ZIP_DIRECTORY_BYTES_PER_ENTRY` bytes per entry on average (huge names, extra fields or comments), is
+  `unsafe_archive`. Zip64 sizes are headers like any other: the expansion is counted as it inflates.
+
 Paths: a leading `./` is dropped, and one folder that holds everything (`model/config.json`,
 `model/model.safetensors`, as `tar czf model.tgz model` makes) is stripped, so the files land at the
 artifact's root. Folders are implied by their files; macOS's `__MACOSX/` resource forks are skipped.
@@ -21,15 +40,16 @@ import contextlib
 import gzip
 import io
 import stat
+import struct
 import tarfile
 import zipfile
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
-from modelhost.artifacts.paths import clean_upload_path
+from modelhost.artifacts.paths import MAX_PATH_LENGTH, MAX_SEGMENT_LENGTH, clean_upload_path
 from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
 from modelhost.imports.sources import ImportFailed
@@ -42,6 +62,22 @@ MAX_RATIO = 100
 RATIO_FLOOR_BYTES = 64 * 1024**2
 _CHUNK = 1024**2
 _SKIPPED_FOLDERS = ("__MACOSX/",)
+# A tar's long-name and pax headers, read whole by `tarfile`: a path (512 characters at most in an
+# artifact), times, a few extended attributes fit many times over.
+MAX_HEADER_BYTES = 64 * 1024
+# Extended headers before one member: pax, long name and long link make three.
+MAX_HEADERS_PER_MEMBER = 8
+# The longest member path that can still land at an artifact path (one top folder is stripped).
+MAX_NAME_LENGTH = MAX_PATH_LENGTH + MAX_SEGMENT_LENGTH + 1
+# A zip's central directory, per entry on average: 46 bytes, the name, small extra fields.
+ZIP_DIRECTORY_BYTES_PER_ENTRY = 4096
+_EXTENDED_HEADERS = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
 
 
 @dataclass(frozen=True)
@@ -144,6 +180,8 @@ class _Counted(io.RawIOBase):
 
 def _member_path(name: str) -> str | None:
     """The member's path with a leading `./` dropped; None for a folder or a skipped entry."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise _unsafe(f"The archive holds a path longer than {MAX_NAME_LENGTH} characters: {name[:200]!r}…")
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
         raise _unsafe(f"The archive holds an absolute path: {name[:200]!r}")
     if ".." in name.replace("\\", "/").split("/"):
@@ -188,6 +226,51 @@ def _check_count(count: int, limits: ArchiveLimits) -> None:
 # ---------------------------------------------------------------- tar
 
 
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A tar header judged before `tarfile` acts on it (see the module's docstring)."""
+
+    def _proc_member(self, tar: tarfile.TarFile) -> Any:
+        assert isinstance(tar, _BoundedTarFile)
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise _sparse(self.name)
+        if self.type not in _EXTENDED_HEADERS:
+            tar.headers_in_a_row = 0
+            return super()._proc_member(tar)  # type: ignore[misc]
+        tar.headers_in_a_row += 1
+        if self.type == tarfile.XGLTYPE:
+            tar.global_header_bytes += self.size
+        if self.size > MAX_HEADER_BYTES or tar.global_header_bytes > MAX_HEADER_BYTES:
+            raise _unsafe(
+                f"The archive holds a {self.size}-byte long-name or pax header (at most {MAX_HEADER_BYTES})"
+            )
+        if tar.headers_in_a_row > MAX_HEADERS_PER_MEMBER:
+            raise _unsafe(f"The archive holds more than {MAX_HEADERS_PER_MEMBER} headers for one member")
+        return super()._proc_member(tar)  # type: ignore[misc]
+
+    # The pax forms of a sparse member: refused before their map is read (called by `_proc_pax` with
+    # arguments that differ between Python versions).
+    def _proc_gnusparse_00(self, member: tarfile.TarInfo, *_: Any) -> None:
+        raise _sparse(member.name)
+
+    def _proc_gnusparse_01(self, member: tarfile.TarInfo, *_: Any) -> None:
+        raise _sparse(member.name)
+
+    def _proc_gnusparse_10(self, member: tarfile.TarInfo, *_: Any) -> None:
+        raise _sparse(member.name)
+
+
+class _BoundedTarFile(tarfile.TarFile):
+    """A TarFile of `_BoundedTarInfo` headers, keeping what their bounds count."""
+
+    tarinfo = _BoundedTarInfo
+    headers_in_a_row = 0
+    global_header_bytes = 0
+
+
+def _sparse(name: str) -> ImportFailed:
+    return _unsafe(f"The archive holds a sparse file: {name[:200]!r} (only regular files are imported)")
+
+
 @contextlib.contextmanager
 def _open_tar(archive: Path, budget: _Budget, gzipped: bool) -> Iterator[tarfile.TarFile]:
     with archive.open("rb") as file:
@@ -195,7 +278,7 @@ def _open_tar(archive: Path, budget: _Budget, gzipped: bool) -> Iterator[tarfile
         counted = io.BufferedReader(_Counted(raw, budget), _CHUNK)
         try:
             # stream mode: one pass in order, every byte of the stream read (and counted) once
-            tar = tarfile.open(fileobj=counted, mode="r|")  # noqa: SIM115 (closed by the `with` below)
+            tar = _BoundedTarFile.open(fileobj=counted, mode="r|")  # closed by the `with` below
         except tarfile.TarError as exc:
             raise _unsafe(f"Not a tar, gzipped tar or zip archive: {exc}") from None
         with tar:
@@ -212,6 +295,8 @@ def _tar_members(tar: tarfile.TarFile, limits: ArchiveLimits) -> Iterator[tuple[
             path = _member_path(member.name)
             if member.isdir():
                 continue
+            if member.issparse():  # whatever form it came in
+                raise _sparse(member.name)
             if not member.isreg():
                 kind = "link" if member.issym() or member.islnk() else "device, fifo or other special file"
                 raise _unsafe(
@@ -264,7 +349,51 @@ def _zip_members(
     return members
 
 
+_END = struct.Struct("<4s4H2LH")  # the end of central directory record
+_END64_LOCATOR = struct.Struct("<4sLQL")
+_END64 = struct.Struct("<4sQ2H2L4Q")
+
+
+def _zip_directory(archive: Path) -> tuple[int, int]:
+    """(entries, bytes) of a zip's central directory, read from its end record (zip64's where it has
+    one), as `zipfile` would find them; BadZipFile when there is none."""
+    size = archive.stat().st_size
+    with archive.open("rb") as file:
+        file.seek(max(0, size - _END.size - 0xFFFF))  # the record, after at most a 64 KiB comment
+        tail = file.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or len(tail) - at < _END.size:
+            raise zipfile.BadZipFile("no end of central directory record")
+        _, _, _, _, entries, directory, _, _ = _END.unpack_from(tail, at)
+        start = size - len(tail) + at - _END64_LOCATOR.size
+        if start >= 0:
+            file.seek(start)
+            signature, _, end64, _ = _END64_LOCATOR.unpack(file.read(_END64_LOCATOR.size))
+            if signature == b"PK\x06\x07":
+                file.seek(end64)
+                record = file.read(_END64.size)
+                if len(record) == _END64.size and record[:4] == b"PK\x06\x06":
+                    entries, directory = _END64.unpack(record)[7:9]
+    return entries, directory
+
+
+def _check_zip_directory(archive: Path, limits: ArchiveLimits) -> None:
+    """Refuse, before `zipfile` reads it whole, a central directory with too many entries or too many
+    bytes for them."""
+    try:
+        entries, directory = _zip_directory(archive)
+    except (zipfile.BadZipFile, OSError, struct.error) as exc:
+        raise _unsafe(f"Not a valid zip archive: {exc}") from None
+    _check_count(entries, limits)
+    if directory > max(entries, 1) * ZIP_DIRECTORY_BYTES_PER_ENTRY:
+        raise _unsafe(
+            f"The archive's directory takes {directory} bytes for {entries} entries (at most "
+            f"{ZIP_DIRECTORY_BYTES_PER_ENTRY} each: names, extra fields and comments that large are refused)"
+        )
+
+
 def _unpack_zip(archive: Path, limits: ArchiveLimits, budget: _Budget) -> Iterator[ArchiveMember]:
+    _check_zip_directory(archive, limits)
     try:
         zf = zipfile.ZipFile(archive)
     except (zipfile.BadZipFile, OSError) as exc:

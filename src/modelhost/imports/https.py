@@ -117,6 +117,7 @@ class HttpsSource:
         self._include, self._exclude = include, exclude
         self._headers = https_headers(credentials)
         self._policy = import_fetch_policy(settings)
+        self._most = settings.max_upload_files
 
     @property
     def description(self) -> str:
@@ -131,6 +132,10 @@ class HttpsSource:
         chosen = [e for e in self._entries if e.archive or selected(e.path, self._include, self._exclude)]
         if not chosen:
             raise ImportFailed("source_not_found", "No file of the list matches `include` / `exclude`.")
+        if len(chosen) > self._most:  # told before a URL is probed
+            raise ImportFailed(
+                "too_large", f"The source has {len(chosen)} files; an artifact holds at most {self._most}."
+            )
         limit = asyncio.Semaphore(_LISTING_CONCURRENCY)
 
         async def probe(entry: HttpsEntry) -> RemoteFile:

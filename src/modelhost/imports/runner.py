@@ -2,10 +2,11 @@
 upload session from its source, then completes it as a push would be completed (inspection, publishing,
 storage billing: `ArtifactService.complete`).
 
-- **Parallel.** `MODELHOST_IMPORT_CONCURRENCY` imports at once; in each, `MODELHOST_IMPORT_FILES_IN_PARALLEL`
-  files at once. Every file goes through `ArtifactService.put_file`, the staging path of a pushed file
-  (the free-disk floor before it, the file-size limit and a full disk while it streams, recorded only
-  once whole and verified).
+- **Parallel, and fair.** `MODELHOST_IMPORT_CONCURRENCY` imports at once, at most
+  `MODELHOST_IMPORT_CONCURRENCY_PER_ACCOUNT` of one account, claimed in turn between accounts
+  (`Imports.claim`); in each, `MODELHOST_IMPORT_FILES_IN_PARALLEL` files at once. Every file goes
+  through `ArtifactService.put_file`, the staging path of a pushed file (the free-disk floor before
+  it, the file-size limit and a full disk while it streams, recorded only once whole and verified).
 - **Verified.** A stated sha256 (`put_file` checks it); an S3 ETag that is an MD5 (a single-part
   object) is checked against the MD5 of the bytes; every file whose size the source stated must have
   that size (all a multipart ETag, `<md5 of the parts' md5s>-<parts>`, can tell without the part size).
@@ -14,7 +15,14 @@ storage billing: `ArtifactService.complete`).
   (a half-fetched file was never recorded). The session's expiry is pushed back at every beat.
 - **Progress and cancel.** `bytes_done`, `bytes_total` and each file's state are written every
   BEAT_SECONDS (not per chunk); the beat also learns of a cancel (the route aborted the session), which
-  stops the fetches.
+  stops the fetches (an S3 listing between two pages).
+- **Bounded in time.** A slot is not held by a source that trickles: the listing has a deadline
+  (`MODELHOST_IMPORT_LIST_DEADLINE_SECONDS`, `source_too_slow`); while files download, the beat fails
+  the import (`source_too_slow`) when fewer than `MODELHOST_IMPORT_MIN_BYTES_PER_SECOND` × the window
+  arrived in a window of `MODELHOST_IMPORT_RATE_WINDOW_SECONDS`, and the whole fetch (listing,
+  downloads, unpacking) past `MODELHOST_IMPORT_DEADLINE_SECONDS` fails it (`deadline_exceeded`). The
+  beat measures, rather than each read, so that a read blocked in a thread (boto3 waits for a whole
+  chunk) is caught as well.
 - **Archives.** A `RemoteFile(archive=True)` (one `.tar`, `.tar.gz`, `.zip` at an https URL) is
   downloaded whole into the data directory's spool, verified, then unpacked by `imports.archive`
   (unsafe members refused, the expansion bounded): each member `include` / `exclude` choose is staged
@@ -41,6 +49,7 @@ from modelhost.artifacts.service import ArtifactService
 from modelhost.claims import ClaimLoop
 from modelhost.config import Settings
 from modelhost.errors import Conflict, InsufficientStorage, ModelhostError, PayloadTooLarge, is_disk_full
+from modelhost.imports.pace import Pace
 from modelhost.imports.service import Claimed, Imports
 from modelhost.imports.sources import ImportFailed, ImportSource, RemoteFile, selected, source_of
 
@@ -104,6 +113,9 @@ class ImportRun:
         self.files: dict[str, dict[str, Any]] = {}
         self.kept: dict[str, int] = {}  # what the session held, verified, when this run began
         self.stopped = False
+        self.pace = Pace(runner.settings)
+        self.downloading = 0  # downloads in flight: the pace is measured only while there are some
+        self.failure: ImportFailed | None = None  # what a beat found (too slow, past the deadline)
 
     async def run(self) -> None:
         claimed = self.claimed
@@ -150,6 +162,8 @@ class ImportRun:
         try:
             await filling
         except asyncio.CancelledError:
+            if self.failure is not None:
+                raise self.failure from None
             if self.stopped:
                 raise Stopped from None
             raise
@@ -176,7 +190,7 @@ class ImportRun:
             )
         except ModelhostError as exc:  # accepted when created: this server no longer reads such sources
             raise ImportFailed("interrupted", exc.message) from None
-        listed = await source.list_files()
+        listed = await self._list(source)
         self._check_limits(listed)
         _, recorded = await asyncio.to_thread(
             self.artifacts.get_session, claimed.account_id, claimed.artifact_id, claimed.upload_id
@@ -203,6 +217,18 @@ class ImportRun:
             for file in listed:
                 if self.files[file.path]["status"] != "done":
                     group.create_task(fetch(file))
+
+    async def _list(self, source: ImportSource) -> list[RemoteFile]:
+        deadline = self.settings.import_list_deadline_seconds
+        try:
+            async with asyncio.timeout(deadline):
+                return await source.list_files()
+        except TimeoutError:
+            raise ImportFailed(
+                "source_too_slow",
+                f"Listing {source.description} took longer than {deadline:g} s "
+                "(MODELHOST_IMPORT_LIST_DEADLINE_SECONDS).",
+            ) from None
 
     def _check_limits(self, listed: list[RemoteFile]) -> None:
         most, largest = self.settings.max_upload_files, self.settings.max_upload_file_bytes
@@ -301,12 +327,16 @@ class ImportRun:
         """The file's bytes, counted into the progress; at the end, its size and MD5 ETag checked."""
         md5 = hashlib.md5(usedforsecurity=False) if _is_md5(file.etag) else None
         size = 0
-        async for chunk in source.read(file, 0):
-            size += len(chunk)
-            self.done += len(chunk)
-            if md5 is not None:
-                md5.update(chunk)
-            yield chunk
+        self.downloading += 1
+        try:
+            async for chunk in source.read(file, 0):
+                size += len(chunk)
+                self.done += len(chunk)
+                if md5 is not None:
+                    md5.update(chunk)
+                yield chunk
+        finally:
+            self.downloading -= 1
         if file.size is not None and size != file.size:
             raise ImportFailed(
                 "checksum_mismatch", f"{file.path}: received {size} bytes, the source said {file.size}."
@@ -318,9 +348,14 @@ class ImportRun:
             )
 
     async def _beat_forever(self, filling: asyncio.Task[None] | None) -> None:
-        """Beat every BEAT_SECONDS; once the import is no longer this run's, stop `filling`."""
+        """Beat every BEAT_SECONDS; once the import is no longer this run's, or (while `filling`) its
+        source is too slow or its deadline passed, stop `filling`."""
         while True:
             await asyncio.sleep(BEAT_SECONDS)
+            if filling is not None and (failure := self.pace.check(self.done, self.downloading)):
+                self.failure = failure
+                filling.cancel()
+                return
             try:
                 ours = await self._beat()
             except Exception:  # the database is away: the next beat tries again

@@ -7,8 +7,14 @@ Without credentials the import uses the operator's: boto3's standard chain (`AWS
 tenant's own credentials (`aws_access_key_id`, `aws_secret_access_key`, `aws_session_token`?,
 `endpoint_url`?, `region`?) replace them; a tenant's `endpoint_url` is an address the tenant chose, so
 it obeys the media rules: every address its host resolves to must be public unless the operator allowed
-its network (`MODELHOST_MEDIA_ALLOW_NETWORKS`), checked before each request. The operator's credentials
-never go to a tenant's endpoint: with an `endpoint_url` and no keys the requests are unsigned.
+its network (`MODELHOST_MEDIA_ALLOW_NETWORKS`), and every connection goes to the address that was vetted
+(`imports.s3_connections`: no second lookup, so no DNS rebinding). The operator's credentials never go
+to a tenant's endpoint: with an `endpoint_url` and no keys the requests are unsigned.
+
+The listing is bounded: it stops once it holds one file more than an artifact may have (the runner
+then fails the import `too_large`), and it asks for one page at a time, each in a thread, so that a
+cancel or the runner's listing deadline stops it between pages (a bucket of millions of keys is never
+read whole, nor read on after its import ended).
 
 boto3 blocks, so every call runs in a thread; its clients are thread-safe.
 """
@@ -16,19 +22,20 @@ boto3 blocks, so every call runs in a thread; its clients are thread-safe.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import re
-import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
+from modelhost.imports.s3_connections import vetted_addresses, vetted_sender
 from modelhost.imports.sources import ImportFailed, RemoteFile, selected
-from modelhost.media.fetch import address_allowed, parse_networks
+from modelhost.media.fetch import IPNetwork, parse_networks
 
 CHUNK = 1024 * 1024
+LIST_PAGE_SIZE = 1000  # keys per LIST request: S3's own maximum
+CONNECT_TIMEOUT, READ_TIMEOUT = 10, 60
 RETRIES = 2  # a cut stream is resumed this many times in a row (boto3 retries the requests themselves)
 CREDENTIAL_FIELDS = frozenset(
     {"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "endpoint_url", "region"}
@@ -58,6 +65,7 @@ class S3Source:
         self._credentials = _checked(credentials)
         self._endpoint = self._credentials.get("endpoint_url")
         self._networks = parse_networks(settings.media_allow_networks)
+        self._most = settings.max_upload_files
         self._client: Any = None
 
     @property
@@ -65,16 +73,21 @@ class S3Source:
         return f"s3://{self.bucket}/{self.folder.rstrip('/')}".rstrip("/")
 
     async def list_files(self) -> list[RemoteFile]:
-        objects = await self._call(self._list, self.folder)
+        """The chosen objects under the folder, at most one more than an artifact may hold; else the one
+        object named so."""
         start = len(self.folder)
+
+        def chosen(key: str) -> bool:
+            return not key.endswith("/") and selected(key[start:], self._include, self._exclude)
+
+        objects = await self._list(self.folder, chosen, self._most + 1)
         if not objects and self.folder:  # `s3://bucket/model.gguf`: one object, at its own name
             key = self.folder.rstrip("/")
-            objects = [o for o in await self._call(self._list, key) if o[0] == key]
+            # the object named `key` comes first of all keys starting with it (S3 lists in key order)
+            objects = [o for o in await self._list(key, lambda _: True, 1) if o[0] == key]
             start = key.rfind("/") + 1
         files = [
-            RemoteFile(path=key[start:], locator=key, size=size, etag=etag)
-            for key, size, etag in objects
-            if not key.endswith("/") and selected(key[start:], self._include, self._exclude)
+            RemoteFile(path=key[start:], locator=key, size=size, etag=etag) for key, size, etag in objects
         ]
         if not files:
             raise ImportFailed(
@@ -102,14 +115,27 @@ class S3Source:
 
     # ---------------------------------------------------------------- internals
 
-    def _list(self, prefix: str) -> list[tuple[str, int, str | None]]:
-        found = []
-        pages = self._s3().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
-        for page in pages:
+    async def _list(
+        self, prefix: str, keep: Callable[[str], bool], most: int
+    ) -> list[tuple[str, int, str | None]]:
+        """(key, size, etag) of the objects under `prefix` that `keep` takes, `most` at most: one page
+        per call, each in a thread, so that cancelling this coroutine stops the listing at the page in
+        flight."""
+        found: list[tuple[str, int, str | None]] = []
+        pages = await self._call(self._pages, prefix, min(LIST_PAGE_SIZE, most), vetted=True)  # no I/O
+        while len(found) < most and (page := await self._call(next, pages, None)) is not None:
             for item in page.get("Contents", []):
-                etag = item.get("ETag")
-                found.append((str(item["Key"]), int(item["Size"]), etag.strip('"') if etag else None))
+                key, etag = str(item["Key"]), item.get("ETag")
+                if keep(key) and len(found) < most:
+                    found.append((key, int(item["Size"]), etag.strip('"') if etag else None))
         return found
+
+    def _pages(self, prefix: str, size: int) -> Iterator[dict[str, Any]]:
+        """The listing's pages, each asked for when `next` is called on it."""
+        paginator = self._s3().get_paginator("list_objects_v2")
+        return iter(
+            paginator.paginate(Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": size})
+        )
 
     def _get(self, key: str, offset: int) -> Any:
         extra = {"Range": f"bytes={offset}-"} if offset else {}
@@ -117,12 +143,14 @@ class S3Source:
 
     def _s3(self) -> Any:
         if self._client is None:
-            self._client = _client(self._credentials)
+            self._client = _client(self._credentials, self._networks)
         return self._client
 
     async def _call(self, function: Any, *args: Any, vetted: bool = False) -> Any:
-        """`function(*args)` in a thread, a tenant's endpoint vetted first (unless the call only reads a
-        vetted connection), boto3's errors as ImportFailed."""
+        """`function(*args)` in a thread, boto3's errors as ImportFailed. A tenant's endpoint is vetted
+        first (unless `vetted`: the call sends no request, or only reads an open connection): a quick
+        refusal of a host that is private on its face; what holds against a second DNS answer is that each
+        connection is made to the address it vetted itself (`imports.s3_connections`)."""
         if self._endpoint is not None and not vetted:
             await _vet(self._endpoint, self._networks)
         import botocore.exceptions as boto
@@ -178,18 +206,21 @@ def _checked(credentials: dict[str, Any] | None) -> dict[str, str]:
     return dict(credentials)
 
 
-def _client(credentials: dict[str, str]) -> Any:
+def _client(credentials: dict[str, str], networks: tuple[IPNetwork, ...]) -> Any:
+    """boto3's S3 client for these credentials; for a tenant's endpoint, one whose every request is
+    sent over connections to vetted addresses (`imports.s3_connections`)."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
 
     keys = "aws_access_key_id" in credentials
+    tenant = "endpoint_url" in credentials
     config = Config(
         retries={"max_attempts": 3, "mode": "standard"},
-        connect_timeout=10,
-        read_timeout=60,
+        connect_timeout=CONNECT_TIMEOUT,
+        read_timeout=READ_TIMEOUT,
         # a tenant's endpoint without keys: unsigned, never the operator's credentials
-        signature_version=UNSIGNED if "endpoint_url" in credentials and not keys else None,
+        signature_version=UNSIGNED if tenant and not keys else None,
     )
     session = boto3.session.Session(
         aws_access_key_id=credentials.get("aws_access_key_id"),
@@ -197,31 +228,18 @@ def _client(credentials: dict[str, str]) -> Any:
         aws_session_token=credentials.get("aws_session_token"),
         region_name=credentials.get("region"),
     )
-    return session.client("s3", endpoint_url=credentials.get("endpoint_url"), config=config)
+    client = session.client("s3", endpoint_url=credentials.get("endpoint_url"), config=config)
+    if tenant:
+        send = vetted_sender(networks, connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT)
+        client.meta.events.register("before-send.s3", send)
+    return client
 
 
-async def _vet(endpoint: str, networks: Any) -> None:
+async def _vet(endpoint: str, networks: tuple[IPNetwork, ...]) -> None:
     """Refuse a tenant's endpoint whose host is (or resolves to) an address the media rules forbid."""
     parts = urlsplit(endpoint)
-    host = parts.hostname or ""
-    try:
-        addresses = [ipaddress.ip_address(host)]
-    except ValueError:
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                host, parts.port or 443, type=socket.SOCK_STREAM
-            )
-        except (OSError, UnicodeError):
-            raise ImportFailed(
-                "source_unreachable", f"Could not resolve the S3 endpoint's host {host!r}."
-            ) from None
-        addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
-    if not addresses or not all(address_allowed(ip, networks) for ip in addresses):
-        raise ImportFailed(
-            "address_refused",
-            f"Refused the S3 endpoint {host!r}: a loopback, private, link-local or otherwise non-public "
-            "address (operators can allow networks with MODELHOST_MEDIA_ALLOW_NETWORKS).",
-        )
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    await asyncio.to_thread(vetted_addresses, parts.hostname or "", port, networks)
 
 
 def _client_error(exc: Any, description: str) -> ImportFailed:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 
 from modelhost import audit
 from modelhost.artifacts.service import ArtifactService
@@ -132,17 +132,46 @@ class Imports:
     # ---------------------------------------------------------------- the runner
 
     def claim(self, runner: str) -> Claimed | None:
-        """The oldest active import nobody runs (queued, released, or its runner silent
-        `import_stale_seconds`), now this runner's."""
+        """An active import nobody runs (queued, released, or its runner silent `import_stale_seconds`),
+        now this runner's, taken in turn between accounts as batches are: of the accounts running fewer
+        than `import_concurrency_per_account` imports (on any server), the one running fewest, then the
+        one waiting longest; its oldest import. So one account's imports never hold another's back."""
         stale = utcnow() - timedelta(seconds=self._settings.import_stale_seconds)
         claimable = (
             ArtifactImport.status.in_(ACTIVE),
             or_(ArtifactImport.claimed_by.is_(None), ArtifactImport.updated_at < stale),
         )
+        per_account = self._settings.import_concurrency_per_account
         with self._database.transaction() as session:
-            for row in session.scalars(
-                select(ArtifactImport).where(*claimable).order_by(ArtifactImport.created_at).limit(5)
-            ):
+            running = dict(
+                session.execute(
+                    select(ArtifactImport.account_id, func.count())
+                    .where(
+                        ArtifactImport.status == "running",
+                        ArtifactImport.claimed_by.is_not(None),
+                        ArtifactImport.updated_at >= stale,
+                    )
+                    .group_by(ArtifactImport.account_id)
+                ).all()
+            )
+            waiting = session.execute(
+                select(ArtifactImport.account_id, func.min(ArtifactImport.created_at))
+                .where(*claimable)
+                .group_by(ArtifactImport.account_id)
+            ).all()
+            turns = sorted(
+                (running.get(account, 0), since, account)
+                for account, since in waiting
+                if running.get(account, 0) < per_account
+            )
+            for _, _, account in turns[:5]:
+                row = session.scalars(
+                    select(ArtifactImport)
+                    .where(*claimable, ArtifactImport.account_id == account)
+                    .order_by(ArtifactImport.created_at)
+                ).first()
+                if row is None:
+                    continue
                 taken = session.execute(
                     update(ArtifactImport)
                     .where(ArtifactImport.id == row.id, *claimable)

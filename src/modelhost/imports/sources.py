@@ -26,6 +26,8 @@ IMPORT_FAILURE_CODES = (
     "source_not_found",  # the bucket, prefix, repository, revision or URL does not exist (or is empty)
     "source_unreachable",  # connection refused, TLS failure, timeout, a 5xx after retries
     "source_denied",  # 401/403: missing or wrong credentials
+    "source_too_slow",  # under the minimum rate while downloading, or a listing past its deadline
+    "deadline_exceeded",  # still fetching past the import's deadline
     "address_refused",  # a non-public address (or a redirect to one) the operator did not allow
     "checksum_mismatch",  # the bytes do not hash to the stated sha256 / S3 ETag
     "unsafe_archive",  # an absolute path, `..`, a link, a device, or an expansion over the bound

@@ -1,10 +1,17 @@
-"""Model artifacts and their upload sessions (account key)."""
+"""Model artifacts and their upload sessions (account key).
+
+Starting an import costs the server (it fetches, stores and inspects in the background), so it is
+admitted as a Files upload is (`deps.admit`): 402 once the account is out of credits, 429 past its
+spend caps or its key's or account's rate limits.
+"""
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Header, Path, Request
 
-from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
+from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of, admit
 from modelhost.api.errors import error_responses
 from modelhost.artifacts.service import ArtifactView
 from modelhost.protocol.artifacts import (
@@ -220,12 +227,18 @@ def abort_upload(
     summary="Import the artifact's files from S3, HTTPS or a Hugging Face Hub (409 `artifact_busy` as for "
     "an upload); the server fetches, verifies and inspects them in the background",
     status_code=202,
-    responses=error_responses(404, 409),
+    responses=error_responses(402, 404, 409, 429),
 )
-def start_import(
-    body: ImportCreate, principal: AccountPrincipal, services: ServicesDep, artifact_id: str = ArtifactId
+async def start_import(
+    request: Request,
+    body: ImportCreate,
+    principal: AccountPrincipal,
+    services: ServicesDep,
+    artifact_id: str = ArtifactId,
 ) -> ArtifactImport:
-    row = services.imports.create(
+    await admit(request, principal)  # credits, spend caps, rate limits: as a Files upload
+    row = await asyncio.to_thread(
+        services.imports.create,
         account_id_of(principal),
         artifact_id,
         body.given_source(),
