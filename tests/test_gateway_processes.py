@@ -138,7 +138,10 @@ async def test_a_gateway_killed_by_sigsegv_mid_traffic_costs_only_its_own_reques
     first, second = server.gateways()
     [replica] = server.replicas(deployment_id)
     async with httpx.AsyncClient(base_url=server.url, timeout=60, headers=bearer(server.key)) as api:
-        artifact = (await api.post("/v1/model-artifacts", json={"display_name": "i", "pipeline": "feature-extraction"})).json()
+        made = await api.post(
+            "/v1/model-artifacts", json={"display_name": "i", "pipeline": "feature-extraction"}
+        )
+        artifact = made.json()
         files = [
             {"url": remote.url(path).replace("/files/", "/gated/"), "path": path} for path in remote.files
         ]
