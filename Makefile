@@ -30,6 +30,7 @@ bench:
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.embeddings
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.gateway --traced
+	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.supervisor
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.generation
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.backends
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.tenancy

@@ -26,6 +26,7 @@ when the next one starts (`modelhost.run_folders`).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import shutil
@@ -169,7 +170,6 @@ async def _supervise(
     once, connect while it migrates and builds its services), then its duties; at the end the batch
     runner stops (its lines run in gateways), the gateways drain their requests while the replicas still
     run, then the rest stops. Returns SIGTERM if that stopped it."""
-    from modelhost.api.app import settle_memory
     from modelhost.auth.limit_table import LimitTable
     from modelhost.auth.limits import RateLimiter
     from modelhost.container import Services
@@ -226,7 +226,7 @@ def _run_embedded(
     """Ray Serve's server: one process that serves HTTP and supervises (its replicas run on the cluster)."""
     import uvicorn
 
-    from modelhost.api.app import create_app, settle_memory
+    from modelhost.api.app import create_app
     from modelhost.server.http import uvicorn_config
 
     server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level))
@@ -234,6 +234,17 @@ def _run_embedded(
         threading.Thread(target=beside, name="beside", daemon=True).start()
     settle_memory()
     server.run(sockets=[listener])
+
+
+def settle_memory() -> None:
+    """Called once a gateway process has built everything it keeps for its whole life.
+
+    `gc.freeze` takes all of that out of the collector's view, and a larger first-generation threshold
+    collects less often. Together they cut the gateway's CPU per request by about a tenth under load
+    (bench/)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -22,12 +22,13 @@ from typing import Any
 
 import uvicorn
 
-from modelhost.api.app import create_app, settle_memory
+from modelhost.api.app import create_app
 from modelhost.api.batch_lines import run_line
 from modelhost.auth.limit_table import LimitTable
 from modelhost.auth.limits import RateLimiter
 from modelhost.config import get_settings
 from modelhost.container import Services
+from modelhost.server import settle_memory
 from modelhost.server.control import Wake
 from modelhost.server.http import uvicorn_config
 from modelhost.server.remote import (
