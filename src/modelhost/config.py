@@ -6,6 +6,7 @@ directory. Setting `MODELHOST_DATABASE_URL=postgresql+psycopg://...` switches to
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from decimal import Decimal
 from functools import lru_cache
@@ -63,6 +64,13 @@ class Settings(BaseSettings):
         ge=0,
         description="Wrong keys one client address may present per minute (per gateway process) before "
         "its unknown keys are answered 429 with Retry-After; 0 turns the throttle off (auth/failures.py).",
+    )
+    trusted_proxies: str = Field(
+        default="",
+        description="The proxies whose `X-Forwarded-For` / `X-Forwarded-Proto` are believed: addresses or "
+        "CIDRs, comma-separated (as uvicorn's --forwarded-allow-ips; `*` any). A request from one of them "
+        "is the forwarded client's everywhere a client address counts (audit rows, the wrong-key throttle, "
+        "logs); empty (the default): no proxy, every request is its TCP peer's, whatever it forwards.",
     )
     metrics_key: SecretStr | None = Field(
         default=None,
@@ -537,6 +545,18 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _trusted_proxies_are_addresses(self) -> Settings:
+        for entry in self.trusted_proxy_list:
+            if entry != "*":
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        f"MODELHOST_TRUSTED_PROXIES: {entry!r} is not an address or a CIDR"
+                    ) from None
+        return self
+
+    @model_validator(mode="after")
     def _s3_needs_a_bucket(self) -> Settings:
         if self.blob_store == "s3" and not self.s3_bucket:
             raise ValueError("MODELHOST_BLOB_STORE=s3 needs MODELHOST_S3_BUCKET, the bucket to keep blobs in")
@@ -545,6 +565,11 @@ class Settings(BaseSettings):
     @property
     def admin_key_value(self) -> str | None:
         return self.admin_key.get_secret_value() if self.admin_key else None
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        """`trusted_proxies` as a list (empty: none)."""
+        return [entry.strip() for entry in self.trusted_proxies.split(",") if entry.strip()]
 
     @property
     def metrics_key_value(self) -> str | None:
