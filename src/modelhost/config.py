@@ -473,6 +473,21 @@ class Settings(BaseSettings):
         ge=1,
         description="Longest string value constrained decoding allows where the schema sets no maxLength.",
     )
+    chat_template_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="CPU seconds one render of a chat template may take (real templates take "
+        "milliseconds); past it the request is a 400 `chat_template_timeout`. Read by the replica from its "
+        'environment (docs/operations.md, "Hostile input").',
+    )
+    chat_template_max_chars: int = Field(
+        default=0,
+        ge=0,
+        description="Most characters a chat template's render may write, or make at once (a list item "
+        "counts 8), and a sixteenth of what it may make in all; past it a 400 `chat_template_too_large`. "
+        "0 (default): the model's context × its longest token, at least 1,000,000: more than any prompt "
+        "that fits the context.",
+    )
 
     # ---------------------------------------------------------------- billing (docs/billing.md)
     billing_compute_credits_per_gb_second: Decimal = Field(
