@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from transformers.utils import chat_template_utils
 
@@ -21,7 +22,7 @@ from modelhost.config import get_settings
 from modelhost.errors import ClientClosedRequest, InvalidRequest, ModelhostError
 from modelhost.generation import chat_templates
 from modelhost.generation.deployment_settings import check_chat_template
-from tests.hostile_templates import BOMBS, PLAIN, TIME_BOMBS, nested_loops, triggered
+from tests.hostile_templates import BOMBS, PLAIN, TIME_BOMBS, bombs, nested_loops, triggered
 from tests.tiny_models.families import MODELS
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -67,6 +68,16 @@ def test_a_template_bomb_is_a_400_naming_chat_template_and_the_bound_it_passed(n
         assert error.code == "chat_template_too_large" and "1,000,000" in error.message, error.message
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024
     assert grown_mb < 200, grown_mb  # a coarse bound: what it may build is 16 M characters
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bombs())
+def test_any_bomb_compiles_at_the_gateway_and_is_a_400_in_the_replica(template: str) -> None:
+    check_chat_template(template)  # compiled, not run: nothing folded into memory
+    with chat_templates.limits(seconds=0.05), pytest.raises(InvalidRequest) as refused:
+        render(template)
+    assert refused.value.param == "chat_template"
+    assert refused.value.code in ("chat_template_timeout", "chat_template_too_large")
 
 
 def test_a_triggered_template_renders_its_messages_until_a_request_sets_a_bomb_off() -> None:
