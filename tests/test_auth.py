@@ -383,6 +383,104 @@ def test_failed_keys_are_forgotten_a_minute_after_they_were_sent() -> None:
     assert failures.retry_after("10.0.0.2") is None and failures.retry_after("10.0.0.4") == 60
 
 
+FORWARDED = {"X-Forwarded-For": "203.0.113.9"}
+
+
+async def _audited_address_and_throttle(tmp_path: Path, sqlite_url: str, proxies: str) -> tuple[str, int]:
+    """Through the gateway's own uvicorn configuration (`server.http.uvicorn_config`), from 127.0.0.1
+    with `X-Forwarded-For: 203.0.113.9` on every request but the last: the address of the audit row a
+    key creation writes, and the status of a wrong key sent without the header after two forwarded
+    wrong keys (throttle: 2 a minute)."""
+    from modelhost.server.http import uvicorn_config
+
+    settings = make_settings(tmp_path, sqlite_url, auth_failures_per_minute=2, trusted_proxies=proxies)
+    services = Services.build(settings)
+    config = uvicorn_config(create_app(services=services), settings, "warning")
+    config.load()
+    transport = httpx.ASGITransport(app=config.loaded_app, client=("127.0.0.1", 40000))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=FORWARDED) as http:
+            owner = bearer((await new_account(http, "a"))["api_key"])
+            created = (await http.post("/v1/keys", json={"name": "seen"}, headers=owner)).json()
+            rows = (await http.get("/v1/audit", params={"action": "key.created"}, headers=owner)).json()
+            [row] = [row for row in rows["data"] if row["target"]["id"] == created["id"]]
+            for _ in range(2):
+                wrong = bearer("mh-" + secrets.token_urlsafe(32))
+                assert_error(await http.get("/v1/models", headers=wrong), 401, "invalid_api_key")
+            unforwarded = {"Authorization": f"Bearer mh-{secrets.token_urlsafe(32)}", "X-Forwarded-For": ""}
+            last = await http.get("/v1/models", headers=unforwarded)
+            return str(row["actor"]["address"]), last.status_code
+    finally:
+        services.close()
+
+
+async def test_a_forwarded_address_from_a_proxy_not_named_in_trusted_proxies_is_ignored(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """uvicorn trusts 127.0.0.1's `X-Forwarded-For` by default: any local client could then forge the
+    audit row's address and dodge the wrong-key throttle by naming a new address each time."""
+    address, throttled = await _audited_address_and_throttle(tmp_path, sqlite_url, proxies="")
+    assert (address, throttled) == ("127.0.0.1", 429)  # the real address, whose wrong keys counted
+
+
+async def test_a_proxy_named_in_trusted_proxies_forwards_the_clients_address(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    address, throttled = await _audited_address_and_throttle(tmp_path, sqlite_url, proxies="127.0.0.0/8")
+    assert (address, throttled) == ("203.0.113.9", 401)  # the forwarded client's: 127.0.0.1 has none
+
+
+def test_trusted_proxies_take_addresses_and_cidrs_only(tmp_path: Path, sqlite_url: str) -> None:
+    settings = make_settings(tmp_path, sqlite_url, trusted_proxies=" 10.0.0.1, 192.168.0.0/16,::1 ")
+    assert settings.trusted_proxy_list == ["10.0.0.1", "192.168.0.0/16", "::1"]
+    with pytest.raises(ValueError, match=r"'proxy\.local' is not an address or a CIDR"):
+        make_settings(tmp_path, sqlite_url, trusted_proxies="10.0.0.1,proxy.local")
+
+
+# ------------------------------------------------------------------------------------ the admin key
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: secrets.token_hex(16),  # `openssl rand -hex 16`: 128 random bits
+        lambda: secrets.token_hex(32),
+        lambda: secrets.token_hex(16).upper(),
+        lambda: secrets.token_urlsafe(24),
+        lambda: "mh-admin-" + secrets.token_urlsafe(24),  # what `make run` and `quickstart` write
+    ],
+    ids=["hex-16", "hex-32", "HEX-16", "token_urlsafe-24", "make-run"],
+)
+def test_random_admin_keys_of_128_bits_pass_the_strength_check(make: Any) -> None:
+    from modelhost.auth.secrets import admin_key_weakness
+
+    refused = [key for key in (make() for _ in range(1000)) if admin_key_weakness(key) is not None]
+    assert refused == []
+    assert admin_key_weakness(ADMIN_KEY) is None  # the test suite's own
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "mh-admin-short",
+        "9f86d081884c7d659a2feaa0c55ad0",  # 30 hex characters: 120 bits
+        "mh-" + "ab" * 20,
+        "abcdefghijklmnop" * 2,  # 16 distinct letters: passed the old check
+        "Tr0ub4dor&3" + "x" * 30,
+        "c3ab8ff13720e8ad" * 4,  # a random 16-character stretch, repeated
+        "0123456789" * 4,
+        "mh-admin-abcdefghijklmnopqrstuvwxyz",
+        "mh-admin-zyxwvutsrqponmlkjihgfedcba",
+    ],
+)
+def test_short_repeated_or_sequential_admin_keys_fail_with_how_to_make_one(key: str) -> None:
+    from modelhost.auth.secrets import admin_key_weakness
+
+    weakness = admin_key_weakness(key)
+    assert weakness is not None and "at least 128" in weakness, key
+    assert "openssl rand -hex 32" in weakness and "secrets.token_urlsafe(32)" in weakness
+
+
 # ------------------------------------------------------------------------------------ expiring keys
 
 
@@ -470,6 +568,21 @@ async def test_rotation_gives_a_new_key_and_the_old_one_works_until_its_grace_en
     assert (await http.get("/v1/keys", headers=bearer(new["api_key"]))).status_code == 200
     # an expired key is not rotated again
     assert_error(await http.post(f"/v1/keys/{old['id']}/rotate", headers=owner), 404, "key_not_found")
+
+
+async def test_rotating_an_expiring_key_gives_a_key_that_expires_when_the_old_one_was_to(
+    clocked: tuple[httpx.AsyncClient, ManualClock],
+) -> None:
+    http, clock = clocked
+    owner = bearer((await new_account(http))["api_key"])
+    old = (await http.post("/v1/keys", json={"name": "ci", "expires_in": 3600}, headers=owner)).json()
+    rotated = await http.post(f"/v1/keys/{old['id']}/rotate", json={"grace_seconds": 60}, headers=owner)
+    new = rotated.json()
+    assert new["expires_at"] == old["expires_at"] is not None  # not the grace's end, and not never
+    clock.advance(3599)
+    assert (await http.get("/v1/keys", headers=bearer(new["api_key"]))).status_code == 200
+    clock.advance(2)
+    assert_error(await http.get("/v1/keys", headers=bearer(new["api_key"])), 401, "expired_api_key")
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

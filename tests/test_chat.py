@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -38,6 +39,8 @@ from tests.helpers import (
     deployment_metric,
     push_folder_sync,
 )
+from tests.hostile_templates import BOMBS, TIME_BOMBS, triggered
+from tests.server_process import processes
 from tests.test_clients import litellm, outside_lookups  # noqa: F401 (LiteLLM, offline, for its test)
 
 MESSAGES: list[Any] = [
@@ -1048,6 +1051,103 @@ def test_a_deployments_tool_parser_replaces_the_detected_one(chat: Chat, base_mo
         detected["finish_reason"] == "stop"
         and json.loads(detected["message"]["content"])["name"] == "get_weather"
     )
+
+
+# ---------------------------------------------------------------- chat templates under a budget
+
+
+@pytest.fixture(scope="module")
+def bombs(chat: Chat, base_model: dict[str, Any]) -> dict[str, Any]:
+    """`chat-base` with a template that renders its messages unless the request's `bomb` template
+    argument sets one of tests/hostile_templates.py's bombs off (`triggered`); loaded, with its replica's
+    process ID (`pid`)."""
+    patched = chat.http.patch(
+        f"/v1/deployments/{base_model['id']}", json={"chat_template": triggered()}, headers=bearer(chat.key)
+    )
+    assert patched.status_code == 200, patched.text
+    tokens = chat.post("/tokenize", model="chat-base", messages=[{"role": "user", "content": "cake"}])
+    assert tokens.status_code == 200, tokens.text
+    [pid] = processes("modelhost.runtime.worker", base_model["id"])
+    return {**base_model, "pid": pid}
+
+
+def _stopped(chat: Chat, reason: str) -> float:
+    """Renders stopped in the server's replicas (`modelhost_chat_templates_stopped_total`), by reason."""
+    pattern = rf'^modelhost_chat_templates_stopped_total{{reason="{reason}"}} ([\d.e+]+)$'
+    found = re.search(pattern, chat.http.get("/metrics").text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def _resident_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_a_template_bomb_deployment_answers_400_naming_chat_template_and_its_replica_serves_on(
+    chat: Chat, bombs: dict[str, Any]
+) -> None:
+    """Nested loops (the finding: 12,000 × 12,000 held a replica 19.6 s): a 400 naming `chat_template`
+    and the time budget, an error of that request only; the same replica answers the next one."""
+    loops = chat.post(
+        "/v1/chat/completions", model="chat-base", messages=MESSAGES, chat_template_kwargs={"bomb": "loops"}
+    )
+    error = assert_error(loops, 400, "chat_template_timeout", param="chat_template")
+    assert "1 CPU seconds (MODELHOST_CHAT_TEMPLATE_SECONDS)" in error["message"]
+    answer = chat.post("/v1/chat/completions", model="chat-base", messages=MESSAGES, max_tokens=2)
+    assert answer.status_code == 200, answer.text
+    assert processes("modelhost.runtime.worker", bombs["id"]) == [bombs["pid"]]
+
+
+def test_a_template_that_builds_a_huge_string_is_a_400_before_the_replica_holds_it(
+    chat: Chat, bombs: dict[str, Any]
+) -> None:
+    """`'x' * 150000000` on /tokenize took a replica from 396 MB to 968 MB: now a 400 naming the cap,
+    the string never made; the other size bombs likewise."""
+    before = _resident_mb(bombs["pid"])
+    for bomb in sorted(set(BOMBS) - set(TIME_BOMBS)):
+        tokens = chat.post(
+            "/tokenize", model="chat-base", messages=MESSAGES, chat_template_kwargs={"bomb": bomb}
+        )
+        error = assert_error(tokens, 400, "chat_template_too_large", param="chat_template")
+        assert "MODELHOST_CHAT_TEMPLATE_MAX_CHARS" in error["message"], bomb
+        if bomb == "string":
+            assert "150,000,000 characters at once, over its cap of 1,000,000" in error["message"]
+    grown = _resident_mb(bombs["pid"]) - before
+    assert grown < 150, grown  # coarse: the most a render may build is 16 M characters
+    assert chat.post("/tokenize", model="chat-base", messages=MESSAGES).status_code == 200
+
+
+def test_a_template_render_stops_when_its_client_leaves_and_the_replica_answers_the_next(
+    chat: Chat, bombs: dict[str, Any]
+) -> None:
+    """The bomb renders (its replica's CPU time grows) when its client closes the connection: the
+    render stops then (`client_left`), not at its time budget, and the replica answers the next
+    request. The one replica thread renders one template at a time: the next answer comes after the
+    bomb's render ended, and the counters say how it ended."""
+    left, timed_out = _stopped(chat, "client_left"), _stopped(chat, "time")
+    body = json.dumps(
+        {"model": "chat-base", "messages": MESSAGES, "chat_template_kwargs": {"bomb": "loops"}}
+    ).encode()
+    host, port = chat.url.removeprefix("http://").split(":")
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {chat.key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    cpu = _cpu_seconds(bombs["pid"])
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(request + body)
+        deadline = time.monotonic() + 60
+        while _cpu_seconds(bombs["pid"]) - cpu < 0.1:  # an idle replica spends none: it renders now
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    answer = chat.post("/tokenize", model="chat-base", messages=MESSAGES)
+    assert answer.status_code == 200, answer.text
+    assert (_stopped(chat, "client_left") - left, _stopped(chat, "time") - timed_out) == (1, 0)
 
 
 def test_a_prompt_over_the_context_is_a_400_naming_max_tokens(chat: Chat) -> None:

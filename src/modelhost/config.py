@@ -6,6 +6,7 @@ directory. Setting `MODELHOST_DATABASE_URL=postgresql+psycopg://...` switches to
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from decimal import Decimal
 from functools import lru_cache
@@ -63,6 +64,13 @@ class Settings(BaseSettings):
         ge=0,
         description="Wrong keys one client address may present per minute (per gateway process) before "
         "its unknown keys are answered 429 with Retry-After; 0 turns the throttle off (auth/failures.py).",
+    )
+    trusted_proxies: str = Field(
+        default="",
+        description="The proxies whose `X-Forwarded-For` / `X-Forwarded-Proto` are believed: addresses or "
+        "CIDRs, comma-separated (as uvicorn's --forwarded-allow-ips; `*` any). A request from one of them "
+        "is the forwarded client's everywhere a client address counts (audit rows, the wrong-key throttle, "
+        "logs); empty (the default): no proxy, every request is its TCP peer's, whatever it forwards.",
     )
     metrics_key: SecretStr | None = Field(
         default=None,
@@ -493,6 +501,21 @@ class Settings(BaseSettings):
         ge=1,
         description="Longest string value constrained decoding allows where the schema sets no maxLength.",
     )
+    chat_template_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="CPU seconds one render of a chat template may take (real templates take "
+        "milliseconds); past it the request is a 400 `chat_template_timeout`. Read by the replica from its "
+        'environment (docs/operations.md, "Hostile input").',
+    )
+    chat_template_max_chars: int = Field(
+        default=0,
+        ge=0,
+        description="Most characters a chat template's render may write, or make at once (a list item "
+        "counts 8), and a sixteenth of what it may make in all; past it a 400 `chat_template_too_large`. "
+        "0 (default): the model's context × its longest token, at least 1,000,000: more than any prompt "
+        "that fits the context.",
+    )
 
     # ---------------------------------------------------------------- billing (docs/billing.md)
     billing_compute_credits_per_gb_second: Decimal = Field(
@@ -565,6 +588,18 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _trusted_proxies_are_addresses(self) -> Settings:
+        for entry in self.trusted_proxy_list:
+            if entry != "*":
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError:
+                    raise ValueError(
+                        f"MODELHOST_TRUSTED_PROXIES: {entry!r} is not an address or a CIDR"
+                    ) from None
+        return self
+
+    @model_validator(mode="after")
     def _s3_needs_a_bucket(self) -> Settings:
         if self.blob_store == "s3" and not self.s3_bucket:
             raise ValueError("MODELHOST_BLOB_STORE=s3 needs MODELHOST_S3_BUCKET, the bucket to keep blobs in")
@@ -573,6 +608,11 @@ class Settings(BaseSettings):
     @property
     def admin_key_value(self) -> str | None:
         return self.admin_key.get_secret_value() if self.admin_key else None
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        """`trusted_proxies` as a list (empty: none)."""
+        return [entry.strip() for entry in self.trusted_proxies.split(",") if entry.strip()]
 
     @property
     def metrics_key_value(self) -> str | None:

@@ -15,16 +15,22 @@ from typing import Any
 from PIL import Image
 
 from modelhost.config import get_settings
-from modelhost.errors import InvalidRequest
+from modelhost.errors import InvalidRequest, ModelhostError
+from modelhost.generation import chat_templates
 from modelhost.media.image import decode_image
 
 
 def chat_with_images(
-    processor: Any | None, request: dict[str, Any], template_kwargs: dict[str, Any]
+    processor: Any | None,
+    request: dict[str, Any],
+    template_kwargs: dict[str, Any],
+    max_chars: int | None = None,
 ) -> tuple[str, list[Image.Image]]:
     """The chat's text (the processor's template, with an image placeholder per image, and
-    `template_kwargs`: `generation.requests.template_kwargs`) and its images, in order. InvalidRequest
-    (400) for a text-only model, an unreadable or too large image, or messages the template refuses."""
+    `template_kwargs`: `generation.requests.template_kwargs`, rendered in the budgeted sandbox with
+    `max_chars`: `chat_templates.output_cap`) and its images, in order. InvalidRequest (400) for a
+    text-only model, an unreadable or too large image, messages the template refuses, or a render past
+    its bounds (naming `chat_template`)."""
     if processor is None:
         raise InvalidRequest(
             "This model reads text only: image_url parts need a deployment of an image-text-to-text "
@@ -37,14 +43,18 @@ def chat_with_images(
         decode_image(data, max_pixels=max_pixels, param=param)
         for data, param in zip(request["images"], params, strict=True)
     ]
+    chat_templates.install()
     try:
-        text = processor.apply_chat_template(
-            request["messages"],
-            tools=request.get("tools"),
-            add_generation_prompt=True,
-            tokenize=False,
-            **template_kwargs,
-        )
+        with chat_templates.limits(max_chars=max_chars):
+            text = processor.apply_chat_template(
+                request["messages"],
+                tools=request.get("tools"),
+                add_generation_prompt=True,
+                tokenize=False,
+                **template_kwargs,
+            )
+    except ModelhostError:  # a bound of the render, or its caller gone
+        raise
     except Exception as exc:  # the template's own checks (roles, alternation) raise here
         raise InvalidRequest(f"The model's processor refused the messages: {exc}", param="messages") from None
     return str(text), pictures

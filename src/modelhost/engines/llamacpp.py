@@ -73,6 +73,7 @@ from modelhost.generation.requests import (
     SamplingParams,
     SpecialTokens,
     chat_markup,
+    chat_prompt_off_loop,
     error_event,
     fim_tokens,
     prompt_ids,
@@ -501,10 +502,10 @@ async def generate(
         emit({"error": {"message": message, "param": "messages", "code": None}})
         return
     if request.get("tokenize") or "detokenize" in request:
-        emit(tokenized_event(model, request))
+        emit(await tokenized_event(model, request))
         return
     try:
-        prompt, prompt_param = prompt_ids(model, request)
+        prompt, prompt_param = prompt_ids(model, request, await chat_prompt_off_loop(model, request))
         given = request.get("params", {})
         params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
         _refuse_unsupported(params)

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from modelhost.generation import chat_templates
+
 # Every from_pretrained call goes through these: nothing is fetched, no repository code runs.
 SAFE_LOAD: dict[str, Any] = {"local_files_only": True, "trust_remote_code": False}
 
@@ -38,8 +40,11 @@ def load_auto(model_dir: Path, device: str, auto_class: str = "AutoModel") -> An
 def load_tokenizer(model_dir: Path, gguf_file: str | None = None) -> Any:
     """The artifact's tokenizer and chat template; from a GGUF file's own metadata when `gguf_file`
     names one in `model_dir` (transformers reads the embedded vocabulary, merges and template: the
-    IDs round-trip exactly with llama.cpp's for the families we serve, docs/engines-llamacpp.md)."""
+    IDs round-trip exactly with llama.cpp's for the families we serve, docs/engines-llamacpp.md). Its
+    template, the tenant's code, renders in the budgeted sandbox (`generation.chat_templates`)."""
     from transformers import AutoTokenizer
+
+    chat_templates.install()
 
     if gguf_file is not None:
         return AutoTokenizer.from_pretrained(str(model_dir), gguf_file=gguf_file, **SAFE_LOAD)
@@ -82,6 +87,7 @@ def load_image_processor(model_dir: Path) -> Any:
 def load_processor(model_dir: Path) -> Any:
     from transformers import AutoProcessor
 
+    chat_templates.install()  # its chat template, as a tokenizer's (`load_tokenizer`)
     return AutoProcessor.from_pretrained(str(model_dir), **SAFE_LOAD)
 
 

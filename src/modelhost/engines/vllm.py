@@ -29,12 +29,14 @@ from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
+from modelhost.generation.chat_templates import in_thread, output_cap
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.requests import (
     SamplingParams,
     SpecialTokens,
     chat_markup,
+    chat_prompt_off_loop,
     error_event,
     fim_tokens,
     generation_defaults,
@@ -267,9 +269,12 @@ async def _engine_input(model: VllmModel, request: dict[str, Any]) -> tuple[list
     from vllm.inputs import tokens_input
 
     if not request.get("images"):
-        prompt, prompt_param = prompt_ids(model, request)
+        prompt, prompt_param = prompt_ids(model, request, await chat_prompt_off_loop(model, request))
         return prompt, prompt_param, tokens_input(prompt)
-    text, images = chat_with_images(model.processor, request, template_kwargs(model, request))
+    cap = output_cap(model.context_length, model.tokenizer)
+    text, images = await in_thread(
+        chat_with_images, model.processor, request, template_kwargs(model, request), cap
+    )
     template_ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
     raw = {"prompt_token_ids": template_ids, "multi_modal_data": {"image": images}}
     (rendered,) = await model.engine.renderer.render_cmpl_async([raw])
@@ -320,7 +325,7 @@ async def generate(
         emit({"error": {"message": "the base's replica restarts with its adapters", "internal": True}})
         return
     if request.get("tokenize") or "detokenize" in request:
-        emit(tokenized_event(model, request))
+        emit(await tokenized_event(model, request))
         return
     try:
         prompt, prompt_param, inputs = await _engine_input(model, request)

@@ -6,10 +6,11 @@ The gateway checks them (`check`) and stores the fields set; a replica loads wit
 hands them over in the replica's environment (`ENVIRONMENT`, as it hands over the KV cache's size), read
 by both engines when they load (`from_environment`). A change reloads the deployment's replicas.
 
-A chat template is the customer's Jinja: it is only ever rendered by transformers' `apply_chat_template`,
-which compiles every template in jinja2's `ImmutableSandboxedEnvironment` (no file or network access, no
-attribute escapes). Here it is only compiled, never rendered, in the same sandbox, so a syntax error (or
-an unknown filter) is a 400 at once.
+A chat template is the customer's Jinja: it is only ever rendered by transformers' `apply_chat_template`
+in a replica, which compiles every template in our budgeted sandbox (`generation.chat_templates`: jinja2's
+`ImmutableSandboxedEnvironment`, no file or network access, no attribute escapes, with CPU-time and size
+bounds). Here it is only compiled, never rendered, in the same sandbox, so a syntax error (or an unknown
+filter) is a 400 at once.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def check_chat_template(template: str) -> None:
     a 400."""
     import jinja2
     import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from modelhost.generation.chat_templates import BudgetedSandbox
 
     class Generation(jinja2.ext.Extension):
         """transformers' `{% generation %}...{% endgeneration %}` (assistant-token tracking): parsed only."""
@@ -129,7 +131,7 @@ def check_chat_template(template: str) -> None:
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return jinja2.nodes.Scope(body).set_lineno(lineno)
 
-    environment = ImmutableSandboxedEnvironment(extensions=[Generation, jinja2.ext.loopcontrols])
+    environment = BudgetedSandbox(extensions=[Generation, jinja2.ext.loopcontrols])
     try:
         environment.from_string(template)  # compiled, never rendered
     except jinja2.TemplateSyntaxError as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from modelhost.errors import InvalidRequest, ModelhostError
+from modelhost.generation import chat_templates
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family, detect_family
 from modelhost.generation.reasoning import MARKERS, effort_kwargs, prompt_opens
@@ -88,21 +89,23 @@ class PromptModel(Protocol):
     def settings(self) -> GenerationSettings: ...
 
 
-def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], str]:
-    """The prompt's token IDs (the chat template for `messages`, the prompt or its IDs for completions,
-    OpenAI's insert mode for `suffix`) and the parameter a client error names."""
+def chat_prompt(state: PromptModel, request: dict[str, Any]) -> str:
+    """A chat's text: the model's chat template (or the deployment's) rendered over its messages, in the
+    budgeted sandbox (`generation.chat_templates`: a render past its time or size bounds is a 400 naming
+    `chat_template`). Its own checks of the messages (roles, alternation) are a 400 naming `messages`."""
     tokenizer = state.tokenizer
-    if "messages" in request:
-        if not tokenizer.chat_template:
-            raise InvalidRequest(
-                "This model has no chat template (a base model): use /v1/completions with a prompt, or give "
-                "the deployment one (`chat_template` on PATCH /v1/deployments/{id}, docs/generation.md "
-                '"Per-deployment settings").',
-                param="messages",
-                code="no_chat_template",
-            )
-        kwargs = template_kwargs(state, request)  # outside the `try`: its 400 names its own field
-        try:
+    if not tokenizer.chat_template:
+        raise InvalidRequest(
+            "This model has no chat template (a base model): use /v1/completions with a prompt, or give "
+            "the deployment one (`chat_template` on PATCH /v1/deployments/{id}, docs/generation.md "
+            '"Per-deployment settings").',
+            param="messages",
+            code="no_chat_template",
+        )
+    kwargs = template_kwargs(state, request)  # outside the `try`: its 400 names its own field
+    chat_templates.install()
+    try:
+        with chat_templates.limits(max_chars=chat_templates.output_cap(state.context_length, tokenizer)):
             text = tokenizer.apply_chat_template(
                 request["messages"],
                 tools=request.get("tools"),
@@ -111,9 +114,30 @@ def prompt_ids(state: PromptModel, request: dict[str, Any]) -> tuple[list[int], 
                 tokenize=False,
                 **kwargs,
             )
-        except Exception as exc:  # the template's own checks (roles, alternation) raise here
-            message = f"The model's chat template refused the messages: {exc}"
-            raise InvalidRequest(message, param="messages") from None
+    except ModelhostError:  # a bound of the render, or its caller gone
+        raise
+    except Exception as exc:  # the template's own checks (roles, alternation) raise here
+        message = f"The model's chat template refused the messages: {exc}"
+        raise InvalidRequest(message, param="messages") from None
+    return str(text)
+
+
+async def chat_prompt_off_loop(state: PromptModel, request: dict[str, Any]) -> str | None:
+    """`chat_prompt` for an engine that runs requests on an event loop (vLLM, llama.cpp): rendered in a
+    thread (`chat_templates.in_thread`), so that a slow template holds no other request and stops when
+    its caller leaves; None for a request without messages."""
+    if "messages" not in request or "detokenize" in request:
+        return None
+    return await chat_templates.in_thread(chat_prompt, state, request)
+
+
+def prompt_ids(state: PromptModel, request: dict[str, Any], chat: str | None = None) -> tuple[list[int], str]:
+    """The prompt's token IDs (the chat template for `messages`: `chat`, where rendered already, else
+    `chat_prompt`; the prompt or its IDs for completions, OpenAI's insert mode for `suffix`) and the
+    parameter a client error names."""
+    tokenizer = state.tokenizer
+    if "messages" in request:
+        text = chat_prompt(state, request) if chat is None else chat
         special = request.get("add_special_tokens", False)  # the template writes the special tokens
         ids: list[int] = tokenizer(text, add_special_tokens=special)["input_ids"]
         return ids, "messages"
@@ -224,23 +248,25 @@ def error_event(exc: ModelhostError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "param": exc.param, "code": exc.code}}
 
 
-def tokenized_event(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
-    """`tokenized`'s answer, or the error event of a request it refuses."""
+async def tokenized_event(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
+    """`tokenized`'s answer, or the error event of a request it refuses, for an engine on an event loop
+    (its chat rendered off the loop: `chat_prompt_off_loop`)."""
     try:
-        return tokenized(state, request)
+        return tokenized(state, request, await chat_prompt_off_loop(state, request))
     except ModelhostError as exc:
         return error_event(exc)
 
 
-def tokenized(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
+def tokenized(state: PromptModel, request: dict[str, Any], chat: str | None = None) -> dict[str, Any]:
     """The one event that answers `/tokenize` (`"tokenize": true`: the prompt's IDs, as a generation
-    would see them) or `/detokenize` (`"detokenize"`: the text of token IDs), without generating."""
+    would see them; `chat`: its chat rendered already) or `/detokenize` (`"detokenize"`: the text of
+    token IDs), without generating."""
     if "detokenize" in request:
         tokens = request["detokenize"]
         if any(token >= state.vocab_size for token in tokens):
             raise InvalidRequest(f"Token IDs must be below {state.vocab_size}.", param="tokens")
         return {"finish": "stop", "prompt": state.tokenizer.decode(tokens)}
-    ids, _ = prompt_ids(state, request)
+    ids, _ = prompt_ids(state, request, chat)
     answer: dict[str, Any] = {"finish": "stop", "tokens": ids, "max_model_len": state.context_length}
     if request.get("return_token_strs"):
         answer["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)

@@ -20,20 +20,33 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
+import functools
 import selectors
 import signal
 import socket
 import sys
 import time
 import traceback
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from modelhost import tracing
+from modelhost.generation import chat_templates
 from modelhost.runtime.host import ReplicaHost
-from modelhost.runtime.protocol import FrameReader, LoadFailed, Ready, Stop, decode_to_replica, encode
+from modelhost.runtime.protocol import (
+    Cancel,
+    FrameReader,
+    Generate,
+    LoadFailed,
+    Ready,
+    Stop,
+    ToReplica,
+    decode_to_replica,
+    encode,
+)
 from modelhost.tasks.base import AnyTaskHandler, is_streaming
 
 READ_SIZE = 1 << 18
@@ -184,13 +197,16 @@ def warm_up(handler: AnyTaskHandler, state: Any) -> None:
 
 
 class _Connection:
-    """One gateway's (or the supervisor's) connection: frames in, a write buffer out."""
+    """One gateway's (or the supervisor's) connection: frames in (decoded into `inbox`, taken in order),
+    a write buffer out; `open` until its end-of-file, an error, or a message in another protocol."""
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self.sock = sock
         self.reader = FrameReader()
         self.unsent = bytearray()
+        self.inbox: deque[ToReplica] = deque()
+        self.open = True
 
 
 class Worker:
@@ -245,25 +261,50 @@ class Worker:
     def _read(self, connection: _Connection) -> bool:
         """Take every message that has arrived; False at end-of-file or a `Stop`. Reads until the socket
         is empty, so that a peer that died (end-of-file after its last requests) is known before the
-        next batch: its requests are dropped rather than run."""
-        while True:
+        next batch: its requests are dropped rather than run. A request whose chat template renders
+        meanwhile stops when its caller leaves (`_left`)."""
+        self._fill(connection)
+        while connection.inbox:
+            message = connection.inbox.popleft()
+            if isinstance(message, Stop):
+                return False
+            if isinstance(message, Generate):
+                left = functools.partial(self._left, connection, message.id)
+                with chat_templates.limits(stop=left):
+                    self.host.receive(connection, message)
+            else:
+                self.host.receive(connection, message)
+        return connection.open
+
+    def _fill(self, connection: _Connection) -> None:
+        """Decode what the socket holds into the connection's inbox, without waiting."""
+        while connection.open:
             try:
                 data = connection.sock.recv(READ_SIZE)
             except BlockingIOError:
-                return True
+                return
             except OSError:
-                return False
+                connection.open = False
+                return
             if not data:
-                return False
+                connection.open = False
+                return
             for body in connection.reader.feed(data):
                 try:
-                    message = decode_to_replica(body)
+                    connection.inbox.append(decode_to_replica(body))
                 except msgspec.DecodeError:
                     traceback.print_exc()
-                    return False  # a peer that speaks something else is cut off
-                if isinstance(message, Stop):
-                    return False
-                self.host.receive(connection, message)
+                    connection.open = False  # a peer that speaks something else is cut off
+                    return
+
+    def _left(self, connection: _Connection, request_id: int) -> bool:
+        """While a request's chat template renders (this one thread is busy with it): whether its caller
+        has gone, a `Cancel` for it having arrived or its connection ended. Other messages that arrive
+        meanwhile wait in the inbox, in order."""
+        self._fill(connection)
+        if not connection.open:
+            return True
+        return any(isinstance(m, Cancel) and m.id == request_id for m in connection.inbox)
 
     def _send(self, connection: _Connection, frame: bytes) -> None:
         if connection.unsent:

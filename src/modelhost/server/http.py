@@ -68,6 +68,10 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str, **options: Any)
         # no `server: uvicorn` on every answer: it names the software to anyone who asks, and costs a
         # header per response
         server_header=False,
+        # forwarded headers only from the proxies the operator names: uvicorn's default trusts 127.0.0.1,
+        # so any local process could forge its address (audit rows) and dodge the wrong-key throttle
+        proxy_headers=bool(settings.trusted_proxy_list),
+        forwarded_allow_ips=settings.trusted_proxy_list or None,
         **options,
     )
 

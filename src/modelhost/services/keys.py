@@ -150,15 +150,18 @@ class KeyService:
             return self.create_in(session, account_id, name, deployment_ids, limits, expires_at)
 
     def rotate(self, account_id: str, key_id: str, grace_seconds: float) -> tuple[ApiKey, str]:
-        """A new key of the same scope, name and limits (its secret returned once); the old one keeps
-        working for `grace_seconds` (0: no longer), then expires (an earlier expiry of its own stays)."""
+        """A new key of the same scope, name, limits and expiry (its secret returned once: a key that
+        was to expire still does, at the same time); the old one keeps working for `grace_seconds` (0: no
+        longer), then expires (an earlier expiry of its own stays)."""
         with self._database.transaction() as session:
             old = session.get(ApiKey, key_id, with_for_update=True)
             now = self.now()
             if old is None or not _live(old, account_id, now):
                 raise _not_found()
-            new, secret = self.create_in(session, account_id, old.name, old.deployment_ids, old.limits)
             before = old.expires_at
+            new, secret = self.create_in(
+                session, account_id, old.name, old.deployment_ids, old.limits, expires_at=before
+            )
             ends = now + timedelta(seconds=grace_seconds)
             old.expires_at = ends if before is None else min(before, ends)
             changes: audit.Changes = {

@@ -21,6 +21,7 @@ from modelhost.engines.chat_images import chat_with_images
 from modelhost.engines.interface import Event
 from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
+from modelhost.generation.chat_templates import output_cap
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.requests import (
@@ -206,7 +207,8 @@ def _vision_prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int]
     """A chat with images: the processor's prompt (each image expanded into its image tokens) and its
     image tensors. The image tokens become negative IDs derived from the image's bytes and position, so
     the prefix cache never gives one image's keys and values to another."""
-    text, pictures = chat_with_images(state.processor, request, template_kwargs(state, request))
+    cap = output_cap(state.context_length, state.tokenizer)
+    text, pictures = chat_with_images(state.processor, request, template_kwargs(state, request), cap)
     try:
         encoded = state.processor(text=text, images=pictures, return_tensors="pt")
     except (ValueError, TypeError) as exc:  # the processor's own checks (image and placeholder counts)
