@@ -92,7 +92,11 @@ class Waiters:
         (the caller left) sends `Cancel`: the replica drops the sequence before its next step."""
         queue: asyncio.Queue[Payload | BaseException] = asyncio.Queue()
         self.streams[request_id] = queue
-        send(Generate(request_id, request, low_priority(), trace))
+        try:
+            send(Generate(request_id, request, low_priority(), trace))
+        except ReplicaDied as exc:  # never sent: free to go to another replica
+            self.streams.pop(request_id, None)
+            raise ReplicaDiedBeforeStart(str(exc)) from exc
         finished = False
         try:
             while not finished:

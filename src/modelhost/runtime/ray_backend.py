@@ -60,6 +60,7 @@ from ray.serve.handle import DeploymentHandle
 from modelhost import tracing
 from modelhost.auth.principal import low_priority
 from modelhost.config import Settings, get_settings
+from modelhost.errors import DeploymentUnavailable
 from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime import metrics
 from modelhost.runtime.capacity import MB, Footprint
@@ -78,6 +79,7 @@ from modelhost.runtime.protocol import (
 from modelhost.runtime.replica import (
     Replica,
     ReplicaDied,
+    ReplicaDiedBeforeStart,
     ReplicaFailed,
     ReplicaLoadFailed,
     ReplicaSpec,
@@ -894,9 +896,14 @@ class RayServeReplica:
     def _failure(self, exc: RayError | RayServeException) -> Exception:
         """The replica's own exception is a failed inference; anything else (its actor died, Serve
         could not reach it, the request was failed by `_give_up`) means it stopped under the request."""
-        if self.failure is not None:
-            return ReplicaDied(f"no Serve replica can start ({self.failure})")
+        if self.failure is not None:  # nothing ran: the deployment cannot be served now
+            return DeploymentUnavailable(f"No Serve replica of the deployment can start: {self.failure}")
         if isinstance(exc, RayTaskError) and not isinstance(exc, RayActorError):
+            if isinstance(exc.cause, ReplicaDiedBeforeStart):  # its worker was gone before it: Serve
+                return DeploymentUnavailable(  # replaces the replica; the request never reached a model
+                    f"The Serve replica's worker is not running ({exc.cause}); a replacement is starting: "
+                    "retry shortly."
+                )
             if isinstance(exc.cause, ReplicaDied):  # the Serve replica's own worker (vLLM's) died
                 return ReplicaDied(f"the Serve replica's worker stopped ({exc.cause})")
             return ReplicaFailed(str(exc.cause) if exc.cause is not None else str(exc))
