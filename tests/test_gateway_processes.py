@@ -253,7 +253,8 @@ async def chat_two(
     from tests.chat_model import long_context_copy
 
     root = tmp_path_factory.mktemp("chat-two")
-    async with server_with(root, 2, MODELHOST_KEY_CACHE_SECONDS="600") as server:
+    env = {"MODELHOST_KEY_CACHE_SECONDS": "600", "MODELHOST_GRAMMAR_COMPILE_TIMEOUT_SECONDS": "300"}
+    async with server_with(root, 2, **env) as server:  # (a compile process is held stopped below)
         deployment_id = await server.deploy(
             long_context_copy(recipes, root), "text-generation", "chat", readiness="warm"
         )

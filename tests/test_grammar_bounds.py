@@ -224,7 +224,7 @@ async def test_a_grammar_that_crashes_llguidance_is_a_400_naming_the_stack_and_i
 
 async def test_a_compile_past_its_cpu_time_is_a_400_naming_it() -> None:
     """A GBNF chain llguidance's quadratic converter takes seconds over, the bounds loosened."""
-    grammars = GrammarChecker(16, LOOSE, CompileLimits(cpu_seconds=1))
+    grammars = GrammarChecker(16, LOOSE, CompileLimits(cpu_seconds=1, timeout_seconds=300))  # CPU time only
     slow = "root ::= r0\n" + "".join(f'r{i} ::= "a" "b" r{i + 1}\n' for i in range(4_000)) + 'r4000 ::= "x"\n'
     try:
         with pytest.raises(InvalidRequest, match="took more than 1 s of CPU time") as refused:
@@ -235,10 +235,11 @@ async def test_a_compile_past_its_cpu_time_is_a_400_naming_it() -> None:
 
 
 async def test_a_compile_process_that_does_not_answer_in_time_is_killed_and_replaced() -> None:
-    grammars = GrammarChecker(16, BOUNDS, CompileLimits(timeout_seconds=0.5))
+    grammars = GrammarChecker(16, BOUNDS, CompileLimits())
     try:
         await grammars.compiled(gbnf_chain(3), "guided_grammar")
         (stuck,) = grammars.pool.processes()
+        grammars.pool.limits = CompileLimits(timeout_seconds=0.5)
         os.kill(stuck, signal.SIGSTOP)
         with pytest.raises(InvalidRequest, match=r"took longer than 0\.5 s"):
             await grammars.compiled(gbnf_wide(32_000), "guided_grammar")

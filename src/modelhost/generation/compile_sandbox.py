@@ -170,7 +170,7 @@ class CompilePool:
         for _attempt in (1, 2):  # a process that died while idle (killed, its parent thread gone): replaced
             child = self._take()
             try:
-                answer = child.ask(payload)
+                answer = child.ask(payload, self.limits)
             except CompileFailed:
                 self._drop(child)
                 raise
@@ -188,7 +188,7 @@ class CompilePool:
                 if child.process.poll() is None:
                     return child
                 self._all.remove(child)
-        child = _Child(self.limits)
+        child = _Child(self.limits.memory_mb)
         with self._lock:
             self._all.append(child)
         return child
@@ -228,22 +228,21 @@ def _kill_all(children: list[_Child]) -> None:
 class _Child:
     """One compile process and its pipes; a line of JSON each way per compile."""
 
-    def __init__(self, limits: CompileLimits) -> None:
-        self.limits = limits
-        command = [sys.executable, "-m", __name__, str(os.getpid()), str(limits.memory_mb)]
+    def __init__(self, memory_mb: int) -> None:
+        command = [sys.executable, "-m", __name__, str(os.getpid()), str(memory_mb)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self._buffer = b""
         if self._line(time.monotonic() + START_SECONDS) != b"ready":
             self.kill()
             raise CompileFailed("could not start a compile process", lasting=False)
 
-    def ask(self, payload: bytes) -> Event:
-        deadline = time.monotonic() + self.limits.timeout_seconds
+    def ask(self, payload: bytes, limits: CompileLimits) -> Event:
+        deadline = time.monotonic() + limits.timeout_seconds
         if not self._send(payload, deadline) or (line := self._line(deadline)) is None:
             self.kill()
-            raise CompileFailed(f"took longer than {self.limits.timeout_seconds:g} s", lasting=False)
+            raise CompileFailed(f"took longer than {limits.timeout_seconds:g} s", lasting=False)
         if line == b"":
-            raise CompileFailed(*self._death())
+            raise CompileFailed(*self._death(limits))
         answer: Event = json.loads(line)
         return answer
 
@@ -275,7 +274,7 @@ class _Child:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line
 
-    def _death(self) -> tuple[str, bool]:
+    def _death(self, limits: CompileLimits) -> tuple[str, bool]:
         """What ended the process, and whether the grammar would end it again (a crash, its CPU time),
         or maybe not (killed from outside: the kernel's out-of-memory killer, an operator)."""
         try:
@@ -284,12 +283,12 @@ class _Child:
             self.kill()
             return "lost its compile process", False
         if code == -signal.SIGXCPU:
-            return f"took more than {self.limits.cpu_seconds} s of CPU time", True
+            return f"took more than {limits.cpu_seconds} s of CPU time", True
         if code in (-signal.SIGSEGV, -signal.SIGBUS):
             stack, name = COMPILE_STACK >> 20, signal.Signals(-code).name
             return f"overflowed the compile process's {stack} MiB stack (llguidance: {name})", True
         if code == -signal.SIGABRT:
-            return f"needed more than the compile process's {self.limits.memory_mb} MB of memory", True
+            return f"needed more than the compile process's {limits.memory_mb} MB of memory", True
         if code < 0:
             return f"lost its compile process (signal {signal.Signals(-code).name})", False
         return f"lost its compile process (exit status {code})", False

@@ -35,9 +35,10 @@ it in vLLM's environment before its engine compiles a grammar, as every replica 
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import json
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -90,9 +91,7 @@ def check_grammar_text(text: str, param: str, bounds: GrammarBounds) -> None:
     (check_lark if is_lark(text) else check_gbnf)(text, param, bounds)
 
 
-@functools.lru_cache(maxsize=256)
-def _checked_in_replica(text: str, param: str, bounds: GrammarBounds) -> None:
-    check_grammar_text(text, param, bounds)  # raises: failures are not cached, passes are
+_PASSED: OrderedDict[bytes, None] = OrderedDict()  # hashes of grammars a replica passed (its requests repeat)
 
 
 def check_engine_grammar(request: Mapping[str, Any]) -> None:
@@ -102,8 +101,13 @@ def check_engine_grammar(request: Mapping[str, Any]) -> None:
     if grammar := request.get("grammar"):
         from modelhost.config import get_settings  # the base layer: in vLLM's environment too
 
-        param = request.get("grammar_param") or "grammar"
-        _checked_in_replica(grammar, param, GrammarBounds.from_settings(get_settings()))
+        bounds = GrammarBounds.from_settings(get_settings())
+        key = hashlib.sha256(f"{bounds}\0{grammar}".encode()).digest()
+        if key not in _PASSED:
+            check_grammar_text(grammar, request.get("grammar_param") or "grammar", bounds)
+            _PASSED[key] = None
+            if len(_PASSED) > 256:
+                _PASSED.popitem(last=False)
 
 
 # ---------------------------------------------------------------- graphs
