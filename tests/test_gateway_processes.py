@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import itertools
 import json
 import os
 import signal
 import socket
 import sqlite3
+import struct
+import termios
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,9 +29,20 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.helpers import bearer, push_folder
+from tests.helpers import ADMIN_KEY, bearer, push_folder
+from tests.hostile import gbnf_wide, lark_chain, nested_schema, ref_chain
 from tests.remote_servers import RemoteServer, TestCA
-from tests.server_process import ST_RECIPE, Server, accepted, alive, server_with, stopped, until
+from tests.server_process import (
+    ST_RECIPE,
+    Server,
+    accepted,
+    alive,
+    descends_from,
+    processes,
+    server_with,
+    stopped,
+    until,
+)
 
 TEXTS = [f"request {i} is about " + " ".join(["cats", "dogs", "birds"][: 1 + i % 3]) for i in range(8)]
 
@@ -358,7 +372,8 @@ async def chat_two(
     from tests.chat_model import long_context_copy
 
     root = tmp_path_factory.mktemp("chat-two")
-    async with server_with(root, 2, MODELHOST_KEY_CACHE_SECONDS="600") as server:
+    env = {"MODELHOST_KEY_CACHE_SECONDS": "600", "MODELHOST_GRAMMAR_COMPILE_TIMEOUT_SECONDS": "300"}
+    async with server_with(root, 2, **env) as server:  # (a compile process is held stopped below)
         deployment_id = await server.deploy(
             long_context_copy(recipes, root), "text-generation", "chat", readiness="warm"
         )
@@ -462,6 +477,124 @@ async def _models(server: Server, key: str) -> int:
 async def _revoke(server: Server, key_id: str) -> int:
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         return (await client.delete(f"/v1/keys/{key_id}", headers=bearer(server.key))).status_code
+
+
+# ---------------------------------------------------------------- hostile grammars and schemas
+
+
+CHAT = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+BOMB = ref_chain(3_000)  # overflowed llguidance's stack wherever it was compiled: gateway or replica
+TOOL = {"type": "function", "function": {"name": "bomb", "parameters": BOMB}}
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "b", "schema": BOMB}}
+TEXT = {"format": {"type": "json_schema", "name": "b", "schema": BOMB}}
+ANY = {"tools": [{"name": "bomb", "input_schema": BOMB}], "tool_choice": {"type": "any"}}
+RULES = lark_chain(2_886)  # 32,741 characters: under the 32,768 a grammar may have
+BOMBS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "/v1/chat/completions",
+        {**CHAT, "structured_outputs": {"grammar": RULES}},
+        "structured_outputs.grammar",
+    ),
+    ("/v1/completions", {"model": "chat", "prompt": "hi", "guided_grammar": RULES}, "guided_grammar"),
+    ("/v1/chat/completions", {**CHAT, "structured_outputs": {"json": BOMB}}, "structured_outputs.json"),
+    ("/v1/chat/completions", {**CHAT, "response_format": SCHEMA}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "tools": [TOOL], "tool_choice": "required"}, "tools"),
+    ("/v1/responses", {"model": "chat", "input": "hi", "text": TEXT}, "text.format"),
+    ("/v1/messages", {**CHAT, **ANY}, ""),  # Anthropic's error body: no param
+]
+
+
+async def test_a_grammar_or_schema_bomb_is_a_400_naming_its_field_and_bound_and_no_process_dies(
+    chat_two: tuple[Server, str],
+) -> None:
+    """Each one killed the gateway process that checked it (SIGSEGV; the supervisor among them), or the
+    replica it reached and the one it was sent to next. Now: a 400, from whichever gateway process
+    takes it, every process the same after, and another account is answered."""
+    server, deployment_id = chat_two
+    gateways, replicas = server.gateways(), server.replicas(deployment_id)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, headers=bearer(server.key)) as client:
+        for path, body, param in BOMBS:
+            answer = await client.post(path, json=body)
+            assert answer.status_code == 400, (path, param, answer.text)
+            error = answer.json()["error"]
+            assert "; the limit is " in error["message"], error
+            if param:  # (the Messages API answers Anthropic's error body, which has no param)
+                assert error["param"] == param and error["code"] == "grammar_too_complex", error
+        agent = await client.post(
+            "/v1/agent", json={"name": "b", "model": "chat", "instructions": "-", "tools": [TOOL]}
+        )
+        runs = f"/v1/agent/{agent.json()['id']}/runs"
+        run = (await client.post(runs, json={"input": "hi", "tool_choice": "required"})).json()
+        failed = await until(lambda: _ended(server, f"{runs}/{run['id']}"), timeout=60)
+        assert failed["status"] == "failed" and failed["error"]["code"] == "grammar_too_complex", failed
+        # a schema nested 60 deep: fine, but making its grammar took 2^60 steps on the event loop
+        nested = {"type": "json_schema", "json_schema": {"name": "n", "schema": nested_schema(60)}}
+        assert (
+            await client.post("/v1/chat/completions", json={**CHAT, "response_format": nested})
+        ).status_code == 200
+    assert server.gateways() == gateways and server.replicas(deployment_id) == replicas
+    other = httpx.post(f"{server.url}/v1/admin/accounts", json={"name": "other"}, headers=bearer(ADMIN_KEY))
+    assert httpx.get(f"{server.url}/v1/models", headers=bearer(other.json()["api_key"])).status_code == 200
+    answered = httpx.post(
+        f"{server.url}/v1/chat/completions", json=CHAT, headers=bearer(server.key), timeout=60
+    )
+    assert answered.status_code == 200, answered.text
+
+
+def _ended(server: Server, path: str) -> dict[str, Any] | None:
+    run: dict[str, Any] = httpx.get(f"{server.url}{path}", headers=bearer(server.key), timeout=10).json()
+    return run if run["status"] not in ("queued", "in_progress") else None
+
+
+def unread(pid: int) -> int:
+    """Bytes waiting, unread, in the pipe that is process `pid`'s stdin."""
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
+    finally:
+        os.close(fd)
+
+
+async def test_a_grammar_is_compiled_off_the_event_loop_and_a_compile_process_killed_under_it_is_a_400(
+    chat_two: tuple[Server, str],
+) -> None:
+    """A 32 KB GBNF grammar (llguidance's converter took seconds over one on the event loop, which
+    served nothing else meanwhile) waits in the gateway process's stopped compile process: a request
+    sent after it is answered first. Its compile process killed, it is a 400, and the next grammar
+    gets a new one."""
+    server, _ = chat_two
+    helper = server.gateways()[1]
+
+    async def post(path: str, body: dict[str, Any]) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, headers=bearer(server.key)) as client:
+            return await client.post(path, json=body)
+
+    first = await (
+        await server.via(helper, lambda: post("/v1/chat/completions", {**CHAT, "guided_regex": "[a-z]{3}"}))
+    )
+    assert first.status_code == 200, first.text
+    (compiler,) = [p for p in processes("modelhost.generation.compile_sandbox") if descends_from(p, helper)]
+    grammar = f"# {time.time_ns()}\n" + gbnf_wide(32_700)  # never seen before: not in the cache
+    with stopped(compiler):
+        held = await server.via(
+            helper, lambda: post("/v1/chat/completions", {**CHAT, "structured_outputs": {"grammar": grammar}})
+        )
+        await until(lambda: unread(compiler) > 0 or held.done())  # its compile waits in the stopped process
+        later = await (await server.via(helper, lambda: post("/tokenize", {"model": "chat", "prompt": "hi"})))
+        assert later.status_code == 200 and not held.done()
+        os.kill(compiler, signal.SIGKILL)
+    refused = await held
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "structured_outputs.grammar" and error["code"] == "grammar_too_complex", error
+    assert "compile process" in error["message"], error
+    again = await (
+        await server.via(
+            helper, lambda: post("/v1/chat/completions", {**CHAT, "structured_outputs": {"grammar": grammar}})
+        )
+    )
+    assert again.status_code == 200, again.text
+    assert server.gateways()[1] == helper
 
 
 # ---------------------------------------------------------------- how many processes

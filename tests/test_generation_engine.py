@@ -12,8 +12,10 @@ import pytest
 
 from modelhost.engines.interface import Engine
 from modelhost.engines.native.engine import GenerationEngine, SamplingParams, Sequence
+from modelhost.errors import InvalidRequest
 from modelhost.generation.grammar import json_schema_grammar
 from modelhost.generation.text import IncrementalDecoder, StopStrings
+from tests.hostile import lark_chain
 
 torch = pytest.importorskip("torch")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the engine's CUDA path where a GPU is present
@@ -250,6 +252,27 @@ def test_no_logit_bias_brings_back_a_token_the_grammar_forbids(loaded: tuple[Any
     seq.constraint = GrammarConstraint(guidance, json_schema_grammar(schema, 10, strict=True))
     engine.add(seq)
     assert isinstance(json.loads(run(engine)[1])["ok"], bool)
+
+
+def test_the_replica_refuses_a_grammar_past_the_bounds_before_its_engine_compiles_it(
+    loaded: tuple[Any, Any],
+) -> None:
+    """A request that reached the replica without the gateway's check (a bypass) is a 400 naming its
+    field, and nothing is compiled: llguidance dies of SIGSEGV past about 2,700 chained rules; 600 are
+    past the bounds but within what it survives, so this fails without the check and crashes nothing."""
+    from modelhost.tasks.text_generation import TextGeneration, chat_model
+
+    state = chat_model(loaded[0], loaded[1], DEVICE, {})
+    request = {
+        "prompt": "hello",
+        "params": {"max_tokens": 2},
+        "grammar": lark_chain(600),
+        "grammar_param": "structured_outputs.grammar",
+    }
+    with pytest.raises(InvalidRequest) as refused:
+        TextGeneration().start(state, 1, request)
+    assert refused.value.param == "structured_outputs.grammar" and refused.value.code == "grammar_too_complex"
+    assert state.engine.idle and state._guidance is None  # no matcher was ever built
 
 
 def test_insert_mode_prompts_are_prefix_suffix_middle_in_the_models_fim_tokens(

@@ -39,6 +39,7 @@ from modelhost.container import Services
 from modelhost.errors import DeploymentUnavailable
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, new_account, ready_artifact, runner_lines
+from tests.hostile import BEYOND, CRASHERS, WITHIN, Hostile
 
 MODEL = "fuzz-model"
 NO_LOADS = "Model loading is off in the OpenAPI fuzz."
@@ -124,7 +125,52 @@ def flatmap_case(context: schemathesis.HookContext, case: schemathesis.Case) -> 
             (case.path_parameters if where == "path" else case.body)[name] = value
         return case
 
-    return st.fixed_dictionaries(draws).map(apply)
+    cases = st.fixed_dictionaries(draws).map(apply)
+    if case.operation.path in GRAMMAR_ROUTES and isinstance(case.body, dict):
+        return st.tuples(cases, st.none() | hostile_fields(case.operation.path)).map(_with_fields)
+    return cases
+
+
+# Now and then a hostile grammar, regex or schema (tests/hostile.py: rule and $ref chains, deep nesting,
+# repetitions multiplied; past the bounds or within them) in a field of the routes that take one, in an
+# otherwise plain request to the text-generation deployment: refused with a 400 by the bounds or the
+# compile process, or compiled, and then the load refusal. Never a 500, and never the crash of the
+# process under test (llguidance's, before the bounds).
+GRAMMAR_ROUTES = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    "/v1/completions": {"prompt": "hi", "max_tokens": 2},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 16},
+}
+CHAT_MODEL = "fuzz-chat"
+
+
+def hostile_fields(path: str) -> st.SearchStrategy[dict[str, Any]]:
+    def fields(drawn: tuple[Hostile, int]) -> dict[str, Any]:
+        (kind, value), where = drawn
+        base = {"model": CHAT_MODEL, **GRAMMAR_ROUTES[path]}
+        if kind != "json":
+            return {**base, "structured_outputs": {kind: value}}
+        schema = {"name": "h", "schema": value}
+        tool = {"type": "function", "function": {"name": "h", "parameters": value}}
+        placed = [
+            {"structured_outputs": {"json": value}},
+            {"text": {"format": {"type": "json_schema", **schema}}}
+            if path == "/v1/responses"
+            else {"response_format": {"type": "json_schema", "json_schema": schema}},
+            {"tools": [tool], "tool_choice": "required"}
+            if path != "/v1/completions"
+            else {"guided_json": value},
+        ]
+        return {**base, **placed[where]}
+
+    return st.tuples(st.one_of(CRASHERS, BEYOND, WITHIN), st.integers(0, 2)).map(fields)
+
+
+def _with_fields(drawn: tuple[schemathesis.Case, dict[str, Any] | None]) -> schemathesis.Case:
+    case, body = drawn
+    if body is not None:
+        case.body = body
+    return case
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +209,8 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
         artifact_id = ready_artifact(services, account["id"])
         deployment = await create("/v1/deployments", {"model": MODEL, "artifact_id": artifact_id})
         doomed = await create("/v1/deployments", {"model": "fuzz-doomed", "artifact_id": artifact_id})
+        chat_artifact = ready_artifact(services, account["id"], "text-generation")  # for hostile grammars
+        await create("/v1/deployments", {"model": CHAT_MODEL, "artifact_id": chat_artifact})
         spare_key = await create("/v1/keys", {"name": "spare", "deployments": [deployment["id"]]})
         artifacts = "/v1/model-artifacts"
         empty, uploading, aborting = [
@@ -233,7 +281,7 @@ def _load_refused(response: Any) -> bool:
     return bool(
         response.status_code == 503
         and (anthropic or error.get("code") == "deployment_unavailable")
-        and error.get("message") == NO_LOADS
+        and str(error.get("message")).startswith(NO_LOADS)  # generation's carries its request ID too
     )
 
 

@@ -516,6 +516,39 @@ class Settings(BaseSettings):
         "0 (default): the model's context × its longest token, at least 1,000,000: more than any prompt "
         "that fits the context.",
     )
+    # A tenant's grammars, regexes and JSON schemas: bounds checked before anything compiles them, by the
+    # gateway and again by the replica (docs/operations.md, "Hostile input"; `generation.grammar_bounds`).
+    grammar_max_depth: int = Field(
+        default=256,
+        ge=8,
+        description="Deepest chain a grammar or JSON schema may nest (rules within rules, groups, nested "
+        "objects and arrays, $ref hops; a recursive group counts whole). llguidance's compile overflows an "
+        "8 MiB stack at about 2,000.",
+    )
+    grammar_max_rules: int = Field(default=1_000, ge=8, description="Rules of a Lark or GBNF grammar.")
+    grammar_max_schema_values: int = Field(
+        default=50_000, ge=100, description="Values (objects, arrays, strings, numbers) of a JSON schema."
+    )
+    grammar_max_repeat: int = Field(
+        default=10_000,
+        ge=2,
+        description="Times a regex or grammar item may repeat, nested counted repetitions ({n,m}) "
+        "multiplied.",
+    )
+    # ... then compiled in child processes of each gateway process, started on first use
+    # (`generation.compile_sandbox`): a crash, overrun or timeout there is the request's 400.
+    grammar_compile_processes: int = Field(
+        default=2, ge=1, le=32, description="Compile processes per gateway process (compiles at once)."
+    )
+    grammar_compile_cpu_seconds: int = Field(
+        default=5, ge=1, description="CPU time one compile may take (its process is killed past it)."
+    )
+    grammar_compile_memory_mb: int = Field(
+        default=1024, ge=256, description="Address space of each compile process (RLIMIT_AS)."
+    )
+    grammar_compile_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="Wall time one compile may take in its compile process."
+    )
 
     # ---------------------------------------------------------------- billing (docs/billing.md)
     billing_compute_credits_per_gb_second: Decimal = Field(

@@ -40,6 +40,7 @@ from modelhost.cache import TTLCache
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
+from modelhost.generation.compile_sandbox import GrammarChecker
 from modelhost.imports.runner import ImportRunner
 from modelhost.imports.sealing import Sealer
 from modelhost.imports.service import Imports
@@ -89,6 +90,8 @@ class Services:
     batches: Batches
     imports: Imports  # imports filling artifacts from S3, HTTPS, a Hub (run by the supervisor's runner)
     audit: AuditLog
+    # Tenants' grammars and schemas checked, then compiled in child processes started on first use
+    grammars: GrammarChecker
     # Rate limits (auth/limits.py): counted in a table every gateway process of the server shares
     limits: RateLimiter = field(default_factory=RateLimiter)
     # Wrong keys per client address (auth/failures.py): off (0) unless `build` reads the setting
@@ -169,6 +172,7 @@ class Services:
             return None
 
         agents = AgentStore(database)
+        grammars = GrammarChecker.from_settings(settings)
         imports = Imports(database, artifacts, Sealer.from_settings(settings), settings)
         limits = limits if limits is not None else RateLimiter()
         supervision: Supervision | None = None
@@ -194,7 +198,7 @@ class Services:
                 manager,
                 adapted,
                 VideoRunner(videos, manager, settings),
-                AgentRunner(agents, adapted, settings, limits),
+                AgentRunner(agents, adapted, settings, limits, grammars),
                 SharedLimits(database, limits, settings.limits_sync_seconds),
                 BatchRunner(batches, settings, authenticator.of_key, check_model),
                 ImportRunner(imports, artifacts, settings),
@@ -232,13 +236,14 @@ class Services:
             responses=Responses(
                 ResponseStore(database, settings.response_stale_seconds),
                 runtime,
-                settings.constrained_max_string_length,
+                grammars,
                 settings.response_stale_seconds,
             ),
             uploads=uploads,
             batches=batches,
             imports=imports,
             audit=AuditLog(database, settings.audit_retention_days),
+            grammars=grammars,
             limits=limits,
             supervisor=supervision,
             caches={"keys": cache, "deployments": refs_cache, "balances": balance_cache},
@@ -253,6 +258,7 @@ class Services:
         return self.supervisor.runtime
 
     def close(self) -> None:
+        self.grammars.close()
         self.database.dispose()
 
 

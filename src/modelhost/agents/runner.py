@@ -24,6 +24,7 @@ from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.generation.chat import ChatChoice, chat_requests, tool_schemas
+from modelhost.generation.compile_sandbox import GrammarChecker
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.runtime.interface import Runtime
 from modelhost.store.types import utcnow
@@ -50,11 +51,18 @@ class Runs(Protocol):
 
 class AgentRunner:
     def __init__(
-        self, store: AgentStore, runtime: Runtime, settings: Settings, limits: RateLimiter | None = None
+        self,
+        store: AgentStore,
+        runtime: Runtime,
+        settings: Settings,
+        limits: RateLimiter | None = None,
+        grammars: GrammarChecker | None = None,
     ) -> None:
         self.store = store
         self.runtime = runtime
         self.settings = settings
+        # a run's tool schemas are checked and compiled as a chat completion's (`compile_sandbox`)
+        self.grammars = grammars or GrammarChecker.from_settings(settings)
         self.limits = limits  # where a run's tokens are counted against its key (rate limits)
         self.name = f"gw-{secrets.token_hex(6)}"  # this server's supervisor, in `claimed_by`
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -149,7 +157,8 @@ class AgentRunner:
                 "seed": options.get("seed"),
             }
         )
-        requests, mode = chat_requests(body, self.settings.constrained_max_string_length)
+        requests, mode = chat_requests(body, self.grammars.max_string_length)
+        await self.grammars.check(requests)
         names = [t["function"]["name"] for t in tools or []]
         choice = ChatChoice(0, mode, names, tool_schemas=tool_schemas(body.tools or []))
         async with contextlib.aclosing(self.runtime.stream(job.deployment_id, requests[0])) as events:

@@ -69,6 +69,7 @@ from modelhost.engines.loader import load_tokenizer
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
+from modelhost.generation.grammar_bounds import check_engine_grammar
 from modelhost.generation.requests import (
     SamplingParams,
     SpecialTokens,
@@ -509,6 +510,7 @@ async def generate(
         given = request.get("params", {})
         params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
         _refuse_unsupported(params)
+        check_engine_grammar(request)  # as the gateway did: llama.cpp never compiles what it would refuse
     except ModelhostError as exc:
         emit(error_event(exc))
         return

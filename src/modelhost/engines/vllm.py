@@ -32,6 +32,7 @@ from modelhost.errors import ModelhostError
 from modelhost.generation.chat_templates import in_thread, output_cap
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
+from modelhost.generation.grammar_bounds import check_engine_grammar
 from modelhost.generation.requests import (
     SamplingParams,
     SpecialTokens,
@@ -333,6 +334,7 @@ async def generate(
         params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
         adapter = _lora_request(model, request.get("adapter"))
         skip, strip = model.special.decoding(request, params.skip_special_tokens)
+        check_engine_grammar(request)  # as the gateway did: vLLM never compiles what it would refuse
         sampling = vllm_params(replace(params, skip_special_tokens=skip), request.get("grammar"))
         priority = LOW_PRIORITY if request.get("low") else 0
         stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)

@@ -45,11 +45,15 @@ ToolChoice = str | NamedToolChoice
 
 
 def chat_requests(
-    body: ChatCompletionRequest, max_string_length: int, effort_param: str = "reasoning_effort"
+    body: ChatCompletionRequest,
+    max_string_length: int,
+    effort_param: str = "reasoning_effort",
+    format_param: str = "response_format",
 ) -> tuple[list[Event], str]:
     """The engine requests of a chat completion (one per choice) and its tool mode:
     `none` (plain text), `auto` (parse markup), `forced` (constrained call) or `json`. `effort_param`:
-    the field a reasoning effort the model cannot honour is reported on (the replica knows the family)."""
+    the field a reasoning effort the model cannot honour is reported on (the replica knows the family);
+    `format_param`: the field the JSON schema came in, which its errors name."""
     tools, choice = effective_tools(body)
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true.", param="top_logprobs")
@@ -75,8 +79,9 @@ def chat_requests(
     if mode != "forced" and body.response_format is not None and body.response_format.type != "text":
         spec = body.response_format.json_schema
         schema = (spec.schema_ if spec else None) or {"type": "object"}
-        request["grammar"] = json_schema_grammar(schema, max_string_length, bool(spec and spec.strict))
-        request["grammar_param"] = "response_format"
+        strict = bool(spec and spec.strict)
+        request["grammar"] = json_schema_grammar(schema, max_string_length, strict, format_param)
+        request["grammar_param"] = format_param
         mode = "json" if mode == "none" else mode
     structured = structured_grammar(body, max_string_length)
     if structured is not None and "grammar" in request:

@@ -12,6 +12,11 @@ Strings without a length bound get `max_string_length` as `maxLength`, and integ
 ±(2**53 - 1): a model that loops inside a value (small or random-weight models do) would otherwise run
 to `max_tokens` and leave invalid JSON. Tool arguments, like OpenAI's strict mode, take no properties
 beyond those the tool's schema lists.
+
+A tenant writes these schemas, grammars and regexes: the grammar built here is only text, made in one
+pass without recursion; before any request carrying it is dispatched, it is checked within bounds and
+compiled by llguidance in a compile process (`compile_sandbox.GrammarChecker.check`), and every replica
+checks it again before its engine compiles it (`grammar_bounds.check_engine_grammar`).
 """
 
 from __future__ import annotations
@@ -20,44 +25,77 @@ import json
 import re
 from typing import Any
 
-from modelhost.errors import InvalidRequest
+from modelhost.generation.grammar_bounds import JSON_NESTING_LIMIT, too_nested
 
 TOOL_PREFIX = '{"name": "'
 TOOL_MIDDLE = '", "arguments": '
 # Compact JSON: flexible whitespace would let a looping model emit newlines until `max_tokens`.
-JSON_OPTIONS = {"whitespace_flexible": False, "lenient": False}
+_GUIDED = {"x-guidance": {"whitespace_flexible": False, "lenient": False}}
 _BOUNDED_STRING_KEYS = ("maxLength", "enum", "const", "pattern", "format")
 _BOUNDED_INTEGER_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const")
 SAFE_INTEGER = 2**53 - 1  # the largest integer every JSON reader holds exactly
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
-_SUBSCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+# Where JSON Schema keywords hold subschemas: lists of them, maps of names to them, one of them.
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SUBSCHEMAS = (
+    *("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames"),
+    *("additionalItems", "unevaluatedItems", "unevaluatedProperties"),
+)
 
 
-def bound_strings(schema: Any, max_length: int) -> Any:
-    """A copy of `schema` where every unbounded string has `maxLength: max_length`."""
+def shaped(schema: Any, max_string_length: int, closed: str, param: str) -> Any:
+    """A copy of `schema` in which every unbounded string has `maxLength: max_string_length`, every
+    unbounded integer ±`SAFE_INTEGER`, and objects take no properties beyond those they list:
+    `additionalProperties: false` where an object schema says nothing of others, on all of them
+    (`closed="all"`), on those that list their properties (`"listed"`) or none (`"none"`).
+
+    One pass over the subschemas (by keyword), iterative: a tenant's schema is never recursed over, and
+    one nested deeper than llguidance reads (`JSON_NESTING_LIMIT`) is a 400 naming `param` first."""
+    if json_nesting(schema) > JSON_NESTING_LIMIT:
+        raise too_nested(param)
     if not isinstance(schema, dict):
         return schema
-    bounded: dict[str, Any] = dict(schema)
-    kinds = schema.get("type")
-    is_string = kinds == "string" or (isinstance(kinds, list) and "string" in kinds)
-    if is_string and not any(key in schema for key in _BOUNDED_STRING_KEYS):
-        bounded["maxLength"] = max_length
-    if kinds == "integer" and not any(key in schema for key in _BOUNDED_INTEGER_KEYS):
-        bounded["minimum"], bounded["maximum"] = -SAFE_INTEGER, SAFE_INTEGER
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            bounded[key] = [bound_strings(s, max_length) for s in schema[key]]
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            bounded[key] = {name: bound_strings(s, max_length) for name, s in schema[key].items()}
-    for key in _SUBSCHEMAS:
-        if isinstance(schema.get(key), dict):
-            bounded[key] = bound_strings(schema[key], max_length)
-    return bounded
+    top = dict(schema)
+    todo = [top]
+    while todo:
+        node = todo.pop()
+        kinds = node.get("type")
+        is_string = kinds == "string" or (isinstance(kinds, list) and "string" in kinds)
+        if is_string and not any(key in node for key in _BOUNDED_STRING_KEYS):
+            node["maxLength"] = max_string_length
+        if kinds == "integer" and not any(key in node for key in _BOUNDED_INTEGER_KEYS):
+            node["minimum"], node["maximum"] = -SAFE_INTEGER, SAFE_INTEGER
+        says_nothing = kinds == "object" and "additionalProperties" not in node
+        if says_nothing and (closed == "all" or (closed == "listed" and "properties" in node)):
+            node["additionalProperties"] = False
+        for key, value in node.items():
+            if key in _SUBSCHEMA_LISTS and isinstance(value, list):
+                node[key] = [dict(s) if isinstance(s, dict) else s for s in value]
+                todo += [s for s in node[key] if isinstance(s, dict)]
+            elif key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+                node[key] = {n: dict(s) if isinstance(s, dict) else s for n, s in value.items()}
+                todo += [s for s in node[key].values() if isinstance(s, dict)]
+            elif key in _SUBSCHEMAS and isinstance(value, dict):
+                node[key] = dict(value)
+                todo.append(node[key])
+    return top
 
 
-def json_schema_grammar(schema: dict[str, Any], max_string_length: int, strict: bool) -> str:
+def json_nesting(value: Any) -> int:
+    """How deep objects and arrays nest in a JSON value, counted without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level <= JSON_NESTING_LIMIT:
+                todo += [(child, level + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return deepest
+
+
+def json_schema_grammar(
+    schema: dict[str, Any], max_string_length: int, strict: bool, param: str = "response_format"
+) -> str:
     """A Lark grammar (llguidance dialect) for one JSON value following `schema`.
 
     `strict` (OpenAI's strict mode) forbids properties the schema does not list, as OpenAI does. Without
@@ -65,20 +103,20 @@ def json_schema_grammar(schema: dict[str, Any], max_string_length: int, strict: 
     answer without them validates all the same, and an extra property's value has no type to bound, so
     a looping model would write it until `max_tokens` (Instructor's schemas are like that). A bare
     `{"type": "object"}` (`json_object`) stays open."""
-    options = JSON_OPTIONS
-    schema = _no_extra_properties(schema, listed_only=not strict)
-    body = json.dumps({**bound_strings(schema, max_string_length), "x-guidance": options})
+    body = json.dumps({**shaped(schema, max_string_length, "all" if strict else "listed", param), **_GUIDED})
     return f"start: %json {body}\n"
 
 
-def tool_call_grammar(tools: list[tuple[str, dict[str, Any]]], max_string_length: int) -> str:
+def tool_call_grammar(
+    tools: list[tuple[str, dict[str, Any]]], max_string_length: int, param: str = "tools"
+) -> str:
     """A Lark grammar for exactly one call of one of `tools` (name, parameters schema)."""
     lines = ["start: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
     for i, (name, parameters) in enumerate(tools):
-        schema = _no_extra_properties(parameters or {"type": "object", "properties": {}})
+        schema = parameters or {"type": "object", "properties": {}}
         prefix = json.dumps(TOOL_PREFIX + name + TOOL_MIDDLE)
         lines.append(f'call_{i}: {prefix} args_{i} "}}"')
-        body = json.dumps({**bound_strings(schema, max_string_length), "x-guidance": JSON_OPTIONS})
+        body = json.dumps({**shaped(schema, max_string_length, "all", param), **_GUIDED})
         lines.append(f"args_{i}: %json {body}")
     return "\n".join(lines) + "\n"
 
@@ -104,27 +142,6 @@ def choice_grammar(choices: list[str]) -> str:
     return "start: " + " | ".join(json.dumps(choice) for choice in choices) + "\n"
 
 
-def user_grammar(text: str, param: str) -> str:
-    """A client's grammar as vLLM's guidance backend takes it: llguidance's Lark (a `start` rule) as it
-    is, GBNF (a `root` rule) converted to Lark by llguidance; one it cannot read is a 400 naming `param`."""
-    from llguidance.gbnf_to_lark import any_to_lark  # imported when used: the gateway starts faster
-
-    try:
-        return any_to_lark(text)
-    except Exception as exc:  # the converter raises bare exceptions of several kinds
-        raise InvalidRequest(f"{param}: neither Lark nor GBNF that can be read: {exc}", param=param) from None
-
-
-def check_grammar(grammar: str, param: str) -> None:
-    """A 400 naming `param` for a grammar llguidance rejects (a bad regex, an undefined rule...), found
-    before any engine compiles it, so that both engines refuse it alike."""
-    import llguidance
-
-    error = llguidance.LLMatcher.validate_grammar(grammar)
-    if error:
-        raise InvalidRequest(f"{param} cannot be enforced: {error.strip()}", param=param)
-
-
 def split_tool_call(text: str, names: list[str]) -> tuple[str, str] | None:
     """(name, arguments so far) of a forced call's text once its name is complete, else None.
 
@@ -136,25 +153,3 @@ def split_tool_call(text: str, names: list[str]) -> tuple[str, str] | None:
         if rest.startswith(name + TOOL_MIDDLE):
             return name, rest[len(name) + len(TOOL_MIDDLE) :]
     return None
-
-
-def _no_extra_properties(schema: Any, listed_only: bool = False) -> Any:
-    """`additionalProperties: false` on every object schema that does not say (`listed_only`: on those
-    that list their properties)."""
-    if not isinstance(schema, dict):
-        return schema
-
-    def fix(sub: Any) -> Any:
-        return _no_extra_properties(sub, listed_only)
-
-    fixed = {k: fix(v) if isinstance(v, dict) else v for k, v in schema.items()}
-    for key in ("properties", "$defs", "definitions"):
-        if isinstance(schema.get(key), dict):
-            fixed[key] = {n: fix(s) for n, s in schema[key].items()}
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            fixed[key] = [fix(s) for s in schema[key]]
-    says_nothing = schema.get("type") == "object" and "additionalProperties" not in schema
-    if says_nothing and (not listed_only or "properties" in schema):
-        fixed["additionalProperties"] = False
-    return fixed

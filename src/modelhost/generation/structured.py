@@ -3,9 +3,10 @@
 Every constraint becomes a Lark grammar of llguidance's dialect, the one grammar language both engines
 run (`generation.grammar`): a regex is a rule of one regex terminal, a choice the alternatives of its
 strings, a JSON Schema what `response_format` makes of one, and a client's grammar is read as vLLM's
-guidance backend reads it (Lark, or GBNF converted to Lark). The grammar is checked here, in the
-gateway, so a regex or grammar that llguidance rejects is a 400 naming its field before an engine sees
-it, alike on both engines.
+guidance backend reads it (Lark, or GBNF converted to Lark). The grammar is checked in the gateway before
+the request is dispatched (`compile_sandbox.GrammarChecker.check`: bounds, then llguidance in a compile
+process), so a regex or grammar that llguidance rejects, or that is too deep or large to compile safely,
+is a 400 naming its field before an engine sees it, alike on every engine.
 """
 
 from __future__ import annotations
@@ -14,13 +15,7 @@ import json
 from typing import Any
 
 from modelhost.errors import InvalidRequest
-from modelhost.generation.grammar import (
-    check_grammar,
-    choice_grammar,
-    json_schema_grammar,
-    regex_grammar,
-    user_grammar,
-)
+from modelhost.generation.grammar import choice_grammar, json_schema_grammar, regex_grammar
 from modelhost.protocol.chat import SamplingFields
 
 KINDS = ("json", "regex", "choice", "grammar")  # each also a deprecated `guided_<kind>` field
@@ -37,12 +32,11 @@ def structured_grammar(body: SamplingFields, max_string_length: int) -> tuple[st
     elif kind == "choice":
         grammar = choice_grammar(value)
     elif kind == "grammar":
-        grammar = user_grammar(value, param)
+        grammar = value  # Lark, or GBNF that the compile process converts (`compile_sandbox`)
     else:  # json, json_object
         spec = body.structured_outputs
         strict = kind == "json" and bool(spec and spec.disable_additional_properties)
-        grammar = json_schema_grammar(_schema(value, param), max_string_length, strict)
-    check_grammar(grammar, param)
+        grammar = json_schema_grammar(_schema(value, param), max_string_length, strict, param)
     return grammar, param
 
 

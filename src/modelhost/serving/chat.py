@@ -34,6 +34,7 @@ from modelhost.generation.chat import (
     tool_schemas,
     with_defaults,
 )
+from modelhost.generation.compile_sandbox import GrammarChecker
 from modelhost.generation.structured import structured_grammar
 from modelhost.media.sources import MediaPolicy, load_media
 from modelhost.protocol.chat import (
@@ -64,15 +65,17 @@ async def chat_completion(
     body: ChatCompletionRequest,
     runtime: Runtime,
     deployment_id: str,
-    max_string_length: int,
+    grammars: GrammarChecker,
     until: Until,
     media: MediaPolicy,
     reads_images: bool = False,
     defaults: dict[str, int | float] | None = None,
 ) -> Answer:
-    """`reads_images`: the deployment is a vision-language one (`image-text-to-text`); `defaults`: its
-    sampling defaults (`generation_defaults`)."""
-    requests, mode = chat_requests(body, max_string_length)
+    """`grammars`: how constrained output is made and checked (`compile_sandbox`); `reads_images`: the
+    deployment is a vision-language one (`image-text-to-text`); `defaults`: its sampling defaults
+    (`generation_defaults`)."""
+    requests, mode = chat_requests(body, grammars.max_string_length)
+    await grammars.check(requests)
     with_defaults(requests, defaults)
     await fetch_images(requests, media, reads_images)
     choices = chat_choices(body, mode, len(requests))
@@ -186,11 +189,13 @@ async def completion(
     runtime: Runtime,
     deployment_id: str,
     until: Until,
-    max_string_length: int,
+    grammars: GrammarChecker,
     defaults: dict[str, int | float] | None = None,
 ) -> Answer:
     """`defaults`: the deployment's sampling defaults (`generation_defaults`)."""
-    requests = with_defaults(completion_requests(body, max_string_length), defaults)
+    requests = completion_requests(body, grammars.max_string_length)
+    await grammars.check(requests)
+    with_defaults(requests, defaults)
     echo, want_logprobs = bool(body.echo), body.logprobs is not None
     choices = [CompletionChoice(i, want_logprobs, echo) for i in range(len(requests))]
     head = {"id": new_id("cmpl"), "created": int(time.time()), "model": body.model}

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from modelhost.errors import InvalidRequest, ModelhostError, anthropic_body
 from modelhost.generation.chat import ChatChoice, chat_requests, tokenize_request, with_defaults
+from modelhost.generation.compile_sandbox import GrammarChecker
 from modelhost.media.sources import MediaPolicy
 from modelhost.protocol.chat import ChatCompletionRequest, TokenizeChatRequest
 from modelhost.protocol.messages import (
@@ -404,7 +405,7 @@ async def create_message(
     body: MessagesRequest,
     runtime: Runtime,
     deployment_id: str,
-    max_string_length: int,
+    grammars: GrammarChecker,
     until: Until,
     media: MediaPolicy,
     reads_images: bool = False,
@@ -413,7 +414,8 @@ async def create_message(
     """A message, whole or as Anthropic's event stream. `reads_images`: the deployment is a
     vision-language one; `defaults`: its sampling defaults (`generation_defaults`)."""
     translated = chat_request(body)
-    requests, mode = engine_requests(translated, max_string_length)
+    requests, mode = engine_requests(translated, grammars.max_string_length)
+    await grammars.check(requests)
     with_defaults(requests, defaults)
     await fetch_images(requests, media, reads_images, translated.image_params)
     (choice,) = chat_choices(translated.chat, mode, 1)

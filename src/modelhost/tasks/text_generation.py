@@ -24,6 +24,7 @@ from modelhost.errors import InvalidRequest
 from modelhost.generation.chat_templates import output_cap
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
+from modelhost.generation.grammar_bounds import check_engine_grammar
 from modelhost.generation.requests import (
     SpecialTokens,
     chat_markup,
@@ -111,6 +112,7 @@ class TextGeneration:
         if request.get("grammar"):
             from modelhost.engines.native.guidance import GrammarConstraint
 
+            check_engine_grammar(request)  # as the gateway did: never compile what it would refuse
             constraint = GrammarConstraint(
                 state.guidance_tokenizer(), request["grammar"], param=request.get("grammar_param")
             )

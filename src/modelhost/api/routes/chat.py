@@ -53,12 +53,11 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model, user=body.user)
-    limit = services.settings.constrained_max_string_length
     answer = await chat.chat_completion(
         body,
         services.runtime,
         deployment.runtime_key,
-        limit,
+        services.grammars,
         _until(request),
         services.media,
         reads_images=deployment.pipeline == "image-text-to-text",
@@ -77,9 +76,13 @@ async def completions(
     body: CompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model, user=body.user)
-    limit = services.settings.constrained_max_string_length
     answer = await chat.completion(
-        body, services.runtime, deployment.runtime_key, _until(request), limit, deployment.generation_defaults
+        body,
+        services.runtime,
+        deployment.runtime_key,
+        _until(request),
+        services.grammars,
+        deployment.generation_defaults,
     )
     return _respond(answer)
 

@@ -60,7 +60,7 @@ async def create_message(
         body,
         services.runtime,
         deployment.runtime_key,
-        services.settings.constrained_max_string_length,
+        services.grammars,
         _until(request),
         services.media,
         reads_images=deployment.pipeline == "image-text-to-text",

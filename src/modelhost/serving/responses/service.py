@@ -17,6 +17,7 @@ from modelhost.auth.limits import start_counting
 from modelhost.clock import heartbeat_seconds
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.chat import ChatChoice, chat_requests, tool_schemas, with_defaults
+from modelhost.generation.compile_sandbox import GrammarChecker
 from modelhost.media.sources import MediaPolicy
 from modelhost.protocol.responses import ResponseCreateRequest
 from modelhost.runtime.interface import Runtime
@@ -94,11 +95,11 @@ class Generation:
 
 class Responses:
     def __init__(
-        self, store: ResponseStore, runtime: Runtime, max_string_length: int, stale_seconds: float
+        self, store: ResponseStore, runtime: Runtime, grammars: GrammarChecker, stale_seconds: float
     ) -> None:
         self.store = store
         self._runtime = runtime
-        self._max_string_length = max_string_length
+        self._grammars = grammars
         self._beat_seconds = heartbeat_seconds(stale_seconds)
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -124,7 +125,11 @@ class Responses:
             context = await asyncio.to_thread(self.store.chain, account_id, scope, previous)
         items = input_items(body)
         chat = chat_request(body, [*context, *items])
-        requests, mode = chat_requests(chat, self._max_string_length, effort_param="reasoning.effort")
+        limit = self._grammars.max_string_length
+        requests, mode = chat_requests(
+            chat, limit, effort_param="reasoning.effort", format_param="text.format"
+        )
+        await self._grammars.check(requests)
         with_defaults(requests, defaults)
         await fetch_images(requests, media, reads_images, image_params(body, context))
         return Prepared(
