@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, BinaryIO
 
-from sqlalchemy import delete, func, insert, or_, select, update
+from sqlalchemy import delete, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from modelhost.artifacts.blobstore import BlobStore
@@ -37,6 +37,7 @@ from modelhost.errors import Conflict, NotFound
 from modelhost.store.db import Database
 from modelhost.store.models import Batch, BatchLine
 from modelhost.store.pages import keyset_page
+from modelhost.store.turns import in_turn
 from modelhost.store.types import new_id, unix_seconds, utcnow
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -160,29 +161,10 @@ class Batches:
         queue of batches never holds another's back."""
         stale = utcnow() - timedelta(seconds=stale_seconds)
         claimable = (Batch.status.in_(ACTIVE), or_(Batch.claimed_by.is_(None), Batch.updated_at < stale))
+        running = (Batch.status.in_(ACTIVE), Batch.claimed_by.is_not(None), Batch.updated_at >= stale)
         with self._database.transaction() as session:
-            running = dict(
-                session.execute(
-                    select(Batch.account_id, func.count())
-                    .where(Batch.status.in_(ACTIVE), Batch.claimed_by.is_not(None), Batch.updated_at >= stale)
-                    .group_by(Batch.account_id)
-                ).all()
-            )
-            waiting = session.execute(
-                select(Batch.account_id, func.min(Batch.created_at))
-                .where(*claimable)
-                .group_by(Batch.account_id)
-            ).all()
-            turns = sorted(
-                (running.get(account, 0), since, account)
-                for account, since in waiting
-                if running.get(account, 0) < per_account
-            )
-            for _, _, account in turns[:5]:
-                row = session.scalars(
-                    select(Batch).where(*claimable, Batch.account_id == account).order_by(Batch.created_at)
-                ).first()
-                if row is not None and self._take(session, row, runner):
+            for row in in_turn(session, Batch, claimable, running, per_account):
+                if self._take(session, row, runner):
                     return Claimed(
                         row.id,
                         row.account_id,

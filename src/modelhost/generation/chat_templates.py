@@ -195,9 +195,7 @@ class _Render:
         self.built += units
         if self.built > self.build_cap:
             _too_large(f"made more than {BUILD_FACTOR} × its cap of {self.cap:,} characters in all")
-        self.ticks += 1
-        if not self.ticks % CLOCK_EVERY:
-            self.clock()
+        self.tick()
 
 
 _RENDER: ContextVar[_Render | None] = ContextVar("modelhost_chat_template_render", default=None)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import or_, update
 
 from modelhost import audit
 from modelhost.artifacts.service import ArtifactService
@@ -22,6 +22,7 @@ from modelhost.imports.sealing import Sealer
 from modelhost.imports.sources import source_of
 from modelhost.store.db import Database
 from modelhost.store.models import ArtifactImport
+from modelhost.store.turns import in_turn
 from modelhost.store.types import new_id, utcnow
 
 ACTIVE = ("queued", "running")
@@ -142,36 +143,13 @@ class Imports:
             or_(ArtifactImport.claimed_by.is_(None), ArtifactImport.updated_at < stale),
         )
         per_account = self._settings.import_concurrency_per_account
+        running = (
+            ArtifactImport.status == "running",
+            ArtifactImport.claimed_by.is_not(None),
+            ArtifactImport.updated_at >= stale,
+        )
         with self._database.transaction() as session:
-            running = dict(
-                session.execute(
-                    select(ArtifactImport.account_id, func.count())
-                    .where(
-                        ArtifactImport.status == "running",
-                        ArtifactImport.claimed_by.is_not(None),
-                        ArtifactImport.updated_at >= stale,
-                    )
-                    .group_by(ArtifactImport.account_id)
-                ).all()
-            )
-            waiting = session.execute(
-                select(ArtifactImport.account_id, func.min(ArtifactImport.created_at))
-                .where(*claimable)
-                .group_by(ArtifactImport.account_id)
-            ).all()
-            turns = sorted(
-                (running.get(account, 0), since, account)
-                for account, since in waiting
-                if running.get(account, 0) < per_account
-            )
-            for _, _, account in turns[:5]:
-                row = session.scalars(
-                    select(ArtifactImport)
-                    .where(*claimable, ArtifactImport.account_id == account)
-                    .order_by(ArtifactImport.created_at)
-                ).first()
-                if row is None:
-                    continue
+            for row in in_turn(session, ArtifactImport, claimable, running, per_account):
                 taken = session.execute(
                     update(ArtifactImport)
                     .where(ArtifactImport.id == row.id, *claimable)
