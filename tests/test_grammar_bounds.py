@@ -201,6 +201,23 @@ async def test_compile_processes_start_on_first_use_and_a_grammar_seen_before_co
     assert not _alive(process)
 
 
+async def test_a_deployments_chat_template_is_compiled_in_a_compile_process_and_a_bad_one_is_a_400() -> None:
+    """A tenant's Jinja goes through Jinja's parser and Python's compiler in a compile process, never in
+    the gateway's own interpreter: a template that does not compile is a 400 naming `chat_template`."""
+    grammars = GrammarChecker(16, BOUNDS, CompileLimits())
+    try:
+        await grammars.check_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+        (process,) = grammars.pool.processes()
+        with pytest.raises(InvalidRequest) as refused:
+            await grammars.check_chat_template("{% for m in messages %}")
+        assert refused.value.param == "chat_template" and "line 1" in refused.value.message
+        with pytest.raises(InvalidRequest):  # a constant bomb is compiled, never folded into memory
+            await grammars.check_chat_template("{{ 'x' * 2000000000 }}{% if %}")
+        assert grammars.pool.processes() == [process]  # the same process: none of it crashed
+    finally:
+        grammars.close()
+
+
 async def test_a_grammar_that_crashes_llguidance_is_a_400_naming_the_stack_and_its_process_is_replaced() -> (
     None
 ):

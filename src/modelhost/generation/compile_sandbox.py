@@ -1,4 +1,5 @@
-"""Tenants' grammars compiled where a crash costs only the request: child processes under limits.
+"""Tenants' grammars and chat templates compiled where a crash costs only the request: child processes
+under limits.
 
 Every grammar a generation request carries (a `response_format` or tool schema made into Lark, a
 `structured_outputs` regex, choice, schema or grammar) passes `GrammarChecker.check` before the request
@@ -26,6 +27,10 @@ more crashes here, as a 400, instead of there. Under the default bounds a gramma
 
 Answers are cached (`CACHE_ENTRIES`, by a hash of the field and the text, failures included but for
 timeouts): agents send the same tool schemas with every request, which then cost one lookup.
+
+A deployment's `chat_template` (PATCH, POST) is compiled there too (`check_chat_template`), in the
+budgeted sandbox every replica renders it in (`generation.chat_templates`): Jinja's parser and Python's
+compiler, never on an event loop nor in a gateway's own interpreter.
 """
 
 from __future__ import annotations
@@ -111,11 +116,16 @@ class GrammarChecker:
                     done[grammar] = await self.compiled(grammar, request.get("grammar_param") or "grammar")
                 request["grammar"] = done[grammar]
 
-    async def compiled(self, text: str, param: str) -> str:
+    async def check_chat_template(self, text: str) -> None:
+        """A deployment's chat template compiled (never rendered) as replicas will; a 400 naming
+        `chat_template` if it does not compile, or its compile crashes or overruns."""
+        await self.compiled(text, "chat_template", kind="chat_template")
+
+    async def compiled(self, text: str, param: str, kind: str = "grammar") -> str:
         """`text` as llguidance's Lark, checked and validated; InvalidRequest naming `param` if not."""
-        key = hashlib.sha256(f"{param}\0{text}".encode()).digest()
+        key = hashlib.sha256(f"{kind}\0{param}\0{text}".encode()).digest()
         if (outcome := self._cache.get(key)) is None:
-            outcome = await self._compile(text, param)
+            outcome = await self._compile(text, param, kind)
             self._cache[key] = outcome
             while len(self._cache) > CACHE_ENTRIES:
                 self._cache.popitem(last=False)
@@ -126,10 +136,11 @@ class GrammarChecker:
             raise InvalidRequest(message, param=param, code=code)
         return lark or text
 
-    async def _compile(self, text: str, param: str) -> Outcome:
+    async def _compile(self, text: str, param: str, kind: str) -> Outcome:
         """(Lark if converted, error code, error message): what the cache keeps."""
+        job = {"kind": kind, "text": text, "param": param, "bounds": asdict(self.bounds)}
         try:
-            answer = await self.pool.run({"text": text, "param": param, "bounds": asdict(self.bounds)})
+            answer = await self.pool.run(job)
         except CompileFailed as exc:
             message = f"{param}: compiling it {exc.reason}."
             if not exc.lasting:  # not the grammar's doing, maybe: not remembered
@@ -339,6 +350,8 @@ def _compile(job: Event, answer: Event) -> None:
 
 
 def _compiled(job: Event) -> Event:
+    if job.get("kind") == "chat_template":
+        return _template_compiled(job["text"])
     import llguidance
     from llguidance.gbnf_to_lark import any_to_lark
 
@@ -360,6 +373,18 @@ def _compiled(job: Event) -> Event:
     if error:
         return {"error": f"{param} cannot be enforced: {error.strip()[:2000]}", "code": "invalid_request"}
     return {"lark": text if converted else None}
+
+
+def _template_compiled(text: str) -> Event:
+    from modelhost.generation.deployment_settings import check_chat_template
+
+    try:
+        check_chat_template(text)
+    except InvalidRequest as exc:
+        return {"error": exc.message, "code": exc.code}
+    except MemoryError:
+        return {"error": "chat_template: compiling it needs more memory than it may.", "code": CODE}
+    return {}
 
 
 if __name__ == "__main__":

@@ -89,16 +89,15 @@ class GenerationSettings:
 
 def check(settings: GenerationSettings, model_context: int | None) -> None:
     """400 naming the field for a setting that cannot be used: a `max_model_len` over the model's own
-    context (`model_context`; None: unknown, unchecked), a chat template that does not parse, an unknown
-    parser."""
+    context (`model_context`; None: unknown, unchecked), an unknown parser. A chat template is a tenant's
+    code: its caller compiles it in a compile process first (`compile_sandbox.GrammarChecker
+    .check_chat_template`, which runs `check_chat_template`), never here."""
     length = settings.max_model_len
     if length is not None and model_context is not None and length > model_context:
         raise InvalidRequest(
             f"max_model_len {length} is over the model's own context of {model_context} tokens.",
             param="max_model_len",
         )
-    if settings.chat_template is not None:
-        check_chat_template(settings.chat_template)
     if settings.tool_parser is not None and settings.tool_parser not in TOOL_PARSER_NAMES:
         raise InvalidRequest(
             f"tool_parser {settings.tool_parser!r} is not one of {', '.join(sorted(TOOL_PARSER_NAMES))}.",

@@ -96,6 +96,8 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
 async def create_deployment(
     body: DeploymentCreate, principal: AccountPrincipal, services: ServicesDep
 ) -> Deployment:
+    if body.chat_template is not None:  # a tenant's code: compiled in a compile process, not here
+        await services.grammars.check_chat_template(body.chat_template)
     deployment = await run_in_threadpool(
         services.deployments.create,
         account_id_of(principal),
@@ -182,6 +184,8 @@ async def update_deployment(
 ) -> Deployment:
     account_id = account_id_of(principal)
     before = await run_in_threadpool(services.deployments.get, account_id, deployment_id)
+    if body.chat_template is not None:  # a tenant's code: compiled in a compile process, not here
+        await services.grammars.check_chat_template(body.chat_template)
     deployment = await run_in_threadpool(
         services.deployments.update,
         account_id,
