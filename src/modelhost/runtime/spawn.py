@@ -141,6 +141,14 @@ class Template:
                 raise TemplateGone(f"the worker template is not reachable: {exc}") from exc
         return answer
 
+    def stop(self, timeout: float) -> None:
+        self._process.terminate()
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
     def _read(self) -> None:
         decoder = msgspec.msgpack.Decoder(FromTemplate)
         while True:
@@ -194,6 +202,16 @@ def _running_template() -> Template:
         if _template is None or not _template.alive:
             _template = Template()
         return _template
+
+
+def stop_template(timeout: float = 5.0) -> None:
+    """The server stops: its template goes (and any worker it still has with it), before the server's
+    run folder, where a template still importing would write its metrics, is removed."""
+    global _template
+    with _template_lock:
+        template, _template = _template, None
+    if template is not None:
+        template.stop(timeout)
 
 
 def warm_template() -> None:

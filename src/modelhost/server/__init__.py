@@ -142,13 +142,16 @@ def _run(
         _run_embedded(settings, listener, log_level, beside)
         return
     logging.config.dictConfig(log_config(log_level))  # uvicorn's and ours, as every gateway logs
-    if settings.worker_preload and settings.runtime == "local":
-        from modelhost.runtime.spawn import warm_template
+    from modelhost.runtime.spawn import stop_template, warm_template
 
+    if settings.worker_preload and settings.runtime == "local":
         warm_template()  # its imports run beside the server's start: the first cold start finds it ready
     if beside is not None:
         threading.Thread(target=beside, name="beside", daemon=True).start()
-    signum = _event_loop().run(_supervise(settings, listener, workers, log_level, folder))
+    try:
+        signum = _event_loop().run(_supervise(settings, listener, workers, log_level, folder))
+    finally:
+        stop_template()
     if signum is not None:
         raise _Signalled(signum)
 
@@ -193,7 +196,11 @@ async def _supervise(
     traced = tracing.start("supervisor")
     services = None
     try:
-        services = await asyncio.to_thread(Services.build, settings, limits=limits)
+        try:
+            services = await asyncio.to_thread(Services.build, settings, limits=limits)
+        except Exception as exc:  # the database unreachable, a migration that fails...: said plainly
+            log.error("the server could not start: %s: %s", type(exc).__name__, exc)
+            raise SystemExit(3) from None  # as uvicorn's "Application startup failed"
         supervision = services.supervisor
         assert supervision is not None
         control.serve(services, supervision)
