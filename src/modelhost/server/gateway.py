@@ -18,12 +18,10 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
 
 import uvicorn
 
 from modelhost.api.app import create_app
-from modelhost.api.batch_lines import run_line
 from modelhost.auth.limit_table import LimitTable
 from modelhost.auth.limits import RateLimiter
 from modelhost.config import get_settings
@@ -70,8 +68,7 @@ async def _serve(listener: socket.socket, control: str, limits: RateLimiter, log
             server.should_exit = True
 
     link = await SupervisorLink.open(control, supervisor_gone)
-    app: Any = None
-    lines = LineRunner(link, lambda *line: run_line(app, *line))
+    lines = LineRunner(link)
     welcome = await link.hello(os.getpid())
     runtime = RemoteRuntime(link, settings)
     runs, videos = RemoteRuns(link, welcome.agent_runner), RemoteVideos(link)
@@ -85,7 +82,7 @@ async def _serve(listener: socket.socket, control: str, limits: RateLimiter, log
     app = create_app(services=services)
     server = uvicorn.Server(uvicorn_config(app, settings, log_level, lifespan="on"))
     settle_memory()
-    lines.started.set()
+    lines.start(app)
     try:
         await server.serve(sockets=[listener])
     finally:

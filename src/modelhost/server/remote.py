@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from starlette.types import ASGIApp
 
 from modelhost import tracing
 from modelhost.agents.store import RunJob
-from modelhost.auth.principal import Principal
+from modelhost.api.batch_lines import run_line
 from modelhost.cache import TTLCache
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError, ServiceUnavailable, rebuild
@@ -59,8 +60,6 @@ from modelhost.server.control import (
 
 log = logging.getLogger("modelhost.server")
 Payload = dict[str, Any]
-# (principal, endpoint, the line's JSON, traceparent) → (status, request ID, the answer's JSON)
-LineRun = Callable[[Principal, str, bytes, str], Awaitable[tuple[int, str, bytes]]]
 TOUCH_SECONDS = 1.0
 
 
@@ -317,14 +316,19 @@ class RemoteVideos:
 
 class LineRunner:
     """Runs the batch lines the supervisor sends (`RunLine`) through this process's app, as the batch's
-    key, and answers each (`LineAnswered`); lines that arrive before the app has started wait for it."""
+    key (`api.batch_lines.run_line`), and answers each (`LineAnswered`); lines that arrive before the
+    app has started wait for it (`start`)."""
 
-    def __init__(self, link: SupervisorLink, run: LineRun) -> None:
+    def __init__(self, link: SupervisorLink) -> None:
         self._link = link
-        self._run = run
-        self.started = asyncio.Event()
+        self._app: ASGIApp | None = None
+        self._started = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         link.on_line = self.received
+
+    def start(self, app: ASGIApp) -> None:
+        self._app = app
+        self._started.set()
 
     def received(self, line: RunLine) -> None:
         task = asyncio.create_task(self._answer(line))
@@ -332,10 +336,11 @@ class LineRunner:
         task.add_done_callback(self._tasks.discard)
 
     async def _answer(self, line: RunLine) -> None:
-        await self.started.wait()
+        await self._started.wait()
+        assert self._app is not None
         principal = line.caller.principal()
-        status, request_id, body = await self._run(principal, line.endpoint, line.body, line.traceparent)
-        self._link.tell(LineAnswered(line.line, status, request_id, body))
+        answer = await run_line(self._app, principal, line.endpoint, line.body, line.traceparent)
+        self._link.tell(LineAnswered(line.line, *answer))
 
     def close(self) -> None:
         for task in list(self._tasks):
