@@ -163,6 +163,24 @@ def test_a_ref_outside_the_schema_is_refused_and_one_inside_is_followed() -> Non
         check_grammar_text(json_grammar({**deep, "$ref": "#first"}), "response_format", BOUNDS)
 
 
+def test_a_schema_longer_than_its_byte_limit_is_refused_before_the_gateway_walks_it() -> None:
+    """The walk that shapes a schema into a grammar runs on the event loop: a schema whose JSON passes
+    `MAX_SCHEMA_BYTES` is a 400 naming its field before any of it is walked."""
+    from modelhost.generation.grammar import MAX_SCHEMA_BYTES, json_schema_grammar, tool_call_grammar
+
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(80_000)}}
+    with pytest.raises(InvalidRequest) as refused:
+        json_schema_grammar(wide, 16, strict=False)
+    assert refused.value.param == "response_format" and refused.value.code == "grammar_too_complex"
+    assert f"the limit is {MAX_SCHEMA_BYTES}" in refused.value.message
+    with pytest.raises(InvalidRequest) as refused:
+        tool_call_grammar([("f", {**wide, "description": 2**70})], 16)  # past orjson's integers too
+    assert refused.value.param == "tools"
+    assert "%json" in json_schema_grammar(
+        {"type": "object", "properties": {"a": {"type": "string"}}}, 16, False
+    )
+
+
 def test_a_deeply_nested_schema_is_made_into_a_grammar_in_one_pass() -> None:
     """Each level used to copy the one below it twice (2^levels copies: 20 levels 6 s, 60 levels never
     ending, on the gateway's event loop)."""
