@@ -36,7 +36,7 @@ _GUIDED = {"x-guidance": {"whitespace_flexible": False, "lenient": False}}
 _BOUNDED_STRING_KEYS = ("maxLength", "enum", "const", "pattern", "format")
 _BOUNDED_INTEGER_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const")
 SAFE_INTEGER = 2**53 - 1  # the largest integer every JSON reader holds exactly
-# One schema's JSON (a `response_format`, a tool's parameters, a structured output's): 10 times what
+# One schema's JSON (a `response_format`, a tool's parameters, a structured output's): far more than
 # OpenAI's structured outputs accept, and within it the walk below stays under a tenth of a second
 MAX_SCHEMA_BYTES = 1 << 20
 # Where JSON Schema keywords hold subschemas: lists of them, maps of names to them, one of them.
