@@ -37,8 +37,8 @@ _BOUNDED_STRING_KEYS = ("maxLength", "enum", "const", "pattern", "format")
 _BOUNDED_INTEGER_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const")
 SAFE_INTEGER = 2**53 - 1  # the largest integer every JSON reader holds exactly
 # One schema's JSON (a `response_format`, a tool's parameters, a structured output's): far more than
-# OpenAI's structured outputs accept, and within it the walk below stays under a tenth of a second
-MAX_SCHEMA_BYTES = 1 << 20
+# OpenAI's structured outputs accept, and within it the walk below takes about a tenth of a second
+MAX_SCHEMA_BYTES = 512 << 10
 # Where JSON Schema keywords hold subschemas: lists of them, maps of names to them, one of them.
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
