@@ -117,12 +117,23 @@ def _deploy_families(url: str, recipes: Path, families: Any, engine: str) -> Ser
         ]
         deadline = time.monotonic() + max(300, 60 * len(ids))  # vLLM starts, several at once on 2 cores
         for deployment_id in ids:
-            while (
-                state := http.get(f"/v1/deployments/{deployment_id}", headers=bearer(key)).json()["state"]
-            ) != "ready":
+            while (state := _state(http, key, deployment_id)) != "ready":
                 assert state != "failed" and time.monotonic() < deadline, state
                 time.sleep(0.2)
     return Served(url, key)
+
+
+def _state(http: httpx.Client, key: str, deployment_id: str) -> str:
+    """The deployment's state, asked again on a new connection if the kept-alive one was closed under
+    the request (seen once on a machine that was also compiling llama.cpp: a GET may simply be sent
+    again)."""
+    for attempt in (1, 2):
+        try:
+            return str(http.get(f"/v1/deployments/{deployment_id}", headers=bearer(key)).json()["state"])
+        except httpx.RemoteProtocolError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="module")
