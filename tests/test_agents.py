@@ -244,6 +244,52 @@ def test_a_run_whose_prompt_cannot_be_generated_fails_with_a_reason(agents: Agen
     assert agents.events(agent_id, run["id"])[-1]["type"] == "run.failed"
 
 
+def test_a_run_takes_the_deployments_generation_defaults_as_a_chat_completion_does(agents: Agents) -> None:
+    path = f"/v1/deployments/{agents.deployment_id}"
+    patched = agents.call("PATCH", path, {"generation_defaults": {"temperature": 0, "max_tokens": 5}})
+    assert patched.status_code == 200, patched.text
+    try:
+        agent_id = agents.agent()
+        runs = [agents.wait(agent_id, agents.run(agent_id, min_tokens=5)["id"]) for _ in range(3)]
+        chat = agents.call(
+            "POST", "/v1/chat/completions", {"model": "chat", "messages": _agent_messages(), "min_tokens": 5}
+        )
+    finally:
+        agents.call("PATCH", path, {"generation_defaults": {}})
+    completed = [agents.events(agent_id, r["id"])[-2]["data"] for r in runs]
+    assert [c["usage"]["completion_tokens"] for c in completed] == [5, 5, 5]  # the default max_tokens
+    # the default temperature 0: one answer, the chat completion's
+    assert {r["output"] for r in runs} == {chat.json()["choices"][0]["message"]["content"]}
+
+
+def test_a_runs_usage_counts_the_prompt_tokens_it_took_from_the_cache(agents: Agents) -> None:
+    agent_id = agents.agent()
+    first, again = (agents.run(agent_id, input="cached prompt", max_tokens=2) for _ in range(2))
+    usages = []
+    for run in (first, again):
+        assert agents.wait(agent_id, run["id"])["status"] == "completed"
+        usages.append(agents.events(agent_id, run["id"])[-2]["data"]["usage"])
+    assert usages[0]["prompt_tokens"] == usages[1]["prompt_tokens"] > 0
+    # the second run's prompt is the first's: the prefix cache held all of it but the last token
+    assert usages[1]["prompt_tokens_details"]["cached_tokens"] >= usages[1]["prompt_tokens"] - 16 > 0
+    assert usages[1]["completion_tokens_details"] == {"reasoning_tokens": 0}
+
+
+def test_a_runs_images_are_read_as_a_chat_completions_and_a_text_model_refuses_them(agents: Agents) -> None:
+    agent_id = agents.agent()
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    content = [{"type": "text", "text": "What is this?"}, image]
+    run = agents.run(agent_id, input=[{"role": "user", "content": content}], max_tokens=2)
+    failed = agents.wait(agent_id, run["id"])
+    assert failed["status"] == "failed" and failed["error"]["code"] == "invalid_request"
+    assert "reads text only" in failed["error"]["message"]
+
+
+def _agent_messages() -> list[dict[str, str]]:
+    """What a run of `Agents.agent` with the default input sends the model."""
+    return [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "hello"}]
+
+
 def test_runs_are_listed_in_pages_both_ways(agents: Agents) -> None:
     agent_id = agents.agent()
     ids = [agents.run(agent_id, max_tokens=1)["id"] for _ in range(3)]

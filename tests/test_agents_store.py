@@ -11,6 +11,7 @@ from sqlalchemy import func, select, update
 
 from modelhost.agents.store import AgentStore
 from modelhost.errors import Conflict, NotFound
+from modelhost.frontend import Target
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import Account, AgentRun, AgentRunEvent
@@ -35,7 +36,7 @@ def agent(store: AgentStore, account: str = "acct_a") -> str:
 
 def run(store: AgentStore, agent_id: str, account: str = "acct_a") -> str:
     view, job = store.create_run(
-        account, agent_id, "dep_1", {"input": [{"role": "user", "content": "hi"}]}, RUNNER
+        account, agent_id, Target("dep_1"), {"input": [{"role": "user", "content": "hi"}]}, RUNNER
     )
     assert view["status"] == "queued" and job.id == view["id"]
     return job.id

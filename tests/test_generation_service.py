@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from modelhost.errors import InvalidRequest
-from modelhost.generation.chat import ChatChoice, chat_requests
+from modelhost.generation.chat import ChatChoice, chat_requests, completion_requests
 from modelhost.generation.grammar import regex_grammar
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
-from modelhost.serving.chat import CompletionChoice, chat_choices, completion_requests
+from modelhost.serving.chat import CompletionChoice, chat_choices
 
 TOOL = {
     "type": "function",

@@ -18,13 +18,12 @@ from modelhost.errors import (
     TokensLimitReached,
     anthropic_body,
 )
-from modelhost.generation.chat import ChatChoice
+from modelhost.generation.chat import ChatChoice, chat_requests
 from modelhost.protocol.messages import MessagesRequest
 from modelhost.serving.messages import (
     MessageAssembler,
     StopSequences,
     chat_request,
-    engine_requests,
     reasoning_effort,
 )
 
@@ -141,7 +140,9 @@ def test_sampling_stop_sequences_and_tool_choice_map_onto_the_chat_request() -> 
     named = chat_request(request(tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"})).chat
     assert named.tool_choice is not None and named.tool_choice.function.name == "get_weather"  # type: ignore[union-attr]
     assert chat_request(request(tools=[WEATHER], tool_choice={"type": "none"})).chat.tool_choice == "none"
-    requests, mode = engine_requests(chat_request(request(tools=[WEATHER])), 16)
+    requests, mode = chat_requests(
+        chat_request(request(tools=[WEATHER])).chat, 16, "thinking", effort_optional=True
+    )
     assert mode == "auto" and requests[0]["tools"][0]["function"]["parameters"] == WEATHER["input_schema"]
 
 
@@ -193,7 +194,7 @@ def test_thinking_is_a_reasoning_effort_the_family_may_ignore(
 ) -> None:
     fields = {k: v for k, v in (("thinking", thinking), ("output_config", output_config)) if v is not None}
     assert reasoning_effort(request(**fields)) == effort
-    requests, _ = engine_requests(chat_request(request(**fields)), 16)
+    requests, _ = chat_requests(chat_request(request(**fields)).chat, 16, "thinking", effort_optional=True)
     assert requests[0].get("reasoning_effort") == effort
     assert requests[0].get("reasoning_effort_optional") is (True if effort else None)
 

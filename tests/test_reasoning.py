@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from modelhost.agents.runner import RunMessage
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat import ChatChoice
 from modelhost.generation.families import REASONING_PARSER_NAMES, family_named
@@ -224,6 +225,22 @@ def test_a_chat_choice_streams_reasoning_apart_and_counts_its_tokens() -> None:
         "reasoning": "Call the tool<tool_call>",
     }
     assert (choice.reasoning_tokens, choice.completion_tokens) == (len(THOUGHT) - 1, len(THOUGHT) + 2)
+
+
+def test_an_agent_run_keeps_its_reasoning_apart_in_events_of_its_own() -> None:
+    message = RunMessage(ChatChoice(0, "none", []))
+    written = [e for event in _events([*THOUGHT, "Hi", "!"], cached_tokens=7) for e in message.feed(event)]
+    reasoning = "".join(d["reasoning"] for t, d in written if t == "reasoning.delta")
+    assert reasoning == "Call the tool<tool_call>"
+    assert "".join(d["content"] for t, d in written if t == "message.delta") == "Hi!"
+    completed = message.completed()
+    assert (completed["content"], completed["reasoning"]) == ("Hi!", "Call the tool<tool_call>")
+    assert completed["usage"] == {
+        "prompt_tokens": 9,
+        "completion_tokens": len(THOUGHT) + 2,
+        "prompt_tokens_details": {"cached_tokens": 7},
+        "completion_tokens_details": {"reasoning_tokens": len(THOUGHT) - 1},
+    }
 
 
 def test_tool_calls_after_reasoning_are_parsed_from_the_rest_only() -> None:

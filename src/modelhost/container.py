@@ -40,6 +40,7 @@ from modelhost.cache import TTLCache
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
+from modelhost.frontend import Generation
 from modelhost.generation.compile_sandbox import GrammarChecker
 from modelhost.imports.runner import ImportRunner
 from modelhost.imports.sealing import Sealer
@@ -79,6 +80,8 @@ class Services:
     artifacts: ArtifactService
     runtime: Runtime
     media: MediaPolicy  # parsed once: a bad MODELHOST_MEDIA_ALLOW_NETWORKS stops the start
+    # The one generation pipeline of every front-end (chat, completions, Messages, Responses, agents)
+    generation: Generation
     files: FileService
     videos: VideoJobs
     video_runner: VideoCancel
@@ -173,6 +176,7 @@ class Services:
 
         agents = AgentStore(database)
         grammars = GrammarChecker.from_settings(settings)
+        media = MediaPolicy.from_settings(settings)  # parsed once: a bad allow-list stops the start
         imports = Imports(database, artifacts, Sealer.from_settings(settings), settings)
         limits = limits if limits is not None else RateLimiter()
         supervision: Supervision | None = None
@@ -198,7 +202,7 @@ class Services:
                 manager,
                 adapted,
                 VideoRunner(videos, manager, settings),
-                AgentRunner(agents, adapted, settings, limits, grammars),
+                AgentRunner(agents, Generation(adapted, grammars, media), settings, limits),
                 SharedLimits(database, limits, settings.limits_sync_seconds),
                 BatchRunner(batches, settings, authenticator.of_key, check_model),
                 ImportRunner(imports, artifacts, settings),
@@ -218,7 +222,8 @@ class Services:
             blobs=blobs,
             artifacts=artifacts,
             runtime=runtime,
-            media=MediaPolicy.from_settings(settings),
+            media=media,
+            generation=Generation(runtime, grammars, media),
             files=FileService(
                 database,
                 blobs,
@@ -235,8 +240,7 @@ class Services:
             billing=billing,
             responses=Responses(
                 ResponseStore(database, settings.response_stale_seconds),
-                runtime,
-                grammars,
+                Generation(runtime, grammars, media),
                 settings.response_stale_seconds,
             ),
             uploads=uploads,

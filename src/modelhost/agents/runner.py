@@ -15,6 +15,7 @@ import contextlib
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from modelhost import tracing
@@ -23,10 +24,9 @@ from modelhost.auth.limits import RateLimiter, start_counting
 from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
-from modelhost.generation.chat import ChatChoice, chat_requests, tool_schemas
-from modelhost.generation.compile_sandbox import GrammarChecker
+from modelhost.frontend import Generation
+from modelhost.generation.chat import ChatChoice, tool_schemas
 from modelhost.protocol.chat import ChatCompletionRequest
-from modelhost.runtime.interface import Runtime
 from modelhost.store.types import utcnow
 
 log = logging.getLogger("modelhost.agents")
@@ -53,16 +53,14 @@ class AgentRunner:
     def __init__(
         self,
         store: AgentStore,
-        runtime: Runtime,
+        generation: Generation,
         settings: Settings,
         limits: RateLimiter | None = None,
-        grammars: GrammarChecker | None = None,
     ) -> None:
         self.store = store
-        self.runtime = runtime
+        # the one pipeline of every front-end: a run generates as a chat completion does
+        self.generation = generation
         self.settings = settings
-        # a run's tool schemas are checked and compiled as a chat completion's (`compile_sandbox`)
-        self.grammars = grammars or GrammarChecker.from_settings(settings)
         self.limits = limits  # where a run's tokens are counted against its key (rate limits)
         self.name = f"gw-{secrets.token_hex(6)}"  # this server's supervisor, in `claimed_by`
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -157,31 +155,25 @@ class AgentRunner:
                 "seed": options.get("seed"),
             }
         )
-        requests, mode = chat_requests(body, self.grammars.max_string_length)
-        await self.grammars.check(requests)
+        # as a chat completion's: the deployment's defaults, the input's images, its grammar checked
+        requests, mode = await self.generation.chat(body, job.target)
         names = [t["function"]["name"] for t in tools or []]
-        choice = ChatChoice(0, mode, names, tool_schemas=tool_schemas(body.tools or []))
-        async with contextlib.aclosing(self.runtime.stream(job.deployment_id, requests[0])) as events:
-            prompt_tokens = 0
-            async for event in events:
-                prompt_tokens = int(event.get("prompt_tokens", prompt_tokens))
-                delta = choice.feed(event)
-                if delta.get("content"):
-                    await self._append(job, "message.delta", {"content": delta["content"]})
-                if choice.finish is not None:
+        message = RunMessage(ChatChoice(0, mode, names, tool_schemas=tool_schemas(body.tools or [])))
+        streams = await self.generation.open(job.target, requests)
+        async with contextlib.aclosing(streams.merged()) as events:
+            async for _, event in events:
+                for type_, data in message.feed(event):
+                    await self._append(job, type_, data)
+                if message.choice.finish is not None:
                     break
-        message = choice.message()
-        for call in choice.calls:
+        for call in message.choice.calls:
             await self._append(job, "tool_call", dict(call))
-        output = {"content": message.get("content"), "tool_calls": choice.calls}
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": choice.completion_tokens}
-        tracing.current_attributes(tracing.usage(prompt_tokens, choice.completion_tokens))  # the run's span
-        await self._append(
-            job,
-            "message.completed",
-            {"role": "assistant", **output, "finish_reason": choice.finish_reason, "usage": usage},
-        )
-        final = "requires_action" if choice.calls else "completed"
+        completed = message.completed()
+        usage = completed["usage"]
+        tracing.current_attributes(tracing.usage(usage["prompt_tokens"], usage["completion_tokens"]))
+        await self._append(job, "message.completed", completed)
+        output = {"content": completed["content"], "tool_calls": completed["tool_calls"]}
+        final = "requires_action" if message.choice.calls else "completed"
         await self._append(
             job, f"run.{final}", {"status": final}, status=final, output=output, completed_at=utcnow()
         )
@@ -197,3 +189,43 @@ class AgentRunner:
                 if task is not None:
                     task.cancel()
                 return
+
+
+@dataclass
+class RunMessage:
+    """A run's assistant message assembled from the engine's events by the one chat assembler
+    (`ChatChoice`), as the run's events: `reasoning.delta` for its reasoning (a reasoning model's
+    thinking, kept apart from the answer as chat completions keep it), `message.delta` for its text, and
+    `message.completed` with the usage a chat completion reports (cached prompt tokens, reasoning
+    tokens)."""
+
+    choice: ChatChoice
+
+    def feed(self, event: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        delta = self.choice.feed(event)
+        events: list[tuple[str, dict[str, Any]]] = []
+        if delta.get("reasoning_content"):
+            events.append(("reasoning.delta", {"reasoning": delta["reasoning_content"]}))
+        if delta.get("content"):
+            events.append(("message.delta", {"content": delta["content"]}))
+        return events
+
+    def completed(self) -> dict[str, Any]:
+        """`message.completed`'s data."""
+        choice = self.choice
+        message = choice.message()
+        completed: dict[str, Any] = {
+            "role": "assistant",
+            "content": message.get("content"),
+            "tool_calls": choice.calls,
+            "finish_reason": choice.finish_reason,
+            "usage": {
+                "prompt_tokens": choice.prompt_tokens,
+                "completion_tokens": choice.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": choice.cached_tokens},
+                "completion_tokens_details": {"reasoning_tokens": choice.reasoning_tokens},
+            },
+        }
+        if choice.reasoner is not None:
+            completed["reasoning"] = choice.reasoning or None
+        return completed

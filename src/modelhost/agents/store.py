@@ -22,6 +22,8 @@ from sqlalchemy import delete, select, update
 
 from modelhost.auth.limits import Subject
 from modelhost.errors import Conflict, NotFound
+from modelhost.frontend import Target
+from modelhost.routing import split_key
 from modelhost.store.db import Database
 from modelhost.store.models import Agent, AgentRun, AgentRunEvent
 from modelhost.store.pages import keyset_page
@@ -39,7 +41,7 @@ class RunJob:
     id: str
     agent_id: str
     agent_name: str
-    deployment_id: str
+    target: Target  # the deployment it generates on, and what that adds to its requests
     model: str
     instructions: str
     tools: list[dict[str, Any]] | None
@@ -115,20 +117,21 @@ class AgentStore:
         self,
         account_id: str,
         agent_id: str,
-        deployment_id: str,
+        target: Target,
         request: dict[str, Any],
         runner: str,
         traceparent: str = "",
     ) -> tuple[dict[str, Any], RunJob]:
-        """A queued run held by `runner` (the gateway that starts it), with its `run.created` event.
-        `traceparent` is the creating request's span (`tracing.parent()`), for the run's to link to."""
+        """A queued run on `target` (the agent's deployment, as a chat completion would run on it) held by
+        `runner` (the supervisor that starts it), with its `run.created` event. `traceparent` is the
+        creating request's span (`tracing.parent()`), for the run's to link to."""
         with self._database.transaction() as session:
             agent = self._agent(session, account_id, agent_id)
             run = AgentRun(
                 id=new_id("run"),
                 agent_id=agent_id,
                 account_id=account_id,
-                deployment_id=deployment_id,
+                deployment_id=split_key(target.runtime_key)[0],
                 request=request,
                 status="queued",
                 claimed_by=runner,
@@ -142,7 +145,7 @@ class AgentStore:
                 id=run.id,
                 agent_id=agent.id,
                 agent_name=agent.name,
-                deployment_id=deployment_id,
+                target=target,
                 model=agent.model,
                 instructions=agent.instructions,
                 tools=agent.tools,

@@ -49,11 +49,14 @@ def chat_requests(
     max_string_length: int,
     effort_param: str = "reasoning_effort",
     format_param: str = "response_format",
+    effort_optional: bool = False,
 ) -> tuple[list[Event], str]:
     """The engine requests of a chat completion (one per choice) and its tool mode:
     `none` (plain text), `auto` (parse markup), `forced` (constrained call) or `json`. `effort_param`:
     the field a reasoning effort the model cannot honour is reported on (the replica knows the family);
-    `format_param`: the field the JSON schema came in, which its errors name."""
+    `format_param`: the field the JSON schema came in, which its errors name; `effort_optional`: a family
+    without a reasoning switch ignores the effort rather than refusing it (the Messages API's
+    `thinking`)."""
     tools, choice = effective_tools(body)
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true.", param="top_logprobs")
@@ -63,6 +66,8 @@ def chat_requests(
         request["chat_template_kwargs"] = body.chat_template_kwargs
     if body.reasoning_effort is not None:
         request.update(reasoning_effort=body.reasoning_effort, reasoning_effort_param=effort_param)
+        if effort_optional:
+            request["reasoning_effort_optional"] = True
     if image_urls:
         request["image_urls"] = image_urls  # the serving fetches them (`images`) before the worker sees it
     mode = "none"
@@ -95,6 +100,46 @@ def chat_requests(
     params = sampling(body, body.max_completion_tokens or body.max_tokens)
     params.update(logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
     return per_choice(request, params, body.n or 1, body.seed), mode
+
+
+def completion_requests(body: CompletionRequest, max_string_length: int) -> list[Event]:
+    """One engine request per prompt and candidate (`best_of`, else `n`), in OpenAI's order
+    (prompt-major), each with the grammar of its `structured_outputs`."""
+    candidates = _candidates(body)
+    prompts: list[str | list[int] | None]
+    if body.prompt is None or isinstance(body.prompt, str) or isinstance(body.prompt[0], int):
+        prompts = [body.prompt]
+    else:
+        prompts = list(body.prompt)
+    if body.suffix and body.echo:
+        raise InvalidRequest("echo cannot be used with suffix (insert mode).", param="suffix")
+    params = sampling(body, body.max_tokens)
+    wants = body.logprobs is not None
+    params.update(
+        logprobs=wants or candidates > (body.n or 1),  # best_of ranks candidates by their log probabilities
+        top_logprobs=body.logprobs or 0,
+        prompt_logprobs=bool(body.echo and wants),
+    )
+    structured = structured_grammar(body, max_string_length)
+    requests: list[Event] = []
+    for prompt in prompts:
+        base: Event = {"prompt": prompt, "echo": bool(body.echo), "suffix": body.suffix or None}
+        if structured is not None:
+            base["grammar"], base["grammar_param"] = structured
+        requests += per_choice(base, params, candidates, body.seed)
+    return requests
+
+
+def _candidates(body: CompletionRequest) -> int:
+    """Completions generated per prompt: `best_of`, which must not be below `n` nor be streamed."""
+    n, best_of = body.n or 1, body.best_of or body.n or 1
+    if best_of < n:
+        raise InvalidRequest(f"best_of ({best_of}) must be at least n ({n}).", param="best_of")
+    if best_of > n and body.stream:
+        raise InvalidRequest(
+            "best_of above n cannot be streamed (the best are known only at the end).", param="best_of"
+        )
+    return best_of
 
 
 def tokenize_request(body: TokenizeRequest | DetokenizeRequest) -> Event:
@@ -177,15 +222,6 @@ def sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | 
         "include_stop_str_in_output": body.include_stop_str_in_output,
         "skip_special_tokens": body.skip_special_tokens,
     }
-
-
-def with_defaults(requests: list[Event], defaults: dict[str, int | float] | None) -> list[Event]:
-    """The deployment's sampling defaults (`generation_defaults`) sent with each engine request: the
-    replica puts them between the request's own fields and the model's (`generation.requests`)."""
-    if defaults:
-        for request in requests:
-            request["defaults"] = dict(defaults)
-    return requests
 
 
 def per_choice(request: Event, params: Event, n: int, seed: int | None) -> list[Event]:

@@ -21,9 +21,8 @@ import orjson
 from pydantic import ValidationError
 
 from modelhost.errors import InvalidRequest, ModelhostError, anthropic_body
-from modelhost.generation.chat import ChatChoice, chat_requests, tokenize_request, with_defaults
-from modelhost.generation.compile_sandbox import GrammarChecker
-from modelhost.media.sources import MediaPolicy
+from modelhost.frontend import Generation, Streams, Target, Until
+from modelhost.generation.chat import ChatChoice, tokenize_request
 from modelhost.protocol.chat import ChatCompletionRequest, TokenizeChatRequest
 from modelhost.protocol.messages import (
     CountTokensRequest,
@@ -35,8 +34,7 @@ from modelhost.protocol.messages import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from modelhost.runtime.interface import Runtime
-from modelhost.serving.chat import Streams, Until, chat_choices, fetch_images, open_streams, whole_answer
+from modelhost.serving.chat import chat_choices
 
 Event = dict[str, Any]
 Answer = Event | AsyncIterator[bytes]
@@ -247,17 +245,6 @@ def _response_format(body: CountTokensRequest) -> Event | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_, "strict": True}}
 
 
-def engine_requests(translated: Translated, max_string_length: int) -> tuple[list[Event], str]:
-    """The one engine request and its tool mode. Its reasoning effort is optional: a family without a
-    switch generates as it always does rather than refusing the request (Claude Code asks for thinking
-    whatever the model; docs/messages.md)."""
-    requests, mode = chat_requests(translated.chat, max_string_length, effort_param="thinking")
-    for request in requests:
-        if "reasoning_effort" in request:
-            request["reasoning_effort_optional"] = True
-    return requests, mode
-
-
 # ---------------------------------------------------------------- the answer
 
 
@@ -402,29 +389,27 @@ def _input_of(arguments: str) -> Event:
 
 
 async def create_message(
-    body: MessagesRequest,
-    runtime: Runtime,
-    deployment_id: str,
-    grammars: GrammarChecker,
-    until: Until,
-    media: MediaPolicy,
-    reads_images: bool = False,
-    defaults: dict[str, int | float] | None = None,
+    body: MessagesRequest, generation: Generation, target: Target, until: Until
 ) -> Answer:
-    """A message, whole or as Anthropic's event stream. `reads_images`: the deployment is a
-    vision-language one; `defaults`: its sampling defaults (`generation_defaults`)."""
+    """A message on `target`, whole or as Anthropic's event stream (`frontend`: the one pipeline every
+    front-end shares). Its reasoning effort is optional: a family without a switch generates as it always
+    does rather than refusing the request (Claude Code asks for thinking whatever the model;
+    docs/messages.md)."""
     translated = chat_request(body)
-    requests, mode = engine_requests(translated, grammars.max_string_length)
-    await grammars.check(requests)
-    with_defaults(requests, defaults)
-    await fetch_images(requests, media, reads_images, translated.image_params)
+    requests, mode = await generation.chat(
+        translated.chat,
+        target,
+        effort_param="thinking",
+        effort_optional=True,
+        image_params=translated.image_params,
+    )
     (choice,) = chat_choices(translated.chat, mode, 1)
     assembler = MessageAssembler(choice, StopSequences(body.stop_sequences or []))
     head = {"id": message_id(), "type": "message", "role": "assistant", "model": body.model}
     if body.stream:
-        streams = await open_streams(runtime, deployment_id, requests)
+        streams = await generation.open(target, requests)
         return _sse(_events(head, assembler, streams))
-    _, events = await whole_answer(runtime, deployment_id, requests, until)
+    _, events = await generation.whole(target, requests, until)
     for _, event in events:
         assembler.feed(event)
     return assembler.message(head)
@@ -464,7 +449,9 @@ def _frame(event: Event) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
-async def count_tokens(body: CountTokensRequest, runtime: Runtime, deployment_id: str, until: Until) -> Event:
+async def count_tokens(
+    body: CountTokensRequest, generation: Generation, target: Target, until: Until
+) -> Event:
     """`{"input_tokens"}`: the prompt a message with this body would start from, rendered by the
     deployment's own chat template and tokenizer (the replica's `/tokenize` path)."""
     translated = chat_request(body)
@@ -484,5 +471,5 @@ async def count_tokens(body: CountTokensRequest, runtime: Runtime, deployment_id
     request = tokenize_request(tokenize)
     if chat.reasoning_effort is not None:
         request.update(reasoning_effort=chat.reasoning_effort, reasoning_effort_optional=True)
-    _, events = await whole_answer(runtime, deployment_id, [request], until)
+    _, events = await generation.whole(target, [request], until)
     return {"input_tokens": len(events[-1][1]["tokens"])}

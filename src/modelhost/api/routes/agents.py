@@ -24,6 +24,7 @@ from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of, dep
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, Limit, Order, list_body
 from modelhost.errors import ModelhostError
+from modelhost.frontend import Target
 from modelhost.protocol.agents import (
     Agent,
     AgentCreateRequest,
@@ -130,7 +131,7 @@ async def create_run(
         services.agents.create_run,
         account_id,
         agent_id,
-        deployment.id,
+        Target.of(deployment),
         {"input": messages, **options},
         services.agent_runner.name,
         tracing.parent(),  # the run's span links to this request's

@@ -11,6 +11,7 @@ from modelhost.api.deps import CallerPrincipal, ServicesDep, await_or_disconnect
 from modelhost.api.errors import error_responses
 from modelhost.auth.principal import Principal
 from modelhost.container import Services
+from modelhost.frontend import Target, Until
 from modelhost.protocol.chat import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -53,16 +54,7 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model, user=body.user)
-    answer = await chat.chat_completion(
-        body,
-        services.runtime,
-        deployment.runtime_key,
-        services.grammars,
-        _until(request),
-        services.media,
-        reads_images=deployment.pipeline == "image-text-to-text",
-        defaults=deployment.generation_defaults,
-    )
+    answer = await chat.chat_completion(body, services.generation, Target.of(deployment), _until(request))
     return _respond(answer)
 
 
@@ -76,14 +68,7 @@ async def completions(
     body: CompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model, user=body.user)
-    answer = await chat.completion(
-        body,
-        services.runtime,
-        deployment.runtime_key,
-        _until(request),
-        services.grammars,
-        deployment.generation_defaults,
-    )
+    answer = await chat.completion(body, services.generation, Target.of(deployment), _until(request))
     return _respond(answer)
 
 
@@ -110,11 +95,11 @@ async def _tokens(
 ) -> Response:
     """Both routes: the replica answers either body (`generation.requests.tokenized`)."""
     deployment = await deployment_for(request, principal, body.model)
-    answer = await chat.tokenize(body, services.runtime, deployment.runtime_key, _until(request))
+    answer = await chat.tokenize(body, services.generation, Target.of(deployment), _until(request))
     return Response(orjson.dumps(answer), media_type="application/json")
 
 
-def _until(request: Request) -> chat.Until:
+def _until(request: Request) -> Until:
     """A whole answer is waited for until the client goes away (499)."""
     return lambda work: await_or_disconnect(request, work)
 

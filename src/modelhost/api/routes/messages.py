@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from modelhost.api.deps import CallerPrincipal, ServicesDep, await_or_disconnect, deployment_for
+from modelhost.frontend import Target, Until
 from modelhost.protocol.messages import (
     AnthropicError,
     CountTokensRequest,
@@ -19,7 +20,6 @@ from modelhost.protocol.messages import (
     TokenCount,
 )
 from modelhost.serving import messages
-from modelhost.serving.chat import Until
 
 STATUSES = (400, 401, 402, 404, 413, 429, 502, 503)
 router = APIRouter(tags=["anthropic"], responses={status: {"model": AnthropicError} for status in STATUSES})
@@ -56,16 +56,7 @@ async def create_message(
 ) -> Response:
     user = body.metadata.user_id if body.metadata is not None else None
     deployment = await deployment_for(request, principal, body.model, user=user)
-    answer = await messages.create_message(
-        body,
-        services.runtime,
-        deployment.runtime_key,
-        services.grammars,
-        _until(request),
-        services.media,
-        reads_images=deployment.pipeline == "image-text-to-text",
-        defaults=deployment.generation_defaults,
-    )
+    answer = await messages.create_message(body, services.generation, Target.of(deployment), _until(request))
     if isinstance(answer, dict):
         return _json(answer)
     return StreamingResponse(answer, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -80,7 +71,7 @@ async def count_tokens(
     body: CountTokensRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
-    counted = await messages.count_tokens(body, services.runtime, deployment.runtime_key, _until(request))
+    counted = await messages.count_tokens(body, services.generation, Target.of(deployment), _until(request))
     return _json(counted)
 
 

@@ -29,6 +29,7 @@ from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, Limit, Order, list_body
 from modelhost.auth.principal import Principal
 from modelhost.errors import ModelhostError
+from modelhost.frontend import Target
 from modelhost.protocol.responses import InputItemList, ResponseCreateRequest, ResponseDeleted, ResponseObject
 from modelhost.serving.responses.store import Scope
 
@@ -88,10 +89,7 @@ async def create_response(
         body,
         account_id_of(principal),
         _scope(principal),
-        deployment.id,
-        services.media,
-        reads_images=deployment.pipeline == "image-text-to-text",
-        defaults=deployment.generation_defaults,
+        Target.of(deployment),
     )
     if prepared.background and not body.stream:
         subjects = principal.limited()

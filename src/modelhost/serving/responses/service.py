@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -16,13 +16,10 @@ from typing import Any
 from modelhost.auth.limits import start_counting
 from modelhost.clock import heartbeat_seconds
 from modelhost.errors import InvalidRequest, ModelhostError
-from modelhost.generation.chat import ChatChoice, chat_requests, tool_schemas, with_defaults
-from modelhost.generation.compile_sandbox import GrammarChecker
-from modelhost.media.sources import MediaPolicy
+from modelhost.frontend import Generation, Streams, Target
+from modelhost.generation.chat import ChatChoice, tool_schemas
 from modelhost.protocol.responses import ResponseCreateRequest
-from modelhost.runtime.interface import Runtime
-from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
-from modelhost.serving.chat import fetch_images
+from modelhost.routing import split_key
 from modelhost.serving.responses.items import (
     OutputAssembler,
     chat_request,
@@ -49,7 +46,7 @@ class Prepared:
 
     id: str
     account_id: str
-    deployment_id: str
+    target: Target
     model: str
     store: bool
     background: bool
@@ -83,23 +80,23 @@ class Prepared:
         )
         return response_view(row)
 
+    @property
+    def deployment_id(self) -> str:
+        return split_key(self.target.runtime_key)[0]
+
 
 @dataclass
-class Generation:
-    """An opened engine stream, past its first event."""
+class Opened:
+    """An opened engine stream, past its first event, and the assembler of its output."""
 
-    stream: AsyncGenerator[Event, None]
-    first: Event
-    assembler: OutputAssembler = field(init=False)
+    streams: Streams
+    assembler: OutputAssembler
 
 
 class Responses:
-    def __init__(
-        self, store: ResponseStore, runtime: Runtime, grammars: GrammarChecker, stale_seconds: float
-    ) -> None:
+    def __init__(self, store: ResponseStore, generation: Generation, stale_seconds: float) -> None:
         self.store = store
-        self._runtime = runtime
-        self._grammars = grammars
+        self._generation = generation
         self._beat_seconds = heartbeat_seconds(stale_seconds)
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -108,14 +105,11 @@ class Responses:
         body: ResponseCreateRequest,
         account_id: str,
         scope: Scope,
-        deployment_id: str,
-        media: MediaPolicy,
-        reads_images: bool = False,
-        defaults: dict[str, int | float] | None = None,
+        target: Target,
     ) -> Prepared:
-        """`reads_images`: the deployment is a vision-language one (`image-text-to-text`); `input_image`
-        parts' images (this input's and the chain's) are read here, as chat completions read theirs.
-        `defaults`: the deployment's sampling defaults (`generation_defaults`)."""
+        """The checked request on `target`, its engine request built by the one pipeline every front-end
+        shares (`frontend`): `input_image` parts' images (this input's and the chain's) are read as chat
+        completions read theirs, the deployment's sampling defaults applied."""
         store = body.store is not False
         if body.background and not store:
             raise InvalidRequest("background responses are stored: set store to true.", param="background")
@@ -125,17 +119,17 @@ class Responses:
             context = await asyncio.to_thread(self.store.chain, account_id, scope, previous)
         items = input_items(body)
         chat = chat_request(body, [*context, *items])
-        limit = self._grammars.max_string_length
-        requests, mode = chat_requests(
-            chat, limit, effort_param="reasoning.effort", format_param="text.format"
+        requests, mode = await self._generation.chat(
+            chat,
+            target,
+            effort_param="reasoning.effort",
+            format_param="text.format",
+            image_params=image_params(body, context),
         )
-        await self._grammars.check(requests)
-        with_defaults(requests, defaults)
-        await fetch_images(requests, media, reads_images, image_params(body, context))
         return Prepared(
             id=new_id("resp"),
             account_id=account_id,
-            deployment_id=deployment_id,
+            target=target,
             model=body.model,
             store=store,
             background=bool(body.background),
@@ -149,33 +143,22 @@ class Responses:
             tool_schemas=tool_schemas(chat.tools or []),
         )
 
-    async def open(self, prepared: Prepared) -> Generation:
+    async def open(self, prepared: Prepared) -> Opened:
         """Start generating and wait for the first event: a prompt that does not fit fails here."""
-        stream = self._runtime.stream(prepared.deployment_id, prepared.engine_request)
-        try:
-            first = await anext(stream)
-        except BaseException:
-            await stream.aclose()
-            raise
-        PROMPT_TOKENS_CACHED.labels(prepared.deployment_id).inc(int(first.get("cached_tokens", 0)))
-        generation = Generation(stream, first)
-        generation.assembler = OutputAssembler(
-            ChatChoice(0, prepared.mode, prepared.tool_names, tool_schemas=prepared.tool_schemas)
-        )
-        return generation
+        streams = await self._generation.open(prepared.target, [prepared.engine_request])
+        choice = ChatChoice(0, prepared.mode, prepared.tool_names, tool_schemas=prepared.tool_schemas)
+        return Opened(streams, OutputAssembler(choice))
 
-    async def run(self, prepared: Prepared, generation: Generation, *, record: bool) -> AsyncIterator[Event]:
+    async def run(self, prepared: Prepared, generation: Opened, *, record: bool) -> AsyncIterator[Event]:
         """OpenAI's event sequence (without sequence numbers), ending with the final response, which
         is stored (`record`) before that last event goes out."""
         assembler = generation.assembler
         yield {"type": "response.created", "response": prepared.view("in_progress")}
         yield {"type": "response.in_progress", "response": prepared.view("in_progress")}
         error: Event | None = None
-        async with contextlib.aclosing(generation.stream) as stream:
+        async with contextlib.aclosing(generation.streams.merged()) as stream:
             try:
-                for event in assembler.feed(generation.first):
-                    yield event
-                async for engine_event in stream:
+                async for _, engine_event in stream:
                     for event in assembler.feed(engine_event):
                         yield event
                     if assembler.choice.finish is not None:
