@@ -211,6 +211,20 @@ def test_a_tampered_link_signature_is_404(studio: Studio) -> None:
     assert_error(httpx.get(tampered), 404, code="file_not_found")
 
 
+def test_the_sdks_files_content_reads_a_generated_image_by_its_id_with_the_accounts_key_only(
+    studio: Studio,
+) -> None:
+    url = studio.generated(response_format="url")["data"][0]["url"]
+    file_id = httpx.URL(url).path.split("/")[3]
+    assert studio.client().files.content(file_id).content == httpx.get(url).content
+    other = studio.http.post("/v1/admin/accounts", json={"name": "other"}, headers=bearer(ADMIN_KEY))
+    assert_error(
+        studio.http.get(f"/v1/files/{file_id}/content", headers=bearer(other.json()["api_key"])),
+        404,
+        code="file_not_found",
+    )
+
+
 @pytest.mark.parametrize("size", ["100x100", "64x60", "1024X1024", [65, 64], [64], [64, 64, 64], [32, 32], 7])
 def test_unknown_sizes_are_400_naming_size(studio: Studio, size: Any) -> None:
     assert_error(studio.generate(size=size), 400, param="size")

@@ -123,6 +123,39 @@ async def test_docs_page_and_openapi_describe_routes_auth_and_errors(client: htt
         assert path in schema["paths"]
 
 
+# Every OpenAI-family answer shaped by `serving/` is a declared model (issue 59): the one each
+# operation's 200 documents, by its OpenAI name
+TYPED_ANSWERS = {
+    ("post", "/v1/images/generations"): {"ImagesResponse"},
+    ("post", "/v1/images/edits"): {"ImagesResponse"},
+    ("post", "/v1/embeddings"): {"CreateEmbeddingResponse"},
+    ("post", "/v1/audio/transcriptions"): {"Transcription", "VerboseTranscription"},
+    ("post", "/v1/audio/translations"): {"Transcription", "VerboseTranslation"},
+    ("post", "/v1/rerank"): {"RerankResponse"},
+    ("post", "/v2/rerank"): {"RerankResponse"},
+    ("post", "/rerank"): {"RerankResponse"},
+    ("post", "/v1/videos"): {"Video"},
+    ("post", "/v1/videos/{video_id}/remix"): {"Video"},
+    ("get", "/v1/videos"): {"VideoList"},
+    ("get", "/v1/videos/{video_id}"): {"Video"},
+    ("delete", "/v1/videos/{video_id}"): {"VideoDeleted"},
+}
+
+
+async def test_openapi_declares_the_typed_answer_of_every_openai_family_operation(
+    client: httpx.AsyncClient,
+) -> None:
+    schema = (await client.get("/openapi.json")).json()
+    components = schema["components"]["schemas"]
+    for (method, path), names in TYPED_ANSWERS.items():
+        answer = schema["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
+        refs = [answer] if "$ref" in answer else answer.get("anyOf", [])
+        declared = {ref["$ref"].removeprefix("#/components/schemas/") for ref in refs}
+        assert declared == names, (method, path, answer)
+        for name in declared:
+            assert components[name]["properties"], name
+
+
 async def test_admin_routes_are_off_without_an_admin_key(tmp_path: Path, sqlite_url: str) -> None:
     services = Services.build(Settings(data_dir=tmp_path, database_url=sqlite_url))
     try:

@@ -55,7 +55,7 @@ from modelhost.runtime.interface import Runtime
 from modelhost.runtime.manager import ReplicaManager
 from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
-from modelhost.services.files import FileService, file_secret
+from modelhost.services.files import FileService, FileStore, file_secret
 from modelhost.services.keys import KeyService
 from modelhost.serving.responses.service import Responses
 from modelhost.serving.responses.store import ResponseStore
@@ -83,6 +83,7 @@ class Services:
     # The one generation pipeline of every front-end (chat, completions, Messages, Responses, agents)
     generation: Generation
     files: FileService
+    file_store: FileStore  # what `/v1/files/{id}/content` serves: `uploads` and `files` by ID
     videos: VideoJobs
     video_runner: VideoCancel
     agents: AgentStore
@@ -160,6 +161,10 @@ class Services:
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
         uploads = Files(database, blobs, settings, storage_changed)
         batches = Batches(database, blobs, uploads, settings, storage_changed)
+        secret = settings.file_url_secret.get_secret_value() if settings.file_url_secret else None
+        files = FileService(
+            database, blobs, file_secret(settings.data_dir, secret), settings.generated_file_ttl_seconds
+        )
 
         async def check_model(principal: Principal, endpoint: str, model: str) -> str | None:
             """Why a batch line's model cannot serve the batch's endpoint for its key (None: it can)."""
@@ -224,15 +229,8 @@ class Services:
             runtime=runtime,
             media=media,
             generation=Generation(runtime, grammars, media),
-            files=FileService(
-                database,
-                blobs,
-                file_secret(
-                    settings.data_dir,
-                    settings.file_url_secret.get_secret_value() if settings.file_url_secret else None,
-                ),
-                settings.generated_file_ttl_seconds,
-            ),
+            files=files,
+            file_store=FileStore(files, uploads),
             videos=videos,
             video_runner=video_runner,
             agents=agents,

@@ -219,24 +219,44 @@ class DurationUsage(BaseModel):
     seconds: int
 
 
+def _absent_if_none(value: object) -> bool:
+    return value is None
+
+
+def _absent() -> Any:
+    """A field `timestamp_granularities` asks for: absent from the answer, not null, when not asked."""
+    return Field(default=None, exclude_if=_absent_if_none)
+
+
 class Transcription(BaseModel):
+    """`response_format: json` of a transcription or a translation (OpenAI's `Transcription`)."""
+
     text: str
     usage: DurationUsage
 
 
-class VerboseTranscription(Transcription):
+class VerboseTranscription(BaseModel):
+    """`response_format: verbose_json` of a transcription (OpenAI's `TranscriptionVerbose`): `segments`
+    and `words` only as `timestamp_granularities` asks."""
+
     task: Literal["transcribe"] = "transcribe"
     language: str | None
     duration: float
-    segments: list[TranscriptionSegment] | None = None
-    words: list[TranscriptionWord] | None = None
+    text: str
+    usage: DurationUsage
+    segments: list[TranscriptionSegment] | None = _absent()
+    words: list[TranscriptionWord] | None = _absent()
 
 
-class VerboseTranslation(Transcription):
+class VerboseTranslation(BaseModel):
+    """`response_format: verbose_json` of a translation (OpenAI's `TranslationVerbose`)."""
+
     task: Literal["translate"] = "translate"
     language: Literal["english"] = Field(default="english", description="The output's: always English.")
     duration: float
-    segments: list[TranscriptionSegment] | None = None
+    text: str
+    usage: DurationUsage
+    segments: list[TranscriptionSegment] | None = _absent()
 
 
 AUDIO_FILE_DESCRIPTION = (

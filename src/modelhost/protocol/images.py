@@ -174,17 +174,33 @@ class ImageEditRequest(ImageOptions):
     )
 
 
-class GeneratedImage(BaseModel):
-    """Both keys are always present; the one `response_format` did not ask for is null."""
+class Image(BaseModel):
+    """One generated image (OpenAI's `Image`). Both keys are always present; the one `response_format`
+    did not ask for is null."""
 
     url: str | None
     b64_json: str | None
 
 
 class ImagesResponse(BaseModel):
+    """The answer of `POST /v1/images/generations` and `/v1/images/edits` (OpenAI's `ImagesResponse`)."""
+
     model: str
     created: int
     id: str
-    data: list[GeneratedImage]
+    data: list[Image]
     size: str = Field(description="`WIDTHxHEIGHT` of the images.")
     output_format: Literal["png", "jpeg", "webp"]
+
+
+class ImageCompletedEvent(BaseModel):
+    """`stream: true`: one Server-Sent Event per image (OpenAI's `image_generation.completed` and
+    `image_edit.completed`), sent once every image is made."""
+
+    type: Literal["image_generation.completed", "image_edit.completed"]
+    b64_json: str
+    created_at: int
+    size: str
+    output_format: Literal["png", "jpeg", "webp"]
+    quality: Literal["auto"] = "auto"
+    background: Literal["opaque"] = "opaque"

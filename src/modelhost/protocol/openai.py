@@ -1,4 +1,4 @@
-"""OpenAI-compatible wire types (embeddings now; chat, completions, images, audio later)."""
+"""OpenAI-compatible wire types of embeddings (chat, images, audio and videos have their own modules)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ class EmbeddingsRequest(StrictModel):
 
 
 class Embedding(BaseModel):
+    """One input's vector: floats, or `base64` of its little-endian float32 bytes."""
+
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str
@@ -43,7 +45,10 @@ class EmbeddingsUsage(BaseModel):
     total_tokens: int
 
 
-class EmbeddingsResponse(BaseModel):
+class CreateEmbeddingResponse(BaseModel):
+    """The answer of `POST /v1/embeddings` (OpenAI's `CreateEmbeddingResponse`). Built unvalidated
+    (`model_construct`) by `serving.embeddings`, whose docstring says why."""
+
     object: Literal["list"] = "list"
     data: list[Embedding]
     model: str

@@ -54,6 +54,10 @@ class RerankRequest(StrictModel):
     )
 
 
+def _absent_if_none(value: object) -> bool:
+    return value is None
+
+
 class RerankResultDocument(BaseModel):
     text: str
 
@@ -61,7 +65,11 @@ class RerankResultDocument(BaseModel):
 class RerankResult(BaseModel):
     index: int = Field(description="The document's position in the request.")
     relevance_score: float = Field(description="The model's score in [0, 1]: higher is more relevant.")
-    document: RerankResultDocument | None = None
+    document: RerankResultDocument | None = Field(
+        default=None,
+        exclude_if=_absent_if_none,
+        description="Only with `return_documents` (or `return_text`): absent otherwise.",
+    )
 
 
 class RerankUsage(BaseModel):
@@ -83,6 +91,8 @@ class RerankMeta(BaseModel):
 
 
 class RerankResponse(BaseModel):
+    """One answer for Cohere's and Jina's clients: Cohere's fields and Jina's `usage`."""
+
     id: str
     object: str = "rerank"
     model: str

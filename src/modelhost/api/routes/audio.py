@@ -3,20 +3,17 @@
 
 Speech answers the audio file itself. Transcription and translation take OpenAI's multipart form and
 are one code path (a translation is Whisper's `translate` task): the worker answers text, segments and
-words with times, and this module shapes them into the asked `response_format` (JSON, plain text,
+words with times, and `serving.audio` shapes them into the asked `response_format` (JSON, plain text,
 SubRip, WebVTT). Details and decisions: docs/audio.md.
 """
 
 from __future__ import annotations
 
-import math
-import zlib
-from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request, Response
 
+from modelhost.api.answers import json_answer
 from modelhost.api.bodies import MediaBodyRoute, form_openapi
 from modelhost.api.deps import CallerPrincipal, ServicesDep, deployment_for, run_inference
 from modelhost.api.errors import error_responses
@@ -28,13 +25,19 @@ from modelhost.protocol.audio import (
     SAMPLE_RATE_HEADER,
     SPEECH_CONTENT_TYPES,
     SpeechRequest,
-    SpeechToTextOptions,
     Transcription,
     TranscriptionRequest,
     TranslationRequest,
     VerboseTranscription,
     VerboseTranslation,
-    VoiceRef,
+)
+from modelhost.serving.audio import (
+    Task,
+    TextTranscript,
+    Transcript,
+    recognition_item,
+    speech_item,
+    transcript,
 )
 
 router = APIRouter(
@@ -43,8 +46,6 @@ router = APIRouter(
     route_class=MediaBodyRoute,  # the SDK's multipart form becomes the JSON body (api.bodies)
 )
 
-TEXT = "text/plain; charset=utf-8"
-VTT = "text/vtt; charset=utf-8"
 VERBOSE_EXAMPLE = {
     "task": "transcribe",
     "language": "english",
@@ -68,8 +69,6 @@ VERBOSE_EXAMPLE = {
     "usage": {"type": "duration", "seconds": 3},
 }
 
-
-Task = Literal["transcribe", "translate"]
 TEXT_RESPONSES: dict[str, Any] = {
     "text/plain": {"schema": {"type": "string"}, "example": "Hello world.\n"},
     "text/vtt": {
@@ -96,9 +95,7 @@ TEXT_RESPONSES: dict[str, Any] = {
 )
 async def create_speech(body: SpeechRequest, request: Request, principal: CallerPrincipal) -> Response:
     deployment = await deployment_for(request, principal, body.model)
-    voice = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
-    item = {"input": body.input, "voice": voice, "speed": body.speed, "response_format": body.response_format}
-    output = await run_inference(request, deployment.runtime_key, item)
+    output = await run_inference(request, deployment.runtime_key, speech_item(body))
     return Response(
         output["audio"],
         media_type=output["content_type"],
@@ -133,7 +130,7 @@ async def create_transcription(
         )
     words = "word" in form.timestamp_granularities
     output = await _recognize(request, services, principal, form, "transcribe", form.language, words)
-    return _shape(form, output, form.timestamp_granularities)
+    return _respond(transcript(form, output, form.timestamp_granularities))
 
 
 @router.post(
@@ -152,7 +149,7 @@ async def create_translation(
     form: TranslationRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     output = await _recognize(request, services, principal, form, "translate", None, False)
-    return _shape(form, output, ["segment"], task="translate")
+    return _respond(transcript(form, output, ["segment"], task="translate"))
 
 
 async def _recognize(
@@ -168,91 +165,11 @@ async def _recognize(
     deployment = await deployment_for(request, principal, form.model)
     settings = services.settings
     data = await load_media(form.file, services.media, param="file", timeout=None)
-    item = {
-        "file": data,
-        "limits": {"max_seconds": settings.media_max_seconds},
-        "task": task,
-        "language": language,
-        "prompt": form.prompt,
-        "temperature": form.temperature,
-        "words": words,
-    }
+    item = recognition_item(form, data, task, language, words, settings.media_max_seconds)
     return await run_inference(request, deployment.runtime_key, item)
 
 
-def _shape(
-    form: SpeechToTextOptions,
-    output: dict[str, Any],
-    granularities: Sequence[str],
-    task: Task = "transcribe",
-) -> Response:
-    segments = _segments(output["segments"], form.temperature)
-    fmt = form.response_format
-    if fmt == "text":
-        return Response(output["text"] + "\n", media_type=TEXT)
-    if fmt == "srt":
-        return Response(_subrip(segments), media_type=TEXT)
-    if fmt == "vtt":
-        return Response(_webvtt(segments), media_type=VTT)
-    body: dict[str, Any] = {
-        "text": output["text"],
-        "usage": {"type": "duration", "seconds": math.ceil(output["duration"])},
-    }
-    if fmt == "verbose_json":
-        body = {
-            "task": task,
-            # A translation's language is its output's (OpenAI: always english).
-            "language": "english" if task == "translate" else output["language"],
-            "duration": output["duration"],
-            **body,
-            **({"segments": segments} if "segment" in granularities else {}),
-            **({"words": output["words"]} if "word" in granularities else {}),
-        }
-    return Response(orjson.dumps(body), media_type="application/json")
-
-
-def _segments(raw: list[dict[str, Any]], temperature: float) -> list[dict[str, Any]]:
-    """OpenAI's segment objects. `seek` is the start in 10 ms frames (Whisper's mel frames);
-    `avg_logprob` and `no_speech_prob` are not computed (null); `compression_ratio` is Whisper's."""
-    return [
-        {
-            "id": index,
-            "seek": round(segment["start"] * 100),
-            "start": segment["start"],
-            "end": segment["end"],
-            "text": segment["text"],
-            "tokens": segment["tokens"],
-            "temperature": temperature,
-            "avg_logprob": None,
-            "compression_ratio": _compression_ratio(segment["text"]),
-            "no_speech_prob": None,
-        }
-        for index, segment in enumerate(raw)
-    ]
-
-
-def _compression_ratio(text: str) -> float:
-    """Whisper's repetition signal: text bytes over their zlib size (above 2.4: likely looping)."""
-    data = text.encode()
-    return round(len(data) / len(zlib.compress(data)), 3) if data else 0.0
-
-
-def _clock(seconds: float, separator: str) -> str:
-    millis = round(seconds * 1000)
-    hours, millis = divmod(millis, 3_600_000)
-    minutes, millis = divmod(millis, 60_000)
-    return f"{hours:02d}:{minutes:02d}:{millis // 1000:02d}{separator}{millis % 1000:03d}"
-
-
-def _subrip(segments: list[dict[str, Any]]) -> str:
-    return "".join(
-        f"{i}\n{_clock(s['start'], ',')} --> {_clock(s['end'], ',')}\n{s['text'].strip()}\n\n"
-        for i, s in enumerate(segments, start=1)
-    )
-
-
-def _webvtt(segments: list[dict[str, Any]]) -> str:
-    cues = "".join(
-        f"{_clock(s['start'], '.')} --> {_clock(s['end'], '.')}\n{s['text'].strip()}\n\n" for s in segments
-    )
-    return f"WEBVTT\n\n{cues}"
+def _respond(answer: Transcript) -> Response:
+    if isinstance(answer, TextTranscript):
+        return Response(answer.text, media_type=answer.media_type)
+    return json_answer(answer)

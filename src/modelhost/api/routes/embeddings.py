@@ -1,18 +1,15 @@
-"""`POST /v1/embeddings` (OpenAI) and `POST /v1/feature-extraction` (api.md §4.12): one vector per input."""
+"""`POST /v1/embeddings` (OpenAI) and `POST /v1/feature-extraction` (api.md §4.12): one vector per input,
+shaped by `serving.embeddings`."""
 
 from __future__ import annotations
 
-import base64
-from typing import Any
-
-import numpy as np
-import orjson
 from fastapi import APIRouter, Request, Response
 
 from modelhost.api.deps import CallerPrincipal, deployment_for, run_inference
 from modelhost.api.errors import error_responses
-from modelhost.protocol.openai import EmbeddingsRequest, EmbeddingsResponse
+from modelhost.protocol.openai import CreateEmbeddingResponse, EmbeddingsRequest
 from modelhost.protocol.tasks import FeatureExtractionRequest
+from modelhost.serving.embeddings import as_inputs, embeddings_answer, encode, feature_vectors
 
 router = APIRouter(responses=error_responses(400, 401, 402, 404, 413, 429, 502, 503, 504))
 
@@ -24,33 +21,11 @@ EMBEDDINGS_EXAMPLE = {
 }
 
 
-def as_inputs(value: str | list[Any]) -> list[str | list[int]]:
-    """OpenAI's four input shapes → a list of inputs (strings or token-ID lists)."""
-    if isinstance(value, str):
-        return [value]
-    if value and isinstance(value[0], int):
-        return [value]
-    return list(value)
-
-
-def vectors_of(output: dict[str, Any]) -> np.ndarray:
-    return np.frombuffer(output["vectors"], dtype="<f4").reshape(output["count"], output["dim"])
-
-
-def truncate(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
-    """Keep the first `dimensions` components and re-normalise each vector to unit length."""
-    if dimensions is None or dimensions >= vectors.shape[1]:
-        return vectors
-    cut = vectors[:, :dimensions]
-    norms = np.linalg.norm(cut, axis=1, keepdims=True)
-    return np.ascontiguousarray(cut / np.maximum(norms, 1e-12), dtype="<f4")
-
-
 @router.post(
     "/v1/embeddings",
     tags=["openai"],
     summary="Create embeddings (OpenAI-compatible)",
-    response_model=EmbeddingsResponse,
+    response_model=CreateEmbeddingResponse,
     responses={200: {"content": {"application/json": {"example": EMBEDDINGS_EXAMPLE}}}},
 )
 async def create_embeddings(
@@ -58,18 +33,7 @@ async def create_embeddings(
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model, user=body.user)
     output = await run_inference(request, deployment.runtime_key, {"inputs": as_inputs(body.input)})
-    vectors = truncate(vectors_of(output), body.dimensions)
-    if body.encoding_format == "base64":
-        encoded: list[Any] = [base64.b64encode(row.tobytes()).decode("ascii") for row in vectors]
-    else:
-        encoded = list(vectors)  # float32 rows, written by orjson as each float32's shortest form
-    payload = {
-        "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(encoded)],
-        "model": body.model,
-        "usage": {"prompt_tokens": output["tokens"], "total_tokens": output["tokens"]},
-    }
-    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
+    return Response(encode(embeddings_answer(body, output)), media_type="application/json")
 
 
 @router.post(
@@ -85,10 +49,4 @@ async def feature_extraction(
     deployment = await deployment_for(request, principal, body.model)
     inputs = [body.inputs] if isinstance(body.inputs, str) else body.inputs
     output = await run_inference(request, deployment.runtime_key, {"inputs": inputs})
-    vectors = vectors_of(output)
-    return Response(
-        orjson.dumps(
-            vectors[0] if isinstance(body.inputs, str) else vectors, option=orjson.OPT_SERIALIZE_NUMPY
-        ),
-        media_type="application/json",
-    )
+    return Response(feature_vectors(isinstance(body.inputs, str), output), media_type="application/json")

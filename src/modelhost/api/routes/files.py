@@ -1,8 +1,9 @@
 """The Files API (OpenAI's `/v1/files`, docs/batch.md) and generated files behind signed links.
 
-`GET /v1/files/{id}/content` serves both: with `expires` and `signature` in the query it is a generated
-image's link (the link itself is the key); without them it needs an API key and serves a file of the
-key's account (a batch's input, output or error file), streamed.
+`GET /v1/files/{id}/content` serves every file from one store (`services.files.FileStore`), with one of
+two credentials: `expires` and `signature` in the query (a generated image's link: the link itself is
+the key), or an API key, which reads any file of the key's account by its ID: a batch's input, output
+or error file (streamed), or a generated image or video reference.
 
 Every request of the Files API with a key counts against the key's and the account's rate limits; an
 upload also needs credits (402) and stays within the account's spend caps, as inference does, and is
@@ -12,7 +13,7 @@ refused (507) below the data directory's free-disk floor, as an artifact's uploa
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Literal
+from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
@@ -24,7 +25,7 @@ from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, Order, list_body
 from modelhost.batches.files import PURPOSES, FileUpload
 from modelhost.container import Services
-from modelhost.errors import InvalidRequest, NotFound
+from modelhost.errors import InvalidRequest
 from modelhost.protocol.batches import FileDeleted, FileList, FileObject
 
 router = APIRouter(tags=["files"], responses=error_responses(400, 401, 404, 429))
@@ -185,8 +186,8 @@ async def delete_file(
 
 @router.get(
     "/v1/files/{file_id}/content",
-    summary="A file's bytes: with an API key, a file of the account; with `expires` and `signature`, a "
-    "generated image's link (no key)",
+    summary="A file's bytes: with an API key, any file of the account (uploaded or generated); with "
+    "`expires` and `signature`, a generated image's link (no key)",
     responses={200: {"content": {"application/octet-stream": {}, "image/png": {}, "application/jsonl": {}}}},
 )
 async def file_content(
@@ -202,26 +203,11 @@ async def file_content(
     ] = None,
 ) -> Response:
     if expires is not None or signature is not None:
-        if expires is None or signature is None:
-            raise NotFound("File not found (or the link has expired).", code="file_not_found")
-        try:
-            data, content_type = await asyncio.to_thread(services.files.read, file_id, expires, signature)
-        except OverflowError:  # an absurd `expires`
-            raise NotFound("File not found (or the link has expired).", code="file_not_found") from None
-        return Response(data, media_type=content_type, headers={"Cache-Control": "private, max-age=300"})
-    principal = await require_caller(request)
-    await admit(request, principal, billed=False)
-    chunks, filename, size = await asyncio.to_thread(services.uploads.content, owner_of(principal), file_id)
-    kind: Literal["application/jsonl", "application/octet-stream"] = (
-        "application/jsonl" if filename.endswith(".jsonl") else "application/octet-stream"
-    )
-    headers = {
-        "Content-Disposition": f'attachment; filename="{_safe(filename)}"',
-        "Content-Length": str(size),
-    }
-    return StreamingResponse(chunks, media_type=kind, headers=headers)
-
-
-def _safe(filename: str) -> str:
-    """A file name fit for a header: no quotes, backslashes or control characters."""
-    return "".join(c for c in filename if c.isascii() and c.isprintable() and c not in '"\\') or "file"
+        content = await asyncio.to_thread(services.file_store.linked, file_id, expires, signature)
+    else:
+        principal = await require_caller(request)
+        await admit(request, principal, billed=False)
+        content = await asyncio.to_thread(services.file_store.owned, owner_of(principal), file_id)
+    if isinstance(content.body, bytes):
+        return Response(content.body, media_type=content.media_type, headers=content.headers)
+    return StreamingResponse(content.body, media_type=content.media_type, headers=content.headers)

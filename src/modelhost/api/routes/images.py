@@ -1,26 +1,22 @@
 """`POST /v1/images/generations` (api.md §4.3) and `POST /v1/images/edits` (OpenAI's multipart form).
 
 Thin: validate, route (Endpoint not supported before any work), send one item to the deployment's
-worker (which decodes, generates and encodes), shape OpenAI's answer. `url` answers store the files
-behind signed, expiring links (`services.files`). See docs/images.md.
+worker (which decodes, generates and encodes); `serving.images` makes the item and shapes OpenAI's
+answer. See docs/images.md.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import contextlib
 import json
-import secrets
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from modelhost.api.answers import json_answer
 from modelhost.api.bodies import FormFile, read_form
 from modelhost.api.deps import (
     CallerPrincipal,
@@ -40,7 +36,7 @@ from modelhost.protocol.images import (
     ImageOptions,
     ImagesResponse,
 )
-from modelhost.services.files import FileService
+from modelhost.serving.images import completed_events, edit_item, generation_item, images_answer
 
 router = APIRouter(
     tags=["openai"], responses=error_responses(400, 401, 402, 404, 413, 429, 502, 503, 504, 507)
@@ -111,21 +107,6 @@ def edit_form_schema() -> dict[str, Any]:
     }
 
 
-def _options_item(body: ImageOptions) -> dict[str, Any]:
-    """What the worker needs of the options both endpoints share."""
-    width, height = body.size or (None, None)
-    return {
-        "negative_prompt": body.negative_prompt,
-        "n": body.n,
-        "width": width,
-        "height": height,
-        "num_inference_steps": body.num_inference_steps,
-        "guidance_scale": body.guidance_scale,
-        "seed": body.seed,
-        "output_format": body.output_format,
-    }
-
-
 @router.post(
     "/v1/images/generations",
     summary="Generate images from a prompt (api.md §4.3, OpenAI-compatible) on a text-to-image deployment",
@@ -152,8 +133,7 @@ async def generate_images(
     body: ImageGenerationRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
-    item = {**_options_item(body), "prompt": body.prompt or ""}
-    output = await run_inference(request, deployment.runtime_key, item)
+    output = await run_inference(request, deployment.runtime_key, generation_item(body))
     return await _answer(request, services, principal, deployment.model, body, output)
 
 
@@ -176,14 +156,8 @@ async def edit_images(request: Request, services: ServicesDep, principal: Caller
             "This inpainting deployment needs a `mask` (white where the image is repainted).", param="mask"
         )
     settings = services.settings
-    item = {
-        **_options_item(body),
-        "prompt": body.prompt,
-        "strength": body.strength,
-        "images": form.images,
-        "mask": form.mask,
-        "limits": {"max_pixels": settings.media_max_pixels, "max_seconds": settings.media_max_seconds},
-    }
+    limits = {"max_pixels": settings.media_max_pixels, "max_seconds": settings.media_max_seconds}
+    item = edit_item(body, form.images, form.mask, limits)
     output = await run_inference(request, deployment.runtime_key, item)
     return await _answer(request, services, principal, deployment.model, body, output)
 
@@ -196,62 +170,12 @@ async def _answer(
     body: ImageOptions,
     output: dict[str, Any],
 ) -> Response:
-    """§4.3's shape: every data item has `url` and `b64_json`, the one not asked for null."""
-    images: list[bytes] = output["images"]
     if body.stream:
-        return _events(body, output)
-    if body.response_format == "b64_json":
-        data = [{"url": None, "b64_json": base64.b64encode(image).decode("ascii")} for image in images]
-    else:
-        base_url = services.settings.public_url or str(request.base_url)
-        urls = await asyncio.to_thread(
-            _links, services.files, base_url, account_id_of(principal), images, output["content_type"], body
-        )
-        data = [{"url": url, "b64_json": None} for url in urls]
-    payload = {
-        "model": model,
-        "created": int(time.time()),
-        "id": f"img-{secrets.token_hex(12)}",
-        "data": data,
-        "size": f"{output['width']}x{output['height']}",
-        "output_format": body.output_format,
-    }
-    return Response(orjson.dumps(payload), media_type="application/json")
-
-
-def _events(body: ImageOptions, output: dict[str, Any]) -> Response:
-    """`stream: true`: OpenAI's Server-Sent Events, one completed event per image (the images are all
-    made by then: no partial images, which OpenAI too may send fewer of than asked)."""
-    kind = "image_edit" if isinstance(body, ImageEditRequest) else "image_generation"
-    created = int(time.time())
-    events = b""
-    for image in output["images"]:
-        event = {
-            "type": f"{kind}.completed",
-            "b64_json": base64.b64encode(image).decode("ascii"),
-            "created_at": created,
-            "size": f"{output['width']}x{output['height']}",
-            "output_format": body.output_format,
-            "quality": "auto",
-            "background": "opaque",
-        }
-        events += f"event: {kind}.completed\ndata: ".encode() + orjson.dumps(event) + b"\n\n"
-    return Response(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-def _links(
-    files: FileService,
-    base_url: str,
-    account_id: str,
-    images: list[bytes],
-    content_type: str,
-    body: ImageOptions,
-) -> list[str]:
-    """Store each image as a generated file (blob store + row); its signed link. Blocking: in a thread."""
-    return [
-        files.url(base_url, files.store(account_id, image, content_type, body.output_format))
-        for image in images
-    ]
+        events = completed_events(body, output)
+        return Response(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    base_url = services.settings.public_url or str(request.base_url)
+    answer = await images_answer(services.files, base_url, account_id_of(principal), model, body, output)
+    return json_answer(answer)
 
 
 # ---------------------------------------------------------------- the edit form

@@ -2,20 +2,19 @@
 
 One answer shape for the clients people rerank with: Cohere's (`results[].index`, `relevance_score`,
 `document`, `meta.billed_units`), Jina's (`usage.total_tokens`, `return_text`), and the LangChain and
-LlamaIndex rerankers built on them. The worker scores every document; this route sorts, cuts to
+LlamaIndex rerankers built on them. The worker scores every document; `serving.rerank` sorts, cuts to
 `top_n` and attaches the documents when asked. Decisions: docs/tasks.md.
 """
 
 from __future__ import annotations
 
-import secrets
-
-import orjson
 from fastapi import APIRouter, Request, Response
 
+from modelhost.api.answers import json_answer
 from modelhost.api.deps import CallerPrincipal, ServicesDep, deployment_for, run_inference
 from modelhost.api.errors import error_responses
-from modelhost.protocol.rerank import RerankDocument, RerankRequest, RerankResponse
+from modelhost.protocol.rerank import RerankRequest, RerankResponse
+from modelhost.serving.rerank import rerank_answer, rerank_item
 
 router = APIRouter(tags=["tasks"], responses=error_responses(400, 401, 402, 404, 413, 429, 502, 503, 504))
 
@@ -42,29 +41,8 @@ async def rerank(
     body: RerankRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model)
-    texts = [d.text if isinstance(d, RerankDocument) else d for d in body.documents]
-    item = {"query": body.query, "documents": texts, "max_tokens_per_doc": body.max_tokens_per_doc}
-    output = await run_inference(request, deployment.runtime_key, item)
-    scores: list[float] = output["scores"]
-    order = sorted(range(len(texts)), key=lambda i: -scores[i])[: body.top_n]
-    with_documents = body.return_documents or bool(body.return_text)
-    results = [
-        {
-            "index": i,
-            "relevance_score": scores[i],
-            **({"document": {"text": texts[i]}} if with_documents else {}),
-        }
-        for i in order
-    ]
-    answer = {
-        "id": f"rerank-{secrets.token_hex(8)}",
-        "object": "rerank",
-        "model": deployment.model,
-        "results": results,
-        "usage": {"total_tokens": output["tokens"], "prompt_tokens": output["tokens"]},
-        "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
-    }
-    return Response(orjson.dumps(answer), media_type="application/json")
+    output = await run_inference(request, deployment.runtime_key, rerank_item(body))
+    return json_answer(rerank_answer(body, deployment.model, output))
 
 
 for _path in ("/v1/rerank", "/v2/rerank", "/rerank"):

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Query, Request, Response
 
 from modelhost import tracing
+from modelhost.api.answers import json_answer
 from modelhost.api.bodies import MediaBodyRoute, form_openapi
 from modelhost.api.deps import CallerPrincipal, ServicesDep, account_id_of, deployment_for
 from modelhost.api.errors import error_responses
-from modelhost.api.lists import After, Limit, Order, list_body
+from modelhost.api.lists import After, Limit, Order
 from modelhost.auth.principal import Principal, PrincipalKind
 from modelhost.container import Services
 from modelhost.errors import InvalidRequest, NotFound
@@ -33,6 +33,7 @@ from modelhost.protocol.videos import (
     VideoRemixRequest,
     VideoVariant,
 )
+from modelhost.serving.videos import video, video_deleted, video_options, video_page
 
 router = APIRouter(
     tags=["videos"], responses=error_responses(400, 401, 402, 404, 429, 507), route_class=MediaBodyRoute
@@ -63,10 +64,6 @@ def _scope(principal: Principal) -> set[str] | None:
     return None
 
 
-def _json(payload: object, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
-
-
 @router.post(
     "/v1/videos",
     summary="Create a video generation job (JSON, or multipart as the openai SDK sends it)",
@@ -82,14 +79,7 @@ async def create_video(
     if frames > MAX_FRAMES:
         raise InvalidRequest(f"seconds × fps gives {frames} frames; at most {MAX_FRAMES}.", param="seconds")
     reference = await _reference(services, principal, body.input_reference)
-    options = {
-        "seconds": float(body.seconds),
-        "size": body.size,
-        "fps": body.fps,
-        "num_inference_steps": body.num_inference_steps,
-        "guidance_scale": body.guidance_scale,
-        "seed": body.seed,
-    }
+    options = video_options(body)
     job = await asyncio.to_thread(
         services.videos.create,
         account_id_of(principal),
@@ -100,7 +90,7 @@ async def create_video(
         reference,
         tracing.parent(),  # the job's span links to this request's
     )
-    return _json(job)
+    return json_answer(video(job))
 
 
 async def _reference(
@@ -153,7 +143,7 @@ async def remix_video(
         source.reference,
         tracing.parent(),
     )
-    return _json(job)
+    return json_answer(video(job))
 
 
 @router.get("/v1/videos", summary="List video jobs (newest first by default)", response_model=VideoList)
@@ -168,7 +158,7 @@ async def list_videos(
     jobs, more = await asyncio.to_thread(
         services.videos.list, account_id_of(principal), after, limit, order, _scope(principal)
     )
-    return _json(list_body(jobs, more))
+    return json_answer(video_page(jobs, more))
 
 
 @router.get(
@@ -183,7 +173,7 @@ async def retrieve_video(
     headers = None
     if job["status"] in ("queued", "in_progress"):
         headers = {"openai-poll-after-ms": str(services.settings.video_poll_after_ms)}
-    return _json(job, headers=headers)
+    return json_answer(video(job), headers=headers)
 
 
 @router.delete(
@@ -196,7 +186,7 @@ async def delete_video(
 ) -> Response:
     await asyncio.to_thread(services.videos.delete, account_id_of(principal), video_id, _scope(principal))
     await services.video_runner.cancel(video_id)
-    return _json({"id": video_id, "object": "video.deleted", "deleted": True})
+    return json_answer(video_deleted(video_id))
 
 
 @router.get(
