@@ -413,8 +413,8 @@ def _survey(python: str) -> dict[str, Any]:
 
 
 def vllm_launch(data_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """The Python that runs a vLLM replica worker (`runtime.launch` adds the engine's worker module), and
-    what its environment adds to the server's:
+    """The command that starts a vLLM replica worker (its row's `worker`), and what its environment adds
+    to the server's:
     our source on its path (it runs our worker module under vLLM's Python, whichever environment that
     is), no usage reports (self-hosted, often offline), vLLM's compile cache in our data folder, and the
     die-with-parent switch that setup.sh's hook reads in every process vLLM starts."""
@@ -427,4 +427,4 @@ def vllm_launch(data_dir: Path) -> tuple[list[str], dict[str, str]]:
         "DO_NOT_TRACK": "1",
         "VLLM_CACHE_ROOT": str(data_dir / "vllm-cache"),
     }
-    return [str(environment.python)], env
+    return [str(environment.python), "-m", str(spec(REGISTRY_ENGINE).worker)], env

@@ -60,14 +60,14 @@ def worker_launch(
     env.pop(ENVIRONMENT, None)
     env.update(spec.generation.environment())
     if engine.python == ".venv-vllm":  # vLLM's own environment: its Python, and what it adds to ours
-        python, extra = vllm_launch(settings.data_dir)
+        vllm_command, extra = vllm_launch(settings.data_dir)
+        command = tuple(vllm_command)
         # vLLM's legacy KV-cache setting counts whole GiB and overrides ours: never passed on
         env = {k: v for k, v in env.items() if k != "VLLM_CPU_KVCACHE_SPACE"} | extra
-    else:
+    elif engine.worker is not None:
         # our Python, executed (never forked: the engine starts threads of its own)
-        python = [sys.executable]
+        command = (sys.executable, "-m", engine.worker)
     if engine.worker is not None:
-        command = (*python, "-m", engine.worker)
         WORKER_ARGS[engine.worker](spec, settings, args, env)
     return WorkerLaunch(command, env, tuple(args))
 
