@@ -19,7 +19,8 @@ through its transformers fallback, more slowly: those stay on ours); anything el
 `transformers`. An artifact whose files are GGUF runs on `llamacpp`, whatever the task's other engines.
 
 What each engine is (its worker, environment, tasks, formats, how `auto` ranks it) is its row in
-`engine_table`; this module decides with those rows, and compares no engine's name.
+`engine_table`: this module decides with those rows (`GGUF_ENGINE`, `REGISTRY_ENGINE`, `FALLBACK` are
+read from them), and names no engine itself.
 """
 
 from __future__ import annotations
