@@ -7,7 +7,8 @@ worker loads, and the library tables whose architectures artifact inspection acc
 (`tasks.registry`) and inspection (`artifacts.architectures`) are all derived from `TASKS`, so adding a
 pipeline is one handler file plus one entry here (docs/architecture.md walks through an example).
 
-This module sits in the base layer: it imports only the wire protocol, and names handlers as strings
+This module sits in the base layer: it imports only the wire protocol and the engine table (`engine_table`:
+the engines a task lists are those whose row names it), and names handlers as strings
 because they pull in torch and the model libraries, which only worker processes load.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, get_args
 
+from modelhost.engine_table import EngineName, engines_for
 from modelhost.protocol import tasks as p
 from modelhost.protocol.artifacts import Pipeline
 
@@ -64,12 +66,16 @@ class PipelineTask:
     # for /docs: the task endpoint's summary and an example request and answer
     summary: str = ""
     example: tuple[dict[str, Any], Any] | None = None
-    # the engines that can run it inside a replica (`runtime.engines`), the fallback last
-    engines: tuple[str, ...] = ("transformers",)
 
     @property
     def endpoint(self) -> str:
         return self.endpoints[0]
+
+    @property
+    def engines(self) -> tuple[EngineName, ...]:
+        """The engines that can run it inside a replica, in `auto`'s order, the fallback last: those
+        whose row in `engine_table` lists it."""
+        return engines_for(self.name)
 
 
 def _scores(item: Any) -> Any:
@@ -126,7 +132,6 @@ TASKS: tuple[PipelineTask, ...] = (
             ],
         ),
         needs_tokenizer=True,
-        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "fill-mask",
@@ -148,7 +153,6 @@ TASKS: tuple[PipelineTask, ...] = (
             ],
         ),
         needs_tokenizer=True,
-        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "feature-extraction",
@@ -157,8 +161,6 @@ TASKS: tuple[PipelineTask, ...] = (
         # Any encoder gives features; sentence-transformers pools whatever its Transformer module holds.
         ("MODEL_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES"),
         needs_tokenizer=True,
-        # llamacpp: an embedding GGUF's (docs/engines-llamacpp.md)
-        engines=("onnxruntime", "openvino", "llamacpp", "transformers"),
     ),
     PipelineTask(
         "zero-shot-image-classification",
@@ -258,7 +260,6 @@ TASKS: tuple[PipelineTask, ...] = (
         summary="Image feature extraction: one vector per image",
         example=({"model": "vit", "inputs": PNG}, [0.0123, -0.0456, 0.0789]),
         needs_processor=True,
-        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "text-generation",
@@ -274,7 +275,6 @@ TASKS: tuple[PipelineTask, ...] = (
         ),
         ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
         needs_tokenizer=True,
-        engines=("vllm", "llamacpp", "transformers"),
     ),
     PipelineTask(
         "image-text-to-text",
@@ -293,7 +293,6 @@ TASKS: tuple[PipelineTask, ...] = (
         ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
         needs_tokenizer=True,
         needs_processor=True,
-        engines=("vllm", "transformers"),
     ),
     PipelineTask(
         "text-to-image",
@@ -347,7 +346,6 @@ TASKS: tuple[PipelineTask, ...] = (
             [{"label": "positive", "score": 0.98}],
         ),
         needs_tokenizer=True,
-        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "zero-shot-classification",
@@ -370,7 +368,6 @@ TASKS: tuple[PipelineTask, ...] = (
                 "scores": [0.93, 0.07],
             },
         ),
-        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "image-classification",
@@ -386,7 +383,6 @@ TASKS: tuple[PipelineTask, ...] = (
             {"model": "vit", "inputs": PNG, "top_k": 2},
             [{"label": "cat", "score": 0.91}, {"label": "dog", "score": 0.05}],
         ),
-        engines=("onnxruntime", "openvino", "transformers"),
     ),
     PipelineTask(
         "object-detection",
@@ -425,7 +421,6 @@ TASKS: tuple[PipelineTask, ...] = (
         ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",),
         needs_tokenizer=True,
         # its own route (api.routes.tasks): questions and contexts pair up
-        engines=("onnxruntime", "openvino", "transformers"),
     ),
     _text2text(
         "summarization",
@@ -471,7 +466,6 @@ TASKS: tuple[PipelineTask, ...] = (
         ("/v1/rerank", "/v2/rerank", "/rerank"),
         ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",),
         needs_tokenizer=True,
-        engines=("onnxruntime", "openvino", "transformers"),
     ),
 )
 

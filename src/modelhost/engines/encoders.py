@@ -46,6 +46,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from modelhost.engine_table import FALLBACK
+
 log = logging.getLogger("modelhost.tasks.encoder_runtimes")
 
 TOLERANCE = 1e-4  # the largest absolute difference from torch's output a runtime may show
@@ -387,7 +389,7 @@ def prepare(
     folder = cache_folder(cache_root, model_dir, slot.outputs)
     decision = _read_decision(folder, asked)
     exported = folder / "model.onnx"
-    if decision is not None and (decision["engine"] == "transformers" or exported.is_file()):
+    if decision is not None and (decision["engine"] == FALLBACK or exported.is_file()):
         log.info("encoder runtime for %s from the cache: %s", model_dir, decision["engine"])
         cached = f"{decision['reason']} (cached decision, {decision['at']})"
         above = decision.get("torch_above")
@@ -404,7 +406,7 @@ def prepare(
         why = choice.reason
     if precision == "int8":
         return _int8(slot, folder, choice)
-    if choice.engine == "transformers" and asked in RUNTIMES:
+    if choice.engine == FALLBACK and asked in RUNTIMES:
         raise RuntimeUnusable(why)
     if choice.engine in RUNTIMES:
         slot.replace(runtime_model(slot, choice.engine, exported, choice.torch_above))
@@ -572,7 +574,7 @@ def _measure(slot: EncoderSlot, path: Path, asked: str) -> RuntimeChoice:
         _export(slot, path)
     except Exception as exc:  # the exporter's many failure types
         reason = f"the model did not export ({type(exc).__name__}: {_first_line(exc)})"
-        return RuntimeChoice("transformers", f"auto chose transformers: {reason}")
+        return RuntimeChoice(FALLBACK, f"auto chose {FALLBACK}: {reason}")
     log.info("encoder exported in %.1f s", time.perf_counter() - started)
     return _choose(slot, path, asked)
 
@@ -605,7 +607,7 @@ def _choose(slot: EncoderSlot, path: Path, asked: str) -> RuntimeChoice:
                 f"{runtime.label()}'s output differs from torch's by {difference:.2g} (> {TOLERANCE:g})"
             )
     if not passed:
-        return RuntimeChoice("transformers", "auto chose transformers: " + "; ".join(failures))
+        return RuntimeChoice(FALLBACK, f"auto chose {FALLBACK}: " + "; ".join(failures))
     if asked in RUNTIMES:
         return RuntimeChoice(
             asked, f"{RUNTIMES[asked].label()}, equal to torch within {passed[asked][1]:.1g}", True
@@ -616,8 +618,8 @@ def _choose(slot: EncoderSlot, path: Path, asked: str) -> RuntimeChoice:
         for engine, cases in timed.items()
     }
     best = max(overall, key=lambda engine: overall[engine])  # the first of equals: `RUNTIMES`' order
-    engine = best if overall[best] > 1.0 else "transformers"
-    above = _torch_above(list(timed[best].values())) if engine != "transformers" else None
+    engine = best if overall[best] > 1.0 else FALLBACK
+    above = _torch_above(list(timed[best].values())) if engine != FALLBACK else None
     summaries = []
     for name in sorted(timed, key=lambda name: name != best):  # the chosen (or best) runtime first
         figures = ", ".join(f"{ratio:.2f} x at {case}" for case, (ratio, _) in timed[name].items())

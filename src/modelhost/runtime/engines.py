@@ -17,6 +17,10 @@ for a task vLLM serves when vLLM is installed, lists the artifact's architecture
 and can import its implementation there (`runtime.vllm_registry`; vLLM can run other architectures
 through its transformers fallback, more slowly: those stay on ours); anything else runs on
 `transformers`. An artifact whose files are GGUF runs on `llamacpp`, whatever the task's other engines.
+
+What each engine is (its worker, environment, tasks, formats, how `auto` ranks it) is its row in
+`engine_table`: this module decides with those rows (`GGUF_ENGINE`, `REGISTRY_ENGINE`, `FALLBACK` are
+read from them), and names no engine itself.
 """
 
 from __future__ import annotations
@@ -34,15 +38,20 @@ import modelhost
 from modelhost.artifacts.gguf_check import InvalidGguf, gguf_set, read_gguf_set
 from modelhost.artifacts.quantization import InvalidQuantization, Quantization, read_quantization, serving
 from modelhost.config import Settings, get_settings
+from modelhost.engine_table import AUTO, ENGINE_TABLE, FALLBACK, engines_where, reader_of, sole_reader, spec
 from modelhost.errors import InvalidRequest
 from modelhost.pipelines import BY_NAME
 from modelhost.runtime.memory import gpu_totals
 
 log = logging.getLogger("modelhost.runtime")
 
-ENGINES = ("auto", "vllm", "llamacpp", "onnxruntime", "openvino", "transformers")
+ENGINES = (AUTO, *ENGINE_TABLE)  # what a deployment may ask for (`engine`)
 # Engines a replica chooses between when it loads, by measuring them (`engines.encoders`)
-MEASURED_AT_LOAD = ("onnxruntime", "openvino")  # engines.encoders.RUNTIMES
+MEASURED_AT_LOAD = engines_where("measured_at_load")  # engines.encoders.RUNTIMES
+GGUF_ENGINE = reader_of("gguf")  # the one engine that reads GGUF (llama.cpp)
+# the engine `auto` takes where its own model registry lists the architecture, and for a quantized
+# checkpoint where it has the kernels (vLLM)
+REGISTRY_ENGINE = engines_where("lists_architectures")[0]
 MARKER = ".modelhost-vllm"  # written by setup.sh once the environment imports vLLM
 # what vLLM's environment can run (`runtime.vllm_registry`), written beside it by setup.sh
 ARCHITECTURES_FILE = ".modelhost-vllm-architectures.json"
@@ -73,7 +82,7 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
     """The engine for a deployment of `pipeline` whose artifact's files are in `model_dir`; InvalidRequest
     (400, param `engine`) when the engine asked for cannot serve it."""
     engines = BY_NAME[pipeline].engines
-    if asked != "auto" and asked not in engines:
+    if asked != AUTO and asked not in engines:
         raise InvalidRequest(
             f"The {asked} engine does not serve {pipeline}; engines for it: auto, {', '.join(engines)}.",
             param="engine",
@@ -85,23 +94,32 @@ def choose(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice:
     quantization = quantization_of(model_dir)
     if quantization is not None:
         return _choose_for_quantized(asked, pipeline, quantization, model_dir)
-    if asked == "transformers" or engines == ("transformers",):
-        return EngineChoice("transformers")
-    if "vllm" not in engines:
+    if asked == FALLBACK or engines == (FALLBACK,):
+        return EngineChoice(FALLBACK)
+    if REGISTRY_ENGINE not in engines:
         return _choose_at_load(asked)
     try:
         architecture = _supported_architecture(model_dir)
     except VllmUnavailable as exc:
-        if asked == "vllm":
+        if asked == REGISTRY_ENGINE:
             raise InvalidRequest(
-                f"The vllm engine cannot serve this artifact: {exc}",
+                f"The {asked} engine cannot serve this artifact: {exc}",
                 param="engine",
                 code="engine_not_supported",
             ) from None
-        return EngineChoice("transformers", f"auto chose transformers: {exc}")
-    if asked == "vllm":
-        return EngineChoice("vllm")
-    return EngineChoice("vllm", f"auto chose vLLM: installed, and its registry has {architecture}")
+        return EngineChoice(FALLBACK, f"auto chose {FALLBACK}: {exc}")
+    if asked == REGISTRY_ENGINE:
+        return EngineChoice(asked)
+    label = spec(REGISTRY_ENGINE).label
+    return EngineChoice(
+        REGISTRY_ENGINE, f"auto chose {label}: installed, and its registry has {architecture}"
+    )
+
+
+def reads_artifact(pipeline: str) -> bool:
+    """Whether `choose` reads the artifact's files for a task: where an engine of it is chosen by the
+    checkpoint (its registry's architectures, its quantized kernels: vLLM's tasks)."""
+    return REGISTRY_ENGINE in BY_NAME[pipeline].engines
 
 
 def _gguf_choice(asked: str, pipeline: str, model_dir: Path | None) -> EngineChoice | None:
@@ -109,14 +127,15 @@ def _gguf_choice(asked: str, pipeline: str, model_dir: Path | None) -> EngineCho
     InvalidRequest where the engine asked for cannot serve the artifact's format, or llama.cpp the task
     (feature-extraction from a GGUF that is no embedding model)."""
     is_gguf = model_dir is not None and is_gguf_artifact(model_dir)
-    if is_gguf and "llamacpp" not in BY_NAME[pipeline].engines:
+    if is_gguf and GGUF_ENGINE not in BY_NAME[pipeline].engines:
+        tasks = " and ".join(spec(GGUF_ENGINE).tasks or ())
         raise InvalidRequest(
-            f"This artifact's files are GGUF, which only the llamacpp engine serves, and it does not serve "
-            f"{pipeline} (text-generation and feature-extraction only).",
+            f"This artifact's files are GGUF, which only the {GGUF_ENGINE} engine serves, and it does not "
+            f"serve {pipeline} ({tasks} only).",
             param="engine",
             code="engine_not_supported",
         )
-    if is_gguf and asked in ("auto", "llamacpp"):
+    if is_gguf and asked in (AUTO, GGUF_ENGINE):
         embeds = pipeline == "feature-extraction"
         assert model_dir is not None
         if embeds and not _embedding_gguf(model_dir):
@@ -127,14 +146,16 @@ def _gguf_choice(asked: str, pipeline: str, model_dir: Path | None) -> EngineCho
                 code="engine_not_supported",
             )
         what = "GGUF, an embedding model: llama.cpp's embedding mode" if embeds else "GGUF"
-        reason = f"auto chose llama.cpp: the artifact's files are {what}" if asked == "auto" else None
-        return EngineChoice("llamacpp", reason)
+        label = spec(GGUF_ENGINE).label
+        reason = f"auto chose {label}: the artifact's files are {what}" if asked == AUTO else None
+        return EngineChoice(GGUF_ENGINE, reason)
     if is_gguf:
         why = (
-            "the artifact's files are GGUF, which only the llamacpp engine serves (ask for auto or llamacpp)"
+            f"the artifact's files are GGUF, which only the {GGUF_ENGINE} engine serves "
+            f"(ask for auto or {GGUF_ENGINE})"
         )
-    elif asked == "llamacpp":
-        why = "the llamacpp engine serves GGUF files, and this artifact has none"
+    elif asked == GGUF_ENGINE:
+        why = f"the {GGUF_ENGINE} engine serves GGUF files, and this artifact has none"
     else:
         return None
     raise InvalidRequest(
@@ -164,7 +185,7 @@ def falls_back(asked: str, in_use: str, model_dir: Path) -> bool:
     """Whether a deployment whose vLLM replica fails to load runs on transformers instead: where `auto`
     chose vLLM for a checkpoint transformers can run too, so not a quantized one (transformers has no
     kernels for it: the deployment fails with vLLM's reason instead)."""
-    return asked == "auto" and in_use == "vllm" and quantization_of(model_dir) is None
+    return asked == AUTO and spec(in_use).lists_architectures and quantization_of(model_dir) is None
 
 
 def quantization_of(model_dir: Path | None) -> Quantization | None:
@@ -186,10 +207,11 @@ def _choose_for_quantized(
     never on transformers, which has no kernels for it, so neither asked nor as a fallback.
     InvalidRequest (400 `engine_not_supported`) with the reason otherwise."""
     device = device_kind()
-    engine = "vllm" if asked == "auto" else asked
+    engine = REGISTRY_ENGINE if asked == AUTO else asked
     why = serving(quantization, engine, device)
-    if why is None and "vllm" not in BY_NAME[pipeline].engines:
-        why = f"vLLM does not serve {pipeline}, and no other engine here serves quantized safetensors."
+    if why is None and engine not in BY_NAME[pipeline].engines:
+        label = spec(engine).label
+        why = f"{label} does not serve {pipeline}, and no other engine here serves quantized safetensors."
     if why is None:
         try:
             _supported_architecture(model_dir)
@@ -201,10 +223,11 @@ def _choose_for_quantized(
             param="engine",
             code="engine_not_supported",
         )
-    if asked == "vllm":
-        return EngineChoice("vllm")
+    if asked == engine:
+        return EngineChoice(engine)
+    label = spec(engine).label
     return EngineChoice(
-        "vllm", f"auto chose vLLM: a {describe(quantization)} checkpoint, which vLLM serves on {device}"
+        engine, f"auto chose {label}: a {describe(quantization)} checkpoint, which {label} serves on {device}"
     )
 
 
@@ -232,12 +255,15 @@ def check_precision(precision: str, asked: str, pipeline: str) -> None:
     if precision == "float32":
         return
     why = None
-    if "onnxruntime" not in BY_NAME[pipeline].engines:
-        why = f"{pipeline} does not run on ONNX Runtime"
-    elif asked == "llamacpp":
-        why = "the artifact is a GGUF, which llama.cpp runs at its own tensor types (quantize the GGUF)"
-    elif asked not in ("auto", "onnxruntime"):
-        why = f"the {asked} engine runs float32 only; ask for auto or onnxruntime"
+    at_precision = [name for name, row in ENGINE_TABLE.items() if precision in row.precisions]
+    runs_it = [engine for engine in BY_NAME[pipeline].engines if engine in at_precision]
+    if not runs_it:
+        why = f"{pipeline} does not run on {' or '.join(spec(engine).label for engine in at_precision)}"
+    elif asked == GGUF_ENGINE:
+        label = spec(GGUF_ENGINE).label
+        why = f"the artifact is a GGUF, which {label} runs at its own tensor types (quantize the GGUF)"
+    elif asked not in (AUTO, *runs_it):
+        why = f"the {asked} engine runs float32 only; ask for auto or {' or '.join(runs_it)}"
     else:
         why = _encoder_runtimes_off()
     if why is not None:
@@ -253,12 +279,13 @@ def _choose_at_load(asked: str) -> EngineChoice:
     then the deployment shows torch (`transformers`) with that reason."""
     off = _encoder_runtimes_off()
     if off is not None:
-        if asked != "auto":
+        if asked != AUTO:
             raise InvalidRequest(off.capitalize() + ".", param="engine", code="engine_not_supported")
-        return EngineChoice("transformers", f"auto chose transformers: {off}")
-    if asked == "auto":
-        reason = "auto: ONNX Runtime, OpenVINO and torch are measured when a replica first loads the model"
-        return EngineChoice("transformers", reason)
+        return EngineChoice(FALLBACK, f"auto chose {FALLBACK}: {off}")
+    if asked == AUTO:
+        measured = ", ".join(spec(engine).label for engine in MEASURED_AT_LOAD)
+        reason = f"auto: {measured} and torch are measured when a replica first loads the model"
+        return EngineChoice(FALLBACK, reason)
     return EngineChoice(asked)
 
 
@@ -276,10 +303,10 @@ def replica_engine(asked: str, in_use: str, pipeline: str) -> str:
     (an encoder's runtime under `auto`, `onnxruntime` or `openvino`: measured, or its decision read
     from the cache, at every load, so that each machine keeps its own; never for a GGUF's embeddings,
     which llama.cpp alone reads)."""
-    if in_use == "llamacpp":  # a GGUF: nothing else reads it
+    if sole_reader(in_use):  # a GGUF: nothing else reads it
         return in_use
-    chooses = asked in ("auto", *MEASURED_AT_LOAD) and any(
-        engine in MEASURED_AT_LOAD for engine in BY_NAME[pipeline].engines
+    chooses = spec(asked).measured_at_load and any(
+        spec(engine).measured_at_load for engine in BY_NAME[pipeline].engines
     )
     return asked if chooses and _encoder_runtimes_off() is None else in_use
 
@@ -387,7 +414,8 @@ def _survey(python: str) -> dict[str, Any]:
 
 
 def vllm_launch(data_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """The command that starts a vLLM replica worker, and what its environment adds to the server's:
+    """The command that starts a vLLM replica worker (its row's `worker`), and what its environment adds
+    to the server's:
     our source on its path (it runs our worker module under vLLM's Python, whichever environment that
     is), no usage reports (self-hosted, often offline), vLLM's compile cache in our data folder, and the
     die-with-parent switch that setup.sh's hook reads in every process vLLM starts."""
@@ -400,4 +428,4 @@ def vllm_launch(data_dir: Path) -> tuple[list[str], dict[str, str]]:
         "DO_NOT_TRACK": "1",
         "VLLM_CACHE_ROOT": str(data_dir / "vllm-cache"),
     }
-    return [str(environment.python), "-m", "modelhost.runtime.vllm_worker"], env
+    return [str(environment.python), "-m", str(spec(REGISTRY_ENGINE).worker)], env

@@ -6,7 +6,8 @@ Predicted from what is known before any process starts, in this order:
 2. else the weights (the artifact's weight files, as large in memory as on disk: transformers and vLLM
    load a checkpoint in its own precision), plus the KV cache a generation engine is given (below),
    plus the engine's base cost: the most any replica of that engine measured above its weights and KV
-   cache on this server, or a first guess (`BASE_COSTS`) until one has.
+   cache on this server, or a first guess (its row's `base_bytes` in `engine_table`: `BASE_COSTS`) until
+   one has.
 
 Once loaded, the measured footprint replaces the prediction (`runtime.manager`).
 
@@ -40,17 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from modelhost.artifacts.gguf_check import ENCODER_ARCHITECTURES, InvalidGguf, read_gguf_set
+from modelhost.engine_table import AUTO, ENGINE_TABLE, spec
 from modelhost.pipelines import BY_NAME
 from modelhost.runtime.capacity import MB, Footprint
 
 # First guesses of an engine's cost above its weights and KV cache, for a replica forked from the
-# worker template (`transformers`, the encoder runtimes) or started as vLLM's processes, until one is
-# measured on this server. Measured on the 2-core test machine: a tiny model's forked worker 35 MiB,
-# all-MiniLM-L6-v2 on torch 138 MiB (90 of it its weights); a tiny chat model on vLLM's CPU engine (eager)
-# 1,329 MiB and on ours 180 MiB, 128 MiB of each its KV cache.
-# A llama.cpp replica (a program of its own): the interpreter, transformers' tokenizer and the server's
-# threads: 194 MiB measured on the 2-core test machine for the tests' tiny GGUF (2 slots), rounded up.
-BASE_COSTS = {"transformers": 64 * MB, "auto": 96 * MB, "vllm": 1536 * MB, "llamacpp": 256 * MB}
+# worker template (`transformers`, the encoder runtimes, `auto`: one that measures them at load) or
+# started as a program of its own (vLLM's processes, llama.cpp's), until one is measured on this server:
+# each engine's row says its own (`engine_table`, where the measurements behind them are).
+BASE_COSTS = {name: row.base_bytes for name, row in ENGINE_TABLE.items()} | {AUTO: spec(AUTO).base_bytes}
 # A worker started as a new program (no template): its imports are its own, not shared
 EXECUTED_WORKER_COST = 400 * MB
 # What a process holds on a GPU before its model: the CUDA context and the caching allocator's slack
@@ -112,8 +111,9 @@ def llamacpp_layout(
 
 
 def generates(pipeline: str) -> bool:
-    """A task whose replicas run a generation engine with a KV cache (the tasks vLLM may serve)."""
-    return "vllm" in BY_NAME[pipeline].engines
+    """A task whose replicas run a generation engine with a KV cache (the tasks vLLM may serve: its row
+    says `generates`)."""
+    return any(spec(engine).generates for engine in BY_NAME[pipeline].engines)
 
 
 def predict(
@@ -133,8 +133,9 @@ def predict(
 ) -> Prediction:
     """One replica's footprint (see the module docstring). `llamacpp`: the server's slots and context
     cap per slot (MODELHOST_LLAMACPP_SLOTS, MODELHOST_LLAMACPP_CONTEXT)."""
-    if engine == "llamacpp":
-        return _predict_llamacpp(model_dir, remembered, base_costs, max_model_len, llamacpp)
+    row = spec(engine)
+    if "gguf" in row.formats:  # llama.cpp: predicted from the GGUF's header
+        return _predict_llamacpp(model_dir, engine, remembered, base_costs, max_model_len, llamacpp)
     weights = weight_bytes(model_dir)
     kv = 0
     if generates(pipeline):
@@ -142,8 +143,8 @@ def predict(
         kv = kv_cache_bytes(model_dir, kv_cache_mb, host_budget, gpu_room, max_model_len)
     if remembered is not None:
         return Prediction(remembered, weights, kv, remembered=True)
-    base = base_costs.get(engine) or BASE_COSTS.get(engine, BASE_COSTS["transformers"])
-    if not preload and engine != "vllm":
+    base = base_costs.get(engine) or row.base_bytes
+    if not preload and row.worker is None:  # our worker, executed rather than forked from the template
         base = max(base, EXECUTED_WORKER_COST)
     if on_gpu:
         return Prediction(Footprint(base, weights + kv + GPU_PROCESS_COST), weights, kv, remembered=False)
@@ -152,6 +153,7 @@ def predict(
 
 def _predict_llamacpp(
     model_dir: Path,
+    engine: str,
     remembered: Footprint | None,
     base_costs: Mapping[str, int],
     max_model_len: int | None,
@@ -164,7 +166,7 @@ def _predict_llamacpp(
         layout = LlamaCppLayout(llamacpp[0], 0, weight_bytes(model_dir), 0, 0)
     if remembered is not None:
         return Prediction(remembered, layout.weights, layout.kv_cache, True, layout.compute)
-    base = base_costs.get("llamacpp") or BASE_COSTS["llamacpp"]
+    base = base_costs.get(engine) or spec(engine).base_bytes
     host = base + layout.weights + layout.kv_cache + layout.compute
     return Prediction(Footprint(host), layout.weights, layout.kv_cache, False, layout.compute)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modelhost.config import Settings
+from modelhost.engine_table import spec as engine_spec
 from modelhost.metrics import process_gone
 from modelhost.run_folders import new_folder
 from modelhost.runtime import metrics
@@ -215,7 +216,7 @@ class LocalProcessReplica:
     def _kill_group(self) -> None:
         """A vLLM worker's engine processes (its own session), a llama.cpp worker's `llama-server`, end
         with it, even when it was killed."""
-        if self.spec.engine in ("vllm", "llamacpp") and self.pid is not None:
+        if engine_spec(self.spec.engine).worker is not None and self.pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)
 

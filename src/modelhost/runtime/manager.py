@@ -22,6 +22,7 @@ from typing import Any
 from modelhost import tracing
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
+from modelhost.engine_table import FALLBACK
 from modelhost.errors import (
     CapacityConflict,
     DeploymentUnavailable,
@@ -258,7 +259,7 @@ class DeploymentRuntime:
         """`auto` chose vLLM, which could not load the model (an architecture it lists but cannot run
         here, say): the deployment runs on `transformers`, and its `engine_reason` says why."""
         log.warning("deployment %s runs on transformers: vLLM could not load it (%s)", self.spec.id, reason)
-        self.spec = dataclasses.replace(self.spec, engine="transformers", falls_back=False)
+        self.spec = dataclasses.replace(self.spec, engine=FALLBACK, falls_back=False)
         await asyncio.to_thread(self._manager.engine_fell_back, self.spec.id, reason)
 
     def _fail(self, reason: str) -> None:

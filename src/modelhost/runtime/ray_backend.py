@@ -60,6 +60,7 @@ from ray.serve.handle import DeploymentHandle
 from modelhost import tracing
 from modelhost.auth.principal import low_priority
 from modelhost.config import Settings, get_settings
+from modelhost.engine_table import spec as engine_spec
 from modelhost.errors import DeploymentUnavailable
 from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime import metrics
@@ -745,7 +746,7 @@ class RayServeReplica:
     def _definition(self) -> tuple[type, ServeLoad | VllmLaunch]:
         """The actor class of the deployment's engine and its argument."""
         spec, settings = self.spec, self._settings
-        if spec.engine in ("vllm", "llamacpp"):  # a worker program of its own, the actor's child
+        if engine_spec(spec.engine).worker is not None:  # a worker program of its own, the actor's child
             return VllmServer, vllm_definition(spec, settings, self._warmup)
         load = ServeLoad(
             pipeline=spec.pipeline,

@@ -17,8 +17,12 @@ from sqlalchemy.orm import Session
 
 from modelhost.artifacts.adapters import AdapterMismatch, check_fits_base
 from modelhost.artifacts.inspection import ADAPTER_TASKS
+from modelhost.engine_table import engines_where, sole_reader, spec
 from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.store.models import Deployment, ModelArtifact
+
+# the engine an adapter deployment runs on, on its base's replicas: the first whose row `serves_adapters`
+ADAPTER_ENGINE = engines_where("serves_adapters")[0]
 
 
 def find_base(session: Session, account_id: str, name: str) -> Deployment:
@@ -61,19 +65,20 @@ def check_base(base: Deployment) -> None:
             param="base_deployment",
             code="adapter_base_unsupported",
         )
-    if base.engine_in_use == "llamacpp":  # a GGUF: no other engine serves it, so no engine to patch to
+    engine = spec(base.engine_in_use)
+    if sole_reader(base.engine_in_use):  # a GGUF: no other engine serves it, so no engine to patch to
         raise InvalidRequest(
-            f"'{base.model}' is a GGUF model on the llamacpp engine, which serves no adapters here: a PEFT "
-            "adapter would have to be converted to a GGUF LoRA adapter, which modelhost does not do yet "
-            "(docs/adapters.md).",
+            f"'{base.model}' is a GGUF model on the {base.engine_in_use} engine, which serves no adapters "
+            "here: a PEFT adapter would have to be converted to a GGUF LoRA adapter, which modelhost does "
+            "not do yet (docs/adapters.md).",
             param="base_deployment",
             code="adapter_base_unsupported",
         )
-    if base.engine_in_use != "vllm":
+    if not engine.serves_adapters:
         raise InvalidRequest(
             f"'{base.model}' runs on the {base.engine_in_use} engine, which does not serve adapters (its "
-            "batches run one set of weights); create or patch the base with engine: vllm, which applies "
-            "many adapters in one batch.",
+            f"batches run one set of weights); create or patch the base with engine: {ADAPTER_ENGINE}, "
+            "which applies many adapters in one batch.",
             param="base_deployment",
             code="adapter_base_unsupported",
         )

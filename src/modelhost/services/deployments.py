@@ -15,15 +15,16 @@ from sqlalchemy.orm import Session
 from modelhost import audit
 from modelhost.artifacts.gguf_check import InvalidGguf, read_gguf_set
 from modelhost.cache import SingleFlight, TTLCache
+from modelhost.engine_table import AUTO, FALLBACK, sole_reader
+from modelhost.engine_table import spec as engine_spec
 from modelhost.errors import BaseNotShared, Conflict, InvalidRequest, NotFound
 from modelhost.generation import deployment_settings
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import artifact_family
-from modelhost.pipelines import BY_NAME
 from modelhost.routing import DeploymentRef, Version, split_key
 from modelhost.runtime import engines
 from modelhost.runtime.capacity import Footprint
-from modelhost.runtime.engines import MEASURED_AT_LOAD, EngineChoice, replica_engine
+from modelhost.runtime.engines import EngineChoice, reads_artifact, replica_engine
 from modelhost.runtime.footprint import generates, model_context
 from modelhost.runtime.spec import AdapterTarget, AttachedAdapter, DeploymentSpec
 from modelhost.services import adapters, rollouts
@@ -333,7 +334,7 @@ class DeploymentService:
         can read it: a GGUF artifact (as inspection recorded it, whichever engine is asked for: only
         llamacpp serves one), or a task vLLM serves (`transformers` asked for is refused for a quantized
         checkpoint)."""
-        reads_files = artifact.gguf is not None or "vllm" in BY_NAME[artifact.pipeline].engines
+        reads_files = artifact.gguf is not None or reads_artifact(artifact.pipeline)
         model_dir = self._artifact_dir(artifact) if reads_files else None
         return engines.choose(asked, artifact.pipeline, model_dir)
 
@@ -376,11 +377,13 @@ class DeploymentService:
         family = self._family(artifact, settings) if base is None else None
         if base is not None and base_artifact is not None:
             adapters.check_fits(self._artifact_dir(artifact), self._artifact_dir(base_artifact), artifact)
-            choice = EngineChoice("vllm", f"served on the replicas of its base '{base.model}'")
-            readiness, engine = base.readiness, "vllm"
+            choice = EngineChoice(
+                adapters.ADAPTER_ENGINE, f"served on the replicas of its base '{base.model}'"
+            )
+            readiness, engine = base.readiness, adapters.ADAPTER_ENGINE
         else:
             choice = self._choose_engine(engine, artifact)
-            gguf = choice.engine == "llamacpp"  # whatever was asked: only llama.cpp reads it
+            gguf = sole_reader(choice.engine)  # whatever was asked: only llama.cpp reads it
             engines.check_precision(precision, choice.engine if gguf else engine, artifact.pipeline)
         try:
             with self._database.transaction() as session:
@@ -536,7 +539,7 @@ class DeploymentService:
                 deployment.family = family
             if engine is not None and choice is not None:
                 attached = adapters.attached(session, deployment.id)
-                if attached and choice.engine != "vllm":
+                if attached and not engine_spec(choice.engine).serves_adapters:
                     raise adapters.still_attached(deployment, attached, f"would run on {choice.engine}")
                 deployment.engine, deployment.engine_in_use = engine, choice.engine
                 deployment.engine_reason = choice.reason
@@ -784,10 +787,14 @@ class DeploymentService:
         now on, saying why (until its engine is patched, which chooses again)."""
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
-            if deployment is None or deployment.engine != "auto" or deployment.engine_in_use != "vllm":
+            if (
+                deployment is None
+                or deployment.engine != AUTO
+                or not engine_spec(deployment.engine_in_use).lists_architectures
+            ):
                 return  # deleted, or its engine changed meanwhile
-            deployment.engine_in_use = "transformers"
-            deployment.engine_reason = f"auto fell back to transformers: {reason}"
+            deployment.engine_in_use = FALLBACK
+            deployment.engine_reason = f"auto fell back to {FALLBACK}: {reason}"
         self._refs_cache.clear()
 
     def engine_measured(
@@ -798,7 +805,7 @@ class DeploymentService:
         them."""
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
-            if deployment is None or deployment.engine not in ("auto", *MEASURED_AT_LOAD):
+            if deployment is None or not engine_spec(deployment.engine).measured_at_load:
                 return  # deleted, or its engine changed meanwhile
             deployment.engine_in_use, deployment.engine_reason = engine, reason
             if deployment.precision == "int8":

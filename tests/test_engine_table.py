@@ -1,0 +1,101 @@
+"""`engine_table` is the one source of what an engine is (issue 59): every list of engines the API, the
+CLI and the console offer is its rows, and no module outside it compares an engine's name."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from pathlib import Path
+from typing import get_args
+
+from modelhost.cli.main import EngineName as CliEngine
+from modelhost.engine_table import AUTO, ENGINE_TABLE, FALLBACK, EngineName, EngineSetting, engines_for, spec
+from modelhost.pipelines import BY_NAME, TASKS
+from modelhost.protocol.management import Engine, EngineInUse
+from modelhost.runtime.engines import ENGINES
+from modelhost.runtime.launch import WORKER_ARGS
+
+SOURCE = Path(__file__).resolve().parents[1] / "src" / "modelhost"
+NAMES = frozenset(get_args(EngineName))
+# Modules another change owns for now, whose comparisons move to the table with it: the worker's
+# `engine == "transformers"` (an encoder runtime chosen at load, or torch)
+NOT_YET = {"runtime/worker.py"}
+
+
+def test_every_engine_has_a_row_named_after_its_key() -> None:
+    assert set(ENGINE_TABLE) == NAMES
+    assert all(row.name == name for name, row in ENGINE_TABLE.items())
+    assert get_args(EngineSetting) == (AUTO, *get_args(EngineName))
+
+
+def test_the_engines_the_api_offers_are_the_rows() -> None:
+    assert get_args(Engine) == ENGINES == (AUTO, *ENGINE_TABLE)
+    assert set(get_args(EngineInUse)) == set(ENGINE_TABLE)
+
+
+def test_the_engines_the_cli_and_the_console_offer_are_the_rows() -> None:
+    assert tuple(choice.value for choice in CliEngine) == ENGINES
+    deploy = (SOURCE / "console" / "static" / "js" / "deploy.js").read_text()
+    found = re.search(r"export const ENGINES = \[([^\]]*)\]", deploy)
+    assert found is not None
+    assert tuple(re.findall(r'"([^"]+)"', found[1])) == ENGINES
+
+
+def test_each_task_lists_its_engines_from_the_rows_the_fallback_last() -> None:
+    for task in TASKS:
+        assert task.engines == engines_for(task.name)
+        assert task.engines[-1] == FALLBACK
+    assert BY_NAME["text-generation"].engines == ("vllm", "llamacpp", "transformers")
+    assert BY_NAME["feature-extraction"].engines == ("onnxruntime", "openvino", "llamacpp", "transformers")
+
+
+def test_every_task_a_row_names_exists() -> None:
+    for row in ENGINE_TABLE.values():
+        assert set(row.tasks or ()) <= set(BY_NAME), row.name
+
+
+def test_an_engine_with_a_worker_program_has_its_module_and_its_arguments() -> None:
+    for row in ENGINE_TABLE.values():
+        if row.worker is not None:
+            assert importlib.util.find_spec(row.worker) is not None, row.worker
+            assert row.worker in WORKER_ARGS, row.worker
+
+
+def test_a_replica_that_chooses_at_load_has_a_row_of_its_own() -> None:
+    assert spec(AUTO).measured_at_load
+    assert spec(AUTO).worker is None
+
+
+def _compared_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, name) of each comparison with an engine's name as a literal: `x == "vllm"`,
+    `x in ("auto", "llamacpp")`; a library's name (`library == "transformers"`) is not an engine's."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        if any(isinstance(side, ast.Name) and side.id == "library" for side in sides):
+            continue
+        for side in sides:
+            items = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+            for item in items:
+                if isinstance(item, ast.Constant) and item.value in NAMES:
+                    found.append((node.lineno, item.value))
+    return found
+
+
+def test_no_module_outside_the_table_compares_an_engine_name() -> None:
+    compared = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        relative = path.relative_to(SOURCE).as_posix()
+        if relative == "engine_table.py" or relative in NOT_YET:
+            continue
+        for line, name in _compared_names(ast.parse(path.read_text(), str(path))):
+            compared.append(f"{relative}:{line} compares {name!r}")
+    assert compared == [], "ask the engine's row (engine_table.spec) instead:\n" + "\n".join(compared)
+
+
+def test_the_check_finds_a_comparison() -> None:
+    source = 'if engine == "vllm" or asked in ("auto", "llamacpp") or library == "transformers":\n    pass\n'
+    assert _compared_names(ast.parse(source)) == [(1, "vllm"), (1, "llamacpp")]
