@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 
 from modelhost import tracing
+from modelhost.engine_table import AUTO, ENGINE_TABLE, spec
 from modelhost.generation import chat_templates
 from modelhost.runtime.host import ReplicaHost
 from modelhost.runtime.protocol import (
@@ -89,7 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--engine",
         default="transformers",
-        choices=("transformers", "auto", "onnxruntime", "openvino"),
+        choices=(*(name for name, row in ENGINE_TABLE.items() if row.worker is None), AUTO),
         help="an encoder's runtime: torch (transformers), ONNX Runtime, OpenVINO, or measured (auto)",
     )
     parser.add_argument("--engine-cache", type=Path, help="where encoder exports and decisions are kept")
@@ -179,7 +180,7 @@ def choose_runtime(
     `onnxruntime`): `engines.encoders` measures (or reads its cached decision) and swaps the model.
     None where the handler has no encoder to offer or the engine is `transformers`."""
     slot = getattr(handler, "encoder_slot", None)
-    if engine == "transformers" or slot is None:
+    if not spec(engine).measured_at_load or slot is None:
         return None
     if cache is None:  # the supervisor always names it: the server's data folder, never the artifact's
         raise ValueError(f"--engine {engine} needs --engine-cache")
