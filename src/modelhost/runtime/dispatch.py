@@ -27,6 +27,8 @@ import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+import msgspec
+
 from modelhost import tracing
 from modelhost.auth.limits import count_tokens
 from modelhost.errors import (
@@ -154,6 +156,8 @@ class Dispatcher:
         until the generation ends."""
         target = _pick(await targets())
         whole = request.whole
+        if whole:  # the mark is the gateway's
+            request = msgspec.structs.replace(request, whole=False)
         self._admit()
         prompt = completion = 0  # its tokens, for rate limits: the prompt's, and those generated so far
         # a span of its own, never the current one: a stream's steps may run in different tasks
