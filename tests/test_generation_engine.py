@@ -13,6 +13,7 @@ import pytest
 from modelhost.engines.interface import Engine
 from modelhost.engines.native.engine import GenerationEngine, SamplingParams, Sequence
 from modelhost.errors import InvalidRequest
+from modelhost.generation.contract import GenerationRequest, Sampling
 from modelhost.generation.grammar import json_schema_grammar
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 from tests.hostile import lark_chain
@@ -218,14 +219,14 @@ def test_fields_left_unset_take_the_models_generation_config_and_set_ones_win(tm
     )
     defaults = generation_defaults(tmp_path)
     unset = {"temperature": None, "top_p": None, "top_k": None, "max_tokens": None, "min_p": None}
-    params = sampling_params(_Model(defaults), unset, 10, "messages")
+    params = sampling_params(_Model(defaults), Sampling(**unset), 10, "messages")
     assert (params.temperature, params.top_p, params.top_k, params.min_p) == (0.6, 0.95, 20, 0.05)
     assert params.repetition_penalty == 1.1 and params.max_tokens == 30
     given = {"temperature": 0.0, "top_k": 0, "max_tokens": 5}
-    params = sampling_params(_Model(defaults), given, 10, "messages")
+    params = sampling_params(_Model(defaults), Sampling(**given), 10, "messages")
     assert (params.temperature, params.top_k, params.max_tokens, params.top_p) == (0.0, 0, 5, 0.95)
-    assert sampling_params(_Model(defaults), {}, 50, "messages").max_tokens == 14  # the room left
-    plain = sampling_params(_Model(generation_defaults(tmp_path / "none")), {}, 10, "messages")
+    assert sampling_params(_Model(defaults), Sampling(), 50, "messages").max_tokens == 14  # the room left
+    plain = sampling_params(_Model(generation_defaults(tmp_path / "none")), Sampling(), 10, "messages")
     assert (plain.temperature, plain.top_p, plain.top_k, plain.max_tokens) == (1.0, 1.0, 0, 54)
 
 
@@ -263,12 +264,12 @@ def test_the_replica_refuses_a_grammar_past_the_bounds_before_its_engine_compile
     from modelhost.tasks.text_generation import TextGeneration, chat_model
 
     state = chat_model(loaded[0], loaded[1], DEVICE, {})
-    request = {
-        "prompt": "hello",
-        "params": {"max_tokens": 2},
-        "grammar": lark_chain(600),
-        "grammar_param": "structured_outputs.grammar",
-    }
+    request = GenerationRequest(
+        prompt="hello",
+        params=Sampling(max_tokens=2),
+        grammar=lark_chain(600),
+        grammar_param="structured_outputs.grammar",
+    )
     with pytest.raises(InvalidRequest) as refused:
         TextGeneration().start(state, 1, request)
     assert refused.value.param == "structured_outputs.grammar" and refused.value.code == "grammar_too_complex"

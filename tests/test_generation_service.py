@@ -121,10 +121,10 @@ def test_a_truncated_forced_call_finishes_with_length() -> None:
 
 def test_chat_requests_make_one_request_per_choice_with_consecutive_seeds() -> None:
     requests, mode = chat_requests(chat(n=3, seed=10, temperature=0.5, stop="END"), 64)
-    assert mode == "none" and [r["params"]["seed"] for r in requests] == [10, 11, 12]
-    assert requests[0]["params"]["stop"] == ["END"] and requests[0]["params"]["temperature"] == 0.5
+    assert mode == "none" and [r.params.seed for r in requests] == [10, 11, 12]
+    assert requests[0].params.stop == ["END"] and requests[0].params.temperature == 0.5
     unseeded, _ = chat_requests(chat(n=2), 64)
-    assert [r["params"]["seed"] for r in unseeded] == [None, None]
+    assert [r.params.seed for r in unseeded] == [None, None]
 
 
 def test_chat_requests_render_openai_messages_for_templates() -> None:
@@ -149,11 +149,12 @@ def test_chat_requests_render_openai_messages_for_templates() -> None:
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
     ]
     (request,), _ = chat_requests(chat(messages=messages, tools=[TOOL]), 64)
-    rendered = request["messages"]
+    rendered = request.messages
+    assert rendered is not None
     assert rendered[0] == {"role": "system", "content": "be brief\nreally"}
     assert rendered[2]["tool_calls"][0]["function"]["arguments"] == {"city": "rome"}
     assert rendered[3] == {"role": "tool", "content": "sunny", "tool_call_id": "c1", "name": "get_weather"}
-    assert request["tools"] == [TOOL] and "grammar" not in request
+    assert request.tools == [TOOL] and request.grammar is None
 
 
 def test_tool_choice_decides_the_mode_and_the_grammar() -> None:
@@ -161,9 +162,9 @@ def test_tool_choice_decides_the_mode_and_the_grammar() -> None:
     (none_request,), none = chat_requests(chat(tools=[TOOL], tool_choice="none"), 64)
     (forced_request,), forced = chat_requests(chat(tools=[TOOL], tool_choice="required"), 64)
     assert (auto, none, forced) == ("auto", "none", "forced")
-    assert "tools" not in none_request and "get_weather" in forced_request["grammar"]
+    assert none_request.tools is None and "get_weather" in (forced_request.grammar or "")
     (json_request,), json_mode = chat_requests(chat(response_format={"type": "json_object"}), 64)
-    assert json_mode == "json" and "%json" in json_request["grammar"]
+    assert json_mode == "json" and "%json" in (json_request.grammar or "")
 
 
 @pytest.mark.parametrize(
@@ -185,10 +186,10 @@ def test_completion_requests_are_prompt_major_and_echo_asks_for_prompt_logprobs(
         {"model": "m", "prompt": ["a", "b"], "n": 2, "echo": True, "logprobs": 1}
     )
     requests = completion_requests(body, 64)
-    assert [r["prompt"] for r in requests] == ["a", "a", "b", "b"]
-    assert requests[0]["params"]["prompt_logprobs"] and requests[0]["params"]["max_tokens"] == 16
+    assert [r.prompt for r in requests] == ["a", "a", "b", "b"]
+    assert requests[0].params.prompt_logprobs and requests[0].params.max_tokens == 16
     ids = completion_requests(CompletionRequest.model_validate({"model": "m", "prompt": [5, 6]}), 64)
-    assert [r["prompt"] for r in ids] == [[5, 6]]
+    assert [r.prompt for r in ids] == [[5, 6]]
 
 
 def test_completion_choice_builds_legacy_logprobs_with_offsets() -> None:

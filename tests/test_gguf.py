@@ -31,6 +31,7 @@ from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
 from modelhost.engines import llamacpp
 from modelhost.errors import InvalidRequest
+from modelhost.generation.contract import GenerationRequest, Sampling
 from modelhost.runtime import engines
 from modelhost.runtime.footprint import BASE_COSTS, llamacpp_layout, predict
 from tests.conftest import make_settings
@@ -565,7 +566,7 @@ def test_a_cancelled_request_stops_llamacpps_slot_at_once(gguf_dir: Path, binary
         model = llamacpp.load(gguf_dir, 1, 2048, 1, binary)
         process = model.server if binary else None
         events: list[dict[str, Any]] = []
-        request = {"prompt": "a", "params": {"max_tokens": 2000, "ignore_eos": True}}
+        request = GenerationRequest(prompt="a", params=Sampling(max_tokens=2000, ignore_eos=True))
         task = asyncio.create_task(llamacpp.generate(model, "1", request, events.append))
         while not any("text" in e for e in events):
             await asyncio.sleep(0.001)

@@ -143,7 +143,9 @@ def test_sampling_stop_sequences_and_tool_choice_map_onto_the_chat_request() -> 
     requests, mode = chat_requests(
         chat_request(request(tools=[WEATHER])).chat, 16, "thinking", effort_optional=True
     )
-    assert mode == "auto" and requests[0]["tools"][0]["function"]["parameters"] == WEATHER["input_schema"]
+    assert (
+        mode == "auto" and (requests[0].tools or [{}])[0]["function"]["parameters"] == WEATHER["input_schema"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -195,8 +197,8 @@ def test_thinking_is_a_reasoning_effort_the_family_may_ignore(
     fields = {k: v for k, v in (("thinking", thinking), ("output_config", output_config)) if v is not None}
     assert reasoning_effort(request(**fields)) == effort
     requests, _ = chat_requests(chat_request(request(**fields)).chat, 16, "thinking", effort_optional=True)
-    assert requests[0].get("reasoning_effort") == effort
-    assert requests[0].get("reasoning_effort_optional") is (True if effort else None)
+    assert requests[0].reasoning_effort == effort
+    assert requests[0].reasoning_effort_optional is bool(effort)
 
 
 # ---------------------------------------------------------------- answers

@@ -35,6 +35,7 @@ from modelhost.billing.ledger import shared_meter_id
 from modelhost.config import get_settings
 from modelhost.container import Services
 from modelhost.errors import Crashed
+from modelhost.generation.contract import GenerationRequest, Sampling
 from modelhost.metrics import sample
 from modelhost.runtime.capacity import MB, Footprint
 from modelhost.runtime.memory import tree
@@ -291,10 +292,9 @@ async def test_tokens_per_minute_count_the_prompt_and_completion_of_chat_on_serv
 async def test_closing_a_generation_cancels_it_in_the_serve_replica(served: Served) -> None:
     assert served.gw.services is not None
     tokens = 1900  # about 2 s of this engine on a fast CPU: a generation cancelled in time computes fewer
-    item = {
-        "prompt": "tell me a story",
-        "params": {"max_tokens": tokens, "min_tokens": tokens, "temperature": 0},
-    }
+    item = GenerationRequest(
+        prompt="tell me a story", params=Sampling(max_tokens=tokens, min_tokens=tokens, temperature=0)
+    )
     handle = serve.get_app_handle(served.chat)
     computed = _tokens_computed(served.chat)
     async with contextlib.aclosing(served.gw.services.runtime.stream(served.chat, item)) as events:
@@ -316,7 +316,9 @@ async def test_a_replica_killed_mid_generation_fails_it_with_502_and_serve_resta
     """The replica had begun it: the generation is not sent again (it may be what killed the replica; one
     still waiting would be: tests/test_replica_host)."""
     [pid] = serve_replica_pids(served.chat)
-    item = {"prompt": "tell me a story", "params": {"max_tokens": 1900, "min_tokens": 1900, "temperature": 0}}
+    item = GenerationRequest(
+        prompt="tell me a story", params=Sampling(max_tokens=1900, min_tokens=1900, temperature=0)
+    )
     with pytest.raises(Crashed, match="stopped"):
         async with contextlib.aclosing(served.gw.services.runtime.stream(served.chat, item)) as events:
             await anext(events)  # decoding: 2 s and more

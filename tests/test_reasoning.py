@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from modelhost.agents.runner import RunMessage
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat import ChatChoice
+from modelhost.generation.contract import GenerationRequest
 from modelhost.generation.families import REASONING_PARSER_NAMES, family_named
 from modelhost.generation.reasoning import (
     REASONING_PARSERS,
@@ -331,16 +332,22 @@ def test_a_chat_keeps_the_special_tokens_of_its_familys_markup_and_hides_the_oth
     template, qwen3 = tokenizer.chat_template, family_named("qwen3")
     assert qwen3 is not None
     marked = special_tokens(tokenizer, qwen3, template)  # its <tool_call> and </tool_call> are special
-    skip, strip = marked.decoding({"messages": []}, True)
+    skip, strip = marked.decoding(GenerationRequest(messages=[]), True)
     assert skip is False and strip is not None
     eos, pad = tokenizer.eos_token, "<|endoftext|>"
     written = f"<tool_call>{{}}</tool_call>{pad}{eos}"
     assert pad not in template and strip(written) == "<tool_call>{}</tool_call>"
-    assert marked.decoding({"messages": []}, False) == (False, None)  # the client wants every token
-    assert marked.decoding({"prompt": "x"}, True) == (True, None)  # completions are not parsed
+    assert marked.decoding(GenerationRequest(messages=[]), False) == (
+        False,
+        None,
+    )  # the client wants every token
+    assert marked.decoding(GenerationRequest(prompt="x"), True) == (True, None)  # completions are not parsed
     llama3 = family_named("llama3")  # none of its markers is special here: the request decides
     assert llama3 is not None
-    assert special_tokens(tokenizer, llama3, template).decoding({"messages": []}, True) == (True, None)
+    assert special_tokens(tokenizer, llama3, template).decoding(GenerationRequest(messages=[]), True) == (
+        True,
+        None,
+    )
 
 
 # --- the trained family models' own outputs (tests/data/family_outputs.json) ---------------------------

@@ -16,9 +16,10 @@ import msgspec
 import pytest
 
 from modelhost.errors import Crashed, InvalidRequest
+from modelhost.generation.contract import GenerationRequest, Sampling
 from modelhost.metrics import sample
 from modelhost.runtime.client import Waiters
-from modelhost.runtime.dispatch import WHOLE, Dispatcher
+from modelhost.runtime.dispatch import Dispatcher
 from modelhost.runtime.host import ReplicaHost
 from modelhost.runtime.protocol import (
     Cancel,
@@ -68,10 +69,11 @@ class Counter:
 
     def load(self, model_dir: Path, device: str) -> None: ...
     def warmup(self, state: Any) -> None: ...
-    def start(self, state: Any, request_id: int, request: dict[str, Any]) -> None:
-        if request["n"] < 1:
+    def start(self, state: Any, request_id: int, request: Any) -> None:
+        n = request.params.max_tokens
+        if n < 1:
             raise InvalidRequest("n must be positive", param="n")
-        self.left[request_id] = request["n"]
+        self.left[request_id] = n
 
     def cancel(self, state: Any, request_id: int) -> None:
         self.left.pop(request_id, None)
@@ -95,6 +97,11 @@ class Counter:
 
     def running(self, state: Any) -> int:
         return len(self.left)
+
+
+def counting(n: int, whole: bool = False) -> GenerationRequest:
+    """A request `Counter` counts up to `n` for (as many tokens)."""
+    return GenerationRequest(params=Sampling(max_tokens=n), whole=whole)
 
 
 class Clock:
@@ -366,30 +373,30 @@ async def test_a_request_still_waiting_in_a_dead_replica_runs_on_another_as_ofte
 
 
 async def test_a_generation_whose_replica_dies_while_running_it_is_a_502_streamed_or_not() -> None:
-    for request in ({}, {WHOLE: True}):
+    for request in (GenerationRequest(), GenerationRequest(whole=True)):
         for events in (0, 2):
             replica = Dying(deaths=1, events=events)
             dispatcher, targets = dispatch_to(replica)
             seen = []
             with pytest.raises(Crashed, match="worker process exited"):
-                async for event in dispatcher.stream(targets, dict(request)):
+                async for event in dispatcher.stream(targets, request):
                     seen.append(event)
             assert replica.runs == 1  # never sent to another replica
-            assert seen == ([{"text": str(n)} for n in range(events)] if not request else [])
+            assert seen == ([{"text": str(n)} for n in range(events)] if not request.whole else [])
 
 
 async def test_a_generation_still_waiting_in_a_replica_that_died_runs_again() -> None:
     replica = Dying(deaths=2, begun=False)
     dispatcher, targets = dispatch_to(replica)
-    assert [e async for e in dispatcher.stream(targets, {WHOLE: True, "n": 2})] == [{"finish": "stop"}]
-    assert replica.runs == 3 and WHOLE not in replica.requests[0]  # the mark is the gateway's
+    assert [e async for e in dispatcher.stream(targets, counting(2, whole=True))] == [{"finish": "stop"}]
+    assert replica.runs == 3 and not replica.requests[0].whole  # the mark is the gateway's
 
 
 async def test_a_stream_the_replica_began_is_failed_as_begun_when_it_dies_and_a_waiting_one_is_not() -> None:
     waiters = Waiters()
     sent: list[Any] = []
-    begun = waiters.stream(1, sent.append, {}, "")
-    waiting = waiters.stream(2, sent.append, {}, "")
+    begun = waiters.stream(1, sent.append, GenerationRequest(), "")
+    waiting = waiters.stream(2, sent.append, GenerationRequest(), "")
     first = asyncio.ensure_future(begun.__anext__())
     second = asyncio.ensure_future(waiting.__anext__())
     await asyncio.sleep(0)
@@ -414,19 +421,19 @@ def test_a_generation_is_announced_begun_before_its_handler_prepares_it() -> Non
     host.announce = announce
     prepared = Counter.start
 
-    def start(self: Counter, state: Any, request_id: int, request: dict[str, Any]) -> None:
+    def start(self: Counter, state: Any, request_id: int, request: Any) -> None:
         assert outgoing == [("g", Started([7]))]  # out before the handler runs
         prepared(self, state, request_id, request)
 
     host._handler.start = start.__get__(host._handler)  # type: ignore[attr-defined]
-    host.receive("g", Generate(7, {"n": 1}))
+    host.receive("g", Generate(7, counting(1)))
     assert outgoing == [("g", Started([7]))]
 
 
 def test_streams_step_together_and_each_ends_with_its_finish() -> None:
     host = host_of(Counter())
-    host.receive("g1", Generate(1, {"n": 2}))
-    host.receive("g2", Generate(1, {"n": 1}))
+    host.receive("g1", Generate(1, counting(2)))
+    host.receive("g2", Generate(1, counting(1)))
     assert host.running == 2 and host.due() == 0
     host.work()
     assert answers(host) == {"g1": [(1, {"left": 1})], "g2": [(1, {"finish": "stop"})]}
@@ -437,7 +444,7 @@ def test_streams_step_together_and_each_ends_with_its_finish() -> None:
 
 def test_a_stream_that_cannot_start_answers_its_caller_with_an_error_event() -> None:
     host = host_of(Counter())
-    host.receive("g", Generate(5, {"n": 0}))
+    host.receive("g", Generate(5, counting(0)))
     [(request_id, event)] = answers(host)["g"]
     assert request_id == 5 and event["error"]["param"] == "n"
     assert host.due() is None
@@ -446,9 +453,9 @@ def test_a_stream_that_cannot_start_answers_its_caller_with_an_error_event() -> 
 def test_cancelling_a_stream_or_closing_its_connection_stops_it_before_the_next_step() -> None:
     counter = Counter()
     host = host_of(counter)
-    host.receive("g1", Generate(1, {"n": 5}))
-    host.receive("g1", Generate(2, {"n": 5}))
-    host.receive("g2", Generate(1, {"n": 5}))
+    host.receive("g1", Generate(1, counting(5)))
+    host.receive("g1", Generate(2, counting(5)))
+    host.receive("g2", Generate(1, counting(5)))
     host.receive("g1", Cancel(1))
     host.drop("g2")
     host.work()
@@ -463,9 +470,9 @@ class Generator(Counter):
         super().__init__()
         self.asked: dict[int, int] = {}
 
-    def start(self, state: Any, request_id: int, request: dict[str, Any]) -> None:
+    def start(self, state: Any, request_id: int, request: Any) -> None:
         super().start(state, request_id, request)
-        self.asked[request_id] = request["n"]
+        self.asked[request_id] = request.params.max_tokens
 
     def step(self, state: Any) -> list[tuple[int, dict[str, Any]]]:
         return [
@@ -479,8 +486,8 @@ def test_the_replica_publishes_the_streams_it_holds_and_each_token_it_computed_o
     host = ReplicaHost(Generator(), None, deployment=deployment, max_batch=4, max_wait=0.005, clock=Clock())
     held = lambda: sample("modelhost_generation_sequences", {"deployment": deployment})  # noqa: E731
     tokens = lambda: sample("modelhost_generation_tokens_total", {"deployment": deployment})  # noqa: E731
-    host.receive("g1", Generate(1, {"n": 5}))
-    host.receive("g2", Generate(1, {"n": 3}))
+    host.receive("g1", Generate(1, counting(5)))
+    host.receive("g2", Generate(1, counting(3)))
     assert host.due() == 0 and held() == 2
     host.work()
     host.receive("g1", Cancel(1))
@@ -498,7 +505,11 @@ def test_stats_say_what_the_replica_holds() -> None:
 
 
 def test_every_message_survives_the_wire() -> None:
-    for message in (Run(1, {"b": b"\x00\xff", "x": [1.5]}), Generate(2, {"p": "hi"}), Cancel(3)):
+    for message in (
+        Run(1, {"b": b"\x00\xff", "x": [1.5]}),
+        Generate(2, GenerationRequest(prompt="hi", params=Sampling(max_tokens=3))),
+        Cancel(3),
+    ):
         frame = encode(message)
         assert int.from_bytes(frame[:4], "big") == len(frame) - 4
         assert decode_to_replica(frame[4:]) == message

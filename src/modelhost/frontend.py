@@ -19,14 +19,16 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat import chat_requests, completion_requests
 from modelhost.generation.compile_sandbox import GrammarChecker
+from modelhost.generation.contract import GenerationRequest
 from modelhost.media.sources import MediaPolicy, load_media
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
 from modelhost.protocol.tasks import MAX_MEDIA_INPUTS
 from modelhost.routing import DeploymentRef, split_key
-from modelhost.runtime.dispatch import WHOLE
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
 
@@ -76,7 +78,7 @@ class Generation:
         format_param: str = "response_format",
         effort_optional: bool = False,
         image_params: list[str] | None = None,
-    ) -> tuple[list[Event], str]:
+    ) -> tuple[list[GenerationRequest], str]:
         """A chat request's engine requests (one per choice) and its tool mode (`chat_requests`), ready
         to run; the keywords as `chat_requests`'. `image_params`: the fields the images came from, where
         they are not chat's."""
@@ -87,14 +89,14 @@ class Generation:
         await self._fetch_images(requests, target, image_params)
         return requests, mode
 
-    async def completion(self, body: CompletionRequest, target: Target) -> list[Event]:
+    async def completion(self, body: CompletionRequest, target: Target) -> list[GenerationRequest]:
         """A completion's engine requests (one per prompt and candidate), ready to run."""
         requests = completion_requests(body, self.grammars.max_string_length)
         await self.grammars.check(requests)
         _with_defaults(requests, target)
         return requests
 
-    async def open(self, target: Target, requests: list[Event]) -> Streams:
+    async def open(self, target: Target, requests: list[GenerationRequest]) -> Streams:
         """Start every request's generation and wait for its first event: errors are raised here,
         before any answer is sent."""
         streams: list[Stream] = [self.runtime.stream(target.runtime_key, r) for r in requests]
@@ -109,26 +111,30 @@ class Generation:
         )
         return Streams(streams, opened)
 
-    async def whole(self, target: Target, requests: list[Event], until: Until) -> tuple[Streams, Collected]:
+    async def whole(
+        self, target: Target, requests: list[GenerationRequest], until: Until
+    ) -> tuple[Streams, Collected]:
         """A non-streamed answer's generations, from their start to their end while the client waits
-        (`until`: its leaving cancels them). Each is marked `WHOLE`: the dispatcher holds its events until
+        (`until`: its leaving cancels them). Each is marked `whole`: the dispatcher holds its events until
         it ends, so a replica that dies under it at any point costs the client only the time to run it
         again."""
         opened: list[Streams] = []
 
         async def generate() -> Collected:
-            opened.append(await self.open(target, [{**r, WHOLE: True} for r in requests]))
+            opened.append(await self.open(target, [msgspec.structs.replace(r, whole=True) for r in requests]))
             return [item async for item in opened[0].merged()]
 
         events = await until(generate())
         return opened[0], events
 
-    async def _fetch_images(self, requests: list[Event], target: Target, params: list[str] | None) -> None:
+    async def _fetch_images(
+        self, requests: list[GenerationRequest], target: Target, params: list[str] | None
+    ) -> None:
         """`image_url` parts' images, read here with the one media reader (its private-address and size
         rules: a bad one is a 400 naming its part) and sent to the worker as bytes with every choice. A
         text-only deployment refuses them before anything is fetched. `params`: the request fields the
         images came from, in order, where they are not the chat completion's (the Responses API's)."""
-        found: list[tuple[str, str]] = requests[0].get("image_urls") or []
+        found = requests[0].image_urls
         if not found:
             return
         urls = [(url, param) for (url, _), param in zip(found, params or [p for _, p in found], strict=True)]
@@ -147,18 +153,17 @@ class Generation:
         media = self.media
         images = await asyncio.gather(*(load_media(url, media, param=p, timeout=None) for url, p in urls))
         for request in requests:
-            del request["image_urls"]
-            request["images"] = list(images)
-            # the worker's decoding errors name the part
-            request["image_params"] = [param for _, param in urls]
+            request.image_urls = []
+            request.images = list(images)
+            request.image_params = [param for _, param in urls]  # the worker's decoding errors name the part
 
 
-def _with_defaults(requests: list[Event], target: Target) -> None:
+def _with_defaults(requests: list[GenerationRequest], target: Target) -> None:
     """The deployment's sampling defaults sent with each engine request: the replica puts them between
     the request's own fields and the model's (`generation.requests.sampling_params`)."""
     if target.defaults:
         for request in requests:
-            request["defaults"] = dict(target.defaults)
+            request.defaults = dict(target.defaults)
 
 
 class Streams:

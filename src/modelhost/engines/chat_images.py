@@ -17,12 +17,13 @@ from PIL import Image
 from modelhost.config import get_settings
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation import chat_templates
+from modelhost.generation.contract import GenerationRequest
 from modelhost.media.image import decode_image
 
 
 def chat_with_images(
     processor: Any | None,
-    request: dict[str, Any],
+    request: GenerationRequest,
     template_kwargs: dict[str, Any],
     max_chars: int | None = None,
 ) -> tuple[str, list[Image.Image]]:
@@ -38,17 +39,17 @@ def chat_with_images(
             param="messages",
         )
     max_pixels = get_settings().media_max_pixels
-    params = request.get("image_params") or ["messages"] * len(request["images"])
+    params = request.image_params or ["messages"] * len(request.images)
     pictures = [
         decode_image(data, max_pixels=max_pixels, param=param)
-        for data, param in zip(request["images"], params, strict=True)
+        for data, param in zip(request.images, params, strict=True)
     ]
     chat_templates.install()
     try:
         with chat_templates.limits(max_chars=max_chars):
             text = processor.apply_chat_template(
-                request["messages"],
-                tools=request.get("tools"),
+                request.messages,
+                tools=request.tools,
                 add_generation_prompt=True,
                 tokenize=False,
                 **template_kwargs,

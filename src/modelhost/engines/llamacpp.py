@@ -67,6 +67,7 @@ from modelhost.artifacts.gguf_check import gguf_set
 from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_tokenizer
 from modelhost.errors import InvalidRequest, ModelhostError
+from modelhost.generation.contract import GenerationRequest
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
@@ -489,26 +490,25 @@ def error_message(body: str) -> str:
 
 
 async def generate(
-    model: LlamaCppModel, request_id: str, request: dict[str, Any], emit: Callable[[Event], None]
+    model: LlamaCppModel, request_id: str, request: GenerationRequest, emit: Callable[[Event], None]
 ) -> None:
     """Run one request to its end, emitting our events. Bad input becomes an `error` event (the
     caller's 400). Cancelled (its caller is gone), the stream to llama.cpp closes, which frees the slot."""
-    if request.get("adapter"):
+    if request.adapter is not None:
         emit(
             {"error": {"message": "The llamacpp engine serves no adapters.", "param": "model", "code": None}}
         )
         return
-    if request.get("images"):
+    if request.images:
         message = "This deployment's llamacpp engine reads text only: send no images."
         emit({"error": {"message": message, "param": "messages", "code": None}})
         return
-    if request.get("tokenize") or "detokenize" in request:
+    if request.asks_tokenizer:
         emit(await tokenized_event(model, request))
         return
     try:
         prompt, prompt_param = prompt_ids(model, request, await chat_prompt_off_loop(model, request))
-        given = request.get("params", {})
-        params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
+        params = sampling_params(model, request.params, len(prompt), prompt_param, request.defaults)
         _refuse_unsupported(params)
         check_engine_grammar(request)  # as the gateway did: llama.cpp never compiles what it would refuse
     except ModelhostError as exc:
@@ -523,9 +523,9 @@ async def generate(
         IncrementalDecoder(decode),
         StopStrings(params.stop, params.include_stop_str_in_output),
     )
-    body = llama_body(params, prompt, request.get("grammar"))
+    body = llama_body(params, prompt, request.grammar)
     async with (
-        model.gate.slot(bool(request.get("low"))),
+        model.gate.slot(request.low),
         model.client.stream("POST", "/completion", json=body) as response,
     ):
         if response.status_code != 200:
@@ -563,13 +563,13 @@ async def sse_lines(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield rest
 
 
-async def _refused(request: dict[str, Any], response: Any, emit: Callable[[Event], None]) -> None:
+async def _refused(request: GenerationRequest, response: Any, emit: Callable[[Event], None]) -> None:
     """llama.cpp answered a request with an error: a 400 of its own checks is the caller's (a grammar
     it cannot run...), anything else internal."""
     text = (await response.aread()).decode(errors="replace")
     message = error_message(text)
     if response.status_code == 400:
-        param = request.get("grammar_param") if request.get("grammar") else None
+        param = request.grammar_param if request.grammar else None
         emit(
             {"error": {"message": f"The engine refused the request: {message}", "param": param, "code": None}}
         )
@@ -580,7 +580,7 @@ async def _refused(request: dict[str, Any], response: Any, emit: Callable[[Event
 
 
 def _started(
-    model: LlamaCppModel, request: dict[str, Any], prompt: list[int], chunk: dict[str, Any]
+    model: LlamaCppModel, request: GenerationRequest, prompt: list[int], chunk: dict[str, Any]
 ) -> Event:
     timings = chunk.get("timings") or {}
     started: Event = {
@@ -592,7 +592,7 @@ def _started(
     }
     if reasoning_open(model, request, prompt):
         started["reasoning_open"] = True
-    if request.get("echo"):
+    if request.echo:
         started["prompt_text"] = model.tokenizer.decode(prompt)
     return started
 

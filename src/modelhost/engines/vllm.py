@@ -30,6 +30,7 @@ from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
 from modelhost.generation.chat_templates import in_thread, output_cap
+from modelhost.generation.contract import Adapter, GenerationRequest
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
@@ -261,7 +262,7 @@ def vllm_params(params: SamplingParams, grammar: str | None) -> Any:
 # ---------------------------------------------------------------- one generation
 
 
-async def _engine_input(model: VllmModel, request: dict[str, Any]) -> tuple[list[int], str, Any]:
+async def _engine_input(model: VllmModel, request: GenerationRequest) -> tuple[list[int], str, Any]:
     """The prompt's token IDs, the parameter a client error names, and vLLM's input. A chat with
     images: the template's IDs (a placeholder per image) and the decoded images go through vLLM's
     renderer (its copy of the model's processor, off the event loop, cached by content), which expands
@@ -269,7 +270,7 @@ async def _engine_input(model: VllmModel, request: dict[str, Any]) -> tuple[list
     the context check and the usage."""
     from vllm.inputs import tokens_input
 
-    if not request.get("images"):
+    if not request.images:
         prompt, prompt_param = prompt_ids(model, request, await chat_prompt_off_loop(model, request))
         return prompt, prompt_param, tokens_input(prompt)
     cap = output_cap(model.context_length, model.tokenizer)
@@ -282,15 +283,15 @@ async def _engine_input(model: VllmModel, request: dict[str, Any]) -> tuple[list
     return list(rendered["prompt_token_ids"]), "messages", rendered
 
 
-def _lora_request(model: VllmModel, adapter: dict[str, str] | None) -> Any:
+def _lora_request(model: VllmModel, adapter: Adapter | None) -> Any:
     """vLLM's `LoRARequest` for the adapter a request names (its deployment ID and files), numbered once
     per replica (vLLM keys its adapter cache by that number); None for the base itself."""
     if adapter is None:
         return None
     from vllm.lora.request import LoRARequest
 
-    number = model.lora_numbers.setdefault(adapter["name"], len(model.lora_numbers) + 1)
-    return LoRARequest(adapter["name"], number, adapter["path"])
+    number = model.lora_numbers.setdefault(adapter.name, len(model.lora_numbers) + 1)
+    return LoRARequest(adapter.name, number, adapter.path)
 
 
 def _logprob_entry(model: VllmModel, token: int, logprobs: dict[int, Any], top: int) -> dict[str, Any]:
@@ -316,34 +317,33 @@ def _prompt_logprobs(model: VllmModel, prompt: list[int], entries: list[Any], to
 
 
 async def generate(
-    model: VllmModel, request_id: str, request: dict[str, Any], emit: Callable[[Event], None]
+    model: VllmModel, request_id: str, request: GenerationRequest, emit: Callable[[Event], None]
 ) -> None:
     """Run one request to its end, emitting our events. Bad input becomes an `error` event (the
     caller's 400), as the transformers engine's `start` raising `ModelhostError` does."""
     from vllm.exceptions import VLLMClientError
 
-    if request.get("adapter") and not model.lora:  # a replica started before its first adapter attached
+    if request.adapter is not None and not model.lora:  # a replica started before its first adapter attached
         emit({"error": {"message": "the base's replica restarts with its adapters", "internal": True}})
         return
-    if request.get("tokenize") or "detokenize" in request:
+    if request.asks_tokenizer:
         emit(await tokenized_event(model, request))
         return
     try:
         prompt, prompt_param, inputs = await _engine_input(model, request)
-        given = request.get("params", {})
-        params = sampling_params(model, given, len(prompt), prompt_param, request.get("defaults"))
-        adapter = _lora_request(model, request.get("adapter"))
+        params = sampling_params(model, request.params, len(prompt), prompt_param, request.defaults)
+        adapter = _lora_request(model, request.adapter)
         skip, strip = model.special.decoding(request, params.skip_special_tokens)
         check_engine_grammar(request)  # as the gateway did: vLLM never compiles what it would refuse
-        sampling = vllm_params(replace(params, skip_special_tokens=skip), request.get("grammar"))
-        priority = LOW_PRIORITY if request.get("low") else 0
+        sampling = vllm_params(replace(params, skip_special_tokens=skip), request.grammar)
+        priority = LOW_PRIORITY if request.low else 0
         stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)
         first = await anext(stream, None)
     except ModelhostError as exc:
         emit(error_event(exc))
         return
     except (ValueError, VLLMClientError) as exc:  # vLLM's checks of the request (a bad grammar, ...)
-        param = request.get("grammar_param") if request.get("grammar") else None
+        param = request.grammar_param if request.grammar else None
         emit({"error": {"message": f"The engine refused the request: {exc}", "param": param, "code": None}})
         return
     if first is None:
@@ -361,7 +361,7 @@ async def generate(
     if params.prompt_logprobs and first.prompt_logprobs:
         top = params.top_logprobs
         started["prompt_logprobs"] = _prompt_logprobs(model, prompt, first.prompt_logprobs, top)
-    if request.get("echo"):
+    if request.echo:
         started["prompt_text"] = model.tokenizer.decode(prompt)
     emit(started)
     generated, sampled, text = 0, list[int](), ""

@@ -15,7 +15,10 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from modelhost.errors import InvalidRequest
+from modelhost.generation.contract import GenerationRequest, Sampling
 from modelhost.generation.grammar import json_schema_grammar, split_tool_call, tool_call_grammar
 from modelhost.generation.reasoning import REASONING_PARSERS, ReasoningParser
 from modelhost.generation.structured import structured_grammar
@@ -50,7 +53,7 @@ def chat_requests(
     effort_param: str = "reasoning_effort",
     format_param: str = "response_format",
     effort_optional: bool = False,
-) -> tuple[list[Event], str]:
+) -> tuple[list[GenerationRequest], str]:
     """The engine requests of a chat completion (one per choice) and its tool mode:
     `none` (plain text), `auto` (parse markup), `forced` (constrained call) or `json`. `effort_param`:
     the field a reasoning effort the model cannot honour is reported on (the replica knows the family);
@@ -61,48 +64,47 @@ def chat_requests(
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true.", param="top_logprobs")
     messages, image_urls = _template_messages(body.messages)
-    request: Event = {"messages": messages}
-    if body.chat_template_kwargs:
-        request["chat_template_kwargs"] = body.chat_template_kwargs
+    # the serving reads `image_urls` (into `images`) before the worker sees the request
+    request = GenerationRequest(
+        messages=messages, chat_template_kwargs=body.chat_template_kwargs or {}, image_urls=image_urls
+    )
     if body.reasoning_effort is not None:
-        request.update(reasoning_effort=body.reasoning_effort, reasoning_effort_param=effort_param)
-        if effort_optional:
-            request["reasoning_effort_optional"] = True
-    if image_urls:
-        request["image_urls"] = image_urls  # the serving fetches them (`images`) before the worker sees it
+        request.reasoning_effort = body.reasoning_effort
+        request.reasoning_effort_param = effort_param
+        request.reasoning_effort_optional = effort_optional
     mode = "none"
     if tools and choice != "none":
-        request["tools"] = [t.model_dump(exclude_none=True) for t in tools]
+        request.tools = [t.model_dump(exclude_none=True) for t in tools]
         mode = "auto"
         if choice == "required" or isinstance(choice, NamedToolChoice):
             wanted = choice.function.name if isinstance(choice, NamedToolChoice) else None
             allowed = [(t.function.name, t.function.parameters or {}) for t in tools]
             allowed = [a for a in allowed if wanted is None or a[0] == wanted]
-            request["grammar"] = tool_call_grammar(allowed, max_string_length)
-            request["grammar_param"] = "tools"
+            request.grammar = tool_call_grammar(allowed, max_string_length)
+            request.grammar_param = "tools"
             mode = "forced"
     if mode != "forced" and body.response_format is not None and body.response_format.type != "text":
         spec = body.response_format.json_schema
         schema = (spec.schema_ if spec else None) or {"type": "object"}
         strict = bool(spec and spec.strict)
-        request["grammar"] = json_schema_grammar(schema, max_string_length, strict, format_param)
-        request["grammar_param"] = format_param
+        request.grammar = json_schema_grammar(schema, max_string_length, strict, format_param)
+        request.grammar_param = format_param
         mode = "json" if mode == "none" else mode
     structured = structured_grammar(body, max_string_length)
-    if structured is not None and "grammar" in request:
+    if structured is not None and request.grammar is not None:
         raise InvalidRequest(
             f"{structured[1]} cannot be combined with a forced tool call or a JSON response_format "
             "(text.format): each constrains the whole output.",
             param=structured[1],
         )
     if structured is not None:
-        request["grammar"], request["grammar_param"] = structured
+        request.grammar, request.grammar_param = structured
     params = sampling(body, body.max_completion_tokens or body.max_tokens)
-    params.update(logprobs=bool(body.logprobs), top_logprobs=body.top_logprobs or 0)
+    params.logprobs, params.top_logprobs = bool(body.logprobs), body.top_logprobs or 0
     return per_choice(request, params, body.n or 1, body.seed), mode
 
 
-def completion_requests(body: CompletionRequest, max_string_length: int) -> list[Event]:
+def completion_requests(body: CompletionRequest, max_string_length: int) -> list[GenerationRequest]:
     """One engine request per prompt and candidate (`best_of`, else `n`), in OpenAI's order
     (prompt-major), each with the grammar of its `structured_outputs`."""
     candidates = _candidates(body)
@@ -115,17 +117,21 @@ def completion_requests(body: CompletionRequest, max_string_length: int) -> list
         raise InvalidRequest("echo cannot be used with suffix (insert mode).", param="suffix")
     params = sampling(body, body.max_tokens)
     wants = body.logprobs is not None
-    params.update(
-        logprobs=wants or candidates > (body.n or 1),  # best_of ranks candidates by their log probabilities
-        top_logprobs=body.logprobs or 0,
-        prompt_logprobs=bool(body.echo and wants),
-    )
-    structured = structured_grammar(body, max_string_length)
-    requests: list[Event] = []
+    params.logprobs = wants or candidates > (
+        body.n or 1
+    )  # best_of ranks candidates by their log probabilities
+    params.top_logprobs = body.logprobs or 0
+    params.prompt_logprobs = bool(body.echo and wants)
+    grammar, grammar_param = structured_grammar(body, max_string_length) or (None, None)
+    requests: list[GenerationRequest] = []
     for prompt in prompts:
-        base: Event = {"prompt": prompt, "echo": bool(body.echo), "suffix": body.suffix or None}
-        if structured is not None:
-            base["grammar"], base["grammar_param"] = structured
+        base = GenerationRequest(
+            prompt=prompt,
+            echo=bool(body.echo),
+            suffix=body.suffix or None,
+            grammar=grammar,
+            grammar_param=grammar_param,
+        )
         requests += per_choice(base, params, candidates, body.seed)
     return requests
 
@@ -142,29 +148,29 @@ def _candidates(body: CompletionRequest) -> int:
     return best_of
 
 
-def tokenize_request(body: TokenizeRequest | DetokenizeRequest) -> Event:
+def tokenize_request(body: TokenizeRequest | DetokenizeRequest) -> GenerationRequest:
     """The engine request of `/tokenize` (the prompt, or the messages as a chat would render them) or
     `/detokenize`, which the replica answers with one event and no generation
     (`generation.requests.tokenized`)."""
     if isinstance(body, DetokenizeRequest):
-        return {"detokenize": body.tokens}
-    request: Event = {"tokenize": True, "add_special_tokens": body.add_special_tokens}
-    if body.return_token_strs:
-        request["return_token_strs"] = True
+        return GenerationRequest(detokenize=body.tokens)
+    request = GenerationRequest(
+        tokenize=True,
+        add_special_tokens=body.add_special_tokens,
+        return_token_strs=bool(body.return_token_strs),
+    )
     if isinstance(body, TokenizeCompletionRequest):
-        return {**request, "prompt": body.prompt}
+        request.prompt = body.prompt
+        return request
     messages, image_urls = _template_messages(body.messages)
     if image_urls:
         raise InvalidRequest("/tokenize takes text messages; image parts are not counted.", param="messages")
-    request.update(
-        messages=messages,
-        add_generation_prompt=body.add_generation_prompt,
-        continue_final_message=body.continue_final_message,
-    )
+    request.messages = messages
+    request.add_generation_prompt = body.add_generation_prompt
+    request.continue_final_message = body.continue_final_message
     if body.tools:
-        request["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
-    if body.chat_template_kwargs:
-        request["chat_template_kwargs"] = body.chat_template_kwargs
+        request.tools = [t.model_dump(exclude_none=True) for t in body.tools]
+    request.chat_template_kwargs = body.chat_template_kwargs or {}
     return request
 
 
@@ -201,32 +207,40 @@ def effective_tools(body: ChatCompletionRequest) -> tuple[list[Tool], ToolChoice
     return tools, given or ("auto" if tools else "none")
 
 
-def sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> Event:
+def sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> Sampling:
+    """The request's sampling fields; None: the model's default, filled in by the replica
+    (`generation.requests.sampling_params`)."""
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
-    bias = [[int(token), float(value)] for token, value in (body.logit_bias or {}).items()]
-    return {
-        "max_tokens": max_tokens,
-        "min_tokens": body.min_tokens,
-        # None: the model's default, filled in by the replica (`generation.requests.sampling_params`)
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "top_k": body.top_k,
-        "min_p": body.min_p,
-        "repetition_penalty": body.repetition_penalty,
-        "stop": stop,
-        "presence_penalty": body.presence_penalty,
-        "frequency_penalty": body.frequency_penalty,
-        "logit_bias": bias or None,
-        "stop_token_ids": body.stop_token_ids,
-        "ignore_eos": body.ignore_eos,
-        "include_stop_str_in_output": body.include_stop_str_in_output,
-        "skip_special_tokens": body.skip_special_tokens,
-    }
+    bias = [(int(token), float(value)) for token, value in (body.logit_bias or {}).items()]
+    return Sampling(
+        max_tokens=max_tokens,
+        min_tokens=body.min_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        repetition_penalty=body.repetition_penalty,
+        stop=stop,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=bias or None,
+        stop_token_ids=body.stop_token_ids,
+        ignore_eos=body.ignore_eos,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
+    )
 
 
-def per_choice(request: Event, params: Event, n: int, seed: int | None) -> list[Event]:
+def per_choice(
+    request: GenerationRequest, params: Sampling, n: int, seed: int | None
+) -> list[GenerationRequest]:
     """n copies; a seed makes choice i use seed + i, so choices differ yet each is reproducible."""
-    return [{**request, "params": {**params, "seed": None if seed is None else seed + i}} for i in range(n)]
+    return [
+        msgspec.structs.replace(
+            request, params=msgspec.structs.replace(params, seed=None if seed is None else seed + i)
+        )
+        for i in range(n)
+    ]
 
 
 def _template_messages(messages: list[Message]) -> tuple[list[Event], list[tuple[str, str]]]:

@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from modelhost.errors import InvalidRequest
+from modelhost.generation.contract import GenerationRequest
 from modelhost.generation.grammar_bounds import CODE, GrammarBounds, check_grammar_text, check_lark, is_lark
 
 if TYPE_CHECKING:
@@ -106,15 +107,15 @@ class GrammarChecker:
         )
         return cls(settings.constrained_max_string_length, GrammarBounds.from_settings(settings), limits)
 
-    async def check(self, requests: list[Event]) -> None:
+    async def check(self, requests: list[GenerationRequest]) -> None:
         """Every request's grammar checked and compiled (the choices of one request share theirs); a GBNF
         grammar is replaced by the Lark llguidance made of it. A 400 naming the grammar's field if not."""
         done: dict[str, str] = {}
         for request in requests:
-            if grammar := request.get("grammar"):
+            if grammar := request.grammar:
                 if grammar not in done:
-                    done[grammar] = await self.compiled(grammar, request.get("grammar_param") or "grammar")
-                request["grammar"] = done[grammar]
+                    done[grammar] = await self.compiled(grammar, request.grammar_param or "grammar")
+                request.grammar = done[grammar]
 
     async def check_chat_template(self, text: str) -> None:
         """A deployment's chat template compiled (never rendered) as replicas will; a 400 naming

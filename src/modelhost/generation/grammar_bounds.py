@@ -39,12 +39,12 @@ import hashlib
 import json
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from modelhost.errors import InvalidRequest
+from modelhost.generation.contract import GenerationRequest
 
 if TYPE_CHECKING:
     from modelhost.config import Settings
@@ -94,17 +94,17 @@ def check_grammar_text(text: str, param: str, bounds: GrammarBounds) -> None:
 _PASSED: OrderedDict[bytes, None] = OrderedDict()  # hashes of grammars a replica passed (its requests repeat)
 
 
-def check_engine_grammar(request: Mapping[str, Any]) -> None:
+def check_engine_grammar(request: GenerationRequest) -> None:
     """A replica's check of a request's grammar before its engine compiles it, with the bounds of its own
     settings (the server's environment): the gateway ran the same check on the same text, so only a
     request that bypassed it fails here, as a 400 naming its field, never a crashed replica."""
-    if grammar := request.get("grammar"):
+    if grammar := request.grammar:
         from modelhost.config import get_settings  # the base layer: in vLLM's environment too
 
         bounds = GrammarBounds.from_settings(get_settings())
         key = hashlib.sha256(f"{bounds}\0{grammar}".encode()).digest()
         if key not in _PASSED:
-            check_grammar_text(grammar, request.get("grammar_param") or "grammar", bounds)
+            check_grammar_text(grammar, request.grammar_param or "grammar", bounds)
             _PASSED[key] = None
             if len(_PASSED) > 256:
                 _PASSED.popitem(last=False)

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation import chat_templates
+from modelhost.generation.contract import GenerationRequest, Sampling
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family, detect_family
 from modelhost.generation.reasoning import MARKERS, effort_kwargs, prompt_opens
@@ -89,7 +90,7 @@ class PromptModel(Protocol):
     def settings(self) -> GenerationSettings: ...
 
 
-def chat_prompt(state: PromptModel, request: dict[str, Any]) -> str:
+def chat_prompt(state: PromptModel, request: GenerationRequest) -> str:
     """A chat's text: the model's chat template (or the deployment's) rendered over its messages, in the
     budgeted sandbox (`generation.chat_templates`: a render past its time or size bounds is a 400 naming
     `chat_template`). Its own checks of the messages (roles, alternation) are a 400 naming `messages`."""
@@ -107,10 +108,10 @@ def chat_prompt(state: PromptModel, request: dict[str, Any]) -> str:
     try:
         with chat_templates.limits(max_chars=chat_templates.output_cap(state.context_length, tokenizer)):
             text = tokenizer.apply_chat_template(
-                request["messages"],
-                tools=request.get("tools"),
-                add_generation_prompt=request.get("add_generation_prompt", True),
-                continue_final_message=request.get("continue_final_message", False),
+                request.messages,
+                tools=request.tools,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
                 tokenize=False,
                 **kwargs,
             )
@@ -122,38 +123,41 @@ def chat_prompt(state: PromptModel, request: dict[str, Any]) -> str:
     return str(text)
 
 
-async def chat_prompt_off_loop(state: PromptModel, request: dict[str, Any]) -> str | None:
+async def chat_prompt_off_loop(state: PromptModel, request: GenerationRequest) -> str | None:
     """`chat_prompt` for an engine that runs requests on an event loop (vLLM, llama.cpp): rendered in a
     thread (`chat_templates.in_thread`), so that a slow template holds no other request and stops when
     its caller leaves; None for a request without messages."""
-    if "messages" not in request or "detokenize" in request:
+    if request.messages is None or request.detokenize is not None:
         return None
     return await chat_templates.in_thread(chat_prompt, state, request)
 
 
-def prompt_ids(state: PromptModel, request: dict[str, Any], chat: str | None = None) -> tuple[list[int], str]:
+def prompt_ids(
+    state: PromptModel, request: GenerationRequest, chat: str | None = None
+) -> tuple[list[int], str]:
     """The prompt's token IDs (the chat template for `messages`: `chat`, where rendered already, else
     `chat_prompt`; the prompt or its IDs for completions, OpenAI's insert mode for `suffix`) and the
     parameter a client error names."""
     tokenizer = state.tokenizer
-    if "messages" in request:
+    if request.messages is not None:
         text = chat_prompt(state, request) if chat is None else chat
-        special = request.get("add_special_tokens", False)  # the template writes the special tokens
+        special = bool(request.add_special_tokens)  # the template writes the special tokens
         ids: list[int] = tokenizer(text, add_special_tokens=special)["input_ids"]
         return ids, "messages"
-    prompt = request["prompt"]
+    prompt = request.prompt
     if prompt is None:  # OpenAI's default: the start of a new document
         start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         if start is None:
             raise InvalidRequest("This model has no start-of-document token: send a prompt.", param="prompt")
         ids = [int(start)]
     elif isinstance(prompt, str):
-        ids = list(tokenizer(prompt, add_special_tokens=request.get("add_special_tokens", True))["input_ids"])
+        special = request.add_special_tokens is not False
+        ids = list(tokenizer(prompt, add_special_tokens=special)["input_ids"])
     elif any(token >= state.vocab_size for token in prompt):
         raise InvalidRequest(f"Token IDs must be below {state.vocab_size}.", param="prompt")
     else:
         ids = list(prompt)
-    suffix = request.get("suffix")
+    suffix = request.suffix
     if suffix is None:
         return ids, "prompt"
     if state.fim is None:
@@ -165,28 +169,27 @@ def prompt_ids(state: PromptModel, request: dict[str, Any], chat: str | None = N
     return fill_in_the_middle(tokenizer, state.fim, ids, suffix), "prompt"
 
 
-def template_kwargs(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
+def template_kwargs(state: PromptModel, request: GenerationRequest) -> dict[str, Any]:
     """The chat template's extra variables: the deployment's defaults (`chat_template_kwargs`), under the
     request's reasoning effort as the family's switch takes it (`generation.reasoning.effort_kwargs`: a
     400 for a family without one, unless the effort is `reasoning_effort_optional`: the Messages API's
     `thinking`, which such a family ignores), under the request's own `chat_template_kwargs`, which win."""
-    kwargs = dict(request.get("chat_template_kwargs", {}))
-    effort = request.get("reasoning_effort")
+    kwargs = dict(request.chat_template_kwargs)
+    effort = request.reasoning_effort
     if effort:
-        param = request.get("reasoning_effort_param", "reasoning_effort")
         try:
-            kwargs = {**effort_kwargs(state.family, effort, param), **kwargs}
+            kwargs = {**effort_kwargs(state.family, effort, request.reasoning_effort_param), **kwargs}
         except InvalidRequest:
-            if not request.get("reasoning_effort_optional"):
+            if not request.reasoning_effort_optional:
                 raise
     return {**state.settings.chat_template_kwargs, **kwargs}
 
 
-def reasoning_open(state: PromptModel, request: dict[str, Any], prompt: list[int]) -> bool:
+def reasoning_open(state: PromptModel, request: GenerationRequest, prompt: list[int]) -> bool:
     """Whether a chat's rendered prompt leaves the answer inside its reasoning (its last tokens open a
     thought: `generation.reasoning.prompt_opens`), said on the request's `started` event."""
     name = state.family.reasoning_parser
-    if name is None or "messages" not in request:
+    if name is None or request.messages is None:
         return False
     tail = state.tokenizer.decode([t for t in prompt[-16:] if t >= 0], skip_special_tokens=False)
     return prompt_opens(name, str(tail))
@@ -203,10 +206,10 @@ class SpecialTokens:
     keeps: bool = False
     hidden: re.Pattern[str] | None = None
 
-    def decoding(self, request: dict[str, Any], skip: bool) -> tuple[bool, Callable[[str], str] | None]:
+    def decoding(self, request: GenerationRequest, skip: bool) -> tuple[bool, Callable[[str], str] | None]:
         """How to decode this request: the engine's `skip_special_tokens`, and what takes the hidden
         special tokens out of each piece of text after (None: nothing to take out)."""
-        if not self.keeps or "messages" not in request:
+        if not self.keeps or request.messages is None:
             return skip, None
         hidden = self.hidden
         if not skip or hidden is None:
@@ -248,7 +251,7 @@ def error_event(exc: ModelhostError) -> dict[str, Any]:
     return {"error": {"message": exc.message, "param": exc.param, "code": exc.code}}
 
 
-async def tokenized_event(state: PromptModel, request: dict[str, Any]) -> dict[str, Any]:
+async def tokenized_event(state: PromptModel, request: GenerationRequest) -> dict[str, Any]:
     """`tokenized`'s answer, or the error event of a request it refuses, for an engine on an event loop
     (its chat rendered off the loop: `chat_prompt_off_loop`)."""
     try:
@@ -257,18 +260,18 @@ async def tokenized_event(state: PromptModel, request: dict[str, Any]) -> dict[s
         return error_event(exc)
 
 
-def tokenized(state: PromptModel, request: dict[str, Any], chat: str | None = None) -> dict[str, Any]:
+def tokenized(state: PromptModel, request: GenerationRequest, chat: str | None = None) -> dict[str, Any]:
     """The one event that answers `/tokenize` (`"tokenize": true`: the prompt's IDs, as a generation
     would see them; `chat`: its chat rendered already) or `/detokenize` (`"detokenize"`: the text of
     token IDs), without generating."""
-    if "detokenize" in request:
-        tokens = request["detokenize"]
+    if request.detokenize is not None:
+        tokens = request.detokenize
         if any(token >= state.vocab_size for token in tokens):
             raise InvalidRequest(f"Token IDs must be below {state.vocab_size}.", param="tokens")
         return {"finish": "stop", "prompt": state.tokenizer.decode(tokens)}
     ids, _ = prompt_ids(state, request, chat)
     answer: dict[str, Any] = {"finish": "stop", "tokens": ids, "max_model_len": state.context_length}
-    if request.get("return_token_strs"):
+    if request.return_token_strs:
         answer["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
     return answer
 
@@ -321,7 +324,7 @@ def generation_defaults(model_dir: Path) -> dict[str, Any]:
 
 def sampling_params(
     state: PromptModel,
-    given: dict[str, Any],
+    given: Sampling,
     prompt_tokens: int,
     prompt_param: str,
     deployment: dict[str, Any] | None = None,
@@ -337,7 +340,7 @@ def sampling_params(
     if prompt_tokens == 0:
         raise InvalidRequest("The prompt is empty.", param=prompt_param)
     room = context - prompt_tokens
-    max_tokens = given.get("max_tokens")
+    max_tokens = given.max_tokens
     defaults = {**state.generation_defaults, **(deployment or {})}
     if room <= 0 or (max_tokens is not None and max_tokens > room):
         wanted = f" + max_tokens {max_tokens}" if max_tokens is not None else ""
@@ -350,7 +353,7 @@ def sampling_params(
             code="context_length_exceeded",
         )
     fields = {k: v for k, v in defaults.items() if k != "max_tokens"}
-    fields.update((k, v) for k, v in given.items() if k != "max_tokens" and v is not None)
+    fields.update((k, v) for k, v in given.given().items() if k != "max_tokens")
     if max_tokens is None:
         max_tokens = min(defaults.get("max_tokens", room), room)
     if "stop" in fields:

@@ -14,12 +14,13 @@ import functools
 import logging
 import secrets
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from modelhost import tracing
 from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
+from modelhost.generation.contract import VideoLimits, VideoRequest
 from modelhost.jobs.videos import PREVIEWS, Claimed, VideoJobs
 from modelhost.runtime.interface import Runtime
 
@@ -122,23 +123,18 @@ class VideoRunner:
     async def _generate(self, job: Claimed) -> None:
         options = job.options
         width, height = (int(side) for side in str(options["size"]).split("x"))
-        item: dict[str, Any] = {
-            "prompt": job.prompt,
-            "width": width,
-            "height": height,
-            "fps": options["fps"],
-            "frames": max(1, round(float(options["seconds"]) * int(options["fps"]))),
-            "num_inference_steps": options.get("num_inference_steps"),
-            "guidance_scale": options.get("guidance_scale"),
-            "seed": options.get("seed"),
-            "limits": {
-                "max_pixels": self.settings.media_max_pixels,
-                "max_seconds": self.settings.media_max_seconds,
-            },
-        }
-        reference = await asyncio.to_thread(self.jobs.reference, job)
-        if reference is not None:
-            item["reference"] = reference
+        item = VideoRequest(
+            prompt=job.prompt,
+            width=width,
+            height=height,
+            fps=int(options["fps"]),
+            frames=max(1, round(float(options["seconds"]) * int(options["fps"]))),
+            num_inference_steps=options.get("num_inference_steps"),
+            guidance_scale=options.get("guidance_scale"),
+            seed=options.get("seed"),
+            limits=VideoLimits(self.settings.media_max_pixels, self.settings.media_max_seconds),
+            reference=await asyncio.to_thread(self.jobs.reference, job),
+        )
         last_progress = -1
         async with contextlib.aclosing(self.runtime.stream(job.deployment_id, item)) as events:
             async for event in events:

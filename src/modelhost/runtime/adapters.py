@@ -16,6 +16,9 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from typing import Any
 
+import msgspec
+
+from modelhost.generation.contract import Adapter, GenerationRequest, StreamRequest
 from modelhost.runtime.interface import Runtime
 from modelhost.runtime.spec import AdapterTarget, LiveStatus
 
@@ -46,9 +49,9 @@ class AdapterRouting:
         target = await self._target(deployment_id)
         if target is None:
             return await self._inner.infer(deployment_id, item)
-        return await self._inner.infer(target.base_id, _with_adapter(item, target))
+        return await self._inner.infer(target.base_id, _item_with_adapter(item, target))
 
-    async def stream(self, deployment_id: str, item: Payload) -> AsyncGenerator[Payload, None]:
+    async def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[Payload, None]:
         target = await self._target(deployment_id)
         if target is not None:
             deployment_id, item = target.base_id, _with_adapter(item, target)
@@ -87,5 +90,13 @@ class AdapterRouting:
         return await self._inner.capacity()
 
 
-def _with_adapter(item: Payload, target: AdapterTarget) -> Payload:
+def _with_adapter(item: StreamRequest, target: AdapterTarget) -> StreamRequest:
+    """The request run on the base with the adapter (only text generation serves adapters)."""
+    if not isinstance(item, GenerationRequest):
+        return item  # a video on an adapter: the base's engine refuses it
+    return msgspec.structs.replace(item, adapter=Adapter(target.adapter_id, str(target.adapter_dir)))
+
+
+def _item_with_adapter(item: Payload, target: AdapterTarget) -> Payload:
+    """A batch task's item run on the base with the adapter (the base's handler refuses it)."""
     return {**item, "adapter": {"name": target.adapter_id, "path": str(target.adapter_dir)}}

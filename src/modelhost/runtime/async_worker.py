@@ -28,6 +28,7 @@ import msgspec
 
 from modelhost import tracing
 from modelhost.engines.interface import Event as EngineEvent
+from modelhost.generation.contract import GenerationRequest
 from modelhost.runtime import metrics
 from modelhost.runtime.host import with_priority
 from modelhost.runtime.protocol import (
@@ -55,7 +56,7 @@ READ_SIZE = 1 << 18
 
 Emit = Callable[[EngineEvent], None]
 # One request run to its end: (request ID unique in the worker, the request, where its events go)
-Generation = Callable[[str, dict[str, Any], Emit], Awaitable[None]]
+Generation = Callable[[str, GenerationRequest, Emit], Awaitable[None]]
 # One batch-task request run to its end: (its item, whether it is a batch line, called as it goes to the
 # model) → its output, or `{"error": ...}` for bad input
 BatchRun = Callable[[dict[str, Any], bool, Callable[[], None]], Awaitable[dict[str, Any]]]
@@ -207,8 +208,14 @@ class AsyncWorker:
 
         assert self.generate is not None
         self._send(peer, Started([message.id]))  # begun: not sent to another replica if this one dies
+        request = with_priority(message)
+        if not isinstance(request, GenerationRequest):  # these engines generate text only
+            emit({"error": {"message": "This engine generates text only.", "param": "model", "code": None}})
+            self._generating.dec()
+            peer.generations.pop(message.id, None)
+            return
         try:
-            await self.generate(request_id, with_priority(message), emit)
+            await self.generate(request_id, request, emit)
         except asyncio.CancelledError:
             if traced is not None:
                 traced.event({"cancelled": True})

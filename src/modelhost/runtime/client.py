@@ -20,6 +20,7 @@ from typing import Any, cast
 import msgspec
 
 from modelhost.auth.principal import current_tenant, low_priority
+from modelhost.generation.contract import StreamRequest
 from modelhost.runtime.protocol import (
     Cancel,
     Events,
@@ -86,7 +87,7 @@ class Waiters:
             future.set_result(value)
 
     async def stream(
-        self, request_id: int, send: Callable[[Generate | Cancel], None], request: Payload, trace: str
+        self, request_id: int, send: Callable[[Generate | Cancel], None], request: StreamRequest, trace: str
     ) -> AsyncGenerator[Payload, None]:
         """Send `Generate` and yield the stream's events until its last. Closing the iterator early
         (the caller left) sends `Cancel`: the replica drops the sequence before its next step."""
@@ -175,7 +176,7 @@ class ReplicaConnection(asyncio.Protocol):
             if self._waiting.calls.pop(request_id, None) is not None and self.alive:
                 self._write(Cancel(request_id))
 
-    async def stream(self, request: Payload, trace: str = "") -> AsyncGenerator[Payload, None]:
+    async def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[Payload, None]:
         """A generation's events until its last; closing the iterator early (client gone) cancels it
         in the replica at its next step."""
         events = self._waiting.stream(next(self._ids), self._write, request, trace)

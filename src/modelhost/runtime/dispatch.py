@@ -27,6 +27,8 @@ import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
+import msgspec
+
 from modelhost import tracing
 from modelhost.auth.limits import count_tokens
 from modelhost.errors import (
@@ -37,6 +39,7 @@ from modelhost.errors import (
     ModelhostError,
     Overloaded,
 )
+from modelhost.generation.contract import StreamRequest
 from modelhost.runtime import metrics
 from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
 
@@ -51,7 +54,7 @@ class Target(Protocol):
     @property
     def in_flight(self) -> int: ...
     async def submit(self, item: Payload, trace: str = "") -> Payload: ...
-    def stream(self, request: Payload, trace: str = "") -> AsyncGenerator[Payload, None]: ...
+    def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[Payload, None]: ...
 
 
 # The live replicas of the deployment now, loading it (or waiting for a replacement) first if need be.
@@ -60,7 +63,6 @@ Targets = Callable[[], Awaitable[Sequence[Target]]]
 REQUEUE_POLL_SECONDS = 0.05
 # The mark of a generation whose caller reads its answer only once it has ended (a non-streamed chat
 # completion or completion): `Dispatcher.stream` holds its events until then, and takes the mark off.
-WHOLE = "modelhost.whole"
 
 
 class NoLiveReplica(DeploymentUnavailable):
@@ -147,15 +149,15 @@ class Dispatcher:
                 await asyncio.sleep(REQUEUE_POLL_SECONDS)
                 live = await targets()
 
-    async def stream(self, targets: Targets, request: Payload) -> AsyncGenerator[Payload, None]:
+    async def stream(self, targets: Targets, request: StreamRequest) -> AsyncGenerator[Payload, None]:
         """A generation's events from the least busy live replica; an `error` event is raised. Sent again
-        when its replica dies before it had begun it (see the module docstring). A request marked `WHOLE`
+        when its replica dies before it had begun it (see the module docstring). A request marked `whole`
         (a non-streamed answer, which its caller reads only once it has ended) has its events held here
         until the generation ends."""
         target = _pick(await targets())
-        whole = bool(request.get(WHOLE))
-        if whole:
-            request = {name: value for name, value in request.items() if name != WHOLE}
+        whole = request.whole
+        if whole:  # the mark is the gateway's
+            request = msgspec.structs.replace(request, whole=False)
         self._admit()
         prompt = completion = 0  # its tokens, for rate limits: the prompt's, and those generated so far
         # a span of its own, never the current one: a stream's steps may run in different tasks

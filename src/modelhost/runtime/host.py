@@ -50,6 +50,7 @@ import msgspec
 
 from modelhost import tracing
 from modelhost.errors import ModelhostError
+from modelhost.generation.contract import StreamRequest
 from modelhost.runtime import metrics
 from modelhost.runtime.protocol import (
     Cancel,
@@ -96,9 +97,9 @@ class _Stream:
     trace: tracing.GenerationTrace | None = None
 
 
-def with_priority(message: Generate) -> Payload:
+def with_priority(message: Generate) -> StreamRequest:
     """A generation's request as its engine takes it: marked `low` for a batch line."""
-    return {**message.request, "low": True} if message.low else message.request
+    return msgspec.structs.replace(message.request, low=True) if message.low else message.request
 
 
 class ReplicaHost:

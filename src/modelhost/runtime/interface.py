@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
+from modelhost.generation.contract import StreamRequest
 from modelhost.runtime.spec import LiveStatus
 
 Payload = dict[str, Any]
@@ -21,7 +22,7 @@ class Runtime(Protocol):
         """One request of a batch task on the deployment (loaded first if it is not)."""
         ...
 
-    def stream(self, deployment_id: str, item: Payload) -> AsyncGenerator[Payload, None]:
+    def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[Payload, None]:
         """A streaming request's events; closing the iterator early cancels it in the replica."""
         ...
 

@@ -2,8 +2,10 @@
 
 A replica is reached by every gateway process of a server (and by the supervisor over the replica's
 lifeline), so its messages are typed structs rather than ad-hoc dicts: `msgspec` checks them when they
-are decoded and packs them as compact msgpack arrays. Payloads inside them (a task's item, a handler's
-output, a generation event) stay plain dicts: each pipeline task defines its own.
+are decoded and packs them as compact msgpack arrays. A streaming request is typed too
+(`generation.contract`: what an engine request can contain); the other payloads inside them (a batch
+task's item, a handler's output, a generation event) stay plain dicts: each pipeline task defines its
+own.
 
 On the wire a message is a 4-byte big-endian length, then its msgpack body. `FrameReader` cuts a byte
 stream into bodies; `encode` and `decode` turn messages into frames and back.
@@ -21,6 +23,8 @@ import struct
 from typing import Any
 
 import msgspec
+
+from modelhost.generation.contract import StreamRequest
 
 _LENGTH = struct.Struct("!I")
 Payload = dict[str, Any]
@@ -41,12 +45,12 @@ class Run(msgspec.Struct, tag="run", array_like=True):
 
 
 class Generate(msgspec.Struct, tag="generate", array_like=True):
-    """Start a streaming request (text generation, a video job); its events follow in `Events`. A `low`
-    one (a line of a batch job) is admitted by the engine after the interactive ones waiting. `trace`:
-    as `Run`'s."""
+    """Start a streaming request (text generation, a video job: `generation.contract`); its events
+    follow in `Events`. A `low` one (a line of a batch job) is admitted by the engine after the
+    interactive ones waiting. `trace`: as `Run`'s."""
 
     id: int
-    request: Payload
+    request: StreamRequest
     low: bool = False
     trace: str = ""
 

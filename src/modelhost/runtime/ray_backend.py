@@ -62,6 +62,7 @@ from modelhost.auth.principal import low_priority
 from modelhost.config import Settings, get_settings
 from modelhost.engine_table import spec as engine_spec
 from modelhost.errors import DeploymentUnavailable
+from modelhost.generation.contract import StreamRequest
 from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime import metrics
 from modelhost.runtime.capacity import MB, Footprint
@@ -350,9 +351,7 @@ class ModelServer:
         whose batch failed answers an internal error (the gateway's 503) without failing the others."""
         return await _answers(self.run(item, trace) for item, trace in zip(items, traces, strict=True))
 
-    async def generate(
-        self, request: dict[str, Any], trace: str = ""
-    ) -> AsyncGenerator[dict[str, Any], None]:
+    async def generate(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events until it finishes. When the caller cancels (Ray cancels this task) or
         leaves, the sequence is dropped from the engine before its next step."""
         self._event_loop()
@@ -489,9 +488,7 @@ class VllmServer:
         """vLLM runs as asked: nothing was chosen at load."""
         return None
 
-    async def generate(
-        self, request: dict[str, Any], trace: str = ""
-    ) -> AsyncGenerator[dict[str, Any], None]:
+    async def generate(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events from vLLM's worker. When the caller cancels (Ray cancels this task) or
         leaves, closing the worker's stream sends `Cancel`, and vLLM aborts the request."""
         async with contextlib.aclosing(self._connection.stream(request, trace)) as events:
@@ -809,7 +806,7 @@ class RayServeReplica:
                 if not future.done():
                     future.set_result(output)
 
-    async def stream(self, request: Any, trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
         """A generation's events from a Serve replica; closing the iterator early cancels the Ray
         response, which cancels the replica's generator and drops the sequence from its engine."""
         if self._handle is None or self._stopping:

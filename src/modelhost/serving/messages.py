@@ -470,6 +470,6 @@ async def count_tokens(
     )
     request = tokenize_request(tokenize)
     if chat.reasoning_effort is not None:
-        request.update(reasoning_effort=chat.reasoning_effort, reasoning_effort_optional=True)
+        request.reasoning_effort, request.reasoning_effort_optional = chat.reasoning_effort, True
     _, events = await generation.whole(target, [request], until)
     return {"input_tokens": len(events[-1][1]["tokens"])}

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Protocol
 from typing_extensions import TypeIs
 
 from modelhost.errors import ModelhostError
+from modelhost.generation.contract import StreamRequest
 
 
 class TaskHandler(Protocol):
@@ -34,8 +35,9 @@ class StreamingTaskHandler(Protocol):
 
     def load(self, model_dir: Path, device: str) -> Any: ...
     def warmup(self, state: Any) -> None: ...
-    def start(self, state: Any, request_id: int, request: dict[str, Any]) -> None:
-        """Queue a request; raise `ModelhostError` (its caller's 400) when it cannot run."""
+    def start(self, state: Any, request_id: int, request: StreamRequest) -> None:
+        """Queue a request (`generation.contract`: a handler takes its own kind and refuses the other);
+        raise `ModelhostError` (its caller's 400) when it cannot run."""
         ...
 
     def cancel(self, state: Any, request_id: int) -> None: ...

@@ -22,6 +22,7 @@ from modelhost.engines.interface import Event
 from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat_templates import output_cap
+from modelhost.generation.contract import GenerationRequest, Sampling, StreamRequest
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
@@ -83,38 +84,40 @@ class TextGeneration:
         return chat_model(model, loader.load_tokenizer(model_dir), device, generation_defaults(model_dir))
 
     def warmup(self, state: ChatModel) -> None:
-        self.start(state, 0, {"prompt": "modelhost warm-up", "params": {"max_tokens": 2, "temperature": 0}})
+        warm_up = GenerationRequest(prompt="modelhost warm-up", params=Sampling(max_tokens=2, temperature=0))
+        self.start(state, 0, warm_up)
         while not state.engine.idle:
             state.engine.step()
         state.engine.warm_up()
 
-    def start(self, state: ChatModel, request_id: int, request: dict[str, Any]) -> None:
+    def start(self, state: ChatModel, request_id: int, request: StreamRequest) -> None:
         """Queue a request in the engine; InvalidRequest (a 400 for its caller) if it cannot run."""
-        if request.get("adapter"):  # a base that fell back from vLLM after its adapters were attached
+        if not isinstance(request, GenerationRequest):
+            raise InvalidRequest("A text-generation deployment makes no videos.", param="model")
+        if request.adapter is not None:  # a base that fell back from vLLM after its adapters were attached
             raise InvalidRequest(
                 "The adapter's base runs on the transformers engine, which does not serve adapters; "
                 "patch the base to engine: vllm (docs/adapters.md).",
                 param="model",
                 code="adapter_base_unsupported",
             )
-        if request.get("tokenize") or "detokenize" in request:
+        if request.asks_tokenizer:
             state.ready.append((request_id, tokenized(state, request)))
             return
         images: dict[str, Any] | None = None
-        if request.get("images"):  # the processor's prompt, not the tokenizer's: built once, here
+        if request.images:  # the processor's prompt, not the tokenizer's: built once, here
             prompt, images = _vision_prompt(state, request)
             prompt_param = "messages"
         else:
             prompt, prompt_param = prompt_ids(state, request)
-        given = request.get("params", {})
-        params = sampling_params(state, given, len(prompt), prompt_param, request.get("defaults"))
+        params = sampling_params(state, request.params, len(prompt), prompt_param, request.defaults)
         constraint = None
-        if request.get("grammar"):
+        if request.grammar:
             from modelhost.engines.native.guidance import GrammarConstraint
 
             check_engine_grammar(request)  # as the gateway did: never compile what it would refuse
             constraint = GrammarConstraint(
-                state.guidance_tokenizer(), request["grammar"], param=request.get("grammar_param")
+                state.guidance_tokenizer(), request.grammar, param=request.grammar_param
             )
         skip, strip = state.special.decoding(request, params.skip_special_tokens)
         decode = functools.partial(state.tokenizer.decode, skip_special_tokens=skip)
@@ -123,8 +126,8 @@ class TextGeneration:
         sequence = Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint)
         if images is not None:
             sequence.images, sequence.image_token = images, _image_token(state)
-        state.engine.add(sequence, low=bool(request.get("low")))
-        if request.get("echo"):
+        state.engine.add(sequence, low=request.low)
+        if request.echo:
             state.echo[request_id] = prompt
         if reasoning_open(state, request, prompt):
             state.opened.add(request_id)
@@ -205,7 +208,7 @@ def _image_token(state: ChatModel) -> int:
     return int(token if token is not None else config.image_token_index)
 
 
-def _vision_prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+def _vision_prompt(state: ChatModel, request: GenerationRequest) -> tuple[list[int], dict[str, Any]]:
     """A chat with images: the processor's prompt (each image expanded into its image tokens) and its
     image tensors. The image tokens become negative IDs derived from the image's bytes and position, so
     the prefix cache never gives one image's keys and values to another."""
@@ -218,7 +221,7 @@ def _vision_prompt(state: ChatModel, request: dict[str, Any]) -> tuple[list[int]
     ids: list[int] = encoded["input_ids"][0].tolist()
     images = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
     salt = int.from_bytes(
-        hashlib.sha256(b"".join(hashlib.sha256(d).digest() for d in request["images"])).digest()[:7]
+        hashlib.sha256(b"".join(hashlib.sha256(d).digest() for d in request.images)).digest()[:7]
     )
     token = _image_token(state)
     return [-(1 + salt + i) if t == token else t for i, t in enumerate(ids)], images

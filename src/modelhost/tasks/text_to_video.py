@@ -26,6 +26,7 @@ import numpy as np
 from modelhost.engines import loader
 from modelhost.engines.interface import Event
 from modelhost.errors import InvalidRequest
+from modelhost.generation.contract import StreamRequest, VideoRequest
 from modelhost.media.encode import encode_mp4, encode_spritesheet, encode_thumbnail
 
 
@@ -36,7 +37,7 @@ class _Cancelled(Exception):
 @dataclass
 class _Job:
     id: int
-    request: dict[str, Any]
+    request: VideoRequest
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
@@ -58,8 +59,10 @@ class TextToVideo:
     def warmup(self, state: VideoModel) -> None:
         """Nothing: a warm-up video would cost as much as a real one."""
 
-    def start(self, state: VideoModel, request_id: int, request: dict[str, Any]) -> None:
-        _check_size(state.pipeline, int(request["width"]), int(request["height"]), int(request["frames"]))
+    def start(self, state: VideoModel, request_id: int, request: StreamRequest) -> None:
+        if not isinstance(request, VideoRequest):
+            raise InvalidRequest("A text-to-video deployment makes videos (POST /v1/videos).", param="model")
+        _check_size(state.pipeline, request.width, request.height, request.frames)
         state.waiting.append(_Job(request_id, request))
 
     def cancel(self, state: VideoModel, request_id: int) -> None:
@@ -100,7 +103,7 @@ class TextToVideo:
             state.events.put((job.id, {"progress": 99}))
             finished = {
                 "finish": "stop",
-                "video": encode_mp4(frames, int(job.request["fps"])),
+                "video": encode_mp4(frames, job.request.fps),
                 "thumbnail": encode_thumbnail(frames),
                 "spritesheet": encode_spritesheet(frames),
                 "frames": int(frames.shape[0]),
@@ -123,22 +126,22 @@ def _generate(state: VideoModel, job: _Job) -> np.ndarray:
 
     request = job.request
     pipeline = state.pipeline
-    steps = int(request.get("num_inference_steps") or 25)
+    steps = request.num_inference_steps or 25
     options: dict[str, Any] = {
-        "prompt": request["prompt"],
+        "prompt": request.prompt,
         "num_inference_steps": steps,
-        "height": int(request["height"]),
-        "width": int(request["width"]),
+        "height": request.height,
+        "width": request.width,
         "output_type": "np",
     }
-    if request.get("guidance_scale") is not None:
-        options["guidance_scale"] = float(request["guidance_scale"])
-    if request.get("seed") is not None:
-        options["generator"] = torch.Generator(state.device).manual_seed(int(request["seed"]))
-    if request.get("reference") is not None:
+    if request.guidance_scale is not None:
+        options["guidance_scale"] = float(request.guidance_scale)
+    if request.seed is not None:
+        options["generator"] = torch.Generator(state.device).manual_seed(request.seed)
+    if request.reference is not None:
         pipeline, options = _with_reference(pipeline, options, request)
     else:
-        options["num_frames"] = int(request["frames"])
+        options["num_frames"] = request.frames
 
     def progress(step: int) -> None:
         if job.cancelled.is_set():
@@ -160,7 +163,7 @@ def _generate(state: VideoModel, job: _Job) -> np.ndarray:
 
 
 def _with_reference(
-    pipeline: Any, options: dict[str, Any], request: dict[str, Any]
+    pipeline: Any, options: dict[str, Any], request: VideoRequest
 ) -> tuple[Any, dict[str, Any]]:
     from diffusers import TextToVideoSDPipeline, VideoToVideoSDPipeline
 
@@ -171,15 +174,16 @@ def _with_reference(
             f"This model ({type(pipeline).__name__}) cannot take an input_reference.",
             code="input_reference_unsupported",
         )
-    height, width, count = options.pop("height"), options.pop("width"), int(request["frames"])
-    limits = request["limits"]
+    height, width, count = options.pop("height"), options.pop("width"), request.frames
+    limits = request.limits
+    assert request.reference is not None
     frames = reference_frames(
-        request["reference"],
+        request.reference,
         count=count,
         width=width,
         height=height,
-        max_pixels=limits["max_pixels"],
-        max_seconds=limits["max_seconds"],
+        max_pixels=limits.max_pixels,
+        max_seconds=limits.max_seconds,
         param="input_reference",
     )
     options.update(video=[frame.astype(np.float32) / 255 for frame in frames], strength=0.7)

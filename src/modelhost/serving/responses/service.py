@@ -18,6 +18,7 @@ from modelhost.clock import heartbeat_seconds
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.frontend import Generation, Streams, Target
 from modelhost.generation.chat import ChatChoice, tool_schemas
+from modelhost.generation.contract import GenerationRequest
 from modelhost.protocol.responses import ResponseCreateRequest
 from modelhost.routing import split_key
 from modelhost.serving.responses.items import (
@@ -54,7 +55,7 @@ class Prepared:
     settings: dict[str, Any]
     context: list[Any]
     input_items: list[Any]
-    engine_request: Event
+    engine_request: GenerationRequest
     mode: str
     tool_names: list[str]
     created_at: datetime = field(default_factory=utcnow)  # when the request came, stored as such

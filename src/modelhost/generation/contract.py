@@ -1,0 +1,129 @@
+"""What a generation request can contain, from the gateway to the engine: one typed contract.
+
+Every front-end (chat completions, completions, the Messages and Responses APIs, agent runs, batch lines;
+`modelhost.frontend`) builds `GenerationRequest`s, the replica protocol carries them (`Generate`), and
+every engine (ours, vLLM, llama.cpp) reads them: a field's name is checked by mypy at each end and its
+type by msgspec when a replica decodes it, where a dict key's typo went unseen. A video job's request is
+`VideoRequest`. Both are msgspec structs (they cross processes) and import nothing of ours, so the vLLM
+environment, which has its own torch and transformers, reads them too.
+
+`Sampling`'s fields are the client's; None is "not set": the replica fills it with the deployment's
+default (`defaults`), then the model's (`generation_config.json`), then the engine's
+(`generation.requests.sampling_params`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Sampling(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The sampling fields a client set (None: not set), as OpenAI's and vLLM's requests name them."""
+
+    max_tokens: int | None = None
+    min_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop: list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: list[tuple[int, float]] | None = None  # (token ID, bias)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    seed: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    prompt_logprobs: bool | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The fields the client set, by name."""
+        return {f: v for f in self.__struct_fields__ if (v := getattr(self, f)) is not None}
+
+
+class Adapter(msgspec.Struct, frozen=True):
+    """A LoRA adapter the request runs with on its shared base: its deployment ID and its files."""
+
+    name: str
+    path: str
+
+
+class GenerationRequest(msgspec.Struct, tag="generation", kw_only=True, omit_defaults=True):
+    """One sequence to generate (one choice of a request), or a tokenizer question (`tokenize`,
+    `detokenize`) the replica answers with one event and no generation.
+
+    Its prompt is `messages` (a chat, rendered by the model's chat template), else `prompt` (text or
+    token IDs; None: the start of a new document)."""
+
+    # ---- the prompt
+    messages: list[dict[str, Any]] | None = None  # as chat templates take them (`generation.chat`)
+    prompt: str | list[int] | None = None
+    suffix: str | None = None  # OpenAI's insert mode (fill-in-the-middle)
+    echo: bool = False  # the answer starts with the prompt's text (completions)
+    tools: list[dict[str, Any]] | None = None  # offered to the chat template
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool | None = None  # None: a chat's template writes them; a prompt gets them
+    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    # the reasoning switch: the effort, the field a family without one names in its 400, and whether such
+    # a family ignores it instead (the Messages API's `thinking`)
+    reasoning_effort: str | None = None
+    reasoning_effort_param: str = "reasoning_effort"
+    reasoning_effort_optional: bool = False
+    # ---- images: URLs and the fields they came from (the gateway reads them), then their bytes
+    image_urls: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    images: list[bytes] = msgspec.field(default_factory=list)
+    image_params: list[str] = msgspec.field(default_factory=list)  # the field each image came from
+    # ---- what is generated
+    params: Sampling = msgspec.field(default_factory=Sampling)
+    defaults: dict[str, int | float] | None = None  # the deployment's `generation_defaults`
+    grammar: str | None = None  # the Lark grammar the output must match
+    grammar_param: str | None = None  # the field it came from, named by its errors
+    adapter: Adapter | None = None
+    # ---- how it is run
+    low: bool = False  # a batch line: after the interactive requests waiting
+    whole: bool = False  # the caller waits for the whole answer: the dispatcher may run it again
+    # ---- a tokenizer question instead of a generation
+    tokenize: bool = False
+    detokenize: list[int] | None = None
+    return_token_strs: bool = False
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+    @property
+    def asks_tokenizer(self) -> bool:
+        """`/tokenize` or `/detokenize`: answered without generating."""
+        return self.tokenize or self.detokenize is not None
+
+
+class VideoLimits(msgspec.Struct, frozen=True):
+    max_pixels: int
+    max_seconds: float
+
+
+class VideoRequest(msgspec.Struct, tag="video", kw_only=True, omit_defaults=True):
+    """A video job's generation (`jobs.runner`): progress events, then the MP4."""
+
+    prompt: str
+    width: int
+    height: int
+    fps: int
+    frames: int
+    limits: VideoLimits
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    reference: bytes | None = None  # the image a video starts from
+    low: bool = False
+    whole: bool = False
+
+
+StreamRequest = GenerationRequest | VideoRequest
