@@ -117,7 +117,7 @@ def replica_bytes(served: Served, deployment_ids: list[str]) -> int:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "modelhost.runtime.vllm_worker" in command and any(
+        if "modelhost.runtime.worker.vllm_worker" in command and any(
             f"--deployment {d}" in command for d in deployment_ids
         ):
             total += tree_footprint_bytes(pid, table_)

@@ -92,7 +92,7 @@ def workers(root: int, table: dict[int, int]) -> list[int]:
             command = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"modelhost.runtime.worker" in command:
+        if b"modelhost.runtime.worker.sync_worker" in command:
             found.append(pid)
     return found
 

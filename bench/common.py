@@ -86,7 +86,8 @@ class ServerCpu:
     """CPU seconds of a modelhost server's process tree, by role; two readings subtract."""
 
     gateway: float = 0.0  # the supervisor, the other gateway processes, the worker template
-    front: float = 0.0  # vLLM replica workers (`runtime.vllm_worker`: vLLM's async engine, its front end)
+    # vLLM replica workers (`runtime.worker.vllm_worker`: vLLM's async engine, its front end)
+    front: float = 0.0
     engine: float = 0.0  # replica workers and everything under them (vLLM's EngineCore and Worker)
     ray: float = 0.0  # Ray's own processes (raylet, GCS, Serve controller, idle workers), `runtime=ray`
 
@@ -110,10 +111,11 @@ class ServerCpu:
 def _role(command: bytes, parent: str) -> str:
     """A process's field of `ServerCpu`, from its command line and its parent's role. Replica workers
     forked from the worker template are the template's children, and their command line (set with
-    setproctitle) names `runtime.worker`; a Serve replica is a Ray actor, `ray::ServeReplica:...`."""
-    if b"modelhost.runtime.vllm_worker" in command:
+    setproctitle) names `runtime.worker.sync_worker`; a Serve replica is a Ray actor,
+    `ray::ServeReplica:...`."""
+    if b"modelhost.runtime.worker.vllm_worker" in command:
         return "front"
-    if b"modelhost.runtime.worker" in command or command.startswith(b"ray::ServeReplica"):
+    if b"modelhost.runtime.worker.sync_worker" in command or command.startswith(b"ray::ServeReplica"):
         return "engine"
     if parent in ("front", "engine"):
         return "engine"  # vLLM's engine processes, a model's helpers
@@ -136,7 +138,7 @@ def server_cpu(root: int) -> ServerCpu:
         process = processes[pid]
         role = roles[pid] = _role(process.command, roles[process.parent] if pid != root else "gateway")
         totals[role] += process.cpu
-        template = b"modelhost.runtime.template" in process.command
+        template = b"modelhost.runtime.worker.template" in process.command
         totals["engine" if template or role == "front" else role] += process.reaped
     return ServerCpu(**totals)
 

@@ -451,7 +451,7 @@ def run_modelhost(
 def vllm_python() -> Path:
     """The Python of vLLM's environment, as the modelhost server finds it (`MODELHOST_VLLM_PYTHON`, else
     the checkout's `.venv-vllm` once set up); VllmUnavailable says why there is none."""
-    from modelhost.runtime.engines import vllm_environment
+    from modelhost.runtime.engine_choice import vllm_environment
 
     return vllm_environment().python
 
@@ -584,7 +584,7 @@ def run_engines(
     """Bare `vllm serve` (with `bare_vllm` and `vllm` in `engines`) and modelhost on each engine of
     `engines`: each on its own port, started together (the starts overlap), then measured in turn at
     each stream count; or, not `together`, one server at a time."""
-    from modelhost.runtime.engines import VllmUnavailable
+    from modelhost.runtime.engine_choice import VllmUnavailable
 
     try:
         version = vllm_version(vllm_python())
@@ -963,8 +963,8 @@ def engine_report(shape: Shape, seconds: float, runs: EngineRuns, figures: Figur
         f"`MODELHOST_KV_CACHE_MB` {kv}, `min_tokens`). Cores: CPU seconds per wall second during the row: "
         f"gateway = modelhost's gateway processes (the supervisor, other gateway processes, the worker "
         f"template), never a replica worker or anything under it; vLLM front end = the process hosting "
-        f"vLLM's async engine (modelhost's replica worker `runtime.vllm_worker`; bare vLLM's API server, "
-        f"which is its HTTP server too); engine = VLLM::EngineCore and VLLM::Worker (modelhost's "
+        f"vLLM's async engine (modelhost's replica worker `runtime.worker.vllm_worker`; bare vLLM's API "
+        f"server, which is its HTTP server too); engine = VLLM::EngineCore and VLLM::Worker (modelhost's "
         f"transformers replica worker). The machine's load averages (1, 5, 15 min): {before} before "
         f"these servers started, {after} after they stopped; `other cores` is everything else on the "
         f"machine during each row, so other work may have shared the machine.",

@@ -118,7 +118,7 @@ def native_server() -> Path:
     done = subprocess.run(["bash", str(ROOT / "scripts" / "build-llama-server.sh")], cwd=ROOT)
     if done.returncode != 0:
         raise Unavailable("scripts/build-llama-server.sh failed")
-    from modelhost.runtime.engines import LLAMA_SERVER_MARKER
+    from modelhost.runtime.engine_choice import LLAMA_SERVER_MARKER
 
     return Path(LLAMA_SERVER_MARKER.read_text().splitlines()[1])
 

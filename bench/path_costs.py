@@ -26,8 +26,8 @@ from bench.common import Figures, table, write_section
 from bench.embeddings import machine
 from modelhost.api.middleware import RequestPath
 from modelhost.auth.limits import Limits, RateLimiter, Subject
-from modelhost.runtime.host import ReplicaHost
-from modelhost.runtime.protocol import Run, Started, encode
+from modelhost.runtime.replica_protocol import Run, Started, encode
+from modelhost.runtime.worker.host import ReplicaHost
 
 BATCH = 16
 

@@ -37,7 +37,7 @@ def roles(served: Served) -> dict[int, str]:
     gateways = replicas = 0
     for pid in subtree(processes, served.process.pid):
         command = processes[pid].command
-        if b"modelhost.runtime.worker" in command:
+        if b"modelhost.runtime.worker.sync_worker" in command:
             found[pid] = f"replica-{replicas}"
             replicas += 1
         elif pid == served.process.pid or b"modelhost.server.gateway" in command:

@@ -43,8 +43,8 @@ from modelhost.runtime.memory import descendants, parents, rss_bytes
 
 KINDS = {  # what a process's command line runs → its kind in the report
     "modelhost.server.gateway": "gateway processes",
-    "modelhost.runtime.template": "worker template",
-    "modelhost.runtime.worker": "replica workers",
+    "modelhost.runtime.worker.template": "worker template",
+    "modelhost.runtime.worker.sync_worker": "replica workers",
 }
 SUPERVISOR = "supervisor"
 TARGET_GROWTH = 5.0  # % over the second half

@@ -6,7 +6,7 @@
 # it); `make llama-server` runs it in the foreground; `bench.gguf` too, for its native row.
 #
 # Once `.venv-llama-server/.modelhost-llama-server` names the program (written last, after it answers
-# `--version`), llamacpp replicas started from then on run it (runtime.engines.llama_server_program;
+# `--version`), llamacpp replicas started from then on run it (runtime.engine_choice.llama_server_program;
 # MODELHOST_LLAMA_SERVER names another program, or "" keeps the wheel's server): docs/engines-llamacpp.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

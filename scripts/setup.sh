@@ -42,14 +42,14 @@ vllm_failed() {
     echo "failed: $1" > "$vllm_status"
     return 1
 }
-# Writes what vLLM can run (its registry, less what does not import here: runtime/vllm_registry.py)
+# Writes what vLLM can run (its registry, less what does not import here: runtime/worker/vllm_registry.py)
 # once vllm and our modules import (PYTHONPATH: the worker's own).
 vllm_check() {
     local out
     out=$(PYTHONPATH="$PWD/src" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 .venv-vllm/bin/python -c \
-        'import vllm.v1.engine.async_llm, modelhost.runtime.protocol, modelhost.config' 2>&1 &&
+        'import vllm.v1.engine.async_llm, modelhost.runtime.replica_protocol, modelhost.config' 2>&1 &&
         PYTHONPATH="$PWD/src" HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 .venv-vllm/bin/python \
-        -m modelhost.runtime.vllm_registry .venv-vllm/.modelhost-vllm-architectures.json 2>&1) || {
+        -m modelhost.runtime.worker.vllm_registry .venv-vllm/.modelhost-vllm-architectures.json 2>&1) || {
         printf '%s\n' "$out" | tail -n 5 | sed 's/^/    /'
         vllm_failed "the installed vllm does not import (PYTHONPATH=src .venv-vllm/bin/python -c 'import vllm.v1.engine.async_llm' says why)"
         return

@@ -196,7 +196,7 @@ class Server:
         return sorted(children, key=gateway_index)
 
     def replicas(self, deployment_id: str) -> list[int]:
-        return processes("modelhost.runtime.worker", deployment_id)
+        return processes("modelhost.runtime.worker.sync_worker", deployment_id)
 
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/metrics", timeout=10).text

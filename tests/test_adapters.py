@@ -346,7 +346,7 @@ def test_16_streams_over_4_adapters_at_once_each_give_their_adapters_own_answer(
 
 def test_attaching_and_using_8_adapters_starts_no_new_replica_process(served: Served) -> None:
     served.greedy("tuned-0")  # the base runs with LoRA on
-    workers = processes("modelhost.runtime.vllm_worker", served.base["id"])
+    workers = processes("modelhost.runtime.worker.vllm_worker", served.base["id"])
     assert len(workers) == 1
     for i in range(4, 8):
         answer = served.post(
@@ -358,7 +358,7 @@ def test_attaching_and_using_8_adapters_starts_no_new_replica_process(served: Se
         assert answer.status_code == 201, answer.text
     answers = {i: served.greedy(f"tuned-{i}", max_tokens=16)[0] for i in range(8)}
     assert len(set(answers.values())) == 8, answers  # eight adapters, eight different answers
-    assert processes("modelhost.runtime.vllm_worker", served.base["id"]) == workers
+    assert processes("modelhost.runtime.worker.vllm_worker", served.base["id"]) == workers
     base = served.http.get(f"/v1/deployments/{served.base['id']}", headers=bearer(served.key)).json()
     assert base["replicas"] == 1
 

@@ -151,9 +151,10 @@ def test_server_cpu_counts_every_process_of_the_tree_by_role(monkeypatch: pytest
     table = {
         10: process(1, 1.0, 0.0, b"python\0-m\0modelhost.cli.main\0serve\0"),  # the supervisor
         11: process(10, 2.0, 0.0, b"python\0-m\0modelhost.server.gateway\0--index\0"),
-        12: process(10, 0.5, 3.0, b"python\0-m\0modelhost.runtime.template\0--fd\0"),  # 3.0: reaped workers
-        13: process(12, 4.0, 0.0, b"python -m modelhost.runtime.worker --replica dep_1-1"),
-        14: process(10, 0.25, 0.0, b"python\0-m\0modelhost.runtime.vllm_worker\0--replica\0"),
+        # 3.0: reaped workers
+        12: process(10, 0.5, 3.0, b"python\0-m\0modelhost.runtime.worker.template\0--fd\0"),
+        13: process(12, 4.0, 0.0, b"python -m modelhost.runtime.worker.sync_worker --replica dep_1-1"),
+        14: process(10, 0.25, 0.0, b"python\0-m\0modelhost.runtime.worker.vllm_worker\0--replica\0"),
         15: process(14, 8.0, 0.0, b"VLLM::EngineCore"),
         16: process(10, 0.125, 0.0, b"/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet\0"),
         17: process(16, 16.0, 0.0, b"ray::ServeReplica:dep_2:ModelServer"),

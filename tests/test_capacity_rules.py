@@ -1,7 +1,8 @@
 """Capacity's rules without processes: which deployments eviction picks, where a GPU deployment goes,
 what the default budget reads from a cgroup, what a footprint is predicted and measured at, and the
-order in which waiting loads get room (runtime/capacity.py, runtime/footprint.py, runtime/placement.py,
-runtime/memory.py). tests/test_capacity.py drives the same through HTTP with real worker processes."""
+order in which waiting loads get room (runtime/capacity.py, runtime/footprint.py,
+runtime/supervisor/placement.py, runtime/memory.py). tests/test_capacity.py drives the same through HTTP with
+real worker processes."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from modelhost.errors import CapacityConflict, InsufficientCapacity
 from modelhost.runtime.capacity import MB, Candidate, Capacity, Footprint, evictions, memory_limit
 from modelhost.runtime.footprint import BASE_COSTS, kv_cache_bytes, predict
 from modelhost.runtime.memory import _footprint_of
-from modelhost.runtime.placement import Placement
 from modelhost.runtime.spec import AttachedAdapter, DeploymentSpec
+from modelhost.runtime.supervisor.placement import Placement
 
 GiB = 1 << 30
 

@@ -1067,7 +1067,7 @@ def bombs(chat: Chat, base_model: dict[str, Any]) -> dict[str, Any]:
     assert patched.status_code == 200, patched.text
     tokens = chat.post("/tokenize", model="chat-base", messages=[{"role": "user", "content": "cake"}])
     assert tokens.status_code == 200, tokens.text
-    [pid] = processes("modelhost.runtime.worker", base_model["id"])
+    [pid] = processes("modelhost.runtime.worker.sync_worker", base_model["id"])
     return {**base_model, "pid": pid}
 
 
@@ -1100,7 +1100,7 @@ def test_a_template_bomb_deployment_answers_400_naming_chat_template_and_its_rep
     assert "1 CPU seconds (MODELHOST_CHAT_TEMPLATE_SECONDS)" in error["message"]
     answer = chat.post("/v1/chat/completions", model="chat-base", messages=MESSAGES, max_tokens=2)
     assert answer.status_code == 200, answer.text
-    assert processes("modelhost.runtime.worker", bombs["id"]) == [bombs["pid"]]
+    assert processes("modelhost.runtime.worker.sync_worker", bombs["id"]) == [bombs["pid"]]
 
 
 def test_a_template_that_builds_a_huge_string_is_a_400_before_the_replica_holds_it(

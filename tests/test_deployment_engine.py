@@ -1,5 +1,6 @@
-"""A deployment's engine (issue 29): asked for with `engine`, chosen by `runtime.engines` when the deployment
-is created or its engine changed, shown as `engine_in_use` and `engine_reason`, and run by the runtime.
+"""A deployment's engine (issue 29): asked for with `engine`, chosen by `runtime.engine_choice` when the
+deployment is created or its engine changed, shown as `engine_in_use` and `engine_reason`, and run by the
+runtime.
 
 The suite turns vLLM off (tests/__init__.py); tests that want it installed name a fake environment whose
 architecture listing (written by setup.sh beside a real one) is read, and whose Python is never run: a
@@ -24,10 +25,10 @@ from modelhost.artifacts.service import version_prefix
 from modelhost.config import get_settings
 from modelhost.container import Services
 from modelhost.runtime.capacity import Footprint
-from modelhost.runtime.engines import ARCHITECTURES_FILE
-from modelhost.runtime.manager import ReplicaManager
+from modelhost.runtime.engine_choice import ARCHITECTURES_FILE
 from modelhost.runtime.replica import Replica, ReplicaLoadFailed, ReplicaSpec, ReplicaStats
 from modelhost.runtime.spec import DeploymentSpec
+from modelhost.runtime.supervisor.manager import ReplicaManager
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import ModelArtifact
@@ -47,7 +48,7 @@ def vllm_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     (root / "bin" / "python").write_text("#!/bin/sh\nexit 1\n")  # never run: the listing answers
     (root / ARCHITECTURES_FILE).write_text(json.dumps([LISTED]))
     monkeypatch.setenv("MODELHOST_VLLM_PYTHON", str(root / "bin" / "python"))
-    get_settings.cache_clear()  # runtime.engines reads the process's settings
+    get_settings.cache_clear()  # runtime.engine_choice reads the process's settings
     yield
     get_settings.cache_clear()
 

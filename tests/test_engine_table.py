@@ -13,8 +13,8 @@ from modelhost.cli.main import EngineName as CliEngine
 from modelhost.engine_table import AUTO, ENGINE_TABLE, FALLBACK, EngineName, EngineSetting, engines_for, spec
 from modelhost.pipelines import BY_NAME, TASKS
 from modelhost.protocol.management import Engine, EngineInUse
-from modelhost.runtime.engines import ENGINES
-from modelhost.runtime.launch import WORKER_ARGS
+from modelhost.runtime.engine_choice import ENGINES
+from modelhost.runtime.supervisor.launch import WORKER_ARGS
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "modelhost"
 NAMES = frozenset(get_args(EngineName))

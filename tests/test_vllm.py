@@ -230,7 +230,7 @@ def test_a_cold_vllm_deployment_loads_on_its_first_request(vllm: VllmServer) -> 
     assert deployment["state"] == "ready"
     assert deployment["last_cold_start_seconds"] > 0
     assert deployment["memory_gb"] > 0.1  # vLLM's engine core holds the model: its process tree is metered
-    assert processes("modelhost.runtime.vllm_worker", vllm.chat["id"])
+    assert processes("modelhost.runtime.worker.vllm_worker", vllm.chat["id"])
     metrics = vllm.http.get("/metrics").text
     assert f'modelhost_deployment_engine{{deployment="{vllm.chat["id"]}",engine="vllm"}} 1.0' in metrics
 
@@ -471,7 +471,7 @@ def test_a_disconnect_frees_the_vllm_sequence_within_two_seconds(vllm: VllmServe
 def _engine_session(vllm: VllmServer) -> int:
     """`chat`'s loaded vLLM replica worker: it leads a session of its own, which vLLM's engine core and
     worker processes share (and no other deployment's)."""
-    (worker,) = processes("modelhost.runtime.vllm_worker", vllm.chat["id"])
+    (worker,) = processes("modelhost.runtime.worker.vllm_worker", vllm.chat["id"])
     return worker
 
 
@@ -624,7 +624,7 @@ def test_a_vllm_deployment_loads_beside_others_holding_most_of_the_memory_node(
             body = {"model": "chat", "messages": MESSAGES, "max_tokens": 4}
             answer = http.post("/v1/chat/completions", json=body, headers=bearer(key))
             assert answer.status_code == 200, answer.text
-            [worker] = processes("modelhost.runtime.vllm_worker", created.json()["id"])
+            [worker] = processes("modelhost.runtime.worker.vllm_worker", created.json()["id"])
             command = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
             kv_mb = int(command[command.index(b"--kv-cache-mb") + 1])
             assert 1 <= kv_mb <= 4096 // 8  # the model's 64 contexts, at most an eighth of the budget

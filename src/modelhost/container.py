@@ -49,10 +49,10 @@ from modelhost.jobs.runner import VideoCancel, VideoRunner
 from modelhost.jobs.videos import VideoJobs
 from modelhost.media.sources import MediaPolicy
 from modelhost.routing import DeploymentRef, resolve_deployment
-from modelhost.runtime.adapters import AdapterRouting
-from modelhost.runtime.engines import device_kind
-from modelhost.runtime.interface import Runtime
-from modelhost.runtime.manager import ReplicaManager
+from modelhost.runtime.engine_choice import device_kind
+from modelhost.runtime.gateway.adapters import AdapterRouting
+from modelhost.runtime.gateway.interface import Runtime
+from modelhost.runtime.supervisor.manager import ReplicaManager
 from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
 from modelhost.services.files import FileService, FileStore, file_secret
@@ -340,5 +340,5 @@ def rates_of(settings: Settings) -> Rates:
 def device_kinds(settings: Settings) -> tuple[str, ...]:
     """The device kinds this server's replicas run on, as a quantized artifact's `serving` names them: the
     CPU always, CUDA where the device setting allows and a GPU is visible (`nvidia-smi`, as placement
-    reads it: `runtime.engines.device_kind`)."""
+    reads it: `runtime.engine_choice.device_kind`)."""
     return ("cpu", "cuda") if device_kind(settings) == "cuda" else ("cpu",)

@@ -4,10 +4,11 @@ One row says all there is to know about an engine outside its own modules: the w
 replicas run and the Python environment it runs under, what a replica costs above its weights, the tasks
 it serves, the files it reads (and the quantized checkpoints it has kernels for), the devices it runs on,
 how `auto` ranks it, and what it can do (adapters, choosing its runtime at load). The choice of engine
-(`runtime.engines`), a replica's launch (`runtime.launch`), its footprint (`runtime.footprint`), the
-engines each task lists (`pipelines`), where a quantized checkpoint is served (`artifacts.quantization`)
-and the adapter and fallback rules (`services`) are all read from `ENGINE_TABLE`: the other modules ask a
-row for a property, and never compare an engine's name (tests/test_engine_table.py keeps it so).
+(`runtime.engine_choice`), a replica's launch (`runtime.supervisor.launch`), its footprint
+(`runtime.footprint`), the engines each task lists (`pipelines`), where a quantized checkpoint is served
+(`artifacts.quantization`) and the adapter and fallback rules (`services`) are all read from `ENGINE_TABLE`:
+the other modules ask a row for a property, and never compare an engine's name (tests/test_engine_table.py
+keeps it so).
 
 This module sits in the base layer, beside `pipelines`: it names worker modules as strings, since they
 pull in the engines' libraries, which only replica processes load.
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 EngineName = Literal["vllm", "llamacpp", "onnxruntime", "openvino", "transformers"]
-# what a deployment asks for (`engine`): an engine, or `auto` (`runtime.engines.choose` picks one)
+# what a deployment asks for (`engine`): an engine, or `auto` (`runtime.engine_choice.choose` picks one)
 EngineSetting = Literal["auto", "vllm", "llamacpp", "onnxruntime", "openvino", "transformers"]
 AUTO: Literal["auto"] = "auto"
 Python = Literal[".venv", ".venv-vllm"]  # the server's, or vLLM's own (scripts/setup.sh: vLLM pins its torch)
@@ -49,7 +50,8 @@ class EngineSpec:
     # An engine that alone reads the artifact's format (llama.cpp, GGUF) is taken whatever its rank.
     rank: int
     # the module its replicas run as a program of their own (in their own session: the processes the
-    # engine starts end with it); None: our worker (`runtime.worker`), forked from the worker template
+    # engine starts end with it); None: our worker (`runtime.worker.sync_worker`), forked from the worker
+    # template
     worker: str | None
     python: Python  # the environment that program runs under
     # first guess of a replica's cost above its weights and KV cache, until one is measured on this
@@ -61,7 +63,7 @@ class EngineSpec:
     devices: frozenset[str] = frozenset({"cpu", "cuda"})  # the device kinds its replicas run on
     precisions: tuple[str, ...] = ("float32",)  # the `precision`s it runs a checkpoint at
     # `auto` takes it only for an architecture its own model registry lists (vLLM's:
-    # `runtime.vllm_registry`); one it lists but cannot load falls back to the fallback engine
+    # `runtime.worker.vllm_registry`); one it lists but cannot load falls back to the fallback engine
     lists_architectures: bool = False
     serves_adapters: bool = False  # applies PEFT adapters on its replicas (docs/adapters.md)
     # a replica measures it against torch when it loads and keeps the faster (`engines.encoders`)
@@ -78,7 +80,7 @@ ENGINE_TABLE: dict[EngineName, EngineSpec] = {
         name="vllm",
         label="vLLM",
         rank=0,
-        worker="modelhost.runtime.vllm_worker",
+        worker="modelhost.runtime.worker.vllm_worker",
         python=".venv-vllm",
         base_bytes=1536 * MB,  # vLLM's CPU engine (eager), a tiny chat model: 1,329 MiB
         tasks=("text-generation", "image-text-to-text"),
@@ -92,7 +94,7 @@ ENGINE_TABLE: dict[EngineName, EngineSpec] = {
         name="llamacpp",
         label="llama.cpp",
         rank=3,
-        worker="modelhost.runtime.llamacpp_worker",
+        worker="modelhost.runtime.worker.llamacpp_worker",
         python=".venv",
         # the interpreter, transformers' tokenizer and the server's threads: 194 MiB measured for the
         # tests' tiny GGUF (2 slots), rounded up

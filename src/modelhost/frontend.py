@@ -29,7 +29,7 @@ from modelhost.media.sources import MediaPolicy, load_media
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
 from modelhost.protocol.tasks import MAX_MEDIA_INPUTS
 from modelhost.routing import DeploymentRef, split_key
-from modelhost.runtime.interface import Runtime
+from modelhost.runtime.gateway.interface import Runtime
 from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
 
 Event = dict[str, Any]

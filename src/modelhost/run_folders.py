@@ -1,8 +1,8 @@
 """A server's private folders under the temporary directory, and what is left of servers that died.
 
 A server keeps its run folder (control socket, metrics, rate-limit table: `modelhost.server`) and its
-replicas' sockets (`runtime.local`) in folders it makes under the temporary directory and removes when
-it stops. A server killed outright (SIGKILL, the kernel's OOM killer, a power cut) never gets to: its
+replicas' sockets (`runtime.supervisor.local`) in folders it makes under the temporary directory and removes
+when it stops. A server killed outright (SIGKILL, the kernel's OOM killer, a power cut) never gets to: its
 folders stay, and the metrics files in them grow with every process it ran. So each folder names the
 process that owns it (a `pid` file), and a server that starts removes the folders whose owner is gone.
 """

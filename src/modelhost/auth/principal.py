@@ -57,7 +57,7 @@ class Principal:
 ADMIN = Principal(kind=PrincipalKind.ADMIN)
 
 # The key the current request runs for: what a replica's fair queuing takes turns between
-# (`runtime.host`). Set when the request's deployment is resolved (`api.deps.deployment_for`).
+# (`runtime.worker.host`). Set when the request's deployment is resolved (`api.deps.deployment_for`).
 _TENANT: ContextVar[str] = ContextVar("modelhost_tenant", default="")
 # Whether the current request is a batch line (`modelhost.batches`): replicas give it only the room
 # interactive requests leave.

@@ -4,7 +4,7 @@ lines, each once, through the same routes an interactive request takes.
 A line is a request of the batch's creator (its key's deployment scope, its account's credits and spend
 caps; not its per-minute limits), sent in-process to the server's own app (`LineCall`) marked as batch
 work: replicas fill their batches with interactive requests first and give batch lines the room left
-(`runtime.host`), so a running batch costs interactive users little. Answers are recorded in groups
+(`runtime.worker.host`), so a running batch costs interactive users little. Answers are recorded in groups
 (`Batches.record`); a runner that dies loses at most the answers of its last group, which run again
 when its batch is taken over.
 

@@ -106,7 +106,7 @@ DEPLOYMENT_COLUMNS = (
 
 
 class EngineName(StrEnum):
-    """`--engine`'s choices: the API's `engine` (runtime.engines.ENGINES)."""
+    """`--engine`'s choices: the API's `engine` (runtime.engine_choice.ENGINES)."""
 
     auto = "auto"
     vllm = "vllm"

@@ -2,8 +2,8 @@
 "Engines inside a replica").
 
 - `native`: modelhost's own continuous-batching text-generation engine (torch), stepped by the
-  text-generation handler inside `runtime.worker`'s loop;
-- `vllm`: vLLM's async engine, under vLLM's own Python, driven by `runtime.vllm_worker`;
+  text-generation handler inside `runtime.worker.sync_worker`'s loop;
+- `vllm`: vLLM's async engine, under vLLM's own Python, driven by `runtime.worker.vllm_worker`;
 - `encoders`: ONNX Runtime and OpenVINO in place of an encoder's torch model, chosen when a replica loads;
 - `loader`: the one place models are loaded; `chat_images`: a chat with images made ready for either
   text engine.

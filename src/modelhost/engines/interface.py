@@ -3,14 +3,14 @@
 A replica hosts one engine (docs/architecture.md, "Engines inside a replica"). Four host it today:
 
 - modelhost's own engine (`engines.native`) is stepped by the replica's synchronous loop
-  (`runtime.worker` → `runtime.host.ReplicaHost` → the text-generation handler) between messages:
-  requests join and leave between steps, and each step returns the events it made. That is `Engine`.
-- vLLM's engine (`engines.vllm`) steps itself, in its own processes: its host (`runtime.vllm_worker`,
+  (`runtime.worker.sync_worker` → `runtime.worker.host.ReplicaHost` → the text-generation handler) between
+  messages: requests join and leave between steps, and each step returns the events it made. That is `Engine`.
+- vLLM's engine (`engines.vllm`) steps itself, in its own processes: its host (`runtime.worker.vllm_worker`,
   an asyncio loop) loads it, warms it up, runs each request with `generate`, aborts one, and watches
   whether it `errored`. Its requests end in the same `Event`s.
 - llama.cpp's server (`engines.llamacpp`, GGUF files) steps itself too, in the worker's process: its
-  host (`runtime.llamacpp_worker`) shares the vLLM worker's asyncio loop (`runtime.async_worker`) and
-  the same `generate` / `abort` / `errored` shape.
+  host (`runtime.worker.llamacpp_worker`) shares the vLLM worker's asyncio loop
+  (`runtime.worker.async_worker`) and the same `generate` / `abort` / `errored` shape.
 - the encoder runtimes (`engines.encoders`) take the place of a batch handler's torch model when the
   replica loads (`prepare` over the handler's `EncoderSlot`); the host runs their batches through the
   handler, as it runs torch's.

@@ -1,7 +1,7 @@
 """llama.cpp's server as a modelhost engine: GGUF text generation on the `llamacpp` engine.
 
-Loaded and driven by the llama.cpp replica worker (`runtime.llamacpp_worker`). The server is llama.cpp's
-own C++ server (`xllamacpp`, a prebuilt wheel of it), started in the worker's process: continuous
+Loaded and driven by the llama.cpp replica worker (`runtime.worker.llamacpp_worker`). The server is
+llama.cpp's own C++ server (`xllamacpp`, a prebuilt wheel of it), started in the worker's process: continuous
 batching over its slots, each slot a sequence with its own part of the KV cache. We set what llama.cpp
 would otherwise default: the slots (`slots`: the most requests decoded together), the context of each
 (`context`: `kv_unified` off, so `n_ctx` is `slots × context` and every slot gets its whole context),
@@ -130,7 +130,7 @@ class SlotGate:
 
 @dataclass
 class LlamaCppServer:
-    """A running llama.cpp server, as the replica worker's loop holds it (`runtime.async_worker`)."""
+    """A running llama.cpp server, as the replica worker's loop holds it (`runtime.worker.async_worker`)."""
 
     server: Any  # xllamacpp.Server (held, or llama.cpp stops), or a `llama-server` process
     client: Any  # httpx.AsyncClient on the server's address

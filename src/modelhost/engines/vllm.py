@@ -1,6 +1,6 @@
-"""vLLM's async engine as a modelhost engine: text generation on the `vllm` engine (`runtime.engines`).
+"""vLLM's async engine as a modelhost engine: text generation on the `vllm` engine (`runtime.engine_choice`).
 
-Loaded and driven by the vLLM replica worker (`runtime.vllm_worker`), under the Python of vLLM's own
+Loaded and driven by the vLLM replica worker (`runtime.worker.vllm_worker`), under the Python of vLLM's own
 environment (`.venv-vllm`): vLLM pins its own torch and transformers, and starts its engine core in
 child processes of its own. Everything here that touches vLLM imports it inside the function, so that
 our environment can import this module (and check it) without vLLM.

@@ -16,8 +16,8 @@ through the one sandbox:
   thread's CPU clock every 16th time and ends a render past `seconds` (`MODELHOST_CHAT_TEMPLATE_SECONDS`,
   default 1 s: real templates take milliseconds), loops with empty bodies included. A render also asks
   its `stop` callable every 10 ms of CPU whether its caller has gone (the replica's transports say:
-  `runtime.worker` looks for a `Cancel` or the connection's end, `in_thread` for a cancelled task); then
-  it ends with `ClientClosedRequest`.
+  `runtime.worker.sync_worker` looks for a `Cancel` or the connection's end, `in_thread` for a cancelled
+  task); then it ends with `ClientClosedRequest`.
 - Size: everything that can make a large value out of small ones is checked before it runs: `*` and
   `**` (strings, lists, integers), `+`, `%` and `~`, slicing, the string methods and filters that take
   a width or repeat their input (`center`, `ljust`, `replace`, `join`, `format`, `indent`, `wordwrap`,

@@ -22,7 +22,7 @@ from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.generation.contract import VideoLimits, VideoRequest
 from modelhost.jobs.videos import PREVIEWS, Claimed, VideoJobs
-from modelhost.runtime.interface import Runtime
+from modelhost.runtime.gateway.interface import Runtime
 
 log = logging.getLogger("modelhost.jobs")
 

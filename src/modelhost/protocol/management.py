@@ -13,7 +13,7 @@ from modelhost.protocol.common import PageOf, StrictModel
 Readiness = Literal["cold", "warm", "hot"]
 Engine = Literal[
     "auto", "vllm", "llamacpp", "onnxruntime", "openvino", "transformers"
-]  # runtime.engines.ENGINES
+]  # runtime.engine_choice.ENGINES
 EngineInUse = Literal["vllm", "llamacpp", "onnxruntime", "openvino", "transformers"]
 Precision = Literal["float32", "int8"]
 PRECISION_DESCRIPTION = (

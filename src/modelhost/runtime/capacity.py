@@ -1,8 +1,8 @@
 """Capacity: the memory budget that a server's replicas share, what each deployment holds of it, and
 which idle deployments make room for a load (docs/runtime.md, "Capacity").
 
-Plain accounting, no processes and no event loop: the replica manager (`runtime.manager`) reserves a
-deployment's footprint here before its processes start, replaces the prediction by the measured
+Plain accounting, no processes and no event loop: the replica manager (`runtime.supervisor.manager`) reserves
+a deployment's footprint here before its processes start, replaces the prediction by the measured
 footprint once they run, keeps it reserved while they are being stopped, and releases it once they
 have exited. Eviction chooses from a list of candidates the manager describes.
 

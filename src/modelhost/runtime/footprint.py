@@ -9,7 +9,7 @@ Predicted from what is known before any process starts, in this order:
    cache on this server, or a first guess (its row's `base_bytes` in `engine_table`: `BASE_COSTS`) until
    one has.
 
-Once loaded, the measured footprint replaces the prediction (`runtime.manager`).
+Once loaded, the measured footprint replaces the prediction (`runtime.supervisor.manager`).
 
 **A GGUF on llama.cpp** (`engine: llamacpp`) is predicted from its header (`artifacts.gguf_check`): its
 tensors' bytes (read into the replica's memory, not mapped: docs/engines-llamacpp.md), plus the KV cache

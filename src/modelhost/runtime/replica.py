@@ -68,7 +68,7 @@ class ReplicaDied(Exception):
 class ReplicaDiedBeforeStart(ReplicaDied):
     """The replica died while this request was still waiting for it: the model never saw it, so it may
     run on the replacement as often as that happens (a request of the batch the replica was running,
-    which may have killed it, runs once more at most: `runtime.dispatch`)."""
+    which may have killed it, runs once more at most: `runtime.gateway.dispatch`)."""
 
 
 class ReplicaLoadFailed(Exception):

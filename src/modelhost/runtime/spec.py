@@ -40,7 +40,8 @@ class DeploymentSpec:
     account_id: str
     model: str
     artifact_id: str
-    engine: str = "transformers"  # the engine its replicas run (`runtime.engines`): `transformers` or `vllm`
+    # the engine its replicas run (`runtime.engine_choice`): `transformers` or `vllm`
+    engine: str = "transformers"
     # `auto` chose vLLM: if vLLM cannot load the model, the runtime runs it on `transformers` instead
     falls_back: bool = False
     precision: str = "float32"  # `int8`: an encoder's runtime quantized (`engines.encoders`)
@@ -56,7 +57,7 @@ class DeploymentSpec:
     # A base's adapter deployments, each billed for its bytes while the base's replicas hold it
     adapters: tuple[AttachedAdapter, ...] = ()
     # A generation task's own settings (max_model_len, chat template, parsers): its replicas load with
-    # them, and a change reloads them (`runtime.manager.apply`)
+    # them, and a change reloads them (`runtime.supervisor.manager.apply`)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     # Every version of the deployment (`routing.Version`): this spec is the one of `artifact_id`'s
     versions: tuple[Version, ...] = ()
@@ -115,7 +116,7 @@ def adapter_spec(base: DeploymentSpec, adapter: AttachedAdapter) -> DeploymentSp
 @dataclass(frozen=True, slots=True)
 class AdapterTarget:
     """Where an adapter deployment's requests run: its base's replicas, which load its files (an
-    adapter has no replicas of its own; `runtime.adapters`)."""
+    adapter has no replicas of its own; `runtime.gateway.adapters`)."""
 
     adapter_id: str
     base_id: str

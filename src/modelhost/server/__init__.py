@@ -5,7 +5,7 @@ supervisor (serves no HTTP): migrations, replicas, meters, video jobs, agent run
    │ starts (and starts again when they die) the gateway processes, answers them on its control
    │ socket (`server.control`)
 clients ──HTTP──> gateway processes 1..N (one listening socket, shared; at least one)
-                       │  every gateway process reaches every replica directly (`runtime.protocol`)
+                       │  every gateway process reaches every replica directly (`runtime.replica_protocol`)
                        ▼
                   replica processes (one per loaded replica; batch the requests of every gateway)
 ```
@@ -142,7 +142,7 @@ def _run(
         _run_embedded(settings, listener, log_level, beside)
         return
     logging.config.dictConfig(log_config(log_level))  # uvicorn's and ours, as every gateway logs
-    from modelhost.runtime.spawn import stop_template, warm_template
+    from modelhost.runtime.worker.spawn import stop_template, warm_template
 
     if settings.worker_preload and settings.runtime == "local":
         warm_template()  # its imports run beside the server's start: the first cold start finds it ready

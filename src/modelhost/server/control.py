@@ -2,7 +2,7 @@
 
 The supervisor owns what must happen once per server (loading and unloading replicas, the idle reaper,
 billing meters, video jobs, agent runs, batches, imports) and serves no HTTP itself. Its gateway
-processes serve HTTP, send inference straight to the replicas (`runtime.protocol`), and use this
+processes serve HTTP, send inference straight to the replicas (`runtime.replica_protocol`), and use this
 protocol, over one Unix socket each, for the rest: to have a deployment loaded and learn where its
 replicas are, to read a deployment's live state, to act on a change, to start and stop runs, to wake a
 runner, to say which deployments they used lately, and to make every process forget a cache entry
@@ -24,7 +24,7 @@ import msgspec
 from modelhost.agents.store import RunJob
 from modelhost.auth.limits import Limits
 from modelhost.auth.principal import Principal, PrincipalKind
-from modelhost.runtime.protocol import FrameReader
+from modelhost.runtime.replica_protocol import FrameReader
 
 __all__ = ["FrameReader", "decode_from_supervisor", "decode_to_supervisor", "encode"]
 

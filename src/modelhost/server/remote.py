@@ -30,8 +30,8 @@ from modelhost.config import Settings
 from modelhost.errors import ModelhostError, ServiceUnavailable, rebuild
 from modelhost.generation.contract import StreamRequest
 from modelhost.routing import split_key
-from modelhost.runtime.client import ReplicaConnection
-from modelhost.runtime.dispatch import Dispatcher
+from modelhost.runtime.gateway.client import ReplicaConnection
+from modelhost.runtime.gateway.dispatch import Dispatcher
 from modelhost.runtime.replica import ReplicaDied
 from modelhost.runtime.spec import LiveStatus
 from modelhost.server.control import (

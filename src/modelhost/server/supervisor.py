@@ -67,7 +67,7 @@ RESTART_DELAY_SECONDS = 1.0
 LINE_WAIT_SECONDS = 30.0
 # A line whose gateway process died while running it goes to another (or the restarted one) this many
 # times more: most such lines are innocent (the gateway was killed), and one that kills every gateway it
-# reaches costs two of them, not all (`runtime.dispatch` treats replicas alike for `infer`).
+# reaches costs two of them, not all (`runtime.gateway.dispatch` treats replicas alike for `infer`).
 LINE_RETRIES_AFTER_CRASH = 1
 
 

@@ -22,9 +22,9 @@ from modelhost.generation import deployment_settings
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import artifact_family
 from modelhost.routing import DeploymentRef, Version, split_key
-from modelhost.runtime import engines
+from modelhost.runtime import engine_choice
 from modelhost.runtime.capacity import Footprint
-from modelhost.runtime.engines import EngineChoice, reads_artifact, replica_engine
+from modelhost.runtime.engine_choice import EngineChoice, reads_artifact, replica_engine
 from modelhost.runtime.footprint import generates, model_context
 from modelhost.runtime.spec import AdapterTarget, AttachedAdapter, DeploymentSpec
 from modelhost.services import adapters, rollouts
@@ -260,7 +260,7 @@ class DeploymentService:
         if model_dir is None:
             return None
         template = (settings or {}).get("chat_template")
-        if template is None and engines.is_gguf_artifact(model_dir):  # a GGUF carries its template
+        if template is None and engine_choice.is_gguf_artifact(model_dir):  # a GGUF carries its template
             with contextlib.suppress(InvalidGguf):
                 template = read_gguf_set(model_dir)[1].chat_template
         return artifact_family(model_dir, template).name
@@ -305,7 +305,7 @@ class DeploymentService:
                 model=deployment.model,
                 artifact_id=artifact.id,
                 engine=replica_engines[deployment.id],
-                falls_back=engines.falls_back(
+                falls_back=engine_choice.falls_back(
                     deployment.engine, deployment.engine_in_use, folders[artifact.id]
                 ),
                 precision=deployment.precision,
@@ -336,7 +336,7 @@ class DeploymentService:
         checkpoint)."""
         reads_files = artifact.gguf is not None or reads_artifact(artifact.pipeline)
         model_dir = self._artifact_dir(artifact) if reads_files else None
-        return engines.choose(asked, artifact.pipeline, model_dir)
+        return engine_choice.choose(asked, artifact.pipeline, model_dir)
 
     def create(
         self,
@@ -384,7 +384,7 @@ class DeploymentService:
         else:
             choice = self._choose_engine(engine, artifact)
             gguf = sole_reader(choice.engine)  # whatever was asked: only llama.cpp reads it
-            engines.check_precision(precision, choice.engine if gguf else engine, artifact.pipeline)
+            engine_choice.check_precision(precision, choice.engine if gguf else engine, artifact.pipeline)
         try:
             with self._database.transaction() as session:
                 artifact = session.get(ModelArtifact, artifact_id)

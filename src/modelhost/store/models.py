@@ -173,7 +173,7 @@ class Deployment(Base):
     max_replicas: Mapped[int] = mapped_column(Integer, default=1)
     # The engine asked for (`auto`, `vllm`, `onnxruntime`, `transformers`) and the one in use: vLLM's
     # chosen when the deployment was created or its engine changed, an encoder's runtime when a replica
-    # measured it (`runtime.engines`): stored, so every gateway and restart shows the same.
+    # measured it (`runtime.engine_choice`): stored, so every gateway and restart shows the same.
     engine: Mapped[str] = mapped_column(String(16), default="auto", server_default="auto")
     engine_in_use: Mapped[str] = mapped_column(
         String(16), default="transformers", server_default="transformers"

@@ -1,7 +1,7 @@
 """Text generation (chat and completions) inside a replica worker: prompts in, token events out.
 
 Unlike the batch handlers, this one streams: the worker feeds requests into the continuous-batching
-engine between decoding steps and sends every step's events back (see `runtime.worker`). A request
+engine between decoding steps and sends every step's events back (see `runtime.worker.sync_worker`). A request
 arrives with the gateway's already validated fields; here it becomes a prompt (the artifact's own chat
 template for chat, or the deployment's: `generation.deployment_settings`), a token budget checked
 against the model's context (or the deployment's `max_model_len`), and an optional grammar.

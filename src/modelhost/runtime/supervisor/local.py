@@ -26,10 +26,8 @@ from modelhost.metrics import process_gone
 from modelhost.run_folders import new_folder
 from modelhost.runtime import metrics
 from modelhost.runtime.capacity import Footprint
-from modelhost.runtime.client import ReplicaConnection, connect_pair
-from modelhost.runtime.launch import worker_launch
+from modelhost.runtime.gateway.client import ReplicaConnection, connect_pair
 from modelhost.runtime.memory import gpu_memory_bytes, tree, tree_footprint_bytes
-from modelhost.runtime.protocol import LoadFailed, Stop
 from modelhost.runtime.replica import (
     Replica,
     ReplicaDied,
@@ -38,7 +36,9 @@ from modelhost.runtime.replica import (
     ReplicaSpec,
     ReplicaStats,
 )
-from modelhost.runtime.spawn import WorkerProcess, start_worker
+from modelhost.runtime.replica_protocol import LoadFailed, Stop
+from modelhost.runtime.supervisor.launch import worker_launch
+from modelhost.runtime.worker.spawn import WorkerProcess, start_worker
 
 if TYPE_CHECKING:
     from modelhost.runtime.spec import DeploymentSpec

@@ -1,8 +1,8 @@
 """A replica worker hosting vLLM's async engine (`engines.vllm`): text generation on the `vllm` engine.
 
-Started by `LocalProcessReplica` like `runtime.worker`, with the same command line and the same two
-sockets, and speaking the same replica protocol through the asyncio loop it shares with the llama.cpp
-worker (`runtime.async_worker`): `Cancel` → vLLM's abort. It runs under the Python of vLLM's own
+Started by `LocalProcessReplica` like `runtime.worker.sync_worker`, with the same command line and the same
+two sockets, and speaking the same replica protocol through the asyncio loop it shares with the llama.cpp
+worker (`runtime.worker.async_worker`): `Cancel` → vLLM's abort. It runs under the Python of vLLM's own
 environment (`.venv-vllm`), never forked from our template: vLLM pins its own torch and transformers,
 and starts its engine core in child processes of its own. What is ours and what is vLLM's in a
 generation is the engine's part (`engines.vllm`); this module loads it and warms it up.
@@ -19,9 +19,9 @@ import time
 import traceback
 
 from modelhost.engines.vllm import LoraSlots, QuantizationNotServed, generate, load, warm_up
-from modelhost.runtime import async_worker
-from modelhost.runtime.async_worker import AsyncWorker, load_failed
-from modelhost.runtime.worker import replica_parser
+from modelhost.runtime.worker import async_worker
+from modelhost.runtime.worker.async_worker import AsyncWorker, load_failed
+from modelhost.runtime.worker.sync_worker import replica_parser
 
 
 def _parser() -> argparse.ArgumentParser:

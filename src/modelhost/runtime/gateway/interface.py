@@ -44,5 +44,6 @@ class Runtime(Protocol):
         ...
 
     async def capacity(self) -> dict[str, Any]:
-        """The memory budget and every deployment holding memory (`runtime.placement.Placement.view`)."""
+        """The memory budget and every deployment holding memory
+        (`runtime.supervisor.placement.Placement.view`)."""
         ...

@@ -1,7 +1,7 @@
 """A replica worker process: owns one model and serves every gateway process of its server.
 
-Started by `LocalProcessReplica` (`runtime.spawn`): forked from the preloaded template, or executed as
-`python -m modelhost.runtime.worker --fd N --listen-fd M ...`; either way it holds two sockets:
+Started by `LocalProcessReplica` (`runtime.worker.spawn`): forked from the preloaded template, or executed as
+`python -m modelhost.runtime.worker.sync_worker --fd N --listen-fd M ...`; either way it holds two sockets:
 - `--fd` is its lifeline, one end of a socketpair whose other end the supervisor holds. The first
   message on it says whether the model loaded (`Ready` / `LoadFailed`); the supervisor then sends
   requests on it like any gateway. When it reads end-of-file the supervisor is gone, and so is the
@@ -36,8 +36,7 @@ import msgspec
 from modelhost import tracing
 from modelhost.engine_table import AUTO, ENGINE_TABLE, spec
 from modelhost.generation import chat_templates
-from modelhost.runtime.host import ReplicaHost
-from modelhost.runtime.protocol import (
+from modelhost.runtime.replica_protocol import (
     Cancel,
     FrameReader,
     Generate,
@@ -48,6 +47,7 @@ from modelhost.runtime.protocol import (
     decode_to_replica,
     encode,
 )
+from modelhost.runtime.worker.host import ReplicaHost
 from modelhost.tasks.base import AnyTaskHandler, is_streaming
 
 READ_SIZE = 1 << 18
@@ -63,9 +63,9 @@ def die_with_parent() -> None:
 
 
 def replica_parser(description: str, sockets_required: bool = True) -> argparse.ArgumentParser:
-    """The command line every replica worker takes (`runtime.launch` writes it): its name, deployment and
-    sockets, the model, and the batching knobs the engines that batch by themselves accept and ignore.
-    The template's forked workers get their sockets otherwise (`sockets_required=False`)."""
+    """The command line every replica worker takes (`runtime.supervisor.launch` writes it): its name,
+    deployment and sockets, the model, and the batching knobs the engines that batch by themselves accept and
+    ignore. The template's forked workers get their sockets otherwise (`sockets_required=False`)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--replica", default="", help="replica name (<deployment id>-<n>), for `ps`")
     parser.add_argument("--deployment", default="", help="deployment ID, for metrics")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve_sockets(argv: list[str], lifeline: socket.socket, listener: socket.socket | None) -> int:
-    """A forked worker (`runtime.spawn`): the same command line, its sockets handed over as objects."""
+    """A forked worker (`runtime.worker.spawn`): the same command line, its sockets handed over as objects."""
     return _serve(_parser().parse_args(argv), lifeline, listener)
 
 

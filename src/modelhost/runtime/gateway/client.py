@@ -6,7 +6,7 @@ in one system call) and answers are matched to their callers by ID. A caller tha
 client gone) sends `Cancel`, so the replica drops the request before it reaches the model. When the
 replica's process dies, every caller waiting on it gets `ReplicaDied`: `ReplicaDiedBeforeStart` for a
 request (or generation) the replica had not yet begun (it never announced it `Started`), which may be
-sent elsewhere; a request it had begun is not (`runtime.dispatch`).
+sent elsewhere; a request it had begun is not (`runtime.gateway.dispatch`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import msgspec
 
 from modelhost.auth.principal import current_tenant, low_priority
 from modelhost.generation.contract import StreamRequest
-from modelhost.runtime.protocol import (
+from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
+from modelhost.runtime.replica_protocol import (
     Cancel,
     Events,
     Failed,
@@ -39,7 +40,6 @@ from modelhost.runtime.protocol import (
     decode_from_replica,
     encode,
 )
-from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
 
 
 class Waiters:

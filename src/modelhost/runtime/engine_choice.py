@@ -4,17 +4,17 @@
   continuous-batching generation engine): every task, and the fallback.
 - `vllm`: vLLM's async engine, for text generation and chat with images, in its own Python
   environment (`.venv-vllm`, made by scripts/setup.sh: vLLM pins its own torch and transformers, so it
-  cannot share ours). Its replica worker is `runtime.vllm_worker`, started under that Python.
+  cannot share ours). Its replica worker is `runtime.worker.vllm_worker`, started under that Python.
 - `llamacpp`: llama.cpp's server (`xllamacpp`, in our environment), for text generation from a GGUF
   artifact and embeddings from an embedding GGUF, and the only engine that reads GGUF
   (docs/engines-llamacpp.md). Its replica worker is
-  `runtime.llamacpp_worker`.
+  `runtime.worker.llamacpp_worker`.
 
 A deployment asks for one (`engine`, default `auto`); the choice is made when the deployment is created
 or its engine is changed, and stored with it (`engine_in_use`, and `engine_reason` where `auto` or a
 fallback chose), so that every gateway process and every restart runs the same engine. `auto` takes vLLM
 for a task vLLM serves when vLLM is installed, lists the artifact's architecture in its model registry
-and can import its implementation there (`runtime.vllm_registry`; vLLM can run other architectures
+and can import its implementation there (`runtime.worker.vllm_registry`; vLLM can run other architectures
 through its transformers fallback, more slowly: those stay on ours); anything else runs on
 `transformers`. An artifact whose files are GGUF runs on `llamacpp`, whatever the task's other engines.
 
@@ -53,7 +53,7 @@ GGUF_ENGINE = reader_of("gguf")  # the one engine that reads GGUF (llama.cpp)
 # checkpoint where it has the kernels (vLLM)
 REGISTRY_ENGINE = engines_where("lists_architectures")[0]
 MARKER = ".modelhost-vllm"  # written by setup.sh once the environment imports vLLM
-# what vLLM's environment can run (`runtime.vllm_registry`), written beside it by setup.sh
+# what vLLM's environment can run (`runtime.worker.vllm_registry`), written beside it by setup.sh
 ARCHITECTURES_FILE = ".modelhost-vllm-architectures.json"
 CHECKOUT_ENVIRONMENT = Path(modelhost.__file__).resolve().parents[2] / ".venv-vllm"
 # llama.cpp's server compiled for this CPU (scripts/build-llama-server.sh): the marker's second line names
@@ -374,7 +374,7 @@ def vllm_environment() -> VllmEnvironment:
 @functools.cache
 def _environment(python: str) -> VllmEnvironment:
     """Asked once per process and Python: the survey setup.sh wrote beside the environment, else the
-    survey itself (`runtime.vllm_registry` under that Python: an `import vllm` and every model module,
+    survey itself (`runtime.worker.vllm_registry` under that Python: an `import vllm` and every model module,
     about 20 s)."""
     listing = Path(python).parent.parent / ARCHITECTURES_FILE
     try:
@@ -392,7 +392,7 @@ def _survey(python: str) -> dict[str, Any]:
     source = str(Path(modelhost.__file__).resolve().parents[1])
     try:
         done = subprocess.run(
-            [python, "-m", "modelhost.runtime.vllm_registry"],
+            [python, "-m", "modelhost.runtime.worker.vllm_registry"],
             capture_output=True,
             text=True,
             timeout=300,

@@ -4,10 +4,10 @@ from an embedding GGUF (`engines.llamacpp_embeddings`, a feature-extraction depl
 
 Started by `LocalProcessReplica` as a program of its own (our Python, never forked from the template:
 llama.cpp starts its own threads, and the template's torch is of no use to it), with the same command
-line and sockets as `runtime.worker`, plus the slots and the context of each that the supervisor decided
-(`runtime.launch`, with the footprint that reserved their KV cache: `runtime.footprint`). The protocol
-loop is the one the vLLM worker runs (`runtime.async_worker`: generations, or an embedding model's batch
-requests); this module loads the engine and warms it up.
+line and sockets as `runtime.worker.sync_worker`, plus the slots and the context of each that the supervisor
+decided (`runtime.supervisor.launch`, with the footprint that reserved their KV cache: `runtime.footprint`).
+The protocol loop is the one the vLLM worker runs (`runtime.worker.async_worker`: generations, or an embedding
+model's batch requests); this module loads the engine and warms it up.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable
 
 from modelhost.engines.llamacpp import LlamaCppServer, generate, load, warm_up
 from modelhost.engines.llamacpp_embeddings import embed, load_embedder, warm_up_embedder
-from modelhost.runtime import async_worker
-from modelhost.runtime.async_worker import AsyncWorker, load_failed
-from modelhost.runtime.worker import replica_parser
+from modelhost.runtime.worker import async_worker
+from modelhost.runtime.worker.async_worker import AsyncWorker, load_failed
+from modelhost.runtime.worker.sync_worker import replica_parser
 
 EMBEDDINGS = "feature-extraction"  # the task an embedding GGUF serves
 

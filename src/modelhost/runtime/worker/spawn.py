@@ -1,8 +1,8 @@
 """Starting replica worker processes: forked from a preloaded template, or executed afresh.
 
-A fresh `python -m modelhost.runtime.worker` spends about 1.5 s of CPU importing torch and transformers
-(far more on a busy machine) before it reads the model, so a small model's cold start was mostly
-imports. By default workers are forked instead from the worker template (`runtime.template`), a process
+A fresh `python -m modelhost.runtime.worker.sync_worker` spends about 1.5 s of CPU importing torch and
+transformers (far more on a busy machine) before it reads the model, so a small model's cold start was mostly
+imports. By default workers are forked instead from the worker template (`runtime.worker.template`), a process
 that imported them once: a cold start then costs the model's own loading. The template is one per
 process that starts replicas (the supervisor), started on first use or by `warm_template` when the
 server starts, and restarted if it dies; it ends with that process, and the workers it forked with it.
@@ -114,7 +114,7 @@ class Template:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._socket = ours
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "modelhost.runtime.template", "--fd", str(theirs.fileno())],
+            [sys.executable, "-m", "modelhost.runtime.worker.template", "--fd", str(theirs.fileno())],
             stdin=subprocess.DEVNULL,
             env={**os.environ, **WORKER_ENV},
             pass_fds=(theirs.fileno(),),
@@ -238,7 +238,7 @@ async def start_worker(
         # the first fork after the template's start waits for its imports
         return await asyncio.wrap_future(answer)
     return await asyncio.create_subprocess_exec(
-        *(command or (sys.executable, "-m", "modelhost.runtime.worker")),
+        *(command or (sys.executable, "-m", "modelhost.runtime.worker.sync_worker")),
         *args,
         "--fd",
         str(lifeline.fileno()),

@@ -66,18 +66,8 @@ from modelhost.generation.contract import StreamRequest
 from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime import metrics
 from modelhost.runtime.capacity import MB, Footprint
-from modelhost.runtime.client import ReplicaConnection, Waiters, connect_pair
-from modelhost.runtime.host import ReplicaHost
-from modelhost.runtime.launch import worker_launch
+from modelhost.runtime.gateway.client import ReplicaConnection, Waiters, connect_pair
 from modelhost.runtime.memory import gpu_totals, tree_footprint_bytes
-from modelhost.runtime.protocol import (
-    Cancel,
-    LoadFailed,
-    Run,
-    Stats,
-    StatsRequest,
-    ToReplica,
-)
 from modelhost.runtime.replica import (
     Replica,
     ReplicaDied,
@@ -87,8 +77,18 @@ from modelhost.runtime.replica import (
     ReplicaSpec,
     ReplicaStats,
 )
-from modelhost.runtime.spawn import WORKER_ENV, WorkerProcess, start_worker
+from modelhost.runtime.replica_protocol import (
+    Cancel,
+    LoadFailed,
+    Run,
+    Stats,
+    StatsRequest,
+    ToReplica,
+)
 from modelhost.runtime.spec import DeploymentSpec
+from modelhost.runtime.supervisor.launch import worker_launch
+from modelhost.runtime.worker.host import ReplicaHost
+from modelhost.runtime.worker.spawn import WORKER_ENV, WorkerProcess, start_worker
 
 log = logging.getLogger("modelhost.runtime")
 DEPLOYMENT = "model"  # the Serve deployment's name inside each application
@@ -294,7 +294,7 @@ class ModelServer:
         model_dir = Path(load.model_dir)
         if not model_dir.is_dir():  # checked before importing torch: a node without them fails fast
             raise FileNotFoundError(f"the model's files are not on this node: {model_dir}")
-        from modelhost.runtime import worker  # in the actor: imports torch and the handlers
+        from modelhost.runtime.worker import sync_worker  # in the actor: imports torch and the handlers
 
         self._reporter = _MemoryReporter(model_dir)
         self._reporter.start()
@@ -304,14 +304,14 @@ class ModelServer:
             get_settings.cache_clear()
         os.environ.pop(ENVIRONMENT, None)  # the deployment's generation settings, read at load: its own
         os.environ.update(load.generation)
-        handler, state = worker.load(load.pipeline, model_dir, load.threads, load.device)
+        handler, state = sync_worker.load(load.pipeline, model_dir, load.threads, load.device)
         cache = Path(load.engine_cache) if load.engine_cache else None
-        choice = worker.choose_runtime(handler, state, model_dir, load.engine, cache, load.precision)
+        choice = sync_worker.choose_runtime(handler, state, model_dir, load.engine, cache, load.precision)
         self._choice: EngineChoice | None = (
             None if choice is None else (choice.engine, choice.reason, choice.quality)
         )
         if load.warmup:
-            worker.warm_up(handler, state)
+            sync_worker.warm_up(handler, state)
         tracing.start("replica")  # where the node's OTEL_* variables name an endpoint
         self._host = ReplicaHost(
             handler, state, deployment=self._reporter.app, max_batch=load.max_batch, max_wait=load.max_wait
@@ -415,7 +415,7 @@ async def _answers(runs: Iterable[Awaitable[dict[str, Any]]]) -> list[dict[str, 
 class VllmServer:
     """One Serve replica (a Ray actor) on the vLLM engine. As Ray Serve's own LLM deployments do, the
     actor runs vLLM in a child process under vLLM's own Python (its environment must be at the same path
-    on every node): the same replica worker a local replica runs (`runtime.vllm_worker`, started by
+    on every node): the same replica worker a local replica runs (`runtime.worker.vllm_worker`, started by
     `spawn.start_worker` with a lifeline and a listening socket), and forwards `generate` to it over the
     replica protocol. The child dies with the actor: the actor kills its process group when Serve stops
     it, and the kernel kills it when the actor's process dies (`PR_SET_PDEATHSIG`: it is forked from the

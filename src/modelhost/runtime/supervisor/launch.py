@@ -1,6 +1,6 @@
 """What a replica worker process is started with: its command, environment and arguments, built in one
-place for a local replica (`runtime.local`) and for the vLLM worker a Ray Serve replica runs as its child
-(`runtime.ray_backend`), so that the two cannot drift apart.
+place for a local replica (`runtime.supervisor.local`) and for the vLLM worker a Ray Serve replica runs as its
+child (`runtime.supervisor.ray_backend`), so that the two cannot drift apart.
 
 The engine's row in `engine_table` says which program (`worker`) under which Python (`python`); what
 that program is told beyond the common arguments is its own function here (`WORKER_ARGS`, by worker
@@ -17,10 +17,10 @@ from modelhost.artifacts.gguf_check import InvalidGguf
 from modelhost.config import Settings
 from modelhost.engine_table import spec as engine_spec
 from modelhost.generation.deployment_settings import ENVIRONMENT
-from modelhost.runtime.engines import llama_server_program, vllm_launch
+from modelhost.runtime.engine_choice import llama_server_program, vllm_launch
 from modelhost.runtime.footprint import llamacpp_layout
 from modelhost.runtime.replica import ReplicaSpec
-from modelhost.runtime.spawn import WORKER_ENV
+from modelhost.runtime.worker.spawn import WORKER_ENV
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +108,6 @@ def _llamacpp_args(spec: ReplicaSpec, settings: Settings, args: list[str], env: 
 
 # What each engine's worker program is told beyond the common arguments, by its row's `worker`
 WORKER_ARGS: dict[str, Callable[[ReplicaSpec, Settings, list[str], dict[str, str]], None]] = {
-    "modelhost.runtime.vllm_worker": _vllm_args,
-    "modelhost.runtime.llamacpp_worker": _llamacpp_args,
+    "modelhost.runtime.worker.vllm_worker": _vllm_args,
+    "modelhost.runtime.worker.llamacpp_worker": _llamacpp_args,
 }

@@ -59,7 +59,7 @@ REMEMBER_GROWTH = 0.05
 
 
 class Tenant(Protocol):
-    """A deployment as placement sees it (`runtime.manager.DeploymentRuntime`)."""
+    """A deployment as placement sees it (`runtime.supervisor.manager.DeploymentRuntime`)."""
 
     spec: DeploymentSpec
     state: str
@@ -107,8 +107,9 @@ class Placement:
         self.settings = settings
         self._clock = clock
         self._remember = remember
-        # On Ray Serve the cluster places replicas by the memory they declare (`runtime.ray_backend`):
-        # loads are measured and shown here, never held back by this machine's budget
+        # On Ray Serve the cluster places replicas by the memory they declare
+        # (`runtime.supervisor.ray_backend`): loads are measured and shown here, never held back by this
+        # machine's budget
         self.enforced = settings.runtime == "local"
         if gpus is None:
             from modelhost.runtime.memory import gpu_totals

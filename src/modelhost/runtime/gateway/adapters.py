@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from modelhost.generation.contract import Adapter, GenerationRequest, StreamRequest
-from modelhost.runtime.interface import Runtime
+from modelhost.runtime.gateway.interface import Runtime
 from modelhost.runtime.spec import AdapterTarget, LiveStatus
 
 Payload = dict[str, Any]

@@ -2,8 +2,8 @@
 
 Every gateway process sends its requests straight to the replica, so this is where they meet: a batch
 task's requests from all of them wait in one queue and go to the model together, a streaming task's
-requests join one engine. Both transports use it, the local worker process (`runtime.worker`, over
-Unix sockets) and the Ray Serve replica (`runtime.ray_backend`): they feed it messages (`receive`),
+requests join one engine. Both transports use it, the local worker process (`runtime.worker.sync_worker`, over
+Unix sockets) and the Ray Serve replica (`runtime.supervisor.ray_backend`): they feed it messages (`receive`),
 run it when it is due (`work`) and send what it has for each connection (`take_outgoing`).
 
 Batching: when the model is free the waiting requests (up to `max_batch`) go in one call. A replica
@@ -52,7 +52,7 @@ from modelhost import tracing
 from modelhost.errors import ModelhostError
 from modelhost.generation.contract import StreamRequest
 from modelhost.runtime import metrics
-from modelhost.runtime.protocol import (
+from modelhost.runtime.replica_protocol import (
     Cancel,
     Event,
     Events,
@@ -188,7 +188,7 @@ class ReplicaHost:
             return
         key = next(self._keys)
         # begun from here on (its template rendered, its grammar compiled): if that kills the replica,
-        # its gateway knows not to send it to another (`runtime.dispatch`)
+        # its gateway knows not to send it to another (`runtime.gateway.dispatch`)
         self._other.append((peer, Started([message.id])))
         self.announce()
         try:

@@ -33,14 +33,14 @@ from modelhost.errors import (
 from modelhost.generation.contract import StreamRequest
 from modelhost.routing import Version, choose_version, split_key, version_key
 from modelhost.runtime import metrics
-from modelhost.runtime.adapter_meters import AdapterMeters, Meter
 from modelhost.runtime.capacity import Footprint
-from modelhost.runtime.dispatch import Dispatcher
-from modelhost.runtime.local import LocalBackend
+from modelhost.runtime.gateway.dispatch import Dispatcher
 from modelhost.runtime.memory import parents, rss_bytes, tree
-from modelhost.runtime.placement import Placement, Reservation
 from modelhost.runtime.replica import Replica, ReplicaBackend, ReplicaLoadFailed
 from modelhost.runtime.spec import DeploymentSpec, LiveStatus
+from modelhost.runtime.supervisor.adapter_meters import AdapterMeters, Meter
+from modelhost.runtime.supervisor.local import LocalBackend
+from modelhost.runtime.supervisor.placement import Placement, Reservation
 from modelhost.tasks.registry import served
 
 log = logging.getLogger("modelhost.runtime")
@@ -91,7 +91,7 @@ class DeploymentRuntime:
         self._load_lock = asyncio.Lock()
         self._unloading = False
         self._loading: list[Replica] = []
-        # Its room in the memory budget while its replicas load, run and stop (`runtime.placement`)
+        # Its room in the memory budget while its replicas load, run and stop (`runtime.supervisor.placement`)
         self.reservation: Reservation | None = None
         self.loaded_at = 0.0  # monotonic: eviction leaves it alone for `min_residency_seconds`
         # Evicted, or refused room, while it wants to be loaded (warm, hot): loads again once room frees
@@ -916,7 +916,7 @@ class ReplicaManager:
 def backend_of(settings: Settings) -> ReplicaBackend:
     """The backend `MODELHOST_RUNTIME` names (Ray is imported only for `ray`: the default needs none)."""
     if settings.runtime == "ray":
-        from modelhost.runtime.ray_backend import RayBackend
+        from modelhost.runtime.supervisor.ray_backend import RayBackend
 
         return RayBackend(settings)
     return LocalBackend(settings)

@@ -1,7 +1,7 @@
 """The worker template: a process that imported torch and transformers once and forks replica workers.
 
-Started by `runtime.spawn` as `python -m modelhost.runtime.template --fd N`, where `--fd` is one end of
-a `SOCK_SEQPACKET` socketpair (one message per datagram, file descriptors alongside). Its messages:
+Started by `runtime.worker.spawn` as `python -m modelhost.runtime.worker.template --fd N`, where `--fd` is one
+end of a `SOCK_SEQPACKET` socketpair (one message per datagram, file descriptors alongside). Its messages:
 - supervisor → template: `Fork` with the new worker's two sockets attached (lifeline, listener);
 - template → supervisor: `Forked` (the worker's pid) or `ForkFailed`, in the order of the requests;
   later `Exited` when the template has reaped a worker.
@@ -25,7 +25,7 @@ import traceback
 import msgspec
 from setproctitle import getproctitle, setproctitle
 
-from modelhost.runtime.spawn import Exited, Fork, Forked, ForkFailed
+from modelhost.runtime.worker.spawn import Exited, Fork, Forked, ForkFailed
 
 MESSAGE_BYTES = 1 << 20
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     # the environment moves: it looks now, before the imports below may set a variable
     getproctitle()
     _preload()
-    from modelhost.runtime.worker import die_with_parent
+    from modelhost.runtime.worker.sync_worker import die_with_parent
 
     die_with_parent()
     return Template(control).serve()
@@ -55,7 +55,7 @@ def _preload() -> None:
     import transformers.pipelines
 
     import modelhost.engines.loader
-    import modelhost.runtime.worker
+    import modelhost.runtime.worker.sync_worker
     import modelhost.tasks.registry  # noqa: F401
 
     transformers.utils.logging.disable_progress_bar()
@@ -118,10 +118,12 @@ class Template:
             self.control.close()
             for pidfd in self.children:
                 os.close(pidfd)
-            setproctitle(" ".join([sys.executable, "-m", "modelhost.runtime.worker", *request.args]))
+            setproctitle(
+                " ".join([sys.executable, "-m", "modelhost.runtime.worker.sync_worker", *request.args])
+            )
             os.environ.clear()
             os.environ.update(request.env)
-            from modelhost.runtime.worker import serve_sockets
+            from modelhost.runtime.worker.sync_worker import serve_sockets
 
             code = serve_sockets(request.args, socket.socket(fileno=lifeline), socket.socket(fileno=listener))
         except SystemExit as exit:

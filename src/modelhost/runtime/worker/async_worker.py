@@ -1,8 +1,8 @@
-"""The asyncio replica worker shared by the engines that step themselves: vLLM (`runtime.vllm_worker`)
-and llama.cpp (`runtime.llamacpp_worker`).
+"""The asyncio replica worker shared by the engines that step themselves: vLLM (`runtime.worker.vllm_worker`)
+and llama.cpp (`runtime.worker.llamacpp_worker`).
 
-Started by `LocalProcessReplica` like `runtime.worker`, with the same two sockets (the lifeline and the
-listening socket every gateway process connects to), and speaking the same replica protocol:
+Started by `LocalProcessReplica` like `runtime.worker.sync_worker`, with the same two sockets (the lifeline
+and the listening socket every gateway process connects to), and speaking the same replica protocol:
 `Generate` → `Events`, `Cancel` → the engine's abort, `StatsRequest` → `Stats`; and, for an engine that
 answers a batch task (llama.cpp's embeddings), `Run` → `Started` as it goes to the engine, then `Results`
 (the engine batches concurrent requests itself: each runs as it comes). Each worker module loads
@@ -30,8 +30,7 @@ from modelhost import tracing
 from modelhost.engines.interface import Event as EngineEvent
 from modelhost.generation.contract import GenerationRequest
 from modelhost.runtime import metrics
-from modelhost.runtime.host import with_priority
-from modelhost.runtime.protocol import (
+from modelhost.runtime.replica_protocol import (
     Cancel,
     Event,
     Events,
@@ -50,7 +49,8 @@ from modelhost.runtime.protocol import (
     decode_to_replica,
     encode,
 )
-from modelhost.runtime.worker import die_with_parent
+from modelhost.runtime.worker.host import with_priority
+from modelhost.runtime.worker.sync_worker import die_with_parent
 
 READ_SIZE = 1 << 18
 

@@ -1,6 +1,6 @@
 """What vLLM's environment can run: its model registry, less the architectures whose implementation
-does not import there. Run under vLLM's Python (`python -m modelhost.runtime.vllm_registry [FILE]`, by
-scripts/setup.sh, which keeps the answer beside the environment, and by `runtime.engines` where no
+does not import there. Run under vLLM's Python (`python -m modelhost.runtime.worker.vllm_registry [FILE]`, by
+scripts/setup.sh, which keeps the answer beside the environment, and by `runtime.engine_choice` where no
 such file is), it prints or writes one JSON object:
 
     {"architectures": [...], "unavailable": {"LlavaForConditionalGeneration": "No module named ..."}}
