@@ -45,6 +45,7 @@ from bench.common import Figures, Served, ServerCpu, deploy, serve, table, write
 from bench.generation import MESSAGES, build_model
 from bench.responses import stream_to_end
 from modelhost.generation.chat import chat_requests
+from modelhost.generation.contract import GenerationStarted, Text
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.serving.chat import chat_choices
 
@@ -103,18 +104,19 @@ def _feed_ms_per_token(body: dict[str, Any], deployment: dict[str, Any], pieces:
     from `chat_requests`, its parsers from the replica's `started` event)."""
     request = ChatCompletionRequest.model_validate({**body, "stream": True})
     _, mode = chat_requests(request, 512)
-    started = {"started": True, "prompt_tokens": 1, "tool_format": deployment.get("tool_parser", "hermes")}
-    started["reasoning_format"] = deployment.get("reasoning_parser")
+    started = GenerationStarted(
+        prompt_tokens=1,
+        tool_format=deployment.get("tool_parser", "hermes"),
+        reasoning_format=deployment.get("reasoning_parser"),
+    )
     rounds = max(1, 20_000 // len(pieces))
     begin = time.process_time()
     for _ in range(rounds):
         (choice,) = chat_choices(request, mode, 1)
         choice.feed(started)
         for index, piece in enumerate(pieces):
-            event: dict[str, Any] = {"text": piece, "completion_tokens": index + 1}
-            if index == len(pieces) - 1:
-                event["finish"] = "length"
-            choice.feed(event)
+            last = index == len(pieces) - 1
+            choice.feed(Text(text=piece, completion_tokens=index + 1, finish="length" if last else None))
     return (time.process_time() - begin) * 1000 / (rounds * len(pieces))
 
 

@@ -1456,11 +1456,12 @@ def test_allowed_tools_restrict_a_required_call_to_those_tools(chat: Chat) -> No
 
 def test_parallel_tool_calls_false_keeps_the_first_parsed_call() -> None:
     from modelhost.generation.chat import ChatChoice
+    from modelhost.generation.contract import Text
 
     two = '<tool_call>{"name": "get_time", "arguments": {"zone": 1}}</tool_call>' * 2
     for one_call, count in ((False, 2), (True, 1)):
         choice = ChatChoice(0, "auto", ["get_time"], one_call=one_call)
-        choice.feed({"text": two, "completion_tokens": 30, "finish": "stop"})
+        choice.feed(Text(text=two, completion_tokens=30, finish="stop"))
         assert len(choice.message()["tool_calls"]) == count
 
 

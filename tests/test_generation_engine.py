@@ -13,7 +13,14 @@ import pytest
 from modelhost.engines.interface import Engine
 from modelhost.engines.native.engine import GenerationEngine, SamplingParams, Sequence
 from modelhost.errors import InvalidRequest
-from modelhost.generation.contract import GenerationRequest, Sampling
+from modelhost.generation.contract import (
+    GenerationEvent,
+    GenerationRequest,
+    GenerationStarted,
+    Logprob,
+    Sampling,
+    Text,
+)
 from modelhost.generation.grammar import json_schema_grammar
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 from tests.hostile import lark_chain
@@ -52,7 +59,7 @@ def run(engine: GenerationEngine, joins: dict[int, list[Sequence]] | None = None
         for s in (joins or {}).get(step, []):
             engine.add(s)
         for sid, event in engine.step():
-            texts[sid] = texts.get(sid, "") + event.get("text", "")
+            texts[sid] = texts.get(sid, "") + text_of(event)
         step += 1
     return texts
 
@@ -98,7 +105,7 @@ def test_a_batch_line_waits_behind_interactive_sequences_for_a_slot(loaded: tupl
     order: list[int] = []
     while not engine.idle:
         for sid, event in engine.step():
-            if event.get("finish") and sid not in order:
+            if isinstance(event, Text) and event.finish and sid not in order:
                 order.append(sid)
     assert order == [1, 3, 2]
 
@@ -120,8 +127,8 @@ def test_max_tokens_finishes_with_length_and_counts_tokens(loaded: tuple[Any, An
     engine = engine_of(loaded)
     engine.add(sequence(loaded, 1, "hello world", max_tokens=3, min_tokens=3))
     events = [e for _, e in [*engine.step(), *engine.step(), *engine.step()]]
-    assert events[0] == {"started": True, "prompt_tokens": 2, "cached_tokens": 0}
-    assert events[-1]["finish"] == "length" and events[-1]["completion_tokens"] == 3
+    assert events[0] == GenerationStarted(prompt_tokens=2, cached_tokens=0)
+    assert events[-1] == Text(text=events[-1].text, completion_tokens=3, finish="length")  # type: ignore[union-attr]
     assert engine.idle
 
 
@@ -129,14 +136,15 @@ def test_logprobs_and_prompt_logprobs_give_an_entry_per_token(loaded: tuple[Any,
     engine = engine_of(loaded)
     engine.add(sequence(loaded, 1, "hello world", logprobs=True, top_logprobs=2, prompt_logprobs=True))
     events = [e for _, e in run_events(engine)]
-    prompt = events[0]["prompt_logprobs"]
-    assert len(prompt) == 2 and prompt[0]["logprob"] is None and prompt[1]["logprob"] < 0
-    entries = [e["logprob"] for e in events if "logprob" in e]
-    assert len(entries) == 8 and all(len(e["top"]) == 2 and e["top"][0][1] == e["logprob"] for e in entries)
+    assert isinstance(events[0], GenerationStarted) and events[0].prompt_logprobs is not None
+    prompt = events[0].prompt_logprobs
+    assert len(prompt) == 2 and prompt[0].logprob is None and (prompt[1].logprob or 0) < 0
+    entries = [e.entry for e in events if isinstance(e, Logprob)]
+    assert len(entries) == 8 and all(e.top and len(e.top) == 2 and e.top[0][1] == e.logprob for e in entries)
 
 
-def run_events(engine: GenerationEngine) -> list[tuple[int, dict[str, Any]]]:
-    events: list[tuple[int, dict[str, Any]]] = []
+def run_events(engine: GenerationEngine) -> list[tuple[int, GenerationEvent]]:
+    events: list[tuple[int, GenerationEvent]] = []
     while not engine.idle:
         events += engine.step()
     return events
@@ -310,8 +318,12 @@ def engine_with(loaded: tuple[Any, Any], **options: Any) -> GenerationEngine:
     return GenerationEngine(model, tokenizer, DEVICE, 8, 512, lambda t: tokenizer.decode([t]), **options)
 
 
-def started_events(events: list[tuple[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
-    return {sid: event for sid, event in events if event.get("started")}
+def started_events(events: list[tuple[int, GenerationEvent]]) -> dict[int, GenerationStarted]:
+    return {sid: event for sid, event in events if isinstance(event, GenerationStarted)}
+
+
+def text_of(event: GenerationEvent) -> str:
+    return event.text if isinstance(event, Text) else ""
 
 
 def test_a_prompt_sharing_a_finished_ones_prefix_reuses_it_and_generates_the_same(
@@ -326,11 +338,11 @@ def test_a_prompt_sharing_a_finished_ones_prefix_reuses_it_and_generates_the_sam
     run(engine)
     engine.add(sequence(loaded, 2, SYSTEM + "tell me about dogs", max_tokens=12, min_tokens=12))
     events = run_events(engine)
-    text = "".join(e.get("text", "") for sid, e in events if sid == 2)
+    text = "".join(text_of(e) for sid, e in events if sid == 2)
     shared = len(loaded[1](SYSTEM + "tell me about")["input_ids"]) - 1
     assert text == alone
-    assert started_events(events)[2]["cached_tokens"] >= shared
-    assert engine.reused_tokens == started_events(events)[2]["cached_tokens"]
+    assert started_events(events)[2].cached_tokens >= shared
+    assert engine.reused_tokens == started_events(events)[2].cached_tokens
 
 
 def test_requests_arriving_together_compute_their_shared_prefix_once(loaded: tuple[Any, Any]) -> None:
@@ -339,9 +351,9 @@ def test_requests_arriving_together_compute_their_shared_prefix_once(loaded: tup
     for i, topic in enumerate(questions):
         engine.add(sequence(loaded, i, SYSTEM + f"tell me about {topic}", max_tokens=6, min_tokens=6))
     events = run_events(engine)
-    texts = {i: "".join(e.get("text", "") for sid, e in events if sid == i) for i in range(4)}
+    texts = {i: "".join(text_of(e) for sid, e in events if sid == i) for i in range(4)}
     prefix = len(loaded[1](SYSTEM)["input_ids"])
-    cached = [started_events(events)[i]["cached_tokens"] for i in range(4)]
+    cached = [started_events(events)[i].cached_tokens for i in range(4)]
     assert cached[0] == 0 and all(c >= prefix - 1 for c in cached[1:]), cached
     for i, topic in enumerate(questions):
         alone = engine_with(loaded)
@@ -361,14 +373,14 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_a_running_stream_gets_a_toke
     while True:
         events = engine.step()
         steps_until_started += 1
-        assert any(sid == 1 and "text" in e for sid, e in events)  # the stream never stalls
+        assert any(sid == 1 and isinstance(e, Text) for sid, e in events)  # the stream never stalls
         if 2 in started_events(events):
             break
     assert steps_until_started == -(-prompt_tokens // 16)
     texts = run(engine)
     alone = engine_with(loaded)
     alone.add(sequence(loaded, 2, SYSTEM * 2, max_tokens=5, min_tokens=5))
-    first = [e.get("text", "") for sid, e in events if sid == 2 and not e.get("started")]
+    first = [text_of(e) for sid, e in events if sid == 2 and isinstance(e, Text)]
     assert "".join(first) + texts.get(2, "") == run(alone)[2]
 
 

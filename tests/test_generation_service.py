@@ -9,6 +9,7 @@ import pytest
 
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat import ChatChoice, chat_requests, completion_requests
+from modelhost.generation.contract import GenerationStarted, Logprob, Text, TokenLogprob
 from modelhost.generation.grammar import regex_grammar
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
 from modelhost.serving.chat import CompletionChoice, chat_choices
@@ -29,12 +30,10 @@ def chat(**fields: Any) -> ChatCompletionRequest:
 
 
 def feed_all(choice: ChatChoice, texts: list[str], finish: str = "stop") -> list[dict[str, Any]]:
-    deltas = [choice.feed({"started": True, "prompt_tokens": 3, "tool_format": "hermes"})]
+    deltas = [choice.feed(GenerationStarted(prompt_tokens=3, tool_format="hermes"))]
     for i, text in enumerate(texts):
-        event: dict[str, Any] = {"text": text, "completion_tokens": i + 1}
-        if i == len(texts) - 1:
-            event["finish"] = finish
-        deltas.append(choice.feed(event))
+        last = i == len(texts) - 1
+        deltas.append(choice.feed(Text(text=text, completion_tokens=i + 1, finish=finish if last else None)))
     return [d for d in deltas if d]
 
 
@@ -42,11 +41,11 @@ def test_auto_mode_types_qwen3_coders_text_values_by_the_requests_tool_schema() 
     parameters = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
     (choice,) = chat_choices(chat(tools=[tool]), "auto", 1)
-    choice.feed({"started": True, "prompt_tokens": 3, "tool_format": "qwen3_xml"})
+    choice.feed(GenerationStarted(prompt_tokens=3, tool_format="qwen3_xml"))
     call = (
         "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
     )
-    delta = choice.feed({"text": f"<tool_call>\n{call}</function>\n</tool_call>", "finish": "stop"})
+    delta = choice.feed(Text(text=f"<tool_call>\n{call}</function>\n</tool_call>", finish="stop"))
     assert delta["tool_calls"][0]["function"] == {
         "name": "get_weather",
         "arguments": '{"city": "Paris", "days": 3}',
@@ -55,12 +54,12 @@ def test_auto_mode_types_qwen3_coders_text_values_by_the_requests_tool_schema() 
 
 def test_auto_mode_answers_a_kimi_call_with_kimis_own_call_id() -> None:
     choice = ChatChoice(0, "auto", ["get_weather"])
-    choice.feed({"started": True, "prompt_tokens": 3, "tool_format": "kimi_k2"})
+    choice.feed(GenerationStarted(prompt_tokens=3, tool_format="kimi_k2"))
     text = (
         "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
         '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>'
     )
-    choice.feed({"text": text, "finish": "stop"})
+    choice.feed(Text(text=text, finish="stop"))
     assert choice.message()["tool_calls"][0]["id"] == "functions.get_weather:0"
     assert choice.finish_reason == "tool_calls"
 
@@ -195,17 +194,14 @@ def test_completion_requests_are_prompt_major_and_echo_asks_for_prompt_logprobs(
 def test_completion_choice_builds_legacy_logprobs_with_offsets() -> None:
     choice = CompletionChoice(0, want_logprobs=True, echo=True)
     choice.feed(
-        {
-            "started": True,
-            "prompt_text": "ab",
-            "prompt_logprobs": [
-                {"token": "a", "logprob": None, "top": None},
-                {"token": "b", "logprob": -1.0, "top": [["b", -1.0]]},
-            ],
-        }
+        GenerationStarted(
+            prompt_tokens=2,
+            prompt_text="ab",
+            prompt_logprobs=[TokenLogprob("a", 0), TokenLogprob("b", 1, -1.0, [("b", -1.0)])],
+        )
     )
-    choice.feed({"logprob": {"token": "c", "logprob": -0.5, "top": [["c", -0.5]]}})
-    choice.feed({"text": "c", "completion_tokens": 1, "finish": "length"})
+    choice.feed(Logprob(TokenLogprob("c", 2, -0.5, [("c", -0.5)])))
+    choice.feed(Text(text="c", completion_tokens=1, finish="length"))
     assert choice.text == "abc"
     assert choice.logprobs() == {
         "tokens": ["a", "b", "c"],

@@ -31,7 +31,7 @@ from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
 from modelhost.engines import llamacpp
 from modelhost.errors import InvalidRequest
-from modelhost.generation.contract import GenerationRequest, Sampling
+from modelhost.generation.contract import GenerationRequest, Sampling, Text
 from modelhost.runtime import engine_choice
 from modelhost.runtime.footprint import BASE_COSTS, llamacpp_layout, predict
 from tests.conftest import make_settings
@@ -568,7 +568,7 @@ def test_a_cancelled_request_stops_llamacpps_slot_at_once(gguf_dir: Path, binary
         events: list[dict[str, Any]] = []
         request = GenerationRequest(prompt="a", params=Sampling(max_tokens=2000, ignore_eos=True))
         task = asyncio.create_task(llamacpp.generate(model, "1", request, events.append))
-        while not any("text" in e for e in events):
+        while not any(isinstance(e, Text) for e in events):
             await asyncio.sleep(0.001)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -576,9 +576,11 @@ def test_a_cancelled_request_stops_llamacpps_slot_at_once(gguf_dir: Path, binary
         while any(s["is_processing"] for s in (await model.client.get("/slots")).json()):
             await asyncio.sleep(0.01)
         assert await predicted(model) < 100 and model.gate.free == 1
-        assert not any(e.get("finish") for e in events)
+        assert not any(isinstance(e, Text) and e.finish for e in events)
         await llamacpp.generate(model, "2", request, events.append)  # the slot serves the next one whole
-        assert events[-1]["finish"] == "length" and await predicted(model) >= 2000
+        assert (
+            isinstance(events[-1], Text) and events[-1].finish == "length" and await predicted(model) >= 2000
+        )
         await model.client.aclose()
         model.shutdown()
         assert process is None or process.poll() is not None

@@ -19,6 +19,7 @@ from modelhost.errors import (
     anthropic_body,
 )
 from modelhost.generation.chat import ChatChoice, chat_requests
+from modelhost.generation.contract import GenerationStarted, Text
 from modelhost.protocol.messages import MessagesRequest
 from modelhost.serving.messages import (
     MessageAssembler,
@@ -204,7 +205,7 @@ def test_thinking_is_a_reasoning_effort_the_family_may_ignore(
 # ---------------------------------------------------------------- answers
 
 
-def assembled(events: list[dict[str, Any]], mode: str = "none", stops: list[str] | None = None) -> Any:
+def assembled(events: list[Any], mode: str = "none", stops: list[str] | None = None) -> Any:
     assembler = MessageAssembler(ChatChoice(0, mode, ["get_weather"]), StopSequences(stops or []))
     produced = [e for event in events for e in assembler.feed(event)]
     return assembler.message({"id": "msg_1"}), produced
@@ -213,11 +214,11 @@ def assembled(events: list[dict[str, Any]], mode: str = "none", stops: list[str]
 def test_a_reasoning_answer_is_a_thinking_block_then_a_text_block_streamed_as_their_deltas() -> None:
     message, events = assembled(
         [
-            {"started": True, "prompt_tokens": 12, "cached_tokens": 4, **QWEN3_OPEN},
-            {"text": "hmm", "completion_tokens": 1},
-            {"text": "</think>", "completion_tokens": 2},
-            {"text": "Sunny", "completion_tokens": 3},
-            {"text": ".", "completion_tokens": 4, "finish": "stop"},
+            GenerationStarted(prompt_tokens=12, cached_tokens=4, **QWEN3_OPEN),
+            Text(text="hmm", completion_tokens=1),
+            Text(text="</think>", completion_tokens=2),
+            Text(text="Sunny", completion_tokens=3),
+            Text(text=".", completion_tokens=4, finish="stop"),
         ]
     )  # fmt: skip
     assert message["content"] == [
@@ -244,9 +245,9 @@ def test_a_reasoning_answer_is_a_thinking_block_then_a_text_block_streamed_as_th
 
 def test_a_forced_call_is_a_tool_use_block_streamed_as_input_json_deltas() -> None:
     pieces = ['{"name": "get_weather", "arguments": {"ci', 'ty": "pa', 'ris"}', "}"]
-    events = [{"started": True, "prompt_tokens": 5}]
-    events += [{"text": p, "completion_tokens": i + 1} for i, p in enumerate(pieces)]
-    events[-1]["finish"] = "stop"
+    events = [GenerationStarted(prompt_tokens=5)]
+    events += [Text(text=p, completion_tokens=i + 1) for i, p in enumerate(pieces)]
+    events[-1].finish = "stop"  # type: ignore[union-attr]
     message, produced = assembled(events, mode="forced")
     (block,) = message["content"]
     assert (
@@ -266,24 +267,24 @@ def test_a_forced_call_is_a_tool_use_block_streamed_as_input_json_deltas() -> No
 def test_a_parsed_call_after_text_closes_the_text_block_first() -> None:
     text = 'Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "rome"}}\n</tool_call>'
     message, _ = assembled(
-        [{"started": True}, {"text": text, "completion_tokens": 9, "finish": "stop"}], mode="auto"
+        [GenerationStarted(), Text(text=text, completion_tokens=9, finish="stop")], mode="auto"
     )
     assert [b["type"] for b in message["content"]] == ["text", "tool_use"]
     assert message["content"][1]["input"] == {"city": "rome"} and message["stop_reason"] == "tool_use"
 
 
 def test_a_length_finish_is_max_tokens() -> None:
-    message, _ = assembled([{"started": True}, {"text": "abc", "completion_tokens": 3, "finish": "length"}])
+    message, _ = assembled([GenerationStarted(), Text(text="abc", completion_tokens=3, finish="length")])
     assert message["stop_reason"] == "max_tokens" and message["content"] == [{"type": "text", "text": "abc"}]
 
 
 def test_a_stop_sequence_is_held_back_cut_off_and_named_even_split_across_events() -> None:
-    events = [
-        {"started": True},
-        {"text": "one E", "completion_tokens": 1},
-        {"text": "N", "completion_tokens": 2},
+    events: list[Any] = [
+        GenerationStarted(),
+        Text(text="one E", completion_tokens=1),
+        Text(text="N", completion_tokens=2),
     ]
-    events.append({"text": "D", "completion_tokens": 3, "finish": "stop"})
+    events.append(Text(text="D", completion_tokens=3, finish="stop"))
     message, produced = assembled(events, stops=["END", "EX"])
     assert message["content"] == [{"type": "text", "text": "one "}]
     assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", "END")

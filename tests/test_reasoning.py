@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from modelhost.agents.runner import RunMessage
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat import ChatChoice
-from modelhost.generation.contract import GenerationRequest
+from modelhost.generation.contract import GenerationEvent, GenerationRequest, GenerationStarted, Text
 from modelhost.generation.families import REASONING_PARSER_NAMES, family_named
 from modelhost.generation.reasoning import (
     REASONING_PARSERS,
@@ -199,13 +199,12 @@ def test_reasoning_effort_maps_to_each_familys_switch_or_is_refused() -> None:
 # ---------------------------------------------------------------- a chat choice of a reasoning model
 
 
-def _events(pieces: list[str], finish: str = "stop", **started: Any) -> list[dict[str, Any]]:
+def _events(pieces: list[str], finish: str = "stop", **started: Any) -> list[GenerationEvent]:
     """The engine's events of an answer, one token each, as both engines send them."""
-    head = {"started": True, "prompt_tokens": 9, "tool_format": "hermes", "reasoning_format": "qwen3"}
-    events: list[dict[str, Any]] = [{**head, **started}]
-    events += [{"text": piece, "completion_tokens": i + 1} for i, piece in enumerate(pieces)]
-    events[-1]["finish"] = finish
-    return events
+    head = {"prompt_tokens": 9, "tool_format": "hermes", "reasoning_format": "qwen3", **started}
+    texts = [Text(text=piece, completion_tokens=i + 1) for i, piece in enumerate(pieces)]
+    texts[-1].finish = finish
+    return [GenerationStarted(**head), *texts]
 
 
 THOUGHT = ["<think>", "\n", "Call", " the", " tool", "<tool_call>", "\n", "</think>", "\n\n"]
@@ -381,11 +380,15 @@ def test_each_family_models_output_is_split_by_its_parsers_fed_a_character_at_a_
     choice = ChatChoice(0, "auto" if tools else "none", [t["function"]["name"] for t in tools])
     choice.tool_schemas = {t["function"]["name"]: t["function"].get("parameters", {}) for t in tools}
     opened = prompt_opens(output["reasoning_parser"], conversation["prompt"][-64:])
-    started = {"started": True, "tool_format": output["tool_parser"], "reasoning_open": opened}
-    choice.feed({**started, "reasoning_format": output["reasoning_parser"]})
+    reasoning = output["reasoning_parser"]
+    choice.feed(
+        GenerationStarted(
+            tool_format=output["tool_parser"], reasoning_open=opened, reasoning_format=reasoning
+        )
+    )
     for count, character in enumerate(text, 1):
-        choice.feed({"text": character, "completion_tokens": count})
-    choice.feed({"text": "", "finish": "stop", "completion_tokens": len(text)})
+        choice.feed(Text(text=character, completion_tokens=count))
+    choice.feed(Text(text="", finish="stop", completion_tokens=len(text)))
     message = choice.message()
     assert (message.get("reasoning_content") or "").strip() == (conversation["reasoning"] or "")
     assert (message["content"] or "").strip() == (conversation["content"] or "")

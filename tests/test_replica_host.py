@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from modelhost.errors import Crashed, InvalidRequest
-from modelhost.generation.contract import GenerationRequest, Sampling
+from modelhost.generation.contract import GenerationRequest, Sampling, Text
 from modelhost.metrics import sample
 from modelhost.runtime.gateway.client import Waiters
 from modelhost.runtime.gateway.dispatch import Dispatcher
@@ -78,12 +78,12 @@ class Counter:
     def cancel(self, state: Any, request_id: int) -> None:
         self.left.pop(request_id, None)
 
-    def step(self, state: Any) -> list[tuple[int, dict[str, Any]]]:
-        events: list[tuple[int, dict[str, Any]]] = []
+    def step(self, state: Any) -> list[tuple[int, Text]]:
+        events: list[tuple[int, Text]] = []
         for key in list(self.left):
             self.left[key] -= 1
             done = self.left[key] == 0
-            events.append((key, {"finish": "stop"} if done else {"left": self.left[key]}))
+            events.append((key, Text(finish="stop") if done else left(self.left[key])))
             if done:
                 del self.left[key]
         return events
@@ -97,6 +97,11 @@ class Counter:
 
     def running(self, state: Any) -> int:
         return len(self.left)
+
+
+def left(n: int) -> Text:
+    """`Counter`'s event for a step that leaves `n` to count."""
+    return Text(text=f"{n} left")
 
 
 def counting(n: int, whole: bool = False) -> GenerationRequest:
@@ -340,10 +345,10 @@ class Dying:
         self.requests.append(request)
         death = self._death()
         for n in range(self.events):
-            yield {"text": str(n)}
+            yield Text(text=str(n))
         if death is not None:
             raise death
-        yield {"finish": "stop"}
+        yield Text(finish="stop")
 
 
 def dispatch_to(replica: Dying) -> tuple[Dispatcher, Callable[[], Awaitable[list[Dying]]]]:
@@ -382,13 +387,13 @@ async def test_a_generation_whose_replica_dies_while_running_it_is_a_502_streame
                 async for event in dispatcher.stream(targets, request):
                     seen.append(event)
             assert replica.runs == 1  # never sent to another replica
-            assert seen == ([{"text": str(n)} for n in range(events)] if not request.whole else [])
+            assert seen == ([Text(text=str(n)) for n in range(events)] if not request.whole else [])
 
 
 async def test_a_generation_still_waiting_in_a_replica_that_died_runs_again() -> None:
     replica = Dying(deaths=2, begun=False)
     dispatcher, targets = dispatch_to(replica)
-    assert [e async for e in dispatcher.stream(targets, counting(2, whole=True))] == [{"finish": "stop"}]
+    assert [e async for e in dispatcher.stream(targets, counting(2, whole=True))] == [Text(finish="stop")]
     assert replica.runs == 3 and not replica.requests[0].whole  # the mark is the gateway's
 
 
@@ -436,9 +441,9 @@ def test_streams_step_together_and_each_ends_with_its_finish() -> None:
     host.receive("g2", Generate(1, counting(1)))
     assert host.running == 2 and host.due() == 0
     host.work()
-    assert answers(host) == {"g1": [(1, {"left": 1})], "g2": [(1, {"finish": "stop"})]}
+    assert answers(host) == {"g1": [(1, left(1))], "g2": [(1, Text(finish="stop"))]}
     host.work()
-    assert answers(host) == {"g1": [(1, {"finish": "stop"})]}
+    assert answers(host) == {"g1": [(1, Text(finish="stop"))]}
     assert host.due() is None and host.running == 0
 
 
@@ -446,7 +451,7 @@ def test_a_stream_that_cannot_start_answers_its_caller_with_an_error_event() -> 
     host = host_of(Counter())
     host.receive("g", Generate(5, counting(0)))
     [(request_id, event)] = answers(host)["g"]
-    assert request_id == 5 and event["error"]["param"] == "n"
+    assert request_id == 5 and event.param == "n"
     assert host.due() is None
 
 
@@ -459,7 +464,7 @@ def test_cancelling_a_stream_or_closing_its_connection_stops_it_before_the_next_
     host.receive("g1", Cancel(1))
     host.drop("g2")
     host.work()
-    assert answers(host) == {"g1": [(2, {"left": 4})]}
+    assert answers(host) == {"g1": [(2, left(4))]}
     assert host.running == 1
 
 
@@ -474,9 +479,9 @@ class Generator(Counter):
         super().start(state, request_id, request)
         self.asked[request_id] = request.params.max_tokens
 
-    def step(self, state: Any) -> list[tuple[int, dict[str, Any]]]:
+    def step(self, state: Any) -> list[tuple[int, Any]]:
         return [
-            (key, {**event, "completion_tokens": self.asked[key] - self.left.get(key, 0)})
+            (key, msgspec.structs.replace(event, completion_tokens=self.asked[key] - self.left.get(key, 0)))
             for key, event in super().step(state)
         ]
 
@@ -515,7 +520,7 @@ def test_every_message_survives_the_wire() -> None:
         assert decode_to_replica(frame[4:]) == message
     results = Results([Result(1, {"v": b"\x01"})])
     assert decode_from_replica(encode(results)[4:]) == results
-    events = Events([Event(4, {"finish": "stop"})])
+    events = Events([Event(4, Text(text="é", completion_tokens=1, finish="stop"))])
     assert decode_from_replica(encode(events)[4:]) == events
     assert decode_from_replica(encode(Started([5, 6]))[4:]) == Started([5, 6])
     with pytest.raises(msgspec.ValidationError):

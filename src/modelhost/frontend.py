@@ -17,14 +17,13 @@ import contextlib
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat import chat_requests, completion_requests
 from modelhost.generation.compile_sandbox import GrammarChecker
-from modelhost.generation.contract import GenerationRequest
+from modelhost.generation.contract import GenerationEvent, GenerationRequest, GenerationStarted
 from modelhost.media.sources import MediaPolicy, load_media
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
 from modelhost.protocol.tasks import MAX_MEDIA_INPUTS
@@ -32,7 +31,7 @@ from modelhost.routing import DeploymentRef, split_key
 from modelhost.runtime.gateway.interface import Runtime
 from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
 
-Event = dict[str, Any]
+Event = GenerationEvent
 Stream = AsyncGenerator[Event, None]
 Collected = list[tuple[int, Event]]
 # How a whole answer is waited for (a route: until the client goes away, which cancels it).
@@ -107,7 +106,7 @@ class Generation:
             raise failure
         opened = [f for f in firsts if not isinstance(f, BaseException)]
         PROMPT_TOKENS_CACHED.labels(split_key(target.runtime_key)[0]).inc(
-            sum(int(f.get("cached_tokens", 0)) for f in opened)
+            sum(f.cached_tokens for f in opened if isinstance(f, GenerationStarted))
         )
         return Streams(streams, opened)
 
@@ -175,11 +174,13 @@ class Streams:
 
     def prompt_tokens(self, per_prompt: int = 1) -> int:
         """Prompt tokens counted once per prompt (choices of one prompt share it)."""
-        return sum(int(e.get("prompt_tokens", 0)) for e in self._firsts[::per_prompt])
+        firsts = self._firsts[::per_prompt]
+        return sum(e.prompt_tokens for e in firsts if isinstance(e, GenerationStarted))
 
     def cached_tokens(self, per_prompt: int = 1) -> int:
         """Of those, the tokens the engine took from its KV cache (a prefix it had computed before)."""
-        return sum(int(e.get("cached_tokens", 0)) for e in self._firsts[::per_prompt])
+        firsts = self._firsts[::per_prompt]
+        return sum(e.cached_tokens for e in firsts if isinstance(e, GenerationStarted))
 
     async def merged(self) -> AsyncGenerator[tuple[int, Event], None]:
         """(choice index, event) from every stream as they come, starting with each first event."""

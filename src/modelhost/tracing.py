@@ -337,7 +337,8 @@ class GenerationTrace:
     """A generation in a replica: `generate` (from its arrival to its last event), in the trace of the
     gateway's dispatch that sent it, and once it ends its two phases as children, `prefill` (its wait
     for the engine and its prompt's prefill, to the first token) and `decode` (the rest). The engine
-    says when a prompt is prefilled (its `started` event); the token counts come in its events."""
+    says when a prompt is prefilled (its `Started` event); the token counts come in its events
+    (`runtime.worker.host.trace_event` reads them)."""
 
     span: trace.Span
     started_ns: int
@@ -346,31 +347,27 @@ class GenerationTrace:
     ended: bool = False
     attributes: dict[str, str | int | float] = field(default_factory=dict)
 
-    def event(self, event: Mapping[str, object]) -> None:
-        """What an engine event tells: its prompt's tokens once prefilled, its tokens so far, and on its
-        last event (or its cancel) the end."""
+    def prefilled(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """The prompt went in: the prefill phase ends here."""
+        if self.ended or self.prefilled_ns:
+            return
+        self.prefilled_ns = time.time_ns()
+        self.attributes["gen_ai.usage.input_tokens"] = prompt_tokens
+        self.attributes["modelhost.cached_tokens"] = cached_tokens
+
+    def generated(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    def end(self, finish: str | None = None, failed: bool = False) -> None:
+        """The generation's last event (`finish`: why it ended; `failed`), or its cancel."""
         if self.ended:
             return
-        prompt = event.get("prompt_tokens")
-        if isinstance(prompt, int) and not self.prefilled_ns:
-            self.prefilled_ns = time.time_ns()
-            self.attributes["gen_ai.usage.input_tokens"] = prompt
-            cached = event.get("cached_tokens")
-            if isinstance(cached, int):
-                self.attributes["modelhost.cached_tokens"] = cached
-        generated = event.get("completion_tokens")
-        if isinstance(generated, int):
-            self.tokens = generated
-        if "finish" in event or "error" in event or "cancelled" in event:
-            self._end(event)
-
-    def _end(self, event: Mapping[str, object]) -> None:
         self.ended, ended = True, time.time_ns()
         span, attributes = self.span, self.attributes
         attributes["gen_ai.usage.output_tokens"] = self.tokens
-        if isinstance(event.get("finish"), str):
-            span.set_attribute("gen_ai.response.finish_reasons", [str(event["finish"])])
-        if "error" in event:
+        if finish is not None:
+            span.set_attribute("gen_ai.response.finish_reasons", [finish])
+        if failed:
             span.set_status(trace.StatusCode.ERROR)
         if self.prefilled_ns:
             attributes["gen_ai.server.time_to_first_token"] = (self.prefilled_ns - self.started_ns) / 1e9

@@ -26,6 +26,7 @@ from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.frontend import Generation
 from modelhost.generation.chat import ChatChoice, tool_schemas
+from modelhost.generation.contract import GenerationEvent
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.store.types import utcnow
 
@@ -201,7 +202,7 @@ class RunMessage:
 
     choice: ChatChoice
 
-    def feed(self, event: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    def feed(self, event: GenerationEvent) -> list[tuple[str, dict[str, Any]]]:
         delta = self.choice.feed(event)
         events: list[tuple[str, dict[str, Any]]] = []
         if delta.get("reasoning_content"):

@@ -18,12 +18,13 @@ A replica hosts one engine (docs/architecture.md, "Engines inside a replica"). F
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-Event = dict[str, Any]
-"""One event of one generation, alike from every generation engine: `started` (with `prompt_tokens`,
-`cached_tokens`, maybe `prompt_logprobs`), `logprob` (a sampled token's), `text` with `completion_tokens`
-(and `finish`: `stop` or `length`, on the last), or `error` (`message`, `param`, `code`)."""
+from modelhost.generation.contract import GenerationEvent
+
+Event = GenerationEvent
+"""One event of one generation, alike from every generation engine (`generation.contract`: `Started`,
+`Logprob`, `Text` with `finish` on the last, `Failed`)."""
 
 
 @runtime_checkable

@@ -67,7 +67,14 @@ from modelhost.artifacts.gguf_check import gguf_set
 from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_tokenizer
 from modelhost.errors import InvalidRequest, ModelhostError
-from modelhost.generation.contract import GenerationRequest
+from modelhost.generation.contract import (
+    GenerationRequest,
+    GenerationStarted,
+    Logprob,
+    Text,
+    TokenLogprob,
+    failed,
+)
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
@@ -461,23 +468,21 @@ class _Answer:
     def end(self) -> str:
         return self.stops.feed(self.decoder.flush()) + self.stops.flush()
 
-    def event(self, text: str) -> Event:
+    def event(self, text: str) -> Text:
         if self.finish is not None:
             text += self.end()
-        event: Event = {"text": self.strip(text) if self.strip else text, "completion_tokens": self.generated}
-        if self.finish is not None:
-            event["finish"] = self.finish
-        return event
+        text = self.strip(text) if self.strip else text
+        return Text(text=text, completion_tokens=self.generated, finish=self.finish)
 
 
-def _logprob_entry(model: LlamaCppModel, entry: dict[str, Any], top: int) -> dict[str, Any]:
+def _logprob_entry(model: LlamaCppModel, entry: dict[str, Any], top: int) -> TokenLogprob:
     """One token's log-probability as our engine writes it, from llama.cpp's `completion_probabilities`
     item (the sampled token's, and the most likely before sampling)."""
     token = int(entry["id"])
-    out: dict[str, Any] = {"token": model.token_text(token), "id": token, "logprob": float(entry["logprob"])}
+    out = TokenLogprob(model.token_text(token), token, float(entry["logprob"]))
     if top:
         ranked = entry.get("top_logprobs", [])[:top]
-        out["top"] = [[model.token_text(int(t["id"])), float(t["logprob"])] for t in ranked]
+        out.top = [(model.token_text(int(t["id"])), float(t["logprob"])) for t in ranked]
     return out
 
 
@@ -495,13 +500,11 @@ async def generate(
     """Run one request to its end, emitting our events. Bad input becomes an `error` event (the
     caller's 400). Cancelled (its caller is gone), the stream to llama.cpp closes, which frees the slot."""
     if request.adapter is not None:
-        emit(
-            {"error": {"message": "The llamacpp engine serves no adapters.", "param": "model", "code": None}}
-        )
+        emit(failed("The llamacpp engine serves no adapters.", "model"))
         return
     if request.images:
         message = "This deployment's llamacpp engine reads text only: send no images."
-        emit({"error": {"message": message, "param": "messages", "code": None}})
+        emit(failed(message, "messages"))
         return
     if request.asks_tokenizer:
         emit(await tokenized_event(model, request))
@@ -534,20 +537,20 @@ async def generate(
         started = False
         async for line in sse_lines(response.aiter_bytes()):
             if line.startswith(b"error:"):
-                emit({"error": {"message": error_message(line[6:].decode()), "internal": True}})
+                emit(failed(error_message(line[6:].decode()), internal=True))
                 return
             if not line.startswith(b"data: "):
                 continue
             chunk = orjson.loads(line[6:])  # one per token: orjson parses it in a third of json's time
             if "error" in chunk:  # llama.cpp failed the request after it started
-                emit({"error": {"message": error_message(line[6:].decode()), "internal": True}})
+                emit(failed(error_message(line[6:].decode()), internal=True))
                 return
             if not started:
                 emit(_started(model, request, prompt, chunk))
                 started = True
             if _chunk(model, answer, chunk, emit):
                 return  # the answer ended here: leaving the block closes the stream, stopping llama.cpp
-        emit({"error": {"message": "llama.cpp ended the stream before the answer's end", "internal": True}})
+        emit(failed("llama.cpp ended the stream before the answer's end", internal=True))
 
 
 async def sse_lines(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -570,31 +573,23 @@ async def _refused(request: GenerationRequest, response: Any, emit: Callable[[Ev
     message = error_message(text)
     if response.status_code == 400:
         param = request.grammar_param if request.grammar else None
-        emit(
-            {"error": {"message": f"The engine refused the request: {message}", "param": param, "code": None}}
-        )
+        emit(failed(f"The engine refused the request: {message}", param))
     else:
-        emit(
-            {"error": {"message": f"llama.cpp answered {response.status_code}: {message}", "internal": True}}
-        )
+        emit(failed(f"llama.cpp answered {response.status_code}: {message}", internal=True))
 
 
 def _started(
     model: LlamaCppModel, request: GenerationRequest, prompt: list[int], chunk: dict[str, Any]
 ) -> Event:
     timings = chunk.get("timings") or {}
-    started: Event = {
-        "started": True,
-        "prompt_tokens": len(prompt),
-        "cached_tokens": int(timings.get("cache_n") or 0),
-        "tool_format": model.family.tool_parser,
-        "reasoning_format": model.family.reasoning_parser,
-    }
-    if reasoning_open(model, request, prompt):
-        started["reasoning_open"] = True
-    if request.echo:
-        started["prompt_text"] = model.tokenizer.decode(prompt)
-    return started
+    return GenerationStarted(
+        prompt_tokens=len(prompt),
+        cached_tokens=int(timings.get("cache_n") or 0),
+        tool_format=model.family.tool_parser,
+        reasoning_format=model.family.reasoning_parser,
+        reasoning_open=reasoning_open(model, request, prompt),
+        prompt_text=model.tokenizer.decode(prompt) if request.echo else None,
+    )
 
 
 def _chunk(
@@ -622,7 +617,7 @@ def _chunk(
     text = ""
     for token, probability in tokens:
         if params.logprobs and probability is not None:
-            emit({"logprob": _logprob_entry(model, probability, params.top_logprobs)})
+            emit(Logprob(_logprob_entry(model, probability, params.top_logprobs)))
         if token < 0:
             continue
         text += answer.token(int(token))

@@ -30,7 +30,15 @@ from modelhost.engines.interface import Event
 from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
 from modelhost.generation.chat_templates import in_thread, output_cap
-from modelhost.generation.contract import Adapter, GenerationRequest
+from modelhost.generation.contract import (
+    Adapter,
+    GenerationRequest,
+    GenerationStarted,
+    Logprob,
+    Text,
+    TokenLogprob,
+    failed,
+)
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
@@ -294,23 +302,21 @@ def _lora_request(model: VllmModel, adapter: Adapter | None) -> Any:
     return LoRARequest(adapter.name, number, adapter.path)
 
 
-def _logprob_entry(model: VllmModel, token: int, logprobs: dict[int, Any], top: int) -> dict[str, Any]:
+def _logprob_entry(model: VllmModel, token: int, logprobs: dict[int, Any], top: int) -> TokenLogprob:
     """One token's log-probability in our engine's shape: the token, and the `top` most likely."""
     chosen = logprobs.get(token)
-    entry: dict[str, Any] = {
-        "token": model.token_text(token),
-        "id": token,
-        "logprob": float(chosen.logprob) if chosen is not None else None,
-    }
+    entry = TokenLogprob(
+        model.token_text(token), token, float(chosen.logprob) if chosen is not None else None
+    )
     if top:
         ranked = sorted(logprobs.items(), key=lambda pair: pair[1].rank or 0)[:top]
-        entry["top"] = [[model.token_text(t), float(lp.logprob)] for t, lp in ranked]
+        entry.top = [(model.token_text(t), float(lp.logprob)) for t, lp in ranked]
     return entry
 
 
-def _prompt_logprobs(model: VllmModel, prompt: list[int], entries: list[Any], top: int) -> list[Any]:
+def _prompt_logprobs(model: VllmModel, prompt: list[int], entries: list[Any], top: int) -> list[TokenLogprob]:
     first = prompt[0]
-    out: list[Any] = [{"token": model.token_text(first), "id": first, "logprob": None, "top": None}]
+    out = [TokenLogprob(model.token_text(first), first)]
     for token, logprobs in zip(prompt[1:], entries[1:], strict=False):
         out.append(_logprob_entry(model, token, logprobs or {}, top))
     return out
@@ -324,7 +330,7 @@ async def generate(
     from vllm.exceptions import VLLMClientError
 
     if request.adapter is not None and not model.lora:  # a replica started before its first adapter attached
-        emit({"error": {"message": "the base's replica restarts with its adapters", "internal": True}})
+        emit(failed("the base's replica restarts with its adapters", internal=True))
         return
     if request.asks_tokenizer:
         emit(await tokenized_event(model, request))
@@ -344,25 +350,23 @@ async def generate(
         return
     except (ValueError, VLLMClientError) as exc:  # vLLM's checks of the request (a bad grammar, ...)
         param = request.grammar_param if request.grammar else None
-        emit({"error": {"message": f"The engine refused the request: {exc}", "param": param, "code": None}})
+        emit(failed(f"The engine refused the request: {exc}", param))
         return
     if first is None:
-        emit({"error": {"message": "vLLM ended the request without output", "internal": True}})
+        emit(failed("vLLM ended the request without output", internal=True))
         return
-    started: dict[str, Any] = {
-        "started": True,
-        "prompt_tokens": len(prompt),
-        "cached_tokens": int(first.num_cached_tokens or 0),
-        "tool_format": model.family.tool_parser,
-        "reasoning_format": model.family.reasoning_parser,
-    }
-    if reasoning_open(model, request, prompt):
-        started["reasoning_open"] = True
+    started = GenerationStarted(
+        prompt_tokens=len(prompt),
+        cached_tokens=int(first.num_cached_tokens or 0),
+        tool_format=model.family.tool_parser,
+        reasoning_format=model.family.reasoning_parser,
+        reasoning_open=reasoning_open(model, request, prompt),
+    )
     if params.prompt_logprobs and first.prompt_logprobs:
         top = params.top_logprobs
-        started["prompt_logprobs"] = _prompt_logprobs(model, prompt, first.prompt_logprobs, top)
+        started.prompt_logprobs = _prompt_logprobs(model, prompt, first.prompt_logprobs, top)
     if request.echo:
-        started["prompt_text"] = model.tokenizer.decode(prompt)
+        started.prompt_text = model.tokenizer.decode(prompt)
     emit(started)
     generated, sampled, text = 0, list[int](), ""
     output = first
@@ -372,19 +376,19 @@ async def generate(
         sampled += tokens
         if params.logprobs and completion.logprobs:
             for token, logprobs in zip(tokens, completion.logprobs, strict=False):
-                emit({"logprob": _logprob_entry(model, token, logprobs, params.top_logprobs)})
+                emit(Logprob(_logprob_entry(model, token, logprobs, params.top_logprobs)))
         generated += len(tokens)
         if completion.finish_reason == "stop" and tokens and _silent_stop(completion.stop_reason, params):
             generated -= 1  # the end-of-sequence or a stop token: sampled (its logprob is sent), not text
-        event: dict[str, Any] = {"text": completion.text, "completion_tokens": generated}
+        event = Text(text=completion.text, completion_tokens=generated)
         text += completion.text
         if completion.finish_reason in ("stop", "length"):
-            event["text"] += _unfinished_character(model, sampled, text, skip)
-            event["finish"] = completion.finish_reason
+            event.text += _unfinished_character(model, sampled, text, skip)
+            event.finish = completion.finish_reason
         elif completion.finish_reason is not None:  # `abort`: only ever ours, never sent
             return
         if strip is not None:
-            event["text"] = strip(event["text"])
+            event.text = strip(event.text)
         emit(event)
         output = await anext(stream, None)
 

@@ -18,7 +18,15 @@ from typing import Any
 import msgspec
 
 from modelhost.errors import InvalidRequest
-from modelhost.generation.contract import GenerationRequest, Sampling
+from modelhost.generation.contract import (
+    GenerationEvent,
+    GenerationRequest,
+    GenerationStarted,
+    Logprob,
+    Sampling,
+    Text,
+    TokenLogprob,
+)
 from modelhost.generation.grammar import json_schema_grammar, split_tool_call, tool_call_grammar
 from modelhost.generation.reasoning import REASONING_PARSERS, ReasoningParser
 from modelhost.generation.structured import structured_grammar
@@ -351,22 +359,23 @@ class ChatChoice:
     prompt_tokens: int = 0  # the prompt's tokens, and those of them the prefix cache held (`started`)
     cached_tokens: int = 0
 
-    def feed(self, event: Event) -> Event:
+    def feed(self, event: GenerationEvent) -> Event:
         """Apply one event; the delta (possibly empty) it produces for a stream."""
-        if event.get("started"):
-            self.prompt_tokens = int(event.get("prompt_tokens", 0))
-            self.cached_tokens = int(event.get("cached_tokens", 0))
-            self.tool_format = event.get("tool_format", self.tool_format)
-            name = event.get("reasoning_format")
+        if isinstance(event, GenerationStarted):
+            self.prompt_tokens, self.cached_tokens = event.prompt_tokens, event.cached_tokens
+            self.tool_format = event.tool_format or self.tool_format
+            name = event.reasoning_format
             if name in REASONING_PARSERS and self.mode in ("none", "auto"):
-                self.reasoner = REASONING_PARSERS[name](bool(event.get("reasoning_open")))
+                self.reasoner = REASONING_PARSERS[name](event.reasoning_open)
             return {}
-        if "logprob" in event:
-            entry = _chat_logprob(event["logprob"])
+        if isinstance(event, Logprob):
+            entry = _chat_logprob(event.entry)
             self.logprobs.append(entry)
             return {"logprobs": [entry]}
-        if "finish" in event:
-            self.finish = event["finish"]
+        if not isinstance(event, Text):
+            return {}
+        if event.finish is not None:
+            self.finish = event.finish
         thought = self._split(event)
         if self.mode == "forced":
             delta = self._forced_delta()
@@ -377,13 +386,12 @@ class ChatChoice:
         delta = _legacy_delta(delta) if self.legacy else delta
         return {"reasoning_content": thought, "reasoning": thought, **delta} if thought else delta
 
-    def _split(self, event: Event) -> str:
+    def _split(self, event: Text) -> str:
         """Add the event's text (the rest of it, after a reasoning parser took the reasoning) and its
         tokens; the reasoning it adds. An event's tokens count as reasoning when the answer was inside
         its reasoning before or after them (exact where each event carries one token, as both
         engines send them)."""
-        text = event.get("text", "")
-        tokens = event.get("completion_tokens", self.completion_tokens)
+        text, tokens = event.text, event.completion_tokens
         added, self.completion_tokens = tokens - self.completion_tokens, tokens
         if self.reasoner is None:
             self.text += text
@@ -487,12 +495,10 @@ def tool_schemas(tools: list[Tool]) -> dict[str, Event]:
     return {t.function.name: t.function.parameters or {} for t in tools}
 
 
-def _chat_logprob(entry: Event) -> Event:
+def _chat_logprob(entry: TokenLogprob) -> Event:
     return {
-        "token": entry["token"],
-        "logprob": entry["logprob"],
-        "bytes": list(entry["token"].encode()),
-        "top_logprobs": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in entry.get("top", [])
-        ],
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.token.encode()),
+        "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in entry.top or []],
     }

@@ -7,6 +7,12 @@ type by msgspec when a replica decodes it, where a dict key's typo went unseen. 
 `VideoRequest`. Both are msgspec structs (they cross processes) and import nothing of ours, so the vLLM
 environment, which has its own torch and transformers, reads them too.
 
+What comes back is a stream of `GenerationEvent`s: `GenerationStarted` first (the prompt's tokens, how
+the family's output is parsed), then `Text` per generated token (its `finish` set on the last) with
+`Logprob`s where asked, or one `GenerationFailed`; a tokenizer question is answered by one `Tokenized`,
+a video job by `Progress` events and one `VideoDone`. A `GenerationFailed` is made in one place
+(`failed`).
+
 `Sampling`'s fields are the client's; None is "not set": the replica fills it with the deployment's
 default (`defaults`), then the model's (`generation_config.json`), then the engine's
 (`generation.requests.sampling_params`).
@@ -127,3 +133,103 @@ class VideoRequest(msgspec.Struct, tag="video", kw_only=True, omit_defaults=True
 
 
 StreamRequest = GenerationRequest | VideoRequest
+
+
+# ---------------------------------------------------------------- what comes back
+
+
+class TokenLogprob(msgspec.Struct, omit_defaults=True):
+    """One token's log probability (None: the prompt's first token has none) and the `top` most likely
+    alternatives at its position, as (text, log probability)."""
+
+    token: str
+    id: int
+    logprob: float | None = None
+    top: list[tuple[str, float]] | None = None
+
+
+class GenerationStarted(msgspec.Struct, tag="started", kw_only=True, omit_defaults=True):
+    """The prompt went in: its tokens (and those the prefix cache held), how the family's output is
+    parsed (its tool-call and reasoning formats, whether the prompt opened the reasoning), and what
+    completions' `echo` and prompt log probabilities need."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    tool_format: str | None = None
+    reasoning_format: str | None = None
+    reasoning_open: bool = False
+    prompt_text: str | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
+
+
+class Text(msgspec.Struct, tag="text", kw_only=True, omit_defaults=True):
+    """One generated token's text (empty while a character is incomplete) and the tokens generated so
+    far; `finish` (`stop`, `length`) on the last."""
+
+    text: str = ""
+    completion_tokens: int = 0
+    finish: str | None = None
+
+
+class Logprob(msgspec.Struct, tag="logprob"):
+    """A generated token's log probability (before its `Text`)."""
+
+    entry: TokenLogprob
+
+
+class Tokenized(msgspec.Struct, tag="tokenized", kw_only=True, omit_defaults=True):
+    """The answer to a tokenizer question: a prompt's `tokens` (`/tokenize`) or their text (`prompt`,
+    `/detokenize`)."""
+
+    tokens: list[int] | None = None
+    max_model_len: int | None = None
+    token_strs: list[str] | None = None
+    prompt: str | None = None
+
+
+class GenerationFailed(msgspec.Struct, tag="failed", kw_only=True, omit_defaults=True):
+    """The request failed: its caller's 400 (`param`, `code`), or, `internal`, the replica's fault (a
+    503; `crashed`: the engine died under it, a 502 never retried)."""
+
+    message: str
+    param: str | None = None
+    code: str | None = None
+    internal: bool = False
+    crashed: bool = False
+
+
+class Progress(msgspec.Struct, tag="progress"):
+    """A video job's progress, in percent."""
+
+    percent: int
+
+
+class VideoDone(msgspec.Struct, tag="video", kw_only=True):
+    """A video job's MP4 and its previews."""
+
+    video: bytes
+    thumbnail: bytes
+    spritesheet: bytes
+    frames: int
+
+
+GenerationEvent = GenerationStarted | Text | Logprob | Tokenized | GenerationFailed | Progress | VideoDone
+
+
+def is_last(event: GenerationEvent) -> bool:
+    """Whether the stream ends with this event."""
+    return isinstance(event, GenerationFailed | Tokenized | VideoDone) or (
+        isinstance(event, Text) and event.finish is not None
+    )
+
+
+def failed(
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    *,
+    internal: bool = False,
+    crashed: bool = False,
+) -> GenerationFailed:
+    """The one way a replica reports a failed request."""
+    return GenerationFailed(message=message, param=param, code=code, internal=internal, crashed=crashed)

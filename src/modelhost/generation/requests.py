@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation import chat_templates
-from modelhost.generation.contract import GenerationRequest, Sampling
+from modelhost.generation.contract import GenerationFailed, GenerationRequest, Sampling, Tokenized, failed
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family, detect_family
 from modelhost.generation.reasoning import MARKERS, effort_kwargs, prompt_opens
@@ -245,13 +245,13 @@ def special_tokens(tokenizer: Any, family: Family, template: str | None) -> Spec
     return SpecialTokens(True, re.compile("|".join(map(re.escape, hidden))) if hidden else None)
 
 
-def error_event(exc: ModelhostError) -> dict[str, Any]:
-    """A client error as a generation's `error` event (the caller's 400 with its param and code), as the
-    engines that run requests in their own loops (vLLM, llama.cpp) answer bad input."""
-    return {"error": {"message": exc.message, "param": exc.param, "code": exc.code}}
+def error_event(exc: ModelhostError) -> GenerationFailed:
+    """A client error as a generation's `Failed` event (the caller's 400 with its param and code), as
+    the engines that run requests in their own loops (vLLM, llama.cpp) answer bad input."""
+    return failed(exc.message, exc.param, exc.code)
 
 
-async def tokenized_event(state: PromptModel, request: GenerationRequest) -> dict[str, Any]:
+async def tokenized_event(state: PromptModel, request: GenerationRequest) -> Tokenized | GenerationFailed:
     """`tokenized`'s answer, or the error event of a request it refuses, for an engine on an event loop
     (its chat rendered off the loop: `chat_prompt_off_loop`)."""
     try:
@@ -260,7 +260,7 @@ async def tokenized_event(state: PromptModel, request: GenerationRequest) -> dic
         return error_event(exc)
 
 
-def tokenized(state: PromptModel, request: GenerationRequest, chat: str | None = None) -> dict[str, Any]:
+def tokenized(state: PromptModel, request: GenerationRequest, chat: str | None = None) -> Tokenized:
     """The one event that answers `/tokenize` (`"tokenize": true`: the prompt's IDs, as a generation
     would see them; `chat`: its chat rendered already) or `/detokenize` (`"detokenize"`: the text of
     token IDs), without generating."""
@@ -268,11 +268,11 @@ def tokenized(state: PromptModel, request: GenerationRequest, chat: str | None =
         tokens = request.detokenize
         if any(token >= state.vocab_size for token in tokens):
             raise InvalidRequest(f"Token IDs must be below {state.vocab_size}.", param="tokens")
-        return {"finish": "stop", "prompt": state.tokenizer.decode(tokens)}
+        return Tokenized(prompt=state.tokenizer.decode(tokens))
     ids, _ = prompt_ids(state, request, chat)
-    answer: dict[str, Any] = {"finish": "stop", "tokens": ids, "max_model_len": state.context_length}
+    answer = Tokenized(tokens=ids, max_model_len=state.context_length)
     if request.return_token_strs:
-        answer["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
+        answer.token_strs = state.tokenizer.convert_ids_to_tokens(ids)
     return answer
 
 

@@ -20,7 +20,7 @@ from modelhost import tracing
 from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
-from modelhost.generation.contract import VideoLimits, VideoRequest
+from modelhost.generation.contract import Progress, VideoDone, VideoLimits, VideoRequest
 from modelhost.jobs.videos import PREVIEWS, Claimed, VideoJobs
 from modelhost.runtime.gateway.interface import Runtime
 
@@ -138,11 +138,11 @@ class VideoRunner:
         last_progress = -1
         async with contextlib.aclosing(self.runtime.stream(job.deployment_id, item)) as events:
             async for event in events:
-                if "video" in event:
-                    previews = {name: event[name] for name in PREVIEWS if name in event}
-                    await asyncio.to_thread(self.jobs.complete, job.id, self.name, event["video"], previews)
+                if isinstance(event, VideoDone):
+                    previews = {name: getattr(event, name) for name in PREVIEWS}
+                    await asyncio.to_thread(self.jobs.complete, job.id, self.name, event.video, previews)
                     return
-                progress = event.get("progress")
+                progress = event.percent if isinstance(event, Progress) else None
                 if progress is not None and progress != last_progress:
                     last_progress = progress
                     if not await beat(functools.partial(self.jobs.beat, job.id, self.name, progress)):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import GenerationEvent, StreamRequest
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.runtime.capacity import Footprint
 
@@ -96,7 +96,7 @@ class Replica(Protocol):
         `traceparent` its spans join ("" untraced)."""
         ...
 
-    def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[dict[str, Any], None]: ...
+    def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[GenerationEvent, None]: ...
     async def unload(self) -> None:
         """Stop serving the deployment for good: its processes (or Serve application) go away."""
         ...

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import GenerationEvent, StreamRequest
 
 _LENGTH = struct.Struct("!I")
 Payload = dict[str, Any]
@@ -98,7 +98,7 @@ class Failed(msgspec.Struct, tag="failed", array_like=True):
 
 class Event(msgspec.Struct, array_like=True):
     id: int
-    event: Payload  # a step's output for the stream; `finish` or `error` in it ends the stream
+    event: GenerationEvent  # `generation.contract`: the stream ends with its last (`is_last`)
 
 
 class Events(msgspec.Struct, tag="events", array_like=True):

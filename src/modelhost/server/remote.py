@@ -28,7 +28,7 @@ from modelhost.api.batch_lines import run_line
 from modelhost.cache import TTLCache
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError, ServiceUnavailable, rebuild
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import GenerationEvent, StreamRequest
 from modelhost.routing import split_key
 from modelhost.runtime.gateway.client import ReplicaConnection
 from modelhost.runtime.gateway.dispatch import Dispatcher
@@ -183,7 +183,7 @@ class RemoteRuntime:
         self._used.add(deployment_id)
         return await deployment.dispatcher.infer(self._targets(deployment_id), item)
 
-    async def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[Payload, None]:
+    async def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[GenerationEvent, None]:
         with tracing.step("wait for replica"):
             deployment = await self._ready(deployment_id)
         self._used.add(deployment_id)

@@ -17,11 +17,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 
 from modelhost.errors import ModelhostError
 from modelhost.frontend import Generation, Streams, Target, Until
 from modelhost.generation.chat import ChatChoice, effective_tools, new_id, tokenize_request, tool_schemas
+from modelhost.generation.contract import (
+    GenerationEvent,
+    GenerationStarted,
+    Logprob,
+    Text,
+    Tokenized,
+    TokenLogprob,
+)
 from modelhost.protocol.chat import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -156,13 +165,14 @@ async def _completion_chunks(
         choice = choices[index]
         offset, first = len(choice.text), len(choice.tokens)
         text, added = choice.feed(event)
-        if not text and not added and "finish" not in event:
+        finish = event.finish if isinstance(event, Text) else None
+        if not text and not added and finish is None:
             continue
         entry = {
             "index": index,
             "text": text,
             "logprobs": choice.logprobs(first, offset) if added else None,
-            "finish_reason": event.get("finish"),
+            "finish_reason": finish,
         }
         yield _event({**chunk, "choices": [entry]})
     if include_usage:
@@ -196,35 +206,32 @@ class CompletionChoice:
     score: float = 0.0  # sum of the generated tokens' log probabilities (for best_of)
     scored: int = 0
 
-    def feed(self, event: Event) -> tuple[str, int]:
+    def feed(self, event: GenerationEvent) -> tuple[str, int]:
         """Apply one event; the text it adds and how many logprob entries it added."""
         before_text, before = len(self.text), len(self.tokens)
-        if event.get("started"):
+        if isinstance(event, GenerationStarted):
             if self.echo:
-                self.text += event.get("prompt_text", "")
-            for entry in event.get("prompt_logprobs") or []:
+                self.text += event.prompt_text or ""
+            for entry in event.prompt_logprobs or []:
                 self._add(entry)
-        elif "logprob" in event:
-            self._add(event["logprob"])
-            self.score += event["logprob"]["logprob"]
+        elif isinstance(event, Logprob):
+            self._add(event.entry)
+            self.score += event.entry.logprob or 0.0
             self.scored += 1
-        else:
-            self.text += event.get("text", "")
-            self.completion_tokens = event.get("completion_tokens", self.completion_tokens)
-            self.finish = event.get("finish", self.finish)
+        elif isinstance(event, Text):
+            self.text += event.text
+            self.completion_tokens = event.completion_tokens
+            self.finish = event.finish or self.finish
         return self.text[before_text:], len(self.tokens) - before
 
     @property
     def mean_logprob(self) -> float:
         return self.score / self.scored if self.scored else -math.inf
 
-    def _add(self, entry: Event | None) -> None:
-        if entry is None:
-            return
-        self.tokens.append(entry["token"])
-        self.token_logprobs.append(entry.get("logprob"))
-        top = entry.get("top")
-        self.top_logprobs.append(None if top is None else {t: lp for t, lp in top})
+    def _add(self, entry: TokenLogprob) -> None:
+        self.tokens.append(entry.token)
+        self.token_logprobs.append(entry.logprob)
+        self.top_logprobs.append(None if entry.top is None else dict(entry.top))
 
     def logprobs(self, start: int = 0, text_start: int = 0) -> Event | None:
         """OpenAI's legacy logprobs object for entries from `start`, offsets counted from `text_start`."""
@@ -251,9 +258,11 @@ async def tokenize(
     """vLLM's answer to `/tokenize` (`count`, `max_model_len`, `tokens`) or `/detokenize` (`prompt`),
     from the deployment's replica, which holds its tokenizer and chat template."""
     _, events = await generation.whole(target, [tokenize_request(body)], until)
-    answer = {k: v for k, v in events[-1][1].items() if k != "finish"}
-    if "tokens" in answer:
-        answer["count"] = len(answer["tokens"])
+    tokenized = events[-1][1]
+    assert isinstance(tokenized, Tokenized)
+    answer = {k: v for k, v in msgspec.structs.asdict(tokenized).items() if v is not None}
+    if tokenized.tokens is not None:
+        answer["count"] = len(tokenized.tokens)
     return answer
 
 

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from modelhost.errors import InvalidRequest, ModelhostError, anthropic_body
 from modelhost.frontend import Generation, Streams, Target, Until
 from modelhost.generation.chat import ChatChoice, tokenize_request
+from modelhost.generation.contract import GenerationEvent, Tokenized
 from modelhost.protocol.chat import ChatCompletionRequest, TokenizeChatRequest
 from modelhost.protocol.messages import (
     CountTokensRequest,
@@ -286,7 +287,7 @@ class MessageAssembler:
     _calls: dict[int, Event] = field(default_factory=dict)  # tool_use blocks by call index
     _arguments: dict[int, str] = field(default_factory=dict)  # their input JSON so far
 
-    def feed(self, event: Event) -> list[Event]:
+    def feed(self, event: GenerationEvent) -> list[Event]:
         delta = self.choice.feed(event)
         events: list[Event] = []
         if delta.get("reasoning_content"):
@@ -472,4 +473,6 @@ async def count_tokens(
     if chat.reasoning_effort is not None:
         request.reasoning_effort, request.reasoning_effort_optional = chat.reasoning_effort, True
     _, events = await generation.whole(target, [request], until)
-    return {"input_tokens": len(events[-1][1]["tokens"])}
+    tokenized = events[-1][1]
+    assert isinstance(tokenized, Tokenized) and tokenized.tokens is not None
+    return {"input_tokens": len(tokenized.tokens)}

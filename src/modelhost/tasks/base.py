@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Protocol
 from typing_extensions import TypeIs
 
 from modelhost.errors import ModelhostError
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import GenerationEvent, StreamRequest
 
 
 class TaskHandler(Protocol):
@@ -41,7 +41,7 @@ class StreamingTaskHandler(Protocol):
         ...
 
     def cancel(self, state: Any, request_id: int) -> None: ...
-    def step(self, state: Any) -> list[tuple[int, dict[str, Any]]]: ...
+    def step(self, state: Any) -> list[tuple[int, GenerationEvent]]: ...
     def abort(self, state: Any) -> list[int]:
         """A step raised: drop every request, returning their IDs (each gets an internal error)."""
         ...

@@ -22,7 +22,7 @@ from modelhost.engines.interface import Event
 from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat_templates import output_cap
-from modelhost.generation.contract import GenerationRequest, Sampling, StreamRequest
+from modelhost.generation.contract import GenerationRequest, GenerationStarted, Sampling, StreamRequest
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
@@ -143,15 +143,15 @@ class TextGeneration:
         if not state.engine.idle:
             events += state.engine.step()
         for request_id, event in events:
-            if event.get("started"):
-                event["tool_format"] = state.family.tool_parser
-                event["reasoning_format"] = state.family.reasoning_parser
+            if isinstance(event, GenerationStarted):
+                event.tool_format = state.family.tool_parser
+                event.reasoning_format = state.family.reasoning_parser
                 if request_id in state.opened:
                     state.opened.discard(request_id)
-                    event["reasoning_open"] = True
+                    event.reasoning_open = True
                 prompt = state.echo.pop(request_id, None)
                 if prompt is not None:
-                    event["prompt_text"] = state.tokenizer.decode(prompt)
+                    event.prompt_text = state.tokenizer.decode(prompt)
         return events
 
     def abort(self, state: ChatModel) -> list[int]:

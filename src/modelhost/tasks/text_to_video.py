@@ -26,7 +26,7 @@ import numpy as np
 from modelhost.engines import loader
 from modelhost.engines.interface import Event
 from modelhost.errors import InvalidRequest
-from modelhost.generation.contract import StreamRequest, VideoRequest
+from modelhost.generation.contract import Progress, StreamRequest, VideoDone, VideoRequest, failed
 from modelhost.media.encode import encode_mp4, encode_spritesheet, encode_thumbnail
 
 
@@ -100,14 +100,13 @@ class TextToVideo:
     def _run(self, state: VideoModel, job: _Job) -> None:
         try:
             frames = _generate(state, job)
-            state.events.put((job.id, {"progress": 99}))
-            finished = {
-                "finish": "stop",
-                "video": encode_mp4(frames, job.request.fps),
-                "thumbnail": encode_thumbnail(frames),
-                "spritesheet": encode_spritesheet(frames),
-                "frames": int(frames.shape[0]),
-            }
+            state.events.put((job.id, Progress(99)))
+            finished = VideoDone(
+                video=encode_mp4(frames, job.request.fps),
+                thumbnail=encode_thumbnail(frames),
+                spritesheet=encode_spritesheet(frames),
+                frames=int(frames.shape[0]),
+            )
             state.events.put((job.id, finished))
         except _Cancelled:
             pass
@@ -116,7 +115,7 @@ class TextToVideo:
             if isinstance(exc, InvalidRequest):
                 code = exc.code
             message = exc.message if isinstance(exc, InvalidRequest) else f"{type(exc).__name__}: {exc}"
-            state.events.put((job.id, {"error": {"message": message, "code": code}}))
+            state.events.put((job.id, failed(message, code=code)))
         finally:
             state.running = None
 
@@ -146,7 +145,7 @@ def _generate(state: VideoModel, job: _Job) -> np.ndarray:
     def progress(step: int) -> None:
         if job.cancelled.is_set():
             raise _Cancelled
-        state.events.put((job.id, {"progress": min(98, int(100 * (step + 1) / steps))}))
+        state.events.put((job.id, Progress(min(98, int(100 * (step + 1) / steps)))))
 
     def on_step_end(_pipeline: Any, step: int, _timestep: Any, tensors: dict[str, Any]) -> dict[str, Any]:
         progress(step)

@@ -25,6 +25,7 @@ from modelhost.engines.native.attention import attention_kernels
 from modelhost.engines.native.cuda_graphs import DecodeGraphs
 from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.errors import Overloaded
+from modelhost.generation.contract import GenerationStarted, Logprob, Text, TokenLogprob
 from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
@@ -263,14 +264,12 @@ class GenerationEngine:
         if not finished:
             return
         for row, sequence in finished:
-            started: Event = {
-                "started": True,
-                "prompt_tokens": len(sequence.prompt),
-                "cached_tokens": sequence.cached_tokens,
-            }
+            started = GenerationStarted(
+                prompt_tokens=len(sequence.prompt), cached_tokens=sequence.cached_tokens
+            )
             if sequence.params.prompt_logprobs:
                 own = logits[row, width - len(sequence.prompt) :]
-                started["prompt_logprobs"] = self._prompt_logprobs(sequence, own)
+                started.prompt_logprobs = self._prompt_logprobs(sequence, own)
             sequence.started = True
             self._pending.append((sequence.id, started))
         sequences = [sequence for _, sequence in finished]
@@ -448,7 +447,7 @@ class GenerationEngine:
                 tokens[row] = int(torch.multinomial(probs, 1, generator=sequence.generator))
             if logprobs is not None and params.logprobs:
                 entry = self._logprob(logprobs[row], tokens[row], params)
-                self._pending.append((sequence.id, {"logprob": entry}))
+                self._pending.append((sequence.id, Logprob(entry)))
         return tokens
 
     def _needs_processing(self, sequence: Sequence) -> bool:
@@ -478,19 +477,17 @@ class GenerationEngine:
         if sequence.constraint is not None:
             scores.masked_fill_(~sequence.constraint.allowed(self.vocab_size).to(scores.device), -math.inf)
 
-    def _logprob(self, logprobs: torch.Tensor, token: int, params: SamplingParams) -> Event:
-        entry: Event = {"token": self._token_text(token), "id": token, "logprob": float(logprobs[token])}
+    def _logprob(self, logprobs: torch.Tensor, token: int, params: SamplingParams) -> TokenLogprob:
+        entry = TokenLogprob(self._token_text(token), token, float(logprobs[token]))
         if params.top_logprobs:
             values, ids = torch.topk(logprobs, params.top_logprobs)
-            entry["top"] = [[self._token_text(int(i)), float(v)] for v, i in zip(values, ids, strict=True)]
+            entry.top = [(self._token_text(int(i)), float(v)) for v, i in zip(values, ids, strict=True)]
         return entry
 
-    def _prompt_logprobs(self, sequence: Sequence, logits: torch.Tensor) -> list[Event | None]:
+    def _prompt_logprobs(self, sequence: Sequence, logits: torch.Tensor) -> list[TokenLogprob]:
         logprobs = torch.log_softmax(logits[:-1], dim=-1)
         first = sequence.prompt[0]
-        entries: list[Event | None] = [
-            {"token": self._token_text(first), "id": first, "logprob": None, "top": None}
-        ]
+        entries = [TokenLogprob(self._token_text(first), first)]
         for position, token in enumerate(sequence.prompt[1:]):
             entries.append(self._logprob(logprobs[position], token, sequence.params))
         return entries
@@ -524,10 +521,9 @@ class GenerationEngine:
         if finish is not None:
             text += sequence.stops.feed(sequence.decoder.flush()) + sequence.stops.flush()
             sequence.finish = finish
-        event: Event = {"text": text, "completion_tokens": len(sequence.generated)}
-        if finish is not None:
-            event["finish"] = finish
-        self._pending.append((sequence.id, event))
+        self._pending.append(
+            (sequence.id, Text(text=text, completion_tokens=len(sequence.generated), finish=finish))
+        )
 
 
 def default_cache_bytes(device: torch.device, layout: CacheLayout, context_length: int, slots: int) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from modelhost.generation.contract import Adapter, GenerationRequest, StreamRequest
+from modelhost.generation.contract import Adapter, GenerationEvent, GenerationRequest, StreamRequest
 from modelhost.runtime.gateway.interface import Runtime
 from modelhost.runtime.spec import AdapterTarget, LiveStatus
 
@@ -51,7 +51,7 @@ class AdapterRouting:
             return await self._inner.infer(deployment_id, item)
         return await self._inner.infer(target.base_id, _item_with_adapter(item, target))
 
-    async def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[Payload, None]:
+    async def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[GenerationEvent, None]:
         target = await self._target(deployment_id)
         if target is not None:
             deployment_id, item = target.base_id, _with_adapter(item, target)

@@ -20,7 +20,7 @@ from typing import Any, cast
 import msgspec
 
 from modelhost.auth.principal import current_tenant, low_priority
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import GenerationEvent, StreamRequest, is_last
 from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
 from modelhost.runtime.replica_protocol import (
     Cancel,
@@ -49,7 +49,7 @@ class Waiters:
 
     def __init__(self) -> None:
         self.calls: dict[int, asyncio.Future[Any]] = {}
-        self.streams: dict[int, asyncio.Queue[Payload | BaseException]] = {}
+        self.streams: dict[int, asyncio.Queue[GenerationEvent | BaseException]] = {}
         self.started: set[int] = set()  # calls and streams the replica has begun (`Started`), until answered
 
     def __len__(self) -> int:
@@ -88,10 +88,10 @@ class Waiters:
 
     async def stream(
         self, request_id: int, send: Callable[[Generate | Cancel], None], request: StreamRequest, trace: str
-    ) -> AsyncGenerator[Payload, None]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         """Send `Generate` and yield the stream's events until its last. Closing the iterator early
         (the caller left) sends `Cancel`: the replica drops the sequence before its next step."""
-        queue: asyncio.Queue[Payload | BaseException] = asyncio.Queue()
+        queue: asyncio.Queue[GenerationEvent | BaseException] = asyncio.Queue()
         self.streams[request_id] = queue
         try:
             send(Generate(request_id, request, low_priority(), trace))
@@ -104,7 +104,7 @@ class Waiters:
                 event = await queue.get()
                 if isinstance(event, BaseException):
                     raise event
-                finished = "finish" in event or "error" in event
+                finished = is_last(event)
                 yield event
         finally:
             self.streams.pop(request_id, None)
@@ -176,7 +176,7 @@ class ReplicaConnection(asyncio.Protocol):
             if self._waiting.calls.pop(request_id, None) is not None and self.alive:
                 self._write(Cancel(request_id))
 
-    async def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[Payload, None]:
+    async def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[GenerationEvent, None]:
         """A generation's events until its last; closing the iterator early (client gone) cancels it
         in the replica at its next step."""
         events = self._waiting.stream(next(self._ids), self._write, request, trace)

@@ -39,7 +39,14 @@ from modelhost.errors import (
     ModelhostError,
     Overloaded,
 )
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import (
+    GenerationEvent,
+    GenerationFailed,
+    GenerationStarted,
+    StreamRequest,
+    Text,
+    failed,
+)
 from modelhost.runtime import metrics
 from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
 
@@ -54,7 +61,7 @@ class Target(Protocol):
     @property
     def in_flight(self) -> int: ...
     async def submit(self, item: Payload, trace: str = "") -> Payload: ...
-    def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[Payload, None]: ...
+    def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[GenerationEvent, None]: ...
 
 
 # The live replicas of the deployment now, loading it (or waiting for a replacement) first if need be.
@@ -70,14 +77,22 @@ class NoLiveReplica(DeploymentUnavailable):
     way)."""
 
 
-def item_failure(error: Payload) -> ModelhostError:
-    """An item's or event's `error`: the request's own fault (400) unless the replica itself failed
-    (`crashed`: its engine died while running it, see the module docstring)."""
-    if error.get("crashed"):
-        return _crashed(str(error.get("message")))
-    if error.get("internal"):
-        return DeploymentUnavailable(f"Inference failed: {error.get('message')}")
-    return InvalidRequest(str(error.get("message")), param=error.get("param"), code=error.get("code"))
+def item_failure(error: Payload | GenerationFailed) -> ModelhostError:
+    """A batch item's `error` or a generation's `GenerationFailed`: the request's own fault (400) unless
+    the replica itself failed (`crashed`: its engine died while running it, see the module docstring)."""
+    if isinstance(error, dict):
+        error = failed(
+            str(error.get("message")),
+            error.get("param"),
+            error.get("code"),
+            internal=bool(error.get("internal")),
+            crashed=bool(error.get("crashed")),
+        )
+    if error.crashed:
+        return _crashed(error.message)
+    if error.internal:
+        return DeploymentUnavailable(f"Inference failed: {error.message}")
+    return InvalidRequest(error.message, param=error.param, code=error.code)
 
 
 class Dispatcher:
@@ -149,7 +164,7 @@ class Dispatcher:
                 await asyncio.sleep(REQUEUE_POLL_SECONDS)
                 live = await targets()
 
-    async def stream(self, targets: Targets, request: StreamRequest) -> AsyncGenerator[Payload, None]:
+    async def stream(self, targets: Targets, request: StreamRequest) -> AsyncGenerator[GenerationEvent, None]:
         """A generation's events from the least busy live replica; an `error` event is raised. Sent again
         when its replica dies before it had begun it (see the module docstring). A request marked `whole`
         (a non-streamed answer, which its caller reads only once it has ended) has its events held here
@@ -164,17 +179,19 @@ class Dispatcher:
         span = tracing.started("dispatch")
         started, first = time.perf_counter(), 0.0  # its dispatch, its first token
         lost = Losses(self.deployment_id)
-        held: list[Payload] = []  # a whole answer's events, until its generation ends
+        held: list[GenerationEvent] = []  # a whole answer's events, until its generation ends
         try:
             while True:
                 try:
                     events = target.stream(request, tracing.traceparent(span))
                     async with contextlib.aclosing(events):
                         async for event in events:
-                            if "error" in event:
-                                raise item_failure(event["error"])
-                            prompt = int(event.get("prompt_tokens", prompt))
-                            completion = int(event.get("completion_tokens", completion))
+                            if isinstance(event, GenerationFailed):
+                                raise item_failure(event)
+                            if isinstance(event, GenerationStarted):
+                                prompt = event.prompt_tokens
+                            elif isinstance(event, Text):
+                                completion = event.completion_tokens
                             if not first and completion:
                                 first = time.perf_counter()
                                 self._first_token.observe(first - started)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import GenerationEvent, StreamRequest
 from modelhost.runtime.spec import LiveStatus
 
 Payload = dict[str, Any]
@@ -22,7 +22,7 @@ class Runtime(Protocol):
         """One request of a batch task on the deployment (loaded first if it is not)."""
         ...
 
-    def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[Payload, None]:
+    def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[GenerationEvent, None]:
         """A streaming request's events; closing the iterator early cancels it in the replica."""
         ...
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from modelhost.config import Settings
 from modelhost.engine_table import spec as engine_spec
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import GenerationEvent, StreamRequest
 from modelhost.metrics import process_gone
 from modelhost.run_folders import new_folder
 from modelhost.runtime import metrics
@@ -150,7 +150,7 @@ class LocalProcessReplica:
             raise ReplicaDiedBeforeStart("the replica is not running")
         return await self._connection.submit(item, trace)
 
-    async def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[GenerationEvent, None]:
         if not self.alive or self._connection is None:
             raise ReplicaDied("the replica is not running")
         async with contextlib.aclosing(self._connection.stream(request, trace)) as events:

@@ -30,7 +30,7 @@ from modelhost.errors import (
     ModelhostError,
     NotFound,
 )
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import GenerationEvent, StreamRequest
 from modelhost.routing import Version, choose_version, split_key, version_key
 from modelhost.runtime import metrics
 from modelhost.runtime.capacity import Footprint
@@ -116,7 +116,7 @@ class DeploymentRuntime:
         await self.ensure_loaded()
         return self.replicas
 
-    async def stream(self, item: StreamRequest) -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(self, item: StreamRequest) -> AsyncGenerator[GenerationEvent, None]:
         """A generation's events from the least busy replica (the engine in the replica batches
         continuously)."""
         self.last_used = self._clock.monotonic()
@@ -801,7 +801,7 @@ class ReplicaManager:
             runtime = self._runtimes.get(spec.key) or self._runtime_for(spec)
         return runtime
 
-    async def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[GenerationEvent, None]:
         runtime = await self._runtime_of(deployment_id)
         async with contextlib.aclosing(runtime.stream(item)) as events:
             async for event in events:

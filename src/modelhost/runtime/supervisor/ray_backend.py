@@ -62,7 +62,7 @@ from modelhost.auth.principal import low_priority
 from modelhost.config import Settings, get_settings
 from modelhost.engine_table import spec as engine_spec
 from modelhost.errors import DeploymentUnavailable
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import GenerationEvent, StreamRequest, is_last
 from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime import metrics
 from modelhost.runtime.capacity import MB, Footprint
@@ -351,7 +351,9 @@ class ModelServer:
         whose batch failed answers an internal error (the gateway's 503) without failing the others."""
         return await _answers(self.run(item, trace) for item, trace in zip(items, traces, strict=True))
 
-    async def generate(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
+    async def generate(
+        self, request: StreamRequest, trace: str = ""
+    ) -> AsyncGenerator[GenerationEvent, None]:
         """A generation's events until it finishes. When the caller cancels (Ray cancels this task) or
         leaves, the sequence is dropped from the engine before its next step."""
         self._event_loop()
@@ -488,7 +490,9 @@ class VllmServer:
         """vLLM runs as asked: nothing was chosen at load."""
         return None
 
-    async def generate(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
+    async def generate(
+        self, request: StreamRequest, trace: str = ""
+    ) -> AsyncGenerator[GenerationEvent, None]:
         """A generation's events from vLLM's worker. When the caller cancels (Ray cancels this task) or
         leaves, closing the worker's stream sends `Cancel`, and vLLM aborts the request."""
         async with contextlib.aclosing(self._connection.stream(request, trace)) as events:
@@ -806,7 +810,7 @@ class RayServeReplica:
                 if not future.done():
                     future.set_result(output)
 
-    async def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[dict[str, Any], None]:
+    async def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[GenerationEvent, None]:
         """A generation's events from a Serve replica; closing the iterator early cancels the Ray
         response, which cancels the replica's generator and drops the sequence from its engine."""
         if self._handle is None or self._stopping:
@@ -818,7 +822,7 @@ class RayServeReplica:
         finished = False
         try:
             async for event in response:
-                finished = "finish" in event or "error" in event
+                finished = is_last(event)
                 yield event
         except (RayError, RayServeException) as exc:
             finished = True

@@ -28,7 +28,7 @@ import msgspec
 
 from modelhost import tracing
 from modelhost.engines.interface import Event as EngineEvent
-from modelhost.generation.contract import GenerationRequest
+from modelhost.generation.contract import GenerationEvent, GenerationRequest, Text, failed
 from modelhost.runtime import metrics
 from modelhost.runtime.replica_protocol import (
     Cancel,
@@ -49,7 +49,7 @@ from modelhost.runtime.replica_protocol import (
     decode_to_replica,
     encode,
 )
-from modelhost.runtime.worker.host import with_priority
+from modelhost.runtime.worker.host import trace_event, with_priority
 from modelhost.runtime.worker.sync_worker import die_with_parent
 
 READ_SIZE = 1 << 18
@@ -145,8 +145,7 @@ class AsyncWorker:
 
     def _receive(self, peer: _Peer, message: Any) -> None:
         if isinstance(message, Generate) and self.generate is None:
-            error = {"message": "this replica serves a batch task", "internal": True}
-            self._event(peer, message.id, {"error": error})
+            self._event(peer, message.id, failed("this replica serves a batch task", internal=True))
         elif isinstance(message, Generate):
             peer.generations[message.id] = asyncio.create_task(self._generate(peer, message))
         elif isinstance(message, Run) and self.run is None:
@@ -196,21 +195,20 @@ class AsyncWorker:
         counted = 0  # of the request's tokens, in `modelhost_generation_tokens_total`
         traced = tracing.generation_trace(message.trace, self.deployment, self.name)
 
-        def emit(event: dict[str, Any]) -> None:
+        def emit(event: GenerationEvent) -> None:
             nonlocal counted
-            generated = event.get("completion_tokens", counted)
-            if generated > counted:
-                self._generated_tokens.inc(generated - counted)
-                counted = generated
+            if isinstance(event, Text) and event.completion_tokens > counted:
+                self._generated_tokens.inc(event.completion_tokens - counted)
+                counted = event.completion_tokens
             if traced is not None:
-                traced.event(event)
+                trace_event(traced, event)
             self._event(peer, message.id, event)
 
         assert self.generate is not None
         self._send(peer, Started([message.id]))  # begun: not sent to another replica if this one dies
         request = with_priority(message)
         if not isinstance(request, GenerationRequest):  # these engines generate text only
-            emit({"error": {"message": "This engine generates text only.", "param": "model", "code": None}})
+            emit(failed("This engine generates text only.", "model"))
             self._generating.dec()
             peer.generations.pop(message.id, None)
             return
@@ -218,21 +216,21 @@ class AsyncWorker:
             await self.generate(request_id, request, emit)
         except asyncio.CancelledError:
             if traced is not None:
-                traced.event({"cancelled": True})
+                traced.end()
             await self.engine.abort(request_id)
             raise
         except Exception as exc:  # the engine failed: this request gets an internal error
             traceback.print_exc()
             crashed = self.engine.errored  # its engine died under it: never sent to another replica
             message_text = f"{type(exc).__name__}: {exc}"
-            emit({"error": {"message": message_text, "internal": True, "crashed": crashed}})
+            emit(failed(message_text, internal=True, crashed=crashed))
             if crashed:
                 self.stopped.set()  # the engine is gone: exit, the supervisor starts a replacement
         finally:
             self._generating.dec()
             peer.generations.pop(message.id, None)
 
-    def _event(self, peer: _Peer, request_id: int, event: dict[str, Any]) -> None:
+    def _event(self, peer: _Peer, request_id: int, event: GenerationEvent) -> None:
         """Events go out once per turn of the loop, gathered per connection (one frame for every stream
         that moved in a step)."""
         peer.pending.append(Event(request_id, event))

@@ -50,7 +50,15 @@ import msgspec
 
 from modelhost import tracing
 from modelhost.errors import ModelhostError
-from modelhost.generation.contract import StreamRequest
+from modelhost.generation.contract import (
+    GenerationEvent,
+    GenerationFailed,
+    GenerationStarted,
+    StreamRequest,
+    Text,
+    failed,
+    is_last,
+)
 from modelhost.runtime import metrics
 from modelhost.runtime.replica_protocol import (
     Cancel,
@@ -67,7 +75,7 @@ from modelhost.runtime.replica_protocol import (
     StatsRequest,
     ToReplica,
 )
-from modelhost.tasks.base import AnyTaskHandler, error_of, is_streaming, item_error
+from modelhost.tasks.base import AnyTaskHandler, is_streaming
 
 log = logging.getLogger("modelhost.replica")
 Peer = Hashable
@@ -95,6 +103,18 @@ class _Stream:
     id: int
     tokens: int = 0
     trace: tracing.GenerationTrace | None = None
+
+
+def trace_event(trace: tracing.GenerationTrace, event: GenerationEvent) -> None:
+    """What a generation's event tells its trace: the prompt prefilled, the tokens so far, the end."""
+    if isinstance(event, GenerationStarted):
+        trace.prefilled(event.prompt_tokens, event.cached_tokens)
+    elif isinstance(event, Text):
+        trace.generated(event.completion_tokens)
+    if is_last(event):
+        trace.end(
+            event.finish if isinstance(event, Text) else None, failed=isinstance(event, GenerationFailed)
+        )
 
 
 def with_priority(message: Generate) -> StreamRequest:
@@ -183,8 +203,7 @@ class ReplicaHost:
 
     def _generate(self, peer: Peer, message: Generate) -> None:
         if not is_streaming(self._handler):
-            error = item_error("this replica serves a batch task")
-            self._event(peer, message.id, {"error": {**error["error"], "internal": True}})
+            self._event(peer, message.id, failed("this replica serves a batch task", internal=True))
             return
         key = next(self._keys)
         # begun from here on (its template rendered, its grammar compiled): if that kills the replica,
@@ -194,7 +213,7 @@ class ReplicaHost:
         try:
             self._handler.start(self._state, key, with_priority(message))
         except ModelhostError as exc:  # the request's own fault: its caller gets a 400
-            self._event(peer, message.id, error_of(exc))
+            self._event(peer, message.id, failed(exc.message, exc.param, exc.code))
             return
         traced = tracing.generation_trace(message.trace, self._deployment, "transformers")
         self._streams[key] = _Stream(peer, message.id, trace=traced)
@@ -214,7 +233,7 @@ class ReplicaHost:
         if key is not None and is_streaming(self._handler):
             stream = self._streams.pop(key, None)
             if stream is not None and stream.trace is not None:
-                stream.trace.event({"cancelled": True})
+                stream.trace.end()
             self._handler.cancel(self._state, key)
 
     # ---------------------------------------------------------------- work
@@ -308,7 +327,7 @@ class ReplicaHost:
             events = self._handler.step(self._state)
         except Exception as exc:  # a failed step fails the requests in it, not the replica
             traceback.print_exc()
-            failure = {"error": {"message": f"{type(exc).__name__}: {exc}", "internal": True}}
+            failure = failed(f"{type(exc).__name__}: {exc}", internal=True)
             events = [(key, failure) for key in self._handler.abort(self._state)]
         tokens = 0
         for key, event in events:
@@ -316,19 +335,18 @@ class ReplicaHost:
             if stream is None:
                 continue  # cancelled meanwhile
             if stream.trace is not None:
-                stream.trace.event(event)
-            generated = event.get("completion_tokens")
-            if generated is not None:
-                tokens += generated - stream.tokens
-                stream.tokens = generated
-            if "finish" in event or "error" in event:
+                trace_event(stream.trace, event)
+            if isinstance(event, Text):
+                tokens += event.completion_tokens - stream.tokens
+                stream.tokens = event.completion_tokens
+            if is_last(event):
                 del self._streams[key]
                 self._stream_keys.pop((stream.peer, stream.id), None)
             self._event(stream.peer, stream.id, event)
         if tokens:
             self._generated_tokens.inc(tokens)  # once a step: each write of a metric costs a lock
 
-    def _event(self, peer: Peer, request_id: int, event: Payload) -> None:
+    def _event(self, peer: Peer, request_id: int, event: GenerationEvent) -> None:
         self._events.setdefault(peer, []).append(Event(request_id, event))
 
     def _publish(self) -> None:

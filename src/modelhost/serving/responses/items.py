@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat import ChatChoice
+from modelhost.generation.contract import GenerationEvent
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.protocol.responses import (
     FunctionCallItem,
@@ -321,7 +322,7 @@ class OutputAssembler:
     _calls: dict[int, Item] = field(default_factory=dict)  # open function_call items by call index
     _pending: list[Item] = field(default_factory=list)  # logprobs waiting for their text
 
-    def feed(self, event: Event) -> list[Event]:
+    def feed(self, event: GenerationEvent) -> list[Event]:
         delta = self.choice.feed(event)
         events: list[Event] = []
         self._pending += _logprobs(delta.get("logprobs") or [])  # they come before their token's text
