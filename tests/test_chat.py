@@ -1245,6 +1245,28 @@ def test_completions_stream_text_completion_chunks(chat: Chat) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
 
 
+def test_a_streamed_answer_sends_a_chunk_per_token_even_inside_a_character(chat: Chat) -> None:
+    """As vLLM's server: a token whose bytes end inside a character is a chunk with empty text (or
+    content), so a client times the first token at the first token (issue 59). The random-weight model
+    writes byte tokens that split characters ("\ufffd" and all) within these 24 tokens."""
+    tokens = 24
+    body: dict[str, Any] = {"max_tokens": tokens, "temperature": 0, "extra_body": {"min_tokens": tokens}}
+    completion = list(chat.client().completions.create(model="chat", prompt="é ü", stream=True, **body))
+    texts = [c.choices[0].text for c in completion if c.choices]
+    whole = chat.client().completions.create(model="chat", prompt="é ü", **body).choices[0].text
+    assert len(texts) == tokens and "".join(texts) == whole
+    assert "" in texts[:-1]  # a token inside a character: sent all the same
+    assert "\ufffd" in "".join(texts[:-3]), texts  # invalid bytes as U+FFFD once known, not at the end
+    messages: list[Any] = [{"role": "user", "content": "é ü"}]
+    streamed = list(
+        chat.client().chat.completions.create(model="chat", messages=messages, stream=True, **body)
+    )
+    contents = [
+        c.choices[0].delta.content for c in streamed[1:] if c.choices and not c.choices[0].finish_reason
+    ]
+    assert len(contents) in (tokens - 1, tokens)  # the last token's text may come with the finish
+
+
 async def test_async_client_streams_too(chat: Chat) -> None:
     client = chat.async_client()
     stream = await client.chat.completions.create(

@@ -90,9 +90,12 @@ async def _chat_chunks(
     pending: dict[int, list[Event]] = {c.index: [] for c in choices}
     async for index, event in streams.merged():
         choice = choices[index]
+        counted = choice.completion_tokens
         delta = choice.feed(event)
         if "logprobs" in delta:
             pending[index] += delta.pop("logprobs")
+        if not delta and _token_without_text(choice, counted):
+            delta = {"content": ""}  # a chunk per token, as vLLM's, while a character's bytes arrive
         if delta:
             logprobs = {"content": pending[index], "refusal": None} if pending[index] else None
             pending[index] = []
@@ -101,6 +104,14 @@ async def _chat_chunks(
             yield data(choice, {}, choice.finish_reason)
     if include_usage:
         yield _event({**chunk, "choices": [], "usage": _chat_usage(streams, choices)})
+
+
+def _token_without_text(choice: ChatChoice, counted: int) -> bool:
+    """Whether the event counted a token that released no content yet, where content streams as it
+    comes (no tool call that may be forming, not inside the reasoning, not the end)."""
+    reasoning = choice.reasoner is not None and choice.reasoner.in_reasoning
+    plain = choice.mode in ("none", "json") and not reasoning
+    return plain and choice.finish is None and choice.completion_tokens > counted
 
 
 def chat_choices(body: ChatCompletionRequest, mode: str, count: int) -> list[ChatChoice]:
@@ -154,10 +165,10 @@ async def _completion_chunks(
     chunk = {**head, "object": "text_completion", "system_fingerprint": None}
     async for index, event in streams.merged():
         choice = choices[index]
-        offset, first = len(choice.text), len(choice.tokens)
+        offset, first, counted = len(choice.text), len(choice.tokens), choice.completion_tokens
         text, added = choice.feed(event)
-        if not text and not added and "finish" not in event:
-            continue
+        if not text and not added and "finish" not in event and choice.completion_tokens == counted:
+            continue  # a token without text yet (a character's first bytes) is a chunk, as on vLLM
         entry = {
             "index": index,
             "text": text,
