@@ -926,6 +926,26 @@ def test_tokenize_counts_a_prompt_and_a_chat_as_generation_sees_them_and_detoken
     assert_error(chat.post("/tokenize", model="chat", prompt="hi", temprature=1), 400)
 
 
+def test_tokenizer_info_gives_lm_eval_the_deployments_tokenizer_as_vllm_does(
+    chat: Chat, tokenizer: Any
+) -> None:
+    """lm-eval's `local-completions` asks `/tokenizer_info` (and `/tokenize`) with no model: a deployment
+    key names it; with `eos_token` there, it uses the server's tokenizer (its `RemoteTokenizer`)."""
+    scoped = chat.post("/v1/keys", name="lm-eval", deployments=[chat.deployment_id]).json()["api_key"]
+    answered = chat.http.get("/tokenizer_info", headers=bearer(scoped))
+    assert answered.status_code == 200, answered.text
+    info = answered.json()
+    assert info["tokenizer_class"] == type(tokenizer).__name__ and info["eos_token"] == tokenizer.eos_token
+    assert info["chat_template"] == tokenizer.chat_template
+    assert not any(k.endswith("_file") or k == "name_or_path" for k in info)  # no folder of the replica's
+    assert chat.http.get("/tokenizer_info?model=chat", headers=bearer(chat.key)).json() == info
+    eos = chat.http.post(
+        "/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}, headers=bearer(scoped)
+    ).json()["tokens"]
+    assert eos == [tokenizer.eos_token_id]
+    assert_error(chat.http.get("/tokenizer_info", headers=bearer(chat.key)), 400, param="model")
+
+
 # A deployment's own chat template (`chat_template`), whose greeting is a template argument
 GREETING_TEMPLATE = "{%- for m in messages %}{{ greeting }} {{ m.content }}\n{% endfor %}"
 

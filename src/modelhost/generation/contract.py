@@ -93,6 +93,7 @@ class GenerationRequest(msgspec.Struct, tag="generation", kw_only=True, omit_def
     tokenize: bool = False
     detokenize: list[int] | None = None
     return_token_strs: bool = False
+    tokenizer_info: bool = False  # with `tokenize`: vLLM's `/tokenizer_info` (the tokenizer's configuration)
 
     @property
     def is_chat(self) -> bool:

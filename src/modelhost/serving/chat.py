@@ -22,6 +22,7 @@ import orjson
 from modelhost.errors import ModelhostError
 from modelhost.frontend import Generation, Streams, Target, Until
 from modelhost.generation.chat import ChatChoice, effective_tools, new_id, tokenize_request, tool_schemas
+from modelhost.generation.contract import GenerationRequest
 from modelhost.protocol.chat import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -266,6 +267,13 @@ async def tokenize(
     if "tokens" in answer:
         answer["count"] = len(answer["tokens"])
     return answer
+
+
+async def tokenizer_info(generation: Generation, target: Target, until: Until) -> Event:
+    """vLLM's `/tokenizer_info`, from the replica by the `/tokenize` path (`generation.requests`)."""
+    request = GenerationRequest(tokenize=True, tokenizer_info=True)
+    _, events = await generation.whole(target, [request], until)
+    return {k: v for k, v in events[-1][1].items() if k != "finish"}
 
 
 def _usage(streams: Streams, per_prompt: int, completion_tokens: int) -> Event:
