@@ -16,7 +16,7 @@ test-families-vllm:
 
 ## Real client applications against a live modelhost, each from its own environment: Open WebUI 0.12.4
 ## (.venv-openwebui, about 2.4 GB, made once by scripts/setup-openwebui.sh) lists the models and chats
-## (tests/test_client_openwebui.py, about 3 minutes on the 2-core machine, most of it Open WebUI's
+## (tests/test_client_openwebui.py, 75 s on the 2-core machine, 70 of them Open WebUI's
 ## start). `make test` skips it unless that environment exists; run this before resolving a client issue.
 test-clients:
 	bash scripts/setup.sh dev
