@@ -1,4 +1,4 @@
-.PHONY: run test test-families-vllm lint bench bench-gpu bench-soak screenshots llama-server
+.PHONY: run test test-clients test-families-vllm lint bench bench-gpu bench-soak screenshots llama-server
 
 ## Install everything and start the service on the embedded defaults.
 run:
@@ -13,6 +13,15 @@ test:
 test-families-vllm:
 	bash scripts/setup.sh dev
 	MODELHOST_TEST_VLLM_FAMILIES=all HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider tests/test_families.py -k vllm
+
+## Real client applications against a live modelhost, each from its own environment: Open WebUI 0.12.4
+## (.venv-openwebui, about 2.4 GB, made once by scripts/setup-openwebui.sh) lists the models and chats
+## (tests/test_client_openwebui.py, 75 s on the 2-core machine, 70 of them Open WebUI's
+## start). `make test` skips it unless that environment exists; run this before resolving a client issue.
+test-clients:
+	bash scripts/setup.sh dev
+	bash scripts/setup-openwebui.sh
+	HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider -m clients tests/test_client_openwebui.py
 
 ## llama.cpp's server compiled for this CPU into .venv-llama-server (once, ~10 min on 2 cores); llamacpp
 ## replicas started afterwards run it (docs/engines-llamacpp.md, "The build").

@@ -926,6 +926,26 @@ def test_tokenize_counts_a_prompt_and_a_chat_as_generation_sees_them_and_detoken
     assert_error(chat.post("/tokenize", model="chat", prompt="hi", temprature=1), 400)
 
 
+def test_tokenizer_info_gives_lm_eval_the_deployments_tokenizer_as_vllm_does(
+    chat: Chat, tokenizer: Any
+) -> None:
+    """lm-eval's `local-completions` asks `/tokenizer_info` (and `/tokenize`) with no model: a deployment
+    key names it; with `eos_token` there, it uses the server's tokenizer (its `RemoteTokenizer`)."""
+    scoped = chat.post("/v1/keys", name="lm-eval", deployments=[chat.deployment_id]).json()["api_key"]
+    answered = chat.http.get("/tokenizer_info", headers=bearer(scoped))
+    assert answered.status_code == 200, answered.text
+    info = answered.json()
+    assert info["tokenizer_class"] == type(tokenizer).__name__ and info["eos_token"] == tokenizer.eos_token
+    assert info["chat_template"] == tokenizer.chat_template
+    assert not any(k.endswith("_file") or k == "name_or_path" for k in info)  # no folder of the replica's
+    assert chat.http.get("/tokenizer_info?model=chat", headers=bearer(chat.key)).json() == info
+    eos = chat.http.post(
+        "/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}, headers=bearer(scoped)
+    ).json()["tokens"]
+    assert eos == [tokenizer.eos_token_id]
+    assert_error(chat.http.get("/tokenizer_info", headers=bearer(chat.key)), 400, param="model")
+
+
 # A deployment's own chat template (`chat_template`), whose greeting is a template argument
 GREETING_TEMPLATE = "{%- for m in messages %}{{ greeting }} {{ m.content }}\n{% endfor %}"
 
@@ -1243,6 +1263,28 @@ def test_completions_stream_text_completion_chunks(chat: Chat) -> None:
     assert all(c.object == "text_completion" for c in chunks)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+
+def test_a_streamed_answer_sends_a_chunk_per_token_even_inside_a_character(chat: Chat) -> None:
+    """As vLLM's server: a token whose bytes end inside a character is a chunk with empty text (or
+    content), so a client times the first token at the first token (issue 59). The random-weight model
+    writes byte tokens that split characters ("\ufffd" and all) within these 24 tokens."""
+    tokens = 24
+    body: dict[str, Any] = {"max_tokens": tokens, "temperature": 0, "extra_body": {"min_tokens": tokens}}
+    completion = list(chat.client().completions.create(model="chat", prompt="é ü", stream=True, **body))
+    texts = [c.choices[0].text for c in completion if c.choices]
+    whole = chat.client().completions.create(model="chat", prompt="é ü", **body).choices[0].text
+    assert len(texts) == tokens and "".join(texts) == whole
+    assert "" in texts[:-1]  # a token inside a character: sent all the same
+    assert "\ufffd" in "".join(texts[:-3]), texts  # invalid bytes as U+FFFD once known, not at the end
+    messages: list[Any] = [{"role": "user", "content": "é ü"}]
+    streamed = list(
+        chat.client().chat.completions.create(model="chat", messages=messages, stream=True, **body)
+    )
+    contents = [
+        c.choices[0].delta.content for c in streamed[1:] if c.choices and not c.choices[0].finish_reason
+    ]
+    assert len(contents) in (tokens - 1, tokens)  # the last token's text may come with the finish
 
 
 async def test_async_client_streams_too(chat: Chat) -> None:

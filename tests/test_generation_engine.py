@@ -479,6 +479,40 @@ def test_incremental_decoder_holds_back_a_split_character() -> None:
     assert decoder.flush() == ""
 
 
+def test_incremental_decoder_releases_invalid_bytes_as_soon_as_they_are_known(recipes: Path) -> None:
+    """On the recipe model's byte-level tokenizer, one token per byte: a lone continuation byte is a
+    U+FFFD with the next character; a run of them one by one, `CHARACTER_WAIT` tokens behind (any of
+    them could be a character's start until then); never only at the end (issue 59)."""
+    from transformers import AutoTokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    tokenizer = AutoTokenizer.from_pretrained(recipes / "t11_text_generation_chat")
+    as_token = bytes_to_unicode()
+    byte_tokens = {b: tokenizer.convert_tokens_to_ids(as_token[b]) for b in range(256)}
+
+    def pieces(raw: bytes) -> tuple[list[str], str]:
+        decoder = IncrementalDecoder(lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        return [decoder.push(byte_tokens[b]) for b in raw], decoder.flush()
+
+    assert pieces(b"a\x80b") == (["a", "", "\ufffdb"], "")
+    assert pieces(b"a\x80\x80\x80\x80\x80") == (["a", "", "", "", "\ufffd", "\ufffd"], "\ufffd" * 3)
+    # a lead byte whose character never came: its U+FFFD goes with the next whole character
+    assert pieces(b"a\xe2" + "€".encode()) == (["a", "", "", "", "\ufffd€"], "")
+    assert pieces("😀".encode()) == (["", "", "", "😀"], "")
+    assert pieces(b"x\xf0\x9f\x98") == (["x", "", "", ""], "\ufffd")  # cut off: U+FFFD at the end
+
+
+def test_incremental_decoder_holds_a_character_whose_bytes_each_decode_to_a_replacement() -> None:
+    """Byte-fallback decoders write one U+FFFD per byte of an unfinished character: it is held whole."""
+
+    def decode(ids: list[int]) -> str:
+        text = bytes(ids).decode("utf-8", errors="replace")
+        return text if not text.endswith("\ufffd") else text.rstrip("\ufffd") + "\ufffd" * len(ids)
+
+    decoder = IncrementalDecoder(decode)
+    assert [decoder.push(b) for b in "é😀".encode()] == ["", "é", "", "", "", "😀"]
+
+
 def test_stop_strings_never_release_the_stop_or_what_follows() -> None:
     stops = StopStrings(["END", "xyz"])
     assert stops.feed("hello E") == "hello "

@@ -279,10 +279,12 @@ async def test_models_routes_follow_openais_shape(client: httpx.AsyncClient, ser
     listed = (await client.get("/v1/models", headers=owner)).json()
     assert listed["object"] == "list"
     (model,) = listed["data"]
-    # OpenAI's, the task, and vLLM's `parent` / `root` (an adapter's base; a full model is its own root)
-    assert set(model) == {"id", "object", "created", "owned_by", "pipeline", "parent", "root"}
+    # OpenAI's, vLLM's `parent` / `root` (an adapter's base; a full model is its own root), and ours under
+    # `modelhost`: never `pipeline`, which Open WebUI reads as its Pipelines setting (issue 59)
+    assert set(model) == {"id", "object", "created", "owned_by", "modelhost", "parent", "root"}
     assert (model["parent"], model["root"]) == (None, "org/emb")
-    assert (model["id"], model["object"], model["pipeline"]) == ("org/emb", "model", "feature-extraction")
+    assert (model["id"], model["object"]) == ("org/emb", "model")
+    assert model["modelhost"] == {"task": "feature-extraction"}
     assert isinstance(model["created"], int)
     assert (await client.get("/v1/models/org/emb", headers=owner)).json() == model
     error = assert_error(await client.get("/v1/models/gpt-4o", headers=owner), 404, "model_not_found")

@@ -80,6 +80,12 @@ async def test_metrics_count_requests_by_route_and_status(client: httpx.AsyncCli
     assert 'modelhost_http_request_duration_seconds_bucket{le="0.005",method="GET",route="/health"}' in body
 
 
+async def test_head_metrics_answers_200_without_a_body(client: httpx.AsyncClient) -> None:
+    answer = await client.head("/metrics")
+    assert answer.status_code == 200 and answer.content == b""
+    assert answer.headers["content-type"].startswith("text/plain")
+
+
 async def test_metrics_name_accounts_only_to_the_admin_or_metrics_key(
     tmp_path: Path, sqlite_url: str
 ) -> None:

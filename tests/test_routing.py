@@ -38,9 +38,10 @@ def test_every_endpoint_of_the_design_table_is_routed() -> None:
     assert (
         ENDPOINT_TASKS["/tokenize"]
         == ENDPOINT_TASKS["/detokenize"]
+        == ENDPOINT_TASKS["/tokenizer_info"]
         == ("text-generation", "image-text-to-text")
     )
-    assert len(ENDPOINT_TASKS) == 36
+    assert len(ENDPOINT_TASKS) == 37
     assert "text-ranking" in BY_NAME and len(BY_NAME) == 28
 
 

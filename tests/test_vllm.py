@@ -532,6 +532,10 @@ def test_tokenize_and_detokenize_on_vllm_equal_the_transformers_engines(vllm: Vl
     back = [vllm.post("/detokenize", model=model, tokens=tokens).json() for model in ("chat", "chat-own")]
     assert back[0] == back[1] and "berlin" in back[0]["prompt"]
     assert_error(vllm.post("/detokenize", model="chat", tokens=[10**6]), 400, param="tokens")
+    info = [
+        vllm.http.get(f"/tokenizer_info?model={m}", headers=bearer(vllm.key)) for m in ("chat", "chat-own")
+    ]
+    assert info[0].status_code == 200 and info[0].json() == info[1].json() and info[0].json()["eos_token"]
 
 
 def test_openai_sdk_streams_completions_with_usage_on_vllm(chat: Chat) -> None:

@@ -614,7 +614,7 @@ def _chunk(
             tokens.append((-1, probability))  # its log-probability alone
     elif not chunk.get("stop") and tokens and tokens[-1][0] in model.special_ids:
         answer.held = [tokens.pop()]
-    text = ""
+    text, counted = "", answer.generated
     for token, probability in tokens:
         if params.logprobs and probability is not None:
             emit(Logprob(_logprob_entry(model, probability, params.top_logprobs)))
@@ -626,6 +626,6 @@ def _chunk(
     if answer.finish is None and chunk.get("stop"):
         # the end of sequence, or llama.cpp's limit (`n_predict`, or the slot's context)
         answer.finish = "length" if chunk.get("stop_type") == "limit" else "stop"
-    if text or answer.finish is not None:
+    if text or answer.finish is not None or answer.generated > counted:  # a token, even without text
         emit(answer.event(text))
     return answer.finish is not None

@@ -99,6 +99,7 @@ class GenerationRequest(msgspec.Struct, tag="generation", kw_only=True, omit_def
     tokenize: bool = False
     detokenize: list[int] | None = None
     return_token_strs: bool = False
+    tokenizer_info: bool = False  # with `tokenize`: vLLM's `/tokenizer_info` (the tokenizer's configuration)
 
     @property
     def is_chat(self) -> bool:
@@ -185,6 +186,7 @@ class Tokenized(msgspec.Struct, tag="tokenized", kw_only=True, omit_defaults=Tru
     max_model_len: int | None = None
     token_strs: list[str] | None = None
     prompt: str | None = None
+    tokenizer_info: dict[str, Any] | None = None  # `/tokenizer_info`: the tokenizer's configuration
 
 
 class GenerationFailed(msgspec.Struct, tag="failed", kw_only=True, omit_defaults=True):

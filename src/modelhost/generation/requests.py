@@ -264,6 +264,8 @@ def tokenized(state: PromptModel, request: GenerationRequest, chat: str | None =
     """The one event that answers `/tokenize` (`"tokenize": true`: the prompt's IDs, as a generation
     would see them; `chat`: its chat rendered already) or `/detokenize` (`"detokenize"`: the text of
     token IDs), without generating."""
+    if request.tokenizer_info:
+        return Tokenized(tokenizer_info=tokenizer_info(state.tokenizer))
     if request.detokenize is not None:
         tokens = request.detokenize
         if any(token >= state.vocab_size for token in tokens):
@@ -274,6 +276,35 @@ def tokenized(state: PromptModel, request: GenerationRequest, chat: str | None =
     if request.return_token_strs:
         answer.token_strs = state.tokenizer.convert_ids_to_tokens(ids)
     return answer
+
+
+def tokenizer_info(tokenizer: Any) -> dict[str, Any]:
+    """vLLM's `/tokenizer_info`: the tokenizer's configuration (its `tokenizer_config.json` as loaded),
+    its class and the chat template it renders with (the deployment's, where it sets one), so a client
+    (lm-eval's remote tokenizer) tokenizes and renders as the server does. Less the file paths (the
+    replica's folders), and with the special tokens always named: lm-eval needs `eos_token`."""
+    config = {
+        key: _plain(value)
+        for key, value in (getattr(tokenizer, "init_kwargs", None) or {}).items()
+        if not key.endswith("_file") and key != "name_or_path"
+    }
+    for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        config[name] = _plain(getattr(tokenizer, name, None))
+    config["tokenizer_class"] = type(tokenizer).__name__
+    if getattr(tokenizer, "chat_template", None):
+        config["chat_template"] = tokenizer.chat_template
+    return config
+
+
+def _plain(value: Any) -> Any:
+    """A configuration value as JSON: an added token as its text (as vLLM writes it)."""
+    if hasattr(value, "content"):
+        return value.content
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value if value is None or isinstance(value, str | int | float | bool) else str(value)
 
 
 def fim_tokens(tokenizer: Any) -> tuple[int, int, int] | None:

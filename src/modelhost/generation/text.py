@@ -12,34 +12,67 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 Decode = Callable[[list[int]], str]
-REPLACEMENT = "\ufffd"  # what a tokenizer decodes an incomplete UTF-8 sequence to
+REPLACEMENT = "\ufffd"  # what a tokenizer decodes an incomplete or invalid UTF-8 sequence to
+CHARACTER_WAIT = 3  # a UTF-8 character has at most 4 bytes: at most 3 can wait for the rest
 
 
 @dataclass
 class IncrementalDecoder:
-    """Feeds token IDs, answers the new text each time (possibly empty while a character is split)."""
+    """Feeds token IDs, answers the new text each time (empty while a character is split).
+
+    A decoded U+FFFD is either bytes that no continuation can complete (final) or the start of a
+    character still arriving (held). `decode` answers text, not bytes, so which one is told by what
+    follows: everything up to a real character is final (a character cannot span one), and a U+FFFD that
+    is still one after `CHARACTER_WAIT` more tokens with bytes is final too, as its character could only
+    have waited for that many more bytes (a skipped special token has none: it does not count). So
+    invalid bytes are released as U+FFFD as soon as that is known, never only at the end (issue 59).
+    """
 
     decode: Decode
     tokens: list[int] = field(default_factory=list)
     prefix_offset: int = 0
     read_offset: int = 0
+    released: int = 0  # characters released beyond the text of tokens[prefix_offset:read_offset]
 
     def push(self, token: int) -> str:
         self.tokens.append(token)
         before = self.decode(self.tokens[self.prefix_offset : self.read_offset])
         after = self.decode(self.tokens[self.prefix_offset :])
+        start = len(before) + self.released
         if len(after) > len(before) and not after.endswith(REPLACEMENT):
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.tokens)
-            return after[len(before) :]
-        return ""
+            self.released = 0
+            return after[start:]
+        final = self._final(after)
+        if final <= start:
+            return ""
+        self.released = final - len(before)
+        return after[start:final]
 
     def flush(self) -> str:
         """What is left at the end (a trailing incomplete character as the replacement character)."""
         before = self.decode(self.tokens[self.prefix_offset : self.read_offset])
         after = self.decode(self.tokens[self.prefix_offset :])
+        start = len(before) + self.released
         self.prefix_offset = self.read_offset = len(self.tokens)
-        return after[len(before) :] if len(after) > len(before) else ""
+        self.released = 0
+        return after[start:] if len(after) > start else ""
+
+    def _final(self, after: str) -> int:
+        """How much of `after` (the text of tokens[prefix_offset:], ending in U+FFFD) no later token
+        can change: up to its last real character, and the U+FFFDs that the text without its last
+        `CHARACTER_WAIT` tokens with bytes shows too (the bytes after them are too many to be theirs)."""
+        final = len(after.rstrip(REPLACEMENT))
+        waiting, end = 0, len(self.tokens)
+        while end > self.prefix_offset and waiting < CHARACTER_WAIT:
+            end -= 1
+            waiting += self.decode(self.tokens[end : end + 1]) != ""
+        if waiting < CHARACTER_WAIT or end <= self.prefix_offset:
+            return final
+        settled = self.decode(self.tokens[self.prefix_offset : end])
+        same = next((i for i, (a, b) in enumerate(zip(settled, after, strict=False)) if a != b), None)
+        return max(final, min(len(settled), len(after)) if same is None else same)
 
 
 @dataclass

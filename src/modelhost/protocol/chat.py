@@ -547,6 +547,15 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
+class TokenizerInfoResponse(BaseModel):
+    """vLLM's: the tokenizer's configuration as `tokenizer_config.json` has it (more fields than named)."""
+
+    model_config = ConfigDict(extra="allow")
+    tokenizer_class: str
+    eos_token: str | None = None
+    chat_template: str | None = None
+
+
 # ---------------------------------------------------------------- responses (documentation of the shapes)
 
 

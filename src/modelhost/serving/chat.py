@@ -25,6 +25,7 @@ from modelhost.frontend import Generation, Streams, Target, Until
 from modelhost.generation.chat import ChatChoice, effective_tools, new_id, tokenize_request, tool_schemas
 from modelhost.generation.contract import (
     GenerationEvent,
+    GenerationRequest,
     GenerationStarted,
     Logprob,
     Text,
@@ -99,9 +100,12 @@ async def _chat_chunks(
     pending: dict[int, list[Event]] = {c.index: [] for c in choices}
     async for index, event in streams.merged():
         choice = choices[index]
+        counted = choice.completion_tokens
         delta = choice.feed(event)
         if "logprobs" in delta:
             pending[index] += delta.pop("logprobs")
+        if not delta and _token_without_text(choice, counted):
+            delta = {"content": ""}  # a chunk per token, as vLLM's, while a character's bytes arrive
         if delta:
             logprobs = {"content": pending[index], "refusal": None} if pending[index] else None
             pending[index] = []
@@ -110,6 +114,14 @@ async def _chat_chunks(
             yield data(choice, {}, choice.finish_reason)
     if include_usage:
         yield _event({**chunk, "choices": [], "usage": _chat_usage(streams, choices)})
+
+
+def _token_without_text(choice: ChatChoice, counted: int) -> bool:
+    """Whether the event counted a token that released no content yet, where content streams as it
+    comes (no tool call that may be forming, not inside the reasoning, not the end)."""
+    reasoning = choice.reasoner is not None and choice.reasoner.in_reasoning
+    plain = choice.mode in ("none", "json") and not reasoning
+    return plain and choice.finish is None and choice.completion_tokens > counted
 
 
 def chat_choices(body: ChatCompletionRequest, mode: str, count: int) -> list[ChatChoice]:
@@ -163,11 +175,11 @@ async def _completion_chunks(
     chunk = {**head, "object": "text_completion", "system_fingerprint": None}
     async for index, event in streams.merged():
         choice = choices[index]
-        offset, first = len(choice.text), len(choice.tokens)
+        offset, first, counted = len(choice.text), len(choice.tokens), choice.completion_tokens
         text, added = choice.feed(event)
         finish = event.finish if isinstance(event, Text) else None
-        if not text and not added and finish is None:
-            continue
+        if not text and not added and finish is None and choice.completion_tokens == counted:
+            continue  # a token without text yet (a character's first bytes) is a chunk, as on vLLM
         entry = {
             "index": index,
             "text": text,
@@ -264,6 +276,15 @@ async def tokenize(
     if tokenized.tokens is not None:
         answer["count"] = len(tokenized.tokens)
     return answer
+
+
+async def tokenizer_info(generation: Generation, target: Target, until: Until) -> Event:
+    """vLLM's `/tokenizer_info`, from the replica by the `/tokenize` path (`generation.requests`)."""
+    request = GenerationRequest(tokenize=True, tokenizer_info=True)
+    _, events = await generation.whole(target, [request], until)
+    tokenized = events[-1][1]
+    assert isinstance(tokenized, Tokenized) and tokenized.tokenizer_info is not None
+    return tokenized.tokenizer_info
 
 
 def _usage(streams: Streams, per_prompt: int, completion_tokens: int) -> Event:

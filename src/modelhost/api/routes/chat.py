@@ -4,7 +4,7 @@ call the serving of chat (`serving.chat`), respond with its JSON or its Server-S
 from __future__ import annotations
 
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from modelhost.api.deps import CallerPrincipal, ServicesDep, await_or_disconnect, deployment_for
@@ -21,6 +21,7 @@ from modelhost.protocol.chat import (
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
+    TokenizerInfoResponse,
 )
 from modelhost.serving import chat
 
@@ -88,6 +89,24 @@ async def detokenize(
     body: DetokenizeRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     return await _tokens(body, request, services, principal)
+
+
+@router.get(
+    "/tokenizer_info",
+    summary="The deployment's tokenizer configuration and chat template (as vLLM)",
+    response_model=TokenizerInfoResponse,
+)
+async def tokenizer_info(
+    request: Request,
+    services: ServicesDep,
+    principal: CallerPrincipal,
+    model: str | None = Query(default=None, max_length=128, description="Your deployment's model ID."),
+) -> Response:
+    """What lm-eval's `local-completions` reads to use the server's tokenizer: with a deployment key
+    (no `model`, as lm-eval asks) or `?model=`."""
+    deployment = await deployment_for(request, principal, model)
+    answer = await chat.tokenizer_info(services.generation, Target.of(deployment), _until(request))
+    return Response(orjson.dumps(answer), media_type="application/json")
 
 
 async def _tokens(

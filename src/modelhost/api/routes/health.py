@@ -70,6 +70,12 @@ async def metrics(request: Request, services: ServicesDep) -> Response:
     return Response(await run_in_threadpool(exposition, tenants), media_type=CONTENT_TYPE_LATEST)
 
 
+@router.head("/metrics", include_in_schema=False)
+async def metrics_head() -> Response:
+    """Whether /metrics answers (probes and scrapers ask with HEAD): 200, no body, nothing read."""
+    return Response(media_type=CONTENT_TYPE_LATEST)
+
+
 def _sees_tenants(authorization: str | None, settings: Settings) -> bool:
     """Whether a scrape sees the series that name accounts: with the admin key or the metrics key as a
     bearer key. Any other caller (no key, an account's key: the console reads /metrics with it) sees

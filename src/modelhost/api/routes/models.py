@@ -9,7 +9,7 @@ from modelhost.api.errors import error_responses
 from modelhost.auth.principal import Principal
 from modelhost.container import Services
 from modelhost.errors import ModelNotFound
-from modelhost.protocol.models import Model, ModelList
+from modelhost.protocol.models import Model, ModelExtensions, ModelList
 
 router = APIRouter(prefix="/v1/models", tags=["openai"], responses=error_responses(401))
 
@@ -23,7 +23,8 @@ def _visible(principal: Principal, services: Services) -> list[Model]:
     for d in deployments:
         base = bases.get(d.base_deployment_id) if d.base_deployment_id else None
         created = int(d.created_at.timestamp())
-        shown = Model(id=d.model, created=created, owned_by=account_id, pipeline=d.pipeline)
+        extensions = ModelExtensions(task=d.pipeline)
+        shown = Model(id=d.model, created=created, owned_by=account_id, modelhost=extensions)
         models.append(shown.model_copy(update={"parent": base, "root": base or d.model}))
     return models
 
