@@ -186,6 +186,7 @@ class Services:
         limits = limits if limits is not None else RateLimiter()
         supervision: Supervision | None = None
         runtime: Runtime
+        generation: Generation  # the one pipeline of every front-end, over this process's runtime
         video_runner: VideoCancel
         agent_runner: Runs
         if stand_ins is None:
@@ -203,11 +204,12 @@ class Services:
             manager.version_changed = deployments.version_changed  # a rollout moves on
             manager.rolling = deployments.rolling
             adapted = AdapterRouting(manager, deployments.adapter_target)
+            generation = Generation(adapted, grammars, media)
             supervision = Supervision(
                 manager,
                 adapted,
                 VideoRunner(videos, manager, settings),
-                AgentRunner(agents, Generation(adapted, grammars, media), settings, limits),
+                AgentRunner(agents, generation, settings, limits),
                 SharedLimits(database, limits, settings.limits_sync_seconds),
                 BatchRunner(batches, settings, authenticator.of_key, check_model),
                 ImportRunner(imports, artifacts, settings),
@@ -216,6 +218,7 @@ class Services:
         else:
             runtime, video_runner, agent_runner = stand_ins
             runtime = AdapterRouting(runtime, deployments.adapter_target)
+            generation = Generation(runtime, grammars, media)
         return cls(
             settings=settings,
             database=database,
@@ -228,7 +231,7 @@ class Services:
             artifacts=artifacts,
             runtime=runtime,
             media=media,
-            generation=Generation(runtime, grammars, media),
+            generation=generation,
             files=files,
             file_store=FileStore(files, uploads),
             videos=videos,
@@ -238,7 +241,7 @@ class Services:
             billing=billing,
             responses=Responses(
                 ResponseStore(database, settings.response_stale_seconds),
-                Generation(runtime, grammars, media),
+                generation,
                 settings.response_stale_seconds,
             ),
             uploads=uploads,

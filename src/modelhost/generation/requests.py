@@ -246,8 +246,8 @@ def special_tokens(tokenizer: Any, family: Family, template: str | None) -> Spec
 
 
 def error_event(exc: ModelhostError) -> GenerationFailed:
-    """A client error as a generation's `Failed` event (the caller's 400 with its param and code), as
-    the engines that run requests in their own loops (vLLM, llama.cpp) answer bad input."""
+    """A client error as a generation's `GenerationFailed` event (the caller's 400 with its param and
+    code): how every replica answers a request it refuses."""
     return failed(exc.message, exc.param, exc.code)
 
 

@@ -207,13 +207,11 @@ class AsyncWorker:
         assert self.generate is not None
         self._send(peer, Started([message.id]))  # begun: not sent to another replica if this one dies
         request = with_priority(message)
-        if not isinstance(request, GenerationRequest):  # these engines generate text only
-            emit(failed("This engine generates text only.", "model"))
-            self._generating.dec()
-            peer.generations.pop(message.id, None)
-            return
         try:
-            await self.generate(request_id, request, emit)
+            if isinstance(request, GenerationRequest):
+                await self.generate(request_id, request, emit)
+            else:  # a video job: these engines generate text only
+                emit(failed("This engine generates text only.", "model"))
         except asyncio.CancelledError:
             if traced is not None:
                 traced.end()

@@ -59,6 +59,7 @@ from modelhost.generation.contract import (
     failed,
     is_last,
 )
+from modelhost.generation.requests import error_event
 from modelhost.runtime import metrics
 from modelhost.runtime.replica_protocol import (
     Cancel,
@@ -213,7 +214,7 @@ class ReplicaHost:
         try:
             self._handler.start(self._state, key, with_priority(message))
         except ModelhostError as exc:  # the request's own fault: its caller gets a 400
-            self._event(peer, message.id, failed(exc.message, exc.param, exc.code))
+            self._event(peer, message.id, error_event(exc))
             return
         traced = tracing.generation_trace(message.trace, self._deployment, "transformers")
         self._streams[key] = _Stream(peer, message.id, trace=traced)
