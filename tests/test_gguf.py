@@ -583,8 +583,8 @@ SERVERS = [
 def test_a_cancelled_request_stops_llamacpps_slot_at_once(gguf_dir: Path, binary: str | None) -> None:
     """The worker cancels a request's task when its caller is gone: the stream to llama.cpp closes and
     its slot stops decoding (llama.cpp's own counters: a few tokens, not the 2000 asked), and the gate's
-    slot is free again. On the wheel's server, and on a `llama-server` program (which ends with the
-    model's shutdown)."""
+    slot is free again. On the wheel's server and on a `llama-server` program, each the caller's child
+    process, which ends with the model's shutdown."""
 
     async def predicted(model: llamacpp.LlamaCppModel) -> int:
         metrics = (await model.client.get("/metrics")).text.splitlines()
@@ -594,7 +594,7 @@ def test_a_cancelled_request_stops_llamacpps_slot_at_once(gguf_dir: Path, binary
 
     async def run() -> None:
         model = llamacpp.load(gguf_dir, 1, 2048, 1, binary)
-        process = model.server if binary else None
+        process = model.process
         events: list[dict[str, Any]] = []
         request = GenerationRequest(prompt="a", params=Sampling(max_tokens=2000, ignore_eos=True))
         task = asyncio.create_task(llamacpp.generate(model, "1", request, events.append))
@@ -613,7 +613,7 @@ def test_a_cancelled_request_stops_llamacpps_slot_at_once(gguf_dir: Path, binary
         )
         await model.client.aclose()
         model.shutdown()
-        assert process is None or process.poll() is not None
+        assert process.poll() is not None
 
     asyncio.run(run())
 

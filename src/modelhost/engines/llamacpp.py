@@ -1,21 +1,20 @@
 """llama.cpp's server as a modelhost engine: GGUF text generation on the `llamacpp` engine.
 
 Loaded and driven by the llama.cpp replica worker (`runtime.worker.llamacpp_worker`). The server is
-llama.cpp's own C++ server (`xllamacpp`, a prebuilt wheel of it), started in the worker's process: continuous
-batching over its slots, each slot a sequence with its own part of the KV cache. We set what llama.cpp
-would otherwise default: the slots (`slots`: the most requests decoded together), the context of each
-(`context`: `kv_unified` off, so `n_ctx` is `slots × context` and every slot gets its whole context),
-the threads (the replica's), its prompt cache and warm-up on, its memory fitting off (we size the
-replica: `runtime.footprint`).
+llama.cpp's own C++ server, the `xllamacpp` wheel's or a `llama-server` program (MODELHOST_LLAMA_SERVER),
+run as the worker's child (`engines.llamacpp_server`): continuous batching over its slots, each slot a
+sequence with its own part of the KV cache. We set what llama.cpp would otherwise default: the slots
+(`slots`: the most requests decoded together), the context of each (`context`: `kv_unified` off, so
+`n_ctx` is `slots × context` and every slot gets its whole context), the threads (the replica's), its
+prompt cache and warm-up on, its memory fitting off (we size the replica: `runtime.footprint`).
 
-**Requests go over HTTP**, to the in-process server's loopback address (a random port, a random API key
-only this process knows), on llama.cpp's native `/completion`, streamed. Not through the binding's
+**Requests go over HTTP**, to the server's loopback address (a random port, a random API key only the
+worker knows), on llama.cpp's native `/completion`, streamed. Not through the wheel's in-process
 `handle_completions(request, callback)`: that call blocks a thread per request (its callback runs on
 it), so each waiting or running request would hold a thread of ours, and stopping one means waiting for
 its next token to return True from the callback. Over HTTP the requests are plain asyncio streams in the
 worker's loop, and closing one stops its slot at once (llama.cpp checks the connection before each
-token); and the same code drives a `llama-server` program where MODELHOST_LLAMA_SERVER names one (run
-as the worker's child, `_start_binary`).
+token); the same code drives both builds.
 
 **Weights are read into memory, not mapped** (`--no-mmap`: load mode `none`). We bill and admit replicas
 by measured memory (`runtime.memory`): a mapped file's pages are the page cache's, which the kernel may
@@ -37,7 +36,7 @@ cache, sampling.
 Refused with a 400-style `error` event (llama.cpp has no such option): `min_tokens`, prompt
 log-probabilities, images, adapters.
 
-An embedding GGUF's server is started here too (`start` with `Embedding`), and driven by
+An embedding GGUF's server is started the same way (`start` with `Embedding`), and driven by
 `engines.llamacpp_embeddings`.
 """
 
@@ -45,17 +44,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import functools
 import heapq
 import itertools
 import json
-import secrets
-import signal
-import socket
-import subprocess
-import tempfile
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,6 +57,7 @@ import orjson
 
 from modelhost.artifacts.gguf_check import gguf_set
 from modelhost.engines.interface import Event
+from modelhost.engines.llamacpp_server import LlamaCppServer, start
 from modelhost.engines.loader import load_tokenizer
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.contract import (
@@ -136,30 +129,6 @@ class SlotGate:
 
 
 @dataclass
-class LlamaCppServer:
-    """A running llama.cpp server, as the replica worker's loop holds it (`runtime.worker.async_worker`)."""
-
-    server: Any  # xllamacpp.Server (held, or llama.cpp stops), or a `llama-server` process
-    client: Any  # httpx.AsyncClient on the server's address
-
-    async def abort(self, request_id: str) -> None:
-        """Nothing to do: a cancelled request's stream is closed as its task unwinds, which stops its
-        slot."""
-
-    @property
-    def errored(self) -> bool:
-        """A `llama-server` program exited. (The wheel's server runs in this process: if it dies, so
-        does the worker.)"""
-        return isinstance(self.server, subprocess.Popen) and self.server.poll() is not None
-
-    def shutdown(self) -> None:
-        if isinstance(self.server, subprocess.Popen):
-            self.server.kill()
-            self.server.wait()
-        self.server = None  # the wheel's: its destructor stops the server's loop and frees the model
-
-
-@dataclass
 class LlamaCppModel(LlamaCppServer):
     """The server and what building a request needs of the model (`generation.requests.PromptModel`)."""
 
@@ -203,47 +172,14 @@ def gguf_file(model_dir: Path) -> Path:
     return found.model
 
 
-def server_params(
-    model: Path, slots: int, context: int, threads: int | None, embedding: Embedding | None = None
-) -> Any:
-    """llama.cpp's server parameters, each one we decide set here (see the module docstring); an
-    embedding model's (`embedding`) with its pooling and a whole input in one batch."""
-    import xllamacpp as xlc  # type: ignore[import-untyped]
-
-    params = xlc.CommonParams()
-    params.model.path = str(model)
-    params.n_parallel = slots
-    params.n_ctx = slots * context
-    params.kv_unified = False  # each slot its own `context` tokens, never more, never less
-    params.ctx_shift = False  # a request that would overflow is refused (ours first), never shifted
-    params.cont_batching = True
-    params.fit_params = False  # llama.cpp must not shrink what the footprint reserved
-    params.load_mode = xlc.llama_load_mode.LLAMA_LOAD_MODE_NONE  # no mmap: see the module docstring
-    params.warmup = True
-    params.cache_prompt = True
-    if threads:
-        params.cpuparams.n_threads = threads
-        params.cpuparams_batch.n_threads = threads
-    params.n_threads_http = slots + 4  # a streaming request holds an HTTP thread to its end
-    params.endpoint_metrics = True  # its counters, behind the key: what the tests read of its slots
-    params.verbosity = 0  # errors only: its per-request log would flood the supervisor's
-    params.api_keys = [secrets.token_urlsafe(24)]
-    if embedding is not None:
-        params.embedding = True
-        params.n_batch = params.n_ubatch = context  # an encoder reads a whole input in one batch
-        if embedding.mean_pooling:
-            params.pooling_type = xlc.llama_pooling_type.LLAMA_POOLING_TYPE_MEAN
-    return params
-
-
 def load(
     model_dir: Path, slots: int, context: int, threads: int | None, binary: str | None = None
 ) -> LlamaCppModel:
     """llama.cpp's server over the artifact's GGUF, with `slots` slots of `context` tokens each, and the
     tokenizer and chat template transformers reads from the same file. The deployment's settings
     (`generation.deployment_settings`) give its template and parsers; its context is `context`. The
-    server is the `xllamacpp` wheel's, in this process, or with `binary` (MODELHOST_LLAMA_SERVER) that
-    `llama-server` program, as this process's child: the same requests drive either."""
+    server is the `xllamacpp` wheel's, or with `binary` (MODELHOST_LLAMA_SERVER) that `llama-server`
+    program, as this process's child either way (`engines.llamacpp_server`)."""
     path = gguf_file(model_dir)
     own = GenerationSettings.from_environment()
     tokenizer = load_tokenizer(path.parent, gguf_file=path.name)
@@ -262,114 +198,6 @@ def load(
         special=special,
         settings=own,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Embedding:
-    """The server serves embeddings (`engines.llamacpp_embeddings`): pooled as the GGUF says, or by the
-    mean of its tokens where it names no pooling (`mean_pooling`), as a plain encoder is on our engines."""
-
-    mean_pooling: bool = False
-
-
-def start(
-    path: Path,
-    slots: int,
-    context: int,
-    threads: int | None,
-    binary: str | None = None,
-    embedding: Embedding | None = None,
-) -> tuple[Any, Any]:
-    """llama.cpp's server over the GGUF at `path` (the wheel's in this process, or the `binary`
-    program), and an HTTP client on its address with its key: (the server, the client)."""
-    import httpx
-
-    if binary:
-        server, address, key = _start_binary(binary, path, slots, context, threads, embedding)
-    else:
-        server, address, key = _start_in_process(path, slots, context, threads, embedding)
-    client = httpx.AsyncClient(
-        base_url=address,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=httpx.Timeout(None, connect=10.0),
-        limits=httpx.Limits(max_connections=slots + 4, max_keepalive_connections=slots + 4),
-    )
-    return server, client
-
-
-def _start_in_process(
-    path: Path, slots: int, context: int, threads: int | None, embedding: Embedding | None
-) -> tuple[Any, str, str]:
-    """The wheel's server in this process: (its handle, its address, its API key)."""
-    import xllamacpp as xlc
-
-    params = server_params(path, slots, context, threads, embedding)
-    server = xlc.Server(params)
-    return server, str(server.listening_address), str(params.api_keys[0])
-
-
-def binary_arguments(
-    path: Path, slots: int, context: int, threads: int | None, embedding: Embedding | None = None
-) -> list[str]:
-    """`llama-server`'s command line for what `server_params` sets (see the module docstring)."""
-    arguments = [
-        "--model", str(path),
-        "--parallel", str(slots),
-        "--ctx-size", str(slots * context),
-        "--no-kv-unified",
-        "--no-context-shift",
-        "--cont-batching",
-        "--fit", "off",
-        "--load-mode", "none",
-        "--warmup",
-        "--cache-prompt",
-        "--threads-http", str(slots + 4),
-        "--metrics",
-        "--slots",
-        "--log-verbosity", "0",
-    ]  # fmt: skip
-    if threads:
-        arguments += ["--threads", str(threads), "--threads-batch", str(threads)]
-    if embedding is not None:
-        arguments += ["--embedding", "--batch-size", str(context), "--ubatch-size", str(context)]
-        if embedding.mean_pooling:
-            arguments += ["--pooling", "mean"]
-    return arguments
-
-
-def _start_binary(
-    binary: str, path: Path, slots: int, context: int, threads: int | None, embedding: Embedding | None
-) -> tuple[subprocess.Popen[bytes], str, str]:
-    """A `llama-server` program as this process's child (dying with it), on a free loopback port, its
-    API key in a private file rather than on its command line (which `ps` shows): (the process, its
-    address, its key), once it answers healthy. Its log goes to the supervisor's, as ours does."""
-    import httpx
-
-    key = secrets.token_urlsafe(24)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    address = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as private:  # mode 0700; read by the server as it starts
-        key_file = Path(private, "key")
-        key_file.write_text(key)
-        command = [binary, *binary_arguments(path, slots, context, threads, embedding)]
-        command += ["--host", "127.0.0.1", "--port", str(port), "--api-key-file", str(key_file)]
-        process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent
-        )
-        while (code := process.poll()) is None:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{address}/health", timeout=5).status_code == 200:
-                    return process, address, key
-            time.sleep(0.1)
-    raise RuntimeError(f"{binary} exited with code {code} while loading (its log is above)")
-
-
-def _die_with_parent() -> None:
-    """In the child before it runs `llama-server`: SIGKILL when the worker dies, even by SIGKILL."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 async def warm_up(model: LlamaCppModel) -> None:
@@ -526,16 +354,13 @@ async def generate(
         IncrementalDecoder(decode),
         StopStrings(params.stop, params.include_stop_str_in_output),
     )
-    body = llama_body(params, prompt, request.grammar)
-    async with (
-        model.gate.slot(request.low),
-        model.client.stream("POST", "/completion", json=body) as response,
-    ):
-        if response.status_code != 200:
-            await _refused(request, response, emit)
+    body = orjson.dumps(llama_body(params, prompt, request.grammar))
+    async with model.gate.slot(request.low), model.stream("/completion", body) as (status, response):
+        if status != 200:
+            await _refused(request, status, response, emit)
             return
         started = False
-        async for line in sse_lines(response.aiter_bytes()):
+        async for line in sse_lines(response):
             if line.startswith(b"error:"):
                 emit(failed(error_message(line[6:].decode()), internal=True))
                 return
@@ -566,16 +391,18 @@ async def sse_lines(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield rest
 
 
-async def _refused(request: GenerationRequest, response: Any, emit: Callable[[Event], None]) -> None:
+async def _refused(
+    request: GenerationRequest, status: int, response: AsyncIterator[bytes], emit: Callable[[Event], None]
+) -> None:
     """llama.cpp answered a request with an error: a 400 of its own checks is the caller's (a grammar
     it cannot run...), anything else internal."""
-    text = (await response.aread()).decode(errors="replace")
+    text = b"".join([part async for part in response]).decode(errors="replace")
     message = error_message(text)
-    if response.status_code == 400:
+    if status == 400:
         param = request.grammar_param if request.grammar else None
         emit(failed(f"The engine refused the request: {message}", param))
     else:
-        emit(failed(f"llama.cpp answered {response.status_code}: {message}", internal=True))
+        emit(failed(f"llama.cpp answered {status}: {message}", internal=True))
 
 
 def _started(

@@ -28,14 +28,8 @@ from typing import Any
 import numpy as np
 
 from modelhost.artifacts.gguf_check import read_gguf_set
-from modelhost.engines.llamacpp import (
-    Embedding,
-    LlamaCppServer,
-    SlotGate,
-    error_message,
-    gguf_file,
-    start,
-)
+from modelhost.engines.llamacpp import SlotGate, error_message, gguf_file
+from modelhost.engines.llamacpp_server import Embedding, LlamaCppServer, start
 from modelhost.engines.text_inputs import TokenRules, checked, framing_of
 
 WARM_UP = "modelhost warm-up"

@@ -20,8 +20,9 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 
-from modelhost.engines.llamacpp import LlamaCppServer, generate, load, warm_up
+from modelhost.engines.llamacpp import generate, load, warm_up
 from modelhost.engines.llamacpp_embeddings import embed, load_embedder, warm_up_embedder
+from modelhost.engines.llamacpp_server import LlamaCppServer
 from modelhost.runtime.worker import async_worker
 from modelhost.runtime.worker.async_worker import AsyncWorker, load_failed
 from modelhost.runtime.worker.sync_worker import replica_parser
