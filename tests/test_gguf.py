@@ -17,7 +17,7 @@ import base64
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,7 +29,7 @@ import pytest
 from langchain_core.messages import AIMessageChunk
 from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
-from modelhost.engines import llamacpp
+from modelhost.engines import llamacpp, llamacpp_server
 from modelhost.errors import InvalidRequest
 from modelhost.generation.contract import GenerationRequest, Sampling, Text
 from modelhost.runtime import engine_choice
@@ -647,15 +647,9 @@ def test_batch_lines_wait_behind_interactive_requests_for_a_slot() -> None:
 def test_a_token_with_a_unicode_line_separator_stays_in_its_chunk() -> None:
     """llama.cpp's JSON leaves U+2028 and U+0085 unescaped in a token's text (the tiny random models
     write them): the stream is split into events at newlines alone."""
-
-    async def chunks() -> AsyncIterator[bytes]:
-        for part in ('data: {"content": "a\u2028b', '\u0085c"}\n', "\ndata: ", '{"stop": true}\n\n'):
-            yield part.encode()
-
-    async def run() -> list[bytes]:
-        return [line async for line in llamacpp.sse_lines(chunks())]
-
-    lines = asyncio.run(run())
+    splitter = llamacpp_server.Lines()
+    parts = ('data: {"content": "a\u2028b', '\u0085c"}\n', "\ndata: ", '{"stop": true}\n\n')
+    lines = [line for part in parts for line in splitter.feed(part.encode())]
     assert [json.loads(line[6:]) for line in lines if line] == [
         {"content": "a\u2028b\u0085c"},
         {"stop": True},

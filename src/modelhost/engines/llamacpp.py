@@ -57,7 +57,7 @@ import orjson
 
 from modelhost.artifacts.gguf_check import gguf_set
 from modelhost.engines.interface import Event
-from modelhost.engines.llamacpp_server import LlamaCppServer, start
+from modelhost.engines.llamacpp_server import Answered, LlamaCppServer, start
 from modelhost.engines.loader import load_tokenizer
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.contract import (
@@ -355,54 +355,42 @@ async def generate(
         StopStrings(params.stop, params.include_stop_str_in_output),
     )
     body = orjson.dumps(llama_body(params, prompt, request.grammar))
-    async with model.gate.slot(request.low), model.stream("/completion", body) as (status, response):
-        if status != 200:
-            await _refused(request, status, response, emit)
-            return
-        started = False
-        async for line in sse_lines(response):
-            if line.startswith(b"error:"):
-                emit(failed(error_message(line[6:].decode()), internal=True))
-                return
-            if not line.startswith(b"data: "):
-                continue
-            chunk = orjson.loads(line[6:])  # one per token: orjson parses it in a third of json's time
-            if "error" in chunk:  # llama.cpp failed the request after it started
-                emit(failed(error_message(line[6:].decode()), internal=True))
-                return
-            if not started:
-                emit(_started(model, request, prompt, chunk))
-                started = True
-            if _chunk(model, answer, chunk, emit):
-                return  # the answer ended here: leaving the block closes the stream, stopping llama.cpp
+    started = False
+
+    def on_line(line: bytes) -> bool:
+        """One line of llama.cpp's stream, as it arrives; True when the answer ended."""
+        nonlocal started
+        if line.startswith(b"error:"):
+            emit(failed(error_message(line[6:].decode()), internal=True))
+            return True
+        if not line.startswith(b"data: "):
+            return False
+        chunk = orjson.loads(line[6:])  # one per token: orjson parses it in a third of json's time
+        if "error" in chunk:  # llama.cpp failed the request after it started
+            emit(failed(error_message(line[6:].decode()), internal=True))
+            return True
+        if not started:
+            emit(_started(model, request, prompt, chunk))
+            started = True
+        return _chunk(model, answer, chunk, emit)
+
+    async with model.gate.slot(request.low):
+        answered = await model.post_lines("/completion", body, on_line)
+    if answered.status != 200:
+        _refused(request, answered, emit)
+    elif not answered.finished:
         emit(failed("llama.cpp ended the stream before the answer's end", internal=True))
 
 
-async def sse_lines(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """A server-sent event stream's lines, split at `\n` alone: httpx's `aiter_lines` also splits at
-    U+2028, U+0085 and the other `str.splitlines` breaks, which llama.cpp's JSON leaves unescaped in a
-    token's text (a model may well write one), cutting a chunk in two."""
-    rest = b""
-    async for data in stream:
-        *lines, rest = (rest + data).split(b"\n")
-        for line in lines:
-            yield line.rstrip(b"\r")
-    if rest:
-        yield rest
-
-
-async def _refused(
-    request: GenerationRequest, status: int, response: AsyncIterator[bytes], emit: Callable[[Event], None]
-) -> None:
+def _refused(request: GenerationRequest, answered: Answered, emit: Callable[[Event], None]) -> None:
     """llama.cpp answered a request with an error: a 400 of its own checks is the caller's (a grammar
     it cannot run...), anything else internal."""
-    text = b"".join([part async for part in response]).decode(errors="replace")
-    message = error_message(text)
-    if status == 400:
+    message = error_message(answered.body.decode(errors="replace"))
+    if answered.status == 400:
         param = request.grammar_param if request.grammar else None
         emit(failed(f"The engine refused the request: {message}", param))
     else:
-        emit(failed(f"llama.cpp answered {status}: {message}", internal=True))
+        emit(failed(f"llama.cpp answered {answered.status}: {message}", internal=True))
 
 
 def _started(

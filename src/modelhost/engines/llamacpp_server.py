@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,16 +65,19 @@ class LlamaCppServer:
         self.process.kill()
         self.process.wait()
 
-    @contextlib.asynccontextmanager
-    async def stream(self, path: str, body: bytes) -> AsyncIterator[tuple[int, AsyncIterator[bytes]]]:
-        """POST `body` (JSON) to `path`: (the status, the response body's pieces as they arrive). Leaving
-        the block closes the connection, which stops llama.cpp's slot before its next token."""
+    async def post_lines(self, path: str, body: bytes, on_line: Callable[[bytes], bool]) -> Answered:
+        """POST `body` (JSON) to `path` and hand each line of a 200 answer's body to `on_line` as it
+        arrives, until `on_line` answers True (the caller has its answer) or the body ends. The
+        connection is closed then, or when the caller is cancelled, which stops llama.cpp's slot before
+        its next token."""
         url = self.client.base_url
-        reader, writer = await asyncio.open_connection(url.host, url.port)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Answered] = loop.create_future()
+        transport, _ = await loop.create_connection(lambda: _Answer(on_line, done), url.host, url.port)
         try:
-            writer.write(
-                b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: %s\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+            transport.write(
+                b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nAuthorization: %s\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
                 % (
                     path.encode(),
                     url.host.encode(),
@@ -84,32 +87,100 @@ class LlamaCppServer:
                     body,
                 )
             )
-            head = await reader.readuntil(b"\r\n\r\n")
-            status, headers = _head(head)
-            yield status, _body(reader, headers)
+            return await done
         finally:
-            writer.close()
+            transport.close()
 
 
-def _head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
-    """An HTTP response's status and headers (names lower case)."""
-    status_line, *lines = head[:-4].split(b"\r\n")
-    headers = {}
-    for line in lines:
-        name, _, value = line.partition(b":")
-        headers[name.strip().lower()] = value.strip()
-    return int(status_line.split(b" ", 2)[1]), headers
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """How a `post_lines` request ended: its status, the body of an answer that was not a 200 (whole),
+    and whether `on_line` said it was done (else the body ended first)."""
+
+    status: int
+    body: bytes = b""
+    finished: bool = False
 
 
-async def _body(reader: asyncio.StreamReader, headers: dict[bytes, bytes]) -> AsyncIterator[bytes]:
-    """A response body as it arrives: chunked (llama.cpp's streams), else whole."""
-    if headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-        while size := int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16):
-            yield (await reader.readexactly(size + 2))[:-2]
-    elif b"content-length" in headers:
-        yield await reader.readexactly(int(headers[b"content-length"]))
-    else:
-        yield await reader.read()
+class Lines:
+    """A server-sent event stream's lines, split at `\n` alone: `str.splitlines` (httpx's `aiter_lines`)
+    also splits at U+2028, U+0085 and the other Unicode breaks, which llama.cpp's JSON leaves unescaped in
+    a token's text (a model may well write one), cutting a chunk in two."""
+
+    def __init__(self) -> None:
+        self.rest = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        *lines, self.rest = (self.rest + data).split(b"\n")
+        return [line.rstrip(b"\r") for line in lines]
+
+
+class _Answer(asyncio.Protocol):
+    """One answer of llama.cpp's, parsed in the loop's read callback as its bytes arrive (no task wakes
+    per token): the status line and headers, then a 200's chunked body, line by line to `on_line`; any
+    other body is kept whole for the caller's error."""
+
+    def __init__(self, on_line: Callable[[bytes], bool], done: asyncio.Future[Answered]) -> None:
+        self.on_line = on_line
+        self.done = done
+        self.buffer = b""
+        self.status = 0
+        self.chunked = False
+        self.length = 0  # an unchunked body's
+        self.lines = Lines()
+        self.kept: list[bytes] = []  # a chunked error's body
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        self.buffer += data
+        try:
+            if not self.status and not self._head():
+                return
+            if self.chunked:
+                self._chunks()
+            elif len(self.buffer) >= self.length:
+                self.done.set_result(Answered(self.status, self.buffer[: self.length]))
+        except Exception as exc:  # `on_line`'s, or a malformed answer: the caller's
+            if not self.done.done():
+                self.done.set_exception(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():  # the body ended without its end: what `on_line` saw is all
+            self.done.set_result(Answered(self.status, b"".join(self.kept) or self.buffer))
+
+    def _head(self) -> bool:
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        status_line, *lines = self.buffer[:end].split(b"\r\n")
+        self.buffer = self.buffer[end + 4 :]
+        self.status = int(status_line.split(b" ", 2)[1])
+        headers = {
+            name.strip().lower(): value.strip() for name, _, value in (h.partition(b":") for h in lines)
+        }
+        self.chunked = headers.get(b"transfer-encoding", b"").lower() == b"chunked"
+        self.length = int(headers.get(b"content-length") or 0)
+        return True
+
+    def _chunks(self) -> None:
+        while (line_end := self.buffer.find(b"\r\n")) >= 0:
+            size = int(self.buffer[:line_end].split(b";", 1)[0], 16)
+            start = line_end + 2
+            if len(self.buffer) < start + size + 2:
+                return
+            piece, self.buffer = self.buffer[start : start + size], self.buffer[start + size + 2 :]
+            if self.status != 200:
+                self.kept.append(piece)
+                lines = []
+            else:  # the last piece (size 0) releases a last line without its newline
+                lines = self.lines.feed(piece) if size else [self.lines.rest] if self.lines.rest else []
+            if any(self.on_line(line) for line in lines):
+                self.done.set_result(Answered(self.status, finished=True))
+                return
+            if not size:
+                self.done.set_result(Answered(self.status, b"".join(self.kept)))
+                return
 
 
 # ---------------------------------------------------------------- settings, for either build

@@ -71,7 +71,7 @@ def _load(args: argparse.Namespace) -> tuple[LlamaCppServer, Callable[[], Awaita
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return async_worker.main(lambda: _serve(args))
+    return async_worker.main(lambda: _serve(args), uvloop=True)
 
 
 if __name__ == "__main__":
