@@ -275,7 +275,8 @@ def report(
         for c in SHAPE.concurrency:
             ratio = _tokens_per_second(ours, c) / _tokens_per_second(bare, c)
             figures.ratio(f"served_over_bare_{tag}_{c}", ratio)
-            lines.append(f"- {build}, {c} streams: modelhost / bare = **{ratio:.2f}** (target ≥ 0.9)")
+            target = 0.95 if c == 1 else 0.9  # issue 59: ≥ 0.95 at 1 stream
+            lines.append(f"- {build}, {c} streams: modelhost / bare = **{ratio:.2f}** (target ≥ {target})")
     native = servers.get("bare llama-server, native build")
     wheel = servers.get("bare llama-server, prebuilt wheel")
     if isinstance(native, dict) and isinstance(wheel, dict):
