@@ -183,7 +183,17 @@ class Streams:
         return sum(e.cached_tokens for e in firsts if isinstance(e, GenerationStarted))
 
     async def merged(self) -> AsyncGenerator[tuple[int, Event], None]:
-        """(choice index, event) from every stream as they come, starting with each first event."""
+        """(choice index, event) from every stream as they come, starting with each first event. One
+        stream (most requests) is read directly: no task and queue between it and its reader, a task
+        wake per token fewer (issue 59: a token's CPU on our path is taken from the engine's)."""
+        if len(self._streams) == 1:
+            try:
+                yield 0, self._firsts[0]
+                async for event in self._streams[0]:
+                    yield 0, event
+            finally:
+                await self.close()
+            return
         queue: asyncio.Queue[tuple[int, Event] | BaseException | None] = asyncio.Queue()
         for index, first in enumerate(self._firsts):
             queue.put_nowait((index, first))
