@@ -466,7 +466,7 @@ class Settings(BaseSettings):
         description="A `llama-server` program (llama.cpp built for this machine's instruction set) that "
         "llamacpp replicas run as their child process. Unset: the checkout's own build "
         "(scripts/build-llama-server.sh, `.venv-llama-server`) once there is one, else the server of the "
-        "`xllamacpp` wheel, in the replica's own process; empty: the wheel's always "
+        "`xllamacpp` wheel, also as the replica's child; empty: the wheel's always "
         '(docs/engines-llamacpp.md, "The build").',
     )
     llamacpp_context: int = Field(

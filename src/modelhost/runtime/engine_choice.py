@@ -337,11 +337,11 @@ def _architectures_of(model_dir: Path | None) -> list[str]:
 
 
 def llama_server_program(settings: Settings | None = None) -> str | None:
-    """The `llama-server` program llamacpp replicas run, or None for the `xllamacpp` wheel's server in the
-    replica's own process: MODELHOST_LLAMA_SERVER where set ("" keeps the wheel's), else the checkout's
-    native build once scripts/build-llama-server.sh has finished it (docs/engines-llamacpp.md, "The
-    build": 1.2 to 1.8 x the wheel's tokens/s here). Read at each replica start: a build that finishes
-    while the server runs serves the replicas started after it."""
+    """The `llama-server` program llamacpp replicas run, or None for the `xllamacpp` wheel's server (also
+    the replica's child: `engines.llamacpp_server`): MODELHOST_LLAMA_SERVER where set ("" keeps the
+    wheel's), else the checkout's native build once scripts/build-llama-server.sh has finished it
+    (docs/engines-llamacpp.md, "The build": 1.2 to 1.8 x the wheel's tokens/s here). Read at each
+    replica start: a build that finishes while the server runs serves the replicas started after it."""
     configured = (settings or get_settings()).llama_server
     if configured is not None:
         return configured or None
