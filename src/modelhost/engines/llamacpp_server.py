@@ -12,10 +12,11 @@ Why a process of its own for the wheel's server too: in the worker's process, ll
 HTTP threads share the process with our asyncio loop; apart, the worker is our Python alone, and one path
 serves both builds (a server that exits is noticed the same way: `errored`).
 
-Generations stream from llama.cpp's `/completion` over a plain asyncio connection (`stream`): httpx's
-layers (httpcore, h11, anyio) cost twice the CPU per streamed token of reading the chunked body here, and
-on a small machine every cycle of ours per token is taken from llama.cpp's compute threads. Everything
-else (warm-up, embeddings, `/tokenize`, the tests' `/metrics`) goes through the httpx client.
+Generations stream from llama.cpp's `/completion` over a plain asyncio connection (`post_lines`), parsed
+in the loop's read callback: no task wakes per token, and with uvloop (`runtime.worker.llamacpp_worker`)
+about half the worker's CPU per token of httpx's streams (docs/engines-llamacpp.md, "Measured"); on a
+small machine every cycle of ours per token is taken from llama.cpp's compute threads. Everything else
+(warm-up, embeddings, `/tokenize`, the tests' `/metrics`) goes through the httpx client.
 """
 
 from __future__ import annotations
