@@ -11,19 +11,30 @@ against the whole request (the gateway benchmark's ms of CPU per request):
   in this process) and the `x-ratelimit-*` headers it makes;
 - **fair queuing**: a replica's queue per key, a batch of 16 taken from 16 keys against from 1;
 - **`Started`**: the message a replica sends before a batch runs (built and encoded), per batch.
+
+Then the whole path, served (issue 59): a server's gateway and replica CPU per request (all-MiniLM-L6-v2
+on ONNX Runtime, wrk at 1 connection, one distinct sentence per request) and per output token (the
+text-generation benchmark's 33 M Llama on modelhost's own engine, 1 stream of 64 tokens). `--baseline
+SRC` serves another checkout's `src` beside this tree's (the commit before a change), measured in turn:
+"before and after" in one run. `--no-served` skips it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figures, table, write_section
+from bench.common import Figures, Served, deploy, minilm_dir, serve, table, write_section, wrk
 from bench.embeddings import machine
+from bench.generation import build_model, drive, modelhost_body
+from bench.user_view import TEMPLATE
 from modelhost.api.middleware import RequestPath
 from modelhost.auth.limits import Limits, RateLimiter, Subject
 from modelhost.runtime.replica_protocol import Run, Started, encode
@@ -117,12 +128,63 @@ def started(repeat: int) -> float:
     return per_call(lambda: encode(Started(ids)), repeat)
 
 
+@dataclass
+class ServedCosts:
+    """CPU ms of one server's gateway processes and replica, per embeddings request and per output token."""
+
+    gateway_per_request: float
+    replica_per_request: float
+    gateway_per_token: float
+    replica_per_token: float
+
+
+def served_costs(sources: dict[str, Path | None], seconds: int, rounds: int) -> dict[str, ServedCosts]:
+    """Each source's server (None: this tree) with MiniLM (ONNX Runtime) and the 33 M Llama (modelhost's
+    own engine) deployed; `rounds` rounds of each load on each server in turn; the median of each figure."""
+    folder = Path(tempfile.mkdtemp(prefix="mh-path-costs-")) / "llama"
+    build_model(folder)
+    servers: dict[str, Served] = {}
+    figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in sources}
+    body = {"model": "minilm", "input": TEMPLATE}
+    try:
+        for index, (name, source) in enumerate(sources.items()):
+            served = servers[name] = serve(18_900 + index, source)
+            deploy(served, minilm_dir(), "feature-extraction", "minilm", engine="onnxruntime")
+            deploy(served, folder, "text-generation", "llama", engine="transformers")
+            wrk(served.url, "/v1/embeddings", body, served.key, 1, 2, distinct=True)
+            asyncio.run(drive(served.url, served.key, modelhost_body(64), 1, 0))
+        for _ in range(rounds):
+            for name, served in servers.items():
+                before = served.cpu()
+                run = wrk(served.url, "/v1/embeddings", body, served.key, 1, seconds, distinct=True)
+                embeddings = served.cpu() - before
+                requests = run.requests_per_second * seconds
+                before = served.cpu()
+                load = asyncio.run(drive(served.url, served.key, modelhost_body(64), 1, seconds))
+                generation = served.cpu() - before
+                figures[name].append(
+                    (embeddings.gateway * 1000 / requests, embeddings.engine * 1000 / requests,
+                     generation.gateway * 1000 / load.tokens, generation.engine * 1000 / load.tokens)
+                )  # fmt: skip
+    finally:
+        for served in servers.values():
+            served.stop()
+    return {
+        name: ServedCosts(*(statistics.median(column) for column in zip(*rows, strict=True)))
+        for name, rows in figures.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeat", type=int, default=20000)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--no-served", dest="served", action="store_false", help="the pieces only")
+    parser.add_argument("--baseline", type=Path, help="another checkout's src, served beside this tree")
+    parser.add_argument("--seconds", type=int, default=8, help="each served load, each round")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     bare, wrapped = request_path(args.repeat)
     limited = rate_limits(args.repeat)
@@ -145,8 +207,53 @@ benchmark's CPU per request (about 150 µs of gateway CPU and 55 µs of replica 
 
 {table(["piece", "µs of CPU"], rows)}
 """
-    print(report)
     figures = Figures("path_costs")
+    if args.served:
+        sources: dict[str, Path | None] = {"this tree": None}
+        if args.baseline is not None:
+            sources = {"baseline": args.baseline, **sources}
+        costs = served_costs(sources, args.seconds, args.rounds)
+        served_rows = [
+            [name, f"{c.gateway_per_request:.3f}", f"{c.replica_per_request:.3f}",
+             f"{c.gateway_per_token:.3f}", f"{c.replica_per_token:.3f}"]
+            for name, c in costs.items()
+        ]  # fmt: skip
+        for name, c in costs.items():
+            key = name.replace(" ", "_")
+            figures.add(f"{key}.gateway_ms_per_request", c.gateway_per_request)
+            figures.add(f"{key}.replica_ms_per_request", c.replica_per_request)
+            figures.add(f"{key}.gateway_ms_per_token", c.gateway_per_token)
+            figures.add(f"{key}.replica_ms_per_token", c.replica_per_token)
+        lines = ""
+        if "baseline" in costs:
+            now, before = costs["this tree"], costs["baseline"]
+            pairs = {
+                "gateway per request": (now.gateway_per_request, before.gateway_per_request),
+                "replica per request": (now.replica_per_request, before.replica_per_request),
+                "gateway per token": (now.gateway_per_token, before.gateway_per_token),
+                "replica per token": (now.replica_per_token, before.replica_per_token),
+            }
+            for what, (a, b) in pairs.items():
+                figures.ratio(f"after_over_before.{what.replace(' ', '_')}", a / b)
+            lines = (
+                "\n- **After / before (CPU):** "
+                + ", ".join(f"{what} {a / b:.2f}" for what, (a, b) in pairs.items())
+                + f" (baseline: `{args.baseline}`)."
+            )
+        report += f"""
+The whole path, served: CPU ms per embeddings request (MiniLM on ONNX Runtime, 1 connection, a distinct
+sentence each) and per output token (the 33 M Llama, 1 stream of 64 tokens), the median of {args.rounds}
+rounds of {args.seconds} s, the servers measured in turn.
+
+{
+            table(
+                ["server", "gateway / request", "replica / request", "gateway / token", "replica / token"],
+                served_rows,
+            )
+        }
+{lines}
+"""
+    print(report)
     figures.add("request_path_us", wrapped - bare)
     figures.add("rate_limits_us", limited)
     figures.add("fair_queuing_us_per_batch", many_keys - one_key)
