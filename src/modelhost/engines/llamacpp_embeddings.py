@@ -37,6 +37,7 @@ from modelhost.engines.llamacpp import (
     start,
 )
 from modelhost.engines.text_inputs import TokenRules, checked, framing_of
+from modelhost.errors import is_item_error, item_error
 
 WARM_UP = "modelhost warm-up"
 
@@ -73,7 +74,7 @@ async def warm_up_embedder(model: LlamaCppEmbedder) -> None:
     rules = model.rules
     model.rules = TokenRules(rules.max_tokens, rules.vocab_size, framing_of(bare, framed))
     output = await embed(model, {"inputs": [WARM_UP]}, False, lambda: None)
-    if "error" in output:
+    if is_item_error(output):
         raise RuntimeError(output["error"]["message"])
 
 
@@ -81,7 +82,7 @@ async def embed(
     model: LlamaCppEmbedder, item: dict[str, Any], low: bool, started: Callable[[], None]
 ) -> dict[str, Any]:
     """One feature-extraction request (`tasks.feature_extraction`'s item and output): its vectors, or
-    `{"error": ...}` for bad input (the caller's 400). `started` is called as it goes to llama.cpp; a
+    its `errors.item_error` for bad input (the caller's 400). `started` is called as it goes to llama.cpp; a
     failure of llama.cpp's raises."""
     inputs: list[str | list[int]] = item["inputs"]
     tokenized = await asyncio.gather(*(_tokenize(model, given) for given in inputs if isinstance(given, str)))
@@ -95,7 +96,7 @@ async def embed(
         response = await model.client.post("/v1/embeddings", json={"input": ids})
     if response.status_code == 400:  # llama.cpp's own checks of an input
         message = f"The engine refused the input: {error_message(response.text)}"
-        return {"error": {"message": message, "param": "input", "code": None}}
+        return item_error(message, "input")
     if response.status_code != 200:
         raise RuntimeError(f"llama.cpp answered {response.status_code}: {error_message(response.text)}")
     data = sorted(response.json()["data"], key=lambda entry: int(entry["index"]))
