@@ -64,7 +64,7 @@ from typing import Any
 import orjson
 
 from modelhost.artifacts.gguf_check import gguf_set
-from modelhost.engines.interface import Event
+from modelhost.engines.interface import AsyncEngine, Emit, Event, StreamingEngine
 from modelhost.engines.loader import load_tokenizer
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.contract import (
@@ -136,15 +136,12 @@ class SlotGate:
 
 
 @dataclass
-class LlamaCppServer:
-    """A running llama.cpp server, as the replica worker's loop holds it (`runtime.worker.async_worker`)."""
+class LlamaCppServer(AsyncEngine):
+    """A running llama.cpp server, as the replica worker's loop holds it (`runtime.worker.async_worker`):
+    what its two engines (`LlamaCppModel`, `engines.llamacpp_embeddings.LlamaCppEmbedder`) share."""
 
     server: Any  # xllamacpp.Server (held, or llama.cpp stops), or a `llama-server` process
     client: Any  # httpx.AsyncClient on the server's address
-
-    async def abort(self, request_id: str) -> None:
-        """Nothing to do: a cancelled request's stream is closed as its task unwinds, which stops its
-        slot."""
 
     @property
     def errored(self) -> bool:
@@ -160,8 +157,9 @@ class LlamaCppServer:
 
 
 @dataclass
-class LlamaCppModel(LlamaCppServer):
-    """The server and what building a request needs of the model (`generation.requests.PromptModel`)."""
+class LlamaCppModel(LlamaCppServer, StreamingEngine):
+    """The server generating, as a `StreamingEngine` (`engines.interface`), and what building a request
+    needs of the model (`generation.requests.PromptModel`)."""
 
     tokenizer: Any
     vocab_size: int
@@ -192,6 +190,23 @@ class LlamaCppModel(LlamaCppServer):
     def token_text(self) -> Callable[[int], str]:
         """One token's text in log-probabilities, as our engine writes it."""
         return functools.lru_cache(maxsize=65536)(lambda token: str(self.tokenizer.decode([token])))
+
+    async def generate(self, request_id: str, request: GenerationRequest, emit: Emit) -> None:
+        """Run one request to its end, emitting our events (`_generate`)."""
+        await _generate(self, request_id, request, emit)
+
+    async def abort(self, request_id: str) -> None:
+        """Nothing to do: a cancelled request's stream is closed as its task unwinds, which stops its
+        slot."""
+
+    async def warm_up(self) -> None:
+        """One short generation before `Ready`, through the same path as every request: a model
+        llama.cpp loads but cannot run fails its load with llama.cpp's reason, rather than every request
+        later."""
+        body = llama_body(SamplingParams(max_tokens=2, temperature=0.0), [_start_token(self)], None)
+        response = await self.client.post("/completion", json={**body, "stream": False})
+        if response.status_code != 200:
+            raise RuntimeError(error_message(response.text))
 
 
 def gguf_file(model_dir: Path) -> Path:
@@ -372,15 +387,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-async def warm_up(model: LlamaCppModel) -> None:
-    """One short generation before `Ready`, through the same path as every request: a model llama.cpp
-    loads but cannot run fails its load with llama.cpp's reason, rather than every request later."""
-    body = llama_body(SamplingParams(max_tokens=2, temperature=0.0), [_start_token(model)], None)
-    response = await model.client.post("/completion", json={**body, "stream": False})
-    if response.status_code != 200:
-        raise RuntimeError(error_message(response.text))
-
-
 def _start_token(model: LlamaCppModel) -> int:
     tokenizer = model.tokenizer
     start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
@@ -494,9 +500,7 @@ def error_message(body: str) -> str:
         return body
 
 
-async def generate(
-    model: LlamaCppModel, request_id: str, request: GenerationRequest, emit: Callable[[Event], None]
-) -> None:
+async def _generate(model: LlamaCppModel, request_id: str, request: GenerationRequest, emit: Emit) -> None:
     """Run one request to its end, emitting our events. Bad input becomes an `error` event (the
     caller's 400). Cancelled (its caller is gone), the stream to llama.cpp closes, which frees the slot."""
     if request.adapter is not None:
@@ -566,7 +570,7 @@ async def sse_lines(stream: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield rest
 
 
-async def _refused(request: GenerationRequest, response: Any, emit: Callable[[Event], None]) -> None:
+async def _refused(request: GenerationRequest, response: Any, emit: Emit) -> None:
     """llama.cpp answered a request with an error: a 400 of its own checks is the caller's (a grammar
     it cannot run...), anything else internal."""
     text = (await response.aread()).decode(errors="replace")
@@ -592,9 +596,7 @@ def _started(
     )
 
 
-def _chunk(
-    model: LlamaCppModel, answer: _Answer, chunk: dict[str, Any], emit: Callable[[Event], None]
-) -> bool:
+def _chunk(model: LlamaCppModel, answer: _Answer, chunk: dict[str, Any], emit: Emit) -> bool:
     """One streamed chunk of llama.cpp's: its tokens (usually one) through our decoding, their
     log-probabilities, and the end where llama.cpp or we end the answer. True when it ended.
 

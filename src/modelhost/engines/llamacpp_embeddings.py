@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from modelhost.artifacts.gguf_check import read_gguf_set
+from modelhost.engines.interface import BatchEngine
 from modelhost.engines.llamacpp import (
     Embedding,
     LlamaCppServer,
@@ -43,8 +44,9 @@ WARM_UP = "modelhost warm-up"
 
 
 @dataclass
-class LlamaCppEmbedder(LlamaCppServer):
-    """The server in embedding mode and what checking an input needs of the model."""
+class LlamaCppEmbedder(LlamaCppServer, BatchEngine):
+    """The server in embedding mode, as a `BatchEngine` (`engines.interface`), and what checking an input
+    needs of the model."""
 
     slots: int
     rules: TokenRules  # its framing is read from llama.cpp's tokenizer at warm-up
@@ -52,6 +54,21 @@ class LlamaCppEmbedder(LlamaCppServer):
 
     def __post_init__(self) -> None:
         self.gate = SlotGate(self.slots)
+
+    async def run(self, item: dict[str, Any], low: bool, started: Callable[[], None]) -> dict[str, Any]:
+        """One feature-extraction request (`_embed`)."""
+        return await _embed(self, item, low, started)
+
+    async def warm_up(self) -> None:
+        """Read how llama.cpp's tokenizer frames a text (for the check of a client's token IDs), then
+        embed one text through the same path as every request: a model llama.cpp loads but cannot run
+        fails its load with llama.cpp's reason."""
+        bare, framed = await asyncio.gather(_tokenize(self, "a", special=False), _tokenize(self, "a"))
+        rules = self.rules
+        self.rules = TokenRules(rules.max_tokens, rules.vocab_size, framing_of(bare, framed))
+        output = await self.run({"inputs": [WARM_UP]}, False, lambda: None)
+        if is_item_error(output):
+            raise RuntimeError(output["error"]["message"])
 
 
 def load_embedder(
@@ -66,19 +83,7 @@ def load_embedder(
     return LlamaCppEmbedder(server, client, slots, TokenRules(context, info.vocab_size or 0))
 
 
-async def warm_up_embedder(model: LlamaCppEmbedder) -> None:
-    """Read how llama.cpp's tokenizer frames a text (for the check of a client's token IDs), then embed
-    one text through the same path as every request: a model llama.cpp loads but cannot run fails its
-    load with llama.cpp's reason."""
-    bare, framed = await asyncio.gather(_tokenize(model, "a", special=False), _tokenize(model, "a"))
-    rules = model.rules
-    model.rules = TokenRules(rules.max_tokens, rules.vocab_size, framing_of(bare, framed))
-    output = await embed(model, {"inputs": [WARM_UP]}, False, lambda: None)
-    if is_item_error(output):
-        raise RuntimeError(output["error"]["message"])
-
-
-async def embed(
+async def _embed(
     model: LlamaCppEmbedder, item: dict[str, Any], low: bool, started: Callable[[], None]
 ) -> dict[str, Any]:
     """One feature-extraction request (`tasks.feature_extraction`'s item and output): its vectors, or
