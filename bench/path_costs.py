@@ -27,7 +27,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,51 +127,63 @@ def started(repeat: int) -> float:
     return per_call(lambda: encode(Started(ids)), repeat)
 
 
-@dataclass
-class ServedCosts:
-    """CPU ms of one server's gateway processes and replica, per embeddings request and per output token."""
+# The served loads: (name, unit, deployment's model) — embeddings at 1 connection, a distinct sentence
+# each, on MiniLM deployed on ONNX Runtime and on torch; generation, 1 stream of 64 tokens, on the Llama
+LOADS = (
+    ("embeddings on ONNX Runtime", "request", "minilm"),
+    ("embeddings on torch", "request", "minilm-torch"),
+    ("generation on modelhost's engine", "output token", "llama"),
+)
+Costs = dict[str, tuple[float, float]]  # per load: (gateway, replica) CPU ms per unit
 
-    gateway_per_request: float
-    replica_per_request: float
-    gateway_per_token: float
-    replica_per_token: float
 
-
-def served_costs(sources: dict[str, Path | None], seconds: int, rounds: int) -> dict[str, ServedCosts]:
-    """Each source's server (None: this tree) with MiniLM (ONNX Runtime) and the 33 M Llama (modelhost's
-    own engine) deployed; `rounds` rounds of each load on each server in turn; the median of each figure."""
+def served_costs(sources: dict[str, Path | None], seconds: int, rounds: int) -> dict[str, Costs]:
+    """Each source's server (None: this tree) with MiniLM (on ONNX Runtime and on torch) and the 33 M
+    Llama (modelhost's own engine) deployed; `rounds` rounds of each load on each server in turn; the
+    median of each figure."""
     folder = Path(tempfile.mkdtemp(prefix="mh-path-costs-")) / "llama"
     build_model(folder)
     servers: dict[str, Served] = {}
-    figures: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in sources}
-    body = {"model": "minilm", "input": TEMPLATE}
+    taken: dict[tuple[str, str], list[tuple[float, float]]] = {}
     try:
         for index, (name, source) in enumerate(sources.items()):
             served = servers[name] = serve(18_900 + index, source)
             deploy(served, minilm_dir(), "feature-extraction", "minilm", engine="onnxruntime")
+            deploy(served, minilm_dir(), "feature-extraction", "minilm-torch", engine="transformers")
             deploy(served, folder, "text-generation", "llama", engine="transformers")
-            wrk(served.url, "/v1/embeddings", body, served.key, 1, 2, distinct=True)
-            asyncio.run(drive(served.url, served.key, modelhost_body(64), 1, 0))
+            for _, _, model in LOADS:
+                _load(served, model, 2)  # warm-up
         for _ in range(rounds):
             for name, served in servers.items():
-                before = served.cpu()
-                run = wrk(served.url, "/v1/embeddings", body, served.key, 1, seconds, distinct=True)
-                embeddings = served.cpu() - before
-                requests = run.requests_per_second * seconds
-                before = served.cpu()
-                load = asyncio.run(drive(served.url, served.key, modelhost_body(64), 1, seconds))
-                generation = served.cpu() - before
-                figures[name].append(
-                    (embeddings.gateway * 1000 / requests, embeddings.engine * 1000 / requests,
-                     generation.gateway * 1000 / load.tokens, generation.engine * 1000 / load.tokens)
-                )  # fmt: skip
+                for load, _, model in LOADS:
+                    before = served.cpu()
+                    units = _load(served, model, seconds)
+                    used = served.cpu() - before
+                    taken.setdefault((name, load), []).append(
+                        (used.gateway * 1000 / units, used.engine * 1000 / units)
+                    )
     finally:
         for served in servers.values():
             served.stop()
     return {
-        name: ServedCosts(*(statistics.median(column) for column in zip(*rows, strict=True)))
-        for name, rows in figures.items()
+        name: {
+            load: (
+                statistics.median(g for g, _ in taken[name, load]),
+                statistics.median(r for _, r in taken[name, load]),
+            )
+            for load, _, _ in LOADS
+        }
+        for name in sources
     }
+
+
+def _load(served: Served, model: str, seconds: int) -> float:
+    """Run one load for `seconds`: the requests (embeddings) or output tokens (generation) served."""
+    if model == "llama":
+        return float(asyncio.run(drive(served.url, served.key, modelhost_body(64), 1, seconds)).tokens)
+    body = {"model": model, "input": TEMPLATE}
+    run = wrk(served.url, "/v1/embeddings", body, served.key, 1, seconds, distinct=True)
+    return run.requests_per_second * seconds
 
 
 def main() -> None:
@@ -214,43 +225,34 @@ benchmark's CPU per request (about 150 µs of gateway CPU and 55 µs of replica 
             sources = {"baseline": args.baseline, **sources}
         costs = served_costs(sources, args.seconds, args.rounds)
         served_rows = [
-            [name, f"{c.gateway_per_request:.3f}", f"{c.replica_per_request:.3f}",
-             f"{c.gateway_per_token:.3f}", f"{c.replica_per_token:.3f}"]
-            for name, c in costs.items()
-        ]  # fmt: skip
-        for name, c in costs.items():
-            key = name.replace(" ", "_")
-            figures.add(f"{key}.gateway_ms_per_request", c.gateway_per_request)
-            figures.add(f"{key}.replica_ms_per_request", c.replica_per_request)
-            figures.add(f"{key}.gateway_ms_per_token", c.gateway_per_token)
-            figures.add(f"{key}.replica_ms_per_token", c.replica_per_token)
+            [name, *(f"{costs[name][load][side]:.3f}" for load, _, _ in LOADS for side in (0, 1))]
+            for name in costs
+        ]
+        for name, loads in costs.items():
+            for load, unit, _ in LOADS:
+                key = f"{name}.{load}".replace(" ", "_").replace("'", "")
+                figures.add(f"{key}.gateway_ms_per_{unit.replace(' ', '_')}", loads[load][0])
+                figures.add(f"{key}.replica_ms_per_{unit.replace(' ', '_')}", loads[load][1])
         lines = ""
         if "baseline" in costs:
             now, before = costs["this tree"], costs["baseline"]
-            pairs = {
-                "gateway per request": (now.gateway_per_request, before.gateway_per_request),
-                "replica per request": (now.replica_per_request, before.replica_per_request),
-                "gateway per token": (now.gateway_per_token, before.gateway_per_token),
-                "replica per token": (now.replica_per_token, before.replica_per_token),
-            }
-            for what, (a, b) in pairs.items():
-                figures.ratio(f"after_over_before.{what.replace(' ', '_')}", a / b)
-            lines = (
-                "\n- **After / before (CPU):** "
-                + ", ".join(f"{what} {a / b:.2f}" for what, (a, b) in pairs.items())
-                + f" (baseline: `{args.baseline}`)."
-            )
+            parts = []
+            for load, unit, _ in LOADS:
+                for side, role in ((0, "gateway"), (1, "replica")):
+                    ratio = now[load][side] / before[load][side]
+                    key = f"{load} {role}".replace(" ", "_").replace("'", "")
+                    figures.ratio(f"after_over_before.{key}", ratio)
+                    parts.append(f"{load}, {role} per {unit} {ratio:.2f}")
+            lines = f"\n- **After / before (CPU), baseline `{args.baseline}`:** " + "; ".join(parts) + "."
+        header = ["server"] + [
+            f"{load}: {role} / {unit}" for load, unit, _ in LOADS for role in ("gateway", "replica")
+        ]
         report += f"""
-The whole path, served: CPU ms per embeddings request (MiniLM on ONNX Runtime, 1 connection, a distinct
-sentence each) and per output token (the 33 M Llama, 1 stream of 64 tokens), the median of {args.rounds}
-rounds of {args.seconds} s, the servers measured in turn.
+The whole path, served: CPU ms of the gateway processes and of the replica per embeddings request
+(MiniLM, 1 connection, a distinct sentence each) and per output token (the 33 M Llama, 1 stream of 64
+tokens), the median of {args.rounds} rounds of {args.seconds} s, the servers measured in turn.
 
-{
-            table(
-                ["server", "gateway / request", "replica / request", "gateway / token", "replica / token"],
-                served_rows,
-            )
-        }
+{table(header, served_rows)}
 {lines}
 """
     print(report)
