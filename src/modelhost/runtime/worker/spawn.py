@@ -37,10 +37,8 @@ WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS":
 
 # Our own worker's OpenMP threads (torch's libgomp) sleep as soon as a parallel region ends, where by
 # default they spin for milliseconds waiting for the next one: a replica's idle threads then burned the
-# cores its gateway and every other tenant's replica needed (on the 2-core test machine, busy with other
-# work, a 1-layer model on torch served 44 requests/s at 1 connection with 20 ms of replica CPU each;
-# passive, 789 requests/s with 0.8 ms: docs/benchmarks.md, "Embeddings as a new user measures them").
-# An operator's own OMP_WAIT_POLICY wins. vLLM and llama.cpp set up their own threads.
+# cores its gateway and every other tenant's replica needed (docs/runtime.md; measured by
+# `bench.path_costs`). An operator's own OMP_WAIT_POLICY wins. vLLM and llama.cpp set up their own threads.
 SYNC_WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
