@@ -38,6 +38,7 @@ bench:
 	bash scripts/setup.sh dev
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.embeddings
+	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.user_view
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.gateway --traced
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.supervisor
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.generation

@@ -275,15 +275,38 @@ class WrkResult:
     cpu_share: float  # wrk's CPU seconds / wall seconds (1.0 = one core)
 
 
-def wrk(url: str, path: str, body: dict[str, Any], key: str, connections: int, seconds: int) -> WrkResult:
-    """Drive a POST with wrk (a C load generator: little CPU on a 2-core machine)."""
+COUNTER = "__N__"  # in a body sent by `wrk(..., distinct=True)`: replaced by the request's number
+
+
+def wrk(
+    url: str,
+    path: str,
+    body: dict[str, Any],
+    key: str,
+    connections: int,
+    seconds: int,
+    distinct: bool = False,
+) -> WrkResult:
+    """Drive a POST with wrk (a C load generator: little CPU on a 2-core machine). `distinct`: every
+    request its own body, `COUNTER` in it replaced by a number counted per wrk thread (one sentence
+    per request, as users send them, where no cache or repeated tokenization can help)."""
     script = Path(tempfile.mkstemp(suffix=".lua")[1])
-    script.write_text(
+    lua = (
         'wrk.method = "POST"\n'
         f"wrk.body = {json.dumps(json.dumps(body))}\n"
         'wrk.headers["Content-Type"] = "application/json"\n'
         f'wrk.headers["Authorization"] = "Bearer {key}"\n'
     )
+    if distinct:
+        lua += (
+            "counter = 0\n"
+            "request = function()\n"
+            "  counter = counter + 1\n"
+            f'  local body = string.gsub(wrk.body, "{COUNTER}", tostring(counter))\n'
+            "  return wrk.format(nil, nil, nil, body)\n"
+            "end\n"
+        )
+    script.write_text(lua)
     threads = 1 if connections < 8 else max(2, min(8, (os.cpu_count() or 2) // 4))
     command = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--latency"]
     command += ["-s", str(script), f"{url}{path}"]

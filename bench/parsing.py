@@ -44,7 +44,7 @@ import httpx
 from bench.common import Figures, Served, ServerCpu, deploy, serve, table, write_section
 from bench.generation import MESSAGES, build_model
 from bench.responses import stream_to_end
-from modelhost.generation.chat import chat_requests
+from modelhost.generation.choices import chat_requests
 from modelhost.generation.contract import GenerationStarted, Text
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.serving.chat import chat_choices

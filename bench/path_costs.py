@@ -11,19 +11,29 @@ against the whole request (the gateway benchmark's ms of CPU per request):
   in this process) and the `x-ratelimit-*` headers it makes;
 - **fair queuing**: a replica's queue per key, a batch of 16 taken from 16 keys against from 1;
 - **`Started`**: the message a replica sends before a batch runs (built and encoded), per batch.
+
+Then the whole path, served (issue 59): a server's gateway and replica CPU per request (all-MiniLM-L6-v2
+on ONNX Runtime, wrk at 1 connection, one distinct sentence per request) and per output token (the
+text-generation benchmark's 33 M Llama on modelhost's own engine, 1 stream of 64 tokens). `--baseline
+SRC` serves another checkout's `src` beside this tree's (the commit before a change), measured in turn:
+"before and after" in one run. `--no-served` skips it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.common import Figures, table, write_section
+from bench.common import Figures, Served, deploy, minilm_dir, serve, table, write_section, wrk
 from bench.embeddings import machine
+from bench.generation import build_model, drive, modelhost_body
+from bench.user_view import TEMPLATE
 from modelhost.api.middleware import RequestPath
 from modelhost.auth.limits import Limits, RateLimiter, Subject
 from modelhost.runtime.replica_protocol import Run, Started, encode
@@ -117,12 +127,75 @@ def started(repeat: int) -> float:
     return per_call(lambda: encode(Started(ids)), repeat)
 
 
+# The served loads: (name, unit, deployment's model) — embeddings at 1 connection, a distinct sentence
+# each, on MiniLM deployed on ONNX Runtime and on torch; generation, 1 stream of 64 tokens, on the Llama
+LOADS = (
+    ("embeddings on ONNX Runtime", "request", "minilm"),
+    ("embeddings on torch", "request", "minilm-torch"),
+    ("generation on modelhost's engine", "output token", "llama"),
+)
+Costs = dict[str, tuple[float, float]]  # per load: (gateway, replica) CPU ms per unit
+
+
+def served_costs(sources: dict[str, Path | None], seconds: int, rounds: int) -> dict[str, Costs]:
+    """Each source's server (None: this tree) with MiniLM (on ONNX Runtime and on torch) and the 33 M
+    Llama (modelhost's own engine) deployed; `rounds` rounds of each load on each server in turn; the
+    median of each figure."""
+    folder = Path(tempfile.mkdtemp(prefix="mh-path-costs-")) / "llama"
+    build_model(folder)
+    servers: dict[str, Served] = {}
+    taken: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    try:
+        for index, (name, source) in enumerate(sources.items()):
+            served = servers[name] = serve(18_900 + index, source)
+            deploy(served, minilm_dir(), "feature-extraction", "minilm", engine="onnxruntime")
+            deploy(served, minilm_dir(), "feature-extraction", "minilm-torch", engine="transformers")
+            deploy(served, folder, "text-generation", "llama", engine="transformers")
+            for _, _, model in LOADS:
+                _load(served, model, 2)  # warm-up
+        for _ in range(rounds):
+            for name, served in servers.items():
+                for load, _, model in LOADS:
+                    before = served.cpu()
+                    units = _load(served, model, seconds)
+                    used = served.cpu() - before
+                    taken.setdefault((name, load), []).append(
+                        (used.gateway * 1000 / units, used.engine * 1000 / units)
+                    )
+    finally:
+        for served in servers.values():
+            served.stop()
+    return {
+        name: {
+            load: (
+                statistics.median(g for g, _ in taken[name, load]),
+                statistics.median(r for _, r in taken[name, load]),
+            )
+            for load, _, _ in LOADS
+        }
+        for name in sources
+    }
+
+
+def _load(served: Served, model: str, seconds: int) -> float:
+    """Run one load for `seconds`: the requests (embeddings) or output tokens (generation) served."""
+    if model == "llama":
+        return float(asyncio.run(drive(served.url, served.key, modelhost_body(64), 1, seconds)).tokens)
+    body = {"model": model, "input": TEMPLATE}
+    run = wrk(served.url, "/v1/embeddings", body, served.key, 1, seconds, distinct=True)
+    return run.requests_per_second * seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeat", type=int, default=20000)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--no-served", dest="served", action="store_false", help="the pieces only")
+    parser.add_argument("--baseline", type=Path, help="another checkout's src, served beside this tree")
+    parser.add_argument("--seconds", type=int, default=8, help="each served load, each round")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     bare, wrapped = request_path(args.repeat)
     limited = rate_limits(args.repeat)
@@ -145,8 +218,44 @@ benchmark's CPU per request (about 150 µs of gateway CPU and 55 µs of replica 
 
 {table(["piece", "µs of CPU"], rows)}
 """
-    print(report)
     figures = Figures("path_costs")
+    if args.served:
+        sources: dict[str, Path | None] = {"this tree": None}
+        if args.baseline is not None:
+            sources = {"baseline": args.baseline, **sources}
+        costs = served_costs(sources, args.seconds, args.rounds)
+        served_rows = [
+            [name, *(f"{costs[name][load][side]:.3f}" for load, _, _ in LOADS for side in (0, 1))]
+            for name in costs
+        ]
+        for name, loads in costs.items():
+            for load, unit, _ in LOADS:
+                key = f"{name}.{load}".replace(" ", "_").replace("'", "")
+                figures.add(f"{key}.gateway_ms_per_{unit.replace(' ', '_')}", loads[load][0])
+                figures.add(f"{key}.replica_ms_per_{unit.replace(' ', '_')}", loads[load][1])
+        lines = ""
+        if "baseline" in costs:
+            now, before = costs["this tree"], costs["baseline"]
+            parts = []
+            for load, unit, _ in LOADS:
+                for side, role in ((0, "gateway"), (1, "replica")):
+                    ratio = now[load][side] / before[load][side]
+                    key = f"{load} {role}".replace(" ", "_").replace("'", "")
+                    figures.ratio(f"after_over_before.{key}", ratio)
+                    parts.append(f"{load}, {role} per {unit} {ratio:.2f}")
+            lines = f"\n- **After / before (CPU), baseline `{args.baseline}`:** " + "; ".join(parts) + "."
+        header = ["server"] + [
+            f"{load}: {role} / {unit}" for load, unit, _ in LOADS for role in ("gateway", "replica")
+        ]
+        report += f"""
+The whole path, served: CPU ms of the gateway processes and of the replica per embeddings request
+(MiniLM, 1 connection, a distinct sentence each) and per output token (the 33 M Llama, 1 stream of 64
+tokens), the median of {args.rounds} rounds of {args.seconds} s, the servers measured in turn.
+
+{table(header, served_rows)}
+{lines}
+"""
+    print(report)
     figures.add("request_path_us", wrapped - bare)
     figures.add("rate_limits_us", limited)
     figures.add("fair_queuing_us_per_batch", many_keys - one_key)

@@ -1497,7 +1497,7 @@ def test_allowed_tools_restrict_a_required_call_to_those_tools(chat: Chat) -> No
 
 
 def test_parallel_tool_calls_false_keeps_the_first_parsed_call() -> None:
-    from modelhost.generation.chat import ChatChoice
+    from modelhost.generation.choices import ChatChoice
     from modelhost.generation.contract import Text
 
     two = '<tool_call>{"name": "get_time", "arguments": {"zone": 1}}</tool_call>' * 2

@@ -1,16 +1,19 @@
 """`engine_table` is the one source of what an engine is (issue 59): every list of engines the API, the
-CLI and the console offer is its rows, and no module outside it compares an engine's name."""
+CLI and the console offer is its rows, and no module outside it compares an engine's name; and every row's
+classes implement their kind of engine (`engines.interface`)."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
 import re
 from pathlib import Path
-from typing import get_args
+from typing import Any, Protocol, get_args
 
 from modelhost.cli.main import EngineName as CliEngine
 from modelhost.engine_table import AUTO, ENGINE_TABLE, FALLBACK, EngineName, EngineSetting, engines_for, spec
+from modelhost.engines import interface
 from modelhost.pipelines import BY_NAME, TASKS
 from modelhost.protocol.management import Engine, EngineInUse
 from modelhost.runtime.engine_choice import ENGINES
@@ -18,6 +21,18 @@ from modelhost.runtime.supervisor.launch import WORKER_ARGS
 
 SOURCE = Path(__file__).resolve().parents[1] / "src" / "modelhost"
 NAMES = frozenset(get_args(EngineName))
+# Each engine's classes and the kind of engine (`engines.interface`) each implements; a new row names its own
+IMPLEMENTATIONS: dict[str, tuple[tuple[str, type], ...]] = {
+    "vllm": (("modelhost.engines.vllm:VllmModel", interface.StreamingEngine),),
+    "llamacpp": (
+        ("modelhost.engines.llamacpp:LlamaCppModel", interface.StreamingEngine),
+        ("modelhost.engines.llamacpp_embeddings:LlamaCppEmbedder", interface.BatchEngine),
+    ),
+    "onnxruntime": (("modelhost.engines.encoders:OnnxRuntimeRunner", interface.Runner),),
+    "openvino": (("modelhost.engines.encoders:OpenVinoRunner", interface.Runner),),
+    # text generation on our own engine; its other tasks' handlers run torch themselves
+    "transformers": (("modelhost.engines.native.engine:GenerationEngine", interface.Engine),),
+}
 # Modules another change owns for now, whose comparisons move to the table with it: the worker's
 # `engine == "transformers"` (an encoder runtime chosen at load, or torch)
 
@@ -98,3 +113,57 @@ def test_no_module_outside_the_table_compares_an_engine_name() -> None:
 def test_the_check_finds_a_comparison() -> None:
     source = 'if engine == "vllm" or asked in ("auto", "llamacpp") or library == "transformers":\n    pass\n'
     assert _compared_names(ast.parse(source)) == [(1, "vllm"), (1, "llamacpp")]
+
+
+def _members(kind: type) -> set[str]:
+    """What a Protocol of `engines.interface` asks for, its bases' included: methods, properties and
+    annotated attributes."""
+    kinds = [base for base in kind.__mro__ if base.__dict__.get("_is_protocol") and base is not Protocol]
+    return {
+        name
+        for base in kinds
+        for name in (*vars(base), *vars(base).get("__annotations__", {}))
+        if not name.startswith("_")
+    }
+
+
+def _missing(cls: type, kind: type) -> set[str]:
+    """The members of `kind` that `cls` (which declares it) leaves to the Protocol's empty stubs."""
+    concrete = [base for base in cls.__mro__ if not base.__dict__.get("_is_protocol")]
+    return {
+        name
+        for name in _members(kind)
+        if not any(name in vars(base) or name in vars(base).get("__annotations__", {}) for base in concrete)
+    }
+
+
+def _implementation(path: str) -> Any:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_every_engine_names_classes_that_implement_their_kind_of_engine() -> None:
+    assert set(IMPLEMENTATIONS) == set(ENGINE_TABLE)
+    for engine, implementations in IMPLEMENTATIONS.items():
+        for path, kind in implementations:
+            cls = _implementation(path)
+            assert kind in cls.__mro__, f"{engine}: {path} does not declare {kind.__name__}"
+            assert _missing(cls, kind) == set(), f"{engine}: {path} lacks part of {kind.__name__}"
+
+
+def test_the_check_finds_a_member_an_engine_dropped() -> None:
+    assert {"generate", "abort", "warm_up", "errored", "shutdown"} <= _members(interface.StreamingEngine)
+    assert {"add", "step", "abort", "vocab_size", "context_length"} <= _members(interface.Engine)
+
+    class Forgetful(interface.StreamingEngine):
+        async def generate(self, request_id: str, request: Any, emit: Any) -> None: ...
+
+        async def warm_up(self) -> None: ...
+
+        @property
+        def errored(self) -> bool:
+            return False
+
+        def shutdown(self) -> None: ...
+
+    assert _missing(Forgetful, interface.StreamingEngine) == {"abort"}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from modelhost.errors import InvalidRequest
-from modelhost.generation.chat import ChatChoice, chat_requests, completion_requests
+from modelhost.generation.choices import ChatChoice, chat_requests, completion_requests
 from modelhost.generation.contract import GenerationStarted, Logprob, Text, TokenLogprob
 from modelhost.generation.grammar import regex_grammar
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest

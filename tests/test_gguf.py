@@ -597,7 +597,7 @@ def test_a_cancelled_request_stops_llamacpps_slot_at_once(gguf_dir: Path, binary
         process = model.process
         events: list[dict[str, Any]] = []
         request = GenerationRequest(prompt="a", params=Sampling(max_tokens=2000, ignore_eos=True))
-        task = asyncio.create_task(llamacpp.generate(model, "1", request, events.append))
+        task = asyncio.create_task(model.generate("1", request, events.append))
         while not any(isinstance(e, Text) for e in events):
             await asyncio.sleep(0.001)
         task.cancel()
@@ -607,7 +607,7 @@ def test_a_cancelled_request_stops_llamacpps_slot_at_once(gguf_dir: Path, binary
             await asyncio.sleep(0.01)
         assert await predicted(model) < 100 and model.gate.free == 1
         assert not any(isinstance(e, Text) and e.finish for e in events)
-        await llamacpp.generate(model, "2", request, events.append)  # the slot serves the next one whole
+        await model.generate("2", request, events.append)  # the slot serves the next one whole
         assert (
             isinstance(events[-1], Text) and events[-1].finish == "length" and await predicted(model) >= 2000
         )

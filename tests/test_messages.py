@@ -18,7 +18,7 @@ from modelhost.errors import (
     TokensLimitReached,
     anthropic_body,
 )
-from modelhost.generation.chat import ChatChoice, chat_requests
+from modelhost.generation.choices import ChatChoice, chat_requests
 from modelhost.generation.contract import GenerationStarted, Text
 from modelhost.protocol.messages import MessagesRequest
 from modelhost.serving.messages import (

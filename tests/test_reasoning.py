@@ -1,5 +1,5 @@
 """The reasoning parsers (`generation.reasoning`) on each family's output, whole and streamed, and a chat
-choice assembled from real engine-event sequences of a reasoning model (`generation.chat.ChatChoice`)."""
+choice assembled from real engine-event sequences of a reasoning model (`generation.choices.ChatChoice`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from modelhost.agents.runner import RunMessage
 from modelhost.errors import InvalidRequest
-from modelhost.generation.chat import ChatChoice
+from modelhost.generation.choices import ChatChoice
 from modelhost.generation.contract import GenerationEvent, GenerationRequest, GenerationStarted, Text
 from modelhost.generation.families import REASONING_PARSER_NAMES, family_named
 from modelhost.generation.reasoning import (

@@ -30,10 +30,13 @@ import pytest
 
 from modelhost.api.app import create_app
 from modelhost.cache import SingleFlight
-from modelhost.config import Settings
+from modelhost.config import Settings, get_settings
 from modelhost.container import Services
 from modelhost.metrics import sample
+from modelhost.runtime.replica import ReplicaSpec
+from modelhost.runtime.supervisor.launch import worker_launch
 from modelhost.runtime.supervisor.manager import DeploymentRuntime
+from modelhost.runtime.worker.spawn import sync_worker_env
 from tests import live
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder
@@ -391,6 +394,18 @@ async def test_an_executed_worker_answers_exactly_as_a_forked_one(
     assert int(stat(pid)[1]) == os.getpid()  # executed by this process itself, not the template
     assert workers(dep["id"]) == [pid]  # and `ps` shows both alike
     assert workers(forked_deployment) == [forked.pid(forked_deployment)]
+
+
+def test_our_workers_openmp_threads_sleep_between_calls_unless_the_operator_says_otherwise(
+    tmp_path: Path,
+) -> None:
+    # spinning after each parallel region, torch's threads burned the cores other tenants needed
+    spec = ReplicaSpec("dep_x", "feature-extraction", tmp_path, 2, "cpu", engine="transformers")
+    launch = worker_launch(spec, get_settings(), {"PATH": "/usr/bin"}, warmup=False)
+    assert launch.command == () and launch.env["OMP_WAIT_POLICY"] == "PASSIVE"
+    own = worker_launch(spec, get_settings(), {"OMP_WAIT_POLICY": "ACTIVE"}, warmup=False)
+    assert own.env["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert sync_worker_env({})["OMP_WAIT_POLICY"] == "PASSIVE"  # the template's, which its forks keep
 
 
 async def test_unloadable_model_marks_the_deployment_failed_and_answers_503(gateway: OpenGateway) -> None:

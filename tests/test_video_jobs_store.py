@@ -11,7 +11,7 @@ from sqlalchemy import update
 
 from modelhost.artifacts.blobstore import LocalBlobStore
 from modelhost.errors import Conflict, NotFound
-from modelhost.jobs.videos import VARIANTS, VideoJobs
+from modelhost.jobs.store import VARIANTS, VideoJobs
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import Account, VideoJob

@@ -46,7 +46,7 @@ from modelhost.imports.runner import ImportRunner
 from modelhost.imports.sealing import Sealer
 from modelhost.imports.service import Imports
 from modelhost.jobs.runner import VideoCancel, VideoRunner
-from modelhost.jobs.videos import VideoJobs
+from modelhost.jobs.store import VideoJobs
 from modelhost.media.sources import MediaPolicy
 from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.runtime.engine_choice import device_kind

@@ -1,12 +1,15 @@
 """The exception hierarchy behind the one error body `{"error": {message, type, code, param}}`.
 
 Services raise these; one handler in `api.errors` turns any of them into a response. Nothing else
-in the code builds error bodies.
+in the code builds error bodies. A batch item's error, which is one item's output rather than an
+exception (`tasks.base.TaskHandler`), is built and read here too: `item_error`, `error_of`,
+`is_item_error`.
 """
 
 from __future__ import annotations
 
 import errno
+from typing import Any
 
 
 class ModelhostError(Exception):
@@ -65,6 +68,29 @@ def anthropic_body(exc: ModelhostError) -> dict[str, object]:
         f"{exc.param}: {exc.message}" if exc.param and not exc.message.startswith(exc.param) else exc.message
     )
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def item_error(
+    message: str, param: str | None = None, code: str | None = None, *, internal: bool = False
+) -> dict[str, Any]:
+    """A batch item's error as its output, `{"error": {message, param, code}}`: that item's 400 (`param`
+    names the field to fix; the other items of its batch are unaffected), or, `internal`, the replica's
+    fault (a 503). The one builder of it, in the worker's handlers, the engines and the Ray backend;
+    the gateway reads it (`runtime.gateway.dispatch.item_failure`)."""
+    error: dict[str, Any] = {"message": message, "param": param, "code": code}
+    if internal:
+        error["internal"] = True
+    return {"error": error}
+
+
+def error_of(exc: ModelhostError) -> dict[str, Any]:
+    """A client error raised while preparing one item (bad media, bad parameter) as its output."""
+    return item_error(exc.message, exc.param, exc.code)
+
+
+def is_item_error(output: dict[str, Any]) -> bool:
+    """Whether a batch item's output is its error (`item_error`) rather than its answer."""
+    return "error" in output
 
 
 def param_name(field: str, index: int, count: int) -> str:

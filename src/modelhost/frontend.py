@@ -2,9 +2,9 @@
 the Responses API, agent runs, and the batch lines that run as those.
 
 A parsed request becomes engine requests here, always in the same steps: the family's own translation
-(`generation.chat`), the grammar checked and compiled under bounds (`generation.compile_sandbox`), the
+(`generation.choices`), the grammar checked and compiled under bounds (`generation.compile_sandbox`), the
 deployment's sampling defaults (`generation_defaults`), the request's images read with the one media
-reader; then their streams are opened (errors before any answer) or run whole. `generation.chat.ChatChoice`
+reader; then their streams are opened (errors before any answer) or run whole. `generation.choices.ChatChoice`
 assembles each choice from the events. Each front-end used to assemble these steps itself and the copies
 drifted (agent runs took no defaults and read no images, Responses ignored a rollout's version); there is
 now one copy.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import msgspec
 
 from modelhost.errors import InvalidRequest
-from modelhost.generation.chat import chat_requests, completion_requests
+from modelhost.generation.choices import chat_requests, completion_requests
 from modelhost.generation.compile_sandbox import GrammarChecker
 from modelhost.generation.contract import GenerationEvent, GenerationRequest, GenerationStarted
 from modelhost.media.sources import MediaPolicy, load_media

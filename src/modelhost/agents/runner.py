@@ -25,7 +25,7 @@ from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.frontend import Generation
-from modelhost.generation.chat import ChatChoice, tool_schemas
+from modelhost.generation.choices import ChatChoice, tool_schemas
 from modelhost.generation.contract import GenerationEvent
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.store.types import utcnow

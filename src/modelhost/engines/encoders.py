@@ -2,9 +2,10 @@
 runtimes").
 
 An encoder task's handler (feature extraction, text classification) loads its model in torch, then
-offers it here as an `EncoderSlot`: the transformers model, the output its handler reads
-(`last_hidden_state`, `logits`) and how to put another model in its place. With `engine: auto` the
-first load of an artifact on a machine:
+offers it here as an `EncoderSlot` (an `engines.interface.EncoderHandler`): the transformers model, the
+output its handler reads (`last_hidden_state`, `logits`) and how to put another model in its place. Each
+runtime is an `engines.interface.Runner` (`OnnxRuntimeRunner`, `OpenVinoRunner`), called as the torch
+model through `RuntimeModel`. With `engine: auto` the first load of an artifact on a machine:
 
 1. exports the model once with torch's maintained exporter (`torch.onnx.export(..., dynamo=True)`,
    dynamic batch and sequence axes; the older TorchScript exporter was measured 0.05 off);
@@ -41,12 +42,13 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
 from modelhost.engine_table import FALLBACK
+from modelhost.engines.interface import Runner
 
 log = logging.getLogger("modelhost.tasks.encoder_runtimes")
 
@@ -240,20 +242,14 @@ def max_tokens(tokenizer: Any, config: Any, ceiling: int = 512) -> int:
     return min(int(n) for n in limits if isinstance(n, int) and n > 0)
 
 
-class Runner(Protocol):
-    """An exported model loaded in a runtime: its input names, and a call from arrays to arrays."""
-
-    input_names: list[str]
-
-    def run(self, outputs: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]: ...
-
-
-class OnnxRuntimeRunner:
+class OnnxRuntimeRunner(Runner):
     """The export in an ONNX Runtime session (CPU provider, all graph optimizations, the replica's
     threads). Its threads do not spin waiting for the next call: a replica shares its cores with the
     gateway and, for calls over the torch bound, with torch, and spinning threads took their time (on
     the 2-core test machine, a short call on ONNX Runtime then a long one on torch ran 2.3 pairs/s
     spinning against 2.8 not; ONNX Runtime alone lost 4 to 8 % at batch 1)."""
+
+    input_names: list[str]
 
     def __init__(self, path: Path) -> None:
         import onnxruntime
@@ -273,11 +269,13 @@ class OnnxRuntimeRunner:
         return results
 
 
-class OpenVinoRunner:
+class OpenVinoRunner(Runner):
     """The same export compiled by OpenVINO for the CPU, in float32 (on CPUs with bfloat16 units its
     default precision is bfloat16, which the equality check would refuse), with the replica's
     threads. A new infer request per call: a request is not to be shared between threads, and making
     one costs nothing measurable (MiniLM, batch 1: 156 calls/s either way)."""
+
+    input_names: list[str]
 
     def __init__(self, path: Path) -> None:
         import openvino

@@ -56,7 +56,7 @@ from typing import Any
 import orjson
 
 from modelhost.artifacts.gguf_check import gguf_set
-from modelhost.engines.interface import Event
+from modelhost.engines.interface import Emit, Event, StreamingEngine
 from modelhost.engines.llamacpp_server import Answered, LlamaCppServer, start
 from modelhost.engines.loader import load_tokenizer
 from modelhost.errors import InvalidRequest, ModelhostError
@@ -129,8 +129,9 @@ class SlotGate:
 
 
 @dataclass
-class LlamaCppModel(LlamaCppServer):
-    """The server and what building a request needs of the model (`generation.requests.PromptModel`)."""
+class LlamaCppModel(LlamaCppServer, StreamingEngine):
+    """The server generating, as a `StreamingEngine` (`engines.interface`), and what building a request
+    needs of the model (`generation.requests.PromptModel`)."""
 
     tokenizer: Any
     vocab_size: int
@@ -162,6 +163,23 @@ class LlamaCppModel(LlamaCppServer):
         """One token's text in log-probabilities, as our engine writes it."""
         return functools.lru_cache(maxsize=65536)(lambda token: str(self.tokenizer.decode([token])))
 
+    async def generate(self, request_id: str, request: GenerationRequest, emit: Emit) -> None:
+        """Run one request to its end, emitting our events (`_generate`)."""
+        await _generate(self, request_id, request, emit)
+
+    async def abort(self, request_id: str) -> None:
+        """Nothing to do: a cancelled request's stream is closed as its task unwinds, which stops its
+        slot."""
+
+    async def warm_up(self) -> None:
+        """One short generation before `Ready`, through the same path as every request: a model
+        llama.cpp loads but cannot run fails its load with llama.cpp's reason, rather than every request
+        later."""
+        body = llama_body(SamplingParams(max_tokens=2, temperature=0.0), [_start_token(self)], None)
+        response = await self.client.post("/completion", json={**body, "stream": False})
+        if response.status_code != 200:
+            raise RuntimeError(error_message(response.text))
+
 
 def gguf_file(model_dir: Path) -> Path:
     """The GGUF file llama.cpp loads in an artifact's folder (the first part of a split set: it finds
@@ -178,8 +196,8 @@ def load(
     """llama.cpp's server over the artifact's GGUF, with `slots` slots of `context` tokens each, and the
     tokenizer and chat template transformers reads from the same file. The deployment's settings
     (`generation.deployment_settings`) give its template and parsers; its context is `context`. The
-    server is the `xllamacpp` wheel's, or with `binary` (MODELHOST_LLAMA_SERVER) that `llama-server`
-    program, as this process's child either way (`engines.llamacpp_server`)."""
+    server is the `xllamacpp` wheel's, in this process, or with `binary` (MODELHOST_LLAMA_SERVER) that
+    `llama-server` program, as this process's child: the same requests drive either."""
     path = gguf_file(model_dir)
     own = GenerationSettings.from_environment()
     tokenizer = load_tokenizer(path.parent, gguf_file=path.name)
@@ -198,15 +216,6 @@ def load(
         special=special,
         settings=own,
     )
-
-
-async def warm_up(model: LlamaCppModel) -> None:
-    """One short generation before `Ready`, through the same path as every request: a model llama.cpp
-    loads but cannot run fails its load with llama.cpp's reason, rather than every request later."""
-    body = llama_body(SamplingParams(max_tokens=2, temperature=0.0), [_start_token(model)], None)
-    response = await model.client.post("/completion", json={**body, "stream": False})
-    if response.status_code != 200:
-        raise RuntimeError(error_message(response.text))
 
 
 def _start_token(model: LlamaCppModel) -> int:
@@ -322,9 +331,7 @@ def error_message(body: str) -> str:
         return body
 
 
-async def generate(
-    model: LlamaCppModel, request_id: str, request: GenerationRequest, emit: Callable[[Event], None]
-) -> None:
+async def _generate(model: LlamaCppModel, request_id: str, request: GenerationRequest, emit: Emit) -> None:
     """Run one request to its end, emitting our events. Bad input becomes an `error` event (the
     caller's 400). Cancelled (its caller is gone), the stream to llama.cpp closes, which frees the slot."""
     if request.adapter is not None:
@@ -382,7 +389,7 @@ async def generate(
         emit(failed("llama.cpp ended the stream before the answer's end", internal=True))
 
 
-def _refused(request: GenerationRequest, answered: Answered, emit: Callable[[Event], None]) -> None:
+def _refused(request: GenerationRequest, answered: Answered, emit: Emit) -> None:
     """llama.cpp answered a request with an error: a 400 of its own checks is the caller's (a grammar
     it cannot run...), anything else internal."""
     message = error_message(answered.body.decode(errors="replace"))
@@ -407,9 +414,7 @@ def _started(
     )
 
 
-def _chunk(
-    model: LlamaCppModel, answer: _Answer, chunk: dict[str, Any], emit: Callable[[Event], None]
-) -> bool:
+def _chunk(model: LlamaCppModel, answer: _Answer, chunk: dict[str, Any], emit: Emit) -> bool:
     """One streamed chunk of llama.cpp's: its tokens (usually one) through our decoding, their
     log-probabilities, and the end where llama.cpp or we end the answer. True when it ended.
 

@@ -28,16 +28,19 @@ from typing import Any
 import numpy as np
 
 from modelhost.artifacts.gguf_check import read_gguf_set
+from modelhost.engines.interface import BatchEngine
 from modelhost.engines.llamacpp import SlotGate, error_message, gguf_file
 from modelhost.engines.llamacpp_server import Embedding, LlamaCppServer, start
 from modelhost.engines.text_inputs import TokenRules, checked, framing_of
+from modelhost.errors import is_item_error, item_error
 
 WARM_UP = "modelhost warm-up"
 
 
 @dataclass
-class LlamaCppEmbedder(LlamaCppServer):
-    """The server in embedding mode and what checking an input needs of the model."""
+class LlamaCppEmbedder(LlamaCppServer, BatchEngine):
+    """The server in embedding mode, as a `BatchEngine` (`engines.interface`), and what checking an input
+    needs of the model."""
 
     slots: int
     rules: TokenRules  # its framing is read from llama.cpp's tokenizer at warm-up
@@ -45,6 +48,21 @@ class LlamaCppEmbedder(LlamaCppServer):
 
     def __post_init__(self) -> None:
         self.gate = SlotGate(self.slots)
+
+    async def run(self, item: dict[str, Any], low: bool, started: Callable[[], None]) -> dict[str, Any]:
+        """One feature-extraction request (`_embed`)."""
+        return await _embed(self, item, low, started)
+
+    async def warm_up(self) -> None:
+        """Read how llama.cpp's tokenizer frames a text (for the check of a client's token IDs), then
+        embed one text through the same path as every request: a model llama.cpp loads but cannot run
+        fails its load with llama.cpp's reason."""
+        bare, framed = await asyncio.gather(_tokenize(self, "a", special=False), _tokenize(self, "a"))
+        rules = self.rules
+        self.rules = TokenRules(rules.max_tokens, rules.vocab_size, framing_of(bare, framed))
+        output = await self.run({"inputs": [WARM_UP]}, False, lambda: None)
+        if is_item_error(output):
+            raise RuntimeError(output["error"]["message"])
 
 
 def load_embedder(
@@ -59,23 +77,11 @@ def load_embedder(
     return LlamaCppEmbedder(server, client, slots, TokenRules(context, info.vocab_size or 0))
 
 
-async def warm_up_embedder(model: LlamaCppEmbedder) -> None:
-    """Read how llama.cpp's tokenizer frames a text (for the check of a client's token IDs), then embed
-    one text through the same path as every request: a model llama.cpp loads but cannot run fails its
-    load with llama.cpp's reason."""
-    bare, framed = await asyncio.gather(_tokenize(model, "a", special=False), _tokenize(model, "a"))
-    rules = model.rules
-    model.rules = TokenRules(rules.max_tokens, rules.vocab_size, framing_of(bare, framed))
-    output = await embed(model, {"inputs": [WARM_UP]}, False, lambda: None)
-    if "error" in output:
-        raise RuntimeError(output["error"]["message"])
-
-
-async def embed(
+async def _embed(
     model: LlamaCppEmbedder, item: dict[str, Any], low: bool, started: Callable[[], None]
 ) -> dict[str, Any]:
     """One feature-extraction request (`tasks.feature_extraction`'s item and output): its vectors, or
-    `{"error": ...}` for bad input (the caller's 400). `started` is called as it goes to llama.cpp; a
+    its `errors.item_error` for bad input (the caller's 400). `started` is called as it goes to llama.cpp; a
     failure of llama.cpp's raises."""
     inputs: list[str | list[int]] = item["inputs"]
     tokenized = await asyncio.gather(*(_tokenize(model, given) for given in inputs if isinstance(given, str)))
@@ -89,7 +95,7 @@ async def embed(
         response = await model.client.post("/v1/embeddings", json={"input": ids})
     if response.status_code == 400:  # llama.cpp's own checks of an input
         message = f"The engine refused the input: {error_message(response.text)}"
-        return {"error": {"message": message, "param": "input", "code": None}}
+        return item_error(message, "input")
     if response.status_code != 200:
         raise RuntimeError(f"llama.cpp answered {response.status_code}: {error_message(response.text)}")
     data = sorted(response.json()["data"], key=lambda entry: int(entry["index"]))

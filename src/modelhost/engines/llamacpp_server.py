@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from modelhost.engines.interface import AsyncEngine
+
 
 @dataclass(frozen=True, slots=True)
 class Embedding:
@@ -47,15 +49,13 @@ class Embedding:
 
 
 @dataclass
-class LlamaCppServer:
-    """A running llama.cpp server, as the replica worker's loop holds it (`runtime.worker.async_worker`)."""
+class LlamaCppServer(AsyncEngine):
+    """A running llama.cpp server, as the replica worker's loop holds it (`runtime.worker.async_worker`):
+    what its two engines (`engines.llamacpp.LlamaCppModel`, `engines.llamacpp_embeddings.LlamaCppEmbedder`)
+    share."""
 
     process: subprocess.Popen[bytes]  # `llama-server`, or the wheel's server in a Python of its own
     client: Any  # httpx.AsyncClient on the server's address, with its key
-
-    async def abort(self, request_id: str) -> None:
-        """Nothing to do: a cancelled request's stream is closed as its task unwinds, which stops its
-        slot."""
 
     @property
     def errored(self) -> bool:

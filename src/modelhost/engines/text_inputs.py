@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from modelhost.errors import item_error
+
 # What a client sending another tokenizer's IDs should do instead.
 OTHER_TOKENIZER = (
     "Token-ID inputs must be this model's own token IDs, as its tokenizer makes them{framing}. "
@@ -47,10 +49,10 @@ def checked(rules: TokenRules, inputs: list[Any], ids: list[list[int]]) -> list[
         param = "input" if len(ids) == 1 else f"input[{index}]"
         if len(seq) > rules.max_tokens:
             message = f"Input is {len(seq)} tokens long; this model accepts at most {rules.max_tokens}."
-            return {"error": {"message": message, "param": param, "code": None}}
+            return item_error(message, param)
         given = inputs[index]
         if isinstance(given, list) and not _own_ids(rules, given):
-            return {"error": {"message": _other_tokenizer(rules), "param": param, "code": None}}
+            return item_error(_other_tokenizer(rules), param)
     return ids
 
 

@@ -12,6 +12,8 @@ llguidance our engine uses), `n` (the gateway sends one request per choice, seed
 own children are) and the event payloads (`started`, `logprob`, `text` / `completion_tokens` /
 `finish`: `engines.interface.Event`). What is vLLM's: scheduling, batching, the paged KV cache and its
 prefix cache, sampling, detokenization and stop strings.
+
+`VllmModel` is the engine its worker hosts, an `engines.interface.StreamingEngine`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from modelhost.artifacts.quantization import InvalidQuantization, read_quantization, serving
 from modelhost.engines.chat_images import chat_with_images
-from modelhost.engines.interface import Event
+from modelhost.engines.interface import Emit, StreamingEngine
 from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
 from modelhost.generation.chat_templates import in_thread, output_cap
@@ -62,8 +64,9 @@ LOW_PRIORITY = 1  # a batch line's, under vLLM's priority scheduling (lower valu
 
 
 @dataclass
-class VllmModel:
-    """The engine and what building a request needs of the model (`generation.requests.PromptModel`)."""
+class VllmModel(StreamingEngine):
+    """vLLM's engine as a `StreamingEngine` (`engines.interface`), and what building a request needs of
+    the model (`generation.requests.PromptModel`)."""
 
     engine: Any  # vllm.v1.engine.async_llm.AsyncLLM
     tokenizer: Any
@@ -88,9 +91,23 @@ class VllmModel:
         the token alone: U+FFFD for part of a character, where vLLM's `decoded_token` is empty)."""
         return functools.lru_cache(maxsize=65536)(lambda token: str(self.tokenizer.decode([token])))
 
+    async def generate(self, request_id: str, request: GenerationRequest, emit: Emit) -> None:
+        """Run one request to its end, emitting our events (`_generate`)."""
+        await _generate(self, request_id, request, emit)
+
     async def abort(self, request_id: str) -> None:
         """Stop a request `generate` runs (its caller is gone, or cancelled it)."""
         await self.engine.abort(request_id)
+
+    async def warm_up(self) -> None:
+        """One short generation before `Ready`: a model vLLM loads but cannot run (a head size its CPU
+        kernels lack, say) fails its load with vLLM's reason, rather than every request later."""
+        from vllm.inputs import tokens_input
+
+        params = vllm_params(SamplingParams(max_tokens=2, temperature=0.0), None)
+        prompt = [int(self.tokenizer.eos_token_id or 0)]
+        async for _ in self.engine.generate(tokens_input(prompt), params, "modelhost-warm-up"):
+            pass
 
     @property
     def errored(self) -> bool:
@@ -218,17 +235,6 @@ def _checkpoint_dtype(model_dir: Path) -> str:
     return dtype if dtype in ("float32", "float16", "bfloat16") else "auto"
 
 
-async def warm_up(model: VllmModel) -> None:
-    """One short generation before `Ready`: a model vLLM loads but cannot run (a head size its CPU
-    kernels lack, say) fails its load with vLLM's reason, rather than every request later."""
-    from vllm.inputs import tokens_input
-
-    params = vllm_params(SamplingParams(max_tokens=2, temperature=0.0), None)
-    prompt = [int(model.tokenizer.eos_token_id or 0)]
-    async for _ in model.engine.generate(tokens_input(prompt), params, "modelhost-warm-up"):
-        pass
-
-
 def _has_cuda() -> bool:
     import torch
 
@@ -322,9 +328,7 @@ def _prompt_logprobs(model: VllmModel, prompt: list[int], entries: list[Any], to
     return out
 
 
-async def generate(
-    model: VllmModel, request_id: str, request: GenerationRequest, emit: Callable[[Event], None]
-) -> None:
+async def _generate(model: VllmModel, request_id: str, request: GenerationRequest, emit: Emit) -> None:
     """Run one request to its end, emitting our events. Bad input becomes an `error` event (the
     caller's 400), as the transformers engine's `start` raising `ModelhostError` does."""
     from vllm.exceptions import VLLMClientError

@@ -68,7 +68,7 @@ class GenerationRequest(msgspec.Struct, tag="generation", kw_only=True, omit_def
     token IDs; None: the start of a new document)."""
 
     # ---- the prompt
-    messages: list[dict[str, Any]] | None = None  # as chat templates take them (`generation.chat`)
+    messages: list[dict[str, Any]] | None = None  # as chat templates take them (`generation.choices`)
     prompt: str | list[int] | None = None
     suffix: str | None = None  # OpenAI's insert mode (fill-in-the-middle)
     echo: bool = False  # the answer starts with the prompt's text (completions)

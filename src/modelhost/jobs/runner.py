@@ -21,7 +21,7 @@ from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.generation.contract import Progress, VideoDone, VideoLimits, VideoRequest
-from modelhost.jobs.videos import PREVIEWS, Claimed, VideoJobs
+from modelhost.jobs.store import PREVIEWS, Claimed, VideoJobs
 from modelhost.runtime.gateway.interface import Runtime
 
 log = logging.getLogger("modelhost.jobs")

@@ -22,7 +22,7 @@ import orjson
 
 from modelhost.errors import ModelhostError
 from modelhost.frontend import Generation, Streams, Target, Until
-from modelhost.generation.chat import ChatChoice, effective_tools, new_id, tokenize_request, tool_schemas
+from modelhost.generation.choices import ChatChoice, effective_tools, new_id, tokenize_request, tool_schemas
 from modelhost.generation.contract import (
     GenerationEvent,
     GenerationRequest,

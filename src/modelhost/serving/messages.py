@@ -4,7 +4,7 @@
 A second wire format over the same generation as chat completions: a Messages request becomes a chat
 completion request (`chat_request`: system blocks → a system message, content blocks → chat messages and
 parts, tools and `tool_choice` → chat tools, `thinking` → the family's reasoning switch), which
-`generation.chat` turns into the engine request exactly as for `/v1/chat/completions`; `ChatChoice`
+`generation.choices` turns into the engine request exactly as for `/v1/chat/completions`; `ChatChoice`
 assembles the model's reasoning, text and tool calls, and `MessageAssembler` turns its deltas into
 Anthropic's content blocks and stream events. Only the shapes differ.
 """
@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from modelhost.errors import InvalidRequest, ModelhostError, anthropic_body
 from modelhost.frontend import Generation, Streams, Target, Until
-from modelhost.generation.chat import ChatChoice, tokenize_request
+from modelhost.generation.choices import ChatChoice, tokenize_request
 from modelhost.generation.contract import GenerationEvent, Tokenized
 from modelhost.protocol.chat import ChatCompletionRequest, TokenizeChatRequest
 from modelhost.protocol.messages import (

@@ -1,5 +1,5 @@
 """OpenAI video jobs (`/v1/videos`; api.md §4.2, docs/videos.md): the job's options from a create
-request, and the store's jobs (`jobs.videos`) as OpenAI's typed `Video` objects, pages and deletions.
+request, and the store's jobs (`jobs.store`) as OpenAI's typed `Video` objects, pages and deletions.
 Creating a job only records it; a gateway's `VideoRunner` runs it (`jobs.runner`)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def video_options(body: VideoCreateRequest) -> dict[str, Any]:
 
 
 def video(job: dict[str, Any]) -> Video:
-    """A job as the store shows it (`jobs.videos.view`), typed."""
+    """A job as the store shows it (`jobs.store.view`), typed."""
     return Video.model_validate(job)
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from modelhost.engines import loader
+from modelhost.errors import item_error
 from modelhost.tasks import media_items
-from modelhost.tasks.base import item_error
 from modelhost.tasks.classify import Classifier, classify
 from modelhost.tasks.media_items import ItemError
 

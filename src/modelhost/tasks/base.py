@@ -7,15 +7,15 @@ from typing import Any, ClassVar, Protocol
 
 from typing_extensions import TypeIs
 
-from modelhost.errors import ModelhostError
 from modelhost.generation.contract import GenerationEvent, StreamRequest
 
 
 class TaskHandler(Protocol):
     """A batch task, run inside a replica. Items and outputs are msgpack-able dicts.
 
-    `run` answers one output per item, in order. An output `{"error": {"message", "param"}}` is a
-    client error of that item alone (the gateway answers it with 400); other items are unaffected.
+    `run` answers one output per item, in order. An output `{"error": {"message", "param", "code"}}`
+    (`errors.item_error`, `errors.error_of`) is a client error of that item alone (the gateway answers
+    it with 400); other items are unaffected.
     The replica batches the requests of every gateway process into one `run` call.
     """
 
@@ -56,15 +56,6 @@ AnyTaskHandler = TaskHandler | StreamingTaskHandler
 def is_streaming(handler: AnyTaskHandler) -> TypeIs[StreamingTaskHandler]:
     """Batch handlers declare no `streaming`; streaming ones declare it True."""
     return getattr(handler, "streaming", False) is True
-
-
-def item_error(message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "param": param, "code": code}}
-
-
-def error_of(exc: ModelhostError) -> dict[str, Any]:
-    """A client error raised while preparing one item (bad media, bad parameter) as its output."""
-    return item_error(exc.message, exc.param, exc.code)
 
 
 def options_key(item: dict[str, Any], fields: tuple[str, ...]) -> tuple[Any, ...]:

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from PIL import Image
 
+from modelhost.errors import item_error
 from modelhost.media.encode import IMAGE_FORMATS, encode_image
 from modelhost.protocol.images import SIDE_MAX, SIDE_MIN, SIDE_STEP
-from modelhost.tasks.base import item_error, options_key
+from modelhost.tasks.base import options_key
 
 MAX_IMAGES_PER_CALL = 8
 

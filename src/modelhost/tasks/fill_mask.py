@@ -8,8 +8,8 @@ from typing import Any
 
 from modelhost.engines import loader
 from modelhost.engines.encoders import EncoderSlot, pipeline_slot
-from modelhost.errors import param_name
-from modelhost.tasks.base import grouped, item_error
+from modelhost.errors import item_error, param_name
+from modelhost.tasks.base import grouped
 from modelhost.tasks.outputs import plain
 
 

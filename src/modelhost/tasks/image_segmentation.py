@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from modelhost.engines import loader
-from modelhost.tasks.base import grouped, item_error
+from modelhost.errors import item_error
+from modelhost.tasks.base import grouped
 from modelhost.tasks.image_batches import decoded_images, image_warmup_item, spread_results
 from modelhost.tasks.outputs import png_base64
 

@@ -12,10 +12,9 @@ import torch
 from PIL import Image
 
 from modelhost.engines import loader
-from modelhost.errors import ModelhostError
+from modelhost.errors import ModelhostError, error_of, item_error
 from modelhost.media.image import decode_image
 from modelhost.tasks import media_items
-from modelhost.tasks.base import error_of, item_error
 from modelhost.tasks.diffusion import (
     AUTO_PIPELINES,
     Job,

@@ -11,14 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from modelhost.errors import ModelhostError, param_name
+from modelhost.errors import ModelhostError, error_of, param_name
 from modelhost.media.decode import audio_from_samples, decode_audio, decode_video
 from modelhost.media.image import decode_image
-from modelhost.tasks.base import error_of
 
 
 class ItemError(Exception):
-    """One item's inputs cannot be used; `output` is its error output."""
+    """One item's inputs cannot be used; `output` is its error output (`errors.item_error`)."""
 
     def __init__(self, output: dict[str, Any]) -> None:
         super().__init__(output["error"]["message"])

@@ -19,7 +19,7 @@ import torch
 
 from modelhost.engines import loader
 from modelhost.engines.encoders import EncoderSlot
-from modelhost.tasks.base import item_error
+from modelhost.errors import item_error
 from modelhost.tasks.classify import Classifier, classifier_slot
 
 DOC_STRIDE = 128  # the pipeline's default overlap between windows, in tokens

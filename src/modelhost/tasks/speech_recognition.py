@@ -14,10 +14,9 @@ import numpy as np
 import torch
 
 from modelhost.engines import loader
-from modelhost.errors import InvalidRequest, ModelhostError
+from modelhost.errors import InvalidRequest, ModelhostError, error_of, item_error
 from modelhost.media.decode import decode_audio
 from modelhost.media.encode import encode_audio
-from modelhost.tasks.base import error_of, item_error
 from modelhost.tasks.media_items import WARMUP_LIMITS
 
 CTC_WINDOW_SECONDS = 30.0  # CTC models have no window of their own; longer audio is cut into these

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from modelhost.engines import loader
-from modelhost.errors import InvalidRequest
-from modelhost.tasks.base import error_of, generate_groups
+from modelhost.errors import InvalidRequest, error_of
+from modelhost.tasks.base import generate_groups
 
 OPTIONS = ("max_new_tokens", "generate_kwargs", "src_lang", "tgt_lang")
 # the settings a config's task_specific_params may give `generate` as defaults (the caller's win)

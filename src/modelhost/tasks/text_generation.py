@@ -18,7 +18,7 @@ from typing import Any
 from modelhost.config import get_settings
 from modelhost.engines import loader
 from modelhost.engines.chat_images import chat_with_images
-from modelhost.engines.interface import Event
+from modelhost.engines.interface import Engine, Event
 from modelhost.engines.native.engine import GenerationEngine, Sequence
 from modelhost.errors import InvalidRequest
 from modelhost.generation.chat_templates import output_cap
@@ -44,9 +44,10 @@ MAX_RUNNING_SEQUENCES = 64
 
 @dataclass
 class ChatModel:
-    engine: GenerationEngine
+    engine: Engine[Sequence]  # stepped by the replica's loop through this handler (`engines.interface`)
     tokenizer: Any
     family: Family
+    model_config: Any = None  # the model's (`transformers` config): a vision model's image token
     _guidance: Any = None  # llguidance's tokenizer, built on the first constrained request (~1 s)
     echo: dict[int, list[int]] = field(default_factory=dict)  # prompts to send back (completions' echo)
     fim: tuple[int, int, int] | None = None  # the tokenizer's fill-in-the-middle tokens, if any
@@ -190,6 +191,7 @@ def chat_model(model: Any, tokenizer: Any, device: str, defaults: dict[str, Any]
         engine,
         tokenizer,
         family,
+        model_config=model.config,
         fim=fim_tokens(tokenizer),
         generation_defaults=defaults,
         special=special,
@@ -203,7 +205,7 @@ def _stripped(decode: Any, strip: Any, tokens: list[int]) -> str:
 
 
 def _image_token(state: ChatModel) -> int:
-    config = state.engine.model.config
+    config = state.model_config
     token = getattr(config, "image_token_id", None)
     return int(token if token is not None else config.image_token_index)
 

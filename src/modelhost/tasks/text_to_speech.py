@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from modelhost.engines import loader
+from modelhost.errors import item_error
 from modelhost.media.decode import resample
 from modelhost.media.encode import AUDIO_FORMATS, OPUS_RATES, encode_audio
-from modelhost.tasks.base import item_error
 
 # OpenAI's voice names, in the order its SDK lists them; on a model with N speakers the i-th name is
 # speaker i mod N, so every name works and the first N are distinct speakers.

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from modelhost.engines import loader
+from modelhost.errors import item_error
 from modelhost.tasks import media_items
-from modelhost.tasks.base import grouped, item_error
+from modelhost.tasks.base import grouped
 from modelhost.tasks.classify import Classifier, classify
 from modelhost.tasks.media_items import ItemError
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from modelhost.engines.interface import Event
+from modelhost.engines.interface import Engine, Event
 from modelhost.engines.native.attention import attention_kernels
 from modelhost.engines.native.cuda_graphs import DecodeGraphs
 from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
@@ -83,13 +83,17 @@ class Sequence:
         return len(self.prompt) + len(self.generated)
 
 
-class GenerationEngine:
-    """Continuous batching over one causal LM with a slot KV cache (`engines.native.kv_cache`).
+class GenerationEngine(Engine[Sequence]):
+    """Continuous batching over one causal LM with a slot KV cache (`engines.native.kv_cache`): the
+    stepped `Engine` of `engines.interface`, taking `Sequence`s.
 
     Sequences pass through three lists: `waiting` (no slot yet), `prefilling` (a slot, the prompt going
     into the cache a chunk at a time) and `running` (decoding, one token per step). Running sequences
     always hold slots `0..len(running)-1` in order, prefilling ones the next slots, so a decoding step
     reads a view of the cache's first rows."""
+
+    vocab_size: int
+    context_length: int
 
     def __init__(
         self,

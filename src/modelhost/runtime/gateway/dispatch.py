@@ -38,6 +38,7 @@ from modelhost.errors import (
     InvalidRequest,
     ModelhostError,
     Overloaded,
+    is_item_error,
 )
 from modelhost.generation.contract import (
     GenerationEvent,
@@ -146,7 +147,7 @@ class Dispatcher:
             raise DeploymentUnavailable(f"Inference failed: {exc}") from exc
         finally:
             self._release()
-        if "error" in output:
+        if is_item_error(output):
             raise item_failure(output["error"])
         tokens = output.get("tokens")
         if isinstance(tokens, int):  # the input tokens of embeddings and reranking (rate limits)

@@ -20,7 +20,7 @@ from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime.engine_choice import llama_server_program, vllm_launch
 from modelhost.runtime.footprint import llamacpp_layout
 from modelhost.runtime.replica import ReplicaSpec
-from modelhost.runtime.worker.spawn import WORKER_ENV
+from modelhost.runtime.worker.spawn import WORKER_ENV, sync_worker_env
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,8 @@ def worker_launch(
     if engine.measured_at_load:  # an encoder's runtime, chosen at load
         encoder_cache = str(settings.data_dir / "encoder-runtimes")
         args += ["--engine", spec.engine, "--engine-cache", encoder_cache, "--precision", spec.precision]
-    env: dict[str, str] = {**base_env, **WORKER_ENV}
+    # our own worker (no program of its engine's): its OpenMP threads sleep between calls (`spawn`)
+    env: dict[str, str] = sync_worker_env(base_env) if engine.worker is None else {**base_env, **WORKER_ENV}
     command: tuple[str, ...] = ()
     if spec.kv_cache_mb:  # the KV cache its footprint reserved (`runtime.footprint`)
         env["MODELHOST_KV_CACHE_MB"] = str(spec.kv_cache_mb)

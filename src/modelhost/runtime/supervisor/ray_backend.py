@@ -61,7 +61,7 @@ from modelhost import tracing
 from modelhost.auth.principal import low_priority
 from modelhost.config import Settings, get_settings
 from modelhost.engine_table import spec as engine_spec
-from modelhost.errors import DeploymentUnavailable
+from modelhost.errors import DeploymentUnavailable, item_error
 from modelhost.generation.contract import GenerationEvent, StreamRequest, is_last
 from modelhost.generation.deployment_settings import ENVIRONMENT
 from modelhost.runtime import metrics
@@ -409,8 +409,7 @@ async def _answers(runs: Iterable[Awaitable[dict[str, Any]]]) -> list[dict[str, 
     failing the others."""
     answers = await asyncio.gather(*runs, return_exceptions=True)
     return [
-        a if isinstance(a, dict) else {"error": {"message": f"{type(a).__name__}: {a}", "internal": True}}
-        for a in answers
+        a if isinstance(a, dict) else item_error(f"{type(a).__name__}: {a}", internal=True) for a in answers
     ]
 
 

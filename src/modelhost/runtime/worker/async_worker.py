@@ -7,7 +7,9 @@ and the listening socket every gateway process connects to), and speaking the sa
 answers a batch task (llama.cpp's embeddings), `Run` → `Started` as it goes to the engine, then `Results`
 (the engine batches concurrent requests itself: each runs as it comes). Each worker module loads
 and warms up its engine (its own failures, its own words), then hands it to `serve`; everything after
-that (peers, the per-turn flushing of events, metrics, traces, `Ready`, the end) is here, once.
+that (peers, the per-turn flushing of events, metrics, traces, `Ready`, the end) is here, once. The
+engine is one object, a `StreamingEngine` or a `BatchEngine` (`engines.interface`: what it serves is
+which of the two it is).
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
 from modelhost import tracing
-from modelhost.engines.interface import Event as EngineEvent
+from modelhost.engines.interface import BatchEngine, SelfSteppingEngine, StreamingEngine
 from modelhost.generation.contract import GenerationEvent, GenerationRequest, Text, failed
 from modelhost.runtime import metrics
 from modelhost.runtime.replica_protocol import (
@@ -54,28 +56,6 @@ from modelhost.runtime.worker.sync_worker import die_with_parent
 
 READ_SIZE = 1 << 18
 
-Emit = Callable[[EngineEvent], None]
-# One request run to its end: (request ID unique in the worker, the request, where its events go)
-Generation = Callable[[str, GenerationRequest, Emit], Awaitable[None]]
-# One batch-task request run to its end: (its item, whether it is a batch line, called as it goes to the
-# model) → its output, or `{"error": ...}` for bad input
-BatchRun = Callable[[dict[str, Any], bool, Callable[[], None]], Awaitable[dict[str, Any]]]
-
-
-class AsyncEngine(Protocol):
-    """What the loop needs of a loaded engine besides running a request."""
-
-    async def abort(self, request_id: str) -> None:
-        """Stop a request `generate` runs (its caller is gone, or cancelled it)."""
-        ...
-
-    @property
-    def errored(self) -> bool:
-        """No request can run any more: the worker exits and the supervisor starts another."""
-        ...
-
-    def shutdown(self) -> None: ...
-
 
 @dataclass(eq=False)
 class _Peer:
@@ -89,17 +69,11 @@ class _Peer:
 
 
 class AsyncWorker:
-    def __init__(
-        self,
-        engine: AsyncEngine,
-        generate: Generation | None,
-        deployment: str,
-        name: str,
-        run: BatchRun | None = None,
-    ) -> None:
+    def __init__(self, engine: SelfSteppingEngine, deployment: str, name: str) -> None:
         self.engine = engine
-        self.generate = generate  # None: the engine serves a batch task (`run`)
-        self.run = run
+        # the engine as what it serves: generations, or a batch task's requests (the other is None)
+        self.streaming = engine if isinstance(engine, StreamingEngine) else None
+        self.batch = engine if isinstance(engine, BatchEngine) else None
         self.deployment = deployment
         self.name = name  # the engine's, on traces
         # the same gauge the transformers engine's replicas keep: sequences held (the engine's running
@@ -144,11 +118,11 @@ class AsyncWorker:
         await self.serve_connection(reader, writer)
 
     def _receive(self, peer: _Peer, message: Any) -> None:
-        if isinstance(message, Generate) and self.generate is None:
+        if isinstance(message, Generate) and self.streaming is None:
             self._event(peer, message.id, failed("this replica serves a batch task", internal=True))
         elif isinstance(message, Generate):
             peer.generations[message.id] = asyncio.create_task(self._generate(peer, message))
-        elif isinstance(message, Run) and self.run is None:
+        elif isinstance(message, Run) and self.batch is None:
             self._send(peer, Failed([message.id], "this replica serves a streaming task"))
         elif isinstance(message, Run):
             peer.runs[message.id] = asyncio.create_task(self._run(peer, message))
@@ -165,7 +139,7 @@ class AsyncWorker:
         """One batch-task request: `Started` as it goes to the engine (a replica that dies then fails
         it; one still waiting may go to another replica), then its output, or `Failed` where the engine
         raised."""
-        assert self.run is not None
+        assert self.batch is not None
         arrived = time.time_ns() if message.trace and tracing.ENABLED else 0
         began = 0
 
@@ -175,7 +149,7 @@ class AsyncWorker:
             self._send(peer, Started([message.id]))
 
         try:
-            output = await self.run(message.item, message.low, started)
+            output = await self.batch.run(message.item, message.low, started)
         except Exception as exc:  # the engine failed: this request gets an internal error
             traceback.print_exc()
             self._send(peer, Failed([message.id], f"{type(exc).__name__}: {exc}"))
@@ -204,18 +178,18 @@ class AsyncWorker:
                 trace_event(traced, event)
             self._event(peer, message.id, event)
 
-        assert self.generate is not None
+        assert self.streaming is not None
         self._send(peer, Started([message.id]))  # begun: not sent to another replica if this one dies
         request = with_priority(message)
         try:
             if isinstance(request, GenerationRequest):
-                await self.generate(request_id, request, emit)
+                await self.streaming.generate(request_id, request, emit)
             else:  # a video job: these engines generate text only
                 emit(failed("This engine generates text only.", "model"))
         except asyncio.CancelledError:
             if traced is not None:
                 traced.end()
-            await self.engine.abort(request_id)
+            await self.streaming.abort(request_id)
             raise
         except Exception as exc:  # the engine failed: this request gets an internal error
             traceback.print_exc()

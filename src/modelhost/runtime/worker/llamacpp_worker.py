@@ -13,16 +13,14 @@ model's batch requests); this module loads the engine and warms it up.
 from __future__ import annotations
 
 import argparse
-import functools
 import socket
 import sys
 import time
 import traceback
-from collections.abc import Awaitable, Callable
 
-from modelhost.engines.llamacpp import generate, load, warm_up
-from modelhost.engines.llamacpp_embeddings import embed, load_embedder, warm_up_embedder
-from modelhost.engines.llamacpp_server import LlamaCppServer
+from modelhost.engines.interface import SelfSteppingEngine
+from modelhost.engines.llamacpp import load
+from modelhost.engines.llamacpp_embeddings import load_embedder
 from modelhost.runtime.worker import async_worker
 from modelhost.runtime.worker.async_worker import AsyncWorker, load_failed
 from modelhost.runtime.worker.sync_worker import replica_parser
@@ -43,30 +41,24 @@ async def _serve(args: argparse.Namespace) -> int:
     listener = socket.socket(fileno=args.listen_fd)
     started = time.perf_counter()
     try:
-        model, warm, worker = _load(args)
+        engine = _load(args)
     except Exception as exc:  # the reason goes back to the supervisor
         traceback.print_exc()
         return load_failed(lifeline, f"llama.cpp could not load the model: {type(exc).__name__}: {exc}")
     try:
-        await warm()
+        await engine.warm_up()
     except Exception as exc:
         traceback.print_exc()
-        model.shutdown()
+        engine.shutdown()
         return load_failed(lifeline, f"llama.cpp loaded the model but could not run it: {exc}")
+    worker = AsyncWorker(engine, args.deployment, "llamacpp")
     return await async_worker.serve(lifeline, listener, started, worker)
 
 
-def _load(args: argparse.Namespace) -> tuple[LlamaCppServer, Callable[[], Awaitable[None]], AsyncWorker]:
-    """The engine for the deployment's task, its warm-up, and the loop that serves it."""
+def _load(args: argparse.Namespace) -> SelfSteppingEngine:
+    """The engine for the deployment's task: the server in embedding mode, or generating."""
     where = (args.model_dir, args.slots, args.context, args.threads, args.llama_server)
-    if args.pipeline == EMBEDDINGS:
-        embedder = load_embedder(*where)
-        run = functools.partial(embed, embedder)
-        worker = AsyncWorker(embedder, None, args.deployment, "llamacpp", run=run)
-        return embedder, functools.partial(warm_up_embedder, embedder), worker
-    model = load(*where)
-    worker = AsyncWorker(model, functools.partial(generate, model), args.deployment, "llamacpp")
-    return model, functools.partial(warm_up, model), worker
+    return load_embedder(*where) if args.pipeline == EMBEDDINGS else load(*where)
 
 
 def main(argv: list[str] | None = None) -> int:

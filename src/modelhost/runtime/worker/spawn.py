@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -34,6 +34,20 @@ import msgspec
 
 # Workers log to the supervisor's stderr: no progress bars, no tokenizer thread pools fighting torch's.
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1"}
+
+# Our own worker's OpenMP threads (torch's libgomp) sleep as soon as a parallel region ends, where by
+# default they spin for milliseconds waiting for the next one: a replica's idle threads then burned the
+# cores its gateway and every other tenant's replica needed (docs/runtime.md; measured by
+# `bench.path_costs`). An operator's own OMP_WAIT_POLICY wins. vLLM and llama.cpp set up their own threads.
+SYNC_WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def sync_worker_env(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of our own worker (forked from the template, or executed): `base`, then
+    `WORKER_ENV`, with `SYNC_WORKER_ENV` where `base` does not say otherwise."""
+    return {**SYNC_WORKER_ENV, **base, **WORKER_ENV}
+
+
 MESSAGE_BYTES = 1 << 20
 
 
@@ -116,7 +130,7 @@ class Template:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "modelhost.runtime.worker.template", "--fd", str(theirs.fileno())],
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **WORKER_ENV},
+            env=sync_worker_env(os.environ),  # its OpenMP is set up here, before its workers fork
             pass_fds=(theirs.fileno(),),
         )
         theirs.close()

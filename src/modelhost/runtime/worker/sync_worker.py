@@ -35,6 +35,7 @@ import msgspec
 
 from modelhost import tracing
 from modelhost.engine_table import AUTO, ENGINE_TABLE, spec
+from modelhost.engines.interface import EncoderHandler
 from modelhost.generation import chat_templates
 from modelhost.runtime.replica_protocol import (
     Cancel,
@@ -178,15 +179,15 @@ def choose_runtime(
 ) -> Any:
     """An encoder's runtime, where the deployment's engine leaves it to the replica (`auto`,
     `onnxruntime`): `engines.encoders` measures (or reads its cached decision) and swaps the model.
-    None where the handler has no encoder to offer or the engine is `transformers`."""
-    slot = getattr(handler, "encoder_slot", None)
-    if not spec(engine).measured_at_load or slot is None:
+    None where the handler has no encoder to offer (`engines.interface.EncoderHandler`) or the engine is
+    `transformers`."""
+    if not spec(engine).measured_at_load or not isinstance(handler, EncoderHandler):
         return None
     if cache is None:  # the supervisor always names it: the server's data folder, never the artifact's
         raise ValueError(f"--engine {engine} needs --engine-cache")
     from modelhost.engines.encoders import prepare
 
-    return prepare(slot(state), model_dir, engine, cache, precision)
+    return prepare(handler.encoder_slot(state), model_dir, engine, cache, precision)
 
 
 def warm_up(handler: AnyTaskHandler, state: Any) -> None:

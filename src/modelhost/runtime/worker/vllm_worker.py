@@ -11,14 +11,13 @@ generation is the engine's part (`engines.vllm`); this module loads it and warms
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import socket
 import sys
 import time
 import traceback
 
-from modelhost.engines.vllm import LoraSlots, QuantizationNotServed, generate, load, warm_up
+from modelhost.engines.vllm import LoraSlots, QuantizationNotServed, load
 from modelhost.runtime.worker import async_worker
 from modelhost.runtime.worker.async_worker import AsyncWorker, load_failed
 from modelhost.runtime.worker.sync_worker import replica_parser
@@ -55,12 +54,12 @@ async def _serve(args: argparse.Namespace) -> int:
         traceback.print_exc()
         return load_failed(lifeline, f"vLLM could not load the model: {type(exc).__name__}: {exc}")
     try:
-        await warm_up(model)
+        await model.warm_up()
     except Exception as exc:
         traceback.print_exc()
         model.shutdown()
         return load_failed(lifeline, f"vLLM loaded the model but could not run it: {_root_cause(exc)}")
-    worker = AsyncWorker(model, functools.partial(generate, model), args.deployment, "vllm")
+    worker = AsyncWorker(model, args.deployment, "vllm")
     return await async_worker.serve(lifeline, listener, started, worker)
 
 

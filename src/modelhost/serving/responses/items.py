@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from modelhost.errors import InvalidRequest
-from modelhost.generation.chat import ChatChoice
+from modelhost.generation.choices import ChatChoice
 from modelhost.generation.contract import GenerationEvent
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.protocol.responses import (

@@ -17,7 +17,7 @@ from modelhost.auth.limits import start_counting
 from modelhost.clock import heartbeat_seconds
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.frontend import Generation, Streams, Target
-from modelhost.generation.chat import ChatChoice, tool_schemas
+from modelhost.generation.choices import ChatChoice, tool_schemas
 from modelhost.generation.contract import GenerationRequest
 from modelhost.protocol.responses import ResponseCreateRequest
 from modelhost.routing import split_key

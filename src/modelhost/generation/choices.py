@@ -1,11 +1,13 @@
-"""OpenAI chat requests as engine requests, and one chat choice assembled from the engine's events.
+"""OpenAI requests as the engine requests of their choices, and one choice assembled from the engine's
+events: the generation logic every front-end shares.
 
-Plain Python between the wire types (`protocol.chat`) and the engine: a chat request becomes one engine
-request per choice (n), with the grammar of its tools or JSON schema; `ChatChoice` assembles a choice
-from the engine's events, for a whole answer or as streamed deltas. Tool calls come either from
-constrained decoding (`required`, a named tool: the output is a call by construction) or from parsing the
-model's own markup (`auto`). The serving of chat completions (`serving.chat`), agent runs and the
-Responses API build on it.
+Plain Python between the wire types (`protocol.chat`) and the engine: a chat or completions request
+becomes one engine request per choice (n), with the grammar of its tools or JSON schema; `ChatChoice`
+assembles a choice from the engine's events, for a whole answer or as streamed deltas. Tool calls come
+either from constrained decoding (`required`, a named tool: the output is a call by construction) or
+from parsing the model's own markup (`auto`). Not the chat family's module (that is `protocol.chat`,
+`api.routes.chat`, `serving.chat`): chat and text completions, the Messages and Responses APIs and agent
+runs all build on it, through `frontend.Generation`.
 """
 
 from __future__ import annotations
