@@ -403,6 +403,7 @@ def test_our_workers_openmp_threads_sleep_between_calls_unless_the_operator_says
     spec = ReplicaSpec("dep_x", "feature-extraction", tmp_path, 2, "cpu", engine="transformers")
     launch = worker_launch(spec, get_settings(), {"PATH": "/usr/bin"}, warmup=False)
     assert launch.command == () and launch.env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert launch.env["GOMP_SPINCOUNT"] == "10000"  # a bounded wait inside a forward pass
     own = worker_launch(spec, get_settings(), {"OMP_WAIT_POLICY": "ACTIVE"}, warmup=False)
     assert own.env["OMP_WAIT_POLICY"] == "ACTIVE"
     assert sync_worker_env({})["OMP_WAIT_POLICY"] == "PASSIVE"  # the template's, which its forks keep

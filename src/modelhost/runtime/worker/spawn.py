@@ -35,11 +35,14 @@ import msgspec
 # Workers log to the supervisor's stderr: no progress bars, no tokenizer thread pools fighting torch's.
 WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_OFFLINE": "1"}
 
-# Our own worker's OpenMP threads (torch's libgomp) sleep as soon as a parallel region ends, where by
-# default they spin for milliseconds waiting for the next one: a replica's idle threads then burned the
-# cores its gateway and every other tenant's replica needed (docs/runtime.md; measured by
-# `bench.path_costs`). An operator's own OMP_WAIT_POLICY wins. vLLM and llama.cpp set up their own threads.
-SYNC_WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# Our own worker's OpenMP threads (torch's libgomp) wait for the next parallel region for a bounded
+# moment (10,000 spins: a forward pass's regions follow each other within it), then sleep; and they do
+# not spin at all when the process has more threads than cores. By default they spin for milliseconds
+# after every region: a replica's idle threads then burned the cores its gateway and every other
+# tenant's replica needed (docs/runtime.md; measured by `bench.path_costs`). Passive alone (no spin)
+# cost a torch model a fifth of its requests at 1 connection. An operator's own settings win. vLLM and
+# llama.cpp set up their own threads.
+SYNC_WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}
 
 
 def sync_worker_env(base: Mapping[str, str]) -> dict[str, str]:
