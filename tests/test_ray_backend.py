@@ -523,7 +523,7 @@ async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_
                 "/v1/chat/completions", json={**request, "stream": True}, headers=bearer(key)
             )
             assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
-            [worker] = processes("modelhost.runtime.worker.vllm_worker", app)
+            [worker] = vllm_workers(app)
             [actor] = serve_replica_pids(app)
             assert _parent(worker) == actor  # the Serve replica's own child
             assert Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")[0] == python.encode()
@@ -538,7 +538,7 @@ async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_
                 """Serve's health check replaced the replica, whose new worker started vLLM's engine
                 (not waited for until it answers: the first start proved that, and a second costs ~40 s)."""
                 actors = serve_replica_pids(app)
-                workers = processes("modelhost.runtime.worker.vllm_worker", app)
+                workers = vllm_workers(app)
                 return (
                     len(actors) == 1
                     and actors[0] != old_actor
@@ -548,7 +548,7 @@ async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_
                 )
 
             await until(replaced, timeout=300)
-            [worker] = processes("modelhost.runtime.worker.vllm_worker", app)
+            [worker] = vllm_workers(app)
             [actor] = serve_replica_pids(app)
             engine = tree(worker)  # the worker and vLLM's engine processes
             os.kill(actor, signal.SIGKILL)  # the replica dies: its worker and engine go with it
@@ -557,6 +557,18 @@ async def test_a_vllm_deployment_answers_from_vllms_worker_which_lives_and_dies_
             await client.delete(f"/v1/deployments/{app}", headers=bearer(key))
     await until(lambda: not processes("modelhost.runtime.worker.vllm_worker", app), timeout=60)
     assert app not in serve.status().applications
+
+
+def vllm_workers(app: str) -> list[int]:
+    """The application's vLLM replica workers. A process vLLM forks (its engine) shows its worker's
+    command line until it names itself: those, children of a worker, are not counted."""
+    found = processes("modelhost.runtime.worker.vllm_worker", app)
+    workers = []
+    for pid in found:
+        with contextlib.suppress(OSError):  # gone since it was listed
+            if _parent(pid) not in found:
+                workers.append(pid)
+    return workers
 
 
 def _parent(pid: int) -> int:
