@@ -151,13 +151,13 @@ def served_costs(sources: dict[str, Path | None], seconds: int, rounds: int) -> 
             deploy(served, minilm_dir(), "feature-extraction", "minilm", engine="onnxruntime")
             deploy(served, minilm_dir(), "feature-extraction", "minilm-torch", engine="transformers")
             deploy(served, folder, "text-generation", "llama", engine="transformers")
-            for _, _, model in LOADS:
-                _load(served, model, 2)  # warm-up
+            for _, unit, model in LOADS:
+                _load(served, model, unit, 2)  # warm-up
         for _ in range(rounds):
             for name, served in servers.items():
-                for load, _, model in LOADS:
+                for load, unit, model in LOADS:
                     before = served.cpu()
-                    units = _load(served, model, seconds)
+                    units = _load(served, model, unit, seconds)
                     used = served.cpu() - before
                     taken.setdefault((name, load), []).append(
                         (used.gateway * 1000 / units, used.engine * 1000 / units)
@@ -177,9 +177,9 @@ def served_costs(sources: dict[str, Path | None], seconds: int, rounds: int) -> 
     }
 
 
-def _load(served: Served, model: str, seconds: int) -> float:
+def _load(served: Served, model: str, unit: str, seconds: int) -> float:
     """Run one load for `seconds`: the requests (embeddings) or output tokens (generation) served."""
-    if model == "llama":
+    if unit == "output token":
         return float(asyncio.run(drive(served.url, served.key, modelhost_body(64), 1, seconds)).tokens)
     body = {"model": model, "input": TEMPLATE}
     run = wrk(served.url, "/v1/embeddings", body, served.key, 1, seconds, distinct=True)

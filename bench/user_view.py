@@ -186,7 +186,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
 
-    torch.set_num_threads(torch.get_num_threads())
     user = UserModel(minilm_dir(), Path(tempfile.mkdtemp(prefix="mh-user-view-")))
     servers = {"this tree": start(args.port, None)}
     if args.baseline is not None:

@@ -52,7 +52,7 @@ def worker_launch(
     if engine.measured_at_load:  # an encoder's runtime, chosen at load
         encoder_cache = str(settings.data_dir / "encoder-runtimes")
         args += ["--engine", spec.engine, "--engine-cache", encoder_cache, "--precision", spec.precision]
-    # our own worker (no program of its engine's): its OpenMP threads sleep between calls (`spawn`)
+    # our own worker (no program of its engine's): its OpenMP threads' bounded wait (`spawn`)
     env: dict[str, str] = sync_worker_env(base_env) if engine.worker is None else {**base_env, **WORKER_ENV}
     command: tuple[str, ...] = ()
     if spec.kv_cache_mb:  # the KV cache its footprint reserved (`runtime.footprint`)
