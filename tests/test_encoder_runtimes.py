@@ -119,7 +119,7 @@ def test_auto_measures_onnxruntime_against_torch_at_the_first_load_and_says_so(
     assert "measured when a replica first loads" in before["engine_reason"]
     runtimes.embed(model, TEXTS)  # loads it: export, equality check, timing
     after = runtimes.deployment(model)
-    assert after["engine_in_use"] in ("onnxruntime", "transformers")
+    assert after["engine_in_use"] in ("onnxruntime", "openvino", "transformers")  # the fastest measured
     reason = after["engine_reason"]
     assert reason.startswith(f"auto chose {after['engine_in_use']}: "), reason
     for runtime in ("ONNX Runtime ", "OpenVINO "):  # both measured, each with its figures
