@@ -9,10 +9,14 @@ against the model a user runs in one process, one distinct sentence per request,
   normalization in NumPy: sentences/s, one at a time.
 - **Served, as a user deploys it**: `POST /v1/deployments` with nothing but the artifact (engine `auto`,
   the server's defaults), then wrk at 1 connection, every request its own sentence (`wrk(distinct=True)`).
+- **The floor** (`bench.relay_floor`): the least a Python server of modelhost's shape spends between
+  the client and another process (uvicorn, a Unix socket, a process that answers at once; no model, no
+  platform), measured as the served: the best ratio to raw any such server reaches here is
+  raw / (raw + floor).
 - `--baseline SRC`: the same served measure on another checkout's `src` (a commit before a change),
   on its own server, in the same rounds.
 
-The two run in turn, `--rounds` times, the median kept: the machine's other load hits both alike.
+They run in turn, `--rounds` times, the median kept: the machine's other load hits both alike.
 
 Where the served request's time goes (the issue's question: "a batching wait, thread contention, the
 tokenization?"), from the server's own accounting over the served run: the model call in the replica
@@ -25,6 +29,8 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -43,6 +49,7 @@ from bench.common import (
     machine,
     minilm_dir,
     serve,
+    stop_process,
     table,
     write_section,
     wrk,
@@ -171,6 +178,25 @@ def start(port: int, source: Path | None) -> tuple[Served, dict[str, str], str]:
     return served, body, f"{listed['engine_in_use']} ({listed['engine_reason'] or 'asked for'})"
 
 
+class Floor:
+    """`bench.relay_floor` on its own port, while the benchmark runs."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.relay_floor", str(port)])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.post(self.url, json={"input": "ready?"}, timeout=1)
+                return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError("bench.relay_floor did not answer in 30 s")
+
+    def rate(self, body: dict[str, str], seconds: int) -> float:
+        return wrk(self.url, "/v1/embeddings", body, "floor", 1, seconds, distinct=True).requests_per_second
+
+
 def median_run(runs: list[ServedRun]) -> ServedRun:
     return sorted(runs, key=lambda r: r.wrk.requests_per_second)[len(runs) // 2]
 
@@ -190,24 +216,38 @@ def main() -> None:
     servers = {"this tree": start(args.port, None)}
     if args.baseline is not None:
         servers["baseline"] = start(args.port + 1, args.baseline)
+    floor = Floor(args.port + 2)
     raw: list[float] = []
+    floors: list[float] = []
     served: dict[str, list[ServedRun]] = {name: [] for name in servers}
     try:
         for round_number in range(args.rounds):
             raw.append(user.rate(args.seconds, round_number * 1_000_000))
             for name, (server, body, _) in servers.items():
                 served[name].append(served_round(server, body, args.seconds))
+            floors.append(floor.rate({"model": "minilm", "input": TEMPLATE}, args.seconds))
     finally:
         for server, _, _ in servers.values():
             server.stop()
+        stop_process(floor.process)
 
     raw_rate = statistics.median(raw)
     raw_ms = 1000 / raw_rate
     figures = Figures("user_view")
     figures.add("raw_onnxruntime.sentences_per_second", raw_rate)
+    floor_ms = 1000 / statistics.median(floors)
+    best = raw_ms / (raw_ms + floor_ms)
+    figures.add("floor_ms", floor_ms)
+    figures.ratio("best_served_over_raw", best)
     rows = [["raw: torch's export on ONNX Runtime, in one process", f"{raw_rate:.0f} sentences/s",
-             f"{raw_ms:.2f}", "-", "-", "-", "-", "-"]]  # fmt: skip
-    notes = []
+             f"{raw_ms:.2f}", "-", "-", "-", "-", "-"],
+            ["the floor: uvicorn → a Unix socket → a process that answers at once, no model",
+             f"{1000 / floor_ms:.0f} req/s", f"{floor_ms:.2f}", "-", "-", f"{floor_ms:.2f}", "-",
+             "-"]]  # fmt: skip
+    notes = [
+        f"- **The best served / raw any server of this shape reaches here: {best:.2f}** (raw {raw_ms:.2f} ms "
+        f"+ the floor's {floor_ms:.2f} ms, with a model call as fast as raw's and nothing else on the path)."
+    ]
     for name, runs in served.items():
         run = median_run(runs)
         key = name.replace(" ", "_")
@@ -225,7 +265,8 @@ def main() -> None:
             f"- **modelhost ({name}) / raw: {run.wrk.requests_per_second / raw_rate:.2f}** (target ≥ 0.9). "
             f"Its requests ran on {engine}. Of a request's {run.mean_ms:.2f} ms, the model call took "
             f"{run.model_call_ms:.2f} ms ({raw_ms:.2f} ms raw) and the rest of the path "
-            f"{run.mean_ms - run.model_call_ms:.2f} ms."
+            f"{run.mean_ms - run.model_call_ms:.2f} ms "
+            f"({run.mean_ms - run.model_call_ms - floor_ms:.2f} ms above the floor)."
         )
     if "baseline" in served:
         now, before = median_run(served["this tree"]), median_run(served["baseline"])
@@ -237,6 +278,7 @@ def main() -> None:
     rounds = "; ".join(
         f"raw {r:.0f}, "
         + ", ".join(f"{name} {runs[i].wrk.requests_per_second:.0f}" for name, runs in served.items())
+        + f", floor {floors[i]:.0f}"
         for i, r in enumerate(raw)
     )
     report = f"""## Embeddings as a new user measures them: MiniLM, one distinct sentence per request
