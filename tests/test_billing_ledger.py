@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 
 from modelhost.billing.ledger import COMPUTE, ComputeReading, Ledger, day_of, shared_meter_id
-from modelhost.billing.rates import GB, Rates, carry_text, charge, to_micro
+from modelhost.billing.rates import GB, Rates, cap_reached, carry_text, charge, to_micro
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import Account, Batch, LedgerEntry, Meter, ModelArtifact, UploadedFile
@@ -35,6 +35,18 @@ def test_charge_carries_the_fraction_so_many_small_ticks_add_up_to_one_big_one()
     assert (total, carry) == (60, 0) == charge(GB, 60_000, rate, Fraction(0))
     amount, carry = charge(GB, 700, rate, Fraction(0))
     assert (amount, carry) == (0, Fraction(7, 10)) and Fraction(carry_text(carry)) == carry
+
+
+@pytest.mark.parametrize(
+    ("cap", "allowed", "refused"),
+    [(5, 4_999_999, 5_000_000), (0.0000015, 1, 2), (0.0000001, 0, 1), (1e-12, 0, 1), (0.000001, 0, 1)],
+)
+def test_a_spend_cap_is_reached_when_the_spent_micro_credits_reach_it_even_below_one_micro_credit(
+    cap: float, allowed: int, refused: int
+) -> None:
+    """A cap under half a micro-credit once rounded to 0, and refused every request before any was billed."""
+    assert not cap_reached(allowed, cap)
+    assert cap_reached(refused, cap)
 
 
 def test_rates_convert_operator_units_exactly() -> None:

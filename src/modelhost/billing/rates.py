@@ -23,6 +23,13 @@ def to_micro(credits: float | Decimal) -> int:
     return round(Fraction(str(credits)) * MICRO)
 
 
+def cap_reached(spent_micro: int, cap: float | Decimal) -> bool:
+    """Whether `spent_micro` micro-credits have reached a cap of `cap` credits: spent ≥ cap, exactly.
+    Not `spent >= to_micro(cap)`: a cap under half a micro-credit rounds to 0 there and refused every
+    request before any was billed."""
+    return spent_micro >= math.ceil(Fraction(str(cap)) * MICRO)
+
+
 def to_credits(micro: int) -> float:
     """Integer micro-credits → credits for the wire (exact to the sixth decimal)."""
     return micro / MICRO

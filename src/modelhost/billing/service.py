@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from modelhost.auth.limits import Limits
 from modelhost.billing.ledger import Billed, Ledger, Usage
 from modelhost.billing.meter import ComputeMeter, count
-from modelhost.billing.rates import to_credits, to_micro
+from modelhost.billing.rates import cap_reached, to_credits
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.clock import Clock
 from modelhost.errors import InsufficientCredits, InsufficientQuota, InvalidRequest, NotFound
@@ -101,7 +101,7 @@ class Billing:
                 spent = await self._spent_loads.load(
                     key, functools.partial(self._read_spent, key, account_id, start)
                 )
-            if spent >= to_micro(cap):
+            if cap_reached(spent, cap):
                 wait = max(1, -(-(end - now_ms) // 1000))
                 raise InsufficientQuota(
                     f"The account has spent its cap of {cap:g} credits per {period} "
