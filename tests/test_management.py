@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -567,6 +568,12 @@ async def test_a_restart_serves_the_stored_versions_and_carries_on_with_a_rollou
     owner = bearer(account["api_key"])
     dep = await new_deployment(client, services, account, "emb", readiness="hot")
     old, new = dep["artifact_id"], ready_artifact(services, account["id"])
+    deadline = time.monotonic() + 30  # its first load fails (the rows have no files): nothing runs, so the
+    # PATCH stores the table as asked, both versions active (while it was still loading, the new one
+    # would load beside it instead, and fail)
+    while (await client.get(f"/v1/deployments/{dep['id']}", headers=owner)).json()["state"] != "failed":
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
     canary = {"traffic": {old: 90, new: 10}}
     assert (await client.patch(f"/v1/deployments/{dep['id']}", json=canary, headers=owner)).status_code == 200
     # what a starting server reads: every active version of a hot deployment loads
