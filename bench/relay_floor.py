@@ -19,16 +19,13 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 DIM = 384
 
 
-def answer_at_once(path: str) -> None:
+def answer_at_once(listener: socket.socket) -> None:
     """The 'replica': every message answered at once with an embedding's bytes."""
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(path)
-    listener.listen(1)
     connection, _ = listener.accept()
     vector = b"\0" * (4 * DIM)
     while connection.recv(1 << 16):
@@ -41,14 +38,16 @@ class _Replica(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future[bytes] | None = None
+        self.received = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
 
     def data_received(self, data: bytes) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(data)
+        self.received += data
+        if len(self.received) >= 4 * DIM and self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(self.received[: 4 * DIM])
+            self.received = self.received[4 * DIM :]
 
     async def call(self, body: bytes) -> bytes:
         assert self.transport is not None
@@ -92,12 +91,13 @@ def main() -> None:
 
     port = int(sys.argv[1])
     path = str(Path(tempfile.mkdtemp(prefix="mh-floor-")) / "replica.sock")
-    child = os.fork()
-    if child == 0:
-        answer_at_once(path)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(path)
+    listener.listen(1)  # before the fork: the server's first connect finds it listening
+    if os.fork() == 0:
+        answer_at_once(listener)
         os._exit(0)
-    while not os.path.exists(path):
-        asyncio.run(asyncio.sleep(0.01))
+    listener.close()
     app = app_for(path)
     uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning")
 

@@ -194,7 +194,10 @@ class Floor:
         raise RuntimeError("bench.relay_floor did not answer in 30 s")
 
     def rate(self, body: dict[str, str], seconds: int) -> float:
-        return wrk(self.url, "/v1/embeddings", body, "floor", 1, seconds, distinct=True).requests_per_second
+        run = wrk(self.url, "/v1/embeddings", body, "floor", 1, seconds, distinct=True)
+        if run.errors:  # wrk counts answers of any status: a failing relay would read as a fast floor
+            raise RuntimeError(f"bench.relay_floor answered {run.errors} requests with an error")
+        return run.requests_per_second
 
 
 def median_run(runs: list[ServedRun]) -> ServedRun:
