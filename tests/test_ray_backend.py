@@ -231,9 +231,10 @@ async def test_embeddings_equal_sentence_transformers_and_a_cold_deployment_star
     for answer, vector in zip(answers, expected, strict=True):
         np.testing.assert_allclose(ok(answer)["data"][0]["embedding"], vector, atol=1e-5)
     assert running(served.embeddings) == 1
+    # the view counts the replicas that have reported their footprint (read every REFRESH_SECONDS)
+    assert await until(lambda: replica_of(served, served.embeddings).stats().memory_bytes > 0, timeout=10)
     view = await served.gw.show(served.embeddings)
     assert (view["state"], view["replicas"]) == ("ready", 1), view
-    assert await until(lambda: replica_of(served, served.embeddings).stats().memory_bytes > 0, timeout=10)
 
 
 async def test_chat_greedy_output_equals_the_model_and_streaming_gives_the_same_text(
