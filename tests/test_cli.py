@@ -180,6 +180,14 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("audit",), "The audit log: who changed what"),
     (("audit", "list"), "List audit rows, newest first (with --admin-key: every account's)."),
     (("audit", "verify"), "Recompute the audit log's hash chain (admin key); exits 1 naming each edited,"),
+    (("users",), "People of your account and their roles (docs/access.md)."),
+    (("users", "add"), "Add a person to your account with a role."),
+    (("users", "list"), "List your account's people and their roles."),
+    (("users", "role"), "Change a person's role: their keys follow at once."),
+    (("users", "disable"), "Disable a person in your account: their keys here are refused"),
+    (("users", "enable"), "Enable a disabled person again."),
+    (("users", "remove"), "Remove a person from your account: their keys here stop at once."),
+    (("whoami",), "Who your key acts as: account, role, person and what it may do."),
 ]
 
 
@@ -305,6 +313,31 @@ def test_keys_create_makes_a_working_account_key(url: str, account: dict[str, An
     assert httpx.get(f"{url}/v1/keys", headers=bearer(created["api_key"])).status_code == 200
 
 
+def test_users_add_a_person_whose_key_follows_their_role_and_whoami_says_so(
+    url: str, account: dict[str, Any]
+) -> None:
+    owner = ("--url", url, "--key", account["api_key"])
+    person = ok_json("users", "add", "dana@example.com", "--role", "developer", *owner)
+    assert (person["email"], person["role"], person["disabled"]) == ("dana@example.com", "developer", False)
+    made = ok_json("keys", "create", "--user", person["id"], "--role", "developer", *owner)
+    assert (made["user_id"], made["role"]) == (person["id"], "developer")
+    mine = ("--url", url, "--key", made["api_key"])
+    [row] = table_rows(ok("whoami", *mine).stdout)
+    assert (row["role"], row["user"]) == ("developer", "dana@example.com")
+    ok("users", "role", person["id"], "--role", "viewer", *owner)
+    assert ok_json("whoami", *mine)["actions"] == [
+        "agents:read",
+        "artifacts:read",
+        "deployments:read",
+        "me:read",
+    ]
+    denied = cli("keys", "create", *mine)
+    assert denied.exit_code == 1 and "403" in denied.stderr
+    assert [u["email"] for u in ok_json("users", "list", *owner)["data"]] == ["dana@example.com"]
+    ok("users", "remove", person["id"], *owner)
+    assert "401" in cli("whoami", *mine).stderr
+
+
 def test_keys_create_prints_the_secret_in_a_table(url: str, account: dict[str, Any]) -> None:
     result = ok("keys", "create", "--url", url, "--key", account["api_key"])
     [row] = table_rows(result.stdout)
@@ -350,6 +383,8 @@ def test_keys_list_json_shows_no_secrets(url: str, account: dict[str, Any]) -> N
             "created_at",
             "revoked_at",
             "expires_at",
+            "role",
+            "user_id",
         }
         for key in listed["data"]
     )

@@ -395,7 +395,13 @@ async def test_every_management_change_writes_an_audit_row_without_a_secret(
     account_key_id = rows[1]["target"]["id"]
     for row in rows[4:]:  # made with the account key, from the test client, each by its own request
         if row["action"] != "deployment.unshared":
-            assert row["actor"] == {"kind": "account", "key_id": account_key_id, "address": "127.0.0.1"}, row
+            assert row["actor"] == {
+                "kind": "account",
+                "key_id": account_key_id,
+                "address": "127.0.0.1",
+                "user_id": None,  # the account's first key: a service key, no person
+                "email": None,
+            }, row
         assert row["request_id"].startswith("req_")
     assert len({row["request_id"] for row in rows}) == len(rows) - 2  # a rotation is one request, two rows
     # never a secret: no key's secret, its hash or its prefix, in any row the admin reads

@@ -57,33 +57,30 @@ _VERIFY_CHUNK = 1000
 @dataclass(frozen=True, slots=True)
 class Actor:
     """Who made a change: `kind` is `admin`, `account`, `deployment` (the key kinds) or `system` (the
-    server itself); `address` the client's IP address."""
+    server itself); `address` the client's IP address; `user_id` and `email` the person who owns the key
+    (None: a service key, the admin key, the server)."""
 
     kind: str
     key_id: str | None = None
     account_id: str | None = None
     address: str | None = None
+    user_id: str | None = None
+    email: str | None = None
 
 
 SYSTEM = Actor("system")
 # Set on every request (its key checked), read only by the few that change something: a plain tuple,
 # made into an `Actor` when a row is written.
-_ACTOR: ContextVar[tuple[str, str | None, str | None, str | None] | None] = ContextVar(
-    "modelhost_audit_actor", default=None
-)
+_ACTOR: ContextVar[Actor | None] = ContextVar("modelhost_audit_actor", default=None)
 
 
-def acting(kind: str, key_id: str | None, account_id: str | None, address: str | None) -> None:
+def acting(actor: Actor) -> None:
     """The current request acts as this key (called by the auth dependency once the key is checked)."""
-    _ACTOR.set((kind, key_id, account_id, address))
+    _ACTOR.set(actor)
 
 
 def current_actor() -> Actor:
-    found = _ACTOR.get()
-    if found is None:
-        return SYSTEM
-    kind, key_id, account_id, address = found
-    return Actor(str(kind), key_id, account_id, address)
+    return _ACTOR.get() or SYSTEM
 
 
 Changes = dict[str, dict[str, Any]]
@@ -131,6 +128,8 @@ def record(
         "actor_kind": actor.kind,
         "actor_key_id": actor.key_id,
         "actor_account_id": actor.account_id,
+        "actor_user_id": actor.user_id,
+        "actor_email": actor.email,
         "client_address": actor.address,
         "request_id": REQUEST_ID.get(),
         "action": action,
@@ -146,8 +145,10 @@ def record(
 
 
 def chain_hash(previous: str, row: Mapping[str, Any]) -> str:
-    """The row's hash: over the previous row's hash and every field of the row but its own hashes."""
+    """The row's hash: over the previous row's hash and every field of the row but its own hashes (the
+    person's fields where set: rows written before they existed hash as they did)."""
     fields = {name: row[name] for name in _HASHED}
+    fields.update({name: row[name] for name in _HASHED_WHERE_SET if row.get(name) is not None})
     fields["created_at"] = _plain(row["created_at"])
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(f"{previous}\n{canonical}".encode()).hexdigest()
@@ -168,6 +169,7 @@ _HASHED = (
     "account_id",
     "changes",
 )
+_HASHED_WHERE_SET = ("actor_user_id", "actor_email")
 
 
 def _without_secrets(changes: Changes) -> Changes:
@@ -306,7 +308,7 @@ class AuditLog:
 
 
 def _fields(row: AuditRow) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in _HASHED}
+    return {name: getattr(row, name) for name in _HASHED + _HASHED_WHERE_SET}
 
 
 def _conditions(filters: Filters) -> list[Any]:

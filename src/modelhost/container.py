@@ -57,6 +57,7 @@ from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
 from modelhost.services.files import FileService, FileStore, file_secret
 from modelhost.services.keys import KeyService
+from modelhost.services.users import UserService
 from modelhost.serving.responses.service import Responses
 from modelhost.serving.responses.store import ResponseStore
 from modelhost.store import migrate
@@ -74,6 +75,7 @@ class Services:
     database: Database
     authenticator: Authenticator
     keys: KeyService
+    users: UserService
     accounts: AccountService
     deployments: DeploymentService
     blobs: BlobStore
@@ -129,6 +131,7 @@ class Services:
         cache: TTLCache[Principal] = TTLCache(settings.key_cache_seconds, settings.key_cache_entries)
         authenticator = Authenticator(database, settings.admin_key_value, cache, clock)
         keys = KeyService(database, authenticator, clock)
+        users = UserService(database, authenticator)
         blobs = blob_store_of(settings)
         ledger = Ledger(database, rates_of(settings))
 
@@ -225,6 +228,7 @@ class Services:
             authenticator=authenticator,
             failed_keys=FailedKeys(settings.auth_failures_per_minute),
             keys=keys,
+            users=users,
             accounts=AccountService(database, keys, ledger, settings.billing_initial_credits),
             deployments=deployments,
             blobs=blobs,

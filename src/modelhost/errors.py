@@ -125,6 +125,14 @@ class InvalidAPIKey(ModelhostError):
     code = "invalid_api_key"
 
 
+class PermissionDenied(ModelhostError):
+    """A valid key whose role does not give the route's action (`auth.roles`; docs/access.md)."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "permission_denied"
+
+
 class ExpiredAPIKey(InvalidAPIKey):
     """A key past its `expires_at` (set at creation, or by rotating it: its grace period ended)."""
 

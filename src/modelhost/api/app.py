@@ -40,6 +40,7 @@ from modelhost.api.routes import (
     responses,
     tasks,
     usage,
+    users,
     videos,
 )
 from modelhost.config import Settings, get_settings
@@ -115,6 +116,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         agents.router,
         usage.router,
         audit.router,
+        users.router,
         console.router,
     ):
         app.include_router(router)
@@ -165,6 +167,15 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                     "400",
                     {
                         "description": error_responses(400)[400]["description"],
+                        "content": {"application/json": {"schema": error_ref}},
+                    },
+                )
+            if operation.get("security") and not path.startswith("/v1/admin"):
+                # an account's or deployment's key: its role may not give the route's action
+                responses.setdefault(
+                    "403",
+                    {
+                        "description": error_responses(403)[403]["description"],
                         "content": {"application/json": {"schema": error_ref}},
                     },
                 )

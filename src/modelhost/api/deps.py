@@ -13,9 +13,16 @@ from fastapi.security import HTTPBearer
 from modelhost import audit, tracing
 from modelhost.auth.authenticator import bearer_token
 from modelhost.auth.principal import Principal, PrincipalKind, acting_for
+from modelhost.auth.roles import action_of
 from modelhost.batches.files import Owner
 from modelhost.container import Services
-from modelhost.errors import ClientClosedRequest, ExpiredAPIKey, InvalidAPIKey, TooManyFailedKeys
+from modelhost.errors import (
+    ClientClosedRequest,
+    ExpiredAPIKey,
+    InvalidAPIKey,
+    PermissionDenied,
+    TooManyFailedKeys,
+)
 from modelhost.routing import DeploymentRef, resolve_deployment
 
 T = TypeVar("T")
@@ -75,6 +82,9 @@ async def _authenticate(request: Request) -> Principal:
             raise InvalidAPIKey("Invalid API key.")
         if authenticator.expired(principal):
             raise ExpiredAPIKey("This API key has expired; use another key or create a new one.")
+        if principal.refusal is not None:
+            code, message = principal.refusal
+            raise InvalidAPIKey(message, code=code)
     request.scope[PRINCIPAL] = principal
     _act_as(request, principal)
     return principal
@@ -105,14 +115,36 @@ async def trusted_caller(request: Request) -> bool:
         return False
     if not known and services.failed_keys.retry_after(request.client.host if request.client else "") is None:
         principal = await authenticator.loads.load(token, lambda: authenticator.load(token))
-    return principal is not None and not authenticator.expired(principal)
+    return principal is not None and not authenticator.expired(principal) and principal.refusal is None
 
 
 def _act_as(request: Request, principal: Principal) -> None:
     """The request's actor, for the audit rows its changes write (`modelhost.audit`: one context
     variable, read by the services, instead of an actor threaded through every service call)."""
     client = request.scope.get("client")  # (host, port), or None
-    audit.acting(principal.kind, principal.key_id, principal.account_id, client[0] if client else None)
+    address = client[0] if client else None
+    audit.acting(
+        audit.Actor(
+            principal.kind,
+            principal.key_id,
+            principal.account_id,
+            address,
+            principal.user_id,
+            principal.email,
+        )
+    )
+
+
+def _permit(request: Request, principal: Principal) -> Principal:
+    """The key's role gives the route's action (`auth.roles`, by the request's path: the batch runner's
+    lines too), else 403. The operator's key is above accounts: its routes check nothing more."""
+    if principal.kind is not PrincipalKind.ADMIN:
+        action = action_of(request.scope["method"], request.scope["path"])
+        if action not in principal.actions:
+            raise PermissionDenied(
+                f"This key's role ({principal.role}) does not allow {action} (docs/access.md).",
+            )
+    return principal
 
 
 async def require_admin(request: Request, _doc: object = Depends(_bearer)) -> Principal:
@@ -128,7 +160,7 @@ async def require_account(request: Request, _doc: object = Depends(_bearer)) -> 
     principal = await _authenticate(request)
     if principal.kind is not PrincipalKind.ACCOUNT:
         raise InvalidAPIKey("This route needs an account key.")
-    return principal
+    return _permit(request, principal)
 
 
 async def require_caller(request: Request, _doc: object = Depends(_bearer)) -> Principal:
@@ -136,7 +168,7 @@ async def require_caller(request: Request, _doc: object = Depends(_bearer)) -> P
     principal = await _authenticate(request)
     if principal.kind is PrincipalKind.ADMIN:
         raise InvalidAPIKey("The admin key cannot call this route; use an account or deployment key.")
-    return principal
+    return _permit(request, principal)
 
 
 async def require_auditor(request: Request, _doc: object = Depends(_bearer)) -> Principal:
@@ -144,7 +176,7 @@ async def require_auditor(request: Request, _doc: object = Depends(_bearer)) -> 
     principal = await _authenticate(request)
     if principal.kind not in (PrincipalKind.ACCOUNT, PrincipalKind.ADMIN):
         raise InvalidAPIKey("This route needs an account key or the admin key.")
-    return principal
+    return _permit(request, principal)
 
 
 AdminPrincipal = Annotated[Principal, Depends(require_admin)]

@@ -147,6 +147,7 @@ _DESCRIPTIONS = {
     400: "Invalid request (validation error, bad JSON, unsupported endpoint for the deployment).",
     401: "Missing, malformed, wrong, revoked or out-of-scope API key (`InvalidAPIKeyError`).",
     402: "Out of credits (`insufficient_credits`).",
+    403: "The key's role does not allow this route's action (`permission_denied`; docs/access.md).",
     404: "Not found (or not visible to this key).",
     409: "Conflict with the resource's current state.",
     413: "Request body too large (`payload_too_large`).",

@@ -5,15 +5,18 @@ from __future__ import annotations
 import hmac
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from modelhost.auth import roles
 from modelhost.auth.limits import Limits
 from modelhost.auth.principal import ADMIN, Principal, PrincipalKind
+from modelhost.auth.roles import Role
 from modelhost.auth.secrets import hash_secret, looks_like_secret
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.clock import Clock, SystemClock
 from modelhost.errors import InvalidAPIKey
 from modelhost.store.db import Database
-from modelhost.store.models import Account, ApiKey
+from modelhost.store.models import Account, ApiKey, Membership, User
 
 
 def bearer_token(authorization: str | None, api_key: str | None = None) -> str:
@@ -73,8 +76,7 @@ class Authenticator:
                 and row.revoked_at is None
                 and hmac.compare_digest(row.secret_hash.encode(), digest.encode())
             ):
-                account = session.get(Account, row.account_id)
-                return _principal_of(row, account.limits if account is not None else None)
+                return _principal_of(session, row)
         return None
 
     def of_key(self, key_id: str) -> Principal | None:
@@ -84,9 +86,8 @@ class Authenticator:
             row = session.get(ApiKey, key_id)
             if row is None or row.revoked_at is not None:
                 return None
-            account = session.get(Account, row.account_id)
-            principal = _principal_of(row, account.limits if account is not None else None)
-        return None if self.expired(principal) else principal
+            principal = _principal_of(session, row)
+        return None if self.expired(principal) or principal.refusal is not None else principal
 
     def expired(self, principal: Principal) -> bool:
         """Whether the key is past its `expires_at`: checked on every use, a cached principal included
@@ -98,8 +99,26 @@ class Authenticator:
         self.cache.clear()
 
 
-def _principal_of(row: ApiKey, account_limits: dict[str, float | None] | None) -> Principal:
+def _principal_of(session: Session, row: ApiKey) -> Principal:
+    """The key's principal: its scope and limits, and what it may do now (its role, bounded by its
+    owner's role in the account: read at every cache miss, so a change reaches every gateway process
+    within `key_cache_seconds`)."""
+    account = session.get(Account, row.account_id)
+    account_limits = account.limits if account is not None else None
     deployment_ids = frozenset(row.deployment_ids) if row.deployment_ids is not None else None
+    key_role = Role(row.role) if row.role is not None else Role.OWNER
+    owner_role, email, refusal = None, None, None
+    if row.user_id is not None:
+        user = session.get(User, row.user_id)
+        member = session.get(Membership, (row.user_id, row.account_id))
+        email = user.email if user is not None else None
+        if user is None or member is None:
+            refusal = ("not_a_member", "The key's owner is no longer a member of this account.")
+        elif member.disabled_at is not None:
+            refusal = ("user_disabled", "The key's owner is disabled in this account.")
+        else:
+            owner_role = Role(member.role)
+    actions = roles.allowed(key_role, owner_role) if refusal is None else frozenset()
     return Principal(
         kind=PrincipalKind.ACCOUNT if deployment_ids is None else PrincipalKind.DEPLOYMENT,
         account_id=row.account_id,
@@ -108,4 +127,9 @@ def _principal_of(row: ApiKey, account_limits: dict[str, float | None] | None) -
         limits=Limits.of(row.limits),
         account_limits=Limits.of(account_limits),
         expires_ms=None if row.expires_at is None else int(row.expires_at.timestamp() * 1000),
+        role=key_role if row.role is not None or owner_role is None else owner_role,
+        actions=actions,
+        user_id=row.user_id,
+        email=email,
+        refusal=refusal,
     )

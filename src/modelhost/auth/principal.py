@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from modelhost.auth.limits import Limits, Subject
+from modelhost.auth.roles import PERMISSIONS, Role
 
 
 class PrincipalKind(StrEnum):
@@ -22,6 +23,10 @@ class Principal:
     `deployment_ids` is None for account keys (every deployment of the account) and the exact
     scope for deployment keys. `limits` are the key's rate limits, `account_limits` its account's
     (auth/limits.py; None: unlimited). Cached as it is: `expires_ms` is checked on every use.
+    `role` and `actions`: what the key may do (`auth.roles.allowed`: its own role, bounded by its
+    owner's role in the account); `user_id` and `email` its owner (None: a service key). `refusal`:
+    why a key that exists is refused anyway (its owner disabled or no longer a member), as
+    (code, message).
     """
 
     kind: PrincipalKind
@@ -32,6 +37,11 @@ class Principal:
     account_limits: Limits | None = None
     # When the key stops working (Unix ms, `auth.Authenticator.expired`); None: never
     expires_ms: int | None = None
+    role: Role = Role.OWNER
+    actions: frozenset[str] = PERMISSIONS[Role.OWNER]
+    user_id: str | None = None
+    email: str | None = None
+    refusal: tuple[str, str] | None = None
     # whom its requests count against (`limited`): made once, as a principal is cached
     _subjects: tuple[Subject, ...] = field(init=False, repr=False, compare=False)
 

@@ -26,6 +26,7 @@ from modelhost.cli.generation import (
 )
 from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, Url
 from modelhost.cli.output import out, show
+from modelhost.cli.users import RoleChoice, users_app, whoami
 
 if TYPE_CHECKING:
     from modelhost.config import Settings
@@ -48,6 +49,8 @@ app.add_typer(artifacts_app, name="artifacts")
 app.add_typer(files_app, name="files")
 app.add_typer(batches_app, name="batches")
 app.add_typer(audit_app, name="audit")
+app.add_typer(users_app, name="users")
+app.command("whoami")(whoami)
 
 ACCOUNT_COLUMNS = ("id", "name", "credits", "credits_used", "limits", "created_at")
 KEY_COLUMNS = (
@@ -56,6 +59,8 @@ KEY_COLUMNS = (
     "kind",
     "deployments",
     "prefix",
+    "role",
+    "user_id",
     "limits",
     "created_at",
     "expires_at",
@@ -297,12 +302,25 @@ def keys_create(
         int | None,
         typer.Option("--expires-in", min=1, help="Seconds until the key stops working.", show_default=False),
     ] = None,
+    role: Annotated[
+        RoleChoice | None, typer.Option("--role", help="Narrow the key to this role (default: yours).")
+    ] = None,
+    user: Annotated[
+        str | None, typer.Option("--user", help="Another member's key (user_...; needs keys:manage).")
+    ] = None,
+    service: Annotated[
+        bool, typer.Option("--service", help="A service key, owned by no one (needs keys:manage).")
+    ] = False,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
 ) -> None:
     """Create a key; prints its secret (shown once). Its limits may not exceed the account's."""
-    body: dict[str, object] = {"name": name}
+    body: dict[str, object] = {"name": name, "service": service}
+    if role is not None:
+        body["role"] = role.value
+    if user is not None:
+        body["user_id"] = user
     if deployment:
         body["deployments"] = deployment
     if expires_in is not None:

@@ -46,6 +46,7 @@ ModelId = Annotated[
     ),
 ]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
+RoleName = Literal["owner", "admin", "developer", "viewer", "billing"]  # `auth.roles.Role`
 Credits = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
 
 
@@ -136,6 +137,20 @@ class KeyCreate(StrictModel):
     expires_in: Annotated[int, Field(ge=1, le=10 * 366 * 86400)] | None = Field(
         default=None, description="Or: seconds from now until the key stops working. Not with `expires_at`."
     )
+    role: RoleName | None = Field(
+        default=None,
+        description="What the key may do (docs/access.md), at most what its creator may; omitted: the "
+        "creator's. A person's key never does more than their role in the account at the time of a call.",
+    )
+    user_id: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The person the key belongs to (`keys:manage` for anyone but yourself); omitted: the "
+        "caller, where a person calls, else a service key.",
+    )
+    service: bool = Field(
+        default=False, description="A service key, owned by no one (`keys:manage`); not with `user_id`."
+    )
 
 
 class KeyRotate(StrictModel):
@@ -178,6 +193,8 @@ class Key(BaseModel):
     expires_at: datetime | None = Field(
         default=None, description="When the key stops working (401 `expired_api_key`); null: never."
     )
+    role: RoleName = Field(description="The key's own role; a person's key does no more than their role.")
+    user_id: str | None = Field(default=None, description="The person who owns it; null: a service key.")
 
 
 class KeyCreated(Key):
@@ -511,10 +528,12 @@ class AuditActor(BaseModel):
     )
     key_id: str | None = Field(default=None, description="The key's ID (null for the admin key and system).")
     address: str | None = Field(default=None, description="The client's IP address.")
+    user_id: str | None = Field(default=None, description="The person who owns the key (null: no person).")
+    email: str | None = Field(default=None, description="That person's email.")
 
 
 class AuditTarget(BaseModel):
-    type: Literal["account", "key", "deployment", "artifact", "file"]
+    type: Literal["account", "key", "deployment", "artifact", "file", "user"]
     id: str
 
 
@@ -556,3 +575,41 @@ class AuditVerification(BaseModel):
     head_hash: str = Field(description="The chain head's hash: keep it elsewhere to detect a rewrite.")
     pruned_through: int = Field(description="Rows up to this seq were pruned (retention).")
     problems: list[AuditProblem]
+
+
+class UserCreate(StrictModel):
+    """A person added to the caller's account (made on first use of their email)."""
+
+    email: Annotated[str, Field(min_length=3, max_length=320, pattern=r"^[^@\s]+@[^@\s]+$")]
+    name: Name | None = None
+    role: RoleName = Field(description="Their role in this account (docs/access.md).")
+
+
+class UserPatch(StrictModel):
+    role: RoleName | None = None
+    disabled: bool | None = Field(
+        default=None, description="True: their keys in this account are refused (401 `user_disabled`)."
+    )
+
+
+class User(BaseModel):
+    """A person as a member of the caller's account."""
+
+    id: str
+    object: Literal["user"] = "user"
+    email: str
+    name: str | None = None
+    role: RoleName
+    disabled: bool
+    created_at: datetime = Field(description="When they became a member of this account.")
+
+
+class Me(BaseModel):
+    """Who the calling key acts as (`GET /v1/me`)."""
+
+    object: Literal["principal"] = "principal"
+    account_id: str
+    key_id: str
+    role: RoleName
+    actions: list[str] = Field(description="What it may do now (docs/access.md).")
+    user: User | None = Field(default=None, description="The person who owns the key; null: a service key.")

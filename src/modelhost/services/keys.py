@@ -11,11 +11,13 @@ from sqlalchemy.orm import Session
 
 from modelhost import audit
 from modelhost.auth.authenticator import Authenticator
+from modelhost.auth.principal import Principal
+from modelhost.auth.roles import MANAGE_KEYS
 from modelhost.auth.secrets import display_prefix, hash_secret, new_secret
 from modelhost.clock import Clock
 from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.store.db import Database
-from modelhost.store.models import Account, ApiKey, Deployment
+from modelhost.store.models import Account, ApiKey, Deployment, Membership
 from modelhost.store.types import new_id, utcnow
 
 StoredLimits = dict[str, float | None]
@@ -53,11 +55,23 @@ def _check_within_account(session: Session, account_id: str, limits: StoredLimit
     check_within_account(limits, account.limits if account is not None else None)
 
 
+def manages(principal: Principal | None, key: ApiKey) -> bool:
+    """Whether the caller may see and change `key`: every key of its account with `keys:manage`, else a
+    person's own keys, a service key itself. None: the server's own call (the CLI), every key."""
+    if principal is None or MANAGE_KEYS in principal.actions:
+        return True
+    if principal.user_id is not None:
+        return key.user_id == principal.user_id
+    return key.id == principal.key_id
+
+
 def audited(key: ApiKey) -> dict[str, Any]:
     """What an audit row says of a key: never its secret, its hash or its prefix."""
     return {
         "name": key.name,
         "kind": "account" if key.deployment_ids is None else "deployment",
+        "user_id": key.user_id,
+        "role": key.role,
         "deployments": key.deployment_ids,
         "limits": key.limits,
         "expires_at": key.expires_at,
@@ -94,9 +108,12 @@ class KeyService:
         deployment_ids: list[str] | None,
         limits: StoredLimits | None = None,
         expires_at: datetime | None = None,
+        user_id: str | None = None,
+        role: str | None = None,
     ) -> tuple[ApiKey, str]:
         """Insert a key inside the caller's transaction, with its audit row; returns the row and its
-        secret."""
+        secret. `user_id`: the person who owns it (None: a service key); `role`: its own (None: its
+        owner's, or `owner` for a service key)."""
         secret = new_secret()
         key = ApiKey(
             id=new_id("key"),
@@ -107,6 +124,8 @@ class KeyService:
             deployment_ids=deployment_ids,
             limits=stored_limits(limits),
             expires_at=expires_at,
+            user_id=user_id,
+            role=role,
         )
         session.add(key)
         session.flush()
@@ -132,9 +151,13 @@ class KeyService:
         deployment_ids: list[str] | None,
         limits: StoredLimits | None = None,
         expires_at: datetime | None = None,
+        user_id: str | None = None,
+        role: str | None = None,
     ) -> tuple[ApiKey, str]:
         with self._database.transaction() as session:
             _check_within_account(session, account_id, limits)
+            if user_id is not None and session.get(Membership, (user_id, account_id)) is None:
+                raise InvalidRequest(f"Unknown user in this account: {user_id}", param="user_id")
             if deployment_ids is not None:
                 deployment_ids = list(dict.fromkeys(deployment_ids))
                 owned = set(
@@ -147,20 +170,31 @@ class KeyService:
                 unknown = [d for d in deployment_ids if d not in owned]
                 if unknown:
                     raise InvalidRequest(f"Unknown deployment: {unknown[0]}", param="deployments")
-            return self.create_in(session, account_id, name, deployment_ids, limits, expires_at)
+            return self.create_in(
+                session, account_id, name, deployment_ids, limits, expires_at, user_id, role
+            )
 
-    def rotate(self, account_id: str, key_id: str, grace_seconds: float) -> tuple[ApiKey, str]:
+    def rotate(
+        self, account_id: str, key_id: str, grace_seconds: float, principal: Principal | None = None
+    ) -> tuple[ApiKey, str]:
         """A new key of the same scope, name, limits and expiry (its secret returned once: a key that
         was to expire still does, at the same time); the old one keeps working for `grace_seconds` (0: no
         longer), then expires (an earlier expiry of its own stays)."""
         with self._database.transaction() as session:
             old = session.get(ApiKey, key_id, with_for_update=True)
             now = self.now()
-            if old is None or not _live(old, account_id, now):
+            if old is None or not _live(old, account_id, now) or not manages(principal, old):
                 raise _not_found()
             before = old.expires_at
             new, secret = self.create_in(
-                session, account_id, old.name, old.deployment_ids, old.limits, expires_at=before
+                session,
+                account_id,
+                old.name,
+                old.deployment_ids,
+                old.limits,
+                expires_at=before,
+                user_id=old.user_id,
+                role=old.role,
             )
             ends = now + timedelta(seconds=grace_seconds)
             old.expires_at = ends if before is None else min(before, ends)
@@ -172,12 +206,16 @@ class KeyService:
         self._authenticator.forget_all()
         return new, secret
 
-    def update(self, account_id: str, key_id: str, changes: dict[str, object]) -> ApiKey:
+    def update(
+        self, account_id: str, key_id: str, changes: dict[str, object], principal: Principal | None = None
+    ) -> ApiKey:
         """Rename a key or replace its limits (`changes`: the fields given, `limits` None for none);
         every gateway process reads the key again on its next request."""
         with self._database.transaction() as session:
             key = session.get(ApiKey, key_id, with_for_update=True)
             if key is None or key.account_id != account_id or key.revoked_at is not None:
+                raise _not_found()
+            if not manages(principal, key):
                 raise _not_found()
             before = audited(key)
             if "name" in changes:
@@ -194,19 +232,22 @@ class KeyService:
         """Keys or their account changed: every gateway process reads keys again."""
         self._authenticator.forget_all()
 
-    def list_keys(self, account_id: str) -> list[ApiKey]:
+    def list_keys(self, account_id: str, principal: Principal | None = None) -> list[ApiKey]:
+        """The account's keys the caller `manages`."""
         with self._database.transaction() as session:
             query = (
                 select(ApiKey).where(ApiKey.account_id == account_id).order_by(ApiKey.created_at, ApiKey.id)
             )
-            return list(session.scalars(query))
+            return [key for key in session.scalars(query) if manages(principal, key)]
 
-    def revoke(self, account_id: str, key_id: str) -> ApiKey:
+    def revoke(self, account_id: str, key_id: str, principal: Principal | None = None) -> ApiKey:
         """Revoke at once. The last live (unexpired) account key cannot be revoked: the account would
         be locked out."""
         with self._database.transaction() as session:
             key = session.get(ApiKey, key_id, with_for_update=True)
             if key is None or key.account_id != account_id or key.revoked_at is not None:
+                raise _not_found()
+            if not manages(principal, key):
                 raise _not_found()
             if key.deployment_ids is None:
                 others = session.scalars(

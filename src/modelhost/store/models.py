@@ -48,6 +48,32 @@ class Account(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class User(Base):
+    """A person, known by email (lower-cased); a member of accounts through `Membership`, with a role in
+    each (`auth.roles`). Made by an account's admin (`POST /v1/users`)."""
+
+    __tablename__ = "users"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Membership(Base):
+    """A person's role in one account; `disabled_at` set: their keys are refused there (401)."""
+
+    __tablename__ = "memberships"
+
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    account_id: Mapped[str] = mapped_column(
+        ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True, index=True
+    )
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
 class ApiKey(Base):
     __tablename__ = "api_keys"
 
@@ -67,6 +93,11 @@ class ApiKey(Base):
     # After this the key is refused (401 `expired_api_key`); None: it never expires. Rotation sets the
     # old key's to the end of its grace period.
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The person who owns the key (its actions bounded by their role in the account at each call);
+    # None: a service key, owned by no one
+    user_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
+    # The key's own role (`auth.roles.Role`); None: `owner`, what every key could do before roles
+    role: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class ModelArtifact(Base):
@@ -509,6 +540,9 @@ class AuditRow(Base):
     actor_kind: Mapped[str] = mapped_column(String(16))  # admin, account, deployment, system
     actor_key_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
     actor_account_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # The person behind the key (None: a service key, the admin key, the server)
+    actor_user_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    actor_email: Mapped[str | None] = mapped_column(String(320), nullable=True)
     client_address: Mapped[str | None] = mapped_column(String(64), nullable=True)
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     action: Mapped[str] = mapped_column(String(64))

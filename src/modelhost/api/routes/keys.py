@@ -10,6 +10,9 @@ from fastapi import APIRouter, Path
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.auth.limits import Limits, Subject
+from modelhost.auth.principal import Principal
+from modelhost.auth.roles import MANAGE_KEYS, Role, may_grant
+from modelhost.errors import InvalidRequest, PermissionDenied
 from modelhost.protocol.common import Deleted, ListOf
 from modelhost.protocol.management import (
     Key,
@@ -36,17 +39,44 @@ def present(key: rows.ApiKey) -> Key:
         created_at=key.created_at,
         revoked_at=key.revoked_at,
         expires_at=key.expires_at,
+        role=key.role or Role.OWNER,
+        user_id=key.user_id,
     )
 
 
-@router.post("", summary="Create a key (account key, or deployment key with `deployments`)", status_code=201)
+@router.post(
+    "",
+    summary="Create a key (account key, or deployment key with `deployments`): yours, a service key or "
+    "another person's (docs/access.md)",
+    status_code=201,
+    responses=error_responses(403),
+)
 def create_key(body: KeyCreate, principal: AccountPrincipal, services: ServicesDep) -> KeyCreated:
     limits = body.limits.model_dump() if body.limits is not None else None
     expires_at = services.keys.expiry(body.expires_at, body.expires_in)
+    owner, role = key_owner_and_role(principal, body)
     key, secret = services.keys.create(
-        account_id_of(principal), body.name, body.deployments, limits, expires_at
+        account_id_of(principal), body.name, body.deployments, limits, expires_at, owner, role
     )
     return KeyCreated(**present(key).model_dump(), api_key=secret)
+
+
+def key_owner_and_role(principal: Principal, body: KeyCreate) -> tuple[str | None, Role]:
+    """Whom a new key belongs to and its role. Yours by default (a service key's keys are service keys);
+    a service key, or another person's key, needs `keys:manage`. Its role is the one asked for, else
+    the caller's, and never one that can do more than the caller can: no one hands out more than they
+    hold (and a person's key never does more than its owner's role at the time of the call)."""
+    if body.service and body.user_id is not None:
+        raise InvalidRequest("A service key has no user_id.", param="user_id")
+    owner = None if body.service else (body.user_id or principal.user_id)
+    if (owner is None or owner != principal.user_id) and MANAGE_KEYS not in principal.actions:
+        raise PermissionDenied(
+            "Making a service key or another person's key needs keys:manage (docs/access.md)."
+        )
+    role = Role(body.role) if body.role is not None else principal.role
+    if not may_grant(principal.actions, role):
+        raise PermissionDenied(f"A key may not do more than its creator: {role} can do more than this key.")
+    return owner, role
 
 
 @router.post(
@@ -63,13 +93,17 @@ def rotate_key(
     key_id: str = Path(max_length=64),
 ) -> KeyCreated:
     grace = body.grace_seconds if body is not None else 0
-    key, secret = services.keys.rotate(account_id_of(principal), key_id, grace)
+    key, secret = services.keys.rotate(account_id_of(principal), key_id, grace, principal)
     return KeyCreated(**present(key).model_dump(), api_key=secret)
 
 
-@router.get("", summary="List keys (secrets are never shown again), with what limited keys have left")
+@router.get(
+    "",
+    summary="List keys (secrets are never shown again), with what limited keys have left: all of the "
+    "account's with `keys:manage`, else your own",
+)
 async def list_keys(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Key]:
-    found = await asyncio.to_thread(services.keys.list_keys, account_id_of(principal))
+    found = await asyncio.to_thread(services.keys.list_keys, account_id_of(principal), principal)
     keys = [present(row) for row in found]
     subjects = [
         Subject.of("key", row.id, Limits.of(row.limits)) if row.revoked_at is None else None for row in found
@@ -90,7 +124,7 @@ def update_key(
     body: KeyPatch, principal: AccountPrincipal, services: ServicesDep, key_id: str = Path(max_length=64)
 ) -> Key:
     changes = body.model_dump(include=body.model_fields_set)
-    return present(services.keys.update(account_id_of(principal), key_id, changes))
+    return present(services.keys.update(account_id_of(principal), key_id, changes, principal))
 
 
 @router.delete(
@@ -101,5 +135,5 @@ def update_key(
 def revoke_key(
     principal: AccountPrincipal, services: ServicesDep, key_id: str = Path(max_length=64)
 ) -> Deleted:
-    key = services.keys.revoke(account_id_of(principal), key_id)
+    key = services.keys.revoke(account_id_of(principal), key_id, principal)
     return Deleted(id=key.id, object="api_key.deleted")

@@ -1,0 +1,92 @@
+"""People in the caller's account (`users:read`, `users:write`) and who a key acts as (`/v1/me`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Path
+
+from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
+from modelhost.api.errors import error_responses
+from modelhost.auth.roles import Role
+from modelhost.protocol.common import Deleted, ListOf
+from modelhost.protocol.management import Me, User, UserCreate, UserPatch
+from modelhost.services.users import Member
+
+router = APIRouter(tags=["users"], responses=error_responses(400, 401, 403))
+
+
+def present(member: Member) -> User:
+    return User(
+        id=member.id,
+        email=member.email,
+        name=member.name,
+        role=member.role.value,
+        disabled=member.disabled,
+        created_at=member.created_at,
+    )
+
+
+@router.post(
+    "/v1/users",
+    summary="Add a person to the account with a role (made on first use of their email)",
+    status_code=201,
+    responses=error_responses(409),
+)
+def add_user(body: UserCreate, principal: AccountPrincipal, services: ServicesDep) -> User:
+    member = services.users.add(
+        account_id_of(principal), body.email, body.name, Role(body.role), principal.actions
+    )
+    return present(member)
+
+
+@router.get("/v1/users", summary="List the account's people and their roles")
+async def list_users(principal: AccountPrincipal, services: ServicesDep) -> ListOf[User]:
+    members = await asyncio.to_thread(services.users.list_members, account_id_of(principal))
+    return ListOf[User](data=[present(m) for m in members])
+
+
+@router.get("/v1/users/{user_id}", summary="Get a person of the account", responses=error_responses(404))
+def get_user(principal: AccountPrincipal, services: ServicesDep, user_id: str = Path(max_length=64)) -> User:
+    return present(services.users.get(account_id_of(principal), user_id))
+
+
+@router.patch(
+    "/v1/users/{user_id}",
+    summary="Change a person's role or disable them (their keys follow at once)",
+    responses=error_responses(404),
+)
+def update_user(
+    body: UserPatch, principal: AccountPrincipal, services: ServicesDep, user_id: str = Path(max_length=64)
+) -> User:
+    role = Role(body.role) if body.role is not None else None
+    member = services.users.update(account_id_of(principal), user_id, role, body.disabled, principal.actions)
+    return present(member)
+
+
+@router.delete(
+    "/v1/users/{user_id}",
+    summary="Remove a person from the account (their keys here stop at once)",
+    responses=error_responses(404),
+)
+def remove_user(
+    principal: AccountPrincipal, services: ServicesDep, user_id: str = Path(max_length=64)
+) -> Deleted:
+    services.users.remove(account_id_of(principal), user_id, principal.actions)
+    return Deleted(id=user_id, object="user.deleted")
+
+
+@router.get("/v1/me", summary="Who this key acts as: its account, role, person and what it may do")
+def whoami(principal: AccountPrincipal, services: ServicesDep) -> Me:
+    account_id = account_id_of(principal)
+    assert principal.key_id is not None
+    person = None
+    if principal.user_id is not None:
+        person = present(services.users.get(account_id, principal.user_id))
+    return Me(
+        account_id=account_id,
+        key_id=principal.key_id,
+        role=principal.role.value,
+        actions=sorted(principal.actions),
+        user=person,
+    )

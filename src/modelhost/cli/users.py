@@ -1,0 +1,103 @@
+"""`modelhost users` (the people of your account and their roles) and `modelhost whoami`
+(docs/access.md)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import typer
+
+from modelhost.cli.client import ApiClient
+from modelhost.cli.options import DEFAULT_URL, AccountKey, Json, Url
+from modelhost.cli.output import out, show
+
+users_app = typer.Typer(help="People of your account and their roles (docs/access.md).", no_args_is_help=True)
+
+USER_COLUMNS = ("id", "email", "name", "role", "disabled", "created_at")
+
+
+class RoleChoice(StrEnum):
+    """`auth.roles.Role`, as the CLI offers it (the CLI does not import the server's modules)."""
+
+    OWNER = "owner"
+    ADMIN = "admin"
+    DEVELOPER = "developer"
+    VIEWER = "viewer"
+    BILLING = "billing"
+
+
+UserId = Annotated[str, typer.Argument(help="User ID (user_...).")]
+RoleOption = Annotated[RoleChoice, typer.Option("--role", help="Their role in the account.")]
+
+
+def _path(user_id: str) -> str:
+    return f"/v1/users/{quote(user_id, safe='')}"
+
+
+@users_app.command("add")
+def users_add(
+    email: Annotated[str, typer.Argument(help="Their email (one person, any number of accounts).")],
+    role: RoleOption,
+    name: Annotated[str | None, typer.Option(help="Their name.")] = None,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Add a person to your account with a role."""
+    body: dict[str, Any] = {"email": email, "role": role.value, "name": name}
+    show(ApiClient(url, key).call("POST", "/v1/users", json=body), USER_COLUMNS, as_json)
+
+
+@users_app.command("list")
+def users_list(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:
+    """List your account's people and their roles."""
+    show(ApiClient(url, key).call("GET", "/v1/users"), USER_COLUMNS, as_json)
+
+
+@users_app.command("role")
+def users_role(
+    user_id: UserId, role: RoleOption, url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False
+) -> None:
+    """Change a person's role: their keys follow at once."""
+    show(ApiClient(url, key).call("PATCH", _path(user_id), json={"role": role.value}), USER_COLUMNS, as_json)
+
+
+@users_app.command("disable")
+def users_disable(
+    user_id: UserId, url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False
+) -> None:
+    """Disable a person in your account: their keys here are refused (401 user_disabled)."""
+    show(ApiClient(url, key).call("PATCH", _path(user_id), json={"disabled": True}), USER_COLUMNS, as_json)
+
+
+@users_app.command("enable")
+def users_enable(
+    user_id: UserId, url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False
+) -> None:
+    """Enable a disabled person again."""
+    show(ApiClient(url, key).call("PATCH", _path(user_id), json={"disabled": False}), USER_COLUMNS, as_json)
+
+
+@users_app.command("remove")
+def users_remove(
+    user_id: UserId, url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False
+) -> None:
+    """Remove a person from your account: their keys here stop at once."""
+    show(ApiClient(url, key).call("DELETE", _path(user_id)), ("id", "object", "deleted"), as_json)
+
+
+def whoami(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:
+    """Who your key acts as: account, role, person and what it may do."""
+    data = ApiClient(url, key).call("GET", "/v1/me")
+    person = data.get("user") or {}
+    summary = {
+        "account_id": data["account_id"],
+        "key_id": data["key_id"],
+        "role": data["role"],
+        "user": person.get("email") or "(service key)",
+    }
+    show(data if as_json else summary, tuple(summary), as_json)
+    if not as_json:
+        out.print("may: " + ", ".join(data["actions"]), markup=False, highlight=False)
