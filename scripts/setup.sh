@@ -215,6 +215,14 @@ else
     echo "==> npm not found: the console (/console) will work WITHOUT its plots (install Node.js's npm and run"
     echo "    scripts/setup.sh again to get them)"
 fi
+# The OpenID provider the single sign-on tests run (panva's oidc-provider, pinned by tests/oidc/package-lock.json)
+if [ "$mode" = dev ]; then
+    if command -v npm >/dev/null && (cd tests/oidc && npm ci --no-audit --no-fund --loglevel=error >/dev/null); then
+        echo "==> installed the tests' OpenID provider (npm ci in tests/oidc/)"
+    else
+        echo "==> npm ci in tests/oidc/ failed or npm is missing: the single sign-on tests will fail"
+    fi
+fi
 if [ "${MODELHOST_SETUP_VLLM:-1}" != 0 ]; then
     setup_vllm || true
 fi

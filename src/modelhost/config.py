@@ -72,6 +72,39 @@ class Settings(BaseSettings):
         "is the forwarded client's everywhere a client address counts (audit rows, the wrong-key throttle, "
         "logs); empty (the default): no proxy, every request is its TCP peer's, whatever it forwards.",
     )
+    oidc_issuer: str | None = Field(
+        default=None,
+        description="Single sign-on: the OpenID Connect provider's issuer URL (its "
+        "`/.well-known/openid-configuration` is read); unset: keys only (docs/access.md).",
+    )
+    oidc_client_id: str | None = Field(default=None, description="modelhost's client ID at the provider.")
+    oidc_client_secret: SecretStr | None = Field(default=None, description="modelhost's client secret.")
+    oidc_scopes: str = Field(
+        default="openid email profile",
+        description="Scopes asked for at sign-in (add the one your provider needs for groups, "
+        "e.g. `groups`).",
+    )
+    oidc_groups_claim: str = Field(default="groups", description="The ID token claim that lists groups.")
+    oidc_group_prefix: str = Field(
+        default="modelhost",
+        description="Groups named `<prefix>:<account ID>:<role>` make their members that role in that "
+        "account.",
+    )
+    oidc_operator_group: str = Field(
+        default="modelhost:operator", description="Members of this group are the operator (as the admin key)."
+    )
+    oidc_algorithms: str = Field(
+        default="RS256,RS384,RS512,PS256,PS384,PS512,ES256,ES384,ES512,EdDSA",
+        description="Signature algorithms accepted on ID tokens, comma-separated (never `none`, never HMAC).",
+    )
+    session_idle_seconds: int = Field(
+        default=3600, ge=60, description="A sign-in session ends after this long without a request."
+    )
+    session_max_seconds: int = Field(
+        default=12 * 3600,
+        ge=60,
+        description="A sign-in session ends this long after sign-in, whatever its use.",
+    )
     metrics_key: SecretStr | None = Field(
         default=None,
         description="A bearer key for scrapers: with it (or the admin key) /metrics also shows the series "
@@ -282,7 +315,9 @@ class Settings(BaseSettings):
     # ---------------------------------------------------------------- generated media
     public_url: str | None = Field(
         default=None,
-        description="Base URL clients reach this service at (behind a proxy); default: the request's own.",
+        description="Base URL clients reach this service at (behind a proxy); default: the request's own. "
+        "Single sign-on needs it: its callback is `<public_url>/v1/auth/callback`, and session cookies are "
+        "`Secure` when it is https.",
     )
     file_url_secret: SecretStr | None = Field(
         default=None,
@@ -619,6 +654,26 @@ class Settings(BaseSettings):
         if not self.database_url:
             self.database_url = f"sqlite:///{(self.data_dir / 'modelhost.db').as_posix()}"
         return self
+
+    @model_validator(mode="after")
+    def _sign_in_is_complete(self) -> Settings:
+        if self.oidc_issuer:
+            missing = [
+                f"MODELHOST_{name.upper()}"
+                for name in ("oidc_client_id", "oidc_client_secret", "public_url")
+                if not getattr(self, name)
+            ]
+            if missing:
+                raise ValueError(f"MODELHOST_OIDC_ISSUER is set: also set {', '.join(missing)}")
+            if "none" in self.oidc_algorithm_list or any(
+                a.startswith("HS") for a in self.oidc_algorithm_list
+            ):
+                raise ValueError("MODELHOST_OIDC_ALGORITHMS: `none` and HMAC algorithms are never accepted")
+        return self
+
+    @property
+    def oidc_algorithm_list(self) -> list[str]:
+        return [a.strip() for a in self.oidc_algorithms.split(",") if a.strip()]
 
     @model_validator(mode="after")
     def _trusted_proxies_are_addresses(self) -> Settings:

@@ -26,6 +26,7 @@ from modelhost.audit import AuditLog
 from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.failures import FailedKeys
 from modelhost.auth.limits import RateLimiter
+from modelhost.auth.oidc import OidcClient, OidcConfig
 from modelhost.auth.principal import Principal
 from modelhost.auth.shared_limits import SharedLimits
 from modelhost.batches.files import Files
@@ -57,6 +58,7 @@ from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
 from modelhost.services.files import FileService, FileStore, file_secret
 from modelhost.services.keys import KeyService
+from modelhost.services.sessions import SessionService
 from modelhost.services.users import UserService
 from modelhost.serving.responses.service import Responses
 from modelhost.serving.responses.store import ResponseStore
@@ -76,6 +78,7 @@ class Services:
     authenticator: Authenticator
     keys: KeyService
     users: UserService
+    sessions: SessionService
     accounts: AccountService
     deployments: DeploymentService
     blobs: BlobStore
@@ -132,6 +135,16 @@ class Services:
         authenticator = Authenticator(database, settings.admin_key_value, cache, clock)
         keys = KeyService(database, authenticator, clock)
         users = UserService(database, authenticator)
+        sessions = SessionService(
+            database,
+            authenticator,
+            clock,
+            oidc_client_of(settings),
+            settings.session_idle_seconds,
+            settings.session_max_seconds,
+            settings.oidc_group_prefix,
+            settings.oidc_operator_group,
+        )
         blobs = blob_store_of(settings)
         ledger = Ledger(database, rates_of(settings))
 
@@ -229,6 +242,7 @@ class Services:
             failed_keys=FailedKeys(settings.auth_failures_per_minute),
             keys=keys,
             users=users,
+            sessions=sessions,
             accounts=AccountService(database, keys, ledger, settings.billing_initial_credits),
             deployments=deployments,
             blobs=blobs,
@@ -349,3 +363,21 @@ def device_kinds(settings: Settings) -> tuple[str, ...]:
     CPU always, CUDA where the device setting allows and a GPU is visible (`nvidia-smi`, as placement
     reads it: `runtime.engine_choice.device_kind`)."""
     return ("cpu", "cuda") if device_kind(settings) == "cuda" else ("cpu",)
+
+
+def oidc_client_of(settings: Settings) -> OidcClient | None:
+    """The OpenID provider's client where single sign-on is configured (docs/access.md)."""
+    if not settings.oidc_issuer or not settings.oidc_client_id or not settings.oidc_client_secret:
+        return None
+    public = (settings.public_url or "").rstrip("/")
+    return OidcClient(
+        OidcConfig(
+            issuer=settings.oidc_issuer,
+            client_id=settings.oidc_client_id,
+            client_secret=settings.oidc_client_secret.get_secret_value(),
+            redirect_uri=f"{public}/v1/auth/callback",
+            scopes=settings.oidc_scopes,
+            groups_claim=settings.oidc_groups_claim,
+            algorithms=frozenset(settings.oidc_algorithm_list),
+        )
+    )

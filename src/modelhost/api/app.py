@@ -26,6 +26,7 @@ from modelhost.api.routes import (
     artifacts,
     audio,
     audit,
+    auth,
     batches,
     chat,
     deployments,
@@ -117,6 +118,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         usage.router,
         audit.router,
         users.router,
+        auth.router,
         console.router,
     ):
         app.include_router(router)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -37,6 +38,10 @@ ARTIFACT_HEADER = b"x-modelhost-artifact"
 # principal already in the scope: it runs at low priority and outside the per-minute limits. No
 # request from outside can carry it: a scope starts empty of our keys.
 BATCH_LINE = "modelhost.batch_line"
+# A person signed in through the OpenID provider holds a session by this cookie (`services.sessions`)
+SESSION_COOKIE = "modelhost_session"
+CSRF_HEADER = "x-csrf-token"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 # Declared so that /docs shows the bearer scheme on every protected route; the header itself is
 # read by `_authenticate`, which also handles malformed headers with our error body.
@@ -62,8 +67,14 @@ async def _authenticate(request: Request) -> Principal:
         return checked
     services = get_services(request)
     authenticator = services.authenticator
+    authorization, api_key = request.headers.get("authorization"), request.headers.get("x-api-key")
+    if not authorization and api_key is None and SESSION_COOKIE in request.cookies:
+        signed_in = await _signed_in(request, services)
+        request.scope[PRINCIPAL] = signed_in
+        _act_as(request, signed_in)
+        return signed_in
     with tracing.step("authenticate") as span:
-        token = bearer_token(request.headers.get("authorization"), request.headers.get("x-api-key"))
+        token = bearer_token(authorization, api_key)
         address = request.client.host if request.client is not None else ""
         try:
             known, principal = authenticator.cached(token)
@@ -90,6 +101,24 @@ async def _authenticate(request: Request) -> Principal:
     return principal
 
 
+async def _signed_in(request: Request, services: Services) -> Principal:
+    """The principal of the request's sign-in session (its cookie: the console, signed in through the
+    OpenID provider); a state-changing request must also send the session's CSRF token."""
+    found = await asyncio.to_thread(services.sessions.principal, request.cookies[SESSION_COOKIE])
+    if found is None:
+        raise InvalidAPIKey("Your session has ended; sign in again.", code="session_ended")
+    principal = found
+    if request.method not in SAFE_METHODS:
+        sent = request.headers.get(CSRF_HEADER, "")
+        if principal.csrf is None or not hmac.compare_digest(sent.encode(), principal.csrf.encode()):
+            raise PermissionDenied(
+                f"A signed-in session's change needs its CSRF token in `{CSRF_HEADER}` "
+                "(GET /v1/auth/session).",
+                code="csrf_failed",
+            )
+    return principal
+
+
 def _refuse_while_guessing(services: Services, address: str) -> None:
     wait = services.failed_keys.retry_after(address)
     if wait is not None:
@@ -105,7 +134,11 @@ async def trusted_caller(request: Request) -> bool:
     in the cache. A wrong key is not counted here (the key check counts it)."""
     authorization, api_key = request.headers.get("authorization"), request.headers.get("x-api-key")
     if not authorization and not api_key:
-        return False
+        secret = request.cookies.get(SESSION_COOKIE)
+        return (
+            secret is not None
+            and (await asyncio.to_thread(get_services(request).sessions.principal, secret)) is not None
+        )
     services = get_services(request)
     authenticator = services.authenticator
     try:
@@ -148,7 +181,8 @@ def _permit(request: Request, principal: Principal) -> Principal:
 
 
 async def require_admin(request: Request, _doc: object = Depends(_bearer)) -> Principal:
-    if get_services(request).settings.admin_key_value is None:
+    signed_in = SESSION_COOKIE in request.cookies and "authorization" not in request.headers
+    if get_services(request).settings.admin_key_value is None and not signed_in:
         raise InvalidAPIKey("Admin routes are disabled: the operator has not set MODELHOST_ADMIN_KEY.")
     principal = await _authenticate(request)
     if principal.kind is not PrincipalKind.ADMIN:

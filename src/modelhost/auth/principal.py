@@ -42,6 +42,8 @@ class Principal:
     user_id: str | None = None
     email: str | None = None
     refusal: tuple[str, str] | None = None
+    # a sign-in session's CSRF token (`services.sessions`): its state-changing requests must send it
+    csrf: str | None = None
     # whom its requests count against (`limited`): made once, as a principal is cached
     _subjects: tuple[Subject, ...] = field(init=False, repr=False, compare=False)
 

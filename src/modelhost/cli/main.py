@@ -60,7 +60,6 @@ KEY_COLUMNS = (
     "deployments",
     "prefix",
     "role",
-    "user_id",
     "limits",
     "created_at",
     "expires_at",

@@ -522,9 +522,10 @@ class Capacity(BaseModel):
 
 
 class AuditActor(BaseModel):
-    kind: Literal["admin", "account", "deployment", "system"] = Field(
+    kind: Literal["admin", "account", "deployment", "system", "session"] = Field(
         description="The kind of key that made the change; `system`: the server itself (expired files "
-        "deleted, a batch's output written, an interrupted upload finished)."
+        "deleted, a batch's output written, an interrupted upload finished); `session`: a person's "
+        "sign-in (their memberships following their groups)."
     )
     key_id: str | None = Field(default=None, description="The key's ID (null for the admin key and system).")
     address: str | None = Field(default=None, description="The client's IP address.")
@@ -613,3 +614,33 @@ class Me(BaseModel):
     role: RoleName
     actions: list[str] = Field(description="What it may do now (docs/access.md).")
     user: User | None = Field(default=None, description="The person who owns the key; null: a service key.")
+
+
+class SessionAccount(BaseModel):
+    """One of a signed-in person's accounts and their role there."""
+
+    id: str | None = Field(max_length=64, description="The account ID (null: act as the operator).")
+    role: RoleName | None = None
+
+
+class SessionInfo(BaseModel):
+    """A sign-in session (`GET /v1/auth/session`)."""
+
+    object: Literal["session"] = "session"
+    id: str
+    user_id: str
+    email: str
+    name: str | None = None
+    operator: bool = Field(description="The person is the operator (their provider group says so).")
+    account_id: str | None = Field(description="The account the session acts in now.")
+    role: RoleName | None = Field(description="Their role in that account.")
+    accounts: list[SessionAccount]
+    csrf_token: str = Field(description="Send it as `x-csrf-token` with every state-changing request.")
+    expires_at: datetime = Field(description="When the session ends unless used (idle), or at the latest.")
+
+
+class SignedOut(BaseModel):
+    object: Literal["session.ended"] = "session.ended"
+    logout_url: str | None = Field(
+        description="The provider's logout for this sign-in (RP-initiated logout): open it to sign out there."
+    )

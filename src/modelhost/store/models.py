@@ -57,6 +57,8 @@ class User(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     email: Mapped[str] = mapped_column(String(320), unique=True)
     name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # The OpenID provider's `sub` for them, once they have signed in (None: invited, never signed in)
+    subject: Mapped[str | None] = mapped_column(String(255), nullable=True, unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -72,6 +74,39 @@ class Membership(Base):
     role: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # `invite` (added by an admin: kept until removed) or `sso` (from the person's groups at sign-in:
+    # updated at each sign-in, removed when the group is gone)
+    source: Mapped[str] = mapped_column(String(8), default="invite")
+
+
+class SsoLogin(Base):
+    """A sign-in under way: what the callback checks (its `state`, hashed: the key), used once."""
+
+    __tablename__ = "sso_logins"
+
+    state_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    nonce: Mapped[str] = mapped_column(String(128))
+    code_verifier: Mapped[str] = mapped_column(String(128))
+    return_to: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class SsoSession(Base):
+    """A signed-in person's session, held by a cookie whose secret is stored hashed (`id` is public)."""
+
+    __tablename__ = "sso_sessions"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    # the account it acts in (one of the person's); None: the operator's session, or no account yet
+    account_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    operator: Mapped[bool] = mapped_column(Boolean, default=False)
+    csrf_token: Mapped[str] = mapped_column(String(64))
+    id_token: Mapped[str] = mapped_column(Text)  # the provider's, for its logout (`id_token_hint`)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class ApiKey(Base):

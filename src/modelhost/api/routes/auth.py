@@ -1,0 +1,115 @@
+"""Single sign-on (docs/access.md): the sign-in through the OpenID provider, the session it opens (a
+cookie), switching accounts, signing out. Public routes: the session's own cookie is their credential."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import RedirectResponse
+
+from modelhost.api.deps import CSRF_HEADER, SESSION_COOKIE, ServicesDep, get_services
+from modelhost.api.errors import error_responses
+from modelhost.errors import InvalidAPIKey, InvalidRequest, PermissionDenied
+from modelhost.protocol.management import SessionAccount, SessionInfo, SignedOut
+
+router = APIRouter(prefix="/v1/auth", tags=["sign-in"], responses=error_responses(400, 401))
+
+
+def _secret(request: Request, changes: bool) -> str:
+    """The request's session cookie (401 without one); a change must send the session's CSRF token."""
+    secret = request.cookies.get(SESSION_COOKIE)
+    principal = get_services(request).sessions.principal(secret) if secret else None
+    if secret is None or principal is None:
+        raise InvalidAPIKey("Not signed in (or the session has ended).", code="session_ended")
+    if changes and request.headers.get(CSRF_HEADER) != principal.csrf:
+        raise PermissionDenied(f"Send the session's CSRF token in `{CSRF_HEADER}`.", code="csrf_failed")
+    return secret
+
+
+@router.get(
+    "/login",
+    summary="Sign in through the OpenID provider: redirects to it (then back to `return_to`, a path here)",
+    status_code=302,
+    responses=error_responses(404),
+)
+async def login(
+    services: ServicesDep,
+    return_to: Annotated[str | None, Query(max_length=500)] = None,
+    login_hint: Annotated[str | None, Query(max_length=320)] = None,
+) -> RedirectResponse:
+    url = await services.sessions.start(return_to, login_hint)
+    return RedirectResponse(url, status_code=302, headers={"Cache-Control": "no-store"})
+
+
+@router.get(
+    "/callback",
+    summary="Where the OpenID provider sends the browser back: opens the session (a cookie)",
+    status_code=302,
+    responses=error_responses(403),
+)
+async def callback(
+    services: ServicesDep,
+    code: Annotated[str | None, Query(max_length=2000)] = None,
+    state: Annotated[str | None, Query(max_length=500)] = None,
+    error: Annotated[str | None, Query(max_length=200)] = None,
+    iss: Annotated[str | None, Query(max_length=500)] = None,
+) -> RedirectResponse:
+    if error is not None:
+        raise InvalidAPIKey(f"The OpenID provider refused the sign-in: {error}", code="sign_in_failed")
+    if not code or not state:
+        raise InvalidRequest("The callback needs `code` and `state`.", param="code")
+    oidc = services.sessions.oidc
+    if iss is not None and oidc is not None and iss != oidc.config.issuer:  # RFC 9207: a mix-up
+        raise InvalidAPIKey("The callback names another issuer (`iss`).", code="sign_in_failed")
+    signed_in = await services.sessions.finish(code, state)
+    answer = RedirectResponse(signed_in.return_to, status_code=302, headers={"Cache-Control": "no-store"})
+    settings = services.settings
+    answer.set_cookie(
+        SESSION_COOKIE,
+        signed_in.secret,
+        max_age=settings.session_max_seconds,
+        path="/",
+        httponly=True,
+        samesite="lax",
+        secure=(settings.public_url or "").startswith("https://"),
+    )
+    return answer
+
+
+@router.get("/session", summary="The signed-in session: who, which account, its CSRF token")
+async def session_info(request: Request, services: ServicesDep) -> SessionInfo:
+    secret = _secret(request, changes=False)
+    view = await asyncio.to_thread(services.sessions.view, secret)
+    return SessionInfo(
+        id=view.id,
+        user_id=view.user_id,
+        email=view.email,
+        name=view.name,
+        operator=view.operator,
+        account_id=view.account_id,
+        role=view.accounts.get(view.account_id).value if view.account_id in view.accounts else None,  # type: ignore[union-attr]
+        accounts=[SessionAccount(id=a, role=r.value) for a, r in sorted(view.accounts.items())],
+        csrf_token=view.csrf_token,
+        expires_at=view.expires_at,
+    )
+
+
+@router.post(
+    "/session/account",
+    summary="Act in another of your accounts (`account_id`; null: as the operator, where you are one)",
+    responses=error_responses(403, 404),
+)
+async def switch_account(request: Request, services: ServicesDep, body: SessionAccount) -> SessionInfo:
+    secret = _secret(request, changes=True)
+    await asyncio.to_thread(services.sessions.switch, secret, body.id)
+    return await session_info(request, services)
+
+
+@router.post("/logout", summary="Sign out: the session ends; the provider's logout URL where it has one")
+async def logout(request: Request, services: ServicesDep) -> SignedOut:
+    secret = _secret(request, changes=True)
+    after = (services.settings.public_url or "").rstrip("/") + "/console"
+    logout_url = await services.sessions.end(secret, after)
+    return SignedOut(logout_url=logout_url)

@@ -1,0 +1,255 @@
+"""Single sign-on with an OpenID Connect provider: the relying party's half of the authorization-code flow
+with PKCE, and the checks of the ID token it returns (docs/access.md, "Single sign-on").
+
+The provider's endpoints come from its discovery document; the OAuth exchange itself is Authlib's client;
+the ID token is checked with joserfc here, always, even though it came straight from the token endpoint
+over TLS: its signature against the provider's JWKS (read again once when a token names a key it does
+not know: the provider rotated its keys), its `alg` from an allow-list (never `none`, never HMAC), then
+`iss`, `aud` (and `azp` where several audiences), `exp`, `iat` (a minute of clock skew), `sub` and the
+`nonce` the sign-in sent. Nothing of a token is believed before these pass."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+from authlib.integrations.httpx_client import AsyncOAuth2Client
+from joserfc import jwt
+from joserfc.errors import JoseError
+from joserfc.jwk import KeySet
+
+from modelhost.auth.roles import Role
+from modelhost.errors import InvalidAPIKey
+
+SKEW_SECONDS = 60  # the clocks of the provider and this server may differ by this much
+DISCOVERY_SECONDS = 3600  # the discovery document and the JWKS are read again after this long
+
+
+class SignInFailed(InvalidAPIKey):
+    """The sign-in could not be completed: an unknown or used `state`, the provider's refusal, an ID token
+    that fails a check. 401, the same body as a wrong key."""
+
+    code = "sign_in_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderMetadata:
+    issuer: str
+    authorization_endpoint: str
+    token_endpoint: str
+    jwks_uri: str
+    end_session_endpoint: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who the provider says signed in: its `sub`, and the claims we use."""
+
+    subject: str
+    email: str | None
+    email_verified: bool
+    name: str | None
+    groups: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OidcConfig:
+    issuer: str
+    client_id: str
+    client_secret: str
+    redirect_uri: str
+    scopes: str
+    groups_claim: str
+    algorithms: frozenset[str]
+
+
+def pkce_pair() -> tuple[str, str]:
+    """A PKCE code verifier and its S256 challenge (RFC 7636)."""
+    verifier = secrets.token_urlsafe(64)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    return verifier, challenge
+
+
+def grants_of(groups: tuple[str, ...], prefix: str, operator_group: str) -> tuple[bool, dict[str, Role]]:
+    """What a person's groups make them: the operator (a member of `operator_group`), and their role in
+    each account named by a group `<prefix>:<account ID>:<role>` (of several roles in one account, the
+    first in `Role`'s order: owner, admin, developer, viewer, billing). Other groups are ignored."""
+    roles: dict[str, Role] = {}
+    order = list(Role)
+    for group in groups:
+        parts = group.split(":")
+        if len(parts) != 3 or parts[0] != prefix or parts[2] not in Role.__members__.values():
+            continue
+        account, role = parts[1], Role(parts[2])
+        if account not in roles or order.index(role) < order.index(roles[account]):
+            roles[account] = role
+    return operator_group in groups, roles
+
+
+class OidcClient:
+    """The provider as this server sees it: discovery and keys cached, read again when stale."""
+
+    def __init__(self, config: OidcConfig, http: httpx.AsyncClient | None = None) -> None:
+        self.config = config
+        self._http = http or httpx.AsyncClient(timeout=10)
+        self._metadata: ProviderMetadata | None = None
+        self._metadata_read = 0.0
+        self._keys: KeySet | None = None
+        self._keys_read = 0.0
+        self._lock = asyncio.Lock()
+
+    async def metadata(self) -> ProviderMetadata:
+        if self._metadata is None or time.monotonic() - self._metadata_read > DISCOVERY_SECONDS:
+            url = self.config.issuer.rstrip("/") + "/.well-known/openid-configuration"
+            try:
+                answer = await self._http.get(url)
+                answer.raise_for_status()
+                found = answer.json()
+            except (httpx.HTTPError, ValueError) as exc:
+                raise SignInFailed(
+                    f"The OpenID provider's discovery document could not be read: {exc}"
+                ) from exc
+            if found.get("issuer") != self.config.issuer:
+                raise SignInFailed("The OpenID provider's discovery document names another issuer.")
+            self._metadata = ProviderMetadata(
+                issuer=found["issuer"],
+                authorization_endpoint=found["authorization_endpoint"],
+                token_endpoint=found["token_endpoint"],
+                jwks_uri=found["jwks_uri"],
+                end_session_endpoint=found.get("end_session_endpoint"),
+            )
+            self._metadata_read = time.monotonic()
+        return self._metadata
+
+    async def authorization_url(self, state: str, nonce: str, verifier: str, login_hint: str | None) -> str:
+        metadata = await self.metadata()
+        async with self._oauth() as oauth:
+            extra = {"login_hint": login_hint} if login_hint else {}
+            url, _ = oauth.create_authorization_url(
+                metadata.authorization_endpoint, state=state, nonce=nonce, code_verifier=verifier, **extra
+            )
+        return str(url)
+
+    async def exchange(self, code: str, verifier: str) -> str:
+        """The ID token the token endpoint gives for `code` (and the PKCE verifier)."""
+        metadata = await self.metadata()
+        async with self._oauth() as oauth:
+            try:
+                token = await oauth.fetch_token(
+                    metadata.token_endpoint,
+                    grant_type="authorization_code",
+                    code=code,
+                    code_verifier=verifier,
+                )
+            except Exception as exc:  # Authlib's OAuthError, or the transport's: the provider refused
+                raise SignInFailed(f"The OpenID provider refused the sign-in: {exc}") from exc
+        id_token = token.get("id_token")
+        if not isinstance(id_token, str):
+            raise SignInFailed("The OpenID provider returned no ID token (is `openid` among the scopes?).")
+        return id_token
+
+    async def verify(self, id_token: str, nonce: str, now: float | None = None) -> Identity:
+        """The identity in `id_token`, once every check of the module docstring has passed."""
+        header = _header(id_token)
+        algorithm = header.get("alg")
+        if algorithm not in self.config.algorithms:
+            raise SignInFailed(f"The ID token's algorithm {algorithm!r} is not accepted.")
+        keys = await self._key_set(header.get("kid"))
+        try:
+            token = jwt.decode(id_token, keys, algorithms=[str(algorithm)])
+        except (JoseError, ValueError) as exc:
+            raise SignInFailed(f"The ID token's signature does not verify: {exc}") from exc
+        claims = token.claims
+        _check_claims(claims, self.config, nonce, time.time() if now is None else now)
+        groups = claims.get(self.config.groups_claim) or []
+        if isinstance(groups, str):
+            groups = [groups]
+        return Identity(
+            subject=str(claims["sub"]),
+            email=str(claims["email"]).lower() if claims.get("email") else None,
+            email_verified=claims.get("email_verified") is True,
+            name=str(claims["name"]) if claims.get("name") else None,
+            groups=tuple(str(g) for g in groups if isinstance(g, str)),
+        )
+
+    async def logout_url(self, id_token: str, after: str) -> str | None:
+        """The provider's RP-initiated logout for this session, where it offers one."""
+        metadata = await self.metadata()
+        if metadata.end_session_endpoint is None:
+            return None
+        query = urlencode(
+            {"id_token_hint": id_token, "post_logout_redirect_uri": after, "client_id": self.config.client_id}
+        )
+        return f"{metadata.end_session_endpoint}?{query}"
+
+    async def _key_set(self, kid: object) -> KeySet:
+        async with self._lock:
+            stale = self._keys is None or time.monotonic() - self._keys_read > DISCOVERY_SECONDS
+            unknown = self._keys is not None and kid is not None and not _has_kid(self._keys, kid)
+            # an unknown `kid`: the provider rotated its keys. Only the provider can cause this read: ID
+            # tokens reach us from its token endpoint alone, never from a client
+            if stale or unknown:
+                metadata = await self.metadata()
+                try:
+                    answer = await self._http.get(metadata.jwks_uri)
+                    answer.raise_for_status()
+                    self._keys = KeySet.import_key_set(answer.json())
+                except (httpx.HTTPError, ValueError, JoseError) as exc:
+                    raise SignInFailed(f"The OpenID provider's keys could not be read: {exc}") from exc
+                self._keys_read = time.monotonic()
+            assert self._keys is not None
+            return self._keys
+
+    def _oauth(self) -> AsyncOAuth2Client:
+        return AsyncOAuth2Client(
+            client_id=self.config.client_id,
+            client_secret=self.config.client_secret,
+            scope=self.config.scopes,
+            redirect_uri=self.config.redirect_uri,
+            code_challenge_method="S256",
+            token_endpoint_auth_method="client_secret_basic",
+            timeout=10,
+        )
+
+
+def _header(id_token: str) -> dict[str, Any]:
+    try:
+        encoded = id_token.split(".", 1)[0]
+        header = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SignInFailed("The ID token is not a JWT.") from exc
+    if not isinstance(header, dict):
+        raise SignInFailed("The ID token is not a JWT.")
+    return header
+
+
+def _has_kid(keys: KeySet, kid: object) -> bool:
+    return any(key.kid == kid for key in keys.keys)
+
+
+def _check_claims(claims: dict[str, Any], config: OidcConfig, nonce: str, now: float) -> None:
+    if claims.get("iss") != config.issuer:
+        raise SignInFailed("The ID token was issued by another issuer.")
+    audience = claims.get("aud")
+    audiences = audience if isinstance(audience, list) else [audience]
+    if config.client_id not in audiences:
+        raise SignInFailed("The ID token is meant for another client (`aud`).")
+    if len(audiences) > 1 and claims.get("azp") != config.client_id:
+        raise SignInFailed("The ID token has several audiences and `azp` is not this client.")
+    expires, issued = claims.get("exp"), claims.get("iat")
+    if not isinstance(expires, int | float) or expires + SKEW_SECONDS < now:
+        raise SignInFailed("The ID token has expired.")
+    if not isinstance(issued, int | float) or issued - SKEW_SECONDS > now:
+        raise SignInFailed("The ID token was issued in the future (`iat`).")
+    if not isinstance(claims.get("sub"), str) or not claims["sub"]:
+        raise SignInFailed("The ID token names no subject.")
+    if not isinstance(claims.get("nonce"), str) or not secrets.compare_digest(claims["nonce"], nonce):
+        raise SignInFailed("The ID token's nonce is not this sign-in's.")
