@@ -188,6 +188,8 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("users", "enable"), "Enable a disabled person again."),
     (("users", "remove"), "Remove a person from your account: their keys here stop at once."),
     (("whoami",), "Who your key acts as: account, role, person and what it may do."),
+    (("login",), "Sign in through your organization's identity provider (a code to confirm in a browser)."),
+    (("logout",), "Sign out: the session ends on the server, and its token is removed from this computer."),
 ]
 
 

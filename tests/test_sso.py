@@ -4,7 +4,13 @@ callback that must be refused (issue 60; docs/access.md, "Single sign-on")."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import secrets
+import stat
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -26,6 +32,7 @@ from modelhost.store.models import SsoLogin, SsoSession
 from modelhost.store.types import utcnow
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer
+from tests.live import live_server
 from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, available, free_port
 from tests.postgres import create_database
 
@@ -338,3 +345,54 @@ def test_sign_in_needs_its_settings_and_never_accepts_none_or_hmac(tmp_path: Pat
             public_url="https://m.example.com",
             oidc_algorithms="RS256,none",
         )
+
+
+# ------------------------------------------------------------------------------------------ the CLI
+
+
+@pytest.mark.parametrize("services", ["sqlite"], indirect=True)  # its path does not depend on the database
+async def test_the_cli_signs_in_with_a_device_code_keeps_its_session_0600_and_signs_out(
+    world: World, tmp_path: Path
+) -> None:
+    """`modelhost login` as a person runs it: the server starts the provider's device sign-in, the person
+    opens the link it prints and is signed in there, the CLI polls, keeps the session's token in a
+    0600 file and every command then calls with it; `modelhost logout` ends it."""
+    cli = str(Path(sys.executable).parent / "modelhost")
+    env = {**os.environ, "MODELHOST_CONFIG_DIR": str(tmp_path / "config")}
+    env.pop("MODELHOST_API_KEY", None)
+    with live_server(world.services.settings) as url:
+        login = subprocess.Popen(
+            [cli, "login", "--url", url, "--login-hint", "alice"], env=env, stderr=subprocess.PIPE, text=True
+        )
+        assert login.stderr is not None
+        line = login.stderr.readline()
+        link = re.search(r"Open (\S+) and confirm the code (\S+)", line)
+        assert link is not None, line
+        async with httpx.AsyncClient() as at_provider:  # the person's browser: confirm, sign in there
+            page = await at_provider.get(link.group(1))
+            form = dict(re.findall(r'name="([^"]+)" value="([^"]*)"', page.text))
+            assert form["user_code"] == link.group(2)
+            action = re.search(r'action="([^"]+)"', page.text)
+            assert action is not None
+            confirmed = {**form, "confirm": "yes"}  # the person confirms the code the CLI printed
+            answer = await at_provider.post(action.group(1), data=confirmed, follow_redirects=True)
+            assert "Sign-in Success" in answer.text, answer.text[:300]
+        assert login.wait(60) == 0, login.stderr.read()
+        assert "Signed in as alice@example.com" in login.stderr.read()
+        stored = tmp_path / "config" / "credentials.json"
+        assert stat.S_IMODE(stored.stat().st_mode) == 0o600
+        assert json.loads(stored.read_text())[url]["session_token"].startswith("mhs-")
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [cli, *args, "--url", url], env=env, capture_output=True, text=True, timeout=60
+            )
+
+        me = json.loads(run("whoami", "--json").stdout)
+        assert (me["role"], me["user"]["email"]) == ("developer", "alice@example.com")
+        assert run("deployments", "list", "--json").returncode == 0
+        out = run("logout")
+        assert out.returncode == 0 and "Signed out" in out.stderr
+        assert url not in json.loads(stored.read_text())
+        again = run("whoami")
+        assert again.returncode == 1 and "401" in again.stderr

@@ -25,6 +25,7 @@ from modelhost.errors import (
     TooManyFailedKeys,
 )
 from modelhost.routing import DeploymentRef, resolve_deployment
+from modelhost.services.sessions import SESSION_PREFIX
 
 T = TypeVar("T")
 Guard = Callable[[Request], Awaitable[Principal]]
@@ -76,6 +77,17 @@ async def _authenticate(request: Request) -> Principal:
     with tracing.step("authenticate") as span:
         token = bearer_token(authorization, api_key)
         address = request.client.host if request.client is not None else ""
+        if token.startswith(SESSION_PREFIX):  # a signed-in CLI's session (`modelhost login`)
+            _refuse_while_guessing(services, address)
+            session = await asyncio.to_thread(services.sessions.principal, token)
+            if session is None:
+                services.failed_keys.failed(address)
+                raise InvalidAPIKey(
+                    "This session has ended; sign in again (modelhost login).", code="session_ended"
+                )
+            request.scope[PRINCIPAL] = session
+            _act_as(request, session)
+            return session
         try:
             known, principal = authenticator.cached(token)
         except InvalidAPIKey:  # malformed

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
+from authlib.integrations.base_client import OAuthError
 from authlib.integrations.httpx_client import AsyncOAuth2Client
 from joserfc import jwt
 from joserfc.errors import JoseError
@@ -29,6 +30,7 @@ from joserfc.jwk import KeySet
 from modelhost.auth.roles import Role
 from modelhost.errors import InvalidAPIKey
 
+DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 SKEW_SECONDS = 60  # the clocks of the provider and this server may differ by this much
 DISCOVERY_SECONDS = 3600  # the discovery document and the JWKS are read again after this long
 
@@ -47,6 +49,28 @@ class ProviderMetadata:
     token_endpoint: str
     jwks_uri: str
     end_session_endpoint: str | None
+    device_authorization_endpoint: str | None
+
+
+class DeviceNotYet(SignInFailed):
+    """The device sign-in is not finished: RFC 8628's `authorization_pending` or `slow_down` (the CLI
+    keeps polling), `expired_token` or `access_denied` (it stops)."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSignIn:
+    """A device sign-in started at the provider (RFC 8628): what the person opens and confirms, and what
+    the CLI polls with."""
+
+    device_code: str
+    user_code: str
+    verification_uri: str
+    verification_uri_complete: str | None
+    expires_in: int
+    interval: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +149,7 @@ class OidcClient:
                 token_endpoint=found["token_endpoint"],
                 jwks_uri=found["jwks_uri"],
                 end_session_endpoint=found.get("end_session_endpoint"),
+                device_authorization_endpoint=found.get("device_authorization_endpoint"),
             )
             self._metadata_read = time.monotonic()
         return self._metadata
@@ -156,8 +181,59 @@ class OidcClient:
             raise SignInFailed("The OpenID provider returned no ID token (is `openid` among the scopes?).")
         return id_token
 
-    async def verify(self, id_token: str, nonce: str, now: float | None = None) -> Identity:
-        """The identity in `id_token`, once every check of the module docstring has passed."""
+    async def device_authorization(self, login_hint: str | None) -> DeviceSignIn:
+        """Start a device sign-in (the CLI's `modelhost login`), where the provider offers the grant."""
+        metadata = await self.metadata()
+        if metadata.device_authorization_endpoint is None:
+            raise DeviceNotYet(
+                "The OpenID provider offers no device sign-in (RFC 8628); sign in in the console.",
+                code="device_flow_unsupported",
+            )
+        form = {"client_id": self.config.client_id, "scope": self.config.scopes}
+        if login_hint:
+            form["login_hint"] = login_hint
+        try:
+            answer = await self._http.post(
+                metadata.device_authorization_endpoint,
+                data=form,
+                auth=(self.config.client_id, self.config.client_secret),
+            )
+            answer.raise_for_status()
+            found = answer.json()
+            return DeviceSignIn(
+                device_code=str(found["device_code"]),
+                user_code=str(found["user_code"]),
+                verification_uri=str(found["verification_uri"]),
+                verification_uri_complete=found.get("verification_uri_complete"),
+                expires_in=int(found.get("expires_in", 600)),
+                interval=int(found.get("interval", 5)),
+            )
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise SignInFailed(f"The OpenID provider refused the device sign-in: {exc}") from exc
+
+    async def device_exchange(self, device_code: str) -> str:
+        """The ID token once the person has confirmed the device sign-in; `DeviceNotYet` before."""
+        metadata = await self.metadata()
+        async with self._oauth() as oauth:
+            try:
+                token = await oauth.fetch_token(
+                    metadata.token_endpoint, grant_type=DEVICE_GRANT, device_code=device_code
+                )
+            except OAuthError as exc:
+                if exc.error in ("authorization_pending", "slow_down", "expired_token", "access_denied"):
+                    raise DeviceNotYet(exc.description or exc.error, code=exc.error) from exc
+                raise SignInFailed(f"The OpenID provider refused the sign-in: {exc}") from exc
+            except Exception as exc:  # the transport's
+                raise SignInFailed(f"The OpenID provider refused the sign-in: {exc}") from exc
+        id_token = token.get("id_token")
+        if not isinstance(id_token, str):
+            raise SignInFailed("The OpenID provider returned no ID token (is `openid` among the scopes?).")
+        return id_token
+
+    async def verify(self, id_token: str, nonce: str | None, now: float | None = None) -> Identity:
+        """The identity in `id_token`, once every check of the module docstring has passed. `nonce`:
+        the sign-in's; None for a device sign-in (RFC 8628 has none: its token came from the token
+        endpoint in exchange for a device code only this server's client can redeem)."""
         header = _header(id_token)
         algorithm = header.get("alg")
         if algorithm not in self.config.algorithms:
@@ -235,7 +311,7 @@ def _has_kid(keys: KeySet, kid: object) -> bool:
     return any(key.kid == kid for key in keys.keys)
 
 
-def _check_claims(claims: dict[str, Any], config: OidcConfig, nonce: str, now: float) -> None:
+def _check_claims(claims: dict[str, Any], config: OidcConfig, nonce: str | None, now: float) -> None:
     if claims.get("iss") != config.issuer:
         raise SignInFailed("The ID token was issued by another issuer.")
     audience = claims.get("aud")
@@ -251,5 +327,7 @@ def _check_claims(claims: dict[str, Any], config: OidcConfig, nonce: str, now: f
         raise SignInFailed("The ID token was issued in the future (`iat`).")
     if not isinstance(claims.get("sub"), str) or not claims["sub"]:
         raise SignInFailed("The ID token names no subject.")
-    if not isinstance(claims.get("nonce"), str) or not secrets.compare_digest(claims["nonce"], nonce):
+    if nonce is not None and (
+        not isinstance(claims.get("nonce"), str) or not secrets.compare_digest(claims["nonce"], nonce)
+    ):
         raise SignInFailed("The ID token's nonce is not this sign-in's.")

@@ -21,9 +21,19 @@ def fail(message: str) -> NoReturn:
 
 
 class ApiClient:
-    def __init__(self, url: str, key: str | None, timeout: float = 60.0) -> None:
+    def __init__(self, url: str, key: str | None, timeout: float = 60.0, anonymous: bool = False) -> None:
+        """Calls with `key`; without one, with the session `modelhost login` kept for `url` (unless
+        `anonymous`)."""
+        if not key and not anonymous:
+            from modelhost.cli.session import stored_token  # the session module imports this one
+
+            key = stored_token(url)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def refuse(self, response: httpx.Response) -> None:
+        """Exit 1 with the API's error message where `response` is an error."""
+        _refuse_error(response)
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
         """Send a request; on an error body print its message and exit 1."""

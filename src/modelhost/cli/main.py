@@ -26,6 +26,7 @@ from modelhost.cli.generation import (
 )
 from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, Url
 from modelhost.cli.output import out, show
+from modelhost.cli.session import login, logout
 from modelhost.cli.users import RoleChoice, users_app, whoami
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ app.add_typer(batches_app, name="batches")
 app.add_typer(audit_app, name="audit")
 app.add_typer(users_app, name="users")
 app.command("whoami")(whoami)
+app.command("login")(login)
+app.command("logout")(logout)
 
 ACCOUNT_COLUMNS = ("id", "name", "credits", "credits_used", "limits", "created_at")
 KEY_COLUMNS = (

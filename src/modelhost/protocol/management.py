@@ -644,3 +644,31 @@ class SignedOut(BaseModel):
     logout_url: str | None = Field(
         description="The provider's logout for this sign-in (RP-initiated logout): open it to sign out there."
     )
+
+
+class DeviceStart(StrictModel):
+    login_hint: str | None = Field(default=None, max_length=320, description="Passed to the provider.")
+
+
+class DeviceSignInStarted(BaseModel):
+    """RFC 8628's device authorization answer: open `verification_uri` and confirm `user_code`."""
+
+    device_code: str = Field(description="What the CLI polls `POST /v1/auth/device/token` with.")
+    user_code: str
+    verification_uri: str
+    verification_uri_complete: str | None = None
+    expires_in: int
+    interval: int = Field(description="Seconds between polls.")
+
+
+class DeviceCode(StrictModel):
+    device_code: str = Field(min_length=1, max_length=2000)
+
+
+class SessionToken(BaseModel):
+    """A signed-in CLI's session: send it as `Authorization: Bearer <session_token>`."""
+
+    object: Literal["session.token"] = "session.token"
+    session_token: str = Field(description="The session's secret (`mhs-...`). Shown once.")
+    email: str
+    expires_at: datetime

@@ -29,7 +29,7 @@ from modelhost import audit
 from modelhost.auth import roles
 from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.limits import Limits
-from modelhost.auth.oidc import Identity, OidcClient, SignInFailed, grants_of, pkce_pair
+from modelhost.auth.oidc import DeviceSignIn, Identity, OidcClient, SignInFailed, grants_of, pkce_pair
 from modelhost.auth.principal import Principal, PrincipalKind
 from modelhost.auth.roles import Role
 from modelhost.clock import Clock
@@ -139,6 +139,21 @@ class SessionService:
             raise SignInFailed("This sign-in is unknown, already used or too old (`state`); sign in again.")
         id_token = await client.exchange(code, verifier)
         identity = await client.verify(id_token, nonce)
+        return SignedIn(self._open(identity, id_token), return_to)
+
+    async def device_start(self, login_hint: str | None) -> DeviceSignIn:
+        """A device sign-in for the CLI (`modelhost login`): the person confirms it at the provider."""
+        return await self._client().device_authorization(login_hint)
+
+    async def device_finish(self, device_code: str) -> str:
+        """The session's secret once the person confirmed the device sign-in (the CLI's bearer token);
+        `DeviceNotYet` before."""
+        client = self._client()
+        id_token = await client.device_exchange(device_code)
+        return self._open(await client.verify(id_token, None), id_token)
+
+    def _open(self, identity: Identity, id_token: str) -> str:
+        """The session of a checked identity, its memberships made to follow its groups: its secret."""
         operator, accounts = grants_of(identity.groups, self._group_prefix, self._operator_group)
         secret = SESSION_PREFIX + secrets.token_urlsafe(32)
         with self._database.transaction() as session:
@@ -166,7 +181,7 @@ class SessionService:
                 )
             )
         self._authenticator.forget_all()
-        return SignedIn(secret, return_to)
+        return secret
 
     def principal(self, secret: str) -> Principal | None:
         """The session's principal now (cached as keys are), or None: unknown, ended, idle or too old."""

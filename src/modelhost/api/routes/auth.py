@@ -12,18 +12,30 @@ from fastapi.responses import RedirectResponse
 from modelhost.api.deps import CSRF_HEADER, SESSION_COOKIE, ServicesDep, get_services
 from modelhost.api.errors import error_responses
 from modelhost.errors import InvalidAPIKey, InvalidRequest, PermissionDenied
-from modelhost.protocol.management import SessionAccount, SessionInfo, SignedOut
+from modelhost.protocol.management import (
+    DeviceCode,
+    DeviceSignInStarted,
+    DeviceStart,
+    SessionAccount,
+    SessionInfo,
+    SessionToken,
+    SignedOut,
+)
+from modelhost.services.sessions import SESSION_PREFIX
 
 router = APIRouter(prefix="/v1/auth", tags=["sign-in"], responses=error_responses(400, 401))
 
 
 def _secret(request: Request, changes: bool) -> str:
-    """The request's session cookie (401 without one); a change must send the session's CSRF token."""
-    secret = request.cookies.get(SESSION_COOKIE)
+    """The request's session: a signed-in CLI's bearer token, else the browser's cookie (401 without
+    either); a change made with the cookie must send the session's CSRF token."""
+    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+    bearer = scheme.lower() == "bearer" and token.strip().startswith(SESSION_PREFIX)
+    secret = token.strip() if bearer else request.cookies.get(SESSION_COOKIE)
     principal = get_services(request).sessions.principal(secret) if secret else None
     if secret is None or principal is None:
         raise InvalidAPIKey("Not signed in (or the session has ended).", code="session_ended")
-    if changes and request.headers.get(CSRF_HEADER) != principal.csrf:
+    if changes and not bearer and request.headers.get(CSRF_HEADER) != principal.csrf:
         raise PermissionDenied(f"Send the session's CSRF token in `{CSRF_HEADER}`.", code="csrf_failed")
     return secret
 
@@ -113,3 +125,33 @@ async def logout(request: Request, services: ServicesDep) -> SignedOut:
     after = (services.settings.public_url or "").rstrip("/") + "/console"
     logout_url = await services.sessions.end(secret, after)
     return SignedOut(logout_url=logout_url)
+
+
+@router.post(
+    "/device",
+    summary="Start a device sign-in (the CLI's `modelhost login`): a code the person confirms at the "
+    "provider",
+    responses=error_responses(404),
+)
+async def device_start(services: ServicesDep, body: DeviceStart | None = None) -> DeviceSignInStarted:
+    started = await services.sessions.device_start(body.login_hint if body is not None else None)
+    return DeviceSignInStarted(
+        device_code=started.device_code,
+        user_code=started.user_code,
+        verification_uri=started.verification_uri,
+        verification_uri_complete=started.verification_uri_complete,
+        expires_in=started.expires_in,
+        interval=started.interval,
+    )
+
+
+@router.post(
+    "/device/token",
+    summary="Poll a device sign-in: 400 `authorization_pending` (or `slow_down`) until the person has "
+    "confirmed, then the session's bearer token",
+    responses=error_responses(403, 404),
+)
+async def device_token(services: ServicesDep, body: DeviceCode) -> SessionToken:
+    secret = await services.sessions.device_finish(body.device_code)
+    view = await asyncio.to_thread(services.sessions.view, secret)
+    return SessionToken(session_token=secret, email=view.email, expires_at=view.expires_at)
