@@ -68,6 +68,6 @@ bench-soak:
 ## picture of a chat request's trace in docs/traces/ (docs/operations.md), drawn by the traces test.
 screenshots:
 	bash scripts/setup.sh dev
-	MODELHOST_CONSOLE_SCREENSHOTS=docs/console HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider tests/test_console.py
+	MODELHOST_CONSOLE_SCREENSHOTS=docs/console HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider tests/test_console.py tests/test_console_sso.py
 	MODELHOST_TEST_TRACE_PICTURE=docs/traces/chat.svg HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider \
 		tests/test_traces.py -k streamed_chat

@@ -25,11 +25,11 @@ STARTUP_TIMEOUT_SECONDS = 30.0
 SHUTDOWN_TIMEOUT_SECONDS = 30.0
 
 
-def _bound_socket() -> socket.socket:
+def _bound_socket(port: int = 0) -> socket.socket:
     """A socket bound to a free port; handing it to uvicorn leaves no window for another process."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((HOST, 0))
+    sock.bind((HOST, port))
     return sock
 
 
@@ -51,15 +51,15 @@ def _wait_until_healthy(base_url: str, server: uvicorn.Server, thread: threading
 
 
 @contextmanager
-def live_server(settings: Settings, app: ASGIApp | None = None) -> Iterator[str]:
+def live_server(settings: Settings, app: ASGIApp | None = None, port: int = 0) -> Iterator[str]:
     """Serve the gateway built from `settings` (or `app`, a gateway already built); yields its base URL
-    (`http://127.0.0.1:<port>`).
+    (`http://127.0.0.1:<port>`; `port`: one chosen before, where the settings must name it).
 
     The app owns its services (built in its lifespan, so migrations run at startup). On exit the
     server is asked to stop (`should_exit`), finishes its lifespan shutdown, and its thread is joined;
     a server that does not stop in time fails the test rather than leaking a thread.
     """
-    with closing(_bound_socket()) as sock:
+    with closing(_bound_socket(port)) as sock:
         port = sock.getsockname()[1]
         config = uvicorn.Config(app or create_app(settings), host=HOST, port=port, log_level="warning")
         server = uvicorn.Server(config)

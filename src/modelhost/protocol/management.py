@@ -672,3 +672,7 @@ class SessionToken(BaseModel):
     session_token: str = Field(description="The session's secret (`mhs-...`). Shown once.")
     email: str
     expires_at: datetime
+
+
+class SignInConfig(BaseModel):
+    sso: bool = Field(description="Single sign-on through an OpenID provider is configured.")

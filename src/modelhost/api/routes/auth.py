@@ -20,6 +20,7 @@ from modelhost.protocol.management import (
     SessionInfo,
     SessionToken,
     SignedOut,
+    SignInConfig,
 )
 from modelhost.services.sessions import SESSION_PREFIX
 
@@ -38,6 +39,11 @@ def _secret(request: Request, changes: bool) -> str:
     if changes and not bearer and request.headers.get(CSRF_HEADER) != principal.csrf:
         raise PermissionDenied(f"Send the session's CSRF token in `{CSRF_HEADER}`.", code="csrf_failed")
     return secret
+
+
+@router.get("/config", summary="Whether this server offers single sign-on (the console's sign-in page asks)")
+def sign_in_config(services: ServicesDep) -> SignInConfig:
+    return SignInConfig(sso=services.sessions.oidc is not None)
 
 
 @router.get(

@@ -1,4 +1,6 @@
-// The public API, with the key from sessionStorage (never a cookie, never the URL).
+// The public API, with the key from sessionStorage (never the URL); or, for a person signed in through the
+// organization's identity provider, with the session's cookie (HttpOnly: this script never reads it) and
+// its CSRF token, held in memory only.
 
 const ACCOUNT = "modelhost.accountKey";
 const ADMIN = "modelhost.adminKey";
@@ -10,6 +12,23 @@ export const session = {
   set adminKey(value) { value ? sessionStorage.setItem(ADMIN, value) : sessionStorage.removeItem(ADMIN); },
 };
 
+// GET /v1/auth/session's answer while a person is signed in (null otherwise); `available`: the server
+// offers single sign-on (GET /v1/auth/config)
+export const sso = { session: null, available: false };
+
+// Whether a request goes with the sign-in session rather than a key (a key given in this tab wins)
+function withSession(admin) {
+  return Boolean(sso.session) && !(admin ? session.adminKey : session.key);
+}
+
+export async function loadSession() {
+  const config = await fetch("/v1/auth/config", { credentials: "omit" });
+  sso.available = config.ok && (await config.json()).sso === true;
+  if (!sso.available) return;
+  const answer = await fetch("/v1/auth/session", { credentials: "same-origin" });
+  sso.session = answer.ok ? await answer.json() : null;
+}
+
 export class ApiError extends Error {
   constructor(status, body) {
     super((body && body.error && body.error.message) || `HTTP ${status}`);
@@ -19,12 +38,13 @@ export class ApiError extends Error {
 }
 
 export function authHeaders(admin = false) {
+  if (withSession(admin)) return { "x-csrf-token": sso.session.csrf_token };
   const key = admin ? session.adminKey : session.key;
   return key ? { Authorization: `Bearer ${key}` } : {};
 }
 
 export async function request(method, path, { body, admin = false, headers = {}, signal, signingIn = false } = {}) {
-  const init = { method, headers: { ...authHeaders(admin), ...headers }, signal, credentials: "omit" };
+  const init = { method, headers: { ...authHeaders(admin), ...headers }, signal, credentials: withSession(admin) ? "same-origin" : "omit" };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -32,6 +52,9 @@ export async function request(method, path, { body, admin = false, headers = {},
   const response = await fetch(path, init);
   if (response.status === 401 && !admin && !signingIn && session.key && init.headers.Authorization === `Bearer ${session.key}`) {
     session.key = null;
+    window.dispatchEvent(new Event("modelhost:unauthorized"));
+  } else if (response.status === 401 && init.credentials === "same-origin") {
+    sso.session = null; // the session ended (signed out elsewhere, idle, disabled)
     window.dispatchEvent(new Event("modelhost:unauthorized"));
   }
   if (!response.ok) throw new ApiError(response.status, await readJson(response));

@@ -1,5 +1,5 @@
 // The console's shell: sign-in, navigation by the URL's hash, one page at a time.
-import { api, session } from "./api.js";
+import { api, loadSession, session, sso } from "./api.js";
 import { field, h, message, replace } from "./dom.js";
 import * as artifacts from "./pages/artifacts.js";
 import * as audit from "./pages/audit.js";
@@ -9,9 +9,10 @@ import * as keys from "./pages/keys.js";
 import * as operator from "./pages/operator.js";
 import * as overview from "./pages/overview.js";
 import * as playground from "./pages/playground.js";
+import * as users from "./pages/users.js";
 
-const PAGES = { overview, deployments, artifacts, batches, keys, audit, playground, operator };
-const TITLES = { overview: "Overview", deployments: "Deployments", artifacts: "Artifacts", batches: "Batches", keys: "Keys", audit: "Audit", playground: "Playground", operator: "Operator" };
+const PAGES = { overview, deployments, artifacts, batches, keys, users, audit, playground, operator };
+const TITLES = { overview: "Overview", deployments: "Deployments", artifacts: "Artifacts", batches: "Batches", keys: "Keys", users: "People", audit: "Audit", playground: "Playground", operator: "Operator" };
 let cleanup = null;
 let shown = 0; // which show() is the latest: an older page still loading is stopped when it resolves
 
@@ -25,10 +26,40 @@ function nav() {
   replace(document.getElementById("nav"), Object.keys(PAGES).map((name) =>
     h("a", { href: `#${name}`, class: name === page ? "active" : "", id: `nav-${name}`, onclick: () => { if (current() === name) show(); } }, TITLES[name])));
   const who = document.getElementById("who");
-  if (session.key || session.adminKey) {
+  if (sso.session && !session.key) {
+    const s = sso.session;
+    const accounts = s.accounts.length > 1 ? h("select", { id: "account-switch", onchange: async (event) => {
+      try { sso.session = await api("POST", "/v1/auth/session/account", { body: { id: event.target.value } }); } catch { /* shown by the page */ }
+      show();
+    } }, s.accounts.map((a) => h("option", { value: a.id, selected: a.id === s.account_id }, `${a.id} (${a.role})`))) : null;
+    replace(who, h("span", { class: "muted", id: "signed-in-as" }, `${s.email}${s.role ? ` · ${s.role}` : s.operator ? " · operator" : ""}`), accounts,
+      h("button", { type: "button", class: "secondary", id: "sign-out", onclick: signOut }, "Sign out"));
+  } else if (session.key || session.adminKey) {
     replace(who, h("span", { class: "muted" }, session.key ? "signed in" : "operator"),
       h("button", { type: "button", class: "secondary", id: "sign-out", onclick: () => { session.key = null; session.adminKey = null; show(); } }, "Sign out"));
   } else replace(who);
+}
+
+async function signOut() {
+  let ended = null;
+  try { ended = await api("POST", "/v1/auth/logout"); } catch { /* already ended */ }
+  sso.session = null;
+  if (ended && ended.logout_url) location.assign(ended.logout_url); // and out of the identity provider too
+  else show();
+}
+
+function organizationSignIn() {
+  const hint = h("input", { type: "text", id: "sso-login-hint", placeholder: "you@example.com", autocomplete: "username" });
+  const form = h("form", { class: "row", id: "sso-sign-in" }, field("Email or username (optional)", hint),
+    h("button", { type: "submit", id: "sso-sign-in-button" }, "Sign in with your organization"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const query = new URLSearchParams({ return_to: `/console${location.hash}` });
+    if (hint.value.trim()) query.set("login_hint", hint.value.trim());
+    location.assign(`/v1/auth/login?${query}`);
+  });
+  return h("section", { class: "card" }, h("h2", {}, "Single sign-on"),
+    h("p", { class: "muted" }, "Sign in through your organization's identity provider; the session is kept by this server."), form);
 }
 
 function signIn(main) {
@@ -46,7 +77,7 @@ function signIn(main) {
       message(status, `Sign-in failed: ${error.message}`);
     }
   });
-  replace(main, h("section", { class: "card" }, h("h2", {}, "Sign in"),
+  replace(main, sso.available ? organizationSignIn() : null, h("section", { class: "card" }, h("h2", {}, sso.available ? "Or sign in with an account key" : "Sign in"),
     h("p", { class: "muted" }, "Your account key stays in this tab (sessionStorage) and is sent only as an Authorization header to this server."),
     form, status));
 }
@@ -59,7 +90,7 @@ async function show() {
   const page = current();
   main.dataset.page = page;
   main.dataset.ready = "no";
-  if (!session.key && page !== "operator") {
+  if (!session.key && !sso.session && page !== "operator") {
     signIn(main);
     main.dataset.ready = "sign-in";
     return;
@@ -85,6 +116,6 @@ window.addEventListener("modelhost:session", nav);
 window.addEventListener("modelhost:unauthorized", () => {
   show();
   const status = document.getElementById("sign-in-status");
-  if (status) message(status, "Your key was refused (revoked or unknown): sign in again.");
+  if (status) message(status, "Your key was refused (revoked or unknown), or your session ended: sign in again.");
 });
-show();
+loadSession().catch(() => {}).finally(show);

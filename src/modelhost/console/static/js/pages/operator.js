@@ -1,6 +1,6 @@
 // Operator view (admin key): accounts and credit top-ups; the server's memory capacity (reserved against
 // the budget over time, every deployment holding memory, each GPU), polled every 2 s.
-import { api, session } from "../api.js";
+import { api, session, sso } from "../api.js";
 import { badge, field, h, message, replace, when } from "../dom.js";
 import { plot } from "../plot.js";
 
@@ -125,7 +125,7 @@ export async function render(main) {
   async function load() {
     const mine = ++loads;
     clearInterval(timer);
-    if (!session.adminKey) return replace(body, h("p", { class: "muted" }, "Enter the operator's admin key to manage accounts."));
+    if (!session.adminKey && !(sso.session && sso.session.operator)) return replace(body, h("p", { class: "muted" }, "Enter the operator's admin key to manage accounts."));
     capacity = capacityCard();
     try {
       replace(body, h("section", { class: "card" }, h("h3", {}, "New account"), create),

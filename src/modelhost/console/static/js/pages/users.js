@@ -1,0 +1,51 @@
+// People (admins): the account's members and their roles; invite by email, change a role, disable or
+// enable, remove. Their keys and sessions follow at once (docs/access.md).
+import { api } from "../api.js";
+import { confirmButton, field, h, message, replace, when } from "../dom.js";
+
+const ROLES = ["owner", "admin", "developer", "viewer", "billing"];
+
+export async function render(main) {
+  const email = h("input", { type: "email", id: "user-email", placeholder: "someone@example.com", required: true });
+  const role = h("select", { id: "user-role" }, ROLES.map((r) => h("option", { value: r, selected: r === "developer" }, r)));
+  const status = h("p", { id: "user-status" });
+  const form = h("form", { class: "row", id: "user-form" }, field("Email", email), field("Role", role), h("button", { type: "submit" }, "Add"));
+  const rows = h("tbody");
+  replace(main, h("h2", {}, "People"),
+    h("section", { class: "card" }, h("h3", {}, "Add a person"),
+      h("p", { class: "muted" }, "They sign in through your identity provider with this email, or use a key an admin makes for them."), form, status),
+    h("section", { class: "card" }, h("h3", {}, "Members"),
+      h("table", { id: "user-list" }, h("thead", {}, h("tr", {}, ["Email", "Name", "Role", "State", "Member since", ""].map((t) => h("th", {}, t)))), rows)));
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      await api("POST", "/v1/users", { body: { email: email.value.trim(), role: role.value } });
+      email.value = "";
+      message(status, "Added.", "ok");
+      await refresh();
+    } catch (error) { message(status, error.message); }
+  });
+
+  async function change(user, body) {
+    try { await api("PATCH", `/v1/users/${user.id}`, { body }); } catch (error) { message(status, error.message); }
+    await refresh();
+  }
+
+  async function refresh() {
+    const users = (await api("GET", "/v1/users")).data;
+    replace(rows, users.map((u) => h("tr", { dataset: { id: u.id, email: u.email } },
+      h("td", {}, u.email), h("td", {}, u.name || ""),
+      h("td", {}, h("select", { class: "user-role", onchange: (event) => change(u, { role: event.target.value }) },
+        ROLES.map((r) => h("option", { value: r, selected: r === u.role }, r)))),
+      h("td", { class: "state" }, u.disabled ? "disabled" : "active"),
+      h("td", {}, when(u.created_at)),
+      h("td", {},
+        h("button", { type: "button", class: "secondary user-toggle", onclick: () => change(u, { disabled: !u.disabled }) }, u.disabled ? "Enable" : "Disable"),
+        confirmButton("Remove", async () => {
+          try { await api("DELETE", `/v1/users/${u.id}`); } catch (error) { message(status, error.message); }
+          await refresh();
+        })))));
+  }
+  await refresh();
+}

@@ -1,0 +1,121 @@
+"""The console signed in through single sign-on, in a real browser (Debian's Chromium driven by Playwright)
+against a live gateway and a real OpenID provider (panva's oidc-provider, tests/oidc/): the sign-in
+button, the session shown in the header, the People page an admin manages, signing out (issue 60)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, bearer
+from tests.live import live_server
+from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, available, free_port
+from tests.test_console import CHROMIUM, NO_CHROMIUM, SHOTS, TIMEOUT_MS, VIEWPORT
+
+
+@dataclass
+class Signed:
+    url: str
+    provider: OidcProvider
+    account: dict[str, Any]
+    page: Any
+    errors: list[str]
+
+
+@pytest.fixture(scope="module")
+def signed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Signed]:
+    """A live gateway configured for single sign-on, its account `red`, the provider whose alice is an
+    admin there, and a browser page."""
+    if CHROMIUM is None:
+        pytest.skip(NO_CHROMIUM)
+    assert available() is None, available()
+    from playwright.sync_api import sync_playwright
+
+    root = tmp_path_factory.mktemp("console-sso")
+    port, provider_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = make_settings(
+        root,
+        f"sqlite:///{root / 'db.sqlite'}",
+        oidc_issuer=f"http://127.0.0.1:{provider_port}",
+        oidc_client_id=CLIENT_ID,
+        oidc_client_secret=CLIENT_SECRET,
+        oidc_scopes="openid email profile groups",
+        public_url=url,
+    )
+    with live_server(settings, port=port), httpx.Client(base_url=url, timeout=60) as http:
+        account = http.post("/v1/admin/accounts", json={"name": "red"}, headers=bearer(ADMIN_KEY)).json()
+        users = {
+            "alice": {
+                "email": "alice@example.com",
+                "name": "Alice",
+                "groups": [f"modelhost:{account['id']}:admin"],
+            }
+        }
+        provider = OidcProvider(root / "oidc", [f"{url}/v1/auth/callback"], users, port=provider_port)
+        (root / "oidc").mkdir()
+        provider.start()
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+                page = browser.new_page(viewport=VIEWPORT)
+                page.set_default_timeout(TIMEOUT_MS)
+                errors: list[str] = []
+                page.on("pageerror", lambda error: errors.append(str(error)))
+                yield Signed(url, provider, account, page, errors)
+                browser.close()
+        finally:
+            provider.stop()
+    assert not errors, errors
+
+
+def test_the_console_signs_in_through_the_identity_provider(signed: Signed) -> None:
+    page = signed.page
+    page.goto(f"{signed.url}/console#keys")
+    page.wait_for_selector("#sso-sign-in")
+    assert page.locator("#sign-in").count() == 1  # the key paste stays beside it
+    page.fill("#sso-login-hint", "alice")
+    page.click("#sso-sign-in-button")
+    # the provider signs alice in and sends the browser back to the page it left
+    page.wait_for_selector("main[data-page='keys'][data-ready='yes']")
+    assert page.locator("#signed-in-as").inner_text() == "alice@example.com · admin"
+    session = next(c for c in page.context.cookies() if c["name"] == "modelhost_session")
+    assert session["httpOnly"] and session["sameSite"] == "Lax"
+    assert page.evaluate("document.cookie") == ""  # the script cannot read it
+    page.fill("#key-name", "from the console")
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("#key-secret")  # made with the session's CSRF token
+
+
+def test_an_admin_adds_a_person_changes_their_role_and_disables_them(signed: Signed) -> None:
+    page = signed.page
+    page.click("#nav-users")
+    page.wait_for_selector("main[data-page='users'][data-ready='yes']")
+    page.fill("#user-email", "carol@example.com")
+    page.select_option("#user-role", "viewer")
+    page.click("#user-form button[type=submit]")
+    row = page.locator("#user-list tbody tr[data-email='carol@example.com']")
+    row.wait_for()
+    row.locator("select.user-role").select_option("billing")
+    row.locator("button.user-toggle", has_text="Disable").click()
+    page.locator(
+        "#user-list tbody tr[data-email='carol@example.com'] td.state", has_text="disabled"
+    ).wait_for()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "people.png"), full_page=True)
+    people = httpx.get(f"{signed.url}/v1/users", headers=bearer(signed.account["api_key"])).json()["data"]
+    carol = next(p for p in people if p["email"] == "carol@example.com")
+    assert (carol["role"], carol["disabled"]) == ("billing", True)
+
+
+def test_signing_out_ends_the_session_and_opens_the_providers_logout(signed: Signed) -> None:
+    page = signed.page
+    page.click("#sign-out")
+    page.wait_for_url(f"{signed.provider.issuer}/session/end**")
+    ended = page.context.request.get(f"{signed.url}/v1/auth/session")
+    assert ended.status == 401
