@@ -4,7 +4,9 @@ they hold, audit rows naming the person."""
 
 from __future__ import annotations
 
+import hashlib
 import re
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ import pytest
 
 from modelhost.auth.roles import CALL, PERMISSIONS, Role, action_of, table
 from modelhost.container import Services
+from modelhost.store.models import SsoSession
+from modelhost.store.types import new_id, utcnow
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment
 
 DOCS = Path(__file__).parents[1] / "docs" / "access.md"
@@ -45,9 +49,10 @@ def test_the_permission_table_in_the_docs_is_the_codes() -> None:
 async def test_every_keyed_route_refuses_exactly_what_the_role_does_not_give(
     client: httpx.AsyncClient, services: Services
 ) -> None:
-    """Every route of the OpenAPI document × every role's person key, a service key, a deployment key and
-    the admin key: a 403 where (and only where) the key's role lacks the route's action; the operator and
-    deployment keys keep today's 401s where their kind does not fit."""
+    """Every keyed route of the OpenAPI document × every role's person key, a viewer's sign-in session
+    (as a CLI's bearer token and as the console's cookie), a service key, a deployment key and the admin
+    key: a 403 where (and only where) the key's role lacks the route's action; the operator's routes
+    refuse every other kind with a 401, and the operator's key is refused (401) on an account's routes."""
     account = await new_account(client, "matrix")
     owner_key = account["api_key"]
     keys = {
@@ -59,20 +64,30 @@ async def test_every_keyed_route_refuses_exactly_what_the_role_does_not_give(
     scoped = {"deployments": [deployment["id"]], "user_id": viewer_id}  # a viewer's: calls nothing
     viewer_scoped = (await client.post("/v1/keys", json=scoped, headers=bearer(owner_key))).json()
     assert viewer_scoped["role"] == "owner"  # the owner made it: the owner's role, bounded by the viewer's
+    session = _signed_in(services, viewer_id, account["id"])
+    as_viewer_session = {
+        "bearer session": bearer(session),
+        "cookie session": {"cookie": f"modelhost_session={session}", "x-csrf-token": CSRF},
+    }
     document = (await client.get("/openapi.json")).json()
     keyed = [
         (method.upper(), path)
         for path, item in document["paths"].items()
         for method, operation in item.items()
-        if operation.get("security") and not path.startswith("/v1/admin")
+        if operation.get("security")
     ]
-    assert len(keyed) > 80
+    assert len(keyed) > 90
     unexpected: list[tuple[str, str, str, int]] = []
     for method, path in keyed:
         concrete = re.sub(r"\{[^}]+\}", "x", path)
+        operators = path.startswith("/v1/admin")
         action = action_of(method, path)
         for role, key in keys.items():
             answer = await client.request(method, concrete, headers=bearer(key))
+            if operators:
+                if answer.status_code != 401:
+                    unexpected.append((method, path, role, answer.status_code))
+                continue
             refused = answer.status_code == 403
             if refused != (action not in PERMISSIONS[Role(role)]):
                 unexpected.append((method, path, role, answer.status_code))
@@ -80,15 +95,49 @@ async def test_every_keyed_route_refuses_exactly_what_the_role_does_not_give(
                 assert answer.json()["error"]["type"] == "permission_error", answer.text
             elif refused:
                 assert_error(answer, 403, "permission_denied", "permission_error")
+        for name, headers in as_viewer_session.items():
+            status = (await client.request(method, concrete, headers=headers)).status_code
+            if operators:
+                fits = status == 401
+            elif action not in PERMISSIONS[Role.VIEWER]:
+                fits = status == 403
+            else:
+                fits = status not in (401, 403)
+            if not fits:
+                unexpected.append((method, path, name, status))
         for name, key in (("service", owner_key), ("admin", ADMIN_KEY)):
             answer = await client.request(method, concrete, headers=bearer(key))
-            if answer.status_code == 403:
-                unexpected.append((method, path, name, 403))
-        if action == CALL:  # a deployment key's routes: refused by its owner's role
+            if answer.status_code == 403 or (operators and name == "service" and answer.status_code != 401):
+                unexpected.append((method, path, name, answer.status_code))
+        if action == CALL and not operators:  # a deployment key's routes: refused by its owner's role
             answer = await client.request(method, concrete, headers=bearer(viewer_scoped["api_key"]))
             if answer.status_code != 403:
                 unexpected.append((method, path, "viewer's deployment key", answer.status_code))
     assert unexpected == []
+
+
+CSRF = "c" * 43
+
+
+def _signed_in(services: Services, user_id: str, account_id: str) -> str:
+    """A sign-in session of the person in the account, as the identity provider's callback opens one
+    (the sign-in itself: tests/test_sso.py): its secret."""
+    secret = "mhs-" + secrets.token_urlsafe(32)
+    with services.database.transaction() as session:
+        session.add(
+            SsoSession(
+                id=new_id("ses"),
+                secret_hash=hashlib.sha256(secret.encode()).hexdigest(),
+                user_id=user_id,
+                account_id=account_id,
+                operator=False,
+                csrf_token=CSRF,
+                id_token="-",
+                created_at=utcnow(),
+                last_seen_at=utcnow(),
+            )
+        )
+    return secret
 
 
 async def test_a_persons_keys_follow_their_role_and_stop_when_disabled_or_removed(

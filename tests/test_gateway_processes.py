@@ -469,6 +469,33 @@ async def test_a_key_revoked_through_one_gateway_process_is_refused_at_once_by_t
         assert await (await server.via(used_by, lambda k=key: _models(server, k["api_key"]))) == 401
 
 
+async def test_a_person_disabled_or_demoted_through_one_gateway_process_is_bounded_at_once_by_the_others(
+    chat_two: tuple[Server, str],
+) -> None:
+    """Keys are trusted for ten minutes here: the change reaches the other process by its announcement,
+    not by the cache expiring."""
+    server, _ = chat_two
+    owner = bearer(server.key)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        person = (
+            await client.post(
+                "/v1/users", json={"email": "dev@example.com", "role": "developer"}, headers=owner
+            )
+        ).json()
+        key = (await client.post("/v1/keys", json={"user_id": person["id"]}, headers=owner)).json()["api_key"]
+
+    async def change(body: dict[str, Any]) -> int:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            return (await client.patch(f"/v1/users/{person['id']}", json=body, headers=owner)).status_code
+
+    changed_by, used_by = server.gateways()
+    assert await (await server.via(used_by, lambda: _models(server, key))) == 200  # cached there
+    assert await (await server.via(changed_by, lambda: change({"disabled": True}))) == 200
+    assert await (await server.via(used_by, lambda: _models(server, key))) == 401
+    assert await (await server.via(changed_by, lambda: change({"disabled": False, "role": "viewer"}))) == 200
+    assert await (await server.via(used_by, lambda: _models(server, key))) == 403  # a viewer calls no model
+
+
 async def _models(server: Server, key: str) -> int:
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         return (await client.get("/v1/models", headers=bearer(key))).status_code
