@@ -401,6 +401,7 @@ async def test_every_management_change_writes_an_audit_row_without_a_secret(
                 "address": "127.0.0.1",
                 "user_id": None,  # the account's first key: a service key, no person
                 "email": None,
+                "subject": None,
             }, row
         assert row["request_id"].startswith("req_")
     assert len({row["request_id"] for row in rows}) == len(rows) - 2  # a rotation is one request, two rows

@@ -178,7 +178,10 @@ async def test_a_person_signs_in_and_works_with_the_role_their_group_gives(world
     people = (await _as(world, red["api_key"]).get("/v1/users")).json()["data"]
     assert [(p["email"], p["role"]) for p in people] == [("alice@example.com", "developer")]
     rows = (await _as(world, red["api_key"]).get("/v1/audit", params={"target_id": made.json()["id"]})).json()
-    assert rows["data"][0]["actor"]["email"] == "alice@example.com"
+    assert (rows["data"][0]["actor"]["email"], rows["data"][0]["actor"]["subject"]) == (
+        "alice@example.com",
+        "alice",
+    )
     assert rows["data"][0]["actor"]["key_id"] == view["id"]  # the session that made it
 
 

@@ -57,8 +57,9 @@ _VERIFY_CHUNK = 1000
 @dataclass(frozen=True, slots=True)
 class Actor:
     """Who made a change: `kind` is `admin`, `account`, `deployment` (the key kinds) or `system` (the
-    server itself); `address` the client's IP address; `user_id` and `email` the person who owns the key
-    (None: a service key, the admin key, the server)."""
+    server itself); `address` the client's IP address; `user_id`, `email` and `subject` (the identity
+    provider's `sub`, once they signed in) the person who owns the key (None: a service key, the admin
+    key, the server)."""
 
     kind: str
     key_id: str | None = None
@@ -66,6 +67,7 @@ class Actor:
     address: str | None = None
     user_id: str | None = None
     email: str | None = None
+    subject: str | None = None
 
 
 SYSTEM = Actor("system")
@@ -130,6 +132,7 @@ def record(
         "actor_account_id": actor.account_id,
         "actor_user_id": actor.user_id,
         "actor_email": actor.email,
+        "actor_subject": actor.subject,
         "client_address": actor.address,
         "request_id": REQUEST_ID.get(),
         "action": action,
@@ -169,7 +172,7 @@ _HASHED = (
     "account_id",
     "changes",
 )
-_HASHED_WHERE_SET = ("actor_user_id", "actor_email")
+_HASHED_WHERE_SET = ("actor_user_id", "actor_email", "actor_subject")
 
 
 def _without_secrets(changes: Changes) -> Changes:

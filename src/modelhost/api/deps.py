@@ -176,6 +176,7 @@ def _act_as(request: Request, principal: Principal) -> None:
             address,
             principal.user_id,
             principal.email,
+            principal.subject,
         )
     )
 

@@ -107,11 +107,12 @@ def _principal_of(session: Session, row: ApiKey) -> Principal:
     account_limits = account.limits if account is not None else None
     deployment_ids = frozenset(row.deployment_ids) if row.deployment_ids is not None else None
     key_role = Role(row.role) if row.role is not None else Role.OWNER
-    owner_role, email, refusal = None, None, None
+    owner_role, email, subject, refusal = None, None, None, None
     if row.user_id is not None:
         user = session.get(User, row.user_id)
         member = session.get(Membership, (row.user_id, row.account_id))
         email = user.email if user is not None else None
+        subject = user.subject if user is not None else None
         if user is None or member is None:
             refusal = ("not_a_member", "The key's owner is no longer a member of this account.")
         elif member.disabled_at is not None:
@@ -131,5 +132,6 @@ def _principal_of(session: Session, row: ApiKey) -> Principal:
         actions=actions,
         user_id=row.user_id,
         email=email,
+        subject=subject,
         refusal=refusal,
     )

@@ -41,6 +41,7 @@ class Principal:
     actions: frozenset[str] = PERMISSIONS[Role.OWNER]
     user_id: str | None = None
     email: str | None = None
+    subject: str | None = None  # the identity provider's `sub` for the owner, once they signed in
     refusal: tuple[str, str] | None = None
     # a sign-in session's CSRF token (`services.sessions`): its state-changing requests must send it
     csrf: str | None = None

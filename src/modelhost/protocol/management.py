@@ -531,6 +531,9 @@ class AuditActor(BaseModel):
     address: str | None = Field(default=None, description="The client's IP address.")
     user_id: str | None = Field(default=None, description="The person who owns the key (null: no person).")
     email: str | None = Field(default=None, description="That person's email.")
+    subject: str | None = Field(
+        default=None, description="Their identity provider's `sub` (null until they have signed in)."
+    )
 
 
 class AuditTarget(BaseModel):

@@ -158,7 +158,7 @@ class SessionService:
         secret = SESSION_PREFIX + secrets.token_urlsafe(32)
         with self._database.transaction() as session:
             user = _person(session, identity)
-            audit.acting(audit.Actor("session", None, None, None, user.id, user.email))
+            audit.acting(audit.Actor("session", None, None, None, user.id, user.email, user.subject))
             member_of = _follow_groups(session, user, accounts)
             if not member_of and not operator:
                 raise PermissionDenied(
@@ -216,6 +216,7 @@ class SessionService:
                     key_id=row.id,
                     user_id=user.id,
                     email=user.email,
+                    subject=user.subject,
                     csrf=row.csrf_token,
                 )
             member = session.get(Membership, (row.user_id, row.account_id))
@@ -232,6 +233,7 @@ class SessionService:
                 actions=roles.PERMISSIONS[role],
                 user_id=user.id,
                 email=user.email,
+                subject=user.subject,
                 csrf=row.csrf_token,
             )
 

@@ -578,6 +578,7 @@ class AuditRow(Base):
     # The person behind the key (None: a service key, the admin key, the server)
     actor_user_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     actor_email: Mapped[str | None] = mapped_column(String(320), nullable=True)
+    actor_subject: Mapped[str | None] = mapped_column(String(255), nullable=True)
     client_address: Mapped[str | None] = mapped_column(String(64), nullable=True)
     request_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     action: Mapped[str] = mapped_column(String(64))

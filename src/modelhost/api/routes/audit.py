@@ -42,6 +42,7 @@ def present(row: AuditRow) -> AuditEntry:
             address=row.client_address,
             user_id=row.actor_user_id,
             email=row.actor_email,
+            subject=row.actor_subject,
         ),
         request_id=row.request_id,
         action=row.action,

@@ -87,10 +87,11 @@ def upgrade() -> None:
     with op.batch_alter_table("audit_log", schema=None) as batch_op:
         batch_op.add_column(sa.Column("actor_user_id", sa.String(length=40), nullable=True))
         batch_op.add_column(sa.Column("actor_email", sa.String(length=320), nullable=True))
+        batch_op.add_column(sa.Column("actor_subject", sa.String(length=255), nullable=True))
 
 
 def downgrade() -> None:
-    for column in ("actor_email", "actor_user_id"):
+    for column in ("actor_subject", "actor_email", "actor_user_id"):
         op.drop_column("audit_log", column)
     op.drop_index(op.f("ix_api_keys_user_id"), table_name="api_keys")
     for column in ("role", "user_id"):
