@@ -399,3 +399,30 @@ async def test_the_cli_signs_in_with_a_device_code_keeps_its_session_0600_and_si
         assert url not in json.loads(stored.read_text())
         again = run("whoami")
         assert again.returncode == 1 and "401" in again.stderr
+
+
+@pytest.mark.parametrize("services", ["sqlite"], indirect=True)
+async def test_the_cli_signs_in_through_a_browser_on_its_loopback(world: World, tmp_path: Path) -> None:
+    """`modelhost login --browser`: the link it prints runs the server's sign-in, whose callback hands the
+    session to the CLI's listener on 127.0.0.1 (a one-time code, its state back); the CLI keeps it."""
+    cli = str(Path(sys.executable).parent / "modelhost")
+    env = {**os.environ, "MODELHOST_CONFIG_DIR": str(tmp_path / "config")}
+    env.pop("MODELHOST_API_KEY", None)
+    with live_server(world.services.settings) as url:
+        command = [cli, "login", "--browser", "--url", url, "--login-hint", "alice"]
+        login = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        assert login.stderr is not None
+        line = login.stderr.readline()
+        link = re.search(r"Open (\S+) to sign in", line)
+        assert link is not None, line
+        async with httpx.AsyncClient(follow_redirects=True) as person:  # modelhost → provider → loopback
+            answer = await person.get(link.group(1))
+        assert (answer.status_code, answer.text) == (200, "Signed in: go back to the terminal.")
+        assert answer.url.host == "127.0.0.1" and answer.url.path == "/callback"
+        assert login.wait(60) == 0, login.stderr.read()
+        token = json.loads((tmp_path / "config" / "credentials.json").read_text())[url]["session_token"]
+        async with httpx.AsyncClient(base_url=url) as client:
+            me = await client.get("/v1/me", headers=bearer(token))
+            assert me.json()["user"]["email"] == "alice@example.com"
+            used = await client.post("/v1/auth/cli/token", json={"code": answer.url.params["code"]})
+            assert_error(used, 401, "sign_in_failed")  # the code worked once

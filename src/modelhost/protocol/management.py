@@ -668,6 +668,10 @@ class DeviceCode(StrictModel):
     device_code: str = Field(min_length=1, max_length=2000)
 
 
+class HandoffCode(StrictModel):
+    code: str = Field(min_length=1, max_length=200, description="The code the loopback received.")
+
+
 class SessionToken(BaseModel):
     """A signed-in CLI's session: send it as `Authorization: Bearer <session_token>`."""
 

@@ -21,6 +21,7 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from urllib.parse import urlencode
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -35,12 +36,14 @@ from modelhost.auth.roles import Role
 from modelhost.clock import Clock
 from modelhost.errors import NotFound, PermissionDenied
 from modelhost.store.db import Database
-from modelhost.store.models import Account, Membership, SsoLogin, SsoSession, User
+from modelhost.store.models import Account, Membership, SsoHandoff, SsoLogin, SsoSession, User
 from modelhost.store.types import new_id, utcnow
 
 SESSION_PREFIX = "mhs-"
 LOGIN_SECONDS = 600  # a sign-in not finished within this is forgotten
 SEEN_EVERY_SECONDS = 60  # a session's last use is written at most this often
+HANDOFF_SECONDS = 60  # a browser sign-in's code for the CLI's loopback is good this long, once
+LOOPBACK = "loopback:"  # a sign-in's `return_to` when the CLI waits on 127.0.0.1 (its port and state)
 
 
 def _hash(secret: str) -> str:
@@ -49,9 +52,10 @@ def _hash(secret: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SignedIn:
-    """A finished sign-in: the cookie's secret (shown once) and where the browser goes next."""
+    """A finished sign-in: the cookie's secret (shown once; None when the session goes to the CLI's
+    loopback instead) and where the browser goes next."""
 
-    secret: str
+    secret: str | None
     return_to: str
 
 
@@ -108,8 +112,12 @@ class SessionService:
             )
         return self.oidc
 
-    async def start(self, return_to: str | None, login_hint: str | None) -> str:
-        """The provider's authorization URL for a new sign-in."""
+    async def start(
+        self, return_to: str | None, login_hint: str | None, loopback: tuple[int, str] | None = None
+    ) -> str:
+        """The provider's authorization URL for a new sign-in. `loopback`: the CLI's (port, state) when
+        it signs in through a browser (`modelhost login --browser`): the callback then hands the session
+        to `http://127.0.0.1:<port>/callback` instead of setting a cookie."""
         client = self._client()
         state, nonce = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         verifier, _ = pkce_pair()
@@ -121,7 +129,9 @@ class SessionService:
                     state_hash=_hash(state),
                     nonce=nonce,
                     code_verifier=verifier,
-                    return_to=safe_return_to(return_to),
+                    return_to=f"{LOOPBACK}{loopback[0]}:{loopback[1]}"
+                    if loopback
+                    else safe_return_to(return_to),
                     created_at=utcnow(),
                 )
             )
@@ -139,7 +149,33 @@ class SessionService:
             raise SignInFailed("This sign-in is unknown, already used or too old (`state`); sign in again.")
         id_token = await client.exchange(code, verifier)
         identity = await client.verify(id_token, nonce)
-        return SignedIn(self._open(identity, id_token), return_to)
+        secret = self._open(identity, id_token)
+        if not return_to.startswith(LOOPBACK):
+            return SignedIn(secret, return_to)
+        port, cli_state = return_to.removeprefix(LOOPBACK).split(":", 1)
+        handoff = secrets.token_urlsafe(32)
+        with self._database.transaction() as session:
+            row = _session_row(session, secret)
+            assert row is not None
+            session.add(SsoHandoff(code_hash=_hash(handoff), session_id=row.id, created_at=utcnow()))
+        query = urlencode({"code": handoff, "state": cli_state})
+        return SignedIn(None, f"http://127.0.0.1:{port}/callback?{query}")
+
+    def cli_token(self, handoff: str) -> str:
+        """The session a browser sign-in handed to the CLI's loopback (`code`, used once, within a
+        minute), under a new secret: the one made at the callback never left the server."""
+        with self._database.transaction() as session:
+            found = session.get(SsoHandoff, _hash(handoff), with_for_update=True)
+            if found is not None:
+                session.delete(found)
+            fresh = found is not None and found.created_at > utcnow() - timedelta(seconds=HANDOFF_SECONDS)
+            row = session.get(SsoSession, found.session_id) if found is not None and fresh else None
+            if row is None or row.ended_at is not None:
+                raise SignInFailed("This sign-in code is unknown, already used or too old; sign in again.")
+            secret = SESSION_PREFIX + secrets.token_urlsafe(32)
+            row.secret_hash = _hash(secret)
+        self._authenticator.forget_all()
+        return secret
 
     async def device_start(self, login_hint: str | None) -> DeviceSignIn:
         """A device sign-in for the CLI (`modelhost login`): the person confirms it at the provider."""

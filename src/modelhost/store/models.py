@@ -91,6 +91,16 @@ class SsoLogin(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
 
 
+class SsoHandoff(Base):
+    """A browser sign-in's session on its way to the CLI's loopback: its one-time code (hashed)."""
+
+    __tablename__ = "sso_handoffs"
+
+    code_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(40))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class SsoSession(Base):
     """A signed-in person's session, held by a cookie whose secret is stored hashed (`id` is public)."""
 

@@ -16,6 +16,7 @@ from modelhost.protocol.management import (
     DeviceCode,
     DeviceSignInStarted,
     DeviceStart,
+    HandoffCode,
     SessionAccount,
     SessionInfo,
     SessionToken,
@@ -56,8 +57,15 @@ async def login(
     services: ServicesDep,
     return_to: Annotated[str | None, Query(max_length=500)] = None,
     login_hint: Annotated[str | None, Query(max_length=320)] = None,
+    cli_port: Annotated[int | None, Query(ge=1024, le=65535)] = None,
+    cli_state: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{16,128}$")] = None,
 ) -> RedirectResponse:
-    url = await services.sessions.start(return_to, login_hint)
+    """`cli_port` and `cli_state`: `modelhost login --browser` waits on 127.0.0.1:`cli_port`; the
+    session goes there (a one-time code, with `cli_state` back) instead of into a cookie."""
+    if (cli_port is None) != (cli_state is None):
+        raise InvalidRequest("Give cli_port and cli_state together.", param="cli_state")
+    loopback = (cli_port, cli_state) if cli_port is not None and cli_state is not None else None
+    url = await services.sessions.start(return_to, login_hint, loopback)
     return RedirectResponse(url, status_code=302, headers={"Cache-Control": "no-store"})
 
 
@@ -83,6 +91,8 @@ async def callback(
         raise InvalidAPIKey("The callback names another issuer (`iss`).", code="sign_in_failed")
     signed_in = await services.sessions.finish(code, state)
     answer = RedirectResponse(signed_in.return_to, status_code=302, headers={"Cache-Control": "no-store"})
+    if signed_in.secret is None:  # handed to the CLI's loopback
+        return answer
     settings = services.settings
     answer.set_cookie(
         SESSION_COOKIE,
@@ -159,5 +169,15 @@ async def device_start(services: ServicesDep, body: DeviceStart | None = None) -
 )
 async def device_token(services: ServicesDep, body: DeviceCode) -> SessionToken:
     secret = await services.sessions.device_finish(body.device_code)
+    view = await asyncio.to_thread(services.sessions.view, secret)
+    return SessionToken(session_token=secret, email=view.email, expires_at=view.expires_at)
+
+
+@router.post(
+    "/cli/token",
+    summary="The session a browser sign-in handed to `modelhost login --browser` (its one-time `code`)",
+)
+async def cli_token(services: ServicesDep, body: HandoffCode) -> SessionToken:
+    secret = await asyncio.to_thread(services.sessions.cli_token, body.code)
     view = await asyncio.to_thread(services.sessions.view, secret)
     return SessionToken(session_token=secret, email=view.email, expires_at=view.expires_at)

@@ -62,6 +62,13 @@ def upgrade() -> None:
     )
     op.create_index(op.f("ix_sso_logins_created_at"), "sso_logins", ["created_at"], unique=False)
     op.create_table(
+        "sso_handoffs",
+        sa.Column("code_hash", sa.String(length=64), nullable=False),
+        sa.Column("session_id", sa.String(length=40), nullable=False),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.PrimaryKeyConstraint("code_hash", name=op.f("pk_sso_handoffs")),
+    )
+    op.create_table(
         "sso_sessions",
         sa.Column("id", sa.String(length=40), nullable=False),
         sa.Column("secret_hash", sa.String(length=64), nullable=False),
@@ -97,6 +104,7 @@ def downgrade() -> None:
     for column in ("role", "user_id"):
         op.drop_column("api_keys", column)
     op.drop_table("sso_sessions")
+    op.drop_table("sso_handoffs")
     op.drop_table("sso_logins")
     op.drop_index(op.f("ix_memberships_account_id"), table_name="memberships")
     op.drop_table("memberships")
