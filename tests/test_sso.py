@@ -37,6 +37,7 @@ from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OidcProvider, availabl
 from tests.postgres import create_database
 
 PUBLIC = "http://modelhost.test"
+SECURE = "https://modelhost.test"  # the same server behind https (its cookie is then `Secure`)
 
 
 @dataclass
@@ -111,7 +112,10 @@ async def world(
         "nina": {"email": "nina@example.com", "name": "Nina", "groups": ["modelhost:acc_nowhere:owner"]},
     }
     provider = OidcProvider(
-        tmp_path_factory.mktemp("oidc"), [f"{PUBLIC}/v1/auth/callback"], users, port=provider_port
+        tmp_path_factory.mktemp("oidc"),
+        [f"{PUBLIC}/v1/auth/callback", f"{SECURE}/v1/auth/callback"],
+        users,
+        port=provider_port,
     )
     provider.start()
     try:
@@ -120,7 +124,9 @@ async def world(
         provider.stop()
 
 
-async def to_callback(browser: httpx.AsyncClient, hint: str, return_to: str = "/console") -> str:
+async def to_callback(
+    browser: httpx.AsyncClient, hint: str, return_to: str = "/console", public: str = PUBLIC
+) -> str:
     """Start a sign-in on modelhost and follow the provider's redirects (it signs `hint` in): the callback
     URL it sends the browser back to, not yet opened."""
     started = await browser.get("/v1/auth/login", params={"login_hint": hint, "return_to": return_to})
@@ -128,8 +134,8 @@ async def to_callback(browser: httpx.AsyncClient, hint: str, return_to: str = "/
     location = started.headers["location"]
     async with httpx.AsyncClient() as at_provider:  # the provider's own cookies
         for _ in range(10):
-            if location.startswith(PUBLIC):
-                return location.removeprefix(PUBLIC)
+            if location.startswith(public):
+                return location.removeprefix(public)
             answer = await at_provider.get(location)
             assert answer.status_code in (302, 303), answer.text
             location = urljoin(str(answer.url), answer.headers["location"])
@@ -202,14 +208,45 @@ async def test_a_used_or_unknown_state_and_another_issuer_are_refused(world: Wor
         assert_error(replayed, 401, "sign_in_failed")
 
 
-async def test_a_code_redeemed_without_its_pkce_verifier_is_refused_by_the_provider(world: World) -> None:
+@pytest.mark.parametrize("verifier", ["A" * 64, ""], ids=["wrong", "missing"])
+async def test_a_code_redeemed_without_its_pkce_verifier_is_refused_by_the_provider(
+    world: World, verifier: str
+) -> None:
     async with world.browser() as browser:
         callback = await to_callback(browser, "alice")
         with world.services.database.transaction() as session:  # the verifier this sign-in keeps, lost
-            session.execute(update(SsoLogin).values(code_verifier="A" * 64))
+            session.execute(update(SsoLogin).values(code_verifier=verifier))
         answer = await browser.get(callback)
         assert_error(answer, 401, "sign_in_failed")
+        assert "invalid_grant" in answer.json()["error"]["message"] or "invalid_request" in answer.text
+
+
+async def test_a_code_replayed_under_a_new_sign_in_is_refused_by_the_provider(world: World) -> None:
+    """A used authorization code, brought back with a fresh, valid `state` (so that modelhost itself
+    finds nothing wrong): the provider refuses to redeem it twice."""
+    async with world.browser() as browser:
+        used = await to_callback(browser, "alice")
+        assert (await browser.get(used)).status_code == 302
+        fresh = await to_callback(browser, "alice")
+        old_code = parse_qs(urlparse(used).query)["code"][0]
+        new_code = parse_qs(urlparse(fresh).query)["code"][0]
+        answer = await browser.get(fresh.replace(new_code, old_code))
+        assert_error(answer, 401, "sign_in_failed")
         assert "invalid_grant" in answer.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("services", ["sqlite"], indirect=True)
+async def test_behind_https_the_session_cookie_is_secure(world: World) -> None:
+    secure = Services.build(world.services.settings.model_copy(update={"public_url": SECURE}))
+    try:
+        transport = httpx.ASGITransport(app=create_app(services=secure), raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url=SECURE) as browser:
+            callback = await to_callback(browser, "alice", public=SECURE)
+            answer = await browser.get(callback)
+            assert answer.status_code == 302, answer.text
+            assert "; Secure" in answer.headers["set-cookie"] or "; secure" in answer.headers["set-cookie"]
+    finally:
+        secure.close()
 
 
 async def test_memberships_follow_the_groups_at_each_sign_in_and_sessions_switch_accounts(
@@ -273,6 +310,14 @@ async def test_a_session_ends_at_logout_idle_or_when_the_person_is_disabled(worl
             session.execute(update(SsoSession).where(SsoSession.id == view["id"]).values(last_seen_at=idle))
         world.services.authenticator.forget_all()
         assert_error(await browser.get("/v1/deployments"), 401, "session_ended")
+
+    async with world.browser() as browser:
+        view = await sign_in(browser, "alice")
+        with world.services.database.transaction() as session:  # signed in 13 hours ago, used just now
+            long_ago = utcnow() - timedelta(hours=13)
+            session.execute(update(SsoSession).where(SsoSession.id == view["id"]).values(created_at=long_ago))
+        world.services.authenticator.forget_all()
+        assert_error(await browser.get("/v1/deployments"), 401, "session_ended")  # the absolute lifetime
 
     async with world.browser() as browser:
         view = await sign_in(browser, "alice")
