@@ -38,6 +38,8 @@ from tests.postgres import create_database
 
 PUBLIC = "http://modelhost.test"
 SECURE = "https://modelhost.test"  # the same server behind https (its cookie is then `Secure`)
+LIVE_PORT = free_port()  # a live server of the module's database, for the CLI's browser sign-in
+LIVE = f"http://127.0.0.1:{LIVE_PORT}"
 
 
 @dataclass
@@ -113,7 +115,7 @@ async def world(
     }
     provider = OidcProvider(
         tmp_path_factory.mktemp("oidc"),
-        [f"{PUBLIC}/v1/auth/callback", f"{SECURE}/v1/auth/callback"],
+        [f"{PUBLIC}/v1/auth/callback", f"{SECURE}/v1/auth/callback", f"{LIVE}/v1/auth/callback"],
         users,
         port=provider_port,
     )
@@ -453,7 +455,8 @@ async def test_the_cli_signs_in_through_a_browser_on_its_loopback(world: World, 
     cli = str(Path(sys.executable).parent / "modelhost")
     env = {**os.environ, "MODELHOST_CONFIG_DIR": str(tmp_path / "config")}
     env.pop("MODELHOST_API_KEY", None)
-    with live_server(world.services.settings) as url:
+    settings = world.services.settings.model_copy(update={"public_url": LIVE})
+    with live_server(settings, port=LIVE_PORT) as url:
         command = [cli, "login", "--browser", "--url", url, "--login-hint", "alice"]
         login = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
         assert login.stderr is not None
