@@ -317,12 +317,20 @@ def test_streamed_events_follow_the_run_live_and_end_when_it_ends(agents: Agents
 
 def test_a_cancelled_run_stops_generating_and_keeps_its_events(agents: Agents) -> None:
     agent_id = agents.agent()
-    computed = _metric(agents, "modelhost_generation_tokens_total")
-    run = agents.run(agent_id, **LONG)
-    _wait_for_a_delta(agents, agent_id, run["id"])
-    cancelled = agents.call("POST", f"/v1/agent/{agent_id}/runs/{run['id']}/cancel")
-    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
-    assert _stopped_before_its_tokens_were_done(agents, computed)
+    # Under a full suite's load the engine can compute all of a run's tokens while the runner is still
+    # storing its first deltas (the run is active, the cancel lands after the engine is done): then the
+    # experiment runs again, three times at most.
+    for _attempt in range(3):
+        computed = _metric(agents, "modelhost_generation_tokens_total")
+        run = agents.run(agent_id, **LONG)
+        _wait_for_a_delta(agents, agent_id, run["id"])
+        cancelled = agents.call("POST", f"/v1/agent/{agent_id}/runs/{run['id']}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        if _stopped_before_its_tokens_were_done(agents, computed):
+            break
+        assert _metric(agents, "modelhost_generation_sequences") == 0  # it ended: done before the cancel
+    else:
+        pytest.fail("three runs computed all their tokens before their cancel landed")
     count = len(agents.events(agent_id, run["id"]))
     time.sleep(0.3)
     events = agents.events(agent_id, run["id"])

@@ -450,7 +450,8 @@ async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supe
         await server.via(helper, lambda: call("DELETE", f"/v1/agent/{agent['id']}/runs/{run_id}"))
     )
     assert deleted.status_code == 200, deleted.text
-    assert generating(server, deployment_id) == 0  # stopped before the delete answered
+    # stopped (the worker writes its gauge to its metrics file on its next step: under load, a moment later)
+    await until(lambda: generating(server, deployment_id) == 0, timeout=5)
     assert 0 < server.sample("modelhost_generation_tokens_total", deployment_id) - computed < TOKENS
     assert (await call("GET", f"/v1/agent/{agent['id']}/runs/{run_id}")).status_code == 404
 
