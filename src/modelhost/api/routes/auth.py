@@ -11,6 +11,7 @@ from fastapi.responses import RedirectResponse
 
 from modelhost.api.deps import CSRF_HEADER, SESSION_COOKIE, ServicesDep, get_services
 from modelhost.api.errors import error_responses
+from modelhost.container import Services
 from modelhost.errors import InvalidAPIKey, InvalidRequest, PermissionDenied
 from modelhost.protocol.management import (
     DeviceCode,
@@ -168,9 +169,7 @@ async def device_start(services: ServicesDep, body: DeviceStart | None = None) -
     responses=error_responses(403, 404),
 )
 async def device_token(services: ServicesDep, body: DeviceCode) -> SessionToken:
-    secret = await services.sessions.device_finish(body.device_code)
-    view = await asyncio.to_thread(services.sessions.view, secret)
-    return SessionToken(session_token=secret, email=view.email, expires_at=view.expires_at)
+    return await _token(services, await services.sessions.device_finish(body.device_code))
 
 
 @router.post(
@@ -178,6 +177,10 @@ async def device_token(services: ServicesDep, body: DeviceCode) -> SessionToken:
     summary="The session a browser sign-in handed to `modelhost login --browser` (its one-time `code`)",
 )
 async def cli_token(services: ServicesDep, body: HandoffCode) -> SessionToken:
-    secret = await asyncio.to_thread(services.sessions.cli_token, body.code)
+    return await _token(services, await asyncio.to_thread(services.sessions.cli_token, body.code))
+
+
+async def _token(services: Services, secret: str) -> SessionToken:
+    """A session handed to the CLI: its secret (shown once), whose it is and until when."""
     view = await asyncio.to_thread(services.sessions.view, secret)
     return SessionToken(session_token=secret, email=view.email, expires_at=view.expires_at)
