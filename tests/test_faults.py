@@ -218,11 +218,6 @@ async def test_requests_waiting_in_a_killed_replica_are_answered_by_its_replacem
     assert len(after) == len(meters) + 1 and after.count(None) == 1 and after[-1] is None, after
 
 
-def running(pid: int) -> bool:
-    """The process is on a CPU now (a replica's one thread: running a batch)."""
-    return stat(pid)[0] == "R"
-
-
 async def test_a_replica_killed_while_running_a_batch_costs_only_that_batch(warm: Warm) -> None:
     """300 requests, and the replica killed while the model runs a batch of them: that batch's requests
     are a 502 `replica_crashed` (one of them may have killed it: none is sent to another replica, and the
@@ -231,16 +226,19 @@ async def test_a_replica_killed_while_running_a_batch_costs_only_that_batch(warm
     server, deployment_id = warm.server, warm.deployment_id
     texts = [" ".join(["text"] * 12)] * 8  # 50 tokens each: batches that keep the model busy a while
     killed: list[int] = []
-    # On a loaded machine this test's loop may not run until every answer is in, or may catch the
-    # replica between batches: then the experiment runs again on its replacement (five times at most).
-    for _attempt in range(5):
+    # The replica is stopped after a few hundredths of a second of its own CPU (read from /proc: a loaded
+    # machine where this test's loop runs late does not move it), more at each attempt; one that caught
+    # it between batches runs again on its replacement (five times at most).
+    for attempt in range(5):
         deadline = time.monotonic() + 120
         while len(found := server.replicas(deployment_id)) != 1 or found[0] in killed:
             assert time.monotonic() < deadline, found
             await asyncio.sleep(0.1)
         await server.ready(deployment_id)
         (replica,) = found
-        before, answers = await _kill_mid_burst(server, deployment_id, replica, texts)
+        before, answers = await _kill_mid_burst(
+            server, deployment_id, replica, texts, ticks=2 * (attempt + 1)
+        )
         killed.append(replica)
         statuses = answered(answers)
         print(f"\n{dict(statuses)}; {300 - before} unanswered when the replica was killed")
@@ -257,22 +255,28 @@ async def test_a_replica_killed_while_running_a_batch_costs_only_that_batch(warm
     assert replica not in server.replicas(deployment_id)
 
 
+def cpu_ticks(pid: int) -> int:
+    """The CPU the process has used, all its threads, in clock ticks (utime + stime)."""
+    fields = stat(pid)
+    return int(fields[11]) + int(fields[12])
+
+
 async def _kill_mid_burst(
-    server: Server, deployment_id: str, replica: int, texts: list[str]
+    server: Server, deployment_id: str, replica: int, texts: list[str], ticks: int
 ) -> tuple[int, list[httpx.Response | BaseException]]:
-    """300 requests held in the stopped replica, then let go and the replica killed mid-batch: how many
-    were answered when it was killed, and every request's answer."""
+    """300 requests held in the stopped replica, then let go and the replica killed once it has used
+    `ticks` of CPU (mid-batch, most likely): how many were answered when it was killed, and every
+    request's answer."""
     os.kill(replica, signal.SIGSTOP)  # all 300 wait in the replica first, so none is answered before
     async with burst(server, 300, texts) as sent:  # the client's loop is free to watch the answers
         deadline = time.monotonic() + 60
         while sum((await asyncio.to_thread(server.in_flight, deployment_id)).values()) < 300:
             assert time.monotonic() < deadline and not any(s.done() for s in sent)
             await asyncio.sleep(0.1)
+        begun = cpu_ticks(replica)
         os.kill(replica, signal.SIGCONT)
-        # answering, and computing now (seen on a CPU), or, on a loaded machine where that sample may
-        # keep missing it, well into the burst: most of the time the replica is running a batch
-        while not ((done := sum(s.done() for s in sent)) >= 30 and (running(replica) or done >= 200)):
-            assert time.monotonic() < deadline and not all(s.done() for s in sent)
+        while cpu_ticks(replica) - begun < ticks and not all(s.done() for s in sent):
+            assert time.monotonic() < deadline
             await asyncio.sleep(0.001)
         os.kill(replica, signal.SIGSTOP)  # frozen where it is, mid-batch: it answers nothing more
         before = sum(s.done() for s in sent)
