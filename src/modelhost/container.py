@@ -138,7 +138,6 @@ class Services:
         sessions = SessionService(
             database,
             authenticator,
-            clock,
             oidc_client_of(settings),
             settings.session_idle_seconds,
             settings.session_max_seconds,

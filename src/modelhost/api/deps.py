@@ -70,21 +70,20 @@ async def _authenticate(request: Request) -> Principal:
     authenticator = services.authenticator
     authorization, api_key = request.headers.get("authorization"), request.headers.get("x-api-key")
     if not authorization and api_key is None and SESSION_COOKIE in request.cookies:
-        signed_in = await _signed_in(request, services)
-        request.scope[PRINCIPAL] = signed_in
-        _act_as(request, signed_in)
-        return signed_in
+        by_cookie = await signed_in(request, request.cookies[SESSION_COOKIE], by_cookie=True)
+        request.scope[PRINCIPAL] = by_cookie
+        _act_as(request, by_cookie)
+        return by_cookie
     with tracing.step("authenticate") as span:
         token = bearer_token(authorization, api_key)
         address = request.client.host if request.client is not None else ""
         if token.startswith(SESSION_PREFIX):  # a signed-in CLI's session (`modelhost login`)
             _refuse_while_guessing(services, address)
-            session = await asyncio.to_thread(services.sessions.principal, token)
-            if session is None:
+            try:
+                session = await signed_in(request, token, by_cookie=False)
+            except InvalidAPIKey:
                 services.failed_keys.failed(address)
-                raise InvalidAPIKey(
-                    "This session has ended; sign in again (modelhost login).", code="session_ended"
-                )
+                raise
             request.scope[PRINCIPAL] = session
             _act_as(request, session)
             return session
@@ -113,14 +112,29 @@ async def _authenticate(request: Request) -> Principal:
     return principal
 
 
-async def _signed_in(request: Request, services: Services) -> Principal:
-    """The principal of the request's sign-in session (its cookie: the console, signed in through the
-    OpenID provider); a state-changing request must also send the session's CSRF token."""
-    found = await asyncio.to_thread(services.sessions.principal, request.cookies[SESSION_COOKIE])
+def session_secret(request: Request) -> tuple[str, bool] | None:
+    """The request's sign-in session, as (secret, by cookie): a signed-in CLI's bearer token (`mhs-`),
+    else, on a request with no key at all, the console's cookie; None without either."""
+    authorization, api_key = request.headers.get("authorization"), request.headers.get("x-api-key")
+    if authorization or api_key is not None:
+        try:
+            token = bearer_token(authorization, api_key)
+        except InvalidAPIKey:
+            return None
+        return (token, False) if token.startswith(SESSION_PREFIX) else None
+    cookie = request.cookies.get(SESSION_COOKIE)
+    return (cookie, True) if cookie else None
+
+
+async def signed_in(request: Request, secret: str, by_cookie: bool) -> Principal:
+    """The principal of a sign-in session (401 `session_ended` once it has ended). A state-changing
+    request made with the console's cookie must also send the session's CSRF token (a bearer token is
+    never sent by a browser on its own)."""
+    found = await asyncio.to_thread(get_services(request).sessions.principal, secret)
     if found is None:
-        raise InvalidAPIKey("Your session has ended; sign in again.", code="session_ended")
+        raise InvalidAPIKey("This session has ended; sign in again.", code="session_ended")
     principal = found
-    if request.method not in SAFE_METHODS:
+    if by_cookie and request.method not in SAFE_METHODS:
         sent = request.headers.get(CSRF_HEADER, "")
         if principal.csrf is None or not hmac.compare_digest(sent.encode(), principal.csrf.encode()):
             raise PermissionDenied(
@@ -194,8 +208,7 @@ def _permit(request: Request, principal: Principal) -> Principal:
 
 
 async def require_admin(request: Request, _doc: object = Depends(_bearer)) -> Principal:
-    signed_in = SESSION_COOKIE in request.cookies and "authorization" not in request.headers
-    if get_services(request).settings.admin_key_value is None and not signed_in:
+    if get_services(request).settings.admin_key_value is None and session_secret(request) is None:
         raise InvalidAPIKey("Admin routes are disabled: the operator has not set MODELHOST_ADMIN_KEY.")
     principal = await _authenticate(request)
     if principal.kind is not PrincipalKind.ADMIN:

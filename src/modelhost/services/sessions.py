@@ -17,6 +17,7 @@ State-changing requests carry the session's CSRF token (`x-csrf-token`), checked
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 from dataclasses import dataclass
@@ -33,7 +34,6 @@ from modelhost.auth.limits import Limits
 from modelhost.auth.oidc import DeviceSignIn, Identity, OidcClient, SignInFailed, grants_of, pkce_pair
 from modelhost.auth.principal import Principal, PrincipalKind
 from modelhost.auth.roles import Role
-from modelhost.clock import Clock
 from modelhost.errors import NotFound, PermissionDenied
 from modelhost.store.db import Database
 from modelhost.store.models import Account, Membership, SsoHandoff, SsoLogin, SsoSession, User
@@ -86,7 +86,6 @@ class SessionService:
         self,
         database: Database,
         authenticator: Authenticator,
-        clock: Clock,
         oidc: OidcClient | None,
         idle_seconds: int,
         max_seconds: int,
@@ -95,14 +94,10 @@ class SessionService:
     ) -> None:
         self._database = database
         self._authenticator = authenticator
-        self._clock = clock
         self.oidc = oidc
         self.idle = timedelta(seconds=idle_seconds)
         self.lifetime = timedelta(seconds=max_seconds)
         self._group_prefix, self._operator_group = group_prefix, operator_group
-
-    def now(self) -> datetime:
-        return datetime.fromtimestamp(self._clock.now_ms() / 1000).astimezone()
 
     def _client(self) -> OidcClient:
         if self.oidc is None:
@@ -121,45 +116,55 @@ class SessionService:
         client = self._client()
         state, nonce = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         verifier, _ = pkce_pair()
+        target = f"{LOOPBACK}{loopback[0]}:{loopback[1]}" if loopback else safe_return_to(return_to)
+        login = SsoLogin(
+            state_hash=_hash(state),
+            nonce=nonce,
+            code_verifier=verifier,
+            return_to=target,
+            created_at=utcnow(),
+        )
+        await asyncio.to_thread(self._remember, login)
+        return await client.authorization_url(state, nonce, verifier, login_hint)
+
+    def _remember(self, login: SsoLogin) -> None:
+        """Keep a sign-in under way, forgetting those too old to finish."""
         with self._database.transaction() as session:
             too_old = utcnow() - timedelta(seconds=LOGIN_SECONDS)
             session.execute(delete(SsoLogin).where(SsoLogin.created_at < too_old))
-            session.add(
-                SsoLogin(
-                    state_hash=_hash(state),
-                    nonce=nonce,
-                    code_verifier=verifier,
-                    return_to=f"{LOOPBACK}{loopback[0]}:{loopback[1]}"
-                    if loopback
-                    else safe_return_to(return_to),
-                    created_at=utcnow(),
-                )
-            )
-        return await client.authorization_url(state, nonce, verifier, login_hint)
+            session.add(login)
 
     async def finish(self, code: str, state: str) -> SignedIn:
         client = self._client()
-        with self._database.transaction() as session:
-            login = session.get(SsoLogin, _hash(state), with_for_update=True)
-            if login is not None:
-                session.delete(login)
-                fresh = login.created_at > utcnow() - timedelta(seconds=LOGIN_SECONDS)
-                nonce, verifier, return_to = login.nonce, login.code_verifier, login.return_to
-        if login is None or not fresh:
-            raise SignInFailed("This sign-in is unknown, already used or too old (`state`); sign in again.")
+        nonce, verifier, return_to = await asyncio.to_thread(self._take, state)
         id_token = await client.exchange(code, verifier)
         identity = await client.verify(id_token, nonce)
-        secret = self._open(identity, id_token)
+        secret, session_id = await asyncio.to_thread(self._open, identity, id_token)
         if not return_to.startswith(LOOPBACK):
             return SignedIn(secret, return_to)
         port, cli_state = return_to.removeprefix(LOOPBACK).split(":", 1)
         handoff = secrets.token_urlsafe(32)
-        with self._database.transaction() as session:
-            row = _session_row(session, secret)
-            assert row is not None
-            session.add(SsoHandoff(code_hash=_hash(handoff), session_id=row.id, created_at=utcnow()))
+        await asyncio.to_thread(self._hand_off, handoff, session_id)
         query = urlencode({"code": handoff, "state": cli_state})
         return SignedIn(None, f"http://127.0.0.1:{port}/callback?{query}")
+
+    def _take(self, state: str) -> tuple[str, str, str]:
+        """The sign-in `state` names, taken away (a second callback finds nothing): its nonce, PKCE
+        verifier and where the browser goes next."""
+        found = None
+        with self._database.transaction() as session:
+            login = session.get(SsoLogin, _hash(state), with_for_update=True)
+            if login is not None:
+                session.delete(login)  # used once, fresh or not
+                if login.created_at > utcnow() - timedelta(seconds=LOGIN_SECONDS):
+                    found = login.nonce, login.code_verifier, login.return_to
+        if found is None:
+            raise SignInFailed("This sign-in is unknown, already used or too old (`state`); sign in again.")
+        return found
+
+    def _hand_off(self, handoff: str, session_id: str) -> None:
+        with self._database.transaction() as session:
+            session.add(SsoHandoff(code_hash=_hash(handoff), session_id=session_id, created_at=utcnow()))
 
     def cli_token(self, handoff: str) -> str:
         """The session a browser sign-in handed to the CLI's loopback (`code`, used once, within a
@@ -186,10 +191,13 @@ class SessionService:
         `DeviceNotYet` before."""
         client = self._client()
         id_token = await client.device_exchange(device_code)
-        return self._open(await client.verify(id_token, None), id_token)
+        identity = await client.verify(id_token, None)
+        secret, _ = await asyncio.to_thread(self._open, identity, id_token)
+        return secret
 
-    def _open(self, identity: Identity, id_token: str) -> str:
-        """The session of a checked identity, its memberships made to follow its groups: its secret."""
+    def _open(self, identity: Identity, id_token: str) -> tuple[str, str]:
+        """The session of a checked identity, its memberships made to follow its groups: its secret and
+        its ID."""
         operator, accounts = grants_of(identity.groups, self._group_prefix, self._operator_group)
         secret = SESSION_PREFIX + secrets.token_urlsafe(32)
         with self._database.transaction() as session:
@@ -202,10 +210,10 @@ class SessionService:
                     f"`{self._group_prefix}:<account ID>:<role>` at your identity provider.",
                     code="no_account",
                 )
-            now = utcnow()
+            now, session_id = utcnow(), new_id("ses")
             session.add(
                 SsoSession(
-                    id=new_id("ses"),
+                    id=session_id,
                     secret_hash=_hash(secret),
                     user_id=user.id,
                     account_id=member_of[0] if member_of else None,
@@ -217,7 +225,7 @@ class SessionService:
                 )
             )
         self._authenticator.forget_all()
-        return secret
+        return secret, session_id
 
     def principal(self, secret: str) -> Principal | None:
         """The session's principal now (cached as keys are), or None: unknown, ended, idle or too old."""
@@ -313,6 +321,13 @@ class SessionService:
 
     async def end(self, secret: str, after: str) -> str | None:
         """Sign out: the session ends everywhere; the provider's logout URL, where it has one."""
+        id_token = await asyncio.to_thread(self._end, secret)
+        if id_token is None or self.oidc is None:
+            return None
+        return await self.oidc.logout_url(id_token, after)
+
+    def _end(self, secret: str) -> str | None:
+        """End the session: its ID token (for the provider's logout), None if there was none."""
         with self._database.transaction() as session:
             row = _session_row(session, secret)
             if row is None:
@@ -320,7 +335,7 @@ class SessionService:
             row.ended_at = utcnow()
             id_token = row.id_token
         self._authenticator.forget_all()
-        return await self._client().logout_url(id_token, after) if self.oidc is not None else None
+        return id_token
 
 
 def _session_row(session: Session, secret: str) -> SsoSession | None:

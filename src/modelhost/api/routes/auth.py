@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse
 
-from modelhost.api.deps import CSRF_HEADER, SESSION_COOKIE, ServicesDep, get_services
+from modelhost.api.deps import SESSION_COOKIE, ServicesDep, session_secret, signed_in
 from modelhost.api.errors import error_responses
 from modelhost.container import Services
-from modelhost.errors import InvalidAPIKey, InvalidRequest, PermissionDenied
+from modelhost.errors import InvalidAPIKey, InvalidRequest
 from modelhost.protocol.management import (
     DeviceCode,
     DeviceSignInStarted,
@@ -24,23 +24,18 @@ from modelhost.protocol.management import (
     SignedOut,
     SignInConfig,
 )
-from modelhost.services.sessions import SESSION_PREFIX
 
 router = APIRouter(prefix="/v1/auth", tags=["sign-in"], responses=error_responses(400, 401))
 
 
-def _secret(request: Request, changes: bool) -> str:
+async def _secret(request: Request) -> str:
     """The request's session: a signed-in CLI's bearer token, else the browser's cookie (401 without
-    either); a change made with the cookie must send the session's CSRF token."""
-    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    bearer = scheme.lower() == "bearer" and token.strip().startswith(SESSION_PREFIX)
-    secret = token.strip() if bearer else request.cookies.get(SESSION_COOKIE)
-    principal = get_services(request).sessions.principal(secret) if secret else None
-    if secret is None or principal is None:
-        raise InvalidAPIKey("Not signed in (or the session has ended).", code="session_ended")
-    if changes and not bearer and request.headers.get(CSRF_HEADER) != principal.csrf:
-        raise PermissionDenied(f"Send the session's CSRF token in `{CSRF_HEADER}`.", code="csrf_failed")
-    return secret
+    either, or once it has ended); a change made with the cookie must send the session's CSRF token."""
+    found = session_secret(request)
+    if found is None:
+        raise InvalidAPIKey("Not signed in.", code="session_ended")
+    await signed_in(request, *found)
+    return found[0]
 
 
 @router.get("/config", summary="Whether this server offers single sign-on (the console's sign-in page asks)")
@@ -109,7 +104,7 @@ async def callback(
 
 @router.get("/session", summary="The signed-in session: who, which account, its CSRF token")
 async def session_info(request: Request, services: ServicesDep) -> SessionInfo:
-    secret = _secret(request, changes=False)
+    secret = await _secret(request)
     view = await asyncio.to_thread(services.sessions.view, secret)
     return SessionInfo(
         id=view.id,
@@ -118,7 +113,7 @@ async def session_info(request: Request, services: ServicesDep) -> SessionInfo:
         name=view.name,
         operator=view.operator,
         account_id=view.account_id,
-        role=view.accounts.get(view.account_id).value if view.account_id in view.accounts else None,  # type: ignore[union-attr]
+        role=role.value if (role := view.accounts.get(view.account_id or "")) else None,
         accounts=[SessionAccount(id=a, role=r.value) for a, r in sorted(view.accounts.items())],
         csrf_token=view.csrf_token,
         expires_at=view.expires_at,
@@ -131,14 +126,14 @@ async def session_info(request: Request, services: ServicesDep) -> SessionInfo:
     responses=error_responses(403, 404),
 )
 async def switch_account(request: Request, services: ServicesDep, body: SessionAccount) -> SessionInfo:
-    secret = _secret(request, changes=True)
+    secret = await _secret(request)
     await asyncio.to_thread(services.sessions.switch, secret, body.id)
     return await session_info(request, services)
 
 
 @router.post("/logout", summary="Sign out: the session ends; the provider's logout URL where it has one")
 async def logout(request: Request, services: ServicesDep) -> SignedOut:
-    secret = _secret(request, changes=True)
+    secret = await _secret(request)
     after = (services.settings.public_url or "").rstrip("/") + "/console"
     logout_url = await services.sessions.end(secret, after)
     return SignedOut(logout_url=logout_url)
