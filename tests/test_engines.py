@@ -96,6 +96,23 @@ def test_a_vllm_replica_runs_our_worker_under_vllms_python_with_our_source_and_n
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "data" / "vllm-cache")
 
 
+def test_a_vllm_worker_from_an_installed_package_gets_our_package_alone_on_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Installed (not editable), our package sits in site-packages beside our transformers: the worker's
+    path is a folder with one link to our package, so vLLM imports its own pinned libraries."""
+    site = tmp_path / "site-packages"
+    package = site / "modelhost"
+    (package / "runtime").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (site / "transformers").mkdir()
+    monkeypatch.setattr(engine_choice.modelhost, "__file__", str(package / "__init__.py"))
+    path = engine_choice.worker_source_path(tmp_path / "data")
+    assert sorted(entry.name for entry in path.iterdir()) == ["modelhost"]
+    assert (path / "modelhost").resolve() == package.resolve()
+    assert engine_choice.worker_source_path(tmp_path / "data") == path  # the link is reused
+
+
 def test_gpu_memory_is_what_nvidia_smi_lists_for_the_replicas_processes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,6 +17,15 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def secrets_dir() -> str | None:
+    """A folder of secret files, named by `MODELHOST_SECRETS_DIR`: each file named like a setting's
+    variable (`MODELHOST_ADMIN_KEY`, `MODELHOST_DATABASE_URL`...) sets it to its contents (pydantic-settings'
+    secrets directory). What containers use (a Kubernetes Secret or a compose secret mounted as files):
+    secrets in files stay out of the environment, which every worker process inherits and `/proc` shows.
+    Environment variables and `.env` still win over a file."""
+    return os.environ.get("MODELHOST_SECRETS_DIR") or None
+
+
 def env_file() -> str | None:
     """The settings file: `.env` in the working directory, another one named by `MODELHOST_ENV_FILE`, or
     none when that is empty. The test suite sets it empty, so that the `.env` that `make run` writes into
@@ -27,7 +36,9 @@ def env_file() -> str | None:
 class Settings(BaseSettings):
     """Operator settings. Every field maps to `MODELHOST_<NAME>`."""
 
-    model_config = SettingsConfigDict(env_prefix="MODELHOST_", env_file=env_file(), extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="MODELHOST_", env_file=env_file(), secrets_dir=secrets_dir(), extra="ignore"
+    )
 
     data_dir: Path = Field(
         default=Path("modelhost-data"), description="Artifacts, blobs and the SQLite file."
@@ -122,6 +133,12 @@ class Settings(BaseSettings):
         "none (`never`). Other requests start a trace of their own, linked to the caller's.",
     )
     apply_migrations_on_start: bool = True
+    database_wait_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="At start, how long a server waits for an unreachable PostgreSQL (and S3 store) "
+        "before going on (a container started beside its database; 0: not at all).",
+    )
     allow_pickle_weights: bool = Field(
         default=False,
         description="Accept pickle-based weights (.bin, .pt, ...); off because loading them can run code.",
@@ -644,6 +661,11 @@ class Settings(BaseSettings):
     )
     s3_region: str | None = Field(
         default=None, description="Region of the bucket; unset uses boto3's (AWS_DEFAULT_REGION, ~/.aws)."
+    )
+    s3_create_bucket: bool = Field(
+        default=False,
+        description="Make the bucket at start when it does not exist (a local S3-compatible store that "
+        "starts empty, as in deploy/compose.yaml); off: the bucket is the operator's to make.",
     )
     s3_key_prefix: str = Field(
         default="", description="Prepended to every object key (e.g. `modelhost/`), to share a bucket."

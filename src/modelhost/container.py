@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from modelhost.agents.runner import AgentRunner, Runs
 from modelhost.agents.store import AgentStore
 from modelhost.artifacts.blobstore import BlobStore
-from modelhost.artifacts.s3 import blob_store_of
+from modelhost.artifacts.s3 import S3BlobStore, blob_store_of
 from modelhost.artifacts.service import ArtifactService
 from modelhost.audit import AuditLog
 from modelhost.auth.authenticator import Authenticator
@@ -129,6 +129,8 @@ class Services:
         this process's own)."""
         clock = clock or SystemClock()
         database = Database(settings.database_url)
+        if stand_ins is None:
+            database.wait_until_reachable(settings.database_wait_seconds)
         if settings.apply_migrations_on_start and stand_ins is None:
             migrate.upgrade(database)
         cache: TTLCache[Principal] = TTLCache(settings.key_cache_seconds, settings.key_cache_entries)
@@ -145,6 +147,8 @@ class Services:
             settings.oidc_operator_group,
         )
         blobs = blob_store_of(settings)
+        if stand_ins is None and isinstance(blobs, S3BlobStore):
+            blobs.wait_for_bucket(settings.database_wait_seconds, settings.s3_create_bucket)
         ledger = Ledger(database, rates_of(settings))
 
         def storage_changed(session: Session, artifact_id: str) -> None:

@@ -9,10 +9,12 @@ boto3 is imported only by `blob_store_of` when `blob_store = "s3"`: the local de
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -27,6 +29,7 @@ from modelhost.artifacts.blobstore import (
 )
 from modelhost.config import Settings
 
+log = logging.getLogger("modelhost.blobs")
 DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
 MISSING = ("404", "NoSuchKey", "NotFound")
 SPOOL_BYTES = 8 * 1024 * 1024  # `open` keeps smaller objects in memory, spills bigger ones to disk
@@ -67,6 +70,45 @@ class S3BlobStore:
         self.cache_root = cache_root.resolve()
         self._scratch = self.cache_root / PARTIAL_DIR  # same filesystem as the mirrors: os.replace works
         self._scratch.mkdir(parents=True, exist_ok=True)
+
+    def wait_for_bucket(self, seconds: float, create: bool) -> None:
+        """At start: wait up to `seconds` for the S3 server to answer (a container started beside its
+        store), then make the bucket if it is missing and `create` (a local store such as the compose
+        stack's, which starts empty). Never fatal: the first blob operation reports a store still away."""
+        import botocore.exceptions
+
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                self._client.head_bucket(Bucket=self._bucket)
+                return
+            except self._client.exceptions.ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in MISSING:
+                    log.warning("the bucket %s cannot be used: %s", self._bucket, exc)
+                    return
+                if not create:
+                    log.warning("no bucket %s (MODELHOST_S3_CREATE_BUCKET makes it)", self._bucket)
+                    return
+                self._create_bucket()
+                return
+            except botocore.exceptions.BotoCoreError as exc:  # no answer yet: connection refused, DNS
+                if time.monotonic() >= deadline:
+                    log.warning("the S3 store is still unreachable after %.0f s: %s", seconds, exc)
+                    return
+                log.warning("waiting for the S3 store: %s", exc)
+                time.sleep(1)
+
+    def _create_bucket(self) -> None:
+        region = self._client.meta.region_name
+        placed = {} if region in (None, "us-east-1") else {"LocationConstraint": region}
+        try:
+            if placed:
+                self._client.create_bucket(Bucket=self._bucket, CreateBucketConfiguration=placed)
+            else:
+                self._client.create_bucket(Bucket=self._bucket)
+            log.info("created the bucket %s", self._bucket)
+        except self._client.exceptions.BucketAlreadyOwnedByYou:
+            pass
 
     # ---------------------------------------------------------------- the BlobStore interface
 

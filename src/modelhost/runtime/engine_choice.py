@@ -28,7 +28,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -388,8 +390,33 @@ def _environment(python: str) -> VllmEnvironment:
     )
 
 
+def worker_source_path(scratch: Path) -> Path:
+    """The one folder a vLLM worker gets on its `PYTHONPATH`: it must import our package and nothing else
+    of our environment. From a checkout (`pip install -e`), our package's parent is `src`, which holds
+    only modelhost. From an installed package it is our site-packages, whose transformers, torch and
+    tokenizers would shadow the versions vLLM pins (vLLM imported our transformers 5.24 instead of its
+    5.19): there the answer is a folder in `scratch` holding one link, `modelhost`, to our package."""
+    package = Path(modelhost.__file__).resolve().parent
+    if all(entry.name.startswith(("modelhost", "__pycache__")) for entry in package.parent.iterdir()):
+        return package.parent
+    folder = scratch / "worker-path"
+    link = folder / "modelhost"
+    if link.is_symlink() and link.resolve() == package:
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    staged = folder / f".modelhost-{os.getpid()}"
+    staged.unlink(missing_ok=True)
+    staged.symlink_to(package, target_is_directory=True)
+    staged.replace(link)  # atomic: a worker starting now sees the old link or the new one
+    return folder
+
+
 def _survey(python: str) -> dict[str, Any]:
-    source = str(Path(modelhost.__file__).resolve().parents[1])
+    with tempfile.TemporaryDirectory(prefix="modelhost-survey-") as scratch:
+        return _survey_with(python, str(worker_source_path(Path(scratch))))
+
+
+def _survey_with(python: str, source: str) -> dict[str, Any]:
     try:
         done = subprocess.run(
             [python, "-m", "modelhost.runtime.worker.vllm_registry"],
@@ -415,14 +442,13 @@ def _survey(python: str) -> dict[str, Any]:
 
 def vllm_launch(data_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The command that starts a vLLM replica worker (its row's `worker`), and what its environment adds
-    to the server's:
-    our source on its path (it runs our worker module under vLLM's Python, whichever environment that
-    is), no usage reports (self-hosted, often offline), vLLM's compile cache in our data folder, and the
-    die-with-parent switch that setup.sh's hook reads in every process vLLM starts."""
+    to the server's: our package on its path and nothing else of our environment (it runs our worker
+    module under vLLM's Python, whichever environment that is: `worker_source_path`), no usage reports
+    (self-hosted, often offline), vLLM's compile cache in our data folder, and the die-with-parent
+    switch that setup.sh's hook reads in every process vLLM starts."""
     environment = vllm_environment()
-    source = str(Path(modelhost.__file__).resolve().parents[1])
     env = {
-        "PYTHONPATH": source,
+        "PYTHONPATH": str(worker_source_path(data_dir)),
         "MODELHOST_REPLICA": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",

@@ -9,6 +9,7 @@ and opens new ones when the server is back: nothing has to be restarted.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -102,6 +103,22 @@ class Database:
             raise
         except PoolTimeout as exc:  # every connection of the pool busy or unopenable
             raise DatabaseUnavailable() from exc
+
+    def wait_until_reachable(self, seconds: float) -> None:
+        """Block until the database answers, for at most `seconds`, then go on (the first transaction
+        fails as usual if it is still away). A container started beside its database (compose, a pod
+        whose database is another pod) comes up first more often than not, and compose with podman does
+        not wait on health conditions: retrying here is what makes the start order not matter. SQLite is
+        a file: nothing to wait for."""
+        if self.is_sqlite or seconds <= 0:
+            return
+        deadline = time.monotonic() + seconds
+        while not self.ping():
+            if time.monotonic() >= deadline:
+                log.warning("the database is still unreachable after %.0f s: starting anyway", seconds)
+                return
+            log.warning("waiting for the database at %s", make_url(self.url).render_as_string())
+            time.sleep(1)
 
     def ping(self) -> bool:
         try:

@@ -8,6 +8,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import text
 
 from modelhost.store.db import Database
 
@@ -23,8 +24,23 @@ def alembic_config(database: Database) -> Config:
     return config
 
 
+# The key of the PostgreSQL advisory lock that migrations hold (any constant: "modelhost" in ASCII).
+MIGRATION_LOCK_KEY = 0x6D6F64656C686F73
+
+
 def upgrade(database: Database, revision: str = "head") -> None:
-    command.upgrade(alembic_config(database), revision)
+    """Migrate to `revision`. On PostgreSQL under a session advisory lock: several gateways starting at
+    once (a Deployment's pods, compose replicas) each apply migrations at start, and the lock makes them
+    take turns, so the second finds the schema current instead of racing the first's DDL."""
+    if database.is_sqlite:
+        command.upgrade(alembic_config(database), revision)
+        return
+    with database.engine.connect() as lock:
+        lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        try:
+            command.upgrade(alembic_config(database), revision)
+        finally:
+            lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
 
 
 def head_revision() -> str | None:
