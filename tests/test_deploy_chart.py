@@ -412,3 +412,33 @@ def test_the_setting_scanner_catches_a_made_up_name(tmp_path: Path) -> None:
         "MODELHOST_ADMIN_KEYS": {"compose.yaml"},
         "MODELHOST_MEMORY_BUDGET_MIB": {"templates/configmap.yaml"},
     }
+
+
+# values.yaml's maps whose keys are the user's (settings, resource names, labels), documented as one row
+FREE_FORM_VALUES = {
+    "config",
+    "secrets",
+    "resources",
+    "nodeSelector",
+    "affinity",
+    "podAnnotations",
+    "podLabels",
+}
+
+
+def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
+    paths = []
+    for key, value in values.items():
+        path = prefix + key
+        if isinstance(value, dict) and value and path not in FREE_FORM_VALUES:
+            paths += value_paths(value, path + ".")
+        else:
+            paths.append(path)
+    return paths
+
+
+def test_every_value_is_in_the_readme_table() -> None:
+    readme = (CHART / "README.md").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    missing = [path for path in value_paths(values) if f"| `{path}` |" not in readme]
+    assert missing == [], "deploy/chart/README.md's values table lacks these"
