@@ -34,6 +34,21 @@ RELEASE = "modelhost"
 ADMIN_KEY = ["--set", "adminKey=test-admin-key"]
 # What config.py reads itself besides the fields of Settings.
 SETTINGS_READ_BY_CONFIG = {"MODELHOST_ENV_FILE", "MODELHOST_SECRETS_DIR"}
+# MODELHOST_* names in deploy/ that are not settings, and what reads each: the image's build and compose
+# files' own variables. Any other name must be a setting (a misspelt one is silently ignored by the server).
+NOT_SETTINGS = {
+    "MODELHOST_SETUP_VLLM": "scripts/setup.sh (skip vLLM)",
+    "MODELHOST_SETUP_LLAMA_SERVER": "scripts/setup.sh (skip the llama.cpp build)",
+    "MODELHOST_VLLM_BUILD": "scripts/setup.sh (vLLM's cuda or cpu build)",
+    "MODELHOST_IMAGE": "deploy/compose.yaml (the image to run)",
+    "MODELHOST_HTTP_PORT": "deploy/compose.yaml (the host's port)",
+    "MODELHOST_COMPOSE_DB_HOST": "deploy/secrets.sh (the database's host in the compose network)",
+    "MODELHOST_COMPOSE_DB_PORT": "deploy/secrets.sh (the database's port)",
+    "MODELHOST_IMAGE_REBASE": "deploy/image.sh (make the base image again)",
+    "MODELHOST_BUILD_CA": "deploy/image.sh (a CA bundle for the build)",
+    "MODELHOST_DEBIAN_MIRROR": "deploy/image.sh (the base image's mirror)",
+    "MODELHOST_WHEELS": "deploy/image.sh (local wheels for the build)",
+}
 SETTING_NAME = re.compile(r"MODELHOST_[A-Z0-9_]+")
 # The Kustomize base is this render, under a header saying so (the test below keeps them equal).
 KUSTOMIZE_RENDER = ["--set", "existingSecret=modelhost"]
@@ -94,7 +109,7 @@ def real_settings() -> set[str]:
 
 def unknown_setting_names(root: Path) -> dict[str, set[str]]:
     """Every MODELHOST_* name in a text file under root that is no setting, with the files naming it."""
-    known = real_settings()
+    known = real_settings() | set(NOT_SETTINGS)
     unknown: dict[str, set[str]] = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         try:
@@ -399,6 +414,11 @@ def test_the_kustomize_base_is_the_charts_render() -> None:
 
 def test_every_modelhost_name_under_deploy_is_a_real_setting() -> None:
     assert unknown_setting_names(DEPLOY) == {}
+
+
+def test_names_that_are_not_settings_are_not_settings() -> None:
+    """The exceptions must stay exceptions: a setting of that name would make the list hide its typos."""
+    assert real_settings() & set(NOT_SETTINGS) == set()
 
 
 def test_the_setting_scanner_catches_a_made_up_name(tmp_path: Path) -> None:
