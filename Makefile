@@ -1,4 +1,4 @@
-.PHONY: run test test-clients test-families-vllm lint bench bench-gpu bench-soak screenshots llama-server
+.PHONY: run test image image-test test-clients test-families-vllm lint bench bench-gpu bench-soak screenshots llama-server
 
 ## Install everything and start the service on the embedded defaults.
 run:
@@ -7,6 +7,21 @@ run:
 ## Install everything and run ruff, mypy and the whole pytest suite.
 test:
 	bash scripts/test.sh
+
+## The images (deploy/image.sh, docs/deploy.md): localhost/modelhost:<version> and its -vllm variant,
+## and an OCI archive of the default one in build/. Installs podman and mmdebstrap if missing.
+image:
+	bash deploy/image.sh default vllm
+
+## The images built, then run with podman (tests/test_image.py): the image alone (a key, embeddings and
+## chat through the openai SDK, SIGTERM's drain, a restart keeping the data), the compose stack (data in
+## PostgreSQL and the bucket), the chart's Deployment under `podman kube play`, chat on the -vllm image;
+## everything it made is removed. Run before resolving and whenever deploy/ changes (docs/deploy.md has
+## its time).
+image-test:
+	MODELHOST_SETUP_VLLM=0 bash scripts/setup.sh dev
+	bash deploy/image.sh default vllm
+	MODELHOST_TEST_IMAGE=1 HF_HUB_OFFLINE=1 .venv/bin/pytest -p no:cacheprovider -m image tests/test_image.py
 
 ## Every model family's trained tiny model that vLLM can run, on vLLM (tests/test_families.py; the
 ## whole suite runs two of them): about 5 minutes on the 2-core machine.

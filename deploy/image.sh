@@ -22,10 +22,11 @@ need() {
     for program in "$@"; do command -v "$program" >/dev/null || missing+=("$program"); done
     if [ ${#missing[@]} -gt 0 ]; then
         echo "==> installing ${missing[*]} (Debian packages)"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman mmdebstrap runc uidmap >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman mmdebstrap runc uidmap catatonit >/dev/null
     fi
 }
-need podman mmdebstrap runc
+# catatonit: the pause process of the pods `podman kube play` makes (tests/test_image.py)
+need podman mmdebstrap runc catatonit
 
 if [ "${MODELHOST_IMAGE_REBASE:-0}" = 1 ] || ! podman image exists "$base"; then
     echo "==> making the base image $base with mmdebstrap (Debian bookworm, minbase)"

@@ -7,7 +7,7 @@ chown postgres:postgres "$PGDATA" /var/run/postgresql
 chmod 700 "$PGDATA"
 if [ ! -s "$PGDATA/PG_VERSION" ]; then
     cp "$POSTGRES_PASSWORD_FILE" /tmp/pwfile && chown postgres /tmp/pwfile
-    runuser -u postgres -- initdb -D "$PGDATA" -U "$POSTGRES_USER" --pwfile=/tmp/pwfile \
+    runuser -u postgres -- initdb -D "$PGDATA" -U "$POSTGRES_USER" --pwfile=/tmp/pwfile --encoding=UTF8 --locale=C.UTF-8 \
         --auth-local=trust --auth-host=scram-sha-256 >/dev/null
     rm -f /tmp/pwfile
     echo "host all all all scram-sha-256" >> "$PGDATA/pg_hba.conf"
