@@ -13,7 +13,11 @@ cd "$(dirname "$0")/.."
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$PWD/deploy/containers.conf}"
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -n 1)
 revision=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-base=localhost/modelhost-base:bookworm
+# The base's packages and mirror name its tag, so that a change to either makes a new base
+# (localhost/modelhost-base:bookworm names the latest one too: the tests' stand-in images use it)
+base_packages=ca-certificates,python3,python3-venv,tini,libnuma1
+mirror="${MODELHOST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+base="localhost/modelhost-base:bookworm-$(printf '%s %s' "$base_packages" "$mirror" | sha256sum | cut -c1-8)"
 variants=("$@")
 [ ${#variants[@]} -gt 0 ] || variants=(default)
 
@@ -32,17 +36,18 @@ if [ "${MODELHOST_IMAGE_REBASE:-0}" = 1 ] || ! podman image exists "$base"; then
     echo "==> making the base image $base with mmdebstrap (Debian bookworm, minbase)"
     mkdir -p build
     rm -f build/base.tar
-    # python3 (3.11, the version of the CPU torch build), venv for setup.sh, tini as PID 1, CA roots
-    mmdebstrap --quiet --variant=minbase --include=ca-certificates,python3,python3-venv,tini,libnuma1 \
-        bookworm build/base.tar "${MODELHOST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+    # python3 (3.11, the version of the CPU torch build), venv for setup.sh, tini as PID 1, CA roots,
+    # libnuma for vLLM's CPU kernels
+    mmdebstrap --quiet --variant=minbase --include="$base_packages" bookworm build/base.tar "$mirror"
     podman import --quiet build/base.tar "$base" >/dev/null
     rm -f build/base.tar
 fi
+podman tag "$base" localhost/modelhost-base:bookworm
 
 # the console's assets (uPlot, by npm) into src/, which the build copies: the image needs no npm
 bash scripts/setup.sh console
 
-build_args=(--format docker --layers --build-arg "VERSION=$version" --build-arg "REVISION=$revision")
+build_args=(--format docker --layers --build-arg "BASE=$base" --build-arg "VERSION=$version" --build-arg "REVISION=$revision")
 ca="${MODELHOST_BUILD_CA:-/etc/ssl/certs/ca-certificates.crt}"
 [ -s "$ca" ] && build_args+=(--secret "id=ca,src=$ca")
 wheels="${MODELHOST_WHEELS:-/opt/wheels}"

@@ -127,7 +127,9 @@ def secret_file(root: Path, name: str, value: str) -> Path:
     return path
 
 
-def run_server(made: Made, image: str, volume: str, secrets: Path, port: int, *env: str) -> str:
+def run_server(
+    made: Made, image: str, volume: str, secrets: Path, port: int, *env: str, shm: str = "64m"
+) -> str:
     name = made.name(f"server-{port}")
     made.containers.append(name)
     made.volumes.append(volume)
@@ -135,6 +137,7 @@ def run_server(made: Made, image: str, volume: str, secrets: Path, port: int, *e
     files = [arg for f in secrets.iterdir() for arg in ("-v", f"{f}:/run/secrets/modelhost/{f.name}:ro")]
     podman(
         "run", "--detach", "--name", name, "--network", "host", "--read-only", "--tmpfs", "/tmp",
+        "--shm-size", shm,
         "--volume", f"{volume}:/var/lib/modelhost",
         *files,
         "--env", "MODELHOST_SECRETS_DIR=/run/secrets/modelhost",
@@ -382,7 +385,13 @@ def test_the_vllm_image_answers_chat_on_vllm(made: Made, tmp_path_factory: pytes
     secret_file(root / "secrets", "MODELHOST_ADMIN_KEY", admin)
     port = free_port()
     container = run_server(
-        made, VLLM_IMAGE, made.name("vllm-data"), root / "secrets", port, "MODELHOST_VLLM_COMPILE=false"
+        made,
+        VLLM_IMAGE,
+        made.name("vllm-data"),
+        root / "secrets",
+        port,
+        "MODELHOST_VLLM_COMPILE=false",
+        shm="1g",  # vLLM's engine and workers share memory there; podman's default is 64 MiB
     )
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, container)
