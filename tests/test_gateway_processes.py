@@ -422,6 +422,49 @@ async def test_a_chat_stream_through_another_gateway_process_stops_when_its_clie
     assert 0 < server.sample("modelhost_generation_tokens_total", deployment_id) - computed < TOKENS
 
 
+async def test_a_shared_prefix_reaches_the_replica_that_holds_it_from_either_gateway_process(
+    chat_two: tuple[Server, str], recipes: Path, tmp_path: Path
+) -> None:
+    """Two replicas; a long generation holds the prefix's replica busy in the first gateway process,
+    where least-in-flight would send the next requests to the other replica (and compute the prefix
+    again): routed by prefix, each request of either process finds it cached (docs/runtime.md,
+    "Routing")."""
+    from tests.chat_model import long_context_copy
+
+    server, _ = chat_two
+    pair = {"readiness": "warm", "min_replicas": 2, "max_replicas": 2}
+    folder = long_context_copy(recipes, tmp_path)
+    deployment_id = await server.deploy(folder, "text-generation", "pair", **pair)
+    await server.ready(deployment_id)
+    await until(lambda: len(server.replicas(deployment_id)) == 2, timeout=60)
+    system = "You answer questions about the tide tables of the port of Bergen, in one line. " * 6
+    first, second = server.gateways()
+
+    async def ask(question: str, **extra: Any) -> dict[str, Any]:
+        body = {
+            "model": "pair",
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+            "max_tokens": 2,
+            **extra,
+        }
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            answer = await client.post("/v1/chat/completions", json=body, headers=bearer(server.key))
+            assert answer.status_code == 200, answer.text
+            usage: dict[str, Any] = answer.json()["usage"]
+            return usage
+
+    prompt = (await (await server.via(first, lambda: ask("high tide?"))))["prompt_tokens"]
+    long = await server.via(first, lambda: ask("tell me everything", max_tokens=1200, min_tokens=1200))
+    await until(lambda: server.in_flight(deployment_id).get(first) == 1.0, timeout=10)
+    cached = []
+    for index, pid in enumerate((first, second, first, second)):
+        usage = await (await server.via(pid, lambda question=f"low tide, {index}?": ask(question)))
+        cached.append(usage["prompt_tokens_details"]["cached_tokens"])
+    assert not long.done()  # each was routed while the long one held its replica
+    assert all(c > prompt // 2 for c in cached), (prompt, cached)
+    await long
+
+
 async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supervisor_and_delete_stops_it(
     chat_two: tuple[Server, str],
 ) -> None:

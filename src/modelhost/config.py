@@ -214,6 +214,13 @@ class Settings(BaseSettings):
         description="Right after a batch, how long the next one waits to fill "
         "(an idle replica starts at once).",
     )
+    routing_max_imbalance: int = Field(
+        default=2,
+        ge=1,
+        description="A generation goes to the replica most likely to hold its prompt's prefix in its KV "
+        "cache, unless that replica has this many more requests in flight (from this gateway process) than "
+        "the least busy one: then to the least busy (docs/runtime.md, Routing).",
+    )
     max_queue_size: int = Field(
         default=1024,
         ge=1,

@@ -76,7 +76,10 @@ def chat_requests(
     messages, image_urls = _template_messages(body.messages)
     # the serving reads `image_urls` (into `images`) before the worker sees the request
     request = GenerationRequest(
-        messages=messages, chat_template_kwargs=body.chat_template_kwargs or {}, image_urls=image_urls
+        messages=messages,
+        chat_template_kwargs=body.chat_template_kwargs or {},
+        image_urls=image_urls,
+        affinity=body.prompt_cache_key or body.user,
     )
     if body.reasoning_effort is not None:
         request.reasoning_effort = body.reasoning_effort
@@ -137,6 +140,7 @@ def completion_requests(body: CompletionRequest, max_string_length: int) -> list
     for prompt in prompts:
         base = GenerationRequest(
             prompt=prompt,
+            affinity=body.user,
             echo=bool(body.echo),
             suffix=body.suffix or None,
             grammar=grammar,

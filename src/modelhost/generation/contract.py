@@ -93,6 +93,9 @@ class GenerationRequest(msgspec.Struct, tag="generation", kw_only=True, omit_def
     grammar_param: str | None = None  # the field it came from, named by its errors
     adapter: Adapter | None = None
     # ---- how it is run
+    # what the client says places it on a replica (`prompt_cache_key`, `user`, the Messages API's
+    # `metadata.user_id`): requests with the same one go to the same replica (runtime.gateway.routing)
+    affinity: str | None = None
     low: bool = False  # a batch line: after the interactive requests waiting
     whole: bool = False  # the caller waits for the whole answer: the dispatcher may run it again
     # ---- a tokenizer question instead of a generation

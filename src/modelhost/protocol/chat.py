@@ -362,7 +362,11 @@ class SamplingFields(StrictModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     logit_bias: LogitBias | None = None
-    user: str | None = Field(default=None, description=NO_EFFECT)
+    user: str | None = Field(
+        default=None,
+        description="Keeps a canary sticky by user (docs/deploy.md), and the user's requests on one "
+        "replica, as `prompt_cache_key` does where that is not given (docs/runtime.md, Routing).",
+    )
     min_tokens: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="Extension (as vLLM): no end-of-sequence before this many tokens."
     )
@@ -440,7 +444,10 @@ class ChatCompletionRequest(SamplingFields):
     service_tier: str | None = Field(default=None, description=NO_EFFECT)
     safety_identifier: str | None = Field(default=None, description=NO_EFFECT)
     prompt_cache_key: str | None = Field(
-        default=None, description=NO_EFFECT + " Prompt prefixes are reused from the KV cache anyway."
+        default=None,
+        max_length=256,
+        description="Requests with the same key go to the same replica, whose KV cache holds their common "
+        "prefix (docs/runtime.md, Routing); without it, the prompt's leading part decides.",
     )
     prompt_cache_options: dict[str, Any] | None = Field(default=None, description=NO_EFFECT)
     prompt_cache_retention: str | None = Field(default=None, description=NO_EFFECT)

@@ -132,6 +132,11 @@ class Replica(Protocol):
     @property
     def in_flight(self) -> int: ...
     @property
+    def route(self) -> str:
+        """Its name for routing, the same in every gateway process (`address` where it has one)."""
+        ...
+
+    @property
     def pid(self) -> int | None: ...
     @property
     def address(self) -> str | None:

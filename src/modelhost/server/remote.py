@@ -222,7 +222,12 @@ class RemoteRuntime:
             settings = self._settings
             # a version's requests are the deployment's in the metrics (`routing.split_key`)
             labelled = split_key(deployment_id)[0]
-            dispatcher = Dispatcher(labelled, settings.max_queue_size, settings.request_timeout_seconds)
+            dispatcher = Dispatcher(
+                labelled,
+                settings.max_queue_size,
+                settings.request_timeout_seconds,
+                settings.routing_max_imbalance,
+            )
             deployment = self._deployments[deployment_id] = _Deployment(dispatcher)
         return deployment
 

@@ -129,6 +129,7 @@ class ReplicaConnection(asyncio.Protocol):
     """One connection to a replica (see the module docstring). `on_lost` is called once when it ends."""
 
     def __init__(self, on_lost: Callable[[ReplicaConnection], None] | None = None) -> None:
+        self.route = ""  # the replica's socket path, set by `open`: its name for routing
         self._on_lost = on_lost
         self._transport: asyncio.Transport | None = None
         self._reader = FrameReader()
@@ -146,6 +147,7 @@ class ReplicaConnection(asyncio.Protocol):
         """Connect to a replica's published socket."""
         _, connection = await asyncio.get_running_loop().create_unix_connection(lambda: cls(on_lost), path)
         assert isinstance(connection, ReplicaConnection)
+        connection.route = path
         return connection
 
     @property

@@ -49,6 +49,7 @@ from modelhost.generation.contract import (
     failed,
 )
 from modelhost.runtime import metrics
+from modelhost.runtime.gateway import routing
 from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
 
 Payload = dict[str, Any]
@@ -61,6 +62,11 @@ class Target(Protocol):
     def alive(self) -> bool: ...
     @property
     def in_flight(self) -> int: ...
+    @property
+    def route(self) -> str:
+        """The replica's name for routing, the same in every gateway process (`routing`)."""
+        ...
+
     async def submit(self, item: Payload, trace: str = "") -> Payload: ...
     def stream(self, request: StreamRequest, trace: str = "") -> AsyncGenerator[GenerationEvent, None]: ...
 
@@ -97,10 +103,13 @@ def item_failure(error: Payload | GenerationFailed) -> ModelhostError:
 
 
 class Dispatcher:
-    def __init__(self, deployment_id: str, max_in_flight: int, timeout: float) -> None:
+    def __init__(
+        self, deployment_id: str, max_in_flight: int, timeout: float, max_imbalance: int = 2
+    ) -> None:
         self.deployment_id = deployment_id
         self.max_in_flight = max_in_flight
         self.timeout = timeout
+        self.max_imbalance = max_imbalance  # routing: how much busier a request's own replica may be
         self.outstanding = 0  # requests and generations of this process on the deployment
         self.published = -1  # what the in-flight gauge says
         self._first_token = metrics.TIME_TO_FIRST_TOKEN.labels(deployment_id)
@@ -166,11 +175,12 @@ class Dispatcher:
                 live = await targets()
 
     async def stream(self, targets: Targets, request: StreamRequest) -> AsyncGenerator[GenerationEvent, None]:
-        """A generation's events from the least busy live replica; an `error` event is raised. Sent again
-        when its replica dies before it had begun it (see the module docstring). A request marked `whole`
-        (a non-streamed answer, which its caller reads only once it has ended) has its events held here
-        until the generation ends."""
-        target = _pick(await targets())
+        """A generation's events from the live replica most likely to hold its prompt's prefix, unless
+        that one is much busier than the least busy (`routing`); an `error` event is raised. Sent again,
+        to the least busy, when its replica dies before it had begun it (see the module docstring). A
+        request marked `whole` (a non-streamed answer, which its caller reads only once it has ended)
+        has its events held here until the generation ends."""
+        target = _pick(await targets(), routing.affinity_of(request), self.max_imbalance)
         whole = request.whole
         if whole:  # the mark is the gateway's
             request = msgspec.structs.replace(request, whole=False)
@@ -268,8 +278,8 @@ async def _publish_forever() -> None:
         await asyncio.sleep(PUBLISH_SECONDS)
 
 
-def _pick(targets: Sequence[Target]) -> Target:
+def _pick(targets: Sequence[Target], affinity: str = "", max_imbalance: int = 0) -> Target:
     live = [t for t in targets if t.alive]
     if not live:
         raise NoLiveReplica("The deployment has no running replica; retry shortly.")
-    return live[0] if len(live) == 1 else min(live, key=lambda t: t.in_flight)
+    return routing.choose(live, affinity, max_imbalance)

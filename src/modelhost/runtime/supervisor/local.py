@@ -102,6 +102,10 @@ class LocalProcessReplica:
         return str(self._path) if self.load_seconds is not None else None
 
     @property
+    def route(self) -> str:
+        return str(self._path)  # what the other gateway processes connect to (`address`)
+
+    @property
     def in_flight(self) -> int:
         return self._connection.in_flight if self._connection is not None else 0
 

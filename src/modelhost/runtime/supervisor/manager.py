@@ -100,7 +100,9 @@ class DeploymentRuntime:
         self.rolling: asyncio.Task[None] | None = None  # a rollout's load of it, or its drain
         self.leaving = False  # a version draining: never loaded again for its readiness
         settings = manager.settings
-        self.dispatcher = Dispatcher(spec.id, settings.max_queue_size, settings.request_timeout_seconds)
+        self.dispatcher = Dispatcher(
+            spec.id, settings.max_queue_size, settings.request_timeout_seconds, settings.routing_max_imbalance
+        )
 
     # ---------------------------------------------------------------- requests
 

@@ -675,6 +675,10 @@ class RayServeReplica:
         """Other gateway processes join the cluster themselves; there is no socket to share."""
         return None
 
+    @property
+    def route(self) -> str:
+        return self.name  # one Serve application per deployment: Serve spreads its own replicas
+
     async def load(self) -> None:
         """Deploy the application, wait until its first replica has loaded the model, and ask it which
         engine it chose (an encoder's runtime)."""

@@ -182,6 +182,10 @@ def chat_request(body: ResponseCreateRequest, items: list[Item]) -> ChatCompleti
         "logprobs": _wants_logprobs(body) or None,
         "top_logprobs": body.top_logprobs if _wants_logprobs(body) else None,
         "response_format": _response_format(body),
+        # the replica its prompt's prefix is cached on (runtime.gateway.routing); a chain's turns keep
+        # their first ones, so without either they stay together by their prompt's prefix
+        "prompt_cache_key": body.prompt_cache_key,
+        "user": body.user,
     }
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
