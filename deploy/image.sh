@@ -57,6 +57,8 @@ else
     build_args+=(--build-arg "TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu")
 fi
 
+# the builds these replace, left untagged, go at the end (modelhost's own images only: by label)
+trap 'podman image prune --force --filter label=org.opencontainers.image.title=modelhost >/dev/null' EXIT
 for variant in "${variants[@]}"; do
     case "$variant" in
         default) target=modelhost tag="$version" ;;

@@ -41,6 +41,7 @@ BASE = "localhost/modelhost-base:bookworm"
 HELM = REPO / "tests" / "helm" / "bin" / "helm"
 PODMAN_ENV = {**os.environ, "CONTAINERS_CONF": str(REPO / "deploy" / "containers.conf")}
 READY_SECONDS = 180
+STAND_INS = ("localhost/modelhost-test-postgres", "localhost/modelhost-test-moto")  # tests/images/
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # the build's CA (a TLS-intercepting proxy's, here)
 DEMO_KEY = re.compile(r"\bmh-(?!admin-)[A-Za-z0-9_-]{30,}")
 
@@ -86,10 +87,15 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Made]:
         podman("kube", "down", str(kube), check=False)
     for container in made.containers:
         podman("rm", "--force", "--time", "5", container, check=False)
-    for volume in made.volumes:
+    volumes = podman("volume", "ls", "--format", "{{.Name}}", check=False).split()
+    for volume in {*made.volumes, *(v for v in volumes if made.tag in v)}:  # kube play names its own
         podman("volume", "rm", "--force", volume, check=False)
+    for image in STAND_INS:
+        podman("rmi", "--force", image, check=False)
     leftovers = podman("ps", "--all", "--format", "{{.Names}}", check=False)
-    assert made.tag not in leftovers, f"containers left behind: {leftovers}"
+    leftovers += podman("volume", "ls", "--format", "{{.Name}}", check=False)
+    leftovers += podman("pod", "ls", "--format", "{{.Name}}", check=False)
+    assert made.tag not in leftovers, f"left behind: {leftovers}"
 
 
 def wait_ready(url: str, container: str | None = None, seconds: float = READY_SECONDS) -> None:
@@ -259,7 +265,7 @@ def test_the_compose_stack_keeps_its_data_in_postgresql_and_the_bucket(
     the official postgres and moto images built from the same base (tests/images/): the quickstart's
     demo answers, its artifact's rows are in PostgreSQL and its files in the bucket."""
     images = REPO / "tests" / "images"
-    for name in ("postgres", "moto"):
+    for name in ("postgres", "moto"):  # removed with the rest at the end (`made`)
         podman(
             "build", "--quiet", "--build-arg", f"BASE={BASE}", "--secret", f"id=ca,src={CA_BUNDLE}",
             "--file", str(images / f"{name}.Containerfile"), "--tag", f"localhost/modelhost-test-{name}",
@@ -272,8 +278,8 @@ def test_the_compose_stack_keeps_its_data_in_postgresql_and_the_bucket(
         **{name: str(port) for name, port in ports.items()},
         "SECRETS_DIR": str(secrets),
         "MODELHOST_IMAGE": IMAGE,
-        "POSTGRES_IMAGE": "localhost/modelhost-test-postgres",
-        "S3_IMAGE": "localhost/modelhost-test-moto",
+        "POSTGRES_IMAGE": STAND_INS[0],
+        "S3_IMAGE": STAND_INS[1],
         "MODELHOST_COMPOSE_DB_HOST": "127.0.0.1",
         "MODELHOST_COMPOSE_DB_PORT": str(ports["PG_PORT"]),
     }

@@ -214,6 +214,12 @@ class Settings(BaseSettings):
         description="Right after a batch, how long the next one waits to fill "
         "(an idle replica starts at once).",
     )
+    routing_policy: Literal["prefix", "least_busy"] = Field(
+        default="prefix",
+        description="How a generation's replica is chosen: `prefix`, the one its prompt's prefix belongs to "
+        "(within the imbalance below); `least_busy`, the one with the fewest requests in flight, blind to "
+        "caches (what modelhost did before; benchmarks compare the two).",
+    )
     routing_max_imbalance: int = Field(
         default=2,
         ge=1,

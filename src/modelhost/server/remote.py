@@ -227,6 +227,7 @@ class RemoteRuntime:
                 settings.max_queue_size,
                 settings.request_timeout_seconds,
                 settings.routing_max_imbalance,
+                settings.routing_policy == "prefix",
             )
             deployment = self._deployments[deployment_id] = _Deployment(dispatcher)
         return deployment

@@ -104,12 +104,18 @@ def item_failure(error: Payload | GenerationFailed) -> ModelhostError:
 
 class Dispatcher:
     def __init__(
-        self, deployment_id: str, max_in_flight: int, timeout: float, max_imbalance: int = 2
+        self,
+        deployment_id: str,
+        max_in_flight: int,
+        timeout: float,
+        max_imbalance: int = 2,
+        by_prefix: bool = True,
     ) -> None:
         self.deployment_id = deployment_id
         self.max_in_flight = max_in_flight
         self.timeout = timeout
         self.max_imbalance = max_imbalance  # routing: how much busier a request's own replica may be
+        self.by_prefix = by_prefix  # False: the least busy replica, blind to caches
         self.outstanding = 0  # requests and generations of this process on the deployment
         self.published = -1  # what the in-flight gauge says
         self._first_token = metrics.TIME_TO_FIRST_TOKEN.labels(deployment_id)
@@ -180,7 +186,8 @@ class Dispatcher:
         to the least busy, when its replica dies before it had begun it (see the module docstring). A
         request marked `whole` (a non-streamed answer, which its caller reads only once it has ended)
         has its events held here until the generation ends."""
-        target = _pick(await targets(), routing.affinity_of(request), self.max_imbalance)
+        affinity = routing.affinity_of(request) if self.by_prefix else ""
+        target = _pick(await targets(), affinity, self.max_imbalance)
         whole = request.whole
         if whole:  # the mark is the gateway's
             request = msgspec.structs.replace(request, whole=False)

@@ -101,7 +101,11 @@ class DeploymentRuntime:
         self.leaving = False  # a version draining: never loaded again for its readiness
         settings = manager.settings
         self.dispatcher = Dispatcher(
-            spec.id, settings.max_queue_size, settings.request_timeout_seconds, settings.routing_max_imbalance
+            spec.id,
+            settings.max_queue_size,
+            settings.request_timeout_seconds,
+            settings.routing_max_imbalance,
+            settings.routing_policy == "prefix",
         )
 
     # ---------------------------------------------------------------- requests
