@@ -219,3 +219,18 @@ async def test_scaling_up_never_goes_past_the_memory_budget(scaled: Scaled) -> N
     assert (await view(scaled))["replicas"] == 1 and len(server.replicas(deployment_id)) == 1
     assert scale_events(server, deployment_id, "up") == 0
     assert "modelhost_evictions_total{" not in server.metrics()
+
+
+def test_ray_serve_is_given_the_same_target_and_downscale_delay(tmp_path: Path) -> None:
+    config = pytest.importorskip("ray.serve.config")
+    from modelhost.runtime.supervisor.ray_backend import autoscaling
+    from tests.conftest import make_settings
+
+    settings = make_settings(
+        tmp_path, "sqlite://", autoscale_target_in_flight=3, scale_down_idle_seconds=45, cold_idle_seconds=300
+    )
+    warm = autoscaling("warm", 1, 4, settings.cold_idle_seconds, settings)
+    assert (warm["target_ongoing_requests"], warm["downscale_delay_s"]) == (3, 45)
+    cold = autoscaling("cold", 0, 4, settings.cold_idle_seconds, settings)
+    assert (cold["min_replicas"], cold["downscale_to_zero_delay_s"]) == (0, 300)
+    config.AutoscalingConfig(**warm)  # what Serve accepts
