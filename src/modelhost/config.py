@@ -227,6 +227,32 @@ class Settings(BaseSettings):
         "cache, unless that replica has this many more requests in flight (from this gateway process) than "
         "the least busy one: then to the least busy (docs/runtime.md, Routing).",
     )
+    # ---------------------------------------------------------------- autoscaling (docs/runtime.md)
+    autoscale_target_in_flight: float = Field(
+        default=2.0,
+        gt=0,
+        description="Requests in flight per replica (held by the replicas for every gateway process), "
+        "averaged over the load window, above which a deployment is loaded and the local backend starts "
+        "another replica (up to `max_replicas`); Ray Serve's `target_ongoing_requests`.",
+    )
+    autoscale_ttft_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="Time to first token, averaged over the load window (the supervisor's own "
+        "generations), above which a deployment is loaded too.",
+    )
+    autoscale_window_seconds: float = Field(
+        default=10.0, gt=0, description="The load window the autoscaler averages over before scaling up."
+    )
+    autoscale_interval_seconds: float = Field(
+        default=1.0, gt=0, description="How often the autoscaler samples each deployment's load."
+    )
+    scale_down_idle_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="A replica beyond `min_replicas` goes once the deployment's load would have fit in one "
+        "fewer replica for this long (Ray Serve's `downscale_delay_s`).",
+    )
     max_queue_size: int = Field(
         default=1024,
         ge=1,

@@ -365,6 +365,20 @@ class DeploymentSwitch(BaseModel):
     model_config = {"populate_by_name": True, "serialize_by_alias": True}
 
 
+class ScalingStep(BaseModel):
+    """The autoscaler's last step (docs/runtime.md, "Autoscaling (local backend)")."""
+
+    at: float = Field(description="When (unix time, seconds).")
+    from_: int = Field(alias="from", description="Replicas before.")
+    to: int = Field(
+        description="Replicas after; equal to `from` for a step not taken (the memory budget had no room "
+        "for another replica, or the new one failed to load), `reason` saying why."
+    )
+    reason: str = Field(description="Why: the load measured over the window, and what stopped it if so.")
+
+    model_config = {"populate_by_name": True, "serialize_by_alias": True}
+
+
 class Deployment(BaseModel):
     id: str
     model: str
@@ -380,6 +394,15 @@ class Deployment(BaseModel):
         "the memory limit, if any. It names no other account's deployment: those are counted.",
     )
     replicas: int = Field(description="Replicas loaded now.")
+    desired_replicas: int = Field(
+        default=0,
+        description="Replicas the autoscaler wants now, between `min_replicas` (at least 1) and "
+        "`max_replicas` while loaded, 0 unloaded: more than `replicas` while one starts or the memory "
+        "budget has no room for it.",
+    )
+    last_scaling: ScalingStep | None = Field(
+        default=None, description="The autoscaler's last step, with its reason; null before any."
+    )
     min_replicas: int
     max_replicas: int
     engine: Engine = Field(description="The engine asked for.")

@@ -133,3 +133,17 @@ CAPACITY_REFUSALS = Counter(
     "Loads refused for memory (503 `insufficient_capacity` after the wait, or at once for a footprint "
     "larger than the budget).",
 )
+# Autoscaling of the local backend (docs/runtime.md, "Autoscaling (local backend)"); the actual count is
+# `modelhost_loaded_replicas`.
+SCALE_EVENTS = Counter(
+    "modelhost_scale_events_total",
+    "Replicas the autoscaler added (`direction` `up`) or took away (`down`), one per event.",
+    ["deployment", "direction"],
+)
+DESIRED_REPLICAS = Gauge(
+    "modelhost_desired_replicas",
+    "Replicas the autoscaler wants for a deployment now (more than loaded while one starts, or while the "
+    "memory budget has no room for it).",
+    ["deployment"],
+    multiprocess_mode="livesum",
+)

@@ -16,6 +16,17 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 @dataclass(frozen=True, slots=True)
+class ScalingEvent:
+    """The autoscaler's last step for a deployment (`to` equal to `from`: a step it could not take, such
+    as a replica the memory budget had no room for, with why)."""
+
+    at: float  # unix time
+    before: int  # replicas before ("from")
+    after: int  # replicas after ("to")
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class LiveStatus:
     """What the runtime reports of a deployment right now."""
 
@@ -24,6 +35,8 @@ class LiveStatus:
     replicas: int = 0
     memory_gb: float = 0.0
     last_cold_start_seconds: float | None = None
+    desired_replicas: int = 0  # what the autoscaler wants (`replicas` while it is not scaling)
+    last_scaling: ScalingEvent | None = None
 
 
 @dataclass(frozen=True, slots=True)

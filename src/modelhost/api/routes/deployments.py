@@ -24,6 +24,7 @@ from modelhost.protocol.management import (
     DeploymentVersion,
     GenerationDefaults,
     GenerationSettingsFields,
+    ScalingStep,
 )
 from modelhost.runtime.spec import LiveStatus
 from modelhost.store import models as rows
@@ -47,6 +48,15 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
         state=live.state,
         state_reason=live.reason,
         replicas=live.replicas,
+        desired_replicas=live.desired_replicas,
+        last_scaling=None
+        if live.last_scaling is None
+        else ScalingStep(
+            at=live.last_scaling.at,
+            from_=live.last_scaling.before,
+            to=live.last_scaling.after,
+            reason=live.last_scaling.reason,
+        ),
         min_replicas=deployment.min_replicas,
         max_replicas=deployment.max_replicas,
         engine=deployment.engine,

@@ -119,6 +119,10 @@ class Dispatcher:
         self.outstanding = 0  # requests and generations of this process on the deployment
         self.published = -1  # what the in-flight gauge says
         self._first_token = metrics.TIME_TO_FIRST_TOKEN.labels(deployment_id)
+        # Every time to first token observed here, summed, and how many: the supervisor's autoscaler
+        # reads what changed since its last sample (totals: nothing grows where no one reads them)
+        self.first_token_seconds = 0.0
+        self.first_tokens = 0
         self._per_token = metrics.TIME_PER_OUTPUT_TOKEN.labels(deployment_id)
         _dispatchers.add(self)
         _ensure_publisher()
@@ -213,6 +217,8 @@ class Dispatcher:
                             if not first and completion:
                                 first = time.perf_counter()
                                 self._first_token.observe(first - started)
+                                self.first_token_seconds += first - started
+                                self.first_tokens += 1
                             if whole:
                                 held.append(event)
                                 continue

@@ -37,8 +37,9 @@ from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.gateway.dispatch import Dispatcher
 from modelhost.runtime.memory import parents, rss_bytes, tree
 from modelhost.runtime.replica import Replica, ReplicaBackend, ReplicaLoadFailed
-from modelhost.runtime.spec import DeploymentSpec, LiveStatus
+from modelhost.runtime.spec import DeploymentSpec, LiveStatus, ScalingEvent
 from modelhost.runtime.supervisor.adapter_meters import AdapterMeters, Meter
+from modelhost.runtime.supervisor.autoscale import Decision, Sample, ScalingPolicy
 from modelhost.runtime.supervisor.local import LocalBackend
 from modelhost.runtime.supervisor.placement import Placement, Reservation
 from modelhost.tasks.registry import served
@@ -107,6 +108,19 @@ class DeploymentRuntime:
             settings.routing_max_imbalance,
             settings.routing_policy == "prefix",
         )
+        # Autoscaling (`autoscale`): the policy, the replicas it wants, its last step, the step under
+        # way, and the replicas scaled down: out of the routing set, stopped once they hold nothing
+        self.scaling = ScalingPolicy(
+            settings.autoscale_target_in_flight,
+            settings.autoscale_ttft_seconds,
+            settings.autoscale_window_seconds,
+            settings.scale_down_idle_seconds,
+        )
+        self.desired = 0
+        self.last_scaling: ScalingEvent | None = None
+        self._step: asyncio.Task[None] | None = None
+        self._retiring: list[Replica] = []
+        self._first_tokens_read = (0.0, 0)  # the dispatcher's first-token totals at the last sample
 
     # ---------------------------------------------------------------- requests
 
@@ -259,6 +273,8 @@ class DeploymentRuntime:
         metrics.COLD_STARTS.labels(self.spec.id).inc()
         metrics.LOAD_SECONDS.labels(self.spec.id).observe(self.last_cold_start)
         metrics.LOADED_REPLICAS.labels(self.spec.id).set(len(replicas))
+        self._want(len(replicas))
+        self.scaling.reset(self._clock.monotonic())
         self.publish()
         log.info("deployment %s loaded %d replica(s) in %.2fs", self.spec.id, count, self.last_cold_start)
 
@@ -287,7 +303,8 @@ class DeploymentRuntime:
         room in the budget stays reserved until the processes have exited. `reason`: why, shown as its
         `state_reason` until it loads again (an eviction)."""
         self._unloading = True
-        replicas, self.replicas = [*self.replicas, *self._loading], []
+        replicas, self.replicas = [*self.replicas, *self._loading, *self._retiring], []
+        self._want(0)
         if self.state != "failed":
             self.state = "unloaded"  # at once: a request from now on loads it again
         if reason is not None:
@@ -346,6 +363,7 @@ class DeploymentRuntime:
     def _restart(self, replica: Replica, why: str) -> None:
         """Drop `replica` and start its replacement (`why`: the restarts metric's reason)."""
         self.replicas.remove(replica)
+        metrics.LOADED_REPLICAS.labels(self.spec.id).set(len(self.replicas))
         metrics.REPLICA_RESTARTS.labels(self.spec.id, why).inc()
         if not self.replicas:
             self.state, self.reason = "loading", None  # a replacement is on its way
@@ -381,16 +399,140 @@ class DeploymentRuntime:
         if not self._unloading:  # unloaded or deleted meanwhile
             await self._quiet_load()
 
+    # ---------------------------------------------------------------- autoscaling
+
+    def _want(self, desired: int) -> None:
+        self.desired = desired
+        metrics.DESIRED_REPLICAS.labels(self.spec.id).set(desired)
+
+    async def autoscale(self) -> None:
+        """One sample of the deployment's load and the step it calls for (docs/runtime.md, "Autoscaling
+        (local backend)"): the requests its replicas hold for every gateway process (or, where a replica
+        cannot tell, what this process has in flight) and this process's times to first token since the
+        last sample. A step runs in the background, one at a time, so other deployments are sampled
+        while a replica starts or drains."""
+        floor = max(1, self.spec.min_replicas)
+        if self.state != "ready" or self._unloading or self.leaving or self.reservation is None:
+            return
+        if self._step is not None and not self._step.done():
+            return
+        if self.spec.max_replicas <= floor and len(self.replicas) == floor:
+            return  # nothing to decide: the count is fixed
+        held = await self.held()
+        if self.state != "ready" or self._unloading or self.reservation is None:
+            return
+        seconds, count = self.dispatcher.first_token_seconds, self.dispatcher.first_tokens
+        read_seconds, read_count = self._first_tokens_read
+        self._first_tokens_read = (seconds, count)
+        first_token = (seconds - read_seconds) / (count - read_count) if count > read_count else None
+        sample = Sample(self._clock.monotonic(), max(held, self.dispatcher.outstanding), first_token)
+        before = len(self.replicas)
+        decision = self.scaling.observe(sample, before, floor, self.spec.max_replicas)
+        self._want(decision.desired)
+        if decision.desired > before:
+            self._step = asyncio.ensure_future(self._scale_up(before, decision))
+        elif decision.desired < before:
+            self._step = asyncio.ensure_future(self._scale_down(before, decision))
+
+    def _scaled(self, before: int, after: int, reason: str, direction: str | None) -> None:
+        """Record a step (`direction` None: one not taken, shown with why until the next)."""
+        same = self.last_scaling is not None and self.last_scaling.reason == reason
+        self.last_scaling = ScalingEvent(time.time(), before, after, reason)
+        if direction is not None:
+            metrics.SCALE_EVENTS.labels(self.spec.id, direction).inc()
+            self.scaling.reset(self._clock.monotonic())
+            self._want(after)
+            log.info("deployment %s scaled %s, %d to %d: %s", self.spec.id, direction, before, after, reason)
+        elif not same:
+            log.info("deployment %s stays at %d replica(s): %s", self.spec.id, before, reason)
+
+    async def _scale_up(self, before: int, decision: Decision) -> None:
+        """Start one more replica where the budget has room now (never by evicting anyone), or in the
+        room a replica that died left reserved; it joins the routing set once loaded."""
+        reservation = self.reservation
+        if reservation is None:
+            return
+        placement = self._manager.placement
+        if reservation.count <= len(self.replicas) + len(self._retiring):  # no room left by a dead one
+            refusal = placement.grow(reservation)
+            if refusal is not None:
+                self._scaled(before, before, f"{decision.reason}; no replica started: {refusal}", None)
+                return
+        replica = self._manager.backend.new_replica(reservation.spec, self.on_replica_exit, reservation.count)
+        self._loading.append(replica)  # an unload meanwhile stops it with the others
+        try:
+            await self._manager.metered(replica, self.spec)
+            await replica.load()
+            failure = None
+        except Exception as exc:
+            failure = str(exc) if isinstance(exc, ReplicaLoadFailed) else repr(exc)
+        finally:
+            with contextlib.suppress(ValueError):
+                self._loading.remove(replica)
+        if self._unloading or self.reservation is not reservation:  # unloaded meanwhile: room released
+            await self._manager.stop([replica])
+            return
+        if failure is not None:
+            await self._manager.stop([replica])
+            placement.shrink(reservation)
+            why = f"{decision.reason}; the new replica failed to load: {failure}"
+            self._scaled(before, before, why, None)
+            return
+        self.replicas.append(replica)
+        metrics.LOADED_REPLICAS.labels(self.spec.id).set(len(self.replicas))
+        self.publish()
+        self._scaled(before, len(self.replicas), decision.reason, "up")
+        await self._manager.measure(self)
+
+    async def _scale_down(self, before: int, decision: Decision) -> None:
+        """The replica holding least leaves the routing set at once (every gateway process is told), and
+        is stopped once it holds nothing, for any gateway process, or after the drain bound
+        (`MODELHOST_SHUTDOWN_DRAIN_SECONDS`); then its room in the budget is free."""
+        reservation = self.reservation
+        if reservation is None or len(self.replicas) <= 1:
+            return
+        answers = await asyncio.gather(*(r.held() for r in self.replicas), return_exceptions=True)
+        loads = [a if isinstance(a, int) and a >= 0 else math.inf for a in answers]
+        leaving = min(zip(self.replicas, loads, strict=True), key=lambda pair: pair[1])[0]
+        if self.reservation is not reservation or leaving not in self.replicas:
+            return
+        self.replicas.remove(leaving)
+        self._retiring.append(leaving)
+        metrics.LOADED_REPLICAS.labels(self.spec.id).set(len(self.replicas))
+        self.publish()
+        self._scaled(before, len(self.replicas), decision.reason, "down")
+        deadline = self._clock.monotonic() + self._manager.settings.shutdown_drain_seconds
+        await asyncio.sleep(DRAIN_GRACE_SECONDS)  # the other gateway processes hear of it a moment later
+        while leaving.alive and self._clock.monotonic() < deadline:
+            if leaving.in_flight == 0 and await leaving.held() == 0:
+                break
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        if self.reservation is not reservation:
+            return  # unloaded meanwhile: the unload stopped it and released the room
+        await self._manager.stop([leaving])
+        with contextlib.suppress(ValueError):
+            self._retiring.remove(leaving)
+        placement = self._manager.placement
+        placement.shrink(reservation)
+
+    def measurable(self) -> list[Replica]:
+        """Its replica processes that run: those serving and those scaled down but not yet stopped."""
+        return [r for r in [*self.replicas, *self._retiring] if r.alive]
+
     def status(self) -> LiveStatus:
         stats = [r.stats() for r in self.replicas if r.alive]
         memory = sum(s.memory_bytes for s in stats)
         metrics.MEMORY_BYTES.labels(self.spec.id).set(memory)
+        replicas = sum(s.processes for s in stats)
         return LiveStatus(
             state=self.state,
             reason=self.reason or self.notice,
-            replicas=sum(s.processes for s in stats),
+            replicas=replicas,
             memory_gb=round(memory / GB, 6),
             last_cold_start_seconds=None if self.last_cold_start is None else round(self.last_cold_start, 3),
+            # Ray Serve's autoscaler keeps its wish to itself: what runs is what it wants
+            desired_replicas=replicas if self._manager.backend.scales_itself else self.desired,
+            last_scaling=self.last_scaling,
         )
 
 
@@ -423,6 +565,7 @@ class ReplicaManager:
         self.background: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._memory_watch: asyncio.Task[None] | None = None
+        self._autoscaler: asyncio.Task[None] | None = None
         self._meter = meter
         self._adapter_meters = AdapterMeters(meter) if meter is not None else None  # adapters on bases
         # Asked before every load (billing: 402 when the account is out of credits).
@@ -500,10 +643,11 @@ class ReplicaManager:
             self.in_background(self._quiet_apply(deployment_id))
         self._reaper = asyncio.create_task(self._reap_idle())
         self._memory_watch = asyncio.create_task(self._watch_memory())
+        self._autoscaler = asyncio.create_task(self._autoscale())
 
     async def shutdown(self) -> None:
         """Drain queued and running work, then stop every worker."""
-        for task in (self._reaper, self._memory_watch, self._refilling):
+        for task in (self._reaper, self._memory_watch, self._autoscaler, self._refilling):
             if task is not None:
                 task.cancel()
         runtimes = list(self._runtimes.values())
@@ -822,10 +966,13 @@ class ReplicaManager:
         statuses = [rt.status() for rt in runtimes]
         order = ("ready", "loading", "failed", "unloaded")
         best = min(statuses, key=lambda s: order.index(s.state) if s.state in order else len(order))
+        steps = [s.last_scaling for s in statuses if s.last_scaling is not None]
         return dataclasses.replace(
             best,
             replicas=sum(s.replicas for s in statuses),
             memory_gb=round(sum(s.memory_gb for s in statuses), 6),
+            desired_replicas=sum(s.desired_replicas for s in statuses),
+            last_scaling=max(steps, key=lambda step: step.at, default=None),
         )
 
     def _runtime_for(self, spec: DeploymentSpec) -> DeploymentRuntime:
@@ -853,6 +1000,24 @@ class ReplicaManager:
             ):
                 log.info("unloading idle cold deployment %s", runtime.spec.id)
                 await runtime.unload()
+
+    async def _autoscale(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.autoscale_interval_seconds)
+            try:
+                await self.autoscale()
+            except Exception:  # one failed sample must not end autoscaling for good
+                log.exception("autoscaling failed")
+
+    async def autoscale(self) -> None:
+        """Sample every loaded deployment at once, each deciding for itself (`DeploymentRuntime.autoscale`);
+        Ray Serve's own autoscaler scales its applications (given the same target: `ray_backend`)."""
+        if self.backend.scales_itself:
+            return
+        results = await asyncio.gather(*(rt.autoscale() for rt in self.tenants()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                log.error("autoscaling a deployment failed", exc_info=result)
 
     async def _watch_memory(self) -> None:
         while True:
@@ -882,8 +1047,8 @@ class ReplicaManager:
         self._server_measured_at = now
         for runtime in due:
             runtime.measured_at = now
-        live = [(rt, r) for rt in due for r in rt.replicas if r.alive]
-        pids = [r.pid for rt in runtimes for r in [*rt.replicas, *rt._loading] if r.pid is not None]
+        live = [(rt, r) for rt in due for r in rt.measurable()]
+        pids = [r.pid for rt in runtimes for r in [*rt.measurable(), *rt._loading] if r.pid is not None]
 
         def measure() -> tuple[list[Footprint], int]:  # reads all of /proc: off the event loop
             table = parents()
@@ -909,7 +1074,7 @@ class ReplicaManager:
     async def measure(self, runtime: DeploymentRuntime) -> None:
         """Measure one deployment's replicas now (just loaded): its reservation becomes what they take."""
         runtime.measured_at = self.clock.monotonic()
-        replicas = list(runtime.replicas)
+        replicas = runtime.measurable()
         table = await asyncio.to_thread(parents)
         footprints = await asyncio.to_thread(lambda: [r.measure(table) for r in replicas])
         if runtime.reservation is not None:

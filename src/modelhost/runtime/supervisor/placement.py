@@ -352,6 +352,53 @@ class Placement:
         self._publish()
         return reservation
 
+    # ---------------------------------------------------------------- autoscaling
+
+    def one_replica(self, reservation: Reservation) -> Footprint:
+        """What one more replica of `reservation` takes: the larger of its prediction and what its replicas
+        take on average now (measured), so a scale-up never counts on less than the others hold."""
+        held = reservation.holding.footprint
+        count = max(1, reservation.count)
+        predicted = reservation.prediction.footprint
+        return Footprint(max(predicted.host, held.host // count), max(predicted.gpu, held.gpu // count))
+
+    def grow(self, reservation: Reservation) -> str | None:
+        """Room for one more replica of `reservation` (autoscaling), only if it is free now: no eviction
+        (a hot or busy deployment never makes way for another's extra replica), no wait, and not while
+        loads wait for room (they go first). None: reserved (`count` grew by one); else why not."""
+        if reservation.holding.number not in self._reservations:
+            return "the deployment is unloading"
+        one = self.one_replica(reservation)
+        if self.enforced:
+            if self._queue:
+                return "loads waiting for memory go first"
+            if not self.capacity.fits(one, reservation.holding.gpu):
+                return (
+                    f"the memory budget has no room for another replica: it needs {_describe(one)}, "
+                    f"{describe(max(0, self.capacity.free))} of the {describe(self.capacity.budget)} "
+                    "budget is free"
+                )
+        holding = reservation.holding
+        holding.footprint = holding.footprint + one
+        holding.measured = False  # the new replica's part is predicted until it is measured
+        reservation.count += 1
+        self._publish()
+        return None
+
+    def shrink(self, reservation: Reservation) -> None:
+        """One replica of `reservation` has exited (scaled down): its share of the room is free again."""
+        if reservation.holding.number not in self._reservations or reservation.count <= 1:
+            return
+        holding = reservation.holding
+        share = Footprint(
+            holding.footprint.host // reservation.count, holding.footprint.gpu // reservation.count
+        )
+        holding.footprint = Footprint(holding.footprint.host - share.host, holding.footprint.gpu - share.gpu)
+        reservation.count -= 1
+        self._publish()
+        self.changed()
+        self.refill()
+
     def unloading(self, reservation: Reservation | None) -> None:
         """Its processes are being stopped: still reserved, no longer a candidate."""
         if reservation is not None:
@@ -399,6 +446,9 @@ class Placement:
         if reservation.holding.number not in self._reservations or not footprints:
             return
         total = Footprint(sum(f.host for f in footprints), sum(f.gpu for f in footprints))
+        # replicas it reserved room for that were not measured (one starting for a scale-up) keep their
+        # predicted room: the books never drop below what will run
+        total = total + reservation.prediction.footprint.times(max(0, reservation.count - len(footprints)))
         if total.host <= 0:
             return  # not measurable (a Ray replica on another node that has not reported yet)
         shrank = total.host < reservation.holding.footprint.host

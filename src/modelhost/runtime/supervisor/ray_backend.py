@@ -582,10 +582,16 @@ def reason_of(message: str) -> str:
     return lines[-1] if lines else message
 
 
-def autoscaling(readiness: str, min_replicas: int, max_replicas: int, idle_seconds: float) -> dict[str, Any]:
+def autoscaling(
+    readiness: str, min_replicas: int, max_replicas: int, idle_seconds: float, settings: Settings
+) -> dict[str, Any]:
     """Readiness as Ray Serve autoscaling. A cold deployment scales to zero after the idle window; it
     starts with one replica because the manager loads it for a request that is waiting. Warm and hot
-    deployments keep at least one replica (hot ones also warm up in the constructor).
+    deployments keep at least one replica (hot ones also warm up in the constructor). Between the bounds
+    Serve aims at the local backend's target of requests in flight per replica
+    (`MODELHOST_AUTOSCALE_TARGET_IN_FLIGHT` as `target_ongoing_requests`) and takes a replica away after
+    `MODELHOST_SCALE_DOWN_IDLE_SECONDS` of less load (`downscale_delay_s`; the last one of a cold
+    deployment after the idle window, `downscale_to_zero_delay_s`).
 
     Serve scales down once the ongoing requests, averaged over `look_back_period_s` from metrics pushed
     every `metrics_interval_s` (10 s by default), stayed low for the downscale delay; both windows add to
@@ -596,8 +602,9 @@ def autoscaling(readiness: str, min_replicas: int, max_replicas: int, idle_secon
         "min_replicas": floor,
         "initial_replicas": max(1, floor),
         "max_replicas": max(1, floor, max_replicas),
+        "target_ongoing_requests": settings.autoscale_target_in_flight,
         "upscale_delay_s": 0.0,  # a request waiting on zero replicas must not wait any longer
-        "downscale_delay_s": idle_seconds,
+        "downscale_delay_s": settings.scale_down_idle_seconds,
         "downscale_to_zero_delay_s": idle_seconds,
         "look_back_period_s": min(30.0, max(idle_seconds, 2 * interval)),
         **({"metrics_interval_s": interval} if interval < 10.0 else {}),  # the field warns when it is set
@@ -640,7 +647,11 @@ class RayServeReplica:
         self.name = application_name(deployment)
         self._settings = settings
         self._scaling = autoscaling(
-            deployment.readiness, deployment.min_replicas, deployment.max_replicas, settings.cold_idle_seconds
+            deployment.readiness,
+            deployment.min_replicas,
+            deployment.max_replicas,
+            settings.cold_idle_seconds,
+            settings,
         )
         self._warmup = deployment.readiness == "hot"
         self.actor_options = actor_resources(deployment.footprint, spec.threads, largest_gpu)
@@ -713,6 +724,7 @@ class RayServeReplica:
             deployment.min_replicas,
             deployment.max_replicas,
             self._settings.cold_idle_seconds,
+            self._settings,
         )
         if scaling != self._scaling and self.alive:
             self._scaling = scaling
