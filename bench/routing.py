@@ -14,6 +14,11 @@ clients at a time for `--seconds`. Each run is its own `modelhost serve`:
 3. `prefix`, 3 gateway processes (each routes on its own: the choice must still agree);
 4. no shared prefix: every request's system prompt is new (the cost of computing the whole prompt).
 
+5. autoscaling: the same model with `min_replicas` 1 and `max_replicas` 2 (routing by prefix), 4 clients
+   of long streamed generations for `--load-seconds` (60), then idle; the deployment's `replicas` sampled
+   every second until it is back to 1 (`MODELHOST_SCALE_DOWN_IDLE_SECONDS` = `--idle-seconds`, 20: the
+   default 120 s only lengthens the run).
+
 Reported: the share of prompt tokens served from the KV cache (`usage.prompt_tokens_details.
 cached_tokens` / `prompt_tokens`; target ≥ 0.85 with `prefix`), TTFT p50 and p95, and TTFT p50 of each run
 against run 4's (target ≤ 0.5 with `prefix`).
@@ -145,10 +150,66 @@ def measure(label: str, model: Path, systems: list[str] | None, seconds: float, 
         stop_process(served.process)
 
 
+def autoscaling(model: Path, load_seconds: float, idle_seconds: float, port: int) -> list[tuple[float, int]]:
+    """The deployment's replica count over time, (seconds since the load began, replicas) at each change,
+    under `load_seconds` of 4 long streams then idle until it is back to 1."""
+    served = serve(
+        port, MODELHOST_KV_CACHE_MB=KV_CACHE_MB, MODELHOST_SCALE_DOWN_IDLE_SECONDS=str(idle_seconds)
+    )
+    try:
+        deploy(
+            served, model, "text-generation", "chat", engine="transformers", min_replicas=1, max_replicas=2
+        )
+        headers = {"Authorization": f"Bearer {served.key}"}
+        listed = httpx.get(f"{served.url}/v1/deployments", headers=headers, timeout=30).json()["data"]
+        view = f"{served.url}/v1/deployments/{listed[0]['id']}"
+        body = {
+            "model": "chat",
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 1500,
+            "min_tokens": 1500,
+            "stream": True,
+        }
+        started = time.monotonic()
+        timeline = [(0.0, 1)]
+
+        async def load() -> None:
+            async def stream(http: httpx.AsyncClient) -> None:
+                while time.monotonic() - started < load_seconds:
+                    async with http.stream(
+                        "POST", "/v1/chat/completions", json=body, headers=headers
+                    ) as answer:
+                        async for _ in answer.aiter_lines():
+                            if time.monotonic() - started >= load_seconds:
+                                return  # the load stops at once: leaving ends the generation
+
+            async def watch() -> None:
+                async with httpx.AsyncClient(timeout=30) as http:
+                    while True:
+                        replicas = (await http.get(view, headers=headers)).json()["replicas"]
+                        if replicas != timeline[-1][1]:
+                            timeline.append((time.monotonic() - started, replicas))
+                        if time.monotonic() - started > load_seconds and replicas == 1:
+                            return
+                        if time.monotonic() - started > load_seconds + idle_seconds + 120:
+                            return  # never came back: the timeline says so
+                        await asyncio.sleep(1)
+
+            async with httpx.AsyncClient(base_url=served.url, timeout=600) as http:
+                await asyncio.gather(watch(), *(stream(http) for _ in range(4)))
+
+        asyncio.run(load())
+        return timeline
+    finally:
+        stop_process(served.process)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=40)
     parser.add_argument("--port", type=int, default=8390)
+    parser.add_argument("--load-seconds", type=float, default=60)
+    parser.add_argument("--idle-seconds", type=float, default=20)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="mh-bench-routing-"))
@@ -170,6 +231,7 @@ def main() -> None:
         run("prefix, 3 gateway processes", systems, MODELHOST_WORKERS="3"),
         run("no shared prefix (every prompt new), prefix, 1 process", None, MODELHOST_WORKERS="1"),
     ]
+    timeline = autoscaling(model, args.load_seconds, args.idle_seconds, args.port)
     unshared = runs[-1].percentile(0.5)
     figures = Figures("routing")
     rows = []
@@ -199,7 +261,13 @@ text-generation benchmark's 33 M model on the transformers engine, {PROMPTS} sys
 routed by prefix); TTFT p50 against the same traffic with no shared prefix (target ≤ 0.5).
 
 {table(HEADER, rows)}
+
+Autoscaling (`min_replicas` 1, `max_replicas` 2; 4 long streams for {args.load_seconds:g} s, then idle;
+`MODELHOST_SCALE_DOWN_IDLE_SECONDS={args.idle_seconds:g}`): replicas
+{" → ".join(f"{count} ({at:.0f} s)" for at, count in timeline)}.
 """
+    figures.add("autoscale.peak_replicas", max(count for _, count in timeline))
+    figures.add("autoscale.final_replicas", timeline[-1][1])
     write_section(args.out, MARKER, section, figures)
     print(section)
 
