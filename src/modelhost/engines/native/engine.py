@@ -139,6 +139,13 @@ class GenerationEngine(Engine[Sequence]):
         return not self.waiting and not self.prefilling and not self.running
 
     @property
+    def cache_usage(self) -> float:
+        """The fraction of the KV cache's slots that running and prefilling sequences hold: each holds
+        a whole slot (a whole context's memory) whatever its length, and at 1 new sequences wait. Free
+        slots keep prefixes for reuse, but any sequence may take them: they count as free."""
+        return (len(self.running) + len(self.prefilling)) / self.max_running
+
+    @property
     def held(self) -> int:
         """Sequences the engine holds, in any state."""
         return len(self.waiting) + len(self.prefilling) + len(self.running)
