@@ -426,6 +426,51 @@ def test_a_conversation_that_goes_on_reuses_its_cached_prefix_and_says_so_in_usa
     assert _metric(chat, "modelhost_prompt_tokens_cached_total") == before + cached
 
 
+def test_the_prefix_cache_counts_prompt_tokens_looked_up_and_found_on_metrics(chat: Chat) -> None:
+    """`modelhost_prefix_cache_{queries,hits}_tokens_total`: every started generation's prompt tokens,
+    and those its replica's engine took from its cache (what `usage` says per request)."""
+    system = {"role": "system", "content": "You name the rivers of european capitals, briefly. " * 4}
+    messages = [system, {"role": "user", "content": "which river runs through vienna?"}]
+    client = chat.client()
+    queries = _metric(chat, "modelhost_prefix_cache_queries_tokens_total")
+    hits = _metric(chat, "modelhost_prefix_cache_hits_tokens_total")
+    usages = []
+    for _ in range(2):  # the same prompt twice: the second finds all of it but its last token
+        answer = client.chat.completions.create(model="chat", messages=messages, max_tokens=4, temperature=0)
+        assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+        usages.append((answer.usage.prompt_tokens, answer.usage.prompt_tokens_details.cached_tokens or 0))
+    assert usages[1][1] == usages[1][0] - 1, usages
+    queried = _metric(chat, "modelhost_prefix_cache_queries_tokens_total") - queries
+    found = _metric(chat, "modelhost_prefix_cache_hits_tokens_total") - hits
+    assert (queried, found) == (sum(p for p, _ in usages), sum(c for _, c in usages))
+
+
+def test_the_kv_cache_usage_gauge_rises_while_a_generation_holds_a_slot_and_falls_after(chat: Chat) -> None:
+    """`modelhost_kv_cache_usage_ratio`: the replica's busy slots over its slots, one series per
+    replica process."""
+    assert _cache_usage(chat) == 0  # idle: every slot free (and the gauge there since the replica loaded)
+    tokens = 1900
+    stream = chat.client().chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=tokens, temperature=0, stream=True,
+        extra_body={"min_tokens": tokens},
+    )  # fmt: skip
+    for _, _chunk in zip(range(3), stream, strict=False):
+        pass  # the sequence runs: published before one of the engine's next steps
+    deadline = time.monotonic() + 5
+    while (busy := _cache_usage(chat)) <= 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stream.close()
+    assert 0 < busy <= 0.5, busy  # one sequence of a replica with more than one slot
+    deadline = time.monotonic() + 15
+    while (usage := _cache_usage(chat)) != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert usage == 0
+
+
+def _cache_usage(chat: Chat) -> float:
+    return deployment_metric(chat.http, "modelhost_kv_cache_usage_ratio", chat.deployment_id, missing=-1.0)
+
+
 def test_concurrent_requests_share_decoding_steps_and_each_gets_its_own_answer(chat: Chat) -> None:
     async def run() -> list[str]:
         client = chat.async_client()

@@ -397,6 +397,129 @@ def test_a_sequence_that_outgrows_its_length_bucket_generates_what_the_model_doe
     assert run(engine)[1] == tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
+TOPICS = ["cats", "dogs", "birds", "fish", "trees"]  # prefixes A..E: the template's header, then their own
+
+
+def chat_prompt(loaded: tuple[Any, Any], topic: str, question: str) -> list[int]:
+    """A chat prompt whose ~150-token system prompt differs from its first word: all that prompts of
+    different system prompts share is the template's `<|im_start|>system` header."""
+    tokenizer = loaded[1]
+    system = f"{topic} are what you answer questions about, in short and kind sentences. " * 6
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids
+
+
+def system_length(loaded: tuple[Any, Any], topic: str) -> int:
+    """Tokens of the prompt up to its user turn: what a prompt with the same system prompt shares."""
+    one, other = chat_prompt(loaded, topic, "why?"), chat_prompt(loaded, topic, "how so?")
+    return next(i for i, (a, b) in enumerate(zip(one, other, strict=False)) if a != b)
+
+
+def cached_of(engine: GenerationEngine, loaded: tuple[Any, Any], sid: int, prompt: list[int]) -> int:
+    """Run one chat request alone on `engine`; the prompt tokens it took from the cache."""
+    decoder = IncrementalDecoder(lambda ids: loaded[1].decode(ids, skip_special_tokens=True))
+    params = SamplingParams(max_tokens=8, min_tokens=8, temperature=0)
+    engine.add(Sequence(sid, prompt, params, decoder))
+    return started_events(run_events(engine))[sid].cached_tokens
+
+
+def test_a_replica_keeps_as_many_prefixes_as_it_has_free_slots(loaded: tuple[Any, Any]) -> None:
+    """Issue 62's sequence: after A, the requests A, B, A, B, C, A, A. Every prompt shares the template's
+    header, so a miss matches those few tokens somewhere; with 4 slots that must not cost A its prefix
+    (before, B's miss cut A's slot to the header: cached 976, 8, 8, 8, 8, 8, 976 on a real model)."""
+    engine = engine_of(loaded, max_running=4)
+    header = common_prefix_length(chat_prompt(loaded, "cats", "q"), chat_prompt(loaded, "dogs", "q"))
+    assert 0 < header < 12  # what the prefixes share: the template's first tokens only
+    order = ["cats", "cats", "dogs", "cats", "dogs", "fish", "cats", "cats"]
+    cached = [
+        cached_of(engine, loaded, sid, chat_prompt(loaded, topic, f"question number {sid}?"))
+        for sid, topic in enumerate(order)
+    ]
+    first_sight = {order.index(topic) for topic in order}
+    for sid, topic in enumerate(order):
+        if sid in first_sight:  # nothing, then the template's header
+            assert cached[sid] == (header if sid else 0), (sid, cached)
+        else:  # the whole system prompt, and the user turn's opening tokens
+            assert cached[sid] >= system_length(loaded, topic), (sid, cached)
+    assert engine.reused_tokens == sum(cached)
+
+
+def test_a_prefix_asked_again_reuses_its_own_slot_and_evicts_no_other(loaded: tuple[Any, Any]) -> None:
+    """A popular system prompt asked again and again must not fill the slots with copies of itself:
+    with 4 slots and 4 prefixes, all 4 stay; a fifth evicts the least recently used one."""
+    engine = engine_of(loaded, max_running=4)
+    sids = iter(range(100))
+
+    def cached(topic: str) -> int:
+        sid = next(sids)
+        return cached_of(engine, loaded, sid, chat_prompt(loaded, topic, f"question number {sid}?"))
+
+    for topic in TOPICS[:4]:
+        cached(topic)
+    for topic in ["cats", "cats", "cats", "dogs", "birds", "fish", "cats"]:
+        assert cached(topic) >= system_length(loaded, topic), topic
+    assert cached("trees") < 12  # a fifth prefix: it takes the least recently used slot (dogs')
+    assert cached("dogs") < 12
+    for topic in ["trees", "cats", "fish"]:
+        assert cached(topic) >= system_length(loaded, topic), topic
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def slot_cache(*held: list[int], first_free: int = 0) -> Any:
+    """A `SlotCache` holding `held` (no tensors: its choices only), slot i last used at time i + 1."""
+    from modelhost.engines.native.kv_cache import SlotCache
+
+    cache = SlotCache(len(held), 64, torch.device("cpu"), torch.float32)
+    for slot, tokens in enumerate(held):
+        cache.held[slot] = list(tokens)
+        cache.touch(slot)
+    return cache
+
+
+def test_a_short_match_leaves_the_slot_holding_more_and_takes_the_least_recently_used() -> None:
+    header, a, b = [1, 2], [10] * 20, [20] * 20
+    cache = slot_cache([*header, *a], [7, 7, 7])  # slot 0: A's prefix, used before slot 1's
+    cache.touch(0)  # A reused since: slot 1 is the least recently used
+    assert cache.admit([*header, *b, 5], 21, first_free=0) == 2
+    assert cache.held[0] == header  # the new sequence's slot, holding the match
+    assert cache.held[1] == [*header, *a]  # A kept: moved where slot 1's content was (evicted)
+
+
+def test_a_short_match_in_the_least_recently_used_slot_cuts_that_slot() -> None:
+    header, a, b = [1, 2], [10] * 20, [20] * 20
+    cache = slot_cache([*header, *a], [7, 7, 7])  # slot 0 is the least recently used
+    assert cache.admit([*header, *b, 5], 21, first_free=0) == 2
+    assert cache.held == [header, [7, 7, 7]]
+
+
+def test_a_match_covering_most_of_a_slot_takes_that_slot_whole() -> None:
+    prefix = list(range(1, 31))
+    cache = slot_cache([9, 9], [*prefix, 40, 41], [8, 8])  # slot 1: an earlier answer to the prefix
+    assert cache.admit([*prefix, 50, 51], 31, first_free=0) == 30
+    assert cache.held == [prefix, [9, 9], [8, 8]]  # nothing else lost; slot 0's content moved to 1
+
+
+def test_an_empty_slot_is_taken_before_any_that_holds_something() -> None:
+    cache = slot_cache([3, 3], [4, 4], [])
+    cache.touch(0)
+    cache.touch(1)
+    cache.held[2], cache.used[2] = [], 0
+    assert cache.admit([5, 6, 7], 2, first_free=1) == 0
+    assert cache.held == [[3, 3], [], [4, 4]]
+
+
+def test_a_prefix_held_by_a_running_sequence_is_copied_into_the_first_free_slot() -> None:
+    header, a = [1, 2], [10] * 20
+    cache = slot_cache([*header, *a, 99], [6, 6], [7, 7])  # slot 0 runs, 1 and 2 free, 1 the older
+    assert cache.admit([*header, *a, 5], 22, first_free=1) == 22
+    assert cache.held == [[*header, *a, 99], [*header, *a], [7, 7]]
+
+
 def test_the_cache_budget_sets_the_slots_and_a_full_queue_answers_overloaded(loaded: tuple[Any, Any]) -> None:
     from modelhost.engines.native.kv_cache import CacheLayout
     from modelhost.errors import Overloaded

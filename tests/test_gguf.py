@@ -416,6 +416,30 @@ def test_a_client_that_disconnects_stops_its_generation(served: Served) -> None:
     assert answer.choices[0].message.content == CONVERSATIONS["greeting"]["content"]
 
 
+def test_llamacpps_prefix_cache_is_counted_on_metrics_as_the_other_engines(served: Served) -> None:
+    """`modelhost_prefix_cache_{queries,hits}_tokens_total` from llama.cpp's own `cache_n`: the same
+    prompt twice, the second finds most of it in its slot."""
+    deployment = served.deployment["id"]
+    messages = [{"role": "user", "content": "Name three rivers of Europe, one word each. " * 3}]
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        queries = deployment_metric(http, "modelhost_prefix_cache_queries_tokens_total", deployment)
+        hits = deployment_metric(http, "modelhost_prefix_cache_hits_tokens_total", deployment)
+        usages = []
+        for _ in range(2):
+            answer = served.client().chat.completions.create(
+                model=MODEL,
+                messages=messages,
+                max_tokens=3,
+                temperature=0,  # type: ignore[arg-type]
+            )
+            assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+            usages.append((answer.usage.prompt_tokens, answer.usage.prompt_tokens_details.cached_tokens or 0))
+        queried = deployment_metric(http, "modelhost_prefix_cache_queries_tokens_total", deployment) - queries
+        found = deployment_metric(http, "modelhost_prefix_cache_hits_tokens_total", deployment) - hits
+    assert usages[1][1] > usages[1][0] // 2, usages
+    assert (queried, found) == (sum(p for p, _ in usages), sum(c for _, c in usages))
+
+
 def test_greedy_tokens_are_llamacpps_own_on_the_same_file(served: Served, gguf_dir: Path) -> None:
     """The deployment against a bare llama.cpp server of this process on the same file and the same
     token IDs: the same tokens."""

@@ -98,6 +98,9 @@ class Counter:
     def running(self, state: Any) -> int:
         return len(self.left)
 
+    def cache_usage(self, state: Any) -> None:
+        return None
+
 
 def left(n: int) -> Text:
     """`Counter`'s event for a step that leaves `n` to count."""

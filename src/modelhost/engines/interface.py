@@ -53,9 +53,10 @@ Submitted = TypeVar("Submitted", contravariant=True)
 class Engine(Protocol[Submitted]):
     """What the replica's loop and the handler that feeds it need of an engine they step: taking a
     request (in the engine's own shape, `Submitted`: ours takes a `Sequence`, which the handler builds),
-    whether it has work, how many sequences it holds (the `Stats` answer and the generating gauge),
-    cancelling one, one step, dropping everything after a step that failed, and a warm-up before the
-    first request; and its vocabulary and context, which the handler checks requests against."""
+    whether it has work, how many sequences it holds (the `Stats` answer and the generating gauge), how
+    full its KV cache is (`modelhost_kv_cache_usage_ratio`), cancelling one, one step, dropping everything
+    after a step that failed, and a warm-up before the first request; and its vocabulary and context,
+    which the handler checks requests against."""
 
     vocab_size: int  # the model's output rows: what a grammar's token mask covers
     context_length: int  # the longest sequence it holds, prompt and answer
@@ -69,6 +70,11 @@ class Engine(Protocol[Submitted]):
 
     @property
     def held(self) -> int: ...
+
+    @property
+    def cache_usage(self) -> float:
+        """The fraction of its KV cache that the sequences it holds take, 0 to 1."""
+        ...
 
     def cancel(self, sequence_id: int) -> None: ...
 

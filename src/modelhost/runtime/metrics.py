@@ -92,6 +92,31 @@ PROMPT_TOKENS_CACHED = Counter(
     "computing them.",
     ["deployment"],
 )
+# The engines' KV cache, as each replica's engine sees it (docs/operations.md, "Metrics"). One series per
+# replica process (`pid`): what a router or a dashboard compares is replicas, and the fullest one
+# (`max by (deployment)`) is what says that new requests will wait.
+KV_CACHE_USAGE = Gauge(
+    "modelhost_kv_cache_usage_ratio",
+    "Fraction of a replica's KV cache held by the sequences it runs and prefills (the transformers "
+    "engine: its busy slots over its slots, each slot a whole context; 1: new requests wait), one "
+    "series per replica process (`pid`).",
+    ["deployment"],
+    multiprocess_mode="liveall",
+)
+# Prompt tokens looked up in the engines' prefix caches and those found there, as vLLM counts its own
+# `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits`: hits over queries is the cache's hit rate.
+PREFIX_CACHE_QUERIES = Counter(
+    "modelhost_prefix_cache_queries_tokens_total",
+    "Prompt tokens of the generations a deployment's engines started, each looked up in its replica's "
+    "prefix cache.",
+    ["deployment"],
+)
+PREFIX_CACHE_HITS = Counter(
+    "modelhost_prefix_cache_hits_tokens_total",
+    "Prompt tokens a deployment's engines found in their replica's prefix cache (computed before) "
+    "instead of computing them.",
+    ["deployment"],
+)
 ENGINE = Gauge(
     "modelhost_deployment_engine",
     "1 for the engine (`transformers`, `vllm`) a deployment's replicas run, set when one loads.",

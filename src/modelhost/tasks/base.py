@@ -48,6 +48,10 @@ class StreamingTaskHandler(Protocol):
 
     def idle(self, state: Any) -> bool: ...
     def running(self, state: Any) -> int: ...
+    def cache_usage(self, state: Any) -> float | None:
+        """The fraction of the replica's KV cache its requests hold (`modelhost_kv_cache_usage_ratio`);
+        None for a handler without one."""
+        ...
 
 
 AnyTaskHandler = TaskHandler | StreamingTaskHandler

@@ -167,6 +167,9 @@ class TextGeneration:
     def running(self, state: ChatModel) -> int:
         return state.engine.held
 
+    def cache_usage(self, state: ChatModel) -> float:
+        return state.engine.cache_usage
+
 
 def chat_model(model: Any, tokenizer: Any, device: str, defaults: dict[str, Any]) -> ChatModel:
     """The engine over a loaded model, with what the handler needs of its tokenizer, the model's

@@ -90,6 +90,9 @@ class TextToVideo:
     def running(self, state: VideoModel) -> int:
         return len(state.waiting) + (state.running is not None)
 
+    def cache_usage(self, state: VideoModel) -> None:
+        return None  # a diffusion pipeline keeps no KV cache between requests
+
     def abort(self, state: VideoModel) -> list[int]:
         jobs = [*state.waiting, *([state.running] if state.running else [])]
         for job in jobs:

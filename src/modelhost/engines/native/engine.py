@@ -139,6 +139,13 @@ class GenerationEngine(Engine[Sequence]):
         return not self.waiting and not self.prefilling and not self.running
 
     @property
+    def cache_usage(self) -> float:
+        """The fraction of the KV cache's slots that running and prefilling sequences hold: each holds
+        a whole slot (a whole context's memory) whatever its length, and at 1 new sequences wait. Free
+        slots keep prefixes for reuse, but any sequence may take them: they count as free."""
+        return (len(self.running) + len(self.prefilling)) / self.max_running
+
+    @property
     def held(self) -> int:
         """Sequences the engine holds, in any state."""
         return len(self.waiting) + len(self.prefilling) + len(self.running)
@@ -200,18 +207,12 @@ class GenerationEngine(Engine[Sequence]):
 
     def _admit(self) -> None:
         """Waiting sequences take the next free slots; each starts from the longest prefix of its
-        prompt any slot holds (copied, or the whole slot swapped in when it is free)."""
+        prompt any slot holds (`SlotCache.admit` chooses which free slot it takes: one holding that
+        prefix, or the least recently used)."""
         while self.waiting and len(self.running) + len(self.prefilling) < self.max_running:
             sequence = self.waiting.popleft()
             target = len(self.running) + len(self.prefilling)
-            source, length = self.cache.longest_prefix(sequence.prompt, sequence.reusable)
-            if length and source >= target:  # a free slot: bring it here whole
-                self.cache.swap(source, target)
-                self.cache.held[target] = self.cache.held[target][:length]
-            elif length:
-                self.cache.copy_prefix(source, target, length)
-            else:
-                self.cache.held[target] = []
+            length = self.cache.admit(sequence.prompt, sequence.reusable, target)
             sequence.slot, sequence.cached_tokens = target, length
             self.reused_tokens += length
             self.prefilling.append(sequence)
@@ -404,7 +405,8 @@ class GenerationEngine(Engine[Sequence]):
 
     def _free(self, sequence: Sequence) -> None:
         """A sequence that left its slot: the slot moves past the prefilling ones (keeping running and
-        prefilling slots first), its contents stay for prefix reuse."""
+        prefilling slots first), its contents stay for prefix reuse, as used now."""
+        self.cache.touch(sequence.slot)
         if self.prefilling:
             last = max(self.prefilling, key=lambda s: s.slot)
             if last.slot > sequence.slot:

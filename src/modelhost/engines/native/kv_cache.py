@@ -8,8 +8,11 @@ scratch: padding rows and padding tokens write there, and no mask ever lets atte
 
 A slot keeps its keys and values after its sequence leaves, and `held` remembers which tokens they
 belong to, so a new prompt that starts with the same tokens (a shared system prompt, an agent's growing
-conversation) copies them instead of computing them again (`GenerationEngine` decides; see
-docs/generation.md).
+conversation) copies them instead of computing them again (see docs/generation.md). Which free slot a
+new sequence takes is `admit`'s choice: the one holding most of its prompt's prefix when little else is
+lost, else the least recently used one (`used`), so a replica keeps as many prefixes as it has free
+slots. Every chat prompt shares its template's first tokens: taking the slot of the longest match
+whatever it held would let such a short match wipe out a long prefix.
 
 The cache duck-types the part of transformers' `Cache` that decoder models call: `update(keys,
 values, layer_idx)` stores this forward's keys and values where the engine's `plan` says and returns
@@ -75,6 +78,8 @@ class SlotCache:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.held: list[list[int]] = [[] for _ in range(slots)]  # tokens whose keys/values each slot holds
+        self.used: list[int] = [0] * slots  # when each slot was last used, on `clock` (moves with `swap`)
+        self.clock = 0
         self.plan: Plan | None = None
 
     # ---------------------------------------------------------------- what the model calls
@@ -103,12 +108,20 @@ class SlotCache:
 
     # ---------------------------------------------------------------- moving slots
 
+    def touch(self, slot: int) -> None:
+        """`slot` was used now (its content reused, or a sequence joined or left it)."""
+        self.clock += 1
+        self.used[slot] = self.clock
+
     def copy_prefix(self, source: int, target: int, length: int) -> None:
-        """Make `target` hold the first `length` tokens of `source` (a reused prompt prefix)."""
+        """Make `target` hold the first `length` tokens of `source` (a reused prompt prefix); both count
+        as used now, the source first (a prefix just reused is worth keeping)."""
         for tensors in (self.keys, self.values):
             for layer in tensors:
                 layer[target, :, :length] = layer[source, :, :length]
         self.held[target] = self.held[source][:length]
+        self.touch(source)
+        self.touch(target)
 
     def swap(self, a: int, b: int) -> None:
         """Exchange two slots' contents (keeping the engine's running sequences in the first slots)."""
@@ -122,6 +135,41 @@ class SlotCache:
                     layer[a, :, :length] = layer[b, :, :length]
                     layer[b, :, :length] = saved
         self.held[a], self.held[b] = self.held[b], self.held[a]
+        self.used[a], self.used[b] = self.used[b], self.used[a]
+
+    def admit(self, tokens: list[int], limit: int, first_free: int) -> int:
+        """Ready slot `first_free` (slots from there on are free, the ones before busy) for a sequence
+        whose prompt is `tokens`, holding the longest prefix of it (at most `limit` tokens) any slot
+        holds; that length.
+
+        A free slot holding that prefix is taken as it is, cut to the match, when that loses less than
+        it keeps (the rest of an earlier answer to the same prompt) or when it is the least recently
+        used free slot anyway. Otherwise the sequence takes the least recently used free slot and the
+        prefix is copied there: a short match (the chat template's first tokens, shared by every
+        prompt) must not wipe out the long prefix after it. Either way the slot taken is swapped into
+        `first_free`."""
+        lengths = [common_prefix(held, tokens, limit) for held in self.held]
+        length = max(lengths, default=0)
+        victim = self.least_recently_used(first_free)
+        matches = [slot for slot in range(self.slots) if length and lengths[slot] == length]
+        # free slots whose content may be cut to the match: the least recently used, or one that
+        # loses less than it keeps
+        cheap = [s for s in matches if s >= first_free and (s == victim or len(self.held[s]) < 2 * length)]
+        if cheap:  # cut to the match: whatever it held beyond is lost
+            taken = source = min(cheap, key=lambda slot: len(self.held[slot]))
+        else:
+            taken, source = victim, next(iter(matches), -1)
+        self.swap(taken, first_free)
+        if taken != source and length:  # a swap moved the source only when it was at `first_free`
+            self.copy_prefix(taken if source == first_free else source, first_free, length)
+        self.held[first_free] = self.held[first_free][:length]
+        self.touch(first_free)
+        return length
+
+    def least_recently_used(self, first_free: int) -> int:
+        """The free slot (from `first_free` on) to give up first: an empty one, else the one used least
+        recently."""
+        return min(range(first_free, self.slots), key=lambda slot: (bool(self.held[slot]), self.used[slot]))
 
     def longest_prefix(self, tokens: list[int], limit: int) -> tuple[int, int]:
         """The slot holding the longest prefix of `tokens` (at most `limit` of them), and its length."""

@@ -30,7 +30,7 @@ import msgspec
 
 from modelhost import tracing
 from modelhost.engines.interface import BatchEngine, SelfSteppingEngine, StreamingEngine
-from modelhost.generation.contract import GenerationEvent, GenerationRequest, Text, failed
+from modelhost.generation.contract import GenerationEvent, GenerationRequest, GenerationStarted, Text, failed
 from modelhost.runtime import metrics
 from modelhost.runtime.replica_protocol import (
     Cancel,
@@ -80,6 +80,10 @@ class AsyncWorker:
         # and waiting requests are ours until their last event)
         self._generating = metrics.GENERATING.labels(deployment)
         self._generated_tokens = metrics.GENERATION_TOKENS.labels(deployment)
+        # their prefix caches as the transformers engine's: a request's prompt tokens and those its
+        # engine reused (vLLM's `num_cached_tokens`, llama.cpp's `cache_n`)
+        self._prefix_queries = metrics.PREFIX_CACHE_QUERIES.labels(deployment)
+        self._prefix_hits = metrics.PREFIX_CACHE_HITS.labels(deployment)
         self._numbers = itertools.count()
         self._peers: set[_Peer] = set()
         self._flush_scheduled: set[_Peer] = set()
@@ -171,6 +175,9 @@ class AsyncWorker:
 
         def emit(event: GenerationEvent) -> None:
             nonlocal counted
+            if isinstance(event, GenerationStarted):
+                self._prefix_queries.inc(event.prompt_tokens)
+                self._prefix_hits.inc(event.cached_tokens)
             if isinstance(event, Text) and event.completion_tokens > counted:
                 self._generated_tokens.inc(event.completion_tokens - counted)
                 counted = event.completion_tokens

@@ -156,13 +156,16 @@ class ReplicaHost:
         self._results: dict[Peer, list[Result]] = {}
         self._events: dict[Peer, list[Event]] = {}
         self._other: list[tuple[Peer, msgspec.Struct]] = []
-        self._published = (-1, -1)
+        self._published: tuple[int, int, float | None] = (-1, -1, None)
         # Sends what is outgoing now (the worker's transport sets it): a generation's `Started` goes out
         # before the handler prepares it, which is where a poisoned request kills a replica
         self.announce: Callable[[], None] = lambda: None
         self._queue_depth = metrics.QUEUE_DEPTH.labels(deployment)
         self._generating = metrics.GENERATING.labels(deployment)
         self._generated_tokens = metrics.GENERATION_TOKENS.labels(deployment)
+        self._cache_usage = metrics.KV_CACHE_USAGE.labels(deployment)
+        self._prefix_queries = metrics.PREFIX_CACHE_QUERIES.labels(deployment)
+        self._prefix_hits = metrics.PREFIX_CACHE_HITS.labels(deployment)
         self._batch_size = metrics.BATCH_SIZE.labels(deployment)
         self._inference_seconds = metrics.INFERENCE_SECONDS.labels(deployment)
 
@@ -330,8 +333,10 @@ class ReplicaHost:
             traceback.print_exc()
             failure = failed(f"{type(exc).__name__}: {exc}", internal=True)
             events = [(key, failure) for key in self._handler.abort(self._state)]
-        tokens = 0
+        tokens = queried = hits = 0
         for key, event in events:
+            if isinstance(event, GenerationStarted):  # its prompt looked up in the prefix cache
+                queried, hits = queried + event.prompt_tokens, hits + event.cached_tokens
             stream = self._streams.get(key)
             if stream is None:
                 continue  # cancelled meanwhile
@@ -346,17 +351,23 @@ class ReplicaHost:
             self._event(stream.peer, stream.id, event)
         if tokens:
             self._generated_tokens.inc(tokens)  # once a step: each write of a metric costs a lock
+        if queried:
+            self._prefix_queries.inc(queried)
+            self._prefix_hits.inc(hits)
 
     def _event(self, peer: Peer, request_id: int, event: GenerationEvent) -> None:
         self._events.setdefault(peer, []).append(Event(request_id, event))
 
     def _publish(self) -> None:
-        """Queue depth and held sequences as gauges, written only when they change."""
-        now = (self._queued, self.running)
+        """Queue depth, held sequences and the KV cache's use as gauges, written only when they change."""
+        usage = self._handler.cache_usage(self._state) if is_streaming(self._handler) else None
+        now = (self._queued, self.running, usage)
         if now != self._published:
             self._published = now
-            self._queue_depth.set(now[0])
-            self._generating.set(now[1])
+            self._queue_depth.set(self._queued)
+            self._generating.set(self.running)
+            if usage is not None:
+                self._cache_usage.set(usage)
 
     # ---------------------------------------------------------------- messages out
 
