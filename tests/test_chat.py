@@ -415,7 +415,7 @@ def test_a_conversation_that_goes_on_reuses_its_cached_prefix_and_says_so_in_usa
     client = chat.client()
     first = client.chat.completions.create(model="chat", messages=first_turn, max_tokens=4, temperature=0)
     assert first.usage is not None and first.usage.prompt_tokens_details is not None
-    before = _metric(chat, "modelhost_prompt_tokens_cached_total")
+    before = _metric(chat, "modelhost_prefix_cache_hits_tokens_total")
     reply = {"role": "assistant", "content": first.choices[0].message.content or ""}
     second_turn = [*first_turn, reply, {"role": "user", "content": "and in paris?"}]
     second = client.chat.completions.create(model="chat", messages=second_turn, max_tokens=4, temperature=0)
@@ -423,7 +423,7 @@ def test_a_conversation_that_goes_on_reuses_its_cached_prefix_and_says_so_in_usa
     cached = second.usage.prompt_tokens_details.cached_tokens or 0
     assert cached >= first.usage.prompt_tokens // 2, (cached, first.usage.prompt_tokens)
     assert cached < second.usage.prompt_tokens
-    assert _metric(chat, "modelhost_prompt_tokens_cached_total") == before + cached
+    assert _metric(chat, "modelhost_prefix_cache_hits_tokens_total") == before + cached
 
 
 def test_the_prefix_cache_counts_prompt_tokens_looked_up_and_found_on_metrics(chat: Chat) -> None:

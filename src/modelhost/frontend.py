@@ -27,9 +27,8 @@ from modelhost.generation.contract import GenerationEvent, GenerationRequest, Ge
 from modelhost.media.sources import MediaPolicy, load_media
 from modelhost.protocol.chat import ChatCompletionRequest, CompletionRequest
 from modelhost.protocol.tasks import MAX_MEDIA_INPUTS
-from modelhost.routing import DeploymentRef, split_key
+from modelhost.routing import DeploymentRef
 from modelhost.runtime.gateway.interface import Runtime
-from modelhost.runtime.metrics import PROMPT_TOKENS_CACHED
 
 Event = GenerationEvent
 Stream = AsyncGenerator[Event, None]
@@ -105,9 +104,6 @@ class Generation:
             await Streams(streams, []).close()
             raise failure
         opened = [f for f in firsts if not isinstance(f, BaseException)]
-        PROMPT_TOKENS_CACHED.labels(split_key(target.runtime_key)[0]).inc(
-            sum(f.cached_tokens for f in opened if isinstance(f, GenerationStarted))
-        )
         return Streams(streams, opened)
 
     async def whole(

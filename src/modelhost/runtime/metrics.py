@@ -86,12 +86,6 @@ GENERATION_TOKENS = Counter(
     "not their client was still there to read them; on vLLM, as its engine hands them to the replica.",
     ["deployment"],
 )
-PROMPT_TOKENS_CACHED = Counter(
-    "modelhost_prompt_tokens_cached_total",
-    "Prompt tokens a generation took from its replica's KV cache (a prefix computed before) instead of "
-    "computing them.",
-    ["deployment"],
-)
 # The engines' KV cache, as each replica's engine sees it (docs/operations.md, "Metrics"). One series per
 # replica process (`pid`): what a router or a dashboard compares is replicas, and the fullest one
 # (`max by (deployment)`) is what says that new requests will wait.
