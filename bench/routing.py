@@ -53,7 +53,7 @@ HEADER = [
     "TTFT p50 / no shared prefix",
     "failed",
 ]
-KV_CACHE_MB = "512"  # per replica: room for several 2048-token contexts of this model
+KV_CACHE_MB = "384"  # per replica: six 2048-token contexts of this model, fewer than the 8 prompts
 
 
 @dataclass

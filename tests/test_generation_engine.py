@@ -96,6 +96,24 @@ def test_cancel_frees_the_slot_before_the_next_step(loaded: tuple[Any, Any]) -> 
     assert {sid for sid, _ in events} == {2}  # the waiting one took the freed slot at once
 
 
+def test_cancelling_a_sequence_ahead_of_another_running_one_moves_the_cache_and_keeps_the_other(
+    loaded: tuple[Any, Any],
+) -> None:
+    """The running sequences close ranks (the last one's keys and values move into the cancelled one's
+    slot), outside a step: a client that leaves mid-stream once killed the replica here ("Inplace update
+    to inference tensor outside InferenceMode")."""
+    engine = engine_of(loaded)
+    engine.add(sequence(loaded, 1, "hello world", max_tokens=40, min_tokens=40))
+    engine.add(sequence(loaded, 2, "a photo", max_tokens=6, min_tokens=6))
+    for _ in range(3):
+        engine.step()
+    assert [s.id for s in engine.running] == [1, 2]
+    engine.cancel(1)
+    assert [s.id for s in engine.running] == [2] and engine.running[0].slot == 0
+    texts = run(engine, {0: []})
+    assert texts.get(2)
+
+
 def test_a_batch_line_waits_behind_interactive_sequences_for_a_slot(loaded: tuple[Any, Any]) -> None:
     engine = engine_of(loaded, max_running=1)
     engine.add(sequence(loaded, 1, "hello world", max_tokens=3, min_tokens=3))

@@ -168,6 +168,7 @@ class GenerationEngine(Engine[Sequence]):
         else:
             self.waiting.insert(first_low, sequence)
 
+    @torch.inference_mode()  # closing ranks moves cached keys and values: inference tensors
     def cancel(self, sequence_id: int) -> None:
         """Forget a sequence: before the next step starts, so its slot is free for that step."""
         self.waiting = deque(s for s in self.waiting if s.id != sequence_id)
