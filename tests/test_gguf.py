@@ -440,6 +440,30 @@ def test_llamacpps_prefix_cache_is_counted_on_metrics_as_the_other_engines(serve
     assert (queried, found) == (sum(p for p, _ in usages), sum(c for _, c in usages))
 
 
+def test_llamacpps_kv_cache_usage_is_its_busy_slots_over_its_slots(served: Served) -> None:
+    """`modelhost_kv_cache_usage_ratio` as the transformers engine's: above 0 while a stream holds a slot,
+    0 once it ends."""
+    deployment = served.deployment["id"]
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+
+        def usage() -> float:
+            return deployment_metric(http, "modelhost_kv_cache_usage_ratio", deployment, missing=-1.0)
+
+        stream = served.client().completions.create(
+            model=MODEL, prompt="a", max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
+        )
+        for _, _chunk in zip(range(3), stream, strict=False):
+            pass
+        deadline = time.monotonic() + 5
+        while (busy := usage()) <= 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stream.close()
+        deadline = time.monotonic() + 15
+        while (idle := usage()) != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert 0 < busy <= 1 and idle == 0, (busy, idle)
+
+
 def test_greedy_tokens_are_llamacpps_own_on_the_same_file(served: Served, gguf_dir: Path) -> None:
     """The deployment against a bare llama.cpp server of this process on the same file and the same
     token IDs: the same tokens."""

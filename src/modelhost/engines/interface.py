@@ -121,6 +121,11 @@ class StreamingEngine(AsyncEngine, Protocol):
         """Stop a request `generate` runs (its caller is gone, or cancelled it)."""
         ...
 
+    def cache_usage(self) -> float | None:
+        """How full its KV cache is now, 0 to 1 (`modelhost_kv_cache_usage_ratio`); None where the engine
+        does not say (vLLM here: its scheduler's figure is not read yet)."""
+        return None
+
 
 @runtime_checkable
 class BatchEngine(AsyncEngine, Protocol):

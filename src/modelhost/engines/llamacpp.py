@@ -163,6 +163,11 @@ class LlamaCppModel(LlamaCppServer, StreamingEngine):
         """One token's text in log-probabilities, as our engine writes it."""
         return functools.lru_cache(maxsize=65536)(lambda token: str(self.tokenizer.decode([token])))
 
+    def cache_usage(self) -> float:
+        """Busy slots over slots, as the transformers engine counts its own: each of llama.cpp's slots is
+        one context, and at 1 the next request waits at the gate."""
+        return (self.slots - self.gate.free) / self.slots
+
     async def generate(self, request_id: str, request: GenerationRequest, emit: Emit) -> None:
         """Run one request to its end, emitting our events (`_generate`)."""
         await _generate(self, request_id, request, emit)

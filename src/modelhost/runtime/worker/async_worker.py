@@ -84,6 +84,7 @@ class AsyncWorker:
         # engine reused (vLLM's `num_cached_tokens`, llama.cpp's `cache_n`)
         self._prefix_queries = metrics.PREFIX_CACHE_QUERIES.labels(deployment)
         self._prefix_hits = metrics.PREFIX_CACHE_HITS.labels(deployment)
+        self._cache_usage = metrics.KV_CACHE_USAGE.labels(deployment)
         self._numbers = itertools.count()
         self._peers: set[_Peer] = set()
         self._flush_scheduled: set[_Peer] = set()
@@ -139,6 +140,12 @@ class AsyncWorker:
             runs = sum(len(other.runs) for other in self._peers)
             self._send(peer, Stats(message.id, runs, self.running))
 
+    def _publish_usage(self) -> None:
+        """The engine's KV-cache use, as a generation takes or gives back its share (where it says)."""
+        usage = self.streaming.cache_usage() if self.streaming is not None else None
+        if usage is not None:
+            self._cache_usage.set(usage)
+
     async def _run(self, peer: _Peer, message: Run) -> None:
         """One batch-task request: `Started` as it goes to the engine (a replica that dies then fails
         it; one still waiting may go to another replica), then its output, or `Failed` where the engine
@@ -175,9 +182,10 @@ class AsyncWorker:
 
         def emit(event: GenerationEvent) -> None:
             nonlocal counted
-            if isinstance(event, GenerationStarted):
+            if isinstance(event, GenerationStarted):  # it holds its slot now
                 self._prefix_queries.inc(event.prompt_tokens)
                 self._prefix_hits.inc(event.cached_tokens)
+                self._publish_usage()
             if isinstance(event, Text) and event.completion_tokens > counted:
                 self._generated_tokens.inc(event.completion_tokens - counted)
                 counted = event.completion_tokens
@@ -208,6 +216,7 @@ class AsyncWorker:
         finally:
             self._generating.dec()
             peer.generations.pop(message.id, None)
+            self._publish_usage()
 
     def _event(self, peer: _Peer, request_id: int, event: GenerationEvent) -> None:
         """Events go out once per turn of the loop, gathered per connection (one frame for every stream
