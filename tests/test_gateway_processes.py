@@ -465,6 +465,55 @@ async def test_a_shared_prefix_reaches_the_replica_that_holds_it_from_either_gat
     await long
 
 
+async def test_a_replica_added_while_loaded_joins_every_gateway_process(
+    chat_two: tuple[Server, str], recipes: Path, tmp_path: Path
+) -> None:
+    """The helper process reached the deployment's one replica; the deployment then grows to two (its
+    `min_replicas` raised, as autoscaling adds one): the helper's next streams reach both (the second is
+    connected there too), which the replicas' own KV-cache gauges, one series per replica process, show."""
+    from tests.chat_model import long_context_copy
+
+    server, _ = chat_two
+    helper = server.gateways()[1]
+    grow = {"readiness": "warm", "min_replicas": 1, "max_replicas": 2}
+    deployment_id = await server.deploy(
+        long_context_copy(recipes, tmp_path), "text-generation", "grow", **grow
+    )
+    await server.ready(deployment_id)
+    body = {"model": "grow", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+    async def ask(extra: dict[str, Any]) -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            answer = await client.post(
+                "/v1/chat/completions", json={**body, **extra}, headers=bearer(server.key)
+            )
+            assert answer.status_code == 200, answer.text
+
+    await (await server.via(helper, lambda: ask({})))  # the helper connects to the one replica
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        patched = await client.patch(
+            f"/v1/deployments/{deployment_id}", json={"min_replicas": 2}, headers=bearer(server.key)
+        )
+        assert patched.status_code == 200, patched.text
+    await until(lambda: len(server.replicas(deployment_id)) == 2, timeout=60)
+    await server.ready(deployment_id)
+    long = {"max_tokens": 1200, "min_tokens": 1200, "temperature": 0}
+    streams = [await server.via(helper, lambda: ask(long)) for _ in range(4)]
+
+    def busy_replicas() -> int:
+        pattern = f'modelhost_kv_cache_usage_ratio{{deployment="{deployment_id}",pid="'
+        values = [
+            line.rsplit(" ", 1)[1] for line in server.metrics().splitlines() if line.startswith(pattern)
+        ]
+        return sum(float(v) > 0 for v in values)
+
+    await until(lambda: busy_replicas() == 2, timeout=30)  # least busy past the bound: both replicas
+    for stream in streams:
+        stream.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stream
+
+
 async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supervisor_and_delete_stops_it(
     chat_two: tuple[Server, str],
 ) -> None:

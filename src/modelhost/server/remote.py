@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,9 @@ from modelhost.server.control import (
 log = logging.getLogger("modelhost.server")
 Payload = dict[str, Any]
 TOUCH_SECONDS = 1.0
+# How often a request tries again to reach a replica the supervisor listed and this process could not
+# connect to yet (one that just started, or one on its way out)
+CONNECT_RETRY_SECONDS = 1.0
 
 
 class SupervisorLink(asyncio.Protocol):
@@ -149,6 +153,7 @@ class _Deployment:
     dispatcher: Dispatcher
     addresses: list[str] = field(default_factory=list)
     connections: list[ReplicaConnection] = field(default_factory=list)
+    next_connect: float = 0.0  # when a replica this process has no connection to is tried again
 
 
 class RemoteRuntime:
@@ -204,6 +209,12 @@ class RemoteRuntime:
         """The deployment with a live connection to each of its replicas, loading it first if need be."""
         deployment = self._deployment(deployment_id)
         if any(c.alive for c in deployment.connections):
+            # a replica added since (autoscaling, a replacement) joins this process's routing set: every
+            # gateway process must see the same replicas to route a prefix alike (runtime.gateway.routing)
+            missing = len(deployment.connections) < len(deployment.addresses)
+            if missing and time.monotonic() >= deployment.next_connect:
+                deployment.next_connect = time.monotonic() + CONNECT_RETRY_SECONDS
+                await self._connect(deployment)
             return deployment
         flight = self._acquiring.get(deployment_id)
         if flight is None:  # concurrent requests of a cold deployment share one `Acquire`
