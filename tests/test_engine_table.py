@@ -166,4 +166,7 @@ def test_the_check_finds_a_member_an_engine_dropped() -> None:
 
         def shutdown(self) -> None: ...
 
+        def cache_usage(self) -> float | None:
+            return None
+
     assert _missing(Forgetful, interface.StreamingEngine) == {"abort"}

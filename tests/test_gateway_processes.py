@@ -422,13 +422,13 @@ async def test_a_chat_stream_through_another_gateway_process_stops_when_its_clie
     assert 0 < server.sample("modelhost_generation_tokens_total", deployment_id) - computed < TOKENS
 
 
-async def test_a_shared_prefix_reaches_the_replica_that_holds_it_from_either_gateway_process(
+async def test_a_prompt_cache_key_reaches_the_replica_that_holds_its_prefix_from_either_gateway_process(
     chat_two: tuple[Server, str], recipes: Path, tmp_path: Path
 ) -> None:
     """Two replicas; a long generation holds the prefix's replica busy in the first gateway process,
     where least-in-flight would send the next requests to the other replica (and compute the prefix
-    again): routed by prefix, each request of either process finds it cached (docs/runtime.md,
-    "Routing")."""
+    again): routed by the caller's `prompt_cache_key`, each request of either process finds it cached
+    (docs/runtime.md, "Routing")."""
     from tests.chat_model import long_context_copy
 
     server, _ = chat_two
@@ -445,6 +445,7 @@ async def test_a_shared_prefix_reaches_the_replica_that_holds_it_from_either_gat
             "model": "pair",
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
             "max_tokens": 2,
+            "prompt_cache_key": "bergen-tides",
             **extra,
         }
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:

@@ -45,6 +45,16 @@ def test_chats_that_share_a_long_system_prompt_share_an_affinity_whatever_the_qu
     )
 
 
+def test_a_conversation_keeps_its_affinity_as_it_grows() -> None:
+    """Its system prompt and first message stay as turns are added: every turn goes where the earlier
+    ones are cached, however short the system prompt."""
+    first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
+    later = [*first, {"role": "assistant", "content": "hi!"}, {"role": "user", "content": "the tides?"}]
+    assert affinity_of(GenerationRequest(messages=first)) == affinity_of(GenerationRequest(messages=later))
+    other = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "good morning"}]
+    assert affinity_of(GenerationRequest(messages=first)) != affinity_of(GenerationRequest(messages=other))
+
+
 def test_what_the_client_says_places_the_request_before_its_prompt() -> None:
     """`prompt_cache_key`, else `user` (the Messages API's `metadata.user_id` arrives as `user`)."""
     assert affinity_of(chat("a", system="one", prompt_cache_key="team-7")) == affinity_of(

@@ -123,8 +123,8 @@ class StreamingEngine(AsyncEngine, Protocol):
 
     def cache_usage(self) -> float | None:
         """How full its KV cache is now, 0 to 1 (`modelhost_kv_cache_usage_ratio`); None where the engine
-        does not say (vLLM here: its scheduler's figure is not read yet)."""
-        return None
+        does not say."""
+        ...
 
 
 @runtime_checkable

@@ -99,6 +99,11 @@ class VllmModel(StreamingEngine):
         """Stop a request `generate` runs (its caller is gone, or cancelled it)."""
         await self.engine.abort(request_id)
 
+    def cache_usage(self) -> float | None:
+        """Not read yet: the engine runs with its statistics off (`disable_log_stats`), and its
+        scheduler's KV-cache use would need a stat logger of ours."""
+        return None
+
     async def warm_up(self) -> None:
         """One short generation before `Ready`: a model vLLM loads but cannot run (a head size its CPU
         kernels lack, say) fails its load with vLLM's reason, rather than every request later."""

@@ -1,11 +1,12 @@
 """Which replica a generation goes to: the one most likely to hold its prompt's prefix in its KV cache.
 
 A request's affinity is what the client says about it (`prompt_cache_key`, `user`, the Messages API's
-`metadata.user_id`) or, without that, a hash of its prompt's leading bytes: the tools and messages as the
-chat template receives them (tools and the system prompt come first in every template), or a completion's
-prompt, cut at `PREFIX_BYTES`. Two requests whose first `PREFIX_BYTES` agree share their leading
-tokens, which is what a prefix cache reuses; a conversation keeps its first turns as it grows, so its
-turns share an affinity too (a Responses chain included).
+`metadata.user_id`) or, without that, a hash of its prompt's leading bytes: the tools, the system
+messages and the first message after them, as the chat template receives them (tools and the system
+prompt come first in every template), or a completion's prompt, cut at `PREFIX_BYTES`. Requests that
+agree on those share their leading tokens, which is what a prefix cache reuses: a long system prompt
+decides alone (its first `PREFIX_BYTES`), and a conversation keeps its first message as it grows, so
+every turn of it (a Responses chain's included) goes where its earlier turns are cached.
 
 The replica is chosen by rendezvous hashing (highest random weight) of the affinity with each live
 replica's route (its socket path, or its Serve application's name): a pure function of the request and
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -46,7 +47,7 @@ def affinity_of(request: StreamRequest) -> str:
     if request.affinity:
         return "key:" + request.affinity
     if request.messages is not None:
-        lead = msgspec.json.encode([request.tools or [], request.messages])[:PREFIX_BYTES]
+        lead = msgspec.json.encode([request.tools or [], _leading(request.messages)])[:PREFIX_BYTES]
     elif isinstance(request.prompt, str):
         lead = request.prompt.encode()[:PREFIX_BYTES]
     elif request.prompt:
@@ -54,6 +55,15 @@ def affinity_of(request: StreamRequest) -> str:
     else:
         return ""
     return "prefix:" + hashlib.blake2b(lead, digest_size=16).hexdigest()
+
+
+def _leading(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The system (and developer) messages and the first message after them: what every later turn of
+    the conversation starts with too, whatever was said since."""
+    for index, message in enumerate(messages):
+        if message.get("role") not in ("system", "developer"):
+            return messages[: index + 1]
+    return messages
 
 
 def preferred(replicas: Sequence[T], affinity: str) -> T:
