@@ -27,6 +27,18 @@ def deployment_metric(http: httpx.Client, name: str, deployment_id: str, missing
     return missing
 
 
+def busiest_replica(exposition: str, name: str, deployment_id: str, missing: float = -1.0) -> float:
+    """The largest of a per-replica gauge's series (`pid`-labelled) for a deployment in a `/metrics`
+    text, as a dashboard's `max by (deployment)` reads it: a replica replaced earlier may still show a
+    series of its own."""
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in exposition.splitlines()
+        if line.startswith(f"{name}{{") and f'deployment="{deployment_id}"' in line
+    ]
+    return max(values, default=missing)
+
+
 async def new_account(
     client: httpx.AsyncClient, name: str = "acme", credits: float = 100.0
 ) -> dict[str, Any]:

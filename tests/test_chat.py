@@ -35,6 +35,7 @@ from tests.helpers import (
     ADMIN_KEY,
     assert_error,
     bearer,
+    busiest_replica,
     deploy_folder_sync,
     deployment_metric,
     push_folder_sync,
@@ -448,6 +449,7 @@ def test_the_prefix_cache_counts_prompt_tokens_looked_up_and_found_on_metrics(ch
 def test_the_kv_cache_usage_gauge_rises_while_a_generation_holds_a_slot_and_falls_after(chat: Chat) -> None:
     """`modelhost_kv_cache_usage_ratio`: the replica's busy slots over its slots, one series per
     replica process."""
+    chat.client().chat.completions.create(model="chat", messages=MESSAGES, max_tokens=1)  # loaded
     assert _cache_usage(chat) == 0  # idle: every slot free (and the gauge there since the replica loaded)
     tokens = 1900
     stream = chat.client().chat.completions.create(
@@ -468,7 +470,9 @@ def test_the_kv_cache_usage_gauge_rises_while_a_generation_holds_a_slot_and_fall
 
 
 def _cache_usage(chat: Chat) -> float:
-    return deployment_metric(chat.http, "modelhost_kv_cache_usage_ratio", chat.deployment_id, missing=-1.0)
+    return busiest_replica(
+        chat.http.get("/metrics").text, "modelhost_kv_cache_usage_ratio", chat.deployment_id
+    )
 
 
 def test_concurrent_requests_share_decoding_steps_and_each_gets_its_own_answer(chat: Chat) -> None:

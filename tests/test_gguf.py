@@ -39,6 +39,7 @@ from tests.helpers import (
     ADMIN_KEY,
     assert_error,
     bearer,
+    busiest_replica,
     deploy_folder_sync,
     deployment_metric,
     push_folder_sync,
@@ -441,26 +442,39 @@ def test_llamacpps_prefix_cache_is_counted_on_metrics_as_the_other_engines(serve
 
 
 def test_llamacpps_kv_cache_usage_is_its_busy_slots_over_its_slots(served: Served) -> None:
-    """`modelhost_kv_cache_usage_ratio` as the transformers engine's: above 0 while a stream holds a slot,
-    0 once it ends."""
+    """`modelhost_kv_cache_usage_ratio` as the transformers engine's: above 0 while streams hold slots,
+    0 once they end. Four streams per slot, one after another in each: the tiny model answers one in a
+    moment, so they hold the slots for longer than one scrape takes."""
     deployment = served.deployment["id"]
-    with httpx.Client(base_url=served.url, timeout=30) as http:
+    http = httpx.AsyncClient(base_url=served.url, timeout=30)
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 2000, "stream": True, "ignore_eos": True}
 
-        def usage() -> float:
-            return deployment_metric(http, "modelhost_kv_cache_usage_ratio", deployment, missing=-1.0)
+    async def usage() -> float:
+        metrics = (await http.get("/metrics")).text
+        return busiest_replica(metrics, "modelhost_kv_cache_usage_ratio", deployment)
 
-        stream = served.client().completions.create(
-            model=MODEL, prompt="a", max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
-        )
-        for _, _chunk in zip(range(3), stream, strict=False):
-            pass
-        deadline = time.monotonic() + 5
-        while (busy := usage()) <= 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        stream.close()
+    async def stream() -> None:
+        async with httpx.AsyncClient(base_url=served.url, timeout=120) as client:
+            for _ in range(4):
+                async with client.stream(
+                    "POST", "/v1/completions", json=body, headers=bearer(served.key)
+                ) as answer:
+                    async for _line in answer.aiter_lines():
+                        pass
+
+    async def run() -> tuple[float, float]:
+        streams = [asyncio.ensure_future(stream()) for _ in range(SLOTS)]
+        busy = -1.0
+        while busy <= 0 and not all(s.done() for s in streams):
+            busy = max(busy, await usage())
+        await asyncio.gather(*streams)
         deadline = time.monotonic() + 15
-        while (idle := usage()) != 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while (idle := await usage()) != 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await http.aclose()
+        return busy, idle
+
+    busy, idle = asyncio.run(run())
     assert 0 < busy <= 1 and idle == 0, (busy, idle)
 
 

@@ -168,6 +168,7 @@ class ReplicaHost:
         self._prefix_hits = metrics.PREFIX_CACHE_HITS.labels(deployment)
         self._batch_size = metrics.BATCH_SIZE.labels(deployment)
         self._inference_seconds = metrics.INFERENCE_SECONDS.labels(deployment)
+        self._publish()  # from the start: a scrape before the first request sees an idle replica
 
     # ---------------------------------------------------------------- messages in
 
