@@ -496,8 +496,12 @@ async def test_a_replica_added_while_loaded_joins_every_gateway_process(
             f"/v1/deployments/{deployment_id}", json={"min_replicas": 2}, headers=bearer(server.key)
         )
         assert patched.status_code == 200, patched.text
-    await until(lambda: len(server.replicas(deployment_id)) == 2, timeout=60)
-    await server.ready(deployment_id)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        view = f"/v1/deployments/{deployment_id}"
+        deadline = time.monotonic() + 120
+        while (await client.get(view, headers=bearer(server.key))).json()["replicas"] < 2:
+            assert time.monotonic() < deadline  # the second replica loaded (its address published)
+            await asyncio.sleep(0.2)
     long = {"max_tokens": 1200, "min_tokens": 1200, "temperature": 0}
     streams = [await server.via(helper, lambda: ask(long)) for _ in range(4)]
 
