@@ -397,6 +397,34 @@ async def test_two_gateways_share_one_serve_application_billed_once_and_it_outli
     ok(await chat(served, max_tokens=2))
 
 
+async def test_every_gateway_sends_a_prompts_prefix_to_the_same_serve_replica(served: Served) -> None:
+    """Serve's router in each gateway's handle ranks the actors by the prompt's affinity
+    (`serve_router.AffinityRouter`): a system prompt first sent through one gateway is found in the KV
+    cache of the replica that the other gateway sends it to, for every prompt (Serve's default router,
+    random between two, would find about half of them)."""
+    gw, app = served.gw, served.chat
+    bounds = {"min_replicas": 2, "max_replicas": 2}
+    ok(await gw.client.patch(f"/v1/deployments/{app}", json=bounds, headers=bearer(gw.key)))
+    try:
+        await until(lambda: running(app) == 2, timeout=90)
+        async with second_gateway(served) as (client, _):
+            for city in ("berlin", "paris", "vienna", "madrid", "lisbon", "oslo"):
+                system = {"role": "system", "content": f"You only talk about {city} and its rivers. " * 12}
+                request = {
+                    "model": "chat", "messages": [system, {"role": "user", "content": "hello"}],
+                    "max_tokens": 1, "temperature": 0,
+                }  # fmt: skip
+                first = ok(await gw.client.post("/v1/chat/completions", json=request, headers=bearer(gw.key)))
+                second = ok(await client.post("/v1/chat/completions", json=request, headers=bearer(gw.key)))
+                prompt = first["usage"]["prompt_tokens"]
+                assert first["usage"]["prompt_tokens_details"]["cached_tokens"] < prompt // 2, city  # new
+                assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt - 1, city
+    finally:
+        bounds = {"min_replicas": 1, "max_replicas": 1}
+        ok(await gw.client.patch(f"/v1/deployments/{app}", json=bounds, headers=bearer(gw.key)))
+        await until(lambda: running(app) == 1 and len(serve_replica_pids(app)) == 1, timeout=60)  # gone
+
+
 async def test_patching_readiness_rescales_the_serve_application_in_place(served: Served) -> None:
     gw, app = served.gw, served.chat
     assert running(app) == 1  # warm: Serve keeps one replica however long it idles

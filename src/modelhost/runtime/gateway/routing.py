@@ -40,8 +40,9 @@ class Routable(Protocol):
 T = TypeVar("T", bound=Routable)
 
 
-def affinity_of(request: StreamRequest) -> str:
-    """What places the request (empty: nothing, the least busy replica takes it)."""
+def affinity_of(request: StreamRequest | object) -> str:
+    """What places the request (empty: nothing, the least busy replica takes it; anything but a
+    generation has none)."""
     if not isinstance(request, GenerationRequest) or request.asks_tokenizer:
         return ""
     if request.affinity:
@@ -68,9 +69,12 @@ def _leading(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def preferred(replicas: Sequence[T], affinity: str) -> T:
     """The replica `affinity` belongs to among `replicas` (rendezvous hashing)."""
-    return max(
-        replicas, key=lambda r: hashlib.blake2b(f"{affinity}\0{r.route}".encode(), digest_size=8).digest()
-    )
+    return max(replicas, key=lambda r: weight(affinity, r.route))
+
+
+def weight(affinity: str, route: str) -> bytes:
+    """The replica with the highest weight for an affinity holds it (rendezvous hashing)."""
+    return hashlib.blake2b(f"{affinity}\0{route}".encode(), digest_size=8).digest()
 
 
 def choose(replicas: Sequence[T], affinity: str, max_imbalance: int) -> T:

@@ -54,6 +54,7 @@ import ray
 from ray import serve
 from ray._private import ray_constants
 from ray.exceptions import RayActorError, RayError, RayTaskError
+from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import RayServeException
 from ray.serve.handle import DeploymentHandle
 
@@ -86,6 +87,7 @@ from modelhost.runtime.replica_protocol import (
     ToReplica,
 )
 from modelhost.runtime.spec import DeploymentSpec
+from modelhost.runtime.supervisor import serve_router
 from modelhost.runtime.supervisor.launch import worker_launch
 from modelhost.runtime.worker.host import ReplicaHost
 from modelhost.runtime.worker.spawn import WORKER_ENV, WorkerProcess, start_worker
@@ -582,6 +584,18 @@ def reason_of(message: str) -> str:
     return lines[-1] if lines else message
 
 
+def request_router(settings: Settings) -> RequestRouterConfig:
+    """The deployment option that makes Serve route generations by their prompt's prefix
+    (`serve_router.AffinityRouter`), unless `MODELHOST_ROUTING_POLICY=least_busy` keeps Serve's default."""
+    if settings.routing_policy != "prefix":
+        return RequestRouterConfig()
+    options: dict[str, Any] = {  # Ray types the keyword arguments as dicts
+        "request_router_class": serve_router.ROUTER_CLASS,
+        "request_router_kwargs": {"max_imbalance": settings.routing_max_imbalance},
+    }
+    return RequestRouterConfig(**options)
+
+
 def autoscaling(
     readiness: str, min_replicas: int, max_replicas: int, idle_seconds: float, settings: Settings
 ) -> dict[str, Any]:
@@ -749,6 +763,7 @@ class RayServeReplica:
             max_ongoing_requests=max(MAX_ONGOING_REQUESTS, 2 * self._settings.max_batch_size),
             ray_actor_options=options,
             max_constructor_retry_count=CONSTRUCTOR_RETRIES,
+            request_router_config=request_router(self._settings),
         )(server)
         # `serve.run` gives each call a random code version, and a new code version restarts every
         # replica. A version named after what the replicas load lets Serve apply an autoscaling-only
