@@ -4,6 +4,7 @@ after the limit, deletion erasing the items."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from sqlalchemy import func, select
 
 from modelhost.errors import InvalidRequest, NotFound
 from modelhost.serving.responses.conversations import ConversationStore
+from modelhost.serving.responses.store import Scope
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from modelhost.store.models import Account, ConversationItem
@@ -18,7 +20,13 @@ from modelhost.store.models import Account, ConversationItem
 
 def message(number: int) -> dict[str, Any]:
     text = {"type": "input_text", "text": f"m{number}"}
-    return {"id": f"msg_{number}", "type": "message", "role": "user", "status": "completed", "content": [text]}
+    return {
+        "id": f"msg_{number}",
+        "type": "message",
+        "role": "user",
+        "status": "completed",
+        "content": [text],
+    }
 
 
 @pytest.fixture
@@ -52,22 +60,23 @@ def test_another_account_and_another_deployments_key_get_a_404(store: Conversati
     wide = store.create("acct_a", None, None, [])["id"]
     assert store.get("acct_a", frozenset({"dep_1", "dep_2"}), own)["id"] == own
     assert store.get("acct_a", None, own)["id"] == own  # the account key sees all its conversations
+    calls: tuple[Callable[[str, Scope, str], object], ...] = (
+        store.get,
+        lambda a, s, c: store.update(a, s, c, {}),
+        store.delete,
+        lambda a, s, c: store.add(a, s, c, [message(5)]),
+        lambda a, s, c: store.list_items(a, s, c, None, 5, "asc"),
+        lambda a, s, c: store.get_item(a, s, c, "msg_0"),
+        lambda a, s, c: store.delete_item(a, s, c, "msg_0"),
+    )
     for account, scope, conversation in (
         ("acct_b", None, own),
         ("acct_a", frozenset({"dep_2"}), own),
         ("acct_a", frozenset({"dep_1"}), wide),  # an account key's conversation: any deployment's turns
     ):
-        for call in (
-            lambda: store.get(account, scope, conversation),
-            lambda: store.update(account, scope, conversation, {}),
-            lambda: store.delete(account, scope, conversation),
-            lambda: store.add(account, scope, conversation, [message(5)]),
-            lambda: store.list_items(account, scope, conversation, None, 5, "asc"),
-            lambda: store.get_item(account, scope, conversation, "msg_0"),
-            lambda: store.delete_item(account, scope, conversation, "msg_0"),
-        ):
+        for call in calls:
             with pytest.raises(NotFound):
-                call()
+                call(account, scope, conversation)
         with pytest.raises(NotFound) as refused:
             store.context(account, scope, conversation, [])
         assert refused.value.param == "conversation"

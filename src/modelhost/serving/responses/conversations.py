@@ -73,7 +73,9 @@ class ConversationStore:
         """Delete the conversation and erase its items."""
         with self._database.transaction() as session:
             self._row(session, account_id, scope, conversation_id)
-            session.execute(delete(ConversationItem).where(ConversationItem.conversation_id == conversation_id))
+            session.execute(
+                delete(ConversationItem).where(ConversationItem.conversation_id == conversation_id)
+            )
             session.execute(delete(Conversation).where(Conversation.id == conversation_id))
 
     # ---------------------------------------------------------------- items
@@ -92,7 +94,9 @@ class ConversationStore:
             try:
                 row = self._row(session, account_id, scope, conversation_id)
             except NotFound:
-                raise NotFound(f"Conversation with id {conversation_id!r} not found.", param="conversation") from None
+                raise NotFound(
+                    f"Conversation with id {conversation_id!r} not found.", param="conversation"
+                ) from None
             if row.item_count + len(adding) > self.max_items:
                 raise self._full("input")
             items = self._items(session, conversation_id)
@@ -107,7 +111,8 @@ class ConversationStore:
                 return False
             taken = self._ids(session, conversation_id, items)
             fresh = [
-                {**item, "id": item_id(PREFIXES.get(item["type"], "item"))} if item["id"] in taken else item for item in items
+                {**item, "id": item_id(PREFIXES.get(item["type"], "item"))} if item["id"] in taken else item
+                for item in items
             ]
             self._insert(session, conversation_id, fresh)
             return True
@@ -138,7 +143,7 @@ class ConversationStore:
     def get_item(self, account_id: str, scope: Scope, conversation_id: str, item: str) -> Item:
         with self._database.transaction() as session:
             self._row(session, account_id, scope, conversation_id)
-            found = session.execute(
+            found: Item | None = session.execute(
                 select(ConversationItem.item).where(
                     ConversationItem.conversation_id == conversation_id, ConversationItem.item_id == item
                 )
@@ -168,7 +173,13 @@ class ConversationStore:
     # ---------------------------------------------------------------- inside a transaction
 
     def _add(
-        self, session: Session, account_id: str, scope: Scope, conversation_id: str, items: list[Item], name: str
+        self,
+        session: Session,
+        account_id: str,
+        scope: Scope,
+        conversation_id: str,
+        items: list[Item],
+        name: str,
     ) -> list[Item]:
         # the guarded UPDATE first: it takes the write lock before anything is read (SQLite, PostgreSQL)
         if not self._reserve(session, conversation_id, len(items), limited=True):
@@ -198,7 +209,9 @@ class ConversationStore:
         ).scalar_one()
         start = end - len(items)
         session.add_all(
-            ConversationItem(conversation_id=conversation_id, position=start + i, item_id=item["id"], item=item)
+            ConversationItem(
+                conversation_id=conversation_id, position=start + i, item_id=item["id"], item=item
+            )
             for i, item in enumerate(items)
         )
 

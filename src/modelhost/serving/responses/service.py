@@ -21,6 +21,7 @@ from modelhost.generation.choices import ChatChoice, tool_schemas
 from modelhost.generation.contract import GenerationRequest
 from modelhost.protocol.responses import ResponseCreateRequest
 from modelhost.routing import split_key
+from modelhost.serving.responses.conversations import ConversationStore
 from modelhost.serving.responses.items import (
     OutputAssembler,
     chat_request,
@@ -29,7 +30,6 @@ from modelhost.serving.responses.items import (
     input_items,
     settings_of,
 )
-from modelhost.serving.responses.conversations import ConversationStore
 from modelhost.serving.responses.store import INTERRUPTED, ResponseStore, Scope, response_view
 from modelhost.store.models import StoredResponse
 from modelhost.store.types import new_id, utcnow
@@ -136,7 +136,9 @@ class Responses:
             previous = body.previous_response_id
             context = await asyncio.to_thread(self.store.chain, account_id, scope, previous)
         elif conversation is not None:
-            context = await asyncio.to_thread(self.conversations.context, account_id, scope, conversation, items)
+            context = await asyncio.to_thread(
+                self.conversations.context, account_id, scope, conversation, items
+            )
         chat = chat_request(body, [*context, *items])
         requests, mode = await self._generation.chat(
             chat,
