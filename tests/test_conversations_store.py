@@ -109,6 +109,9 @@ def test_an_item_larger_than_the_limit_is_refused(store: ConversationStore) -> N
     with pytest.raises(InvalidRequest) as refused:
         store.create("acct_a", None, None, [message(0), big])
     assert refused.value.code == "item_too_large" and refused.value.param == "items[1]"
+    with pytest.raises(InvalidRequest) as long_id:  # a client's function call id: PostgreSQL's column
+        store.create("acct_a", None, None, [{**message(0), "id": "fc_" + "x" * 62}])
+    assert long_id.value.param == "items[0].id"
 
 
 def test_an_id_already_in_the_conversation_is_refused_and_a_turn_gets_a_fresh_one(

@@ -25,6 +25,7 @@ from modelhost.store.models import Conversation, ConversationItem
 from modelhost.store.types import new_id, unix_seconds, utcnow
 
 Item = dict[str, Any]
+MAX_ID_LENGTH = 64  # `conversation_items.item_id`
 PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 
 
@@ -252,8 +253,13 @@ class ConversationStore:
     # ---------------------------------------------------------------- checks
 
     def _check(self, items: list[Item], name: str) -> None:
-        """Each item within the size limit."""
+        """Each item within the size limit, its id (a client's, for function calls) within the column."""
         for index, item in enumerate(items):
+            if len(item["id"]) > MAX_ID_LENGTH:
+                raise InvalidRequest(
+                    f"{name}[{index}].id is longer than {MAX_ID_LENGTH} characters.",
+                    param=f"{name}[{index}].id",
+                )
             if len(orjson.dumps(item)) > self.max_item_bytes:
                 raise InvalidRequest(
                     f"{name}[{index}] is larger than this server's {self.max_item_bytes} bytes per "
