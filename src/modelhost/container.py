@@ -60,6 +60,7 @@ from modelhost.services.files import FileService, FileStore, file_secret
 from modelhost.services.keys import KeyService
 from modelhost.services.sessions import SessionService
 from modelhost.services.users import UserService
+from modelhost.serving.responses.conversations import ConversationStore
 from modelhost.serving.responses.service import Responses
 from modelhost.serving.responses.store import ResponseStore
 from modelhost.store import migrate
@@ -262,6 +263,9 @@ class Services:
             billing=billing,
             responses=Responses(
                 ResponseStore(database, settings.response_stale_seconds),
+                ConversationStore(
+                    database, settings.conversation_max_items, settings.conversation_max_item_bytes
+                ),
                 generation,
                 settings.response_stale_seconds,
             ),

@@ -251,8 +251,12 @@ class ResponseCreateRequest(StrictModel):
     moderation: dict[str, Any] | None = None
     access_programs: dict[str, Any] | None = None
     image: dict[str, Any] | None = None
-    # Refused when set (they need OpenAI-side objects we do not have): a 400 naming the field.
-    conversation: str | dict[str, Any] | None = None
+    conversation: str | dict[str, Any] | None = Field(
+        default=None,
+        description="A conversation's ID (or `{id}`): its items come first, and this turn's input and "
+        "output are appended to it. Not with `previous_response_id`.",
+    )
+    # Refused when set (it needs OpenAI-side objects we do not have): a 400 naming the field.
     prompt: dict[str, Any] | None = None
 
 
@@ -344,6 +348,9 @@ class ResponseObject(BaseModel):
     max_output_tokens: int | None = None
     metadata: dict[str, str] = {}
     reasoning: dict[str, Any] | None = None
+    conversation: dict[str, str] | None = Field(
+        default=None, description="`{id}` of the conversation this turn was appended to."
+    )
 
 
 class ResponseDeleted(BaseModel):

@@ -38,9 +38,8 @@ from modelhost.protocol.responses import (
 Item = dict[str, Any]
 Event = dict[str, Any]
 
-# Fields that would need objects only OpenAI has (stored prompts, conversations): refused when set.
+# Fields that would need objects only OpenAI has (stored prompts): refused when set.
 REFUSED = {
-    "conversation": "Conversations are not stored here; chain responses with previous_response_id.",
     "prompt": "Stored prompt templates are not available here; send the input itself.",
 }
 
@@ -52,13 +51,14 @@ def item_id(prefix: str) -> str:
 # ---------------------------------------------------------------- input items
 
 
-def input_items(body: ResponseCreateRequest) -> list[Item]:
-    """This request's input as stored items (each with an id), checked: 400s name `input`."""
-    if isinstance(body.input, str):
-        return [_message("user", body.input)]
+def input_items(given: str | list[Any], name: str = "input") -> list[Item]:
+    """A request's input (or a conversation's added `items`: `name`) as stored items, each with an id,
+    checked: 400s name `name[i]`."""
+    if isinstance(given, str):
+        return [_message("user", given)]
     items: list[Item] = []
-    for index, item in enumerate(body.input):
-        param = f"input[{index}]"
+    for index, item in enumerate(given):
+        param = f"{name}[{index}]"
         if isinstance(item, MessageItem):
             items.append(_message_of(item.role, item.content, param))
         elif isinstance(item, FunctionCallItem):
@@ -293,7 +293,19 @@ def settings_of(body: ResponseCreateRequest) -> Item:
         "reasoning": _reasoning_settings(body),
         "store": body.store is not False,
         "user": body.user,
+        "conversation": {"id": conversation} if (conversation := conversation_id(body)) else None,
     }
+
+
+def conversation_id(body: ResponseCreateRequest) -> str | None:
+    """The `conversation` a response continues: its ID, or an object with its `id` (OpenAI's two forms)."""
+    given = body.conversation
+    if given is None or isinstance(given, str):
+        return given
+    if not isinstance(given.get("id"), str):
+        raise InvalidRequest("conversation: give its ID, or an object with its `id`.", param="conversation")
+    identifier: str = given["id"]
+    return identifier
 
 
 def _reasoning_settings(body: ResponseCreateRequest) -> Item:

@@ -21,9 +21,11 @@ from modelhost.generation.choices import ChatChoice, tool_schemas
 from modelhost.generation.contract import GenerationRequest
 from modelhost.protocol.responses import ResponseCreateRequest
 from modelhost.routing import split_key
+from modelhost.serving.responses.conversations import ConversationStore
 from modelhost.serving.responses.items import (
     OutputAssembler,
     chat_request,
+    conversation_id,
     image_params,
     input_items,
     settings_of,
@@ -58,6 +60,7 @@ class Prepared:
     engine_request: GenerationRequest
     mode: str
     tool_names: list[str]
+    conversation_id: str | None = None  # the conversation this turn is appended to once it has finished
     created_at: datetime = field(default_factory=utcnow)  # when the request came, stored as such
     tool_schemas: dict[str, Any] = field(default_factory=dict)  # `ChatChoice.tool_schemas`
 
@@ -95,8 +98,15 @@ class Opened:
 
 
 class Responses:
-    def __init__(self, store: ResponseStore, generation: Generation, stale_seconds: float) -> None:
+    def __init__(
+        self,
+        store: ResponseStore,
+        conversations: ConversationStore,
+        generation: Generation,
+        stale_seconds: float,
+    ) -> None:
         self.store = store
+        self.conversations = conversations
         self._generation = generation
         self._beat_seconds = heartbeat_seconds(stale_seconds)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -115,10 +125,20 @@ class Responses:
         if body.background and not store:
             raise InvalidRequest("background responses are stored: set store to true.", param="background")
         context: list[Any] = []
+        items = input_items(body.input)
+        conversation = conversation_id(body)
+        if conversation is not None and body.previous_response_id:
+            raise InvalidRequest(
+                "Mutually exclusive parameters: give either previous_response_id or conversation.",
+                param="conversation",
+            )
         if body.previous_response_id:
             previous = body.previous_response_id
             context = await asyncio.to_thread(self.store.chain, account_id, scope, previous)
-        items = input_items(body)
+        elif conversation is not None:
+            context = await asyncio.to_thread(
+                self.conversations.context, account_id, scope, conversation, items
+            )
         chat = chat_request(body, [*context, *items])
         requests, mode = await self._generation.chat(
             chat,
@@ -141,6 +161,7 @@ class Responses:
             engine_request=requests[0],
             mode=mode,
             tool_names=[t.function.name for t in chat.tools or []],
+            conversation_id=conversation,
             tool_schemas=tool_schemas(chat.tools or []),
         )
 
@@ -176,6 +197,9 @@ class Responses:
         else:
             status = "incomplete" if assembler.incomplete_reason else "completed"
             outcome["incomplete_reason"] = assembler.incomplete_reason
+        if prepared.conversation_id is not None and status != "failed":
+            turn = [*prepared.input_items, *assembler.output]
+            await asyncio.to_thread(self.conversations.append, prepared.conversation_id, turn)
         final = prepared.view(status, **outcome)
         if record:
             final = await asyncio.to_thread(self._store, prepared, status, outcome)
