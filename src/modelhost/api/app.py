@@ -36,6 +36,7 @@ from modelhost.api.routes import (
     images,
     keys,
     messages,
+    mcp_servers,
     models,
     rerank,
     responses,
@@ -118,6 +119,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         usage.router,
         audit.router,
         users.router,
+        mcp_servers.router,
         auth.router,
         console.router,
     ):
