@@ -129,8 +129,8 @@ class Responses:
             previous = body.previous_response_id
             context = await asyncio.to_thread(self.store.chain, account_id, scope, previous)
         items = input_items(body)
-        requests = mcp_requests(body)
-        toolset = await self._mcp.open(account_id, requests) if requests else None
+        servers = mcp_requests(body)
+        toolset = await self._mcp.open(account_id, servers) if servers else None
         pre_output = [mcp.listing(label, tools) for label, tools in toolset.listings] if toolset else []
         pre_output += await self._approved_calls(body, account_id, toolset, context)
         chat = chat_request(body, [*context, *items, *pre_output], toolset.functions() if toolset else None)
