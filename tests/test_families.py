@@ -478,7 +478,7 @@ def test_a_responses_mcp_tool_is_called_and_the_model_answers_from_its_result_wh
 ) -> None:
     question, weather, answer = _loop("qwen3", "agents_sdk")
     client = served.client()
-    body: Any = dict(model="qwen3", input=question, tools=[_mcp_tool(weather_mcp)], temperature=0)
+    body: Any = dict(model="qwen3", input=question, tools=[_mcp_tool(weather_mcp)], temperature=0, max_output_tokens=256)
     weather_mcp.calls.clear()
     weather_mcp.requests.clear()
     response = client.responses.create(**body)
@@ -567,6 +567,49 @@ def test_an_mcp_url_on_a_private_address_the_operator_did_not_allow_is_refused_b
     assert isinstance(error, dict) and error["code"] == "mcp_server_refused", error
     assert error["param"] == "tools[0].server_url" and "MODELHOST_MEDIA_ALLOW_NETWORKS" in error["message"]
     assert weather_mcp.requests == []
+
+
+def test_an_anthropic_clients_mcp_connector_calls_the_tool_and_the_model_answers_whole_and_streamed(
+    served: Served, weather_mcp: McpTestServer
+) -> None:
+    """The beta MCP connector: `mcp_tool_use` and `mcp_tool_result` blocks, then the trained answer; the
+    `authorization_token` reaches the MCP server as a bearer token."""
+    question, weather, answer = _loop("qwen3", "agents_sdk")
+    client = anthropic.Anthropic(base_url=served.url, api_key=served.key, max_retries=0, timeout=120)
+    server: Any = {
+        "type": "url",
+        "url": weather_mcp.url,
+        "name": "weather",
+        "authorization_token": "weather-token",
+        "tool_configuration": {"allowed_tools": ["get_weather"]},
+    }
+    body: Any = dict(
+        model="qwen3",
+        max_tokens=256,
+        messages=[{"role": "user", "content": question}],
+        mcp_servers=[server],
+        betas=["mcp-client-2025-04-04"],
+        extra_body={"temperature": 0},
+    )
+    for streamed in (False, True):
+        weather_mcp.calls.clear()
+        weather_mcp.requests.clear()
+        if streamed:
+            with client.beta.messages.stream(**body) as stream:
+                text = "".join(stream.text_stream)
+                message = stream.get_final_message()
+            assert text.strip() == answer
+        else:
+            message = client.beta.messages.create(**body)
+        kinds = [block.type for block in message.content]
+        assert "mcp_tool_use" in kinds and "tool_use" not in kinds and kinds[-1] == "text", message.model_dump_json()
+        use = message.content[kinds.index("mcp_tool_use")]
+        result = message.content[kinds.index("mcp_tool_result")]
+        assert (use.name, use.input, use.server_name) == ("get_weather", {"city": "Paris"}, "weather")  # type: ignore[union-attr]
+        assert result.tool_use_id == use.id and not result.is_error  # type: ignore[union-attr]
+        assert result.content[0].text == weather  # type: ignore[union-attr,index]
+        assert message.content[-1].text.strip() == answer and message.stop_reason == "end_turn"  # type: ignore[union-attr]
+        _assert_called_once_with_the_token(weather_mcp)
 
 
 async def test_an_agents_sdk_agent_with_a_hosted_mcp_tool_gets_the_models_answer(

@@ -156,7 +156,6 @@ def test_sampling_stop_sequences_and_tool_choice_map_onto_the_chat_request() -> 
         ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
         ({"tool_choice": {"type": "any"}}, "tool_choice"),
         ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "other"}}, "tool_choice.name"),
-        ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers"),
         (
             {"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]},
             "messages[0].content[0]",
