@@ -478,7 +478,7 @@ def test_a_responses_mcp_tool_is_called_and_the_model_answers_from_its_result_wh
 ) -> None:
     question, weather, answer = _loop("qwen3", "agents_sdk")
     client = served.client()
-    body: Any = dict(model="qwen3", input=question, tools=[_mcp_tool(weather_mcp)], temperature=0, max_output_tokens=256)
+    body: Any = dict(model="qwen3", input=question, tools=[_mcp_tool(weather_mcp)], temperature=0)
     weather_mcp.calls.clear()
     weather_mcp.requests.clear()
     response = client.responses.create(**body)
@@ -581,11 +581,11 @@ def test_an_anthropic_clients_mcp_connector_calls_the_tool_and_the_model_answers
         "url": weather_mcp.url,
         "name": "weather",
         "authorization_token": "weather-token",
-        "tool_configuration": {"allowed_tools": ["get_weather"]},
+        "tool_configuration": {"allowed_tools": ["get_weather", "fail_always"]},
     }
     body: Any = dict(
         model="qwen3",
-        max_tokens=256,
+        max_tokens=64,
         messages=[{"role": "user", "content": question}],
         mcp_servers=[server],
         betas=["mcp-client-2025-04-04"],
@@ -602,7 +602,9 @@ def test_an_anthropic_clients_mcp_connector_calls_the_tool_and_the_model_answers
         else:
             message = client.beta.messages.create(**body)
         kinds = [block.type for block in message.content]
-        assert "mcp_tool_use" in kinds and "tool_use" not in kinds and kinds[-1] == "text", message.model_dump_json()
+        assert "mcp_tool_use" in kinds and "tool_use" not in kinds and kinds[-1] == "text", (
+            message.model_dump_json()
+        )
         use = message.content[kinds.index("mcp_tool_use")]
         result = message.content[kinds.index("mcp_tool_result")]
         assert (use.name, use.input, use.server_name) == ("get_weather", {"city": "Paris"}, "weather")  # type: ignore[union-attr]

@@ -21,7 +21,9 @@ async def test_an_account_has_no_mcp_servers_until_its_admin_lists_them(client: 
     expected = {"urls": ["http://10.0.0.5:8080/tools", "https://mcp.example.com/mcp"]}
     assert put.json() == expected
     assert (await client.get("/v1/mcp-servers", headers=bearer(key))).json() == expected
-    audit = (await client.get("/v1/audit", params={"action": "mcp_servers.updated"}, headers=bearer(key))).json()
+    audit = (
+        await client.get("/v1/audit", params={"action": "mcp_servers.updated"}, headers=bearer(key))
+    ).json()
     (row,) = audit["data"]
     assert row["changes"]["urls"] == {"before": [], "after": expected["urls"]}
 
@@ -43,7 +45,11 @@ async def test_the_operator_sees_and_sets_any_accounts_list_and_a_missing_accoun
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 @pytest.mark.parametrize(
     ("url", "why"),
-    [("ftp://x.example/mcp", "http"), ("https://user:pw@x.example/mcp", "credentials"), ("not a url", "http")],
+    [
+        ("ftp://x.example/mcp", "http"),
+        ("https://user:pw@x.example/mcp", "credentials"),
+        ("not a url", "http"),
+    ],
 )
 async def test_a_url_that_is_not_a_plain_http_url_is_a_400_naming_it(
     client: httpx.AsyncClient, url: str, why: str
