@@ -4,12 +4,18 @@ each change audited. The hosted MCP tools themselves run end to end in tests/tes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 
+from modelhost.container import Services
 from modelhost.errors import InvalidRequest
 from modelhost.mcp.allowlist import normalised, permits
+from modelhost.mcp.tools import McpRequest, McpTools
+from modelhost.media.fetch import FetchPolicy, parse_networks
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account
+from tests.mcp_server import McpTestServer, mcp_server
 
 
 async def test_an_account_has_no_mcp_servers_until_its_admin_lists_them(client: httpx.AsyncClient) -> None:
@@ -22,7 +28,7 @@ async def test_an_account_has_no_mcp_servers_until_its_admin_lists_them(client: 
     assert put.json() == expected
     assert (await client.get("/v1/mcp-servers", headers=bearer(key))).json() == expected
     audit = (
-        await client.get("/v1/audit", params={"action": "mcp_servers.updated"}, headers=bearer(key))
+        await client.get("/v1/audit", params={"action": "account.mcp_servers_updated"}, headers=bearer(key))
     ).json()
     (row,) = audit["data"]
     assert row["changes"]["urls"] == {"before": [], "after": expected["urls"]}
@@ -89,3 +95,58 @@ def test_a_bad_server_url_is_an_invalid_request_naming_its_field() -> None:
     with pytest.raises(InvalidRequest) as bad:
         permits([], "file:///etc/passwd", "tools[0].server_url")
     assert bad.value.param == "tools[0].server_url"
+
+
+# ---------------------------------------------------------------- the client against a real MCP server
+
+
+@pytest.fixture(scope="module")
+def weather_server() -> Iterator[McpTestServer]:
+    with mcp_server() as server:
+        yield server
+
+
+def _weather(url: str) -> McpRequest:
+    headers = {"Authorization": "Bearer t"}
+    return McpRequest("weather", url, headers, None, lambda name: False, "tools[0].server_url")
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_without_the_operators_setting_a_loopback_mcp_url_is_refused_before_any_request(
+    client: httpx.AsyncClient, services: Services, weather_server: McpTestServer
+) -> None:
+    """The server's own settings (no MODELHOST_MEDIA_ALLOW_NETWORKS): 127.0.0.1 is refused even on the
+    account's list, and the MCP server sees nothing."""
+    account = await new_account(client, "mcp-loopback")
+    await client.put(
+        "/v1/mcp-servers", json={"urls": [weather_server.url]}, headers=bearer(account["api_key"])
+    )
+    weather_server.requests.clear()
+    with pytest.raises(InvalidRequest) as refused:
+        await services.mcp.open(account["id"], [_weather(weather_server.url)])
+    assert (refused.value.code, refused.value.param) == ("mcp_server_refused", "tools[0].server_url")
+    assert weather_server.requests == []
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_tool_that_fails_is_an_error_outcome_and_every_call_is_audited(
+    client: httpx.AsyncClient, services: Services, weather_server: McpTestServer
+) -> None:
+    account = await new_account(client, "mcp-calls")
+    await client.put(
+        "/v1/mcp-servers", json={"urls": [weather_server.url]}, headers=bearer(account["api_key"])
+    )
+    allowed = FetchPolicy(parse_networks(["127.0.0.1/32"]), 1024, 10.0, 0)
+    tools = McpTools(services.mcp.allowlist, allowed, services.database)
+    toolset = await tools.open(account["id"], [_weather(weather_server.url)])
+    assert set(toolset.tools) == {"get_weather", "fail_always"}
+    failed = await tools.call(account["id"], toolset, "fail_always", "{}")
+    assert failed.output is None and failed.kind == "tool" and "fail_always" in (failed.error or "")
+    bad = await tools.call(account["id"], toolset, "get_weather", "not json")
+    assert bad.kind == "protocol"
+    done = await tools.call(account["id"], toolset, "get_weather", '{"city": "Oslo"}')
+    assert done.output == weather_server.weather and done.error is None
+    rows = await client.get("/v1/audit", params={"action": "mcp_server.called"}, headers=bearer(account["api_key"]))
+    assert rows.status_code == 200, rows.text
+    outcomes = sorted(row["changes"]["outcome"]["after"] for row in rows.json()["data"])
+    assert outcomes == ["ok", "protocol", "tool"]

@@ -58,7 +58,7 @@ def _parts(url: str, param: str) -> tuple[tuple[str, str, int], str]:
 
 
 class McpAllowList:
-    """The stored lists, per account; each change audited (`mcp_servers.updated`)."""
+    """The stored lists, per account; each change audited (`account.mcp_servers_updated`)."""
 
     def __init__(self, database: Database) -> None:
         self._database = database
@@ -84,5 +84,5 @@ class McpAllowList:
             session.execute(delete(McpServerEntry).where(McpServerEntry.account_id == account_id))
             session.add_all(McpServerEntry(account_id=account_id, url=url) for url in entries)
             changes = audit.diff({"urls": sorted(before)}, {"urls": entries})
-            audit.record(session, "mcp_servers.updated", "account", account_id, account_id, changes)
+            audit.record(session, "account.mcp_servers_updated", "account", account_id, account_id, changes)
         return entries

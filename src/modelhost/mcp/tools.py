@@ -182,7 +182,7 @@ class McpTools:
             fields = {"server_label": tool.server.label, "server_url": tool.server.url, "tool": tool.name}
             fields["outcome"] = outcome.kind or "ok"
             audit.record(
-                session, "mcp.call", "mcp_server", tool.server.label, account_id, audit.created(fields)
+                session, "mcp_server.called", "mcp_server", tool.server.label, account_id, audit.created(fields)
             )
 
 

@@ -560,7 +560,7 @@ class AuditActor(BaseModel):
 
 
 class AuditTarget(BaseModel):
-    type: Literal["account", "key", "deployment", "artifact", "file", "user"]
+    type: Literal["account", "key", "deployment", "artifact", "file", "user", "mcp_server"]
     id: str
 
 
