@@ -146,7 +146,9 @@ async def test_a_tool_that_fails_is_an_error_outcome_and_every_call_is_audited(
     assert bad.kind == "protocol"
     done = await tools.call(account["id"], toolset, "get_weather", '{"city": "Oslo"}')
     assert done.output == weather_server.weather and done.error is None
-    rows = await client.get("/v1/audit", params={"action": "mcp_server.called"}, headers=bearer(account["api_key"]))
+    rows = await client.get(
+        "/v1/audit", params={"action": "mcp_server.called"}, headers=bearer(account["api_key"])
+    )
     assert rows.status_code == 200, rows.text
     outcomes = sorted(row["changes"]["outcome"]["after"] for row in rows.json()["data"])
     assert outcomes == ["ok", "protocol", "tool"]

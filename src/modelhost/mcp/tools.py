@@ -182,7 +182,12 @@ class McpTools:
             fields = {"server_label": tool.server.label, "server_url": tool.server.url, "tool": tool.name}
             fields["outcome"] = outcome.kind or "ok"
             audit.record(
-                session, "mcp_server.called", "mcp_server", tool.server.label, account_id, audit.created(fields)
+                session,
+                "mcp_server.called",
+                "mcp_server",
+                tool.server.label,
+                account_id,
+                audit.created(fields),
             )
 
 
