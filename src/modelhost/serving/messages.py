@@ -133,7 +133,9 @@ def _chat_messages(role: str, content: str | list[Any], param: str, image_params
             parts.append(_image_part(block))
         elif isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
-        elif isinstance(block, (ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, McpToolUseBlock)):
+        elif isinstance(
+            block, (ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, McpToolUseBlock, McpToolResultBlock)
+        ):
             raise InvalidRequest(f"A user message cannot hold {block.type} blocks.", param=where)
     image_params += [p for _, p in sorted(part_params)]
     if not parts:
