@@ -365,6 +365,36 @@ class FunctionCallOutput(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
+class McpListToolsOutput(BaseModel):
+    id: str
+    type: Literal["mcp_list_tools"] = "mcp_list_tools"
+    server_label: str
+    tools: list[dict[str, Any]] = Field(description="`name`, `description`, `input_schema`, `annotations`.")
+
+
+class McpCallOutput(BaseModel):
+    id: str
+    type: Literal["mcp_call"] = "mcp_call"
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    error: dict[str, Any] | None = Field(
+        default=None,
+        description="`mcp_tool_execution_error` (`content`) or `mcp_protocol_error` (`message`).",
+    )
+    status: Literal["in_progress", "completed", "failed"]
+    approval_request_id: str | None = None
+
+
+class McpApprovalRequestOutput(BaseModel):
+    id: str
+    type: Literal["mcp_approval_request"] = "mcp_approval_request"
+    server_label: str
+    name: str
+    arguments: str
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int = 0
@@ -398,7 +428,14 @@ class ResponseObject(BaseModel):
     completed_at: int | None = None
     status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
     model: str
-    output: list[ReasoningOutput | OutputMessage | FunctionCallOutput]
+    output: list[
+        ReasoningOutput
+        | OutputMessage
+        | FunctionCallOutput
+        | McpListToolsOutput
+        | McpCallOutput
+        | McpApprovalRequestOutput
+    ]
     usage: ResponseUsage | None = None
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
