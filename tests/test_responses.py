@@ -192,6 +192,7 @@ MCP = {"type": "mcp", "server_label": "m", "server_url": "https://mcp.example.co
         ({"tools": [MCP | {"connector_id": "connector_gmail"}]}, "tools[0].connector_id"),
         ({"tools": [MCP | {"allowed_tools": {"read_only": True}}]}, "tools[0].allowed_tools.read_only"),
         ({"tools": [MCP]}, "tools[0].server_url"),  # not on the account's (empty) allow-list
+        ({"tools": [MCP | {"headers": {"Host": "internal"}}]}, "tools[0].headers"),
         (
             {"input": [{"type": "mcp_approval_response", "approval_request_id": "x", "approve": True}]},
             "input[0].approval_request_id",

@@ -288,6 +288,20 @@ def _error_text(error: Any) -> str:
     return str(error)
 
 
+# Headers the HTTP client and the MCP transport set themselves (a caller's would confuse the exchange)
+_TRANSPORT_HEADERS = {
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "accept",
+    "content-type",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+}
+
+
 def mcp_requests(body: ResponseCreateRequest) -> list[McpRequest]:
     """The request's MCP servers (`tools` of type `mcp`), checked: 400s name the tool's field."""
     requests: list[McpRequest] = []
@@ -304,6 +318,12 @@ def mcp_requests(body: ResponseCreateRequest) -> list[McpRequest]:
         if not tool.server_url:
             raise InvalidRequest("An MCP tool needs its server_url.", param=f"{param}.server_url")
         headers = dict(tool.headers or {})
+        for name in headers:
+            if name.lower() in _TRANSPORT_HEADERS:
+                raise InvalidRequest(
+                    f"The header {name!r} is the MCP transport's own: it cannot be set.",
+                    param=f"{param}.headers",
+                )
         if tool.authorization:
             headers["Authorization"] = f"Bearer {tool.authorization}"
         allowed = tool.allowed_tools
