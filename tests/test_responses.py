@@ -175,6 +175,7 @@ def test_fields_clients_send_are_accepted_and_misspelt_ones_refused(server: Chat
 
 
 IMAGE_PART = {"type": "input_image", "image_url": "x"}
+MCP = {"type": "mcp", "server_label": "m", "server_url": "https://mcp.example.com/mcp"}
 
 
 @pytest.mark.parametrize(
@@ -189,6 +190,15 @@ IMAGE_PART = {"type": "input_image", "image_url": "x"}
         ({"input": [{"role": "user", "content": [IMAGE_PART]}]}, "input[0].content"),  # a text-only model
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0]"),
         ({"tool_choice": {"type": "web_search"}, "tools": [TOOL]}, "tool_choice"),
+        ({"tools": [{"type": "mcp", "server_label": "m"}]}, "tools[0].server_url"),
+        ({"tools": [MCP | {"connector_id": "connector_gmail"}]}, "tools[0].connector_id"),
+        ({"tools": [MCP | {"allowed_tools": {"read_only": True}}]}, "tools[0].allowed_tools.read_only"),
+        ({"tools": [MCP]}, "tools[0].server_url"),  # not on the account's (empty) allow-list
+        ({"tools": [MCP | {"headers": {"Host": "internal"}}]}, "tools[0].headers"),
+        (
+            {"input": [{"type": "mcp_approval_response", "approval_request_id": "x", "approve": True}]},
+            "input[0].approval_request_id",
+        ),
     ],
 )
 def test_what_cannot_be_served_is_a_400_naming_the_field(

@@ -48,6 +48,9 @@ from modelhost.imports.sealing import Sealer
 from modelhost.imports.service import Imports
 from modelhost.jobs.runner import VideoCancel, VideoRunner
 from modelhost.jobs.store import VideoJobs
+from modelhost.mcp.allowlist import McpAllowList
+from modelhost.mcp.tools import McpTools
+from modelhost.media.fetch import FetchPolicy
 from modelhost.media.sources import MediaPolicy
 from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.runtime.engine_choice import device_kind
@@ -96,6 +99,7 @@ class Services:
     agent_runner: Runs
     billing: Billing
     responses: Responses
+    mcp: McpTools  # hosted MCP tools: the accounts' allow-lists, the vetted client, each call audited
     uploads: Files  # the Files API's files (`files` is the generated ones behind signed links)
     batches: Batches
     imports: Imports  # imports filling artifacts from S3, HTTPS, a Hub (run by the supervisor's runner)
@@ -138,6 +142,7 @@ class Services:
         authenticator = Authenticator(database, settings.admin_key_value, cache, clock)
         keys = KeyService(database, authenticator, clock)
         users = UserService(database, authenticator)
+        mcp_tools = McpTools(McpAllowList(database), FetchPolicy.from_settings(settings), database)
         sessions = SessionService(
             database,
             authenticator,
@@ -268,7 +273,9 @@ class Services:
                 ),
                 generation,
                 settings.response_stale_seconds,
+                mcp_tools,
             ),
+            mcp=mcp_tools,
             uploads=uploads,
             batches=batches,
             imports=imports,

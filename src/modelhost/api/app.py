@@ -36,6 +36,7 @@ from modelhost.api.routes import (
     health,
     images,
     keys,
+    mcp_servers,
     messages,
     models,
     rerank,
@@ -120,6 +121,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         usage.router,
         audit.router,
         users.router,
+        mcp_servers.router,
         auth.router,
         console.router,
     ):

@@ -645,3 +645,16 @@ class AuditHead(Base):
     hash: Mapped[str] = mapped_column(String(64))
     pruned_seq: Mapped[int] = mapped_column(BigInteger)
     pruned_hash: Mapped[str] = mapped_column(String(64))
+
+
+class McpServerEntry(Base):
+    """One entry of an account's allow-list of MCP server URLs (`modelhost.mcp.allowlist`): hosted MCP
+    tools in the Responses and Messages APIs reach only servers its entries match. None by default."""
+
+    __tablename__ = "mcp_servers"
+
+    account_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True
+    )
+    url: Mapped[str] = mapped_column(String(2048), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
