@@ -22,6 +22,7 @@ from modelhost.generation.contract import (
     Text,
 )
 from modelhost.generation.grammar import json_schema_grammar
+from modelhost.generation.priority import BUSY_SECONDS
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 from tests.hostile import lark_chain
 
@@ -126,6 +127,68 @@ def test_a_batch_line_waits_behind_interactive_sequences_for_a_slot(loaded: tupl
             if isinstance(event, Text) and event.finish and sid not in order:
                 order.append(sid)
     assert order == [1, 3, 2]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def held(engine: GenerationEngine) -> list[int]:
+    """The sequences holding slots (prefilling or running), by ID."""
+    return sorted(s.id for s in (*engine.running, *engine.prefilling))
+
+
+def test_flex_sequences_are_held_back_from_free_slots_while_interactive_ones_run(
+    loaded: tuple[Any, Any],
+) -> None:
+    """Ordering the waiting list changes nothing when slots are free: while an interactive sequence
+    runs (or one arrived in the last `BUSY_SECONDS`), one flex sequence runs beside it, the others wait
+    with seven slots free; once the interactive traffic is over they take every slot but one."""
+    clock = Clock()
+    model, tokenizer = loaded
+    engine = GenerationEngine(model, tokenizer, DEVICE, 8, 512, lambda t: tokenizer.decode([t]), clock=clock)
+    engine.add(sequence(loaded, 1, "hello world", max_tokens=6, min_tokens=6))
+    for sid in range(2, 12):
+        engine.add(sequence(loaded, sid, "a photo", max_tokens=40, min_tokens=40), low=True)
+    engine.step()
+    assert held(engine) == [1, 2] and len(engine.waiting) == 9 and engine.max_running == 8
+    while 1 in held(engine):
+        engine.step()
+        assert held(engine) in ([1, 2], [2])
+    engine.step()  # the interactive one ended just now: more may follow at once
+    assert held(engine) == [2]
+    clock.now += BUSY_SECONDS
+    engine.step()
+    assert held(engine) == list(range(2, 9)) and [s.id for s in engine.waiting] == [9, 10, 11]  # one spare
+    engine.add(sequence(loaded, 12, "paris is", max_tokens=6, min_tokens=6))
+    engine.step()
+    assert held(engine) == [*range(2, 9), 12]  # an interactive arrival finds the spare slot at once
+
+
+def test_priority_goes_ahead_of_its_keys_default_sequences_and_never_ahead_of_another_keys(
+    loaded: tuple[Any, Any],
+) -> None:
+    """A key's numbers sort its own waiting sequences over the places their arrival gave them, so key
+    B finds as many of key A's sequences ahead of it as it would without them; a flex one stays last."""
+    engine = engine_of(loaded, max_running=1)
+
+    def add(sid: int, tenant: str, priority: int = 0, low: bool = False) -> None:
+        s = sequence(loaded, sid, "hello world", max_tokens=2, min_tokens=2)
+        s.tenant, s.priority = tenant, priority
+        engine.add(s, low=low)
+
+    add(1, "a")
+    add(2, "b")
+    add(3, "a")
+    add(4, "a", low=True)
+    add(5, "a", priority=-1)
+    add(6, "b", priority=5)
+    add(7, "b")
+    assert [s.id for s in engine.waiting] == [5, 2, 1, 3, 7, 6, 4]
 
 
 def test_seeded_sampling_is_reproducible_whatever_runs_beside_it(loaded: tuple[Any, Any]) -> None:

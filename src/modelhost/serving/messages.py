@@ -319,6 +319,7 @@ class MessageAssembler:
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": self.choice.cached_tokens,
             "output_tokens": self.choice.completion_tokens,
+            "service_tier": "standard",  # Anthropic's name for the default tier, the one Messages run in
         }
 
     def message(self, head: Event) -> Event:

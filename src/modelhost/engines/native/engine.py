@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,10 +27,12 @@ from modelhost.engines.native.cuda_graphs import DecodeGraphs
 from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.errors import Overloaded
 from modelhost.generation.contract import GenerationStarted, Logprob, Text, TokenLogprob
+from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_room
 from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
 __all__ = ["Event", "GenerationEngine", "SamplingParams", "Sequence"]
+HELD_BACK_POLL = 0.005  # seconds a step with only held-back low sequences waits
 
 
 class Constraint:
@@ -60,7 +63,9 @@ class Sequence:
     started: bool = False
     slot: int = -1  # its row of the KV cache, from admission on
     cached_tokens: int = 0  # prompt tokens reused from the cache
-    low: bool = False  # a batch line: admitted after every other waiting sequence
+    low: bool = False  # flex or a batch line: held back behind interactive ones (`generation.priority`)
+    priority: int = 0  # vLLM's number (lower first), which orders its key's own waiting sequences
+    tenant: str = ""  # the key it runs for
     # a vision-language prompt: the processor's image tensors (`pixel_values`, ...) for its prefill. Its
     # image tokens are negative in `prompt` (a hash of the image and the position), so the prefix cache
     # tells different images apart; the model sees `image_token` there.
@@ -108,6 +113,7 @@ class GenerationEngine(Engine[Sequence]):
         prefill_chunk: int | None = None,
         max_waiting: int = 4096,
         cuda_graphs: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = _with_attention_the_engine_masks(model)
         self.tokenizer = tokenizer
@@ -128,6 +134,8 @@ class GenerationEngine(Engine[Sequence]):
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
         self.reused_tokens = 0  # prompt tokens taken from the cache instead of computed, ever
+        self._clock = clock
+        self._interactive_at = -BUSY_SECONDS  # when the last interactive sequence arrived
         self._pending: list[tuple[int, Event]] = []
         self._mask_value = torch.finfo(layout.dtype).min
         self._graphs: DecodeGraphs | None = DecodeGraphs(self) if cuda and cuda_graphs else None
@@ -151,8 +159,9 @@ class GenerationEngine(Engine[Sequence]):
         return len(self.waiting) + len(self.prefilling) + len(self.running)
 
     def add(self, sequence: Sequence, low: bool = False) -> None:
-        """Queue a sequence; `Overloaded` (429 for its caller) when too many already wait for a slot. A
-        `low` one (a batch line) waits behind every other: it takes only the slots they leave."""
+        """Queue a sequence; `Overloaded` (429 for its caller) when too many already wait for a slot. It
+        waits in the order of `generation.priority.enqueue`: a `low` one (flex, a batch line) behind every
+        other, and admitted only into the room `_admit` leaves it."""
         if len(self.waiting) >= self.max_waiting:
             raise Overloaded(
                 f"The model's {self.max_running} generation slots are busy and {self.max_waiting} "
@@ -162,11 +171,9 @@ class GenerationEngine(Engine[Sequence]):
             sequence.generator = torch.Generator(device=self.device).manual_seed(sequence.params.seed)
         sequence.stops = StopStrings(sequence.params.stop, include=sequence.params.include_stop_str_in_output)
         sequence.low = low
-        first_low = next((i for i, s in enumerate(self.waiting) if s.low), None)
-        if low or first_low is None:
-            self.waiting.append(sequence)
-        else:
-            self.waiting.insert(first_low, sequence)
+        if not low:
+            self._interactive_at = self._clock()
+        enqueue(self.waiting, sequence)
 
     @torch.inference_mode()  # closing ranks moves cached keys and values: inference tensors
     def cancel(self, sequence_id: int) -> None:
@@ -198,6 +205,8 @@ class GenerationEngine(Engine[Sequence]):
         """Give waiting sequences free slots, prefill up to `prefill_chunk` prompt tokens, then one
         decoding step for all running sequences; the events of this step."""
         self._admit()
+        if not self.prefilling and not self.running and self.waiting:  # only held-back low sequences
+            time.sleep(HELD_BACK_POLL)  # rather than spinning until the interactive traffic's window ends
         if self.prefilling:
             self._prefill()
         if self.running:
@@ -207,16 +216,29 @@ class GenerationEngine(Engine[Sequence]):
         return events
 
     def _admit(self) -> None:
-        """Waiting sequences take the next free slots; each starts from the longest prefix of its
-        prompt any slot holds (`SlotCache.admit` chooses which free slot it takes: one holding that
-        prefix, or the least recently used)."""
+        """Waiting sequences take the next free slots, in their order; each starts from the longest
+        prefix of its prompt any slot holds (`SlotCache.admit` chooses which free slot it takes: one
+        holding that prefix, or the least recently used). Low ones (all behind the others) take only
+        the room `generation.priority.low_room` leaves them: one while interactive sequences run, wait
+        or arrived in the last `BUSY_SECONDS`; all slots but one otherwise."""
         while self.waiting and len(self.running) + len(self.prefilling) < self.max_running:
-            sequence = self.waiting.popleft()
+            sequence = self.waiting[0]
+            if sequence.low and self._low_room() <= 0:
+                return
+            self.waiting.popleft()
             target = len(self.running) + len(self.prefilling)
             length = self.cache.admit(sequence.prompt, sequence.reusable, target)
             sequence.slot, sequence.cached_tokens = target, length
             self.reused_tokens += length
             self.prefilling.append(sequence)
+
+    def _low_room(self) -> int:
+        """How many more low sequences may start now (`generation.priority.low_room`)."""
+        held = (*self.running, *self.prefilling)
+        running_low = sum(s.low for s in held)
+        interactive = len(held) > running_low or any(not s.low for s in self.waiting)
+        busy = interactive or self._clock() - self._interactive_at < BUSY_SECONDS
+        return low_room(self.max_running, running_low, busy)
 
     def _prefill(self) -> None:
         """The next chunks of prompts in one forward pass (left-padded), within the token budget; a
