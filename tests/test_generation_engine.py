@@ -147,7 +147,8 @@ def test_flex_sequences_are_held_back_from_free_slots_while_interactive_ones_run
 ) -> None:
     """Ordering the waiting list changes nothing when slots are free: while an interactive sequence
     runs (or one arrived in the last `BUSY_SECONDS`), one flex sequence runs beside it, the others wait
-    with seven slots free; once the interactive traffic is over they take every slot but one."""
+    with seven slots free; once the interactive traffic is over they take every slot but one, and when
+    an interactive one comes again it takes that slot and all flex ones but the oldest pause."""
     clock = Clock()
     model, tokenizer = loaded
     engine = GenerationEngine(model, tokenizer, DEVICE, 8, 512, lambda t: tokenizer.decode([t]), clock=clock)
@@ -167,6 +168,41 @@ def test_flex_sequences_are_held_back_from_free_slots_while_interactive_ones_run
     engine.add(sequence(loaded, 12, "paris is", max_tokens=6, min_tokens=6))
     engine.step()
     assert held(engine) == [*range(2, 9), 12]  # an interactive arrival finds the spare slot at once
+    generated = {s.id: len(s.generated) for s in engine.running}
+    engine.step()
+    grew = sorted(s.id for s in engine.running if len(s.generated) > generated[s.id])
+    assert grew == [2, 12]  # the flex ones admitted meanwhile pause in their slots beside it
+    while any(s.id == 12 for s in (*engine.running, *engine.prefilling)):
+        engine.step()
+    clock.now += BUSY_SECONDS
+    generated = {s.id: len(s.generated) for s in engine.running}
+    engine.step()
+    assert all(len(s.generated) > generated[s.id] for s in engine.running)  # and go on after it
+
+
+def test_paused_flex_sequences_generate_what_they_would_have_unpaused(loaded: tuple[Any, Any]) -> None:
+    """A paused sequence keeps its slot and cache while others move around it: its greedy output is
+    unchanged."""
+    clock = Clock()
+    model, tokenizer = loaded
+    engine = GenerationEngine(model, tokenizer, DEVICE, 8, 512, lambda t: tokenizer.decode([t]), clock=clock)
+    flex = [sequence(loaded, i, prompt, max_tokens=16, min_tokens=16) for i, prompt in enumerate(PROMPTS)]
+    for s in flex:
+        engine.add(s, low=True)
+    texts: dict[int, str] = {}
+    for step in range(40):
+        if step in (3, 9):  # interactive turns: all flex ones but the oldest pause meanwhile
+            engine.add(sequence(loaded, 10 + step, "hello world", max_tokens=4, min_tokens=4))
+        if step in (8, 20):
+            clock.now += BUSY_SECONDS
+        for sid, event in engine.step():
+            texts[sid] = texts.get(sid, "") + text_of(event)
+    assert engine.idle
+    alone = run(
+        engine_of(loaded),
+        {0: [sequence(loaded, i, p, max_tokens=16, min_tokens=16) for i, p in enumerate(PROMPTS)]},
+    )
+    assert {i: texts[i] for i in range(len(PROMPTS))} == alone
 
 
 def test_priority_goes_ahead_of_its_keys_default_sequences_and_never_ahead_of_another_keys(

@@ -27,7 +27,7 @@ from modelhost.engines.native.cuda_graphs import DecodeGraphs
 from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.errors import Overloaded
 from modelhost.generation.contract import GenerationStarted, Logprob, Text, TokenLogprob
-from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_room
+from modelhost.generation.priority import BUSY_SECONDS, LOW_WHILE_BUSY, enqueue, low_room
 from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
@@ -205,12 +205,13 @@ class GenerationEngine(Engine[Sequence]):
         """Give waiting sequences free slots, prefill up to `prefill_chunk` prompt tokens, then one
         decoding step for all running sequences; the events of this step."""
         self._admit()
-        if not self.prefilling and not self.running and self.waiting:  # only held-back low sequences
-            time.sleep(HELD_BACK_POLL)  # rather than spinning until the interactive traffic's window ends
         if self.prefilling:
             self._prefill()
-        if self.running:
-            self._decode()
+        decoding = self._decoding()
+        if decoding:
+            self._decode(decoding)
+        elif not self.prefilling and not self.idle:  # only held-back low sequences, waiting or paused
+            time.sleep(HELD_BACK_POLL)  # rather than spinning until the interactive traffic's window ends
         self._drop_finished()
         events, self._pending = self._pending, []
         return events
@@ -234,11 +235,24 @@ class GenerationEngine(Engine[Sequence]):
 
     def _low_room(self) -> int:
         """How many more low sequences may start now (`generation.priority.low_room`)."""
-        held = (*self.running, *self.prefilling)
-        running_low = sum(s.low for s in held)
-        interactive = len(held) > running_low or any(not s.low for s in self.waiting)
-        busy = interactive or self._clock() - self._interactive_at < BUSY_SECONDS
-        return low_room(self.max_running, running_low, busy)
+        running_low = sum(s.low for s in (*self.running, *self.prefilling))
+        return low_room(self.max_running, running_low, self._busy())
+
+    def _busy(self) -> bool:
+        """Interactive traffic goes on: an interactive sequence is held, or one arrived just now."""
+        held = (*self.running, *self.prefilling, *self.waiting)
+        return any(not s.low for s in held) or self._clock() - self._interactive_at < BUSY_SECONDS
+
+    def _decoding(self) -> list[Sequence]:
+        """The running sequences that decode this step: all of them, but while interactive traffic goes
+        on only the oldest `LOW_WHILE_BUSY` low ones, the others paused in their slots (their caches
+        kept) until it is over. Low sequences admitted when the engine was idle would otherwise slow
+        every decoding step of the interactive ones that follow, for as long as they run."""
+        lows = [s for s in self.running if s.low]
+        if len(lows) <= LOW_WHILE_BUSY or not self._busy():
+            return self.running
+        going = {id(s) for s in sorted(lows, key=lambda s: s.id)[:LOW_WHILE_BUSY]}
+        return [s for s in self.running if not s.low or id(s) in going]
 
     def _prefill(self) -> None:
         """The next chunks of prompts in one forward pass (left-padded), within the token budget; a
@@ -337,28 +351,32 @@ class GenerationEngine(Engine[Sequence]):
                 ready.append(sequence)
         return ready
 
-    def _decode(self) -> None:
-        """One token for every running sequence: each feeds its last token at its last position."""
-        lengths = [s.length for s in self.running]
-        last = [s.generated[-1] for s in self.running]
-        for sequence, token in zip(self.running, last, strict=True):
+    def _decode(self, decoding: list[Sequence]) -> None:
+        """One token for each of `decoding` (the running sequences, or those not paused): each feeds its
+        last token at its last position."""
+        lengths = [s.length for s in decoding]
+        last = [s.generated[-1] for s in decoding]
+        for sequence, token in zip(decoding, last, strict=True):
             self.cache.held[sequence.slot].append(token)
         logits = None
-        if self._graphs is not None and self._graphs.fits(len(lengths), max(lengths)):
+        every = len(decoding) == len(self.running)  # slots 0..n-1: a view of the cache's first rows
+        if every and self._graphs is not None and self._graphs.fits(len(lengths), max(lengths)):
             logits = self._graphs.decode(last, lengths)
         if logits is None:  # no graph for this step (or its capture failed just now): eagerly
-            logits = self._decode_eagerly(last, lengths)
-        tokens = self._sample(self.running, logits.float())
-        for sequence, token in zip(self.running, tokens, strict=True):
+            logits = self._decode_eagerly(last, lengths, None if every else [s.slot for s in decoding])
+        tokens = self._sample(decoding, logits.float())
+        for sequence, token in zip(decoding, tokens, strict=True):
             self._emit(sequence, token)
 
-    def _decode_eagerly(self, last: list[int], lengths: list[int]) -> torch.Tensor:
+    def _decode_eagerly(self, last: list[int], lengths: list[int], slots: list[int] | None) -> torch.Tensor:
+        """A decoding step without a graph, for the first running rows or (`slots`) some of them."""
         batch = len(last)
         read_length = _round_up(max(lengths), 64, self.context_length)
         columns = torch.tensor(lengths)[:, None] - 1
         mask = (torch.arange(read_length)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
-        rows = torch.arange(batch)[:, None]
-        self.cache.plan = Plan(rows.to(self.device), columns.to(self.device), None, read_length)
+        rows = torch.arange(batch) if slots is None else torch.tensor(slots)
+        read = None if slots is None else rows.to(self.device)
+        self.cache.plan = Plan(rows[:, None].to(self.device), columns.to(self.device), read, read_length)
         return self._forward(torch.tensor(last)[:, None], columns, mask, logits_to_keep=1)[:, -1, :]
 
     def _forward(
