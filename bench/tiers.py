@@ -12,7 +12,8 @@ streamed; its latency is the whole request's. The flood: 32 clients of the same 
 before, so the engine is full when the first interactive request comes).
 
 Reported: interactive p50 and p95, each run's p50 against the p50 alone (target ≤ 1.5 with the flex
-flood), and the flood's tokens a second meanwhile (what holding flex back costs it).
+flood), and the flood's tokens a second while the interactive turns ran (what holding flex back costs
+it; flex moves between one turn and the next, and at full speed once the turns stop).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ async def measure(url: str, key: str, tier: str | None, requests: int, run: Run)
         ]
         if flooding:
             await asyncio.sleep(2)  # the engine full of the flood before the first interactive turn
-        started = time.perf_counter()
+        started, run.flood_tokens = time.perf_counter(), 0  # the flood's tokens beside the turns only
         await interactive(http, headers, requests, run)
         run.flood_seconds = time.perf_counter() - started
         stop.set()

@@ -70,7 +70,7 @@ from modelhost.generation.contract import (
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
-from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_room
+from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_cap
 from modelhost.generation.requests import (
     SamplingParams,
     SpecialTokens,
@@ -101,7 +101,7 @@ class _Turn:
 class SlotGate:
     """At most `slots` requests inside llama.cpp at once, the others waiting here in the order of
     `generation.priority` (interactive requests first, each key's ordered by its numbers; flex requests
-    and batch lines after every one of them, and let in only into the room `low_room` leaves them).
+    and batch lines after every one of them, and let in only into the room `low_cap` leaves them).
     llama.cpp's own queue is first come, first served; in front of it, a flex flood or a batch cannot
     delay a chat."""
 
@@ -141,14 +141,14 @@ class SlotGate:
             raise
 
     def _may_start(self, low: bool) -> bool:
-        """A free slot, and for a low request room beside the interactive traffic (`low_room`)."""
+        """A free slot, and for a low request room beside the interactive traffic (`low_cap`)."""
         if self.free <= 0:
             return False
         if not low:
             return True
         interactive = self.slots - self.free > self._running_low or any(not t.low for t in self._waiting)
-        busy = interactive or self._clock() - self._interactive_at < BUSY_SECONDS
-        return low_room(self.slots, self._running_low, busy) > 0
+        recent = self._clock() - self._interactive_at < BUSY_SECONDS
+        return self._running_low < low_cap(self.slots, interactive, recent)
 
     def _take(self, low: bool) -> None:
         self.free -= 1

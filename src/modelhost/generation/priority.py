@@ -9,9 +9,10 @@ of a batch job (`modelhost.batches`) runs as `flex` does. Its place follows from
   places (`enqueue`), so every other key finds as many of this key's requests ahead of it as it would
   without numbers: a key's priorities cannot slow another key (docs/limits.md, "Service tiers");
 - `low` (`flex` and batch lines): it waits behind every interactive request of every key, and is not
-  even admitted into free room while interactive traffic goes on (`low_room`): ordering a waiting list
-  changes nothing when the engine has free slots, and a flex flood that filled them would make every
-  decoding step of an interactive request that much slower.
+  even admitted into free room while interactive traffic goes on (`low_cap`; the transformers engine
+  also pauses those already running): ordering a waiting list changes nothing when the engine has free
+  slots, and a flex flood that filled them would make every decoding step of an interactive request
+  that much slower.
 
 The answer's `service_tier` says what was applied (`applied_tier`).
 """
@@ -27,8 +28,8 @@ Tier = Literal["priority", "default", "flex"]
 TIERS: tuple[Tier, ...] = ("priority", "default", "flex")
 PRIORITY = -1  # the number of a `priority` tier request that names none (vLLM: lower runs first)
 BUSY_SECONDS = 0.5  # an interactive request this recent means interactive traffic is going on
-LOW_WHILE_BUSY = 1  # the low requests (flex, batch lines) admitted meanwhile
-__all__ = ["PRIORITY_BOUND", "applied_tier", "enqueue", "low_room", "numeric_priority"]
+LOW_WHILE_BUSY = 1  # the low requests (flex, batch lines) that run meanwhile, no interactive one held
+__all__ = ["PRIORITY_BOUND", "applied_tier", "enqueue", "low_cap", "numeric_priority"]
 
 
 class Queued(Protocol):
@@ -77,10 +78,12 @@ def enqueue(waiting: MutableSequence[Q], entry: Q) -> None:
         waiting[index] = queued
 
 
-def low_room(slots: int, running_low: int, busy: bool) -> int:
-    """How many more low requests may start beside `running_low` of them among `slots`: while
-    interactive traffic goes on (`busy`), `LOW_WHILE_BUSY` in all; otherwise every slot but one, which
-    stays free for the next interactive request (all of them when there is only one). A low request
-    already running is never stopped: it holds its slot until it ends."""
-    cap = LOW_WHILE_BUSY if busy else max(1, slots - 1)
-    return cap - running_low
+def low_cap(slots: int, interactive: bool, recent: bool) -> int:
+    """How many low requests (flex, batch lines) may run among `slots`: none while an interactive
+    request is held (`interactive`: running or waiting); `LOW_WHILE_BUSY` while none is but one arrived
+    in the last `BUSY_SECONDS` (`recent`: between one caller's turns, so that low work still moves);
+    otherwise every slot but one, which stays free for the next interactive request (all of them when
+    there is only one)."""
+    if interactive:
+        return 0
+    return LOW_WHILE_BUSY if recent else max(1, slots - 1)

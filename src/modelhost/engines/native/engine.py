@@ -27,7 +27,7 @@ from modelhost.engines.native.cuda_graphs import DecodeGraphs
 from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.errors import Overloaded
 from modelhost.generation.contract import GenerationStarted, Logprob, Text, TokenLogprob
-from modelhost.generation.priority import BUSY_SECONDS, LOW_WHILE_BUSY, enqueue, low_room
+from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_cap
 from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
@@ -220,11 +220,11 @@ class GenerationEngine(Engine[Sequence]):
         """Waiting sequences take the next free slots, in their order; each starts from the longest
         prefix of its prompt any slot holds (`SlotCache.admit` chooses which free slot it takes: one
         holding that prefix, or the least recently used). Low ones (all behind the others) take only
-        the room `generation.priority.low_room` leaves them: one while interactive sequences run, wait
-        or arrived in the last `BUSY_SECONDS`; all slots but one otherwise."""
+        the room `generation.priority.low_cap` leaves them: none while an interactive sequence is held,
+        one while one arrived in the last `BUSY_SECONDS`, all slots but one otherwise."""
         while self.waiting and len(self.running) + len(self.prefilling) < self.max_running:
             sequence = self.waiting[0]
-            if sequence.low and self._low_room() <= 0:
+            if sequence.low and sum(s.low for s in (*self.running, *self.prefilling)) >= self._low_cap():
                 return
             self.waiting.popleft()
             target = len(self.running) + len(self.prefilling)
@@ -233,25 +233,24 @@ class GenerationEngine(Engine[Sequence]):
             self.reused_tokens += length
             self.prefilling.append(sequence)
 
-    def _low_room(self) -> int:
-        """How many more low sequences may start now (`generation.priority.low_room`)."""
-        running_low = sum(s.low for s in (*self.running, *self.prefilling))
-        return low_room(self.max_running, running_low, self._busy())
-
-    def _busy(self) -> bool:
-        """Interactive traffic goes on: an interactive sequence is held, or one arrived just now."""
+    def _low_cap(self) -> int:
+        """How many low sequences may run now (`generation.priority.low_cap`)."""
         held = (*self.running, *self.prefilling, *self.waiting)
-        return any(not s.low for s in held) or self._clock() - self._interactive_at < BUSY_SECONDS
+        interactive = any(not s.low for s in held)
+        recent = self._clock() - self._interactive_at < BUSY_SECONDS
+        return low_cap(self.max_running, interactive, recent)
 
     def _decoding(self) -> list[Sequence]:
         """The running sequences that decode this step: all of them, but while interactive traffic goes
-        on only the oldest `LOW_WHILE_BUSY` low ones, the others paused in their slots (their caches
-        kept) until it is over. Low sequences admitted when the engine was idle would otherwise slow
-        every decoding step of the interactive ones that follow, for as long as they run."""
+        on only the oldest low ones `_low_cap` allows (none while an interactive sequence is held), the
+        others paused in their slots (their caches kept) until it is over. Low sequences admitted when
+        the engine was idle would otherwise slow every decoding step of the interactive ones that
+        follow, for as long as they run."""
         lows = [s for s in self.running if s.low]
-        if len(lows) <= LOW_WHILE_BUSY or not self._busy():
+        cap = self._low_cap() if lows else 0
+        if len(lows) <= cap:
             return self.running
-        going = {id(s) for s in sorted(lows, key=lambda s: s.id)[:LOW_WHILE_BUSY]}
+        going = {id(s) for s in sorted(lows, key=lambda s: s.id)[:cap]}
         return [s for s in self.running if not s.low or id(s) in going]
 
     def _prefill(self) -> None:
