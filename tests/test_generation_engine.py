@@ -180,6 +180,21 @@ def test_flex_sequences_are_held_back_from_free_slots_while_interactive_ones_run
     assert all(len(s.generated) > generated[s.id] for s in engine.running)  # and go on after it
 
 
+def test_an_interactive_sequence_waiting_for_the_one_slot_a_flex_one_holds_lets_it_finish(
+    loaded: tuple[Any, Any],
+) -> None:
+    """A flex sequence pauses only beside interactive ones holding slots: one that waits for the slot
+    a flex sequence holds (a one-slot engine) lets it finish, then runs."""
+    clock = Clock()
+    model, tokenizer = loaded
+    engine = GenerationEngine(model, tokenizer, DEVICE, 1, 512, lambda t: tokenizer.decode([t]), clock=clock)
+    engine.add(sequence(loaded, 1, "a photo", max_tokens=6, min_tokens=6), low=True)
+    engine.step()
+    engine.add(sequence(loaded, 2, "hello world", max_tokens=3, min_tokens=3))
+    texts = run(engine)
+    assert set(texts) == {1, 2} and engine.idle
+
+
 def test_paused_flex_sequences_generate_what_they_would_have_unpaused(loaded: tuple[Any, Any]) -> None:
     """A paused sequence keeps its slot and cache while others move around it: its greedy output is
     unchanged."""

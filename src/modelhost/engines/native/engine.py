@@ -233,9 +233,11 @@ class GenerationEngine(Engine[Sequence]):
             self.reused_tokens += length
             self.prefilling.append(sequence)
 
-    def _low_cap(self) -> int:
-        """How many low sequences may run now (`generation.priority.low_cap`)."""
-        held = (*self.running, *self.prefilling, *self.waiting)
+    def _low_cap(self, waiting: bool = True) -> int:
+        """How many low sequences may run now (`generation.priority.low_cap`), counting interactive
+        sequences that wait (`waiting`: for admission) or only those holding slots (for pausing: one
+        that waits while no slot is free, as when low ones fill a one-slot engine, waits for them)."""
+        held = (*self.running, *self.prefilling, *(self.waiting if waiting else ()))
         interactive = any(not s.low for s in held)
         recent = self._clock() - self._interactive_at < BUSY_SECONDS
         return low_cap(self.max_running, interactive, recent)
@@ -247,7 +249,7 @@ class GenerationEngine(Engine[Sequence]):
         the engine was idle would otherwise slow every decoding step of the interactive ones that
         follow, for as long as they run."""
         lows = [s for s in self.running if s.low]
-        cap = self._low_cap() if lows else 0
+        cap = self._low_cap(waiting=False) if lows else 0
         if len(lows) <= cap:
             return self.running
         going = {id(s) for s in sorted(lows, key=lambda s: s.id)[:cap]}
