@@ -42,6 +42,7 @@ Answer = Event | AsyncIterator[bytes]
 # `thinking.budget_tokens` → an effort level, for the families whose switch takes levels (gpt-oss's);
 # on/off switches read any level as on (`generation.reasoning.THINKS`).
 EFFORT_BUDGETS = ((4096, "low"), (16384, "medium"))
+STANDARD = "standard"  # Anthropic's name for the default tier, the one every Messages request runs in
 
 
 def message_id() -> str:
@@ -319,7 +320,6 @@ class MessageAssembler:
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": self.choice.cached_tokens,
             "output_tokens": self.choice.completion_tokens,
-            "service_tier": "standard",  # Anthropic's name for the default tier, the one Messages run in
         }
 
     def message(self, head: Event) -> Event:
@@ -328,7 +328,7 @@ class MessageAssembler:
             "content": self.content,
             "stop_reason": self.stop_reason,
             "stop_sequence": self.stops.matched,
-            "usage": self.usage(),
+            "usage": {**self.usage(), "service_tier": STANDARD},
         }
 
     def _piece(self, kind: str, piece: str) -> list[Event]:
@@ -426,7 +426,7 @@ async def _events(head: Event, assembler: MessageAssembler, streams: Streams) ->
         if not started:  # the first event carries the prompt's token counts
             started = True
             start = {**head, "content": [], "stop_reason": None, "stop_sequence": None}
-            usage = {**assembler.usage(), "output_tokens": 0}
+            usage = {**assembler.usage(), "output_tokens": 0, "service_tier": STANDARD}
             yield {"type": "message_start", "message": {**start, "usage": usage}}
             yield {"type": "ping"}
         for item in produced:
