@@ -265,6 +265,13 @@ routed by prefix); TTFT p50 against the same traffic with no shared prefix (targ
 Autoscaling (`min_replicas` 1, `max_replicas` 2; 4 long streams for {args.load_seconds:g} s, then idle;
 `MODELHOST_SCALE_DOWN_IDLE_SECONDS={args.idle_seconds:g}`): replicas
 {" → ".join(f"{count} ({at:.0f} s)" for at, count in timeline)}.
+
+How the {PROMPTS} prompts split between the two replicas (six slots each) is decided by hashing against
+the replicas' routes, new in every run: an even split keeps every prompt cached after its first
+request, a 6/2 or 7/1 split makes the larger side give up prefixes; and each prompt's first request
+is a miss (8 of the run's requests). Runs of this benchmark read 0.80 to 0.95 routed by prefix (1 and
+3 gateway processes alike), 0.67 to 0.68 least busy; a busier machine (fewer requests in the 40 s)
+reads lower.
 """
     figures.add("autoscale.peak_replicas", max(count for _, count in timeline))
     figures.add("autoscale.final_replicas", timeline[-1][1])

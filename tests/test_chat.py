@@ -1006,6 +1006,38 @@ def test_a_responses_reasoning_is_an_item_before_its_message_and_goes_back_in_as
     assert off.reasoning is not None and off.reasoning.effort == "none"
 
 
+def test_a_conversation_keeps_a_responses_reasoning_and_gives_it_to_the_next_turn(
+    chat: Chat, thinking_model: str
+) -> None:
+    client = chat.client()
+    conversation = client.conversations.create()
+    question = "what is the weather in berlin?"
+    first = client.responses.create(
+        model=thinking_model,
+        conversation=conversation.id,
+        input=question,
+        max_output_tokens=6,
+        temperature=0,
+        extra_body={"min_tokens": 6},
+    )
+    (reasoning,) = first.output
+    items = client.conversations.items.list(conversation.id, order="asc").data
+    assert [item.type for item in items] == ["message", "reasoning"]
+    assert items[1].model_dump(exclude_none=True) == reasoning.model_dump(exclude_none=True)
+    second = client.responses.create(
+        model=thinking_model, conversation=conversation.id, input="ok", max_output_tokens=1
+    )
+    turns = [{"role": "user", "content": question}, reasoning.model_dump(exclude_none=True)]
+    same = client.responses.create(  # the same turn given whole, without the conversation
+        model=thinking_model,
+        input=[*turns, {"role": "user", "content": "ok"}],  # type: ignore[list-item]
+        max_output_tokens=1,
+        store=False,
+    )
+    assert second.usage is not None and same.usage is not None
+    assert second.usage.input_tokens == same.usage.input_tokens
+
+
 def test_litellm_reads_a_reasoning_models_reasoning_content_whole_and_streamed(
     chat: Chat,
     thinking_model: str,

@@ -187,6 +187,10 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("users", "disable"), "Disable a person in your account: their keys here are refused"),
     (("users", "enable"), "Enable a disabled person again."),
     (("users", "remove"), "Remove a person from your account: their keys here stop at once."),
+    (("mcp-servers",), "MCP servers your account's hosted MCP tools may reach"),
+    (("mcp-servers", "list"), "List the MCP server URLs on your account's allow-list."),
+    (("mcp-servers", "add"), "Add MCP server URLs to your account's allow-list (owners and admins)."),
+    (("mcp-servers", "remove"), "Remove MCP server URLs (as listed) from your account's allow-list."),
     (("whoami",), "Who your key acts as: account, role, person and what it may do."),
     (("login",), "Sign in through your organization's identity provider (a code to confirm in a browser)."),
     (("logout",), "Sign out: the session ends on the server, and its token is removed from this computer."),
@@ -313,6 +317,20 @@ def test_keys_create_makes_a_working_account_key(url: str, account: dict[str, An
     assert created["api_key"].startswith(created["prefix"])
     assert created["api_key"] != account["api_key"]
     assert httpx.get(f"{url}/v1/keys", headers=bearer(created["api_key"])).status_code == 200
+
+
+def test_mcp_servers_add_list_and_remove_the_accounts_allowed_mcp_urls(
+    url: str, account: dict[str, Any]
+) -> None:
+    owner = ("--url", url, "--key", account["api_key"])
+    assert ok_json("mcp-servers", "list", *owner) == {"urls": []}
+    added = ok("mcp-servers", "add", "https://MCP.example.com/mcp/", "https://b.example", *owner)
+    assert added.stdout.split() == ["https://b.example", "https://mcp.example.com/mcp"]
+    assert ok_json("mcp-servers", "remove", "https://b.example", *owner) == {
+        "urls": ["https://mcp.example.com/mcp"]
+    }
+    refused = cli("mcp-servers", "remove", "https://never.example", *owner)
+    assert refused.exit_code == 2 and "not on the list" in refused.stderr
 
 
 def test_users_add_a_person_whose_key_follows_their_role_and_whoami_says_so(

@@ -443,6 +443,21 @@ def test_a_scoped_key_is_created_shown_once_and_revoked(console: Console) -> Non
     assert console.http.get("/v1/models", headers=bearer(secret)).status_code == 401
 
 
+def test_the_accounts_mcp_servers_are_saved_from_the_people_page(console: Console) -> None:
+    page = console.page
+    console.go("users")
+    page.fill("#mcp-urls", "https://MCP.example.com/mcp/\n\nhttps://b.example")
+    page.click("#mcp-form button")
+    page.wait_for_selector("#mcp-status .ok")
+    listed = console.http.get("/v1/mcp-servers", headers=bearer(console.key)).json()
+    assert listed == {"urls": ["https://b.example", "https://mcp.example.com/mcp"]}
+    assert page.input_value("#mcp-urls") == "https://b.example\nhttps://mcp.example.com/mcp"
+    page.fill("#mcp-urls", "ftp://nope")
+    page.click("#mcp-form button")
+    page.wait_for_selector("#mcp-status .error")
+    assert "http" in page.inner_text("#mcp-status")
+
+
 def test_the_audit_page_lists_the_accounts_changes_as_text(console: Console) -> None:
     created = console.http.post("/v1/keys", json={"name": XSS}, headers=bearer(console.key)).json()
     page = console.page

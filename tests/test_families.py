@@ -25,8 +25,10 @@ import openai
 import pytest
 from agents import (
     Agent,
+    HostedMCPTool,
     ModelSettings,
     OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
     Runner,
     function_tool,
     set_tracing_disabled,
@@ -40,6 +42,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, deploy_folder_sync
 from tests.live import live_server
+from tests.mcp_server import McpTestServer, mcp_server
 from tests.recipes import FAMILIES_FOLDER
 from tests.server_process import ServerProcess
 from tests.test_clients import outside_lookups, stays_local  # noqa: F401 (nothing leaves this machine)
@@ -144,7 +147,11 @@ def served(
 ) -> Iterator[Served]:
     """Every family on the transformers engine."""
     root = tmp_path_factory.mktemp("families")
-    with live_server(make_settings(root, f"sqlite:///{root / 'db.sqlite'}", worker_threads=1)) as url:
+    # 127.0.0.1 only: the MCP tests' server is reachable there, and refused at 127.0.0.2
+    settings = make_settings(
+        root, f"sqlite:///{root / 'db.sqlite'}", worker_threads=1, media_allow_networks=["127.0.0.1/32"]
+    )
+    with live_server(settings) as url:
         yield _deploy_families(url, recipes, OUTPUTS, "transformers")
 
 
@@ -428,6 +435,200 @@ async def test_a_pydantic_ai_agent_calls_its_tool_and_answers_from_the_result(se
 
 
 # ---------------------------------------------------------------- the families on vLLM
+
+
+# ---------------------------------------------------------------- hosted MCP tools (issue 63)
+# A real MCP server (the `mcp` SDK's MCPServer over streamable HTTP) serves `get_weather(city)`,
+# answering the trained result; the gateway lists it, offers it to the trained model under its own name,
+# calls it and lets the model answer from the result. The agents SDK's conversation is the one whose
+# tool schema is closest to what MCPServer lists.
+
+
+@pytest.fixture(scope="module")
+def weather_mcp(served: Served) -> Iterator[McpTestServer]:
+    """The MCP server, on the account's allow-list (127.0.0.1's URL and, for the refusal, 127.0.0.2's)."""
+    with mcp_server() as server:
+        server.weather = _loop("qwen3", "agents_sdk")[1]
+        with httpx.Client(base_url=served.url, headers=bearer(served.key), timeout=30) as http:
+            put = http.put("/v1/mcp-servers", json={"urls": [server.url, server.other_url]})
+            assert put.status_code == 200, put.text
+        yield server
+
+
+def _mcp_tool(server: McpTestServer, **overrides: Any) -> Any:
+    tool = {
+        "type": "mcp",
+        "server_label": "weather",
+        "server_url": server.url,
+        "require_approval": "never",
+        "headers": {"Authorization": "Bearer weather-token"},
+    }
+    return tool | overrides
+
+
+def _assert_called_once_with_the_token(server: McpTestServer) -> None:
+    assert server.calls == [("get_weather", {"city": "Paris"})]
+    assert server.requests and all(
+        h.get("authorization") == "Bearer weather-token" for _, _, h in server.requests
+    )
+
+
+def test_a_responses_mcp_tool_is_called_and_the_model_answers_from_its_result_whole_and_streamed(
+    served: Served, weather_mcp: McpTestServer
+) -> None:
+    question, weather, answer = _loop("qwen3", "agents_sdk")
+    client = served.client()
+    body: Any = dict(model="qwen3", input=question, tools=[_mcp_tool(weather_mcp)], temperature=0)
+    weather_mcp.calls.clear()
+    weather_mcp.requests.clear()
+    response = client.responses.create(**body)
+    kinds = [item.type for item in response.output]
+    assert kinds[0] == "mcp_list_tools" and kinds[-1] == "message" and "function_call" not in kinds, kinds
+    listed = response.output[0]
+    assert [t.name for t in listed.tools] == ["get_weather", "fail_always"]  # type: ignore[union-attr]
+    (call,) = [item for item in response.output if item.type == "mcp_call"]
+    assert (call.name, json.loads(call.arguments), call.server_label) == (
+        "get_weather",
+        {"city": "Paris"},
+        "weather",
+    )
+    assert call.output == weather and call.error is None
+    assert response.output_text.strip() == answer and response.status == "completed"
+    _assert_called_once_with_the_token(weather_mcp)
+    stored = client.responses.retrieve(response.id)
+    assert [item.type for item in stored.output] == kinds
+    assert all("headers" not in tool.model_dump(exclude_none=True) for tool in stored.tools)  # never stored
+
+    weather_mcp.calls.clear()
+    weather_mcp.requests.clear()
+    with client.responses.stream(**body) as stream:
+        types = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert final.output_text.strip() == answer
+    assert [item.type for item in final.output] == kinds
+    for expected in (
+        "response.mcp_list_tools.completed",
+        "response.mcp_call.in_progress",
+        "response.mcp_call.completed",
+    ):
+        assert expected in types, types
+    assert "response.function_call_arguments.delta" not in types
+    _assert_called_once_with_the_token(weather_mcp)
+
+
+def test_an_mcp_call_needing_approval_waits_for_the_clients_approval_then_answers(
+    served: Served, weather_mcp: McpTestServer
+) -> None:
+    question, _, answer = _loop("qwen3", "agents_sdk")
+    client = served.client()
+    tools: Any = [_mcp_tool(weather_mcp, require_approval={"always": {"tool_names": ["get_weather"]}})]
+    weather_mcp.calls.clear()
+    asked = client.responses.create(model="qwen3", input=question, tools=tools, temperature=0)
+    request = asked.output[-1]
+    assert request.type == "mcp_approval_request" and request.name == "get_weather"
+    assert json.loads(request.arguments) == {"city": "Paris"}
+    assert weather_mcp.calls == []  # listed, not called
+    approval: Any = [{"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}]
+    weather_mcp.requests.clear()
+    answered = client.responses.create(
+        model="qwen3", input=approval, tools=tools, previous_response_id=asked.id, temperature=0
+    )
+    (call,) = [item for item in answered.output if item.type == "mcp_call"]
+    assert call.approval_request_id == request.id
+    assert answered.output_text.strip() == answer
+    _assert_called_once_with_the_token(weather_mcp)
+
+
+def test_an_mcp_url_off_the_allow_list_is_refused_and_the_mcp_server_sees_nothing(
+    served: Served, weather_mcp: McpTestServer
+) -> None:
+    weather_mcp.requests.clear()
+    off_list = weather_mcp.url.replace("/mcp", "/other")
+    with pytest.raises(openai.BadRequestError) as refused:
+        served.client().responses.create(
+            model="qwen3", input="Hi", tools=[_mcp_tool(weather_mcp, server_url=off_list)]
+        )
+    error = refused.value.body
+    assert isinstance(error, dict) and error["code"] == "mcp_server_not_allowed", error
+    assert error["param"] == "tools[0].server_url" and off_list in error["message"]
+    assert weather_mcp.requests == []
+
+
+def test_an_mcp_url_on_a_private_address_the_operator_did_not_allow_is_refused_before_any_request(
+    served: Served, weather_mcp: McpTestServer
+) -> None:
+    """127.0.0.2 is on the account's list, but the gateway allows only 127.0.0.1/32."""
+    weather_mcp.requests.clear()
+    with pytest.raises(openai.BadRequestError) as refused:
+        served.client().responses.create(
+            model="qwen3", input="Hi", tools=[_mcp_tool(weather_mcp, server_url=weather_mcp.other_url)]
+        )
+    error = refused.value.body
+    assert isinstance(error, dict) and error["code"] == "mcp_server_refused", error
+    assert error["param"] == "tools[0].server_url" and "MODELHOST_MEDIA_ALLOW_NETWORKS" in error["message"]
+    assert weather_mcp.requests == []
+
+
+def test_an_anthropic_clients_mcp_connector_calls_the_tool_and_the_model_answers_whole_and_streamed(
+    served: Served, weather_mcp: McpTestServer
+) -> None:
+    """The beta MCP connector: `mcp_tool_use` and `mcp_tool_result` blocks, then the trained answer; the
+    `authorization_token` reaches the MCP server as a bearer token."""
+    question, weather, answer = _loop("qwen3", "agents_sdk")
+    client = anthropic.Anthropic(base_url=served.url, api_key=served.key, max_retries=0, timeout=120)
+    server: Any = {
+        "type": "url",
+        "url": weather_mcp.url,
+        "name": "weather",
+        "authorization_token": "weather-token",
+        "tool_configuration": {"allowed_tools": ["get_weather", "fail_always"]},
+    }
+    body: Any = dict(
+        model="qwen3",
+        max_tokens=64,
+        messages=[{"role": "user", "content": question}],
+        mcp_servers=[server],
+        betas=["mcp-client-2025-04-04"],
+        extra_body={"temperature": 0},
+    )
+    for streamed in (False, True):
+        weather_mcp.calls.clear()
+        weather_mcp.requests.clear()
+        if streamed:
+            with client.beta.messages.stream(**body) as stream:
+                text = "".join(stream.text_stream)
+                message = stream.get_final_message()
+            assert text.strip() == answer
+        else:
+            message = client.beta.messages.create(**body)
+        kinds = [block.type for block in message.content]
+        assert "mcp_tool_use" in kinds and "tool_use" not in kinds and kinds[-1] == "text", (
+            message.model_dump_json()
+        )
+        use = message.content[kinds.index("mcp_tool_use")]
+        result = message.content[kinds.index("mcp_tool_result")]
+        assert (use.name, use.input, use.server_name) == ("get_weather", {"city": "Paris"}, "weather")  # type: ignore[union-attr]
+        assert result.tool_use_id == use.id and not result.is_error  # type: ignore[union-attr]
+        assert result.content[0].text == weather  # type: ignore[union-attr,index]
+        assert message.content[-1].text.strip() == answer and message.stop_reason == "end_turn"  # type: ignore[union-attr]
+        _assert_called_once_with_the_token(weather_mcp)
+
+
+async def test_an_agents_sdk_agent_with_a_hosted_mcp_tool_gets_the_models_answer(
+    served: Served, weather_mcp: McpTestServer
+) -> None:
+    question, _, answer = _loop("qwen3", "agents_sdk")
+    weather_mcp.calls.clear()
+    weather_mcp.requests.clear()
+    agent = Agent(
+        name="weather",
+        tools=[HostedMCPTool(tool_config=_mcp_tool(weather_mcp))],
+        model=OpenAIResponsesModel(model="qwen3", openai_client=served.async_client()),
+        model_settings=ModelSettings(temperature=0),
+    )
+    result = await Runner.run(agent, question, max_turns=2)
+    assert result.final_output.strip() == answer
+    _assert_called_once_with_the_token(weather_mcp)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import sqlite3
 import struct
 import termios
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -420,6 +420,35 @@ async def test_a_chat_stream_through_another_gateway_process_stops_when_its_clie
         await task
     await until(lambda: generating(server, deployment_id) == 0, timeout=15)
     assert 0 < server.sample("modelhost_generation_tokens_total", deployment_id) - computed < TOKENS
+
+
+async def test_a_conversation_made_through_one_gateway_process_is_continued_through_the_other(
+    chat_two: tuple[Server, str],
+) -> None:
+    server, _ = chat_two
+    first, second = server.gateways()
+
+    def call(method: str, path: str, body: dict[str, Any] | None = None) -> Callable[[], Awaitable[Any]]:
+        async def request() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                return await client.request(method, path, json=body, headers=bearer(server.key))
+
+        return request
+
+    made = await (await server.via(first, call("POST", "/v1/conversations", {"items": [TURN]})))
+    conversation = made.json()["id"]
+    turn = {"model": "chat", "conversation": conversation, "input": "and you?", "max_output_tokens": 2}
+    answer = await (await server.via(second, call("POST", "/v1/responses", turn)))
+    assert answer.status_code == 200, answer.text
+    listed = await (await server.via(first, call("GET", f"/v1/conversations/{conversation}/items?order=asc")))
+    ids, output = (
+        [item["id"] for item in listed.json()["data"]],
+        [item["id"] for item in answer.json()["output"]],
+    )
+    assert len(ids) == 2 + len(output) and ids[2:] == output  # the first item, this input, its output
+
+
+TURN = {"role": "user", "content": "hello"}
 
 
 async def test_a_prompt_cache_key_reaches_the_replica_that_holds_its_prefix_from_either_gateway_process(

@@ -645,6 +645,15 @@ def test_an_empty_slot_is_taken_before_any_that_holds_something() -> None:
     assert cache.held == [[3, 3], [], [4, 4]]
 
 
+def test_a_slot_whose_prompt_another_slot_holds_too_is_given_up_before_the_only_copy_of_another() -> None:
+    header, a, b, c = [1, 2], [10] * 20, [20] * 20, [30] * 20
+    # slot 0: B, the least recently used and its only copy; slots 1 and 2: two answers to A (two
+    # requests with prompt A ran at once)
+    cache = slot_cache([*header, *b], [*header, *a, 41], [*header, *a, 42])
+    assert cache.admit([*header, *c, 5], 23, first_free=0) == 2
+    assert sorted(map(tuple, cache.held)) == sorted([(*header,), (*header, *b), (*header, *a, 42)])
+
+
 def test_a_prefix_held_by_a_running_sequence_is_copied_into_the_first_free_slot() -> None:
     header, a = [1, 2], [10] * 20
     cache = slot_cache([*header, *a, 99], [6, 6], [7, 7])  # slot 0 runs, 1 and 2 free, 1 the older

@@ -97,6 +97,31 @@ def test_a_tool_use_turn_and_its_results_become_a_call_and_tool_messages_before_
     assert user == {"role": "user", "content": "and?"}
 
 
+def test_an_mcp_connector_turn_sent_back_is_its_calls_their_results_then_its_answer() -> None:
+    use = {"type": "mcp_tool_use", "id": "mcptoolu_1", "name": "get_weather", "server_name": "w"}
+    result = {"type": "mcp_tool_result", "tool_use_id": "mcptoolu_1", "is_error": False}
+    messages = [
+        {"role": "user", "content": "weather in paris?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "a call", "signature": ""},
+                use | {"input": {"city": "paris"}},
+                result | {"content": [{"type": "text", "text": "sunny"}]},
+                {"type": "text", "text": "Sunny."},
+            ],
+        },
+        {"role": "user", "content": "thanks"},
+    ]
+    _, call, answer, said, thanks = chat_messages(messages=messages, tools=[WEATHER])
+    assert call["reasoning_content"] == "a call" and call["tool_calls"][0]["id"] == "mcptoolu_1"
+    assert json.loads(call["tool_calls"][0]["function"]["arguments"]) == {"city": "paris"}
+    assert answer == {"role": "tool", "tool_call_id": "mcptoolu_1", "content": "sunny"}
+    assert (said["role"], said["content"], thanks["content"]) == ("assistant", "Sunny.", "thanks")
+    with pytest.raises(InvalidRequest):
+        chat_request(request(messages=[{"role": "user", "content": [use | {"input": {}}]}]))
+
+
 def test_images_become_image_url_parts_named_by_their_anthropic_fields() -> None:
     messages = [
         {
@@ -156,7 +181,6 @@ def test_sampling_stop_sequences_and_tool_choice_map_onto_the_chat_request() -> 
         ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
         ({"tool_choice": {"type": "any"}}, "tool_choice"),
         ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "other"}}, "tool_choice.name"),
-        ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers"),
         (
             {"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]},
             "messages[0].content[0]",

@@ -231,6 +231,16 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
         body = {"input_file_id": batch_input, "endpoint": "/v1/embeddings", "completion_window": "24h"}
         batch = await http.post("/v1/batches", json=body, headers=key)
         assert batch.status_code == 200, batch.text
+
+        async def conversation() -> tuple[str, str]:
+            items = [{"role": "user", "content": "hi"}]
+            made = await http.post("/v1/conversations", json={"items": items}, headers=key)
+            assert made.status_code == 200, made.text
+            listed = await http.get(f"/v1/conversations/{made.json()['id']}/items", headers=key)
+            return made.json()["id"], listed.json()["data"][0]["id"]
+
+        (kept, kept_item), (doomed_conversation, _) = await conversation(), await conversation()
+        thinned, doomed_item = await conversation()
     SEED.app = app
     SEED.account_key = account["api_key"]
     SEED.known = {
@@ -245,6 +255,8 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
         "file_id": [batch_input],
         "input_file_id": [batch_input],
         "batch_id": [batch.json()["id"]],
+        "conversation_id": [kept],
+        "item_id": [kept_item],
     }
     # Operations are fuzzed in the document's order; the destructive ones get rows of their own, so
     # that the routes after them still meet the real ones.
@@ -258,6 +270,11 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
         "DELETE /v1/deployments/{deployment_id}": {"deployment_id": [doomed["id"]]},
         "POST /v1/admin/accounts/{account_id}/credits": {"account_id": [topped["id"]]},
         "DELETE /v1/files/{file_id}": {"file_id": [doomed_file]},
+        "DELETE /v1/conversations/{conversation_id}": {"conversation_id": [doomed_conversation]},
+        "DELETE /v1/conversations/{conversation_id}/items/{item_id}": {
+            "conversation_id": [thinned],
+            "item_id": [doomed_item],
+        },
         # The deployed artifact (409 `artifact_busy`), or one nothing uses.
         "DELETE /v1/model-artifacts/{artifact_id}": {"artifact_id": [artifact_id, empty["id"]]},
     }

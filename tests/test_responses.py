@@ -1,6 +1,7 @@
 """The Responses API through the official `openai` SDK against a live server, on the tiny recipe chat
 model: the same generation as chat completions, OpenAI's event stream, stored responses chained by
-`previous_response_id` (across a restart too), background responses and their cancel."""
+`previous_response_id` (across a restart too), background responses and their cancel; conversations
+(OpenAI's Conversations API) carrying each turn into the next, their items, limits and visibility."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 from tests.chat_model import WEATHER, ChatServer, served_chat_model
 from tests.conftest import make_settings
-from tests.helpers import assert_error, bearer
+from tests.helpers import ADMIN_KEY, assert_error, bearer
 from tests.live import live_server
 
 TOOL = {"type": "function", **WEATHER["function"]}  # the Responses API's flat function tool
@@ -179,6 +180,7 @@ def test_fields_clients_send_are_accepted_and_misspelt_ones_refused(server: Chat
 
 
 IMAGE_PART = {"type": "input_image", "image_url": "x"}
+MCP = {"type": "mcp", "server_label": "m", "server_url": "https://mcp.example.com/mcp"}
 
 
 @pytest.mark.parametrize(
@@ -187,11 +189,21 @@ IMAGE_PART = {"type": "input_image", "image_url": "x"}
         ({"tools": [{"type": "web_search"}]}, "tools[0]"),
         ({"previous_response_id": "resp_missing"}, "previous_response_id"),
         ({"background": True, "store": False}, "background"),
-        ({"conversation": "conv_1"}, "conversation"),
+        ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
+        ({"conversation": {"name": "x"}}, "conversation"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),
         ({"input": [{"role": "user", "content": [IMAGE_PART]}]}, "input[0].content"),  # a text-only model
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0]"),
         ({"tool_choice": {"type": "web_search"}, "tools": [TOOL]}, "tool_choice"),
+        ({"tools": [{"type": "mcp", "server_label": "m"}]}, "tools[0].server_url"),
+        ({"tools": [MCP | {"connector_id": "connector_gmail"}]}, "tools[0].connector_id"),
+        ({"tools": [MCP | {"allowed_tools": {"read_only": True}}]}, "tools[0].allowed_tools.read_only"),
+        ({"tools": [MCP]}, "tools[0].server_url"),  # not on the account's (empty) allow-list
+        ({"tools": [MCP | {"headers": {"Host": "internal"}}]}, "tools[0].headers"),
+        (
+            {"input": [{"type": "mcp_approval_response", "approval_request_id": "x", "approve": True}]},
+            "input[0].approval_request_id",
+        ),
     ],
 )
 def test_what_cannot_be_served_is_a_400_naming_the_field(
@@ -242,9 +254,152 @@ def test_stored_responses_are_seen_by_their_account_and_deployment_keys_only(ser
         client(server).responses.retrieve(response.id)
 
 
-def test_previous_response_id_chains_across_a_server_restart(tmp_path: Path, recipes: Path) -> None:
+def test_a_conversation_carries_each_turn_into_the_next(server: ChatServer) -> None:
+    sdk = client(server)
+    conversation = sdk.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "my name is ada"}], metadata={"team": "a"}
+    )
+    assert conversation.id.startswith("conv_") and conversation.object == "conversation"
+    assert conversation.metadata == {"team": "a"}
+    first = sdk.responses.create(
+        model="chat", conversation=conversation.id, input="hello", max_output_tokens=4, temperature=0
+    )
+    second = sdk.responses.create(
+        model="chat",
+        conversation={"id": conversation.id},
+        input="and again",
+        max_output_tokens=4,
+        temperature=0,
+    )
+    assert first.conversation is not None and first.conversation.id == conversation.id
+    # the second turn was generated from the whole conversation: as the same chat completion
+    chat = sdk.chat.completions.create(
+        model="chat",
+        messages=[
+            {"role": "user", "content": "my name is ada"},
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "and again"},
+        ],
+        max_tokens=4,
+        temperature=0,
+    )
+    assert second.usage is not None and chat.usage is not None and first.usage is not None
+    assert second.usage.input_tokens == chat.usage.prompt_tokens > first.usage.input_tokens
+    assert second.output_text == chat.choices[0].message.content
+    items = list(sdk.conversations.items.list(conversation.id, order="asc", limit=2))  # paged by 2
+    assert len(items) == 5 and (items[2].id, items[4].id) == (first.output[0].id, second.output[0].id)
+    texts = [item.content[0].text for item in items]  # type: ignore[union-attr]
+    assert texts == ["my name is ada", "hello", first.output_text, "and again", second.output_text]
+    context = sdk.responses.input_items.list(second.id, order="asc").data
+    assert [item.id for item in context] == [item.id for item in items[:4]]
+
+
+def test_conversation_items_are_added_retrieved_and_deleted(server: ChatServer) -> None:
+    sdk = client(server)
+    conversation = sdk.conversations.create()
+    added = sdk.conversations.items.create(
+        conversation.id,
+        items=[
+            {"type": "message", "role": "user", "content": "one"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        ],
+    )
+    assert [item.type for item in added.data] == ["message", "function_call", "function_call_output"]
+    call = sdk.conversations.items.retrieve(added.data[1].id, conversation_id=conversation.id)
+    assert call.type == "function_call" and call.call_id == "call_1"  # type: ignore[union-attr]
+    newest = sdk.conversations.items.list(conversation.id, limit=1)
+    assert newest.data[0].id == added.data[2].id and newest.has_more
+    answer = sdk.conversations.items.delete(added.data[0].id, conversation_id=conversation.id)
+    assert answer.id == conversation.id and answer.object == "conversation"
+    remaining = sdk.conversations.items.list(conversation.id, order="asc").data
+    assert [item.id for item in remaining] == [added.data[1].id, added.data[2].id]
+    with pytest.raises(openai.NotFoundError):
+        sdk.conversations.items.retrieve(added.data[0].id, conversation_id=conversation.id)
+    updated = sdk.conversations.update(conversation.id, metadata={"stage": "two"})
+    assert sdk.conversations.retrieve(conversation.id).metadata == updated.metadata == {"stage": "two"}
+    deleted = sdk.conversations.delete(conversation.id)
+    assert deleted.deleted and deleted.object == "conversation.deleted"
+    for gone in (
+        lambda: sdk.conversations.retrieve(conversation.id),
+        lambda: sdk.conversations.items.list(conversation.id),
+        lambda: sdk.responses.create(model="chat", conversation=conversation.id, input="hi"),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            gone()
+
+
+def test_another_accounts_conversation_is_a_404(server: ChatServer) -> None:
+    http, key = server.http, server.key
+    mine = client(server).conversations.create(items=[{"role": "user", "content": "secret"}])
+    item = client(server).conversations.items.list(mine.id).data[0]
+    other = http.post("/v1/admin/accounts", json={"name": "another"}, headers=bearer(ADMIN_KEY))
+    stranger = client(server, other.json()["api_key"])
+    for call in (
+        lambda: stranger.conversations.retrieve(mine.id),
+        lambda: stranger.conversations.update(mine.id, metadata={"x": "y"}),
+        lambda: stranger.conversations.delete(mine.id),
+        lambda: stranger.conversations.items.list(mine.id),
+        lambda: stranger.conversations.items.create(mine.id, items=[{"role": "user", "content": "x"}]),
+        lambda: stranger.conversations.items.retrieve(item.id, conversation_id=mine.id),
+        lambda: stranger.conversations.items.delete(item.id, conversation_id=mine.id),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    # a deployment key sees the conversations created through keys of its deployments only
+    scoped = http.post("/v1/keys", json={"deployments": [server.deployment_id]}, headers=bearer(key)).json()
+    deployment = client(server, scoped["api_key"])
+    with pytest.raises(openai.NotFoundError):
+        deployment.conversations.retrieve(mine.id)  # the account key's: any deployment's turns
+    own = deployment.conversations.create()
+    turn = deployment.responses.create(model="chat", conversation=own.id, input="hi", max_output_tokens=1)
+    assert client(server).conversations.retrieve(own.id).id == own.id
+    assert len(client(server).conversations.items.list(own.id).data) == 1 + len(turn.output)
+    assert [item.type for item in client(server).conversations.items.list(mine.id).data] == ["message"]
+
+
+def test_conversation_limits_and_misuse_are_400s(server: ChatServer) -> None:
+    http, headers = server.http, bearer(server.key)
+    conversation = client(server).conversations.create(items=[{"role": "user", "content": "hi"}])
+    path = f"/v1/conversations/{conversation.id}/items"
+    message = {"type": "message", "role": "user", "content": "x"}
+    many = http.post(path, json={"items": [message] * 21}, headers=headers)
+    assert_error(many, 400, type_="invalid_request_error", param="items")
+    pairs = {f"k{n}": "v" for n in range(17)}
+    assert_error(
+        http.post("/v1/conversations", json={"metadata": pairs}, headers=headers), 400, param="metadata"
+    )
+    big = {**message, "content": "x" * (1 << 20)}
+    assert_error(
+        http.post(path, json={"items": [big]}, headers=headers), 400, "item_too_large", param="items[0]"
+    )
+    turn = {"model": "chat", "conversation": conversation.id, "input": [big], "max_output_tokens": 1}
+    assert_error(
+        http.post("/v1/responses", json=turn, headers=headers), 400, "item_too_large", param="input[0]"
+    )
+    call = {"type": "function_call", "id": "fc_1", "call_id": "c", "name": "f", "arguments": "{}"}
+    assert http.post(path, json={"items": [call]}, headers=headers).status_code == 200
+    again = http.post(path, json={"items": [call]}, headers=headers)
+    assert_error(again, 400, "duplicate_item", param="items[0]")
+    assert_error(http.post(path, json={"items": []}, headers=headers), 400, param="items")
+    missing = {"model": "chat", "conversation": "conv_missing", "input": "hi"}
+    assert_error(http.post("/v1/responses", json=missing, headers=headers), 404, param="conversation")
+    page = http.get(path, params={"after": "msg_missing"}, headers=headers)
+    assert_error(page, 400, param="after")
+    items = client(server).conversations.items.list(conversation.id, order="asc").data
+    assert [item.type for item in items] == ["message", "function_call"]  # nothing refused was kept
+
+
+def test_previous_response_id_and_conversations_last_across_a_server_restart(
+    tmp_path: Path, recipes: Path
+) -> None:
     with served_chat_model(tmp_path, recipes) as served:
         first = client(served).responses.create(model="chat", input="remember me", max_output_tokens=3)
+        conversation = client(served).conversations.create(metadata={"k": "v"})
+        turn = client(served).responses.create(
+            model="chat", conversation=conversation.id, input="before", max_output_tokens=3
+        )
     settings = make_settings(tmp_path, served.database_url, worker_threads=1)
     with live_server(settings) as url:
         restarted = openai.OpenAI(base_url=f"{url}/v1", api_key=served.key, max_retries=0)
@@ -255,3 +410,10 @@ def test_previous_response_id_chains_across_a_server_restart(tmp_path: Path, rec
         items = restarted.responses.input_items.list(second.id, order="asc").data
         texts = [item.content[0].text for item in items if item.type == "message"]  # type: ignore[union-attr]
         assert texts == ["remember me", first.output_text, "and now?"]
+        assert restarted.conversations.retrieve(conversation.id).metadata == {"k": "v"}
+        after = restarted.responses.create(
+            model="chat", conversation=conversation.id, input="after", max_output_tokens=3
+        )
+        listed = restarted.conversations.items.list(conversation.id, order="asc").data
+        texts = [item.content[0].text for item in listed]  # type: ignore[union-attr]
+        assert texts == ["before", turn.output_text, "after", after.output_text]

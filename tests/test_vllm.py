@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ import openai
 import pytest
 
 from tests.chat_model import WEATHER
-from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from tests.helpers import ADMIN_KEY, assert_error, bearer, busiest_replica, push_folder_sync
 from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
 from tests.server_process import ServerProcess, processes
 from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here again, on vLLM)
@@ -441,6 +442,49 @@ def test_json_schema_output_validates(chat: Chat) -> None:
             },
         )
         jsonschema.validate(json.loads(answer.choices[0].message.content or ""), schema)
+
+
+def test_vllms_kv_cache_usage_gauge_rises_while_a_sequence_holds_blocks_and_falls_after(chat: Chat) -> None:
+    """`modelhost_kv_cache_usage_ratio` on vLLM: the fraction of its KV-cache blocks its requests hold, as
+    its scheduler reports at each step, one series per replica process, and none of vLLM's own `vllm:*`
+    series on /metrics. Generations follow one another until a scrape sees the blocks held: the tiny
+    model answers one in about a second, which a slow scrape under load can miss."""
+    chat.client().chat.completions.create(model="chat", messages=MESSAGES, max_tokens=1)  # loaded
+    deadline = time.monotonic() + 5  # idle (a stream an earlier test left is aborted within moments)
+    while (idle := _cache_usage(chat)) != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert idle == 0  # and the gauge there since the replica loaded
+    stop = threading.Event()
+
+    def generate_one_at_a_time() -> None:
+        while not stop.is_set():  # about half a second each: the last one is waited for below
+            chat.client().chat.completions.create(
+                model="chat", messages=MESSAGES, max_tokens=600, temperature=0,
+                extra_body={"min_tokens": 600},
+            )  # fmt: skip
+
+    generating = threading.Thread(target=generate_one_at_a_time)
+    generating.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (busy := _cache_usage(chat)) <= 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        generating.join()
+    assert 0 < busy <= 0.5, busy  # one sequence's blocks, of a cache for many (MODELHOST_KV_CACHE_MB)
+    deadline = time.monotonic() + 15
+    while (usage := _cache_usage(chat)) != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert usage == 0
+    lines = chat.http.get("/metrics").text.splitlines()  # vLLM's Prometheus logger is ours, writing nothing
+    assert not [line for line in lines if line.startswith(("vllm:", "# HELP vllm:", "# TYPE vllm:"))]
+
+
+def _cache_usage(chat: Chat) -> float:
+    return busiest_replica(
+        chat.http.get("/metrics").text, "modelhost_kv_cache_usage_ratio", chat.deployment_id
+    )
 
 
 @pytest.mark.xfail(

@@ -517,6 +517,18 @@ class Settings(BaseSettings):
         description="A background response silent this long (its gateway died) reads as failed "
         "`interrupted`.",
     )
+    conversation_max_items: int = Field(
+        default=1000,
+        ge=1,
+        description="Items one conversation may hold (docs/limits.md): adding past it is a 400 "
+        "`conversation_full`; a response's turn is refused when its input would not fit.",
+    )
+    conversation_max_item_bytes: int = Field(
+        default=1 << 20,
+        ge=1024,
+        description="The JSON of one item added to a conversation (its own or a response's input): past it "
+        "a 400 `item_too_large`.",
+    )
     # ---------------------------------------------------------------- text generation (docs/generation.md)
     vllm_python: str | None = Field(
         default=None,

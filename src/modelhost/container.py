@@ -48,6 +48,9 @@ from modelhost.imports.sealing import Sealer
 from modelhost.imports.service import Imports
 from modelhost.jobs.runner import VideoCancel, VideoRunner
 from modelhost.jobs.store import VideoJobs
+from modelhost.mcp.allowlist import McpAllowList
+from modelhost.mcp.tools import McpTools
+from modelhost.media.fetch import FetchPolicy
 from modelhost.media.sources import MediaPolicy
 from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.runtime.engine_choice import device_kind
@@ -60,6 +63,7 @@ from modelhost.services.files import FileService, FileStore, file_secret
 from modelhost.services.keys import KeyService
 from modelhost.services.sessions import SessionService
 from modelhost.services.users import UserService
+from modelhost.serving.responses.conversations import ConversationStore
 from modelhost.serving.responses.service import Responses
 from modelhost.serving.responses.store import ResponseStore
 from modelhost.store import migrate
@@ -95,6 +99,7 @@ class Services:
     agent_runner: Runs
     billing: Billing
     responses: Responses
+    mcp: McpTools  # hosted MCP tools: the accounts' allow-lists, the vetted client, each call audited
     uploads: Files  # the Files API's files (`files` is the generated ones behind signed links)
     batches: Batches
     imports: Imports  # imports filling artifacts from S3, HTTPS, a Hub (run by the supervisor's runner)
@@ -137,6 +142,7 @@ class Services:
         authenticator = Authenticator(database, settings.admin_key_value, cache, clock)
         keys = KeyService(database, authenticator, clock)
         users = UserService(database, authenticator)
+        mcp_tools = McpTools(McpAllowList(database), FetchPolicy.from_settings(settings), database)
         sessions = SessionService(
             database,
             authenticator,
@@ -262,9 +268,14 @@ class Services:
             billing=billing,
             responses=Responses(
                 ResponseStore(database, settings.response_stale_seconds),
+                ConversationStore(
+                    database, settings.conversation_max_items, settings.conversation_max_item_bytes
+                ),
                 generation,
                 settings.response_stale_seconds,
+                mcp_tools,
             ),
+            mcp=mcp_tools,
             uploads=uploads,
             batches=batches,
             imports=imports,

@@ -340,3 +340,12 @@ def _by_name() -> dict[str, type[ModelhostError]]:
             found[sub.__name__] = sub
             pending.append(sub)
     return found
+
+
+class McpServerFailed(ModelhostError):
+    """A hosted MCP tool's server could not be reached or could not list its tools, before any answer:
+    424, as OpenAI answers it (the request was fine; a server it depends on failed)."""
+
+    status_code = 424
+    error_type = "invalid_request_error"
+    code = "mcp_server_error"

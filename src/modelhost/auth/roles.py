@@ -37,6 +37,7 @@ RESOURCES: tuple[tuple[str, str], ...] = (
     ("/v1/usage", "usage"),
     ("/v1/audit", "audit"),
     ("/v1/me", "me"),
+    ("/v1/mcp-servers", "mcp_servers"),
 )
 CALL = "models:call"  # every other keyed route: the inference API families
 MANAGE_KEYS = "keys:manage"
@@ -46,6 +47,7 @@ _READ_WRITE = ("artifacts", "deployments", "agents", "keys")
 PERMISSIONS: dict[Role, frozenset[str]] = {
     Role.OWNER: frozenset(
         [CALL, "me:read", "usage:read", "audit:read", "users:read", "users:write", MANAGE_KEYS, MANAGE_OWNERS]
+        + ["mcp_servers:read", "mcp_servers:write"]
         + [f"{resource}:{verb}" for resource in _READ_WRITE for verb in ("read", "write")]
     ),
     Role.DEVELOPER: frozenset(

@@ -24,6 +24,7 @@ from modelhost.cli.generation import (
     settings_body,
     show_settings,
 )
+from modelhost.cli.mcp_servers import mcp_servers_app
 from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, Url
 from modelhost.cli.output import out, show
 from modelhost.cli.session import login, logout
@@ -51,6 +52,7 @@ app.add_typer(files_app, name="files")
 app.add_typer(batches_app, name="batches")
 app.add_typer(audit_app, name="audit")
 app.add_typer(users_app, name="users")
+app.add_typer(mcp_servers_app, name="mcp-servers")
 app.command("whoami")(whoami)
 app.command("login")(login)
 app.command("logout")(logout)

@@ -66,6 +66,14 @@ MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
 LOW_PRIORITY = 10 * PRIORITY_BOUND
 
 
+@dataclass(slots=True)
+class KvCacheReading:
+    """vLLM's KV-cache use (0 to 1) as its scheduler reported it at its last step: what `_usage_logger`
+    writes and `VllmModel.cache_usage` reads."""
+
+    usage: float = 0.0
+
+
 @dataclass
 class VllmModel(StreamingEngine):
     """vLLM's engine as a `StreamingEngine` (`engines.interface`), and what building a request needs of
@@ -87,6 +95,8 @@ class VllmModel(StreamingEngine):
     lora_numbers: dict[str, int] = field(default_factory=dict)
     # the deployment's own settings it was loaded with (context, template, template arguments, parsers)
     settings: GenerationSettings = field(default_factory=GenerationSettings)
+    # the scheduler's KV-cache use at vLLM's last step (`cache_usage`), written by our stat logger
+    kv_cache: KvCacheReading = field(default_factory=KvCacheReading)
 
     @functools.cached_property
     def token_text(self) -> Callable[[int], str]:
@@ -102,10 +112,15 @@ class VllmModel(StreamingEngine):
         """Stop a request `generate` runs (its caller is gone, or cancelled it)."""
         await self.engine.abort(request_id)
 
-    def cache_usage(self) -> float | None:
-        """Not read yet: the engine runs with its statistics off (`disable_log_stats`), and its
-        scheduler's KV-cache use would need a stat logger of ours."""
-        return None
+    def cache_usage(self) -> float:
+        """The fraction of vLLM's KV-cache blocks its requests hold, as its scheduler reported at its last
+        step (`kv_cache_usage`; blocks that only keep prefixes for reuse count as free), kept by our stat
+        logger (`_usage_logger`) as each step's outputs arrive: an attribute read, as the worker calls
+        this whenever it sends events. 0 while vLLM holds no request: an idle engine core reports no
+        steps, so after an abort its last report would still count the aborted request's blocks."""
+        if not self.engine.get_num_unfinished_requests():
+            return 0.0
+        return self.kv_cache.usage
 
     async def warm_up(self) -> None:
         """One short generation before `Ready`: a model vLLM loads but cannot run (a head size its CPU
@@ -180,6 +195,8 @@ def load(
         # the grammars our gateway writes are llguidance's Lark; the backend is engine-wide
         structured_outputs_config=StructuredOutputsConfig(backend="guidance"),
         max_logprobs=MAX_LOGPROBS,
+        # vLLM's default stat loggers off (its periodic log lines); passing ours below turns the engine's
+        # statistics on without them
         disable_log_stats=True,
         # batch lines (`"low"` requests) are scheduled after interactive ones (`generate`)
         scheduling_policy="priority",
@@ -190,7 +207,8 @@ def load(
             else {}
         ),
     )
-    engine = AsyncLLM.from_engine_args(arguments)
+    kv_cache = KvCacheReading()
+    engine = AsyncLLM.from_engine_args(arguments, stat_loggers=[_usage_logger(kv_cache)])
     tokenizer = load_tokenizer(model_dir)  # the one loader: local files only, no repository code
     own.use_template(tokenizer)
     processor = load_processor(model_dir) if vision else None
@@ -209,7 +227,46 @@ def load(
         processor=processor,
         lora=lora is not None,
         settings=own,
+        kv_cache=kv_cache,
     )
+
+
+def _usage_logger(reading: KvCacheReading) -> type:
+    """The stat logger `load` passes to vLLM: it keeps each step's KV-cache use in `reading`, and does
+    nothing else. vLLM's stat loggers are a list of factories (`StatLoggerManager`); with
+    `disable_log_stats` and one of ours, vLLM turns its statistics on without its default logging
+    logger (no periodic lines in the replica's log), but adds its `PrometheusStatLogger` unless one of
+    ours is one. That logger would register its `vllm:*` gauges, counters and histograms with
+    prometheus_client, which in the worker writes them into our metrics folder
+    (`PROMETHEUS_MULTIPROC_DIR`, inherited from the server), where every /metrics scrape would read
+    them, and would update them at every step. So ours is a `PrometheusStatLogger` by class, to take
+    its place, whose `__init__` registers nothing and whose methods touch no metric. The interface
+    is vLLM's own, "not stable" (`StatLoggerBase`): vLLM 0.32's."""
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    class UsageLogger(PrometheusStatLogger):  # type: ignore[misc]
+        def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
+            self.engine_indexes = engine_indexes or [0]  # its parent's, never called: no metric made
+
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
+            if scheduler_stats is not None:  # None: outputs that carry no step's statistics
+                reading.usage = float(scheduler_stats.kv_cache_usage)
+
+        def record_admission_rejection(self, reason: str) -> None:
+            pass
+
+        def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
+            pass
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+        def log(self) -> None:
+            pass
+
+    return UsageLogger
 
 
 class QuantizationNotServed(Exception):

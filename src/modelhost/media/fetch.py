@@ -257,6 +257,14 @@ def _origin(url: httpx.URL) -> tuple[str, bytes, int | None]:
     return url.scheme, url.raw_host, url.port
 
 
+async def vetted_addresses(url: str, policy: FetchPolicy, *, param: str) -> tuple[httpx.URL, list[IPAddress]]:
+    """`url` parsed (http or https) and every address of its host, all allowed under the media rules, for
+    a client that connects by itself but only to these addresses (the MCP client, `modelhost.mcp.client`);
+    FetchFailed naming `param` otherwise."""
+    parsed = _parse_url(url, param, ("http", "https"))
+    return parsed, await _vetted_addresses(parsed, policy, param)
+
+
 async def _vetted_addresses(url: httpx.URL, policy: FetchPolicy, param: str) -> list[IPAddress]:
     """Every address of the URL's host, refusing the lot if any one is not allowed.
 

@@ -560,7 +560,7 @@ class AuditActor(BaseModel):
 
 
 class AuditTarget(BaseModel):
-    type: Literal["account", "key", "deployment", "artifact", "file", "user"]
+    type: Literal["account", "key", "deployment", "artifact", "file", "user", "mcp_server"]
     id: str
 
 
@@ -706,3 +706,13 @@ class SessionToken(BaseModel):
 
 class SignInConfig(BaseModel):
     sso: bool = Field(description="Single sign-on through an OpenID provider is configured.")
+
+
+class McpServers(StrictModel):
+    """An account's allow-list of MCP server URLs (hosted MCP tools in the Responses and Messages APIs
+    reach only servers it matches: same scheme, host and port, the path equal or below; none by
+    default). `PUT` replaces the whole list."""
+
+    urls: Annotated[list[Annotated[str, Field(max_length=2048)]], Field(max_length=100)] = Field(
+        examples=[["https://mcp.example.com/mcp"]]
+    )

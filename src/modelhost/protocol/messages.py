@@ -16,7 +16,16 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from modelhost.protocol.common import StrictModel
 
 NO_EFFECT = "Accepted for Anthropic compatibility; no effect here (docs/messages.md)."
-BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
+BLOCK_TYPES = (
+    "text",
+    "image",
+    "tool_use",
+    "tool_result",
+    "thinking",
+    "redacted_thinking",
+    "mcp_tool_use",
+    "mcp_tool_result",
+)
 
 
 class Block(BaseModel):
@@ -85,6 +94,25 @@ class ThinkingBlock(Block):
     signature: str | None = None
 
 
+class McpToolUseBlock(Block):
+    """A call this server made to an MCP tool (the MCP connector), sent back in an assistant turn."""
+
+    type: Literal["mcp_tool_use"]
+    id: str
+    name: str
+    server_name: str
+    input: dict[str, Any]
+
+
+class McpToolResultBlock(Block):
+    """That call's result, in the same assistant turn."""
+
+    type: Literal["mcp_tool_result"]
+    tool_use_id: str
+    is_error: bool | None = None
+    content: str | list[TextBlock] | None = None
+
+
 class RedactedThinkingBlock(Block):
     """Encrypted reasoning (Anthropic's own models): nothing a model here can read; dropped."""
 
@@ -107,9 +135,34 @@ def _known_blocks(value: Any) -> Any:
 
 
 ContentBlock = Annotated[
-    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock
+    | ImageBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | McpToolUseBlock
+    | McpToolResultBlock,
     Field(discriminator="type"),
 ]
+
+
+class McpToolConfiguration(StrictModel):
+    enabled: bool | None = Field(default=None, description="false: the server's tools are not offered.")
+    allowed_tools: list[str] | None = Field(default=None, description="Only these tools are offered.")
+
+
+class McpServerDefinition(StrictModel):
+    """An MCP server for the MCP connector (beta `mcp-client-2025-04-04`; docs/messages.md): its URL must
+    be on the account's allow-list of MCP servers."""
+
+    type: Literal["url"]
+    url: str
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    authorization_token: str | None = Field(
+        default=None, description="Sent to this server only as `Authorization: Bearer ...`; never stored."
+    )
+    tool_configuration: McpToolConfiguration | None = None
 
 
 class MessageParam(Block):
@@ -181,7 +234,9 @@ class CountTokensRequest(StrictModel):
     output_config: OutputConfig | None = None
     cache_control: dict[str, Any] | None = Field(default=None, description=NO_EFFECT)
     context_management: dict[str, Any] | None = Field(default=None, description=NO_EFFECT)
-    mcp_servers: list[Any] | None = Field(default=None, description="Refused (400): no MCP connector here.")
+    mcp_servers: Annotated[list[McpServerDefinition], Field(max_length=20)] | None = Field(
+        default=None, description="The MCP connector: servers whose tools this server calls (not counted)."
+    )
 
 
 class MessagesRequest(CountTokensRequest):

@@ -95,23 +95,56 @@ class ReasoningItem(Lenient):
     summary: list[ReasoningText] = []
 
 
+class McpApprovalResponseItem(Lenient):
+    """The client's answer to an `mcp_approval_request` of the previous response: approved, the call is
+    made before this response generates; denied, the model is told so."""
+
+    type: Literal["mcp_approval_response"]
+    approval_request_id: str
+    approve: bool
+    reason: str | None = None
+    id: str | None = None
+
+
+class McpOutputItem(Lenient):
+    """An earlier response's `mcp_list_tools`, `mcp_call` or `mcp_approval_request` item, sent back as
+    the SDK keeps every output item: kept as it is (a call is given to the model with its result)."""
+
+    type: Literal["mcp_list_tools", "mcp_call", "mcp_approval_request"]
+    id: str | None = None
+    server_label: str
+    name: str | None = None
+    arguments: str | None = None
+    output: str | None = None
+    error: Any = None
+    tools: list[dict[str, Any]] | None = None
+
+
 class OtherItem(Lenient):
-    """Hosted-tool calls, item references and the like: a 400 naming `input` (see docs/responses.md)."""
+    """Other hosted tools' calls, item references and the like: a 400 naming `input` (see
+    docs/responses.md)."""
 
     type: str
 
 
+_MCP_ITEMS = ("mcp_list_tools", "mcp_call", "mcp_approval_request")
+
+
 def _item_kind(value: Any) -> str:
     kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
+    if kind in _MCP_ITEMS:
+        return "mcp"
     return kind if kind in _KNOWN_ITEMS else "other"
 
 
-_KNOWN_ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+_KNOWN_ITEMS = ("message", "function_call", "function_call_output", "reasoning", "mcp_approval_response")
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[McpApprovalResponseItem, Tag("mcp_approval_response")]
+    | Annotated[McpOutputItem, Tag("mcp")]
     | Annotated[OtherItem, Tag("other")],
     Discriminator(_item_kind),
 ]
@@ -125,19 +158,57 @@ class FunctionTool(StrictModel):
     strict: bool | None = None
 
 
+class McpToolFilter(StrictModel):
+    tool_names: list[str] | None = None
+    read_only: bool | None = Field(default=None, description="Not available here: a 400 naming it.")
+
+
+class McpApprovalFilter(StrictModel):
+    always: McpToolFilter | None = None
+    never: McpToolFilter | None = None
+
+
+class McpTool(StrictModel):
+    """A hosted MCP server (docs/responses.md, "MCP tools"): its URL must be on the account's allow-list
+    of MCP servers; its tools are offered to the model by their own names and called by this server."""
+
+    type: Literal["mcp"]
+    server_label: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    server_url: str | None = Field(default=None, description="The server's streamable-HTTP endpoint.")
+    server_description: str | None = None
+    allowed_tools: list[str] | McpToolFilter | None = Field(
+        default=None, description="Only these of the server's tools are offered (default: all)."
+    )
+    require_approval: Literal["always", "never"] | McpApprovalFilter | None = Field(
+        default=None, description='"always" (the default, as OpenAI\'s), "never", or per tool.'
+    )
+    headers: dict[str, str] | None = Field(
+        default=None, description="Sent to this server only, with each MCP request; never stored or echoed."
+    )
+    authorization: str | None = Field(
+        default=None, description="An OAuth access token: sent as `Authorization: Bearer ...`."
+    )
+    connector_id: str | None = Field(default=None, description="OpenAI's connectors: not available here.")
+    defer_loading: bool | None = None
+    allowed_callers: list[str] | None = None
+    tunnel_id: str | None = Field(default=None, description="Not available here.")
+
+
 class HostedTool(Lenient):
-    """OpenAI's hosted tools (web search, file search, code interpreter, MCP...): a 400 naming `tools`."""
+    """OpenAI's other hosted tools (web search, file search, code interpreter...): a 400 naming `tools`."""
 
     type: str
 
 
 def _tool_kind(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "function" if kind == "function" else "hosted"
+    return kind if kind in ("function", "mcp") else "hosted"
 
 
 ToolParam = Annotated[
-    Annotated[FunctionTool, Tag("function")] | Annotated[HostedTool, Tag("hosted")],
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[McpTool, Tag("mcp")]
+    | Annotated[HostedTool, Tag("hosted")],
     Discriminator(_tool_kind),
 ]
 
@@ -251,8 +322,12 @@ class ResponseCreateRequest(StrictModel):
     moderation: dict[str, Any] | None = None
     access_programs: dict[str, Any] | None = None
     image: dict[str, Any] | None = None
-    # Refused when set (they need OpenAI-side objects we do not have): a 400 naming the field.
-    conversation: str | dict[str, Any] | None = None
+    conversation: str | dict[str, Any] | None = Field(
+        default=None,
+        description="A conversation's ID (or `{id}`): its items come first, and this turn's input and "
+        "output are appended to it. Not with `previous_response_id`.",
+    )
+    # Refused when set (it needs OpenAI-side objects we do not have): a 400 naming the field.
     prompt: dict[str, Any] | None = None
 
 
@@ -294,6 +369,36 @@ class FunctionCallOutput(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
+class McpListToolsOutput(BaseModel):
+    id: str
+    type: Literal["mcp_list_tools"] = "mcp_list_tools"
+    server_label: str
+    tools: list[dict[str, Any]] = Field(description="`name`, `description`, `input_schema`, `annotations`.")
+
+
+class McpCallOutput(BaseModel):
+    id: str
+    type: Literal["mcp_call"] = "mcp_call"
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None = None
+    error: dict[str, Any] | None = Field(
+        default=None,
+        description="`mcp_tool_execution_error` (`content`) or `mcp_protocol_error` (`message`).",
+    )
+    status: Literal["in_progress", "completed", "failed"]
+    approval_request_id: str | None = None
+
+
+class McpApprovalRequestOutput(BaseModel):
+    id: str
+    type: Literal["mcp_approval_request"] = "mcp_approval_request"
+    server_label: str
+    name: str
+    arguments: str
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int = 0
@@ -327,7 +432,14 @@ class ResponseObject(BaseModel):
     completed_at: int | None = None
     status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
     model: str
-    output: list[ReasoningOutput | OutputMessage | FunctionCallOutput]
+    output: list[
+        ReasoningOutput
+        | OutputMessage
+        | FunctionCallOutput
+        | McpListToolsOutput
+        | McpCallOutput
+        | McpApprovalRequestOutput
+    ]
     usage: ResponseUsage | None = None
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
@@ -344,6 +456,9 @@ class ResponseObject(BaseModel):
     max_output_tokens: int | None = None
     metadata: dict[str, str] = {}
     reasoning: dict[str, Any] | None = None
+    conversation: dict[str, str] | None = Field(
+        default=None, description="`{id}` of the conversation this turn was appended to."
+    )
 
 
 class ResponseDeleted(BaseModel):

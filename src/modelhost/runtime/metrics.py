@@ -98,8 +98,9 @@ GENERATION_REQUESTS = Counter(
 KV_CACHE_USAGE = Gauge(
     "modelhost_kv_cache_usage_ratio",
     "Fraction of a replica's KV cache held by the sequences it runs and prefills (the transformers "
-    "engine: its busy slots over its slots, each slot a whole context; 1: new requests wait), one "
-    "series per replica process (`pid`).",
+    "engine and llama.cpp: their busy slots over their slots, each slot a whole context; 1: new requests "
+    "wait; vLLM: the blocks its requests hold over its blocks, from its scheduler), one series per "
+    "replica process (`pid`).",
     ["deployment"],
     multiprocess_mode="liveall",
 )

@@ -24,10 +24,13 @@ from modelhost.errors import InvalidRequest, ModelhostError, anthropic_body
 from modelhost.frontend import Generation, Streams, Target, Until
 from modelhost.generation.choices import ChatChoice, tokenize_request
 from modelhost.generation.contract import GenerationEvent, Tokenized
+from modelhost.mcp.tools import MAX_ROUNDS, McpRequest, McpTools, Toolset
 from modelhost.protocol.chat import ChatCompletionRequest, TokenizeChatRequest
 from modelhost.protocol.messages import (
     CountTokensRequest,
     ImageBlock,
+    McpToolResultBlock,
+    McpToolUseBlock,
     MessagesRequest,
     RedactedThinkingBlock,
     TextBlock,
@@ -60,12 +63,9 @@ class Translated:
     image_params: list[str] = field(default_factory=list)
 
 
-def chat_request(body: CountTokensRequest) -> Translated:
-    """The chat completion that generates this message. 400s name the Anthropic field at fault."""
-    if body.mcp_servers:
-        raise InvalidRequest(
-            "MCP servers are not available here: run your MCP tools client-side.", param="mcp_servers"
-        )
+def chat_request(body: CountTokensRequest, mcp_functions: list[Event] | None = None) -> Translated:
+    """The chat completion that generates this message (`mcp_functions`: the MCP connector's tools, as
+    chat functions). 400s name the Anthropic field at fault."""
     if isinstance(body, MessagesRequest) and body.container is not None:
         raise InvalidRequest("Code-execution containers are not available here.", param="container")
     messages: list[Event] = []
@@ -75,7 +75,7 @@ def chat_request(body: CountTokensRequest) -> Translated:
     params: list[str] = []
     for index, message in enumerate(body.messages):
         messages += _chat_messages(message.role, message.content, f"messages[{index}]", params)
-    tools = _tools(body)
+    tools = _tools(body) + (mcp_functions or [])
     fields: Event = {
         "model": body.model,
         "messages": messages,
@@ -117,7 +117,7 @@ def _chat_messages(role: str, content: str | list[Any], param: str, image_params
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if role == "assistant":
-        return [_assistant(content)]
+        return _assistant_turns(content)
     results: list[Event] = []
     parts: list[Event] = []
     part_params: list[tuple[int, str]] = []  # (position in parts, field) of each image
@@ -134,7 +134,9 @@ def _chat_messages(role: str, content: str | list[Any], param: str, image_params
             parts.append(_image_part(block))
         elif isinstance(block, TextBlock):
             parts.append({"type": "text", "text": block.text})
-        elif isinstance(block, (ThinkingBlock, RedactedThinkingBlock, ToolUseBlock)):
+        elif isinstance(
+            block, (ThinkingBlock, RedactedThinkingBlock, ToolUseBlock, McpToolUseBlock, McpToolResultBlock)
+        ):
             raise InvalidRequest(f"A user message cannot hold {block.type} blocks.", param=where)
     image_params += [p for _, p in sorted(part_params)]
     if not parts:
@@ -142,6 +144,27 @@ def _chat_messages(role: str, content: str | list[Any], param: str, image_params
     if not part_params:  # text alone: one string, as chat templates render best
         return [*results, {"role": "user", "content": "\n".join(p["text"] for p in parts)}]
     return [*results, {"role": "user", "content": parts}]
+
+
+def _assistant_turns(content: list[Any]) -> list[Event]:
+    """An assistant message; one holding the MCP connector's calls and results is one assistant turn
+    per round (its calls), each followed by its results as tool messages."""
+    turns: list[Event] = []
+    blocks: list[Any] = []
+    for block in content:
+        if isinstance(block, McpToolResultBlock):
+            if blocks:
+                turns.append(_assistant(blocks))
+                blocks = []
+            given = block.content
+            text = given if isinstance(given, str) else "\n".join(b.text for b in given or [])
+            text = f"Error: {text}" if block.is_error else text
+            turns.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
+        else:
+            blocks.append(block)
+    if blocks or not turns:
+        turns.append(_assistant(blocks))
+    return turns
 
 
 def _assistant(content: list[Any]) -> Event:
@@ -153,10 +176,10 @@ def _assistant(content: list[Any]) -> Event:
             texts.append(block.text)
         elif isinstance(block, ThinkingBlock):
             thoughts.append(block.thinking)
-        elif isinstance(block, ToolUseBlock):
+        elif isinstance(block, ToolUseBlock | McpToolUseBlock):
             function = {"name": block.name, "arguments": json.dumps(block.input)}
             calls.append({"id": block.id, "type": "function", "function": function})
-        elif isinstance(block, ImageBlock | ToolResultBlock):
+        elif isinstance(block, ImageBlock | ToolResultBlock | McpToolResultBlock):
             raise InvalidRequest(f"An assistant message cannot hold {block.type} blocks.", param="messages")
         # redacted_thinking: Anthropic's encrypted reasoning, which no model here can read
     message: Event = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
@@ -185,6 +208,29 @@ def _image_part(block: ImageBlock) -> Event:
     source = block.source
     url = source.url if source.type == "url" else f"data:{source.media_type};base64,{source.data}"
     return {"type": "image_url", "image_url": {"url": url}}
+
+
+def mcp_requests(body: CountTokensRequest) -> list[McpRequest]:
+    """The MCP connector's servers (`mcp_servers`), those whose tools are enabled: no approval step
+    (Anthropic's connector calls the tools the model chooses)."""
+    requests: list[McpRequest] = []
+    for index, server in enumerate(body.mcp_servers or []):
+        config = server.tool_configuration
+        if config is not None and config.enabled is False:
+            continue
+        token = server.authorization_token
+        allowed = config.allowed_tools if config is not None else None
+        requests.append(
+            McpRequest(
+                label=server.name,
+                url=server.url,
+                headers={"Authorization": f"Bearer {token}"} if token else {},
+                allowed=frozenset(allowed) if allowed is not None else None,
+                approval=lambda name: False,
+                param=f"mcp_servers[{index}].url",
+            )
+        )
+    return requests
 
 
 def _tools(body: CountTokensRequest) -> list[Event]:
@@ -391,12 +437,29 @@ def _input_of(arguments: str) -> Event:
 
 
 async def create_message(
-    body: MessagesRequest, generation: Generation, target: Target, until: Until
+    body: MessagesRequest,
+    generation: Generation,
+    target: Target,
+    until: Until,
+    mcp_tools: McpTools | None = None,
+    account_id: str = "",
 ) -> Answer:
     """A message on `target`, whole or as Anthropic's event stream (`frontend`: the one pipeline every
     front-end shares). Its reasoning effort is optional: a family without a switch generates as it always
     does rather than refusing the request (Claude Code asks for thinking whatever the model;
-    docs/messages.md)."""
+    docs/messages.md). With `mcp_servers`, the MCP connector's rounds (`McpLoop`)."""
+    servers = mcp_requests(body)
+    if servers:
+        assert mcp_tools is not None
+        toolset = await mcp_tools.open(account_id, servers)
+        loop = McpLoop(body, generation, target, mcp_tools, account_id, toolset)
+        head = {"id": message_id(), "type": "message", "role": "assistant", "model": body.model}
+        await loop.start()
+        if body.stream:
+            return _sse(loop.events(head))
+        async for _ in loop.events(head):
+            pass
+        return loop.message(head)
     translated = chat_request(body)
     requests, mode = await generation.chat(
         translated.chat,
@@ -456,6 +519,10 @@ async def count_tokens(
 ) -> Event:
     """`{"input_tokens"}`: the prompt a message with this body would start from, rendered by the
     deployment's own chat template and tokenizer (the replica's `/tokenize` path)."""
+    if body.mcp_servers:
+        raise InvalidRequest(
+            "count_tokens does not reach MCP servers: count without mcp_servers.", param="mcp_servers"
+        )
     translated = chat_request(body)
     chat = translated.chat
     if translated.image_params:
@@ -477,3 +544,148 @@ async def count_tokens(
     tokenized = events[-1][1]
     assert isinstance(tokenized, Tokenized) and tokenized.tokens is not None
     return {"input_tokens": len(tokenized.tokens)}
+
+
+# ---------------------------------------------------------------- the MCP connector
+
+
+class McpLoop:
+    """A message whose model may call the MCP connector's tools: each round is generated as a stream;
+    the model's calls to MCP tools become `mcp_tool_use` blocks (their `tool_use` events are not sent),
+    made here, each followed by its `mcp_tool_result` block; then the model goes on from the results, up
+    to `MAX_ROUNDS` rounds (the last one without MCP tools). A call to a client tool ends the message
+    (`tool_use`), as without MCP."""
+
+    def __init__(
+        self,
+        body: MessagesRequest,
+        generation: Generation,
+        target: Target,
+        mcp_tools: McpTools,
+        account_id: str,
+        toolset: Toolset,
+    ) -> None:
+        self._body, self._generation, self._target = body, generation, target
+        self._mcp, self._account_id, self._toolset = mcp_tools, account_id, toolset
+        self.content: list[Event] = []
+        self._turns: list[Event] = []  # the rounds so far, as chat messages after the request's own
+        self._usage: Event | None = None
+        self._assembler: MessageAssembler | None = None
+        self._streams: Streams | None = None
+
+    async def start(self, last: bool = False) -> None:
+        """Open the next round's stream (the first one before any answer: a prompt that does not fit
+        fails the request)."""
+        translated = chat_request(self._body, None if last else self._toolset.functions())
+        chat = translated.chat
+        if self._turns:
+            dumped = chat.model_dump(exclude_none=True)
+            chat = ChatCompletionRequest.model_validate(
+                {**dumped, "messages": dumped["messages"] + self._turns}
+            )
+        requests, mode = await self._generation.chat(
+            chat,
+            self._target,
+            effort_param="thinking",
+            effort_optional=True,
+            image_params=translated.image_params,
+        )
+        (choice,) = chat_choices(chat, mode, 1)
+        stops = StopSequences(self._body.stop_sequences or [])
+        self._assembler = MessageAssembler(choice, stops, content=self.content)
+        self._streams = await self._generation.open(self._target, requests)
+
+    async def events(self, head: Event) -> AsyncIterator[Event]:
+        started = False
+        for round_ in range(MAX_ROUNDS + 1):
+            assembler, streams = self._assembler, self._streams
+            assert assembler is not None and streams is not None
+            first = len(self.content)
+            hidden: set[int] = set()
+            async for _, event in streams.merged():
+                produced = assembler.feed(event)
+                if not started:
+                    started = True
+                    start = {**head, "content": [], "stop_reason": None, "stop_sequence": None}
+                    usage = {**assembler.usage(), "output_tokens": 0}
+                    yield {"type": "message_start", "message": {**start, "usage": usage}}
+                    yield {"type": "ping"}
+                for item in produced:
+                    block = item.get("content_block") or {}
+                    if block.get("type") == "tool_use" and block.get("name") in self._toolset.tools:
+                        hidden.add(item["index"])
+                    if item.get("index") not in hidden:
+                        yield item
+            self._usage = _added(self._usage, assembler.usage())
+            client_calls = any(
+                b["type"] == "tool_use" for i, b in enumerate(self.content) if i >= first and i not in hidden
+            )
+            if not hidden or client_calls or assembler.choice.finish == "length" or round_ == MAX_ROUNDS:
+                break
+            turn = _turn_of(self.content[first:])
+            results: list[Event] = []
+            for index in sorted(hidden):
+                async for item in self._call(index, results):
+                    yield item
+            self._turns += [turn, *results]
+            await self.start(last=round_ + 1 == MAX_ROUNDS)
+        assert self._assembler is not None
+        delta = {"stop_reason": self._assembler.stop_reason, "stop_sequence": self._assembler.stops.matched}
+        yield {"type": "message_delta", "delta": delta, "usage": self._usage}
+        yield {"type": "message_stop"}
+
+    async def _call(self, index: int, results: list[Event]) -> AsyncIterator[Event]:
+        """The model's call at `index` as an `mcp_tool_use` block, made, then its `mcp_tool_result`."""
+        made = self.content[index]
+        tool = self._toolset.tools[made["name"]]
+        use = {"type": "mcp_tool_use", "id": made["id"], "name": tool.name, "server_name": tool.server.label}
+        self.content[index] = use = {**use, "input": made["input"]}
+        yield {"type": "content_block_start", "index": index, "content_block": dict(use)}
+        yield {"type": "content_block_stop", "index": index}
+        outcome = await self._mcp.call(self._account_id, self._toolset, tool.name, json.dumps(made["input"]))
+        text = outcome.output if outcome.error is None else outcome.error
+        result = {
+            "type": "mcp_tool_result",
+            "tool_use_id": made["id"],
+            "is_error": outcome.error is not None,
+            "content": [{"type": "text", "text": text or ""}],
+        }
+        self.content.append(result)
+        position = len(self.content) - 1
+        yield {"type": "content_block_start", "index": position, "content_block": result}
+        yield {"type": "content_block_stop", "index": position}
+        answer = f"Error: {text}" if outcome.error is not None else text
+        results.append({"role": "tool", "tool_call_id": made["id"], "content": answer or ""})
+
+    def message(self, head: Event) -> Event:
+        assert self._assembler is not None
+        return {
+            **head,
+            "content": self.content,
+            "stop_reason": self._assembler.stop_reason,
+            "stop_sequence": self._assembler.stops.matched,
+            "usage": self._usage,
+        }
+
+
+def _turn_of(blocks: list[Event]) -> Event:
+    """One round's blocks (before its calls are made) as the assistant turn the next round reads."""
+    texts = [b["text"] for b in blocks if b["type"] == "text"]
+    thoughts = [b["thinking"] for b in blocks if b["type"] == "thinking"]
+    calls = [
+        {
+            "id": b["id"],
+            "type": "function",
+            "function": {"name": b["name"], "arguments": json.dumps(b["input"])},
+        }
+        for b in blocks
+        if b["type"] == "tool_use"
+    ]
+    turn: Event = {"role": "assistant", "content": "".join(texts) or None, "tool_calls": calls}
+    if thoughts:
+        turn["reasoning_content"] = "\n".join(thoughts)
+    return turn
+
+
+def _added(total: Event | None, more: Event) -> Event:
+    return more if total is None else {name: total[name] + more[name] for name in more}

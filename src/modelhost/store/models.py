@@ -496,6 +496,39 @@ class StoredResponse(Base):
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
+class Conversation(Base):
+    """A conversation of OpenAI's Conversations API: items that responses created with `conversation`
+    read as their context and append their turns to. `next_position` and `item_count` move together in
+    one guarded UPDATE per append, so concurrent appends get distinct positions and the item limit
+    holds across gateway processes."""
+
+    __tablename__ = "conversations"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    # The deployments of the key that created it (sorted); None: an account key's, seen by account keys.
+    scope: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    metadata_: Mapped[dict[str, str]] = mapped_column("metadata", JSON)
+    next_position: Mapped[int] = mapped_column(BigInteger, default=0)
+    item_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ConversationItem(Base):
+    """One item of a conversation (a Responses item: message, function_call, its output, reasoning),
+    in the conversation's order (`position`). An item's id is unique within its conversation."""
+
+    __tablename__ = "conversation_items"
+    __table_args__ = (UniqueConstraint("conversation_id", "item_id", name="uq_conversation_items_item"),)
+
+    conversation_id: Mapped[str] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    item_id: Mapped[str] = mapped_column(String(64))
+    item: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
 class UploadedFile(Base):
     """A file of the Files API (`POST /v1/files`): batch input, or the output and error files a batch
     writes (purpose `batch_output`). The bytes live in the blob store under `blob_key`."""
@@ -612,3 +645,16 @@ class AuditHead(Base):
     hash: Mapped[str] = mapped_column(String(64))
     pruned_seq: Mapped[int] = mapped_column(BigInteger)
     pruned_hash: Mapped[str] = mapped_column(String(64))
+
+
+class McpServerEntry(Base):
+    """One entry of an account's allow-list of MCP server URLs (`modelhost.mcp.allowlist`): hosted MCP
+    tools in the Responses and Messages APIs reach only servers its entries match. None by default."""
+
+    __tablename__ = "mcp_servers"
+
+    account_id: Mapped[str] = mapped_column(
+        String(40), ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True
+    )
+    url: Mapped[str] = mapped_column(String(2048), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

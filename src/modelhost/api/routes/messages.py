@@ -10,7 +10,13 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from modelhost.api.deps import CallerPrincipal, ServicesDep, await_or_disconnect, deployment_for
+from modelhost.api.deps import (
+    CallerPrincipal,
+    ServicesDep,
+    account_id_of,
+    await_or_disconnect,
+    deployment_for,
+)
 from modelhost.frontend import Target, Until
 from modelhost.protocol.messages import (
     AnthropicError,
@@ -56,7 +62,14 @@ async def create_message(
 ) -> Response:
     user = body.metadata.user_id if body.metadata is not None else None
     deployment = await deployment_for(request, principal, body.model, user=user)
-    answer = await messages.create_message(body, services.generation, Target.of(deployment), _until(request))
+    answer = await messages.create_message(
+        body,
+        services.generation,
+        Target.of(deployment),
+        _until(request),
+        services.mcp,
+        account_id_of(principal),
+    )
     if isinstance(answer, dict):
         return _json(answer)
     return StreamingResponse(answer, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

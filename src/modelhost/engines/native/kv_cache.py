@@ -167,9 +167,26 @@ class SlotCache:
         return length
 
     def least_recently_used(self, first_free: int) -> int:
-        """The free slot (from `first_free` on) to give up first: an empty one, else the one used least
-        recently."""
-        return min(range(first_free, self.slots), key=lambda slot: (bool(self.held[slot]), self.used[slot]))
+        """The free slot (from `first_free` on) to give up first: an empty one, else the least recently
+        used of those whose content another slot mostly holds too, else the least recently used.
+
+        Two requests with one prompt at once leave two slots holding it (the second had the prefix
+        copied): giving up one of them loses nothing, where giving up the least recently used slot
+        would lose the only copy of another prompt, whose next request misses and takes yet another."""
+        free = sorted(
+            range(first_free, self.slots), key=lambda slot: (bool(self.held[slot]), self.used[slot])
+        )
+        if not self.held[free[0]]:
+            return free[0]
+        return next((slot for slot in free if self._mostly_held_elsewhere(slot)), free[0])
+
+    def _mostly_held_elsewhere(self, slot: int) -> bool:
+        """Whether another slot holds at least three quarters of this one's tokens as its own prefix."""
+        held = self.held[slot]
+        enough = max(1, 3 * len(held) // 4)
+        return any(
+            common_prefix(other, held, len(held)) >= enough for o, other in enumerate(self.held) if o != slot
+        )
 
     def longest_prefix(self, tokens: list[int], limit: int) -> tuple[int, int]:
         """The slot holding the longest prefix of `tokens` (at most `limit` of them), and its length."""

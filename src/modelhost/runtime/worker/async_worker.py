@@ -85,10 +85,12 @@ class AsyncWorker:
         self._prefix_queries = metrics.PREFIX_CACHE_QUERIES.labels(deployment)
         self._prefix_hits = metrics.PREFIX_CACHE_HITS.labels(deployment)
         self._cache_usage = metrics.KV_CACHE_USAGE.labels(deployment)
+        self._published_usage: float | None = None
         self._numbers = itertools.count()
         self._peers: set[_Peer] = set()
         self._flush_scheduled: set[_Peer] = set()
         self.stopped = asyncio.Event()
+        self._publish_usage()  # from the start: a scrape before the first request sees an idle replica
 
     @property
     def running(self) -> int:
@@ -141,9 +143,13 @@ class AsyncWorker:
             self._send(peer, Stats(message.id, runs, self.running))
 
     def _publish_usage(self) -> None:
-        """The engine's KV-cache use, as a generation takes or gives back its share (where it says)."""
+        """The engine's KV-cache use (where it says), written only when it changed (each write of a
+        metric costs a lock). Called whenever events go out and as a generation ends: a slot engine's
+        (llama.cpp's) moves as generations take and give back their slots, vLLM's at its steps, as a
+        sequence's blocks fill."""
         usage = self.streaming.cache_usage() if self.streaming is not None else None
-        if usage is not None:
+        if usage is not None and usage != self._published_usage:
+            self._published_usage = usage
             self._cache_usage.set(usage)
 
     async def _run(self, peer: _Peer, message: Run) -> None:
@@ -182,10 +188,9 @@ class AsyncWorker:
 
         def emit(event: GenerationEvent) -> None:
             nonlocal counted
-            if isinstance(event, GenerationStarted):  # it holds its slot now
+            if isinstance(event, GenerationStarted):  # it holds its slot now (published as it goes out)
                 self._prefix_queries.inc(event.prompt_tokens)
                 self._prefix_hits.inc(event.cached_tokens)
-                self._publish_usage()
             if isinstance(event, Text) and event.completion_tokens > counted:
                 self._generated_tokens.inc(event.completion_tokens - counted)
                 counted = event.completion_tokens
@@ -232,6 +237,7 @@ class AsyncWorker:
         events, peer.pending = peer.pending, []
         if events:
             self._send(peer, Events(events))
+            self._publish_usage()  # once a turn that moved streams: the KV cache moved with them
 
     def _send(self, peer: _Peer, message: msgspec.Struct) -> None:
         if not peer.writer.is_closing():

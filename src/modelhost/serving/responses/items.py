@@ -21,6 +21,7 @@ from modelhost.errors import InvalidRequest
 from modelhost.generation.choices import ChatChoice
 from modelhost.generation.contract import GenerationEvent
 from modelhost.generation.priority import applied_tier, numeric_priority
+from modelhost.mcp.tools import McpRequest
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.protocol.responses import (
     FunctionCallItem,
@@ -28,6 +29,9 @@ from modelhost.protocol.responses import (
     FunctionTool,
     FunctionToolChoice,
     ImagePart,
+    McpApprovalResponseItem,
+    McpOutputItem,
+    McpTool,
     MediaPart,
     MessageItem,
     OtherItem,
@@ -39,9 +43,8 @@ from modelhost.protocol.responses import (
 Item = dict[str, Any]
 Event = dict[str, Any]
 
-# Fields that would need objects only OpenAI has (stored prompts, conversations): refused when set.
+# Fields that would need objects only OpenAI has (stored prompts): refused when set.
 REFUSED = {
-    "conversation": "Conversations are not stored here; chain responses with previous_response_id.",
     "prompt": "Stored prompt templates are not available here; send the input itself.",
 }
 
@@ -53,13 +56,14 @@ def item_id(prefix: str) -> str:
 # ---------------------------------------------------------------- input items
 
 
-def input_items(body: ResponseCreateRequest) -> list[Item]:
-    """This request's input as stored items (each with an id), checked: 400s name `input`."""
-    if isinstance(body.input, str):
-        return [_message("user", body.input)]
+def input_items(given: str | list[Any], name: str = "input") -> list[Item]:
+    """A request's input (or a conversation's added `items`: `name`) as stored items, each with an id,
+    checked: 400s name `name[i]`."""
+    if isinstance(given, str):
+        return [_message("user", given)]
     items: list[Item] = []
-    for index, item in enumerate(body.input):
-        param = f"input[{index}]"
+    for index, item in enumerate(given):
+        param = f"{name}[{index}]"
         if isinstance(item, MessageItem):
             items.append(_message_of(item.role, item.content, param))
         elif isinstance(item, FunctionCallItem):
@@ -87,6 +91,18 @@ def input_items(body: ResponseCreateRequest) -> list[Item]:
         elif isinstance(item, ReasoningItem):
             text = "".join(part.text for part in item.content or [] if part.type == "reasoning_text")
             items.append(_reasoning(item.id or item_id("rs"), text, "completed"))
+        elif isinstance(item, McpApprovalResponseItem):
+            items.append(
+                {
+                    "id": item.id or item_id("mcpr"),
+                    "type": "mcp_approval_response",
+                    "approval_request_id": item.approval_request_id,
+                    "approve": item.approve,
+                    "reason": item.reason,
+                }
+            )
+        elif isinstance(item, McpOutputItem):
+            items.append({"id": item_id("mcp"), **item.model_dump(exclude_none=True)})
         elif isinstance(item, OtherItem):
             raise InvalidRequest(
                 f"Input items of type {item.type!r} are not supported here: send messages, function_call "
@@ -151,8 +167,12 @@ def _text_of(content: str | list[Any], param: str) -> str:
 # ---------------------------------------------------------------- the chat request
 
 
-def chat_request(body: ResponseCreateRequest, items: list[Item]) -> ChatCompletionRequest:
-    """The chat completion that generates this response: `items` are the chain so far plus this input."""
+def chat_request(
+    body: ResponseCreateRequest, items: list[Item], mcp_functions: list[Item] | None = None
+) -> ChatCompletionRequest:
+    """The chat completion that generates this response: `items` are the chain so far plus this input
+    (and, in a later MCP round, this response's output so far); `mcp_functions`: the MCP servers' tools
+    offered this round, as chat functions."""
     for name, reason in REFUSED.items():
         if getattr(body, name) is not None:
             raise InvalidRequest(reason, param=name)
@@ -160,7 +180,7 @@ def chat_request(body: ResponseCreateRequest, items: list[Item]) -> ChatCompleti
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
     messages += chat_messages(items)
-    tools = _tools(body)
+    tools = _tools(body) + (mcp_functions or [])
     fields: dict[str, Any] = {
         "reasoning_effort": body.reasoning.effort if body.reasoning else None,
         "model": body.model,
@@ -235,15 +255,125 @@ def chat_messages(items: list[Item]) -> list[Item]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        elif kind == "mcp_call":  # a call made here: the model's call, then its result (or error)
+            call = {
+                "id": item["id"],
+                "type": "function",
+                "function": {"name": item.get("name", ""), "arguments": item.get("arguments") or "{}"},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            if thought:
+                messages[-1].setdefault("reasoning_content", thought)
+            answer = (
+                item.get("output") if item.get("error") is None else f"Error: {_error_text(item['error'])}"
+            )
+            messages.append({"role": "tool", "tool_call_id": item["id"], "content": answer or ""})
+        else:  # MCP listings, approval requests and answers: not part of the conversation
+            continue
         if thought and messages[-1]["role"] == "assistant":
             messages[-1].setdefault("reasoning_content", thought)
         thought = ""
     return messages
 
 
+def _error_text(error: Any) -> str:
+    """An `mcp_call`'s error as the model reads it."""
+    if isinstance(error, dict):
+        if error.get("message"):
+            return str(error["message"])
+        parts = error.get("content") or []
+        return "\n".join(str(p.get("text", "")) for p in parts if isinstance(p, dict)) or json.dumps(error)
+    return str(error)
+
+
+# Headers the HTTP client and the MCP transport set themselves (a caller's would confuse the exchange)
+_TRANSPORT_HEADERS = {
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "accept",
+    "content-type",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+}
+
+
+def mcp_requests(body: ResponseCreateRequest) -> list[McpRequest]:
+    """The request's MCP servers (`tools` of type `mcp`), checked: 400s name the tool's field."""
+    requests: list[McpRequest] = []
+    for index, tool in enumerate(body.tools or []):
+        if not isinstance(tool, McpTool):
+            continue
+        param = f"tools[{index}]"
+        for name in ("connector_id", "tunnel_id"):
+            if getattr(tool, name) is not None:
+                raise InvalidRequest(
+                    "OpenAI's connectors and tunnels are not available here: give server_url.",
+                    param=f"{param}.{name}",
+                )
+        if not tool.server_url:
+            raise InvalidRequest("An MCP tool needs its server_url.", param=f"{param}.server_url")
+        headers = dict(tool.headers or {})
+        for name in headers:
+            if name.lower() in _TRANSPORT_HEADERS:
+                raise InvalidRequest(
+                    f"The header {name!r} is the MCP transport's own: it cannot be set.",
+                    param=f"{param}.headers",
+                )
+        if tool.authorization:
+            headers["Authorization"] = f"Bearer {tool.authorization}"
+        allowed = tool.allowed_tools
+        if allowed is not None and not isinstance(allowed, list):
+            if allowed.read_only is not None:
+                raise InvalidRequest(
+                    "read_only filters are not available here: list tool_names.",
+                    param=f"{param}.allowed_tools.read_only",
+                )
+            allowed = allowed.tool_names
+        requests.append(
+            McpRequest(
+                label=tool.server_label,
+                url=tool.server_url,
+                headers=headers,
+                allowed=frozenset(allowed) if allowed is not None else None,
+                approval=_approval(tool, param),
+                param=f"{param}.server_url",
+            )
+        )
+    return requests
+
+
+def _approval(tool: McpTool, param: str) -> Any:
+    """Whether a tool's call waits for approval: "always" (OpenAI's default), "never", or per tool (a
+    tool named in neither list waits)."""
+    rule = tool.require_approval
+    if rule is None or rule == "always":
+        return lambda name: True
+    if rule == "never":
+        return lambda name: False
+    for kind in ("always", "never"):
+        chosen = getattr(rule, kind)
+        if chosen is not None and chosen.read_only is not None:
+            raise InvalidRequest(
+                "read_only filters are not available here: list tool_names.",
+                param=f"{param}.require_approval.{kind}.read_only",
+            )
+    never = set(rule.never.tool_names or []) if rule.never else set()
+    always = set(rule.always.tool_names or []) if rule.always else set()
+    return lambda name: name in always or name not in never
+
+
 def _tools(body: ResponseCreateRequest) -> list[Item]:
     tools: list[Item] = []
     for index, tool in enumerate(body.tools or []):
+        if isinstance(tool, McpTool):
+            continue  # offered as the functions its server lists (`mcp_requests`)
         if not isinstance(tool, FunctionTool):
             raise InvalidRequest(
                 f"Only function tools are supported here; {tool.type!r} is one of OpenAI's hosted tools.",
@@ -284,7 +414,7 @@ def settings_of(body: ResponseCreateRequest) -> Item:
     text = body.text.model_dump(by_alias=True, exclude_none=True) if body.text else {}
     return {
         "instructions": body.instructions,
-        "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+        "tools": [t.model_dump(exclude_none=True, exclude=_SECRETS) for t in body.tools or []],
         "tool_choice": _echoed_tool_choice(body),
         "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
         "text": {"format": {"type": "text"}, **text},
@@ -296,7 +426,22 @@ def settings_of(body: ResponseCreateRequest) -> Item:
         "store": body.store is not False,
         "user": body.user,
         "service_tier": applied_tier(numeric_priority(body.service_tier, None), body.service_tier == "flex"),
+        "conversation": {"id": conversation} if (conversation := conversation_id(body)) else None,
     }
+
+
+def conversation_id(body: ResponseCreateRequest) -> str | None:
+    """The `conversation` a response continues: its ID, or an object with its `id` (OpenAI's two forms)."""
+    given = body.conversation
+    if given is None or isinstance(given, str):
+        return given
+    if not isinstance(given.get("id"), str):
+        raise InvalidRequest("conversation: give its ID, or an object with its `id`.", param="conversation")
+    identifier: str = given["id"]
+    return identifier
+
+
+_SECRETS = {"headers", "authorization"}  # an MCP tool's tokens: sent to its server, never stored
 
 
 def _reasoning_settings(body: ResponseCreateRequest) -> Item:
@@ -323,7 +468,7 @@ class OutputAssembler:
     the stream events it produced (without sequence numbers: the writer numbers them)."""
 
     choice: ChatChoice
-    output: list[Item] = field(default_factory=list)
+    output: list[Item] = field(default_factory=list)  # shared by the rounds of a response with MCP tools
     _reasoning: Item | None = None  # the open reasoning item
     _message: Item | None = None  # the open message item
     _calls: dict[int, Item] = field(default_factory=dict)  # open function_call items by call index

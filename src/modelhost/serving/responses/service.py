@@ -19,13 +19,19 @@ from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.frontend import Generation, Streams, Target
 from modelhost.generation.choices import ChatChoice, tool_schemas
 from modelhost.generation.contract import GenerationRequest
-from modelhost.protocol.responses import ResponseCreateRequest
+from modelhost.mcp.tools import MAX_ROUNDS, McpTools, Toolset
+from modelhost.protocol.chat import ChatCompletionRequest
+from modelhost.protocol.responses import McpApprovalResponseItem, ResponseCreateRequest
 from modelhost.routing import split_key
+from modelhost.serving.responses import mcp
+from modelhost.serving.responses.conversations import ConversationStore
 from modelhost.serving.responses.items import (
     OutputAssembler,
     chat_request,
+    conversation_id,
     image_params,
     input_items,
+    mcp_requests,
     settings_of,
 )
 from modelhost.serving.responses.store import INTERRUPTED, ResponseStore, Scope, response_view
@@ -58,8 +64,12 @@ class Prepared:
     engine_request: GenerationRequest
     mode: str
     tool_names: list[str]
+    conversation_id: str | None = None  # the conversation this turn is appended to once it has finished
     created_at: datetime = field(default_factory=utcnow)  # when the request came, stored as such
     tool_schemas: dict[str, Any] = field(default_factory=dict)  # `ChatChoice.tool_schemas`
+    body: ResponseCreateRequest | None = None  # for the later rounds of a response with MCP tools
+    toolset: Toolset | None = None  # the request's MCP servers, listed
+    pre_output: list[Any] = field(default_factory=list)  # MCP listings and approved calls, made first
 
     def view(self, status: str, **values: Any) -> Event:
         """The response object at this point (`values`: output, usage, error, incomplete_reason)."""
@@ -95,9 +105,18 @@ class Opened:
 
 
 class Responses:
-    def __init__(self, store: ResponseStore, generation: Generation, stale_seconds: float) -> None:
+    def __init__(
+        self,
+        store: ResponseStore,
+        conversations: ConversationStore,
+        generation: Generation,
+        stale_seconds: float,
+        mcp_tools: McpTools,
+    ) -> None:
         self.store = store
+        self.conversations = conversations
         self._generation = generation
+        self._mcp = mcp_tools
         self._beat_seconds = heartbeat_seconds(stale_seconds)
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -115,18 +134,26 @@ class Responses:
         if body.background and not store:
             raise InvalidRequest("background responses are stored: set store to true.", param="background")
         context: list[Any] = []
+        items = input_items(body.input)
+        conversation = conversation_id(body)
+        if conversation is not None and body.previous_response_id:
+            raise InvalidRequest(
+                "Mutually exclusive parameters: give either previous_response_id or conversation.",
+                param="conversation",
+            )
         if body.previous_response_id:
             previous = body.previous_response_id
             context = await asyncio.to_thread(self.store.chain, account_id, scope, previous)
-        items = input_items(body)
-        chat = chat_request(body, [*context, *items])
-        requests, mode = await self._generation.chat(
-            chat,
-            target,
-            effort_param="reasoning.effort",
-            format_param="text.format",
-            image_params=image_params(body, context),
-        )
+        elif conversation is not None:
+            context = await asyncio.to_thread(
+                self.conversations.context, account_id, scope, conversation, items
+            )
+        servers = mcp_requests(body)
+        toolset = await self._mcp.open(account_id, servers) if servers else None
+        pre_output = [mcp.listing(label, tools) for label, tools in toolset.listings] if toolset else []
+        pre_output += await self._approved_calls(body, account_id, toolset, context)
+        chat = chat_request(body, [*context, *items, *pre_output], toolset.functions() if toolset else None)
+        requests, mode = await self._chat(body, chat, target, context)
         return Prepared(
             id=new_id("resp"),
             account_id=account_id,
@@ -141,14 +168,66 @@ class Responses:
             engine_request=requests[0],
             mode=mode,
             tool_names=[t.function.name for t in chat.tools or []],
+            conversation_id=conversation,
             tool_schemas=tool_schemas(chat.tools or []),
+            body=body,
+            toolset=toolset,
+            pre_output=pre_output,
         )
+
+    async def _chat(
+        self, body: ResponseCreateRequest, chat: ChatCompletionRequest, target: Target, context: list[Any]
+    ) -> tuple[list[GenerationRequest], str]:
+        return await self._generation.chat(
+            chat,
+            target,
+            effort_param="reasoning.effort",
+            format_param="text.format",
+            image_params=image_params(body, context),
+        )
+
+    async def _approved_calls(
+        self, body: ResponseCreateRequest, account_id: str, toolset: Toolset | None, context: list[Any]
+    ) -> list[Any]:
+        """The calls this input approves (`mcp_approval_response` items), made before generating: each an
+        `mcp_call` item (a denied one with its denial as the error the model reads)."""
+        asked = {item["id"]: item for item in context if item["type"] == "mcp_approval_request"}
+        made: list[Any] = []
+        for index, item in enumerate([] if isinstance(body.input, str) else body.input):
+            if not isinstance(item, McpApprovalResponseItem):
+                continue
+            param = f"input[{index}].approval_request_id"
+            request = asked.get(item.approval_request_id)
+            if request is None:
+                raise InvalidRequest(
+                    f"No mcp_approval_request {item.approval_request_id!r} in the previous response's chain.",
+                    param=param,
+                )
+            tool = toolset.tools.get(request["name"]) if toolset else None
+            if tool is None or tool.server.label != request["server_label"]:
+                raise InvalidRequest(
+                    f"The approved call's server {request['server_label']!r} and tool {request['name']!r} "
+                    "must be among this request's tools.",
+                    param=param,
+                )
+            call = mcp.call_item(
+                request["server_label"], request["name"], request["arguments"], request["id"]
+            )
+            assert toolset is not None
+            outcome = (
+                await self._mcp.call(account_id, toolset, request["name"], request["arguments"])
+                if item.approve
+                else mcp.DENIED
+            )
+            mcp.settle(call, outcome)
+            made.append(call)
+        return made
 
     async def open(self, prepared: Prepared) -> Opened:
         """Start generating and wait for the first event: a prompt that does not fit fails here."""
         streams = await self._generation.open(prepared.target, [prepared.engine_request])
         choice = ChatChoice(0, prepared.mode, prepared.tool_names, tool_schemas=prepared.tool_schemas)
-        return Opened(streams, OutputAssembler(choice))
+        return Opened(streams, OutputAssembler(choice, output=list(prepared.pre_output)))
 
     async def run(self, prepared: Prepared, generation: Opened, *, record: bool) -> AsyncIterator[Event]:
         """OpenAI's event sequence (without sequence numbers), ending with the final response, which
@@ -156,26 +235,83 @@ class Responses:
         assembler = generation.assembler
         yield {"type": "response.created", "response": prepared.view("in_progress")}
         yield {"type": "response.in_progress", "response": prepared.view("in_progress")}
+        output = assembler.output
+        for index, item in enumerate(prepared.pre_output):  # MCP listings and approved calls
+            for event in [*mcp.opened_events(index, item), *mcp.closed_events(index, item)]:
+                yield event
+        toolset = prepared.toolset
+        hidden = mcp.Hidden(frozenset(toolset.tools) if toolset else frozenset())
         error: Event | None = None
-        async with contextlib.aclosing(generation.streams.merged()) as stream:
-            try:
-                async for _, engine_event in stream:
-                    for event in assembler.feed(engine_event):
+        usage: Event | None = None
+        streams = generation.streams
+        for round_ in range(MAX_ROUNDS + 1):
+            first = len(output)
+            async with contextlib.aclosing(streams.merged()) as stream:
+                try:
+                    async for _, engine_event in stream:
+                        for event in assembler.feed(engine_event):
+                            if hidden.visible(event):
+                                yield event
+                        if assembler.choice.finish is not None:
+                            break
+                except ModelhostError as exc:  # the replica failed mid-way (after the 200 went out)
+                    error = {"code": exc.code, "message": exc.message}
+                    yield {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param}
+            for event in assembler.finish():
+                if hidden.visible(event):
+                    yield event
+            usage = mcp.added_usage(usage, assembler.usage())
+            calls = [i for i, item in enumerate(output) if i >= first and item["id"] in hidden.ids]
+            if error is not None or toolset is None or not calls:
+                break
+            waiting = False
+            for index in calls:  # each MCP tool call becomes its item, made here or waiting for approval
+                made = output[index]
+                tool = toolset.tools[made["name"]]
+                if tool.needs_approval:
+                    output[index] = mcp.approval_item(tool.server.label, tool.name, made["arguments"])
+                    waiting = True
+                    for event in [
+                        *mcp.opened_events(index, output[index]),
+                        *mcp.closed_events(index, output[index]),
+                    ]:
                         yield event
-                    if assembler.choice.finish is not None:
-                        break
-            except ModelhostError as exc:  # the replica failed mid-way (after the 200 went out)
+                    continue
+                output[index] = call = mcp.call_item(tool.server.label, tool.name, made["arguments"])
+                for event in mcp.opened_events(index, call):
+                    yield event
+                mcp.settle(
+                    call, await self._mcp.call(prepared.account_id, toolset, tool.name, call["arguments"])
+                )
+                for event in mcp.closed_events(index, call):
+                    yield event
+            client_calls = any(item["type"] == "function_call" for item in output[first:])
+            if waiting or client_calls or assembler.choice.finish == "length":
+                break
+            try:  # the next round: the model reads the results; the last one gets no MCP tools
+                assert prepared.body is not None
+                offered = toolset.functions() if round_ + 1 < MAX_ROUNDS else None
+                conversation = [*prepared.context, *prepared.input_items, *output]
+                chat = chat_request(prepared.body, conversation, offered)
+                requests, mode = await self._chat(prepared.body, chat, prepared.target, prepared.context)
+                streams = await self._generation.open(prepared.target, [requests[0]])
+            except ModelhostError as exc:
                 error = {"code": exc.code, "message": exc.message}
                 yield {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param}
-        for event in assembler.finish():
-            yield event
-        outcome: Event = {"output": assembler.output, "usage": assembler.usage()}
+                break
+            names = [t.function.name for t in chat.tools or []]
+            choice = ChatChoice(0, mode, names, tool_schemas=tool_schemas(chat.tools or []))
+            assembler = OutputAssembler(choice, output=output)
+        outcome: Event = {"output": output, "usage": usage}
         if error is not None:
             status = "failed"
             outcome["error"] = error
         else:
             status = "incomplete" if assembler.incomplete_reason else "completed"
             outcome["incomplete_reason"] = assembler.incomplete_reason
+        if prepared.conversation_id is not None and status != "failed":
+            turn = [*prepared.input_items, *assembler.output]
+            await asyncio.to_thread(self.conversations.append, prepared.conversation_id, turn)
         final = prepared.view(status, **outcome)
         if record:
             final = await asyncio.to_thread(self._store, prepared, status, outcome)

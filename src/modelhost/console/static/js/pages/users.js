@@ -1,5 +1,6 @@
 // People (admins): the account's members and their roles; invite by email, change a role, disable or
-// enable, remove. Their keys and sessions follow at once (docs/access.md).
+// enable, remove. Their keys and sessions follow at once (docs/access.md). And the account's
+// allow-list of MCP servers that hosted MCP tools may reach (docs/responses.md, "MCP tools").
 import { api } from "../api.js";
 import { confirmButton, field, h, message, replace, when } from "../dom.js";
 
@@ -15,7 +16,8 @@ export async function render(main) {
     h("section", { class: "card" }, h("h3", {}, "Add a person"),
       h("p", { class: "muted" }, "They sign in through your identity provider with this email, or use a key an admin makes for them."), form, status),
     h("section", { class: "card" }, h("h3", {}, "Members"),
-      h("table", { id: "user-list" }, h("thead", {}, h("tr", {}, ["Email", "Name", "Role", "State", "Member since", ""].map((t) => h("th", {}, t)))), rows)));
+      h("table", { id: "user-list" }, h("thead", {}, h("tr", {}, ["Email", "Name", "Role", "State", "Member since", ""].map((t) => h("th", {}, t)))), rows)),
+    mcpServers());
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -48,4 +50,24 @@ export async function render(main) {
         })))));
   }
   await refresh();
+}
+
+// The MCP server URLs the account's hosted MCP tools may reach, one per line; saved whole (PUT).
+function mcpServers() {
+  const urls = h("textarea", { id: "mcp-urls", rows: 4, placeholder: "https://mcp.example.com/mcp" });
+  const status = h("p", { id: "mcp-status" });
+  const form = h("form", { id: "mcp-form" }, field("MCP server URLs, one per line", urls), h("button", { type: "submit" }, "Save"));
+  const show = (answer) => { urls.value = answer.urls.join("\n"); };
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const list = urls.value.split("\n").map((u) => u.trim()).filter(Boolean);
+    try {
+      show(await api("PUT", "/v1/mcp-servers", { body: { urls: list } }));
+      message(status, "Saved.", "ok");
+    } catch (error) { message(status, error.message); }
+  });
+  api("GET", "/v1/mcp-servers").then(show, (error) => message(status, error.message));
+  return h("section", { class: "card" }, h("h3", {}, "MCP servers"),
+    h("p", { class: "muted" }, "Hosted MCP tools (Responses and Messages APIs) reach only these servers: same scheme, host and port, the path at or below. None by default."),
+    form, status);
 }
