@@ -446,6 +446,78 @@ def test_the_prefix_cache_counts_prompt_tokens_looked_up_and_found_on_metrics(ch
     assert (queried, found) == (sum(p for p, _ in usages), sum(c for _, c in usages))
 
 
+def _tier_metric(chat: Chat, tier: str) -> float:
+    """`modelhost_generation_requests_total` of the chat deployment for one tier."""
+    for line in chat.http.get("/metrics").text.splitlines():
+        ours = line.startswith("modelhost_generation_requests_total{") and f'tier="{tier}"' in line
+        if ours and f'deployment="{chat.deployment_id}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_service_tier_is_answered_as_applied_and_counted_per_tier(chat: Chat) -> None:
+    """`service_tier` (and vLLM's numeric `priority`) choose the tier a generation runs in: the answer
+    says which, streamed or not, and `modelhost_generation_requests_total{tier}` counts it."""
+    client = chat.client()
+    tiers = ("priority", "default", "flex")
+    before = {tier: _tier_metric(chat, tier) for tier in tiers}
+    answered = {
+        tier: client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=2, service_tier=tier)
+        for tier in (*tiers, "auto")
+    }
+    assert {tier: a.service_tier for tier, a in answered.items()} == {
+        "priority": "priority",
+        "default": "default",
+        "flex": "flex",
+        "auto": "default",
+    }
+    stream = client.chat.completions.create(
+        model="chat", messages=MESSAGES, max_tokens=2, service_tier="flex", stream=True
+    )
+    assert {chunk.service_tier for chunk in stream} == {"flex"}
+    numbered = client.completions.create(
+        model="chat", prompt="hello", max_tokens=2, extra_body={"priority": -3}
+    )
+    assert numbered.service_tier == "priority"  # type: ignore[attr-defined]
+    behind = client.completions.create(
+        model="chat", prompt="hello", max_tokens=2, extra_body={"priority": 3, "service_tier": "priority"}
+    )
+    assert behind.service_tier == "default"  # type: ignore[attr-defined]  # its own number wins
+    after = {tier: _tier_metric(chat, tier) for tier in tiers}
+    assert {tier: after[tier] - before[tier] for tier in tiers} == {"priority": 2, "default": 3, "flex": 2}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {"messages": MESSAGES, "service_tier": "turbo"}, "service_tier"),
+        ("/v1/completions", {"prompt": "hi", "service_tier": "express"}, "service_tier"),
+        ("/v1/completions", {"prompt": "hi", "priority": 5000}, "priority"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "priority": "high"}, "priority"),
+        ("/v1/responses", {"input": "hi", "service_tier": "turbo"}, "service_tier"),
+    ],
+)
+def test_an_unknown_service_tier_or_a_priority_out_of_range_is_a_400_naming_it(
+    chat: Chat, path: str, body: dict[str, Any], param: str
+) -> None:
+    assert_error(chat.post(path, model="chat", max_tokens=2, **body), 400, param=param)
+
+
+def test_the_messages_api_runs_its_service_tiers_as_default_and_refuses_others_naming_it(chat: Chat) -> None:
+    """Anthropic's `auto` and `standard_only` both run in the default tier (`usage.service_tier`:
+    standard); another value is a 400 in Anthropic's error body, naming the field."""
+    hi = [{"role": "user", "content": "hi"}]
+    message = chat.anthropic().messages.create(
+        model="chat",
+        max_tokens=2,
+        messages=hi,
+        service_tier="standard_only",  # type: ignore[arg-type]
+    )
+    assert message.usage.service_tier == "standard"
+    refused = chat.post("/v1/messages", model="chat", max_tokens=2, messages=hi, service_tier="flex")
+    assert refused.status_code == 400 and refused.json()["error"]["message"].startswith("service_tier:")
+
+
 def test_the_kv_cache_usage_gauge_rises_while_a_generation_holds_a_slot_and_falls_after(chat: Chat) -> None:
     """`modelhost_kv_cache_usage_ratio`: the replica's busy slots over its slots, one series per
     replica process."""

@@ -22,6 +22,7 @@ from modelhost.generation.contract import (
     Text,
 )
 from modelhost.generation.grammar import json_schema_grammar
+from modelhost.generation.priority import BUSY_SECONDS
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 from tests.hostile import lark_chain
 
@@ -126,6 +127,119 @@ def test_a_batch_line_waits_behind_interactive_sequences_for_a_slot(loaded: tupl
             if isinstance(event, Text) and event.finish and sid not in order:
                 order.append(sid)
     assert order == [1, 3, 2]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def held(engine: GenerationEngine) -> list[int]:
+    """The sequences holding slots (prefilling or running), by ID."""
+    return sorted(s.id for s in (*engine.running, *engine.prefilling))
+
+
+def test_flex_sequences_are_held_back_from_free_slots_while_interactive_ones_run(
+    loaded: tuple[Any, Any],
+) -> None:
+    """Ordering the waiting list changes nothing when slots are free: while an interactive sequence
+    runs no flex one starts, with seven slots free; in the moments after it (its caller's next turn may
+    follow) one does; once the interactive traffic is over they take every slot but one, and when an
+    interactive one comes again it takes that slot and the flex ones pause while it runs."""
+    clock = Clock()
+    model, tokenizer = loaded
+    engine = GenerationEngine(model, tokenizer, DEVICE, 8, 512, lambda t: tokenizer.decode([t]), clock=clock)
+    engine.add(sequence(loaded, 1, "hello world", max_tokens=6, min_tokens=6))
+    for sid in range(2, 12):
+        engine.add(sequence(loaded, sid, "a photo", max_tokens=40, min_tokens=40), low=True)
+    engine.step()
+    assert held(engine) == [1] and len(engine.waiting) == 10 and engine.max_running == 8
+    while 1 in held(engine):
+        engine.step()
+        assert held(engine) in ([1], [])
+    engine.step()  # the interactive one ended just now (its caller's next turn may follow): one flex
+    assert held(engine) == [2]
+    clock.now += BUSY_SECONDS
+    engine.step()
+    assert held(engine) == list(range(2, 9)) and [s.id for s in engine.waiting] == [9, 10, 11]  # one spare
+    engine.add(sequence(loaded, 12, "paris is", max_tokens=6, min_tokens=6))
+    engine.step()
+    assert held(engine) == [*range(2, 9), 12]  # an interactive arrival finds the spare slot at once
+    generated = {s.id: len(s.generated) for s in engine.running}
+    engine.step()
+    grew = sorted(s.id for s in engine.running if len(s.generated) > generated[s.id])
+    assert grew == [12]  # the flex ones admitted meanwhile pause in their slots while it runs
+    while any(s.id == 12 for s in (*engine.running, *engine.prefilling)):
+        engine.step()
+    clock.now += BUSY_SECONDS
+    generated = {s.id: len(s.generated) for s in engine.running}
+    engine.step()
+    assert all(len(s.generated) > generated[s.id] for s in engine.running)  # and go on after it
+
+
+def test_an_interactive_sequence_waiting_for_the_one_slot_a_flex_one_holds_lets_it_finish(
+    loaded: tuple[Any, Any],
+) -> None:
+    """A flex sequence pauses only beside interactive ones holding slots: one that waits for the slot
+    a flex sequence holds (a one-slot engine) lets it finish, then runs."""
+    clock = Clock()
+    model, tokenizer = loaded
+    engine = GenerationEngine(model, tokenizer, DEVICE, 1, 512, lambda t: tokenizer.decode([t]), clock=clock)
+    engine.add(sequence(loaded, 1, "a photo", max_tokens=6, min_tokens=6), low=True)
+    engine.step()
+    engine.add(sequence(loaded, 2, "hello world", max_tokens=3, min_tokens=3))
+    texts = run(engine)
+    assert set(texts) == {1, 2} and engine.idle
+
+
+def test_paused_flex_sequences_generate_what_they_would_have_unpaused(loaded: tuple[Any, Any]) -> None:
+    """A paused sequence keeps its slot and cache while others move around it: its greedy output is
+    unchanged."""
+    clock = Clock()
+    model, tokenizer = loaded
+    engine = GenerationEngine(model, tokenizer, DEVICE, 8, 512, lambda t: tokenizer.decode([t]), clock=clock)
+    flex = [sequence(loaded, i, prompt, max_tokens=16, min_tokens=16) for i, prompt in enumerate(PROMPTS)]
+    for s in flex:
+        engine.add(s, low=True)
+    texts: dict[int, str] = {}
+    for step in range(40):
+        if step in (3, 9):  # interactive turns: all flex ones but the oldest pause meanwhile
+            engine.add(sequence(loaded, 10 + step, "hello world", max_tokens=4, min_tokens=4))
+        if step in (8, 20):
+            clock.now += BUSY_SECONDS
+        for sid, event in engine.step():
+            texts[sid] = texts.get(sid, "") + text_of(event)
+    assert engine.idle
+    alone = run(
+        engine_of(loaded),
+        {0: [sequence(loaded, i, p, max_tokens=16, min_tokens=16) for i, p in enumerate(PROMPTS)]},
+    )
+    assert {i: texts[i] for i in range(len(PROMPTS))} == alone
+
+
+def test_priority_goes_ahead_of_its_keys_default_sequences_and_never_ahead_of_another_keys(
+    loaded: tuple[Any, Any],
+) -> None:
+    """A key's numbers sort its own waiting sequences over the places their arrival gave them, so key
+    B finds as many of key A's sequences ahead of it as it would without them; a flex one stays last."""
+    engine = engine_of(loaded, max_running=1)
+
+    def add(sid: int, tenant: str, priority: int = 0, low: bool = False) -> None:
+        s = sequence(loaded, sid, "hello world", max_tokens=2, min_tokens=2)
+        s.tenant, s.priority = tenant, priority
+        engine.add(s, low=low)
+
+    add(1, "a")
+    add(2, "b")
+    add(3, "a")
+    add(4, "a", low=True)
+    add(5, "a", priority=-1)
+    add(6, "b", priority=5)
+    add(7, "b")
+    assert [s.id for s in engine.waiting] == [5, 2, 1, 3, 7, 6, 4]
 
 
 def test_seeded_sampling_is_reproducible_whatever_runs_beside_it(loaded: tuple[Any, Any]) -> None:

@@ -714,6 +714,45 @@ def test_batch_lines_wait_behind_interactive_requests_for_a_slot() -> None:
     assert asyncio.run(run()) == ["chat", "batch"]
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_flex_requests_wait_beside_a_chat_holding_a_slot_and_then_leave_one_slot_spare() -> None:
+    """The same rule as the transformers engine's (`generation.priority`): with a chat inside and three
+    slots free, no flex request goes in; once the interactive traffic is over, flex requests take every
+    slot but one, which the next chat gets at once."""
+
+    async def run() -> None:
+        clock = _Clock()
+        gate, inside, done = llamacpp.SlotGate(4, clock=clock), list[str](), asyncio.Event()
+
+        async def flex(name: str) -> None:
+            async with gate.slot(True):
+                inside.append(name)
+                await done.wait()
+
+        async with gate.slot(False):
+            tasks = [asyncio.create_task(flex(f"flex{i}")) for i in range(4)]
+            await asyncio.sleep(0.01)
+            assert inside == [] and gate.free == 3
+            clock.now += llamacpp.BUSY_SECONDS
+        await asyncio.sleep(0.01)
+        assert inside == ["flex0", "flex1", "flex2"] and gate.free == 1
+        async with asyncio.timeout(1):
+            async with gate.slot(False, priority=-1, tenant="k"):
+                assert gate.free == 0
+        done.set()
+        await asyncio.gather(*tasks)
+        assert inside == ["flex0", "flex1", "flex2", "flex3"] and gate.free == 4
+
+    asyncio.run(run())
+
+
 def test_a_token_with_a_unicode_line_separator_stays_in_its_chunk() -> None:
     """llama.cpp's JSON leaves U+2028 and U+0085 unescaped in a token's text (the tiny random models
     write them): the stream is split into events at newlines alone."""

@@ -255,6 +255,7 @@ def test_a_reasoning_answer_is_a_thinking_block_then_a_text_block_streamed_as_th
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 4,
         "output_tokens": 4,
+        "service_tier": "standard",
     }
     assert [(e["type"], e["index"], e.get("delta", {}).get("type")) for e in events] == [
         ("content_block_start", 0, None),

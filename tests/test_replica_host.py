@@ -505,6 +505,37 @@ def test_the_replica_publishes_the_streams_it_holds_and_each_token_it_computed_o
     assert host.due() is None and held() == 0 and tokens() == 4
 
 
+def test_a_generation_reaches_its_engine_with_its_key_and_tier_and_is_counted_by_tier() -> None:
+    """The engine orders a key's requests by their numbers (`generation.priority`), so each carries the
+    key it runs for; a batch job's line runs as flex; `modelhost_generation_requests_total{tier}`."""
+
+    class Recording(Counter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.requests: list[Any] = []
+
+        def start(self, state: Any, request_id: int, request: Any) -> None:
+            super().start(state, request_id, request)
+            self.requests.append(request)
+
+    deployment = f"dep_{secrets.token_hex(6)}"
+    handler = Recording()
+    host = ReplicaHost(handler, None, deployment=deployment, max_batch=4, max_wait=0.005, clock=Clock())
+    counted = lambda tier: sample(  # noqa: E731
+        "modelhost_generation_requests_total", {"deployment": deployment, "tier": tier}
+    )
+    urgent = msgspec.structs.replace(counting(1), priority=-1)
+    host.receive("g", Generate(1, urgent, tenant="key_a"))
+    host.receive("g", Generate(2, counting(1), low=True, tenant="key_b"))
+    host.receive("g", Generate(3, counting(1)))
+    assert [(r.tenant, r.priority, r.low) for r in handler.requests] == [
+        ("key_a", -1, False),
+        ("key_b", 0, True),
+        ("", 0, False),
+    ]
+    assert (counted("priority"), counted("flex"), counted("default")) == (1, 1, 1)
+
+
 def test_stats_say_what_the_replica_holds() -> None:
     host = host_of(Recorder())
     host.receive("g", Run(1, {"text": "a"}))

@@ -166,6 +166,11 @@ def test_fields_clients_send_are_accepted_and_misspelt_ones_refused(server: Chat
         text={"verbosity": "low"},
     )
     assert response.metadata == {"team": "search"} and response.parallel_tool_calls is False
+    assert response.service_tier == "default"  # `auto`, as applied
+    flex = sdk.responses.create(
+        model="chat", input="hi", max_output_tokens=2, service_tier="flex", store=False
+    )
+    assert flex.service_tier == "flex"
     with pytest.raises(openai.NotFoundError):
         sdk.responses.retrieve(response.id)  # store: false keeps nothing
     misspelt = server.http.post(

@@ -45,9 +45,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import heapq
-import itertools
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -71,6 +70,7 @@ from modelhost.generation.contract import (
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
+from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_cap
 from modelhost.generation.requests import (
     SamplingParams,
     SpecialTokens,
@@ -88,44 +88,94 @@ from modelhost.generation.text import IncrementalDecoder, StopStrings
 GRAMMAR_PREFIX = "%llguidance {}\n"  # llama.cpp's marker for a Lark grammar run by llguidance
 
 
-class SlotGate:
-    """At most `slots` requests inside llama.cpp at once, the others waiting here: interactive requests
-    first, batch lines (`low`) after every one of them, each kind in arrival order. llama.cpp's own
-    queue is first come, first served; in front of it, a batch cannot delay a chat."""
+@dataclass(eq=False, slots=True)
+class _Turn:
+    """A request waiting at the gate: its place's terms (`generation.priority.Queued`) and its wake-up."""
 
-    def __init__(self, slots: int) -> None:
+    tenant: str
+    priority: int
+    low: bool
+    ready: asyncio.Future[None]
+
+
+class SlotGate:
+    """At most `slots` requests inside llama.cpp at once, the others waiting here in the order of
+    `generation.priority` (interactive requests first, each key's ordered by its numbers; flex requests
+    and batch lines after every one of them, and let in only into the room `low_cap` leaves them).
+    llama.cpp's own queue is first come, first served; in front of it, a flex flood or a batch cannot
+    delay a chat."""
+
+    def __init__(self, slots: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.slots = slots
         self.free = slots
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._order = itertools.count()
+        self._running_low = 0
+        self._waiting: list[_Turn] = []
+        self._clock = clock
+        self._interactive_at = -BUSY_SECONDS  # when the last interactive request arrived
+        self._timer: asyncio.TimerHandle | None = None
 
     @contextlib.asynccontextmanager
-    async def slot(self, low: bool) -> AsyncIterator[None]:
-        await self._acquire(low)
+    async def slot(self, low: bool, priority: int = 0, tenant: str = "") -> AsyncIterator[None]:
+        await self._acquire(low, priority, tenant)
         try:
             yield
         finally:
-            self._release()
+            self._release(low)
 
-    async def _acquire(self, low: bool) -> None:
-        if self.free > 0 and not self._waiting:
-            self.free -= 1
+    async def _acquire(self, low: bool, priority: int, tenant: str) -> None:
+        if not low:
+            self._interactive_at = self._clock()
+        if not self._waiting and self._may_start(low):
+            self._take(low)
             return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (int(low), next(self._order), turn))
+        turn = _Turn(tenant, priority, low, asyncio.get_running_loop().create_future())
+        enqueue(self._waiting, turn)
+        self._wake()  # an interactive request may pass held-back low ones into a free slot
         try:
-            await turn
+            await turn.ready
         except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():  # given the slot as it was cancelled: pass it on
-                self._release()
-            raise  # a cancelled turn left in the heap is skipped by `_release`
+            if turn.ready.done() and not turn.ready.cancelled():  # given the slot as it was cancelled
+                self._release(low)
+            elif turn in self._waiting:
+                self._waiting.remove(turn)
+            raise
 
-    def _release(self) -> None:
-        while self._waiting:
-            _, _, turn = heapq.heappop(self._waiting)
-            if not turn.done():
-                turn.set_result(None)
-                return
+    def _may_start(self, low: bool) -> bool:
+        """A free slot, and for a low request room beside the interactive traffic (`low_cap`)."""
+        if self.free <= 0:
+            return False
+        if not low:
+            return True
+        interactive = self.slots - self.free > self._running_low or any(not t.low for t in self._waiting)
+        recent = self._clock() - self._interactive_at < BUSY_SECONDS
+        return self._running_low < low_cap(self.slots, interactive, recent)
+
+    def _take(self, low: bool) -> None:
+        self.free -= 1
+        self._running_low += low
+
+    def _release(self, low: bool) -> None:
         self.free += 1
+        self._running_low -= low
+        self._wake()
+
+    def _wake(self) -> None:
+        """Let in whoever may start, in order; a low request held back only by the interactive traffic's
+        recent arrival is looked at again when that window ends."""
+        while self._waiting and self._may_start(self._waiting[0].low):
+            turn = self._waiting.pop(0)
+            if turn.ready.done():  # cancelled meanwhile
+                continue
+            self._take(turn.low)
+            turn.ready.set_result(None)
+        if self._waiting and self.free > 0 and self._timer is None:
+            remaining = self._interactive_at + BUSY_SECONDS - self._clock()
+            if remaining > 0:
+                self._timer = asyncio.get_running_loop().call_later(remaining, self._window_ended)
+
+    def _window_ended(self) -> None:
+        self._timer = None
+        self._wake()
 
 
 @dataclass
@@ -386,7 +436,7 @@ async def _generate(model: LlamaCppModel, request_id: str, request: GenerationRe
             started = True
         return _chunk(model, answer, chunk, emit)
 
-    async with model.gate.slot(request.low):
+    async with model.gate.slot(request.low, request.priority, request.tenant):
         answered = await model.post_lines("/completion", body, on_line)
     if answered.status != 200:
         _refused(request, answered, emit)

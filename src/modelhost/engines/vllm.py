@@ -44,6 +44,7 @@ from modelhost.generation.contract import (
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
+from modelhost.generation.priority import PRIORITY_BOUND
 from modelhost.generation.requests import (
     SamplingParams,
     SpecialTokens,
@@ -60,7 +61,9 @@ from modelhost.generation.requests import (
 )
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
-LOW_PRIORITY = 1  # a batch line's, under vLLM's priority scheduling (lower values run first)
+# added to a low request's number (flex, a batch line) under vLLM's priority scheduling (lower values run
+# first): behind every interactive request, whatever their numbers (`generation.priority`)
+LOW_PRIORITY = 10 * PRIORITY_BOUND
 
 
 @dataclass(slots=True)
@@ -408,7 +411,7 @@ async def _generate(model: VllmModel, request_id: str, request: GenerationReques
         skip, strip = model.special.decoding(request, params.skip_special_tokens)
         check_engine_grammar(request)  # as the gateway did: vLLM never compiles what it would refuse
         sampling = vllm_params(replace(params, skip_special_tokens=skip), request.grammar)
-        priority = LOW_PRIORITY if request.low else 0
+        priority = request.priority + (LOW_PRIORITY if request.low else 0)
         stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)
         first = await anext(stream, None)
     except ModelhostError as exc:

@@ -30,6 +30,7 @@ from modelhost.generation.contract import (
     TokenLogprob,
 )
 from modelhost.generation.grammar import json_schema_grammar, split_tool_call, tool_call_grammar
+from modelhost.generation.priority import numeric_priority
 from modelhost.generation.reasoning import REASONING_PARSERS, ReasoningParser
 from modelhost.generation.structured import structured_grammar
 from modelhost.generation.tool_parsers import PARSERS, streamable_length
@@ -80,6 +81,8 @@ def chat_requests(
         chat_template_kwargs=body.chat_template_kwargs or {},
         image_urls=image_urls,
         affinity=body.prompt_cache_key or body.user,
+        priority=numeric_priority(body.service_tier, body.priority),
+        low=body.service_tier == "flex",
     )
     if body.reasoning_effort is not None:
         request.reasoning_effort = body.reasoning_effort
@@ -145,6 +148,8 @@ def completion_requests(body: CompletionRequest, max_string_length: int) -> list
             suffix=body.suffix or None,
             grammar=grammar,
             grammar_param=grammar_param,
+            priority=numeric_priority(body.service_tier, body.priority),
+            low=body.service_tier == "flex",
         )
         requests += per_choice(base, params, candidates, body.seed)
     return requests

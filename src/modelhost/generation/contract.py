@@ -96,7 +96,11 @@ class GenerationRequest(msgspec.Struct, tag="generation", kw_only=True, omit_def
     # what the client says places it on a replica (`prompt_cache_key`, `user`, the Messages API's
     # `metadata.user_id`): requests with the same one go to the same replica (runtime.gateway.routing)
     affinity: str | None = None
-    low: bool = False  # a batch line: after the interactive requests waiting
+    # its service tier (`generation.priority`): `low` (flex, a batch line) is held back behind interactive
+    # requests; `priority`, vLLM's number (lower first), orders the waiting requests of its `tenant` (key)
+    low: bool = False
+    priority: int = 0
+    tenant: str = ""
     whole: bool = False  # the caller waits for the whole answer: the dispatcher may run it again
     # ---- a tokenizer question instead of a generation
     tokenize: bool = False

@@ -7,7 +7,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from modelhost.protocol.common import NO_EFFECT, Metadata, StrictModel
+from modelhost.protocol.common import (
+    NO_EFFECT,
+    PRIORITY_BOUND,
+    PRIORITY_FIELD,
+    SERVICE_TIER,
+    Metadata,
+    ServiceTier,
+    StrictModel,
+)
 
 Stop = (
     Annotated[str, Field(min_length=1)]
@@ -396,6 +404,10 @@ class SamplingFields(StrictModel):
     guided_regex: GrammarText | None = Field(default=None, description=GUIDED + "regex`.")
     guided_choice: Choices | None = Field(default=None, description=GUIDED + "choice`.")
     guided_grammar: GrammarText | None = Field(default=None, description=GUIDED + "grammar`.")
+    service_tier: ServiceTier | None = Field(default=None, description=SERVICE_TIER)
+    priority: Annotated[int, Field(ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)] | None = Field(
+        default=None, description=PRIORITY_FIELD
+    )
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -441,7 +453,6 @@ class ChatCompletionRequest(SamplingFields):
     )
     store: bool | None = Field(default=None, description=NO_EFFECT)
     metadata: Metadata | None = Field(default=None, description=NO_EFFECT)
-    service_tier: str | None = Field(default=None, description=NO_EFFECT)
     safety_identifier: str | None = Field(default=None, description=NO_EFFECT)
     prompt_cache_key: str | None = Field(
         default=None,
@@ -620,6 +631,7 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    service_tier: Literal["default", "flex", "priority"] = "default"
 
 
 class CompletionChoice(BaseModel):
@@ -637,3 +649,4 @@ class Completion(BaseModel):
     choices: list[CompletionChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    service_tier: Literal["default", "flex", "priority"] = "default"

@@ -16,6 +16,19 @@ Metadata = Annotated[
     dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
 ]
 
+PRIORITY_BOUND = 1000  # vLLM's `priority` number, here from -this to this (beyond: a 400 naming it)
+# OpenAI's `service_tier` (docs/runtime.md, "Service tiers"): `auto` and `scale` run as `default`.
+ServiceTier = Literal["auto", "default", "flex", "priority", "scale"]
+SERVICE_TIER = (
+    "`priority` goes ahead of your key's default requests; `flex` waits behind every interactive request "
+    "and is held back while they run (docs/runtime.md, Service tiers); `auto`, `scale`: `default`. "
+    "The answer's `service_tier` says which applied."
+)
+PRIORITY_FIELD = (
+    "Extension (as vLLM): lower runs sooner (default 0; -1 with `service_tier: priority`); orders your "
+    "key's own waiting requests only. From -1000 to 1000."
+)
+
 
 class StrictModel(BaseModel):
     """Request bodies: unknown fields and wrong types are refused (no `true` → 1, no `"5"` → 5), so

@@ -251,7 +251,9 @@ class MessagesRequest(CountTokensRequest):
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=0)] | None = None
     metadata: MetadataParam | None = None
-    service_tier: str | None = Field(default=None, description=NO_EFFECT)
+    service_tier: Literal["auto", "standard_only"] | None = Field(
+        default=None, description="Either runs in the default tier; `usage.service_tier`: standard."
+    )
     speed: str | None = Field(default=None, description=NO_EFFECT)
     inference_geo: str | None = Field(default=None, description=NO_EFFECT)
     diagnostics: dict[str, Any] | None = Field(default=None, description=NO_EFFECT)

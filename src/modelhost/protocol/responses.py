@@ -24,7 +24,7 @@ from modelhost.protocol.chat import (
     TemplateKwargs,
     TopK,
 )
-from modelhost.protocol.common import StrictModel
+from modelhost.protocol.common import SERVICE_TIER, ServiceTier, StrictModel
 
 
 class TextPart(Lenient):
@@ -308,13 +308,13 @@ class ResponseCreateRequest(StrictModel):
     reasoning: Reasoning | None = Field(
         default=None, description="`effort`: as chat's `reasoning_effort` (a model without a switch → 400)."
     )
+    service_tier: ServiceTier | None = Field(default=None, description=SERVICE_TIER)
     # Accepted without effect (docs/openai-compat.md says why each is safe to ignore).
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     prompt_cache_options: dict[str, Any] | None = None
-    service_tier: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
     max_tool_calls: Annotated[int, Field(ge=1)] | None = None
     background_options: dict[str, Any] | None = None

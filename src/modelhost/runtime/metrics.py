@@ -86,6 +86,12 @@ GENERATION_TOKENS = Counter(
     "not their client was still there to read them; on vLLM, as its engine hands them to the replica.",
     ["deployment"],
 )
+GENERATION_REQUESTS = Counter(
+    "modelhost_generation_requests_total",
+    "Generations a deployment's replicas started, by the service tier they ran in (`tier`: priority, "
+    "default or flex; a batch job's lines count as flex).",
+    ["deployment", "tier"],
+)
 # The engines' KV cache, as each replica's engine sees it (docs/operations.md, "Metrics"). One series per
 # replica process (`pid`): what a router or a dashboard compares is replicas, and the fullest one
 # (`max by (deployment)`) is what says that new requests will wait.

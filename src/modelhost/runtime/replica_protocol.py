@@ -46,13 +46,15 @@ class Run(msgspec.Struct, tag="run", array_like=True):
 
 class Generate(msgspec.Struct, tag="generate", array_like=True):
     """Start a streaming request (text generation, a video job: `generation.contract`); its events
-    follow in `Events`. A `low` one (a line of a batch job) is admitted by the engine after the
-    interactive ones waiting. `trace`: as `Run`'s."""
+    follow in `Events`. A `low` one (a line of a batch job) is held back by the engine as a `flex`
+    request is (`generation.priority`). `trace`: as `Run`'s; `tenant`: the key it runs for, within whose
+    requests its `priority` orders."""
 
     id: int
     request: StreamRequest
     low: bool = False
     trace: str = ""
+    tenant: str = ""
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):

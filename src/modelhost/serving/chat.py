@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from modelhost.auth.principal import low_priority
 from modelhost.errors import ModelhostError
 from modelhost.frontend import Generation, Streams, Target, Until
 from modelhost.generation.choices import ChatChoice, effective_tools, new_id, tokenize_request, tool_schemas
@@ -32,6 +33,7 @@ from modelhost.generation.contract import (
     Tokenized,
     TokenLogprob,
 )
+from modelhost.generation.priority import applied_tier
 from modelhost.protocol.chat import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -54,6 +56,7 @@ async def chat_completion(
     requests, mode = await generation.chat(body, target)
     choices = chat_choices(body, mode, len(requests))
     head = {"id": new_id("chatcmpl"), "created": int(time.time()), "model": body.model}
+    head["service_tier"] = service_tier(requests)
     if body.stream:
         streams = await generation.open(target, requests)
         usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -76,6 +79,13 @@ async def chat_completion(
         "usage": _chat_usage(streams, choices),
         "system_fingerprint": None,
     }
+
+
+def service_tier(requests: list[GenerationRequest]) -> str:
+    """The tier the requests run in, as the answer's `service_tier` says (`generation.priority`): a
+    batch job's line runs as `flex`, whatever its body asked."""
+    first = requests[0]
+    return applied_tier(first.priority, first.low or low_priority())
 
 
 def _chat_usage(streams: Streams, choices: list[ChatChoice]) -> Event:
@@ -145,6 +155,7 @@ async def completion(body: CompletionRequest, generation: Generation, target: Ta
     echo, want_logprobs = bool(body.echo), body.logprobs is not None
     choices = [CompletionChoice(i, want_logprobs, echo) for i in range(len(requests))]
     head = {"id": new_id("cmpl"), "created": int(time.time()), "model": body.model}
+    head["service_tier"] = service_tier(requests)
     n = body.n or 1
     candidates = body.best_of or n  # per prompt; above n only without streaming
     if body.stream:

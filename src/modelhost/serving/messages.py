@@ -45,6 +45,7 @@ Answer = Event | AsyncIterator[bytes]
 # `thinking.budget_tokens` → an effort level, for the families whose switch takes levels (gpt-oss's);
 # on/off switches read any level as on (`generation.reasoning.THINKS`).
 EFFORT_BUDGETS = ((4096, "low"), (16384, "medium"))
+STANDARD = "standard"  # Anthropic's name for the default tier, the one every Messages request runs in
 
 
 def message_id() -> str:
@@ -373,7 +374,7 @@ class MessageAssembler:
             "content": self.content,
             "stop_reason": self.stop_reason,
             "stop_sequence": self.stops.matched,
-            "usage": self.usage(),
+            "usage": {**self.usage(), "service_tier": STANDARD},
         }
 
     def _piece(self, kind: str, piece: str) -> list[Event]:
@@ -488,7 +489,7 @@ async def _events(head: Event, assembler: MessageAssembler, streams: Streams) ->
         if not started:  # the first event carries the prompt's token counts
             started = True
             start = {**head, "content": [], "stop_reason": None, "stop_sequence": None}
-            usage = {**assembler.usage(), "output_tokens": 0}
+            usage = {**assembler.usage(), "output_tokens": 0, "service_tier": STANDARD}
             yield {"type": "message_start", "message": {**start, "usage": usage}}
             yield {"type": "ping"}
         for item in produced:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,10 +27,12 @@ from modelhost.engines.native.cuda_graphs import DecodeGraphs
 from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.errors import Overloaded
 from modelhost.generation.contract import GenerationStarted, Logprob, Text, TokenLogprob
+from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_cap
 from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
 __all__ = ["Event", "GenerationEngine", "SamplingParams", "Sequence"]
+HELD_BACK_POLL = 0.005  # seconds a step with only held-back low sequences waits
 
 
 class Constraint:
@@ -60,7 +63,9 @@ class Sequence:
     started: bool = False
     slot: int = -1  # its row of the KV cache, from admission on
     cached_tokens: int = 0  # prompt tokens reused from the cache
-    low: bool = False  # a batch line: admitted after every other waiting sequence
+    low: bool = False  # flex or a batch line: held back behind interactive ones (`generation.priority`)
+    priority: int = 0  # vLLM's number (lower first), which orders its key's own waiting sequences
+    tenant: str = ""  # the key it runs for
     # a vision-language prompt: the processor's image tensors (`pixel_values`, ...) for its prefill. Its
     # image tokens are negative in `prompt` (a hash of the image and the position), so the prefix cache
     # tells different images apart; the model sees `image_token` there.
@@ -108,6 +113,7 @@ class GenerationEngine(Engine[Sequence]):
         prefill_chunk: int | None = None,
         max_waiting: int = 4096,
         cuda_graphs: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.model = _with_attention_the_engine_masks(model)
         self.tokenizer = tokenizer
@@ -128,6 +134,8 @@ class GenerationEngine(Engine[Sequence]):
         self.prefilling: list[Sequence] = []
         self.running: list[Sequence] = []
         self.reused_tokens = 0  # prompt tokens taken from the cache instead of computed, ever
+        self._clock = clock
+        self._interactive_at = -BUSY_SECONDS  # when the last interactive sequence arrived
         self._pending: list[tuple[int, Event]] = []
         self._mask_value = torch.finfo(layout.dtype).min
         self._graphs: DecodeGraphs | None = DecodeGraphs(self) if cuda and cuda_graphs else None
@@ -151,8 +159,9 @@ class GenerationEngine(Engine[Sequence]):
         return len(self.waiting) + len(self.prefilling) + len(self.running)
 
     def add(self, sequence: Sequence, low: bool = False) -> None:
-        """Queue a sequence; `Overloaded` (429 for its caller) when too many already wait for a slot. A
-        `low` one (a batch line) waits behind every other: it takes only the slots they leave."""
+        """Queue a sequence; `Overloaded` (429 for its caller) when too many already wait for a slot. It
+        waits in the order of `generation.priority.enqueue`: a `low` one (flex, a batch line) behind every
+        other, and admitted only into the room `_admit` leaves it."""
         if len(self.waiting) >= self.max_waiting:
             raise Overloaded(
                 f"The model's {self.max_running} generation slots are busy and {self.max_waiting} "
@@ -162,11 +171,9 @@ class GenerationEngine(Engine[Sequence]):
             sequence.generator = torch.Generator(device=self.device).manual_seed(sequence.params.seed)
         sequence.stops = StopStrings(sequence.params.stop, include=sequence.params.include_stop_str_in_output)
         sequence.low = low
-        first_low = next((i for i, s in enumerate(self.waiting) if s.low), None)
-        if low or first_low is None:
-            self.waiting.append(sequence)
-        else:
-            self.waiting.insert(first_low, sequence)
+        if not low:
+            self._interactive_at = self._clock()
+        enqueue(self.waiting, sequence)
 
     @torch.inference_mode()  # closing ranks moves cached keys and values: inference tensors
     def cancel(self, sequence_id: int) -> None:
@@ -200,23 +207,53 @@ class GenerationEngine(Engine[Sequence]):
         self._admit()
         if self.prefilling:
             self._prefill()
-        if self.running:
-            self._decode()
+        decoding = self._decoding()
+        if decoding:
+            self._decode(decoding)
+        elif not self.prefilling and not self.idle:  # only held-back low sequences, waiting or paused
+            time.sleep(HELD_BACK_POLL)  # rather than spinning until the interactive traffic's window ends
         self._drop_finished()
         events, self._pending = self._pending, []
         return events
 
     def _admit(self) -> None:
-        """Waiting sequences take the next free slots; each starts from the longest prefix of its
-        prompt any slot holds (`SlotCache.admit` chooses which free slot it takes: one holding that
-        prefix, or the least recently used)."""
+        """Waiting sequences take the next free slots, in their order; each starts from the longest
+        prefix of its prompt any slot holds (`SlotCache.admit` chooses which free slot it takes: one
+        holding that prefix, or the least recently used). Low ones (all behind the others) take only
+        the room `generation.priority.low_cap` leaves them: none while an interactive sequence is held,
+        one while one arrived in the last `BUSY_SECONDS`, all slots but one otherwise."""
         while self.waiting and len(self.running) + len(self.prefilling) < self.max_running:
-            sequence = self.waiting.popleft()
+            sequence = self.waiting[0]
+            if sequence.low and sum(s.low for s in (*self.running, *self.prefilling)) >= self._low_cap():
+                return
+            self.waiting.popleft()
             target = len(self.running) + len(self.prefilling)
             length = self.cache.admit(sequence.prompt, sequence.reusable, target)
             sequence.slot, sequence.cached_tokens = target, length
             self.reused_tokens += length
             self.prefilling.append(sequence)
+
+    def _low_cap(self, waiting: bool = True) -> int:
+        """How many low sequences may run now (`generation.priority.low_cap`), counting interactive
+        sequences that wait (`waiting`: for admission) or only those holding slots (for pausing: one
+        that waits while no slot is free, as when low ones fill a one-slot engine, waits for them)."""
+        held = (*self.running, *self.prefilling, *(self.waiting if waiting else ()))
+        interactive = any(not s.low for s in held)
+        recent = self._clock() - self._interactive_at < BUSY_SECONDS
+        return low_cap(self.max_running, interactive, recent)
+
+    def _decoding(self) -> list[Sequence]:
+        """The running sequences that decode this step: all of them, but while interactive traffic goes
+        on only the oldest low ones `_low_cap` allows (none while an interactive sequence is held), the
+        others paused in their slots (their caches kept) until it is over. Low sequences admitted when
+        the engine was idle would otherwise slow every decoding step of the interactive ones that
+        follow, for as long as they run."""
+        lows = [s for s in self.running if s.low]
+        cap = self._low_cap(waiting=False) if lows else 0
+        if len(lows) <= cap:
+            return self.running
+        going = {id(s) for s in sorted(lows, key=lambda s: s.id)[:cap]}
+        return [s for s in self.running if not s.low or id(s) in going]
 
     def _prefill(self) -> None:
         """The next chunks of prompts in one forward pass (left-padded), within the token budget; a
@@ -315,28 +352,32 @@ class GenerationEngine(Engine[Sequence]):
                 ready.append(sequence)
         return ready
 
-    def _decode(self) -> None:
-        """One token for every running sequence: each feeds its last token at its last position."""
-        lengths = [s.length for s in self.running]
-        last = [s.generated[-1] for s in self.running]
-        for sequence, token in zip(self.running, last, strict=True):
+    def _decode(self, decoding: list[Sequence]) -> None:
+        """One token for each of `decoding` (the running sequences, or those not paused): each feeds its
+        last token at its last position."""
+        lengths = [s.length for s in decoding]
+        last = [s.generated[-1] for s in decoding]
+        for sequence, token in zip(decoding, last, strict=True):
             self.cache.held[sequence.slot].append(token)
         logits = None
-        if self._graphs is not None and self._graphs.fits(len(lengths), max(lengths)):
+        every = len(decoding) == len(self.running)  # slots 0..n-1: a view of the cache's first rows
+        if every and self._graphs is not None and self._graphs.fits(len(lengths), max(lengths)):
             logits = self._graphs.decode(last, lengths)
         if logits is None:  # no graph for this step (or its capture failed just now): eagerly
-            logits = self._decode_eagerly(last, lengths)
-        tokens = self._sample(self.running, logits.float())
-        for sequence, token in zip(self.running, tokens, strict=True):
+            logits = self._decode_eagerly(last, lengths, None if every else [s.slot for s in decoding])
+        tokens = self._sample(decoding, logits.float())
+        for sequence, token in zip(decoding, tokens, strict=True):
             self._emit(sequence, token)
 
-    def _decode_eagerly(self, last: list[int], lengths: list[int]) -> torch.Tensor:
+    def _decode_eagerly(self, last: list[int], lengths: list[int], slots: list[int] | None) -> torch.Tensor:
+        """A decoding step without a graph, for the first running rows or (`slots`) some of them."""
         batch = len(last)
         read_length = _round_up(max(lengths), 64, self.context_length)
         columns = torch.tensor(lengths)[:, None] - 1
         mask = (torch.arange(read_length)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
-        rows = torch.arange(batch)[:, None]
-        self.cache.plan = Plan(rows.to(self.device), columns.to(self.device), None, read_length)
+        rows = torch.arange(batch) if slots is None else torch.tensor(slots)
+        read = None if slots is None else rows.to(self.device)
+        self.cache.plan = Plan(rows[:, None].to(self.device), columns.to(self.device), read, read_length)
         return self._forward(torch.tensor(last)[:, None], columns, mask, logits_to_keep=1)[:, -1, :]
 
     def _forward(

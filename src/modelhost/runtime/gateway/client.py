@@ -94,7 +94,7 @@ class Waiters:
         queue: asyncio.Queue[GenerationEvent | BaseException] = asyncio.Queue()
         self.streams[request_id] = queue
         try:
-            send(Generate(request_id, request, low_priority(), trace))
+            send(Generate(request_id, request, low_priority(), trace, current_tenant()))
         except ReplicaDied as exc:  # never sent: free to go to another replica
             self.streams.pop(request_id, None)
             raise ReplicaDiedBeforeStart(str(exc)) from exc

@@ -51,7 +51,7 @@ from modelhost.runtime.replica_protocol import (
     decode_to_replica,
     encode,
 )
-from modelhost.runtime.worker.host import trace_event, with_priority
+from modelhost.runtime.worker.host import count_generation, trace_event, with_priority
 from modelhost.runtime.worker.sync_worker import die_with_parent
 
 READ_SIZE = 1 << 18
@@ -201,6 +201,7 @@ class AsyncWorker:
         assert self.streaming is not None
         self._send(peer, Started([message.id]))  # begun: not sent to another replica if this one dies
         request = with_priority(message)
+        count_generation(self.deployment, request)
         try:
             if isinstance(request, GenerationRequest):
                 await self.streaming.generate(request_id, request, emit)

@@ -53,12 +53,14 @@ from modelhost.errors import ModelhostError
 from modelhost.generation.contract import (
     GenerationEvent,
     GenerationFailed,
+    GenerationRequest,
     GenerationStarted,
     StreamRequest,
     Text,
     failed,
     is_last,
 )
+from modelhost.generation.priority import applied_tier
 from modelhost.generation.requests import error_event
 from modelhost.runtime import metrics
 from modelhost.runtime.replica_protocol import (
@@ -119,8 +121,21 @@ def trace_event(trace: tracing.GenerationTrace, event: GenerationEvent) -> None:
 
 
 def with_priority(message: Generate) -> StreamRequest:
-    """A generation's request as its engine takes it: marked `low` for a batch line."""
-    return msgspec.structs.replace(message.request, low=True) if message.low else message.request
+    """A generation's request as its engine takes it: marked `low` for a batch line, with the key it
+    runs for (`generation.priority`: its number orders that key's requests only)."""
+    request = message.request
+    if message.low:
+        request = msgspec.structs.replace(request, low=True)
+    if isinstance(request, GenerationRequest) and message.tenant:
+        request = msgspec.structs.replace(request, tenant=message.tenant)
+    return request
+
+
+def count_generation(deployment: str, request: StreamRequest) -> None:
+    """A generation starts: counted by its tier in `modelhost_generation_requests_total` (a tokenizer
+    question generates nothing, a video job has no tier)."""
+    if isinstance(request, GenerationRequest) and not request.asks_tokenizer:
+        metrics.GENERATION_REQUESTS.labels(deployment, applied_tier(request.priority, request.low)).inc()
 
 
 class ReplicaHost:
@@ -215,8 +230,10 @@ class ReplicaHost:
         # its gateway knows not to send it to another (`runtime.gateway.dispatch`)
         self._other.append((peer, Started([message.id])))
         self.announce()
+        request = with_priority(message)
+        count_generation(self._deployment, request)
         try:
-            self._handler.start(self._state, key, with_priority(message))
+            self._handler.start(self._state, key, request)
         except ModelhostError as exc:  # the request's own fault: its caller gets a 400
             self._event(peer, message.id, error_event(exc))
             return

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from modelhost.errors import InvalidRequest
 from modelhost.generation.choices import ChatChoice
 from modelhost.generation.contract import GenerationEvent
+from modelhost.generation.priority import applied_tier, numeric_priority
 from modelhost.mcp.tools import McpRequest
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.protocol.responses import (
@@ -206,6 +207,7 @@ def chat_request(
         # their first ones, so without either they stay together by their prompt's prefix
         "prompt_cache_key": body.prompt_cache_key,
         "user": body.user,
+        "service_tier": body.service_tier,
     }
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
@@ -423,6 +425,7 @@ def settings_of(body: ResponseCreateRequest) -> Item:
         "reasoning": _reasoning_settings(body),
         "store": body.store is not False,
         "user": body.user,
+        "service_tier": applied_tier(numeric_priority(body.service_tier, None), body.service_tier == "flex"),
         "conversation": {"id": conversation} if (conversation := conversation_id(body)) else None,
     }
 
