@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,30 @@ def busiest_replica(exposition: str, name: str, deployment_id: str, missing: flo
         if line.startswith(f"{name}{{") and f'deployment="{deployment_id}"' in line
     ]
     return max(values, default=missing)
+
+
+def read_while_generating(
+    read: Callable[[], float], generate: Callable[[], object], timeout: float = 30
+) -> float:
+    """`read()` (a gauge) once it is above 0 while `generate()` runs again and again on a thread (each
+    call holding the engine a while), or its last value after `timeout`. One generation alone may end
+    before a scrape, slow under a full suite's load, reads it; the thread's last call is waited for."""
+    stop = threading.Event()
+
+    def keep_generating() -> None:
+        while not stop.is_set():
+            generate()
+
+    generating = threading.Thread(target=keep_generating)
+    generating.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while (value := read()) <= 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        generating.join()
+    return value
 
 
 async def new_account(

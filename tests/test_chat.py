@@ -39,6 +39,7 @@ from tests.helpers import (
     deploy_folder_sync,
     deployment_metric,
     push_folder_sync,
+    read_while_generating,
 )
 from tests.hostile_templates import BOMBS, TIME_BOMBS, triggered
 from tests.server_process import processes
@@ -523,24 +524,12 @@ def test_the_kv_cache_usage_gauge_rises_while_a_generation_holds_a_slot_and_fall
     replica process."""
     chat.client().chat.completions.create(model="chat", messages=MESSAGES, max_tokens=1)  # loaded
     assert _cache_usage(chat) == 0  # idle: every slot free (and the gauge there since the replica loaded)
-    stop = threading.Event()
-
-    def generate_one_at_a_time() -> None:  # a long generation lasts about a second: the slot is held
-        while not stop.is_set():  # until a scrape, however slow under load, has seen it held
-            chat.client().chat.completions.create(
-                model="chat", messages=MESSAGES, max_tokens=1900, temperature=0,
-                extra_body={"min_tokens": 1900},
-            )  # fmt: skip
-
-    generating = threading.Thread(target=generate_one_at_a_time)
-    generating.start()
-    try:
-        deadline = time.monotonic() + 30
-        while (busy := _cache_usage(chat)) <= 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        stop.set()
-        generating.join()
+    busy = read_while_generating(
+        lambda: _cache_usage(chat),
+        lambda: chat.client().chat.completions.create(  # about a second each
+            model="chat", messages=MESSAGES, max_tokens=1900, temperature=0, extra_body={"min_tokens": 1900}
+        ),
+    )
     assert 0 < busy <= 0.5, busy  # one sequence of a replica with more than one slot
     deadline = time.monotonic() + 15
     while (usage := _cache_usage(chat)) != 0 and time.monotonic() < deadline:

@@ -21,7 +21,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +33,14 @@ import openai
 import pytest
 
 from tests.chat_model import WEATHER
-from tests.helpers import ADMIN_KEY, assert_error, bearer, busiest_replica, push_folder_sync
+from tests.helpers import (
+    ADMIN_KEY,
+    assert_error,
+    bearer,
+    busiest_replica,
+    push_folder_sync,
+    read_while_generating,
+)
 from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
 from tests.server_process import ServerProcess, processes
 from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here again, on vLLM)
@@ -454,24 +460,12 @@ def test_vllms_kv_cache_usage_gauge_rises_while_a_sequence_holds_blocks_and_fall
     while (idle := _cache_usage(chat)) != 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert idle == 0  # and the gauge there since the replica loaded
-    stop = threading.Event()
-
-    def generate_one_at_a_time() -> None:
-        while not stop.is_set():  # about half a second each: the last one is waited for below
-            chat.client().chat.completions.create(
-                model="chat", messages=MESSAGES, max_tokens=600, temperature=0,
-                extra_body={"min_tokens": 600},
-            )  # fmt: skip
-
-    generating = threading.Thread(target=generate_one_at_a_time)
-    generating.start()
-    try:
-        deadline = time.monotonic() + 30
-        while (busy := _cache_usage(chat)) <= 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-    finally:
-        stop.set()
-        generating.join()
+    busy = read_while_generating(
+        lambda: _cache_usage(chat),
+        lambda: chat.client().chat.completions.create(  # about half a second each
+            model="chat", messages=MESSAGES, max_tokens=600, temperature=0, extra_body={"min_tokens": 600}
+        ),
+    )
     assert 0 < busy <= 0.5, busy  # one sequence's blocks, of a cache for many (MODELHOST_KV_CACHE_MB)
     deadline = time.monotonic() + 15
     while (usage := _cache_usage(chat)) != 0 and time.monotonic() < deadline:
