@@ -362,8 +362,10 @@ async def test_a_cold_deployment_scales_to_zero_when_idle_and_from_zero_on_a_req
     await until(lambda: running(served.embeddings) == 0, timeout=60)  # Serve's downscale, not the reaper
     assert (await served.gw.show(served.embeddings))["state"] == "ready"  # the application stays
     answer = ok(await served.gw.embed("scaled from zero"))
-    assert len(answer["data"][0]["embedding"]) == 32
-    assert running(served.embeddings) == 1
+    assert len(answer["data"][0]["embedding"]) == 32  # a replica started for it, from zero
+    # no more than one (it may be idle again already: the idle window is 2 s, a busy machine's
+    # status call can take that long)
+    assert running(served.embeddings) <= 1
 
 
 async def test_two_gateways_share_one_serve_application_billed_once_and_it_outlives_either(
