@@ -181,11 +181,17 @@ class SlotCache:
         return next((slot for slot in free if self._mostly_held_elsewhere(slot)), free[0])
 
     def _mostly_held_elsewhere(self, slot: int) -> bool:
-        """Whether another slot holds at least three quarters of this one's tokens as its own prefix."""
+        """Whether another slot holds at least three quarters of this one's tokens as its own prefix.
+        The token where that part ends is compared first: it differs between unrelated prompts, so the
+        whole part is compared only for a likely copy (every chat prompt shares its template's first
+        tokens, so a prefix search would cost slices for every pair of slots at every admission)."""
         held = self.held[slot]
         enough = max(1, 3 * len(held) // 4)
+        last = held[enough - 1]
         return any(
-            common_prefix(other, held, len(held)) >= enough for o, other in enumerate(self.held) if o != slot
+            len(other) >= enough and other[enough - 1] == last and other[:enough] == held[:enough]
+            for o, other in enumerate(self.held)
+            if o != slot
         )
 
     def longest_prefix(self, tokens: list[int], limit: int) -> tuple[int, int]:
