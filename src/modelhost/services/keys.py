@@ -11,11 +11,12 @@ from sqlalchemy.orm import Session
 
 from modelhost import audit
 from modelhost.auth.authenticator import Authenticator
+from modelhost.auth.authority import KeyTarget, authorize_key, sees_key
 from modelhost.auth.principal import Principal
-from modelhost.auth.roles import MANAGE_KEYS
+from modelhost.auth.roles import Role
 from modelhost.auth.secrets import display_prefix, hash_secret, new_secret
 from modelhost.clock import Clock
-from modelhost.errors import Conflict, InvalidRequest, NotFound
+from modelhost.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from modelhost.store.db import Database
 from modelhost.store.models import Account, ApiKey, Deployment, Membership
 from modelhost.store.types import new_id, utcnow
@@ -55,14 +56,15 @@ def _check_within_account(session: Session, account_id: str, limits: StoredLimit
     check_within_account(limits, account.limits if account is not None else None)
 
 
-def manages(principal: Principal | None, key: ApiKey) -> bool:
-    """Whether the caller may see and change `key`: every key of its account with `keys:manage`, else a
-    person's own keys, a service key itself. None: the server's own call (the CLI), every key."""
-    if principal is None or MANAGE_KEYS in principal.actions:
-        return True
-    if principal.user_id is not None:
-        return key.user_id == principal.user_id
-    return key.id == principal.key_id
+def target_of(session: Session, key: ApiKey) -> KeyTarget:
+    """What an action on `key` reaches (`auth.authority`): its role, its owner and the owner's role in
+    the account now."""
+    owner_role = None
+    if key.user_id is not None:
+        membership = session.get(Membership, (key.user_id, key.account_id))
+        owner_role = Role(membership.role) if membership is not None else None
+    role = Role(key.role) if key.role is not None else None
+    return KeyTarget(key.id, role, key.user_id, owner_role)
 
 
 def audited(key: ApiKey) -> dict[str, Any]:
@@ -89,6 +91,18 @@ def _live(key: ApiKey | None, account_id: str, now: datetime) -> bool:
 
 def _not_found() -> NotFound:
     return NotFound("Key not found", param="key_id", code="key_not_found")
+
+
+def _acted_on(session: Session, key: ApiKey | None, account_id: str, principal: Principal | None) -> ApiKey:
+    """`key`, once the caller may act on it: 404 where it is not the account's, revoked, or not one the
+    caller sees; 403 where it can do more than the caller (`auth.authority`)."""
+    if key is None or key.account_id != account_id or key.revoked_at is not None:
+        raise _not_found()
+    target = target_of(session, key)
+    if not sees_key(principal, target):
+        raise _not_found()
+    authorize_key(principal, target)
+    return key
 
 
 class KeyService:
@@ -153,11 +167,31 @@ class KeyService:
         expires_at: datetime | None = None,
         user_id: str | None = None,
         role: str | None = None,
+        principal: Principal | None = None,
+        service: bool = False,
     ) -> tuple[ApiKey, str]:
+        """A new key of the account. Whom it belongs to: `user_id`, else the calling person (a service
+        key's keys are service keys); no one with `service`. Its role: `role`, else the caller's. A
+        service key or another person's key needs `keys:manage`, and no key is made that can do more
+        than its creator, nor owned by someone who can (`auth.authority`)."""
+        if service and user_id is not None:
+            raise InvalidRequest("A service key has no user_id.", param="user_id")
+        caller_user = principal.user_id if principal is not None else None
+        owner = None if service else (user_id or caller_user)
+        if principal is not None and role is None:
+            role = principal.role
         with self._database.transaction() as session:
             _check_within_account(session, account_id, limits)
-            if user_id is not None and session.get(Membership, (user_id, account_id)) is None:
-                raise InvalidRequest(f"Unknown user in this account: {user_id}", param="user_id")
+            membership = session.get(Membership, (owner, account_id)) if owner is not None else None
+            if owner is not None and membership is None:
+                raise InvalidRequest(f"Unknown user in this account: {owner}", param="user_id")
+            owner_role = Role(membership.role) if membership is not None else None
+            target = KeyTarget(None, Role(role) if role else None, owner, owner_role)
+            if not sees_key(principal, target):
+                raise PermissionDenied(
+                    "Making a service key or another person's key needs keys:manage (docs/access.md)."
+                )
+            authorize_key(principal, target)
             if deployment_ids is not None:
                 deployment_ids = list(dict.fromkeys(deployment_ids))
                 owned = set(
@@ -170,9 +204,7 @@ class KeyService:
                 unknown = [d for d in deployment_ids if d not in owned]
                 if unknown:
                     raise InvalidRequest(f"Unknown deployment: {unknown[0]}", param="deployments")
-            return self.create_in(
-                session, account_id, name, deployment_ids, limits, expires_at, user_id, role
-            )
+            return self.create_in(session, account_id, name, deployment_ids, limits, expires_at, owner, role)
 
     def rotate(
         self, account_id: str, key_id: str, grace_seconds: float, principal: Principal | None = None
@@ -183,8 +215,9 @@ class KeyService:
         with self._database.transaction() as session:
             old = session.get(ApiKey, key_id, with_for_update=True)
             now = self.now()
-            if old is None or not _live(old, account_id, now) or not manages(principal, old):
+            if old is None or not _live(old, account_id, now):
                 raise _not_found()
+            _acted_on(session, old, account_id, principal)  # its copy has its role: a grant of it
             before = old.expires_at
             new, secret = self.create_in(
                 session,
@@ -212,11 +245,7 @@ class KeyService:
         """Rename a key or replace its limits (`changes`: the fields given, `limits` None for none);
         every gateway process reads the key again on its next request."""
         with self._database.transaction() as session:
-            key = session.get(ApiKey, key_id, with_for_update=True)
-            if key is None or key.account_id != account_id or key.revoked_at is not None:
-                raise _not_found()
-            if not manages(principal, key):
-                raise _not_found()
+            key = _acted_on(session, session.get(ApiKey, key_id, with_for_update=True), account_id, principal)
             before = audited(key)
             if "name" in changes:
                 key.name = changes["name"]  # type: ignore[assignment]
@@ -233,22 +262,19 @@ class KeyService:
         self._authenticator.forget_all()
 
     def list_keys(self, account_id: str, principal: Principal | None = None) -> list[ApiKey]:
-        """The account's keys the caller `manages`."""
+        """The account's keys the caller sees (`auth.authority.sees_key`)."""
         with self._database.transaction() as session:
             query = (
                 select(ApiKey).where(ApiKey.account_id == account_id).order_by(ApiKey.created_at, ApiKey.id)
             )
-            return [key for key in session.scalars(query) if manages(principal, key)]
+            keys = list(session.scalars(query))
+            return [key for key in keys if sees_key(principal, target_of(session, key))]
 
     def revoke(self, account_id: str, key_id: str, principal: Principal | None = None) -> ApiKey:
         """Revoke at once. The last live (unexpired) account key cannot be revoked: the account would
         be locked out."""
         with self._database.transaction() as session:
-            key = session.get(ApiKey, key_id, with_for_update=True)
-            if key is None or key.account_id != account_id or key.revoked_at is not None:
-                raise _not_found()
-            if not manages(principal, key):
-                raise _not_found()
+            key = _acted_on(session, session.get(ApiKey, key_id, with_for_update=True), account_id, principal)
             if key.deployment_ids is None:
                 others = session.scalars(
                     select(ApiKey.id).where(

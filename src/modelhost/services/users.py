@@ -12,8 +12,10 @@ from sqlalchemy import select
 
 from modelhost import audit
 from modelhost.auth.authenticator import Authenticator
-from modelhost.auth.roles import MANAGE_OWNERS, Role, may_grant
-from modelhost.errors import Conflict, NotFound, PermissionDenied
+from modelhost.auth.authority import authorize
+from modelhost.auth.principal import Principal
+from modelhost.auth.roles import Role
+from modelhost.errors import Conflict, NotFound
 from modelhost.store.db import Database
 from modelhost.store.models import Membership, User
 from modelhost.store.types import new_id, utcnow
@@ -52,11 +54,11 @@ class UserService:
         self._authenticator = authenticator
 
     def add(
-        self, account_id: str, email: str, name: str | None, role: Role, granter: frozenset[str]
+        self, account_id: str, email: str, name: str | None, role: Role, caller: Principal | None
     ) -> Member:
         """Make `email` a member with `role` (the person is made on first use of the email, lower-cased):
-        409 if already a member, 403 for a role that can do more than the caller (`granter`)."""
-        _check_grant(granter, role)
+        409 if already a member, 403 for a role that can do more than the caller (`auth.authority`)."""
+        authorize(caller, (), grants=role)
         email = email.strip().lower()
         with self._database.transaction() as session:
             user = session.scalars(select(User).where(User.email == email)).one_or_none()
@@ -100,19 +102,18 @@ class UserService:
         user_id: str,
         role: Role | None,
         disabled: bool | None,
-        granter: frozenset[str],
+        caller: Principal | None,
     ) -> Member:
         """Change a member's role or disable them (their keys here are refused with 401 `user_disabled`),
         effective on their next request on this gateway process, within `key_cache_seconds` on others.
-        An owner is changed only by an owner; a role is given only by someone who holds as much."""
-        if role is not None:
-            _check_grant(granter, role)
+        A member is changed, and a role given, only by someone who can do as much (`auth.authority`:
+        an owner only by an owner)."""
         with self._database.transaction() as session:
             user = session.get(User, user_id)
             membership = session.get(Membership, (user_id, account_id), with_for_update=True)
             if user is None or membership is None:
                 raise _not_found()
-            _check_owner(granter, membership)
+            authorize(caller, (Role(membership.role),), grants=role)
             before = {"role": membership.role, "disabled": membership.disabled_at is not None}
             if role is not None:
                 membership.role = role.value
@@ -124,27 +125,16 @@ class UserService:
         self._authenticator.forget_all()
         return member
 
-    def remove(self, account_id: str, user_id: str, granter: frozenset[str]) -> None:
+    def remove(self, account_id: str, user_id: str, caller: Principal | None) -> None:
         """The person is no longer a member: their keys here are refused (401 `not_a_member`)."""
         with self._database.transaction() as session:
             membership = session.get(Membership, (user_id, account_id), with_for_update=True)
             if membership is None:
                 raise _not_found()
-            _check_owner(granter, membership)
+            authorize(caller, (Role(membership.role),))
             audit.record(
                 session, "user.removed", "user", user_id, account_id, audit.removed({"role": membership.role})
             )
             session.delete(membership)
         self._authenticator.forget_all()
 
-
-def _check_grant(granter: frozenset[str], role: Role) -> None:
-    if not may_grant(granter, role):
-        raise PermissionDenied(
-            f"You may not give the role {role}: it can do more than yours (docs/access.md)."
-        )
-
-
-def _check_owner(granter: frozenset[str], membership: Membership) -> None:
-    if membership.role == Role.OWNER and MANAGE_OWNERS not in granter:
-        raise PermissionDenied("Only an owner may change or remove an owner (docs/access.md).")

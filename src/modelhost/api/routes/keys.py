@@ -10,9 +10,7 @@ from fastapi import APIRouter, Path
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.auth.limits import Limits, Subject
-from modelhost.auth.principal import Principal
-from modelhost.auth.roles import MANAGE_KEYS, Role, may_grant
-from modelhost.errors import InvalidRequest, PermissionDenied
+from modelhost.auth.roles import Role
 from modelhost.protocol.common import Deleted, ListOf
 from modelhost.protocol.management import (
     Key,
@@ -54,29 +52,18 @@ def present(key: rows.ApiKey) -> Key:
 def create_key(body: KeyCreate, principal: AccountPrincipal, services: ServicesDep) -> KeyCreated:
     limits = body.limits.model_dump() if body.limits is not None else None
     expires_at = services.keys.expiry(body.expires_at, body.expires_in)
-    owner, role = key_owner_and_role(principal, body)
     key, secret = services.keys.create(
-        account_id_of(principal), body.name, body.deployments, limits, expires_at, owner, role
+        account_id_of(principal),
+        body.name,
+        body.deployments,
+        limits,
+        expires_at,
+        body.user_id,
+        body.role,
+        principal,
+        service=body.service,
     )
     return KeyCreated(**present(key).model_dump(), api_key=secret)
-
-
-def key_owner_and_role(principal: Principal, body: KeyCreate) -> tuple[str | None, Role]:
-    """Whom a new key belongs to and its role. Yours by default (a service key's keys are service keys);
-    a service key, or another person's key, needs `keys:manage`. Its role is the one asked for, else
-    the caller's, and never one that can do more than the caller can: no one hands out more than they
-    hold (and a person's key never does more than its owner's role at the time of the call)."""
-    if body.service and body.user_id is not None:
-        raise InvalidRequest("A service key has no user_id.", param="user_id")
-    owner = None if body.service else (body.user_id or principal.user_id)
-    if (owner is None or owner != principal.user_id) and MANAGE_KEYS not in principal.actions:
-        raise PermissionDenied(
-            "Making a service key or another person's key needs keys:manage (docs/access.md)."
-        )
-    role = Role(body.role) if body.role is not None else principal.role
-    if not may_grant(principal.actions, role):
-        raise PermissionDenied(f"A key may not do more than its creator: {role} can do more than this key.")
-    return owner, role
 
 
 @router.post(

@@ -35,7 +35,7 @@ def present(member: Member) -> User:
 )
 def add_user(body: UserCreate, principal: AccountPrincipal, services: ServicesDep) -> User:
     member = services.users.add(
-        account_id_of(principal), body.email, body.name, Role(body.role), principal.actions
+        account_id_of(principal), body.email, body.name, Role(body.role), principal
     )
     return present(member)
 
@@ -60,7 +60,7 @@ def update_user(
     body: UserPatch, principal: AccountPrincipal, services: ServicesDep, user_id: str = Path(max_length=64)
 ) -> User:
     role = Role(body.role) if body.role is not None else None
-    member = services.users.update(account_id_of(principal), user_id, role, body.disabled, principal.actions)
+    member = services.users.update(account_id_of(principal), user_id, role, body.disabled, principal)
     return present(member)
 
 
@@ -72,7 +72,7 @@ def update_user(
 def remove_user(
     principal: AccountPrincipal, services: ServicesDep, user_id: str = Path(max_length=64)
 ) -> Deleted:
-    services.users.remove(account_id_of(principal), user_id, principal.actions)
+    services.users.remove(account_id_of(principal), user_id, principal)
     return Deleted(id=user_id, object="user.deleted")
 
 
