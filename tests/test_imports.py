@@ -34,7 +34,8 @@ from modelhost.imports.runner import ImportRunner
 from modelhost.imports.s3 import S3Source, _vet, parse_s3
 from modelhost.imports.sources import ImportFailed, RemoteFile, selected
 from modelhost.media.fetch import parse_networks
-from modelhost.store.models import ArtifactImport
+from modelhost.store.models import ArtifactImport, ModelArtifact
+from modelhost.store.types import new_id
 from tests import hostile_archives as hostile
 from tests.conftest import S3_REGION, make_settings
 from tests.helpers import ADMIN_KEY, bearer
@@ -761,13 +762,21 @@ async def test_another_account_can_neither_see_nor_cancel_an_import(app_client: 
     assert own.json()["status"] == "queued"
 
 
-async def test_creating_an_import_needs_credits_as_a_files_upload_does(app_client: httpx.AsyncClient) -> None:
-    """Found on main (issue 58): an account without credits had three imports accepted."""
+async def test_creating_an_import_needs_credits_as_a_files_upload_does(
+    local: Services, app_client: httpx.AsyncClient
+) -> None:
+    """Found on main (issue 58): an account without credits had three imports accepted. (Its artifact is
+    made through the store: making one is admitted too, since issue 70.)"""
     made = await app_client.post(
         "/v1/admin/accounts", json={"name": "broke", "credits": 0}, headers=bearer(ADMIN_KEY)
     )
     key = made.json()["api_key"]
-    artifact = await new_artifact(app_client, key)
+    with local.database.transaction() as session:
+        row = ModelArtifact(
+            id=new_id("art"), account_id=made.json()["id"], display_name="tiny", pipeline="feature-extraction"
+        )
+        session.add(row)
+        artifact = row.id
     answer = await app_client.post(
         f"/v1/model-artifacts/{artifact}/imports", json={"source": "s3://models/tiny"}, headers=bearer(key)
     )
@@ -785,7 +794,7 @@ async def test_creating_an_import_counts_against_the_keys_rate_limit(app_client:
     key = made.json()["api_key"]
     answers = []
     for _ in range(2):
-        artifact = await new_artifact(app_client, key)
+        artifact = await new_artifact(app_client, account_key)
         answers.append(
             await app_client.post(
                 f"/v1/model-artifacts/{artifact}/imports",

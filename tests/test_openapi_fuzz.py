@@ -180,8 +180,14 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
     deployment key, a fresh artifact) and upload sessions, so the fuzzer meets real data everywhere."""
     tmp_path = tmp_path_factory.mktemp("openapi-fuzz")
     # schemathesis sends invalid keys on purpose (its `ignored_auth` check expects 401 to each): the
-    # throttle of wrong keys (429 after 30 a minute, tests/test_auth.py) would answer them instead
-    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'fuzz.db'}", auth_failures_per_minute=0)
+    # throttle of wrong keys (429 after 30 a minute, tests/test_auth.py) would answer them instead; nor
+    # the throttle of requests without a key (tests/test_anonymous_routes.py), which it sends by the hundred
+    settings = make_settings(
+        tmp_path,
+        f"sqlite:///{tmp_path / 'fuzz.db'}",
+        auth_failures_per_minute=0,
+        anonymous_requests_per_minute=0,
+    )
     services = Services.build(settings)
     app = create_app(services=services)
     assert app.openapi() == schema.raw_schema

@@ -24,6 +24,7 @@ from modelhost.artifacts.s3 import S3BlobStore, blob_store_of
 from modelhost.artifacts.service import ArtifactService
 from modelhost.audit import AuditLog
 from modelhost.auth.authenticator import Authenticator
+from modelhost.auth.anonymous import AnonymousThrottle
 from modelhost.auth.failures import FailedKeys
 from modelhost.auth.limits import RateLimiter
 from modelhost.auth.oidc import OidcClient, OidcConfig
@@ -110,6 +111,8 @@ class Services:
     limits: RateLimiter = field(default_factory=RateLimiter)
     # Wrong keys per client address (auth/failures.py): off (0) unless `build` reads the setting
     failed_keys: FailedKeys = field(default_factory=lambda: FailedKeys(0))
+    # Requests without a key per client address (auth/anonymous.py): off (0) unless `build` reads the settings
+    anonymous: AnonymousThrottle = field(default_factory=lambda: AnonymousThrottle(0, 1))
     # The supervisor's own runtime and runners; None in the server's other gateway processes.
     supervisor: Supervision | None = None
     # Caches whose entries every process must forget together (by name: keys, deployments, balances).
@@ -249,6 +252,7 @@ class Services:
             database=database,
             authenticator=authenticator,
             failed_keys=FailedKeys(settings.auth_failures_per_minute),
+            anonymous=AnonymousThrottle(settings.anonymous_requests_per_minute, settings.anonymous_burst),
             keys=keys,
             users=users,
             sessions=sessions,

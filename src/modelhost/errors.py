@@ -220,6 +220,14 @@ class TooManyFailedKeys(RateLimitExceeded):
     code = "too_many_failed_keys"
 
 
+class TooManyAnonymousRequests(RateLimitExceeded):
+    """One client address sent more requests without a key than the anonymous throttle allows
+    (`auth.anonymous`): answered without running the route until `Retry-After` has passed."""
+
+    error_type = "requests"
+    code = "too_many_anonymous_requests"
+
+
 class InsufficientQuota(ModelhostError):
     """An account's spend cap (credits per day or month) is reached: OpenAI's 429 for a quota."""
 

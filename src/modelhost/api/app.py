@@ -16,9 +16,11 @@ from starlette.types import Scope
 import modelhost
 from modelhost import tracing
 from modelhost.api import console
+from modelhost.api.admission import Admission, admission_of
 from modelhost.api.batch_lines import line_caller
+from modelhost.api.deps import Guard, guard_of, require_admin
 from modelhost.api.errors import error_responses, install_error_handlers
-from modelhost.api.fastlane import FastLane
+from modelhost.api.fastlane import FastLane, routes_of
 from modelhost.api.middleware import BodySizeLimit, KeyFirst, RequestPath
 from modelhost.api.routes import (
     admin,
@@ -161,8 +163,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     components.get("ErrorBody", {}).pop("$defs", None)
     for name in ("HTTPValidationError", "ValidationError"):
         components.pop(name, None)
+    rules = _rules(app)
     for path, path_item in schema.get("paths", {}).items():
         for method, operation in path_item.items():
+            _document_rules(operation, *rules.get((method.upper(), path), (None, Admission.NONE)), error_ref)
             if method == "post" and path in ENDPOINT_TASKS:
                 # which deployments answer it: the console builds its playground forms from this
                 operation["x-modelhost-pipelines"] = list(ENDPOINT_TASKS[path])
@@ -194,6 +198,43 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
+def _rules(app: FastAPI) -> dict[tuple[str, str], tuple[Guard | None, Admission]]:
+    """Each route's key check and admission (`api.admission`), by (method, path template)."""
+    rules = {}
+    for route, path in routes_of(app):
+        guard = guard_of(route.dependant)
+        for method in route.methods or ():
+            rules[(method, path)] = (guard, admission_of(method, path, guard))
+    return rules
+
+
+def _document_rules(
+    operation: dict[str, Any], guard: Guard | None, admission: Admission, error_ref: Any
+) -> None:
+    """The two rules of every request in the document: how a keyed request is admitted
+    (`x-modelhost-admission`, and its 402 / 429), and the throttle of requests without a key (a 429)."""
+    responses = operation.setdefault("responses", {})
+
+    def answers(status: int, description: str) -> None:
+        responses.setdefault(
+            str(status), {"description": description, "content": {"application/json": {"schema": error_ref}}}
+        )
+
+    security = operation.get("security")
+    if guard is not None and guard is not require_admin:
+        operation["x-modelhost-admission"] = admission.name.lower()
+        if admission is Admission.ADMIT:
+            answers(402, error_responses(402)[402]["description"])
+        if admission is not Admission.NONE:
+            answers(429, error_responses(429)[429]["description"])
+    if not security or {} in security:
+        answers(429, ANONYMOUS_429)
+
+
+ANONYMOUS_429 = (
+    "Too many requests without a key from this client address (`too_many_anonymous_requests`; "
+    'docs/security.md, "Anonymous routes"). See `Retry-After`.'
+)
 _GENERIC = {
     "404": "Not found (unknown route or resource).",
     "405": "Method not allowed on this route.",

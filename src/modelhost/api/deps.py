@@ -28,7 +28,9 @@ from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.services.sessions import SESSION_PREFIX
 
 T = TypeVar("T")
-Guard = Callable[[Request], Awaitable[Principal]]
+# A route's key check: the caller's principal, or None where the route lets this request through without a
+# key (a signed file link: `require_caller_unless_signed`)
+Guard = Callable[[Request], Awaitable[Principal | None]]
 PRINCIPAL = "modelhost.principal"  # where the scope keeps the principal once a request's key is checked
 ADMITTED = "modelhost.admitted"  # where the scope keeps a rate-limited request's `Admitted` ticket
 # where the scope keeps (deployment, artifact): the version that serves the request, which its answer names
@@ -239,11 +241,27 @@ async def require_auditor(request: Request, _doc: object = Depends(_bearer)) -> 
     return _permit(request, principal)
 
 
+async def require_caller_unless_signed(request: Request, _doc: object = Depends(_bearer)) -> Principal | None:
+    """A file's bytes (`GET /v1/files/{id}/content`): a generated file's signed link (`expires` and
+    `signature` in the query: the link is the credential, checked by the file store) needs no key, and is
+    throttled as every request without one; anything else needs a caller's key, as `require_caller`."""
+    query = request.query_params
+    if "signature" in query or "expires" in query:
+        return None
+    return await require_caller(request)
+
+
 AdminPrincipal = Annotated[Principal, Depends(require_admin)]
 AccountPrincipal = Annotated[Principal, Depends(require_account)]
 CallerPrincipal = Annotated[Principal, Depends(require_caller)]
 AuditorPrincipal = Annotated[Principal, Depends(require_auditor)]
-GUARDS: tuple[Guard, ...] = (require_admin, require_account, require_caller, require_auditor)
+GUARDS: tuple[Guard, ...] = (
+    require_admin,
+    require_account,
+    require_caller,
+    require_auditor,
+    require_caller_unless_signed,
+)
 
 
 def guard_of(dependant: Dependant) -> Guard | None:
@@ -276,18 +294,15 @@ async def deployment_for(
     model: str | None,
     endpoint: str | None = None,
     *,
-    billable: bool = True,
     user: str | None = None,
 ) -> DeploymentRef:
     """The deployment an inference request runs on, decided by `modelhost.routing` for this route.
 
     The endpoint is the matched route's path template, so the endpoint → task table is the only
-    thing that decides support; no model is touched before this answers. `billable` requests (all
-    but management ones that only name a model) are refused with 402 once the account is out of credits,
-    and with 429 over their key's or account's rate limits (auth/limits.py; `api.middleware.RequestPath`
-    gives the place back when the request ends). `user` (the body's `user` field) keeps the caller on one
-    version of a canary sticky by user; a request then runs on the version `DeploymentRef.with_version`
-    chose (its `runtime_key`), which its answer names.
+    thing that decides support; no model is touched before this answers. The request was admitted with
+    its key (credits, spend caps, rate limits: `api.admission`). `user` (the body's `user` field) keeps
+    the caller on one version of a canary sticky by user; a request then runs on the version
+    `DeploymentRef.with_version` chose (its `runtime_key`), which its answer names.
     """
     services = get_services(request)
     if endpoint is None:
@@ -309,16 +324,16 @@ async def deployment_for(
     if tracing.ENABLED:  # the request's span is named for its model (`api.middleware.RequestPath`)
         request.scope[tracing.MODEL] = model
     acting_for(principal, low=BATCH_LINE in request.scope)  # the key its replica's fair queuing counts
-    if billable:
-        await admit(request, principal)
     return deployment
 
 
 async def admit(request: Request, principal: Principal, *, billed: bool = True) -> None:
-    """A request that costs the server: refused with 402 once the account is out of credits and with
-    429 past its spend caps (when `billed`: it runs a model or stores bytes), and with 429 over its
-    key's or account's rate limits (auth/limits.py; `api.middleware.RequestPath` gives the place back
-    when the request ends). Batch lines skip the per-minute limits (docs/limits.md)."""
+    """Admit a request to a route that `api.admission` says costs the server (called by the key check,
+    `api.middleware.KeyFirst`, for every such route: never by a route itself): refused with 402 once
+    the account is out of credits and with 429 past its spend caps (when `billed`: it runs a model or
+    stores bytes), and with 429 over its key's or account's rate limits (auth/limits.py;
+    `api.middleware.RequestPath` gives the place back when the request ends). Batch lines skip the
+    per-minute limits (docs/limits.md)."""
     services = get_services(request)
     account_id = account_id_of(principal)
     with tracing.step("limits") as span:  # credits, spend caps, rate limits

@@ -15,19 +15,22 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from modelhost import tracing
+from modelhost.api.admission import Admission, admission_of
 from modelhost.api.deps import (
     ADMITTED,
     ARTIFACT_HEADER,
     PRINCIPAL,
     SERVED_ARTIFACT,
     Guard,
+    admit,
     guard_of,
     trusted_caller,
 )
 from modelhost.api.errors import error_response
 from modelhost.api.fastlane import routes_of
+from modelhost.auth import anonymous
 from modelhost.auth.limits import Admitted, start_counting
-from modelhost.errors import InvalidRequest, ModelhostError, PayloadTooLarge
+from modelhost.errors import InvalidRequest, ModelhostError, PayloadTooLarge, TooManyAnonymousRequests
 from modelhost.logs import HEADER, REQUEST_ID, TRACE_ID, request_id_for
 from modelhost.metrics import Counter, Histogram
 
@@ -55,7 +58,15 @@ VERSION_LATENCY = Histogram(
 )
 
 
-Guarded = tuple[APIRoute, Guard | None]
+@dataclass(frozen=True, slots=True)
+class Guarded:
+    """What the key check knows of a route: its key check (None: a public route), how a keyed request
+    to it is admitted (`api.admission`), and what a request without a key costs the anonymous throttle."""
+
+    route: APIRoute
+    guard: Guard | None
+    admission: Admission
+    anonymous_cost: int
 
 
 class HttpMiddleware:
@@ -80,18 +91,19 @@ class Guards:
     one dictionary lookup, paths with parameters by their patterns in the routes' order."""
 
     exact: dict[tuple[str, str], Guarded] = field(default_factory=dict)
-    patterns: list[tuple[re.Pattern[str], set[str], Guarded]] = field(default_factory=list)
+    patterns: list[tuple[re.Pattern[str], str, Guarded]] = field(default_factory=list)
 
     @classmethod
     def of(cls, app: FastAPI) -> Guards:
         guards = cls()
         for route, path in routes_of(app):
-            guarded: Guarded = (route, guard_of(route.dependant))
-            methods = route.methods or set()
-            if "{" in path:
-                guards.patterns.append((compile_path(path)[0], methods, guarded))
-            else:
-                for method in methods:
+            guard = guard_of(route.dependant)
+            cost = int((route.openapi_extra or {}).get(anonymous.COST, 1))
+            for method in route.methods or set():
+                guarded = Guarded(route, guard, admission_of(method, path, guard), cost)
+                if "{" in path:
+                    guards.patterns.append((compile_path(path)[0], method, guarded))
+                else:
                     guards.exact.setdefault((method, path), guarded)
         return guards
 
@@ -99,8 +111,8 @@ class Guards:
         found = self.exact.get((method, path))
         if found is not None:
             return found
-        for pattern, methods, guarded in self.patterns:
-            if method in methods and pattern.match(path):
+        for pattern, route_method, guarded in self.patterns:
+            if method == route_method and pattern.match(path):
                 return guarded
         return None
 
@@ -110,8 +122,12 @@ class KeyFirst(HttpMiddleware):
     valid key for its route is a 401 whatever else is wrong with it (FastAPI would parse a JSON body,
     and our raw-media and form bodies would be read, before the route's dependencies run). The check is
     the route's own dependency (`api.deps.require_*`), so there is one auth path; the principal it
-    finds stays in the scope for the route. Public routes (/health, /docs, /metrics, file links) have
-    none and pass untouched."""
+    finds stays in the scope for the route.
+
+    Here too, in one place for every route, the two rules that come with the key: a keyed request to a
+    route that stores data or starts work is admitted (credits, spend caps, rate limits: `api.admission`,
+    `api.deps.admit`), and a request no key checks (public routes, signed links, paths that match no
+    route) is counted against its client address (`auth.anonymous`): 429 past its share."""
 
     def __init__(self, app: ASGIApp, fastapi: FastAPI) -> None:
         super().__init__(app)
@@ -122,14 +138,32 @@ class KeyFirst(HttpMiddleware):
         if self._guards is None:  # built on first use: every route has been added by then
             self._guards = Guards.of(self._fastapi)
         found = self._guards.find(scope["method"], scope["path"])
-        if found is not None and found[1] is not None:
-            try:
-                await found[1](Request(scope))
-            except ModelhostError as exc:
-                scope["route"] = found[0]  # what the metrics label
-                await error_response(exc, scope["path"])(scope, receive, send)
-                return
+        try:
+            principal = None
+            if found is not None and found.guard is not None:
+                request = Request(scope)
+                principal = await found.guard(request)
+                if principal is not None and found.admission is not Admission.NONE:
+                    await admit(request, principal, billed=found.admission is Admission.ADMIT)
+            if principal is None:
+                _throttle(scope, found.anonymous_cost if found is not None else 1)
+        except ModelhostError as exc:
+            if found is not None:
+                scope["route"] = found.route  # what the metrics label
+            await error_response(exc, scope["path"])(scope, receive, send)
+            return
         await self.app(scope, receive, send)
+
+
+def _throttle(scope: Scope, cost: int) -> None:
+    """A request no key checked: charged to its client address (`auth.anonymous`), 429 past it."""
+    client = scope.get("client")
+    wait = scope["app"].state.services.anonymous.charge(client[0] if client else "", cost)
+    if wait is not None:
+        raise TooManyAnonymousRequests(
+            f"Too many requests without a key from this address; retry in {wait} s.",
+            headers={"Retry-After": str(wait)},
+        )
 
 
 class BodySizeLimit(HttpMiddleware):

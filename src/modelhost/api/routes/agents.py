@@ -53,7 +53,7 @@ def _json(payload: object) -> Response:
 async def create_agent(
     body: AgentCreateRequest, request: Request, services: ServicesDep, principal: AccountPrincipal
 ) -> Response:
-    await deployment_for(request, principal, body.model, CHAT_ENDPOINT, billable=False)
+    await deployment_for(request, principal, body.model, CHAT_ENDPOINT)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     agent = await asyncio.to_thread(
         services.agents.create_agent,

@@ -1,9 +1,6 @@
-"""Model artifacts and their upload sessions (account key).
-
-Starting an import costs the server (it fetches, stores and inspects in the background), so it is
-admitted as a Files upload is (`deps.admit`): 402 once the account is out of credits, 429 past its
-spend caps or its key's or account's rate limits.
-"""
+"""Model artifacts, their upload sessions and imports (account key). What stores bytes or starts an
+import is admitted with the key (`api.admission`): 402 once the account is out of credits, 429 past its
+spend caps or its key's or account's rate limits."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import asyncio
 
 from fastapi import APIRouter, Header, Path, Request
 
-from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of, admit
+from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.artifacts.service import ArtifactView
 from modelhost.protocol.artifacts import (
@@ -230,13 +227,11 @@ def abort_upload(
     responses=error_responses(402, 404, 409, 429),
 )
 async def start_import(
-    request: Request,
     body: ImportCreate,
     principal: AccountPrincipal,
     services: ServicesDep,
     artifact_id: str = ArtifactId,
 ) -> ArtifactImport:
-    await admit(request, principal)  # credits, spend caps, rate limits: as a Files upload
     row = await asyncio.to_thread(
         services.imports.create,
         account_id_of(principal),

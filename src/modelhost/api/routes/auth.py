@@ -11,6 +11,7 @@ from fastapi.responses import RedirectResponse
 
 from modelhost.api.deps import SESSION_COOKIE, ServicesDep, session_secret, signed_in
 from modelhost.api.errors import error_responses
+from modelhost.auth.anonymous import COST, SIGN_IN_COST
 from modelhost.container import Services
 from modelhost.errors import InvalidAPIKey, InvalidRequest
 from modelhost.protocol.management import (
@@ -25,6 +26,8 @@ from modelhost.protocol.management import (
     SignInConfig,
 )
 
+# a sign-in's step writes a row or asks the identity provider: it costs the anonymous throttle more
+SIGN_IN = {COST: SIGN_IN_COST}
 router = APIRouter(prefix="/v1/auth", tags=["sign-in"], responses=error_responses(400, 401))
 
 
@@ -48,6 +51,7 @@ def sign_in_config(services: ServicesDep) -> SignInConfig:
     summary="Sign in through the OpenID provider: redirects to it (then back to `return_to`, a path here)",
     status_code=302,
     responses=error_responses(404),
+    openapi_extra=SIGN_IN,
 )
 async def login(
     services: ServicesDep,
@@ -70,6 +74,7 @@ async def login(
     summary="Where the OpenID provider sends the browser back: opens the session (a cookie)",
     status_code=302,
     responses=error_responses(403),
+    openapi_extra=SIGN_IN,
 )
 async def callback(
     services: ServicesDep,
@@ -144,6 +149,7 @@ async def logout(request: Request, services: ServicesDep) -> SignedOut:
     summary="Start a device sign-in (the CLI's `modelhost login`): a code the person confirms at the "
     "provider",
     responses=error_responses(404),
+    openapi_extra=SIGN_IN,
 )
 async def device_start(services: ServicesDep, body: DeviceStart | None = None) -> DeviceSignInStarted:
     started = await services.sessions.device_start(body.login_hint if body is not None else None)
@@ -162,6 +168,7 @@ async def device_start(services: ServicesDep, body: DeviceStart | None = None) -
     summary="Poll a device sign-in: 400 `authorization_pending` (or `slow_down`) until the person has "
     "confirmed, then the session's bearer token",
     responses=error_responses(403, 404),
+    openapi_extra=SIGN_IN,
 )
 async def device_token(services: ServicesDep, body: DeviceCode) -> SessionToken:
     return await _token(services, await services.sessions.device_finish(body.device_code))
@@ -170,6 +177,7 @@ async def device_token(services: ServicesDep, body: DeviceCode) -> SessionToken:
 @router.post(
     "/cli/token",
     summary="The session a browser sign-in handed to `modelhost login --browser` (its one-time `code`)",
+    openapi_extra=SIGN_IN,
 )
 async def cli_token(services: ServicesDep, body: HandoffCode) -> SessionToken:
     return await _token(services, await asyncio.to_thread(services.sessions.cli_token, body.code))

@@ -14,10 +14,10 @@ import asyncio
 from typing import Annotated
 
 import orjson
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Response
 
 from modelhost import tracing
-from modelhost.api.deps import CallerPrincipal, ServicesDep, admit, owner_of
+from modelhost.api.deps import CallerPrincipal, ServicesDep, owner_of
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, list_body
 from modelhost.protocol.batches import Batch, BatchCreateRequest, BatchList
@@ -64,9 +64,8 @@ def _json(payload: object) -> Response:
     },
 )
 async def create_batch(
-    request: Request, body: BatchCreateRequest, services: ServicesDep, principal: CallerPrincipal
+    body: BatchCreateRequest, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
-    await admit(request, principal)  # its input copy is billed; the key's rate limits count it
     created = await asyncio.to_thread(
         services.batches.create,
         owner_of(principal),

@@ -16,13 +16,14 @@ import asyncio
 from typing import Annotated
 
 import orjson
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from modelhost.api.bodies import FilePart, FormField, stream_form
-from modelhost.api.deps import CallerPrincipal, ServicesDep, admit, owner_of, require_caller
+from modelhost.api.deps import CallerPrincipal, ServicesDep, owner_of, require_caller_unless_signed
 from modelhost.api.errors import error_responses
 from modelhost.api.lists import After, Order, list_body
+from modelhost.auth.principal import Principal
 from modelhost.batches.files import PURPOSES, FileUpload
 from modelhost.container import Services
 from modelhost.errors import InvalidRequest
@@ -80,7 +81,6 @@ def _json(payload: object) -> Response:
 async def upload_file(request: Request, services: ServicesDep, principal: CallerPrincipal) -> Response:
     if not (request.headers.get("content-type") or "").startswith("multipart/form-data"):
         raise InvalidRequest("Upload a file as multipart/form-data with 'file' and 'purpose'.", param="file")
-    await admit(request, principal)
     received = Received()
     try:
         await received.read(request, services)
@@ -151,7 +151,6 @@ def _expires_after(fields: dict[str, str]) -> int | None:
 
 @router.get("/v1/files", summary="List the account's files, newest first", response_model=FileList)
 async def list_files(
-    request: Request,
     services: ServicesDep,
     principal: CallerPrincipal,
     after: After = None,
@@ -161,7 +160,6 @@ async def list_files(
         str | None, Query(description=f"Only files of this purpose: {', '.join(PURPOSES)}.")
     ] = None,
 ) -> Response:
-    await admit(request, principal, billed=False)
     items, more = await asyncio.to_thread(
         services.uploads.page, owner_of(principal), after, limit, order, purpose
     )
@@ -169,18 +167,12 @@ async def list_files(
 
 
 @router.get("/v1/files/{file_id}", summary="A file's object", response_model=FileObject)
-async def get_file(
-    file_id: str, request: Request, services: ServicesDep, principal: CallerPrincipal
-) -> Response:
-    await admit(request, principal, billed=False)
+async def get_file(file_id: str, services: ServicesDep, principal: CallerPrincipal) -> Response:
     return _json(await asyncio.to_thread(services.uploads.get, owner_of(principal), file_id))
 
 
 @router.delete("/v1/files/{file_id}", summary="Delete a file and its bytes", response_model=FileDeleted)
-async def delete_file(
-    file_id: str, request: Request, services: ServicesDep, principal: CallerPrincipal
-) -> Response:
-    await admit(request, principal, billed=False)
+async def delete_file(file_id: str, services: ServicesDep, principal: CallerPrincipal) -> Response:
     return _json(await asyncio.to_thread(services.uploads.delete, owner_of(principal), file_id))
 
 
@@ -189,11 +181,12 @@ async def delete_file(
     summary="A file's bytes: with an API key, any file of the account (uploaded or generated); with "
     "`expires` and `signature`, a generated image's link (no key)",
     responses={200: {"content": {"application/octet-stream": {}, "image/png": {}, "application/jsonl": {}}}},
+    openapi_extra={"security": [{"HTTPBearer": []}, {}]},  # a key, or none with a signed link
 )
 async def file_content(
     file_id: str,
-    request: Request,
     services: ServicesDep,
+    principal: Annotated[Principal | None, Depends(require_caller_unless_signed)],
     expires: Annotated[
         int | None, Query(description="A generated file's link: Unix time it expires at.")
     ] = None,
@@ -202,11 +195,9 @@ async def file_content(
         Query(max_length=128, pattern="^[0-9a-f]*$", description="A generated file's link: its signature."),
     ] = None,
 ) -> Response:
-    if expires is not None or signature is not None:
+    if principal is None:
         content = await asyncio.to_thread(services.file_store.linked, file_id, expires, signature)
     else:
-        principal = await require_caller(request)
-        await admit(request, principal, billed=False)
         content = await asyncio.to_thread(services.file_store.owned, owner_of(principal), file_id)
     if isinstance(content.body, bytes):
         return Response(content.body, media_type=content.media_type, headers=content.headers)

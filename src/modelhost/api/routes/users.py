@@ -34,9 +34,7 @@ def present(member: Member) -> User:
     responses=error_responses(409),
 )
 def add_user(body: UserCreate, principal: AccountPrincipal, services: ServicesDep) -> User:
-    member = services.users.add(
-        account_id_of(principal), body.email, body.name, Role(body.role), principal
-    )
+    member = services.users.add(account_id_of(principal), body.email, body.name, Role(body.role), principal)
     return present(member)
 
 
