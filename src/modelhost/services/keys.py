@@ -15,7 +15,7 @@ from modelhost.auth.principal import Principal
 from modelhost.auth.roles import MANAGE_KEYS
 from modelhost.auth.secrets import display_prefix, hash_secret, new_secret
 from modelhost.clock import Clock
-from modelhost.errors import Conflict, InvalidRequest, NotFound
+from modelhost.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
 from modelhost.store.db import Database
 from modelhost.store.models import Account, ApiKey, Deployment, Membership
 from modelhost.store.types import new_id, utcnow
@@ -65,6 +65,13 @@ def manages(principal: Principal | None, key: ApiKey) -> bool:
     return key.id == principal.key_id
 
 
+def check_may_salt(principal: Principal | None) -> None:
+    """Setting or changing a key's `cache_salt` decides with which keys it shares a deployment's prefix
+    cache: an account's decision (`keys:manage`), never a key's own (it could join another's salt)."""
+    if principal is not None and MANAGE_KEYS not in principal.actions:
+        raise PermissionDenied("Setting a key's cache_salt needs keys:manage (docs/access.md).")
+
+
 def audited(key: ApiKey) -> dict[str, Any]:
     """What an audit row says of a key: never its secret, its hash or its prefix."""
     return {
@@ -75,6 +82,7 @@ def audited(key: ApiKey) -> dict[str, Any]:
         "deployments": key.deployment_ids,
         "limits": key.limits,
         "expires_at": key.expires_at,
+        "cache_salt": key.cache_salt,
     }
 
 
@@ -110,10 +118,11 @@ class KeyService:
         expires_at: datetime | None = None,
         user_id: str | None = None,
         role: str | None = None,
+        cache_salt: str | None = None,
     ) -> tuple[ApiKey, str]:
         """Insert a key inside the caller's transaction, with its audit row; returns the row and its
         secret. `user_id`: the person who owns it (None: a service key); `role`: its own (None: its
-        owner's, or `owner` for a service key)."""
+        owner's, or `owner` for a service key); `cache_salt`: its prefix-cache salt."""
         secret = new_secret()
         key = ApiKey(
             id=new_id("key"),
@@ -126,6 +135,7 @@ class KeyService:
             expires_at=expires_at,
             user_id=user_id,
             role=role,
+            cache_salt=cache_salt,
         )
         session.add(key)
         session.flush()
@@ -153,7 +163,11 @@ class KeyService:
         expires_at: datetime | None = None,
         user_id: str | None = None,
         role: str | None = None,
+        cache_salt: str | None = None,
+        principal: Principal | None = None,
     ) -> tuple[ApiKey, str]:
+        if cache_salt is not None:
+            check_may_salt(principal)
         with self._database.transaction() as session:
             _check_within_account(session, account_id, limits)
             if user_id is not None and session.get(Membership, (user_id, account_id)) is None:
@@ -171,7 +185,7 @@ class KeyService:
                 if unknown:
                     raise InvalidRequest(f"Unknown deployment: {unknown[0]}", param="deployments")
             return self.create_in(
-                session, account_id, name, deployment_ids, limits, expires_at, user_id, role
+                session, account_id, name, deployment_ids, limits, expires_at, user_id, role, cache_salt
             )
 
     def rotate(
@@ -195,6 +209,7 @@ class KeyService:
                 expires_at=before,
                 user_id=old.user_id,
                 role=old.role,
+                cache_salt=old.cache_salt,
             )
             ends = now + timedelta(seconds=grace_seconds)
             old.expires_at = ends if before is None else min(before, ends)
@@ -209,8 +224,8 @@ class KeyService:
     def update(
         self, account_id: str, key_id: str, changes: dict[str, object], principal: Principal | None = None
     ) -> ApiKey:
-        """Rename a key or replace its limits (`changes`: the fields given, `limits` None for none);
-        every gateway process reads the key again on its next request."""
+        """Rename a key or replace its limits or its cache salt (`changes`: the fields given, `limits` and
+        `cache_salt` None for none); every gateway process reads the key again on its next request."""
         with self._database.transaction() as session:
             key = session.get(ApiKey, key_id, with_for_update=True)
             if key is None or key.account_id != account_id or key.revoked_at is not None:
@@ -224,6 +239,9 @@ class KeyService:
                 limits = stored_limits(changes["limits"])  # type: ignore[arg-type]
                 _check_within_account(session, account_id, limits)
                 key.limits = limits
+            if "cache_salt" in changes:
+                check_may_salt(principal)
+                key.cache_salt = changes["cache_salt"]  # type: ignore[assignment]
             audit.record(session, "key.updated", "key", key.id, account_id, audit.diff(before, audited(key)))
         self.forget_principals()
         return key

@@ -41,6 +41,7 @@ def present(key: rows.ApiKey) -> Key:
         expires_at=key.expires_at,
         role=key.role or Role.OWNER,
         user_id=key.user_id,
+        cache_salt=key.cache_salt,
     )
 
 
@@ -56,8 +57,9 @@ def create_key(body: KeyCreate, principal: AccountPrincipal, services: ServicesD
     expires_at = services.keys.expiry(body.expires_at, body.expires_in)
     owner, role = key_owner_and_role(principal, body)
     key, secret = services.keys.create(
-        account_id_of(principal), body.name, body.deployments, limits, expires_at, owner, role
-    )
+        account_id_of(principal), body.name, body.deployments, limits, expires_at, owner, role,
+        cache_salt=body.cache_salt, principal=principal,
+    )  # fmt: skip
     return KeyCreated(**present(key).model_dump(), api_key=secret)
 
 
