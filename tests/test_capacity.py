@@ -324,6 +324,44 @@ async def test_an_evicted_warm_deployment_says_so_and_comes_back(
         assert view(server, ids["w2"])["state_reason"] is None
 
 
+async def test_one_accounts_cold_load_never_evicts_another_accounts_warm_deployment(
+    tmp_path: Path, recipes: Path, footprint: int
+) -> None:
+    """Issue 70, S15: account bravo's cold load evicted account alpha's idle warm deployment, whose next
+    request waited for a load. Now the cold load waits and gets the 503 with why; bravo's warm load takes
+    room from alpha only while alpha holds more than its share (half the budget, two accounts holding
+    memory), and only down to it."""
+    env = budget_env(footprint, 2.5, MODELHOST_CAPACITY_WAIT_SECONDS="2")
+    async with server_with(tmp_path, 1, **env) as server:
+        ids: dict[str, str] = {}
+        for model in ("w1", "w2"):  # each measured before the next is predicted
+            ids |= await deploy_many(server, recipes.joinpath(*ST_RECIPE), [model], readiness="warm")
+            await server.ready(ids[model])
+        assert (await server.embed("used last", "w2")).status_code == 200
+        workers = {model: server.replicas(ids[model]) for model in ids}
+        bravo = await second_tenant(server)
+        theirs = await deploy_many(bravo, recipes.joinpath(*ST_RECIPE), ["bravo-cold"])
+
+        refused = await bravo.embed("needs room", "bravo-cold")
+        assert_error(refused, 503, "insufficient_capacity")
+        message = refused.json()["error"]["message"]
+        assert "warm deployments of other accounts, which a cold deployment's load never evicts" in message
+        assert_names_none_of(message, ids)
+        assert {model: server.replicas(ids[model]) for model in ids} == workers  # both still loaded
+        answer = await server.embed("served at once", "w1")
+        assert answer.status_code == 200, answer.text
+        assert server.replicas(ids["w1"]) == workers["w1"]  # the same replica: no load
+
+        # bravo's warm deployment takes room from alpha, which holds two of 2.5 footprints (its share
+        # is 1.25): w2, now the least recently used, goes; w1 stays, alpha being within its share then
+        theirs |= await deploy_many(bravo, recipes.joinpath(*ST_RECIPE), ["bravo-warm"], readiness="warm")
+        await bravo.ready(theirs["bravo-warm"])
+        assert not server.replicas(ids["w2"])
+        assert server.replicas(ids["w1"]) == workers["w1"]
+        reason = view(server, ids["w2"])["state_reason"]
+        assert reason.startswith("evicted to make room for a deployment of another account at "), reason
+
+
 async def test_a_crashed_load_gives_its_reservation_back(
     tmp_path: Path, recipes: Path, footprint: int
 ) -> None:

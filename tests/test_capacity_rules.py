@@ -17,7 +17,7 @@ import pytest
 from modelhost.clock import SystemClock
 from modelhost.config import Settings
 from modelhost.errors import CapacityConflict, InsufficientCapacity
-from modelhost.runtime.capacity import MB, Candidate, Capacity, Footprint, evictions, memory_limit
+from modelhost.runtime.capacity import MB, Candidate, Capacity, Footprint, Load, evictions, memory_limit
 from modelhost.runtime.footprint import BASE_COSTS, kv_cache_bytes, predict
 from modelhost.runtime.memory import _footprint_of
 from modelhost.runtime.spec import AttachedAdapter, DeploymentSpec
@@ -36,8 +36,9 @@ def candidate(
     size: int = 100,
     gpu: int | None = None,
     gpu_size: int = 0,
+    account: str = "acct",
 ) -> Candidate:
-    return Candidate(name, readiness, idle, used, loaded, Footprint(size, gpu_size), gpu)
+    return Candidate(name, readiness, idle, used, loaded, Footprint(size, gpu_size), gpu, account)
 
 
 # ---------------------------------------------------------------- eviction
@@ -78,9 +79,65 @@ def test_eviction_for_a_gpu_frees_that_gpu_and_passes_over_what_frees_nothing_sh
     assert [c.deployment_id for c in plan or []] == ["this-gpu"]
 
 
+def test_a_cold_load_never_evicts_another_accounts_warm_deployment() -> None:
+    loaded = [
+        candidate("theirs-warm", "warm", used=1, account="alpha"),
+        candidate("theirs-cold", "cold", used=5, account="alpha"),
+        candidate("own-warm", "warm", used=3, account="bravo"),
+    ]
+    everyone = {"alpha": Footprint(200), "bravo": Footprint(100)}
+    cold = Load("bravo", "cold", everyone, share=Footprint(150))
+    # another account's cold one and its own warm one make room; the other's warm one never does
+    plan = evictions(Footprint(200), None, loaded, 100, 30, cold)
+    assert [c.deployment_id for c in plan or []] == ["theirs-cold", "own-warm"]
+    assert evictions(Footprint(300), None, loaded, 100, 30, cold) is None  # it waits
+    # the same account's cold load evicts its own warm deployments as before
+    own = Load("alpha", "cold", everyone, share=Footprint(150))
+    assert [c.deployment_id for c in evictions(Footprint(200), None, loaded, 100, 30, own) or []] == [
+        "theirs-cold",
+        "theirs-warm",
+    ]
+
+
+def test_a_warm_load_evicts_another_accounts_warm_ones_only_while_it_holds_more_than_its_share() -> None:
+    loaded = [
+        candidate("alpha-old", "warm", used=1, account="alpha"),
+        candidate("alpha-new", "warm", used=2, account="alpha"),
+    ]
+    # alpha holds 200 of a 300 budget shared by two accounts (150 each): one of its warm ones may go,
+    # which leaves it 100, within its share, and the second stays
+    warm = Load("bravo", "warm", {"alpha": Footprint(200), "bravo": Footprint(0)}, share=Footprint(150))
+    assert [c.deployment_id for c in evictions(Footprint(100), None, loaded, 100, 30, warm) or []] == [
+        "alpha-old"
+    ]
+    assert evictions(Footprint(150), None, loaded, 100, 30, warm) is None
+    hot = Load("bravo", "hot", {"alpha": Footprint(200), "bravo": Footprint(0)}, share=Footprint(150))
+    assert evictions(Footprint(150), None, loaded, 100, 30, hot) is None  # pinned or not, the same share
+    within = Load("bravo", "warm", {"alpha": Footprint(150), "bravo": Footprint(0)}, share=Footprint(150))
+    assert evictions(Footprint(100), None, loaded, 100, 30, within) is None
+    # on a GPU, an account over its share of that GPU's budget gives way too
+    on_gpu = [candidate("alpha-gpu", "warm", account="alpha", size=10, gpu=0, gpu_size=600)]
+    gpu_load = Load("bravo", "warm", {"alpha": Footprint(10, 600)}, share=Footprint(1000, 500))
+    assert [c.deployment_id for c in evictions(Footprint(0, 100), 0, on_gpu, 100, 30, gpu_load) or []] == [
+        "alpha-gpu"
+    ]
+
+
+def test_an_accounts_share_is_an_equal_part_of_the_budget_among_the_accounts_holding_memory() -> None:
+    capacity = Capacity(budget=900, gpu_budgets=[600])
+    capacity.hold("a1", "alpha", Footprint(300), None)
+    capacity.hold("a2", "alpha", Footprint(200, 100), 0)
+    capacity.release(capacity.hold("gone", "charlie", Footprint(100), None))
+    capacity.hold("b1", "bravo", Footprint(100), None).unloading = True  # still holds until it exits
+    load = capacity.load("delta", "warm", 0)
+    assert load.share == Footprint(900 // 3, 600 // 3)  # alpha, bravo and the load's own account
+    assert load.held == {"alpha": Footprint(500, 100), "bravo": Footprint(100), "delta": Footprint(0)}
+    assert capacity.load("alpha", "cold", None).share == Footprint(450)  # alpha and bravo
+
+
 def test_a_gpu_deployment_goes_to_the_gpu_with_the_most_free_budget_that_fits() -> None:
     capacity = Capacity(10 * GiB, [8 * GiB, 16 * GiB, 16 * GiB])
-    capacity.hold("x", Footprint(MB, 10 * GiB), 2)
+    capacity.hold("x", "acct", Footprint(MB, 10 * GiB), 2)
     assert capacity.gpu_order(Footprint(MB, 4 * GiB)) == [1, 0, 2]  # 16 free, 8 free, 6 free
     assert capacity.gpu_order(Footprint(MB, 12 * GiB)) == [1, 2]  # GPU 0 could never hold it
     assert capacity.gpu_order(Footprint(MB)) == [None]  # host memory only
@@ -98,7 +155,7 @@ def test_hot_deployments_are_packed_onto_the_gpus_before_another_is_accepted() -
 
 def test_a_holding_stays_reserved_until_released_and_releasing_twice_is_harmless() -> None:
     capacity = Capacity(1000)
-    first = capacity.hold("a", Footprint(600), None)
+    first = capacity.hold("a", "acct", Footprint(600), None)
     assert not capacity.fits(Footprint(500), None)
     first.unloading = True  # its processes are stopping: still counted
     assert capacity.reserved == 600
@@ -465,3 +522,41 @@ async def test_what_is_said_of_a_shared_base_names_none_of_its_owners_other_depl
     message = waited.value.message
     assert "No memory to load alpha-base" in message and "1 other deployment holds 30 MiB" in message
     assert "alpha-pinned" not in message, message
+
+
+async def test_one_accounts_cold_load_waits_rather_than_evict_another_accounts_idle_warm_deployment(
+    tmp_path: Path,
+) -> None:
+    """Issue 70, S15: a cold load took another account's warm deployment's room (its next request waited
+    for a load). Now it waits and says why; a warm load takes that room only from an account holding more
+    than its share (an equal part of the budget among the accounts holding memory), and only down to it."""
+    placement = placement_of(tmp_path, 70)
+    alpha = [FakeTenant(spec_of(f"alpha-{n}", tmp_path, readiness="warm", account="alpha")) for n in (1, 2)]
+    tenants = [*alpha]
+    for tenant in alpha:
+        await loaded(placement, tenant, tenants)
+    alpha[0].last_used, alpha[1].last_used = 1, 2
+    cold = FakeTenant(spec_of("bravo-cold", tmp_path, account="bravo"))
+    tenants.append(cold)
+    with pytest.raises(InsufficientCapacity) as waited:
+        await placement.admit(cold, 1, time.monotonic() + 0.3, lambda: tenants)
+    assert not alpha[0].evicted and not alpha[1].evicted
+    message = waited.value.message
+    assert "warm deployments of other accounts, which a cold deployment's load never evicts" in message
+    assert "alpha" not in message, message
+
+    # bravo's warm load: alpha holds 60 of 70 MiB, more than its 35: its least recently used one goes
+    warm = FakeTenant(spec_of("bravo-warm", tmp_path, readiness="warm", account="bravo"))
+    tenants.append(warm)
+    await loaded(placement, warm, tenants)
+    assert alpha[0].evicted and not alpha[1].evicted
+    # a second one finds alpha within its share now (its own warm one is busy): it waits, and says why
+    warm.in_flight = 1
+    second = FakeTenant(spec_of("bravo-second", tmp_path, readiness="warm", account="bravo"))
+    tenants.append(second)
+    with pytest.raises(InsufficientCapacity) as waited:
+        await placement.admit(second, 1, time.monotonic() + 0.3, lambda: tenants)
+    assert not alpha[1].evicted
+    message = waited.value.message
+    assert "warm deployments of other accounts that hold no more than their share of the budget" in message
+    assert "35 MiB)" in message, message

@@ -447,6 +447,73 @@ def test_the_prefix_cache_counts_prompt_tokens_looked_up_and_found_on_metrics(ch
     assert (queried, found) == (sum(p for p, _ in usages), sum(c for _, c in usages))
 
 
+def salted_keys_find_only_their_own_prefixes(url: str, key: str, deployment_id: str, model: str) -> None:
+    """Issue 70, S12: two deployment keys of one account share the deployment's prefix cache, so one
+    learns from `cached_tokens` whether the other's prompt starts with a guess. The salted key's request
+    after the other key sent the same long prompt finds nothing cached; its own second one finds its
+    first; and a key that sends the salt as the request's own `cache_salt` reaches nothing of the salted
+    key's cache either (run on each engine: the transformers engine here, vLLM and llama.cpp in their
+    modules)."""
+    secret = "The launch code of project orion is 7-alpha-tango-9, kept between us. " * 6
+    messages = [{"role": "system", "content": secret}, {"role": "user", "content": "what is the code?"}]
+    with httpx.Client(base_url=url, timeout=120) as http:
+        made = [
+            http.post("/v1/keys", json={"deployments": [deployment_id], **salt}, headers=bearer(key))
+            for salt in ({}, {"cache_salt": "team-blue"})
+        ]
+    assert [m.status_code for m in made] == [201, 201], [m.text for m in made]
+    assert [m.json()["cache_salt"] for m in made] == [None, "team-blue"]
+    plain, salted = (
+        openai.OpenAI(base_url=f"{url}/v1", api_key=m.json()["api_key"], max_retries=0) for m in made
+    )
+
+    def cached(client: openai.OpenAI, **extra: Any) -> tuple[int, int]:
+        answer = client.chat.completions.create(
+            model=model, messages=messages, max_tokens=1, temperature=0, extra_body=extra or None
+        )
+        assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+        return answer.usage.prompt_tokens, answer.usage.prompt_tokens_details.cached_tokens or 0
+
+    prompt_tokens, _ = cached(plain)
+    assert cached(plain)[1] >= prompt_tokens // 2  # the oracle: the same key finds its prompt cached
+    assert cached(salted) == (prompt_tokens, 0)  # the other key's prompt is not found
+    assert cached(salted)[1] >= prompt_tokens // 2  # its own is
+    assert cached(plain, cache_salt="team-blue") == (prompt_tokens, 0)  # naming the salt reaches nothing
+
+
+def test_a_salted_key_finds_only_its_own_cached_prefixes_never_another_keys(chat: Chat) -> None:
+    salted_keys_find_only_their_own_prefixes(chat.url, chat.key, chat.deployment_id, "chat")
+
+
+def test_only_keys_manage_sets_a_keys_cache_salt_and_a_rotation_keeps_it(chat: Chat) -> None:
+    """A key that may rename itself but not manage keys (a developer's) cannot choose its salt: it could
+    join another key's and read its prefixes."""
+    body = {"role": "developer", "service": True}
+    developer = chat.http.post("/v1/keys", json=body, headers=bearer(chat.key)).json()
+    own = f"/v1/keys/{developer['id']}"
+    renamed = chat.http.patch(own, json={"name": "dev"}, headers=bearer(developer["api_key"]))
+    assert renamed.status_code == 200, renamed.text
+    for change in ({"cache_salt": "team-blue"}, {"cache_salt": None}):
+        refused = chat.http.patch(own, json=change, headers=bearer(developer["api_key"]))
+        assert_error(refused, 403, "permission_denied")
+    made = chat.http.post("/v1/keys", json={"deployments": [chat.deployment_id]}, headers=bearer(chat.key))
+    key = f"/v1/keys/{made.json()['id']}"
+    patched = chat.http.patch(key, json={"cache_salt": "team-red"}, headers=bearer(chat.key))
+    assert patched.status_code == 200 and patched.json()["cache_salt"] == "team-red", patched.text
+    rotated = chat.http.post(f"{key}/rotate", headers=bearer(chat.key))
+    assert rotated.status_code == 201 and rotated.json()["cache_salt"] == "team-red", rotated.text
+    cleared = chat.http.patch(key, json={"cache_salt": None}, headers=bearer(chat.key))
+    assert cleared.status_code == 200 and cleared.json()["cache_salt"] is None, cleared.text
+    for bad in ("", "x" * 257, 7):
+        answer = chat.http.post(
+            "/v1/keys",
+            json={"deployments": [chat.deployment_id], "cache_salt": bad},
+            headers=bearer(chat.key),
+        )
+        assert_error(answer, 400)
+        assert answer.json()["error"]["param"] == "cache_salt", answer.text
+
+
 def _tier_metric(chat: Chat, tier: str) -> float:
     """`modelhost_generation_requests_total` of the chat deployment for one tier."""
     for line in chat.http.get("/metrics").text.splitlines():

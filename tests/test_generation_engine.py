@@ -598,6 +598,32 @@ def test_a_prefix_asked_again_reuses_its_own_slot_and_evicts_no_other(loaded: tu
         assert cached(topic) >= system_length(loaded, topic), topic
 
 
+def test_a_salted_sequence_reuses_only_prefixes_its_own_salt_left(loaded: tuple[Any, Any]) -> None:
+    """A request's `cache_salt` (issue 70, S12): the slots of another salt, or of none, are never a
+    source of its prefix, alone or arriving together with one of another salt."""
+    engine = engine_of(loaded, max_running=4)
+    prompt = chat_prompt(loaded, "cats", "which one purrs?")
+    decoder = IncrementalDecoder(lambda ids: loaded[1].decode(ids, skip_special_tokens=True))
+    params = SamplingParams(max_tokens=2, min_tokens=2, temperature=0)
+    sids = iter(range(100))
+
+    def cached(*salts: str | None) -> list[int]:
+        added = []
+        for salt in salts:
+            added.append(Sequence(next(sids), prompt, params, decoder, salt=salt))
+            engine.add(added[-1])
+        started = started_events(run_events(engine))
+        return [started[s.id].cached_tokens for s in added]
+
+    whole = len(prompt) - 1  # all but the last token, whose logits give the first new one
+    assert cached(None) == [0]
+    assert cached(None) == [whole]
+    assert cached("a") == [0]
+    assert cached("a") == [whole]
+    assert cached("b", "c") == [0, 0]  # side by side, neither takes the other's
+    assert cached(None, "a", "b") == [whole, whole, whole]
+
+
 def common_prefix_length(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 

@@ -47,6 +47,7 @@ from tests.helpers import (
 from tests.live import live_server
 from tests.recipes import FAMILIES_FOLDER, GGUF_FOLDER, QUANTIZED_FOLDER
 from tests.server_process import processes
+from tests.test_chat import salted_keys_find_only_their_own_prefixes
 from tests.test_clients import litellm, outside_lookups  # noqa: F401 (LiteLLM offline; nothing leaves)
 from tests.test_families import OUTPUTS, _request, _streamed
 from tests.tiny_models.gguf import EMBEDDING
@@ -441,6 +442,12 @@ def test_llamacpps_prefix_cache_is_counted_on_metrics_as_the_other_engines(serve
     assert (queried, found) == (sum(p for p, _ in usages), sum(c for _, c in usages))
 
 
+def test_a_salted_key_finds_only_its_own_cached_prefixes_on_llamacpp(served: Served) -> None:
+    """llama.cpp has no salt: from the first salted request the replica chooses each request's slot, and
+    one last used by another salt computes the whole prompt (`engines.llamacpp`, "Cache salts")."""
+    salted_keys_find_only_their_own_prefixes(served.url, served.key, served.deployment["id"], MODEL)
+
+
 def test_llamacpps_kv_cache_usage_is_its_busy_slots_over_its_slots(served: Served) -> None:
     """`modelhost_kv_cache_usage_ratio` as the transformers engine's: above 0 while streams hold slots,
     0 once they end. Four streams per slot, one after another in each: the tiny model answers one in a
@@ -712,6 +719,38 @@ def test_batch_lines_wait_behind_interactive_requests_for_a_slot() -> None:
         return order
 
     assert asyncio.run(run()) == ["chat", "batch"]
+
+
+def test_from_the_first_salted_request_the_gate_chooses_slots_and_reuses_only_one_of_the_same_salt() -> None:
+    """llama.cpp reuses what the slot it gives a request holds, and chooses the slot itself: once a salted
+    request comes, the gate waits for the requests llama.cpp placed, then places each request itself, on
+    a slot of its salt sharing its prompt where one is free (reused), else on the least recently used
+    one (not reused: its whole prompt computed, over the other salt's keys and values)."""
+
+    async def run() -> None:
+        gate = llamacpp.SlotGate(2)
+        prompt, other = [1, 2, 3, 4, 5], [9, 8, 7, 6, 5]
+        async with gate.slot(False, prompt=prompt) as placed:
+            assert placed is None  # no salt yet: llama.cpp's choice, as before
+            salted = asyncio.create_task(_placed(gate, "a", prompt))
+            await asyncio.sleep(0.01)
+            assert not salted.done()  # it waits for the request llama.cpp placed
+        assert await salted == llamacpp.Placed(0, reuse=False)  # unsalted content: computed again
+        assert await _placed(gate, "a", prompt) == llamacpp.Placed(0, reuse=True)
+        assert await _placed(gate, None, prompt) == llamacpp.Placed(1, reuse=True)  # unsalted, as it was
+        assert await _placed(gate, "b", prompt) == llamacpp.Placed(0, reuse=False)  # the least recently used
+        assert await _placed(gate, "a", prompt) == llamacpp.Placed(1, reuse=False)  # "a" is gone
+        # an unrelated prompt takes the least recently used slot, as llama.cpp chooses, keeping "a"'s
+        assert await _placed(gate, "a", other) == llamacpp.Placed(0, reuse=False)
+        assert await _placed(gate, "a", prompt[:3]) == llamacpp.Placed(1, reuse=True)
+        assert gate.free == 2
+
+    asyncio.run(run())
+
+
+async def _placed(gate: llamacpp.SlotGate, salt: str | None, prompt: list[int]) -> llamacpp.Placed | None:
+    async with gate.slot(False, salt=salt, prompt=prompt) as placed:
+        return placed
 
 
 class _Clock:

@@ -55,6 +55,7 @@ from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here aga
     test_a_null_prompt_starts_a_new_document,
     test_a_plus_100_logit_bias_makes_greedy_output_that_token,
     test_a_prompt_over_the_context_is_a_400_naming_max_tokens,
+    test_a_salted_key_finds_only_its_own_cached_prefixes_never_another_keys,
     test_allowed_tools_restrict_a_required_call_to_those_tools,
     test_anthropic_clients_authenticate_with_x_api_key_or_a_bearer_token_on_every_route,
     test_anthropic_errors_are_the_sdks_own_exceptions_in_anthropics_shape,

@@ -23,8 +23,8 @@ from modelhost.artifacts.blobstore import BlobStore
 from modelhost.artifacts.s3 import S3BlobStore, blob_store_of
 from modelhost.artifacts.service import ArtifactService
 from modelhost.audit import AuditLog
-from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.anonymous import AnonymousThrottle
+from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.failures import FailedKeys
 from modelhost.auth.limits import RateLimiter
 from modelhost.auth.oidc import OidcClient, OidcConfig

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from modelhost.auth.principal import Principal
 from modelhost.errors import InvalidRequest
 from modelhost.generation.choices import chat_requests, completion_requests
 from modelhost.generation.compile_sandbox import GrammarChecker
@@ -43,19 +44,22 @@ IMAGE_TEXT_TO_TEXT = "image-text-to-text"
 class Target:
     """What a deployment adds to every generation request it runs: where the runtime runs it (the
     version a rollout chose: `DeploymentRef.runtime_key`), whether it reads images (a vision-language
-    deployment) and its sampling defaults (`generation_defaults`). Plain values, so an agent run carries
-    it to the supervisor that runs it."""
+    deployment) and its sampling defaults (`generation_defaults`); and what the calling key adds: its
+    prefix-cache salt (`Principal.cache_salt`). Plain values, so an agent run carries it to the
+    supervisor that runs it."""
 
     runtime_key: str
     reads_images: bool = False
     defaults: dict[str, int | float] | None = None
+    cache_salt: str | None = None
 
     @classmethod
-    def of(cls, deployment: DeploymentRef) -> Target:
+    def of(cls, deployment: DeploymentRef, principal: Principal | None = None) -> Target:
         return cls(
             deployment.runtime_key or deployment.id,
             deployment.pipeline == IMAGE_TEXT_TO_TEXT,
             dict(deployment.generation_defaults) if deployment.generation_defaults else None,
+            principal.cache_salt if principal is not None else None,
         )
 
 
@@ -83,7 +87,7 @@ class Generation:
         limit = self.grammars.max_string_length
         requests, mode = chat_requests(body, limit, effort_param, format_param, effort_optional)
         await self.grammars.check(requests)
-        _with_defaults(requests, target)
+        _with_defaults(requests, target, body.cache_salt)
         await self._fetch_images(requests, target, image_params)
         return requests, mode
 
@@ -91,7 +95,7 @@ class Generation:
         """A completion's engine requests (one per prompt and candidate), ready to run."""
         requests = completion_requests(body, self.grammars.max_string_length)
         await self.grammars.check(requests)
-        _with_defaults(requests, target)
+        _with_defaults(requests, target, body.cache_salt)
         return requests
 
     async def open(self, target: Target, requests: list[GenerationRequest]) -> Streams:
@@ -153,12 +157,28 @@ class Generation:
             request.image_params = [param for _, param in urls]  # the worker's decoding errors name the part
 
 
-def _with_defaults(requests: list[GenerationRequest], target: Target) -> None:
+def _with_defaults(requests: list[GenerationRequest], target: Target, salt: str | None) -> None:
     """The deployment's sampling defaults sent with each engine request: the replica puts them between
-    the request's own fields and the model's (`generation.requests.sampling_params`)."""
+    the request's own fields and the model's (`generation.requests.sampling_params`); and the prefix
+    cache it may use (`cache_salt`: the key's salt and the request's own `salt`)."""
     if target.defaults:
         for request in requests:
             request.defaults = dict(target.defaults)
+    if target.cache_salt is not None or salt is not None:
+        salted = cache_salt(target.cache_salt, salt)
+        for request in requests:
+            request.cache_salt = salted
+
+
+def cache_salt(key: str | None, request: str | None) -> str:
+    """The salt an engine keys its prefix cache by, from the key's salt and the request's own
+    `cache_salt` (vLLM's field). A key's salt is written with its length first and a request's after a
+    different mark, so no request's own salt, whatever its text, names the prefix cache of a key's salt:
+    a key without a salt (or with another) cannot reach a salted key's cache by sending that salt."""
+    parts = [] if key is None else [f"key:{len(key)}:{key}"]
+    if request is not None:
+        parts.append(f"request:{request}")
+    return "/".join(parts)
 
 
 class Streams:

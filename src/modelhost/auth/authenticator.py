@@ -134,4 +134,5 @@ def _principal_of(session: Session, row: ApiKey) -> Principal:
         email=email,
         subject=subject,
         refusal=refusal,
+        cache_salt=row.cache_salt,
     )

@@ -72,6 +72,14 @@ def authorize_key(caller: Principal | None, key: KeyTarget, grants: Role | None 
     authorize(caller, key.reaches(caller), grants)
 
 
+def authorize_cache_salt(caller: Principal | None) -> None:
+    """403 unless `caller` may set or change a key's `cache_salt`: it decides with which keys the key
+    shares a deployment's prefix cache, so it is the account's decision (`keys:manage`), never a key's
+    own (it could join another key's salt and read what that key's prompts start with)."""
+    if caller is not None and caller.kind is not PrincipalKind.ADMIN and MANAGE_KEYS not in caller.actions:
+        raise PermissionDenied("Setting a key's cache_salt needs keys:manage (docs/access.md).")
+
+
 def sees_key(caller: Principal | None, key: KeyTarget) -> bool:
     """Whether the caller may see `key` (list it, name it): every key of its account with `keys:manage`,
     else a person's own keys, a service key itself. None (the server's own call): every key."""

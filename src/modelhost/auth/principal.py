@@ -26,7 +26,7 @@ class Principal:
     `role` and `actions`: what the key may do (`auth.roles.allowed`: its own role, bounded by its
     owner's role in the account); `user_id` and `email` its owner (None: a service key). `refusal`:
     why a key that exists is refused anyway (its owner disabled or no longer a member), as
-    (code, message).
+    (code, message). `cache_salt`: the key's prefix-cache salt (docs/access.md, "Cache salts").
     """
 
     kind: PrincipalKind
@@ -45,6 +45,9 @@ class Principal:
     refusal: tuple[str, str] | None = None
     # a sign-in session's CSRF token (`services.sessions`): its state-changing requests must send it
     csrf: str | None = None
+    # the key's prefix-cache salt (`store.models.ApiKey.cache_salt`), which its generation requests carry
+    # to the engine (`frontend.Target`); None: the deployment's shared cache
+    cache_salt: str | None = None
     # whom its requests count against (`limited`): made once, as a principal is cached
     _subjects: tuple[Subject, ...] = field(init=False, repr=False, compare=False)
 

@@ -33,6 +33,17 @@ Lark strings, which llama.cpp runs through the same llguidance: `%llguidance {}`
 gate in front of the slots: `SlotGate`). What is llama.cpp's: scheduling, the KV cache and its prompt
 cache, sampling.
 
+**Cache salts** (a request's `cache_salt`: docs/access.md, "Cache salts"). llama.cpp has no salt of its
+own: a request reuses whatever prefix the slot it gets holds, and the slot is llama.cpp's choice (the
+one whose last prompt shares most with this one). From the first salted request a replica sees, the gate
+chooses each request's slot itself (`id_slot`): a free slot whose last request had the same salt and
+shares most of the prompt, else the least recently used free slot; on a slot last used by another salt
+the request is sent with `cache_prompt: false`, so it computes its whole prompt (reporting 0 cached
+tokens) and its keys and values replace the other salt's. Requests that llama.cpp placed itself finish
+first. Its host-memory prompt cache (`--cache-ram`, which would restore one salt's saved prompt for
+another's request on any slot, and takes memory outside the replica's footprint) is off: a prefix is
+reused from the slots' own KV cache only.
+
 Refused with a 400-style `error` event (llama.cpp has no such option): `min_tokens`, prompt
 log-probabilities, images, adapters.
 
@@ -58,6 +69,7 @@ from modelhost.artifacts.gguf_check import gguf_set
 from modelhost.engines.interface import Emit, Event, StreamingEngine
 from modelhost.engines.llamacpp_server import Answered, LlamaCppServer, start
 from modelhost.engines.loader import load_tokenizer
+from modelhost.engines.native.kv_cache import common_prefix
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.generation.contract import (
     GenerationRequest,
@@ -86,6 +98,9 @@ from modelhost.generation.requests import (
 from modelhost.generation.text import IncrementalDecoder, StopStrings
 
 GRAMMAR_PREFIX = "%llguidance {}\n"  # llama.cpp's marker for a Lark grammar run by llguidance
+# llama.cpp's own threshold for a slot's last prompt to count as sharing a new one's prefix
+# (`slot_prompt_similarity`: the common prefix over the new prompt's length)
+SIMILAR = 0.1
 
 
 @dataclass(eq=False, slots=True)
@@ -98,12 +113,33 @@ class _Turn:
     ready: asyncio.Future[None]
 
 
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """The llama.cpp slot the gate chose for a request (`id_slot`), and whether it may reuse what the
+    slot holds (`cache_prompt`: its last request had the same salt)."""
+
+    index: int
+    reuse: bool
+
+
+@dataclass(slots=True)
+class _Slot:
+    """What the gate knows of one llama.cpp slot once it places requests: the salt and prompt of its
+    last request (whose keys and values it holds), when that came, whether one runs there now."""
+
+    salt: str | None = None
+    prompt: list[int] = field(default_factory=list)
+    used: int = 0
+    busy: bool = False
+
+
 class SlotGate:
     """At most `slots` requests inside llama.cpp at once, the others waiting here in the order of
     `generation.priority` (interactive requests first, each key's ordered by its numbers; flex requests
     and batch lines after every one of them, and let in only into the room `low_cap` leaves them).
     llama.cpp's own queue is first come, first served; in front of it, a flex flood or a batch cannot
-    delay a chat."""
+    delay a chat. From the first salted request on, it also chooses each request's slot (`Placed`; the
+    module docstring, "Cache salts")."""
 
     def __init__(self, slots: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.slots = slots
@@ -113,14 +149,62 @@ class SlotGate:
         self._clock = clock
         self._interactive_at = -BUSY_SECONDS  # when the last interactive request arrived
         self._timer: asyncio.TimerHandle | None = None
+        self.placing = False  # a salted request came: the gate places every request from then on
+        self._unplaced = 0  # requests inside whose slot llama.cpp chose
+        self._drained: asyncio.Event | None = None  # set once none is left (when placing began)
+        self._slots = [_Slot() for _ in range(slots)]
+        self._uses = 0
 
     @contextlib.asynccontextmanager
-    async def slot(self, low: bool, priority: int = 0, tenant: str = "") -> AsyncIterator[None]:
+    async def slot(
+        self,
+        low: bool,
+        priority: int = 0,
+        tenant: str = "",
+        salt: str | None = None,
+        prompt: list[int] | None = None,
+    ) -> AsyncIterator[Placed | None]:
+        """A turn inside llama.cpp: None where llama.cpp chooses the slot (no salt seen yet), else the
+        slot chosen for `prompt` of `salt`."""
         await self._acquire(low, priority, tenant)
         try:
-            yield
+            if salt is not None and not self.placing:
+                self.placing, self._drained = True, asyncio.Event()
+                if not self._unplaced:
+                    self._drained.set()
+            if not self.placing:
+                self._unplaced += 1
+                try:
+                    yield None
+                finally:
+                    self._unplaced -= 1
+                    if not self._unplaced and self._drained is not None:
+                        self._drained.set()
+                return
+            if self._drained is not None and not self._drained.is_set():
+                await self._drained.wait()  # a slot llama.cpp chose may hold another salt's prefix
+            placed = self._place(salt, prompt or [])
+            try:
+                yield placed
+            finally:
+                self._slots[placed.index].busy = False
         finally:
             self._release(low)
+
+    def _place(self, salt: str | None, prompt: list[int]) -> Placed:
+        """A free slot for `prompt` of `salt`: the one of that salt whose last prompt shares most of it
+        (as llama.cpp chooses: more than `SIMILAR` of the prompt), else the least recently used."""
+        free = [i for i, s in enumerate(self._slots) if not s.busy]
+        same = [i for i in free if self._slots[i].salt == salt]
+        shared = {i: common_prefix(self._slots[i].prompt, prompt, len(prompt)) for i in same}
+        best = max(same, key=lambda i: shared[i], default=None)
+        if best is None or shared[best] <= SIMILAR * len(prompt):
+            best = min(free, key=lambda i: self._slots[i].used)
+        chosen = self._slots[best]
+        placed = Placed(best, reuse=chosen.salt == salt)
+        self._uses += 1
+        chosen.salt, chosen.prompt, chosen.used, chosen.busy = salt, prompt, self._uses, True
+        return placed
 
     async def _acquire(self, low: bool, priority: int, tenant: str) -> None:
         if not low:
@@ -416,7 +500,7 @@ async def _generate(model: LlamaCppModel, request_id: str, request: GenerationRe
         IncrementalDecoder(decode),
         StopStrings(params.stop, params.include_stop_str_in_output),
     )
-    body = orjson.dumps(llama_body(params, prompt, request.grammar))
+    body = llama_body(params, prompt, request.grammar)
     started = False
 
     def on_line(line: bytes) -> bool:
@@ -436,8 +520,12 @@ async def _generate(model: LlamaCppModel, request_id: str, request: GenerationRe
             started = True
         return _chunk(model, answer, chunk, emit)
 
-    async with model.gate.slot(request.low, request.priority, request.tenant):
-        answered = await model.post_lines("/completion", body, on_line)
+    async with model.gate.slot(
+        request.low, request.priority, request.tenant, request.cache_salt, prompt
+    ) as placed:
+        if placed is not None:
+            body |= {"id_slot": placed.index, "cache_prompt": placed.reuse}
+        answered = await model.post_lines("/completion", orjson.dumps(body), on_line)
     if answered.status != 200:
         _refused(request, answered, emit)
     elif not answered.finished:

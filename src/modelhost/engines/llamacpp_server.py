@@ -205,6 +205,7 @@ def server_params(
     params.load_mode = xlc.llama_load_mode.LLAMA_LOAD_MODE_NONE  # no mmap: see `engines.llamacpp`
     params.warmup = True
     params.cache_prompt = True
+    params.cache_ram_mib = 0  # no host-memory prompt cache: see `engines.llamacpp`, "Cache salts"
     if threads:
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads
@@ -235,6 +236,7 @@ def binary_arguments(
         "--load-mode", "none",
         "--warmup",
         "--cache-prompt",
+        "--cache-ram", "0",
         "--threads-http", str(slots + 4),
         "--metrics",
         "--slots",

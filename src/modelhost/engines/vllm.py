@@ -346,18 +346,21 @@ async def _engine_input(model: VllmModel, request: GenerationRequest) -> tuple[l
     images: the template's IDs (a placeholder per image) and the decoded images go through vLLM's
     renderer (its copy of the model's processor, off the event loop, cached by content), which expands
     each placeholder into the image's tokens: those expanded IDs are the prompt, as on our engine, for
-    the context check and the usage."""
+    the context check and the usage. A request's `cache_salt` is vLLM's own: it enters the hash of the
+    prompt's first block, so its prefix is found only by requests of the same salt."""
     from vllm.inputs import tokens_input
 
     if not request.images:
         prompt, prompt_param = prompt_ids(model, request, await chat_prompt_off_loop(model, request))
-        return prompt, prompt_param, tokens_input(prompt)
+        return prompt, prompt_param, tokens_input(prompt, cache_salt=request.cache_salt)
     cap = output_cap(model.context_length, model.tokenizer)
     text, images = await in_thread(
         chat_with_images, model.processor, request, template_kwargs(model, request), cap
     )
     template_ids = model.tokenizer(text, add_special_tokens=False)["input_ids"]
     raw = {"prompt_token_ids": template_ids, "multi_modal_data": {"image": images}}
+    if request.cache_salt is not None:
+        raw["cache_salt"] = request.cache_salt
     (rendered,) = await model.engine.renderer.render_cmpl_async([raw])
     return list(rendered["prompt_token_ids"]), "messages", rendered
 

@@ -101,6 +101,10 @@ class GenerationRequest(msgspec.Struct, tag="generation", kw_only=True, omit_def
     low: bool = False
     priority: int = 0
     tenant: str = ""
+    # the prefix cache this request may read and fill (`frontend.cache_salt`: its key's salt and its own
+    # `cache_salt`): an engine reuses a cached prefix only for a request of the same salt; None: the
+    # deployment's shared cache
+    cache_salt: str | None = None
     whole: bool = False  # the caller waits for the whole answer: the dispatcher may run it again
     # ---- a tokenizer question instead of a generation
     tokenize: bool = False

@@ -408,6 +408,11 @@ class SamplingFields(StrictModel):
     priority: Annotated[int, Field(ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)] | None = Field(
         default=None, description=PRIORITY_FIELD
     )
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+        default=None,
+        description="Extension (as vLLM): the request reuses only prompt prefixes cached by requests with "
+        "the same salt (and the same key salt, docs/access.md), and reports only those in `cached_tokens`.",
+    )
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -120,6 +120,12 @@ class AccountCreated(Account):
 
 
 GraceSeconds = Annotated[int, Field(ge=0, le=366 * 86400)]
+CacheSalt = Annotated[str, Field(min_length=1, max_length=256)]
+CACHE_SALT = (
+    'The key\'s prefix-cache salt (docs/access.md, "Cache salts"): its requests reuse only prompt prefixes '
+    "cached by requests of keys with the same salt, and report only those in `cached_tokens`; null: the "
+    "cache the deployment's unsalted keys share. Setting or changing it needs `keys:manage`."
+)
 
 
 class KeyCreate(StrictModel):
@@ -151,6 +157,7 @@ class KeyCreate(StrictModel):
     service: bool = Field(
         default=False, description="A service key, owned by no one (`keys:manage`); not with `user_id`."
     )
+    cache_salt: CacheSalt | None = Field(default=None, description=CACHE_SALT)
 
 
 class KeyRotate(StrictModel):
@@ -176,6 +183,9 @@ class KeyPatch(StrictModel):
         description=LIMITS_DESCRIPTION + " Given, it replaces the key's limits whole (null: none); "
         "it takes effect on the key's next request.",
     )
+    cache_salt: CacheSalt | None = Field(
+        default=None, description=CACHE_SALT + " Given, it replaces the key's salt (null: none)."
+    )
 
 
 class Key(BaseModel):
@@ -195,6 +205,7 @@ class Key(BaseModel):
     )
     role: RoleName = Field(description="The key's own role; a person's key does no more than their role.")
     user_id: str | None = Field(default=None, description="The person who owns it; null: a service key.")
+    cache_salt: str | None = Field(default=None, description=CACHE_SALT)
 
 
 class KeyCreated(Key):

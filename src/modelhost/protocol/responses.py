@@ -309,6 +309,9 @@ class ResponseCreateRequest(StrictModel):
         default=None, description="`effort`: as chat's `reasoning_effort` (a model without a switch → 400)."
     )
     service_tier: ServiceTier | None = Field(default=None, description=SERVICE_TIER)
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
+        default=None, description="Extension (as vLLM): as chat's `cache_salt`."
+    )
     # Accepted without effect (docs/openai-compat.md says why each is safe to ignore).
     user: str | None = None
     safety_identifier: str | None = None

@@ -4,7 +4,8 @@ which idle deployments make room for a load (docs/runtime.md, "Capacity").
 Plain accounting, no processes and no event loop: the replica manager (`runtime.supervisor.manager`) reserves
 a deployment's footprint here before its processes start, replaces the prediction by the measured
 footprint once they run, keeps it reserved while they are being stopped, and releases it once they
-have exited. Eviction chooses from a list of candidates the manager describes.
+have exited. Eviction chooses from a list of candidates the manager describes, weighing whose each one
+is: an account's share of the budget is an equal part of it among the accounts that hold memory.
 
 The budget: `MODELHOST_MEMORY_BUDGET_MB` of host memory, else 80 % of the smaller of the machine's
 memory and the memory limit of the cgroup the server runs in, less what the server's own processes (its
@@ -47,6 +48,7 @@ class Holding:
     they have exited. A deployment loaded again while its old processes are still stopping holds two."""
 
     deployment_id: str
+    account_id: str  # who pays for it: shares of the budget are per account
     footprint: Footprint
     gpu: int | None  # the GPU its memory is on; None: host memory only
     measured: bool = False
@@ -65,6 +67,29 @@ class Candidate:
     loaded_at: float  # monotonic seconds
     footprint: Footprint
     gpu: int | None
+    account_id: str  # who pays for it
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """The load that needs room, as eviction weighs it: whose it is, its readiness, what each account holds
+    now (host bytes, and bytes on the GPU the load would go to) and an account's share of the budget."""
+
+    account_id: str
+    readiness: str
+    held: dict[str, Footprint]
+    share: Footprint
+
+    def may_evict(self, candidate: Candidate, held: Footprint) -> bool:
+        """Whether this load may evict `candidate` (already idle, not hot, old enough), whose account holds
+        `held` now: its own account's deployments and other accounts' cold ones always; another account's
+        warm one never for a cold load (cold means "load me when asked", not "take another's room"), and
+        for a warm or hot load only while that account holds more than its share."""
+        if candidate.account_id == self.account_id or candidate.readiness == "cold":
+            return True
+        if self.readiness == "cold":
+            return False
+        return held.host > self.share.host or held.gpu > self.share.gpu
 
 
 class Capacity:
@@ -134,8 +159,8 @@ class Capacity:
         able.sort(key=lambda i: (-self.gpu_free(i), i))
         return [*able]
 
-    def hold(self, deployment_id: str, footprint: Footprint, gpu: int | None) -> Holding:
-        holding = Holding(deployment_id, footprint, gpu)
+    def hold(self, deployment_id: str, account_id: str, footprint: Footprint, gpu: int | None) -> Holding:
+        holding = Holding(deployment_id, account_id, footprint, gpu)
         self._holdings.append(holding)
         return holding
 
@@ -147,6 +172,18 @@ class Capacity:
         """The holding's processes have exited (idempotent)."""
         if holding is not None and holding in self._holdings:
             self._holdings.remove(holding)
+
+    def load(self, account_id: str, readiness: str, gpu: int | None) -> Load:
+        """A load of `account_id`'s (its deployment's `readiness`) going to `gpu`, with what every account
+        holds now (stopping replicas included: their memory is not free yet) and the equal share of the
+        budget (and of that GPU's) among the accounts holding memory, this one counted."""
+        held: dict[str, Footprint] = {account_id: Footprint(0)}
+        for h in self._holdings:
+            on_gpu = h.footprint.gpu if gpu is not None and h.gpu == gpu else 0
+            held[h.account_id] = held.get(h.account_id, Footprint(0)) + Footprint(h.footprint.host, on_gpu)
+        count = len(held)
+        gpu_share = self.gpu_budgets[gpu] // count if gpu is not None else 0
+        return Load(account_id, readiness, held, Footprint(self.budget // count, gpu_share))
 
     def fits_beside_pinned(self, footprint: Footprint, pinned: list[Footprint]) -> bool:
         """Whether `footprint` fits in the budget beside the `pinned` (hot) deployments, whatever else is
@@ -165,15 +202,23 @@ class Capacity:
 
 
 def evictions(
-    short: Footprint, gpu: int | None, candidates: list[Candidate], now: float, min_residency: float
+    short: Footprint,
+    gpu: int | None,
+    candidates: list[Candidate],
+    now: float,
+    min_residency: float,
+    load: Load | None = None,
 ) -> list[Candidate] | None:
-    """The deployments to unload to free `short` (host memory, and memory on `gpu`), fewest in order;
-    None when even every evictable one would not free it (the load waits).
+    """The deployments to unload to free `short` (host memory, and memory on `gpu`) for `load`, fewest in
+    order; None when even every evictable one would not free it (the load waits).
 
     Evictable: idle (nothing in flight or queued), not hot (pinned), loaded at least `min_residency`
-    seconds ago (waiting beats thrashing). Order: cold before warm, least recently used first. A
-    candidate that frees nothing of what is short (host memory when only the GPU is short, another
-    GPU's memory) is passed over."""
+    seconds ago (waiting beats thrashing), and allowed by `load`'s account rules (`Load.may_evict`:
+    another account's warm deployment only for a warm or hot load, and only while that account holds
+    more than its share, counted down as its deployments are chosen); without `load` (measured memory
+    above the budget) whoever's. Order: cold before warm, least recently used first. A candidate that
+    frees nothing of what is short (host memory when only the GPU is short, another GPU's memory) is
+    passed over."""
     short_host, short_gpu = short.host, short.gpu if gpu is not None else 0
     if short_host <= 0 and short_gpu <= 0:
         return []
@@ -181,11 +226,18 @@ def evictions(
         c for c in candidates if c.idle and c.readiness != "hot" and now - c.loaded_at >= min_residency
     ]
     evictable.sort(key=lambda c: (c.readiness != "cold", c.last_used))
+    held = dict(load.held) if load is not None else {}
     chosen: list[Candidate] = []
     for candidate in evictable:
         frees_gpu = gpu is not None and candidate.gpu == gpu and candidate.footprint.gpu > 0
         if not (short_host > 0 and candidate.footprint.host > 0) and not (short_gpu > 0 and frees_gpu):
             continue
+        if load is not None:
+            theirs = held.get(candidate.account_id, Footprint(0))
+            if not load.may_evict(candidate, theirs):
+                continue
+            freed = Footprint(candidate.footprint.host, candidate.footprint.gpu if frees_gpu else 0)
+            held[candidate.account_id] = Footprint(theirs.host - freed.host, theirs.gpu - freed.gpu)
         chosen.append(candidate)
         short_host -= candidate.footprint.host
         if frees_gpu:

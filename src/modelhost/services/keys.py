@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from modelhost import audit
 from modelhost.auth.authenticator import Authenticator
-from modelhost.auth.authority import KeyTarget, authorize_key, sees_key
+from modelhost.auth.authority import KeyTarget, authorize_cache_salt, authorize_key, sees_key
 from modelhost.auth.principal import Principal
 from modelhost.auth.roles import Role
 from modelhost.auth.secrets import display_prefix, hash_secret, new_secret
@@ -77,6 +77,7 @@ def audited(key: ApiKey) -> dict[str, Any]:
         "deployments": key.deployment_ids,
         "limits": key.limits,
         "expires_at": key.expires_at,
+        "cache_salt": key.cache_salt,
     }
 
 
@@ -124,10 +125,11 @@ class KeyService:
         expires_at: datetime | None = None,
         user_id: str | None = None,
         role: str | None = None,
+        cache_salt: str | None = None,
     ) -> tuple[ApiKey, str]:
         """Insert a key inside the caller's transaction, with its audit row; returns the row and its
         secret. `user_id`: the person who owns it (None: a service key); `role`: its own (None: its
-        owner's, or `owner` for a service key)."""
+        owner's, or `owner` for a service key); `cache_salt`: its prefix-cache salt."""
         secret = new_secret()
         key = ApiKey(
             id=new_id("key"),
@@ -140,6 +142,7 @@ class KeyService:
             expires_at=expires_at,
             user_id=user_id,
             role=role,
+            cache_salt=cache_salt,
         )
         session.add(key)
         session.flush()
@@ -169,11 +172,15 @@ class KeyService:
         role: str | None = None,
         principal: Principal | None = None,
         service: bool = False,
+        cache_salt: str | None = None,
     ) -> tuple[ApiKey, str]:
         """A new key of the account. Whom it belongs to: `user_id`, else the calling person (a service
         key's keys are service keys); no one with `service`. Its role: `role`, else the caller's. A
         service key or another person's key needs `keys:manage`, and no key is made that can do more
-        than its creator, nor owned by someone who can (`auth.authority`)."""
+        than its creator, nor owned by someone who can; a `cache_salt` needs `keys:manage`
+        (`auth.authority`)."""
+        if cache_salt is not None:
+            authorize_cache_salt(principal)
         if service and user_id is not None:
             raise InvalidRequest("A service key has no user_id.", param="user_id")
         caller_user = principal.user_id if principal is not None else None
@@ -204,7 +211,9 @@ class KeyService:
                 unknown = [d for d in deployment_ids if d not in owned]
                 if unknown:
                     raise InvalidRequest(f"Unknown deployment: {unknown[0]}", param="deployments")
-            return self.create_in(session, account_id, name, deployment_ids, limits, expires_at, owner, role)
+            return self.create_in(
+                session, account_id, name, deployment_ids, limits, expires_at, owner, role, cache_salt
+            )
 
     def rotate(
         self, account_id: str, key_id: str, grace_seconds: float, principal: Principal | None = None
@@ -228,6 +237,7 @@ class KeyService:
                 expires_at=before,
                 user_id=old.user_id,
                 role=old.role,
+                cache_salt=old.cache_salt,
             )
             ends = now + timedelta(seconds=grace_seconds)
             old.expires_at = ends if before is None else min(before, ends)
@@ -242,8 +252,8 @@ class KeyService:
     def update(
         self, account_id: str, key_id: str, changes: dict[str, object], principal: Principal | None = None
     ) -> ApiKey:
-        """Rename a key or replace its limits (`changes`: the fields given, `limits` None for none);
-        every gateway process reads the key again on its next request."""
+        """Rename a key or replace its limits or its cache salt (`changes`: the fields given, `limits` and
+        `cache_salt` None for none); every gateway process reads the key again on its next request."""
         with self._database.transaction() as session:
             key = _acted_on(session, session.get(ApiKey, key_id, with_for_update=True), account_id, principal)
             before = audited(key)
@@ -253,6 +263,9 @@ class KeyService:
                 limits = stored_limits(changes["limits"])  # type: ignore[arg-type]
                 _check_within_account(session, account_id, limits)
                 key.limits = limits
+            if "cache_salt" in changes:
+                authorize_cache_salt(principal)
+                key.cache_salt = changes["cache_salt"]  # type: ignore[assignment]
             audit.record(session, "key.updated", "key", key.id, account_id, audit.diff(before, audited(key)))
         self.forget_principals()
         return key

@@ -137,4 +137,3 @@ class UserService:
             )
             session.delete(membership)
         self._authenticator.forget_all()
-

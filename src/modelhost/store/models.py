@@ -143,6 +143,10 @@ class ApiKey(Base):
     user_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
     # The key's own role (`auth.roles.Role`); None: `owner`, what every key could do before roles
     role: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # Its requests' prefix-cache salt: a deployment's engine reuses a cached prompt prefix only for a
+    # request of the same salt (docs/access.md, "Cache salts"); None: the cache its deployment's
+    # unsalted keys share
+    cache_salt: Mapped[str | None] = mapped_column(String(256), nullable=True)
 
 
 class ModelArtifact(Base):

@@ -126,6 +126,7 @@ class TextGeneration:
             decode = functools.partial(_stripped, decode, strip)
         sequence = Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint)
         sequence.priority, sequence.tenant = request.priority, request.tenant
+        sequence.salt = request.cache_salt
         if images is not None:
             sequence.images, sequence.image_token = images, _image_token(state)
         state.engine.add(sequence, low=request.low)

@@ -131,7 +131,7 @@ async def create_run(
         services.agents.create_run,
         account_id,
         agent_id,
-        Target.of(deployment),
+        Target.of(deployment, principal),
         {"input": messages, **options},
         services.agent_runner.name,
         tracing.parent(),  # the run's span links to this request's

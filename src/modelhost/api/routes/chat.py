@@ -55,7 +55,9 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model, user=body.user)
-    answer = await chat.chat_completion(body, services.generation, Target.of(deployment), _until(request))
+    answer = await chat.chat_completion(
+        body, services.generation, Target.of(deployment, principal), _until(request)
+    )
     return _respond(answer)
 
 
@@ -69,7 +71,9 @@ async def completions(
     body: CompletionRequest, request: Request, services: ServicesDep, principal: CallerPrincipal
 ) -> Response:
     deployment = await deployment_for(request, principal, body.model, user=body.user)
-    answer = await chat.completion(body, services.generation, Target.of(deployment), _until(request))
+    answer = await chat.completion(
+        body, services.generation, Target.of(deployment, principal), _until(request)
+    )
     return _respond(answer)
 
 

@@ -39,6 +39,7 @@ def present(key: rows.ApiKey) -> Key:
         expires_at=key.expires_at,
         role=key.role or Role.OWNER,
         user_id=key.user_id,
+        cache_salt=key.cache_salt,
     )
 
 
@@ -62,6 +63,7 @@ def create_key(body: KeyCreate, principal: AccountPrincipal, services: ServicesD
         body.role,
         principal,
         service=body.service,
+        cache_salt=body.cache_salt,
     )
     return KeyCreated(**present(key).model_dump(), api_key=secret)
 

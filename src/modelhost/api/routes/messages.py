@@ -65,7 +65,7 @@ async def create_message(
     answer = await messages.create_message(
         body,
         services.generation,
-        Target.of(deployment),
+        Target.of(deployment, principal),
         _until(request),
         services.mcp,
         account_id_of(principal),

@@ -89,7 +89,7 @@ async def create_response(
         body,
         account_id_of(principal),
         _scope(principal),
-        Target.of(deployment),
+        Target.of(deployment, principal),
     )
     if prepared.background and not body.stream:
         subjects = principal.limited()

@@ -66,6 +66,7 @@ class Sequence:
     low: bool = False  # flex or a batch line: held back behind interactive ones (`generation.priority`)
     priority: int = 0  # vLLM's number (lower first), which orders its key's own waiting sequences
     tenant: str = ""  # the key it runs for
+    salt: str | None = None  # its prefix cache (`GenerationRequest.cache_salt`): it reuses only its salt's
     # a vision-language prompt: the processor's image tensors (`pixel_values`, ...) for its prefill. Its
     # image tokens are negative in `prompt` (a hash of the image and the position), so the prefix cache
     # tells different images apart; the model sees `image_token` there.
@@ -228,7 +229,7 @@ class GenerationEngine(Engine[Sequence]):
                 return
             self.waiting.popleft()
             target = len(self.running) + len(self.prefilling)
-            length = self.cache.admit(sequence.prompt, sequence.reusable, target)
+            length = self.cache.admit(sequence.prompt, sequence.reusable, target, sequence.salt)
             sequence.slot, sequence.cached_tokens = target, length
             self.reused_tokens += length
             self.prefilling.append(sequence)
@@ -338,14 +339,18 @@ class GenerationEngine(Engine[Sequence]):
                 continue
             limit = sequence.reusable
             done = len(self.cache.held[sequence.slot])
-            source, length = self.cache.longest_prefix(sequence.prompt, limit)
+            source, length = self.cache.longest_prefix(sequence.prompt, limit, sequence.salt)
             if length > done and source != sequence.slot:
                 self.cache.copy_prefix(source, sequence.slot, length)
                 sequence.cached_tokens += length - done
                 self.reused_tokens += length - done
                 done = length
             ahead = max(
-                (common_prefix(s.prompt, sequence.prompt, limit) for s in self.prefilling[:index]),
+                (
+                    common_prefix(s.prompt, sequence.prompt, limit)
+                    for s in self.prefilling[:index]
+                    if s.salt == sequence.salt
+                ),
                 default=0,
             )
             if ahead <= done:

@@ -14,6 +14,10 @@ lost, else the least recently used one (`used`), so a replica keeps as many pref
 slots. Every chat prompt shares its template's first tokens: taking the slot of the longest match
 whatever it held would let such a short match wipe out a long prefix.
 
+A slot's content also has a salt (`salts`, a request's `cache_salt`: docs/access.md, "Cache salts"): a
+prefix is reused only by a sequence of the same salt, so what one key's prompts left in the cache never
+shortens (and so never reveals, through `cached_tokens`) another salt's prompt.
+
 The cache duck-types the part of transformers' `Cache` that decoder models call: `update(keys,
 values, layer_idx)` stores this forward's keys and values where the engine's `plan` says and returns
 what attention reads. The engine passes its own 4D attention mask, which transformers uses as it is.
@@ -78,6 +82,7 @@ class SlotCache:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.held: list[list[int]] = [[] for _ in range(slots)]  # tokens whose keys/values each slot holds
+        self.salts: list[str | None] = [None] * slots  # the salt of the sequence that computed them
         self.used: list[int] = [0] * slots  # when each slot was last used, on `clock` (moves with `swap`)
         self.clock = 0
         self.plan: Plan | None = None
@@ -120,6 +125,7 @@ class SlotCache:
             for layer in tensors:
                 layer[target, :, :length] = layer[source, :, :length]
         self.held[target] = self.held[source][:length]
+        self.salts[target] = self.salts[source]
         self.touch(source)
         self.touch(target)
 
@@ -135,12 +141,13 @@ class SlotCache:
                     layer[a, :, :length] = layer[b, :, :length]
                     layer[b, :, :length] = saved
         self.held[a], self.held[b] = self.held[b], self.held[a]
+        self.salts[a], self.salts[b] = self.salts[b], self.salts[a]
         self.used[a], self.used[b] = self.used[b], self.used[a]
 
-    def admit(self, tokens: list[int], limit: int, first_free: int) -> int:
+    def admit(self, tokens: list[int], limit: int, first_free: int, salt: str | None = None) -> int:
         """Ready slot `first_free` (slots from there on are free, the ones before busy) for a sequence
-        whose prompt is `tokens`, holding the longest prefix of it (at most `limit` tokens) any slot
-        holds; that length.
+        whose prompt is `tokens`, of `salt`, holding the longest prefix of it (at most `limit` tokens)
+        any slot of the same salt holds; that length.
 
         A free slot holding that prefix is taken as it is, cut to the match, when that loses less than
         it keeps (the rest of an earlier answer to the same prompt) or when it is the least recently
@@ -148,7 +155,10 @@ class SlotCache:
         prefix is copied there: a short match (the chat template's first tokens, shared by every
         prompt) must not wipe out the long prefix after it. Either way the slot taken is swapped into
         `first_free`."""
-        lengths = [common_prefix(held, tokens, limit) for held in self.held]
+        lengths = [
+            common_prefix(held, tokens, limit) if own == salt else 0
+            for held, own in zip(self.held, self.salts, strict=True)
+        ]
         length = max(lengths, default=0)
         victim = self.least_recently_used(first_free)
         matches = [slot for slot in range(self.slots) if length and lengths[slot] == length]
@@ -163,6 +173,7 @@ class SlotCache:
         if taken != source and length:  # a swap moved the source only when it was at `first_free`
             self.copy_prefix(taken if source == first_free else source, first_free, length)
         self.held[first_free] = self.held[first_free][:length]
+        self.salts[first_free] = salt
         self.touch(first_free)
         return length
 
@@ -181,23 +192,27 @@ class SlotCache:
         return next((slot for slot in free if self._mostly_held_elsewhere(slot)), free[0])
 
     def _mostly_held_elsewhere(self, slot: int) -> bool:
-        """Whether another slot holds at least three quarters of this one's tokens as its own prefix.
+        """Whether another slot of its salt holds at least three quarters of this one's tokens as its own
+        prefix.
         The token where that part ends is compared first: it differs between unrelated prompts, so the
         whole part is compared only for a likely copy (every chat prompt shares its template's first
         tokens, so a prefix search would cost slices for every pair of slots at every admission)."""
-        held = self.held[slot]
+        held, salt = self.held[slot], self.salts[slot]
         enough = max(1, 3 * len(held) // 4)
         last = held[enough - 1]
         return any(
             len(other) >= enough and other[enough - 1] == last and other[:enough] == held[:enough]
             for o, other in enumerate(self.held)
-            if o != slot
+            if o != slot and self.salts[o] == salt
         )
 
-    def longest_prefix(self, tokens: list[int], limit: int) -> tuple[int, int]:
-        """The slot holding the longest prefix of `tokens` (at most `limit` of them), and its length."""
+    def longest_prefix(self, tokens: list[int], limit: int, salt: str | None = None) -> tuple[int, int]:
+        """The slot of `salt` holding the longest prefix of `tokens` (at most `limit` of them), and its
+        length."""
         best, best_length = -1, 0
         for slot, held in enumerate(self.held):
+            if self.salts[slot] != salt:
+                continue
             length = common_prefix(held, tokens, limit)
             if length > best_length:
                 best, best_length = slot, length

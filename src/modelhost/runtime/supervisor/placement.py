@@ -4,7 +4,8 @@ Before a deployment's processes start, its load asks `Placement.admit` for room:
 predicted (`runtime.footprint`), placed on the GPU with the most free budget that fits it (on a GPU
 machine), and reserved (`runtime.capacity`). A load that does not fit evicts idle deployments (cold
 before warm, least recently used first; hot ones pinned; none loaded less than
-`MODELHOST_MIN_RESIDENCY_SECONDS` ago); when that cannot make room either, it waits its turn in one
+`MODELHOST_MIN_RESIDENCY_SECONDS` ago; another account's warm one only for a warm or hot load, and only
+while that account holds more than its share); when that cannot make room either, it waits its turn in one
 first-in-first-out queue until room appears or `MODELHOST_CAPACITY_WAIT_SECONDS` have passed (503
 `insufficient_capacity`, with `Retry-After`). A footprint larger than the whole budget is refused at
 once. Every few seconds (`measure`) each loaded replica is measured, its reservation becomes what it
@@ -299,12 +300,14 @@ class Placement:
         reservation = self._reserve_if_free(tenant, prediction, need, count)
         if reservation is not None:
             return reservation
+        spec = tenant.spec
         others = [t for t in tenants() if t is not tenant]
         candidates = await self._candidates(others)
         now = self._clock.monotonic()
         for gpu in self.capacity.gpu_order(need):
             short = self.capacity.short(need, gpu)
-            plan = evictions(short, gpu, candidates, now, self.settings.min_residency_seconds)
+            load = self.capacity.load(spec.account_id, spec.readiness, gpu)
+            plan = evictions(short, gpu, candidates, now, self.settings.min_residency_seconds, load)
             if plan is None:
                 continue
             by_id = {t.spec.key: t for t in others}
@@ -330,6 +333,7 @@ class Placement:
                 t.loaded_at,
                 holding[t.spec.key].holding.footprint,
                 holding[t.spec.key].holding.gpu,
+                t.spec.account_id,
             )
             for t, is_busy in zip(loaded, busy, strict=True)
         ]
@@ -343,7 +347,7 @@ class Placement:
         self, tenant: Tenant, prediction: Prediction, need: Footprint, count: int, gpu: int | None
     ) -> Reservation:
         spec = tenant.spec
-        holding = self.capacity.hold(spec.key, need, gpu)
+        holding = self.capacity.hold(spec.key, spec.account_id, need, gpu)
         kv_mb = math.ceil(prediction.kv_cache / MB) if prediction.kv_cache else None
         device = f"cuda:{gpu}" if gpu is not None else None
         placed = replace(spec, device=device, kv_cache_mb=kv_mb, footprint=prediction.footprint)
@@ -423,19 +427,36 @@ class Placement:
         """Why a load found no room within its wait: what it needs, and what holds the budget (the
         deployments the load's viewers may see named, the others counted)."""
         named, unnamed = [], []
+        others_warm = False
         for reservation, tenant in self._reservations.values():
             size = reservation.holding.footprint.host
+            others_warm |= tenant.spec.account_id != spec.account_id and tenant.spec.readiness == "warm"
             if not spec.may_name(tenant.spec):
                 unnamed.append(size)
                 continue
             what = "stopping" if reservation.holding.unloading else tenant.spec.readiness
             named.append(f"{tenant.spec.model} ({what}, {describe(size)})")
         held = _listed(spec, named, unnamed)
+        young = f"loaded less than {self.settings.min_residency_seconds:g} s ago"
+        if not others_warm:
+            why = f"busy, pinned (hot) or {young}"
+        elif spec.readiness == "cold":
+            why = (
+                f"busy, pinned (hot), {young}, or warm deployments of other accounts, which a cold "
+                "deployment's load never evicts"
+            )
+        else:
+            share = self.capacity.load(spec.account_id, spec.readiness, None).share
+            why = (
+                f"busy, pinned (hot), {young}, or warm deployments of other accounts that hold no more "
+                f"than their share of the budget (an equal share among the accounts holding memory: "
+                f"{describe(share.host)})"
+            )
         return (
             f"No memory to load {spec.model} within {self.settings.capacity_wait_seconds:g} s: it needs "
             f"{_describe(need)}, {describe(max(0, self.capacity.free))} of the "
-            f"{describe(self.capacity.budget)} budget is free, and what holds the rest is busy, pinned "
-            f"(hot) or loaded less than {self.settings.min_residency_seconds:g} s ago: {held}. Retry shortly."
+            f"{describe(self.capacity.budget)} budget is free, and what holds the rest is {why}: {held}. "
+            "Retry shortly."
         )
 
     # ---------------------------------------------------------------- measurement

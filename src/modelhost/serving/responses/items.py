@@ -208,6 +208,7 @@ def chat_request(
         "prompt_cache_key": body.prompt_cache_key,
         "user": body.user,
         "service_tier": body.service_tier,
+        "cache_salt": body.cache_salt,
     }
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
