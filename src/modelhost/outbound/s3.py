@@ -6,10 +6,10 @@ first and letting boto3 connect afterwards leaves a window: a resolver that answ
 the vetting and 127.0.0.1 to the connection (DNS rebinding) gets the request sent inside the operator's
 network, and the answer (cloud credentials, an internal service's data) staged as the tenant's file. So
 every connection to a tenant's endpoint is opened by `_new_conn` below: it resolves the host once,
-refuses the lot unless every address is allowed by the media rules (`media.fetch.address_allowed`:
-public, or in `MODELHOST_MEDIA_ALLOW_NETWORKS`), and connects to one of those addresses itself. TLS
-still names the host: urllib3 wraps the socket `_new_conn` returns with `server_hostname=self.host`, so
-SNI and the certificate check are the name's, as in `media.fetch`. Every request opens its connections
+refuses the lot unless every address is allowed by `Bounds.networks` (`outbound.addresses`: public, or
+in `MODELHOST_MEDIA_ALLOW_NETWORKS`), and connects to one of those addresses itself. TLS still names
+the host: urllib3 wraps the socket `_new_conn` returns with `server_hostname=self.host`, so SNI and the
+certificate check are the name's, as in `outbound.http`. Every request opens its connections
 this way (retries, and botocore's redirects to another endpoint, included); a pooled connection was
 vetted when it was opened.
 
@@ -23,73 +23,116 @@ changed this fails every tenant request loudly rather than connecting unvetted. 
 proxy resolves the name itself, so a tenant's endpoint is reached directly, as media fetches are
 (httpx with `trust_env=False`). Certificates are checked against `AWS_CA_BUNDLE`, else botocore's bundle.
 
-A refused address leaves the handler as ImportFailed(`address_refused`): botocore retries only errors it
-knows (its HTTPClientError, which wraps whatever a send raises), so the refusal is told at once.
+The other bounds. Every answer botocore reads whole (a listing page, an error) is read here, through
+`_Capped`: cut off past `Bounds.max_bytes`, and past `Bounds.seconds` from its request; each step waits
+at most `Bounds.idle_seconds`; the client sends at most `Bounds.requests` of them (a listing that pages
+for ever stops). An object's body (GetObject) streams to the caller chunk by chunk, never held whole,
+under the idle timeout; its caller counts its bytes (the import runner, against the file-size limit).
+
+A bound crossed or an address refused leaves the handler as FetchFailed: botocore retries only errors it
+knows (its HTTPClientError, which wraps whatever a send raises), so it is told at once.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from modelhost.imports.sources import ImportFailed
-from modelhost.media.fetch import IPAddress, IPNetwork, address_allowed
+from modelhost.outbound.addresses import vetted_addresses_now
+from modelhost.outbound.bounds import Bounds, FetchFailed, IPNetwork, timed_out, too_large
+
+PARAM = "the S3 endpoint"
 
 
-def vetted_addresses(host: str, port: int, networks: tuple[IPNetwork, ...]) -> list[IPAddress]:
-    """Every address `host` resolves to (once), all of them allowed; ImportFailed(`address_refused`)
-    if any is not: a mixed answer must not reach the private one on a retry."""
-    try:
-        addresses = [ipaddress.ip_address(host)]
-    except ValueError:
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError):
-            raise ImportFailed(
-                "source_unreachable", f"Could not resolve the S3 endpoint's host {host!r}."
-            ) from None
-        # scope ids ("fe80::1%eth0") only occur on link-local addresses, refused anyway
-        addresses = list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
-    if not addresses or not all(address_allowed(ip, networks) for ip in addresses):
-        raise ImportFailed(
-            "address_refused",
-            f"Refused the S3 endpoint {host!r}: a loopback, private, link-local or otherwise non-public "
-            "address (operators can allow networks with MODELHOST_MEDIA_ALLOW_NETWORKS).",
-        )
-    return addresses
-
-
-def vetted_sender(
-    networks: tuple[IPNetwork, ...], *, connect_timeout: float, read_timeout: float
-) -> Callable[..., Any]:
-    """A `before-send` handler for a tenant's S3 client: it sends each request itself, every connection
-    opened to an address vetted against `networks` (see the module's docstring)."""
+def vetted_sender(bounds: Bounds) -> Callable[..., Any]:
+    """A `before-send` handler for a tenant's S3 client: it sends each request itself, within `bounds`,
+    every connection opened to an address vetted against `bounds.networks` (the module's docstring)."""
     from botocore.exceptions import HTTPClientError
     from botocore.httpsession import URLLib3Session
 
     session = URLLib3Session(
         verify=os.environ.get("AWS_CA_BUNDLE") or True,
         proxies={},  # never the environment's proxies: a proxy would resolve the name itself
-        timeout=(connect_timeout, read_timeout),
+        timeout=(bounds.idle_seconds, bounds.idle_seconds),
     )
-    pools = _vetted_pools(networks)
+    pools = _vetted_pools(bounds.networks)
     session._pool_classes_by_scheme.update(pools)
     if session._manager.pool_classes_by_scheme.get("https") is not pools["https"]:
-        raise RuntimeError("botocore's URLLib3Session no longer shares its pool classes (s3_connections)")
+        raise RuntimeError("botocore's URLLib3Session no longer shares its pool classes (outbound.s3)")
+    whole_answers = _Counter()
 
     def send(request: Any, **_: Any) -> Any:
+        streamed = bool(request.stream_output)
+        if not streamed and whole_answers.next() > bounds.requests:
+            raise FetchFailed(
+                f"The S3 endpoint answered more than {bounds.requests} listing pages",
+                param=PARAM,
+                reason="too_many",
+            )
+        deadline = time.monotonic() + bounds.seconds
+        request.stream_output = True  # the answer is read below, bounded, rather than by botocore
         try:
-            return session.send(request)
+            response = session.send(request)
         except HTTPClientError as exc:
             error = exc.kwargs.get("error")
-            if isinstance(error, ImportFailed):  # refused: not a transient error for botocore to retry
+            if isinstance(error, FetchFailed):  # refused: not a transient error for botocore to retry
                 raise error from None
             raise
+        finally:
+            request.stream_output = streamed
+        whole = not streamed or response.status_code >= 300  # botocore reads an error answer whole
+        response.raw = _Capped(response.raw, bounds, deadline if whole else None, whole)
+        if whole:
+            response.content  # noqa: B018 (read now, within the bounds, as botocore's own send does)
+        return response
 
     return send
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def next(self) -> int:
+        with self._lock:
+            self._count += 1
+            return self._count
+
+
+class _Capped:
+    """urllib3's answer, read through a count of its bytes (past `max_bytes` when `capped`) and a
+    deadline (when given); the rest (botocore's socket timeouts, `close`) is the answer's own."""
+
+    def __init__(self, raw: Any, bounds: Bounds, deadline: float | None, capped: bool) -> None:
+        self._raw, self._bounds, self._deadline, self._capped = raw, bounds, deadline, capped
+        self._read = 0
+
+    def _count(self, chunk: bytes) -> bytes:
+        self._read += len(chunk)
+        if self._capped and self._read > self._bounds.max_bytes:
+            self._raw.close()
+            raise too_large(self._bounds.max_bytes, PARAM)
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            self._raw.close()
+            raise timed_out(self._bounds.seconds, PARAM)
+        return chunk
+
+    def read(self, amt: int | None = None, *args: Any, **kwargs: Any) -> bytes:
+        if amt is None:  # all of it: in pieces, so that the bound is checked on the way
+            return b"".join(self.stream())
+        return self._count(self._raw.read(amt, *args, **kwargs))
+
+    def stream(self, amt: int | None = 2**16, decode_content: bool | None = None) -> Iterator[bytes]:
+        for chunk in self._raw.stream(amt, decode_content=decode_content):
+            yield self._count(chunk)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
 
 
 def _vetted_pools(networks: tuple[IPNetwork, ...]) -> dict[str, Any]:
@@ -100,7 +143,7 @@ def _vetted_pools(networks: tuple[IPNetwork, ...]) -> dict[str, Any]:
 
     def _new_conn(self: Any) -> socket.socket:
         failure: OSError | None = None
-        for ip in vetted_addresses(self.host, self.port, networks):
+        for ip in vetted_addresses_now(self.host, self.port, networks, PARAM):
             try:
                 return create_connection(
                     (str(ip), self.port),
