@@ -128,7 +128,8 @@ class _Capped:
         return self._count(self._raw.read(amt, *args, **kwargs))
 
     def stream(self, amt: int | None = 2**16, decode_content: bool | None = None) -> Iterator[bytes]:
-        for chunk in self._raw.stream(amt, decode_content=decode_content):
+        # `read1`: what has arrived, so that a trickle meets the deadline at its next bytes
+        while chunk := self._raw.read1(amt, decode_content=decode_content):
             yield self._count(chunk)
 
     def __getattr__(self, name: str) -> Any:
