@@ -356,3 +356,10 @@ async def test_each_entry_point_enforces_each_bound(
     assert any(words in str(failed.value) for words in said), failed.value
     if bound == "addresses":
         assert server.requests == before  # refused before any connection
+
+
+def test_a_requests_own_timeout_only_ever_shortens_the_bounds() -> None:
+    assert LOOSE.within(None) == LOOSE.within(0) == LOOSE.within(60) == LOOSE
+    assert (LOOSE.within(2).seconds, LOOSE.within(2).idle_seconds) == (2, 2)
+    with pytest.raises(ValueError):
+        replace(LOOSE, max_bytes=0)

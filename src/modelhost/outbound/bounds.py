@@ -42,8 +42,9 @@ class Bounds:
             raise ValueError(f"Bounds must all be positive: {self}")
 
     def within(self, seconds: float | None) -> Bounds:
-        """These bounds with at most `seconds` in all (a request's own, shorter `timeout`)."""
-        if seconds is None or seconds >= self.seconds:
+        """These bounds with at most `seconds` in all (a request's own, shorter `timeout`; None or 0:
+        these bounds' own)."""
+        if not seconds or seconds <= 0 or seconds >= self.seconds:
             return self
         return replace(self, seconds=seconds, idle_seconds=min(self.idle_seconds, seconds))
 
