@@ -2,7 +2,8 @@
 streamable HTTP, on 127.0.0.1 in a thread of the test process (cheap to start, once per module).
 
 It serves `get_weather(city)`, answering `weather` (the trained result text the model answers from),
-`fail_always()`, which raises, `stall()`, which answers after a minute, and `huge_result()`. `calls`
+`fail_always()`, which raises, and, when asked for (`hostile_tools`), `stall()`, which answers after a
+minute, and `huge_result()`. `calls`
 records each tool call's (name, arguments); `requests` records (method, path, headers) of every HTTP
 request that reached it, so a test can say the server saw nothing at all.
 
@@ -43,6 +44,7 @@ class McpTestServer:
     weather: str = "sunny"
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    hostile_tools: bool = False
     pages: int | None = None
     page_tools: int = 1
     list_calls: int = 0
@@ -64,17 +66,19 @@ class McpTestServer:
             self.calls.append(("fail_always", {}))
             raise RuntimeError("the weather station is down")
 
-        @server.tool()
-        async def stall() -> str:
-            """A tool that answers after a minute."""
-            self.calls.append(("stall", {}))
-            await asyncio.sleep(60)
-            return "late"
+        if self.hostile_tools:  # not offered otherwise: the trained models' prompts list two tools
 
-        @server.tool(structured_output=False)  # text only, as the hand-written answer gives it
-        def huge_result() -> str:
-            """A tool whose answer is larger than any client should read (answered by `hostile`)."""
-            raise AssertionError("answered in front of the SDK")
+            @server.tool()
+            async def stall() -> str:
+                """A tool that answers after a minute."""
+                self.calls.append(("stall", {}))
+                await asyncio.sleep(60)
+                return "late"
+
+            @server.tool(structured_output=False)  # text only, as the hand-written answer gives it
+            def huge_result() -> str:
+                """A tool whose answer is larger than any client should read (answered by `hostile`)."""
+                raise AssertionError("answered in front of the SDK")
 
         inner = server.streamable_http_app()
 
@@ -179,11 +183,11 @@ class McpTestServer:
 
 
 @contextmanager
-def mcp_server() -> Iterator[McpTestServer]:
+def mcp_server(*, hostile_tools: bool = False) -> Iterator[McpTestServer]:
     """The server, serving at `url` (`http://127.0.0.1:<port>/mcp`) until the block ends, and at the
     same port of 127.0.0.2 (`other_url`: another loopback address, one a gateway allowing only
-    127.0.0.1/32 must refuse)."""
-    served = McpTestServer()
+    127.0.0.1/32 must refuse); `hostile_tools`: it offers `stall` and `huge_result` too."""
+    served = McpTestServer(hostile_tools=hostile_tools)
     with closing(_bound_socket()) as sock:
         port = sock.getsockname()[1]
         other = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

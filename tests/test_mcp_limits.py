@@ -33,7 +33,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[
 def mcp(server: ChatServer) -> Iterator[McpTestServer]:
     """The MCP server, its 127.0.0.1 URL on the account's allow-list, and at 127.0.0.2 (the same server)
     only `/mcp/public` below it, for S10."""
-    with mcp_server() as served:
+    with mcp_server(hostile_tools=True) as served:
         urls = [served.url, f"{served.other_url}/public"]
         put = server.http.put("/v1/mcp-servers", json={"urls": urls}, headers=bearer(server.key))
         assert put.status_code == 200, put.text

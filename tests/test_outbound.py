@@ -251,7 +251,7 @@ def hostile() -> Iterator[tuple[str, Hostile]]:
 
 @pytest.fixture(scope="module")
 def mcp() -> Iterator[McpTestServer]:
-    with mcp_server() as served:
+    with mcp_server(hostile_tools=True) as served:
         yield served
 
 
