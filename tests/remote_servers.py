@@ -3,7 +3,7 @@ server, both on 127.0.0.1 with a certificate of a CA made by the test, each a th
 process (cheap to start).
 
 - `TestCA(folder)`: a CA and a certificate for 127.0.0.1 / localhost; `ca_file` is what a client
-  trusts (`SSL_CERT_FILE`, which modelhost's fetches read: `media.fetch._tls_context`).
+  trusts (`SSL_CERT_FILE`, which modelhost's fetches read: `outbound.tls.tls_context`).
 - `RemoteServer(ca)`: serves `files` at `/files/<path>` (with `Range: bytes=a-`; at `/whole/<path>`
   ignoring it; at `/gated/<path>` once the test sets `gate`), `/redirect?to=URL`, `/status/<code>`,
   `/trickle` (ten bytes, one each 0.1 s),

@@ -27,7 +27,7 @@ from modelhost.imports import archive, remote
 from modelhost.imports.archive import ArchiveLimits, unpack, unpack_async
 from modelhost.imports.https import HttpsSource, https_headers, parse_https_source
 from modelhost.imports.hub import HubSource, parse_hub_source, select_files
-from modelhost.imports.remote import import_fetch_policy
+from modelhost.imports.remote import import_bounds
 from modelhost.imports.sources import ImportFailed, ImportSource, RemoteFile
 from tests import hostile_archives as hostile
 from tests.remote_servers import RemoteServer, TestCA
@@ -271,18 +271,20 @@ async def test_tls_trusts_the_ca_of_ssl_cert_file_only(
     assert (caught.code, "CERTIFICATE_VERIFY_FAILED" in caught.message) == ("source_unreachable", True)
 
 
-def test_the_import_policy_takes_the_media_networks_and_the_upload_limits(tmp_path: Path) -> None:
+def test_the_import_bounds_take_the_media_networks_and_the_upload_and_import_limits(tmp_path: Path) -> None:
     settings = Settings(
         data_dir=tmp_path,
         media_allow_networks=["10.0.0.0/8"],
         max_upload_file_bytes=123,
         import_read_timeout_seconds=7,
+        import_deadline_seconds=99,
     )
-    made = import_fetch_policy(settings)
-    assert (made.allowed_networks, made.max_bytes, made.max_timeout) == (
+    made = import_bounds(settings)
+    assert (made.networks, made.max_bytes, made.idle_seconds, made.seconds) == (
         (ipaddress.ip_network("10.0.0.0/8"),),
         123,
         7,
+        99,
     )
 
 

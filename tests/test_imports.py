@@ -33,7 +33,7 @@ from modelhost.imports.pace import Pace
 from modelhost.imports.runner import ImportRunner
 from modelhost.imports.s3 import S3Source, _vet, parse_s3
 from modelhost.imports.sources import ImportFailed, RemoteFile, selected
-from modelhost.media.fetch import parse_networks
+from modelhost.outbound import parse_networks
 from modelhost.store.models import ArtifactImport, ModelArtifact
 from modelhost.store.types import new_id
 from tests import hostile_archives as hostile

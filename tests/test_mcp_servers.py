@@ -13,7 +13,7 @@ from modelhost.container import Services
 from modelhost.errors import InvalidRequest
 from modelhost.mcp.allowlist import normalised, permits
 from modelhost.mcp.tools import McpRequest, McpTools
-from modelhost.media.fetch import FetchPolicy, parse_networks
+from modelhost.outbound import parse_networks
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account
 from tests.mcp_server import McpTestServer, mcp_server
 
@@ -136,8 +136,7 @@ async def test_a_tool_that_fails_is_an_error_outcome_and_every_call_is_audited(
     await client.put(
         "/v1/mcp-servers", json={"urls": [weather_server.url]}, headers=bearer(account["api_key"])
     )
-    allowed = FetchPolicy(parse_networks(["127.0.0.1/32"]), 1024, 10.0, 0)
-    tools = McpTools(services.mcp.allowlist, allowed, services.database)
+    tools = McpTools(services.mcp.allowlist, parse_networks(["127.0.0.1/32"]), services.database, b"key")
     toolset = await tools.open(account["id"], [_weather(weather_server.url)])
     assert set(toolset.tools) == {"get_weather", "fail_always"}
     failed = await tools.call(account["id"], toolset, "fail_always", "{}")

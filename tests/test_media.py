@@ -36,11 +36,11 @@ from PIL import Image
 
 from modelhost.config import Settings
 from modelhost.errors import InvalidMedia
-from modelhost.media import decode, fetch
+from modelhost.media import decode
 from modelhost.media.decode import audio_from_samples, decode_audio, decode_video, resample
-from modelhost.media.fetch import FetchPolicy, address_allowed, fetch_url
 from modelhost.media.image import decode_image
 from modelhost.media.sources import MediaPolicy, decode_base64, load_media, media_kinds, read_local
+from modelhost.outbound import Bounds, address_allowed, fetch_url, tls
 from tests.helpers import assert_error, bearer, new_account
 
 # ---------------------------------------------------------------- media files made in memory
@@ -233,9 +233,13 @@ def fetch_policy(
     max_bytes: int = 1_000_000,
     max_timeout: float = 10.0,
     max_redirects: int = 3,
-) -> FetchPolicy:
-    return FetchPolicy(
-        allowed_networks=allowed, max_bytes=max_bytes, max_timeout=max_timeout, max_redirects=max_redirects
+) -> Bounds:
+    return Bounds(
+        networks=allowed,
+        max_bytes=max_bytes,
+        seconds=max_timeout,
+        idle_seconds=max_timeout,
+        requests=max_redirects + 1,
     )
 
 
@@ -288,11 +292,11 @@ def test_an_allowed_network_lets_its_private_addresses_through() -> None:
 def test_policy_from_settings_parses_allowed_networks() -> None:
     settings = Settings(media_allow_networks=["10.0.0.0/8", "fd00::/8"], media_max_redirects=2)
     policy = MediaPolicy.from_settings(settings)
-    assert policy.fetch.allowed_networks == (
+    assert policy.fetch.networks == (
         ipaddress.ip_network("10.0.0.0/8"),
         ipaddress.ip_network("fd00::/8"),
     )
-    assert policy.fetch.max_redirects == 2
+    assert policy.fetch.requests == 3  # the URL and two redirects
     assert policy.media_root is None
 
 
@@ -336,7 +340,7 @@ async def test_https_checks_the_certificate_against_the_host_name_not_the_addres
     tls_server: tuple[int, ssl.SSLContext], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port, trusting = tls_server
-    monkeypatch.setattr(fetch, "_tls_context", lambda: trusting)
+    monkeypatch.setattr(tls, "tls_context", lambda: trusting)
     fake_dns(monkeypatch, {"media.test": ["127.0.0.1"]})
     body = await fetch_url(
         f"https://media.test:{port}/echo-host", fetch_policy(LOOPBACK), timeout=5, param="x"
@@ -348,7 +352,7 @@ async def test_https_refuses_a_certificate_for_another_name(
     tls_server: tuple[int, ssl.SSLContext], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port, trusting = tls_server
-    monkeypatch.setattr(fetch, "_tls_context", lambda: trusting)
+    monkeypatch.setattr(tls, "tls_context", lambda: trusting)
     fake_dns(monkeypatch, {"other.test": ["127.0.0.1"]})
     with pytest.raises(InvalidMedia, match="CERTIFICATE_VERIFY_FAILED"):
         await fetch_url(f"https://other.test:{port}/image.png", fetch_policy(LOOPBACK), timeout=5, param="x")

@@ -16,7 +16,7 @@ import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from modelhost import tracing
-from modelhost.media.fetch import FetchPolicy, fetch_url, parse_networks
+from modelhost.outbound import Bounds, fetch_url, parse_networks
 from tests.chat_model import served_chat_model
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, deploy_folder_sync
@@ -297,7 +297,13 @@ async def test_a_media_fetch_is_a_client_span_of_the_request_that_reads_it(
     active = tracing.activate(span)
     try:
         with serving() as port:
-            policy = FetchPolicy(parse_networks(["127.0.0.0/8"]), 1 << 20, 5.0, 0)
+            policy = Bounds(
+                networks=parse_networks(["127.0.0.0/8"]),
+                max_bytes=1 << 20,
+                seconds=5,
+                idle_seconds=5,
+                requests=1,
+            )
             body = await fetch_url(f"http://127.0.0.1:{port}/image.png", policy, timeout=None, param="image")
     finally:
         tracing.deactivate(active)

@@ -51,8 +51,8 @@ from modelhost.jobs.runner import VideoCancel, VideoRunner
 from modelhost.jobs.store import VideoJobs
 from modelhost.mcp.allowlist import McpAllowList
 from modelhost.mcp.tools import McpTools
-from modelhost.media.fetch import FetchPolicy
 from modelhost.media.sources import MediaPolicy
+from modelhost.outbound import parse_networks
 from modelhost.routing import DeploymentRef, resolve_deployment
 from modelhost.runtime.engine_choice import device_kind
 from modelhost.runtime.gateway.adapters import AdapterRouting
@@ -145,7 +145,10 @@ class Services:
         authenticator = Authenticator(database, settings.admin_key_value, cache, clock)
         keys = KeyService(database, authenticator, clock)
         users = UserService(database, authenticator)
-        mcp_tools = McpTools(McpAllowList(database), FetchPolicy.from_settings(settings), database)
+        secret = settings.file_url_secret.get_secret_value() if settings.file_url_secret else None
+        signing_secret = file_secret(settings.data_dir, secret)
+        networks = parse_networks(settings.media_allow_networks)
+        mcp_tools = McpTools(McpAllowList(database), networks, database, signing_secret)
         sessions = SessionService(
             database,
             authenticator,
@@ -189,10 +192,7 @@ class Services:
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
         uploads = Files(database, blobs, settings, storage_changed)
         batches = Batches(database, blobs, uploads, settings, storage_changed)
-        secret = settings.file_url_secret.get_secret_value() if settings.file_url_secret else None
-        files = FileService(
-            database, blobs, file_secret(settings.data_dir, secret), settings.generated_file_ttl_seconds
-        )
+        files = FileService(database, blobs, signing_secret, settings.generated_file_ttl_seconds)
 
         async def check_model(principal: Principal, endpoint: str, model: str) -> str | None:
             """Why a batch line's model cannot serve the batch's endpoint for its key (None: it can)."""

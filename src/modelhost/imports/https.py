@@ -24,7 +24,7 @@ import httpx
 from modelhost.artifacts.paths import clean_upload_path
 from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
-from modelhost.imports.remote import import_fetch_policy, open_remote, retried, stream
+from modelhost.imports.remote import import_bounds, open_remote, retried, stream
 from modelhost.imports.sources import ImportFailed, RemoteFile, selected
 
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
@@ -97,7 +97,7 @@ def https_headers(credentials: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 class HttpsSource:
-    """Files (or one archive) at https URLs, fetched under the media rules (`imports.remote`).
+    """Files (or one archive) at https URLs, fetched by the outbound client (`imports.remote`).
 
     Built as every source is (`Class(source, include=…, exclude=…, credentials=…, settings=…)`), the
     source's form and the credentials' shape checked here, without a network call. `include` /
@@ -116,7 +116,7 @@ class HttpsSource:
         self._entries = parse_https_source(source)
         self._include, self._exclude = include, exclude
         self._headers = https_headers(credentials)
-        self._policy = import_fetch_policy(settings)
+        self._bounds = import_bounds(settings)
         self._most = settings.max_upload_files
 
     @property
@@ -141,7 +141,7 @@ class HttpsSource:
         async def probe(entry: HttpsEntry) -> RemoteFile:
             async with (
                 limit,
-                open_remote(entry.url, self._policy, what=entry.path, headers=self._headers) as answer,
+                open_remote(entry.url, self._bounds, what=entry.path, headers=self._headers) as answer,
             ):
                 size = answer.size
             return RemoteFile(entry.path, entry.url, size=size, sha256=entry.sha256, archive=entry.archive)
@@ -149,7 +149,7 @@ class HttpsSource:
         return list(await asyncio.gather(*(retried(functools.partial(probe, entry)) for entry in chosen)))
 
     def read(self, file: RemoteFile, offset: int = 0) -> AsyncIterator[bytes]:
-        return stream(file.locator, self._policy, what=file.path, headers=self._headers, offset=offset)
+        return stream(file.locator, self._bounds, what=file.path, headers=self._headers, offset=offset)
 
 
 def _parse_entry(item: Any, param: str) -> HttpsEntry:

@@ -4,9 +4,9 @@ The revision (default `main`) is resolved to a commit once, by the listing, and 
 from that commit, so a push to the repository during the import cannot mix two versions. The listing
 is the Hub's model-info route with file metadata (`api/models/{repo}/revision/{rev}?blobs=true`),
 parsed by huggingface_hub's `ModelInfo`; each file comes from its `resolve` route, following the
-Hub's redirect to its CDN. Both go through this server's own fetch (`imports.remote`) rather than
+Hub's redirect to its CDN. Both go through this server's outbound client (`imports.remote`) rather than
 huggingface_hub's HTTP client: that client is one per process, follows redirects and resolves names
-by itself (no hop would be vetted against the media rules) and refuses every call while
+by itself (no hop would be vetted, no answer bounded) and refuses every call while
 HF_HUB_OFFLINE is set, as it is for the replicas. The token goes to the endpoint's host only, never to
 the CDN a redirect names.
 
@@ -34,9 +34,16 @@ from huggingface_hub.utils._validators import validate_repo_id
 
 from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
-from modelhost.imports.remote import HTTPS_ONLY, import_failure, import_fetch_policy, retried, stream
+from modelhost.imports.remote import (
+    HTTPS_ONLY,
+    import_bounds,
+    import_failure,
+    listing_bounds,
+    retried,
+    stream,
+)
 from modelhost.imports.sources import ImportFailed, RemoteFile
-from modelhost.media.fetch import FetchFailed, open_url, read_body
+from modelhost.outbound import FetchFailed, fetch_url
 
 SCHEME = "hf://"
 # What inspection needs, by file name: weights in safetensors, configs (and shard indexes),
@@ -106,7 +113,8 @@ class HubSource:
         if not isinstance(source, str):
             raise InvalidRequest("A Hub source is one `hf://org/name[@revision]`.", param="source")
         self._repo_id, self._revision = parse_hub_source(source)
-        self._policy = import_fetch_policy(settings)
+        self._bounds = import_bounds(settings)
+        self._listing_bounds = listing_bounds(settings, _LISTING_MAX_BYTES)
         self._include = include
         self._exclude = exclude
         self._endpoint = (os.environ.get("HF_ENDPOINT") or huggingface_hub.constants.ENDPOINT).rstrip("/")
@@ -144,7 +152,7 @@ class HubSource:
     def read(self, file: RemoteFile, offset: int = 0) -> AsyncIterator[bytes]:
         return stream(
             file.locator,
-            self._policy,
+            self._bounds,
             what=file.path,
             headers=self._headers,
             offset=offset,
@@ -156,15 +164,14 @@ class HubSource:
         url = f"{self._endpoint}/api/models/{self._repo_id}/revision/{revision}?blobs=true"
         what = self.description
         try:
-            async with open_url(
+            body = await fetch_url(
                 url,
-                self._policy,
-                timeout=self._policy.max_timeout,
+                self._listing_bounds,
+                timeout=None,
                 param=what,
                 headers=self._headers,
                 schemes=self._schemes,
-            ) as answer:
-                body = await read_body(answer, _LISTING_MAX_BYTES, what)
+            )
         except FetchFailed as exc:
             raise self._listing_failure(exc) from None
         try:

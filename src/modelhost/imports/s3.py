@@ -31,7 +31,7 @@ from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
 from modelhost.imports.s3_connections import vetted_addresses, vetted_sender
 from modelhost.imports.sources import ImportFailed, RemoteFile, selected
-from modelhost.media.fetch import IPNetwork, parse_networks
+from modelhost.outbound import IPNetwork, parse_networks
 
 CHUNK = 1024 * 1024
 LIST_PAGE_SIZE = 1000  # keys per LIST request: S3's own maximum

@@ -79,8 +79,8 @@ class ImportSource(Protocol):
 
     def read(self, file: RemoteFile, offset: int = 0) -> AsyncIterator[bytes]:
         """The file's bytes from `offset` on (a resumed fetch asks for the rest); ImportFailed on any
-        failure. Every network hop obeys the media rules (`media.fetch`): public addresses only unless
-        the operator allows more networks."""
+        failure. Every network hop goes through the outbound client (`modelhost.outbound`): public
+        addresses only unless the operator allows more networks."""
         ...
 
 

@@ -6,12 +6,20 @@ The matching rule: an entry is an http(s) URL without query, fragment or credent
 matches it when scheme, host and port are the same (the default port written or not) and its path is
 the entry's path or lies below it (`/mcp` matches `/mcp` and `/mcp/v2`, not `/mcp2`). An entry with no
 path allows the whole origin.
+
+Paths are compared as written, so a path that a client or a server would read as another one is
+refused, in an entry and in a server URL alike: a dot segment (`/mcp/public/../private`, which the
+HTTP client itself resolves to `/mcp/private`), a percent-encoded dot, slash or backslash (`%2e`,
+`%2f`, `%5c`, which a server may decode), a backslash, or an empty segment (`//`). What is matched is
+then exactly what is requested.
 """
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
+import httpx
 from sqlalchemy import delete, select
 
 from modelhost import audit
@@ -21,12 +29,13 @@ from modelhost.store.models import McpServerEntry
 
 MAX_ENTRIES = 100
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_ENCODED = re.compile(r"%(2e|2f|5c)", re.IGNORECASE)
 
 
 def normalised(url: str, param: str) -> str:
     """An entry as stored: scheme and host lower-cased, the default port and a trailing `/` dropped;
     InvalidRequest naming `param` for anything but a plain http(s) URL."""
-    origin, path = _parts(url, param)
+    origin, path = _parts(url.strip(), param)
     scheme, host, port = origin
     shown_host = f"[{host}]" if ":" in host else host
     netloc = shown_host if port == _DEFAULT_PORTS[scheme] else f"{shown_host}:{port}"
@@ -45,16 +54,34 @@ def permits(entries: list[str], url: str, param: str) -> bool:
 
 def _parts(url: str, param: str) -> tuple[tuple[str, str, int], str]:
     try:
-        split = urlsplit(url.strip())
+        split = urlsplit(url)
         port = split.port
-    except ValueError:
+        requested = httpx.URL(url)  # as the MCP client reads it: the same host, or refused
+    except (ValueError, httpx.InvalidURL):
         raise InvalidRequest(f"{url!r} is not a valid URL.", param=param) from None
     scheme = split.scheme.lower()
     if scheme not in _DEFAULT_PORTS or not split.hostname:
         raise InvalidRequest(f"{url!r} is not an http(s) URL with a host.", param=param)
     if split.username or split.password or split.fragment:
         raise InvalidRequest(f"{url!r}: no credentials or fragment in an MCP server URL.", param=param)
-    return (scheme, split.hostname.lower(), port or _DEFAULT_PORTS[scheme]), split.path.rstrip("/")
+    if any(c.isspace() or not c.isprintable() or c == "\\" for c in url) or (
+        requested.host.lower() != split.hostname.lower()
+    ):
+        raise InvalidRequest(
+            f"{url!r} is not a plain URL (no spaces, control characters or backslashes).",
+            param=param,
+            code="invalid_mcp_server_url",
+        )
+    path = split.path.rstrip("/")
+    segments = path.split("/")[1:]
+    if _ENCODED.search(path) or any(s in ("", ".", "..") for s in segments):
+        raise InvalidRequest(
+            f"{url!r}: an MCP server URL's path has no `.` or `..` segments, no empty segments and no "
+            'encoded dots, slashes or backslashes (docs/responses.md, "MCP tools").',
+            param=param,
+            code="invalid_mcp_server_url",
+        )
+    return (scheme, split.hostname.lower(), port or _DEFAULT_PORTS[scheme]), path
 
 
 class McpAllowList:

@@ -1,8 +1,9 @@
 """Turning a media reference from a request into bytes: base64, data URI, http(s) URL or local path.
 
 This is the only place the gateway reads media, so the rules are the same for every endpoint: the
-size limit applies before decoding base64 or reading a file, URLs go through the SSRF checks of
-`fetch`, and local paths (video inputs only) are confined to the operator's media root.
+size limit applies before decoding base64 or reading a file, URLs go through the outbound client
+(`modelhost.outbound`: addresses vetted, bytes and time bounded), and local paths (video inputs only)
+are confined to the operator's media root.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from modelhost.config import Settings
 from modelhost.errors import InvalidMedia
-from modelhost.media.fetch import FetchPolicy, fetch_url
+from modelhost.outbound import Bounds, fetch_url, parse_networks
 
 # Suffixes that make a scheme-less value a path rather than base64 (base64 never contains ".").
 MEDIA_SUFFIXES = frozenset(
@@ -41,17 +42,29 @@ _WHITESPACE = str.maketrans("", "", " \t\r\n\f\v")
 class MediaPolicy:
     """Limits for reading media references; built once from the settings (`Services.media`)."""
 
-    fetch: FetchPolicy
+    fetch: Bounds
     media_root: Path | None
     max_bytes: int
 
     @classmethod
     def from_settings(cls, settings: Settings) -> MediaPolicy:
         return cls(
-            fetch=FetchPolicy.from_settings(settings),
+            fetch=media_bounds(settings),
             media_root=settings.media_root,
             max_bytes=settings.media_max_bytes,
         )
+
+
+def media_bounds(settings: Settings) -> Bounds:
+    """The bounds of one media URL's fetch: the media size limit, one deadline for the whole fetch (a
+    media input is small: a slow trickle is as bad as silence), the redirects allowed."""
+    return Bounds(
+        networks=parse_networks(settings.media_allow_networks),
+        max_bytes=settings.media_max_bytes,
+        seconds=settings.media_fetch_timeout_seconds,
+        idle_seconds=settings.media_fetch_timeout_seconds,
+        requests=settings.media_max_redirects + 1,
+    )
 
 
 async def load_media(

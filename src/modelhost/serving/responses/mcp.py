@@ -43,9 +43,11 @@ def call_item(label: str, name: str, arguments: str, approval_request_id: str | 
     }
 
 
-def approval_item(label: str, name: str, arguments: str) -> Item:
+def approval_item(identifier: str, label: str, name: str, arguments: str) -> Item:
+    """An approval request; `identifier` is the one `McpTools.approval_id` signed, so that only the
+    requests this server issued are honoured."""
     return {
-        "id": item_id("mcpr"),
+        "id": identifier,
         "type": "mcp_approval_request",
         "server_label": label,
         "name": name,

@@ -203,6 +203,13 @@ class Responses:
                     f"No mcp_approval_request {item.approval_request_id!r} in the previous response's chain.",
                     param=param,
                 )
+            if not self._mcp.issued(account_id, request):  # written by a client, not asked by this server
+                raise InvalidRequest(
+                    f"The mcp_approval_request {item.approval_request_id!r} was not issued by this server "
+                    "(or its server label, tool or arguments were changed): only a request a response "
+                    "asked can be approved.",
+                    param=param,
+                )
             tool = toolset.tools.get(request["name"]) if toolset else None
             if tool is None or tool.server.label != request["server_label"]:
                 raise InvalidRequest(
@@ -269,7 +276,9 @@ class Responses:
                 made = output[index]
                 tool = toolset.tools[made["name"]]
                 if tool.needs_approval:
-                    output[index] = mcp.approval_item(tool.server.label, tool.name, made["arguments"])
+                    label, arguments = tool.server.label, made["arguments"]
+                    signed = self._mcp.approval_id(prepared.account_id, label, tool.name, arguments)
+                    output[index] = mcp.approval_item(signed, label, tool.name, arguments)
                     waiting = True
                     for event in [
                         *mcp.opened_events(index, output[index]),
