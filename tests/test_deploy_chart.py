@@ -11,6 +11,8 @@ rendered Deployment with `podman kube play`).
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 import subprocess
 import sys
@@ -177,6 +179,7 @@ def test_default_render_needs_only_an_admin_key() -> None:
         "Service",
         "Deployment",
         "PodDisruptionBudget",
+        "NetworkPolicy",
     }
     deployment = rendered["Deployment"]["spec"]
     # SQLite and local blobs on one ReadWriteOnce claim: one gateway, replaced by stopping it first
@@ -308,13 +311,12 @@ def test_postgres_and_s3_make_the_gateways_stateless() -> None:
     secret = rendered["Secret"]["stringData"]
     assert secret["MODELHOST_DATABASE_URL"].startswith("postgresql+psycopg://")
     assert "MODELHOST_DATABASE_URL" not in settings
-    # boto3's keys, the only secrets in the environment: from the Secret, never literal
-    env = {e["name"]: e for e in container(rendered)["env"]}
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        assert env[name]["valueFrom"]["secretKeyRef"] == {
-            "name": rendered["Secret"]["metadata"]["name"],
-            "key": name,
-        }
+    # the blob store's keys are settings in the Secret, read as files like the others
+    assert (secret["MODELHOST_S3_ACCESS_KEY_ID"], secret["MODELHOST_S3_SECRET_ACCESS_KEY"]) == (
+        "example-access-key",
+        "example-secret-key",
+    )
+    assert "env" not in container(rendered)
 
 
 def test_shared_state_needs_a_file_url_secret() -> None:
@@ -396,10 +398,136 @@ def test_the_autoscaler_scales_on_queue_depth() -> None:
     # the autoscaler owns the count: an upgrade must not reset it
     assert "replicas" not in rendered["Deployment"]["spec"]
     assert rendered["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
-    # every secret is in the operator's Secrets
+    # every secret is in the operator's Secrets, the bucket's keys projected as the settings' files
     assert "Secret" not in rendered
-    env = {e["name"]: e for e in container(rendered)["env"]}
-    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == "modelhost-s3"
+    assert "env" not in container(rendered)
+    volumes = {v["name"]: v for v in rendered["Deployment"]["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["secrets"]["projected"]["sources"] == [
+        {"secret": {"name": "modelhost-secrets"}},
+        {
+            "secret": {
+                "name": "modelhost-s3",
+                "items": [
+                    {"key": "AWS_ACCESS_KEY_ID", "path": "MODELHOST_S3_ACCESS_KEY_ID"},
+                    {"key": "AWS_SECRET_ACCESS_KEY", "path": "MODELHOST_S3_SECRET_ACCESS_KEY"},
+                ],
+            }
+        },
+    ]
+
+
+# ---------------------------------------------------------------- the network; no S3 key in the environment
+
+
+def allowed(policy: dict[str, Any], address: str, port: int) -> bool:
+    """Whether the NetworkPolicy's egress lets the pod reach `address` on TCP `port` (a rule without `to`
+    reaches every address; one without `ports` every port; peers here are ipBlocks)."""
+    ip = ipaddress.ip_address(address)
+
+    def in_block(block: dict[str, Any]) -> bool:
+        cidr = ipaddress.ip_network(block["cidr"])
+        if ip.version != cidr.version or ip not in cidr:
+            return False
+        return not any(ip in ipaddress.ip_network(e) for e in block.get("except", []))
+
+    for rule in policy["spec"]["egress"]:
+        ports = [p["port"] for p in rule.get("ports", []) if p.get("protocol", "TCP") == "TCP"]
+        if "ports" in rule and port not in ports:
+            continue
+        if "to" not in rule or any(in_block(peer["ipBlock"]) for peer in rule["to"]):
+            return True
+    return False
+
+
+def test_the_network_policy_lets_the_gateways_reach_the_internet_but_not_the_metadata_service() -> None:
+    policy = manifests(*ADMIN_KEY)["NetworkPolicy"]
+    assert policy["spec"]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "modelhost", "app.kubernetes.io/instance": RELEASE}
+    }
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    # in: the gateway's port only, from anyone unless ingressFrom says who
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    assert allowed(policy, "10.96.0.10", 53)  # DNS
+    assert allowed(policy, "93.184.216.34", 443) and allowed(policy, "2606:2800:220:1::1", 8443)
+    for address, port in [
+        ("169.254.169.254", 80),  # the cloud's metadata service
+        ("169.254.170.2", 80),  # ECS's credentials endpoint
+        ("fd00:ec2::254", 80),  # AWS's metadata service over IPv6
+        ("10.0.0.5", 5432),  # the cluster's pods and services
+        ("172.20.0.1", 443),
+        ("192.168.1.1", 80),
+        ("100.64.0.1", 80),
+    ]:
+        assert not allowed(policy, address, port), (address, port)
+    assert "NetworkPolicy" not in manifests(*ADMIN_KEY, "--set", "networkPolicy.enabled=false")
+
+
+def test_the_network_policy_opens_the_database_and_the_s3_store_on_their_ports() -> None:
+    policy = manifests("--values", str(CHART / "ci" / "postgres-s3-values.yaml"))["NetworkPolicy"]
+    # postgres.example.svc:5432 and http://minio.example.svc:9000, at private addresses
+    assert allowed(policy, "10.0.0.5", 5432) and allowed(policy, "10.0.0.6", 9000)
+    assert not allowed(policy, "10.0.0.5", 443)
+    assert not allowed(policy, "169.254.169.254", 5432) and not allowed(policy, "169.254.169.254", 9000)
+    narrowed = manifests(
+        "--values",
+        str(CHART / "ci" / "postgres-s3-values.yaml"),
+        "--set",
+        "networkPolicy.database.to[0].ipBlock.cidr=10.1.0.0/16",
+        "--set",
+        "networkPolicy.s3.port=9443",
+        "--set",
+        "networkPolicy.ingressFrom[0].namespaceSelector.matchLabels.team=edge",
+    )["NetworkPolicy"]
+    assert allowed(narrowed, "10.1.2.3", 5432) and not allowed(narrowed, "10.0.0.5", 5432)
+    assert allowed(narrowed, "10.0.0.6", 9443) and not allowed(narrowed, "10.0.0.6", 9000)
+    assert narrowed["spec"]["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"team": "edge"}}}
+    ]
+    aws = manifests(
+        *ADMIN_KEY,
+        *("--set", "s3.enabled=true", "--set", "s3.bucket=b", "--set", "database.inExistingSecret=true"),
+        *("--set", "fileUrlSecret=f"),
+    )["NetworkPolicy"]
+    assert allowed(aws, "10.0.0.5", 5432) and allowed(aws, "10.0.0.6", 443)  # defaults: 5432, AWS's 443
+
+
+S3_KEYS = {
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "MODELHOST_S3_ACCESS_KEY_ID",
+    "MODELHOST_S3_SECRET_ACCESS_KEY",
+}
+
+
+@pytest.mark.parametrize("values", RENDERS.values(), ids=RENDERS.keys())
+def test_no_s3_key_is_an_environment_variable_of_the_chart(values: list[str]) -> None:
+    rendered = manifests(*values)
+    assert not S3_KEYS & {e["name"] for e in container(rendered).get("env", [])}
+    assert not S3_KEYS & set(rendered["ConfigMap"]["data"])
+
+
+def test_s3_keys_given_as_environment_variables_or_secrets_are_refused() -> None:
+    refused = refusal(
+        *ADMIN_KEY, "--set", "extraEnv[0].name=AWS_SECRET_ACCESS_KEY", "--set", "extraEnv[0].value=x"
+    )
+    assert "AWS_SECRET_ACCESS_KEY is not an environment variable here" in refused
+    assert "use s3.accessKeyId" in refusal(*ADMIN_KEY, "--set", "secrets.MODELHOST_S3_ACCESS_KEY_ID=x")
+
+
+def test_the_compose_stack_passes_the_s3_keys_as_secret_files(tmp_path: Path) -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for service in compose["services"].values():
+        assert not S3_KEYS & set(service.get("environment", {}))
+    modelhost = compose["services"]["modelhost"]
+    targets = {s["target"]: s["source"] for s in modelhost["secrets"]}
+    assert modelhost["environment"]["MODELHOST_SECRETS_DIR"] == "/run/secrets"
+    assert {"MODELHOST_S3_ACCESS_KEY_ID", "MODELHOST_S3_SECRET_ACCESS_KEY"} <= set(targets)
+    # deploy/secrets.sh writes every file the stack mounts
+    env = {"PATH": os.environ["PATH"], "SECRETS_DIR": str(tmp_path / "secrets")}
+    subprocess.run(["bash", str(DEPLOY / "secrets.sh")], env=env, check=True, capture_output=True, timeout=30)
+    for source in compose["secrets"].values():
+        written = Path(source["file"].replace("${SECRETS_DIR:-./secrets}", str(tmp_path / "secrets")))
+        assert written.read_text(), written
 
 
 def test_the_kustomize_base_is_the_charts_render() -> None:

@@ -320,10 +320,11 @@ def test_the_compose_stack_keeps_its_data_in_postgresql_and_the_bucket(
 def kube_copy(rendered: str, port: int) -> str:
     """The chart's default render as podman 4.3's `kube play` can run it: the Secret becomes a ConfigMap
     (podman mishandles Secret volumes), the container's port is published as a hostPort on a free port
-    (no `--publish` there), and the Service and PodDisruptionBudget, which need a cluster, are left out."""
+    (no `--publish` there), and the Service, PodDisruptionBudget and NetworkPolicy, which need a cluster,
+    are left out."""
     out = []
     for doc in yaml.safe_load_all(rendered):
-        if not doc or doc["kind"] in ("Service", "PodDisruptionBudget"):
+        if not doc or doc["kind"] in ("Service", "PodDisruptionBudget", "NetworkPolicy"):
             continue
         if doc["kind"] == "Secret":
             data = {k: base64.b64decode(v).decode() for k, v in (doc.get("data") or {}).items()}

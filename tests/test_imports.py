@@ -844,7 +844,8 @@ async def test_a_malformed_source_or_credentials_are_refused_before_anything_sta
 
 @pytest.fixture(scope="module")
 def bucket(s3_endpoint: str, recipes: Path) -> str:
-    """`models`: the tiny model under `tiny/` (and a file to exclude), and `tinyx/`, which is not in it."""
+    """`models`: the tiny model under `tiny/` (and a file to exclude), `tinyx/`, which is not in it, and a
+    public GGUF file."""
     s3 = boto3.client("s3", endpoint_url=s3_endpoint, region_name=S3_REGION)
     s3.create_bucket(Bucket="models")
     folder = recipes.joinpath(*TINY)
@@ -855,7 +856,8 @@ def bucket(s3_endpoint: str, recipes: Path) -> str:
     s3.put_object(Bucket="models", Key="tiny/extra/notes.bin", Body=b"not for the model")
     s3.put_object(Bucket="models", Key="tinyx/stray.json", Body=b"{}")
     gguf = recipes / GGUF_FOLDER / "qwen3-Q4_0" / "qwen3-Q4_0.gguf"
-    s3.put_object(Bucket="models", Key="gguf/qwen3-Q4_0.gguf", Body=gguf.read_bytes())
+    # public: an import without credentials reads it unsigned (the operator's keys are never lent here)
+    s3.put_object(Bucket="models", Key="gguf/qwen3-Q4_0.gguf", Body=gguf.read_bytes(), ACL="public-read")
     return "models"
 
 

@@ -30,6 +30,9 @@ from tests.test_imports import import_and_wait
 pytest.importorskip("modelhost.imports.runner", reason="needs the imports' API (merged from `imports`)")
 
 TINY = ("t03_feature_extraction", "st")  # a sentence-transformers model: folders, modules.json
+# The server's own Hub token (HF_TOKEN): it reads `org/operators` and `org/lent`, which are gated to it;
+# the operator lends it to `org/lent` only (MODELHOST_IMPORT_HUB_OPERATOR_TOKEN_REPOS).
+OPERATOR_TOKEN = "hf_" + hashlib.sha256(b"the operator's own").hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +44,19 @@ def model_files(recipes: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory: pytest.TempPathFactory, model_files: dict[str, bytes]) -> Iterator[RemoteServer]:
     """One HTTPS server for the files, archives and Hub routes, one more as the Hub's CDN; trusted and
-    named by the server's environment (SSL_CERT_FILE, HF_ENDPOINT)."""
+    named by the server's environment (SSL_CERT_FILE, HF_ENDPOINT), which holds the operator's token."""
     ca = TestCA(tmp_path_factory.mktemp("ca"))
     files, cdn = RemoteServer(ca), RemoteServer(ca)
     files.add_hub_repo("org/tiny", model_files | {"pytorch_model.bin": b"not fetched"}, cdn)
+    for repo in ("org/operators", "org/lent"):
+        files.add_hub_repo(repo, model_files, cdn, token=OPERATOR_TOKEN)
     files.files["tiny.tar.gz"] = tarball({f"tiny/{path}": data for path, data in model_files.items()})
     files.files["evil.tar.gz"] = tarball({"tiny/config.json": b"{}", "../../escape": b"x"})
     files.files |= {f"tiny/{path}": data for path, data in model_files.items()}
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SSL_CERT_FILE", str(ca.ca_file))
         env.setenv("HF_ENDPOINT", files.base)
-        env.delenv("HF_TOKEN", raising=False)
+        env.setenv("HF_TOKEN", OPERATOR_TOKEN)
         yield files
     files.close()
     cdn.close()
@@ -66,6 +71,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, remote: RemoteServer) -> It
         import_poll_seconds=0.2,
         worker_threads=1,
         media_allow_networks=["127.0.0.0/8"],
+        import_hub_operator_token_repos="org/lent",
     )
     with live_server(settings) as url:
         yield url
@@ -152,3 +158,27 @@ def cli_app() -> Any:
     from modelhost.cli.main import app
 
     return app
+
+
+def test_the_servers_hub_token_is_never_sent_for_a_repository_it_was_not_lent_to(
+    server: str, key: str, remote: RemoteServer
+) -> None:
+    """Found by the review (issue 70, as S2 for S3): an import without a token read with the server's
+    (HF_TOKEN), so any account imported what only the operator may read."""
+    seen = len(remote.requests)
+    public = import_and_wait(server, key, {"source": "hf://org/tiny"})
+    assert public["status"] == "completed", public
+    private = import_and_wait(server, key, {"source": "hf://org/operators"})
+    assert (private["status"], (private["error"] or {}).get("code")) == ("failed", "source_denied"), private
+    sent = [headers.get("Authorization") for _, headers in remote.requests[seen:]]
+    assert sent and not any(sent), sent
+
+
+def test_a_repository_the_operator_lent_its_token_to_imports_with_it(
+    server: str, key: str, remote: RemoteServer
+) -> None:
+    seen = len(remote.requests)
+    done = import_and_wait(server, key, {"source": "hf://org/lent"})
+    assert done["status"] == "completed", done
+    sent = [headers.get("Authorization") for _, headers in remote.requests[seen:]]
+    assert f"Bearer {OPERATOR_TOKEN}" in sent

@@ -719,9 +719,10 @@ class Settings(BaseSettings):
     s3_bucket: str | None = Field(default=None, description="The bucket, required when blob_store is s3.")
     s3_endpoint_url: str | None = Field(
         default=None,
-        description="Endpoint of an S3-compatible server (MinIO, Ceph, moto); unset means AWS S3. "
-        "Credentials come from boto3's usual sources: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
-        "AWS_PROFILE, ~/.aws, or the instance role.",
+        description="Endpoint of an S3-compatible server (MinIO, Ceph, moto); unset means AWS S3 (or "
+        "boto3's AWS_ENDPOINT_URL). Credentials: s3_access_key_id / s3_secret_access_key, else "
+        "boto3's usual sources: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws, or the "
+        "instance role.",
     )
     s3_region: str | None = Field(
         default=None, description="Region of the bucket; unset uses boto3's (AWS_DEFAULT_REGION, ~/.aws)."
@@ -733,6 +734,31 @@ class Settings(BaseSettings):
     )
     s3_key_prefix: str = Field(
         default="", description="Prepended to every object key (e.g. `modelhost/`), to share a bucket."
+    )
+    # ---------------------------------------------------------------- the operator's credentials
+    # (docs/deploy.md, docs/artifacts.md#credentials): the blob store's own keys, and what of the
+    # operator's an import may use (nothing, unless named here)
+    s3_access_key_id: SecretStr | None = Field(
+        default=None,
+        description="The blob store's S3 access key (with s3_secret_access_key), best given as a secret "
+        "file (MODELHOST_SECRETS_DIR), so that no process's environment holds it; unset: boto3's usual "
+        "sources (AWS_* variables, AWS_PROFILE, ~/.aws, the instance or pod role).",
+    )
+    s3_secret_access_key: SecretStr | None = Field(
+        default=None, description="The blob store's S3 secret key, with s3_access_key_id."
+    )
+    import_operator_credentials_buckets: str = Field(
+        default="",
+        description="Buckets, comma-separated, that an S3 import without credentials of its own reads with "
+        "the operator's AWS credentials (boto3's standard chain, at the operator's endpoint): a bucket of "
+        "models every account may have. Any other bucket is read unsigned (public buckets only). The blob "
+        "store's own bucket is never imported, whatever this says.",
+    )
+    import_hub_operator_token_repos: str = Field(
+        default="",
+        description="Hub repositories, comma-separated shell patterns (`org/name`, `org/*`; `*` for all), "
+        "that a Hub import without a token of its own reads with the server's token (HF_TOKEN, or `hf auth "
+        "login`'s). Any other repository is read without a token.",
     )
 
     @model_validator(mode="after")
@@ -778,6 +804,34 @@ class Settings(BaseSettings):
         if self.blob_store == "s3" and not self.s3_bucket:
             raise ValueError("MODELHOST_BLOB_STORE=s3 needs MODELHOST_S3_BUCKET, the bucket to keep blobs in")
         return self
+
+    @model_validator(mode="after")
+    def _operator_credentials_are_whole(self) -> Settings:
+        if (self.s3_access_key_id is None) != (self.s3_secret_access_key is None):
+            raise ValueError(
+                "set both MODELHOST_S3_ACCESS_KEY_ID and MODELHOST_S3_SECRET_ACCESS_KEY, or neither"
+            )
+        if (
+            self.blob_store == "s3"
+            and self.s3_bucket
+            and self.s3_bucket.lower() in self.operator_credentials_buckets
+        ):
+            raise ValueError(
+                "MODELHOST_IMPORT_OPERATOR_CREDENTIALS_BUCKETS names the blob store's own bucket "
+                f"({self.s3_bucket}): it is never an import's source"
+            )
+        return self
+
+    @property
+    def operator_credentials_buckets(self) -> frozenset[str]:
+        """`import_operator_credentials_buckets` as a set of bucket names (lower case, as S3's are)."""
+        names = self.import_operator_credentials_buckets.split(",")
+        return frozenset(name.strip().lower() for name in names if name.strip())
+
+    @property
+    def hub_operator_token_repos(self) -> list[str]:
+        """`import_hub_operator_token_repos` as a list of patterns."""
+        return [p.strip() for p in self.import_hub_operator_token_repos.split(",") if p.strip()]
 
     @property
     def admin_key_value(self) -> str | None:

@@ -135,6 +135,8 @@ render has) so that `helm template` and `helm install` stop before anything is a
   "MODELHOST_S3_ENDPOINT_URL" "s3.endpointUrl"
   "MODELHOST_S3_REGION" "s3.region"
   "MODELHOST_S3_KEY_PREFIX" "s3.keyPrefix"
+  "MODELHOST_S3_ACCESS_KEY_ID" "s3.accessKeyId (or s3.existingSecret)"
+  "MODELHOST_S3_SECRET_ACCESS_KEY" "s3.secretAccessKey (or s3.existingSecret)"
   "MODELHOST_ADMIN_KEY" "adminKey"
   "MODELHOST_DATABASE_URL" "database.url"
   "MODELHOST_FILE_URL_SECRET" "fileUrlSecret"
@@ -150,12 +152,57 @@ render has) so that `helm template` and `helm install` stop before anything is a
 {{- fail (printf "modelhost: %s is not set through config: use %s" $name (get $owned $name)) }}
 {{- end }}
 {{- end }}
+{{- range $v.extraEnv }}
+{{- if has .name (list "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_SESSION_TOKEN") }}
+{{- fail (printf "modelhost: %s is not an environment variable here (every worker process inherits the environment): give the blob store's keys in s3.accessKeyId and s3.secretAccessKey, or s3.existingSecret; they are mounted as files" .name) }}
+{{- end }}
+{{- end }}
 {{- range $name, $_ := $v.secrets }}
 {{- if not (hasPrefix "MODELHOST_" $name) }}
 {{- fail (printf "modelhost: secrets holds MODELHOST_* settings only, not %s" $name) }}
 {{- end }}
-{{- if has $name (list "MODELHOST_ADMIN_KEY" "MODELHOST_DATABASE_URL" "MODELHOST_FILE_URL_SECRET") }}
+{{- if has $name (list "MODELHOST_ADMIN_KEY" "MODELHOST_DATABASE_URL" "MODELHOST_FILE_URL_SECRET" "MODELHOST_S3_ACCESS_KEY_ID" "MODELHOST_S3_SECRET_ACCESS_KEY") }}
 {{- fail (printf "modelhost: %s is not set through secrets: use %s" $name (get $owned $name)) }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+A NetworkPolicy egress port: (list explicit url default): the explicit value, else the URL's own port,
+else 443 / 80 for an https / http URL, else the default.
+*/}}
+{{- define "modelhost.networkPolicy.port" -}}
+{{- $explicit := index . 0 }}
+{{- $url := index . 1 }}
+{{- $port := index . 2 }}
+{{- if $explicit }}
+{{- $port = $explicit }}
+{{- else if $url }}
+{{- $hostPort := regexReplaceAll "^[A-Za-z0-9+.-]+://([^/?#]*@)?([^/?#]*).*$" $url "${2}" }}
+{{- $given := regexFind ":[0-9]+$" $hostPort | trimPrefix ":" }}
+{{- if $given }}
+{{- $port = $given }}
+{{- else if hasPrefix "https://" (lower $url) }}
+{{- $port = 443 }}
+{{- else if hasPrefix "http://" (lower $url) }}
+{{- $port = 80 }}
+{{- end }}
+{{- end }}
+{{- $port | int }}
+{{- end }}
+
+{{/*
+Any address but link-local ones (the cloud's metadata service and credential endpoints, 169.254.0.0/16,
+fe80::/10, and AWS's IPv6 one, fd00:ec2::254): the peers of an egress rule whose `to` is not given.
+*/}}
+{{- define "modelhost.networkPolicy.notLinkLocal" -}}
+- ipBlock:
+    cidr: 0.0.0.0/0
+    except:
+      - 169.254.0.0/16
+- ipBlock:
+    cidr: ::/0
+    except:
+      - fe80::/10
+      - fd00:ec2::254/128
 {{- end }}

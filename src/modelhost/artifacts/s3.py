@@ -36,14 +36,23 @@ SPOOL_BYTES = 8 * 1024 * 1024  # `open` keeps smaller objects in memory, spills 
 
 
 def blob_store_of(settings: Settings) -> BlobStore:
-    """The store the settings ask for; S3 credentials come from boto3's usual sources."""
+    """The store the settings ask for. S3 credentials: the store's own settings (MODELHOST_S3_ACCESS_KEY_ID
+    and MODELHOST_S3_SECRET_ACCESS_KEY, best as secret files, so that no environment holds them), else
+    boto3's usual sources (the AWS_* variables, a profile, the instance or pod role)."""
     if settings.blob_store == "local":
         return LocalBlobStore(settings.data_dir / "blobs")
     import boto3
 
     if not settings.s3_bucket:
         raise ValueError("blob_store = 's3' needs MODELHOST_S3_BUCKET")
-    client = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.s3_region)
+    key_id, secret = settings.s3_access_key_id, settings.s3_secret_access_key
+    client = boto3.client(
+        "s3",
+        endpoint_url=settings.s3_endpoint_url,
+        region_name=settings.s3_region,
+        aws_access_key_id=key_id.get_secret_value() if key_id else None,
+        aws_secret_access_key=secret.get_secret_value() if secret else None,
+    )
     return S3BlobStore(client, settings.s3_bucket, settings.data_dir / "blob-cache", settings.s3_key_prefix)
 
 

@@ -108,8 +108,10 @@ class HubSource:
         credentials: Mapping[str, Any] | None = None,
         settings: Settings,
     ) -> None:
-        """Built as every source is; `credentials` `{"token"}`, else the operator's token (`HF_TOKEN`,
-        or `hf auth login`'s). The endpoint is `HF_ENDPOINT`, else huggingface.co."""
+        """Built as every source is; `credentials` `{"token"}`, else none: the server's own token
+        (`HF_TOKEN`, or `hf auth login`'s) reads what no account may have, so it is sent only for the
+        repositories the operator lent it to (MODELHOST_IMPORT_HUB_OPERATOR_TOKEN_REPOS). The endpoint is
+        `HF_ENDPOINT`, else huggingface.co."""
         if not isinstance(source, str):
             raise InvalidRequest("A Hub source is one `hf://org/name[@revision]`.", param="source")
         self._repo_id, self._revision = parse_hub_source(source)
@@ -118,7 +120,7 @@ class HubSource:
         self._include = include
         self._exclude = exclude
         self._endpoint = (os.environ.get("HF_ENDPOINT") or huggingface_hub.constants.ENDPOINT).rstrip("/")
-        token = _token(credentials) or huggingface_hub.get_token()
+        token = _token(credentials) or _operator_token(self._repo_id, settings)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         # An operator's mirror may be plain http on its own network; the files still must be https unless
         # the mirror itself serves them.
@@ -198,8 +200,8 @@ class HubSource:
         if reason == "RepoNotFound" or failure.code in ("source_not_found", "source_denied"):
             return ImportFailed(
                 "source_not_found" if reason == "RepoNotFound" else failure.code,
-                f"{self.description}: no such repository, or it is private and the token "
-                "(credentials.token, else the server's HF_TOKEN) does not grant access.",
+                f"{self.description}: no such repository, or it is private and no token given "
+                "(credentials.token) grants access.",
             )
         return failure
 
@@ -224,6 +226,12 @@ def _token(credentials: Mapping[str, Any] | None) -> str | None:
     if set(credentials) != {"token"} or not isinstance(token, str) or not token or not token.isprintable():
         raise InvalidRequest('Hub credentials are `{"token": "hf_…"}`.', param="credentials")
     return token
+
+
+def _operator_token(repo_id: str, settings: Settings) -> str | None:
+    """The server's token, for a repository the operator lent it to; else None."""
+    lent = any(fnmatchcase(repo_id.lower(), p.lower()) for p in settings.hub_operator_token_repos)
+    return huggingface_hub.get_token() if lent else None
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:

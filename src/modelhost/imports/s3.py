@@ -2,14 +2,21 @@
 
 The prefix is a folder: `s3://models/ab` imports `ab/...` (as paths relative to it) and never `abc/...`;
 where no object is under it but one is named so (`s3://models/q4.gguf`), that one object, at its name.
-Without credentials the import uses the operator's: boto3's standard chain (`AWS_ENDPOINT_URL`,
-`AWS_PROFILE`, `AWS_ACCESS_KEY_ID`…, instance roles), and the operator's endpoint is trusted. A
-tenant's own credentials (`aws_access_key_id`, `aws_secret_access_key`, `aws_session_token`?,
-`endpoint_url`?, `region`?) replace them; a tenant's `endpoint_url` is an address the tenant chose, so
-it obeys the media rules: every address its host resolves to must be public unless the operator allowed
-its network (`MODELHOST_MEDIA_ALLOW_NETWORKS`), and every connection goes to the address that was vetted
-(`imports.s3_connections`: no second lookup, so no DNS rebinding). The operator's credentials never go
-to a tenant's endpoint: with an `endpoint_url` and no keys the requests are unsigned.
+
+Whose credentials. The operator's AWS credentials (boto3's standard chain: `AWS_ACCESS_KEY_ID`…,
+`AWS_PROFILE`, the instance or pod role) can read what the server keeps for every account, so an import
+never uses them on its own: without keys of its own, an import's requests are unsigned (a public bucket
+still imports; a private one answers `source_denied`), unless the operator lent its credentials to that
+bucket (MODELHOST_IMPORT_OPERATOR_CREDENTIALS_BUCKETS), and then only at the operator's endpoint
+(`AWS_ENDPOINT_URL`, or AWS). A tenant's own keys (`aws_access_key_id`, `aws_secret_access_key`,
+`aws_session_token`?, `endpoint_url`?, `region`?) sign its requests. And the blob store's own bucket, at
+the blob store's endpoint, is never a source, nor is the blob store's endpoint a tenant's
+`endpoint_url`, whoever signs (400 `source_refused`, before anything starts).
+
+A tenant's `endpoint_url` is an address the tenant chose, so it obeys the media rules: every address its
+host resolves to must be public unless the operator allowed its network
+(`MODELHOST_MEDIA_ALLOW_NETWORKS`), and every connection goes to the address that was vetted
+(`imports.s3_connections`: no second lookup, so no DNS rebinding).
 
 The listing is bounded: it stops once it holds one file more than an artifact may have (the runner
 then fails the import `too_large`), and it asks for one page at a time, each in a thread, so that a
@@ -22,6 +29,8 @@ boto3 blocks, so every call runs in a thread; its clients are thread-safe.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -64,6 +73,13 @@ class S3Source:
         self._include, self._exclude = include, exclude
         self._credentials = _checked(credentials)
         self._endpoint = self._credentials.get("endpoint_url")
+        refuse_blob_store(self.bucket, self._endpoint, settings)
+        # the operator's credentials: only where the operator lent them, and the tenant brought none
+        self._operator = (
+            self._endpoint is None
+            and "aws_access_key_id" not in self._credentials
+            and self.bucket in settings.operator_credentials_buckets
+        )
         self._networks = parse_networks(settings.media_allow_networks)
         self._most = settings.max_upload_files
         self._client: Any = None
@@ -143,7 +159,7 @@ class S3Source:
 
     def _s3(self) -> Any:
         if self._client is None:
-            self._client = _client(self._credentials, self._networks)
+            self._client = _client(self._credentials, self._networks, operator=self._operator)
         return self._client
 
     async def _call(self, function: Any, *args: Any, vetted: bool = False) -> Any:
@@ -206,9 +222,61 @@ def _checked(credentials: dict[str, Any] | None) -> dict[str, str]:
     return dict(credentials)
 
 
-def _client(credentials: dict[str, str], networks: tuple[IPNetwork, ...]) -> Any:
-    """boto3's S3 client for these credentials; for a tenant's endpoint, one whose every request is
-    sent over connections to vetted addresses (`imports.s3_connections`)."""
+def refuse_blob_store(bucket: str, endpoint: str | None, settings: Settings) -> None:
+    """InvalidRequest (400 `source_refused`) when the source is the blob store itself: its bucket at its
+    endpoint, or (as a tenant's `endpoint_url`) its endpoint, whoever's credentials would sign. Endpoints
+    are compared as servers (host and port, the scheme's default port filled in, an address's spelling
+    normalised); any AWS S3 host is AWS, one endpoint for every bucket."""
+    if settings.blob_store != "s3" or not settings.s3_bucket:
+        return
+    store = _server(settings.s3_endpoint_url or _operator_endpoint())
+    if endpoint is not None and store is not None and _server(endpoint) == store:
+        raise InvalidRequest(
+            "credentials.endpoint_url is this server's own blob store, which is never an import's source.",
+            param="credentials.endpoint_url",
+            code="source_refused",
+        )
+    at = _server(endpoint if endpoint is not None else _operator_endpoint())
+    if bucket == settings.s3_bucket.lower() and at == store:
+        raise InvalidRequest(
+            f"s3://{bucket} is this server's own blob store, which is never an import's source.",
+            param="source",
+            code="source_refused",
+        )
+
+
+def _operator_endpoint() -> str | None:
+    """The endpoint boto3 takes when given none: the operator's AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL
+    (None: AWS S3)."""
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return None
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def _server(endpoint: str | None) -> tuple[str, int] | None:
+    """(host, port) of an S3 endpoint, as compared; None for AWS S3 (no endpoint, or an AWS host)."""
+    if not endpoint:
+        return None
+    parts = urlsplit(endpoint.strip())
+    host = (parts.hostname or "").rstrip(".")
+    try:
+        address = ipaddress.ip_address(host)
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        host = str(mapped or address)
+    except ValueError:
+        if host == "amazonaws.com" or host.endswith((".amazonaws.com", ".amazonaws.com.cn")):
+            return None
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return host, port or (443 if parts.scheme.lower() == "https" else 80)
+
+
+def _client(credentials: dict[str, str], networks: tuple[IPNetwork, ...], *, operator: bool) -> Any:
+    """boto3's S3 client: signed with the tenant's keys, or with the operator's chain where `operator`
+    (a bucket the operator lent its credentials to), else unsigned. For a tenant's endpoint, every request
+    is sent over connections to vetted addresses (`imports.s3_connections`)."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
@@ -219,8 +287,8 @@ def _client(credentials: dict[str, str], networks: tuple[IPNetwork, ...]) -> Any
         retries={"max_attempts": 3, "mode": "standard"},
         connect_timeout=CONNECT_TIMEOUT,
         read_timeout=READ_TIMEOUT,
-        # a tenant's endpoint without keys: unsigned, never the operator's credentials
-        signature_version=UNSIGNED if tenant and not keys else None,
+        # never the operator's credentials unless lent to this bucket (and never to a tenant's endpoint)
+        signature_version=None if keys or (operator and not tenant) else UNSIGNED,
     )
     session = boto3.session.Session(
         aws_access_key_id=credentials.get("aws_access_key_id"),
