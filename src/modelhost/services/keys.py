@@ -124,10 +124,12 @@ class KeyService:
         expires_at: datetime | None = None,
         user_id: str | None = None,
         role: str | None = None,
+        member_since: datetime | None = None,
     ) -> tuple[ApiKey, str]:
         """Insert a key inside the caller's transaction, with its audit row; returns the row and its
         secret. `user_id`: the person who owns it (None: a service key); `role`: its own (None: its
-        owner's, or `owner` for a service key)."""
+        owner's, or `owner` for a service key); `member_since`: the owner's membership it works under
+        (its `created_at`: `ApiKey.member_since`)."""
         secret = new_secret()
         key = ApiKey(
             id=new_id("key"),
@@ -140,6 +142,7 @@ class KeyService:
             expires_at=expires_at,
             user_id=user_id,
             role=role,
+            member_since=member_since,
         )
         session.add(key)
         session.flush()
@@ -204,7 +207,10 @@ class KeyService:
                 unknown = [d for d in deployment_ids if d not in owned]
                 if unknown:
                     raise InvalidRequest(f"Unknown deployment: {unknown[0]}", param="deployments")
-            return self.create_in(session, account_id, name, deployment_ids, limits, expires_at, owner, role)
+            since = membership.created_at if membership is not None else None
+            return self.create_in(
+                session, account_id, name, deployment_ids, limits, expires_at, owner, role, since
+            )
 
     def rotate(
         self, account_id: str, key_id: str, grace_seconds: float, principal: Principal | None = None
@@ -228,6 +234,7 @@ class KeyService:
                 expires_at=before,
                 user_id=old.user_id,
                 role=old.role,
+                member_since=old.member_since,  # under the membership the old key was made in
             )
             ends = now + timedelta(seconds=grace_seconds)
             old.expires_at = ends if before is None else min(before, ends)
