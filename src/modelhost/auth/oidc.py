@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
+import httpx2
 from authlib.integrations.base_client import OAuthError
 from authlib.integrations.httpx_client import AsyncOAuth2Client
 from joserfc import jwt
@@ -45,7 +46,7 @@ class SignInFailed(InvalidAPIKey):
 
 
 class ProviderUnreachable(SignInFailed):
-    """The provider could not be asked (its token endpoint did not answer): not a refusal."""
+    """The provider did not answer (its discovery document, keys or token endpoint): not a refusal."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +166,8 @@ class OidcClient:
                 answer = await self._http.get(url)
                 answer.raise_for_status()
                 found = answer.json()
+            except httpx.TransportError as exc:
+                raise ProviderUnreachable(f"The OpenID provider did not answer: {exc!r}") from exc
             except (httpx.HTTPError, ValueError) as exc:
                 raise SignInFailed(
                     f"The OpenID provider's discovery document could not be read: {exc}"
@@ -250,7 +253,7 @@ class OidcClient:
             ):
                 raise DeviceNotYet(exc.description or exc.error, code=exc.error) from exc
             raise SignInFailed(f"The OpenID provider refused the sign-in: {exc}") from exc
-        except httpx.HTTPError as exc:
+        except (httpx.TransportError, httpx2.TransportError) as exc:  # Authlib's client is httpx2's
             raise ProviderUnreachable(f"The OpenID provider did not answer: {exc!r}") from exc
         except Exception as exc:  # an answer that is not a token response
             raise SignInFailed(f"The OpenID provider refused the sign-in: {exc}") from exc
@@ -307,6 +310,8 @@ class OidcClient:
                     answer = await self._http.get(metadata.jwks_uri)
                     answer.raise_for_status()
                     self._keys = KeySet.import_key_set(answer.json())
+                except httpx.TransportError as exc:
+                    raise ProviderUnreachable(f"The OpenID provider did not answer: {exc!r}") from exc
                 except (httpx.HTTPError, ValueError, JoseError) as exc:
                     raise SignInFailed(f"The OpenID provider's keys could not be read: {exc}") from exc
                 self._keys_read = time.monotonic()
