@@ -181,14 +181,12 @@ async def test_an_invitation_is_offered_to_a_verified_email_and_makes_a_member_o
     red = _as(world, world.accounts["red"]["api_key"])
     person(world, "gina", [])
     person(world, "ivan", [group(world, "blue", "viewer")], email_verified=False)
-    invited = await red.post("/v1/users/invitations", json={"email": "Gina@example.com", "role": "developer"})
+    invited = await red.post("/v1/invitations", json={"email": "Gina@example.com", "role": "developer"})
     assert invited.status_code == 201, invited.text
     assert (invited.json()["email"], invited.json()["role"]) == ("gina@example.com", "developer")
-    again = await red.post("/v1/users/invitations", json={"email": "gina@example.com", "role": "viewer"})
+    again = await red.post("/v1/invitations", json={"email": "gina@example.com", "role": "viewer"})
     assert_error(again, 409, "invitation_exists")
-    for_ivan = (
-        await red.post("/v1/users/invitations", json={"email": "ivan@example.com", "role": "admin"})
-    ).json()
+    for_ivan = (await red.post("/v1/invitations", json={"email": "ivan@example.com", "role": "admin"})).json()
 
     async with world.browser() as browser:  # gina: no account yet, one invitation
         view = await sign_in(browser, "gina")
@@ -209,7 +207,7 @@ async def test_an_invitation_is_offered_to_a_verified_email_and_makes_a_member_o
         )
         assert (await browser.get("/v1/deployments")).status_code == 200
         assert_error(await browser.post(accept, headers=await csrf(browser)), 404, "invitation_not_found")
-    assert (await red.get("/v1/users/invitations")).json()["data"] == [{**for_ivan, "object": "invitation"}]
+    assert (await red.get("/v1/invitations")).json()["data"] == [{**for_ivan, "object": "invitation"}]
 
     async with world.browser() as browser:  # ivan: the provider did not verify his email
         view = await sign_in(browser, "ivan")
@@ -227,7 +225,7 @@ async def test_an_invitation_is_offered_to_a_verified_email_and_makes_a_member_o
         finally:
             world.services.users.trust_email = False
         assert [i["id"] for i in offered] == [for_ivan["id"]] and declined.status_code == 200
-    assert (await red.get("/v1/users/invitations")).json()["data"] == []
+    assert (await red.get("/v1/invitations")).json()["data"] == []
     audited = (await red.get("/v1/audit", params={"target_type": "invitation"})).json()["data"]
     assert [r["action"] for r in audited][:3] == [
         "invitation.declined",
@@ -368,9 +366,7 @@ async def test_a_person_an_admin_removed_stays_removed_when_their_group_signs_th
     assert view["user_id"] not in [p["id"] for p in (await red.get("/v1/users")).json()["data"]]
     assert_error(await old_key.get("/v1/models"), 401, "not_a_member")
 
-    invited = (
-        await red.post("/v1/users/invitations", json={"email": "paul@example.com", "role": "viewer"})
-    ).json()
+    invited = (await red.post("/v1/invitations", json={"email": "paul@example.com", "role": "viewer"})).json()
     async with world.browser() as browser:
         await sign_in(browser, "paul")
         accepted = await browser.post(

@@ -103,13 +103,13 @@ def users_invite(
     """Invite an email to your account with a role: offered to whoever signs in with it (verified by the
     identity provider), a member once they accept."""
     body = {"email": email, "role": role.value}
-    show(ApiClient(url, key).call("POST", "/v1/users/invitations", json=body), INVITATION_COLUMNS, as_json)
+    show(ApiClient(url, key).call("POST", "/v1/invitations", json=body), INVITATION_COLUMNS, as_json)
 
 
 @users_app.command("invitations")
 def users_invitations(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:
     """List your account's invitations not yet accepted."""
-    show(ApiClient(url, key).call("GET", "/v1/users/invitations"), INVITATION_COLUMNS, as_json)
+    show(ApiClient(url, key).call("GET", "/v1/invitations"), INVITATION_COLUMNS, as_json)
 
 
 @users_app.command("uninvite")
@@ -120,7 +120,7 @@ def users_uninvite(
     as_json: Json = False,
 ) -> None:
     """Withdraw an invitation."""
-    path = f"/v1/users/invitations/{quote(invitation_id, safe='')}"
+    path = f"/v1/invitations/{quote(invitation_id, safe='')}"
     show(ApiClient(url, key).call("DELETE", path), ("id", "object", "deleted"), as_json)
 
 

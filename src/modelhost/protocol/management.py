@@ -607,7 +607,7 @@ class AuditVerification(BaseModel):
 class UserCreate(StrictModel):
     """A person without sign-in added to the caller's account (made on first use of their email): the
     holder of keys an admin makes for them. To let someone who signs in through the provider join, invite
-    them (`POST /v1/users/invitations`)."""
+    them (`POST /v1/invitations`)."""
 
     email: Annotated[str, Field(min_length=3, max_length=320, pattern=r"^[^@\s]+@[^@\s]+$")]
     name: Name | None = None

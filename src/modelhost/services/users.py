@@ -10,7 +10,7 @@ admin's `POST /v1/users`, known by the email the admin typed: the holder of the 
 for them, as before single sign-on. A sign-in never becomes one of them, and is never refused because
 of one: an email an admin typed proves nothing about who signs in with it.
 
-**Invitations.** An admin invites an email to a role (`POST /v1/users/invitations`). The invitation is
+**Invitations.** An admin invites an email to a role (`POST /v1/invitations`). The invitation is
 not a person: it is offered to whoever signs in with that email *verified by the provider*
 (`email_verified: true`; `MODELHOST_OIDC_TRUST_EMAIL` believes an unverified one), and becomes a
 membership only when they accept it. An invitation lasts `INVITATION_DAYS`.

@@ -47,9 +47,8 @@ def present_invitation(invited: Invited) -> Invitation:
     )
 
 
-# before `/v1/users/{user_id}`: the path `/v1/users/invitations` is theirs
 @router.post(
-    "/v1/users/invitations",
+    "/v1/invitations",
     summary="Invite an email to a role: offered to whoever signs in with it (verified), a member once "
     "they accept",
     status_code=201,
@@ -60,14 +59,14 @@ def invite(body: InvitationCreate, principal: AccountPrincipal, services: Servic
     return present_invitation(invited)
 
 
-@router.get("/v1/users/invitations", summary="List the account's invitations not yet accepted")
+@router.get("/v1/invitations", summary="List the account's invitations not yet accepted")
 async def list_invitations(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Invitation]:
     found = await asyncio.to_thread(services.users.invitations, account_id_of(principal))
     return ListOf[Invitation](data=[present_invitation(i) for i in found])
 
 
 @router.delete(
-    "/v1/users/invitations/{invitation_id}",
+    "/v1/invitations/{invitation_id}",
     summary="Withdraw an invitation",
     responses=error_responses(404),
 )

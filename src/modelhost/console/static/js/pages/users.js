@@ -30,7 +30,7 @@ export async function render(main) {
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     try {
-      await api("POST", inviting ? "/v1/users/invitations" : "/v1/users", { body: { email: email.value.trim(), role: role.value } });
+      await api("POST", inviting ? "/v1/invitations" : "/v1/users", { body: { email: email.value.trim(), role: role.value } });
       email.value = "";
       message(status, inviting ? "Invited." : "Added.", "ok");
       await refresh();
@@ -48,10 +48,10 @@ export async function render(main) {
 
   async function refresh() {
     if (inviting) {
-      const pending = (await api("GET", "/v1/users/invitations")).data;
+      const pending = (await api("GET", "/v1/invitations")).data;
       replace(invited, pending.map((i) => h("tr", { dataset: { id: i.id, email: i.email } },
         h("td", {}, i.email), h("td", {}, i.role), h("td", {}, when(i.expires_at)),
-        h("td", {}, confirmButton("Withdraw", () => act("DELETE", `/v1/users/invitations/${i.id}`))))));
+        h("td", {}, confirmButton("Withdraw", () => act("DELETE", `/v1/invitations/${i.id}`))))));
     }
     const users = (await api("GET", "/v1/users")).data;
     replace(rows, users.map((u) => h("tr", { dataset: { id: u.id, email: u.email } },
