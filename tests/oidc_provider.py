@@ -1,5 +1,7 @@
 """A real OpenID provider for the tests (tests/oidc/provider.mjs: panva's oidc-provider on Node.js), with
-its people and their groups; `rotate()` restarts it signing with a new key (JWKS rotation)."""
+its people and their groups; `update()` makes a change to its people (a group given or taken, a person
+deleted) seen at once, its sessions and refresh tokens kept; `rotate()` restarts it signing with a new key
+(JWKS rotation)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,25 @@ class OidcProvider:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        self.update()
+        log = (self.folder / "provider.log").open("ab")
+        self.process = subprocess.Popen(
+            ["node", str(HERE / "provider.mjs"), str(self.folder / "provider.json")], stdout=log, stderr=log
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{self.issuer}/.well-known/openid-configuration", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert self.process.poll() is None, (self.folder / "provider.log").read_text()
+            assert time.monotonic() < deadline, "the OpenID provider did not start"
+            time.sleep(0.1)
+
+    def update(self) -> None:
+        """Write its configuration: `users` as they are now (the running provider reads its people from
+        it at each use)."""
         config = {
             "port": self.port,
             "issuer": self.issuer,
@@ -67,28 +88,19 @@ class OidcProvider:
                     "post_logout_redirect_uris": [
                         uri.rsplit("/v1/", 1)[0] + "/console" for uri in self.redirect_uris
                     ],
-                    "grant_types": ["authorization_code", "urn:ietf:params:oauth:grant-type:device_code"],
+                    "grant_types": [
+                        "authorization_code",
+                        "refresh_token",
+                        "urn:ietf:params:oauth:grant-type:device_code",
+                    ],
                     "response_types": ["code"],
                     "token_endpoint_auth_method": "client_secret_basic",
                 }
             ],
         }
-        path = self.folder / "provider.json"
-        path.write_text(json.dumps(config))
-        log = (self.folder / "provider.log").open("ab")
-        self.process = subprocess.Popen(
-            ["node", str(HERE / "provider.mjs"), str(path)], stdout=log, stderr=log
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{self.issuer}/.well-known/openid-configuration", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert self.process.poll() is None, (self.folder / "provider.log").read_text()
-            assert time.monotonic() < deadline, "the OpenID provider did not start"
-            time.sleep(0.1)
+        written = self.folder / "provider.json.new"
+        written.write_text(json.dumps(config))
+        written.replace(self.folder / "provider.json")  # whole, never half-written when it is read
 
     def stop(self) -> None:
         if self.process is not None:

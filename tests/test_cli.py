@@ -187,6 +187,10 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("users", "disable"), "Disable a person in your account: their keys here are refused"),
     (("users", "enable"), "Enable a disabled person again."),
     (("users", "remove"), "Remove a person from your account: their keys here stop at once."),
+    (("users", "invite"), "Invite an email to your account with a role: offered to whoever signs in"),
+    (("users", "invitations"), "List your account's invitations not yet accepted."),
+    (("users", "uninvite"), "Withdraw an invitation."),
+    (("users", "sign-out-everywhere"), "End every sign-in session of a person and revoke every key of"),
     (("mcp-servers",), "MCP servers your account's hosted MCP tools may reach"),
     (("mcp-servers", "list"), "List the MCP server URLs on your account's allow-list."),
     (("mcp-servers", "add"), "Add MCP server URLs to your account's allow-list (owners and admins)."),
@@ -356,6 +360,24 @@ def test_users_add_a_person_whose_key_follows_their_role_and_whoami_says_so(
     assert [u["email"] for u in ok_json("users", "list", *owner)["data"]] == ["dana@example.com"]
     ok("users", "remove", person["id"], *owner)
     assert "401" in cli("whoami", *mine).stderr
+
+
+def test_users_invite_list_and_withdraw_invitations_and_sign_a_person_out_everywhere(
+    url: str, account: dict[str, Any]
+) -> None:
+    owner = ("--url", url, "--key", account["api_key"])
+    invited = ok_json("users", "invite", "Erin@example.com", "--role", "viewer", *owner)
+    assert (invited["email"], invited["role"], invited["id"][:4]) == ("erin@example.com", "viewer", "inv_")
+    [row] = table_rows(ok("users", "invitations", *owner).stdout)
+    assert (row["id"], row["email"]) == (invited["id"], "erin@example.com")
+    assert ok_json("users", "uninvite", invited["id"], *owner)["deleted"] is True
+    assert ok_json("users", "invitations", *owner)["data"] == []
+
+    person = ok_json("users", "add", "fay@example.com", "--role", "developer", *owner)
+    made = ok_json("keys", "create", "--user", person["id"], "--role", "developer", *owner)
+    ended = ok_json("users", "sign-out-everywhere", person["id"], *owner)
+    assert (ended["sessions_ended"], ended["keys_revoked"]) == (0, 1)
+    assert "401" in cli("whoami", "--url", url, "--key", made["api_key"]).stderr
 
 
 def test_keys_create_prints_the_secret_in_a_table(url: str, account: dict[str, Any]) -> None:

@@ -1,6 +1,7 @@
 """The console signed in through single sign-on, in a real browser (Debian's Chromium driven by Playwright)
 against a live gateway and a real OpenID provider (panva's oidc-provider, tests/oidc/): the sign-in
-button, the session shown in the header, the People page an admin manages, signing out (issue 60)."""
+button, the session shown in the header, the People page an admin manages, an invitation accepted in the
+invitee's own console, signing out (issues 60, 70)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class Signed:
     account: dict[str, Any]
     page: Any
     errors: list[str]
+    browser: Any
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,7 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Signed]:
                 page.set_default_timeout(TIMEOUT_MS)
                 errors: list[str] = []
                 page.on("pageerror", lambda error: errors.append(str(error)))
-                yield Signed(url, provider, account, page, errors)
+                yield Signed(url, provider, account, page, errors, browser)
                 browser.close()
         finally:
             provider.stop()
@@ -92,13 +94,15 @@ def test_the_console_signs_in_through_the_identity_provider(signed: Signed) -> N
     page.wait_for_selector("#key-secret")  # made with the session's CSRF token
 
 
-def test_an_admin_adds_a_person_changes_their_role_and_disables_them(signed: Signed) -> None:
+def test_an_admin_changes_a_persons_role_disables_them_and_signs_them_out_everywhere(signed: Signed) -> None:
+    owner = bearer(signed.account["api_key"])
+    carol = httpx.post(
+        f"{signed.url}/v1/users", json={"email": "carol@example.com", "role": "viewer"}, headers=owner
+    ).json()
+    key = httpx.post(f"{signed.url}/v1/keys", json={"user_id": carol["id"], "role": "viewer"}, headers=owner)
     page = signed.page
     page.click("#nav-users")
     page.wait_for_selector("main[data-page='users'][data-ready='yes']")
-    page.fill("#user-email", "carol@example.com")
-    page.select_option("#user-role", "viewer")
-    page.click("#user-form button[type=submit]")
     row = page.locator("#user-list tbody tr[data-email='carol@example.com']")
     row.wait_for()
     row.locator("select.user-role").select_option("billing")
@@ -106,11 +110,50 @@ def test_an_admin_adds_a_person_changes_their_role_and_disables_them(signed: Sig
     page.locator(
         "#user-list tbody tr[data-email='carol@example.com'] td.state", has_text="disabled"
     ).wait_for()
+    row.locator("button.user-sign-out").click()
+    row.locator("button.user-sign-out").click()  # the second click confirms
+    page.locator("#user-status", has_text="0 sessions ended, 1 keys revoked.").wait_for()
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / "people.png"), full_page=True)
-    people = httpx.get(f"{signed.url}/v1/users", headers=bearer(signed.account["api_key"])).json()["data"]
-    carol = next(p for p in people if p["email"] == "carol@example.com")
-    assert (carol["role"], carol["disabled"]) == ("billing", True)
+    people = httpx.get(f"{signed.url}/v1/users", headers=owner).json()["data"]
+    found = next(p for p in people if p["email"] == "carol@example.com")
+    assert (found["role"], found["disabled"], found["signs_in"]) == ("billing", True, False)
+    assert httpx.get(f"{signed.url}/v1/me", headers=bearer(key.json()["api_key"])).status_code == 401
+
+
+def test_an_admin_invites_a_person_who_accepts_in_their_own_console(signed: Signed) -> None:
+    page = signed.page
+    page.fill("#user-email", "dave@example.com")
+    page.select_option("#user-role", "developer")
+    page.click("#user-form button[type=submit]")
+    page.locator("#invitation-table tbody tr[data-email='dave@example.com']").wait_for()
+
+    signed.provider.users["dave"] = {"email": "dave@example.com", "name": "Dave", "groups": []}
+    signed.provider.update()
+    context = signed.browser.new_context(viewport=VIEWPORT)
+    try:
+        dave = context.new_page()
+        dave.set_default_timeout(TIMEOUT_MS)
+        dave.on("pageerror", lambda error: signed.errors.append(str(error)))
+        dave.goto(f"{signed.url}/console#overview")
+        dave.fill("#sso-login-hint", "dave")
+        dave.click("#sso-sign-in-button")
+        dave.wait_for_selector("#no-account")  # a member of nothing yet: the invitation is offered
+        assert (
+            dave.locator("#invitation-list li")
+            .inner_text()
+            .startswith(f"Account {signed.account['id']}, as developer")
+        )
+        dave.click("#invitation-list button.invitation-accept")
+        dave.wait_for_selector("main[data-page='overview'][data-ready='yes']")
+        assert dave.locator("#signed-in-as").inner_text() == "dave@example.com · developer"
+        assert dave.locator("#invitation-list").count() == 0
+    finally:
+        context.close()
+    page.click("#nav-users")
+    page.wait_for_selector("main[data-page='users'][data-ready='yes']")
+    page.locator("#user-list tbody tr[data-email='dave@example.com']").wait_for()
+    assert page.locator("#invitation-table tbody tr").count() == 0
 
 
 def test_signing_out_ends_the_session_and_opens_the_providers_logout(signed: Signed) -> None:

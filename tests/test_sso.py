@@ -28,7 +28,8 @@ from sqlalchemy import update
 from modelhost.api.app import create_app
 from modelhost.auth.oidc import SignInFailed
 from modelhost.container import Services
-from modelhost.store.models import SsoLogin, SsoSession
+from modelhost.imports.sealing import Sealer
+from modelhost.store.models import SsoSession
 from modelhost.store.types import utcnow
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, assert_error, bearer
@@ -78,6 +79,8 @@ def services(
         oidc_scopes="openid email profile groups",
         public_url=PUBLIC,
         session_idle_seconds=60,
+        session_renew_seconds=30,
+        anonymous_requests_per_minute=0,  # many sign-ins from one address here (the throttle: its own tests)
     )
     built = Services.build(settings)
     yield built
@@ -216,8 +219,11 @@ async def test_a_code_redeemed_without_its_pkce_verifier_is_refused_by_the_provi
 ) -> None:
     async with world.browser() as browser:
         callback = await to_callback(browser, "alice")
-        with world.services.database.transaction() as session:  # the verifier this sign-in keeps, lost
-            session.execute(update(SsoLogin).values(code_verifier=verifier))
+        sealer = Sealer.from_settings(world.services.settings)  # the verifier this sign-in keeps, lost
+        pending = sealer.open(browser.cookies["modelhost_sign_in"])
+        browser.cookies.set(
+            "modelhost_sign_in", sealer.seal({**pending, "verifier": verifier}), "modelhost.test", "/v1/auth"
+        )
         answer = await browser.get(callback)
         assert_error(answer, 401, "sign_in_failed")
         assert "invalid_grant" in answer.json()["error"]["message"] or "invalid_request" in answer.text
@@ -243,6 +249,9 @@ async def test_behind_https_the_session_cookie_is_secure(world: World) -> None:
     try:
         transport = httpx.ASGITransport(app=create_app(services=secure), raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url=SECURE) as browser:
+            started = await browser.get("/v1/auth/login")
+            assert "modelhost_sign_in=" in started.headers["set-cookie"]  # the sign-in's own cookie too
+            assert "; secure" in started.headers["set-cookie"].lower()
             callback = await to_callback(browser, "alice", public=SECURE)
             answer = await browser.get(callback)
             assert answer.status_code == 302, answer.text

@@ -129,6 +129,26 @@ class Settings(BaseSettings):
         ge=60,
         description="A sign-in session ends this long after sign-in, whatever its use.",
     )
+    session_renew_seconds: int = Field(
+        default=3600,
+        ge=10,
+        description="A sign-in session is renewed against the OpenID provider this often (with the refresh "
+        "token it gave at sign-in): the person's groups, operator group included, are read again, and a "
+        "person the provider refuses (deleted, disabled) is signed out. A session without a refresh token "
+        "ends then (ask for `offline_access` where the provider needs it).",
+    )
+    sign_in_key_seconds: int = Field(
+        default=30 * 24 * 3600,
+        ge=0,
+        description="The keys of a person who signs in stop working this long after their last sign-in "
+        "(or session renewal), answering 401 `sign_in_required` until they sign in again: someone removed "
+        "at the provider keeps no working key. 0: no bound.",
+    )
+    oidc_trust_email: bool = Field(
+        default=False,
+        description="Offer invitations to the provider's `email` even without `email_verified: true` (a "
+        "directory whose emails only its administrators set); off: only to a verified email.",
+    )
     metrics_key: SecretStr | None = Field(
         default=None,
         description="A bearer key for scrapers: with it (or the admin key) /metrics also shows the series "

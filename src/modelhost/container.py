@@ -62,7 +62,7 @@ from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
 from modelhost.services.files import FileService, FileStore, file_secret
 from modelhost.services.keys import KeyService
-from modelhost.services.sessions import SessionService
+from modelhost.services.sessions import SessionRules, SessionService
 from modelhost.services.users import UserService
 from modelhost.serving.responses.conversations import ConversationStore
 from modelhost.serving.responses.service import Responses
@@ -142,21 +142,29 @@ class Services:
         if settings.apply_migrations_on_start and stand_ins is None:
             migrate.upgrade(database)
         cache: TTLCache[Principal] = TTLCache(settings.key_cache_seconds, settings.key_cache_entries)
-        authenticator = Authenticator(database, settings.admin_key_value, cache, clock)
+        authenticator = Authenticator(
+            database, settings.admin_key_value, cache, clock, sign_in_key_seconds=settings.sign_in_key_seconds
+        )
         keys = KeyService(database, authenticator, clock)
-        users = UserService(database, authenticator)
+        users = UserService(database, authenticator, trust_email=settings.oidc_trust_email)
         secret = settings.file_url_secret.get_secret_value() if settings.file_url_secret else None
         signing_secret = file_secret(settings.data_dir, secret)
         networks = parse_networks(settings.media_allow_networks)
         mcp_tools = McpTools(McpAllowList(database), networks, database, signing_secret)
+        sealer = Sealer.from_settings(settings)
         sessions = SessionService(
             database,
             authenticator,
             oidc_client_of(settings),
-            settings.session_idle_seconds,
-            settings.session_max_seconds,
-            settings.oidc_group_prefix,
-            settings.oidc_operator_group,
+            sealer,
+            users,
+            SessionRules(
+                idle_seconds=settings.session_idle_seconds,
+                max_seconds=settings.session_max_seconds,
+                renew_seconds=settings.session_renew_seconds,
+                group_prefix=settings.oidc_group_prefix,
+                operator_group=settings.oidc_operator_group,
+            ),
         )
         blobs = blob_store_of(settings)
         if stand_ins is None and isinstance(blobs, S3BlobStore):

@@ -132,19 +132,24 @@ async def signed_in(request: Request, secret: str, by_cookie: bool) -> Principal
     """The principal of a sign-in session (401 `session_ended` once it has ended). A state-changing
     request made with the console's cookie must also send the session's CSRF token (a bearer token is
     never sent by a browser on its own)."""
-    found = await asyncio.to_thread(get_services(request).sessions.principal, secret)
+    found = await get_services(request).sessions.principal(secret)
     if found is None:
         raise InvalidAPIKey("This session has ended; sign in again.", code="session_ended")
-    principal = found
-    if by_cookie and request.method not in SAFE_METHODS:
-        sent = request.headers.get(CSRF_HEADER, "")
-        if principal.csrf is None or not hmac.compare_digest(sent.encode(), principal.csrf.encode()):
-            raise PermissionDenied(
-                f"A signed-in session's change needs its CSRF token in `{CSRF_HEADER}` "
-                "(GET /v1/auth/session).",
-                code="csrf_failed",
-            )
-    return principal
+    if by_cookie:
+        check_csrf(request, found.csrf)
+    return found
+
+
+def check_csrf(request: Request, csrf: str | None) -> None:
+    """A state-changing request made with the console's cookie sends the session's CSRF token."""
+    if request.method in SAFE_METHODS:
+        return
+    sent = request.headers.get(CSRF_HEADER, "")
+    if csrf is None or not hmac.compare_digest(sent.encode(), csrf.encode()):
+        raise PermissionDenied(
+            f"A signed-in session's change needs its CSRF token in `{CSRF_HEADER}` (GET /v1/auth/session).",
+            code="csrf_failed",
+        )
 
 
 def _refuse_while_guessing(services: Services, address: str) -> None:
@@ -163,10 +168,7 @@ async def trusted_caller(request: Request) -> bool:
     authorization, api_key = request.headers.get("authorization"), request.headers.get("x-api-key")
     if not authorization and not api_key:
         secret = request.cookies.get(SESSION_COOKIE)
-        return (
-            secret is not None
-            and (await asyncio.to_thread(get_services(request).sessions.principal, secret)) is not None
-        )
+        return secret is not None and (await get_services(request).sessions.principal(secret)) is not None
     services = get_services(request)
     authenticator = services.authenticator
     try:

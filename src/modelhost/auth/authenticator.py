@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -45,12 +46,19 @@ class Authenticator:
         admin_key: str | None,
         cache: TTLCache[Principal],
         clock: Clock | None = None,
+        sign_in_key_seconds: float = 0,
     ) -> None:
         self._database = database
         self._admin_key = admin_key
         self.cache = cache
-        self.clock = clock or SystemClock()  # what key expiry is measured against (tests move it)
+        # what key expiry, a person's last sign-in and sessions are measured against (tests move it)
+        self.clock = clock or SystemClock()
+        # a person who signs in: how long after their last sign-in their keys work (0: no bound)
+        self.sign_in_keys = timedelta(seconds=sign_in_key_seconds) if sign_in_key_seconds else None
         self.loads: SingleFlight[Principal | None] = SingleFlight()
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.clock.now_ms() / 1000, UTC)
 
     def cached(self, token: str) -> tuple[bool, Principal | None]:
         """A lookup that never touches the database: (known, principal)."""
@@ -76,7 +84,7 @@ class Authenticator:
                 and row.revoked_at is None
                 and hmac.compare_digest(row.secret_hash.encode(), digest.encode())
             ):
-                return _principal_of(session, row)
+                return _principal_of(session, row, self._signed_in_since())
         return None
 
     def of_key(self, key_id: str) -> Principal | None:
@@ -86,7 +94,7 @@ class Authenticator:
             row = session.get(ApiKey, key_id)
             if row is None or row.revoked_at is not None:
                 return None
-            principal = _principal_of(session, row)
+            principal = _principal_of(session, row, self._signed_in_since())
         return None if self.expired(principal) or principal.refusal is not None else principal
 
     def expired(self, principal: Principal) -> bool:
@@ -94,15 +102,21 @@ class Authenticator:
         (the cache keeps a key for seconds, its expiry is to the millisecond)."""
         return principal.expires_ms is not None and self.clock.now_ms() >= principal.expires_ms
 
+    def _signed_in_since(self) -> datetime | None:
+        """The oldest last sign-in whose person's keys still work now (None: no bound)."""
+        return None if self.sign_in_keys is None else self.now() - self.sign_in_keys
+
     def forget_all(self) -> None:
         """Called on revocation: the next request of any key re-reads the database."""
         self.cache.clear()
 
 
-def _principal_of(session: Session, row: ApiKey) -> Principal:
+def _principal_of(session: Session, row: ApiKey, signed_in_since: datetime | None) -> Principal:
     """The key's principal: its scope and limits, and what it may do now (its role, bounded by its
     owner's role in the account: read at every cache miss, so a change reaches every gateway process
-    within `key_cache_seconds`)."""
+    within `key_cache_seconds`). A person's key is refused once they are no longer a member, while
+    they are disabled, when it was made under an earlier membership (removed and added again), and,
+    for a person who signs in, when their last sign-in is older than `signed_in_since`."""
     account = session.get(Account, row.account_id)
     account_limits = account.limits if account is not None else None
     deployment_ids = frozenset(row.deployment_ids) if row.deployment_ids is not None else None
@@ -115,8 +129,16 @@ def _principal_of(session: Session, row: ApiKey) -> Principal:
         subject = user.subject if user is not None else None
         if user is None or member is None:
             refusal = ("not_a_member", "The key's owner is no longer a member of this account.")
+        elif row.member_since != member.created_at:
+            refusal = ("not_a_member", "The key's owner was removed from this account since it was made.")
         elif member.disabled_at is not None:
             refusal = ("user_disabled", "The key's owner is disabled in this account.")
+        elif _sign_in_lapsed(user, signed_in_since):
+            refusal = (
+                "sign_in_required",
+                "The key's owner has not signed in for too long (MODELHOST_SIGN_IN_KEY_SECONDS): their "
+                "keys work again once they sign in.",
+            )
         else:
             owner_role = Role(member.role)
     actions = roles.allowed(key_role, owner_role) if refusal is None else frozenset()
@@ -136,3 +158,10 @@ def _principal_of(session: Session, row: ApiKey) -> Principal:
         refusal=refusal,
         cache_salt=row.cache_salt,
     )
+
+
+def _sign_in_lapsed(user: User, signed_in_since: datetime | None) -> bool:
+    """A person who signs in whose last sign-in is too old (a person without sign-in never lapses)."""
+    if user.subject is None or signed_in_since is None:
+        return False
+    return user.signed_in_at is None or user.signed_in_at < signed_in_since

@@ -1,12 +1,14 @@
 """Single sign-on with an OpenID Connect provider: the relying party's half of the authorization-code flow
 with PKCE, and the checks of the ID token it returns (docs/access.md, "Single sign-on").
 
-The provider's endpoints come from its discovery document; the OAuth exchange itself is Authlib's client;
-the ID token is checked with joserfc here, always, even though it came straight from the token endpoint
-over TLS: its signature against the provider's JWKS (read again once when a token names a key it does
-not know: the provider rotated its keys), its `alg` from an allow-list (never `none`, never HMAC), then
-`iss`, `aud` (and `azp` where several audiences), `exp`, `iat` (a minute of clock skew), `sub` and the
-`nonce` the sign-in sent. Nothing of a token is believed before these pass."""
+The provider's endpoints come from its discovery document; the OAuth exchange itself is Authlib's client,
+made once with the client (as its HTTP client and TLS context: a new one per request cost ~0.2 s of the
+event loop's CPU, and anonymous sign-ins could stall every tenant that way); an authorization URL is
+built without any. The ID token is checked with joserfc here, always, even though it came straight from
+the token endpoint over TLS: its signature against the provider's JWKS (read again once when a token
+names a key it does not know: the provider rotated its keys), its `alg` from an allow-list (never `none`,
+never HMAC), then `iss`, `aud` (and `azp` where several audiences), `exp`, `iat` (a minute of clock
+skew), `sub` and the `nonce` the sign-in sent. Nothing of a token is believed before these pass."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
+import httpx2
 from authlib.integrations.base_client import OAuthError
 from authlib.integrations.httpx_client import AsyncOAuth2Client
 from joserfc import jwt
@@ -40,6 +43,19 @@ class SignInFailed(InvalidAPIKey):
     that fails a check. 401, the same body as a wrong key."""
 
     code = "sign_in_failed"
+
+
+class ProviderUnreachable(SignInFailed):
+    """The provider did not answer (its discovery document, keys or token endpoint): not a refusal."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """What the token endpoint gave: the ID token, and a refresh token where the provider gives one
+    (`offline_access`, or always: Keycloak) to renew the session with."""
+
+    id_token: str
+    refresh_token: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,9 +137,22 @@ def grants_of(groups: tuple[str, ...], prefix: str, operator_group: str) -> tupl
 class OidcClient:
     """The provider as this server sees it: discovery and keys cached, read again when stale."""
 
-    def __init__(self, config: OidcConfig, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, config: OidcConfig) -> None:
         self.config = config
-        self._http = http or httpx.AsyncClient(timeout=10)
+        tls = httpx.create_ssl_context()  # one TLS context, one connection pool each, for the process
+        self._http = httpx.AsyncClient(timeout=10, verify=tls)
+        # Keeps no sign-in's state: each call passes its own code, verifier, device code or refresh token
+        # (Authlib keeps the last token answered in `.token`; nothing reads it)
+        self._oauth = AsyncOAuth2Client(
+            client_id=config.client_id,
+            client_secret=config.client_secret,
+            scope=config.scopes,
+            redirect_uri=config.redirect_uri,
+            code_challenge_method="S256",
+            token_endpoint_auth_method="client_secret_basic",
+            timeout=10,
+            verify=tls,
+        )
         self._metadata: ProviderMetadata | None = None
         self._metadata_read = 0.0
         self._keys: KeySet | None = None
@@ -137,6 +166,8 @@ class OidcClient:
                 answer = await self._http.get(url)
                 answer.raise_for_status()
                 found = answer.json()
+            except httpx.TransportError as exc:
+                raise ProviderUnreachable(f"The OpenID provider did not answer: {exc!r}") from exc
             except (httpx.HTTPError, ValueError) as exc:
                 raise SignInFailed(
                     f"The OpenID provider's discovery document could not be read: {exc}"
@@ -155,31 +186,23 @@ class OidcClient:
         return self._metadata
 
     async def authorization_url(self, state: str, nonce: str, verifier: str, login_hint: str | None) -> str:
+        """Where the browser signs in: built here, no request made (the discovery document is cached)."""
         metadata = await self.metadata()
-        async with self._oauth() as oauth:
-            extra = {"login_hint": login_hint} if login_hint else {}
-            url, _ = oauth.create_authorization_url(
-                metadata.authorization_endpoint, state=state, nonce=nonce, code_verifier=verifier, **extra
-            )
+        extra = {"login_hint": login_hint} if login_hint else {}
+        url, _ = self._oauth.create_authorization_url(
+            metadata.authorization_endpoint, state=state, nonce=nonce, code_verifier=verifier, **extra
+        )
         return str(url)
 
-    async def exchange(self, code: str, verifier: str) -> str:
-        """The ID token the token endpoint gives for `code` (and the PKCE verifier)."""
-        metadata = await self.metadata()
-        async with self._oauth() as oauth:
-            try:
-                token = await oauth.fetch_token(
-                    metadata.token_endpoint,
-                    grant_type="authorization_code",
-                    code=code,
-                    code_verifier=verifier,
-                )
-            except Exception as exc:  # Authlib's OAuthError, or the transport's: the provider refused
-                raise SignInFailed(f"The OpenID provider refused the sign-in: {exc}") from exc
-        id_token = token.get("id_token")
-        if not isinstance(id_token, str):
-            raise SignInFailed("The OpenID provider returned no ID token (is `openid` among the scopes?).")
-        return id_token
+    async def exchange(self, code: str, verifier: str) -> Tokens:
+        """The tokens the token endpoint gives for `code` (and the PKCE verifier)."""
+        return await self._tokens(grant_type="authorization_code", code=code, code_verifier=verifier)
+
+    async def refresh(self, refresh_token: str) -> Tokens:
+        """New tokens for a session's refresh token: the provider says again who the person is and what
+        their groups are now (`SignInFailed` when it refuses: the person was deleted or the grant revoked;
+        `ProviderUnreachable` when it did not answer)."""
+        return await self._tokens(grant_type="refresh_token", refresh_token=refresh_token)
 
     async def device_authorization(self, login_hint: str | None) -> DeviceSignIn:
         """Start a device sign-in (the CLI's `modelhost login`), where the provider offers the grant."""
@@ -211,24 +234,33 @@ class OidcClient:
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             raise SignInFailed(f"The OpenID provider refused the device sign-in: {exc}") from exc
 
-    async def device_exchange(self, device_code: str) -> str:
-        """The ID token once the person has confirmed the device sign-in; `DeviceNotYet` before."""
+    async def device_exchange(self, device_code: str) -> Tokens:
+        """The tokens once the person has confirmed the device sign-in; `DeviceNotYet` before."""
+        return await self._tokens(grant_type=DEVICE_GRANT, device_code=device_code)
+
+    async def _tokens(self, **form: str) -> Tokens:
+        """The token endpoint's answer to `form`, through the one OAuth client."""
         metadata = await self.metadata()
-        async with self._oauth() as oauth:
-            try:
-                token = await oauth.fetch_token(
-                    metadata.token_endpoint, grant_type=DEVICE_GRANT, device_code=device_code
-                )
-            except OAuthError as exc:
-                if exc.error in ("authorization_pending", "slow_down", "expired_token", "access_denied"):
-                    raise DeviceNotYet(exc.description or exc.error, code=exc.error) from exc
-                raise SignInFailed(f"The OpenID provider refused the sign-in: {exc}") from exc
-            except Exception as exc:  # the transport's
-                raise SignInFailed(f"The OpenID provider refused the sign-in: {exc}") from exc
-        id_token = token.get("id_token")
+        try:
+            token = await self._oauth.fetch_token(metadata.token_endpoint, **form)
+        except OAuthError as exc:
+            device = form["grant_type"] == DEVICE_GRANT
+            if device and exc.error in (
+                "authorization_pending",
+                "slow_down",
+                "expired_token",
+                "access_denied",
+            ):
+                raise DeviceNotYet(exc.description or exc.error, code=exc.error) from exc
+            raise SignInFailed(f"The OpenID provider refused the sign-in: {exc}") from exc
+        except (httpx.TransportError, httpx2.TransportError) as exc:  # Authlib's client is httpx2's
+            raise ProviderUnreachable(f"The OpenID provider did not answer: {exc!r}") from exc
+        except Exception as exc:  # an answer that is not a token response
+            raise SignInFailed(f"The OpenID provider refused the sign-in: {exc}") from exc
+        id_token, refresh_token = token.get("id_token"), token.get("refresh_token")
         if not isinstance(id_token, str):
             raise SignInFailed("The OpenID provider returned no ID token (is `openid` among the scopes?).")
-        return id_token
+        return Tokens(id_token, refresh_token if isinstance(refresh_token, str) else None)
 
     async def verify(self, id_token: str, nonce: str | None, now: float | None = None) -> Identity:
         """The identity in `id_token`, once every check of the module docstring has passed. `nonce`:
@@ -278,22 +310,13 @@ class OidcClient:
                     answer = await self._http.get(metadata.jwks_uri)
                     answer.raise_for_status()
                     self._keys = KeySet.import_key_set(answer.json())
+                except httpx.TransportError as exc:
+                    raise ProviderUnreachable(f"The OpenID provider did not answer: {exc!r}") from exc
                 except (httpx.HTTPError, ValueError, JoseError) as exc:
                     raise SignInFailed(f"The OpenID provider's keys could not be read: {exc}") from exc
                 self._keys_read = time.monotonic()
             assert self._keys is not None
             return self._keys
-
-    def _oauth(self) -> AsyncOAuth2Client:
-        return AsyncOAuth2Client(
-            client_id=self.config.client_id,
-            client_secret=self.config.client_secret,
-            scope=self.config.scopes,
-            redirect_uri=self.config.redirect_uri,
-            code_challenge_method="S256",
-            token_endpoint_auth_method="client_secret_basic",
-            timeout=10,
-        )
 
 
 def _header(id_token: str) -> dict[str, Any]:

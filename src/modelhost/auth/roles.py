@@ -34,6 +34,7 @@ RESOURCES: tuple[tuple[str, str], ...] = (
     ("/v1/agent", "agents"),
     ("/v1/keys", "keys"),
     ("/v1/users", "users"),
+    ("/v1/invitations", "users"),  # an account's invitations are its people's business
     ("/v1/usage", "usage"),
     ("/v1/audit", "audit"),
     ("/v1/me", "me"),

@@ -15,7 +15,8 @@ from modelhost.cli.output import out, show
 
 users_app = typer.Typer(help="People of your account and their roles (docs/access.md).", no_args_is_help=True)
 
-USER_COLUMNS = ("id", "email", "name", "role", "disabled", "created_at")
+USER_COLUMNS = ("id", "email", "name", "role", "disabled", "signs_in", "created_at")
+INVITATION_COLUMNS = ("id", "email", "role", "created_at", "expires_at")
 
 
 class RoleChoice(StrEnum):
@@ -45,7 +46,10 @@ def users_add(
     key: AccountKey = None,
     as_json: Json = False,
 ) -> None:
-    """Add a person to your account with a role."""
+    """Add a person to your account with a role.
+
+    A person without sign-in: the holder of keys you make for them (`keys create --user`). Someone who
+    signs in through your identity provider joins by invitation instead (`users invite`)."""
     body: dict[str, Any] = {"email": email, "role": role.value, "name": name}
     show(ApiClient(url, key).call("POST", "/v1/users", json=body), USER_COLUMNS, as_json)
 
@@ -86,6 +90,47 @@ def users_remove(
 ) -> None:
     """Remove a person from your account: their keys here stop at once."""
     show(ApiClient(url, key).call("DELETE", _path(user_id)), ("id", "object", "deleted"), as_json)
+
+
+@users_app.command("invite")
+def users_invite(
+    email: Annotated[str, typer.Argument(help="Their email, as the identity provider knows it.")],
+    role: RoleOption,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Invite an email to your account with a role: offered to whoever signs in with it (verified by the
+    identity provider), a member once they accept."""
+    body = {"email": email, "role": role.value}
+    show(ApiClient(url, key).call("POST", "/v1/invitations", json=body), INVITATION_COLUMNS, as_json)
+
+
+@users_app.command("invitations")
+def users_invitations(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:
+    """List your account's invitations not yet accepted."""
+    show(ApiClient(url, key).call("GET", "/v1/invitations"), INVITATION_COLUMNS, as_json)
+
+
+@users_app.command("uninvite")
+def users_uninvite(
+    invitation_id: Annotated[str, typer.Argument(help="Invitation ID (inv_...).")],
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Withdraw an invitation."""
+    path = f"/v1/invitations/{quote(invitation_id, safe='')}"
+    show(ApiClient(url, key).call("DELETE", path), ("id", "object", "deleted"), as_json)
+
+
+@users_app.command("sign-out-everywhere")
+def users_sign_out_everywhere(
+    user_id: UserId, url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False
+) -> None:
+    """End every sign-in session of a person and revoke every key of theirs in your account."""
+    answer = ApiClient(url, key).call("POST", _path(user_id) + "/sign-out-everywhere")
+    show(answer, ("id", "sessions_ended", "keys_revoked"), as_json)
 
 
 def whoami(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False) -> None:

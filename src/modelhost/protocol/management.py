@@ -559,7 +559,7 @@ class AuditActor(BaseModel):
     kind: Literal["admin", "account", "deployment", "system", "session"] = Field(
         description="The kind of key that made the change; `system`: the server itself (expired files "
         "deleted, a batch's output written, an interrupted upload finished); `session`: a person's "
-        "sign-in (their memberships following their groups)."
+        "sign-in (their memberships following their groups, an invitation accepted)."
     )
     key_id: str | None = Field(default=None, description="The key's ID (null for the admin key and system).")
     address: str | None = Field(default=None, description="The client's IP address.")
@@ -571,7 +571,7 @@ class AuditActor(BaseModel):
 
 
 class AuditTarget(BaseModel):
-    type: Literal["account", "key", "deployment", "artifact", "file", "user", "mcp_server"]
+    type: Literal["account", "key", "deployment", "artifact", "file", "user", "invitation", "mcp_server"]
     id: str
 
 
@@ -616,7 +616,9 @@ class AuditVerification(BaseModel):
 
 
 class UserCreate(StrictModel):
-    """A person added to the caller's account (made on first use of their email)."""
+    """A person without sign-in added to the caller's account (made on first use of their email): the
+    holder of keys an admin makes for them. To let someone who signs in through the provider join, invite
+    them (`POST /v1/invitations`)."""
 
     email: Annotated[str, Field(min_length=3, max_length=320, pattern=r"^[^@\s]+@[^@\s]+$")]
     name: Name | None = None
@@ -639,7 +641,40 @@ class User(BaseModel):
     name: str | None = None
     role: RoleName
     disabled: bool
+    signs_in: bool = Field(
+        description="They sign in through the OpenID provider (false: a person without sign-in, made by an "
+        "admin by email, whose keys an admin makes)."
+    )
     created_at: datetime = Field(description="When they became a member of this account.")
+
+
+class InvitationCreate(StrictModel):
+    """An invitation of an email to a role in the caller's account."""
+
+    email: Annotated[str, Field(min_length=3, max_length=320, pattern=r"^[^@\s]+@[^@\s]+$")]
+    role: RoleName = Field(description="Their role once they accept (docs/access.md).")
+
+
+class Invitation(BaseModel):
+    """An account's invitation: offered to whoever signs in with this email, verified by the provider; a
+    membership once they accept it."""
+
+    id: str
+    object: Literal["invitation"] = "invitation"
+    account_id: str
+    email: str
+    role: RoleName
+    created_at: datetime
+    expires_at: datetime
+
+
+class SignedOutEverywhere(BaseModel):
+    """A person's sign-in sessions ended and their keys in the account revoked."""
+
+    id: str = Field(description="The person (user ID).")
+    object: Literal["user.signed_out_everywhere"] = "user.signed_out_everywhere"
+    sessions_ended: int = Field(description="Their sign-in sessions ended (in every account).")
+    keys_revoked: int = Field(description="Their keys revoked in this account.")
 
 
 class Me(BaseModel):
@@ -672,6 +707,10 @@ class SessionInfo(BaseModel):
     account_id: str | None = Field(description="The account the session acts in now.")
     role: RoleName | None = Field(description="Their role in that account.")
     accounts: list[SessionAccount]
+    invitations: list[Invitation] = Field(
+        description="Invitations offered to this person (their email, verified by the provider): accept "
+        "with `POST /v1/auth/invitations/{id}/accept`."
+    )
     csrf_token: str = Field(description="Send it as `x-csrf-token` with every state-changing request.")
     expires_at: datetime = Field(description="When the session ends unless used (idle), or at the latest.")
 

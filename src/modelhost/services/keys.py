@@ -126,10 +126,12 @@ class KeyService:
         user_id: str | None = None,
         role: str | None = None,
         cache_salt: str | None = None,
+        member_since: datetime | None = None,
     ) -> tuple[ApiKey, str]:
         """Insert a key inside the caller's transaction, with its audit row; returns the row and its
         secret. `user_id`: the person who owns it (None: a service key); `role`: its own (None: its
-        owner's, or `owner` for a service key); `cache_salt`: its prefix-cache salt."""
+        owner's, or `owner` for a service key); `cache_salt`: its prefix-cache salt; `member_since`: the
+        owner's membership it works under (its `created_at`: `ApiKey.member_since`)."""
         secret = new_secret()
         key = ApiKey(
             id=new_id("key"),
@@ -143,6 +145,7 @@ class KeyService:
             user_id=user_id,
             role=role,
             cache_salt=cache_salt,
+            member_since=member_since,
         )
         session.add(key)
         session.flush()
@@ -211,8 +214,9 @@ class KeyService:
                 unknown = [d for d in deployment_ids if d not in owned]
                 if unknown:
                     raise InvalidRequest(f"Unknown deployment: {unknown[0]}", param="deployments")
+            since = membership.created_at if membership is not None else None
             return self.create_in(
-                session, account_id, name, deployment_ids, limits, expires_at, owner, role, cache_salt
+                session, account_id, name, deployment_ids, limits, expires_at, owner, role, cache_salt, since
             )
 
     def rotate(
@@ -238,6 +242,7 @@ class KeyService:
                 user_id=old.user_id,
                 role=old.role,
                 cache_salt=old.cache_salt,
+                member_since=old.member_since,  # under the membership the old key was made in
             )
             ends = now + timedelta(seconds=grace_seconds)
             old.expires_at = ends if before is None else min(before, ends)

@@ -18,6 +18,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql import text
 from sqlalchemy.sql.expression import false as sa_false
 
 from modelhost.store.types import UTCDateTime, utcnow
@@ -49,21 +50,44 @@ class Account(Base):
 
 
 class User(Base):
-    """A person, known by email (lower-cased); a member of accounts through `Membership`, with a role in
-    each (`auth.roles`). Made by an account's admin (`POST /v1/users`)."""
+    """A person, a member of accounts through `Membership`, with a role in each (`auth.roles`). Two kinds:
+    a person who signs in (`subject` set: found again by the OpenID provider's `sub`, never by email;
+    made at their first sign-in), and a person without sign-in, made by an account's admin by email
+    (`POST /v1/users`: the holder of keys that admin makes; one row per email, shared by the accounts
+    that add it). A sign-in never becomes a person an admin made: emails an admin typed are believed by
+    nobody but that admin (docs/access.md, "People")."""
 
     __tablename__ = "users"
+    __table_args__ = (
+        # a person without sign-in is found by their email, so there is one per email; people who sign
+        # in may share an email with them, and with each other (the provider's word, not a key)
+        Index(
+            "uq_users_email_without_sign_in",
+            "email",
+            unique=True,
+            sqlite_where=text("subject IS NULL"),
+            postgresql_where=text("subject IS NULL"),
+        ),
+    )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    email: Mapped[str] = mapped_column(String(320), unique=True)
+    email: Mapped[str] = mapped_column(String(320), index=True)
     name: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    # The OpenID provider's `sub` for them, once they have signed in (None: invited, never signed in)
+    # The OpenID provider's `sub` for them (None: a person without sign-in)
     subject: Mapped[str | None] = mapped_column(String(255), nullable=True, unique=True)
+    # whether the provider said, at their last sign-in, that `email` is verified (invitations for it are
+    # offered to them only then, unless MODELHOST_OIDC_TRUST_EMAIL)
+    email_verified: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+    # when the provider last confirmed them (a sign-in, or a session renewed with its refresh token): their
+    # keys stop `MODELHOST_SIGN_IN_KEY_SECONDS` after it (`auth.authenticator`)
+    signed_in_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class Membership(Base):
-    """A person's role in one account; `disabled_at` set: their keys are refused there (401)."""
+    """A person's role in one account; `disabled_at` set: their keys are refused there (401). A person's
+    key works only under the membership it was made in: one made before `created_at` (they were removed
+    and added again since) is refused (`auth.authenticator`)."""
 
     __tablename__ = "memberships"
 
@@ -74,21 +98,35 @@ class Membership(Base):
     role: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
-    # `invite` (added by an admin: kept until removed) or `sso` (from the person's groups at sign-in:
-    # updated at each sign-in, removed when the group is gone)
+    # `invite` (added by an admin, or an invitation accepted: kept until removed) or `sso` (from the
+    # person's groups at sign-in: updated at each sign-in, removed when the group is gone)
     source: Mapped[str] = mapped_column(String(8), default="invite")
 
 
-class SsoLogin(Base):
-    """A sign-in under way: what the callback checks (its `state`, hashed: the key), used once."""
+class RemovedMembership(Base):
+    """An admin removed this person from this account: their groups do not make them a member again
+    until the person accepts a new invitation there (or an admin adds a person without sign-in back)."""
 
-    __tablename__ = "sso_logins"
+    __tablename__ = "removed_memberships"
 
-    state_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
-    nonce: Mapped[str] = mapped_column(String(128))
-    code_verifier: Mapped[str] = mapped_column(String(128))
-    return_to: Mapped[str] = mapped_column(String(500))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True)
+    removed_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Invitation(Base):
+    """An account's invitation of an email to a role, kept apart from people: offered to a person who
+    signs in with that (verified) email, a membership only once they accept it (docs/access.md)."""
+
+    __tablename__ = "invitations"
+    __table_args__ = (UniqueConstraint("account_id", "email"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
+    email: Mapped[str] = mapped_column(String(320), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class SsoHandoff(Base):
@@ -114,7 +152,13 @@ class SsoSession(Base):
     operator: Mapped[bool] = mapped_column(Boolean, default=False)
     csrf_token: Mapped[str] = mapped_column(String(64))
     id_token: Mapped[str] = mapped_column(Text)  # the provider's, for its logout (`id_token_hint`)
+    # the provider's refresh token (sealed, `imports.sealing`): what the session is renewed with; None:
+    # the provider gave none, and the session ends when it is due for renewal
+    refresh_token: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # when the provider last said who the person is and what their groups are (sign-in or renewal);
+    # None: at `created_at`
+    renewed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
@@ -147,6 +191,9 @@ class ApiKey(Base):
     # request of the same salt (docs/access.md, "Cache salts"); None: the cache its deployment's
     # unsalted keys share
     cache_salt: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    # A person's key: the `created_at` of the owner's membership it was made under. It works only while
+    # that membership lasts: removed and added again, they are a member anew, and the key stays refused
+    member_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class ModelArtifact(Base):

@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import RedirectResponse
 
-from modelhost.api.deps import SESSION_COOKIE, ServicesDep, session_secret, signed_in
+from modelhost.api.deps import SESSION_COOKIE, ServicesDep, check_csrf, session_secret
 from modelhost.api.errors import error_responses
+from modelhost.api.routes.users import present_invitation
 from modelhost.auth.anonymous import COST, SIGN_IN_COST
 from modelhost.container import Services
 from modelhost.errors import InvalidAPIKey, InvalidRequest
+from modelhost.protocol.common import Deleted
 from modelhost.protocol.management import (
     DeviceCode,
     DeviceSignInStarted,
@@ -25,20 +27,29 @@ from modelhost.protocol.management import (
     SignedOut,
     SignInConfig,
 )
+from modelhost.services.sessions import LOGIN_SECONDS, SIGN_IN_COOKIE, Holder
 
 # a sign-in's step writes a row or asks the identity provider: it costs the anonymous throttle more
 SIGN_IN = {COST: SIGN_IN_COST}
 router = APIRouter(prefix="/v1/auth", tags=["sign-in"], responses=error_responses(400, 401))
+COOKIE_PATH = "/v1/auth"  # the sign-in cookie goes back to the sign-in routes only
 
 
-async def _secret(request: Request) -> str:
+async def _holder(request: Request, services: Services) -> tuple[str, Holder]:
     """The request's session: a signed-in CLI's bearer token, else the browser's cookie (401 without
-    either, or once it has ended); a change made with the cookie must send the session's CSRF token."""
+    either, or once it has ended), in whatever account it acts (a person with only invitations acts in
+    none); a change made with the cookie must send the session's CSRF token."""
     found = session_secret(request)
-    if found is None:
-        raise InvalidAPIKey("Not signed in.", code="session_ended")
-    await signed_in(request, *found)
-    return found[0]
+    holder = await services.sessions.holder(found[0]) if found is not None else None
+    if found is None or holder is None:
+        raise InvalidAPIKey("Not signed in, or the session has ended; sign in again.", code="session_ended")
+    if found[1]:
+        check_csrf(request, holder.csrf)
+    return found[0], holder
+
+
+def _secure(services: Services) -> bool:
+    return (services.settings.public_url or "").startswith("https://")
 
 
 @router.get("/config", summary="Whether this server offers single sign-on (the console's sign-in page asks)")
@@ -61,12 +72,23 @@ async def login(
     cli_state: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{16,128}$")] = None,
 ) -> RedirectResponse:
     """`cli_port` and `cli_state`: `modelhost login --browser` waits on 127.0.0.1:`cli_port`; the
-    session goes there (a one-time code, with `cli_state` back) instead of into a cookie."""
+    session goes there (a one-time code, with `cli_state` back) instead of into a cookie. The sign-in
+    is bound to this browser by a sealed cookie (`modelhost_sign_in`) its callback checks."""
     if (cli_port is None) != (cli_state is None):
         raise InvalidRequest("Give cli_port and cli_state together.", param="cli_state")
     loopback = (cli_port, cli_state) if cli_port is not None and cli_state is not None else None
-    url = await services.sessions.start(return_to, login_hint, loopback)
-    return RedirectResponse(url, status_code=302, headers={"Cache-Control": "no-store"})
+    started = await services.sessions.start(return_to, login_hint, loopback)
+    answer = RedirectResponse(started.url, status_code=302, headers={"Cache-Control": "no-store"})
+    answer.set_cookie(
+        SIGN_IN_COOKIE,
+        started.cookie,
+        max_age=LOGIN_SECONDS,
+        path=COOKIE_PATH,
+        httponly=True,
+        samesite="lax",  # sent on the provider's top-level redirect back to the callback
+        secure=_secure(services),
+    )
+    return answer
 
 
 @router.get(
@@ -77,6 +99,7 @@ async def login(
     openapi_extra=SIGN_IN,
 )
 async def callback(
+    request: Request,
     services: ServicesDep,
     code: Annotated[str | None, Query(max_length=2000)] = None,
     state: Annotated[str | None, Query(max_length=500)] = None,
@@ -90,26 +113,34 @@ async def callback(
     oidc = services.sessions.oidc
     if iss is not None and oidc is not None and iss != oidc.config.issuer:  # RFC 9207: a mix-up
         raise InvalidAPIKey("The callback names another issuer (`iss`).", code="sign_in_failed")
-    signed_in = await services.sessions.finish(code, state)
+    signed_in = await services.sessions.finish(code, state, request.cookies.get(SIGN_IN_COOKIE))
     answer = RedirectResponse(signed_in.return_to, status_code=302, headers={"Cache-Control": "no-store"})
+    answer.delete_cookie(
+        SIGN_IN_COOKIE, path=COOKIE_PATH, httponly=True, samesite="lax", secure=_secure(services)
+    )
     if signed_in.secret is None:  # handed to the CLI's loopback
         return answer
-    settings = services.settings
     answer.set_cookie(
         SESSION_COOKIE,
         signed_in.secret,
-        max_age=settings.session_max_seconds,
+        max_age=services.settings.session_max_seconds,
         path="/",
         httponly=True,
         samesite="lax",
-        secure=(settings.public_url or "").startswith("https://"),
+        secure=_secure(services),
     )
     return answer
 
 
-@router.get("/session", summary="The signed-in session: who, which account, its CSRF token")
+@router.get(
+    "/session", summary="The signed-in session: who, which account, invitations offered, its CSRF token"
+)
 async def session_info(request: Request, services: ServicesDep) -> SessionInfo:
-    secret = await _secret(request)
+    secret, _ = await _holder(request, services)
+    return await _info(services, secret)
+
+
+async def _info(services: Services, secret: str) -> SessionInfo:
     view = await asyncio.to_thread(services.sessions.view, secret)
     return SessionInfo(
         id=view.id,
@@ -120,6 +151,7 @@ async def session_info(request: Request, services: ServicesDep) -> SessionInfo:
         account_id=view.account_id,
         role=role.value if (role := view.accounts.get(view.account_id or "")) else None,
         accounts=[SessionAccount(id=a, role=r.value) for a, r in sorted(view.accounts.items())],
+        invitations=[present_invitation(i) for i in view.invitations],
         csrf_token=view.csrf_token,
         expires_at=view.expires_at,
     )
@@ -131,14 +163,40 @@ async def session_info(request: Request, services: ServicesDep) -> SessionInfo:
     responses=error_responses(403, 404),
 )
 async def switch_account(request: Request, services: ServicesDep, body: SessionAccount) -> SessionInfo:
-    secret = await _secret(request)
+    secret, _ = await _holder(request, services)
     await asyncio.to_thread(services.sessions.switch, secret, body.id)
-    return await session_info(request, services)
+    return await _info(services, secret)
+
+
+@router.post(
+    "/invitations/{invitation_id}/accept",
+    summary="Accept an invitation offered to you: a member of its account, where the session now acts",
+    responses=error_responses(403, 404),
+)
+async def accept_invitation(
+    request: Request, services: ServicesDep, invitation_id: str = Path(max_length=64)
+) -> SessionInfo:
+    secret, holder = await _holder(request, services)
+    await asyncio.to_thread(services.sessions.accept, holder, invitation_id)
+    return await _info(services, secret)
+
+
+@router.post(
+    "/invitations/{invitation_id}/decline",
+    summary="Decline an invitation offered to you (it is withdrawn)",
+    responses=error_responses(403, 404),
+)
+async def decline_invitation(
+    request: Request, services: ServicesDep, invitation_id: str = Path(max_length=64)
+) -> Deleted:
+    _, holder = await _holder(request, services)
+    await asyncio.to_thread(services.sessions.decline, holder, invitation_id)
+    return Deleted(id=invitation_id, object="invitation.deleted")
 
 
 @router.post("/logout", summary="Sign out: the session ends; the provider's logout URL where it has one")
 async def logout(request: Request, services: ServicesDep) -> SignedOut:
-    secret = await _secret(request)
+    secret, _ = await _holder(request, services)
     after = (services.settings.public_url or "").rstrip("/") + "/console"
     logout_url = await services.sessions.end(secret, after)
     return SignedOut(logout_url=logout_url)

@@ -10,8 +10,16 @@ from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
 from modelhost.auth.roles import Role
 from modelhost.protocol.common import Deleted, ListOf
-from modelhost.protocol.management import Me, User, UserCreate, UserPatch
-from modelhost.services.users import Member
+from modelhost.protocol.management import (
+    Invitation,
+    InvitationCreate,
+    Me,
+    SignedOutEverywhere,
+    User,
+    UserCreate,
+    UserPatch,
+)
+from modelhost.services.users import Invited, Member
 
 router = APIRouter(tags=["users"], responses=error_responses(400, 401, 403))
 
@@ -23,13 +31,56 @@ def present(member: Member) -> User:
         name=member.name,
         role=member.role.value,
         disabled=member.disabled,
+        signs_in=member.signs_in,
         created_at=member.created_at,
     )
 
 
+def present_invitation(invited: Invited) -> Invitation:
+    return Invitation(
+        id=invited.id,
+        account_id=invited.account_id,
+        email=invited.email,
+        role=invited.role.value,
+        created_at=invited.created_at,
+        expires_at=invited.expires_at,
+    )
+
+
+@router.post(
+    "/v1/invitations",
+    summary="Invite an email to a role: offered to whoever signs in with it (verified), a member once "
+    "they accept",
+    status_code=201,
+    responses=error_responses(409),
+)
+def invite(body: InvitationCreate, principal: AccountPrincipal, services: ServicesDep) -> Invitation:
+    invited = services.users.invite(account_id_of(principal), body.email, Role(body.role), principal)
+    return present_invitation(invited)
+
+
+@router.get("/v1/invitations", summary="List the account's invitations not yet accepted")
+async def list_invitations(principal: AccountPrincipal, services: ServicesDep) -> ListOf[Invitation]:
+    found = await asyncio.to_thread(services.users.invitations, account_id_of(principal))
+    return ListOf[Invitation](data=[present_invitation(i) for i in found])
+
+
+@router.delete(
+    "/v1/invitations/{invitation_id}",
+    summary="Withdraw an invitation",
+    responses=error_responses(404),
+)
+def revoke_invitation(
+    principal: AccountPrincipal, services: ServicesDep, invitation_id: str = Path(max_length=64)
+) -> Deleted:
+    services.users.revoke_invitation(account_id_of(principal), invitation_id, principal)
+    return Deleted(id=invitation_id, object="invitation.deleted")
+
+
 @router.post(
     "/v1/users",
-    summary="Add a person to the account with a role (made on first use of their email)",
+    summary="Add a person without sign-in to the account with a role (made on first use of their email; "
+    "to let someone who signs in join, invite them)",
     status_code=201,
     responses=error_responses(409),
 )
@@ -72,6 +123,20 @@ def remove_user(
 ) -> Deleted:
     services.users.remove(account_id_of(principal), user_id, principal)
     return Deleted(id=user_id, object="user.deleted")
+
+
+@router.post(
+    "/v1/users/{user_id}/sign-out-everywhere",
+    summary="End every sign-in session of a person and revoke every key of theirs in the account",
+    responses=error_responses(404),
+)
+def sign_out_everywhere(
+    principal: AccountPrincipal, services: ServicesDep, user_id: str = Path(max_length=64)
+) -> SignedOutEverywhere:
+    done = services.users.sign_out_everywhere(account_id_of(principal), user_id, principal)
+    return SignedOutEverywhere(
+        id=done.user_id, sessions_ended=done.sessions_ended, keys_revoked=done.keys_revoked
+    )
 
 
 @router.get("/v1/me", summary="Who this key acts as: its account, role, person and what it may do")

@@ -38,6 +38,30 @@ function nav() {
     replace(who, h("span", { class: "muted" }, session.key ? "signed in" : "operator"),
       h("button", { type: "button", class: "secondary", id: "sign-out", onclick: () => { session.key = null; session.adminKey = null; show(); } }, "Sign out"));
   } else replace(who);
+  invitations();
+}
+
+// Invitations offered to the signed-in person (their email, verified by the identity provider): a
+// member of that account only once they accept (docs/access.md, "Invitations").
+function invitations() {
+  const offered = sso.session && !session.key ? sso.session.invitations : [];
+  const box = document.getElementById("invitations");
+  if (!offered.length) { replace(box); return; }
+  const status = h("p", { id: "invitation-status" });
+  async function answer(invitation, verb) {
+    try {
+      const path = `/v1/auth/invitations/${encodeURIComponent(invitation.id)}/${verb}`;
+      const after = await api("POST", path);
+      sso.session = verb === "accept" ? after : await api("GET", "/v1/auth/session");
+      show();
+    } catch (error) { message(status, error.message); }
+  }
+  replace(box, h("section", { class: "card" }, h("h3", {}, "Invitations"),
+    h("ul", { id: "invitation-list" }, offered.map((i) => h("li", { dataset: { id: i.id } },
+      `Account ${i.account_id}, as ${i.role} `,
+      h("button", { type: "button", class: "invitation-accept", onclick: () => answer(i, "accept") }, "Accept"),
+      h("button", { type: "button", class: "secondary invitation-decline", onclick: () => answer(i, "decline") }, "Decline")))),
+    status));
 }
 
 async function signOut() {
@@ -96,6 +120,11 @@ async function show() {
     return;
   }
   replace(main);
+  if (sso.session && !session.key && !sso.session.account_id && !sso.session.operator && page !== "operator") {
+    replace(main, h("p", { class: "muted", id: "no-account" }, "You are a member of no account yet: accept an invitation above, or ask for one."));
+    main.dataset.ready = "yes";
+    return;
+  }
   let stop = null;
   try {
     stop = (await PAGES[page].render(main)) || null;
