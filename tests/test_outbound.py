@@ -18,6 +18,7 @@ import asyncio
 import importlib
 import inspect
 import pkgutil
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -33,7 +34,7 @@ import modelhost
 import modelhost.outbound
 from modelhost.outbound import Bounds, FetchFailed, fetch_url, open_url, parse_networks, vet
 from modelhost.outbound.mcp import SessionFailed, mcp_session
-from modelhost.outbound.s3 import vetted_sender
+from modelhost.outbound.s3 import S3Keys, s3_client
 from tests.live import HOST, _bound_socket
 from tests.mcp_server import McpTestServer, mcp_server
 
@@ -50,10 +51,6 @@ OPERATOR_SIDE = {
     "modelhost.tracing": "the operator's OpenTelemetry collector (OTEL_EXPORTER_OTLP_ENDPOINT)",
     "modelhost.runtime.supervisor.ray_backend": "the operator's Ray cluster (MODELHOST_RAY_ADDRESS)",
     "modelhost.server": "the server's own listening socket: it accepts connections, never opens one",
-    # An S3 import's boto3 client is built there, and every request it sends to a tenant's endpoint
-    # goes through `outbound.s3.vetted_sender` (imports.s3_connections), registered in `_client`; the
-    # construction moves into modelhost.outbound once issue 70's change of import credentials (S2) is in.
-    "modelhost.imports.s3": "an S3 import's boto3 client, its tenant requests sent by outbound.s3",
 }
 # Calls that open a connection or build a client, by qualified name: a whole module, or names in one.
 WHOLE_MODULES = (
@@ -207,11 +204,13 @@ class Hostile:
 
     def __init__(self) -> None:
         self.requests = 0
+        self.authorization: str | None = None  # the last request's `Authorization` (who signed it)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
         self.requests += 1
+        self.authorization = dict(scope["headers"]).get(b"authorization", b"").decode() or None
         kind = scope["path"].strip("/")
         xml = [(b"content-type", b"application/xml")]
         if kind in ("loop",):
@@ -298,18 +297,12 @@ async def _mcp_session(bounds: Bounds, bound: str, web: str, mcp: McpTestServer)
                 return
 
 
-async def _vetted_sender(bounds: Bounds, bound: str, web: str, mcp: McpTestServer) -> None:
-    """A boto3 client, its requests sent by the outbound sender, listing a bucket of the hostile S3."""
-    import boto3
-    from botocore.config import Config
+async def _s3_client(bounds: Bounds, bound: str, web: str, mcp: McpTestServer) -> None:
+    """The outbound S3 client listing a bucket of the hostile S3 (at its address: path-style)."""
 
     def listing() -> None:
-        session = boto3.session.Session(
-            aws_access_key_id="k", aws_secret_access_key="s", region_name="us-east-1"
-        )
-        config = Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"})
-        client = session.client("s3", endpoint_url=web, config=config)
-        client.meta.events.register("before-send.s3", vetted_sender(bounds))
+        keys = S3Keys("k", "s", None)
+        client = s3_client(bounds, endpoint_url=web, region="us-east-1", signed_by=keys)
         for _ in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKETS[bound]):
             pass
 
@@ -320,7 +313,7 @@ ENTRY_POINTS: dict[str, Callable[[Bounds, str, str, McpTestServer], Awaitable[No
     "modelhost.outbound.http.fetch_url": _fetch_url,
     "modelhost.outbound.http.open_url": _open_url,
     "modelhost.outbound.mcp.mcp_session": _mcp_session,
-    "modelhost.outbound.s3.vetted_sender": _vetted_sender,
+    "modelhost.outbound.s3.s3_client": _s3_client,
 }
 
 
@@ -363,3 +356,78 @@ def test_a_requests_own_timeout_only_ever_shortens_the_bounds() -> None:
     assert (LOOSE.within(2).seconds, LOOSE.within(2).idle_seconds) == (2, 2)
     with pytest.raises(ValueError):
         replace(LOOSE, max_bytes=0)
+
+
+# ---------------------------------------------------------------- an S3 import, whoever signs its requests
+
+SIGNERS = {  # who signs an import's requests (issue 70, S2): `credentials`, the lent buckets, the signature
+    "nobody": (None, "", None),
+    "the operator, who lent the bucket": (None, "big,pages", "Credential=operator-key/"),
+    "the tenant's keys": (
+        {"aws_access_key_id": "tenant-key", "aws_secret_access_key": "s"},
+        "",
+        "Credential=tenant-key/",
+    ),
+}
+IMPORT_CASES = {  # the bound, the bucket that crosses it, the failure's code and words
+    "bytes": ("big", "too_large", "too large"),
+    "requests": ("pages", "too_large", "more than 3 listing pages"),
+    "addresses": ("ok", "address_refused", "non-public address"),
+}
+
+
+@pytest.mark.parametrize("bound", IMPORT_CASES)
+@pytest.mark.parametrize("signer", SIGNERS)
+async def test_every_request_of_an_s3_import_goes_through_the_bounds_whoever_signs_it(
+    signer: str,
+    bound: str,
+    hostile: tuple[str, Hostile],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found on main: only a tenant's `endpoint_url` went through the outbound sender; an import from
+    the operator's endpoint or AWS (unsigned, lent, or with the tenant's keys) read a listing page of any
+    size, followed pages for ever and connected to whatever address the bucket's name resolved to.
+
+    The operator's endpoint (AWS_ENDPOINT_URL) is the hostile S3 here, on loopback, which the operator
+    chose (its address is allowed); for `addresses` there is none, so the bucket is at AWS, whose names
+    resolve to 127.0.0.1 (a resolver the tenant does not control cannot do it, but the rule is the same:
+    no address is connected to unvetted)."""
+    from modelhost.imports import s3_connections
+    from modelhost.imports.s3 import S3Source
+    from modelhost.imports.sources import ImportFailed
+    from tests.conftest import make_settings
+
+    web, server = hostile
+    bucket, code, said = IMPORT_CASES[bound]
+    credentials, lent, signature = SIGNERS[signer]
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "operator-key")  # the operator's chain
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "operator-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(s3_connections, "ANSWER_MAX_BYTES", 1024**2)  # the hostile answer is 8 MiB
+    monkeypatch.setattr(s3_connections, "MAX_PAGES", 3)
+    if bound == "addresses":
+        real = socket.getaddrinfo
+
+        def aws_at_loopback(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+            if str(host).endswith(".amazonaws.com"):
+                return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", int(port or 0)))]
+            return real(host, port, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", aws_at_loopback)
+    else:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", web)
+    settings = make_settings(tmp_path, "sqlite://", import_operator_credentials_buckets=lent)
+    source = S3Source(
+        f"s3://{bucket}", include=None, exclude=None, credentials=credentials, settings=settings
+    )
+    before = server.requests
+    with pytest.raises(ImportFailed) as failed:
+        await asyncio.wait_for(source.list_files(), 30)
+    assert failed.value.code == code and said in failed.value.message, failed.value
+    if bound == "addresses":
+        assert server.requests == before
+    else:  # signed as S2 decided, whatever carries the request
+        assert server.authorization is None if signature is None else signature in server.authorization

@@ -13,10 +13,13 @@ bucket (MODELHOST_IMPORT_OPERATOR_CREDENTIALS_BUCKETS), and then only at the ope
 the blob store's endpoint, is never a source, nor is the blob store's endpoint a tenant's
 `endpoint_url`, whoever signs (400 `source_refused`, before anything starts).
 
-A tenant's `endpoint_url` is an address the tenant chose, so it obeys the media rules: every address its
-host resolves to must be public unless the operator allowed its network
-(`MODELHOST_MEDIA_ALLOW_NETWORKS`), and every connection goes to the address that was vetted
-(`imports.s3_connections`: no second lookup, so no DNS rebinding).
+Every request of an import's client, wherever it goes and whoever signs it, is sent by the outbound
+client (`imports.s3_connections`, `outbound.s3`): every address its host resolves to must be public
+unless the operator allowed its network (`MODELHOST_MEDIA_ALLOW_NETWORKS`), every connection goes to the
+address that was vetted (no second lookup, so no DNS rebinding), and every answer read whole is bounded
+in bytes and time, every page counted. The one exception to the addresses: the operator's own endpoint
+(`AWS_ENDPOINT_URL`), which the operator chose, is allowed at the addresses it resolves to; a tenant's
+`endpoint_url` never is.
 
 The listing is bounded: it stops once it holds one file more than an artifact may have (the runner
 then fails the import `too_large`), and it asks for one page at a time, each in a thread, so that a
@@ -32,19 +35,20 @@ import asyncio
 import ipaddress
 import os
 import re
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from modelhost.config import Settings
 from modelhost.errors import InvalidRequest
-from modelhost.imports.s3_connections import vetted_addresses, vetted_sender
+from modelhost.imports.s3_connections import import_client, import_failures, vetted_addresses
 from modelhost.imports.sources import ImportFailed, RemoteFile, selected
 from modelhost.outbound import IPNetwork, parse_networks
+from modelhost.outbound.s3 import S3Keys
 
 CHUNK = 1024 * 1024
 LIST_PAGE_SIZE = 1000  # keys per LIST request: S3's own maximum
-CONNECT_TIMEOUT, READ_TIMEOUT = 10, 60
 RETRIES = 2  # a cut stream is resumed this many times in a row (boto3 retries the requests themselves)
 CREDENTIAL_FIELDS = frozenset(
     {"aws_access_key_id", "aws_secret_access_key", "aws_session_token", "endpoint_url", "region"}
@@ -166,13 +170,14 @@ class S3Source:
         """`function(*args)` in a thread, boto3's errors as ImportFailed. A tenant's endpoint is vetted
         first (unless `vetted`: the call sends no request, or only reads an open connection): a quick
         refusal of a host that is private on its face; what holds against a second DNS answer is that each
-        connection is made to the address it vetted itself (`imports.s3_connections`)."""
+        connection is made to the address it vetted itself (`outbound.s3`), whatever the endpoint."""
         if self._endpoint is not None and not vetted:
             await _vet(self._endpoint, self._networks)
         import botocore.exceptions as boto
 
         try:
-            return await asyncio.to_thread(function, *args)
+            with import_failures():
+                return await asyncio.to_thread(function, *args)
         except boto.ClientError as exc:
             raise _client_error(exc, self.description) from None
         except boto.NoCredentialsError:
@@ -274,33 +279,36 @@ def _server(endpoint: str | None) -> tuple[str, int] | None:
 
 
 def _client(credentials: dict[str, str], networks: tuple[IPNetwork, ...], *, operator: bool) -> Any:
-    """boto3's S3 client: signed with the tenant's keys, or with the operator's chain where `operator`
-    (a bucket the operator lent its credentials to), else unsigned. For a tenant's endpoint, every request
-    is sent over connections to vetted addresses (`imports.s3_connections`)."""
-    import boto3
-    from botocore import UNSIGNED
-    from botocore.config import Config
+    """An import's S3 client (`imports.s3_connections`: every request sent within its bounds): signed with
+    the tenant's keys, or with the operator's chain where `operator` (a bucket the operator lent its
+    credentials to), else unsigned."""
+    endpoint = credentials.get("endpoint_url")
+    signed_by: S3Keys | Literal["operator"] | None = None
+    if "aws_access_key_id" in credentials:
+        signed_by = S3Keys(
+            credentials["aws_access_key_id"],
+            credentials["aws_secret_access_key"],
+            credentials.get("aws_session_token"),
+        )
+    elif operator and endpoint is None:  # never the operator's credentials to a tenant's endpoint
+        signed_by = "operator"
+    if endpoint is None:
+        networks += _operator_addresses()
+    region = credentials.get("region")
+    return import_client(networks, endpoint_url=endpoint, region=region, signed_by=signed_by)
 
-    keys = "aws_access_key_id" in credentials
-    tenant = "endpoint_url" in credentials
-    config = Config(
-        retries={"max_attempts": 3, "mode": "standard"},
-        connect_timeout=CONNECT_TIMEOUT,
-        read_timeout=READ_TIMEOUT,
-        # never the operator's credentials unless lent to this bucket (and never to a tenant's endpoint)
-        signature_version=None if keys or (operator and not tenant) else UNSIGNED,
-    )
-    session = boto3.session.Session(
-        aws_access_key_id=credentials.get("aws_access_key_id"),
-        aws_secret_access_key=credentials.get("aws_secret_access_key"),
-        aws_session_token=credentials.get("aws_session_token"),
-        region_name=credentials.get("region"),
-    )
-    client = session.client("s3", endpoint_url=credentials.get("endpoint_url"), config=config)
-    if tenant:
-        send = vetted_sender(networks, connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT)
-        client.meta.events.register("before-send.s3", send)
-    return client
+
+def _operator_addresses() -> tuple[IPNetwork, ...]:
+    """The addresses of the operator's own endpoint (AWS_ENDPOINT_URL: a MinIO on its network, say), each
+    a network of one, for the requests sent there: the operator chose that server. AWS S3's are public."""
+    host = urlsplit(_operator_endpoint() or "").hostname
+    if not host:
+        return ()
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return ()  # its requests then fail to resolve it, `source_unreachable`
+    return tuple(ipaddress.ip_network(str(info[4][0]).split("%")[0]) for info in infos)
 
 
 async def _vet(endpoint: str, networks: tuple[IPNetwork, ...]) -> None:

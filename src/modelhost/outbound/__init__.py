@@ -11,7 +11,7 @@ the operation's time (and each step's), and its requests (redirect hops, pages, 
 | `fetch_url` | media URLs, the Hub's listing | one URL read whole | redirect hops |
 | `open_url` | an import's https and Hub files | one URL opened, its body streamed | redirect hops |
 | `mcp_session` | hosted MCP tools | one MCP operation (a listing, a call) | the session's messages, pages |
-| `s3.vetted_sender` | S3 imports from a tenant's endpoint | one S3 client (an import) | listing pages |
+| `s3.s3_client` | S3 imports (any endpoint, whoever signs) | one S3 client (an import) | listing pages |
 
 No other module of modelhost constructs an HTTP client or opens a network connection, but the
 operator-side ones that tests/test_outbound.py lists with their reasons (the operator's identity

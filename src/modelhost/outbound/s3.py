@@ -1,27 +1,30 @@
-"""A tenant's S3 endpoint, reached at the address that was vetted: one DNS lookup per connection, never
-a second one by the HTTP client.
+"""An S3 client for a tenant's objects (an import's), every request of which is sent within its bounds:
+to a vetted address (one DNS lookup per connection, never a second one by the HTTP client), its answer
+read whole capped in bytes and time, its pages counted. Whoever signs (a tenant's keys, the operator's
+chain, nobody: the caller's decision) and wherever it goes (a tenant's endpoint, the operator's, AWS).
 
 boto3 connects by name: urllib3 resolves the host each time it opens a connection. Vetting the name
 first and letting boto3 connect afterwards leaves a window: a resolver that answers a public address to
 the vetting and 127.0.0.1 to the connection (DNS rebinding) gets the request sent inside the operator's
 network, and the answer (cloud credentials, an internal service's data) staged as the tenant's file. So
-every connection to a tenant's endpoint is opened by `_new_conn` below: it resolves the host once,
-refuses the lot unless every address is allowed by `Bounds.networks` (`outbound.addresses`: public, or
-in `MODELHOST_MEDIA_ALLOW_NETWORKS`), and connects to one of those addresses itself. TLS still names
+every connection of the client is opened by `_new_conn` below: it resolves the host once, refuses the
+lot unless every address is allowed by `Bounds.networks` (`outbound.addresses`: public, as AWS's are, or
+in the networks the caller allowed), and connects to one of those addresses itself. TLS still names
 the host: urllib3 wraps the socket `_new_conn` returns with `server_hostname=self.host`, so SNI and the
 certificate check are the name's, as in `outbound.http`. Every request opens its connections
-this way (retries, and botocore's redirects to another endpoint, included); a pooled connection was
-vetted when it was opened.
+this way (retries, and botocore's redirects to another endpoint or region, included); a pooled
+connection was vetted when it was opened.
 
-How it is wired, and why so. boto3 has no setting for how its connections resolve names. Its
-`before-send` event (public: a handler may answer a request itself, as botocore's Stubber does) hands
-each request of the tenant's client to `vetted_sender`, which sends it with botocore's own
-`URLLib3Session` (its pooling, timeouts, TLS and error mapping unchanged) whose connection pools open
-`_new_conn`'s connections. `URLLib3Session` keeps its pool classes in one dict that its pool manager
-shares; we swap the classes there and check that the manager really uses them, so a botocore that
-changed this fails every tenant request loudly rather than connecting unvetted. There is no proxy: a
-proxy resolves the name itself, so a tenant's endpoint is reached directly, as media fetches are
-(httpx with `trust_env=False`). Certificates are checked against `AWS_CA_BUNDLE`, else botocore's bundle.
+How it is wired, and why so. `s3_client` builds the client and registers `_vetted_sender` on it before
+anyone else holds it. boto3 has no setting for how its connections resolve names. Its `before-send`
+event (public: a handler may answer a request itself, as botocore's Stubber does) hands each request
+to `_vetted_sender`'s handler, which sends it with botocore's own `URLLib3Session` (its pooling,
+timeouts, TLS and error mapping unchanged) whose connection pools open `_new_conn`'s connections.
+`URLLib3Session` keeps its pool classes in one dict that its pool manager shares; we swap the classes
+there and check that the manager really uses them, so a botocore that changed this fails every request
+loudly rather than connecting unvetted. There is no proxy: a proxy resolves the name itself, so the
+S3 server is reached directly, as media fetches are (httpx with `trust_env=False`). Certificates are
+checked against `AWS_CA_BUNDLE`, else botocore's bundle.
 
 The other bounds. Every answer botocore reads whole (a listing page, an error) is read here, through
 `_Capped`: cut off past `Bounds.max_bytes`, and past `Bounds.seconds` from its request; each step waits
@@ -29,8 +32,8 @@ at most `Bounds.idle_seconds`; the client sends at most `Bounds.requests` of the
 for ever stops). An object's body (GetObject) streams to the caller chunk by chunk, never held whole,
 under the idle timeout; its caller counts its bytes (the import runner, against the file-size limit).
 
-A bound crossed or an address refused leaves the handler as FetchFailed: botocore retries only errors it
-knows (its HTTPClientError, which wraps whatever a send raises), so it is told at once.
+A bound crossed or an address refused leaves the client's call as FetchFailed: botocore retries only
+errors it knows (its HTTPClientError, which wraps whatever a send raises), so it is told at once.
 """
 
 from __future__ import annotations
@@ -40,17 +43,61 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from modelhost.outbound.addresses import vetted_addresses_now
 from modelhost.outbound.bounds import Bounds, FetchFailed, IPNetwork, timed_out, too_large
 
 PARAM = "the S3 endpoint"
+RETRIES = 3  # botocore's attempts of one request (standard mode: a 5xx, a throttle, a dropped connection)
 
 
-def vetted_sender(bounds: Bounds) -> Callable[..., Any]:
-    """A `before-send` handler for a tenant's S3 client: it sends each request itself, within `bounds`,
-    every connection opened to an address vetted against `bounds.networks` (the module's docstring)."""
+@dataclass(frozen=True)
+class S3Keys:
+    """Keys that sign an S3 client's requests (a tenant's own)."""
+
+    access_key_id: str
+    secret_access_key: str
+    session_token: str | None
+
+
+def s3_client(
+    bounds: Bounds,
+    *,
+    endpoint_url: str | None,
+    region: str | None,
+    signed_by: S3Keys | Literal["operator"] | None,
+) -> Any:
+    """boto3's S3 client, each request of which is sent within `bounds` (the module's docstring).
+
+    `endpoint_url`: the S3 server (None: boto3's default, the operator's AWS_ENDPOINT_URL, else AWS S3);
+    `region`: None for boto3's default. `signed_by`: these keys, `"operator"` (boto3's standard chain:
+    the operator's credentials), or None (unsigned). Which one is the caller's decision: this client
+    only carries it out."""
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    keys = signed_by if isinstance(signed_by, S3Keys) else None
+    session = boto3.session.Session(
+        aws_access_key_id=keys.access_key_id if keys else None,
+        aws_secret_access_key=keys.secret_access_key if keys else None,
+        aws_session_token=keys.session_token if keys else None,
+        region_name=region,
+    )
+    config = Config(
+        retries={"max_attempts": RETRIES, "mode": "standard"},
+        signature_version=UNSIGNED if signed_by is None else None,
+    )
+    client = session.client("s3", endpoint_url=endpoint_url, config=config)
+    client.meta.events.register("before-send.s3", _vetted_sender(bounds))
+    return client
+
+
+def _vetted_sender(bounds: Bounds) -> Callable[..., Any]:
+    """A `before-send` handler: it sends each request of the client itself, within `bounds`, every
+    connection opened to an address vetted against `bounds.networks`."""
     from botocore.exceptions import HTTPClientError
     from botocore.httpsession import URLLib3Session
 
