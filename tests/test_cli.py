@@ -190,7 +190,7 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("users", "invite"), "Invite an email to your account with a role: offered to whoever signs in"),
     (("users", "invitations"), "List your account's invitations not yet accepted."),
     (("users", "uninvite"), "Withdraw an invitation."),
-    (("users", "sign-out-everywhere"), "End every sign-in session of a person and revoke every key of"),
+    (("users", "sign-out-everywhere"), "Sign a person out of your account everywhere: their sessions here"),
     (("mcp-servers",), "MCP servers your account's hosted MCP tools may reach"),
     (("mcp-servers", "list"), "List the MCP server URLs on your account's allow-list."),
     (("mcp-servers", "add"), "Add MCP server URLs to your account's allow-list (owners and admins)."),

@@ -318,11 +318,21 @@ async def test_an_operator_session_loses_operator_rights_at_renewal_once_the_gro
 
 
 async def test_an_admin_ends_every_session_and_revokes_every_key_of_a_person(world: World) -> None:
-    person(world, "olive", [group(world, "red", "developer")])
+    """Signed out of red everywhere: olive's sessions acting in red end, none opened before acts in red
+    again (switching back is refused), her keys in red are revoked; her session acting in blue, another
+    tenant's account, goes on (red's admin has no say there); a new sign-in acts in red again."""
+    person(world, "olive", [group(world, "red", "developer"), group(world, "blue", "viewer")])
     red = _as(world, world.accounts["red"]["api_key"])
-    async with world.browser() as console, world.browser() as laptop:
+    red_id, blue_id = world.accounts["red"]["id"], world.accounts["blue"]["id"]
+    async with world.browser() as console, world.browser() as laptop, world.browser() as phone:
         view = await sign_in(console, "olive")
         await sign_in(laptop, "olive")
+        await sign_in(phone, "olive")
+        for browser, account in ((console, red_id), (laptop, red_id), (phone, blue_id)):
+            moved = await browser.post(
+                "/v1/auth/session/account", json={"id": account}, headers=await csrf(browser)
+            )
+            assert moved.status_code == 200, moved.text
         made = await console.post("/v1/keys", json={"name": "olive"}, headers=await csrf(console))
         key = _as(world, made.json()["api_key"])
         ended = await red.post(f"/v1/users/{view['user_id']}/sign-out-everywhere")
@@ -336,6 +346,15 @@ async def test_an_admin_ends_every_session_and_revokes_every_key_of_a_person(wor
         for browser in (console, laptop):
             assert_error(await browser.get("/v1/deployments"), 401, "session_ended")
         assert_error(await key.get("/v1/models"), 401, "invalid_api_key")
+        assert (await phone.get("/v1/deployments")).status_code == 200  # blue's, untouched
+        back = await phone.post("/v1/auth/session/account", json={"id": red_id}, headers=await csrf(phone))
+        assert_error(back, 404, "not_a_member")
+        shown = (await phone.get("/v1/auth/session")).json()
+        assert [a["id"] for a in shown["accounts"]] == [blue_id]
+    async with world.browser() as fresh:  # signed in anew: red again
+        await sign_in(fresh, "olive")
+        moved = await fresh.post("/v1/auth/session/account", json={"id": red_id}, headers=await csrf(fresh))
+        assert moved.status_code == 200, moved.text
     rows = (await red.get("/v1/audit", params={"action": "user.signed_out_everywhere"})).json()["data"]
     assert rows[0]["target"] == {"type": "user", "id": view["user_id"]}
     assert rows[0]["changes"]["keys_revoked"]["after"] == [made.json()["id"]]

@@ -128,7 +128,7 @@ def users_uninvite(
 def users_sign_out_everywhere(
     user_id: UserId, url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False
 ) -> None:
-    """End every sign-in session of a person and revoke every key of theirs in your account."""
+    """Sign a person out of your account everywhere: their sessions here end, their keys here are revoked."""
     answer = ApiClient(url, key).call("POST", _path(user_id) + "/sign-out-everywhere")
     show(answer, ("id", "sessions_ended", "keys_revoked"), as_json)
 

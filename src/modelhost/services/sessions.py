@@ -447,7 +447,7 @@ class SessionService:
             members = session.scalars(
                 select(Membership).where(Membership.user_id == row.user_id, Membership.disabled_at.is_(None))
             )
-            accounts = {m.account_id: Role(m.role) for m in members}
+            accounts = {m.account_id: Role(m.role) for m in members if _may_act_in(row, m)}
         return SessionView(
             id=row.id,
             user_id=user.id,
@@ -471,9 +471,12 @@ class SessionService:
                 raise PermissionDenied("You are not the operator.")
             if account_id is not None:
                 member = session.get(Membership, (row.user_id, account_id))
-                if member is None or member.disabled_at is not None:
+                if member is None or not _may_act_in(row, member):
                     raise NotFound(
-                        "You are not a member of that account.", param="account_id", code="not_a_member"
+                        "You are not a member of that account (or were signed out of it everywhere: "
+                        "sign in again).",
+                        param="account_id",
+                        code="not_a_member",
                     )
             row.account_id = account_id
         self._authenticator.forget_all()
@@ -524,6 +527,14 @@ def _session_row(session: Session, secret: str) -> SsoSession | None:
     return session.scalars(select(SsoSession).where(SsoSession.secret_hash == _hash(secret))).one_or_none()
 
 
+def _may_act_in(row: SsoSession, member: Membership) -> bool:
+    """Whether the session may act in the membership's account: the member is enabled, and was not
+    signed out of it everywhere since the session was opened (`UserService.sign_out_everywhere`)."""
+    return member.disabled_at is None and (
+        member.signed_out_at is None or row.created_at > member.signed_out_at
+    )
+
+
 def _principal_of(session: Session, row: SsoSession, user: User) -> Principal | None:
     """What a live session acts as now: the operator (acting in no account), or the person's role in its
     account; None when neither."""
@@ -539,7 +550,7 @@ def _principal_of(session: Session, row: SsoSession, user: User) -> Principal | 
             csrf=row.csrf_token,
         )
     member = session.get(Membership, (row.user_id, row.account_id))
-    if member is None or member.disabled_at is not None:
+    if member is None or not _may_act_in(row, member):
         return None
     account = session.get(Account, row.account_id)
     role = Role(member.role)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from modelhost import audit
@@ -209,18 +210,24 @@ class UserService:
     def sign_out_everywhere(
         self, account_id: str, user_id: str, caller: Principal | None
     ) -> SignedOutEverywhere:
-        """End every sign-in session of a member (they are the person's, whichever account they act in:
-        a new one needs the provider to sign them in again) and revoke every key of theirs in this
-        account. Audited as `user.signed_out_everywhere`."""
+        """Sign a member out of this account everywhere: every sign-in session of theirs acting in it
+        ends, none opened before now acts in it again (`Membership.signed_out_at`: the provider must sign
+        them in anew), and every key of theirs in it is revoked. Their sessions in other accounts are
+        those accounts' business and go on. Audited as `user.signed_out_everywhere`."""
         now = utcnow()
         with self._database.transaction() as session:
             membership = session.get(Membership, (user_id, account_id), with_for_update=True)
             if membership is None:
                 raise _not_found()
             authorize(caller, (Role(membership.role),))
+            membership.signed_out_at = now
             ended = session.execute(
                 update(SsoSession)
-                .where(SsoSession.user_id == user_id, SsoSession.ended_at.is_(None))
+                .where(
+                    SsoSession.user_id == user_id,
+                    SsoSession.account_id == account_id,
+                    SsoSession.ended_at.is_(None),
+                )
                 .values(ended_at=now)
             ).rowcount  # type: ignore[attr-defined]
             keys = list(
@@ -254,11 +261,7 @@ class UserService:
                 select(Invitation).where(Invitation.account_id == account_id, Invitation.email == email)
             ).one_or_none()
             if found is not None and found.expires_at > now:
-                raise Conflict(
-                    f"{email} is invited already; revoke that invitation first.",
-                    param="email",
-                    code="invitation_exists",
-                )
+                raise _already_invited(email)
             if found is not None:
                 session.delete(found)
                 session.flush()
@@ -271,7 +274,10 @@ class UserService:
                 expires_at=now + timedelta(days=INVITATION_DAYS),
             )
             session.add(row)
-            session.flush()
+            try:
+                session.flush()
+            except IntegrityError:  # another admin invited the same email at the same moment
+                raise _already_invited(email) from None
             fields = {"email": email, "role": role.value}
             audit.record(
                 session, "invitation.created", "invitation", row.id, account_id, audit.created(fields)
@@ -338,6 +344,12 @@ class UserService:
         if row is None:
             raise _no_invitation()
         return row
+
+
+def _already_invited(email: str) -> Conflict:
+    return Conflict(
+        f"{email} is invited already; revoke that invitation first.", param="email", code="invitation_exists"
+    )
 
 
 def _join(session: Session, user: User, account_id: str, role: Role, source: str) -> Membership:

@@ -101,6 +101,9 @@ class Membership(Base):
     # `invite` (added by an admin, or an invitation accepted: kept until removed) or `sso` (from the
     # person's groups at sign-in: updated at each sign-in, removed when the group is gone)
     source: Mapped[str] = mapped_column(String(8), default="invite")
+    # An admin signed the person out of this account everywhere then (`sign_out_everywhere`): a sign-in
+    # session opened before it never acts in this account again (one opened after it does)
+    signed_out_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class RemovedMembership(Base):

@@ -127,7 +127,8 @@ def remove_user(
 
 @router.post(
     "/v1/users/{user_id}/sign-out-everywhere",
-    summary="End every sign-in session of a person and revoke every key of theirs in the account",
+    summary="Sign a person out of the account everywhere: their sessions here end (none opened before acts "
+    "here again) and every key of theirs in the account is revoked",
     responses=error_responses(404),
 )
 def sign_out_everywhere(

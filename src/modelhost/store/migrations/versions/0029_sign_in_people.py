@@ -1,5 +1,6 @@
 """people who sign in apart from people an admin made (emails unique only among the latter), invitations,
-removals that stick, sessions renewed against the provider, sign-in state in the browser (issue 70:
+removals that stick, sessions renewed against the provider, sign-outs per account, sign-in state in the
+browser (issue 70:
 S6, S7, S8, S11)
 
 Revision ID: 0029
@@ -82,6 +83,8 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("renewed_at", UTCDateTime(), nullable=True))
     with op.batch_alter_table("api_keys", schema=None) as batch_op:
         batch_op.add_column(sa.Column("member_since", UTCDateTime(), nullable=True))
+    with op.batch_alter_table("memberships", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("signed_out_at", UTCDateTime(), nullable=True))
     op.execute(
         "UPDATE api_keys SET member_since = (SELECT created_at FROM memberships WHERE memberships.user_id = "
         "api_keys.user_id AND memberships.account_id = api_keys.account_id) WHERE user_id IS NOT NULL"
@@ -102,6 +105,8 @@ def downgrade() -> None:
         sa.PrimaryKeyConstraint("state_hash", name=op.f("pk_sso_logins")),
     )
     op.create_index(op.f("ix_sso_logins_created_at"), "sso_logins", ["created_at"], unique=False)
+    with op.batch_alter_table("memberships", schema=None) as batch_op:
+        batch_op.drop_column("signed_out_at")
     with op.batch_alter_table("api_keys", schema=None) as batch_op:
         batch_op.drop_column("member_since")
     with op.batch_alter_table("sso_sessions", schema=None) as batch_op:
