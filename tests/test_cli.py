@@ -427,6 +427,7 @@ def test_keys_list_json_shows_no_secrets(url: str, account: dict[str, Any]) -> N
             "expires_at",
             "role",
             "user_id",
+            "cache_salt",
         }
         for key in listed["data"]
     )

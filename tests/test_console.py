@@ -641,8 +641,11 @@ def test_a_model_imports_from_s3_with_its_progress(
     s3.create_bucket(Bucket="console")
     folder = console.recipes / "t03_feature_extraction" / "st"
     for full in (p for p in folder.rglob("*") if p.is_file()):
-        s3.put_object(
-            Bucket="console", Key=f"st/{full.relative_to(folder).as_posix()}", Body=full.read_bytes()
+        s3.put_object(  # a public bucket: an import without credentials of its own is unsigned
+            Bucket="console",
+            Key=f"st/{full.relative_to(folder).as_posix()}",
+            Body=full.read_bytes(),
+            ACL="public-read",
         )
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)  # the operator's S3 endpoint: the server reads it
     page = console.page

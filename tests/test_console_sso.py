@@ -145,6 +145,8 @@ def test_an_admin_invites_a_person_who_accepts_in_their_own_console(signed: Sign
             .startswith(f"Account {signed.account['id']}, as developer")
         )
         dave.click("#invitation-list button.invitation-accept")
+        # the page may already have been ready before the answer came: wait for what the accept shows
+        dave.wait_for_selector("#signed-in-as:has-text('· developer')")
         dave.wait_for_selector("main[data-page='overview'][data-ready='yes']")
         assert dave.locator("#signed-in-as").inner_text() == "dave@example.com · developer"
         assert dave.locator("#invitation-list").count() == 0

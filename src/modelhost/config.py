@@ -77,14 +77,14 @@ class Settings(BaseSettings):
         "its unknown keys are answered 429 with Retry-After; 0 turns the throttle off (auth/failures.py).",
     )
     anonymous_requests_per_minute: int = Field(
-        default=1200,
+        default=3000,
         ge=0,
         description="Requests without a key (public routes: health, metrics, the console, sign-in, signed "
         "file links) one client address may send per minute, per gateway process; a sign-in's step counts "
         "as 20 (auth/anonymous.py). Past it: 429 with Retry-After. 0 turns the throttle off.",
     )
     anonymous_burst: int = Field(
-        default=200,
+        default=600,
         ge=1,
         description="How many of those requests one client address may send at once before the per-minute "
         "rate applies.",
