@@ -682,7 +682,8 @@ def test_a_cancelled_request_stops_llamacpps_slot_at_once(gguf_dir: Path, binary
             await task
         while any(s["is_processing"] for s in (await model.client.get("/slots")).json()):
             await asyncio.sleep(0.01)
-        assert await predicted(model) < 100 and model.gate.free == 1
+        # a few tokens on a quiet machine, over a hundred on a loaded one: far from the 2000 asked
+        assert await predicted(model) < 500 and model.gate.free == 1
         assert not any(isinstance(e, Text) and e.finish for e in events)
         await model.generate("2", request, events.append)  # the slot serves the next one whole
         assert (
