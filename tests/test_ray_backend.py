@@ -410,6 +410,23 @@ async def test_every_gateway_sends_a_prompts_prefix_to_the_same_serve_replica(se
     try:
         await until(lambda: running(app) == 2, timeout=90)
         async with second_gateway(served) as (client, _):
+            probes = itertools.count()
+
+            async def both_handles_know_both_actors() -> bool:
+                """Three fresh prompts through each gateway land on one actor each: the first gateway's
+                handle has heard of the second actor from Serve's controller (a handle hears of new actors
+                a moment after they run; until then it sends everything to the one it knows, and a prompt
+                whose actor is that one agrees by chance, 1 in 2)."""
+                for _ in range(3):
+                    system = {"role": "system", "content": f"Probe {next(probes)} only. " * 40}
+                    request = {"model": "chat", "messages": [system], "max_tokens": 1, "temperature": 0}
+                    ok(await gw.client.post("/v1/chat/completions", json=request, headers=bearer(gw.key)))
+                    again = ok(await client.post("/v1/chat/completions", json=request, headers=bearer(gw.key)))
+                    if not again["usage"]["prompt_tokens_details"]["cached_tokens"]:
+                        return False
+                return True
+
+            await until(both_handles_know_both_actors, timeout=60)
             for city in ("berlin", "paris", "vienna", "madrid", "lisbon", "oslo"):
                 system = {"role": "system", "content": f"You only talk about {city} and its rivers. " * 12}
                 request = {
