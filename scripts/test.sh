@@ -53,6 +53,14 @@ echo "==> pytest"
 # processes, so two of them on two cores take about half the time of one.
 pytest_rc=0
 .venv/bin/pytest -n "${MODELHOST_TEST_PROCESSES:-auto}" --dist loadfile --no-loadscope-reorder "$@" || pytest_rc=$?
+# The gateway's CPU per request against its committed budget (bench/cpu_budget.py, about a minute; on a
+# quiet machine, after the suite): a change that makes every request dearer fails here. Skipped when
+# pytest was given arguments (a part of the suite) or MODELHOST_CPU_BUDGET=0.
+budget_rc=0
+if [ "$#" = 0 ] && [ "${MODELHOST_CPU_BUDGET:-1}" != 0 ]; then
+    echo "==> gateway CPU per request against its budget (bench/cpu_budget.json)"
+    .venv/bin/python -m bench.cpu_budget --check || budget_rc=$?
+fi
 echo "==> mypy"
 mypy_rc=0
 wait "$mypy_pid" || mypy_rc=$?
@@ -60,4 +68,5 @@ mypy_pid=
 cat "$mypy_log"
 rm -f "$mypy_log"
 if [ "$pytest_rc" != 0 ]; then exit "$pytest_rc"; fi
+if [ "$budget_rc" != 0 ]; then exit "$budget_rc"; fi
 exit "$mypy_rc"

@@ -418,7 +418,10 @@ class Settings(BaseSettings):
     # ---------------------------------------------------------------- video jobs (docs/videos.md)
     video_concurrency: int = Field(default=1, ge=1, description="Video jobs one gateway runs at a time.")
     video_poll_seconds: float = Field(
-        default=0.5, gt=0, description="How often an idle gateway looks for jobs."
+        default=5.0,
+        gt=0,
+        description="How often an idle server looks for video jobs queued through other servers (a job "
+        "queued through this server's gateways is claimed at once).",
     )
     video_job_stale_seconds: float = Field(
         default=60.0,
@@ -482,7 +485,10 @@ class Settings(BaseSettings):
         "fail `invalid_api_key`, and new spend caps apply, within this time.",
     )
     batch_poll_seconds: float = Field(
-        default=1.0, gt=0, description="How often an idle server looks for batches."
+        default=5.0,
+        gt=0,
+        description="How often an idle server looks for batches created through other servers (a batch "
+        "created through this server's gateways is claimed at once).",
     )
     batch_stale_seconds: float = Field(
         default=30.0,
@@ -530,7 +536,10 @@ class Settings(BaseSettings):
     )
     import_files_in_parallel: int = Field(default=4, ge=1, description="Files one import fetches at once.")
     import_poll_seconds: float = Field(
-        default=1.0, gt=0, description="How often an idle server looks for queued imports."
+        default=5.0,
+        gt=0,
+        description="How often an idle server looks for imports queued through other servers (an import "
+        "queued through this server's gateways is claimed at once).",
     )
     import_stale_seconds: float = Field(
         default=30.0,

@@ -73,7 +73,7 @@ from modelhost.store.models import ModelArtifact
 from modelhost.store.types import new_id
 
 log = logging.getLogger("modelhost")
-Runner = Literal["batches", "imports"]  # the runners that claim work queued in the database
+Runner = Literal["batches", "imports", "videos"]  # the runners that claim work queued in the database
 
 
 @dataclass
@@ -325,7 +325,7 @@ class Supervision:
     imports: ImportRunner
 
     def wake(self, runner: Runner) -> None:
-        (self.batches if runner == "batches" else self.imports).wake()
+        {"batches": self.batches, "imports": self.imports, "videos": self.videos}[runner].wake()
 
     @asynccontextmanager
     async def duties(self, services: Services, line_call: LineCall) -> AsyncIterator[None]:

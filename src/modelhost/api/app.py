@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -68,6 +69,15 @@ key or a deployment key. Any other key → 401 `InvalidAPIKeyError`.
 **Errors**: every failure answers `{"error": {"message", "type", "code", "param"}}`.
 """
 
+# FastAPI's own OpenTelemetry instrumentation (0.16x) off: modelhost traces requests itself
+# (`api.middleware.RequestPath`, docs/traces.md), and FastAPI asking the global providers whether they
+# are configured cost every request about 10 µs of gateway CPU (issue 71). Older FastAPI has no option.
+_NO_FASTAPI_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
+
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
     """Build the gateway. Services are built at startup unless given (a gateway process builds its own
@@ -96,6 +106,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         version=modelhost.__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        **_NO_FASTAPI_TELEMETRY,
     )
     if services is not None:
         app.state.services = services

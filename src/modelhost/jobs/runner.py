@@ -42,6 +42,7 @@ class VideoRunner:
         self.name = f"gw-{secrets.token_hex(6)}"  # this gateway process, in `claimed_by`
         self._running: dict[str, asyncio.Task[None]] = {}
         self._loop: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
 
     def start(self) -> None:
         self._loop = asyncio.create_task(self._claim_forever())
@@ -56,6 +57,11 @@ class VideoRunner:
         await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
         for job_id, _ in tasks:
             await asyncio.to_thread(self.jobs.release, job_id, self.name)
+
+    def wake(self) -> None:
+        """A job was queued through a gateway of this server: look now rather than at the next poll
+        (the poll is for jobs queued through other servers)."""
+        self._wake.set()
 
     async def cancel(self, job_id: str) -> None:
         """A deleted job running here stops at once (on another server: at its next heartbeat)."""
@@ -80,7 +86,9 @@ class VideoRunner:
                 if len(self._running) < self.settings.video_concurrency:
                     claimed = await asyncio.to_thread(self.jobs.claim, self.name)
                 if claimed is None:
-                    await asyncio.sleep(self.settings.video_poll_seconds)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), self.settings.video_poll_seconds)
+                    self._wake.clear()
                     continue
                 self._running[claimed.id] = asyncio.create_task(self._run(claimed))
             except asyncio.CancelledError:
@@ -112,6 +120,7 @@ class VideoRunner:
         finally:
             beating.cancel()
             self._running.pop(job.id, None)
+            self._wake.set()  # a slot is free: a job waiting for one is claimed now
 
     @staticmethod
     def _span(job: Claimed) -> tracing.Span:

@@ -454,7 +454,7 @@ class DeploymentService:
                     Deployment.sticky,
                 ).where(Deployment.account_id == account_id)
             )
-            return [
+            refs = [
                 DeploymentRef(
                     id=r.id,
                     model=r.model,
@@ -469,6 +469,8 @@ class DeploymentService:
                 )
                 for r in rows
             ]
+            # one artifact: what the runtime runs it on is known now, not chosen per request
+            return [ref.with_version(None) if not ref.versions else ref for ref in refs]
 
     def get(self, account_id: str, deployment_id: str) -> Deployment:
         with self._database.transaction() as session:

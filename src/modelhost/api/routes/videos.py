@@ -90,6 +90,7 @@ async def create_video(
         reference,
         tracing.parent(),  # the job's span links to this request's
     )
+    services.wake("videos")  # claimed now, not at the runner's next poll
     return json_answer(video(job))
 
 
@@ -143,6 +144,7 @@ async def remix_video(
         source.reference,
         tracing.parent(),
     )
+    services.wake("videos")
     return json_answer(video(job))
 
 
