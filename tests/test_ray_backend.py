@@ -420,8 +420,9 @@ async def test_every_gateway_sends_a_prompts_prefix_to_the_same_serve_replica(se
                 for _ in range(3):
                     system = {"role": "system", "content": f"Probe {next(probes)} only. " * 40}
                     request = {"model": "chat", "messages": [system], "max_tokens": 1, "temperature": 0}
-                    ok(await gw.client.post("/v1/chat/completions", json=request, headers=bearer(gw.key)))
-                    again = ok(await client.post("/v1/chat/completions", json=request, headers=bearer(gw.key)))
+                    headers = bearer(gw.key)
+                    ok(await gw.client.post("/v1/chat/completions", json=request, headers=headers))
+                    again = ok(await client.post("/v1/chat/completions", json=request, headers=headers))
                     if not again["usage"]["prompt_tokens_details"]["cached_tokens"]:
                         return False
                 return True
