@@ -325,7 +325,10 @@ class Supervision:
     imports: ImportRunner
 
     def wake(self, runner: Runner) -> None:
-        {"batches": self.batches, "imports": self.imports, "videos": self.videos}[runner].wake()
+        if runner == "videos":
+            self.videos.wake()
+        else:
+            (self.batches if runner == "batches" else self.imports).wake()
 
     @asynccontextmanager
     async def duties(self, services: Services, line_call: LineCall) -> AsyncIterator[None]:
