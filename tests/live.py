@@ -19,6 +19,7 @@ from starlette.types import ASGIApp
 
 from modelhost.api.app import create_app
 from modelhost.config import Settings
+from modelhost.server.http import guard_for
 
 HOST = "127.0.0.1"
 STARTUP_TIMEOUT_SECONDS = 30.0
@@ -61,7 +62,11 @@ def live_server(settings: Settings, app: ASGIApp | None = None, port: int = 0) -
     """
     with closing(_bound_socket(port)) as sock:
         port = sock.getsockname()[1]
-        config = uvicorn.Config(app or create_app(settings), host=HOST, port=port, log_level="warning")
+        # the gateway's own HTTP protocol (`server.http.ClientGuard`: its deadlines, and the connection's
+        # loss told to the requests on it), without its logging configuration (pytest captures the logs)
+        config = uvicorn.Config(
+            app or create_app(settings), host=HOST, port=port, log_level="warning", http=guard_for(settings)
+        )
         server = uvicorn.Server(config)
         thread = threading.Thread(
             target=server.run, kwargs={"sockets": [sock]}, name=f"live-server-{port}", daemon=True

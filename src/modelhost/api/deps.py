@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
+import inspect
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
 
 from modelhost import audit, tracing
+from modelhost.api.disconnects import SCOPE_KEY as DISCONNECTS
+from modelhost.api.disconnects import Disconnects
 from modelhost.auth.authenticator import bearer_token
 from modelhost.auth.principal import Principal, PrincipalKind, acting_for
 from modelhost.auth.roles import action_of
@@ -357,27 +361,46 @@ async def run_inference(request: Request, deployment_id: str, item: dict[str, An
 async def await_or_disconnect(request: Request, work: Awaitable[T]) -> T:
     """`work`'s result, or cancel it when the client goes away first (499, nobody reads it).
 
-    `work` runs in this task; one watcher task cancels it if the client leaves (the cheapest way: no
-    second task for the work, no `asyncio.wait`)."""
+    `work` runs in this task. The gateway's HTTP server says when the connection is lost
+    (`api.disconnects`): a callback cancels this task, no task of its own. Elsewhere (an in-process
+    transport) one watcher task reads `receive()` until it says the client left, and cancels it."""
     this = asyncio.current_task()
     assert this is not None
     left = False
 
-    async def watch() -> None:
+    def leave() -> None:
         nonlocal left
-        while (await request.receive())["type"] != "http.disconnect":
-            pass  # the body has been read: `receive` only reports the client leaving
         left = True
         this.cancel()
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    disconnects: Disconnects | None = request.scope.get(DISCONNECTS)
+    if disconnects is not None:
+        if disconnects.gone:
+            _closed(work)
+        disconnects.add(leave)
+        stop: Callable[[], Any] = functools.partial(disconnects.discard, leave)
+    else:
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass  # the body has been read: `receive` only reports the client leaving
+            leave()
+
+        stop = asyncio.get_running_loop().create_task(watch()).cancel
     try:
         return await work
     except asyncio.CancelledError:
         if left and this.uncancel() == 0:
-            raise ClientClosedRequest(
-                "The client closed the connection before the answer was ready."
-            ) from None
+            _closed(None)
         raise
     finally:
-        watcher.cancel()
+        stop()
+
+
+def _closed(work: Awaitable[Any] | None) -> NoReturn:
+    """499: the client left before the answer was ready (`work`, never awaited, is closed)."""
+    if inspect.iscoroutine(work):
+        work.close()
+    elif isinstance(work, asyncio.Future):
+        work.cancel()
+    raise ClientClosedRequest("The client closed the connection before the answer was ready.") from None

@@ -30,6 +30,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from modelhost.api.disconnects import SCOPE_KEY as DISCONNECTS
+from modelhost.api.disconnects import Disconnects
 from modelhost.api.errors import error_response
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError, RequestTimeout, ServiceUnavailable
@@ -125,6 +127,7 @@ class ClientGuard(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._waiting: Waiting | None = None
         self._over_capacity = False
+        self._disconnects = Disconnects()  # told when the connection is lost (`api.disconnects`)
 
     # ---- the connection
 
@@ -136,6 +139,7 @@ class ClientGuard(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._expect(None)
         super().connection_lost(exc)
+        self._disconnects.lost()
 
     def handle_websocket_upgrade(self) -> None:
         self._expect(None)  # the connection is the WebSocket protocol's from now on
@@ -150,6 +154,7 @@ class ClientGuard(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._expect("body")
+        self.scope[DISCONNECTS] = self._disconnects  # type: ignore[literal-required]
         if self._over_capacity:
             REFUSED.inc()
             self.app = _refuse
