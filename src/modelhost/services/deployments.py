@@ -469,8 +469,8 @@ class DeploymentService:
                 )
                 for r in rows
             ]
-            # one artifact: what the runtime runs it on is known now, not chosen per request
-            return [ref.with_version(None) if not ref.versions else ref for ref in refs]
+            # one artifact or one version: what the runtime runs it on is known now, not chosen per request
+            return [ref.with_version(None) if len(ref.versions) <= 1 else ref for ref in refs]
 
     def get(self, account_id: str, deployment_id: str) -> Deployment:
         with self._database.transaction() as session:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -124,8 +123,7 @@ class Dispatcher:
         self.first_token_seconds = 0.0
         self.first_tokens = 0
         self._per_token = metrics.TIME_PER_OUTPUT_TOKEN.labels(deployment_id)
-        _dispatchers.add(self)
-        _ensure_publisher()
+        _changed(self)
 
     def _admit(self) -> None:
         if self.outstanding >= self.max_in_flight:
@@ -133,9 +131,11 @@ class Dispatcher:
                 "The deployment has too many requests in flight; retry shortly.", headers={"Retry-After": "1"}
             )
         self.outstanding += 1
+        _changed(self)
 
     def _release(self) -> None:
         self.outstanding -= 1
+        _changed(self)
 
     async def infer(self, targets: Targets, item: Payload) -> Payload:
         """One request of a batch task, answered by the least busy live replica; sent again, within its
@@ -268,27 +268,36 @@ def _crashed(why: str) -> Crashed:
     )
 
 
-# The in-flight gauge is written by one task per process every PUBLISH_SECONDS, not per request: in
-# multiprocess mode every write of a metric costs a lock and a pid check (about 5 % of a request).
+# The in-flight gauge is written at most every PUBLISH_SECONDS, not per request: in multiprocess mode
+# every write of a metric costs a lock and a pid check (about 5 % of a request). A change schedules one
+# write for the whole process, so a gateway at rest wakes for nothing (a loop polling 20 times a second
+# cost an idle gateway more CPU than a request).
 PUBLISH_SECONDS = 0.05
-_dispatchers: weakref.WeakSet[Dispatcher] = weakref.WeakSet()
-_publisher: asyncio.Task[None] | None = None
+_changed_dispatchers: set[Dispatcher] = set()
+_publishing_on: asyncio.AbstractEventLoop | None = None  # the loop a write is scheduled on, if any
 
 
-def _ensure_publisher() -> None:
-    global _publisher
-    if _publisher is None or _publisher.done():
-        with contextlib.suppress(RuntimeError):  # no running loop (built outside one): next time
-            _publisher = asyncio.get_running_loop().create_task(_publish_forever())
+def _changed(dispatcher: Dispatcher) -> None:
+    """`dispatcher`'s count of requests in flight changed: its gauge is written within PUBLISH_SECONDS."""
+    global _publishing_on
+    _changed_dispatchers.add(dispatcher)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no running loop (built outside one): the next change schedules it
+        return
+    if _publishing_on is not loop:  # none scheduled, or on a loop that has ended (tests run several)
+        loop.call_later(PUBLISH_SECONDS, _publish)
+        _publishing_on = loop
 
 
-async def _publish_forever() -> None:
-    while True:
-        for dispatcher in list(_dispatchers):
-            if dispatcher.published != dispatcher.outstanding:
-                dispatcher.published = dispatcher.outstanding
-                metrics.IN_FLIGHT.labels(dispatcher.deployment_id).set(dispatcher.outstanding)
-        await asyncio.sleep(PUBLISH_SECONDS)
+def _publish() -> None:
+    global _publishing_on
+    _publishing_on = None
+    for dispatcher in _changed_dispatchers:
+        if dispatcher.published != dispatcher.outstanding:
+            dispatcher.published = dispatcher.outstanding
+            metrics.IN_FLIGHT.labels(dispatcher.deployment_id).set(dispatcher.outstanding)
+    _changed_dispatchers.clear()
 
 
 def _pick(targets: Sequence[Target], affinity: str = "", max_imbalance: int = 0) -> Target:

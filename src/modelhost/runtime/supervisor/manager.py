@@ -53,6 +53,11 @@ MEMORY_RESTARTS = 2
 MEMORY_RESTART_WINDOW_SECONDS = 600.0
 # An idle deployment's replicas (and the server's own processes) are measured at most this often
 IDLE_MEASURE_SECONDS = 60.0
+# A used deployment is measured again (its processes' memory maps read) only when the resident memory of
+# the processes measured last moved by more than this share of it, or they changed, or after
+# IDLE_MEASURE_SECONDS: a torch replica's map is thousands of mappings, tens of milliseconds to read and
+# count, while its resident size costs microseconds.
+RESIDENT_MOVE = 0.01
 
 
 SpecSource = Callable[[str], DeploymentSpec | None]
@@ -98,6 +103,9 @@ class DeploymentRuntime:
         # Evicted, or refused room, while it wants to be loaded (warm, hot): loads again once room frees
         self.wants_memory = False
         self.measured_at = -math.inf  # monotonic: when its replicas were last measured
+        # The processes measured then (the replicas' trees) and their resident bytes together
+        self.measured_processes: tuple[int, ...] = ()
+        self.measured_resident = 0
         self.rolling: asyncio.Task[None] | None = None  # a rollout's load of it, or its drain
         self.leaving = False  # a version draining: never loaded again for its readiness
         settings = manager.settings
@@ -518,6 +526,18 @@ class DeploymentRuntime:
     def measurable(self) -> list[Replica]:
         """Its replica processes that run: those serving and those scaled down but not yet stopped."""
         return [r for r in [*self.replicas, *self._retiring] if r.alive]
+
+    def memory_moved(self) -> bool:
+        """Whether its replicas may take other memory than when last measured: another set of replicas,
+        a process of theirs gone, or their resident bytes moved by more than `RESIDENT_MOVE` (read from
+        `/proc/<pid>/statm`, microseconds, on the event loop)."""
+        roots = {r.pid for r in self.measurable()}
+        if not self.measured_processes or not roots <= set(self.measured_processes):
+            return True
+        resident = [rss_bytes(pid) for pid in self.measured_processes]
+        if 0 in resident:
+            return True
+        return abs(sum(resident) - self.measured_resident) > RESIDENT_MOVE * self.measured_resident
 
     def status(self) -> LiveStatus:
         stats = [r.stats() for r in self.replicas if r.alive]
@@ -1032,7 +1052,8 @@ class ReplicaManager:
         default budget follows what the server's own processes hold, idle deployments are evicted while
         the measured total is above the budget, and a local replica above `replica_memory_limit_mb` is
         restarted (Ray Serve replicas are left to Ray's own memory monitor). A deployment that has not
-        been used since it was last measured is measured again only after `IDLE_MEASURE_SECONDS` (reading
+        been used since it was last measured, or whose resident memory has not moved
+        (`DeploymentRuntime.memory_moved`), is measured again only after `IDLE_MEASURE_SECONDS` (reading
         a process's memory map costs milliseconds, and an idle replica's hardly moves), unless the
         replica memory limit is set: then every check measures every replica."""
         runtimes = self.tenants()
@@ -1040,7 +1061,9 @@ class ReplicaManager:
         due = [
             rt
             for rt in runtimes
-            if every or rt.last_used >= rt.measured_at or now - rt.measured_at >= IDLE_MEASURE_SECONDS
+            if every
+            or now - rt.measured_at >= IDLE_MEASURE_SECONDS
+            or (rt.last_used >= rt.measured_at and rt.memory_moved())
         ]
         if not due and now - self._server_measured_at < IDLE_MEASURE_SECONDS:
             return
@@ -1053,6 +1076,10 @@ class ReplicaManager:
         def measure() -> tuple[list[Footprint], int]:  # reads all of /proc: off the event loop
             table = parents()
             footprints = [r.measure(table) for _, r in live]
+            for runtime in due:
+                roots = [r.pid for owner, r in live if owner is runtime and r.pid is not None]
+                runtime.measured_processes = tuple(p for root in roots for p in tree(root, table))
+                runtime.measured_resident = sum(rss_bytes(p) for p in runtime.measured_processes)
             replicas = {p for pid in pids for p in tree(pid, table)}
             own = sum(rss_bytes(p) for p in tree(os.getpid(), table) if p not in replicas)
             return footprints, own
