@@ -207,7 +207,8 @@ async def test_scaling_up_never_goes_past_the_memory_budget(scaled: Scaled) -> N
         shown = await view(scaled)
         if shown["last_scaling"] is not None and "no room" in shown["last_scaling"]["reason"]:
             break
-        assert time.monotonic() < deadline and not all(t.done() for t in load), shown
+        ended = [t.exception() or t.result() for t in load if t.done()]
+        assert time.monotonic() < deadline and len(ended) < len(load), (shown, ended)
         await asyncio.sleep(0.1)
     step = shown["last_scaling"]
     assert (shown["replicas"], shown["desired_replicas"], step["from"], step["to"]) == (1, 2, 1, 1), shown
