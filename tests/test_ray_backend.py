@@ -408,7 +408,7 @@ async def test_every_gateway_sends_a_prompts_prefix_to_the_same_serve_replica(se
     bounds = {"min_replicas": 2, "max_replicas": 2}
     ok(await gw.client.patch(f"/v1/deployments/{app}", json=bounds, headers=bearer(gw.key)))
     try:
-        await until(lambda: running(app) == 2, timeout=90)
+        await until(lambda: running(app) == 2, timeout=300)  # a vLLM replica: 132 s once in CI's full run
         async with second_gateway(served) as (client, _):
             probes = itertools.count()
 
@@ -427,7 +427,7 @@ async def test_every_gateway_sends_a_prompts_prefix_to_the_same_serve_replica(se
                         return False
                 return True
 
-            await until(both_handles_know_both_actors, timeout=60)
+            await until(both_handles_know_both_actors, timeout=120)
             for city in ("berlin", "paris", "vienna", "madrid", "lisbon", "oslo"):
                 system = {"role": "system", "content": f"You only talk about {city} and its rivers. " * 12}
                 request = {
@@ -442,7 +442,7 @@ async def test_every_gateway_sends_a_prompts_prefix_to_the_same_serve_replica(se
     finally:
         bounds = {"min_replicas": 1, "max_replicas": 1}
         ok(await gw.client.patch(f"/v1/deployments/{app}", json=bounds, headers=bearer(gw.key)))
-        await until(lambda: running(app) == 1 and len(serve_replica_pids(app)) == 1, timeout=60)  # gone
+        await until(lambda: running(app) == 1 and len(serve_replica_pids(app)) == 1, timeout=120)  # gone
 
 
 async def test_patching_readiness_rescales_the_serve_application_in_place(served: Served) -> None:

@@ -29,7 +29,7 @@ import orjson
 import pytest
 
 from modelhost.api.app import create_app
-from modelhost.cache import SingleFlight
+from modelhost.cache import SingleFlight, TTLCache
 from modelhost.config import Settings, get_settings
 from modelhost.container import Services
 from modelhost.metrics import sample
@@ -529,3 +529,31 @@ async def test_concurrent_cache_misses_of_one_key_share_one_load() -> None:
     results = await asyncio.gather(*waiting[1:])
     assert results == ["principal"] * 19 and calls == ["load"]
     assert await flight.load("key", lambda: "reloaded") == "reloaded"  # nothing cached by it
+
+
+async def test_a_load_that_began_before_a_forget_is_neither_kept_nor_shared_with_later_misses() -> None:
+    """A deployment changed (or a key revoked) while a request was reading the rows: the change forgets
+    the cache entry after its commit, and the read that began before it may hold the old rows. It must
+    not put them back for the TTL, nor answer the requests that arrive after the change."""
+    cache: TTLCache[str] = TTLCache(ttl=60, max_entries=10)
+    flight: SingleFlight[str] = SingleFlight(lambda: cache.generation)
+    rows = ["old"]
+    reading, release = threading.Event(), threading.Event()
+
+    def slow_read() -> str | None:
+        read = rows[0]  # the old rows, read before the change commits
+        reading.set()
+        release.wait(5)
+        return read
+
+    before = asyncio.create_task(flight.load("account", lambda: cache.fresh_or_stale("account", slow_read)))
+    await until(reading.is_set)
+    rows[0] = "new"  # the change commits, then forgets the entry
+    cache.clear()
+    after = asyncio.create_task(
+        flight.load("account", lambda: cache.fresh_or_stale("account", lambda: rows[0]))
+    )
+    assert await after == "new"  # not the load in flight since before the change
+    release.set()
+    assert await before == "old"  # that request began before the change: it may see the old rows
+    assert cache.get("account") == (True, "new")  # but they are not kept over the new ones

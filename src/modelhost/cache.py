@@ -37,6 +37,10 @@ class TTLCache(Generic[V]):
         self._clock = clock
         self._entries: OrderedDict[str, tuple[float, V | None]] = OrderedDict()
         self._lock = threading.Lock()
+        # Counts what was forgotten on purpose: a load that began before a forget (it may have read the
+        # rows as they were before the change) does not keep its value, and is not shared with loads
+        # that begin after it (`SingleFlight`)
+        self._generation = 0
         # Told when an entry (a key) or everything (None) is forgotten on purpose, so that the server's
         # other gateway processes forget it too (`modelhost.server`); expiry is not announced.
         self.on_forget: Callable[[str | None], None] | None = None
@@ -55,7 +59,10 @@ class TTLCache(Generic[V]):
 
     def fresh_or_stale(self, key: str, load: Callable[[], V | None]) -> V | None:
         """`load()` and keep what it read; while the database is unavailable, the last value read for
-        `key`, however old, when there is one (else `DatabaseUnavailable` goes on to the caller)."""
+        `key`, however old, when there is one (else `DatabaseUnavailable` goes on to the caller). What
+        was read is not kept when something was forgotten meanwhile: the change that forgot it may
+        have committed after `load` read."""
+        began = self._generation
         try:
             value = load()
         except DatabaseUnavailable:
@@ -65,16 +72,24 @@ class TTLCache(Generic[V]):
                 raise
             log.warning("database unavailable: serving a cached entry read %.0fs ago", self._age(entry[0]))
             return entry[1]
-        self.put(key, value)
+        self.put(key, value, began=began)
         return value
+
+    @property
+    def generation(self) -> int:
+        """How many times an entry or everything was forgotten on purpose, here or announced."""
+        return self._generation
 
     def _age(self, expires: float) -> float:
         return max(0.0, self._clock() - (expires - self.ttl))
 
-    def put(self, key: str, value: V | None) -> None:
+    def put(self, key: str, value: V | None, *, began: int | None = None) -> None:
+        """Keep `value`; not when it was read by a load that `began` before the last forget."""
         if self.ttl <= 0:
             return
         with self._lock:
+            if began is not None and began != self._generation:
+                return
             self._entries[key] = (self._clock() + self.ttl, value)
             self._entries.move_to_end(key)
             while len(self._entries) > self.max_entries:
@@ -93,6 +108,7 @@ class TTLCache(Generic[V]):
     def forget_here(self, key: str | None) -> None:
         """Forget `key` (None: everything) in this process only: another process announced it."""
         with self._lock:
+            self._generation += 1
             if key is None:
                 self._entries.clear()
             else:
@@ -106,17 +122,22 @@ class SingleFlight(Generic[V]):
     """Concurrent cache misses of one key share one load, run off the event loop.
 
     Without it, the moment a hot entry expires every request in flight misses together and each
-    runs the same database query (a stampede that also exhausts the connection pool).
+    runs the same database query (a stampede that also exhausts the connection pool). A load is
+    shared only among misses of one `generation` of its cache: a request that arrives after a change
+    forgot the entry (a revoked key, a new version of a deployment) never waits for a load that began
+    before it, whose rows may predate the change.
     """
 
-    def __init__(self) -> None:
-        self._loading: dict[str, asyncio.Future[V]] = {}
+    def __init__(self, generation: Callable[[], int] = lambda: 0) -> None:
+        self._generation = generation
+        self._loading: dict[tuple[str, int], asyncio.Future[V]] = {}
 
     async def load(self, key: str, loader: Callable[[], V]) -> V:
-        future = self._loading.get(key)
+        flight = (key, self._generation())
+        future = self._loading.get(flight)
         if future is None:
             future = asyncio.ensure_future(asyncio.to_thread(loader))
-            self._loading[key] = future
-            future.add_done_callback(lambda _: self._loading.pop(key, None))
+            self._loading[flight] = future
+            future.add_done_callback(lambda _: self._loading.pop(flight, None))
         # Shielded: one caller giving up (disconnect, timeout) must not cancel the others' load.
         return await asyncio.shield(future)

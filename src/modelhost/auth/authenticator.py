@@ -55,7 +55,7 @@ class Authenticator:
         self.clock = clock or SystemClock()
         # a person who signs in: how long after their last sign-in their keys work (0: no bound)
         self.sign_in_keys = timedelta(seconds=sign_in_key_seconds) if sign_in_key_seconds else None
-        self.loads: SingleFlight[Principal | None] = SingleFlight()
+        self.loads: SingleFlight[Principal | None] = SingleFlight(lambda: cache.generation)
 
     def now(self) -> datetime:
         return datetime.fromtimestamp(self.clock.now_ms() / 1000, UTC)

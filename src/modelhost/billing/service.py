@@ -48,10 +48,10 @@ class Billing:
         self.enforce = enforce
         self.tick_seconds = tick_seconds
         self._balances = balance_cache
-        self._balance_loads: SingleFlight[int] = SingleFlight()
+        self._balance_loads: SingleFlight[int] = SingleFlight(lambda: balance_cache.generation)
         # What each capped account spent this day and month, trusted as long as a balance
         self._spent: TTLCache[int] = TTLCache(balance_cache.ttl, balance_cache.max_entries)
-        self._spent_loads: SingleFlight[int] = SingleFlight()
+        self._spent_loads: SingleFlight[int] = SingleFlight(lambda: self._spent.generation)
 
     # ---------------------------------------------------------------- balances
 
@@ -111,8 +111,9 @@ class Billing:
                 )
 
     def _read_spent(self, key: str, account_id: str, since_ms: int) -> int:
+        began = self._spent.generation
         spent = self.ledger.spent_since_micro(account_id, since_ms)
-        self._spent.put(key, spent)
+        self._spent.put(key, spent, began=began)
         return spent
 
     def check_can_load(self, spec: DeploymentSpec) -> None:

@@ -98,7 +98,7 @@ class DeploymentService:
         # Routing reads an account's deployments on every inference request: cache them briefly,
         # and forget them whenever this gateway changes a deployment.
         self._refs_cache = refs_cache
-        self.ref_loads: SingleFlight[list[DeploymentRef]] = SingleFlight()
+        self.ref_loads: SingleFlight[list[DeploymentRef]] = SingleFlight(lambda: refs_cache.generation)
 
     def runtime_spec(self, key: str) -> DeploymentSpec | None:
         """The runtime's view of a deployment (None once deleted): of the version `key` names
