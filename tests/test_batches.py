@@ -502,6 +502,10 @@ def test_a_batch_silent_past_the_stale_time_keeps_its_claim_and_runs_each_line_o
         assert time.monotonic() - started > 2 * stale  # silent for longer than the stale time
         done = wait(client, batch.id, ("completed",))
         assert done.request_counts is not None and done.request_counts.completed == count
+        # each line's request is counted by the process that ran it, written within `FLUSH_SECONDS`
+        deadline = time.monotonic() + 10
+        while chat_requests(http) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert chat_requests(http) == count
         http.close()
     finally:

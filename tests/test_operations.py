@@ -7,6 +7,7 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from modelhost.api.app import create_app
 from modelhost.billing.meter import CREDITS_BILLED
 from modelhost.config import Settings
 from modelhost.container import Services
+from modelhost.metrics import Histogram, Tally
 from modelhost.store import migrate
 from modelhost.store.db import Database
 from tests import SUITE_VALUES, TEST_SUITE_SETTINGS
@@ -78,6 +80,28 @@ async def test_metrics_count_requests_by_route_and_status(client: httpx.AsyncCli
     body = (await client.get("/metrics")).text
     assert 'modelhost_http_requests_total{method="GET",route="/v1/keys",status="401"}' in body
     assert 'modelhost_http_request_duration_seconds_bucket{le="0.005",method="GET",route="/health"}' in body
+
+
+def test_observations_written_together_land_where_one_by_one_they_would() -> None:
+    """The request metrics are written in batches (`metrics.Tally`): the buckets and the sum of a
+    histogram end as observing each value would leave them, bounds included."""
+    buckets = (0.001, 0.01, 0.1, 1.0)
+    first, second = (
+        Histogram(f"mh_test_observe_{n}", "t", ["route"], buckets=buckets, registry=None) for n in "ab"
+    )
+    one_by_one, together = first.labels("/v1/x"), second.labels("/v1/x")
+    values = [0.0, 0.001, 0.0010001, 0.005, 0.01, 0.5, 1.0, 2.0, 30.0, 0.0999]
+    for value in values:
+        one_by_one.observe(value)
+    tally = Tally()
+    with mock.patch.object(tally, "_due"):  # no flush but the one below
+        for value in values:
+            tally.observe(second, ("/v1/x",), value)
+    assert together._sum.get() == 0  # not written yet: one flush writes them all
+    tally.flush()
+    for written in (one_by_one, together):
+        assert written._sum.get() == pytest.approx(sum(values))
+    assert [b.get() for b in together._buckets] == [b.get() for b in one_by_one._buckets] == [2, 3, 1, 2, 2]
 
 
 async def test_head_metrics_answers_200_without_a_body(client: httpx.AsyncClient) -> None:

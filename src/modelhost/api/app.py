@@ -21,7 +21,7 @@ from modelhost.api.admission import Admission, admission_of
 from modelhost.api.batch_lines import line_caller
 from modelhost.api.deps import Guard, guard_of, require_admin
 from modelhost.api.errors import error_responses, install_error_handlers
-from modelhost.api.fastlane import FastLane, routes_of
+from modelhost.api.fastlane import FastLane, LaneFirst, routes_of
 from modelhost.api.middleware import BodySizeLimit, KeyFirst, RequestPath
 from modelhost.api.routes import (
     admin,
@@ -101,7 +101,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             if traced:
                 tracing.stop()  # after the replicas' shutdown: the last spans go out
 
-    app = FastAPI(
+    app = LaneFirst(
         title="modelhost",
         version=modelhost.__version__,
         description=DESCRIPTION,

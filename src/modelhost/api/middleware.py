@@ -32,7 +32,7 @@ from modelhost.auth import anonymous
 from modelhost.auth.limits import Admitted, start_counting
 from modelhost.errors import InvalidRequest, ModelhostError, PayloadTooLarge, TooManyAnonymousRequests
 from modelhost.logs import HEADER, REQUEST_ID, TRACE_ID, request_id_for
-from modelhost.metrics import Counter, Histogram
+from modelhost.metrics import Counter, Histogram, Tally
 
 REQUESTS = Counter(
     "modelhost_http_requests_total", "HTTP requests by route and status.", ["method", "route", "status"]
@@ -56,6 +56,9 @@ VERSION_LATENCY = Histogram(
     ["deployment", "artifact_id"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+
+# the request metrics, written together every few milliseconds (`metrics.Tally`)
+TALLY = Tally()
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +218,8 @@ class RequestPath(HttpMiddleware):
       `x-ratelimit-*` headers, and its place and the tokens it used go back to the limiter before the
       last of its answer goes out (streams included), so that the client's next request finds them back,
       whichever gateway process it reaches; or when it fails or its client leaves;
-    - the request metrics: counted and timed, labelled by route template (bounded cardinality);
+    - the request metrics: counted and timed, labelled by route template (bounded cardinality), written
+      with the process's other requests' every few milliseconds (`metrics.Tally`);
     - with tracing on (`modelhost.tracing`), its SERVER span, continuing the caller's `traceparent`: the
       current span while it runs (log lines name its trace ID beside the request ID, the replica
       protocol carries it), named for its route or its GenAI operation and model when it ends, and sent
@@ -279,12 +283,14 @@ class RequestPath(HttpMiddleware):
                 tracing.server_span_ended(
                     span, method, getattr(route, "path", None), status, scope.get(tracing.MODEL), used
                 )
-            REQUESTS.labels(method, template, str(status)).inc()
-            LATENCY.labels(method, template).observe(time.perf_counter() - started)
+            took = time.perf_counter() - started
+            code = str(status)
+            TALLY.count(REQUESTS, (method, template, code))
+            TALLY.observe(LATENCY, (method, template), took)
             version: tuple[str, str] | None = scope.get(SERVED_ARTIFACT)
             if version is not None:
-                VERSION_REQUESTS.labels(*version, str(status)).inc()
-                VERSION_LATENCY.labels(*version).observe(time.perf_counter() - started)
+                TALLY.count(VERSION_REQUESTS, (*version, code))
+                TALLY.observe(VERSION_LATENCY, version, took)
 
 
 async def _server_span(scope: Scope) -> tuple[tracing.Span | None, tuple[bytes, bytes] | None]:

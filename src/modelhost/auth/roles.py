@@ -61,12 +61,21 @@ PERMISSIONS[Role.ADMIN] = PERMISSIONS[Role.OWNER] - {MANAGE_OWNERS}
 ACTIONS: tuple[str, ...] = tuple(sorted(PERMISSIONS[Role.OWNER]))
 
 
+# Every prefix is two segments: a path's first two find its resource in one lookup (every keyed request
+# asks), as `path == prefix or path.startswith(prefix + "/")` would
+_ACTIONS_BY_PREFIX: dict[str, tuple[str, str]] = {
+    prefix: (f"{resource}:read", f"{resource}:write") for prefix, resource in RESOURCES
+}
+assert all(prefix.count("/") == 2 for prefix in _ACTIONS_BY_PREFIX)
+
+
 def action_of(method: str, path: str) -> str:
     """The action a keyed route (its path template, e.g. `/v1/deployments/{deployment_id}`) needs."""
-    for prefix, resource in RESOURCES:
-        if path == prefix or path.startswith(prefix + "/"):
-            return f"{resource}:{'read' if method in ('GET', 'HEAD') else 'write'}"
-    return CALL
+    end = path.find("/", path.find("/", 1) + 1)
+    actions = _ACTIONS_BY_PREFIX.get(path if end < 0 else path[:end])
+    if actions is None:
+        return CALL
+    return actions[0] if method in ("GET", "HEAD") else actions[1]
 
 
 def allowed(key_role: Role, owner_role: Role | None) -> frozenset[str]:
