@@ -32,7 +32,7 @@ from modelhost.auth import anonymous
 from modelhost.auth.limits import Admitted, start_counting
 from modelhost.errors import InvalidRequest, ModelhostError, PayloadTooLarge, TooManyAnonymousRequests
 from modelhost.logs import HEADER, REQUEST_ID, TRACE_ID, request_id_for
-from modelhost.metrics import Counter, Histogram, Tally
+from modelhost.metrics import TALLY, Counter, Histogram
 
 REQUESTS = Counter(
     "modelhost_http_requests_total", "HTTP requests by route and status.", ["method", "route", "status"]
@@ -56,9 +56,6 @@ VERSION_LATENCY = Histogram(
     ["deployment", "artifact_id"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
-
-# the request metrics, written together every few milliseconds (`metrics.Tally`)
-TALLY = Tally()
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,6 +125,8 @@ class ClientGuard(HttpToolsProtocol):
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._deadline: asyncio.TimerHandle | None = None
+        self._armed_for = 0.0  # the loop time `_deadline` fires at
+        self._due_at = 0.0  # the loop time the awaited part of the request is due by
         self._waiting: Waiting | None = None
         self._over_capacity = False
         self._disconnects = Disconnects()  # told when the connection is lost (`api.disconnects`)
@@ -138,6 +140,9 @@ class ClientGuard(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._expect(None)
+        if self._deadline is not None:  # nothing more to wait for: the timer would keep the protocol
+            self._deadline.cancel()
+            self._deadline = None
         super().connection_lost(exc)
         self._disconnects.lost()
 
@@ -178,14 +183,26 @@ class ClientGuard(HttpToolsProtocol):
     # ---- the deadline
 
     def _expect(self, waiting: Waiting | None) -> None:
-        """Wait for `waiting` (None: for nothing) from now on, for as long as its timeout allows."""
+        """Wait for `waiting` (None: for nothing) from now on, for as long as its timeout allows.
+
+        The deadline moves three or four times a request (its first byte, its headers, each piece of
+        its body, its end), and a timer made and cancelled each time cost every request CPU (issue 71).
+        So the connection's one timer stays armed: moved only to an earlier time, and when it fires
+        for a deadline that has since moved later (or for nothing awaited), it arms itself again (or
+        stops)."""
+        self._waiting = waiting
+        if waiting is None:
+            return
+        timeout = self.header_timeout if waiting == "header" else self.body_timeout
+        self._due_at = self.loop.time() + timeout
+        if self._deadline is None or self._due_at < self._armed_for:
+            self._arm()
+
+    def _arm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-            self._deadline = None
-        self._waiting = waiting
-        if waiting is not None:
-            timeout = self.header_timeout if waiting == "header" else self.body_timeout
-            self._deadline = self.loop.call_later(timeout, self._timed_out)
+        self._armed_for = self._due_at
+        self._deadline = self.loop.call_at(self._due_at, self._timed_out)
 
     def _held_up_here(self, waiting: Waiting) -> bool:
         """Whether the server, not the client, is why nothing arrives: a pipelined request waits for the
@@ -200,6 +217,9 @@ class ClientGuard(HttpToolsProtocol):
         waiting, cycle = self._waiting, self.cycle
         self._deadline = None
         if waiting is None or self.transport.is_closing():
+            return
+        if self.loop.time() < self._due_at:  # the deadline moved on since the timer was armed
+            self._arm()
             return
         if self._held_up_here(waiting):
             return self._expect(waiting)

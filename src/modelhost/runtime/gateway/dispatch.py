@@ -47,6 +47,7 @@ from modelhost.generation.contract import (
     Text,
     failed,
 )
+from modelhost.metrics import TALLY
 from modelhost.runtime import metrics
 from modelhost.runtime.gateway import routing
 from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
@@ -116,14 +117,12 @@ class Dispatcher:
         self.max_imbalance = max_imbalance  # routing: how much busier a request's own replica may be
         self.by_prefix = by_prefix  # False: the least busy replica, blind to caches
         self.outstanding = 0  # requests and generations of this process on the deployment
-        self.published = -1  # what the in-flight gauge says
-        self._first_token = metrics.TIME_TO_FIRST_TOKEN.labels(deployment_id)
         # Every time to first token observed here, summed, and how many: the supervisor's autoscaler
         # reads what changed since its last sample (totals: nothing grows where no one reads them)
         self.first_token_seconds = 0.0
         self.first_tokens = 0
-        self._per_token = metrics.TIME_PER_OUTPUT_TOKEN.labels(deployment_id)
-        _changed(self)
+        self._labels = (deployment_id,)  # of its metrics, written with the process's others (`TALLY`)
+        self._publish()
 
     def _admit(self) -> None:
         if self.outstanding >= self.max_in_flight:
@@ -131,11 +130,15 @@ class Dispatcher:
                 "The deployment has too many requests in flight; retry shortly.", headers={"Retry-After": "1"}
             )
         self.outstanding += 1
-        _changed(self)
+        self._publish()
 
     def _release(self) -> None:
         self.outstanding -= 1
-        _changed(self)
+        self._publish()
+
+    def _publish(self) -> None:
+        """The in-flight gauge, written with the process's other metrics within `FLUSH_SECONDS`."""
+        TALLY.set(metrics.IN_FLIGHT, self._labels, self.outstanding)
 
     async def infer(self, targets: Targets, item: Payload) -> Payload:
         """One request of a batch task, answered by the least busy live replica; sent again, within its
@@ -216,7 +219,7 @@ class Dispatcher:
                                 completion = event.completion_tokens
                             if not first and completion:
                                 first = time.perf_counter()
-                                self._first_token.observe(first - started)
+                                TALLY.observe(metrics.TIME_TO_FIRST_TOKEN, self._labels, first - started)
                                 self.first_token_seconds += first - started
                                 self.first_tokens += 1
                             if whole:
@@ -240,7 +243,8 @@ class Dispatcher:
             self._release()
             count_tokens(prompt, completion)
             if completion > 1:
-                self._per_token.observe((time.perf_counter() - first) / (completion - 1))
+                per_token = (time.perf_counter() - first) / (completion - 1)
+                TALLY.observe(metrics.TIME_PER_OUTPUT_TOKEN, self._labels, per_token)
             if span is not None:
                 tracing.span_ended(span, prompt, completion)
 
@@ -266,38 +270,6 @@ def _crashed(why: str) -> Crashed:
         f"The replica running this request stopped while running it ({why}). It is not sent to another "
         "replica, since it may be what stopped it; a replacement is starting."
     )
-
-
-# The in-flight gauge is written at most every PUBLISH_SECONDS, not per request: in multiprocess mode
-# every write of a metric costs a lock and a pid check (about 5 % of a request). A change schedules one
-# write for the whole process, so a gateway at rest wakes for nothing (a loop polling 20 times a second
-# cost an idle gateway more CPU than a request).
-PUBLISH_SECONDS = 0.05
-_changed_dispatchers: set[Dispatcher] = set()
-_publishing_on: asyncio.AbstractEventLoop | None = None  # the loop a write is scheduled on, if any
-
-
-def _changed(dispatcher: Dispatcher) -> None:
-    """`dispatcher`'s count of requests in flight changed: its gauge is written within PUBLISH_SECONDS."""
-    global _publishing_on
-    _changed_dispatchers.add(dispatcher)
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # no running loop (built outside one): the next change schedules it
-        return
-    if _publishing_on is not loop:  # none scheduled, or on a loop that has ended (tests run several)
-        loop.call_later(PUBLISH_SECONDS, _publish)
-        _publishing_on = loop
-
-
-def _publish() -> None:
-    global _publishing_on
-    _publishing_on = None
-    for dispatcher in _changed_dispatchers:
-        if dispatcher.published != dispatcher.outstanding:
-            dispatcher.published = dispatcher.outstanding
-            metrics.IN_FLIGHT.labels(dispatcher.deployment_id).set(dispatcher.outstanding)
-    _changed_dispatchers.clear()
 
 
 def _pick(targets: Sequence[Target], affinity: str = "", max_imbalance: int = 0) -> Target:
