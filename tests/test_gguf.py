@@ -450,19 +450,22 @@ def test_a_salted_key_finds_only_its_own_cached_prefixes_on_llamacpp(served: Ser
 
 def test_llamacpps_kv_cache_usage_is_its_busy_slots_over_its_slots(served: Served) -> None:
     """`modelhost_kv_cache_usage_ratio` as the transformers engine's: above 0 while streams hold slots,
-    0 once they end. Four streams per slot, one after another in each: the tiny model answers one in a
-    moment, so they hold the slots for longer than one scrape takes."""
+    0 once they end. Streams one after another in each slot until a scrape has seen them (at most a
+    minute): the tiny model answers one in a moment, and on a loaded machine one scrape can take longer
+    than several of them (four per slot were all done before the second scrape once)."""
     deployment = served.deployment["id"]
     http = httpx.AsyncClient(base_url=served.url, timeout=30)
     body = {"model": MODEL, "prompt": "a", "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    seen = asyncio.Event()
 
     async def usage() -> float:
         metrics = (await http.get("/metrics")).text
         return busiest_replica(metrics, "modelhost_kv_cache_usage_ratio", deployment)
 
     async def stream() -> None:
+        deadline = time.monotonic() + 60
         async with httpx.AsyncClient(base_url=served.url, timeout=120) as client:
-            for _ in range(4):
+            while not seen.is_set() and time.monotonic() < deadline:
                 async with client.stream(
                     "POST", "/v1/completions", json=body, headers=bearer(served.key)
                 ) as answer:
@@ -474,6 +477,7 @@ def test_llamacpps_kv_cache_usage_is_its_busy_slots_over_its_slots(served: Serve
         busy = -1.0
         while busy <= 0 and not all(s.done() for s in streams):
             busy = max(busy, await usage())
+        seen.set()
         await asyncio.gather(*streams)
         deadline = time.monotonic() + 15
         while (idle := await usage()) != 0 and time.monotonic() < deadline:

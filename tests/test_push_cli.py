@@ -19,6 +19,8 @@ from tests.live import live_server
 from tests.recipes import GGUF_FOLDER
 
 runner = CliRunner()
+# the test's own calls: a loaded machine can take longer than httpx's default of 5 s (a ReadTimeout once)
+http = httpx.Client(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def key(server: str) -> str:
-    created = httpx.post(f"{server}/v1/admin/accounts", json={"name": "pusher"}, headers=bearer(ADMIN_KEY))
+    created = http.post(f"{server}/v1/admin/accounts", json={"name": "pusher"}, headers=bearer(ADMIN_KEY))
     value: str = created.json()["api_key"]
     return value
 
@@ -49,7 +51,7 @@ def test_push_uploads_inspects_and_deploys(server: str, key: str, recipes: Path)
     code, output = push(server, key, recipes / "t01_token_classification", *options)
     assert code == 0, output
     assert '"status": "ready"' in output
-    deployments = httpx.get(f"{server}/v1/deployments", headers=bearer(key)).json()["data"]
+    deployments = http.get(f"{server}/v1/deployments", headers=bearer(key)).json()["data"]
     assert [d["model"] for d in deployments] == ["ner-model"]
 
 
@@ -64,16 +66,16 @@ def test_push_shows_progress_in_bytes_and_files(server: str, key: str, recipes: 
 
 def test_push_resumes_and_skips_files_already_uploaded(server: str, key: str, recipes: Path) -> None:
     folder = recipes / "t02_fill_mask"
-    art = httpx.post(
+    art = http.post(
         f"{server}/v1/model-artifacts",
         json={"display_name": "resumed", "pipeline": "fill-mask"},
         headers=bearer(key),
     ).json()
-    upload_id = httpx.post(f"{server}/v1/model-artifacts/{art['id']}/uploads", headers=bearer(key)).json()[
+    upload_id = http.post(f"{server}/v1/model-artifacts/{art['id']}/uploads", headers=bearer(key)).json()[
         "upload_id"
     ]
     first = folder / "config.json"  # an interrupted earlier push got this far
-    httpx.put(
+    http.put(
         f"{server}/v1/model-artifacts/{art['id']}/uploads/{upload_id}/files/config.json",
         content=first.read_bytes(),
         headers={**bearer(key), "X-Content-SHA256": hashlib.sha256(first.read_bytes()).hexdigest()},
@@ -83,7 +85,7 @@ def test_push_resumes_and_skips_files_already_uploaded(server: str, key: str, re
     assert f"resuming upload session {upload_id}" in output
     assert "skipped 1 file(s)" in output
     assert (
-        httpx.get(f"{server}/v1/model-artifacts/{art['id']}", headers=bearer(key)).json()["status"] == "ready"
+        http.get(f"{server}/v1/model-artifacts/{art['id']}", headers=bearer(key)).json()["status"] == "ready"
     )
 
 
