@@ -138,7 +138,7 @@ def _key_headers(scope: Scope) -> tuple[str | None, str | None]:
 def session_secret(request: Request) -> tuple[str, bool] | None:
     """The request's sign-in session, as (secret, by cookie): a signed-in CLI's bearer token (`mhs-`),
     else, on a request with no key at all, the console's cookie; None without either."""
-    authorization, api_key = request.headers.get("authorization"), request.headers.get("x-api-key")
+    authorization, api_key = _key_headers(request.scope)
     if authorization or api_key is not None:
         try:
             token = bearer_token(authorization, api_key)
@@ -186,7 +186,7 @@ async def trusted_caller(request: Request) -> bool:
     """Whether the request carries a valid key, checked as `_authenticate` does (cache first), without
     refusing it: the middleware asks this before the route's own key check, which then finds the key
     in the cache. A wrong key is not counted here (the key check counts it)."""
-    authorization, api_key = request.headers.get("authorization"), request.headers.get("x-api-key")
+    authorization, api_key = _key_headers(request.scope)
     if not authorization and not api_key:
         secret = request.cookies.get(SESSION_COOKIE)
         return secret is not None and (await get_services(request).sessions.principal(secret)) is not None
