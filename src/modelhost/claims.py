@@ -1,4 +1,4 @@
-"""Background work that the database queues and one server at a time runs: batches, imports.
+"""Background work that the database queues and one server at a time runs: batches, imports, video jobs.
 
 A runner claims a row (a guarded UPDATE naming the runner, in the work's own store), runs it as a task,
 and hands every running claim back when it stops, so that another server, or this one restarted, takes
@@ -55,6 +55,10 @@ class ClaimLoop(Generic[ClaimT]):
     async def run(self, claimed: ClaimT) -> None:
         raise NotImplementedError
 
+    async def turn(self) -> None:
+        """Each turn of the loop, before it claims, whether or not a slot is free: a runner's own
+        housekeeping (the video runner's stale jobs and expired files). Nothing by default."""
+
     # ---------------------------------------------------------------- the loop
 
     def start_claiming(self) -> None:
@@ -78,6 +82,7 @@ class ClaimLoop(Generic[ClaimT]):
     async def _claim_forever(self) -> None:
         while True:
             try:
+                await self.turn()
                 claimed = None
                 if len(self.running) < self.concurrency():
                     claimed = await asyncio.to_thread(self.claim)

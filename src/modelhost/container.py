@@ -343,7 +343,7 @@ class Supervision:
         metering = asyncio.create_task(billing.run_forever(self.runtime.unload_account))
         sharing = asyncio.create_task(self.shared_limits.run_forever())
         await self.runtime.start()
-        self.videos.start()
+        self.videos.start_claiming()
         self.agents.start()
         self.batches.start(line_call)
         self.imports.start_claiming()

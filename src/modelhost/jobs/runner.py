@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 import functools
 import logging
-import secrets
 import time
 from typing import Protocol
 
 from modelhost import tracing
+from modelhost.claims import ClaimLoop
 from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
@@ -34,70 +34,48 @@ class VideoCancel(Protocol):
     async def cancel(self, job_id: str) -> None: ...
 
 
-class VideoRunner:
+class VideoRunner(ClaimLoop[Claimed]):
+    """Claims queued video jobs (`modelhost.claims.ClaimLoop`) and runs each to its end; each turn of
+    the loop, when due, re-queues or fails stale jobs and sweeps expired content."""
+
+    what = "video job"
+
     def __init__(self, jobs: VideoJobs, runtime: Runtime, settings: Settings) -> None:
+        super().__init__(log)
         self.jobs = jobs
         self.runtime = runtime
         self.settings = settings
-        self.name = f"gw-{secrets.token_hex(6)}"  # this gateway process, in `claimed_by`
-        self._running: dict[str, asyncio.Task[None]] = {}
-        self._loop: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._housekept = 0.0  # when the stale jobs and expired content were last seen to
 
-    def start(self) -> None:
-        self._loop = asyncio.create_task(self._claim_forever())
+    def concurrency(self) -> int:
+        return self.settings.video_concurrency
 
-    async def stop(self) -> None:
-        """Stop claiming; give running jobs back to the queue (they run again, counting no attempt)."""
-        if self._loop is not None:
-            self._loop.cancel()
-        tasks = list(self._running.items())
-        for _, task in tasks:
-            task.cancel()
-        await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
-        for job_id, _ in tasks:
-            await asyncio.to_thread(self.jobs.release, job_id, self.name)
+    def poll_seconds(self) -> float:
+        return self.settings.video_poll_seconds
 
-    def wake(self) -> None:
-        """A job was queued through a gateway of this server: look now rather than at the next poll
-        (the poll is for jobs queued through other servers)."""
-        self._wake.set()
+    def claim(self) -> Claimed | None:
+        return self.jobs.claim(self.name)
+
+    def release(self, claim_id: str) -> None:
+        """Give a running job back to the queue (it runs again, counting no attempt)."""
+        self.jobs.release(claim_id, self.name)
+
+    async def turn(self) -> None:
+        if time.monotonic() - self._housekept > min(10.0, self.settings.video_job_stale_seconds / 2):
+            self._housekept = time.monotonic()
+            await asyncio.to_thread(self.jobs.recover_stale, self.settings.video_job_stale_seconds)
+            await asyncio.to_thread(self.jobs.sweep_expired)
 
     async def cancel(self, job_id: str) -> None:
         """A deleted job running here stops at once (on another server: at its next heartbeat)."""
         self._stop(job_id)
 
     def _stop(self, job_id: str) -> None:
-        task = self._running.get(job_id)
+        task = self.running.get(job_id)
         if task is not None:
             task.cancel()
 
-    async def _claim_forever(self) -> None:
-        last_housekeeping = 0.0
-        while True:
-            try:
-                if time.monotonic() - last_housekeeping > min(
-                    10.0, self.settings.video_job_stale_seconds / 2
-                ):
-                    last_housekeeping = time.monotonic()
-                    await asyncio.to_thread(self.jobs.recover_stale, self.settings.video_job_stale_seconds)
-                    await asyncio.to_thread(self.jobs.sweep_expired)
-                claimed = None
-                if len(self._running) < self.settings.video_concurrency:
-                    claimed = await asyncio.to_thread(self.jobs.claim, self.name)
-                if claimed is None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self.settings.video_poll_seconds)
-                    self._wake.clear()
-                    continue
-                self._running[claimed.id] = asyncio.create_task(self._run(claimed))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("video job runner")
-                await asyncio.sleep(self.settings.video_poll_seconds)
-
-    async def _run(self, job: Claimed) -> None:
+    async def run(self, job: Claimed) -> None:
         beating = asyncio.create_task(self._heartbeat(job.id))
         try:
             await tracing.within(lambda: self._span(job), self._generate(job))
@@ -119,8 +97,6 @@ class VideoRunner:
             )
         finally:
             beating.cancel()
-            self._running.pop(job.id, None)
-            self._wake.set()  # a slot is free: a job waiting for one is claimed now
 
     @staticmethod
     def _span(job: Claimed) -> tracing.Span:
