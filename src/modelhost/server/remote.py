@@ -166,7 +166,7 @@ class RemoteRuntime:
         self._connections: dict[str, ReplicaConnection] = {}
         self._connecting: dict[str, asyncio.Future[ReplicaConnection]] = {}
         self._acquiring: dict[str, asyncio.Future[list[str]]] = {}
-        self._used: set[str] = set()
+        self._used: dict[str, float] = {}  # deployment → when this process last sent it a request
         self._toucher: asyncio.Task[None] | None = None
         link.on_replicas = self.replicas_changed
 
@@ -185,13 +185,13 @@ class RemoteRuntime:
 
     async def infer(self, deployment_id: str, item: Payload) -> Payload:
         deployment = self._deployment(deployment_id)
-        self._used.add(deployment_id)
+        self._used[deployment_id] = time.monotonic()
         return await deployment.dispatcher.infer(self._targets(deployment_id), item)
 
     async def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[GenerationEvent, None]:
         with tracing.step("wait for replica"):
             deployment = await self._ready(deployment_id)
-        self._used.add(deployment_id)
+        self._used[deployment_id] = time.monotonic()
         events = deployment.dispatcher.stream(self._targets(deployment_id), item)
         async with contextlib.aclosing(events):
             async for event in events:
@@ -281,10 +281,14 @@ class RemoteRuntime:
     async def _touch_forever(self) -> None:
         while True:
             await asyncio.sleep(TOUCH_SECONDS)
-            busy = {d for d, deployment in self._deployments.items() if deployment.dispatcher.outstanding}
-            used, self._used = self._used | busy, set()
+            now = time.monotonic()
+            used, self._used = self._used, {}
+            for deployment_id, deployment in self._deployments.items():
+                if deployment.dispatcher.outstanding:  # still in use
+                    used[deployment_id] = now
             if used:
-                self._link.tell(Touch(sorted(used)))
+                ids = sorted(used)
+                self._link.tell(Touch(ids, [round(now - used[d], 3) for d in ids]))
 
     # ---------------------------------------------------------------- asked of the supervisor
 

@@ -184,7 +184,8 @@ class ControlServer:
         self, session: _Session, message: Touch | Forget | Wake, services: Services, supervision: Supervision
     ) -> None:
         if isinstance(message, Touch):
-            supervision.runtime.touch(message.deployment_ids)
+            ages = message.ages if len(message.ages) == len(message.deployment_ids) else None
+            supervision.runtime.touch(message.deployment_ids, ages)
         elif isinstance(message, Wake):
             supervision.wake(message.runner)
         else:

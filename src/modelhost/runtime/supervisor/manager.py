@@ -157,9 +157,9 @@ class DeploymentRuntime:
         finally:
             self.last_used = self._clock.monotonic()
 
-    def touch(self) -> None:
-        """Another gateway process used the deployment (or still is): not idle."""
-        self.last_used = self._clock.monotonic()
+    def touch(self, age: float = 0.0) -> None:
+        """Another gateway process used the deployment `age` seconds ago (or still is: 0): not idle."""
+        self.last_used = max(self.last_used, self._clock.monotonic() - age)
 
     # ---------------------------------------------------------------- loading
 
@@ -942,12 +942,14 @@ class ReplicaManager:
         ]
         self.replicas_changed(deployment_id, active)
 
-    def touch(self, keys: list[str]) -> None:
-        """Other gateway processes used these versions (or deployments) lately (the idle reaper reads it)."""
-        for key in keys:
+    def touch(self, keys: list[str], ages: list[float] | None = None) -> None:
+        """Other gateway processes used these versions (or deployments) lately, each `ages` seconds ago
+        (the idle reaper and eviction's least-recently-used order read it)."""
+        for index, key in enumerate(keys):
+            age = ages[index] if ages is not None else 0.0
             for runtime in self._runtimes.values():
                 if key in (runtime.spec.key, runtime.spec.id):
-                    runtime.touch()
+                    runtime.touch(age)
 
     async def _runtime_of(self, key: str) -> DeploymentRuntime:
         """The runtime of a version (`deployment@artifact`, as a gateway chose it), or of a deployment
