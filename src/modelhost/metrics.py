@@ -83,7 +83,7 @@ TENANT_LABEL = "account"  # series labelled with it name an account: shown only 
 def exposition(tenants: bool = True) -> bytes:
     """The text format of every process's metrics, added up; without the series labelled with account
     IDs unless `tenants` (what `/metrics` shows a caller without the admin or metrics key)."""
-    _flush_tallies()
+    TALLY.flush()
     registry = _registry()
     return generate_latest(registry if tenants else _WithoutTenants(registry))
 
@@ -105,7 +105,7 @@ class _WithoutTenants:
 
 def sample(name: str, labels: dict[str, str] | None = None) -> float | None:
     """One sample's value across all processes (None when nobody recorded it); for tests and tools."""
-    _flush_tallies()
+    TALLY.flush()
     value = _registry().get_sample_value(name, labels or {})
     return None if value is None else float(value)
 
@@ -220,10 +220,4 @@ def observe_all(child: Any, values: list[float]) -> None:
 # the process's one tally: the request metrics (`api.middleware`), the gateway's requests in flight
 # (`runtime.gateway.dispatch`)
 TALLY = Tally()
-
-
-def _flush_tallies() -> None:
-    TALLY.flush()
-
-
-atexit.register(_flush_tallies)
+atexit.register(TALLY.flush)  # what the process counted last goes out with it

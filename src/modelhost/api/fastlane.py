@@ -177,12 +177,12 @@ class LaneFirst(FastAPI):
             while layer is not None and len(layers) < 32:
                 layers.append(layer)
                 layer = getattr(layer, "app", None)
-            lanes = [found for found in layers if isinstance(found, FastLane)]
+            lane = next((found for found in layers if isinstance(found, FastLane)), None)
             outermost_kind: object = self.user_middleware[0].cls if self.user_middleware else None
             outermost = next((found for found in layers if type(found) is outermost_kind), None)
-            if not lanes or outermost is None:
+            if lane is None or outermost is None:
                 return None
-            self._entry = (outermost, lanes[0])
+            self._entry = (outermost, lane)
         return self._entry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

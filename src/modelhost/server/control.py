@@ -98,12 +98,11 @@ class CancelVideo(msgspec.Struct, tag="cancel_video", array_like=True):
 
 
 class Touch(msgspec.Struct, tag="touch", array_like=True):
-    """These deployments were used (or are still in use) since the last `Touch`: not idle. `ages`: how
-    many seconds before this message each was last used (0: in use), so that the supervisor orders
+    """These deployments were used (or are still in use) since the last `Touch`: not idle. By deployment,
+    how many seconds before this message each was last used (0: in use), so that the supervisor orders
     them as they were used (eviction takes the least recently used), not as one message names them."""
 
-    deployment_ids: list[str]
-    ages: list[float] = []
+    ages: dict[str, float]
 
 
 class Forget(msgspec.Struct, tag="forget", array_like=True):

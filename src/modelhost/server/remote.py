@@ -287,8 +287,7 @@ class RemoteRuntime:
                 if deployment.dispatcher.outstanding:  # still in use
                     used[deployment_id] = now
             if used:
-                ids = sorted(used)
-                self._link.tell(Touch(ids, [round(now - used[d], 3) for d in ids]))
+                self._link.tell(Touch({d: round(now - at, 3) for d, at in used.items()}))
 
     # ---------------------------------------------------------------- asked of the supervisor
 

@@ -184,8 +184,7 @@ class ControlServer:
         self, session: _Session, message: Touch | Forget | Wake, services: Services, supervision: Supervision
     ) -> None:
         if isinstance(message, Touch):
-            ages = message.ages if len(message.ages) == len(message.deployment_ids) else None
-            supervision.runtime.touch(message.deployment_ids, ages)
+            supervision.runtime.touch(message.ages)
         elif isinstance(message, Wake):
             supervision.wake(message.runner)
         else:

@@ -942,11 +942,10 @@ class ReplicaManager:
         ]
         self.replicas_changed(deployment_id, active)
 
-    def touch(self, keys: list[str], ages: list[float] | None = None) -> None:
-        """Other gateway processes used these versions (or deployments) lately, each `ages` seconds ago
-        (the idle reaper and eviction's least-recently-used order read it)."""
-        for index, key in enumerate(keys):
-            age = ages[index] if ages is not None else 0.0
+    def touch(self, ages: dict[str, float]) -> None:
+        """Other gateway processes used these versions (or deployments) lately, each that many seconds
+        ago (the idle reaper and eviction's least-recently-used order read it)."""
+        for key, age in ages.items():
             for runtime in self._runtimes.values():
                 if key in (runtime.spec.key, runtime.spec.id):
                     runtime.touch(age)
