@@ -781,3 +781,25 @@ def test_ray_serve_replicas_are_served_by_one_gateway_process_per_server(tmp_pat
     assert workers_for(make_settings(tmp_path, "sqlite://", runtime="ray"), None) == 1
     with pytest.raises(ValueError, match="several `modelhost serve`"):
         workers_for(make_settings(tmp_path, "sqlite://", runtime="ray"), 2)
+
+
+async def test_a_gateway_at_rest_begins_its_drain_as_soon_as_it_is_asked() -> None:
+    """A gateway process at rest wakes once a tick (not uvicorn's ten times a second); asking it to
+    exit, from a signal's handler or another thread, wakes it at once, whatever the tick."""
+    import uvicorn
+
+    from modelhost.server.http import QuietServer
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        return None
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    server = QuietServer(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    server.tick_seconds = 3600.0  # a wake that did not happen would wait an hour
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    while not server.started:
+        await asyncio.sleep(0.05)
+    await asyncio.to_thread(setattr, server, "should_exit", True)
+    await asyncio.wait_for(serving, 60)
+    listener.close()

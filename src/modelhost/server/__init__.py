@@ -231,12 +231,10 @@ def _run_embedded(
     settings: Settings, listener: socket.socket, log_level: str, beside: Callable[[], None] | None
 ) -> None:
     """Ray Serve's server: one process that serves HTTP and supervises (its replicas run on the cluster)."""
-    import uvicorn
-
     from modelhost.api.app import create_app
-    from modelhost.server.http import uvicorn_config
+    from modelhost.server.http import QuietServer, uvicorn_config
 
-    server = uvicorn.Server(uvicorn_config(create_app(settings), settings, log_level))
+    server = QuietServer(uvicorn_config(create_app(settings), settings, log_level))
     if beside is not None:
         threading.Thread(target=beside, name="beside", daemon=True).start()
     settle_memory()

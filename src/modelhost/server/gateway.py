@@ -19,8 +19,6 @@ import socket
 import sys
 from pathlib import Path
 
-import uvicorn
-
 from modelhost.api.app import create_app
 from modelhost.auth.limit_table import LimitTable
 from modelhost.auth.limits import RateLimiter
@@ -28,7 +26,7 @@ from modelhost.config import get_settings
 from modelhost.container import Services
 from modelhost.server import settle_memory
 from modelhost.server.control import Wake
-from modelhost.server.http import uvicorn_config
+from modelhost.server.http import QuietServer, uvicorn_config
 from modelhost.server.remote import (
     LineRunner,
     RemoteRuns,
@@ -61,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
 async def _serve(listener: socket.socket, control: str, limits: RateLimiter, log_level: str) -> None:
     settings = get_settings().model_copy(update={"apply_migrations_on_start": False})
-    server: uvicorn.Server | None = None
+    server: QuietServer | None = None
 
     def supervisor_gone() -> None:
         if server is not None:
@@ -80,7 +78,7 @@ async def _serve(listener: socket.socket, control: str, limits: RateLimiter, log
     link.on_forget = lambda cache, key: services.caches[cache].forget_here(key)
     runtime.start(welcome.replicas)
     app = create_app(services=services)
-    server = uvicorn.Server(uvicorn_config(app, settings, log_level, lifespan="on"))
+    server = QuietServer(uvicorn_config(app, settings, log_level, lifespan="on"))
     settle_memory()
     lines.start(app)
     try:

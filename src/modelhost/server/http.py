@@ -78,6 +78,48 @@ def uvicorn_config(app: Any, settings: Settings, log_level: str, **options: Any)
     )
 
 
+class QuietServer(uvicorn.Server):
+    """uvicorn's server, waking once a second at rest instead of ten times.
+
+    uvicorn's main loop sleeps 0.1 s between looks at `should_exit` (and refreshes the `date` header
+    every tenth): a gateway process at rest woke ten times a second, about 2 ms of CPU a second, which is
+    0.03 ms of the gateway's CPU per output token of a stream at 20 ms a token (issue 71). This loop
+    waits up to a second, and setting `should_exit` (a signal's handler, the supervisor gone) wakes it
+    at once: a drain begins as promptly as before, and the `date` header keeps its one-second grain.
+    """
+
+    tick_seconds: ClassVar[float] = 1.0
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        self._exit_asked = False
+        self._wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        super().__init__(config)
+
+    @property
+    def should_exit(self) -> bool:
+        return self._exit_asked
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        self._exit_asked = value
+        if value and self._wake is not None:
+            loop, wake = self._wake
+            loop.call_soon_threadsafe(wake.set)  # from a signal's handler, or another thread
+
+    async def main_loop(self) -> None:
+        loop, wake = asyncio.get_running_loop(), asyncio.Event()
+        self._wake = (loop, wake)
+        ticks = 0
+        should_exit = await self.on_tick(ticks)
+        while not should_exit:
+            ticks = (ticks + 10) % 864_000  # uvicorn's counter, in its tenths of a second
+            timer = loop.call_later(self.tick_seconds, wake.set)
+            await wake.wait()
+            wake.clear()
+            timer.cancel()
+            should_exit = await self.on_tick(ticks)
+
+
 def guard_for(settings: Settings) -> type[ClientGuard]:
     """`ClientGuard` with these settings' limits: uvicorn makes the protocol itself, from a class."""
     return type(

@@ -2,8 +2,8 @@
 
 While the database cannot be reached (a PostgreSQL restart, a network cut), every transaction fails with
 `DatabaseUnavailable` (503, `Retry-After`), never an unexpected error: the transaction rolled back, so
-a write that answered 503 did not happen. The pool checks each connection before use (`pool_pre_ping`)
-and opens new ones when the server is back: nothing has to be restarted.
+a write that answered 503 did not happen. PostgreSQL's pool checks each connection before use
+(`pool_pre_ping`) and opens new ones when the server is back: nothing has to be restarted.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ class Database:
         if self.is_sqlite:
             if parsed.database and parsed.database != ":memory:":
                 Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-            self.engine: Engine = create_engine(
-                url, connect_args={"check_same_thread": False, "timeout": 30}, pool_pre_ping=True
-            )
+            # no `pool_pre_ping`: a file's connection never goes stale, and the ping was a statement
+            # more in every transaction (the background claims and limit syncs too: issue 71)
+            self.engine: Engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
             event.listen(self.engine, "connect", _sqlite_pragmas)
         else:
             self.engine = create_engine(
