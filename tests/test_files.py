@@ -493,3 +493,29 @@ def test_an_upload_and_its_download_stream_in_bounded_memory_and_read_back_byte_
     for what, growth in (("upload", upload_growth), ("download", download_growth)):
         assert growth.bytes < 24 * MB, f"the {what} raised memory by {growth.bytes / MB:.1f} MB"
     print(f"memory: upload +{upload_growth.bytes / MB:.1f} MB, download +{download_growth.bytes / MB:.1f} MB")
+
+
+async def test_a_files_expiry_is_its_creation_plus_the_seconds_asked_however_long_the_upload_took(
+    api: FilesApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`expires_at` is `created_at` plus `expires_after[seconds]` exactly, even when the clock moves on
+    between the bytes' arrival and the row (a second boundary crossed meanwhile made them differ)."""
+    import modelhost.batches.files as stored_files
+
+    readings = itertools.count()
+    monkeypatch.setattr(
+        stored_files, "utcnow", lambda: utcnow() + timedelta(seconds=7 * (1 + next(readings)))
+    )
+    answer = await api.http.post(
+        "/v1/files",
+        files={"file": ("notes.txt", b"hello")},
+        data={
+            "purpose": "user_data",
+            "expires_after[anchor]": "created_at",
+            "expires_after[seconds]": "3600",
+        },
+        headers=bearer(api.key),
+    )
+    assert answer.status_code == 200, answer.text
+    made = answer.json()
+    assert made["expires_at"] == made["created_at"] + 3600

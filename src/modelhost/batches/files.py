@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, BinaryIO
 
 from sqlalchemy import select
@@ -97,7 +97,6 @@ class Files:
             )
         if upload.check is not None:
             upload.check.finish()
-        expires_at = None if expires_after is None else utcnow() + timedelta(seconds=expires_after)
         writer = upload.writer
         size, digest = writer.size, writer.hexdigest()
         writer.commit()
@@ -105,7 +104,7 @@ class Files:
             if purpose == "batch" and upload.check is None:  # the form named its purpose after the file
                 with self._blobs.open(upload.key) as handle:
                     check_jsonl(iter(lambda: handle.read(CHUNK), b""), *self._jsonl_limits())
-            return self._record(owner, upload.file_id, filename, purpose, size, digest, expires_at)
+            return self._record(owner, upload.file_id, filename, purpose, size, digest, expires_after)
         except BaseException:
             self._blobs.delete_prefix(upload.key)
             raise
@@ -123,12 +122,12 @@ class Files:
         purpose: str,
         size: int,
         digest: str,
-        expires_at: datetime | None,
+        expires_after: int | None,
     ) -> dict[str, Any]:
         """The row of an uploaded file whose bytes are stored, and its storage meter."""
         with self._database.transaction() as session:
             written = (file_id, f"files/{file_id}", size, digest)
-            return view(self.add_in(session, owner, written, filename, purpose, expires_at))
+            return view(self.add_in(session, owner, written, filename, purpose, expires_after))
 
     def get(self, owner: Owner, file_id: str) -> dict[str, Any]:
         with self._database.transaction() as session:
@@ -189,12 +188,14 @@ class Files:
         written: tuple[str, str, int, str],
         filename: str,
         purpose: str,
-        expires_at: datetime | None,
+        expires_after: int | None,
     ) -> UploadedFile:
         """The row of a file whose bytes are written (`written`: its ID, blob key, size and SHA-256), its
         storage meter and audit row, in the caller's transaction: a batch's files and its end are one
-        transaction."""
+        transaction. It expires `expires_after` seconds after its `created_at`, to the second (one clock
+        reading for both)."""
         file_id, key, size, digest = written
+        created = utcnow()
         row = UploadedFile(
             id=file_id,
             account_id=owner.account_id,
@@ -204,7 +205,8 @@ class Files:
             bytes=size,
             sha256=digest,
             blob_key=key,
-            expires_at=expires_at,
+            created_at=created,
+            expires_at=None if expires_after is None else created + timedelta(seconds=expires_after),
         )
         session.add(row)
         session.flush()

@@ -303,7 +303,6 @@ class Batches:
             if errors:
                 row.errors = errors  # a runner taking over knows it ends `failed`
             owner, expires = Owner(row.account_id, row.key_id), row.output_expires_seconds
-        expires_at = None if expires is None else utcnow() + timedelta(seconds=expires)
         written = {ok: self._write_answers(batch_id, ok) for ok in (True, False)}
         with self._database.transaction() as session:
             row = session.get(Batch, batch_id, with_for_update=True)
@@ -315,7 +314,7 @@ class Batches:
                 if count:
                     name = f"{batch_id}_{'output' if ok else 'error'}.jsonl"
                     self._files.add_in(
-                        session, owner, (file_id, key, size, digest), name, OUTPUT_PURPOSE, expires_at
+                        session, owner, (file_id, key, size, digest), name, OUTPUT_PURPOSE, expires
                     )
             session.execute(delete(BatchLine).where(BatchLine.batch_id == batch_id))
             row.status, row.output_file_id, row.error_file_id = final, ids[True], ids[False]
