@@ -20,4 +20,12 @@ SUITE_VALUES = {
     "MODELHOST_ENCODER_RUNTIMES": "false",
     "MODELHOST_LLAMA_SERVER": "",  # the wheel's llama.cpp server, never a checkout's native build
 }
+# One vLLM cache for every server the suite starts (and for bare vLLM, tests/test_quantized.py): with a
+# cache of its own each vLLM start learned its model class again in a process of its own (about 8 s of
+# CPU here), a dozen times a run.
+SUITE_VALUES["MODELHOST_VLLM_CACHE_DIR"] = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "modelhost",
+    "test-vllm-cache",
+)
 os.environ.update(SUITE_VALUES)

@@ -94,6 +94,8 @@ def test_a_vllm_replica_runs_our_worker_under_vllms_python_with_our_source_and_n
     assert Path(env["PYTHONPATH"], "modelhost", "runtime", "worker", "vllm_worker.py").is_file()
     assert env["VLLM_NO_USAGE_STATS"] == "1" and env["MODELHOST_REPLICA"] == "1"
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "data" / "vllm-cache")
+    _, shared = engine_choice.vllm_launch(tmp_path / "data", tmp_path / "shared")  # `vllm_cache_dir`
+    assert shared["VLLM_CACHE_ROOT"] == str(tmp_path / "shared")
 
 
 def test_a_vllm_worker_from_an_installed_package_gets_our_package_alone_on_its_path(

@@ -91,7 +91,7 @@ def quantized(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterat
         recipes / QUANTIZED_FOLDER / f"{FAMILY}-lora",
     )
     prompts = _prompts(folder)
-    bare = _bare_vllm(python, folder, prompts, adapter, root / "bare-vllm-cache")
+    bare = _bare_vllm(python, folder, prompts, adapter, Path(os.environ["MODELHOST_VLLM_CACHE_DIR"]))
     server = ServerProcess(
         root / "data",
         f"sqlite:///{root / 'db.sqlite'}",

@@ -592,6 +592,13 @@ class Settings(BaseSettings):
         '(docs/runtime.md, "Encoder runtimes"). False: they run on torch, and `onnxruntime` or `openvino` '
         "is a 400.",
     )
+    vllm_cache_dir: Path | None = Field(
+        default=None,
+        description="vLLM's cache (`VLLM_CACHE_ROOT`: its compile cache, and what it learned of each model "
+        "class, which it otherwise learns in a process of its own at every start, about 8 s of CPU on the "
+        "2-core test machine). Unset: `vllm-cache` in the data folder. Servers may share one: vLLM writes "
+        "its entries whole and keys them by what they depend on.",
+    )
     vllm_compile: bool = Field(
         default=True,
         description="Run vLLM in its compiled mode (torch.compile; on a GPU, CUDA graphs too): faster "

@@ -440,18 +440,18 @@ def _survey_with(python: str, source: str) -> dict[str, Any]:
     return dict(survey)
 
 
-def vllm_launch(data_dir: Path) -> tuple[list[str], dict[str, str]]:
+def vllm_launch(data_dir: Path, cache_dir: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """The command that starts a vLLM replica worker (its row's `worker`), and what its environment adds
     to the server's: our package on its path and nothing else of our environment (it runs our worker
     module under vLLM's Python, whichever environment that is: `worker_source_path`), no usage reports
-    (self-hosted, often offline), vLLM's compile cache in our data folder, and the die-with-parent
-    switch that setup.sh's hook reads in every process vLLM starts."""
+    (self-hosted, often offline), vLLM's cache in `cache_dir` (default: our data folder), and the
+    die-with-parent switch that setup.sh's hook reads in every process vLLM starts."""
     environment = vllm_environment()
     env = {
         "PYTHONPATH": str(worker_source_path(data_dir)),
         "MODELHOST_REPLICA": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        "VLLM_CACHE_ROOT": str(data_dir / "vllm-cache"),
+        "VLLM_CACHE_ROOT": str(cache_dir or data_dir / "vllm-cache"),
     }
     return [str(environment.python), "-m", str(spec(REGISTRY_ENGINE).worker)], env

@@ -61,7 +61,7 @@ def worker_launch(
     env.pop(ENVIRONMENT, None)
     env.update(spec.generation.environment())
     if engine.python == ".venv-vllm":  # vLLM's own environment: its Python, and what it adds to ours
-        vllm_command, extra = vllm_launch(settings.data_dir)
+        vllm_command, extra = vllm_launch(settings.data_dir, settings.vllm_cache_dir)
         command = tuple(vllm_command)
         # vLLM's legacy KV-cache setting counts whole GiB and overrides ours: never passed on
         env = {k: v for k, v in env.items() if k != "VLLM_CPU_KVCACHE_SPACE"} | extra
