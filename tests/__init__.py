@@ -22,7 +22,7 @@ SUITE_VALUES = {
 }
 # One vLLM cache for every server the suite starts (and for bare vLLM, tests/test_quantized.py): with a
 # cache of its own each vLLM start learned its model class again in a process of its own (about 8 s of
-# CPU here), a dozen times a run.
+# CPU here) at each start.
 SUITE_VALUES["MODELHOST_VLLM_CACHE_DIR"] = os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
     "modelhost",
