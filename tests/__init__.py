@@ -6,6 +6,14 @@ class reads `MODELHOST_ENV_FILE` then."""
 
 import os
 
+
+def suite_cache() -> str:
+    """The user's cache folder for what the suite keeps between runs (built models, vLLM's cache)."""
+    return os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "modelhost"
+    )
+
+
 TEST_SUITE_SETTINGS = ("MODELHOST_TEST_", "MODELHOST_CONSOLE_SCREENSHOTS")
 for _name in [n for n in os.environ if n.startswith("MODELHOST_") and not n.startswith(TEST_SUITE_SETTINGS)]:
     del os.environ[_name]
@@ -23,9 +31,5 @@ SUITE_VALUES = {
 # One vLLM cache for every server the suite starts (and for bare vLLM, tests/test_quantized.py): with a
 # cache of its own each vLLM start learned its model class again in a process of its own (about 8 s of
 # CPU here) at each start.
-SUITE_VALUES["MODELHOST_VLLM_CACHE_DIR"] = os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-    "modelhost",
-    "test-vllm-cache",
-)
+SUITE_VALUES["MODELHOST_VLLM_CACHE_DIR"] = os.path.join(suite_cache(), "test-vllm-cache")
 os.environ.update(SUITE_VALUES)

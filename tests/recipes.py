@@ -15,6 +15,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from tests import suite_cache
+
 # what the built files depend on besides the builders' code
 LIBRARIES = (
     "torch", "transformers", "diffusers", "sentence-transformers", "tokenizers", "safetensors", "gguf"
@@ -98,7 +100,7 @@ def cache_root() -> Path:
     configured = os.environ.get("MODELHOST_TEST_MODEL_CACHE")
     if configured:
         return Path(configured)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "modelhost" / "test-models"
+    return Path(suite_cache()) / "test-models"
 
 
 def content_key() -> str:

@@ -109,15 +109,14 @@ class QuietServer(uvicorn.Server):
     async def main_loop(self) -> None:
         loop, wake = asyncio.get_running_loop(), asyncio.Event()
         self._wake = (loop, wake)
-        ticks = 0
-        should_exit = await self.on_tick(ticks)
+        # `on_tick(0)`: each look refreshes the `date` header (uvicorn's counter does it every tenth)
+        should_exit = await self.on_tick(0)
         while not should_exit:
-            ticks = (ticks + 10) % 864_000  # uvicorn's counter, in its tenths of a second
             timer = loop.call_later(self.tick_seconds, wake.set)
             await wake.wait()
             wake.clear()
             timer.cancel()
-            should_exit = await self.on_tick(ticks)
+            should_exit = await self.on_tick(0)
 
 
 def guard_for(settings: Settings) -> type[ClientGuard]:
