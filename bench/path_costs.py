@@ -33,6 +33,7 @@ from typing import Any
 from bench.common import Figures, Served, deploy, minilm_dir, serve, table, write_section, wrk
 from bench.embeddings import machine
 from bench.generation import build_model, drive, modelhost_body
+from bench.relay_floor import Floor
 from bench.user_view import TEMPLATE
 from modelhost.api.middleware import RequestPath
 from modelhost.auth.limits import Limits, RateLimiter, Subject
@@ -127,14 +128,17 @@ def started(repeat: int) -> float:
     return per_call(lambda: encode(Started(ids)), repeat)
 
 
-# The served loads: (name, unit, deployment's model) — embeddings at 1 connection, a distinct sentence
-# each, on MiniLM deployed on ONNX Runtime and on torch; generation, 1 stream of 64 tokens, on the Llama
+# The served loads: (name, unit, deployment's model, connections): embeddings, a distinct sentence each,
+# on MiniLM deployed on ONNX Runtime (at 1 and at 64 connections) and on torch; generation, 1 stream of
+# 64 tokens, on the Llama
 LOADS = (
-    ("embeddings on ONNX Runtime", "request", "minilm"),
-    ("embeddings on torch", "request", "minilm-torch"),
-    ("generation on modelhost's engine", "output token", "llama"),
+    ("embeddings on ONNX Runtime", "request", "minilm", 1),
+    ("embeddings on ONNX Runtime, 64 connections", "request", "minilm", 64),
+    ("embeddings on torch", "request", "minilm-torch", 1),
+    ("generation on modelhost's engine", "output token", "llama", 1),
 )
-Costs = dict[str, tuple[float, float]]  # per load: (gateway, replica) CPU ms per unit
+Costs = dict[str, tuple[float, float, float]]  # per load: (gateway, replica) CPU ms per unit, units/s
+FLOOR = "the floor at the same rate"  # `bench.relay_floor`, its replica as slow as the served model
 
 
 def served_costs(sources: dict[str, Path | None], seconds: int, rounds: int) -> dict[str, Costs]:
@@ -144,23 +148,23 @@ def served_costs(sources: dict[str, Path | None], seconds: int, rounds: int) -> 
     folder = Path(tempfile.mkdtemp(prefix="mh-path-costs-")) / "llama"
     build_model(folder)
     servers: dict[str, Served] = {}
-    taken: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    taken: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     try:
         for index, (name, source) in enumerate(sources.items()):
             served = servers[name] = serve(18_900 + index, source)
             deploy(served, minilm_dir(), "feature-extraction", "minilm", engine="onnxruntime")
             deploy(served, minilm_dir(), "feature-extraction", "minilm-torch", engine="transformers")
             deploy(served, folder, "text-generation", "llama", engine="transformers")
-            for _, unit, model in LOADS:
-                _load(served, model, unit, 2)  # warm-up
+            for _, unit, model, connections in LOADS:
+                _load(served, model, unit, connections, 2)  # warm-up
         for _ in range(rounds):
             for name, served in servers.items():
-                for load, unit, model in LOADS:
+                for load, unit, model, connections in LOADS:
                     before = served.cpu()
-                    units = _load(served, model, unit, seconds)
+                    units = _load(served, model, unit, connections, seconds)
                     used = served.cpu() - before
                     taken.setdefault((name, load), []).append(
-                        (used.gateway * 1000 / units, used.engine * 1000 / units)
+                        (used.gateway * 1000 / units, used.engine * 1000 / units, units / seconds)
                     )
     finally:
         for served in servers.values():
@@ -168,22 +172,49 @@ def served_costs(sources: dict[str, Path | None], seconds: int, rounds: int) -> 
     return {
         name: {
             load: (
-                statistics.median(g for g, _ in taken[name, load]),
-                statistics.median(r for _, r in taken[name, load]),
+                statistics.median(g for g, _, _ in taken[name, load]),
+                statistics.median(r for _, r, _ in taken[name, load]),
+                statistics.median(rate for _, _, rate in taken[name, load]),
             )
-            for load, _, _ in LOADS
+            for load, _, _, _ in LOADS
         }
         for name in sources
     }
 
 
-def _load(served: Served, model: str, unit: str, seconds: int) -> float:
+def _load(served: Served, model: str, unit: str, connections: int, seconds: int) -> float:
     """Run one load for `seconds`: the requests (embeddings) or output tokens (generation) served."""
     if unit == "output token":
         return float(asyncio.run(drive(served.url, served.key, modelhost_body(64), 1, seconds)).tokens)
     body = {"model": model, "input": TEMPLATE}
-    run = wrk(served.url, "/v1/embeddings", body, served.key, 1, seconds, distinct=True)
+    run = wrk(served.url, "/v1/embeddings", body, served.key, connections, seconds, distinct=True)
     return run.requests_per_second * seconds
+
+
+def floor_costs(served: Costs, seconds: int, rounds: int) -> Costs:
+    """`bench.relay_floor` for each load at the rate the served server reached (`served`): its replica
+    spends on a core, per request and one request after another, what the served rate leaves beyond the
+    floor's own path (embeddings), or the served time between tokens (generation), so both wake about as
+    often. CPU ms of the floor's server process per
+    unit (the replica's is the stand-in's, not counted), the median of `rounds`."""
+    found: Costs = {}
+    for load, unit, _, connections in LOADS:
+        rate = served[load][2]
+        if unit == "output token":
+            floor = Floor(18_950, token_ms=1000 / rate)
+        else:
+            with Floor(18_950) as quick:
+                own_ms = 1000 / quick.rate(connections, 3)
+            floor = Floor(18_950, model_ms=max(0.0, 1000 / rate - own_ms))
+        with floor:
+            floor.rate(connections, 2, unit)  # warm-up
+            runs = []
+            for _ in range(rounds):
+                before = floor.cpu()
+                units = floor.rate(connections, seconds, unit) * seconds
+                runs.append(((floor.cpu() - before) * 1000 / units, units / seconds))
+        found[load] = (statistics.median(c for c, _ in runs), 0.0, statistics.median(r for _, r in runs))
+    return found
 
 
 def main() -> None:
@@ -224,33 +255,47 @@ benchmark's CPU per request (about 150 µs of gateway CPU and 55 µs of replica 
         if args.baseline is not None:
             sources = {"baseline": args.baseline, **sources}
         costs = served_costs(sources, args.seconds, args.rounds)
+        floor = floor_costs(costs["this tree"], args.seconds, args.rounds)
         served_rows = [
-            [name, *(f"{costs[name][load][side]:.3f}" for load, _, _ in LOADS for side in (0, 1))]
+            [name, *(f"{costs[name][load][side]:.3f}" for load, _, _, _ in LOADS for side in (0, 1))]
             for name in costs
         ]
-        for name, loads in costs.items():
-            for load, unit, _ in LOADS:
-                key = f"{name}.{load}".replace(" ", "_").replace("'", "")
+        served_rows.append(
+            [FLOOR, *(cell for load, _, _, _ in LOADS for cell in (f"{floor[load][0]:.3f}", "–"))]
+        )
+        for name, loads in {**costs, "floor": floor}.items():
+            for load, unit, _, _ in LOADS:
+                key = f"{name}.{load}".replace(" ", "_").replace("'", "").replace(",", "")
                 figures.add(f"{key}.gateway_ms_per_{unit.replace(' ', '_')}", loads[load][0])
-                figures.add(f"{key}.replica_ms_per_{unit.replace(' ', '_')}", loads[load][1])
-        lines = ""
+                figures.add(f"{key}.{unit.replace(' ', '_')}s_per_second", loads[load][2])
+                if name != "floor":
+                    figures.add(f"{key}.replica_ms_per_{unit.replace(' ', '_')}", loads[load][1])
+        above = "; ".join(
+            f"{load} {costs['this tree'][load][0] / floor[load][0]:.2f} "
+            f"({costs['this tree'][load][2]:.0f} against {floor[load][2]:.0f} {unit}s/s)"
+            for load, unit, _, _ in LOADS
+        )
+        lines = f"\n- **The gateway over the floor at the same rate (CPU):** {above}."
         if "baseline" in costs:
             now, before = costs["this tree"], costs["baseline"]
             parts = []
-            for load, unit, _ in LOADS:
+            for load, unit, _, _ in LOADS:
                 for side, role in ((0, "gateway"), (1, "replica")):
                     ratio = now[load][side] / before[load][side]
-                    key = f"{load} {role}".replace(" ", "_").replace("'", "")
+                    key = f"{load} {role}".replace(" ", "_").replace("'", "").replace(",", "")
                     figures.ratio(f"after_over_before.{key}", ratio)
                     parts.append(f"{load}, {role} per {unit} {ratio:.2f}")
-            lines = f"\n- **After / before (CPU), baseline `{args.baseline}`:** " + "; ".join(parts) + "."
+            lines += f"\n- **After / before (CPU), baseline `{args.baseline}`:** " + "; ".join(parts) + "."
         header = ["server"] + [
-            f"{load}: {role} / {unit}" for load, unit, _ in LOADS for role in ("gateway", "replica")
+            f"{load}: {role} / {unit}" for load, unit, _, _ in LOADS for role in ("gateway", "replica")
         ]
         report += f"""
 The whole path, served: CPU ms of the gateway processes and of the replica per embeddings request
-(MiniLM, 1 connection, a distinct sentence each) and per output token (the 33 M Llama, 1 stream of 64
-tokens), the median of {args.rounds} rounds of {args.seconds} s, the servers measured in turn.
+(MiniLM, a distinct sentence each, at 1 and 64 connections) and per output token (the 33 M Llama, 1
+stream of 64 tokens), the median of {args.rounds} rounds of {args.seconds} s, the servers measured in turn.
+The floor's row: `bench.relay_floor` (uvicorn, a Unix socket, a stand-in replica that spends on a
+core what the served model took, so that its server wakes as often as the gateway did), its server
+process's CPU per request or token: the least a Python server of modelhost's shape spends at that rate.
 
 {table(header, served_rows)}
 {lines}

@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -49,11 +47,11 @@ from bench.common import (
     machine,
     minilm_dir,
     serve,
-    stop_process,
     table,
     write_section,
     wrk,
 )
+from bench.relay_floor import Floor
 
 TEMPLATE = f"Sentence {COUNTER}: a quick brown fox jumps over the lazy dog."
 
@@ -178,28 +176,6 @@ def start(port: int, source: Path | None) -> tuple[Served, dict[str, str], str]:
     return served, body, f"{listed['engine_in_use']} ({listed['engine_reason'] or 'asked for'})"
 
 
-class Floor:
-    """`bench.relay_floor` on its own port, while the benchmark runs."""
-
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.process = subprocess.Popen([sys.executable, "-m", "bench.relay_floor", str(port)])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                httpx.post(self.url, json={"input": "ready?"}, timeout=1)
-                return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError("bench.relay_floor did not answer in 30 s")
-
-    def rate(self, body: dict[str, str], seconds: int) -> float:
-        run = wrk(self.url, "/v1/embeddings", body, "floor", 1, seconds, distinct=True)
-        if run.errors:  # wrk counts answers of any status: a failing relay would read as a fast floor
-            raise RuntimeError(f"bench.relay_floor answered {run.errors} requests with an error")
-        return run.requests_per_second
-
-
 def median_run(runs: list[ServedRun]) -> ServedRun:
     return sorted(runs, key=lambda r: r.wrk.requests_per_second)[len(runs) // 2]
 
@@ -228,11 +204,11 @@ def main() -> None:
             raw.append(user.rate(args.seconds, round_number * 1_000_000))
             for name, (server, body, _) in servers.items():
                 served[name].append(served_round(server, body, args.seconds))
-            floors.append(floor.rate({"model": "minilm", "input": TEMPLATE}, args.seconds))
+            floors.append(floor.rate(1, args.seconds, body={"model": "minilm", "input": TEMPLATE}))
     finally:
         for server, _, _ in servers.values():
             server.stop()
-        stop_process(floor.process)
+        floor.stop()
 
     raw_rate = statistics.median(raw)
     raw_ms = 1000 / raw_rate
