@@ -21,6 +21,7 @@ from modelhost.generation.contract import (
     Sampling,
     Text,
 )
+from modelhost.generation.fairness import TokenWeights
 from modelhost.generation.grammar import json_schema_grammar
 from modelhost.generation.priority import BUSY_SECONDS
 from modelhost.generation.text import IncrementalDecoder, StopStrings
@@ -240,6 +241,70 @@ def test_priority_goes_ahead_of_its_keys_default_sequences_and_never_ahead_of_an
     add(6, "b", priority=5)
     add(7, "b")
     assert [s.id for s in engine.waiting] == [5, 2, 1, 3, 7, 6, 4]
+
+
+def finish_order(engine: GenerationEngine, joins: dict[int, list[Sequence]] | None = None) -> list[int]:
+    """Step until idle, adding `joins[k]` once `k` sequences have finished; the IDs in finishing order."""
+    order: list[int] = []
+    while not engine.idle or (joins and len(order) in joins):
+        for added in (joins or {}).pop(len(order), []):
+            engine.add(added)
+        for sid, event in engine.step():
+            if isinstance(event, Text) and event.finish:
+                order.append(sid)
+    return order
+
+
+def fair_engine(loaded: tuple[Any, Any]) -> GenerationEngine:
+    """One slot (admission order is finishing order); output tokens only in the counters, so that the
+    prefix cache's reuse of a prompt does not make one tenant's requests cheaper than another's."""
+    model, tokenizer = loaded
+    return GenerationEngine(
+        model,
+        tokenizer,
+        DEVICE,
+        1,
+        512,
+        lambda t: tokenizer.decode([t]),
+        token_weights=TokenWeights(prompt=0),
+    )
+
+
+def of(loaded: tuple[Any, Any], sid: int, tenant: str) -> Sequence:
+    s = sequence(loaded, sid, "hello world", max_tokens=3, min_tokens=3)
+    s.tenant = tenant
+    return s
+
+
+def test_the_least_served_tenant_is_admitted_next_not_the_first_come(loaded: tuple[Any, Any]) -> None:
+    """Key A queues three requests and then key B one: B's goes after A's first, not after all three
+    (first come, first served would give 1, 2, 3, 4); an account's keys count inside it."""
+    engine = fair_engine(loaded)
+    for sid, tenant in ((1, "x/a"), (2, "x/a"), (3, "x/a"), (4, "x/b")):
+        engine.add(of(loaded, sid, tenant))
+    assert finish_order(engine) == [1, 4, 2, 3]
+
+
+def test_three_tenants_take_turns_by_the_service_each_has_received(loaded: tuple[Any, Any]) -> None:
+    engine = fair_engine(loaded)
+    for sid, tenant in ((1, "a/1"), (2, "a/1"), (3, "a/1"), (4, "b/1"), (5, "b/1"), (6, "c/1")):
+        engine.add(of(loaded, sid, tenant))
+    assert finish_order(engine) == [1, 4, 6, 2, 5, 3]
+    served = [engine.served.counters(tenant)[0] for tenant in ("a/1", "b/1", "c/1")]
+    assert served == [18.0, 12.0, 6.0]  # 3 output tokens of weight 2 a request
+
+
+def test_a_tenant_arriving_after_another_was_served_alone_takes_turns_with_it_and_banks_nothing(
+    loaded: tuple[Any, Any],
+) -> None:
+    """B arrives after A's first two requests were served: its counter starts level with A's (the lift
+    rule), so they alternate; starting from nothing it would take every turn until it had caught up
+    with what A received alone (5, 6, then 3, 4)."""
+    engine = fair_engine(loaded)
+    for sid in range(1, 5):
+        engine.add(of(loaded, sid, "a/1"))
+    late = {2: [of(loaded, 5, "b/1"), of(loaded, 6, "b/1")]}
+    assert finish_order(engine, late) == [1, 2, 3, 5, 4, 6]
 
 
 def test_seeded_sampling_is_reproducible_whatever_runs_beside_it(loaded: tuple[Any, Any]) -> None:

@@ -72,8 +72,9 @@ class Principal:
 
 ADMIN = Principal(kind=PrincipalKind.ADMIN)
 
-# The key the current request runs for: what a replica's fair queuing takes turns between
-# (`runtime.worker.host`). Set when the request's deployment is resolved (`api.deps.deployment_for`).
+# Whom the current request runs for, `<account>/<key>`: what a replica's fair queuing takes turns between
+# (`runtime.worker.host`) and a generating engine's counters share it by (`generation.fairness`). Set
+# when the request's deployment is resolved (`api.deps.deployment_for`).
 _TENANT: ContextVar[str] = ContextVar("modelhost_tenant", default="")
 # Whether the current request is a batch line (`modelhost.batches`): replicas give it only the room
 # interactive requests leave.
@@ -81,7 +82,8 @@ _LOW: ContextVar[bool] = ContextVar("modelhost_low_priority", default=False)
 
 
 def acting_for(principal: Principal, low: bool = False) -> None:
-    _TENANT.set(principal.key_id or "")
+    account, key = principal.account_id or "", principal.key_id or ""
+    _TENANT.set(f"{account}/{key}" if account or key else "")
     _LOW.set(low)
 
 

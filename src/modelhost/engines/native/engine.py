@@ -27,6 +27,7 @@ from modelhost.engines.native.cuda_graphs import DecodeGraphs
 from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.errors import Overloaded
 from modelhost.generation.contract import GenerationStarted, Logprob, Text, TokenLogprob
+from modelhost.generation.fairness import TokenWeights, VirtualTokenCounters
 from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_cap
 from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
@@ -115,6 +116,7 @@ class GenerationEngine(Engine[Sequence]):
         max_waiting: int = 4096,
         cuda_graphs: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        token_weights: TokenWeights | None = None,
     ) -> None:
         self.model = _with_attention_the_engine_masks(model)
         self.tokenizer = tokenizer
@@ -137,6 +139,7 @@ class GenerationEngine(Engine[Sequence]):
         self.reused_tokens = 0  # prompt tokens taken from the cache instead of computed, ever
         self._clock = clock
         self._interactive_at = -BUSY_SECONDS  # when the last interactive sequence arrived
+        self.served = VirtualTokenCounters(token_weights)  # whose turn it is (`generation.fairness`)
         self._pending: list[tuple[int, Event]] = []
         self._mask_value = torch.finfo(layout.dtype).min
         self._graphs: DecodeGraphs | None = DecodeGraphs(self) if cuda and cuda_graphs else None
@@ -174,6 +177,9 @@ class GenerationEngine(Engine[Sequence]):
         sequence.low = low
         if not low:
             self._interactive_at = self._clock()
+        self.served.arrive(
+            sequence.tenant, (s.tenant for s in (*self.waiting, *self.prefilling, *self.running))
+        )
         enqueue(self.waiting, sequence)
 
     @torch.inference_mode()  # closing ranks moves cached keys and values: inference tensors
@@ -218,21 +224,35 @@ class GenerationEngine(Engine[Sequence]):
         return events
 
     def _admit(self) -> None:
-        """Waiting sequences take the next free slots, in their order; each starts from the longest
-        prefix of its prompt any slot holds (`SlotCache.admit` chooses which free slot it takes: one
-        holding that prefix, or the least recently used). Low ones (all behind the others) take only
-        the room `generation.priority.low_cap` leaves them: none while an interactive sequence is held,
-        one while one arrived in the last `BUSY_SECONDS`, all slots but one otherwise."""
+        """Waiting sequences take the next free slots: the first waiting one of the tenant that has been
+        served least (`generation.fairness`), interactive ones before any low one; each starts from the
+        longest prefix of its prompt any slot holds (`SlotCache.admit` chooses which free slot it takes:
+        one holding that prefix, or the least recently used), and its tenant is charged the prompt
+        tokens it computes. Low ones (all behind the others) take only the room
+        `generation.priority.low_cap` leaves them: none while an interactive sequence is held, one while
+        one arrived in the last `BUSY_SECONDS`, all slots but one otherwise."""
         while self.waiting and len(self.running) + len(self.prefilling) < self.max_running:
-            sequence = self.waiting[0]
+            index = self._next_waiting()
+            sequence = self.waiting[index]
             if sequence.low and sum(s.low for s in (*self.running, *self.prefilling)) >= self._low_cap():
                 return
-            self.waiting.popleft()
+            del self.waiting[index]
             target = len(self.running) + len(self.prefilling)
             length = self.cache.admit(sequence.prompt, sequence.reusable, target, sequence.salt)
             sequence.slot, sequence.cached_tokens = target, length
             self.reused_tokens += length
+            self.served.charge(sequence.tenant, prompt=len(sequence.prompt) - length)
             self.prefilling.append(sequence)
+
+    def _next_waiting(self) -> int:
+        """The place in `waiting` of the sequence to admit next: among the interactive ones (all ahead
+        of the low ones), or the low ones when none is, the first of the least served tenant."""
+        low = self.waiting[0].low
+        tenants = dict.fromkeys(s.tenant for s in self.waiting if s.low == low)
+        if len(tenants) == 1:
+            return 0
+        turn = self.served.least(tenants)
+        return next(i for i, s in enumerate(self.waiting) if s.low == low and s.tenant == turn)
 
     def _low_cap(self, waiting: bool = True) -> int:
         """How many low sequences may run now (`generation.priority.low_cap`), counting interactive
@@ -563,6 +583,7 @@ class GenerationEngine(Engine[Sequence]):
             text, finish = "", "stop"
         else:
             sequence.generated.append(token)
+            self.served.charge(sequence.tenant, output=1)
             text = sequence.stops.feed(sequence.decoder.push(token))
             finish = "stop" if sequence.stops.stopped or stop_token else None
             if finish is None and sequence.constraint is not None and sequence.constraint.done:

@@ -1,0 +1,78 @@
+"""Virtual token counters (`generation.fairness`, issue 72): whose turn it is on a generating engine."""
+
+from __future__ import annotations
+
+from modelhost.generation.fairness import TokenWeights, VirtualTokenCounters, levels
+
+
+def test_a_tenant_is_an_account_and_a_key_inside_it() -> None:
+    assert levels("acct_1/key_9") == ("acct_1", "key_9")
+    assert levels("key_9") == ("", "key_9")
+    assert levels("") == ("", "")
+
+
+def test_the_least_served_tenant_goes_next_and_equal_ones_in_the_order_given() -> None:
+    counters = VirtualTokenCounters()
+    counters.charge("a/1", prompt=10, output=5)  # 10 + 2 x 5 = 20
+    counters.charge("b/1", prompt=30)
+    assert counters.counters("a/1") == (20.0, 20.0)
+    assert counters.least(["b/1", "a/1", "c/1"]) == "c/1"
+    assert counters.least(["b/1", "a/1"]) == "a/1"
+    assert counters.least(["d/1", "c/1"]) == "d/1"
+
+
+def test_three_tenants_served_by_turns_receive_equal_service() -> None:
+    """Admitting by the least counter and charging what each admission costs keeps three backlogged
+    tenants within one request's cost of each other, however unequal their requests."""
+    counters = VirtualTokenCounters()
+    cost = {"a/1": 10, "b/1": 40, "c/1": 25}  # output tokens per request
+    served = dict.fromkeys(cost, 0)
+    for _ in range(300):
+        turn = counters.least(cost)
+        counters.charge(turn, output=cost[turn])
+        served[turn] += cost[turn]
+    assert max(served.values()) - min(served.values()) <= max(cost.values())
+
+
+def test_accounts_share_first_and_an_accounts_keys_share_what_it_gets() -> None:
+    """Account a's two keys together get what account b's one key gets; inside a, its keys take turns."""
+    counters = VirtualTokenCounters()
+    served = dict.fromkeys(["a/1", "a/2", "b/1"], 0)
+    for _ in range(600):
+        turn = counters.least(served)
+        counters.charge(turn, output=1)
+        served[turn] += 1
+    assert served == {"a/1": 150, "a/2": 150, "b/1": 300}
+
+
+def test_a_returning_tenant_is_lifted_to_the_least_held_and_banks_no_idle_time() -> None:
+    counters = VirtualTokenCounters()
+    counters.charge("a/1", output=100)
+    counters.charge("b/1", output=40)
+    counters.arrive("c/1", held=["a/1", "b/1"])  # a new account starts level with the least served one
+    assert counters.counters("c/1") == (80.0, 0.0)  # (its key has no other key of its account to match)
+    counters.arrive("a/1", held=["b/1", "c/1"])  # never lowered
+    assert counters.counters("a/1") == (200.0, 200.0)
+    counters.arrive("a/2", held=["a/1", "b/1"])  # its account is held: lifted among its account's keys
+    assert counters.counters("a/2") == (200.0, 200.0)
+
+
+def test_an_engine_that_holds_nothing_starts_every_counter_again() -> None:
+    counters = VirtualTokenCounters()
+    counters.charge("a/1", output=100)
+    counters.arrive("b/1", held=[])
+    assert counters.counters("a/1") == (0.0, 0.0)
+
+
+def test_prompt_and_output_tokens_cost_their_weights() -> None:
+    counters = VirtualTokenCounters(TokenWeights(prompt=0.5, output=3))
+    counters.charge("a/1", prompt=10, output=2)
+    assert counters.counters("a/1") == (11.0, 11.0)
+
+
+def test_keys_are_compared_only_with_their_own_accounts_keys() -> None:
+    counters = VirtualTokenCounters()
+    counters.charge("a/1", output=6)
+    counters.arrive("b/1", held=["a/1"])  # account b starts level with a; its key, alone in b, at 0
+    assert counters.counters("b/1") == (12.0, 0.0)
+    assert counters.least(["a/1", "b/1"]) == "a/1"  # equal accounts: the first given, whatever the keys
