@@ -758,6 +758,31 @@ async def _placed(gate: llamacpp.SlotGate, salt: str | None, prompt: list[int]) 
         return placed
 
 
+def test_the_gate_lets_in_the_least_served_tenant_next_not_the_first_come() -> None:
+    """Key a queues three requests, then key b one (while a's first runs, not yet charged: b starts
+    level with a): b's goes in after a's first, not after all three. Each request is charged its tokens
+    as llama.cpp streams them (here by hand)."""
+
+    async def run() -> list[str]:
+        gate, order = llamacpp.SlotGate(1), list[str]()
+
+        async def use(name: str, tenant: str) -> None:
+            async with gate.slot(False, tenant=tenant):
+                order.append(name)
+                await asyncio.sleep(0.005)
+                gate.served.charge(tenant, prompt=4, output=8)
+
+        tasks = []
+        for name, tenant in (("a1", "x/a"), ("a2", "x/a"), ("a3", "x/a"), ("b1", "x/b")):
+            tasks.append(asyncio.create_task(use(name, tenant)))
+            await asyncio.sleep(0)  # in this order
+        await asyncio.gather(*tasks)
+        assert gate.free == 1
+        return order
+
+    assert asyncio.run(run()) == ["a1", "b1", "a2", "a3"]
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 100.0

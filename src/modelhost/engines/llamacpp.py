@@ -54,6 +54,7 @@ An embedding GGUF's server is started the same way (`start` with `Embedding`), a
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
@@ -66,7 +67,7 @@ from typing import Any
 import orjson
 
 from modelhost.artifacts.gguf_check import gguf_set
-from modelhost.engines.interface import Emit, Event, StreamingEngine
+from modelhost.engines.interface import Emit, StreamingEngine
 from modelhost.engines.llamacpp_server import Answered, LlamaCppServer, start
 from modelhost.engines.loader import load_tokenizer
 from modelhost.engines.native.kv_cache import common_prefix
@@ -80,6 +81,7 @@ from modelhost.generation.contract import (
     failed,
 )
 from modelhost.generation.deployment_settings import GenerationSettings
+from modelhost.generation.fairness import VirtualTokenCounters
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
 from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_cap
@@ -136,7 +138,9 @@ class _Slot:
 class SlotGate:
     """At most `slots` requests inside llama.cpp at once, the others waiting here in the order of
     `generation.priority` (interactive requests first, each key's ordered by its numbers; flex requests
-    and batch lines after every one of them, and let in only into the room `low_cap` leaves them).
+    and batch lines after every one of them, and let in only into the room `low_cap` leaves them), the
+    next one let in being the first of the tenant served least (`generation.fairness`: `served` is
+    charged with the tokens llama.cpp computes for each tenant).
     llama.cpp's own queue is first come, first served; in front of it, a flex flood or a batch cannot
     delay a chat. From the first salted request on, it also chooses each request's slot (`Placed`; the
     module docstring, "Cache salts")."""
@@ -154,6 +158,8 @@ class SlotGate:
         self._drained: asyncio.Event | None = None  # set once none is left (when placing began)
         self._slots = [_Slot() for _ in range(slots)]
         self._uses = 0
+        self.served = VirtualTokenCounters()
+        self._inside: collections.Counter[str] = collections.Counter()  # tenants of the requests inside
 
     @contextlib.asynccontextmanager
     async def slot(
@@ -167,6 +173,7 @@ class SlotGate:
         """A turn inside llama.cpp: None where llama.cpp chooses the slot (no salt seen yet), else the
         slot chosen for `prompt` of `salt`."""
         await self._acquire(low, priority, tenant)
+        self._inside[tenant] += 1
         try:
             if salt is not None and not self.placing:
                 self.placing, self._drained = True, asyncio.Event()
@@ -189,6 +196,9 @@ class SlotGate:
             finally:
                 self._slots[placed.index].busy = False
         finally:
+            self._inside[tenant] -= 1
+            if not self._inside[tenant]:
+                del self._inside[tenant]
             self._release(low)
 
     def _place(self, salt: str | None, prompt: list[int]) -> Placed:
@@ -209,6 +219,7 @@ class SlotGate:
     async def _acquire(self, low: bool, priority: int, tenant: str) -> None:
         if not low:
             self._interactive_at = self._clock()
+        self.served.arrive(tenant, [*self._inside, *(t.tenant for t in self._waiting)])
         if not self._waiting and self._may_start(low):
             self._take(low)
             return
@@ -234,6 +245,16 @@ class SlotGate:
         recent = self._clock() - self._interactive_at < BUSY_SECONDS
         return self._running_low < low_cap(self.slots, interactive, recent)
 
+    def _next(self) -> int:
+        """The place of the turn to let in next: among the interactive ones (all ahead of the low ones),
+        or the low ones when none is, the first of the least served tenant."""
+        low = self._waiting[0].low
+        tenants = dict.fromkeys(t.tenant for t in self._waiting if t.low == low and not t.ready.done())
+        if len(tenants) <= 1:
+            return 0
+        turn = self.served.least(tenants)
+        return next(i for i, t in enumerate(self._waiting) if t.low == low and t.tenant == turn)
+
     def _take(self, low: bool) -> None:
         self.free -= 1
         self._running_low += low
@@ -244,10 +265,10 @@ class SlotGate:
         self._wake()
 
     def _wake(self) -> None:
-        """Let in whoever may start, in order; a low request held back only by the interactive traffic's
-        recent arrival is looked at again when that window ends."""
+        """Let in whoever may start, in order (the next: `_next`); a low request held back only by the
+        interactive traffic's recent arrival is looked at again when that window ends."""
         while self._waiting and self._may_start(self._waiting[0].low):
-            turn = self._waiting.pop(0)
+            turn = self._waiting.pop(self._next())
             if turn.ready.done():  # cancelled meanwhile
                 continue
             self._take(turn.low)
@@ -516,9 +537,14 @@ async def _generate(model: LlamaCppModel, request_id: str, request: GenerationRe
             emit(failed(error_message(line[6:].decode()), internal=True))
             return True
         if not started:
-            emit(_started(model, request, prompt, chunk))
+            begun = _started(model, request, prompt, chunk)
+            model.gate.served.charge(request.tenant, prompt=begun.prompt_tokens - begun.cached_tokens)
+            emit(begun)
             started = True
-        return _chunk(model, answer, chunk, emit)
+        generated = answer.generated
+        ended = _chunk(model, answer, chunk, emit)
+        model.gate.served.charge(request.tenant, output=answer.generated - generated)
+        return ended
 
     async with model.gate.slot(
         request.low, request.priority, request.tenant, request.cache_salt, prompt
@@ -545,7 +571,7 @@ def _refused(request: GenerationRequest, answered: Answered, emit: Emit) -> None
 
 def _started(
     model: LlamaCppModel, request: GenerationRequest, prompt: list[int], chunk: dict[str, Any]
-) -> Event:
+) -> GenerationStarted:
     timings = chunk.get("timings") or {}
     return GenerationStarted(
         prompt_tokens=len(prompt),
