@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from modelhost.generation.fairness import TokenWeights, VirtualTokenCounters, levels
+from modelhost.generation.fairness import (
+    StepCosts,
+    TokenWeights,
+    VirtualTokenCounters,
+    decoding_share,
+    levels,
+)
 
 
 def test_a_tenant_is_an_account_and_a_key_inside_it() -> None:
@@ -76,3 +82,48 @@ def test_keys_are_compared_only_with_their_own_accounts_keys() -> None:
     counters.arrive("b/1", held=["a/1"])  # account b starts level with a; its key, alone in b, at 0
     assert counters.counters("b/1") == (12.0, 0.0)
     assert counters.least(["a/1", "b/1"]) == "a/1"  # equal accounts: the first given, whatever the keys
+
+
+def test_step_costs_say_how_large_a_batch_keeps_a_step_within_the_slowdown() -> None:
+    costs = StepCosts()
+    assert costs.cap() is None  # nothing seen yet
+    for size in (1, 8, 16, 32):
+        costs.record(size, 0.010 + 0.00125 * (size - 1))  # a step of 33 takes 5 x a step of one
+    assert costs.cap(slowdown=2.5) == 13  # 10 ms + 12 x 1.25 ms = 25 ms
+    flat = StepCosts()
+    for size in (1, 32):
+        flat.record(size, 0.010)  # a GPU: no batch slows a step
+    assert flat.cap() is None
+    unknown = StepCosts()
+    for size in (30, 32):
+        unknown.record(size, 0.05 + size * 0.001)
+    assert unknown.cap() is None  # no small batch seen: a step of one is not known
+
+
+def test_a_light_tenant_decodes_in_a_small_batch_and_the_heavy_ones_take_turns() -> None:
+    counters = VirtualTokenCounters()
+    decoding = [("a", i) for i in range(12)] + [("b", 0)]
+    waited = {s: 0 for s in decoding}
+
+    def step() -> list[tuple[str, int]]:
+        chosen = decoding_share(decoding, 5, lambda s: s[0], counters, lambda s: waited[s])
+        for s in decoding:
+            waited[s] = 0 if s in chosen else waited[s] + 1
+        return chosen
+
+    first = step()
+    assert len(first) == 5 and ("b", 0) in first  # b always, four of a's
+    seen = set(first)
+    for _ in range(2):
+        seen |= set(step())
+    assert seen == set(decoding)  # within three steps every one of a's has decoded: none starved
+
+
+def test_tenants_that_are_all_heavy_share_the_full_batch() -> None:
+    counters = VirtualTokenCounters()
+    decoding = [("a", i) for i in range(8)] + [("b", i) for i in range(8)]
+    assert decoding_share(decoding, 5, lambda s: s[0], counters, lambda s: 0) == decoding
+    assert (
+        decoding_share(decoding[:8], 5, lambda s: s[0], counters, lambda s: 0) == decoding[:8]
+    )  # one tenant
+    assert decoding_share(decoding, None, lambda s: s[0], counters, lambda s: 0) == decoding  # cap unknown

@@ -307,6 +307,75 @@ def test_a_tenant_arriving_after_another_was_served_alone_takes_turns_with_it_an
     assert finish_order(engine, late) == [1, 2, 3, 5, 4, 6]
 
 
+class FixedCap:
+    """Step costs that say a batch of `cap` keeps a light tenant's steps fast enough, whatever the steps
+    took (the real ones, `generation.fairness.StepCosts`, learn it from their timing)."""
+
+    def __init__(self, cap: int) -> None:
+        self.fixed = cap
+
+    def record(self, size: int, seconds: float) -> None:
+        return None
+
+    def cap(self, slowdown: float = 0.0) -> int:
+        return self.fixed
+
+
+def test_a_light_tenant_gets_a_token_every_step_while_the_heavy_ones_pause_by_turns_unchanged(
+    loaded: tuple[Any, Any],
+) -> None:
+    """Key a runs four sequences and key b one, with room for three a step: b's decodes every step, a's
+    take turns (paused ones go on when others end, or at the next turn), and every greedy answer is
+    what it is alone."""
+    engine = engine_of(loaded)
+    engine.step_costs = FixedCap(3)  # type: ignore[assignment]
+    made = [sequence(loaded, i, p, max_tokens=12, min_tokens=12) for i, p in enumerate([*PROMPTS, "a cat"])]
+    for index, s in enumerate(made):
+        s.tenant = "x/b" if index == 2 else "x/a"
+        engine.add(s)
+    texts: dict[int, str] = {}
+    paused_steps = dict.fromkeys(range(len(made)), 0)
+    while not engine.idle:
+        before = {s.id: len(s.generated) for s in engine.running}
+        for sid, event in engine.step():
+            texts[sid] = texts.get(sid, "") + text_of(event)
+        grew = [s.id for s in engine.running if s.id in before and len(s.generated) > before[s.id]]
+        assert len(grew) <= 3
+        for s in engine.running:
+            if s.id in before and len(s.generated) == before[s.id]:
+                paused_steps[s.id] += 1
+    assert paused_steps[2] == 0 and sum(paused_steps[i] for i in (0, 1, 3, 4)) > 0
+    alone = run(
+        engine_of(loaded),
+        {
+            0: [
+                sequence(loaded, i, p, max_tokens=12, min_tokens=12)
+                for i, p in enumerate([*PROMPTS, "a cat"])
+            ]
+        },
+    )
+    assert texts == alone
+
+
+def test_a_tenants_first_token_comes_in_a_step_that_decodes_nobody_elses_batch(
+    loaded: tuple[Any, Any],
+) -> None:
+    engine = engine_of(loaded)
+    for sid in range(4):
+        heavy = sequence(loaded, sid, PROMPTS[sid], max_tokens=8, min_tokens=8)
+        heavy.tenant = "x/a"
+        engine.add(heavy)
+    engine.step()
+    engine.step()
+    before = {s.id: len(s.generated) for s in engine.running}
+    engine.add(of(loaded, 9, "x/b"))
+    events = engine.step()
+    assert 9 in {sid for sid, _ in events}  # b's first token (and its second) this step
+    assert all(len(s.generated) == before[s.id] for s in engine.running if s.id in before)  # a's paused
+    texts = run(engine)
+    assert set(texts) == {0, 1, 2, 3, 9}
+
+
 def test_seeded_sampling_is_reproducible_whatever_runs_beside_it(loaded: tuple[Any, Any]) -> None:
     alone = engine_of(loaded)
     alone.add(sequence(loaded, 1, "hello world", temperature=1.2, seed=5, max_tokens=10, min_tokens=10))

@@ -27,8 +27,11 @@ whose turn it is.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +96,77 @@ class VirtualTokenCounters:
             (tenant for tenant in given if levels(tenant)[0] == account),
             key=lambda tenant: self._keys.get(levels(tenant), 0.0),
         )
+
+
+FAIR_SLOWDOWN = 3.0  # a light tenant's decoding steps take at most this × a step of its requests alone
+_EMA = 0.2  # the weight of a new measurement in a batch size's step time
+ROTATE_STEPS = 32  # decoding steps a share of the batch is kept before the paused requests' turn
+
+
+class StepCosts:
+    """What a decoding step costs at each batch size, learnt from the engine's own steps: on a CPU a step
+    of 33 sequences takes several times a step of one (on a GPU nearly the same), which is what makes a
+    heavy tenant's batch slow a light tenant's every token. Fitted as a line over the sizes seen (the
+    moving average of each), so that `cap` can say how large a batch keeps a step within `slowdown` of a
+    step of one sequence; None until two sizes, one of them small, have been seen."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, float] = {}
+
+    def record(self, size: int, seconds: float) -> None:
+        before = self.seconds.get(size)
+        self.seconds[size] = seconds if before is None else before + _EMA * (seconds - before)
+
+    def cap(self, slowdown: float = FAIR_SLOWDOWN) -> int | None:
+        """The largest batch whose step is estimated within `slowdown` × a step of one (None: unknown,
+        or no batch size slows a step that much)."""
+        sizes = sorted(self.seconds)
+        if len(sizes) < 2 or sizes[0] > 4:
+            return None
+        mean_size = sum(sizes) / len(sizes)
+        mean_seconds = sum(self.seconds.values()) / len(sizes)
+        spread = sum((size - mean_size) ** 2 for size in sizes)
+        slope = sum((size - mean_size) * (self.seconds[size] - mean_seconds) for size in sizes) / spread
+        one = mean_seconds + slope * (1 - mean_size)
+        if slope <= 0 or one <= 0:
+            return None
+        return max(1, int(1 + (slowdown - 1) * one / slope))
+
+
+def decoding_share(
+    decoding: list[T],
+    cap: int | None,
+    tenant_of: Callable[[T], str],
+    counters: VirtualTokenCounters,
+    waited: Callable[[T], int],
+) -> list[T]:
+    """The sequences of `decoding` that decode this step when tenants share the batch: all of them,
+    unless the batch is over `cap` and some tenant is light (fewer sequences than an equal split of the
+    cap). Then the light tenants' sequences all decode, in a batch of `cap`, and the heavy tenants' fill
+    the rest by turns, the least served tenant first and inside each the sequence that has `waited`
+    longest first (none is starved: a paused one has waited longer at the next step); the others pause
+    in their slots. Tenants all heavy share the full batch: a smaller one would slow them all for none."""
+    if cap is None or len(decoding) <= cap:
+        return decoding
+    by_tenant: dict[str, list[T]] = {}
+    for sequence in decoding:
+        by_tenant.setdefault(tenant_of(sequence), []).append(sequence)
+    if len(by_tenant) < 2:
+        return decoding
+    equal = max(1, cap // len(by_tenant))
+    light = [tenant for tenant, held in by_tenant.items() if len(held) <= equal]
+    if not light:
+        return decoding
+    chosen = {id(sequence) for tenant in light for sequence in by_tenant[tenant]}
+    heavy = [
+        sorted(by_tenant[tenant], key=waited, reverse=True)
+        for tenant in sorted(by_tenant.keys() - set(light), key=counters.counters)
+    ]
+    room, turn = cap - len(chosen), 0
+    while room > 0 and any(heavy):
+        queue = heavy[turn % len(heavy)]
+        if queue:
+            chosen.add(id(queue.pop(0)))
+            room -= 1
+        turn += 1
+    return [sequence for sequence in decoding if id(sequence) in chosen]

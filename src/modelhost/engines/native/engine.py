@@ -27,7 +27,14 @@ from modelhost.engines.native.cuda_graphs import DecodeGraphs
 from modelhost.engines.native.kv_cache import CacheLayout, Plan, SlotCache, common_prefix
 from modelhost.errors import Overloaded
 from modelhost.generation.contract import GenerationStarted, Logprob, Text, TokenLogprob
-from modelhost.generation.fairness import TokenWeights, VirtualTokenCounters
+from modelhost.generation.fairness import (
+    FAIR_SLOWDOWN,
+    ROTATE_STEPS,
+    StepCosts,
+    TokenWeights,
+    VirtualTokenCounters,
+    decoding_share,
+)
 from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_cap
 from modelhost.generation.requests import SamplingParams
 from modelhost.generation.text import IncrementalDecoder, StopStrings
@@ -66,7 +73,8 @@ class Sequence:
     cached_tokens: int = 0  # prompt tokens reused from the cache
     low: bool = False  # flex or a batch line: held back behind interactive ones (`generation.priority`)
     priority: int = 0  # vLLM's number (lower first), which orders its key's own waiting sequences
-    tenant: str = ""  # the key it runs for
+    tenant: str = ""  # whom it runs for, `<account>/<key>` (`generation.fairness`)
+    decoded_at: int = 0  # the engine's decoding step that last gave it a token
     salt: str | None = None  # its prefix cache (`GenerationRequest.cache_salt`): it reuses only its salt's
     # a vision-language prompt: the processor's image tensors (`pixel_values`, ...) for its prefill. Its
     # image tokens are negative in `prompt` (a hash of the image and the position), so the prefix cache
@@ -140,6 +148,11 @@ class GenerationEngine(Engine[Sequence]):
         self._clock = clock
         self._interactive_at = -BUSY_SECONDS  # when the last interactive sequence arrived
         self.served = VirtualTokenCounters(token_weights)  # whose turn it is (`generation.fairness`)
+        self.step_costs = StepCosts()  # a decoding step's time by batch size, from the steps themselves
+        self.fair_slowdown = FAIR_SLOWDOWN
+        self._steps = 0  # decoding steps so far
+        # the running sequences given the batch's share (`_shared`), those there were, and the step then
+        self._share: tuple[set[int], set[int], int] | None = None
         self._pending: list[tuple[int, Event]] = []
         self._mask_value = torch.finfo(layout.dtype).min
         self._graphs: DecodeGraphs | None = DecodeGraphs(self) if cuda and cuda_graphs else None
@@ -210,13 +223,21 @@ class GenerationEngine(Engine[Sequence]):
     @torch.inference_mode()
     def step(self) -> list[tuple[int, Event]]:
         """Give waiting sequences free slots, prefill up to `prefill_chunk` prompt tokens, then one
-        decoding step for all running sequences; the events of this step."""
+        decoding step for all running sequences; the events of this step. A step that prefills the
+        first request of a tenant with nothing running decodes only that tenant's sequences: its first
+        token (sent when the step ends) does not wait for a decoding step of the others' whole batch
+        (a light tenant's time to first token; the others lose one step)."""
         self._admit()
+        arriving = {s.tenant for s in self.prefilling} - {s.tenant for s in self.running}
         if self.prefilling:
             self._prefill()
         decoding = self._decoding()
+        if arriving and any(s.tenant not in arriving for s in decoding):
+            decoding = [s for s in decoding if s.tenant in arriving]
         if decoding:
+            started = time.perf_counter()
             self._decode(decoding)
+            self.step_costs.record(len(decoding), time.perf_counter() - started)
         elif not self.prefilling and not self.idle:  # only held-back low sequences, waiting or paused
             time.sleep(HELD_BACK_POLL)  # rather than spinning until the interactive traffic's window ends
         self._drop_finished()
@@ -268,13 +289,49 @@ class GenerationEngine(Engine[Sequence]):
         on only the oldest low ones `_low_cap` allows (none while an interactive sequence is held), the
         others paused in their slots (their caches kept) until it is over. Low sequences admitted when
         the engine was idle would otherwise slow every decoding step of the interactive ones that
-        follow, for as long as they run."""
+        follow, for as long as they run. And when tenants share the batch, a light tenant's requests
+        (fewer than an equal split) decode in a batch small enough that a step takes at most
+        `fair_slowdown` × a step of one, the heaviest tenants' requests pausing in turns to make room
+        (`generation.fairness.decoding_share`, with `step_costs` learnt from the steps)."""
         lows = [s for s in self.running if s.low]
         cap = self._low_cap(waiting=False) if lows else 0
-        if len(lows) <= cap:
-            return self.running
-        going = {id(s) for s in sorted(lows, key=lambda s: s.id)[:cap]}
-        return [s for s in self.running if not s.low or id(s) in going]
+        decoding = self.running
+        if len(lows) > cap:
+            going = {id(s) for s in sorted(lows, key=lambda s: s.id)[:cap]}
+            decoding = [s for s in self.running if not s.low or id(s) in going]
+        decoding = self._shared(decoding)
+        if len(decoding) < len(self.running):
+            self._to_front(decoding)
+        return decoding
+
+    def _shared(self, decoding: list[Sequence]) -> list[Sequence]:
+        """`generation.fairness.decoding_share` of `decoding`, kept for `ROTATE_STEPS` steps (each new
+        share moves sequences between slots) unless a sequence arrived or one of the share left."""
+        ids = {s.id for s in decoding}
+        if self._share is not None:
+            share, seen, since = self._share
+            if share <= ids and ids <= seen and self._steps - since < ROTATE_STEPS:
+                return [s for s in decoding if s.id in share]
+        chosen = decoding_share(
+            decoding,
+            self.step_costs.cap(self.fair_slowdown),
+            lambda s: s.tenant,
+            self.served,
+            lambda s: self._steps - s.decoded_at,
+        )
+        self._share = ({s.id for s in chosen}, ids, self._steps) if len(chosen) < len(decoding) else None
+        return chosen
+
+    def _to_front(self, decoding: list[Sequence]) -> None:
+        """Move the sequences that decode this step into the first slots (each swapped with a paused one
+        there), so that the step reads a view of the cache's first rows, not a gathered copy of them."""
+        going = {id(s) for s in decoding}
+        behind = [s for s in decoding if s.slot >= len(decoding)]
+        ahead = [s for s in self.running if s.slot < len(decoding) and id(s) not in going]
+        for sequence, paused in zip(behind, ahead, strict=True):
+            self._move(sequence, paused.slot)
+        self.running.sort(key=lambda s: s.slot)
+        decoding.sort(key=lambda s: s.slot)
 
     def _prefill(self) -> None:
         """The next chunks of prompts in one forward pass (left-padded), within the token budget; a
@@ -385,13 +442,16 @@ class GenerationEngine(Engine[Sequence]):
         for sequence, token in zip(decoding, last, strict=True):
             self.cache.held[sequence.slot].append(token)
         logits = None
-        every = len(decoding) == len(self.running)  # slots 0..n-1: a view of the cache's first rows
+        every = len(decoding) == len(self.running)
+        first = all(s.slot == row for row, s in enumerate(decoding))  # a view of the cache's first rows
         if every and self._graphs is not None and self._graphs.fits(len(lengths), max(lengths)):
             logits = self._graphs.decode(last, lengths)
         if logits is None:  # no graph for this step (or its capture failed just now): eagerly
-            logits = self._decode_eagerly(last, lengths, None if every else [s.slot for s in decoding])
+            logits = self._decode_eagerly(last, lengths, None if first else [s.slot for s in decoding])
         tokens = self._sample(decoding, logits.float())
+        self._steps += 1
         for sequence, token in zip(decoding, tokens, strict=True):
+            sequence.decoded_at = self._steps
             self._emit(sequence, token)
 
     def _decode_eagerly(self, last: list[int], lengths: list[int], slots: list[int] | None) -> torch.Tensor:
