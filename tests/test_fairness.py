@@ -7,6 +7,7 @@ from modelhost.generation.fairness import (
     TokenWeights,
     VirtualTokenCounters,
     decoding_share,
+    engine_number,
     levels,
 )
 
@@ -127,3 +128,20 @@ def test_tenants_that_are_all_heavy_share_the_full_batch() -> None:
         decoding_share(decoding[:8], 5, lambda s: s[0], counters, lambda s: 0) == decoding[:8]
     )  # one tenant
     assert decoding_share(decoding, None, lambda s: s[0], counters, lambda s: 0) == decoding  # cap unknown
+
+
+def test_an_engines_number_puts_low_work_last_then_the_least_served_then_a_requests_own_number() -> None:
+    counters = VirtualTokenCounters()
+    counters.charge("a/1", output=50)
+    held = ["a/1", "b/1"]
+    assert counters.rank("a/1", held) == (100.0, 0.0) and counters.rank("b/1", held) == (0.0, 0.0)
+
+    def number(tenant: str, priority: int = 0, low: bool = False) -> int:
+        return engine_number(counters.rank(tenant, held), priority, low, 1000)
+
+    assert number("b/1") < number("a/1")  # the least served first, whatever a's own number says
+    assert number("b/1") < number("a/1", priority=-1000)
+    assert number("a/1", priority=-1) < number("a/1") < number("a/1", priority=1000)  # its own order
+    assert number("a/1", priority=1000) < number("b/1", low=True)  # low work after all interactive
+    counters.charge("a/1", output=10**9)
+    assert number("a/1") < number("b/1", low=True)  # ranks saturate below the low bit

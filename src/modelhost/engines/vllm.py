@@ -18,6 +18,7 @@ prefix cache, sampling, detokenization and stop strings.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -42,6 +43,7 @@ from modelhost.generation.contract import (
     failed,
 )
 from modelhost.generation.deployment_settings import GenerationSettings
+from modelhost.generation.fairness import VirtualTokenCounters, engine_number
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
 from modelhost.generation.priority import PRIORITY_BOUND
@@ -61,9 +63,6 @@ from modelhost.generation.requests import (
 )
 
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit: the gateway allows no more
-# added to a low request's number (flex, a batch line) under vLLM's priority scheduling (lower values run
-# first): behind every interactive request, whatever their numbers (`generation.priority`)
-LOW_PRIORITY = 10 * PRIORITY_BOUND
 
 
 @dataclass(slots=True)
@@ -97,6 +96,10 @@ class VllmModel(StreamingEngine):
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     # the scheduler's KV-cache use at vLLM's last step (`cache_usage`), written by our stat logger
     kv_cache: KvCacheReading = field(default_factory=KvCacheReading)
+    # the service each tenant has had (`generation.fairness`), which numbers its requests for vLLM's
+    # priority scheduler, and the tenants of the requests vLLM holds
+    served: VirtualTokenCounters = field(default_factory=VirtualTokenCounters)
+    inside: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @functools.cached_property
     def token_text(self) -> Callable[[int], str]:
@@ -414,8 +417,40 @@ async def _generate(model: VllmModel, request_id: str, request: GenerationReques
         skip, strip = model.special.decoding(request, params.skip_special_tokens)
         check_engine_grammar(request)  # as the gateway did: vLLM never compiles what it would refuse
         sampling = vllm_params(replace(params, skip_special_tokens=skip), request.grammar)
-        priority = request.priority + (LOW_PRIORITY if request.low else 0)
+        model.served.arrive(request.tenant, model.inside)
+        rank = model.served.rank(request.tenant, model.inside)
+        priority = engine_number(rank, request.priority, request.low, PRIORITY_BOUND)
         stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)
+        model.inside[request.tenant] += 1
+    except ModelhostError as exc:
+        emit(error_event(exc))
+        return
+    except (ValueError, VLLMClientError) as exc:  # vLLM's checks of the request (a bad grammar, ...)
+        param = request.grammar_param if request.grammar else None
+        emit(failed(f"The engine refused the request: {exc}", param))
+        return
+    try:
+        await _stream(model, request, stream, prompt, params, skip, strip, emit)
+    finally:
+        model.inside[request.tenant] -= 1
+        if not model.inside[request.tenant]:
+            del model.inside[request.tenant]
+
+
+async def _stream(
+    model: VllmModel,
+    request: GenerationRequest,
+    stream: Any,
+    prompt: list[int],
+    params: SamplingParams,
+    skip: bool,
+    strip: Callable[[str], str] | None,
+    emit: Emit,
+) -> None:
+    """vLLM's outputs of one request as our events, its tenant charged the tokens as they come."""
+    from vllm.exceptions import VLLMClientError
+
+    try:
         first = await anext(stream, None)
     except ModelhostError as exc:
         emit(error_event(exc))
@@ -439,6 +474,7 @@ async def _generate(model: VllmModel, request_id: str, request: GenerationReques
         started.prompt_logprobs = _prompt_logprobs(model, prompt, first.prompt_logprobs, top)
     if request.echo:
         started.prompt_text = model.tokenizer.decode(prompt)
+    model.served.charge(request.tenant, prompt=started.prompt_tokens - started.cached_tokens)
     emit(started)
     generated, sampled, text = 0, list[int](), ""
     output = first
@@ -450,6 +486,7 @@ async def _generate(model: VllmModel, request_id: str, request: GenerationReques
             for token, logprobs in zip(tokens, completion.logprobs, strict=False):
                 emit(Logprob(_logprob_entry(model, token, logprobs, params.top_logprobs)))
         generated += len(tokens)
+        model.served.charge(request.tenant, output=len(tokens))
         if completion.finish_reason == "stop" and tokens and _silent_stop(completion.stop_reason, params):
             generated -= 1  # the end-of-sequence or a stop token: sampled (its logprob is sent), not text
         event = Text(text=completion.text, completion_tokens=generated)

@@ -87,6 +87,18 @@ class VirtualTokenCounters:
         account, key = levels(tenant)
         return self._accounts.get(account, 0.0), self._keys.get((account, key), 0.0)
 
+    def rank(self, tenant: str, held: Iterable[str]) -> tuple[float, float]:
+        """How far `tenant` is above the least served of `held` (the tenants with requests in the engine;
+        at each level: its account above the least served account, its key above the least served key
+        of its account): what an engine that orders requests by a number fixed at their arrival (vLLM)
+        is given, small whatever the counters have grown to."""
+        account, key = levels(tenant)
+        held_levels = {levels(other) for other in held} | {(account, key)}
+        accounts = min(self._accounts.get(other, 0.0) for other, _ in held_levels)
+        keys = min(self._keys.get(other, 0.0) for other in held_levels if other[0] == account)
+        own_account, own_key = self.counters(tenant)
+        return own_account - accounts, own_key - keys
+
     def least(self, tenants: Iterable[str]) -> str:
         """Whose turn it is among `tenants` (at least one): the least served account's least served key;
         on equal counters the first given (the one whose request waits longest)."""
@@ -131,6 +143,23 @@ class StepCosts:
         if slope <= 0 or one <= 0:
             return None
         return max(1, int(1 + (slowdown - 1) * one / slope))
+
+
+RANK_BITS = 24  # bits of an engine's number for each level of a tenant's rank (`engine_number`)
+
+
+def engine_number(rank: tuple[float, float], priority: int, low: bool, priority_bound: int) -> int:
+    """One number for an engine that runs the lowest first and keeps arrival order among equal ones
+    (vLLM's priority scheduling), from a request's tenant's `rank` (`VirtualTokenCounters.rank`), its own
+    `priority` (-`priority_bound` to `priority_bound`: orders its tenant's requests only) and whether it
+    is `low` (flex, a batch line: behind every interactive request): low first, then the account's rank,
+    then the key's, then the request's own number. Ranks past 2**`RANK_BITS` weighted tokens count as
+    that much."""
+    most = (1 << RANK_BITS) - 1
+    account, key = (min(most, max(0, int(part))) for part in rank)
+    own = priority + priority_bound
+    width = (2 * priority_bound + 1).bit_length()
+    return (((int(low) << RANK_BITS | account) << RANK_BITS | key) << width) | own
 
 
 def decoding_share(
