@@ -29,7 +29,7 @@ from typing import Any
 
 from modelhost.artifacts.quantization import InvalidQuantization, read_quantization, serving
 from modelhost.engines.chat_images import chat_with_images
-from modelhost.engines.interface import Emit, StreamingEngine
+from modelhost.engines.interface import Emit, Event, StreamingEngine
 from modelhost.engines.loader import load_processor, load_tokenizer
 from modelhost.errors import ModelhostError
 from modelhost.generation.chat_templates import in_thread, output_cap
@@ -422,12 +422,8 @@ async def _generate(model: VllmModel, request_id: str, request: GenerationReques
         priority = engine_number(rank, request.priority, request.low, PRIORITY_BOUND)
         stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)
         model.inside[request.tenant] += 1
-    except ModelhostError as exc:
-        emit(error_event(exc))
-        return
-    except (ValueError, VLLMClientError) as exc:  # vLLM's checks of the request (a bad grammar, ...)
-        param = request.grammar_param if request.grammar else None
-        emit(failed(f"The engine refused the request: {exc}", param))
+    except (ModelhostError, ValueError, VLLMClientError) as exc:
+        emit(_refusal(request, exc))
         return
     try:
         await _stream(model, request, stream, prompt, params, skip, strip, emit)
@@ -451,13 +447,9 @@ async def _stream(
     from vllm.exceptions import VLLMClientError
 
     try:
-        first = await anext(stream, None)
-    except ModelhostError as exc:
-        emit(error_event(exc))
-        return
-    except (ValueError, VLLMClientError) as exc:  # vLLM's checks of the request (a bad grammar, ...)
-        param = request.grammar_param if request.grammar else None
-        emit(failed(f"The engine refused the request: {exc}", param))
+        first = await anext(stream, None)  # vLLM checks the request here
+    except (ModelhostError, ValueError, VLLMClientError) as exc:
+        emit(_refusal(request, exc))
         return
     if first is None:
         emit(failed("vLLM ended the request without output", internal=True))
@@ -500,6 +492,15 @@ async def _stream(
             event.text = strip(event.text)
         emit(event)
         output = await anext(stream, None)
+
+
+def _refusal(request: GenerationRequest, exc: Exception) -> Event:
+    """A request refused before it ran: our own check's error (`ModelhostError`), or vLLM's (a bad
+    grammar, ...) as the caller's 400 naming the grammar's parameter."""
+    if isinstance(exc, ModelhostError):
+        return error_event(exc)
+    param = request.grammar_param if request.grammar else None
+    return failed(f"The engine refused the request: {exc}", param)
 
 
 def _silent_stop(reason: int | str | None, params: SamplingParams) -> bool:
