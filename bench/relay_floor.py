@@ -36,7 +36,7 @@ from typing import Any, cast
 
 import httpx
 
-from bench.common import COUNTER, stop_process, wrk
+from bench.common import COUNTER, _cpu_seconds, stop_process, wrk
 
 DIM = 384
 TOKEN = 4  # bytes of a token's frame from the 'replica'
@@ -205,8 +205,7 @@ class Floor:
 
     def cpu(self) -> float:
         """CPU seconds of the floor's server process so far."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _cpu_seconds(self.process.pid)
 
     def stop(self) -> None:
         stop_process(self.process)
