@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from modelhost.generation.fairness import (
+    HeldTenants,
     StepCosts,
     TokenWeights,
     VirtualTokenCounters,
@@ -145,3 +148,12 @@ def test_an_engines_number_puts_low_work_last_then_the_least_served_then_a_reque
     assert number("a/1", priority=1000) < number("b/1", low=True)  # low work after all interactive
     counters.charge("a/1", output=10**9)
     assert number("a/1") < number("b/1", low=True)  # ranks saturate below the low bit
+
+
+def test_held_tenants_are_those_with_a_request_in_the_engine_until_its_last_ends() -> None:
+    held = HeldTenants()
+    with held.holding("a/1"), held.holding("a/1"):
+        assert list(held) == ["a/1"]
+    with pytest.raises(RuntimeError), held.holding("b/1"):
+        raise RuntimeError("the request failed")
+    assert list(held) == []

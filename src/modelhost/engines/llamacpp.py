@@ -54,7 +54,6 @@ An embedding GGUF's server is started the same way (`start` with `Embedding`), a
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import functools
 import json
@@ -81,7 +80,7 @@ from modelhost.generation.contract import (
     failed,
 )
 from modelhost.generation.deployment_settings import GenerationSettings
-from modelhost.generation.fairness import VirtualTokenCounters
+from modelhost.generation.fairness import HeldTenants, VirtualTokenCounters
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
 from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_cap
@@ -159,7 +158,7 @@ class SlotGate:
         self._slots = [_Slot() for _ in range(slots)]
         self._uses = 0
         self.served = VirtualTokenCounters()
-        self._inside: collections.Counter[str] = collections.Counter()  # tenants of the requests inside
+        self._inside = HeldTenants()  # the tenants of the requests inside
 
     @contextlib.asynccontextmanager
     async def slot(
@@ -173,32 +172,29 @@ class SlotGate:
         """A turn inside llama.cpp: None where llama.cpp chooses the slot (no salt seen yet), else the
         slot chosen for `prompt` of `salt`."""
         await self._acquire(low, priority, tenant)
-        self._inside[tenant] += 1
         try:
-            if salt is not None and not self.placing:
-                self.placing, self._drained = True, asyncio.Event()
-                if not self._unplaced:
-                    self._drained.set()
-            if not self.placing:
-                self._unplaced += 1
-                try:
-                    yield None
-                finally:
-                    self._unplaced -= 1
-                    if not self._unplaced and self._drained is not None:
+            with self._inside.holding(tenant):
+                if salt is not None and not self.placing:
+                    self.placing, self._drained = True, asyncio.Event()
+                    if not self._unplaced:
                         self._drained.set()
-                return
-            if self._drained is not None and not self._drained.is_set():
-                await self._drained.wait()  # a slot llama.cpp chose may hold another salt's prefix
-            placed = self._place(salt, prompt or [])
-            try:
-                yield placed
-            finally:
-                self._slots[placed.index].busy = False
+                if not self.placing:
+                    self._unplaced += 1
+                    try:
+                        yield None
+                    finally:
+                        self._unplaced -= 1
+                        if not self._unplaced and self._drained is not None:
+                            self._drained.set()
+                    return
+                if self._drained is not None and not self._drained.is_set():
+                    await self._drained.wait()  # a slot llama.cpp chose may hold another salt's prefix
+                placed = self._place(salt, prompt or [])
+                try:
+                    yield placed
+                finally:
+                    self._slots[placed.index].busy = False
         finally:
-            self._inside[tenant] -= 1
-            if not self._inside[tenant]:
-                del self._inside[tenant]
             self._release(low)
 
     def _place(self, salt: str | None, prompt: list[int]) -> Placed:

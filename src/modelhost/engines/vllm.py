@@ -18,7 +18,6 @@ prefix cache, sampling, detokenization and stop strings.
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import os
@@ -43,7 +42,7 @@ from modelhost.generation.contract import (
     failed,
 )
 from modelhost.generation.deployment_settings import GenerationSettings
-from modelhost.generation.fairness import VirtualTokenCounters, engine_number
+from modelhost.generation.fairness import HeldTenants, VirtualTokenCounters, engine_number
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
 from modelhost.generation.priority import PRIORITY_BOUND
@@ -99,7 +98,7 @@ class VllmModel(StreamingEngine):
     # the service each tenant has had (`generation.fairness`), which numbers its requests for vLLM's
     # priority scheduler, and the tenants of the requests vLLM holds
     served: VirtualTokenCounters = field(default_factory=VirtualTokenCounters)
-    inside: collections.Counter[str] = field(default_factory=collections.Counter)
+    inside: HeldTenants = field(default_factory=HeldTenants)
 
     @functools.cached_property
     def token_text(self) -> Callable[[int], str]:
@@ -421,16 +420,11 @@ async def _generate(model: VllmModel, request_id: str, request: GenerationReques
         rank = model.served.rank(request.tenant, model.inside)
         priority = engine_number(rank, request.priority, request.low, PRIORITY_BOUND)
         stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)
-        model.inside[request.tenant] += 1
     except (ModelhostError, ValueError, VLLMClientError) as exc:
         emit(_refusal(request, exc))
         return
-    try:
+    with model.inside.holding(request.tenant):
         await _stream(model, request, stream, prompt, params, skip, strip, emit)
-    finally:
-        model.inside[request.tenant] -= 1
-        if not model.inside[request.tenant]:
-            del model.inside[request.tenant]
 
 
 async def _stream(

@@ -27,7 +27,9 @@ whose turn it is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import collections
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -108,6 +110,28 @@ class VirtualTokenCounters:
             (tenant for tenant in given if levels(tenant)[0] == account),
             key=lambda tenant: self._keys.get(levels(tenant), 0.0),
         )
+
+
+class HeldTenants:
+    """The tenants whose requests an engine holds, where the engine keeps no list of its own to read
+    them from (llama.cpp's slots, vLLM): what `VirtualTokenCounters.arrive` and `rank` are given."""
+
+    def __init__(self) -> None:
+        self._requests: collections.Counter[str] = collections.Counter()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._requests)
+
+    @contextlib.contextmanager
+    def holding(self, tenant: str) -> Iterator[None]:
+        """One request of `tenant` held for the block."""
+        self._requests[tenant] += 1
+        try:
+            yield
+        finally:
+            self._requests[tenant] -= 1
+            if not self._requests[tenant]:
+                del self._requests[tenant]
 
 
 FAIR_SLOWDOWN = 3.0  # a light tenant's decoding steps take at most this × a step of its requests alone
