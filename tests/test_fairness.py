@@ -86,6 +86,7 @@ def test_keys_are_compared_only_with_their_own_accounts_keys() -> None:
     counters.arrive("b/1", held=["a/1"])  # account b starts level with a; its key, alone in b, at 0
     assert counters.counters("b/1") == (12.0, 0.0)
     assert counters.least(["a/1", "b/1"]) == "a/1"  # equal accounts: the first given, whatever the keys
+    assert counters.order(["a/1", "b/1", "a/2"]) == ["a/2", "a/1", "b/1"]  # a's keys together, by theirs
 
 
 def test_step_costs_say_how_large_a_batch_keeps_a_step_within_the_slowdown() -> None:

@@ -101,15 +101,20 @@ class VirtualTokenCounters:
         own_account, own_key = self.counters(tenant)
         return own_account - accounts, own_key - keys
 
-    def least(self, tenants: Iterable[str]) -> str:
-        """Whose turn it is among `tenants` (at least one): the least served account's least served key;
-        on equal counters the first given (the one whose request waits longest)."""
+    def order(self, tenants: Iterable[str]) -> list[str]:
+        """`tenants` least served first: accounts by their counters, and inside each account its keys by
+        theirs (a key's counter only compares with its own account's keys); equal ones in the order
+        given (the one whose request waits longest first)."""
         given = list(tenants)
-        account = levels(min(given, key=lambda tenant: self._accounts.get(levels(tenant)[0], 0.0)))[0]
-        return min(
-            (tenant for tenant in given if levels(tenant)[0] == account),
-            key=lambda tenant: self._keys.get(levels(tenant), 0.0),
+        accounts = sorted(
+            dict.fromkeys(levels(t)[0] for t in given), key=lambda a: self._accounts.get(a, 0.0)
         )
+        place = {account: index for index, account in enumerate(accounts)}
+        return sorted(given, key=lambda t: (place[levels(t)[0]], self._keys.get(levels(t), 0.0)))
+
+    def least(self, tenants: Iterable[str]) -> str:
+        """Whose turn it is among `tenants` (at least one): the first of `order`."""
+        return self.order(tenants)[0]
 
 
 class HeldTenants:
@@ -213,7 +218,7 @@ def decoding_share(
     chosen = {id(sequence) for tenant in light for sequence in by_tenant[tenant]}
     heavy = [
         sorted(by_tenant[tenant], key=waited, reverse=True)
-        for tenant in sorted(by_tenant.keys() - set(light), key=counters.counters)
+        for tenant in counters.order(tenant for tenant in by_tenant if tenant not in light)
     ]
     room, turn = cap - len(chosen), 0
     while room > 0 and any(heavy):
