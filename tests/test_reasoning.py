@@ -324,6 +324,24 @@ def test_a_response_puts_its_reasoning_item_before_its_message_with_its_stream_e
     assert assembler.usage()["output_tokens_details"] == {"reasoning_tokens": len(THOUGHT) - 1}
 
 
+def test_a_response_whose_model_ends_at_once_has_one_empty_completed_message() -> None:
+    """A model that samples its end first still answers a message, as OpenAI does: clients read
+    `output[0]` (the last CI's flake: a random model's first token was its end)."""
+    from modelhost.serving.responses.items import OutputAssembler
+
+    assembler = OutputAssembler(ChatChoice(0, "none", []))
+    events = [e for event in _events([""]) for e in assembler.feed(event)] + assembler.finish()
+    assert [e["type"] for e in events] == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    (message,) = assembler.output
+    assert (message["type"], message["status"], message["content"][0]["text"]) == ("message", "completed", "")
+
+
 def test_a_chat_keeps_the_special_tokens_of_its_familys_markup_and_hides_the_others(recipes: Path) -> None:
     from transformers import AutoTokenizer
 

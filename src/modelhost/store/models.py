@@ -9,6 +9,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -46,6 +47,9 @@ class Account(Base):
     # Rate limits set by the operator (auth/limits.py: requests and tokens per minute, requests at
     # once); None: unlimited. Every key of the account counts against them.
     limits: Mapped[dict[str, float | None] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # Its share of a shared model against other accounts (`generation.fairness`) and of the memory budget
+    # (`runtime.capacity`), set by the operator: an account of weight 2 is served twice what one of 1 is
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -194,6 +198,9 @@ class ApiKey(Base):
     # request of the same salt (docs/access.md, "Cache salts"); None: the cache its deployment's
     # unsalted keys share
     cache_salt: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    # Its share of what its account is served by a shared model, against the account's other keys
+    # (`generation.fairness`), set by the account's admins
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     # A person's key: the `created_at` of the owner's membership it was made under. It works only while
     # that membership lasts: removed and added again, they are a member anew, and the key stays refused
     member_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -496,6 +496,8 @@ class OutputAssembler:
         events: list[Event] = []
         if self._reasoning is not None:
             events += self._close_reasoning(status)
+        if not self.output:  # the model ended at once: an empty message, as OpenAI answers, not no output
+            events += self._open_message()
         if self._message is not None:
             events += self._close_message(status)
         for index in sorted(self._calls):
@@ -564,29 +566,8 @@ class OutputAssembler:
         ]
 
     def _text(self, piece: str, logprobs: list[Item]) -> list[Event]:
-        events: list[Event] = []
-        if self._message is None:
-            self._message = {
-                "id": item_id("msg"),
-                "type": "message",
-                "role": "assistant",
-                "status": "in_progress",
-                "content": [],
-            }
-            index = len(self.output)
-            self.output.append(self._message)
-            events.append(_item_event("response.output_item.added", index, self._message))
-            part = {"type": "output_text", "text": "", "annotations": []}
-            self._message["content"].append({**part, "logprobs": []})
-            events.append(
-                {
-                    "type": "response.content_part.added",
-                    "item_id": self._message["id"],
-                    "output_index": index,
-                    "content_index": 0,
-                    "part": part,
-                }
-            )
+        events = self._open_message() if self._message is None else []
+        assert self._message is not None
         self._message["content"][0]["text"] += piece
         self._message["content"][0]["logprobs"] += logprobs
         events.append(
@@ -600,6 +581,22 @@ class OutputAssembler:
             }
         )
         return events
+
+    def _open_message(self) -> list[Event]:
+        message: Item = {"id": item_id("msg"), "type": "message", "role": "assistant", "status": "in_progress"}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        message["content"] = [{**part, "logprobs": []}]
+        self._message = message
+        index = len(self.output)
+        self.output.append(message)
+        added = {
+            "type": "response.content_part.added",
+            "item_id": message["id"],
+            "output_index": index,
+            "content_index": 0,
+            "part": part,
+        }
+        return [_item_event("response.output_item.added", index, {**message, "content": []}), added]
 
     def _close_message(self, status: str) -> list[Event]:
         message, self._message = self._message, None
