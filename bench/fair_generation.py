@@ -1,6 +1,7 @@
 """Fair shares of a generating model (issue 72): a light key beside a heavy one on one replica.
 
     python -m bench.fair_generation [--seconds 30] [--engines transformers,vllm] [--baseline SRC]
+                                    [--weighted-seconds 60]
 
 The text-generation benchmark's random-weight 33 M Llama (`bench.generation.build_model`), one replica
 per engine. Two keys of one account:
@@ -12,6 +13,11 @@ comes). Reported: B's time to first token and latency, p50, together over alone,
 second together over alone. Issue 72's targets: B's TTFT ≤ 2 × alone and latency ≤ 3 × alone on the
 transformers engine (TTFT ≤ 2 × on vLLM), A's tokens/s ≥ 0.9 × alone. `--baseline SRC` serves another
 checkout's `src` too (the commit before a change), measured in turn: first come, first served there.
+
+**Weights** (`--weighted-seconds`, 0: skip): two keys of weights 1:1, then 2:1, each with
+`BACKLOGGED` clients streaming `BACKLOGGED_TOKENS`-token answers one after another (together more than
+the engine's slots, so both are always waiting), for that long; reported: the keys' output tokens and
+their ratio against the weights' (issue 72: within ± 10 %).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from bench.tenancy import new_key
 
 MARKER = "## Fair shares: a light key beside a heavy one on a generating replica"
 HEAVY, HEAVY_TOKENS, LIGHT_TOKENS = 32, 256, 32
+BACKLOGGED, BACKLOGGED_TOKENS = 48, 32  # per key: 96 streams together, over the engine's 64 slots
 
 
 @dataclass
@@ -156,6 +163,57 @@ def measure(served: Served, seconds: float) -> Measured:
     return Measured(a_alone, b_alone, a_together, b_together)
 
 
+async def _backlogged(url: str, keys: list[str], seconds: float) -> list[int]:
+    """Each key's output tokens over `seconds` while every key keeps `BACKLOGGED` streams going (counted
+    after a 5 s start, once the engine is full)."""
+    tallies = [Heavy() for _ in keys]
+    async with httpx.AsyncClient(
+        base_url=url, timeout=600, limits=httpx.Limits(max_connections=BACKLOGGED * len(keys) + 8)
+    ) as http:
+        stop = asyncio.Event()
+
+        async def client(key: str, index: int, tally: Heavy) -> None:
+            turn = 0
+            headers = {"Authorization": f"Bearer {key}"}
+            while not stop.is_set():
+                turn += 1
+                body = _body(f"Job {index}.{turn}: summarise the week.", BACKLOGGED_TOKENS)
+                try:
+                    async with http.stream(
+                        "POST", "/v1/chat/completions", json=body, headers=headers
+                    ) as answer:
+                        async for line in answer.aiter_lines():
+                            if stop.is_set():
+                                return
+                            if line.startswith("data: {") and '"content"' in line:
+                                tally.tokens += 1
+                except httpx.HTTPError:
+                    tally.failures += 1
+
+        tasks = [
+            asyncio.create_task(client(key, i, tally))
+            for key, tally in zip(keys, tallies, strict=True)
+            for i in range(BACKLOGGED)
+        ]
+        await asyncio.sleep(5)
+        for tally in tallies:
+            tally.tokens = 0
+        await asyncio.sleep(seconds)
+        counted = [tally.tokens for tally in tallies]
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return counted
+
+
+def weighted(served: Served, seconds: float) -> dict[tuple[float, float], list[int]]:
+    """The keys' output tokens with weights 1:1 and 2:1 (new keys each time: fresh counters)."""
+    found: dict[tuple[float, float], list[int]] = {}
+    for weights in ((1.0, 1.0), (2.0, 1.0)):
+        keys = [new_key(served, name=f"weighted-{i}", weight=w) for i, w in enumerate(weights)]
+        found[weights] = asyncio.run(_backlogged(served.url, keys, seconds))
+    return found
+
+
 def _p50_ms(seconds: list[float]) -> str:
     return f"{statistics.median(seconds) * 1000:.0f}" if seconds else "-"
 
@@ -167,6 +225,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--engines", default="transformers")
     parser.add_argument("--baseline", type=Path, help="another checkout's src, measured in turn")
+    parser.add_argument("--weighted-seconds", type=float, default=60, help="0: no weights measured")
     parser.add_argument("--port", type=int, default=8395)
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
@@ -176,12 +235,15 @@ def main() -> None:
     if args.baseline is not None:
         sources = {"baseline": args.baseline, **sources}
     results: dict[tuple[str, str], Measured] = {}
+    shares: dict[str, dict[tuple[float, float], list[int]]] = {}
     for engine in args.engines.split(","):
         for index, (name, source) in enumerate(sources.items()):
             served = serve(args.port + index, source)
             try:
                 deploy(served, model, "text-generation", "chat", engine=engine)
                 results[engine, name] = measure(served, args.seconds)
+                if source is None and args.weighted_seconds > 0:
+                    shares[engine] = weighted(served, args.weighted_seconds)
             finally:
                 served.stop()
     figures = Figures("fair_generation")
@@ -216,6 +278,34 @@ def main() -> None:
         "A's tokens/s together / alone",
         "failed",
     ]
+    weight_rows = []
+    for engine, found_shares in shares.items():
+        for (first, second), tokens in found_shares.items():
+            measured = tokens[0] / tokens[1] if tokens[1] else float("nan")
+            off = measured / (first / second) - 1
+            figures.ratio(f"{engine}.weights_{first:g}_{second:g}.tokens_ratio", measured)
+            weight_rows.append(
+                [
+                    engine,
+                    f"{first:g} : {second:g}",
+                    f"{tokens[0]} / {tokens[1]}",
+                    f"{measured:.2f}",
+                    f"{off:+.1%}",
+                ]
+            )
+    weight_header = ["engine", "weights", "output tokens", "ratio", "off the weights' ratio"]
+    weights_text = (
+        f"""
+Weights (`--weighted-seconds {args.weighted_seconds:g}`): two keys, each with {BACKLOGGED} clients streaming
+answers of {BACKLOGGED_TOKENS} tokens one after another ({2 * BACKLOGGED} streams, over the engine's slots,
+so both always wait), output tokens over {args.weighted_seconds:g} s. Target (issue 72): the weights' ratio
+± 10 %.
+
+{table(weight_header, weight_rows)}
+"""
+        if weight_rows
+        else ""
+    )
     section = f"""{MARKER}
 
 `python -m bench.fair_generation --seconds {args.seconds:g}` ({machine()}): the 33 M Llama, one replica;
@@ -224,7 +314,7 @@ time (bench/fair_generation.py says more). Targets (issue 72): B's TTFT ≤ 2 ×
 alone, A's tokens/s ≥ 0.9 × alone.
 
 {table(header, rows)}
-"""
+{weights_text}"""
     write_section(args.out, MARKER, section, figures)
     print(section)
 

@@ -87,9 +87,10 @@ def test_a_cold_load_never_evicts_another_accounts_warm_deployment() -> None:
     ]
     everyone = {"alpha": Footprint(200), "bravo": Footprint(100)}
     cold = Load("bravo", "cold", everyone, share=Footprint(150))
-    # another account's cold one and its own warm one make room; the other's warm one never does
+    # its own warm one (first: its own go first) and another account's cold one make room; the other's
+    # warm one never does
     plan = evictions(Footprint(200), None, loaded, 100, 30, cold)
-    assert [c.deployment_id for c in plan or []] == ["theirs-cold", "own-warm"]
+    assert [c.deployment_id for c in plan or []] == ["own-warm", "theirs-cold"]
     assert evictions(Footprint(300), None, loaded, 100, 30, cold) is None  # it waits
     # the same account's cold load evicts its own warm deployments as before
     own = Load("alpha", "cold", everyone, share=Footprint(150))
@@ -121,6 +122,55 @@ def test_a_warm_load_evicts_another_accounts_warm_ones_only_while_it_holds_more_
     assert [c.deployment_id for c in evictions(Footprint(0, 100), 0, on_gpu, 100, 30, gpu_load) or []] == [
         "alpha-gpu"
     ]
+
+
+def test_a_load_takes_its_own_accounts_idle_deployments_before_anyone_elses() -> None:
+    """Even another account's cold deployment, used longer ago, goes after the loading account's own
+    warm one (issue 72: eviction takes the loading account's own first)."""
+    loaded = [
+        candidate("theirs-cold", "cold", used=1, account="alpha"),
+        candidate("own-warm", "warm", used=9, account="bravo"),
+        candidate("own-cold", "cold", used=8, account="bravo"),
+    ]
+    load = Load("bravo", "warm", {"alpha": Footprint(100), "bravo": Footprint(200)}, share=Footprint(150))
+    plan = evictions(Footprint(300), None, loaded, 100, 30, load)
+    assert [c.deployment_id for c in plan or []] == ["own-cold", "own-warm", "theirs-cold"]
+    assert [c.deployment_id for c in evictions(Footprint(100), None, loaded, 100, 30, load) or []] == [
+        "own-cold"
+    ]
+
+
+def test_a_load_over_its_own_accounts_share_evicts_no_other_accounts_warm_deployment() -> None:
+    """Alpha holds 200 of a 300 budget (over its share of 150): bravo's load of 100 may take one of
+    alpha's warm ones, but bravo's load of 200 would put bravo over its own share, so it may not."""
+    loaded = [
+        candidate("alpha-old", "warm", used=1, account="alpha"),
+        candidate("alpha-new", "warm", used=2, account="alpha"),
+    ]
+    held = {"alpha": Footprint(200), "bravo": Footprint(0)}
+    small = Load("bravo", "warm", held, share=Footprint(150), needs=Footprint(100))
+    assert [c.deployment_id for c in evictions(Footprint(100), None, loaded, 100, 30, small) or []] == [
+        "alpha-old"
+    ]
+    large = Load("bravo", "warm", held, share=Footprint(150), needs=Footprint(200))
+    assert large.loader_over_share()
+    assert evictions(Footprint(100), None, loaded, 100, 30, large) is None
+
+
+def test_an_accounts_share_of_the_budget_follows_the_accounts_weights() -> None:
+    """Weights 2 and 1 on a 900 budget: 600 and 300. Alpha, of weight 2, holding 500 is within its share,
+    so bravo's warm load may not evict it; at weight 1 alpha would be over its 450, and it may."""
+    capacity = Capacity(budget=900)
+    capacity.hold("a1", "alpha", Footprint(500), None, weight=2.0)
+    load = capacity.load("bravo", "warm", None, weight=1.0, needs=Footprint(100))
+    assert load.share == Footprint(300)  # a weight of 1's share: 900 / (2 + 1)
+    assert (load.share_of("alpha"), load.share_of("bravo")) == (Footprint(600), Footprint(300))
+    loaded = [candidate("a1", "warm", account="alpha", size=500)]
+    assert evictions(Footprint(100), None, loaded, 100, 30, load) is None
+    capacity.hold("a2", "alpha", Footprint(0), None, weight=1.0)  # the operator lowered it: its next load
+    equal = capacity.load("bravo", "warm", None, weight=1.0, needs=Footprint(100))
+    assert equal.share_of("alpha") == Footprint(450)
+    assert [c.deployment_id for c in evictions(Footprint(100), None, loaded, 100, 30, equal) or []] == ["a1"]
 
 
 def test_an_accounts_share_is_an_equal_part_of_the_budget_among_the_accounts_holding_memory() -> None:
@@ -550,7 +600,8 @@ async def test_one_accounts_cold_load_waits_rather_than_evict_another_accounts_i
     tenants.append(warm)
     await loaded(placement, warm, tenants)
     assert alpha[0].evicted and not alpha[1].evicted
-    # a second one finds alpha within its share now (its own warm one is busy): it waits, and says why
+    # a second one would put bravo over its own share (30 + 30 of 35 MiB; its own warm one is busy):
+    # it waits, and says which share is full
     warm.in_flight = 1
     second = FakeTenant(spec_of("bravo-second", tmp_path, readiness="warm", account="bravo"))
     tenants.append(second)
@@ -558,5 +609,5 @@ async def test_one_accounts_cold_load_waits_rather_than_evict_another_accounts_i
         await placement.admit(second, 1, time.monotonic() + 0.3, lambda: tenants)
     assert not alpha[1].evicted
     message = waited.value.message
-    assert "warm deployments of other accounts that hold no more than their share of the budget" in message
-    assert "35 MiB)" in message, message
+    assert "which a load is not given while its own account's share is full" in message, message
+    assert "would hold 60 MiB with it, over its share of 35 MiB (weight 1 of the 2" in message, message

@@ -514,6 +514,36 @@ def test_only_keys_manage_sets_a_keys_cache_salt_and_a_rotation_keeps_it(chat: C
         assert answer.json()["error"]["param"] == "cache_salt", answer.text
 
 
+def test_an_accounts_weight_is_the_operators_and_a_keys_needs_keys_manage(chat: Chat) -> None:
+    """Weights (docs/limits.md, "Fair shares"): the operator sets an account's, shown on the account; an
+    account's admins set a key's, kept by a rotation; a developer's key cannot raise its own share."""
+    admin = bearer(ADMIN_KEY)
+    made = chat.http.post("/v1/admin/accounts", json={"name": "heavy", "weight": 2.5}, headers=admin)
+    assert made.status_code == 201 and made.json()["weight"] == 2.5, made.text
+    account = f"/v1/admin/accounts/{made.json()['id']}"
+    assert chat.http.get(account, headers=admin).json()["weight"] == 2.5
+    patched = chat.http.patch(account, json={"weight": None}, headers=admin)  # null: back to 1
+    assert patched.status_code == 200 and patched.json()["weight"] == 1.0, patched.text
+    assert_error(chat.http.patch(account, json={"weight": 0}, headers=admin), 400)
+    own_account = made.json()["api_key"]
+    assert_error(chat.http.patch(account, json={"weight": 9}, headers=bearer(own_account)), 401)
+
+    body = {"role": "developer", "service": True}
+    developer = chat.http.post("/v1/keys", json=body, headers=bearer(chat.key)).json()
+    assert developer["weight"] == 1.0
+    own = f"/v1/keys/{developer['id']}"
+    assert_error(chat.http.patch(own, json={"weight": 5}, headers=bearer(developer["api_key"])), 403)
+    refused = chat.http.post("/v1/keys", json={"weight": 5}, headers=bearer(developer["api_key"]))
+    assert_error(refused, 403, "permission_denied")
+    made_key = chat.http.post("/v1/keys", json={**body, "weight": 3}, headers=bearer(chat.key))
+    assert made_key.status_code == 201 and made_key.json()["weight"] == 3.0, made_key.text
+    key = f"/v1/keys/{made_key.json()['id']}"
+    rotated = chat.http.post(f"{key}/rotate", headers=bearer(chat.key))
+    assert rotated.status_code == 201 and rotated.json()["weight"] == 3.0, rotated.text
+    for bad in (0, -1, 1001, "x"):
+        assert_error(chat.http.patch(key, json={"weight": bad}, headers=bearer(chat.key)), 400)
+
+
 def _tier_metric(chat: Chat, tier: str) -> float:
     """`modelhost_generation_requests_total` of the chat deployment for one tier."""
     for line in chat.http.get("/metrics").text.splitlines():

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,9 +207,17 @@ def test_operator_creates_an_account_and_its_key_signs_in(console: Console) -> N
     console.key = page.locator("#account-key").inner_text().strip()
     assert console.key.startswith("mh-")
     row = page.locator("#account-list tbody tr", has_text="acme")
-    row.locator("input").fill("25")
+    row.locator("input.account-top-up").fill("25")
     row.get_by_role("button", name="Add credits").click()
     page.locator("#account-list tbody tr", has_text="525.0000").wait_for()
+    row.locator("input.account-weight").fill("2.5")  # its share of shared models (docs/limits.md)
+    row.get_by_role("button", name="Set").click()
+    accounts = console.http.get("/v1/admin/accounts", headers=bearer(ADMIN_KEY)).json()["data"]
+    deadline = time.monotonic() + 10
+    while next(a["weight"] for a in accounts if a["name"] == "acme") != 2.5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        accounts = console.http.get("/v1/admin/accounts", headers=bearer(ADMIN_KEY)).json()["data"]
+    assert next(a["weight"] for a in accounts if a["name"] == "acme") == 2.5
     # the key lives in sessionStorage only: no cookie, nothing in the URL
     console.go("overview")
     page.fill("#sign-in-key", "mh-wrong")
@@ -428,6 +437,7 @@ def test_a_scoped_key_is_created_shown_once_and_revoked(console: Console) -> Non
     page.check("#key-scoped")
     page.check("input.key-deployment[data-model='chat']")
     page.fill("#key-requests_per_minute", "5")
+    page.fill("#key-weight", "2")
     page.click("#key-form button")
     secret = page.locator("#key-secret").inner_text().strip()
     models = console.http.get("/v1/models", headers=bearer(secret))
@@ -436,6 +446,7 @@ def test_a_scoped_key_is_created_shown_once_and_revoked(console: Console) -> Non
     assert row.locator("td").nth(1).inner_text() == "deployment"
     assert row.locator("td.limits").inner_text() == "Requests / min: 5"  # the limits set, and what is left
     assert row.locator("td.use").inner_text() == "5 requests, 0 in flight"
+    assert row.locator("td.weight").inner_text() == "2"
     console.shot("keys")
     row.locator("button").click()
     row.locator("button").click()  # the second click confirms (no dialog)

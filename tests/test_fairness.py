@@ -55,6 +55,23 @@ def test_accounts_share_first_and_an_accounts_keys_share_what_it_gets() -> None:
     assert served == {"a/1": 150, "a/2": 150, "b/1": 300}
 
 
+def test_accounts_and_keys_are_served_in_the_ratio_of_their_weights() -> None:
+    """Account a of weight 2 gets twice account b's tokens; inside a, key 1 of weight 3 three times key
+    2's (the weights a request carries, read at its arrival)."""
+    counters = VirtualTokenCounters()
+    weights = {"a/1": (2.0, 3.0), "a/2": (2.0, 1.0), "b/1": (1.0, 1.0)}
+    held: list[str] = []
+    for tenant, shares in weights.items():
+        counters.arrive(tenant, held, shares)
+        held.append(tenant)
+    served = dict.fromkeys(weights, 0)
+    for _ in range(1200):
+        turn = counters.least(served)
+        counters.charge(turn, output=1)
+        served[turn] += 1
+    assert served == {"a/1": 600, "a/2": 200, "b/1": 400}
+
+
 def test_a_returning_tenant_is_lifted_to_the_least_held_and_banks_no_idle_time() -> None:
     counters = VirtualTokenCounters()
     counters.charge("a/1", output=100)
@@ -158,3 +175,32 @@ def test_held_tenants_are_those_with_a_request_in_the_engine_until_its_last_ends
     with pytest.raises(RuntimeError), held.holding("b/1"):
         raise RuntimeError("the request failed")
     assert list(held) == []
+
+
+def test_a_keys_weights_travel_with_its_request_to_the_engine() -> None:
+    """The gateway's request carries its key's principal's weights in `Generate`, and the replica hands
+    them with its tenant to the engine (`runtime.worker.host.with_priority`)."""
+    import contextvars
+
+    from modelhost.auth.principal import (
+        Principal,
+        PrincipalKind,
+        acting_for,
+        current_tenant,
+        current_weights,
+    )
+    from modelhost.generation.contract import GenerationRequest
+    from modelhost.runtime.replica_protocol import Generate, decode_to_replica, encode
+    from modelhost.runtime.worker.host import with_priority
+
+    principal = Principal(kind=PrincipalKind.ACCOUNT, account_id="acct", key_id="key", weights=(2.0, 0.5))
+
+    def sent() -> Generate:
+        acting_for(principal)
+        return Generate(1, GenerationRequest(prompt="hi"), False, "", current_tenant(), current_weights())
+
+    message = decode_to_replica(encode(contextvars.copy_context().run(sent))[4:])  # past its length
+    assert isinstance(message, Generate)
+    request = with_priority(message)
+    assert isinstance(request, GenerationRequest)
+    assert (request.tenant, request.weights) == ("acct/key", (2.0, 0.5))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import itertools
 import json
 import os
@@ -371,11 +372,17 @@ async def test_with_three_gateway_processes_a_cold_deployment_loads_once_is_bill
 async def chat_two(
     tmp_path_factory: pytest.TempPathFactory, recipes: Path
 ) -> AsyncIterator[tuple[Server, str]]:
-    """Two gateway processes, a warm chat deployment, keys trusted for ten minutes once looked up."""
+    """Two gateway processes, a warm chat deployment, keys trusted for ten minutes once looked up. A KV
+    cache of 2 MiB gives each replica of the 2048-token chat model three slots (0.5 MiB each), so that a
+    few requests fill it (`test_a_replicas_fair_shares_count_the_requests_of_every_gateway_process`)."""
     from tests.chat_model import long_context_copy
 
     root = tmp_path_factory.mktemp("chat-two")
-    env = {"MODELHOST_KEY_CACHE_SECONDS": "600", "MODELHOST_GRAMMAR_COMPILE_TIMEOUT_SECONDS": "300"}
+    env = {
+        "MODELHOST_KEY_CACHE_SECONDS": "600",
+        "MODELHOST_GRAMMAR_COMPILE_TIMEOUT_SECONDS": "300",
+        "MODELHOST_KV_CACHE_MB": "2",
+    }
     async with server_with(root, 2, **env) as server:  # (a compile process is held stopped below)
         deployment_id = await server.deploy(
             long_context_copy(recipes, root), "text-generation", "chat", readiness="warm"
@@ -423,6 +430,57 @@ async def test_a_chat_stream_through_another_gateway_process_stops_when_its_clie
         await task
     await until(lambda: generating(server, deployment_id) == 0, timeout=15)
     assert 0 < server.sample("modelhost_generation_tokens_total", deployment_id) - computed < TOKENS
+
+
+async def test_a_replicas_fair_shares_count_the_requests_of_every_gateway_process(
+    chat_two: tuple[Server, str],
+) -> None:
+    """Issue 72: a generating replica's counters (`generation.fairness`) count every gateway process's
+    requests. Key A's five requests, sent through both processes, take the replica's three slots and two
+    wait; key B's one, sent after them through either, gets the first slot that frees (A's shortest
+    ends first), ahead of A's two waiting ones: first come, first served would give it the third."""
+    server, deployment_id = chat_two
+    first, second = server.gateways()
+    made = [
+        httpx.post(f"{server.url}/v1/keys", json={"name": name}, headers=bearer(server.key), timeout=30)
+        for name in ("heavy", "light")
+    ]
+    heavy, light = (m.json()["api_key"] for m in made)
+    started: dict[str, float] = {}  # when each request's first token came
+
+    async def stream(name: str, key: str, tokens: int) -> None:
+        body = {
+            "model": "chat",
+            "messages": [{"role": "user", "content": f"job {name}"}],
+            "stream": True,
+            "max_tokens": tokens,
+            "min_tokens": tokens,
+            "temperature": 0,
+        }
+        async with (
+            httpx.AsyncClient(base_url=server.url, timeout=120) as client,
+            client.stream("POST", "/v1/chat/completions", json=body, headers=bearer(key)) as answer,
+        ):
+            assert answer.status_code == 200
+            async for line in answer.aiter_lines():
+                if name in started or not line.startswith("data: {"):
+                    continue
+                choices = json.loads(line[6:])["choices"]
+                if choices and choices[0]["delta"].get("content"):
+                    started[name] = time.monotonic()
+
+    tasks = []
+    lengths = {"a1": 1200, "a2": 1600, "a3": 1900, "a4": 100, "a5": 100}  # a1 still runs when b comes
+    for index, (name, tokens) in enumerate(lengths.items()):
+        request = functools.partial(stream, name, heavy, tokens)
+        tasks.append(await server.via((first, second)[index % 2], request))
+        await until(
+            lambda count=index + 1: sum(server.in_flight(deployment_id).values()) >= count, timeout=30
+        )
+    await until(lambda: {"a1", "a2", "a3"} <= started.keys(), timeout=60)  # running; a4 and a5 wait
+    tasks.append(await server.via(second, functools.partial(stream, "b", light, 4)))
+    await asyncio.gather(*tasks)
+    assert started["b"] < started["a4"] < started["a5"], started
 
 
 async def test_a_conversation_made_through_one_gateway_process_is_continued_through_the_other(

@@ -294,6 +294,17 @@ def test_three_tenants_take_turns_by_the_service_each_has_received(loaded: tuple
     assert served == [18.0, 12.0, 6.0]  # 3 output tokens of weight 2 a request
 
 
+def test_a_tenant_of_weight_two_is_admitted_twice_as_often_while_both_wait(loaded: tuple[Any, Any]) -> None:
+    """Account x of weight 2 and account y of weight 1, each with four requests of three tokens waiting:
+    x's requests go two for each of y's."""
+    engine = fair_engine(loaded)
+    for sid in range(1, 9):
+        s = of(loaded, sid, "x/a" if sid <= 4 else "y/b")
+        s.weights = (2.0, 1.0) if sid <= 4 else (1.0, 1.0)
+        engine.add(s)
+    assert finish_order(engine) == [1, 5, 2, 3, 6, 4, 7, 8]
+
+
 def test_a_tenant_arriving_after_another_was_served_alone_takes_turns_with_it_and_banks_nothing(
     loaded: tuple[Any, Any],
 ) -> None:

@@ -16,6 +16,8 @@ from sqlalchemy import delete, update
 from modelhost.audit import AuditLog
 from modelhost.auth.secrets import hash_secret
 from modelhost.container import Services
+from modelhost.generation.deployment_settings import GenerationSettings
+from modelhost.generation.fairness import TokenWeights
 from modelhost.store.models import AuditRow, Deployment, ModelArtifact
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, new_deployment, ready_artifact
 
@@ -26,7 +28,17 @@ SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 async def test_create_account_returns_its_key_once(client: httpx.AsyncClient) -> None:
     account = await new_account(client, "acme", credits=12.5)
-    fields = {"id", "name", "credits", "credits_granted", "credits_used", "limits", "created_at", "api_key"}
+    fields = {
+        "id",
+        "name",
+        "credits",
+        "credits_granted",
+        "credits_used",
+        "limits",
+        "weight",
+        "created_at",
+        "api_key",
+    }
     assert set(account) == fields
     assert account["id"].startswith("acct_") and account["api_key"].startswith("mh-")
     assert account["credits"] == 12.5
@@ -55,6 +67,27 @@ async def test_account_create_validates_its_body(client: httpx.AsyncClient) -> N
     )
     bad = await client.post("/v1/admin/accounts", json={"name": "x", "credits": -1}, headers=ADMIN)
     assert assert_error(bad, 400, "invalid_request")["param"] == "credits"
+
+
+async def test_weights_are_stored_on_accounts_and_keys_and_a_keys_principal_carries_both(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    """Issue 72 (docs/limits.md, "Fair shares"), on SQLite and PostgreSQL: the account's weight and the
+    key's, as stored, are what the key's requests carry to the engines."""
+    account = await new_account(client, "weighed")
+    assert account["weight"] == 1.0
+    patched = await client.patch(f"/v1/admin/accounts/{account['id']}", json={"weight": 2.5}, headers=ADMIN)
+    assert patched.status_code == 200 and patched.json()["weight"] == 2.5, patched.text
+    made = await client.post("/v1/keys", json={"weight": 0.5}, headers=bearer(account["api_key"]))
+    assert made.status_code == 201 and made.json()["weight"] == 0.5, made.text
+    principal = services.authenticator.load(made.json()["api_key"])
+    assert principal is not None and principal.weights == (2.5, 0.5)
+    listed = (await client.get("/v1/keys", headers=bearer(account["api_key"]))).json()["data"]
+    assert sorted(k["weight"] for k in listed) == [0.5, 1.0]
+    reset = await client.patch(
+        f"/v1/keys/{made.json()['id']}", json={"weight": None}, headers=bearer(account["api_key"])
+    )
+    assert reset.status_code == 200 and reset.json()["weight"] == 1.0, reset.text
 
 
 async def test_keys_create_account_and_deployment_keys(client: httpx.AsyncClient, services: Services) -> None:
@@ -206,6 +239,10 @@ async def test_generation_settings_are_checked_shown_and_patched_field_by_field(
         None,
         "mistral",
     )
+    weighed = await client.patch(path, json={"fair_token_weights": {"output": 4}}, headers=owner)
+    assert weighed.json()["fair_token_weights"] == {"prompt": 1.0, "output": 4.0}, weighed.text
+    stored = GenerationSettings.of(services.deployments.get(account["id"], dep["id"]).generation_settings)
+    assert stored.token_weights() == TokenWeights(prompt=1.0, output=4.0)  # what its replicas count with
     refused = [
         ({"chat_template": "{% for m in messages %}"}, "chat_template", "line 1"),
         ({"chat_template": "x" * 32_769}, "chat_template", "32768"),
@@ -219,6 +256,8 @@ async def test_generation_settings_are_checked_shown_and_patched_field_by_field(
         ({"reasoning_parser": "think"}, "reasoning_parser", "none"),
         ({"max_model_len": 8}, "max_model_len", "16"),
         ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "messages"),
+        ({"fair_token_weights": {"output": -1}}, "fair_token_weights.output", "greater than or equal"),
+        ({"fair_token_weights": {"input": 1}}, "fair_token_weights.input", "Extra inputs"),
     ]
     for body, param, says in refused:
         error = assert_error(await client.patch(path, json=body, headers=owner), 400, param=param)

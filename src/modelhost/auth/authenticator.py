@@ -157,6 +157,7 @@ def _principal_of(session: Session, row: ApiKey, signed_in_since: datetime | Non
         subject=subject,
         refusal=refusal,
         cache_salt=row.cache_salt,
+        weights=(account.weight if account is not None else 1.0, row.weight),
     )
 
 

@@ -72,12 +72,13 @@ def authorize_key(caller: Principal | None, key: KeyTarget, grants: Role | None 
     authorize(caller, key.reaches(caller), grants)
 
 
-def authorize_cache_salt(caller: Principal | None) -> None:
-    """403 unless `caller` may set or change a key's `cache_salt`: it decides with which keys the key
-    shares a deployment's prefix cache, so it is the account's decision (`keys:manage`), never a key's
-    own (it could join another key's salt and read what that key's prompts start with)."""
+def authorize_key_setting(caller: Principal | None, field: str) -> None:
+    """403 unless `caller` may set or change a key's `field`, one that is the account's decision
+    (`keys:manage`), never a key's own: its `cache_salt` (with which keys it shares a deployment's prefix
+    cache: joining another key's salt reads what that key's prompts start with) and its `weight` (its
+    share of what the account is served: a key raising its own takes its colleagues' share)."""
     if caller is not None and caller.kind is not PrincipalKind.ADMIN and MANAGE_KEYS not in caller.actions:
-        raise PermissionDenied("Setting a key's cache_salt needs keys:manage (docs/access.md).")
+        raise PermissionDenied(f"Setting a key's {field} needs keys:manage (docs/access.md).")
 
 
 def sees_key(caller: Principal | None, key: KeyTarget) -> bool:

@@ -48,6 +48,8 @@ class Principal:
     # the key's prefix-cache salt (`store.models.ApiKey.cache_salt`), which its generation requests carry
     # to the engine (`frontend.Target`); None: the deployment's shared cache
     cache_salt: str | None = None
+    # (its account's weight, its own): their shares of a shared model (`generation.fairness`)
+    weights: tuple[float, float] = (1.0, 1.0)
     # whom its requests count against (`limited`): made once, as a principal is cached
     _subjects: tuple[Subject, ...] = field(init=False, repr=False, compare=False)
 
@@ -76,6 +78,9 @@ ADMIN = Principal(kind=PrincipalKind.ADMIN)
 # (`runtime.worker.host`) and a generating engine's counters share it by (`generation.fairness`). Set
 # when the request's deployment is resolved (`api.deps.deployment_for`).
 _TENANT: ContextVar[str] = ContextVar("modelhost_tenant", default="")
+# The current request's tenant's weights, (account, key): how a generating engine's counters weigh the
+# service it gets (`generation.fairness`)
+_WEIGHTS: ContextVar[tuple[float, float]] = ContextVar("modelhost_tenant_weights", default=(1.0, 1.0))
 # Whether the current request is a batch line (`modelhost.batches`): replicas give it only the room
 # interactive requests leave.
 _LOW: ContextVar[bool] = ContextVar("modelhost_low_priority", default=False)
@@ -84,11 +89,16 @@ _LOW: ContextVar[bool] = ContextVar("modelhost_low_priority", default=False)
 def acting_for(principal: Principal, low: bool = False) -> None:
     account, key = principal.account_id or "", principal.key_id or ""
     _TENANT.set(f"{account}/{key}" if account or key else "")
+    _WEIGHTS.set(principal.weights)
     _LOW.set(low)
 
 
 def current_tenant() -> str:
     return _TENANT.get()
+
+
+def current_weights() -> tuple[float, float]:
+    return _WEIGHTS.get()
 
 
 def low_priority() -> bool:

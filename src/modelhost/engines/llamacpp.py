@@ -80,7 +80,7 @@ from modelhost.generation.contract import (
     failed,
 )
 from modelhost.generation.deployment_settings import GenerationSettings
-from modelhost.generation.fairness import HeldTenants, VirtualTokenCounters
+from modelhost.generation.fairness import HeldTenants, TokenWeights, VirtualTokenCounters
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
 from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_cap
@@ -144,7 +144,9 @@ class SlotGate:
     delay a chat. From the first salted request on, it also chooses each request's slot (`Placed`; the
     module docstring, "Cache salts")."""
 
-    def __init__(self, slots: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, slots: int, clock: Callable[[], float] = time.monotonic, weights: TokenWeights | None = None
+    ) -> None:
         self.slots = slots
         self.free = slots
         self._running_low = 0
@@ -157,7 +159,7 @@ class SlotGate:
         self._drained: asyncio.Event | None = None  # set once none is left (when placing began)
         self._slots = [_Slot() for _ in range(slots)]
         self._uses = 0
-        self.served = VirtualTokenCounters()
+        self.served = VirtualTokenCounters(weights)  # what a token costs: the deployment's `TokenWeights`
         self._inside = HeldTenants()  # the tenants of the requests inside
 
     @contextlib.asynccontextmanager
@@ -168,10 +170,11 @@ class SlotGate:
         tenant: str = "",
         salt: str | None = None,
         prompt: list[int] | None = None,
+        weights: tuple[float, float] = (1.0, 1.0),
     ) -> AsyncIterator[Placed | None]:
-        """A turn inside llama.cpp: None where llama.cpp chooses the slot (no salt seen yet), else the
-        slot chosen for `prompt` of `salt`."""
-        await self._acquire(low, priority, tenant)
+        """A turn inside llama.cpp for `tenant` of `weights`: None where llama.cpp chooses the slot (no
+        salt seen yet), else the slot chosen for `prompt` of `salt`."""
+        await self._acquire(low, priority, tenant, weights)
         try:
             with self._inside.holding(tenant):
                 if salt is not None and not self.placing:
@@ -212,10 +215,10 @@ class SlotGate:
         chosen.salt, chosen.prompt, chosen.used, chosen.busy = salt, prompt, self._uses, True
         return placed
 
-    async def _acquire(self, low: bool, priority: int, tenant: str) -> None:
+    async def _acquire(self, low: bool, priority: int, tenant: str, weights: tuple[float, float]) -> None:
         if not low:
             self._interactive_at = self._clock()
-        self.served.arrive(tenant, [*self._inside, *(t.tenant for t in self._waiting)])
+        self.served.arrive(tenant, [*self._inside, *(t.tenant for t in self._waiting)], weights)
         if not self._waiting and self._may_start(low):
             self._take(low)
             return
@@ -295,7 +298,7 @@ class LlamaCppModel(LlamaCppServer, StreamingEngine):
     gate: SlotGate = field(init=False)
 
     def __post_init__(self) -> None:
-        self.gate = SlotGate(self.slots)
+        self.gate = SlotGate(self.slots, weights=self.settings.token_weights())
 
     @property
     def generation_defaults(self) -> dict[str, Any]:
@@ -543,7 +546,7 @@ async def _generate(model: LlamaCppModel, request_id: str, request: GenerationRe
         return ended
 
     async with model.gate.slot(
-        request.low, request.priority, request.tenant, request.cache_salt, prompt
+        request.low, request.priority, request.tenant, request.cache_salt, prompt, request.weights
     ) as placed:
         if placed is not None:
             body |= {"id_slot": placed.index, "cache_prompt": placed.reuse}

@@ -230,6 +230,7 @@ def load(
         lora=lora is not None,
         settings=own,
         kv_cache=kv_cache,
+        served=VirtualTokenCounters(own.token_weights()),
     )
 
 
@@ -416,7 +417,7 @@ async def _generate(model: VllmModel, request_id: str, request: GenerationReques
         skip, strip = model.special.decoding(request, params.skip_special_tokens)
         check_engine_grammar(request)  # as the gateway did: vLLM never compiles what it would refuse
         sampling = vllm_params(replace(params, skip_special_tokens=skip), request.grammar)
-        model.served.arrive(request.tenant, model.inside)
+        model.served.arrive(request.tenant, model.inside, request.weights)
         rank = model.served.rank(request.tenant, model.inside)
         priority = engine_number(rank, request.priority, request.low, PRIORITY_BOUND)
         stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)

@@ -101,6 +101,7 @@ class GenerationRequest(msgspec.Struct, tag="generation", kw_only=True, omit_def
     low: bool = False
     priority: int = 0
     tenant: str = ""
+    weights: tuple[float, float] = (1.0, 1.0)  # its tenant's (account's, key's): `generation.fairness`
     # the prefix cache this request may read and fill (`frontend.cache_salt`: its key's salt and its own
     # `cache_salt`): an engine reuses a cached prefix only for a request of the same salt; None: the
     # deployment's shared cache

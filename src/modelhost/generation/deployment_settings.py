@@ -1,6 +1,7 @@
 """A text-generation deployment's own generation settings (docs/generation.md, "Per-deployment settings"):
 its context length (`max_model_len`), a chat template that replaces the artifact's, default template
-arguments, and the tool and reasoning parsers that replace the ones detected.
+arguments, the tool and reasoning parsers that replace the ones detected, and what a prompt and an output
+token cost in its tenants' fair shares (`fair_token_weights`: `generation.fairness.TokenWeights`).
 
 The gateway checks them (`check`) and stores the fields set; a replica loads with them: the supervisor
 hands them over in the replica's environment (`ENVIRONMENT`, as it hands over the KV cache's size), read
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from modelhost.errors import InvalidRequest
+from modelhost.generation.fairness import TokenWeights
 from modelhost.generation.families import REASONING_PARSER_NAMES, TOOL_PARSER_NAMES, Family
 
 ENVIRONMENT = "MODELHOST_GENERATION_SETTINGS"  # the settings as JSON, in a generation replica's environment
@@ -29,7 +31,14 @@ ENVIRONMENT = "MODELHOST_GENERATION_SETTINGS"  # the settings as JSON, in a gene
 # travel in an environment variable, which Linux caps at 128 KiB
 MAX_CHAT_TEMPLATE = 32_768
 NO_REASONING = "none"  # `reasoning_parser: "none"`: reasoning is not split from the answer
-FIELDS = ("max_model_len", "chat_template", "chat_template_kwargs", "tool_parser", "reasoning_parser")
+FIELDS = (
+    "max_model_len",
+    "chat_template",
+    "chat_template_kwargs",
+    "tool_parser",
+    "reasoning_parser",
+    "fair_token_weights",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,7 @@ class GenerationSettings:
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     tool_parser: str | None = None
     reasoning_parser: str | None = None
+    fair_token_weights: Mapping[str, float] = field(default_factory=dict)  # `prompt`, `output`
 
     @classmethod
     def of(cls, stored: Mapping[str, Any] | None) -> GenerationSettings:
@@ -52,6 +62,7 @@ class GenerationSettings:
         """The fields set, as stored; None when none is."""
         fields = {name: getattr(self, name) for name in FIELDS}
         fields["chat_template_kwargs"] = dict(self.chat_template_kwargs) or None
+        fields["fair_token_weights"] = dict(self.fair_token_weights) or None
         set_ = {k: v for k, v in fields.items() if v is not None}
         return set_ or None
 
@@ -81,6 +92,11 @@ class GenerationSettings:
         """The deployment's chat template in place of the artifact's, on a tokenizer or a processor."""
         if self.chat_template is not None and holder is not None:
             holder.chat_template = self.chat_template
+
+    def token_weights(self) -> TokenWeights:
+        """What a prompt and an output token cost in the engine's counters: the deployment's, else 1 and
+        2 (`generation.fairness.TokenWeights`)."""
+        return TokenWeights(**{k: float(v) for k, v in self.fair_token_weights.items() if v is not None})
 
     def context(self, model_context: int) -> int:
         """The context a replica runs with: the deployment's `max_model_len`, at most the model's."""

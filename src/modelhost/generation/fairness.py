@@ -14,6 +14,10 @@ admitted no faster than one that sends a request at a time, once the other's cou
   `TokenWeights.output` (2: each is a decoding step of its own, where a prompt's tokens go through the
   model together; the paper's weights). Prompt tokens taken from the prefix cache cost nothing: they
   were not computed.
+- **Weights.** An account's `weight` (set by the operator) and a key's inside its account (set by the
+  account's admins), 1 by default, travel with each request (`GenerationRequest.weights`): a tenant's
+  service is divided by its weight at each level before it is counted, so two backlogged accounts of
+  weights 2 and 1 are served tokens 2:1 (the paper's weighted VTC).
 - **The lift rule.** A tenant that has nothing held by the engine (waiting or running) when its request
   arrives has its counter raised to the least counter of the tenants that do (at its level: among the
   accounts, or among its account's keys), never lowered: time spent idle is not banked as credit to
@@ -57,16 +61,20 @@ class VirtualTokenCounters:
         self.weights = weights or TokenWeights()
         self._accounts: dict[str, float] = {}
         self._keys: dict[tuple[str, str], float] = {}
+        self._shares: dict[str, float] = {}  # accounts' weights, as their latest request said
+        self._key_shares: dict[tuple[str, str], float] = {}
 
-    def arrive(self, tenant: str, held: Iterable[str]) -> None:
-        """A request of `tenant` arrives while the engine holds requests of the tenants `held`: the lift
-        rule, at both levels."""
+    def arrive(self, tenant: str, held: Iterable[str], shares: tuple[float, float] = (1.0, 1.0)) -> None:
+        """A request of `tenant`, whose weights are `shares` (its account's, its key's), arrives while the
+        engine holds requests of the tenants `held`: the lift rule, at both levels."""
         held_levels = {levels(other) for other in held}
-        if not held_levels:
-            self._accounts.clear()
-            self._keys.clear()
-            return
         account, key = levels(tenant)
+        if not held_levels:
+            for table in (self._accounts, self._keys, self._shares, self._key_shares):
+                table.clear()
+        self._shares[account], self._key_shares[account, key] = (max(share, 1e-6) for share in shares)
+        if not held_levels:
+            return
         accounts = {other_account for other_account, _ in held_levels}
         if account not in accounts:
             least = min(self._accounts.get(other, 0.0) for other in accounts)
@@ -77,12 +85,14 @@ class VirtualTokenCounters:
             self._keys[account, key] = max(self._keys.get((account, key), 0.0), least)
 
     def charge(self, tenant: str, prompt: int = 0, output: int = 0) -> None:
-        """Service given to `tenant`: `prompt` tokens computed, `output` tokens generated."""
+        """Service given to `tenant`: `prompt` tokens computed, `output` tokens generated, counted divided
+        by its weights."""
         cost = prompt * self.weights.prompt + output * self.weights.output
         if cost:
             account, key = levels(tenant)
-            self._accounts[account] = self._accounts.get(account, 0.0) + cost
-            self._keys[account, key] = self._keys.get((account, key), 0.0) + cost
+            self._accounts[account] = self._accounts.get(account, 0.0) + cost / self._shares.get(account, 1.0)
+            key_share = self._key_shares.get((account, key), 1.0)
+            self._keys[account, key] = self._keys.get((account, key), 0.0) + cost / key_share
 
     def counters(self, tenant: str) -> tuple[float, float]:
         """(its account's counter, its key's counter inside the account)."""

@@ -84,12 +84,25 @@ LIMITS_DESCRIPTION = (
 )
 
 
+Weight = Annotated[float, Field(ge=0.01, le=1000, allow_inf_nan=False)]
+ACCOUNT_WEIGHT = (
+    'The account\'s share of a shared model against other accounts (docs/limits.md, "Fair shares"), and of '
+    "the memory budget when accounts compete for it: an account of weight 2 is served twice the tokens of "
+    "an account of weight 1 while both wait. Set by the operator; 1 by default."
+)
+KEY_WEIGHT = (
+    "The key's share of what its account is served by a shared model, against the account's other keys "
+    '(docs/limits.md, "Fair shares"); 1 by default. Setting or changing it needs `keys:manage`.'
+)
+
+
 class AccountCreate(StrictModel):
     name: Name
     credits: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] | None = Field(
         default=None, description="Credits granted at creation; omitted: the operator's initial grant."
     )
     limits: RateLimits | None = Field(default=None, description=LIMITS_DESCRIPTION)
+    weight: Weight = Field(default=1.0, description=ACCOUNT_WEIGHT)
 
 
 class AccountPatch(StrictModel):
@@ -97,6 +110,7 @@ class AccountPatch(StrictModel):
     limits: RateLimits | None = Field(
         default=None, description=LIMITS_DESCRIPTION + " Given, it replaces the account's limits whole."
     )
+    weight: Weight | None = Field(default=None, description=ACCOUNT_WEIGHT)
 
 
 class CreditsTopUp(StrictModel):
@@ -112,6 +126,7 @@ class Account(BaseModel):
     )
     credits_used: float = Field(description="All credits billed so far (the sum of the ledger).")
     limits: RateLimits | None = Field(default=None, description=LIMITS_DESCRIPTION)
+    weight: float = Field(default=1.0, description=ACCOUNT_WEIGHT)
     created_at: datetime
 
 
@@ -158,6 +173,7 @@ class KeyCreate(StrictModel):
         default=False, description="A service key, owned by no one (`keys:manage`); not with `user_id`."
     )
     cache_salt: CacheSalt | None = Field(default=None, description=CACHE_SALT)
+    weight: Weight = Field(default=1.0, description=KEY_WEIGHT)
 
 
 class KeyRotate(StrictModel):
@@ -186,6 +202,7 @@ class KeyPatch(StrictModel):
     cache_salt: CacheSalt | None = Field(
         default=None, description=CACHE_SALT + " Given, it replaces the key's salt (null: none)."
     )
+    weight: Weight | None = Field(default=None, description=KEY_WEIGHT)
 
 
 class Key(BaseModel):
@@ -206,6 +223,7 @@ class Key(BaseModel):
     role: RoleName = Field(description="The key's own role; a person's key does no more than their role.")
     user_id: str | None = Field(default=None, description="The person who owns it; null: a service key.")
     cache_salt: str | None = Field(default=None, description=CACHE_SALT)
+    weight: float = Field(default=1.0, description=KEY_WEIGHT)
 
 
 class KeyCreated(Key):
@@ -228,6 +246,14 @@ class GenerationDefaults(StrictModel):
 
 # `generation.deployment_settings.MAX_CHAT_TEMPLATE` (the protocol imports nothing of ours)
 MAX_CHAT_TEMPLATE = 32_768
+
+
+TokenWeight = Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)]
+
+
+class FairTokenWeights(StrictModel):
+    prompt: TokenWeight = 1.0
+    output: TokenWeight = 2.0
 
 
 class GenerationSettingsFields(StrictModel):
@@ -261,6 +287,12 @@ class GenerationSettingsFields(StrictModel):
         default=None,
         description="The reasoning parser, in place of the one detected; `none`: reasoning is not split "
         "from the answer. An unknown name → 400 listing them.",
+    )
+    fair_token_weights: FairTokenWeights | None = Field(
+        default=None,
+        description='What a token served costs in its tenants\' fair shares (docs/limits.md, "Fair shares"): '
+        "a prompt token computed (`prompt`, 1 by default) and an output token (`output`, 2); prompt "
+        "tokens from the prefix cache cost nothing.",
     )
 
 
@@ -455,6 +487,11 @@ class Deployment(BaseModel):
         default=None,
         description="The reasoning parser set on the deployment (`none`: off); null: detected from the "
         "chat template.",
+    )
+    fair_token_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="What a prompt and an output token cost in its tenants' fair shares, set on the "
+        "deployment; empty: 1 and 2.",
     )
     family: str | None = Field(
         default=None,

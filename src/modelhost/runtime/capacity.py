@@ -73,23 +73,43 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class Load:
     """The load that needs room, as eviction weighs it: whose it is, its readiness, what each account holds
-    now (host bytes, and bytes on the GPU the load would go to) and an account's share of the budget."""
+    now (host bytes, and bytes on the GPU the load would go to), the share of the budget of an account of
+    weight 1 (`share`; an account's is that × its weight: `share_of`), the accounts' `weights` (1 where
+    absent) and what the load itself `needs`."""
 
     account_id: str
     readiness: str
     held: dict[str, Footprint]
     share: Footprint
+    weights: dict[str, float] = field(default_factory=dict)
+    needs: Footprint = field(default_factory=lambda: Footprint(0))
+
+    def share_of(self, account_id: str) -> Footprint:
+        """An account's share of the budget (and of the load's GPU's): its weight's part of it."""
+        weight = self.weights.get(account_id, 1.0)
+        return Footprint(int(self.share.host * weight), int(self.share.gpu * weight))
+
+    def over_share(self, account_id: str, held: Footprint) -> bool:
+        """Whether `account_id`, holding `held`, holds more than its share (host memory or the GPU's)."""
+        share = self.share_of(account_id)
+        return held.host > share.host or held.gpu > share.gpu
+
+    def loader_over_share(self) -> bool:
+        """Whether the loading account would hold more than its share once this load is in."""
+        after = self.held.get(self.account_id, Footprint(0)) + self.needs
+        return self.over_share(self.account_id, after)
 
     def may_evict(self, candidate: Candidate, held: Footprint) -> bool:
         """Whether this load may evict `candidate` (already idle, not hot, old enough), whose account holds
         `held` now: its own account's deployments and other accounts' cold ones always; another account's
-        warm one never for a cold load (cold means "load me when asked", not "take another's room"), and
-        for a warm or hot load only while that account holds more than its share."""
+        warm one never for a cold load (cold means "load me when asked", not "take another's room"), nor
+        while the loading account would be over its own share, and for a warm or hot load only while that
+        account holds more than its share."""
         if candidate.account_id == self.account_id or candidate.readiness == "cold":
             return True
-        if self.readiness == "cold":
+        if self.readiness == "cold" or self.loader_over_share():
             return False
-        return held.host > self.share.host or held.gpu > self.share.gpu
+        return self.over_share(candidate.account_id, held)
 
 
 class Capacity:
@@ -99,6 +119,8 @@ class Capacity:
         self.budget = budget
         self.gpu_budgets = list(gpu_budgets)
         self._holdings: list[Holding] = []
+        # each account's weight (its share of the budget), as its latest load said; 1 where unknown
+        self.weights: dict[str, float] = {}
 
     # ---------------------------------------------------------------- what is held
 
@@ -159,7 +181,10 @@ class Capacity:
         able.sort(key=lambda i: (-self.gpu_free(i), i))
         return [*able]
 
-    def hold(self, deployment_id: str, account_id: str, footprint: Footprint, gpu: int | None) -> Holding:
+    def hold(
+        self, deployment_id: str, account_id: str, footprint: Footprint, gpu: int | None, weight: float = 1.0
+    ) -> Holding:
+        self.weights[account_id] = weight
         holding = Holding(deployment_id, account_id, footprint, gpu)
         self._holdings.append(holding)
         return holding
@@ -173,17 +198,28 @@ class Capacity:
         if holding is not None and holding in self._holdings:
             self._holdings.remove(holding)
 
-    def load(self, account_id: str, readiness: str, gpu: int | None) -> Load:
-        """A load of `account_id`'s (its deployment's `readiness`) going to `gpu`, with what every account
-        holds now (stopping replicas included: their memory is not free yet) and the equal share of the
-        budget (and of that GPU's) among the accounts holding memory, this one counted."""
+    def load(
+        self,
+        account_id: str,
+        readiness: str,
+        gpu: int | None,
+        weight: float = 1.0,
+        needs: Footprint | None = None,
+    ) -> Load:
+        """A load of `account_id`'s (of `weight`; its deployment's `readiness`; `needs` that much) going
+        to `gpu`, with what every account holds now (stopping replicas included: their memory is not free
+        yet) and the shares of the budget (and of that GPU's) among the accounts holding memory, this one
+        counted, in the ratio of their weights."""
+        self.weights[account_id] = weight
         held: dict[str, Footprint] = {account_id: Footprint(0)}
         for h in self._holdings:
             on_gpu = h.footprint.gpu if gpu is not None and h.gpu == gpu else 0
             held[h.account_id] = held.get(h.account_id, Footprint(0)) + Footprint(h.footprint.host, on_gpu)
-        count = len(held)
-        gpu_share = self.gpu_budgets[gpu] // count if gpu is not None else 0
-        return Load(account_id, readiness, held, Footprint(self.budget // count, gpu_share))
+        weights = {account: self.weights.get(account, 1.0) for account in held}
+        total = sum(weights.values())
+        gpu_share = self.gpu_budgets[gpu] / total if gpu is not None else 0
+        share = Footprint(int(self.budget / total), int(gpu_share))
+        return Load(account_id, readiness, held, share, weights, needs or Footprint(0))
 
     def fits_beside_pinned(self, footprint: Footprint, pinned: list[Footprint]) -> bool:
         """Whether `footprint` fits in the budget beside the `pinned` (hot) deployments, whatever else is
@@ -214,18 +250,19 @@ def evictions(
 
     Evictable: idle (nothing in flight or queued), not hot (pinned), loaded at least `min_residency`
     seconds ago (waiting beats thrashing), and allowed by `load`'s account rules (`Load.may_evict`:
-    another account's warm deployment only for a warm or hot load, and only while that account holds
-    more than its share, counted down as its deployments are chosen); without `load` (measured memory
-    above the budget) whoever's. Order: cold before warm, least recently used first. A candidate that
-    frees nothing of what is short (host memory when only the GPU is short, another GPU's memory) is
-    passed over."""
+    another account's warm deployment only for a warm or hot load of an account within its share, and
+    only while that account holds more than its share, counted down as its deployments are chosen);
+    without `load` (measured memory above the budget) whoever's. Order: the loading account's own first,
+    then cold before warm, least recently used first. A candidate that frees nothing of what is short
+    (host memory when only the GPU is short, another GPU's memory) is passed over."""
     short_host, short_gpu = short.host, short.gpu if gpu is not None else 0
     if short_host <= 0 and short_gpu <= 0:
         return []
     evictable = [
         c for c in candidates if c.idle and c.readiness != "hot" and now - c.loaded_at >= min_residency
     ]
-    evictable.sort(key=lambda c: (c.readiness != "cold", c.last_used))
+    own = load.account_id if load is not None else None
+    evictable.sort(key=lambda c: (c.account_id != own, c.readiness != "cold", c.last_used))
     held = dict(load.held) if load is not None else {}
     chosen: list[Candidate] = []
     for candidate in evictable:

@@ -48,13 +48,14 @@ class Generate(msgspec.Struct, tag="generate", array_like=True):
     """Start a streaming request (text generation, a video job: `generation.contract`); its events
     follow in `Events`. A `low` one (a line of a batch job) is held back by the engine as a `flex`
     request is (`generation.priority`). `trace`: as `Run`'s; `tenant`: the key it runs for, within whose
-    requests its `priority` orders."""
+    requests its `priority` orders, with its `weights` (account, key: `generation.fairness`)."""
 
     id: int
     request: StreamRequest
     low: bool = False
     trace: str = ""
     tenant: str = ""
+    weights: tuple[float, float] = (1.0, 1.0)
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):

@@ -53,6 +53,8 @@ class DeploymentSpec:
     account_id: str
     model: str
     artifact_id: str
+    # its account's weight: its share of the memory budget against other accounts' (`runtime.capacity`)
+    account_weight: float = 1.0
     # the engine its replicas run (`runtime.engine_choice`): `transformers` or `vllm`
     engine: str = "transformers"
     # `auto` chose vLLM: if vLLM cannot load the model, the runtime runs it on `transformers` instead

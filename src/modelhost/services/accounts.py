@@ -34,18 +34,27 @@ class AccountService:
         self._initial_credits = initial_credits
 
     def create(
-        self, name: str, credits: float | None, limits: StoredLimits | None = None
+        self, name: str, credits: float | None, limits: StoredLimits | None = None, weight: float = 1.0
     ) -> tuple[AccountView, str]:
         """A new account and its first account key; returns it and the key's secret.
         Without `credits` the account gets the operator's initial grant."""
         granted = to_micro(self._initial_credits if credits is None else credits)
         with self._database.transaction() as session:
             account = Account(
-                id=new_id("acct"), name=name, credits_granted_micro=granted, limits=stored_limits(limits)
+                id=new_id("acct"),
+                name=name,
+                credits_granted_micro=granted,
+                limits=stored_limits(limits),
+                weight=weight,
             )
             session.add(account)
             session.flush()
-            fields = {"name": name, "credits_granted_micro": granted, "limits": account.limits}
+            fields = {
+                "name": name,
+                "credits_granted_micro": granted,
+                "limits": account.limits,
+                "weight": weight,
+            }
             audit.record(session, "account.created", "account", account.id, account.id, audit.created(fields))
             _, secret = self._keys.create_in(session, account.id, name="default", deployment_ids=None)
         return AccountView(account, granted, granted), secret
@@ -63,21 +72,24 @@ class AccountService:
         return self._views([account])[0]
 
     def update(self, account_id: str, changes: dict[str, object]) -> AccountView:
-        """Rename an account or replace its limits (`changes`: the fields given). Its keys' own limits
+        """Rename an account, replace its limits or set its weight (`changes`: the fields given; `weight`
+        None: 1). Its keys' own limits
         stay as they are: a key above the account's new limit is held to it by the account's own
         bucket. Every gateway process reads the account's keys again on their next request."""
         with self._database.transaction() as session:
             account = session.get(Account, account_id, with_for_update=True)
             if account is None:
                 raise NotFound("Account not found", param="account_id", code="account_not_found")
-            before = {"name": account.name, "limits": account.limits}
+            before = {"name": account.name, "limits": account.limits, "weight": account.weight}
             if "name" in changes:
                 if changes["name"] is None:
                     raise InvalidRequest("An account's name cannot be null.", param="name")
                 account.name = changes["name"]  # type: ignore[assignment]
             if "limits" in changes:
                 account.limits = stored_limits(changes["limits"])  # type: ignore[arg-type]
-            after = {"name": account.name, "limits": account.limits}
+            if "weight" in changes:
+                account.weight = float(changes["weight"] or 1.0)  # type: ignore[arg-type]
+            after = {"name": account.name, "limits": account.limits, "weight": account.weight}
             audit.record(
                 session, "account.updated", "account", account.id, account.id, audit.diff(before, after)
             )

@@ -29,7 +29,7 @@ from modelhost.runtime.footprint import generates, model_context
 from modelhost.runtime.spec import AdapterTarget, AttachedAdapter, DeploymentSpec
 from modelhost.services import adapters, rollouts
 from modelhost.store.db import Database
-from modelhost.store.models import Deployment, MeasuredFootprint, ModelArtifact
+from modelhost.store.models import Account, Deployment, MeasuredFootprint, ModelArtifact
 from modelhost.store.types import new_id
 
 
@@ -118,7 +118,8 @@ class DeploymentService:
             pairs = [(deployment, artifact)]
             remembered = self._remembered(session, pairs)
             attached = self._attached(session, pairs)
-        return self._specs(pairs, remembered, attached)[0]
+            weights = self._weights(session, pairs)
+        return self._specs(pairs, remembered, attached, weights)[0]
 
     def hot_specs(self) -> list[DeploymentSpec]:
         with self._database.transaction() as session:
@@ -139,7 +140,8 @@ class DeploymentService:
             ]
             remembered = self._remembered(session, pairs)
             attached = self._attached(session, pairs)
-        return self._specs(pairs, remembered, attached)
+            weights = self._weights(session, pairs)
+        return self._specs(pairs, remembered, attached, weights)
 
     def adapter_target(self, deployment_id: str) -> AdapterTarget | None:
         """Where an adapter deployment's requests go (its base, with its files); None for any other
@@ -181,6 +183,13 @@ class DeploymentService:
             )
             found.setdefault(str(adapter.base_deployment_id), []).append(attached)
         return found
+
+    @staticmethod
+    def _weights(session: Session, pairs: list[tuple[Deployment, ModelArtifact]]) -> dict[str, float]:
+        """The weights of these deployments' accounts (their shares of the memory budget), by account."""
+        ids = {deployment.account_id for deployment, _ in pairs}
+        rows = session.execute(select(Account.id, Account.weight).where(Account.id.in_(ids)))
+        return {account_id: weight for account_id, weight in rows}
 
     @staticmethod
     def _remembered(
@@ -270,6 +279,7 @@ class DeploymentService:
         pairs: list[tuple[Deployment, ModelArtifact]],
         remembered: dict[str, list[MeasuredFootprint]],
         attached: dict[str, list[AttachedAdapter]],
+        weights: dict[str, float],
     ) -> list[DeploymentSpec]:
         """Outside the transaction: with a remote blob store, finding the model's folder may mean
         downloading it first."""
@@ -304,6 +314,7 @@ class DeploymentService:
                 account_id=deployment.account_id,
                 model=deployment.model,
                 artifact_id=artifact.id,
+                account_weight=weights.get(deployment.account_id, 1.0),
                 engine=replica_engines[deployment.id],
                 falls_back=engine_choice.falls_back(
                     deployment.engine, deployment.engine_in_use, folders[artifact.id]

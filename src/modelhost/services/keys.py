@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from modelhost import audit
 from modelhost.auth.authenticator import Authenticator
-from modelhost.auth.authority import KeyTarget, authorize_cache_salt, authorize_key, sees_key
+from modelhost.auth.authority import KeyTarget, authorize_key, authorize_key_setting, sees_key
 from modelhost.auth.principal import Principal
 from modelhost.auth.roles import Role
 from modelhost.auth.secrets import display_prefix, hash_secret, new_secret
@@ -78,6 +78,7 @@ def audited(key: ApiKey) -> dict[str, Any]:
         "limits": key.limits,
         "expires_at": key.expires_at,
         "cache_salt": key.cache_salt,
+        "weight": key.weight,
     }
 
 
@@ -127,6 +128,7 @@ class KeyService:
         role: str | None = None,
         cache_salt: str | None = None,
         member_since: datetime | None = None,
+        weight: float = 1.0,
     ) -> tuple[ApiKey, str]:
         """Insert a key inside the caller's transaction, with its audit row; returns the row and its
         secret. `user_id`: the person who owns it (None: a service key); `role`: its own (None: its
@@ -146,6 +148,7 @@ class KeyService:
             role=role,
             cache_salt=cache_salt,
             member_since=member_since,
+            weight=weight,
         )
         session.add(key)
         session.flush()
@@ -176,14 +179,17 @@ class KeyService:
         principal: Principal | None = None,
         service: bool = False,
         cache_salt: str | None = None,
+        weight: float = 1.0,
     ) -> tuple[ApiKey, str]:
         """A new key of the account. Whom it belongs to: `user_id`, else the calling person (a service
         key's keys are service keys); no one with `service`. Its role: `role`, else the caller's. A
         service key or another person's key needs `keys:manage`, and no key is made that can do more
-        than its creator, nor owned by someone who can; a `cache_salt` needs `keys:manage`
-        (`auth.authority`)."""
+        than its creator, nor owned by someone who can; a `cache_salt` or a `weight` other than 1 needs
+        `keys:manage` (`auth.authority`)."""
         if cache_salt is not None:
-            authorize_cache_salt(principal)
+            authorize_key_setting(principal, "cache_salt")
+        if weight != 1.0:
+            authorize_key_setting(principal, "weight")
         if service and user_id is not None:
             raise InvalidRequest("A service key has no user_id.", param="user_id")
         caller_user = principal.user_id if principal is not None else None
@@ -216,7 +222,17 @@ class KeyService:
                     raise InvalidRequest(f"Unknown deployment: {unknown[0]}", param="deployments")
             since = membership.created_at if membership is not None else None
             return self.create_in(
-                session, account_id, name, deployment_ids, limits, expires_at, owner, role, cache_salt, since
+                session,
+                account_id,
+                name,
+                deployment_ids,
+                limits,
+                expires_at,
+                owner,
+                role,
+                cache_salt,
+                since,
+                weight,
             )
 
     def rotate(
@@ -243,6 +259,7 @@ class KeyService:
                 role=old.role,
                 cache_salt=old.cache_salt,
                 member_since=old.member_since,  # under the membership the old key was made in
+                weight=old.weight,
             )
             ends = now + timedelta(seconds=grace_seconds)
             old.expires_at = ends if before is None else min(before, ends)
@@ -257,8 +274,9 @@ class KeyService:
     def update(
         self, account_id: str, key_id: str, changes: dict[str, object], principal: Principal | None = None
     ) -> ApiKey:
-        """Rename a key or replace its limits or its cache salt (`changes`: the fields given, `limits` and
-        `cache_salt` None for none); every gateway process reads the key again on its next request."""
+        """Rename a key or replace its limits, its cache salt or its weight (`changes`: the fields given,
+        `limits` and `cache_salt` None for none, `weight` None for 1); every gateway process reads the key
+        again on its next request."""
         with self._database.transaction() as session:
             key = _acted_on(session, session.get(ApiKey, key_id, with_for_update=True), account_id, principal)
             before = audited(key)
@@ -269,8 +287,11 @@ class KeyService:
                 _check_within_account(session, account_id, limits)
                 key.limits = limits
             if "cache_salt" in changes:
-                authorize_cache_salt(principal)
+                authorize_key_setting(principal, "cache_salt")
                 key.cache_salt = changes["cache_salt"]  # type: ignore[assignment]
+            if "weight" in changes:
+                authorize_key_setting(principal, "weight")
+                key.weight = float(changes["weight"] or 1.0)  # type: ignore[arg-type]
             audit.record(session, "key.updated", "key", key.id, account_id, audit.diff(before, audited(key)))
         self.forget_principals()
         return key

@@ -126,6 +126,7 @@ class TextGeneration:
             decode = functools.partial(_stripped, decode, strip)
         sequence = Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint)
         sequence.priority, sequence.tenant = request.priority, request.tenant
+        sequence.weights = request.weights
         sequence.salt = request.cache_salt
         if images is not None:
             sequence.images, sequence.image_token = images, _image_token(state)
@@ -190,6 +191,7 @@ def chat_model(model: Any, tokenizer: Any, device: str, defaults: dict[str, Any]
         cache_bytes=settings.kv_cache_mb << 20 if settings.kv_cache_mb else None,
         prefill_chunk=settings.prefill_chunk_tokens,
         cuda_graphs=settings.cuda_graphs,
+        token_weights=own.token_weights(),
     )
     family, special = chat_markup(tokenizer, own)
     return ChatModel(

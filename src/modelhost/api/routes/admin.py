@@ -35,6 +35,7 @@ def present(view: AccountView) -> Account:
         credits_granted=to_credits(view.granted_micro),
         credits_used=to_credits(view.granted_micro - view.balance_micro),
         limits=RateLimits.model_validate(view.account.limits) if view.account.limits else None,
+        weight=view.account.weight,
         created_at=view.account.created_at,
     )
 
@@ -42,7 +43,7 @@ def present(view: AccountView) -> Account:
 @router.post("/accounts", summary="Create an account and its first account key", status_code=201)
 def create_account(body: AccountCreate, _admin: AdminPrincipal, services: ServicesDep) -> AccountCreated:
     limits = body.limits.model_dump() if body.limits is not None else None
-    account, secret = services.accounts.create(body.name, body.credits, limits)
+    account, secret = services.accounts.create(body.name, body.credits, limits, body.weight)
     return AccountCreated(**present(account).model_dump(), api_key=secret)
 
 
@@ -60,7 +61,7 @@ def get_account(
 
 @router.patch(
     "/accounts/{account_id}",
-    summary="Rename an account or change its rate limits (effective on its keys' next request)",
+    summary="Rename an account, change its rate limits or its weight (effective on its keys' next request)",
     responses=error_responses(404),
 )
 def update_account(

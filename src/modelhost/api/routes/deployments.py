@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Path
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
@@ -256,13 +257,15 @@ SETTINGS_FIELDS = tuple(GenerationSettingsFields.model_fields)
 
 def _settings_given(body: GenerationSettingsFields) -> dict[str, Any]:
     """The generation settings the body gives (a PATCH's `null` included: back to unset)."""
-    return {name: getattr(body, name) for name in SETTINGS_FIELDS if name in body.model_fields_set}
+    given = {name: getattr(body, name) for name in SETTINGS_FIELDS if name in body.model_fields_set}
+    return {name: v.model_dump() if isinstance(v, BaseModel) else v for name, v in given.items()}
 
 
 def _settings_shown(stored: dict[str, Any] | None) -> dict[str, Any]:
     """Every generation setting as the deployment object shows it (unset: null, `{}` for the kwargs)."""
     shown: dict[str, Any] = {name: (stored or {}).get(name) for name in SETTINGS_FIELDS}
     shown["chat_template_kwargs"] = shown["chat_template_kwargs"] or {}
+    shown["fair_token_weights"] = shown["fair_token_weights"] or {}
     return shown
 
 

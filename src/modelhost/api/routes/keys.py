@@ -40,6 +40,7 @@ def present(key: rows.ApiKey) -> Key:
         role=key.role or Role.OWNER,
         user_id=key.user_id,
         cache_salt=key.cache_salt,
+        weight=key.weight,
     )
 
 
@@ -64,6 +65,7 @@ def create_key(body: KeyCreate, principal: AccountPrincipal, services: ServicesD
         principal,
         service=body.service,
         cache_salt=body.cache_salt,
+        weight=body.weight,
     )
     return KeyCreated(**present(key).model_dump(), api_key=secret)
 

@@ -74,6 +74,7 @@ class Sequence:
     low: bool = False  # flex or a batch line: held back behind interactive ones (`generation.priority`)
     priority: int = 0  # vLLM's number (lower first), which orders its key's own waiting sequences
     tenant: str = ""  # whom it runs for, `<account>/<key>` (`generation.fairness`)
+    weights: tuple[float, float] = (1.0, 1.0)  # that tenant's, (account, key)
     decoded_at: int = 0  # the engine's decoding step that last gave it a token
     salt: str | None = None  # its prefix cache (`GenerationRequest.cache_salt`): it reuses only its salt's
     # a vision-language prompt: the processor's image tensors (`pixel_values`, ...) for its prefill. Its
@@ -191,7 +192,9 @@ class GenerationEngine(Engine[Sequence]):
         if not low:
             self._interactive_at = self._clock()
         self.served.arrive(
-            sequence.tenant, (s.tenant for s in (*self.waiting, *self.prefilling, *self.running))
+            sequence.tenant,
+            (s.tenant for s in (*self.waiting, *self.prefilling, *self.running)),
+            sequence.weights,
         )
         enqueue(self.waiting, sequence)
 

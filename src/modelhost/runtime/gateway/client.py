@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import msgspec
 
-from modelhost.auth.principal import current_tenant, low_priority
+from modelhost.auth.principal import current_tenant, current_weights, low_priority
 from modelhost.generation.contract import GenerationEvent, StreamRequest, is_last
 from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart, ReplicaFailed
 from modelhost.runtime.replica_protocol import (
@@ -122,7 +122,7 @@ class Waiters:
         (the caller left) sends `Cancel`: the replica drops the sequence before its next step."""
         queue = self.streams[request_id] = EventChannel()
         try:
-            send(Generate(request_id, request, low_priority(), trace, current_tenant()))
+            send(Generate(request_id, request, low_priority(), trace, current_tenant(), current_weights()))
         except ReplicaDied as exc:  # never sent: free to go to another replica
             self.streams.pop(request_id, None)
             raise ReplicaDiedBeforeStart(str(exc)) from exc

@@ -306,7 +306,7 @@ class Placement:
         now = self._clock.monotonic()
         for gpu in self.capacity.gpu_order(need):
             short = self.capacity.short(need, gpu)
-            load = self.capacity.load(spec.account_id, spec.readiness, gpu)
+            load = self.capacity.load(spec.account_id, spec.readiness, gpu, spec.account_weight, need)
             plan = evictions(short, gpu, candidates, now, self.settings.min_residency_seconds, load)
             if plan is None:
                 continue
@@ -347,7 +347,7 @@ class Placement:
         self, tenant: Tenant, prediction: Prediction, need: Footprint, count: int, gpu: int | None
     ) -> Reservation:
         spec = tenant.spec
-        holding = self.capacity.hold(spec.key, spec.account_id, need, gpu)
+        holding = self.capacity.hold(spec.key, spec.account_id, need, gpu, spec.account_weight)
         kv_mb = math.ceil(prediction.kv_cache / MB) if prediction.kv_cache else None
         device = f"cuda:{gpu}" if gpu is not None else None
         placed = replace(spec, device=device, kv_cache_mb=kv_mb, footprint=prediction.footprint)
@@ -446,12 +446,25 @@ class Placement:
                 "deployment's load never evicts"
             )
         else:
-            share = self.capacity.load(spec.account_id, spec.readiness, None).share
-            why = (
-                f"busy, pinned (hot), {young}, or warm deployments of other accounts that hold no more "
-                f"than their share of the budget (an equal share among the accounts holding memory: "
-                f"{describe(share.host)})"
-            )
+            load = self.capacity.load(spec.account_id, spec.readiness, None, spec.account_weight, need)
+            own = load.share_of(spec.account_id).host
+            total = sum(load.weights.values())
+            if load.loader_over_share():
+                holds = load.held[spec.account_id].host
+                why = (
+                    f"busy, pinned (hot), {young}, or warm deployments of other accounts, which a load is "
+                    f"not given while its own account's share is full: this account holds "
+                    f"{describe(holds)} and would hold {describe(holds + need.host)} with it, over its "
+                    f"share of {describe(own)} (weight {spec.account_weight:g} of the {total:g} the "
+                    "accounts holding memory weigh together)"
+                )
+            else:
+                why = (
+                    f"busy, pinned (hot), {young}, or warm deployments of other accounts that hold no "
+                    f"more than their share of the budget (the budget divided among the accounts "
+                    f"holding memory by their weights: {describe(load.share.host)} for a weight of 1, "
+                    f"{describe(own)} for this account's {spec.account_weight:g})"
+                )
         return (
             f"No memory to load {spec.model} within {self.settings.capacity_wait_seconds:g} s: it needs "
             f"{_describe(need)}, {describe(max(0, self.capacity.free))} of the "

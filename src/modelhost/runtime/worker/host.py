@@ -122,12 +122,13 @@ def trace_event(trace: tracing.GenerationTrace, event: GenerationEvent) -> None:
 
 def with_priority(message: Generate) -> StreamRequest:
     """A generation's request as its engine takes it: marked `low` for a batch line, with the key it
-    runs for (`generation.priority`: its number orders that key's requests only)."""
+    runs for (`generation.priority`: its number orders that key's requests only) and that tenant's
+    weights (`generation.fairness`)."""
     request = message.request
     if message.low:
         request = msgspec.structs.replace(request, low=True)
     if isinstance(request, GenerationRequest) and message.tenant:
-        request = msgspec.structs.replace(request, tenant=message.tenant)
+        request = msgspec.structs.replace(request, tenant=message.tenant, weights=message.weights)
     return request
 
 

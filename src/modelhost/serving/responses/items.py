@@ -583,7 +583,12 @@ class OutputAssembler:
         return events
 
     def _open_message(self) -> list[Event]:
-        message: Item = {"id": item_id("msg"), "type": "message", "role": "assistant", "status": "in_progress"}
+        message: Item = {
+            "id": item_id("msg"),
+            "type": "message",
+            "role": "assistant",
+            "status": "in_progress",
+        }
         part = {"type": "output_text", "text": "", "annotations": []}
         message["content"] = [{**part, "logprobs": []}]
         self._message = message

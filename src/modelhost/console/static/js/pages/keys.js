@@ -1,5 +1,6 @@
 // Keys: create (account or scoped to deployments, with rate limits and an expiry), the secret shown once,
-// list with limits, what is left of them and when each expires, revoke.
+// list with limits, what is left of them, its weight (its share of a shared model) and when each expires,
+// revoke.
 import { api } from "../api.js";
 import { confirmButton, field, h, message, replace, when } from "../dom.js";
 
@@ -9,15 +10,16 @@ export async function render(main) {
   const boxes = h("div", { id: "key-deployments", class: "row" });
   const status = h("div", { id: "key-created" });
   const expiresIn = h("input", { type: "number", min: "1", step: "1", id: "key-expires-in", placeholder: "never" });
+  const weight = h("input", { type: "number", min: "0.01", max: "1000", step: "any", id: "key-weight", placeholder: "1" });
   const limitInputs = LIMITS.map(([key, label]) => [key, h("input", { type: "number", min: "1", step: "1", id: `key-${key}`, placeholder: "unlimited" }), label]);
   const form = h("form", { id: "key-form" },
     h("div", { class: "row" }, field("Name", name), h("label", {}, scoped, " only for these deployments:"), boxes),
-    h("div", { class: "row" }, limitInputs.map(([, input, label]) => field(label, input)), field("Expires in (s)", expiresIn)),
+    h("div", { class: "row" }, limitInputs.map(([, input, label]) => field(label, input)), field("Expires in (s)", expiresIn), field("Weight", weight)),
     h("p", {}, h("button", { type: "submit" }, "Create key")));
   const rows = h("tbody");
   replace(main, h("h2", {}, "Keys"), h("section", { class: "card" }, h("h3", {}, "New key"), form, status),
     h("section", { class: "card" }, h("h3", {}, "Keys"),
-      h("table", { id: "key-list" }, h("thead", {}, h("tr", {}, ["Name", "Kind", "Deployments", "Prefix", "Limits", "Left now", "Created", "Expires", "Revoked", ""].map((t) => h("th", {}, t)))), rows)));
+      h("table", { id: "key-list" }, h("thead", {}, h("tr", {}, ["Name", "Kind", "Deployments", "Prefix", "Limits", "Left now", "Weight", "Created", "Expires", "Revoked", ""].map((t) => h("th", {}, t)))), rows)));
 
   const deployments = (await api("GET", "/v1/deployments")).data;
   const models = new Map(deployments.map((d) => [d.id, d.model]));
@@ -31,6 +33,7 @@ export async function render(main) {
     const limits = Object.fromEntries(limitInputs.filter(([, input]) => input.value).map(([key, input]) => [key, Number(input.value)]));
     if (Object.keys(limits).length) body.limits = limits;
     if (expiresIn.value) body.expires_in = Number(expiresIn.value);
+    if (weight.value) body.weight = Number(weight.value);
     if (scoped.checked) {
       if (!chosen.length) return message(status, "Choose at least one deployment for a scoped key.");
       body.deployments = chosen;
@@ -54,7 +57,7 @@ export async function render(main) {
       h("td", {}, k.name || ""), h("td", {}, k.kind),
       h("td", {}, (k.deployments || []).map((id) => models.get(id) || id).join(", ")),
       h("td", {}, h("code", {}, k.prefix)), h("td", { class: "limits" }, describe(k.limits)), h("td", { class: "use" }, left(k.use)),
-      h("td", {}, when(k.created_at)), h("td", { class: "expires" }, when(k.expires_at)), h("td", { class: "revoked" }, when(k.revoked_at)),
+      h("td", { class: "weight" }, String(k.weight)), h("td", {}, when(k.created_at)), h("td", { class: "expires" }, when(k.expires_at)), h("td", { class: "revoked" }, when(k.revoked_at)),
       h("td", {}, k.revoked_at ? null : confirmButton("Revoke", async () => {
         try { await api("DELETE", `/v1/keys/${k.id}`); } catch (error) { message(status, error.message); }
         await refresh();

@@ -1,5 +1,5 @@
-// Operator view (admin key): accounts and credit top-ups; the server's memory capacity (reserved against
-// the budget over time, every deployment holding memory, each GPU), polled every 2 s.
+// Operator view (admin key): accounts, their credit top-ups and weights; the server's memory capacity
+// (reserved against the budget over time, every deployment holding memory, each GPU), polled every 2 s.
 import { api, session, sso } from "../api.js";
 import { badge, field, h, message, replace, when } from "../dom.js";
 import { plot } from "../plot.js";
@@ -102,10 +102,16 @@ export async function render(main) {
     const accounts = (await api("GET", "/v1/admin/accounts", { admin: true })).data;
     for (const a of accounts) names.set(a.id, a.name);
     replace(rows, accounts.map((a) => {
-      const amount = h("input", { type: "number", value: "10", step: "any" });
+      const amount = h("input", { type: "number", value: "10", step: "any", class: "account-top-up" });
+      const weight = h("input", { type: "number", value: String(a.weight), min: "0.01", max: "1000", step: "any", class: "account-weight" });
       const note = h("span");
       return h("tr", { dataset: { id: a.id } }, h("td", {}, a.name), h("td", {}, h("code", {}, a.id)),
-        h("td", {}, a.credits.toFixed(4)), h("td", {}, a.credits_used.toFixed(4)), h("td", {}, when(a.created_at)),
+        h("td", {}, a.credits.toFixed(4)), h("td", {}, a.credits_used.toFixed(4)),
+        h("td", {}, weight, " ", h("button", { type: "button", class: "secondary", onclick: async () => {
+          try { await api("PATCH", `/v1/admin/accounts/${a.id}`, { admin: true, body: { weight: Number(weight.value) } }); await refresh(); }
+          catch (error) { message(note, error.message); }
+        } }, "Set")),
+        h("td", {}, when(a.created_at)),
         h("td", {}, amount, " ", h("button", { type: "button", class: "secondary", onclick: async () => {
           try { await api("POST", `/v1/admin/accounts/${a.id}/credits`, { admin: true, body: { credits: Number(amount.value) } }); await refresh(); }
           catch (error) { message(note, error.message); }
@@ -130,7 +136,7 @@ export async function render(main) {
     try {
       replace(body, h("section", { class: "card" }, h("h3", {}, "New account"), create),
         h("section", { class: "card" }, h("h3", {}, "Accounts"),
-          h("table", { id: "account-list" }, h("thead", {}, h("tr", {}, ["Name", "ID", "Balance", "Used", "Created", "Top-up"].map((t) => h("th", {}, t)))), rows)),
+          h("table", { id: "account-list" }, h("thead", {}, h("tr", {}, ["Name", "ID", "Balance", "Used", "Weight", "Created", "Top-up"].map((t) => h("th", {}, t)))), rows)),
         capacity.el);
       await refresh();
     } catch (error) {
