@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -90,12 +91,15 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         owned = services is None
         app.state.services = built = services or Services.build(settings)
         traced = tracing.start("gateway")  # on only where OTEL_EXPORTER_OTLP_*ENDPOINT is set
+        quotas = asyncio.create_task(built.quotas.run_forever())  # people's use, into the database
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if built.supervisor is not None:  # embedded: the supervisor's duties run here
                     await stack.enter_async_context(built.supervisor.duties(built, line_caller(app)))
                 yield
         finally:
+            quotas.cancel()
+            await built.quotas.stop()
             if owned:
                 built.close()
             if traced:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from modelhost.auth.limits import Limits, Subject
+from modelhost.auth.quotas import Person, Quota
 from modelhost.auth.roles import PERMISSIONS, Role
 
 
@@ -48,6 +49,8 @@ class Principal:
     # the key's prefix-cache salt (`store.models.ApiKey.cache_salt`), which its generation requests carry
     # to the engine (`frontend.Target`); None: the deployment's shared cache
     cache_salt: str | None = None
+    # its person's quota in the account (`auth.quotas`: their own, else their role's); None: none
+    quota: Quota | None = None
     # whom its requests count against (`limited`): made once, as a principal is cached
     _subjects: tuple[Subject, ...] = field(init=False, repr=False, compare=False)
 
@@ -64,6 +67,13 @@ class Principal:
         if self.kind is PrincipalKind.DEPLOYMENT:
             return self.deployment_ids is not None and deployment_id in self.deployment_ids
         return False
+
+    def person(self) -> Person | None:
+        """The person whose use its requests count towards (`auth.quotas`); None: a service key, the
+        operator."""
+        if self.user_id is None or self.account_id is None or self.kind is PrincipalKind.ADMIN:
+            return None
+        return Person(self.account_id, self.user_id)
 
     def limited(self) -> tuple[Subject, ...]:
         """Whom a request of this key counts against: the key and its account, where they have limits."""
