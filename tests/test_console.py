@@ -481,7 +481,7 @@ def test_quotas_are_set_on_the_people_page_and_a_person_sees_theirs_on_the_overv
     page.click("#quota-form button")
     page.locator(f"#user-list tr[data-id='{user_id}'] td.quota", has_text="500 tokens per month").wait_for()
     assert console.http.get(f"/v1/users/{user_id}", headers=owner).json()["quota"]["tokens_per_month"] == 500
-    roles = console.http.get("/v1/users/role-quotas", headers=owner).json()
+    roles = console.http.get("/v1/role-quotas", headers=owner).json()
     assert roles["developer"]["requests_per_day"] == 7
     assert console.http.post("/v1/conversations", json={}, headers=bearer(key)).status_code == 200
     theirs = console.new_page()

@@ -137,11 +137,11 @@ async def test_a_roles_default_quota_applies_until_the_persons_own_replaces_it(
     dev_id, dev = await _person(client, owner, "dev@example.com", "developer")
     _, admin = await _person(client, owner, "admin@example.com", "admin")
     set_default = await client.patch(
-        "/v1/users/role-quotas", json={"developer": {"requests_per_month": 1}}, headers=bearer(admin)
+        "/v1/role-quotas", json={"developer": {"requests_per_month": 1}}, headers=bearer(admin)
     )
     assert set_default.status_code == 200, set_default.text
     assert set_default.json()["developer"]["requests_per_month"] == 1 and set_default.json()["owner"] is None
-    listed = (await client.get("/v1/users/role-quotas", headers=bearer(dev))).status_code
+    listed = (await client.get("/v1/role-quotas", headers=bearer(dev))).status_code
     assert listed == 403  # `users:read`: the account's admins
     assert (await _call(client, bearer(dev))).status_code == 200
     refused = await _call(client, bearer(dev))
@@ -155,12 +155,12 @@ async def test_a_roles_default_quota_applies_until_the_persons_own_replaces_it(
     assert (await _me(client, dev))["quota"]["source"] == "person"
     # an admin may not set the owners' default (an owner can do more); the owner may, and remove it
     too_high = await client.patch(
-        "/v1/users/role-quotas", json={"owner": {"tokens_per_day": 10}}, headers=bearer(admin)
+        "/v1/role-quotas", json={"owner": {"tokens_per_day": 10}}, headers=bearer(admin)
     )
     assert_error(too_high, 403, "permission_denied")
-    removed = await client.patch("/v1/users/role-quotas", json={"developer": None}, headers=bearer(owner))
+    removed = await client.patch("/v1/role-quotas", json={"developer": None}, headers=bearer(owner))
     assert removed.json()["developer"] is None
-    assert (await client.get("/v1/users/role-quotas", headers=bearer(owner))).json()["developer"] is None
+    assert (await client.get("/v1/role-quotas", headers=bearer(owner))).json()["developer"] is None
 
 
 async def test_tokens_count_when_requests_end_and_refuse_the_next_request(

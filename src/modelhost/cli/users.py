@@ -219,9 +219,9 @@ def users_role_quota(
     own quota replaces their role's (docs/limits.md)."""
     client = ApiClient(url, key)
     if role is None:
-        answer = client.call("GET", "/v1/users/role-quotas")
+        answer = client.call("GET", "/v1/role-quotas")
     else:
         quota = _quota_body(requests_per_day, requests_per_month, tokens_per_day, tokens_per_month)
-        answer = client.call("PATCH", "/v1/users/role-quotas", json={role.value: quota})
+        answer = client.call("PATCH", "/v1/role-quotas", json={role.value: quota})
     rows = [{"role": r.value, **(answer.get(r.value) or {})} for r in RoleChoice]
     show(answer if as_json else {"data": rows}, ("role", *QUOTA_FIELDS), as_json)

@@ -645,7 +645,7 @@ class PersonQuota(StrictModel):
 
 QUOTA_DESCRIPTION = (
     "The person's own quota in this account (docs/limits.md, \"Quotas per person\"); null: their role's "
-    "default (`GET /v1/users/role-quotas`), if any."
+    "default (`GET /v1/role-quotas`), if any."
 )
 
 

@@ -112,14 +112,14 @@ async def list_users(principal: AccountPrincipal, services: ServicesDep) -> List
     return ListOf[User](data=[present(m) for m in members])
 
 
-@router.get("/v1/users/role-quotas", summary="The default quota of each role's people in the account")
+@router.get("/v1/role-quotas", summary="The default quota of each role's people in the account")
 async def get_role_quotas(principal: AccountPrincipal, services: ServicesDep) -> RoleQuotas:
     quotas = await asyncio.to_thread(services.users.role_quotas, account_id_of(principal))
     return RoleQuotas(**{role.value: present_quota(quota) for role, quota in quotas.items()})
 
 
 @router.patch(
-    "/v1/users/role-quotas",
+    "/v1/role-quotas",
     summary="Set or remove roles' default quotas (a person's own quota replaces their role's)",
 )
 def set_role_quotas(body: RoleQuotasPatch, principal: AccountPrincipal, services: ServicesDep) -> RoleQuotas:

@@ -107,7 +107,7 @@ function quotaEditor(changed) {
     const quota = Object.values(limits).some((v) => v !== null) ? limits : null;
     const [kind, id] = target.value.split(":");
     try {
-      if (kind === "role") await api("PATCH", "/v1/users/role-quotas", { body: { [id]: quota } });
+      if (kind === "role") await api("PATCH", "/v1/role-quotas", { body: { [id]: quota } });
       else await api("PATCH", `/v1/users/${id}`, { body: { quota } });
       message(status, quota ? "Saved." : "Removed.", "ok");
       await changed();
@@ -115,7 +115,7 @@ function quotaEditor(changed) {
   });
   async function show(users) {
     members = users;
-    roles = await api("GET", "/v1/users/role-quotas");
+    roles = await api("GET", "/v1/role-quotas");
     const chosen = target.value;
     replace(target, ...ROLES.map((r) => h("option", { value: `role:${r}` }, `every ${r} (default)`)),
       ...users.map((u) => h("option", { value: `user:${u.id}` }, u.email)));
