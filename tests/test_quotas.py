@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +19,9 @@ from modelhost.container import Services
 from modelhost.errors import InsufficientQuota
 from modelhost.store.models import SsoSession
 from modelhost.store.types import new_id, utcnow
-from tests.helpers import assert_error, bearer, new_account
+from tests.conftest import make_settings
+from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account
+from tests.live import live_server
 
 CSRF = "c" * 43
 
@@ -239,6 +242,26 @@ async def test_a_new_day_starts_at_zero_and_the_month_goes_on(
     await quotas.require_within(person, Quota(requests_per_month=1))
     use = await quotas.use(person)
     assert (use.month.period, use.month.requests) == ("2026-12", 0)
+
+
+def test_a_restarted_server_counts_on_from_what_it_stored_at_shutdown(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path, f"sqlite:///{tmp_path / 'q.db'}", worker_threads=1)
+    with live_server(settings) as url, httpx.Client(base_url=url) as http:
+        made = {"name": "restart", "credits": 10}
+        owner = http.post("/v1/admin/accounts", json=made, headers=bearer(ADMIN_KEY)).json()["api_key"]
+        added = http.post(
+            "/v1/users", json={"email": "r@example.com", "role": "developer"}, headers=bearer(owner)
+        )
+        user_id = added.json()["id"]
+        key = http.post("/v1/keys", json={"user_id": user_id}, headers=bearer(owner)).json()["api_key"]
+        quota = {"quota": {"requests_per_month": 3}}
+        assert http.patch(f"/v1/users/{user_id}", json=quota, headers=bearer(owner)).status_code == 200
+        for _ in range(2):
+            assert http.post("/v1/conversations", json={}, headers=bearer(key)).status_code == 200
+    with live_server(settings) as url, httpx.Client(base_url=url) as http:
+        assert http.get("/v1/me", headers=bearer(key)).json()["quota"]["month"]["requests"] == 2
+        assert http.post("/v1/conversations", json={}, headers=bearer(key)).status_code == 200
+        assert http.post("/v1/conversations", json={}, headers=bearer(key)).status_code == 429
 
 
 def test_periods_are_the_utc_day_and_month_with_their_ends() -> None:

@@ -340,14 +340,16 @@ class Supervision:
     async def duties(self, services: Services, line_call: LineCall) -> AsyncIterator[None]:
         """The supervisor's duties while the server runs: housekeeping, metering, hot loads and the idle
         reaper, video jobs, agent runs, batches (each line sent through `line_call`: a gateway's app,
-        never the supervisor's own), imports and sharing rate-limit counts. At the end it bills every
-        replica up to its unload. The batch runner stops first: its lines run in gateways, which stop
-        next (`modelhost.server`)."""
+        never the supervisor's own), imports, sharing rate-limit counts and storing people's use
+        (`auth.quotas`: its agent runs' tokens; in the embedded server, every request's). At the end
+        it bills every replica up to its unload. The batch runner stops first: its lines run in
+        gateways, which stop next (`modelhost.server`)."""
         sweeper = asyncio.create_task(_sweep_forever(services))
         billing = services.billing
         await asyncio.to_thread(billing.close_stale)
         metering = asyncio.create_task(billing.run_forever(self.runtime.unload_account))
         sharing = asyncio.create_task(self.shared_limits.run_forever())
+        quotas = asyncio.create_task(services.quotas.run_forever())  # its agent runs' tokens
         await self.runtime.start()
         self.videos.start_claiming()
         self.agents.start()
@@ -359,12 +361,14 @@ class Supervision:
             sweeper.cancel()
             metering.cancel()
             sharing.cancel()
+            quotas.cancel()
             await self.batches.stop()
             await self.imports.stop()
             await self.videos.stop()
             await self.agents.stop()
             await self.runtime.shutdown()
             await self.shared_limits.stop()
+            await services.quotas.stop()
 
 
 async def _sweep_forever(services: Services) -> None:
