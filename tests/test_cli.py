@@ -191,6 +191,8 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("users", "invitations"), "List your account's invitations not yet accepted."),
     (("users", "uninvite"), "Withdraw an invitation."),
     (("users", "sign-out-everywhere"), "Sign a person out of your account everywhere: their sessions here"),
+    (("users", "quota"), "Set a person's own quota over every key they own and their sessions"),
+    (("users", "role-quota"), "Set a role's default quota in your account (no limit given: remove it)"),
     (("mcp-servers",), "MCP servers your account's hosted MCP tools may reach"),
     (("mcp-servers", "list"), "List the MCP server URLs on your account's allow-list."),
     (("mcp-servers", "add"), "Add MCP server URLs to your account's allow-list (owners and admins)."),
@@ -348,6 +350,12 @@ def test_users_add_a_person_whose_key_follows_their_role_and_whoami_says_so(
     mine = ("--url", url, "--key", made["api_key"])
     [row] = table_rows(ok("whoami", *mine).stdout)
     assert (row["role"], row["user"]) == ("developer", "dana@example.com")
+    ok("users", "quota", person["id"], "--requests-per-day", "50", "--tokens-per-month", "9000", *owner)
+    assert httpx.post(f"{url}/v1/conversations", json={}, headers=bearer(made["api_key"])).status_code == 200
+    printed = ok("whoami", *mine).stdout
+    assert "quota: their own" in printed
+    assert re.search(r"today \(\d{4}-\d\d-\d\d, UTC\): 1 requests of 50 \(49 left\), 0 tokens\n", printed)
+    assert re.search(r"this month \(\d{4}-\d\d, UTC\): 1 requests, 0 tokens of 9000 \(9000 left\)", printed)
     ok("users", "role", person["id"], "--role", "viewer", *owner)
     assert ok_json("whoami", *mine)["actions"] == [
         "agents:read",

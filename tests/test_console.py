@@ -469,6 +469,47 @@ def test_the_accounts_mcp_servers_are_saved_from_the_people_page(console: Consol
     assert "http" in page.inner_text("#mcp-status")
 
 
+def test_quotas_are_set_on_the_people_page_and_a_person_sees_theirs_on_the_overview(
+    console: Console,
+) -> None:
+    owner = bearer(console.key)
+    added = console.http.post(
+        "/v1/users", json={"email": "quota@example.com", "role": "owner"}, headers=owner
+    )
+    user_id = added.json()["id"]
+    key = console.http.post("/v1/keys", json={"user_id": user_id}, headers=owner).json()["api_key"]
+    page = console.page
+    console.go("users")
+    page.select_option("#quota-target", "role:developer")
+    page.fill("#quota-requests_per_day", "7")
+    page.click("#quota-form button")
+    page.wait_for_selector("#quota-status .ok")
+    page.locator(
+        "#role-quota-list tr[data-role='developer'] td.quota", has_text="7 requests per day"
+    ).wait_for()
+    page.select_option("#quota-target", f"user:{user_id}")
+    page.fill("#quota-tokens_per_month", "500")
+    page.click("#quota-form button")
+    page.locator(f"#user-list tr[data-id='{user_id}'] td.quota", has_text="500 tokens per month").wait_for()
+    assert console.http.get(f"/v1/users/{user_id}", headers=owner).json()["quota"]["tokens_per_month"] == 500
+    roles = console.http.get("/v1/role-quotas", headers=owner).json()
+    assert roles["developer"]["requests_per_day"] == 7
+    assert console.http.post("/v1/conversations", json={}, headers=bearer(key)).status_code == 200
+    theirs = console.new_page()
+    try:
+        theirs.goto(f"{console.url}/console#overview")
+        theirs.fill("#sign-in-key", key)
+        theirs.click("#sign-in button")
+        theirs.locator("#my-quota", has_text="Quota: your own.").wait_for()
+        text = theirs.inner_text("#my-quota")
+        assert "1 requests, 0 tokens." in text  # today: no daily limit
+        assert "1 requests, 0 of 500 tokens (500 left)." in text  # this month
+    finally:
+        theirs.close()
+    console.shot("quotas")
+    assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
+
+
 def test_the_audit_page_lists_the_accounts_changes_as_text(console: Console) -> None:
     created = console.http.post("/v1/keys", json={"name": XSS}, headers=bearer(console.key)).json()
     page = console.page

@@ -29,6 +29,7 @@ from modelhost.auth.failures import FailedKeys
 from modelhost.auth.limits import RateLimiter
 from modelhost.auth.oidc import OidcClient, OidcConfig
 from modelhost.auth.principal import Principal
+from modelhost.auth.quotas import PersonQuotas
 from modelhost.auth.shared_limits import SharedLimits
 from modelhost.batches.files import Files
 from modelhost.batches.input import shown
@@ -105,6 +106,9 @@ class Services:
     batches: Batches
     imports: Imports  # imports filling artifacts from S3, HTTPS, a Hub (run by the supervisor's runner)
     audit: AuditLog
+    # Quotas per person (auth/quotas.py): what each person used this day and month, counted here and
+    # added to the database once a second
+    quotas: PersonQuotas
     # Tenants' grammars and schemas checked, then compiled in child processes started on first use
     grammars: GrammarChecker
     # Rate limits (auth/limits.py): counted in a table every gateway process of the server shares
@@ -220,6 +224,7 @@ class Services:
         media = MediaPolicy.from_settings(settings)  # parsed once: a bad allow-list stops the start
         imports = Imports(database, artifacts, Sealer.from_settings(settings), settings)
         limits = limits if limits is not None else RateLimiter()
+        quotas = PersonQuotas(database, clock)
         supervision: Supervision | None = None
         runtime: Runtime
         generation: Generation  # the one pipeline of every front-end, over this process's runtime
@@ -245,7 +250,7 @@ class Services:
                 manager,
                 adapted,
                 VideoRunner(videos, manager, settings),
-                AgentRunner(agents, generation, settings, limits),
+                AgentRunner(agents, generation, settings, limits, quotas),
                 SharedLimits(database, limits, settings.limits_sync_seconds),
                 BatchRunner(batches, settings, authenticator.of_key, check_model),
                 ImportRunner(imports, artifacts, settings),
@@ -292,6 +297,7 @@ class Services:
             batches=batches,
             imports=imports,
             audit=AuditLog(database, settings.audit_retention_days),
+            quotas=quotas,
             grammars=grammars,
             limits=limits,
             supervisor=supervision,
@@ -334,14 +340,16 @@ class Supervision:
     async def duties(self, services: Services, line_call: LineCall) -> AsyncIterator[None]:
         """The supervisor's duties while the server runs: housekeeping, metering, hot loads and the idle
         reaper, video jobs, agent runs, batches (each line sent through `line_call`: a gateway's app,
-        never the supervisor's own), imports and sharing rate-limit counts. At the end it bills every
-        replica up to its unload. The batch runner stops first: its lines run in gateways, which stop
-        next (`modelhost.server`)."""
+        never the supervisor's own), imports, sharing rate-limit counts and storing people's use
+        (`auth.quotas`: its agent runs' tokens; in the embedded server, every request's). At the end
+        it bills every replica up to its unload. The batch runner stops first: its lines run in
+        gateways, which stop next (`modelhost.server`)."""
         sweeper = asyncio.create_task(_sweep_forever(services))
         billing = services.billing
         await asyncio.to_thread(billing.close_stale)
         metering = asyncio.create_task(billing.run_forever(self.runtime.unload_account))
         sharing = asyncio.create_task(self.shared_limits.run_forever())
+        quotas = asyncio.create_task(services.quotas.run_forever())  # its agent runs' tokens
         await self.runtime.start()
         self.videos.start_claiming()
         self.agents.start()
@@ -353,12 +361,14 @@ class Supervision:
             sweeper.cancel()
             metering.cancel()
             sharing.cancel()
+            quotas.cancel()
             await self.batches.stop()
             await self.imports.stop()
             await self.videos.stop()
             await self.agents.stop()
             await self.runtime.shutdown()
             await self.shared_limits.stop()
+            await services.quotas.stop()
 
 
 async def _sweep_forever(services: Services) -> None:

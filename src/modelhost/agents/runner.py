@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from modelhost import tracing
 from modelhost.agents.store import AgentStore, RunJob
 from modelhost.auth.limits import RateLimiter, start_counting
+from modelhost.auth.quotas import PersonQuotas
 from modelhost.clock import beat, heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
@@ -57,12 +58,14 @@ class AgentRunner:
         generation: Generation,
         settings: Settings,
         limits: RateLimiter | None = None,
+        quotas: PersonQuotas | None = None,
     ) -> None:
         self.store = store
         # the one pipeline of every front-end: a run generates as a chat completion does
         self.generation = generation
         self.settings = settings
         self.limits = limits  # where a run's tokens are counted against its key (rate limits)
+        self.quotas = quotas  # and against its person's quota
         self.name = f"gw-{secrets.token_hex(6)}"  # this server's supervisor, in `claimed_by`
         self._running: dict[str, asyncio.Task[None]] = {}
         self._housekeeping: asyncio.Task[None] | None = None
@@ -121,6 +124,8 @@ class AgentRunner:
             self._running.pop(job.id, None)
             if self.limits is not None and job.subjects and used[0]:
                 self.limits.charge(job.subjects, used[0])
+            if self.quotas is not None and job.person is not None:
+                self.quotas.ended(job.person, used[0])
 
     @staticmethod
     def _span(job: RunJob) -> tracing.Span:

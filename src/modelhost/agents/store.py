@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 
 from modelhost.auth.limits import Subject
+from modelhost.auth.quotas import Person
 from modelhost.errors import Conflict, NotFound
 from modelhost.frontend import Target
 from modelhost.routing import split_key
@@ -49,6 +50,8 @@ class RunJob:
     traceparent: str  # the request that created it, which the run's span links to ("": none)
     # Whom its tokens count against (the key and account that started it, where rate-limited).
     subjects: tuple[Subject, ...] = ()
+    # the person whose use they count towards too (`auth.quotas`; None: a service key)
+    person: Person | None = None
 
 
 class AgentStore:

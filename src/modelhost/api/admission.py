@@ -41,7 +41,8 @@ EXEMPT: dict[tuple[str, str], str] = {
     ("POST", "/v1/keys/{key_id}/rotate"): "who may act: a leaked key is rotated whatever the balance",
     ("PATCH", "/v1/keys/{key_id}"): "who may act: a key's name and limits",
     ("POST", "/v1/users"): "who may act: people and their roles",
-    ("PATCH", "/v1/users/{user_id}"): "who may act: people and their roles",
+    ("PATCH", "/v1/users/{user_id}"): "who may act: people, their roles and quotas",
+    ("PATCH", "/v1/role-quotas"): "who may act: the quotas of the roles' people",
     ("PUT", "/v1/mcp-servers"): "who may act: the servers this account's keys may reach",
 }
 # reads that ask a replica, which may load a cold deployment for them

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -90,12 +91,17 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         owned = services is None
         app.state.services = built = services or Services.build(settings)
         traced = tracing.start("gateway")  # on only where OTEL_EXPORTER_OTLP_*ENDPOINT is set
+        # people's use, into the database: here in a gateway process, by the duties in the supervisor's
+        quotas = asyncio.create_task(built.quotas.run_forever()) if built.supervisor is None else None
         try:
             async with contextlib.AsyncExitStack() as stack:
                 if built.supervisor is not None:  # embedded: the supervisor's duties run here
                     await stack.enter_async_context(built.supervisor.duties(built, line_caller(app)))
                 yield
         finally:
+            if quotas is not None:
+                quotas.cancel()
+                await built.quotas.stop()
             if owned:
                 built.close()
             if traced:

@@ -37,6 +37,8 @@ T = TypeVar("T")
 # key (a signed file link: `require_caller_unless_signed`)
 Guard = Callable[[Request], Awaitable[Principal | None]]
 PRINCIPAL = "modelhost.principal"  # where the scope keeps the principal once a request's key is checked
+# where the scope keeps the person a request counts towards (`auth.quotas.Person`; a person's key or session)
+PERSON = "modelhost.person"
 ADMITTED = "modelhost.admitted"  # where the scope keeps a rate-limited request's `Admitted` ticket
 # where the scope keeps (deployment, artifact): the version that serves the request, which its answer names
 # and the version metrics count
@@ -378,20 +380,29 @@ async def admit(request: Request, principal: Principal, *, billed: bool = True) 
     """Admit a request to a route that `api.admission` says costs the server (called by the key check,
     `api.middleware.KeyFirst`, for every such route: never by a route itself): refused with 402 once
     the account is out of credits and with 429 past its spend caps (when `billed`: it runs a model or
-    stores bytes), and with 429 over its key's or account's rate limits (auth/limits.py;
-    `api.middleware.RequestPath` gives the place back when the request ends). Batch lines skip the
-    per-minute limits (docs/limits.md)."""
+    stores bytes), with 429 over its person's quota (auth/quotas.py) and over its key's or account's
+    rate limits (auth/limits.py; `api.middleware.RequestPath` gives the place back when the request
+    ends, and adds its tokens to its person's use). Batch lines skip the per-minute limits, not the
+    quotas (docs/limits.md)."""
     services = get_services(request)
     account_id = account_id_of(principal)
     with tracing.step("limits") as span:  # credits, spend caps, rate limits
         if billed:
             await services.billing.require_credits(account_id)
             await services.billing.require_within_caps(account_id, principal.account_limits)
+        person = principal.person()
+        counted = person is not None and PERSON not in request.scope  # once per request, as below
+        if counted:
+            assert person is not None
+            await services.quotas.require_within(person, principal.quota)
         subjects = () if BATCH_LINE in request.scope else principal.limited()
         if subjects and ADMITTED not in request.scope:  # once per request, whatever models it names
             if span is not None:
                 span.set_attribute("modelhost.rate_limited", True)
             request.scope[ADMITTED] = services.limits.admit(subjects)
+        if counted:  # its tokens are added when it ends (`api.middleware.RequestPath`)
+            assert person is not None
+            request.scope[PERSON] = services.quotas.admitted(person)
 
 
 async def run_inference(request: Request, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:

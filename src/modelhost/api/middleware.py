@@ -19,6 +19,7 @@ from modelhost.api.admission import Admission, admission_of
 from modelhost.api.deps import (
     ADMITTED,
     ARTIFACT_HEADER,
+    PERSON,
     PRINCIPAL,
     SERVED_ARTIFACT,
     Guard,
@@ -30,6 +31,7 @@ from modelhost.api.errors import error_response
 from modelhost.api.fastlane import routes_of
 from modelhost.auth import anonymous
 from modelhost.auth.limits import Admitted, start_counting
+from modelhost.auth.quotas import Person
 from modelhost.errors import InvalidRequest, ModelhostError, PayloadTooLarge, TooManyAnonymousRequests
 from modelhost.logs import HEADER, REQUEST_ID, TRACE_ID, request_id_for
 from modelhost.metrics import TALLY, Counter, Histogram
@@ -235,9 +237,14 @@ class RequestPath(HttpMiddleware):
         def release() -> None:
             nonlocal released
             admitted: Admitted | None = scope.get(ADMITTED)
-            if admitted is not None and not released:
+            person: Person | None = scope.get(PERSON)
+            if (admitted is not None or person is not None) and not released:
                 released = True
-                scope["app"].state.services.limits.release(admitted.ticket, used[0])
+                services = scope["app"].state.services
+                if admitted is not None:
+                    services.limits.release(admitted.ticket, used[0])
+                if person is not None:
+                    services.quotas.ended(person, used[0])
 
         async def path_send(message: Message) -> None:
             nonlocal status

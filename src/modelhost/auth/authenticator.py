@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from modelhost.auth import roles
 from modelhost.auth.limits import Limits
 from modelhost.auth.principal import ADMIN, Principal, PrincipalKind
+from modelhost.auth.quotas import quota_for
 from modelhost.auth.roles import Role
 from modelhost.auth.secrets import hash_secret, looks_like_secret
 from modelhost.cache import SingleFlight, TTLCache
@@ -121,7 +122,7 @@ def _principal_of(session: Session, row: ApiKey, signed_in_since: datetime | Non
     account_limits = account.limits if account is not None else None
     deployment_ids = frozenset(row.deployment_ids) if row.deployment_ids is not None else None
     key_role = Role(row.role) if row.role is not None else Role.OWNER
-    owner_role, email, subject, refusal = None, None, None, None
+    owner_role, email, subject, refusal, quota = None, None, None, None, None
     if row.user_id is not None:
         user = session.get(User, row.user_id)
         member = session.get(Membership, (row.user_id, row.account_id))
@@ -141,6 +142,7 @@ def _principal_of(session: Session, row: ApiKey, signed_in_since: datetime | Non
             )
         else:
             owner_role = Role(member.role)
+            quota = quota_for(member.quota, account.role_quotas if account else None, member.role)[0]
     actions = roles.allowed(key_role, owner_role) if refusal is None else frozenset()
     return Principal(
         kind=PrincipalKind.ACCOUNT if deployment_ids is None else PrincipalKind.DEPLOYMENT,
@@ -158,6 +160,7 @@ def _principal_of(session: Session, row: ApiKey, signed_in_since: datetime | Non
         refusal=refusal,
         cache_salt=row.cache_salt,
         weights=(account.weight if account is not None else 1.0, row.weight),
+        quota=quota,
     )
 
 

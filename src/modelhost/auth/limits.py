@@ -275,7 +275,7 @@ def _refused(
     limit = getattr(subject.limits, what.replace(" ", "_"))
     message = (
         f"Rate limit reached for {kind} {owner} on {what}: limit {limit}. "
-        f"Please try again in {_duration(wait)}."
+        f"Please try again in {duration(wait)}."
     )
     headers = {"Retry-After": str(max(1, math.ceil(wait))), **_headers((subject,), [row])}
     return error(message, headers=headers)
@@ -314,7 +314,7 @@ def _describe(bucket: Bucket, names: tuple[str, str, str], headers: dict[str, st
     capacity = bucket.capacity
     headers[names[0]] = str(int(capacity))
     headers[names[1]] = str(max(0, math.floor(bucket.level)))
-    headers[names[2]] = _duration((capacity - bucket.level) * MINUTE / capacity)
+    headers[names[2]] = duration((capacity - bucket.level) * MINUTE / capacity)
 
 
 # The tokens the current request used so far, where it is limited (`api.middleware.RequestPath` sets
@@ -339,11 +339,14 @@ def count_tokens(input_tokens: int, output_tokens: int = 0) -> None:
         counter[2] += output_tokens
 
 
-def _duration(seconds: float) -> str:
-    """OpenAI's way of writing a reset time: `20ms`, `1.5s`, `6m0s`."""
+def duration(seconds: float) -> str:
+    """OpenAI's way of writing a reset time: `20ms`, `1.5s`, `6m0s`, `17h3m0s` (a quota's day)."""
     if seconds < 1:
         return f"{max(0, math.ceil(seconds * 1000))}ms"
     if seconds < MINUTE:
         return f"{seconds:.3g}s"
-    minutes, rest = divmod(seconds, MINUTE)
-    return f"{int(minutes)}m{rest:.0f}s"
+    minutes, rest = divmod(round(seconds), MINUTE)
+    if minutes < 60:
+        return f"{int(minutes)}m{rest:.0f}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{int(hours)}h{int(minutes)}m{rest:.0f}s"

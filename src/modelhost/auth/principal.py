@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from modelhost.auth.limits import Limits, Subject
+from modelhost.auth.quotas import Person, Quota
 from modelhost.auth.roles import PERMISSIONS, Role
 
 
@@ -50,6 +51,8 @@ class Principal:
     cache_salt: str | None = None
     # (its account's weight, its own): their shares of a shared model (`generation.fairness`)
     weights: tuple[float, float] = (1.0, 1.0)
+    # its person's quota in the account (`auth.quotas`: their own, else their role's); None: none
+    quota: Quota | None = None
     # whom its requests count against (`limited`): made once, as a principal is cached
     _subjects: tuple[Subject, ...] = field(init=False, repr=False, compare=False)
 
@@ -66,6 +69,13 @@ class Principal:
         if self.kind is PrincipalKind.DEPLOYMENT:
             return self.deployment_ids is not None and deployment_id in self.deployment_ids
         return False
+
+    def person(self) -> Person | None:
+        """The person whose use its requests count towards (`auth.quotas`); None: a service key, the
+        operator."""
+        if self.user_id is None or self.account_id is None or self.kind is PrincipalKind.ADMIN:
+            return None
+        return Person(self.account_id, self.user_id)
 
     def limited(self) -> tuple[Subject, ...]:
         """Whom a request of this key counts against: the key and its account, where they have limits."""

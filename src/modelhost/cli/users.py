@@ -146,3 +146,82 @@ def whoami(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False
     show(data if as_json else summary, tuple(summary), as_json)
     if not as_json:
         out.print("may: " + ", ".join(data["actions"]), markup=False, highlight=False)
+        for line in quota_lines(data.get("quota")):
+            out.print(line, markup=False, highlight=False)
+
+
+def quota_lines(quota: dict[str, Any] | None) -> list[str]:
+    """A person's quota and use as `whoami` prints them (none for a service key)."""
+    if quota is None:
+        return []
+    source = {"person": "their own", "role": "their role's default"}.get(quota["source"], "none")
+    lines = [f"quota: {source}"]
+    for name, label in (("day", "today"), ("month", "this month")):
+        use = quota[name]
+        parts = []
+        for what in ("requests", "tokens"):
+            remaining = use[f"{what}_remaining"]
+            limit = "" if remaining is None else f" of {use[what] + remaining} ({remaining} left)"
+            parts.append(f"{use[what]} {what}{limit}")
+        lines.append(f"{label} ({use['period']}, UTC): " + ", ".join(parts))
+    return lines
+
+
+QUOTA_FIELDS = ("requests_per_day", "requests_per_month", "tokens_per_day", "tokens_per_month")
+
+
+def _quota_body(
+    requests_per_day: int | None,
+    requests_per_month: int | None,
+    tokens_per_day: int | None,
+    tokens_per_month: int | None,
+) -> dict[str, int | None] | None:
+    """The quota to send: None (removed) when no limit is given."""
+    body = {
+        "requests_per_day": requests_per_day,
+        "requests_per_month": requests_per_month,
+        "tokens_per_day": tokens_per_day,
+        "tokens_per_month": tokens_per_month,
+    }
+    return body if any(v is not None for v in body.values()) else None
+
+
+@users_app.command("quota")
+def users_quota(
+    user_id: UserId,
+    requests_per_day: Annotated[int | None, typer.Option("--requests-per-day", min=1)] = None,
+    requests_per_month: Annotated[int | None, typer.Option("--requests-per-month", min=1)] = None,
+    tokens_per_day: Annotated[int | None, typer.Option("--tokens-per-day", min=1)] = None,
+    tokens_per_month: Annotated[int | None, typer.Option("--tokens-per-month", min=1)] = None,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Set a person's own quota over every key they own and their sessions (the limits not given are
+    unlimited); none given: remove it, and their role's default applies (docs/limits.md)."""
+    quota = _quota_body(requests_per_day, requests_per_month, tokens_per_day, tokens_per_month)
+    answer = ApiClient(url, key).call("PATCH", _path(user_id), json={"quota": quota})
+    show(answer, (*USER_COLUMNS, "quota"), as_json)
+
+
+@users_app.command("role-quota")
+def users_role_quota(
+    role: Annotated[RoleChoice | None, typer.Argument(help="The role to set; omitted: list them.")] = None,
+    requests_per_day: Annotated[int | None, typer.Option("--requests-per-day", min=1)] = None,
+    requests_per_month: Annotated[int | None, typer.Option("--requests-per-month", min=1)] = None,
+    tokens_per_day: Annotated[int | None, typer.Option("--tokens-per-day", min=1)] = None,
+    tokens_per_month: Annotated[int | None, typer.Option("--tokens-per-month", min=1)] = None,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Set a role's default quota in your account (no limit given: remove it), or list them; a person's
+    own quota replaces their role's (docs/limits.md)."""
+    client = ApiClient(url, key)
+    if role is None:
+        answer = client.call("GET", "/v1/role-quotas")
+    else:
+        quota = _quota_body(requests_per_day, requests_per_month, tokens_per_day, tokens_per_month)
+        answer = client.call("PATCH", "/v1/role-quotas", json={role.value: quota})
+    rows = [{"role": r.value, **(answer.get(r.value) or {})} for r in RoleChoice]
+    show(answer if as_json else {"data": rows}, ("role", *QUOTA_FIELDS), as_json)

@@ -662,10 +662,38 @@ class UserCreate(StrictModel):
     role: RoleName = Field(description="Their role in this account (docs/access.md).")
 
 
+PerPeriod = Annotated[int, Field(ge=1, le=10**15)]
+
+
+class PersonQuota(StrictModel):
+    """A person's quota in an account (docs/limits.md, "Quotas per person"): counted over every key they
+    own and their sign-in sessions, per UTC day and UTC month. Each is optional: absent or null means
+    unlimited. A request over one is a 429 `insufficient_quota` until the day or month ends."""
+
+    requests_per_day: PerPeriod | None = Field(default=None, description="Requests admitted per UTC day.")
+    requests_per_month: PerPeriod | None = Field(default=None, description="Requests admitted per UTC month.")
+    tokens_per_day: PerPeriod | None = Field(
+        default=None,
+        description="Tokens per UTC day, counted as `tokens_per_minute` counts them (docs/limits.md): "
+        "a request is admitted while some are left, and takes its tokens when it ends.",
+    )
+    tokens_per_month: PerPeriod | None = Field(default=None, description="Tokens per UTC month.")
+
+
+QUOTA_DESCRIPTION = (
+    "The person's own quota in this account (docs/limits.md, \"Quotas per person\"); null: their role's "
+    "default (`GET /v1/role-quotas`), if any."
+)
+
+
 class UserPatch(StrictModel):
     role: RoleName | None = None
     disabled: bool | None = Field(
         default=None, description="True: their keys in this account are refused (401 `user_disabled`)."
+    )
+    quota: PersonQuota | None = Field(
+        default=None,
+        description=QUOTA_DESCRIPTION + " Given, it replaces their quota whole; null removes it.",
     )
 
 
@@ -683,6 +711,52 @@ class User(BaseModel):
         "admin by email, whose keys an admin makes)."
     )
     created_at: datetime = Field(description="When they became a member of this account.")
+    quota: PersonQuota | None = Field(default=None, description=QUOTA_DESCRIPTION)
+
+
+class RoleQuotas(BaseModel):
+    """The default quota of each role's people in the account (null: none); a person's own quota
+    replaces their role's (docs/limits.md, "Quotas per person")."""
+
+    object: Literal["role_quotas"] = "role_quotas"
+    owner: PersonQuota | None = None
+    admin: PersonQuota | None = None
+    developer: PersonQuota | None = None
+    viewer: PersonQuota | None = None
+    billing: PersonQuota | None = None
+
+
+class RoleQuotasPatch(StrictModel):
+    """The roles' default quotas to change: a role given gets that quota (null: none), the others keep
+    theirs. Only for roles that can do no more than the caller (docs/access.md)."""
+
+    owner: PersonQuota | None = None
+    admin: PersonQuota | None = None
+    developer: PersonQuota | None = None
+    viewer: PersonQuota | None = None
+    billing: PersonQuota | None = None
+
+
+class PeriodUse(BaseModel):
+    """What the person used in one UTC day or month, over every key they own and their sessions."""
+
+    period: str = Field(description="The UTC day (`2026-11-29`) or month (`2026-11`).")
+    requests: int
+    tokens: int
+    requests_remaining: int | None = Field(description="Null: no quota of requests for this period.")
+    tokens_remaining: int | None = Field(description="Null: no quota of tokens for this period.")
+    resets_at: datetime = Field(description="When the period ends (UTC) and its use starts again at 0.")
+
+
+class QuotaUse(BaseModel):
+    """A person's quota in the account and what they used of it (`GET /v1/me`)."""
+
+    limits: PersonQuota | None = Field(description="The quota that applies; null: none (unlimited).")
+    source: Literal["person", "role"] | None = Field(
+        description="`person`: their own quota; `role`: their role's default; null: no quota."
+    )
+    day: PeriodUse
+    month: PeriodUse
 
 
 class InvitationCreate(StrictModel):
@@ -723,6 +797,11 @@ class Me(BaseModel):
     role: RoleName
     actions: list[str] = Field(description="What it may do now (docs/access.md).")
     user: User | None = Field(default=None, description="The person who owns the key; null: a service key.")
+    quota: QuotaUse | None = Field(
+        default=None,
+        description="The person's quota and what they used of it this UTC day and month, over every key "
+        "they own and their sign-in sessions; null: a service key (no person, no quota).",
+    )
 
 
 class SessionAccount(BaseModel):

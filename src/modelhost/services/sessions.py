@@ -54,6 +54,7 @@ from modelhost.auth.oidc import (
     pkce_pair,
 )
 from modelhost.auth.principal import Principal, PrincipalKind
+from modelhost.auth.quotas import quota_for
 from modelhost.auth.roles import Role
 from modelhost.errors import NotFound, PermissionDenied
 from modelhost.imports.sealing import Sealer
@@ -559,6 +560,7 @@ def _principal_of(session: Session, row: SsoSession, user: User) -> Principal | 
         account_id=row.account_id,
         key_id=row.id,
         account_limits=None if account is None else Limits.of(account.limits),
+        quota=quota_for(member.quota, None if account is None else account.role_quotas, member.role)[0],
         role=role,
         actions=roles.PERMISSIONS[role],
         user_id=user.id,

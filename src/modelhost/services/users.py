@@ -33,13 +33,29 @@ from modelhost import audit
 from modelhost.auth.authenticator import Authenticator
 from modelhost.auth.authority import authorize
 from modelhost.auth.principal import Principal
+from modelhost.auth.quotas import Quota, quota_for
 from modelhost.auth.roles import Role
 from modelhost.errors import Conflict, NotFound
 from modelhost.store.db import Database
-from modelhost.store.models import ApiKey, Invitation, Membership, RemovedMembership, SsoSession, User
+from modelhost.store.models import (
+    Account,
+    ApiKey,
+    Invitation,
+    Membership,
+    RemovedMembership,
+    SsoSession,
+    User,
+)
 from modelhost.store.types import new_id, utcnow
 
 INVITATION_DAYS = 14
+
+
+class Keep:
+    """`UserService.update`'s quota when it is not to change."""
+
+
+KEEP = Keep()
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +69,7 @@ class Member:
     disabled: bool
     signs_in: bool
     created_at: datetime
+    quota: Quota | None = None  # their own (`auth.quotas`); None: their role's default, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +100,7 @@ def _member(user: User, membership: Membership) -> Member:
         membership.disabled_at is not None,
         user.subject is not None,
         membership.created_at,
+        Quota.of(membership.quota),
     )
 
 
@@ -170,27 +188,84 @@ class UserService:
         role: Role | None,
         disabled: bool | None,
         caller: Principal | None,
+        quota: Quota | Keep | None = KEEP,
     ) -> Member:
-        """Change a member's role or disable them (their keys here are refused with 401 `user_disabled`),
-        effective on their next request on this gateway process, within `key_cache_seconds` on others.
-        A member is changed, and a role given, only by someone who can do as much (`auth.authority`:
-        an owner only by an owner)."""
+        """Change a member's role, their own quota (None: their role's default applies) or disable them
+        (their keys here are refused with 401 `user_disabled`), effective on their next request on this
+        gateway process, within `key_cache_seconds` on others. A member is changed, and a role given,
+        only by someone who can do as much (`auth.authority`: an owner only by an owner)."""
         with self._database.transaction() as session:
             user = session.get(User, user_id)
             membership = session.get(Membership, (user_id, account_id), with_for_update=True)
             if user is None or membership is None:
                 raise _not_found()
             authorize(caller, (Role(membership.role),), grants=role)
-            before = {"role": membership.role, "disabled": membership.disabled_at is not None}
+            before = {
+                "role": membership.role,
+                "disabled": membership.disabled_at is not None,
+                "quota": membership.quota,
+            }
             if role is not None:
                 membership.role = role.value
             if disabled is not None and disabled != (membership.disabled_at is not None):
                 membership.disabled_at = utcnow() if disabled else None
-            after = {"role": membership.role, "disabled": membership.disabled_at is not None}
+            if not isinstance(quota, Keep):
+                membership.quota = None if quota is None else quota.stored()
+            after = {
+                "role": membership.role,
+                "disabled": membership.disabled_at is not None,
+                "quota": membership.quota,
+            }
             audit.record(session, "user.updated", "user", user_id, account_id, audit.diff(before, after))
             member = _member(user, membership)
         self._authenticator.forget_all()
         return member
+
+    def quota_of(self, account_id: str, user_id: str) -> tuple[Quota | None, str | None]:
+        """The member's quota now and where it comes from (`auth.quotas.quota_for`)."""
+        with self._database.transaction() as session:
+            membership = session.get(Membership, (user_id, account_id))
+            account = session.get(Account, account_id)
+            if membership is None:
+                raise _not_found()
+            return quota_for(membership.quota, account.role_quotas if account else None, membership.role)
+
+    def role_quotas(self, account_id: str) -> dict[Role, Quota]:
+        """The account's default quota of each role that has one."""
+        with self._database.transaction() as session:
+            account = session.get(Account, account_id)
+            return _role_quotas(account.role_quotas if account is not None else None)
+
+    def set_role_quotas(
+        self, account_id: str, changes: dict[Role, Quota | None], caller: Principal | None
+    ) -> dict[Role, Quota]:
+        """Give each role in `changes` that default quota (None: none): only for roles that can do no
+        more than the caller (`auth.authority`, as a change of such a member). Every key follows at once
+        (their quota is read with them)."""
+        authorize(caller, changes)
+        with self._database.transaction() as session:
+            account = session.get(Account, account_id, with_for_update=True)
+            if account is None:
+                raise NotFound("Account not found", param="account_id", code="account_not_found")
+            before = dict(account.role_quotas or {})
+            after = dict(before)
+            for role, quota in changes.items():
+                if quota is None:
+                    after.pop(role.value, None)
+                else:
+                    after[role.value] = quota.stored()
+            account.role_quotas = after or None
+            audit.record(
+                session,
+                "account.role_quotas_updated",
+                "account",
+                account_id,
+                account_id,
+                audit.diff(before, after),
+            )
+            quotas = _role_quotas(account.role_quotas)
+        self._authenticator.forget_all()
+        return quotas
 
     def remove(self, account_id: str, user_id: str, caller: Principal | None) -> None:
         """The person is no longer a member: their keys here are refused (401 `not_a_member`) and never
@@ -344,6 +419,11 @@ class UserService:
         if row is None:
             raise _no_invitation()
         return row
+
+
+def _role_quotas(stored: dict[str, dict[str, int | None]] | None) -> dict[Role, Quota]:
+    quotas = {Role(role): Quota.of(quota) for role, quota in (stored or {}).items()}
+    return {role: quota for role, quota in quotas.items() if quota is not None}
 
 
 def _already_invited(email: str) -> Conflict:

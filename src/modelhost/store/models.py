@@ -50,6 +50,11 @@ class Account(Base):
     # Its share of a shared model against other accounts (`generation.fairness`) and of the memory budget
     # (`runtime.capacity`), set by the operator: an account of weight 2 is served twice what one of 1 is
     weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    # The default quota of each role's people (`auth.quotas`: {role: quota}), set by the account's admins;
+    # a person's own quota (`Membership.quota`) replaces it. None, or a role not named: no quota
+    role_quotas: Mapped[dict[str, dict[str, int | None]] | None] = mapped_column(
+        JSON(none_as_null=True), nullable=True
+    )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -108,6 +113,9 @@ class Membership(Base):
     # An admin signed the person out of this account everywhere then (`sign_out_everywhere`): a sign-in
     # session opened before it never acts in this account again (one opened after it does)
     signed_out_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # The person's own quota here (`auth.quotas`: tokens and requests per day and month), set by an admin;
+    # None: their role's default (`Account.role_quotas`)
+    quota: Mapped[dict[str, int | None] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
 
 
 class RemovedMembership(Base):
@@ -525,6 +533,21 @@ class RateLimitUse(Base):
     requests: Mapped[int] = mapped_column(BigInteger)
     tokens: Mapped[int] = mapped_column(BigInteger)
     in_flight: Mapped[int] = mapped_column(Integer)
+    updated_ms: Mapped[int] = mapped_column(BigInteger, index=True)
+
+
+class PersonUsage(Base):
+    """What a person used in an account in one UTC day (`period` 2026-11-29) or month (2026-11): their
+    requests and tokens over every key they own and their sign-in sessions, added to by every gateway
+    process once a second (`auth.quotas`), read to enforce their quota."""
+
+    __tablename__ = "person_usage"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    period: Mapped[str] = mapped_column(String(10), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    tokens: Mapped[int] = mapped_column(BigInteger)
     updated_ms: Mapped[int] = mapped_column(BigInteger, index=True)
 
 

@@ -136,7 +136,8 @@ async def create_run(
         services.agent_runner.name,
         tracing.parent(),  # the run's span links to this request's
     )
-    await services.agent_runner.submit(dataclasses.replace(job, subjects=principal.limited()))
+    counted = dataclasses.replace(job, subjects=principal.limited(), person=principal.person())
+    await services.agent_runner.submit(counted)
     return _json(run)
 
 

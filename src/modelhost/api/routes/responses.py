@@ -92,10 +92,14 @@ async def create_response(
         Target.of(deployment, principal),
     )
     if prepared.background and not body.stream:
-        subjects = principal.limited()
-        return _json(
-            await responses.submit(prepared, lambda tokens: services.limits.charge(subjects, tokens))
-        )
+        subjects, person = principal.limited(), principal.person()
+
+        def charge(tokens: int) -> None:  # its tokens, once it ends: the key's, account's and person's
+            services.limits.charge(subjects, tokens)
+            if person is not None:
+                services.quotas.ended(person, tokens)
+
+        return _json(await responses.submit(prepared, charge))
     generation = await responses.open(prepared)
     if body.stream:
         return _sse(responses.run(prepared, generation, record=prepared.store))

@@ -3,23 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Path
 
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
+from modelhost.auth.quotas import PeriodUse as UsedInPeriod
+from modelhost.auth.quotas import Person, Quota
 from modelhost.auth.roles import Role
 from modelhost.protocol.common import Deleted, ListOf
 from modelhost.protocol.management import (
     Invitation,
     InvitationCreate,
     Me,
+    PeriodUse,
+    PersonQuota,
+    QuotaUse,
+    RoleQuotas,
+    RoleQuotasPatch,
     SignedOutEverywhere,
     User,
     UserCreate,
     UserPatch,
 )
-from modelhost.services.users import Invited, Member
+from modelhost.services.users import KEEP, Invited, Member
 
 router = APIRouter(tags=["users"], responses=error_responses(400, 401, 403))
 
@@ -33,7 +41,16 @@ def present(member: Member) -> User:
         disabled=member.disabled,
         signs_in=member.signs_in,
         created_at=member.created_at,
+        quota=present_quota(member.quota),
     )
+
+
+def present_quota(quota: Quota | None) -> PersonQuota | None:
+    return None if quota is None else PersonQuota(**quota.stored())
+
+
+def quota_of(body: PersonQuota | None) -> Quota | None:
+    return None if body is None else Quota.of(body.model_dump())
 
 
 def present_invitation(invited: Invited) -> Invitation:
@@ -95,6 +112,22 @@ async def list_users(principal: AccountPrincipal, services: ServicesDep) -> List
     return ListOf[User](data=[present(m) for m in members])
 
 
+@router.get("/v1/role-quotas", summary="The default quota of each role's people in the account")
+async def get_role_quotas(principal: AccountPrincipal, services: ServicesDep) -> RoleQuotas:
+    quotas = await asyncio.to_thread(services.users.role_quotas, account_id_of(principal))
+    return RoleQuotas(**{role.value: present_quota(quota) for role, quota in quotas.items()})
+
+
+@router.patch(
+    "/v1/role-quotas",
+    summary="Set or remove roles' default quotas (a person's own quota replaces their role's)",
+)
+def set_role_quotas(body: RoleQuotasPatch, principal: AccountPrincipal, services: ServicesDep) -> RoleQuotas:
+    changes = {Role(name): quota_of(getattr(body, name)) for name in body.model_fields_set}
+    quotas = services.users.set_role_quotas(account_id_of(principal), changes, principal)
+    return RoleQuotas(**{role.value: present_quota(quota) for role, quota in quotas.items()})
+
+
 @router.get("/v1/users/{user_id}", summary="Get a person of the account", responses=error_responses(404))
 def get_user(principal: AccountPrincipal, services: ServicesDep, user_id: str = Path(max_length=64)) -> User:
     return present(services.users.get(account_id_of(principal), user_id))
@@ -102,14 +135,15 @@ def get_user(principal: AccountPrincipal, services: ServicesDep, user_id: str = 
 
 @router.patch(
     "/v1/users/{user_id}",
-    summary="Change a person's role or disable them (their keys follow at once)",
+    summary="Change a person's role or quota, or disable them (their keys follow at once)",
     responses=error_responses(404),
 )
 def update_user(
     body: UserPatch, principal: AccountPrincipal, services: ServicesDep, user_id: str = Path(max_length=64)
 ) -> User:
     role = Role(body.role) if body.role is not None else None
-    member = services.users.update(account_id_of(principal), user_id, role, body.disabled, principal)
+    quota = quota_of(body.quota) if "quota" in body.model_fields_set else KEEP
+    member = services.users.update(account_id_of(principal), user_id, role, body.disabled, principal, quota)
     return present(member)
 
 
@@ -140,17 +174,40 @@ def sign_out_everywhere(
     )
 
 
-@router.get("/v1/me", summary="Who this key acts as: its account, role, person and what it may do")
+@router.get(
+    "/v1/me", summary="Who this key acts as: its account, role, person, what it may do and its person's quota"
+)
 def whoami(principal: AccountPrincipal, services: ServicesDep) -> Me:
     account_id = account_id_of(principal)
     assert principal.key_id is not None
-    person = None
+    person, quota = None, None
     if principal.user_id is not None:
         person = present(services.users.get(account_id, principal.user_id))
+        limits, source = services.users.quota_of(account_id, principal.user_id)
+        use = services.quotas.use_now(Person(account_id, principal.user_id))
+        limit = limits or Quota()
+        quota = QuotaUse(
+            limits=present_quota(limits),
+            source=source,
+            day=_period(use.day, limit.requests_per_day, limit.tokens_per_day),
+            month=_period(use.month, limit.requests_per_month, limit.tokens_per_month),
+        )
     return Me(
         account_id=account_id,
         key_id=principal.key_id,
         role=principal.role.value,
         actions=sorted(principal.actions),
         user=person,
+        quota=quota,
+    )
+
+
+def _period(use: UsedInPeriod, requests: int | None, tokens: int | None) -> PeriodUse:
+    return PeriodUse(
+        period=use.period,
+        requests=use.requests,
+        tokens=use.tokens,
+        requests_remaining=None if requests is None else max(0, requests - use.requests),
+        tokens_remaining=None if tokens is None else max(0, tokens - use.tokens),
+        resets_at=datetime.fromtimestamp(use.ends_ms / 1000, UTC),
     )

@@ -1,12 +1,20 @@
 // People (admins): the account's members and their roles; add a person without sign-in by email, or,
 // where the server offers single sign-on, invite an email (a member once they sign in and accept);
 // change a role, disable or enable, sign out everywhere, remove. Their keys and sessions follow at once
-// (docs/access.md). And the account's allow-list of MCP servers that hosted MCP tools may reach
+// (docs/access.md). Quotas per person: a person's own, or their role's default (docs/limits.md, "Quotas
+// per person"). And the account's allow-list of MCP servers that hosted MCP tools may reach
 // (docs/responses.md, "MCP tools").
 import { api, sso } from "../api.js";
 import { confirmButton, field, h, message, replace, when } from "../dom.js";
 
 const ROLES = ["owner", "admin", "developer", "viewer", "billing"];
+const QUOTA_FIELDS = ["requests_per_day", "requests_per_month", "tokens_per_day", "tokens_per_month"];
+
+// A quota as text: the limits it sets ("" for none)
+function quotaText(quota) {
+  if (!quota) return "";
+  return QUOTA_FIELDS.filter((f) => quota[f] != null).map((f) => `${quota[f]} ${f.replaceAll("_", " ")}`).join(", ");
+}
 
 export async function render(main) {
   const email = h("input", { type: "email", id: "user-email", placeholder: "someone@example.com", required: true });
@@ -16,6 +24,7 @@ export async function render(main) {
   const form = h("form", { class: "row", id: "user-form" }, field("Email", email), field("Role", role), h("button", { type: "submit" }, inviting ? "Invite" : "Add"));
   const rows = h("tbody");
   const invited = h("tbody");
+  const quotas = quotaEditor(() => refresh());
   replace(main, h("h2", {}, "People"),
     h("section", { class: "card" }, h("h3", {}, inviting ? "Invite a person" : "Add a person"),
       h("p", { class: "muted" }, inviting
@@ -24,7 +33,8 @@ export async function render(main) {
     inviting ? h("section", { class: "card" }, h("h3", {}, "Invitations"),
       h("table", { id: "invitation-table" }, h("thead", {}, h("tr", {}, ["Email", "Role", "Expires", ""].map((t) => h("th", {}, t)))), invited)) : null,
     h("section", { class: "card" }, h("h3", {}, "Members"),
-      h("table", { id: "user-list" }, h("thead", {}, h("tr", {}, ["Email", "Name", "Role", "State", "Signs in", "Member since", ""].map((t) => h("th", {}, t)))), rows)),
+      h("table", { id: "user-list" }, h("thead", {}, h("tr", {}, ["Email", "Name", "Role", "State", "Signs in", "Member since", "Quota", ""].map((t) => h("th", {}, t)))), rows)),
+    quotas.card,
     mcpServers());
 
   form.addEventListener("submit", async (event) => {
@@ -61,6 +71,7 @@ export async function render(main) {
       h("td", { class: "state" }, u.disabled ? "disabled" : "active"),
       h("td", {}, u.signs_in ? "yes" : "no"),
       h("td", {}, when(u.created_at)),
+      h("td", { class: "quota" }, quotaText(u.quota) || "role's"),
       h("td", {},
         h("button", { type: "button", class: "secondary user-toggle", onclick: () => change(u, { disabled: !u.disabled }) }, u.disabled ? "Enable" : "Disable"),
         confirmButton("Sign out everywhere", async () => {
@@ -68,8 +79,55 @@ export async function render(main) {
           if (done) message(status, `${done.sessions_ended} sessions ended, ${done.keys_revoked} keys revoked.`, "ok");
         }, "secondary user-sign-out"),
         confirmButton("Remove", () => act("DELETE", `/v1/users/${u.id}`))))));
+    await quotas.show(users);
   }
   await refresh();
+}
+
+// Quotas: each role's default and a person's own (which replaces their role's), set one at a time; a
+// quota saved with no limit is removed.
+function quotaEditor(changed) {
+  const target = h("select", { id: "quota-target" });
+  const inputs = Object.fromEntries(QUOTA_FIELDS.map((f) => [f, h("input", { type: "number", min: 1, id: `quota-${f}`, placeholder: "unlimited" })]));
+  const status = h("p", { id: "quota-status" });
+  const roleRows = h("tbody");
+  const form = h("form", { class: "row", id: "quota-form" }, field("For", target),
+    ...QUOTA_FIELDS.map((f) => field(f.replaceAll("_", " "), inputs[f])), h("button", { type: "submit" }, "Save"));
+  let members = [];
+  let roles = {};
+  const current = () => {
+    const [kind, id] = target.value.split(":");
+    return kind === "role" ? roles[id] : (members.find((u) => u.id === id) || {}).quota;
+  };
+  const fill = () => { const quota = current() || {}; for (const f of QUOTA_FIELDS) inputs[f].value = quota[f] ?? ""; };
+  target.addEventListener("change", fill);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const limits = Object.fromEntries(QUOTA_FIELDS.map((f) => [f, inputs[f].value ? Number(inputs[f].value) : null]));
+    const quota = Object.values(limits).some((v) => v !== null) ? limits : null;
+    const [kind, id] = target.value.split(":");
+    try {
+      if (kind === "role") await api("PATCH", "/v1/role-quotas", { body: { [id]: quota } });
+      else await api("PATCH", `/v1/users/${id}`, { body: { quota } });
+      message(status, quota ? "Saved." : "Removed.", "ok");
+      await changed();
+    } catch (error) { message(status, error.message); }
+  });
+  async function show(users) {
+    members = users;
+    roles = await api("GET", "/v1/role-quotas");
+    const chosen = target.value;
+    replace(target, ...ROLES.map((r) => h("option", { value: `role:${r}` }, `every ${r} (default)`)),
+      ...users.map((u) => h("option", { value: `user:${u.id}` }, u.email)));
+    if (chosen) target.value = chosen;
+    fill();
+    replace(roleRows, ROLES.map((r) => h("tr", { dataset: { role: r } }, h("td", {}, r), h("td", { class: "quota" }, quotaText(roles[r]) || "none"))));
+  }
+  const card = h("section", { class: "card" }, h("h3", {}, "Quotas"),
+    h("p", { class: "muted" }, "Requests and tokens per UTC day and month of a person, over every key they own and their sessions. A person's own quota replaces their role's default; past it, their requests are refused (429) until the day or month ends."),
+    h("table", { id: "role-quota-list" }, h("thead", {}, h("tr", {}, ["Role", "Default quota"].map((t) => h("th", {}, t)))), roleRows),
+    form, status);
+  return { card, show };
 }
 
 // The MCP server URLs the account's hosted MCP tools may reach, one per line; saved whole (PUT).
