@@ -16,8 +16,9 @@ checkout's `src` too (the commit before a change), measured in turn: first come,
 
 **Weights** (`--weighted-seconds`, 0: skip): two keys of weights 1:1, then 2:1, each with
 `BACKLOGGED` clients streaming `BACKLOGGED_TOKENS`-token answers one after another (together more than
-the engine's slots, so both are always waiting), for that long; reported: the keys' output tokens and
-their ratio against the weights' (issue 72: within ± 10 %).
+the engine's slots, so both are always waiting; on vLLM a KV cache that holds about 40 of them:
+`WEIGHTED_ENV`), for that long, on a server of its own; reported: the keys' output tokens and their ratio
+against the weights' (issue 72: within ± 10 %).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ from bench.tenancy import new_key
 MARKER = "## Fair shares: a light key beside a heavy one on a generating replica"
 HEAVY, HEAVY_TOKENS, LIGHT_TOKENS = 32, 256, 32
 BACKLOGGED, BACKLOGGED_TOKENS = 48, 32  # per key: 96 streams together, over the engine's 64 slots
+# vLLM runs every one of 96 short streams at once (its KV cache pages hold only the tokens used): with
+# room for everyone the keys are served what they ask, whatever their weights. A KV cache of 72 MiB
+# (2,300 tokens of the 33 M Llama, just over one whole 2048-token context, which vLLM needs to start)
+# holds about 40 of them, so both keys wait and vLLM's priority scheduler chooses, as weights need.
+WEIGHTED_ENV = {"vllm": {"MODELHOST_KV_CACHE_MB": "72"}}
 
 
 @dataclass
@@ -242,8 +248,13 @@ def main() -> None:
             try:
                 deploy(served, model, "text-generation", "chat", engine=engine)
                 results[engine, name] = measure(served, args.seconds)
-                if source is None and args.weighted_seconds > 0:
-                    shares[engine] = weighted(served, args.weighted_seconds)
+            finally:
+                served.stop()
+        if args.weighted_seconds > 0:
+            served = serve(args.port, None, **WEIGHTED_ENV.get(engine, {}))
+            try:
+                deploy(served, model, "text-generation", "chat", engine=engine)
+                shares[engine] = weighted(served, args.weighted_seconds)
             finally:
                 served.stop()
     figures = Figures("fair_generation")
