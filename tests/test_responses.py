@@ -248,10 +248,11 @@ def test_a_background_responses_stream_resumes_after_a_sequence_number_with_no_e
     with sdk.responses.create(
         model="chat",
         input="tell a long story",
-        max_output_tokens=60,
+        max_output_tokens=200,
         temperature=0,
         background=True,
         stream=True,
+        extra_body={"min_tokens": 200},  # long enough to be generating still when it is resumed
     ) as stream:
         for event in stream:
             first.append(event)

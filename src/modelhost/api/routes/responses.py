@@ -149,7 +149,8 @@ async def get_response(
     responses = services.responses
     if stream:
         await responses.streamed(account_id, scope, response_id)  # 404, or 400 if not background
-        return _sse(responses.follow(account_id, scope, response_id, starting_after), numbered=True)
+        events = responses.follow(account_id, scope, response_id, starting_after)
+        return _sse(events, numbered=True, first=0 if starting_after is None else starting_after + 1)
     return _json(await asyncio.to_thread(responses.store.get, account_id, scope, response_id))
 
 
@@ -196,12 +197,14 @@ async def list_input_items(
     return _json(list_body(items, more))
 
 
-def _sse(events: AsyncIterator[dict[str, Any]], *, numbered: bool = False) -> StreamingResponse:
-    """OpenAI's Responses stream: each event named and numbered (here, unless `numbered` already: a
-    background response's, numbered by its task); no `[DONE]` line."""
+def _sse(
+    events: AsyncIterator[dict[str, Any]], *, numbered: bool = False, first: int = 0
+) -> StreamingResponse:
+    """OpenAI's Responses stream: each event named and numbered from `first` (here, unless `numbered`
+    already: a background response's, numbered by its task); no `[DONE]` line."""
 
     async def body() -> AsyncIterator[bytes]:
-        sequence = 0
+        sequence = first
         try:
             async for event in events:
                 if numbered:

@@ -119,13 +119,17 @@ class EventLog:
     def __init__(self) -> None:
         self.pending: list[Event] = []  # numbered, not yet written
         self.next = 0  # the number of the next event
-        self.ended = False  # all written (or the response was deleted): streams read the database
+        self.ended = False  # the response was deleted: nothing more is written or held
         self._new = asyncio.Event()  # set (and replaced) at each event
         self._closing = asyncio.Event()
 
     def add(self, event: Event) -> None:
         self.pending.append({**event, "sequence_number": self.next})
         self.next += 1
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake this process's streams of it (a new event; or it has ended)."""
         self._new.set()
         self._new = asyncio.Event()
 
@@ -425,6 +429,7 @@ class Responses:
         def done(_: object) -> None:
             self._tasks.pop(prepared.id, None)
             self._logs.pop(prepared.id, None)  # its streams read the database from now on
+            events.wake()
 
         task.add_done_callback(done)
         return queued
@@ -444,16 +449,19 @@ class Responses:
                 generation = await self.open(prepared)
                 final: Event = {}
                 async for event in self.run(prepared, generation, record=False):  # `finish` records it
-                    events.add(event)
-                    final = event
-            finally:  # every event is written before the status moves (its streams end on either)
+                    if event["type"] in ENDING:
+                        final = {**event, "sequence_number": events.next}
+                    else:
+                        events.add(event)
+            finally:  # every event is written before the status moves
                 events.close()
                 await asyncio.shield(writing)
             response = final["response"]
             values = {k: response[k] for k in ("status", "output", "usage", "error")}
             incomplete = response.get("incomplete_details")
             values["incomplete_reason"] = incomplete["reason"] if incomplete else None
-            await asyncio.to_thread(self.store.finish, prepared.id, **values)
+            # the final event is written with the outcome: a stream ends on either, and finds both
+            await asyncio.to_thread(self.store.finish, prepared.id, final, **values)
         except ModelhostError as exc:
             error = {"code": exc.code, "message": exc.message}
             await asyncio.to_thread(self.store.finish, prepared.id, status="failed", error=error)
@@ -493,6 +501,7 @@ class Responses:
         (failed before generating, interrupted, or from before events were kept) ends the stream with
         one made from its stored state; a cancelled one ends after its last event."""
         position = -1 if after is None else after
+        view: Event | None = None  # its stored state, once it has ended
         while True:
             events = self._logs.get(response_id)
             held = events.held_after(position) if events is not None else None
@@ -505,27 +514,20 @@ class Responses:
                     return
             if held:
                 continue
+            if view is not None:  # ended, and every event it wrote was sent: its final one if none was
+                final = FINAL_EVENTS.get(view["status"])
+                last = await asyncio.to_thread(self.store.last_event, response_id)
+                if final is not None and last + 1 > position:
+                    yield {"type": final, "response": view, "sequence_number": last + 1}
+                return
             if events is not None:  # generated here: woken by its next event
                 await events.new(POLL_SECONDS)
                 continue
-            view = await asyncio.to_thread(self.store.get, account_id, scope, response_id)
-            if view["status"] in ACTIVE:
+            current = await asyncio.to_thread(self.store.get, account_id, scope, response_id)
+            if current["status"] in ACTIVE:
                 await asyncio.sleep(POLL_SECONDS)
-                continue
-            # ended: what was written meanwhile, then its final event if it wrote none
-            rest = await asyncio.to_thread(self.store.events_after, response_id, position, PAGE)
-            if rest:
-                for event in rest:
-                    yield event
-                    position = event["sequence_number"]
-                    if event["type"] in ENDING:
-                        return
-                continue
-            final = FINAL_EVENTS.get(view["status"])
-            last = await asyncio.to_thread(self.store.last_event, response_id)
-            if final is not None and last + 1 > position:
-                yield {"type": final, "response": view, "sequence_number": last + 1}
-            return
+            else:
+                view = current  # read once more: what was written before it ended
 
     async def cancel(self, account_id: str, scope: Scope, response_id: str) -> Event:
         response = await asyncio.to_thread(self.store.cancel, account_id, scope, response_id)

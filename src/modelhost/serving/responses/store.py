@@ -112,9 +112,10 @@ class ResponseStore:
         """A running background response's heartbeat; False when it is no longer active."""
         return self._move(response_id, ACTIVE, updated_at=utcnow())
 
-    def finish(self, response_id: str, **values: Any) -> bool:
-        """Record the outcome of an active response (status, output, usage, error...)."""
-        return self._move(response_id, ACTIVE, completed_at=utcnow(), **values)
+    def finish(self, response_id: str, final_event: dict[str, Any] | None = None, **values: Any) -> bool:
+        """Record the outcome of an active response (status, output, usage, error...), and with it its
+        stream's final event: a stream that has read it finds the response finished."""
+        return self._move(response_id, ACTIVE, final_event, completed_at=utcnow(), **values)
 
     def cancel(self, account_id: str, scope: Scope, response_id: str) -> dict[str, Any]:
         with self._database.transaction() as session:
@@ -204,14 +205,23 @@ class ResponseStore:
             row.status, row.error, row.completed_at = "failed", INTERRUPTED, utcnow()
         return row
 
-    def _move(self, response_id: str, sources: tuple[str, ...], **values: Any) -> bool:
+    def _move(
+        self, response_id: str, sources: tuple[str, ...], event: dict[str, Any] | None = None, **values: Any
+    ) -> bool:
         with self._database.transaction() as session:
             moved = session.execute(
                 update(StoredResponse)
                 .where(StoredResponse.id == response_id, StoredResponse.status.in_(sources))
                 .values(**values)
             )
-            return bool(getattr(moved, "rowcount", 0))
+            done = bool(getattr(moved, "rowcount", 0))
+            if done and event is not None:
+                session.add(
+                    ResponseEvent(
+                        response_id=response_id, sequence_number=event["sequence_number"], event=event
+                    )
+                )
+            return done
 
 
 def response_view(row: StoredResponse) -> dict[str, Any]:
