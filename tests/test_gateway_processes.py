@@ -382,6 +382,7 @@ async def chat_two(
         "MODELHOST_KEY_CACHE_SECONDS": "600",
         "MODELHOST_GRAMMAR_COMPILE_TIMEOUT_SECONDS": "300",
         "MODELHOST_KV_CACHE_MB": "2",
+        "MODELHOST_RESPONSE_STALE_SECONDS": "4",  # a background response of a killed gateway: failed soon
     }
     async with server_with(root, 2, **env) as server:  # (a compile process is held stopped below)
         deployment_id = await server.deploy(
@@ -510,6 +511,58 @@ async def test_a_conversation_made_through_one_gateway_process_is_continued_thro
 
 
 TURN = {"role": "user", "content": "hello"}
+
+
+async def _events(
+    server: Server, method: str, path: str, body: dict[str, Any] | None = None, count: int | None = None
+) -> list[dict[str, Any]]:
+    """A Responses stream's events: `count` of them (then the client leaves), or all until it closes."""
+    events: list[dict[str, Any]] = []
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=60) as client,
+        client.stream(method, path, json=body, headers=bearer(server.key)) as answer,
+    ):
+        assert answer.status_code == 200, await answer.aread()
+        async for line in answer.aiter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if len(events) == count:
+                    break
+    return events
+
+
+async def test_a_background_stream_resumes_through_the_other_gateway_process_and_after_its_own_is_killed(
+    chat_two: tuple[Server, str],
+) -> None:
+    """Issue 73: the events of a background response generated in the first process are replayed and
+    followed live through the second; once the first is killed (its generation with it), the stream
+    through the second ends with the response failed `interrupted`, its numbers never skipping one."""
+    server, deployment_id = chat_two
+    first, second = server.gateways()
+    [replica] = server.replicas(deployment_id)
+    body = {"model": "chat", "input": "hi", "background": True, "stream": True, "temperature": 0}
+    body |= {"max_output_tokens": TOKENS, "min_tokens": TOKENS}
+    made = await (await server.via(first, lambda: _events(server, "POST", "/v1/responses", body, count=8)))
+    response_id = made[0]["response"]["id"]
+    path = f"/v1/responses/{response_id}?stream=true&starting_after="
+    with stopped(replica):  # held where it is: what the first process saw is written, no more comes
+        replayed = await (await server.via(second, lambda: _events(server, "GET", path + "3", count=4)))
+    assert replayed == made[4:8]
+    live = await (await server.via(second, lambda: _events(server, "GET", path + "7", count=20)))
+    assert [e["sequence_number"] for e in live] == list(range(8, 28))
+    assert all(e["type"] == "response.output_text.delta" for e in live[-10:])  # generated meanwhile
+    with stopped(replica):
+        os.kill(first, signal.SIGKILL)
+        await until(lambda: not Path(f"/proc/{first}").exists())
+        started = time.monotonic()
+        rest = await (await server.via(second, lambda: _events(server, "GET", path + "27")))
+        assert time.monotonic() - started < 15  # the stale window (4 s) and a poll or two
+    assert [e["sequence_number"] for e in rest] == list(range(28, 28 + len(rest)))
+    assert rest[-1]["type"] == "response.failed"
+    assert rest[-1]["response"]["status"] == "failed"
+    assert rest[-1]["response"]["error"]["code"] == "interrupted"
+    new = (await until(lambda: [p for p in server.gateways() if p not in (first, second)]))[0]
+    await server.serving(new)  # for the tests after this one
 
 
 async def test_a_prompt_cache_key_reaches_the_replica_that_holds_its_prefix_from_either_gateway_process(

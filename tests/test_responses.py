@@ -234,6 +234,95 @@ def test_background_responses_complete_or_are_cancelled(server: ChatServer) -> N
         sdk.responses.cancel(not_background.id)
 
 
+def dumped(events: Any) -> list[dict[str, Any]]:
+    return [event.model_dump() for event in events]
+
+
+def test_a_background_responses_stream_resumes_after_a_sequence_number_with_no_event_lost_or_repeated(
+    server: ChatServer,
+) -> None:
+    """Issue 73: the client of a background stream leaves after a few events; the generation goes on,
+    and `retrieve(stream=True, starting_after=N)` gives every event after N, live ones included."""
+    sdk = client(server)
+    first: list[Any] = []
+    with sdk.responses.create(
+        model="chat",
+        input="tell a long story",
+        max_output_tokens=200,
+        temperature=0,
+        background=True,
+        stream=True,
+        extra_body={"min_tokens": 200},  # long enough to be generating still when it is resumed
+    ) as stream:
+        for event in stream:
+            first.append(event)
+            if len(first) == 5:
+                break  # the client leaves
+    response_id = first[0].response.id
+    assert first[0].type == "response.created" and first[0].response.background
+    with sdk.responses.retrieve(response_id, stream=True, starting_after=4) as resumed:
+        rest = list(resumed)
+    with sdk.responses.retrieve(response_id, stream=True) as replayed:  # all of it, from 0
+        whole = list(replayed)
+    assert [e.sequence_number for e in whole] == list(range(len(whole)))
+    assert dumped(whole) == dumped(first) + dumped(rest)
+    final = whole[-1].response
+    assert whole[-1].type == f"response.{final.status}" and final.status in ("completed", "incomplete")
+    deltas = "".join(e.delta for e in whole if e.type == "response.output_text.delta")
+    stored = sdk.responses.retrieve(response_id)
+    assert deltas == stored.output_text == final.output_text != "" and stored.status == final.status
+    with sdk.responses.retrieve(response_id, stream=True, starting_after=len(whole) - 3) as tail:
+        assert dumped(tail) == dumped(whole[-2:])  # a finished one replays and closes
+    with sdk.responses.retrieve(response_id, stream=True, starting_after=len(whole) + 5) as after_end:
+        assert list(after_end) == []
+
+
+def test_a_background_response_made_without_stream_streams_from_its_first_event(server: ChatServer) -> None:
+    sdk = client(server)
+    queued = sdk.responses.create(model="chat", input="hi", max_output_tokens=8, background=True)
+    with sdk.responses.retrieve(queued.id, stream=True) as stream:  # follows it live
+        events = list(stream)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type in (
+        "response.completed",
+        "response.incomplete",
+    )
+    assert events[-1].response.output_text == sdk.responses.retrieve(queued.id).output_text
+
+
+def test_only_a_background_response_streams_again_and_only_to_its_own_account(server: ChatServer) -> None:
+    sdk = client(server)
+    foreground = sdk.responses.create(model="chat", input="hi", max_output_tokens=1)
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.responses.retrieve(foreground.id, stream=True)
+    assert refused.value.body["param"] == "stream"  # type: ignore[index]
+    assert sdk.responses.retrieve(foreground.id).id == foreground.id  # without stream: as before
+    background = sdk.responses.create(model="chat", input="hi", max_output_tokens=2, background=True)
+    other = server.http.post("/v1/admin/accounts", json={"name": "resumer"}, headers=bearer(ADMIN_KEY))
+    stranger = client(server, other.json()["api_key"])
+    for response_id in (background.id, foreground.id, "resp_missing"):
+        with pytest.raises(openai.NotFoundError):
+            stranger.responses.retrieve(response_id, stream=True, starting_after=0)
+
+
+def test_a_cancelled_background_streams_last_event_is_its_last_and_a_failed_one_ends_failed(
+    server: ChatServer,
+) -> None:
+    sdk = client(server)
+    long = sdk.responses.create(model="chat", input="go on", max_output_tokens=1500, background=True)
+    sdk.responses.cancel(long.id)
+    with sdk.responses.retrieve(long.id, stream=True) as stream:
+        events = list(stream)  # closes: no final event (OpenAI's stream has none for cancelled)
+    assert all(e.type not in ("response.completed", "response.incomplete") for e in events)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    big = "word " * 5000  # does not fit the 2048-token model: fails before generating
+    failed = sdk.responses.create(model="chat", input=big, max_output_tokens=4, background=True)
+    with sdk.responses.retrieve(failed.id, stream=True) as stream:
+        [only] = list(stream)
+    assert only.type == "response.failed" and only.sequence_number == 0
+    assert only.response.status == "failed" and only.response.error is not None
+
+
 def test_stored_responses_are_seen_by_their_account_and_deployment_keys_only(server: ChatServer) -> None:
     http, key = server.http, server.key
     response = client(server).responses.create(model="chat", input="hi", max_output_tokens=1)

@@ -130,3 +130,24 @@ def test_a_response_keeps_the_time_its_request_came_not_the_time_it_was_stored(s
     came = utcnow() - timedelta(minutes=5)  # a long generation: stored when it finished
     view = store.get("acct_a", None, create(store, created_at=came))
     assert view["created_at"] == int(came.timestamp()) < view["completed_at"]
+
+
+def test_a_background_responses_events_read_back_in_pages_after_a_number_and_go_with_it(
+    store: ResponseStore,
+) -> None:
+    response = create(store, status="queued", background=True, output=[])
+    events = [{"type": "response.output_text.delta", "delta": str(n), "sequence_number": n} for n in range(7)]
+    assert store.last_event(response) == -1 and store.events_after(response, -1, 10) == []
+    assert store.add_events(response, events[:3]) and store.add_events(response, events[3:])
+    assert store.events_after(response, -1, 4) == events[:4]  # a page
+    assert store.events_after(response, 3, 100) == events[4:]
+    assert store.events_after(response, 6, 100) == [] and store.last_event(response) == 6
+    with pytest.raises(InvalidRequest) as refused:
+        store.streamed("acct_a", None, create(store))  # not a background one
+    assert refused.value.param == "stream"
+    with pytest.raises(NotFound):
+        store.streamed("acct_b", None, response)
+    assert store.streamed("acct_a", None, response)["id"] == response
+    store.delete("acct_a", None, response)
+    assert store.events_after(response, -1, 10) == [] and store.last_event(response) == -1
+    assert not store.add_events(response, events[:1])  # its runner learns it was deleted

@@ -580,6 +580,18 @@ class StoredResponse(Base):
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
+class ResponseEvent(Base):
+    """One stream event of a background response (`sequence_number` from 0, as streamed), written in
+    small batches by the task generating it, so that `GET /v1/responses/{id}?stream=true` replays and
+    follows it from any gateway process or server. Deleted with its response."""
+
+    __tablename__ = "response_events"
+
+    response_id: Mapped[str] = mapped_column(ForeignKey("responses.id", ondelete="CASCADE"), primary_key=True)
+    sequence_number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    event: Mapped[dict[str, object]] = mapped_column(JSON)
+
+
 class Conversation(Base):
     """A conversation of OpenAI's Conversations API: items that responses created with `conversation`
     read as their context and append their turns to. `next_position` and `item_count` move together in

@@ -1,6 +1,7 @@
 """The Responses API (OpenAI-compatible; docs/responses.md): `POST /v1/responses` on text-generation
 and image-text-to-text deployments (`input_image` parts), and the stored responses (`GET`, `DELETE`,
-`POST .../cancel`, `GET .../input_items`).
+`POST .../cancel`, `GET .../input_items`); a background response's events stream again from any
+gateway process (`GET ...?stream=true&starting_after=N`).
 
 Parse → prepare (chain from `previous_response_id`, checks) → open the generation (a prompt that does
 not fit is a 400 before any answer) → the whole response, or its events as Server-Sent Events
@@ -91,7 +92,7 @@ async def create_response(
         _scope(principal),
         Target.of(deployment, principal),
     )
-    if prepared.background and not body.stream:
+    if prepared.background:
         subjects, person = principal.limited(), principal.person()
 
         def charge(tokens: int) -> None:  # its tokens, once it ends: the key's, account's and person's
@@ -99,7 +100,13 @@ async def create_response(
             if person is not None:
                 services.quotas.ended(person, tokens)
 
-        return _json(await responses.submit(prepared, charge))
+        queued = await responses.submit(prepared, charge)
+        if not body.stream:
+            return _json(queued)
+        # its stream follows the task (which goes on if this client leaves: it resumes with GET)
+        return _sse(
+            responses.follow(prepared.account_id, _scope(principal), prepared.id, None), numbered=True
+        )
     generation = await responses.open(prepared)
     if body.stream:
         return _sse(responses.run(prepared, generation, record=prepared.store))
@@ -114,12 +121,37 @@ async def create_response(
     return _json(final["response"])
 
 
-@router.get("/v1/responses/{response_id}", summary="A stored response", response_model=ResponseObject)
+@router.get(
+    "/v1/responses/{response_id}",
+    summary="A stored response; with `stream=true`, a background response's events (after "
+    "`starting_after`), then the new ones until it ends",
+    response_model=ResponseObject,
+    responses={200: {"content": {"application/json": {"example": EXAMPLE}, **SSE}}},
+)
 async def get_response(
-    response_id: ResponseId, request: Request, services: ServicesDep, principal: CallerPrincipal
+    response_id: ResponseId,
+    request: Request,
+    services: ServicesDep,
+    principal: CallerPrincipal,
+    stream: Annotated[
+        bool, Query(description="Stream a background response's events as Server-Sent Events.")
+    ] = False,
+    starting_after: Annotated[
+        int | None,
+        Query(ge=-1, description="With `stream`: the sequence number after which to start (default: all)."),
+    ] = None,
+    include: Annotated[list[str] | None, Query(description="Accepted; items are always whole.")] = None,
+    include_obfuscation: Annotated[
+        bool | None, Query(description="Accepted; no obfuscation is added.")
+    ] = None,
 ) -> Response:
-    store = services.responses.store
-    return _json(await asyncio.to_thread(store.get, account_id_of(principal), _scope(principal), response_id))
+    account_id, scope = account_id_of(principal), _scope(principal)
+    responses = services.responses
+    if stream:
+        await responses.streamed(account_id, scope, response_id)  # 404, or 400 if not background
+        events = responses.follow(account_id, scope, response_id, starting_after)
+        return _sse(events, numbered=True, first=0 if starting_after is None else starting_after + 1)
+    return _json(await asyncio.to_thread(responses.store.get, account_id, scope, response_id))
 
 
 @router.delete(
@@ -165,14 +197,21 @@ async def list_input_items(
     return _json(list_body(items, more))
 
 
-def _sse(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
-    """OpenAI's Responses stream: each event named and numbered; no `[DONE]` line."""
+def _sse(
+    events: AsyncIterator[dict[str, Any]], *, numbered: bool = False, first: int = 0
+) -> StreamingResponse:
+    """OpenAI's Responses stream: each event named and numbered from `first` (here, unless `numbered`
+    already: a background response's, numbered by its task); no `[DONE]` line."""
 
     async def body() -> AsyncIterator[bytes]:
-        sequence = 0
+        sequence = first
         try:
             async for event in events:
-                yield _frame({**event, "sequence_number": sequence})
+                if numbered:
+                    sequence = event["sequence_number"]
+                    yield _frame(event)
+                else:
+                    yield _frame({**event, "sequence_number": sequence})
                 sequence += 1
         except ModelhostError as exc:  # after the 200 has gone out: report in the stream
             error = {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param}

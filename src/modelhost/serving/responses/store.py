@@ -4,9 +4,11 @@
     background:  queued ──> in_progress ──> completed | incomplete | failed
                     └───────────┴──cancel──> cancelled       silent past the stale window: failed
 
-A background response's runner beats (`beat`) while it generates; every move of its status is one
-guarded UPDATE, so a cancel from any gateway process wins over a finish that comes after it, and a
-response whose gateway died is reported `failed` (`interrupted`) the next time anyone reads it.
+A background response's runner beats (`beat`) while it generates, and writes its stream events
+(`response_events`, numbered as streamed) in small batches for any process to replay and follow;
+every move of its status is one guarded UPDATE, so a cancel from any gateway process wins over a
+finish that comes after it, and a response whose gateway died is reported `failed` (`interrupted`)
+the next time anyone reads it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from modelhost.errors import InvalidRequest, NotFound
 from modelhost.store.db import Database
-from modelhost.store.models import StoredResponse
+from modelhost.store.models import ResponseEvent, StoredResponse
 from modelhost.store.types import new_id, unix_seconds, utcnow
 
 ACTIVE = ("queued", "in_progress")
@@ -109,9 +112,10 @@ class ResponseStore:
         """A running background response's heartbeat; False when it is no longer active."""
         return self._move(response_id, ACTIVE, updated_at=utcnow())
 
-    def finish(self, response_id: str, **values: Any) -> bool:
-        """Record the outcome of an active response (status, output, usage, error...)."""
-        return self._move(response_id, ACTIVE, completed_at=utcnow(), **values)
+    def finish(self, response_id: str, final_event: dict[str, Any] | None = None, **values: Any) -> bool:
+        """Record the outcome of an active response (status, output, usage, error...), and with it its
+        stream's final event: a stream that has read it finds the response finished."""
+        return self._move(response_id, ACTIVE, final_event, completed_at=utcnow(), **values)
 
     def cancel(self, account_id: str, scope: Scope, response_id: str) -> dict[str, Any]:
         with self._database.transaction() as session:
@@ -127,6 +131,51 @@ class ResponseStore:
         with self._database.transaction() as session:
             self._row(session, account_id, scope, response_id)
             session.execute(delete(StoredResponse).where(StoredResponse.id == response_id))
+
+    def streamed(self, account_id: str, scope: Scope, response_id: str) -> dict[str, Any]:
+        """A response whose events may be streamed (`GET ...?stream=true`): a background one."""
+        with self._database.transaction() as session:
+            row = self._row(session, account_id, scope, response_id)
+            if not row.background:
+                raise InvalidRequest(
+                    "Only responses created with background: true can be streamed; "
+                    "retrieve this one without stream.",
+                    param="stream",
+                )
+            return response_view(row)
+
+    def add_events(self, response_id: str, events: list[dict[str, Any]]) -> bool:
+        """Write a batch of a background response's numbered events; False when it was deleted."""
+        rows = [
+            {"response_id": response_id, "sequence_number": e["sequence_number"], "event": e} for e in events
+        ]
+        try:
+            with self._database.transaction() as session:
+                session.execute(insert(ResponseEvent), rows)
+        except IntegrityError:  # deleted meanwhile (its events went with it)
+            return False
+        return True
+
+    def events_after(self, response_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+        """Up to `limit` of its written events numbered after `after`, in order."""
+        with self._database.transaction() as session:
+            events = session.scalars(
+                select(ResponseEvent.event)
+                .where(ResponseEvent.response_id == response_id, ResponseEvent.sequence_number > after)
+                .order_by(ResponseEvent.sequence_number)
+                .limit(limit)
+            )
+            return list(events)
+
+    def last_event(self, response_id: str) -> int:
+        """The number of its last written event; -1 when none was."""
+        with self._database.transaction() as session:
+            last = session.scalar(
+                select(func.max(ResponseEvent.sequence_number)).where(
+                    ResponseEvent.response_id == response_id
+                )
+            )
+            return -1 if last is None else int(last)
 
     def input_items(
         self, account_id: str, scope: Scope, response_id: str, after: str | None, limit: int, order: str
@@ -156,14 +205,23 @@ class ResponseStore:
             row.status, row.error, row.completed_at = "failed", INTERRUPTED, utcnow()
         return row
 
-    def _move(self, response_id: str, sources: tuple[str, ...], **values: Any) -> bool:
+    def _move(
+        self, response_id: str, sources: tuple[str, ...], event: dict[str, Any] | None = None, **values: Any
+    ) -> bool:
         with self._database.transaction() as session:
             moved = session.execute(
                 update(StoredResponse)
                 .where(StoredResponse.id == response_id, StoredResponse.status.in_(sources))
                 .values(**values)
             )
-            return bool(getattr(moved, "rowcount", 0))
+            done = bool(getattr(moved, "rowcount", 0))
+            if done and event is not None:
+                session.add(
+                    ResponseEvent(
+                        response_id=response_id, sequence_number=event["sequence_number"], event=event
+                    )
+                )
+            return done
 
 
 def response_view(row: StoredResponse) -> dict[str, Any]:
