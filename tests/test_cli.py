@@ -269,6 +269,7 @@ def test_accounts_create_json_takes_the_admin_key_from_the_environment(url: str)
         "credits_granted",
         "credits_used",
         "limits",
+        "weight",
         "created_at",
         "api_key",
     }
@@ -290,6 +291,7 @@ def test_accounts_list_json_includes_new_accounts_without_secrets(url: str, acco
             "credits_granted": account["credits_granted"],
             "credits_used": account["credits_used"],
             "limits": None,
+            "weight": 1.0,
             "created_at": account["created_at"],
         }
     ]
@@ -436,6 +438,7 @@ def test_keys_list_json_shows_no_secrets(url: str, account: dict[str, Any]) -> N
             "role",
             "user_id",
             "cache_salt",
+            "weight",
         }
         for key in listed["data"]
     )
