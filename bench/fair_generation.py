@@ -101,13 +101,19 @@ async def _light(http: httpx.AsyncClient, key: str, until: float, light: Light) 
 
 
 async def _heavy_client(
-    http: httpx.AsyncClient, key: str, index: int, stop: asyncio.Event, heavy: Heavy
+    http: httpx.AsyncClient,
+    key: str,
+    index: int,
+    stop: asyncio.Event,
+    heavy: Heavy,
+    tokens: int = HEAVY_TOKENS,
 ) -> None:
+    """One client streaming answers of `tokens` tokens one after another until `stop`, counting them."""
     turn = 0
     headers = {"Authorization": f"Bearer {key}"}
     while not stop.is_set():
         turn += 1
-        body = _body(f"Background job {index}.{turn}: write a long report.", HEAVY_TOKENS)
+        body = _body(f"Background job {index}.{turn}: write a long report.", tokens)
         try:
             async with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
                 async for line in answer.aiter_lines():
@@ -177,27 +183,8 @@ async def _backlogged(url: str, keys: list[str], seconds: float) -> list[int]:
         base_url=url, timeout=600, limits=httpx.Limits(max_connections=BACKLOGGED * len(keys) + 8)
     ) as http:
         stop = asyncio.Event()
-
-        async def client(key: str, index: int, tally: Heavy) -> None:
-            turn = 0
-            headers = {"Authorization": f"Bearer {key}"}
-            while not stop.is_set():
-                turn += 1
-                body = _body(f"Job {index}.{turn}: summarise the week.", BACKLOGGED_TOKENS)
-                try:
-                    async with http.stream(
-                        "POST", "/v1/chat/completions", json=body, headers=headers
-                    ) as answer:
-                        async for line in answer.aiter_lines():
-                            if stop.is_set():
-                                return
-                            if line.startswith("data: {") and '"content"' in line:
-                                tally.tokens += 1
-                except httpx.HTTPError:
-                    tally.failures += 1
-
         tasks = [
-            asyncio.create_task(client(key, i, tally))
+            asyncio.create_task(_heavy_client(http, key, i, stop, tally, BACKLOGGED_TOKENS))
             for key, tally in zip(keys, tallies, strict=True)
             for i in range(BACKLOGGED)
         ]

@@ -186,13 +186,20 @@ def _quota_body(
     return body if any(v is not None for v in body.values()) else None
 
 
+# The limits of a quota, as both `users quota` and `users role-quota` take them
+RequestsPerDay = Annotated[int | None, typer.Option("--requests-per-day", min=1)]
+RequestsPerMonth = Annotated[int | None, typer.Option("--requests-per-month", min=1)]
+TokensPerDay = Annotated[int | None, typer.Option("--tokens-per-day", min=1)]
+TokensPerMonth = Annotated[int | None, typer.Option("--tokens-per-month", min=1)]
+
+
 @users_app.command("quota")
 def users_quota(
     user_id: UserId,
-    requests_per_day: Annotated[int | None, typer.Option("--requests-per-day", min=1)] = None,
-    requests_per_month: Annotated[int | None, typer.Option("--requests-per-month", min=1)] = None,
-    tokens_per_day: Annotated[int | None, typer.Option("--tokens-per-day", min=1)] = None,
-    tokens_per_month: Annotated[int | None, typer.Option("--tokens-per-month", min=1)] = None,
+    requests_per_day: RequestsPerDay = None,
+    requests_per_month: RequestsPerMonth = None,
+    tokens_per_day: TokensPerDay = None,
+    tokens_per_month: TokensPerMonth = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
@@ -207,10 +214,10 @@ def users_quota(
 @users_app.command("role-quota")
 def users_role_quota(
     role: Annotated[RoleChoice | None, typer.Argument(help="The role to set; omitted: list them.")] = None,
-    requests_per_day: Annotated[int | None, typer.Option("--requests-per-day", min=1)] = None,
-    requests_per_month: Annotated[int | None, typer.Option("--requests-per-month", min=1)] = None,
-    tokens_per_day: Annotated[int | None, typer.Option("--tokens-per-day", min=1)] = None,
-    tokens_per_month: Annotated[int | None, typer.Option("--tokens-per-month", min=1)] = None,
+    requests_per_day: RequestsPerDay = None,
+    requests_per_month: RequestsPerMonth = None,
+    tokens_per_day: TokensPerDay = None,
+    tokens_per_month: TokensPerMonth = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
