@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from modelhost.generation.fairness import (
+    LINGER_SECONDS,
     HeldTenants,
+    Lingering,
     StepCosts,
     TokenWeights,
     VirtualTokenCounters,
@@ -204,3 +206,18 @@ def test_a_keys_weights_travel_with_its_request_to_the_engine() -> None:
     request = with_priority(message)
     assert isinstance(request, GenerationRequest)
     assert (request.tenant, request.weights) == ("acct/key", (2.0, 0.5))
+
+
+def test_a_tenant_whose_request_has_just_ended_keeps_the_batch_small_for_its_next_one() -> None:
+    now = [0.0]
+    lingering = Lingering(lambda: now[0])
+    counters = VirtualTokenCounters()
+    heavy = [("a", i) for i in range(12)]
+    assert decoding_share(heavy, 5, lambda s: s[0], counters, lambda s: 0, lingering.tenants(["a"])) == heavy
+    lingering.ended("b")  # b's one request has ended: its next comes as soon as its client reads the end
+    now[0] = LINGER_SECONDS / 2
+    assert len(decoding_share(heavy, 5, lambda s: s[0], counters, lambda s: 0, lingering.tenants(["a"]))) == 5
+    assert lingering.tenants(["a", "b"]) == []  # b is back: it counts by its requests again
+    lingering.ended("b")
+    now[0] = LINGER_SECONDS * 2
+    assert lingering.tenants(["a"]) == []  # b has not come back: the batch is a's whole again

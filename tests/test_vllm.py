@@ -16,6 +16,7 @@ Skipped, with the reason, where vLLM is not installed.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import json
 import os
 import shutil
@@ -315,6 +316,35 @@ def _assert_same_greedy(on_vllm: list[dict[str, Any]], on_own: list[dict[str, An
             best, second = theirs["top_logprobs"][:2]
             assert best["logprob"] - second["logprob"] < 1e-3, (position, ours, theirs)
             break
+
+
+def test_a_keys_greedy_answer_beside_another_keys_streams_is_what_each_is_alone_on_vllm(
+    vllm: VllmServer,
+) -> None:
+    """Our scheduler in vLLM's engine core (`engines.vllm_shares`) leaves key A's running requests out
+    of steps while key B's first request prefills and while B decodes in a smaller batch: a paused
+    request resumes where it was, so every greedy answer is what it is alone (or parts at a near tie,
+    as two batch shapes' kernels may)."""
+    made = vllm.post("/v1/keys", name="fair-b")
+    assert made.status_code == 201, made.text
+    key_b = made.json()["api_key"]
+
+    def greedy(key: str, tokens: int) -> Any:
+        body = {"model": "chat", "messages": MESSAGES, "max_tokens": tokens, "min_tokens": tokens}
+        body |= {"temperature": 0, "logprobs": True, "top_logprobs": 2}
+        answer = vllm.http.post("/v1/chat/completions", json=body, headers=bearer(key), timeout=300)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["choices"][0]["logprobs"]["content"]
+
+    b_alone, a_alone = greedy(key_b, 12), greedy(vllm.key, 160)
+    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+        heavy = [pool.submit(greedy, vllm.key, 160) for _ in range(8)]
+        time.sleep(0.3)  # A's requests running
+        b_beside = greedy(key_b, 12)
+        a_beside = [future.result() for future in heavy]
+    _assert_same_greedy(b_beside, b_alone)
+    for answer in a_beside:
+        _assert_same_greedy(answer, a_alone)
 
 
 # ---------------------------------------------------------------- chat with images

@@ -42,7 +42,7 @@ from modelhost.generation.contract import (
     failed,
 )
 from modelhost.generation.deployment_settings import GenerationSettings
-from modelhost.generation.fairness import HeldTenants, VirtualTokenCounters, engine_number
+from modelhost.generation.fairness import FAIR_ARGS, FairArgs, engine_number
 from modelhost.generation.families import Family
 from modelhost.generation.grammar_bounds import check_engine_grammar
 from modelhost.generation.priority import PRIORITY_BOUND
@@ -95,10 +95,6 @@ class VllmModel(StreamingEngine):
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     # the scheduler's KV-cache use at vLLM's last step (`cache_usage`), written by our stat logger
     kv_cache: KvCacheReading = field(default_factory=KvCacheReading)
-    # the service each tenant has had (`generation.fairness`), which numbers its requests for vLLM's
-    # priority scheduler, and the tenants of the requests vLLM holds
-    served: VirtualTokenCounters = field(default_factory=VirtualTokenCounters)
-    inside: HeldTenants = field(default_factory=HeldTenants)
 
     @functools.cached_property
     def token_text(self) -> Callable[[int], str]:
@@ -200,8 +196,12 @@ def load(
         # vLLM's default stat loggers off (its periodic log lines); passing ours below turns the engine's
         # statistics on without them
         disable_log_stats=True,
-        # batch lines (`"low"` requests) are scheduled after interactive ones (`generate`)
+        # requests numbered (batch lines after interactive ones, `generate`) and shared fairly between
+        # tenants by our scheduler (`engines.vllm_scheduler`): vLLM's synchronous one on a CPU (vLLM's
+        # choice there), its asynchronous one elsewhere
         scheduling_policy="priority",
+        scheduler_cls=f"modelhost.engines.vllm_scheduler.Fair{'' if on_cpu else 'Async'}Scheduler",
+        async_scheduling=not on_cpu,
         enable_lora=lora is not None,
         **(
             {"max_lora_rank": lora.rank, "max_loras": lora.max_loras, "max_cpu_loras": lora.max_cpu_loras}
@@ -230,7 +230,6 @@ def load(
         lora=lora is not None,
         settings=own,
         kv_cache=kv_cache,
-        served=VirtualTokenCounters(own.token_weights()),
     )
 
 
@@ -417,15 +416,17 @@ async def _generate(model: VllmModel, request_id: str, request: GenerationReques
         skip, strip = model.special.decoding(request, params.skip_special_tokens)
         check_engine_grammar(request)  # as the gateway did: vLLM never compiles what it would refuse
         sampling = vllm_params(replace(params, skip_special_tokens=skip), request.grammar)
-        model.served.arrive(request.tenant, model.inside, request.weights)
-        rank = model.served.rank(request.tenant, model.inside)
-        priority = engine_number(rank, request.priority, request.low, PRIORITY_BOUND)
+        # whose it is, for our scheduler in vLLM's engine core (`engines.vllm_scheduler`), which numbers
+        # it again at every step from its tenant's counters; this number (its tier and own priority) is
+        # where it starts
+        fair = FairArgs(request.tenant, request.weights, request.priority, request.low)
+        sampling.extra_args = {FAIR_ARGS: fair.write()}
+        priority = engine_number((0.0, 0.0), request.priority, request.low, PRIORITY_BOUND)
         stream = model.engine.generate(inputs, sampling, request_id, lora_request=adapter, priority=priority)
     except (ModelhostError, ValueError, VLLMClientError) as exc:
         emit(_refusal(request, exc))
         return
-    with model.inside.holding(request.tenant):
-        await _stream(model, request, stream, prompt, params, skip, strip, emit)
+    await _stream(model, request, stream, prompt, params, skip, strip, emit)
 
 
 async def _stream(
@@ -438,7 +439,7 @@ async def _stream(
     strip: Callable[[str], str] | None,
     emit: Emit,
 ) -> None:
-    """vLLM's outputs of one request as our events, its tenant charged the tokens as they come."""
+    """vLLM's outputs of one request as our events."""
     from vllm.exceptions import VLLMClientError
 
     try:
@@ -461,7 +462,6 @@ async def _stream(
         started.prompt_logprobs = _prompt_logprobs(model, prompt, first.prompt_logprobs, top)
     if request.echo:
         started.prompt_text = model.tokenizer.decode(prompt)
-    model.served.charge(request.tenant, prompt=started.prompt_tokens - started.cached_tokens)
     emit(started)
     generated, sampled, text = 0, list[int](), ""
     output = first
@@ -473,7 +473,6 @@ async def _stream(
             for token, logprobs in zip(tokens, completion.logprobs, strict=False):
                 emit(Logprob(_logprob_entry(model, token, logprobs, params.top_logprobs)))
         generated += len(tokens)
-        model.served.charge(request.tenant, output=len(tokens))
         if completion.finish_reason == "stop" and tokens and _silent_stop(completion.stop_reason, params):
             generated -= 1  # the end-of-sequence or a stop token: sampled (its logprob is sent), not text
         event = Text(text=completion.text, completion_tokens=generated)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -184,6 +184,36 @@ class StepCosts:
         return max(1, int(1 + (slowdown - 1) * one / slope))
 
 
+FAIR_ARGS = "modelhost_fair"  # the key of a request's `FairArgs` in vLLM's `SamplingParams.extra_args`
+
+
+@dataclass(frozen=True, slots=True)
+class FairArgs:
+    """What an engine's scheduler needs of a request to share the engine fairly: its tenant
+    (`<account>/<key>`), their weights (account's, key's), its own `priority` and whether it is low
+    (flex, a batch line). Crosses into vLLM's engine core as a list in `SamplingParams.extra_args`
+    (`engines.vllm_scheduler`), which vLLM sends as MessagePack."""
+
+    tenant: str = ""
+    weights: tuple[float, float] = (1.0, 1.0)
+    priority: int = 0
+    low: bool = False
+
+    def write(self) -> list[object]:
+        return [self.tenant, self.weights[0], self.weights[1], self.priority, self.low]
+
+    @classmethod
+    def read(cls, value: object) -> FairArgs:
+        """The arguments `write` made; the defaults (an anonymous tenant) for anything else."""
+        if not isinstance(value, list | tuple) or len(value) != 5:
+            return cls()
+        tenant, account, key, priority, low = value
+        try:
+            return cls(str(tenant), (float(account), float(key)), int(priority), bool(low))
+        except (TypeError, ValueError):
+            return cls()
+
+
 RANK_BITS = 24  # bits of an engine's number for each level of a tenant's rank (`engine_number`)
 
 
@@ -207,18 +237,24 @@ def decoding_share(
     tenant_of: Callable[[T], str],
     counters: VirtualTokenCounters,
     waited: Callable[[T], int],
+    lingering: Iterable[str] = (),
 ) -> list[T]:
     """The sequences of `decoding` that decode this step when tenants share the batch: all of them,
     unless the batch is over `cap` and some tenant is light (fewer sequences than an equal split of the
     cap). Then the light tenants' sequences all decode, in a batch of `cap`, and the heavy tenants' fill
     the rest by turns, the least served tenant first and inside each the sequence that has `waited`
     longest first (none is starved: a paused one has waited longer at the next step); the others pause
-    in their slots. Tenants all heavy share the full batch: a smaller one would slow them all for none."""
+    in their slots. Tenants all heavy share the full batch: a smaller one would slow them all for none.
+    `lingering` tenants (`Lingering`: their last request has just ended) count as light tenants with
+    nothing decoding: the batch stays small for the next request of a client that sends one at a time,
+    which would otherwise find a step of the whole batch under way when it comes."""
     if cap is None or len(decoding) <= cap:
         return decoding
     by_tenant: dict[str, list[T]] = {}
     for sequence in decoding:
         by_tenant.setdefault(tenant_of(sequence), []).append(sequence)
+    for tenant in lingering:
+        by_tenant.setdefault(tenant, [])
     if len(by_tenant) < 2:
         return decoding
     equal = max(1, cap // len(by_tenant))
@@ -238,3 +274,63 @@ def decoding_share(
             room -= 1
         turn += 1
     return [sequence for sequence in decoding if id(sequence) in chosen]
+
+
+class KeptShare:
+    """`decoding_share`, kept for `ROTATE_STEPS` steps unless a sequence arrived or one of the share
+    left: each new share costs its engine something (ours moves caches between slots; vLLM's model
+    runner takes requests out of its batch and puts others in), so the paused ones take their turn
+    every `ROTATE_STEPS` steps rather than every step, or when the lingering tenants change. One per
+    engine; `key` names a sequence."""
+
+    def __init__(self) -> None:
+        # the share, all the sequences then, the step then and the lingering tenants then
+        self._share: tuple[set[Hashable], set[Hashable], int, frozenset[str]] | None = None
+
+    def choose(
+        self,
+        decoding: list[T],
+        step: int,
+        cap: int | None,
+        key: Callable[[T], Hashable],
+        tenant_of: Callable[[T], str],
+        counters: VirtualTokenCounters,
+        waited: Callable[[T], int],
+        lingering: Iterable[str] = (),
+    ) -> list[T]:
+        """The sequences of `decoding` that decode at engine step `step` (`decoding_share`)."""
+        ids, lingered = {key(sequence) for sequence in decoding}, frozenset(lingering)
+        if self._share is not None:
+            share, seen, since, then = self._share
+            if share <= ids and ids <= seen and step - since < ROTATE_STEPS and lingered == then:
+                return [sequence for sequence in decoding if key(sequence) in share]
+        chosen = decoding_share(decoding, cap, tenant_of, counters, waited, lingered)
+        kept = len(chosen) < len(decoding)
+        self._share = ({key(sequence) for sequence in chosen}, ids, step, lingered) if kept else None
+        return chosen
+
+
+LINGER_SECONDS = 0.25  # how long a tenant whose last request ended still counts in sharing the batch
+
+
+class Lingering:
+    """The tenants whose last request in an engine ended in the last `LINGER_SECONDS`. A client that
+    sends one request at a time sends its next as soon as the last is answered: were the batch given
+    back to the others at once, its next request would find a step of their whole batch under way, and
+    its first token would wait for it (`decoding_share`)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._ended: dict[str, float] = {}
+
+    def ended(self, tenant: str) -> None:
+        """`tenant`'s last request in the engine has ended."""
+        self._ended[tenant] = self._clock()
+
+    def tenants(self, held: Iterable[str]) -> list[str]:
+        """The lingering tenants, but those with requests `held` by the engine again."""
+        if not self._ended:
+            return []
+        now, back = self._clock(), set(held)
+        self._ended = {t: at for t, at in self._ended.items() if now - at < LINGER_SECONDS and t not in back}
+        return list(self._ended)

@@ -29,11 +29,11 @@ from modelhost.errors import Overloaded
 from modelhost.generation.contract import GenerationStarted, Logprob, Text, TokenLogprob
 from modelhost.generation.fairness import (
     FAIR_SLOWDOWN,
-    ROTATE_STEPS,
+    KeptShare,
+    Lingering,
     StepCosts,
     TokenWeights,
     VirtualTokenCounters,
-    decoding_share,
 )
 from modelhost.generation.priority import BUSY_SECONDS, enqueue, low_cap
 from modelhost.generation.requests import SamplingParams
@@ -152,8 +152,8 @@ class GenerationEngine(Engine[Sequence]):
         self.step_costs = StepCosts()  # a decoding step's time by batch size, from the steps themselves
         self.fair_slowdown = FAIR_SLOWDOWN
         self._steps = 0  # decoding steps so far
-        # the running sequences given the batch's share (`_shared`), those there were, and the step then
-        self._share: tuple[set[int], set[int], int] | None = None
+        self._share = KeptShare()  # the decoding batch's share while tenants share it (`_shared`)
+        self._lingering = Lingering(clock)  # tenants whose last sequence has just ended (`_shared`)
         self._pending: list[tuple[int, Event]] = []
         self._mask_value = torch.finfo(layout.dtype).min
         self._graphs: DecodeGraphs | None = DecodeGraphs(self) if cuda and cuda_graphs else None
@@ -310,20 +310,16 @@ class GenerationEngine(Engine[Sequence]):
     def _shared(self, decoding: list[Sequence]) -> list[Sequence]:
         """`generation.fairness.decoding_share` of `decoding`, kept for `ROTATE_STEPS` steps (each new
         share moves sequences between slots) unless a sequence arrived or one of the share left."""
-        ids = {s.id for s in decoding}
-        if self._share is not None:
-            share, seen, since = self._share
-            if share <= ids and ids <= seen and self._steps - since < ROTATE_STEPS:
-                return [s for s in decoding if s.id in share]
-        chosen = decoding_share(
+        return self._share.choose(
             decoding,
+            self._steps,
             self.step_costs.cap(self.fair_slowdown),
+            lambda s: s.id,
             lambda s: s.tenant,
             self.served,
             lambda s: self._steps - s.decoded_at,
+            self._lingering.tenants(s.tenant for s in (*self.running, *self.prefilling, *self.waiting)),
         )
-        self._share = ({s.id for s in chosen}, ids, self._steps) if len(chosen) < len(decoding) else None
-        return chosen
 
     def _to_front(self, decoding: list[Sequence]) -> None:
         """Move the sequences that decode this step into the first slots (each swapped with a paused one
@@ -544,7 +540,9 @@ class GenerationEngine(Engine[Sequence]):
                 last.slot, sequence.slot = sequence.slot, last.slot
 
     def _drop_finished(self) -> None:
-        """Finished and cancelled sequences leave; the running ones close ranks in slots 0..n-1."""
+        """Finished and cancelled sequences leave; the running ones close ranks in slots 0..n-1. A
+        tenant whose last sequence left lingers a moment in the batch's share (`Lingering`)."""
+        left = {s.tenant for s in (*self.prefilling, *self.running) if s.finish is not None}
         for sequence in [s for s in self.prefilling if s.finish is not None]:
             self.prefilling.remove(sequence)
             self._free(sequence)
@@ -557,6 +555,8 @@ class GenerationEngine(Engine[Sequence]):
                 self.running[index] = tail
             self.running.pop()
             self._free(gone)
+        for tenant in left - {s.tenant for s in (*self.prefilling, *self.running, *self.waiting)}:
+            self._lingering.ended(tenant)
 
     # ---------------------------------------------------------------- sampling
 
