@@ -646,6 +646,12 @@ def test_deployments_create_and_update_set_and_reset_generation_settings(
     assert refused.exit_code == 1 and "tool_parser 'nope' is not one of" in " ".join(refused.stderr.split())
     not_json = cli("deployments", "update", row["id"], "--chat-template-kwargs", "{nope", *key)
     assert not_json.exit_code == 2 and "not JSON" in not_json.stderr
+    weighted = ok("deployments", "update", row["id"], "--fair-token-weights", "1:4", *key)
+    assert "fair_token_weights: 1:4" in " ".join(weighted.stdout.split())
+    reset = ok_json("deployments", "update", row["id"], "--reset", "fair_token_weights", *key)
+    assert reset["fair_token_weights"] == {}  # back to 1 and 2
+    not_two = cli("deployments", "update", row["id"], "--fair-token-weights", "2", *key)
+    assert not_two.exit_code == 2 and "PROMPT:OUTPUT" in not_two.stderr
 
 
 def test_deployments_list_shows_each_deployment_in_a_table(

@@ -1,6 +1,6 @@
 """`deployments create` / `update`'s options for a generation deployment's own settings (docs/generation.md,
 "Per-deployment settings"): its context length, a chat template file, default template arguments, the
-tool and reasoning parsers."""
+tool and reasoning parsers, and what a token costs in its tenants' fair shares."""
 
 from __future__ import annotations
 
@@ -53,6 +53,16 @@ ReasoningParser = Annotated[
     ),
 ]
 
+FairTokenWeights = Annotated[
+    str | None,
+    typer.Option(
+        metavar="PROMPT:OUTPUT",
+        help="What a prompt token computed and an output token cost in its tenants' fair shares, such as "
+        '1:2 (the default; docs/limits.md, "Fair shares of a generating model").',
+        show_default=False,
+    ),
+]
+
 
 class Setting(StrEnum):
     """`--reset`'s choices: the settings a deployment may go back to unset on."""
@@ -62,6 +72,7 @@ class Setting(StrEnum):
     chat_template_kwargs = "chat_template_kwargs"
     tool_parser = "tool_parser"
     reasoning_parser = "reasoning_parser"
+    fair_token_weights = "fair_token_weights"
 
 
 Reset = Annotated[
@@ -79,6 +90,7 @@ def settings_body(
     chat_template_kwargs: str | None,
     tool_parser: str | None,
     reasoning_parser: str | None,
+    fair_token_weights: str | None = None,
     reset: list[Setting] | None = None,
 ) -> dict[str, Any]:
     """The settings given, as the API takes them (`--reset`'s as null)."""
@@ -96,7 +108,20 @@ def settings_body(
         body["tool_parser"] = tool_parser
     if reasoning_parser is not None:
         body["reasoning_parser"] = reasoning_parser
+    if fair_token_weights is not None:
+        body["fair_token_weights"] = _token_weights(fair_token_weights)
     return body
+
+
+def _token_weights(given: str) -> dict[str, float]:
+    """`--fair-token-weights 1:2` as the API's `{"prompt": 1, "output": 2}` (its range is the API's)."""
+    prompt, colon, output = given.partition(":")
+    try:
+        if colon:
+            return {"prompt": float(prompt), "output": float(output)}
+    except ValueError:
+        pass
+    raise typer.BadParameter(f"{given!r} is not PROMPT:OUTPUT", param_hint="'--fair-token-weights'")
 
 
 def show_settings(deployment: dict[str, Any]) -> None:
@@ -109,4 +134,6 @@ def show_settings(deployment: dict[str, Any]) -> None:
             value = f"set ({len(value)} characters)"
         elif name is Setting.chat_template_kwargs:
             value = json.dumps(value)
+        elif name is Setting.fair_token_weights:
+            value = f"{value['prompt']:g}:{value['output']:g}"
         out.print(f"{name.value}: {value}", soft_wrap=True, markup=False, highlight=False)

@@ -17,6 +17,7 @@ from modelhost.cli.client import ApiClient
 from modelhost.cli.generation import (
     ChatTemplate,
     ChatTemplateKwargs,
+    FairTokenWeights,
     MaxModelLen,
     ReasoningParser,
     Reset,
@@ -408,6 +409,7 @@ def deployments_create(
     chat_template_kwargs: ChatTemplateKwargs = None,
     tool_parser: ToolParser = None,
     reasoning_parser: ReasoningParser = None,
+    fair_token_weights: FairTokenWeights = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
@@ -424,9 +426,8 @@ def deployments_create(
     }
     if base is not None:
         body["base_deployment"] = base
-    body.update(
-        settings_body(max_model_len, chat_template, chat_template_kwargs, tool_parser, reasoning_parser)
-    )
+    settings = (max_model_len, chat_template, chat_template_kwargs, tool_parser, reasoning_parser)
+    body.update(settings_body(*settings, fair_token_weights))
     waits = 600.0 if precision is PrecisionName.int8 else 60.0  # int8: the probe loads the model first
     show_deployment(ApiClient(url, key, waits).call("POST", "/v1/deployments", json=body), as_json)
 
@@ -452,6 +453,7 @@ def deployments_update(
     chat_template_kwargs: ChatTemplateKwargs = None,
     tool_parser: ToolParser = None,
     reasoning_parser: ReasoningParser = None,
+    fair_token_weights: FairTokenWeights = None,
     reset: Reset = None,
     artifact: Annotated[
         str | None,
@@ -493,7 +495,7 @@ def deployments_update(
     if sticky is not None:
         body["sticky"] = None if sticky == "none" else sticky
     settings = (max_model_len, chat_template, chat_template_kwargs, tool_parser, reasoning_parser)
-    body.update(settings_body(*settings, reset))
+    body.update(settings_body(*settings, fair_token_weights, reset))
     path = f"/v1/deployments/{quote(deployment_id, safe='')}"
     show_deployment(ApiClient(url, key).call("PATCH", path, json=body), as_json)
 
