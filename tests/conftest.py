@@ -20,26 +20,28 @@ from tests.helpers import ADMIN_KEY
 from tests.otlp import Receiver
 from tests.postgres import create_database, postgres_server
 
-# The files that take longest (seconds of test time in a full run on the 2-core machine: encoder
-# runtimes 200, vLLM 180, videos 150, Ray 130, gateway processes 130, fuzz 105, runtime 100, model
-# families 75, of which vLLM's two starts take 50), run first:
+# The files that take longest (seconds of test time in a full run on the 2-core machine: Ray 390, vLLM
+# 290, gateway processes 240, adapters 190, model families 170, fuzz 165, batches 155, runtime 145,
+# encoder runtimes 130, capacity 125, videos 115, quantized 90), run first:
 # `--dist loadfile` hands files out in collection order (scripts/test.sh turns off pytest-xdist's own
 # reordering by test count, which would put these files, with few but long tests, last), and one of
 # these last would leave the other process idle for minutes at the end. vLLM's comes after four
 # others, as its tests wait for the environment `scripts/test.sh` installs meanwhile (and the model
-# families', whose last tests need it too).
+# families' and the adapters', whose tests need it too; Ray's vLLM test comes late in its file).
 SLOWEST_FIRST = (
-    "test_encoder_runtimes.py",
-    "test_videos.py",
     "test_ray_backend.py",
     "test_gateway_processes.py",
+    "test_encoder_runtimes.py",
+    "test_videos.py",
     "test_vllm.py",
     "test_families.py",
-    "test_openapi_fuzz.py",
-    "test_runtime.py",
-    "test_quantized.py",
     "test_adapters.py",
+    "test_openapi_fuzz.py",
     "test_batches.py",
+    "test_runtime.py",
+    "test_capacity.py",
+    "test_console.py",
+    "test_quantized.py",
     "test_chat.py",
     "test_billing.py",
 )

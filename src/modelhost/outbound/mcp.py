@@ -20,14 +20,16 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import httpx2
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
 from modelhost.outbound import tls
 from modelhost.outbound.addresses import Vetted
 from modelhost.outbound.bounds import Bounds
+
+if TYPE_CHECKING:
+    from mcp import Client
 
 
 class BoundCrossed(httpx2.TransportError):
@@ -139,6 +141,12 @@ class SessionFailed(Exception):
 async def mcp_session(server: Vetted, headers: Mapping[str, str], bounds: Bounds) -> AsyncIterator[Client]:
     """One MCP session with `server` within `bounds` (the module's docstring): the SDK's client.
     SessionFailed for any failure in it, the caller's own included."""
+    # The SDK is imported by the first session, not with this module: its pydantic models take about 2 s
+    # of CPU to import, which every server process (the supervisor, each gateway) paid at start through
+    # the container, though most never open an MCP session.
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
     deadline = time.monotonic() + bounds.seconds
     transport = BoundedTransport(server, bounds, deadline)
     http = httpx2.AsyncClient(
