@@ -36,6 +36,17 @@ async def test_nested_params_are_named_with_their_path(client: httpx.AsyncClient
     assert assert_error(response, 400)["param"] == "deployments[1]"
 
 
+async def test_a_one_value_query_parameter_given_twice_is_400_naming_it(client: httpx.AsyncClient) -> None:
+    """FastAPI would read the last of the two and answer as if the first were not there."""
+    account = await new_account(client)
+    key = bearer(account["api_key"])
+    twice = await client.get("/v1/audit?target_type=key&target_type=deployment", headers=key)
+    assert assert_error(twice, 400, "invalid_request")["param"] == "target_type"
+    assert (await client.get("/v1/audit?target_type=key&limit=5", headers=key)).status_code == 200
+    listed = await client.get("/v1/responses/resp_nope?include=a&include=b", headers=key)
+    assert listed.status_code == 404  # a parameter that takes a list may repeat: the answer is the lookup's
+
+
 async def test_a_non_object_body_is_400(client: httpx.AsyncClient) -> None:
     response = await client.post("/v1/admin/accounts", json=[1, 2], headers=ADMIN)
     assert_error(response, 400, "invalid_request")

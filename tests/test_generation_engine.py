@@ -21,7 +21,7 @@ from modelhost.generation.contract import (
     Sampling,
     Text,
 )
-from modelhost.generation.fairness import LINGER_SECONDS, TokenWeights
+from modelhost.generation.fairness import TokenWeights
 from modelhost.generation.grammar import json_schema_grammar
 from modelhost.generation.priority import BUSY_SECONDS
 from modelhost.generation.text import IncrementalDecoder, StopStrings
@@ -385,36 +385,6 @@ def test_a_tenants_first_token_comes_in_a_step_that_decodes_nobody_elses_batch(
     assert all(len(s.generated) == before[s.id] for s in engine.running if s.id in before)  # a's paused
     texts = run(engine)
     assert set(texts) == {0, 1, 2, 3, 9}
-
-
-def test_the_heavy_tenants_batch_stays_small_a_moment_after_the_light_tenants_request_ends(
-    loaded: tuple[Any, Any],
-) -> None:
-    """A client that sends one request at a time sends its next as soon as it reads the last one's end:
-    the heavy tenant's batch stays cut for `LINGER_SECONDS` (on the engine's clock), so that request
-    does not find a step of the whole batch under way."""
-    now = [0.0]
-    model, tokenizer = loaded
-    engine = GenerationEngine(
-        model, tokenizer, DEVICE, 8, 512, lambda t: tokenizer.decode([t]), clock=lambda: now[0]
-    )
-    engine.step_costs = FixedCap(3)  # type: ignore[assignment]
-    for sid in range(4):
-        heavy = sequence(loaded, sid, PROMPTS[sid % len(PROMPTS)], max_tokens=40, min_tokens=40)
-        heavy.tenant = "x/a"
-        engine.add(heavy)
-    engine.add(of(loaded, 9, "x/b"))
-
-    def decoded() -> int:
-        before = {s.id: len(s.generated) for s in engine.running}
-        engine.step()
-        return sum(len(s.generated) > before[s.id] for s in engine.running if s.id in before)
-
-    while any(s.id == 9 for s in (*engine.waiting, *engine.prefilling, *engine.running)):
-        engine.step()
-    assert decoded() == 3  # b has ended: a's four still decode three at a time
-    now[0] += LINGER_SECONDS
-    assert decoded() == 4  # b has not come back: the whole batch is a's again
 
 
 def test_seeded_sampling_is_reproducible_whatever_runs_beside_it(loaded: tuple[Any, Any]) -> None:

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.types import Scope
 
@@ -24,6 +24,7 @@ from modelhost.api.deps import Guard, guard_of, require_admin
 from modelhost.api.errors import error_responses, install_error_handlers
 from modelhost.api.fastlane import FastLane, LaneFirst, routes_of
 from modelhost.api.middleware import BodySizeLimit, KeyFirst, RequestPath
+from modelhost.api.query import one_value_each
 from modelhost.api.routes import (
     admin,
     agents,
@@ -112,6 +113,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         version=modelhost.__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        dependencies=[Depends(one_value_each)],  # a repeated one-value query parameter is a 400
         **_NO_FASTAPI_TELEMETRY,
     )
     if services is not None:

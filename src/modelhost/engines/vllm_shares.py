@@ -55,7 +55,7 @@ def _fair_args(request: Any) -> FairArgs:
 
 
 class FairShares:
-    """The fair-share behaviour, mixed into vLLM's synchronous and asynchronous schedulers below."""
+    """The fair-share behaviour, mixed into vLLM's schedulers (`engines.vllm_scheduler`)."""
 
     # vLLM's scheduler's, which this reads
     running: list[Any]

@@ -317,7 +317,9 @@ class Lingering:
     """The tenants whose last request in an engine ended in the last `LINGER_SECONDS`. A client that
     sends one request at a time sends its next as soon as the last is answered: were the batch given
     back to the others at once, its next request would find a step of their whole batch under way, and
-    its first token would wait for it (`decoding_share`)."""
+    its first token would wait for it (`decoding_share`). vLLM's scheduler uses it
+    (`engines.vllm_shares`); the transformers engine does not, as each change of its share moves caches
+    between slots (docs/limits.md)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock

@@ -30,7 +30,6 @@ from modelhost.generation.contract import GenerationStarted, Logprob, Text, Toke
 from modelhost.generation.fairness import (
     FAIR_SLOWDOWN,
     KeptShare,
-    Lingering,
     StepCosts,
     TokenWeights,
     VirtualTokenCounters,
@@ -153,7 +152,6 @@ class GenerationEngine(Engine[Sequence]):
         self.fair_slowdown = FAIR_SLOWDOWN
         self._steps = 0  # decoding steps so far
         self._share = KeptShare()  # the decoding batch's share while tenants share it (`_shared`)
-        self._lingering = Lingering(clock)  # tenants whose last sequence has just ended (`_shared`)
         self._pending: list[tuple[int, Event]] = []
         self._mask_value = torch.finfo(layout.dtype).min
         self._graphs: DecodeGraphs | None = DecodeGraphs(self) if cuda and cuda_graphs else None
@@ -318,7 +316,6 @@ class GenerationEngine(Engine[Sequence]):
             lambda s: s.tenant,
             self.served,
             lambda s: self._steps - s.decoded_at,
-            self._lingering.tenants(s.tenant for s in (*self.running, *self.prefilling, *self.waiting)),
         )
 
     def _to_front(self, decoding: list[Sequence]) -> None:
@@ -540,9 +537,7 @@ class GenerationEngine(Engine[Sequence]):
                 last.slot, sequence.slot = sequence.slot, last.slot
 
     def _drop_finished(self) -> None:
-        """Finished and cancelled sequences leave; the running ones close ranks in slots 0..n-1. A
-        tenant whose last sequence left lingers a moment in the batch's share (`Lingering`)."""
-        left = {s.tenant for s in (*self.prefilling, *self.running) if s.finish is not None}
+        """Finished and cancelled sequences leave; the running ones close ranks in slots 0..n-1."""
         for sequence in [s for s in self.prefilling if s.finish is not None]:
             self.prefilling.remove(sequence)
             self._free(sequence)
@@ -555,8 +550,6 @@ class GenerationEngine(Engine[Sequence]):
                 self.running[index] = tail
             self.running.pop()
             self._free(gone)
-        for tenant in left - {s.tenant for s in (*self.prefilling, *self.running, *self.waiting)}:
-            self._lingering.ended(tenant)
 
     # ---------------------------------------------------------------- sampling
 
