@@ -79,14 +79,15 @@ class FairShares:
     # ------------------------------------------------------------ vLLM's interface
 
     def add_request(self, request: Any) -> None:
-        fair = self.fair.setdefault(request.request_id, _fair_args(request))
-        self.served.arrive(fair.tenant, self._held_tenants(), fair.weights)
+        fair = self._args(request)
+        self.served.arrive(fair.tenant, self._held_tenants(self._waiting()), fair.weights)
         super().add_request(request)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         waiting = self._waiting()
-        self._renumber(waiting)
-        paused, hidden = self._plan(waiting)
+        held = self._held_tenants(waiting)
+        self._renumber(waiting, held)
+        paused, hidden = self._plan(waiting, held)
         step = self.current_step + 1  # the step `schedule` is about to make
         for request in paused:
             request.next_decode_eligible_step = max(request.next_decode_eligible_step, step + 1)
@@ -131,16 +132,14 @@ class FairShares:
         heap = getattr(self.waiting, "_heap", None)
         return list(heap) if isinstance(heap, list) else list(self.waiting)
 
-    def _held_tenants(self, waiting: list[Any] | None = None) -> set[str]:
-        """The tenants of the requests vLLM holds, running or `waiting` (read from its queue if not
-        given)."""
-        waiting = self._waiting() if waiting is None else waiting
+    def _held_tenants(self, waiting: list[Any]) -> set[str]:
+        """The tenants of the requests vLLM holds, running or `waiting`."""
         return {self._tenant(r) for r in self.running} | {self._tenant(r) for r in waiting}
 
-    def _renumber(self, waiting: list[Any]) -> None:
-        """Every held request's number from its tenant's counters now (`engine_number`); the `waiting`
-        queue rebuilt in that order when a number changed (it is a heap over the numbers)."""
-        held = self._held_tenants(waiting)
+    def _renumber(self, waiting: list[Any], held: set[str]) -> None:
+        """Every held request's number from its tenant's counters now (`engine_number`; `held`: the
+        tenants with requests in vLLM); the `waiting` queue rebuilt in that order when a number changed
+        (it is a heap over the numbers)."""
         ranks = {tenant: self.served.rank(tenant, held) for tenant in held}
 
         numbers_of: dict[tuple[str, int, bool], int] = {}
@@ -164,7 +163,7 @@ class FairShares:
                 request.priority = new
                 self.waiting.add_request(request)
 
-    def _plan(self, waiting: list[Any]) -> tuple[list[Any], list[Any]]:
+    def _plan(self, waiting: list[Any], held: set[str]) -> tuple[list[Any], list[Any]]:
         """The running requests that skip this step, and the waiting ones kept out of it (module
         docstring): a first request alone, else a light tenant's batch kept small."""
         running = list(self.running)
@@ -193,7 +192,7 @@ class FairShares:
             self._tenant,
             self.served,
             lambda r: step - self.decoded_at.get(r.request_id, 0),
-            self.lingering.tenants(running_tenants | {self._tenant(r) for r in waiting}),
+            self.lingering.tenants(held),
         )
         going = {r.request_id for r in chosen}
         return [r for r in decoding if r.request_id not in going], []
