@@ -20,7 +20,9 @@ from pydantic import BaseModel
 from modelhost.errors import InvalidRequest
 
 _MANY = (list, tuple, set, frozenset, collections.abc.Sequence, collections.abc.Set)
-_single_names: dict[int, frozenset[str]] = {}  # by route (its id): the query parameters taking one value
+# the query parameters taking one value, by route (its path and methods: Starlette's routes are not
+# hashable, and an ID could be a collected route's again)
+_single_names: dict[tuple[str, frozenset[str]], frozenset[str]] = {}
 
 
 def one_value_each(request: Request) -> None:
@@ -30,9 +32,10 @@ def one_value_each(request: Request) -> None:
     route = request.scope.get("route")
     if route is None or not hasattr(route, "dependant"):
         return
-    single = _single_names.get(id(route))
+    which = (route.path, frozenset(route.methods or ()))
+    single = _single_names.get(which)
     if single is None:
-        single = _single_names[id(route)] = frozenset(
+        single = _single_names[which] = frozenset(
             name for name, annotation in _query_fields(route.dependant) if not _takes_many(annotation)
         )
     counts = collections.Counter(name for name, _ in request.query_params.multi_items())
