@@ -287,17 +287,12 @@ def test_an_architecture_vllm_lacks_falls_back_under_auto_and_is_a_400_under_vll
 # ---------------------------------------------------------------- the same answers as the transformers engine
 
 
-def _greedy(vllm: VllmServer, model: str, tokens: int) -> Any:
-    answer = vllm.post(
-        "/v1/chat/completions",
-        model=model,
-        messages=MESSAGES,
-        max_tokens=tokens,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=2,
-        min_tokens=tokens,
-    )
+def _greedy(vllm: VllmServer, model: str, tokens: int, key: str | None = None) -> Any:
+    """A greedy chat's tokens with their log-probabilities, sent with `key` (the module's own if
+    None)."""
+    body = {"model": model, "messages": MESSAGES, "max_tokens": tokens, "min_tokens": tokens}
+    body |= {"temperature": 0, "logprobs": True, "top_logprobs": 2}
+    answer = vllm.http.post("/v1/chat/completions", json=body, headers=bearer(key or vllm.key))
     assert answer.status_code == 200, answer.text
     return answer.json()["choices"][0]["logprobs"]["content"]
 
@@ -328,19 +323,11 @@ def test_a_keys_greedy_answer_beside_another_keys_streams_is_what_each_is_alone_
     made = vllm.post("/v1/keys", name="fair-b")
     assert made.status_code == 201, made.text
     key_b = made.json()["api_key"]
-
-    def greedy(key: str, tokens: int) -> Any:
-        body = {"model": "chat", "messages": MESSAGES, "max_tokens": tokens, "min_tokens": tokens}
-        body |= {"temperature": 0, "logprobs": True, "top_logprobs": 2}
-        answer = vllm.http.post("/v1/chat/completions", json=body, headers=bearer(key), timeout=300)
-        assert answer.status_code == 200, answer.text
-        return answer.json()["choices"][0]["logprobs"]["content"]
-
-    b_alone, a_alone = greedy(key_b, 12), greedy(vllm.key, 160)
+    b_alone, a_alone = _greedy(vllm, "chat", 12, key_b), _greedy(vllm, "chat", 160)
     with concurrent.futures.ThreadPoolExecutor(9) as pool:
-        heavy = [pool.submit(greedy, vllm.key, 160) for _ in range(8)]
+        heavy = [pool.submit(_greedy, vllm, "chat", 160) for _ in range(8)]
         time.sleep(0.3)  # A's requests running
-        b_beside = greedy(key_b, 12)
+        b_beside = _greedy(vllm, "chat", 12, key_b)
         a_beside = [future.result() for future in heavy]
     _assert_same_greedy(b_beside, b_alone)
     for answer in a_beside:
