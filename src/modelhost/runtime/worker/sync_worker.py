@@ -253,12 +253,17 @@ class Worker:
         return connection
 
     def _accept(self) -> None:
+        """Take a new gateway connection and read what it has already sent, so that its requests join
+        the batch about to be chosen with those of the connections already open (a gateway connects
+        on its first request, and its message is in the socket by the time the connection is seen)."""
         assert self.listener is not None
         try:
             sock, _ = self.listener.accept()
         except BlockingIOError:
             return
-        self._open(sock)
+        connection = self._open(sock)
+        if not self._read(connection):
+            self._close(connection)
 
     def _read(self, connection: _Connection) -> bool:
         """Take every message that has arrived; False at end-of-file or a `Stop`. Reads until the socket
