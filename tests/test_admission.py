@@ -46,11 +46,11 @@ def _stores_or_starts(method: str, path: str) -> bool:
 
 
 def test_the_only_routes_exempt_from_admission_are_those_that_change_who_may_act() -> None:
-    """Each exemption is a key, a person (their role's quota too: an account out of credits lowers its
-    people's quotas) or the MCP allow-list: what an account out of credits must still manage (a leaked
-    key is rotated or revoked at 0 credits). Anything else that stores data or starts work is admitted:
-    adding an exemption means changing this test, with its reason."""
-    exempt = ("/v1/keys", "/v1/users", "/v1/role-quotas", "/v1/mcp-servers")
+    """Each exemption is a key, a person (their role's quota and weight too: an account out of credits lowers
+    its people's quotas and reorders its keys' shares) or the MCP allow-list: what an account out of credits
+    must still manage (a leaked key is rotated or revoked at 0 credits). Anything else that stores data or
+    starts work is admitted: adding an exemption means changing this test, with its reason."""
+    exempt = ("/v1/keys", "/v1/users", "/v1/role-quotas", "/v1/role-weights", "/v1/mcp-servers")
     assert all(path.startswith(exempt) for _, path in EXEMPT)
     assert all(reason.startswith("who may act") for reason in EXEMPT.values())
 

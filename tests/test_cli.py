@@ -177,6 +177,7 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("batches", "list"), "List batches, newest first."),
     (("batches", "cancel"), "Cancel a batch: the lines in flight finish, the answers so far go to its"),
     (("keys", "rotate"), "Replace a key: prints the new key's secret (shown once); the old one expires"),
+    (("keys", "weight"), "Set a key's share of a shared model against the account's other keys"),
     (("audit",), "The audit log: who changed what"),
     (("audit", "list"), "List audit rows, newest first (with --admin-key: every account's)."),
     (("audit", "verify"), "Recompute the audit log's hash chain (admin key); exits 1 naming each edited,"),
@@ -193,6 +194,7 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("users", "sign-out-everywhere"), "Sign a person out of your account everywhere: their sessions here"),
     (("users", "quota"), "Set a person's own quota over every key they own and their sessions"),
     (("users", "role-quota"), "Set a role's default quota in your account (no limit given: remove it)"),
+    (("users", "role-weight"), "Set a role's weight in your account, or list them: a key's share of a"),
     (("mcp-servers",), "MCP servers your account's hosted MCP tools may reach"),
     (("mcp-servers", "list"), "List the MCP server URLs on your account's allow-list."),
     (("mcp-servers", "add"), "Add MCP server URLs to your account's allow-list (owners and admins)."),
@@ -358,6 +360,18 @@ def test_users_add_a_person_whose_key_follows_their_role_and_whoami_says_so(
     assert "quota: their own" in printed
     assert re.search(r"today \(\d{4}-\d\d-\d\d, UTC\): 1 requests of 50 \(49 left\), 0 tokens\n", printed)
     assert re.search(r"this month \(\d{4}-\d\d, UTC\): 1 requests, 0 tokens of 9000 \(9000 left\)", printed)
+    assert "weights: account 1, key 1\n" in printed
+    rows = table_rows(ok("users", "role-weight", "developer", "2.5", *owner).stdout)
+    assert {r["role"]: r["weight"] for r in rows} == {
+        "owner": "1.0",
+        "admin": "1.0",
+        "developer": "2.5",
+        "viewer": "1.0",
+        "billing": "1.0",
+    }
+    ok("keys", "weight", made["id"], "2", *owner)
+    assert ok_json("whoami", *mine)["weights"] == {"account": 1.0, "key": 5.0}
+    assert ok_json("users", "role-weight", "developer", *owner)["developer"] == 1.0  # no weight: 1 again
     ok("users", "role", person["id"], "--role", "viewer", *owner)
     assert ok_json("whoami", *mine)["actions"] == [
         "agents:read",

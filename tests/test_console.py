@@ -469,7 +469,7 @@ def test_the_accounts_mcp_servers_are_saved_from_the_people_page(console: Consol
     assert "http" in page.inner_text("#mcp-status")
 
 
-def test_quotas_are_set_on_the_people_page_and_a_person_sees_theirs_on_the_overview(
+def test_quotas_and_role_weights_are_set_on_the_people_page_and_a_person_sees_their_quota(
     console: Console,
 ) -> None:
     owner = bearer(console.key)
@@ -494,6 +494,11 @@ def test_quotas_are_set_on_the_people_page_and_a_person_sees_theirs_on_the_overv
     assert console.http.get(f"/v1/users/{user_id}", headers=owner).json()["quota"]["tokens_per_month"] == 500
     roles = console.http.get("/v1/role-quotas", headers=owner).json()
     assert roles["developer"]["requests_per_day"] == 7
+    page.select_option("#role-weight-role", "viewer")
+    page.fill("#role-weight-value", "0.5")
+    page.click("#role-weight-form button")
+    page.locator("#role-weight-list tr[data-role='viewer'] td.weight", has_text="0.5").wait_for()
+    assert console.http.get("/v1/role-weights", headers=owner).json()["viewer"] == 0.5
     assert console.http.post("/v1/conversations", json={}, headers=bearer(key)).status_code == 200
     theirs = console.new_page()
     try:

@@ -43,6 +43,7 @@ EXEMPT: dict[tuple[str, str], str] = {
     ("POST", "/v1/users"): "who may act: people and their roles",
     ("PATCH", "/v1/users/{user_id}"): "who may act: people, their roles and quotas",
     ("PATCH", "/v1/role-quotas"): "who may act: the quotas of the roles' people",
+    ("PATCH", "/v1/role-weights"): "who may act: the roles' shares inside the account",
     ("PUT", "/v1/mcp-servers"): "who may act: the servers this account's keys may reach",
 }
 # reads that ask a replica, which may load a cold deployment for them

@@ -14,6 +14,7 @@ from modelhost.auth.principal import ADMIN, Principal, PrincipalKind
 from modelhost.auth.quotas import quota_for
 from modelhost.auth.roles import Role
 from modelhost.auth.secrets import hash_secret, looks_like_secret
+from modelhost.auth.weights import tenant_weights
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.clock import Clock, SystemClock
 from modelhost.errors import InvalidAPIKey
@@ -144,6 +145,7 @@ def _principal_of(session: Session, row: ApiKey, signed_in_since: datetime | Non
             owner_role = Role(member.role)
             quota = quota_for(member.quota, account.role_quotas if account else None, member.role)[0]
     actions = roles.allowed(key_role, owner_role) if refusal is None else frozenset()
+    role = key_role if row.role is not None or owner_role is None else owner_role
     return Principal(
         kind=PrincipalKind.ACCOUNT if deployment_ids is None else PrincipalKind.DEPLOYMENT,
         account_id=row.account_id,
@@ -152,14 +154,14 @@ def _principal_of(session: Session, row: ApiKey, signed_in_since: datetime | Non
         limits=Limits.of(row.limits),
         account_limits=Limits.of(account_limits),
         expires_ms=None if row.expires_at is None else int(row.expires_at.timestamp() * 1000),
-        role=key_role if row.role is not None or owner_role is None else owner_role,
+        role=role,
         actions=actions,
         user_id=row.user_id,
         email=email,
         subject=subject,
         refusal=refusal,
         cache_salt=row.cache_salt,
-        weights=(account.weight if account is not None else 1.0, row.weight),
+        weights=tenant_weights(account, (owner_role or key_role).value, row.weight),  # a person's: their role
         quota=quota,
     )
 

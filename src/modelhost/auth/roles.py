@@ -36,6 +36,7 @@ RESOURCES: tuple[tuple[str, str], ...] = (
     ("/v1/users", "users"),
     ("/v1/invitations", "users"),  # an account's invitations are its people's business
     ("/v1/role-quotas", "users"),  # so are the default quotas of its roles' people
+    ("/v1/role-weights", "users"),  # and its roles' weights
     ("/v1/usage", "usage"),
     ("/v1/audit", "audit"),
     ("/v1/me", "me"),

@@ -316,12 +316,15 @@ def keys_create(
     service: Annotated[
         bool, typer.Option("--service", help="A service key, owned by no one (needs keys:manage).")
     ] = False,
+    weight: KeyWeight = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
 ) -> None:
     """Create a key; prints its secret (shown once). Its limits may not exceed the account's."""
     body: dict[str, object] = {"name": name, "service": service}
+    if weight is not None:
+        body["weight"] = weight
     if role is not None:
         body["role"] = role.value
     if user is not None:
@@ -333,6 +336,16 @@ def keys_create(
     if (limits := limits_of(rpm, tpm, concurrency)) is not None:
         body["limits"] = limits
     show(ApiClient(url, key).call("POST", "/v1/keys", json=body), (*KEY_COLUMNS, "api_key"), as_json)
+
+
+KeyWeight = Annotated[
+    float | None,
+    typer.Option(
+        "--weight",
+        help="Its share of a shared model against the account's other keys (needs keys:manage; default 1).",
+        show_default=False,
+    ),
+]
 
 
 @keys_app.command("list")
@@ -355,6 +368,21 @@ def keys_limit(
     path = f"/v1/keys/{quote(key_id, safe='')}"
     body = {"limits": limits_of(rpm, tpm, concurrency)}
     show(ApiClient(url, key).call("PATCH", path, json=body), KEY_COLUMNS, as_json)
+
+
+@keys_app.command("weight")
+def keys_weight(
+    key_id: Annotated[str, typer.Argument(help="Key ID (key_...).")],
+    weight: Annotated[
+        float, typer.Argument(help="Its share inside the account (0.01 to 1000; 1: the default).")
+    ],
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Set a key's share of a shared model against the account's other keys (needs keys:manage)."""
+    path = f"/v1/keys/{quote(key_id, safe='')}"
+    show(ApiClient(url, key).call("PATCH", path, json={"weight": weight}), (*KEY_COLUMNS, "weight"), as_json)
 
 
 @keys_app.command("rotate")

@@ -148,6 +148,10 @@ def whoami(url: Url = DEFAULT_URL, key: AccountKey = None, as_json: Json = False
         out.print("may: " + ", ".join(data["actions"]), markup=False, highlight=False)
         for line in quota_lines(data.get("quota")):
             out.print(line, markup=False, highlight=False)
+        weights = data["weights"]
+        out.print(
+            f"weights: account {weights['account']:g}, key {weights['key']:g}", markup=False, highlight=False
+        )
 
 
 def quota_lines(quota: dict[str, Any] | None) -> list[str]:
@@ -232,3 +236,24 @@ def users_role_quota(
         answer = client.call("PATCH", "/v1/role-quotas", json={role.value: quota})
     rows = [{"role": r.value, **(answer.get(r.value) or {})} for r in RoleChoice]
     show(answer if as_json else {"data": rows}, ("role", *QUOTA_FIELDS), as_json)
+
+
+@users_app.command("role-weight")
+def users_role_weight(
+    role: Annotated[RoleChoice | None, typer.Argument(help="The role to set; omitted: list them.")] = None,
+    weight: Annotated[
+        float | None, typer.Argument(help="Its weight inside the account (0.01 to 1000; 1: the default).")
+    ] = None,
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Set a role's weight in your account, or list them: a key's share of a shared model is its own
+    weight times its person's role's (docs/limits.md, "Fair shares")."""
+    client = ApiClient(url, key)
+    if role is None:
+        answer = client.call("GET", "/v1/role-weights")
+    else:
+        answer = client.call("PATCH", "/v1/role-weights", json={role.value: weight})
+    rows = [{"role": r.value, "weight": answer[r.value]} for r in RoleChoice]
+    show(answer if as_json else {"data": rows}, ("role", "weight"), as_json)

@@ -737,6 +737,42 @@ class RoleQuotasPatch(StrictModel):
     billing: PersonQuota | None = None
 
 
+ROLE_WEIGHT = (
+    "The role's weight inside the account (docs/limits.md, \"Fair shares\"): a key's share of what the "
+    "account is served by a shared model is its own `weight` times the weight of the role it acts as; a "
+    "sign-in session's is its person's role's. 1 by default."
+)
+
+
+class RoleWeights(BaseModel):
+    """The weight of each role inside the account (1: none set)."""
+
+    object: Literal["role_weights"] = "role_weights"
+    owner: float = Field(default=1.0, description=ROLE_WEIGHT)
+    admin: float = Field(default=1.0, description=ROLE_WEIGHT)
+    developer: float = Field(default=1.0, description=ROLE_WEIGHT)
+    viewer: float = Field(default=1.0, description=ROLE_WEIGHT)
+    billing: float = Field(default=1.0, description=ROLE_WEIGHT)
+
+
+class RoleWeightsPatch(StrictModel):
+    """The roles' weights to change: a role given gets that weight (null: 1 again), the others keep
+    theirs. Only for roles that can do no more than the caller (docs/access.md)."""
+
+    owner: Weight | None = None
+    admin: Weight | None = None
+    developer: Weight | None = None
+    viewer: Weight | None = None
+    billing: Weight | None = None
+
+
+class TenantWeights(BaseModel):
+    """The weights a caller's requests are counted with by a shared model's fair shares."""
+
+    account: float = Field(description="The account's weight against other accounts (the operator's).")
+    key: float = Field(description="Inside the account: the key's own weight times its role's.")
+
+
 class PeriodUse(BaseModel):
     """What the person used in one UTC day or month, over every key they own and their sessions."""
 
@@ -801,6 +837,10 @@ class Me(BaseModel):
         default=None,
         description="The person's quota and what they used of it this UTC day and month, over every key "
         "they own and their sign-in sessions; null: a service key (no person, no quota).",
+    )
+    weights: TenantWeights = Field(
+        description="What its requests are counted with by a shared model's fair shares "
+        '(docs/limits.md, "Fair shares").'
     )
 
 

@@ -56,6 +56,7 @@ from modelhost.auth.oidc import (
 from modelhost.auth.principal import Principal, PrincipalKind
 from modelhost.auth.quotas import quota_for
 from modelhost.auth.roles import Role
+from modelhost.auth.weights import tenant_weights
 from modelhost.errors import NotFound, PermissionDenied
 from modelhost.imports.sealing import Sealer
 from modelhost.services.users import Invited, UserService, offered_to
@@ -561,6 +562,7 @@ def _principal_of(session: Session, row: SsoSession, user: User) -> Principal | 
         key_id=row.id,
         account_limits=None if account is None else Limits.of(account.limits),
         quota=quota_for(member.quota, None if account is None else account.role_quotas, member.role)[0],
+        weights=tenant_weights(account, role.value),
         role=role,
         actions=roles.PERMISSIONS[role],
         user_id=user.id,

@@ -267,6 +267,43 @@ class UserService:
         self._authenticator.forget_all()
         return quotas
 
+    def role_weights(self, account_id: str) -> dict[Role, float]:
+        """The account's weight of each role that has one other than 1 (`auth.weights`)."""
+        with self._database.transaction() as session:
+            account = session.get(Account, account_id)
+            return _role_weights(account.role_weights if account is not None else None)
+
+    def set_role_weights(
+        self, account_id: str, changes: dict[Role, float | None], caller: Principal | None
+    ) -> dict[Role, float]:
+        """Give each role in `changes` that weight inside the account (None: 1 again), for roles that can
+        do no more than the caller, as their quotas (`auth.authority`). Every key follows at once (its
+        weights are read with it)."""
+        authorize(caller, changes)
+        with self._database.transaction() as session:
+            account = session.get(Account, account_id, with_for_update=True)
+            if account is None:
+                raise NotFound("Account not found", param="account_id", code="account_not_found")
+            before = dict(account.role_weights or {})
+            after = dict(before)
+            for role, weight in changes.items():
+                if weight is None or weight == 1.0:
+                    after.pop(role.value, None)
+                else:
+                    after[role.value] = weight
+            account.role_weights = after or None
+            audit.record(
+                session,
+                "account.role_weights_updated",
+                "account",
+                account_id,
+                account_id,
+                audit.diff(before, after),
+            )
+            weights = _role_weights(account.role_weights)
+        self._authenticator.forget_all()
+        return weights
+
     def remove(self, account_id: str, user_id: str, caller: Principal | None) -> None:
         """The person is no longer a member: their keys here are refused (401 `not_a_member`) and never
         work again; their groups at the provider do not bring them back (module docstring)."""
@@ -424,6 +461,10 @@ class UserService:
 def _role_quotas(stored: dict[str, dict[str, int | None]] | None) -> dict[Role, Quota]:
     quotas = {Role(role): Quota.of(quota) for role, quota in (stored or {}).items()}
     return {role: quota for role, quota in quotas.items() if quota is not None}
+
+
+def _role_weights(stored: dict[str, float] | None) -> dict[Role, float]:
+    return {Role(role): float(weight) for role, weight in (stored or {}).items()}
 
 
 def _already_invited(email: str) -> Conflict:

@@ -55,6 +55,10 @@ class Account(Base):
     role_quotas: Mapped[dict[str, dict[str, int | None]] | None] = mapped_column(
         JSON(none_as_null=True), nullable=True
     )
+    # The weight of each role inside the account (`auth.weights`: {role: weight}), set by its admins: a
+    # key's share against the account's other keys is its own weight times its role's. None, or a role
+    # not named: 1
+    role_weights: Mapped[dict[str, float] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

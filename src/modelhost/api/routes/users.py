@@ -22,7 +22,10 @@ from modelhost.protocol.management import (
     QuotaUse,
     RoleQuotas,
     RoleQuotasPatch,
+    RoleWeights,
+    RoleWeightsPatch,
     SignedOutEverywhere,
+    TenantWeights,
     User,
     UserCreate,
     UserPatch,
@@ -128,6 +131,24 @@ def set_role_quotas(body: RoleQuotasPatch, principal: AccountPrincipal, services
     return RoleQuotas(**{role.value: present_quota(quota) for role, quota in quotas.items()})
 
 
+@router.get("/v1/role-weights", summary="The weight of each role inside the account (fair shares)")
+async def get_role_weights(principal: AccountPrincipal, services: ServicesDep) -> RoleWeights:
+    weights = await asyncio.to_thread(services.users.role_weights, account_id_of(principal))
+    return RoleWeights(**{role.value: weight for role, weight in weights.items()})
+
+
+@router.patch(
+    "/v1/role-weights",
+    summary="Set roles' weights inside the account (a key's share is its own weight times its role's)",
+)
+def set_role_weights(
+    body: RoleWeightsPatch, principal: AccountPrincipal, services: ServicesDep
+) -> RoleWeights:
+    changes = {Role(name): getattr(body, name) for name in body.model_fields_set}
+    weights = services.users.set_role_weights(account_id_of(principal), changes, principal)
+    return RoleWeights(**{role.value: weight for role, weight in weights.items()})
+
+
 @router.get("/v1/users/{user_id}", summary="Get a person of the account", responses=error_responses(404))
 def get_user(principal: AccountPrincipal, services: ServicesDep, user_id: str = Path(max_length=64)) -> User:
     return present(services.users.get(account_id_of(principal), user_id))
@@ -199,6 +220,7 @@ def whoami(principal: AccountPrincipal, services: ServicesDep) -> Me:
         actions=sorted(principal.actions),
         user=person,
         quota=quota,
+        weights=TenantWeights(account=principal.weights[0], key=principal.weights[1]),
     )
 
 

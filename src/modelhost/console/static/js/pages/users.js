@@ -2,7 +2,8 @@
 // where the server offers single sign-on, invite an email (a member once they sign in and accept);
 // change a role, disable or enable, sign out everywhere, remove. Their keys and sessions follow at once
 // (docs/access.md). Quotas per person: a person's own, or their role's default (docs/limits.md, "Quotas
-// per person"). And the account's allow-list of MCP servers that hosted MCP tools may reach
+// per person"). Role weights: each role's share of a shared model inside the account (docs/limits.md, "Fair
+// shares"). And the account's allow-list of MCP servers that hosted MCP tools may reach
 // (docs/responses.md, "MCP tools").
 import { api, sso } from "../api.js";
 import { confirmButton, field, h, message, replace, when } from "../dom.js";
@@ -35,6 +36,7 @@ export async function render(main) {
     h("section", { class: "card" }, h("h3", {}, "Members"),
       h("table", { id: "user-list" }, h("thead", {}, h("tr", {}, ["Email", "Name", "Role", "State", "Signs in", "Member since", "Quota", ""].map((t) => h("th", {}, t)))), rows)),
     quotas.card,
+    roleWeights(),
     mcpServers());
 
   form.addEventListener("submit", async (event) => {
@@ -128,6 +130,29 @@ function quotaEditor(changed) {
     h("table", { id: "role-quota-list" }, h("thead", {}, h("tr", {}, ["Role", "Default quota"].map((t) => h("th", {}, t)))), roleRows),
     form, status);
   return { card, show };
+}
+
+// Each role's weight inside the account: a key's share of a shared model is its own weight times its
+// person's role's; saved one role at a time (an empty weight: 1 again).
+function roleWeights() {
+  const role = h("select", { id: "role-weight-role" }, ROLES.map((r) => h("option", { value: r }, r)));
+  const weight = h("input", { type: "number", min: 0.01, max: 1000, step: "any", id: "role-weight-value", placeholder: "1" });
+  const status = h("p", { id: "role-weight-status" });
+  const rows = h("tbody");
+  const form = h("form", { class: "row", id: "role-weight-form" }, field("Role", role), field("Weight", weight), h("button", { type: "submit" }, "Save"));
+  const show = (weights) => replace(rows, ROLES.map((r) => h("tr", { dataset: { role: r } }, h("td", {}, r), h("td", { class: "weight" }, String(weights[r])))));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      show(await api("PATCH", "/v1/role-weights", { body: { [role.value]: weight.value ? Number(weight.value) : null } }));
+      message(status, "Saved.", "ok");
+    } catch (error) { message(status, error.message); }
+  });
+  api("GET", "/v1/role-weights").then(show, (error) => message(status, error.message));
+  return h("section", { class: "card" }, h("h3", {}, "Role weights"),
+    h("p", { class: "muted" }, "Each role's share of a shared model inside the account: a key's share is its own weight times its person's role's; a sign-in session's is its role's. 1 by default."),
+    h("table", { id: "role-weight-list" }, h("thead", {}, h("tr", {}, ["Role", "Weight"].map((t) => h("th", {}, t)))), rows),
+    form, status);
 }
 
 // The MCP server URLs the account's hosted MCP tools may reach, one per line; saved whole (PUT).
