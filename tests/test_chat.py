@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -782,6 +783,73 @@ PERSON: dict[str, Any] = {
     "required": ["name", "age", "ok"],
     "additionalProperties": False,
 }
+
+
+def _migrated(chat: Chat) -> float:
+    """`modelhost_generations_migrated_total` of the chat deployment."""
+    for line in chat.http.get("/metrics").text.splitlines():
+        if line.startswith("modelhost_generations_migrated_total{") and chat.deployment_id in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _streamed(chat: Chat, body: dict[str, Any], kill_after: int | None = None) -> tuple[str, int, bool]:
+    """A streamed chat answer's text and completion tokens, its replica SIGKILLed once `kill_after`
+    chunks of text have arrived (and whether it was before the answer ended)."""
+    stream = chat.client().chat.completions.create(
+        **body, stream=True, stream_options={"include_usage": True}
+    )
+    parts: list[str] = []
+    tokens, killed = 0, False
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        if kill_after is not None and not killed and len(parts) >= kill_after:
+            [replica] = processes("modelhost.runtime.worker.sync_worker", chat.deployment_id)
+            os.kill(replica, signal.SIGKILL)
+            killed = True
+    return "".join(parts), tokens, killed
+
+
+def test_a_stream_whose_replica_dies_goes_on_on_its_replacement_with_nothing_repeated_or_lost(
+    chat: Chat,
+) -> None:
+    """Issue 73: a generation whose replica is SIGKILLed mid-answer continues on the replacement from the
+    tokens already sent; the client's text and usage equal an undisturbed run's, a JSON-schema answer
+    stays valid across the move. (The kill may come after the replica has generated the whole answer:
+    then nothing moves, and the test sends it again, up to three times.)"""
+    schema = {"name": "person", "schema": PERSON, "strict": True}
+    bodies = [
+        {
+            "model": "chat",
+            "messages": MESSAGES,
+            "max_tokens": 400,
+            "temperature": 0,
+            "extra_body": {"min_tokens": 400},
+        },
+        {
+            "model": "chat",
+            "messages": MESSAGES,
+            "max_tokens": 120,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": schema},
+        },
+    ]
+    for body in bodies:
+        expected, tokens, _ = _streamed(chat, body)
+        for _ in range(3):
+            before = _migrated(chat)
+            text, counted, killed = _streamed(chat, body, kill_after=3)
+            assert killed and (text, counted) == (expected, tokens)
+            if _migrated(chat) == before + 1:
+                break
+        else:
+            pytest.fail("the replica had ended the answer each time before it was killed")
+    jsonschema.validate(json.loads(expected), PERSON)
+    again, _, _ = _streamed(chat, bodies[0])  # the replacement serves as before
+    assert again == _streamed(chat, bodies[0])[0]
 
 
 def test_json_schema_response_format_validates(chat: Chat) -> None:

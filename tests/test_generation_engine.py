@@ -963,3 +963,58 @@ def test_include_stop_str_in_output_releases_the_stop_but_never_what_follows() -
     assert stops.feed("hello E") == "hello "
     assert stops.feed("NDafter xyz") == "END" and stops.stopped
     assert stops.flush() == ""
+
+
+# ---------------------------------------------------------------- continuations (issue 73)
+
+
+def _events(engine: GenerationEngine, seq: Sequence) -> list[Text]:
+    engine.add(seq)
+    texts: list[Text] = []
+    while not engine.idle:
+        texts += [e for _, e in engine.step() if isinstance(e, Text)]
+    return texts
+
+
+def _continued(seq: Sequence, tokens: list[int]) -> Sequence:
+    """`seq` as a continuation after `tokens` of its output (`GenerationRequest.continued`)."""
+    seq.prompt = [*seq.prompt, *tokens]
+    seq.carried = len(tokens)
+    return seq
+
+
+@pytest.mark.parametrize("cut", [1, 7, 23])
+def test_a_continuation_sends_exactly_what_the_undisturbed_generation_sent_after_its_cut(
+    loaded: tuple[Any, Any], cut: int
+) -> None:
+    """Text, token IDs and counts of the events after the cut equal the undisturbed run's (stop strings
+    and a split character included: the replayed decoder and stop strings hold what they held)."""
+    params = {"max_tokens": 40, "min_tokens": 0, "stop": ["zz"]}
+    whole = _events(engine_of(loaded), sequence(loaded, 1, PROMPTS[1], **params))
+    sent = [t for e in whole[:cut] for t in e.token_ids or []]
+    assert [len(e.token_ids or []) for e in whole[:cut]] == [1] * cut  # one token per event
+    rest = _events(engine_of(loaded), _continued(sequence(loaded, 1, PROMPTS[1], **params), sent))
+    assert rest == whole[cut:]
+    assert rest[-1].completion_tokens == whole[-1].completion_tokens  # counted once, from the first
+
+
+def test_a_continuation_under_a_grammar_finishes_a_valid_answer(loaded: tuple[Any, Any]) -> None:
+    import llguidance.hf
+
+    from modelhost.engines.native.guidance import GrammarConstraint
+
+    tokenizer = loaded[1]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    guidance = llguidance.hf.from_tokenizer(tokenizer, n_vocab=engine_of(loaded).vocab_size)
+
+    def constrained() -> Sequence:
+        seq = sequence(loaded, 1, "hello world", max_tokens=60, min_tokens=0)
+        seq.constraint = GrammarConstraint(guidance, json_schema_grammar(schema, 12, strict=True))
+        return seq
+
+    whole = _events(engine_of(loaded), constrained())
+    sent = [t for e in whole[:4] for t in e.token_ids or []]
+    rest = _events(engine_of(loaded), _continued(constrained(), sent))
+    text = "".join(e.text for e in whole[:4]) + "".join(e.text for e in rest)
+    jsonschema.validate(json.loads(text), schema)
+    assert text == "".join(e.text for e in whole)

@@ -107,6 +107,10 @@ class GenerationRequest(msgspec.Struct, tag="generation", kw_only=True, omit_def
     # deployment's shared cache
     cache_salt: str | None = None
     whole: bool = False  # the caller waits for the whole answer: the dispatcher may run it again
+    # a continuation (issue 73, `runtime.gateway.dispatch`): the tokens the replica that died had
+    # generated and sent. The engine takes them as its own output so far (after the prompt, in the
+    # limits, the stop strings' and the grammar's state) and generates what comes next
+    continued: list[int] | None = None
     # ---- a tokenizer question instead of a generation
     tokenize: bool = False
     detokenize: list[int] | None = None
@@ -177,11 +181,13 @@ class GenerationStarted(msgspec.Struct, tag="started", kw_only=True, omit_defaul
 
 class Text(msgspec.Struct, tag="text", kw_only=True, omit_defaults=True):
     """One generated token's text (empty while a character is incomplete) and the tokens generated so
-    far; `finish` (`stop`, `length`) on the last."""
+    far; `finish` (`stop`, `length`) on the last. `token_ids`: the tokens this event adds to the output,
+    from an engine that can continue a generation another replica began (None: one that cannot)."""
 
     text: str = ""
     completion_tokens: int = 0
     finish: str | None = None
+    token_ids: list[int] | None = None
 
 
 class Logprob(msgspec.Struct, tag="logprob"):

@@ -74,6 +74,12 @@ REQUESTS_REQUEUED = Counter(
     "them, or (once per request) while running them.",
     ["deployment"],
 )
+GENERATIONS_MIGRATED = Counter(
+    "modelhost_generations_migrated_total",
+    "Generations that went on on another replica (or the replacement) after theirs died with tokens "
+    "already sent (`runtime.gateway.dispatch`).",
+    ["deployment"],
+)
 GENERATING = Gauge(
     "modelhost_generation_sequences",
     "Sequences held by a deployment's generation engines (running or waiting).",

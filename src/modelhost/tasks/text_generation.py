@@ -124,7 +124,11 @@ class TextGeneration:
         decode = functools.partial(state.tokenizer.decode, skip_special_tokens=skip)
         if strip is not None:
             decode = functools.partial(_stripped, decode, strip)
+        opened = reasoning_open(state, request, prompt)
+        if request.continued:  # after the prompt, as output so far (`Sequence.carried`)
+            prompt = [*prompt, *request.continued]
         sequence = Sequence(request_id, prompt, params, IncrementalDecoder(decode), constraint)
+        sequence.carried = len(request.continued or ())
         sequence.priority, sequence.tenant = request.priority, request.tenant
         sequence.weights = request.weights
         sequence.salt = request.cache_salt
@@ -133,7 +137,7 @@ class TextGeneration:
         state.engine.add(sequence, low=request.low)
         if request.echo:
             state.echo[request_id] = prompt
-        if reasoning_open(state, request, prompt):
+        if opened:
             state.opened.add(request_id)
 
     def cancel(self, state: ChatModel, request_id: int) -> None:

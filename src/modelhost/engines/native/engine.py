@@ -81,6 +81,9 @@ class Sequence:
     # tells different images apart; the model sees `image_token` there.
     images: dict[str, Any] | None = None
     image_token: int = -1
+    # a continuation (`GenerationRequest.continued`): its prompt's last `carried` tokens are output the
+    # replica that died had sent, counted as generated (limits, penalties, `completion_tokens`)
+    carried: int = 0
 
     @property
     def reusable(self) -> int:
@@ -96,6 +99,19 @@ class Sequence:
     @property
     def length(self) -> int:
         return len(self.prompt) + len(self.generated)
+
+    @property
+    def produced(self) -> int:
+        """Output tokens so far, those carried over included."""
+        return self.carried + len(self.generated)
+
+    @property
+    def output(self) -> list[int]:
+        return (
+            [*self.prompt[len(self.prompt) - self.carried :], *self.generated]
+            if self.carried
+            else self.generated
+        )
 
 
 class GenerationEngine(Engine[Sequence]):
@@ -183,9 +199,12 @@ class GenerationEngine(Engine[Sequence]):
                 f"The model's {self.max_running} generation slots are busy and {self.max_waiting} "
                 "requests already wait for one; retry later."
             )
-        if sequence.params.seed is not None:
-            sequence.generator = torch.Generator(device=self.device).manual_seed(sequence.params.seed)
+        if sequence.params.seed is not None:  # a continuation's: a fresh stream, from the seed and the cut
+            seed = sequence.params.seed + sequence.carried
+            sequence.generator = torch.Generator(device=self.device).manual_seed(seed)
         sequence.stops = StopStrings(sequence.params.stop, include=sequence.params.include_stop_str_in_output)
+        if sequence.carried:
+            _replay(sequence)
         sequence.low = low
         if not low:
             self._interactive_at = self._clock()
@@ -557,7 +576,7 @@ class GenerationEngine(Engine[Sequence]):
         """One token per row of `logits` (raw model scores), each under its sequence's parameters.
         Greedy rows without logits processing (the common case) take one argmax for all of them."""
         logprobs = torch.log_softmax(logits, dim=-1) if any(s.params.logprobs for s in sequences) else None
-        early = [r for r, s in enumerate(sequences) if len(s.generated) < s.params.min_tokens]
+        early = [r for r, s in enumerate(sequences) if s.produced < s.params.min_tokens]
         processed = [r for r, s in enumerate(sequences) if self._needs_processing(s)]
         if early or processed:
             logits = logits.clone()
@@ -581,7 +600,7 @@ class GenerationEngine(Engine[Sequence]):
 
     def _needs_processing(self, sequence: Sequence) -> bool:
         params = sequence.params
-        penalized = sequence.generated and (params.presence_penalty or params.frequency_penalty)
+        penalized = sequence.produced and (params.presence_penalty or params.frequency_penalty)
         repeated = params.repetition_penalty != 1.0
         return bool(penalized or repeated or params.logit_bias or sequence.constraint is not None)
 
@@ -592,9 +611,9 @@ class GenerationEngine(Engine[Sequence]):
         params = sequence.params
         if params.repetition_penalty != 1.0:
             _repetition_penalty(scores, sequence, params.repetition_penalty)
-        if sequence.generated and (params.presence_penalty or params.frequency_penalty):
+        if sequence.produced and (params.presence_penalty or params.frequency_penalty):
             counts = torch.bincount(
-                torch.tensor(sequence.generated, device=scores.device), minlength=scores.shape[0]
+                torch.tensor(sequence.output, device=scores.device), minlength=scores.shape[0]
             )[: scores.shape[0]].to(scores.dtype)
             scores -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(
                 scores.dtype
@@ -626,7 +645,7 @@ class GenerationEngine(Engine[Sequence]):
     def _emit(self, sequence: Sequence, token: int) -> None:
         """Record a sampled token, release its text, decide whether the sequence is finished."""
         params = sequence.params
-        ready = len(sequence.generated) >= params.min_tokens
+        ready = sequence.produced >= params.min_tokens
         is_eos = ready and token in self.eos_ids and not params.ignore_eos
         # a stop token (`stop_token_ids`) ends it as the end of sequence does: not in the text nor
         # counted, unless `include_stop_str_in_output` (then both, as vLLM)
@@ -636,8 +655,9 @@ class GenerationEngine(Engine[Sequence]):
             sequence.constraint.accept(token)
         finish: str | None = None
         if silent:
-            text, finish = "", "stop"
+            text, finish, added = "", "stop", []
         else:
+            added = [token]
             sequence.generated.append(token)
             self.served.charge(sequence.tenant, output=1)
             text = sequence.stops.feed(sequence.decoder.push(token))
@@ -645,15 +665,28 @@ class GenerationEngine(Engine[Sequence]):
             if finish is None and sequence.constraint is not None and sequence.constraint.done:
                 finish = "stop"
             if finish is None and (
-                len(sequence.generated) >= params.max_tokens or sequence.length >= self.context_length
+                sequence.produced >= params.max_tokens or sequence.length >= self.context_length
             ):
                 finish = "length"
         if finish is not None:
             text += sequence.stops.feed(sequence.decoder.flush()) + sequence.stops.flush()
             sequence.finish = finish
         self._pending.append(
-            (sequence.id, Text(text=text, completion_tokens=len(sequence.generated), finish=finish))
+            (
+                sequence.id,
+                Text(text=text, completion_tokens=sequence.produced, finish=finish, token_ids=added),
+            )
         )
+
+
+def _replay(sequence: Sequence) -> None:
+    """A continuation's carried tokens through what `_emit` keeps per sequence (the grammar's state, the
+    text decoder's, the stop strings'), their text dropped: the replica that died sent it. What comes
+    next is then decoded, matched and constrained exactly as on the replica it left."""
+    for token in sequence.prompt[len(sequence.prompt) - sequence.carried :]:
+        if sequence.constraint is not None:
+            sequence.constraint.accept(token)
+        sequence.stops.feed(sequence.decoder.push(token))
 
 
 def default_cache_bytes(device: torch.device, layout: CacheLayout, context_length: int, slots: int) -> int:

@@ -16,6 +16,12 @@ caller gets a 502 `replica_crashed` (`errors.Crashed`, with `x-should-retry: fal
 and Anthropic SDKs do not send it again either), or that error as the last event of a stream already
 under way. A vLLM replica whose engine died says so in the request's error event (`crashed`), which is
 the same 502. The replica itself is replaced as for any death.
+
+A generation is the exception, once (issue 73): one that has sent its client at least one token, from an
+engine that says which tokens (`Text.token_ids`), continues on another replica (or the replacement) as
+a continuation, its prompt followed by the tokens already sent (`GenerationRequest.continued`); the
+client's stream goes on with no token repeated or missing. If that replica dies too, the request fails
+as above: a poisoned request costs at most two replicas.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from modelhost.errors import (
 from modelhost.generation.contract import (
     GenerationEvent,
     GenerationFailed,
+    GenerationRequest,
     GenerationStarted,
     StreamRequest,
     Text,
@@ -204,6 +211,7 @@ class Dispatcher:
         span = tracing.started("dispatch")
         started, first = time.perf_counter(), 0.0  # its dispatch, its first token
         lost = Losses(self.deployment_id)
+        sent = Sent()
         held: list[GenerationEvent] = []  # a whole answer's events, until its generation ends
         try:
             while True:
@@ -214,9 +222,12 @@ class Dispatcher:
                             if isinstance(event, GenerationFailed):
                                 raise item_failure(event)
                             if isinstance(event, GenerationStarted):
+                                if sent.migrated:  # its client has had the first replica's
+                                    continue
                                 prompt = event.prompt_tokens
                             elif isinstance(event, Text):
                                 completion = event.completion_tokens
+                                sent.add(event)
                             if not first and completion:
                                 first = time.perf_counter()
                                 TALLY.observe(metrics.TIME_TO_FIRST_TOKEN, self._labels, first - started)
@@ -230,8 +241,13 @@ class Dispatcher:
                         yield event
                     return
                 except ReplicaDied as exc:
-                    lost.died(exc)  # raises `Crashed` where the replica had begun it
-                    held.clear()
+                    continuation = sent.continuation(request, completion, exc)
+                    if continuation is not None:
+                        request = continuation
+                        metrics.GENERATIONS_MIGRATED.labels(self.deployment_id).inc()
+                        tracing.current_attributes({"modelhost.migrated": True})
+                    else:
+                        lost.died(exc)  # raises `Crashed` where the replica had begun it
                     async with asyncio.timeout(self.timeout):  # the replacement's start, within a bound
                         target = await self._live(await targets(), targets)
         except TimeoutError as exc:
@@ -263,6 +279,32 @@ class Losses:
         self.requeued += 1
         metrics.REQUESTS_REQUEUED.labels(self.deployment_id).inc()
         tracing.current_attributes({"modelhost.requeued": True})
+
+
+class Sent:
+    """What one generation has sent its client, as far as a continuation needs it: its output tokens'
+    IDs, while every event has said them (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.known = True  # every token sent so far came with its ID
+        self.migrated = False
+
+    def add(self, event: Text) -> None:
+        if event.token_ids is None:
+            self.known = False
+        else:
+            self.tokens += event.token_ids
+
+    def continuation(self, request: StreamRequest, completion: int, exc: ReplicaDied) -> StreamRequest | None:
+        """The request that carries on where its dead replica stopped; None where it cannot: nothing
+        sent yet (the rules of `Losses` apply), an engine that does not say its tokens, or moved once
+        already."""
+        can = isinstance(request, GenerationRequest) and not isinstance(exc, ReplicaDiedBeforeStart)
+        if not can or self.migrated or not completion or not self.known or len(self.tokens) != completion:
+            return None
+        self.migrated = True
+        return msgspec.structs.replace(request, continued=list(self.tokens))
 
 
 def _crashed(why: str) -> Crashed:
