@@ -405,7 +405,9 @@ def test_max_tokens_finishes_with_length_and_counts_tokens(loaded: tuple[Any, An
     engine.add(sequence(loaded, 1, "hello world", max_tokens=3, min_tokens=3))
     events = [e for _, e in [*engine.step(), *engine.step(), *engine.step()]]
     assert events[0] == GenerationStarted(prompt_tokens=2, cached_tokens=0)
-    assert events[-1] == Text(text=events[-1].text, completion_tokens=3, finish="length")  # type: ignore[union-attr]
+    last = events[-1]
+    assert isinstance(last, Text) and last.token_ids is not None and len(last.token_ids) == 1
+    assert last == Text(text=last.text, completion_tokens=3, finish="length", token_ids=last.token_ids)
     assert engine.idle
 
 
