@@ -785,10 +785,11 @@ PERSON: dict[str, Any] = {
 }
 
 
-def _migrated(chat: Chat) -> float:
-    """`modelhost_generations_migrated_total` of the chat deployment."""
+def _migrated(chat: Chat, reason: str = "died") -> float:
+    """`modelhost_generations_migrated_total` of the chat deployment, for one reason."""
     for line in chat.http.get("/metrics").text.splitlines():
-        if line.startswith("modelhost_generations_migrated_total{") and chat.deployment_id in line:
+        ours = line.startswith("modelhost_generations_migrated_total{") and f'reason="{reason}"' in line
+        if ours and chat.deployment_id in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
@@ -2209,6 +2210,34 @@ def test_a_rollout_and_a_rollback_under_load_fail_no_request(
     for artifact_id in (old, new):
         assert f'artifact_id="{artifact_id}",deployment="{chat.deployment_id}",status="200"' in metrics
     chat.http.delete(f"/v1/deployments/{emb['id']}", headers=headers)
+
+
+def test_a_rollouts_old_version_hands_its_long_streams_to_the_new_one_and_drains_in_seconds(
+    chat: Chat, recipes: Path, tmp_path: Path
+) -> None:
+    """Issue 73: four streams of 1,900 greedy tokens run on the version a rollout replaces; once the new
+    version is ready, the old one hands them off (it does not wait for their end) and each goes on on
+    the new version with no token repeated or missing. The versions are the same weights, so each text
+    equals an undisturbed run's."""
+    headers = bearer(chat.key)
+    old = chat.http.get(f"/v1/deployments/{chat.deployment_id}", headers=headers).json()["artifact_id"]
+    new = push_folder_sync(chat.http, chat.key, long_context_copy(recipes, tmp_path), "text-generation")
+    body = {"model": "chat", "messages": MESSAGES, "max_tokens": 1900, "temperature": 0}
+    body["extra_body"] = {"min_tokens": 1900}
+    expected, tokens, _ = _streamed(chat, body)
+    handed_off = _migrated(chat, "drained")
+    with ThreadPoolExecutor(4) as pool:
+        streams = [pool.submit(_streamed, chat, body) for _ in range(4)]
+        time.sleep(0.5)  # all four under way on the old version
+        assert not any(s.done() for s in streams)
+        roll(chat, {chat.deployment_id: new})  # the new version loads, then the old one drains
+        finished = [s.done() for s in streams]
+        answers = [s.result() for s in streams]
+    print(f"\nthe old version drained with {finished.count(False)} of 4 streams still running")
+    assert not all(finished)  # the drain did not wait for them
+    assert [(text, counted) for text, counted, _ in answers] == [(expected, tokens)] * 4
+    assert _migrated(chat, "drained") - handed_off == finished.count(False)
+    roll(chat, {chat.deployment_id: old})
 
 
 def test_a_ten_percent_canary_takes_ten_percent_of_a_thousand_requests(chat: Chat, recipes: Path) -> None:

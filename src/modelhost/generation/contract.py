@@ -233,12 +233,19 @@ class VideoDone(msgspec.Struct, tag="video", kw_only=True):
     frames: int
 
 
-GenerationEvent = GenerationStarted | Text | Logprob | Tokenized | GenerationFailed | Progress | VideoDone
+class Moved(msgspec.Struct, tag="moved"):
+    """The replica handed the generation off (a drain, issue 73): the gateway continues it on another
+    replica from the tokens it has sent (`runtime.gateway.dispatch`). No client ever sees it."""
+
+
+GenerationEvent = (
+    GenerationStarted | Text | Logprob | Tokenized | GenerationFailed | Progress | VideoDone | Moved
+)
 
 
 def is_last(event: GenerationEvent) -> bool:
     """Whether the stream ends with this event."""
-    return isinstance(event, GenerationFailed | Tokenized | VideoDone) or (
+    return isinstance(event, GenerationFailed | Tokenized | VideoDone | Moved) or (
         isinstance(event, Text) and event.finish is not None
     )
 

@@ -76,9 +76,9 @@ REQUESTS_REQUEUED = Counter(
 )
 GENERATIONS_MIGRATED = Counter(
     "modelhost_generations_migrated_total",
-    "Generations that went on on another replica (or the replacement) after theirs died with tokens "
-    "already sent (`runtime.gateway.dispatch`).",
-    ["deployment"],
+    "Generations that went on on another replica, by `reason`: `died` (theirs died with tokens already "
+    "sent) or `drained` (theirs handed them off: a rollout's old version, a scale-down).",
+    ["deployment", "reason"],
 )
 GENERATING = Gauge(
     "modelhost_generation_sequences",

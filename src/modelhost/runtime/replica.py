@@ -121,6 +121,11 @@ class Replica(Protocol):
         cannot tell, which counts as busy)."""
         ...
 
+    def handoff(self) -> None:
+        """A drain (issue 73): ask the replica to hand its generations off, each to continue elsewhere
+        (`replica_protocol.Handoff`). A replica whose engine cannot keeps them until they end."""
+        ...
+
     @property
     def shared_meter(self) -> str | None:
         """The billing meter key every gateway uses for this replica when gateways share it (a Serve

@@ -73,6 +73,12 @@ class Stop(msgspec.Struct, tag="stop", array_like=True):
     """Exit now (the supervisor unloads the replica)."""
 
 
+class Handoff(msgspec.Struct, tag="handoff", array_like=True):
+    """Hand every generation off now (a drain: a rollout's old version, a scale-down): each ends with a
+    `Moved` event and continues elsewhere, and a generation that arrives later is handed off at once.
+    An engine that cannot continue another's generation keeps its own until they end."""
+
+
 class Started(msgspec.Struct, tag="started", array_like=True):
     """These requests of this connection are in the batch the model runs now. Sent before the model
     call: if the replica dies, the gateway knows which requests may have caused it (they fail) and which
@@ -128,7 +134,7 @@ class LoadFailed(msgspec.Struct, tag="load_failed", array_like=True):
     reason: str
 
 
-ToReplica = Run | Generate | Cancel | StatsRequest | Stop
+ToReplica = Run | Generate | Cancel | StatsRequest | Stop | Handoff
 FromReplica = Started | Results | Failed | Events | Stats | Ready | LoadFailed
 
 _encoder = msgspec.msgpack.Encoder()

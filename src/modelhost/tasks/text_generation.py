@@ -168,6 +168,11 @@ class TextGeneration:
         ready, state.ready = state.ready, []
         return [request_id for request_id, _ in ready] + state.engine.abort()
 
+    def handoff(self, state: ChatModel) -> list[int] | None:
+        """Every generation continues elsewhere: each token's event says its ID (`Text.token_ids`), and
+        this engine takes a continuation (`GenerationRequest.continued`)."""
+        return self.abort(state)
+
     def idle(self, state: ChatModel) -> bool:
         return state.engine.idle and not state.ready
 

@@ -93,6 +93,10 @@ class TextToVideo:
     def cache_usage(self, state: VideoModel) -> None:
         return None  # a diffusion pipeline keeps no KV cache between requests
 
+    def handoff(self, state: VideoModel) -> list[int] | None:
+        """A video job has no continuation: it runs to its end."""
+        return None
+
     def abort(self, state: VideoModel) -> list[int]:
         jobs = [*state.waiting, *([state.running] if state.running else [])]
         for job in jobs:

@@ -6,6 +6,10 @@ that one replica serves the base and every adapter attached to it, many in one b
 `AdapterRouting` wraps the runtime of a gateway process (the supervisor's `ReplicaManager` or another
 process's `RemoteRuntime`): routes, the Responses service and the agent runner call it with the
 deployment the client named, and never need to know which kind it is.
+
+It is also where a generation handed off by a draining replica goes on (`MovedAway`, issue 73): sent
+again to the deployment itself, not to the version it ran on, so that a rollout's old version hands
+its generations to the version that serves now.
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ from typing import Any
 
 import msgspec
 
+from modelhost.errors import DeploymentUnavailable
 from modelhost.generation.contract import Adapter, GenerationEvent, GenerationRequest, StreamRequest
+from modelhost.routing import split_key
+from modelhost.runtime.gateway.dispatch import MovedAway
 from modelhost.runtime.gateway.interface import Runtime
 from modelhost.runtime.spec import AdapterTarget, LiveStatus
 
 Payload = dict[str, Any]
+MAX_MOVES = 4  # hand-offs one generation follows (drains one after another); more: 503
 
 
 class AdapterRouting:
@@ -55,9 +63,17 @@ class AdapterRouting:
         target = await self._target(deployment_id)
         if target is not None:
             deployment_id, item = target.base_id, _with_adapter(item, target)
-        async with contextlib.aclosing(self._inner.stream(deployment_id, item)) as events:
-            async for event in events:
-                yield event
+        for _ in range(MAX_MOVES + 1):
+            try:
+                async with contextlib.aclosing(self._inner.stream(deployment_id, item)) as events:
+                    async for event in events:
+                        yield event
+                return
+            except MovedAway as moved:  # a drain: on to whatever serves the deployment now
+                deployment_id, item = split_key(deployment_id)[0], moved.request
+        raise DeploymentUnavailable(
+            "The deployment's replicas kept handing this generation off; retry shortly."
+        )
 
     async def status(self, deployment_id: str) -> LiveStatus:
         """An adapter is as loaded as its base; the memory it holds is its own weights' in each of the

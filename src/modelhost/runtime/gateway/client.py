@@ -223,7 +223,7 @@ class ReplicaConnection(asyncio.Protocol):
             self._waiting.calls.pop(request_id, None)
 
     def send(self, message: msgspec.Struct) -> None:
-        """A message that expects no answer (`Stop`)."""
+        """A message that expects no answer (`Stop`, `Handoff`)."""
         self._write(message)
 
     def close(self) -> None:

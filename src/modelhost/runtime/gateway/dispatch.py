@@ -22,6 +22,12 @@ engine that says which tokens (`Text.token_ids`), continues on another replica (
 a continuation, its prompt followed by the tokens already sent (`GenerationRequest.continued`); the
 client's stream goes on with no token repeated or missing. If that replica dies too, the request fails
 as above: a poisoned request costs at most two replicas.
+
+A replica that drains (a rollout's old version, a scale-down) hands its generations off instead of
+finishing them: each ends with a `Moved` event, and the dispatcher raises `MovedAway` with the request
+that continues it (the one sent, if it had not begun). The runtime as callers see it
+(`runtime.gateway.adapters`) sends that on to the deployment's serving replicas, whichever version
+they are now.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from modelhost.generation.contract import (
     GenerationFailed,
     GenerationRequest,
     GenerationStarted,
+    Moved,
     StreamRequest,
     Text,
     failed,
@@ -211,7 +218,7 @@ class Dispatcher:
         span = tracing.started("dispatch")
         started, first = time.perf_counter(), 0.0  # its dispatch, its first token
         lost = Losses(self.deployment_id)
-        sent = Sent()
+        sent = Sent(request)
         held: list[GenerationEvent] = []  # a whole answer's events, until its generation ends
         try:
             while True:
@@ -222,13 +229,18 @@ class Dispatcher:
                             if isinstance(event, GenerationFailed):
                                 raise item_failure(event)
                             if isinstance(event, GenerationStarted):
-                                if sent.migrated:  # its client has had the first replica's
+                                if sent.started:  # its client has had the first replica's
                                     continue
-                                prompt = event.prompt_tokens
+                                sent.started, prompt = True, event.prompt_tokens
                             elif isinstance(event, Text):
                                 completion = event.completion_tokens
                                 sent.add(event)
-                            if not first and completion:
+                            elif isinstance(event, Moved):
+                                for held_event in held:  # what it sent so far, before it goes on
+                                    yield held_event
+                                metrics.GENERATIONS_MIGRATED.labels(self.deployment_id, "drained").inc()
+                                raise MovedAway(sent.moved(request))
+                            if not first and completion > sent.carried and not sent.carried_in:
                                 first = time.perf_counter()
                                 TALLY.observe(metrics.TIME_TO_FIRST_TOKEN, self._labels, first - started)
                                 self.first_token_seconds += first - started
@@ -244,7 +256,7 @@ class Dispatcher:
                     continuation = sent.continuation(request, completion, exc)
                     if continuation is not None:
                         request = continuation
-                        metrics.GENERATIONS_MIGRATED.labels(self.deployment_id).inc()
+                        metrics.GENERATIONS_MIGRATED.labels(self.deployment_id, "died").inc()
                         tracing.current_attributes({"modelhost.migrated": True})
                     else:
                         lost.died(exc)  # raises `Crashed` where the replica had begun it
@@ -257,8 +269,8 @@ class Dispatcher:
             ) from exc
         finally:
             self._release()
-            count_tokens(prompt, completion)
-            if completion > 1:
+            count_tokens(prompt, max(0, completion - sent.carried))  # a continuation's carried: counted
+            if completion > 1 and first:
                 per_token = (time.perf_counter() - first) / (completion - 1)
                 TALLY.observe(metrics.TIME_PER_OUTPUT_TOKEN, self._labels, per_token)
             if span is not None:
@@ -281,14 +293,27 @@ class Losses:
         tracing.current_attributes({"modelhost.requeued": True})
 
 
+class MovedAway(Exception):
+    """The replica handed the generation off (a drain): `request` continues it elsewhere."""
+
+    def __init__(self, request: StreamRequest) -> None:
+        super().__init__("the replica handed the generation off")
+        self.request = request
+
+
 class Sent:
     """What one generation has sent its client, as far as a continuation needs it: its output tokens'
-    IDs, while every event has said them (see the module docstring)."""
+    IDs, while every event has said them (see the module docstring). A continuation starts with the
+    tokens it carries: its client has had their text and the first replica's `Started`."""
 
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
+    def __init__(self, request: StreamRequest) -> None:
+        carried = request.continued if isinstance(request, GenerationRequest) else None
+        self.tokens: list[int] = list(carried or ())
+        self.carried = len(self.tokens)  # counted where they were generated
+        self.carried_in = carried is not None
+        self.started = carried is not None  # its client has had a `Started`
         self.known = True  # every token sent so far came with its ID
-        self.migrated = False
+        self.migrated = carried is not None  # moved once: a death then fails it (at most two replicas)
 
     def add(self, event: Text) -> None:
         if event.token_ids is None:
@@ -304,6 +329,15 @@ class Sent:
         if not can or self.migrated or not completion or not self.known or len(self.tokens) != completion:
             return None
         self.migrated = True
+        return msgspec.structs.replace(request, continued=list(self.tokens))
+
+    def moved(self, request: StreamRequest) -> StreamRequest:
+        """The request that continues a generation its replica handed off: the one sent, where it had
+        not begun; else a continuation from the tokens sent (none yet, maybe)."""
+        if not self.started or not isinstance(request, GenerationRequest):
+            return request
+        if not self.known:  # an engine that hands off says its tokens: never reached
+            raise _crashed("it was handed off without its tokens")
         return msgspec.structs.replace(request, continued=list(self.tokens))
 
 

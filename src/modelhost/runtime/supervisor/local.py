@@ -36,7 +36,7 @@ from modelhost.runtime.replica import (
     ReplicaSpec,
     ReplicaStats,
 )
-from modelhost.runtime.replica_protocol import LoadFailed, Stop
+from modelhost.runtime.replica_protocol import Handoff, LoadFailed, Stop
 from modelhost.runtime.supervisor.launch import worker_launch
 from modelhost.runtime.worker.spawn import WorkerProcess, start_worker
 
@@ -169,6 +169,10 @@ class LocalProcessReplica:
         except (TimeoutError, ReplicaDied):
             return -1  # cannot tell: do not unload it under someone
         return stats.queued + stats.running
+
+    def handoff(self) -> None:
+        if self.alive and self._connection is not None and self._connection.alive:
+            self._connection.send(Handoff())
 
     async def unload(self) -> None:
         """Ask the worker to stop; kill it if it does not within a few seconds. Idempotent."""

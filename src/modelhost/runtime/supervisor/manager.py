@@ -511,6 +511,7 @@ class DeploymentRuntime:
         self._scaled(before, len(self.replicas), decision.reason, "down")
         deadline = self._clock.monotonic() + self._manager.settings.shutdown_drain_seconds
         await asyncio.sleep(DRAIN_GRACE_SECONDS)  # the other gateway processes hear of it a moment later
+        leaving.handoff()  # its generations go on on the others (issue 73)
         while leaving.alive and self._clock.monotonic() < deadline:
             if leaving.in_flight == 0 and await leaving.held() == 0:
                 break
@@ -783,7 +784,10 @@ class ReplicaManager:
         again meanwhile (a rollback: it serves on)."""
         deadline = self.clock.monotonic() + self.settings.request_timeout_seconds
         runtime.leaving, runtime.wants_memory = True, False
-        await asyncio.sleep(DRAIN_GRACE_SECONDS)
+        await asyncio.sleep(DRAIN_GRACE_SECONDS)  # every gateway process routes to the new version now
+        if self._state_of(runtime.spec) == "draining":
+            for replica in runtime.replicas:  # its generations go on on the version that serves (issue 73)
+                replica.handoff()
         while self._state_of(runtime.spec) == "draining" and self.clock.monotonic() < deadline:
             if not await runtime.busy():
                 break

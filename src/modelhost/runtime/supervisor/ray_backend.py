@@ -867,6 +867,9 @@ class RayServeReplica:
         """What this gateway has in flight on the application (Serve scales it down by itself)."""
         return len(self._pending)
 
+    def handoff(self) -> None:
+        """Serve drains its own replicas (it scales the application): nothing is handed off."""
+
     def measure(self, table: dict[int, int]) -> Footprint:
         """What the Serve replicas last reported (they measure themselves, on whichever node)."""
         return Footprint(sum(used for _, used in self._memory))

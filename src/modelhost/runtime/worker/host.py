@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 import traceback
 from collections import deque
@@ -55,6 +56,7 @@ from modelhost.generation.contract import (
     GenerationFailed,
     GenerationRequest,
     GenerationStarted,
+    Moved,
     StreamRequest,
     Text,
     failed,
@@ -69,6 +71,7 @@ from modelhost.runtime.replica_protocol import (
     Events,
     Failed,
     Generate,
+    Handoff,
     Payload,
     Result,
     Results,
@@ -83,6 +86,7 @@ from modelhost.tasks.base import AnyTaskHandler, is_streaming
 log = logging.getLogger("modelhost.replica")
 Peer = Hashable
 BUSY_SECONDS = 0.5  # an interactive request this recent means interactive traffic is going on
+HANDOFF_SECONDS = 2.0  # after a `Handoff`, generations that arrive are handed off too (`_handoff`)
 LOW_WHILE_BUSY = 1  # the low requests a batch may carry meanwhile (module docstring)
 
 
@@ -159,6 +163,7 @@ class ReplicaHost:
         self._max_wait = max_wait
         self._clock = clock
         self.streaming = is_streaming(handler)
+        self._handing_off_until = -math.inf  # a drain's `Handoff`: new generations go elsewhere until then
         self._queues: dict[str, deque[_Waiting]] = {}  # per tenant, in the order of their turns
         self._low_queues: dict[str, deque[_Waiting]] = {}  # the same for `low` requests
         self._queued = 0
@@ -197,6 +202,25 @@ class ReplicaHost:
             self._cancel(peer, message.id)
         elif isinstance(message, StatsRequest):
             self._other.append((peer, Stats(message.id, self._queued, self.running)))
+        elif isinstance(message, Handoff):
+            self._handoff()
+
+    def _handoff(self) -> None:
+        """A drain: every generation ends with `Moved` (its gateway continues it elsewhere), and so does
+        each that arrives in the next `HANDOFF_SECONDS` (from a gateway process that has not heard of the
+        drain yet; later, a rollback may have made it serve again); nothing where the engine cannot
+        continue another's."""
+        if not is_streaming(self._handler) or (keys := self._handler.handoff(self._state)) is None:
+            return
+        self._handing_off_until = self._clock() + HANDOFF_SECONDS
+        for key in keys:
+            stream = self._streams.pop(key, None)
+            if stream is None:
+                continue
+            self._stream_keys.pop((stream.peer, stream.id), None)
+            if stream.trace is not None:
+                stream.trace.end()
+            self._event(stream.peer, stream.id, Moved())
 
     def drop(self, peer: Peer) -> None:
         """The connection closed: forget its waiting requests, stop its generations."""
@@ -225,6 +249,9 @@ class ReplicaHost:
     def _generate(self, peer: Peer, message: Generate) -> None:
         if not is_streaming(self._handler):
             self._event(peer, message.id, failed("this replica serves a batch task", internal=True))
+            return
+        if self._clock() < self._handing_off_until:  # a drain: it runs elsewhere
+            self._event(peer, message.id, Moved())
             return
         key = next(self._keys)
         # begun from here on (its template rendered, its grammar compiled): if that kills the replica,
