@@ -69,6 +69,7 @@ bench:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.routing
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.tiers
 	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.fair_generation
+	HF_HUB_OFFLINE=1 .venv/bin/python -m bench.migration
 	.venv/bin/python -m bench.compare
 
 ## Text generation on a GPU machine (a 0.95 B model; needs CUDA): writes its section of docs/benchmarks.md.

@@ -244,6 +244,7 @@ class ReplicaConnection(asyncio.Protocol):
         self._waiting.fail_all(self._lost)
         if not self.hello.done():
             self.hello.set_exception(self._lost)
+            self.hello.exception()  # marked read: only the supervisor's lifeline ever awaits a hello
         if self._on_lost is not None:
             self._on_lost(self)
 
