@@ -240,7 +240,7 @@ class Dispatcher:
                                     yield held_event
                                 metrics.GENERATIONS_MIGRATED.labels(self.deployment_id, "drained").inc()
                                 raise MovedAway(sent.moved(request))
-                            if not first and completion > sent.carried and not sent.carried_in:
+                            if not first and completion and not sent.carried_in:  # a continuation: none
                                 first = time.perf_counter()
                                 TALLY.observe(metrics.TIME_TO_FIRST_TOKEN, self._labels, first - started)
                                 self.first_token_seconds += first - started
