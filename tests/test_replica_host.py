@@ -16,10 +16,10 @@ import msgspec
 import pytest
 
 from modelhost.errors import Crashed, InvalidRequest
-from modelhost.generation.contract import GenerationRequest, Sampling, Text
+from modelhost.generation.contract import GenerationRequest, GenerationStarted, Moved, Sampling, Text
 from modelhost.metrics import sample
 from modelhost.runtime.gateway.client import Waiters
-from modelhost.runtime.gateway.dispatch import Dispatcher
+from modelhost.runtime.gateway.dispatch import Dispatcher, MovedAway
 from modelhost.runtime.replica import ReplicaDied, ReplicaDiedBeforeStart
 from modelhost.runtime.replica_protocol import (
     Cancel,
@@ -28,6 +28,7 @@ from modelhost.runtime.replica_protocol import (
     Failed,
     FrameReader,
     Generate,
+    Handoff,
     Result,
     Results,
     Run,
@@ -91,6 +92,9 @@ class Counter:
     def abort(self, state: Any) -> list[int]:
         keys, self.left = list(self.left), {}
         return keys
+
+    def handoff(self, state: Any) -> list[int] | None:
+        return self.abort(state)
 
     def idle(self, state: Any) -> bool:
         return not self.left
@@ -471,6 +475,27 @@ def test_cancelling_a_stream_or_closing_its_connection_stops_it_before_the_next_
     assert host.running == 1
 
 
+def test_a_handoff_ends_every_stream_with_moved_and_hands_off_those_arriving_for_two_seconds() -> None:
+    """A drain (issue 73): every generation's gateway is told to continue it elsewhere, and one that
+    arrives from a gateway that has not heard of the drain yet goes there too, for `HANDOFF_SECONDS`;
+    after that (a rollback may have made the replica serve again) it runs here."""
+    clock = Clock()
+    host = host_of(Counter(), clock)
+    host.receive("g1", Generate(1, counting(5)))
+    host.receive("g2", Generate(1, counting(5)))
+    host.work()
+    answers(host)
+    host.receive("supervisor", Handoff())
+    assert answers(host) == {"g1": [(1, Moved())], "g2": [(1, Moved())]}
+    assert host.running == 0 and host.due() is None
+    clock.now += 1.9
+    host.receive("g1", Generate(2, counting(5)))
+    assert answers(host) == {"g1": [(2, Moved())]} and host.running == 0
+    clock.now += 0.2
+    host.receive("g1", Generate(3, counting(5)))
+    assert host.running == 1
+
+
 class Generator(Counter):
     """Counter's streams as a generation engine reports them: each step's event counts the tokens so far."""
 
@@ -569,3 +594,105 @@ def test_frames_are_cut_right_however_the_bytes_arrive() -> None:
         pieces = [stream[start : start + chunk] for start in range(0, len(stream), chunk)]
         bodies = [body for piece in pieces for body in reader.feed(piece)]
         assert [decode_to_replica(b) for b in bodies] == [Run(i, {"text": "x" * i}) for i in range(1, 6)]
+
+
+class Counting:
+    """A replica that generates tokens 100, 101, ... (one `Text` each, with its ID) up to `max_tokens`,
+    after those a continuation carries; it dies after `die_after` of its own tokens, or hands the
+    generation off (`Moved`) there when `hand_off`."""
+
+    def __init__(self, die_after: int | None = None, hand_off: bool = False) -> None:
+        self.die_after, self.hand_off = die_after, hand_off
+        self.alive, self.in_flight = True, 0
+        self.route = secrets.token_hex(4)  # its name for routing
+        self.requests: list[GenerationRequest] = []
+
+    async def submit(self, item: dict[str, Any], trace: str = "") -> dict[str, Any]:
+        raise AssertionError("a generation only")
+
+    async def stream(self, request: GenerationRequest, trace: str = "") -> AsyncGenerator[Any, None]:
+        self.requests.append(request)
+        carried = list(request.continued or ())
+        yield GenerationStarted(prompt_tokens=5 + len(carried))
+        total = request.params.max_tokens or 0
+        for n in range(len(carried), total):
+            if self.die_after is not None and n - len(carried) == self.die_after:
+                self.alive = False
+                raise ReplicaDied("the replica's worker process exited")
+            if self.hand_off and n - len(carried) == 3:
+                yield Moved()
+                return
+            yield Text(
+                text=f"<{n}>",
+                completion_tokens=n + 1,
+                token_ids=[100 + n],
+                finish="length" if n + 1 == total else None,
+            )
+
+
+def _request(tokens: int) -> GenerationRequest:
+    return GenerationRequest(prompt="p", params=Sampling(max_tokens=tokens))
+
+
+def _replacing(*replicas: Counting) -> Callable[[], Awaitable[list[Counting]]]:
+    """The first of `replicas` alive: each the replacement of the one before."""
+
+    async def targets() -> list[Counting]:
+        return [next(r for r in replicas if r.alive)]
+
+    return targets
+
+
+async def test_a_generation_whose_replica_dies_after_its_first_token_goes_on_on_another_once() -> None:
+    dying, replacement = Counting(die_after=4), Counting()
+    dispatcher = Dispatcher("dep_moving", 8, 10.0)
+    events = [e async for e in dispatcher.stream(_replacing(dying, replacement), _request(10))]
+    texts = [e for e in events if isinstance(e, Text)]
+    assert "".join(t.text for t in texts) == "".join(f"<{n}>" for n in range(10))  # none repeated or lost
+    assert sum(isinstance(e, GenerationStarted) for e in events) == 1  # its client had one
+    assert texts[-1].completion_tokens == 10
+    assert replacement.requests[0].continued == [100, 101, 102, 103]
+    # a second death fails it: a poisoned request costs at most two replicas
+    targets = _replacing(Counting(die_after=4), Counting(die_after=2), Counting())
+    with pytest.raises(Crashed):
+        async for _ in dispatcher.stream(targets, _request(10)):
+            pass
+    assert dispatcher.outstanding == 0
+
+
+async def test_a_generation_without_token_ids_or_without_a_token_fails_as_before_when_its_replica_dies() -> (
+    None
+):
+    dispatcher = Dispatcher("dep_moving", 8, 10.0)
+    targets = _replacing(Counting(die_after=0), Counting())
+    with pytest.raises(Crashed):  # begun, no token sent: it may be what killed the replica
+        async for _ in dispatcher.stream(targets, _request(10)):
+            pass
+    replica = Dying(deaths=1, events=3)  # its events carry no token IDs (vLLM's, llama.cpp's)
+    dispatcher, dying_targets = dispatch_to(replica)
+    with pytest.raises(Crashed):
+        async for _ in dispatcher.stream(dying_targets, _request(10)):
+            pass
+
+
+async def test_a_handed_off_generation_raises_moved_away_with_its_continuation() -> None:
+    dispatcher = Dispatcher("dep_moving", 8, 10.0)
+    replica = Counting(hand_off=True)
+
+    async def targets() -> list[Counting]:
+        return [replica]
+
+    texts: list[str] = []
+    with pytest.raises(MovedAway) as moved:
+        async for event in dispatcher.stream(targets, msgspec.structs.replace(_request(10), whole=True)):
+            texts += [event.text] if isinstance(event, Text) else []
+    assert texts == ["<0>", "<1>", "<2>"]  # a whole answer's held events, before it goes on
+    assert isinstance(moved.value.request, GenerationRequest)
+    assert moved.value.request.continued == [100, 101, 102]
+    assert dispatcher.outstanding == 0
+    replica.hand_off = False  # where it goes on (`runtime.gateway.adapters` sends it there)
+    continued = [e async for e in dispatcher.stream(targets, moved.value.request)]
+    assert not any(isinstance(e, GenerationStarted) for e in continued)  # its client had one
+    assert "".join(e.text for e in continued if isinstance(e, Text)) == "".join(
+        f"<{n}>" for n in range(3, 10)
+    )
