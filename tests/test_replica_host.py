@@ -599,16 +599,27 @@ def test_frames_are_cut_right_however_the_bytes_arrive() -> None:
 class Counting:
     """A replica that generates tokens 100, 101, ... (one `Text` each, with its ID) up to `max_tokens`,
     after those a continuation carries; it dies after `die_after` of its own tokens, or hands the
-    generation off (`Moved`) there when `hand_off`."""
+    generation off (`Moved`) there when `hand_off`. The text of a token in `held` comes with the next
+    (an engine holding back a character's first bytes)."""
 
-    def __init__(self, die_after: int | None = None, hand_off: bool = False) -> None:
-        self.die_after, self.hand_off = die_after, hand_off
+    def __init__(
+        self, die_after: int | None = None, hand_off: bool = False, held: frozenset[int] = frozenset()
+    ) -> None:
+        self.die_after, self.hand_off, self.held = die_after, hand_off, held
         self.alive, self.in_flight = True, 0
         self.route = secrets.token_hex(4)  # its name for routing
         self.requests: list[GenerationRequest] = []
 
     async def submit(self, item: dict[str, Any], trace: str = "") -> dict[str, Any]:
         raise AssertionError("a generation only")
+
+    def _text(self, n: int) -> str:
+        if n in self.held:
+            return ""
+        start = n
+        while start - 1 in self.held:
+            start -= 1
+        return "".join(f"<{k}>" for k in range(start, n + 1))
 
     async def stream(self, request: GenerationRequest, trace: str = "") -> AsyncGenerator[Any, None]:
         self.requests.append(request)
@@ -623,7 +634,7 @@ class Counting:
                 yield Moved()
                 return
             yield Text(
-                text=f"<{n}>",
+                text=self._text(n),
                 completion_tokens=n + 1,
                 token_ids=[100 + n],
                 finish="length" if n + 1 == total else None,
@@ -658,6 +669,16 @@ async def test_a_generation_whose_replica_dies_after_its_first_token_goes_on_on_
         async for _ in dispatcher.stream(targets, _request(10)):
             pass
     assert dispatcher.outstanding == 0
+
+
+async def test_a_continuation_starts_after_the_last_token_whose_text_was_sent() -> None:
+    """Text an engine held back (vLLM: a character's first bytes) was never sent: its tokens come again."""
+    dying, replacement = Counting(die_after=5, held=frozenset({3, 4})), Counting(held=frozenset({3, 4}))
+    dispatcher = Dispatcher("dep_moving", 8, 10.0)
+    events = [e async for e in dispatcher.stream(_replacing(dying, replacement), _request(8))]
+    assert replacement.requests[0].continued == [100, 101, 102]
+    assert "".join(e.text for e in events if isinstance(e, Text)) == "".join(f"<{n}>" for n in range(8))
+    assert [e.completion_tokens for e in events if isinstance(e, Text)][-1] == 8
 
 
 async def test_a_generation_without_token_ids_or_without_a_token_fails_as_before_when_its_replica_dies() -> (

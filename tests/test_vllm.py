@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import glob
 import json
 import os
 import shutil
@@ -30,9 +31,12 @@ from typing import Any
 
 import httpx
 import jsonschema
+import msgspec
 import openai
 import pytest
 
+from modelhost.generation.contract import GenerationRequest, Sampling, Text
+from modelhost.runtime.gateway.client import ReplicaConnection
 from tests.chat_model import WEATHER
 from tests.helpers import (
     ADMIN_KEY,
@@ -299,6 +303,35 @@ def _greedy(vllm: VllmServer, model: str, tokens: int, key: str | None = None) -
 
 def test_greedy_output_equals_the_transformers_engines_or_parts_at_a_near_tie(vllm: VllmServer) -> None:
     _assert_same_greedy(_greedy(vllm, "chat", 16), _greedy(vllm, "chat-own", 16))
+
+
+async def test_a_continuation_on_vllm_goes_on_from_the_tokens_sent_as_the_undisturbed_answer_did(
+    vllm: VllmServer,
+) -> None:
+    """Issue 73 on vLLM, through the replica's own socket, as a gateway sends a generation whose replica
+    died (a vLLM start costs a minute, so none is killed here; the move itself: tests/test_chat.py on
+    the transformers engine): the tokens after the cut, their text and the count equal the undisturbed
+    answer's. A grammar's or stop strings' answer says no tokens, so it never moves on vLLM."""
+    [path] = glob.glob(f"/tmp/modelhost-replicas-*/{vllm.chat['id']}-*.sock")
+    connection = await ReplicaConnection.open(path)
+    try:
+        request = GenerationRequest(
+            prompt="The weather in Paris is", params=Sampling(max_tokens=24, min_tokens=24, temperature=0)
+        )
+        whole = [e async for e in connection.stream(request) if isinstance(e, Text)]
+        assert all(len(e.token_ids or ()) == 1 for e in whole)  # one token an event, each said
+        ids = [e.token_ids[0] for e in whole if e.token_ids]
+        rest = [e async for e in connection.stream(msgspec.structs.replace(request, continued=ids[:9]))]
+        texts = [e for e in rest if isinstance(e, Text)]
+        assert [t for e in texts for t in e.token_ids or ()] == ids[9:]
+        assert "".join(e.text for e in texts) == "".join(e.text for e in whole[9:])
+        assert (texts[-1].completion_tokens, texts[-1].finish) == (24, "length")
+        stopped = msgspec.structs.replace(request, params=Sampling(max_tokens=4, stop=["zz"]))
+        assert all(
+            e.token_ids is None for e in [e async for e in connection.stream(stopped)] if isinstance(e, Text)
+        )
+    finally:
+        connection.close()
 
 
 def _assert_same_greedy(on_vllm: list[dict[str, Any]], on_own: list[dict[str, Any]]) -> None:

@@ -354,7 +354,8 @@ async def _engine_input(model: VllmModel, request: GenerationRequest) -> tuple[l
 
     if not request.images:
         prompt, prompt_param = prompt_ids(model, request, await chat_prompt_off_loop(model, request))
-        return prompt, prompt_param, tokens_input(prompt, cache_salt=request.cache_salt)
+        engine_prompt = [*prompt, *request.continued] if request.continued else prompt  # a continuation
+        return prompt, prompt_param, tokens_input(engine_prompt, cache_salt=request.cache_salt)
     cap = output_cap(model.context_length, model.tokenizer)
     text, images = await in_thread(
         chat_with_images, model.processor, request, template_kwargs(model, request), cap
@@ -409,9 +410,17 @@ async def _generate(model: VllmModel, request_id: str, request: GenerationReques
     if request.asks_tokenizer:
         emit(await tokenized_event(model, request))
         return
+    if request.continued is not None and not continuable(request):  # never sent by a gateway
+        emit(failed("this generation cannot continue on vLLM", internal=True))
+        return
     try:
         prompt, prompt_param, inputs = await _engine_input(model, request)
         params = sampling_params(model, request.params, len(prompt), prompt_param, request.defaults)
+        if request.continued:  # its output so far is in the prompt: the rest to generate
+            carried = len(request.continued)
+            params = replace(
+                params, max_tokens=params.max_tokens - carried, min_tokens=max(0, params.min_tokens - carried)
+            )
         adapter = _lora_request(model, request.adapter)
         skip, strip = model.special.decoding(request, params.skip_special_tokens)
         check_engine_grammar(request)  # as the gateway did: vLLM never compiles what it would refuse
@@ -463,7 +472,9 @@ async def _stream(
     if request.echo:
         started.prompt_text = model.tokenizer.decode(prompt)
     emit(started)
-    generated, sampled, text = 0, list[int](), ""
+    carried = len(request.continued or ())
+    says_tokens = continuable(request) and not params.stop  # the deployment's own stop strings too
+    generated, sampled, text = carried, list[int](), ""
     output = first
     while output is not None:
         completion = output.outputs[0]
@@ -475,7 +486,10 @@ async def _stream(
         generated += len(tokens)
         if completion.finish_reason == "stop" and tokens and _silent_stop(completion.stop_reason, params):
             generated -= 1  # the end-of-sequence or a stop token: sampled (its logprob is sent), not text
-        event = Text(text=completion.text, completion_tokens=generated)
+            tokens = tokens[:-1]
+        event = Text(
+            text=completion.text, completion_tokens=generated, token_ids=tokens if says_tokens else None
+        )
         text += completion.text
         if completion.finish_reason in ("stop", "length"):
             event.text += _unfinished_character(model, sampled, text, skip)
@@ -486,6 +500,14 @@ async def _stream(
             event.text = strip(event.text)
         emit(event)
         output = await anext(stream, None)
+
+
+def continuable(request: GenerationRequest) -> bool:
+    """Whether a generation on vLLM can go on on another replica (issue 73): its events then say their
+    tokens. Not with a grammar (vLLM's structured output cannot start from a part of its answer), stop
+    strings (vLLM holds back text that may begin one, which a continuation would not have), or images
+    (their prompt is vLLM's renderer's)."""
+    return not request.grammar and not request.params.stop and not request.images
 
 
 def _refusal(request: GenerationRequest, exc: Exception) -> Event:

@@ -309,6 +309,9 @@ class Sent:
     def __init__(self, request: StreamRequest) -> None:
         carried = request.continued if isinstance(request, GenerationRequest) else None
         self.tokens: list[int] = list(carried or ())
+        # the tokens up to the last whose event had text: a continuation starts there, so that text an
+        # engine held back (a character's first bytes) is not lost; the tokens after it come again
+        self.clean = len(self.tokens)
         self.carried = len(self.tokens)  # counted where they were generated
         self.carried_in = carried is not None
         self.started = carried is not None  # its client has had a `Started`
@@ -320,6 +323,8 @@ class Sent:
             self.known = False
         else:
             self.tokens += event.token_ids
+            if event.text:
+                self.clean = len(self.tokens)
 
     def continuation(self, request: StreamRequest, completion: int, exc: ReplicaDied) -> StreamRequest | None:
         """The request that carries on where its dead replica stopped; None where it cannot: nothing
@@ -329,6 +334,7 @@ class Sent:
         if not can or self.migrated or not completion or not self.known or len(self.tokens) != completion:
             return None
         self.migrated = True
+        del self.tokens[self.clean :]  # they come again
         return msgspec.structs.replace(request, continued=list(self.tokens))
 
     def moved(self, request: StreamRequest) -> StreamRequest:
@@ -338,7 +344,7 @@ class Sent:
             return request
         if not self.known:  # an engine that hands off says its tokens: never reached
             raise _crashed("it was handed off without its tokens")
-        return msgspec.structs.replace(request, continued=list(self.tokens))
+        return msgspec.structs.replace(request, continued=self.tokens[: self.clean])
 
 
 def _crashed(why: str) -> Crashed:
