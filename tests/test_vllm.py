@@ -15,6 +15,7 @@ Skipped, with the reason, where vLLM is not installed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import concurrent.futures
 import glob
@@ -35,8 +36,10 @@ import msgspec
 import openai
 import pytest
 
-from modelhost.generation.contract import GenerationRequest, Sampling, Text
+from modelhost.generation.contract import GenerationRequest, Moved, Sampling, Text
 from modelhost.runtime.gateway.client import ReplicaConnection
+from modelhost.runtime.replica_protocol import Handoff
+from modelhost.runtime.worker.host import HANDOFF_SECONDS
 from tests.chat_model import WEATHER
 from tests.helpers import (
     ADMIN_KEY,
@@ -329,6 +332,37 @@ async def test_a_continuation_on_vllm_goes_on_from_the_tokens_sent_as_the_undist
         stopped = msgspec.structs.replace(request, params=Sampling(max_tokens=4, stop=["zz"]))
         said = [e.token_ids for e in [e async for e in connection.stream(stopped)] if isinstance(e, Text)]
         assert said and all(ids is None for ids in said)
+    finally:
+        connection.close()
+
+
+async def test_a_draining_vllm_replica_hands_off_what_can_move_and_finishes_the_rest(
+    vllm: VllmServer,
+) -> None:
+    """Issue 73: `Handoff` (the supervisor's, on a rollout's drain or a scale-down) ends each generation
+    that can go on elsewhere with `Moved`, at once, and each that arrives in the next two seconds; a
+    stop-string answer, which cannot move on vLLM, runs to its end here."""
+    [path] = glob.glob(f"/tmp/modelhost-replicas-*/{vllm.chat['id']}-*.sock")
+    connection = await ReplicaConnection.open(path)
+    try:
+        long = GenerationRequest(prompt="Once upon a time", params=Sampling(max_tokens=1500, min_tokens=1500))
+        pinned = GenerationRequest(
+            prompt="Once upon a time", params=Sampling(max_tokens=60, min_tokens=60, stop=["zz"])
+        )
+        moving, staying = connection.stream(long), connection.stream(pinned)
+        first = [await anext(moving), await anext(moving)]
+        assert isinstance(first[1], Text)
+        connection.send(Handoff())
+        rest = [e async for e in moving]
+        assert isinstance(rest[-1], Moved) and sum(isinstance(e, Text) for e in rest) < 1400
+        kept = [e async for e in staying if isinstance(e, Text)]
+        assert kept[-1].completion_tokens == 60
+        assert [type(e) for e in [e async for e in connection.stream(long)]] == [Moved]  # within 2 s
+        await asyncio.sleep(HANDOFF_SECONDS)
+        after = [
+            e async for e in connection.stream(msgspec.structs.replace(long, params=Sampling(max_tokens=3)))
+        ]
+        assert isinstance(after[-1], Text) and after[-1].finish == "length"  # it serves again
     finally:
         connection.close()
 

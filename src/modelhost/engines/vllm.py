@@ -106,6 +106,9 @@ class VllmModel(StreamingEngine):
         """Run one request to its end, emitting our events (`_generate`)."""
         await _generate(self, request_id, request, emit)
 
+    def continues(self, request: GenerationRequest) -> bool:
+        return continuable(request)
+
     async def abort(self, request_id: str) -> None:
         """Stop a request `generate` runs (its caller is gone, or cancelled it)."""
         await self.engine.abort(request_id)

@@ -30,7 +30,14 @@ import msgspec
 
 from modelhost import tracing
 from modelhost.engines.interface import BatchEngine, SelfSteppingEngine, StreamingEngine
-from modelhost.generation.contract import GenerationEvent, GenerationRequest, GenerationStarted, Text, failed
+from modelhost.generation.contract import (
+    GenerationEvent,
+    GenerationRequest,
+    GenerationStarted,
+    Moved,
+    Text,
+    failed,
+)
 from modelhost.runtime import metrics
 from modelhost.runtime.replica_protocol import (
     Cancel,
@@ -39,6 +46,7 @@ from modelhost.runtime.replica_protocol import (
     Failed,
     FrameReader,
     Generate,
+    Handoff,
     LoadFailed,
     Ready,
     Result,
@@ -51,7 +59,7 @@ from modelhost.runtime.replica_protocol import (
     decode_to_replica,
     encode,
 )
-from modelhost.runtime.worker.host import count_generation, trace_event, with_priority
+from modelhost.runtime.worker.host import HANDOFF_SECONDS, count_generation, trace_event, with_priority
 from modelhost.runtime.worker.sync_worker import die_with_parent
 
 READ_SIZE = 1 << 18
@@ -64,6 +72,8 @@ class _Peer:
     number: int
     writer: asyncio.StreamWriter
     generations: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    movable: set[int] = field(default_factory=set)  # generations that can go on elsewhere (issue 73)
+    moving: set[int] = field(default_factory=set)  # those a drain stops here: each ends with `Moved`
     runs: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     pending: list[Event] = field(default_factory=list)
 
@@ -89,6 +99,7 @@ class AsyncWorker:
         self._numbers = itertools.count()
         self._peers: set[_Peer] = set()
         self._flush_scheduled: set[_Peer] = set()
+        self._handing_off_until = -1.0  # a drain's `Handoff`: generations that can move go elsewhere
         self.stopped = asyncio.Event()
         self._publish_usage()  # from the start: a scrape before the first request sees an idle replica
 
@@ -141,6 +152,18 @@ class AsyncWorker:
             # a `Run` is held until answered, whether it waits or runs (the engine batches them itself)
             runs = sum(len(other.runs) for other in self._peers)
             self._send(peer, Stats(message.id, runs, self.running))
+        elif isinstance(message, Handoff):
+            self._handoff()
+
+    def _handoff(self) -> None:
+        """A drain: each generation that can go on elsewhere stops here and ends with `Moved`, and so does
+        each such that arrives in the next `HANDOFF_SECONDS` (`runtime.worker.host`); the others run to
+        their end."""
+        self._handing_off_until = time.monotonic() + HANDOFF_SECONDS
+        for peer in self._peers:
+            for request_id in peer.movable & set(peer.generations):
+                peer.moving.add(request_id)
+                peer.generations[request_id].cancel()
 
     def _publish_usage(self) -> None:
         """The engine's KV-cache use (where it says), written only when it changed (each write of a
@@ -199,8 +222,15 @@ class AsyncWorker:
             self._event(peer, message.id, event)
 
         assert self.streaming is not None
-        self._send(peer, Started([message.id]))  # begun: not sent to another replica if this one dies
         request = with_priority(message)
+        if isinstance(request, GenerationRequest) and self.streaming.continues(request):
+            if time.monotonic() < self._handing_off_until:  # a drain: it runs elsewhere
+                peer.generations.pop(message.id, None)
+                self._generating.dec()
+                emit(Moved())
+                return
+            peer.movable.add(message.id)
+        self._send(peer, Started([message.id]))  # begun: not sent to another replica if this one dies
         count_generation(self.deployment, request)
         try:
             if isinstance(request, GenerationRequest):
@@ -211,6 +241,9 @@ class AsyncWorker:
             if traced is not None:
                 traced.end()
             await self.streaming.abort(request_id)
+            if message.id in peer.moving:  # a drain's: its gateway continues it elsewhere
+                emit(Moved())
+                return
             raise
         except Exception as exc:  # the engine failed: this request gets an internal error
             traceback.print_exc()
@@ -222,6 +255,8 @@ class AsyncWorker:
         finally:
             self._generating.dec()
             peer.generations.pop(message.id, None)
+            peer.movable.discard(message.id)
+            peer.moving.discard(message.id)
             self._publish_usage()
 
     def _event(self, peer: _Peer, request_id: int, event: GenerationEvent) -> None:
