@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import glob
 import json
 import os
 import time
@@ -23,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 import httpx
+import msgspec
 import numpy as np
 import openai
 import pytest
@@ -34,6 +36,7 @@ from modelhost.errors import InvalidRequest
 from modelhost.generation.contract import GenerationRequest, Sampling, Text
 from modelhost.runtime import engine_choice
 from modelhost.runtime.footprint import BASE_COSTS, llamacpp_layout, predict
+from modelhost.runtime.gateway.client import ReplicaConnection
 from tests.conftest import make_settings
 from tests.helpers import (
     ADMIN_KEY,
@@ -416,6 +419,37 @@ def test_a_client_that_disconnects_stops_its_generation(served: Served) -> None:
             pytest.fail(f"three rounds computed {rounds} tokens of {SLOTS * 2000} after their clients left")
     answer = client.chat.completions.create(**_ask("greeting"), timeout=60)
     assert answer.choices[0].message.content == CONVERSATIONS["greeting"]["content"]
+
+
+async def test_a_continuation_on_llamacpp_goes_on_from_the_tokens_sent_as_the_undisturbed_answer_did(
+    served: Served,
+) -> None:
+    """Issue 73 on llama.cpp, through the replica's own socket, as a gateway sends a generation whose
+    replica died: the tokens, text and count after the cut equal the undisturbed answer's (the decoder
+    and stop strings replayed, the prompt the prompt and the tokens sent); a grammar's answer says no
+    tokens, so it never moves."""
+    [path] = glob.glob(f"/tmp/modelhost-replicas-*/{served.deployment['id']}-*.sock")
+    connection = await ReplicaConnection.open(path)
+    try:
+        request = GenerationRequest(
+            prompt="The weather in Paris is", params=Sampling(max_tokens=24, temperature=0, ignore_eos=True)
+        )
+        whole = [e async for e in connection.stream(request) if isinstance(e, Text)]
+        ids = [t for e in whole for t in e.token_ids or ()]
+        assert len(ids) == whole[-1].completion_tokens == 24
+        cut = len(whole[0].token_ids or ()) + len(whole[1].token_ids or ())  # after two events
+        rest = [e async for e in connection.stream(msgspec.structs.replace(request, continued=ids[:cut]))]
+        texts = [e for e in rest if isinstance(e, Text)]
+        assert [t for e in texts for t in e.token_ids or ()] == ids[cut:]
+        assert "".join(e.text for e in texts) == "".join(e.text for e in whole[2:])
+        assert (texts[-1].completion_tokens, texts[-1].finish) == (24, "length")
+        constrained = msgspec.structs.replace(
+            request, grammar='start: "yes" | "no"', params=Sampling(max_tokens=4)
+        )
+        said = [e.token_ids for e in [e async for e in connection.stream(constrained)] if isinstance(e, Text)]
+        assert said and all(ids is None for ids in said)
+    finally:
+        connection.close()
 
 
 def test_llamacpps_prefix_cache_is_counted_on_metrics_as_the_other_engines(served: Served) -> None:

@@ -326,6 +326,11 @@ class LlamaCppModel(LlamaCppServer, StreamingEngine):
         """Run one request to its end, emitting our events (`_generate`)."""
         await _generate(self, request_id, request, emit)
 
+    def continues(self, request: GenerationRequest) -> bool:
+        """Every generation but a grammar's (llama.cpp's grammar cannot start from a part of its answer):
+        the decoding and stop strings are ours, and replayed (`_Answer.replay`)."""
+        return not request.grammar
+
     async def abort(self, request_id: str) -> None:
         """Nothing to do: a cancelled request's stream is closed as its task unwinds, which stops its
         slot."""
@@ -445,6 +450,15 @@ class _Answer:
     generated: int = 0
     finish: str | None = None
     held: list[tuple[int, dict[str, Any] | None]] = field(default_factory=list)  # see `_chunk`
+    says_tokens: bool = False  # its events say their tokens (`Text.token_ids`: it can move, issue 73)
+    counted: list[int] = field(default_factory=list)  # the tokens counted since the last event
+
+    def replay(self, tokens: list[int]) -> None:
+        """A continuation's carried tokens through the decoder and the stop strings, their text dropped
+        (the replica that died sent it), as the transformers engine replays them."""
+        for token in tokens:
+            self.token(token)
+        self.counted = []
 
     def token(self, token: int) -> str:
         """The text a sampled token releases; sets `finish` where it ends the answer."""
@@ -454,6 +468,7 @@ class _Answer:
             if not params.include_stop_str_in_output:
                 return ""  # as the end of sequence: neither in the text nor counted
         self.generated += 1
+        self.counted.append(token)
         text = self.stops.feed(self.decoder.push(token))
         if self.stops.stopped:
             self.finish = "stop"
@@ -468,7 +483,13 @@ class _Answer:
         if self.finish is not None:
             text += self.end()
         text = self.strip(text) if self.strip else text
-        return Text(text=text, completion_tokens=self.generated, finish=self.finish)
+        ids, self.counted = self.counted, []
+        return Text(
+            text=text,
+            completion_tokens=self.generated,
+            finish=self.finish,
+            token_ids=ids if self.says_tokens else None,
+        )
 
 
 def _logprob_entry(model: LlamaCppModel, entry: dict[str, Any], top: int) -> TokenLogprob:
@@ -520,7 +541,16 @@ async def _generate(model: LlamaCppModel, request_id: str, request: GenerationRe
         IncrementalDecoder(decode),
         StopStrings(params.stop, params.include_stop_str_in_output),
     )
-    body = llama_body(params, prompt, request.grammar)
+    answer.says_tokens = model.continues(request)
+    engine_prompt = prompt
+    if request.continued:  # its output so far follows the prompt; the rest is what is left to generate
+        if not answer.says_tokens:  # never sent by a gateway
+            emit(failed("this generation cannot continue on llama.cpp", internal=True))
+            return
+        answer.replay(request.continued)
+        engine_prompt = [*prompt, *request.continued]
+        params = replace(params, max_tokens=params.max_tokens - len(request.continued))
+    body = llama_body(params, engine_prompt, request.grammar)
     started = False
 
     def on_line(line: bytes) -> bool:
@@ -546,7 +576,7 @@ async def _generate(model: LlamaCppModel, request_id: str, request: GenerationRe
         return ended
 
     async with model.gate.slot(
-        request.low, request.priority, request.tenant, request.cache_salt, prompt, request.weights
+        request.low, request.priority, request.tenant, request.cache_salt, engine_prompt, request.weights
     ) as placed:
         if placed is not None:
             body |= {"id_slot": placed.index, "cache_prompt": placed.reuse}
