@@ -853,6 +853,52 @@ def test_a_stream_whose_replica_dies_goes_on_on_its_replacement_with_nothing_rep
     assert again == _streamed(chat, bodies[0])[0]
 
 
+def test_whole_answers_of_every_api_move_with_a_stream_when_their_replica_dies(chat: Chat) -> None:
+    """Issue 73: a whole chat answer, a completion, a Responses answer and a Messages answer, generated
+    beside a stream whose replica is SIGKILLed mid-answer, go on on the replacement with it: each equals
+    its undisturbed answer."""
+    client, claude, tokens = chat.client(), chat.anthropic(), 200
+    story = [{"role": "user", "content": "Tell me a story."}]
+    longest = {"max_tokens": tokens, "temperature": 0, "extra_body": {"min_tokens": tokens}}
+    calls = {
+        "chat": lambda: (
+            client.chat.completions.create(model="chat", messages=MESSAGES, **longest)
+            .choices[0]
+            .message.content
+        ),
+        "completions": lambda: (
+            client.completions.create(model="chat", prompt="Once upon a time", **longest).choices[0].text
+        ),
+        "responses": lambda: (
+            client.responses.create(
+                model="chat", input="Tell me a story.", max_output_tokens=tokens, temperature=0
+            ).output_text
+        ),
+        "messages": lambda: "".join(
+            b.text
+            for b in claude.messages.create(
+                model="chat", max_tokens=tokens, messages=story, extra_body={"temperature": 0}
+            ).content
+            if b.type == "text"
+        ),
+    }
+    body = {"model": "chat", "messages": MESSAGES, **longest}
+    with ThreadPoolExecutor(len(calls)) as pool:
+        expected = dict(zip(calls, pool.map(lambda call: call(), calls.values()), strict=True))
+    for _ in range(3):
+        before = _migrated(chat)
+        with ThreadPoolExecutor(len(calls)) as pool:
+            answers = [pool.submit(call) for call in calls.values()]
+            time.sleep(0.05)  # sent: they run in the stream's batch
+            _, _, killed = _streamed(chat, body, kill_after=3)
+            got = dict(zip(calls, (answer.result() for answer in answers), strict=True))
+        assert killed and got == expected
+        if _migrated(chat) - before >= 3:  # the stream and at least two of them moved
+            break
+    else:
+        pytest.fail("the replica had ended the answers each time before it was killed")
+
+
 def test_json_schema_response_format_validates(chat: Chat) -> None:
     schema = PERSON
     answer = chat.client().chat.completions.create(
