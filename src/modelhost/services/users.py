@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
@@ -242,30 +243,8 @@ class UserService:
         """Give each role in `changes` that default quota (None: none): only for roles that can do no
         more than the caller (`auth.authority`, as a change of such a member). Every key follows at once
         (their quota is read with them)."""
-        authorize(caller, changes)
-        with self._database.transaction() as session:
-            account = session.get(Account, account_id, with_for_update=True)
-            if account is None:
-                raise NotFound("Account not found", param="account_id", code="account_not_found")
-            before = dict(account.role_quotas or {})
-            after = dict(before)
-            for role, quota in changes.items():
-                if quota is None:
-                    after.pop(role.value, None)
-                else:
-                    after[role.value] = quota.stored()
-            account.role_quotas = after or None
-            audit.record(
-                session,
-                "account.role_quotas_updated",
-                "account",
-                account_id,
-                account_id,
-                audit.diff(before, after),
-            )
-            quotas = _role_quotas(account.role_quotas)
-        self._authenticator.forget_all()
-        return quotas
+        stored = {role: None if quota is None else quota.stored() for role, quota in changes.items()}
+        return _role_quotas(self._set_per_role(account_id, "role_quotas", stored, caller))
 
     def role_weights(self, account_id: str) -> dict[Role, float]:
         """The account's weight of each role that has one other than 1 (`auth.weights`)."""
@@ -276,33 +255,38 @@ class UserService:
     def set_role_weights(
         self, account_id: str, changes: dict[Role, float | None], caller: Principal | None
     ) -> dict[Role, float]:
-        """Give each role in `changes` that weight inside the account (None: 1 again), for roles that can
-        do no more than the caller, as their quotas (`auth.authority`). Every key follows at once (its
+        """Give each role in `changes` that weight inside the account (None, or 1: the default again),
+        for roles that can do no more than the caller, as their quotas. Every key follows at once (its
         weights are read with it)."""
+        stored = {role: None if weight == 1.0 else weight for role, weight in changes.items()}
+        return _role_weights(self._set_per_role(account_id, "role_weights", stored, caller))
+
+    def _set_per_role(
+        self, account_id: str, column: str, changes: dict[Role, Any], caller: Principal | None
+    ) -> Any:
+        """Change one per-role setting of the account (`role_quotas`, `role_weights`: {role: value}; a
+        value None removes the role's), for roles that can do no more than the caller
+        (`auth.authority`); audited as `account.<column>_updated`. Every key follows at once (the keys'
+        cache is emptied). The stored setting after."""
         authorize(caller, changes)
         with self._database.transaction() as session:
             account = session.get(Account, account_id, with_for_update=True)
             if account is None:
                 raise NotFound("Account not found", param="account_id", code="account_not_found")
-            before = dict(account.role_weights or {})
-            after = dict(before)
-            for role, weight in changes.items():
-                if weight is None or weight == 1.0:
-                    after.pop(role.value, None)
-                else:
-                    after[role.value] = weight
-            account.role_weights = after or None
+            before = dict(getattr(account, column) or {})
+            after = {**before, **{role.value: value for role, value in changes.items()}}
+            after = {role: value for role, value in after.items() if value is not None}
+            setattr(account, column, after or None)
             audit.record(
                 session,
-                "account.role_weights_updated",
+                f"account.{column}_updated",
                 "account",
                 account_id,
                 account_id,
                 audit.diff(before, after),
             )
-            weights = _role_weights(account.role_weights)
         self._authenticator.forget_all()
-        return weights
+        return after or None
 
     def remove(self, account_id: str, user_id: str, caller: Principal | None) -> None:
         """The person is no longer a member: their keys here are refused (401 `not_a_member`) and never
