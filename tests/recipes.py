@@ -85,13 +85,13 @@ def build_recipes(out: Path) -> Path:
     """
     import torch
 
-    from tests.tiny_models import BUILDERS
+    from tests.tiny_models import builder
 
     torch.set_num_threads(1)
     for folder in sorted(
         {module for module, _, _ in RECIPE_MODELS} | {FAMILIES_FOLDER, GGUF_FOLDER, QUANTIZED_FOLDER}
     ):
-        BUILDERS[folder](out / folder)
+        builder(folder)(out / folder)
     return out
 
 
