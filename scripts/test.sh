@@ -51,13 +51,6 @@ echo "==> mypy (beside pytest: its report follows pytest's)"
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
 echo "==> pytest"
-# Our own modules compiled once, here (under a second of CPU): where PYTHONDONTWRITEBYTECODE is set
-# (the 2-core machine's environment sets it) Python writes no bytecode, so every server, gateway and
-# worker process the tests start would compile the modelhost modules it imports again (about 0.3 s of
-# CPU each). Python reads bytecode written this way whatever that setting says; it goes only to the
-# clone's __pycache__ folders, which git ignores. An optimisation only: the npm packages under tests/ are
-# left out, and nothing here fails the run (ruff has read every file already).
-.venv/bin/python -m compileall -q -j 0 -x /node_modules/ src tests bench >/dev/null 2>&1 || true
 # One pytest process per core (MODELHOST_TEST_PROCESSES overrides), a whole test file to each at a
 # time: a file's tests share their module's servers and models, the slowest files first (tests/conftest.py
 # orders them; pytest-xdist's own reordering by test count is turned off). Most tests wait on servers and worker
