@@ -298,6 +298,9 @@ class FakeReplica:
     async def held(self) -> int:
         return 0
 
+    def handoff(self) -> None:
+        pass
+
     def stats(self) -> ReplicaStats:
         return ReplicaStats(pid=None, memory_bytes=0, load_seconds=0.0, in_flight=0)
 
