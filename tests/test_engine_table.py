@@ -152,7 +152,8 @@ def test_every_engine_names_classes_that_implement_their_kind_of_engine() -> Non
 
 
 def test_the_check_finds_a_member_an_engine_dropped() -> None:
-    assert {"generate", "abort", "warm_up", "errored", "shutdown"} <= _members(interface.StreamingEngine)
+    members = _members(interface.StreamingEngine)
+    assert {"generate", "abort", "continues", "warm_up", "errored", "shutdown"} <= members
     assert {"add", "step", "abort", "vocab_size", "context_length"} <= _members(interface.Engine)
 
     class Forgetful(interface.StreamingEngine):
@@ -168,5 +169,8 @@ def test_the_check_finds_a_member_an_engine_dropped() -> None:
 
         def cache_usage(self) -> float | None:
             return None
+
+        def continues(self, request: Any) -> bool:
+            return False
 
     assert _missing(Forgetful, interface.StreamingEngine) == {"abort"}

@@ -50,7 +50,7 @@ from tests.helpers import (
     read_while_generating,
 )
 from tests.otlp import Receiver, attributes_of, client_traceparent, exporting_to
-from tests.server_process import ServerProcess, processes
+from tests.server_process import ServerProcess, descends_from, processes, stopped
 from tests.test_chat import (  # noqa: F401 (the tests and fixtures run here again, on vLLM)
     MESSAGES,
     PERSON,
@@ -341,30 +341,39 @@ async def test_a_draining_vllm_replica_hands_off_what_can_move_and_finishes_the_
 ) -> None:
     """Issue 73: `Handoff` (the supervisor's, on a rollout's drain or a scale-down) ends each generation
     that can go on elsewhere with `Moved`, at once, and each that arrives in the next two seconds; a
-    stop-string answer, which cannot move on vLLM, runs to its end here."""
+    stop-string answer, which cannot move on vLLM, runs to its end here. vLLM's engine core is held
+    (SIGSTOP) while the generations are in the worker: the tiny model would end them in a moment."""
     [path] = glob.glob(f"/tmp/modelhost-replicas-*/{vllm.chat['id']}-*.sock")
+    [worker] = processes("modelhost.runtime.worker.vllm_worker", vllm.chat["id"])
+    core = [int(p.name) for p in Path("/proc").glob("[0-9]*") if _child_of(int(p.name), worker)]
     connection = await ReplicaConnection.open(path)
+
+    async def events(request: GenerationRequest) -> list[Any]:
+        return [e async for e in connection.stream(request)]
+
     try:
-        long = GenerationRequest(prompt="Once upon a time", params=Sampling(max_tokens=1500, min_tokens=1500))
-        pinned = GenerationRequest(
-            prompt="Once upon a time", params=Sampling(max_tokens=60, min_tokens=60, stop=["zz"])
-        )
-        moving, staying = connection.stream(long), connection.stream(pinned)
-        first = [await anext(moving), await anext(moving)]
-        assert isinstance(first[1], Text)
-        connection.send(Handoff())
-        rest = [e async for e in moving]
-        assert isinstance(rest[-1], Moved) and sum(isinstance(e, Text) for e in rest) < 1400
-        kept = [e async for e in staying if isinstance(e, Text)]
-        assert kept[-1].completion_tokens == 60
-        assert [type(e) for e in [e async for e in connection.stream(long)]] == [Moved]  # within 2 s
+        long = GenerationRequest(prompt="Once upon a time", params=Sampling(max_tokens=60, min_tokens=60))
+        pinned = msgspec.structs.replace(long, params=Sampling(max_tokens=60, min_tokens=60, stop=["zz"]))
+        with stopped(*core):
+            moving, staying = asyncio.create_task(events(long)), asyncio.create_task(events(pinned))
+            await asyncio.sleep(0.5)  # in the worker, waiting for the engine core
+            connection.send(Handoff())
+            assert [type(e) for e in await moving] == [Moved]
+            assert [type(e) for e in await events(long)] == [Moved]  # arriving within 2 s
+        kept = [e for e in await staying if isinstance(e, Text)]
+        assert (kept[-1].completion_tokens, kept[-1].finish) == (60, "length")  # it could not move
         await asyncio.sleep(HANDOFF_SECONDS)
-        after = [
-            e async for e in connection.stream(msgspec.structs.replace(long, params=Sampling(max_tokens=3)))
-        ]
+        after = await events(msgspec.structs.replace(long, params=Sampling(max_tokens=3)))
         assert isinstance(after[-1], Text) and after[-1].finish == "length"  # it serves again
     finally:
         connection.close()
+
+
+def _child_of(pid: int, parent: int) -> bool:
+    try:
+        return descends_from(pid, parent)
+    except OSError:  # gone meanwhile
+        return False
 
 
 def _assert_same_greedy(on_vllm: list[dict[str, Any]], on_own: list[dict[str, Any]]) -> None:

@@ -124,7 +124,7 @@ class StreamingEngine(AsyncEngine, Protocol):
     def continues(self, request: GenerationRequest) -> bool:
         """Whether its events for `request` say their tokens and it takes a continuation of it (issue 73):
         such a generation moves to another replica when this one dies or drains."""
-        return False
+        ...
 
     def cache_usage(self) -> float | None:
         """How full its KV cache is now, 0 to 1 (`modelhost_kv_cache_usage_ratio`); None where the engine
