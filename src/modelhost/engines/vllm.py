@@ -107,7 +107,11 @@ class VllmModel(StreamingEngine):
         await _generate(self, request_id, request, emit)
 
     def continues(self, request: GenerationRequest) -> bool:
-        return continuable(request)
+        """Whether a generation can go on on another replica (issue 73): its events then say their
+        tokens. Not with a grammar (vLLM's structured output cannot start from a part of its answer),
+        stop strings (vLLM holds back text that may begin one, which a continuation would not have), or
+        images (their prompt is vLLM's renderer's)."""
+        return not request.grammar and not request.params.stop and not request.images
 
     async def abort(self, request_id: str) -> None:
         """Stop a request `generate` runs (its caller is gone, or cancelled it)."""
@@ -413,7 +417,7 @@ async def _generate(model: VllmModel, request_id: str, request: GenerationReques
     if request.asks_tokenizer:
         emit(await tokenized_event(model, request))
         return
-    if request.continued is not None and not continuable(request):  # never sent by a gateway
+    if request.continued is not None and not model.continues(request):  # never sent by a gateway
         emit(failed("this generation cannot continue on vLLM", internal=True))
         return
     try:
@@ -476,7 +480,7 @@ async def _stream(
         started.prompt_text = model.tokenizer.decode(prompt)
     emit(started)
     carried = len(request.continued or ())
-    says_tokens = continuable(request) and not params.stop  # the deployment's own stop strings too
+    says_tokens = model.continues(request)
     generated, sampled, text = carried, list[int](), ""
     output = first
     while output is not None:
@@ -503,14 +507,6 @@ async def _stream(
             event.text = strip(event.text)
         emit(event)
         output = await anext(stream, None)
-
-
-def continuable(request: GenerationRequest) -> bool:
-    """Whether a generation on vLLM can go on on another replica (issue 73): its events then say their
-    tokens. Not with a grammar (vLLM's structured output cannot start from a part of its answer), stop
-    strings (vLLM holds back text that may begin one, which a continuation would not have), or images
-    (their prompt is vLLM's renderer's)."""
-    return not request.grammar and not request.params.stop and not request.images
 
 
 def _refusal(request: GenerationRequest, exc: Exception) -> Event:

@@ -330,12 +330,12 @@ class Sent:
         """The request that carries on where its dead replica stopped; None where it cannot: nothing
         sent yet (the rules of `Losses` apply), an engine that does not say its tokens, or moved once
         already."""
-        can = isinstance(request, GenerationRequest) and not isinstance(exc, ReplicaDiedBeforeStart)
-        if not can or self.migrated or not completion or not self.known or len(self.tokens) != completion:
+        if not isinstance(request, GenerationRequest) or isinstance(exc, ReplicaDiedBeforeStart):
+            return None
+        if self.migrated or not completion or not self.known or len(self.tokens) != completion:
             return None
         self.migrated = True
-        del self.tokens[self.clean :]  # they come again
-        return msgspec.structs.replace(request, continued=list(self.tokens))
+        return self._continued(request)
 
     def moved(self, request: StreamRequest) -> StreamRequest:
         """The request that continues a generation its replica handed off: the one sent, where it had
@@ -344,7 +344,12 @@ class Sent:
             return request
         if not self.known:  # an engine that hands off says its tokens: never reached
             raise _crashed("it was handed off without its tokens")
-        return msgspec.structs.replace(request, continued=self.tokens[: self.clean])
+        return self._continued(request)
+
+    def _continued(self, request: GenerationRequest) -> GenerationRequest:
+        """`request` going on after the last token whose text was sent (those after it come again)."""
+        del self.tokens[self.clean :]
+        return msgspec.structs.replace(request, continued=list(self.tokens))
 
 
 def _crashed(why: str) -> Crashed:

@@ -138,6 +138,12 @@ class AsyncWorker:
     def _receive(self, peer: _Peer, message: Any) -> None:
         if isinstance(message, Generate) and self.streaming is None:
             self._event(peer, message.id, failed("this replica serves a batch task", internal=True))
+        elif (
+            isinstance(message, Generate)
+            and self._moves(message)
+            and time.monotonic() < self._handing_off_until
+        ):
+            self._event(peer, message.id, Moved())  # a drain: it runs elsewhere
         elif isinstance(message, Generate):
             peer.generations[message.id] = asyncio.create_task(self._generate(peer, message))
         elif isinstance(message, Run) and self.batch is None:
@@ -154,6 +160,15 @@ class AsyncWorker:
             self._send(peer, Stats(message.id, runs, self.running))
         elif isinstance(message, Handoff):
             self._handoff()
+
+    def _moves(self, message: Generate) -> bool:
+        """Whether its generation can go on on another replica (the engine continues it)."""
+        request = message.request
+        return (
+            isinstance(request, GenerationRequest)
+            and self.streaming is not None
+            and self.streaming.continues(request)
+        )
 
     def _handoff(self) -> None:
         """A drain: each generation that can go on elsewhere stops here and ends with `Moved`, and so does
@@ -223,12 +238,7 @@ class AsyncWorker:
 
         assert self.streaming is not None
         request = with_priority(message)
-        if isinstance(request, GenerationRequest) and self.streaming.continues(request):
-            if time.monotonic() < self._handing_off_until:  # a drain: it runs elsewhere
-                peer.generations.pop(message.id, None)
-                self._generating.dec()
-                emit(Moved())
-                return
+        if self._moves(message):
             peer.movable.add(message.id)
         self._send(peer, Started([message.id]))  # begun: not sent to another replica if this one dies
         count_generation(self.deployment, request)
