@@ -899,6 +899,87 @@ def test_whole_answers_of_every_api_move_with_a_stream_when_their_replica_dies(c
         pytest.fail("the replica had ended the answers each time before it was killed")
 
 
+def _batch_line_answer(chat: Chat, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The batch (one chat line, at the batch tier's low priority) and, once it has ended, its line's
+    text, or the line's error when it failed."""
+    client = chat.client()
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    upload = client.files.create(file=("in.jsonl", json.dumps(line).encode() + b"\n"), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.05)
+        batch = client.batches.retrieve(batch.id)
+    ended = batch.output_file_id or batch.error_file_id
+    [answer] = [json.loads(row) for row in client.files.content(ended or "").text.splitlines()]
+    return batch.id, answer["response"]["body"] if answer["response"] else answer["error"]
+
+
+def _agent_run_output(chat: Chat, agent_id: str, body: dict[str, Any]) -> str:
+    """An agent run's output once it has ended (its error when it failed)."""
+    run = chat.post(f"/v1/agent/{agent_id}/runs", input="Tell me a story.", **body).json()
+    deadline = time.monotonic() + 120
+    while run["status"] in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, run
+        time.sleep(0.05)
+        run = chat.http.get(f"/v1/agent/{agent_id}/runs/{run['id']}", headers=bearer(chat.key)).json()
+    return str(run["output"] if run["status"] == "completed" else run)
+
+
+def test_a_batch_line_and_an_agent_run_move_when_their_replica_dies(chat: Chat) -> None:
+    """Issue 73: a batch line (generated at the batch tier's low priority) and an agent run, their replica
+    SIGKILLed while both generate, go on on the replacement: each equals its undisturbed answer (a line
+    that had failed would carry the 502 `replica_crashed` instead), and both count as moved."""
+    tokens = 800
+    body = {
+        "model": "chat",
+        "messages": MESSAGES,
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "temperature": 0,
+    }
+    body |= {"frequency_penalty": 1.0, "presence_penalty": 1.0}  # no answer of one repeated token
+    agent = chat.post("/v1/agent", name="teller", model="chat", instructions="Tell stories.").json()["id"]
+    run_body = {"max_tokens": tokens, "min_tokens": tokens, "temperature": 0}
+    with ThreadPoolExecutor(2) as pool:
+        line = pool.submit(_batch_line_answer, chat, body)
+        run = pool.submit(_agent_run_output, chat, agent, run_body)
+        expected = (line.result()[1]["choices"][0]["message"]["content"], run.result())
+    for _ in range(3):
+        before = _migrated(chat)
+        with ThreadPoolExecutor(2) as pool:
+            # the line first: it pauses while the run (interactive work) generates, and a generation
+            # killed before its first token is not moved (it may be what killed its replica)
+            line = pool.submit(_batch_line_answer, chat, body)
+            _wait_for_sequences(chat, 1, line)
+            run = pool.submit(_agent_run_output, chat, agent, run_body)
+            _wait_for_sequences(chat, 2, line)
+            [replica] = processes("modelhost.runtime.worker.sync_worker", chat.deployment_id)
+            os.kill(replica, signal.SIGKILL)
+            answer = line.result()[1]
+            got = (answer.get("choices", [{}])[0].get("message", {}).get("content", answer), run.result())
+        assert got == expected
+        if _migrated(chat) - before == 2:
+            break
+    else:
+        pytest.fail("the replica had ended the line or the run each time before it was killed")
+
+
+def _wait_for_sequences(chat: Chat, count: int, line: Any) -> None:
+    """Until the chat deployment's engine holds `count` sequences (as /metrics says) and they have had
+    0.3 s to generate, or the batch line has ended."""
+    deadline = time.monotonic() + 60
+    while deployment_metric(chat.http, "modelhost_generation_sequences", chat.deployment_id) < count:
+        if line.done():
+            return
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.3)
+
+
 def test_json_schema_response_format_validates(chat: Chat) -> None:
     schema = PERSON
     answer = chat.client().chat.completions.create(
