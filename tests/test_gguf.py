@@ -17,6 +17,7 @@ import base64
 import glob
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -448,8 +449,61 @@ async def test_a_continuation_on_llamacpp_goes_on_from_the_tokens_sent_as_the_un
         )
         said = [e.token_ids for e in [e async for e in connection.stream(constrained)] if isinstance(e, Text)]
         assert said and all(ids is None for ids in said)
+        # llama.cpp never sends the IDs of tokens it held back (a character's first bytes, issue 59): from
+        # the first such, the answer says no tokens (a continuation would lack them), so it cannot move
+        penalized = msgspec.structs.replace(
+            request, params=Sampling(max_tokens=1000, temperature=0, ignore_eos=True, frequency_penalty=1.0)
+        )
+        said = [e.token_ids for e in [e async for e in connection.stream(penalized)] if isinstance(e, Text)]
+        hidden = said.index(None)
+        assert hidden > 0 and all(ids is None for ids in said[hidden:])
     finally:
         connection.close()
+
+
+def _streamed_completion(served: Served, kill_after: int | None = None) -> tuple[str, int, bool]:
+    """A greedy streamed completion's text and completion tokens, its llama.cpp replica SIGKILLed once
+    `kill_after` chunks have arrived (and whether that was before the answer ended)."""
+    stream = served.client().completions.create(
+        model=MODEL,
+        prompt="The weather in Paris is",
+        max_tokens=1500,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    parts: list[str] = []
+    tokens, killed = 0, False
+    for chunk in stream:
+        parts.extend(choice.text for choice in chunk.choices)
+        tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+        if kill_after is not None and not killed and len(parts) >= kill_after:
+            [replica] = processes("modelhost.runtime.worker.llamacpp_worker", served.deployment["id"])
+            os.kill(replica, signal.SIGKILL)
+            killed = True
+    return "".join(parts), tokens, killed
+
+
+def test_a_stream_whose_llamacpp_replica_dies_goes_on_on_its_replacement_as_undisturbed(
+    served: Served,
+) -> None:
+    """Issue 73 on llama.cpp through HTTP: a greedy stream (penalties replayed too) whose replica is
+    SIGKILLed mid-answer continues on the replacement: text and usage equal an undisturbed run's, and
+    the move is counted. (The tiny model may have generated the whole answer before the kill landed:
+    then nothing moved, and the round runs again, three times at most.)"""
+    deployment = served.deployment["id"]
+    expected = _streamed_completion(served)[:2]
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        for _ in range(3):
+            before = deployment_metric(http, "modelhost_generations_migrated_total", deployment)
+            text, tokens, killed = _streamed_completion(served, kill_after=3)
+            assert killed and (text, tokens) == expected
+            if deployment_metric(http, "modelhost_generations_migrated_total", deployment) == before + 1:
+                break
+        else:
+            pytest.fail("the replica had ended the answer each time before it was killed")
+        _ready(http, served.key, deployment)
 
 
 def test_llamacpps_prefix_cache_is_counted_on_metrics_as_the_other_engines(served: Served) -> None:

@@ -451,6 +451,7 @@ class _Answer:
     finish: str | None = None
     held: list[tuple[int, dict[str, Any] | None]] = field(default_factory=list)  # see `_chunk`
     says_tokens: bool = False  # its events say their tokens (`Text.token_ids`: it can move, issue 73)
+    received: int = 0  # the token IDs llama.cpp has sent (see `_chunk`)
     counted: list[int] = field(default_factory=list)  # the tokens counted since the last event
 
     def replay(self, tokens: list[int]) -> None:
@@ -622,6 +623,11 @@ def _chunk(model: LlamaCppModel, answer: _Answer, chunk: dict[str, Any], emit: E
     params = answer.params
     probabilities = chunk.get("completion_probabilities") or []  # none where no log-probabilities are asked
     tokens = [*answer.held]
+    answer.received += len(chunk.get("tokens") or ())
+    if int((chunk.get("timings") or {}).get("predicted_n") or 0) > answer.received:
+        # llama.cpp sampled tokens it never sent (a character's first bytes, issue 59): a continuation
+        # would lack them, so from here the answer says no tokens and cannot move (issue 73)
+        answer.says_tokens = False
     for index, token in enumerate(chunk.get("tokens") or []):
         tokens.append((int(token), probabilities[index] if index < len(probabilities) else None))
     answer.held = []

@@ -229,9 +229,12 @@ class AsyncWorker:
             if isinstance(event, GenerationStarted):  # it holds its slot now (published as it goes out)
                 self._prefix_queries.inc(event.prompt_tokens)
                 self._prefix_hits.inc(event.cached_tokens)
-            if isinstance(event, Text) and event.completion_tokens > counted:
-                self._generated_tokens.inc(event.completion_tokens - counted)
-                counted = event.completion_tokens
+            if isinstance(event, Text):
+                if event.completion_tokens > counted:
+                    self._generated_tokens.inc(event.completion_tokens - counted)
+                    counted = event.completion_tokens
+                if event.token_ids is None:  # its gateway cannot continue it: a drain lets it finish
+                    peer.movable.discard(message.id)
             if traced is not None:
                 trace_event(traced, event)
             self._event(peer, message.id, event)
