@@ -735,6 +735,46 @@ def test_a_runner_that_dies_while_finalizing_leaves_the_batch_to_the_next_which_
         store.close()
 
 
+def test_a_runner_that_loses_the_batch_while_writing_its_files_leaves_the_winners_files_whole(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A runner whose claim went stale while it wrote the files (the next one took the batch over and
+    ended it meanwhile) writes blobs of its own and deletes them: the output file the batch names
+    still holds every line, and no blob is left behind."""
+    from modelhost.batches.answers import answered
+
+    store = Store(tmp_path, database_url)
+    try:
+        batch_id = store.batch(store.owner("a"))
+        store.batches.claim("slow", 30, 1)
+        store.batches.validated(batch_id, "slow", 3, "minilm")
+        body = b'{"object": "list", "data": []}'
+        answers = [answered(batch_id, n, f"c{n - 1}", 200, f"req_{n}", body) for n in (1, 2, 3)]
+        assert store.batches.record(batch_id, "slow", answers)
+        write, overtaken = store.batches._write_answers, []
+
+        def write_after_the_takeover(batch: str, ok: bool) -> tuple[str, str, int, str, int]:
+            if not overtaken:  # while "slow" writes, "next" takes the batch over and ends it
+                overtaken.append(store.batches.claim("next", 0, 1))
+                store.batches.finalize(batch_id, "next", "completed")
+            return write(batch, ok)
+
+        store.batches._write_answers = write_after_the_takeover  # type: ignore[method-assign]
+        store.batches.finalize(batch_id, "slow", "completed")
+        view = store.batches.get(taken_owner(store, batch_id), batch_id)
+        assert overtaken[0] is not None and view["request_counts"]["completed"] == 3
+        [(blob_key,)] = store.query("SELECT blob_key FROM files WHERE purpose = 'batch_output'")
+        with store.services.blobs.open(blob_key) as handle:
+            assert [json.loads(line)["custom_id"] for line in handle] == ["c0", "c1", "c2"]
+        output = view["output_file_id"]  # its blobs: the loser's were deleted
+        stored = [
+            p.name for p in (tmp_path / "data" / "blobs" / "files").iterdir() if p.name.startswith(output)
+        ]
+        assert stored == [blob_key.removeprefix("files/")]
+    finally:
+        store.close()
+
+
 def taken_owner(store: Store, batch_id: str) -> Any:
     from modelhost.batches.files import Owner
 

@@ -20,6 +20,7 @@ output budget (`output_bytes`, `MODELHOST_BATCH_MAX_OUTPUT_BYTES`).
 from __future__ import annotations
 
 import hashlib
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -306,34 +307,53 @@ class Batches:
         written = {ok: self._write_answers(batch_id, ok) for ok in (True, False)}
         with self._database.transaction() as session:
             row = session.get(Batch, batch_id, with_for_update=True)
-            if row is None or row.claimed_by != runner or row.status != "finalizing":
-                return  # another runner took it over meanwhile: it ends it
-            ids: dict[bool, str | None] = {}
-            for ok, (file_id, key, size, digest, count) in written.items():
-                ids[ok] = file_id if count else None
-                if count:
-                    name = f"{batch_id}_{'output' if ok else 'error'}.jsonl"
-                    self._files.add_in(
-                        session, owner, (file_id, key, size, digest), name, OUTPUT_PURPOSE, expires
-                    )
-            session.execute(delete(BatchLine).where(BatchLine.batch_id == batch_id))
-            row.status, row.output_file_id, row.error_file_id = final, ids[True], ids[False]
-            row.completed, row.failed, row.claimed_by = written[True][4], written[False][4], None
-            row.stored_bytes = 0
-            setattr(row, f"{final}_at", utcnow())
-            session.flush()
-            self._storage_changed(session, batch_id)  # its answers are gone: its meter closes
+            ours = row is not None and row.claimed_by == runner and row.status == "finalizing"
+            if row is not None and ours:
+                self._end(session, row, owner, expires, final, written)
+        if not ours:  # another runner took it over meanwhile: it ends it, with files of its own
+            for _, key, _, _, _ in written.values():
+                self._blobs.delete_prefix(key)
+            return
         self._blobs.delete_prefix(f"batches/{batch_id}")  # its copy of the input: it has ended
         for _, key, _, _, count in written.values():
             if not count:
                 self._blobs.delete_prefix(key)  # an empty file is not made
 
+    def _end(
+        self,
+        session: Session,
+        row: Batch,
+        owner: Owner,
+        expires: int | None,
+        final: str,
+        written: dict[bool, tuple[str, str, int, str, int]],
+    ) -> None:
+        """The batch's files added and its answers deleted as it ends `final`, in `session`."""
+        batch_id = row.id
+        ids: dict[bool, str | None] = {}
+        for ok, (file_id, key, size, digest, count) in written.items():
+            ids[ok] = file_id if count else None
+            if count:
+                name = f"{batch_id}_{'output' if ok else 'error'}.jsonl"
+                self._files.add_in(
+                    session, owner, (file_id, key, size, digest), name, OUTPUT_PURPOSE, expires
+                )
+        session.execute(delete(BatchLine).where(BatchLine.batch_id == batch_id))
+        row.status, row.output_file_id, row.error_file_id = final, ids[True], ids[False]
+        row.completed, row.failed, row.claimed_by = written[True][4], written[False][4], None
+        row.stored_bytes = 0
+        setattr(row, f"{final}_at", utcnow())
+        session.flush()
+        self._storage_changed(session, batch_id)  # its answers are gone: its meter closes
+
     def _write_answers(self, batch_id: str, ok: bool) -> tuple[str, str, int, str, int]:
         """Stream the output (`ok`) or error file's lines into its blob: (file ID, blob key, size,
-        SHA-256, lines). The ID is derived from the batch's, so a second try writes the same file."""
+        SHA-256, lines). The ID is derived from the batch's, so a second try makes the same file; the
+        blob key is each try's own, so a runner that lost the batch while it wrote (and then deletes its
+        blobs) never overwrites the files of the runner that ended it."""
         kind = "output" if ok else "error"
         file_id = "file_" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
-        key = f"files/{file_id}"
+        key = f"files/{file_id}.{secrets.token_hex(8)}"  # one length: no key is another's prefix
         count = 0
 
         def records() -> Iterator[bytes]:
