@@ -5,6 +5,7 @@ The graders themselves are pure functions, checked on known outputs first."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import time
@@ -16,9 +17,12 @@ import httpx
 import openai
 import pytest
 
-from modelhost.errors import InvalidRequest
+from modelhost.batches.files import Owner
+from modelhost.container import Services
+from modelhost.errors import InvalidRequest, NotFound
 from modelhost.evals import graders
 from modelhost.evals.sources import checked_config
+from modelhost.evals.store import ItemResult
 from modelhost.evals.templates import render
 from tests.chat_model import ChatServer, served_chat_model
 from tests.helpers import ADMIN_KEY, assert_error, bearer
@@ -340,6 +344,26 @@ def test_a_run_is_cancelled_and_an_eval_updated_and_deleted_with_audit_rows(serv
     }  # fmt: skip
 
 
+def test_evaluate_runs_an_eval_against_a_deployment_and_returns_its_pass_rates(server: ChatServer) -> None:
+    """The service a gated rollout calls, inside the server: a new run of the eval's latest data source."""
+    client = sdk(server)
+    criteria = [{**SIMILAR, "name": "never", "reference": NEVER, "pass_threshold": 0.99}, SIMILAR]
+    eval_id = new_eval(client, criteria).id
+    client.evals.runs.create(eval_id, data_source=completions(tokens=2))  # type: ignore[arg-type]
+    services: Services = server.app.state.services
+    principal = services.authenticator.load(server.key)
+    assert principal is not None
+    scores = asyncio.run(services.evals.evaluate(principal, eval_id, "chat", timeout=60, poll=0.1))
+    assert scores.status == "completed" and scores.result_counts["total"] == 4
+    assert scores.pass_rates["never"] == 0.0
+    run = client.evals.runs.retrieve(scores.run_id, eval_id=eval_id)
+    assert run.model == "chat" and len(client.evals.runs.list(eval_id).data) == 2
+    items = list(client.evals.runs.output_items.list(scores.run_id, eval_id=eval_id))
+    close = [next(r.score for r in i.results if r.name == "close") for i in items]
+    assert scores.mean_scores["close"] == pytest.approx(sum(close) / 4)
+    assert scores.pass_rates["close"] == sum(score >= 0.05 for score in close) / 4
+
+
 def test_a_run_of_an_account_without_credits_is_402(server: ChatServer) -> None:
     broke = server.http.post(
         "/v1/admin/accounts", json={"name": "broke", "credits": 0}, headers=bearer(ADMIN_KEY)
@@ -360,3 +384,32 @@ def test_eval_lists_page_as_the_rest_of_the_api(server: ChatServer) -> None:
     assert [e.id for e in rest.data] == made[:1] and not rest.has_more
     listed = httpx.get(f"{server.url}/v1/evals", params={"limit": 1}, headers=bearer(other["api_key"])).json()
     assert set(listed) == {"object", "data", "first_id", "last_id", "has_more"}
+
+
+# ------------------------------------------------------------------------------ the store, on both databases
+
+
+def test_an_items_result_is_counted_once_and_a_cancel_stops_its_runner(services: Services) -> None:
+    store = services.evals.store
+    account, _ = services.accounts.create("store", None)
+    owner = Owner(account.account.id, "key_of_the_account")
+    made = store.create(owner, "e", checked_config(CONFIG), graders.checked([SIMILAR]), None)
+    source = {"type": "jsonl", "source": {"type": "file_content"}}
+    items = [{"item": {"ref": "a"}, "sample": {"output_text": "a"}}] * 3
+    run = store.create_run(owner, made["id"], None, source, items, None, None)
+    claimed = store.claim("runner-1", 30, 1)
+    assert claimed is not None and claimed.id == run["id"] and store.claim("runner-2", 30, 1) is None
+    graded = graders.grade(claimed.testing_criteria[0], items[0]["item"], items[0]["sample"])
+    first = ItemResult(0, "pass", items[0]["item"], [graded], items[0]["sample"], {"chat": [1, 5, 2]})
+    assert store.record(run["id"], "runner-1", [first]) and store.record(run["id"], "runner-1", [first])
+    assert not store.record(run["id"], "runner-2", [first])  # not its claim
+    view = store.get_run(owner, made["id"], run["id"])
+    assert view["status"] == "in_progress" and view["result_counts"]["passed"] == 1
+    assert view["per_testing_criteria_results"] == [{"testing_criteria": "close", "passed": 1, "failed": 0}]
+    assert view["per_model_usage"][0]["total_tokens"] == 7 and store.done(run["id"]) == {0}
+    assert store.cancel_run(owner, made["id"], run["id"])["status"] == "canceled"
+    assert not store.beat(run["id"], "runner-1")  # its runner stops at its next beat
+    assert store.mean_scores(run["id"]) == {"close": 1.0}
+    stranger = Owner("acct_other", "key_other")
+    with pytest.raises(NotFound):
+        store.get_run(stranger, made["id"], run["id"])
