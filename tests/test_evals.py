@@ -19,11 +19,12 @@ import pytest
 
 from modelhost.batches.files import Owner
 from modelhost.container import Services
-from modelhost.errors import InvalidRequest, NotFound
+from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.evals import graders
 from modelhost.evals.sources import checked_config
 from modelhost.evals.store import ItemResult
 from modelhost.evals.templates import render
+from modelhost.routing import DeploymentRef, Version
 from tests.chat_model import ChatServer, served_chat_model
 from tests.helpers import ADMIN_KEY, assert_error, bearer
 
@@ -353,15 +354,39 @@ def test_evaluate_runs_an_eval_against_a_deployment_and_returns_its_pass_rates(s
     services: Services = server.app.state.services
     principal = services.authenticator.load(server.key)
     assert principal is not None
-    scores = asyncio.run(services.evals.evaluate(principal, eval_id, "chat", timeout=60, poll=0.1))
+    serving = server.http.get(f"/v1/deployments/{server.deployment_id}", headers=bearer(server.key))
+    version = serving.json()["artifact_id"]  # its one version: an eval of a rollout names the new one
+    evaluate = services.evals.evaluate(principal, eval_id, "chat", version, timeout=60, poll=0.1)
+    scores = asyncio.run(evaluate)
     assert scores.status == "completed" and scores.result_counts["total"] == 4
     assert scores.pass_rates["never"] == 0.0
     run = client.evals.runs.retrieve(scores.run_id, eval_id=eval_id)
-    assert run.model == "chat" and len(client.evals.runs.list(eval_id).data) == 2
+    assert run.model == "chat" and run.data_source.artifact_id == version  # type: ignore[union-attr]
+    assert len(client.evals.runs.list(eval_id).data) == 2
     items = list(client.evals.runs.output_items.list(scores.run_id, eval_id=eval_id))
     close = [next(r.score for r in i.results if r.name == "close") for i in items]
     assert scores.mean_scores["close"] == pytest.approx(sum(close) / 4)
     assert scores.pass_rates["close"] == sum(score >= 0.05 for score in close) / 4
+
+
+def test_a_run_pinned_to_a_version_that_does_not_serve_is_409(server: ChatServer) -> None:
+    eval_id = new_eval(sdk(server), [SIMILAR]).id
+    pinned = {**completions(), "artifact_id": "art_not_a_version"}
+    refused = server.http.post(
+        f"/v1/evals/{eval_id}/runs", json={"data_source": pinned}, headers=bearer(server.key)
+    )
+    assert_error(refused, 409, code="version_not_serving", param="data_source.artifact_id")
+
+
+def test_a_pinned_request_runs_on_its_version_whatever_the_split() -> None:
+    canary = DeploymentRef(
+        "dep_1", "chat", "text-generation", versions=(Version("art_old", 100), Version("art_new", 0))
+    )
+    assert {canary.with_version(None).serving_artifact for _ in range(20)} == {"art_old"}
+    assert canary.on_version("art_new").runtime_key == "dep_1@art_new"
+    failed = DeploymentRef("dep_1", "chat", "text-generation", versions=(Version("art_new", 0, "failed"),))
+    with pytest.raises(Conflict):
+        failed.on_version("art_new")
 
 
 def test_a_run_of_an_account_without_credits_is_402(server: ChatServer) -> None:

@@ -225,6 +225,14 @@ class Services:
                 return exc.message
             return None
 
+        async def check_version(principal: Principal, model: str, artifact_id: str) -> str | None:
+            """Why an eval run cannot run on that version of the deployment (None: it can)."""
+            assert principal.account_id is not None
+            refs = await asyncio.to_thread(deployments.refs, principal.account_id)
+            return resolve_deployment(principal, "/v1/chat/completions", model, refs).version_refused(
+                artifact_id
+            )
+
         agents = AgentStore(database)
         eval_store = EvalStore(database)
         grammars = GrammarChecker.from_settings(settings)
@@ -303,7 +311,7 @@ class Services:
             mcp=mcp_tools,
             uploads=uploads,
             batches=batches,
-            evals=EvalService(eval_store, uploads, check_model),
+            evals=EvalService(eval_store, uploads, check_model, check_version),
             imports=imports,
             audit=AuditLog(database, settings.audit_retention_days),
             quotas=quotas,

@@ -159,7 +159,7 @@ class EvalRunJob:
             ]
         params = source["sampling_params"]
         body = {"model": source["model"], "messages": messages, **params}
-        status, answer = await self._chat(principal, body, usage)
+        status, answer = await self._chat(principal, body, usage, source.get("artifact_id"))
         text = _text_of(answer) if status == 200 else ""
         choice = (answer.get("choices") or [{}])[0] if status == 200 else {}
         return {
@@ -198,10 +198,15 @@ class EvalRunJob:
         return model_result(criterion, _text_of(answer))
 
     async def _chat(
-        self, principal: Principal, body: dict[str, Any], usage: dict[str, list[int]]
+        self,
+        principal: Principal,
+        body: dict[str, Any],
+        usage: dict[str, list[int]],
+        pinned: str | None = None,
     ) -> tuple[int, dict[str, Any]]:
-        """A chat completion as a batch line: its status and answer, its tokens counted in `usage`."""
-        status, _, raw = await self.call(principal, CHAT, body)
+        """A chat completion as a batch line (on the version of `pinned`, if given): its status and
+        answer, its tokens counted in `usage`."""
+        status, _, raw = await self.call(principal, CHAT, body, pinned)
         try:
             answer = orjson.loads(raw)
         except orjson.JSONDecodeError:

@@ -12,12 +12,14 @@ from typing import Any
 from modelhost.auth.principal import Principal
 from modelhost.batches.files import Files, Owner
 from modelhost.batches.runner import ModelCheck
-from modelhost.errors import InvalidRequest, NotFound
+from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.evals.graders import MODEL_GRADERS, checked
 from modelhost.evals.sources import MAX_FILE_BYTES, checked_config, checked_source, items_of, lines_of
 from modelhost.evals.store import EvalStore
 
 CHAT = "/v1/chat/completions"
+# (principal, model, artifact ID) → why that deployment has no such version serving (None: it has)
+VersionCheck = Callable[[Principal, str, str], Awaitable[str | None]]
 ENDED = ("completed", "canceled", "failed")
 
 
@@ -34,10 +36,13 @@ class Scores:
 
 
 class EvalService:
-    def __init__(self, store: EvalStore, files: Files, check_model: ModelCheck) -> None:
+    def __init__(
+        self, store: EvalStore, files: Files, check_model: ModelCheck, check_version: VersionCheck
+    ) -> None:
         self.store = store
         self._files = files
         self._check_model = check_model
+        self._check_version = check_version
 
     def create(
         self, owner: Owner, name: str | None, config: Any, criteria: Any, metadata: Any
@@ -68,6 +73,9 @@ class EvalService:
         for param, model in models:
             if model is not None and (why := await self._check_model(principal, CHAT, model)) is not None:
                 raise NotFound(why, code="model_not_found", param=param)
+        pinned = source.get("artifact_id")
+        if pinned is not None and (why := await self._check_version(principal, source["model"], pinned)):
+            raise Conflict(why, code="version_not_serving", param="data_source.artifact_id")
         if source["type"] == "jsonl":
             self._check_samples(items, criteria)
         if source["source"]["type"] == "file_content":
@@ -100,18 +108,24 @@ class EvalService:
         principal: Principal,
         eval_id: str,
         model: str,
+        artifact_id: str | None = None,
         data_source: dict[str, Any] | None = None,
         timeout: float = 3600.0,
         poll: float = 0.5,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> Scores:
-        """Run eval `eval_id` against the deployment `model` and wait for its `Scores` (module docstring
-        of `modelhost.evals`). `data_source`: a run's; None, the eval's latest `completions` run's."""
+        """Run eval `eval_id` against the deployment `model` (with `artifact_id`: its version of that
+        artifact, whatever its split) and wait for its `Scores` (module docstring of `modelhost.evals`).
+        `data_source`: a run's; None, the eval's latest `completions` run's."""
         assert principal.account_id is not None and principal.key_id is not None
         owner = Owner(principal.account_id, principal.key_id)
         if data_source is None:
             data_source = await asyncio.to_thread(self.store.latest_source, owner, eval_id)
-        run = await self.create_run(principal, owner, eval_id, None, {**data_source, "model": model}, None)
+        source = {**data_source, "model": model}
+        source.pop("artifact_id", None)
+        if artifact_id is not None:
+            source["artifact_id"] = artifact_id
+        run = await self.create_run(principal, owner, eval_id, None, source, None)
         deadline = time.monotonic() + timeout
         while run["status"] not in ENDED and time.monotonic() < deadline:
             await sleep(poll)

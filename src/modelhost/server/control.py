@@ -165,6 +165,7 @@ class RunLine(msgspec.Struct, tag="run_line", array_like=True):
     endpoint: str
     body: bytes
     traceparent: str
+    pinned: str = ""  # the version (artifact) it runs on, whatever the split ("": the split's choice)
 
 
 class LineAnswered(msgspec.Struct, tag="line_answered", array_like=True):

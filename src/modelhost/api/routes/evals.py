@@ -95,7 +95,7 @@ async def delete_eval(eval_id: str, services: ServicesDep, principal: CallerPrin
     "/v1/evals/{eval_id}/runs",
     summary="Start a run of an eval against a deployment (low priority, billed as batch lines)",
     response_model=EvalRunObject,
-    responses=error_responses(402),
+    responses=error_responses(402, 409),
 )
 async def create_run(
     eval_id: str, body: RunCreateRequest, services: ServicesDep, principal: CallerPrincipal
