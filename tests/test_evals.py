@@ -403,10 +403,12 @@ def test_eval_lists_page_as_the_rest_of_the_api(server: ChatServer) -> None:
     other = server.http.post("/v1/admin/accounts", json={"name": "pages"}, headers=bearer(ADMIN_KEY)).json()
     client = sdk(server, other["api_key"])
     made = [new_eval(client, [SIMILAR]).id for _ in range(3)]
-    first = client.evals.list(limit=2)
-    assert [e.id for e in first.data] == made[::-1][:2] and first.has_more
+    first = client.evals.list(limit=2)  # oldest first, as OpenAI's
+    assert [e.id for e in first.data] == made[:2] and first.has_more
     rest = client.evals.list(limit=2, after=first.data[-1].id)
-    assert [e.id for e in rest.data] == made[:1] and not rest.has_more
+    assert [e.id for e in rest.data] == made[2:] and not rest.has_more
+    newest = client.evals.list(limit=1, order="desc")
+    assert [e.id for e in newest.data] == made[2:]
     listed = httpx.get(f"{server.url}/v1/evals", params={"limit": 1}, headers=bearer(other["api_key"])).json()
     assert set(listed) == {"object", "data", "first_id", "last_id", "has_more"}
 

@@ -29,7 +29,7 @@ from typing import Any
 import orjson
 
 from modelhost.errors import InvalidRequest
-from modelhost.evals.templates import render
+from modelhost.evals.templates import references, render
 
 MAX_CRITERIA = 32
 MAX_TEMPLATE = 64 * 1024
@@ -229,6 +229,14 @@ CHECKS: dict[str, Callable[[Mapping[str, Any], str], dict[str, Any]]] = {
     "score_model": _model_grader,
     "label_model": _model_grader,
 }
+
+
+def reads_sample(criterion: Mapping[str, Any]) -> bool:
+    """Whether a checked criterion's templates reference the sample (`{{sample...}}`)."""
+    templates = [criterion.get("input"), criterion.get("reference")]
+    if isinstance(criterion.get("input"), list):
+        templates = [m["content"] for m in criterion["input"]]
+    return any(space == "sample" for t in templates if isinstance(t, str) for space, _ in references(t))
 
 
 # ------------------------------------------------------------------------------ grading

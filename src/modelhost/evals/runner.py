@@ -98,10 +98,16 @@ class EvalRunJob:
             await asyncio.to_thread(self.store.finish, self.run_.id, self.runner.name, "completed")
 
     async def _heartbeat(self) -> None:
+        """Beat, and read the run's key again (as a batch does, every `batch_recheck_seconds`): a
+        cancel, a deletion or another runner's claim stops it; a revoked key fails it."""
+        settings = self.runner.settings
         while self.going:
-            await asyncio.sleep(min(1.0, self.runner.settings.batch_stale_seconds / 3))
+            await asyncio.sleep(min(settings.batch_recheck_seconds, settings.batch_stale_seconds / 3))
             if not await asyncio.to_thread(self.store.beat, self.run_.id, self.runner.name):
                 self.going = False  # canceled, deleted, or taken over
+            elif await asyncio.to_thread(self.runner.principal_of, self.run_.key_id) is None:
+                self.going = False
+                await asyncio.to_thread(self.store.finish, self.run_.id, self.runner.name, "failed", REVOKED)
 
     async def _item(self, principal: Principal, index: int, room: asyncio.Semaphore) -> None:
         async with room:

@@ -13,7 +13,7 @@ from modelhost.auth.principal import Principal
 from modelhost.batches.files import Files, Owner
 from modelhost.batches.runner import ModelCheck
 from modelhost.errors import Conflict, InvalidRequest, NotFound
-from modelhost.evals.graders import MODEL_GRADERS, checked
+from modelhost.evals.graders import MODEL_GRADERS, checked, reads_sample
 from modelhost.evals.sources import MAX_FILE_BYTES, checked_config, checked_source, items_of, lines_of
 from modelhost.evals.store import EvalStore
 
@@ -78,8 +78,8 @@ class EvalService:
             raise Conflict(why, code="version_not_serving", param="data_source.artifact_id")
         if source["type"] == "jsonl":
             self._check_samples(items, criteria)
-        if source["source"]["type"] == "file_content":
-            source = {**source, "source": {"type": "file_content", "content": items}}
+        if source["source"]["type"] == "file_content":  # its items are kept once, beside it (`items`)
+            source = {**source, "source": {"type": "file_content"}}
         run = await asyncio.to_thread(
             self.store.create_run, owner, eval_id, name, source, items, source.get("model"), metadata
         )
@@ -95,8 +95,7 @@ class EvalService:
     @staticmethod
     def _check_samples(items: list[dict[str, Any]], criteria: list[dict[str, Any]]) -> None:
         """A `jsonl` run generates nothing: criteria that read the sample need one with each item."""
-        reads_sample = any("sample." in str(c) for c in criteria)
-        if reads_sample and any("sample" not in entry for entry in items):
+        if any(map(reads_sample, criteria)) and any("sample" not in entry for entry in items):
             raise InvalidRequest(
                 "The testing criteria read '{{sample...}}', but a 'jsonl' data source generates no samples: "
                 "give a 'sample' with each item, or use a 'completions' data source with a model.",

@@ -260,7 +260,7 @@ class EvalStore:
             )
             for run in runs:
                 if run.data_source.get("type") == "completions":
-                    return dict(run.data_source)
+                    return source_of(run)
         raise InvalidRequest(
             f"Eval {eval_id} has no 'completions' run to take a data source from.", param="eval_id"
         )
@@ -451,7 +451,7 @@ def run_view(row: EvalRun) -> dict[str, Any]:
         "name": row.name,
         "status": row.status,
         "model": row.model,
-        "data_source": row.data_source,
+        "data_source": source_of(row),
         "created_at": unix_seconds(row.created_at),
         "error": row.error,
         "metadata": row.run_metadata,
@@ -470,6 +470,14 @@ def run_view(row: EvalRun) -> dict[str, Any]:
             for model, (calls, prompt, completion) in sorted(row.usage.items())
         ],
     }
+
+
+def source_of(row: EvalRun) -> dict[str, Any]:
+    """A run's data source as it was given: a `file_content` source's items are kept once, in `items`."""
+    source = dict(row.data_source)
+    if source.get("source", {}).get("type") == "file_content":
+        source["source"] = {"type": "file_content", "content": row.items}
+    return source
 
 
 def item_view(row: EvalRunItem, run: EvalRun) -> dict[str, Any]:

@@ -52,13 +52,17 @@ async def create_eval(body: EvalCreateRequest, services: ServicesDep, principal:
     return _json(created)
 
 
-@router.get("/v1/evals", summary="List the evals, newest first", response_model=EvalList)
+@router.get(
+    "/v1/evals",
+    summary="List the evals, oldest first unless `order` is `desc` (OpenAI's)",
+    response_model=EvalList,
+)
 async def list_evals(
     services: ServicesDep,
     principal: CallerPrincipal,
     after: After = None,
     limit: Limit = 20,
-    order: Order = "desc",
+    order: Order = "asc",
 ) -> Response:
     items, more = await asyncio.to_thread(services.evals.store.page, owner_of(principal), after, limit, order)
     return _json(list_body(items, more))
