@@ -1,7 +1,8 @@
-"""OpenAI's Evals API, run by the platform itself (docs/evals.md): evals (`store`), the graders of their
-testing criteria (`graders`, pure functions), the data sources of their runs (`sources`), and the runner
-that grades each item once through the batch tier (`runner`). `service.EvalService` is what the routes
-and the rest of the server call.
+"""OpenAI's Evals API, run by the platform itself (docs/evals.md): evals, runs and results in the
+database (`store`; OpenAI's objects of them, `views`), the graders of testing criteria (`graders`, pure
+functions; `templates`, their bounded substitution), the data sources of runs (`sources`), and the
+runner that grades each item once through the batch tier (`runner`). `service.EvalService` is what the
+routes and the rest of the server call.
 
 For gated rollouts: `await EvalService.evaluate(principal, eval_id, model, artifact_id=None,
 data_source=None, timeout=3600)` runs eval `eval_id` against the deployment `model` (with
