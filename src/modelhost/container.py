@@ -77,9 +77,8 @@ from modelhost.store.models import ModelArtifact
 from modelhost.store.types import new_id
 
 log = logging.getLogger("modelhost")
-Runner = Literal[
-    "batches", "imports", "videos", "evals"
-]  # the runners that claim work queued in the database
+# the runners that claim work queued in the database
+Runner = Literal["batches", "imports", "videos", "evals"]
 
 
 @dataclass
