@@ -17,10 +17,13 @@ import httpx
 import openai
 import pytest
 
+from modelhost.api.app import create_app
+from modelhost.api.batch_lines import line_caller
 from modelhost.batches.files import Owner
 from modelhost.container import Services
 from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.evals import graders
+from modelhost.evals.runner import EvalRunJob, EvalRunner
 from modelhost.evals.sources import checked_config
 from modelhost.evals.store import ItemResult
 from modelhost.evals.templates import render
@@ -440,3 +443,23 @@ def test_an_items_result_is_counted_once_and_a_cancel_stops_its_runner(services:
     stranger = Owner("acct_other", "key_other")
     with pytest.raises(NotFound):
         store.get_run(stranger, made["id"], run["id"])
+
+
+def test_a_run_whose_key_was_revoked_fails_naming_it(services: Services) -> None:
+    store = services.evals.store
+    account, _ = services.accounts.create("revoked", None)
+    _, secret = services.keys.create(account.account.id, "doomed", None)  # the account keeps its first
+    principal = services.authenticator.load(secret)
+    assert principal is not None and principal.key_id is not None
+    owner = Owner(account.account.id, principal.key_id)
+    made = store.create(owner, "e", checked_config(CONFIG), graders.checked([SIMILAR]), None)
+    source = {"type": "jsonl", "source": {"type": "file_content"}}
+    run = store.create_run(owner, made["id"], None, source, [{"item": {}, "sample": {}}], None, None)
+    services.keys.revoke(account.account.id, principal.key_id)
+    runner = EvalRunner(store, services.settings, services.authenticator.of_key)
+    claimed = store.claim(runner.name, 30, 1)
+    assert claimed is not None
+    asyncio.run(EvalRunJob(runner, claimed, line_caller(create_app(services=services))).run())
+    ended = store.get_run(owner, made["id"], run["id"])
+    assert ended["status"] == "failed" and ended["error"]["code"] == "invalid_api_key"
+    assert ended["result_counts"]["total"] == 1 and store.done(run["id"]) == set()  # nothing ran
