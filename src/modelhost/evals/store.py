@@ -109,8 +109,9 @@ class EvalStore:
                 row.name = name
             if metadata is not None:
                 row.eval_metadata = metadata
-            after = {"name": row.name, "metadata": row.eval_metadata}
-            audit.record(session, "eval.updated", "eval", row.id, owner.account_id, audit.diff(before, after))
+            changes = audit.diff(before, {"name": row.name, "metadata": row.eval_metadata})
+            if changes:
+                audit.record(session, "eval.updated", "eval", row.id, owner.account_id, changes)
             return eval_view(row)
 
     def delete(self, owner: Owner, eval_id: str) -> dict[str, Any]:
