@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from modelhost.api.app import create_app
 from tests.conftest import make_settings
 from tests.helpers import ADMIN_KEY, bearer, push_folder_sync
 from tests.live import live_server
@@ -44,6 +45,7 @@ class ChatServer:
     http: httpx.Client
     deployment_id: str
     database_url: str
+    app: Any = None  # the live server's app: `app.state.services` for tests that call a service itself
 
 
 def long_context_copy(recipes: Path, root: Path) -> Path:
@@ -84,7 +86,9 @@ def thinking_copy(recipes: Path, root: Path) -> Path:
 def served_chat_model(root: Path, recipes: Path, **settings: Any) -> Iterator[ChatServer]:
     """A live gateway with an account and a warm `chat` deployment of the long-context chat model."""
     database_url = f"sqlite:///{root / 'db.sqlite'}"
-    with live_server(make_settings(root, database_url, worker_threads=1, **settings)) as url:
+    built = make_settings(root, database_url, worker_threads=1, **settings)
+    app = create_app(built)
+    with live_server(built, app) as url:
         http = httpx.Client(base_url=url, timeout=120)
         created = http.post("/v1/admin/accounts", json={"name": root.name}, headers=bearer(ADMIN_KEY))
         key = created.json()["api_key"]
@@ -95,7 +99,7 @@ def served_chat_model(root: Path, recipes: Path, **settings: Any) -> Iterator[Ch
             headers=bearer(key),
         )
         assert deployment.status_code == 201, deployment.text
-        yield ChatServer(url, key, http, deployment.json()["id"], database_url)
+        yield ChatServer(url, key, http, deployment.json()["id"], database_url, app)
         http.close()
 
 

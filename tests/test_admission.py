@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from modelhost.api.admission import EXEMPT, STATE_CHANGING
+from modelhost.api.admission import EXEMPT, STATE_CHANGING, STOPS
 from tests.helpers import assert_error, bearer, new_account
 
 SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -42,7 +42,8 @@ def _stores_or_starts(method: str, path: str) -> bool:
     not one of the exemptions (who may act), or a read that starts work."""
     if (method, path) in READS_THAT_START_WORK:
         return True
-    return method in STATE_CHANGING and not path.endswith("/cancel") and (method, path) not in EXEMPT
+    stops = path.endswith("/cancel") or (method, path) in STOPS  # OpenAI's cancel of an eval run
+    return method in STATE_CHANGING and not stops and (method, path) not in EXEMPT
 
 
 def test_the_only_routes_exempt_from_admission_are_those_that_change_who_may_act() -> None:

@@ -696,6 +696,49 @@ async def test_an_agent_run_accepted_by_another_gateway_process_runs_in_the_supe
     assert (await call("GET", f"/v1/agent/{agent['id']}/runs/{run_id}")).status_code == 404
 
 
+async def test_an_eval_run_pinned_to_a_version_runs_its_samples_in_the_gateway_processes(
+    chat_two: tuple[Server, str],
+) -> None:
+    """An eval run created through another gateway process is graded by the supervisor's eval runner,
+    each sample a batch line on the version it names (`RunLine.pinned`), run in a gateway process."""
+    server, deployment_id = chat_two
+    helper = server.gateways()[1]
+
+    async def call(method: str, path: str, body: Any = None) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return await client.request(method, path, json=body, headers=bearer(server.key))
+
+    version = (await call("GET", f"/v1/deployments/{deployment_id}")).json()["artifact_id"]
+    check = {"type": "string_check", "name": "nonempty", "input": "{{sample.output_text}}", "reference": "",
+             "operation": "ne"}  # fmt: skip
+    config = {"type": "custom", "item_schema": {"type": "object"}}
+    made = (
+        await call("POST", "/v1/evals", {"data_source_config": config, "testing_criteria": [check]})
+    ).json()
+    source = {
+        "type": "completions", "model": "chat", "artifact_id": version,
+        "input_messages": {"type": "template", "template": [{"role": "user", "content": "{{item.q}}"}]},
+        "sampling_params": {"temperature": 0, "max_completion_tokens": 3, "seed": 1},
+        "source": {"type": "file_content", "content": [{"item": {"q": "hi"}}, {"item": {"q": "hello"}}]},
+    }  # fmt: skip
+    runs = f"/v1/evals/{made['id']}/runs"
+    created = await (await server.via(helper, lambda: call("POST", runs, {"data_source": source})))
+    assert created.status_code == 200, created.text
+    run_path = f"{runs}/{created.json()['id']}"
+
+    deadline = time.monotonic() + 30
+    while (run := (await call("GET", run_path)).json())["status"] in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, run
+        await asyncio.sleep(0.1)
+    assert run["status"] == "completed" and run["result_counts"] == {
+        "total": 2,
+        "passed": 2,
+        "failed": 0,
+        "errored": 0,
+    }
+    assert run["per_model_usage"][0]["completion_tokens"] == 6
+
+
 async def test_a_key_revoked_through_one_gateway_process_is_refused_at_once_by_the_others(
     chat_two: tuple[Server, str],
 ) -> None:

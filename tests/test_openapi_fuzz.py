@@ -247,6 +247,25 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
 
         (kept, kept_item), (doomed_conversation, _) = await conversation(), await conversation()
         thinned, doomed_item = await conversation()
+
+        async def evaluation() -> tuple[str, str, str]:
+            """An eval (a string check) and two runs of given samples, which generate nothing."""
+            config = {"type": "custom", "item_schema": {"type": "object"}}
+            check = {"type": "string_check", "name": "s", "input": "{{sample.output_text}}",
+                     "reference": "{{item.ref}}", "operation": "eq"}  # fmt: skip
+            body = {"data_source_config": config, "testing_criteria": [check]}
+            made = (await http.post("/v1/evals", json=body, headers=key)).json()
+            content = [{"item": {"ref": "a"}, "sample": {"output_text": "a"}}]
+            source = {
+                "data_source": {"type": "jsonl", "source": {"type": "file_content", "content": content}}
+            }
+            runs = [
+                await http.post(f"/v1/evals/{made['id']}/runs", json=source, headers=key) for _ in range(2)
+            ]
+            assert runs[0].status_code == 200, runs[0].text
+            return made["id"], runs[0].json()["id"], runs[1].json()["id"]
+
+        (kept_eval, kept_run, doomed_run), (doomed_eval, _, _) = await evaluation(), await evaluation()
     SEED.app = app
     SEED.account_key = account["api_key"]
     SEED.known = {
@@ -263,6 +282,8 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
         "batch_id": [batch.json()["id"]],
         "conversation_id": [kept],
         "item_id": [kept_item],
+        "eval_id": [kept_eval],
+        "run_id": [kept_run],
     }
     # Operations are fuzzed in the document's order; the destructive ones get rows of their own, so
     # that the routes after them still meet the real ones.
@@ -283,6 +304,8 @@ async def seeded(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Seed
             "conversation_id": [thinned],
             "item_id": [doomed_item],
         },
+        "DELETE /v1/evals/{eval_id}": {"eval_id": [doomed_eval]},
+        "DELETE /v1/evals/{eval_id}/runs/{run_id}": {"eval_id": [kept_eval], "run_id": [doomed_run]},
         # The deployed artifact (409 `artifact_busy`), or one nothing uses.
         "DELETE /v1/model-artifacts/{artifact_id}": {"artifact_id": [artifact_id, empty["id"]]},
     }

@@ -43,6 +43,9 @@ from modelhost.cache import TTLCache
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
+from modelhost.evals.runner import EvalRunner
+from modelhost.evals.service import EvalService
+from modelhost.evals.store import EvalStore
 from modelhost.frontend import Generation
 from modelhost.generation.compile_sandbox import GrammarChecker
 from modelhost.imports.runner import ImportRunner
@@ -74,7 +77,8 @@ from modelhost.store.models import ModelArtifact
 from modelhost.store.types import new_id
 
 log = logging.getLogger("modelhost")
-Runner = Literal["batches", "imports", "videos"]  # the runners that claim work queued in the database
+# the runners that claim work queued in the database
+Runner = Literal["batches", "imports", "videos", "evals"]
 
 
 @dataclass
@@ -104,6 +108,7 @@ class Services:
     mcp: McpTools  # hosted MCP tools: the accounts' allow-lists, the vetted client, each call audited
     uploads: Files  # the Files API's files (`files` is the generated ones behind signed links)
     batches: Batches
+    evals: EvalService  # OpenAI's Evals API: evals, runs (graded by the supervisor's eval runner)
     imports: Imports  # imports filling artifacts from S3, HTTPS, a Hub (run by the supervisor's runner)
     audit: AuditLog
     # Quotas per person (auth/quotas.py): what each person used this day and month, counted here and
@@ -219,7 +224,16 @@ class Services:
                 return exc.message
             return None
 
+        async def check_version(principal: Principal, model: str, artifact_id: str) -> str | None:
+            """Why an eval run cannot run on that version of the deployment (None: it can)."""
+            assert principal.account_id is not None
+            refs = await asyncio.to_thread(deployments.refs, principal.account_id)
+            return resolve_deployment(principal, "/v1/chat/completions", model, refs).version_refused(
+                artifact_id
+            )
+
         agents = AgentStore(database)
+        eval_store = EvalStore(database)
         grammars = GrammarChecker.from_settings(settings)
         media = MediaPolicy.from_settings(settings)  # parsed once: a bad allow-list stops the start
         imports = Imports(database, artifacts, Sealer.from_settings(settings), settings)
@@ -254,6 +268,7 @@ class Services:
                 SharedLimits(database, limits, settings.limits_sync_seconds),
                 BatchRunner(batches, settings, authenticator.of_key, check_model),
                 ImportRunner(imports, artifacts, settings),
+                EvalRunner(eval_store, settings, authenticator.of_key),
             )
             runtime, video_runner, agent_runner = supervision.adapted, supervision.videos, supervision.agents
         else:
@@ -295,6 +310,7 @@ class Services:
             mcp=mcp_tools,
             uploads=uploads,
             batches=batches,
+            evals=EvalService(eval_store, uploads, check_model, check_version),
             imports=imports,
             audit=AuditLog(database, settings.audit_retention_days),
             quotas=quotas,
@@ -329,12 +345,13 @@ class Supervision:
     shared_limits: SharedLimits
     batches: BatchRunner
     imports: ImportRunner
+    evals: EvalRunner
 
     def wake(self, runner: Runner) -> None:
-        if runner == "videos":
-            self.videos.wake()
-        else:
-            (self.batches if runner == "batches" else self.imports).wake()
+        runners: dict[str, VideoRunner | BatchRunner | ImportRunner | EvalRunner] = {
+            "videos": self.videos, "batches": self.batches, "imports": self.imports, "evals": self.evals,
+        }  # fmt: skip
+        runners[runner].wake()
 
     @asynccontextmanager
     async def duties(self, services: Services, line_call: LineCall) -> AsyncIterator[None]:
@@ -354,6 +371,7 @@ class Supervision:
         self.videos.start_claiming()
         self.agents.start()
         self.batches.start(line_call)
+        self.evals.start(line_call)
         self.imports.start_claiming()
         try:
             yield
@@ -363,6 +381,7 @@ class Supervision:
             sharing.cancel()
             quotas.cancel()
             await self.batches.stop()
+            await self.evals.stop()
             await self.imports.stop()
             await self.videos.stop()
             await self.agents.stop()

@@ -13,7 +13,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from modelhost.auth.principal import Principal, PrincipalKind
-from modelhost.errors import BaseNotShared, EndpointNotSupported, InvalidAPIKey, InvalidRequest, ModelNotFound
+from modelhost.errors import (
+    BaseNotShared,
+    Conflict,
+    EndpointNotSupported,
+    InvalidAPIKey,
+    InvalidRequest,
+    ModelNotFound,
+)
 from modelhost.pipelines import ENDPOINT_TASKS
 
 
@@ -47,6 +54,20 @@ class DeploymentRef:
             return self  # one version is every request's (`choose_version`): chosen once, kept
         artifact_id = choose_version(self.versions, subject if self.sticky else None)
         return replace(self, runtime_key=version_key(self.id, artifact_id), serving_artifact=artifact_id)
+
+    def on_version(self, artifact_id: str) -> DeploymentRef:
+        """This deployment on the version of `artifact_id`, whatever the split (an eval run of one
+        version: `modelhost.evals`); 409 `version_not_serving` unless that version is active or
+        loading."""
+        if why := self.version_refused(artifact_id):
+            raise Conflict(why, code="version_not_serving", param="artifact_id")
+        return replace(self, runtime_key=version_key(self.id, artifact_id), serving_artifact=artifact_id)
+
+    def version_refused(self, artifact_id: str) -> str | None:
+        """Why this deployment cannot run a request on the version of `artifact_id` (None: it can)."""
+        if any(v.artifact_id == artifact_id and v.state in ("active", "loading") for v in self.versions):
+            return None
+        return f"Deployment {self.model} has no version of artifact {artifact_id[:64]} active or loading."
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,8 @@ The rule, by method, so that a route added later is admitted without anyone reme
 - a read (`GET`, `HEAD`) is not, except one that asks a replica (it may load a cold deployment:
   `ADMITTED_READS`) and the Files API's, which count against the rate limits (`LIMIT`, as its docs have
   always said);
-- what only **removes or stops** (`DELETE`, a `.../cancel`) is not: it is how an account stops spending,
+- what only **removes or stops** (`DELETE`, a `.../cancel`, OpenAI's cancel of an eval run: `STOPS`) is
+  not: it is how an account stops spending,
   and must work when its credits have run out;
 - and `EXEMPT` below: routes that change who may act (keys, people, the MCP allow-list), which must work
   for an account out of credits (a leaked key is rotated or revoked at 0 credits), each with its reason.
@@ -46,6 +47,8 @@ EXEMPT: dict[tuple[str, str], str] = {
     ("PATCH", "/v1/role-weights"): "who may act: the roles' shares inside the account",
     ("PUT", "/v1/mcp-servers"): "who may act: the servers this account's keys may reach",
 }
+# routes that only stop work though their path does not end in `/cancel` (OpenAI's own paths)
+STOPS = frozenset({("POST", "/v1/evals/{eval_id}/runs/{run_id}")})
 # reads that ask a replica, which may load a cold deployment for them
 ADMITTED_READS = frozenset({("GET", "/tokenizer_info")})
 # reads counted against the rate limits (the Files API's: docs/batch.md)
@@ -65,5 +68,7 @@ def admission_of(method: str, path: str, guard: Guard | None) -> Admission:
     if (method, path) in LIMITED_READS or (method, path) in LIMITED_REMOVALS:
         return Admission.LIMIT
     if method not in STATE_CHANGING or path.endswith("/cancel") or (method, path) in EXEMPT:
+        return Admission.NONE
+    if (method, path) in STOPS:
         return Admission.NONE
     return Admission.ADMIT

@@ -37,6 +37,7 @@ from modelhost.api.routes import (
     conversations,
     deployments,
     embeddings,
+    evals,
     files,
     health,
     images,
@@ -145,6 +146,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         mcp_servers.router,
         auth.router,
         console.router,
+        evals.router,
     ):
         app.include_router(router)
 

@@ -50,6 +50,9 @@ ARTIFACT_HEADER = b"x-modelhost-artifact"
 # principal already in the scope: it runs at low priority and outside the per-minute limits. No
 # request from outside can carry it: a scope starts empty of our keys.
 BATCH_LINE = "modelhost.batch_line"
+# The version (artifact) a server-made request runs on, whatever its deployment's split says (an eval run
+# of one version of a rollout: `api.batch_lines`); never from outside, as BATCH_LINE
+PINNED_VERSION = "modelhost.pinned_version"
 # A person signed in through the OpenID provider holds a session by this cookie (`services.sessions`)
 SESSION_COOKIE = "modelhost_session"
 CSRF_HEADER = "x-csrf-token"
@@ -366,7 +369,8 @@ async def deployment_for(
     deployment = resolve_deployment(principal, endpoint, model, refs)
     # its version (a rollout, a canary): the answer names it (`x-modelhost-artifact`, by RequestPath)
     subject = (user or principal.key_id) if deployment.sticky == "user" else principal.key_id
-    deployment = deployment.with_version(subject)
+    pinned: str | None = request.scope.get(PINNED_VERSION)
+    deployment = deployment.on_version(pinned) if pinned else deployment.with_version(subject)
     if deployment.serving_artifact is not None:
         request.scope[SERVED_ARTIFACT] = (deployment.id, deployment.serving_artifact)
         tracing.current_attributes({"modelhost.artifact_id": deployment.serving_artifact})

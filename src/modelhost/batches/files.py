@@ -165,6 +165,19 @@ class Files:
                 )
             return row.blob_key, row.bytes
 
+    def content_of(self, owner: Owner, file_id: str, param: str, limit: int) -> bytes:
+        """The bytes of a small file of the account (an eval run's items), whatever its purpose; 400
+        naming `param` past `limit` bytes."""
+        with self._database.transaction() as session:
+            row = self._owned(session, owner, file_id, param=param)
+            key, size = row.blob_key, row.bytes
+        if size > limit:
+            raise InvalidRequest(
+                f"File {file_id} has {size} bytes, more than the {limit} allowed here.", param=param
+            )
+        with self._blobs.open(key) as handle:
+            return handle.read(limit + 1)[:limit]
+
     def write(self, key: str, chunks: Iterable[bytes]) -> tuple[int, str]:
         """Write a file's bytes as they come, never whole in memory: their size and SHA-256. The row
         comes after (`add_in`), so a crash between leaves bytes without a row, never the reverse."""

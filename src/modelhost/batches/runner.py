@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import orjson
 
@@ -47,8 +47,17 @@ from modelhost.store.types import utcnow
 
 log = logging.getLogger("modelhost.batches")
 
-# (principal, endpoint, body) → (HTTP status, request id, the answer's body: JSON bytes)
-LineCall = Callable[[Principal, str, dict[str, Any]], Awaitable[tuple[int, str, bytes]]]
+
+class LineCall(Protocol):
+    """(principal, endpoint, body) → (HTTP status, request id, the answer's body: JSON bytes). `pinned`:
+    the artifact of the deployment's version the request runs on (an eval run of one version of a
+    rollout, `modelhost.evals`), instead of the version its split would choose."""
+
+    def __call__(
+        self, principal: Principal, endpoint: str, body: dict[str, Any], pinned: str | None = None
+    ) -> Awaitable[tuple[int, str, bytes]]: ...
+
+
 # (principal, endpoint, model) → why that model cannot serve the endpoint for this key, or None
 ModelCheck = Callable[[Principal, str, str], Awaitable[str | None]]
 PrincipalOf = Callable[[str], Principal | None]

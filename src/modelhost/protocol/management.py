@@ -608,7 +608,18 @@ class AuditActor(BaseModel):
 
 
 class AuditTarget(BaseModel):
-    type: Literal["account", "key", "deployment", "artifact", "file", "user", "invitation", "mcp_server"]
+    type: Literal[
+        "account",
+        "key",
+        "deployment",
+        "artifact",
+        "file",
+        "user",
+        "invitation",
+        "mcp_server",
+        "eval",
+        "eval_run",
+    ]
     id: str
 
 

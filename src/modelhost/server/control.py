@@ -116,7 +116,7 @@ class Forget(msgspec.Struct, tag="forget", array_like=True):
 class Wake(msgspec.Struct, tag="wake", array_like=True):
     """Work was queued through a gateway: its runner claims it now rather than at its next poll."""
 
-    runner: Literal["batches", "imports", "videos"]
+    runner: Literal["batches", "imports", "videos", "evals"]
 
 
 class LineCaller(msgspec.Struct, array_like=True):
@@ -165,6 +165,7 @@ class RunLine(msgspec.Struct, tag="run_line", array_like=True):
     endpoint: str
     body: bytes
     traceparent: str
+    pinned: str = ""  # the version (artifact) it runs on, whatever the split ("": the split's choice)
 
 
 class LineAnswered(msgspec.Struct, tag="line_answered", array_like=True):

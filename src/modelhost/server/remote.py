@@ -360,7 +360,9 @@ class LineRunner:
         await self._started.wait()
         assert self._app is not None
         principal = line.caller.principal()
-        answer = await run_line(self._app, principal, line.endpoint, line.body, line.traceparent)
+        answer = await run_line(
+            self._app, principal, line.endpoint, line.body, line.traceparent, line.pinned or None
+        )
         self._link.tell(LineAnswered(line.line, *answer))
 
     def close(self) -> None:

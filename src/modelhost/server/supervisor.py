@@ -234,7 +234,7 @@ class ControlServer:
     # ---------------------------------------------------------------- batch lines, run by gateways
 
     async def line_call(
-        self, principal: Principal, endpoint: str, body: dict[str, Any]
+        self, principal: Principal, endpoint: str, body: dict[str, Any], pinned: str | None = None
     ) -> tuple[int, str, bytes]:
         """The batch runner's `LineCall`: the line runs in the gateway process with the fewest lines in
         flight. Without a gateway for `LINE_WAIT_SECONDS` it is a 503 (the runner tries it again later);
@@ -253,7 +253,7 @@ class ControlServer:
             number = next(self._lines)
             future: asyncio.Future[LineAnswered] = asyncio.get_running_loop().create_future()
             session.lines[number] = future
-            session.send(RunLine(number, caller, endpoint, payload, traceparent))
+            session.send(RunLine(number, caller, endpoint, payload, traceparent, pinned or ""))
             try:
                 answer = await future
             except GatewayLost as exc:

@@ -703,6 +703,66 @@ class BatchLine(Base):
     record: Mapped[str] = mapped_column(Text)  # the output or error file's line, as JSON
 
 
+class Eval(Base):
+    """An evaluation of OpenAI's Evals API (docs/evals.md): what its items look like and how a sample of
+    a model is graded; its runs run it against a deployment."""
+
+    __tablename__ = "evals"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    key_id: Mapped[str] = mapped_column(String(40))  # its creator's key (a deployment key sees its own)
+    name: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    data_source_config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    testing_criteria: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    eval_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class EvalRun(Base):
+    """One run of an eval against a deployment. The table is the queue, as for batches: a runner claims
+    a row with a guarded UPDATE and beats `updated_at` while it runs it; a stale claim is taken over."""
+
+    __tablename__ = "eval_runs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    eval_id: Mapped[str] = mapped_column(ForeignKey("evals.id", ondelete="CASCADE"), index=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    key_id: Mapped[str] = mapped_column(String(40))  # every generation and grader call runs as this key
+    name: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    model: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    data_source: Mapped[dict[str, Any]] = mapped_column(JSON)  # as given, its file's items read in
+    items: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    run_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    passed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    errored: Mapped[int] = mapped_column(Integer, default=0)
+    per_criteria: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{testing_criteria, passed, failed}]
+    usage: Mapped[dict[str, Any]] = mapped_column(JSON)  # model → its calls' token counts
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class EvalRunItem(Base):
+    """The result of one item of a run, recorded once: (run, item) is unique, so an item run again after
+    a crash cannot be counted twice."""
+
+    __tablename__ = "eval_run_items"
+    __table_args__ = (UniqueConstraint("run_id", "item_index"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("eval_runs.id", ondelete="CASCADE"), index=True)
+    item_index: Mapped[int] = mapped_column(Integer)  # 0-based, in the data source's order
+    status: Mapped[str] = mapped_column(String(16))  # pass, fail, error
+    item: Mapped[dict[str, Any]] = mapped_column(JSON)
+    results: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    sample: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
 class AuditRow(Base):
     """One change to accounts, keys, deployments, artifacts, shares, limits, credits or files: who (the
     key's kind and ID, the client's address, the request's ID), what (action, target, each changed field
