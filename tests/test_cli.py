@@ -198,6 +198,16 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("mcp-servers",), "MCP servers your account's hosted MCP tools may reach"),
     (("mcp-servers", "list"), "List the MCP server URLs on your account's allow-list."),
     (("mcp-servers", "add"), "Add MCP server URLs to your account's allow-list (owners and admins)."),
+    (("evals",), "Evals of your account: grade a deployment on your own test set"),
+    (("evals", "create"), "Create an eval from a JSON file (what it grades and how, as OpenAI's API"),
+    (("evals", "list"), "List evals, newest first."),
+    (("evals", "get"), "Show an eval and its testing criteria."),
+    (("evals", "delete"), "Delete an eval, its runs and their results (a run under way stops)."),
+    (("evals", "run"), "Start a run of an eval on a data source: a deployment's answers graded by"),
+    (("evals", "runs"), "List an eval's runs, newest first."),
+    (("evals", "run-get"), "Show a run: its status, counts and each criterion's pass rate."),
+    (("evals", "cancel"), "Cancel a run: the items graded so far are kept."),
+    (("evals", "results"), "List a run's items: each one's status and its score per criterion."),
     (("mcp-servers", "remove"), "Remove MCP server URLs (as listed) from your account's allow-list."),
     (("whoami",), "Who your key acts as: account, role, person and what it may do."),
     (("login",), "Sign in through your organization's identity provider (a code to confirm in a browser)."),
@@ -1099,3 +1109,51 @@ def test_accounts_credit_tops_up_and_a_bad_range_is_explained(url: str, account:
 def test_serve_and_quickstart_take_the_number_of_gateway_processes() -> None:
     for command in ("serve", "quickstart"):
         assert "--workers" in ok(command, "--help").stdout
+
+
+# ------------------------------------------------------------------------------------------- evals
+
+
+def test_evals_create_run_and_results_grade_a_test_set_and_show_each_criterions_pass_rate(
+    batcher: tuple[str, ...], tmp_path: Path
+) -> None:
+    """An eval made from a JSON file, run on a `jsonl` data source (the answers given beside the items),
+    waited for: each criterion's pass rate, then each item's grades; a run that fails exits 1."""
+    criteria = [
+        {"type": "string_check", "name": "names it", "input": "{{sample.output_text}}",
+         "reference": "{{item.answer}}", "operation": "ilike"},
+    ]  # fmt: skip
+    definition = tmp_path / "capitals.json"
+    config = {"type": "custom", "item_schema": {"type": "object"}, "include_sample_schema": True}
+    definition.write_text(
+        json.dumps({"name": "capitals", "data_source_config": config, "testing_criteria": criteria})
+    )
+    created = ok_json("evals", "create", str(definition), *batcher, "--json")
+    assert created["object"] == "eval" and created["name"] == "capitals"
+    rows = [
+        {"item": {"answer": "Paris"}, "sample": {"output_text": "It is Paris."}},
+        {"item": {"answer": "Rome"}, "sample": {"output_text": "Milan."}},
+        {"item": {"answer": "Bern"}, "sample": {"output_text": "bern, of course"}},
+    ]
+    source = tmp_path / "source.json"
+    source.write_text(json.dumps({"type": "jsonl", "source": {"type": "file_content", "content": rows}}))
+    result = cli("evals", "run", created["id"], str(source), "--wait", "--every", "0.2", *batcher)
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    assert "names it: 2/3 passed (67%)" in result.stdout and "completed" in result.stdout
+    assert "3/3 items graded" in result.stderr
+    [run] = ok_json("evals", "runs", created["id"], *batcher, "--json")["data"]
+    results = ok("evals", "results", created["id"], run["id"], *batcher).stdout
+    assert results.count("names it 1 pass") == 2 and results.count("names it 0 fail") == 1
+    failing = ok("evals", "results", created["id"], run["id"], "--status", "fail", *batcher).stdout
+    assert failing.count("names it 0 fail") == 1 and "pass" not in failing.split("results", 1)[1]
+    listed = ok("evals", "list", *batcher).stdout
+    assert created["id"] in listed and "capitals" in listed
+    sampled = tmp_path / "sampled.json"
+    template = {"type": "template", "template": [{"role": "user", "content": "Capital? {{item.answer}}"}]}
+    rows_only = {"type": "file_content", "content": [{"item": r["item"]} for r in rows]}
+    sampled.write_text(json.dumps({"type": "completions", "input_messages": template, "source": rows_only}))
+    missing = cli("evals", "run", created["id"], str(sampled), "--model", "nope", *batcher)
+    assert missing.exit_code == 1 and "nope" in missing.stdout + missing.stderr  # a 404 naming the model
+    source.write_text("[1, 2]")
+    assert cli("evals", "run", created["id"], str(source), *batcher).exit_code == 2  # not an object
+    assert ok_json("evals", "delete", created["id"], *batcher, "--json")["deleted"] is True

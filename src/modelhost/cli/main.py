@@ -25,6 +25,7 @@ from modelhost.cli.generation import (
     settings_body,
     show_settings,
 )
+from modelhost.cli.evals import evals_app
 from modelhost.cli.mcp_servers import mcp_servers_app
 from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, Url
 from modelhost.cli.output import out, show
@@ -51,6 +52,7 @@ app.add_typer(deployments_app, name="deployments")
 app.add_typer(artifacts_app, name="artifacts")
 app.add_typer(files_app, name="files")
 app.add_typer(batches_app, name="batches")
+app.add_typer(evals_app, name="evals")
 app.add_typer(audit_app, name="audit")
 app.add_typer(users_app, name="users")
 app.add_typer(mcp_servers_app, name="mcp-servers")
