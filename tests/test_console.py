@@ -956,6 +956,44 @@ def test_a_batch_is_listed_until_it_completes_and_its_files_download_and_show_as
     assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
 
 
+def test_an_evals_runs_show_their_pass_rates_and_items_with_samples_as_text(console: Console) -> None:
+    """The Evals page lists an eval with its runs: status, progress and each criterion's pass rate; a
+    run's items show their grades and their samples as text (a sample is model output: never markup)."""
+    headers = bearer(console.key)
+    criteria = [{"type": "string_check", "name": "names it", "input": "{{sample.output_text}}",
+                 "reference": "{{item.answer}}", "operation": "ilike"}]  # fmt: skip
+    config = {"type": "custom", "item_schema": {"type": "object"}, "include_sample_schema": True}
+    body = {"name": f"capitals {XSS}", "data_source_config": config, "testing_criteria": criteria}
+    created = console.http.post("/v1/evals", json=body, headers=headers)
+    assert created.status_code == 200, created.text
+    eval_id = created.json()["id"]
+    rows = [
+        {"item": {"answer": "Paris"}, "sample": {"output_text": f"Paris {XSS}"}},
+        {"item": {"answer": "Rome"}, "sample": {"output_text": "Milan"}},
+    ]
+    source = {"type": "jsonl", "source": {"type": "file_content", "content": rows}}
+    run = console.http.post(f"/v1/evals/{eval_id}/runs", json={"data_source": source}, headers=headers)
+    assert run.status_code == 200, run.text
+    page = console.page
+    console.go("evals")
+    row = page.locator(f"#eval-list tr[data-id='{run.json()['id']}'][data-status='completed']")
+    row.wait_for()  # polled every 2 s
+    assert (
+        page.locator(f"#eval-list article[data-id='{eval_id}'] h4").inner_text().startswith(f"capitals {XSS}")
+    )
+    assert row.locator("td.progress .done").inner_text() == "2 / 2"
+    assert row.locator(".rate[data-criterion='names it']").inner_text() == "names it: 1/2 (50 %)"
+    row.get_by_role("button", name="Items").click()
+    items = page.locator("#eval-item-list tbody tr")
+    items.first.wait_for()
+    assert [items.nth(i).get_attribute("data-status") for i in range(2)] == ["pass", "fail"]
+    assert items.nth(0).locator("td.grades").inner_text() == "names it: 1.000 pass"
+    assert items.nth(0).locator("td.sample pre").inner_text() == f"Paris {XSS}"  # the text itself
+    assert page.locator("img").count() == 0
+    console.shot("evals")
+    assert not console.dialogs and not console.errors, (console.dialogs, console.errors)
+
+
 def test_a_revoked_key_signs_the_tab_out(console: Console) -> None:
     created = console.http.post("/v1/keys", json={"name": "laptop"}, headers=bearer(console.key)).json()
     page = console.page
