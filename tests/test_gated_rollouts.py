@@ -15,10 +15,14 @@ from typing import Any
 
 import pytest
 
+from modelhost.cache import TTLCache
+from modelhost.container import Services
 from modelhost.routing import Version
 from modelhost.services import gated, gates, rollouts
 from modelhost.services.gate_runner import since
+from modelhost.services.gated import RolloutGates
 from modelhost.services.gates import Gate, StepMetrics
+from modelhost.store.models import Deployment, ModelArtifact
 from tests.chat_model import ChatServer, long_context_copy, served_chat_model
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 
@@ -111,6 +115,7 @@ def test_the_candidate_stays_loaded_at_zero_percent_while_its_gate_decides() -> 
 # ------------------------------------------------------------------------------ through a live server
 
 QUESTIONS = ["Name a city", "Name a river", "Name a colour"]
+QUESTION = "{{item.question}}"
 
 
 def worse_copy(recipes: Path, root: Path) -> Path:
@@ -154,7 +159,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory, recipes: Path) -> Iterator[S
         source = {
             "type": "completions",
             "model": "chat",
-            "input_messages": {"type": "template", "template": [{"role": "user", "content": "{{item.question}}"}]},
+            "input_messages": {"type": "template", "template": [{"role": "user", "content": QUESTION}]},
             "sampling_params": {"temperature": 0, "max_completion_tokens": 6},
             "source": {"type": "file_content", "content": items},
         }  # fmt: skip
@@ -339,3 +344,46 @@ def test_another_account_sees_no_gate_and_cannot_gate_on_anothers_eval(setup: Se
         "/v1/audit", params={"target_id": server.deployment_id}, headers=bearer(key)
     ).json()
     assert rows["data"] == []
+
+
+# ------------------------------------------------------------------------- the gate's claim, each database
+
+
+def test_one_runner_drives_a_gate_until_silent_then_another_takes_it_over(services: Services) -> None:
+    """The runner's transactions on SQLite and PostgreSQL: one claim at a time, a decision only by the
+    runner that holds the gate, a silent runner's gate taken over where it stood, none after its end."""
+    created, _ = services.accounts.create("gates", None)
+    account_id = created.account.id
+    with services.database.transaction() as session:
+        for artifact_id in ("art_old", "art_new"):
+            artifact = ModelArtifact(id=artifact_id, account_id=account_id, display_name=artifact_id)
+            artifact.pipeline, artifact.status, artifact.deployment_count = "text-generation", "ready", 0
+            session.add(artifact)
+        session.flush()
+        row = Deployment(id="dep_g", account_id=account_id, model="g", artifact_id="art_old")
+        row.pipeline, row.readiness, row.engine_in_use = "text-generation", "warm", "transformers"
+        session.add(row)
+    gate = Gate("eval_1", steps=(100,))
+    services.deployments.roll(account_id, "dep_g", {"art_new": 100}, loaded=True, gate=gate)
+    store = RolloutGates(services.database, TTLCache(1, 10))
+    first = store.claim("gw-a", stale_seconds=30)
+    assert first is not None and first.id == "dep_g"
+    assert store.claim("gw-b", stale_seconds=30) is None  # it is gw-a's
+    assert store.beat(first, "gw-a") and not store.beat(first, "gw-b")
+    read = store.read(first)
+    assert read is not None and read[0]["state"] == "evaluating"
+    assert read[1] == {"art_old": "active", "art_new": "loading"}
+    entry = gated.decision(None, "rolled_back", "a test said so")
+    assert not store.decide(first, "gw-b", entry, traffic={"art_old": 100}, state="rolled_back")
+
+    taken = store.claim("gw-b", stale_seconds=0)  # gw-a silent (restarted, or gone)
+    assert taken == first and not store.beat(first, "gw-a")
+    assert store.decide(taken, "gw-b", entry, traffic={"art_old": 100}, state="rolled_back")
+    shown = services.deployments.get(account_id, "dep_g")
+    assert shown.rollout is not None and shown.rollout["state"] == "rolled_back"
+    assert [d["decision"] for d in shown.rollout["decisions"]] == ["started", "rolled_back"]
+    assert [v["artifact_id"] for v in shown.versions or []] == ["art_old"]  # its load dropped
+    assert store.claim("gw-c", stale_seconds=0) is None and not store.beat(taken, "gw-b")
+    with services.database.transaction() as session:
+        used = session.get(ModelArtifact, "art_new")
+        assert used is not None and used.deployment_count == 0  # the candidate holds its artifact no more
