@@ -6,6 +6,7 @@ differently, and an eval that one of them passes and the other does not."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -14,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from modelhost.cache import TTLCache
+from modelhost.cli.main import app
 from modelhost.container import Services
 from modelhost.routing import Version
 from modelhost.services import gated, gates, rollouts
@@ -387,3 +390,24 @@ def test_one_runner_drives_a_gate_until_silent_then_another_takes_it_over(servic
     with services.database.transaction() as session:
         used = session.get(ModelArtifact, "art_new")
         assert used is not None and used.deployment_count == 0  # the candidate holds its artifact no more
+
+
+def test_the_cli_starts_a_gated_rollout_and_shows_its_steps_and_decisions(setup: Setup) -> None:
+    server = setup.server
+    key = ("--url", server.url, "--key", server.key)
+    update = ["deployments", "update", server.deployment_id, "--artifact", setup.worse]
+    gate = ["--gate-eval", setup.eval_id, "--gate-steps", "40,100", "--gate-step-seconds", "0.5"]
+    started = CliRunner().invoke(app, [*update, *gate, *key, "--json"])
+    assert started.exit_code == 0, (started.stdout, started.stderr)
+    assert json.loads(started.stdout)["rollout"]["gate"]["steps"] == [40, 100]
+    settled(server, server.deployment_id)
+    shown = CliRunner().invoke(app, ["deployments", "get", server.deployment_id, *key])
+    assert shown.exit_code == 0, (shown.stdout, shown.stderr)
+    text = " ".join(shown.stdout.split())  # the table wraps to the terminal's width
+    assert f"gated rollout of {setup.worse} (from {setup.good}): rolled_back" in text
+    assert f"eval {setup.eval_id}, margin 0.0, steps 40 % → 100 %" in text
+    assert "rolled_back: The candidate scored 0.000" in text and "scores: candidate 0.0, current 1.0" in text
+    alone = CliRunner().invoke(
+        app, ["deployments", "update", server.deployment_id, "--gate-steps", "100", *key]
+    )
+    assert alone.exit_code == 2 and "--gate-eval" in alone.stderr
