@@ -298,6 +298,47 @@ def test_a_gated_rollout_to_a_better_candidate_is_promoted_step_by_step(setup: S
     ]  # fmt: skip
 
 
+def test_a_candidate_over_the_ttft_bound_at_its_step_is_rolled_back_naming_it(setup: Setup) -> None:
+    """Its eval passes (a margin of 1 lets any score through), then its live time to first token over
+    the step, measured per version, is above a bound no model meets."""
+    server = setup.server
+    deployment_id = next(
+        d["id"]
+        for d in server.http.get("/v1/deployments", headers=bearer(server.key)).json()["data"]
+        if d["model"] == "chat-b"
+    )  # promoted to the good artifact by the test above
+    stop = threading.Event()
+
+    def ask() -> None:
+        body = {
+            "model": "chat-b",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 2,
+        }
+        while not stop.is_set():
+            server.http.post("/v1/chat/completions", json=body, headers=bearer(server.key))
+
+    client = threading.Thread(target=ask)
+    client.start()
+    try:
+        gate = {"eval_id": setup.eval_id, "margin": 1, "steps": [50, 100], "step_seconds": 1,
+                "min_requests": 1, "max_ttft_p50_ms": 0.001}  # fmt: skip
+        started = patch(server, deployment_id, {"artifact_id": setup.worse, "gate": gate})
+        assert started.status_code == 200, started.text
+        shown = settled(server, deployment_id)
+    finally:
+        stop.set()
+        client.join()
+    decisions = shown["rollout"]["decisions"]
+    assert [(d["decision"], d["step"]) for d in decisions] == [
+        ("started", None), ("gate_passed", None), ("promoted_step", 0), ("rolled_back", 0),
+    ]  # fmt: skip
+    last = decisions[-1]
+    assert "max_ttft_p50_ms 0.001" in last["reason"] and last["metrics"]["ttft_p50_ms"] > 0.001
+    assert last["traffic"] == {setup.good: 100}
+    assert [(v["artifact_id"], v["traffic"]) for v in shown["versions"]] == [(setup.good, 100)]
+
+
 def test_a_new_rollout_cancels_a_gate_still_deciding(setup: Setup) -> None:
     server = setup.server
     gate = {"eval_id": setup.eval_id, "steps": [100]}

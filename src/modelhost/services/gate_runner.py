@@ -198,7 +198,10 @@ class GateRunner(ClaimLoop[ClaimedGate]):
         current = rollout["current"]
         principal = await asyncio.to_thread(self.principal_of, rollout.get("key_id") or "")
         if principal is None:
-            why = "The API key that started the gated rollout was revoked: its eval cannot run."
+            why = (
+                "The eval cannot run: the API key that started the gated rollout is revoked or expired (or "
+                "it was a console sign-in session, which runs nothing once its request ends)."
+            )
             await self._roll_back(claimed, None, why, current)
             return
         try:
