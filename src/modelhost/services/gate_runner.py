@@ -108,8 +108,7 @@ class GateRunner(ClaimLoop[ClaimedGate]):
                 read = await asyncio.to_thread(self.store.read, claimed)
                 if read is None:
                     break
-                rollout, states, model, _account = read
-                await self._turn(claimed, rollout, states, model)
+                await self._turn(claimed, *read)
                 await asyncio.sleep(self.poll_seconds())
         finally:
             beating.cancel()

@@ -183,9 +183,9 @@ class RolloutGates:
                 .execution_options(synchronize_session=False)
             )
 
-    def read(self, claimed: ClaimedGate) -> tuple[dict[str, Any], dict[str, str], str, str] | None:
+    def read(self, claimed: ClaimedGate) -> tuple[dict[str, Any], dict[str, str], str] | None:
         """The gate's rollout, its versions' states (artifact → state, with the reason of a failed one
-        after a colon), the deployment's model and account; None once it stopped deciding."""
+        after a colon) and the deployment's model; None once it stopped deciding."""
         with self._database.transaction() as session:
             row = session.get(Deployment, claimed.id)
             if row is None or not running(row) or row.rollout["id"] != claimed.gate_id:  # type: ignore[index]
@@ -194,7 +194,7 @@ class RolloutGates:
                 v["artifact_id"]: v["state"] + (f": {v['reason']}" if v.get("reason") else "")
                 for v in row.versions or []
             }
-            return dict(row.rollout or {}), states, row.model, row.account_id
+            return dict(row.rollout or {}), states, row.model
 
     def decide(
         self,
