@@ -496,6 +496,18 @@ class Settings(BaseSettings):
         description="A running batch whose server has been silent this long (killed) is taken over by "
         "another server, or by the same one restarted.",
     )
+    rollout_gate_poll_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="How often a server's gate runner looks for gated rollouts to drive and judges the "
+        'step of each it drives (docs/deploy.md, "Gated rollouts"). A gate whose server has been '
+        "silent for `batch_stale_seconds` is taken over.",
+    )
+    rollout_gate_eval_timeout_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="How long a gated rollout waits for its eval runs; one not ended by then rolls back.",
+    )
     # ---------------------------------------------------------------- imports (docs/artifacts.md)
     secrets_key: SecretStr | None = Field(
         default=None,

@@ -65,6 +65,8 @@ from modelhost.runtime.supervisor.manager import ReplicaManager
 from modelhost.services.accounts import AccountService
 from modelhost.services.deployments import DeploymentService
 from modelhost.services.files import FileService, FileStore, file_secret
+from modelhost.services.gate_runner import GateRunner
+from modelhost.services.gated import RolloutGates
 from modelhost.services.keys import KeyService
 from modelhost.services.sessions import SessionRules, SessionService
 from modelhost.services.users import UserService
@@ -234,6 +236,7 @@ class Services:
 
         agents = AgentStore(database)
         eval_store = EvalStore(database)
+        evals = EvalService(eval_store, uploads, check_model, check_version)
         grammars = GrammarChecker.from_settings(settings)
         media = MediaPolicy.from_settings(settings)  # parsed once: a bad allow-list stops the start
         imports = Imports(database, artifacts, Sealer.from_settings(settings), settings)
@@ -260,6 +263,11 @@ class Services:
             manager.rolling = deployments.rolling
             adapted = AdapterRouting(manager, deployments.adapter_target)
             generation = Generation(adapted, grammars, media)
+            eval_runner = EvalRunner(eval_store, settings, authenticator.of_key)
+            gate_store = RolloutGates(database, refs_cache)
+            gate_runner = GateRunner(
+                gate_store, evals, settings, authenticator.of_key, adapted.apply, eval_runner.wake
+            )
             supervision = Supervision(
                 manager,
                 adapted,
@@ -268,7 +276,8 @@ class Services:
                 SharedLimits(database, limits, settings.limits_sync_seconds),
                 BatchRunner(batches, settings, authenticator.of_key, check_model),
                 ImportRunner(imports, artifacts, settings),
-                EvalRunner(eval_store, settings, authenticator.of_key),
+                eval_runner,
+                gate_runner,
             )
             runtime, video_runner, agent_runner = supervision.adapted, supervision.videos, supervision.agents
         else:
@@ -310,7 +319,7 @@ class Services:
             mcp=mcp_tools,
             uploads=uploads,
             batches=batches,
-            evals=EvalService(eval_store, uploads, check_model, check_version),
+            evals=evals,
             imports=imports,
             audit=AuditLog(database, settings.audit_retention_days),
             quotas=quotas,
@@ -346,6 +355,7 @@ class Supervision:
     batches: BatchRunner
     imports: ImportRunner
     evals: EvalRunner
+    gates: GateRunner  # gated rollouts (`services.gate_runner`)
 
     def wake(self, runner: Runner) -> None:
         runners: dict[str, VideoRunner | BatchRunner | ImportRunner | EvalRunner] = {
@@ -372,6 +382,7 @@ class Supervision:
         self.agents.start()
         self.batches.start(line_call)
         self.evals.start(line_call)
+        self.gates.start_claiming()
         self.imports.start_claiming()
         try:
             yield
@@ -381,6 +392,7 @@ class Supervision:
             sharing.cancel()
             quotas.cancel()
             await self.batches.stop()
+            await self.gates.stop()
             await self.evals.stop()
             await self.imports.stop()
             await self.videos.stop()

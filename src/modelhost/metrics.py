@@ -62,6 +62,7 @@ __all__ = [
     "exposition",
     "process_gone",
     "sample",
+    "samples",
 ]
 
 
@@ -108,6 +109,18 @@ def sample(name: str, labels: dict[str, str] | None = None) -> float | None:
     TALLY.flush()
     value = _registry().get_sample_value(name, labels or {})
     return None if value is None else float(value)
+
+
+def samples(name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample named `name` (a histogram's `..._bucket` included), across all processes, with its
+    labels: a scrape's worth of reading, for the few that read a metric back (a gated rollout's step)."""
+    TALLY.flush()
+    return [
+        (dict(s.labels), float(s.value))
+        for family in _registry().collect()
+        for s in family.samples
+        if s.name == name
+    ]
 
 
 def process_gone(pid: int | None) -> None:

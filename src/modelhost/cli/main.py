@@ -29,6 +29,17 @@ from modelhost.cli.evals import evals_app
 from modelhost.cli.mcp_servers import mcp_servers_app
 from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, Url
 from modelhost.cli.output import out, show
+from modelhost.cli.rollouts import (
+    GateEval,
+    GateMargin,
+    GateMaxErrorRate,
+    GateMaxTtft,
+    GateMinRequests,
+    GateSteps,
+    GateStepSeconds,
+    gate_body,
+    show_rollout,
+)
 from modelhost.cli.session import login, logout
 from modelhost.cli.users import RoleChoice, users_app, whoami
 
@@ -509,12 +520,20 @@ def deployments_update(
             help="Keep each caller of a canary on one version: user, key or none.", show_default=False
         ),
     ] = None,
+    gate_eval: GateEval = None,
+    gate_steps: GateSteps = None,
+    gate_margin: GateMargin = None,
+    gate_step_seconds: GateStepSeconds = None,
+    gate_min_requests: GateMinRequests = None,
+    gate_max_error_rate: GateMaxErrorRate = None,
+    gate_max_ttft_p50_ms: GateMaxTtft = None,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
 ) -> None:
     """Change a deployment's readiness, replica bounds, engine or generation settings (takes effect at
-    once; new generation settings reload its replicas), or roll it to another artifact or a canary."""
+    once; new generation settings reload its replicas), or roll it to another artifact (gated on an eval
+    with --gate-eval) or a canary."""
     changes = {"readiness": readiness, "min_replicas": min_replicas, "max_replicas": max_replicas}
     changes |= {"artifact_id": artifact, "strategy": strategy}
     body: dict[str, Any] = {name: value for name, value in changes.items() if value is not None}
@@ -524,6 +543,12 @@ def deployments_update(
         body["traffic"] = traffic_split(traffic)
     if sticky is not None:
         body["sticky"] = None if sticky == "none" else sticky
+    gate = gate_body(
+        gate_eval, gate_steps, gate_margin, gate_step_seconds, gate_min_requests, gate_max_error_rate,
+        gate_max_ttft_p50_ms,
+    )  # fmt: skip
+    if gate is not None:
+        body["gate"] = gate
     settings = (max_model_len, chat_template, chat_template_kwargs, tool_parser, reasoning_parser)
     body.update(settings_body(*settings, fair_token_weights, reset))
     path = f"/v1/deployments/{quote(deployment_id, safe='')}"
@@ -556,6 +581,20 @@ def show_deployment(deployment: dict[str, Any], as_json: bool) -> None:
             out.print(line, soft_wrap=True, markup=False, highlight=False)
     if not as_json:
         show_settings(deployment)
+        show_rollout(deployment.get("rollout"))
+
+
+@deployments_app.command("get")
+def deployments_get(
+    deployment_id: Annotated[str, typer.Argument(help="Deployment ID (dep_...).")],
+    url: Url = DEFAULT_URL,
+    key: AccountKey = None,
+    as_json: Json = False,
+) -> None:
+    """Show a deployment: its live state, versions, settings, and its gated rollout's steps and decisions."""
+    show_deployment(
+        ApiClient(url, key).call("GET", f"/v1/deployments/{quote(deployment_id, safe='')}"), as_json
+    )
 
 
 @deployments_app.command("list")

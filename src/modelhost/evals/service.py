@@ -112,10 +112,12 @@ class EvalService:
         timeout: float = 3600.0,
         poll: float = 0.5,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        created: Callable[[], None] | None = None,
     ) -> Scores:
         """Run eval `eval_id` against the deployment `model` (with `artifact_id`: its version of that
         artifact, whatever its split) and wait for its `Scores` (module docstring of `modelhost.evals`).
-        `data_source`: a run's; None, the eval's latest `completions` run's."""
+        `data_source`: a run's; None, the eval's latest `completions` run's. `created`: called once the
+        run is queued (the supervisor's caller wakes its eval runner)."""
         assert principal.account_id is not None and principal.key_id is not None
         owner = Owner(principal.account_id, principal.key_id)
         if data_source is None:
@@ -125,6 +127,8 @@ class EvalService:
         if artifact_id is not None:
             source["artifact_id"] = artifact_id
         run = await self.create_run(principal, owner, eval_id, None, source, None)
+        if created is not None:
+            created()
         deadline = time.monotonic() + timeout
         while run["status"] not in ENDED and time.monotonic() < deadline:
             await sleep(poll)

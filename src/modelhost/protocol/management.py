@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -331,6 +332,89 @@ class DeploymentCreate(GenerationSettingsFields):
         return self
 
 
+class RolloutGate(StrictModel):
+    """A gated rollout's rule (docs/deploy.md, "Gated rollouts")."""
+
+    eval_id: str = Field(
+        max_length=64,
+        description="The eval both versions run (its latest `completions` run's data source, each run "
+        "pinned to its version), as the key that sends the PATCH.",
+    )
+    margin: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.0,
+        description="The candidate passes when its score (the mean of the criteria's pass rates) is at least "
+        "the current version's less this.",
+    )
+    steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [10, 50, 100],
+        min_length=1,
+        max_length=10,
+        description="The candidate's percents of traffic, rising, ending at 100 (promoted).",
+    )
+    step_seconds: Annotated[float, Field(gt=0, le=86400)] = Field(
+        default=60.0, description="How long each step runs before its metrics are judged."
+    )
+    min_requests: Annotated[int, Field(ge=0, le=1_000_000)] = Field(
+        default=0,
+        description="Requests the candidate must serve in a step before it is judged (the step waits for "
+        "them, up to 10 times its length, then rolls back).",
+    )
+    max_error_rate: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        default=0.05, description="The candidate's 5xx share of its requests over a step; null: not judged."
+    )
+    max_ttft_p50_ms: Annotated[float, Field(gt=0)] | None = Field(
+        default=None,
+        description="The candidate's median time to first token over a step (ms); null: not judged.",
+    )
+
+    @model_validator(mode="after")
+    def _rising(self) -> RolloutGate:
+        if self.steps[-1] != 100 or any(b <= a for a, b in itertools.pairwise(self.steps)):
+            raise ValueError("gate.steps must rise strictly and end at 100")
+        return self
+
+
+class RolloutDecision(BaseModel):
+    at: str = Field(description="When (ISO 8601, UTC).")
+    step: int | None = Field(description="The index in `gate.steps` it was taken at; null: before the first.")
+    decision: Literal["started", "gate_passed", "promoted_step", "promoted", "rolled_back", "canceled"]
+    reason: str
+    scores: dict[str, Any] | None = Field(
+        default=None,
+        description="The eval's: each version's score and its criteria's pass rates (`candidate`, `current`, "
+        "`candidate_pass_rates`, `current_pass_rates`).",
+    )
+    metrics: dict[str, Any] | None = Field(
+        default=None,
+        description="The candidate's over the step: `requests`, `errors`, `error_rate`, `ttft_p50_ms`.",
+    )
+    traffic: dict[str, int] | None = Field(default=None, description="The split it set: artifact → percent.")
+    eval_runs: dict[str, str] | None = Field(
+        default=None, description="The eval runs it read: `candidate` and `current` run IDs."
+    )
+
+
+class Rollout(BaseModel):
+    gate: RolloutGate
+    candidate: str = Field(description="The artifact being rolled out.")
+    current: str = Field(description="The artifact serving when it started (what a rollback returns to).")
+    state: Literal["evaluating", "promoting", "promoted", "rolled_back", "canceled"] = Field(
+        description="`evaluating`: the candidate loads at 0 % and the eval runs on both versions; "
+        "`promoting`: it takes `gate.steps[step]` percent; `promoted`: it takes every request; "
+        "`rolled_back`: the rule failed (the last decision says why); `canceled`: a new rollout replaced it."
+    )
+    step: int | None = Field(default=None, description="The index of the step under way in `gate.steps`.")
+    step_started_at: str | None = None
+    started_at: str
+    ended_at: str | None = None
+    eval_runs: dict[str, str] = Field(
+        default_factory=dict, description="The eval runs of the candidate and the current version."
+    )
+    decisions: list[RolloutDecision] = Field(
+        default_factory=list, description="Every decision, oldest first."
+    )
+
+
 class DeploymentPatch(GenerationSettingsFields):
     """Each generation setting given replaces the deployment's (`null`: back to the artifact's own or
     what is detected)."""
@@ -375,11 +459,19 @@ class DeploymentPatch(GenerationSettingsFields):
         description="During a canary, keep each caller on one version: by the request's `user` field (the "
         "key where it has none) or by the API key; null: each request drawn by the split.",
     )
+    gate: RolloutGate | None = Field(
+        default=None,
+        description='With `artifact_id`: a gated rollout (docs/deploy.md, "Gated rollouts"): the new '
+        "artifact loads beside the serving one at 0 %, both run the gate's eval, and it is promoted step by "
+        "step while the rule holds, else rolled back; `rollout` on the deployment shows its decisions.",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> DeploymentPatch:
         if self.artifact_id is not None and self.traffic is not None:
             raise ValueError("give either artifact_id or traffic, not both")
+        if self.gate is not None and (self.artifact_id is None or self.strategy == "replace"):
+            raise ValueError("a gate comes with artifact_id, and a rolling strategy")
         if self.traffic is not None and sum(self.traffic.values()) != 100:
             raise ValueError("traffic percents must sum to 100")
         return self
@@ -512,6 +604,9 @@ class Deployment(BaseModel):
     sticky: Literal["user", "key"] | None = None
     history: list[DeploymentSwitch] = Field(
         default_factory=list, description="Its last artifact switches (20 at most), oldest first."
+    )
+    rollout: Rollout | None = Field(
+        default=None, description="Its last gated rollout, with its steps and decisions; null: none."
     )
     created_at: datetime
     updated_at: datetime

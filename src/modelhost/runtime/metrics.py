@@ -42,6 +42,15 @@ TIME_TO_FIRST_TOKEN = Histogram(
     ["deployment"],
     buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10),
 )
+# The same, by version (artifact) of the deployment: a gated rollout judges its candidate's p50 on it
+# (docs/deploy.md, "Gated rollouts"). One more observation per generation, kept in the tally
+VERSION_TIME_TO_FIRST_TOKEN = Histogram(
+    "modelhost_version_time_to_first_token_seconds",
+    "Time from a generation's dispatch to its first token, by deployment and the artifact (version) "
+    "that generated it.",
+    ["deployment", "artifact_id"],
+    buckets=(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10),
+)
 TIME_PER_OUTPUT_TOKEN = Histogram(
     "gen_ai_server_time_per_output_token_seconds",
     "Time per output token after the first, per generation (GenAI semantic conventions).",

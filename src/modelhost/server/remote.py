@@ -232,13 +232,14 @@ class RemoteRuntime:
         if deployment is None:
             settings = self._settings
             # a version's requests are the deployment's in the metrics (`routing.split_key`)
-            labelled = split_key(deployment_id)[0]
+            labelled, version = split_key(deployment_id)
             dispatcher = Dispatcher(
                 labelled,
                 settings.max_queue_size,
                 settings.request_timeout_seconds,
                 settings.routing_max_imbalance,
                 settings.routing_policy == "prefix",
+                version,
             )
             deployment = self._deployments[deployment_id] = _Deployment(dispatcher)
         return deployment

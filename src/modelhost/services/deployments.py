@@ -27,7 +27,8 @@ from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.engine_choice import EngineChoice, reads_artifact, replica_engine
 from modelhost.runtime.footprint import generates, model_context
 from modelhost.runtime.spec import AdapterTarget, AttachedAdapter, DeploymentSpec
-from modelhost.services import adapters, rollouts
+from modelhost.services import adapters, gated, rollouts
+from modelhost.services.gates import Gate
 from modelhost.store.db import Database
 from modelhost.store.models import Account, Deployment, MeasuredFootprint, ModelArtifact
 from modelhost.store.types import new_id
@@ -84,6 +85,43 @@ def audited(deployment: Deployment) -> dict[str, object]:
         "generation_defaults": deployment.generation_defaults,
         "generation_settings": deployment.generation_settings,
     }
+
+
+def switch(
+    session: Session,
+    deployment: Deployment,
+    traffic: Mapping[str, int],
+    now: str,
+    *,
+    loaded: bool,
+    replacing: bool = False,
+    keep: tuple[str, ...] = (),
+    record: bool = True,
+) -> None:
+    """In the caller's transaction (the row locked): the deployment's versions as `traffic` asks
+    (`rollouts.plan`), its artifacts' uses counted, and a switch of its split recorded in its history and
+    the audit log (unless `record`: the gate runner writes its own decision's row)."""
+    before = DeploymentService._versions_of(deployment)
+    after = rollouts.plan(before, traffic, now, loaded=loaded, replacing=replacing, keep=keep)
+    DeploymentService._count_uses(session, rollouts.held(before), rollouts.held(after))
+    deployment.versions = rollouts.stored(after)
+    deployment.artifact_id = rollouts.primary(after)
+    if rollouts.split(before) == rollouts.split(after):
+        return
+    actor = audit.current_actor()
+    entry = {
+        "at": now,
+        "by": actor.kind if actor.key_id is None else f"{actor.kind} {actor.key_id}",
+        "from": rollouts.split(before),
+        "to": rollouts.split(after),
+        "strategy": "replace" if replacing else "rolling",
+    }
+    deployment.history = [*(deployment.history or []), entry][-rollouts.HISTORY_LENGTH :]
+    if record:
+        back = any(v.artifact_id in traffic and v.traffic == 0 for v in before)
+        action = "deployment.rolled_back" if back else "deployment.rollout_started"
+        changes = {"traffic": {"before": entry["from"], "after": entry["to"]}}
+        audit.record(session, action, "deployment", deployment.id, deployment.account_id, changes)
 
 
 class DeploymentService:
@@ -571,12 +609,15 @@ class DeploymentService:
         replacing: bool = False,
         sticky: str | None = None,
         sticky_given: bool = False,
+        gate: Gate | None = None,
     ) -> Deployment:
         """Move the deployment to the versions `traffic` asks for (artifact → percent; one artifact at
         100: a rollout, or a rollback to one still listed; several: a canary). Each artifact must be the
         account's, ready and of the deployment's pipeline, and fit the adapters attached to it. `loaded`
         (its replicas run now): a new version loads beside the others (`rollouts.plan`); else the versions
-        are simply switched. Its artifacts' `deployment_count` counts every version it holds."""
+        are simply switched. Its artifacts' `deployment_count` counts every version it holds. With a
+        `gate` (`traffic` names the candidate): the candidate loads beside the current version at 0 % and
+        the gate runner decides (`services.gates`). A new split ends a gate still running (`canceled`)."""
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id)
             if deployment is None or deployment.account_id != account_id:
@@ -589,6 +630,7 @@ class DeploymentService:
                     param="artifact_id",
                     code="adapter_follows_base",
                 )
+            asked = traffic is not None
             if traffic is None:  # `sticky` alone: the split stays
                 traffic = rollouts.split(self._versions_of(deployment))
             wanted = {a: self._rollable(session, account_id, deployment, a) for a in traffic}
@@ -600,28 +642,19 @@ class DeploymentService:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
             if deployment is None or deployment.account_id != account_id:
                 raise _not_found()
-            before = self._versions_of(deployment)
-            after = rollouts.plan(before, traffic, now, loaded=loaded, replacing=replacing)
-            self._count_uses(session, rollouts.held(before), rollouts.held(after))
-            deployment.versions = rollouts.stored(after)
-            deployment.artifact_id = rollouts.primary(after)
+            keep: tuple[str, ...] = ()
+            if asked and gated.running(deployment):
+                gated.end(session, deployment, now, "canceled", "A new rollout replaced the gated one.")
+            if gate is not None:
+                candidate = next(iter(traffic))
+                current = rollouts.primary(self._versions_of(deployment))
+                gated.check_start(candidate, current, loaded)
+                traffic, keep = {current: 100, candidate: 0}, (candidate,)
+            switch(session, deployment, traffic, now, loaded=loaded, replacing=replacing, keep=keep)
+            if gate is not None:
+                gated.start(session, deployment, gate, keep[0], now)
             if sticky_given:
                 deployment.sticky = sticky
-            switched = rollouts.split(before) != rollouts.split(after)
-            if switched:
-                actor = audit.current_actor()
-                entry = {
-                    "at": now,
-                    "by": actor.kind if actor.key_id is None else f"{actor.kind} {actor.key_id}",
-                    "from": rollouts.split(before),
-                    "to": rollouts.split(after),
-                    "strategy": "replace" if replacing else "rolling",
-                }
-                deployment.history = [*(deployment.history or []), entry][-rollouts.HISTORY_LENGTH :]
-                back = any(v.artifact_id in traffic and v.traffic == 0 for v in before)
-                action = "deployment.rolled_back" if back else "deployment.rollout_started"
-                changes = {"traffic": {"before": entry["from"], "after": entry["to"]}}
-                audit.record(session, action, "deployment", deployment.id, account_id, changes)
         self._refs_cache.clear()
         return deployment
 
@@ -721,7 +754,7 @@ class DeploymentService:
                 return
             before = self._versions_of(deployment)
             if event == "loaded":
-                after = rollouts.loaded(before, artifact_id, now)
+                after = rollouts.loaded(before, artifact_id, now, gated.kept(deployment))
             elif event == "failed":
                 after = rollouts.failed(before, artifact_id, reason or "its load failed", now)
             else:

@@ -10,7 +10,7 @@ instead (its memory is needed), and requests wait for the new version's load.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,13 +42,20 @@ def read(rows: Sequence[Mapping[str, Any]] | None, artifact_id: str, since: str)
 
 
 def plan(
-    versions: Sequence[Version], traffic: Mapping[str, int], now: str, *, loaded: bool, replacing: bool
+    versions: Sequence[Version],
+    traffic: Mapping[str, int],
+    now: str,
+    *,
+    loaded: bool,
+    replacing: bool,
+    keep: Collection[str] = (),
 ) -> list[Version]:
     """The table once a PATCH asks for `traffic` (artifact → percent). Not `loaded` (nothing runs): the
     versions are simply the ones asked for. Otherwise an artifact new to the table loads beside the others,
     one that failed loads again, one draining (still loaded) takes requests again at once (a rollback), one
     loading but no longer asked for is dropped (its load stops), and one active but no longer asked for
-    keeps serving until the others are ready (`settle`), or drains now when `replacing`."""
+    keeps serving until the others are ready (`settle`), or drains now when `replacing`. `keep`: a gated
+    rollout's candidate, held loaded at 0 % while its gate decides (`services.gates`)."""
     if not loaded:
         return [Version(a, percent, "active", now) for a, percent in traffic.items()]
     table: list[Version] = []
@@ -74,20 +81,25 @@ def plan(
             table.append(version)
     known = {v.artifact_id for v in versions}
     table += [Version(a, percent, "loading", now) for a, percent in traffic.items() if a not in known]
-    return settle(table, now)
+    return settle(table, now, keep)
 
 
-def settle(versions: Sequence[Version], now: str) -> list[Version]:
-    """Once every version that takes traffic is active, the ones leaving (active, traffic 0) drain."""
+def settle(versions: Sequence[Version], now: str, keep: Collection[str] = ()) -> list[Version]:
+    """Once every version that takes traffic is active, the ones leaving (active, traffic 0) drain, but
+    those kept (a gated rollout's candidate at 0 %)."""
     if any(v.traffic > 0 and v.state != "active" for v in versions):
         return list(versions)
     return [
-        replace(v, state="draining", since=now) if v.state == "active" and v.traffic == 0 else v
+        replace(v, state="draining", since=now)
+        if v.state == "active" and v.traffic == 0 and v.artifact_id not in keep
+        else v
         for v in versions
     ]
 
 
-def loaded(versions: Sequence[Version], artifact_id: str, now: str) -> list[Version]:
+def loaded(
+    versions: Sequence[Version], artifact_id: str, now: str, keep: Collection[str] = ()
+) -> list[Version]:
     """The version finished loading: it takes its traffic, and the leaving ones may drain."""
     table = [
         replace(v, state="active", since=now, reason=None)
@@ -95,7 +107,7 @@ def loaded(versions: Sequence[Version], artifact_id: str, now: str) -> list[Vers
         else v
         for v in versions
     ]
-    return settle(table, now)
+    return settle(table, now, keep)
 
 
 def failed(versions: Sequence[Version], artifact_id: str, reason: str, now: str) -> list[Version]:

@@ -362,6 +362,11 @@ class Deployment(Base):
     sticky: Mapped[str | None] = mapped_column(String(8), nullable=True)
     # Its last artifact switches (time, who, from, to, strategy), newest last (`rollouts.HISTORY_LENGTH`)
     history: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    # Its last gated rollout (`services.gates`: the gate, its candidate, state, step and decisions); None:
+    # none. The server whose gate runner drives it, and when it last said so (silent: taken over)
+    rollout: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    rollout_claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    rollout_beat_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 

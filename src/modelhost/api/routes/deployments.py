@@ -12,6 +12,8 @@ from starlette.concurrency import run_in_threadpool
 
 from modelhost.api.deps import AccountPrincipal, ServicesDep, account_id_of
 from modelhost.api.errors import error_responses
+from modelhost.auth.principal import Principal
+from modelhost.batches.files import Owner
 from modelhost.container import Services
 from modelhost.errors import CapacityConflict, InvalidRequest, ModelhostError
 from modelhost.generation.deployment_settings import GenerationSettings
@@ -25,9 +27,13 @@ from modelhost.protocol.management import (
     DeploymentVersion,
     GenerationDefaults,
     GenerationSettingsFields,
+    Rollout,
+    RolloutGate,
     ScalingStep,
 )
 from modelhost.runtime.spec import LiveStatus
+from modelhost.services import gated
+from modelhost.services.gates import Gate
 from modelhost.store import models as rows
 
 router = APIRouter(prefix="/v1/deployments", tags=["deployments"], responses=error_responses(400, 401))
@@ -86,6 +92,7 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
         else [],
         sticky=deployment.sticky,
         history=[DeploymentSwitch.model_validate(h) for h in deployment.history or []],
+        rollout=None if (shown := gated.shown(deployment.rollout)) is None else Rollout.model_validate(shown),
         **_settings_shown(deployment.generation_settings),
         **_parsers_in_use(deployment.family, deployment.generation_settings),
         created_at=deployment.created_at,
@@ -185,7 +192,9 @@ async def get_deployment(
     "`artifact_id` or `traffic` start a rollout or a canary (docs/deploy.md): 404 `artifact_not_found` (not "
     "the account's), 409 `artifact_not_ready`, 400 `pipeline_mismatch`, 409 `adapter_base_mismatch` (an "
     "attached adapter does not fit the new artifact), 409 `insufficient_capacity` (both versions cannot fit: "
-    'nothing changed; `"strategy": "replace"` stops the old one first).',
+    'nothing changed; `"strategy": "replace"` stops the old one first). `gate` with `artifact_id`: a gated '
+    "rollout (404 `eval_not_found` or 400 naming `gate.eval_id` for an eval not the key's or without a "
+    "`completions` run; 409 `deployment_not_loaded`); a new rollout cancels a gate still deciding.",
 )
 async def update_deployment(
     body: DeploymentPatch,
@@ -195,6 +204,7 @@ async def update_deployment(
 ) -> Deployment:
     account_id = account_id_of(principal)
     before = await run_in_threadpool(services.deployments.get, account_id, deployment_id)
+    gate = None if body.gate is None else await _gate_of(body.gate, principal, services)
     if body.chat_template is not None:  # a tenant's code: compiled in a compile process, not here
         await services.grammars.check_chat_template(body.chat_template)
     deployment = await run_in_threadpool(
@@ -220,6 +230,7 @@ async def update_deployment(
                 replacing=body.strategy == "replace",
                 sticky=body.sticky,
                 sticky_given="sticky" in body.model_fields_set,
+                gate=gate,
             )
         )
     try:
@@ -237,6 +248,19 @@ async def update_deployment(
         )
         raise
     return await present(deployment, services)
+
+
+async def _gate_of(body: RolloutGate, principal: Principal, services: Services) -> Gate:
+    """The gate asked for, its eval the key's own with a `completions` run to take items from (404
+    `eval_not_found`, 400 naming `gate.eval_id`)."""
+    assert principal.account_id is not None and principal.key_id is not None
+    owner = Owner(principal.account_id, principal.key_id)
+    try:
+        await run_in_threadpool(services.evals.store.latest_source, owner, body.eval_id)
+    except ModelhostError as exc:
+        exc.param = "gate.eval_id"
+        raise
+    return Gate.of(body.model_dump())
 
 
 @router.delete(

@@ -124,6 +124,7 @@ class Dispatcher:
         timeout: float,
         max_imbalance: int = 2,
         by_prefix: bool = True,
+        artifact_id: str | None = None,
     ) -> None:
         self.deployment_id = deployment_id
         self.max_in_flight = max_in_flight
@@ -136,6 +137,8 @@ class Dispatcher:
         self.first_token_seconds = 0.0
         self.first_tokens = 0
         self._labels = (deployment_id,)  # of its metrics, written with the process's others (`TALLY`)
+        # a version's (`artifact_id`): its time to first token is also counted as that version's
+        self._version_labels = None if artifact_id is None else (deployment_id, artifact_id)
         self._publish()
 
     def _admit(self) -> None:
@@ -243,6 +246,12 @@ class Dispatcher:
                             if not first and completion and not sent.carried_in:  # a continuation: none
                                 first = time.perf_counter()
                                 TALLY.observe(metrics.TIME_TO_FIRST_TOKEN, self._labels, first - started)
+                                if self._version_labels is not None:
+                                    TALLY.observe(
+                                        metrics.VERSION_TIME_TO_FIRST_TOKEN,
+                                        self._version_labels,
+                                        first - started,
+                                    )
                                 self.first_token_seconds += first - started
                                 self.first_tokens += 1
                             if whole:

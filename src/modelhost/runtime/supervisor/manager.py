@@ -115,6 +115,7 @@ class DeploymentRuntime:
             settings.request_timeout_seconds,
             settings.routing_max_imbalance,
             settings.routing_policy == "prefix",
+            spec.artifact_id,
         )
         # Autoscaling (`autoscale`): the policy, the replicas it wants, its last step, the step under
         # way, and the replicas scaled down: out of the routing set, stopped once they hold nothing

@@ -1,6 +1,7 @@
 // Deployments: create from a ready artifact (an adapter on its base), change readiness, replica bounds,
 // engine and a generation deployment's settings (context length, chat template), delete; live state, the engine in use and per-deployment requests/s, latency and batch size
-// from /metrics. Adapter deployments are listed under their base: they have no replicas of their own.
+// from /metrics; a gated rollout's steps and decisions. Adapter deployments are listed under their base:
+// they have no replicas of their own.
 import { api, request } from "../api.js";
 import { badge, confirmButton, field, h, message, replace } from "../dom.js";
 import { deployForm, ENGINES, GENERATION_TASKS, READINESS, select, settingsBody, settingsInputs } from "../deploy.js";
@@ -13,6 +14,28 @@ function settingsText(d) {
   const kwargs = Object.keys(d.chat_template_kwargs || {}).length ? ` · template arguments ${JSON.stringify(d.chat_template_kwargs)}` : "";
   return `Context: ${d.max_model_len ?? "the model's"} · chat template: ${d.chat_template ? `set (${d.chat_template.length} characters)` : "the artifact's"}` +
     `${kwargs} · tool parser: ${d.tool_parser ?? "auto"} · reasoning parser: ${d.reasoning_parser ?? "auto"}`;
+}
+
+// A gated rollout (docs/deploy.md, "Gated rollouts"): its state, its steps with the one under way marked,
+// and every decision with its reason and figures. Text nodes only: a reason may quote a model's output.
+function rolloutView(r) {
+  if (!r) return [];
+  const steps = r.gate.steps.map((p, i) => h("li", { class: i === r.step ? "step current" : "step" }, `${p} %`));
+  const figures = (d) => [
+    d.scores ? `scores: candidate ${d.scores.candidate}, current ${d.scores.current}` : null,
+    d.metrics ? `metrics: ${Object.entries(d.metrics).map(([k, v]) => `${k} ${v}`).join(", ")}` : null,
+    d.traffic ? `traffic: ${Object.entries(d.traffic).map(([a, p]) => `${a} ${p} %`).join(", ")}` : null,
+  ].filter(Boolean).join(" · ");
+  const rows = r.decisions.map((d) => h("tr", { dataset: { decision: d.decision } },
+    h("td", {}, d.at), h("td", {}, d.step === null ? "" : String(d.step)), h("td", {}, d.decision),
+    h("td", { class: "reason" }, d.reason), h("td", { class: "muted" }, figures(d))));
+  const runs = Object.entries(r.eval_runs || {}).map(([which, id]) => `${which} ${id}`).join(", ");
+  return [
+    h("h4", {}, `Gated rollout of ${r.candidate} (from ${r.current}): `, badge(r.state)),
+    h("p", { class: "muted" }, `eval ${r.gate.eval_id} · margin ${r.gate.margin} · ${r.gate.step_seconds} s a step` + (runs ? ` · runs: ${runs}` : "")),
+    h("ol", { class: "rollout-steps" }, ...steps),
+    h("table", { class: "rollout-decisions" }, h("thead", {}, h("tr", {}, ...["at", "step", "decision", "reason", "figures"].map((t) => h("th", {}, t)))), h("tbody", {}, ...rows)),
+  ];
 }
 
 export async function render(main) {
@@ -55,13 +78,14 @@ export async function render(main) {
       try { await api("DELETE", `/v1/deployments/${encodeURIComponent(d.id)}`); await refresh(); } catch (error) { message(note, error.message); }
     });
     const plots = { rps: h("div"), latency: h("div"), batch: h("div"), tokens: h("div", { class: "tokens" }) };
+    const rollout = h("div", { class: "rollout" });
     const el = h("section", { class: "card deployment", dataset: { id: d.id, model: d.model } },
       h("h3", {}, d.model, " ", state), h("p", { class: "muted" }, `${d.pipeline} · ${d.id} · artifact ${d.artifact_id}`), reason,
       h("p", {}, "Replicas loaded: ", replicas), h("p", {}, "Engine: ", inUse), generation ? parsers : null,
       h("div", { class: "row" }, field("Readiness", ready), field("Min replicas", lo), field("Max replicas", hi), field("Engine", engine),
-        settings ? settings.fields : null, apply, remove, note),
+        settings ? settings.fields : null, apply, remove, note), rollout,
       h("div", { class: "plots" }, plots.rps, plots.latency, plots.batch, plots.tokens));
-    const c = { el, state, reason, replicas, inUse, asked: d.engine, plots, parsers, current: d };
+    const c = { el, state, reason, replicas, inUse, asked: d.engine, plots, parsers, current: d, rollout };
     return c;
   }
 
@@ -102,6 +126,9 @@ export async function render(main) {
       c.asked = d.engine;
       c.current = d;
       c.parsers.textContent = settingsText(d);
+      const seen_ = JSON.stringify(d.rollout);
+      if (c.rollout.dataset.shown !== seen_) { replace(c.rollout, ...rolloutView(d.rollout)); c.rollout.dataset.shown = seen_; }
+      c.el.dataset.rollout = d.rollout ? d.rollout.state : "";
       c.replicas.textContent = `${d.replicas} (bounds ${d.min_replicas}–${d.max_replicas}), ${d.memory_gb.toFixed(3)} GB` +
         (d.last_cold_start_seconds ? `, last cold start ${d.last_cold_start_seconds.toFixed(1)} s` : "");
     }
