@@ -158,6 +158,7 @@ HELP_SUMMARIES: list[tuple[tuple[str, ...], str]] = [
     (("deployments",), "Deployments of your account."),
     (("deployments", "create"), "Deploy a ready artifact under a model ID (a LoRA adapter on its base"),
     (("deployments", "list"), "List deployments with their live state."),
+    (("deployments", "get"), "Show a deployment: its live state, versions, settings, and its gated"),
     (("deployments", "update"), "Change a deployment's readiness, replica bounds, engine or generation"),
     (("deployments", "delete"), "Delete a deployment (unloads it and frees its artifact)."),
     (("artifacts",), "Model artifacts of your account."),

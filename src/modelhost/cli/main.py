@@ -14,6 +14,7 @@ import typer
 from modelhost.cli.audit import audit_app
 from modelhost.cli.batches import batches_app, files_app
 from modelhost.cli.client import ApiClient
+from modelhost.cli.evals import evals_app
 from modelhost.cli.generation import (
     ChatTemplate,
     ChatTemplateKwargs,
@@ -25,7 +26,6 @@ from modelhost.cli.generation import (
     settings_body,
     show_settings,
 )
-from modelhost.cli.evals import evals_app
 from modelhost.cli.mcp_servers import mcp_servers_app
 from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, Url
 from modelhost.cli.output import out, show
