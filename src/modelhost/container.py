@@ -43,6 +43,9 @@ from modelhost.cache import TTLCache
 from modelhost.clock import Clock, SystemClock
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
+from modelhost.fine_tuning.runner import FineTuningRunner
+from modelhost.fine_tuning.service import FineTuning
+from modelhost.fine_tuning.store import FineTuningJobs
 from modelhost.frontend import Generation
 from modelhost.generation.compile_sandbox import GrammarChecker
 from modelhost.imports.runner import ImportRunner
@@ -74,7 +77,9 @@ from modelhost.store.models import ModelArtifact
 from modelhost.store.types import new_id
 
 log = logging.getLogger("modelhost")
-Runner = Literal["batches", "imports", "videos"]  # the runners that claim work queued in the database
+Runner = Literal[
+    "batches", "imports", "videos", "fine_tuning"
+]  # the runners that claim work queued in the database
 
 
 @dataclass
@@ -104,6 +109,7 @@ class Services:
     mcp: McpTools  # hosted MCP tools: the accounts' allow-lists, the vetted client, each call audited
     uploads: Files  # the Files API's files (`files` is the generated ones behind signed links)
     batches: Batches
+    fine_tuning: FineTuning  # fine-tuning jobs (run by the supervisor's runner)
     imports: Imports  # imports filling artifacts from S3, HTTPS, a Hub (run by the supervisor's runner)
     audit: AuditLog
     # Quotas per person (auth/quotas.py): what each person used this day and month, counted here and
@@ -204,6 +210,14 @@ class Services:
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
         uploads = Files(database, blobs, settings, storage_changed)
         batches = Batches(database, blobs, uploads, settings, storage_changed)
+        fine_tuning = FineTuning(
+            database,
+            blobs,
+            uploads,
+            deployments,
+            FineTuningJobs(database, settings.fine_tuning_max_active_per_account),
+            settings.fine_tuning_max_file_bytes,
+        )
         files = FileService(database, blobs, signing_secret, settings.generated_file_ttl_seconds)
 
         async def check_model(principal: Principal, endpoint: str, model: str) -> str | None:
@@ -254,6 +268,15 @@ class Services:
                 SharedLimits(database, limits, settings.limits_sync_seconds),
                 BatchRunner(batches, settings, authenticator.of_key, check_model),
                 ImportRunner(imports, artifacts, settings),
+                FineTuningRunner(
+                    fine_tuning.jobs,
+                    artifacts,
+                    blobs,
+                    deployments,
+                    manager.placement,
+                    billing.meter,
+                    settings,
+                ),
             )
             runtime, video_runner, agent_runner = supervision.adapted, supervision.videos, supervision.agents
         else:
@@ -295,6 +318,7 @@ class Services:
             mcp=mcp_tools,
             uploads=uploads,
             batches=batches,
+            fine_tuning=fine_tuning,
             imports=imports,
             audit=AuditLog(database, settings.audit_retention_days),
             quotas=quotas,
@@ -329,10 +353,13 @@ class Supervision:
     shared_limits: SharedLimits
     batches: BatchRunner
     imports: ImportRunner
+    fine_tuning: FineTuningRunner
 
     def wake(self, runner: Runner) -> None:
         if runner == "videos":
             self.videos.wake()
+        elif runner == "fine_tuning":
+            self.fine_tuning.wake()
         else:
             (self.batches if runner == "batches" else self.imports).wake()
 
@@ -355,6 +382,7 @@ class Supervision:
         self.agents.start()
         self.batches.start(line_call)
         self.imports.start_claiming()
+        self.fine_tuning.start_claiming()
         try:
             yield
         finally:
@@ -364,6 +392,7 @@ class Supervision:
             quotas.cancel()
             await self.batches.stop()
             await self.imports.stop()
+            await self.fine_tuning.stop()
             await self.videos.stop()
             await self.agents.stop()
             await self.runtime.shutdown()

@@ -11,8 +11,8 @@ The rule, by method, so that a route added later is admitted without anyone reme
 - a read (`GET`, `HEAD`) is not, except one that asks a replica (it may load a cold deployment:
   `ADMITTED_READS`) and the Files API's, which count against the rate limits (`LIMIT`, as its docs have
   always said);
-- what only **removes or stops** (`DELETE`, a `.../cancel`) is not: it is how an account stops spending,
-  and must work when its credits have run out;
+- what only **removes or stops** (`DELETE`, a `.../cancel`, a fine-tuning job's `.../pause`) is not: it
+  is how an account stops spending, and must work when its credits have run out;
 - and `EXEMPT` below: routes that change who may act (keys, people, the MCP allow-list), which must work
   for an account out of credits (a leaked key is rotated or revoked at 0 credits), each with its reason.
 The operator's routes (`/v1/admin/*`) belong to no account; public routes have no key and are
@@ -27,6 +27,7 @@ from enum import Enum
 from modelhost.api.deps import Guard, require_admin
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH"})
+STOPS = ("/cancel", "/pause")  # what only stops work (a fine-tuning job's pause keeps its checkpoints)
 
 
 class Admission(Enum):
@@ -64,6 +65,6 @@ def admission_of(method: str, path: str, guard: Guard | None) -> Admission:
         return Admission.ADMIT
     if (method, path) in LIMITED_READS or (method, path) in LIMITED_REMOVALS:
         return Admission.LIMIT
-    if method not in STATE_CHANGING or path.endswith("/cancel") or (method, path) in EXEMPT:
+    if method not in STATE_CHANGING or path.endswith(STOPS) or (method, path) in EXEMPT:
         return Admission.NONE
     return Admission.ADMIT
