@@ -42,7 +42,9 @@ def _stores_or_starts(method: str, path: str) -> bool:
     not one of the exemptions (who may act), or a read that starts work."""
     if (method, path) in READS_THAT_START_WORK:
         return True
-    return method in STATE_CHANGING and not path.endswith("/cancel") and (method, path) not in EXEMPT
+    return (
+        method in STATE_CHANGING and not path.endswith(("/cancel", "/pause")) and (method, path) not in EXEMPT
+    )
 
 
 def test_the_only_routes_exempt_from_admission_are_those_that_change_who_may_act() -> None:

@@ -22,8 +22,12 @@ import httpx
 import openai
 import pytest
 
+from modelhost.batches.files import Owner
+from modelhost.container import Services
 from modelhost.fine_tuning.dataset import resolve, steps_of
-from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
+from modelhost.fine_tuning.store import FineTuningJobs, NewJob
+from modelhost.store.models import Base, FineTuningJob
+from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, push_folder_sync
 from tests.server_process import ServerProcess
 from tests.vllm_setup import wait_for_vllm
 
@@ -314,3 +318,29 @@ def test_auto_hyperparameters_follow_the_datasets_size() -> None:
     assert small == {"n_epochs": 14, "batch_size": 1, "learning_rate_multiplier": 2.0}
     assert large == {"n_epochs": 1, "batch_size": 8, "learning_rate_multiplier": 2.0}
     assert steps_of(12, small) == 12 * 14 and steps_of(10, {"n_epochs": 2, "batch_size": 4}) == 6
+
+
+async def test_the_migration_makes_the_models_tables_and_a_job_is_claimed_once_and_resumed_when_stale(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    """On SQLite and PostgreSQL: the tables the models declare, nothing more or less; of two runners one
+    claims a job; a job whose runner stopped beating is queued again, to resume."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    with services.database.engine.connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert [d for d in differences if "fine_tuning" in str(d)] == []
+    account = await new_account(client)
+    jobs = FineTuningJobs(services.database, max_active_per_account=1)
+    new = NewJob("dep_x", "base", "file_a", None, "k", None, resolve({}, 4), 8, None, 1, None, None)
+    created = jobs.create(Owner(account["id"], "key_x"), new)
+    assert jobs.claim("one") is not None and jobs.claim("two") is None
+    assert jobs.beat(created["id"], "one") and not jobs.beat(created["id"], "two")
+    with services.database.transaction() as session:
+        row = session.get(FineTuningJob, created["id"])
+        assert row is not None
+        row.updated_at = row.updated_at.replace(year=2000)
+    assert jobs.recover_stale(60) == 1
+    again = jobs.claim("two")
+    assert again is not None and again.id == created["id"] and not jobs.beat(created["id"], "one")
