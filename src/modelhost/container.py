@@ -274,7 +274,7 @@ class Services:
                     blobs,
                     deployments,
                     manager.placement,
-                    billing.meter,
+                    billing,
                     settings,
                 ),
             )

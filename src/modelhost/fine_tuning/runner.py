@@ -14,7 +14,9 @@ runs each one's trainer process (`fine_tuning.trainer`) to its end (docs/fine-tu
   last checkpoint. Cancel and pause move the row; the runner's next beat finds the job no longer its own
   and kills the trainer.
 - **Billed as a replica is.** The trainer's process is metered as a replica (`billing.meter`): its
-  measured memory × its running time, in the account's ledger, on a meter named after the job.
+  measured memory × its running time, in the account's ledger, on a meter named after the job. An
+  account out of credits (where credits are enforced) has its job failed `insufficient_credits` at the
+  next step.
 - **Its end.** The final adapter becomes an artifact of the account through an upload session, as a
   push would (`ArtifactService`: inspected as any adapter), named `ft:<base model>:<suffix>:<job id>`;
   with `deploy` (modelhost's extension), also an adapter deployment on the base under that name.
@@ -28,16 +30,16 @@ import dataclasses
 import logging
 import math
 import os
+import shutil
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from modelhost.artifacts.blobstore import BlobStore
 from modelhost.artifacts.service import ArtifactService
-from modelhost.billing.meter import ComputeMeter
+from modelhost.billing.service import Billing
 from modelhost.claims import ClaimLoop
 from modelhost.clock import heartbeat_seconds
 from modelhost.config import Settings
@@ -45,7 +47,7 @@ from modelhost.errors import ModelhostError
 from modelhost.fine_tuning import messages as wire
 from modelhost.fine_tuning.store import Claimed, FineTuningJobs, fine_tuned_name
 from modelhost.runtime.capacity import Capacity, Footprint, Holding, describe
-from modelhost.runtime.footprint import EXECUTED_WORKER_COST, weight_bytes
+from modelhost.runtime.footprint import EXECUTED_WORKER_COST, GPU_PROCESS_COST, weight_bytes
 from modelhost.runtime.memory import rss_bytes
 from modelhost.runtime.replica import ReplicaStats
 from modelhost.runtime.spec import DeploymentSpec
@@ -53,6 +55,7 @@ from modelhost.services.deployments import DeploymentService
 
 log = logging.getLogger("modelhost.fine_tuning")
 TRAINING_FACTOR = 3  # a job's host footprint: the base's weights this many times, plus a worker's cost
+WORK = "fine-tuning-work"  # in the data directory: each running job's trainer folder
 WAIT_SECONDS = 1.0  # how often a job waiting for memory looks again
 
 
@@ -62,6 +65,9 @@ class Room(Protocol):
 
     capacity: Capacity
     enforced: bool
+
+    @property
+    def on_gpu(self) -> bool: ...
 
     def changed(self) -> None: ...
 
@@ -99,7 +105,7 @@ class FineTuningRunner(ClaimLoop[Claimed]):
         blobs: BlobStore,
         deployments: DeploymentService,
         placement: Room,
-        meter: ComputeMeter,
+        billing: Billing,
         settings: Settings,
     ) -> None:
         super().__init__(log)
@@ -108,7 +114,8 @@ class FineTuningRunner(ClaimLoop[Claimed]):
         self.blobs = blobs
         self.deployments = deployments
         self.placement = placement
-        self.meter = meter
+        self.billing = billing
+        self.meter = billing.meter
         self.settings = settings
         self._housekept = 0.0
 
@@ -160,18 +167,23 @@ class JobRun:
             await self._fail("base_not_found", f"The base deployment '{claimed.model}' was deleted.")
             return
         holding = await self._room(spec)
+        # the trainer's folder: its dataset copies and checkpoints before they are stored (a killed
+        # server's is cleared by the next run of the job)
+        work = Path(self.runner.settings.data_dir) / WORK / claimed.id
         try:
-            with tempfile.TemporaryDirectory(prefix=f"{claimed.id}-") as work:
-                await self._train(spec, holding, Path(work))
+            await asyncio.to_thread(shutil.rmtree, work, True)
+            work.mkdir(parents=True)
+            await self._train(spec, holding, work)
         finally:
             self.runner.placement.capacity.release(holding)
             self.runner.placement.changed()
+            await asyncio.to_thread(shutil.rmtree, work, True)
 
     async def _room(self, spec: DeploymentSpec) -> Holding:
         """Reserve the job's footprint, waiting (and saying why) while it does not fit."""
         capacity = self.runner.placement.capacity
         need_bytes = await asyncio.to_thread(weight_bytes, spec.model_dir)
-        need = Footprint(need_bytes * TRAINING_FACTOR + EXECUTED_WORKER_COST)
+        need = footprint(need_bytes, self.runner.placement.on_gpu)
         never = capacity.never_fits(need)
         if never is not None:
             raise ModelhostError(
@@ -179,14 +191,21 @@ class JobRun:
             )
         said = False
         while True:
-            if not self.runner.placement.enforced or capacity.fits(need, None):
-                holding = capacity.hold(self.claimed.id, self.claimed.account_id, need, None)
-                await self.beat(waiting_reason=None)
+            gpu = _place(capacity, need, self.runner.placement.enforced)
+            if gpu is not False:
+                holding = capacity.hold(self.claimed.id, self.claimed.account_id, need, gpu)
+                try:
+                    await self.beat(waiting_reason=None)
+                except BaseException:
+                    capacity.release(holding)
+                    raise
                 return holding
-            reason = (
-                f"Waiting for memory: training needs {describe(need.host)} of host memory and "
-                f"{describe(capacity.free)} of the {describe(capacity.budget)} budget is free."
-            )
+            reason = f"Waiting for memory: training needs {describe(need.host)} of host memory"
+            if need.gpu:
+                free = max((capacity.gpu_free(i) for i in range(len(capacity.gpu_budgets))), default=0)
+                reason += f" and {describe(need.gpu)} on a GPU, where {describe(free)} is free at most"
+            reason += f"; {describe(capacity.free)} of the {describe(capacity.budget)} host budget is free."
+
             await self.beat(waiting_reason=reason)
             if not said:
                 said = True
@@ -282,6 +301,7 @@ class JobRun:
             )
         elif isinstance(event, wire.Step):
             await self.beat(trained_tokens=event.trained_tokens)
+            await self._require_credits()
             valid = "" if event.valid_loss is None else f", validation loss={event.valid_loss:.4f}"
             data = {
                 "step": event.step,
@@ -309,6 +329,13 @@ class JobRun:
             await self._finish(Path(event.folder), spec)
             return True
         return False
+
+    async def _require_credits(self) -> None:
+        """A job stops when its account runs out of credits, as its replicas are unloaded then."""
+        billing = self.runner.billing
+        if billing.enforce and await asyncio.to_thread(billing.balance_micro, self.claimed.account_id) <= 0:
+            message = "The account ran out of credits; the job's checkpoints are kept."
+            raise ModelhostError(message, code="insufficient_credits")
 
     def _name(self) -> str:
         return fine_tuned_name(self.claimed.model, self.claimed.suffix, self.claimed.id)
@@ -349,6 +376,24 @@ class JobRun:
     async def _fail(self, code: str, message: str, param: str | None = None) -> None:
         if not await asyncio.to_thread(self.jobs.fail, self.claimed.id, self.name, code, message, param):
             raise Stopped
+
+
+def footprint(weights: int, on_gpu: bool) -> Footprint:
+    """A job's reservation: the base's weights TRAINING_FACTOR times over (weights, activations and
+    their gradients, the optimizer's work) where the trainer computes (a GPU's memory, or the host's),
+    plus the cost of a worker process (and of a CUDA context on a GPU)."""
+    if on_gpu:
+        return Footprint(EXECUTED_WORKER_COST + weights, weights * TRAINING_FACTOR + GPU_PROCESS_COST)
+    return Footprint(weights * TRAINING_FACTOR + EXECUTED_WORKER_COST)
+
+
+def _place(capacity: Capacity, need: Footprint, enforced: bool) -> int | Literal[False] | None:
+    """Where the job fits now, as a replica is placed: the GPU with the most free budget that holds it
+    (None: the host alone); False where it fits nowhere yet."""
+    order = capacity.gpu_order(need)
+    if not enforced:
+        return order[0] if order else None
+    return next((gpu for gpu in order if capacity.fits(need, gpu)), False)
 
 
 async def _events(stream: asyncio.StreamReader) -> AsyncIterator[wire.Event]:
