@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -311,6 +312,36 @@ def test_another_accounts_jobs_and_files_are_404_and_jobs_are_limited_per_accoun
     for answer in (first, second):
         assert served.client.fine_tuning.jobs.cancel(answer.json()["id"]).status == "cancelled"
     assert served.client.fine_tuning.jobs.retrieve(job_id).status == "cancelled"
+
+
+def test_the_cli_uploads_trains_deploys_when_asked_and_names_a_bad_line(
+    served: Served, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from modelhost.cli.main import app
+
+    def cli(*args: str) -> Any:
+        return CliRunner().invoke(
+            app, [*args, "--url", served.process.url, "--key", served.key], prog_name="modelhost"
+        )
+
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_bytes(jsonl([conversation(w) for w in WORDS]))
+    args = ("--model", "base", "--epochs", "1", "--batch-size", "12", "--suffix", "cli", "--deploy")
+    created = cli("fine-tune", "create", str(dataset), *args, "--wait", "--every", "0.2", "--json")
+    assert created.exit_code == 0, (created.stdout, created.stderr)
+    job = json.loads(created.stdout)
+    assert job["status"] == "succeeded" and job["fine_tuned_model"] == f"ft:base:cli:{job['id']}"
+    assert "Step 1/1: training loss=" in created.stderr
+    deployment = served.http.get(f"/v1/deployments/{job['deployment_id']}", headers=bearer(served.key)).json()
+    assert deployment["model"] == job["fine_tuned_model"] and deployment["base_deployment"] is not None
+    listed = cli("fine-tune", "list", "--json")
+    assert job["id"] in [j["id"] for j in json.loads(listed.stdout)["data"]]
+    assert "ckpt-step-1" in cli("fine-tune", "checkpoints", job["id"]).stdout
+    dataset.write_bytes(jsonl([conversation("x"), {"messages": []}]))
+    refused = cli("fine-tune", "create", str(dataset), "--model", "base")
+    assert refused.exit_code != 0 and "Line 2: `messages` must be a non-empty list." in refused.stderr
 
 
 def test_auto_hyperparameters_follow_the_datasets_size() -> None:

@@ -14,6 +14,7 @@ import typer
 from modelhost.cli.audit import audit_app
 from modelhost.cli.batches import batches_app, files_app
 from modelhost.cli.client import ApiClient
+from modelhost.cli.fine_tuning import fine_tune_app
 from modelhost.cli.generation import (
     ChatTemplate,
     ChatTemplateKwargs,
@@ -51,6 +52,7 @@ app.add_typer(deployments_app, name="deployments")
 app.add_typer(artifacts_app, name="artifacts")
 app.add_typer(files_app, name="files")
 app.add_typer(batches_app, name="batches")
+app.add_typer(fine_tune_app, name="fine-tune")
 app.add_typer(audit_app, name="audit")
 app.add_typer(users_app, name="users")
 app.add_typer(mcp_servers_app, name="mcp-servers")

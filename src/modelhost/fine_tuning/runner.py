@@ -48,7 +48,7 @@ from modelhost.fine_tuning import messages as wire
 from modelhost.fine_tuning.store import Claimed, FineTuningJobs, fine_tuned_name
 from modelhost.runtime.capacity import Capacity, Footprint, Holding, describe
 from modelhost.runtime.footprint import EXECUTED_WORKER_COST, GPU_PROCESS_COST, weight_bytes
-from modelhost.runtime.memory import rss_bytes
+from modelhost.runtime.memory import footprint_bytes
 from modelhost.runtime.replica import ReplicaStats
 from modelhost.runtime.spec import DeploymentSpec
 from modelhost.services.deployments import DeploymentService
@@ -81,13 +81,14 @@ class Trainer:
 
     shared_meter = None
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, model_dir: Path) -> None:
         self.process = process
+        self.model_dir = model_dir
         self.started = time.monotonic()
 
     def stats(self) -> ReplicaStats:
-        rss = rss_bytes(self.process.pid) if self.process.returncode is None else 0
-        return ReplicaStats(self.process.pid, rss, None, 0, processes=1 if rss else 0)
+        used = footprint_bytes(self.process.pid, self.model_dir) if self.process.returncode is None else 0
+        return ReplicaStats(self.process.pid, used, None, 0, processes=1 if used else 0)
 
     def kill(self) -> None:
         if self.process.returncode is None:
@@ -255,7 +256,7 @@ class JobRun:
             stdout=asyncio.subprocess.PIPE,
             env=os.environ.copy(),
         )
-        trainer = Trainer(process)
+        trainer = Trainer(process, spec.model_dir)
         metered = dataclasses.replace(spec, id=claimed.id, model=self._name())
         self.runner.meter.replica_started(trainer, metered)
         beating = asyncio.create_task(self._beat_forever(trainer))

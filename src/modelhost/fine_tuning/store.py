@@ -31,6 +31,7 @@ from modelhost.store.types import new_id, unix_seconds, utcnow
 
 MAX_ATTEMPTS = 3  # runs of a job: the first and two resumptions after its server stopped
 ACTIVE = ("queued", "running", "paused")
+ABLE = {"cancelled": "cancellable", "paused": "pausable", "resumed": "resumable"}  # 409 codes
 INTERRUPTED = "The job's server stopped three times while it trained; it is not resumed again."
 
 
@@ -163,7 +164,7 @@ class FineTuningJobs:
             return [checkpoint_view(job, r) for r in rows], more
 
     def cancel(self, owner: Owner, job_id: str) -> dict[str, Any]:
-        return self._move(owner, job_id, ACTIVE, "cancelled", "Fine-tuning job cancelled.")
+        return self._move(owner, job_id, ACTIVE, "cancelled", "Fine-tuning job cancelled.", "cancelled")
 
     def pause(self, owner: Owner, job_id: str) -> dict[str, Any]:
         return self._move(
@@ -172,14 +173,17 @@ class FineTuningJobs:
             ("queued", "running"),
             "paused",
             "Fine-tuning job paused; it resumes from its last checkpoint.",
+            "paused",
         )
 
     def resume(self, owner: Owner, job_id: str) -> dict[str, Any]:
-        return self._move(owner, job_id, ("paused",), "queued", "Fine-tuning job resumed.")
+        return self._move(owner, job_id, ("paused",), "queued", "Fine-tuning job resumed.", "resumed")
 
     def _move(
-        self, owner: Owner, job_id: str, sources: tuple[str, ...], target: str, said: str
+        self, owner: Owner, job_id: str, sources: tuple[str, ...], target: str, said: str, action: str
     ) -> dict[str, Any]:
+        """Move the job from one of `sources` to `target` (409 from any other state), with an event and
+        the audit row `fine_tuning_job.<action>`."""
         with self._database.transaction() as session:
             job = self._owned(session, owner, job_id)
             before = job.status
@@ -197,13 +201,13 @@ class FineTuningJobs:
             ).rowcount  # type: ignore[attr-defined]
             if not moved:
                 raise Conflict(
-                    f"The job is {before}: only a job {' or '.join(sources)} can be {target}.",
-                    code="fine_tuning_job_not_" + ("cancellable" if target == "cancelled" else target),
+                    f"The job is {before}: only a {', '.join(sources)} job can be {action}.",
+                    code=f"fine_tuning_job_not_{ABLE[action]}",
                 )
             _event(session, job_id, said)
             changes: audit.Changes = {"status": {"before": before, "after": target}}
             audit.record(
-                session, f"fine_tuning_job.{target}", "fine_tuning_job", job_id, owner.account_id, changes
+                session, f"fine_tuning_job.{action}", "fine_tuning_job", job_id, owner.account_id, changes
             )
             session.refresh(job)
             return view(job)
