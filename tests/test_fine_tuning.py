@@ -50,6 +50,7 @@ WORDS = [
 ]
 # 12 examples in batches of 4 for 8 epochs: 24 steps, a checkpoint every 6
 HYPERPARAMETERS = {"n_epochs": 8, "batch_size": 4, "learning_rate_multiplier": 20}
+SUPERVISED: Any = {"type": "supervised", "supervised": {"hyperparameters": HYPERPARAMETERS}}
 
 
 def conversation(word: str) -> Json:
@@ -170,15 +171,17 @@ def test_a_job_learns_the_trained_format_resumes_after_a_kill_and_its_model_answ
         model="base",
         training_file=served.training_file,
         validation_file=served.validation_file,
-        method={"type": "supervised", "supervised": {"hyperparameters": HYPERPARAMETERS}},  # type: ignore[typeddict-item]
+        method=SUPERVISED,
         suffix="fmt",
         seed=7,
         metadata={"team": "support"},
     )
     assert job.status == "queued" and job.model == "base" and job.metadata == {"team": "support"}
-    assert job.hyperparameters.n_epochs == 8 and job.seed == 7 and job.user_provided_suffix == "fmt"
+    assert (
+        job.hyperparameters.n_epochs == 8 and job.seed == 7 and job.to_dict()["user_provided_suffix"] == "fmt"
+    )
     # killed at its first checkpoint: the restarted server resumes it from there
-    served.wait(job.id, ("succeeded", "failed"), check=lambda j: j.step >= 6)  # type: ignore[attr-defined]
+    served.wait(job.id, ("succeeded", "failed"), check=lambda j: j.to_dict()["step"] >= 6)
     served.process.kill()
     served.process.start()
     done = served.wait(job.id, ("succeeded", "failed", "cancelled"))
@@ -196,7 +199,9 @@ def test_a_job_learns_the_trained_format_resumes_after_a_kill_and_its_model_answ
     assert [c.step_number for c in checkpoints] == [24, 18, 12, 6]
     assert checkpoints[0].fine_tuned_model_checkpoint == f"ft:base:fmt:{job.id}:ckpt-step-24"
     # an adapter artifact of the account, inspected as any adapter, deployable on its base at once
-    artifact = served.http.get(f"/v1/model-artifacts/{done.artifact_id}", headers=bearer(served.key)).json()  # type: ignore[attr-defined]
+    artifact = served.http.get(
+        f"/v1/model-artifacts/{done.to_dict()['artifact_id']}", headers=bearer(served.key)
+    ).json()
     assert artifact["kind"] == "adapter" and artifact["status"] == "ready", artifact
     deployed = served.http.post(
         "/v1/deployments",
@@ -214,7 +219,7 @@ def test_a_job_learns_the_trained_format_resumes_after_a_kill_and_its_model_answ
 
 def test_each_refused_dataset_names_its_line(served: Served) -> None:
     good = conversation("apple")
-    cases = [
+    cases: list[tuple[list[Any], int, str]] = [
         ([good, good, b"{not json"], 3, "not valid JSON"),
         ([good, {"messages": [{"role": "user", "content": "hi"}]}], 2, "no assistant message with weight 1"),
         (
@@ -254,8 +259,8 @@ def test_each_refused_dataset_names_its_line(served: Served) -> None:
         )
         assert f"Line {number}: " in refused["message"] and words in refused["message"], refused
     bad = served.upload([b"[]"])
-    refused = served.create(model="base", training_file=served.training_file, validation_file=bad)
-    assert_error(refused, 400, "invalid_validation_file", param="validation_file")
+    with_bad = served.create(model="base", training_file=served.training_file, validation_file=bad)
+    assert_error(with_bad, 400, "invalid_validation_file", param="validation_file")
     batch_file = served.client.files.create(file=("b.jsonl", io.BytesIO(jsonl([good]))), purpose="batch").id
     assert_error(served.create(model="base", training_file=batch_file), 400, param="training_file")
     assert_error(served.create(model="gpt-4o", training_file=served.training_file), 404, "model_not_found")
@@ -272,9 +277,9 @@ def test_a_cancelled_job_stops_and_a_paused_one_resumes_to_its_end(served: Serve
     assert client.fine_tuning.jobs.cancel(cancelled.id).status == "cancelled"
     with pytest.raises(openai.ConflictError):
         client.fine_tuning.jobs.cancel(cancelled.id)
-    assert client.fine_tuning.jobs.pause(paused.id).status == "paused"
+    assert str(client.fine_tuning.jobs.pause(paused.id).status) == "paused"
     time.sleep(1)  # nothing claims a paused job
-    assert client.fine_tuning.jobs.retrieve(paused.id).status == "paused"
+    assert str(client.fine_tuning.jobs.retrieve(paused.id).status) == "paused"
     assert client.fine_tuning.jobs.resume(paused.id).status == "queued"
     done = served.wait(paused.id, ("succeeded", "failed"))
     assert done.status == "succeeded" and done.trained_tokens and done.trained_tokens > 0, done.error
@@ -285,7 +290,7 @@ def test_a_cancelled_job_stops_and_a_paused_one_resumes_to_its_end(served: Serve
 
 def test_another_accounts_jobs_and_files_are_404_and_jobs_are_limited_per_account(served: Served) -> None:
     hyper = {"n_epochs": 1, "batch_size": 12, "learning_rate_multiplier": 1}
-    body = {
+    body: dict[str, Any] = {
         "model": "base",
         "training_file": served.training_file,
         "method": {"type": "supervised", "supervised": {"hyperparameters": hyper}},
@@ -364,7 +369,7 @@ async def test_the_migration_makes_the_models_tables_and_a_job_is_claimed_once_a
     assert [d for d in differences if "fine_tuning" in str(d)] == []
     account = await new_account(client)
     jobs = FineTuningJobs(services.database, max_active_per_account=1)
-    new = NewJob("dep_x", "base", "file_a", None, "k", None, resolve({}, 4), 8, None, 1, None, None)
+    new = NewJob("dep_x", "base", "file_a", None, "k", None, resolve({}, 4), 8, None, 1, None, False)
     created = jobs.create(Owner(account["id"], "key_x"), new)
     assert jobs.claim("one") is not None and jobs.claim("two") is None
     assert jobs.beat(created["id"], "one") and not jobs.beat(created["id"], "two")

@@ -358,21 +358,31 @@ class JobRun:
             return
         deployment_id = None
         if claimed.deploy:
+            deployment_id = await self._deploy(claimed.deploy, artifact_id)
+        if not await asyncio.to_thread(
+            self.jobs.succeed, claimed.id, self.name, name, artifact_id, deployment_id
+        ):
+            raise Stopped
+
+    async def _deploy(self, name: str, artifact_id: str) -> str | None:
+        """The adapter deployed on the job's base as `name`; a refusal (the name taken meanwhile, the
+        base moved off vLLM) leaves the job succeeded, its artifact deployable, and says why."""
+        try:
             deployment = await asyncio.to_thread(
                 self.runner.deployments.create,
-                claimed.account_id,
+                self.claimed.account_id,
                 name,
                 artifact_id,
                 "cold",
                 1,
                 1,
-                base_deployment=claimed.base_deployment_id,
+                base_deployment=self.claimed.base_deployment_id,
             )
-            deployment_id = deployment.id
-        if not await asyncio.to_thread(
-            self.jobs.succeed, claimed.id, self.name, name, artifact_id, deployment_id
-        ):
-            raise Stopped
+        except ModelhostError as exc:
+            message = f"The adapter was not deployed: {exc.message} Deploy artifact {artifact_id} yourself."
+            await asyncio.to_thread(self.jobs.add_event, self.claimed.id, message, level="warn")
+            return None
+        return deployment.id
 
     async def _fail(self, code: str, message: str, param: str | None = None) -> None:
         if not await asyncio.to_thread(self.jobs.fail, self.claimed.id, self.name, code, message, param):

@@ -109,7 +109,7 @@ class FineTuning:
             suffix=request.suffix,
             seed=seed,
             metadata=request.metadata,
-            deploy=fine_tuned_name(base_model, request.suffix, "") if request.deploy else None,
+            deploy=request.deploy,
         )
         return self.jobs.create(owner, new)
 

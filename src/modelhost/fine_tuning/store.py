@@ -48,7 +48,7 @@ class NewJob:
     suffix: str | None
     seed: int
     metadata: dict[str, str] | None
-    deploy: str | None
+    deploy: bool  # deploy the adapter on its base once trained, as `fine_tuned_model`
 
 
 @dataclass(frozen=True)
@@ -91,8 +91,9 @@ class FineTuningJobs:
                     f"(MODELHOST_FINE_TUNING_MAX_ACTIVE_PER_ACCOUNT); cancel one or wait for one to end.",
                     code="too_many_fine_tuning_jobs",
                 )
+            job_id = new_id("ftjob")
             job = FineTuningJob(
-                id=new_id("ftjob"),
+                id=job_id,
                 account_id=owner.account_id,
                 key_id=owner.key_id,
                 base_deployment_id=new.base_deployment_id,
@@ -106,7 +107,7 @@ class FineTuningJobs:
                 suffix=new.suffix,
                 seed=new.seed,
                 job_metadata=new.metadata,
-                deploy=new.deploy,
+                deploy=fine_tuned_name(new.model, new.suffix, job_id) if new.deploy else None,
                 status="queued",
                 step=0,
                 trained_tokens=0,
