@@ -26,8 +26,11 @@ import pytest
 from modelhost.batches.files import Owner
 from modelhost.container import Services
 from modelhost.fine_tuning.dataset import resolve, steps_of
+from modelhost.fine_tuning.runner import FineTuningRunner, JobRun, footprint
 from modelhost.fine_tuning.store import FineTuningJobs, NewJob
-from modelhost.store.models import Base, FineTuningJob
+from modelhost.runtime.capacity import MB, Capacity, Footprint
+from modelhost.runtime.spec import DeploymentSpec
+from modelhost.store.models import Base, FineTuningEvent, FineTuningJob
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, push_folder_sync
 from tests.server_process import ServerProcess
 from tests.vllm_setup import wait_for_vllm
@@ -380,3 +383,57 @@ async def test_the_migration_makes_the_models_tables_and_a_job_is_claimed_once_a
     assert jobs.recover_stale(60) == 1
     again = jobs.claim("two")
     assert again is not None and again.id == created["id"] and not jobs.beat(created["id"], "one")
+
+
+class Budget:
+    """The supervisor's placement as a job sees it (`fine_tuning.runner.Room`): a real budget."""
+
+    def __init__(self, capacity: Capacity) -> None:
+        self.capacity = capacity
+        self.enforced = True
+        self.on_gpu = False
+        self.changes = 0
+
+    def changed(self) -> None:
+        self.changes += 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_job_waits_for_room_in_the_memory_budget_saying_why_and_starts_once_there_is(
+    client: httpx.AsyncClient, services: Services, tmp_path: Path
+) -> None:
+    import asyncio
+
+    (tmp_path / "model.safetensors").write_bytes(b"0" * MB)
+    need = footprint(MB, on_gpu=False)
+    budget = Budget(Capacity(need.host + 10 * MB))
+    replica = budget.capacity.hold("dep_other", "acct_other", Footprint(20 * MB), None)
+    runner = FineTuningRunner(
+        FineTuningJobs(services.database, 3),
+        services.artifacts,
+        services.blobs,
+        services.deployments,
+        budget,
+        services.billing,
+        services.settings,
+    )
+    account = await new_account(client)
+    new = NewJob("dep_x", "base", "file_a", None, "k", None, resolve({}, 4), 8, None, 1, None, False)
+    runner.jobs.create(Owner(account["id"], "key_x"), new)
+    claimed = runner.jobs.claim(runner.name)
+    assert claimed is not None
+    spec = DeploymentSpec("dep_x", "text-generation", "cold", 1, 1, tmp_path, account["id"], "base", "art_x")
+    waiting = asyncio.create_task(JobRun(runner, claimed)._room(spec))
+    await asyncio.sleep(0.5)
+    assert not waiting.done()
+    reason = runner.jobs.get(Owner(account["id"], "key_x"), claimed.id)["waiting_reason"]
+    assert reason.startswith(f"Waiting for memory: training needs {need.host // MB:,} MiB of host memory"), (
+        reason
+    )
+    with services.database.transaction() as session:
+        said = [e.message for e in session.query(FineTuningEvent).filter_by(job_id=claimed.id)]
+    assert reason in said
+    budget.capacity.release(replica)
+    holding = await asyncio.wait_for(waiting, 5)
+    assert holding.footprint == need and holding.gpu is None
+    assert runner.jobs.get(Owner(account["id"], "key_x"), claimed.id)["waiting_reason"] is None
