@@ -335,7 +335,7 @@ def test_the_cli_uploads_trains_deploys_when_asked_and_names_a_bad_line(
         )
 
     dataset = tmp_path / "train.jsonl"
-    dataset.write_bytes(jsonl([conversation(w) for w in WORDS]))
+    dataset.write_bytes(jsonl([*(conversation(w) for w in WORDS[:11]), TOOLS_CONVERSATION]))  # tools too
     args = ("--model", "base", "--epochs", "1", "--batch-size", "12", "--suffix", "cli", "--deploy")
     created = cli("fine-tune", "create", str(dataset), *args, "--wait", "--every", "0.2", "--json")
     assert created.exit_code == 0, (created.stdout, created.stderr)
@@ -350,6 +350,38 @@ def test_the_cli_uploads_trains_deploys_when_asked_and_names_a_bad_line(
     dataset.write_bytes(jsonl([conversation("x"), {"messages": []}]))
     refused = cli("fine-tune", "create", str(dataset), "--model", "base")
     assert refused.exit_code != 0 and "Line 2: `messages` must be a non-empty list." in refused.stderr
+
+
+TOOLS_CONVERSATION: Json = {
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Where is parcel 42?"},
+        {"role": "assistant", "content": "Let me look.", "weight": 0},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "track", "arguments": '{"id": 42}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "shipped"},
+        {"role": "assistant", "content": "It shipped."},
+    ],
+    "tools": [{"type": "function", "function": {"name": "track", "parameters": {"type": "object"}}}],
+}
+
+
+def test_the_loss_is_on_the_learnt_assistant_messages_and_their_end_of_turn_only() -> None:
+    from modelhost.fine_tuning.trainer import encode
+    from tests.tiny_models.chat import chat_tokenizer
+
+    tokenizer = chat_tokenizer()
+    example = encode(tokenizer, TOOLS_CONVERSATION, 1, 2048)
+    learnt = tokenizer.decode([t for t in example.labels if t != -100])
+    call = '<tool_call>\n{"name": "track", "arguments": {"id": 42}}\n</tool_call>'
+    assert learnt == f"\n{call}<|im_end|>\nIt shipped.<|im_end|>\n", learnt
+    assert len(example.ids) == len(example.labels)
+    everything = tokenizer.decode(example.ids)
+    assert "# Tools" in everything and "Let me look." in everything and "shipped" in everything
 
 
 def test_auto_hyperparameters_follow_the_datasets_size() -> None:
