@@ -7,6 +7,8 @@ Create Date: 2026-11-29 14:20:00.000000
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -66,7 +68,7 @@ def upgrade() -> None:
         batch.create_index(batch.f("ix_fine_tuning_jobs_account_id"), ["account_id"])
         batch.create_index(batch.f("ix_fine_tuning_jobs_status"), ["status"])
         batch.create_index(batch.f("ix_fine_tuning_jobs_created_at"), ["created_at"])
-    for table, columns in (
+    tables: tuple[tuple[str, list[sa.Column[Any]]], ...] = (
         (
             "fine_tuning_events",
             [
@@ -84,7 +86,8 @@ def upgrade() -> None:
                 sa.Column("blob_key", sa.String(length=200), nullable=False),
             ],
         ),
-    ):
+    )
+    for table, columns in tables:
         op.create_table(
             table,
             sa.Column("id", sa.String(length=40), nullable=False),
