@@ -31,6 +31,8 @@ class Train(msgspec.Struct, frozen=True):
     start_step: int = 0
     device: str = "cpu"
     threads: int = 0  # torch's CPU threads; 0: torch's default
+    chat_template: str = ""  # the base deployment's own template, where it sets one ("": the model's)
+    max_model_len: int = 0  # the base deployment's context, where it sets one (0: the model's)
 
 
 class Started(msgspec.Struct, tag=True, frozen=True):

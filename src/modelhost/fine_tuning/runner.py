@@ -247,6 +247,8 @@ class JobRun:
             start_step=start_step,
             device=self._device(holding),
             threads=self.runner.settings.fine_tuning_threads,
+            chat_template=spec.generation.chat_template or "",
+            max_model_len=spec.generation.max_model_len or 0,
         )
         process = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -80,7 +80,7 @@ class FineTuning:
         if spec is None:
             raise InvalidRequest(f"The deployment '{request.model}' was deleted.", param="model")
         counter = _token_counter(spec.model_dir)
-        context = model_context(spec.model_dir)
+        context = spec.generation.max_model_len or model_context(spec.model_dir)
         training, data = self._dataset(owner, request.training_file, "training_file", counter, context)
         validation_key = None
         if request.validation_file is not None:

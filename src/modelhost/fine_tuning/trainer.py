@@ -2,14 +2,17 @@
 one job (or one resumption of it), reading a `Train` on stdin and writing its events on stdout
 (`fine_tuning.messages`).
 
-It trains a LoRA adapter with PEFT on the base's safetensors weights (never remote code): every
-conversation rendered by the base's own chat template (in the budgeted sandbox, as replicas render
-them), the loss on the tokens of the assistant messages of weight 1 only (their text and the template's
-end of turn, found by rendering the conversation up to each such message), AdamW at 1e-3 ×
-`learning_rate_multiplier`, examples shuffled per epoch by the job's seed. Every `checkpoint_every`
-steps, and at the end, the adapter is saved (`save_pretrained`: adapter_config.json and
-adapter_model.safetensors) as `step-<n>/`; a resumed run loads the last one and continues at the step
-after it with the same order of examples (the optimizer's moments start again: docs/fine-tuning.md).
+It trains a LoRA adapter with PEFT on the base's safetensors weights (never remote code):
+- every conversation is rendered by the base's chat template (the deployment's own where it sets one,
+  else the model's), in the budgeted sandbox replicas render templates in, within the deployment's
+  context;
+- the loss is on the tokens of the assistant messages of weight 1 only: their text and the template's
+  end of turn, found by rendering the conversation up to each such message;
+- AdamW at 1e-3 × `learning_rate_multiplier`, examples shuffled per epoch by the job's seed;
+- every `checkpoint_every` steps, and at the end, the adapter is saved (`save_pretrained`:
+  adapter_config.json and adapter_model.safetensors) as `step-<n>/`; a resumed run loads the last one
+  and continues at the step after it with the same order of examples (the optimizer's moments start
+  again: docs/fine-tuning.md).
 """
 
 from __future__ import annotations
@@ -133,10 +136,14 @@ def train(job: Train) -> None:
         torch.set_num_threads(job.threads)
     torch.manual_seed(job.seed)
     tokenizer = AutoTokenizer.from_pretrained(job.base_dir, trust_remote_code=False)
+    if job.chat_template:  # the deployment's own, as its replicas render requests
+        tokenizer.chat_template = job.chat_template
     model = AutoModelForCausalLM.from_pretrained(
         job.base_dir, trust_remote_code=False, use_safetensors=True, torch_dtype=torch.float32
     )
-    context = int(getattr(model.config, "max_position_embeddings", 0) or tokenizer.model_max_length)
+    context = job.max_model_len or int(
+        getattr(model.config, "max_position_embeddings", 0) or tokenizer.model_max_length
+    )
     training = _load(job.training_path, "training_file", tokenizer, context)
     validation = (
         _load(job.validation_path, "validation_file", tokenizer, context)[:VALIDATION_EXAMPLES]
