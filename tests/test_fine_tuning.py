@@ -32,7 +32,7 @@ from modelhost.runtime.capacity import MB, Capacity, Footprint
 from modelhost.runtime.spec import DeploymentSpec
 from modelhost.store.models import Base, FineTuningEvent, FineTuningJob
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, push_folder_sync
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, processes
 from tests.vllm_setup import wait_for_vllm
 
 Json = dict[str, Any]
@@ -269,20 +269,29 @@ def test_each_refused_dataset_names_its_line(served: Served) -> None:
     assert_error(served.create(model="gpt-4o", training_file=served.training_file), 404, "model_not_found")
 
 
-def test_a_cancelled_job_stops_and_a_paused_one_resumes_to_its_end(served: Served) -> None:
+def trainers() -> list[int]:
+    return processes("modelhost.fine_tuning.trainer")
+
+
+def test_a_cancelled_job_stops_its_trainer_and_a_paused_one_resumes_to_its_end(served: Served) -> None:
     client = served.client
-    hyper = {"n_epochs": 2, "batch_size": 6, "learning_rate_multiplier": 1}
-    method: Any = {"type": "supervised", "supervised": {"hyperparameters": hyper}}
-    cancelled = client.fine_tuning.jobs.create(
-        model="base", training_file=served.training_file, method=method
-    )
-    paused = client.fine_tuning.jobs.create(model="base", training_file=served.training_file, method=method)
+    long: Any = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 50, "batch_size": 1}}}
+    short: Any = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 6}}}
+    cancelled = client.fine_tuning.jobs.create(model="base", training_file=served.training_file, method=long)
+    paused = client.fine_tuning.jobs.create(model="base", training_file=served.training_file, method=short)
+    assert str(client.fine_tuning.jobs.pause(paused.id).status) == "paused"  # while it waits its turn
+    deadline = time.monotonic() + 60
+    while not metrics_of(served, cancelled.id) and time.monotonic() < deadline:  # until it trains
+        time.sleep(0.2)
+    assert trainers() and client.fine_tuning.jobs.retrieve(cancelled.id).status == "running"
     assert client.fine_tuning.jobs.cancel(cancelled.id).status == "cancelled"
+    deadline = time.monotonic() + 10
+    while trainers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert trainers() == []  # its trainer stopped at the runner's next beat
     with pytest.raises(openai.ConflictError):
         client.fine_tuning.jobs.cancel(cancelled.id)
-    assert str(client.fine_tuning.jobs.pause(paused.id).status) == "paused"
-    time.sleep(1)  # nothing claims a paused job
-    assert str(client.fine_tuning.jobs.retrieve(paused.id).status) == "paused"
+    assert str(client.fine_tuning.jobs.retrieve(paused.id).status) == "paused"  # nothing claims it
     assert client.fine_tuning.jobs.resume(paused.id).status == "queued"
     done = served.wait(paused.id, ("succeeded", "failed"))
     assert done.status == "succeeded" and done.trained_tokens and done.trained_tokens > 0, done.error
