@@ -120,7 +120,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One server with the vLLM-shaped chat base deployed cold (`base`), and the datasets uploaded."""
     from tests.tiny_models.chat import build_chat_for_vllm
 
-    python, reason = wait_for_vllm(timeout=0)
+    python, reason = wait_for_vllm()
     if python is None:
         pytest.skip(f"vLLM is not available: {reason}")
     root = tmp_path_factory.mktemp("fine-tuning")
