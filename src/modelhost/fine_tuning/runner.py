@@ -146,6 +146,10 @@ class FineTuningRunner(ClaimLoop[Claimed]):
             log.info("fine-tuning job %s stopped", claimed.id)
         except ModelhostError as exc:
             await asyncio.to_thread(self.jobs.fail, claimed.id, self.name, exc.code, exc.message)
+        except Exception as exc:  # a bug here fails the job rather than hand it back to fail again
+            log.exception("fine-tuning job %s", claimed.id)
+            message = f"The job could not go on: {type(exc).__name__}."
+            await asyncio.to_thread(self.jobs.fail, claimed.id, self.name, "training_error", message)
 
 
 class JobRun:
