@@ -322,8 +322,18 @@ def test_another_accounts_jobs_and_files_are_404_and_jobs_are_limited_per_accoun
         with pytest.raises(openai.NotFoundError):
             call()
     assert stranger.fine_tuning.jobs.list().data == []
-    # neither the base nor the file is the other account's to name
-    assert served.create(stranger.api_key, **body).status_code == 404
+    # the base is not the other account's to name, nor, once the operator shares the base, the file
+    assert_error(served.create(stranger.api_key, **body), 404, "model_not_found", param="model")
+    deployments = served.http.get("/v1/deployments", headers=bearer(served.key)).json()["data"]
+    base_id = next(d["id"] for d in deployments if d["model"] == "base")
+    admin = bearer(ADMIN_KEY)
+    shared = served.http.patch(f"/v1/admin/deployments/{base_id}", json={"shared": True}, headers=admin)
+    assert shared.status_code == 200, shared.text
+    try:
+        refused = served.create(stranger.api_key, **body | {"model": base_id})
+        assert_error(refused, 404, "file_not_found", param="training_file")
+    finally:
+        served.http.patch(f"/v1/admin/deployments/{base_id}", json={"shared": False}, headers=admin)
     # two jobs queued, running or paused at most (this server's limit): a third is a 429
     assert_error(served.create(**body), 429, "too_many_fine_tuning_jobs")
     for answer in (first, second):
