@@ -26,7 +26,8 @@ import pytest
 from modelhost.batches.files import Owner
 from modelhost.container import Services
 from modelhost.fine_tuning.dataset import resolve, steps_of
-from modelhost.fine_tuning.runner import FineTuningRunner, JobRun, footprint
+from modelhost.fine_tuning.room import footprint
+from modelhost.fine_tuning.runner import FineTuningRunner, JobRun
 from modelhost.fine_tuning.store import FineTuningJobs, NewJob
 from modelhost.runtime.capacity import MB, Capacity, Footprint
 from modelhost.runtime.spec import DeploymentSpec

@@ -35,7 +35,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from modelhost.artifacts.blobstore import BlobStore
 from modelhost.artifacts.service import ArtifactService
@@ -45,31 +45,19 @@ from modelhost.clock import heartbeat_seconds
 from modelhost.config import Settings
 from modelhost.errors import ModelhostError
 from modelhost.fine_tuning import messages as wire
-from modelhost.fine_tuning.store import Claimed, FineTuningJobs, fine_tuned_name
-from modelhost.runtime.capacity import Capacity, Footprint, Holding, describe
-from modelhost.runtime.footprint import EXECUTED_WORKER_COST, GPU_PROCESS_COST, weight_bytes
+from modelhost.fine_tuning.objects import fine_tuned_name
+from modelhost.fine_tuning.room import Room, footprint, place
+from modelhost.fine_tuning.store import Claimed, FineTuningJobs
+from modelhost.runtime.capacity import Holding, describe
+from modelhost.runtime.footprint import weight_bytes
 from modelhost.runtime.memory import footprint_bytes
 from modelhost.runtime.replica import ReplicaStats
 from modelhost.runtime.spec import DeploymentSpec
 from modelhost.services.deployments import DeploymentService
 
 log = logging.getLogger("modelhost.fine_tuning")
-TRAINING_FACTOR = 3  # a job's host footprint: the base's weights this many times, plus a worker's cost
 WORK = "fine-tuning-work"  # in the data directory: each running job's trainer folder
 WAIT_SECONDS = 1.0  # how often a job waiting for memory looks again
-
-
-class Room(Protocol):
-    """What a job needs of the supervisor's placement (`runtime.supervisor.placement.Placement`): the
-    budget, whether it is enforced here, and a way to tell waiting loads that room appeared."""
-
-    capacity: Capacity
-    enforced: bool
-
-    @property
-    def on_gpu(self) -> bool: ...
-
-    def changed(self) -> None: ...
 
 
 class Stopped(Exception):
@@ -196,7 +184,7 @@ class JobRun:
             )
         said = False
         while True:
-            gpu = _place(capacity, need, self.runner.placement.enforced)
+            gpu = place(capacity, need, self.runner.placement.enforced)
             if gpu is not False:
                 holding = capacity.hold(self.claimed.id, self.claimed.account_id, need, gpu)
                 try:
@@ -393,24 +381,6 @@ class JobRun:
     async def _fail(self, code: str, message: str, param: str | None = None) -> None:
         if not await asyncio.to_thread(self.jobs.fail, self.claimed.id, self.name, code, message, param):
             raise Stopped
-
-
-def footprint(weights: int, on_gpu: bool) -> Footprint:
-    """A job's reservation: the base's weights TRAINING_FACTOR times over (weights, activations and
-    their gradients, the optimizer's work) where the trainer computes (a GPU's memory, or the host's),
-    plus the cost of a worker process (and of a CUDA context on a GPU)."""
-    if on_gpu:
-        return Footprint(EXECUTED_WORKER_COST + weights, weights * TRAINING_FACTOR + GPU_PROCESS_COST)
-    return Footprint(weights * TRAINING_FACTOR + EXECUTED_WORKER_COST)
-
-
-def _place(capacity: Capacity, need: Footprint, enforced: bool) -> int | Literal[False] | None:
-    """Where the job fits now, as a replica is placed: the GPU with the most free budget that holds it
-    (None: the host alone); False where it fits nowhere yet."""
-    order = capacity.gpu_order(need)
-    if not enforced:
-        return order[0] if order else None
-    return next((gpu for gpu in order if capacity.fits(need, gpu)), False)
 
 
 async def _events(stream: asyncio.StreamReader) -> AsyncIterator[wire.Event]:

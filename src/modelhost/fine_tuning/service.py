@@ -23,7 +23,8 @@ from modelhost.artifacts.blobstore import BlobStore
 from modelhost.batches.files import Files, Owner
 from modelhost.errors import InvalidRequest, NotFound
 from modelhost.fine_tuning.dataset import Checked, DatasetError, check_dataset, resolve, steps_of
-from modelhost.fine_tuning.store import FineTuningJobs, NewJob, fine_tuned_name
+from modelhost.fine_tuning.objects import fine_tuned_name
+from modelhost.fine_tuning.store import FineTuningJobs, NewJob
 from modelhost.runtime.footprint import model_context
 from modelhost.services import adapters
 from modelhost.services.deployments import DeploymentService
