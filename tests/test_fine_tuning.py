@@ -356,6 +356,12 @@ def test_the_cli_uploads_trains_deploys_when_asked_and_names_a_bad_line(
 
     dataset = tmp_path / "train.jsonl"
     dataset.write_bytes(jsonl([*(conversation(w) for w in WORDS[:11]), TOOLS_CONVERSATION]))  # tools too
+    copies = Path(served.process.env["MODELHOST_DATA_DIR"]) / "blobs" / "fine-tuning" / "datasets"
+
+    def stored() -> set[Path]:  # the copies (the blob store writes each under a hidden folder first)
+        return {p for p in copies.iterdir() if not p.name.startswith(".")} if copies.exists() else set()
+
+    before = stored()
     args = ("--model", "base", "--epochs", "1", "--batch-size", "12", "--suffix", "cli", "--deploy")
     created = cli("fine-tune", "create", str(dataset), *args, "--wait", "--every", "0.2", "--json")
     assert created.exit_code == 0, (created.stdout, created.stderr)
@@ -364,6 +370,10 @@ def test_the_cli_uploads_trains_deploys_when_asked_and_names_a_bad_line(
     assert "Step 1/1: training loss=" in created.stderr
     deployment = served.http.get(f"/v1/deployments/{job['deployment_id']}", headers=bearer(served.key)).json()
     assert deployment["model"] == job["fine_tuned_model"] and deployment["base_deployment"] is not None
+    deadline = time.monotonic() + 15  # the ended job's dataset copy is swept (its checkpoints stay)
+    while stored() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert stored() - before == set()
     listed = cli("fine-tune", "list", "--json")
     assert job["id"] in [j["id"] for j in json.loads(listed.stdout)["data"]]
     assert "ckpt-step-1" in cli("fine-tune", "checkpoints", job["id"]).stdout

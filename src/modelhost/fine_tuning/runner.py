@@ -126,6 +126,14 @@ class FineTuningRunner(ClaimLoop[Claimed]):
         if time.monotonic() - self._housekept > min(10.0, stale / 2):
             self._housekept = time.monotonic()
             await asyncio.to_thread(self.jobs.recover_stale, stale)
+            await asyncio.to_thread(self._sweep_datasets)
+
+    def _sweep_datasets(self) -> None:
+        """Delete the dataset copies of ended jobs (a job's checkpoints stay: they are listed)."""
+        for job_id, keys in self.jobs.ended_datasets():
+            for key in keys:
+                self.blobs.delete_prefix(key.rsplit("/", 1)[0])
+            self.jobs.forget_datasets(job_id)
 
     async def run(self, claimed: Claimed) -> None:
         try:

@@ -32,6 +32,7 @@ from modelhost.store.types import new_id, utcnow
 
 MAX_ATTEMPTS = 3  # runs of a job: the first and two resumptions after its server stopped
 ACTIVE = ("queued", "running", "paused")
+ENDED = ("succeeded", "failed", "cancelled")
 ABLE = {"cancelled": "cancellable", "paused": "pausable", "resumed": "resumable"}  # 409 codes
 INTERRUPTED = "The job's server stopped three times while it trained; it is not resumed again."
 
@@ -361,6 +362,25 @@ class FineTuningJobs:
                 "waiting_reason": None,
             },
         )
+
+    def ended_datasets(self, limit: int = 100) -> list[tuple[str, list[str]]]:
+        """Ended jobs whose dataset copies are still stored: each job's ID and the copies' keys."""
+        with self._database.transaction() as session:
+            rows = session.execute(
+                select(FineTuningJob.id, FineTuningJob.training_key, FineTuningJob.validation_key)
+                .where(FineTuningJob.status.in_(ENDED), FineTuningJob.training_key != "")
+                .limit(limit)
+            ).all()
+        return [(job_id, [k for k in (training, validation) if k]) for job_id, training, validation in rows]
+
+    def forget_datasets(self, job_id: str) -> None:
+        """The ended job's dataset copies were deleted."""
+        with self._database.transaction() as session:
+            session.execute(
+                update(FineTuningJob)
+                .where(FineTuningJob.id == job_id, FineTuningJob.status.in_(ENDED))
+                .values(training_key="", validation_key=None)
+            )
 
     def recover_stale(self, stale_seconds: float) -> int:
         """Jobs whose runner stopped beating: re-queued (to resume) if they have a run left, else failed."""
