@@ -42,7 +42,7 @@ def _stores_or_starts(method: str, path: str) -> bool:
     not one of the exemptions (who may act), or a read that starts work."""
     if (method, path) in READS_THAT_START_WORK:
         return True
-    stops = path.endswith("/cancel") or (method, path) in STOPS  # OpenAI's cancel of an eval run
+    stops = path.endswith(("/cancel", "/pause")) or (method, path) in STOPS  # OpenAI's cancel of an eval run
     return method in STATE_CHANGING and not stops and (method, path) not in EXEMPT
 
 

@@ -434,6 +434,31 @@ class Settings(BaseSettings):
     video_poll_after_ms: int = Field(
         default=1000, ge=0, description="`openai-poll-after-ms` on a job that is still queued or running."
     )
+    # ---------------------------------------------------------------- fine-tuning jobs (docs/fine-tuning.md)
+    fine_tuning_concurrency: int = Field(
+        default=1, ge=1, description="Fine-tuning jobs the server trains at a time (each a trainer process)."
+    )
+    fine_tuning_poll_seconds: float = Field(
+        default=5.0, gt=0, description="How often an idle server looks for fine-tuning jobs queued elsewhere."
+    )
+    fine_tuning_stale_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="A running job silent this long (its server died) is re-queued and resumes from its "
+        "last checkpoint (at most three runs in all).",
+    )
+    fine_tuning_max_active_per_account: int = Field(
+        default=3, ge=1, description="Fine-tuning jobs one account may have queued, running or paused."
+    )
+    fine_tuning_checkpoints: int = Field(
+        default=4, ge=1, description="Checkpoints a job keeps over its steps (the last one at its end)."
+    )
+    fine_tuning_threads: int = Field(
+        default=0, ge=0, description="CPU threads of a trainer on the CPU (0: torch's default)."
+    )
+    fine_tuning_max_file_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1, description="Largest training or validation file a job accepts."
+    )
     # ---------------------------------------------------------------- files and batches (docs/batch.md)
     batch_max_file_bytes: int = Field(
         default=200 * 1024 * 1024,

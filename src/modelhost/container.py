@@ -46,6 +46,9 @@ from modelhost.errors import ModelhostError
 from modelhost.evals.runner import EvalRunner
 from modelhost.evals.service import EvalService
 from modelhost.evals.store import EvalStore
+from modelhost.fine_tuning.runner import FineTuningRunner
+from modelhost.fine_tuning.service import FineTuning
+from modelhost.fine_tuning.store import FineTuningJobs
 from modelhost.frontend import Generation
 from modelhost.generation.compile_sandbox import GrammarChecker
 from modelhost.imports.runner import ImportRunner
@@ -80,7 +83,7 @@ from modelhost.store.types import new_id
 
 log = logging.getLogger("modelhost")
 # the runners that claim work queued in the database
-Runner = Literal["batches", "imports", "videos", "evals"]
+Runner = Literal["batches", "imports", "videos", "evals", "fine_tuning"]
 
 
 @dataclass
@@ -111,6 +114,7 @@ class Services:
     uploads: Files  # the Files API's files (`files` is the generated ones behind signed links)
     batches: Batches
     evals: EvalService  # OpenAI's Evals API: evals, runs (graded by the supervisor's eval runner)
+    fine_tuning: FineTuning  # fine-tuning jobs (run by the supervisor's runner)
     imports: Imports  # imports filling artifacts from S3, HTTPS, a Hub (run by the supervisor's runner)
     audit: AuditLog
     # Quotas per person (auth/quotas.py): what each person used this day and month, counted here and
@@ -211,6 +215,14 @@ class Services:
         videos = VideoJobs(database, blobs, settings.video_retention_seconds)
         uploads = Files(database, blobs, settings, storage_changed)
         batches = Batches(database, blobs, uploads, settings, storage_changed)
+        fine_tuning = FineTuning(
+            database,
+            blobs,
+            uploads,
+            deployments,
+            FineTuningJobs(database, settings.fine_tuning_max_active_per_account),
+            settings.fine_tuning_max_file_bytes,
+        )
         files = FileService(database, blobs, signing_secret, settings.generated_file_ttl_seconds)
 
         async def check_model(principal: Principal, endpoint: str, model: str) -> str | None:
@@ -278,6 +290,15 @@ class Services:
                 ImportRunner(imports, artifacts, settings),
                 eval_runner,
                 gate_runner,
+                FineTuningRunner(
+                    fine_tuning.jobs,
+                    artifacts,
+                    blobs,
+                    deployments,
+                    manager.placement,
+                    billing,
+                    settings,
+                ),
             )
             runtime, video_runner, agent_runner = supervision.adapted, supervision.videos, supervision.agents
         else:
@@ -320,6 +341,7 @@ class Services:
             uploads=uploads,
             batches=batches,
             evals=evals,
+            fine_tuning=fine_tuning,
             imports=imports,
             audit=AuditLog(database, settings.audit_retention_days),
             quotas=quotas,
@@ -356,10 +378,12 @@ class Supervision:
     imports: ImportRunner
     evals: EvalRunner
     gates: GateRunner  # gated rollouts (`services.gate_runner`)
+    fine_tuning: FineTuningRunner
 
     def wake(self, runner: Runner) -> None:
-        runners: dict[str, VideoRunner | BatchRunner | ImportRunner | EvalRunner] = {
+        runners: dict[str, VideoRunner | BatchRunner | ImportRunner | EvalRunner | FineTuningRunner] = {
             "videos": self.videos, "batches": self.batches, "imports": self.imports, "evals": self.evals,
+            "fine_tuning": self.fine_tuning,
         }  # fmt: skip
         runners[runner].wake()
 
@@ -384,6 +408,7 @@ class Supervision:
         self.evals.start(line_call)
         self.gates.start_claiming()
         self.imports.start_claiming()
+        self.fine_tuning.start_claiming()
         try:
             yield
         finally:
@@ -395,6 +420,7 @@ class Supervision:
             await self.gates.stop()
             await self.evals.stop()
             await self.imports.stop()
+            await self.fine_tuning.stop()
             await self.videos.stop()
             await self.agents.stop()
             await self.runtime.shutdown()

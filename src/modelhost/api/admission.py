@@ -11,9 +11,9 @@ The rule, by method, so that a route added later is admitted without anyone reme
 - a read (`GET`, `HEAD`) is not, except one that asks a replica (it may load a cold deployment:
   `ADMITTED_READS`) and the Files API's, which count against the rate limits (`LIMIT`, as its docs have
   always said);
-- what only **removes or stops** (`DELETE`, a `.../cancel`, OpenAI's cancel of an eval run: `STOPS`) is
-  not: it is how an account stops spending,
-  and must work when its credits have run out;
+- what only **removes or stops** (`DELETE`, a `.../cancel`, a fine-tuning job's `.../pause`, OpenAI's
+  cancel of an eval run: `STOPS`) is not: it is how an account stops spending, and must work when its
+  credits have run out;
 - and `EXEMPT` below: routes that change who may act (keys, people, the MCP allow-list), which must work
   for an account out of credits (a leaked key is rotated or revoked at 0 credits), each with its reason.
 The operator's routes (`/v1/admin/*`) belong to no account; public routes have no key and are
@@ -28,6 +28,8 @@ from enum import Enum
 from modelhost.api.deps import Guard, require_admin
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH"})
+# what only stops work, by the end of its path (a fine-tuning job's pause keeps its checkpoints)
+STOPPING_ENDS = ("/cancel", "/pause")
 
 
 class Admission(Enum):
@@ -67,8 +69,7 @@ def admission_of(method: str, path: str, guard: Guard | None) -> Admission:
         return Admission.ADMIT
     if (method, path) in LIMITED_READS or (method, path) in LIMITED_REMOVALS:
         return Admission.LIMIT
-    if method not in STATE_CHANGING or path.endswith("/cancel") or (method, path) in EXEMPT:
-        return Admission.NONE
-    if (method, path) in STOPS:
+    stops = path.endswith(STOPPING_ENDS) or (method, path) in STOPS
+    if method not in STATE_CHANGING or stops or (method, path) in EXEMPT:
         return Admission.NONE
     return Admission.ADMIT

@@ -152,16 +152,22 @@ class Files:
             key, filename, size = row.blob_key, row.filename, row.bytes
         return _chunks(self._blobs.open(key)), filename, size
 
-    def located(self, owner: Owner, file_id: str, purpose: str) -> tuple[str, int]:
-        """Where a file of the account with this purpose is (a batch's input): its blob key and size,
-        for a copy streamed from it; 400 naming its purpose if it has another."""
+    def located(
+        self,
+        owner: Owner,
+        file_id: str,
+        purpose: str,
+        param: str = "input_file_id",
+        what: str = "a batch's input",
+    ) -> tuple[str, int]:
+        """Where a file of the account with this purpose is (a batch's input, a fine-tuning dataset): its
+        blob key and size, for a copy streamed from it; 400 naming its purpose if it has another."""
         with self._database.transaction() as session:
-            row = self._owned(session, owner, file_id, param="input_file_id")
+            row = self._owned(session, owner, file_id, param=param)
             if row.purpose != purpose:
                 raise InvalidRequest(
-                    f"File {file_id} has purpose '{row.purpose}'; a batch's input must have purpose "
-                    f"'{purpose}'.",
-                    param="input_file_id",
+                    f"File {file_id} has purpose '{row.purpose}'; {what} must have purpose '{purpose}'.",
+                    param=param,
                 )
             return row.blob_key, row.bytes
 

@@ -15,6 +15,7 @@ from modelhost.cli.audit import audit_app
 from modelhost.cli.batches import batches_app, files_app
 from modelhost.cli.client import ApiClient
 from modelhost.cli.evals import evals_app
+from modelhost.cli.fine_tuning import fine_tune_app
 from modelhost.cli.generation import (
     ChatTemplate,
     ChatTemplateKwargs,
@@ -64,6 +65,7 @@ app.add_typer(artifacts_app, name="artifacts")
 app.add_typer(files_app, name="files")
 app.add_typer(batches_app, name="batches")
 app.add_typer(evals_app, name="evals")
+app.add_typer(fine_tune_app, name="fine-tune")
 app.add_typer(audit_app, name="audit")
 app.add_typer(users_app, name="users")
 app.add_typer(mcp_servers_app, name="mcp-servers")

@@ -116,7 +116,7 @@ class Forget(msgspec.Struct, tag="forget", array_like=True):
 class Wake(msgspec.Struct, tag="wake", array_like=True):
     """Work was queued through a gateway: its runner claims it now rather than at its next poll."""
 
-    runner: Literal["batches", "imports", "videos", "evals"]
+    runner: Literal["batches", "imports", "videos", "evals", "fine_tuning"]
 
 
 class LineCaller(msgspec.Struct, array_like=True):

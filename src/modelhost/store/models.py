@@ -823,3 +823,72 @@ class McpServerEntry(Base):
     )
     url: Mapped[str] = mapped_column(String(2048), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class FineTuningJob(Base):
+    """A fine-tuning job (OpenAI's `/v1/fine_tuning/jobs`, docs/fine-tuning.md). The table is the queue,
+    as for video jobs: a runner claims a row with a guarded UPDATE and beats `updated_at` while its
+    trainer runs; a stale claim is taken over and resumed from the job's last checkpoint."""
+
+    __tablename__ = "fine_tuning_jobs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
+    key_id: Mapped[str] = mapped_column(String(40))
+    base_deployment_id: Mapped[str] = mapped_column(String(40))
+    model: Mapped[str] = mapped_column(String(200))  # the base as the request named it
+    training_file: Mapped[str] = mapped_column(String(40))
+    validation_file: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # the dataset's copies (blob keys): the files may be deleted while the job waits or runs
+    training_key: Mapped[str] = mapped_column(String(200))
+    validation_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    hyperparameters: Mapped[dict[str, Any]] = mapped_column(JSON)  # resolved: no "auto" left
+    suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    seed: Mapped[int] = mapped_column(Integer)
+    job_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON, nullable=True)
+    deploy: Mapped[str | None] = mapped_column(String(200), nullable=True)  # the model name to deploy as
+    status: Mapped[str] = mapped_column(String(24), default="queued", index=True)
+    waiting_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    step: Mapped[int] = mapped_column(Integer, default=0)  # steps behind the last checkpoint
+    total_steps: Mapped[int] = mapped_column(Integer, default=0)
+    trained_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error_param: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    artifact_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    deployment_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    compute_ms: Mapped[int] = mapped_column(BigInteger, default=0)  # billed trainer time
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class FineTuningEvent(Base):
+    """An event of a fine-tuning job: a message, or a step's metrics (`type: "metrics"`)."""
+
+    __tablename__ = "fine_tuning_events"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("fine_tuning_jobs.id", ondelete="CASCADE"), index=True)
+    level: Mapped[str] = mapped_column(String(8), default="info")
+    message: Mapped[str] = mapped_column(Text)
+    type: Mapped[str] = mapped_column(String(16), default="message")
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class FineTuningCheckpoint(Base):
+    """A checkpoint a job kept: the adapter's weights at a step (safetensors, under `blob_key`), the
+    step's metrics. The last one is where a job interrupted by a restart resumes."""
+
+    __tablename__ = "fine_tuning_checkpoints"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("fine_tuning_jobs.id", ondelete="CASCADE"), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    blob_key: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)

@@ -2,7 +2,7 @@
 server drives it
 
 Revision ID: 0036
-Revises: 0034
+Revises: 0035
 Create Date: 2026-11-29 15:00:00.000000
 """
 
@@ -14,7 +14,7 @@ from alembic import op
 import modelhost.store.types
 
 revision = "0036"
-down_revision = "0034"
+down_revision = "0035"
 branch_labels = None
 depends_on = None
 
