@@ -22,7 +22,7 @@ from tests.postgres import create_database, postgres_server
 
 # The files that take longest (seconds of test time in a full run on the 2-core machine: Ray 390, vLLM
 # 290, gateway processes 240, adapters 190, model families 170, fuzz 165, batches 155, runtime 145,
-# encoder runtimes 130, capacity 125, videos 115, quantized 90), run first:
+# encoder runtimes 130, capacity 125, videos 115, quantized 90, fine-tuning 70), run first:
 # `--dist loadfile` hands files out in collection order (scripts/test.sh turns off pytest-xdist's own
 # reordering by test count, which would put these files, with few but long tests, last), and one of
 # these last would leave the other process idle for minutes at the end. vLLM's comes after four
@@ -36,6 +36,7 @@ SLOWEST_FIRST = (
     "test_vllm.py",
     "test_families.py",
     "test_adapters.py",
+    "test_fine_tuning.py",
     "test_openapi_fuzz.py",
     "test_batches.py",
     "test_runtime.py",

@@ -8,7 +8,7 @@ import typer
 
 from modelhost.cli.batches import After, drop_none
 from modelhost.cli.client import ApiClient, fail
-from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, Url
+from modelhost.cli.options import DEFAULT_URL, AccountKey, AdminKey, Json, PageLimit, Url
 from modelhost.cli.output import out, show
 
 audit_app = typer.Typer(
@@ -32,7 +32,7 @@ def audit_list(
     since: Annotated[str | None, typer.Option(help="ISO 8601: rows at or after.", show_default=False)] = None,
     until: Annotated[str | None, typer.Option(help="ISO 8601: rows before.", show_default=False)] = None,
     after: After = None,
-    limit: Annotated[int, typer.Option(min=1, max=100, help="At most this many.")] = 20,
+    limit: PageLimit = 20,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     admin_key: AdminKey = None,

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import typer
 
 from modelhost.cli.client import ApiClient, err
-from modelhost.cli.options import DEFAULT_URL, AccountKey, Json, Url
+from modelhost.cli.options import DEFAULT_URL, AccountKey, Json, PageLimit, Url
 from modelhost.cli.output import out, show
 from modelhost.protocol.batches import BatchEndpoint
 
@@ -241,7 +241,7 @@ def batches_get(
 @batches_app.command("list")
 def batches_list(
     after: After = None,
-    limit: Annotated[int, typer.Option(min=1, max=100, help="At most this many.")] = 20,
+    limit: PageLimit = 20,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,

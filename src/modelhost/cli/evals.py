@@ -18,7 +18,7 @@ import typer
 
 from modelhost.cli.batches import drop_none, present
 from modelhost.cli.client import ApiClient, err
-from modelhost.cli.options import DEFAULT_URL, AccountKey, Json, Url
+from modelhost.cli.options import DEFAULT_URL, AccountKey, Json, PageLimit, Url
 from modelhost.cli.output import out, show
 
 evals_app = typer.Typer(
@@ -38,7 +38,6 @@ After = Annotated[
     str | None,
     typer.Option(help="List those after this ID (the last of the previous page).", show_default=False),
 ]
-Limit = Annotated[int, typer.Option(min=1, max=100, help="At most this many.")]
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -78,7 +77,7 @@ def evals_create(
 @evals_app.command("list")
 def evals_list(
     after: After = None,
-    limit: Limit = 20,
+    limit: PageLimit = 20,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
@@ -161,7 +160,7 @@ def evals_run(
 def evals_runs(
     eval_id: EvalId,
     after: After = None,
-    limit: Limit = 20,
+    limit: PageLimit = 20,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
@@ -195,7 +194,7 @@ def evals_results(
         str | None, typer.Option(help="Only items that pass, fail or error.", show_default=False)
     ] = None,
     after: After = None,
-    limit: Limit = 100,
+    limit: PageLimit = 100,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,

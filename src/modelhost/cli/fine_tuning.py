@@ -16,7 +16,7 @@ import typer
 
 from modelhost.cli.batches import TRANSFER_SECONDS, After, drop_none, labels, present, upload
 from modelhost.cli.client import ApiClient, err
-from modelhost.cli.options import DEFAULT_URL, AccountKey, Json, Url
+from modelhost.cli.options import DEFAULT_URL, AccountKey, Json, PageLimit, Url
 
 fine_tune_app = typer.Typer(
     help="Fine-tuning jobs of your account: LoRA adapters trained on a deployment's base.",
@@ -127,7 +127,7 @@ def create(
 @fine_tune_app.command("list")
 def list_jobs(
     after: After = None,
-    limit: Annotated[int, typer.Option(min=1, max=100, help="At most this many.")] = 20,
+    limit: PageLimit = 20,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,
@@ -154,7 +154,7 @@ def get(
 @fine_tune_app.command("events")
 def events(
     job_id: JobId,
-    limit: Annotated[int, typer.Option(min=1, max=100, help="At most this many.")] = 20,
+    limit: PageLimit = 20,
     url: Url = DEFAULT_URL,
     key: AccountKey = None,
     as_json: Json = False,

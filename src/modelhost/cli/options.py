@@ -18,3 +18,5 @@ AdminKey = Annotated[
     typer.Option("--admin-key", envvar="MODELHOST_ADMIN_KEY", help="Admin key.", show_default=False),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+# the size of a page of a list (the API's largest: 100)
+PageLimit = Annotated[int, typer.Option(min=1, max=100, help="At most this many.")]
