@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -307,6 +308,51 @@ def test_a_cancelled_job_stops_its_trainer_and_a_paused_one_resumes_to_its_end(s
     assert client.fine_tuning.jobs.retrieve(cancelled.id).status == "cancelled"
     listed = [j.id for j in client.fine_tuning.jobs.list(limit=100).data]
     assert paused.id in listed and cancelled.id in listed
+
+
+def test_the_console_shows_each_jobs_progress_loss_model_and_events(served: Served) -> None:
+    """The console's Fine-tuning page, after the jobs above: a succeeded job's steps, its last losses and
+    its fine-tuned model; a cancelled one without a Cancel button; a job's events and checkpoints as text."""
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    jobs = served.client.fine_tuning.jobs.list(limit=100).data
+    done = next(j for j in jobs if j.status == "succeeded")
+    cancelled = next(j for j in jobs if j.status == "cancelled")
+    last = metrics_of(served, done.id)[-1]
+    steps = served.http.get(f"/v1/fine_tuning/jobs/{done.id}", headers=bearer(served.key)).json()[
+        "total_steps"
+    ]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.set_default_timeout(30_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{served.process.url}/console")
+        page.fill("#sign-in-key", served.key)
+        page.click("#sign-in button")
+        page.wait_for_selector("#balance")
+        page.click("#nav-finetuning")
+        row = page.locator(f"#job-list tr[data-id='{done.id}'][data-status='succeeded']")
+        row.wait_for()
+        progress = row.locator("td.progress .done").inner_text()
+        loss = row.locator("td.loss").inner_text()
+        model = row.locator("td.model").inner_text()
+        stopped = page.locator(f"#job-list tr[data-id='{cancelled.id}'] td.actions button").all_inner_texts()
+        row.get_by_role("button", name="Events").click()
+        page.locator("#job-events").wait_for()
+        events = page.locator("#job-events").inner_text()
+        checkpoints = page.locator("#job-checkpoints li").all_inner_texts()
+        browser.close()
+    assert progress == f"{steps} / {steps}"
+    assert loss.startswith(f"training {last['train_loss']:.4f}")
+    assert model == done.fine_tuned_model and stopped == ["Events"]  # no Cancel once it ended
+    assert f"Step {steps}/{steps}: training loss=" in events
+    assert checkpoints and all(c.startswith(f"{done.fine_tuned_model}:ckpt-step-") for c in checkpoints)
+    assert not errors, errors
 
 
 def test_another_accounts_jobs_and_files_are_404_and_jobs_are_limited_per_account(served: Served) -> None:

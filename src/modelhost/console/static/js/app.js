@@ -6,14 +6,15 @@ import * as audit from "./pages/audit.js";
 import * as batches from "./pages/batches.js";
 import * as deployments from "./pages/deployments.js";
 import * as evals from "./pages/evals.js";
+import * as finetuning from "./pages/finetuning.js";
 import * as keys from "./pages/keys.js";
 import * as operator from "./pages/operator.js";
 import * as overview from "./pages/overview.js";
 import * as playground from "./pages/playground.js";
 import * as users from "./pages/users.js";
 
-const PAGES = { overview, deployments, artifacts, batches, evals, keys, users, audit, playground, operator };
-const TITLES = { overview: "Overview", deployments: "Deployments", artifacts: "Artifacts", batches: "Batches", evals: "Evals", keys: "Keys", users: "People", audit: "Audit", playground: "Playground", operator: "Operator" };
+const PAGES = { overview, deployments, artifacts, batches, evals, finetuning, keys, users, audit, playground, operator };
+const TITLES = { overview: "Overview", deployments: "Deployments", artifacts: "Artifacts", batches: "Batches", evals: "Evals", finetuning: "Fine-tuning", keys: "Keys", users: "People", audit: "Audit", playground: "Playground", operator: "Operator" };
 let cleanup = null;
 let shown = 0; // which show() is the latest: an older page still loading is stopped when it resolves
 
