@@ -11,6 +11,7 @@ the reason, where vLLM is not installed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import json
 import shutil
@@ -23,9 +24,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from sqlalchemy import select
 
 from modelhost.batches.files import Owner
 from modelhost.container import Services
+from modelhost.errors import RateLimitExceeded
 from modelhost.fine_tuning.dataset import resolve, steps_of
 from modelhost.fine_tuning.room import footprint
 from modelhost.fine_tuning.runner import FineTuningRunner, JobRun
@@ -499,6 +502,31 @@ async def test_the_migration_makes_the_models_tables_and_a_job_is_claimed_once_a
     assert jobs.recover_stale(60) == 1
     again = jobs.claim("two")
     assert again is not None and again.id == created["id"] and not jobs.beat(created["id"], "one")
+
+
+async def test_creates_at_once_never_pass_the_accounts_limit_of_active_jobs(
+    client: httpx.AsyncClient, services: Services
+) -> None:
+    """On SQLite and PostgreSQL: eight creates at once of an account allowed three active jobs make three
+    jobs; the others are 429 `too_many_fine_tuning_jobs`, and leave no job behind."""
+    account = await new_account(client)
+    jobs = FineTuningJobs(services.database, max_active_per_account=3)
+    new = NewJob("dep_x", "base", "file_a", None, "k", None, resolve({}, 4), 8, None, 1, None, False)
+    owner = Owner(account["id"], "key_x")
+
+    def create() -> str:
+        try:
+            return str(jobs.create(owner, new)["id"])
+        except RateLimitExceeded as refused:
+            assert refused.code == "too_many_fine_tuning_jobs"
+            return "refused"
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        made = list(pool.map(lambda _: create(), range(8)))
+    assert made.count("refused") == 5
+    with services.database.transaction() as session:
+        stored = session.scalars(select(FineTuningJob.id).where(FineTuningJob.account_id == account["id"]))
+        assert sorted(stored) == sorted(m for m in made if m != "refused")
 
 
 class Budget:

@@ -26,7 +26,7 @@ from modelhost.batches.files import Owner
 from modelhost.errors import Conflict, NotFound, RateLimitExceeded
 from modelhost.fine_tuning.objects import checkpoint_view, event_view, fine_tuned_name, view
 from modelhost.store.db import Database
-from modelhost.store.models import FineTuningCheckpoint, FineTuningEvent, FineTuningJob
+from modelhost.store.models import Account, FineTuningCheckpoint, FineTuningEvent, FineTuningJob
 from modelhost.store.pages import keyset_page
 from modelhost.store.types import new_id, utcnow
 
@@ -81,18 +81,12 @@ class FineTuningJobs:
     # ---------------------------------------------------------------- the API's side
 
     def create(self, owner: Owner, new: NewJob) -> dict[str, Any]:
+        """The job, queued; a 429 when the account would have more than its limit of active jobs. The
+        job is added before the account's active jobs are counted, in one transaction that first locks
+        the account's row (PostgreSQL; SQLite's writers take turns at the insert): of two creates at
+        once, the second counts the first's job, so the limit is never passed."""
         with self._database.transaction() as session:
-            active = session.scalar(
-                select(func.count())
-                .select_from(FineTuningJob)
-                .where(FineTuningJob.account_id == owner.account_id, FineTuningJob.status.in_(ACTIVE))
-            )
-            if (active or 0) >= self._max_active:
-                raise RateLimitExceeded(
-                    f"This account has {active} fine-tuning jobs queued, running or paused, its limit "
-                    f"(MODELHOST_FINE_TUNING_MAX_ACTIVE_PER_ACCOUNT); cancel one or wait for one to end.",
-                    code="too_many_fine_tuning_jobs",
-                )
+            session.get(Account, owner.account_id, with_for_update=True)
             job_id = new_id("ftjob")
             job = FineTuningJob(
                 id=job_id,
@@ -117,6 +111,19 @@ class FineTuningJobs:
                 compute_ms=0,
             )
             session.add(job)
+            session.flush()
+            active = session.scalar(
+                select(func.count())
+                .select_from(FineTuningJob)
+                .where(FineTuningJob.account_id == owner.account_id, FineTuningJob.status.in_(ACTIVE))
+            )
+            if (active or 0) > self._max_active:
+                raise RateLimitExceeded(
+                    f"This account has {(active or 1) - 1} fine-tuning jobs queued, running or paused, "
+                    "its limit (MODELHOST_FINE_TUNING_MAX_ACTIVE_PER_ACCOUNT); cancel one or wait for one "
+                    "to end.",
+                    code="too_many_fine_tuning_jobs",
+                )
             session.flush()
             _event(session, job.id, f"Created fine-tuning job: {job.id}")
             fields = {"model": new.model, "training_file": new.training_file, "status": "queued"}
