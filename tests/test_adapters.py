@@ -4,9 +4,9 @@ The first part needs no vLLM: what inspection accepts and refuses (each with its
 refusals of an adapter deployment that the store can decide (no base named, a full model named as an
 adapter, a base on the transformers engine). The second runs a real `modelhost serve` with vLLM: one
 base replica serves 8 adapters, each answering exactly as the same adapter merged into the base's
-weights answers greedily (transformers, in the test's process), and none leaking into another's sequences in a mixed batch; a shared
-base serves another account's adapter, and unsharing it detaches that adapter. Skipped, with the reason,
-where vLLM is not installed.
+weights answers greedily (transformers, in the test's process), and none leaking into another's
+sequences in a mixed batch; a shared base serves another account's adapter, and unsharing it detaches
+that adapter. Skipped, with the reason, where vLLM is not installed.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import json
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from modelhost.fine_tuning.store import FineTuningJobs, NewJob
 from modelhost.runtime.capacity import MB, Capacity, Footprint
 from modelhost.runtime.spec import DeploymentSpec
 from modelhost.store.models import Base, FineTuningEvent, FineTuningJob
+from tests.console_browser import signed_in
 from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, push_folder_sync
 from tests.server_process import ServerProcess, processes
 from tests.vllm_setup import wait_for_vllm
@@ -316,11 +316,6 @@ def test_a_cancelled_job_stops_its_trainer_and_a_paused_one_resumes_to_its_end(s
 def test_the_console_shows_each_jobs_progress_loss_model_and_events(served: Served) -> None:
     """The console's Fine-tuning page, after the jobs above: a succeeded job's steps, its last losses and
     its fine-tuned model; a cancelled one without a Cancel button; a job's events and checkpoints as text."""
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
     jobs = served.client.fine_tuning.jobs.list(limit=100).data
     done = next(j for j in jobs if j.status == "succeeded")
     cancelled = next(j for j in jobs if j.status == "cancelled")
@@ -328,16 +323,7 @@ def test_the_console_shows_each_jobs_progress_loss_model_and_events(served: Serv
     steps = served.http.get(f"/v1/fine_tuning/jobs/{done.id}", headers=bearer(served.key)).json()[
         "total_steps"
     ]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        page = browser.new_page()
-        page.set_default_timeout(30_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(f"{served.process.url}/console")
-        page.fill("#sign-in-key", served.key)
-        page.click("#sign-in button")
-        page.wait_for_selector("#balance")
+    with signed_in(served.process.url, served.key) as (page, errors):
         page.click("#nav-finetuning")
         row = page.locator(f"#job-list tr[data-id='{done.id}'][data-status='succeeded']")
         row.wait_for()
@@ -349,7 +335,6 @@ def test_the_console_shows_each_jobs_progress_loss_model_and_events(served: Serv
         page.locator("#job-events").wait_for()
         events = page.locator("#job-events").inner_text()
         checkpoints = page.locator("#job-checkpoints li").all_inner_texts()
-        browser.close()
     assert progress == f"{steps} / {steps}"
     assert loss.startswith(f"training {last['train_loss']:.4f}")
     assert model == done.fine_tuned_model and stopped == ["Events"]  # no Cancel once it ended

@@ -7,7 +7,6 @@ differently, and an eval that one of them passes and the other does not."""
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from modelhost.services.gated import RolloutGates
 from modelhost.services.gates import Gate, StepMetrics
 from modelhost.store.models import Deployment, ModelArtifact
 from tests.chat_model import ChatServer, long_context_copy, served_chat_model
+from tests.console_browser import signed_in
 from tests.helpers import ADMIN_KEY, assert_error, bearer, push_folder_sync
 
 Json = dict[str, Any]
@@ -457,22 +457,8 @@ def test_the_cli_starts_a_gated_rollout_and_shows_its_steps_and_decisions(setup:
 
 def test_the_console_shows_the_rollouts_steps_and_decisions(setup: Setup) -> None:
     """The deployment's card, after the CLI's gated rollout above was rolled back."""
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
     server = setup.server
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        page = browser.new_page()
-        page.set_default_timeout(30_000)
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(f"{server.url}/console")
-        page.fill("#sign-in-key", server.key)
-        page.click("#sign-in button")
-        page.wait_for_selector("#balance")
+    with signed_in(server.url, server.key) as (page, errors):
         page.click("#nav-deployments")
         card = page.locator("section.deployment[data-model='chat'][data-rollout='rolled_back']")
         card.wait_for()
@@ -481,7 +467,6 @@ def test_the_console_shows_the_rollouts_steps_and_decisions(setup: Setup) -> Non
         reason = decisions.last.locator(".reason").inner_text()
         shown = [decisions.nth(i).get_attribute("data-decision") for i in range(decisions.count())]
         heading = card.locator(".rollout h4").inner_text()
-        browser.close()
     assert steps == ["40 %", "100 %"] and shown == ["started", "rolled_back"]
     assert reason.startswith("The candidate scored 0.000, below the current version's 1.000")
     assert f"Gated rollout of {setup.worse} (from {setup.good})" in heading and not errors
