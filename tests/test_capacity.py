@@ -438,6 +438,12 @@ async def test_two_gateway_processes_see_one_budget(tmp_path: Path, recipes: Pat
 
         async with watching(server, ids) as most:
             assert (await embed_via(other, "a")).status_code == 200
+
+            def measured() -> bool:  # before the next loads are predicted from it (as the tests above)
+                held = capacity(server)["deployments"]
+                return any(d["model"] == "a" and d["footprint_measured"] for d in held)
+
+            await until(measured)
             assert (await embed_via(first, "b")).status_code == 200
             assert (await embed_via(other, "c")).status_code == 200
         assert most[0] == 2  # loads through either process count in one budget

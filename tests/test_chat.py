@@ -2031,7 +2031,7 @@ def test_anthropic_sdk_streams_a_messages_text_and_its_final_message(chat: Chat)
         final = stream.get_final_message()
     assert text and text == whole.content[0].text == final.content[0].text  # type: ignore[union-attr]
     assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
-    raw_body = {"model": "chat", "messages": QUESTION, "max_tokens": 10, "stream": True}
+    raw_body = {"model": "chat", "messages": QUESTION, "max_tokens": 10, "stream": True, **GREEDY}
     raw = chat.http.post("/v1/messages", json=raw_body, headers={"x-api-key": chat.key})
     names = [line.removeprefix("event: ") for line in raw.text.splitlines() if line.startswith("event: ")]
     assert names[:3] == ["message_start", "ping", "content_block_start"]
