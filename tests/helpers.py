@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,25 @@ from modelhost.store.models import ModelArtifact
 from modelhost.store.types import new_id
 
 ADMIN_KEY = "mh-admin-test-key-0123456789abcdef"
+SOURCE = Path(__file__).resolve().parents[1] / "src" / "modelhost"
+
+
+def source_trees() -> list[tuple[Path, ast.Module]]:
+    """Every module of `src/modelhost` (its path under it) and its syntax tree, for the tests that read
+    the code itself. CPython 3.11 keeps the AST converter's recursion depth in state shared by every
+    thread (gh-106905), so a parse that overlaps one in another thread of the test's process (a library's
+    background thread) raises `SystemError: AST constructor recursion depth mismatch`: parsed again."""
+    trees = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        source = path.read_text()
+        for attempt in range(3):
+            try:
+                trees.append((path.relative_to(SOURCE), ast.parse(source, str(path))))
+                break
+            except SystemError:
+                if attempt == 2:
+                    raise
+    return trees
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -969,15 +969,21 @@ def test_a_batch_line_and_an_agent_run_move_when_their_replica_dies(chat: Chat) 
 
 
 def _wait_for_sequences(chat: Chat, count: int, line: Any) -> None:
-    """Until the chat deployment's engine holds `count` sequences (as /metrics says) and they have had
-    0.3 s to generate, or the batch line has ended."""
+    """Until the chat deployment's engine holds `count` sequences (as /metrics says) and has produced a
+    few tokens since it held them (the newest, the only one generating then, has begun its answer: one
+    killed before its first token would not move), or the batch line has ended."""
     deadline = time.monotonic() + 60
     while deployment_metric(chat.http, "modelhost_generation_sequences", chat.deployment_id) < count:
         if line.done():
             return
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    time.sleep(0.3)
+    held = deployment_metric(chat.http, "modelhost_generation_tokens_total", chat.deployment_id)
+    while deployment_metric(chat.http, "modelhost_generation_tokens_total", chat.deployment_id) < held + 5:
+        if line.done():
+            return
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
 
 
 def test_json_schema_response_format_validates(chat: Chat) -> None:

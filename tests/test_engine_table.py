@@ -8,7 +8,6 @@ import ast
 import importlib
 import importlib.util
 import re
-from pathlib import Path
 from typing import Any, Protocol, get_args
 
 from modelhost.cli.main import EngineName as CliEngine
@@ -18,8 +17,8 @@ from modelhost.pipelines import BY_NAME, TASKS
 from modelhost.protocol.management import Engine, EngineInUse
 from modelhost.runtime.engine_choice import ENGINES
 from modelhost.runtime.supervisor.launch import WORKER_ARGS
+from tests.helpers import SOURCE, source_trees
 
-SOURCE = Path(__file__).resolve().parents[1] / "src" / "modelhost"
 NAMES = frozenset(get_args(EngineName))
 # Each engine's classes and the kind of engine (`engines.interface`) each implements; a new row names its own
 IMPLEMENTATIONS: dict[str, tuple[tuple[str, type], ...]] = {
@@ -101,11 +100,11 @@ def _compared_names(tree: ast.AST) -> list[tuple[int, str]]:
 
 def test_no_module_outside_the_table_compares_an_engine_name() -> None:
     compared = []
-    for path in sorted(SOURCE.rglob("*.py")):
-        relative = path.relative_to(SOURCE).as_posix()
+    for path, tree in source_trees():
+        relative = path.as_posix()
         if relative == "engine_table.py":
             continue
-        for line, name in _compared_names(ast.parse(path.read_text(), str(path))):
+        for line, name in _compared_names(tree):
             compared.append(f"{relative}:{line} compares {name!r}")
     assert compared == [], "ask the engine's row (engine_table.spec) instead:\n" + "\n".join(compared)
 

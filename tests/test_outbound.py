@@ -35,10 +35,9 @@ import modelhost.outbound
 from modelhost.outbound import Bounds, FetchFailed, fetch_url, open_url, parse_networks, vet
 from modelhost.outbound.mcp import SessionFailed, mcp_session
 from modelhost.outbound.s3 import S3Keys, s3_client
+from tests.helpers import source_trees
 from tests.live import HOST, _bound_socket
 from tests.mcp_server import McpTestServer, mcp_server
-
-SOURCE = Path(modelhost.__file__).parent
 
 # Operator-side clients: what they reach is the operator's (or the user's own machine), never an
 # address a tenant chose. Each must still construct a client (a stale entry fails too).
@@ -81,10 +80,9 @@ NAMES = {
 
 
 def _modules() -> Iterator[tuple[str, ast.Module]]:
-    for path in sorted(SOURCE.rglob("*.py")):
-        parts = path.relative_to(SOURCE.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        yield name, ast.parse(path.read_text(), str(path))
+    for path, tree in source_trees():
+        parts = ("modelhost", *path.with_suffix("").parts)
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts), tree
 
 
 def _dotted(node: ast.AST) -> str | None:
