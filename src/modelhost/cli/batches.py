@@ -8,7 +8,7 @@ answers; tables show their Unix times as UTC dates and a batch's request counts 
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, get_args
@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import typer
 
-from modelhost.cli.client import ApiClient, err
+from modelhost.cli.client import ApiClient, watch, when_changed
 from modelhost.cli.options import DEFAULT_URL, AccountKey, Json, PageLimit, Url
 from modelhost.cli.output import out, show
 from modelhost.protocol.batches import BatchEndpoint
@@ -275,17 +275,9 @@ def finish(api: ApiClient, batch: dict[str, Any], wait: bool, every: float, as_j
 
 def wait_until_ended(api: ApiClient, batch: dict[str, Any], every: float) -> dict[str, Any]:
     """Look at the batch every `every` seconds until it ends; each change of its progress is a line on
-    stderr, so that stdout holds only the batch (a table, or JSON for a script)."""
-    shown = None
-    while True:
-        line = progress(batch)
-        if line != shown:
-            err.print(line, soft_wrap=True, markup=False, highlight=False)
-            shown = line
-        if batch["status"] in ENDED:
-            return batch
-        time.sleep(every)
-        batch = api.call("GET", f"/v1/batches/{quote(batch['id'], safe='')}")
+    stderr."""
+    path = f"/v1/batches/{quote(batch['id'], safe='')}"
+    return watch(batch, lambda _: api.call("GET", path), when_changed(progress), ENDED, every)
 
 
 def progress(batch: dict[str, Any]) -> str:
@@ -308,14 +300,20 @@ def describe_error(error: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------------- tables
 
 
-def present(data: dict[str, Any], columns: tuple[str, ...], as_json: bool) -> None:
-    """`show` for the OpenAI objects: JSON as answered; in a table, Unix times as UTC dates and a
-    batch's `request_counts` as columns, and where a list has more, how to get the next page."""
+def present(
+    data: dict[str, Any],
+    columns: tuple[str, ...],
+    as_json: bool,
+    row: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> None:
+    """`show` for the OpenAI objects (one, or a page of them): JSON as answered; in a table, each item
+    through `row` (what a kind of object adds as columns: a run's counts), then Unix times as UTC dates
+    and a batch's `request_counts` as columns, and where a list has more, how to get the next page."""
     if as_json:
         show(data, columns, True)
         return
     items = data["data"] if data.get("object") == "list" else [data]
-    show([table_row(item) for item in items], columns, False)
+    show([table_row(row(item) if row else item) for item in items], columns, False)
     if data.get("has_more"):
         out.print(f"more: --after {data['last_id']}", markup=False, highlight=False)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -12,6 +13,39 @@ from rich.console import Console
 from rich.markup import escape
 
 err = Console(stderr=True)
+
+
+def watch(
+    current: dict[str, Any],
+    refresh: Callable[[dict[str, Any]], dict[str, Any]],
+    report: Callable[[dict[str, Any]], Iterable[str]],
+    ended: Collection[str],
+    every: float,
+) -> dict[str, Any]:
+    """Look at a piece of work (a batch, an eval run, a fine-tuning job) every `every` seconds until its
+    `status` is one of `ended`, and answer it then. What `report` says of each look is printed on
+    stderr, a line each, so that stdout holds only the answer (a table, or JSON for a script)."""
+    while True:
+        for line in report(current):
+            err.print(line, soft_wrap=True, markup=False, highlight=False)
+        if current["status"] in ended:
+            return current
+        time.sleep(every)
+        current = refresh(current)
+
+
+def when_changed(describe: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], list[str]]:
+    """A `report` for `watch`: `describe`'s line, each time it differs from the last one printed."""
+    shown: list[str] = []
+
+    def report(current: dict[str, Any]) -> list[str]:
+        line = describe(current)
+        if shown and shown[-1] == line:
+            return []
+        shown.append(line)
+        return [line]
+
+    return report
 
 
 def fail(message: str) -> NoReturn:

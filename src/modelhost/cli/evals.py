@@ -9,7 +9,6 @@ results` each item's. `--json` prints the objects as the API answers.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -17,7 +16,7 @@ from urllib.parse import quote
 import typer
 
 from modelhost.cli.batches import drop_none, present
-from modelhost.cli.client import ApiClient, err
+from modelhost.cli.client import ApiClient, watch, when_changed
 from modelhost.cli.options import DEFAULT_URL, AccountKey, Json, PageLimit, Url
 from modelhost.cli.output import out, show
 
@@ -228,40 +227,28 @@ def _result(result: dict[str, Any]) -> str:
 
 def _wait_until_ended(api: ApiClient, eval_id: str, run: dict[str, Any], every: float) -> dict[str, Any]:
     """Look at the run every `every` seconds until it ends; each change of its progress is a line on
-    stderr, so that stdout holds only the run."""
-    shown = None
-    while True:
-        counts = run.get("result_counts") or {}
-        graded = sum(counts.get(k, 0) for k in ("passed", "failed", "errored"))
-        line = f"{run['id']}: {run['status']}, {graded}/{counts.get('total', 0)} items graded"
-        if line != shown:
-            err.print(line, soft_wrap=True, markup=False, highlight=False)
-            shown = line
-        if run["status"] in ENDED:
-            return run
-        time.sleep(every)
-        run = api.call("GET", _runs_path(eval_id, run["id"]))
+    stderr."""
+    path = _runs_path(eval_id, run["id"])
+    return watch(run, lambda _: api.call("GET", path), when_changed(_progress), ENDED, every)
+
+
+def _progress(run: dict[str, Any]) -> str:
+    """`evalrun_...: in_progress, 3/8 items graded`."""
+    counts = run.get("result_counts") or {}
+    graded = sum(counts.get(k, 0) for k in ("passed", "failed", "errored"))
+    return f"{run['id']}: {run['status']}, {graded}/{counts.get('total', 0)} items graded"
 
 
 def _show_eval(data: dict[str, Any], as_json: bool) -> None:
-    if as_json:
-        present(data, EVAL_COLUMNS, True)
-        return
-    items = data["data"] if data.get("object") == "list" else [data]
-    rows = [{**e, "criteria": len(e.get("testing_criteria") or [])} for e in items]
-    present({**data, "data": rows} if data.get("object") == "list" else rows[0], EVAL_COLUMNS, False)
+    """An eval (or a page of them); in a table, how many criteria each has."""
+    present(data, EVAL_COLUMNS, as_json, lambda e: {**e, "criteria": len(e.get("testing_criteria") or [])})
 
 
 def _show_run(data: dict[str, Any], as_json: bool) -> None:
     """A run (or a page of runs) in a table: its counts as columns; a single run's criteria after it,
     each with its pass rate, and its error where it failed."""
-    if as_json:
-        present(data, RUN_COLUMNS, True)
-        return
-    items = data["data"] if data.get("object") == "list" else [data]
-    rows = [{**run, **(run.get("result_counts") or {})} for run in items]
-    present({**data, "data": rows} if data.get("object") == "list" else rows[0], RUN_COLUMNS, False)
-    if data.get("object") == "list":
+    present(data, RUN_COLUMNS, as_json, lambda run: {**run, **(run.get("result_counts") or {})})
+    if as_json or data.get("object") == "list":
         return
     for criterion in data.get("per_testing_criteria_results") or []:
         passed, failed = criterion["passed"], criterion["failed"]

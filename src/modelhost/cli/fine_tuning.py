@@ -7,7 +7,6 @@ OpenAI's: `--json` prints them as the API answers.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -15,7 +14,7 @@ from urllib.parse import quote
 import typer
 
 from modelhost.cli.batches import TRANSFER_SECONDS, After, drop_none, labels, present, upload
-from modelhost.cli.client import ApiClient, err
+from modelhost.cli.client import ApiClient, err, watch
 from modelhost.cli.options import DEFAULT_URL, AccountKey, Json, PageLimit, Url
 
 fine_tune_app = typer.Typer(
@@ -198,13 +197,11 @@ def _finish(api: ApiClient, job: dict[str, Any], wait: bool, every: float, as_js
 def _wait(api: ApiClient, job: dict[str, Any], every: float) -> dict[str, Any]:
     """Look every `every` seconds until the job ends; each new event is a line on stderr."""
     seen: set[str] = set()
-    while True:
-        page = api.call("GET", _path(job["id"], "/events"), params={"limit": 100})
-        for event in reversed(page["data"]):
-            if event["id"] not in seen:
-                seen.add(event["id"])
-                err.print(f"{job['id']}: {event['message']}", soft_wrap=True, markup=False, highlight=False)
-        if job["status"] in ENDED:
-            return job
-        time.sleep(every)
-        job = api.call("GET", _path(job["id"]))
+
+    def new_events(current: dict[str, Any]) -> list[str]:
+        page = api.call("GET", _path(current["id"], "/events"), params={"limit": 100})
+        fresh = [event for event in reversed(page["data"]) if event["id"] not in seen]
+        seen.update(event["id"] for event in fresh)
+        return [f"{current['id']}: {event['message']}" for event in fresh]
+
+    return watch(job, lambda current: api.call("GET", _path(current["id"])), new_events, ENDED, every)
