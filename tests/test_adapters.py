@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -278,6 +279,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, made: dict[str, Path]) -> I
         MODELHOST_BILLING_TICK_SECONDS="1",
         MODELHOST_BILLING_COMPUTE_CREDITS_PER_GB_SECOND="1000",
         MODELHOST_BILLING_ENFORCE="false",
+        MODELHOST_BATCH_POLL_SECONDS="0.2",  # an eval run's items, and a gated canary's decisions
+        MODELHOST_ROLLOUT_GATE_POLL_SECONDS="0.2",
     )
     process.start()
     http = httpx.Client(base_url=process.url, timeout=300)
@@ -328,6 +331,94 @@ def test_an_adapter_deployment_answers_as_its_adapter_merged_into_the_base(serve
     assert adapted[0] == merged_greedy(served.made["merged0"])
     assert adapted != served.greedy("base")  # the adapter changes the answer: the comparison means something
     assert adapted != served.greedy("tuned-1")
+
+
+def test_a_gated_canary_between_two_adapters_of_one_model_id_is_promoted_step_by_step(served: Served) -> None:
+    """Issue 74: a fine-tune's next adapter rolled out under the model ID its clients call, behind a
+    gate: the eval runs on each adapter (the candidate expected), traffic splits between the two on the
+    base's replicas, each answer is its own adapter's (the `x-modelhost-artifact` header names it), and
+    the candidate takes every request once promoted."""
+    old, new = served.artifacts["a2"], served.artifacts["a3"]
+    created = served.post("/v1/deployments", model="canaried", artifact_id=old, base_deployment="base")
+    assert created.status_code == 201, created.text
+    deployment_id = created.json()["id"]
+    questions = ["Say something.", "Name a river."]
+
+    def asked(model: str, question: str) -> httpx.Response:
+        body = {"model": model, "messages": [{"role": "user", "content": question}], "temperature": 0,
+                "max_tokens": 6}  # fmt: skip
+        answer = served.post("/v1/chat/completions", **body)
+        assert answer.status_code == 200, answer.text
+        return answer
+
+    def text(answer: httpx.Response) -> str:
+        return str(answer.json()["choices"][0]["message"]["content"])
+
+    own = {
+        old: [text(asked("tuned-2", q)) for q in questions],
+        new: [text(asked("tuned-3", q)) for q in questions],
+    }
+    assert own[old] != own[new]  # the two adapters answer differently: the split means something
+    items = [{"item": {"question": q, "expected": e}} for q, e in zip(questions, own[new], strict=True)]
+    criteria = [{"type": "string_check", "name": "same", "input": "{{sample.output_text}}",
+                 "reference": "{{item.expected}}", "operation": "eq"}]  # fmt: skip
+    config = {"type": "custom", "item_schema": {"type": "object"}, "include_sample_schema": True}
+    made = served.post("/v1/evals", name="tuned", data_source_config=config, testing_criteria=criteria)
+    assert made.status_code == 200, made.text
+    source = {
+        "type": "completions",
+        "model": "canaried",
+        "input_messages": {
+            "type": "template",
+            "template": [{"role": "user", "content": "{{item.question}}"}],
+        },
+        "sampling_params": {"temperature": 0, "max_completion_tokens": 6},
+        "source": {"type": "file_content", "content": items},
+    }
+    run = served.post(f"/v1/evals/{made.json()['id']}/runs", data_source=source)
+    assert run.status_code == 200, run.text
+
+    seen: list[tuple[str | None, str]] = []
+    stop = threading.Event()
+
+    def ask() -> None:  # traffic for the steps to judge
+        while not stop.is_set():
+            answer = asked("canaried", questions[0])
+            seen.append((answer.headers.get("x-modelhost-artifact"), text(answer)))
+
+    client = threading.Thread(target=ask)
+    client.start()
+    try:
+        gate = {"eval_id": made.json()["id"], "steps": [50, 100], "step_seconds": 1, "min_requests": 1,
+                "max_error_rate": 0.0, "max_ttft_p50_ms": 60000}  # fmt: skip
+        started = served.http.patch(
+            f"/v1/deployments/{deployment_id}",
+            json={"artifact_id": new, "gate": gate},
+            headers=bearer(served.key),
+        )
+        assert started.status_code == 200, started.text
+        assert {v["artifact_id"]: v["traffic"] for v in started.json()["versions"]} == {old: 100, new: 0}
+        deadline = time.monotonic() + 120
+        while (
+            shown := served.http.get(f"/v1/deployments/{deployment_id}", headers=bearer(served.key)).json()
+        )["rollout"]["state"] in ("evaluating", "promoting"):
+            assert time.monotonic() < deadline, shown["rollout"]
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        client.join()
+    decisions = shown["rollout"]["decisions"]
+    assert shown["rollout"]["state"] == "promoted", decisions
+    assert (decisions[1]["scores"]["candidate"], decisions[1]["scores"]["current"]) == (1.0, 0.0)
+    assert decisions[-1]["metrics"]["ttft_p50_ms"] > 0  # the adapter version's own time to first token
+    assert [(v["artifact_id"], v["traffic"]) for v in shown["versions"]] == [(new, 100)]
+    assert {artifact for artifact, _ in seen} == {old, new}  # both served during the step
+    for artifact, answered in seen:
+        assert answered == own[str(artifact)][0], artifact  # each answer its own adapter's
+    assert text(asked("canaried", questions[1])) == own[new][1]
+    assert (
+        served.http.delete(f"/v1/deployments/{deployment_id}", headers=bearer(served.key)).status_code == 200
+    )
 
 
 def test_16_streams_over_4_adapters_at_once_each_give_their_adapters_own_answer(served: Served) -> None:

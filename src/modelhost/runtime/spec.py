@@ -133,7 +133,7 @@ class AdapterTarget:
     """Where an adapter deployment's requests run: its base's replicas, which load its files (an
     adapter has no replicas of its own; `runtime.gateway.adapters`)."""
 
-    adapter_id: str
+    adapter_name: str  # its name on the base: the version's key (`deployment@artifact`)
     base_id: str
     adapter_dir: Path
     bytes: int = 0  # its weights, which each replica of the base holds once loaded

@@ -17,11 +17,11 @@ from modelhost.artifacts.gguf_check import InvalidGguf, read_gguf_set
 from modelhost.cache import SingleFlight, TTLCache
 from modelhost.engine_table import AUTO, FALLBACK, sole_reader
 from modelhost.engine_table import spec as engine_spec
-from modelhost.errors import BaseNotShared, Conflict, InvalidRequest, NotFound
+from modelhost.errors import BaseNotShared, Conflict, InvalidRequest, ModelhostError, NotFound
 from modelhost.generation import deployment_settings
 from modelhost.generation.deployment_settings import GenerationSettings
 from modelhost.generation.families import artifact_family
-from modelhost.routing import DeploymentRef, Version, split_key
+from modelhost.routing import DeploymentRef, Version, split_key, version_key
 from modelhost.runtime import engine_choice
 from modelhost.runtime.capacity import Footprint
 from modelhost.runtime.engine_choice import EngineChoice, reads_artifact, replica_engine
@@ -102,6 +102,9 @@ def switch(
     (`rollouts.plan`), its artifacts' uses counted, and a switch of its split recorded in its history and
     the audit log (unless `record`: the gate runner writes its own decision's row)."""
     before = DeploymentService._versions_of(deployment)
+    # an adapter deployment's versions are adapters its base's replicas load on their first request:
+    # nothing loads beside the others or drains, so they are simply switched
+    loaded = loaded and deployment.base_deployment_id is None
     after = rollouts.plan(before, traffic, now, loaded=loaded, replacing=replacing, keep=keep)
     DeploymentService._count_uses(session, rollouts.held(before), rollouts.held(after))
     deployment.versions = rollouts.stored(after)
@@ -181,10 +184,13 @@ class DeploymentService:
             weights = self._weights(session, pairs)
         return self._specs(pairs, remembered, attached, weights)
 
-    def adapter_target(self, deployment_id: str) -> AdapterTarget | None:
-        """Where an adapter deployment's requests go (its base, with its files); None for any other
-        deployment, or one deleted; 409 `base_not_shared` for one detached from its base. Fixed while it
-        is attached: callers may keep it (routing refuses a detached one's requests first)."""
+    def adapter_target(self, key: str) -> AdapterTarget | None:
+        """Where an adapter deployment's requests go (its base, with the files of the version `key` names,
+        `deployment@artifact`, or of its own artifact for a plain ID); None for any other deployment, or
+        one deleted; 409 `base_not_shared` for one detached from its base. A version's target is fixed
+        while it is attached: callers may keep it (routing refuses a detached one's requests first). Its
+        name on the base is the version's key, so that two versions of a canary are two adapters there."""
+        deployment_id, artifact_id = split_key(key)
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id)
             if deployment is not None and deployment.detached_reason is not None:
@@ -192,32 +198,46 @@ class DeploymentService:
             if deployment is None or deployment.base_deployment_id is None:
                 return None
             artifact = self._artifact_of(session, deployment)
+            if (
+                artifact_id is not None
+                and artifact_id != artifact.id
+                and artifact_id in self._listed(deployment)
+            ):
+                artifact = session.get(ModelArtifact, artifact_id) or artifact
         adapter_dir = self._artifact_dir(artifact) or Path(f"/missing-artifact-files/{artifact.id}")
         size = int((artifact.adapter or {}).get("bytes", 0))
-        return AdapterTarget(deployment_id, deployment.base_deployment_id, adapter_dir, size)
+        name = version_key(deployment_id, artifact.id)
+        return AdapterTarget(name, deployment.base_deployment_id, adapter_dir, size)
 
     @staticmethod
     def _attached(
         session: Session, pairs: list[tuple[Deployment, ModelArtifact]]
     ) -> dict[str, list[AttachedAdapter]]:
-        """The adapters attached to each of these deployments, by base."""
+        """The adapters attached to each of these deployments, by base: each adapter deployment once,
+        with every version it holds (a canary's two adapters are both in the base's replicas: their
+        bytes together, the highest rank, which the base's LoRA slots must fit)."""
         ids = [deployment.id for deployment, _ in pairs]
-        rows = session.execute(
-            select(Deployment, ModelArtifact.adapter)
-            .join(ModelArtifact, ModelArtifact.id == Deployment.artifact_id)
+        adapters = session.scalars(
+            select(Deployment)
             .where(Deployment.base_deployment_id.in_(ids))
             .order_by(Deployment.created_at, Deployment.id)
+        ).all()
+        held = {a.id: rollouts.held(DeploymentService._versions_of(a)) for a in adapters}
+        wanted = {artifact_id for artifacts in held.values() for artifact_id in artifacts}
+        rows = session.execute(
+            select(ModelArtifact.id, ModelArtifact.adapter).where(ModelArtifact.id.in_(wanted))
         )
+        infos: dict[str, dict[str, Any] | None] = {artifact_id: info for artifact_id, info in rows}
         found: dict[str, list[AttachedAdapter]] = {}
-        for adapter, info in rows:
-            info = info or {}
+        for adapter in adapters:
+            versions = [infos.get(artifact_id) or {} for artifact_id in sorted(held[adapter.id])]
             attached = AttachedAdapter(
                 adapter.id,
                 adapter.account_id,
                 adapter.model,
                 adapter.artifact_id,
-                int(info.get("bytes", 0)),
-                int(info.get("rank", 1)),
+                sum(int(info.get("bytes", 0)) for info in versions),
+                max((int(info.get("rank", 1)) for info in versions), default=1),
             )
             found.setdefault(str(adapter.base_deployment_id), []).append(attached)
         return found
@@ -369,9 +389,8 @@ class DeploymentService:
 
     @staticmethod
     def _versions_of(deployment: Deployment) -> list[Version]:
-        """Its versions (an adapter deployment's: none of its own, it runs on its base's)."""
-        if deployment.base_deployment_id is not None:
-            return []
+        """Its versions: full models, or an adapter deployment's adapters (all run on its base's
+        replicas)."""
         return rollouts.read(deployment.versions, deployment.artifact_id, _iso(deployment.updated_at))
 
     def _listed(self, deployment: Deployment) -> set[str]:
@@ -510,10 +529,8 @@ class DeploymentService:
                     pipeline=r.pipeline,
                     unavailable=r.detached_reason,
                     generation_defaults=r.generation_defaults,
-                    # an adapter deployment runs on its base's versions, which its base splits
-                    versions=()
-                    if r.base_deployment_id is not None
-                    else tuple(rollouts.read(r.versions, r.artifact_id, "")),
+                    # an adapter deployment's versions are adapters, which its base's replicas run
+                    versions=tuple(rollouts.read(r.versions, r.artifact_id, "")),
                     sticky=r.sticky,
                 )
                 for r in rows
@@ -622,21 +639,28 @@ class DeploymentService:
             deployment = session.get(Deployment, deployment_id)
             if deployment is None or deployment.account_id != account_id:
                 raise _not_found()
-            if deployment.base_deployment_id is not None:
-                raise InvalidRequest(
-                    "An adapter deployment is served by its base's replicas: deploy the new adapter under "
-                    "its "
-                    "own model ID, or roll the base out instead.",
-                    param="artifact_id",
-                    code="adapter_follows_base",
-                )
             asked = traffic is not None
             if traffic is None:  # `sticky` alone: the split stays
                 traffic = rollouts.split(self._versions_of(deployment))
             wanted = {a: self._rollable(session, account_id, deployment, a) for a in traffic}
-            attached = [(a, self._artifact_of(session, a)) for a in adapters.attached(session, deployment.id)]
+            attached = [
+                (adapter, artifact)
+                for adapter in adapters.attached(session, deployment.id)
+                for artifact_id in sorted(self._listed(adapter))
+                if (artifact := session.get(ModelArtifact, artifact_id)) is not None
+            ]
+            base = session.get(Deployment, deployment.base_deployment_id or "")
+            base_artifact = None if base is None else self._artifact_of(session, base)
         for artifact in wanted.values():
             self._check_adapters_fit(artifact, attached)
+            if base_artifact is not None:  # an adapter deployment's new version fits its base
+                try:
+                    adapters.check_fits(
+                        self._artifact_dir(artifact), self._artifact_dir(base_artifact), artifact
+                    )
+                except ModelhostError as exc:
+                    exc.param = "artifact_id"
+                    raise
         now = _iso(None)
         with self._database.transaction() as session:
             deployment = session.get(Deployment, deployment_id, with_for_update=True)
@@ -661,19 +685,21 @@ class DeploymentService:
     def _rollable(
         self, session: Session, account_id: str, deployment: Deployment, artifact_id: str
     ) -> ModelArtifact:
-        """An artifact a deployment may roll to: the account's (else 404), ready (409), a full model of the
-        deployment's pipeline (400)."""
+        """An artifact a deployment may roll to: the account's (else 404), ready (409), of the deployment's
+        pipeline and kind (400): a full model, or an adapter for an adapter deployment."""
         artifact = session.get(ModelArtifact, artifact_id)
         if artifact is None or artifact.account_id != account_id:
             raise _artifact_not_found()
         if artifact.status != "ready" and artifact.id not in self._listed(deployment):
             raise _artifact_not_ready(artifact)
-        if artifact.kind == "adapter" or artifact.pipeline != deployment.pipeline:
-            what = "a LoRA adapter" if artifact.kind == "adapter" else artifact.pipeline
+        adapter = deployment.base_deployment_id is not None
+        if (artifact.kind == "adapter") != adapter or artifact.pipeline != deployment.pipeline:
+            what = "a LoRA adapter" if artifact.kind == "adapter" else "a full model"
+            wanted = "an adapter for its base's" if adapter else "a full model of the same"
             raise InvalidRequest(
-                f"Artifact {artifact.id} is {what}; deployment '{deployment.model}' serves "
-                f"{deployment.pipeline}: "
-                "a new version must be a full model of the same pipeline.",
+                f"Artifact {artifact.id} is {what} of {artifact.pipeline}; deployment '{deployment.model}' "
+                f"serves {deployment.pipeline}{' as an adapter' if adapter else ''}: a new version must be "
+                f"{wanted} pipeline.",
                 param="artifact_id",
                 code="pipeline_mismatch",
             )
@@ -866,12 +892,7 @@ class DeploymentService:
             attached = adapters.attached(session, deployment.id)
             if attached:
                 raise adapters.still_attached(deployment, attached)
-            held = (
-                self._listed(deployment)
-                if deployment.base_deployment_id is None
-                else {deployment.artifact_id}
-            )
-            self._count_uses(session, held, set())
+            self._count_uses(session, self._listed(deployment), set())
             session.delete(deployment)
             removed = audit.removed(audited(deployment))
             audit.record(session, "deployment.deleted", "deployment", deployment.id, account_id, removed)

@@ -87,9 +87,7 @@ async def present(deployment: rows.Deployment, services: Services) -> Deployment
                     "since": _iso(deployment.created_at),
                 }
             ]
-        ]
-        if deployment.base_deployment_id is None
-        else [],
+        ],
         sticky=deployment.sticky,
         history=[DeploymentSwitch.model_validate(h) for h in deployment.history or []],
         rollout=None if (shown := gated.shown(deployment.rollout)) is None else Rollout.model_validate(shown),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from typing import Any
@@ -23,8 +24,10 @@ from typing import Any
 import msgspec
 
 from modelhost.errors import DeploymentUnavailable
-from modelhost.generation.contract import Adapter, GenerationEvent, GenerationRequest, StreamRequest
+from modelhost.generation.contract import Adapter, GenerationEvent, GenerationRequest, StreamRequest, Text
+from modelhost.metrics import TALLY
 from modelhost.routing import split_key
+from modelhost.runtime import metrics
 from modelhost.runtime.gateway.dispatch import MovedAway
 from modelhost.runtime.gateway.interface import Runtime
 from modelhost.runtime.spec import AdapterTarget, LiveStatus
@@ -39,19 +42,26 @@ class AdapterRouting:
     def __init__(self, inner: Runtime, target_of: Callable[[str], AdapterTarget | None]) -> None:
         self._inner = inner
         self._target_of = target_of
-        # A deployment's target never changes (an adapter's base and files are fixed at its creation), so
-        # it is read once per deployment and process: "not an adapter" included, the common case.
+        # A version's target never changes (an adapter's base is fixed at its creation, a version's files
+        # with its artifact), so it is read once per runtime key and process: "not an adapter" included,
+        # the common case. A plain deployment ID (status, apply) names its current version: forgotten when
+        # the deployment is applied again (a rollout of its adapters).
         self._targets: dict[str, AdapterTarget | None] = {}
 
-    async def _target(self, deployment_id: str) -> AdapterTarget | None:
+    async def _target(self, key: str) -> AdapterTarget | None:
         try:
-            return self._targets[deployment_id]
+            return self._targets[key]
         except KeyError:
-            target = await asyncio.to_thread(self._target_of, deployment_id)
+            target = await asyncio.to_thread(self._target_of, key)
             if len(self._targets) > 100_000:  # deleted deployments' entries: forget all now and then
                 self._targets.clear()
-            self._targets[deployment_id] = target
+            self._targets[key] = target
             return target
+
+    def _forget(self, deployment_id: str) -> bool:
+        """Forget every target of the deployment's versions; whether one was an adapter's."""
+        keys = [key for key in self._targets if split_key(key)[0] == deployment_id]
+        return any([self._targets.pop(key) is not None for key in keys])
 
     async def infer(self, deployment_id: str, item: Payload) -> Payload:
         target = await self._target(deployment_id)
@@ -61,12 +71,22 @@ class AdapterRouting:
 
     async def stream(self, deployment_id: str, item: StreamRequest) -> AsyncGenerator[GenerationEvent, None]:
         target = await self._target(deployment_id)
+        # an adapter's version: its time to first token is its own (the base's dispatch counts the base's),
+        # as a gated canary between two adapters judges it
+        version = split_key(deployment_id) if target is not None else (deployment_id, None)
+        started, first = time.perf_counter(), version[1] is None
         if target is not None:
             deployment_id, item = target.base_id, _with_adapter(item, target)
         for _ in range(MAX_MOVES + 1):
             try:
                 async with contextlib.aclosing(self._inner.stream(deployment_id, item)) as events:
                     async for event in events:
+                        if not first and isinstance(event, Text) and event.completion_tokens:
+                            first = True
+                            labels = (version[0], str(version[1]))
+                            TALLY.observe(
+                                metrics.VERSION_TIME_TO_FIRST_TOKEN, labels, time.perf_counter() - started
+                            )
                         yield event
                 return
             except MovedAway as moved:  # a drain: on to whatever serves the deployment now
@@ -85,7 +105,9 @@ class AdapterRouting:
         return replace(base, memory_gb=round(target.bytes * base.replicas / 1e9, 6))
 
     async def apply(self, deployment_id: str) -> None:
-        """An adapter created: its base is applied again (the first adapter reloads it with LoRA on)."""
+        """An adapter created or rolled out: its base is applied again (the first adapter reloads it with
+        LoRA on; a version of a higher rank, with larger LoRA slots)."""
+        self._forget(deployment_id)
         target = await self._target(deployment_id)
         await self._inner.apply(deployment_id if target is None else target.base_id)
 
@@ -96,7 +118,7 @@ class AdapterRouting:
     async def remove(self, deployment_id: str) -> None:
         """A deleted adapter has no replicas to stop (its base's engine drops its weights by LRU); the
         runtime forgets any other deployment (one it never loaded included)."""
-        if self._targets.pop(deployment_id, None) is None:
+        if not self._forget(deployment_id):
             await self._inner.remove(deployment_id)
 
     async def resume_account(self, account_id: str) -> None:
@@ -110,9 +132,9 @@ def _with_adapter(item: StreamRequest, target: AdapterTarget) -> StreamRequest:
     """The request run on the base with the adapter (only text generation serves adapters)."""
     if not isinstance(item, GenerationRequest):
         return item  # a video on an adapter: the base's engine refuses it
-    return msgspec.structs.replace(item, adapter=Adapter(target.adapter_id, str(target.adapter_dir)))
+    return msgspec.structs.replace(item, adapter=Adapter(target.adapter_name, str(target.adapter_dir)))
 
 
 def _item_with_adapter(item: Payload, target: AdapterTarget) -> Payload:
     """A batch task's item run on the base with the adapter (the base's handler refuses it)."""
-    return {**item, "adapter": {"name": target.adapter_id, "path": str(target.adapter_dir)}}
+    return {**item, "adapter": {"name": target.adapter_name, "path": str(target.adapter_dir)}}
