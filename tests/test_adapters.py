@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +30,15 @@ import pytest
 from modelhost.artifacts.inspection import inspect_artifact
 from modelhost.container import Services
 from modelhost.store.models import Deployment
-from tests.helpers import ADMIN_KEY, assert_error, bearer, new_account, push_folder, push_folder_sync
+from tests.helpers import (
+    ADMIN_KEY,
+    assert_error,
+    bearer,
+    deployment_metric,
+    new_account,
+    push_folder,
+    push_folder_sync,
+)
 from tests.server_process import ServerProcess, processes
 from tests.vllm_setup import wait_for_vllm
 
@@ -592,6 +602,50 @@ def test_a_deleted_adapter_is_gone_and_its_base_serves_on(served: Served) -> Non
     assert deleted.status_code == 200, deleted.text
     assert_error(served.post("/v1/chat/completions", model="tuned-3", messages=MESSAGES), 404)
     assert served.greedy("base", max_tokens=2) and served.greedy("tuned-0", max_tokens=2)
+
+
+def _adapter_stream(served: Served, kill_after: int | None = None) -> tuple[str, int, bool]:
+    """A greedy stream of an adapter's answer: its text and completion tokens, its vLLM replica
+    SIGKILLed once `kill_after` chunks of text have arrived (and whether it was before the end)."""
+    client = openai.OpenAI(base_url=f"{served.process.url}/v1", api_key=served.key, timeout=300)
+    [replica] = processes("modelhost.runtime.worker.vllm_worker", served.base["id"])
+    chunks = client.chat.completions.create(
+        model="tuned-1",
+        messages=MESSAGES,
+        max_tokens=512,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"min_tokens": 512},
+    )
+    parts: list[str] = []
+    tokens, killed = 0, False
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+        tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+        if kill_after is not None and not killed and len(parts) >= kill_after:
+            os.kill(replica, signal.SIGKILL)
+            killed = True
+    return "".join(parts), tokens, killed
+
+
+def test_an_adapters_stream_whose_vllm_replica_dies_goes_on_on_its_replacement_as_undisturbed(
+    served: Served,
+) -> None:
+    """Issue 73 on vLLM through HTTP: a greedy stream of an adapter whose base's replica is SIGKILLed
+    mid-answer continues on the replacement, the adapter with it: text and usage equal an undisturbed
+    run's, and the move is counted. (Should the replica have generated the whole answer before the kill
+    landed, nothing moved, and the round runs again.)"""
+    expected = _adapter_stream(served)[:2]
+    for _ in range(2):
+        before = deployment_metric(served.http, "modelhost_generations_migrated_total", served.base["id"])
+        text, tokens, killed = _adapter_stream(served, kill_after=3)
+        assert killed and (text, tokens) == expected
+        if deployment_metric(served.http, "modelhost_generations_migrated_total", served.base["id"]) > before:
+            break
+    else:
+        pytest.fail("the replica had ended the answer each time before it was killed")
 
 
 def test_unsharing_a_base_detaches_other_accounts_adapters_and_its_owner_can_then_delete_it(

@@ -180,3 +180,17 @@ def test_llamacpp_replicas_run_the_checkouts_native_llama_server_once_built_unle
     fresh_settings.setenv("MODELHOST_LLAMA_SERVER", "/opt/llama/llama-server")
     get_settings.cache_clear()
     assert engine_choice.llama_server_program() == "/opt/llama/llama-server"
+
+
+def test_vllm_continues_a_generation_unless_an_output_penalty_would_count_its_tokens_as_prompt() -> None:
+    """Issue 73: vLLM's frequency and presence penalties count its output only; a continuation's tokens
+    so far are its prompt, so such a request (or one whose deployment defaults set them) is not moved."""
+    from modelhost.engines.vllm import VllmModel
+    from modelhost.generation.contract import GenerationRequest, Sampling
+
+    model = object.__new__(VllmModel)  # `continues` reads the request alone
+    assert model.continues(GenerationRequest(prompt="hi", params=Sampling(repetition_penalty=1.3)))
+    assert not model.continues(GenerationRequest(prompt="hi", params=Sampling(frequency_penalty=0.5)))
+    assert not model.continues(GenerationRequest(prompt="hi", params=Sampling(presence_penalty=0.5)))
+    assert not model.continues(GenerationRequest(prompt="hi", defaults={"presence_penalty": 0.2}))
+    assert model.continues(GenerationRequest(prompt="hi", params=Sampling(frequency_penalty=0.0)))

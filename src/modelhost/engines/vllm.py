@@ -109,9 +109,15 @@ class VllmModel(StreamingEngine):
     def continues(self, request: GenerationRequest) -> bool:
         """Whether a generation can go on on another replica (issue 73): its events then say their
         tokens. Not with a grammar (vLLM's structured output cannot start from a part of its answer),
-        stop strings (vLLM holds back text that may begin one, which a continuation would not have), or
-        images (their prompt is vLLM's renderer's)."""
-        return not request.grammar and not request.params.stop and not request.images
+        stop strings (vLLM holds back text that may begin one, which a continuation would not have),
+        images (their prompt is vLLM's renderer's), or frequency and presence penalties (vLLM counts them
+        over its output only, and a continuation's tokens so far are its prompt)."""
+        return (
+            not request.grammar
+            and not request.params.stop
+            and not request.images
+            and not _penalizes_output(request)
+        )
 
     async def abort(self, request_id: str) -> None:
         """Stop a request `generate` runs (its caller is gone, or cancelled it)."""
@@ -373,6 +379,17 @@ async def _engine_input(model: VllmModel, request: GenerationRequest) -> tuple[l
         raw["cache_salt"] = request.cache_salt
     (rendered,) = await model.engine.renderer.render_cmpl_async([raw])
     return list(rendered["prompt_token_ids"]), "messages", rendered
+
+
+def _penalizes_output(request: GenerationRequest) -> bool:
+    """Whether the request (or its deployment's defaults) sets a frequency or presence penalty."""
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(request.params, name)
+        if value is None and request.defaults:
+            value = request.defaults.get(name)
+        if value:
+            return True
+    return False
 
 
 def _lora_request(model: VllmModel, adapter: Adapter | None) -> Any:
