@@ -241,6 +241,7 @@ class Responses:
         self._logs: dict[str, EventLog] = {}  # the background responses this process generates
         self.takeovers = Takeovers(store, stale_seconds, self.take_over)
         self.owner = self.takeovers.name  # the owner of this process's background responses
+        self._taking_over = False
 
     async def prepare(
         self,
@@ -584,8 +585,11 @@ class Responses:
     # ---------------------------------------------------------------- takeovers
 
     def start_taking_over(self) -> None:
-        """Look for background responses to take over (every gateway process, and the embedded server)."""
-        self.takeovers.start_claiming()
+        """Look for background responses to take over (every gateway process, and the embedded server);
+        once, however many apps share these services."""
+        if not self._taking_over:
+            self._taking_over = True
+            self.takeovers.start_claiming()
 
     async def take_over(self, claimed: Claimed) -> None:
         """Go on with a background response this process claimed from a dead (or stopped) owner: from
@@ -595,8 +599,12 @@ class Responses:
         taken = await asyncio.to_thread(self.store.taken, response_id, self.owner)
         if taken is None:  # cancelled or deleted meanwhile
             return
-        job = decode_job(taken.job)
-        replayed = replay(job, taken.written)
+        try:
+            job = decode_job(taken.job)
+            replayed = replay(job, taken.written)
+        except Exception:  # failed here, not handed back to be claimed again and again
+            log.exception("background response %s: its job or written events cannot be read", response_id)
+            replayed = None
         if replayed is None:
             log.warning("background response %s: its written events cannot be gone on with", response_id)
             await asyncio.to_thread(
@@ -694,7 +702,9 @@ class Responses:
     async def stop(self) -> None:
         """Stop taking over, and stop this process's background responses: each is handed back, for
         another process (or this server restarted) to go on with."""
-        await self.takeovers.stop()
+        if self._taking_over:
+            self._taking_over = False
+            await self.takeovers.stop()
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()

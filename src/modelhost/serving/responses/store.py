@@ -257,7 +257,7 @@ class ResponseStore:
                 raise InvalidRequest(
                     "Only responses created with background: true can be cancelled.", param="response_id"
                 )
-        self._move(response_id, ACTIVE, status="cancelled", completed_at=utcnow())
+        self._move(response_id, ACTIVE, status="cancelled", completed_at=utcnow(), job=None)
         return self.get(account_id, scope, response_id)
 
     def delete(self, account_id: str, scope: Scope, response_id: str) -> None:
