@@ -154,7 +154,7 @@ class EventLog:
         self.heard_with: list[list[GenerationEvent]] = []
         self._heard: list[GenerationEvent] = []
         self.next = first  # the number of the next event
-        self.ended = False  # the response was deleted: nothing more is written or held
+        self.ended = False  # deleted, or taken over by another process: nothing more is written or held
         self._new = asyncio.Event()  # set (and replaced) at each event
         self._closing = asyncio.Event()
 
