@@ -16,6 +16,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -531,12 +532,14 @@ async def _events(
     return events
 
 
-async def test_a_background_stream_resumes_through_the_other_gateway_process_and_after_its_own_is_killed(
+async def test_a_background_response_whose_gateway_process_is_killed_is_taken_over_and_loses_nothing(
     chat_two: tuple[Server, str],
 ) -> None:
     """Issue 73: the events of a background response generated in the first process are replayed and
-    followed live through the second; once the first is killed (its generation with it), the stream
-    through the second ends with the response failed `interrupted`, its numbers never skipping one."""
+    followed live through the second. The first is SIGKILLed mid-answer; once the stale window (4 s) has
+    passed, another process takes the response over and goes on from its written events. The client that
+    resumes through the second with its last sequence number gets the rest, numbered without a gap or a
+    repeat; the answer is the undisturbed greedy one, each token counted once."""
     server, deployment_id = chat_two
     first, second = server.gateways()
     [replica] = server.replicas(deployment_id)
@@ -551,18 +554,59 @@ async def test_a_background_stream_resumes_through_the_other_gateway_process_and
     live = await (await server.via(second, lambda: _events(server, "GET", path + "7", count=20)))
     assert [e["sequence_number"] for e in live] == list(range(8, 28))
     assert all(e["type"] == "response.output_text.delta" for e in live[-10:])  # generated meanwhile
-    with stopped(replica):
+    other = {**body, "input": "hello"}  # taken over too, then cancelled and deleted
+    begun = await (await server.via(first, lambda: _events(server, "POST", "/v1/responses", other, count=8)))
+    cancelled = begun[0]["response"]["id"]
+    with stopped(replica):  # killed mid-answer
         os.kill(first, signal.SIGKILL)
         await until(lambda: not Path(f"/proc/{first}").exists())
-        started = time.monotonic()
-        rest = await (await server.via(second, lambda: _events(server, "GET", path + "27")))
-        assert time.monotonic() - started < 15  # the stale window (4 s) and a poll or two
+    started = time.monotonic()
+    taken = rf'modelhost_generations_migrated_total{{deployment="{deployment_id}",reason="taken_over"}} (\S+)'
+    await until(lambda: [float(n) for n in re.findall(taken, server.metrics())] == [2.0], timeout=30)
+    with stopped(replica):  # both taken over: the second is cancelled while its taker generates it
+        stop = await (
+            await server.via(second, lambda: _post(server, f"/v1/responses/{cancelled}/cancel", {}))
+        )
+    assert stop["status"] == "cancelled"
+    rest = await (await server.via(second, lambda: _events(server, "GET", path + "27")))
+    assert time.monotonic() - started < 40  # the stale window, a poll, and the rest of the answer
     assert [e["sequence_number"] for e in rest] == list(range(28, 28 + len(rest)))
-    assert rest[-1]["type"] == "response.failed"
-    assert rest[-1]["response"]["status"] == "failed"
-    assert rest[-1]["response"]["error"]["code"] == "interrupted"
+    final = rest[-1]["response"]
+    assert rest[-1]["type"] == "response.incomplete" and final["status"] == "incomplete"  # all its tokens
+    whole = await (
+        await server.via(second, lambda: _events(server, "GET", f"/v1/responses/{response_id}?stream=true"))
+    )
+    assert [e["sequence_number"] for e in whole] == list(range(len(whole))) and whole[28:] == rest
+    assert whole[8:28] == live
+    [message] = final["output"]
+    text = message["content"][0]["text"]
+    assert "".join(e["delta"] for e in whole if e["type"] == "response.output_text.delta") == text
+    assert [e["item"]["id"] for e in whole if e["type"] == "response.output_item.added"] == [message["id"]]
+    undisturbed = await (
+        await server.via(
+            second, lambda: _post(server, "/v1/responses", {**body, "background": False, "stream": False})
+        )
+    )
+    assert text == undisturbed["output"][0]["content"][0]["text"]  # byte-identical
+    counted = ("input_tokens", "output_tokens", "total_tokens")  # (the second's prompt was cached)
+    assert [final["usage"][k] for k in counted] == [undisturbed["usage"][k] for k in counted]
+    assert final["usage"]["output_tokens"] == TOKENS
+    path = f"/v1/responses/{cancelled}?stream=true"
+    ended = await (await server.via(second, lambda: _events(server, "GET", path)))
+    assert [e["sequence_number"] for e in ended] == list(range(len(ended))) and len(ended) > 8
+    assert all(e["type"] not in ("response.completed", "response.incomplete") for e in ended)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, headers=bearer(server.key)) as client:
+        assert (await client.delete(f"/v1/responses/{cancelled}")).status_code == 200
+        assert (await client.get(f"/v1/responses/{cancelled}")).status_code == 404
     new = (await until(lambda: [p for p in server.gateways() if p not in (first, second)]))[0]
     await server.serving(new)  # for the tests after this one
+
+
+async def _post(server: Server, path: str, body: dict[str, Any]) -> Any:
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+        answer = await client.post(path, json=body, headers=bearer(server.key))
+        assert answer.status_code == 200, answer.text
+        return answer.json()
 
 
 async def test_a_prompt_cache_key_reaches_the_replica_that_holds_its_prefix_from_either_gateway_process(

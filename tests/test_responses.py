@@ -305,6 +305,46 @@ def test_only_a_background_response_streams_again_and_only_to_its_own_account(se
             stranger.responses.retrieve(response_id, stream=True, starting_after=0)
 
 
+def test_a_background_response_handed_back_by_its_stopping_task_is_taken_over_and_loses_nothing(
+    server: ChatServer,
+) -> None:
+    """Issue 73: the task generating a background response is stopped as a stopping process stops it
+    (cancelled: it hands the response back); the server's takeover loop claims it, replays its written
+    events and goes on. The client resuming after its last event gets the rest, numbered without a gap
+    or a repeat, and the undisturbed greedy answer."""
+    from modelhost import metrics
+
+    sdk, tokens = client(server), 400  # a few ms in when it is stopped: long enough
+    body: dict[str, Any] = {"model": "chat", "input": "go on", "max_output_tokens": tokens, "temperature": 0}
+    body["extra_body"] = {"min_tokens": tokens}
+    labels = {"deployment": server.deployment_id, "reason": "taken_over"}
+    before = metrics.sample("modelhost_generations_migrated_total", labels) or 0.0
+    first: list[Any] = []
+    with sdk.responses.create(**body, background=True, stream=True) as stream:
+        for event in stream:
+            first.append(event)
+            if len(first) == 6:
+                break
+    response_id = first[0].response.id
+    task = server.app.state.services.responses._tasks[response_id]
+    task.get_loop().call_soon_threadsafe(task.cancel)  # as `Responses.stop` does
+    with sdk.responses.retrieve(response_id, stream=True, starting_after=5) as resumed:
+        rest = list(resumed)
+    assert metrics.sample("modelhost_generations_migrated_total", labels) == before + 1
+    with sdk.responses.retrieve(response_id, stream=True) as replayed:
+        whole = list(replayed)
+    assert [e.sequence_number for e in whole] == list(range(len(whole)))
+    assert dumped(whole) == dumped(first) + dumped(rest)
+    final = whole[-1].response
+    undisturbed = sdk.responses.create(**body)
+    assert final.status == "incomplete" and final.output_text == undisturbed.output_text
+    assert final.usage is not None and undisturbed.usage is not None
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (
+        undisturbed.usage.input_tokens,
+        undisturbed.usage.output_tokens,
+    )
+
+
 def test_a_cancelled_background_streams_last_event_is_its_last_and_a_failed_one_ends_failed(
     server: ChatServer,
 ) -> None:

@@ -151,3 +151,90 @@ def test_a_background_responses_events_read_back_in_pages_after_a_number_and_go_
     store.delete("acct_a", None, response)
     assert store.events_after(response, -1, 10) == [] and store.last_event(response) == -1
     assert not store.add_events(response, events[:1])  # its runner learns it was deleted
+
+
+def _silent(store: ResponseStore, response: str, seconds: float = 60) -> None:
+    """Its owner stopped beating `seconds` ago."""
+    with store._database.transaction() as session:
+        session.execute(
+            update(StoredResponse)
+            .where(StoredResponse.id == response)
+            .values(updated_at=utcnow() - timedelta(seconds=seconds))
+        )
+
+
+def test_the_migration_makes_the_takeover_columns_the_models_declare(store: ResponseStore) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from modelhost.store.models import Base
+
+    with store._database.engine.connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert [d for d in differences if "response" in str(d)] == []
+
+
+def test_of_several_processes_looking_at_once_exactly_one_takes_a_silent_response_once(
+    store: ResponseStore,
+) -> None:
+    """Issue 73: a background response whose owner went silent is claimed by one of eight processes
+    claiming at once (a guarded UPDATE); the silent owner's writes are refused from then on; the taker
+    reads every event written before its claim; silent again, it is not taken a second time and reads as
+    interrupted (a poisoned request costs at most two owners)."""
+    import threading
+
+    response = create(store, status="queued", background=True, output=[], owner="gw-dead", job=b"job")
+    assert store.start(response, "gw-dead") and store.claim("gw-early") is None  # it beats: not taken
+    event = {"type": "response.created", "sequence_number": 0}
+    assert store.add_events(response, [event], "gw-dead", [b"engine"])
+    _silent(store, response)
+    assert store.get("acct_a", None, response)["status"] == "in_progress"  # to be taken, not failed
+    barrier, claims = threading.Barrier(8), dict[str, Any]()
+
+    def claim(name: str) -> None:
+        barrier.wait()
+        claims[name] = store.claim(name)
+
+    threads = [threading.Thread(target=claim, args=(f"gw-{n}",)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    [(taker, claimed)] = [(name, c) for name, c in claims.items() if c is not None]
+    assert claimed.id == response and claimed.died and claimed.deployment_id == "dep_1"
+    assert not store.beat(response, "gw-dead") and store.beat(response, taker)
+    assert not store.add_events(response, [{**event, "sequence_number": 1}], "gw-dead", [None])
+    assert not store.finish(response, owner="gw-dead", status="completed")
+    assert not store.release(response, "gw-dead")
+    taken = store.taken(response, taker)
+    assert taken is not None and taken.job == b"job" and taken.written == [(event, b"engine")]
+    assert store.taken(response, "gw-dead") is None
+    _silent(store, response)  # the second owner dies too
+    assert store.claim("gw-late") is None
+    view = store.get("acct_a", None, response)
+    assert view["status"] == "failed" and view["error"]["code"] == "interrupted"
+
+
+def test_a_response_handed_back_is_taken_at_once_and_not_counted_as_a_death(store: ResponseStore) -> None:
+    response = create(store, status="queued", background=True, output=[], owner="gw-stopping", job=b"job")
+    assert store.start(response, "gw-stopping") and store.release(response, "gw-stopping")
+    assert store.get("acct_a", None, response)["status"] == "in_progress"
+    claimed = store.claim("gw-next")
+    assert claimed is not None and not claimed.died and store.claim("gw-other") is None
+    _silent(store, response)  # its new owner dies: a first death, taken over once more
+    again = store.claim("gw-last")
+    assert again is not None and again.died
+    assert store.finish(response, owner="gw-last", status="completed", output=[ANSWER])
+    view = store.get("acct_a", None, response)
+    assert view["status"] == "completed" and store.claim("gw-after") is None
+
+
+def test_a_response_without_a_job_or_cancelled_is_never_taken(store: ResponseStore) -> None:
+    without = create(store, status="queued", background=True, output=[], owner="gw-dead")
+    cancelled = create(store, status="queued", background=True, output=[], owner="gw-dead", job=b"job")
+    store.cancel("acct_a", None, cancelled)
+    for response in (without, cancelled):
+        _silent(store, response)
+    assert store.claim("gw-any") is None
+    assert store.get("acct_a", None, without)["error"]["code"] == "interrupted"
+    assert store.get("acct_a", None, cancelled)["status"] == "cancelled"

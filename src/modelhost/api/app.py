@@ -100,7 +100,11 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
             async with contextlib.AsyncExitStack() as stack:
                 if built.supervisor is not None:  # embedded: the supervisor's duties run here
                     await stack.enter_async_context(built.supervisor.duties(built, line_caller(app)))
-                yield
+                built.responses.start_taking_over()  # background responses of dead gateway processes
+                try:
+                    yield
+                finally:  # while the replicas run: this process's background responses handed back
+                    await built.responses.stop()
         finally:
             if quotas is not None:
                 quotas.cancel()

@@ -86,7 +86,8 @@ REQUESTS_REQUEUED = Counter(
 GENERATIONS_MIGRATED = Counter(
     "modelhost_generations_migrated_total",
     "Generations that went on on another replica, by `reason`: `died` (theirs died with tokens already "
-    "sent) or `drained` (theirs handed them off: a rollout's old version, a scale-down).",
+    "sent) or `drained` (theirs handed them off: a rollout's old version, a scale-down); and background "
+    "responses that went on in another gateway process: `taken_over` (theirs died or stopped).",
     ["deployment", "reason"],
 )
 GENERATING = Gauge(

@@ -13,6 +13,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -571,7 +572,8 @@ class StoredResponse(Base):
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"), index=True)
     deployment_id: Mapped[str] = mapped_column(String(40))
     model: Mapped[str] = mapped_column(String(200))
-    status: Mapped[str] = mapped_column(String(16))
+    # indexed: takeovers look for the active background ones among every stored response
+    status: Mapped[str] = mapped_column(String(16), index=True)
     background: Mapped[bool] = mapped_column(default=False)
     previous_response_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     # The response's echoed settings (instructions, tools, tool_choice, text, temperature, metadata...).
@@ -584,9 +586,17 @@ class StoredResponse(Base):
     error: Mapped[dict[str, object] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     incomplete_reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
-    # A background response's runner beats here; one silent past the stale window was interrupted.
+    # A background response's runner beats here; one silent past the stale window is taken over by
+    # another gateway process (`serving.responses.takeover`), or was interrupted.
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # A background response while it runs: the gateway process running it (None: handed back, for the
+    # next to take), how often it was taken from a dead one, and what a taker needs to go on with it
+    # (`serving.responses.resume.Job`, msgpack: its engine request and how its output is parsed; cleared
+    # once it has finished). Deferred: read only by a taker and a stale response's reader.
+    owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    takeovers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    job: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
 
 
 class ResponseEvent(Base):
@@ -599,6 +609,9 @@ class ResponseEvent(Base):
     response_id: Mapped[str] = mapped_column(ForeignKey("responses.id", ondelete="CASCADE"), primary_key=True)
     sequence_number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     event: Mapped[dict[str, object]] = mapped_column(JSON)
+    # The engine's events its runner read since the event before, up to the one that made this one
+    # (msgpack): what a taker replays to stand where the written events stand (`serving.responses.resume`)
+    engine: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
 
 class Conversation(Base):

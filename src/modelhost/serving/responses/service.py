@@ -2,7 +2,8 @@
 run it into OpenAI's event sequence, store it; background responses run as tasks of the gateway
 process that took them, beating in the database so that a cancel from any process reaches them, and
 writing their numbered events there (`EventLog`) so that any process replays and follows them
-(`follow`).
+(`follow`). A background response whose process died (or stopped) is taken over by another
+(`takeover`), which goes on from its written events (`resume`, `take_over`).
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import msgspec
+
 from modelhost.auth.limits import start_counting
 from modelhost.clock import heartbeat_seconds
 from modelhost.errors import InvalidRequest, ModelhostError
 from modelhost.frontend import Generation, Streams, Target
 from modelhost.generation.choices import ChatChoice, tool_schemas
-from modelhost.generation.contract import GenerationRequest
+from modelhost.generation.contract import GenerationEvent, GenerationRequest, GenerationStarted
 from modelhost.mcp.tools import MAX_ROUNDS, McpTools, Toolset
 from modelhost.protocol.chat import ChatCompletionRequest
 from modelhost.protocol.responses import McpApprovalResponseItem, ResponseCreateRequest
 from modelhost.routing import split_key
+from modelhost.runtime import metrics
 from modelhost.serving.responses import mcp
 from modelhost.serving.responses.conversations import ConversationStore
 from modelhost.serving.responses.items import (
@@ -36,7 +40,16 @@ from modelhost.serving.responses.items import (
     mcp_requests,
     settings_of,
 )
-from modelhost.serving.responses.store import ACTIVE, INTERRUPTED, ResponseStore, Scope, response_view
+from modelhost.serving.responses.resume import Job, Replayed, decode_job, encode_heard, encode_job, replay
+from modelhost.serving.responses.store import (
+    ACTIVE,
+    INTERRUPTED,
+    Claimed,
+    ResponseStore,
+    Scope,
+    response_view,
+)
+from modelhost.serving.responses.takeover import Takeovers
 from modelhost.store.models import StoredResponse
 from modelhost.store.types import new_id, utcnow
 
@@ -101,13 +114,32 @@ class Prepared:
     def deployment_id(self) -> str:
         return split_key(self.target.runtime_key)[0]
 
+    def job(self) -> Job | None:
+        """What another process needs to take it over; None for one with MCP tools (their tokens are
+        never stored, and their calls are not made twice)."""
+        if self.toolset is not None or self.pre_output:
+            return None
+        return Job(
+            request=self.engine_request,
+            target=self.target,
+            mode=self.mode,
+            tool_names=self.tool_names,
+            tool_schemas=self.tool_schemas,
+            conversation_id=self.conversation_id,
+        )
+
 
 @dataclass
 class Opened:
-    """An opened engine stream, past its first event, and the assembler of its output."""
+    """An opened engine stream, past its first event, and the assembler of its output. A taken-over
+    response's (`Responses.take_over`) has had its first `preamble` events written, goes on from tokens
+    it carries (`continued`: the engine's `GenerationStarted` was its first owner's), and has no
+    stream where its generation had ended."""
 
-    streams: Streams
+    streams: Streams | None
     assembler: OutputAssembler
+    preamble: int = 0
+    continued: bool = False
 
 
 class EventLog:
@@ -116,15 +148,24 @@ class EventLog:
     process's streams of it. An event leaves memory only once it is in the database, so a stream reads
     each event from one place or the other and never misses one."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: int = 0) -> None:
         self.pending: list[Event] = []  # numbered, not yet written
-        self.next = 0  # the number of the next event
-        self.ended = False  # the response was deleted: nothing more is written or held
+        # the engine's events read before each pending one (since the one before): a taker replays them
+        self.heard_with: list[list[GenerationEvent]] = []
+        self._heard: list[GenerationEvent] = []
+        self.next = first  # the number of the next event
+        self.ended = False  # deleted, or taken over by another process: nothing more is written or held
         self._new = asyncio.Event()  # set (and replaced) at each event
         self._closing = asyncio.Event()
 
+    def heard(self, event: GenerationEvent) -> None:
+        """An engine event the response's assembler reads: written with the next event it makes."""
+        self._heard.append(event)
+
     def add(self, event: Event) -> None:
         self.pending.append({**event, "sequence_number": self.next})
+        self.heard_with.append(self._heard)
+        self._heard = []
         self.next += 1
         self.wake()
 
@@ -149,9 +190,14 @@ class EventLog:
         """No more events: `keep_writing` writes the rest and returns."""
         self._closing.set()
 
-    async def keep_writing(self, store: ResponseStore, response_id: str) -> None:
-        """Write what is held every `WRITE_SECONDS` until closed, then the rest. A batch is removed
-        from memory (here, on the event loop) only once written; one that fails is tried again."""
+    async def keep_writing(self, store: ResponseStore, response_id: str, owner: str) -> None:
+        """Write what is held every `WRITE_SECONDS` until closed, then the rest, while the response is
+        `owner`'s. A batch is removed from memory (here, on the event loop) only once written; one that
+        fails is tried again."""
+
+        def write(batch: list[Event], heard: list[list[GenerationEvent]]) -> bool:
+            return store.add_events(response_id, batch, owner, [encode_heard(h) for h in heard])
+
         while not self.ended:
             closing = self._closing.is_set()
             if not closing:
@@ -160,17 +206,19 @@ class EventLog:
             batch = list(self.pending)
             if batch:
                 try:
-                    written = await asyncio.to_thread(store.add_events, response_id, batch)
+                    written = await asyncio.to_thread(write, batch, self.heard_with[: len(batch)])
                 except Exception:
                     log.warning("background response %s: events not written yet", response_id, exc_info=True)
                     if closing:
                         return
                     continue
-                if not written:  # deleted: its streams end with it
+                if not written:  # deleted, or taken over: its streams read the database
                     self.ended = True
                     self.pending.clear()
+                    self.heard_with.clear()
                     return
                 del self.pending[: len(batch)]
+                del self.heard_with[: len(batch)]
             if closing and not self.pending:
                 return
 
@@ -191,6 +239,9 @@ class Responses:
         self._beat_seconds = heartbeat_seconds(stale_seconds)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._logs: dict[str, EventLog] = {}  # the background responses this process generates
+        self.takeovers = Takeovers(store, stale_seconds, self.take_over)
+        self.owner = self.takeovers.name  # the owner of this process's background responses
+        self._taking_over = False
 
     async def prepare(
         self,
@@ -308,12 +359,23 @@ class Responses:
         choice = ChatChoice(0, prepared.mode, prepared.tool_names, tool_schemas=prepared.tool_schemas)
         return Opened(streams, OutputAssembler(choice, output=list(prepared.pre_output)))
 
-    async def run(self, prepared: Prepared, generation: Opened, *, record: bool) -> AsyncIterator[Event]:
+    async def run(
+        self,
+        prepared: Prepared,
+        generation: Opened,
+        *,
+        record: bool,
+        heard: Callable[[GenerationEvent], None] | None = None,
+    ) -> AsyncIterator[Event]:
         """OpenAI's event sequence (without sequence numbers), ending with the final response, which
-        is stored (`record`) before that last event goes out."""
+        is stored (`record`) before that last event goes out; `heard` is told each engine event read."""
         assembler = generation.assembler
-        yield {"type": "response.created", "response": prepared.view("in_progress")}
-        yield {"type": "response.in_progress", "response": prepared.view("in_progress")}
+        preamble = [
+            {"type": "response.created", "response": prepared.view("in_progress")},
+            {"type": "response.in_progress", "response": prepared.view("in_progress")},
+        ]
+        for event in preamble[generation.preamble :]:
+            yield event
         output = assembler.output
         for index, item in enumerate(prepared.pre_output):  # MCP listings and approved calls
             for event in [*mcp.opened_events(index, item), *mcp.closed_events(index, item)]:
@@ -323,19 +385,25 @@ class Responses:
         error: Event | None = None
         usage: Event | None = None
         streams = generation.streams
+        carried = generation.continued  # its `GenerationStarted` was read by its first owner
         for round_ in range(MAX_ROUNDS + 1):
             first = len(output)
-            async with contextlib.aclosing(streams.merged()) as stream:
-                try:
-                    async for _, engine_event in stream:
-                        for event in assembler.feed(engine_event):
-                            if hidden.visible(event):
-                                yield event
-                        if assembler.choice.finish is not None:
-                            break
-                except ModelhostError as exc:  # the replica failed mid-way (after the 200 went out)
-                    error = {"code": exc.code, "message": exc.message}
-                    yield {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param}
+            if streams is not None:  # (None: a taken-over generation that had ended)
+                async with contextlib.aclosing(streams.merged()) as stream:
+                    try:
+                        async for _, engine_event in stream:
+                            if carried and isinstance(engine_event, GenerationStarted):
+                                continue
+                            if heard is not None:
+                                heard(engine_event)
+                            for event in assembler.feed(engine_event):
+                                if hidden.visible(event):
+                                    yield event
+                            if assembler.choice.finish is not None:
+                                break
+                    except ModelhostError as exc:  # the replica failed mid-way (after the 200 went out)
+                        error = {"code": exc.code, "message": exc.message}
+                        yield {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param}
             for event in assembler.finish():
                 if hidden.visible(event):
                     yield event
@@ -375,7 +443,7 @@ class Responses:
                 conversation = [*prepared.context, *prepared.input_items, *output]
                 chat = chat_request(prepared.body, conversation, offered)
                 requests, mode = await self._chat(prepared.body, chat, prepared.target, prepared.context)
-                streams = await self._generation.open(prepared.target, [requests[0]])
+                streams, carried = await self._generation.open(prepared.target, [requests[0]]), False
             except ModelhostError as exc:
                 error = {"code": exc.code, "message": exc.message}
                 yield {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param}
@@ -399,7 +467,9 @@ class Responses:
         yield {"type": FINAL_EVENTS[status], "response": final}
 
     def _store(self, prepared: Prepared, status: str, outcome: Event) -> Event:
-        """Write the response: finished (with its `outcome`), or `queued` for a background one."""
+        """Write the response: finished (with its `outcome`), or `queued` for a background one, this
+        process's, with what another would need to take it over."""
+        job = prepared.job() if status == "queued" else None
         return self.store.create(
             prepared.account_id,
             prepared.deployment_id,
@@ -412,6 +482,8 @@ class Responses:
             input_items=prepared.input_items,
             response_id=prepared.id,
             created_at=prepared.created_at,
+            owner=self.owner if status == "queued" else None,
+            job=encode_job(job) if job is not None else None,
             **outcome,
         )
 
@@ -435,21 +507,33 @@ class Responses:
         return queued
 
     async def _background(
-        self, prepared: Prepared, events: EventLog, tokens_used: Callable[[int], None] | None
+        self,
+        prepared: Prepared,
+        events: EventLog,
+        tokens_used: Callable[[int], None] | None,
+        replayed: Replayed | None = None,
     ) -> None:
-        if not await asyncio.to_thread(self.store.start, prepared.id):
+        """Generate a background response this process owns: from its start, or (`replayed`) from where
+        a dead owner's written events stood. The engine events it reads are written with the events they
+        make where it can be taken over."""
+        owner = self.owner
+        if replayed is None and not await asyncio.to_thread(self.store.start, prepared.id, owner):
             return  # cancelled before it started
         used = start_counting()  # this task's own count: its request's was given back when answered
         this = asyncio.current_task()
         assert this is not None
         beating = asyncio.create_task(self._beat(prepared.id, this))
-        writing = asyncio.create_task(events.keep_writing(self.store, prepared.id))
+        writing = asyncio.create_task(events.keep_writing(self.store, prepared.id, owner))
+        heard = events.heard if prepared.job() is not None else None
         try:
             try:
-                generation = await self.open(prepared)
+                if replayed is None:
+                    generation = await self.open(prepared)
+                else:
+                    generation = await self._reopen(prepared, replayed)
                 final: Event = {}
-                async for event in self.run(prepared, generation, record=False):  # `finish` records it
-                    if event["type"] in ENDING:
+                async for event in self.run(prepared, generation, record=False, heard=heard):
+                    if event["type"] in ENDING:  # `finish` records it
                         final = {**event, "sequence_number": events.next}
                     else:
                         events.add(event)
@@ -461,30 +545,102 @@ class Responses:
             incomplete = response.get("incomplete_details")
             values["incomplete_reason"] = incomplete["reason"] if incomplete else None
             # the final event is written with the outcome: a stream ends on either, and finds both
-            await asyncio.to_thread(self.store.finish, prepared.id, final, **values)
+            await asyncio.to_thread(self.store.finish, prepared.id, final, owner=owner, **values)
         except ModelhostError as exc:
             error = {"code": exc.code, "message": exc.message}
-            await asyncio.to_thread(self.store.finish, prepared.id, status="failed", error=error)
+            await asyncio.to_thread(self.store.finish, prepared.id, owner=owner, status="failed", error=error)
         except asyncio.CancelledError:
-            # cancelled by a cancel (already recorded: this is then a no-op) or by the server stopping
-            self.store.finish(prepared.id, status="failed", error=INTERRUPTED)
+            # cancelled by a cancel or a delete (already recorded: this is then a no-op), by the loss of
+            # it to a taker (no longer ours: a no-op too), or by this process stopping: handed back, for
+            # the next claim (another process's, or this server's once restarted) to go on with it
+            self.store.release(prepared.id, owner)
             raise
         except Exception:  # never leave a response in progress because of a bug here
             log.exception("background response %s", prepared.id)
             error = {"code": "generation_error", "message": "The response failed; see the server log."}
-            await asyncio.to_thread(self.store.finish, prepared.id, status="failed", error=error)
+            await asyncio.to_thread(self.store.finish, prepared.id, owner=owner, status="failed", error=error)
         finally:
             beating.cancel()
             if tokens_used is not None and used[0]:
                 tokens_used(used[0])
 
+    async def _reopen(self, prepared: Prepared, replayed: Replayed) -> Opened:
+        """A taken-over response's generation, going on from the tokens its written events carry (as a
+        stream whose replica died does: `GenerationRequest.continued`); none where it had ended."""
+        if replayed.ended:
+            return Opened(None, replayed.assembler, replayed.preamble)
+        request = msgspec.structs.replace(prepared.engine_request, continued=replayed.continued)
+        streams = await self._generation.open(prepared.target, [request])
+        return Opened(streams, replayed.assembler, replayed.preamble, replayed.continued is not None)
+
     async def _beat(self, response_id: str, task: asyncio.Task[None]) -> None:
-        """Beat while generating; a response cancelled or deleted elsewhere is stopped here."""
+        """Beat while generating; a response cancelled or deleted elsewhere, or taken over by another
+        process while this one was silent, is stopped here."""
         while True:
             await asyncio.sleep(self._beat_seconds)
-            if not await asyncio.to_thread(self.store.beat, response_id):
+            if not await asyncio.to_thread(self.store.beat, response_id, self.owner):
                 task.cancel()
                 return
+
+    # ---------------------------------------------------------------- takeovers
+
+    def start_taking_over(self) -> None:
+        """Look for background responses to take over (every gateway process, and the embedded server);
+        once, however many apps share these services."""
+        if not self._taking_over:
+            self._taking_over = True
+            self.takeovers.start_claiming()
+
+    async def take_over(self, claimed: Claimed) -> None:
+        """Go on with a background response this process claimed from a dead (or stopped) owner: from
+        its job and its written events (`resume.replay`), numbering its events after the last written.
+        One that cannot be gone on with fails `interrupted`, as before takeovers."""
+        response_id = claimed.id
+        taken = await asyncio.to_thread(self.store.taken, response_id, self.owner)
+        if taken is None:  # cancelled or deleted meanwhile
+            return
+        try:
+            job = decode_job(taken.job)
+            replayed = replay(job, taken.written)
+        except Exception:  # failed here, not handed back to be claimed again and again
+            log.exception("background response %s: its job or written events cannot be read", response_id)
+            replayed = None
+        if replayed is None:
+            log.warning("background response %s: its written events cannot be gone on with", response_id)
+            await asyncio.to_thread(
+                self.store.finish, response_id, owner=self.owner, status="failed", error=INTERRUPTED
+            )
+            return
+        log.info("background response %s taken over at event %d", response_id, replayed.next)
+        metrics.GENERATIONS_MIGRATED.labels(claimed.deployment_id, "taken_over").inc()
+        prepared = Prepared(
+            id=response_id,
+            account_id=taken.account_id,
+            target=job.target,
+            model=taken.model,
+            store=True,
+            background=True,
+            previous_response_id=taken.previous_response_id,
+            settings=taken.settings,
+            context=taken.context,
+            input_items=taken.input_items,
+            engine_request=job.request,
+            mode=job.mode,
+            tool_names=job.tool_names,
+            conversation_id=job.conversation_id,
+            created_at=taken.created_at,
+            tool_schemas=job.tool_schemas,
+        )
+        events = self._logs[response_id] = EventLog(replayed.next)
+        this = asyncio.current_task()
+        assert this is not None
+        self._tasks[response_id] = this  # a cancel or a delete through this process stops it at once
+        try:
+            await self._background(prepared, events, None, replayed)
+        finally:
+            self._tasks.pop(response_id, None)
+            self._logs.pop(response_id, None)
+            events.wake()
 
     async def streamed(self, account_id: str, scope: Scope, response_id: str) -> Event:
         """The background response `follow` may stream (before the stream's 200: a 404, or a 400 for
@@ -544,7 +700,11 @@ class Responses:
             task.cancel()
 
     async def stop(self) -> None:
-        """Stop this process's background responses (they are recorded as interrupted)."""
+        """Stop taking over, and stop this process's background responses: each is handed back, for
+        another process (or this server restarted) to go on with."""
+        if self._taking_over:
+            self._taking_over = False
+            await self.takeovers.stop()
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
