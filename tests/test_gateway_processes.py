@@ -557,7 +557,9 @@ async def test_a_background_response_whose_gateway_process_is_killed_is_taken_ov
     other = {**body, "input": "hello"}  # taken over too, then cancelled and deleted
     begun = await (await server.via(first, lambda: _events(server, "POST", "/v1/responses", other, count=8)))
     cancelled = begun[0]["response"]["id"]
-    with stopped(replica):  # killed mid-answer
+    written = f"/v1/responses/{cancelled}?stream=true"
+    with stopped(replica):  # killed mid-answer, once the second reads its first events from the database
+        assert await (await server.via(second, lambda: _events(server, "GET", written, count=8))) == begun
         os.kill(first, signal.SIGKILL)
         await until(lambda: not Path(f"/proc/{first}").exists())
     started = time.monotonic()
