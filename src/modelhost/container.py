@@ -248,8 +248,8 @@ class Services:
 
         agents = AgentStore(database)
         eval_store = EvalStore(database)
-        evals = EvalService(eval_store, uploads, check_model, check_version)
         grammars = GrammarChecker.from_settings(settings)
+        evals = EvalService(eval_store, uploads, check_model, check_version, grammars, grammars.bounds)
         media = MediaPolicy.from_settings(settings)  # parsed once: a bad allow-list stops the start
         imports = Imports(database, artifacts, Sealer.from_settings(settings), settings)
         limits = limits if limits is not None else RateLimiter()

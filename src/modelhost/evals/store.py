@@ -94,9 +94,12 @@ class EvalStore:
         with self._database.transaction() as session:
             return eval_view(self._eval(session, owner, eval_id))
 
-    def criteria(self, owner: Owner, eval_id: str) -> list[dict[str, Any]]:
+    def definition(self, owner: Owner, eval_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """What a new run of the eval is checked against: its data source config and its criteria."""
         with self._database.transaction() as session:
-            return list(self._eval(session, owner, eval_id).testing_criteria)
+            row = self._eval(session, owner, eval_id)
+            return dict(row.data_source_config), list(row.testing_criteria)
+
 
     def update(
         self, owner: Owner, eval_id: str, name: str | None, metadata: dict[str, str] | None
