@@ -48,7 +48,7 @@ from modelhost.errors import ModelhostError
 from modelhost.fine_tuning import messages as wire
 from modelhost.fine_tuning.objects import fine_tuned_name
 from modelhost.fine_tuning.room import Room, footprint, place
-from modelhost.fine_tuning.store import Claimed, FineTuningJobs
+from modelhost.fine_tuning.store import ENDED, Claimed, FineTuningJobs
 from modelhost.runtime.capacity import Holding, describe
 from modelhost.runtime.footprint import weight_bytes
 from modelhost.runtime.memory import footprint_bytes
@@ -329,7 +329,9 @@ class JobRun:
             metrics = {"step": event.step, "train_loss": event.train_loss, "valid_loss": event.valid_loss}
             if not await asyncio.to_thread(
                 self.jobs.add_checkpoint, job_id, self.name, event.step, metrics, key, size
-            ):
+            ):  # no longer ours; once it has ended (cancelled) no sweep would find these files
+                if await asyncio.to_thread(self.jobs.status, job_id) in ENDED:
+                    await asyncio.to_thread(self.runner.blobs.delete_prefix, key)
                 raise Stopped
         elif isinstance(event, wire.Failed):
             await self._fail(event.code, event.message, event.param)
