@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -23,9 +24,13 @@ from prometheus_client import REGISTRY
 from sqlalchemy import select
 
 from modelhost.api.app import create_app
+from modelhost.batches.files import Owner
 from modelhost.billing.ledger import ComputeReading
 from modelhost.container import Services
 from modelhost.errors import InsufficientCredits
+from modelhost.fine_tuning.dataset import resolve
+from modelhost.fine_tuning.runner import FineTuningRunner, checkpoints_prefix
+from modelhost.fine_tuning.store import NewJob
 from modelhost.runtime.spec import AttachedAdapter, DeploymentSpec
 from modelhost.store.db import Database
 from modelhost.store.models import LedgerEntry, Meter, ModelArtifact
@@ -279,6 +284,72 @@ async def test_usage_range_and_errors(tmp_path: Path, model_dir: Path) -> None:
         scoped = await gw.client.post("/v1/keys", json={"deployments": [deployment]}, headers=headers)
         denied = await gw.client.get("/v1/usage", headers=bearer(scoped.json()["api_key"]))
         assert_error(denied, 401, type_="InvalidAPIKeyError")
+
+
+async def test_eval_runs_and_fine_tuning_checkpoints_show_in_usage_as_storage_until_deleted(
+    tmp_path: Path,
+) -> None:
+    """`/v1/usage` lists what an eval run and a fine-tuning job hold as storage lines of their own (in
+    `by_artifact`, under their IDs); the fine-tuning runner's sweep deletes an ended job's checkpoint
+    files and closes its meter, deleting the run closes the run's."""
+    clock = ManualClock(T0)
+    per_byte_second = {"billing_storage_credits_per_gb_hour": Decimal(3_600_000)}  # 1 micro-credit
+    async with gateway(tmp_path, clock, **per_byte_second) as gw:
+        made = await gw.client.post(
+            "/v1/admin/accounts", json={"name": "a", "credits": 10}, headers=bearer(ADMIN_KEY)
+        )
+        account_id, gw.key = made.json()["id"], made.json()["api_key"]
+        headers = bearer(gw.key)
+        criterion = {"type": "string_check", "name": "s", "input": "{{sample.output_text}}",
+                     "reference": "{{item.ref}}", "operation": "eq"}  # fmt: skip
+        config = {"type": "custom", "item_schema": {"type": "object"}}
+        body = {"data_source_config": config, "testing_criteria": [criterion]}
+        eval_id = (await gw.client.post("/v1/evals", json=body, headers=headers)).json()["id"]
+        items = [{"item": {"ref": "x" * 200}, "sample": {"output_text": "x"}}]
+        source = {"type": "jsonl", "source": {"type": "file_content", "content": items}}
+        run = await gw.client.post(f"/v1/evals/{eval_id}/runs", json={"data_source": source}, headers=headers)
+        run_id = run.json()["id"]
+
+        jobs = gw.services.fine_tuning.jobs
+        new = NewJob("dep_x", "base", "file_a", None, "k", None, resolve({}, 4), 8, None, 1, None, False)
+        job_id = jobs.create(Owner(account_id, "key_x"), new)["id"]
+        runner = FineTuningRunner(
+            jobs, gw.services.artifacts, gw.services.blobs, gw.services.deployments,
+            None,  # type: ignore[arg-type]  # the sweep places nothing
+            gw.services.billing, gw.services.settings,
+        )  # fmt: skip
+        assert jobs.claim(runner.name) is not None
+        key = f"{checkpoints_prefix(job_id)}/step-4"
+        writer = gw.services.blobs.writer(f"{key}/adapter_model.safetensors")
+        writer.write(b"0" * 5000)
+        writer.commit()
+        assert jobs.add_checkpoint(job_id, runner.name, 4, {"step": 4}, key, 5000)
+
+        clock.advance(3600)
+        gw.services.billing.tick()
+        lines = {line["artifact_id"]: line for line in (await gw.usage())["by_artifact"]}
+        copy = len(json.dumps(items, separators=(",", ":")))
+        assert lines[run_id] == {
+            "artifact_id": run_id, "display_name": "eval run items and results", "compute_credits": 0,
+            "storage_credits": 3600 * copy / 1_000_000,
+        }  # fmt: skip
+        assert lines[job_id]["display_name"] == "fine-tuning checkpoints"
+        assert lines[job_id]["storage_credits"] == 3600 * 5000 / 1_000_000
+
+        assert jobs.fail(job_id, runner.name, "training_error", "it broke")
+        runner._sweep()  # what the runner does at its turns
+        assert not gw.services.blobs.exists(key)
+        deleted = await gw.client.delete(f"/v1/evals/{eval_id}/runs/{run_id}", headers=headers)
+        assert deleted.status_code == 200, deleted.text
+        with gw.services.database.transaction() as session:
+            still = session.scalars(
+                select(Meter.artifact_id).where(Meter.kind == "storage", Meter.ended_ms.is_(None))
+            )
+            assert {run_id, job_id}.isdisjoint(still)
+        clock.advance(3600)
+        assert [
+            b for b in gw.services.billing.tick() if b.kind == "storage" and b.account_id == account_id
+        ] == []
 
 
 def serve_for(http: httpx.Client, key: str, seconds: float) -> None:

@@ -9,14 +9,30 @@ from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
 
+import orjson
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
+from modelhost.batches.files import Owner
 from modelhost.billing.ledger import COMPUTE, ComputeReading, Ledger, day_of, shared_meter_id
 from modelhost.billing.rates import GB, Rates, cap_reached, carry_text, charge, to_micro
+from modelhost.evals import graders
+from modelhost.evals.sources import checked_config
+from modelhost.evals.store import EvalStore, ItemResult
+from modelhost.fine_tuning.dataset import resolve
+from modelhost.fine_tuning.store import FineTuningJobs, NewJob
 from modelhost.store import migrate
 from modelhost.store.db import Database
-from modelhost.store.models import Account, Batch, LedgerEntry, Meter, ModelArtifact, UploadedFile
+from modelhost.store.models import (
+    Account,
+    Batch,
+    FineTuningCheckpoint,
+    LedgerEntry,
+    Meter,
+    ModelArtifact,
+    UploadedFile,
+)
 from modelhost.store.types import new_id, utcnow
 
 T0 = 1_795_305_600_000  # 2026-11-22T00:00:00Z in Unix ms
@@ -278,6 +294,134 @@ def test_what_a_batch_holds_is_billed_as_storage_at_its_size_until_its_files_are
         ledger.sync_storage_in(session, "batch_1", T0 + 4 * 3_600_000)  # what `Batches.finalize` calls
     assert ledger.tick_storage(T0 + 5 * 3_600_000) == []
     assert [e.amount_micro for e in entries(database)] == [3600, 3600, 7200, 7200]
+
+
+HOUR = 3_600_000
+# 1 micro-credit per byte-second: what a few bytes of JSON hold shows in whole micro-credits
+PER_BYTE = Rates(compute=Fraction(0), storage=Fraction(1, 1000), min_memory_bytes=0)
+
+
+class MovedClock:
+    """The time `storage_changed` bills up to, moved by the test (as `Services.build` wires the ledger)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger, self.now_ms = ledger, T0
+
+    def storage_changed(self, session: Session, held_id: str) -> None:
+        self.ledger.sync_storage_in(session, held_id, self.now_ms)
+
+
+def new_account_id(database: Database) -> str:
+    with database.transaction() as session:
+        account_id = new_id("acct")
+        session.add(Account(id=account_id, name="a", credits_granted_micro=10**9))
+        return account_id
+
+
+def open_storage(database: Database, held_id: str) -> list[Meter]:
+    with database.transaction() as session:
+        return list(
+            session.scalars(select(Meter).where(Meter.artifact_id == held_id, Meter.ended_ms.is_(None)))
+        )
+
+
+def test_an_eval_runs_items_and_results_are_billed_as_storage_until_it_is_deleted(database: Database) -> None:
+    """A run holds its copy of its items from its creation, and each output item as it is recorded (their
+    JSON's size): each tick bills the period at the size it had; deleting the run closes its meter."""
+    ledger = Ledger(database, PER_BYTE)
+    clock = MovedClock(ledger)
+    store = EvalStore(database, clock.storage_changed)
+    owner = Owner(new_account_id(database), "key_1")
+    criterion = {"type": "string_check", "name": "s", "input": "{{sample.output_text}}", "reference": "x",
+                 "operation": "eq"}  # fmt: skip
+    made = store.create(
+        owner, "e", checked_config({"type": "custom", "item_schema": {}}), graders.checked([criterion]), None
+    )
+    items = [{"item": {"q": "x" * 100}, "sample": {"output_text": "x"}}]
+    run = store.create_run(
+        owner, made["id"], None, {"type": "jsonl", "source": {"type": "file_content"}}, items, None, None
+    )
+    copy = len(orjson.dumps(items))
+    assert [m.bytes for m in open_storage(database, run["id"])] == [copy]
+    ledger.tick_storage(T0 + HOUR)
+    claimed = store.claim("runner", 30, 1)
+    assert claimed is not None and claimed.id == run["id"]
+    graded = graders.grade(claimed.testing_criteria[0], items[0]["item"], items[0]["sample"])
+    result = ItemResult(0, "pass", items[0]["item"], [graded], items[0]["sample"], {})
+    assert store.record(run["id"], "runner", [result])
+    output = len(orjson.dumps({"item": result.item, "results": result.results, "sample": result.sample}))
+    ledger.tick_storage(T0 + 2 * HOUR)  # the past hour at the items' copy, then with the output item
+    ledger.tick_storage(T0 + 3 * HOUR)
+    usage = ledger.usage(owner.account_id, T0, T0 + 4 * HOUR)
+    assert usage is not None
+    assert [(line.key, line.name) for line in usage.by_artifact] == [
+        (run["id"], "eval run items and results")
+    ]
+    assert usage.storage_micro == 3600 * (copy + copy + copy + output)
+    clock.now_ms = T0 + 4 * HOUR
+    store.delete_run(owner, made["id"], run["id"])
+    assert open_storage(database, run["id"]) == [] and ledger.tick_storage(T0 + 5 * HOUR) == []
+    assert [e.amount_micro for e in entries(database)] == [3600 * copy, 3600 * copy] + [
+        3600 * (copy + output)
+    ] * 2
+
+
+def test_deleting_an_eval_closes_the_storage_meters_of_its_runs(database: Database) -> None:
+    ledger = Ledger(database, PER_BYTE)
+    clock = MovedClock(ledger)
+    store = EvalStore(database, clock.storage_changed)
+    owner = Owner(new_account_id(database), "key_1")
+    criterion = {"type": "string_check", "name": "s", "input": "a", "reference": "a", "operation": "eq"}
+    made = store.create(
+        owner, "e", checked_config({"type": "custom", "item_schema": {}}), graders.checked([criterion]), None
+    )
+    source = {"type": "jsonl", "source": {"type": "file_content"}}
+    runs = [
+        store.create_run(owner, made["id"], None, source, [{"item": {}}], None, None)["id"] for _ in range(2)
+    ]
+    assert all(open_storage(database, run_id) for run_id in runs)
+    clock.now_ms = T0 + HOUR
+    store.delete(owner, made["id"])
+    assert [open_storage(database, run_id) for run_id in runs] == [[], []]
+    assert [e.amount_micro for e in entries(database)] == [3600 * len(b'[{"item":{}}]')] * 2
+
+
+def test_a_fine_tuning_jobs_checkpoints_are_billed_from_each_one_until_they_are_forgotten_once_it_ended(
+    database: Database,
+) -> None:
+    """Each checkpoint adds its bytes from when it is recorded; an ended job's checkpoints are found by
+    the runner's sweep, which deletes their files and then forgets them: the meter closes, the rows stay
+    (listed, without a blob key). A job still running or paused keeps them (it resumes from them)."""
+    ledger = Ledger(database, PER_BYTE)
+    clock = MovedClock(ledger)
+    jobs = FineTuningJobs(database, 3, clock.storage_changed)
+    owner = Owner(new_account_id(database), "key_1")
+    new = NewJob("dep_x", "base", "file_a", None, "k", None, resolve({}, 4), 8, None, 1, None, False)
+    job_id = jobs.create(owner, new)["id"]
+    assert jobs.claim("runner") is not None
+    assert jobs.add_checkpoint(job_id, "runner", 2, {}, f"fine-tuning/{job_id}/step-2", 1000)
+    clock.now_ms = T0 + HOUR
+    assert jobs.add_checkpoint(job_id, "runner", 4, {}, f"fine-tuning/{job_id}/step-4", 500)
+    assert not jobs.add_checkpoint(job_id, "other", 6, {}, f"fine-tuning/{job_id}/step-6", 9)  # not its claim
+    assert jobs.ended_checkpoints() == []  # running: it may resume from them
+    ledger.tick_storage(T0 + 2 * HOUR)
+    usage = ledger.usage(owner.account_id, T0, T0 + 3 * HOUR)
+    assert usage is not None
+    assert [(line.key, line.name) for line in usage.by_artifact] == [(job_id, "fine-tuning checkpoints")]
+    assert usage.storage_micro == 3600 * (1000 + 1500)
+    assert jobs.fail(job_id, "runner", "training_error", "it broke")
+    assert jobs.ended_checkpoints() == [job_id]
+    clock.now_ms = T0 + 3 * HOUR
+    jobs.forget_checkpoints(job_id)  # after the sweep deleted their files
+    assert open_storage(database, job_id) == [] and jobs.ended_checkpoints() == []
+    assert [e.amount_micro for e in entries(database)] == [3600 * 1000, 3600 * 1500, 3600 * 1500]
+    listed, _ = jobs.checkpoints(owner, job_id, None, 10)
+    assert [c["step_number"] for c in listed] == [4, 2]
+    with database.transaction() as session:
+        kept = session.scalars(
+            select(FineTuningCheckpoint.blob_key).where(FineTuningCheckpoint.job_id == job_id)
+        )
+        assert set(kept) == {""}
 
 
 def test_storage_is_not_metered_when_switched_off(database: Database) -> None:

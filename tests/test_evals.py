@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,9 @@ from modelhost.evals.runner import EvalRunJob, EvalRunner
 from modelhost.evals.sources import checked_config
 from modelhost.evals.store import ItemResult
 from modelhost.evals.templates import render
+from modelhost.generation.compile_sandbox import CompileLimits, GrammarChecker
+from modelhost.generation.grammar_bounds import GrammarBounds
+from modelhost.generation.value_schemas import first_mismatch
 from modelhost.routing import DeploymentRef, Version
 from tests.chat_model import ChatServer, served_chat_model
 from tests.helpers import ADMIN_KEY, assert_error, bearer
@@ -126,6 +130,74 @@ def test_a_stored_completions_config_is_refused_with_its_reason() -> None:
     with pytest.raises(InvalidRequest) as refused:
         checked_config({"type": "stored_completions", "metadata": {}})
     assert refused.value.param == "data_source_config.type" and "custom" in refused.value.message
+
+
+STRICT: Json = {
+    "type": "object",
+    "properties": {"question": {"type": "string", "minLength": 1}, "ref": {"type": "string"}},
+    "required": ["question", "ref"],
+}
+
+
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        ({"type": "objekt"}, "not a valid JSON schema"),
+        ({"properties": {"a": {"pattern": "("}}}, "at $.properties.a.pattern"),
+        ({"$schema": "https://example.com/my-dialect"}, "Draft 2020-12"),
+        ({"$defs": {"d": {"$ref": "#/$defs/d"}}, "properties": {"a": {"$ref": "other.json"}}}, "outside"),
+        ({"properties": {"a": {"pattern": "(a{1000}){1000}"}}}, "repeats 1000000 times"),
+    ],
+)  # fmt: skip
+def test_an_item_schema_that_is_not_a_bounded_json_schema_is_refused_at_creation(
+    schema: Json, says: str
+) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        checked_config({"type": "custom", "item_schema": schema})
+    assert refused.value.param == "data_source_config.item_schema" and says in refused.value.message
+
+
+def test_a_remote_ref_is_refused_and_never_fetched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `$ref` to a URL is refused when the eval is created, and a validator given one anyway (an eval
+    stored before the check) resolves nothing outside the schema: no socket is ever opened."""
+
+    def no_network(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"a connection was attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    remote = {"properties": {"a": {"$ref": "https://json-schema.example/evil.json"}}}
+    with pytest.raises(InvalidRequest) as refused:
+        checked_config({"type": "custom", "item_schema": remote})
+    assert "https://json-schema.example/evil.json" in refused.value.message
+    said = first_mismatch(remote, [{"a": 1}], ["item 0"], "the eval's item_schema")
+    assert said is not None and "does not resolve within it" in said
+    declared = {  # an `$id` the schema declares itself is resolved within it, whatever its URL
+        "$defs": {"s": {"$id": "https://json-schema.example/s.json", "type": "string"}},
+        "properties": {"a": {"$ref": "https://json-schema.example/s.json"}},
+    }
+    checked_config({"type": "custom", "item_schema": declared})
+    said = first_mismatch(declared, [{"a": "x"}, {"a": 1}], ["item 0", "item 1"], "the eval's item_schema")
+    assert said == "item 1 does not match the eval's item_schema: 1 is not of type 'string' (at $.a)."
+
+
+def test_checking_items_against_a_pathological_pattern_is_bounded_by_the_compile_process() -> None:
+    """`(a+)+$` backtracks for ages on a long string of a's ending otherwise: the check runs in a
+    compile process, whose CPU limit ends it as a 400 naming the field."""
+    schema = {"properties": {"q": {"pattern": "^(a+)+$"}}}
+    checked_config({"type": "custom", "item_schema": schema})
+    checker = GrammarChecker(
+        256, GrammarBounds(), CompileLimits(processes=1, cpu_seconds=1, timeout_seconds=20)
+    )
+    try:
+        started = time.monotonic()
+        with pytest.raises(InvalidRequest) as refused:
+            asyncio.run(checker.check_values(schema, [{"q": "a" * 64 + "!"}], ["item 0"], "p", "the schema"))
+        assert refused.value.param == "p" and "CPU time" in refused.value.message
+        assert time.monotonic() - started < 15
+        asyncio.run(checker.check_values(schema, [{"q": "aaaa"}], ["item 0"], "p", "the schema"))  # again
+    finally:
+        checker.close()
 
 
 # ------------------------------------------------------------------------------ through the server
@@ -301,6 +373,44 @@ def test_an_invalid_run_is_refused_naming_the_field(server: ChatServer) -> None:
     missing = {"type": "jsonl", "source": {"type": "file_id", "id": "file_nope"}}
     assert_error(
         server.http.post(path, json={"data_source": missing}, headers=key), 404, code="file_not_found"
+    )
+
+
+def test_a_runs_items_are_checked_against_the_evals_item_schema(server: ChatServer) -> None:
+    """Conforming items make a run; the first item that does not conform is a 400 naming it (its index
+    in the request, or its line in the file) and why, and no run is made."""
+    client, key = sdk(server), bearer(server.key)
+    body = {"data_source_config": {"type": "custom", "item_schema": STRICT}, "testing_criteria": [SIMILAR]}
+    eval_id = server.http.post("/v1/evals", json=body, headers=key).json()["id"]
+    rows = [{**row, "sample": {"output_text": "city"}} for row in QUESTIONS]
+    inline = {"type": "jsonl", "source": {"type": "file_content", "content": rows}}
+    run = client.evals.runs.create(eval_id, data_source=inline)  # type: ignore[arg-type]
+    assert wait(client, eval_id, run.id).status == "completed"
+
+    path = f"/v1/evals/{eval_id}/runs"
+    bad = [rows[0], {"item": {"question": "", "ref": "x"}, "sample": {}}, {"item": {}, "sample": {}}]
+    refused = server.http.post(
+        path, json={"data_source": {"type": "jsonl", "source": {"type": "file_content", "content": bad}}},
+        headers=key,
+    )  # fmt: skip
+    message = assert_error(refused, 400, param="data_source.source.content")["message"]
+    assert message == (
+        "data_source.source.content[1] does not match the eval's item_schema: "
+        "'' should be non-empty (at $.question)."
+    )
+    data = b"\n".join(json.dumps(row).encode() for row in [rows[0], {"item": {"ref": "x"}, "sample": {}}])
+    file_id = client.files.create(file=("items.jsonl", io.BytesIO(b"\n" + data)), purpose="evals").id
+    from_file = {"type": "jsonl", "source": {"type": "file_id", "id": file_id}}
+    refused = server.http.post(path, json={"data_source": from_file}, headers=key)
+    message = assert_error(refused, 400, param="data_source.source.id")["message"]
+    assert message.startswith(f"Line 3 of file {file_id} (item 1) does not match the eval's item_schema: ")
+    assert "'question' is a required property" in message
+    assert [r.id for r in client.evals.runs.list(eval_id)] == [run.id]  # the refused ones made none
+
+    remote = {"type": "custom", "item_schema": {"$ref": "https://json-schema.example/item.json"}}
+    refused = server.http.post("/v1/evals", json={**body, "data_source_config": remote}, headers=key)
+    assert (
+        "outside the schema" in assert_error(refused, 400, param="data_source_config.item_schema")["message"]
     )
 
 

@@ -412,10 +412,11 @@ def test_the_cli_uploads_trains_deploys_when_asked_and_names_a_bad_line(
     assert "Step 1/1: training loss=" in created.stderr
     deployment = served.http.get(f"/v1/deployments/{job['deployment_id']}", headers=bearer(served.key)).json()
     assert deployment["model"] == job["fine_tuned_model"] and deployment["base_deployment"] is not None
-    deadline = time.monotonic() + 15  # the ended job's dataset copy is swept (its checkpoints stay)
-    while stored() - before and time.monotonic() < deadline:
+    checkpoints = copies.parent / job["id"]  # `fine-tuning/<job id>/step-<n>/`
+    deadline = time.monotonic() + 15  # the ended job's dataset copy and checkpoints' files are swept
+    while (stored() - before or checkpoints.exists()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert stored() - before == set()
+    assert stored() - before == set() and not checkpoints.exists()  # the checkpoints stay listed (below)
     listed = cli("fine-tune", "list", "--json")
     assert job["id"] in [j["id"] for j in json.loads(listed.stdout)["data"]]
     assert "ckpt-step-1" in cli("fine-tune", "checkpoints", job["id"]).stdout

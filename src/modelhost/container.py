@@ -220,7 +220,7 @@ class Services:
             blobs,
             uploads,
             deployments,
-            FineTuningJobs(database, settings.fine_tuning_max_active_per_account),
+            FineTuningJobs(database, settings.fine_tuning_max_active_per_account, storage_changed),
             settings.fine_tuning_max_file_bytes,
         )
         files = FileService(database, blobs, signing_secret, settings.generated_file_ttl_seconds)
@@ -247,9 +247,9 @@ class Services:
             )
 
         agents = AgentStore(database)
-        eval_store = EvalStore(database)
-        evals = EvalService(eval_store, uploads, check_model, check_version)
+        eval_store = EvalStore(database, storage_changed)
         grammars = GrammarChecker.from_settings(settings)
+        evals = EvalService(eval_store, uploads, check_model, check_version, grammars, grammars.bounds)
         media = MediaPolicy.from_settings(settings)  # parsed once: a bad allow-list stops the start
         imports = Imports(database, artifacts, Sealer.from_settings(settings), settings)
         limits = limits if limits is not None else RateLimiter()

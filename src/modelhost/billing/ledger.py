@@ -1,7 +1,8 @@
 """The credit ledger and its meters, in the database.
 
 A meter is something that costs credits while it exists: a loaded replica (`compute`: its measured
-memory × the time from load start to unload) or an artifact's stored files (`storage`: size × time).
+memory × the time from load start to unload) or stored data (`storage`: size × time): an artifact's
+published files, a Files API file, or what a batch, an eval run or a fine-tuning job holds (`HOLDERS`).
 A tick bills a meter's `[billed_until, now]`: in one transaction, a guarded UPDATE moves
 `billed_until` (only if nobody moved it first) and an entry keyed `{meter}:{period start}` is
 appended. So a crash loses at most the time since the last tick, and a repeated or concurrent tick
@@ -23,7 +24,16 @@ from sqlalchemy.orm import Session
 
 from modelhost.billing.rates import Rates, carry_text, charge
 from modelhost.store.db import Database
-from modelhost.store.models import Account, Batch, LedgerEntry, Meter, ModelArtifact, UploadedFile
+from modelhost.store.models import (
+    Account,
+    Batch,
+    EvalRun,
+    FineTuningJob,
+    LedgerEntry,
+    Meter,
+    ModelArtifact,
+    UploadedFile,
+)
 from modelhost.store.types import new_id
 
 COMPUTE = "compute"
@@ -83,10 +93,22 @@ def storage_meter_id(artifact_id: str, version: str) -> str:
     return "mst_" + hashlib.sha256(f"{artifact_id}:{version}".encode()).hexdigest()[:32]
 
 
+Holder = type[Batch] | type[EvalRun] | type[FineTuningJob]
+# What else holds data for an account, each row saying how many bytes it holds now (`stored_bytes`, which
+# grows as it records more): (its table, its meter's one version, the name of its usage line). A batch
+# its input copy and answers until its files are written; an eval run its copy of its items and its
+# output items until it is deleted; a fine-tuning job its checkpoints until it ends.
+HOLDERS: tuple[tuple[Holder, str, str], ...] = (
+    (Batch, "batch", "batch input and answers"),
+    (EvalRun, "eval_run", "eval run items and results"),
+    (FineTuningJob, "checkpoints", "fine-tuning checkpoints"),
+)
+
+
 def _stored(session: Session, stored_id: str) -> tuple[str, int, str] | None:
     """(account, bytes, version) of what a storage meter bills: an artifact's published version, a
-    file of the Files API (one version), or what a batch holds (its input copy and its answers: one
-    version whose size changes as answers are recorded); None once it is gone."""
+    file of the Files API (one version), or what a batch, an eval run or a fine-tuning job holds (one
+    version whose size changes as it records more: `HOLDERS`); None once it is gone."""
     artifact = session.get(ModelArtifact, stored_id)
     if artifact is not None:
         if artifact.published_version is None:
@@ -95,10 +117,13 @@ def _stored(session: Session, stored_id: str) -> tuple[str, int, str] | None:
     file = session.get(UploadedFile, stored_id)
     if file is not None:
         return file.account_id, file.bytes, "file"
-    batch = session.get(Batch, stored_id)
-    return (
-        None if batch is None or not batch.stored_bytes else (batch.account_id, batch.stored_bytes, "batch")
-    )
+    for holder, version, _ in HOLDERS:
+        held = session.execute(
+            select(holder.account_id, holder.stored_bytes).where(holder.id == stored_id)
+        ).first()
+        if held is not None:
+            return (held.account_id, held.stored_bytes, version) if held.stored_bytes else None
+    return None
 
 
 def shared_meter_id(key: str) -> str:
@@ -233,7 +258,8 @@ class Ledger:
                 session.scalars(select(ModelArtifact.id).where(ModelArtifact.published_version.is_not(None)))
             )
             stored |= set(session.scalars(select(UploadedFile.id)))
-            stored |= set(session.scalars(select(Batch.id).where(Batch.stored_bytes > 0)))
+            for holder, _, _ in HOLDERS:
+                stored |= set(session.scalars(select(holder.id).where(holder.stored_bytes > 0)))
             metered = set(
                 session.scalars(
                     select(Meter.artifact_id).where(Meter.kind == STORAGE, Meter.ended_ms.is_(None))
@@ -361,10 +387,11 @@ class Ledger:
                     select(UploadedFile.id, UploadedFile.filename).where(UploadedFile.id.in_(artifact_ids))
                 ).all()
             )
-            names.update(  # and a batch's input copy and answers, until its files are written
-                (batch_id, "batch input and answers")
-                for batch_id in session.scalars(select(Batch.id).where(Batch.id.in_(artifact_ids)))
-            )
+            for holder, _, label in HOLDERS:  # and what a batch, an eval run or a fine-tuning job holds
+                names.update(
+                    (held, label)
+                    for held in session.scalars(select(holder.id).where(holder.id.in_(artifact_ids)))
+                )
         usage = Usage(granted_micro=totals[0], spent_micro=totals[1])
         deployments: dict[str, UsageLine] = {}
         artifacts: dict[str, UsageLine] = {}

@@ -16,11 +16,16 @@ from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.evals.graders import MODEL_GRADERS, checked, reads_sample
 from modelhost.evals.sources import MAX_FILE_BYTES, checked_config, checked_source, items_of, lines_of
 from modelhost.evals.store import EvalStore
+from modelhost.generation.compile_sandbox import GrammarChecker
+from modelhost.generation.grammar_bounds import GrammarBounds
 
 CHAT = "/v1/chat/completions"
 # (principal, model, artifact ID) → why that deployment has no such version serving (None: it has)
 VersionCheck = Callable[[Principal, str, str], Awaitable[str | None]]
 ENDED = ("completed", "canceled", "failed")
+ITEM_SCHEMA = "the eval's item_schema"
+# Schemas every item passes already (`items_of`: each item is an object): no compile process is asked
+ANY_OBJECT: tuple[dict[str, Any], ...] = ({}, {"type": "object"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,17 +42,27 @@ class Scores:
 
 class EvalService:
     def __init__(
-        self, store: EvalStore, files: Files, check_model: ModelCheck, check_version: VersionCheck
+        self,
+        store: EvalStore,
+        files: Files,
+        check_model: ModelCheck,
+        check_version: VersionCheck,
+        schemas: GrammarChecker,
+        bounds: GrammarBounds,
     ) -> None:
         self.store = store
         self._files = files
         self._check_model = check_model
         self._check_version = check_version
+        self._schemas = schemas  # its compile processes check a run's items against the item_schema
+        self._bounds = bounds
 
     def create(
         self, owner: Owner, name: str | None, config: Any, criteria: Any, metadata: Any
     ) -> dict[str, Any]:
-        return self.store.create(owner, name, checked_config(config), checked(criteria), metadata)
+        return self.store.create(
+            owner, name, checked_config(config, self._bounds), checked(criteria), metadata
+        )
 
     async def create_run(
         self,
@@ -60,10 +75,11 @@ class EvalService:
     ) -> dict[str, Any]:
         """A run, `queued` (the eval runner claims it when woken, or at its next poll): its data source
         checked, its items read, every model it calls checked to be a chat deployment the key may use
-        (404 `model_not_found` naming the field)."""
-        criteria = await asyncio.to_thread(self.store.criteria, owner, eval_id)
+        (404 `model_not_found` naming the field), and last each item checked against the eval's
+        `item_schema` (a 400 naming the first that does not conform)."""
+        config, criteria = await asyncio.to_thread(self.store.definition, owner, eval_id)
         source = checked_source(data_source)
-        items = await asyncio.to_thread(self._items, owner, source)
+        items, names, items_param = await asyncio.to_thread(self._items, owner, source)
         models = [("data_source.model", source.get("model"))]
         models += [
             (f"testing_criteria.{c['name']}.model", c.get("model"))
@@ -78,6 +94,10 @@ class EvalService:
             raise Conflict(why, code="version_not_serving", param="data_source.artifact_id")
         if source["type"] == "jsonl":
             self._check_samples(items, criteria)
+        schema = config["item_schema"]
+        if schema not in ANY_OBJECT:
+            values = [entry["item"] for entry in items]
+            await self._schemas.check_values(schema, values, names, items_param, ITEM_SCHEMA)
         if source["source"]["type"] == "file_content":  # its items are kept once, beside it (`items`)
             source = {**source, "source": {"type": "file_content"}}
         run = await asyncio.to_thread(
@@ -85,12 +105,21 @@ class EvalService:
         )
         return run
 
-    def _items(self, owner: Owner, source: dict[str, Any]) -> list[dict[str, Any]]:
+    def _items(self, owner: Owner, source: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str], str]:
+        """The run's items, what an error calls each (its index in the request, or its line in the
+        file) and the field that gave them. A file is read whole here, when the run is created (at most
+        MAX_FILE_BYTES): its items are refused then, as a 400, not when the run starts."""
         given = source["source"]
         if given["type"] == "file_content":
-            return items_of(given.get("content"), "data_source.source.content")
-        data = self._files.content_of(owner, given["id"], "data_source.source.id", MAX_FILE_BYTES)
-        return items_of(lines_of(data, "data_source.source.id"), "data_source.source.id")
+            param = "data_source.source.content"
+            items = items_of(given.get("content"), param)
+            return items, [f"{param}[{index}]" for index in range(len(items))], param
+        param = "data_source.source.id"
+        data = self._files.content_of(owner, given["id"], param, MAX_FILE_BYTES)
+        rows = lines_of(data, param)
+        items = items_of([row for _, row in rows], param)
+        names = [f"Line {line} of file {given['id']} (item {index})" for index, (line, _) in enumerate(rows)]
+        return items, names, param
 
     @staticmethod
     def _check_samples(items: list[dict[str, Any]], criteria: list[dict[str, Any]]) -> None:

@@ -20,13 +20,17 @@ import orjson
 from modelhost.errors import InvalidRequest
 from modelhost.evals.graders import MAX_TEMPLATE, checked_message, sampling_params
 from modelhost.evals.templates import REFERENCE
+from modelhost.generation.grammar_bounds import GrammarBounds
+from modelhost.generation.value_schemas import check_value_schema
 
 MAX_ITEMS = 1000
 MAX_FILE_BYTES = 16 * 1024 * 1024
 
 
-def checked_config(config: Any) -> dict[str, Any]:
-    """An eval's `data_source_config` as stored: OpenAI's `custom` type only."""
+def checked_config(config: Any, bounds: GrammarBounds = GrammarBounds()) -> dict[str, Any]:
+    """An eval's `data_source_config` as stored: OpenAI's `custom` type only, its `item_schema` a JSON
+    schema within `bounds` (the operator's, as for structured outputs) that references nothing outside
+    itself: each run's items are checked against it (`EvalService.create_run`)."""
     if not isinstance(config, dict):
         raise InvalidRequest("'data_source_config' must be an object.", param="data_source_config")
     kind = config.get("type")
@@ -49,6 +53,7 @@ def checked_config(config: Any) -> dict[str, Any]:
             f"data_source_config.item_schema is longer than {MAX_TEMPLATE} bytes.",
             param="data_source_config.item_schema",
         )
+    check_value_schema(schema, "data_source_config.item_schema", bounds)
     sample = config.get("include_sample_schema", False)
     if not isinstance(sample, bool):
         raise InvalidRequest(
@@ -156,14 +161,15 @@ def encoded(value: Any, param: str) -> bytes:
         raise InvalidRequest(f"{param} cannot be encoded as JSON: {exc}.", param=param) from None
 
 
-def lines_of(data: bytes, param: str) -> list[Any]:
-    """A JSONL file's rows; 400 naming the first line that is not JSON."""
+def lines_of(data: bytes, param: str) -> list[tuple[int, Any]]:
+    """A JSONL file's rows, each with its line number (blank lines are skipped, so an item's index is
+    not its line); 400 naming the first line that is not JSON."""
     rows = []
     for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            rows.append(orjson.loads(line))
+            rows.append((number, orjson.loads(line)))
         except orjson.JSONDecodeError:
             raise InvalidRequest(f"Line {number} of the file is not JSON.", param=param) from None
         if len(rows) > MAX_ITEMS:

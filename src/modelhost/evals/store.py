@@ -10,6 +10,10 @@ run taken over after a crash runs only the items without a result and never coun
        └──────────┴──cancel──> canceled          (failed: its key was revoked before it ran)
 
 Every eval and run created or deleted is an audit row, in the transaction that makes the change.
+
+What a run holds (its copy of its items, and its output items as they are recorded: `stored_bytes`, their
+JSON's size) is billed as storage from its creation until it is deleted, with its eval or alone
+(`storage_changed`, the ledger's storage meter under the run's ID: docs/billing.md).
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import orjson
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from modelhost import audit
-from modelhost.batches.files import Owner
+from modelhost.batches.files import Owner, StorageChanged
 from modelhost.errors import Conflict, InvalidRequest, NotFound
 from modelhost.evals.views import eval_view, item_view, run_view, source_of
 from modelhost.store.db import Database
@@ -61,8 +66,9 @@ class ItemResult:
 
 
 class EvalStore:
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, storage_changed: StorageChanged | None = None) -> None:
         self._database = database
+        self._storage_changed = storage_changed or (lambda _session, _run_id: None)
 
     # ---------------------------------------------------------------- evals
 
@@ -94,9 +100,11 @@ class EvalStore:
         with self._database.transaction() as session:
             return eval_view(self._eval(session, owner, eval_id))
 
-    def criteria(self, owner: Owner, eval_id: str) -> list[dict[str, Any]]:
+    def definition(self, owner: Owner, eval_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """What a new run of the eval is checked against: its data source config and its criteria."""
         with self._database.transaction() as session:
-            return list(self._eval(session, owner, eval_id).testing_criteria)
+            row = self._eval(session, owner, eval_id)
+            return dict(row.data_source_config), list(row.testing_criteria)
 
     def update(
         self, owner: Owner, eval_id: str, name: str | None, metadata: dict[str, str] | None
@@ -125,6 +133,9 @@ class EvalStore:
                 session, "eval.deleted", "eval", row.id, owner.account_id, audit.removed({"name": row.name})
             )
             session.delete(row)
+            session.flush()
+            for run_id in runs:  # what they held is gone: their storage meters close
+                self._storage_changed(session, run_id)
             return {"object": "eval.deleted", "deleted": True, "eval_id": eval_id}
 
     def page(
@@ -169,10 +180,13 @@ class EvalStore:
                     {"testing_criteria": c["name"], "passed": 0, "failed": 0} for c in parent.testing_criteria
                 ],
                 usage={},
+                stored_bytes=len(orjson.dumps(items)),
                 created_at=now,
                 updated_at=now,
             )
             session.add(row)
+            session.flush()
+            self._storage_changed(session, row.id)  # its copy of the items is billed from now
             fields = {"eval_id": eval_id, "model": model, "items": len(items)}
             audit.record(
                 session, "eval_run.created", "eval_run", row.id, owner.account_id, audit.created(fields)
@@ -208,6 +222,8 @@ class EvalStore:
                 audit.removed({"eval_id": eval_id}),
             )
             session.delete(row)
+            session.flush()
+            self._storage_changed(session, run_id)  # what it held is gone: its meter closes
             return {"object": "eval.run.deleted", "deleted": True, "run_id": run_id}
 
     def page_runs(
@@ -362,6 +378,7 @@ class EvalStore:
                         created_at=utcnow(),
                     )
                 )
+                row.stored_bytes += _size(found)  # billed from the next storage tick
                 row.passed += found.status == "pass"
                 row.failed += found.status == "fail"
                 row.errored += found.status == "error"
@@ -407,3 +424,8 @@ class EvalStore:
         if row is None or row.eval_id != eval_id or not owner.sees(row.account_id, row.key_id):
             raise NotFound(f"No such eval run: {run_id[:64]}", code="eval_run_not_found")
         return row
+
+
+def _size(found: ItemResult) -> int:
+    """What an output item adds to what its run holds: its JSON's size, as it is stored."""
+    return len(orjson.dumps({"item": found.item, "results": found.results, "sample": found.sample}))

@@ -8,7 +8,8 @@ runs each one's trainer process (`fine_tuning.trainer`) to its end (docs/fine-tu
   there is no room it waits, beating, with `waiting_reason` on the job saying what it needs and what is
   free (and an event saying so once).
 - **Reported.** Each step's training and validation loss is a `metrics` event; each checkpoint the
-  trainer saves is stored in the blob store (`fine-tuning/<job>/step-<n>/`) and recorded.
+  trainer saves is stored in the blob store (`fine-tuning/<job>/step-<n>/`) and recorded, billed as
+  the account's storage until the job has ended and the runner's sweep deletes its files.
 - **Durable.** A stopped server (SIGTERM) hands its running jobs back to the queue; a killed one's go
   stale and are re-queued (`FineTuningJobs.recover_stale`). Either way the next claim resumes from the
   last checkpoint. Cancel and pause move the row; the runner's next beat finds the job no longer its own
@@ -47,7 +48,7 @@ from modelhost.errors import ModelhostError
 from modelhost.fine_tuning import messages as wire
 from modelhost.fine_tuning.objects import fine_tuned_name
 from modelhost.fine_tuning.room import Room, footprint, place
-from modelhost.fine_tuning.store import Claimed, FineTuningJobs
+from modelhost.fine_tuning.store import ENDED, Claimed, FineTuningJobs
 from modelhost.runtime.capacity import Holding, describe
 from modelhost.runtime.footprint import weight_bytes
 from modelhost.runtime.memory import footprint_bytes
@@ -126,14 +127,19 @@ class FineTuningRunner(ClaimLoop[Claimed]):
         if time.monotonic() - self._housekept > min(10.0, stale / 2):
             self._housekept = time.monotonic()
             await asyncio.to_thread(self.jobs.recover_stale, stale)
-            await asyncio.to_thread(self._sweep_datasets)
+            await asyncio.to_thread(self._sweep)
 
-    def _sweep_datasets(self) -> None:
-        """Delete the dataset copies of ended jobs (a job's checkpoints stay: they are listed)."""
+    def _sweep(self) -> None:
+        """Delete what ended jobs no longer need: their dataset copies, and their checkpoints' files
+        (nothing resumes an ended job; its adapter is an artifact of its own, and the checkpoints' rows
+        stay listed). Each job's files go before its rows say so: a sweep cut short deletes them again."""
         for job_id, keys in self.jobs.ended_datasets():
             for key in keys:
                 self.blobs.delete_prefix(key.rsplit("/", 1)[0])
             self.jobs.forget_datasets(job_id)
+        for job_id in self.jobs.ended_checkpoints():
+            self.blobs.delete_prefix(checkpoints_prefix(job_id))  # those never recorded too
+            self.jobs.forget_checkpoints(job_id)
 
     async def run(self, claimed: Claimed) -> None:
         try:
@@ -318,12 +324,14 @@ class JobRun:
             )
             await asyncio.to_thread(self.jobs.add_event, job_id, message, "metrics", data)
         elif isinstance(event, wire.Checkpointed):
-            key = f"fine-tuning/{job_id}/step-{event.step}"
-            await asyncio.to_thread(_store_folder, self.runner.blobs, Path(event.folder), key)
+            key = f"{checkpoints_prefix(job_id)}/step-{event.step}"
+            size = await asyncio.to_thread(_store_folder, self.runner.blobs, Path(event.folder), key)
             metrics = {"step": event.step, "train_loss": event.train_loss, "valid_loss": event.valid_loss}
             if not await asyncio.to_thread(
-                self.jobs.add_checkpoint, job_id, self.name, event.step, metrics, key
-            ):
+                self.jobs.add_checkpoint, job_id, self.name, event.step, metrics, key, size
+            ):  # no longer ours; once it has ended (cancelled) no sweep would find these files
+                if await asyncio.to_thread(self.jobs.status, job_id) in ENDED:
+                    await asyncio.to_thread(self.runner.blobs.delete_prefix, key)
                 raise Stopped
         elif isinstance(event, wire.Failed):
             await self._fail(event.code, event.message, event.param)
@@ -337,7 +345,7 @@ class JobRun:
         """A job stops when its account runs out of credits, as its replicas are unloaded then."""
         billing = self.runner.billing
         if billing.enforce and await asyncio.to_thread(billing.balance_micro, self.claimed.account_id) <= 0:
-            message = "The account ran out of credits; the job's checkpoints are kept."
+            message = "The account ran out of credits; the job stopped after its last step."
             raise ModelhostError(message, code="insufficient_credits")
 
     def _name(self) -> str:
@@ -411,8 +419,18 @@ def _copy_blob(blobs: BlobStore, key: str, target: Path) -> None:
             out.write(chunk)
 
 
-def _store_folder(blobs: BlobStore, folder: Path, key: str) -> None:
+def checkpoints_prefix(job_id: str) -> str:
+    """Where a job's checkpoints are stored in the blob store, `step-<n>/` each."""
+    return f"fine-tuning/{job_id}"
+
+
+def _store_folder(blobs: BlobStore, folder: Path, key: str) -> int:
+    """The folder's files stored under `key`; their bytes."""
+    size = 0
     for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        data = path.read_bytes()
         writer = blobs.writer(f"{key}/{path.name}")
-        writer.write(path.read_bytes())
+        writer.write(data)
         writer.commit()
+        size += len(data)
+    return size

@@ -10,6 +10,12 @@ database exactly one runs a job. A running job's heartbeat (`updated_at`) shows 
 job whose runner stopped beating (its server was killed) is re-queued and resumes from its last
 checkpoint, up to MAX_ATTEMPTS runs, then fails `interrupted`. Cancel and pause are moves of the row
 that the runner notices at its next beat (its guarded UPDATE matches nothing): it stops the trainer.
+
+A job's checkpoints are kept in the blob store while it may still resume from them (queued, running,
+paused), billed as storage at their size (`stored_bytes`, a storage meter under the job's ID:
+docs/billing.md). Once it has ended nothing reads them again (the adapter it made is an artifact of
+its own): the runner's sweep deletes their files (`ended_checkpoints`, `forget_checkpoints`) and the
+meter closes; their rows stay, listed with their metrics.
 """
 
 from __future__ import annotations
@@ -18,11 +24,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from modelhost import audit
-from modelhost.batches.files import Owner
+from modelhost.batches.files import Owner, StorageChanged
 from modelhost.errors import Conflict, NotFound, RateLimitExceeded
 from modelhost.fine_tuning.objects import checkpoint_view, event_view, fine_tuned_name, view
 from modelhost.store.db import Database
@@ -74,9 +80,12 @@ def not_found() -> NotFound:
 
 
 class FineTuningJobs:
-    def __init__(self, database: Database, max_active_per_account: int) -> None:
+    def __init__(
+        self, database: Database, max_active_per_account: int, storage_changed: StorageChanged | None = None
+    ) -> None:
         self._database = database
         self._max_active = max_active_per_account
+        self._storage_changed = storage_changed or (lambda _session, _job_id: None)
 
     # ---------------------------------------------------------------- the API's side
 
@@ -293,8 +302,11 @@ class FineTuningJobs:
         with self._database.transaction() as session:
             _event(session, job_id, message, kind, data, level)
 
-    def add_checkpoint(self, job_id: str, runner: str, step: int, metrics: dict[str, Any], key: str) -> bool:
-        """Record a checkpoint (its files are stored under `key` already) while the job is this runner's."""
+    def add_checkpoint(
+        self, job_id: str, runner: str, step: int, metrics: dict[str, Any], key: str, size: int
+    ) -> bool:
+        """Record a checkpoint (its `size` bytes of files are stored under `key` already) while the job
+        is this runner's; they are billed as the job's storage from now."""
         with self._database.transaction() as session:
             held = session.execute(
                 update(FineTuningJob)
@@ -303,7 +315,7 @@ class FineTuningJobs:
                     FineTuningJob.status == "running",
                     FineTuningJob.claimed_by == runner,
                 )
-                .values(step=step, updated_at=utcnow())
+                .values(step=step, updated_at=utcnow(), stored_bytes=FineTuningJob.stored_bytes + size)
             ).rowcount  # type: ignore[attr-defined]
             if not held:
                 return False
@@ -313,6 +325,7 @@ class FineTuningJobs:
                 )
             )
             _event(session, job_id, f"Checkpoint created at step {step}")
+            self._storage_changed(session, job_id)  # the time before billed at the old size
             return True
 
     def succeed(
@@ -388,6 +401,38 @@ class FineTuningJobs:
                 .where(FineTuningJob.id == job_id, FineTuningJob.status.in_(ENDED))
                 .values(training_key="", validation_key=None)
             )
+
+    def ended_checkpoints(self, limit: int = 100) -> list[str]:
+        """Ended jobs whose checkpoints' files are still stored (or still billed): their IDs."""
+        kept = select(FineTuningCheckpoint.job_id).where(FineTuningCheckpoint.blob_key != "")
+        with self._database.transaction() as session:
+            return list(
+                session.scalars(
+                    select(FineTuningJob.id)
+                    .where(
+                        FineTuningJob.status.in_(ENDED),
+                        or_(FineTuningJob.stored_bytes > 0, FineTuningJob.id.in_(kept)),
+                    )
+                    .limit(limit)
+                )
+            )
+
+    def forget_checkpoints(self, job_id: str) -> None:
+        """The ended job's checkpoints' files were deleted: their rows stay (listed, with their metrics),
+        without a blob key, and the job holds nothing more (its storage meter closes)."""
+        with self._database.transaction() as session:
+            ended = session.execute(
+                update(FineTuningJob)
+                .where(FineTuningJob.id == job_id, FineTuningJob.status.in_(ENDED))
+                .values(stored_bytes=0)
+            ).rowcount  # type: ignore[attr-defined]
+            if not ended:
+                return
+            session.execute(
+                update(FineTuningCheckpoint).where(FineTuningCheckpoint.job_id == job_id).values(blob_key="")
+            )
+            session.flush()
+            self._storage_changed(session, job_id)
 
     def recover_stale(self, stale_seconds: float) -> int:
         """Jobs whose runner stopped beating: re-queued (to resume) if they have a run left, else failed."""

@@ -30,7 +30,10 @@ timeouts): agents send the same tool schemas with every request, which then cost
 
 A deployment's `chat_template` (PATCH, POST) is compiled there too (`check_chat_template`), in the
 budgeted sandbox every replica renders it in (`generation.chat_templates`): Jinja's parser and Python's
-compiler, never on an event loop nor in a gateway's own interpreter.
+compiler, never on an event loop nor in a gateway's own interpreter. So are a tenant's JSON values
+against a tenant's JSON schema (`check_values`: an eval run's items against its eval's `item_schema`,
+`generation.value_schemas`), whose regexes backtrack and whose branches multiply: never cached (the
+values are a run's own), the first value that does not conform a 400 naming it.
 """
 
 from __future__ import annotations
@@ -121,6 +124,22 @@ class GrammarChecker:
         """A deployment's chat template compiled (never rendered) as replicas will; a 400 naming
         `chat_template` if it does not compile, or its compile crashes or overruns."""
         await self.compiled(text, "chat_template", kind="chat_template")
+
+    async def check_values(
+        self, schema: dict[str, Any], values: list[Any], names: list[str], param: str, what: str
+    ) -> None:
+        """Each of `values` conforms to `schema` (a vetted one: `value_schemas.check_value_schema`),
+        checked in a compile process; a 400 naming `param` and the first that does not (by its entry of
+        `names`), or saying which limit the check overran."""
+        job = {"kind": "json_values", "schema": schema, "values": values, "names": names, "what": what}
+        try:
+            answer = await self.pool.run(job)
+        except CompileFailed as exc:
+            raise InvalidRequest(
+                f"{param}: checking it against {what} {exc.reason}.", param=param, code=CODE
+            ) from None
+        if answer.get("error"):
+            raise InvalidRequest(answer["error"], param=param, code=answer.get("code"))
 
     async def compiled(self, text: str, param: str, kind: str = "grammar") -> str:
         """`text` as llguidance's Lark, checked and validated; InvalidRequest naming `param` if not."""
@@ -353,6 +372,8 @@ def _compile(job: Event, answer: Event) -> None:
 def _compiled(job: Event) -> Event:
     if job.get("kind") == "chat_template":
         return _template_compiled(job["text"])
+    if job.get("kind") == "json_values":
+        return _values_checked(job)
     import llguidance
     from llguidance.gbnf_to_lark import any_to_lark
 
@@ -386,6 +407,21 @@ def _template_compiled(text: str) -> Event:
     except MemoryError:
         return {"error": "chat_template: compiling it needs more memory than it may.", "code": CODE}
     return {}
+
+
+def _values_checked(job: Event) -> Event:
+    from modelhost.generation.value_schemas import first_mismatch
+
+    what = job["what"]
+    try:
+        mismatch = first_mismatch(job["schema"], job["values"], job["names"], what)
+    except InvalidRequest as exc:
+        return {"error": exc.message, "code": exc.code}
+    except MemoryError:
+        return {"error": f"Checking values against {what} needs more memory than it may.", "code": CODE}
+    except Exception as exc:  # a schema that passed the meta-schema yet cannot be applied
+        return {"error": f"{what} cannot be applied: {type(exc).__name__}: {str(exc)[:300]}"}
+    return {} if mismatch is None else {"error": mismatch, "code": "invalid_request"}
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ class EvalCreateRequest(StrictModel):
     name: Name | None = None
     data_source_config: dict[str, Any] = Field(
         description="`{type: custom, item_schema, include_sample_schema}` "
-        "(`stored_completions` and `logs`: 400)."
+        "(`stored_completions` and `logs`: 400); each run's items must conform to `item_schema`, "
+        "a JSON Schema (Draft 2020-12 by default) that references nothing outside itself."
     )
     testing_criteria: list[dict[str, Any]] = Field(
         description="Graders: `string_check`, `text_similarity`, `score_model`, `label_model` "
@@ -35,7 +36,8 @@ class EvalUpdateRequest(StrictModel):
 class RunCreateRequest(StrictModel):
     name: Name | None = None
     data_source: dict[str, Any] = Field(
-        description="`jsonl` or `completions`, its source `file_content` or `file_id` (`responses`: 400)."
+        description="`jsonl` or `completions`, its source `file_content` or `file_id` (`responses`: 400); "
+        "an item that does not conform to the eval's `item_schema` is a 400 naming it."
     )
     metadata: Metadata | None = None
 

@@ -759,6 +759,8 @@ class EvalRun(Base):
     errored: Mapped[int] = mapped_column(Integer, default=0)
     per_criteria: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # [{testing_criteria, passed, failed}]
     usage: Mapped[dict[str, Any]] = mapped_column(JSON)  # model → its calls' token counts
+    # Its copy of its items and its recorded output items (as JSON), billed as storage until deleted
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -874,6 +876,9 @@ class FineTuningJob(Base):
     artifact_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     deployment_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     compute_ms: Mapped[int] = mapped_column(BigInteger, default=0)  # billed trainer time
+    # The checkpoints' files it keeps in the blob store, billed as storage until they are deleted (when
+    # the job has ended: `FineTuningRunner`'s sweep)
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
