@@ -3,8 +3,8 @@ fine_tuning_jobs.stored_bytes (the checkpoints it keeps in the blob store), each
 while it is held, as a batch's is (issue 74)
 
 Revision ID: 0038
-Revises: 0036
-Create Date: 2026-11-30 12:00:00.000000
+Revises: 0037
+Create Date: 2026-11-29 12:00:00.000000
 """
 
 from __future__ import annotations
