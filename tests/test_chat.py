@@ -954,9 +954,9 @@ def test_a_batch_line_and_an_agent_run_move_when_their_replica_dies(chat: Chat) 
             # the line first: it pauses while the run (interactive work) generates, and a generation
             # killed before its first token is not moved (it may be what killed its replica)
             line = pool.submit(_batch_line_answer, chat, body)
-            _wait_for_sequences(chat, 1, line)
+            _wait_for_line_tokens(chat, line)
             run = pool.submit(_agent_run_output, chat, agent, run_body)
-            _wait_for_sequences(chat, 2, line)
+            _wait_for_agent_text(chat, agent, run)
             [replica] = processes("modelhost.runtime.worker.sync_worker", chat.deployment_id)
             os.kill(replica, signal.SIGKILL)
             answer = line.result()[1]
@@ -968,12 +968,12 @@ def test_a_batch_line_and_an_agent_run_move_when_their_replica_dies(chat: Chat) 
         pytest.fail("the replica had ended the line or the run each time before it was killed")
 
 
-def _wait_for_sequences(chat: Chat, count: int, line: Any) -> None:
-    """Until the chat deployment's engine holds `count` sequences (as /metrics says) and has produced a
-    few tokens since it held them (the newest, the only one generating then, has begun its answer: one
-    killed before its first token would not move), or the batch line has ended."""
+def _wait_for_line_tokens(chat: Chat, line: Any) -> None:
+    """Until the chat deployment's engine holds the batch line and has produced a few tokens since (the
+    line's: it is the only sequence then; one killed before its first token would not move), or the
+    line has ended."""
     deadline = time.monotonic() + 60
-    while deployment_metric(chat.http, "modelhost_generation_sequences", chat.deployment_id) < count:
+    while deployment_metric(chat.http, "modelhost_generation_sequences", chat.deployment_id) < 1:
         if line.done():
             return
         assert time.monotonic() < deadline
@@ -984,6 +984,22 @@ def _wait_for_sequences(chat: Chat, count: int, line: Any) -> None:
             return
         assert time.monotonic() < deadline
         time.sleep(0.02)
+
+
+def _wait_for_agent_text(chat: Chat, agent_id: str, run: Any) -> None:
+    """Until the agent's newest run has written a piece of its answer (`message.delta`: one killed before
+    its first token would not move), or it has ended."""
+    deadline = time.monotonic() + 60
+    while not run.done():
+        assert time.monotonic() < deadline
+        listed = chat.http.get(f"/v1/agent/{agent_id}/runs", params={"limit": 1}, headers=bearer(chat.key))
+        newest = listed.json()["data"]
+        if newest and newest[0]["status"] == "in_progress":
+            path = f"/v1/agent/{agent_id}/runs/{newest[0]['id']}/events"
+            events = chat.http.get(path, headers=bearer(chat.key)).json()["data"]
+            if any(event["type"] == "message.delta" for event in events):
+                return
+        time.sleep(0.05)
 
 
 def test_json_schema_response_format_validates(chat: Chat) -> None:

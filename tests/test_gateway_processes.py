@@ -565,7 +565,9 @@ async def test_a_background_response_whose_gateway_process_is_killed_is_taken_ov
     started = time.monotonic()
     taken = rf'modelhost_generations_migrated_total{{deployment="{deployment_id}",reason="taken_over"}} (\S+)'
     await until(lambda: [float(n) for n in re.findall(taken, server.metrics())] == [2.0], timeout=30)
-    with stopped(replica):  # both taken over: the second is cancelled while its taker generates it
+    # both taken over: the second is cancelled once its taker has written an event of its own
+    await (await server.via(second, lambda: _events(server, "GET", written + "&starting_after=7", count=1)))
+    with stopped(replica):
         stop = await (
             await server.via(second, lambda: _post(server, f"/v1/responses/{cancelled}/cancel", {}))
         )
