@@ -872,6 +872,7 @@ def test_an_adapter_deployment_is_listed_under_its_base(
         card = page.locator("section.deployment.adapter[data-model='tuned']")
         assert card.get_attribute("data-base") == created["base"]["id"]
         assert card.locator(".base-of").inner_text() == "adapter of base"
+        assert card.locator(".versions").inner_text() == f"artifact {tuned['artifact_id']}"  # one version
         assert card.locator("select, input").count() == 0  # no readiness, replicas or engine of its own
         console.shot("deployments-adapter", page)
     finally:

@@ -90,20 +90,23 @@ export async function render(main) {
   }
 
   // An adapter deployment: its state and readiness are its base's, its requests run on the base's
-  // replicas (the base's plots count them); it can only be deleted.
+  // replicas (the base's plots count them); it is deleted here, rolled out to another adapter by the API
+  // or the CLI: its versions' split and a gated rollout's decisions are shown.
   function adapterCard(d) {
     const state = h("span", { class: "state" });
     const reason = h("div", { class: "error reason" });
     const baseName = h("span", { class: "base-model" });
     const note = h("span");
+    const split = h("p", { class: "versions" });
+    const rollout = h("div", { class: "rollout" });
     const remove = confirmButton("Delete", async () => {
       try { await api("DELETE", `/v1/deployments/${encodeURIComponent(d.id)}`); await refresh(); } catch (error) { message(note, error.message); }
     });
     const el = h("section", { class: "card deployment adapter", dataset: { id: d.id, model: d.model, base: d.base_deployment } },
       h("h3", {}, d.model, " ", state), h("p", { class: "base-of" }, "adapter of ", baseName),
-      h("p", { class: "muted" }, `${d.pipeline} · ${d.id} · artifact ${d.artifact_id} · readiness, replicas and engine are the base's`),
-      reason, h("div", { class: "row" }, remove, note));
-    return { el, state, reason, baseName, adapter: true };
+      h("p", { class: "muted" }, `${d.pipeline} · ${d.id} · readiness, replicas and engine are the base's`),
+      split, reason, rollout, h("div", { class: "row" }, remove, note));
+    return { el, state, reason, baseName, split, rollout, adapter: true };
   }
 
   async function refresh() {
@@ -120,6 +123,11 @@ export async function render(main) {
       c.reason.textContent = d.state_reason || "";
       if (c.adapter) {
         c.baseName.textContent = names.get(d.base_deployment) || d.base_deployment; // a shared base: its ID
+        c.split.textContent = (d.versions.length > 1 ? "versions: " : "artifact ") +
+          d.versions.map((v) => d.versions.length > 1 ? `${v.artifact_id} ${v.traffic} %` : v.artifact_id).join(", ");
+        const shownRollout = JSON.stringify(d.rollout);
+        if (c.rollout.dataset.shown !== shownRollout) { replace(c.rollout, ...rolloutView(d.rollout)); c.rollout.dataset.shown = shownRollout; }
+        c.el.dataset.rollout = d.rollout ? d.rollout.state : "";
         continue;
       }
       c.inUse.textContent = d.engine_in_use + (d.engine_reason ? ` (${d.engine_reason})` : "");
