@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import os
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,3 +279,24 @@ def runner_lines(data: bytes) -> list[Any]:
     from modelhost.batches.reader import lines_of
 
     return [parse_line(number, raw) for number, _, raw in lines_of(io.BytesIO(data))]
+
+
+def read_stream_killing(
+    chunks: Iterable[Any], kill_after: int | None, replica: Callable[[], int]
+) -> tuple[str, int, bool]:
+    """An openai SDK stream (chat or completions chunks) read to its end: its text and completion tokens,
+    the `replica()` process SIGKILLed once `kill_after` chunks of text have arrived (issue 73's kill
+    tests), and whether that was before the answer ended."""
+    parts: list[str] = []
+    tokens, killed = 0, False
+    for chunk in chunks:
+        for choice in chunk.choices:
+            delta = getattr(choice, "delta", None)
+            text = delta.content if delta is not None else getattr(choice, "text", None)
+            if text:
+                parts.append(text)
+        tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+        if kill_after is not None and not killed and len(parts) >= kill_after:
+            os.kill(replica(), signal.SIGKILL)
+            killed = True
+    return "".join(parts), tokens, killed

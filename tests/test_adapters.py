@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -38,6 +36,7 @@ from tests.helpers import (
     new_account,
     push_folder,
     push_folder_sync,
+    read_stream_killing,
 )
 from tests.server_process import ServerProcess, processes
 from tests.vllm_setup import wait_for_vllm
@@ -618,16 +617,7 @@ def _adapter_stream(served: Served, kill_after: int | None = None) -> tuple[str,
         stream_options={"include_usage": True},
         extra_body={"min_tokens": 512},
     )
-    parts: list[str] = []
-    tokens, killed = 0, False
-    for chunk in chunks:
-        if chunk.choices and chunk.choices[0].delta.content:
-            parts.append(chunk.choices[0].delta.content)
-        tokens = chunk.usage.completion_tokens if chunk.usage else tokens
-        if kill_after is not None and not killed and len(parts) >= kill_after:
-            os.kill(replica, signal.SIGKILL)
-            killed = True
-    return "".join(parts), tokens, killed
+    return read_stream_killing(chunks, kill_after, lambda: replica)
 
 
 def test_an_adapters_stream_whose_vllm_replica_dies_goes_on_on_its_replacement_as_undisturbed(

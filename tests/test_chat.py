@@ -40,6 +40,7 @@ from tests.helpers import (
     deploy_folder_sync,
     deployment_metric,
     push_folder_sync,
+    read_stream_killing,
     read_while_generating,
 )
 from tests.hostile_templates import BOMBS, TIME_BOMBS, triggered
@@ -800,18 +801,8 @@ def _streamed(chat: Chat, body: dict[str, Any], kill_after: int | None = None) -
     stream = chat.client().chat.completions.create(
         **body, stream=True, stream_options={"include_usage": True}
     )
-    parts: list[str] = []
-    tokens, killed = 0, False
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            parts.append(chunk.choices[0].delta.content)
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-        if kill_after is not None and not killed and len(parts) >= kill_after:
-            [replica] = processes("modelhost.runtime.worker.sync_worker", chat.deployment_id)
-            os.kill(replica, signal.SIGKILL)
-            killed = True
-    return "".join(parts), tokens, killed
+    replica = lambda: processes("modelhost.runtime.worker.sync_worker", chat.deployment_id)[0]  # noqa: E731
+    return read_stream_killing(stream, kill_after, replica)
 
 
 def test_a_stream_whose_replica_dies_goes_on_on_its_replacement_with_nothing_repeated_or_lost(

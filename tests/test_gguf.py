@@ -17,7 +17,6 @@ import base64
 import glob
 import json
 import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +46,7 @@ from tests.helpers import (
     deploy_folder_sync,
     deployment_metric,
     push_folder_sync,
+    read_stream_killing,
 )
 from tests.live import live_server
 from tests.recipes import FAMILIES_FOLDER, GGUF_FOLDER, QUANTIZED_FOLDER
@@ -473,16 +473,8 @@ def _streamed_completion(served: Served, kill_after: int | None = None) -> tuple
         stream_options={"include_usage": True},
         extra_body={"ignore_eos": True},
     )
-    parts: list[str] = []
-    tokens, killed = 0, False
-    for chunk in stream:
-        parts.extend(choice.text for choice in chunk.choices)
-        tokens = chunk.usage.completion_tokens if chunk.usage else tokens
-        if kill_after is not None and not killed and len(parts) >= kill_after:
-            [replica] = processes("modelhost.runtime.worker.llamacpp_worker", served.deployment["id"])
-            os.kill(replica, signal.SIGKILL)
-            killed = True
-    return "".join(parts), tokens, killed
+    replica = lambda: processes("modelhost.runtime.worker.llamacpp_worker", served.deployment["id"])[0]  # noqa: E731
+    return read_stream_killing(stream, kill_after, replica)
 
 
 def test_a_stream_whose_llamacpp_replica_dies_goes_on_on_its_replacement_as_undisturbed(
