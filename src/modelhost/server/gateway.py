@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ from modelhost.auth.limit_table import LimitTable
 from modelhost.auth.limits import RateLimiter
 from modelhost.config import get_settings
 from modelhost.container import Services
+from modelhost.runtime.lifetime import die_with_parent
 from modelhost.server import settle_memory
 from modelhost.server.control import Wake
 from modelhost.server.http import QuietServer, uvicorn_config
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limits", required=True, help="the server's rate-limit table")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    _die_with_parent()
+    die_with_parent(signal.SIGTERM)  # drain what is in flight, then exit
     listener = socket.socket(fileno=args.listen_fd)
     limits = RateLimiter(table=LimitTable.open(Path(args.limits), column=args.index))
     try:
@@ -87,15 +87,6 @@ async def _serve(listener: socket.socket, control: str, limits: RateLimiter, log
         lines.close()
         await runtime.close()
         services.close()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to end this process when the supervisor dies, even by SIGKILL."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: drain what is in flight, then exit
-    except OSError:
-        pass
 
 
 if __name__ == "__main__":

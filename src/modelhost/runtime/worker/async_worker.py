@@ -39,6 +39,7 @@ from modelhost.generation.contract import (
     failed,
 )
 from modelhost.runtime import metrics
+from modelhost.runtime.lifetime import die_with_parent
 from modelhost.runtime.replica_protocol import (
     Cancel,
     Event,
@@ -60,7 +61,6 @@ from modelhost.runtime.replica_protocol import (
     encode,
 )
 from modelhost.runtime.worker.host import HANDOFF_SECONDS, count_generation, trace_event, with_priority
-from modelhost.runtime.worker.sync_worker import die_with_parent
 
 READ_SIZE = 1 << 18
 

@@ -18,7 +18,6 @@ with the model for the interpreter.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import errno
 import functools
 import selectors
@@ -37,6 +36,7 @@ from modelhost import tracing
 from modelhost.engine_table import AUTO, ENGINE_TABLE, spec
 from modelhost.engines.interface import EncoderHandler
 from modelhost.generation import chat_templates
+from modelhost.runtime.lifetime import die_with_parent
 from modelhost.runtime.replica_protocol import (
     Cancel,
     FrameReader,
@@ -52,15 +52,6 @@ from modelhost.runtime.worker.host import ReplicaHost
 from modelhost.tasks.base import AnyTaskHandler, is_streaming
 
 READ_SIZE = 1 << 18
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL us when the supervisor dies, even by SIGKILL."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: end-of-file on the lifeline still ends us
 
 
 def replica_parser(description: str, sockets_required: bool = True) -> argparse.ArgumentParser:

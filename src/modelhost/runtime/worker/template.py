@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     # the environment moves: it looks now, before the imports below may set a variable
     getproctitle()
     _preload()
-    from modelhost.runtime.worker.sync_worker import die_with_parent
+    from modelhost.runtime.lifetime import die_with_parent
 
     die_with_parent()
     return Template(control).serve()
