@@ -22,7 +22,7 @@ from modelhost.cli.main import app
 from modelhost.container import Services
 from modelhost.routing import Version
 from modelhost.services import gated, gates, rollouts
-from modelhost.services.gate_runner import since
+from modelhost.services.gate_runner import since, since_on_servers
 from modelhost.services.gated import RolloutGates
 from modelhost.services.gates import Gate, StepMetrics
 from modelhost.store.models import Deployment, ModelArtifact
@@ -394,9 +394,9 @@ def test_another_account_sees_no_gate_and_cannot_gate_on_anothers_eval(setup: Se
 # ------------------------------------------------------------------------- the gate's claim, each database
 
 
-def test_one_runner_drives_a_gate_until_silent_then_another_takes_it_over(services: Services) -> None:
-    """The runner's transactions on SQLite and PostgreSQL: one claim at a time, a decision only by the
-    runner that holds the gate, a silent runner's gate taken over where it stood, none after its end."""
+def _gated_deployment(services: Services) -> str:
+    """Deployment `dep_g` of a new account (its ID answered), art_old serving, its gated rollout to
+    art_new started."""
     created, _ = services.accounts.create("gates", None)
     account_id = created.account.id
     with services.database.transaction() as session:
@@ -408,8 +408,15 @@ def test_one_runner_drives_a_gate_until_silent_then_another_takes_it_over(servic
         row = Deployment(id="dep_g", account_id=account_id, model="g", artifact_id="art_old")
         row.pipeline, row.readiness, row.engine_in_use = "text-generation", "warm", "transformers"
         session.add(row)
-    gate = Gate("eval_1", steps=(100,))
+    gate = Gate("eval_1", steps=(50, 100))
     services.deployments.roll(account_id, "dep_g", {"art_new": 100}, loaded=True, gate=gate)
+    return str(account_id)
+
+
+def test_one_runner_drives_a_gate_until_silent_then_another_takes_it_over(services: Services) -> None:
+    """The runner's transactions on SQLite and PostgreSQL: one claim at a time, a decision only by the
+    runner that holds the gate, a silent runner's gate taken over where it stood, none after its end."""
+    account_id = _gated_deployment(services)
     store = RolloutGates(services.database, TTLCache(1, 10))
     first = store.claim("gw-a", stale_seconds=30)
     assert first is not None and first.id == "dep_g"
@@ -432,6 +439,38 @@ def test_one_runner_drives_a_gate_until_silent_then_another_takes_it_over(servic
     with services.database.transaction() as session:
         used = session.get(ModelArtifact, "art_new")
         assert used is not None and used.deployment_count == 0  # the candidate holds its artifact no more
+
+
+def test_a_step_is_judged_on_every_servers_requests_each_server_publishes(services: Services) -> None:
+    """With several servers behind a balancer, each one's gate runner publishes its counts of a candidate
+    being judged; the server driving the gate adds up every server's since the step began: one that
+    began counting meanwhile, or restarted, counts all it has. An ended gate's figures are gone."""
+    _gated_deployment(services)
+    store = RolloutGates(services.database, TTLCache(1, 10))
+    claimed = store.claim("gw-a", stale_seconds=30)
+    assert claimed is not None and store.promoting() == []  # evaluating: no live traffic judged yet
+    assert store.decide(claimed, "gw-a", gated.decision(None, "gate_passed", "ok"), state="promoting", step=0)
+    assert store.promoting() == [("dep_g", "art_new")]
+
+    def counts(requests: float, errors: float, fast: float) -> dict[str, Any]:
+        buckets = {"0.1": fast, "1.0": requests, "+Inf": requests}
+        return {"requests": requests, "errors": errors, "ttft": buckets}
+
+    store.publish("gw-a", "dep_g", "art_new", counts(10, 0, 10))
+    store.publish("gw-b", "dep_g", "art_new", counts(4, 1, 0))
+    baseline = store.figures("dep_g", "art_new")
+    assert baseline == {"gw-a": counts(10, 0, 10), "gw-b": counts(4, 1, 0)}
+    store.publish("gw-a", "dep_g", "art_new", counts(30, 0, 30))  # replaces its last: 20 more, fast
+    store.publish("gw-b", "dep_g", "art_new", counts(2, 1, 0))  # restarted: 2 since, slow, 1 error
+    store.publish("gw-c", "dep_g", "art_new", counts(8, 0, 0))  # new: 8, slow
+    measured = since_on_servers(baseline, store.figures("dep_g", "art_new"))
+    assert (measured.requests, measured.errors) == (30, 1)
+    assert measured.ttft_p50_ms is not None and measured.ttft_p50_ms < 100  # 20 of the 30 under 0.1 s
+    assert since_on_servers(baseline, baseline).requests == 0
+
+    ended = gated.decision(0, "rolled_back", "a test said so")
+    assert store.decide(claimed, "gw-a", ended, traffic={"art_old": 100}, state="rolled_back")
+    assert store.figures("dep_g", "art_new") == {} and store.promoting() == []
 
 
 def test_the_cli_starts_a_gated_rollout_and_shows_its_steps_and_decisions(setup: Setup) -> None:

@@ -8,8 +8,9 @@ key that started the rollout); while `promoting`, judges the step at its end fro
 metrics since the step began (`modelhost_version_requests_total`, 5xx / all; the p50 of
 `modelhost_version_time_to_first_token_seconds`). `gates` decides; each decision is one transaction.
 
-The metrics are this server's (its processes', added up): with several servers behind a balancer the
-candidate is judged on the requests of the server that drives its gate.
+The metrics are every server's: each server's gate runner publishes its own counts of each candidate
+being judged at every turn (`RolloutGates.publish`, its processes' added up), and the server driving a
+gate adds up every server's since the step began (`since_on_servers`), its own read live.
 """
 
 from __future__ import annotations
@@ -49,6 +50,25 @@ def measure(deployment_id: str, artifact_id: str) -> dict[str, Any]:
         if labels.get("deployment") == deployment_id and labels.get("artifact_id") == artifact_id:
             buckets[labels["le"]] = buckets.get(labels["le"], 0.0) + value
     return {"requests": requests, "errors": errors, "ttft": buckets}
+
+
+EMPTY: dict[str, Any] = {"requests": 0.0, "errors": 0.0, "ttft": {}}
+
+
+def since_on_servers(baseline: dict[str, dict[str, Any]], now: dict[str, dict[str, Any]]) -> StepMetrics:
+    """What the version did on every server between two readings (server → `measure`): per server, its
+    counts less its baseline, added up. A server without a baseline (it began serving the version, or
+    restarted: its runner has a new name) counts all it has; one whose count went down restarted too."""
+    total: dict[str, Any] = {"requests": 0.0, "errors": 0.0, "ttft": {}}
+    for server, counts in now.items():
+        base = baseline.get(server) or EMPTY
+        if counts["requests"] < base["requests"]:
+            base = EMPTY
+        total["requests"] += counts["requests"] - base["requests"]
+        total["errors"] += counts["errors"] - base["errors"]
+        for bound, count in counts["ttft"].items():
+            total["ttft"][bound] = total["ttft"].get(bound, 0.0) + count - base["ttft"].get(bound, 0.0)
+    return since(EMPTY, total)
 
 
 def since(baseline: dict[str, Any], now: dict[str, Any]) -> StepMetrics:
@@ -98,6 +118,18 @@ class GateRunner(ClaimLoop[ClaimedGate]):
     def claim(self) -> ClaimedGate | None:
         return self.store.claim(self.name, self.settings.batch_stale_seconds)
 
+    async def turn(self) -> None:
+        """This server's counts of every candidate being judged, for whichever server drives its gate."""
+        await asyncio.to_thread(self._publish)
+
+    def _publish(self) -> None:
+        for deployment_id, candidate in self.store.promoting():
+            self.store.publish(self.name, deployment_id, candidate, measure(deployment_id, candidate))
+
+    def _figures(self, deployment_id: str, candidate: str) -> dict[str, dict[str, Any]]:
+        """Every server's counts of the candidate, this one's read now."""
+        return {**self.store.figures(deployment_id, candidate), self.name: measure(deployment_id, candidate)}
+
     def release(self, claim_id: str) -> None:
         self.store.release(claim_id, self.name)
 
@@ -145,7 +177,8 @@ class GateRunner(ClaimLoop[ClaimedGate]):
         if step is None:  # passed its eval: the first step
             await self._step(claimed, gate, rollout, 0, "The eval passed: the first step.")
             return
-        measured = since(rollout["baseline"], await asyncio.to_thread(measure, claimed.id, candidate))
+        now = await asyncio.to_thread(self._figures, claimed.id, candidate)
+        measured = since_on_servers(rollout["baseline"].get("servers", {}), now)
         verdict = gates.judge_step(gate, measured, _seconds_since(rollout["step_started_at"]))
         if verdict.outcome == "wait":
             return
@@ -174,7 +207,7 @@ class GateRunner(ClaimLoop[ClaimedGate]):
             await self._decide(claimed, entry, traffic={candidate: 100}, state="promoted", step=index)
             return
         entry = decision(index, "promoted_step", f"{reason} The candidate takes {percent} %.", **figures)
-        baseline = await asyncio.to_thread(measure, claimed.id, candidate)
+        baseline = {"servers": await asyncio.to_thread(self._figures, claimed.id, candidate)}
         await self._decide(
             claimed,
             entry,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from modelhost import audit
@@ -19,7 +19,7 @@ from modelhost.routing import DeploymentRef
 from modelhost.services import gates
 from modelhost.services.gates import Gate
 from modelhost.store.db import Database
-from modelhost.store.models import Deployment
+from modelhost.store.models import Deployment, VersionFigures
 from modelhost.store.types import new_id, utcnow
 
 ACTIONS = {
@@ -103,9 +103,15 @@ def start(session: Session, deployment: Deployment, gate: Gate, candidate: str, 
     _record(session, deployment, decision(None, "started", reason))
 
 
+def _forget_figures(session: Session, deployment_id: str) -> None:
+    """The servers' figures of a gate that ended: no longer read."""
+    session.execute(delete(VersionFigures).where(VersionFigures.deployment_id == deployment_id))
+
+
 def end(session: Session, deployment: Deployment, now: str, state: str, reason: str) -> None:
     """A gate still deciding ends (`canceled` by a new rollout): no traffic moves here."""
     step = (deployment.rollout or {}).get("step")
+    _forget_figures(session, deployment.id)
     _record(session, deployment, decision(step, state, reason), state=state, ended_at=now)
 
 
@@ -222,6 +228,35 @@ class RolloutGates:
                 switch(session, row, traffic, decision["at"], loaded=True, keep=keep, record=False)
             if rollout.get("state") in ("promoted", "rolled_back"):
                 rollout["ended_at"] = decision["at"]
+                _forget_figures(session, row.id)
             _record(session, row, decision, **rollout)
         self._refs_cache.clear()
         return True
+
+    # ------------------------------------------------------------ every server's figures of a candidate
+
+    def promoting(self) -> list[tuple[str, str]]:
+        """The deployments whose gate is judging its candidate's live traffic, and that candidate: each
+        server publishes its own figures of it (`publish`), whichever server drives the gate."""
+        with self._database.transaction() as session:
+            gated = select(Deployment.id, Deployment.rollout).where(Deployment.rollout.is_not(None))
+            rows = session.execute(gated)
+            return [(d, r["candidate"]) for d, r in rows if r and r.get("state") == "promoting"]
+
+    def publish(self, server: str, deployment_id: str, artifact_id: str, figures: dict[str, Any]) -> None:
+        """This server's counts of the candidate so far (`gate_runner.measure`), replacing its last."""
+        with self._database.transaction() as session:
+            if session.get(Deployment, deployment_id) is None:
+                return
+            session.merge(VersionFigures(deployment_id=deployment_id, artifact_id=artifact_id, server=server,
+                                         figures=figures, updated_at=utcnow()))  # fmt: skip
+
+    def figures(self, deployment_id: str, artifact_id: str) -> dict[str, dict[str, Any]]:
+        """Every server's last published counts of the candidate, by server."""
+        with self._database.transaction() as session:
+            rows = session.scalars(
+                select(VersionFigures).where(
+                    VersionFigures.deployment_id == deployment_id, VersionFigures.artifact_id == artifact_id
+                )
+            )
+            return {row.server: dict(row.figures) for row in rows}

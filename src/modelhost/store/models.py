@@ -910,3 +910,20 @@ class FineTuningCheckpoint(Base):
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
     blob_key: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
+class VersionFigures(Base):
+    """A server's live counts of a gated rollout's candidate (its requests, 5xx answers and time-to-first-
+    token buckets, as that server's processes counted them), written by every server's gate runner while
+    the gate decides, so that the server driving it judges a step on every server's requests, not only its
+    own (docs/deploy.md, "Gated rollouts"). Deleted when the gate ends."""
+
+    __tablename__ = "version_figures"
+
+    deployment_id: Mapped[str] = mapped_column(
+        ForeignKey("deployments.id", ondelete="CASCADE"), primary_key=True
+    )
+    artifact_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    server: Mapped[str] = mapped_column(String(64), primary_key=True)
+    figures: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
