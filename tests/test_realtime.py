@@ -223,6 +223,38 @@ async def test_a_client_that_leaves_stops_its_sessions_generation() -> None:
     assert events[-1]["type"] == "response.created"  # and nothing more is sent to nobody
 
 
+async def test_server_vad_answers_the_turn_and_speech_over_the_answer_cancels_it() -> None:
+    events: list[dict[str, Any]] = []
+    s = session(events)
+    endless = Endless()
+    s.generation = cast(Any, endless)
+    vad = {"type": "server_vad", "silence_duration_ms": 300}  # create_response, interrupt_response: true
+    audio_input = {"transcription": {"model": "whisper"}, "turn_detection": vad}
+    await s.handle(event("session.update", session={"audio": {"input": audio_input}}))
+    silence = np.zeros(24_000, dtype=np.float32)
+    turn = pcm16(np.concatenate([silence[:12_000], speech_clip(), silence]))
+
+    async def say() -> None:
+        for start in range(0, len(turn), 4_800):
+            await s.handle(
+                event(
+                    "input_audio_buffer.append", audio=base64.b64encode(turn[start : start + 4_800]).decode()
+                )
+            )
+
+    await say()
+    async with asyncio.timeout(10):
+        await endless.started.wait()  # answered once the transcript is known
+    kinds = [e["type"] for e in events]
+    assert "conversation.item.input_audio_transcription.completed" in kinds
+    assert "response.created" in kinds and "response.done" not in kinds
+    await say()  # the user speaks over the answer
+    done = next(e for e in events if e["type"] == "response.done")["response"]
+    assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected"
+    assert endless.closed.is_set()
+    await s.close()
+
+
 async def test_telephony_audio_is_read_and_written_as_g711() -> None:
     events: list[dict[str, Any]] = []
     s = session(events)
