@@ -255,6 +255,36 @@ async def test_server_vad_answers_the_turn_and_speech_over_the_answer_cancels_it
     await s.close()
 
 
+async def test_an_audio_item_is_transcribed_and_an_answers_audio_can_be_truncated() -> None:
+    events: list[dict[str, Any]] = []
+    s = session(events)
+    await s.handle(
+        event("session.update", session={"audio": {"input": {"transcription": {"model": "whisper"}}}})
+    )
+    clip = base64.b64encode(tone(0.5)).decode()
+    parts = [{"type": "input_text", "text": "Listen:"}, {"type": "input_audio", "audio": clip}]
+    await s.handle(
+        event("conversation.item.create", item={"type": "message", "role": "user", "content": parts})
+    )
+    await asyncio.gather(*list(s._transcriptions.values()))
+    completed = events[-1]
+    assert completed["type"] == "conversation.item.input_audio_transcription.completed"
+    assert completed["content_index"] == 1 and completed["transcript"] == "hello"
+    assert chat_messages(s.conversation.items, None) == [{"role": "user", "content": "Listen:hello"}]
+
+    spoken = [{"type": "output_audio", "transcript": "Hi there."}]
+    await s.handle(
+        event("conversation.item.create", item={"type": "message", "role": "assistant", "content": spoken})
+    )
+    answer = events[-1]["item"]["id"]
+    await s.handle(event("conversation.item.truncate", item_id=answer, content_index=0, audio_end_ms=300))
+    assert events[-1] == {**events[-1], "type": "conversation.item.truncated", "audio_end_ms": 300}
+    await s.handle(
+        event("conversation.item.truncate", item_id=completed["item_id"], content_index=0, audio_end_ms=1)
+    )
+    assert events[-1]["type"] == "error" and events[-1]["error"]["param"] == "item_id"
+
+
 async def test_telephony_audio_is_read_and_written_as_g711() -> None:
     events: list[dict[str, Any]] = []
     s = session(events)
