@@ -610,3 +610,18 @@ async def test_a_forced_tool_call_is_a_function_call_item_and_its_output_is_read
         await connection.response.create(response={"max_output_tokens": 3, "tool_choice": "none"})
         answer = (await until(connection, "response.done"))[-1].response
         assert answer.status == "incomplete" and answer.output[0].type == "message"
+
+
+def test_a_session_ends_at_its_longest_life(tmp_path: Path, recipes: Path) -> None:
+    async def live(url: str, key: str) -> None:
+        realtime = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0).realtime
+        async with realtime.connect(model="chat") as connection:
+            assert (await connection.recv()).type == "session.created"
+            error = await connection.recv()
+            assert error.type == "error" and error.error.code == "session_expired"
+            with pytest.raises(ConnectionClosed) as closed:
+                await connection.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+
+    with served_chat_model(tmp_path, recipes, realtime_max_session_seconds=1.5) as short:
+        asyncio.run(live(short.url, short.key))
