@@ -29,6 +29,7 @@ def test_every_endpoint_of_the_design_table_is_routed() -> None:
     assert ENDPOINT_TASKS["/v1/images/edits"] == ("image-to-image", "inpainting")
     assert ENDPOINT_TASKS["/v1/chat/completions"] == ("text-generation", "image-text-to-text")
     assert ENDPOINT_TASKS["/v1/responses"] == ("text-generation", "image-text-to-text")
+    assert ENDPOINT_TASKS["/v1/realtime"] == ("text-generation", "image-text-to-text")
     assert (
         ENDPOINT_TASKS["/v1/messages"]
         == ENDPOINT_TASKS["/v1/messages/count_tokens"]
@@ -41,7 +42,7 @@ def test_every_endpoint_of_the_design_table_is_routed() -> None:
         == ENDPOINT_TASKS["/tokenizer_info"]
         == ("text-generation", "image-text-to-text")
     )
-    assert len(ENDPOINT_TASKS) == 37
+    assert len(ENDPOINT_TASKS) == 38
     assert "text-ranking" in BY_NAME and len(BY_NAME) == 28
 
 

@@ -235,6 +235,14 @@ class AuditLog:
         self._database = database
         self._retention_days = retention_days
 
+    def note(
+        self, action: str, target_type: str, target_id: str, account_id: str | None, changes: Changes
+    ) -> None:
+        """A row for what changes no row of ours (a realtime session's start and end), in a
+        transaction of its own."""
+        with self._database.transaction() as session:
+            record(session, action, target_type, target_id, account_id, changes)
+
     def page(
         self, filters: Filters, after: str | None, limit: int, order: str
     ) -> tuple[list[AuditRow], bool]:

@@ -401,6 +401,33 @@ class Settings(BaseSettings):
         default=40_000_000, ge=1, description="Largest image (width × height) decoded: refuses pixel bombs."
     )
     media_max_seconds: float = Field(default=600.0, gt=0, description="Longest audio or video decoded.")
+    # ---------------------------------------------------------------- realtime sessions (docs/realtime.md)
+    realtime_max_session_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description="A realtime session's longest life; then `session_expired` and close.",
+    )
+    realtime_max_sessions_per_key: int = Field(
+        default=8, ge=1, description="Realtime sessions one key holds open at once, per gateway process."
+    )
+    realtime_max_events_per_second: float = Field(
+        default=100.0,
+        gt=0,
+        description="Client events per second a realtime session takes (bursts of as many).",
+    )
+    realtime_max_append_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1,
+        description="Largest audio (decoded bytes) one `input_audio_buffer.append` carries.",
+    )
+    realtime_max_turn_seconds: float = Field(
+        default=120.0, gt=0, description="Longest audio turn a realtime session buffers before its commit."
+    )
+    realtime_max_items: int = Field(
+        default=256,
+        ge=2,
+        description="Conversation items a realtime session keeps; the oldest are dropped past it.",
+    )
     # ---------------------------------------------------------------- generated media
     public_url: str | None = Field(
         default=None,

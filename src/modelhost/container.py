@@ -73,6 +73,7 @@ from modelhost.services.gated import RolloutGates
 from modelhost.services.keys import KeyService
 from modelhost.services.sessions import SessionRules, SessionService
 from modelhost.services.users import UserService
+from modelhost.serving.realtime.seats import Seats
 from modelhost.serving.responses.conversations import ConversationStore
 from modelhost.serving.responses.service import Responses
 from modelhost.serving.responses.store import ResponseStore
@@ -128,6 +129,8 @@ class Services:
     failed_keys: FailedKeys = field(default_factory=lambda: FailedKeys(0))
     # Requests without a key per client address (auth/anonymous.py): off (0) unless `build` reads the settings
     anonymous: AnonymousThrottle = field(default_factory=lambda: AnonymousThrottle(0, 1))
+    # Realtime sessions open per key in this process (`MODELHOST_REALTIME_MAX_SESSIONS_PER_KEY`)
+    realtime: Seats = field(default_factory=Seats)
     # The supervisor's own runtime and runners; None in the server's other gateway processes.
     supervisor: Supervision | None = None
     # Caches whose entries every process must forget together (by name: keys, deployments, balances).

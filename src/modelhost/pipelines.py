@@ -270,6 +270,7 @@ TASKS: tuple[PipelineTask, ...] = (
             "/v1/messages",
             "/v1/messages/count_tokens",
             "/v1/completions",
+            "/v1/realtime",  # a realtime session's answers (WebSocket: api.routes.realtime)
             "/tokenize",
             "/detokenize",
             "/tokenizer_info",
@@ -288,6 +289,7 @@ TASKS: tuple[PipelineTask, ...] = (
             "/v1/responses",
             "/v1/messages",
             "/v1/messages/count_tokens",
+            "/v1/realtime",
             "/tokenize",
             "/detokenize",
             "/tokenizer_info",

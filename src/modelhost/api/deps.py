@@ -12,13 +12,16 @@ from typing import Annotated, Any, NoReturn, TypeVar
 from fastapi import Depends, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.security import HTTPBearer
+from starlette.requests import HTTPConnection
 from starlette.types import Scope
 
 from modelhost import audit, tracing
 from modelhost.api.disconnects import SCOPE_KEY as DISCONNECTS
 from modelhost.api.disconnects import Disconnects
 from modelhost.auth.authenticator import bearer_token
+from modelhost.auth.limits import Admitted
 from modelhost.auth.principal import Principal, PrincipalKind, acting_for
+from modelhost.auth.quotas import Person
 from modelhost.auth.roles import action_of
 from modelhost.batches.files import Owner
 from modelhost.container import Services
@@ -63,7 +66,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 _bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer mh-...`")
 
 
-def get_services(request: Request) -> Services:
+def get_services(request: HTTPConnection) -> Services:
     services: Services = request.app.state.services
     return services
 
@@ -71,7 +74,7 @@ def get_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(get_services)]
 
 
-async def _authenticate(request: Request) -> Principal:
+async def _authenticate(request: HTTPConnection) -> Principal:
     """Cache first (no I/O on the hot path); the database only on a miss, off the event loop. Once per
     request: the key is checked before the route runs (`api.middleware.KeyFirst`), and the route's own
     dependency finds the principal in the scope. A client address that keeps sending wrong keys gets
@@ -154,7 +157,7 @@ def session_secret(request: Request) -> tuple[str, bool] | None:
     return (cookie, True) if cookie else None
 
 
-async def signed_in(request: Request, secret: str, by_cookie: bool) -> Principal:
+async def signed_in(request: HTTPConnection, secret: str, by_cookie: bool) -> Principal:
     """The principal of a sign-in session (401 `session_ended` once it has ended). A state-changing
     request made with the console's cookie must also send the session's CSRF token (a bearer token is
     never sent by a browser on its own)."""
@@ -166,9 +169,10 @@ async def signed_in(request: Request, secret: str, by_cookie: bool) -> Principal
     return found
 
 
-def check_csrf(request: Request, csrf: str | None) -> None:
-    """A state-changing request made with the console's cookie sends the session's CSRF token."""
-    if request.method in SAFE_METHODS:
+def check_csrf(request: HTTPConnection, csrf: str | None) -> None:
+    """A state-changing request made with the console's cookie sends the session's CSRF token. A
+    WebSocket has no method: a browser opens one cross-site with the cookie, so it needs the token too."""
+    if request.scope.get("method") in SAFE_METHODS:
         return
     sent = request.headers.get(CSRF_HEADER, "")
     if csrf is None or not hmac.compare_digest(sent.encode(), csrf.encode()):
@@ -207,7 +211,7 @@ async def trusted_caller(request: Request) -> bool:
     return principal is not None and not authenticator.expired(principal) and principal.refusal is None
 
 
-def _act_as(request: Request, principal: Principal) -> None:
+def _act_as(request: HTTPConnection, principal: Principal) -> None:
     """The request's actor, for the audit rows its changes write (`modelhost.audit`: one context
     variable, read by the services, instead of an actor threaded through every service call)."""
     client = request.scope.get("client")  # (host, port), or None
@@ -225,11 +229,12 @@ def _act_as(request: Request, principal: Principal) -> None:
     )
 
 
-def _permit(request: Request, principal: Principal) -> Principal:
+def _permit(request: HTTPConnection, principal: Principal) -> Principal:
     """The key's role gives the route's action (`auth.roles`, by the request's path: the batch runner's
-    lines too), else 403. The operator's key is above accounts: its routes check nothing more."""
+    lines too; a WebSocket's opening is a `GET`), else 403. The operator's key is above accounts: its
+    routes check nothing more."""
     if principal.kind is not PrincipalKind.ADMIN:
-        action = action_of(request.scope["method"], request.scope["path"])
+        action = action_of(request.scope.get("method", "GET"), request.scope["path"])
         if action not in principal.actions:
             raise PermissionDenied(
                 f"This key's role ({principal.role}) does not allow {action} (docs/access.md).",
@@ -277,10 +282,17 @@ async def require_account(request: Request, _doc: object = Depends(_bearer)) -> 
 @_once
 async def require_caller(request: Request, _doc: object = Depends(_bearer)) -> Principal:
     """Inference and `/v1/models`: an account key or a deployment key."""
-    principal = await _authenticate(request)
+    return await caller(request)
+
+
+async def caller(connection: HTTPConnection) -> Principal:
+    """The key check of inference: an account key or a deployment key whose role calls models. Routes
+    take it as `require_caller` (once per request); a WebSocket route calls it when its socket opens
+    (the middleware that checks keys first sees HTTP requests only)."""
+    principal = await _authenticate(connection)
     if principal.kind is PrincipalKind.ADMIN:
         raise InvalidAPIKey("The admin key cannot call this route; use an account or deployment key.")
-    return _permit(request, principal)
+    return _permit(connection, principal)
 
 
 @_once
@@ -341,7 +353,7 @@ def owner_of(principal: Principal) -> Owner:
 
 
 async def deployment_for(
-    request: Request,
+    request: HTTPConnection,
     principal: Principal,
     model: str | None,
     endpoint: str | None = None,
@@ -380,7 +392,7 @@ async def deployment_for(
     return deployment
 
 
-async def admit(request: Request, principal: Principal, *, billed: bool = True) -> None:
+async def admit(request: HTTPConnection, principal: Principal, *, billed: bool = True) -> None:
     """Admit a request to a route that `api.admission` says costs the server (called by the key check,
     `api.middleware.KeyFirst`, for every such route: never by a route itself): refused with 402 once
     the account is out of credits and with 429 past its spend caps (when `billed`: it runs a model or
@@ -407,6 +419,21 @@ async def admit(request: Request, principal: Principal, *, billed: bool = True) 
         if counted:  # its tokens are added when it ends (`api.middleware.RequestPath`)
             assert person is not None
             request.scope[PERSON] = services.quotas.admitted(person)
+
+
+def release_admission(scope: Scope, tokens: int) -> None:
+    """An admitted request (or a realtime session) ended having used `tokens`: its place and tokens go
+    back to the rate limiter, and its tokens to its person's use (`admit` took them). Once: what it
+    gave back leaves the scope."""
+    admitted: Admitted | None = scope.pop(ADMITTED, None)
+    person: Person | None = scope.pop(PERSON, None)
+    if admitted is None and person is None:
+        return
+    services: Services = scope["app"].state.services
+    if admitted is not None:
+        services.limits.release(admitted.ticket, tokens)
+    if person is not None:
+        services.quotas.ended(person, tokens)
 
 
 async def run_inference(request: Request, deployment_id: str, item: dict[str, Any]) -> dict[str, Any]:

@@ -19,19 +19,18 @@ from modelhost.api.admission import Admission, admission_of
 from modelhost.api.deps import (
     ADMITTED,
     ARTIFACT_HEADER,
-    PERSON,
     PRINCIPAL,
     SERVED_ARTIFACT,
     Guard,
     admit,
     guard_of,
+    release_admission,
     trusted_caller,
 )
 from modelhost.api.errors import error_response
 from modelhost.api.fastlane import routes_of
 from modelhost.auth import anonymous
 from modelhost.auth.limits import Admitted, start_counting
-from modelhost.auth.quotas import Person
 from modelhost.errors import InvalidRequest, ModelhostError, PayloadTooLarge, TooManyAnonymousRequests
 from modelhost.logs import HEADER, REQUEST_ID, TRACE_ID, request_id_for
 from modelhost.metrics import TALLY, Counter, Histogram
@@ -236,15 +235,9 @@ class RequestPath(HttpMiddleware):
 
         def release() -> None:
             nonlocal released
-            admitted: Admitted | None = scope.get(ADMITTED)
-            person: Person | None = scope.get(PERSON)
-            if (admitted is not None or person is not None) and not released:
+            if not released:
                 released = True
-                services = scope["app"].state.services
-                if admitted is not None:
-                    services.limits.release(admitted.ticket, used[0])
-                if person is not None:
-                    services.quotas.ended(person, used[0])
+                release_admission(scope, used[0])
 
         async def path_send(message: Message) -> None:
             nonlocal status

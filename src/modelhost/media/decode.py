@@ -80,6 +80,37 @@ def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     return np.asarray(resampled, dtype=np.float32)
 
 
+def pcm16_samples(data: bytes, *, param: str) -> np.ndarray:
+    """Mono float32 in [-1, 1] from raw 16-bit little-endian PCM (no header: its rate is the caller's)."""
+    if len(data) % 2:
+        raise InvalidMedia(f"`{param}` is not 16-bit PCM: an odd number of bytes", param=param)
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def g711_samples(data: bytes, law: str) -> np.ndarray:
+    """Mono float32 in [-1, 1] from G.711 bytes (`law`: `ulaw` or `alaw`; 8 kHz by the standard)."""
+    table = _ULAW if law == "ulaw" else _ALAW
+    return table[np.frombuffer(data, dtype=np.uint8)]
+
+
+def _g711_tables() -> tuple[np.ndarray, np.ndarray]:
+    """ITU-T G.711's expansion of every byte, µ-law and A-law, as float32 in [-1, 1]."""
+    code = np.arange(256, dtype=np.int32)
+    u = ~code & 0xFF
+    magnitude = (((u & 0x0F) << 3) + 0x84) << ((u >> 4) & 0x07)
+    ulaw = np.where(u & 0x80, 0x84 - magnitude, magnitude - 0x84)
+    a = code ^ 0x55
+    exponent, mantissa = (a >> 4) & 0x07, a & 0x0F
+    level = np.where(
+        exponent == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0)
+    )
+    alaw = np.where(a & 0x80, level, -level)
+    return (ulaw / 32768.0).astype(np.float32), (alaw / 32768.0).astype(np.float32)
+
+
+_ULAW, _ALAW = _g711_tables()
+
+
 def _read_soundfile(data: bytes, max_seconds: float, param: str) -> tuple[np.ndarray, int] | None:
     """(mono samples, rate), or None when libsndfile does not know the format."""
     try:

@@ -68,6 +68,23 @@ def encode_audio(samples: np.ndarray, rate: int, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
+def encode_g711(samples: np.ndarray, law: str) -> bytes:
+    """Mono float samples in [-1, 1] (already at 8 kHz) as G.711 bytes (`law`: `ulaw` or `alaw`)."""
+    pcm = (np.clip(np.asarray(samples, dtype=np.float32).reshape(-1), -1.0, 1.0) * 32767).astype(np.int32)
+    negative = pcm < 0
+    if law == "ulaw":
+        biased = np.minimum(np.abs(pcm), 32635) + 0x84
+        exponent = np.clip(np.floor(np.log2(biased)).astype(np.int32) - 7, 0, 7)
+        mantissa = (biased >> (exponent + 3)) & 0x0F
+        code = (negative.astype(np.int32) << 7) | (exponent << 4) | mantissa
+        return bytes((~code & 0xFF).astype(np.uint8).tobytes())
+    magnitude = np.minimum(np.abs(pcm), 32767)
+    exponent = np.clip(np.floor(np.log2(np.maximum(magnitude, 1))).astype(np.int32) - 7, 0, 7)
+    mantissa = np.where(exponent == 0, magnitude >> 4, magnitude >> (exponent + 3)) & 0x0F
+    code = (np.where(negative, 0, 0x80) | (exponent << 4) | mantissa) ^ 0x55
+    return bytes(code.astype(np.uint8).tobytes())
+
+
 def encode_mp4(frames: np.ndarray, fps: int) -> bytes:
     """Frames `[count, height, width, 3]` (uint8 RGB) as an H.264 MP4 at `fps` frames per second.
 

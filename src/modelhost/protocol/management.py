@@ -714,6 +714,7 @@ class AuditTarget(BaseModel):
         "mcp_server",
         "eval",
         "eval_run",
+        "realtime_session",
     ]
     id: str
 

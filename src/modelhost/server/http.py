@@ -213,7 +213,8 @@ class ClientGuard(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._expect(None)
         super().on_message_complete()
-        if self.cycle.response_complete and not self.transport.is_closing():
+        # no cycle: a WebSocket's opening request, whose connection the WebSocket protocol takes over
+        if self.cycle is not None and self.cycle.response_complete and not self.transport.is_closing():
             # answered before the body ended (a 401 to an upload, say): the body's bytes ended uvicorn's
             # keep-alive wait, begun at the answer, and nothing else would close the idle connection
             self._unset_keepalive_if_required()
