@@ -149,6 +149,7 @@ class Run:
     text_index: int = 0
     text_closed: bool = False
     choice: ChatChoice | None = None
+    started: bool = False  # its task has begun (one cancelled before never runs: its end is sent for it)
     cancelled: bool = False
     interrupted: bool = False  # cancelled by the user's speech (server VAD)
     error: ModelhostError | None = None
@@ -467,10 +468,13 @@ class RealtimeSession:
         run.cancelled = True
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)  # its response.done is sent before what follows
+        if not run.started:  # cancelled before its task ran (`response.cancel` right behind its create)
+            await self._finish(run)
 
     # ---------------------------------------------------------------- responses
 
     async def _respond(self, run: Run, params: ResponseParams) -> None:
+        run.started = True
         try:
             try:
                 await self._generate(run, params)
