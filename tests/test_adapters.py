@@ -290,6 +290,8 @@ def served(tmp_path_factory: pytest.TempPathFactory, made: dict[str, Path]) -> I
         MODELHOST_BILLING_ENFORCE="false",
         MODELHOST_BATCH_POLL_SECONDS="0.2",  # an eval run's items, and a gated canary's decisions
         MODELHOST_ROLLOUT_GATE_POLL_SECONDS="0.2",
+        # a vLLM replica's replacement (the kill test) may take over a minute to start on a busy machine
+        MODELHOST_REQUEST_TIMEOUT_SECONDS="240",
     )
     process.start()
     http = httpx.Client(base_url=process.url, timeout=300)

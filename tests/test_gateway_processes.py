@@ -110,7 +110,7 @@ async def test_requests_from_two_gateway_processes_meet_in_one_batch_of_the_one_
     with stopped(replica):  # what both send waits in its sockets
         one = [await server.via(first, lambda t=t: server.embed(t)) for t in TEXTS[:4]]
         other = [await server.via(second, lambda t=t: server.embed(t)) for t in TEXTS[4:]]
-        await until(lambda: server.in_flight(deployment_id) == {first: 4.0, second: 4.0})
+        await until(lambda: server.in_flight(deployment_id) == {first: 4.0, second: 4.0}, timeout=60)
     answers = await asyncio.gather(*one, *other)
     for answer, vector in zip(answers, reference(recipes, TEXTS), strict=True):
         assert answer.status_code == 200, answer.text
@@ -128,7 +128,7 @@ async def test_a_killed_gateway_process_loses_only_its_own_requests_and_is_start
     with stopped(replica):
         own = [await server.via(first, lambda t=t: server.embed(t)) for t in TEXTS[:3]]
         lost = [await server.via(second, lambda t=t: server.embed(t)) for t in TEXTS[3:6]]
-        await until(lambda: server.in_flight(deployment_id) == {first: 3.0, second: 3.0})
+        await until(lambda: server.in_flight(deployment_id) == {first: 3.0, second: 3.0}, timeout=60)
         os.kill(second, signal.SIGKILL)
         # Reaped: every thread has exited and its connections are closed before the replica reads.
         await until(lambda: not Path(f"/proc/{second}").exists())
